@@ -1,0 +1,60 @@
+/* backend.h — the op table: every op the model, engine and trainer need.
+ *
+ * Model code never branches on the device: it calls these function pointers.
+ * Buffers are opaque device pointers (void *) made by alloc/free; model code
+ * never dereferences them, and moves data in and out with upload/download.
+ * The CPU backend (backend/cpu) stores fp32 and is the reference definition of
+ * every op; a CUDA backend (later issue) stores bf16 with fp32 accumulation.
+ *
+ * Dimension legend: N tokens in a forward call (any mix of sequences), D model
+ * width, F MLP width, H query heads, KVH key/value heads, Dh head dim, V vocab,
+ * S cache slots (sequences), L max cache length per slot.
+ * Contract: outputs are overwritten (=), never accumulated, unless a name says
+ * otherwise. */
+#ifndef COLT_BACKEND_BACKEND_H
+#define COLT_BACKEND_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Backend {
+    const char *name;
+
+    /* Memory (sizes in elements of the backend's storage type). */
+    void *(*alloc)(size_t n_elements);
+    void (*free)(void *buf);
+    void (*upload)(void *dst, const float *src, size_t n);   /* fp32 host -> device */
+    void (*download)(float *dst, const void *src, size_t n); /* device -> fp32 host */
+    void (*copy)(void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n);
+
+    /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias[out_dim] if non-NULL).
+     * w is in PyTorch nn.Linear layout. */
+    void (*linear)(void *out, const void *x, const void *w, const void *bias,
+                   int n, int in_dim, int out_dim);
+    /* out[N, D] = x / sqrt(mean(x^2) + eps) * w */
+    void (*rmsnorm)(void *out, const void *x, const void *w, int n, int dim, float eps);
+    /* In place on x[N, n_heads, head_dim]: rotate_half RoPE (HF Llama/Qwen2 layout)
+     * at positions pos[N] with base theta. */
+    void (*rope)(void *x, const int *pos, int n, int n_heads, int head_dim, float theta);
+    /* Writes k[N, KVH*Dh] and v[N, KVH*Dh] of token i into the cache at
+     * (slot[i], pos[i]); caches are [S, L, KVH*Dh] per layer. */
+    void (*kv_store)(void *k_cache, void *v_cache, const void *k, const void *v,
+                     const int *slot, const int *pos, int n, int kv_dim, int max_len);
+    /* Causal attention: token i's query q[i, H, Dh] attends to cache positions
+     * 0..pos[i] of slot[i] (GQA: head h reads KV head h / (H/KVH)), softmax
+     * scaled by 1/sqrt(Dh); out[N, H*Dh]. */
+    void (*attention)(void *out, const void *q, const void *k_cache, const void *v_cache,
+                      const int *slot, const int *pos, int n, int n_heads, int n_kv_heads,
+                      int head_dim, int max_len);
+    /* out[i] = silu(gate[i]) * up[i] over n elements. */
+    void (*swiglu)(void *out, const void *gate, const void *up, size_t n);
+    /* out[i] = a[i] + b[i] (out may alias a). */
+    void (*add)(void *out, const void *a, const void *b, size_t n);
+    /* out[N, D] = table[ids[i], :] */
+    void (*embedding)(void *out, const void *table, const int *ids, int n, int dim);
+} Backend;
+
+/* The fp32 CPU reference backend (OpenBLAS + OpenMP). */
+const Backend *backend_cpu(void);
+
+#endif

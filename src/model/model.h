@@ -1,0 +1,82 @@
+/* model.h — a Hugging Face causal LM (LlamaForCausalLM, Qwen2ForCausalLM):
+ * config, weights, forward pass with a KV cache, save.
+ *
+ * Written once against the op table (backend/backend.h); it never branches on
+ * the device. This is not the generation loop (engine/) nor the tokenizer. */
+#ifndef COLT_MODEL_MODEL_H
+#define COLT_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } ModelArch;
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
+
+#define MODEL_MAX_EOS 8
+
+typedef struct ModelConfig {
+    ModelArch arch;
+    int hidden_size;          /* D */
+    int intermediate_size;    /* F */
+    int num_hidden_layers;
+    int num_attention_heads;  /* H */
+    int num_key_value_heads;  /* KVH (GQA) */
+    int head_dim;             /* Dh: config's head_dim when given, else D / H */
+    int vocab_size;           /* V */
+    int max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    bool tie_word_embeddings;
+    bool attention_bias;      /* q/k/v biases (Qwen2: always true) */
+    int bos_token_id;         /* -1 when absent */
+    int eos_token_ids[MODEL_MAX_EOS]; /* config.json's, then generation_config.json's */
+    int n_eos;
+    DType torch_dtype;
+} ModelConfig;
+
+/* Sampling defaults from generation_config.json (what transformers' generate uses). */
+typedef struct GenerationDefaults {
+    bool present;
+    bool do_sample;
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+} GenerationDefaults;
+
+/* Parses config.json text; name is used in error messages ("DIR/config.json: ..."). */
+int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, const char *name, char *err);
+/* Reads DIR/config.json and, if present, DIR/generation_config.json (eos ids, defaults). */
+int model_config_load(ModelConfig *cfg, GenerationDefaults *gen, const char *dir, char *err);
+
+typedef struct Model Model;
+
+/* Loads DIR (config.json + model.safetensors or sharded with
+ * model.safetensors.index.json); weights converted to the backend's storage. */
+int model_load(Model **out, const char *dir, const Backend *be, char *err);
+/* A randomly initialised model (normal(0, 0.02) weights, norms = 1, biases = 0). */
+int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err);
+/* Writes DIR/config.json, DIR/generation_config.json and DIR/model.safetensors
+ * (F32 or BF16), each atomically. transformers loads the result. */
+int model_save(const Model *m, const char *dir, DType dtype, char *err);
+void model_free(Model *m);
+const ModelConfig *model_config(const Model *m);
+
+/* Per-run state: the KV cache (n_slots sequences of up to max_len tokens) and
+ * scratch activations for up to max_tokens tokens per forward call. Everything
+ * is allocated here, once; forward calls do not allocate. */
+typedef struct ModelState ModelState;
+int model_state_create(ModelState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err);
+void model_state_free(ModelState *st);
+
+/* Runs n tokens (n <= max_tokens). Token i belongs to cache slot slot[i] at
+ * position pos[i]: its K/V are stored at (slot[i], pos[i]), then it attends to
+ * positions 0..pos[i] of that slot. So a call can hold prefill chunks and decode
+ * steps of many sequences at once. For the tokens with want_logits[i] != 0 (all
+ * when want_logits is NULL), fp32 logits go to host memory logits[k, V] in
+ * token order. Errors: token id out of range, position >= max_len. */
+int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, const int *pos, int n,
+                  const uint8_t *want_logits, float *logits, char *err);
+
+#endif

@@ -1,0 +1,200 @@
+/* cmd_generate.c — `colt generate`: complete one prompt (text, chat message or
+ * ids) n times. Sampling defaults come from the model's generation_config.json
+ * when it asks for sampling (do_sample), else greedy, as transformers does;
+ * flags override. Completion i uses RNG stream i, so --n does not change what
+ * completion 0 is. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "cli/cli_json.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "engine/generate.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+static const char *GENERATE_USAGE =
+    "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY) [options]\n"
+    "  prints each completion's text, or with --json one line {\"ids\": [...], \"text\": ...} per completion\n"
+    "  (ids of the completion only). Sampling defaults: generation_config.json if it samples, else greedy.\n";
+
+typedef struct GenerateArgs {
+    const char *model, *prompt, *chat, *ids;
+    int max_new_tokens, top_k, n;
+    float temperature, top_p, min_p, repetition_penalty;
+    uint64_t seed;
+    bool ignore_eos, json;
+} GenerateArgs;
+
+/* Builds the prompt ids from --prompt / --chat / --ids. */
+static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const Tokenizer *tok, int vocab, char *err) {
+    int given = (a->prompt != NULL) + (a->chat != NULL) + (a->ids != NULL);
+    if (given != 1) return errorf(err, "give exactly one of --prompt, --chat or --ids");
+    if (a->ids) {
+        json_error_t jerr;
+        json_t *arr = json_loads(a->ids, JSON_DECODE_ANY, &jerr);
+        if (!arr) return errorf(err, "--ids: invalid JSON: %s", jerr.text);
+        int rc = cli_json_ids_from_array(ids, n_ids, arr, vocab, "--ids", err);
+        json_decref(arr);
+        return rc;
+    }
+    if (!tok) return errorf(err, "%s: no tokenizer.json, so --prompt/--chat cannot be used (use --ids)", a->model);
+    char *text = NULL;
+    if (a->chat) {
+        json_t *msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", a->chat);
+        if (!msgs) return errorf(err, "--chat: text is not valid UTF-8");
+        int rc = cli_render_chat(&text, tok, msgs, true, "--chat", err);
+        json_decref(msgs);
+        if (rc != 0) return COLT_ERR;
+    }
+    const char *src = a->chat ? text : a->prompt;
+    int *body = NULL;
+    size_t n_body = 0;
+    int rc = tokenizer_encode(tok, src, strlen(src), &body, &n_body, err);
+    free(text);
+    if (rc != 0) return error_prefix(err, "%s", a->chat ? "--chat" : "--prompt");
+    /* Plain text prompts get BOS when the tokenizer adds it (as HF's tokenizer(...)
+     * does); chat prompts carry whatever the template put there. */
+    bool add_bos = a->prompt && tokenizer_add_bos(tok) && tokenizer_bos_id(tok) >= 0;
+    *n_ids = n_body + (add_bos ? 1 : 0);
+    *ids = xmalloc(sizeof(int) * (*n_ids ? *n_ids : 1));
+    if (add_bos) (*ids)[0] = tokenizer_bos_id(tok);
+    if (n_body) memcpy(*ids + (add_bos ? 1 : 0), body, sizeof(int) * n_body);
+    free(body);
+    for (size_t i = 0; i < *n_ids; i++)
+        if ((*ids)[i] >= vocab) {
+            int bad = (*ids)[i];
+            free(*ids);
+            *ids = NULL;
+            return errorf(err, "tokenizer gave id %d, outside the model's vocabulary (%d)", bad, vocab);
+        }
+    return COLT_OK;
+}
+
+int cmd_generate(int argc, char **argv) {
+    char err[ERR_LEN];
+    GenerateArgs a = {.max_new_tokens = 128, .n = 1, .temperature = 0.0f, .top_p = 1.0f,
+                      .repetition_penalty = 1.0f};
+    CliOption opts[] = {
+        {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
+        {"prompt", OPT_STRING, &a.prompt, "prompt text (BOS added when the tokenizer says so)", false},
+        {"chat", OPT_STRING, &a.chat, "a user message, wrapped with the chat template", false},
+        {"ids", OPT_STRING, &a.ids, "prompt token ids as a JSON array", false},
+        {"max_new_tokens", OPT_INT, &a.max_new_tokens, "tokens to generate at most (default 128)", false},
+        {"temperature", OPT_FLOAT, &a.temperature, "0 = greedy", false},
+        {"top_p", OPT_FLOAT, &a.top_p, "nucleus sampling mass (1 = off)", false},
+        {"top_k", OPT_INT, &a.top_k, "keep the k most likely tokens (0 = off)", false},
+        {"min_p", OPT_FLOAT, &a.min_p, "drop tokens below min_p * p(max) (0 = off)", false},
+        {"repetition_penalty", OPT_FLOAT, &a.repetition_penalty, "> 1 discourages repeats (1 = off)", false},
+        {"seed", OPT_U64, &a.seed, "random seed (default 0)", false},
+        {"n", OPT_INT, &a.n, "completions of the prompt (default 1)", false},
+        {"ignore_eos", OPT_FLAG, &a.ignore_eos, "do not stop at end-of-sequence tokens", false},
+        {"json", OPT_FLAG, &a.json, "print one JSON line per completion", false},
+    };
+    const int n_opts = (int)(sizeof opts / sizeof opts[0]);
+    int prc = cli_parse(opts, n_opts, argc, argv, GENERATE_USAGE, err);
+    if (prc == 1) return 0;
+    if (prc != 0) return cli_fail("generate", err);
+    if (!a.model) return cli_fail("generate", "--model DIR is required");
+    if (a.n < 1) return cli_fail("generate", "--n must be >= 1");
+    if (a.max_new_tokens < 0) return cli_fail("generate", "--max_new_tokens must be >= 0");
+
+    ModelConfig cfg_probe;
+    GenerationDefaults gen;
+    if (model_config_load(&cfg_probe, &gen, a.model, err) != 0) return cli_fail("generate", err);
+    SamplingParams sp = sampling_params_greedy();
+    if (gen.present && gen.do_sample) {
+        sp.temperature = gen.temperature;
+        sp.top_p = gen.top_p;
+        sp.top_k = gen.top_k;
+        sp.min_p = gen.min_p;
+        sp.repetition_penalty = gen.repetition_penalty;
+    }
+    for (int i = 0; i < n_opts; i++) {
+        if (!opts[i].seen) continue;
+        if (opts[i].value == &a.temperature) sp.temperature = a.temperature;
+        if (opts[i].value == &a.top_p) sp.top_p = a.top_p;
+        if (opts[i].value == &a.top_k) sp.top_k = a.top_k;
+        if (opts[i].value == &a.min_p) sp.min_p = a.min_p;
+        if (opts[i].value == &a.repetition_penalty) sp.repetition_penalty = a.repetition_penalty;
+    }
+    sp.seed = a.seed;
+    if (sampling_params_validate(&sp, err) != 0) return cli_fail("generate", err);
+
+    Tokenizer *tok = NULL;
+    char *tok_path = path_join(a.model, "tokenizer.json");
+    bool have_tok = file_exists(tok_path);
+    free(tok_path);
+    if (have_tok && tokenizer_load(&tok, a.model, err) != 0) return cli_fail("generate", err);
+    if (!tok && !a.json) {
+        return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
+    }
+    Model *m = NULL;
+    if (model_load(&m, a.model, backend_cpu(), err) != 0) {
+        tokenizer_free(tok);
+        return cli_fail("generate", err);
+    }
+    const ModelConfig *cfg = model_config(m);
+    int *prompt = NULL;
+    size_t prompt_len = 0;
+    int rc = 0;
+    if (build_prompt(&prompt, &prompt_len, &a, tok, cfg->vocab_size, err) != 0) rc = 1;
+
+    /* Stop ids: the model's eos ids, plus the tokenizer's eos. */
+    int stop_ids[MODEL_MAX_EOS + 1];
+    int n_stop = 0;
+    for (int i = 0; i < cfg->n_eos; i++) stop_ids[n_stop++] = cfg->eos_token_ids[i];
+    if (tok && tokenizer_eos_id(tok) >= 0) stop_ids[n_stop++] = tokenizer_eos_id(tok);
+
+    GenSequence *seqs = xcalloc((size_t)a.n, sizeof(GenSequence));
+    OutBuf out = {0};
+    if (rc == 0) {
+        for (int i = 0; i < a.n; i++) {
+            seqs[i].prompt = prompt;
+            seqs[i].prompt_len = (int)prompt_len;
+            seqs[i].stream = (uint64_t)i;
+        }
+        GenerateOptions opt = {.sampling = sp, .max_new_tokens = a.max_new_tokens, .stop_ids = stop_ids,
+                               .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos, .max_batch = 64};
+        if (generate(m, seqs, a.n, &opt, err) != 0) rc = 1;
+    }
+    for (int i = 0; i < a.n && rc == 0; i++) {
+        GenSequence *s = &seqs[i];
+        /* The text leaves out the stop token, as TRL's completions do. */
+        int n_text = s->n_tokens - (s->finish == FINISH_STOP ? 1 : 0);
+        char *text = NULL;
+        if (tok && tokenizer_decode(tok, s->tokens, (size_t)n_text, true, &text, err) != 0) {
+            rc = 1;
+            break;
+        }
+        if (a.json) {
+            json_t *ids = json_array();
+            for (int k = 0; k < s->n_tokens; k++) json_array_append_new(ids, json_integer(s->tokens[k]));
+            json_t *o = json_object();
+            json_object_set_new(o, "ids", ids);
+            if (text) json_object_set_new(o, "text", json_string(text));
+            char *line = json_dumps(o, JSON_ENSURE_ASCII);
+            outbuf_puts(&out, line);
+            outbuf_puts(&out, "\n");
+            free(line);
+            json_decref(o);
+        } else {
+            outbuf_puts(&out, text);
+            outbuf_puts(&out, "\n");
+        }
+        free(text);
+    }
+    if (rc == 0) fwrite(out.data ? out.data : "", 1, out.len, stdout);
+    else cli_fail("generate", err);
+    outbuf_free(&out);
+    for (int i = 0; i < a.n; i++) gen_sequence_free(&seqs[i]);
+    free(seqs);
+    free(prompt);
+    model_free(m);
+    tokenizer_free(tok);
+    return rc;
+}

@@ -1,0 +1,137 @@
+/* cmd_init.c — `colt init`: a randomly initialised Hugging Face checkpoint
+ * with the shapes of a public config (Qwen2.5 sizes) or a tiny test preset,
+ * for either architecture; optionally with a tokenizer copied in. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+static const char *INIT_USAGE =
+    "usage: colt init --arch qwen2|llama --preset tiny|qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-7b --out DIR\n"
+    "                 [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n";
+
+typedef struct Preset {
+    const char *name;
+    int hidden, intermediate, layers, heads, kv_heads, vocab, max_pos;
+    bool tied;
+} Preset;
+
+/* Shapes of the public Qwen2.5 configs (Qwen/Qwen2.5-*-Instruct config.json). */
+static const Preset PRESETS[] = {
+    {"tiny", 64, 128, 2, 4, 2, 512, 2048, true},
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 32768, true},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 151936, 32768, true},
+    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 32768, false},
+};
+
+static const char *TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "added_tokens.json", "vocab.json", "merges.txt"};
+
+static int copy_tokenizer(const char *src_dir, const char *dst_dir, char *err) {
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]; i++) {
+        char *src = path_join(src_dir, TOKENIZER_FILES[i]);
+        char *dst = path_join(dst_dir, TOKENIZER_FILES[i]);
+        int rc = COLT_OK;
+        if (file_exists(src)) {
+            char *data = NULL;
+            size_t len = 0;
+            rc = file_read_all(src, &data, &len, err);
+            if (rc == 0) rc = file_write_atomic(dst, data, len, err);
+            free(data);
+        }
+        free(src);
+        free(dst);
+        if (rc != 0) return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
+int cmd_init(int argc, char **argv) {
+    char err[ERR_LEN];
+    const char *arch = NULL, *preset_name = NULL, *tokenizer_dir = NULL, *out = NULL, *dtype = "bf16";
+    uint64_t seed = 0;
+    CliOption opts[] = {
+        {"arch", OPT_STRING, &arch, "qwen2 or llama (required)", false},
+        {"preset", OPT_STRING, &preset_name, "tiny, qwen2.5-0.5b, qwen2.5-1.5b or qwen2.5-7b (required)", false},
+        {"tokenizer", OPT_STRING, &tokenizer_dir, "copy this folder's tokenizer files in; tiny takes its vocab size", false},
+        {"out", OPT_STRING, &out, "output folder (required)", false},
+        {"seed", OPT_U64, &seed, "random seed (default 0)", false},
+        {"dtype", OPT_STRING, &dtype, "bf16 (default) or fp32", false},
+    };
+    int prc = cli_parse(opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, INIT_USAGE, err);
+    if (prc == 1) return 0;
+    if (prc != 0) return cli_fail("init", err);
+    if (!arch || !preset_name || !out) return cli_fail("init", "--arch, --preset and --out are required");
+    ModelArch model_arch;
+    if (strcmp(arch, "qwen2") == 0) model_arch = ARCH_QWEN2;
+    else if (strcmp(arch, "llama") == 0) model_arch = ARCH_LLAMA;
+    else {
+        errorf(err, "--arch: unknown architecture '%s' (qwen2 or llama)", arch);
+        return cli_fail("init", err);
+    }
+    DType save_dtype;
+    if (strcmp(dtype, "bf16") == 0) save_dtype = DTYPE_BF16;
+    else if (strcmp(dtype, "fp32") == 0) save_dtype = DTYPE_F32;
+    else {
+        errorf(err, "--dtype: unknown dtype '%s' (bf16 or fp32)", dtype);
+        return cli_fail("init", err);
+    }
+    const Preset *p = NULL;
+    for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
+        if (strcmp(PRESETS[i].name, preset_name) == 0) p = &PRESETS[i];
+    if (!p) {
+        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b)", preset_name);
+        return cli_fail("init", err);
+    }
+
+    ModelConfig cfg = {0};
+    cfg.arch = model_arch;
+    cfg.hidden_size = p->hidden;
+    cfg.intermediate_size = p->intermediate;
+    cfg.num_hidden_layers = p->layers;
+    cfg.num_attention_heads = p->heads;
+    cfg.num_key_value_heads = p->kv_heads;
+    cfg.head_dim = p->hidden / p->heads;
+    cfg.vocab_size = p->vocab;
+    cfg.max_position_embeddings = p->max_pos;
+    cfg.rms_norm_eps = 1e-6f;
+    cfg.rope_theta = model_arch == ARCH_QWEN2 ? 1000000.0f : 10000.0f;
+    cfg.tie_word_embeddings = p->tied;
+    cfg.attention_bias = model_arch == ARCH_QWEN2;
+    cfg.torch_dtype = save_dtype;
+    cfg.bos_token_id = strcmp(p->name, "tiny") == 0 ? -1 : 151643;
+    cfg.n_eos = 0;
+    if (strcmp(p->name, "tiny") != 0) cfg.eos_token_ids[cfg.n_eos++] = 151645;
+
+    if (tokenizer_dir) {
+        Tokenizer *tok = NULL;
+        if (tokenizer_load(&tok, tokenizer_dir, err) != 0) return cli_fail("init", err);
+        int tok_vocab = tokenizer_vocab_size(tok);
+        if (strcmp(p->name, "tiny") == 0) cfg.vocab_size = (tok_vocab + 63) / 64 * 64;  /* padded like Qwen's */
+        if (tok_vocab > cfg.vocab_size) {
+            tokenizer_free(tok);
+            errorf(err, "--tokenizer: %d tokens do not fit the preset's vocab_size %d", tok_vocab, cfg.vocab_size);
+            return cli_fail("init", err);
+        }
+        cfg.bos_token_id = tokenizer_bos_id(tok);
+        cfg.n_eos = 0;
+        if (tokenizer_eos_id(tok) >= 0) cfg.eos_token_ids[cfg.n_eos++] = tokenizer_eos_id(tok);
+        tokenizer_free(tok);
+    }
+
+    Model *m = NULL;
+    if (model_create_random(&m, &cfg, seed, backend_cpu(), err) != 0) return cli_fail("init", err);
+    int rc = 0;
+    if (make_dirs(out, err) != 0 || model_save(m, out, save_dtype, err) != 0 ||
+        (tokenizer_dir && copy_tokenizer(tokenizer_dir, out, err) != 0))
+        rc = cli_fail("init", err);
+    model_free(m);
+    if (rc == 0) fprintf(stderr, "colt init: wrote %s (%s, preset %s, %s)\n", out, arch, p->name, dtype);
+    return rc;
+}

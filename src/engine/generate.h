@@ -1,0 +1,43 @@
+/* generate.h — the CPU generation loop: batched prefill, then one decode step
+ * for all unfinished sequences per forward call, stopping at eos / stop ids /
+ * max_new_tokens. The paged KV cache and continuous batching of the GPU engine
+ * are a later issue; this loop is their reference. */
+#ifndef COLT_ENGINE_GENERATE_H
+#define COLT_ENGINE_GENERATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/sampler.h"
+#include "model/model.h"
+
+typedef enum { FINISH_LENGTH = 0, FINISH_STOP = 1 } FinishReason;
+
+/* One sequence to complete. The caller fills prompt/prompt_len/stream; the
+ * engine fills the rest (tokens and logprobs are malloc'd, caller frees). */
+typedef struct GenSequence {
+    const int *prompt;
+    int prompt_len;
+    uint64_t stream;      /* RNG stream: the sequence's id (e.g. completion index) */
+    int *tokens;          /* [n_tokens] completion ids, the stop token included */
+    float *logprobs;      /* [n_tokens] log p of each sampled token (logits / temperature) */
+    int n_tokens;
+    FinishReason finish;
+} GenSequence;
+
+typedef struct GenerateOptions {
+    SamplingParams sampling;
+    int max_new_tokens;
+    const int *stop_ids;  /* eos ids and extra stop ids */
+    int n_stop_ids;
+    bool ignore_eos;      /* never stop on stop_ids */
+    int max_batch;        /* sequences decoded together (0 = all) */
+} GenerateOptions;
+
+/* Completes every sequence. Errors: a prompt longer than the model allows, an
+ * empty prompt, bad sampling settings, a token id out of range. Generation that
+ * reaches max_position_embeddings stops there with FINISH_LENGTH. */
+int generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err);
+void gen_sequence_free(GenSequence *s);
+
+#endif

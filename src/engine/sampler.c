@@ -1,0 +1,164 @@
+/* sampler.c — see sampler.h. Filtering follows transformers' logits warpers:
+ * TopK keeps the k largest (ties at the k-th value kept), TopP removes the
+ * tokens whose cumulative probability, in ascending order, is <= 1 - top_p
+ * (always keeping the most likely), MinP removes tokens with
+ * p < min_p * p_max. The draw is an inverse-CDF over the kept tokens in
+ * descending-probability order with one uniform number per step. */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+SamplingParams sampling_params_greedy(void) {
+    SamplingParams p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                        .repetition_penalty = 1.0f, .seed = 0};
+    return p;
+}
+
+int sampling_params_validate(const SamplingParams *p, char *err) {
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
+        return errorf(err, "temperature must be >= 0 (got %g)", p->temperature);
+    if (p->top_k < 0) return errorf(err, "top_k must be >= 0 (got %d)", p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return errorf(err, "top_p must be in (0, 1] (got %g)", p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return errorf(err, "min_p must be in [0, 1] (got %g)", p->min_p);
+    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
+        return errorf(err, "repetition_penalty must be > 0 (got %g)", p->repetition_penalty);
+    return COLT_OK;
+}
+
+void sampler_init(Sampler *s, int vocab_size) {
+    s->vocab_size = vocab_size;
+    s->probs = xmalloc(sizeof(float) * (size_t)vocab_size);
+    s->order = xmalloc(sizeof(int) * (size_t)vocab_size);
+}
+
+void sampler_free(Sampler *s) {
+    free(s->probs);
+    free(s->order);
+    s->probs = NULL;
+    s->order = NULL;
+}
+
+double logsoftmax_at(const float *logits, int vocab_size, int token) {
+    double max = logits[0];
+    for (int i = 1; i < vocab_size; i++)
+        if (logits[i] > max) max = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < vocab_size; i++) sum += exp((double)logits[i] - max);
+    return (double)logits[token] - max - log(sum);
+}
+
+/* qsort_r comparator: descending probability, then ascending id so the order
+ * is total and reproducible. */
+static int compare_by_prob_desc(const void *a, const void *b, void *probs) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float pi = ((const float *)probs)[i], pj = ((const float *)probs)[j];
+    if (pi > pj) return -1;
+    if (pi < pj) return 1;
+    return (i > j) - (i < j);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int *history,
+                   int n_history, uint64_t stream, uint64_t counter, float *logprob) {
+    const int V = s->vocab_size;
+    /* Repetition penalty (transformers: divide positive logits, multiply negative ones;
+     * each distinct token once). Applying it twice to a repeated token would be wrong,
+     * so mark visited tokens through the probs scratch. */
+    if (p->repetition_penalty != 1.0f && n_history > 0) {
+        memset(s->probs, 0, sizeof(float) * (size_t)V);
+        for (int i = 0; i < n_history; i++) {
+            int t = history[i];
+            if (t < 0 || t >= V || s->probs[t] != 0.0f) continue;
+            s->probs[t] = 1.0f;
+            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
+        }
+    }
+    if (p->temperature == 0.0f) {
+        int t = argmax(logits, V);
+        if (logprob) *logprob = (float)logsoftmax_at(logits, V, t);
+        return t;
+    }
+    for (int i = 0; i < V; i++) logits[i] /= p->temperature;
+
+    /* Softmax into probs. */
+    float max = logits[argmax(logits, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        s->probs[i] = expf(logits[i] - max);
+        sum += s->probs[i];
+    }
+    for (int i = 0; i < V; i++) s->probs[i] = (float)(s->probs[i] / sum);
+    const float log_sum = (float)log(sum);
+
+    if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
+        /* No filtering: draw in id order, no sort needed. */
+        double u = (double)rng_uniform(p->seed, stream, counter);
+        double acc = 0.0;
+        int token = V - 1;
+        for (int i = 0; i < V; i++) {
+            acc += s->probs[i];
+            if (u < acc) {
+                token = i;
+                break;
+            }
+        }
+        if (logprob) *logprob = logits[token] - max - log_sum;
+        return token;
+    }
+
+    for (int i = 0; i < V; i++) s->order[i] = i;
+    qsort_r(s->order, (size_t)V, sizeof(int), compare_by_prob_desc, s->probs);
+
+    int kept = V;
+    if (p->top_k > 0 && p->top_k < kept) {
+        float kth = s->probs[s->order[p->top_k - 1]];
+        kept = p->top_k;
+        while (kept < V && s->probs[s->order[kept]] == kth) kept++;
+    }
+    if (p->top_p < 1.0f) {
+        /* transformers renormalises after top-k before top-p. */
+        double total = 0.0;
+        for (int i = 0; i < kept; i++) total += s->probs[s->order[i]];
+        /* Remove the tail whose cumulative (ascending) mass is <= 1 - top_p. */
+        double tail = 0.0;
+        int new_kept = kept;
+        for (int i = kept - 1; i >= 1; i--) {
+            tail += s->probs[s->order[i]] / total;
+            if (tail <= 1.0 - (double)p->top_p) new_kept = i;
+            else break;
+        }
+        kept = new_kept;
+    }
+    if (p->min_p > 0.0f) {
+        float threshold = p->min_p * s->probs[s->order[0]];
+        int new_kept = 1;
+        while (new_kept < kept && s->probs[s->order[new_kept]] >= threshold) new_kept++;
+        kept = new_kept;
+    }
+
+    double total = 0.0;
+    for (int i = 0; i < kept; i++) total += s->probs[s->order[i]];
+    double u = (double)rng_uniform(p->seed, stream, counter) * total;
+    int token = s->order[kept - 1];
+    double acc = 0.0;
+    for (int i = 0; i < kept; i++) {
+        acc += s->probs[s->order[i]];
+        if (u < acc) {
+            token = s->order[i];
+            break;
+        }
+    }
+    if (logprob) *logprob = logits[token] - max - log_sum;
+    return token;
+}

@@ -1,0 +1,300 @@
+/* test_cli.c — the `colt` CLI contracts, end to end through the built binary:
+ * tokenize/detokenize against HF tokenizers, score and greedy generate with the
+ * real stories260K against transformers (tests/data/cli_goldens.json, made by
+ * tests/ref/make_cli_goldens.py), seeded sampling reproducibility, init, and
+ * bad input (one-line error, non-zero exit, nothing on stdout). */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+
+static int g_failures = 0, g_checks = 0;
+static char g_tmp[256];
+
+#define CHECK(cond, ...)                                   \
+    do {                                                   \
+        g_checks++;                                        \
+        if (!(cond)) {                                     \
+            g_failures++;                                  \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                  \
+            fputc('\n', stderr);                           \
+        }                                                  \
+    } while (0)
+
+/* Runs `colt ARGS < stdin_text`; returns the exit code, fills stdout/stderr. */
+static int run(const char *args, const char *stdin_text, char **out, char **errout) {
+    char in_path[300], out_path[300], err_path[300], cmd[8192];
+    snprintf(in_path, sizeof in_path, "%s/in", g_tmp);
+    snprintf(out_path, sizeof out_path, "%s/out", g_tmp);
+    snprintf(err_path, sizeof err_path, "%s/err", g_tmp);
+    FILE *fp = fopen(in_path, "wb");
+    if (stdin_text) fputs(stdin_text, fp);
+    fclose(fp);
+    snprintf(cmd, sizeof cmd, "%s %s < %s > %s 2> %s", COLT_BINARY, args, in_path, out_path, err_path);
+    int status = system(cmd);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    size_t len;
+    if (file_read_all(out_path, out, &len, NULL) != 0) *out = strdup("");
+    if (file_read_all(err_path, errout, &len, NULL) != 0) *errout = strdup("");
+    return code;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Expects failure: non-zero exit, empty stdout, exactly one stderr line containing `needle`. */
+static void expect_error(const char *name, const char *args, const char *stdin_text, const char *needle) {
+    char *out, *err;
+    int code = run(args, stdin_text, &out, &err);
+    CHECK(code != 0, "%s: exit code 0, wanted an error", name);
+    CHECK(code < 128, "%s: crashed (exit %d): %s", name, code, err);
+    CHECK(out[0] == '\0', "%s: stdout not empty: %s", name, out);
+    CHECK(count_lines(err) == 1, "%s: stderr has %d lines, wanted 1: %s", name, count_lines(err), err);
+    CHECK(strstr(err, needle) != NULL, "%s: error '%s' does not mention '%s'", name, err, needle);
+    printf("  bad input %-28s -> exit %d: %s", name, code, err);
+    free(out);
+    free(err);
+}
+
+static json_t *parse_json_line(const char *s) {
+    json_error_t e;
+    return json_loads(s, JSON_DECODE_ANY, &e);
+}
+
+static char *ids_to_json(json_t *ids) { return json_dumps(ids, JSON_COMPACT); }
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_cli_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    json_error_t jerr;
+    json_t *gold = json_load_file(COLT_SOURCE_DIR "/tests/data/cli_goldens.json", 0, &jerr);
+    if (!gold) {
+        fprintf(stderr, "cannot read cli_goldens.json: %s\n", jerr.text);
+        return 1;
+    }
+    const char *qwen = COLT_SHARED_DATA "/qwen2.5-tokenizer";
+    const char *stories = COLT_SOURCE_DIR "/models/stories260K";
+    char args[4096], *out, *err;
+
+    /* tokenize: text */
+    json_t *cases = json_object_get(gold, "qwen_tokenize_text");
+    char *input = NULL;
+    size_t n_cases = json_array_size(cases), in_len = 0;
+    FILE *mem = open_memstream(&input, &in_len);
+    for (size_t i = 0; i < n_cases; i++) {
+        json_t *o = json_pack("{s:O}", "text", json_object_get(json_array_get(cases, i), "text"));
+        char *s = json_dumps(o, 0);
+        fprintf(mem, "%s\n", s);
+        free(s);
+        json_decref(o);
+    }
+    fclose(mem);
+    snprintf(args, sizeof args, "tokenize --model %s", qwen);
+    int code = run(args, input, &out, &err);
+    CHECK(code == 0, "tokenize text exit %d: %s", code, err);
+    char *line = strtok(out, "\n");
+    size_t equal = 0;
+    for (size_t i = 0; i < n_cases && line; i++, line = strtok(NULL, "\n")) {
+        json_t *got = parse_json_line(line);
+        json_t *want = json_object_get(json_array_get(cases, i), "ids");
+        if (got && json_equal(json_object_get(got, "ids"), want)) equal++;
+        else CHECK(0, "tokenize text case %zu: got %s", i, line);
+        json_decref(got);
+    }
+    CHECK(equal == n_cases && n_cases == 4, "tokenize text: %zu/%zu equal", equal, n_cases);
+    printf("tokenize text (qwen2.5): %zu/%zu equal to HF tokenizers\n", equal, n_cases);
+    free(out); free(err); free(input);
+
+    /* tokenize: messages with the chat template */
+    cases = json_object_get(gold, "qwen_tokenize_messages");
+    n_cases = json_array_size(cases);
+    mem = open_memstream(&input, &in_len);
+    for (size_t i = 0; i < n_cases; i++) {
+        json_t *c = json_array_get(cases, i);
+        json_t *o = json_pack("{s:O,s:O}", "messages", json_object_get(c, "messages"), "add_generation_prompt",
+                              json_object_get(c, "add_generation_prompt"));
+        char *s = json_dumps(o, 0);
+        fprintf(mem, "%s\n", s);
+        free(s);
+        json_decref(o);
+    }
+    fclose(mem);
+    code = run(args, input, &out, &err);
+    CHECK(code == 0, "tokenize messages exit %d: %s", code, err);
+    equal = 0;
+    line = strtok(out, "\n");
+    for (size_t i = 0; i < n_cases && line; i++, line = strtok(NULL, "\n")) {
+        json_t *got = parse_json_line(line);
+        if (got && json_equal(json_object_get(got, "ids"), json_object_get(json_array_get(cases, i), "ids"))) equal++;
+        else CHECK(0, "tokenize messages case %zu: got %s", i, line);
+        json_decref(got);
+    }
+    CHECK(equal == n_cases && n_cases == 2, "tokenize messages: %zu/%zu equal", equal, n_cases);
+    printf("tokenize messages (qwen2.5 chat template): %zu/%zu equal to transformers\n", equal, n_cases);
+    free(out); free(err); free(input);
+
+    /* detokenize */
+    json_t *dt = json_object_get(gold, "qwen_detokenize");
+    char *ids_s = ids_to_json(json_object_get(dt, "ids"));
+    char in_line[8192];
+    snprintf(in_line, sizeof in_line, "{\"ids\": %s}\n", ids_s);
+    snprintf(args, sizeof args, "detokenize --model %s", qwen);
+    code = run(args, in_line, &out, &err);
+    json_t *got = parse_json_line(out);
+    CHECK(code == 0 && got && json_equal(json_object_get(got, "text"), json_object_get(dt, "text")),
+          "detokenize: got %s", out);
+    printf("detokenize (qwen2.5): %s", out);
+    json_decref(got);
+    free(out); free(err); free(ids_s);
+
+    /* score with stories260K */
+    json_t *sc = json_object_get(gold, "stories_score");
+    ids_s = ids_to_json(json_object_get(sc, "ids"));
+    snprintf(in_line, sizeof in_line, "{\"ids\": %s}\n", ids_s);
+    snprintf(args, sizeof args, "score --model %s", stories);
+    code = run(args, in_line, &out, &err);
+    got = parse_json_line(out);
+    json_t *lp = got ? json_object_get(got, "logprobs") : NULL;
+    json_t *want_lp = json_object_get(sc, "logprobs");
+    double max_diff = 0;
+    CHECK(code == 0 && lp && json_array_size(lp) == json_array_size(want_lp) && json_array_size(lp) > 40,
+          "score: exit %d, %zu values (wanted %zu): %s", code, lp ? json_array_size(lp) : 0,
+          json_array_size(want_lp), err);
+    for (size_t i = 0; lp && i < json_array_size(lp) && i < json_array_size(want_lp); i++) {
+        double d = fabs(json_number_value(json_array_get(lp, i)) - json_number_value(json_array_get(want_lp, i)));
+        if (d > max_diff) max_diff = d;
+    }
+    CHECK(max_diff < 1e-4, "score: max |diff| %.3g vs transformers", max_diff);
+    printf("score (stories260K, %zu tokens): max |logprob - transformers| = %.3g (tol 1e-4)\n",
+           lp ? json_array_size(lp) : 0, max_diff);
+    char *scored = out;  /* kept to compare with the tokenizer-less folder */
+    json_decref(got);
+    free(err);
+
+    /* score on a folder without tokenizer files gives the same answer */
+    char bare[300];
+    snprintf(bare, sizeof bare, "%s/bare", g_tmp);
+    snprintf(args, sizeof args, "mkdir -p %s && cp %s/config.json %s/model.safetensors %s/", bare, stories, stories, bare);
+    CHECK(system(args) == 0, "copy bare model");
+    snprintf(args, sizeof args, "score --model %s", bare);
+    code = run(args, in_line, &out, &err);
+    CHECK(code == 0 && strcmp(out, scored) == 0, "score without tokenizer files: exit %d: %s", code, err);
+    printf("score on a folder without tokenizer files: exit %d, same output\n", code);
+    free(scored);
+    free(out); free(err); free(ids_s);
+
+    /* greedy generate with stories260K: text prompt, and ids prompt */
+    json_t *gen = json_object_get(gold, "stories_generate");
+    json_t *want_ids = json_object_get(gen, "completion_ids");
+    snprintf(args, sizeof args, "generate --model %s --prompt 'Once upon a time' --max_new_tokens %zu --json",
+             stories, json_array_size(want_ids));
+    code = run(args, NULL, &out, &err);
+    got = parse_json_line(out);
+    CHECK(code == 0 && got && json_equal(json_object_get(got, "ids"), want_ids), "generate --prompt: %s %s", out, err);
+    CHECK(got && json_equal(json_object_get(got, "text"), json_object_get(gen, "completion_text")),
+          "generate text: %s", out);
+    printf("generate greedy (stories260K, %zu tokens): %s\n",
+           json_array_size(want_ids), got && json_equal(json_object_get(got, "ids"), want_ids) ? "token-identical to transformers" : "DIFFERENT");
+    json_decref(got);
+    free(out); free(err);
+
+    snprintf(args, sizeof args, "generate --model %s --prompt 'Once upon a time' --max_new_tokens %zu", stories,
+             json_array_size(want_ids));
+    code = run(args, NULL, &out, &err);
+    char want_text[4096];
+    snprintf(want_text, sizeof want_text, "%s\n", json_string_value(json_object_get(gen, "completion_text")));
+    CHECK(code == 0 && strcmp(out, want_text) == 0, "generate plain text: got '%s'", out);
+    printf("generate plain text: %s", out);
+    free(out); free(err);
+
+    ids_s = ids_to_json(json_object_get(gen, "prompt_ids"));
+    snprintf(args, sizeof args, "generate --model %s --ids '%s' --max_new_tokens %zu --json", stories, ids_s,
+             json_array_size(want_ids));
+    code = run(args, NULL, &out, &err);
+    got = parse_json_line(out);
+    CHECK(code == 0 && got && json_equal(json_object_get(got, "ids"), want_ids), "generate --ids: %s %s", out, err);
+    json_decref(got);
+    free(out); free(err); free(ids_s);
+
+    /* seeded sampling: reproducible, and completion 0 does not depend on --n */
+    char *out_a, *out_b, *out_c;
+    snprintf(args, sizeof args,
+             "generate --model %s --prompt 'Once upon a time' --max_new_tokens 30 --temperature 1.0 --top_k 40 "
+             "--top_p 0.95 --seed 7 --n 3 --json", stories);
+    run(args, NULL, &out_a, &err); free(err);
+    run(args, NULL, &out_b, &err); free(err);
+    CHECK(strcmp(out_a, out_b) == 0 && count_lines(out_a) == 3, "sampling with the same seed differs");
+    snprintf(args, sizeof args,
+             "generate --model %s --prompt 'Once upon a time' --max_new_tokens 30 --temperature 1.0 --top_k 40 "
+             "--top_p 0.95 --seed 7 --n 1 --json", stories);
+    run(args, NULL, &out_c, &err); free(err);
+    CHECK(strncmp(out_a, out_c, strlen(out_c)) == 0 && strlen(out_c) > 10, "completion 0 depends on --n");
+    char *second = strchr(out_a, '\n');
+    CHECK(second && strncmp(out_a, second + 1, (size_t)(second - out_a)) != 0, "completions 0 and 1 are identical");
+    printf("sampling: same seed reproduces, completion 0 identical with --n 1 and --n 3\n");
+    free(out_a); free(out_b); free(out_c);
+
+    /* init: tiny checkpoints of both architectures load and generate */
+    const char *archs[] = {"qwen2", "llama"};
+    for (int a = 0; a < 2; a++) {
+        snprintf(args, sizeof args, "init --arch %s --preset tiny --tokenizer %s --out %s/init_%s --seed 1", archs[a],
+                 stories, g_tmp, archs[a]);
+        code = run(args, NULL, &out, &err);
+        CHECK(code == 0, "init %s: %s", archs[a], err);
+        free(out); free(err);
+        snprintf(args, sizeof args, "generate --model %s/init_%s --prompt 'Hello' --max_new_tokens 5 --ignore_eos --json",
+                 g_tmp, archs[a]);
+        code = run(args, NULL, &out, &err);
+        got = parse_json_line(out);
+        CHECK(code == 0 && got && json_array_size(json_object_get(got, "ids")) == 5, "generate with init %s: %s %s",
+              archs[a], out, err);
+        printf("init --arch %s --preset tiny: generate gave %s", archs[a], out);
+        json_decref(got);
+        free(out); free(err);
+    }
+
+    /* bad input */
+    snprintf(args, sizeof args, "tokenize --model %s", qwen);
+    expect_error("invalid JSON on stdin", args, "{\"text\": \n", "stdin line 1");
+    expect_error("invalid UTF-8 on stdin", args, "{\"text\": \"\xff\xfe\"}\n", "stdin line 1");
+    expect_error("wrong field", args, "{\"txt\": \"a\"}\n", "stdin line 1");
+    snprintf(args, sizeof args, "detokenize --model %s", qwen);
+    expect_error("token id out of range", args, "{\"ids\": [1, 99999999]}\n", "out of range");
+    snprintf(args, sizeof args, "score --model %s", stories);
+    char *long_ids = malloc(8 * 600 + 32);
+    strcpy(long_ids, "{\"ids\": [1");
+    for (int i = 0; i < 599; i++) strcat(long_ids, ", 5");
+    strcat(long_ids, "]}\n");
+    expect_error("longer than max_position", args, long_ids, "max_position_embeddings");
+    free(long_ids);
+    expect_error("score id out of range", args, "{\"ids\": [1, 512]}\n", "out of range");
+    snprintf(args, sizeof args, "score --model %s/does-not-exist", g_tmp);
+    expect_error("missing model folder", args, "", "does-not-exist");
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --max_new_tokens x", stories);
+    expect_error("non-integer flag", args, NULL, "max_new_tokens");
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --bogus 1", stories);
+    expect_error("unknown flag", args, NULL, "bogus");
+    snprintf(args, sizeof args, "generate --model %s", stories);
+    expect_error("no prompt", args, NULL, "--prompt");
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --top_p 0", stories);
+    expect_error("bad top_p", args, NULL, "top_p");
+    snprintf(args, sizeof args, "generate --model %s --chat hi", stories);
+    expect_error("no chat template", args, NULL, "chat_template");
+    snprintf(args, sizeof args, "init --arch gpt2 --preset tiny --out %s/x", g_tmp);
+    expect_error("init unknown arch", args, NULL, "gpt2");
+
+    json_decref(gold);
+    snprintf(args, sizeof args, "rm -rf %s", g_tmp);
+    if (system(args) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+    printf("%d checks, %d failed\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

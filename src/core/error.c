@@ -23,7 +23,10 @@ int error_prefix(char *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    snprintf(err, ERR_LEN, "%s: %s", prefix, old);
+    char full[2 * ERR_LEN + 2];
+    snprintf(full, sizeof full, "%s: %s", prefix, old);
+    memcpy(err, full, ERR_LEN - 1);  /* keep what fits */
+    err[ERR_LEN - 1] = '\0';
     return COLT_ERR;
 }
 

@@ -7,6 +7,7 @@
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,12 +70,15 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int *history,
-                   int n_history, uint64_t stream, uint64_t counter, float *logprob) {
+/* Applies the repetition penalty and temperature to logits in place, fills
+ * s->probs with the softmax, and, when a filter is on, s->order with the ids
+ * sorted by probability. Returns how many of them survive the filters (V, in
+ * id order, when no filter is on). *log_norm = max + log(sum exp(logit - max)). */
+static int sampler_prepare(Sampler *s, float *logits, const SamplingParams *p, const int *history, int n_history,
+                           bool *sorted, double *log_norm) {
     const int V = s->vocab_size;
-    /* Repetition penalty (transformers: divide positive logits, multiply negative ones;
-     * each distinct token once). Applying it twice to a repeated token would be wrong,
-     * so mark visited tokens through the probs scratch. */
+    /* Repetition penalty (transformers: divide positive logits, multiply negative
+     * ones; each distinct token once — probs marks the tokens already done). */
     if (p->repetition_penalty != 1.0f && n_history > 0) {
         memset(s->probs, 0, sizeof(float) * (size_t)V);
         for (int i = 0; i < n_history; i++) {
@@ -84,14 +88,8 @@ int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int
             logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
         }
     }
-    if (p->temperature == 0.0f) {
-        int t = argmax(logits, V);
-        if (logprob) *logprob = (float)logsoftmax_at(logits, V, t);
-        return t;
-    }
-    for (int i = 0; i < V; i++) logits[i] /= p->temperature;
-
-    /* Softmax into probs. */
+    float temperature = p->temperature > 0.0f ? p->temperature : 1.0f;
+    for (int i = 0; i < V; i++) logits[i] /= temperature;
     float max = logits[argmax(logits, V)];
     double sum = 0.0;
     for (int i = 0; i < V; i++) {
@@ -99,24 +97,10 @@ int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int
         sum += s->probs[i];
     }
     for (int i = 0; i < V; i++) s->probs[i] = (float)(s->probs[i] / sum);
-    const float log_sum = (float)log(sum);
+    *log_norm = (double)max + log(sum);
 
-    if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
-        /* No filtering: draw in id order, no sort needed. */
-        double u = (double)rng_uniform(p->seed, stream, counter);
-        double acc = 0.0;
-        int token = V - 1;
-        for (int i = 0; i < V; i++) {
-            acc += s->probs[i];
-            if (u < acc) {
-                token = i;
-                break;
-            }
-        }
-        if (logprob) *logprob = logits[token] - max - log_sum;
-        return token;
-    }
-
+    *sorted = p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f;
+    if (!*sorted) return V;
     for (int i = 0; i < V; i++) s->order[i] = i;
     qsort_r(s->order, (size_t)V, sizeof(int), compare_by_prob_desc, s->probs);
 
@@ -127,10 +111,10 @@ int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int
         while (kept < V && s->probs[s->order[kept]] == kth) kept++;
     }
     if (p->top_p < 1.0f) {
-        /* transformers renormalises after top-k before top-p. */
+        /* After top-k, transformers renormalises, then removes the tail whose
+         * ascending cumulative mass is <= 1 - top_p, keeping at least one token. */
         double total = 0.0;
         for (int i = 0; i < kept; i++) total += s->probs[s->order[i]];
-        /* Remove the tail whose cumulative (ascending) mass is <= 1 - top_p. */
         double tail = 0.0;
         int new_kept = kept;
         for (int i = kept - 1; i >= 1; i--) {
@@ -146,19 +130,65 @@ int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int
         while (new_kept < kept && s->probs[s->order[new_kept]] >= threshold) new_kept++;
         kept = new_kept;
     }
+    return kept;
+}
 
+void sampler_distribution(Sampler *s, float *logits, const SamplingParams *p, const int *history, int n_history,
+                          float *probs_out) {
+    const int V = s->vocab_size;
+    bool sorted;
+    double log_norm;
+    if (p->temperature == 0.0f) {
+        SamplingParams plain = *p;
+        plain.top_k = 0; plain.top_p = 1.0f; plain.min_p = 0.0f;
+        sampler_prepare(s, logits, &plain, history, n_history, &sorted, &log_norm);
+        memset(probs_out, 0, sizeof(float) * (size_t)V);
+        probs_out[argmax(logits, V)] = 1.0f;
+        return;
+    }
+    int kept = sampler_prepare(s, logits, p, history, n_history, &sorted, &log_norm);
+    if (!sorted) {
+        memcpy(probs_out, s->probs, sizeof(float) * (size_t)V);
+        return;
+    }
+    memset(probs_out, 0, sizeof(float) * (size_t)V);
     double total = 0.0;
     for (int i = 0; i < kept; i++) total += s->probs[s->order[i]];
+    for (int i = 0; i < kept; i++) probs_out[s->order[i]] = (float)(s->probs[s->order[i]] / total);
+}
+
+int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int *history,
+                   int n_history, uint64_t stream, uint64_t counter, float *logprob) {
+    const int V = s->vocab_size;
+    bool sorted;
+    double log_norm;
+    if (p->temperature == 0.0f) {
+        SamplingParams plain = *p;
+        plain.top_k = 0; plain.top_p = 1.0f; plain.min_p = 0.0f;
+        sampler_prepare(s, logits, &plain, history, n_history, &sorted, &log_norm);
+        int t = argmax(logits, V);
+        if (logprob) *logprob = (float)((double)logits[t] - log_norm);
+        return t;
+    }
+    int kept = sampler_prepare(s, logits, p, history, n_history, &sorted, &log_norm);
+    /* Inverse CDF with one uniform draw keyed by (seed, stream, counter), over the
+     * kept tokens (in id order when unfiltered, by probability when filtered). */
+    double total = 1.0;
+    if (sorted) {
+        total = 0.0;
+        for (int i = 0; i < kept; i++) total += s->probs[s->order[i]];
+    }
     double u = (double)rng_uniform(p->seed, stream, counter) * total;
-    int token = s->order[kept - 1];
+    int token = sorted ? s->order[kept - 1] : V - 1;
     double acc = 0.0;
     for (int i = 0; i < kept; i++) {
-        acc += s->probs[s->order[i]];
+        int id = sorted ? s->order[i] : i;
+        acc += s->probs[id];
         if (u < acc) {
-            token = s->order[i];
+            token = id;
             break;
         }
     }
-    if (logprob) *logprob = logits[token] - max - log_sum;
+    if (logprob) *logprob = (float)((double)logits[token] - log_norm);
     return token;
 }

@@ -41,6 +41,12 @@ void sampler_free(Sampler *s);
 int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int *history,
                    int n_history, uint64_t stream, uint64_t counter, float *logprob);
 
+/* The distribution sampler_sample draws from, as probabilities probs_out[V]
+ * (0 for filtered tokens; one-hot when greedy). logits are modified in place.
+ * For tests against transformers' logits processors. */
+void sampler_distribution(Sampler *s, float *logits, const SamplingParams *p, const int *history, int n_history,
+                          float *probs_out);
+
 /* log-softmax of logits[V] at index token, computed in double. */
 double logsoftmax_at(const float *logits, int vocab_size, int token);
 

@@ -177,7 +177,7 @@ int cmd_generate(int argc, char **argv) {
             json_t *o = json_object();
             json_object_set_new(o, "ids", ids);
             if (text) json_object_set_new(o, "text", json_string(text));
-            char *line = json_dumps(o, JSON_ENSURE_ASCII);
+            char *line = json_dumps(o, 0);
             outbuf_puts(&out, line);
             outbuf_puts(&out, "\n");
             free(line);

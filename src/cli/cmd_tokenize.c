@@ -138,7 +138,7 @@ int cmd_detokenize(int argc, char **argv) {
             rc = 1;
         } else {
             json_t *o = json_pack("{s:s}", "text", text);
-            char *s = json_dumps(o, JSON_ENSURE_ASCII);
+            char *s = json_dumps(o, 0);
             outbuf_puts(&out, s);
             outbuf_puts(&out, "\n");
             free(s);

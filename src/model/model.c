@@ -1,0 +1,441 @@
+/* model.c — Llama / Qwen2 weights (load, random init, save) and the forward
+ * pass with a KV cache, written once against the op table.
+ *
+ * Every weight is listed once in a tensor table (HF name, shape, init kind,
+ * where its device buffer lives); load, save and random init all walk it.
+ * This is not the generation loop (engine/) and has no backward pass yet.
+ *
+ * Dimension legend: N tokens in a forward call, D model width, F MLP width,
+ * H query heads, KVH key/value heads, Dh head dim, V vocab, S cache slots,
+ * L max cache length per slot, K tokens that want logits. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+typedef struct LayerWeights {
+    void *attn_norm;              /* [D] input_layernorm */
+    void *q_w, *k_w, *v_w, *o_w;  /* [H*Dh, D], [KVH*Dh, D], [KVH*Dh, D], [D, H*Dh] */
+    void *q_b, *k_b, *v_b, *o_b;  /* [H*Dh], [KVH*Dh], [KVH*Dh], [D]; NULL when absent */
+    void *mlp_norm;               /* [D] post_attention_layernorm */
+    void *gate_w, *up_w, *down_w; /* [F, D], [F, D], [D, F] */
+} LayerWeights;
+
+struct Model {
+    ModelConfig cfg;
+    const Backend *be;
+    void *embed;      /* [V, D] */
+    void *final_norm; /* [D] */
+    void *lm_head;    /* [V, D]; == embed when tied */
+    LayerWeights *layers;
+};
+
+struct ModelState {
+    const Backend *be;         /* made the buffers; frees them */
+    int n_layers, n_slots, max_len, max_tokens;
+    void **k_cache, **v_cache; /* per layer [S, L, KVH*Dh] */
+    void *x;                   /* [N, D] residual stream */
+    void *xn;                  /* [N, D] normed */
+    void *q;                   /* [N, H*Dh] */
+    void *k, *v;               /* [N, KVH*Dh] */
+    void *att;                 /* [N, H*Dh] */
+    void *proj;                /* [N, D] o_proj / down_proj output */
+    void *gate, *up;           /* [N, F] */
+    void *rows;                /* [K, D] final hidden rows that want logits */
+    void *logits;              /* [K, V] */
+};
+
+/* ---------------------------------------------------------------- tensor table */
+
+typedef enum { INIT_NORMAL = 0, INIT_ONES, INIT_ZEROS } TensorInit;
+
+typedef struct TensorSpec {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    TensorInit init;
+    void **buf; /* where the device buffer lives in Model */
+} TensorSpec;
+
+static void spec_add(TensorSpec *t, int *n, const char *name, int64_t d0, int64_t d1, TensorInit init, void **buf) {
+    TensorSpec *s = &t[(*n)++];
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->ndim = d1 > 0 ? 2 : 1;
+    s->shape[0] = d0;
+    s->shape[1] = d1 > 0 ? d1 : 0;
+    s->init = init;
+    s->buf = buf;
+}
+
+static size_t spec_numel(const TensorSpec *s) {
+    return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
+}
+
+/* Every tensor the config needs, in HF names; returns a malloc'd table. When
+ * tied, lm_head.weight is not listed (it is embed_tokens). */
+static TensorSpec *model_tensor_table(Model *m, int *count) {
+    const ModelConfig *c = &m->cfg;
+    int64_t D = c->hidden_size, F = c->intermediate_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
+            KVD = (int64_t)c->num_key_value_heads * c->head_dim;
+    bool qkv_bias = c->arch == ARCH_QWEN2 || c->attention_bias;
+    bool o_bias = c->arch == ARCH_LLAMA && c->attention_bias; /* Llama's attention_bias covers o_proj too */
+    TensorSpec *t = xcalloc((size_t)c->num_hidden_layers * 13 + 3, sizeof(TensorSpec));
+    int n = 0;
+    char name[96];
+    spec_add(t, &n, "model.embed_tokens.weight", c->vocab_size, D, INIT_NORMAL, &m->embed);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        LayerWeights *w = &m->layers[l];
+#define LAYER(suffix, d0, d1, init, field)                               \
+    do {                                                                 \
+        snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);   \
+        spec_add(t, &n, name, d0, d1, init, &w->field);                  \
+    } while (0)
+        LAYER("input_layernorm.weight", D, 0, INIT_ONES, attn_norm);
+        LAYER("self_attn.q_proj.weight", QD, D, INIT_NORMAL, q_w);
+        if (qkv_bias) LAYER("self_attn.q_proj.bias", QD, 0, INIT_ZEROS, q_b);
+        LAYER("self_attn.k_proj.weight", KVD, D, INIT_NORMAL, k_w);
+        if (qkv_bias) LAYER("self_attn.k_proj.bias", KVD, 0, INIT_ZEROS, k_b);
+        LAYER("self_attn.v_proj.weight", KVD, D, INIT_NORMAL, v_w);
+        if (qkv_bias) LAYER("self_attn.v_proj.bias", KVD, 0, INIT_ZEROS, v_b);
+        LAYER("self_attn.o_proj.weight", D, QD, INIT_NORMAL, o_w);
+        if (o_bias) LAYER("self_attn.o_proj.bias", D, 0, INIT_ZEROS, o_b);
+        LAYER("post_attention_layernorm.weight", D, 0, INIT_ONES, mlp_norm);
+        LAYER("mlp.gate_proj.weight", F, D, INIT_NORMAL, gate_w);
+        LAYER("mlp.up_proj.weight", F, D, INIT_NORMAL, up_w);
+        LAYER("mlp.down_proj.weight", D, F, INIT_NORMAL, down_w);
+#undef LAYER
+    }
+    spec_add(t, &n, "model.norm.weight", D, 0, INIT_ONES, &m->final_norm);
+    if (!c->tie_word_embeddings) spec_add(t, &n, "lm_head.weight", c->vocab_size, D, INIT_NORMAL, &m->lm_head);
+    *count = n;
+    return t;
+}
+
+static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
+    Model *m = xcalloc(1, sizeof(Model));
+    m->cfg = *cfg;
+    m->be = be;
+    m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
+    return m;
+}
+
+void model_free(Model *m) {
+    if (!m) return;
+    int n = 0;
+    TensorSpec *t = model_tensor_table(m, &n);
+    for (int i = 0; i < n; i++)
+        if (*t[i].buf) m->be->free(*t[i].buf);
+    free(t);
+    free(m->layers);
+    free(m);
+}
+
+const ModelConfig *model_config(const Model *m) { return &m->cfg; }
+
+static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < ndim && k < size; d++)
+        k += (size_t)snprintf(buf + k, size - k, "%s%lld", d ? "," : "", (long long)shape[d]);
+    if (k < size) snprintf(buf + k, size - k, "]");
+}
+
+/* ---------------------------------------------------------------- load */
+
+int model_load(Model **out, const char *dir, const Backend *be, char *err) {
+    *out = NULL;
+    ModelConfig cfg;
+    if (model_config_load(&cfg, NULL, dir, err) != 0) return COLT_ERR;
+    SafeTensorsSet set;
+    if (safetensors_open_dir(&set, dir, err) != 0) return COLT_ERR;
+    Model *m = model_alloc(&cfg, be);
+    int n = 0;
+    TensorSpec *t = model_tensor_table(m, &n);
+    char *where = set.n_files == 1 ? xstrdup(set.paths[0]) : path_join(dir, "model.safetensors.index.json");
+    /* Check every tensor before converting any, so a bad file fails fast. */
+    size_t max_numel = 0;
+    for (int i = 0; i < n; i++) {
+        const SafeTensor *st = safetensors_find(&set, t[i].name, NULL);
+        if (!st) {
+            errorf(err, "%s: missing tensor '%s'", where, t[i].name);
+            goto error;
+        }
+        if (st->ndim != t[i].ndim || st->shape[0] != t[i].shape[0] || (t[i].ndim == 2 && st->shape[1] != t[i].shape[1])) {
+            char have[128], want[64];
+            format_shape(have, sizeof(have), st->ndim, st->shape);
+            format_shape(want, sizeof(want), t[i].ndim, t[i].shape);
+            errorf(err, "%s: tensor '%s' has shape %s, config wants %s", where, t[i].name, have, want);
+            goto error;
+        }
+        if (spec_numel(&t[i]) > max_numel) max_numel = spec_numel(&t[i]);
+    }
+    float *host = xmalloc(max_numel * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        const SafeTensor *st = safetensors_find(&set, t[i].name, NULL);
+        safetensors_to_f32(host, st);
+        *t[i].buf = be->alloc(spec_numel(&t[i]));
+        be->upload(*t[i].buf, host, spec_numel(&t[i]));
+    }
+    free(host);
+    if (cfg.tie_word_embeddings) m->lm_head = m->embed;
+    free(t);
+    free(where);
+    safetensors_set_free(&set);
+    *out = m;
+    return COLT_OK;
+error:
+    free(t);
+    free(where);
+    safetensors_set_free(&set);
+    model_free(m);
+    return COLT_ERR;
+}
+
+/* ---------------------------------------------------------------- random init */
+
+int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err) {
+    *out = NULL;
+    if (cfg->hidden_size <= 0 || cfg->intermediate_size <= 0 || cfg->num_hidden_layers <= 0 ||
+        cfg->num_attention_heads <= 0 || cfg->num_key_value_heads <= 0 || cfg->head_dim <= 0 ||
+        cfg->head_dim % 2 != 0 || cfg->vocab_size <= 0 || cfg->num_attention_heads % cfg->num_key_value_heads != 0)
+        return errorf(err, "model_create_random: invalid config (sizes must be positive, head_dim even, "
+                           "num_key_value_heads must divide num_attention_heads)");
+    Model *m = model_alloc(cfg, be);
+    int n = 0;
+    TensorSpec *t = model_tensor_table(m, &n);
+    size_t max_numel = 0;
+    for (int i = 0; i < n; i++)
+        if (spec_numel(&t[i]) > max_numel) max_numel = spec_numel(&t[i]);
+    float *host = xmalloc(max_numel * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        size_t numel = spec_numel(&t[i]);
+        for (size_t j = 0; j < numel; j++)
+            host[j] = t[i].init == INIT_ONES    ? 1.0f
+                      : t[i].init == INIT_ZEROS ? 0.0f
+                                                : 0.02f * rng_normal(seed, (uint64_t)i, (uint64_t)j);
+        *t[i].buf = be->alloc(numel);
+        be->upload(*t[i].buf, host, numel);
+    }
+    free(host);
+    free(t);
+    if (cfg->tie_word_embeddings) m->lm_head = m->embed;
+    *out = m;
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- save */
+
+/* A JSON real holding the shortest decimal that round-trips to the float, so
+ * 1e-6f is written as 1e-06, not 9.99999997e-07. */
+static json_t *json_real_from_float(float f) {
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof(buf), "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return json_real(strtod(buf, NULL));
+}
+
+static json_t *json_eos_ids(const ModelConfig *c) {
+    if (c->n_eos == 0) return json_null();
+    if (c->n_eos == 1) return json_integer(c->eos_token_ids[0]);
+    json_t *a = json_array();
+    for (int i = 0; i < c->n_eos; i++) json_array_append_new(a, json_integer(c->eos_token_ids[i]));
+    return a;
+}
+
+static int write_json(const char *dir, const char *file, json_t *root, char *err) {
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(root);
+    COLT_ASSERT(text);
+    size_t len = strlen(text);
+    text = xrealloc(text, len + 2);
+    text[len++] = '\n';
+    text[len] = '\0';
+    char *path = path_join(dir, file);
+    int rc = file_write_atomic(path, text, len, err);
+    free(path);
+    free(text);
+    return rc;
+}
+
+static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char *err) {
+    bool llama = c->arch == ARCH_LLAMA;
+    json_t *root = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(llama ? "LlamaForCausalLM" : "Qwen2ForCausalLM"));
+    json_object_set_new(root, "architectures", archs);
+    json_object_set_new(root, "model_type", json_string(llama ? "llama" : "qwen2"));
+    json_object_set_new(root, "hidden_act", json_string("silu"));
+    json_object_set_new(root, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(root, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(root, "num_hidden_layers", json_integer(c->num_hidden_layers));
+    json_object_set_new(root, "num_attention_heads", json_integer(c->num_attention_heads));
+    json_object_set_new(root, "num_key_value_heads", json_integer(c->num_key_value_heads));
+    json_object_set_new(root, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(root, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(root, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    json_object_set_new(root, "rms_norm_eps", json_real_from_float(c->rms_norm_eps));
+    json_object_set_new(root, "rope_theta", json_real_from_float(c->rope_theta));
+    json_t *rope = json_object();
+    json_object_set_new(rope, "rope_type", json_string("default"));
+    json_object_set_new(rope, "rope_theta", json_real_from_float(c->rope_theta));
+    json_object_set_new(root, "rope_parameters", rope);
+    json_object_set_new(root, "rope_scaling", json_null());
+    json_object_set_new(root, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+    if (llama) {
+        json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
+        json_object_set_new(root, "mlp_bias", json_false());
+    } else {
+        json_object_set_new(root, "use_sliding_window", json_false());
+    }
+    json_object_set_new(root, "bos_token_id", c->bos_token_id >= 0 ? json_integer(c->bos_token_id) : json_null());
+    json_object_set_new(root, "eos_token_id", json_eos_ids(c));
+    json_object_set_new(root, "torch_dtype", json_string(dtype == DTYPE_BF16 ? "bfloat16" : "float32"));
+    json_object_set_new(root, "initializer_range", json_real(0.02));
+    json_object_set_new(root, "use_cache", json_true());
+    if (write_json(dir, "config.json", root, err) != 0) return COLT_ERR;
+
+    json_t *gen = json_object();
+    json_object_set_new(gen, "bos_token_id", c->bos_token_id >= 0 ? json_integer(c->bos_token_id) : json_null());
+    json_object_set_new(gen, "eos_token_id", json_eos_ids(c));
+    return write_json(dir, "generation_config.json", gen, err);
+}
+
+int model_save(const Model *m, const char *dir, DType dtype, char *err) {
+    if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
+        return errorf(err, "%s: model_save writes F32 or BF16 only", dir);
+    if (make_dirs(dir, err) != 0) return COLT_ERR;
+    int n = 0;
+    TensorSpec *t = model_tensor_table((Model *)m, &n); /* only reads the buffer pointers */
+    SafeTensorWrite *w = xcalloc((size_t)n, sizeof(SafeTensorWrite));
+    for (int i = 0; i < n; i++) {
+        float *host = xmalloc(spec_numel(&t[i]) * sizeof(float));
+        m->be->download(host, *t[i].buf, spec_numel(&t[i]));
+        w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
+                                 .data = host};
+    }
+    char *path = path_join(dir, "model.safetensors");
+    int rc = safetensors_write(path, w, n, dtype, err);
+    if (rc == 0) rc = save_configs(&m->cfg, dir, dtype, err);
+    free(path);
+    for (int i = 0; i < n; i++) free((void *)w[i].data);
+    free(w);
+    free(t);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- state */
+
+int model_state_create(ModelState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err) {
+    *out = NULL;
+    if (n_slots <= 0 || max_len <= 0 || max_tokens <= 0)
+        return errorf(err, "model_state_create: n_slots (%d), max_len (%d) and max_tokens (%d) must be positive",
+                      n_slots, max_len, max_tokens);
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
+           QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim;
+    ModelState *st = xcalloc(1, sizeof(ModelState));
+    st->be = be;
+    st->n_layers = c->num_hidden_layers;
+    st->n_slots = n_slots;
+    st->max_len = max_len;
+    st->max_tokens = max_tokens;
+    st->k_cache = xcalloc((size_t)c->num_hidden_layers, sizeof(void *));
+    st->v_cache = xcalloc((size_t)c->num_hidden_layers, sizeof(void *));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        st->k_cache[l] = be->alloc((size_t)n_slots * max_len * KVD);
+        st->v_cache[l] = be->alloc((size_t)n_slots * max_len * KVD);
+    }
+    st->x = be->alloc(N * D);
+    st->xn = be->alloc(N * D);
+    st->q = be->alloc(N * QD);
+    st->k = be->alloc(N * KVD);
+    st->v = be->alloc(N * KVD);
+    st->att = be->alloc(N * QD);
+    st->proj = be->alloc(N * D);
+    st->gate = be->alloc(N * F);
+    st->up = be->alloc(N * F);
+    st->rows = be->alloc(N * D);
+    st->logits = be->alloc(N * (size_t)c->vocab_size);
+    *out = st;
+    return COLT_OK;
+}
+
+void model_state_free(ModelState *st) {
+    if (!st) return;
+    const Backend *be = st->be;
+    for (int l = 0; l < st->n_layers; l++) {
+        be->free(st->k_cache[l]);
+        be->free(st->v_cache[l]);
+    }
+    free(st->k_cache);
+    free(st->v_cache);
+    void *bufs[] = {st->x, st->xn, st->q, st->k, st->v, st->att, st->proj, st->gate, st->up, st->rows, st->logits};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+    free(st);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, const int *pos, int n,
+                  const uint8_t *want_logits, float *logits, char *err) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    if (n < 0 || n > st->max_tokens)
+        return errorf(err, "model_forward: %d tokens, state holds at most %d per call", n, st->max_tokens);
+    int n_want = 0;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return errorf(err, "model_forward: token id %d out of range (vocab %d)", tokens[i], c->vocab_size);
+        if (slot[i] < 0 || slot[i] >= st->n_slots)
+            return errorf(err, "model_forward: slot %d out of range (%d slots)", slot[i], st->n_slots);
+        if (pos[i] < 0 || pos[i] >= st->max_len)
+            return errorf(err, "model_forward: position %d out of range (max_len %d)", pos[i], st->max_len);
+        n_want += !want_logits || want_logits[i];
+    }
+    if (n == 0) return COLT_OK;
+    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
+        Dh = c->head_dim, V = c->vocab_size;
+    int QD = H * Dh, KVD = KVH * Dh;
+    size_t ND = (size_t)n * D;
+
+    be->embedding(st->x, m->embed, tokens, n, D);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        be->rmsnorm(st->xn, st->x, w->attn_norm, n, D, c->rms_norm_eps);
+        be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
+        be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
+        be->linear(st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+        be->rope(st->q, pos, n, H, Dh, c->rope_theta);
+        be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->kv_store(st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
+        be->attention(st->att, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
+        be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
+        be->add(st->x, st->x, st->proj, ND);
+        be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
+        be->linear(st->gate, st->xn, w->gate_w, NULL, n, D, F);
+        be->linear(st->up, st->xn, w->up_w, NULL, n, D, F);
+        be->swiglu(st->gate, st->gate, st->up, (size_t)n * F);
+        be->linear(st->proj, st->gate, w->down_w, NULL, n, F, D);
+        be->add(st->x, st->x, st->proj, ND);
+    }
+    if (n_want == 0) return COLT_OK;
+    be->rmsnorm(st->xn, st->x, m->final_norm, n, D, c->rms_norm_eps);
+    const void *rows = st->xn;
+    if (n_want < n) { /* lm_head only on the rows that want logits */
+        for (int i = 0, k = 0; i < n; i++)
+            if (want_logits[i]) be->copy(st->rows, (size_t)k++ * D, st->xn, (size_t)i * D, (size_t)D);
+        rows = st->rows;
+    }
+    be->linear(st->logits, rows, m->lm_head, NULL, n_want, D, V);
+    be->download(logits, st->logits, (size_t)n_want * V);
+    return COLT_OK;
+}

@@ -1,0 +1,82 @@
+/* safetensors.h — reading and writing the safetensors format (one file or an
+ * index of shards), with every header field validated.
+ *
+ * Layout: 8-byte little-endian header length N, N bytes of JSON header
+ * {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+ * then the data area; offsets are relative to the data area. Files are
+ * memory-mapped; tensors are converted to fp32 on request. This is not a
+ * general tensor library: only F32, BF16 and F16 are supported.
+ *
+ * Dimension legend: none (shapes are whatever the file says, up to 8 dims). */
+#ifndef COLT_MODEL_SAFETENSORS_H
+#define COLT_MODEL_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/fileio.h"
+#include "model/model.h"
+
+#define SAFETENSORS_MAX_DIMS 8
+
+typedef struct SafeTensor {
+    char *name;
+    DType dtype;
+    int ndim;
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    size_t begin, end;      /* byte offsets in the data area */
+    const uint8_t *data;    /* data area + begin */
+    int file_index;         /* which shard of a SafeTensorsSet */
+} SafeTensor;
+
+/* A parsed header: tensors in file order. */
+typedef struct SafeTensorsHeader {
+    SafeTensor *tensors;
+    int n_tensors;
+    size_t data_offset;     /* 8 + header length: where the data area starts */
+} SafeTensorsHeader;
+
+/* Parses and validates the header of an in-memory safetensors file of size
+ * bytes; name prefixes error messages. Tensor data pointers point into bytes.
+ * Returns 0 or -1 with err set; on error nothing needs freeing. */
+int safetensors_parse_header(SafeTensorsHeader *h, const uint8_t *bytes, size_t size, const char *name,
+                             char *err);
+void safetensors_header_free(SafeTensorsHeader *h);
+
+/* A checkpoint's tensors: DIR/model.safetensors, or the shards named by
+ * DIR/model.safetensors.index.json, all memory-mapped. */
+typedef struct SafeTensorsSet {
+    MappedFile *maps;
+    char **paths;
+    SafeTensorsHeader *headers;
+    int n_files;
+} SafeTensorsSet;
+
+int safetensors_open_dir(SafeTensorsSet *set, const char *dir, char *err);
+void safetensors_set_free(SafeTensorsSet *set);
+/* The tensor called name, or NULL; *path gets the file holding it. */
+const SafeTensor *safetensors_find(const SafeTensorsSet *set, const char *name, const char **path);
+
+/* Element count (product of the shape). */
+size_t safetensors_numel(const SafeTensor *t);
+/* Converts a tensor's data to fp32 (dst has numel floats). */
+void safetensors_to_f32(float *dst, const SafeTensor *t);
+
+/* bf16 <-> fp32; fp32 -> bf16 rounds to nearest even (NaN stays NaN). */
+uint16_t safetensors_f32_to_bf16(float x);
+float safetensors_bf16_to_f32(uint16_t x);
+float safetensors_f16_to_f32(uint16_t x);
+
+/* One tensor to write: fp32 host data converted to the file's dtype. */
+typedef struct SafeTensorWrite {
+    const char *name;
+    int ndim;
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    const float *data;
+} SafeTensorWrite;
+
+/* Writes tensors (sorted by name, as HF does) to path atomically, dtype F32 or
+ * BF16, header padded with spaces to a multiple of 8 bytes. */
+int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, DType dtype, char *err);
+
+#endif

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""make_model_goldens.py — tiny reference checkpoints and forward goldens from transformers.
+
+Writes tests/data/models/{tiny-qwen2,tiny-llama}-{f32,bf16}/ (save_pretrained) and
+tests/data/models/goldens.json: per-token log-probs log p(ids[t] | ids[<t]) computed by
+transformers in fp32 (bf16 checkpoints are loaded upcast to fp32, as colt does on CPU),
+and greedy continuations from model.generate(do_sample=False). Also goldens for the
+pretrained stories260K (shared data). Not a test by itself: tests/test_model.c compares.
+
+Usage:
+  python3 tests/ref/make_model_goldens.py            # regenerate everything
+  python3 tests/ref/make_model_goldens.py --check DIR GOLDEN_NAME
+      load a checkpoint colt saved (DIR) with transformers and compare its log-probs
+      against the golden entry GOLDEN_NAME (e.g. tiny-llama-f32); exits non-zero on mismatch.
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "data", "models")
+SHARED = os.environ.get("COLT_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data"))
+STORIES = os.path.join(SHARED, "models", "stories260K", "hf")
+# The eos id of the tiny models: greedy runs set it to None so generation never stops early.
+TINY_EOS = 2
+
+
+def log_probs(model, ids):
+    """log p(ids[t] | ids[<t]) for t = 1..T-1, fp32 forward, log-softmax in float64."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double()
+    lp = torch.log_softmax(logits, dim=-1)
+    return [lp[t - 1, ids[t]].item() for t in range(1, len(ids))]
+
+
+def greedy(model, prompt, n_new):
+    """Greedy continuation (no eos stop) and the smallest top-1 / top-2 logit margin seen."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new,
+                             eos_token_id=None, pad_token_id=0, output_scores=True,
+                             return_dict_in_generate=True)
+    new = out.sequences[0, len(prompt):].tolist()
+    margin = min((s[0].topk(2).values[0] - s[0].topk(2).values[1]).item() for s in out.scores)
+    return new, margin
+
+
+def load_fp32(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def make_tiny(arch, seed):
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-6,
+                  bos_token_id=1, eos_token_id=TINY_EOS, initializer_range=0.15)
+    if arch == "qwen2":
+        cfg = Qwen2Config(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                          **common)
+    else:
+        cfg = LlamaConfig(tie_word_embeddings=False, attention_bias=True,
+                          rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            # Biases and norm weights get random non-zero values so the test exercises them.
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            elif "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def sequences(seed, vocab):
+    g = torch.Generator().manual_seed(seed)
+    long_ids = [1] + torch.randint(3, vocab, (39,), generator=g).tolist()
+    short_ids = [1] + torch.randint(3, vocab, (6,), generator=g).tolist()
+    prompt = [1] + torch.randint(3, vocab, (5,), generator=g).tolist()
+    return long_ids, short_ids, prompt
+
+
+def make_all():
+    os.makedirs(OUT, exist_ok=True)
+    goldens = {"transformers_version": transformers.__version__, "torch_version": torch.__version__,
+               "models": []}
+    for arch, seed in (("qwen2", 1234), ("llama", 4321)):
+        model = make_tiny(arch, seed)
+        long_ids, short_ids, prompt = sequences(seed, model.config.vocab_size)
+        for dtype_name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+            name = f"tiny-{arch}-{dtype_name}"
+            path = os.path.join(OUT, name)
+            model.to(dtype).save_pretrained(path)
+            model.to(torch.float32)
+            ref = load_fp32(path)
+            new, margin = greedy(ref, prompt, 20)
+            print(f"{name}: greedy min top-2 margin {margin:.4f}")
+            goldens["models"].append({
+                "name": name, "dir": f"tests/data/models/{name}",
+                "logprobs": [{"ids": ids, "logprobs": log_probs(ref, ids)} for ids in (long_ids, short_ids)],
+                "greedy": {"prompt": prompt, "new_tokens": new, "min_margin": margin},
+            })
+    # The pretrained stories260K: greedy continuation of BOS + "Once upon a time".
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    prompt = tok("Once upon a time")["input_ids"]
+    assert prompt[0] == 1, prompt
+    ref = load_fp32(STORIES)
+    new, margin = greedy(ref, prompt, 40)
+    text = tok.decode(new)
+    print(f"stories260K: {text!r} (min margin {margin:.4f})")
+    assert text.startswith(", there was a little girl named Lily. She loved to play outside in the park."), text
+    goldens["models"].append({
+        "name": "stories260K", "shared_dir": "models/stories260K/hf",
+        "logprobs": [{"ids": prompt + new, "logprobs": log_probs(ref, prompt + new)}],
+        "greedy": {"prompt": prompt, "new_tokens": new, "min_margin": margin, "text": text},
+    })
+    with open(os.path.join(OUT, "goldens.json"), "w") as f:
+        json.dump(goldens, f, indent=1)
+        f.write("\n")
+    print("wrote", os.path.join(OUT, "goldens.json"))
+
+
+def check(path, golden_name):
+    """Loads a colt-saved checkpoint with transformers; compares log-probs with the golden."""
+    with open(os.path.join(OUT, "goldens.json")) as f:
+        entry = next(m for m in json.load(f)["models"] if m["name"] == golden_name)
+    model = load_fp32(path)
+    worst = 0.0
+    for seq in entry["logprobs"]:
+        lp = log_probs(model, seq["ids"])
+        worst = max(worst, max(abs(a - b) for a, b in zip(lp, seq["logprobs"])))
+    print(f"transformers loaded {path} ({type(model).__name__}); max |logprob diff| vs {golden_name}: {worst:.3g}")
+    return 0 if worst < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--check":
+        sys.exit(check(sys.argv[2], sys.argv[3]))
+    make_all()

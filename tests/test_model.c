@@ -276,6 +276,23 @@ static void check_random_init(const ModelConfig *cfg, const char *tmp) {
         model_free(b);
     }
     model_free(a);
+
+    /* The streaming writer (colt init) writes the same bytes as create + save. */
+    char dir2[512];
+    snprintf(dir2, sizeof(dir2), "%s/random_streamed", tmp);
+    rc = model_save_random(cfg, 42, dir2, DTYPE_F32, err);
+    CHECK(rc == 0, "model_save_random: %s", err);
+    if (rc == 0) {
+        char *p1 = path_join(dir, "model.safetensors"), *p2 = path_join(dir2, "model.safetensors");
+        char *d1 = NULL, *d2 = NULL;
+        size_t n1 = 0, n2 = 0;
+        COLT_ASSERT(file_read_all(p1, &d1, &n1, err) == 0 && file_read_all(p2, &d2, &n2, err) == 0);
+        bool same = n1 == n2 && memcmp(d1, d2, n1) == 0;
+        printf("  streamed random init (model_save_random): %zu bytes, identical to create+save: %s\n", n2,
+               same ? "yes" : "NO");
+        CHECK(same, "model_save_random differs from model_create_random + model_save");
+        free(d1), free(d2), free(p1), free(p2);
+    }
 }
 
 static void check_forward_errors(Model *m) {

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
 #include "cli/cli.h"
 #include "core/error.h"
 #include "core/fileio.h"
@@ -125,13 +124,11 @@ int cmd_init(int argc, char **argv) {
         tokenizer_free(tok);
     }
 
-    Model *m = NULL;
-    if (model_create_random(&m, &cfg, seed, backend_cpu(), err) != 0) return cli_fail("init", err);
+    /* Streams the weights to disk: a 7B preset never sits in memory. */
     int rc = 0;
-    if (make_dirs(out, err) != 0 || model_save(m, out, save_dtype, err) != 0 ||
+    if (make_dirs(out, err) != 0 || model_save_random(&cfg, seed, out, save_dtype, err) != 0 ||
         (tokenizer_dir && copy_tokenizer(tokenizer_dir, out, err) != 0))
         rc = cli_fail("init", err);
-    model_free(m);
     if (rc == 0) fprintf(stderr, "colt init: wrote %s (%s, preset %s, %s)\n", out, arch, p->name, dtype);
     return rc;
 }

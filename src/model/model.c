@@ -199,13 +199,29 @@ error:
 
 /* ---------------------------------------------------------------- random init */
 
-int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err) {
-    *out = NULL;
+static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char *err);
+
+static int check_random_config(const ModelConfig *cfg, char *err) {
     if (cfg->hidden_size <= 0 || cfg->intermediate_size <= 0 || cfg->num_hidden_layers <= 0 ||
         cfg->num_attention_heads <= 0 || cfg->num_key_value_heads <= 0 || cfg->head_dim <= 0 ||
         cfg->head_dim % 2 != 0 || cfg->vocab_size <= 0 || cfg->num_attention_heads % cfg->num_key_value_heads != 0)
-        return errorf(err, "model_create_random: invalid config (sizes must be positive, head_dim even, "
+        return errorf(err, "random init: invalid config (sizes must be positive, head_dim even, "
                            "num_key_value_heads must divide num_attention_heads)");
+    return COLT_OK;
+}
+
+/* Element j of tensor number `index` in the tensor table: normal(0, 0.02)
+ * weights keyed by (seed, index, j), norms 1, biases 0. model_create_random and
+ * model_save_random share it, so both give the same checkpoint. */
+static float random_init_value(TensorInit init, uint64_t seed, int index, size_t j) {
+    if (init == INIT_ONES) return 1.0f;
+    if (init == INIT_ZEROS) return 0.0f;
+    return 0.02f * rng_normal(seed, (uint64_t)index, (uint64_t)j);
+}
+
+int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err) {
+    *out = NULL;
+    if (check_random_config(cfg, err) != 0) return COLT_ERR;
     Model *m = model_alloc(cfg, be);
     int n = 0;
     TensorSpec *t = model_tensor_table(m, &n);
@@ -215,10 +231,7 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
     float *host = xmalloc(max_numel * sizeof(float));
     for (int i = 0; i < n; i++) {
         size_t numel = spec_numel(&t[i]);
-        for (size_t j = 0; j < numel; j++)
-            host[j] = t[i].init == INIT_ONES    ? 1.0f
-                      : t[i].init == INIT_ZEROS ? 0.0f
-                                                : 0.02f * rng_normal(seed, (uint64_t)i, (uint64_t)j);
+        for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
         *t[i].buf = be->alloc(numel);
         be->upload(*t[i].buf, host, numel);
     }
@@ -227,6 +240,42 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
     if (cfg->tie_word_embeddings) m->lm_head = m->embed;
     *out = m;
     return COLT_OK;
+}
+
+typedef struct RandomFill {
+    TensorInit init;
+    uint64_t seed;
+    int index;
+} RandomFill;
+
+static void random_fill(float *dst, size_t start, size_t count, void *ctx) {
+    const RandomFill *f = ctx;
+    for (size_t k = 0; k < count; k++) dst[k] = random_init_value(f->init, f->seed, f->index, start + k);
+}
+
+int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err) {
+    if (check_random_config(cfg, err) != 0) return COLT_ERR;
+    if (dtype != DTYPE_F32 && dtype != DTYPE_BF16) return errorf(err, "%s: random init writes F32 or BF16 only", dir);
+    if (make_dirs(dir, err) != 0) return COLT_ERR;
+    Model *m = model_alloc(cfg, NULL); /* only for the tensor table; no buffers */
+    int n = 0;
+    TensorSpec *t = model_tensor_table(m, &n);
+    SafeTensorWrite *w = xcalloc((size_t)n, sizeof(SafeTensorWrite));
+    RandomFill *fills = xcalloc((size_t)n, sizeof(RandomFill));
+    for (int i = 0; i < n; i++) {
+        fills[i] = (RandomFill){.init = t[i].init, .seed = seed, .index = i};
+        w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
+                                 .fill = random_fill, .fill_ctx = &fills[i]};
+    }
+    char *path = path_join(dir, "model.safetensors");
+    int rc = safetensors_write(path, w, n, dtype, err);
+    if (rc == 0) rc = save_configs(cfg, dir, dtype, err);
+    free(path);
+    free(fills);
+    free(w);
+    free(t);
+    model_free(m);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- save */

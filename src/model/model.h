@@ -57,6 +57,9 @@ typedef struct Model Model;
 int model_load(Model **out, const char *dir, const Backend *be, char *err);
 /* A randomly initialised model (normal(0, 0.02) weights, norms = 1, biases = 0). */
 int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err);
+/* Writes the checkpoint model_create_random + model_save would, tensor by
+ * tensor in chunks, without holding the weights in memory (for 7B shapes). */
+int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err);
 /* Writes DIR/config.json, DIR/generation_config.json and DIR/model.safetensors
  * (F32 or BF16), each atomically. transformers loads the result. */
 int model_save(const Model *m, const char *dir, DType dtype, char *err);

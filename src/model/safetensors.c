@@ -372,16 +372,25 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
     int ok = fwrite(len_bytes, 1, 8, af.fp) == 8 && fwrite(header, 1, hlen, af.fp) == hlen;
     for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', af.fp) != EOF;
     free(header);
-    uint16_t chunk[4096];
+    enum { CHUNK = 4096 };
+    uint16_t chunk[CHUNK];
+    float values[CHUNK];
     for (int i = 0; ok && i < n; i++) {
-        size_t numel = write_numel(order[i]);
-        if (dtype == DTYPE_F32) {
-            ok = fwrite(order[i]->data, 4, numel, af.fp) == numel;
+        const SafeTensorWrite *w = order[i];
+        size_t numel = write_numel(w);
+        if (dtype == DTYPE_F32 && w->data) {
+            ok = fwrite(w->data, 4, numel, af.fp) == numel;
             continue;
         }
-        for (size_t j = 0; ok && j < numel; j += 4096) {
-            size_t m = numel - j < 4096 ? numel - j : 4096;
-            for (size_t k = 0; k < m; k++) chunk[k] = safetensors_f32_to_bf16(order[i]->data[j + k]);
+        for (size_t j = 0; ok && j < numel; j += CHUNK) {
+            size_t m = numel - j < CHUNK ? numel - j : CHUNK;
+            const float *src = w->data ? w->data + j : values;
+            if (!w->data) w->fill(values, j, m, w->fill_ctx);
+            if (dtype == DTYPE_F32) {
+                ok = fwrite(src, 4, m, af.fp) == m;
+                continue;
+            }
+            for (size_t k = 0; k < m; k++) chunk[k] = safetensors_f32_to_bf16(src[k]);
             ok = fwrite(chunk, 2, m, af.fp) == m;
         }
     }

@@ -67,12 +67,19 @@ uint16_t safetensors_f32_to_bf16(float x);
 float safetensors_bf16_to_f32(uint16_t x);
 float safetensors_f16_to_f32(uint16_t x);
 
-/* One tensor to write: fp32 host data converted to the file's dtype. */
+/* Produces elements [start, start + count) of a tensor being written. */
+typedef void (*SafeTensorFill)(float *dst, size_t start, size_t count, void *ctx);
+
+/* One tensor to write: fp32 host data converted to the file's dtype. When data
+ * is NULL, fill(…, fill_ctx) produces the values chunk by chunk instead, so a
+ * checkpoint larger than memory can be written. */
 typedef struct SafeTensorWrite {
     const char *name;
     int ndim;
     int64_t shape[SAFETENSORS_MAX_DIMS];
     const float *data;
+    SafeTensorFill fill;
+    void *fill_ctx;
 } SafeTensorWrite;
 
 /* Writes tensors (sorted by name, as HF does) to path atomically, dtype F32 or

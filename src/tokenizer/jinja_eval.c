@@ -424,6 +424,13 @@ static Value change_case(Jinja *J, const Str *s, int mode /* 'u' upper, 'l' lowe
         else if (mode == 'l') upper = false;
         else if (mode == 'c') upper = first;
         else upper = !previous_cased;
+        if (upper && cp == 0xdf) { /* Python's full case mapping: sharp s upper-cases to "SS" */
+            buf_puts(J, &b, mode == 'u' ? "SS" : "Ss");
+            previous_cased = true;
+            first = false;
+            i += n;
+            continue;
+        }
         out = upper ? utf8proc_toupper(cp) : utf8proc_tolower(cp);
         if (mode == 't') {
             const utf8proc_property_t *p = utf8proc_get_property(cp);

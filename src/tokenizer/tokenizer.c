@@ -1179,7 +1179,7 @@ static void bpe_merge(const Tokenizer *t, Workspace *ws, size_t n) {
  * used from many threads without locks; entries carry the tokenizer's serial,
  * so a freed tokenizer's entries are never served to a new one at the same
  * address. */
-#define PIECE_CACHE_SLOTS 2048
+#define PIECE_CACHE_SLOTS 4096
 #define PIECE_CACHE_BYTES 22
 #define PIECE_CACHE_IDS 6
 

@@ -250,6 +250,7 @@ typedef struct RandomFill {
 
 static void random_fill(float *dst, size_t start, size_t count, void *ctx) {
     const RandomFill *f = ctx;
+#pragma omp parallel for schedule(static)
     for (size_t k = 0; k < count; k++) dst[k] = random_init_value(f->init, f->seed, f->index, start + k);
 }
 

@@ -372,9 +372,9 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
     int ok = fwrite(len_bytes, 1, 8, af.fp) == 8 && fwrite(header, 1, hlen, af.fp) == hlen;
     for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', af.fp) != EOF;
     free(header);
-    enum { CHUNK = 4096 };
-    uint16_t chunk[CHUNK];
-    float values[CHUNK];
+    enum { CHUNK = 1 << 16 };
+    uint16_t *chunk = xmalloc(CHUNK * sizeof(uint16_t));
+    float *values = xmalloc(CHUNK * sizeof(float));
     for (int i = 0; ok && i < n; i++) {
         const SafeTensorWrite *w = order[i];
         size_t numel = write_numel(w);
@@ -394,6 +394,8 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
             ok = fwrite(chunk, 2, m, af.fp) == m;
         }
     }
+    free(values);
+    free(chunk);
     free(order);
     if (!ok) {
         atomic_abort(&af);

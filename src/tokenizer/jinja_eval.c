@@ -1462,23 +1462,35 @@ static int exec_for(Jinja *J, Node *n, Scope *s) {
         }
     }
     size_t count = items->n;
+    /* the loop object's keys, shared by every iteration's loop dict */
+    static const char *const names[] = {"index", "index0", "revindex", "revindex0", "first", "last",
+                                        "length", "depth", "depth0", "previtem", "nextitem", "loop"};
+    enum { N_NAMES = sizeof names / sizeof *names };
+    Value keys[N_NAMES];
+    for (size_t k = 0; k < N_NAMES; k++) keys[k] = value_cstring(J, names[k]);
     for (size_t i = 0; i < count; i++) {
         step(J, n->line);
         Scope *iteration = scope_new(J, s);
         Dict *loop = dict_new(J, DICT_LOOP);
         int64_t len = (int64_t)count, k = (int64_t)i;
-        dict_set_cstr(J, loop, "index", value_int(k + 1));
-        dict_set_cstr(J, loop, "index0", value_int(k));
-        dict_set_cstr(J, loop, "revindex", value_int(len - k));
-        dict_set_cstr(J, loop, "revindex0", value_int(len - k - 1));
-        dict_set_cstr(J, loop, "first", value_bool(i == 0));
-        dict_set_cstr(J, loop, "last", value_bool(i + 1 == count));
-        dict_set_cstr(J, loop, "length", value_int(len));
-        dict_set_cstr(J, loop, "depth", value_int(1));
-        dict_set_cstr(J, loop, "depth0", value_int(0));
-        if (i > 0) dict_set_cstr(J, loop, "previtem", items->items[i - 1]);
-        if (i + 1 < count) dict_set_cstr(J, loop, "nextitem", items->items[i + 1]);
-        dict_set_cstr(J, iteration->vars, "loop", (Value){.kind = VAL_DICT, .as.dict = loop});
+        Value values[] = {value_int(k + 1), value_int(k), value_int(len - k), value_int(len - k - 1),
+                          value_bool(i == 0), value_bool(i + 1 == count), value_int(len), value_int(1), value_int(0)};
+        loop->cap = N_NAMES;
+        loop->keys = jinja_alloc(J, N_NAMES * sizeof(Value));
+        loop->values = jinja_alloc(J, N_NAMES * sizeof(Value));
+        for (size_t v = 0; v < sizeof values / sizeof *values; v++) {
+            loop->keys[loop->n] = keys[v];
+            loop->values[loop->n++] = values[v];
+        }
+        if (i > 0) {
+            loop->keys[loop->n] = keys[9];
+            loop->values[loop->n++] = items->items[i - 1];
+        }
+        if (i + 1 < count) {
+            loop->keys[loop->n] = keys[10];
+            loop->values[loop->n++] = items->items[i + 1];
+        }
+        dict_set(J, iteration->vars, keys[11], (Value){.kind = VAL_DICT, .as.dict = loop});
         assign(J, n->a, items->items[i], iteration);
         int flow = exec_body(J, &n->body, iteration);
         if (flow == FLOW_BREAK) break;

@@ -162,7 +162,7 @@ static int run_errors(void) {
         {"{{ x ]] }}", "unexpected ']'"},
         {"{% for i in range(10) %}{% endfor %}{% break %}", "outside of a for-loop"},
         {"{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "nest too deeply"},
-        {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"},
+        {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "more than"},
         {"{{ 'x' * 100000000 }}", "MiB"},
         {"{{ 9223372036854775807 + 1 }}", "overflow"},
         {"{{ messages | tojson(indent=2) }}{{ 1 / 0 }}", "division by zero"},

@@ -13,6 +13,7 @@ options the three real files do not use). Then the
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/fileio.h"
@@ -342,6 +343,27 @@ static void test_config(const Tokenizer *qwen, const Tokenizer *stories) {
         CHECK(!tokenizer_add_bos(t), "absent add_bos_token is false");
         tokenizer_free(t);
     }
+
+    /* A directory without tokenizer_config.json but with chat_template.jinja. */
+    char dir[] = "/tmp/colt_test_tokenizer_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char *tpath = path_join(dir, "tokenizer.json"), *jpath = path_join(dir, "chat_template.jinja");
+    CHECK(file_write_atomic(tpath, tj, strlen(tj), err) == 0, "%s", err);
+    CHECK(file_write_atomic(jpath, "{{ messages }}", 14, err) == 0, "%s", err);
+    rc = tokenizer_load(&t, dir, err);
+    CHECK(rc == 0, "dir load: %s", err);
+    if (rc == 0) {
+        CHECK(tokenizer_chat_template(t) && !strcmp(tokenizer_chat_template(t), "{{ messages }}"), "chat_template.jinja");
+        CHECK(tokenizer_bos_id(t) == -1 && !tokenizer_add_bos(t), "no config: no bos");
+        tokenizer_free(t);
+    }
+    remove(tpath);
+    remove(jpath);
+    rmdir(dir);
+    free(tpath);
+    free(jpath);
+    rc = tokenizer_load(&t, "/nonexistent/colt", err);
+    CHECK(rc != 0 && strstr(err, "/nonexistent/colt/tokenizer.json"), "missing dir should name the file, got '%s'", err);
 }
 
 int main(void) {

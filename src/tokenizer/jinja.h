@@ -67,10 +67,17 @@ typedef struct Value {
     } as;
 } Value;
 
+/* What Python object a list value stands for: jinja2's select/map/items
+ * filters return one-shot generators (always truthy, not renderable, not
+ * indexable), dict.items()/keys()/values() return views and range() a range. */
+typedef enum { LIST_PLAIN, LIST_GENERATOR, LIST_VIEW, LIST_RANGE } ListKind;
+
 struct List {
     size_t n, cap;
     Value *items;
     bool tuple;
+    ListKind kind;
+    bool consumed; /* a generator that was iterated already */
 };
 
 struct Dict {
@@ -203,6 +210,7 @@ Value value_string(Jinja *J, const char *s, size_t n);
 Value value_cstring(Jinja *J, const char *s);
 Value value_from_buf(Jinja *J, const Buf *b);
 List *list_new(Jinja *J, bool tuple);
+Value list_value(List *l, ListKind kind);
 void list_push(Jinja *J, List *l, Value v);
 Dict *dict_new(Jinja *J, DictKind kind);
 void dict_set(Jinja *J, Dict *d, Value key, Value v);

@@ -43,7 +43,13 @@ static Value make_str(Jinja *J, const Buf *b) { return value_from_buf(J, b); }
  * string's characters; none for Undefined. */
 static List *iterate(Jinja *J, Value v, int line) {
     switch (v.kind) {
-    case VAL_LIST: return v.as.list;
+    case VAL_LIST:
+        if (v.as.list->kind == LIST_GENERATOR) {
+            if (v.as.list->consumed)
+                jinja_fail(J, line, "unsupported: a generator (the result of select, map, items, ...) used twice; add '| list'");
+            v.as.list->consumed = true;
+        }
+        return v.as.list;
     case VAL_UNDEFINED: return list_new(J, false);
     case VAL_DICT:
         if (v.as.dict->kind == DICT_PLAIN) {
@@ -146,6 +152,7 @@ static Value get_item(Jinja *J, Value obj, Value key, int line) {
     switch (obj.kind) {
     case VAL_UNDEFINED: jinja_fail(J, line, "cannot read an item of an undefined value");
     case VAL_LIST:
+        if (obj.as.list->kind == LIST_GENERATOR || obj.as.list->kind == LIST_VIEW) return value_undefined();
         if (is_intlike(key)) {
             int64_t i = as_int(key), n = (int64_t)obj.as.list->n;
             if (i < 0) i += n;
@@ -174,6 +181,7 @@ static Value get_item(Jinja *J, Value obj, Value key, int line) {
     return value_undefined();
 }
 
+/* Slices compile to a plain Python subscript in jinja2 (no Undefined fallback). */
 static int64_t slice_bound(Jinja *J, Value v, int line) {
     if (!is_intlike(v)) jinja_fail(J, line, "slice indices must be integers or None, not %s", value_type_name(v));
     return as_int(v);
@@ -181,8 +189,10 @@ static int64_t slice_bound(Jinja *J, Value v, int line) {
 
 static Value get_slice(Jinja *J, Value obj, Value start_v, Value stop_v, Value step_v, int line) {
     if (obj.kind == VAL_UNDEFINED) jinja_fail(J, line, "cannot slice an undefined value");
-    if (obj.kind != VAL_LIST && obj.kind != VAL_STRING) return value_undefined();
-    int64_t step = step_v.kind == VAL_NONE || step_v.kind == VAL_UNDEFINED ? 1 : slice_bound(J, step_v, line);
+    if ((obj.kind != VAL_LIST && obj.kind != VAL_STRING) ||
+        (obj.kind == VAL_LIST && (obj.as.list->kind == LIST_GENERATOR || obj.as.list->kind == LIST_VIEW)))
+        jinja_fail(J, line, "'%s' object is not subscriptable with a slice", value_type_name(obj));
+    int64_t step = step_v.kind == VAL_NONE ? 1 : slice_bound(J, step_v, line);
     if (step == 0) jinja_fail(J, line, "slice step cannot be zero");
     size_t n_cp = 0, *off = NULL;
     int64_t len;
@@ -192,13 +202,13 @@ static Value get_slice(Jinja *J, Value obj, Value start_v, Value stop_v, Value s
         len = (int64_t)n_cp;
     }
     int64_t lower = step > 0 ? 0 : -1, upper = step > 0 ? len : len - 1, start, stop;
-    if (start_v.kind == VAL_NONE || start_v.kind == VAL_UNDEFINED) start = step < 0 ? upper : lower;
+    if (start_v.kind == VAL_NONE) start = step < 0 ? upper : lower;
     else {
         start = slice_bound(J, start_v, line);
         if (start < 0) { start += len; if (start < lower) start = lower; }
         else if (start > upper) start = upper;
     }
-    if (stop_v.kind == VAL_NONE || stop_v.kind == VAL_UNDEFINED) stop = step < 0 ? lower : upper;
+    if (stop_v.kind == VAL_NONE) stop = step < 0 ? lower : upper;
     else {
         stop = slice_bound(J, stop_v, line);
         if (stop < 0) { stop += len; if (stop < lower) stop = lower; }
@@ -207,7 +217,7 @@ static Value get_slice(Jinja *J, Value obj, Value start_v, Value stop_v, Value s
     if (obj.kind == VAL_LIST) {
         List *l = list_new(J, obj.as.list->tuple);
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) list_push(J, l, obj.as.list->items[i]);
-        return (Value){.kind = VAL_LIST, .as.list = l};
+        return list_value(l, obj.as.list->kind);
     }
     Buf b = {0};
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
@@ -259,7 +269,10 @@ static Value arith(Jinja *J, int op, Value a, Value b, int line) {
                 return value_int(op == 'f' ? q : m);
             }
             case 'p': {
-                if (y < 0) return value_float(pow((double)x, (double)y));
+                if (y < 0) {
+                    if (x == 0) jinja_fail(J, line, "0.0 cannot be raised to a negative power");
+                    return value_float(pow((double)x, (double)y));
+                }
                 int64_t result = 1;
                 for (int64_t i = 0; i < y; i++) {
                     if (__builtin_mul_overflow(result, x, &result)) goto overflow;
@@ -285,7 +298,10 @@ static Value arith(Jinja *J, int op, Value a, Value b, int line) {
         }
         case 'p':
             if (x == 0 && y < 0) jinja_fail(J, line, "0.0 cannot be raised to a negative power");
-            return value_float(pow(x, y));
+            if (x < 0 && y != floor(y)) jinja_fail(J, line, "unsupported: complex result of '**'");
+            double r = pow(x, y);
+            if (isinf(r) && isfinite(x) && isfinite(y)) jinja_fail(J, line, "numerical result out of range in '**'");
+            return value_float(r);
         }
     }
     if (op == '+' && a.kind == VAL_STRING && b.kind == VAL_STRING) {
@@ -294,14 +310,17 @@ static Value arith(Jinja *J, int op, Value a, Value b, int line) {
         buf_put(J, &buf, b.as.s->data, b.as.s->len);
         return make_str(J, &buf);
     }
-    if (op == '+' && a.kind == VAL_LIST && b.kind == VAL_LIST && a.as.list->tuple == b.as.list->tuple) {
+    if (op == '+' && a.kind == VAL_LIST && b.kind == VAL_LIST && a.as.list->tuple == b.as.list->tuple &&
+        a.as.list->kind == LIST_PLAIN && b.as.list->kind == LIST_PLAIN) {
         List *l = list_new(J, a.as.list->tuple);
         for (size_t i = 0; i < a.as.list->n; i++) list_push(J, l, a.as.list->items[i]);
         for (size_t i = 0; i < b.as.list->n; i++) list_push(J, l, b.as.list->items[i]);
         return (Value){.kind = VAL_LIST, .as.list = l};
     }
-    if (op == '*' && (a.kind == VAL_STRING || a.kind == VAL_LIST) && is_intlike(b)) return repeat(J, a, as_int(b));
-    if (op == '*' && (b.kind == VAL_STRING || b.kind == VAL_LIST) && is_intlike(a)) return repeat(J, b, as_int(a));
+    bool a_seq = a.kind == VAL_STRING || (a.kind == VAL_LIST && a.as.list->kind == LIST_PLAIN);
+    bool b_seq = b.kind == VAL_STRING || (b.kind == VAL_LIST && b.as.list->kind == LIST_PLAIN);
+    if (op == '*' && a_seq && is_intlike(b)) return repeat(J, a, as_int(b));
+    if (op == '*' && b_seq && is_intlike(a)) return repeat(J, b, as_int(a));
     if (op == '%' && a.kind == VAL_STRING) jinja_fail(J, line, "unsupported: '%%' string formatting");
     type_error(J, line, name, a, b);
 overflow:
@@ -318,7 +337,8 @@ static bool less_than(Jinja *J, Value a, Value b, const char *op, int line) {
         int c = memcmp(a.as.s->data, b.as.s->data, n);
         return c ? c < 0 : a.as.s->len < b.as.s->len;
     }
-    if (a.kind == VAL_LIST && b.kind == VAL_LIST && a.as.list->tuple == b.as.list->tuple) {
+    if (a.kind == VAL_LIST && b.kind == VAL_LIST && a.as.list->tuple == b.as.list->tuple &&
+        a.as.list->kind == LIST_PLAIN && b.as.list->kind == LIST_PLAIN) {
         const List *x = a.as.list, *y = b.as.list;
         for (size_t i = 0; i < x->n && i < y->n; i++) {
             if (!value_equal(x->items[i], y->items[i])) return less_than(J, x->items[i], y->items[i], op, line);
@@ -335,10 +355,12 @@ static bool contains(Jinja *J, Value container, Value item, int line) {
             jinja_fail(J, line, "'in <string>' requires string as left operand, not %s", value_type_name(item));
         if (item.as.s->len == 0) return true;
         return memmem(container.as.s->data, container.as.s->len, item.as.s->data, item.as.s->len) != NULL;
-    case VAL_LIST:
-        for (size_t i = 0; i < container.as.list->n; i++)
-            if (value_equal(container.as.list->items[i], item)) return true;
+    case VAL_LIST: {
+        List *l = iterate(J, container, line);
+        for (size_t i = 0; i < l->n; i++)
+            if (value_equal(l->items[i], item)) return true;
         return false;
+    }
     case VAL_DICT: {
         Value out;
         if (container.as.dict->kind == DICT_PLAIN) return dict_get(container.as.dict, item, &out);
@@ -351,6 +373,8 @@ static bool contains(Jinja *J, Value container, Value item, int line) {
 }
 
 static bool compare(Jinja *J, int op, Value a, Value b, int line) {
+    if ((op == 'e' || op == 'n') && ((a.kind == VAL_LIST && a.as.list->kind == LIST_VIEW) || (b.kind == VAL_LIST && b.as.list->kind == LIST_VIEW)))
+        jinja_fail(J, line, "unsupported: comparing a dict view");
     switch (op) {
     case 'e': return value_equal(a, b);
     case 'n': return !value_equal(a, b);
@@ -646,7 +670,7 @@ static Value call_method(Jinja *J, Node *n, Method *m, Value *args, size_t n_arg
                 list_push(J, l, (Value){.kind = VAL_LIST, .as.list = pair});
             }
         }
-        return (Value){.kind = VAL_LIST, .as.list = l};
+        return list_value(l, LIST_VIEW);
     }
     COLT_ASSERT(m->self.kind == VAL_STRING);
     const Str *s = m->self.as.s;
@@ -746,7 +770,7 @@ static Value call_function(Jinja *J, Node *n, int fn, Value *args, size_t n_args
             list_push(J, l, value_int(i));
             if ((stride > 0 && i > INT64_MAX - stride) || (stride < 0 && i < INT64_MIN - stride)) break;
         }
-        return (Value){.kind = VAL_LIST, .as.list = l};
+        return list_value(l, LIST_RANGE);
     }
     case FN_STRFTIME_NOW: {
         if (n_args != 1 || n_kw) jinja_fail(J, line, "strftime_now() takes one argument");
@@ -809,7 +833,7 @@ static Value filter_length(Jinja *J, Node *n, Value v, Value *a, const bool *has
     switch (v.kind) {
     case VAL_UNDEFINED: return value_int(0);
     case VAL_STRING: return value_int((int64_t)utf8_count(v.as.s->data, v.as.s->len));
-    case VAL_LIST: return value_int((int64_t)v.as.list->n);
+    case VAL_LIST: return value_int((int64_t)iterate(J, v, n->line)->n);
     case VAL_DICT:
         if (v.as.dict->kind == DICT_PLAIN) return value_int((int64_t)v.as.dict->n);
         if (v.as.dict->kind == DICT_LOOP) {
@@ -849,7 +873,23 @@ static Value filter_tojson(Jinja *J, Node *n, Value v, Value *a, const bool *has
 
 static Value filter_upper(Jinja *J, Node *n, Value v, Value *a, const bool *has) { return change_case(J, soft_str(J, v, n->line), 'u'); }
 static Value filter_lower(Jinja *J, Node *n, Value v, Value *a, const bool *has) { return change_case(J, soft_str(J, v, n->line), 'l'); }
-static Value filter_title(Jinja *J, Node *n, Value v, Value *a, const bool *has) { return change_case(J, soft_str(J, v, n->line), 't'); }
+/* jinja2's title filter (not str.title): words start after whitespace or -({[< */
+static Value filter_title(Jinja *J, Node *n, Value v, Value *a, const bool *has) {
+    const Str *s = soft_str(J, v, n->line);
+    Buf b = {0};
+    bool word_start = true;
+    for (size_t i = 0; i < s->len;) {
+        int32_t cp;
+        size_t k = utf8_next(s->data, s->len, i, &cp);
+        bool boundary = space_at(s->data + i, s->data + s->len) > 0 || (cp < 0x80 && strchr("-({[<", (int)cp) && cp);
+        if (boundary || (k == 1 && (unsigned char)s->data[i] >= 0x80)) buf_put(J, &b, s->data + i, k);
+        else if (word_start && cp == 0xdf) buf_puts(J, &b, "SS");
+        else utf8_put(J, &b, word_start ? utf8proc_toupper(cp) : utf8proc_tolower(cp));
+        word_start = boundary;
+        i += k;
+    }
+    return make_str(J, &b);
+}
 static Value filter_capitalize(Jinja *J, Node *n, Value v, Value *a, const bool *has) {
     return change_case(J, soft_str(J, v, n->line), 'c');
 }
@@ -905,7 +945,7 @@ static Value filter_items(Jinja *J, Node *n, Value v, Value *a, const bool *has)
         list_push(J, pair, v.as.dict->values[i]);
         list_push(J, l, (Value){.kind = VAL_LIST, .as.list = pair});
     }
-    return (Value){.kind = VAL_LIST, .as.list = l};
+    return list_value(l, LIST_GENERATOR);
 }
 
 static Value filter_first(Jinja *J, Node *n, Value v, Value *a, const bool *has) {
@@ -914,7 +954,8 @@ static Value filter_first(Jinja *J, Node *n, Value v, Value *a, const bool *has)
 }
 
 static Value filter_last(Jinja *J, Node *n, Value v, Value *a, const bool *has) {
-    if (v.kind == VAL_DICT) jinja_fail(J, n->line, "unsupported: last of a dict");
+    if (v.kind == VAL_DICT || (v.kind == VAL_LIST && v.as.list->kind == LIST_GENERATOR))
+        jinja_fail(J, n->line, "unsupported: last of a %s", value_type_name(v));
     List *items = iterate(J, v, n->line);
     return items->n ? items->items[items->n - 1] : value_undefined();
 }
@@ -928,7 +969,7 @@ static Value filter_list(Jinja *J, Node *n, Value v, Value *a, const bool *has) 
 static Value filter_reverse(Jinja *J, Node *n, Value v, Value *a, const bool *has) {
     List *items = iterate(J, v, n->line), *l = list_new(J, false);
     for (size_t i = items->n; i > 0; i--) list_push(J, l, items->items[i - 1]);
-    if (v.kind != VAL_STRING) return (Value){.kind = VAL_LIST, .as.list = l};
+    if (v.kind != VAL_STRING) return list_value(l, LIST_GENERATOR); /* reversed() iterator */
     Buf b = {0};
     for (size_t i = 0; i < l->n; i++) buf_put(J, &b, l->items[i].as.s->data, l->items[i].as.s->len);
     return make_str(J, &b);
@@ -1086,7 +1127,7 @@ static Value filter_select_family(Jinja *J, Node *n, const char *name, Value v, 
                                   const char **kw_names, Value *kw_values, size_t n_kw) {
     int line = n->line;
     List *items = iterate(J, v, line), *out = list_new(J, false);
-    Value result = {.kind = VAL_LIST, .as.list = out};
+    Value result = list_value(out, LIST_GENERATOR);
     if (!strcmp(name, "map")) {
         if (n_args == 0) { /* map(attribute=..., default=...) */
             Value attribute = value_undefined(), fallback = value_undefined();
@@ -1246,7 +1287,7 @@ static bool call_test(Jinja *J, Node *n, int test, Value v, Value *args, size_t 
     case 's':
         if (!strcmp(name, "string")) return v.kind == VAL_STRING;
         if (!strcmp(name, "sequence"))
-            return v.kind == VAL_STRING || v.kind == VAL_LIST || v.kind == VAL_UNDEFINED || (v.kind == VAL_DICT && v.as.dict->kind != DICT_NAMESPACE);
+            return v.kind == VAL_STRING || (v.kind == VAL_LIST && v.as.list->kind != LIST_GENERATOR) || v.kind == VAL_UNDEFINED || (v.kind == VAL_DICT && v.as.dict->kind != DICT_NAMESPACE);
         /* sameas */
         if (v.kind != o.kind) return false;
         switch (v.kind) {
@@ -1271,7 +1312,7 @@ static bool call_test(Jinja *J, Node *n, int test, Value v, Value *args, size_t 
         return v.kind == VAL_BOOL && !v.as.b; /* false */
     case 'b': return v.kind == VAL_BOOL;
     case 't': return v.kind == VAL_BOOL && v.as.b;
-    case 'c': return v.kind == VAL_FUNCTION || v.kind == VAL_METHOD || v.kind == VAL_MACRO;
+    case 'c': return v.kind == VAL_FUNCTION || v.kind == VAL_METHOD || v.kind == VAL_MACRO || v.kind == VAL_UNDEFINED;
     case 'o':
     case 'e':
         if (!strcmp(name, "eq") || !strcmp(name, "equalto")) return value_equal(v, o);
@@ -1344,6 +1385,7 @@ static Value eval(Jinja *J, Node *n, Scope *s) {
         break;
     }
     case NODE_FILTER: {
+        if (n->op < 0) jinja_fail(J, n->line, "unsupported Jinja filter '%s'", n->name);
         Value v = eval(J, n->a, s);
         Value *args, *kw_values;
         eval_args(J, n, s, &args, &kw_values);
@@ -1351,6 +1393,7 @@ static Value eval(Jinja *J, Node *n, Scope *s) {
         break;
     }
     case NODE_TEST: {
+        if (n->op < 0) jinja_fail(J, n->line, "unsupported Jinja test '%s'", n->name);
         Value v = eval(J, n->a, s);
         Value *args, *kw_values;
         eval_args(J, n, s, &args, &kw_values);

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "tokenizer/jinja.h"
 
 static void emit(Jinja *J, TokenKind kind, int line, const char *text, size_t len) {
@@ -81,6 +83,15 @@ static void unescape(Jinja *J, Buf *b, const char *s, size_t n, int line) {
             if (c >= '0' && c <= '7') {
                 cp = c - '0';
                 for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++) cp = cp * 8 + (s[i++] - '0');
+            } else if ((unsigned char)c >= 0x80) {
+                /* Python backslash-escapes non-ASCII before decoding: "\\é" reads as the text "\\xe9" */
+                int32_t raw;
+                size_t k = utf8_next(s, n, i - 1, &raw);
+                if (raw < 0x100) buf_printf(J, b, "\\x%02x", (unsigned)raw);
+                else if (raw < 0x10000) buf_printf(J, b, "\\u%04x", (unsigned)raw);
+                else buf_printf(J, b, "\\U%08x", (unsigned)raw);
+                i += k - 1;
+                continue;
             } else {
                 buf_put(J, b, s + i - 2, 1); /* unknown escapes keep their backslash */
                 i -= 1;
@@ -90,6 +101,23 @@ static void unescape(Jinja *J, Buf *b, const char *s, size_t n, int line) {
         if (cp == 0) jinja_fail(J, line, "unsupported: NUL character in string literal");
         if (cp >= 0xd800 && cp <= 0xdfff) jinja_fail(J, line, "unsupported: surrogate escape in string literal");
         utf8_put(J, b, cp);
+    }
+}
+
+/* Byte length of an identifier character at p (Python identifiers, as jinja2
+ * 3 accepts them: letters, '_', and after the first, digits and marks), or 0. */
+static size_t name_char_len(const char *p, const char *end, bool first) {
+    unsigned char c = (unsigned char)*p;
+    if (c < 0x80) return isalpha(c) || c == '_' || (!first && isdigit(c)) ? 1 : 0;
+    int32_t cp;
+    size_t n = utf8_next(p, (size_t)(end - p), 0, &cp);
+    if (n == 1) return 0;
+    switch (utf8proc_category(cp)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL: return n;
+    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
+        return first ? 0 : n;
+    default: return 0;
     }
 }
 
@@ -177,9 +205,9 @@ static const char *lex_tag(Jinja *J, const char *src, const char *end, const cha
             }
             continue;
         }
-        if (isalpha(c) || c == '_') {
+        if (isalpha(c) || c == '_' || name_char_len(p, end, true)) {
             const char *s = p;
-            while (isalnum((unsigned char)*p) || *p == '_') p++;
+            for (size_t k; (k = name_char_len(p, end, p == s)) > 0;) p += k;
             emit(J, TOK_NAME, *line, copy_text(J, s, (size_t)(p - s)), (size_t)(p - s));
             continue;
         }
@@ -281,6 +309,7 @@ void jinja_lex(Jinja *J, const char *source) {
         const char *q = tag + 2 + (sign ? 1 : 0);
         if (kind == '#') {
             const char *close = strstr(q, "#}");
+            if (!close && q == end) break; /* jinja2 accepts a bare '{#' as the template's last characters */
             if (!close) jinja_fail(J, line, "missing end of comment tag");
             char end_sign = 0;
             const char *after = close + 2;

@@ -88,6 +88,7 @@ static Node *parse_tuple(Jinja *J, bool simplified, bool with_condexpr, const ch
 static Node *parse_unary(Jinja *J, bool with_filter);
 static Node *parse_primary(Jinja *J);
 static Node *parse_postfix(Jinja *J, Node *node);
+static Node *parse_subscribed(Jinja *J);
 
 /* ---------------------------------------------------------------- expressions */
 
@@ -127,8 +128,7 @@ static Node *parse_filter(Jinja *J, Node *node) {
     const char *name = cur(J)->text;
     advance(J);
     if (tok_is_op(cur(J), ".")) jinja_fail(J, line, "unsupported Jinja filter '%s.%s'", name, peek(J, 1)->text);
-    int index = jinja_filter_index(name);
-    if (index < 0) jinja_fail(J, line, "unsupported Jinja filter '%s'", name);
+    int index = jinja_filter_index(name); /* unknown (-1): an error when evaluated */
     Node *n = node_new(J, NODE_FILTER, line);
     n->a = node;
     n->name = name;
@@ -145,8 +145,7 @@ static Node *parse_test(Jinja *J, Node *node) {
     const char *name = cur(J)->text;
     advance(J);
     if (tok_is_op(cur(J), ".")) jinja_fail(J, line, "unsupported Jinja test '%s.%s'", name, peek(J, 1)->text);
-    int index = jinja_test_index(name);
-    if (index < 0) jinja_fail(J, line, "unsupported Jinja test '%s'", name);
+    int index = jinja_test_index(name); /* unknown (-1): an error when evaluated */
     Node *n = node_new(J, NODE_TEST, line);
     n->a = node;
     n->name = name;
@@ -204,7 +203,32 @@ static Node *parse_subscript(Jinja *J, Node *node) {
         unexpected(J, "an attribute name");
     }
     expect_op(J, "[");
-    /* index, or slice start:stop:step */
+    Node *index = parse_subscribed(J);
+    if (tok_is_op(cur(J), ",")) { /* a[x, y] indexes with a tuple */
+        Node *tuple = node_new(J, NODE_TUPLE, t->line);
+        nodes_push(J, &tuple->args, index);
+        while (skip_op(J, ",")) {
+            if (tok_is_op(cur(J), "]")) break;
+            nodes_push(J, &tuple->args, parse_subscribed(J));
+        }
+        for (size_t i = 0; i < tuple->args.n; i++)
+            if (tuple->args.items[i]->kind == NODE_SLICE) jinja_fail(J, t->line, "unsupported: slices inside a tuple subscript");
+        index = tuple;
+    }
+    expect_op(J, "]");
+    if (index->kind == NODE_SLICE) {
+        index->a = node;
+        return index;
+    }
+    Node *n = node_new(J, NODE_GETITEM, t->line);
+    n->a = node;
+    n->b = index;
+    return n;
+}
+
+/* An index, or a slice start:stop:step (returned as a SLICE node without its object). */
+static Node *parse_subscribed(Jinja *J) {
+    Token *t = cur(J);
     Node *parts[3] = {NULL, NULL, NULL};
     int part = 0;
     bool is_slice = false;
@@ -216,15 +240,14 @@ static Node *parse_subscript(Jinja *J, Node *node) {
             part++;
             continue;
         }
-        if (tok_is_op(cur(J), "]")) break;
-        if (parts[part]) unexpected(J, "']'");
-        if (tok_is_op(cur(J), ",")) jinja_fail(J, cur(J)->line, "unsupported: tuple subscripts");
+        if (tok_is_op(cur(J), "]") || tok_is_op(cur(J), ",") || parts[part]) break;
         parts[part] = parse_expression(J, true);
     }
-    if (!is_slice && !parts[0]) unexpected(J, "an index");
-    expect_op(J, "]");
-    Node *n = node_new(J, is_slice ? NODE_SLICE : NODE_GETITEM, t->line);
-    n->a = node;
+    if (!is_slice) {
+        if (!parts[0]) unexpected(J, "an index");
+        return parts[0];
+    }
+    Node *n = node_new(J, NODE_SLICE, t->line);
     n->b = parts[0];
     n->c = parts[1];
     n->d = parts[2];

@@ -181,6 +181,11 @@ List *list_new(Jinja *J, bool tuple) {
     return l;
 }
 
+Value list_value(List *l, ListKind kind) {
+    l->kind = kind;
+    return (Value){.kind = VAL_LIST, .as.list = l};
+}
+
 void list_push(Jinja *J, List *l, Value v) {
     if (l->n == l->cap) {
         l->cap = l->cap ? l->cap * 2 : 4;
@@ -250,7 +255,7 @@ bool value_truthy(Value v) {
     case VAL_INT: return v.as.i != 0;
     case VAL_FLOAT: return v.as.f != 0.0;
     case VAL_STRING: return v.as.s->len > 0;
-    case VAL_LIST: return v.as.list->n > 0;
+    case VAL_LIST: return v.as.list->kind == LIST_GENERATOR || v.as.list->n > 0;
     case VAL_DICT: return v.as.dict->kind != DICT_PLAIN || v.as.dict->n > 0;
     default: return true;
     }
@@ -277,6 +282,8 @@ bool value_equal(Value a, Value b) {
     case VAL_NONE: return true;
     case VAL_STRING: return a.as.s->len == b.as.s->len && memcmp(a.as.s->data, b.as.s->data, a.as.s->len) == 0;
     case VAL_LIST:
+        if (a.as.list->kind != b.as.list->kind) return false;
+        if (a.as.list->kind == LIST_GENERATOR || a.as.list->kind == LIST_VIEW) return a.as.list == b.as.list;
         if (a.as.list->tuple != b.as.list->tuple || a.as.list->n != b.as.list->n) return false;
         for (size_t i = 0; i < a.as.list->n; i++)
             if (!value_equal(a.as.list->items[i], b.as.list->items[i])) return false;
@@ -305,7 +312,13 @@ const char *value_type_name(Value v) {
     case VAL_INT: return "int";
     case VAL_FLOAT: return "float";
     case VAL_STRING: return "str";
-    case VAL_LIST: return v.as.list->tuple ? "tuple" : "list";
+    case VAL_LIST:
+        switch (v.as.list->kind) {
+        case LIST_GENERATOR: return "generator";
+        case LIST_VIEW: return "dict view";
+        case LIST_RANGE: return "range";
+        default: return v.as.list->tuple ? "tuple" : "list";
+        }
     case VAL_DICT: return v.as.dict->kind == DICT_NAMESPACE ? "namespace" : v.as.dict->kind == DICT_LOOP ? "loop" : "dict";
     case VAL_FUNCTION: return "function";
     case VAL_METHOD: return "method";
@@ -400,6 +413,7 @@ void value_repr(Jinja *J, Buf *b, Value v, int line) {
     case VAL_STRING: string_repr(J, b, v.as.s); return;
     case VAL_LIST: {
         const List *l = v.as.list;
+        if (l->kind != LIST_PLAIN) break;
         buf_puts(J, b, l->tuple ? "(" : "[");
         for (size_t i = 0; i < l->n; i++) {
             if (i) buf_puts(J, b, ", ");
@@ -423,7 +437,7 @@ void value_repr(Jinja *J, Buf *b, Value v, int line) {
             return;
         }
         break;
-    case VAL_UNDEFINED: jinja_fail(J, line, "unsupported: the text of an undefined value inside a container");
+    case VAL_UNDEFINED: buf_puts(J, b, "Undefined"); return;
     default: break;
     }
     value_str(J, b, v, line);
@@ -438,7 +452,10 @@ void value_str(Jinja *J, Buf *b, Value v, int line) {
     case VAL_INT: buf_printf(J, b, "%lld", (long long)v.as.i); return;
     case VAL_FLOAT: float_repr(tmp, sizeof tmp, v.as.f); buf_puts(J, b, tmp); return;
     case VAL_STRING: buf_put(J, b, v.as.s->data, v.as.s->len); return;
-    case VAL_LIST: value_repr(J, b, v, line); return;
+    case VAL_LIST:
+        if (v.as.list->kind != LIST_PLAIN) break;
+        value_repr(J, b, v, line);
+        return;
     case VAL_DICT:
         if (v.as.dict->kind == DICT_PLAIN) {
             value_repr(J, b, v, line);
@@ -505,6 +522,7 @@ void value_json(Jinja *J, Buf *b, Value v, bool ensure_ascii, const char *indent
     case VAL_STRING: json_string(J, b, v.as.s->data, v.as.s->len, ensure_ascii); return;
     case VAL_LIST: {
         const List *l = v.as.list;
+        if (l->kind != LIST_PLAIN) break;
         if (l->n == 0) { buf_puts(J, b, "[]"); return; }
         buf_puts(J, b, "[");
         for (size_t i = 0; i < l->n; i++) {

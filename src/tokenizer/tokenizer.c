@@ -5,6 +5,9 @@
  * chain. JSON comes from jansson, regexes from PCRE2, normalization from
  * utf8proc.
  *
+ * A loaded Tokenizer is read-only: encode/decode may run on many threads at
+ * once (the only mutable state, a cache of short pre-tokens, is per thread).
+ *
  * It is not a trainer, does not add special tokens (no post-processor), does
  * not compute offsets, and supports only the BPE model. Components it does not
  * know are load errors that name them, never silently wrong ids. */
@@ -1881,6 +1884,18 @@ int tokenizer_load(Tokenizer **out, const char *dir, char *err) {
     int rc = file_read_all(path, &json, &len, err);
     if (rc == COLT_OK && file_exists(cpath)) rc = file_read_all(cpath, &cfg, &clen, err);
     if (rc == COLT_OK) rc = tokenizer_load_from_memory(out, json, len, cfg, clen, path, err);
+    /* Newer transformers save the template beside the config instead. */
+    char *tpath = path_join(dir, "chat_template.jinja");
+    if (rc == COLT_OK && !(*out)->chat_template && file_exists(tpath)) {
+        char *tmpl = NULL;
+        rc = file_read_all(tpath, &tmpl, NULL, err);
+        if (rc == COLT_OK) (*out)->chat_template = tmpl;
+        else {
+            tokenizer_free(*out);
+            *out = NULL;
+        }
+    }
+    free(tpath);
     free(json);
     free(cfg);
     free(path);

@@ -106,6 +106,136 @@ def render_direct(source, messages, agp, bos, eos):
     )
 
 
+# Small templates exercising one Jinja feature each, rendered by transformers'
+# own compiled environment (same sandbox, options and globals as
+# apply_chat_template). Where jinja2 raises, the C renderer must fail too.
+FEATURE_MESSAGES = [
+    {"role": "system", "content": "  Be nice.\n"},
+    {"role": "user", "content": "Hi there, Bob"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "naïve 🌍 text"},
+]
+
+FEATURES = [
+    # whitespace control, trim_blocks, lstrip_blocks
+    "a\n  {% if true %}\n  b\n  {% endif %}\nc",
+    "a  {%- if true -%}  b  {%- endif -%}  c",
+    "a {{- ' x ' -}} b",
+    "  {{ 'var tags are not lstripped' }}\n{% if true %}x{% endif %}\n",
+    "a\n{# comment #}\nb\n  {#- c2 -#}\n  d",
+    "x {%+ if true %}y{% endif +%}\nz",
+    "line\r\nwindows\rmac\n",
+    "trailing newline kept?\n\n",
+    "{% for m in messages %}\n    {{ m.role }}\n{% endfor %}",
+    # literals and operators
+    "{{ 1 + 2 * 3 - 4 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 2 ** 3 ** 2 }}",
+    "{{ 1.5 }} {{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1.0 }} {{ 3 / 4 }} {{ 10 / 5 }} {{ 1e-5 }} {{ 123456789.125 }}",
+    "{{ 'a' ~ 1 ~ none ~ true }} {{ 'ab' * 3 }} {{ [1, 2] + [3] }} {{ (1, 'x') }} {{ (1,) }} {{ {'k': 'v', 'n': [1, none, false]} }}",
+    "{{ \"it's\" }} {{ ['a\\'b', \"q\\\"\"] }} {{ 'tab\\there' }} {{ '\\u00e9\\x41\\n' }} {{ 'a' 'b' }}",
+    "{{ True }} {{ false }} {{ None }} {{ none is none }} {{ 1 == 1.0 }} {{ true == 1 }} {{ [1] == [1] }} {{ 'a' != 'b' }}",
+    "{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 2 >= 2.0 }} {{ 1 <= 0 }}",
+    "{{ 'a' in 'cat' }} {{ 'z' not in 'cat' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'x' in undefined_var }}",
+    "{{ not true }} {{ true and 'x' }} {{ '' or 'default' }} {{ 0 and 1 }} {{ none or [] }}",
+    "{{ 'yes' if messages else 'no' }} {{ 'y' if false }}|{{ 1 if 0 else 2 if 0 else 3 }}",
+    "{{ -3 }} {{ +3 }} {{ -(2 + 3) }} {{ - 1.5 }}",
+    # variables, attributes, subscripts, slices
+    "{{ messages[0]['role'] }} {{ messages[-1].content }} {{ messages[1].role }} {{ messages|length }}",
+    "{{ messages[1:] | length }} {{ messages[:-1][-1].role }} {{ 'abcdef'[1:4] }} {{ 'abcdef'[::-1] }} {{ 'abcdef'[::2] }} {{ [1,2,3,4][-2:] }}",
+    "{{ 'naïve'[2] }} {{ 'naïve'[-1] }} {{ 'naïve'|length }} {{ messages[3].content[6] }} {{ messages[10] is defined }}",
+    "{{ missing }}|{{ missing is defined }}|{{ missing is undefined }}|{{ messages[0].nokey is defined }}|{{ messages[0].nokey }}",
+    "{{ tools is none }} {{ documents is defined }} {{ bos_token }} {{ eos_token }} {{ add_generation_prompt }}",
+    "{{ messages[0]['items'] is defined }} {{ messages[0].get('role') }}",
+    # for loops
+    "{% for m in messages %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.length }}/{{ loop.first }}/{{ loop.last }} {% endfor %}",
+    "{% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }}{{ ',' if not loop.last }}{% endfor %}",
+    "{% for m in [] %}x{% else %}empty{% endfor %} {% for m in messages %}{% else %}never{% endfor %}",
+    "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}{% for k, v in {'c': 3} | items %}{{ k }}{{ v }}{% endfor %}",
+    "{% for c in 'héllo' %}[{{ c }}]{% endfor %}{% for k in {'x': 1, 'y': 2} %}{{ k }}{% endfor %}",
+    "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+    "{% for m in messages %}{% if not loop.first %}{{ loop.previtem.role }}>{% endif %}{{ m.role }}{% if not loop.last %}<{{ loop.nextitem.role }}{% endif %} {% endfor %}",
+    "{% for i in range(3) %}{% for j in range(2) %}{{ i }}{{ j }}{{ loop.index }} {% endfor %}{{ loop.index }}|{% endfor %}",
+    "{% for m in messages %}{{ loop.cycle('odd', 'even') }} {% endfor %}",
+    "{{ range(3) | list }} {{ range(1, 10, 3) | list }} {{ range(5, 0, -2) | join(',') }}",
+    # scoping, set, namespace
+    "{% set x = 1 %}{% for i in [1, 2] %}{{ x }}{% set x = i + 5 %}{{ x }}{% endfor %}{{ x }}",
+    "{% set ns = namespace(found=false, count=0) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.found = true %}{% set ns.count = ns.count + 1 %}{% endif %}{% endfor %}{{ ns.found }} {{ ns.count }}",
+    "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set t = ('x', 'y') %}{{ t[1] }}{% set messages = messages[1:] %}{{ messages | length }}",
+    "{% if true %}{% set inner = 'set in if' %}{% endif %}{{ inner }}",
+    # filters
+    "[{{ '  x y \\n' | trim }}] [{{ 'xxhixx' | trim('x') }}] [{{ messages[0].content | trim }}] [{{ missing | trim }}]",
+    "{{ 'Hello' | upper }} {{ 'HeLLo' | lower }} {{ 'hello world' | title }} {{ 'hELLO' | capitalize }} {{ 'ßtraße' | upper }}",
+    "{{ 42 | string }} {{ none | string }} {{ [1, 'a'] | string }} {{ missing | string }}|",
+    "{{ missing | default('dflt') }} {{ '' | default('e') }} {{ '' | default('e', true) }} {{ none | d('n') }} {{ 0 | default(5, boolean=true) }}",
+    "{{ ['a', 'b', 'c'] | join }} {{ ['a', 'b'] | join(', ') }} {{ [1, 2] | join('-') }} {{ messages | join('|', attribute='role') }}",
+    "{{ messages | length }} {{ 'héllo' | length }} {{ {'a': 1} | count }} {{ missing | length }}",
+    "{{ {'b': 1, 'a': [1, 2.5, 'x\\ny', none, true]} | tojson }} {{ 'é\\\"<>&' | tojson }} {{ [] | tojson }} {{ {} | tojson }}",
+    "{{ {'b': {'c': [1, {'d': 2}]}, 'a': []} | tojson(indent=2) }}",
+    "{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} {{ 'é' | tojson(ensure_ascii=true) }} {{ [1, 2] | tojson(separators=(',', ':')) }}",
+    "{{ messages | tojson }}",
+    "{{ [3, 1, 2] | first }} {{ [3, 1, 2] | last }} {{ 'abc' | first }} {{ [1, 2] | reverse | list }} {{ 'abc' | reverse }} {{ 'abc' | list }}",
+    "{{ 'a-b-c' | replace('-', '+') }} {{ 'aaa' | replace('a', 'b', 2) }} {{ '42' | int + 1 }} {{ '3.9' | int }} {{ 'x' | int }} {{ '2.5' | float }} {{ -3 | abs }}",
+    "{{ '<b>&\"\\'' | e }} {{ 'x' | safe }}",
+    "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(width='> ', blank=true) }}",
+    "{{ messages | map(attribute='role') | join(',') }} {{ ['a', 'b'] | map('upper') | list }} {{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
+    "{{ [1, 2, 3, 4] | select('odd') | list }} {{ [1, 2, 3, 4] | reject('even') | list }} {{ [0, 1, '', 'a'] | select | list }} {{ messages | rejectattr('role', 'eq', 'user') | map(attribute='role') | list }}",
+    # tests
+    "{{ 'x' is string }} {{ 1 is string }} {{ {} is mapping }} {{ [] is mapping }} {{ 'x' is iterable }} {{ 1 is iterable }} {{ missing is iterable }}",
+    "{{ 1 is number }} {{ 1 is integer }} {{ 1.0 is float }} {{ true is boolean }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 9 is divisibleby(2) }}",
+    "{{ 'abc' is lower }} {{ 'ABC' is upper }} {{ none is sameas none }} {{ 1 is eq 1 }} {{ 2 is gt 1 }} {{ 'a' is in 'abc' }} {{ raise_exception is callable }} {{ x is not defined }}",
+    # methods
+    "[{{ '  x  '.strip() }}] [{{ 'xxaxx'.lstrip('x') }}] [{{ '  y  '.rstrip() }}] {{ 'hello'.startswith('he') }} {{ 'hello'.endswith(('lo', 'x')) }}",
+    "{{ 'a,b,,c'.split(',') }} {{ '  a  b c '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ '  a b  '.split(none, 1) }}",
+    "{{ 'Hi'.upper() }} {{ 'Hi'.lower() }} {{ 'hi there'.title() }} {{ 'a.b.c'.replace('.', '/') }} {{ 'hello'.find('l') }} {{ 'hello'.rfind('l') }} {{ 'hello'.count('l') }} {{ '-'.join(['a', 'b']) }}",
+    "{{ {'a': 1, 'b': 2}.keys() | list }} {{ {'a': 1}.values() | list }} {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('z', 'dflt') }} {{ {'a': 1}.get('z') }} {{ {'a': 1}['a'] }}",
+    # macros
+    "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('Bob') }} {{ greet('Al', '?') }} {{ greet(punct='.', name='Z') }} {{ greet() }}",
+    "{% macro render(m) -%}\n<{{ m.role }}>{{ m.content | trim }}\n{%- endmacro %}\n{% for m in messages %}{{ render(m) }}{% endfor %}",
+    # generation tag (transformers' AssistantTracker)
+    "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}",
+    # corners found by differential fuzzing against jinja2
+    "{% set naïve = 'unicode name' %}{{ naïve }} {{ {(1, 2): 'tuple key'}[1, 2] }} {{ messages[0, 1] is defined }}",
+    "{% if false %}{{ x | nosuchfilter }}{% endif %}{{ 'y' if x is defined else 'n' }}{{ x | nosuchfilter if false }}",
+    "{{ '\\é' }} {{ 'a-b (c) [d] {e} <f> g' | title }} {{ 'hello world'.title() }}",
+    "{% if [] | select %}generators are truthy{% endif %} {% if {}.items() %}{% else %}empty views are not{% endif %}",
+    "{{ range(3) | length }} {{ (messages | map(attribute='role') | list)[1] }} {{ 2 ** -1 }} {{ 2 ** 0.5 }}",
+    "ends with a bare comment opener {#",
+    # errors jinja2 raises at render time
+    "{{ missing.attr }}",
+    "{{ missing + 1 }}",
+    "{{ 1 + 'a' }}",
+    "{{ raise_exception('custom failure') }}",
+    "{{ 1 < 'a' }}",
+    "{% set x = 1 %}{% set x.y = 2 %}",
+    "{% for a, b in [1, 2] %}{% endfor %}",
+    "{{ messages[0].role.nosuchmethod() }}",
+]
+
+
+def feature_rows():
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    rows = []
+    for source in FEATURES:
+        row = {
+            "template": "feature",
+            "template_source": source,
+            "messages": FEATURE_MESSAGES,
+            "add_generation_prompt": True,
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+        }
+        try:
+            row["expected"] = _compile_jinja_template(source).render(
+                messages=FEATURE_MESSAGES, tools=None, documents=None, add_generation_prompt=True,
+                bos_token="<s>", eos_token="</s>",
+            )
+        except Exception as e:
+            row["expected"] = None
+            row["error"] = f"{type(e).__name__}: {e}"
+        rows.append(row)
+    return rows
+
+
 def main():
     tok = AutoTokenizer.from_pretrained(os.path.join(SHARED, "qwen2.5-tokenizer"))
     qwen25 = json.loads(read(os.path.join(SHARED, "qwen2.5-tokenizer", "tokenizer_config.json")))["chat_template"]
@@ -147,6 +277,7 @@ def main():
                     row["expected"] = None
                     row["error"] = f"{type(e).__name__}: {e}"
                 rows.append(row)
+    rows += feature_rows()
     out = os.path.join(DATA, "chat_template_goldens.jsonl")
     with open(out, "w", encoding="utf-8") as f:
         for row in rows:

@@ -262,6 +262,32 @@ int main(void) {
         free(out); free(err);
     }
 
+    /* --chat with a Qwen2.5-tokenizer model: the chat template is rendered, and
+     * generation stops at the template's <|im_end|> unless told otherwise. */
+    snprintf(args, sizeof args, "init --arch qwen2 --preset tiny --tokenizer %s --out %s/init_qwen_tok --seed 2", qwen,
+             g_tmp);
+    code = run(args, NULL, &out, &err);
+    CHECK(code == 0, "init with the qwen tokenizer: %s", err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "generate --model %s/init_qwen_tok --chat 'What is 2+2?' --max_new_tokens 4 "
+             "--ignore_eos --json", g_tmp);
+    code = run(args, NULL, &out, &err);
+    got = parse_json_line(out);
+    CHECK(code == 0 && got && json_array_size(json_object_get(got, "ids")) == 4, "generate --chat: %s %s", out, err);
+    printf("generate --chat on a tiny Qwen2 with the Qwen2.5 tokenizer: %s", out);
+    json_decref(got);
+    free(out); free(err);
+
+    /* --help */
+    const char *cmds[] = {"tokenize", "detokenize", "score", "generate", "init"};
+    for (int c = 0; c < 5; c++) {
+        snprintf(args, sizeof args, "%s --help", cmds[c]);
+        code = run(args, NULL, &out, &err);
+        CHECK(code == 0 && strstr(out, "usage: colt") && strstr(out, "--"), "%s --help: %s", cmds[c], out);
+        free(out); free(err);
+    }
+    printf("--help: all 5 commands print their usage\n");
+
     /* bad input */
     snprintf(args, sizeof args, "tokenize --model %s", qwen);
     expect_error("invalid JSON on stdin", args, "{\"text\": \n", "stdin line 1");

@@ -150,6 +150,7 @@ static int run_errors(void) {
         {"{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}{% endfor %}",
          "raised an error: bad role system"},
         {"{% include 'x.jinja' %}", "unsupported Jinja statement 'include'"},
+        {"{% for m in [] %}{{ m | frobnicate }}{% endfor %}", "unsupported Jinja filter 'frobnicate' at line 1"},
         {"{% if x is frob %}{% endif %}", "unsupported Jinja test 'frob'"},
         {"line1\nline2\n{{ messages[0].content.format(1) }}", "unsupported Jinja method 'str.format' at line 3"},
         {"{{ 'abc' % 3 }}", "'%' string formatting"},

@@ -7,6 +7,7 @@
  * unknown statement and fails there). */
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,6 +194,7 @@ static const char *lex_tag(Jinja *J, const char *src, const char *end, const cha
             Token *t = &J->tokens[J->n_tokens - 1];
             if (is_float) {
                 t->f = strtod(digits, NULL);
+                if (isinf(t->f)) jinja_fail(J, *line, "unsupported: float literal out of range");
             } else {
                 if (digits[0] == '0' && nd > 1) {
                     for (size_t k = 1; k < nd; k++)

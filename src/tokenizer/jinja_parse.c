@@ -698,8 +698,45 @@ static NodeList parse_body(Jinja *J, const char *const *end_tags, const char *op
     }
 }
 
+static void check_filters(Jinja *J, Node *n, bool soft);
+
+static void check_list(Jinja *J, const NodeList *l, bool soft) {
+    for (size_t i = 0; i < l->n; i++)
+        if (l->items[i]) check_filters(J, l->items[i], soft);
+}
+
+/* jinja2 rejects an unknown filter or test when it compiles the template,
+ * except inside an if-statement or a conditional expression ("soft frames"),
+ * where it fails only if evaluated; for-loop and macro bodies are hard again. */
+static void check_filters(Jinja *J, Node *n, bool soft) {
+    if ((n->kind == NODE_FILTER || n->kind == NODE_TEST) && n->op < 0 && !soft)
+        jinja_fail(J, n->line, "unsupported Jinja %s '%s'", n->kind == NODE_FILTER ? "filter" : "test", n->name);
+    bool inner = soft || n->kind == NODE_IF || n->kind == NODE_CONDEXPR;
+    if (n->kind == NODE_FOR) {
+        check_filters(J, n->b, soft);
+        if (n->c) check_filters(J, n->c, false);
+        check_list(J, &n->body, false);
+        check_list(J, &n->else_body, false);
+        return;
+    }
+    if (n->kind == NODE_MACRO) {
+        check_list(J, &n->kw_values, soft);
+        check_list(J, &n->body, false);
+        return;
+    }
+    Node *children[] = {n->a, n->b, n->c, n->d};
+    for (size_t i = 0; i < 4; i++)
+        if (children[i]) check_filters(J, children[i], inner);
+    check_list(J, &n->args, inner);
+    check_list(J, &n->kw_values, inner);
+    check_list(J, &n->body, inner);
+    check_list(J, &n->else_body, inner);
+}
+
 NodeList jinja_parse(Jinja *J) {
     J->pos = 0;
     J->depth = 0;
-    return parse_body(J, NULL, NULL, 0);
+    NodeList body = parse_body(J, NULL, NULL, 0);
+    check_list(J, &body, false);
+    return body;
 }

@@ -52,6 +52,19 @@ typedef struct Backend {
     void (*add)(void *out, const void *a, const void *b, size_t n);
     /* out[N, D] = table[ids[i], :] */
     void (*embedding)(void *out, const void *table, const int *ids, int n, int dim);
+
+    /* ---- training (backward ops are added next to this line by the backward-pass work) ---- */
+
+    /* torch.optim.AdamW step, in place, in torch's order of operations:
+     * p *= 1 - lr*weight_decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+     * p -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps),
+     * with bias_correction_k = 1 - beta_k^step. m and v are fp32 state buffers. */
+    void (*adamw)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2);
+    /* sum of x[i]^2 in double (for the global gradient norm). */
+    double (*sum_squares)(const void *x, size_t n);
+    /* x[i] *= s (gradient clipping, accumulation scaling). */
+    void (*scale)(void *x, float s, size_t n);
 } Backend;
 
 /* The fp32 CPU reference backend (OpenBLAS + OpenMP). */

@@ -1,0 +1,38 @@
+/* dataset.h — prompt datasets for GRPO, as TRL reads them: a JSONL file (one
+ * object per line) or a JSON file holding an array of objects. "prompt" is a
+ * string (standard format) or a list of {"role","content"} messages
+ * (conversational format, rendered with the model's chat template and
+ * add_generation_prompt). Every other column is kept and reaches the rewards.
+ * Not the reward functions (rewards.h). */
+#ifndef COLT_DATA_DATASET_H
+#define COLT_DATA_DATASET_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer/tokenizer.h"
+
+typedef struct Dataset Dataset;
+
+/* Loads and validates every row: an error names the file, the line (JSONL) or
+ * index (JSON array) and the problem — no "prompt", wrong type, bad message,
+ * invalid JSON, empty dataset. */
+int dataset_load(Dataset **out, const char *path, char *err);
+void dataset_free(Dataset *d);
+size_t dataset_size(const Dataset *d);
+/* The row as a JSON object (borrowed): all columns, "prompt" included. */
+json_t *dataset_row(const Dataset *d, size_t i);
+/* True when "prompt" is a list of messages. */
+int dataset_is_conversational(const Dataset *d, size_t i);
+
+/* The prompt text the model sees (malloc'd): the string itself, or the
+ * messages rendered with tok's chat template and add_generation_prompt. */
+int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, char *err);
+
+/* The row order of epoch `epoch`: a permutation of 0..n-1 from a seeded
+ * Fisher-Yates shuffle keyed by (seed, epoch) with the counter-based RNG, so
+ * resuming at any epoch gives the same order. */
+void dataset_epoch_order(size_t *order, size_t n, uint64_t seed, uint64_t epoch);
+
+#endif

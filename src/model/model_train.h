@@ -1,0 +1,63 @@
+/* model_train.h — training on top of model.h: a forward pass that keeps its
+ * activations and returns per-token log-probs (and entropies), the backward
+ * pass from d(loss)/d(log-prob) to every parameter's gradient, and access to
+ * parameters and gradients for the optimizer.
+ *
+ * Written against the op table like the inference forward; the CPU backend is
+ * the fp32 reference. Gradients are accumulated (+=) so micro-batches add up;
+ * model_grads_zero starts a new step.
+ *
+ * Batch layout (as model_forward): n tokens, token i in sequence slot[i] at
+ * position pos[i]; every sequence's tokens are present from position 0 up to
+ * its length (a training batch holds whole sequences: prompt + completion).
+ * Dimension legend: N tokens, D width, V vocab. */
+#ifndef COLT_MODEL_MODEL_TRAIN_H
+#define COLT_MODEL_MODEL_TRAIN_H
+
+#include <stddef.h>
+
+#include "model/model.h"
+
+/* ---- parameters and gradients (the optimizer's view) ---- */
+
+/* Number of parameter tensors (tied lm_head counted once, as embed_tokens). */
+int model_param_count(const Model *m);
+
+typedef struct ModelParam {
+    const char *name;  /* HF name, e.g. "model.layers.0.mlp.up_proj.weight" */
+    void *data;        /* backend buffer */
+    size_t numel;
+} ModelParam;
+ModelParam model_param(const Model *m, int index);
+
+/* fp32 gradients, one backend buffer per parameter tensor, same order. */
+typedef struct ModelGrads ModelGrads;
+int model_grads_create(ModelGrads **out, const Model *m, char *err);
+void model_grads_free(ModelGrads *g);
+void model_grads_zero(ModelGrads *g);
+void *model_grad(const ModelGrads *g, int index);  /* backend buffer, numel as model_param(index) */
+
+/* ---- training forward / backward ---- */
+
+/* Activations for up to max_tokens tokens in up to n_slots sequences of up to
+ * max_len tokens, allocated once. */
+typedef struct TrainState TrainState;
+int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err);
+void train_state_free(TrainState *st);
+
+/* Forward over n tokens. For each token with targets[i] >= 0, logprobs[i] =
+ * log softmax(logits_i / temperature)[targets[i]] and entropy[i] = the entropy
+ * of softmax(logits_i / temperature) (entropy may be NULL); tokens with
+ * targets[i] < 0 get 0 in both. logprobs/entropy are host arrays [N].
+ * Activations are kept in st for model_train_backward. The full [N, V] logits
+ * are never stored: the lm_head and log-softmax run in chunks of tokens. */
+int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
+                        const int *targets, int n, float temperature, float *logprobs, float *entropy,
+                        char *err);
+
+/* Backward of the last model_train_forward: given dlogprobs[N] = d loss /
+ * d logprobs[i] (host array; 0 where targets[i] < 0), accumulates every
+ * parameter's gradient into g (+=). */
+int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err);
+
+#endif

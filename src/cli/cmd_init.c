@@ -10,6 +10,7 @@
 #include "core/fileio.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_files.h"
 
 static const char *INIT_USAGE =
     "usage: colt init --arch qwen2|llama --preset tiny|qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-7b --out DIR\n"
@@ -28,28 +29,6 @@ static const Preset PRESETS[] = {
     {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 151936, 32768, true},
     {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 32768, false},
 };
-
-static const char *TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                        "added_tokens.json", "vocab.json", "merges.txt"};
-
-static int copy_tokenizer(const char *src_dir, const char *dst_dir, char *err) {
-    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]; i++) {
-        char *src = path_join(src_dir, TOKENIZER_FILES[i]);
-        char *dst = path_join(dst_dir, TOKENIZER_FILES[i]);
-        int rc = COLT_OK;
-        if (file_exists(src)) {
-            char *data = NULL;
-            size_t len = 0;
-            rc = file_read_all(src, &data, &len, err);
-            if (rc == 0) rc = file_write_atomic(dst, data, len, err);
-            free(data);
-        }
-        free(src);
-        free(dst);
-        if (rc != 0) return COLT_ERR;
-    }
-    return COLT_OK;
-}
 
 int cmd_init(int argc, char **argv) {
     char err[ERR_LEN];
@@ -127,7 +106,7 @@ int cmd_init(int argc, char **argv) {
     /* Streams the weights to disk: a 7B preset never sits in memory. */
     int rc = 0;
     if (make_dirs(out, err) != 0 || model_save_random(&cfg, seed, out, save_dtype, err) != 0 ||
-        (tokenizer_dir && copy_tokenizer(tokenizer_dir, out, err) != 0))
+        (tokenizer_dir && tokenizer_copy_files(tokenizer_dir, out, err) != 0))
         rc = cli_fail("init", err);
     if (rc == 0) fprintf(stderr, "colt init: wrote %s (%s, preset %s, %s)\n", out, arch, p->name, dtype);
     return rc;

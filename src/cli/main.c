@@ -11,7 +11,8 @@ static const char *USAGE =
     "  detokenize   stdin JSONL {\"ids\"} -> {\"text\"}\n"
     "  score        stdin JSONL {\"ids\"} -> {\"logprobs\"}: log p(ids[t] | ids[<t])\n"
     "  generate     complete a prompt with a model\n"
-    "  init         write a randomly initialised Hugging Face checkpoint\n";
+    "  init         write a randomly initialised Hugging Face checkpoint\n"
+    "  train        GRPO training (TRL's GRPOConfig settings, YAML/JSON config)\n";
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -25,7 +26,7 @@ int main(int argc, char **argv) {
     }
     struct { const char *name; int (*run)(int, char **); } commands[] = {
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"score", cmd_score},
-        {"generate", cmd_generate}, {"init", cmd_init},
+        {"generate", cmd_generate}, {"init", cmd_init}, {"train", cmd_train},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 2, argv + 2);

@@ -1,0 +1,58 @@
+/* train_config.h — `colt train` settings, named as TRL's GRPOConfig, read
+ * from a YAML or JSON file and from --key value flags (flags override).
+ * Defaults are TRL 1.x's. An unknown key is an error naming the closest
+ * valid one. Derived values (epsilon_high, steps_per_generation,
+ * generation_batch_size) are resolved and checked by train_config_finalize. */
+#ifndef COLT_TRAIN_TRAIN_CONFIG_H
+#define COLT_TRAIN_TRAIN_CONFIG_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct TrainConfig {
+    /* what to train */
+    char *model, *dataset, *eval_dataset, *output_dir;
+    json_t *reward_funcs;    /* list of reward specs (see data/rewards.h) */
+    json_t *reward_weights;  /* list of numbers or null */
+    /* optimisation */
+    double learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
+    char *lr_scheduler_type;
+    int warmup_steps;
+    /* generation */
+    int num_generations, max_completion_length, max_prompt_length, top_k;
+    double temperature, top_p, min_p, repetition_penalty;
+    /* GRPO loss */
+    double beta, epsilon, epsilon_high, delta;  /* epsilon_high, delta: NaN = unset */
+    char *loss_type, *importance_sampling_level, *scale_rewards;
+    int num_iterations;
+    bool mask_truncated_completions;
+    /* batching (TRL semantics) */
+    int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
+    /* length of training */
+    int max_steps;
+    double num_train_epochs;
+    /* logging and checkpoints */
+    int logging_steps, save_steps, save_total_limit, eval_steps, num_eval_prompts, log_completions_count;
+    uint64_t seed;
+    char *resume_from_checkpoint;
+} TrainConfig;
+
+void train_config_defaults(TrainConfig *c);
+void train_config_free(TrainConfig *c);
+
+/* Merges a YAML (.yaml/.yml) or JSON file into c. */
+int train_config_load_file(TrainConfig *c, const char *path, char *err);
+/* Sets one key from text (a flag's value): parsed as a YAML scalar, or as JSON for list-valued keys. */
+int train_config_set(TrainConfig *c, const char *key, const char *value, const char *where, char *err);
+/* Resolves defaults that depend on other settings and checks every value
+ * (num_generations >= 2, divisibility of batch sizes, ranges, names). */
+int train_config_finalize(TrainConfig *c, char *err);
+
+/* The whole config as JSON (saved with checkpoints, printed at start). */
+json_t *train_config_to_json(const TrainConfig *c);
+
+/* Prints every key with its default and help to fp. */
+void train_config_print_help(void *fp);
+
+#endif

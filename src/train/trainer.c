@@ -1,0 +1,1137 @@
+/* trainer.c — the GRPO loop (see trainer.h), as TRL's GRPOTrainer runs it:
+ *
+ *   round:  P = generation_batch_size / G prompts, each completed G times with
+ *           the live weights; rewards, group advantages; old log-probs when
+ *           generation and optimizer steps are misaligned; reference log-probs
+ *           when beta > 0; the batch is shuffled and cut into
+ *           steps_per_generation micro-batches, reused num_iterations times.
+ *   step:   gradient_accumulation_steps micro-batches of forward + GRPO loss +
+ *           backward, then clipping and one AdamW update with the scheduled lr.
+ *
+ * Everything random is keyed, not stateful: the epoch order by (seed, epoch),
+ * the micro-batch shuffle by (seed, round), sampling by (seed, sample id,
+ * position). So a checkpoint only stores counters, the optimizer state and —
+ * when it falls inside a round — the round's samples; resuming reproduces the
+ * uninterrupted run bit for bit on the CPU. */
+#include "train/trainer.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "data/rewards.h"
+#include "engine/generate.h"
+#include "model/model.h"
+#include "model/model_train.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_files.h"
+#include "train/grpo.h"
+#include "train/metrics.h"
+#include "train/optim.h"
+#include "train/report.h"
+
+/* RNG streams: keep sampling of training, eval and shuffles apart. */
+#define STREAM_EVAL_BASE (1ull << 40)
+#define STREAM_SHUFFLE (1ull << 41)
+
+static volatile sig_atomic_t g_stop_requested = 0;
+static void on_stop_signal(int sig) {
+    (void)sig;
+    g_stop_requested = 1;
+}
+
+/* ---------------------------------------------------------------- rollout */
+
+typedef struct Sample {
+    int prompt;          /* index into Rollout.prompt_* */
+    int *completion;     /* [len] token ids, the stop token included */
+    int len;
+    int terminated;      /* ended with a stop token (not truncated) */
+    float reward, advantage;
+    float *old_logp;     /* [len] or NULL */
+    float *ref_logp;     /* [len] or NULL */
+    char *text;
+} Sample;
+
+typedef struct Rollout {
+    int n_samples, n_prompts, n_funcs;
+    size_t *rows;        /* [n_prompts] dataset rows */
+    int **prompt_ids;    /* [n_prompts][prompt_len] */
+    int *prompt_len;
+    char **prompt_text;
+    Sample *samples;     /* [n_samples]: prompt i's completions at i*G .. i*G+G-1 */
+    float *per_func;     /* [n_samples, n_funcs] rewards, NaN = none */
+    int *order;          /* [n_samples] shuffled sample order for micro-batches */
+    double num_items;    /* completion tokens counted by the loss, whole batch */
+    int micro_done;      /* micro-batches consumed */
+    int64_t round;
+} Rollout;
+
+static void rollout_free(Rollout *r) {
+    for (int i = 0; i < r->n_samples && r->samples; i++) {
+        free(r->samples[i].completion);
+        free(r->samples[i].old_logp);
+        free(r->samples[i].ref_logp);
+        free(r->samples[i].text);
+    }
+    for (int i = 0; i < r->n_prompts; i++) {
+        if (r->prompt_ids) free(r->prompt_ids[i]);
+        if (r->prompt_text) free(r->prompt_text[i]);
+    }
+    free(r->samples);
+    free(r->per_func);
+    free(r->order);
+    free(r->rows);
+    free(r->prompt_ids);
+    free(r->prompt_len);
+    free(r->prompt_text);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- trainer */
+
+typedef struct Trainer {
+    TrainConfig *cfg;
+    const Backend *be;
+    Model *model, *ref_model;
+    Tokenizer *tok;
+    Dataset *data, *eval_data;
+    RewardFunc **rewards;
+    int n_rewards;
+    float *reward_weights;
+    Optimizer *opt;
+    ModelGrads *grads;
+    TrainState *ts;
+    int stop_ids[MODEL_MAX_EOS + 1], n_stop;
+    GrpoLossConfig loss_cfg;
+    SamplingParams sampling;
+    LrSchedulerType scheduler;
+    int warmup_steps;
+    bool need_old_logp;
+    /* progress */
+    int64_t global_step, total_steps, round;
+    uint64_t epoch;
+    size_t epoch_pos, *epoch_order;
+    int64_t num_tokens;
+    Rollout ro;
+    Metrics metrics;
+    double time_generation, time_scoring, time_training;
+    /* buffers sized once */
+    int max_prompt_tokens, max_seq, max_batch_tokens;
+    int *tok_ids, *tok_slot, *tok_pos, *tok_target;
+    float *tok_logp, *tok_entropy, *tok_dlogp;
+    float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp;
+    FILE *metrics_fp;
+    char *metrics_path;
+} Trainer;
+
+/* Prompt ids of dataset row i: chat template for conversational rows, else
+ * the text with BOS when the tokenizer adds it (TRL tokenizes plain prompts
+ * with the tokenizer's defaults). Longer than max_prompt_length: the left part
+ * is dropped, as TRL did. */
+static int prompt_ids_for_row(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
+    if (dataset_prompt_text(text, d, row, t->tok, err) != 0) return COLT_ERR;
+    int *body = NULL;
+    size_t n_body = 0;
+    if (tokenizer_encode(t->tok, *text, strlen(*text), &body, &n_body, err) != 0) {
+        free(*text);
+        *text = NULL;
+        return error_prefix(err, "%s row %zu", t->cfg->dataset, row);
+    }
+    bool bos = !dataset_is_conversational(d, row) && tokenizer_add_bos(t->tok) && tokenizer_bos_id(t->tok) >= 0;
+    int total = (int)n_body + (bos ? 1 : 0);
+    int keep = total < t->cfg->max_prompt_length ? total : t->cfg->max_prompt_length;
+    int *out = xmalloc(sizeof(int) * (size_t)(keep > 0 ? keep : 1));
+    for (int k = 0; k < keep; k++) {
+        int src = total - keep + k;
+        out[k] = bos ? (src == 0 ? tokenizer_bos_id(t->tok) : body[src - 1]) : body[src];
+    }
+    free(body);
+    *ids = out;
+    *n = keep;
+    if (keep == 0) {
+        free(out);
+        free(*text);
+        *text = NULL;
+        return errorf(err, "row %zu: the prompt is empty after tokenization", row);
+    }
+    return COLT_OK;
+}
+
+/* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
+static int score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
+                             const char *const *prompts, const char *const *completions, int n, char *err) {
+    json_t **rows = xmalloc(sizeof(json_t *) * (size_t)n);
+    float *values = xmalloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) rows[i] = dataset_row(d, rows_of_sample[i]);
+    int rc = COLT_OK;
+    for (int k = 0; k < t->n_rewards && rc == 0; k++) {
+        if (reward_compute(t->rewards[k], values, prompts, completions, rows, n, err) != 0) {
+            rc = error_prefix(err, "reward '%s'", reward_name(t->rewards[k]));
+            break;
+        }
+        for (int i = 0; i < n; i++) per_func[(size_t)i * t->n_rewards + k] = values[i];
+    }
+    free(values);
+    free(rows);
+    return rc;
+}
+
+/* Log-probs of each sample's completion under model m (old or reference),
+ * in micro-batches; out[i] gets a malloc'd [len] array. */
+static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, char *err);
+
+/* Packs samples[idx[0..B)] into the token arrays; returns the token count. */
+static int pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        Sample *s = &r->samples[idx[b]];
+        int plen = r->prompt_len[s->prompt];
+        const int *p = r->prompt_ids[s->prompt];
+        /* prompt + completion[:-1]: position plen-1+j predicts completion[j]. */
+        int total = plen + s->len - 1;
+        for (int k = 0; k < total; k++) {
+            t->tok_ids[n] = k < plen ? p[k] : s->completion[k - plen];
+            t->tok_slot[n] = b;
+            t->tok_pos[n] = k;
+            t->tok_target[n] = k >= plen - 1 ? s->completion[k - plen + 1] : -1;
+            n++;
+        }
+    }
+    return n;
+}
+
+static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, char *err) {
+    int bs = t->cfg->per_device_train_batch_size;
+    int *idx = xmalloc(sizeof(int) * (size_t)bs);
+    int rc = COLT_OK;
+    for (int start = 0; start < r->n_samples; start += bs) {
+        int B = r->n_samples - start < bs ? r->n_samples - start : bs;
+        for (int b = 0; b < B; b++) idx[b] = start + b;
+        int n = pack_batch(t, r, idx, B);
+        if (model_train_forward(m, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
+                                (float)t->cfg->temperature, t->tok_logp, NULL, err) != 0) {
+            rc = COLT_ERR;
+            break;
+        }
+        int k = 0;
+        for (int b = 0; b < B; b++) {
+            Sample *s = &r->samples[start + b];
+            int plen = r->prompt_len[s->prompt];
+            float *lp = xmalloc(sizeof(float) * (size_t)s->len);
+            for (int j = 0; j < s->len; j++) lp[j] = t->tok_logp[k + plen - 1 + j];
+            k += plen + s->len - 1;
+            out[start + b] = lp;
+        }
+    }
+    free(idx);
+    return rc;
+}
+
+static double nanmean(const float *x, int n, int stride) {
+    double s = 0;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[(size_t)i * stride])) s += x[(size_t)i * stride], c++;
+    return c ? s / c : NAN;
+}
+
+/* torch's unbiased std over the non-NaN values (TRL's nanstd). */
+static double nanstd(const float *x, int n, int stride) {
+    double mean = nanmean(x, n, stride), s = 0;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[(size_t)i * stride])) s += (x[(size_t)i * stride] - mean) * (x[(size_t)i * stride] - mean), c++;
+    return c > 1 ? sqrt(s / (c - 1)) : NAN;
+}
+
+/* Takes the next P prompts in epoch order (a new epoch when too few remain). */
+static void next_prompt_rows(Trainer *t, size_t *rows, int P) {
+    size_t n = dataset_size(t->data);
+    for (int i = 0; i < P; i++) {
+        if (t->epoch_pos >= n || (i == 0 && n - t->epoch_pos < (size_t)P && (size_t)P <= n)) {
+            t->epoch++;
+            t->epoch_pos = 0;
+            dataset_epoch_order(t->epoch_order, n, t->cfg->seed, t->epoch);
+        }
+        rows[i] = t->epoch_order[t->epoch_pos++ % n];
+    }
+}
+
+/* One generation round: completions, rewards, advantages, old/ref log-probs. */
+static int new_rollout(Trainer *t, char *err) {
+    TrainConfig *c = t->cfg;
+    rollout_free(&t->ro);
+    Rollout *r = &t->ro;
+    const int G = c->num_generations, N = c->generation_batch_size, P = N / G;
+    r->round = t->round;
+    r->n_samples = N;
+    r->n_prompts = P;
+    r->n_funcs = t->n_rewards;
+    r->rows = xcalloc((size_t)P, sizeof(size_t));
+    r->prompt_ids = xcalloc((size_t)P, sizeof(int *));
+    r->prompt_len = xcalloc((size_t)P, sizeof(int));
+    r->prompt_text = xcalloc((size_t)P, sizeof(char *));
+    r->samples = xcalloc((size_t)N, sizeof(Sample));
+    r->per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float));
+    r->order = xcalloc((size_t)N, sizeof(int));
+    next_prompt_rows(t, r->rows, P);
+    for (int p = 0; p < P; p++)
+        if (prompt_ids_for_row(t, t->data, r->rows[p], &r->prompt_ids[p], &r->prompt_len[p], &r->prompt_text[p], err) != 0)
+            return COLT_ERR;
+
+    /* Generate with the live weights. */
+    double t0 = time_now();
+    GenSequence *seqs = xcalloc((size_t)N, sizeof(GenSequence));
+    for (int i = 0; i < N; i++) {
+        seqs[i].prompt = r->prompt_ids[i / G];
+        seqs[i].prompt_len = r->prompt_len[i / G];
+        seqs[i].stream = (uint64_t)t->round * (uint64_t)N + (uint64_t)i;
+    }
+    GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
+                          .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop, .max_batch = 0};
+    if (generate(t->model, seqs, N, &go, err) != 0) {
+        free(seqs);
+        return COLT_ERR;
+    }
+    for (int i = 0; i < N; i++) {
+        Sample *s = &r->samples[i];
+        s->prompt = i / G;
+        s->completion = seqs[i].tokens;
+        s->len = seqs[i].n_tokens;
+        s->terminated = seqs[i].finish == FINISH_STOP;
+        free(seqs[i].logprobs);
+        int n_text = s->len - (s->terminated ? 1 : 0);
+        if (tokenizer_decode(t->tok, s->completion, (size_t)n_text, true, &s->text, err) != 0) {
+            free(seqs);
+            return COLT_ERR;
+        }
+    }
+    free(seqs);
+    double t1 = time_now();
+    t->time_generation += t1 - t0;
+
+    /* A completion of zero tokens cannot be scored by the loss; generate() always
+     * gives at least one token when max_completion_length >= 1. */
+    const char **prompts = xmalloc(sizeof(char *) * (size_t)N);
+    const char **completions = xmalloc(sizeof(char *) * (size_t)N);
+    size_t *rows = xmalloc(sizeof(size_t) * (size_t)N);
+    for (int i = 0; i < N; i++) {
+        prompts[i] = r->prompt_text[i / G];
+        completions[i] = r->samples[i].text;
+        rows[i] = r->rows[i / G];
+    }
+    int rc = score_completions(t, r->per_func, t->data, rows, prompts, completions, N, err);
+    free(prompts);
+    free(completions);
+    free(rows);
+    if (rc != 0) return COLT_ERR;
+
+    float *rewards = xmalloc(sizeof(float) * (size_t)N), *adv = xmalloc(sizeof(float) * (size_t)N);
+    float *group_std = xmalloc(sizeof(float) * (size_t)P);
+    grpo_combine_rewards(rewards, r->per_func, t->reward_weights, N, t->n_rewards);
+    GrpoScaleRewards scale;
+    COLT_ASSERT(grpo_scale_rewards_parse(&scale, c->scale_rewards, err) == 0);
+    grpo_advantages(adv, group_std, rewards, N, G, scale);
+    for (int i = 0; i < N; i++) {
+        r->samples[i].reward = rewards[i];
+        r->samples[i].advantage = isnan(adv[i]) ? 0.0f : adv[i];
+    }
+
+    /* Metrics of the round (TRL's names). */
+    for (int k = 0; k < t->n_rewards; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "rewards/%s/mean", reward_name(t->rewards[k]));
+        metrics_add(&t->metrics, name, nanmean(r->per_func + k, N, t->n_rewards));
+        snprintf(name, sizeof name, "rewards/%s/std", reward_name(t->rewards[k]));
+        metrics_add(&t->metrics, name, nanstd(r->per_func + k, N, t->n_rewards));
+    }
+    metrics_add(&t->metrics, "reward", nanmean(rewards, N, 1));
+    metrics_add(&t->metrics, "reward_std", nanstd(rewards, N, 1));
+    int zero_std = 0;
+    for (int p = 0; p < P; p++) zero_std += fabsf(group_std[p]) <= 1e-8f;
+    metrics_add(&t->metrics, "frac_reward_zero_std", (double)zero_std / P);
+    free(rewards);
+    free(adv);
+    free(group_std);
+
+    double sum_len = 0, sum_term = 0;
+    int min_len = 1 << 30, max_len = 0, n_term = 0, min_term = 1 << 30, max_term = 0;
+    int64_t tokens = 0;
+    r->num_items = 0;
+    for (int i = 0; i < N; i++) {
+        Sample *s = &r->samples[i];
+        sum_len += s->len;
+        if (s->len < min_len) min_len = s->len;
+        if (s->len > max_len) max_len = s->len;
+        if (s->terminated) {
+            n_term++;
+            sum_term += s->len;
+            if (s->len < min_term) min_term = s->len;
+            if (s->len > max_term) max_term = s->len;
+        }
+        tokens += r->prompt_len[s->prompt] + s->len;
+        if (!(c->mask_truncated_completions && !s->terminated)) r->num_items += s->len;
+    }
+    t->num_tokens += tokens;
+    metrics_add(&t->metrics, "completions/mean_length", sum_len / N);
+    metrics_add(&t->metrics, "completions/min_length", min_len);
+    metrics_add(&t->metrics, "completions/max_length", max_len);
+    metrics_add(&t->metrics, "completions/clipped_ratio", (double)(N - n_term) / N);
+    metrics_add(&t->metrics, "completions/mean_terminated_length", n_term ? sum_term / n_term : 0.0);
+    metrics_add(&t->metrics, "completions/min_terminated_length", n_term ? min_term : 0);
+    metrics_add(&t->metrics, "completions/max_terminated_length", n_term ? max_term : 0);
+
+    /* Old and reference log-probs (TRL computes them before any update of the round). */
+    float **lp = xcalloc((size_t)N, sizeof(float *));
+    if (t->need_old_logp) {
+        if (completion_logprobs(t, t->model, r, lp, err) != 0) rc = COLT_ERR;
+        for (int i = 0; i < N; i++) r->samples[i].old_logp = lp[i], lp[i] = NULL;
+    }
+    if (rc == 0 && t->ref_model) {
+        if (completion_logprobs(t, t->ref_model, r, lp, err) != 0) rc = COLT_ERR;
+        for (int i = 0; i < N; i++) r->samples[i].ref_logp = lp[i], lp[i] = NULL;
+    }
+    for (int i = 0; i < N; i++) free(lp[i]);
+    free(lp);
+
+    /* Shuffle the samples (TRL's shuffle_sequence_dict), keyed by the round. */
+    for (int i = 0; i < N; i++) r->order[i] = i;
+    for (int i = N - 1; i > 0; i--) {
+        uint32_t w[4];
+        rng_philox(w, c->seed, STREAM_SHUFFLE, (uint64_t)t->round * (uint64_t)N + (uint64_t)i);
+        int j = (int)(w[0] % (uint32_t)(i + 1));
+        int tmp = r->order[i];
+        r->order[i] = r->order[j];
+        r->order[j] = tmp;
+    }
+    r->micro_done = 0;
+    t->round++;
+    t->time_scoring += time_now() - t1;
+    return rc;
+}
+
+/* One micro-batch: forward, GRPO loss, backward (gradients accumulate). */
+static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
+    TrainConfig *c = t->cfg;
+    Rollout *r = &t->ro;
+    const int bs = c->per_device_train_batch_size;
+    int k = r->micro_done % c->steps_per_generation;
+    const int *idx = r->order + (size_t)k * bs;
+    int B = bs;
+    int n = pack_batch(t, r, idx, B);
+    int T = 1;
+    for (int b = 0; b < B; b++)
+        if (r->samples[idx[b]].len > T) T = r->samples[idx[b]].len;
+
+    if (model_train_forward(t->model, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
+                            (float)c->temperature, t->tok_logp, t->tok_entropy, err) != 0)
+        return COLT_ERR;
+    /* Gather into padded [B, T] matrices. */
+    size_t BT = (size_t)B * T;
+    memset(t->mb_logp, 0, BT * sizeof(float));
+    memset(t->mb_old, 0, BT * sizeof(float));
+    memset(t->mb_ref, 0, BT * sizeof(float));
+    memset(t->mb_mask, 0, BT * sizeof(float));
+    double ent_sum = 0, ent_count = 0;
+    int off = 0;
+    for (int b = 0; b < B; b++) {
+        Sample *s = &r->samples[idx[b]];
+        int plen = r->prompt_len[s->prompt];
+        bool counted = !(c->mask_truncated_completions && !s->terminated);
+        for (int j = 0; j < s->len; j++) {
+            int tok = off + plen - 1 + j;
+            t->mb_logp[(size_t)b * T + j] = t->tok_logp[tok];
+            if (s->old_logp) t->mb_old[(size_t)b * T + j] = s->old_logp[j];
+            if (s->ref_logp) t->mb_ref[(size_t)b * T + j] = s->ref_logp[j];
+            t->mb_mask[(size_t)b * T + j] = counted ? 1.0f : 0.0f;
+            if (counted) ent_sum += t->tok_entropy[tok], ent_count += 1;
+        }
+        t->mb_adv[b] = s->advantage;
+        off += plen + s->len - 1;
+    }
+    GrpoLossConfig lc = t->loss_cfg;
+    /* TRL's dapo normaliser: the generation batch's tokens, rescaled to one
+     * accumulation window (x GAS / steps_per_generation), per process. */
+    double items = r->num_items > 1.0 ? r->num_items : 1.0;
+    lc.num_items_in_batch = (float)(items * c->gradient_accumulation_steps / c->steps_per_generation);
+    float loss = 0;
+    GrpoLossMetrics lm;
+    if (grpo_loss(&loss, t->mb_dlogp, &lm, &lc, t->mb_logp, t->need_old_logp ? t->mb_old : NULL,
+                  t->ref_model ? t->mb_ref : NULL, t->mb_mask, t->mb_adv, B, T, err) != 0)
+        return COLT_ERR;
+    /* Back to the packed token layout. */
+    memset(t->tok_dlogp, 0, sizeof(float) * (size_t)n);
+    off = 0;
+    for (int b = 0; b < B; b++) {
+        Sample *s = &r->samples[idx[b]];
+        int plen = r->prompt_len[s->prompt];
+        for (int j = 0; j < s->len; j++) t->tok_dlogp[off + plen - 1 + j] = t->mb_dlogp[(size_t)b * T + j];
+        off += plen + s->len - 1;
+    }
+    if (model_train_backward(t->model, t->ts, t->tok_dlogp, t->grads, err) != 0) return COLT_ERR;
+
+    /* TRL logs the loss summed over the accumulation window (the Trainer's tr_loss). */
+    metrics_add(&t->metrics, "entropy", ent_count > 0 ? ent_sum / ent_count : NAN);
+    metrics_add(&t->metrics, "clip_ratio/low_mean", lm.clip_ratio_low);
+    metrics_add(&t->metrics, "clip_ratio/high_mean", lm.clip_ratio_high);
+    metrics_add(&t->metrics, "clip_ratio/region_mean", lm.clip_ratio_region);
+    if (c->beta > 0) metrics_add(&t->metrics, "kl", lm.kl);
+    r->micro_done++;
+    *loss_out += loss;
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- state <-> JSON */
+
+static json_t *floats_json(const float *x, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, isnan(x[i]) ? json_null() : json_real(x[i]));
+    return a;
+}
+
+static json_t *ints_json(const int *x, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(x[i]));
+    return a;
+}
+
+static json_t *rollout_to_json(const Rollout *r) {
+    if (!r->samples) return json_null();
+    json_t *o = json_object();
+    json_object_set_new(o, "round", json_integer(r->round));
+    json_object_set_new(o, "micro_done", json_integer(r->micro_done));
+    json_object_set_new(o, "num_items", json_real(r->num_items));
+    json_t *prompts = json_array();
+    for (int p = 0; p < r->n_prompts; p++)
+        json_array_append_new(prompts, json_pack("{s:I,s:o,s:s}", "row", (json_int_t)r->rows[p], "ids",
+                                                 ints_json(r->prompt_ids[p], r->prompt_len[p]), "text",
+                                                 r->prompt_text[p]));
+    json_object_set_new(o, "prompts", prompts);
+    json_t *samples = json_array();
+    for (int i = 0; i < r->n_samples; i++) {
+        const Sample *s = &r->samples[i];
+        json_t *so = json_pack("{s:i,s:o,s:b,s:o,s:f,s:s,s:o}", "prompt", s->prompt, "completion",
+                               ints_json(s->completion, s->len), "terminated", s->terminated, "reward",
+                               isnan(s->reward) ? json_null() : json_real(s->reward), "advantage", (double)s->advantage,
+                               "text", s->text, "per_func", floats_json(r->per_func + (size_t)i * r->n_funcs, r->n_funcs));
+        if (s->old_logp) json_object_set_new(so, "old_logp", floats_json(s->old_logp, s->len));
+        if (s->ref_logp) json_object_set_new(so, "ref_logp", floats_json(s->ref_logp, s->len));
+        json_array_append_new(samples, so);
+    }
+    json_object_set_new(o, "samples", samples);
+    json_object_set_new(o, "order", ints_json(r->order, r->n_samples));
+    return o;
+}
+
+static float json_float(json_t *v) { return json_is_number(v) ? (float)json_number_value(v) : NAN; }
+
+static int *json_ints(json_t *a, int *n) {
+    *n = (int)json_array_size(a);
+    int *x = xmalloc(sizeof(int) * (size_t)(*n ? *n : 1));
+    for (int i = 0; i < *n; i++) x[i] = (int)json_integer_value(json_array_get(a, (size_t)i));
+    return x;
+}
+
+static float *json_floats(json_t *a, int n) {
+    float *x = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) x[i] = json_float(json_array_get(a, (size_t)i));
+    return x;
+}
+
+static int rollout_from_json(Rollout *r, json_t *o, int n_funcs, const char *where, char *err) {
+    rollout_free(r);
+    if (json_is_null(o) || !o) return COLT_OK;
+    json_t *prompts = json_object_get(o, "prompts"), *samples = json_object_get(o, "samples");
+    if (!json_is_array(prompts) || !json_is_array(samples)) return errorf(err, "%s: malformed rollout", where);
+    r->round = json_integer_value(json_object_get(o, "round"));
+    r->micro_done = (int)json_integer_value(json_object_get(o, "micro_done"));
+    r->num_items = json_number_value(json_object_get(o, "num_items"));
+    r->n_prompts = (int)json_array_size(prompts);
+    r->n_samples = (int)json_array_size(samples);
+    r->n_funcs = n_funcs;
+    r->rows = xcalloc((size_t)r->n_prompts, sizeof(size_t));
+    r->prompt_ids = xcalloc((size_t)r->n_prompts, sizeof(int *));
+    r->prompt_len = xcalloc((size_t)r->n_prompts, sizeof(int));
+    r->prompt_text = xcalloc((size_t)r->n_prompts, sizeof(char *));
+    for (int p = 0; p < r->n_prompts; p++) {
+        json_t *po = json_array_get(prompts, (size_t)p);
+        r->rows[p] = (size_t)json_integer_value(json_object_get(po, "row"));
+        r->prompt_ids[p] = json_ints(json_object_get(po, "ids"), &r->prompt_len[p]);
+        r->prompt_text[p] = xstrdup(json_string_value(json_object_get(po, "text")) ? json_string_value(json_object_get(po, "text")) : "");
+    }
+    r->samples = xcalloc((size_t)r->n_samples, sizeof(Sample));
+    r->per_func = xcalloc((size_t)r->n_samples * (size_t)n_funcs, sizeof(float));
+    for (int i = 0; i < r->n_samples; i++) {
+        json_t *so = json_array_get(samples, (size_t)i);
+        Sample *s = &r->samples[i];
+        s->prompt = (int)json_integer_value(json_object_get(so, "prompt"));
+        if (s->prompt < 0 || s->prompt >= r->n_prompts) return errorf(err, "%s: malformed rollout sample %d", where, i);
+        s->completion = json_ints(json_object_get(so, "completion"), &s->len);
+        s->terminated = json_is_true(json_object_get(so, "terminated"));
+        s->reward = json_float(json_object_get(so, "reward"));
+        s->advantage = json_float(json_object_get(so, "advantage"));
+        const char *text = json_string_value(json_object_get(so, "text"));
+        s->text = xstrdup(text ? text : "");
+        json_t *pf = json_object_get(so, "per_func");
+        for (int k = 0; k < n_funcs; k++) r->per_func[(size_t)i * n_funcs + k] = json_float(json_array_get(pf, (size_t)k));
+        if (json_object_get(so, "old_logp")) s->old_logp = json_floats(json_object_get(so, "old_logp"), s->len);
+        if (json_object_get(so, "ref_logp")) s->ref_logp = json_floats(json_object_get(so, "ref_logp"), s->len);
+    }
+    int n_order = 0;
+    r->order = json_ints(json_object_get(o, "order"), &n_order);
+    if (n_order != r->n_samples) return errorf(err, "%s: malformed rollout order", where);
+    return COLT_OK;
+}
+
+/* Counters, metric accumulators and (when a round is under way) its samples. */
+static json_t *trainer_state_json(const Trainer *t) {
+    json_t *o = json_object();
+    json_object_set_new(o, "global_step", json_integer(t->global_step));
+    json_object_set_new(o, "total_steps", json_integer(t->total_steps));
+    json_object_set_new(o, "round", json_integer(t->round));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)t->epoch));
+    json_object_set_new(o, "epoch_pos", json_integer((json_int_t)t->epoch_pos));
+    json_object_set_new(o, "num_tokens", json_integer(t->num_tokens));
+    json_object_set_new(o, "metrics", metrics_to_json(&t->metrics));
+    bool in_round = t->ro.samples && t->ro.micro_done < t->cfg->steps_per_generation * t->cfg->num_iterations;
+    json_object_set_new(o, "rollout", in_round ? rollout_to_json(&t->ro) : json_null());
+    return o;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Deletes the oldest checkpoint-N folders beyond save_total_limit. */
+static void prune_checkpoints(Trainer *t) {
+    if (t->cfg->save_total_limit <= 0) return;
+    DIR *d = opendir(t->cfg->output_dir);
+    if (!d) return;
+    int64_t steps[4096];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 4096) {
+        long long s;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%lld%c", &s, &tail) == 1) steps[n++] = s;
+    }
+    closedir(d);
+    while (n > t->cfg->save_total_limit) {
+        int oldest = 0;
+        for (int i = 1; i < n; i++)
+            if (steps[i] < steps[oldest]) oldest = i;
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint-%lld", (long long)steps[oldest]);
+        char *path = path_join(t->cfg->output_dir, name);
+        remove_tree(path);
+        free(path);
+        steps[oldest] = steps[--n];
+    }
+}
+
+/* Writes output_dir/checkpoint-N atomically: everything goes into a temporary
+ * folder that is renamed into place at the end. state: trainer_state_json's. */
+static int save_checkpoint(Trainer *t, json_t *state, char *err) {
+    char name[64], tmp_name[96];
+    snprintf(name, sizeof name, "checkpoint-%lld", (long long)json_integer_value(json_object_get(state, "global_step")));
+    snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, (long)getpid());
+    char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
+    char *opt_path = path_join(dir, "optimizer.safetensors"), *state_path = path_join(dir, "trainer_state.json");
+    char *cfg_path = path_join(dir, "train_config.json");
+    remove_tree(dir);
+    int rc = COLT_OK;
+    if (model_save(t->model, dir, DTYPE_F32, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0 ||
+        optim_save(t->opt, opt_path, err) != 0)
+        rc = COLT_ERR;
+    if (rc == 0) {
+        char *s = json_dumps(state, JSON_INDENT(1));
+        rc = file_write_atomic(state_path, s, strlen(s), err);
+        free(s);
+    }
+    if (rc == 0) {
+        json_t *cj = train_config_to_json(t->cfg);
+        char *s = json_dumps(cj, JSON_INDENT(2));
+        rc = file_write_atomic(cfg_path, s, strlen(s), err);
+        free(s);
+        json_decref(cj);
+    }
+    if (rc == 0) {
+        remove_tree(final_dir);
+        if (rename(dir, final_dir) != 0) rc = errorf(err, "%s: cannot rename checkpoint into place", final_dir);
+    }
+    if (rc != 0) remove_tree(dir);
+    else {
+        log_info0("saved %s", final_dir);
+        prune_checkpoints(t);
+    }
+    free(final_dir), free(dir), free(opt_path), free(state_path), free(cfg_path);
+    return rc;
+}
+
+static int load_trainer_state(Trainer *t, const char *ckpt, char *err) {
+    char *state_path = path_join(ckpt, "trainer_state.json");
+    json_error_t jerr;
+    json_t *o = json_load_file(state_path, 0, &jerr);
+    int rc = COLT_OK;
+    if (!o) rc = errorf(err, "%s: cannot read: %s", state_path, jerr.text);
+    if (rc == 0) {
+        t->global_step = json_integer_value(json_object_get(o, "global_step"));
+        t->round = json_integer_value(json_object_get(o, "round"));
+        t->epoch = (uint64_t)json_integer_value(json_object_get(o, "epoch"));
+        t->epoch_pos = (size_t)json_integer_value(json_object_get(o, "epoch_pos"));
+        t->num_tokens = json_integer_value(json_object_get(o, "num_tokens"));
+        if (t->epoch > 0) dataset_epoch_order(t->epoch_order, dataset_size(t->data), t->cfg->seed, t->epoch);
+        if (metrics_from_json(&t->metrics, json_object_get(o, "metrics")) != 0)
+            rc = errorf(err, "%s: malformed metrics", state_path);
+        else rc = rollout_from_json(&t->ro, json_object_get(o, "rollout"), t->n_rewards, state_path, err);
+    }
+    json_decref(o);
+    free(state_path);
+    if (rc == 0) {
+        char *opt_path = path_join(ckpt, "optimizer.safetensors");
+        rc = optim_load(t->opt, opt_path, err);
+        free(opt_path);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- eval and logging */
+
+/* Mean combined reward of num_generations sampled completions per held-out
+ * prompt, with fixed RNG streams so before/after are comparable. Writes the
+ * completions to output_dir/eval_<tag>.jsonl. */
+static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err) {
+    TrainConfig *c = t->cfg;
+    size_t n_rows = dataset_size(t->eval_data);
+    if (c->num_eval_prompts > 0 && (size_t)c->num_eval_prompts < n_rows) n_rows = (size_t)c->num_eval_prompts;
+    const int G = c->num_generations;
+    int N = (int)n_rows * G;
+    int **ids = xcalloc(n_rows, sizeof(int *));
+    int *lens = xcalloc(n_rows, sizeof(int));
+    char **texts = xcalloc(n_rows, sizeof(char *));
+    GenSequence *seqs = xcalloc((size_t)N, sizeof(GenSequence));
+    const char **prompts = xcalloc((size_t)N, sizeof(char *)), **completions = xcalloc((size_t)N, sizeof(char *));
+    size_t *rows = xcalloc((size_t)N, sizeof(size_t));
+    float *per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float)), *rewards = xcalloc((size_t)N, sizeof(float));
+    char **outs = xcalloc((size_t)N, sizeof(char *));
+    int rc = COLT_OK;
+    for (size_t i = 0; i < n_rows && rc == 0; i++)
+        rc = prompt_ids_for_row(t, t->eval_data, i, &ids[i], &lens[i], &texts[i], err);
+    if (rc == 0) {
+        for (int i = 0; i < N; i++) {
+            seqs[i].prompt = ids[i / G];
+            seqs[i].prompt_len = lens[i / G];
+            seqs[i].stream = STREAM_EVAL_BASE + (uint64_t)i;
+        }
+        GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
+                              .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
+        rc = generate(t->model, seqs, N, &go, err);
+    }
+    for (int i = 0; i < N && rc == 0; i++) {
+        int n_text = seqs[i].n_tokens - (seqs[i].finish == FINISH_STOP ? 1 : 0);
+        rc = tokenizer_decode(t->tok, seqs[i].tokens, (size_t)n_text, true, &outs[i], err);
+        prompts[i] = texts[i / G];
+        completions[i] = outs[i];
+        rows[i] = (size_t)i / G;
+    }
+    if (rc == 0) rc = score_completions(t, per_func, t->eval_data, rows, prompts, completions, N, err);
+    if (rc == 0) {
+        grpo_combine_rewards(rewards, per_func, t->reward_weights, N, t->n_rewards);
+        *mean_reward = nanmean(rewards, N, 1);
+        char name[64];
+        snprintf(name, sizeof name, "eval_%s.jsonl", tag);
+        char *path = path_join(c->output_dir, name);
+        AtomicFile af;
+        if (atomic_open(&af, path, err) == 0) {
+            for (int i = 0; i < N; i++) {
+                json_t *o = json_pack("{s:s,s:s,s:o}", "prompt", prompts[i], "completion", completions[i], "reward",
+                                      isnan(rewards[i]) ? json_null() : json_real(rewards[i]));
+                char *s = json_dumps(o, 0);
+                fprintf(af.fp, "%s\n", s);
+                free(s);
+                json_decref(o);
+            }
+            rc = atomic_commit(&af, err);
+        } else rc = COLT_ERR;
+        free(path);
+    }
+    for (int i = 0; i < N; i++) {
+        gen_sequence_free(&seqs[i]);
+        free(outs[i]);
+    }
+    for (size_t i = 0; i < n_rows; i++) free(ids[i]), free(texts[i]);
+    free(ids), free(lens), free(texts), free(seqs), free(prompts), free(completions), free(rows);
+    free(per_func), free(rewards), free(outs);
+    return rc;
+}
+
+static double fractional_epoch(const Trainer *t) {
+    size_t n = dataset_size(t->data);
+    if (t->epoch == 0) return 0.0;
+    return (double)(t->epoch - 1) + (double)t->epoch_pos / (double)n;
+}
+
+static void format_duration(char *buf, size_t size, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, size, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+    else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
+}
+
+/* Writes one metrics line and the progress line; prints sample completions. */
+static void log_step(Trainer *t, double elapsed, int64_t steps_this_run) {
+    json_t *o = metrics_flush(&t->metrics);
+    json_t *line = json_object();
+    json_object_set_new(line, "step", json_integer(t->global_step));
+    json_object_set_new(line, "epoch", json_real(fractional_epoch(t)));
+    json_object_update(line, o);
+    json_decref(o);
+    json_object_set_new(line, "num_tokens", json_integer(t->num_tokens));
+    char *s = json_dumps(line, JSON_REAL_PRECISION(8));
+    fprintf(t->metrics_fp, "%s\n", s);
+    fflush(t->metrics_fp);
+    free(s);
+
+    double per_step = steps_this_run > 0 ? elapsed / (double)steps_this_run : 0.0;
+    char eta[32];
+    format_duration(eta, sizeof eta, per_step * (double)(t->total_steps - t->global_step));
+    json_t *reward = json_object_get(line, "reward"), *loss = json_object_get(line, "loss");
+    json_t *len = json_object_get(line, "completions/mean_length");
+    log_info0("step %lld/%lld | reward %.4f | loss %.5f | mean length %.1f | %.2f s/step | ETA %s",
+              (long long)t->global_step, (long long)t->total_steps, json_number_value(reward),
+              json_number_value(loss), json_number_value(len), per_step, eta);
+    json_decref(line);
+
+    /* Sample completions of the current round, printed and saved. */
+    Rollout *r = &t->ro;
+    if (!r->samples || t->cfg->log_completions_count <= 0) return;
+    char *path = path_join(t->cfg->output_dir, "completions.jsonl");
+    FILE *fp = fopen(path, "a");
+    free(path);
+    for (int i = 0; i < t->cfg->log_completions_count && i < r->n_samples; i++) {
+        int k = (int)(((int64_t)i * r->n_samples) / t->cfg->log_completions_count);
+        Sample *sm = &r->samples[k];
+        log_info0("  sample: %s -> %s  [reward %.3f]", r->prompt_text[sm->prompt], sm->text, sm->reward);
+        if (fp) {
+            json_t *so = json_pack("{s:I,s:s,s:s,s:o,s:f}", "step", (json_int_t)t->global_step, "prompt",
+                                   r->prompt_text[sm->prompt], "completion", sm->text, "reward",
+                                   isnan(sm->reward) ? json_null() : json_real(sm->reward), "advantage",
+                                   (double)sm->advantage);
+            char *ss = json_dumps(so, 0);
+            fprintf(fp, "%s\n", ss);
+            free(ss);
+            json_decref(so);
+        }
+    }
+    if (fp) fclose(fp);
+}
+
+/* On resume, keeps only the metric lines of steps up to the checkpoint. */
+static void truncate_metrics(const char *path, int64_t max_step) {
+    char *data = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &data, &len, NULL) != 0) return;
+    char *keep = xmalloc(len + 1);
+    size_t k = 0;
+    char *line = data;
+    while (line && *line) {
+        char *nl = strchr(line, '\n');
+        size_t l = nl ? (size_t)(nl - line + 1) : strlen(line);
+        json_t *o = json_loadb(line, l, 0, NULL);
+        if (o && json_integer_value(json_object_get(o, "step")) <= max_step) {
+            memcpy(keep + k, line, l);
+            k += l;
+        }
+        json_decref(o);
+        line = nl ? nl + 1 : NULL;
+    }
+    file_write_atomic(path, keep, k, NULL);
+    free(keep);
+    free(data);
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
+    memset(t, 0, sizeof *t);
+    t->cfg = c;
+    t->be = backend_cpu();
+    if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
+    if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
+    const char *weights = c->resume_from_checkpoint ? c->resume_from_checkpoint : c->model;
+    if (model_load(&t->model, weights, t->be, err) != 0) return COLT_ERR;
+    if (c->beta > 0 && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
+    const ModelConfig *mc = model_config(t->model);
+    if (tokenizer_vocab_size(t->tok) > mc->vocab_size)
+        return errorf(err, "%s: the tokenizer has %d tokens but the model only %d", c->model,
+                      tokenizer_vocab_size(t->tok), mc->vocab_size);
+
+    if (dataset_load(&t->data, c->dataset, err) != 0) return COLT_ERR;
+    if (c->eval_dataset && dataset_load(&t->eval_data, c->eval_dataset, err) != 0) return COLT_ERR;
+
+    /* Every prompt must fit with a full completion: check all of them now,
+     * before any work that could be lost. */
+    Dataset *sets[2] = {t->data, t->eval_data};
+    const char *names[2] = {c->dataset, c->eval_dataset};
+    for (int d = 0; d < 2; d++) {
+        if (!sets[d]) continue;
+        for (size_t i = 0; i < dataset_size(sets[d]); i++) {
+            int *ids = NULL, n = 0;
+            char *text = NULL;
+            if (prompt_ids_for_row(t, sets[d], i, &ids, &n, &text, err) != 0) return error_prefix(err, "%s", names[d]);
+            free(ids);
+            free(text);
+            if (n + c->max_completion_length > mc->max_position_embeddings)
+                return errorf(err, "%s row %zu: prompt of %d tokens + max_completion_length %d exceeds the model's "
+                                   "max_position_embeddings (%d); shorten the prompt, lower max_prompt_length "
+                                   "(prompts are cut from the left) or max_completion_length",
+                              names[d], i, n, c->max_completion_length, mc->max_position_embeddings);
+            if (n > t->max_prompt_tokens) t->max_prompt_tokens = n;
+        }
+    }
+    size_t n_prompts = dataset_size(t->data);
+    int P = c->generation_batch_size / c->num_generations;
+    if (n_prompts < (size_t)P)
+        return errorf(err, "%s: %zu prompts, fewer than the %d unique prompts a generation batch needs "
+                           "(generation_batch_size %d / num_generations %d)",
+                      c->dataset, n_prompts, P, c->generation_batch_size, c->num_generations);
+    t->epoch_order = xcalloc(n_prompts, sizeof(size_t));
+    t->epoch_pos = n_prompts;  /* the first round starts epoch 1 */
+
+    t->n_rewards = (int)json_array_size(c->reward_funcs);
+    t->rewards = xcalloc((size_t)t->n_rewards, sizeof(RewardFunc *));
+    t->reward_weights = xcalloc((size_t)t->n_rewards, sizeof(float));
+    for (int k = 0; k < t->n_rewards; k++) {
+        if (reward_create(&t->rewards[k], json_array_get(c->reward_funcs, (size_t)k), err) != 0)
+            return error_prefix(err, "reward_funcs[%d]", k);
+        t->reward_weights[k] =
+            c->reward_weights ? (float)json_number_value(json_array_get(c->reward_weights, (size_t)k)) : 1.0f;
+    }
+
+    t->sampling = (SamplingParams){.temperature = (float)c->temperature, .top_k = c->top_k, .top_p = (float)c->top_p,
+                                   .min_p = (float)c->min_p, .repetition_penalty = (float)c->repetition_penalty,
+                                   .seed = c->seed};
+    for (int i = 0; i < mc->n_eos; i++) t->stop_ids[t->n_stop++] = mc->eos_token_ids[i];
+    if (tokenizer_eos_id(t->tok) >= 0) t->stop_ids[t->n_stop++] = tokenizer_eos_id(t->tok);
+
+    GrpoLossConfig *lc = &t->loss_cfg;
+    if (grpo_loss_type_parse(&lc->loss_type, c->loss_type, err) != 0 ||
+        grpo_importance_level_parse(&lc->importance_sampling_level, c->importance_sampling_level, err) != 0)
+        return COLT_ERR;
+    lc->epsilon_low = (float)c->epsilon;
+    lc->epsilon_high = (float)c->epsilon_high;
+    lc->delta = isnan(c->delta) ? 0.0f : (float)c->delta;
+    lc->beta = (float)c->beta;
+    lc->max_completion_length = c->max_completion_length;
+    lc->gradient_accumulation_steps = c->gradient_accumulation_steps;
+    /* TRL: old log-probs only when generation and optimizer steps are misaligned. */
+    t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
+
+    if (lr_scheduler_parse(&t->scheduler, c->lr_scheduler_type, err) != 0) return COLT_ERR;
+    if (c->max_steps > 0) {
+        t->total_steps = c->max_steps;
+    } else {
+        int64_t rounds_per_epoch = (int64_t)(n_prompts / (size_t)P);
+        int64_t rounds = (int64_t)ceil(c->num_train_epochs * (double)rounds_per_epoch);
+        int64_t micro = rounds * c->steps_per_generation * c->num_iterations;
+        t->total_steps = (micro + c->gradient_accumulation_steps - 1) / c->gradient_accumulation_steps;
+        if (t->total_steps < 1) t->total_steps = 1;
+    }
+    t->warmup_steps = lr_warmup_steps((int)t->total_steps, (float)c->warmup_ratio, c->warmup_steps);
+
+    AdamWConfig ac = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_epsilon,
+                      .weight_decay = (float)c->weight_decay};
+    if (optim_create(&t->opt, t->model, &ac, t->be, err) != 0) return COLT_ERR;
+    if (model_grads_create(&t->grads, t->model, err) != 0) return COLT_ERR;
+
+    int bs = c->per_device_train_batch_size;
+    t->max_seq = t->max_prompt_tokens + c->max_completion_length;
+    t->max_batch_tokens = bs * t->max_seq;
+    if (train_state_create(&t->ts, t->model, bs, t->max_seq, t->max_batch_tokens, err) != 0) return COLT_ERR;
+    size_t nt = (size_t)t->max_batch_tokens, bt = (size_t)bs * (size_t)c->max_completion_length;
+    t->tok_ids = xmalloc(nt * sizeof(int));
+    t->tok_slot = xmalloc(nt * sizeof(int));
+    t->tok_pos = xmalloc(nt * sizeof(int));
+    t->tok_target = xmalloc(nt * sizeof(int));
+    t->tok_logp = xmalloc(nt * sizeof(float));
+    t->tok_entropy = xmalloc(nt * sizeof(float));
+    t->tok_dlogp = xmalloc(nt * sizeof(float));
+    t->mb_logp = xmalloc(bt * sizeof(float));
+    t->mb_old = xmalloc(bt * sizeof(float));
+    t->mb_ref = xmalloc(bt * sizeof(float));
+    t->mb_mask = xmalloc(bt * sizeof(float));
+    t->mb_dlogp = xmalloc(bt * sizeof(float));
+    t->mb_adv = xmalloc((size_t)bs * sizeof(float));
+
+    if (c->resume_from_checkpoint && load_trainer_state(t, c->resume_from_checkpoint, err) != 0) return COLT_ERR;
+    t->metrics_path = path_join(c->output_dir, "metrics.jsonl");
+    if (c->resume_from_checkpoint) truncate_metrics(t->metrics_path, t->global_step);
+    else remove(t->metrics_path);
+    t->metrics_fp = fopen(t->metrics_path, "a");
+    if (!t->metrics_fp) return errorf(err, "%s: cannot open for writing", t->metrics_path);
+    if (!c->resume_from_checkpoint) {
+        char *p = path_join(c->output_dir, "completions.jsonl");
+        remove(p);
+        free(p);
+    }
+    return COLT_OK;
+}
+
+static void trainer_teardown(Trainer *t) {
+    rollout_free(&t->ro);
+    if (t->metrics_fp) fclose(t->metrics_fp);
+    free(t->metrics_path);
+    for (int k = 0; k < t->n_rewards; k++) reward_free(t->rewards[k]);
+    free(t->rewards);
+    free(t->reward_weights);
+    free(t->epoch_order);
+    train_state_free(t->ts);
+    model_grads_free(t->grads);
+    optim_free(t->opt);
+    free(t->tok_ids), free(t->tok_slot), free(t->tok_pos), free(t->tok_target);
+    free(t->tok_logp), free(t->tok_entropy), free(t->tok_dlogp);
+    free(t->mb_logp), free(t->mb_old), free(t->mb_ref), free(t->mb_mask), free(t->mb_dlogp), free(t->mb_adv);
+    dataset_free(t->data);
+    dataset_free(t->eval_data);
+    model_free(t->ref_model);
+    model_free(t->model);
+    tokenizer_free(t->tok);
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+int trainer_run(TrainConfig *c, char *err) {
+    Trainer t;
+    double run_start = time_now();
+    if (trainer_setup(&t, c, err) != 0) {
+        trainer_teardown(&t);
+        return COLT_ERR;
+    }
+    log_info0("colt train: %s on %s, %zu prompts, %lld steps (%d completions per round: %d prompts x %d)",
+              c->model, c->dataset, dataset_size(t.data), (long long)t.total_steps, c->generation_batch_size,
+              c->generation_batch_size / c->num_generations, c->num_generations);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    g_stop_requested = 0;
+
+    int rc = COLT_OK;
+    double eval_before = NAN, eval_after = NAN;
+    if (t.eval_data && !c->resume_from_checkpoint) {
+        rc = evaluate(&t, "before", &eval_before, err);
+        if (rc == 0) log_info0("eval before training: mean reward %.4f", eval_before);
+    }
+    if (c->resume_from_checkpoint) {
+        /* Keep the first run's eval_before for the summary. */
+        char *p = path_join(c->output_dir, "summary.json");
+        json_t *old = json_load_file(p, 0, NULL);
+        if (old && json_is_number(json_object_get(old, "eval_reward_before")))
+            eval_before = json_number_value(json_object_get(old, "eval_reward_before"));
+        json_decref(old);
+        free(p);
+        log_info0("resumed from %s at step %lld", c->resume_from_checkpoint, (long long)t.global_step);
+    }
+
+    const int micro_per_round = c->steps_per_generation * c->num_iterations;
+    int64_t start_step = t.global_step;
+    double loop_start = time_now();
+    json_t *step_start_state = NULL;
+    bool interrupted = false;
+    while (rc == 0 && t.global_step < t.total_steps) {
+        json_decref(step_start_state);
+        step_start_state = trainer_state_json(&t);
+        double step_start = time_now();
+        double gen0 = t.time_generation, score0 = t.time_scoring;
+        model_grads_zero(t.grads);
+        double step_loss = 0;
+        for (int a = 0; a < c->gradient_accumulation_steps && rc == 0; a++) {
+            if (!t.ro.samples || t.ro.micro_done >= micro_per_round) {
+                rc = new_rollout(&t, err);
+                if (rc != 0) break;
+            }
+            double t0 = time_now();
+            rc = train_micro_batch(&t, &step_loss, err);
+            t.time_training += time_now() - t0;
+        }
+        if (rc != 0) {
+            /* Save what the last completed step left (the model and optimizer have
+             * not changed since), so no work is lost, then stop with the error. */
+            char save_err[ERR_LEN];
+            if (t.global_step > 0 && save_checkpoint(&t, step_start_state, save_err) != 0)
+                log_error("could not save a checkpoint after the error: %s", save_err);
+            break;
+        }
+        double t0 = time_now();
+        double norm = optim_clip_grad_norm(t.model, t.grads, c->max_grad_norm, t.be);
+        float lr = lr_schedule_value(t.scheduler, (float)c->learning_rate, (int)t.global_step, (int)t.total_steps,
+                                     t.warmup_steps);
+        optim_step(t.opt, t.grads, lr);
+        t.global_step++;
+        double now = time_now();
+        t.time_training += now - t0;
+        metrics_add(&t.metrics, "loss", step_loss);
+        metrics_set(&t.metrics, "grad_norm", norm);
+        metrics_set(&t.metrics, "learning_rate",
+                    lr_schedule_value(t.scheduler, (float)c->learning_rate, (int)t.global_step, (int)t.total_steps,
+                                      t.warmup_steps));
+        metrics_add(&t.metrics, "step_time", now - step_start);
+        metrics_add(&t.metrics, "time/generation", t.time_generation - gen0);
+        metrics_add(&t.metrics, "time/scoring", t.time_scoring - score0);
+        metrics_add(&t.metrics, "time/training", (now - step_start) - (t.time_generation - gen0) - (t.time_scoring - score0));
+
+        bool last = t.global_step == t.total_steps;
+        if (t.global_step % c->logging_steps == 0 || last) log_step(&t, now - loop_start, t.global_step - start_step);
+        if (c->eval_steps > 0 && t.eval_data && t.global_step % c->eval_steps == 0 && !last) {
+            double r = NAN;
+            rc = evaluate(&t, "latest", &r, err);
+            if (rc == 0) log_info0("eval at step %lld: mean reward %.4f", (long long)t.global_step, r);
+        }
+        bool stop = g_stop_requested;
+        if (rc == 0 && ((c->save_steps > 0 && t.global_step % c->save_steps == 0) || stop)) {
+            json_t *state = trainer_state_json(&t);
+            rc = save_checkpoint(&t, state, err);
+            json_decref(state);
+        }
+        if (stop) {
+            log_info0("stopped by signal at step %lld; resume with --resume_from_checkpoint %s/checkpoint-%lld",
+                      (long long)t.global_step, c->output_dir, (long long)t.global_step);
+            interrupted = true;
+            break;
+        }
+    }
+    json_decref(step_start_state);
+
+    if (rc == 0 && !interrupted) {
+        if (t.eval_data) {
+            rc = evaluate(&t, "after", &eval_after, err);
+            if (rc == 0) log_info0("eval after training: mean reward %.4f (before %.4f)", eval_after, eval_before);
+        }
+        if (rc == 0 && (model_save(t.model, c->output_dir, DTYPE_F32, err) != 0 ||
+                        tokenizer_copy_files(c->model, c->output_dir, err) != 0))
+            rc = COLT_ERR;
+        if (rc == 0) {
+            ReportSummary s = {.eval_reward_before = eval_before, .eval_reward_after = eval_after,
+                               .steps = t.global_step, .seconds = time_now() - run_start};
+            rc = report_write(c->output_dir, &s, train_config_to_json(c), err);
+        }
+        if (rc == 0) log_info0("done: %lld steps in %.1f s; model, metrics.jsonl, summary.json and reward_curve.svg in %s",
+                               (long long)t.global_step, time_now() - run_start, c->output_dir);
+    }
+    trainer_teardown(&t);
+    return rc;
+}

@@ -1,0 +1,17 @@
+/* trainer.h — `colt train`: the GRPO loop, colocated. Each round generates
+ * completions with the live weights (engine/generate.h: no copy, no sync),
+ * scores them with the reward functions, computes group advantages, then runs
+ * steps_per_generation x num_iterations micro-batches of TRL's GRPO loss with
+ * gradient accumulation and AdamW. Logs TRL's metric names, saves HF-format
+ * checkpoints that resume bit-identically, and stops cleanly on SIGINT/SIGTERM.
+ * This is the loop only: the math lives in grpo.h / optim.h / model_train.h. */
+#ifndef COLT_TRAIN_TRAINER_H
+#define COLT_TRAIN_TRAINER_H
+
+#include "train/train_config.h"
+
+/* Runs training as configured (cfg must be finalized). Returns 0 when
+ * training finished or was interrupted and checkpointed, -1 with err set. */
+int trainer_run(TrainConfig *cfg, char *err);
+
+#endif

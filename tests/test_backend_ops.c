@@ -1,6 +1,7 @@
 /* test_backend_ops.c — every CPU op against a naive double-precision
  * reference on random inputs, with a stated tolerance per op; prints the max
- * abs error of each. (The CUDA backend will be tested against the CPU one.)
+ * abs error of each. Training ops (backward, optimizer) are checked against
+ * analytic or finite-difference double references. (The CUDA backend will be tested against the CPU one.)
  *
  * Dimension legend: N tokens, D width, H query heads, KVH key/value heads,
  * Dh head dim, S cache slots, L max cache length, F MLP width, V vocab. */
@@ -198,6 +199,327 @@ static void test_embedding(const Backend *be) {
     be->free(dt), be->free(dout);
 }
 
+/* ================================================================ training ops
+ * Backward ops against double references: analytic where the formula is
+ * independent of the kernel's, central finite differences (h = 1e-5 on a
+ * double forward, error ~1e-9) for rmsnorm, attention and log-softmax. The
+ * "+=" outputs start from random values to check they accumulate. */
+
+static double *to_double(const float *x, size_t n) {
+    double *d = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static void test_linear_backward(const Backend *be, int accumulate_dx) {
+    int n = 13, in = 40, out = 24;
+    float *x = rand_floats((size_t)n * in, 1.0f), *w = rand_floats((size_t)out * in, 0.3f),
+          *dy = rand_floats((size_t)n * out, 1.0f), *dx0 = rand_floats((size_t)n * in, 1.0f),
+          *dw0 = rand_floats((size_t)out * in, 1.0f), *db0 = rand_floats(out, 1.0f);
+    void *gx = to_device(be, x, (size_t)n * in), *gw = to_device(be, w, (size_t)out * in),
+         *gdy = to_device(be, dy, (size_t)n * out), *gdx = to_device(be, dx0, (size_t)n * in),
+         *gdw = to_device(be, dw0, (size_t)out * in), *gdb = to_device(be, db0, out);
+    be->linear_backward(gdx, gdw, gdb, gdy, gx, gw, n, in, out, accumulate_dx);
+    float *got_dx = from_device(be, gdx, (size_t)n * in), *got_dw = from_device(be, gdw, (size_t)out * in),
+          *got_db = from_device(be, gdb, out);
+    double *ref_dx = malloc((size_t)n * in * sizeof(double)), *ref_dw = malloc((size_t)out * in * sizeof(double)),
+           *ref_db = malloc(out * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < in; k++) {
+            double s = accumulate_dx ? dx0[i * in + k] : 0.0;
+            for (int o = 0; o < out; o++) s += (double)dy[i * out + o] * w[o * in + k];
+            ref_dx[i * in + k] = s;
+        }
+    for (int o = 0; o < out; o++) {
+        double sb = db0[o];
+        for (int i = 0; i < n; i++) sb += dy[i * out + o];
+        ref_db[o] = sb;
+        for (int k = 0; k < in; k++) {
+            double s = dw0[o * in + k];
+            for (int i = 0; i < n; i++) s += (double)dy[i * out + o] * x[i * in + k];
+            ref_dw[o * in + k] = s;
+        }
+    }
+    report(accumulate_dx ? "linear_backward dx (+=) [13,24]x[24,40]" : "linear_backward dx (=) [13,24]x[24,40]",
+           got_dx, ref_dx, (size_t)n * in, 1e-5);
+    report("linear_backward dw (+=) [24,40]", got_dw, ref_dw, (size_t)out * in, 1e-5);
+    report("linear_backward db (+=) [24]", got_db, ref_db, out, 1e-5);
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(db0), free(got_dx), free(got_dw), free(got_db);
+    free(ref_dx), free(ref_dw), free(ref_db);
+    be->free(gx), be->free(gw), be->free(gdy), be->free(gdx), be->free(gdw), be->free(gdb);
+}
+
+static void rmsnorm_row_ref(double *y, const double *x, const double *w, int d, double eps) {
+    double ss = 0;
+    for (int j = 0; j < d; j++) ss += x[j] * x[j];
+    double r = 1.0 / sqrt(ss / d + eps);
+    for (int j = 0; j < d; j++) y[j] = x[j] * r * w[j];
+}
+
+static void test_rmsnorm_backward(const Backend *be) {
+    int n = 5, d = 24;
+    float eps = 1e-5f;
+    float *x = rand_floats((size_t)n * d, 2.0f), *w = rand_floats(d, 1.0f), *dy = rand_floats((size_t)n * d, 1.0f),
+          *dx0 = rand_floats((size_t)n * d, 1.0f), *dw0 = rand_floats(d, 1.0f);
+    void *gx = to_device(be, x, (size_t)n * d), *gw = to_device(be, w, d), *gdy = to_device(be, dy, (size_t)n * d),
+         *gdx = to_device(be, dx0, (size_t)n * d), *gdw = to_device(be, dw0, d);
+    be->rmsnorm_backward(gdx, gdw, gdy, gx, gw, n, d, eps);
+    float *got_dx = from_device(be, gdx, (size_t)n * d), *got_dw = from_device(be, gdw, d);
+    double *ref_dx = malloc((size_t)n * d * sizeof(double)), *ref_dw = malloc(d * sizeof(double));
+    double *xd = to_double(x, (size_t)n * d), *wd = to_double(w, d), yp[64], ym[64], h = 1e-5;
+    for (int j = 0; j < d; j++) ref_dw[j] = dw0[j];
+    for (int i = 0; i < n; i++) {
+        double *xi = xd + (size_t)i * d;
+        for (int k = 0; k < d; k++) { /* d/dx_k of sum_j dy_j y_j */
+            double keep = xi[k], s = 0;
+            xi[k] = keep + h, rmsnorm_row_ref(yp, xi, wd, d, eps);
+            xi[k] = keep - h, rmsnorm_row_ref(ym, xi, wd, d, eps);
+            xi[k] = keep;
+            for (int j = 0; j < d; j++) s += dy[i * d + j] * (yp[j] - ym[j]) / (2 * h);
+            ref_dx[i * d + k] = dx0[i * d + k] + s;
+        }
+        for (int k = 0; k < d; k++) { /* d/dw_k */
+            double keep = wd[k];
+            wd[k] = keep + h, rmsnorm_row_ref(yp, xi, wd, d, eps);
+            wd[k] = keep - h, rmsnorm_row_ref(ym, xi, wd, d, eps);
+            wd[k] = keep;
+            ref_dw[k] += dy[i * d + k] * (yp[k] - ym[k]) / (2 * h);
+        }
+    }
+    report("rmsnorm_backward dx (+=) [5,24] vs fd", got_dx, ref_dx, (size_t)n * d, 1e-5);
+    report("rmsnorm_backward dw (+=) [24] vs fd", got_dw, ref_dw, d, 1e-5);
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(got_dx), free(got_dw), free(ref_dx), free(ref_dw), free(xd),
+        free(wd);
+    be->free(gx), be->free(gw), be->free(gdy), be->free(gdx), be->free(gdw);
+}
+
+/* rope_backward(y) = R^T y, R the rotation rope applies (double angles). */
+static void test_rope_backward(const Backend *be) {
+    int n = 4, heads = 2, dh = 16;
+    float theta = 10000.0f;
+    int pos[4] = {0, 3, 50, 127};
+    size_t total = (size_t)n * heads * dh;
+    float *y = rand_floats(total, 1.0f);
+    void *dy = to_device(be, y, total);
+    be->rope_backward(dy, pos, n, heads, dh, theta);
+    float *got = from_device(be, dy, total);
+    double *ref = malloc(total * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < dh / 2; j++) {
+                double f = pos[i] * pow((double)theta, -2.0 * j / dh);
+                size_t base = ((size_t)i * heads + h) * dh;
+                double a = y[base + j], b = y[base + j + dh / 2];
+                ref[base + j] = a * cos(f) + b * sin(f);
+                ref[base + j + dh / 2] = b * cos(f) - a * sin(f);
+            }
+    report("rope_backward [4,2,16] = R^T", got, ref, total, 1e-4);
+    free(y), free(got), free(ref);
+    be->free(dy);
+}
+
+/* Double attention over whole sequences: out[i,h] from q and the caches. */
+static void attention_ref(double *out, const double *q, const double *kc, const double *vc, const int *slot,
+                          const int *pos, int n, int H, int KVH, int Dh, int L) {
+    int kvd = KVH * Dh;
+    double p[64];
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < H; h++) {
+            int kh = h / (H / KVH);
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t <= pos[i]; t++) {
+                double s = 0;
+                for (int d = 0; d < Dh; d++)
+                    s += q[((size_t)i * H + h) * Dh + d] * kc[((size_t)slot[i] * L + t) * kvd + kh * Dh + d];
+                p[t] = s / sqrt((double)Dh);
+                mx = fmax(mx, p[t]);
+            }
+            for (int t = 0; t <= pos[i]; t++) sum += (p[t] = exp(p[t] - mx));
+            for (int d = 0; d < Dh; d++) {
+                double acc = 0;
+                for (int t = 0; t <= pos[i]; t++) acc += p[t] / sum * vc[((size_t)slot[i] * L + t) * kvd + kh * Dh + d];
+                out[((size_t)i * H + h) * Dh + d] = acc;
+            }
+        }
+}
+
+static double attention_loss(const double *dout, double *q, double *kc, double *vc, const int *slot, const int *pos,
+                             int n, int H, int KVH, int Dh, int L, double *scratch) {
+    attention_ref(scratch, q, kc, vc, slot, pos, n, H, KVH, Dh, L);
+    double s = 0;
+    for (size_t i = 0; i < (size_t)n * H * Dh; i++) s += dout[i] * scratch[i];
+    return s;
+}
+
+/* Two whole sequences (5 and 3 tokens) in slots 1 and 0, tokens interleaved. */
+static void test_attention_backward(const Backend *be) {
+    int S = 2, L = 6, H = 4, KVH = 2, Dh = 8, kvd = KVH * Dh, n = 8;
+    int slot[8] = {1, 0, 1, 1, 0, 1, 0, 1}, pos[8] = {0, 0, 1, 2, 1, 3, 2, 4};
+    size_t qn = (size_t)n * H * Dh, cn = (size_t)S * L * kvd;
+    float *q = rand_floats(qn, 1.0f), *kc = rand_floats(cn, 1.0f), *vc = rand_floats(cn, 1.0f),
+          *dout = rand_floats(qn, 1.0f), *dk0 = rand_floats(cn, 1.0f), *dv0 = rand_floats(cn, 1.0f);
+    void *gq = to_device(be, q, qn), *gkc = to_device(be, kc, cn), *gvc = to_device(be, vc, cn),
+         *gdo = to_device(be, dout, qn), *gdq = be->alloc(qn), *gdk = to_device(be, dk0, cn),
+         *gdv = to_device(be, dv0, cn);
+    be->attention_backward(gdq, gdk, gdv, gdo, gq, gkc, gvc, slot, pos, n, H, KVH, Dh, S, L);
+    float *got_dq = from_device(be, gdq, qn), *got_dk = from_device(be, gdk, cn), *got_dv = from_device(be, gdv, cn);
+    double *qd = to_double(q, qn), *kd = to_double(kc, cn), *vd = to_double(vc, cn), *dod = to_double(dout, qn);
+    double *scratch = malloc(qn * sizeof(double)), h = 1e-5;
+    double *ref_dq = malloc(qn * sizeof(double)), *ref_dk = malloc(cn * sizeof(double)),
+           *ref_dv = malloc(cn * sizeof(double));
+    struct {
+        double *x, *ref;
+        size_t n;
+        const float *init;
+    } parts[3] = {{qd, ref_dq, qn, NULL}, {kd, ref_dk, cn, dk0}, {vd, ref_dv, cn, dv0}};
+    for (int p = 0; p < 3; p++)
+        for (size_t j = 0; j < parts[p].n; j++) {
+            double keep = parts[p].x[j];
+            parts[p].x[j] = keep + h;
+            double lp = attention_loss(dod, qd, kd, vd, slot, pos, n, H, KVH, Dh, L, scratch);
+            parts[p].x[j] = keep - h;
+            double lm = attention_loss(dod, qd, kd, vd, slot, pos, n, H, KVH, Dh, L, scratch);
+            parts[p].x[j] = keep;
+            parts[p].ref[j] = (parts[p].init ? parts[p].init[j] : 0.0) + (lp - lm) / (2 * h);
+        }
+    report("attention_backward dq GQA vs fd", got_dq, ref_dq, qn, 1e-5);
+    report("attention_backward dk_cache (+=) vs fd", got_dk, ref_dk, cn, 1e-5);
+    report("attention_backward dv_cache (+=) vs fd", got_dv, ref_dv, cn, 1e-5);
+    /* kv_gather reads back what kv_store wrote */
+    void *gk = be->alloc((size_t)n * kvd), *gv = be->alloc((size_t)n * kvd);
+    be->kv_gather(gk, gv, gkc, gvc, slot, pos, n, kvd, L);
+    float *got_k = from_device(be, gk, (size_t)n * kvd), *got_v = from_device(be, gv, (size_t)n * kvd);
+    double *ref_kv = malloc((size_t)n * kvd * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < kvd; j++) ref_kv[i * kvd + j] = kc[((size_t)slot[i] * L + pos[i]) * kvd + j];
+    report("kv_gather k [8 tokens of 2x6x16]", got_k, ref_kv, (size_t)n * kvd, 0.0);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < kvd; j++) ref_kv[i * kvd + j] = vc[((size_t)slot[i] * L + pos[i]) * kvd + j];
+    report("kv_gather v [8 tokens of 2x6x16]", got_v, ref_kv, (size_t)n * kvd, 0.0);
+    free(q), free(kc), free(vc), free(dout), free(dk0), free(dv0), free(got_dq), free(got_dk), free(got_dv);
+    free(qd), free(kd), free(vd), free(dod), free(scratch), free(ref_dq), free(ref_dk), free(ref_dv);
+    free(got_k), free(got_v), free(ref_kv);
+    be->free(gq), be->free(gkc), be->free(gvc), be->free(gdo), be->free(gdq), be->free(gdk), be->free(gdv);
+    be->free(gk), be->free(gv);
+}
+
+static void test_swiglu_embedding_backward(const Backend *be) {
+    size_t n = 1000;
+    float *g = rand_floats(n, 4.0f), *u = rand_floats(n, 1.0f), *go = rand_floats(n, 1.0f);
+    void *dg = to_device(be, g, n), *du = to_device(be, u, n), *dgo = to_device(be, go, n), *odg = be->alloc(n),
+         *odu = be->alloc(n);
+    be->swiglu_backward(odg, odu, dgo, dg, du, n);
+    float *got_g = from_device(be, odg, n), *got_u = from_device(be, odu, n);
+    double *ref_g = malloc(n * sizeof(double)), *ref_u = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        double x = g[i], sg = 1.0 / (1.0 + exp(-x));
+        ref_u[i] = go[i] * x * sg;
+        ref_g[i] = go[i] * u[i] * (sg + x * sg * (1.0 - sg));
+    }
+    report("swiglu_backward dgate [1000]", got_g, ref_g, n, 1e-5);
+    report("swiglu_backward dup [1000]", got_u, ref_u, n, 1e-5);
+    int V = 20, D = 12, nt = 6;
+    int ids[6] = {3, 19, 3, 0, 7, 3};
+    float *t0 = rand_floats((size_t)V * D, 1.0f), *dout = rand_floats((size_t)nt * D, 1.0f);
+    void *dt = to_device(be, t0, (size_t)V * D), *ddo = to_device(be, dout, (size_t)nt * D);
+    be->embedding_backward(dt, ddo, ids, nt, D);
+    float *got_t = from_device(be, dt, (size_t)V * D);
+    double *ref_t = to_double(t0, (size_t)V * D);
+    for (int i = 0; i < nt; i++)
+        for (int j = 0; j < D; j++) ref_t[ids[i] * D + j] += dout[i * D + j];
+    report("embedding_backward (+=, repeated ids)", got_t, ref_t, (size_t)V * D, 1e-6);
+    free(g), free(u), free(go), free(got_g), free(got_u), free(ref_g), free(ref_u), free(t0), free(dout), free(got_t),
+        free(ref_t);
+    be->free(dg), be->free(du), be->free(dgo), be->free(odg), be->free(odu), be->free(dt), be->free(ddo);
+}
+
+static double logprob_ref(const double *row, int V, int target, double temp, double *entropy) {
+    double mx = -INFINITY, sum = 0, pz = 0;
+    for (int v = 0; v < V; v++) mx = fmax(mx, row[v] / temp);
+    for (int v = 0; v < V; v++) sum += exp(row[v] / temp - mx);
+    double lse = mx + log(sum);
+    for (int v = 0; v < V; v++) pz += exp(row[v] / temp - lse) * (row[v] / temp);
+    if (entropy) *entropy = lse - pz;
+    return row[target] / temp - lse;
+}
+
+static void test_log_softmax_target(const Backend *be) {
+    int n = 5, V = 300;
+    float temp = 0.7f;
+    int targets[5] = {0, 299, -1, 17, 17};
+    float *lg = rand_floats((size_t)n * V, 3.0f), *dlp = rand_floats(n, 1.0f);
+    void *glg = to_device(be, lg, (size_t)n * V), *glp = be->alloc(n), *gent = be->alloc(n),
+         *gdlp = to_device(be, dlp, n), *gdl = be->alloc((size_t)n * V);
+    be->log_softmax_target(glp, gent, glg, targets, n, V, temp);
+    float *got_lp = from_device(be, glp, n), *got_ent = from_device(be, gent, n);
+    double *ref_lp = calloc(n, sizeof(double)), *ref_ent = calloc(n, sizeof(double));
+    double *ref_dl = calloc((size_t)n * V, sizeof(double)), *row = malloc(V * sizeof(double)), h = 1e-5;
+    for (int i = 0; i < n; i++) {
+        if (targets[i] < 0) continue;
+        for (int v = 0; v < V; v++) row[v] = lg[i * V + v];
+        ref_lp[i] = logprob_ref(row, V, targets[i], temp, &ref_ent[i]);
+        for (int v = 0; v < V; v++) {
+            double keep = row[v];
+            row[v] = keep + h;
+            double lp = logprob_ref(row, V, targets[i], temp, NULL);
+            row[v] = keep - h;
+            double lm = logprob_ref(row, V, targets[i], temp, NULL);
+            row[v] = keep;
+            ref_dl[i * V + v] = dlp[i] * (lp - lm) / (2 * h);
+        }
+    }
+    report("log_softmax_target logprobs [5,300] T=0.7", got_lp, ref_lp, n, 1e-5);
+    report("log_softmax_target entropy [5,300]", got_ent, ref_ent, n, 1e-5);
+    be->log_softmax_target_backward(gdl, glg, targets, gdlp, n, V, temp);
+    float *got_dl = from_device(be, gdl, (size_t)n * V);
+    report("log_softmax_target_backward [5,300] vs fd", got_dl, ref_dl, (size_t)n * V, 1e-6);
+    be->log_softmax_target_backward(glg, glg, targets, gdlp, n, V, temp); /* in place */
+    float *got_in_place = from_device(be, glg, (size_t)n * V);
+    report("log_softmax_target_backward in place", got_in_place, ref_dl, (size_t)n * V, 1e-6);
+    free(lg), free(dlp), free(got_lp), free(got_ent), free(ref_lp), free(ref_ent), free(ref_dl), free(row),
+        free(got_dl), free(got_in_place);
+    be->free(glg), be->free(glp), be->free(gent), be->free(gdlp), be->free(gdl);
+}
+
+/* adamw vs the formula in backend.h in double; sum_squares, scale, zero. */
+static void test_optimizer_ops(const Backend *be) {
+    size_t n = 777;
+    float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
+    int step = 3;
+    float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
+    float *p = rand_floats(n, 1.0f), *g = rand_floats(n, 1.0f), *m = rand_floats(n, 0.1f), *v = rand_floats(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    void *gp = to_device(be, p, n), *gg = to_device(be, g, n), *gm = to_device(be, m, n), *gv = to_device(be, v, n);
+    be->adamw(gp, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
+    float *got_p = from_device(be, gp, n), *got_m = from_device(be, gm, n), *got_v = from_device(be, gv, n);
+    double *ref_p = malloc(n * sizeof(double)), *ref_m = malloc(n * sizeof(double)), *ref_v = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        double pp = p[i] * (1.0 - (double)lr * wd);
+        ref_m[i] = (double)b1 * m[i] + (1.0 - b1) * g[i];
+        ref_v[i] = (double)b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i];
+        ref_p[i] = pp - (lr / (double)bc1) * ref_m[i] / (sqrt(ref_v[i]) / sqrt((double)bc2) + eps);
+    }
+    report("adamw param (step 3)", got_p, ref_p, n, 1e-6);
+    report("adamw m", got_m, ref_m, n, 1e-6);
+    report("adamw v", got_v, ref_v, n, 1e-6);
+    double ss = be->sum_squares(gg, n), ref_ss = 0;
+    for (size_t i = 0; i < n; i++) ref_ss += (double)g[i] * g[i];
+    float got_ss = (float)(ss / ref_ss);
+    double one = 1.0;
+    report("sum_squares [777] (ratio to double ref)", &got_ss, &one, 1, 1e-6);
+    be->scale(gg, -0.5f, n);
+    float *got_s = from_device(be, gg, n);
+    for (size_t i = 0; i < n; i++) ref_p[i] = -0.5 * g[i];
+    report("scale [777] by -0.5", got_s, ref_p, n, 0.0);
+    be->zero(gg, n);
+    float *got_z = from_device(be, gg, n);
+    for (size_t i = 0; i < n; i++) ref_p[i] = 0.0;
+    report("zero [777]", got_z, ref_p, n, 0.0);
+    free(p), free(g), free(m), free(v), free(got_p), free(got_m), free(got_v), free(ref_p), free(ref_m), free(ref_v),
+        free(got_s), free(got_z);
+    be->free(gp), be->free(gg), be->free(gm), be->free(gv);
+}
+
 int main(void) {
     const Backend *be = backend_cpu();
     printf("backend: %s\n", be->name);
@@ -208,6 +530,14 @@ int main(void) {
     test_attention(be);
     test_elementwise(be);
     test_embedding(be);
+    test_linear_backward(be, 0);
+    test_linear_backward(be, 1);
+    test_rmsnorm_backward(be);
+    test_rope_backward(be);
+    test_attention_backward(be);
+    test_swiglu_embedding_backward(be);
+    test_log_softmax_target(be);
+    test_optimizer_ops(be);
     printf("%s: %d failures\n", g_failures ? "FAILED" : "OK", g_failures);
     return g_failures ? 1 : 0;
 }

@@ -55,6 +55,53 @@ typedef struct Backend {
 
     /* ---- training (backward ops are added next to this line by the backward-pass work) ---- */
 
+    /* Backward ops. Gradients named "+=" accumulate (the caller zeroes them
+     * once per step); everything else is overwritten. */
+
+    /* x[i] = 0 over n elements (gradient and scratch buffers). */
+    void (*zero)(void *x, size_t n);
+    /* Backward of linear: dx[N, in_dim] = dy[N, out_dim] @ w[out_dim, in_dim]
+     * (+= instead of = when accumulate_dx; dx may be NULL to skip it);
+     * dw[out_dim, in_dim] += dy^T @ x; db[out_dim] += sum over rows of dy
+     * (db may be NULL). */
+    void (*linear_backward)(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
+                            int in_dim, int out_dim, int accumulate_dx);
+    /* Backward of rmsnorm (y = x * r * w, r = 1/sqrt(mean(x^2) + eps)) given
+     * the forward input x[N, D]: dx[N, D] += r * (g - x * r^2 * mean(g * x))
+     * with g = dy * w; dw[D] += sum over rows of dy * x * r. */
+    void (*rmsnorm_backward)(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
+                             float eps);
+    /* Backward of rope, in place on dx[N, n_heads, Dh]: the inverse rotation
+     * (angle -pos * inv_freq), same fp32 angles as rope. */
+    void (*rope_backward)(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
+    /* Inverse of kv_store: k[N, KVH*Dh] and v[N, KVH*Dh] of token i are read
+     * from the caches [S, L, KVH*Dh] at (slot[i], pos[i]). */
+    void (*kv_gather)(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
+                      int n, int kv_dim, int max_len);
+    /* Backward of attention (same layout and causal rule), recomputing the
+     * softmax from q and the caches: dq[N, H*Dh] = d out / d q; dk_cache and
+     * dv_cache [S, L, KVH*Dh] += the gradients of the cached K and V rows.
+     * n_slots bounds the slot ids. */
+    void (*attention_backward)(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
+                               const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
+                               int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len);
+    /* Backward of swiglu (out = silu(gate) * up) over n elements:
+     * dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
+    void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+    /* Backward of embedding: dtable[ids[i], :] += dout[i, :] for i < N. */
+    void (*embedding_backward)(void *dtable, const void *dout, const int *ids, int n, int dim);
+    /* Per row of logits[N, V], with z = logits / temperature:
+     * logprobs[i] = log_softmax(z)[targets[i]] and entropy[i] = -sum p log p
+     * (entropy may be NULL); rows with targets[i] < 0 get 0. Sums in double.
+     * The lm_head chunks of the training forward run through this. */
+    void (*log_softmax_target)(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
+                               int vocab, float temperature);
+    /* Backward of log_softmax_target's logprobs: dlogits[N, V] =
+     * dlogprobs[i] * (onehot(targets[i]) - softmax(z)) / temperature (0 for
+     * rows with targets[i] < 0). dlogits may alias logits (in place). */
+    void (*log_softmax_target_backward)(void *dlogits, const void *logits, const int *targets,
+                                        const void *dlogprobs, int n, int vocab, float temperature);
+
     /* torch.optim.AdamW step, in place, in torch's order of operations:
      * p *= 1 - lr*weight_decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
      * p -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps),

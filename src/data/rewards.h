@@ -5,11 +5,15 @@
  *
  * A reward is specified by a JSON object (the YAML config's entries):
  *   {"type": "length", "target": 200}                 -abs(target - len(completion chars))
- *   {"type": "regex", "pattern": "...", "reward": 1.0}  reward if the completion matches
- *                                                     (PCRE2, full-match of the whole completion), else 0
+ *   {"type": "regex", "pattern": "...", "flags": "s", "reward": 1.0}
+ *                                                     reward if the pattern matches anywhere in the
+ *                                                     completion (PCRE2, UTF + Unicode classes; anchor
+ *                                                     with ^...$ for a whole-completion format check;
+ *                                                     flags: s dotall, m multiline, i caseless,
+ *                                                     x extended), else 0
  *   {"type": "math", "column": "answer"}              1 if the completion's answer equals the
- *                                                     column's number ("#### N" or \boxed{N}, last number
- *                                                     otherwise), else 0
+ *                                                     column's ("#### N" or \boxed{N}, last number
+ *                                                     otherwise), else 0; NaN if the column has none
  *   {"type": "command", "command": "python3 r.py", "timeout": 30}
  * plus an optional "name" (metrics use rewards/<name>/mean; defaults: length,
  * regex, math, the command's program name). Unknown types or keys are errors. */

@@ -3,7 +3,7 @@
  *
  * Every weight is listed once in a tensor table (HF name, shape, init kind,
  * where its device buffer lives); load, save and random init all walk it.
- * This is not the generation loop (engine/) and has no backward pass yet.
+ * This is not the generation loop (engine/); the backward pass is model_train.c.
  *
  * Dimension legend: N tokens in a forward call, D model width, F MLP width,
  * H query heads, KVH key/value heads, Dh head dim, V vocab, S cache slots,
@@ -18,24 +18,8 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "model/safetensors.h"
-
-typedef struct LayerWeights {
-    void *attn_norm;              /* [D] input_layernorm */
-    void *q_w, *k_w, *v_w, *o_w;  /* [H*Dh, D], [KVH*Dh, D], [KVH*Dh, D], [D, H*Dh] */
-    void *q_b, *k_b, *v_b, *o_b;  /* [H*Dh], [KVH*Dh], [KVH*Dh], [D]; NULL when absent */
-    void *mlp_norm;               /* [D] post_attention_layernorm */
-    void *gate_w, *up_w, *down_w; /* [F, D], [F, D], [D, F] */
-} LayerWeights;
-
-struct Model {
-    ModelConfig cfg;
-    const Backend *be;
-    void *embed;      /* [V, D] */
-    void *final_norm; /* [D] */
-    void *lm_head;    /* [V, D]; == embed when tied */
-    LayerWeights *layers;
-};
 
 struct ModelState {
     const Backend *be;         /* made the buffers; frees them */
@@ -54,16 +38,6 @@ struct ModelState {
 
 /* ---------------------------------------------------------------- tensor table */
 
-typedef enum { INIT_NORMAL = 0, INIT_ONES, INIT_ZEROS } TensorInit;
-
-typedef struct TensorSpec {
-    char name[96];
-    int ndim;
-    int64_t shape[2];
-    TensorInit init;
-    void **buf; /* where the device buffer lives in Model */
-} TensorSpec;
-
 static void spec_add(TensorSpec *t, int *n, const char *name, int64_t d0, int64_t d1, TensorInit init, void **buf) {
     TensorSpec *s = &t[(*n)++];
     snprintf(s->name, sizeof(s->name), "%s", name);
@@ -78,9 +52,8 @@ static size_t spec_numel(const TensorSpec *s) {
     return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
 }
 
-/* Every tensor the config needs, in HF names; returns a malloc'd table. When
- * tied, lm_head.weight is not listed (it is embed_tokens). */
-static TensorSpec *model_tensor_table(Model *m, int *count) {
+/* Declared in model_internal.h (model_train.c reads it too). */
+TensorSpec *model_tensor_table(Model *m, int *count) {
     const ModelConfig *c = &m->cfg;
     int64_t D = c->hidden_size, F = c->intermediate_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
             KVD = (int64_t)c->num_key_value_heads * c->head_dim;
@@ -123,6 +96,7 @@ static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
     m->cfg = *cfg;
     m->be = be;
     m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
+    m->tensors = model_tensor_table(m, &m->n_tensors);
     return m;
 }
 
@@ -133,6 +107,7 @@ void model_free(Model *m) {
     for (int i = 0; i < n; i++)
         if (*t[i].buf) m->be->free(*t[i].buf);
     free(t);
+    free(m->tensors);
     free(m->layers);
     free(m);
 }

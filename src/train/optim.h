@@ -1,7 +1,7 @@
 /* optim.h — AdamW over a model's parameters (moments allocated once through
  * the backend), learning-rate schedules as transformers' get_scheduler, and
  * global-norm gradient clipping. The trainer calls, per optimizer step:
- *   norm = optim_clip_grad_norm(grads, max_grad_norm);
+ *   norm = optim_clip_grad_norm(model, grads, max_grad_norm, backend);
  *   optim_step(opt, grads, lr_schedule_value(...));
  * Not the GRPO loss (grpo.h) and not the trainer loop. */
 #ifndef COLT_TRAIN_OPTIM_H
@@ -29,21 +29,28 @@ typedef struct AdamWConfig {
     float beta1, beta2, eps, weight_decay;  /* defaults as TRL: 0.9, 0.999, 1e-8, 0.0 */
 } AdamWConfig;
 
+/* Moments for every parameter of m (model_param order), allocated with be and
+ * zeroed. be must be the backend m was created with (model.h has no accessor
+ * for it); m must outlive the optimizer. */
 typedef struct Optimizer Optimizer;
-int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, char *err);
+int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backend *be, char *err);
 void optim_free(Optimizer *o);
 /* One AdamW update of every parameter with learning rate lr; increments the step count. */
 void optim_step(Optimizer *o, const ModelGrads *g, float lr);
 int64_t optim_step_count(const Optimizer *o);
 
-/* Global L2 norm of all gradients (before clipping), and, when max_norm > 0 and
- * the norm exceeds it, scales every gradient by max_norm / (norm + 1e-6) as
- * torch.nn.utils.clip_grad_norm_ does. Returns the norm. */
-double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm);
+/* Global L2 norm of all gradients (before clipping), and, when max_norm > 0,
+ * scales every gradient by min(1, max_norm / (norm + 1e-6)) as
+ * torch.nn.utils.clip_grad_norm_ does. Returns the norm. A non-finite norm
+ * leaves the gradients as they are (torch would turn them all into NaN); the
+ * caller should skip that step. be as for optim_create. */
+double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, const Backend *be);
 
-/* Saves / restores the moments and step count (a safetensors file with
- * tensors "<param name>.exp_avg" / ".exp_avg_sq" and metadata "step"),
- * written atomically. Loading checks names and shapes against the model. */
+/* Saves / restores the moments and step count (an F32 safetensors file with
+ * 1-D tensors "<param name>.exp_avg" / ".exp_avg_sq" of the parameter's numel,
+ * and metadata "step"), written atomically. Loading checks names and element
+ * counts against the model (ModelParam carries no shape) and names the first
+ * mismatch. */
 int optim_save(const Optimizer *o, const char *path, char *err);
 int optim_load(Optimizer *o, const char *path, char *err);
 

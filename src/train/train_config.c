@@ -262,7 +262,7 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
         if (!v) return errorf(err, "%s: '%s' must be JSON (a list): %s", where, key, jerr.text);
     } else {
         v = scalar_to_json(value, false);
-        if (k->type == KEY_STRING) {
+        if (k->type == KEY_STRING && !json_is_null(v)) {  /* "null" unsets a path */
             json_decref(v);
             v = json_string(value);
         }

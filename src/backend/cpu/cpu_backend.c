@@ -3,6 +3,8 @@
  * Buffers are plain host float arrays. linear goes through OpenBLAS sgemm;
  * everything else is an OpenMP loop. Attention accumulates in double (online
  * softmax), so it matches transformers' fp32 eager attention to ~1e-6.
+ * The training section (backward ops, AdamW) keeps the same rules: sums in
+ * double, gradients "+=" where backend.h says so, deterministic order.
  * This is not a fast inference engine: no quantisation, no fused kernels.
  *
  * Dimension legend: N tokens in a call, D model width, H query heads, KVH
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "core/floats.h"
 #include "core/error.h"
 
 #define CPU_MAX_HEAD_DIM 1024
@@ -186,6 +189,300 @@ static void cpu_embedding(void *out, const void *table, const int *ids, int n, i
         memcpy(o + (size_t)i * dim, t + (size_t)ids[i] * dim, (size_t)dim * sizeof(float));
 }
 
+/* ================================================================ training */
+/* Backward ops: gradients named "+=" in backend.h accumulate; every loop that
+ * writes a shared gradient is ordered the same way on every run, so results
+ * are deterministic (no atomics). */
+
+static void cpu_zero(void *x, size_t n) {
+    if (n) memset(x, 0, n * sizeof(float));
+}
+
+/* dx = dy @ w and dw += dy^T @ x as two sgemms; db += column sums of dy in double. */
+static void cpu_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
+                                int in_dim, int out_dim, int accumulate_dx) {
+    if (n <= 0 || out_dim <= 0 || in_dim <= 0) return;
+    if (dx)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in_dim, out_dim, 1.0f, dy, out_dim, w, in_dim,
+                    accumulate_dx ? 1.0f : 0.0f, dx, in_dim);
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_dim, in_dim, n, 1.0f, dy, out_dim, x, in_dim, 1.0f,
+                    dw, in_dim);
+    if (db) {
+        float *b = db;
+        const float *g = dy;
+#pragma omp parallel for schedule(static)
+        for (int o = 0; o < out_dim; o++) {
+            double s = 0.0;
+            for (int i = 0; i < n; i++) s += g[(size_t)i * out_dim + o];
+            b[o] += (float)s;
+        }
+    }
+}
+
+/* Row-parallel dx (each row's r and mean(g*x) in double); dw accumulated
+ * serially over rows afterwards, so its sum order is fixed. */
+static void cpu_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
+                                 float eps) {
+    float *dxs = dx, *dws = dw;
+    const float *dys = dy, *xs = x, *ws = w;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *xi = xs + (size_t)i * dim, *gi = dys + (size_t)i * dim;
+        float *di = dxs + (size_t)i * dim;
+        double ss = 0.0, gx = 0.0;
+        for (int j = 0; j < dim; j++) {
+            ss += (double)xi[j] * xi[j];
+            gx += (double)gi[j] * ws[j] * xi[j];
+        }
+        double r = 1.0 / sqrt(ss / dim + (double)eps);
+        double c = r * r * r * gx / dim;
+        for (int j = 0; j < dim; j++) di[j] += (float)(r * ((double)gi[j] * ws[j]) - c * xi[j]);
+    }
+    for (int i = 0; i < n; i++) {
+        const float *xi = xs + (size_t)i * dim, *gi = dys + (size_t)i * dim;
+        double ss = 0.0;
+        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+        float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
+        for (int j = 0; j < dim; j++) dws[j] += gi[j] * (xi[j] * r);
+    }
+}
+
+/* The transpose of rope's rotation is the rotation by -angle. */
+static void cpu_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
+    float *xs = dx;
+    int half = head_dim / 2;
+    COLT_ASSERT(head_dim % 2 == 0 && head_dim <= CPU_MAX_HEAD_DIM);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float cos_t[CPU_MAX_HEAD_DIM / 2], sin_t[CPU_MAX_HEAD_DIM / 2];
+        for (int j = 0; j < half; j++) {
+            float exponent = (float)(2 * j) / (float)head_dim;
+            float inv_freq = 1.0f / powf(theta, exponent);
+            float angle = (float)pos[i] * inv_freq;
+            cos_t[j] = cosf(angle);
+            sin_t[j] = sinf(angle);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = xs + ((size_t)i * n_heads + h) * head_dim;
+            for (int j = 0; j < half; j++) {
+                float a = v[j], b = v[j + half];
+                v[j] = a * cos_t[j] + b * sin_t[j];
+                v[j + half] = b * cos_t[j] - a * sin_t[j];
+            }
+        }
+    }
+}
+
+static void cpu_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,
+                          const int *pos, int n, int kv_dim, int max_len) {
+    float *ks = k, *vs = v;
+    const float *kc = k_cache, *vc = v_cache;
+    for (int i = 0; i < n; i++) {
+        size_t row = ((size_t)slot[i] * max_len + pos[i]) * kv_dim;
+        memcpy(ks + (size_t)i * kv_dim, kc + row, (size_t)kv_dim * sizeof(float));
+        memcpy(vs + (size_t)i * kv_dim, vc + row, (size_t)kv_dim * sizeof(float));
+    }
+}
+
+/* One OpenMP work item per (slot, KV head): it owns that slot's dK/dV rows of
+ * that head and the dq of every (token, query head) that reads them, so no two
+ * threads write the same element (deterministic, no atomics). Per (token i,
+ * head h), all in double: (1) scores s_t and their max, (2) e_t = exp(s_t - max),
+ * l = sum e_t, dP_t = dout_i . v_t and delta = sum_t P_t dP_t, (3) dS_t =
+ * P_t (dP_t - delta), dq += scale dS_t k_t, dk_t += scale dS_t q_i, dv_t +=
+ * P_t dout_i. s_t, e_t and dP_t are kept on the stack for the first
+ * ATTN_BWD_CACHE positions and recomputed beyond. */
+#define ATTN_BWD_CACHE 2048
+
+static double attn_dot(const float *a, const float *b, int n) {
+    double s = 0.0;
+    for (int d = 0; d < n; d++) s += (double)a[d] * b[d];
+    return s;
+}
+
+static void cpu_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
+                                   const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
+                                   int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len) {
+    float *dqs = dq, *dkc = dk_cache, *dvc = dv_cache;
+    const float *dos = dout, *qs = q, *kc = k_cache, *vc = v_cache;
+    int group = n_heads / n_kv_heads;
+    size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    double scale = 1.0 / sqrt((double)head_dim);
+    COLT_ASSERT(head_dim <= CPU_MAX_HEAD_DIM);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int s = 0; s < n_slots; s++) {
+        for (int g = 0; g < n_kv_heads; g++) {
+            double acc[CPU_MAX_HEAD_DIM], e_buf[ATTN_BWD_CACHE], dp_buf[ATTN_BWD_CACHE];
+            size_t base = (size_t)s * max_len * kv_dim + (size_t)g * head_dim;
+            const float *kbase = kc + base, *vbase = vc + base;
+            float *dkbase = dkc + base, *dvbase = dvc + base;
+            for (int i = 0; i < n; i++) {
+                if (slot[i] != s) continue;
+                for (int h = g * group; h < (g + 1) * group; h++) {
+                    const float *qi = qs + ((size_t)i * n_heads + h) * head_dim;
+                    const float *gi = dos + ((size_t)i * n_heads + h) * head_dim;
+                    int len = pos[i] + 1;
+                    double m = -INFINITY;
+                    for (int t = 0; t < len; t++) {
+                        double sc = scale * attn_dot(qi, kbase + (size_t)t * kv_dim, head_dim);
+                        if (t < ATTN_BWD_CACHE) e_buf[t] = sc;
+                        if (sc > m) m = sc;
+                    }
+                    double l = 0.0, delta = 0.0;
+                    for (int t = 0; t < len; t++) {
+                        double sc = t < ATTN_BWD_CACHE ? e_buf[t] : scale * attn_dot(qi, kbase + (size_t)t * kv_dim, head_dim);
+                        double e = exp(sc - m), dp = attn_dot(gi, vbase + (size_t)t * kv_dim, head_dim);
+                        if (t < ATTN_BWD_CACHE) e_buf[t] = e, dp_buf[t] = dp;
+                        l += e;
+                        delta += e * dp;
+                    }
+                    delta /= l;
+                    for (int d = 0; d < head_dim; d++) acc[d] = 0.0;
+                    for (int t = 0; t < len; t++) {
+                        const float *kt = kbase + (size_t)t * kv_dim;
+                        float *dkt = dkbase + (size_t)t * kv_dim, *dvt = dvbase + (size_t)t * kv_dim;
+                        double e, dp;
+                        if (t < ATTN_BWD_CACHE) {
+                            e = e_buf[t], dp = dp_buf[t];
+                        } else {
+                            e = exp(scale * attn_dot(qi, kt, head_dim) - m);
+                            dp = attn_dot(gi, vbase + (size_t)t * kv_dim, head_dim);
+                        }
+                        double p = e / l, ds = p * (dp - delta), sds = scale * ds;
+                        for (int d = 0; d < head_dim; d++) {
+                            acc[d] += ds * kt[d];
+                            dkt[d] += (float)(sds * qi[d]);
+                            dvt[d] += (float)(p * gi[d]);
+                        }
+                    }
+                    float *dqi = dqs + ((size_t)i * n_heads + h) * head_dim;
+                    for (int d = 0; d < head_dim; d++) dqi[d] = (float)(scale * acc[d]);
+                }
+            }
+        }
+    }
+}
+
+/* silu'(g) = s (1 + g (1 - s)), s = sigmoid(g); in double. */
+static void cpu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                                size_t n) {
+    float *dg = dgate, *du = dup;
+    const float *go = dout, *g = gate, *u = up;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double x = g[i], sig = 1.0 / (1.0 + exp(-x));
+        double o = go[i];
+        dg[i] = (float)(o * u[i] * sig * (1.0 + x * (1.0 - sig)));
+        du[i] = (float)(o * x * sig);
+    }
+}
+
+/* Serial over tokens (repeated ids add in token order). */
+static void cpu_embedding_backward(void *dtable, const void *dout, const int *ids, int n, int dim) {
+    float *t = dtable;
+    const float *g = dout;
+    for (int i = 0; i < n; i++) {
+        float *row = t + (size_t)ids[i] * dim;
+        const float *gi = g + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) row[j] += gi[j];
+    }
+}
+
+/* Row max, log-sum-exp and sum p*z of z = logits / temperature, in double. */
+static void row_softmax_stats(const float *row, int vocab, double inv_t, double *max_out, double *lse_out,
+                              double *pz_out) {
+    double mx = -INFINITY;
+    for (int v = 0; v < vocab; v++) mx = fmax(mx, row[v] * inv_t);
+    double sum = 0.0, pz = 0.0;
+    for (int v = 0; v < vocab; v++) {
+        double z = row[v] * inv_t, e = exp(z - mx);
+        sum += e;
+        pz += e * z;
+    }
+    *max_out = mx;
+    *lse_out = mx + log(sum);
+    *pz_out = pz / sum;
+}
+
+static void cpu_log_softmax_target(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
+                                   int vocab, float temperature) {
+    float *lp = logprobs, *ent = entropy;
+    const float *lg = logits;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        if (targets[i] < 0) {
+            lp[i] = 0.0f;
+            if (ent) ent[i] = 0.0f;
+            continue;
+        }
+        const float *row = lg + (size_t)i * vocab;
+        double mx, lse, pz;
+        row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
+        lp[i] = (float)(row[targets[i]] * inv_t - lse);
+        if (ent) ent[i] = (float)(lse - pz);
+    }
+}
+
+static void cpu_log_softmax_target_backward(void *dlogits, const void *logits, const int *targets,
+                                            const void *dlogprobs, int n, int vocab, float temperature) {
+    float *dl = dlogits;
+    const float *lg = logits, *dlp = dlogprobs;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * vocab;
+        float *drow = dl + (size_t)i * vocab;
+        if (targets[i] < 0) {
+            memset(drow, 0, (size_t)vocab * sizeof(float));
+            continue;
+        }
+        double mx, lse, pz;
+        row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
+        double g = (double)dlp[i] * inv_t;
+        for (int v = 0; v < vocab; v++) drow[v] = (float)(-g * exp(row[v] * inv_t - lse));
+        drow[targets[i]] += (float)g;
+    }
+}
+
+/* torch.optim.AdamW (single-tensor path): the first moment uses lerp as torch
+ * does (m + w (g - m), w = 1 - beta1, for w < 0.5), the rest in torch's order;
+ * scalars folded in double then rounded to fp32 like torch's python scalars. */
+static void cpu_adamw(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+    float *p = param, *ms = m, *vs = v;
+    const float *g = grad;
+    float decay = (float)(1.0 - (double)lr * weight_decay);
+    /* torch computes 1 - beta from the Python float the user wrote (0.999, not 0.999f). */
+    float w1 = (float)(1.0 - float_as_decimal(beta1)), w2 = (float)(1.0 - float_as_decimal(beta2));
+    float step_size = (float)((double)lr / bias_correction1);
+    float bc2_sqrt = (float)sqrt((double)bias_correction2);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        p[i] *= decay;
+        ms[i] = w1 < 0.5f ? ms[i] + w1 * (gi - ms[i]) : gi - (gi - ms[i]) * (1.0f - w1);
+        vs[i] = vs[i] * beta2 + w2 * (gi * gi);
+        float denom = sqrtf(vs[i]) / bc2_sqrt + eps;
+        p[i] += -step_size * (ms[i] / denom);
+    }
+}
+
+static double cpu_sum_squares(const void *x, size_t n) {
+    const float *xs = x;
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < n; i++) s += (double)xs[i] * xs[i];
+    return s;
+}
+
+static void cpu_scale(void *x, float s, size_t n) {
+    float *xs = x;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) xs[i] *= s;
+}
+
 static const Backend CPU_BACKEND = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -201,6 +498,19 @@ static const Backend CPU_BACKEND = {
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .embedding = cpu_embedding,
+    .adamw = cpu_adamw,
+    .sum_squares = cpu_sum_squares,
+    .scale = cpu_scale,
+    .zero = cpu_zero,
+    .linear_backward = cpu_linear_backward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_backward = cpu_rope_backward,
+    .kv_gather = cpu_kv_gather,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .embedding_backward = cpu_embedding_backward,
+    .log_softmax_target = cpu_log_softmax_target,
+    .log_softmax_target_backward = cpu_log_softmax_target_backward,
 };
 
 const Backend *backend_cpu(void) { return &CPU_BACKEND; }

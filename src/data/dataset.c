@@ -1,0 +1,282 @@
+/* dataset.c — loads a prompt dataset (JSONL or a JSON array of objects),
+ * validates every row up front, renders prompts and orders epochs.
+ *
+ * Validation happens once at load so a bad row fails before training starts,
+ * with the file, the line (JSONL) or index (JSON array) and the problem. JSON
+ * is parsed by jansson (which also rejects invalid UTF-8). Not a streaming
+ * loader: the whole file is held in memory, as prompt sets are small. Not the
+ * Hugging Face "datasets" layouts ({"train": [...]}, parquet, arrow). */
+#include "data/dataset.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "tokenizer/chat_template.h"
+
+struct Dataset {
+    json_t **rows;  /* [n], owned */
+    size_t n;
+};
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "list";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "boolean";
+    case JSON_NULL: return "null";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------------------------
+ * Row validation
+ * ------------------------------------------------------------------------- */
+
+/* Checks one row; `where` is "data.jsonl line 3" or "data.json index 2". */
+static int validate_row(const json_t *row, const char *where, char *err) {
+    if (!json_is_object(row)) return errorf(err, "%s: expected a JSON object, got %s", where, json_type_name(row));
+    json_t *prompt = json_object_get(row, "prompt");
+    if (!prompt) return errorf(err, "%s: missing required key \"prompt\"", where);
+    if (json_is_string(prompt)) return 0;
+    if (!json_is_array(prompt))
+        return errorf(err, "%s: \"prompt\" must be a string or a list of messages, got %s", where,
+                      json_type_name(prompt));
+    if (json_array_size(prompt) == 0) return errorf(err, "%s: \"prompt\" is an empty list of messages", where);
+    size_t k;
+    json_t *msg;
+    json_array_foreach(prompt, k, msg) {
+        if (!json_is_object(msg))
+            return errorf(err, "%s: \"prompt\" message %zu must be an object {\"role\", \"content\"}, got %s", where,
+                          k, json_type_name(msg));
+        json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+        if (!role) return errorf(err, "%s: \"prompt\" message %zu has no \"role\"", where, k);
+        if (!json_is_string(role))
+            return errorf(err, "%s: \"prompt\" message %zu: \"role\" must be a string, got %s", where, k,
+                          json_type_name(role));
+        if (!content) return errorf(err, "%s: \"prompt\" message %zu has no \"content\"", where, k);
+        if (!json_is_string(content))
+            return errorf(err, "%s: \"prompt\" message %zu: \"content\" must be a string, got %s", where, k,
+                          json_type_name(content));
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Loading
+ * ------------------------------------------------------------------------- */
+
+static void dataset_push(Dataset *d, size_t *cap, json_t *row) {
+    if (d->n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        d->rows = xrealloc(d->rows, *cap * sizeof *d->rows);
+    }
+    d->rows[d->n++] = row;
+}
+
+static int is_blank(const char *s, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
+    return 1;
+}
+
+static int load_jsonl(Dataset *d, const char *path, const char *text, size_t len, char *err) {
+    size_t cap = 0, line_no = 0, pos = 0;
+    while (pos < len) {
+        line_no++;
+        const char *line = text + pos;
+        const char *nl = memchr(line, '\n', len - pos);
+        size_t line_len = nl ? (size_t)(nl - line) : len - pos;
+        pos += line_len + (nl ? 1 : 0);
+        if (is_blank(line, line_len)) continue;
+        char where[ERR_LEN / 2];
+        snprintf(where, sizeof where, "%s line %zu", path, line_no);
+        json_error_t jerr;
+        json_t *row = json_loadb(line, line_len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!row)
+            return errorf(err, "%s: invalid %s at column %d: %s", where,
+                          json_error_code(&jerr) == json_error_invalid_utf8 ? "UTF-8" : "JSON", jerr.column, jerr.text);
+        if (validate_row(row, where, err) != 0) {
+            json_decref(row);
+            return COLT_ERR;
+        }
+        dataset_push(d, &cap, row);
+    }
+    return 0;
+}
+
+static int load_json_array(Dataset *d, const char *path, const char *text, size_t len, char *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return errorf(err, "%s line %d column %d: invalid %s: %s", path, jerr.line, jerr.column,
+                      json_error_code(&jerr) == json_error_invalid_utf8 ? "UTF-8" : "JSON", jerr.text);
+    if (!json_is_array(root)) {
+        errorf(err, "%s: expected a JSON array of row objects at the top level, got %s (JSON files must be [{...}, ...]; "
+                    "layouts like {\"train\": [...]} are not supported, use JSONL or an array)",
+               path, json_type_name(root));
+        json_decref(root);
+        return COLT_ERR;
+    }
+    size_t cap = 0, i;
+    json_t *row;
+    json_array_foreach(root, i, row) {
+        char where[ERR_LEN / 2];
+        snprintf(where, sizeof where, "%s index %zu", path, i);
+        if (validate_row(row, where, err) != 0) {
+            json_decref(root);
+            return COLT_ERR;
+        }
+        dataset_push(d, &cap, json_incref(row));
+    }
+    json_decref(root);
+    return 0;
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The format is chosen by extension (.jsonl, .json); any other name is a JSON
+ * array when its first non-blank byte is '[', JSONL otherwise. */
+int dataset_load(Dataset **out, const char *path, char *err) {
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &text, &len, err) != 0) return COLT_ERR;
+    Dataset *d = xcalloc(1, sizeof *d);
+    const char *body = text;
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) body += 3, len -= 3;  /* a UTF-8 byte-order mark */
+    int as_array;
+    if (has_suffix(path, ".jsonl")) {
+        as_array = 0;
+    } else if (has_suffix(path, ".json")) {
+        as_array = 1;
+    } else {
+        size_t i = 0;
+        while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n')) i++;
+        as_array = i < len && body[i] == '[';
+    }
+    int rc = as_array ? load_json_array(d, path, body, len, err) : load_jsonl(d, path, body, len, err);
+    free(text);
+    if (rc == 0 && d->n == 0) rc = errorf(err, "%s: the dataset has no rows", path);
+    if (rc != 0) {
+        dataset_free(d);
+        return COLT_ERR;
+    }
+    *out = d;
+    return 0;
+}
+
+void dataset_free(Dataset *d) {
+    if (!d) return;
+    for (size_t i = 0; i < d->n; i++) json_decref(d->rows[i]);
+    free(d->rows);
+    free(d);
+}
+
+size_t dataset_size(const Dataset *d) { return d->n; }
+
+json_t *dataset_row(const Dataset *d, size_t i) {
+    COLT_ASSERT(i < d->n);
+    return d->rows[i];
+}
+
+int dataset_is_conversational(const Dataset *d, size_t i) {
+    return json_is_array(json_object_get(dataset_row(d, i), "prompt"));
+}
+
+/* ---------------------------------------------------------------------------
+ * Prompt text
+ * ------------------------------------------------------------------------- */
+
+/* Like TRL's maybe_apply_chat_template: messages ending with a user (or
+ * system) turn get add_generation_prompt; messages ending with an assistant
+ * turn are continued instead, as transformers' continue_final_message does it:
+ * a tag is appended to the final content, the chat rendered without a
+ * generation prompt, and the text cut at the tag's last occurrence (and
+ * right-stripped when the template trimmed the content's trailing spaces). */
+#define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
+
+int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, char *err) {
+    *text = NULL;
+    json_t *prompt = json_object_get(dataset_row(d, i), "prompt");
+    if (json_is_string(prompt)) {
+        *text = xstrdup(json_string_value(prompt));
+        return 0;
+    }
+    const char *template_source = tok ? tokenizer_chat_template(tok) : NULL;
+    if (!template_source)
+        return errorf(err, "row %zu: \"prompt\" is a list of messages but the tokenizer has no chat template", i);
+    size_t n = json_array_size(prompt);
+    ChatMessage *messages = xmalloc(n * sizeof *messages);
+    for (size_t k = 0; k < n; k++) {
+        json_t *msg = json_array_get(prompt, k);
+        messages[k].role = json_string_value(json_object_get(msg, "role"));
+        messages[k].content = json_string_value(json_object_get(msg, "content"));
+    }
+    int continue_final = strcmp(messages[n - 1].role, "assistant") == 0;
+    char *tagged = NULL;
+    if (continue_final) {
+        size_t clen = strlen(messages[n - 1].content);
+        tagged = xmalloc(clen + sizeof CONTINUE_TAG);
+        memcpy(tagged, messages[n - 1].content, clen);
+        memcpy(tagged + clen, CONTINUE_TAG, sizeof CONTINUE_TAG);
+        messages[n - 1].content = tagged;
+    }
+    char *rendered = NULL;
+    int rc = chat_template_render(&rendered, template_source, messages, n, !continue_final,
+                                  tokenizer_bos_token(tok), tokenizer_eos_token(tok), err);
+    free(messages);
+    free(tagged);
+    if (rc != 0) return error_prefix(err, "row %zu", i);
+    if (continue_final) {
+        const char *stripped_tag = "CONTINUE_FINAL_MESSAGE_TAG";
+        char *found = NULL;  /* the last occurrence, like Python's rindex */
+        for (char *p = rendered; (p = strstr(p, stripped_tag)) != NULL; p++) found = p;
+        if (!found) {
+            free(rendered);
+            return errorf(err, "row %zu: the chat template dropped the final assistant message, so it cannot be "
+                               "continued", i);
+        }
+        int spacing_kept = strncmp(found, CONTINUE_TAG, strlen(CONTINUE_TAG)) == 0;
+        *found = '\0';
+        if (!spacing_kept) {
+            size_t len = strlen(rendered);
+            while (len > 0 && strchr(" \t\n\r\f\v", rendered[len - 1])) rendered[--len] = '\0';
+        }
+    }
+    *text = rendered;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Epoch order
+ * ------------------------------------------------------------------------- */
+
+/* Domain tag mixed into the seed so the shuffle's draws never coincide with
+ * the sampler's, which key Philox by the same user seed. */
+#define DATASET_SHUFFLE_TAG 0x53485546464c4531ull /* "SHUFFLE1" */
+
+void dataset_epoch_order(size_t *order, size_t n, uint64_t seed, uint64_t epoch) {
+    for (size_t i = 0; i < n; i++) order[i] = i;
+    /* Fisher-Yates from the back: position i swaps with a uniform j in [0, i].
+     * 64 random bits per draw, reduced by modulo: the bias is below n / 2^64. */
+    for (size_t i = n; i > 1; i--) {
+        uint32_t r[4];
+        rng_philox(r, seed ^ DATASET_SHUFFLE_TAG, epoch, (uint64_t)(i - 1));
+        uint64_t bits = ((uint64_t)r[0] << 32) | r[1];
+        size_t j = (size_t)(bits % (uint64_t)i);
+        size_t t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+}

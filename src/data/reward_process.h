@@ -1,0 +1,26 @@
+/* reward_process.h — private to src/data: a user reward program started once
+ * through /bin/sh -c and spoken to in JSON lines over its stdin/stdout.
+ * Not a general subprocess library. */
+#ifndef COLT_DATA_REWARD_PROCESS_H
+#define COLT_DATA_REWARD_PROCESS_H
+
+#include <jansson.h>
+
+typedef struct RewardProcess RewardProcess;
+
+/* Starts `command` (its stderr is ours). Fails only if fork/pipe fail: a
+ * program that cannot be found shows at the first call, as exit status 127. */
+int reward_process_start(RewardProcess **out, const char *command, double timeout_s, char *err);
+
+/* Writes `request` as one line and reads one line back into *reply (a JSON
+ * value, caller decrefs). Within timeout_s in total, else the program is
+ * killed. Errors name the command and say what happened (exited with status,
+ * killed by signal, timeout, invalid JSON, write failed). After an error the
+ * program is gone and later calls fail. */
+int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, char *err);
+
+/* Closes its stdin, waits up to a second for it to exit, then kills its
+ * process group, and reaps it. NULL is fine. */
+void reward_process_stop(RewardProcess *p);
+
+#endif

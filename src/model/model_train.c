@@ -1,0 +1,400 @@
+/* model_train.c — the training forward (activations kept, per-token log-probs
+ * and entropies of targets under logits / temperature) and its backward pass
+ * to every parameter's gradient, written once against the op table.
+ *
+ * Attention reuses the inference layout: each layer's K/V go to a [S, L, KVD]
+ * buffer indexed by (slot, pos), and the backward accumulates dK/dV into the
+ * same layout and gathers them back to tokens. The lm_head and log-softmax run
+ * on chunks of CHUNK target rows, so [N, V] logits never exist whole; the
+ * backward recomputes each chunk's logits instead of storing them. Only rows
+ * with a target (forward) or a non-zero dlogprob (backward) pay for the
+ * lm_head. This is not the optimizer (train/) and keeps no gradient
+ * checkpointing: every layer's activations are stored.
+ *
+ * Dimension legend: N tokens, D width, F MLP width, H query heads, KVH
+ * key/value heads, Dh head dim, QD = H*Dh, KVD = KVH*Dh, V vocab, S slots,
+ * L max length per slot, C rows per lm_head chunk. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/model_internal.h"
+#include "model/model_train.h"
+
+#define CHUNK 64
+
+/* ---------------------------------------------------------------- parameters */
+
+int model_param_count(const Model *m) { return m->n_tensors; }
+
+static size_t tensor_numel(const TensorSpec *s) {
+    return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
+}
+
+ModelParam model_param(const Model *m, int index) {
+    COLT_ASSERT(index >= 0 && index < m->n_tensors);
+    const TensorSpec *s = &m->tensors[index];
+    return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_numel(s)};
+}
+
+/* shadow is a Model whose weight pointers are the gradient buffers: walking
+ * its own tensor table fills them in parameter order, so the backward reads
+ * shadow.layers[l].q_w as "the gradient of q_w". */
+struct ModelGrads {
+    const Backend *be;
+    int n;
+    void **bufs;    /* [n] */
+    size_t *numel;  /* [n] */
+    Model shadow;
+};
+
+int model_grads_create(ModelGrads **out, const Model *m, char *err) {
+    (void)err;
+    ModelGrads *g = xcalloc(1, sizeof(ModelGrads));
+    g->be = m->be;
+    g->n = m->n_tensors;
+    g->bufs = xcalloc((size_t)g->n, sizeof(void *));
+    g->numel = xcalloc((size_t)g->n, sizeof(size_t));
+    g->shadow.cfg = m->cfg;
+    g->shadow.be = m->be;
+    g->shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
+    int n = 0;
+    TensorSpec *t = model_tensor_table(&g->shadow, &n);
+    COLT_ASSERT(n == g->n);
+    for (int i = 0; i < n; i++) {
+        g->numel[i] = tensor_numel(&t[i]);
+        g->bufs[i] = m->be->alloc(g->numel[i]);
+        m->be->zero(g->bufs[i], g->numel[i]);
+        *t[i].buf = g->bufs[i];
+    }
+    free(t);
+    if (m->cfg.tie_word_embeddings) g->shadow.lm_head = g->shadow.embed;
+    *out = g;
+    return COLT_OK;
+}
+
+void model_grads_free(ModelGrads *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) g->be->free(g->bufs[i]);
+    free(g->bufs);
+    free(g->numel);
+    free(g->shadow.layers);
+    free(g);
+}
+
+void model_grads_zero(ModelGrads *g) {
+    for (int i = 0; i < g->n; i++) g->be->zero(g->bufs[i], g->numel[i]);
+}
+
+void *model_grad(const ModelGrads *g, int index) {
+    COLT_ASSERT(index >= 0 && index < g->n);
+    return g->bufs[index];
+}
+
+/* ---------------------------------------------------------------- state */
+
+typedef struct LayerActivations {
+    void *x_in;              /* [N, D] residual stream entering the layer */
+    void *xn_attn;           /* [N, D] input_layernorm output */
+    void *q;                 /* [N, QD] after rope */
+    void *k_cache, *v_cache; /* [S, L, KVD], K after rope */
+    void *att;               /* [N, QD] attention output (o_proj input) */
+    void *x_mid;             /* [N, D] residual after attention */
+    void *xn_mlp;            /* [N, D] post_attention_layernorm output */
+    void *gate, *up;         /* [N, F] before the activation */
+} LayerActivations;
+
+struct TrainState {
+    const Backend *be;
+    int n_layers, n_slots, max_len, max_tokens;
+    /* the last forward */
+    bool have_forward;
+    int n;
+    float temperature;
+    int *tokens, *slot, *pos, *targets; /* host [N] */
+    unsigned char *seen;                /* host [S, L]: position present in the call */
+    int *rows;                          /* host [N]: token index of each lm_head row */
+    int *chunk_targets;                 /* host [C] */
+    float *chunk_host;                  /* host [C] */
+    LayerActivations *act;              /* [n_layers] */
+    void *x_final, *xn_final;           /* [N, D] */
+    /* scratch (forward and backward) */
+    void *k, *v;                        /* [N, KVD]; dK, dV in the backward */
+    void *proj;                         /* [N, D] */
+    void *h;                            /* [N, F] swiglu output */
+    void *chunk_rows, *chunk_drows;     /* [C, D] */
+    void *chunk_logits;                 /* [C, V]; d logits in the backward */
+    void *chunk_lp, *chunk_ent;         /* [C] */
+    /* backward only */
+    void *dres, *dxn;                   /* [N, D] */
+    void *dq, *datt;                    /* [N, QD] */
+    void *dk_cache, *dv_cache;          /* [S, L, KVD] */
+    void *dgate, *dup, *dh;             /* [N, F] */
+};
+
+int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err) {
+    *out = NULL;
+    if (n_slots <= 0 || max_len <= 0 || max_tokens <= 0)
+        return errorf(err, "train_state_create: n_slots (%d), max_len (%d) and max_tokens (%d) must be positive",
+                      n_slots, max_len, max_tokens);
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
+           QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim,
+           V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = CHUNK;
+    TrainState *st = xcalloc(1, sizeof(TrainState));
+    st->be = be;
+    st->n_layers = c->num_hidden_layers;
+    st->n_slots = n_slots;
+    st->max_len = max_len;
+    st->max_tokens = max_tokens;
+    st->tokens = xmalloc(N * sizeof(int));
+    st->slot = xmalloc(N * sizeof(int));
+    st->pos = xmalloc(N * sizeof(int));
+    st->targets = xmalloc(N * sizeof(int));
+    st->rows = xmalloc(N * sizeof(int));
+    st->seen = xmalloc(SL);
+    st->chunk_targets = xmalloc(C * sizeof(int));
+    st->chunk_host = xmalloc(C * sizeof(float));
+    st->act = xcalloc((size_t)st->n_layers, sizeof(LayerActivations));
+    for (int l = 0; l < st->n_layers; l++) {
+        LayerActivations *a = &st->act[l];
+        a->x_in = be->alloc(N * D);
+        a->xn_attn = be->alloc(N * D);
+        a->q = be->alloc(N * QD);
+        a->k_cache = be->alloc(SL * KVD);
+        a->v_cache = be->alloc(SL * KVD);
+        a->att = be->alloc(N * QD);
+        a->x_mid = be->alloc(N * D);
+        a->xn_mlp = be->alloc(N * D);
+        a->gate = be->alloc(N * F);
+        a->up = be->alloc(N * F);
+    }
+    st->x_final = be->alloc(N * D);
+    st->xn_final = be->alloc(N * D);
+    st->k = be->alloc(N * KVD);
+    st->v = be->alloc(N * KVD);
+    st->proj = be->alloc(N * D);
+    st->h = be->alloc(N * F);
+    st->chunk_rows = be->alloc(C * D);
+    st->chunk_drows = be->alloc(C * D);
+    st->chunk_logits = be->alloc(C * V);
+    st->chunk_lp = be->alloc(C);
+    st->chunk_ent = be->alloc(C);
+    st->dres = be->alloc(N * D);
+    st->dxn = be->alloc(N * D);
+    st->dq = be->alloc(N * QD);
+    st->datt = be->alloc(N * QD);
+    st->dk_cache = be->alloc(SL * KVD);
+    st->dv_cache = be->alloc(SL * KVD);
+    st->dgate = be->alloc(N * F);
+    st->dup = be->alloc(N * F);
+    st->dh = be->alloc(N * F);
+    *out = st;
+    return COLT_OK;
+}
+
+void train_state_free(TrainState *st) {
+    if (!st) return;
+    const Backend *be = st->be;
+    for (int l = 0; l < st->n_layers; l++) {
+        LayerActivations *a = &st->act[l];
+        void *bufs[] = {a->x_in, a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->x_mid, a->xn_mlp, a->gate, a->up};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+    }
+    void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
+                    st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
+                    st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+    free(st->act);
+    free(st->tokens);
+    free(st->slot);
+    free(st->pos);
+    free(st->targets);
+    free(st->rows);
+    free(st->seen);
+    free(st->chunk_targets);
+    free(st->chunk_host);
+    free(st);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Checks ids and that every slot used holds positions 0..len-1 exactly once
+ * (the attention backward relies on whole sequences). */
+static int check_batch(const Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
+                       const int *targets, int n, float temperature, char *err) {
+    const ModelConfig *c = &m->cfg;
+    if (n < 0 || n > st->max_tokens)
+        return errorf(err, "model_train_forward: %d tokens, state holds at most %d per call", n, st->max_tokens);
+    if (!(temperature > 0.0f)) return errorf(err, "model_train_forward: temperature %g must be > 0", (double)temperature);
+    memset(st->seen, 0, (size_t)st->n_slots * st->max_len);
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return errorf(err, "model_train_forward: token id %d out of range (vocab %d)", tokens[i], c->vocab_size);
+        if (targets[i] >= c->vocab_size)
+            return errorf(err, "model_train_forward: target id %d out of range (vocab %d)", targets[i], c->vocab_size);
+        if (slot[i] < 0 || slot[i] >= st->n_slots)
+            return errorf(err, "model_train_forward: slot %d out of range (%d slots)", slot[i], st->n_slots);
+        if (pos[i] < 0 || pos[i] >= st->max_len)
+            return errorf(err, "model_train_forward: position %d out of range (max_len %d)", pos[i], st->max_len);
+        unsigned char *s = &st->seen[(size_t)slot[i] * st->max_len + pos[i]];
+        if (*s) return errorf(err, "model_train_forward: slot %d position %d appears twice", slot[i], pos[i]);
+        *s = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (pos[i] > 0 && !st->seen[(size_t)slot[i] * st->max_len + pos[i] - 1])
+            return errorf(err, "model_train_forward: slot %d has position %d but not %d (sequences must be whole)",
+                          slot[i], pos[i], pos[i] - 1);
+    return COLT_OK;
+}
+
+/* Copies the final hidden rows st->rows[r0 .. r0+c) into chunk_rows and runs
+ * the lm_head on them: chunk_logits[c, V]. */
+static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
+    const Backend *be = m->be;
+    int D = m->cfg.hidden_size;
+    for (int r = 0; r < c; r++) {
+        be->copy(st->chunk_rows, (size_t)r * D, st->xn_final, (size_t)st->rows[r0 + r] * D, (size_t)D);
+        st->chunk_targets[r] = st->targets[st->rows[r0 + r]];
+    }
+    be->linear(st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->cfg.vocab_size);
+}
+
+int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
+                        const int *targets, int n, float temperature, float *logprobs, float *entropy,
+                        char *err) {
+    st->have_forward = false;
+    if (check_batch(m, st, tokens, slot, pos, targets, n, temperature, err) != 0) return COLT_ERR;
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
+        Dh = c->head_dim, V = c->vocab_size;
+    int QD = H * Dh, KVD = KVH * Dh;
+    size_t ND = (size_t)n * D;
+    memcpy(st->tokens, tokens, (size_t)n * sizeof(int));
+    memcpy(st->slot, slot, (size_t)n * sizeof(int));
+    memcpy(st->pos, pos, (size_t)n * sizeof(int));
+    memcpy(st->targets, targets, (size_t)n * sizeof(int));
+    st->n = n;
+    st->temperature = temperature;
+    for (int i = 0; i < n; i++) {
+        logprobs[i] = 0.0f;
+        if (entropy) entropy[i] = 0.0f;
+    }
+    if (n == 0) {
+        st->have_forward = true;
+        return COLT_OK;
+    }
+
+    be->embedding(st->act[0].x_in, m->embed, tokens, n, D);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        LayerActivations *a = &st->act[l];
+        void *x_out = l + 1 < c->num_hidden_layers ? st->act[l + 1].x_in : st->x_final;
+        be->rmsnorm(a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+        be->linear(a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
+        be->linear(st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+        be->linear(st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
+        be->rope(a->q, pos, n, H, Dh, c->rope_theta);
+        be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->kv_store(a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
+        be->attention(a->att, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
+        be->linear(st->proj, a->att, w->o_w, w->o_b, n, QD, D);
+        be->add(a->x_mid, a->x_in, st->proj, ND);
+        be->rmsnorm(a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+        be->linear(a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
+        be->linear(a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
+        be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
+        be->linear(st->proj, st->h, w->down_w, NULL, n, F, D);
+        be->add(x_out, a->x_mid, st->proj, ND);
+    }
+    be->rmsnorm(st->xn_final, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
+
+    int n_rows = 0;
+    for (int i = 0; i < n; i++)
+        if (targets[i] >= 0) st->rows[n_rows++] = i;
+    for (int r0 = 0; r0 < n_rows; r0 += CHUNK) {
+        int cn = n_rows - r0 < CHUNK ? n_rows - r0 : CHUNK;
+        lm_head_chunk(m, st, r0, cn);
+        be->log_softmax_target(st->chunk_lp, entropy ? st->chunk_ent : NULL, st->chunk_logits, st->chunk_targets, cn,
+                               V, temperature);
+        be->download(st->chunk_host, st->chunk_lp, (size_t)cn);
+        for (int r = 0; r < cn; r++) logprobs[st->rows[r0 + r]] = st->chunk_host[r];
+        if (entropy) {
+            be->download(st->chunk_host, st->chunk_ent, (size_t)cn);
+            for (int r = 0; r < cn; r++) entropy[st->rows[r0 + r]] = st->chunk_host[r];
+        }
+    }
+    st->have_forward = true;
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
+    if (!st->have_forward) return errorf(err, "model_train_backward: no successful model_train_forward to go back through");
+    if (g->n != m->n_tensors) return errorf(err, "model_train_backward: gradients were made for another model");
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    const Model *gm = &g->shadow;
+    int n = st->n;
+    if (n == 0) return COLT_OK;
+    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
+        Dh = c->head_dim, V = c->vocab_size;
+    int QD = H * Dh, KVD = KVH * Dh;
+    size_t ND = (size_t)n * D;
+    const int *slot = st->slot, *pos = st->pos;
+
+    /* lm_head + log-softmax, chunk by chunk: d xn_final rows and d lm_head. */
+    be->zero(st->dxn, ND);
+    int n_rows = 0;
+    for (int i = 0; i < n; i++)
+        if (st->targets[i] >= 0 && dlogprobs[i] != 0.0f) st->rows[n_rows++] = i;
+    for (int r0 = 0; r0 < n_rows; r0 += CHUNK) {
+        int cn = n_rows - r0 < CHUNK ? n_rows - r0 : CHUNK;
+        lm_head_chunk(m, st, r0, cn);
+        for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
+        be->upload(st->chunk_lp, st->chunk_host, (size_t)cn);
+        be->log_softmax_target_backward(st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn, V,
+                                        st->temperature);
+        be->linear_backward(st->chunk_drows, gm->lm_head, NULL, st->chunk_logits, st->chunk_rows, m->lm_head, cn, D,
+                            V, 0);
+        for (int r = 0; r < cn; r++)
+            be->copy(st->dxn, (size_t)st->rows[r0 + r] * D, st->chunk_drows, (size_t)r * D, (size_t)D);
+    }
+    be->zero(st->dres, ND);
+    be->rmsnorm_backward(st->dres, gm->final_norm, st->dxn, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
+
+    /* dres is d(residual stream) at each layer's output, then its input. */
+    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+        const LayerWeights *w = &m->layers[l];
+        const LayerWeights *gw = &gm->layers[l];
+        LayerActivations *a = &st->act[l];
+        /* MLP */
+        be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
+        be->linear_backward(st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
+        be->swiglu_backward(st->dgate, st->dup, st->dh, a->gate, a->up, (size_t)n * F);
+        be->linear_backward(st->dxn, gw->gate_w, NULL, st->dgate, a->xn_mlp, w->gate_w, n, D, F, 0);
+        be->linear_backward(st->dxn, gw->up_w, NULL, st->dup, a->xn_mlp, w->up_w, n, D, F, 1);
+        be->rmsnorm_backward(st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+        /* attention */
+        be->linear_backward(st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
+        be->zero(st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
+        be->zero(st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
+        be->attention_backward(st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->k_cache, a->v_cache, slot, pos,
+                               n, H, KVH, Dh, st->n_slots, st->max_len);
+        be->kv_gather(st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);
+        be->rope_backward(st->dq, pos, n, H, Dh, c->rope_theta);
+        be->rope_backward(st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->linear_backward(st->dxn, gw->q_w, gw->q_b, st->dq, a->xn_attn, w->q_w, n, D, QD, 0);
+        be->linear_backward(st->dxn, gw->k_w, gw->k_b, st->k, a->xn_attn, w->k_w, n, D, KVD, 1);
+        be->linear_backward(st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
+        be->rmsnorm_backward(st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+    }
+    be->embedding_backward(gm->embed, st->dres, st->tokens, n, D);
+    return COLT_OK;
+}

@@ -1,0 +1,275 @@
+/* grpo.c — GRPO's reward aggregation, advantages and clipped-ratio loss with
+ * its gradient, line for line as TRL 1.16's GRPOTrainer
+ * (_generate_and_score_completions and _compute_loss) computes them.
+ *
+ * Everything is computed in double on the host and rounded to float on output;
+ * the goldens (tests/ref/make_grpo_goldens.py) run TRL's own code in float64 on
+ * float32-representable inputs, so the two agree to float rounding. This file
+ * is not the model's backward pass: it stops at d loss / d logp.
+ *
+ * Where TRL's code differs from the description in the issue, TRL wins:
+ *  - the clip metrics use coef_1 *after* the delta cap (TRL reassigns coef_1);
+ *  - at sequence level the clip metrics are means over sequences (every row
+ *    counts, fully masked ones too), not over tokens;
+ *  - dapo's normaliser is clamp(num_items_in_batch, 1) / num_processes
+ *    * gradient_accumulation_steps / steps_per_generation; the caller passes the
+ *    whole product in cfg->num_items_in_batch (with TRL's default
+ *    steps_per_generation == gradient_accumulation_steps it is num_items / nproc);
+ *  - with beta > 0 the KL term is beta * k3 * coef_1 (TRL's use_bias_correction_kl,
+ *    True by default), and the gradient flows through coef_1 too, even on-policy
+ *    where coef_1 = 1; the logged kl is the masked mean of k3 * coef_1;
+ *  - rewards: a completion whose reward functions are all NaN is "unscorable":
+ *    its reward is NaN (not nansum's 0), it is left out of the group's mean and
+ *    std (nanmean / nanstd), and its advantage is 0 (nan_to_num).
+ * Not implemented (TRL options off by default): cispo/sapo/vespo/luspo losses,
+ * use_bias_correction_kl = False, off_policy_mask_threshold, top_entropy_quantile < 1,
+ * vLLM importance-sampling correction, multi_objective_aggregation =
+ * "normalize_then_sum", the entropy bonus. */
+#include "train/grpo.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/floats.h"
+
+/* ---------------------------------------------------------------- parsing */
+
+int grpo_loss_type_parse(GrpoLossType *out, const char *s, char *err) {
+    static const char *names[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+    for (int i = 0; i < 4; i++)
+        if (s && strcmp(s, names[i]) == 0) {
+            *out = (GrpoLossType)i;
+            return 0;
+        }
+    return errorf(err, "loss_type '%s' is not supported; use one of grpo, bnpo, dr_grpo, dapo", s ? s : "(null)");
+}
+
+/* GRPOConfig.__post_init__ maps True -> "group" and False -> "none". */
+int grpo_scale_rewards_parse(GrpoScaleRewards *out, const char *s, char *err) {
+    if (s && (strcmp(s, "group") == 0 || strcmp(s, "true") == 0 || strcmp(s, "True") == 0)) *out = SCALE_GROUP;
+    else if (s && strcmp(s, "batch") == 0) *out = SCALE_BATCH;
+    else if (s && (strcmp(s, "none") == 0 || strcmp(s, "false") == 0 || strcmp(s, "False") == 0)) *out = SCALE_NONE;
+    else return errorf(err, "scale_rewards '%s' is not valid; use group, batch or none (or true = group, false = none)",
+                       s ? s : "(null)");
+    return 0;
+}
+
+int grpo_importance_level_parse(GrpoImportanceLevel *out, const char *s, char *err) {
+    if (s && strcmp(s, "token") == 0) *out = IS_LEVEL_TOKEN;
+    else if (s && strcmp(s, "sequence") == 0) *out = IS_LEVEL_SEQUENCE;
+    else return errorf(err, "importance_sampling_level '%s' is not valid; use token or sequence", s ? s : "(null)");
+    return 0;
+}
+
+
+/* ---------------------------------------------------------------- rewards */
+
+/* TRL: rewards = (rewards_per_func * reward_weights).nansum(dim=1), then
+ * rewards[all functions NaN] = NaN (unscorable). A NaN weight times a value is
+ * NaN and skipped as well, as nansum does. */
+void grpo_combine_rewards(float *rewards, const float *per_func, const float *weights, int n, int n_funcs) {
+    for (int i = 0; i < n; i++) {
+        double sum = 0.0;
+        int all_nan = 1;
+        for (int k = 0; k < n_funcs; k++) {
+            float r = per_func[(size_t)i * n_funcs + k];
+            if (isnan(r)) continue;
+            all_nan = 0;
+            double term = (double)r * (double)weights[k];
+            if (!isnan(term)) sum += term;
+        }
+        rewards[i] = all_nan ? NAN : (float)sum;
+    }
+}
+
+/* nanmean and TRL's nanstd (Bessel-corrected over the non-NaN count; NaN when
+ * fewer than two values) of x[0..n). */
+static void nan_mean_std(double *mean, double *std, const float *x, int n) {
+    double sum = 0.0;
+    int count = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i])) {
+            sum += x[i];
+            count++;
+        }
+    double mu = count ? sum / count : NAN;
+    double ss = 0.0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i])) ss += ((double)x[i] - mu) * ((double)x[i] - mu);
+    *mean = mu;
+    *std = count > 1 ? sqrt(ss / count * ((double)count / (count - 1))) : NAN;
+}
+
+/* TRL's sum_then_normalize branch. group_std gets the std TRL uses for
+ * frac_reward_zero_std: each group's std for SCALE_GROUP / SCALE_NONE, the
+ * batch std (the same value in every entry) for SCALE_BATCH; 0 when
+ * num_generations == 1 (group) or n == 1 (batch), as TRL. */
+void grpo_advantages(float *advantages, float *group_std, const float *rewards, int n, int num_generations,
+                     GrpoScaleRewards scale) {
+    COLT_ASSERT(num_generations > 0 && n % num_generations == 0);
+    int n_groups = n / num_generations;
+    double batch_mean, batch_std = 0.0;
+    nan_mean_std(&batch_mean, &batch_std, rewards, n);
+    if (n <= 1) batch_std = 0.0;
+    for (int g = 0; g < n_groups; g++) {
+        const float *r = rewards + (size_t)g * num_generations;
+        double mean, std;
+        nan_mean_std(&mean, &std, r, num_generations);
+        if (num_generations == 1) std = 0.0;
+        if (scale == SCALE_BATCH) std = batch_std;
+        if (group_std) group_std[g] = (float)std;
+        for (int j = 0; j < num_generations; j++) {
+            double a = (double)r[j] - mean;
+            if (scale != SCALE_NONE) a = a / (std + 1e-4);
+            advantages[(size_t)g * num_generations + j] = isnan(a) ? 0.0f : (float)a;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- loss */
+
+/* d min(a, b) as torch's minimum backward: the smaller side takes the
+ * gradient; a tie splits it in half. */
+static double min_grad(double a, double b, double da, double db) {
+    if (a < b) return da;
+    if (a > b) return db;
+    return 0.5 * (da + db);
+}
+
+/* One (token or sequence) ratio: the per-token policy loss -min(c1*A, c2*A)
+ * and its derivative with respect to coef_1 = exp(log_w); *capped gets coef_1
+ * after the delta cap (what TRL's clip metrics read). */
+static double ratio_loss(double *dloss_dlogw, double *capped, double log_w, double adv, double lo, double hi,
+                         double delta) {
+    double coef1 = exp(log_w);
+    double coef2 = coef1 < lo ? lo : coef1 > hi ? hi : coef1;
+    double dcoef2 = (coef1 >= lo && coef1 <= hi) ? 1.0 : 0.0; /* clamp passes the gradient on [lo, hi] */
+    double c1 = coef1, dc1 = 1.0;
+    if (delta > 0.0) {
+        c1 = coef1 > delta ? delta : coef1;
+        dc1 = coef1 <= delta ? 1.0 : 0.0;
+    }
+    double l1 = c1 * adv, l2 = coef2 * adv;
+    double loss = -(l1 < l2 ? l1 : l2);
+    *dloss_dlogw = -min_grad(l1, l2, dc1 * adv, dcoef2 * adv) * coef1;
+    *capped = c1;
+    return loss;
+}
+
+int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg, const float *logp,
+              const float *old_logp, const float *ref_logp, const float *mask, const float *advantages, int B,
+              int T, char *err) {
+    if (B <= 0 || T <= 0) return errorf(err, "grpo_loss: empty batch (B=%d, T=%d)", B, T);
+    if (cfg->gradient_accumulation_steps < 1)
+        return errorf(err, "grpo_loss: gradient_accumulation_steps must be >= 1 (got %d)",
+                      cfg->gradient_accumulation_steps);
+    if (cfg->loss_type == LOSS_DR_GRPO && cfg->max_completion_length < 1)
+        return errorf(err, "grpo_loss: dr_grpo needs max_completion_length >= 1 (got %d)", cfg->max_completion_length);
+    if (cfg->beta != 0.0f && !ref_logp)
+        return errorf(err, "grpo_loss: beta = %g needs reference log-probs", (double)cfg->beta);
+    if (cfg->epsilon_low < 0.0f || cfg->epsilon_high < 0.0f)
+        return errorf(err, "grpo_loss: epsilon must be >= 0 (got %g, %g)", (double)cfg->epsilon_low,
+                      (double)cfg->epsilon_high);
+
+    const double lo = 1.0 - float_as_decimal(cfg->epsilon_low), hi = 1.0 + float_as_decimal(cfg->epsilon_high);
+    const double delta = cfg->delta > 0.0f ? float_as_decimal(cfg->delta) : 0.0;
+    const double beta = float_as_decimal(cfg->beta);
+    const double gas = cfg->gradient_accumulation_steps;
+    const bool sequence = cfg->importance_sampling_level == IS_LEVEL_SEQUENCE;
+
+    double mask_total = 0.0;
+    for (size_t i = 0; i < (size_t)B * T; i++) mask_total += mask[i];
+
+    double total = 0.0;
+    double kl_sum = 0.0, low_sum = 0.0, high_sum = 0.0, region_sum = 0.0;
+    for (int b = 0; b < B; b++) {
+        const float *lp = logp + (size_t)b * T, *m = mask + (size_t)b * T;
+        const float *old = old_logp ? old_logp + (size_t)b * T : NULL;
+        const float *ref = ref_logp ? ref_logp + (size_t)b * T : NULL;
+        float *dl = dlogp + (size_t)b * T;
+        double adv = advantages[b];
+        double row_mask = 0.0;
+        for (int t = 0; t < T; t++) row_mask += m[t];
+        double row_mask_clamped = row_mask < 1.0 ? 1.0 : row_mask;
+
+        /* w = d loss / d per_token_loss[b, t] / mask[b, t]: the loss_type's normaliser. */
+        double w;
+        switch (cfg->loss_type) {
+        case LOSS_GRPO: w = 1.0 / row_mask_clamped / B / gas; break;
+        case LOSS_BNPO: w = 1.0 / (mask_total < 1.0 ? 1.0 : mask_total) / gas; break;
+        case LOSS_DR_GRPO: w = 1.0 / ((double)B * cfg->max_completion_length) / gas; break;
+        case LOSS_DAPO: {
+            double items = cfg->num_items_in_batch;
+            w = 1.0 / (items > 0.0 ? items : 1.0); /* an all-masked batch: the loss is 0 whatever the normaliser */
+            break;
+        }
+        default: return errorf(err, "grpo_loss: unknown loss_type %d", (int)cfg->loss_type);
+        }
+
+        /* Sequence level: one ratio coef_1 = exp(lw) per row, lw = sum_t(log_ratio * mask) /
+         * clamp(sum_t mask, 1), so d lw / d logp[b, t] = mask[b, t] / clamp(sum_t mask, 1). */
+        double seq_lw = 0.0, seq_coef = 1.0, seq_dloss_dlogw = 0.0;
+        if (sequence) {
+            if (old)
+                for (int t = 0; t < T; t++) seq_lw += ((double)lp[t] - old[t]) * m[t];
+            seq_lw /= row_mask_clamped;
+            seq_coef = exp(seq_lw);
+            double capped;
+            double seq_loss = ratio_loss(&seq_dloss_dlogw, &capped, seq_lw, adv, lo, hi, delta);
+            /* the row's loss is broadcast over its T tokens, each weighted by w * mask */
+            total += w * row_mask * seq_loss;
+            seq_dloss_dlogw *= w * row_mask;
+            if (beta != 0.0) /* the KL term's path through the row's coef_1 */
+                for (int t = 0; t < T; t++) {
+                    double diff = (double)ref[t] - lp[t];
+                    seq_dloss_dlogw += w * m[t] * beta * (exp(diff) - diff - 1.0) * seq_coef;
+                }
+            int is_low = capped < lo && adv < 0, is_high = capped > hi && adv > 0;
+            low_sum += is_low;
+            high_sum += is_high;
+            region_sum += is_low || is_high;
+        }
+        for (int t = 0; t < T; t++) {
+            double grad = sequence ? seq_dloss_dlogw * m[t] / row_mask_clamped : 0.0;
+            double coef = seq_coef; /* coef_1 before the delta cap, as the KL term uses it */
+            if (!sequence) {
+                double dloss_dlogw, capped;
+                double lw = old ? (double)lp[t] - old[t] : 0.0; /* no old: logp - logp.detach() */
+                double l = ratio_loss(&dloss_dlogw, &capped, lw, adv, lo, hi, delta);
+                total += w * m[t] * l;
+                grad += w * m[t] * dloss_dlogw;
+                coef = exp(lw);
+                int is_low = capped < lo && adv < 0, is_high = capped > hi && adv > 0;
+                low_sum += m[t] * is_low;
+                high_sum += m[t] * is_high;
+                region_sum += m[t] * (is_low || is_high);
+            }
+            if (beta != 0.0) {
+                /* k3 = exp(ref - logp) - (ref - logp) - 1, times coef_1 (TRL's default
+                 * use_bias_correction_kl = True), with the gradient flowing through both:
+                 * d k3 / d logp = 1 - exp(ref - logp); d coef_1 / d lw = coef_1. */
+                double diff = (double)ref[t] - lp[t];
+                double k3 = exp(diff) - diff - 1.0;
+                double kl = k3 * coef;
+                total += w * m[t] * beta * kl;
+                grad += w * m[t] * beta * (1.0 - exp(diff)) * coef;
+                if (!sequence) grad += w * m[t] * beta * kl;
+                kl_sum += m[t] * kl;
+            }
+            dl[t] = (float)grad;
+        }
+    }
+    *loss = (float)total;
+    if (metrics) {
+        double tokens = mask_total < 1.0 ? 1.0 : mask_total;
+        double count = sequence ? (double)B : tokens;
+        metrics->clip_ratio_low = low_sum / count;
+        metrics->clip_ratio_high = high_sum / count;
+        metrics->clip_ratio_region = region_sum / count;
+        metrics->kl = beta != 0.0 ? kl_sum / tokens : 0.0;
+    }
+    return 0;
+}

@@ -1,0 +1,240 @@
+/* test_dataset.c — dataset loading and prompt rendering against goldens from
+ * tests/ref/make_dataset_goldens.py (transformers' apply_chat_template with the
+ * Qwen2.5 tokenizer), preserved columns, every bad fixture's error text, the
+ * GSM8K test file (no "prompt" column: an error naming the key), and the
+ * epoch shuffle (a permutation, reproducible, different per epoch and seed,
+ * uniform over the 6 orders of 3 rows). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "tokenizer/tokenizer.h"
+
+#define FIXTURES COLT_SOURCE_DIR "/tests/data/datasets/"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                      \
+    do {                                                      \
+        checks++;                                             \
+        if (!(cond)) {                                        \
+            failures++;                                       \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                     \
+            fprintf(stderr, "\n");                            \
+        }                                                     \
+    } while (0)
+
+static void print_escaped(FILE *f, const char *s) {
+    for (; *s; s++) fputs(*s == '\n' ? "\\n" : (char[2]){*s, 0}, f);
+}
+
+/* Loads a fixture and compares every row's prompt text with the golden list. */
+static void check_goldens(const char *name, json_t *goldens, const Tokenizer *tok, int want_conversational[]) {
+    char path[512], err[ERR_LEN];
+    snprintf(path, sizeof path, FIXTURES "%s", name);
+    Dataset *d = NULL;
+    int rc = dataset_load(&d, path, err);
+    CHECK(rc == 0, "%s: load failed: %s", name, err);
+    if (rc != 0) return;
+    json_t *want = json_object_get(goldens, name);
+    CHECK(dataset_size(d) == json_array_size(want), "%s: %zu rows, golden has %zu", name, dataset_size(d),
+          json_array_size(want));
+    int equal = 0;
+    for (size_t i = 0; i < dataset_size(d) && i < json_array_size(want); i++) {
+        CHECK(dataset_is_conversational(d, i) == want_conversational[i], "%s row %zu: conversational=%d, want %d",
+              name, i, dataset_is_conversational(d, i), want_conversational[i]);
+        char *text = NULL;
+        rc = dataset_prompt_text(&text, d, i, tok, err);
+        CHECK(rc == 0, "%s row %zu: prompt text failed: %s", name, i, err);
+        if (rc != 0) continue;
+        const char *expected = json_string_value(json_array_get(want, i));
+        int same = strcmp(text, expected) == 0;
+        equal += same;
+        CHECK(same, "%s row %zu: prompt text differs from transformers' golden", name, i);
+        if (!same) {
+            fprintf(stderr, "  got:      \"");
+            print_escaped(stderr, text);
+            fprintf(stderr, "\"\n  expected: \"");
+            print_escaped(stderr, expected);
+            fprintf(stderr, "\"\n");
+        }
+        free(text);
+    }
+    printf("%-22s %zu rows, %d/%zu prompt texts byte-identical to transformers\n", name, dataset_size(d), equal,
+           json_array_size(want));
+    dataset_free(d);
+}
+
+static void test_goldens(const Tokenizer *tok) {
+    json_error_t jerr;
+    json_t *goldens = json_load_file(FIXTURES "goldens.json", 0, &jerr);
+    CHECK(goldens != NULL, "goldens.json: %s", jerr.text);
+    if (!goldens) return;
+    check_goldens("standard.jsonl", goldens, tok, (int[]){0, 0, 0});
+    check_goldens("conversational.jsonl", goldens, tok, (int[]){1, 1, 1});
+    check_goldens("array.json", goldens, tok, (int[]){0, 1, 0});
+    json_decref(goldens);
+}
+
+static void test_columns(void) {
+    char err[ERR_LEN];
+    Dataset *d = NULL;
+    int rc = dataset_load(&d, FIXTURES "standard.jsonl", err);
+    CHECK(rc == 0, "standard.jsonl: %s", err);
+    if (rc != 0) return;
+    json_t *r0 = dataset_row(d, 0), *r1 = dataset_row(d, 1), *r2 = dataset_row(d, 2);
+    CHECK(!strcmp(json_string_value(json_object_get(r0, "answer")), "5"), "row 0 answer");
+    CHECK(json_integer_value(json_object_get(r0, "level")) == 1, "row 0 level");
+    CHECK(json_array_size(json_object_get(r1, "tags")) == 2, "row 1 tags list");
+    CHECK(json_is_null(json_object_get(r2, "extra")), "row 2 extra is null (kept)");
+    CHECK(!strcmp(json_string_value(json_object_get(r2, "answer")), "\\frac{1}{2}"), "row 2 answer");
+    CHECK(json_object_size(r0) == 3 && json_object_size(r1) == 3 && json_object_size(r2) == 3,
+          "every column kept (sizes %zu %zu %zu, want 3 3 3)", json_object_size(r0), json_object_size(r1),
+          json_object_size(r2));
+    printf("columns: answer/level/tags/extra preserved with their JSON types\n");
+    dataset_free(d);
+
+    /* A byte-order mark and CRLF line ends (files saved on Windows) load. */
+    rc = dataset_load(&d, FIXTURES "bom_crlf.data", err);
+    CHECK(rc == 0 && dataset_size(d) == 2 && !strcmp(json_string_value(json_object_get(dataset_row(d, 1), "prompt")),
+                                                     "second"),
+          "bom_crlf.data (JSONL by content, BOM, CRLF): rc=%d %s", rc, rc ? err : "");
+    printf("bom_crlf.data:  %s\n", rc == 0 ? "2 rows (BOM skipped, CRLF accepted, JSONL detected by content)" : err);
+    if (rc == 0) dataset_free(d);
+
+    /* A conversational prompt without a chat template is an error, not a guess. */
+    rc = dataset_load(&d, FIXTURES "conversational.jsonl", err);
+    CHECK(rc == 0, "conversational.jsonl: %s", err);
+    if (rc != 0) return;
+    char *text = NULL;
+    rc = dataset_prompt_text(&text, d, 0, NULL, err);
+    CHECK(rc != 0 && strstr(err, "no chat template") && !text, "messages without a template: rc=%d err=%s", rc,
+          rc ? err : "");
+    printf("no tokenizer:   \"%s\"\n", err);
+    dataset_free(d);
+}
+
+static void test_bad_fixtures(void) {
+    static const char *const cases[][2] = {
+        {"bad_prompt_number.jsonl",
+         "bad_prompt_number.jsonl line 3: \"prompt\" must be a string or a list of messages, got number"},
+        {"bad_missing_prompt.jsonl", "bad_missing_prompt.jsonl line 2: missing required key \"prompt\""},
+        {"bad_invalid_json.jsonl", "bad_invalid_json.jsonl line 2: invalid JSON"},
+        {"bad_not_object.jsonl", "bad_not_object.jsonl line 3: expected a JSON object, got list"},
+        {"bad_empty.jsonl", "bad_empty.jsonl: the dataset has no rows"},
+        {"bad_empty_messages.jsonl", "bad_empty_messages.jsonl line 1: \"prompt\" is an empty list of messages"},
+        {"bad_message_role.jsonl", "bad_message_role.jsonl line 1: \"prompt\" message 1 has no \"role\""},
+        {"bad_message_content.jsonl",
+         "bad_message_content.jsonl line 1: \"prompt\" message 0: \"content\" must be a string, got number"},
+        {"bad_utf8.jsonl", "bad_utf8.jsonl line 2: invalid UTF-8"},
+        {"bad_object.json", "bad_object.json: expected a JSON array of row objects at the top level, got object"},
+        {"bad_array_item.json", "bad_array_item.json index 1: missing required key \"prompt\""},
+        {"bad_invalid.json", "bad_invalid.json line 2 column"},
+        {"bad_empty_array.json", "bad_empty_array.json: the dataset has no rows"},
+        {"does_not_exist.jsonl", "does_not_exist.jsonl"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[512], err[ERR_LEN] = "";
+        snprintf(path, sizeof path, FIXTURES "%s", cases[i][0]);
+        Dataset *d = (Dataset *)1;
+        int rc = dataset_load(&d, path, err);
+        int ok = rc != 0 && d == NULL && strstr(err, cases[i][1]) != NULL;
+        CHECK(ok, "%s: rc=%d, error \"%s\" should contain \"%s\"", cases[i][0], rc, err, cases[i][1]);
+        const char *shown = strstr(err, "datasets/");
+        printf("%-26s -> %s\n", cases[i][0], shown ? shown + 9 : err);
+        if (rc == 0) dataset_free(d);
+    }
+}
+
+/* GSM8K has "question"/"answer" but no "prompt": loading it as-is must fail
+ * with a message naming the missing key on line 1. */
+static void test_gsm8k(void) {
+    char err[ERR_LEN] = "";
+    Dataset *d = NULL;
+    int rc = dataset_load(&d, COLT_SHARED_DATA "/gsm8k/test.jsonl", err);
+    CHECK(rc != 0 && strstr(err, "gsm8k/test.jsonl line 1: missing required key \"prompt\""),
+          "gsm8k: rc=%d err=%s", rc, err);
+    printf("gsm8k/test.jsonl (no \"prompt\" column) -> %s\n", strstr(err, "gsm8k/") ? strstr(err, "gsm8k/") : err);
+    if (rc == 0) dataset_free(d);
+}
+
+static int is_permutation(const size_t *order, size_t n) {
+    char *seen = calloc(n ? n : 1, 1);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (order[i] >= n || seen[order[i]]) ok = 0;
+        else seen[order[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+static void test_epoch_order(void) {
+    enum { N = 1000 };
+    size_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b), *c = malloc(N * sizeof *c), *e = malloc(N * sizeof *e);
+    dataset_epoch_order(a, N, 1234, 0);
+    dataset_epoch_order(b, N, 1234, 0);
+    dataset_epoch_order(c, N, 1234, 1);
+    dataset_epoch_order(e, N, 1235, 0);
+    size_t fixed = 0, same_epoch = 0, same_seed = 0;
+    for (size_t i = 0; i < N; i++) {
+        fixed += a[i] == i;
+        same_epoch += a[i] == c[i];
+        same_seed += a[i] == e[i];
+    }
+    CHECK(is_permutation(a, N) && is_permutation(c, N) && is_permutation(e, N), "orders are permutations of 0..%d",
+          N - 1);
+    CHECK(memcmp(a, b, N * sizeof *a) == 0, "same (seed, epoch) gives the same order");
+    CHECK(fixed < 20 && same_epoch < 20 && same_seed < 20,
+          "orders look random: %zu fixed points, %zu shared with epoch 1, %zu shared with seed 1235 (each ~1)", fixed,
+          same_epoch, same_seed);
+    printf("epoch order n=%d: permutation, reproducible; %zu fixed points, %zu positions equal to epoch 1, %zu to "
+           "another seed\n", N, fixed, same_epoch, same_seed);
+
+    size_t one = 7;
+    dataset_epoch_order(&one, 1, 1, 1);
+    CHECK(one == 0, "n=1 gives [0]");
+    dataset_epoch_order(NULL, 0, 1, 1);
+
+    /* The 6 orders of 3 rows over 6000 epochs: each about 1000 times. */
+    int counts[6] = {0}, all_permutations = 1;
+    for (uint64_t ep = 0; ep < 6000; ep++) {
+        size_t o[3];
+        dataset_epoch_order(o, 3, 42, ep);
+        all_permutations &= is_permutation(o, 3);
+        counts[o[0] * 2 + (o[1] > o[2])]++;
+    }
+    CHECK(all_permutations, "n=3: every epoch's order is a permutation");
+    int lo = 6000, hi = 0;
+    for (int k = 0; k < 6; k++) {
+        lo = counts[k] < lo ? counts[k] : lo;
+        hi = counts[k] > hi ? counts[k] : hi;
+    }
+    CHECK(lo > 880 && hi < 1120, "n=3 order frequencies between %d and %d, want within 1000 +- 120", lo, hi);
+    printf("epoch order n=3 over 6000 epochs: each of 6 orders seen %d..%d times (expected 1000)\n", lo, hi);
+    free(a);
+    free(b);
+    free(c);
+    free(e);
+}
+
+int main(void) {
+    char err[ERR_LEN];
+    Tokenizer *tok = NULL;
+    if (tokenizer_load(&tok, COLT_SHARED_DATA "/qwen2.5-tokenizer", err) != 0) {
+        fprintf(stderr, "FAIL: cannot load the Qwen2.5 tokenizer: %s\n", err);
+        return 1;
+    }
+    test_goldens(tok);
+    test_columns();
+    test_bad_fixtures();
+    test_gsm8k();
+    test_epoch_order();
+    tokenizer_free(tok);
+    printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
+    return failures ? 1 : 0;
+}

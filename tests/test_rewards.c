@@ -1,0 +1,500 @@
+/* test_rewards.c — the reward functions: spec errors, length values (code
+ * points), regex match/non-match with flags, answer extraction, the math
+ * reward on hand-written cases and on 20 real GSM8K test rows (the reference
+ * solution scores 1, the same solution with its final number changed scores
+ * 0) and MATH-500 rows, and the external program: examples/reward_example.py
+ * (when python3 is present), then shell programs that crash, exit, return a
+ * wrong count, a string, invalid JSON, hang, or close stdin early — each a
+ * clear error, no crash, no child left behind. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/rewards.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        checks++;                                                \
+        if (!(cond)) {                                           \
+            failures++;                                          \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+        }                                                        \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Builds a reward from JSON text; NULL (with the message in err) on error. */
+static RewardFunc *make(const char *spec_text, char *err) {
+    json_error_t jerr;
+    json_t *spec = json_loads(spec_text, 0, &jerr);
+    if (!spec) {
+        fprintf(stderr, "bad test spec %s: %s\n", spec_text, jerr.text);
+        exit(1);
+    }
+    RewardFunc *r = NULL;
+    if (reward_create(&r, spec, err) != 0) r = NULL;
+    json_decref(spec);
+    return r;
+}
+
+/* No child process of ours remains, zombie or alive. */
+static void check_no_children(const char *after) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    CHECK(pid == -1 && errno == ECHILD, "after %s: a child process remains (waitpid returned %d)", after, (int)pid);
+}
+
+/* ---------------------------------------------------------------------------
+ * Specs
+ * ------------------------------------------------------------------------- */
+
+static void test_specs(void) {
+    static const char *const bad[][2] = {
+        {"{\"type\": \"lenght\"}", "unknown reward type \"lenght\""},
+        {"{\"type\": \"length\", \"target\": 10, \"targte\": 3}", "length reward: unknown key \"targte\""},
+        {"{\"type\": \"length\"}", "\"target\""},
+        {"{\"type\": \"regex\", \"pattern\": \"(unclosed\"}", "does not compile"},
+        {"{\"type\": \"regex\", \"pattern\": \"a\", \"flags\": \"sq\"}", "unknown flag 'q'"},
+        {"{\"type\": \"regex\"}", "\"pattern\" must be a string"},
+        {"{\"type\": \"math\", \"column\": 3}", "\"column\""},
+        {"{\"type\": \"command\", \"command\": \"cat\", \"timeout\": 0}", "\"timeout\" must be a positive"},
+        {"{\"type\": \"command\", \"cmd\": \"cat\"}", "command reward: unknown key \"cmd\""},
+        {"{\"target\": 3}", "needs a \"type\""},
+        {"[1]", "must be an object"},
+        {"{\"type\": \"math\", \"name\": \"\"}", "\"name\" must be a non-empty string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[ERR_LEN] = "";
+        RewardFunc *r = make(bad[i][0], err);
+        CHECK(!r && strstr(err, bad[i][1]), "spec %s: error \"%s\" should contain \"%s\"", bad[i][0], err, bad[i][1]);
+        printf("spec %-58s -> %s\n", bad[i][0], err);
+        reward_free(r);
+    }
+    static const char *const names[][2] = {
+        {"{\"type\": \"length\", \"target\": 5}", "length"},
+        {"{\"type\": \"regex\", \"pattern\": \"x\"}", "regex"},
+        {"{\"type\": \"math\"}", "math"},
+        {"{\"type\": \"math\", \"name\": \"accuracy\"}", "accuracy"},
+        {"{\"type\": \"command\", \"command\": \"cat >/dev/null\"}", "cat"},
+        {"{\"type\": \"command\", \"command\": \"python3 -u ./examples/reward_example.py --strict\"}", "reward_example"},
+        {"{\"type\": \"command\", \"command\": \"cat - | tee ./log.txt\"}", "cat"},
+        {"{\"type\": \"command\", \"command\": \"true ./score\", \"name\": \"mine\"}", "mine"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char err[ERR_LEN] = "";
+        RewardFunc *r = make(names[i][0], err);
+        CHECK(r && !strcmp(reward_name(r), names[i][1]), "spec %s: name \"%s\", want \"%s\" (%s)", names[i][0],
+              r ? reward_name(r) : "(error)", names[i][1], r ? "" : err);
+        printf("name %-58s -> %s\n", names[i][0], r ? reward_name(r) : err);
+        reward_free(r);
+    }
+    check_no_children("creating and freeing command rewards");
+}
+
+/* ---------------------------------------------------------------------------
+ * Built-in rewards
+ * ------------------------------------------------------------------------- */
+
+/* Runs reward r on the completions and compares with want (NaN = no reward). */
+static void check_values(RewardFunc *r, const char *label, const char *const *completions, json_t *const *rows,
+                         const float *want, int n) {
+    char err[ERR_LEN] = "";
+    float *got = malloc((size_t)n * sizeof *got);
+    int rc = reward_compute(r, got, NULL, completions, rows, n, err);
+    CHECK(rc == 0, "%s: reward_compute failed: %s", label, err);
+    int equal = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int same = isnan(want[i]) ? isnan(got[i]) : got[i] == want[i];
+        equal += same;
+        CHECK(same, "%s: completion %d \"%.60s\": got %g, want %g", label, i, completions[i], got[i], want[i]);
+    }
+    printf("%-34s %d/%d rewards as expected\n", label, equal, n);
+    free(got);
+}
+
+static void test_length(void) {
+    char err[ERR_LEN];
+    RewardFunc *r = make("{\"type\": \"length\", \"target\": 5}", err);
+    CHECK(r != NULL, "length: %s", err);
+    if (!r) return;
+    const char *completions[] = {"hello", "hi", "", "日本語", "héllo wörld", "0123456789"};
+    const float want[] = {0, -3, -5, -2, -6, -5};
+    check_values(r, "length target 5 (code points)", completions, NULL, want, 6);
+    reward_free(r);
+}
+
+static void test_regex(void) {
+    char err[ERR_LEN];
+    struct {
+        const char *spec;
+        const char *completions[4];
+        float want[4];
+    } cases[] = {
+        {"{\"type\": \"regex\", \"pattern\": \"^<think>.*?</think>\\\\s*<answer>.*?</answer>$\", \"flags\": \"s\"}",
+         {"<think>\nstep 1\nstep 2\n</think>\n<answer>\n42\n</answer>", "<think>x</think><answer>42</answer>\n",
+          "<think>unfinished <answer>42</answer>", "Sure! <think>a</think><answer>1</answer>"},
+         {1, 1, 0, 0}},
+        {"{\"type\": \"regex\", \"pattern\": \"^<think>.*?</think>\\\\s*<answer>.*?</answer>$\"}",
+         {"<think>\nx\n</think><answer>1</answer>", "<think>x</think><answer>1</answer>", "", "<answer>"},
+         {0, 1, 0, 0}},
+        {"{\"type\": \"regex\", \"pattern\": \"\\\\\\\\boxed\\\\{\", \"reward\": 0.5}",
+         {"so the answer is \\boxed{4}.", "the answer is 4", "\\boxed{", "boxed{4}"},
+         {0.5f, 0, 0.5f, 0}},
+        {"{\"type\": \"regex\", \"pattern\": \"^answer: \\\\d+$\", \"flags\": \"mi\"}",
+         {"work\nAnswer: 12\nmore", "answer: 12", "answer: twelve", "the answer: 12"},
+         {1, 1, 0, 0}},
+        {"{\"type\": \"regex\", \"pattern\": \"^\\\\w+$\"}", {"日本語", "mot", "two words", "é"}, {1, 1, 0, 1}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        RewardFunc *r = make(cases[i].spec, err);
+        CHECK(r != NULL, "regex %s: %s", cases[i].spec, err);
+        if (!r) continue;
+        char label[64];
+        snprintf(label, sizeof label, "regex case %zu", i);
+        check_values(r, label, cases[i].completions, NULL, cases[i].want, 4);
+        reward_free(r);
+    }
+}
+
+static void test_extract(void) {
+    static const char *const cases[][2] = {
+        {"The answer is 72.", "72"},
+        {"so 16 - 3 - 4 = 9 eggs\n#### 1,000", "1000"},
+        {"#### $18", "18"},
+        {"#### 42\nthen 7 more", "42"},
+        {"so \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"},
+        {"\\boxed{5} or rather \\boxed{7}", "7"},
+        {"\\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"},
+        {"\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}"},
+        {"\\boxed{x = 5}", "5"},
+        {"\\boxed{\\text{Evelyn}}", "Evelyn"},
+        {"\\boxed{50\\%}", "50"},
+        {"\\boxed{90^\\circ}", "90"},
+        {"\\boxed{unbalanced 9", "9"},
+        {"it costs $5.00 in total", "5"},
+        {"a total of 3.50 dollars", "3.5"},
+        {"It is -3 degrees outside", "-3"},
+        {"see pages 3-4", "4"},
+        {"x = 3/4 of the cake", "3/4"},
+        {"1,234,567 people", "1234567"},
+        {"No numbers here", NULL},
+        {"", NULL},
+    };
+    int equal = 0, n = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n; i++) {
+        char *got = reward_extract_answer(cases[i][0]);
+        int same = cases[i][1] ? got && !strcmp(got, cases[i][1]) : got == NULL;
+        equal += same;
+        CHECK(same, "extract \"%s\": got %s%s%s, want %s", cases[i][0], got ? "\"" : "", got ? got : "NULL",
+              got ? "\"" : "", cases[i][1] ? cases[i][1] : "NULL");
+        free(got);
+    }
+    printf("%-34s %d/%d answers as expected\n", "reward_extract_answer", equal, n);
+}
+
+static void test_math_cases(void) {
+    char err[ERR_LEN];
+    RewardFunc *r = make("{\"type\": \"math\"}", err);
+    CHECK(r != NULL, "math: %s", err);
+    if (!r) return;
+    struct {
+        const char *row;
+        const char *completion;
+        float want;
+    } cases[] = {
+        {"{\"answer\": \"He pays 9 * 8 = 72.\\n#### 72\"}", "The answer is 72", 1},
+        {"{\"answer\": \"#### 72\"}", "#### 72.0", 1},
+        {"{\"answer\": \"#### 72\"}", "so \\boxed{72}", 1},
+        {"{\"answer\": \"#### 72\"}", "I think 73", 0},
+        {"{\"answer\": \"#### 72\"}", "I do not know", 0},
+        {"{\"answer\": \"1000\"}", "That is 1,000 apples", 1},
+        {"{\"answer\": \"#### 5\"}", "It costs $5.", 1},
+        {"{\"answer\": \"\\\\frac{1}{2}\"}", "0.5", 1},
+        {"{\"answer\": \"\\\\frac{1}{2}\"}", "about 1/2", 1},
+        {"{\"answer\": \"\\\\frac{1}{2}\"}", "\\boxed{\\dfrac{1}{2}}", 1},
+        {"{\"answer\": \"\\\\frac{1}{2}\"}", "\\boxed{\\frac{1}{3}}", 0},
+        {"{\"answer\": \"-5\"}", "the result is -5.", 1},
+        {"{\"answer\": \"-5\"}", "the result is 5", 0},
+        {"{\"answer\": 18}", "#### 18", 1},
+        {"{\"answer\": 0.75}", "3/4", 1},
+        {"{\"answer\": \"0.3333333\"}", "1/3", 1},
+        {"{\"answer\": \"100000\"}", "100001", 0},
+        {"{\"answer\": \"\\\\left( 3, \\\\frac{\\\\pi}{2} \\\\right)\"}", "\\boxed{(3,\\frac{\\pi}{2})}", 1},
+        {"{\"answer\": \"\\\\text{Evelyn}\"}", "The winner is \\boxed{\\text{Evelyn}}", 1},
+        {"{\"answer\": \"p - q\"}", "\\boxed{p-q}", 1},
+        {"{\"answer\": null}", "42", NAN},
+        {"{\"answer\": \"#### \"}", "42", NAN},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    json_t **rows = malloc((size_t)n * sizeof *rows);
+    const char **completions = malloc((size_t)n * sizeof *completions);
+    float *want = malloc((size_t)n * sizeof *want);
+    for (int i = 0; i < n; i++) {
+        rows[i] = json_loads(cases[i].row, 0, NULL);
+        COLT_ASSERT(rows[i]);
+        completions[i] = cases[i].completion;
+        want[i] = cases[i].want;
+    }
+    check_values(r, "math (hand-written cases)", completions, rows, want, n);
+
+    /* A row without the column is a configuration error, named. */
+    json_t *no_column = json_loads("{\"solution\": \"#### 3\"}", 0, NULL);
+    float value;
+    const char *one[] = {"3"};
+    int rc = reward_compute(r, &value, NULL, one, &no_column, 1, err);
+    CHECK(rc != 0 && strstr(err, "no column \"answer\""), "row without the column: rc=%d err=%s", rc, err);
+    printf("math row without \"answer\"          -> %s\n", err);
+    json_decref(no_column);
+    for (int i = 0; i < n; i++) json_decref(rows[i]);
+    free(rows);
+    free(completions);
+    free(want);
+    reward_free(r);
+
+    /* Another column name. */
+    r = make("{\"type\": \"math\", \"column\": \"solution\"}", err);
+    json_t *row = json_loads("{\"solution\": \"so \\\\boxed{12}\", \"answer\": \"99\"}", 0, NULL);
+    const char *c[] = {"12", "99"};
+    json_t *rows2[] = {row, row};
+    check_values(r, "math with column \"solution\"", c, rows2, (const float[]){1, 0}, 2);
+    json_decref(row);
+    reward_free(r);
+}
+
+/* Reads the first n rows of a JSONL file. */
+static int read_rows(json_t **rows, const char *path, int n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    int k = 0;
+    while (k < n && getline(&line, &cap, f) > 0) rows[k++] = json_loads(line, 0, NULL);
+    free(line);
+    fclose(f);
+    return k;
+}
+
+/* The GSM8K reference solution as a completion scores 1; with the final
+ * number changed (N -> N + 1) it scores 0. */
+static void test_math_gsm8k(void) {
+    enum { N = 20 };
+    json_t *rows[N];
+    int k = read_rows(rows, COLT_SHARED_DATA "/gsm8k/test.jsonl", N);
+    CHECK(k == N, "gsm8k/test.jsonl: read %d rows, want %d", k, N);
+    if (k != N) return;
+    char err[ERR_LEN];
+    RewardFunc *r = make("{\"type\": \"math\", \"column\": \"answer\"}", err);
+    const char *solutions[N];
+    char *changed[N];
+    float ones[N], zeros[N];
+    for (int i = 0; i < N; i++) {
+        solutions[i] = json_string_value(json_object_get(rows[i], "answer"));
+        const char *hashes = strstr(solutions[i], "####");
+        COLT_ASSERT(hashes);
+        long long value = strtoll(hashes + 4, NULL, 10);
+        size_t head = (size_t)(hashes - solutions[i]);
+        changed[i] = malloc(head + 32);
+        snprintf(changed[i], head + 32, "%.*s#### %lld", (int)head, solutions[i], value + 1);
+        ones[i] = 1, zeros[i] = 0;
+    }
+    check_values(r, "math on 20 GSM8K reference answers", solutions, rows, ones, N);
+    check_values(r, "math on 20 GSM8K answers, N -> N+1", (const char *const *)changed, rows, zeros, N);
+    for (int i = 0; i < N; i++) {
+        free(changed[i]);
+        json_decref(rows[i]);
+    }
+    reward_free(r);
+}
+
+/* MATH-500: the reference solution (which ends in \boxed{...}) against the
+ * "answer" column. Not all match as strings (a solution may box "\dfrac" or
+ * add "\text{}" the answer column lacks); the count is printed and the ones
+ * expected are required. */
+static void test_math_math500(void) {
+    enum { N = 20 };
+    json_t *rows[N];
+    int k = read_rows(rows, COLT_SHARED_DATA "/math500/test.jsonl", N);
+    CHECK(k == N, "math500/test.jsonl: read %d rows, want %d", k, N);
+    if (k != N) return;
+    char err[ERR_LEN];
+    RewardFunc *r = make("{\"type\": \"math\"}", err);
+    const char *solutions[N];
+    for (int i = 0; i < N; i++) solutions[i] = json_string_value(json_object_get(rows[i], "solution"));
+    float got[N];
+    int rc = reward_compute(r, got, NULL, solutions, rows, N, err);
+    CHECK(rc == 0, "math500: %s", err);
+    int matched = 0;
+    for (int i = 0; rc == 0 && i < N; i++) {
+        matched += got[i] == 1.0f;
+        if (got[i] != 1.0f) {
+            char *a = reward_extract_answer(solutions[i]);
+            printf("  math500 row %d: solution's answer \"%s\" vs column \"%s\" -> %g\n", i, a ? a : "(none)",
+                   json_string_value(json_object_get(rows[i], "answer")), got[i]);
+            free(a);
+        }
+    }
+    CHECK(matched >= 19, "math500: %d/20 reference solutions match their answer column, want >= 19", matched);
+    printf("%-34s %d/%d reference solutions score 1\n", "math on 20 MATH-500 solutions", matched, N);
+    for (int i = 0; i < N; i++) json_decref(rows[i]);
+    reward_free(r);
+}
+
+/* ---------------------------------------------------------------------------
+ * External programs
+ * ------------------------------------------------------------------------- */
+
+static void test_example_program(void) {
+    if (system("command -v python3 >/dev/null 2>&1") != 0) {
+        printf("SKIP examples/reward_example.py: python3 not found (the shell-program checks still run)\n");
+        return;
+    }
+    char err[ERR_LEN];
+    Dataset *d = NULL;
+    int rc = dataset_load(&d, COLT_SOURCE_DIR "/examples/data/target_words.jsonl", err);
+    CHECK(rc == 0, "examples/data/target_words.jsonl: %s", err);
+    if (rc != 0) return;
+    RewardFunc *r = make("{\"type\": \"command\", \"command\": \"python3 " COLT_SOURCE_DIR
+                         "/examples/reward_example.py\", \"timeout\": 20}", err);
+    CHECK(r != NULL, "reward_example.py: %s", err);
+    if (!r) {
+        dataset_free(d);
+        return;
+    }
+    CHECK(!strcmp(reward_name(r), "reward_example"), "default name %s", reward_name(r));
+    const char *prompts[] = {"p0", "p1", "p2", "p3"};
+    const char *completions[] = {"I like Apple pie.", "No whales here.", "Anything at all.", "The sky is blue"};
+    json_t *rows[] = {dataset_row(d, 0), dataset_row(d, 1), dataset_row(d, 2), dataset_row(d, 3)};
+    float want[] = {1, 0, NAN, 1};
+    /* Twice: the program stays up between calls. */
+    check_values(r, "reward_example.py call 1", completions, rows, want, 4);
+    check_values(r, "reward_example.py call 2", completions, rows, want, 4);
+    (void)prompts;
+
+    /* A large batch: ~1.3 MB each way through the pipes. */
+    enum { BIG = 64 };
+    char *big[BIG];
+    json_t *big_rows[BIG];
+    float big_want[BIG];
+    for (int i = 0; i < BIG; i++) {
+        big[i] = malloc(20001);
+        for (int j = 0; j < 20000; j++) big[i][j] = "abcd efgh "[j % 10];
+        big[i][20000] = '\0';
+        if (i % 2) memcpy(big[i] + 100, " apple ", 7);
+        big_rows[i] = rows[0];
+        big_want[i] = (float)(i % 2);
+    }
+    check_values(r, "reward_example.py 64 x 20 KB", (const char *const *)big, big_rows, big_want, BIG);
+    for (int i = 0; i < BIG; i++) free(big[i]);
+    reward_free(r);
+    dataset_free(d);
+    check_no_children("reward_example.py");
+}
+
+static void test_bad_programs(void) {
+    struct {
+        const char *label;
+        const char *command;
+        const char *expect;
+    } cases[] = {
+        {"crash (SIGSEGV)", "read -r line; kill -SEGV $$", "was killed by signal 11"},
+        {"exit 3", "read -r line; exit 3", "exited with status 3"},
+        {"not found", "/nonexistent/reward-program", "exited with status 127 (command not found?)"},
+        {"wrong count", "while read -r l; do echo '{\"rewards\": [1]}'; done", "' returned 1 rewards for 2 completions"},
+        {"a string", "while read -r l; do echo '{\"rewards\": [1, \"high\"]}'; done",
+         "rewards[1] is a string, expected a number or null"},
+        {"no rewards key", "while read -r l; do echo '{\"scores\": [1, 2]}'; done", "without a \"rewards\" list"},
+        {"invalid JSON", "while read -r l; do echo 'debug: starting'; done", "is not valid JSON"},
+        {"hang (timeout 1 s)", "sleep 30", "did not answer within 1 s (timeout); killed it"},
+    };
+    const char *completions[] = {"a", "b"};
+    json_t *row = json_loads("{\"prompt\": \"p\", \"target\": \"a\"}", 0, NULL);
+    json_t *rows[] = {row, row};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[ERR_LEN] = "", spec[512];
+        json_t *s = json_pack("{s:s, s:s, s:i}", "type", "command", "command", cases[i].command, "timeout", 1);
+        char *text = json_dumps(s, 0);
+        snprintf(spec, sizeof spec, "%s", text);
+        free(text);
+        json_decref(s);
+        RewardFunc *r = make(spec, err);
+        CHECK(r != NULL, "%s: create failed: %s", cases[i].label, err);
+        if (!r) continue;
+        float got[2];
+        double t0 = now_s();
+        int rc = reward_compute(r, got, NULL, completions, rows, 2, err);
+        double elapsed = now_s() - t0;
+        CHECK(rc != 0 && strstr(err, cases[i].expect), "%s: rc=%d, error \"%s\" should contain \"%s\"", cases[i].label,
+              rc, rc ? err : "", cases[i].expect);
+        CHECK(strstr(err, cases[i].command) != NULL, "%s: error names the command: %s",
+              cases[i].label, err);
+        CHECK(elapsed < 3.5, "%s: took %.2f s", cases[i].label, elapsed);
+        printf("%-20s (%.2f s) -> %s\n", cases[i].label, elapsed, err);
+        /* A program that died stays dead: a second call says so rather than hanging. */
+        if (strstr(err, "killed") || strstr(err, "exited")) {
+            rc = reward_compute(r, got, NULL, completions, rows, 2, err);
+            CHECK(rc != 0 && strstr(err, "no longer running"), "%s: second call: %s", cases[i].label, err);
+        }
+        reward_free(r);
+        check_no_children(cases[i].label);
+    }
+    json_decref(row);
+
+    /* A program that closes stdin while we write 1 MB: EPIPE with SIGPIPE
+     * blocked, an error, no crash. */
+    char err[ERR_LEN] = "";
+    RewardFunc *r = make("{\"type\": \"command\", \"command\": \"exec 0<&-; sleep 0.2; exit 4\", \"timeout\": 5}", err);
+    CHECK(r != NULL, "stdin-closer: %s", err);
+    if (r) {
+        char *big = malloc(1 << 20);
+        memset(big, 'x', (1 << 20) - 1);
+        big[(1 << 20) - 1] = '\0';
+        const char *c[] = {big};
+        float got;
+        int rc = reward_compute(r, &got, NULL, c, NULL, 1, err);
+        CHECK(rc != 0 && strstr(err, "exited with status 4"), "stdin closed early: rc=%d err=%s", rc, err);
+        printf("%-20s -> %s\n", "stdin closed (1 MB)", err);
+        free(big);
+        reward_free(r);
+        check_no_children("stdin closed early");
+    }
+
+    /* reward_free on a program that ignores EOF and SIGTERM: killed after the
+     * grace period, reaped. */
+    r = make("{\"type\": \"command\", \"command\": \"trap '' TERM; while true; do sleep 1; done\"}", err);
+    CHECK(r != NULL, "stubborn: %s", err);
+    double t0 = now_s();
+    reward_free(r);
+    double elapsed = now_s() - t0;
+    CHECK(elapsed < 3.0, "reward_free of a program ignoring EOF took %.2f s", elapsed);
+    printf("%-20s -> freed in %.2f s\n", "ignores EOF", elapsed);
+    check_no_children("freeing a program that ignores EOF");
+}
+
+int main(void) {
+    test_specs();
+    test_length();
+    test_regex();
+    test_extract();
+    test_math_cases();
+    test_math_gsm8k();
+    test_math_math500();
+    test_example_program();
+    test_bad_programs();
+    printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
+    return failures ? 1 : 0;
+}

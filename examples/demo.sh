@@ -1,30 +1,26 @@
 #!/usr/bin/env bash
-# The main job until the GRPO trainer lands: generation with the real pretrained
-# stories260K (shipped in models/, MIT, see models/stories260K/README.md),
-# on the CPU, no network. Run by `make demo` after the build.
+# The main job: GRPO on the CPU with the real pretrained stories260K (shipped
+# in models/, MIT, see models/stories260K/README.md), no network. The reward
+# asks for stories that go to the park (examples/demo.yaml). Run by `make demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COLT=build/colt
-MODEL=models/stories260K
+OUT=runs/demo
 
-echo "== greedy continuation of 'Once upon a time' (equals transformers' greedy output)"
-$COLT generate --model "$MODEL" --prompt "Once upon a time" --max_new_tokens 60
-
-echo
-echo "== 3 sampled stories (temperature 0.8, top_p 0.95, seed 42; same seed, same stories)"
-$COLT generate --model "$MODEL" --prompt "Once upon a time, a little dog" --max_new_tokens 80 \
-  --temperature 0.8 --top_p 0.95 --seed 42 --n 3 | sed 's/^/  > /'
+echo "== colt train --config examples/demo.yaml"
+$COLT train --config examples/demo.yaml --output_dir "$OUT"
 
 echo
-echo "== tokens and log-probs of a sentence under the model (colt tokenize | colt score)"
-ids=$(echo '{"text": "Lily saw a big red ball in the park."}' | $COLT tokenize --model "$MODEL")
-echo "  ids:      $ids"
-echo "$ids" | $COLT score --model "$MODEL" | sed 's/^/  logprobs: /'
+echo "== held-out prompts, before and after (from $OUT/eval_before.jsonl and eval_after.jsonl)"
+python_free_show() {  # first completion of the first three prompts, without Python
+  awk -v n=3 -v g=8 'NR % g == 1 && shown < n { print "  " $0; shown++ }' "$1"
+}
+echo "-- before:"; python_free_show "$OUT/eval_before.jsonl"
+echo "-- after:";  python_free_show "$OUT/eval_after.jsonl"
 
 echo
-echo "== throughput: 64 completions of 128 tokens, batched"
-start=$(date +%s.%N)
-$COLT generate --model "$MODEL" --prompt "Once upon a time" --max_new_tokens 128 --ignore_eos \
-  --temperature 1.0 --seed 1 --n 64 --json > /dev/null
-end=$(date +%s.%N)
-awk -v s="$start" -v e="$end" 'BEGIN { printf "  %d tokens in %.2f s = %.0f tokens/s (CPU)\n", 64*128, e-s, 64*128/(e-s) }'
+echo "== summary ($OUT/summary.json)"
+grep -E '"(eval_reward_before|eval_reward_after|eval_reward_gain|steps|seconds)"' "$OUT/summary.json"
+echo
+echo "reward curve: $OUT/reward_curve.svg   metrics: $OUT/metrics.jsonl   model: $OUT/"
+echo "try it:  $COLT generate --model $OUT --prompt 'Once upon a time, there was a little fox named Sam.' --max_new_tokens 48"

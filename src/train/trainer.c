@@ -825,7 +825,12 @@ static void log_step(Trainer *t, double elapsed, int64_t steps_this_run) {
     for (int i = 0; i < t->cfg->log_completions_count && i < r->n_samples; i++) {
         int k = (int)(((int64_t)i * r->n_samples) / t->cfg->log_completions_count);
         Sample *sm = &r->samples[k];
-        log_info0("  sample: %s -> %s  [reward %.3f]", r->prompt_text[sm->prompt], sm->text, sm->reward);
+        /* JSON-quoted, so newlines in a completion stay on one line. */
+        json_t *p = json_string(r->prompt_text[sm->prompt]), *q = json_string(sm->text);
+        char *ps = json_dumps(p, JSON_ENCODE_ANY), *qs = json_dumps(q, JSON_ENCODE_ANY);
+        log_info0("  sample: %s -> %s  [reward %.3f]", ps, qs, sm->reward);
+        free(ps), free(qs);
+        json_decref(p), json_decref(q);
         if (fp) {
             json_t *so = json_pack("{s:I,s:s,s:s,s:o,s:f}", "step", (json_int_t)t->global_step, "prompt",
                                    r->prompt_text[sm->prompt], "completion", sm->text, "reward",

@@ -12,3 +12,5 @@ if python3 -c "import tokenizers" 2>/dev/null; then
 fi
 echo
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} ./build/bench_forward
+echo
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} ./build/bench_train_step

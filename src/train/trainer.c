@@ -1054,6 +1054,7 @@ int trainer_run(TrainConfig *c, char *err) {
 
     const int micro_per_round = c->steps_per_generation * c->num_iterations;
     int64_t start_step = t.global_step;
+    const bool live_progress = isatty(STDERR_FILENO);
     double loop_start = time_now();
     json_t *step_start_state = NULL;
     bool interrupted = false;
@@ -1100,7 +1101,20 @@ int trainer_run(TrainConfig *c, char *err) {
         metrics_add(&t.metrics, "time/training", (now - step_start) - (t.time_generation - gen0) - (t.time_scoring - score0));
 
         bool last = t.global_step == t.total_steps;
-        if (t.global_step % c->logging_steps == 0 || last) log_step(&t, now - loop_start, t.global_step - start_step);
+        bool logging = t.global_step % c->logging_steps == 0 || last;
+        if (live_progress && !logging) {
+            /* The live line between logging steps, overwritten in place. */
+            double per_step = (now - loop_start) / (double)(t.global_step - start_step);
+            char eta[32];
+            format_duration(eta, sizeof eta, per_step * (double)(t.total_steps - t.global_step));
+            fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.5f | %.2f s/step | ETA %s", (long long)t.global_step,
+                    (long long)t.total_steps, step_loss, per_step, eta);
+            fflush(stderr);
+        }
+        if (logging) {
+            if (live_progress) fputs("\r\033[K", stderr);
+            log_step(&t, now - loop_start, t.global_step - start_step);
+        }
         if (c->eval_steps > 0 && t.eval_data && t.global_step % c->eval_steps == 0 && !last) {
             double r = NAN;
             rc = evaluate(&t, "latest", &r, err);

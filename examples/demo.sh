@@ -12,11 +12,11 @@ $COLT train --config examples/demo.yaml --output_dir "$OUT"
 
 echo
 echo "== held-out prompts, before and after (from $OUT/eval_before.jsonl and eval_after.jsonl)"
-python_free_show() {  # first completion of the first three prompts, without Python
+show_samples() {  # first completion of the first three prompts, without Python
   awk -v n=3 -v g=8 'NR % g == 1 && shown < n { print "  " $0; shown++ }' "$1"
 }
-echo "-- before:"; python_free_show "$OUT/eval_before.jsonl"
-echo "-- after:";  python_free_show "$OUT/eval_after.jsonl"
+echo "-- before:"; show_samples "$OUT/eval_before.jsonl"
+echo "-- after:";  show_samples "$OUT/eval_after.jsonl"
 
 echo
 echo "== summary ($OUT/summary.json)"

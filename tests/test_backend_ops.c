@@ -490,7 +490,7 @@ static void test_optimizer_ops(const Backend *be) {
     float *p = rand_floats(n, 1.0f), *g = rand_floats(n, 1.0f), *m = rand_floats(n, 0.1f), *v = rand_floats(n, 0.1f);
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
     void *gp = to_device(be, p, n), *gg = to_device(be, g, n), *gm = to_device(be, m, n), *gv = to_device(be, v, n);
-    be->adamw(gp, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
+    be->adamw(gp, NULL, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
     float *got_p = from_device(be, gp, n), *got_m = from_device(be, gm, n), *got_v = from_device(be, gv, n);
     double *ref_p = malloc(n * sizeof(double)), *ref_m = malloc(n * sizeof(double)), *ref_v = malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {

@@ -94,7 +94,7 @@ static double decimal_of_float(float x) {
 
 /* torch's _single_tensor_adam on fp32 CPU tensors, op for op: Python double
  * scalars are rounded to fp32 where they meet a tensor. */
-static void reference_adamw(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+static void reference_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
                             float beta2, float eps, float weight_decay, float bias_correction1,
                             float bias_correction2) {
     float *p = param, *ms = m, *vs = v;

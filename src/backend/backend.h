@@ -17,14 +17,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
+
 typedef struct Backend {
     const char *name;
+    /* Storage dtype of alloc() buffers: weights and activations (CPU: F32; CUDA:
+     * BF16). Gradients of parameters, optimizer state and per-token log-probs
+     * live in fp32 buffers from alloc_f32; the ops below mark those "[f32]".
+     * Every other buffer argument is in the storage dtype. */
+    DType storage;
 
-    /* Memory (sizes in elements of the backend's storage type). */
+    /* Memory (sizes in elements). */
     void *(*alloc)(size_t n_elements);
-    void (*free)(void *buf);
-    void (*upload)(void *dst, const float *src, size_t n);   /* fp32 host -> device */
-    void (*download)(float *dst, const void *src, size_t n); /* device -> fp32 host */
+    void *(*alloc_f32)(size_t n_elements);
+    void (*free)(void *buf);  /* either kind */
+    void (*upload)(void *dst, const float *src, size_t n);   /* fp32 host -> storage buffer */
+    void (*download)(float *dst, const void *src, size_t n); /* storage buffer -> fp32 host */
+    void (*upload_f32)(void *dst, const float *src, size_t n);   /* fp32 host -> [f32] buffer */
+    void (*download_f32)(float *dst, const void *src, size_t n); /* [f32] buffer -> fp32 host */
     void (*copy)(void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n);
 
     /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias[out_dim] if non-NULL).
@@ -58,29 +68,31 @@ typedef struct Backend {
     /* Backward ops. Gradients named "+=" accumulate (the caller zeroes them
      * once per step); everything else is overwritten. */
 
-    /* x[i] = 0 over n elements (gradient and scratch buffers). */
+    /* x[i] = 0 over n elements: zero for storage buffers, zero_f32 for [f32] ones. */
     void (*zero)(void *x, size_t n);
+    void (*zero_f32)(void *x, size_t n);
     /* Backward of linear: dx[N, in_dim] = dy[N, out_dim] @ w[out_dim, in_dim]
      * (+= instead of = when accumulate_dx; dx may be NULL to skip it);
-     * dw[out_dim, in_dim] += dy^T @ x; db[out_dim] += sum over rows of dy
-     * (db may be NULL). */
+     * dw[out_dim, in_dim] [f32] += dy^T @ x; db[out_dim] [f32] += sum over rows
+     * of dy (db may be NULL). */
     void (*linear_backward)(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
                             int in_dim, int out_dim, int accumulate_dx);
     /* Backward of rmsnorm (y = x * r * w, r = 1/sqrt(mean(x^2) + eps)) given
      * the forward input x[N, D]: dx[N, D] += r * (g - x * r^2 * mean(g * x))
-     * with g = dy * w; dw[D] += sum over rows of dy * x * r. */
+     * with g = dy * w; dw[D] [f32] += sum over rows of dy * x * r. */
     void (*rmsnorm_backward)(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
                              float eps);
     /* Backward of rope, in place on dx[N, n_heads, Dh]: the inverse rotation
      * (angle -pos * inv_freq), same fp32 angles as rope. */
     void (*rope_backward)(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
-    /* Inverse of kv_store: k[N, KVH*Dh] and v[N, KVH*Dh] of token i are read
-     * from the caches [S, L, KVH*Dh] at (slot[i], pos[i]). */
+    /* Inverse of kv_store for the gradients: k[N, KVH*Dh] and v[N, KVH*Dh]
+     * (storage) of token i are read from the [f32] caches [S, L, KVH*Dh] at
+     * (slot[i], pos[i]). */
     void (*kv_gather)(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
                       int n, int kv_dim, int max_len);
     /* Backward of attention (same layout and causal rule), recomputing the
      * softmax from q and the caches: dq[N, H*Dh] = d out / d q; dk_cache and
-     * dv_cache [S, L, KVH*Dh] += the gradients of the cached K and V rows.
+     * dv_cache [S, L, KVH*Dh] [f32] += the gradients of the cached K and V rows.
      * n_slots bounds the slot ids. */
     void (*attention_backward)(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
                                const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
@@ -88,16 +100,16 @@ typedef struct Backend {
     /* Backward of swiglu (out = silu(gate) * up) over n elements:
      * dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
-    /* Backward of embedding: dtable[ids[i], :] += dout[i, :] for i < N. */
+    /* Backward of embedding: dtable[ids[i], :] [f32] += dout[i, :] for i < N. */
     void (*embedding_backward)(void *dtable, const void *dout, const int *ids, int n, int dim);
     /* Per row of logits[N, V], with z = logits / temperature:
-     * logprobs[i] = log_softmax(z)[targets[i]] and entropy[i] = -sum p log p
-     * (entropy may be NULL); rows with targets[i] < 0 get 0. Sums in double.
+     * logprobs[i] [f32] = log_softmax(z)[targets[i]] and entropy[i] [f32] =
+     * -sum p log p (entropy may be NULL); rows with targets[i] < 0 get 0.
      * The lm_head chunks of the training forward run through this. */
     void (*log_softmax_target)(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
                                int vocab, float temperature);
     /* Backward of log_softmax_target's logprobs: dlogits[N, V] =
-     * dlogprobs[i] * (onehot(targets[i]) - softmax(z)) / temperature (0 for
+     * dlogprobs[i] [f32] * (onehot(targets[i]) - softmax(z)) / temperature (0 for
      * rows with targets[i] < 0). dlogits may alias logits (in place). */
     void (*log_softmax_target_backward)(void *dlogits, const void *logits, const int *targets,
                                         const void *dlogprobs, int n, int vocab, float temperature);
@@ -105,12 +117,14 @@ typedef struct Backend {
     /* torch.optim.AdamW step, in place, in torch's order of operations:
      * p *= 1 - lr*weight_decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
      * p -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps),
-     * with bias_correction_k = 1 - beta_k^step. m and v are fp32 state buffers. */
-    void (*adamw)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+     * with bias_correction_k = 1 - beta_k^step. grad, m and v are [f32]. When
+     * master [f32] is given (storage is not F32), the update runs on master and
+     * param receives it rounded to storage; else on param directly. */
+    void (*adamw)(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2);
-    /* sum of x[i]^2 in double (for the global gradient norm). */
+    /* sum of x[i]^2 in double over an [f32] buffer (the global gradient norm). */
     double (*sum_squares)(const void *x, size_t n);
-    /* x[i] *= s (gradient clipping, accumulation scaling). */
+    /* x[i] *= s over an [f32] buffer (gradient clipping). */
     void (*scale)(void *x, float s, size_t n);
 } Backend;
 

@@ -13,7 +13,6 @@
 #include "backend/backend.h"
 
 typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } ModelArch;
-typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
 
 #define MODEL_MAX_EOS 8
 

@@ -66,8 +66,8 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     COLT_ASSERT(n == g->n);
     for (int i = 0; i < n; i++) {
         g->numel[i] = tensor_numel(&t[i]);
-        g->bufs[i] = m->be->alloc(g->numel[i]);
-        m->be->zero(g->bufs[i], g->numel[i]);
+        g->bufs[i] = m->be->alloc_f32(g->numel[i]);
+        m->be->zero_f32(g->bufs[i], g->numel[i]);
         *t[i].buf = g->bufs[i];
     }
     free(t);
@@ -86,7 +86,7 @@ void model_grads_free(ModelGrads *g) {
 }
 
 void model_grads_zero(ModelGrads *g) {
-    for (int i = 0; i < g->n; i++) g->be->zero(g->bufs[i], g->numel[i]);
+    for (int i = 0; i < g->n; i++) g->be->zero_f32(g->bufs[i], g->numel[i]);
 }
 
 void *model_grad(const ModelGrads *g, int index) {
@@ -182,14 +182,14 @@ int train_state_create(TrainState **out, const Model *m, int n_slots, int max_le
     st->chunk_rows = be->alloc(C * D);
     st->chunk_drows = be->alloc(C * D);
     st->chunk_logits = be->alloc(C * V);
-    st->chunk_lp = be->alloc(C);
-    st->chunk_ent = be->alloc(C);
+    st->chunk_lp = be->alloc_f32(C);
+    st->chunk_ent = be->alloc_f32(C);
     st->dres = be->alloc(N * D);
     st->dxn = be->alloc(N * D);
     st->dq = be->alloc(N * QD);
     st->datt = be->alloc(N * QD);
-    st->dk_cache = be->alloc(SL * KVD);
-    st->dv_cache = be->alloc(SL * KVD);
+    st->dk_cache = be->alloc_f32(SL * KVD);
+    st->dv_cache = be->alloc_f32(SL * KVD);
     st->dgate = be->alloc(N * F);
     st->dup = be->alloc(N * F);
     st->dh = be->alloc(N * F);
@@ -322,10 +322,10 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
         lm_head_chunk(m, st, r0, cn);
         be->log_softmax_target(st->chunk_lp, entropy ? st->chunk_ent : NULL, st->chunk_logits, st->chunk_targets, cn,
                                V, temperature);
-        be->download(st->chunk_host, st->chunk_lp, (size_t)cn);
+        be->download_f32(st->chunk_host, st->chunk_lp, (size_t)cn);
         for (int r = 0; r < cn; r++) logprobs[st->rows[r0 + r]] = st->chunk_host[r];
         if (entropy) {
-            be->download(st->chunk_host, st->chunk_ent, (size_t)cn);
+            be->download_f32(st->chunk_host, st->chunk_ent, (size_t)cn);
             for (int r = 0; r < cn; r++) entropy[st->rows[r0 + r]] = st->chunk_host[r];
         }
     }
@@ -358,7 +358,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         int cn = n_rows - r0 < CHUNK ? n_rows - r0 : CHUNK;
         lm_head_chunk(m, st, r0, cn);
         for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
-        be->upload(st->chunk_lp, st->chunk_host, (size_t)cn);
+        be->upload_f32(st->chunk_lp, st->chunk_host, (size_t)cn);
         be->log_softmax_target_backward(st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn, V,
                                         st->temperature);
         be->linear_backward(st->chunk_drows, gm->lm_head, NULL, st->chunk_logits, st->chunk_rows, m->lm_head, cn, D,
@@ -383,8 +383,8 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         be->rmsnorm_backward(st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
         /* attention */
         be->linear_backward(st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
-        be->zero(st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
-        be->zero(st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
+        be->zero_f32(st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
+        be->zero_f32(st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
         be->attention_backward(st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->k_cache, a->v_cache, slot, pos,
                                n, H, KVH, Dh, st->n_slots, st->max_len);
         be->kv_gather(st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);

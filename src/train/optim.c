@@ -78,13 +78,14 @@ struct Optimizer {
     AdamWConfig cfg;
     int n;                      /* parameter tensors */
     ModelParam *params;         /* [n] */
-    void **exp_avg, **exp_avg_sq; /* [n] backend buffers of params[i].numel fp32 */
+    void **exp_avg, **exp_avg_sq; /* [n] [f32] backend buffers of params[i].numel */
+    void **master;                /* [n] [f32] master weights when the storage is not fp32, else NULL */
     int64_t step;
 };
 
 int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backend *be, char *err) {
     *out = NULL;
-    if (!be->adamw || !be->alloc || !be->zero)
+    if (!be->adamw || !be->alloc_f32 || !be->zero_f32)
         return errorf(err, "backend '%s' has no adamw/zero op; the optimizer cannot run on it", be->name);
     if (!(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f && cfg->beta2 >= 0.0f && cfg->beta2 < 1.0f))
         return errorf(err, "AdamW betas must be in [0, 1) (got %g, %g)", (double)cfg->beta1, (double)cfg->beta2);
@@ -99,14 +100,23 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
     o->params = xcalloc((size_t)(o->n ? o->n : 1), sizeof(ModelParam));
     o->exp_avg = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     o->exp_avg_sq = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
+    o->master = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     for (int i = 0; i < o->n; i++) {
         o->params[i] = model_param(m, i);
         size_t numel = o->params[i].numel;
-        o->exp_avg[i] = be->alloc(numel);
-        o->exp_avg_sq[i] = be->alloc(numel);
+        o->exp_avg[i] = be->alloc_f32(numel);
+        o->exp_avg_sq[i] = be->alloc_f32(numel);
         COLT_ASSERT(o->exp_avg[i] && o->exp_avg_sq[i]);
-        be->zero(o->exp_avg[i], numel);
-        be->zero(o->exp_avg_sq[i], numel);
+        be->zero_f32(o->exp_avg[i], numel);
+        be->zero_f32(o->exp_avg_sq[i], numel);
+        if (be->storage != DTYPE_F32) {
+            /* fp32 master copy of a low-precision weight: AdamW updates it. */
+            float *host = xmalloc(numel * sizeof(float));
+            be->download(host, o->params[i].data, numel);
+            o->master[i] = be->alloc_f32(numel);
+            be->upload_f32(o->master[i], host, numel);
+            free(host);
+        }
     }
     *out = o;
     return 0;
@@ -117,7 +127,9 @@ void optim_free(Optimizer *o) {
     for (int i = 0; i < o->n; i++) {
         o->be->free(o->exp_avg[i]);
         o->be->free(o->exp_avg_sq[i]);
+        if (o->master[i]) o->be->free(o->master[i]);
     }
+    free(o->master);
     free(o->exp_avg);
     free(o->exp_avg_sq);
     free(o->params);
@@ -134,7 +146,7 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
     float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
     float bc2 = (float)(1.0 - pow(beta2, (double)o->step));
     for (int i = 0; i < o->n; i++)
-        o->be->adamw(o->params[i].data, model_grad(g, i), o->exp_avg[i], o->exp_avg_sq[i], o->params[i].numel, lr,
+        o->be->adamw(o->params[i].data, o->master[i], model_grad(g, i), o->exp_avg[i], o->exp_avg_sq[i], o->params[i].numel, lr,
                      o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
 }
 
@@ -213,7 +225,7 @@ int optim_save(const Optimizer *o, const char *path, char *err) {
     for (int i = 0; ok && i < o->n; i++)
         for (int k = 0; ok && k < 2; k++) {
             size_t numel = o->params[i].numel;
-            o->be->download(host, k == 0 ? o->exp_avg[i] : o->exp_avg_sq[i], numel);
+            o->be->download_f32(host, k == 0 ? o->exp_avg[i] : o->exp_avg_sq[i], numel);
             ok = fwrite(host, 4, numel, af.fp) == numel;
         }
     free(host);
@@ -285,7 +297,7 @@ int optim_load(Optimizer *o, const char *path, char *err) {
         for (int i = 0; i < o->n; i++)
             for (int k = 0; k < 2; k++) {
                 safetensors_to_f32(host, found[2 * i + k]);
-                o->be->upload(k == 0 ? o->exp_avg[i] : o->exp_avg_sq[i], host, o->params[i].numel);
+                o->be->upload_f32(k == 0 ? o->exp_avg[i] : o->exp_avg_sq[i], host, o->params[i].numel);
             }
         free(host);
         o->step = step;

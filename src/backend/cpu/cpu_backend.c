@@ -449,8 +449,9 @@ static void cpu_log_softmax_target_backward(void *dlogits, const void *logits, c
 /* torch.optim.AdamW (single-tensor path): the first moment uses lerp as torch
  * does (m + w (g - m), w = 1 - beta1, for w < 0.5), the rest in torch's order;
  * scalars folded in double then rounded to fp32 like torch's python scalars. */
-static void cpu_adamw(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+static void cpu_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+    COLT_ASSERT(master == NULL);  /* fp32 storage: the optimizer updates param itself */
     float *p = param, *ms = m, *vs = v;
     const float *g = grad;
     float decay = (float)(1.0 - (double)lr * weight_decay);
@@ -485,10 +486,14 @@ static void cpu_scale(void *x, float s, size_t n) {
 
 static const Backend CPU_BACKEND = {
     .name = "cpu",
+    .storage = DTYPE_F32,
     .alloc = cpu_alloc,
+    .alloc_f32 = cpu_alloc,  /* storage is fp32: one kind of buffer */
     .free = cpu_free,
     .upload = cpu_upload,
     .download = cpu_download,
+    .upload_f32 = cpu_upload,
+    .download_f32 = cpu_download,
     .copy = cpu_copy,
     .linear = cpu_linear,
     .rmsnorm = cpu_rmsnorm,
@@ -502,6 +507,7 @@ static const Backend CPU_BACKEND = {
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .zero = cpu_zero,
+    .zero_f32 = cpu_zero,
     .linear_backward = cpu_linear_backward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope_backward = cpu_rope_backward,

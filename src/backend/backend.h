@@ -131,4 +131,14 @@ typedef struct Backend {
 /* The fp32 CPU reference backend (OpenBLAS + OpenMP). */
 const Backend *backend_cpu(void);
 
+/* CUDA backends (builds with -DCOLT_CUDA=ON; elsewhere NULL): bf16 storage with
+ * fp32 accumulation, and an fp32-storage twin of the same kernels used to check
+ * them tightly against the CPU. NULL too when no GPU is usable. */
+const Backend *backend_cuda(void);
+const Backend *backend_cuda_f32(void);
+
+/* "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU); NULL with err
+ * set when the name is unknown or CUDA was asked for and is not available. */
+const Backend *backend_by_name(const char *name, char *err);
+
 #endif

@@ -23,7 +23,7 @@ static const char *GENERATE_USAGE =
     "  (ids of the completion only). Sampling defaults: generation_config.json if it samples, else greedy.\n";
 
 typedef struct GenerateArgs {
-    const char *model, *prompt, *chat, *ids;
+    const char *model, *prompt, *chat, *ids, *device;
     int max_new_tokens, top_k, n;
     float temperature, top_p, min_p, repetition_penalty;
     uint64_t seed;
@@ -77,7 +77,7 @@ static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const T
 
 int cmd_generate(int argc, char **argv) {
     char err[ERR_LEN];
-    GenerateArgs a = {.max_new_tokens = 128, .n = 1, .temperature = 0.0f, .top_p = 1.0f,
+    GenerateArgs a = {.device = "auto", .max_new_tokens = 128, .n = 1, .temperature = 0.0f, .top_p = 1.0f,
                       .repetition_penalty = 1.0f};
     CliOption opts[] = {
         {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
@@ -94,6 +94,7 @@ int cmd_generate(int argc, char **argv) {
         {"n", OPT_INT, &a.n, "completions of the prompt (default 1)", false},
         {"ignore_eos", OPT_FLAG, &a.ignore_eos, "do not stop at end-of-sequence tokens", false},
         {"json", OPT_FLAG, &a.json, "print one JSON line per completion", false},
+        {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
     };
     const int n_opts = (int)(sizeof opts / sizeof opts[0]);
     int prc = cli_parse(opts, n_opts, argc, argv, GENERATE_USAGE, err);
@@ -133,8 +134,13 @@ int cmd_generate(int argc, char **argv) {
     if (!tok && !a.json) {
         return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
     }
+    const Backend *be = backend_by_name(a.device, err);
+    if (!be) {
+        tokenizer_free(tok);
+        return cli_fail("generate", err);
+    }
     Model *m = NULL;
-    if (model_load(&m, a.model, backend_cpu(), err) != 0) {
+    if (model_load(&m, a.model, be, err) != 0) {
         tokenizer_free(tok);
         return cli_fail("generate", err);
     }

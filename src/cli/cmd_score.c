@@ -39,15 +39,18 @@ static int score_ids(Model *m, ModelState *st, const int *ids, int n, double *lo
 
 int cmd_score(int argc, char **argv) {
     char err[ERR_LEN];
-    const char *model_dir = NULL;
-    CliOption opts[] = {{"model", OPT_STRING, &model_dir, "Hugging Face model folder", false}};
-    int prc = cli_parse(opts, 1, argc, argv, SCORE_USAGE, err);
+    const char *model_dir = NULL, *device = "auto";
+    CliOption opts[] = {{"model", OPT_STRING, &model_dir, "Hugging Face model folder", false},
+                        {"device", OPT_STRING, &device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false}};
+    int prc = cli_parse(opts, 2, argc, argv, SCORE_USAGE, err);
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("score", err);
     if (!model_dir) return cli_fail("score", "--model DIR is required");
 
+    const Backend *be = backend_by_name(device, err);
+    if (!be) return cli_fail("score", err);
     Model *m = NULL;
-    if (model_load(&m, model_dir, backend_cpu(), err) != 0) return cli_fail("score", err);
+    if (model_load(&m, model_dir, be, err) != 0) return cli_fail("score", err);
     const ModelConfig *cfg = model_config(m);
     char **lines = NULL;
     size_t n_lines = 0;

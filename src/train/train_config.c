@@ -73,6 +73,7 @@ static const ConfigKey KEYS[] = {
     K(log_completions_count, KEY_INT, "sample completions printed and saved per logging step"),
     K(seed, KEY_U64, "seed for shuffling and sampling"),
     K(resume_from_checkpoint, KEY_STRING, "checkpoint folder to continue from"),
+    K(device, KEY_STRING, "cpu, cuda or auto (cuda when a GPU is usable)"),
 };
 #undef K
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
@@ -112,6 +113,7 @@ void train_config_defaults(TrainConfig *c) {
     c->eval_steps = 0;
     c->log_completions_count = 2;
     c->seed = 42;
+    c->device = xstrdup("auto");
 }
 
 void train_config_free(TrainConfig *c) {

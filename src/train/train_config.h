@@ -36,6 +36,7 @@ typedef struct TrainConfig {
     int logging_steps, save_steps, save_total_limit, eval_steps, num_eval_prompts, log_completions_count;
     uint64_t seed;
     char *resume_from_checkpoint;
+    char *device;            /* cpu, cuda or auto */
 } TrainConfig;
 
 void train_config_defaults(TrainConfig *c);

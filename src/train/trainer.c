@@ -874,7 +874,8 @@ static void truncate_metrics(const char *path, int64_t max_step) {
 static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     memset(t, 0, sizeof *t);
     t->cfg = c;
-    t->be = backend_cpu();
+    t->be = backend_by_name(c->device, err);
+    if (!t->be) return COLT_ERR;
     if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
     const char *weights = c->resume_from_checkpoint ? c->resume_from_checkpoint : c->model;

@@ -1,0 +1,32 @@
+/* backend_select.c — picking a backend by name (--device). In a build without
+ * CUDA the CUDA entry points exist and say there is no GPU. */
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+#ifndef COLT_HAVE_CUDA
+const Backend *backend_cuda(void) { return NULL; }
+const Backend *backend_cuda_f32(void) { return NULL; }
+#endif
+
+const Backend *backend_by_name(const char *name, char *err) {
+    if (!name || strcmp(name, "auto") == 0) {
+        const Backend *be = backend_cuda();
+        return be ? be : backend_cpu();
+    }
+    if (strcmp(name, "cpu") == 0) return backend_cpu();
+    if (strcmp(name, "cuda") == 0) {
+        const Backend *be = backend_cuda();
+        if (!be) {
+#ifdef COLT_HAVE_CUDA
+            errorf(err, "--device cuda: no usable CUDA GPU found");
+#else
+            errorf(err, "--device cuda: this colt was built without CUDA (cmake -DCOLT_CUDA=ON)");
+#endif
+        }
+        return be;
+    }
+    errorf(err, "--device: unknown device '%s' (cpu, cuda or auto)", name);
+    return NULL;
+}

@@ -3,7 +3,7 @@
 #   make test  — install dependencies, build, run every test (plus an ASan+UBSan pass)
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build demo test test-fast test-asan bench fuzz clean
+.PHONY: deps build build-cuda demo test test-fast test-asan test-gpu bench fuzz clean
 
 deps:
 	bash scripts/setup.sh
@@ -24,7 +24,18 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=2 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
-test: test-fast test-asan
+# CI has no GPU: it compiles and links the CUDA backend (when nvcc is there) and runs the CPU tests.
+test: test-fast test-asan build-cuda
+
+NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+build-cuda: deps
+	@if [ -z "$(NVCC)" ]; then echo "build-cuda: no nvcc found, CUDA backend not compiled"; else \
+	  cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DCOLT_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) && \
+	  cmake --build build-cuda -j $(JOBS); fi
+
+# On a machine with an NVIDIA GPU: every CUDA op against the CPU op, model-level checks.
+test-gpu: build-cuda
+	ctest --test-dir build-cuda -L gpu --output-on-failure
 
 bench: build
 	bash bench/run_cpu.sh

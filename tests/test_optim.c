@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/floats.h"
 #include "model/model_train.h"
 #include "train/optim.h"
 
@@ -81,17 +82,6 @@ static void download_params(float *flat, Model *m, const Backend *be) {
 
 /* ---- a torch-exact AdamW, to tell this optimizer's math from the backend op's ---- */
 
-/* The decimal a float was written as (0.999f -> 0.999), as Python holds it. */
-static double decimal_of_float(float x) {
-    char buf[32];
-    for (int digits = 1; digits <= 9; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
-        double d = strtod(buf, NULL);
-        if ((float)d == x) return d;
-    }
-    return (double)x;
-}
-
 /* torch's _single_tensor_adam on fp32 CPU tensors, op for op: Python double
  * scalars are rounded to fp32 where they meet a tensor. */
 static void reference_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
@@ -99,7 +89,7 @@ static void reference_adamw(void *param, void *master, const void *grad, void *m
                             float bias_correction2) {
     float *p = param, *ms = m, *vs = v;
     const float *g = grad;
-    double b1 = decimal_of_float(beta1), b2 = decimal_of_float(beta2), wd = decimal_of_float(weight_decay);
+    double b1 = float_as_decimal(beta1), b2 = float_as_decimal(beta2), wd = float_as_decimal(weight_decay);
     float decay = (float)(1.0 - (double)lr * wd);
     float w1 = (float)(1.0 - b1), b2f = (float)b2, w2 = (float)(1.0 - b2);
     float step_size = (float)((double)lr / bias_correction1);

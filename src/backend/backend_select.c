@@ -16,6 +16,11 @@ const Backend *backend_by_name(const char *name, char *err) {
         return be ? be : backend_cpu();
     }
     if (strcmp(name, "cpu") == 0) return backend_cpu();
+    if (strcmp(name, "cuda_f32") == 0) {  /* fp32 storage on the GPU: for checking against the CPU */
+        const Backend *be = backend_cuda_f32();
+        if (!be) errorf(err, "--device cuda_f32: no usable CUDA GPU (or a build without CUDA)");
+        return be;
+    }
     if (strcmp(name, "cuda") == 0) {
         const Backend *be = backend_cuda();
         if (!be) {
@@ -27,6 +32,6 @@ const Backend *backend_by_name(const char *name, char *err) {
         }
         return be;
     }
-    errorf(err, "--device: unknown device '%s' (cpu, cuda or auto)", name);
+    errorf(err, "--device: unknown device '%s' (cpu, cuda, cuda_f32 or auto)", name);
     return NULL;
 }

@@ -1,0 +1,154 @@
+/* cuda_common.cuh — what every file of the CUDA backend shares: the check
+ * macros, bf16 <-> fp32 helpers, and the backend's process-wide state (one
+ * device, one stream, one cuBLASLt handle, scratch buffers).
+ *
+ * It is not a public header: C code sees only backend.h (and cuda_bench.h).
+ *
+ * Storage type T is float (backend_cuda_f32) or __nv_bfloat16 (backend_cuda);
+ * every kernel reads T, computes in fp32 (or double where stated) and writes T.
+ * Buffers marked [f32] in backend.h are always float. */
+#ifndef COLT_BACKEND_CUDA_COMMON_CUH
+#define COLT_BACKEND_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+/* ---------------------------------------------------------------- checks */
+
+#define CUDA_CHECK(call)                                                                          \
+    do {                                                                                          \
+        cudaError_t cuda_check_err_ = (call);                                                     \
+        if (cuda_check_err_ != cudaSuccess) {                                                     \
+            fprintf(stderr, "%s:%d: CUDA error %s (%s) in: %s\n", __FILE__, __LINE__,             \
+                    cudaGetErrorName(cuda_check_err_), cudaGetErrorString(cuda_check_err_), #call); \
+            abort();                                                                              \
+        }                                                                                         \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                         \
+    do {                                                                                           \
+        cublasStatus_t cublas_check_st_ = (call);                                                  \
+        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS) {                                           \
+            fprintf(stderr, "%s:%d: cuBLAS error %d (%s) in: %s\n", __FILE__, __LINE__,            \
+                    (int)cublas_check_st_, cublasLtGetStatusString(cublas_check_st_), #call);     \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* After every kernel launch. With COLT_CUDA_SYNC=1 in the environment it also
+ * synchronises, so an asynchronous fault is reported at the kernel that made it. */
+extern int g_cuda_sync_each_launch;
+#define LAUNCH_CHECK()                                                             \
+    do {                                                                           \
+        CUDA_CHECK(cudaGetLastError());                                            \
+        if (g_cuda_sync_each_launch) CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); \
+    } while (0)
+
+#define CUDA_ASSERT_HOST(cond)                                                                     \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #cond);          \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------- types */
+
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+template <typename T> struct CudaType;
+template <> struct CudaType<float> { static const cudaDataType_t value = CUDA_R_32F; };
+template <> struct CudaType<__nv_bfloat16> { static const cudaDataType_t value = CUDA_R_16BF; };
+
+/* Launch geometry for flat elementwise kernels (grid-stride loops). */
+#define CUDA_THREADS 256
+static inline unsigned cuda_blocks_for(size_t n) {
+    size_t b = (n + CUDA_THREADS - 1) / CUDA_THREADS;
+    if (b > 65535u * 16u) b = 65535u * 16u;
+    return (unsigned)(b ? b : 1);
+}
+
+/* ---------------------------------------------------------------- state (cuda_backend.cu) */
+
+/* The one stream every op runs on. */
+cudaStream_t cuda_stream(void);
+cublasLtHandle_t cuda_lt_handle(void);
+void *cuda_lt_workspace(size_t *bytes);
+/* Copies `count` host int arrays of n entries each into device scratch, array k
+ * at offset k * n; returns the device base. Stream ordered: valid for kernels
+ * launched after it on cuda_stream(), until the next call. */
+int *cuda_upload_indices(const int *const *host_arrays, int count, int n);
+/* Device scratch of at least `bytes` (contents undefined), valid until the next call. */
+void *cuda_scratch(size_t bytes);
+/* Device inv_freq[head_dim / 2] computed on the host exactly as the CPU rope does. */
+const float *cuda_rope_inv_freq(int head_dim, float theta);
+
+/* ---------------------------------------------------------------- ops (one file per family) */
+
+/* cuda_gemm.cu */
+template <typename T>
+void cuda_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim);
+template <typename T>
+void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
+                          int in_dim, int out_dim, int accumulate_dx);
+
+/* cuda_attention.cu */
+template <typename T>
+void cuda_kv_store(void *k_cache, void *v_cache, const void *k, const void *v, const int *slot, const int *pos,
+                   int n, int kv_dim, int max_len);
+template <typename T>
+void cuda_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
+                    int n, int kv_dim, int max_len);
+template <typename T>
+void cuda_attention(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
+                    const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len);
+template <typename T>
+void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
+                             const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
+                             int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len);
+
+/* cuda_ops.cu */
+template <typename T> void cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps);
+template <typename T>
+void cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
+                           float eps);
+template <typename T> void cuda_rope(void *x, const int *pos, int n, int n_heads, int head_dim, float theta);
+template <typename T>
+void cuda_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
+template <typename T> void cuda_swiglu(void *out, const void *gate, const void *up, size_t n);
+template <typename T>
+void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+template <typename T> void cuda_add(void *out, const void *a, const void *b, size_t n);
+template <typename T> void cuda_embedding(void *out, const void *table, const int *ids, int n, int dim);
+template <typename T> void cuda_embedding_backward(void *dtable, const void *dout, const int *ids, int n, int dim);
+template <typename T>
+void cuda_log_softmax_target(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
+                             int vocab, float temperature);
+template <typename T>
+void cuda_log_softmax_target_backward(void *dlogits, const void *logits, const int *targets, const void *dlogprobs,
+                                      int n, int vocab, float temperature);
+template <typename T>
+void cuda_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+                float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2);
+double cuda_sum_squares(const void *x, size_t n);
+void cuda_scale(void *x, float s, size_t n);
+/* float <-> storage conversion on the device (upload/download). */
+template <typename T> void cuda_convert_from_f32(void *dst, const float *src, size_t n);
+template <typename T> void cuda_convert_to_f32(float *dst, const void *src, size_t n);
+
+#endif

@@ -206,6 +206,7 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
     float *host = xmalloc(max_numel * sizeof(float));
     for (int i = 0; i < n; i++) {
         size_t numel = spec_numel(&t[i]);
+#pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
         *t[i].buf = be->alloc(numel);
         be->upload(*t[i].buf, host, numel);

@@ -535,7 +535,7 @@ static int build_request(json_t **out, const RewardFunc *r, const char *const *p
 
 static int compute_command(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                            json_t *const *rows, int n, char *err) {
-    json_t *req, *reply = NULL;
+    json_t *req = NULL, *reply = NULL;
     if (build_request(&req, r, prompts, completions, rows, n, err) != 0) return COLT_ERR;
     int rc = reward_process_call(r->process, &reply, req, err);
     json_decref(req);

@@ -147,30 +147,30 @@ static void cuda_download_f32(float *dst, const void *src, size_t n) {
 
 /* fp32 host -> fp32 staging -> convert kernel, in chunks of the staging size. */
 template <typename T> static void cuda_upload(void *dst, const float *src, size_t n) {
-    if (sizeof(T) == sizeof(float)) {
+    if constexpr (sizeof(T) == sizeof(float)) {
         cuda_upload_f32(dst, src, n);
-        return;
-    }
-    for (size_t off = 0; off < n; off += CUDA_STAGING_FLOATS) {
-        size_t len = n - off < CUDA_STAGING_FLOATS ? n - off : CUDA_STAGING_FLOATS;
-        CUDA_CHECK(cudaMemcpyAsync(g_cuda.staging, src + off, len * sizeof(float), cudaMemcpyHostToDevice,
-                                   g_cuda.stream));
-        cuda_convert_from_f32<T>((T *)dst + off, g_cuda.staging, len);
+    } else {
+        for (size_t off = 0; off < n; off += CUDA_STAGING_FLOATS) {
+            size_t len = n - off < CUDA_STAGING_FLOATS ? n - off : CUDA_STAGING_FLOATS;
+            CUDA_CHECK(cudaMemcpyAsync(g_cuda.staging, src + off, len * sizeof(float), cudaMemcpyHostToDevice,
+                                       g_cuda.stream));
+            cuda_convert_from_f32<T>((T *)dst + off, g_cuda.staging, len);
+        }
     }
 }
 
 template <typename T> static void cuda_download(float *dst, const void *src, size_t n) {
-    if (sizeof(T) == sizeof(float)) {
+    if constexpr (sizeof(T) == sizeof(float)) {
         cuda_download_f32(dst, src, n);
-        return;
+    } else {
+        for (size_t off = 0; off < n; off += CUDA_STAGING_FLOATS) {
+            size_t len = n - off < CUDA_STAGING_FLOATS ? n - off : CUDA_STAGING_FLOATS;
+            cuda_convert_to_f32<T>(g_cuda.staging, (const T *)src + off, len);
+            CUDA_CHECK(cudaMemcpyAsync(dst + off, g_cuda.staging, len * sizeof(float), cudaMemcpyDeviceToHost,
+                                       g_cuda.stream));
+        }
+        CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
     }
-    for (size_t off = 0; off < n; off += CUDA_STAGING_FLOATS) {
-        size_t len = n - off < CUDA_STAGING_FLOATS ? n - off : CUDA_STAGING_FLOATS;
-        cuda_convert_to_f32<T>(g_cuda.staging, (const T *)src + off, len);
-        CUDA_CHECK(cudaMemcpyAsync(dst + off, g_cuda.staging, len * sizeof(float), cudaMemcpyDeviceToHost,
-                                   g_cuda.stream));
-    }
-    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
 }
 
 template <typename T>

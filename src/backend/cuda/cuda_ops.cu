@@ -1,0 +1,470 @@
+/* cuda_ops.cu — every CUDA op that is neither a GEMM nor attention: norms,
+ * rope, elementwise, embedding, log-softmax, AdamW and the reductions.
+ *
+ * Contract (backend.h): activations are "=", gradients named "+=" accumulate.
+ * Storage T is float or bf16; all arithmetic is fp32, reductions over a row
+ * use fp32 per thread and a fixed-order block reduction (double where the sum
+ * is long: log-softmax, sum_squares). Row ops use one block per row;
+ * elementwise ops a grid-stride loop. Only embedding_backward uses atomics.
+ * Tolerance vs the CPU in fp32 storage: ~1e-6 relative (order of summation). */
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "core/floats.h"
+}
+
+#define ROW_THREADS 256
+
+/* ---------------------------------------------------------------- reductions */
+
+template <typename A> __device__ __forceinline__ A warp_reduce_sum(A v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_reduce_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block, returned to every thread; fixed order, so deterministic.
+ * Ends with a barrier so it can be called again. blockDim.x a multiple of 32. */
+template <typename A> __device__ A block_sum(A v) {
+    __shared__ A sh[32];
+    v = warp_reduce_sum(v);
+    if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = v;
+    __syncthreads();
+    A r = 0;
+    for (int w = 0; w < (int)(blockDim.x / 32); w++) r += sh[w];
+    __syncthreads();
+    return r;
+}
+
+__device__ float block_max(float v) {
+    __shared__ float sh[32];
+    v = warp_reduce_max(v);
+    if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x / 32); w++) r = fmaxf(r, sh[w]);
+    __syncthreads();
+    return r;
+}
+
+#define GRID_STRIDE(e, total) \
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (total); e += (size_t)gridDim.x * blockDim.x)
+
+/* ---------------------------------------------------------------- conversion */
+
+template <typename T> __global__ void from_f32_kernel(T *dst, const float *src, size_t n) {
+    GRID_STRIDE(e, n) dst[e] = from_float<T>(src[e]);
+}
+
+template <typename T> __global__ void to_f32_kernel(float *dst, const T *src, size_t n) {
+    GRID_STRIDE(e, n) dst[e] = to_float(src[e]);
+}
+
+template <typename T> void cuda_convert_from_f32(void *dst, const float *src, size_t n) {
+    if (!n) return;
+    from_f32_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((T *)dst, src, n);
+    LAUNCH_CHECK();
+}
+
+template <typename T> void cuda_convert_to_f32(float *dst, const void *src, size_t n) {
+    if (!n) return;
+    to_f32_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, (const T *)src, n);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- rmsnorm */
+
+/* One block per row: sum of squares in fp32, the scale in double then fp32,
+ * applied as w * (x * scale) like transformers. */
+template <typename T> __global__ void rmsnorm_kernel(T *out, const T *x, const T *w, int dim, float eps) {
+    const T *xi = x + (size_t)blockIdx.x * dim;
+    T *oi = out + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = to_float(xi[j]);
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    float scale = (float)(1.0 / sqrt((double)ss / dim + (double)eps));
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = from_float<T>(to_float(w[j]) * (to_float(xi[j]) * scale));
+}
+
+template <typename T> void cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps) {
+    if (n <= 0 || dim <= 0) return;
+    rmsnorm_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)x, (const T *)w, dim, eps);
+    LAUNCH_CHECK();
+}
+
+/* dx += r (g - x r^2 mean(g x)), g = dy * w, one block per row; r goes to
+ * r_out[row] for the dw pass. */
+template <typename T>
+__global__ void rmsnorm_backward_dx_kernel(T *dx, float *r_out, const T *dy, const T *x, const T *w, int dim,
+                                           float eps) {
+    size_t off = (size_t)blockIdx.x * dim;
+    float ss = 0.0f, gx = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float xv = to_float(x[off + j]);
+        ss += xv * xv;
+        gx += to_float(dy[off + j]) * to_float(w[j]) * xv;
+    }
+    ss = block_sum(ss);
+    gx = block_sum(gx);
+    double r = 1.0 / sqrt((double)ss / dim + (double)eps);
+    float rf = (float)r, c = (float)(r * r * r * (double)gx / dim);
+    if (threadIdx.x == 0) r_out[blockIdx.x] = rf;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float g = to_float(dy[off + j]) * to_float(w[j]);
+        dx[off + j] = from_float<T>(to_float(dx[off + j]) + (rf * g - c * to_float(x[off + j])));
+    }
+}
+
+/* dw[j] += sum over rows of dy * (x * r): one thread per column, rows in order. */
+template <typename T>
+__global__ void rmsnorm_backward_dw_kernel(float *dw, const float *r, const T *dy, const T *x, int n, int dim) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= dim) return;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        size_t e = (size_t)i * dim + j;
+        s += to_float(dy[e]) * (to_float(x[e]) * r[i]);
+    }
+    dw[j] += s;
+}
+
+template <typename T>
+void cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
+                           float eps) {
+    if (n <= 0 || dim <= 0) return;
+    float *r = (float *)cuda_scratch((size_t)n * sizeof(float));
+    rmsnorm_backward_dx_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)dx, r, (const T *)dy, (const T *)x,
+                                                                        (const T *)w, dim, eps);
+    LAUNCH_CHECK();
+    rmsnorm_backward_dw_kernel<T><<<(dim + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0, cuda_stream()>>>(
+        (float *)dw, r, (const T *)dy, (const T *)x, n, dim);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- rope */
+
+/* One thread per (token, head, pair j): the angle pos * inv_freq[j] in fp32,
+ * inv_freq from the host (bit-identical to the CPU), cosf/sinf on the device
+ * (<= 2 ulp). sign = +1 forward, -1 backward (the inverse rotation). */
+template <typename T>
+__global__ void rope_kernel(T *x, const int *pos, const float *inv_freq, int n, int n_heads, int head_dim,
+                            float sign) {
+    int half = head_dim / 2;
+    size_t total = (size_t)n * n_heads * half;
+    GRID_STRIDE(e, total) {
+        int j = (int)(e % half);
+        size_t ih = e / half; /* token * n_heads + head */
+        size_t i = ih / n_heads;
+        float angle = (float)pos[i] * inv_freq[j];
+        float c = cosf(angle), s = sign * sinf(angle);
+        T *v = x + ih * head_dim;
+        float a = to_float(v[j]), b = to_float(v[j + half]);
+        v[j] = from_float<T>(a * c - b * s);
+        v[j + half] = from_float<T>(b * c + a * s);
+    }
+}
+
+template <typename T>
+static void rope_launch(void *x, const int *pos, int n, int n_heads, int head_dim, float theta, float sign) {
+    if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
+    CUDA_ASSERT_HOST(head_dim % 2 == 0);
+    const float *inv_freq = cuda_rope_inv_freq(head_dim, theta);
+    const int *host[1] = {pos};
+    int *d = cuda_upload_indices(host, 1, n);
+    size_t total = (size_t)n * n_heads * (head_dim / 2);
+    rope_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, d, inv_freq, n, n_heads,
+                                                                               head_dim, sign);
+    LAUNCH_CHECK();
+}
+
+template <typename T> void cuda_rope(void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
+    rope_launch<T>(x, pos, n, n_heads, head_dim, theta, 1.0f);
+}
+
+template <typename T>
+void cuda_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
+    rope_launch<T>(dx, pos, n, n_heads, head_dim, theta, -1.0f);
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+template <typename T> __global__ void swiglu_kernel(T *out, const T *gate, const T *up, size_t n) {
+    GRID_STRIDE(e, n) {
+        float g = to_float(gate[e]);
+        out[e] = from_float<T>(g / (1.0f + expf(-g)) * to_float(up[e]));
+    }
+}
+
+/* silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). */
+template <typename T>
+__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
+    GRID_STRIDE(e, n) {
+        float g = to_float(gate[e]), o = to_float(dout[e]), u = to_float(up[e]);
+        float sig = 1.0f / (1.0f + expf(-g));
+        dgate[e] = from_float<T>(o * u * sig * (1.0f + g * (1.0f - sig)));
+        dup[e] = from_float<T>(o * g * sig);
+    }
+}
+
+template <typename T> __global__ void add_kernel(T *out, const T *a, const T *b, size_t n) {
+    GRID_STRIDE(e, n) out[e] = from_float<T>(to_float(a[e]) + to_float(b[e]));
+}
+
+template <typename T> void cuda_swiglu(void *out, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    swiglu_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)gate,
+                                                                             (const T *)up, n);
+    LAUNCH_CHECK();
+}
+
+template <typename T>
+void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    swiglu_backward_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate, (const T *)up, n);
+    LAUNCH_CHECK();
+}
+
+template <typename T> void cuda_add(void *out, const void *a, const void *b, size_t n) {
+    if (!n) return;
+    add_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)a, (const T *)b, n);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+template <typename T> __global__ void embedding_kernel(T *out, const T *table, const int *ids, int n, int dim) {
+    GRID_STRIDE(e, (size_t)n * dim) {
+        size_t i = e / dim, j = e % dim;
+        out[e] = table[(size_t)ids[i] * dim + j];
+    }
+}
+
+/* Repeated ids add through fp32 atomics (order varies run to run). */
+template <typename T>
+__global__ void embedding_backward_kernel(float *dtable, const T *dout, const int *ids, int n, int dim) {
+    GRID_STRIDE(e, (size_t)n * dim) {
+        size_t i = e / dim, j = e % dim;
+        atomicAdd(dtable + (size_t)ids[i] * dim + j, to_float(dout[e]));
+    }
+}
+
+template <typename T> void cuda_embedding(void *out, const void *table, const int *ids, int n, int dim) {
+    if (n <= 0 || dim <= 0) return;
+    const int *host[1] = {ids};
+    int *d = cuda_upload_indices(host, 1, n);
+    embedding_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+        (T *)out, (const T *)table, d, n, dim);
+    LAUNCH_CHECK();
+}
+
+template <typename T> void cuda_embedding_backward(void *dtable, const void *dout, const int *ids, int n, int dim) {
+    if (n <= 0 || dim <= 0) return;
+    const int *host[1] = {ids};
+    int *d = cuda_upload_indices(host, 1, n);
+    embedding_backward_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+        (float *)dtable, (const T *)dout, d, n, dim);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- log-softmax */
+
+/* Row statistics of z = logits * inv_t over the block: max, log-sum-exp and
+ * E_p[z]; exp in fp32, the sums in double. Every thread gets the results. */
+template <typename T>
+__device__ void row_softmax_stats(const T *row, int vocab, float inv_t, float *mx_out, double *lse_out,
+                                  double *pz_out) {
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < vocab; v += blockDim.x) mx = fmaxf(mx, to_float(row[v]) * inv_t);
+    mx = block_max(mx);
+    double sum = 0.0, pz = 0.0;
+    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+        float z = to_float(row[v]) * inv_t, e = expf(z - mx);
+        sum += (double)e;
+        pz += (double)e * (double)z;
+    }
+    sum = block_sum(sum);
+    pz = block_sum(pz);
+    *mx_out = mx;
+    *lse_out = (double)mx + log(sum);
+    *pz_out = pz / sum;
+}
+
+template <typename T>
+__global__ void log_softmax_target_kernel(float *logprobs, float *entropy, const T *logits, const int *targets,
+                                          int vocab, float inv_t) {
+    int i = blockIdx.x, tgt = targets[i];
+    if (tgt < 0) {
+        if (threadIdx.x == 0) {
+            logprobs[i] = 0.0f;
+            if (entropy) entropy[i] = 0.0f;
+        }
+        return;
+    }
+    const T *row = logits + (size_t)i * vocab;
+    float mx;
+    double lse, pz;
+    row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
+    if (threadIdx.x == 0) {
+        logprobs[i] = (float)((double)(to_float(row[tgt]) * inv_t) - lse);
+        if (entropy) entropy[i] = (float)(lse - pz);
+    }
+}
+
+/* dlogits = dlogprobs * (onehot - softmax(z)) / T. In place is safe: the stats
+ * pass ends with a barrier, then each thread rewrites only what it reads. */
+template <typename T>
+__global__ void log_softmax_target_backward_kernel(T *dlogits, const T *logits, const int *targets,
+                                                   const float *dlogprobs, int vocab, float inv_t) {
+    int i = blockIdx.x, tgt = targets[i];
+    T *drow = dlogits + (size_t)i * vocab;
+    if (tgt < 0) {
+        for (int v = threadIdx.x; v < vocab; v += blockDim.x) drow[v] = from_float<T>(0.0f);
+        return;
+    }
+    const T *row = logits + (size_t)i * vocab;
+    float mx;
+    double lse, pz;
+    row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
+    float g = dlogprobs[i] * inv_t, lse_f = (float)lse;
+    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+        float d = -g * expf(to_float(row[v]) * inv_t - lse_f);
+        if (v == tgt) d += g;
+        drow[v] = from_float<T>(d);
+    }
+}
+
+template <typename T>
+void cuda_log_softmax_target(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
+                             int vocab, float temperature) {
+    if (n <= 0) return;
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    log_softmax_target_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((float *)logprobs, (float *)entropy,
+                                                                       (const T *)logits, d, vocab, inv_t);
+    LAUNCH_CHECK();
+}
+
+template <typename T>
+void cuda_log_softmax_target_backward(void *dlogits, const void *logits, const int *targets, const void *dlogprobs,
+                                      int n, int vocab, float temperature) {
+    if (n <= 0) return;
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    log_softmax_target_backward_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>(
+        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, vocab, inv_t);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+/* The CPU's adamw line by line, with explicitly rounded fp32 operations (no
+ * FMA contraction) so fp32 storage reproduces it to the last bit where
+ * sqrtf/division agree (both IEEE here). */
+template <typename T>
+__global__ void adamw_kernel(T *param, float *master, const float *grad, float *m, float *v, size_t n, float decay,
+                             float w1, float w2, float beta2, float step_size, float bc2_sqrt, float eps) {
+    GRID_STRIDE(e, n) {
+        float gi = grad[e];
+        float p = master ? master[e] : to_float(param[e]);
+        p = __fmul_rn(p, decay);
+        float mi = m[e];
+        mi = w1 < 0.5f ? __fadd_rn(mi, __fmul_rn(w1, __fsub_rn(gi, mi)))
+                       : __fsub_rn(gi, __fmul_rn(__fsub_rn(gi, mi), __fsub_rn(1.0f, w1)));
+        float vi = __fadd_rn(__fmul_rn(v[e], beta2), __fmul_rn(w2, __fmul_rn(gi, gi)));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+        p = __fadd_rn(p, __fmul_rn(-step_size, __fdiv_rn(mi, denom)));
+        m[e] = mi;
+        v[e] = vi;
+        if (master) master[e] = p;
+        param[e] = from_float<T>(p);
+    }
+}
+
+template <typename T>
+void cuda_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+                float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+    /* Without a master copy the update must run on fp32 storage. */
+    CUDA_ASSERT_HOST(master != NULL || sizeof(T) == sizeof(float));
+    if (!n) return;
+    float decay = (float)(1.0 - (double)lr * weight_decay);
+    float w1 = (float)(1.0 - float_as_decimal(beta1)), w2 = (float)(1.0 - float_as_decimal(beta2));
+    float step_size = (float)((double)lr / bias_correction1);
+    float bc2_sqrt = (float)sqrt((double)bias_correction2);
+    adamw_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (T *)param, (float *)master, (const float *)grad, (float *)m, (float *)v, n, decay, w1, w2, beta2, step_size,
+        bc2_sqrt, eps);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- reductions over [f32] */
+
+#define SUMSQ_BLOCKS 1024
+
+/* A fixed grid: block b sums a fixed subset in double, the host adds the
+ * partials in order; deterministic. */
+__global__ void sum_squares_kernel(double *partial, const float *x, size_t n) {
+    double s = 0.0;
+    GRID_STRIDE(e, n) s += (double)x[e] * x[e];
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+double cuda_sum_squares(const void *x, size_t n) {
+    if (!n) return 0.0;
+    unsigned blocks = cuda_blocks_for(n);
+    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
+    double *partial = (double *)cuda_scratch(SUMSQ_BLOCKS * sizeof(double));
+    sum_squares_kernel<<<blocks, CUDA_THREADS, 0, cuda_stream()>>>(partial, (const float *)x, n);
+    LAUNCH_CHECK();
+    double host[SUMSQ_BLOCKS];
+    CUDA_CHECK(cudaMemcpyAsync(host, partial, blocks * sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    double s = 0.0;
+    for (unsigned b = 0; b < blocks; b++) s += host[b];
+    return s;
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n) {
+    GRID_STRIDE(e, n) x[e] *= s;
+}
+
+void cuda_scale(void *x, float s, size_t n) {
+    if (!n) return;
+    scale_kernel<<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((float *)x, s, n);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- instantiations */
+
+#define INSTANTIATE(T)                                                                                              \
+    template void cuda_convert_from_f32<T>(void *, const float *, size_t);                                         \
+    template void cuda_convert_to_f32<T>(float *, const void *, size_t);                                           \
+    template void cuda_rmsnorm<T>(void *, const void *, const void *, int, int, float);                            \
+    template void cuda_rmsnorm_backward<T>(void *, void *, const void *, const void *, const void *, int, int,     \
+                                           float);                                                                 \
+    template void cuda_rope<T>(void *, const int *, int, int, int, float);                                         \
+    template void cuda_rope_backward<T>(void *, const int *, int, int, int, float);                                \
+    template void cuda_swiglu<T>(void *, const void *, const void *, size_t);                                      \
+    template void cuda_swiglu_backward<T>(void *, void *, const void *, const void *, const void *, size_t);       \
+    template void cuda_add<T>(void *, const void *, const void *, size_t);                                         \
+    template void cuda_embedding<T>(void *, const void *, const int *, int, int);                                  \
+    template void cuda_embedding_backward<T>(void *, const void *, const int *, int, int);                         \
+    template void cuda_log_softmax_target<T>(void *, void *, const void *, const int *, int, int, float);          \
+    template void cuda_log_softmax_target_backward<T>(void *, const void *, const int *, const void *, int, int,   \
+                                                      float);                                                      \
+    template void cuda_adamw<T>(void *, void *, const void *, void *, void *, size_t, float, float, float, float,  \
+                                float, float, float);
+INSTANTIATE(float)
+INSTANTIATE(__nv_bfloat16)

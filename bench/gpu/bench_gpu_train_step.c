@@ -2,13 +2,17 @@
  * forward + backward + AdamW of Qwen2.5-shaped random models, B sequences of T
  * tokens, bf16 storage. Prints a markdown table with tokens/s and MFU =
  * (6 * params * tokens + attention FLOPs) / time / 989e12 (H200 dense bf16).
- * Usage: bench_gpu_train_step [preset ...]   (presets: 0.5b 1.5b 7b; default 0.5b 1.5b) */
+ * Usage: bench_gpu_train_step [preset ...]   (presets: 0.5b 1.5b 7b; default 0.5b 1.5b)
+ * COLT_PROFILE=1: also time every op of the last step of each configuration
+ * (ops bracketed by synchronisations: attribution, not the headline figure). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_bench.h"
+#include "backend/profile.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/model.h"
@@ -40,6 +44,9 @@ int main(int argc, char **argv) {
         printf("no CUDA device\n");
         return 77;
     }
+    const bool profile = getenv("COLT_PROFILE") && atoi(getenv("COLT_PROFILE")) > 0;
+    if (profile) be = backend_profile_wrap(be, backend_cuda_synchronize);
+    FILE *devnull = fopen("/dev/null", "w");
     const char *want[8] = {"0.5b", "1.5b"};
     int n_want = 2;
     if (argc > 1) {
@@ -94,7 +101,9 @@ int main(int argc, char **argv) {
             }
             double best = 1e30;
             int ok = 1;
-            for (int it = 0; it < 4 && ok; it++) {
+            const int iters = profile ? 3 : 4;
+            for (int it = 0; it < iters && ok; it++) {
+                if (profile && it == iters - 1) backend_profile_report(devnull);  /* reset: profile the last step */
                 double t0 = time_now();
                 model_grads_zero(g);
                 ok = model_train_forward(m, ts, tok, slot, pos, tgt, N, 1.0f, lp, NULL, err) == 0 &&
@@ -116,6 +125,11 @@ int main(int argc, char **argv) {
                 printf("| %s | %.2fB | %d x %d | %.0f | %.1f | %.1f%% |\n", s->name, P / 1e9, B, T, N / best,
                        best * 1e3, 100.0 * flops / best / 989e12);
             }
+            if (profile) {
+                printf("\nper-op time of one step, %s %d x %d:\n\n", s->name, B, T);
+                backend_profile_report(stdout);
+                printf("\n");
+            }
             fflush(stdout);
             free(tok), free(slot), free(pos), free(tgt), free(lp), free(dlp);
             train_state_free(ts);
@@ -124,5 +138,6 @@ int main(int argc, char **argv) {
         model_grads_free(g);
         model_free(m);
     }
+    fclose(devnull);
     return 0;
 }

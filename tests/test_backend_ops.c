@@ -199,6 +199,26 @@ static void test_embedding(const Backend *be) {
     be->free(dt), be->free(dout);
 }
 
+static void test_gather_scatter(const Backend *be) {
+    int rows_total = 20, D = 24, n = 6;
+    int rows[6] = {19, 0, 7, 3, 12, 8};
+    float *src = rand_floats((size_t)rows_total * D, 1.0f);
+    void *dsrc = to_device(be, src, (size_t)rows_total * D), *dg = be->alloc((size_t)n * D);
+    be->gather_rows(dg, dsrc, rows, n, D);
+    float *got = from_device(be, dg, (size_t)n * D);
+    double *ref = malloc((size_t)rows_total * D * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < D; j++) ref[i * D + j] = src[rows[i] * D + j];
+    report("gather_rows 6 of [20,24]", got, ref, (size_t)n * D, 0.0);
+    /* scatter back into a copy of src: the rows land where they came from. */
+    be->scatter_rows(dsrc, dg, rows, n, D);
+    float *back = from_device(be, dsrc, (size_t)rows_total * D);
+    for (size_t e = 0; e < (size_t)rows_total * D; e++) ref[e] = src[e];
+    report("scatter_rows 6 into [20,24]", back, ref, (size_t)rows_total * D, 0.0);
+    free(src), free(got), free(back), free(ref);
+    be->free(dsrc), be->free(dg);
+}
+
 /* ================================================================ training ops
  * Backward ops against double references: analytic where the formula is
  * independent of the kernel's, central finite differences (h = 1e-5 on a
@@ -530,6 +550,7 @@ int main(void) {
     test_attention(be);
     test_elementwise(be);
     test_embedding(be);
+    test_gather_scatter(be);
     test_linear_backward(be, 0);
     test_linear_backward(be, 1);
     test_rmsnorm_backward(be);

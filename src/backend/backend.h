@@ -26,6 +26,9 @@ typedef struct Backend {
      * live in fp32 buffers from alloc_f32; the ops below mark those "[f32]".
      * Every other buffer argument is in the storage dtype. */
     DType storage;
+    /* Rows of logits the training lm_head computes per chunk: bounds the [rows, V]
+     * scratch, and big enough on a GPU for the GEMM and the softmax to fill it. */
+    int logits_chunk_rows;
 
     /* Memory (sizes in elements). */
     void *(*alloc)(size_t n_elements);
@@ -36,6 +39,12 @@ typedef struct Backend {
     void (*upload_f32)(void *dst, const float *src, size_t n);   /* fp32 host -> [f32] buffer */
     void (*download_f32)(float *dst, const void *src, size_t n); /* [f32] buffer -> fp32 host */
     void (*copy)(void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n);
+
+    /* dst[i, :] = src[rows[i], :] for i < n (rows: host array); gathers the
+     * hidden rows that need logits. */
+    void (*gather_rows)(void *dst, const void *src, const int *rows, int n, int dim);
+    /* dst[rows[i], :] = src[i, :] for i < n (rows distinct; host array). */
+    void (*scatter_rows)(void *dst, const void *src, const int *rows, int n, int dim);
 
     /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias[out_dim] if non-NULL).
      * w is in PyTorch nn.Linear layout. */

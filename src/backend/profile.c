@@ -12,9 +12,9 @@ static void (*g_sync)(void);
 static Backend g_wrapped;
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale"};
 static double g_seconds[OP_COUNT];
 static long g_calls[OP_COUNT];
 
@@ -77,6 +77,18 @@ static void prof_copy(void *dst, size_t dst_offset, const void *src, size_t src_
     double t0 = op_begin();
     g_inner->copy(dst, dst_offset, src, src_offset, n);
     op_end(OP_copy, t0);
+}
+
+static void prof_gather_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+    double t0 = op_begin();
+    g_inner->gather_rows(dst, src, rows, n, dim);
+    op_end(OP_gather_rows, t0);
+}
+
+static void prof_scatter_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+    double t0 = op_begin();
+    g_inner->scatter_rows(dst, src, rows, n, dim);
+    op_end(OP_scatter_rows, t0);
 }
 
 static void prof_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
@@ -225,6 +237,8 @@ const Backend *backend_profile_wrap(const Backend *inner, void (*sync)(void)) {
     if (inner->upload_f32) g_wrapped.upload_f32 = prof_upload_f32;
     if (inner->download_f32) g_wrapped.download_f32 = prof_download_f32;
     if (inner->copy) g_wrapped.copy = prof_copy;
+    if (inner->gather_rows) g_wrapped.gather_rows = prof_gather_rows;
+    if (inner->scatter_rows) g_wrapped.scatter_rows = prof_scatter_rows;
     if (inner->linear) g_wrapped.linear = prof_linear;
     if (inner->rmsnorm) g_wrapped.rmsnorm = prof_rmsnorm;
     if (inner->rope) g_wrapped.rope = prof_rope;

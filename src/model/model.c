@@ -34,6 +34,7 @@ struct ModelState {
     void *gate, *up;           /* [N, F] */
     void *rows;                /* [K, D] final hidden rows that want logits */
     void *logits;              /* [K, V] */
+    int *want_rows;            /* [N] host: indices of the tokens that want logits */
 };
 
 /* ---------------------------------------------------------------- tensor table */
@@ -390,6 +391,7 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
     st->gate = be->alloc(N * F);
     st->up = be->alloc(N * F);
     st->rows = be->alloc(N * D);
+    st->want_rows = xmalloc(N * sizeof(int));
     st->logits = be->alloc(N * (size_t)c->vocab_size);
     *out = st;
     return COLT_OK;
@@ -406,6 +408,7 @@ void model_state_free(ModelState *st) {
     free(st->v_cache);
     void *bufs[] = {st->x, st->xn, st->q, st->k, st->v, st->att, st->proj, st->gate, st->up, st->rows, st->logits};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+    free(st->want_rows);
     free(st);
 }
 
@@ -458,7 +461,8 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
     const void *rows = st->xn;
     if (n_want < n) { /* lm_head only on the rows that want logits */
         for (int i = 0, k = 0; i < n; i++)
-            if (want_logits[i]) be->copy(st->rows, (size_t)k++ * D, st->xn, (size_t)i * D, (size_t)D);
+            if (want_logits[i]) st->want_rows[k++] = i;
+        be->gather_rows(st->rows, st->xn, st->want_rows, n_want, D);
         rows = st->rows;
     }
     be->linear(st->logits, rows, m->lm_head, NULL, n_want, D, V);

@@ -5,7 +5,7 @@
  * Attention reuses the inference layout: each layer's K/V go to a [S, L, KVD]
  * buffer indexed by (slot, pos), and the backward accumulates dK/dV into the
  * same layout and gathers them back to tokens. The lm_head and log-softmax run
- * on chunks of CHUNK target rows, so [N, V] logits never exist whole; the
+ * on chunks of the backend's logits_chunk_rows target rows, so [N, V] logits never exist whole; the
  * backward recomputes each chunk's logits instead of storing them. Only rows
  * with a target (forward) or a non-zero dlogprob (backward) pay for the
  * lm_head. This is not the optimizer (train/) and keeps no gradient
@@ -24,7 +24,6 @@
 #include "model/model_internal.h"
 #include "model/model_train.h"
 
-#define CHUNK 64
 
 /* ---------------------------------------------------------------- parameters */
 
@@ -110,6 +109,7 @@ typedef struct LayerActivations {
 struct TrainState {
     const Backend *be;
     int n_layers, n_slots, max_len, max_tokens;
+    int chunk;                          /* target rows per lm_head chunk */
     /* the last forward */
     bool have_forward;
     int n;
@@ -135,6 +135,12 @@ struct TrainState {
     void *dgate, *dup, *dh;             /* [N, F] */
 };
 
+/* Rows per lm_head chunk: the backend's preference, at most the batch. */
+static int st_chunk_rows(const Backend *be, int max_tokens) {
+    int rows = be->logits_chunk_rows > 0 ? be->logits_chunk_rows : 64;
+    return rows < max_tokens ? rows : max_tokens;
+}
+
 int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err) {
     *out = NULL;
     if (n_slots <= 0 || max_len <= 0 || max_tokens <= 0)
@@ -144,13 +150,14 @@ int train_state_create(TrainState **out, const Model *m, int n_slots, int max_le
     const Backend *be = m->be;
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
            QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim,
-           V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = CHUNK;
+           V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = (size_t)st_chunk_rows(m->be, max_tokens);
     TrainState *st = xcalloc(1, sizeof(TrainState));
     st->be = be;
     st->n_layers = c->num_hidden_layers;
     st->n_slots = n_slots;
     st->max_len = max_len;
     st->max_tokens = max_tokens;
+    st->chunk = (int)C;
     st->tokens = xmalloc(N * sizeof(int));
     st->slot = xmalloc(N * sizeof(int));
     st->pos = xmalloc(N * sizeof(int));
@@ -257,10 +264,8 @@ static int check_batch(const Model *m, TrainState *st, const int *tokens, const 
 static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
     const Backend *be = m->be;
     int D = m->cfg.hidden_size;
-    for (int r = 0; r < c; r++) {
-        be->copy(st->chunk_rows, (size_t)r * D, st->xn_final, (size_t)st->rows[r0 + r] * D, (size_t)D);
-        st->chunk_targets[r] = st->targets[st->rows[r0 + r]];
-    }
+    be->gather_rows(st->chunk_rows, st->xn_final, st->rows + r0, c, D);
+    for (int r = 0; r < c; r++) st->chunk_targets[r] = st->targets[st->rows[r0 + r]];
     be->linear(st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->cfg.vocab_size);
 }
 
@@ -317,8 +322,8 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
     int n_rows = 0;
     for (int i = 0; i < n; i++)
         if (targets[i] >= 0) st->rows[n_rows++] = i;
-    for (int r0 = 0; r0 < n_rows; r0 += CHUNK) {
-        int cn = n_rows - r0 < CHUNK ? n_rows - r0 : CHUNK;
+    for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
+        int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
         be->log_softmax_target(st->chunk_lp, entropy ? st->chunk_ent : NULL, st->chunk_logits, st->chunk_targets, cn,
                                V, temperature);
@@ -354,8 +359,8 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     int n_rows = 0;
     for (int i = 0; i < n; i++)
         if (st->targets[i] >= 0 && dlogprobs[i] != 0.0f) st->rows[n_rows++] = i;
-    for (int r0 = 0; r0 < n_rows; r0 += CHUNK) {
-        int cn = n_rows - r0 < CHUNK ? n_rows - r0 : CHUNK;
+    for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
+        int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
         for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
         be->upload_f32(st->chunk_lp, st->chunk_host, (size_t)cn);
@@ -363,8 +368,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
                                         st->temperature);
         be->linear_backward(st->chunk_drows, gm->lm_head, NULL, st->chunk_logits, st->chunk_rows, m->lm_head, cn, D,
                             V, 0);
-        for (int r = 0; r < cn; r++)
-            be->copy(st->dxn, (size_t)st->rows[r0 + r] * D, st->chunk_drows, (size_t)r * D, (size_t)D);
+        be->scatter_rows(st->dxn, st->chunk_drows, st->rows + r0, cn, D);
     }
     be->zero(st->dres, ND);
     be->rmsnorm_backward(st->dres, gm->final_norm, st->dxn, st->x_final, m->final_norm, n, D, c->rms_norm_eps);

@@ -484,9 +484,20 @@ static void cpu_scale(void *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) xs[i] *= s;
 }
 
+static void cpu_gather_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+    for (int i = 0; i < n; i++)
+        memcpy((float *)dst + (size_t)i * dim, (const float *)src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
+}
+
+static void cpu_scatter_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+    for (int i = 0; i < n; i++)
+        memcpy((float *)dst + (size_t)rows[i] * dim, (const float *)src + (size_t)i * dim, sizeof(float) * (size_t)dim);
+}
+
 static const Backend CPU_BACKEND = {
     .name = "cpu",
     .storage = DTYPE_F32,
+    .logits_chunk_rows = 64,
     .alloc = cpu_alloc,
     .alloc_f32 = cpu_alloc,  /* storage is fp32: one kind of buffer */
     .free = cpu_free,
@@ -495,6 +506,8 @@ static const Backend CPU_BACKEND = {
     .upload_f32 = cpu_upload,
     .download_f32 = cpu_download,
     .copy = cpu_copy,
+    .gather_rows = cpu_gather_rows,
+    .scatter_rows = cpu_scatter_rows,
     .linear = cpu_linear,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

@@ -191,6 +191,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     memset(b, 0, sizeof *b);
     b->name = name;
     b->storage = storage;
+    b->logits_chunk_rows = 1024;
     b->alloc = cuda_alloc<T>;
     b->alloc_f32 = cuda_alloc_f32;
     b->free = cuda_free;
@@ -199,6 +200,8 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->upload_f32 = cuda_upload_f32;
     b->download_f32 = cuda_download_f32;
     b->copy = cuda_copy<T>;
+    b->gather_rows = cuda_gather_rows<T>;
+    b->scatter_rows = cuda_scatter_rows<T>;
     b->linear = cuda_linear<T>;
     b->rmsnorm = cuda_rmsnorm<T>;
     b->rope = cuda_rope<T>;

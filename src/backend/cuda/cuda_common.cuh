@@ -135,6 +135,8 @@ template <typename T>
 void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
 template <typename T> void cuda_add(void *out, const void *a, const void *b, size_t n);
 template <typename T> void cuda_embedding(void *out, const void *table, const int *ids, int n, int dim);
+template <typename T> void cuda_gather_rows(void *dst, const void *src, const int *rows, int n, int dim);
+template <typename T> void cuda_scatter_rows(void *dst, const void *src, const int *rows, int n, int dim);
 template <typename T> void cuda_embedding_backward(void *dtable, const void *dout, const int *ids, int n, int dim);
 template <typename T>
 void cuda_log_softmax_target(void *logprobs, void *entropy, const void *logits, const int *targets, int n,

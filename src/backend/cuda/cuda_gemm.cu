@@ -8,7 +8,7 @@
  * tight check); A/B in the storage type; dw (and db) are fp32. The bias rides
  * the CUBLASLT_EPILOGUE_BIAS epilogue (a per-row vector of the column-major D).
  * Matmul descriptors and the heuristic's algorithm are cached per shape.
- * db is a separate column-sum kernel (deterministic, fp32 accumulation). */
+ * db is a GEMM too: dy^T @ ones, accumulated into the fp32 db (deterministic). */
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -123,13 +123,28 @@ void cuda_linear(void *out, const void *x, const void *w, const void *bias, int 
     gemm_run(&key, w, x, out, 0.0f, bias);
 }
 
-/* db[o] += sum over rows of dy[i, o]: one thread per column, rows in order. */
-template <typename T> __global__ void column_sum_kernel(float *db, const T *dy, int n, int out_dim) {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= out_dim) return;
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += to_float(dy[(size_t)i * out_dim + o]);
-    db[o] += s;
+template <typename T> __global__ void fill_ones_kernel(T *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = from_float<T>(1.0f);
+}
+
+/* A vector of n ones in the storage type, grown (rarely) as n grows; for db. */
+template <typename T> static const T *ones_vector(int n) {
+    static T *ones = NULL;
+    static int capacity = 0;
+    if (n > capacity) {
+        int cap = capacity ? capacity : 4096;
+        while (cap < n) cap *= 2;
+        if (ones) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+            CUDA_CHECK(cudaFree(ones));
+        }
+        CUDA_CHECK(cudaMalloc((void **)&ones, (size_t)cap * sizeof(T)));
+        fill_ones_kernel<T><<<cuda_blocks_for((size_t)cap), CUDA_THREADS, 0, cuda_stream()>>>(ones, (size_t)cap);
+        LAUNCH_CHECK();
+        capacity = cap;
+    }
+    return ones;
 }
 
 template <typename T>
@@ -158,10 +173,16 @@ void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const vo
         key.lda = in_dim, key.ldb = out_dim, key.ldc = in_dim;
         gemm_run(&key, x, dy, dw, 1.0f, NULL);
     }
-    if (db) {
-        column_sum_kernel<T><<<(out_dim + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0, cuda_stream()>>>(
-            (float *)db, (const T *)dy, n, out_dim);
-        LAUNCH_CHECK();
+    if (db) { /* db[out_dim] += dy^T @ ones[n]: column sums as a (GEMV-shaped) GEMM */
+        GemmKey key;
+        memset(&key, 0, sizeof key);
+        key.ab_type = CudaType<T>::value;
+        key.cd_type = CUDA_R_32F;
+        key.trans_a = CUBLAS_OP_N;
+        key.trans_b = CUBLAS_OP_N;
+        key.m = out_dim, key.n = 1, key.k = n;
+        key.lda = out_dim, key.ldb = n, key.ldc = out_dim;
+        gemm_run(&key, dy, ones_vector<T>(n), db, 1.0f, NULL);
     }
 }
 

@@ -137,6 +137,21 @@ typedef struct Backend {
     void (*scale)(void *x, float s, size_t n);
 } Backend;
 
+/* Bytes per element of a dtype. */
+static inline size_t dtype_size(DType t) { return t == DTYPE_F32 ? 4 : 2; }
+
+/* alloc / alloc_f32 that also add the bytes to *bytes: how each lifetime
+ * (weights, optimizer state, activations, KV cache) knows its size for the
+ * memory plan colt prints. */
+static inline void *backend_alloc_counted(const Backend *be, size_t n, size_t *bytes) {
+    *bytes += n * dtype_size(be->storage);
+    return be->alloc(n);
+}
+static inline void *backend_alloc_f32_counted(const Backend *be, size_t n, size_t *bytes) {
+    *bytes += n * 4;
+    return be->alloc_f32(n);
+}
+
 /* The fp32 CPU reference backend (OpenBLAS + OpenMP). */
 const Backend *backend_cpu(void);
 

@@ -35,6 +35,7 @@ struct ModelState {
     void *rows;                /* [K, D] final hidden rows that want logits */
     void *logits;              /* [K, V] */
     int *want_rows;            /* [N] host: indices of the tokens that want logits */
+    size_t bytes;              /* device memory of the buffers above */
 };
 
 /* ---------------------------------------------------------------- tensor table */
@@ -378,23 +379,31 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
     st->k_cache = xcalloc((size_t)c->num_hidden_layers, sizeof(void *));
     st->v_cache = xcalloc((size_t)c->num_hidden_layers, sizeof(void *));
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        st->k_cache[l] = be->alloc((size_t)n_slots * max_len * KVD);
-        st->v_cache[l] = be->alloc((size_t)n_slots * max_len * KVD);
+        st->k_cache[l] = backend_alloc_counted(be, (size_t)n_slots * max_len * KVD, &st->bytes);
+        st->v_cache[l] = backend_alloc_counted(be, (size_t)n_slots * max_len * KVD, &st->bytes);
     }
-    st->x = be->alloc(N * D);
-    st->xn = be->alloc(N * D);
-    st->q = be->alloc(N * QD);
-    st->k = be->alloc(N * KVD);
-    st->v = be->alloc(N * KVD);
-    st->att = be->alloc(N * QD);
-    st->proj = be->alloc(N * D);
-    st->gate = be->alloc(N * F);
-    st->up = be->alloc(N * F);
-    st->rows = be->alloc(N * D);
+    st->x = backend_alloc_counted(be, N * D, &st->bytes);
+    st->xn = backend_alloc_counted(be, N * D, &st->bytes);
+    st->q = backend_alloc_counted(be, N * QD, &st->bytes);
+    st->k = backend_alloc_counted(be, N * KVD, &st->bytes);
+    st->v = backend_alloc_counted(be, N * KVD, &st->bytes);
+    st->att = backend_alloc_counted(be, N * QD, &st->bytes);
+    st->proj = backend_alloc_counted(be, N * D, &st->bytes);
+    st->gate = backend_alloc_counted(be, N * F, &st->bytes);
+    st->up = backend_alloc_counted(be, N * F, &st->bytes);
+    st->rows = backend_alloc_counted(be, N * D, &st->bytes);
     st->want_rows = xmalloc(N * sizeof(int));
-    st->logits = be->alloc(N * (size_t)c->vocab_size);
+    st->logits = backend_alloc_counted(be, N * (size_t)c->vocab_size, &st->bytes);
     *out = st;
     return COLT_OK;
+}
+
+size_t model_state_bytes(const ModelState *st) { return st ? st->bytes : 0; }
+
+size_t model_weight_bytes(const Model *m) {
+    size_t b = 0;
+    for (int i = 0; i < m->n_tensors; i++) b += spec_numel(&m->tensors[i]) * dtype_size(m->be->storage);
+    return b;
 }
 
 void model_state_free(ModelState *st) {

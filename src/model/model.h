@@ -71,6 +71,8 @@ const ModelConfig *model_config(const Model *m);
 typedef struct ModelState ModelState;
 int model_state_create(ModelState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err);
 void model_state_free(ModelState *st);
+size_t model_state_bytes(const ModelState *st);  /* device bytes: KV cache + scratch */
+size_t model_weight_bytes(const Model *m);       /* device bytes of the weights */
 
 /* Runs n tokens (n <= max_tokens). Token i belongs to cache slot slot[i] at
  * position pos[i]: its K/V are stored at (slot[i], pos[i]), then it attends to

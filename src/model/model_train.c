@@ -110,6 +110,7 @@ struct TrainState {
     const Backend *be;
     int n_layers, n_slots, max_len, max_tokens;
     int chunk;                          /* target rows per lm_head chunk */
+    size_t bytes;                       /* device memory of the buffers below */
     /* the last forward */
     bool have_forward;
     int n;
@@ -134,6 +135,14 @@ struct TrainState {
     void *dk_cache, *dv_cache;          /* [S, L, KVD] */
     void *dgate, *dup, *dh;             /* [N, F] */
 };
+
+size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
+
+size_t model_grads_bytes(const ModelGrads *g) {
+    size_t b = 0;
+    for (int i = 0; g && i < g->n; i++) b += g->numel[i] * 4;
+    return b;
+}
 
 /* Rows per lm_head chunk: the backend's preference, at most the batch. */
 static int st_chunk_rows(const Backend *be, int max_tokens) {
@@ -169,37 +178,37 @@ int train_state_create(TrainState **out, const Model *m, int n_slots, int max_le
     st->act = xcalloc((size_t)st->n_layers, sizeof(LayerActivations));
     for (int l = 0; l < st->n_layers; l++) {
         LayerActivations *a = &st->act[l];
-        a->x_in = be->alloc(N * D);
-        a->xn_attn = be->alloc(N * D);
-        a->q = be->alloc(N * QD);
-        a->k_cache = be->alloc(SL * KVD);
-        a->v_cache = be->alloc(SL * KVD);
-        a->att = be->alloc(N * QD);
-        a->x_mid = be->alloc(N * D);
-        a->xn_mlp = be->alloc(N * D);
-        a->gate = be->alloc(N * F);
-        a->up = be->alloc(N * F);
+        a->x_in = backend_alloc_counted(be, N * D, &st->bytes);
+        a->xn_attn = backend_alloc_counted(be, N * D, &st->bytes);
+        a->q = backend_alloc_counted(be, N * QD, &st->bytes);
+        a->k_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
+        a->v_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
+        a->att = backend_alloc_counted(be, N * QD, &st->bytes);
+        a->x_mid = backend_alloc_counted(be, N * D, &st->bytes);
+        a->xn_mlp = backend_alloc_counted(be, N * D, &st->bytes);
+        a->gate = backend_alloc_counted(be, N * F, &st->bytes);
+        a->up = backend_alloc_counted(be, N * F, &st->bytes);
     }
-    st->x_final = be->alloc(N * D);
-    st->xn_final = be->alloc(N * D);
-    st->k = be->alloc(N * KVD);
-    st->v = be->alloc(N * KVD);
-    st->proj = be->alloc(N * D);
-    st->h = be->alloc(N * F);
-    st->chunk_rows = be->alloc(C * D);
-    st->chunk_drows = be->alloc(C * D);
-    st->chunk_logits = be->alloc(C * V);
-    st->chunk_lp = be->alloc_f32(C);
-    st->chunk_ent = be->alloc_f32(C);
-    st->dres = be->alloc(N * D);
-    st->dxn = be->alloc(N * D);
-    st->dq = be->alloc(N * QD);
-    st->datt = be->alloc(N * QD);
-    st->dk_cache = be->alloc_f32(SL * KVD);
-    st->dv_cache = be->alloc_f32(SL * KVD);
-    st->dgate = be->alloc(N * F);
-    st->dup = be->alloc(N * F);
-    st->dh = be->alloc(N * F);
+    st->x_final = backend_alloc_counted(be, N * D, &st->bytes);
+    st->xn_final = backend_alloc_counted(be, N * D, &st->bytes);
+    st->k = backend_alloc_counted(be, N * KVD, &st->bytes);
+    st->v = backend_alloc_counted(be, N * KVD, &st->bytes);
+    st->proj = backend_alloc_counted(be, N * D, &st->bytes);
+    st->h = backend_alloc_counted(be, N * F, &st->bytes);
+    st->chunk_rows = backend_alloc_counted(be, C * D, &st->bytes);
+    st->chunk_drows = backend_alloc_counted(be, C * D, &st->bytes);
+    st->chunk_logits = backend_alloc_counted(be, C * V, &st->bytes);
+    st->chunk_lp = backend_alloc_f32_counted(be, C, &st->bytes);
+    st->chunk_ent = backend_alloc_f32_counted(be, C, &st->bytes);
+    st->dres = backend_alloc_counted(be, N * D, &st->bytes);
+    st->dxn = backend_alloc_counted(be, N * D, &st->bytes);
+    st->dq = backend_alloc_counted(be, N * QD, &st->bytes);
+    st->datt = backend_alloc_counted(be, N * QD, &st->bytes);
+    st->dk_cache = backend_alloc_f32_counted(be, SL * KVD, &st->bytes);
+    st->dv_cache = backend_alloc_f32_counted(be, SL * KVD, &st->bytes);
+    st->dgate = backend_alloc_counted(be, N * F, &st->bytes);
+    st->dup = backend_alloc_counted(be, N * F, &st->bytes);
+    st->dh = backend_alloc_counted(be, N * F, &st->bytes);
     *out = st;
     return COLT_OK;
 }

@@ -36,6 +36,7 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err);
 void model_grads_free(ModelGrads *g);
 void model_grads_zero(ModelGrads *g);
 void *model_grad(const ModelGrads *g, int index);  /* backend buffer, numel as model_param(index) */
+size_t model_grads_bytes(const ModelGrads *g);     /* device bytes (fp32) */
 
 /* ---- training forward / backward ---- */
 
@@ -44,6 +45,7 @@ void *model_grad(const ModelGrads *g, int index);  /* backend buffer, numel as m
 typedef struct TrainState TrainState;
 int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err);
 void train_state_free(TrainState *st);
+size_t train_state_bytes(const TrainState *st);    /* device bytes of its activations */
 
 /* Forward over n tokens. For each token with targets[i] >= 0, logprobs[i] =
  * log softmax(logits_i / temperature)[targets[i]] and entropy[i] = the entropy

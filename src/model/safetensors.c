@@ -15,7 +15,6 @@
 
 /* ---------------------------------------------------------------- dtype helpers */
 
-static size_t dtype_size(DType d) { return d == DTYPE_F32 ? 4 : 2; }
 
 static const char *dtype_name(DType d) { return d == DTYPE_F32 ? "F32" : d == DTYPE_BF16 ? "BF16" : "F16"; }
 

@@ -138,6 +138,12 @@ void optim_free(Optimizer *o) {
 
 int64_t optim_step_count(const Optimizer *o) { return o->step; }
 
+size_t optim_state_bytes(const Optimizer *o) {
+    size_t b = 0;
+    for (int i = 0; i < o->n; i++) b += o->params[i].numel * 4 * (o->master[i] ? 3 : 2);
+    return b;
+}
+
 /* torch's _single_tensor_adam: step += 1; bias_correction_k = 1 - beta_k ** step
  * in Python doubles; the backend op does the rest in torch's order. */
 void optim_step(Optimizer *o, const ModelGrads *g, float lr) {

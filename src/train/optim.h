@@ -38,6 +38,8 @@ void optim_free(Optimizer *o);
 /* One AdamW update of every parameter with learning rate lr; increments the step count. */
 void optim_step(Optimizer *o, const ModelGrads *g, float lr);
 int64_t optim_step_count(const Optimizer *o);
+/* Device bytes of the moments (and fp32 master weights when the storage is not fp32). */
+size_t optim_state_bytes(const Optimizer *o);
 
 /* Global L2 norm of all gradients (before clipping), and, when max_norm > 0,
  * scales every gradient by min(1, max_norm / (norm + 1e-6)) as

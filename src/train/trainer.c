@@ -983,6 +983,14 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->mb_dlogp = xmalloc(bt * sizeof(float));
     t->mb_adv = xmalloc((size_t)bs * sizeof(float));
 
+    /* The memory plan: every lifetime's buffers are allocated above, once. */
+    double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
+    size_t w = model_weight_bytes(t->model), o = optim_state_bytes(t->opt), gr = model_grads_bytes(t->grads);
+    size_t act = train_state_bytes(t->ts), ref = t->ref_model ? model_weight_bytes(t->ref_model) : 0;
+    log_info0("memory plan (%s): weights %.3f GB, reference model %.3f GB, optimizer state %.3f GB, gradients "
+              "%.3f GB, training activations %.3f GB; total %.3f GB, plus the generation KV cache while generating",
+              t->be->name, w * gb, ref * gb, o * gb, gr * gb, act * gb, (w + ref + o + gr + act) * gb);
+
     if (c->resume_from_checkpoint && load_trainer_state(t, c->resume_from_checkpoint, err) != 0) return COLT_ERR;
     t->metrics_path = path_join(c->output_dir, "metrics.jsonl");
     if (c->resume_from_checkpoint) truncate_metrics(t->metrics_path, t->global_step);

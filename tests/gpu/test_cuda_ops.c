@@ -343,11 +343,22 @@ static void test_kv(const Dev *d, int n_slots, int max_len, int kv_dim, int n) {
     CPU->free(ckc), CPU->free(cvc), CPU->free(ck), CPU->free(cv), CPU->free(cfk), CPU->free(cfv);
 }
 
+/* When set, test_attention lays its tokens out as a training / prefill batch:
+ * slot s holds positions g_attn_run_starts[s]..lens[s]-1 in order (the tiled
+ * kernels' path); n must be the sum of the run lengths. */
+static const int *g_attn_run_starts = NULL;
+
 static void test_attention(const Dev *d, int n_slots, const int *lens, int max_len, int n, int heads, int kv_heads,
                            int head_dim, float q_scale) {
     char name[160], shape[96];
     int *slot = malloc((size_t)n * sizeof(int)), *pos = malloc((size_t)n * sizeof(int));
-    make_tokens(slot, pos, n, n_slots, lens);
+    if (g_attn_run_starts) {
+        int k = 0;
+        for (int s = 0; s < n_slots; s++)
+            for (int p = g_attn_run_starts[s]; p < lens[s] && k < n; p++) slot[k] = s, pos[k] = p, k++;
+    } else {
+        make_tokens(slot, pos, n, n_slots, lens);
+    }
     size_t kv_dim = (size_t)kv_heads * head_dim, nc = (size_t)n_slots * max_len * kv_dim,
            nq = (size_t)n * heads * head_dim;
     snprintf(shape, sizeof shape, "N=%d H=%d KVH=%d Dh=%d S=%d L=%d lens %d..%d", n, heads, kv_heads, head_dim,
@@ -777,6 +788,19 @@ static void run_ops(const Dev *d) {
         test_attention(d, 2, lens_b, 260, 40, 4, 1, 128, 1.0f);
         test_attention(d, 2, lens_c, 64, 20, 8, 4, 8, 1.0f);
         test_attention(d, 2, lens_d, 80, 16, 6, 3, 48, 1.0f);
+
+        /* training / prefill layouts: runs of consecutive positions per slot */
+        int run_lens_a[3] = {300, 130, 64}, run_starts_a[3] = {0, 50, 0};
+        int run_lens_b[2] = {200, 77}, run_starts_b[2] = {0, 13};
+        int run_lens_c[2] = {90, 40}, run_starts_c[2] = {0, 0};
+        g_attn_run_starts = run_starts_a;
+        test_attention(d, 3, run_lens_a, 320, 300 + 80 + 64, 14, 2, 64, 1.0f);
+        g_attn_run_starts = run_starts_b;
+        test_attention(d, 2, run_lens_b, 260, 200 + 64, 4, 1, 128, 2.0f);
+        g_attn_run_starts = run_starts_c;
+        test_attention(d, 2, run_lens_c, 96, 130, 6, 3, 48, 1.0f);
+        test_attention(d, 2, run_lens_c, 96, 130, 8, 4, 8, 1.0f);
+        g_attn_run_starts = NULL;
     }
 
     test_elementwise(d, 1031);

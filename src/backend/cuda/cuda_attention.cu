@@ -11,7 +11,12 @@
  * delta = sum_t P_t (dout . v_t); pass 2 forms dS_t and writes dq (=) and
  * dK/dV (+=, fp32 atomicAdd: the order of additions varies run to run).
  * Tolerance vs the CPU (double) reference: ~1e-6 relative in fp32 storage.
- * Not yet: FlashAttention tiling, GQA sharing of K/V loads across the group. */
+ * These per-token kernels are the general fallback (decode steps, scattered
+ * positions, head_dim > 128). Batches made of runs of consecutive positions
+ * (training, prefill) take the tiled FlashAttention-2 style kernels below
+ * (section "tiled"): no atomics, deterministic.
+ * Not yet: tensor cores (the tiles use fp32 FMA), GQA sharing of K/V tiles
+ * across the heads of a group (each query head reads them through L2). */
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -71,6 +76,570 @@ void cuda_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, 
     size_t total = (size_t)n * kv_dim;
     kv_gather_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>(
         (T *)k, (T *)v, (const float *)k_cache, (const float *)v_cache, d, d + n, n, kv_dim, max_len);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- tiled (FlashAttention-2 style) */
+
+/* Used when the tokens come in runs of consecutive positions of one slot (a
+ * training batch, a prefill): a host "plan" cuts the runs into query tiles of
+ * up to FT tokens {tok0, cnt, slot, pos0} (tokens tok0..tok0+cnt-1 sit at
+ * positions pos0..pos0+cnt-1). Head dims up to 128 run through the same code,
+ * zero padded to DMAX = 64 or 128 in shared memory; fp32 everywhere inside.
+ * A block has 256 threads as a 16 x 16 grid (ty, tx): for score tiles it owns
+ * rows ty*4+i and columns tx+16c; for [rows, Dh] accumulators rows ty*4+i and
+ * dims 64c+4tx+e. Causality is masked per element (key j <= query pos).
+ *   forward: one block per (query tile, head), online softmax over key tiles.
+ *   backward: (1) the forward kernel again, keeping lse_i and
+ *   delta_i = dout_i . O_i; (2) one block per (slot, key tile, KV head, head
+ *   subset) loops over the query tiles that see its keys and the query heads
+ *   of its subset, accumulating dK, dV in registers; with one subset it adds
+ *   them into the caches itself (each row owned by one block), else it writes
+ *   partials that a last kernel sums in a fixed order; (3) one block per
+ *   (query tile, head) forms dq. No atomics: deterministic. */
+#define FT 64
+#define FTHREADS 256
+#define FLDP (FT + 4)
+
+template <typename T, int DMAX>
+__device__ __forceinline__ void fa_load_rows(float *sm, const T *src, size_t row_stride, int rows, int head_dim) {
+    const int LD = DMAX + 4;
+    if (head_dim == DMAX && ((size_t)src % 16) == 0 && (row_stride * sizeof(T)) % 16 == 0) {
+        /* rows start 16-byte aligned: 16-byte loads, VEC elements each */
+        const int VEC = 16 / (int)sizeof(T);
+        for (int idx = threadIdx.x; idx < FT * DMAX / VEC; idx += FTHREADS) {
+            int r = idx / (DMAX / VEC), d = (idx % (DMAX / VEC)) * VEC;
+            float *dst = sm + r * LD + d;
+            if (r < rows) {
+                uint4 raw = *(const uint4 *)(src + (size_t)r * row_stride + d);
+                const T *e = (const T *)&raw;
+#pragma unroll
+                for (int k = 0; k < VEC; k += 4)
+                    *(float4 *)(dst + k) = make_float4(to_float(e[k]), to_float(e[k + 1]), to_float(e[k + 2]),
+                                                       to_float(e[k + 3]));
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k += 4) *(float4 *)(dst + k) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+        return;
+    }
+    for (int idx = threadIdx.x; idx < FT * DMAX; idx += FTHREADS) {
+        int r = idx / DMAX, d = idx % DMAX;
+        float v = 0.0f;
+        if (r < rows && d < head_dim) v = to_float(src[(size_t)r * row_stride + d]);
+        sm[r * LD + d] = v;
+    }
+}
+
+/* acc[i][c] += A[ty*4+i, :] . B[tx+16c, :] */
+template <int DMAX>
+__device__ __forceinline__ void fa_mm_abT(float acc[4][4], const float *A, const float *B, int ty, int tx) {
+    const int LD = DMAX + 4;
+#pragma unroll 2
+    for (int d = 0; d < DMAX; d += 4) {
+        float4 a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = *(const float4 *)(A + (ty * 4 + i) * LD + d);
+#pragma unroll
+        for (int c = 0; c < 4; c++) b[c] = *(const float4 *)(B + (tx + 16 * c) * LD + d);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float s = acc[i][c];
+                s = fmaf(a[i].x, b[c].x, s);
+                s = fmaf(a[i].y, b[c].y, s);
+                s = fmaf(a[i].z, b[c].z, s);
+                s = fmaf(a[i].w, b[c].w, s);
+                acc[i][c] = s;
+            }
+    }
+}
+
+/* acc[i][4c+e] += sum_k P[ty*4+i, k] * B[k, 64c+4tx+e] (P stride FLDP) */
+template <int DMAX>
+__device__ __forceinline__ void fa_mm_ab(float acc[4][DMAX / 16], const float *P, const float *B, int ty, int tx) {
+    const int LD = DMAX + 4, DC = DMAX / 64;
+#pragma unroll 2
+    for (int k = 0; k < FT; k += 4) {
+        float4 p[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[i] = *(const float4 *)(P + (ty * 4 + i) * FLDP + k);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+            for (int c = 0; c < DC; c++) {
+                float4 b = *(const float4 *)(B + (k + kk) * LD + 64 * c + 4 * tx);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float pv = kk == 0 ? p[i].x : kk == 1 ? p[i].y : kk == 2 ? p[i].z : p[i].w;
+                    acc[i][4 * c + 0] = fmaf(pv, b.x, acc[i][4 * c + 0]);
+                    acc[i][4 * c + 1] = fmaf(pv, b.y, acc[i][4 * c + 1]);
+                    acc[i][4 * c + 2] = fmaf(pv, b.z, acc[i][4 * c + 2]);
+                    acc[i][4 * c + 3] = fmaf(pv, b.w, acc[i][4 * c + 3]);
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float fa_row_max(float v) {
+    for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float fa_row_sum(float v) {
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* grid (n_tiles, n_heads). STATS: write lse/delta (needs dout) instead of out. */
+template <typename T, int DMAX, bool STATS>
+__global__ void __launch_bounds__(FTHREADS) fa_forward_kernel(T *out, float *lse_out, float *delta_out,
+                                                               const T *dout, const T *q, const T *k_cache,
+                                                               const T *v_cache, const int4 *tiles, int n_heads,
+                                                               int group, int head_dim, int max_len, int kv_dim,
+                                                               float scale) {
+    const int LD = DMAX + 4, DA = DMAX / 16;
+    extern __shared__ float4 fa_smem4[];
+    float *sQ = (float *)fa_smem4, *sK = sQ + FT * LD, *sV = sK + FT * LD, *sP = sV + FT * LD;
+    int4 t = tiles[blockIdx.x];
+    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    size_t q_stride = (size_t)n_heads * head_dim;
+    fa_load_rows<T, DMAX>(sQ, q + ((size_t)tok0 * n_heads + h) * head_dim, q_stride, cnt, head_dim);
+    float m[4], l[4], o[4][DA];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DA; e++) o[i][e] = 0.0f;
+    }
+    int last = pos0 + cnt - 1, nkt = last / FT + 1;
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * head_dim;
+    for (int kt = 0; kt < nkt; kt++) {
+        int j0 = kt * FT, krows = min(FT, last + 1 - j0);
+        __syncthreads();
+        fa_load_rows<T, DMAX>(sK, k_cache + kv_base + (size_t)j0 * kv_dim, kv_dim, krows, head_dim);
+        fa_load_rows<T, DMAX>(sV, v_cache + kv_base + (size_t)j0 * kv_dim, kv_dim, krows, head_dim);
+        __syncthreads();
+        float sc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) sc[i][c] = 0.0f;
+        fa_mm_abT<DMAX>(sc, sQ, sK, ty, tx);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = ty * 4 + i, pi = pos0 + r;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                int j = j0 + tx + 16 * c;
+                float v = (r < cnt && j <= pi) ? sc[i][c] * scale : -INFINITY;
+                sc[i][c] = v;
+                mx = fmaxf(mx, v);
+            }
+            mx = fa_row_max(mx);
+            float mnew = fmaxf(m[i], mx), mu = mnew == -INFINITY ? 0.0f : mnew;
+            float corr = expf(m[i] - mu), ps = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float p = expf(sc[i][c] - mu);
+                sP[r * FLDP + tx + 16 * c] = p;
+                ps += p;
+            }
+            ps = fa_row_sum(ps);
+            l[i] = l[i] * corr + ps;
+            m[i] = mnew;
+#pragma unroll
+            for (int e = 0; e < DA; e++) o[i][e] *= corr;
+        }
+        __syncthreads();
+        fa_mm_ab<DMAX>(o, sP, sV, ty, tx);
+    }
+    if (!STATS) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = ty * 4 + i;
+            if (r >= cnt) continue;
+            float inv = 1.0f / l[i];
+            T *orow = out + ((size_t)(tok0 + r) * n_heads + h) * head_dim;
+#pragma unroll
+            for (int e = 0; e < DA; e++) {
+                int d = 64 * (e / 4) + 4 * tx + (e % 4);
+                if (d < head_dim) orow[d] = from_float<T>(o[i][e] * inv);
+            }
+        }
+    } else {
+        __syncthreads();
+        fa_load_rows<T, DMAX>(sK, dout + ((size_t)tok0 * n_heads + h) * head_dim, q_stride, cnt, head_dim);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = ty * 4 + i;
+            float inv = r < cnt ? 1.0f / l[i] : 0.0f, dsum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DA; e++) dsum += o[i][e] * sK[r * LD + 64 * (e / 4) + 4 * tx + (e % 4)];
+            dsum = fa_row_sum(dsum) * inv;
+            if (tx == 0 && r < cnt) {
+                size_t idx = (size_t)(tok0 + r) * n_heads + h;
+                lse_out[idx] = m[i] + logf(l[i]);
+                delta_out[idx] = dsum;
+            }
+        }
+    }
+}
+
+/* grid (n_key_blocks, n_kv_heads, n_split). */
+template <typename T, int DMAX>
+__global__ void __launch_bounds__(FTHREADS, DMAX == 64 ? 2 : 1) fa_backward_kv_kernel(
+    float *dk_cache, float *dv_cache, float *part, const T *dout, const T *q, const T *k_cache, const T *v_cache,
+    const float *lse, const float *delta, const int4 *tiles, const int *slot_begin, const int2 *kblocks,
+    int n_heads, int group, int heads_per_split, int head_dim, int max_len, int kv_dim, float scale) {
+    const int LD = DMAX + 4, DA = DMAX / 16;
+    extern __shared__ float4 fa_smem4[];
+    float *sK = (float *)fa_smem4, *sV = sK + FT * LD, *sQ = sV + FT * LD, *sO = sQ + FT * LD;
+    float *sP = sO + FT * LD, *sS = sP + FT * FLDP, *sL = sS + FT * FLDP, *sD = sL + FT;
+    int2 kb = kblocks[blockIdx.x];
+    int s_id = kb.x, j0 = kb.y * FT, g = blockIdx.y;
+    int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    int krows = min(FT, max_len - j0);
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * head_dim + (size_t)j0 * kv_dim;
+    fa_load_rows<T, DMAX>(sK, k_cache + kv_base, kv_dim, krows, head_dim);
+    fa_load_rows<T, DMAX>(sV, v_cache + kv_base, kv_dim, krows, head_dim);
+    float dk[4][DA], dv[4][DA];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < DA; e++) dk[i][e] = 0.0f, dv[i][e] = 0.0f;
+    int tb = slot_begin[s_id], te = slot_begin[s_id + 1];
+    int h_lo = g * group + blockIdx.z * heads_per_split, h_hi = min(g * group + group, h_lo + heads_per_split);
+    size_t q_stride = (size_t)n_heads * head_dim;
+    for (int h = h_lo; h < h_hi; h++) {
+        for (int ti = tb; ti < te; ti++) {
+            int4 t = tiles[ti];
+            int tok0 = t.x, cnt = t.y, pos0 = t.w;
+            if (pos0 + cnt - 1 < j0) continue;
+            __syncthreads();
+            fa_load_rows<T, DMAX>(sQ, q + ((size_t)tok0 * n_heads + h) * head_dim, q_stride, cnt, head_dim);
+            fa_load_rows<T, DMAX>(sO, dout + ((size_t)tok0 * n_heads + h) * head_dim, q_stride, cnt, head_dim);
+            if (threadIdx.x < FT) {
+                int r = threadIdx.x;
+                sL[r] = r < cnt ? lse[(size_t)(tok0 + r) * n_heads + h] : 0.0f;
+                sD[r] = r < cnt ? delta[(size_t)(tok0 + r) * n_heads + h] : 0.0f;
+            }
+            __syncthreads();
+            float sc[4][4], dp[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) sc[i][c] = 0.0f, dp[i][c] = 0.0f;
+            fa_mm_abT<DMAX>(sc, sK, sQ, ty, tx);
+            fa_mm_abT<DMAX>(dp, sV, sO, ty, tx);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int jr = ty * 4 + i, j = j0 + jr;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    int r = tx + 16 * c;
+                    bool ok = r < cnt && pos0 + r >= j;
+                    float p = ok ? expf(sc[i][c] * scale - sL[r]) : 0.0f;
+                    sP[jr * FLDP + r] = p;
+                    sS[jr * FLDP + r] = p * (dp[i][c] - sD[r]);
+                }
+            }
+            __syncthreads();
+            fa_mm_ab<DMAX>(dv, sP, sO, ty, tx);
+            fa_mm_ab<DMAX>(dk, sS, sQ, ty, tx);
+        }
+    }
+    if (part == NULL) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int jr = ty * 4 + i;
+            if (jr >= krows) continue;
+            size_t row = kv_base + (size_t)jr * kv_dim;
+#pragma unroll
+            for (int e = 0; e < DA; e++) {
+                int d = 64 * (e / 4) + 4 * tx + (e % 4);
+                if (d < head_dim) dk_cache[row + d] += scale * dk[i][e], dv_cache[row + d] += dv[i][e];
+            }
+        }
+    } else {
+        /* partials [n_split][n_kb][KVH][FT][head_dim] for dk, then the same for dv */
+        size_t per = (size_t)gridDim.x * gridDim.y * FT * head_dim;
+        float *pk = part + (size_t)blockIdx.z * per + ((size_t)blockIdx.x * gridDim.y + g) * FT * head_dim;
+        float *pv = pk + (size_t)gridDim.z * per;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int jr = ty * 4 + i;
+#pragma unroll
+            for (int e = 0; e < DA; e++) {
+                int d = 64 * (e / 4) + 4 * tx + (e % 4);
+                if (d < head_dim) pk[(size_t)jr * head_dim + d] = scale * dk[i][e], pv[(size_t)jr * head_dim + d] = dv[i][e];
+            }
+        }
+    }
+}
+
+/* Sums the n_split partials in order into the caches. */
+__global__ void fa_backward_kv_reduce_kernel(float *dk_cache, float *dv_cache, const float *part, const int2 *kblocks,
+                                             int n_kb, int n_kv_heads, int n_split, int head_dim, int max_len,
+                                             int kv_dim) {
+    size_t per = (size_t)n_kb * n_kv_heads * FT * head_dim;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < per; e += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(e % head_dim);
+        size_t r = e / head_dim;
+        int jr = (int)(r % FT);
+        r /= FT;
+        int g = (int)(r % n_kv_heads), b = (int)(r / n_kv_heads);
+        int2 kb = kblocks[b];
+        int j = kb.y * FT + jr;
+        if (j >= max_len) continue;
+        float sk = 0.0f, sv = 0.0f;
+        for (int z = 0; z < n_split; z++) sk += part[(size_t)z * per + e], sv += part[(size_t)(n_split + z) * per + e];
+        size_t idx = ((size_t)kb.x * max_len + j) * kv_dim + (size_t)g * head_dim + d;
+        dk_cache[idx] += sk;
+        dv_cache[idx] += sv;
+    }
+}
+
+/* grid (n_tiles, n_heads): dq = scale * sum_j dS_ij k_j. */
+template <typename T, int DMAX>
+__global__ void __launch_bounds__(FTHREADS) fa_backward_dq_kernel(T *dq, const T *dout, const T *q, const T *k_cache,
+                                                                   const T *v_cache, const float *lse,
+                                                                   const float *delta, const int4 *tiles, int n_heads,
+                                                                   int group, int head_dim, int max_len, int kv_dim,
+                                                                   float scale) {
+    const int LD = DMAX + 4, DA = DMAX / 16;
+    extern __shared__ float4 fa_smem4[];
+    float *sQ = (float *)fa_smem4, *sO = sQ + FT * LD, *sK = sO + FT * LD, *sV = sK + FT * LD;
+    float *sS = sV + FT * LD, *sL = sS + FT * FLDP, *sD = sL + FT;
+    int4 t = tiles[blockIdx.x];
+    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    size_t q_stride = (size_t)n_heads * head_dim;
+    fa_load_rows<T, DMAX>(sQ, q + ((size_t)tok0 * n_heads + h) * head_dim, q_stride, cnt, head_dim);
+    fa_load_rows<T, DMAX>(sO, dout + ((size_t)tok0 * n_heads + h) * head_dim, q_stride, cnt, head_dim);
+    if (threadIdx.x < FT) {
+        int r = threadIdx.x;
+        sL[r] = r < cnt ? lse[(size_t)(tok0 + r) * n_heads + h] : 0.0f;
+        sD[r] = r < cnt ? delta[(size_t)(tok0 + r) * n_heads + h] : 0.0f;
+    }
+    float acc[4][DA];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < DA; e++) acc[i][e] = 0.0f;
+    int last = pos0 + cnt - 1, nkt = last / FT + 1;
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * head_dim;
+    for (int kt = 0; kt < nkt; kt++) {
+        int j0 = kt * FT, krows = min(FT, last + 1 - j0);
+        __syncthreads();
+        fa_load_rows<T, DMAX>(sK, k_cache + kv_base + (size_t)j0 * kv_dim, kv_dim, krows, head_dim);
+        fa_load_rows<T, DMAX>(sV, v_cache + kv_base + (size_t)j0 * kv_dim, kv_dim, krows, head_dim);
+        __syncthreads();
+        float sc[4][4], dp[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) sc[i][c] = 0.0f, dp[i][c] = 0.0f;
+        fa_mm_abT<DMAX>(sc, sQ, sK, ty, tx);
+        fa_mm_abT<DMAX>(dp, sO, sV, ty, tx);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = ty * 4 + i, pi = pos0 + r;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                int j = j0 + tx + 16 * c;
+                bool ok = r < cnt && j <= pi;
+                float p = ok ? expf(sc[i][c] * scale - sL[r]) : 0.0f;
+                sS[r * FLDP + tx + 16 * c] = p * (dp[i][c] - sD[r]);
+            }
+        }
+        __syncthreads();
+        fa_mm_ab<DMAX>(acc, sS, sK, ty, tx);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = ty * 4 + i;
+        if (r >= cnt) continue;
+        T *row = dq + ((size_t)(tok0 + r) * n_heads + h) * head_dim;
+#pragma unroll
+        for (int e = 0; e < DA; e++) {
+            int d = 64 * (e / 4) + 4 * tx + (e % 4);
+            if (d < head_dim) row[d] = from_float<T>(scale * acc[i][e]);
+        }
+    }
+}
+
+static size_t fa_smem_forward(int dmax) { return (size_t)(3 * FT * (dmax + 4) + FT * FLDP) * sizeof(float); }
+static size_t fa_smem_kv(int dmax) { return (size_t)(4 * FT * (dmax + 4) + 2 * FT * FLDP + 2 * FT) * sizeof(float); }
+static size_t fa_smem_dq(int dmax) { return (size_t)(4 * FT * (dmax + 4) + FT * FLDP + 2 * FT) * sizeof(float); }
+
+static int fa_sm_count(void) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (sms <= 0) sms = 1;
+    }
+    return sms;
+}
+
+/* The host plan: query tiles (sorted by slot when for_backward), per-slot tile
+ * ranges and the key blocks {slot, key tile} (longest first), packed in one int
+ * array and uploaded. Returns 0 when the batch is not made of runs long enough
+ * for tiles to pay (decode steps): the caller falls back to the per-token
+ * kernels. Backward skips tokens whose slot is outside 0..n_slots-1. */
+struct FaPlan {
+    int nt, nkb;
+    const int4 *tiles;
+    const int *slot_begin;
+    const int2 *kblocks;
+};
+
+static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int n_slots, int max_len,
+                        int for_backward) {
+    static int *raw = NULL, *packed = NULL, *aux = NULL;
+    static size_t raw_cap = 0, packed_cap = 0, aux_cap = 0;
+    if ((size_t)4 * n > raw_cap) {
+        free(raw);
+        raw_cap = (size_t)4 * n + 64;
+        raw = (int *)malloc(raw_cap * sizeof(int));
+    }
+    int nt = 0, valid = 0, cur = -1;
+    for (int i = 0; i < n; i++) {
+        int s = slot[i], p = pos[i];
+        if (for_backward && (s < 0 || s >= n_slots)) {
+            cur = -1;
+            continue;
+        }
+        if (s < 0 || p < 0 || p >= max_len) return 0;
+        valid++;
+        if (cur >= 0 && raw[4 * cur + 2] == s && raw[4 * cur + 3] + raw[4 * cur + 1] == p && raw[4 * cur + 1] < FT) {
+            raw[4 * cur + 1]++;
+            continue;
+        }
+        cur = nt++;
+        raw[4 * cur] = i, raw[4 * cur + 1] = 1, raw[4 * cur + 2] = s, raw[4 * cur + 3] = p;
+    }
+    if (valid < 8 * nt) return 0;
+    pl->nt = nt, pl->nkb = 0;
+    if (nt == 0) return 1;
+    if (!for_backward) {
+        pl->tiles = (const int4 *)cuda_upload_indices((const int *const *)&raw, 1, 4 * nt);
+        pl->slot_begin = NULL, pl->kblocks = NULL;
+        return 1;
+    }
+    /* aux: count[n_slots + 1], maxpos[n_slots] */
+    size_t aux_need = (size_t)2 * n_slots + 1;
+    if (aux_need > aux_cap) {
+        free(aux);
+        aux_cap = aux_need + 64;
+        aux = (int *)malloc(aux_cap * sizeof(int));
+    }
+    int *cnt = aux, *maxpos = aux + n_slots + 1;
+    for (int s = 0; s <= n_slots; s++) cnt[s] = 0;
+    for (int s = 0; s < n_slots; s++) maxpos[s] = -1;
+    int max_kt = 0;
+    for (int t = 0; t < nt; t++) {
+        int s = raw[4 * t + 2], last = raw[4 * t + 3] + raw[4 * t + 1] - 1;
+        cnt[s + 1]++;
+        if (last > maxpos[s]) maxpos[s] = last;
+        if (last / FT + 1 > max_kt) max_kt = last / FT + 1;
+    }
+    int nkb = 0;
+    for (int s = 0; s < n_slots; s++) {
+        cnt[s + 1] += cnt[s];
+        if (maxpos[s] >= 0) nkb += maxpos[s] / FT + 1;
+    }
+    int sb_len = (n_slots + 2) & ~1; /* keeps the key blocks 8-byte aligned */
+    size_t need = (size_t)4 * nt + sb_len + (size_t)2 * nkb;
+    if (need > packed_cap) {
+        free(packed);
+        packed_cap = need + 64;
+        packed = (int *)malloc(packed_cap * sizeof(int));
+    }
+    int *ptiles = packed, *psb = packed + 4 * nt, *pkb = psb + sb_len;
+    for (int s = 0; s <= n_slots; s++) psb[s] = cnt[s];
+    for (int s = n_slots + 1; s < sb_len; s++) psb[s] = 0;
+    for (int t = 0; t < nt; t++) { /* stable counting sort by slot */
+        int s = raw[4 * t + 2], at = cnt[s]++;
+        for (int k = 0; k < 4; k++) ptiles[4 * at + k] = raw[4 * t + k];
+    }
+    int b = 0;
+    for (int kt = 0; kt < max_kt; kt++)
+        for (int s = 0; s < n_slots; s++)
+            if (maxpos[s] >= 0 && kt <= maxpos[s] / FT) pkb[2 * b] = s, pkb[2 * b + 1] = kt, b++;
+    int *dev = cuda_upload_indices((const int *const *)&packed, 1, (int)need);
+    pl->nkb = nkb;
+    pl->tiles = (const int4 *)dev;
+    pl->slot_begin = dev + 4 * nt;
+    pl->kblocks = (const int2 *)(dev + 4 * nt + sb_len);
+    return 1;
+}
+
+template <typename T, int DMAX>
+static void fa_forward_launch(T *out, const T *q, const T *kc, const T *vc, const FaPlan *pl, int n_heads, int group,
+                              int head_dim, int max_len, int kv_dim, float scale) {
+    static bool attr = false;
+    size_t smem = fa_smem_forward(DMAX);
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(fa_forward_kernel<T, DMAX, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    fa_forward_kernel<T, DMAX, false><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem, cuda_stream()>>>(
+        out, NULL, NULL, NULL, q, kc, vc, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+}
+
+template <typename T, int DMAX>
+static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const T *q, const T *kc, const T *vc,
+                               const FaPlan *pl, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
+    static bool attr = false;
+    size_t smem_f = fa_smem_forward(DMAX), smem_kv = fa_smem_kv(DMAX), smem_dq = fa_smem_dq(DMAX);
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(fa_forward_kernel<T, DMAX, true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_f));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_backward_kv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem_kv));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_backward_dq_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem_dq));
+        attr = true;
+    }
+    int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
+    float scale = (float)(1.0 / sqrt((double)head_dim));
+    /* Split the query heads of a group over blocks until the grid covers the GPU a few times over. */
+    int blocks = pl->nkb * n_kv_heads, want = 4 * fa_sm_count();
+    int n_split = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    if (n_split > group) n_split = group;
+    int per = (group + n_split - 1) / n_split;
+    n_split = (group + per - 1) / per;
+    size_t part_elems = n_split > 1 ? (size_t)2 * n_split * blocks * FT * head_dim : 0;
+    size_t nh = (size_t)n * n_heads;
+    float *lse = (float *)cuda_scratch((2 * nh + part_elems) * sizeof(float) + 256);
+    float *delta = lse + nh, *part = n_split > 1 ? delta + nh : NULL;
+    cudaStream_t st = cuda_stream();
+    fa_forward_kernel<T, DMAX, true><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem_f, st>>>(
+        NULL, lse, delta, go, q, kc, vc, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+    fa_backward_kv_kernel<T, DMAX>
+        <<<dim3((unsigned)pl->nkb, (unsigned)n_kv_heads, (unsigned)n_split), FTHREADS, smem_kv, st>>>(
+            dkc, dvc, part, go, q, kc, vc, lse, delta, pl->tiles, pl->slot_begin, pl->kblocks, n_heads, group, per,
+            head_dim, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+    if (n_split > 1) {
+        size_t per_elems = (size_t)blocks * FT * head_dim;
+        fa_backward_kv_reduce_kernel<<<cuda_blocks_for(per_elems), CUDA_THREADS, 0, st>>>(
+            dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, head_dim, max_len, kv_dim);
+        LAUNCH_CHECK();
+    }
+    fa_backward_dq_kernel<T, DMAX><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem_dq, st>>>(
+        dq, go, q, kc, vc, lse, delta, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
     LAUNCH_CHECK();
 }
 
@@ -148,10 +717,21 @@ void cuda_attention(void *out, const void *q, const void *k_cache, const void *v
                     const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-    const int *host[2] = {slot, pos};
-    int *d = cuda_upload_indices(host, 2, n);
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
+    FaPlan pl;
+    if (head_dim <= 128 && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0)) {
+        if (pl.nt == 0) return;
+        if (head_dim <= 64)
+            fa_forward_launch<T, 64>((T *)out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl, n_heads,
+                                     group, head_dim, max_len, kv_dim, scale);
+        else
+            fa_forward_launch<T, 128>((T *)out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl, n_heads,
+                                      group, head_dim, max_len, kv_dim, scale);
+        return;
+    }
+    const int *host[2] = {slot, pos};
+    int *d = cuda_upload_indices(host, 2, n);
     dim3 grid((unsigned)((size_t)n * n_heads)), block(ATT_WARPS * 32);
     cudaStream_t st = cuda_stream();
     T *o = (T *)out;
@@ -272,6 +852,19 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
                              int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+    FaPlan pl;
+    if (head_dim <= 128 && n_slots > 0 && fa_make_plan(&pl, slot, pos, n, n_slots, max_len, 1)) {
+        if (pl.nt == 0) return;
+        if (head_dim <= 64)
+            fa_backward_launch<T, 64>((T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
+                                      (const T *)k_cache, (const T *)v_cache, &pl, n, n_heads, n_kv_heads, head_dim,
+                                      max_len);
+        else
+            fa_backward_launch<T, 128>((T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
+                                       (const T *)k_cache, (const T *)v_cache, &pl, n, n_heads, n_kv_heads, head_dim,
+                                       max_len);
+        return;
+    }
     const int *host[2] = {slot, pos};
     int *d = cuda_upload_indices(host, 2, n);
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;

@@ -124,29 +124,47 @@ __global__ void rmsnorm_backward_dx_kernel(T *dx, float *r_out, const T *dy, con
     }
 }
 
-/* dw[j] += sum over rows of dy * (x * r): one thread per column, rows in order. */
+/* dw[j] += sum over rows of dy * (x * r), in two deterministic stages: blocks
+ * over (column range, chunk of DW_ROWS rows) write partial column sums, then one
+ * thread per column adds the chunks in order. */
+#define DW_ROWS 64
 template <typename T>
-__global__ void rmsnorm_backward_dw_kernel(float *dw, const float *r, const T *dy, const T *x, int n, int dim) {
+__global__ void rmsnorm_backward_dw_partial_kernel(float *part, const float *r, const T *dy, const T *x, int n,
+                                                   int dim) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= dim) return;
+    int i0 = blockIdx.y * DW_ROWS, i1 = min(n, i0 + DW_ROWS);
     float s = 0.0f;
-    for (int i = 0; i < n; i++) {
+    for (int i = i0; i < i1; i++) {
         size_t e = (size_t)i * dim + j;
         s += to_float(dy[e]) * (to_float(x[e]) * r[i]);
     }
-    dw[j] += s;
+    part[(size_t)blockIdx.y * dim + j] = s;
+}
+
+__global__ void column_chunks_add_kernel(float *dst, const float *part, int chunks, int dim) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= dim) return;
+    float s = 0.0f;
+    for (int c = 0; c < chunks; c++) s += part[(size_t)c * dim + j];
+    dst[j] += s;
 }
 
 template <typename T>
 void cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
                            float eps) {
     if (n <= 0 || dim <= 0) return;
-    float *r = (float *)cuda_scratch((size_t)n * sizeof(float));
+    int chunks = (n + DW_ROWS - 1) / DW_ROWS;
+    float *r = (float *)cuda_scratch(((size_t)n + (size_t)chunks * dim) * sizeof(float));
+    float *part = r + n;
     rmsnorm_backward_dx_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)dx, r, (const T *)dy, (const T *)x,
                                                                         (const T *)w, dim, eps);
     LAUNCH_CHECK();
-    rmsnorm_backward_dw_kernel<T><<<(dim + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0, cuda_stream()>>>(
-        (float *)dw, r, (const T *)dy, (const T *)x, n, dim);
+    unsigned col_blocks = (unsigned)((dim + CUDA_THREADS - 1) / CUDA_THREADS);
+    rmsnorm_backward_dw_partial_kernel<T><<<dim3(col_blocks, (unsigned)chunks), CUDA_THREADS, 0, cuda_stream()>>>(
+        part, r, (const T *)dy, (const T *)x, n, dim);
+    LAUNCH_CHECK();
+    column_chunks_add_kernel<<<col_blocks, CUDA_THREADS, 0, cuda_stream()>>>((float *)dw, part, chunks, dim);
     LAUNCH_CHECK();
 }
 

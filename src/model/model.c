@@ -93,25 +93,48 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
     return t;
 }
 
+size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offsets[i] = total;
+        total += (spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    }
+    return total;
+}
+
 static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
     Model *m = xcalloc(1, sizeof(Model));
     m->cfg = *cfg;
     m->be = be;
     m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
     m->tensors = model_tensor_table(m, &m->n_tensors);
+    m->offsets = xcalloc((size_t)m->n_tensors, sizeof(size_t));
+    m->arena_numel = model_arena_layout(m->tensors, m->n_tensors, m->offsets);
     return m;
+}
+
+/* The one allocation of the weights; every tensor pointer is a view into it. */
+static void model_alloc_weights(Model *m) {
+    const Backend *be = m->be;
+    m->arena = be->alloc(m->arena_numel);
+    be->zero(m->arena, m->arena_numel);  /* the alignment padding stays 0 */
+    size_t es = dtype_size(be->storage);
+    for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = (char *)m->arena + m->offsets[i] * es;
+    if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
 }
 
 void model_free(Model *m) {
     if (!m) return;
-    int n = 0;
-    TensorSpec *t = model_tensor_table(m, &n);
-    for (int i = 0; i < n; i++)
-        if (*t[i].buf) m->be->free(*t[i].buf);
-    free(t);
+    if (m->arena) m->be->free(m->arena);
+    free(m->offsets);
     free(m->tensors);
     free(m->layers);
     free(m);
+}
+
+void *model_weights_flat(const Model *m, size_t *numel) {
+    *numel = m->arena_numel;
+    return m->arena;
 }
 
 const ModelConfig *model_config(const Model *m) { return &m->cfg; }
@@ -153,10 +176,10 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
         if (spec_numel(&t[i]) > max_numel) max_numel = spec_numel(&t[i]);
     }
     float *host = xmalloc(max_numel * sizeof(float));
+    model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
         const SafeTensor *st = safetensors_find(&set, t[i].name, NULL);
         safetensors_to_f32(host, st);
-        *t[i].buf = be->alloc(spec_numel(&t[i]));
         be->upload(*t[i].buf, host, spec_numel(&t[i]));
     }
     free(host);
@@ -206,11 +229,11 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
     for (int i = 0; i < n; i++)
         if (spec_numel(&t[i]) > max_numel) max_numel = spec_numel(&t[i]);
     float *host = xmalloc(max_numel * sizeof(float));
+    model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
         size_t numel = spec_numel(&t[i]);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
-        *t[i].buf = be->alloc(numel);
         be->upload(*t[i].buf, host, numel);
     }
     free(host);
@@ -401,9 +424,7 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
 size_t model_state_bytes(const ModelState *st) { return st ? st->bytes : 0; }
 
 size_t model_weight_bytes(const Model *m) {
-    size_t b = 0;
-    for (int i = 0; i < m->n_tensors; i++) b += spec_numel(&m->tensors[i]) * dtype_size(m->be->storage);
-    return b;
+    return m->arena_numel * dtype_size(m->be->storage);
 }
 
 void model_state_free(ModelState *st) {

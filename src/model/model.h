@@ -73,6 +73,8 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
 void model_state_free(ModelState *st);
 size_t model_state_bytes(const ModelState *st);  /* device bytes: KV cache + scratch */
 size_t model_weight_bytes(const Model *m);       /* device bytes of the weights */
+/* The one buffer holding every weight (numel includes alignment padding, which is 0). */
+void *model_weights_flat(const Model *m, size_t *numel);
 
 /* Runs n tokens (n <= max_tokens). Token i belongs to cache slot slot[i] at
  * position pos[i]: its K/V are stored at (slot[i], pos[i]), then it attends to

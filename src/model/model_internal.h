@@ -38,7 +38,18 @@ struct Model {
     LayerWeights *layers;
     TensorSpec *tensors; /* the tensor table, built with the model (names and buffers stay valid) */
     int n_tensors;
+    /* All weights live in one allocation (the weights' lifetime): tensor i at
+     * element offsets[i], each aligned to ARENA_ALIGN elements; gradients and
+     * optimizer state use the same layout, so the optimizer runs flat. */
+    void *arena;
+    size_t arena_numel;
+    size_t *offsets;
 };
+
+#define ARENA_ALIGN 64 /* elements: 128-byte aligned tensors in bf16, 256 in fp32 */
+
+/* Element offsets of the table's tensors in one arena (aligned); returns the total. */
+size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets);
 
 /* Every tensor the config needs, in HF names; returns a malloc'd table. When
  * tied, lm_head.weight is not listed (it is embed_tokens). */

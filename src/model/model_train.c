@@ -45,8 +45,10 @@ ModelParam model_param(const Model *m, int index) {
 struct ModelGrads {
     const Backend *be;
     int n;
-    void **bufs;    /* [n] */
+    void **bufs;    /* [n] views into flat */
     size_t *numel;  /* [n] */
+    void *flat;     /* [flat_numel] fp32, the model's arena layout */
+    size_t flat_numel;
     Model shadow;
 };
 
@@ -63,10 +65,14 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     int n = 0;
     TensorSpec *t = model_tensor_table(&g->shadow, &n);
     COLT_ASSERT(n == g->n);
+    /* One fp32 allocation in the weights' layout: zeroing, the global norm and
+     * clipping are single calls over it. */
+    g->flat_numel = m->arena_numel;
+    g->flat = m->be->alloc_f32(g->flat_numel);
+    m->be->zero_f32(g->flat, g->flat_numel);
     for (int i = 0; i < n; i++) {
         g->numel[i] = tensor_numel(&t[i]);
-        g->bufs[i] = m->be->alloc_f32(g->numel[i]);
-        m->be->zero_f32(g->bufs[i], g->numel[i]);
+        g->bufs[i] = (char *)g->flat + m->offsets[i] * sizeof(float);
         *t[i].buf = g->bufs[i];
     }
     free(t);
@@ -77,15 +83,18 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
 
 void model_grads_free(ModelGrads *g) {
     if (!g) return;
-    for (int i = 0; i < g->n; i++) g->be->free(g->bufs[i]);
+    g->be->free(g->flat);
     free(g->bufs);
     free(g->numel);
     free(g->shadow.layers);
     free(g);
 }
 
-void model_grads_zero(ModelGrads *g) {
-    for (int i = 0; i < g->n; i++) g->be->zero_f32(g->bufs[i], g->numel[i]);
+void model_grads_zero(ModelGrads *g) { g->be->zero_f32(g->flat, g->flat_numel); }
+
+void *model_grads_flat(const ModelGrads *g, size_t *numel) {
+    *numel = g->flat_numel;
+    return g->flat;
 }
 
 void *model_grad(const ModelGrads *g, int index) {
@@ -139,9 +148,7 @@ struct TrainState {
 size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
 
 size_t model_grads_bytes(const ModelGrads *g) {
-    size_t b = 0;
-    for (int i = 0; g && i < g->n; i++) b += g->numel[i] * 4;
-    return b;
+    return g ? g->flat_numel * 4 : 0;
 }
 
 /* Rows per lm_head chunk: the backend's preference, at most the batch. */

@@ -37,6 +37,8 @@ void model_grads_free(ModelGrads *g);
 void model_grads_zero(ModelGrads *g);
 void *model_grad(const ModelGrads *g, int index);  /* backend buffer, numel as model_param(index) */
 size_t model_grads_bytes(const ModelGrads *g);     /* device bytes (fp32) */
+/* All gradients as one [f32] buffer laid out like model_weights_flat (padding 0). */
+void *model_grads_flat(const ModelGrads *g, size_t *numel);
 
 /* ---- training forward / backward ---- */
 

@@ -78,8 +78,12 @@ struct Optimizer {
     AdamWConfig cfg;
     int n;                      /* parameter tensors */
     ModelParam *params;         /* [n] */
-    void **exp_avg, **exp_avg_sq; /* [n] [f32] backend buffers of params[i].numel */
-    void **master;                /* [n] [f32] master weights when the storage is not fp32, else NULL */
+    void **exp_avg, **exp_avg_sq; /* [n] [f32] views of params[i].numel into the flat buffers */
+    void **master;                /* [n] [f32] views of the master weights (storage not fp32), else NULL */
+    /* One fp32 buffer each, in the model's weight-arena layout, so a step is one
+     * adamw call over everything (alignment padding stays 0 and updates to 0). */
+    size_t flat_numel;
+    void *exp_avg_flat, *exp_avg_sq_flat, *master_flat;
     int64_t step;
 };
 
@@ -101,19 +105,28 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
     o->exp_avg = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     o->exp_avg_sq = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     o->master = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
+    size_t es = dtype_size(be->storage);
+    void *weights = model_weights_flat(m, &o->flat_numel);
+    o->exp_avg_flat = be->alloc_f32(o->flat_numel);
+    o->exp_avg_sq_flat = be->alloc_f32(o->flat_numel);
+    COLT_ASSERT(o->exp_avg_flat && o->exp_avg_sq_flat);
+    be->zero_f32(o->exp_avg_flat, o->flat_numel);
+    be->zero_f32(o->exp_avg_sq_flat, o->flat_numel);
+    if (be->storage != DTYPE_F32) {
+        o->master_flat = be->alloc_f32(o->flat_numel);
+        be->zero_f32(o->master_flat, o->flat_numel);
+    }
     for (int i = 0; i < o->n; i++) {
         o->params[i] = model_param(m, i);
         size_t numel = o->params[i].numel;
-        o->exp_avg[i] = be->alloc_f32(numel);
-        o->exp_avg_sq[i] = be->alloc_f32(numel);
-        COLT_ASSERT(o->exp_avg[i] && o->exp_avg_sq[i]);
-        be->zero_f32(o->exp_avg[i], numel);
-        be->zero_f32(o->exp_avg_sq[i], numel);
-        if (be->storage != DTYPE_F32) {
+        size_t offset = (size_t)((char *)o->params[i].data - (char *)weights) / es;
+        o->exp_avg[i] = (char *)o->exp_avg_flat + offset * sizeof(float);
+        o->exp_avg_sq[i] = (char *)o->exp_avg_sq_flat + offset * sizeof(float);
+        if (o->master_flat) {
             /* fp32 master copy of a low-precision weight: AdamW updates it. */
+            o->master[i] = (char *)o->master_flat + offset * sizeof(float);
             float *host = xmalloc(numel * sizeof(float));
             be->download(host, o->params[i].data, numel);
-            o->master[i] = be->alloc_f32(numel);
             be->upload_f32(o->master[i], host, numel);
             free(host);
         }
@@ -124,11 +137,9 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
 
 void optim_free(Optimizer *o) {
     if (!o) return;
-    for (int i = 0; i < o->n; i++) {
-        o->be->free(o->exp_avg[i]);
-        o->be->free(o->exp_avg_sq[i]);
-        if (o->master[i]) o->be->free(o->master[i]);
-    }
+    o->be->free(o->exp_avg_flat);
+    o->be->free(o->exp_avg_sq_flat);
+    if (o->master_flat) o->be->free(o->master_flat);
     free(o->master);
     free(o->exp_avg);
     free(o->exp_avg_sq);
@@ -139,9 +150,7 @@ void optim_free(Optimizer *o) {
 int64_t optim_step_count(const Optimizer *o) { return o->step; }
 
 size_t optim_state_bytes(const Optimizer *o) {
-    size_t b = 0;
-    for (int i = 0; i < o->n; i++) b += o->params[i].numel * 4 * (o->master[i] ? 3 : 2);
-    return b;
+    return o->flat_numel * sizeof(float) * (o->master_flat ? 3 : 2);
 }
 
 /* torch's _single_tensor_adam: step += 1; bias_correction_k = 1 - beta_k ** step
@@ -151,23 +160,25 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
     double beta1 = float_as_decimal(o->cfg.beta1), beta2 = float_as_decimal(o->cfg.beta2);
     float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
     float bc2 = (float)(1.0 - pow(beta2, (double)o->step));
-    for (int i = 0; i < o->n; i++)
-        o->be->adamw(o->params[i].data, o->master[i], model_grad(g, i), o->exp_avg[i], o->exp_avg_sq[i], o->params[i].numel, lr,
-                     o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
+    size_t n_weights = 0, n_grads = 0;
+    void *weights = model_weights_flat(o->model, &n_weights);
+    void *grads = model_grads_flat(g, &n_grads);
+    COLT_ASSERT(n_weights == o->flat_numel && n_grads == o->flat_numel);
+    o->be->adamw(weights, o->master_flat, grads, o->exp_avg_flat, o->exp_avg_sq_flat, o->flat_numel, lr,
+                 o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
 }
 
 /* torch.nn.utils.clip_grad_norm_ (norm_type 2): total = ||(||g_i||)_i||,
  * coef = max_norm / (total + 1e-6), grads *= min(coef, 1). Squares summed in
  * double (torch sums in fp32). */
 double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, const Backend *be) {
-    int n = model_param_count(m);
-    double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += be->sum_squares(model_grad(g, i), model_param(m, i).numel);
-    double norm = sqrt(ss);
+    (void)m;
+    size_t n = 0;
+    void *flat = model_grads_flat(g, &n);  /* padding is 0: it adds nothing to the norm */
+    double norm = sqrt(be->sum_squares(flat, n));
     if (max_norm > 0.0 && isfinite(norm)) {
         double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0)
-            for (int i = 0; i < n; i++) be->scale(model_grad(g, i), (float)coef, model_param(m, i).numel);
+        if (coef < 1.0) be->scale(flat, (float)coef, n);
     }
     return norm;
 }

@@ -187,8 +187,15 @@ double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, cons
 
 #define OPTIM_FORMAT "colt-adamw"
 
+/* State tensor k of parameter i: 0 exp_avg, 1 exp_avg_sq, 2 the fp32 master
+ * weight (saved when the storage is not fp32, so a GPU run resumes from the
+ * exact weights, not their bf16 rounding). */
+static void *state_buffer(const Optimizer *o, int i, int k) {
+    return k == 0 ? o->exp_avg[i] : k == 1 ? o->exp_avg_sq[i] : o->master[i];
+}
+
 static char *moment_name(const char *param, int which) {
-    const char *suffix = which == 0 ? ".exp_avg" : ".exp_avg_sq";
+    const char *suffix = which == 0 ? ".exp_avg" : which == 1 ? ".exp_avg_sq" : ".master";
     size_t len = strlen(param) + strlen(suffix) + 1;
     char *s = xmalloc(len);
     snprintf(s, len, "%s%s", param, suffix);
@@ -206,10 +213,11 @@ int optim_save(const Optimizer *o, const char *path, char *err) {
     json_object_set_new(meta, "step", json_string(step));
     json_object_set_new(root, "__metadata__", meta);
     size_t offset = 0, max_numel = 1;
+    const int per_param = o->master_flat ? 3 : 2;
     for (int i = 0; i < o->n; i++) {
         size_t numel = o->params[i].numel;
         if (numel > max_numel) max_numel = numel;
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < per_param; k++) {
             json_t *entry = json_object(), *shape = json_array(), *offs = json_array();
             json_array_append_new(shape, json_integer((json_int_t)numel));
             json_array_append_new(offs, json_integer((json_int_t)offset));
@@ -240,9 +248,9 @@ int optim_save(const Optimizer *o, const char *path, char *err) {
     free(header);
     float *host = xmalloc(max_numel * sizeof(float));
     for (int i = 0; ok && i < o->n; i++)
-        for (int k = 0; ok && k < 2; k++) {
+        for (int k = 0; ok && k < per_param; k++) {
             size_t numel = o->params[i].numel;
-            o->be->download_f32(host, k == 0 ? o->exp_avg[i] : o->exp_avg_sq[i], numel);
+            o->be->download_f32(host, state_buffer(o, i, k), numel);
             ok = fwrite(host, 4, numel, af.fp) == numel;
         }
     free(host);
@@ -287,13 +295,16 @@ int optim_load(Optimizer *o, const char *path, char *err) {
     int rc = 0;
     int64_t step = 0;
     rc = read_step(&step, mf.data, mf.size, path, err);
-    if (rc == 0 && h.n_tensors != 2 * o->n)
+    /* Moments always; master weights when the file has them (a GPU run's) and
+     * this optimizer keeps them (otherwise they start from the loaded weights). */
+    if (rc == 0 && h.n_tensors != 2 * o->n && h.n_tensors != 3 * o->n)
         rc = errorf(err, "%s: has %d tensors, the model's %d parameters need %d (a state for another model?)", path,
                     h.n_tensors, o->n, 2 * o->n);
+    const int per_param = h.n_tensors == 3 * o->n && o->master_flat ? 3 : 2;
     /* Check everything before touching the moments, so a bad file changes nothing. */
-    const SafeTensor **found = xcalloc((size_t)(2 * o->n + 1), sizeof(*found));
+    const SafeTensor **found = xcalloc((size_t)(3 * o->n + 1), sizeof(*found));
     for (int i = 0; rc == 0 && i < o->n; i++)
-        for (int k = 0; rc == 0 && k < 2; k++) {
+        for (int k = 0; rc == 0 && k < per_param; k++) {
             char *name = moment_name(o->params[i].name, k);
             const SafeTensor *t = NULL;
             for (int j = 0; j < h.n_tensors && !t; j++)
@@ -303,7 +314,7 @@ int optim_load(Optimizer *o, const char *path, char *err) {
             else if (safetensors_numel(t) != o->params[i].numel)
                 rc = errorf(err, "%s: tensor '%s' has %zu elements, the model's parameter has %zu", path, name,
                             safetensors_numel(t), o->params[i].numel);
-            found[2 * i + k] = t;
+            found[3 * i + k] = t;
             free(name);
         }
     if (rc == 0) {
@@ -312,9 +323,9 @@ int optim_load(Optimizer *o, const char *path, char *err) {
             if (o->params[i].numel > max_numel) max_numel = o->params[i].numel;
         float *host = xmalloc(max_numel * sizeof(float));
         for (int i = 0; i < o->n; i++)
-            for (int k = 0; k < 2; k++) {
-                safetensors_to_f32(host, found[2 * i + k]);
-                o->be->upload_f32(k == 0 ? o->exp_avg[i] : o->exp_avg_sq[i], host, o->params[i].numel);
+            for (int k = 0; k < per_param; k++) {
+                safetensors_to_f32(host, found[3 * i + k]);
+                o->be->upload_f32(state_buffer(o, i, k), host, o->params[i].numel);
             }
         free(host);
         o->step = step;

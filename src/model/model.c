@@ -93,13 +93,35 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
     return t;
 }
 
+bool model_param_no_weight_decay(const char *name) {
+    /* transformers' Trainer.get_decay_parameter_names: no decay for names matching
+     * bias, layernorm, rmsnorm, (^|.)norm($|.) or _norm($|.). */
+    if (strstr(name, "bias") || strstr(name, "layernorm") || strstr(name, "rmsnorm")) return true;
+    for (const char *p = strstr(name, "norm"); p; p = strstr(p + 1, "norm")) {
+        char before = p == name ? '.' : p[-1], after = p[4];
+        if ((before == '.' || before == '_') && (after == '\0' || after == '.')) return true;
+    }
+    return false;
+}
+
+/* Decayed tensors first, then the ones without weight decay, each group in
+ * table order: the optimizer then runs one adamw call per group. */
 size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets) {
     size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        offsets[i] = total;
-        total += (spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-    }
+    for (int group = 0; group < 2; group++)
+        for (int i = 0; i < n; i++) {
+            if (model_param_no_weight_decay(t[i].name) != (group == 1)) continue;
+            offsets[i] = total;
+            total += (spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        }
     return total;
+}
+
+static size_t arena_no_decay_start(const Model *m) {
+    size_t start = m->arena_numel;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (model_param_no_weight_decay(m->tensors[i].name) && m->offsets[i] < start) start = m->offsets[i];
+    return start;
 }
 
 static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
@@ -136,6 +158,8 @@ void *model_weights_flat(const Model *m, size_t *numel) {
     *numel = m->arena_numel;
     return m->arena;
 }
+
+size_t model_weights_no_decay_start(const Model *m) { return arena_no_decay_start(m); }
 
 const ModelConfig *model_config(const Model *m) { return &m->cfg; }
 

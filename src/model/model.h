@@ -75,6 +75,10 @@ size_t model_state_bytes(const ModelState *st);  /* device bytes: KV cache + scr
 size_t model_weight_bytes(const Model *m);       /* device bytes of the weights */
 /* The one buffer holding every weight (numel includes alignment padding, which is 0). */
 void *model_weights_flat(const Model *m, size_t *numel);
+/* The flat buffer holds the weight-decayed tensors first; the ones transformers'
+ * Trainer exempts from weight decay (biases, norms) start at this element. */
+size_t model_weights_no_decay_start(const Model *m);
+bool model_param_no_weight_decay(const char *name);
 
 /* Runs n tokens (n <= max_tokens). Token i belongs to cache slot slot[i] at
  * position pos[i]: its K/V are stored at (slot[i], pos[i]), then it attends to

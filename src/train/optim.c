@@ -164,8 +164,18 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
     void *weights = model_weights_flat(o->model, &n_weights);
     void *grads = model_grads_flat(g, &n_grads);
     COLT_ASSERT(n_weights == o->flat_numel && n_grads == o->flat_numel);
-    o->be->adamw(weights, o->master_flat, grads, o->exp_avg_flat, o->exp_avg_sq_flat, o->flat_numel, lr,
-                 o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
+    /* Two groups as transformers' Trainer makes them: weight decay on matrices and
+     * embeddings, none on biases and norms (they sit at the end of the layout). */
+    size_t split = model_weights_no_decay_start(o->model);
+    size_t es = dtype_size(o->be->storage);
+    for (int group = 0; group < 2; group++) {
+        size_t start = group == 0 ? 0 : split, end = group == 0 ? split : o->flat_numel;
+        if (end <= start) continue;
+        size_t f = start * sizeof(float);
+        o->be->adamw((char *)weights + start * es, o->master_flat ? (char *)o->master_flat + f : NULL,
+                     (char *)grads + f, (char *)o->exp_avg_flat + f, (char *)o->exp_avg_sq_flat + f, end - start, lr,
+                     o->cfg.beta1, o->cfg.beta2, o->cfg.eps, group == 0 ? o->cfg.weight_decay : 0.0f, bc1, bc2);
+    }
 }
 
 /* torch.nn.utils.clip_grad_norm_ (norm_type 2): total = ||(||g_i||)_i||,

@@ -13,6 +13,7 @@ Run: python3 tests/ref/make_optim_goldens.py  (torch, transformers)
 import json
 import math
 import os
+import re
 
 import torch
 import transformers
@@ -66,9 +67,22 @@ def warmup(total, warmup_steps, ratio):
     return warmup_steps if warmup_steps > 0 else math.ceil(total * ratio)
 
 
+# transformers' Trainer.create_optimizer: no weight decay for parameters whose names match these
+# (trainer.py, get_decay_parameter_names).
+NO_DECAY = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
+
+
+def decays(name):
+    return not any(re.search(p, name) for p in NO_DECAY)
+
+
 def run(name, warmup_steps, ratio):
     params = [torch.nn.Parameter(t.clone()) for t in init]
-    opt = torch.optim.AdamW(params, lr=BASE_LR, weight_decay=WEIGHT_DECAY, foreach=False)
+    groups = [
+        {"params": [p for p, (n, _) in zip(params, PARAMS) if decays(n)], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for p, (n, _) in zip(params, PARAMS) if not decays(n)], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=BASE_LR, foreach=False)
     n_warm = warmup(STEPS, warmup_steps, ratio)
     sched = get_scheduler(name, opt, num_warmup_steps=n_warm, num_training_steps=STEPS)
     lrs, norms, after = [], [], []

@@ -56,26 +56,122 @@ __device__ float block_max(float v) {
 #define GRID_STRIDE(e, total) \
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (total); e += (size_t)gridDim.x * blockDim.x)
 
-/* ---------------------------------------------------------------- conversion */
+/* ---------------------------------------------------------------- 16-byte vectors */
 
-template <typename T> __global__ void from_f32_kernel(T *dst, const float *src, size_t n) {
-    GRID_STRIDE(e, n) dst[e] = from_float<T>(src[e]);
+/* Flat kernels move 8 elements per step whatever the storage: one uint4 of
+ * bf16 or two float4 of fp32, so kernels mixing the two (adamw) share one
+ * index. The vector body runs only when every pointer is 16-byte aligned (the
+ * host checks); the remaining elements (odd n, or everything when a pointer is
+ * misaligned) take the scalar tail, with the same arithmetic. */
+#define VEC 8
+
+template <typename T> struct V8;
+template <> struct V8<float> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const float *p) {
+        a = reinterpret_cast<const float4 *>(p)[0];
+        b = reinterpret_cast<const float4 *>(p)[1];
+    }
+    __device__ __forceinline__ void store(float *p) const {
+        reinterpret_cast<float4 *>(p)[0] = a;
+        reinterpret_cast<float4 *>(p)[1] = b;
+    }
+    __device__ __forceinline__ void get(float *f) const {
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    }
+    __device__ __forceinline__ void set(const float *f) {
+        a = make_float4(f[0], f[1], f[2], f[3]);
+        b = make_float4(f[4], f[5], f[6], f[7]);
+    }
+};
+__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ unsigned bf_pack(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+template <> struct V8<__nv_bfloat16> {
+    uint4 r;
+    __device__ __forceinline__ void load(const __nv_bfloat16 *p) { r = *reinterpret_cast<const uint4 *>(p); }
+    __device__ __forceinline__ void store(__nv_bfloat16 *p) const { *reinterpret_cast<uint4 *>(p) = r; }
+    __device__ __forceinline__ void get(float *f) const {
+        f[0] = bf_lo(r.x), f[1] = bf_hi(r.x), f[2] = bf_lo(r.y), f[3] = bf_hi(r.y);
+        f[4] = bf_lo(r.z), f[5] = bf_hi(r.z), f[6] = bf_lo(r.w), f[7] = bf_hi(r.w);
+    }
+    __device__ __forceinline__ void set(const float *f) {
+        r.x = bf_pack(f[0], f[1]), r.y = bf_pack(f[2], f[3]), r.z = bf_pack(f[4], f[5]), r.w = bf_pack(f[6], f[7]);
+    }
+};
+
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Streaming multiprocessors of the (one) device, queried once. */
+static int cuda_sm_count(void) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (sms <= 0) sms = 1;
+    }
+    return sms;
 }
 
-template <typename T> __global__ void to_f32_kernel(float *dst, const T *src, size_t n) {
-    GRID_STRIDE(e, n) dst[e] = to_float(src[e]);
+/* Grid for a grid-stride loop over `work` items of CUDA_THREADS-thread blocks:
+ * enough blocks to fill every SM (8 x 256 threads), no more. */
+static unsigned flat_blocks(size_t work) {
+    size_t b = (work + CUDA_THREADS - 1) / CUDA_THREADS, cap = (size_t)cuda_sm_count() * 8;
+    if (b > cap) b = cap;
+    return (unsigned)(b ? b : 1);
+}
+
+/* Number of 8-element vectors the vector body covers: all of n when every
+ * pointer is aligned, else none. */
+static inline size_t vec_count(size_t n, bool ok) { return ok ? n / VEC : 0; }
+
+/* Grid-stride loop over vectors, UNROLL vectors per thread per iteration (their
+ * loads issued together); then the scalar tail [nv*8, n). */
+#define VEC_LOOP_BEGIN(UNROLL)                                                                     \
+    const size_t vl_stride = (size_t)gridDim.x * blockDim.x;                                       \
+    const size_t vl_tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;                           \
+    for (size_t vl_base = vl_tid; vl_base < nv; vl_base += (UNROLL) * vl_stride)
+#define TAIL_LOOP(e) for (size_t e = nv * VEC + vl_tid; e < n; e += vl_stride)
+
+/* ---------------------------------------------------------------- conversion */
+
+/* dst[e] = (D)src[e] between storage types, through fp32. */
+template <typename D, typename S> __global__ void convert_kernel(D *dst, const S *src, size_t n, size_t nv) {
+    VEC_LOOP_BEGIN(2) {
+        V8<S> a[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (vl_base + k * vl_stride < nv) a[k].load(src + (vl_base + k * vl_stride) * VEC);
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (vl_base + k * vl_stride < nv) {
+                float f[VEC];
+                a[k].get(f);
+                V8<D> o;
+                o.set(f);
+                o.store(dst + (vl_base + k * vl_stride) * VEC);
+            }
+    }
+    TAIL_LOOP(e) dst[e] = from_float<D>(to_float(src[e]));
+}
+
+template <typename D, typename S> static void convert_launch(D *dst, const S *src, size_t n) {
+    if (!n) return;
+    size_t nv = vec_count(n, aligned16(dst) && aligned16(src));
+    convert_kernel<D, S><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n, nv);
+    LAUNCH_CHECK();
 }
 
 template <typename T> void cuda_convert_from_f32(void *dst, const float *src, size_t n) {
-    if (!n) return;
-    from_f32_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((T *)dst, src, n);
-    LAUNCH_CHECK();
+    convert_launch<T, float>((T *)dst, src, n);
 }
 
 template <typename T> void cuda_convert_to_f32(float *dst, const void *src, size_t n) {
-    if (!n) return;
-    to_f32_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, (const T *)src, n);
-    LAUNCH_CHECK();
+    convert_launch<float, T>(dst, (const T *)src, n);
 }
 
 /* ---------------------------------------------------------------- rmsnorm */
@@ -95,8 +191,50 @@ template <typename T> __global__ void rmsnorm_kernel(T *out, const T *x, const T
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = from_float<T>(to_float(w[j]) * (to_float(xi[j]) * scale));
 }
 
+/* The same with one warp per row and 16-byte vectors (dim % 8 == 0, aligned
+ * rows): the sum of squares in fp32 per lane, a butterfly warp sum (every lane
+ * gets the same bits), the same scale expression. */
+template <typename T>
+__global__ void rmsnorm_warp_kernel(T *out, const T *x, const T *w, int n, int dim, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const T *xi = x + (size_t)row * dim;
+    T *oi = out + (size_t)row * dim;
+    int nvec = dim / VEC;
+    float ss = 0.0f;
+    for (int q = lane; q < nvec; q += 32) {
+        V8<T> a;
+        a.load(xi + q * VEC);
+        float f[VEC];
+        a.get(f);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) ss += f[k] * f[k];
+    }
+    ss = warp_reduce_sum(ss);
+    float scale = (float)(1.0 / sqrt((double)ss / dim + (double)eps));
+    for (int q = lane; q < nvec; q += 32) {
+        V8<T> a, b;
+        a.load(xi + q * VEC);
+        b.load(w + q * VEC);
+        float f[VEC], g[VEC];
+        a.get(f);
+        b.get(g);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) f[k] = g[k] * (f[k] * scale);
+        a.set(f);
+        a.store(oi + q * VEC);
+    }
+}
+
 template <typename T> void cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps) {
     if (n <= 0 || dim <= 0) return;
+    if (dim % VEC == 0 && aligned16(out) && aligned16(x) && aligned16(w)) {
+        const int rows_per_block = CUDA_THREADS / 32;
+        rmsnorm_warp_kernel<T><<<(n + rows_per_block - 1) / rows_per_block, CUDA_THREADS, 0, cuda_stream()>>>(
+            (T *)out, (const T *)x, (const T *)w, n, dim, eps);
+        LAUNCH_CHECK();
+        return;
+    }
     rmsnorm_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)x, (const T *)w, dim, eps);
     LAUNCH_CHECK();
 }
@@ -191,6 +329,40 @@ __global__ void rope_kernel(T *x, const int *pos, const float *inv_freq, int n, 
     }
 }
 
+/* The same rotation, one thread per (token, head, group of 8 pairs): 16-byte
+ * loads of x[j..j+8) and x[j+half..j+half+8) (half % 8 == 0, aligned x). */
+template <typename T>
+__global__ void rope_vec_kernel(T *x, const int *pos, const float *inv_freq, int n, int n_heads, int head_dim,
+                                float sign) {
+    int half = head_dim / 2, groups = half / VEC;
+    size_t total = (size_t)n * n_heads * groups;
+    GRID_STRIDE(e, total) {
+        int j0 = (int)(e % groups) * VEC;
+        size_t ih = e / groups; /* token * n_heads + head */
+        size_t i = ih / n_heads;
+        float p = (float)pos[i];
+        T *v = x + ih * head_dim;
+        V8<T> va, vb;
+        va.load(v + j0);
+        vb.load(v + j0 + half);
+        float a[VEC], b[VEC];
+        va.get(a);
+        vb.get(b);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float angle = p * inv_freq[j0 + k];
+            float c = cosf(angle), s = sign * sinf(angle);
+            float ak = a[k], bk = b[k];
+            a[k] = ak * c - bk * s;
+            b[k] = bk * c + ak * s;
+        }
+        va.set(a);
+        vb.set(b);
+        va.store(v + j0);
+        vb.store(v + j0 + half);
+    }
+}
+
 template <typename T>
 static void rope_launch(void *x, const int *pos, int n, int n_heads, int head_dim, float theta, float sign) {
     if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
@@ -198,6 +370,13 @@ static void rope_launch(void *x, const int *pos, int n, int n_heads, int head_di
     const float *inv_freq = cuda_rope_inv_freq(head_dim, theta);
     const int *host[1] = {pos};
     int *d = cuda_upload_indices(host, 1, n);
+    if ((head_dim / 2) % VEC == 0 && aligned16(x)) {
+        size_t total = (size_t)n * n_heads * (head_dim / 2 / VEC);
+        rope_vec_kernel<T><<<flat_blocks(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, d, inv_freq, n, n_heads,
+                                                                                   head_dim, sign);
+        LAUNCH_CHECK();
+        return;
+    }
     size_t total = (size_t)n * n_heads * (head_dim / 2);
     rope_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, d, inv_freq, n, n_heads,
                                                                                head_dim, sign);
@@ -215,46 +394,124 @@ void cuda_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_d
 
 /* ---------------------------------------------------------------- elementwise */
 
-template <typename T> __global__ void swiglu_kernel(T *out, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE(e, n) {
-        float g = to_float(gate[e]);
-        out[e] = from_float<T>(g / (1.0f + expf(-g)) * to_float(up[e]));
+__device__ __forceinline__ float swiglu_f(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+template <typename T> __global__ void swiglu_kernel(T *out, const T *gate, const T *up, size_t n, size_t nv) {
+    VEC_LOOP_BEGIN(2) {
+        V8<T> g[2], u[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            size_t q = vl_base + k * vl_stride;
+            if (q < nv) g[k].load(gate + q * VEC), u[k].load(up + q * VEC);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            size_t q = vl_base + k * vl_stride;
+            if (q < nv) {
+                float gf[VEC], uf[VEC];
+                g[k].get(gf);
+                u[k].get(uf);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) gf[j] = swiglu_f(gf[j], uf[j]);
+                g[k].set(gf);
+                g[k].store(out + q * VEC);
+            }
+        }
     }
+    TAIL_LOOP(e) out[e] = from_float<T>(swiglu_f(to_float(gate[e]), to_float(up[e])));
 }
 
 /* silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). */
+__device__ __forceinline__ void swiglu_bwd_f(float o, float g, float u, float *dg, float *du) {
+    float sig = 1.0f / (1.0f + expf(-g));
+    *dg = o * u * sig * (1.0f + g * (1.0f - sig));
+    *du = o * g * sig;
+}
+
 template <typename T>
-__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE(e, n) {
-        float g = to_float(gate[e]), o = to_float(dout[e]), u = to_float(up[e]);
-        float sig = 1.0f / (1.0f + expf(-g));
-        dgate[e] = from_float<T>(o * u * sig * (1.0f + g * (1.0f - sig)));
-        dup[e] = from_float<T>(o * g * sig);
+__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n,
+                                       size_t nv) {
+    VEC_LOOP_BEGIN(2) {
+        V8<T> o[2], g[2], u[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            size_t q = vl_base + k * vl_stride;
+            if (q < nv) o[k].load(dout + q * VEC), g[k].load(gate + q * VEC), u[k].load(up + q * VEC);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            size_t q = vl_base + k * vl_stride;
+            if (q < nv) {
+                float of[VEC], gf[VEC], uf[VEC];
+                o[k].get(of);
+                g[k].get(gf);
+                u[k].get(uf);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) swiglu_bwd_f(of[j], gf[j], uf[j], &of[j], &uf[j]);
+                o[k].set(of);
+                u[k].set(uf);
+                o[k].store(dgate + q * VEC);
+                u[k].store(dup + q * VEC);
+            }
+        }
+    }
+    TAIL_LOOP(e) {
+        float dg, du;
+        swiglu_bwd_f(to_float(dout[e]), to_float(gate[e]), to_float(up[e]), &dg, &du);
+        dgate[e] = from_float<T>(dg);
+        dup[e] = from_float<T>(du);
     }
 }
 
-template <typename T> __global__ void add_kernel(T *out, const T *a, const T *b, size_t n) {
-    GRID_STRIDE(e, n) out[e] = from_float<T>(to_float(a[e]) + to_float(b[e]));
+/* out may alias a: each thread reads a[e], b[e] before writing out[e]. */
+template <typename T> __global__ void add_kernel(T *out, const T *a, const T *b, size_t n, size_t nv) {
+    VEC_LOOP_BEGIN(2) {
+        V8<T> x[2], y[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            size_t q = vl_base + k * vl_stride;
+            if (q < nv) x[k].load(a + q * VEC), y[k].load(b + q * VEC);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            size_t q = vl_base + k * vl_stride;
+            if (q < nv) {
+                float xf[VEC], yf[VEC];
+                x[k].get(xf);
+                y[k].get(yf);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) xf[j] += yf[j];
+                x[k].set(xf);
+                x[k].store(out + q * VEC);
+            }
+        }
+    }
+    TAIL_LOOP(e) out[e] = from_float<T>(to_float(a[e]) + to_float(b[e]));
 }
 
 template <typename T> void cuda_swiglu(void *out, const void *gate, const void *up, size_t n) {
     if (!n) return;
-    swiglu_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)gate,
-                                                                             (const T *)up, n);
+    size_t nv = vec_count(n, aligned16(out) && aligned16(gate) && aligned16(up));
+    swiglu_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)gate,
+                                                                                   (const T *)up, n, nv);
     LAUNCH_CHECK();
 }
 
 template <typename T>
 void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
     if (!n) return;
-    swiglu_backward_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate, (const T *)up, n);
+    size_t nv = vec_count(n, aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) &&
+                                 aligned16(up));
+    swiglu_backward_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate, (const T *)up, n, nv);
     LAUNCH_CHECK();
 }
 
 template <typename T> void cuda_add(void *out, const void *a, const void *b, size_t n) {
     if (!n) return;
-    add_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)a, (const T *)b, n);
+    size_t nv = vec_count(n, aligned16(out) && aligned16(a) && aligned16(b));
+    add_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)a,
+                                                                                (const T *)b, n, nv);
     LAUNCH_CHECK();
 }
 

@@ -446,6 +446,42 @@ static void test_elementwise(const Dev *d, size_t n) {
     CPU->free(cg), CPU->free(cu), CPU->free(cdo), CPU->free(co), CPU->free(co2);
 }
 
+/* swiglu, swiglu_backward and add on pointers `off` elements into their buffers
+ * (off = 1: misaligned for 16-byte vectors, the scalar path; n odd: a tail). */
+static void test_elementwise_offset(const Dev *d, size_t n, size_t off) {
+    char name[128];
+    size_t nb = n + off, es = dtype_size(d->be->storage);
+    float *g = rand_floats(nb, 3.0f), *u = rand_floats(nb, 1.0f), *dout = rand_floats(nb, 1.0f);
+    void *gg = dev_in(d, g, nb), *gu = dev_in(d, u, nb), *gdo = dev_in(d, dout, nb), *go = d->be->alloc(nb),
+         *go2 = d->be->alloc(nb);
+    void *cg = cpu_in(g, nb), *cu = cpu_in(u, nb), *cdo = cpu_in(dout, nb), *co = CPU->alloc(nb), *co2 = CPU->alloc(nb);
+#define DOFF(p) ((void *)((char *)(p) + off * es))
+#define COFF(p) ((void *)((float *)(p) + off))
+    d->be->swiglu(DOFF(go), DOFF(gg), DOFF(gu), n);
+    CPU->swiglu(COFF(co), COFF(cg), COFF(cu), n);
+    float *got = dev_out(d, go, nb), *ref = cpu_out(co, nb);
+    snprintf(name, sizeof name, "swiglu offset %zu [%zu]", off, n);
+    check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
+    free(got), free(ref);
+    d->be->swiglu_backward(DOFF(go), DOFF(go2), DOFF(gdo), DOFF(gg), DOFF(gu), n);
+    CPU->swiglu_backward(COFF(co), COFF(co2), COFF(cdo), COFF(cg), COFF(cu), n);
+    got = dev_out(d, go2, nb), ref = cpu_out(co2, nb);
+    snprintf(name, sizeof name, "swiglu_backward dup offset %zu [%zu]", off, n);
+    check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
+    free(got), free(ref);
+    d->be->add(DOFF(go), DOFF(gg), DOFF(gu), n);
+    CPU->add(COFF(co), COFF(cg), COFF(cu), n);
+    got = dev_out(d, go, nb), ref = cpu_out(co, nb);
+    snprintf(name, sizeof name, "add offset %zu [%zu]", off, n);
+    check(d, name, got + off, ref + off, n, (Tol){1e-6, 1e-6, 1.0});
+    free(got), free(ref);
+#undef DOFF
+#undef COFF
+    free(g), free(u), free(dout);
+    d->be->free(gg), d->be->free(gu), d->be->free(gdo), d->be->free(go), d->be->free(go2);
+    CPU->free(cg), CPU->free(cu), CPU->free(cdo), CPU->free(co), CPU->free(co2);
+}
+
 static void test_embedding(const Dev *d, int vocab, int dim, int n) {
     char name[128];
     size_t nt = (size_t)vocab * dim, no = (size_t)n * dim;
@@ -768,9 +804,11 @@ static void run_ops(const Dev *d) {
     test_rmsnorm(d, 33, 896);
     test_rmsnorm(d, 5, 200);
     test_rmsnorm(d, 3, 8960);
+    test_rmsnorm(d, 7, 75); /* dim % 8 != 0: the block-per-row path */
     test_rmsnorm_backward(d, 9, 72);
     test_rmsnorm_backward(d, 33, 896);
     test_rmsnorm_backward(d, 17, 200);
+    test_rmsnorm_backward(d, 5, 75); /* dim % 8 != 0: the block-per-row dx path */
 
     for (int b = 0; b < 2; b++) {
         test_rope(d, 50, 4, 64, 10000.0f, 300, b);
@@ -805,15 +843,22 @@ static void run_ops(const Dev *d) {
 
     test_elementwise(d, 1031);
     test_elementwise(d, (size_t)3 * 4864 + 5);
+    test_elementwise(d, (size_t)1 << 20);
+    test_elementwise_offset(d, 1037, 1);
+    test_elementwise_offset(d, 4099, 8);
     test_embedding(d, 1000, 72, 50);
     test_embedding(d, 1003, 200, 9);
 
     test_log_softmax(d, 37, 1000, 0.7f, 3.0f);
     test_log_softmax(d, 9, 1003, 1.0f, 1.0f);
     test_log_softmax(d, 4, 151936, 1.0f, 4.0f);
+    test_log_softmax(d, 300, 151936, 1.0f, 4.0f); /* more rows than SMs: blocks walk rows */
 
     test_adamw(d, (size_t)1003 * 7);
+    test_adamw(d, ((size_t)1 << 16) + 3);
     test_reductions(d, 1000003);
+    test_reductions(d, 37);
+    test_reductions(d, (size_t)1 << 24);
 }
 
 int main(void) {

@@ -15,9 +15,13 @@
  * positions, head_dim > 128). Batches made of runs of consecutive positions
  * (training, prefill) take the tiled FlashAttention-2 style kernels below
  * (section "tiled"): no atomics, deterministic.
- * Not yet: tensor cores (the tiles use fp32 FMA), GQA sharing of K/V tiles
- * across the heads of a group (each query head reads them through L2). */
+ * The tiles use fp32 FMA for fp32 storage and bf16 tensor cores (section
+ * "tiled, bf16 tensor cores") for bf16 storage with head_dim 64 or 128.
+ * Not yet: GQA sharing of K/V tiles across the heads of a group (each query
+ * head reads them through L2), wgmma/TMA. */
 #include <math.h>
+
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -643,6 +647,617 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
     LAUNCH_CHECK();
 }
 
+/* ---------------------------------------------------------------- tiled, bf16 tensor cores */
+
+/* The bf16 storage instantiation with head_dim 64 or 128 runs the tiles above
+ * on tensor cores: mma.sync m16n8k16 (bf16 in, fp32 accumulate), operands
+ * staged in shared memory as bf16 by cp.async (double buffered) and fetched
+ * with ldmatrix; softmax statistics, P and dS stay fp32 in registers and are
+ * rounded to bf16 only as MMA inputs. Same plan, same grids (blocks of 4
+ * warps), same causal rule and the same no-atomics split of the backward as
+ * the SIMT tiles; fp32 storage keeps the SIMT tiles (the tight reference).
+ *   forward: warp w owns query rows 16w..16w+15 of the tile: S = Q K^T, online
+ *   softmax on the accumulator fragments, O += bf16(P) V.
+ *   backward kv: warp w owns key rows 16w..16w+15: S^T = K Q^T, dP^T = V dO^T,
+ *   dV += P^T dO, dK += dS^T Q.
+ *   backward dq: warp w owns query rows: S, dP as in the forward, dQ += dS K.
+ * P and dS enter the backward's gradient MMAs as a bf16 pair hi + lo
+ * (hi = bf16(x), lo = bf16(x - hi): ~16 significant bits, two MMAs): with a
+ * single bf16 rounding dK/dV miss the test's 2e-4 * max|ref| bound by ~10x
+ * (simulated), since a rounding of P is relative to the row's largest term,
+ * not to the (often cancelling) sum. FA_TC_SPLIT 0 gives the plain
+ * FlashAttention-2 rounding. The forward's O = P V uses plain bf16(P), except
+ * in the backward's statistics pass: delta = dout . O enters every dS, and a
+ * bf16(P) there alone puts dK ~3x outside the bound (measured). */
+#define FA_TC_SPLIT 1
+#define TC_THREADS 128
+
+typedef __nv_bfloat16 bf16_t;
+
+__device__ __forceinline__ uint32_t tc_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void tc_cp_async16(void *sdst, const void *gsrc, bool valid) {
+    int sz = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_smem_u32(sdst)), "l"(gsrc), "r"(sz));
+}
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void tc_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+__device__ __forceinline__ void tc_ldsm(uint32_t r[4], const bf16_t *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem_u32(p)));
+}
+__device__ __forceinline__ void tc_ldsm_t(uint32_t r[4], const bf16_t *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem_u32(p)));
+}
+__device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+/* hi = bf16 pair of (x, y); lo = bf16 pair of the remainders */
+__device__ __forceinline__ uint32_t tc_pack_split(float x, float y, uint32_t *lo) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    float2 f = __bfloat1622float2(v);
+    *lo = tc_pack(x - f.x, y - f.y);
+    return *(uint32_t *)&v;
+}
+
+/* A operand (16 rows x 16 k) at rows m0.., cols k0.. of a row-major tile with stride LDS */
+template <int LDS>
+__device__ __forceinline__ void tc_ld_a(uint32_t r[4], const bf16_t *s, int m0, int k0, int lane) {
+    tc_ldsm(r, s + (m0 + (lane & 15)) * LDS + k0 + (lane >> 4) * 8);
+}
+/* B operands of two n-tiles (n0..n0+15) x k0..k0+15 from a tile stored [n][k] */
+template <int LDS>
+__device__ __forceinline__ void tc_ld_b(uint32_t r[4], const bf16_t *s, int n0, int k0, int lane) {
+    tc_ldsm(r, s + (n0 + (lane >> 4) * 8 + (lane & 7)) * LDS + k0 + ((lane >> 3) & 1) * 8);
+}
+/* the same from a tile stored [k][n] */
+template <int LDS>
+__device__ __forceinline__ void tc_ld_bt(uint32_t r[4], const bf16_t *s, int k0, int n0, int lane) {
+    tc_ldsm_t(r, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + n0 + (lane >> 4) * 8);
+}
+
+/* rows 0..rows-1 of [FT, D] from src (row stride in elements) into sm (stride D + 8); the rest zero */
+template <int D>
+__device__ __forceinline__ void tc_load_tile(bf16_t *sm, const bf16_t *src, size_t row_stride, int rows) {
+    const int CH = D / 8;
+    for (int idx = threadIdx.x; idx < FT * CH; idx += TC_THREADS) {
+        int r = idx / CH, c = (idx % CH) * 8;
+        bool ok = r < rows;
+        tc_cp_async16(sm + r * (D + 8) + c, ok ? src + (size_t)r * row_stride + c : src, ok);
+    }
+}
+
+__device__ __forceinline__ float tc_quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float tc_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.69314718055994531f
+
+/* grid (n_tiles, n_heads). STATS: write lse/delta (needs dout) instead of out. */
+template <int D, bool STATS>
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, float *lse_out, float *delta_out,
+                                                                    const bf16_t *dout, const bf16_t *q,
+                                                                    const bf16_t *k_cache, const bf16_t *v_cache,
+                                                                    const int4 *tiles, int n_heads, int group,
+                                                                    int max_len, int kv_dim, float scale) {
+    const int LDS = D + 8, NT = D / 8, KS = D / 16;
+    extern __shared__ float4 fa_smem4[];
+    bf16_t *sQ = (bf16_t *)fa_smem4, *sK = sQ + FT * LDS, *sV = sK + 2 * FT * LDS;
+    int4 t = tiles[blockIdx.x];
+    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+    size_t q_stride = (size_t)n_heads * D;
+    int last = pos0 + cnt - 1, nkt = last / FT + 1;
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
+    tc_load_tile<D>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_cp_commit();
+    const float sl2 = scale * TC_LOG2E;
+    float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    uint32_t qf[KS][4];
+    int wr0 = warp * 16, wlast = min(wr0 + 15, cnt - 1); /* the warp's last valid row */
+    for (int kt = 0; kt < nkt; kt++) {
+        int j0 = kt * FT, buf = kt & 1;
+        if (kt + 1 < nkt) {
+            int j1 = j0 + FT;
+            tc_load_tile<D>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
+                            min(FT, last + 1 - j1));
+            tc_load_tile<D>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
+                            min(FT, last + 1 - j1));
+        }
+        tc_cp_commit();
+        tc_cp_wait1();
+        __syncthreads();
+        if (kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) tc_ld_a<LDS>(qf[ks], sQ, wr0, ks * 16, lane);
+        }
+        if (wr0 < cnt && j0 <= pos0 + wlast) {
+            const bf16_t *cK = sK + buf * FT * LDS, *cV = sV + buf * FT * LDS;
+            float s[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    tc_ld_b<LDS>(b, cK, np * 16, ks * 16, lane);
+                    tc_mma(s[2 * np], qf[ks], b[0], b[1]);
+                    tc_mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+                }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = wr0 + gr + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                    float v = (r < cnt && j <= pos0 + r) ? s[n][e] * sl2 : -INFINITY;
+                    s[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float mu[2], ps[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float mn = fmaxf(m[i], tc_quad_max(mx[i]));
+                mu[i] = mn == -INFINITY ? 0.0f : mn;
+                float corr = exp2f(m[i] - mu[i]);
+                m[i] = mn;
+                l[i] *= corr;
+#pragma unroll
+                for (int n = 0; n < NT; n++) o[n][2 * i] *= corr, o[n][2 * i + 1] *= corr;
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(s[n][e] - mu[e >> 1]);
+                    s[n][e] = p;
+                    ps[e >> 1] += p;
+                }
+            l[0] += tc_quad_sum(ps[0]);
+            l[1] += tc_quad_sum(ps[1]);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t a[4], al[4];
+                if (STATS && FA_TC_SPLIT) { /* delta = dout . O feeds every dS: O from hi + lo P */
+                    a[0] = tc_pack_split(s[2 * kk][0], s[2 * kk][1], &al[0]);
+                    a[1] = tc_pack_split(s[2 * kk][2], s[2 * kk][3], &al[1]);
+                    a[2] = tc_pack_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &al[2]);
+                    a[3] = tc_pack_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &al[3]);
+                } else {
+                    a[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]), a[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
+                    a[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < NT / 2; dp++) {
+                    uint32_t b[4];
+                    tc_ld_bt<LDS>(b, cV, kk * 16, dp * 16, lane);
+                    tc_mma(o[2 * dp], a, b[0], b[1]);
+                    tc_mma(o[2 * dp + 1], a, b[2], b[3]);
+                    if (STATS && FA_TC_SPLIT) {
+                        tc_mma(o[2 * dp], al, b[0], b[1]);
+                        tc_mma(o[2 * dp + 1], al, b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = wr0 + gr + 8 * i;
+        if (r >= cnt) continue; /* (the whole quad skips together: no shuffles below) */
+        size_t idx = (size_t)(tok0 + r) * n_heads + h;
+        float inv = 1.0f / l[i];
+        if (!STATS) {
+            bf16_t *orow = out + idx * D;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                *(__nv_bfloat162 *)(orow + n * 8 + 2 * tq) =
+                    __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+        } else {
+            const bf16_t *grow = dout + idx * D;
+            float dsum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                float2 gv = __bfloat1622float2(*(const __nv_bfloat162 *)(grow + n * 8 + 2 * tq));
+                dsum += o[n][2 * i] * gv.x + o[n][2 * i + 1] * gv.y;
+            }
+            dsum += __shfl_xor_sync(0x0000000fu << (lane & ~3), dsum, 1);
+            dsum += __shfl_xor_sync(0x0000000fu << (lane & ~3), dsum, 2);
+            if (tq == 0) {
+                lse_out[idx] = (m[i] + log2f(l[i])) * TC_LN2;
+                delta_out[idx] = dsum * inv;
+            }
+        }
+    }
+}
+
+/* grid (n_key_blocks, n_kv_heads, n_split); see fa_backward_kv_kernel. */
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
+    float *dk_cache, float *dv_cache, float *part, const bf16_t *dout, const bf16_t *q, const bf16_t *k_cache,
+    const bf16_t *v_cache, const float *lse, const float *delta, const int4 *tiles, const int *slot_begin,
+    const int2 *kblocks, int n_heads, int group, int heads_per_split, int max_len, int kv_dim, float scale) {
+    const int LDS = D + 8, NT = D / 8, KS = D / 16, QC = D == 64 ? 64 : 32, QN = QC / 8;
+    extern __shared__ float4 fa_smem4[];
+    bf16_t *sK = (bf16_t *)fa_smem4, *sV = sK + FT * LDS, *sQ = sV + FT * LDS, *sO = sQ + 2 * FT * LDS;
+    float *sL = (float *)(sO + 2 * FT * LDS), *sD = sL + 2 * FT;
+    int2 kb = kblocks[blockIdx.x];
+    int s_id = kb.x, j0 = kb.y * FT, g = blockIdx.y;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+    int krows = min(FT, max_len - j0);
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D + (size_t)j0 * kv_dim;
+    tc_load_tile<D>(sK, k_cache + kv_base, kv_dim, krows);
+    tc_load_tile<D>(sV, v_cache + kv_base, kv_dim, krows);
+    int tb = slot_begin[s_id], te = slot_begin[s_id + 1];
+    int h_lo = g * group + blockIdx.z * heads_per_split, h_hi = min(g * group + group, h_lo + heads_per_split);
+    size_t q_stride = (size_t)n_heads * D;
+    const float sl2 = scale * TC_LOG2E;
+    /* the (head, query tile) pairs whose queries see some key of the block, in order */
+    auto seek = [&](int &hh, int &ti) {
+        while (hh < h_hi) {
+            if (ti >= te) {
+                hh++, ti = tb;
+                continue;
+            }
+            int4 u = tiles[ti];
+            if (u.w + u.y - 1 >= j0) return;
+            ti++;
+        }
+    };
+    auto stage = [&](int hh, int ti, int b) {
+        int4 u = tiles[ti];
+        size_t off = ((size_t)u.x * n_heads + hh) * D;
+        tc_load_tile<D>(sQ + b * FT * LDS, q + off, q_stride, u.y);
+        tc_load_tile<D>(sO + b * FT * LDS, dout + off, q_stride, u.y);
+        if (threadIdx.x < FT) {
+            int r = threadIdx.x;
+            size_t idx = (size_t)(u.x + r) * n_heads + hh;
+            sL[b * FT + r] = r < u.y ? lse[idx] * TC_LOG2E : 0.0f;
+            sD[b * FT + r] = r < u.y ? delta[idx] : 0.0f;
+        }
+    };
+    int ch = h_lo, cti = tb;
+    seek(ch, cti);
+    if (ch < h_hi) stage(ch, cti, 0);
+    tc_cp_commit();
+    float dk[NT][4], dv[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[n][e] = 0.0f, dv[n][e] = 0.0f;
+    int kr0 = warp * 16, buf = 0;
+    while (ch < h_hi) {
+        int4 u = tiles[cti];
+        int cnt = u.y, pos0 = u.w;
+        int nh = ch, nti = cti + 1;
+        seek(nh, nti);
+        if (nh < h_hi) stage(nh, nti, buf ^ 1);
+        tc_cp_commit();
+        tc_cp_wait1();
+        __syncthreads();
+        const bf16_t *cQ = sQ + buf * FT * LDS, *cO = sO + buf * FT * LDS;
+        const float *cL = sL + buf * FT, *cD = sD + buf * FT;
+        for (int c0 = 0; c0 < cnt; c0 += QC) {
+            if (pos0 + min(c0 + QC, cnt) - 1 < j0 + kr0) continue; /* every query of the chunk precedes the warp's keys */
+            float s[QN][4], dp[QN][4];
+#pragma unroll
+            for (int n = 0; n < QN; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t ka[4], va[4];
+                tc_ld_a<LDS>(ka, sK, kr0, ks * 16, lane);
+                tc_ld_a<LDS>(va, sV, kr0, ks * 16, lane);
+#pragma unroll
+                for (int np = 0; np < QN / 2; np++) {
+                    uint32_t b[4];
+                    tc_ld_b<LDS>(b, cQ, c0 + np * 16, ks * 16, lane);
+                    tc_mma(s[2 * np], ka, b[0], b[1]);
+                    tc_mma(s[2 * np + 1], ka, b[2], b[3]);
+                    tc_ld_b<LDS>(b, cO, c0 + np * 16, ks * 16, lane);
+                    tc_mma(dp[2 * np], va, b[0], b[1]);
+                    tc_mma(dp[2 * np + 1], va, b[2], b[3]);
+                }
+            }
+            /* s <- P^T, dp <- dS^T (rows: keys, columns: queries) */
+#pragma unroll
+            for (int n = 0; n < QN; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = j0 + kr0 + gr + (e >> 1) * 8, c = c0 + n * 8 + 2 * tq + (e & 1);
+                    bool ok = c < cnt && pos0 + c >= j;
+                    float p = ok ? exp2f(s[n][e] * sl2 - cL[c]) : 0.0f;
+                    s[n][e] = p;
+                    dp[n][e] = ok ? p * (dp[n][e] - cD[c]) : 0.0f;
+                }
+#pragma unroll
+            for (int kk = 0; kk < QN / 2; kk++) {
+                uint32_t ph[4], pl[4], dh[4], dl[4];
+#if FA_TC_SPLIT
+                ph[0] = tc_pack_split(s[2 * kk][0], s[2 * kk][1], &pl[0]);
+                ph[1] = tc_pack_split(s[2 * kk][2], s[2 * kk][3], &pl[1]);
+                ph[2] = tc_pack_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &pl[2]);
+                ph[3] = tc_pack_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &pl[3]);
+                dh[0] = tc_pack_split(dp[2 * kk][0], dp[2 * kk][1], &dl[0]);
+                dh[1] = tc_pack_split(dp[2 * kk][2], dp[2 * kk][3], &dl[1]);
+                dh[2] = tc_pack_split(dp[2 * kk + 1][0], dp[2 * kk + 1][1], &dl[2]);
+                dh[3] = tc_pack_split(dp[2 * kk + 1][2], dp[2 * kk + 1][3], &dl[3]);
+#else
+                ph[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]), ph[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
+                ph[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), ph[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                dh[0] = tc_pack(dp[2 * kk][0], dp[2 * kk][1]), dh[1] = tc_pack(dp[2 * kk][2], dp[2 * kk][3]);
+                dh[2] = tc_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), dh[3] = tc_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+                (void)pl, (void)dl;
+#endif
+#pragma unroll
+                for (int dd = 0; dd < NT / 2; dd++) {
+                    uint32_t b[4];
+                    tc_ld_bt<LDS>(b, cO, c0 + kk * 16, dd * 16, lane);
+                    tc_mma(dv[2 * dd], ph, b[0], b[1]);
+                    tc_mma(dv[2 * dd + 1], ph, b[2], b[3]);
+#if FA_TC_SPLIT
+                    tc_mma(dv[2 * dd], pl, b[0], b[1]);
+                    tc_mma(dv[2 * dd + 1], pl, b[2], b[3]);
+#endif
+                    tc_ld_bt<LDS>(b, cQ, c0 + kk * 16, dd * 16, lane);
+                    tc_mma(dk[2 * dd], dh, b[0], b[1]);
+                    tc_mma(dk[2 * dd + 1], dh, b[2], b[3]);
+#if FA_TC_SPLIT
+                    tc_mma(dk[2 * dd], dl, b[0], b[1]);
+                    tc_mma(dk[2 * dd + 1], dl, b[2], b[3]);
+#endif
+                }
+            }
+        }
+        __syncthreads();
+        ch = nh, cti = nti, buf ^= 1;
+    }
+    if (part == NULL) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int jr = kr0 + gr + 8 * i;
+            if (jr >= krows) continue;
+            size_t row = kv_base + (size_t)jr * kv_dim;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int d = n * 8 + 2 * tq + e;
+                    dk_cache[row + d] += scale * dk[n][2 * i + e];
+                    dv_cache[row + d] += dv[n][2 * i + e];
+                }
+        }
+    } else {
+        /* partials [n_split][n_kb][KVH][FT][D] for dk, then the same for dv */
+        size_t per = (size_t)gridDim.x * gridDim.y * FT * D;
+        float *pk = part + (size_t)blockIdx.z * per + ((size_t)blockIdx.x * gridDim.y + g) * FT * D;
+        float *pv = pk + (size_t)gridDim.z * per;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int jr = kr0 + gr + 8 * i;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                int d = n * 8 + 2 * tq;
+                *(float2 *)(pk + (size_t)jr * D + d) = make_float2(scale * dk[n][2 * i], scale * dk[n][2 * i + 1]);
+                *(float2 *)(pv + (size_t)jr * D + d) = make_float2(dv[n][2 * i], dv[n][2 * i + 1]);
+            }
+        }
+    }
+}
+
+/* grid (n_tiles, n_heads): dq = scale * sum_j dS_ij k_j. */
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *dq, const bf16_t *dout,
+                                                                        const bf16_t *q, const bf16_t *k_cache,
+                                                                        const bf16_t *v_cache, const float *lse,
+                                                                        const float *delta, const int4 *tiles,
+                                                                        int n_heads, int group, int max_len,
+                                                                        int kv_dim, float scale) {
+    const int LDS = D + 8, NT = D / 8, KS = D / 16;
+    extern __shared__ float4 fa_smem4[];
+    bf16_t *sQ = (bf16_t *)fa_smem4, *sO = sQ + FT * LDS, *sK = sO + FT * LDS, *sV = sK + 2 * FT * LDS;
+    int4 t = tiles[blockIdx.x];
+    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+    size_t q_stride = (size_t)n_heads * D;
+    int last = pos0 + cnt - 1, nkt = last / FT + 1;
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
+    tc_load_tile<D>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_cp_commit();
+    const float sl2 = scale * TC_LOG2E;
+    int wr0 = warp * 16, wlast = min(wr0 + 15, cnt - 1);
+    float rl[2], rd[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = wr0 + gr + 8 * i;
+        size_t idx = (size_t)(tok0 + r) * n_heads + h;
+        rl[i] = r < cnt ? lse[idx] * TC_LOG2E : 0.0f;
+        rd[i] = r < cnt ? delta[idx] : 0.0f;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        int j0 = kt * FT, buf = kt & 1;
+        if (kt + 1 < nkt) {
+            int j1 = j0 + FT;
+            tc_load_tile<D>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
+                            min(FT, last + 1 - j1));
+            tc_load_tile<D>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
+                            min(FT, last + 1 - j1));
+        }
+        tc_cp_commit();
+        tc_cp_wait1();
+        __syncthreads();
+        if (wr0 < cnt && j0 <= pos0 + wlast) {
+            const bf16_t *cK = sK + buf * FT * LDS, *cV = sV + buf * FT * LDS;
+            float s[8][4], dp[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t qa[4], oa[4];
+                tc_ld_a<LDS>(qa, sQ, wr0, ks * 16, lane);
+                tc_ld_a<LDS>(oa, sO, wr0, ks * 16, lane);
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    tc_ld_b<LDS>(b, cK, np * 16, ks * 16, lane);
+                    tc_mma(s[2 * np], qa, b[0], b[1]);
+                    tc_mma(s[2 * np + 1], qa, b[2], b[3]);
+                    tc_ld_b<LDS>(b, cV, np * 16, ks * 16, lane);
+                    tc_mma(dp[2 * np], oa, b[0], b[1]);
+                    tc_mma(dp[2 * np + 1], oa, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = wr0 + gr + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                    bool ok = r < cnt && j <= pos0 + r;
+                    float p = ok ? exp2f(s[n][e] * sl2 - rl[e >> 1]) : 0.0f;
+                    s[n][e] = ok ? p * (dp[n][e] - rd[e >> 1]) : 0.0f;
+                }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t ah[4], al[4];
+#if FA_TC_SPLIT
+                ah[0] = tc_pack_split(s[2 * kk][0], s[2 * kk][1], &al[0]);
+                ah[1] = tc_pack_split(s[2 * kk][2], s[2 * kk][3], &al[1]);
+                ah[2] = tc_pack_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &al[2]);
+                ah[3] = tc_pack_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &al[3]);
+#else
+                ah[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]), ah[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
+                ah[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), ah[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                (void)al;
+#endif
+#pragma unroll
+                for (int dd = 0; dd < NT / 2; dd++) {
+                    uint32_t b[4];
+                    tc_ld_bt<LDS>(b, cK, kk * 16, dd * 16, lane);
+                    tc_mma(acc[2 * dd], ah, b[0], b[1]);
+                    tc_mma(acc[2 * dd + 1], ah, b[2], b[3]);
+#if FA_TC_SPLIT
+                    tc_mma(acc[2 * dd], al, b[0], b[1]);
+                    tc_mma(acc[2 * dd + 1], al, b[2], b[3]);
+#endif
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = wr0 + gr + 8 * i;
+        if (r >= cnt) continue;
+        bf16_t *row = dq + ((size_t)(tok0 + r) * n_heads + h) * D;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            *(__nv_bfloat162 *)(row + n * 8 + 2 * tq) = __floats2bfloat162_rn(scale * acc[n][2 * i], scale * acc[n][2 * i + 1]);
+    }
+}
+
+static size_t fa_tc_smem_forward(int d) { return (size_t)5 * FT * (d + 8) * sizeof(bf16_t); }
+static size_t fa_tc_smem_kv(int d) { return (size_t)6 * FT * (d + 8) * sizeof(bf16_t) + 4 * FT * sizeof(float); }
+static size_t fa_tc_smem_dq(int d) { return (size_t)6 * FT * (d + 8) * sizeof(bf16_t); }
+
+static bool fa_tc_aligned(const void *p) { return ((size_t)p & 15) == 0; }
+
+template <int D>
+static void fa_tc_forward_launch(bf16_t *out, const bf16_t *q, const bf16_t *kc, const bf16_t *vc,
+                                 const FaPlan *pl, int n_heads, int group, int max_len, int kv_dim, float scale) {
+    static bool attr = false;
+    size_t smem = fa_tc_smem_forward(D);
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_forward_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr = true;
+    }
+    fa_tc_forward_kernel<D, false><<<dim3((unsigned)pl->nt, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
+        out, NULL, NULL, NULL, q, kc, vc, pl->tiles, n_heads, group, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+}
+
+template <int D>
+static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
+                                  const bf16_t *kc, const bf16_t *vc, const FaPlan *pl, int n, int n_heads,
+                                  int n_kv_heads, int max_len) {
+    static bool attr = false;
+    size_t smem_f = fa_tc_smem_forward(D), smem_kv = fa_tc_smem_kv(D), smem_dq = fa_tc_smem_dq(D);
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_forward_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem_f));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_kv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem_kv));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem_dq));
+        attr = true;
+    }
+    int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * D;
+    float scale = (float)(1.0 / sqrt((double)D));
+    /* as fa_backward_launch: split the query heads of a group until the grid covers the GPU a few times */
+    int blocks = pl->nkb * n_kv_heads, want = 4 * fa_sm_count();
+    int n_split = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    if (n_split > group) n_split = group;
+    int per = (group + n_split - 1) / n_split;
+    n_split = (group + per - 1) / per;
+    size_t part_elems = n_split > 1 ? (size_t)2 * n_split * blocks * FT * D : 0;
+    size_t nh = (size_t)n * n_heads;
+    float *lse = (float *)cuda_scratch((2 * nh + part_elems) * sizeof(float) + 256);
+    float *delta = lse + nh, *part = n_split > 1 ? delta + nh : NULL;
+    if (part && ((size_t)part & 15)) part = (float *)(((size_t)part + 15) & ~(size_t)15);
+    cudaStream_t st = cuda_stream();
+    fa_tc_forward_kernel<D, true><<<dim3((unsigned)pl->nt, (unsigned)n_heads), TC_THREADS, smem_f, st>>>(
+        NULL, lse, delta, go, q, kc, vc, pl->tiles, n_heads, group, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+    fa_tc_backward_kv_kernel<D>
+        <<<dim3((unsigned)pl->nkb, (unsigned)n_kv_heads, (unsigned)n_split), TC_THREADS, smem_kv, st>>>(
+            dkc, dvc, part, go, q, kc, vc, lse, delta, pl->tiles, pl->slot_begin, pl->kblocks, n_heads, group, per,
+            max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+    if (n_split > 1) {
+        size_t per_elems = (size_t)blocks * FT * D;
+        fa_backward_kv_reduce_kernel<<<cuda_blocks_for(per_elems), CUDA_THREADS, 0, st>>>(
+            dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, D, max_len, kv_dim);
+        LAUNCH_CHECK();
+    }
+    fa_tc_backward_dq_kernel<D><<<dim3((unsigned)pl->nt, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
+        dq, go, q, kc, vc, lse, delta, pl->tiles, n_heads, group, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
+}
+
 /* ---------------------------------------------------------------- forward */
 
 /* grid: n * n_heads blocks; block: ATT_WARPS * 32 threads. DPL = dims per lane. */
@@ -722,6 +1337,18 @@ void cuda_attention(void *out, const void *q, const void *k_cache, const void *v
     FaPlan pl;
     if (head_dim <= 128 && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0)) {
         if (pl.nt == 0) return;
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            if ((head_dim == 64 || head_dim == 128) && fa_tc_aligned(out) && fa_tc_aligned(q) &&
+                fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache)) {
+                if (head_dim == 64)
+                    fa_tc_forward_launch<64>((bf16_t *)out, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                             (const bf16_t *)v_cache, &pl, n_heads, group, max_len, kv_dim, scale);
+                else
+                    fa_tc_forward_launch<128>((bf16_t *)out, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                              (const bf16_t *)v_cache, &pl, n_heads, group, max_len, kv_dim, scale);
+                return;
+            }
+        }
         if (head_dim <= 64)
             fa_forward_launch<T, 64>((T *)out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl, n_heads,
                                      group, head_dim, max_len, kv_dim, scale);
@@ -855,6 +1482,20 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
     FaPlan pl;
     if (head_dim <= 128 && n_slots > 0 && fa_make_plan(&pl, slot, pos, n, n_slots, max_len, 1)) {
         if (pl.nt == 0) return;
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            if ((head_dim == 64 || head_dim == 128) && fa_tc_aligned(dq) && fa_tc_aligned(dout) && fa_tc_aligned(q) &&
+                fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache)) {
+                if (head_dim == 64)
+                    fa_tc_backward_launch<64>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
+                                              (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                              (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len);
+                else
+                    fa_tc_backward_launch<128>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
+                                               (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                               (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len);
+                return;
+            }
+        }
         if (head_dim <= 64)
             fa_backward_launch<T, 64>((T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
                                       (const T *)k_cache, (const T *)v_cache, &pl, n, n_heads, n_kv_heads, head_dim,

@@ -8,6 +8,7 @@
  * elementwise ops a grid-stride loop. Only embedding_backward uses atomics.
  * Tolerance vs the CPU in fp32 storage: ~1e-6 relative (order of summation). */
 #include <math.h>
+#include <stdint.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -262,6 +263,44 @@ __global__ void rmsnorm_backward_dx_kernel(T *dx, float *r_out, const T *dy, con
     }
 }
 
+/* The dx pass with one warp per row and 16-byte vectors (dim % 8 == 0, aligned
+ * rows); the same expressions, butterfly warp sums. */
+template <typename T>
+__global__ void rmsnorm_backward_dx_warp_kernel(T *dx, float *r_out, const T *dy, const T *x, const T *w, int n,
+                                                int dim, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    size_t off = (size_t)row * dim;
+    int nvec = dim / VEC;
+    float ss = 0.0f, gx = 0.0f;
+    for (int q = lane; q < nvec; q += 32) {
+        V8<T> a, b, c;
+        a.load(x + off + q * VEC), b.load(dy + off + q * VEC), c.load(w + q * VEC);
+        float xf[VEC], df[VEC], wf[VEC];
+        a.get(xf), b.get(df), c.get(wf);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            ss += xf[k] * xf[k];
+            gx += df[k] * wf[k] * xf[k];
+        }
+    }
+    ss = warp_reduce_sum(ss);
+    gx = warp_reduce_sum(gx);
+    double r = 1.0 / sqrt((double)ss / dim + (double)eps);
+    float rf = (float)r, c = (float)(r * r * r * (double)gx / dim);
+    if (lane == 0) r_out[row] = rf;
+    for (int q = lane; q < nvec; q += 32) {
+        V8<T> a, b, cw, o;
+        a.load(x + off + q * VEC), b.load(dy + off + q * VEC), cw.load(w + q * VEC), o.load(dx + off + q * VEC);
+        float xf[VEC], df[VEC], wf[VEC], of[VEC];
+        a.get(xf), b.get(df), cw.get(wf), o.get(of);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) of[k] = of[k] + (rf * (df[k] * wf[k]) - c * xf[k]);
+        o.set(of);
+        o.store(dx + off + q * VEC);
+    }
+}
+
 /* dw[j] += sum over rows of dy * (x * r), in two deterministic stages: blocks
  * over (column range, chunk of DW_ROWS rows) write partial column sums, then one
  * thread per column adds the chunks in order. */
@@ -295,8 +334,15 @@ void cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, co
     int chunks = (n + DW_ROWS - 1) / DW_ROWS;
     float *r = (float *)cuda_scratch(((size_t)n + (size_t)chunks * dim) * sizeof(float));
     float *part = r + n;
-    rmsnorm_backward_dx_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)dx, r, (const T *)dy, (const T *)x,
-                                                                        (const T *)w, dim, eps);
+    if (dim % VEC == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w)) {
+        const int rows_per_block = CUDA_THREADS / 32;
+        rmsnorm_backward_dx_warp_kernel<T><<<(n + rows_per_block - 1) / rows_per_block, CUDA_THREADS, 0,
+                                             cuda_stream()>>>((T *)dx, r, (const T *)dy, (const T *)x, (const T *)w,
+                                                              n, dim, eps);
+    } else {
+        rmsnorm_backward_dx_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)dx, r, (const T *)dy,
+                                                                            (const T *)x, (const T *)w, dim, eps);
+    }
     LAUNCH_CHECK();
     unsigned col_blocks = (unsigned)((dim + CUDA_THREADS - 1) / CUDA_THREADS);
     rmsnorm_backward_dw_partial_kernel<T><<<dim3(col_blocks, (unsigned)chunks), CUDA_THREADS, 0, cuda_stream()>>>(
@@ -553,30 +599,102 @@ template <typename T> void cuda_embedding_backward(void *dtable, const void *dou
 
 /* ---------------------------------------------------------------- log-softmax */
 
-/* Row statistics of z = logits * inv_t over the block: max, log-sum-exp and
- * E_p[z]; exp in fp32, the sums in double. Every thread gets the results. */
-template <typename T>
-__device__ void row_softmax_stats(const T *row, int vocab, float inv_t, float *mx_out, double *lse_out,
-                                  double *pz_out) {
-    float mx = -INFINITY;
-    for (int v = threadIdx.x; v < vocab; v += blockDim.x) mx = fmaxf(mx, to_float(row[v]) * inv_t);
-    mx = block_max(mx);
-    double sum = 0.0, pz = 0.0;
-    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-        float z = to_float(row[v]) * inv_t, e = expf(z - mx);
-        sum += (double)e;
-        pz += (double)e * (double)z;
+/* One pass over a row of z = logits * inv_t: each thread keeps an online
+ * (max m, s = sum exp(z - m), t = sum exp(z - m) z) in fp32 over its share
+ * (~150-300 entries of a 151936 vocab), rescaling when its max grows; the
+ * block then combines the threads' triples at the row max in double. Rows are
+ * read as 16-byte vectors: a scalar head up to the first aligned element, the
+ * vector body, a scalar tail. */
+#define LSM_THREADS 512      /* forward: one block per row */
+#define LSM_BWD_THREADS 1024 /* backward: one block per SM walking rows, so the
+                                row it re-reads is still in L2 */
+#define LSM_UNROLL 4
+
+template <int CNT, bool WITH_T>
+__device__ __forceinline__ void online_add(float &m, float &s, float &t, const float *z) {
+    float gm = z[0];
+#pragma unroll
+    for (int k = 1; k < CNT; k++) gm = fmaxf(gm, z[k]);
+    if (gm > m) {
+        float c = expf(m - gm); /* 0 while m is -inf */
+        s *= c;
+        if (WITH_T) t *= c;
+        m = gm;
     }
-    sum = block_sum(sum);
-    pz = block_sum(pz);
-    *mx_out = mx;
-    *lse_out = (double)mx + log(sum);
-    *pz_out = pz / sum;
+    if (m == -INFINITY) return; /* only -inf seen so far: nothing to add */
+#pragma unroll
+    for (int k = 0; k < CNT; k++) {
+        float e = expf(z[k] - m);
+        s += e;
+        if (WITH_T) t += e * z[k];
+    }
+}
+
+/* Elements before the first 16-byte aligned one (all of them when !vec). */
+template <typename T> __device__ __forceinline__ int row_head(const T *row, int vocab, bool vec) {
+    if (!vec) return vocab;
+    int h = (int)(((16u - ((unsigned)(uintptr_t)row & 15u)) & 15u) / sizeof(T));
+    return h < vocab ? h : vocab;
+}
+
+template <typename T, bool WITH_T>
+__device__ void row_online_stats(const T *row, int vocab, float inv_t, int head, float &m, float &s, float &t) {
+    m = -INFINITY, s = 0.0f, t = 0.0f;
+    for (int v = threadIdx.x; v < head; v += blockDim.x) {
+        float z = to_float(row[v]) * inv_t;
+        online_add<1, WITH_T>(m, s, t, &z);
+    }
+    const int nvec = (vocab - head) / VEC, bs = blockDim.x;
+    const T *body = row + head;
+    int q = threadIdx.x;
+    for (; q + (LSM_UNROLL - 1) * bs < nvec; q += LSM_UNROLL * bs) {
+        V8<T> a[LSM_UNROLL];
+#pragma unroll
+        for (int k = 0; k < LSM_UNROLL; k++) a[k].load(body + (size_t)(q + k * bs) * VEC);
+        float z[LSM_UNROLL * VEC];
+#pragma unroll
+        for (int k = 0; k < LSM_UNROLL; k++) a[k].get(z + k * VEC);
+#pragma unroll
+        for (int k = 0; k < LSM_UNROLL * VEC; k++) z[k] *= inv_t;
+        online_add<LSM_UNROLL * VEC, WITH_T>(m, s, t, z);
+    }
+    for (; q < nvec; q += bs) {
+        V8<T> a;
+        a.load(body + (size_t)q * VEC);
+        float z[VEC];
+        a.get(z);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) z[k] *= inv_t;
+        online_add<VEC, WITH_T>(m, s, t, z);
+    }
+    for (int v = head + nvec * VEC + threadIdx.x; v < vocab; v += blockDim.x) {
+        float z = to_float(row[v]) * inv_t;
+        online_add<1, WITH_T>(m, s, t, &z);
+    }
+}
+
+/* The threads' (m, s, t) at the row max M, summed in double in a fixed order:
+ * S = sum exp(z - M), Tz = sum exp(z - M) z. Every thread gets the results;
+ * ends with a barrier. */
+__device__ void block_combine(float m, float s, float t, float *M_out, double *S_out, double *T_out) {
+    __shared__ double sh_s[32], sh_t[32];
+    float M = block_max(m);
+    double sc = m == -INFINITY ? 0.0 : exp((double)m - (double)M);
+    double ds = (double)s * sc, dt = (double)t * sc;
+    ds = warp_reduce_sum(ds);
+    dt = warp_reduce_sum(dt);
+    if (threadIdx.x % 32 == 0) sh_s[threadIdx.x / 32] = ds, sh_t[threadIdx.x / 32] = dt;
+    __syncthreads();
+    double rs = 0.0, rt = 0.0;
+    for (int w = 0; w < (int)(blockDim.x / 32); w++) rs += sh_s[w], rt += sh_t[w];
+    __syncthreads();
+    *M_out = M, *S_out = rs, *T_out = rt;
 }
 
 template <typename T>
-__global__ void log_softmax_target_kernel(float *logprobs, float *entropy, const T *logits, const int *targets,
-                                          int vocab, float inv_t) {
+__global__ void __launch_bounds__(LSM_THREADS)
+    log_softmax_target_kernel(float *logprobs, float *entropy, const T *logits, const int *targets, int vocab,
+                              float inv_t) {
     int i = blockIdx.x, tgt = targets[i];
     if (tgt < 0) {
         if (threadIdx.x == 0) {
@@ -586,35 +704,92 @@ __global__ void log_softmax_target_kernel(float *logprobs, float *entropy, const
         return;
     }
     const T *row = logits + (size_t)i * vocab;
-    float mx;
-    double lse, pz;
-    row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
+    int head = row_head(row, vocab, true);
+    float m, s, t;
+    if (entropy)
+        row_online_stats<T, true>(row, vocab, inv_t, head, m, s, t);
+    else
+        row_online_stats<T, false>(row, vocab, inv_t, head, m, s, t);
+    float M;
+    double S, Tz;
+    block_combine(m, s, t, &M, &S, &Tz);
     if (threadIdx.x == 0) {
+        double lse = (double)M + log(S);
         logprobs[i] = (float)((double)(to_float(row[tgt]) * inv_t) - lse);
-        if (entropy) entropy[i] = (float)(lse - pz);
+        if (entropy) entropy[i] = (float)(lse - Tz / S);
     }
 }
 
-/* dlogits = dlogprobs * (onehot - softmax(z)) / T. In place is safe: the stats
- * pass ends with a barrier, then each thread rewrites only what it reads. */
+__device__ __forceinline__ float lsm_grad(float z, float lse_f, float g, bool is_tgt) {
+    float d = -g * expf(z - lse_f);
+    if (is_tgt) d += g;
+    return d;
+}
+
+/* dlogits = dlogprobs * (onehot - softmax(z)) / T. Blocks walk rows i, i +
+ * gridDim.x, ...; per row the stats pass reads it front to back, then the
+ * gradient pass back to front (the most recently read part first, from L2).
+ * In place is safe: the stats end with a barrier, then each thread rewrites
+ * only what it reads. vec: dlogits and logits share 16-byte alignment. */
 template <typename T>
-__global__ void log_softmax_target_backward_kernel(T *dlogits, const T *logits, const int *targets,
-                                                   const float *dlogprobs, int vocab, float inv_t) {
-    int i = blockIdx.x, tgt = targets[i];
-    T *drow = dlogits + (size_t)i * vocab;
-    if (tgt < 0) {
-        for (int v = threadIdx.x; v < vocab; v += blockDim.x) drow[v] = from_float<T>(0.0f);
-        return;
-    }
-    const T *row = logits + (size_t)i * vocab;
-    float mx;
-    double lse, pz;
-    row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
-    float g = dlogprobs[i] * inv_t, lse_f = (float)lse;
-    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-        float d = -g * expf(to_float(row[v]) * inv_t - lse_f);
-        if (v == tgt) d += g;
-        drow[v] = from_float<T>(d);
+__global__ void __launch_bounds__(LSM_BWD_THREADS)
+    log_softmax_target_backward_kernel(T *dlogits, const T *logits, const int *targets, const float *dlogprobs,
+                                       int n, int vocab, float inv_t, int vec) {
+    const int bs = blockDim.x;
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        int tgt = targets[i];
+        T *drow = dlogits + (size_t)i * vocab;
+        const T *row = logits + (size_t)i * vocab;
+        int head = row_head(row, vocab, vec != 0);
+        int nvec = (vocab - head) / VEC, tail0 = head + nvec * VEC;
+        if (tgt < 0) { /* uniform over the block */
+            float zero[VEC] = {0, 0, 0, 0, 0, 0, 0, 0};
+            V8<T> zv;
+            zv.set(zero);
+            for (int v = threadIdx.x; v < head; v += bs) drow[v] = from_float<T>(0.0f);
+            for (int q = threadIdx.x; q < nvec; q += bs) zv.store(drow + head + (size_t)q * VEC);
+            for (int v = tail0 + threadIdx.x; v < vocab; v += bs) drow[v] = from_float<T>(0.0f);
+            continue;
+        }
+        float m, s, t;
+        row_online_stats<T, false>(row, vocab, inv_t, head, m, s, t);
+        float M;
+        double S, Tz;
+        block_combine(m, s, t, &M, &S, &Tz);
+        float g = dlogprobs[i] * inv_t, lse_f = (float)((double)M + log(S));
+        for (int v = tail0 + threadIdx.x; v < vocab; v += bs)
+            drow[v] = from_float<T>(lsm_grad(to_float(row[v]) * inv_t, lse_f, g, v == tgt));
+        const T *body = row + head;
+        T *dbody = drow + head;
+        int tq = tgt - head; /* target's index in the body */
+        int q = nvec - 1 - threadIdx.x;
+        for (; q - (LSM_UNROLL - 1) * bs >= 0; q -= LSM_UNROLL * bs) {
+            V8<T> a[LSM_UNROLL];
+#pragma unroll
+            for (int k = 0; k < LSM_UNROLL; k++) a[k].load(body + (size_t)(q - k * bs) * VEC);
+#pragma unroll
+            for (int k = 0; k < LSM_UNROLL; k++) {
+                float z[VEC];
+                a[k].get(z);
+                int base = (q - k * bs) * VEC;
+#pragma unroll
+                for (int j = 0; j < VEC; j++) z[j] = lsm_grad(z[j] * inv_t, lse_f, g, base + j == tq);
+                a[k].set(z);
+                a[k].store(dbody + (size_t)base);
+            }
+        }
+        for (; q >= 0; q -= bs) {
+            V8<T> a;
+            a.load(body + (size_t)q * VEC);
+            float z[VEC];
+            a.get(z);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) z[j] = lsm_grad(z[j] * inv_t, lse_f, g, q * VEC + j == tq);
+            a.set(z);
+            a.store(dbody + (size_t)q * VEC);
+        }
+        for (int v = threadIdx.x; v < head; v += bs)
+            drow[v] = from_float<T>(lsm_grad(to_float(row[v]) * inv_t, lse_f, g, v == tgt));
     }
 }
 
@@ -625,7 +800,7 @@ void cuda_log_softmax_target(void *logprobs, void *entropy, const void *logits, 
     const int *host[1] = {targets};
     int *d = cuda_upload_indices(host, 1, n);
     float inv_t = (float)(1.0 / (double)temperature);
-    log_softmax_target_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((float *)logprobs, (float *)entropy,
+    log_softmax_target_kernel<T><<<n, LSM_THREADS, 0, cuda_stream()>>>((float *)logprobs, (float *)entropy,
                                                                        (const T *)logits, d, vocab, inv_t);
     LAUNCH_CHECK();
 }
@@ -637,8 +812,10 @@ void cuda_log_softmax_target_backward(void *dlogits, const void *logits, const i
     const int *host[1] = {targets};
     int *d = cuda_upload_indices(host, 1, n);
     float inv_t = (float)(1.0 / (double)temperature);
-    log_softmax_target_backward_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>(
-        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, vocab, inv_t);
+    int vec = (((uintptr_t)dlogits - (uintptr_t)logits) & 15u) == 0;
+    int blocks = n < cuda_sm_count() ? n : cuda_sm_count();
+    log_softmax_target_backward_kernel<T><<<blocks, LSM_BWD_THREADS, 0, cuda_stream()>>>(
+        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, n, vocab, inv_t, vec);
     LAUNCH_CHECK();
 }
 
@@ -646,20 +823,46 @@ void cuda_log_softmax_target_backward(void *dlogits, const void *logits, const i
 
 /* The CPU's adamw line by line, with explicitly rounded fp32 operations (no
  * FMA contraction) so fp32 storage reproduces it to the last bit where
- * sqrtf/division agree (both IEEE here). */
+ * sqrtf/division agree (both IEEE here). One element; the vector body and the
+ * scalar tail both call it. */
+__device__ __forceinline__ void adamw_one(float gi, float &p, float &mi, float &vi, float decay, float w1, float w2,
+                                          float beta2, float step_size, float bc2_sqrt, float eps) {
+    p = __fmul_rn(p, decay);
+    mi = w1 < 0.5f ? __fadd_rn(mi, __fmul_rn(w1, __fsub_rn(gi, mi)))
+                   : __fsub_rn(gi, __fmul_rn(__fsub_rn(gi, mi), __fsub_rn(1.0f, w1)));
+    vi = __fadd_rn(__fmul_rn(vi, beta2), __fmul_rn(w2, __fmul_rn(gi, gi)));
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+    p = __fadd_rn(p, __fmul_rn(-step_size, __fdiv_rn(mi, denom)));
+}
+
 template <typename T>
-__global__ void adamw_kernel(T *param, float *master, const float *grad, float *m, float *v, size_t n, float decay,
-                             float w1, float w2, float beta2, float step_size, float bc2_sqrt, float eps) {
-    GRID_STRIDE(e, n) {
-        float gi = grad[e];
-        float p = master ? master[e] : to_float(param[e]);
-        p = __fmul_rn(p, decay);
-        float mi = m[e];
-        mi = w1 < 0.5f ? __fadd_rn(mi, __fmul_rn(w1, __fsub_rn(gi, mi)))
-                       : __fsub_rn(gi, __fmul_rn(__fsub_rn(gi, mi), __fsub_rn(1.0f, w1)));
-        float vi = __fadd_rn(__fmul_rn(v[e], beta2), __fmul_rn(w2, __fmul_rn(gi, gi)));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-        p = __fadd_rn(p, __fmul_rn(-step_size, __fdiv_rn(mi, denom)));
+__global__ void adamw_kernel(T *param, float *master, const float *grad, float *m, float *v, size_t n, size_t nv,
+                             float decay, float w1, float w2, float beta2, float step_size, float bc2_sqrt,
+                             float eps) {
+    VEC_LOOP_BEGIN(1) {
+        size_t o = vl_base * VEC;
+        V8<float> gv, mv, vv, pm;
+        V8<T> pv;
+        gv.load(grad + o), mv.load(m + o), vv.load(v + o);
+        if (master)
+            pm.load(master + o);
+        else
+            pv.load(param + o);
+        float gf[VEC], mf[VEC], vf[VEC], pf[VEC];
+        gv.get(gf), mv.get(mf), vv.get(vf);
+        if (master)
+            pm.get(pf);
+        else
+            pv.get(pf);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) adamw_one(gf[k], pf[k], mf[k], vf[k], decay, w1, w2, beta2, step_size, bc2_sqrt, eps);
+        mv.set(mf), vv.set(vf), pv.set(pf);
+        mv.store(m + o), vv.store(v + o), pv.store(param + o);
+        if (master) pm.set(pf), pm.store(master + o);
+    }
+    TAIL_LOOP(e) {
+        float p = master ? master[e] : to_float(param[e]), mi = m[e], vi = v[e];
+        adamw_one(grad[e], p, mi, vi, decay, w1, w2, beta2, step_size, bc2_sqrt, eps);
         m[e] = mi;
         v[e] = vi;
         if (master) master[e] = p;
@@ -677,47 +880,132 @@ void cuda_adamw(void *param, void *master, const void *grad, void *m, void *v, s
     float w1 = (float)(1.0 - float_as_decimal(beta1)), w2 = (float)(1.0 - float_as_decimal(beta2));
     float step_size = (float)((double)lr / bias_correction1);
     float bc2_sqrt = (float)sqrt((double)bias_correction2);
-    adamw_kernel<T><<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        (T *)param, (float *)master, (const float *)grad, (float *)m, (float *)v, n, decay, w1, w2, beta2, step_size,
-        bc2_sqrt, eps);
+    size_t nv = vec_count(n, aligned16(param) && (!master || aligned16(master)) && aligned16(grad) && aligned16(m) &&
+                                 aligned16(v));
+    adamw_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (T *)param, (float *)master, (const float *)grad, (float *)m, (float *)v, n, nv, decay, w1, w2, beta2,
+        step_size, bc2_sqrt, eps);
     LAUNCH_CHECK();
 }
 
 /* ---------------------------------------------------------------- reductions over [f32] */
 
 #define SUMSQ_BLOCKS 1024
+#define SUMSQ_UNROLL 4
 
-/* A fixed grid: block b sums a fixed subset in double, the host adds the
- * partials in order; deterministic. */
-__global__ void sum_squares_kernel(double *partial, const float *x, size_t n) {
+/* A grid fixed by n (at most SUMSQ_BLOCKS blocks): each thread sums a fixed
+ * subset in double (float4 loads, SUMSQ_UNROLL in flight), each block writes
+ * its partial; the last block to finish (atomic ticket) adds the partials in
+ * block order and writes the total to *result. Deterministic. The ticket is
+ * reset by that last block for the next call. */
+__global__ void sum_squares_kernel(double *partial, unsigned *ticket, double *result, const float *x, size_t n,
+                                   size_t n4) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x, tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     double s = 0.0;
-    GRID_STRIDE(e, n) s += (double)x[e] * x[e];
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    for (size_t b = tid; b < n4; b += SUMSQ_UNROLL * stride) {
+        float4 a[SUMSQ_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SUMSQ_UNROLL; k++)
+            if (b + k * stride < n4) a[k] = x4[b + k * stride];
+#pragma unroll
+        for (int k = 0; k < SUMSQ_UNROLL; k++)
+            if (b + k * stride < n4) {
+                s += (double)a[k].x * a[k].x;
+                s += (double)a[k].y * a[k].y;
+                s += (double)a[k].z * a[k].z;
+                s += (double)a[k].w * a[k].w;
+            }
+    }
+    for (size_t e = n4 * 4 + tid; e < n; e += stride) s += (double)x[e] * x[e];
     s = block_sum(s);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = s;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double r = 0.0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) r += ((volatile double *)partial)[b];
+    r = block_sum(r);
+    if (threadIdx.x == 0) {
+        *result = r;
+        *ticket = 0;
+    }
+}
+
+/* Per-process state of sum_squares, made on the first call: partials and the
+ * ticket on the device, the result in pinned host memory the kernel writes
+ * through its mapping (or, where mapping fails, copied into it). */
+static struct {
+    double *partial;  /* [SUMSQ_BLOCKS] */
+    unsigned *ticket; /* after the partials */
+    double *host;     /* pinned */
+    double *mapped;   /* device address of host, or NULL: copy from dev_result */
+    double *dev_result;
+} g_sumsq;
+
+static void sum_squares_init(void) {
+    if (g_sumsq.partial) return;
+    char *buf;
+    CUDA_CHECK(cudaMalloc((void **)&buf, (SUMSQ_BLOCKS + 1) * sizeof(double) + 16));
+    CUDA_CHECK(cudaMemset(buf, 0, (SUMSQ_BLOCKS + 1) * sizeof(double) + 16));
+    g_sumsq.partial = (double *)buf;
+    g_sumsq.dev_result = (double *)buf + SUMSQ_BLOCKS;
+    g_sumsq.ticket = (unsigned *)((double *)buf + SUMSQ_BLOCKS + 1);
+    CUDA_CHECK(cudaHostAlloc((void **)&g_sumsq.host, sizeof(double), cudaHostAllocMapped));
+    void *dp = NULL;
+    if (cudaHostGetDevicePointer(&dp, g_sumsq.host, 0) == cudaSuccess && dp)
+        g_sumsq.mapped = (double *)dp;
+    else
+        (void)cudaGetLastError(), g_sumsq.mapped = NULL;
 }
 
 double cuda_sum_squares(const void *x, size_t n) {
     if (!n) return 0.0;
-    unsigned blocks = cuda_blocks_for(n);
-    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    double *partial = (double *)cuda_scratch(SUMSQ_BLOCKS * sizeof(double));
-    sum_squares_kernel<<<blocks, CUDA_THREADS, 0, cuda_stream()>>>(partial, (const float *)x, n);
+    sum_squares_init();
+    size_t n4 = aligned16(x) ? n / 4 : 0;
+    size_t per_block = (size_t)CUDA_THREADS * 4 * SUMSQ_UNROLL; /* floats per block per grid pass */
+    size_t b = (n + per_block - 1) / per_block;
+    unsigned blocks = (unsigned)(b < 1 ? 1 : b > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : b);
+    double *result = g_sumsq.mapped ? g_sumsq.mapped : g_sumsq.dev_result;
+    sum_squares_kernel<<<blocks, CUDA_THREADS, 0, cuda_stream()>>>(g_sumsq.partial, g_sumsq.ticket, result,
+                                                                   (const float *)x, n, n4);
     LAUNCH_CHECK();
-    double host[SUMSQ_BLOCKS];
-    CUDA_CHECK(cudaMemcpyAsync(host, partial, blocks * sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
+    if (!g_sumsq.mapped)
+        CUDA_CHECK(cudaMemcpyAsync(g_sumsq.host, g_sumsq.dev_result, sizeof(double), cudaMemcpyDeviceToHost,
+                                   cuda_stream()));
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    double s = 0.0;
-    for (unsigned b = 0; b < blocks; b++) s += host[b];
-    return s;
+    return *(volatile double *)g_sumsq.host;
 }
 
-__global__ void scale_kernel(float *x, float s, size_t n) {
-    GRID_STRIDE(e, n) x[e] *= s;
+__global__ void scale_kernel(float *x, float s, size_t n, size_t nv) {
+    VEC_LOOP_BEGIN(2) {
+        V8<float> a[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (vl_base + k * vl_stride < nv) a[k].load(x + (vl_base + k * vl_stride) * VEC);
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (vl_base + k * vl_stride < nv) {
+                float f[VEC];
+                a[k].get(f);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) f[j] *= s;
+                a[k].set(f);
+                a[k].store(x + (vl_base + k * vl_stride) * VEC);
+            }
+    }
+    TAIL_LOOP(e) x[e] *= s;
 }
 
 void cuda_scale(void *x, float s, size_t n) {
     if (!n) return;
-    scale_kernel<<<cuda_blocks_for(n), CUDA_THREADS, 0, cuda_stream()>>>((float *)x, s, n);
+    size_t nv = vec_count(n, aligned16(x));
+    scale_kernel<<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>((float *)x, s, n, nv);
     LAUNCH_CHECK();
 }
 

@@ -188,10 +188,6 @@ static int score_completions(Trainer *t, float *per_func, Dataset *d, const size
     return rc;
 }
 
-/* Log-probs of each sample's completion under model m (old or reference),
- * in micro-batches; out[i] gets a malloc'd [len] array. */
-static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, char *err);
-
 /* Packs samples[idx[0..B)] into the token arrays; returns the token count. */
 static int pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
     int n = 0;
@@ -212,6 +208,8 @@ static int pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
     return n;
 }
 
+/* Log-probs of each sample's completion under model m (old or reference),
+ * in micro-batches; out[i] gets a malloc'd [len] array. */
 static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, char *err) {
     int bs = t->cfg->per_device_train_batch_size;
     int *idx = xmalloc(sizeof(int) * (size_t)bs);

@@ -8,7 +8,22 @@
  * tight check); A/B in the storage type; dw (and db) are fp32. The bias rides
  * the CUBLASLT_EPILOGUE_BIAS epilogue (a per-row vector of the column-major D).
  * Matmul descriptors and the heuristic's algorithm are cached per shape.
- * db is a GEMM too: dy^T @ ones, accumulated into the fp32 db (deterministic). */
+ * db is a GEMM too: dy^T @ ones, accumulated into the fp32 db (deterministic).
+ *
+ * Autotuning: when a plan is first built, up to GEMM_TUNE_ALGOS heuristic
+ * algorithms are timed (CUDA events on the backend stream) on the call's own
+ * operands and the fastest is kept. Every candidate computes the same product
+ * (only the GEMM's rounding/accumulation order may differ). beta = 0 calls are
+ * timed in place (the real run overwrites d afterwards); beta != 0 calls write
+ * a zeroed scratch D of the same size so the accumulator is not touched.
+ * A later candidate replaces the current best only when clearly (> 3%) faster,
+ * which keeps the choice stable from run to run. The choice is shared by all
+ * shapes of a bucket (dimensions rounded to 3 significant bits) when it is
+ * valid for them, so varying token counts do not re-tune. COLT_GEMM_TUNE=0 disables
+ * tuning (first heuristic algorithm, as before); COLT_GEMM_TUNE=2 also prints
+ * the choice per shape to stderr. Tuning is skipped while the stream is being
+ * captured into a CUDA graph. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -41,7 +56,153 @@ static void gemm_plan_destroy(GemmPlan *p) {
     p->used = 0;
 }
 
-static GemmPlan *gemm_plan(const GemmKey *key) {
+#define GEMM_TUNE_ALGOS 8
+#define GEMM_TUNE_REPS 3
+#define GEMM_TUNE_MAX_REPS 20
+
+/* 0: off, 1: on (default), 2: on and verbose. */
+static int gemm_tune_mode(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("COLT_GEMM_TUNE");
+        mode = (e && *e) ? atoi(e) : 1;
+        if (mode < 0) mode = 0;
+    }
+    return mode;
+}
+
+static size_t gemm_elem_size(cudaDataType_t t) {
+    switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16BF:
+    case CUDA_R_16F: return 2;
+    default: return 4;
+    }
+}
+
+/* Times every candidate on the real operands; returns the index of the fastest
+ * (0 when tuning cannot run). Leaves no CUDA error behind. */
+static int gemm_tune(const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *res, int count, const void *a,
+                     const void *b, void *d, float beta) {
+    cudaStream_t stream = cuda_stream();
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    const GemmKey *key = &p->key;
+    void *out = d, *scratch = NULL;
+    if (beta != 0.0f) { /* accumulating: never touch the real output */
+        size_t bytes = (size_t)key->ldc * key->n * gemm_elem_size(key->cd_type);
+        if (cudaMalloc(&scratch, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream));
+        out = scratch;
+    }
+    cudaEvent_t ev0, ev1;
+    CUDA_CHECK(cudaEventCreate(&ev0));
+    CUDA_CHECK(cudaEventCreate(&ev1));
+    size_t ws_bytes = 0;
+    void *ws = cuda_lt_workspace(&ws_bytes);
+    float alpha = 1.0f;
+    int best = 0;
+    float best_ms = -1.0f, times[GEMM_TUNE_ALGOS];
+    for (int i = 0; i < count; i++) {
+        times[i] = -1.0f;
+        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
+        /* warm-up run (also rejects an algorithm that fails to launch) sizes the repetitions */
+        CUDA_CHECK(cudaEventRecord(ev0, stream));
+        if (cublasLtMatmul(cuda_lt_handle(), p->desc, &alpha, a, p->a, b, p->b, &beta, out, p->c, out, p->c,
+                           &res[i].algo, ws, ws_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        CUDA_CHECK(cudaEventRecord(ev1, stream));
+        CUDA_CHECK(cudaEventSynchronize(ev1));
+        float warm_ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&warm_ms, ev0, ev1));
+        /* about 0.5 ms of timed work per candidate, between GEMM_TUNE_REPS and 20 runs */
+        int reps = warm_ms > 0.0f ? (int)(0.5f / warm_ms) : GEMM_TUNE_MAX_REPS;
+        reps = reps < GEMM_TUNE_REPS ? GEMM_TUNE_REPS : reps > GEMM_TUNE_MAX_REPS ? GEMM_TUNE_MAX_REPS : reps;
+        CUDA_CHECK(cudaEventRecord(ev0, stream));
+        int ok = 1;
+        for (int r = 0; r < reps && ok; r++)
+            ok = cublasLtMatmul(cuda_lt_handle(), p->desc, &alpha, a, p->a, b, p->b, &beta, out, p->c, out, p->c,
+                                &res[i].algo, ws, ws_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+        CUDA_CHECK(cudaEventRecord(ev1, stream));
+        CUDA_CHECK(cudaEventSynchronize(ev1));
+        if (!ok) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+        times[i] = ms / reps;
+        /* hysteresis toward the heuristic's order keeps the choice stable across runs */
+        if (best_ms < 0.0f || times[i] < 0.97f * best_ms) best = i, best_ms = times[i];
+    }
+    CUDA_CHECK(cudaEventDestroy(ev0));
+    CUDA_CHECK(cudaEventDestroy(ev1));
+    if (scratch) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaFree(scratch));
+    }
+    if (best_ms < 0.0f) best = 0; /* nothing timed: fall back to the heuristic's first */
+    if (gemm_tune_mode() >= 2) {
+        fprintf(stderr, "gemm tune m=%d n=%d k=%d ta=%d tb=%d ab=%d cd=%d bias=%d beta=%g:", key->m, key->n, key->k,
+                (int)key->trans_a, (int)key->trans_b, (int)key->ab_type, (int)key->cd_type, key->bias, beta);
+        for (int i = 0; i < count; i++) fprintf(stderr, " %s%.4f", i == best ? "*" : "", times[i]);
+        fprintf(stderr, " ms\n");
+    }
+    return best;
+}
+
+/* Tuning results are shared by shapes of one bucket: every dimension rounded up
+ * to 3 significant bits (steps of at most 1/4 octave), so token counts that vary
+ * from step to step (GRPO batches, logits chunks) do not re-tune every time. */
+typedef struct GemmTuned {
+    GemmKey bucket;
+    cublasLtMatmulAlgo_t algo;
+} GemmTuned;
+
+#define GEMM_TUNED_CACHE 1024
+static GemmTuned g_tuned[GEMM_TUNED_CACHE];
+static int g_tuned_count = 0, g_tuned_next = 0;
+
+static int gemm_bucket(int v) {
+    if (v <= 8) return v;
+    int shift = 0;
+    while ((v >> shift) >= 8) shift++;
+    int top = (v + (1 << shift) - 1) >> shift; /* round up to 3 significant bits */
+    return top << shift;
+}
+
+static GemmKey gemm_bucket_key(const GemmKey *key) {
+    GemmKey b = *key;
+    b.m = gemm_bucket(key->m), b.n = gemm_bucket(key->n), b.k = gemm_bucket(key->k);
+    b.lda = gemm_bucket(key->lda), b.ldb = gemm_bucket(key->ldb), b.ldc = gemm_bucket(key->ldc);
+    return b;
+}
+
+static GemmTuned *gemm_tuned_find(const GemmKey *bucket) {
+    for (int i = 0; i < g_tuned_count; i++)
+        if (memcmp(&g_tuned[i].bucket, bucket, sizeof *bucket) == 0) return &g_tuned[i];
+    return NULL;
+}
+
+static void gemm_tuned_store(const GemmKey *bucket, const cublasLtMatmulAlgo_t *algo) {
+    GemmTuned *t = &g_tuned[g_tuned_next];
+    g_tuned_next = (g_tuned_next + 1) % GEMM_TUNED_CACHE;
+    if (g_tuned_count < GEMM_TUNED_CACHE) g_tuned_count++;
+    t->bucket = *bucket;
+    t->algo = *algo;
+}
+
+/* The plan for key; a new one is built and (unless disabled) tuned on this
+ * call's operands a, b, d with its beta and bias. */
+static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, void *d, float beta, const void *bias) {
     for (int i = 0; i < GEMM_CACHE; i++)
         if (g_plans[i].used && memcmp(&g_plans[i].key, key, sizeof *key) == 0) return &g_plans[i];
     GemmPlan *p = &g_plans[g_plan_next];
@@ -58,6 +219,7 @@ static GemmPlan *gemm_plan(const GemmKey *key) {
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         /* The bias type defaults to D's type: the bias is a storage buffer like out. */
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     }
     /* Stored (column-major) shapes: op(A) is m x k, op(B) is k x n. */
     int a_rows = key->trans_a == CUBLAS_OP_N ? key->m : key->k, a_cols = key->trans_a == CUBLAS_OP_N ? key->k : key->m;
@@ -72,11 +234,12 @@ static GemmPlan *gemm_plan(const GemmKey *key) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                       sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t results[GEMM_TUNE_ALGOS];
     int found = 0;
-    memset(&result, 0, sizeof result);
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), p->desc, p->a, p->b, p->c, p->c, pref, 1, &result,
-                                                &found));
+    memset(results, 0, sizeof results);
+    int tune = gemm_tune_mode() > 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), p->desc, p->a, p->b, p->c, p->c, pref,
+                                                tune ? GEMM_TUNE_ALGOS : 1, results, &found));
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (found < 1) {
         fprintf(stderr,
@@ -86,14 +249,34 @@ static GemmPlan *gemm_plan(const GemmKey *key) {
                 (int)key->trans_b, (int)key->ab_type, (int)key->cd_type, key->bias);
         abort();
     }
-    p->algo = result.algo;
+    p->algo = results[0].algo;
+    if (tune && found > 1) {
+        /* A shape in an already tuned bucket reuses that choice when it is valid here;
+         * otherwise tune now and remember the winner for the bucket. */
+        GemmKey bk = gemm_bucket_key(key);
+        GemmTuned *t = gemm_tuned_find(&bk);
+        if (t) {
+            cublasLtMatmulHeuristicResult_t chk;
+            memset(&chk, 0, sizeof chk);
+            if (cublasLtMatmulAlgoCheck(cuda_lt_handle(), p->desc, p->a, p->b, p->c, p->c, &t->algo, &chk) ==
+                    CUBLAS_STATUS_SUCCESS &&
+                chk.workspaceSize <= ws_bytes)
+                p->algo = t->algo;
+            else
+                (void)cudaGetLastError();
+        } else {
+            int pick = gemm_tune(p, results, found, a, b, d, beta);
+            p->algo = results[pick].algo;
+            gemm_tuned_store(&bk, &p->algo);
+        }
+    }
     p->used = 1;
     return p;
 }
 
 /* D = alpha op(A) op(B) + beta C with C = D (in place). */
 static void gemm_run(const GemmKey *key, const void *a, const void *b, void *d, float beta, const void *bias) {
-    GemmPlan *p = gemm_plan(key);
+    GemmPlan *p = gemm_plan(key, a, b, d, beta, bias);
     if (key->bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     float alpha = 1.0f;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/profile.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -540,8 +541,7 @@ static void test_optimizer_ops(const Backend *be) {
     be->free(gp), be->free(gg), be->free(gm), be->free(gv);
 }
 
-int main(void) {
-    const Backend *be = backend_cpu();
+static void run_all(const Backend *be) {
     printf("backend: %s\n", be->name);
     test_linear(be, 0);
     test_linear(be, 1);
@@ -559,6 +559,23 @@ int main(void) {
     test_swiglu_embedding_backward(be);
     test_log_softmax_target(be);
     test_optimizer_ops(be);
+}
+
+int main(void) {
+    run_all(backend_cpu());
+    /* Again through the profiling wrapper: it must forward every op unchanged,
+     * and its report must account for them. */
+    run_all(backend_profile_wrap(backend_cpu(), NULL));
+    char *report = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&report, &len);
+    backend_profile_report(fp);
+    fclose(fp);
+    int rows = 0;
+    for (const char *c = report; *c; c++) rows += *c == '\n';
+    printf("profile report: %d lines (linear row present: %s)\n", rows, strstr(report, "| linear |") ? "yes" : "no");
+    if (rows < 20 || !strstr(report, "| linear |")) g_failures++;
+    free(report);
     printf("%s: %d failures\n", g_failures ? "FAILED" : "OK", g_failures);
     return g_failures ? 1 : 0;
 }

@@ -247,6 +247,32 @@ static void check_accumulation(Model *m, TrainState *st, const Batch *b, float t
     model_grads_free(parts);
 }
 
+/* Activation recompute (gradient checkpointing) must give the very same
+ * gradients: the same ops in the same order, only run twice. */
+static void check_recompute(Model *m, const Batch *b, float temperature, ModelGrads *whole, const char *label) {
+    char err[ERR_LEN];
+    TrainState *st;
+    ModelGrads *g;
+    if (train_state_create_recompute(&st, m, b->n_seqs, b->max_len, b->n, true, err) != 0 ||
+        model_grads_create(&g, m, err) != 0) {
+        CHECK(0, "%s", err);
+        return;
+    }
+    double loss = run_subset(m, st, b, (1u << b->n_seqs) - 1, temperature, g, NULL, NULL);
+    double worst = 0.0;
+    for (int i = 0; i < model_param_count(m) && !isnan(loss); i++) {
+        ModelParam p = model_param(m, i);
+        float *a = download_param_grad(m, whole, i), *c = download_param_grad(m, g, i);
+        for (size_t j = 0; j < p.numel; j++) worst = fmax(worst, fabs((double)a[j] - c[j]));
+        free(a), free(c);
+    }
+    int ok = !isnan(loss) && worst == 0.0 && train_state_bytes(st) > 0;
+    printf("  %s %-14s activation recompute: max |grad diff| = %.2e (must be 0)\n", ok ? "ok  " : "FAIL", label, worst);
+    if (!ok) g_failures++;
+    model_grads_free(g);
+    train_state_free(st);
+}
+
 /* Central differences of the loss on a few scalars of named parameters. */
 static void check_finite_differences(Model *m, TrainState *st, const Batch *b, float temperature, ModelGrads *g,
                                      const char *label) {
@@ -332,6 +358,7 @@ static void test_model_entry(const json_t *entry, float temperature) {
     if (!ok) g_failures++;
     check_grads(m, g, json_object_get(entry, "grads"), label);
     check_inference_parity(m, &b, lp, temperature, label);
+    check_recompute(m, &b, temperature, g, label);
     check_accumulation(m, st, &b, temperature, g, label);
     if (strcmp(label, "tiny-qwen2-f32") == 0) check_finite_differences(m, st, &b, temperature, g, label);
     free(lp), free(ent);

@@ -3,6 +3,7 @@
  * tokens, bf16 storage. Prints a markdown table with tokens/s and MFU =
  * (6 * params * tokens + attention FLOPs) / time / 989e12 (H200 dense bf16).
  * Usage: bench_gpu_train_step [preset ...]   (presets: 0.5b 1.5b 7b; default 0.5b 1.5b)
+ * COLT_RECOMPUTE=1: with activation recompute (gradient checkpointing).
  * COLT_PROFILE=1: also time every op of the last step of each configuration
  * (ops bracketed by synchronisations: attribution, not the headline figure). */
 #include <math.h>
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     const bool profile = getenv("COLT_PROFILE") && atoi(getenv("COLT_PROFILE")) > 0;
+    const bool recompute = getenv("COLT_RECOMPUTE") && atoi(getenv("COLT_RECOMPUTE")) > 0;
     if (profile) be = backend_profile_wrap(be, backend_cuda_synchronize);
     FILE *devnull = fopen("/dev/null", "w");
     const char *want[8] = {"0.5b", "1.5b"};
@@ -54,7 +56,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_want; i++) want[i] = argv[i + 1];
     }
     const int seq_lens[] = {512, 1024, 2048};
-    printf("Training step (forward + backward + AdamW), bf16 storage, fp32 master/grads/moments, cuda backend\n\n");
+    printf("Training step (forward + backward + AdamW), bf16 storage, fp32 master/grads/moments, cuda backend%s\n\n",
+           recompute ? ", activation recompute" : "");
     printf("| model | params | B x T | tokens/s | step ms | MFU |\n|---|---:|---|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
@@ -85,7 +88,7 @@ int main(int argc, char **argv) {
         for (size_t li = 0; li < sizeof seq_lens / sizeof seq_lens[0]; li++) {
             int T = seq_lens[li], B = total_tokens / T, N = B * T;
             TrainState *ts = NULL;
-            if (train_state_create(&ts, m, B, T, N, err) != 0) {
+            if (train_state_create_recompute(&ts, m, B, T, N, recompute, err) != 0) {
                 printf("| %s | | %d x %d | %s |\n", s->name, B, T, err);
                 continue;
             }

@@ -119,6 +119,7 @@ struct TrainState {
     const Backend *be;
     int n_layers, n_slots, max_len, max_tokens;
     int chunk;                          /* target rows per lm_head chunk */
+    bool recompute;                     /* activations recomputed layer by layer in the backward */
     size_t bytes;                       /* device memory of the buffers below */
     /* the last forward */
     bool have_forward;
@@ -158,6 +159,11 @@ static int st_chunk_rows(const Backend *be, int max_tokens) {
 }
 
 int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err) {
+    return train_state_create_recompute(out, m, n_slots, max_len, max_tokens, false, err);
+}
+
+int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens,
+                                 bool recompute, char *err) {
     *out = NULL;
     if (n_slots <= 0 || max_len <= 0 || max_tokens <= 0)
         return errorf(err, "train_state_create: n_slots (%d), max_len (%d) and max_tokens (%d) must be positive",
@@ -182,10 +188,17 @@ int train_state_create(TrainState **out, const Model *m, int n_slots, int max_le
     st->seen = xmalloc(SL);
     st->chunk_targets = xmalloc(C * sizeof(int));
     st->chunk_host = xmalloc(C * sizeof(float));
+    st->recompute = recompute;
     st->act = xcalloc((size_t)st->n_layers, sizeof(LayerActivations));
     for (int l = 0; l < st->n_layers; l++) {
         LayerActivations *a = &st->act[l];
         a->x_in = backend_alloc_counted(be, N * D, &st->bytes);
+        if (recompute && l > 0) { /* one set of the other activations, shared by every layer */
+            LayerActivations x_in_only = *a;
+            *a = st->act[0];
+            a->x_in = x_in_only.x_in;
+            continue;
+        }
         a->xn_attn = backend_alloc_counted(be, N * D, &st->bytes);
         a->q = backend_alloc_counted(be, N * QD, &st->bytes);
         a->k_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
@@ -225,7 +238,9 @@ void train_state_free(TrainState *st) {
     const Backend *be = st->be;
     for (int l = 0; l < st->n_layers; l++) {
         LayerActivations *a = &st->act[l];
-        void *bufs[] = {a->x_in, a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->x_mid, a->xn_mlp, a->gate, a->up};
+        be->free(a->x_in);
+        if (st->recompute && l > 0) continue; /* the rest is layer 0's, shared */
+        void *bufs[] = {a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->x_mid, a->xn_mlp, a->gate, a->up};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
     }
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
@@ -285,6 +300,37 @@ static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
     be->linear(st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->cfg.vocab_size);
 }
 
+/* One decoder layer's forward from act[l].x_in. With x_out, the layer output
+ * goes there; without (the recompute in the backward), it stops once every
+ * activation the backward reads exists (gate, up). */
+static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    int n = st->n, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
+        KVH = c->num_key_value_heads, Dh = c->head_dim, QD = H * Dh, KVD = KVH * Dh;
+    size_t ND = (size_t)n * D;
+    const int *slot = st->slot, *pos = st->pos;
+    const LayerWeights *w = &m->layers[l];
+    LayerActivations *a = &st->act[l];
+    be->rmsnorm(a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+    be->linear(a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
+    be->linear(st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    be->linear(st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
+    be->rope(a->q, pos, n, H, Dh, c->rope_theta);
+    be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
+    be->kv_store(a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
+    be->attention(a->att, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
+    be->linear(st->proj, a->att, w->o_w, w->o_b, n, QD, D);
+    be->add(a->x_mid, a->x_in, st->proj, ND);
+    be->rmsnorm(a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+    be->linear(a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
+    be->linear(a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
+    if (!x_out) return;
+    be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
+    be->linear(st->proj, st->h, w->down_w, NULL, n, F, D);
+    be->add(x_out, a->x_mid, st->proj, ND);
+}
+
 int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
                         const int *targets, int n, float temperature, float *logprobs, float *entropy,
                         char *err) {
@@ -292,10 +338,7 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
     if (check_batch(m, st, tokens, slot, pos, targets, n, temperature, err) != 0) return COLT_ERR;
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
-    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
-        Dh = c->head_dim, V = c->vocab_size;
-    int QD = H * Dh, KVD = KVH * Dh;
-    size_t ND = (size_t)n * D;
+    int D = c->hidden_size, V = c->vocab_size;
     memcpy(st->tokens, tokens, (size_t)n * sizeof(int));
     memcpy(st->slot, slot, (size_t)n * sizeof(int));
     memcpy(st->pos, pos, (size_t)n * sizeof(int));
@@ -312,27 +355,8 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
     }
 
     be->embedding(st->act[0].x_in, m->embed, tokens, n, D);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const LayerWeights *w = &m->layers[l];
-        LayerActivations *a = &st->act[l];
-        void *x_out = l + 1 < c->num_hidden_layers ? st->act[l + 1].x_in : st->x_final;
-        be->rmsnorm(a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
-        be->linear(a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
-        be->linear(st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
-        be->linear(st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
-        be->rope(a->q, pos, n, H, Dh, c->rope_theta);
-        be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
-        be->kv_store(a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
-        be->attention(a->att, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
-        be->linear(st->proj, a->att, w->o_w, w->o_b, n, QD, D);
-        be->add(a->x_mid, a->x_in, st->proj, ND);
-        be->rmsnorm(a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
-        be->linear(a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
-        be->linear(a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
-        be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
-        be->linear(st->proj, st->h, w->down_w, NULL, n, F, D);
-        be->add(x_out, a->x_mid, st->proj, ND);
-    }
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        layer_forward(m, st, l, l + 1 < c->num_hidden_layers ? st->act[l + 1].x_in : st->x_final);
     be->rmsnorm(st->xn_final, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
 
     int n_rows = 0;
@@ -394,6 +418,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         const LayerWeights *w = &m->layers[l];
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];
+        if (st->recompute) layer_forward(m, st, l, NULL); /* this layer's activations, again */
         /* MLP */
         be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
         be->linear_backward(st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);

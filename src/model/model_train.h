@@ -14,6 +14,7 @@
 #ifndef COLT_MODEL_MODEL_TRAIN_H
 #define COLT_MODEL_MODEL_TRAIN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "model/model.h"
@@ -46,6 +47,12 @@ void *model_grads_flat(const ModelGrads *g, size_t *numel);
  * max_len tokens, allocated once. */
 typedef struct TrainState TrainState;
 int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err);
+/* The same with activation recompute (gradient checkpointing): only each
+ * layer's input is kept, and the backward reruns a layer's forward before
+ * going back through it — about one extra forward of compute for activation
+ * memory of one layer instead of all of them. Gradients are identical. */
+int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens,
+                                 bool recompute, char *err);
 void train_state_free(TrainState *st);
 size_t train_state_bytes(const TrainState *st);    /* device bytes of its activations */
 

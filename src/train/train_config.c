@@ -59,6 +59,7 @@ static const ConfigKey KEYS[] = {
     K(scale_rewards, KEY_STRING, "group, batch or none"),
     K(num_iterations, KEY_INT, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
+    K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
     K(per_device_train_batch_size, KEY_INT, "completions per micro-batch"),
     K(gradient_accumulation_steps, KEY_INT, "micro-batches per optimizer step"),
     K(generation_batch_size, KEY_INT, "completions per generation round (default: batch * steps_per_generation)"),

@@ -27,6 +27,7 @@ typedef struct TrainConfig {
     char *loss_type, *importance_sampling_level, *scale_rewards;
     int num_iterations;
     bool mask_truncated_completions;
+    bool gradient_checkpointing;  /* recompute activations in the backward (transformers' name) */
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

@@ -965,7 +965,9 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     int bs = c->per_device_train_batch_size;
     t->max_seq = t->max_prompt_tokens + c->max_completion_length;
     t->max_batch_tokens = bs * t->max_seq;
-    if (train_state_create(&t->ts, t->model, bs, t->max_seq, t->max_batch_tokens, err) != 0) return COLT_ERR;
+    if (train_state_create_recompute(&t->ts, t->model, bs, t->max_seq, t->max_batch_tokens,
+                                     c->gradient_checkpointing, err) != 0)
+        return COLT_ERR;
     size_t nt = (size_t)t->max_batch_tokens, bt = (size_t)bs * (size_t)c->max_completion_length;
     t->tok_ids = xmalloc(nt * sizeof(int));
     t->tok_slot = xmalloc(nt * sizeof(int));

@@ -19,14 +19,26 @@ int g_cuda_sync_each_launch = 0;
 #define CUDA_LT_WORKSPACE_BYTES (32u << 20)
 #define CUDA_STAGING_FLOATS ((size_t)8 << 20) /* 32 MiB of fp32 staging for upload/download conversion */
 
+/* A recent upload of index arrays: the ints in pinned host memory (so the copy
+ * is truly asynchronous) and on the device. Ops pass the same pos/slot arrays
+ * to every layer, so most uploads are found here and cost a memcmp. */
+#define INDEX_CACHE_ENTRIES 8
+typedef struct IndexEntry {
+    int *pinned, *dev;   /* [cap] */
+    size_t cap, len;     /* in ints */
+    uint64_t last_use;
+    cudaEvent_t copied;  /* the last copy out of pinned */
+    int has_event;
+} IndexEntry;
+
 typedef struct CudaState {
     int ready;  /* 1 usable, -1 no GPU */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_workspace;
     float *staging;       /* [CUDA_STAGING_FLOATS] */
-    int *indices;         /* growable index scratch */
-    size_t indices_cap;   /* in ints */
+    IndexEntry index_cache[INDEX_CACHE_ENTRIES]; /* recent index uploads (cuda_upload_indices) */
+    uint64_t index_clock;
     void *scratch;        /* growable general scratch */
     size_t scratch_cap;   /* in bytes */
     float *inv_freq;      /* [512] rope table for (rope_head_dim, rope_theta) */
@@ -65,22 +77,49 @@ void *cuda_lt_workspace(size_t *bytes) {
 }
 
 int *cuda_upload_indices(const int *const *host_arrays, int count, int n) {
-    size_t need = (size_t)count * (size_t)n;
-    if (need > g_cuda.indices_cap) {
-        size_t cap = g_cuda.indices_cap ? g_cuda.indices_cap : 4096;
+    size_t need = (size_t)count * (size_t)(n > 0 ? n : 0);
+    IndexEntry *cache = g_cuda.index_cache;
+    g_cuda.index_clock++;
+    /* Found: the same ints were uploaded recently and their device copy is intact
+     * (entries are only rewritten on eviction, stream-ordered after their readers). */
+    for (int e = 0; e < INDEX_CACHE_ENTRIES; e++) {
+        IndexEntry *x = &cache[e];
+        if (!x->dev || x->len != need) continue;
+        int same = 1;
+        for (int k = 0; k < count && same; k++)
+            same = n <= 0 || memcmp(x->pinned + (size_t)k * n, host_arrays[k], (size_t)n * sizeof(int)) == 0;
+        if (same) {
+            x->last_use = g_cuda.index_clock;
+            return x->dev;
+        }
+    }
+    /* Not found: refill the least recently used entry. */
+    IndexEntry *x = &cache[0];
+    for (int e = 1; e < INDEX_CACHE_ENTRIES; e++)
+        if (cache[e].last_use < x->last_use) x = &cache[e];
+    if (x->has_event) CUDA_CHECK(cudaEventSynchronize(x->copied)); /* its pinned ints may still be read */
+    if (need > x->cap) {
+        size_t cap = x->cap ? x->cap : 4096;
         while (cap < need) cap *= 2;
         CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream)); /* kernels may still read the old buffer */
-        if (g_cuda.indices) CUDA_CHECK(cudaFree(g_cuda.indices));
-        CUDA_CHECK(cudaMalloc((void **)&g_cuda.indices, cap * sizeof(int)));
-        g_cuda.indices_cap = cap;
+        if (x->dev) CUDA_CHECK(cudaFree(x->dev));
+        if (x->pinned) CUDA_CHECK(cudaFreeHost(x->pinned));
+        CUDA_CHECK(cudaMalloc((void **)&x->dev, cap * sizeof(int)));
+        CUDA_CHECK(cudaMallocHost((void **)&x->pinned, cap * sizeof(int)));
+        x->cap = cap;
     }
-    /* Pageable host -> device: returns once the host data has been staged, so
-     * the caller may reuse its arrays at once; the device copy is stream ordered. */
-    for (int k = 0; k < count; k++)
-        if (n > 0)
-            CUDA_CHECK(cudaMemcpyAsync(g_cuda.indices + (size_t)k * n, host_arrays[k], (size_t)n * sizeof(int),
-                                       cudaMemcpyHostToDevice, g_cuda.stream));
-    return g_cuda.indices;
+    if (!x->has_event) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&x->copied, cudaEventDisableTiming));
+        x->has_event = 1;
+    }
+    for (int k = 0; k < count && n > 0; k++) memcpy(x->pinned + (size_t)k * n, host_arrays[k], (size_t)n * sizeof(int));
+    x->len = need;
+    x->last_use = g_cuda.index_clock;
+    if (need > 0) {
+        CUDA_CHECK(cudaMemcpyAsync(x->dev, x->pinned, need * sizeof(int), cudaMemcpyHostToDevice, g_cuda.stream));
+        CUDA_CHECK(cudaEventRecord(x->copied, g_cuda.stream));
+    }
+    return x->dev;
 }
 
 void *cuda_scratch(size_t bytes) {

@@ -12,49 +12,20 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/model.h"
 
 #define PREFILL_T 256
 #define DECODE_STEPS 128
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void cpu_model_name(char *buf, size_t size) {
-    snprintf(buf, size, "unknown CPU");
-    FILE *fp = fopen("/proc/cpuinfo", "r");
-    if (!fp) return;
-    char line[512];
-    while (fgets(line, sizeof(line), fp)) {
-        if (strncmp(line, "model name", 10) == 0) {
-            char *p = strchr(line, ':');
-            if (p) {
-                p += 2;
-                p[strcspn(p, "\n")] = '\0';
-                snprintf(buf, size, "%s", p);
-            }
-            break;
-        }
-    }
-    fclose(fp);
-}
-
-static void check(int rc, const char *err) {
-    if (rc != 0) {
-        fprintf(stderr, "bench_forward: %s\n", err);
-        exit(1);
-    }
-}
 
 /* Prefill: best of `repeats` runs of one 256-token forward; returns tokens/s. */
 static double bench_prefill(Model *m, int repeats) {
     char err[ERR_LEN];
     ModelState *st;
-    check(model_state_create(&st, m, 1, PREFILL_T, PREFILL_T, err), err);
+    bench_check(model_state_create(&st, m, 1, PREFILL_T, PREFILL_T, err), "bench_forward", err);
     int V = model_config(m)->vocab_size;
     int tokens[PREFILL_T], slot[PREFILL_T], pos[PREFILL_T];
     uint8_t want[PREFILL_T] = {0};
@@ -63,9 +34,9 @@ static double bench_prefill(Model *m, int repeats) {
     want[PREFILL_T - 1] = 1;
     double best = 1e30;
     for (int r = 0; r < repeats; r++) {
-        double t0 = now_s();
-        check(model_forward(m, st, tokens, slot, pos, PREFILL_T, want, logits, err), err);
-        double dt = now_s() - t0;
+        double t0 = time_now();
+        bench_check(model_forward(m, st, tokens, slot, pos, PREFILL_T, want, logits, err), "bench_forward", err);
+        double dt = time_now() - t0;
         if (dt < best) best = dt;
     }
     free(logits);
@@ -77,18 +48,18 @@ static double bench_prefill(Model *m, int repeats) {
 static double bench_decode(Model *m, int batch, int repeats) {
     char err[ERR_LEN];
     ModelState *st;
-    check(model_state_create(&st, m, batch, DECODE_STEPS, batch, err), err);
+    bench_check(model_state_create(&st, m, batch, DECODE_STEPS, batch, err), "bench_forward", err);
     int V = model_config(m)->vocab_size;
     int tokens[8], slot[8], pos[8];
     float *logits = malloc((size_t)batch * V * sizeof(float));
     double best = 1e30;
     for (int r = 0; r < repeats; r++) {
-        double t0 = now_s();
+        double t0 = time_now();
         for (int step = 0; step < DECODE_STEPS; step++) {
             for (int b = 0; b < batch; b++) tokens[b] = (step * 31 + b * 17 + 1) % V, slot[b] = b, pos[b] = step;
-            check(model_forward(m, st, tokens, slot, pos, batch, NULL, logits, err), err);
+            bench_check(model_forward(m, st, tokens, slot, pos, batch, NULL, logits, err), "bench_forward", err);
         }
-        double dt = now_s() - t0;
+        double dt = time_now() - t0;
         if (dt < best) best = dt;
     }
     free(logits);
@@ -112,7 +83,7 @@ int main(int argc, char **argv) {
     int repeats = argc > 1 ? atoi(argv[1]) : 5;
     if (repeats < 1) repeats = 1;
     char cpu[256], err[ERR_LEN];
-    cpu_model_name(cpu, sizeof(cpu));
+    bench_cpu_model_name(cpu, sizeof(cpu));
     printf("command: `");
     for (int i = 0; i < argc; i++) printf("%s%s", i ? " " : "", argv[i]);
     printf("` (OMP threads %d, best of %d)\n", omp_get_max_threads(), repeats);
@@ -133,7 +104,7 @@ int main(int argc, char **argv) {
                        .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .vocab_size = 512,
                        .max_position_embeddings = 2048, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f,
                        .tie_word_embeddings = true, .attention_bias = true, .bos_token_id = -1};
-    check(model_create_random(&m, &cfg, 1, backend_cpu(), err), err);
+    bench_check(model_create_random(&m, &cfg, 1, backend_cpu(), err), "bench_forward", err);
     bench_row("tiny preset (qwen2, random)", m, repeats);
     model_free(m);
     return 0;

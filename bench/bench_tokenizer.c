@@ -12,7 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/fileio.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,11 +24,6 @@ typedef struct Texts {
     size_t n, cap, bytes;
 } Texts;
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void texts_add(Texts *t, json_t *v) {
     if (!json_is_string(v)) return;
@@ -42,25 +39,6 @@ static void texts_add(Texts *t, json_t *v) {
     t->n++;
 }
 
-static void cpu_model(char *out, size_t n) {
-    snprintf(out, n, "unknown CPU");
-    FILE *fp = fopen("/proc/cpuinfo", "r");
-    if (!fp) return;
-    char line[512];
-    while (fgets(line, sizeof line, fp)) {
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c++;
-                while (*c == ' ') c++;
-                c[strcspn(c, "\n")] = '\0';
-                snprintf(out, n, "%s", c);
-            }
-            break;
-        }
-    }
-    fclose(fp);
-}
 
 /* Returns the best seconds over `passes` full passes; *tokens gets the count. */
 static double bench_one(const Tokenizer *tok, const Texts *texts, int passes, size_t *tokens) {
@@ -68,7 +46,7 @@ static double bench_one(const Tokenizer *tok, const Texts *texts, int passes, si
     char err[ERR_LEN];
     for (int p = 0; p < passes; p++) {
         size_t total = 0;
-        double t0 = now_seconds();
+        double t0 = time_now();
         for (size_t i = 0; i < texts->n; i++) {
             int *ids;
             size_t n;
@@ -79,7 +57,7 @@ static double bench_one(const Tokenizer *tok, const Texts *texts, int passes, si
             total += n;
             free(ids);
         }
-        double dt = now_seconds() - t0;
+        double dt = time_now() - t0;
         if (dt < best) best = dt;
         *tokens = total;
     }
@@ -113,7 +91,7 @@ int main(int argc, char **argv) {
     const char *names[] = {"qwen2.5", "stories260K"};
     const char *dirs[] = {COLT_SHARED_DATA "/qwen2.5-tokenizer", COLT_SHARED_DATA "/models/stories260K/hf"};
     char cpu[256];
-    cpu_model(cpu, sizeof cpu);
+    bench_cpu_model_name(cpu, sizeof cpu);
     printf("command: %s %s %d\n", argv[0], path, passes);
     printf("machine: %s (single thread)\n", cpu);
     printf("input: %zu texts, %.2f MB\n\n", texts.n, (double)texts.bytes / 1e6);

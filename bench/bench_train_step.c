@@ -12,7 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/model.h"
 #include "model/model_train.h"
 
@@ -20,37 +22,6 @@
 #define SEQ_LEN 128
 #define PROMPT_LEN 32
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void cpu_model_name(char *buf, size_t size) {
-    snprintf(buf, size, "unknown CPU");
-    FILE *fp = fopen("/proc/cpuinfo", "r");
-    if (!fp) return;
-    char line[512];
-    while (fgets(line, sizeof(line), fp)) {
-        if (strncmp(line, "model name", 10) == 0) {
-            char *p = strchr(line, ':');
-            if (p) {
-                p += 2;
-                p[strcspn(p, "\n")] = '\0';
-                snprintf(buf, size, "%s", p);
-            }
-            break;
-        }
-    }
-    fclose(fp);
-}
-
-static void check(int rc, const char *err) {
-    if (rc != 0) {
-        fprintf(stderr, "bench_train_step: %s\n", err);
-        exit(1);
-    }
-}
 
 /* Best of `repeats` for forward alone and forward + backward; prints a row. */
 static void bench_row(const char *label, Model *m, int repeats) {
@@ -72,15 +43,15 @@ static void bench_row(const char *label, Model *m, int repeats) {
     }
     TrainState *st;
     ModelGrads *g;
-    check(train_state_create(&st, m, N_SEQS, SEQ_LEN, N, err), err);
-    check(model_grads_create(&g, m, err), err);
+    bench_check(train_state_create(&st, m, N_SEQS, SEQ_LEN, N, err), "bench_train_step", err);
+    bench_check(model_grads_create(&g, m, err), "bench_train_step", err);
     double best_fwd = 1e30, best_step = 1e30;
     for (int r = 0; r < repeats + 1; r++) { /* first run warms up */
-        double t0 = now_s();
-        check(model_train_forward(m, st, tokens, slot, pos, targets, N, 0.7f, lp, ent, err), err);
-        double t1 = now_s();
-        check(model_train_backward(m, st, dlp, g, err), err);
-        double t2 = now_s();
+        double t0 = time_now();
+        bench_check(model_train_forward(m, st, tokens, slot, pos, targets, N, 0.7f, lp, ent, err), "bench_train_step", err);
+        double t1 = time_now();
+        bench_check(model_train_backward(m, st, dlp, g, err), "bench_train_step", err);
+        double t2 = time_now();
         if (r > 0) {
             if (t1 - t0 < best_fwd) best_fwd = t1 - t0;
             if (t2 - t0 < best_step) best_step = t2 - t0;
@@ -96,7 +67,7 @@ int main(int argc, char **argv) {
     int repeats = argc > 1 ? atoi(argv[1]) : 3;
     if (repeats < 1) repeats = 1;
     char cpu[256], err[ERR_LEN], dir[1024];
-    cpu_model_name(cpu, sizeof(cpu));
+    bench_cpu_model_name(cpu, sizeof(cpu));
     printf("command: %s %d (OMP_NUM_THREADS=%d)\nCPU: %s\n\n", argv[0], repeats, omp_get_max_threads(), cpu);
     printf("| model | batch (seqs x tokens) | forward tokens/s | forward+backward tokens/s | step ms |\n");
     printf("|---|---|---|---|---|\n");
@@ -113,7 +84,7 @@ int main(int argc, char **argv) {
                        .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .vocab_size = 512,
                        .max_position_embeddings = 2048, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f,
                        .tie_word_embeddings = true, .attention_bias = true, .bos_token_id = -1};
-    check(model_create_random(&m, &cfg, 1, backend_cpu(), err), err);
+    bench_check(model_create_random(&m, &cfg, 1, backend_cpu(), err), "bench_train_step", err);
     bench_row("tiny preset (qwen2, random)", m, repeats);
     model_free(m);
     return 0;

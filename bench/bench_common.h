@@ -28,6 +28,14 @@ static inline void bench_cpu_model_name(char *buf, size_t size) {
     fclose(fp);
 }
 
+/* colt init's "tiny" preset shapes (Qwen2 with biases, GQA, tied), for the
+ * benchmarks' random-weight row. */
+#define BENCH_TINY_PRESET                                                                                    \
+    {.arch = ARCH_QWEN2, .hidden_size = 64, .intermediate_size = 128, .num_hidden_layers = 2,                 \
+     .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .vocab_size = 512,                   \
+     .max_position_embeddings = 2048, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .tie_word_embeddings = true, \
+     .attention_bias = true, .bos_token_id = -1}
+
 /* Exits with "PROGRAM: err" when a setup step failed. */
 static inline void bench_check(int rc, const char *program, const char *err) {
     if (rc != 0) {

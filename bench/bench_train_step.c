@@ -80,10 +80,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "skipping stories260K: %s\n", err);
     }
     /* colt init's "tiny" preset (qwen2 shapes) with random weights */
-    ModelConfig cfg = {.arch = ARCH_QWEN2, .hidden_size = 64, .intermediate_size = 128, .num_hidden_layers = 2,
-                       .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .vocab_size = 512,
-                       .max_position_embeddings = 2048, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f,
-                       .tie_word_embeddings = true, .attention_bias = true, .bos_token_id = -1};
+    ModelConfig cfg = BENCH_TINY_PRESET;
     bench_check(model_create_random(&m, &cfg, 1, backend_cpu(), err), "bench_train_step", err);
     bench_row("tiny preset (qwen2, random)", m, repeats);
     model_free(m);

@@ -84,8 +84,10 @@ static void cpu_rmsnorm(void *out, const void *x, const void *w, int n, int dim,
 /* In place on x[N, n_heads, Dh], HF rotate_half layout: dims j and j + Dh/2
  * form a pair rotated by pos * inv_freq[j], inv_freq[j] = 1 / theta^(2j/Dh).
  * inv_freq, the angle and its cos/sin are fp32 like transformers' default rope. */
-static void cpu_rope(void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    float *xs = x;
+/* Rotates each (j, j + Dh/2) pair of x[N, n_heads, Dh] by direction * angle:
+ * +1 is rope, -1 its transpose (the backward). The sign goes on sin, which
+ * is exact, so both directions use the very same angles. */
+static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_dim, float theta, float direction) {
     int half = head_dim / 2;
     COLT_ASSERT(head_dim % 2 == 0 && head_dim <= CPU_MAX_HEAD_DIM);
 #pragma omp parallel for schedule(static)
@@ -96,7 +98,7 @@ static void cpu_rope(void *x, const int *pos, int n, int n_heads, int head_dim, 
             float inv_freq = 1.0f / powf(theta, exponent);
             float angle = (float)pos[i] * inv_freq;
             cos_t[j] = cosf(angle);
-            sin_t[j] = sinf(angle);
+            sin_t[j] = direction * sinf(angle);
         }
         for (int h = 0; h < n_heads; h++) {
             float *v = xs + ((size_t)i * n_heads + h) * head_dim;
@@ -107,6 +109,10 @@ static void cpu_rope(void *x, const int *pos, int n, int n_heads, int head_dim, 
             }
         }
     }
+}
+
+static void cpu_rope(void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
+    rope_rotate(x, pos, n, n_heads, head_dim, theta, 1.0f);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -250,28 +256,7 @@ static void cpu_rmsnorm_backward(void *dx, void *dw, const void *dy, const void 
 
 /* The transpose of rope's rotation is the rotation by -angle. */
 static void cpu_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    float *xs = dx;
-    int half = head_dim / 2;
-    COLT_ASSERT(head_dim % 2 == 0 && head_dim <= CPU_MAX_HEAD_DIM);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        float cos_t[CPU_MAX_HEAD_DIM / 2], sin_t[CPU_MAX_HEAD_DIM / 2];
-        for (int j = 0; j < half; j++) {
-            float exponent = (float)(2 * j) / (float)head_dim;
-            float inv_freq = 1.0f / powf(theta, exponent);
-            float angle = (float)pos[i] * inv_freq;
-            cos_t[j] = cosf(angle);
-            sin_t[j] = sinf(angle);
-        }
-        for (int h = 0; h < n_heads; h++) {
-            float *v = xs + ((size_t)i * n_heads + h) * head_dim;
-            for (int j = 0; j < half; j++) {
-                float a = v[j], b = v[j + half];
-                v[j] = a * cos_t[j] + b * sin_t[j];
-                v[j + half] = b * cos_t[j] - a * sin_t[j];
-            }
-        }
-    }
+    rope_rotate(dx, pos, n, n_heads, head_dim, theta, -1.0f);
 }
 
 static void cpu_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,

@@ -19,6 +19,8 @@
 
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
 
+struct SamplingParams; /* backend/sampling.h */
+
 typedef struct Backend {
     const char *name;
     /* Storage dtype of alloc() buffers: weights and activations (CPU: F32; CUDA:
@@ -135,6 +137,60 @@ typedef struct Backend {
     double (*sum_squares)(const void *x, size_t n);
     /* x[i] *= s over an [f32] buffer (gradient clipping). */
     void (*scale)(void *x, float s, size_t n);
+
+    /* ---- generation engine (engine/engine.h): paged KV cache, device sampling ----
+     *
+     * Int arrays marked [i32] are buffers from alloc_i32 (device memory on a GPU,
+     * host memory on the CPU), so one decode step can be recorded as a CUDA graph
+     * and replayed with new contents. A row or token whose seq[i] < 0 is padding:
+     * ops skip it (its outputs are unspecified). */
+    void *(*alloc_i32)(size_t n);
+    void (*upload_i32)(void *dst, const int *src, size_t n);   /* host -> [i32], stream ordered */
+    void (*download_i32)(int *dst, const void *src, size_t n); /* [i32] -> host; synchronises */
+    /* As embedding, rope and gather_rows, with the ids / positions / rows in [i32] buffers. */
+    void (*embedding_i32)(void *out, const void *table, const void *ids, int n, int dim);
+    void (*rope_i32)(void *x, const void *pos, int n, int n_heads, int head_dim, float theta);
+    void (*gather_rows_i32)(void *dst, const void *src, const void *rows, int n, int dim);
+    /* Paged KV cache. A layer's pools k_pool / v_pool are [n_blocks * block_size,
+     * KVH*Dh]: row r holds one token's K (V). Token i's k[i] / v[i] go to pool row
+     * slot_mapping[i] [i32]; negative = skip. */
+    void (*paged_kv_store)(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping,
+                           int n, int kv_dim);
+    /* Causal attention over the paged cache, the math of attention: token i of
+     * sequence seq[i] [i32] at position pos[i] [i32] attends to positions
+     * 0..pos[i] of that sequence; position p lives at pool row
+     * block_tables[seq[i] * max_blocks + p / block_size] * block_size + p % block_size
+     * (block_tables [i32] [n_seqs, max_blocks]). q[N, H*Dh], out[N, H*Dh]. */
+    void (*paged_attention)(void *out, const void *q, const void *k_pool, const void *v_pool,
+                            const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
+                            int n_kv_heads, int head_dim, int block_size, int max_blocks);
+    /* Draws one token for each row of logits[n, vocab] (storage dtype; clobbered)
+     * as sampling_draw (backend/sampling.h) does on the host: repetition penalty
+     * over the sequence's history, temperature, top-k / top-p / min-p, inverse CDF
+     * in id order with u = rng_uniform(p->seed, streams[i], counters[i]); greedy
+     * (temperature 0) is the argmax, lowest id on ties. Row i belongs to sequence
+     * seq[i] [i32]; tokens[i] [i32] gets the token, logprobs[i] [f32] log p(token)
+     * under the penalised logits / temperature, before filtering (raw logits when
+     * greedy). history [i32] [n_seqs, history_stride] holds each sequence's tokens
+     * so far (prompt and completion; history_len [i32] [n_seqs] of them): the
+     * repetition penalty reads it, and the sampled token is appended (when
+     * history_len < history_stride). history may be NULL when
+     * p->repetition_penalty == 1. streams / counters [i32]. */
+    void (*sample)(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
+                   const void *seq, const void *streams, const void *counters, void *history, void *history_len,
+                   int history_stride);
+
+    /* ---- device control (NULL where the backend has no such thing, e.g. the CPU) ---- */
+    /* Free and total device memory in bytes (what the KV pool is sized from). */
+    void (*memory_info)(size_t *free_bytes, size_t *total_bytes);
+    void (*synchronize)(void);
+    /* CUDA graphs: ops issued between capture_begin and capture_end are recorded,
+     * not run; graph_launch replays them reading the buffers' contents at that
+     * time. Nothing may allocate or copy from the host while capturing. */
+    void (*capture_begin)(void);
+    void *(*capture_end)(void);
+    void (*graph_launch)(void *graph);
+    void (*graph_free)(void *graph);
 } Backend;
 
 /* Bytes per element of a dtype. */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_engine_ops.h"
 #include "core/floats.h"
 #include "core/error.h"
 
@@ -479,6 +480,22 @@ static void cpu_scatter_rows(void *dst, const void *src, const int *rows, int n,
         memcpy((float *)dst + (size_t)rows[i] * dim, (const float *)src + (size_t)i * dim, sizeof(float) * (size_t)dim);
 }
 
+/* ================================================================ engine */
+/* [i32] buffers are host int arrays here, so the i32 ops are the plain ones. */
+
+static void *cpu_alloc_i32(size_t n) { return xcalloc(n ? n : 1, sizeof(int)); }
+static void cpu_upload_i32(void *dst, const int *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
+static void cpu_download_i32(int *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
+static void cpu_embedding_i32(void *out, const void *table, const void *ids, int n, int dim) {
+    cpu_embedding(out, table, ids, n, dim);
+}
+static void cpu_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+    cpu_rope(x, pos, n, n_heads, head_dim, theta);
+}
+static void cpu_gather_rows_i32(void *dst, const void *src, const void *rows, int n, int dim) {
+    cpu_gather_rows(dst, src, rows, n, dim);
+}
+
 static const Backend CPU_BACKEND = {
     .name = "cpu",
     .storage = DTYPE_F32,
@@ -515,6 +532,15 @@ static const Backend CPU_BACKEND = {
     .embedding_backward = cpu_embedding_backward,
     .log_softmax_target = cpu_log_softmax_target,
     .log_softmax_target_backward = cpu_log_softmax_target_backward,
+    .alloc_i32 = cpu_alloc_i32,
+    .upload_i32 = cpu_upload_i32,
+    .download_i32 = cpu_download_i32,
+    .embedding_i32 = cpu_embedding_i32,
+    .rope_i32 = cpu_rope_i32,
+    .gather_rows_i32 = cpu_gather_rows_i32,
+    .paged_kv_store = cpu_paged_kv_store,
+    .paged_attention = cpu_paged_attention,
+    .sample = cpu_sample,
 };
 
 const Backend *backend_cpu(void) { return &CPU_BACKEND; }

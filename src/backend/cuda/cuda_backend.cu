@@ -224,6 +224,39 @@ template <typename T> static void cuda_zero(void *x, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(T), g_cuda.stream));
 }
 
+/* ---------------------------------------------------------------- device control */
+
+static void cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+/* Graphs record the one stream. Capture mode "relaxed" lets other threads keep
+ * using CUDA meanwhile; the ops themselves must not allocate or synchronise. */
+static void cuda_capture_begin(void) {
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    CUDA_CHECK(cudaStreamBeginCapture(g_cuda.stream, cudaStreamCaptureModeRelaxed));
+}
+
+static void *cuda_capture_end(void) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(g_cuda.stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return (void *)exec;
+}
+
+static void cuda_graph_launch(void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, g_cuda.stream));
+}
+
+static void cuda_graph_free(void *graph) {
+    if (!graph) return;
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+
 /* ---------------------------------------------------------------- tables */
 
 template <typename T> static void cuda_fill_table(Backend *b, const char *name, DType storage) {
@@ -263,6 +296,21 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->adamw = cuda_adamw<T>;
     b->sum_squares = cuda_sum_squares;
     b->scale = cuda_scale;
+    b->alloc_i32 = cuda_alloc_i32;
+    b->upload_i32 = cuda_upload_i32;
+    b->download_i32 = cuda_download_i32;
+    b->embedding_i32 = cuda_embedding_i32<T>;
+    b->rope_i32 = cuda_rope_i32<T>;
+    b->gather_rows_i32 = cuda_gather_rows_i32<T>;
+    b->paged_kv_store = cuda_paged_kv_store<T>;
+    b->paged_attention = cuda_paged_attention<T>;
+    b->sample = cuda_sample<T>;
+    b->memory_info = cuda_memory_info;
+    b->synchronize = backend_cuda_synchronize;
+    b->capture_begin = cuda_capture_begin;
+    b->capture_end = cuda_capture_end;
+    b->graph_launch = cuda_graph_launch;
+    b->graph_free = cuda_graph_free;
 }
 
 static Backend g_table_bf16, g_table_f32;

@@ -149,6 +149,26 @@ void cuda_adamw(void *param, void *master, const void *grad, void *m, void *v, s
                 float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2);
 double cuda_sum_squares(const void *x, size_t n);
 void cuda_scale(void *x, float s, size_t n);
+/* cuda_paged.cu: the generation engine's [i32] buffers and paged KV cache ops (backend.h). */
+void *cuda_alloc_i32(size_t n);
+void cuda_upload_i32(void *dst, const int *src, size_t n);
+void cuda_download_i32(int *dst, const void *src, size_t n);
+template <typename T> void cuda_embedding_i32(void *out, const void *table, const void *ids, int n, int dim);
+template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta);
+template <typename T> void cuda_gather_rows_i32(void *dst, const void *src, const void *rows, int n, int dim);
+template <typename T>
+void cuda_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
+                         int kv_dim);
+template <typename T>
+void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
+                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                          int block_size, int max_blocks);
+/* cuda_sample.cu: the sample op (backend.h). */
+template <typename T>
+void cuda_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
+                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
+                 int history_stride);
+
 /* float <-> storage conversion on the device (upload/download). */
 template <typename T> void cuda_convert_from_f32(void *dst, const float *src, size_t n);
 template <typename T> void cuda_convert_to_f32(float *dst, const void *src, size_t n);

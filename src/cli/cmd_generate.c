@@ -13,21 +13,22 @@
 #include "cli/cli_json.h"
 #include "core/error.h"
 #include "core/fileio.h"
-#include "engine/generate.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 static const char *GENERATE_USAGE =
     "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY) [options]\n"
     "  prints each completion's text, or with --json one line {\"ids\": [...], \"text\": ...} per completion\n"
-    "  (ids of the completion only). Sampling defaults: generation_config.json if it samples, else greedy.\n";
+    "  (ids of the completion only). Sampling defaults: generation_config.json if it samples, else greedy.\n"
+    "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n";
 
 typedef struct GenerateArgs {
     const char *model, *prompt, *chat, *ids, *device;
-    int max_new_tokens, top_k, n;
-    float temperature, top_p, min_p, repetition_penalty;
+    int max_new_tokens, top_k, n, block_size, max_num_seqs;
+    float temperature, top_p, min_p, repetition_penalty, gpu_memory_utilization;
     uint64_t seed;
-    bool ignore_eos, json;
+    bool ignore_eos, json, enforce_eager, bench;
 } GenerateArgs;
 
 /* Builds the prompt ids from --prompt / --chat / --ids. */
@@ -95,6 +96,12 @@ int cmd_generate(int argc, char **argv) {
         {"ignore_eos", OPT_FLAG, &a.ignore_eos, "do not stop at end-of-sequence tokens", false},
         {"json", OPT_FLAG, &a.json, "print one JSON line per completion", false},
         {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
+        {"gpu_memory_utilization", OPT_FLOAT, &a.gpu_memory_utilization,
+         "cap of the KV cache as a fraction of device memory (default: what is free)", false},
+        {"max_num_seqs", OPT_INT, &a.max_num_seqs, "sequences decoded together at most (default 256)", false},
+        {"block_size", OPT_INT, &a.block_size, "tokens per KV cache block (default 16)", false},
+        {"enforce_eager", OPT_FLAG, &a.enforce_eager, "no CUDA graphs for decode steps", false},
+        {"bench", OPT_FLAG, &a.bench, "print engine statistics instead of the completions", false},
     };
     const int n_opts = (int)(sizeof opts / sizeof opts[0]);
     int prc = cli_parse(opts, n_opts, argc, argv, GENERATE_USAGE, err);
@@ -103,6 +110,11 @@ int cmd_generate(int argc, char **argv) {
     if (!a.model) return cli_fail("generate", "--model DIR is required");
     if (a.n < 1) return cli_fail("generate", "--n must be >= 1");
     if (a.max_new_tokens < 0) return cli_fail("generate", "--max_new_tokens must be >= 0");
+    if (a.max_num_seqs < 0) return cli_fail("generate", "--max_num_seqs must be >= 0");
+    if (a.block_size < 0 || (a.block_size & (a.block_size - 1)))
+        return cli_fail("generate", "--block_size must be a power of two");
+    if (!(a.gpu_memory_utilization >= 0.0f && a.gpu_memory_utilization <= 1.0f))
+        return cli_fail("generate", "--gpu_memory_utilization must be in [0, 1]");
 
     ModelConfig cfg_probe;
     GenerationDefaults gen;
@@ -131,7 +143,7 @@ int cmd_generate(int argc, char **argv) {
     bool have_tok = file_exists(tok_path);
     free(tok_path);
     if (have_tok && tokenizer_load(&tok, a.model, err) != 0) return cli_fail("generate", err);
-    if (!tok && !a.json) {
+    if (!tok && !a.json && !a.bench) {
         return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
     }
     const Backend *be = backend_by_name(a.device, err);
@@ -165,10 +177,25 @@ int cmd_generate(int argc, char **argv) {
             seqs[i].stream = (uint64_t)i;
         }
         GenerateOptions opt = {.sampling = sp, .max_new_tokens = a.max_new_tokens, .stop_ids = stop_ids,
-                               .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos, .max_batch = 64};
-        if (generate(m, seqs, a.n, &opt, err) != 0) rc = 1;
+                               .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos};
+        EngineOptions eo = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
+                            .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager};
+        EngineStats st;
+        if (engine_generate(m, seqs, a.n, &opt, &eo, &st, err) != 0) rc = 1;
+        if (rc == 0 && a.bench) {
+            double gb = 1.0 / (1 << 30);
+            printf("{\"device\": \"%s\", \"sequences\": %d, \"prompt_tokens\": %zu, \"generated_tokens\": %lld, "
+                   "\"seconds\": %.4f, \"tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f, \"steps\": %d, "
+                   "\"graph_steps\": %d, \"kv_pool_gb\": %.3f, \"pool_blocks\": %d, \"peak_blocks_used\": %d, "
+                   "\"peak_running\": %d, \"preemptions\": %d, \"shared_prefix_tokens\": %lld}\n",
+                   be->name, a.n, prompt_len, (long long)st.decode_tokens, st.seconds,
+                   st.seconds > 0 ? st.decode_tokens / st.seconds : 0.0,
+                   st.decode_seconds > 0 ? st.decode_step_tokens / st.decode_seconds : 0.0, st.steps,
+                   st.graph_steps, st.pool_bytes * gb, st.pool_blocks, st.peak_blocks_used, st.peak_running,
+                   st.preemptions, (long long)st.shared_tokens);
+        }
     }
-    for (int i = 0; i < a.n && rc == 0; i++) {
+    for (int i = 0; i < a.n && rc == 0 && !a.bench; i++) {
         GenSequence *s = &seqs[i];
         /* The text leaves out the stop token, as TRL's completions do. */
         int n_text = s->n_tokens - (s->finish == FINISH_STOP ? 1 : 0);
@@ -194,7 +221,7 @@ int cmd_generate(int argc, char **argv) {
         }
         free(text);
     }
-    if (rc == 0) fwrite(out.data ? out.data : "", 1, out.len, stdout);
+    if (rc == 0 && !a.bench) fwrite(out.data ? out.data : "", 1, out.len, stdout);
     else cli_fail("generate", err);
     outbuf_free(&out);
     for (int i = 0; i < a.n; i++) gen_sequence_free(&seqs[i]);

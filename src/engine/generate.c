@@ -122,7 +122,7 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
     return rc;
 }
 
-int generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err) {
+int generate_check(const Model *m, const GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err) {
     const ModelConfig *cfg = model_config(m);
     if (sampling_params_validate(&opt->sampling, err) != 0) return COLT_ERR;
     if (opt->max_new_tokens < 0) return errorf(err, "max_new_tokens must be >= 0 (got %d)", opt->max_new_tokens);
@@ -136,6 +136,11 @@ int generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt
             if (s->prompt[k] < 0 || s->prompt[k] >= cfg->vocab_size)
                 return errorf(err, "prompt %d: token id %d out of range (vocab %d)", i, s->prompt[k], cfg->vocab_size);
     }
+    return COLT_OK;
+}
+
+int generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err) {
+    if (generate_check(m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
     for (int i = 0; i < n_seqs; i++) {
         seqs[i].tokens = NULL;
         seqs[i].logprobs = NULL;

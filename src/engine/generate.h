@@ -39,5 +39,7 @@ typedef struct GenerateOptions {
  * reaches max_position_embeddings stops there with FINISH_LENGTH. */
 int generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err);
 void gen_sequence_free(GenSequence *s);
+/* The checks generate() starts with (shared with the engine). */
+int generate_check(const Model *m, const GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err);
 
 #endif

@@ -170,6 +170,8 @@ static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
     if (k < size) snprintf(buf + k, size - k, "]");
 }
 
+const Backend *model_backend(const Model *m) { return m->be; }
+
 /* ---------------------------------------------------------------- load */
 
 int model_load(Model **out, const char *dir, const Backend *be, char *err) {

@@ -64,6 +64,7 @@ int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DT
 int model_save(const Model *m, const char *dir, DType dtype, char *err);
 void model_free(Model *m);
 const ModelConfig *model_config(const Model *m);
+const Backend *model_backend(const Model *m);
 
 /* Per-run state: the KV cache (n_slots sequences of up to max_len tokens) and
  * scratch activations for up to max_tokens tokens per forward call. Everything
@@ -88,5 +89,44 @@ bool model_param_no_weight_decay(const char *name);
  * token order. Errors: token id out of range, position >= max_len. */
 int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, const int *pos, int n,
                   const uint8_t *want_logits, float *logits, char *err);
+
+/* ---- the generation engine's forward (engine/engine.h): paged KV cache ----
+ *
+ * KV pool: per layer, K and V rows [n_blocks * block_size, KVH*Dh] in the
+ * storage dtype; a sequence's position p lives in row
+ * block_table[p / block_size] * block_size + p % block_size. */
+typedef struct KvPool {
+    const Backend *be;
+    int n_layers, n_blocks, block_size, kv_dim;
+    void **k, **v; /* [n_layers] */
+    size_t bytes;
+} KvPool;
+size_t kv_pool_block_bytes(const Model *m, int block_size); /* device bytes of one block, all layers */
+void kv_pool_create(KvPool *pool, const Model *m, int n_blocks, int block_size);
+void kv_pool_free(KvPool *pool);
+
+/* One forward call of the engine, described by [i32] buffers (backend.h) so
+ * it can be replayed as a CUDA graph: token i (tokens[i]) of sequence seq[i]
+ * at position pos[i], K/V stored at pool row slot_mapping[i]; seq[i] < 0 marks
+ * padding. Logits are computed for n_logits rows: the tokens listed in
+ * logit_rows, or (logit_rows NULL) the first n_logits tokens. */
+typedef struct PagedBatch {
+    int n, n_logits;
+    const void *tokens, *pos, *seq, *slot_mapping, *logit_rows;
+    const void *block_tables; /* [n_seqs, max_blocks] */
+    int max_blocks;
+} PagedBatch;
+
+/* Scratch activations for engine calls of up to max_tokens tokens and
+ * max_logit_rows rows of logits; allocated here once. */
+typedef struct PagedState PagedState;
+int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max_logit_rows, char *err);
+void paged_state_free(PagedState *st);
+size_t paged_state_bytes(const PagedState *st);
+/* The logits of the last call: [n_logits, V] in the storage dtype, on the device. */
+void *paged_state_logits(PagedState *st);
+/* Runs the batch; issues ops only (no host-side checks, no synchronisation),
+ * so it can be captured. The caller (the engine) validates ids and positions. */
+void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b);
 
 #endif

@@ -21,12 +21,17 @@
  *  - rewards: a completion whose reward functions are all NaN is "unscorable":
  *    its reward is NaN (not nansum's 0), it is left out of the group's mean and
  *    std (nanmean / nanstd), and its advantage is 0 (nan_to_num).
+ *  - the vLLM importance-sampling weight multiplies the policy term only: TRL
+ *    computes per_token_loss = -min(...) * is_ratio and then adds beta * kl; the
+ *    ratio is exp of the *sum* (not the mean) of old - sampling over a row in the
+ *    sequence modes; NaN differences become 0 (weight 1) after the mask is
+ *    applied, so a NaN on a padded token is harmless too.
  * Not implemented (TRL options off by default): cispo/sapo/vespo/luspo losses,
  * use_bias_correction_kl = False, off_policy_mask_threshold, top_entropy_quantile < 1,
- * vLLM importance-sampling correction, multi_objective_aggregation =
- * "normalize_then_sum", the entropy bonus. */
+ * multi_objective_aggregation = "normalize_then_sum", the entropy bonus. */
 #include "train/grpo.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +60,19 @@ int grpo_scale_rewards_parse(GrpoScaleRewards *out, const char *s, char *err) {
     else return errorf(err, "scale_rewards '%s' is not valid; use group, batch or none (or true = group, false = none)",
                        s ? s : "(null)");
     return 0;
+}
+
+int grpo_sampling_is_mode_parse(GrpoSamplingIsMode *out, const char *s, char *err) {
+    static const char *names[] = {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"};
+    for (int i = 0; i < 4; i++)
+        if (s && strcmp(s, names[i]) == 0) {
+            *out = (GrpoSamplingIsMode)i;
+            return 0;
+        }
+    return errorf(err,
+                  "vllm_importance_sampling_mode '%s' is not valid; use token_truncate, token_mask, "
+                  "sequence_truncate or sequence_mask",
+                  s ? s : "(null)");
 }
 
 int grpo_importance_level_parse(GrpoImportanceLevel *out, const char *s, char *err) {
@@ -129,6 +147,117 @@ void grpo_advantages(float *advantages, float *group_std, const float *rewards, 
     }
 }
 
+/* ---------------------------------------------------------------- sampling correction */
+
+/* TRL's clamp (truncate modes) or masked_fill(ratio < min | ratio > max, 0)
+ * (mask modes); NaN bounds are None. */
+static double bound_ratio(double ratio, GrpoSamplingIsMode mode, double clip_min, double clip_max) {
+    bool truncate = mode == SAMPLING_IS_TOKEN_TRUNCATE || mode == SAMPLING_IS_SEQUENCE_TRUNCATE;
+    if (truncate) {
+        if (!isnan(clip_min) && ratio < clip_min) ratio = clip_min;
+        if (!isnan(clip_max) && ratio > clip_max) ratio = clip_max;
+        return ratio;
+    }
+    bool outside = (!isnan(clip_min) && ratio < clip_min) || (!isnan(clip_max) && ratio > clip_max);
+    return outside ? 0.0 : ratio;
+}
+
+/* The means and TRL's 0-when-empty from the sums and counts. */
+static void sampling_metrics_finish(GrpoSamplingMetrics *m) {
+    if (m->logp_difference_count > 0) m->logp_difference_mean = m->logp_difference_sum / m->logp_difference_count;
+    else m->logp_difference_mean = m->logp_difference_max = 0.0;
+    if (m->is_ratio_count > 0) m->is_ratio_mean = m->is_ratio_sum / m->is_ratio_count;
+    else m->is_ratio_mean = m->is_ratio_min = m->is_ratio_max = 0.0;
+}
+
+/* Folds one value into a running min / max / sum / count. */
+static void fold(double *sum, long long *count, double *min, double *max, double x) {
+    if (min && (*count == 0 || x < *min)) *min = x;
+    if (*count == 0 || x > *max) *max = x;
+    *sum += x;
+    (*count)++;
+}
+
+int grpo_sampling_is_weights(float *is_weight, GrpoSamplingMetrics *metrics, const float *old_logp,
+                             const float *sampling_logp, const float *mask, int B, int T, GrpoSamplingIsMode mode,
+                             double clip_min, double clip_max, char *err) {
+    if (B < 0 || T <= 0) return errorf(err, "grpo_sampling_is_weights: bad shape (B=%d, T=%d)", B, T);
+    if ((unsigned)mode > SAMPLING_IS_SEQUENCE_MASK)
+        return errorf(err, "grpo_sampling_is_weights: unknown vllm_importance_sampling_mode %d", (int)mode);
+    bool truncate = mode == SAMPLING_IS_TOKEN_TRUNCATE || mode == SAMPLING_IS_SEQUENCE_TRUNCATE;
+    if (truncate && isnan(clip_min) && isnan(clip_max))
+        return errorf(err, "vllm_importance_sampling_mode %s needs vllm_importance_sampling_clip_min or _clip_max",
+                      mode == SAMPLING_IS_TOKEN_TRUNCATE ? "token_truncate" : "sequence_truncate");
+    const bool sequence = mode == SAMPLING_IS_SEQUENCE_TRUNCATE || mode == SAMPLING_IS_SEQUENCE_MASK;
+    GrpoSamplingMetrics m = {0};
+    for (int b = 0; b < B; b++) {
+        const float *old = old_logp + (size_t)b * T, *smp = sampling_logp + (size_t)b * T, *mk = mask + (size_t)b * T;
+        float *w = is_weight + (size_t)b * T;
+        double row_sum = 0.0;
+        for (int t = 0; t < T; t++) {
+            /* TRL: nan_to_num((old - sampling) * mask, nan=0.0); its infinities become
+             * the dtype's extremes (float32 in TRL's runs, as here). */
+            double diff = ((double)old[t] - smp[t]) * mk[t];
+            if (isnan(diff)) diff = 0.0;
+            else if (isinf(diff)) diff = diff > 0 ? FLT_MAX : -FLT_MAX;
+            if (sequence) row_sum += diff;
+            else {
+                double ratio = bound_ratio(exp(diff), mode, clip_min, clip_max);
+                w[t] = (float)ratio;
+                if (mk[t] != 0.0f) fold(&m.is_ratio_sum, &m.is_ratio_count, &m.is_ratio_min, &m.is_ratio_max, ratio);
+            }
+            double delta = fabs((double)old[t] - smp[t]);
+            if (mk[t] != 0.0f && !isnan(delta))
+                fold(&m.logp_difference_sum, &m.logp_difference_count, NULL, &m.logp_difference_max, delta);
+        }
+        if (sequence) {
+            double ratio = bound_ratio(exp(row_sum), mode, clip_min, clip_max);
+            for (int t = 0; t < T; t++) w[t] = (float)ratio;
+            fold(&m.is_ratio_sum, &m.is_ratio_count, &m.is_ratio_min, &m.is_ratio_max, ratio);
+        }
+    }
+    sampling_metrics_finish(&m);
+    if (metrics) *metrics = m;
+    return 0;
+}
+
+void grpo_sampling_metrics_merge(GrpoSamplingMetrics *into, const GrpoSamplingMetrics *part) {
+    if (part->logp_difference_count > 0) {
+        if (into->logp_difference_count == 0 || part->logp_difference_max > into->logp_difference_max)
+            into->logp_difference_max = part->logp_difference_max;
+        into->logp_difference_sum += part->logp_difference_sum;
+        into->logp_difference_count += part->logp_difference_count;
+    }
+    if (part->is_ratio_count > 0) {
+        if (into->is_ratio_count == 0 || part->is_ratio_min < into->is_ratio_min) into->is_ratio_min = part->is_ratio_min;
+        if (into->is_ratio_count == 0 || part->is_ratio_max > into->is_ratio_max) into->is_ratio_max = part->is_ratio_max;
+        into->is_ratio_sum += part->is_ratio_sum;
+        into->is_ratio_count += part->is_ratio_count;
+    }
+    sampling_metrics_finish(into);
+}
+
+/* TRL: gather(mean).mean(), gather(max).max(), nanmin(gather(min)),
+ * gather(mean).nanmean(), nanmax(gather(max)). No value is NaN here (NaN
+ * differences are skipped, weights are finite or inf), so the nan-variants
+ * reduce like the plain ones. */
+void grpo_sampling_metrics_reduce_ranks(GrpoSamplingMetrics *out, const GrpoSamplingMetrics *per_rank, int n_ranks) {
+    GrpoSamplingMetrics r = {0};
+    for (int i = 0; i < n_ranks; i++) {
+        const GrpoSamplingMetrics *p = &per_rank[i];
+        r.logp_difference_mean += p->logp_difference_mean / n_ranks;
+        r.is_ratio_mean += p->is_ratio_mean / n_ranks;
+        if (i == 0 || p->logp_difference_max > r.logp_difference_max) r.logp_difference_max = p->logp_difference_max;
+        if (i == 0 || p->is_ratio_max > r.is_ratio_max) r.is_ratio_max = p->is_ratio_max;
+        if (i == 0 || p->is_ratio_min < r.is_ratio_min) r.is_ratio_min = p->is_ratio_min;
+        r.logp_difference_sum += p->logp_difference_sum;
+        r.logp_difference_count += p->logp_difference_count;
+        r.is_ratio_sum += p->is_ratio_sum;
+        r.is_ratio_count += p->is_ratio_count;
+    }
+    *out = r;
+}
+
 /* ---------------------------------------------------------------- loss */
 
 /* d min(a, b) as torch's minimum backward: the smaller side takes the
@@ -162,6 +291,13 @@ static double ratio_loss(double *dloss_dlogw, double *capped, double log_w, doub
 int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg, const float *logp,
               const float *old_logp, const float *ref_logp, const float *mask, const float *advantages, int B,
               int T, char *err) {
+    return grpo_loss_with_is_weight(loss, dlogp, metrics, cfg, logp, old_logp, ref_logp, NULL, mask, advantages, B, T,
+                                    err);
+}
+
+int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg,
+                             const float *logp, const float *old_logp, const float *ref_logp, const float *is_weight,
+                             const float *mask, const float *advantages, int B, int T, char *err) {
     if (B <= 0 || T <= 0) return errorf(err, "grpo_loss: empty batch (B=%d, T=%d)", B, T);
     if (cfg->gradient_accumulation_steps < 1)
         return errorf(err, "grpo_loss: gradient_accumulation_steps must be >= 1 (got %d)",
@@ -189,6 +325,7 @@ int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLos
         const float *lp = logp + (size_t)b * T, *m = mask + (size_t)b * T;
         const float *old = old_logp ? old_logp + (size_t)b * T : NULL;
         const float *ref = ref_logp ? ref_logp + (size_t)b * T : NULL;
+        const float *isw = is_weight ? is_weight + (size_t)b * T : NULL;
         float *dl = dlogp + (size_t)b * T;
         double adv = advantages[b];
         double row_mask = 0.0;
@@ -219,9 +356,12 @@ int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLos
             seq_coef = exp(seq_lw);
             double capped;
             double seq_loss = ratio_loss(&seq_dloss_dlogw, &capped, seq_lw, adv, lo, hi, delta);
-            /* the row's loss is broadcast over its T tokens, each weighted by w * mask */
-            total += w * row_mask * seq_loss;
-            seq_dloss_dlogw *= w * row_mask;
+            /* the row's loss is broadcast over its T tokens, each weighted by w * mask
+             * and by its sampling-correction weight */
+            double row_weight = 0.0;
+            for (int t = 0; t < T; t++) row_weight += isw ? (double)isw[t] * m[t] : m[t];
+            total += w * row_weight * seq_loss;
+            seq_dloss_dlogw *= w * row_weight;
             if (beta != 0.0) /* the KL term's path through the row's coef_1 */
                 for (int t = 0; t < T; t++) {
                     double diff = (double)ref[t] - lp[t];
@@ -239,8 +379,9 @@ int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLos
                 double dloss_dlogw, capped;
                 double lw = old ? (double)lp[t] - old[t] : 0.0; /* no old: logp - logp.detach() */
                 double l = ratio_loss(&dloss_dlogw, &capped, lw, adv, lo, hi, delta);
-                total += w * m[t] * l;
-                grad += w * m[t] * dloss_dlogw;
+                double weight = isw ? isw[t] : 1.0; /* TRL: per_token_loss * is_ratio, before the KL term */
+                total += w * m[t] * l * weight;
+                grad += w * m[t] * dloss_dlogw * weight;
                 coef = exp(lw);
                 int is_low = capped < lo && adv < 0, is_high = capped > hi && adv > 0;
                 low_sum += m[t] * is_low;

@@ -55,6 +55,66 @@ typedef struct GrpoLossMetrics {
     double clip_ratio_low, clip_ratio_high, clip_ratio_region, kl;
 } GrpoLossMetrics;
 
+/* ------------------------------------------------ sampler / trainer mismatch
+ * TRL's vLLM importance-sampling correction (use_vllm with
+ * vllm_importance_sampling_correction): colt's generation engine plays vLLM's
+ * part. The sampler's log-prob of each sampled token (after temperature and
+ * top-k / top-p / min-p renormalisation, vLLM's "processed_logprobs") differs
+ * from the trainer's old log-prob of it; the ratio exp(old - sampling) — per
+ * token, or per sequence as exp(sum over the row) — is truncated or masked to
+ * [clip_min, clip_max] and multiplies the per-token policy loss. */
+typedef enum {
+    SAMPLING_IS_TOKEN_TRUNCATE = 0, /* per token, clamped to [clip_min, clip_max] */
+    SAMPLING_IS_TOKEN_MASK,         /* per token, 0 outside [clip_min, clip_max] */
+    SAMPLING_IS_SEQUENCE_TRUNCATE,  /* one ratio per sequence, clamped */
+    SAMPLING_IS_SEQUENCE_MASK       /* one ratio per sequence, 0 outside the bounds (TRL's default) */
+} GrpoSamplingIsMode;
+
+/* Parses TRL's vllm_importance_sampling_mode names ("token_truncate",
+ * "token_mask", "sequence_truncate", "sequence_mask"). Return 0 or -1 with err
+ * naming the valid values. */
+int grpo_sampling_is_mode_parse(GrpoSamplingIsMode *out, const char *s, char *err);
+
+/* What TRL logs about the mismatch (sampling/...), for the rows given. TRL
+ * computes them once per generation batch on each process; calling
+ * grpo_sampling_is_weights on parts of it (single rows, micro-batches) and
+ * merging the parts with grpo_sampling_metrics_merge gives the same values. */
+typedef struct GrpoSamplingMetrics {
+    /* sampling/sampling_logp_difference/mean and /max: |old - sampling| over
+     * the counted tokens (mask != 0) whose difference is not NaN; 0 when none */
+    double logp_difference_mean, logp_difference_max;
+    /* sampling/importance_sampling_ratio/min, /mean, /max: the weights after
+     * truncation / masking, over the counted tokens (token modes) or over every
+     * sequence, fully masked ones included (sequence modes); 0 when none */
+    double is_ratio_min, is_ratio_mean, is_ratio_max;
+    /* the sums and counts behind the means, so that parts can be merged */
+    double logp_difference_sum, is_ratio_sum;
+    long long logp_difference_count, is_ratio_count;
+} GrpoSamplingMetrics;
+
+/* is_weight[B, T] = what TRL multiplies the per-token policy loss by
+ * (sequence modes: the row's one weight in each of its T entries; padded
+ * tokens get a weight too, which the loss multiplies by mask = 0), from
+ * old_logp[B, T] (the trainer's log-probs of the sampled tokens before this
+ * batch's updates), sampling_logp[B, T] (the engine's; NaN = not scored, a
+ * weight of 1 as TRL) and mask[B, T]. clip_min / clip_max: NaN = None (TRL's
+ * Optional[float]); a *_truncate mode needs at least one of them. metrics may be
+ * NULL. Returns 0, or -1 with err. */
+int grpo_sampling_is_weights(float *is_weight, GrpoSamplingMetrics *metrics, const float *old_logp,
+                             const float *sampling_logp, const float *mask, int B, int T, GrpoSamplingIsMode mode,
+                             double clip_min, double clip_max, char *err);
+
+/* into += part (sums, counts, min, max), then the means and the empty-case
+ * zeros recomputed. Start from a zeroed struct. */
+void grpo_sampling_metrics_merge(GrpoSamplingMetrics *into, const GrpoSamplingMetrics *part);
+
+/* TRL's reduction across processes of per_rank[n_ranks] (each rank's metrics
+ * for its generation batch, all-gathered): a plain mean of the ranks' means
+ * (a rank with no counted tokens contributes its 0), the max of the maxes, the
+ * min of the mins (an empty rank's 0 included, as TRL's nanmin sees it). The
+ * sums and counts of out are the totals. */
+void grpo_sampling_metrics_reduce_ranks(GrpoSamplingMetrics *out, const GrpoSamplingMetrics *per_rank, int n_ranks);
+
 /* loss (scalar) and dlogp[B, T] = d loss / d logp, for one micro-batch:
  * logp = current policy log-probs, old_logp (log-probs at generation time, or
  * NULL: then old = logp detached, i.e. ratio 1 with gradient), ref_logp (NULL
@@ -62,5 +122,16 @@ typedef struct GrpoLossMetrics {
 int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg, const float *logp,
               const float *old_logp, const float *ref_logp, const float *mask, const float *advantages, int B,
               int T, char *err);
+
+/* grpo_loss with TRL's sampling correction: is_weight[B, T] (from
+ * grpo_sampling_is_weights; NULL = none, exactly grpo_loss) multiplies the
+ * per-token policy loss -min(c1 A, c2 A) before the KL term is added, as TRL's
+ * _compute_loss does; the KL term is not weighted. The weights are constants
+ * (no gradient flows into them). With the correction on, TRL always has old
+ * log-probs: pass the same old_logp the weights were computed from (or NULL
+ * when they equal this forward's own log-probs, i.e. on-policy). */
+int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg,
+                             const float *logp, const float *old_logp, const float *ref_logp, const float *is_weight,
+                             const float *mask, const float *advantages, int B, int T, char *err);
 
 #endif

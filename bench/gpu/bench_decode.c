@@ -1,0 +1,131 @@
+/* bench_decode.c — decode throughput of the generation engine on the GPU
+ * against the HBM roofline, for Qwen2.5-shaped random models (bf16).
+ *
+ * Each configuration: `batch` distinct prompts of PROMPT_LEN random tokens,
+ * NEW_TOKENS sampled tokens each (temperature 1, eos ignored), through
+ * engine_generate with CUDA graphs. Decode tok/s counts only the pure decode
+ * steps (one token per sequence; wall time including the host's scheduling
+ * and the per-step copy of the sampled tokens). Roofline: one decode step must
+ * read every weight once plus each sequence's K/V so far, so tok/s <= batch *
+ * 4.8e12 / (weight bytes + batch * mean context * K/V bytes per token).
+ * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b; default all three)
+ * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_bench.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "engine/engine.h"
+#include "model/model.h"
+
+#define PROMPT_LEN 128
+#define NEW_TOKENS 128
+#define HBM_BYTES_PER_S 4.8e12
+
+typedef struct Shape {
+    const char *name;
+    int hidden, inter, layers, heads, kv_heads, vocab;
+    bool tied;
+} Shape;
+
+static const Shape SHAPES[] = {
+    {"0.5b", 896, 4864, 24, 14, 2, 151936, true},
+    {"1.5b", 1536, 8960, 28, 12, 2, 151936, true},
+    {"7b", 3584, 18944, 28, 28, 4, 152064, false},
+};
+
+static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
+    const ModelConfig *c = model_config(m);
+    int *prompts = malloc(sizeof(int) * (size_t)batch * PROMPT_LEN);
+    for (int i = 0; i < batch * PROMPT_LEN; i++)
+        prompts[i] = (int)(rng_uniform(7, (uint64_t)i / PROMPT_LEN, (uint64_t)i % PROMPT_LEN) * (c->vocab_size - 1));
+    GenSequence *seqs = calloc((size_t)batch, sizeof(GenSequence));
+    for (int i = 0; i < batch; i++) {
+        seqs[i].prompt = prompts + (size_t)i * PROMPT_LEN;
+        seqs[i].prompt_len = PROMPT_LEN;
+        seqs[i].stream = (uint64_t)i;
+    }
+    GenerateOptions opt = {.sampling = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 1},
+                           .max_new_tokens = NEW_TOKENS, .ignore_eos = true};
+    EngineOptions eo = {.max_num_seqs = batch, .enforce_eager = eager};
+    int rc = engine_generate(m, seqs, batch, &opt, &eo, st, err);
+    for (int i = 0; i < batch && rc == 0; i++) gen_sequence_free(&seqs[i]);
+    free(seqs);
+    free(prompts);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const Backend *be = backend_cuda();
+    if (!be) {
+        printf("no CUDA device\n");
+        return 77;
+    }
+    const char *want[8] = {"0.5b", "1.5b", "7b"};
+    int n_want = 3;
+    if (argc > 1) {
+        n_want = argc - 1 < 8 ? argc - 1 : 8;
+        for (int i = 0; i < n_want; i++) want[i] = argv[i + 1];
+    }
+    int batches[32] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, n_batches = 10;
+    if (getenv("COLT_BATCHES")) {
+        n_batches = 0;
+        char *list = strdup(getenv("COLT_BATCHES"));
+        for (char *tok = strtok(list, " ,"); tok && n_batches < 32; tok = strtok(NULL, " ,"))
+            batches[n_batches++] = atoi(tok);
+        free(list);
+    }
+    printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs), prompts %d tokens, %d new tokens each, "
+           "temperature 1\n\n", be->name, PROMPT_LEN, NEW_TOKENS);
+    printf("| model | batch | decode tok/s | ms/step | roofline tok/s | %% of roofline | graph steps | eager tok/s |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    char err[ERR_LEN];
+    for (int w = 0; w < n_want; w++) {
+        const Shape *s = NULL;
+        for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++)
+            if (strcmp(SHAPES[k].name, want[w]) == 0) s = &SHAPES[k];
+        if (!s) continue;
+        ModelConfig cfg = {.arch = ARCH_QWEN2, .hidden_size = s->hidden, .intermediate_size = s->inter,
+                           .num_hidden_layers = s->layers, .num_attention_heads = s->heads,
+                           .num_key_value_heads = s->kv_heads, .head_dim = s->hidden / s->heads,
+                           .vocab_size = s->vocab, .max_position_embeddings = 32768, .rms_norm_eps = 1e-6f,
+                           .rope_theta = 1e6f, .tie_word_embeddings = s->tied, .attention_bias = true,
+                           .bos_token_id = -1, .torch_dtype = DTYPE_BF16};
+        Model *m = NULL;
+        if (model_create_random(&m, &cfg, 1, be, err) != 0) {
+            printf("| %s | %s |\n", s->name, err);
+            continue;
+        }
+        /* Bytes a decode step must move: weights (the embedding table only
+         * through the lm_head when tied) and the K/V read so far. */
+        double weight_bytes = (double)model_weight_bytes(m);
+        if (!s->tied) weight_bytes -= 2.0 * s->vocab * s->hidden; /* the input embedding: only the batch's rows */
+        double kv_token_bytes = 2.0 * s->layers * s->kv_heads * (s->hidden / s->heads) * 2.0;
+        double mean_ctx = PROMPT_LEN + NEW_TOKENS / 2.0;
+        for (int bi = 0; bi < n_batches; bi++) {
+            int batch = batches[bi];
+            EngineStats st, st_eager;
+            if (run(m, batch, false, &st, err) != 0) {
+                printf("| %s | %d | error: %s |\n", s->name, batch, err);
+                continue;
+            }
+            double eager_tps = 0;
+            if (batch <= 8 && run(m, batch, true, &st_eager, err) == 0 && st_eager.decode_seconds > 0)
+                eager_tps = st_eager.decode_step_tokens / st_eager.decode_seconds;
+            double tps = st.decode_seconds > 0 ? st.decode_step_tokens / st.decode_seconds : 0;
+            double step_bytes = weight_bytes + batch * mean_ctx * kv_token_bytes;
+            double roof = batch * HBM_BYTES_PER_S / step_bytes;
+            printf("| %s | %d | %.0f | %.3f | %.0f | %.1f%% | %d/%d |", s->name, batch, tps,
+                   tps > 0 ? 1e3 * batch / tps : 0, roof, 100 * tps / roof, st.graph_steps, st.steps);
+            if (eager_tps > 0) printf(" %.0f |\n", eager_tps);
+            else printf(" |\n");
+            fflush(stdout);
+        }
+        model_free(m);
+    }
+    printf("\nCommand: build-cuda/bench_decode %s; hardware: see nvidia-smi in the run log.\n", "[presets]");
+    return 0;
+}

@@ -1,0 +1,516 @@
+/* engine.c — see engine.h. One Engine lives for one engine_generate call:
+ * it takes the KV pool and scratch at the start and gives them back at the end.
+ *
+ * Step layout: the host schedules, writes the step's index arrays into one
+ * host buffer and uploads it with one copy; the device runs the forward and
+ * the sampler; the sampled tokens and log-probs come back with one
+ * synchronisation. Pure decode steps (one token per running sequence) are
+ * padded to a bucket size and replayed from a CUDA graph captured the second
+ * time that bucket is seen (the first run is the warm-up that sizes
+ * every lazily allocated buffer). */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+#define DEFAULT_BLOCK_SIZE 16
+#define DEFAULT_MAX_NUM_SEQS 256
+#define DEFAULT_MAX_BATCHED_TOKENS 4096
+/* Device memory left free beside the pool: cuBLAS, graphs, allocator slack. */
+#define DEVICE_HEADROOM_BYTES ((size_t)2 << 30)
+
+/* Decode batch sizes with a CUDA graph: a step of n sequences runs the graph
+ * of the smallest bucket >= n, padding rows marked seq = -1. */
+static const int GRAPH_BUCKETS[] = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                                    160, 192, 224, 256, 320, 384, 448, 512};
+#define N_BUCKETS ((int)(sizeof(GRAPH_BUCKETS) / sizeof(GRAPH_BUCKETS[0])))
+
+/* The step buffer holds these arrays, each n_pad ints long, in this order. */
+enum { SEG_TOKENS, SEG_POS, SEG_SEQ, SEG_SLOT_MAPPING, SEG_LOGIT_ROWS, SEG_ROW_SEQ, SEG_STREAMS, SEG_COUNTERS,
+       N_SEGMENTS };
+
+enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+typedef struct Seq {
+    GenSequence *g;
+    int group;          /* index of the first sequence with the same prompt */
+    int state;
+    int limit;          /* total length (prompt + completion) at which it stops */
+    int slot;           /* its block-table row while running, else -1 */
+    int n_blocks;       /* blocks in its table row */
+    int n_cached;       /* leading tokens whose K/V are in the pool */
+    int scheduled;      /* tokens it runs in the current step */
+    int64_t admitted;   /* admission counter: the latest admitted is preempted first */
+} Seq;
+
+typedef struct Engine {
+    Model *m;
+    const Backend *be;
+    const ModelConfig *cfg;
+    const GenerateOptions *opt;
+    bool penalty;       /* repetition penalty on: the sampler needs histories */
+    bool use_graphs;    /* decode steps replay CUDA graphs */
+    int block_size, max_blocks, max_len, n_slots, max_tokens, max_rows;
+    KvPool pool;
+    PagedState *st;
+    int *free_blocks, n_free, *refcount;
+    int *h_tables;      /* [n_slots, max_blocks] */
+    void *d_tables;
+    bool tables_dirty;
+    int *free_slots, n_free_slots;
+    void *d_hist, *d_hist_len; /* [n_slots, max_len], [n_slots] */
+    int *h_step;        /* [N_SEGMENTS * max_tokens] */
+    void *d_step;
+    void *d_tokens, *d_logprobs; /* sampler outputs [max_rows] */
+    int *h_tokens, *row_owner;
+    float *h_logprobs;
+    Seq *seqs;
+    int n_seqs;
+    int *running, n_running; /* admission order */
+    int *waiting, wait_head, wait_tail; /* queue; preempted sequences go back to the front */
+    int64_t admit_clock;
+    void *graphs[N_BUCKETS];
+    bool bucket_seen[N_BUCKETS];
+    EngineStats stats;
+} Engine;
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+static int known_tokens(const Seq *s) { return s->g->prompt_len + s->g->n_tokens; }
+static int token_at(const Seq *s, int p) {
+    return p < s->g->prompt_len ? s->g->prompt[p] : s->g->tokens[p - s->g->prompt_len];
+}
+
+/* ---------------------------------------------------------------- blocks and slots */
+
+static int block_alloc(Engine *e) {
+    int b = e->free_blocks[--e->n_free];
+    e->refcount[b] = 1;
+    int used = e->pool.n_blocks - e->n_free;
+    if (used > e->stats.peak_blocks_used) e->stats.peak_blocks_used = used;
+    return b;
+}
+
+static void block_release(Engine *e, int b) {
+    if (--e->refcount[b] == 0) e->free_blocks[e->n_free++] = b;
+}
+
+/* Gives s enough blocks to hold its first `upto` tokens; false (nothing
+ * taken) when the pool has too few free. */
+static bool grow_blocks(Engine *e, Seq *s, int upto) {
+    int need = div_up(upto, e->block_size) - s->n_blocks;
+    if (need <= 0) return true;
+    if (need > e->n_free) return false;
+    int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    for (int k = 0; k < need; k++) row[s->n_blocks++] = block_alloc(e);
+    e->tables_dirty = true;
+    return true;
+}
+
+/* Frees s's blocks and slot (it leaves the pool). */
+static void release_seq(Engine *e, Seq *s) {
+    int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    for (int k = 0; k < s->n_blocks; k++) block_release(e, row[k]);
+    s->n_blocks = 0;
+    s->n_cached = 0;
+    e->free_slots[e->n_free_slots++] = s->slot;
+    s->slot = -1;
+}
+
+static void running_remove(Engine *e, int idx) {
+    int w = 0;
+    for (int r = 0; r < e->n_running; r++)
+        if (e->running[r] != idx) e->running[w++] = e->running[r];
+    e->n_running = w;
+}
+
+/* Evicts the latest-admitted running sequence; it will be recomputed from
+ * its prompt and the tokens it already has. */
+static void preempt_last(Engine *e) {
+    int idx = e->running[e->n_running - 1];
+    Seq *s = &e->seqs[idx];
+    release_seq(e, s);
+    s->state = SEQ_WAITING;
+    s->scheduled = 0;
+    e->n_running--;
+    e->waiting[--e->wait_head] = idx; /* wait_head > 0: the sequence was taken from this queue */
+    e->stats.preemptions++;
+}
+
+/* A running sequence of s's group whose blocks hold the prompt's first
+ * `upto` tokens by the end of this step (the forward stores every token's
+ * K/V before any attention reads, so blocks written in this very step count). */
+static const Seq *find_donor(const Engine *e, const Seq *s, int upto) {
+    for (int r = 0; r < e->n_running; r++) {
+        const Seq *d = &e->seqs[e->running[r]];
+        if (d->group == s->group && d->n_cached + d->scheduled >= upto) return d;
+    }
+    return NULL;
+}
+
+/* Puts the front waiting sequence in the pool with `budget` tokens to run, if
+ * a slot and blocks are free. Identical prompts share their full blocks. */
+static bool admit_front(Engine *e, int budget) {
+    if (e->wait_head == e->wait_tail || e->n_free_slots == 0 || budget <= 0) return false;
+    int idx = e->waiting[e->wait_head];
+    Seq *s = &e->seqs[idx];
+    int shared_blocks = (s->g->prompt_len - 1) / e->block_size; /* the last prompt token is always recomputed */
+    const Seq *donor = shared_blocks > 0 ? find_donor(e, s, shared_blocks * e->block_size) : NULL;
+    int start = donor ? shared_blocks * e->block_size : 0;
+    int take = min_int(known_tokens(s) - start, budget);
+    int need = div_up(start + take, e->block_size) - (donor ? shared_blocks : 0);
+    if (need > e->n_free) return false;
+
+    e->wait_head++;
+    s->slot = e->free_slots[--e->n_free_slots];
+    s->state = SEQ_RUNNING;
+    s->admitted = e->admit_clock++;
+    int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    if (donor) {
+        const int *drow = e->h_tables + (size_t)donor->slot * e->max_blocks;
+        for (int k = 0; k < shared_blocks; k++) {
+            row[k] = drow[k];
+            e->refcount[drow[k]]++;
+        }
+        s->n_blocks = shared_blocks;
+        s->n_cached = start;
+        e->stats.shared_tokens += start;
+    }
+    COLT_ASSERT(grow_blocks(e, s, start + take));
+    s->scheduled = take;
+    e->tables_dirty = true;
+    e->running[e->n_running++] = idx;
+    if (e->n_running > e->stats.peak_running) e->stats.peak_running = e->n_running;
+    if (e->penalty) { /* the sampler's history: every token the sequence has */
+        int n = known_tokens(s);
+        int *h = xmalloc(sizeof(int) * (size_t)n);
+        for (int p = 0; p < n; p++) h[p] = token_at(s, p);
+        e->be->upload_i32((int *)e->d_hist + (size_t)s->slot * e->max_len, h, (size_t)n);
+        e->be->upload_i32((int *)e->d_hist_len + s->slot, &n, 1);
+        free(h); /* uploads from pageable memory have read it when they return */
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- one step */
+
+static int bucket_index(int n) {
+    for (int k = 0; k < N_BUCKETS; k++)
+        if (GRAPH_BUCKETS[k] >= n) return k;
+    return -1;
+}
+
+/* The ops of one step: forward, then the sampler on the logits rows. */
+static void run_ops(Engine *e, const PagedBatch *b, const int *dev_step, int n_pad) {
+    model_forward_paged(e->m, e->st, &e->pool, b);
+    e->be->sample(e->d_tokens, e->d_logprobs, paged_state_logits(e->st), b->n_logits, e->cfg->vocab_size,
+                  &e->opt->sampling, dev_step + (size_t)SEG_ROW_SEQ * n_pad, dev_step + (size_t)SEG_STREAMS * n_pad,
+                  dev_step + (size_t)SEG_COUNTERS * n_pad, e->penalty ? e->d_hist : NULL,
+                  e->penalty ? e->d_hist_len : NULL, e->max_len);
+}
+
+static bool is_stop(const GenerateOptions *opt, int token) {
+    if (opt->ignore_eos) return false;
+    for (int i = 0; i < opt->n_stop_ids; i++)
+        if (opt->stop_ids[i] == token) return true;
+    return false;
+}
+
+/* Schedules, runs and applies one step; *idle = true when nothing is left. */
+static int engine_step(Engine *e, bool *idle, char *err) {
+    const int budget = e->max_tokens;
+    int n_tok = 0;
+    bool decode_only = true;
+
+    /* Running sequences first, oldest first; a sequence that cannot get a block
+     * evicts the youngest (not yet scheduled this step), possibly itself. */
+    for (int r = 0; r < e->n_running; r++) {
+        Seq *s = &e->seqs[e->running[r]];
+        int pending = known_tokens(s) - s->n_cached;
+        int take = min_int(pending, budget - n_tok);
+        s->scheduled = 0;
+        if (take <= 0) continue;
+        bool evicted_self = false;
+        while (!grow_blocks(e, s, s->n_cached + take)) {
+            if (e->running[e->n_running - 1] == e->running[r]) {
+                preempt_last(e);
+                evicted_self = true;
+                break;
+            }
+            preempt_last(e);
+        }
+        if (evicted_self) break;
+        s->scheduled = take;
+        n_tok += take;
+        if (pending != 1) decode_only = false;
+    }
+    /* Then waiting sequences, in order, while the budget, slots and blocks last. */
+    while (n_tok < budget && admit_front(e, budget - n_tok)) {
+        n_tok += e->seqs[e->running[e->n_running - 1]].scheduled;
+        decode_only = false;
+    }
+    if (n_tok == 0) {
+        *idle = e->wait_head == e->wait_tail;
+        if (!*idle) return errorf(err, "engine: the waiting sequences cannot be scheduled (pool of %d blocks)",
+                                  e->pool.n_blocks);
+        return COLT_OK;
+    }
+    *idle = false;
+    double t_start = time_now();
+
+    /* The step's arrays; decode steps padded to a graph bucket. */
+    int bucket = decode_only && e->use_graphs ? bucket_index(n_tok) : -1;
+    int n_pad = bucket >= 0 ? GRAPH_BUCKETS[bucket] : n_tok;
+    int *seg[N_SEGMENTS];
+    for (int k = 0; k < N_SEGMENTS; k++) seg[k] = e->h_step + (size_t)k * n_pad;
+    int t = 0, n_rows = 0;
+    for (int r = 0; r < e->n_running; r++) {
+        Seq *s = &e->seqs[e->running[r]];
+        if (s->scheduled == 0) continue;
+        const int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+        for (int k = 0; k < s->scheduled; k++, t++) {
+            int p = s->n_cached + k;
+            seg[SEG_TOKENS][t] = token_at(s, p);
+            seg[SEG_POS][t] = p;
+            seg[SEG_SEQ][t] = s->slot;
+            seg[SEG_SLOT_MAPPING][t] = row[p / e->block_size] * e->block_size + p % e->block_size;
+        }
+        bool decode_token = s->scheduled == 1 && s->g->n_tokens > 0 && s->n_cached == known_tokens(s) - 1;
+        if (!decode_token) e->stats.prefill_tokens += s->scheduled;
+        s->n_cached += s->scheduled;
+        if (s->n_cached == known_tokens(s)) { /* its last token's logits give the next token */
+            seg[SEG_LOGIT_ROWS][n_rows] = t - 1;
+            seg[SEG_ROW_SEQ][n_rows] = s->slot;
+            seg[SEG_STREAMS][n_rows] = (int)s->g->stream;
+            seg[SEG_COUNTERS][n_rows] = s->g->n_tokens;
+            e->row_owner[n_rows++] = e->running[r];
+        }
+    }
+    for (; t < n_pad; t++) { /* padding rows: nothing stored, nothing sampled */
+        seg[SEG_TOKENS][t] = 0;
+        seg[SEG_POS][t] = 0;
+        seg[SEG_SEQ][t] = -1;
+        seg[SEG_SLOT_MAPPING][t] = -1;
+        seg[SEG_ROW_SEQ][t] = -1;
+        seg[SEG_STREAMS][t] = 0;
+        seg[SEG_COUNTERS][t] = 0;
+        seg[SEG_LOGIT_ROWS][t] = t;
+    }
+
+    const Backend *be = e->be;
+    be->upload_i32(e->d_step, e->h_step, (size_t)N_SEGMENTS * n_pad);
+    if (e->tables_dirty) {
+        be->upload_i32(e->d_tables, e->h_tables, (size_t)e->n_slots * e->max_blocks);
+        e->tables_dirty = false;
+    }
+    const int *d = e->d_step;
+    PagedBatch b = {.n = n_pad,
+                    .n_logits = decode_only ? n_pad : n_rows,
+                    .tokens = d + (size_t)SEG_TOKENS * n_pad,
+                    .pos = d + (size_t)SEG_POS * n_pad,
+                    .seq = d + (size_t)SEG_SEQ * n_pad,
+                    .slot_mapping = d + (size_t)SEG_SLOT_MAPPING * n_pad,
+                    .logit_rows = decode_only ? NULL : d + (size_t)SEG_LOGIT_ROWS * n_pad,
+                    .block_tables = e->d_tables,
+                    .max_blocks = e->max_blocks};
+    if (bucket >= 0 && e->graphs[bucket]) {
+        be->graph_launch(e->graphs[bucket]);
+        e->stats.graph_steps++;
+    } else if (bucket >= 0 && e->bucket_seen[bucket]) {
+        be->capture_begin();
+        run_ops(e, &b, d, n_pad);
+        e->graphs[bucket] = be->capture_end();
+        be->graph_launch(e->graphs[bucket]);
+        e->stats.graph_steps++;
+    } else {
+        run_ops(e, &b, d, n_pad);
+        if (bucket >= 0) e->bucket_seen[bucket] = true;
+    }
+    e->stats.steps++;
+
+    /* Apply the sampled tokens. */
+    if (n_rows > 0) {
+        be->download_i32(e->h_tokens, e->d_tokens, (size_t)n_rows);
+        be->download_f32(e->h_logprobs, e->d_logprobs, (size_t)n_rows);
+    }
+    e->stats.decode_tokens += n_rows;
+    if (decode_only) {
+        e->stats.decode_seconds += time_now() - t_start;
+        e->stats.decode_step_tokens += n_rows;
+    }
+    for (int i = 0; i < n_rows; i++) {
+        int idx = e->row_owner[i];
+        Seq *s = &e->seqs[idx];
+        GenSequence *g = s->g;
+        int token = e->h_tokens[i];
+        if (token < 0 || token >= e->cfg->vocab_size)
+            return errorf(err, "engine: the sampler returned token %d (vocab %d)", token, e->cfg->vocab_size);
+        g->tokens[g->n_tokens] = token;
+        g->logprobs[g->n_tokens] = e->h_logprobs[i];
+        g->n_tokens++;
+        bool stop = is_stop(e->opt, token);
+        if (stop) g->finish = FINISH_STOP;
+        if (stop || g->n_tokens >= e->opt->max_new_tokens || known_tokens(s) >= s->limit) {
+            release_seq(e, s);
+            s->state = SEQ_DONE;
+            running_remove(e, idx);
+        }
+    }
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void engine_free(Engine *e) {
+    const Backend *be = e->be;
+    for (int k = 0; k < N_BUCKETS; k++)
+        if (e->graphs[k]) be->graph_free(e->graphs[k]);
+    kv_pool_free(&e->pool);
+    paged_state_free(e->st);
+    void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_tokens, e->d_logprobs};
+    for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
+        if (dev[k]) be->free(dev[k]);
+    free(e->free_blocks), free(e->refcount), free(e->h_tables), free(e->free_slots), free(e->h_step);
+    free(e->h_tokens), free(e->row_owner), free(e->h_logprobs), free(e->seqs), free(e->running), free(e->waiting);
+}
+
+/* Sizes everything from the requests and the free device memory. */
+static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const GenerateOptions *opt,
+                       const EngineOptions *eo, char *err) {
+    memset(e, 0, sizeof *e);
+    e->m = m;
+    e->be = model_backend(m);
+    e->cfg = model_config(m);
+    e->opt = opt;
+    const Backend *be = e->be;
+    if (!be->paged_attention || !be->sample)
+        return errorf(err, "backend %s has no generation engine ops", be->name);
+    e->penalty = opt->sampling.repetition_penalty != 1.0f;
+    e->use_graphs = be->capture_begin && !eo->enforce_eager;
+    e->block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
+    if (e->block_size & (e->block_size - 1))
+        return errorf(err, "block_size must be a power of two (got %d)", e->block_size);
+    int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
+
+    e->n_seqs = n;
+    e->seqs = xcalloc((size_t)n, sizeof(Seq));
+    int max_prompt = 0;
+    for (int i = 0; i < n; i++) {
+        Seq *s = &e->seqs[i];
+        s->g = &gs[i];
+        s->slot = -1;
+        s->group = i;
+        if (i > 0 && gs[i].prompt_len == gs[i - 1].prompt_len &&
+            memcmp(gs[i].prompt, gs[i - 1].prompt, sizeof(int) * (size_t)gs[i].prompt_len) == 0)
+            s->group = e->seqs[i - 1].group;
+        s->limit = min_int(gs[i].prompt_len + opt->max_new_tokens, e->cfg->max_position_embeddings);
+        if (gs[i].prompt_len > max_prompt) max_prompt = gs[i].prompt_len;
+        if (gs[i].stream > 0x7fffffffu)
+            return errorf(err, "sequence %d: stream id %llu above 2^31-1", i, (unsigned long long)gs[i].stream);
+    }
+    e->max_len = min_int(max_prompt + opt->max_new_tokens, e->cfg->max_position_embeddings);
+    e->max_blocks = div_up(e->max_len, e->block_size);
+    e->n_slots = min_int(n, max_num_seqs);
+    e->max_rows = e->n_slots;
+    int b = bucket_index(e->n_slots);
+    if (e->use_graphs && b >= 0) e->max_rows = GRAPH_BUCKETS[b]; /* room for the padded decode batch */
+    e->max_tokens = eo->max_num_batched_tokens > 0 ? eo->max_num_batched_tokens : DEFAULT_MAX_BATCHED_TOKENS;
+    if (e->max_tokens < e->max_rows) e->max_tokens = e->max_rows;
+
+    /* Scratch first; the pool then takes what is left. */
+    if (paged_state_create(&e->st, m, e->max_tokens, e->max_rows, err) != 0) return COLT_ERR;
+    size_t block_bytes = kv_pool_block_bytes(m, e->block_size);
+    int64_t want = (int64_t)e->n_slots * e->max_blocks; /* every running sequence at full length */
+    if (be->memory_info) {
+        size_t free_bytes, total_bytes;
+        be->memory_info(&free_bytes, &total_bytes);
+        size_t avail = free_bytes > DEVICE_HEADROOM_BYTES ? free_bytes - DEVICE_HEADROOM_BYTES : 0;
+        if (eo->gpu_memory_utilization > 0) {
+            size_t cap = (size_t)(eo->gpu_memory_utilization * (double)total_bytes);
+            if (cap < avail) avail = cap;
+        }
+        if ((int64_t)(avail / block_bytes) < want) want = (int64_t)(avail / block_bytes);
+    }
+    if (eo->max_pool_blocks > 0 && want > eo->max_pool_blocks) want = eo->max_pool_blocks;
+    if (want < e->max_blocks)
+        return errorf(err, "the KV pool fits %lld blocks of %d tokens but one sequence of %d tokens needs %d; free "
+                           "device memory or raise gpu_memory_utilization",
+                      (long long)want, e->block_size, e->max_len, e->max_blocks);
+    kv_pool_create(&e->pool, m, (int)want, e->block_size);
+
+    e->free_blocks = xmalloc(sizeof(int) * (size_t)want);
+    e->refcount = xcalloc((size_t)want, sizeof(int));
+    for (int k = 0; k < (int)want; k++) e->free_blocks[k] = (int)want - 1 - k; /* block 0 handed out first */
+    e->n_free = (int)want;
+    e->h_tables = xcalloc((size_t)e->n_slots * e->max_blocks, sizeof(int));
+    e->d_tables = be->alloc_i32((size_t)e->n_slots * e->max_blocks);
+    e->tables_dirty = true;
+    e->free_slots = xmalloc(sizeof(int) * (size_t)e->n_slots);
+    for (int k = 0; k < e->n_slots; k++) e->free_slots[k] = e->n_slots - 1 - k;
+    e->n_free_slots = e->n_slots;
+    if (e->penalty) {
+        e->d_hist = be->alloc_i32((size_t)e->n_slots * e->max_len);
+        e->d_hist_len = be->alloc_i32((size_t)e->n_slots);
+    }
+    e->h_step = xmalloc(sizeof(int) * (size_t)N_SEGMENTS * e->max_tokens);
+    e->d_step = be->alloc_i32((size_t)N_SEGMENTS * e->max_tokens);
+    e->d_tokens = be->alloc_i32((size_t)e->max_rows);
+    e->d_logprobs = be->alloc_f32((size_t)e->max_rows);
+    e->h_tokens = xmalloc(sizeof(int) * (size_t)e->max_rows);
+    e->h_logprobs = xmalloc(sizeof(float) * (size_t)e->max_rows);
+    e->row_owner = xmalloc(sizeof(int) * (size_t)e->max_rows);
+    e->running = xmalloc(sizeof(int) * (size_t)e->n_slots);
+    e->waiting = xmalloc(sizeof(int) * (size_t)n);
+
+    e->stats.pool_bytes = e->pool.bytes;
+    e->stats.pool_blocks = e->pool.n_blocks;
+    e->stats.block_size = e->block_size;
+    if (be->memory_info) {
+        size_t free_bytes, total_bytes;
+        be->memory_info(&free_bytes, &total_bytes);
+        e->stats.device_free_min = free_bytes;
+    }
+    return COLT_OK;
+}
+
+int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,
+                    EngineStats *stats, char *err) {
+    static const EngineOptions defaults = {0};
+    if (!eo) eo = &defaults;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (generate_check(m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
+    int cap = opt->max_new_tokens > 0 ? opt->max_new_tokens : 1;
+    for (int i = 0; i < n_seqs; i++) {
+        seqs[i].tokens = xmalloc(sizeof(int) * (size_t)cap);
+        seqs[i].logprobs = xmalloc(sizeof(float) * (size_t)cap);
+        seqs[i].n_tokens = 0;
+        seqs[i].finish = FINISH_LENGTH;
+    }
+    if (n_seqs == 0) return COLT_OK;
+    double t0 = time_now();
+    Engine e;
+    int rc = engine_init(&e, m, seqs, n_seqs, opt, eo, err);
+    if (rc == 0) {
+        for (int i = 0; i < n_seqs; i++) {
+            Seq *s = &e.seqs[i];
+            if (opt->max_new_tokens == 0 || s->g->prompt_len >= s->limit) s->state = SEQ_DONE;
+            else e.waiting[e.wait_tail++] = i;
+        }
+        for (bool idle = false; rc == 0 && !idle;) rc = engine_step(&e, &idle, err);
+    }
+    if (e.be && e.be->memory_info && rc == 0) { /* the pool is still taken: the peak of this call */
+        size_t free_bytes, total_bytes;
+        e.be->memory_info(&free_bytes, &total_bytes);
+        if (free_bytes < e.stats.device_free_min) e.stats.device_free_min = free_bytes;
+    }
+    e.stats.seconds = time_now() - t0;
+    if (stats) *stats = e.stats;
+    engine_free(&e);
+    if (rc != 0)
+        for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);
+    return rc;
+}

@@ -1,0 +1,132 @@
+/* model_paged.c — the model's forward for the generation engine: the same op
+ * sequence as model_forward (model.c), with the KV cache in a paged pool and
+ * every index array in [i32] device buffers, so a decode step is a fixed list
+ * of ops a CUDA graph can record. Because the ops and their rounding points
+ * are the trainer's, the engine's log-probs agree with the trainer's. */
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "model/model_internal.h"
+
+struct PagedState {
+    const Backend *be;
+    int max_tokens, max_logit_rows;
+    void *x, *xn, *q, *k, *v, *att, *proj, *gate, *up; /* [max_tokens, ...] */
+    void *rows;   /* [max_logit_rows, D] final-norm rows that want logits */
+    void *logits; /* [max_logit_rows, V] */
+    size_t bytes;
+};
+
+size_t kv_pool_block_bytes(const Model *m, int block_size) {
+    const ModelConfig *c = &m->cfg;
+    size_t kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
+    return 2 * (size_t)c->num_hidden_layers * (size_t)block_size * kv_dim * dtype_size(m->be->storage);
+}
+
+void kv_pool_create(KvPool *pool, const Model *m, int n_blocks, int block_size) {
+    const ModelConfig *c = &m->cfg;
+    pool->be = m->be;
+    pool->n_layers = c->num_hidden_layers;
+    pool->n_blocks = n_blocks;
+    pool->block_size = block_size;
+    pool->kv_dim = c->num_key_value_heads * c->head_dim;
+    pool->bytes = 0;
+    pool->k = xcalloc((size_t)pool->n_layers, sizeof(void *));
+    pool->v = xcalloc((size_t)pool->n_layers, sizeof(void *));
+    size_t rows = (size_t)n_blocks * (size_t)block_size;
+    for (int l = 0; l < pool->n_layers; l++) {
+        pool->k[l] = backend_alloc_counted(m->be, rows * pool->kv_dim, &pool->bytes);
+        pool->v[l] = backend_alloc_counted(m->be, rows * pool->kv_dim, &pool->bytes);
+    }
+}
+
+void kv_pool_free(KvPool *pool) {
+    if (!pool->k) return;
+    for (int l = 0; l < pool->n_layers; l++) {
+        pool->be->free(pool->k[l]);
+        pool->be->free(pool->v[l]);
+    }
+    free(pool->k);
+    free(pool->v);
+    pool->k = pool->v = NULL;
+    pool->bytes = 0;
+}
+
+int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max_logit_rows, char *err) {
+    *out = NULL;
+    if (max_tokens <= 0 || max_logit_rows <= 0 || max_logit_rows > max_tokens)
+        return errorf(err, "paged_state_create: max_tokens (%d) and max_logit_rows (%d) must be positive, rows <= tokens",
+                      max_tokens, max_logit_rows);
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
+           QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim;
+    PagedState *st = xcalloc(1, sizeof(PagedState));
+    st->be = be;
+    st->max_tokens = max_tokens;
+    st->max_logit_rows = max_logit_rows;
+    st->x = backend_alloc_counted(be, N * D, &st->bytes);
+    st->xn = backend_alloc_counted(be, N * D, &st->bytes);
+    st->q = backend_alloc_counted(be, N * QD, &st->bytes);
+    st->k = backend_alloc_counted(be, N * KVD, &st->bytes);
+    st->v = backend_alloc_counted(be, N * KVD, &st->bytes);
+    st->att = backend_alloc_counted(be, N * QD, &st->bytes);
+    st->proj = backend_alloc_counted(be, N * D, &st->bytes);
+    st->gate = backend_alloc_counted(be, N * F, &st->bytes);
+    st->up = backend_alloc_counted(be, N * F, &st->bytes);
+    st->rows = backend_alloc_counted(be, (size_t)max_logit_rows * D, &st->bytes);
+    st->logits = backend_alloc_counted(be, (size_t)max_logit_rows * (size_t)c->vocab_size, &st->bytes);
+    *out = st;
+    return COLT_OK;
+}
+
+void paged_state_free(PagedState *st) {
+    if (!st) return;
+    void *bufs[] = {st->x, st->xn, st->q, st->k, st->v, st->att, st->proj, st->gate, st->up, st->rows, st->logits};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) st->be->free(bufs[i]);
+    free(st);
+}
+
+size_t paged_state_bytes(const PagedState *st) { return st ? st->bytes : 0; }
+void *paged_state_logits(PagedState *st) { return st->logits; }
+
+void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    const int n = b->n;
+    const int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
+              KVH = c->num_key_value_heads, Dh = c->head_dim, V = c->vocab_size;
+    const int QD = H * Dh, KVD = KVH * Dh;
+    const size_t ND = (size_t)n * D;
+
+    be->embedding_i32(st->x, m->embed, b->tokens, n, D);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        be->rmsnorm(st->xn, st->x, w->attn_norm, n, D, c->rms_norm_eps);
+        be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
+        be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
+        be->linear(st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+        be->rope_i32(st->q, b->pos, n, H, Dh, c->rope_theta);
+        be->rope_i32(st->k, b->pos, n, KVH, Dh, c->rope_theta);
+        be->paged_kv_store(kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
+        be->paged_attention(st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
+                            kv->block_size, b->max_blocks);
+        be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
+        be->add(st->x, st->x, st->proj, ND);
+        be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
+        be->linear(st->gate, st->xn, w->gate_w, NULL, n, D, F);
+        be->linear(st->up, st->xn, w->up_w, NULL, n, D, F);
+        be->swiglu(st->gate, st->gate, st->up, (size_t)n * F);
+        be->linear(st->proj, st->gate, w->down_w, NULL, n, F, D);
+        be->add(st->x, st->x, st->proj, ND);
+    }
+    if (b->n_logits == 0) return;
+    /* The final norm only on the rows that want logits: norm is per row. */
+    const void *rows = st->x;
+    if (b->logit_rows) {
+        be->gather_rows_i32(st->rows, st->x, b->logit_rows, b->n_logits, D);
+        rows = st->rows;
+    }
+    be->rmsnorm(st->xn, rows, m->final_norm, b->n_logits, D, c->rms_norm_eps);
+    be->linear(st->logits, st->xn, m->lm_head, NULL, b->n_logits, D, V);
+}

@@ -158,6 +158,19 @@ static int st_chunk_rows(const Backend *be, int max_tokens) {
     return rows < max_tokens ? rows : max_tokens;
 }
 
+size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_tokens, bool recompute) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
+           QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim,
+           V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = (size_t)st_chunk_rows(m->be, max_tokens);
+    size_t es = dtype_size(m->be->storage);
+    size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es; /* all but x_in */
+    size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
+    size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
+                    2 * SL * KVD * 4;
+    return layers + shared;
+}
+
 int train_state_create(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err) {
     return train_state_create_recompute(out, m, n_slots, max_len, max_tokens, false, err);
 }

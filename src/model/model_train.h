@@ -54,6 +54,9 @@ int train_state_create(TrainState **out, const Model *m, int n_slots, int max_le
 int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, int max_len, int max_tokens,
                                  bool recompute, char *err);
 void train_state_free(TrainState *st);
+/* The device bytes train_state_create_recompute would allocate (to choose
+ * recompute before allocating). */
+size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_tokens, bool recompute);
 size_t train_state_bytes(const TrainState *st);    /* device bytes of its activations */
 
 /* Forward over n tokens. For each token with targets[i] >= 0, logprobs[i] =

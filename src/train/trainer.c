@@ -31,7 +31,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "data/rewards.h"
-#include "engine/generate.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "model/model_train.h"
 #include "tokenizer/tokenizer.h"
@@ -60,6 +60,7 @@ typedef struct Sample {
     int terminated;      /* ended with a stop token (not truncated) */
     float reward, advantage;
     float *old_logp;     /* [len] or NULL */
+    float *sampling_logp; /* [len] the engine's log-prob of each sampled token */
     float *ref_logp;     /* [len] or NULL */
     char *text;
 } Sample;
@@ -82,6 +83,7 @@ static void rollout_free(Rollout *r) {
     for (int i = 0; i < r->n_samples && r->samples; i++) {
         free(r->samples[i].completion);
         free(r->samples[i].old_logp);
+        free(r->samples[i].sampling_logp);
         free(r->samples[i].ref_logp);
         free(r->samples[i].text);
     }
@@ -126,7 +128,9 @@ typedef struct Trainer {
     int64_t num_tokens;
     Rollout ro;
     Metrics metrics;
-    double time_generation, time_scoring, time_training;
+    double time_generation, time_scoring, time_logprobs, time_training;
+    EngineOptions engine_opts;
+    bool recompute;    /* activation recompute (gradient checkpointing) */
     /* buffers sized once */
     int max_prompt_tokens, max_seq, max_batch_tokens;
     int *tok_ids, *tok_slot, *tok_pos, *tok_target;
@@ -135,6 +139,19 @@ typedef struct Trainer {
     FILE *metrics_fp;
     char *metrics_path;
 } Trainer;
+
+/* Training activations live only while the trainer runs forwards: they are
+ * given back before generation so the engine's KV pool can use the memory. */
+static void release_activations(Trainer *t) {
+    train_state_free(t->ts);
+    t->ts = NULL;
+}
+
+static int ensure_activations(Trainer *t, char *err) {
+    if (t->ts) return COLT_OK;
+    int bs = t->cfg->per_device_train_batch_size;
+    return train_state_create_recompute(&t->ts, t->model, bs, t->max_seq, t->max_batch_tokens, t->recompute, err);
+}
 
 /* Prompt ids of dataset row i: chat template for conversational rows, else
  * the text with BOS when the tokenizer adds it (TRL tokenizes plain prompts
@@ -218,6 +235,7 @@ static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, ch
         int B = r->n_samples - start < bs ? r->n_samples - start : bs;
         for (int b = 0; b < B; b++) idx[b] = start + b;
         int n = pack_batch(t, r, idx, B);
+        if (ensure_activations(t, err) != 0) return COLT_ERR;
         if (model_train_forward(m, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
                                 (float)t->cfg->temperature, t->tok_logp, NULL, err) != 0) {
             rc = COLT_ERR;
@@ -267,6 +285,20 @@ static void next_prompt_rows(Trainer *t, size_t *rows, int P) {
     }
 }
 
+/* The engine's memory per round (colt's names; TRL has none for these). */
+static void log_engine_stats(Trainer *t, const EngineStats *es) {
+    const double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
+    metrics_add(&t->metrics, "engine/kv_pool_gb", es->pool_bytes * gb);
+    metrics_add(&t->metrics, "engine/sequences_held", es->peak_running);
+    metrics_add(&t->metrics, "engine/kv_blocks_used", es->peak_blocks_used);
+    metrics_add(&t->metrics, "engine/preemptions", es->preemptions);
+    if (t->be->memory_info) {
+        size_t free_bytes, total_bytes;
+        t->be->memory_info(&free_bytes, &total_bytes);
+        metrics_add(&t->metrics, "engine/peak_memory_gb", (total_bytes - es->device_free_min) * gb);
+    }
+}
+
 /* One generation round: completions, rewards, advantages, old/ref log-probs. */
 static int new_rollout(Trainer *t, char *err) {
     TrainConfig *c = t->cfg;
@@ -289,8 +321,10 @@ static int new_rollout(Trainer *t, char *err) {
         if (prompt_ids_for_row(t, t->data, r->rows[p], &r->prompt_ids[p], &r->prompt_len[p], &r->prompt_text[p], err) != 0)
             return COLT_ERR;
 
-    /* Generate with the live weights. */
+    /* Generate with the live weights, in the memory the training activations
+     * give back (they are re-created for the next forward). */
     double t0 = time_now();
+    release_activations(t);
     GenSequence *seqs = xcalloc((size_t)N, sizeof(GenSequence));
     for (int i = 0; i < N; i++) {
         seqs[i].prompt = r->prompt_ids[i / G];
@@ -298,18 +332,20 @@ static int new_rollout(Trainer *t, char *err) {
         seqs[i].stream = (uint64_t)t->round * (uint64_t)N + (uint64_t)i;
     }
     GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
-                          .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop, .max_batch = 0};
-    if (generate(t->model, seqs, N, &go, err) != 0) {
+                          .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
+    EngineStats es;
+    if (engine_generate(t->model, seqs, N, &go, &t->engine_opts, &es, err) != 0) {
         free(seqs);
         return COLT_ERR;
     }
+    log_engine_stats(t, &es);
     for (int i = 0; i < N; i++) {
         Sample *s = &r->samples[i];
         s->prompt = i / G;
         s->completion = seqs[i].tokens;
         s->len = seqs[i].n_tokens;
         s->terminated = seqs[i].finish == FINISH_STOP;
-        free(seqs[i].logprobs);
+        s->sampling_logp = seqs[i].logprobs;
         int n_text = s->len - (s->terminated ? 1 : 0);
         if (tokenizer_decode(t->tok, s->completion, (size_t)n_text, true, &s->text, err) != 0) {
             free(seqs);
@@ -392,6 +428,7 @@ static int new_rollout(Trainer *t, char *err) {
     metrics_add(&t->metrics, "completions/max_terminated_length", n_term ? max_term : 0);
 
     /* Old and reference log-probs (TRL computes them before any update of the round). */
+    double t_lp = time_now();
     float **lp = xcalloc((size_t)N, sizeof(float *));
     if (t->need_old_logp) {
         if (completion_logprobs(t, t->model, r, lp, err) != 0) rc = COLT_ERR;
@@ -403,6 +440,8 @@ static int new_rollout(Trainer *t, char *err) {
     }
     for (int i = 0; i < N; i++) free(lp[i]);
     free(lp);
+    double lp_seconds = time_now() - t_lp;
+    t->time_logprobs += lp_seconds;
 
     /* Shuffle the samples (TRL's shuffle_sequence_dict), keyed by the round. */
     for (int i = 0; i < N; i++) r->order[i] = i;
@@ -416,7 +455,7 @@ static int new_rollout(Trainer *t, char *err) {
     }
     r->micro_done = 0;
     t->round++;
-    t->time_scoring += time_now() - t1;
+    t->time_scoring += time_now() - t1 - lp_seconds;
     return rc;
 }
 
@@ -433,6 +472,7 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
     for (int b = 0; b < B; b++)
         if (r->samples[idx[b]].len > T) T = r->samples[idx[b]].len;
 
+    if (ensure_activations(t, err) != 0) return COLT_ERR;
     if (model_train_forward(t->model, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
                             (float)c->temperature, t->tok_logp, t->tok_entropy, err) != 0)
         return COLT_ERR;
@@ -525,6 +565,7 @@ static json_t *rollout_to_json(const Rollout *r) {
                                isnan(s->reward) ? json_null() : json_real(s->reward), "advantage", (double)s->advantage,
                                "text", s->text, "per_func", floats_json(r->per_func + (size_t)i * r->n_funcs, r->n_funcs));
         if (s->old_logp) json_object_set_new(so, "old_logp", floats_json(s->old_logp, s->len));
+        if (s->sampling_logp) json_object_set_new(so, "sampling_logp", floats_json(s->sampling_logp, s->len));
         if (s->ref_logp) json_object_set_new(so, "ref_logp", floats_json(s->ref_logp, s->len));
         json_array_append_new(samples, so);
     }
@@ -585,6 +626,8 @@ static int rollout_from_json(Rollout *r, json_t *o, int n_funcs, const char *whe
         json_t *pf = json_object_get(so, "per_func");
         for (int k = 0; k < n_funcs; k++) r->per_func[(size_t)i * n_funcs + k] = json_float(json_array_get(pf, (size_t)k));
         if (json_object_get(so, "old_logp")) s->old_logp = json_floats(json_object_get(so, "old_logp"), s->len);
+        if (json_object_get(so, "sampling_logp"))
+            s->sampling_logp = json_floats(json_object_get(so, "sampling_logp"), s->len);
         if (json_object_get(so, "ref_logp")) s->ref_logp = json_floats(json_object_get(so, "ref_logp"), s->len);
     }
     int n_order = 0;
@@ -738,7 +781,8 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
         }
         GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
                               .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
-        rc = generate(t->model, seqs, N, &go, err);
+        release_activations(t);
+        rc = engine_generate(t->model, seqs, N, &go, &t->engine_opts, NULL, err);
     }
     for (int i = 0; i < N && rc == 0; i++) {
         int n_text = seqs[i].n_tokens - (seqs[i].finish == FINISH_STOP ? 1 : 0);
@@ -965,9 +1009,27 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     int bs = c->per_device_train_batch_size;
     t->max_seq = t->max_prompt_tokens + c->max_completion_length;
     t->max_batch_tokens = bs * t->max_seq;
-    if (train_state_create_recompute(&t->ts, t->model, bs, t->max_seq, t->max_batch_tokens,
-                                     c->gradient_checkpointing, err) != 0)
-        return COLT_ERR;
+    /* Activations must fit beside weights, optimizer state and gradients: when
+     * they would not, recompute (gradient checkpointing) turns on by itself. */
+    t->recompute = c->gradient_checkpointing;
+    if (t->be->memory_info) {
+        size_t free_bytes, total_bytes;
+        t->be->memory_info(&free_bytes, &total_bytes);
+        size_t headroom = (size_t)2 << 30, avail = free_bytes > headroom ? free_bytes - headroom : 0;
+        double gib = 1.0 / (1024.0 * 1024.0 * 1024.0);
+        size_t full = train_state_plan_bytes(t->model, bs, t->max_seq, t->max_batch_tokens, false);
+        size_t lean = train_state_plan_bytes(t->model, bs, t->max_seq, t->max_batch_tokens, true);
+        if (!t->recompute && full > avail && lean <= avail) {
+            t->recompute = true;
+            log_info0("gradient_checkpointing turned on: activations need %.1f GB without it, %.1f GB are free",
+                      full * gib, avail * gib);
+        }
+        if (lean > avail)
+            return errorf(err, "training activations need %.1f GB even with gradient checkpointing but %.1f GB are "
+                               "free: lower per_device_train_batch_size or max_completion_length",
+                          lean * gib, avail * gib);
+    }
+    if (ensure_activations(t, err) != 0) return COLT_ERR;
     size_t nt = (size_t)t->max_batch_tokens, bt = (size_t)bs * (size_t)c->max_completion_length;
     t->tok_ids = xmalloc(nt * sizeof(int));
     t->tok_slot = xmalloc(nt * sizeof(int));
@@ -1071,7 +1133,7 @@ int trainer_run(TrainConfig *c, char *err) {
         json_decref(step_start_state);
         step_start_state = trainer_state_json(&t);
         double step_start = time_now();
-        double gen0 = t.time_generation, score0 = t.time_scoring;
+        double gen0 = t.time_generation, score0 = t.time_scoring, lp0 = t.time_logprobs;
         model_grads_zero(t.grads);
         double step_loss = 0;
         for (int a = 0; a < c->gradient_accumulation_steps && rc == 0; a++) {
@@ -1107,7 +1169,9 @@ int trainer_run(TrainConfig *c, char *err) {
         metrics_add(&t.metrics, "step_time", now - step_start);
         metrics_add(&t.metrics, "time/generation", t.time_generation - gen0);
         metrics_add(&t.metrics, "time/scoring", t.time_scoring - score0);
-        metrics_add(&t.metrics, "time/training", (now - step_start) - (t.time_generation - gen0) - (t.time_scoring - score0));
+        metrics_add(&t.metrics, "time/logprobs", t.time_logprobs - lp0);
+        metrics_add(&t.metrics, "time/training", (now - step_start) - (t.time_generation - gen0) -
+                                                     (t.time_scoring - score0) - (t.time_logprobs - lp0));
 
         bool last = t.global_step == t.total_steps;
         bool logging = t.global_step % c->logging_steps == 0 || last;

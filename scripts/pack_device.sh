@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# pack_device.sh — what a GPU run needs beside the working tree, in one folder
+# that travels with it (.devcarry/, ignored by git): the CUDA build's binaries,
+# the Debian shared libraries they link (scripts/make_devlibs.sh), and the
+# Qwen2.5 tokenizer and GSM8K prompts the GRPO benchmark reads, compressed to
+# stay under the device's 64 MiB transfer limit. On the device:
+#   tar xf .devcarry/bundle.tar.xz && export LD_LIBRARY_PATH=$PWD/.devlibs
+# Usage: bash scripts/pack_device.sh [binary ...]  (default: colt and every GPU test and bench)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+shared=${COLT_SHARED_DATA:-../shared/data}
+bins=("$@")
+if [ ${#bins[@]} -eq 0 ]; then
+  bins=(build-cuda/colt build-cuda/test_cuda_* build-cuda/bench_*)
+fi
+bash scripts/make_devlibs.sh build-cuda/colt > /dev/null
+rm -rf .devcarry && mkdir -p .devcarry/data/qwen2.5-tokenizer
+cp "$shared"/qwen2.5-tokenizer/*.json .devcarry/data/qwen2.5-tokenizer/
+python3 - "$shared/gsm8k/train.jsonl" .devcarry/data/gsm8k_prompts.jsonl <<'PY'
+import json, sys
+with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
+    for line in f:
+        q = json.loads(line)["question"]
+        out.write(json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n")
+PY
+tar cf - "${bins[@]}" .devlibs .devcarry/data | xz -T2 -6 > .devcarry/bundle.tar.xz
+rm -rf .devcarry/data
+du -sh .devcarry/bundle.tar.xz

@@ -4,18 +4,30 @@
  * off), the loss within 1e-6 relative, d loss / d logp within 1e-6 relative +
  * 1e-9 absolute, and the clip / kl metrics; then reward aggregation and
  * advantages for every scale_rewards, NaN rewards and reward weights; then the
- * option parsers. Exits non-zero on any mismatch. */
+ * option parsers.
+ * Then TRL's vLLM importance-sampling correction (tests/data/is_goldens.json
+ * from tests/ref/make_is_goldens.py): for every vllm_importance_sampling_mode x
+ * clip bounds x loss_type x importance level x beta, the IS weights (1e-6
+ * relative: they are stored as float), the sampling metrics (1e-9 relative),
+ * the weighted loss and d loss / d logp at the tolerances above; the metrics of
+ * an all-masked batch and of three processes reduced as TRL gathers them; then
+ * the config keys of the correction (defaults, parsing, errors).
+ * Exits non-zero on any mismatch. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "train/grpo.h"
+#include "train/train_config.h"
 
 #define N_LOSS_CASES 66
 #define N_ADV_CASES 12
+#define N_IS_CASES 148
+#define N_IS_METRIC_CASES 24
 #define MAX_BT 64
 
 static int failures = 0;
@@ -225,6 +237,332 @@ static void test_parsers_and_errors(void) {
           "dr_grpo without max_completion_length is an error");
 }
 
+/* ---------------------------------------------------------------- sampling correction */
+
+static double num_or_nan(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NAN : json_number_value(v);
+}
+
+static int read_is_mode(GrpoSamplingIsMode *mode, const json_t *cs, const char *name) {
+    char err[ERR_LEN];
+    if (grpo_sampling_is_mode_parse(mode, json_string_value(json_object_get(cs, "mode")), err) == 0) return 0;
+    fprintf(stderr, "FAIL %s: %s\n", name, err);
+    failures++;
+    return -1;
+}
+
+/* The five logged values against the golden's, relative 1e-9; returns the worst difference. */
+static double sampling_metrics_diff(const GrpoSamplingMetrics *m, const json_t *cs) {
+    const double got[5] = {m->logp_difference_mean, m->logp_difference_max, m->is_ratio_min, m->is_ratio_mean,
+                           m->is_ratio_max};
+    static const char *keys[5] = {"logp_difference_mean", "logp_difference_max", "is_ratio_min", "is_ratio_mean",
+                                  "is_ratio_max"};
+    double worst = 0.0;
+    for (int i = 0; i < 5; i++) {
+        double want = num(cs, keys[i]);
+        double d = fabs(got[i] - want) / (fabs(want) > 1.0 ? fabs(want) : 1.0);
+        if (!(d <= worst)) worst = d;  /* NaN counts as the worst */
+    }
+    return worst;
+}
+
+typedef struct IsInputs {
+    int B, T;
+    float logp[MAX_BT], old_logp[MAX_BT], sampling_logp[MAX_BT], ref_logp[MAX_BT], mask[MAX_BT], adv[MAX_BT];
+} IsInputs;
+
+static void test_is_loss_cases(const json_t *root, const IsInputs *in) {
+    const int B = in->B, T = in->T;
+    const json_t *cases = json_object_get(root, "cases");
+    if (json_array_size(cases) != N_IS_CASES) {
+        fprintf(stderr, "FAIL expected %d IS cases, the goldens have %zu\n", N_IS_CASES, json_array_size(cases));
+        failures++;
+        return;
+    }
+    int passed = 0, nontrivial_weights = 0;
+    double worst_w = 0.0, worst_m = 0.0, worst_loss = 0.0, worst_grad = 0.0;
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        const json_t *cs = json_array_get(cases, c);
+        const char *name = json_string_value(json_object_get(cs, "name"));
+        char err[ERR_LEN];
+        GrpoSamplingIsMode mode;
+        if (read_is_mode(&mode, cs, name)) continue;
+        float weight[MAX_BT], dlogp[MAX_BT];
+        double want_weight[MAX_BT];
+        GrpoSamplingMetrics sm;
+        if (grpo_sampling_is_weights(weight, &sm, in->old_logp, in->sampling_logp, in->mask, B, T, mode,
+                                     num_or_nan(cs, "clip_min"), num_or_nan(cs, "clip_max"), err)) {
+            fprintf(stderr, "FAIL %s: %s\n", name, err);
+            failures++;
+            continue;
+        }
+        int ok = read_doubles(want_weight, MAX_BT, json_object_get(cs, "is_weight")) == B * T;
+        double w_diff = 0.0;
+        for (int i = 0; i < B * T; i++) {
+            double d = fabs((double)weight[i] - want_weight[i]);
+            if (d > w_diff) w_diff = d;
+            if (!(d <= 1e-6 * fabs(want_weight[i]))) ok = 0;
+            if (in->mask[i] != 0.0f && weight[i] != 1.0f) nontrivial_weights++;
+        }
+        /* Merging single-row calls must give the batch's metrics (how a trainer accumulates them). */
+        GrpoSamplingMetrics merged = {0};
+        for (int b = 0; b < B; b++) {
+            GrpoSamplingMetrics part;
+            float row_w[MAX_BT];
+            grpo_sampling_is_weights(row_w, &part, in->old_logp + (size_t)b * T, in->sampling_logp + (size_t)b * T,
+                                     in->mask + (size_t)b * T, 1, T, mode, num_or_nan(cs, "clip_min"),
+                                     num_or_nan(cs, "clip_max"), err);
+            grpo_sampling_metrics_merge(&merged, &part);
+        }
+        double m_diff = fmax(sampling_metrics_diff(&sm, cs), sampling_metrics_diff(&merged, cs));
+        if (!(m_diff <= 1e-9)) ok = 0;
+
+        GrpoLossConfig cfg = {
+            .epsilon_low = (float)num(root, "epsilon_low"),
+            .epsilon_high = (float)num(root, "epsilon_high"),
+            .delta = (float)num(cs, "delta"),
+            .beta = (float)num(cs, "beta"),
+            .max_completion_length = (int)json_integer_value(json_object_get(root, "max_completion_length")),
+            .gradient_accumulation_steps = (int)json_integer_value(json_object_get(cs, "gas")),
+            .num_items_in_batch = (float)num(cs, "num_items_in_batch"),
+        };
+        if (grpo_loss_type_parse(&cfg.loss_type, json_string_value(json_object_get(cs, "loss_type")), err) ||
+            grpo_importance_level_parse(&cfg.importance_sampling_level,
+                                        json_string_value(json_object_get(cs, "level")), err)) {
+            fprintf(stderr, "FAIL %s: %s\n", name, err);
+            failures++;
+            continue;
+        }
+        float loss;
+        GrpoLossMetrics lm;
+        if (grpo_loss_with_is_weight(&loss, dlogp, &lm, &cfg, in->logp, in->old_logp,
+                                     cfg.beta != 0.0f ? in->ref_logp : NULL, weight, in->mask, in->adv, B, T, err)) {
+            fprintf(stderr, "FAIL %s: %s\n", name, err);
+            failures++;
+            continue;
+        }
+        double want_loss = num(cs, "loss");
+        double loss_diff = fabs(loss - want_loss);
+        if (!(loss_diff <= 1e-6 * fabs(want_loss))) ok = 0;
+        double grad_diff = 0.0;
+        const json_t *jg = json_object_get(cs, "dlogp");
+        for (int i = 0; i < B * T; i++) {
+            double want = json_number_value(json_array_get(jg, (size_t)i));
+            double d = fabs(dlogp[i] - want);
+            if (d > grad_diff) grad_diff = d;
+            if (!(d <= 1e-6 * fabs(want) + 1e-9)) ok = 0;
+        }
+        double clip_diff = fmax(fmax(fabs(lm.clip_ratio_low - num(cs, "clip_ratio_low")),
+                                     fabs(lm.clip_ratio_high - num(cs, "clip_ratio_high"))),
+                                fmax(fabs(lm.clip_ratio_region - num(cs, "clip_ratio_region")),
+                                     fabs(lm.kl - num(cs, "kl"))));
+        if (!(clip_diff <= 1e-6)) ok = 0;
+        worst_w = fmax(worst_w, w_diff), worst_m = fmax(worst_m, m_diff);
+        worst_loss = fmax(worst_loss, loss_diff), worst_grad = fmax(worst_grad, grad_diff);
+        printf("%s IS %s: weight diff %.2g, sampling metrics diff %.2g (logp diff mean %.4g max %.4g, ratio "
+               "min/mean/max %.4g/%.4g/%.4g), loss %.6g (TRL %.6g) diff %.2g, grad max diff %.2g\n",
+               ok ? "ok  " : "FAIL", name, w_diff, m_diff, sm.logp_difference_mean, sm.logp_difference_max,
+               sm.is_ratio_min, sm.is_ratio_mean, sm.is_ratio_max, (double)loss, want_loss, loss_diff, grad_diff);
+        if (ok) passed++;
+        else failures++;
+    }
+    if (nontrivial_weights == 0) {
+        fprintf(stderr, "FAIL every IS weight is 1: the IS cases test nothing\n");
+        failures++;
+    }
+    printf("IS: %d/%d cases match TRL (worst weight diff %.2g, metric diff %.2g, loss diff %.2g, grad diff %.2g)\n",
+           passed, N_IS_CASES, worst_w, worst_m, worst_loss, worst_grad);
+}
+
+/* An all-masked batch alone, and three processes (the batch, the all-masked
+ * batch, the batch's first rows) reduced as TRL gathers them. */
+static void test_is_metric_cases(const json_t *root, const IsInputs *in) {
+    const int T = in->T;
+    const json_t *cases = json_object_get(root, "metric_cases"), *ranks = json_object_get(root, "rank_inputs");
+    if (json_array_size(cases) != N_IS_METRIC_CASES) {
+        fprintf(stderr, "FAIL expected %d IS metric cases, the goldens have %zu\n", N_IS_METRIC_CASES,
+                json_array_size(cases));
+        failures++;
+        return;
+    }
+    float zeros[MAX_BT] = {0}, weight[MAX_BT];
+    int passed = 0;
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        const json_t *cs = json_array_get(cases, c);
+        const char *name = json_string_value(json_object_get(cs, "name"));
+        GrpoSamplingIsMode mode;
+        if (read_is_mode(&mode, cs, name)) continue;
+        const json_t *rank_ids = json_object_get(cs, "ranks");
+        GrpoSamplingMetrics per_rank[8], out = {0};
+        int n_ranks = (int)json_array_size(rank_ids), ok = n_ranks >= 1 && n_ranks <= 8;
+        char err[ERR_LEN];
+        for (int r = 0; ok && r < n_ranks; r++) {
+            const json_t *ri = json_array_get(ranks, (size_t)json_integer_value(json_array_get(rank_ids, (size_t)r)));
+            int rows = (int)json_integer_value(json_object_get(ri, "rows"));
+            const float *mask = json_is_true(json_object_get(ri, "all_masked")) ? zeros : in->mask;
+            if (grpo_sampling_is_weights(weight, &per_rank[r], in->old_logp, in->sampling_logp, mask, rows, T, mode,
+                                         num_or_nan(cs, "clip_min"), num_or_nan(cs, "clip_max"), err))
+                ok = 0;
+        }
+        if (ok) grpo_sampling_metrics_reduce_ranks(&out, per_rank, n_ranks);
+        double diff = ok ? sampling_metrics_diff(&out, cs) : INFINITY;
+        ok = ok && diff <= 1e-9;
+        printf("%s IS metrics %s: diff %.2g (logp diff mean %.4g max %.4g, ratio min/mean/max %.4g/%.4g/%.4g)\n",
+               ok ? "ok  " : "FAIL", name, diff, out.logp_difference_mean, out.logp_difference_max, out.is_ratio_min,
+               out.is_ratio_mean, out.is_ratio_max);
+        if (ok) passed++;
+        else failures++;
+    }
+    printf("IS metrics: %d/%d cases match TRL\n", passed, N_IS_METRIC_CASES);
+}
+
+static void test_is_errors(void) {
+    char err[ERR_LEN];
+    GrpoSamplingIsMode mode;
+    float old[2] = {-1, -2}, smp[2] = {-1.1f, -1.9f}, mask[2] = {1, 1}, w[2];
+    check(grpo_sampling_is_mode_parse(&mode, "sequence_mask", err) == 0 && mode == SAMPLING_IS_SEQUENCE_MASK,
+          "parse sequence_mask");
+    check(grpo_sampling_is_mode_parse(&mode, "token", err) < 0 && strstr(err, "token_truncate") &&
+              strstr(err, "sequence_mask"),
+          "reject IS mode token, naming the valid ones");
+    check(grpo_sampling_is_weights(w, NULL, old, smp, mask, 1, 2, SAMPLING_IS_TOKEN_TRUNCATE, NAN, NAN, err) < 0 &&
+              strstr(err, "clip"),
+          "token_truncate without bounds is an error");
+    check(grpo_sampling_is_weights(w, NULL, old, smp, mask, 1, 2, SAMPLING_IS_TOKEN_MASK, NAN, NAN, err) == 0 &&
+              fabsf(w[0] - expf(0.1f)) < 1e-6f,
+          "token_mask without bounds keeps every ratio");
+}
+
+static void test_is_goldens(void) {
+    json_error_t jerr;
+    json_t *root = json_load_file(COLT_SOURCE_DIR "/tests/data/is_goldens.json", 0, &jerr);
+    if (!root) {
+        fprintf(stderr, "FAIL cannot read tests/data/is_goldens.json: %s\n", jerr.text);
+        failures++;
+        return;
+    }
+    printf("IS goldens from TRL %s\n", json_string_value(json_object_get(root, "trl_version")));
+    static IsInputs in;
+    in.B = (int)json_integer_value(json_object_get(root, "B"));
+    in.T = (int)json_integer_value(json_object_get(root, "T"));
+    int BT = in.B * in.T;
+    if (BT <= 0 || BT > MAX_BT || read_floats(in.logp, MAX_BT, json_object_get(root, "logp")) != BT ||
+        read_floats(in.old_logp, MAX_BT, json_object_get(root, "old_logp")) != BT ||
+        read_floats(in.sampling_logp, MAX_BT, json_object_get(root, "sampling_logp")) != BT ||
+        read_floats(in.ref_logp, MAX_BT, json_object_get(root, "ref_logp")) != BT ||
+        read_floats(in.mask, MAX_BT, json_object_get(root, "mask")) != BT ||
+        read_floats(in.adv, MAX_BT, json_object_get(root, "advantages")) != in.B) {
+        fprintf(stderr, "FAIL bad IS golden shapes\n");
+        failures++;
+    } else {
+        test_is_loss_cases(root, &in);
+        test_is_metric_cases(root, &in);
+    }
+    json_decref(root);
+}
+
+/* ---------------------------------------------------------------- config keys */
+
+/* A config with the required keys, then `extra` (YAML lines), finalized. */
+static int load_config(TrainConfig *c, const char *extra, char *err) {
+    char path[] = "/tmp/colt_test_grpo_config_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return errorf(err, "mkstemp failed");
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "model: m\ndataset: d.jsonl\nreward_funcs: [{type: length}]\n%s", extra);
+    fclose(f);
+    /* mkstemp's name has no .yaml suffix; the loader reads anything else as YAML */
+    train_config_defaults(c);
+    int rc = train_config_load_file(c, path, err);
+    unlink(path);
+    if (rc == 0) rc = train_config_finalize(c, err);
+    return rc;
+}
+
+static void test_is_config(void) {
+    char err[ERR_LEN];
+    TrainConfig c;
+    check(load_config(&c, "", err) == 0, "a minimal config loads");
+    check(c.use_vllm && c.vllm_importance_sampling_correction && strcmp(c.vllm_mode, "colocate") == 0 &&
+              strcmp(c.vllm_importance_sampling_mode, "sequence_mask") == 0 &&
+              isnan(c.vllm_importance_sampling_clip_min) && c.vllm_importance_sampling_clip_max == 3.0 &&
+              isnan(c.vllm_importance_sampling_cap) && c.gpu_memory_utilization == 0.0 &&
+              !c.gpu_memory_utilization_set,
+          "IS and memory defaults (TRL's, memory 0 = auto, not set)");
+    train_config_free(&c);
+
+    check(load_config(&c,
+                      "use_vllm: false\nvllm_mode: colocate\nvllm_importance_sampling_correction: false\n"
+                      "vllm_importance_sampling_mode: token_truncate\nvllm_importance_sampling_clip_min: 0.25\n"
+                      "vllm_importance_sampling_clip_max: 2.5\nvllm_gpu_memory_utilization: 0.6\n",
+                      err) == 0 &&
+              !c.use_vllm && !c.vllm_importance_sampling_correction &&
+              strcmp(c.vllm_importance_sampling_mode, "token_truncate") == 0 &&
+              c.vllm_importance_sampling_clip_min == 0.25 && c.vllm_importance_sampling_clip_max == 2.5 &&
+              c.gpu_memory_utilization == 0.6 && c.gpu_memory_utilization_set,
+          "every IS key parsed; vllm_gpu_memory_utilization sets gpu_memory_utilization");
+    train_config_free(&c);
+
+    check(load_config(&c, "gpu_memory_utilization: 0.5\nvllm_importance_sampling_clip_max: null\n"
+                          "vllm_importance_sampling_clip_min: 0.5\n", err) == 0 &&
+              c.gpu_memory_utilization == 0.5 && c.gpu_memory_utilization_set &&
+              isnan(c.vllm_importance_sampling_clip_max),
+          "gpu_memory_utilization, and clip_max null = None");
+    train_config_free(&c);
+
+    check(load_config(&c, "vllm_importance_sampling_cap: 4.0\n", err) == 0 &&
+              c.vllm_importance_sampling_clip_max == 4.0,
+          "deprecated vllm_importance_sampling_cap sets clip_max");
+    train_config_free(&c);
+
+    train_config_defaults(&c);
+    check(train_config_set(&c, "vllm_importance_sampling_mode", "token_mask", "command line", err) == 0 &&
+              train_config_set(&c, "vllm_importance_sampling_clip_min", "null", "command line", err) == 0 &&
+              strcmp(c.vllm_importance_sampling_mode, "token_mask") == 0 && isnan(c.vllm_importance_sampling_clip_min),
+          "IS keys as flags");
+    train_config_free(&c);
+
+    check(load_config(&c, "vllm_importance_sampling_mode: token\n", err) < 0 && !strchr(err, '\n') &&
+              strstr(err, "token_truncate, token_mask, sequence_truncate, sequence_mask"),
+          "a bad vllm_importance_sampling_mode is a one-line error naming the allowed ones");
+    printf("bad mode: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "vllm_mode: server\n", err) < 0 && !strchr(err, '\n') && strstr(err, "in-process"),
+          "vllm_mode server is a one-line error (colt generates in-process)");
+    printf("server: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "vllm_mode: remote\n", err) < 0 && strstr(err, "colocate"), "unknown vllm_mode");
+    train_config_free(&c);
+    check(load_config(&c, "vllm_importance_sampling_clip_min: 3.0\n", err) < 0 && strstr(err, "less than"),
+          "clip_min >= clip_max is an error (TRL)");
+    train_config_free(&c);
+    check(load_config(&c, "vllm_importance_sampling_mode: sequence_truncate\n"
+                          "vllm_importance_sampling_clip_max: null\n", err) < 0 && strstr(err, "clip_min"),
+          "a truncate mode without bounds is an error (TRL)");
+    train_config_free(&c);
+    check(load_config(&c, "vllm_importance_sampling_mode: token_mask\nvllm_importance_sampling_clip_max: null\n",
+                      err) == 0,
+          "a mask mode without bounds is allowed (TRL)");
+    train_config_free(&c);
+    check(load_config(&c, "gpu_memory_utilization: 1.5\n", err) < 0 && strstr(err, "gpu_memory_utilization"),
+          "gpu_memory_utilization above 1 is an error");
+    train_config_free(&c);
+    check(load_config(&c, "vllm_importance_sampling_moed: token_mask\n", err) < 0 &&
+              strstr(err, "did you mean 'vllm_importance_sampling_mode'"),
+          "a misspelt IS key suggests the right one");
+    train_config_free(&c);
+
+    train_config_defaults(&c);
+    json_t *j = train_config_to_json(&c);
+    check(json_is_true(json_object_get(j, "vllm_importance_sampling_correction")) &&
+              json_is_null(json_object_get(j, "vllm_importance_sampling_clip_min")) &&
+              json_number_value(json_object_get(j, "vllm_gpu_memory_utilization")) == 0.0,
+          "the IS keys in the saved config");
+    json_decref(j);
+    train_config_free(&c);
+}
+
 int main(void) {
     json_error_t jerr;
     json_t *root = json_load_file(COLT_SOURCE_DIR "/tests/data/grpo_goldens.json", 0, &jerr);
@@ -236,10 +574,15 @@ int main(void) {
     if (test_loss_cases(root) || test_advantage_cases(root)) failures++;
     test_parsers_and_errors();
     json_decref(root);
+    test_is_goldens();
+    test_is_errors();
+    test_is_config();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
         return 1;
     }
-    printf("all %d loss cases, %d advantage cases and the parser checks pass\n", N_LOSS_CASES, N_ADV_CASES);
+    printf("all %d loss cases, %d advantage cases, %d IS cases, %d IS metric cases, the parser and config checks "
+           "pass\n",
+           N_LOSS_CASES, N_ADV_CASES, N_IS_CASES, N_IS_METRIC_CASES);
     return 0;
 }

@@ -181,7 +181,8 @@ static void fold(double *sum, long long *count, double *min, double *max, double
 int grpo_sampling_is_weights(float *is_weight, GrpoSamplingMetrics *metrics, const float *old_logp,
                              const float *sampling_logp, const float *mask, int B, int T, GrpoSamplingIsMode mode,
                              double clip_min, double clip_max, char *err) {
-    if (B < 0 || T <= 0) return errorf(err, "grpo_sampling_is_weights: bad shape (B=%d, T=%d)", B, T);
+    /* T = 0 is a row of nothing but padding: a sequence ratio of exp(0), as in a padded batch */
+    if (B < 0 || T < 0) return errorf(err, "grpo_sampling_is_weights: bad shape (B=%d, T=%d)", B, T);
     if ((unsigned)mode > SAMPLING_IS_SEQUENCE_MASK)
         return errorf(err, "grpo_sampling_is_weights: unknown vllm_importance_sampling_mode %d", (int)mode);
     bool truncate = mode == SAMPLING_IS_TOKEN_TRUNCATE || mode == SAMPLING_IS_SEQUENCE_TRUNCATE;
@@ -229,8 +230,9 @@ void grpo_sampling_metrics_merge(GrpoSamplingMetrics *into, const GrpoSamplingMe
         into->logp_difference_count += part->logp_difference_count;
     }
     if (part->is_ratio_count > 0) {
-        if (into->is_ratio_count == 0 || part->is_ratio_min < into->is_ratio_min) into->is_ratio_min = part->is_ratio_min;
-        if (into->is_ratio_count == 0 || part->is_ratio_max > into->is_ratio_max) into->is_ratio_max = part->is_ratio_max;
+        bool first = into->is_ratio_count == 0;
+        if (first || part->is_ratio_min < into->is_ratio_min) into->is_ratio_min = part->is_ratio_min;
+        if (first || part->is_ratio_max > into->is_ratio_max) into->is_ratio_max = part->is_ratio_max;
         into->is_ratio_sum += part->is_ratio_sum;
         into->is_ratio_count += part->is_ratio_count;
     }

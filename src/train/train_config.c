@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/log.h"
 
 typedef enum { KEY_DOUBLE, KEY_DOUBLE_OR_NULL, KEY_INT, KEY_U64, KEY_BOOL, KEY_STRING, KEY_JSON_LIST } KeyType;
 
@@ -60,6 +61,17 @@ static const ConfigKey KEYS[] = {
     K(num_iterations, KEY_INT, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
     K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
+    K(use_vllm, KEY_BOOL, "accepted for TRL configs; colt always generates with its in-process engine"),
+    K(vllm_mode, KEY_STRING, "colocate (the only mode: colt generates in-process, there is no server)"),
+    K(vllm_importance_sampling_correction, KEY_BOOL,
+      "weight the loss by exp(trainer old log-prob - sampler log-prob), bounded per vllm_importance_sampling_mode"),
+    K(vllm_importance_sampling_mode, KEY_STRING, "token_truncate, token_mask, sequence_truncate or sequence_mask"),
+    K(vllm_importance_sampling_clip_min, KEY_DOUBLE_OR_NULL, "lower bound of the IS ratio (null = none)"),
+    K(vllm_importance_sampling_clip_max, KEY_DOUBLE_OR_NULL, "upper bound of the IS ratio (null = none)"),
+    K(vllm_importance_sampling_cap, KEY_DOUBLE_OR_NULL, "deprecated (TRL): sets vllm_importance_sampling_clip_max"),
+    K(gpu_memory_utilization, KEY_DOUBLE, "KV pool cap, fraction of total device memory (0 = auto: what is free)"),
+    {"vllm_gpu_memory_utilization", KEY_DOUBLE, offsetof(TrainConfig, gpu_memory_utilization),
+     "TRL's name for gpu_memory_utilization (colt's default 0 = auto, not TRL's 0.3)"},
     K(per_device_train_batch_size, KEY_INT, "completions per micro-batch"),
     K(gradient_accumulation_steps, KEY_INT, "micro-batches per optimizer step"),
     K(generation_batch_size, KEY_INT, "completions per generation round (default: batch * steps_per_generation)"),
@@ -105,6 +117,14 @@ void train_config_defaults(TrainConfig *c) {
     c->importance_sampling_level = xstrdup("token");
     c->scale_rewards = xstrdup("group");
     c->num_iterations = 1;
+    c->use_vllm = true;
+    c->vllm_mode = xstrdup("colocate");
+    c->vllm_importance_sampling_correction = true;
+    c->vllm_importance_sampling_mode = xstrdup("sequence_mask");
+    c->vllm_importance_sampling_clip_min = NAN;
+    c->vllm_importance_sampling_clip_max = 3.0;
+    c->vllm_importance_sampling_cap = NAN;
+    c->gpu_memory_utilization = 0.0;
     c->per_device_train_batch_size = 8;
     c->gradient_accumulation_steps = 1;
     c->max_steps = -1;
@@ -252,6 +272,9 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     }
     }
     json_decref(parsed);
+    /* either name of the KV pool cap: remember that the user chose it */
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
+        c->gpu_memory_utilization_set = true;
     return rc;
 }
 
@@ -505,6 +528,34 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: unknown scale_rewards '%s' (group, batch, none)",
                       c->scale_rewards ? c->scale_rewards : "null");
     if (c->num_iterations < 1) return errorf(err, "settings: num_iterations must be >= 1");
+    if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0)
+        return errorf(err, "settings: vllm_mode 'server' is not supported: colt runs generation in-process with the "
+                           "trainer's weights (use colocate)");
+    static const char *const vllm_modes[] = {"colocate", NULL};
+    if (!one_of(c->vllm_mode, vllm_modes))
+        return errorf(err, "settings: unknown vllm_mode '%s' (colocate)", c->vllm_mode ? c->vllm_mode : "null");
+    static const char *const is_modes[] = {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask", NULL};
+    if (!one_of(c->vllm_importance_sampling_mode, is_modes))
+        return errorf(err,
+                      "settings: unknown vllm_importance_sampling_mode '%s' (token_truncate, token_mask, "
+                      "sequence_truncate, sequence_mask)",
+                      c->vllm_importance_sampling_mode ? c->vllm_importance_sampling_mode : "null");
+    if (!isnan(c->vllm_importance_sampling_cap)) {  /* TRL's __post_init__: the deprecated cap wins */
+        log_info0("settings: vllm_importance_sampling_cap is deprecated (TRL 1.6); use vllm_importance_sampling_clip_max");
+        c->vllm_importance_sampling_clip_max = c->vllm_importance_sampling_cap;
+    }
+    double is_min = c->vllm_importance_sampling_clip_min, is_max = c->vllm_importance_sampling_clip_max;
+    if (!isnan(is_min) && !isnan(is_max) && is_min >= is_max)
+        return errorf(err, "settings: vllm_importance_sampling_clip_min (%g) must be less than "
+                           "vllm_importance_sampling_clip_max (%g)", is_min, is_max);
+    if (c->vllm_importance_sampling_correction && strstr(c->vllm_importance_sampling_mode, "_truncate") &&
+        isnan(is_min) && isnan(is_max))
+        return errorf(err, "settings: vllm_importance_sampling_mode %s needs vllm_importance_sampling_clip_min or "
+                           "vllm_importance_sampling_clip_max",
+                      c->vllm_importance_sampling_mode);
+    if (!(c->gpu_memory_utilization >= 0 && c->gpu_memory_utilization <= 1))
+        return errorf(err, "settings: gpu_memory_utilization (vllm_gpu_memory_utilization) must be in (0, 1], or 0 "
+                           "for auto (got %g)", c->gpu_memory_utilization);
     if (c->per_device_train_batch_size < 1) return errorf(err, "settings: per_device_train_batch_size must be >= 1");
     if (c->gradient_accumulation_steps < 1) return errorf(err, "settings: gradient_accumulation_steps must be >= 1");
     /* TRL: generation_batch_size and steps_per_generation are alternatives. */

@@ -28,6 +28,25 @@ typedef struct TrainConfig {
     int num_iterations;
     bool mask_truncated_completions;
     bool gradient_checkpointing;  /* recompute activations in the backward (transformers' name) */
+    /* Sampler / trainer mismatch: TRL's vLLM importance-sampling correction, with
+     * colt's in-process engine in vLLM's place (see train/grpo.h). TRL applies
+     * it only when use_vllm; colt always generates with its engine, so use_vllm
+     * is accepted for TRL configs but changes nothing (kept, default true, so
+     * the saved config says what ran). */
+    bool use_vllm;
+    char *vllm_mode;                          /* "colocate" only: generation runs in-process */
+    bool vllm_importance_sampling_correction; /* TRL default true */
+    char *vllm_importance_sampling_mode;      /* token_truncate, token_mask, sequence_truncate, sequence_mask */
+    /* NaN = None. clip_max defaults to 3; vllm_importance_sampling_cap (deprecated in
+     * TRL 1.6) replaces clip_max when set, as TRL's __post_init__ does. */
+    double vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max, vllm_importance_sampling_cap;
+    /* Cap of the engine's KV pool as a fraction of the device's total memory,
+     * set by gpu_memory_utilization or TRL's vllm_gpu_memory_utilization (one
+     * value, two names). 0 = auto: take what is free after the trainer's
+     * allocations — colt's default, where TRL's is 0.3 (vLLM sizes its pool from
+     * that fraction alone). gpu_memory_utilization_set: the user gave either key. */
+    double gpu_memory_utilization;
+    bool gpu_memory_utilization_set;
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

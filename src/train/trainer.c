@@ -121,6 +121,8 @@ typedef struct Trainer {
     LrSchedulerType scheduler;
     int warmup_steps;
     bool need_old_logp;
+    GrpoSamplingIsMode is_mode;
+    GrpoSamplingMetrics round_sampling; /* engine vs trainer log-probs over the round's first pass */
     /* progress */
     int64_t global_step, total_steps, round;
     uint64_t epoch;
@@ -135,7 +137,7 @@ typedef struct Trainer {
     int max_prompt_tokens, max_seq, max_batch_tokens;
     int *tok_ids, *tok_slot, *tok_pos, *tok_target;
     float *tok_logp, *tok_entropy, *tok_dlogp;
-    float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp;
+    float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
     FILE *metrics_fp;
     char *metrics_path;
 } Trainer;
@@ -482,6 +484,7 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
     memset(t->mb_old, 0, BT * sizeof(float));
     memset(t->mb_ref, 0, BT * sizeof(float));
     memset(t->mb_mask, 0, BT * sizeof(float));
+    memset(t->mb_sampling, 0, BT * sizeof(float));
     double ent_sum = 0, ent_count = 0;
     int off = 0;
     for (int b = 0; b < B; b++) {
@@ -493,6 +496,7 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
             t->mb_logp[(size_t)b * T + j] = t->tok_logp[tok];
             if (s->old_logp) t->mb_old[(size_t)b * T + j] = s->old_logp[j];
             if (s->ref_logp) t->mb_ref[(size_t)b * T + j] = s->ref_logp[j];
+            t->mb_sampling[(size_t)b * T + j] = s->sampling_logp ? s->sampling_logp[j] : NAN;
             t->mb_mask[(size_t)b * T + j] = counted ? 1.0f : 0.0f;
             if (counted) ent_sum += t->tok_entropy[tok], ent_count += 1;
         }
@@ -504,10 +508,35 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
      * accumulation window (x GAS / steps_per_generation), per process. */
     double items = r->num_items > 1.0 ? r->num_items : 1.0;
     lc.num_items_in_batch = (float)(items * c->gradient_accumulation_steps / c->steps_per_generation);
+    /* TRL's vLLM importance-sampling correction: the engine's log-probs against
+     * the trainer's old ones. Without a separate old-log-prob pass the weights
+     * have not moved since generation, so this forward's own (detached)
+     * log-probs are the old ones. */
+    GrpoSamplingMetrics part;
+    if (grpo_sampling_is_weights(t->mb_isw, &part, t->need_old_logp ? t->mb_old : t->mb_logp, t->mb_sampling,
+                                 t->mb_mask, B, T, t->is_mode, c->vllm_importance_sampling_clip_min,
+                                 c->vllm_importance_sampling_clip_max, err) != 0)
+        return COLT_ERR;
+    if (r->micro_done < c->steps_per_generation) { /* TRL logs these once per round */
+        if (r->micro_done == 0) memset(&t->round_sampling, 0, sizeof t->round_sampling);
+        grpo_sampling_metrics_merge(&t->round_sampling, &part);
+        if (r->micro_done == c->steps_per_generation - 1) {
+            const GrpoSamplingMetrics *sm = &t->round_sampling;
+            metrics_add(&t->metrics, "sampling/sampling_logp_difference/mean", sm->logp_difference_mean);
+            metrics_add(&t->metrics, "sampling/sampling_logp_difference/max", sm->logp_difference_max);
+            if (c->vllm_importance_sampling_correction) {
+                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/min", sm->is_ratio_min);
+                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/mean", sm->is_ratio_mean);
+                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/max", sm->is_ratio_max);
+            }
+        }
+    }
     float loss = 0;
     GrpoLossMetrics lm;
-    if (grpo_loss(&loss, t->mb_dlogp, &lm, &lc, t->mb_logp, t->need_old_logp ? t->mb_old : NULL,
-                  t->ref_model ? t->mb_ref : NULL, t->mb_mask, t->mb_adv, B, T, err) != 0)
+    if (grpo_loss_with_is_weight(&loss, t->mb_dlogp, &lm, &lc, t->mb_logp, t->need_old_logp ? t->mb_old : NULL,
+                                 t->ref_model ? t->mb_ref : NULL,
+                                 c->vllm_importance_sampling_correction ? t->mb_isw : NULL, t->mb_mask, t->mb_adv,
+                                 B, T, err) != 0)
         return COLT_ERR;
     /* Back to the packed token layout. */
     memset(t->tok_dlogp, 0, sizeof(float) * (size_t)n);
@@ -988,6 +1017,8 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     lc->gradient_accumulation_steps = c->gradient_accumulation_steps;
     /* TRL: old log-probs only when generation and optimizer steps are misaligned. */
     t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
+    if (grpo_sampling_is_mode_parse(&t->is_mode, c->vllm_importance_sampling_mode, err) != 0) return COLT_ERR;
+    t->engine_opts.gpu_memory_utilization = c->gpu_memory_utilization;
 
     if (lr_scheduler_parse(&t->scheduler, c->lr_scheduler_type, err) != 0) return COLT_ERR;
     if (c->max_steps > 0) {
@@ -1043,6 +1074,8 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->mb_ref = xmalloc(bt * sizeof(float));
     t->mb_mask = xmalloc(bt * sizeof(float));
     t->mb_dlogp = xmalloc(bt * sizeof(float));
+    t->mb_sampling = xmalloc(bt * sizeof(float));
+    t->mb_isw = xmalloc(bt * sizeof(float));
     t->mb_adv = xmalloc((size_t)bs * sizeof(float));
 
     /* The memory plan: every lifetime's buffers are allocated above, once. */
@@ -1081,6 +1114,7 @@ static void trainer_teardown(Trainer *t) {
     free(t->tok_ids), free(t->tok_slot), free(t->tok_pos), free(t->tok_target);
     free(t->tok_logp), free(t->tok_entropy), free(t->tok_dlogp);
     free(t->mb_logp), free(t->mb_old), free(t->mb_ref), free(t->mb_mask), free(t->mb_dlogp), free(t->mb_adv);
+    free(t->mb_sampling), free(t->mb_isw);
     dataset_free(t->data);
     dataset_free(t->eval_data);
     model_free(t->ref_model);

@@ -68,8 +68,8 @@ static char *metrics_without_timing(const char *dir) {
     out[0] = '\0';
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *o = json_loads(line, 0, NULL);
-        const char *drop[] = {"step_time", "time/generation", "time/scoring", "time/training"};
-        for (int i = 0; i < 4; i++) json_object_del(o, drop[i]);
+        const char *drop[] = {"step_time", "time/generation", "time/scoring", "time/logprobs", "time/training"};
+        for (int i = 0; i < 5; i++) json_object_del(o, drop[i]);
         char *s = json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT);
         size_t l = strlen(s);
         if (len + l + 2 > cap) cap = (len + l + 2) * 2, out = realloc(out, cap);
@@ -146,8 +146,9 @@ int main(void) {
     const char *names[] = {"\"reward\"", "\"reward_std\"", "\"rewards/park/mean\"", "\"frac_reward_zero_std\"",
                            "\"completions/mean_length\"", "\"completions/clipped_ratio\"", "\"entropy\"",
                            "\"clip_ratio/region_mean\"", "\"loss\"", "\"grad_norm\"", "\"learning_rate\"",
-                           "\"num_tokens\"", "\"step\""};
-    for (int i = 0; i < 13; i++) CHECK(strstr(metrics_a, names[i]), "metric %s not logged", names[i]);
+                           "\"num_tokens\"", "\"step\"", "\"sampling/sampling_logp_difference/mean\"",
+                           "\"sampling/importance_sampling_ratio/mean\"", "\"engine/kv_pool_gb\""};
+    for (int i = 0; i < 16; i++) CHECK(strstr(metrics_a, names[i]), "metric %s not logged", names[i]);
 
     snprintf(args, sizeof args, "%s --max_steps 12 --output_dir %s", BASE, b_dir);
     code = run(args, &err);

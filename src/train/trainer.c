@@ -41,8 +41,10 @@
 #include "train/optim.h"
 #include "train/report.h"
 
-/* RNG streams: keep sampling of training, eval and shuffles apart. */
-#define STREAM_EVAL_BASE (1ull << 40)
+/* RNG streams: keep sampling of training, eval and shuffles apart. The
+ * engine's sampler takes stream ids below 2^31: training completions use
+ * 0 .. 2^30-1, eval ones start at 2^30. */
+#define STREAM_EVAL_BASE (1ull << 30)
 #define STREAM_SHUFFLE (1ull << 41)
 
 static volatile sig_atomic_t g_stop_requested = 0;
@@ -331,7 +333,7 @@ static int new_rollout(Trainer *t, char *err) {
     for (int i = 0; i < N; i++) {
         seqs[i].prompt = r->prompt_ids[i / G];
         seqs[i].prompt_len = r->prompt_len[i / G];
-        seqs[i].stream = (uint64_t)t->round * (uint64_t)N + (uint64_t)i;
+        seqs[i].stream = ((uint64_t)t->round * (uint64_t)N + (uint64_t)i) % STREAM_EVAL_BASE;
     }
     GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
                           .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
@@ -677,6 +679,17 @@ static json_t *trainer_state_json(const Trainer *t) {
     json_object_set_new(o, "metrics", metrics_to_json(&t->metrics));
     bool in_round = t->ro.samples && t->ro.micro_done < t->cfg->steps_per_generation * t->cfg->num_iterations;
     json_object_set_new(o, "rollout", in_round ? rollout_to_json(&t->ro) : json_null());
+    if (in_round) { /* the round's sampling metrics so far, logged at its first pass's end */
+        const GrpoSamplingMetrics *sm = &t->round_sampling;
+        json_object_set_new(o, "round_sampling",
+                            json_pack("{s:f,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:I}", "logp_difference_mean",
+                                      sm->logp_difference_mean, "logp_difference_max", sm->logp_difference_max,
+                                      "logp_difference_sum", sm->logp_difference_sum, "logp_difference_count",
+                                      (json_int_t)sm->logp_difference_count, "is_ratio_min", sm->is_ratio_min,
+                                      "is_ratio_mean", sm->is_ratio_mean, "is_ratio_max", sm->is_ratio_max,
+                                      "is_ratio_sum", sm->is_ratio_sum, "is_ratio_count",
+                                      (json_int_t)sm->is_ratio_count));
+    }
     return o;
 }
 
@@ -769,6 +782,19 @@ static int load_trainer_state(Trainer *t, const char *ckpt, char *err) {
         if (metrics_from_json(&t->metrics, json_object_get(o, "metrics")) != 0)
             rc = errorf(err, "%s: malformed metrics", state_path);
         else rc = rollout_from_json(&t->ro, json_object_get(o, "rollout"), t->n_rewards, state_path, err);
+        json_t *sm = json_object_get(o, "round_sampling");
+        if (rc == 0 && sm) {
+            GrpoSamplingMetrics *r = &t->round_sampling;
+            r->logp_difference_mean = json_number_value(json_object_get(sm, "logp_difference_mean"));
+            r->logp_difference_max = json_number_value(json_object_get(sm, "logp_difference_max"));
+            r->logp_difference_sum = json_number_value(json_object_get(sm, "logp_difference_sum"));
+            r->logp_difference_count = json_integer_value(json_object_get(sm, "logp_difference_count"));
+            r->is_ratio_min = json_number_value(json_object_get(sm, "is_ratio_min"));
+            r->is_ratio_mean = json_number_value(json_object_get(sm, "is_ratio_mean"));
+            r->is_ratio_max = json_number_value(json_object_get(sm, "is_ratio_max"));
+            r->is_ratio_sum = json_number_value(json_object_get(sm, "is_ratio_sum"));
+            r->is_ratio_count = json_integer_value(json_object_get(sm, "is_ratio_count"));
+        }
     }
     json_decref(o);
     free(state_path);

@@ -1,17 +1,80 @@
-/* cpu_paged.c — STUB, being written (paged KV cache ops on the CPU). */
-#include <stdio.h>
-#include <stdlib.h>
+/* cpu_paged.c — the paged KV cache ops of the CPU reference backend
+ * (backend.h, "generation engine"): paged_kv_store and paged_attention.
+ *
+ * Pools are [n_blocks * block_size, KVH*Dh] fp32; [i32] arguments are host int
+ * arrays. paged_attention is cpu_attention with the row of position p looked up
+ * in the block table: the same double accumulation in the same order per query
+ * row, so the two agree bit for bit on the same K/V rows. Not a fast path: one
+ * (token, head) pair per OpenMP iteration, no blocking over heads.
+ *
+ * Dimension legend: N tokens in a call, H query heads, KVH key/value heads,
+ * Dh head dim. */
+#include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_engine_ops.h"
+#include "core/error.h"
 
+#define CPU_PAGED_MAX_HEAD_DIM 1024
+
+/* k[N, KVH*Dh] and v[N, KVH*Dh] of token i go to pool row slot_mapping[i];
+ * tokens with a negative slot are padding and write nothing. */
 void cpu_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
                         int kv_dim) {
-    fprintf(stderr, "cpu_paged_kv_store: not written yet\n");
-    abort();
+    float *kp = k_pool, *vp = v_pool;
+    const float *ks = k, *vs = v;
+    const int *slots = slot_mapping;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        if (slots[i] < 0) continue;
+        size_t row = (size_t)slots[i] * kv_dim;
+        memcpy(kp + row, ks + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
+        memcpy(vp + row, vs + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
+    }
 }
+
+/* out[N, H*Dh]: token i (sequence seq[i], position pos[i]), head h attends to
+ * positions 0..pos[i] through block_tables[seq[i], :], KV head h / (H/KVH).
+ * Scores, the running max/sum (online softmax) and the weighted sum are in
+ * double, exactly as cpu_attention. Padding tokens (seq < 0) are skipped. */
 void cpu_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                          int block_size, int max_blocks) {
-    fprintf(stderr, "cpu_paged_attention: not written yet\n");
-    abort();
+    float *o = out;
+    const float *qs = q, *kp = k_pool, *vp = v_pool;
+    const int *tables = block_tables, *seqs = seq, *positions = pos;
+    int group = n_heads / n_kv_heads;
+    size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    double scale = 1.0 / sqrt((double)head_dim);
+    COLT_ASSERT(head_dim <= CPU_PAGED_MAX_HEAD_DIM && block_size > 0);
+#pragma omp parallel for collapse(2) schedule(dynamic, 4)
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < n_heads; h++) {
+            if (seqs[i] < 0) continue;
+            double acc[CPU_PAGED_MAX_HEAD_DIM];
+            const int *table = tables + (size_t)seqs[i] * max_blocks;
+            const float *qi = qs + ((size_t)i * n_heads + h) * head_dim;
+            size_t head_offset = (size_t)(h / group) * head_dim;
+            double m = -INFINITY, l = 0.0;
+            for (int d = 0; d < head_dim; d++) acc[d] = 0.0;
+            for (int t = 0; t <= positions[i]; t++) {
+                size_t row = (size_t)table[t / block_size] * block_size + (size_t)(t % block_size);
+                const float *kt = kp + row * kv_dim + head_offset, *vt = vp + row * kv_dim + head_offset;
+                double s = 0.0;
+                for (int d = 0; d < head_dim; d++) s += (double)qi[d] * kt[d];
+                s *= scale;
+                if (s > m) {
+                    double c = exp(m - s); /* rescale what was accumulated under the old max */
+                    l *= c;
+                    for (int d = 0; d < head_dim; d++) acc[d] *= c;
+                    m = s;
+                }
+                double p = exp(s - m);
+                l += p;
+                for (int d = 0; d < head_dim; d++) acc[d] += p * vt[d];
+            }
+            float *oi = o + ((size_t)i * n_heads + h) * head_dim;
+            for (int d = 0; d < head_dim; d++) oi[d] = (float)(acc[d] / l);
+        }
+    }
 }

@@ -1,28 +1,676 @@
-/* cuda_paged.cu — STUB, being written (the engine's [i32] buffers and paged KV cache ops). */
+/* cuda_paged.cu — the generation engine's [i32] buffers and its paged KV cache
+ * ops (backend.h, "generation engine"): alloc/upload/download_i32,
+ * embedding_i32, rope_i32, gather_rows_i32, paged_kv_store, paged_attention.
+ *
+ * Every index (ids, positions, rows, slots, block tables) is read on the device
+ * from [i32] buffers, and every launch configuration depends on host arguments
+ * only (n, heads, dims, block size), never on their contents: a decode step
+ * made of these ops can be captured once as a CUDA graph and replayed with new
+ * buffer contents. The compute ops neither synchronise nor allocate per call,
+ * with two one-time exceptions the engine must run once before it captures:
+ *   - rope_i32 reads the backend's inv_freq table, uploaded from the host when
+ *     (head_dim, theta) changes (cuda_rope_inv_freq), and a captured graph keeps
+ *     reading that one table: no rope with another (head_dim, theta) may run
+ *     between capture and replay.
+ *   - paged_attention allocates its split scratch on the first call that splits
+ *     (see "paged attention").
+ * Storage T is float or bf16; arithmetic is fp32; copies are exact.
+ *
+ * Dimension legend: N tokens in a call, D row width, H query heads, KVH
+ * key/value heads, G = H/KVH query heads per KV head, Dh head dim. */
+#include <math.h>
+#include <stdint.h>
+
 #include "backend/cuda/cuda_common.cuh"
 
-void *cuda_alloc_i32(size_t n) { CUDA_ASSERT_HOST(!"cuda_alloc_i32 not written yet"); return NULL; }
-void cuda_upload_i32(void *dst, const int *src, size_t n) { CUDA_ASSERT_HOST(!"not written yet"); }
-void cuda_download_i32(int *dst, const void *src, size_t n) { CUDA_ASSERT_HOST(!"not written yet"); }
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Streaming multiprocessors of the (one) device, queried once. */
+static int paged_sm_count(void) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (sms <= 0) sms = 1;
+    }
+    return sms;
+}
+
+/* ---------------------------------------------------------------- 16-byte chunks */
+
+/* A 16-byte chunk of storage as fp32: 4 floats or 8 bf16 (exact widening). */
+template <typename T> __device__ __forceinline__ void chunk_unpack(const uint4 &r, float *f);
+template <> __device__ __forceinline__ void chunk_unpack<float>(const uint4 &r, float *f) {
+    f[0] = __uint_as_float(r.x), f[1] = __uint_as_float(r.y), f[2] = __uint_as_float(r.z), f[3] = __uint_as_float(r.w);
+}
+template <> __device__ __forceinline__ void chunk_unpack<__nv_bfloat16>(const uint4 &r, float *f) {
+    f[0] = __uint_as_float(r.x << 16), f[1] = __uint_as_float(r.x & 0xffff0000u);
+    f[2] = __uint_as_float(r.y << 16), f[3] = __uint_as_float(r.y & 0xffff0000u);
+    f[4] = __uint_as_float(r.z << 16), f[5] = __uint_as_float(r.z & 0xffff0000u);
+    f[6] = __uint_as_float(r.w << 16), f[7] = __uint_as_float(r.w & 0xffff0000u);
+}
+
+template <typename T> __device__ __forceinline__ uint4 chunk_pack(const float *f);
+template <> __device__ __forceinline__ uint4 chunk_pack<float>(const float *f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+template <> __device__ __forceinline__ uint4 chunk_pack<__nv_bfloat16>(const float *f) {
+    return make_uint4(bf16_pair(f[0], f[1]), bf16_pair(f[2], f[3]), bf16_pair(f[4], f[5]), bf16_pair(f[6], f[7]));
+}
+
+/* 8 consecutive elements (16-byte aligned) as fp32, and back: one or two chunks. */
+template <typename T> __device__ __forceinline__ void load8(const T *p, float f[8]) {
+    constexpr int PER = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int c = 0; c < 8 / PER; c++) chunk_unpack<T>(reinterpret_cast<const uint4 *>(p)[c], f + c * PER);
+}
+template <typename T> __device__ __forceinline__ void store8(T *p, const float f[8]) {
+    constexpr int PER = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int c = 0; c < 8 / PER; c++) reinterpret_cast<uint4 *>(p)[c] = chunk_pack<T>(f + c * PER);
+}
+
+/* ---------------------------------------------------------------- [i32] buffers */
+
+void *cuda_alloc_i32(size_t n) {
+    void *p = NULL;
+    size_t bytes = (n ? n : 1) * sizeof(int);
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: cudaMalloc of %zu bytes failed: %s\n", __FILE__, __LINE__, bytes, cudaGetErrorString(e));
+        abort();
+    }
+    /* zeroed like the CPU backend's; on the backend stream, so ordered before any op reading it */
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_stream()));
+    return p;
+}
+
+/* Stream ordered: ops issued after it see the new contents. From pageable
+ * memory the driver stages src before returning; from pinned memory the copy is
+ * truly asynchronous, so src must not change until the stream has run it. */
+void cuda_upload_i32(void *dst, const int *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyHostToDevice, cuda_stream()));
+}
+
+/* Waits for every op issued before it, then for the copy. */
+void cuda_download_i32(int *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+
+/* ---------------------------------------------------------------- row copies */
+
+/* Gather: dst row i = src row index[i]. Scatter: dst row index[i] = src row i
+ * (and dst2/src2 likewise when given: K and V in one launch). Rows whose index
+ * is negative (padding) are skipped. C is a 16-byte chunk when rows and
+ * pointers allow it, else T; one thread per C, grid-stride. */
+template <typename C, bool SCATTER>
+__global__ void copy_rows_kernel(C *dst, const C *src, C *dst2, const C *src2, const int *index, int n,
+                                 int row_elems) {
+    size_t total = (size_t)n * row_elems;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / row_elems, c = e % row_elems;
+        int r = index[i];
+        if (r < 0) continue;
+        size_t from = SCATTER ? e : (size_t)r * row_elems + c, to = SCATTER ? (size_t)r * row_elems + c : e;
+        dst[to] = src[from];
+        if (dst2) dst2[to] = src2[from];
+    }
+}
+
+template <typename T, bool SCATTER>
+static void copy_rows(void *dst, const void *src, void *dst2, const void *src2, const void *index, int n, int dim) {
+    if (n <= 0 || dim <= 0) return;
+    bool chunks = ((size_t)dim * sizeof(T)) % 16 == 0 && aligned16(dst) && aligned16(src) &&
+                  (!dst2 || (aligned16(dst2) && aligned16(src2)));
+    const int *idx = (const int *)index;
+    if (chunks) {
+        int row_chunks = (int)((size_t)dim * sizeof(T) / 16);
+        copy_rows_kernel<uint4, SCATTER><<<cuda_blocks_for((size_t)n * row_chunks), CUDA_THREADS, 0, cuda_stream()>>>(
+            (uint4 *)dst, (const uint4 *)src, (uint4 *)dst2, (const uint4 *)src2, idx, n, row_chunks);
+    } else {
+        copy_rows_kernel<T, SCATTER><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+            (T *)dst, (const T *)src, (T *)dst2, (const T *)src2, idx, n, dim);
+    }
+    LAUNCH_CHECK();
+}
+
 template <typename T> void cuda_embedding_i32(void *out, const void *table, const void *ids, int n, int dim) {
-    CUDA_ASSERT_HOST(!"not written yet");
+    copy_rows<T, false>(out, table, NULL, NULL, ids, n, dim);
 }
-template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
-    CUDA_ASSERT_HOST(!"not written yet");
-}
+
 template <typename T> void cuda_gather_rows_i32(void *dst, const void *src, const void *rows, int n, int dim) {
-    CUDA_ASSERT_HOST(!"not written yet");
+    copy_rows<T, false>(dst, src, NULL, NULL, rows, n, dim);
 }
+
 template <typename T>
 void cuda_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
                          int kv_dim) {
-    CUDA_ASSERT_HOST(!"not written yet");
+    copy_rows<T, true>(k_pool, k, v_pool, v, slot_mapping, n, kv_dim);
 }
+
+/* ---------------------------------------------------------------- rope */
+
+/* cuda_rope's two kernels (cuda_ops.cu) with the positions already on the
+ * device: the same inv_freq table, the same fp32 expressions in the same
+ * order, the same choice between them, so the results are bit-identical. */
+template <typename T>
+__global__ void rope_i32_kernel(T *x, const int *pos, const float *inv_freq, int n, int n_heads, int head_dim) {
+    int half = head_dim / 2;
+    size_t total = (size_t)n * n_heads * half;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        int j = (int)(e % half);
+        size_t ih = e / half; /* token * n_heads + head */
+        size_t i = ih / n_heads;
+        float angle = (float)pos[i] * inv_freq[j];
+        float c = cosf(angle), s = sinf(angle);
+        T *v = x + ih * head_dim;
+        float a = to_float(v[j]), b = to_float(v[j + half]);
+        v[j] = from_float<T>(a * c - b * s);
+        v[j + half] = from_float<T>(b * c + a * s);
+    }
+}
+
+/* One thread per (token, head, group of 8 pairs); half % 8 == 0, x aligned. */
+template <typename T>
+__global__ void rope_i32_vec_kernel(T *x, const int *pos, const float *inv_freq, int n, int n_heads, int head_dim) {
+    int half = head_dim / 2, groups = half / 8;
+    size_t total = (size_t)n * n_heads * groups;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        int j0 = (int)(e % groups) * 8;
+        size_t ih = e / groups; /* token * n_heads + head */
+        size_t i = ih / n_heads;
+        float p = (float)pos[i];
+        T *v = x + ih * head_dim;
+        float a[8], b[8];
+        load8(v + j0, a);
+        load8(v + j0 + half, b);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float angle = p * inv_freq[j0 + k];
+            float c = cosf(angle), s = sinf(angle);
+            float ak = a[k], bk = b[k];
+            a[k] = ak * c - bk * s;
+            b[k] = bk * c + ak * s;
+        }
+        store8(v + j0, a);
+        store8(v + j0 + half, b);
+    }
+}
+
+template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+    if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
+    CUDA_ASSERT_HOST(head_dim % 2 == 0);
+    const float *inv_freq = cuda_rope_inv_freq(head_dim, theta);
+    const int *positions = (const int *)pos;
+    if ((head_dim / 2) % 8 == 0 && aligned16(x)) {
+        size_t total = (size_t)n * n_heads * (head_dim / 16);
+        rope_i32_vec_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, positions, inv_freq,
+                                                                                           n, n_heads, head_dim);
+    } else {
+        size_t total = (size_t)n * n_heads * (head_dim / 2);
+        rope_i32_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, positions, inv_freq, n,
+                                                                                       n_heads, head_dim);
+    }
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------- paged attention */
+
+/* Decode-style attention over the paged pools: each query row on its own
+ * (prefill rows too), reading K/V rows through the block table.
+ *
+ * Grid: one CTA of PA_WARPS warps per (token, KV head, head chunk, split). A
+ * CTA serves heads_per_cta query heads of the KV head's group (all G of them
+ * when G <= 8; else the largest divisor of G that is <= 8), so each K/V row is
+ * read once per group. The keys 0..pos[i] of a token are cut into `splits`
+ * block-aligned ranges, computed on the device from pos[i]; the host picks
+ * `splits` from n, KVH and the SM count only (paged_choose_splits): enough
+ * CTAs for PA_TARGET_CTAS_PER_SM per SM, 1 split when n * KVH already fills
+ * the GPU. With one split the CTA writes out; with more, each CTA writes its
+ * normalised partial output and log2-sum-exp, and paged_combine_kernel merges
+ * the splits of a (token, head).
+ *
+ * Fast path (head_dim 64 or 128, 16-byte aligned q and pools): a K/V row is
+ * read by TPR = Dh / (16 / sizeof(T)) threads, one 16-byte chunk each (a "row
+ * group"; 128 / TPR row groups per CTA). A row group takes keys rg,
+ * rg + RG, ... of the range, U at a time: each thread stages its own chunks
+ * of the next tiles with cp.async (zero-filled past the range), so loads of
+ * PA_KEYS_IN_FLIGHT keys per row group are in flight while it computes, and
+ * no barrier is needed before the final merge. q . k is a shuffle reduction
+ * over the row group; every row group keeps an online softmax (max, sum,
+ * weighted V) per head in fp32 registers, in the log2 domain (q is
+ * pre-scaled by log2(e) / sqrt(Dh)). The row groups merge through shared
+ * memory at the end. Generic path (any even head_dim <= 256, misaligned
+ * buffers): a warp per key, lane l holding dims l, l + 32, ..., one head per
+ * CTA; same splits, same merge.
+ *
+ * Scratch: with splits > 1 the partials live in a buffer of this file,
+ * allocated on the first call that splits at a size that bounds every later
+ * automatic choice (2 * target CTAs * 8 heads * (256 + 1) floats, ~9 MB on an
+ * H200), so a graph captured afterwards keeps a valid pointer for good. The
+ * engine must therefore run paged_attention once (with any n that splits, e.g.
+ * its warm-up step) before capturing. COLT_PAGED_SPLITS=k in the environment
+ * forces k splits (tests); a forced k beyond the bound regrows the buffer with
+ * a stream synchronisation, which is not allowed while capturing.
+ *
+ * Tolerance vs the CPU (double) reference: ~1e-6 relative in fp32 storage;
+ * bf16 storage rounds the output once. */
+#define PA_WARPS 4
+#define PA_THREADS (PA_WARPS * 32)
+#define PA_KEYS_IN_FLIGHT 8   /* keys per row group staged ahead of the one being computed */
+#define PA_MAX_HEADS_PER_CTA 8
+#define PA_MAX_HEAD_DIM 256
+#define PA_MAX_SPLITS 64
+#define PA_TARGET_CTAS_PER_SM 4
+#define PA_COMBINE_THREADS 64
+
+struct PagedAttentionParams {
+    void *out;            /* T [N, H*Dh], written when splits == 1 */
+    float *part_out;      /* [N, H, splits, Dh] partial outputs, each normalised by its own sum */
+    float *part_lse;      /* [N, H, splits] their log2-sum-exp; -inf for a split with no keys */
+    const void *q, *k_pool, *v_pool;
+    const int *block_tables, *seq, *pos;
+    int n_heads, n_kv_heads, group, heads_per_cta, head_chunks, head_dim, kv_dim, splits, block_shift,
+        max_blocks;
+    float qk_scale;       /* log2(e) / sqrt(Dh): scores come out in the log2 domain */
+};
+
+/* What one CTA computes: heads head0 .. head0 + heads_per_cta - 1 of token
+ * `token` over its keys k_begin .. k_end - 1 (empty for splits past the end). */
+struct PagedWork {
+    int token, kv_head, head0, split, seq, k_begin, k_end;
+};
+
+__device__ __forceinline__ PagedWork paged_work(const PagedAttentionParams &p) {
+    PagedWork w;
+    int cta = blockIdx.x;
+    w.split = cta % p.splits;
+    cta /= p.splits;
+    int chunk = cta % p.head_chunks;
+    cta /= p.head_chunks;
+    w.kv_head = cta % p.n_kv_heads;
+    w.token = cta / p.n_kv_heads;
+    w.head0 = w.kv_head * p.group + chunk * p.heads_per_cta;
+    w.seq = p.seq[w.token];
+    int len = p.pos[w.token] + 1;
+    int n_blocks = (len + (1 << p.block_shift) - 1) >> p.block_shift;
+    int blocks_per_split = (n_blocks + p.splits - 1) / p.splits;
+    w.k_begin = min(len, (w.split * blocks_per_split) << p.block_shift);
+    w.k_end = min(len, ((w.split + 1) * blocks_per_split) << p.block_shift);
+    return w;
+}
+
+/* Pool row of key position `key` of the sequence whose block-table row is `table`. */
+__device__ __forceinline__ size_t paged_row(const int *table, int key, int block_shift) {
+    return ((size_t)__ldg(table + (key >> block_shift)) << block_shift) + (size_t)(key & ((1 << block_shift) - 1));
+}
+
+__device__ __forceinline__ void paged_cp_async16(void *smem_dst, const void *src, bool valid) {
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    int bytes = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void paged_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING> __device__ __forceinline__ void paged_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+/* Shared memory (floats) of paged_finish for n_rg row groups. */
+__host__ __device__ constexpr int paged_merge_floats(int n_rg, int heads, int head_dim) {
+    return n_rg * heads * head_dim + 3 * n_rg * heads + 2 * heads;
+}
+
+/* Merges the row groups' online-softmax states and writes the CTA's result:
+ * out (splits == 1) or the split's partial output and log2-sum-exp. Element e
+ * of a thread's acc is head dim d0 + e * d_step (ignored past head_dim). The
+ * first barrier also retires the caller's staging buffers, which smem reuses. */
+template <typename T, int GQ, int E>
+__device__ void paged_finish(float *smem, const PagedAttentionParams &p, const PagedWork &w, const float (&m)[GQ],
+                             const float (&l)[GQ], const float (&acc)[GQ][E], int rg, int n_rg, bool row_leader,
+                             int d0, int d_step) {
+    const int head_dim = p.head_dim;
+    float *s_acc = smem;                           /* [n_rg, GQ, Dh] */
+    float *s_max = s_acc + n_rg * GQ * head_dim;   /* [n_rg, GQ] */
+    float *s_sum = s_max + n_rg * GQ;              /* [n_rg, GQ] */
+    float *s_weight = s_sum + n_rg * GQ;           /* [n_rg, GQ] */
+    float *s_total = s_weight + n_rg * GQ;         /* [GQ] */
+    float *s_lse = s_total + GQ;                   /* [GQ] */
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GQ; h++)
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            int d = d0 + e * d_step;
+            if (d < head_dim) s_acc[(rg * GQ + h) * head_dim + d] = acc[h][e];
+        }
+    if (row_leader)
+#pragma unroll
+        for (int h = 0; h < GQ; h++) s_max[rg * GQ + h] = m[h], s_sum[rg * GQ + h] = l[h];
+    __syncthreads();
+    if (threadIdx.x < GQ) {
+        int h = threadIdx.x;
+        float mx = -INFINITY, total = 0.0f;
+        for (int r = 0; r < n_rg; r++) mx = fmaxf(mx, s_max[r * GQ + h]);
+        for (int r = 0; r < n_rg; r++) {
+            float sum = s_sum[r * GQ + h];
+            float weight = sum > 0.0f ? exp2f(s_max[r * GQ + h] - mx) : 0.0f; /* row groups without keys: -inf, 0 */
+            s_weight[r * GQ + h] = weight;
+            total += sum * weight;
+        }
+        s_total[h] = total;
+        s_lse[h] = total > 0.0f ? mx + log2f(total) : -INFINITY;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GQ * head_dim; idx += blockDim.x) {
+        int h = idx / head_dim, d = idx % head_dim;
+        float total = s_total[h];
+        if (p.splits > 1 && total == 0.0f) continue; /* an empty split: the combine skips it by its lse */
+        float o = 0.0f;
+        for (int r = 0; r < n_rg; r++) o = fmaf(s_acc[(r * GQ + h) * head_dim + d], s_weight[r * GQ + h], o);
+        o = total > 0.0f ? o / total : 0.0f;
+        size_t row = (size_t)w.token * p.n_heads + w.head0 + h;
+        if (p.splits == 1) ((T *)p.out)[row * head_dim + d] = from_float<T>(o);
+        else p.part_out[(row * p.splits + w.split) * head_dim + d] = o;
+    }
+    if (p.splits > 1 && threadIdx.x < GQ)
+        p.part_lse[((size_t)w.token * p.n_heads + w.head0 + threadIdx.x) * p.splits + w.split] = s_lse[threadIdx.x];
+}
+
+template <typename T, int HEAD_DIM, int GQ> struct PagedFastShape {
+    static constexpr int VEC = 16 / (int)sizeof(T);          /* elements per 16-byte chunk */
+    static constexpr int TPR = HEAD_DIM / VEC;               /* threads per K/V row */
+    static constexpr int RG = PA_THREADS / TPR;              /* row groups per CTA */
+    static constexpr int U = GQ <= 4 ? 4 : 2;                /* keys per row group per tile (registers) */
+    static constexpr int STAGES = 1 + PA_KEYS_IN_FLIGHT / U; /* tiles staged: the one computed + in flight */
+    static constexpr int TILE = U * RG;                      /* keys per tile */
+    static constexpr int STAGE_BYTES = STAGES * U * 2 * PA_THREADS * 16;
+    static constexpr int MERGE_BYTES = paged_merge_floats(RG, GQ, HEAD_DIM) * 4;
+    static constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
+    static_assert(TPR >= 1 && TPR <= 32 && 32 % TPR == 0, "a row group lies within a warp");
+    static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
+};
+
+/* The fast path. Staging slot of (stage, key u, K or V) for thread tid:
+ * consecutive threads hold consecutive 16-byte slots, so the warp's reads are
+ * conflict-free, and each thread reads only what it staged itself. */
+template <typename T, int HEAD_DIM, int GQ>
+__global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(const PagedAttentionParams p) {
+    using S = PagedFastShape<T, HEAD_DIM, GQ>;
+    constexpr int VEC = S::VEC, TPR = S::TPR, RG = S::RG, U = S::U, STAGES = S::STAGES, TILE = S::TILE;
+    __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
+    uint4 *staging = reinterpret_cast<uint4 *>(smem);
+
+    const PagedWork w = paged_work(p);
+    if (w.seq < 0) return; /* padding */
+    const int tid = threadIdx.x, rg = tid / TPR, part = tid % TPR;
+
+    float q[GQ][VEC];
+    const T *q_row = (const T *)p.q + ((size_t)w.token * p.n_heads + w.head0) * HEAD_DIM + part * VEC;
+#pragma unroll
+    for (int h = 0; h < GQ; h++) {
+        chunk_unpack<T>(*reinterpret_cast<const uint4 *>(q_row + h * HEAD_DIM), q[h]);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) q[h][e] *= p.qk_scale;
+    }
+    float m[GQ], l[GQ], acc[GQ][VEC];
+#pragma unroll
+    for (int h = 0; h < GQ; h++) {
+        m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) acc[h][e] = 0.0f;
+    }
+
+    const int *table = p.block_tables + (size_t)w.seq * p.max_blocks;
+    const size_t head_offset = (size_t)w.kv_head * HEAD_DIM + part * VEC;
+    const T *k_pool = (const T *)p.k_pool, *v_pool = (const T *)p.v_pool;
+    const int n_tiles = (w.k_end - w.k_begin + TILE - 1) / TILE;
+    auto slot = [&](int stage, int u, int kind) { return staging + ((stage * U + u) * 2 + kind) * PA_THREADS + tid; };
+    auto stage_tile = [&](int tile) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int key = w.k_begin + tile * TILE + u * RG + rg;
+            bool valid = key < w.k_end;
+            size_t offset = valid ? paged_row(table, key, p.block_shift) * p.kv_dim + head_offset : 0;
+            paged_cp_async16(slot(tile % STAGES, u, 0), k_pool + offset, valid);
+            paged_cp_async16(slot(tile % STAGES, u, 1), v_pool + offset, valid);
+        }
+    };
+
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) {
+        if (t < n_tiles) stage_tile(t);
+        paged_cp_commit(); /* one group per tile, empty or not, so the wait count below holds */
+    }
+    for (int tile = 0; tile < n_tiles; tile++) {
+        paged_cp_wait<STAGES - 2>(); /* this tile's group has landed */
+        __syncwarp();                /* the stage refilled next was read in the previous iteration */
+        if (tile + STAGES - 1 < n_tiles) stage_tile(tile + STAGES - 1);
+        paged_cp_commit();
+        const int stage = tile % STAGES, key0 = w.k_begin + tile * TILE + rg;
+
+        float s[GQ][U]; /* scores, then probabilities */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float k[VEC];
+            chunk_unpack<T>(*slot(stage, u, 0), k);
+#pragma unroll
+            for (int h = 0; h < GQ; h++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) dot = fmaf(q[h][e], k[e], dot);
+                s[h][u] = dot;
+            }
+        }
+#pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int h = 0; h < GQ; h++)
+#pragma unroll
+                for (int u = 0; u < U; u++) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], o);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (key0 + u * RG >= w.k_end)
+#pragma unroll
+                for (int h = 0; h < GQ; h++) s[h][u] = -INFINITY;
+#pragma unroll
+        for (int h = 0; h < GQ; h++) {
+            float mx = m[h];
+#pragma unroll
+            for (int u = 0; u < U; u++) mx = fmaxf(mx, s[h][u]);
+            if (mx > m[h]) { /* rescale what was accumulated under the old max (0 when there was none) */
+                float corr = exp2f(m[h] - mx);
+                l[h] *= corr;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) acc[h][e] *= corr;
+                m[h] = mx;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                s[h][u] = s[h][u] == -INFINITY ? 0.0f : exp2f(s[h][u] - m[h]);
+                l[h] += s[h][u];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float v[VEC];
+            chunk_unpack<T>(*slot(stage, u, 1), v);
+#pragma unroll
+            for (int h = 0; h < GQ; h++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) acc[h][e] = fmaf(s[h][u], v[e], acc[h][e]);
+        }
+    }
+    paged_cp_wait<0>();
+    paged_finish<T, GQ, VEC>(reinterpret_cast<float *>(smem), p, w, m, l, acc, rg, RG, part == 0, part * VEC, 1);
+}
+
+/* The generic path: warp `warp` takes keys k_begin + warp, + PA_WARPS, ...;
+ * lane l holds dims l + 32 e. One head per CTA (heads_per_cta == 1). */
+template <typename T> __global__ void __launch_bounds__(PA_THREADS) paged_attention_generic_kernel(const PagedAttentionParams p) {
+    constexpr int E = PA_MAX_HEAD_DIM / 32;
+    __shared__ float smem[paged_merge_floats(PA_WARPS, 1, PA_MAX_HEAD_DIM)];
+    const PagedWork w = paged_work(p);
+    if (w.seq < 0) return; /* padding */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, head_dim = p.head_dim;
+    const T *q_row = (const T *)p.q + ((size_t)w.token * p.n_heads + w.head0) * head_dim;
+    float q[E], m[1] = {-INFINITY}, l[1] = {0.0f}, acc[1][E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        int d = lane + 32 * e;
+        q[e] = d < head_dim ? to_float(q_row[d]) * p.qk_scale : 0.0f;
+        acc[0][e] = 0.0f;
+    }
+    const int *table = p.block_tables + (size_t)w.seq * p.max_blocks;
+    const size_t head_offset = (size_t)w.kv_head * head_dim;
+    for (int key = w.k_begin + warp; key < w.k_end; key += PA_WARPS) {
+        size_t offset = paged_row(table, key, p.block_shift) * p.kv_dim + head_offset;
+        const T *k = (const T *)p.k_pool + offset, *v = (const T *)p.v_pool + offset;
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            int d = lane + 32 * e;
+            if (d < head_dim) s = fmaf(q[e], to_float(k[d]), s);
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (s > m[0]) {
+            float corr = exp2f(m[0] - s);
+            l[0] *= corr;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[0][e] *= corr;
+            m[0] = s;
+        }
+        float prob = exp2f(s - m[0]);
+        l[0] += prob;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            int d = lane + 32 * e;
+            if (d < head_dim) acc[0][e] = fmaf(prob, to_float(v[d]), acc[0][e]);
+        }
+    }
+    paged_finish<T, 1, E>(smem, p, w, m, l, acc, warp, PA_WARPS, lane == 0, lane, 32);
+}
+
+/* One CTA per (token, head): out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max). */
+template <typename T>
+__global__ void paged_combine_kernel(T *out, const float *part_out, const float *part_lse, const int *seq,
+                                     int n_heads, int head_dim, int splits) {
+    size_t row = blockIdx.x; /* token * n_heads + head */
+    if (seq[row / n_heads] < 0) return;
+    const float *lse = part_lse + row * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, lse[s]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float num = 0.0f, den = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            if (lse[s] == -INFINITY) continue; /* no keys: its partial output was never written */
+            float weight = exp2f(lse[s] - mx);
+            den += weight;
+            num = fmaf(weight, part_out[(row * splits + s) * head_dim + d], num);
+        }
+        out[row * head_dim + d] = from_float<T>(den > 0.0f ? num / den : 0.0f);
+    }
+}
+
+/* Splits per token: enough CTAs for PA_TARGET_CTAS_PER_SM per SM, at most one
+ * per block of the table and PA_MAX_SPLITS; COLT_PAGED_SPLITS overrides. */
+static int paged_choose_splits(size_t base_ctas, int max_blocks) {
+    const char *forced = getenv("COLT_PAGED_SPLITS");
+    if (forced && atoi(forced) > 0) return atoi(forced);
+    size_t target = (size_t)PA_TARGET_CTAS_PER_SM * paged_sm_count();
+    if (base_ctas >= target) return 1;
+    size_t splits = (target + base_ctas - 1) / base_ctas;
+    if (splits > PA_MAX_SPLITS) splits = PA_MAX_SPLITS;
+    if (splits > (size_t)max_blocks) splits = (size_t)max_blocks;
+    return splits > 1 ? (int)splits : 1;
+}
+
+/* The split partials [floats]. Automatic choices keep base_ctas * splits
+ * below 2 * target (splits <= ceil(target / base_ctas) and base_ctas < target),
+ * hence the bound allocated on first use; only forced splits can exceed it. */
+static float *paged_partials(size_t floats) {
+    static float *buffer = NULL;
+    static size_t capacity = 0;
+    if (floats > capacity) {
+        size_t bound = (size_t)2 * PA_TARGET_CTAS_PER_SM * paged_sm_count() * PA_MAX_HEADS_PER_CTA *
+                       (PA_MAX_HEAD_DIM + 1);
+        size_t want = floats > bound ? floats : bound;
+        if (buffer) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* kernels may still read the old buffer */
+            CUDA_CHECK(cudaFree(buffer));
+        }
+        CUDA_CHECK(cudaMalloc((void **)&buffer, want * sizeof(float)));
+        capacity = want;
+    }
+    return buffer;
+}
+
+/* Query heads per CTA: the largest divisor of G up to PA_MAX_HEADS_PER_CTA. */
+static int paged_heads_per_cta(int group) {
+    for (int h = PA_MAX_HEADS_PER_CTA; h > 1; h--)
+        if (group % h == 0) return h;
+    return 1;
+}
+
+template <typename T, int HEAD_DIM>
+static void paged_launch_fast(const PagedAttentionParams &p, unsigned grid, cudaStream_t st) {
+    switch (p.heads_per_cta) {
+    case 1: paged_attention_kernel<T, HEAD_DIM, 1><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 2: paged_attention_kernel<T, HEAD_DIM, 2><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 3: paged_attention_kernel<T, HEAD_DIM, 3><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 4: paged_attention_kernel<T, HEAD_DIM, 4><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 5: paged_attention_kernel<T, HEAD_DIM, 5><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 6: paged_attention_kernel<T, HEAD_DIM, 6><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 7: paged_attention_kernel<T, HEAD_DIM, 7><<<grid, PA_THREADS, 0, st>>>(p); break;
+    case 8: paged_attention_kernel<T, HEAD_DIM, 8><<<grid, PA_THREADS, 0, st>>>(p); break;
+    default: CUDA_ASSERT_HOST(!"heads per CTA out of range");
+    }
+}
+
 template <typename T>
 void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                           const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int block_size, int max_blocks) {
-    CUDA_ASSERT_HOST(!"not written yet");
+    if (n <= 0 || n_heads <= 0) return;
+    CUDA_ASSERT_HOST(head_dim > 0 && head_dim % 2 == 0 && head_dim <= PA_MAX_HEAD_DIM);
+    CUDA_ASSERT_HOST(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+    CUDA_ASSERT_HOST(block_size > 0 && (block_size & (block_size - 1)) == 0 && max_blocks > 0);
+    bool fast = (head_dim == 64 || head_dim == 128) && aligned16(q) && aligned16(k_pool) && aligned16(v_pool);
+    PagedAttentionParams p;
+    p.out = out;
+    p.q = q, p.k_pool = k_pool, p.v_pool = v_pool;
+    p.block_tables = (const int *)block_tables, p.seq = (const int *)seq, p.pos = (const int *)pos;
+    p.n_heads = n_heads, p.n_kv_heads = n_kv_heads, p.group = n_heads / n_kv_heads;
+    p.heads_per_cta = fast ? paged_heads_per_cta(p.group) : 1;
+    p.head_chunks = p.group / p.heads_per_cta;
+    p.head_dim = head_dim, p.kv_dim = n_kv_heads * head_dim;
+    p.block_shift = __builtin_ctz((unsigned)block_size), p.max_blocks = max_blocks;
+    p.qk_scale = (float)(1.4426950408889634 / sqrt((double)head_dim));
+    size_t base_ctas = (size_t)n * n_kv_heads * p.head_chunks;
+    p.splits = paged_choose_splits(base_ctas, max_blocks);
+    p.part_out = p.part_lse = NULL;
+    if (p.splits > 1) {
+        size_t partial_rows = (size_t)n * n_heads * p.splits;
+        p.part_out = paged_partials(partial_rows * (head_dim + 1));
+        p.part_lse = p.part_out + partial_rows * head_dim;
+    }
+    size_t grid = base_ctas * p.splits;
+    CUDA_ASSERT_HOST(grid < (1u << 31));
+    cudaStream_t st = cuda_stream();
+    if (!fast) paged_attention_generic_kernel<T><<<(unsigned)grid, PA_THREADS, 0, st>>>(p);
+    else if (head_dim == 64) paged_launch_fast<T, 64>(p, (unsigned)grid, st);
+    else paged_launch_fast<T, 128>(p, (unsigned)grid, st);
+    LAUNCH_CHECK();
+    if (p.splits > 1) {
+        paged_combine_kernel<T><<<(unsigned)((size_t)n * n_heads), PA_COMBINE_THREADS, 0, st>>>(
+            (T *)out, p.part_out, p.part_lse, p.seq, n_heads, head_dim, p.splits);
+        LAUNCH_CHECK();
+    }
 }
 
 #define INSTANTIATE(T)                                                                                             \

@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
 # gpu_check.sh — what the device machine runs: the GPU tests and benchmarks of
-# a CUDA build made on the development machine (build-cuda/), with the Debian
-# shared libraries it links carried in .devlibs/ (the device image lacks them).
-# Results go to $OUT (or ./gpu-results). Usage: bash scripts/gpu_check.sh [tests|bench|all]
+# a CUDA build made on the development machine. When .devcarry/bundle.tar.xz is
+# there (scripts/pack_device.sh) it is unpacked first: build-cuda/ binaries, the
+# Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
+# Results go to $OUT (or ./gpu-results).
+# Usage: bash scripts/gpu_check.sh [part ...]   parts: tests decode grpo train gemm (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:-all}
+parts=${*:-tests decode grpo train gemm}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
+[ -f .devcarry/bundle.tar.xz ] && tar xf .devcarry/bundle.tar.xz
 [ -d .devlibs ] && export LD_LIBRARY_PATH="$PWD/.devlibs:${LD_LIBRARY_PATH:-}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 status=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in build-cuda/test_cuda_*; do
-    [ -x "$t" ] || continue
-    echo "== $t"
-    "$t" 2>&1 | tee "$out/$(basename "$t").log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  done
-fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  for b in build-cuda/bench_gemm build-cuda/bench_gpu_*; do
-    [ -x "$b" ] || continue
-    echo "== $b"
-    "$b" 2>&1 | tee "$out/$(basename "$b").md"
-  done
-fi
+for part in $parts; do
+  case $part in
+    tests)
+      for t in build-cuda/test_cuda_*; do
+        [ -x "$t" ] || continue
+        echo "== $t"
+        timeout 300 "$t" > "$out/$(basename "$t").log" 2>&1
+        rc=$?
+        tail -3 "$out/$(basename "$t").log"
+        [ $rc -eq 0 ] || { echo "   exit $rc"; status=1; }
+      done ;;
+    decode) echo "== bench_decode"; build-cuda/bench_decode ${DECODE_PRESETS:-0.5b 1.5b 7b} 2>&1 | tee "$out/bench_decode.md" ;;
+    grpo)
+      echo "== bench_grpo"
+      bash bench/gpu/bench_grpo.sh .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 |
+        tee "$out/bench_grpo.md"
+      cp /tmp/colt-bench-grpo/train-*.log "$out/" 2>/dev/null ;;
+    train) echo "== bench_gpu_train_step"; build-cuda/bench_gpu_train_step 2>&1 | tee "$out/bench_gpu_train_step.md" ;;
+    gemm) echo "== bench_gemm"; build-cuda/bench_gemm 20 2>&1 | tee "$out/bench_gemm.md" ;;
+  esac
+done
 exit $status

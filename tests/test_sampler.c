@@ -1,17 +1,110 @@
 /* test_sampler.c — the sampler against transformers' logits processors
  * (tests/data/sampler_goldens.json from tests/ref/make_sampler_goldens.py):
  * the distribution it draws from must equal softmax of the processed logits;
- * draws must follow that distribution and depend only on (seed, stream, counter). */
+ * draws must follow that distribution, walk the kept tokens in id order and
+ * depend only on (seed, stream, counter). Then the CPU backend's sample op
+ * (backend.h): sampler_sample per row, padding rows skipped, the token
+ * appended to the sequence's history, each repeated token penalised once. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "backend/sampling.h"
 #include "core/error.h"
-#include "engine/sampler.h"
+#include "core/rng.h"
 
 static int failures = 0;
+
+/* The draw's rule, restated: u * (kept mass) against the running mass of the
+ * kept tokens in ascending id order (probs: sampler_distribution's). */
+static int draw_in_id_order(const float *probs, int V, float u) {
+    double total = 0.0, acc = 0.0;
+    int last = V - 1;
+    for (int i = 0; i < V; i++)
+        if (probs[i] > 0.0f) total += probs[i], last = i;
+    for (int i = 0; i < V; i++) {
+        acc += probs[i];
+        if (probs[i] > 0.0f && (double)u * total < acc) return i;
+    }
+    return last;
+}
+
+/* The CPU sample op on rows of base[V] (V <= 64) against sampler_sample row
+ * by row; then the penalty it applies, greedy. */
+static void test_cpu_sample_op(const float *base, int V) {
+    enum { N = 6, STRIDE = 8 };
+    const Backend *cpu = backend_cpu();
+    SamplingParams p = {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .min_p = 0.0f,
+                        .repetition_penalty = 1.3f, .seed = 4242};
+    int seq[N] = {0, -1, 2, 3, -1, 5}, streams[N], counters[N], tokens[N];
+    int history[N * STRIDE], history_len[N] = {3, 0, 1, STRIDE, 0, 2};
+    float logits[N * 64], rows[N * 64], logprobs[N];
+    int top = 0;
+    for (int v = 1; v < V; v++)
+        if (base[v] > base[top]) top = v;
+    for (int i = 0; i < N; i++) {
+        streams[i] = 100 + i, counters[i] = 7, tokens[i] = -9, logprobs[i] = 99.0f;
+        for (int v = 0; v < V; v++) logits[i * V + v] = base[v] + 0.01f * (float)(i * v % 7);
+        for (int j = 0; j < STRIDE; j++) history[i * STRIDE + j] = (5 * i + 3 * j) % V;
+    }
+    /* Rows 0 and 2: the same logits and draw; sequence 0 has the top token
+     * three times in its history, sequence 2 once. */
+    history[0] = history[1] = history[2] = top;
+    history[2 * STRIDE] = top;
+    memcpy(logits + 2 * V, logits, sizeof(float) * (size_t)V);
+    streams[2] = streams[0];
+    int before[N * STRIDE], before_len[N];
+    memcpy(before, history, sizeof history);
+    memcpy(before_len, history_len, sizeof history_len);
+    memcpy(rows, logits, sizeof(float) * (size_t)N * V);
+
+    cpu->sample(tokens, logprobs, logits, N, V, &p, seq, streams, counters, history, history_len, STRIDE);
+
+    Sampler s;
+    sampler_init(&s, V);
+    int same = 1, padding = 1, appended = 1;
+    for (int i = 0; i < N; i++) {
+        if (seq[i] < 0) {
+            padding &= tokens[i] == -9 && logprobs[i] == 99.0f;
+            continue;
+        }
+        float lp;
+        int t = sampler_sample(&s, rows + i * V, &p, before + seq[i] * STRIDE, before_len[seq[i]],
+                               (uint64_t)streams[i], (uint64_t)counters[i], &lp);
+        same &= t == tokens[i] && lp == logprobs[i];
+        int len = before_len[seq[i]], full = len >= STRIDE;
+        appended &= history_len[seq[i]] == (full ? len : len + 1) && (full || history[seq[i] * STRIDE + len] == t);
+    }
+    int once = tokens[0] == tokens[2] && logprobs[0] == logprobs[2];
+    printf("cpu sample op: %s sampler_sample row by row, padding rows %s, history %s, "
+           "a token repeated in the history penalised %s\n",
+           same ? "equals" : "DIFFERS FROM", padding ? "untouched" : "WRITTEN", appended ? "appended" : "WRONG",
+           once ? "once" : "MORE THAN ONCE");
+    if (!same || !padding || !appended || !once) failures++;
+    sampler_free(&s);
+
+    /* Greedy with the top token in the history: argmax and log-prob of the
+     * logits with that one logit penalised. */
+    SamplingParams g = sampling_params_greedy();
+    g.repetition_penalty = 1.3f;
+    int g_seq = 0, g_stream = 0, g_counter = 0, g_token, g_history[STRIDE] = {top}, g_len = 1;
+    float g_logprob, penalised[64];
+    memcpy(logits, base, sizeof(float) * (size_t)V);
+    memcpy(penalised, base, sizeof(float) * (size_t)V);
+    penalised[top] = penalised[top] > 0 ? penalised[top] / 1.3f : penalised[top] * 1.3f;
+    int want = 0;
+    for (int v = 1; v < V; v++)
+        if (penalised[v] > penalised[want]) want = v;
+    double want_lp = logsoftmax_at(penalised, V, want);
+    cpu->sample(&g_token, &g_logprob, logits, 1, V, &g, &g_seq, &g_stream, &g_counter, g_history, &g_len, STRIDE);
+    int ok = g_token == want && fabs(g_logprob - want_lp) < 1e-6 && g_len == 2 && g_history[1] == want;
+    printf("cpu sample op, greedy with penalty 1.3 on the top token %d: token %d (want %d), log-prob %.6f (want %.6f)\n",
+           top, g_token, want, g_logprob, want_lp);
+    if (!ok) failures++;
+}
 
 int main(void) {
     json_error_t jerr;
@@ -89,6 +182,21 @@ int main(void) {
            draws, max_dev, outside);
     if (outside) failures++;
 
+    /* The draw walks the kept tokens in id order (filtered and not). */
+    int wrong_order = 0;
+    SamplingParams plain = p;
+    plain.top_k = 0, plain.top_p = 1.0f;
+    for (int d = 0; d < 2000; d++) {
+        const SamplingParams *q = d % 2 ? &p : &plain;
+        memcpy(logits, base, sizeof logits);
+        sampler_distribution(&s, logits, q, NULL, 0, probs);
+        memcpy(logits, base, sizeof logits);
+        int t = sampler_sample(&s, logits, q, NULL, 0, (uint64_t)d, 1, NULL);
+        if (t != draw_in_id_order(probs, V, rng_uniform(q->seed, (uint64_t)d, 1))) wrong_order++;
+    }
+    printf("draws in ascending id order over the kept tokens: %d/2000 differ\n", wrong_order);
+    if (wrong_order) failures++;
+
     /* A draw depends only on (seed, stream, counter). */
     memcpy(logits, base, sizeof logits);
     int a = sampler_sample(&s, logits, &p, NULL, 0, 5, 3, NULL);
@@ -116,6 +224,7 @@ int main(void) {
     bad.top_p = 1.5f;
     if (sampling_params_validate(&bad, err) == 0 || !strstr(err, "top_p")) failures++;
     sampler_free(&s);
+    test_cpu_sample_op(base, V);
     json_decref(cases);
     printf("%s\n", failures ? "FAILED" : "all sampler checks passed");
     return failures ? 1 : 0;

@@ -165,13 +165,13 @@ typedef struct Backend {
                             const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, int max_blocks);
     /* Draws one token for each row of logits[n, vocab] (storage dtype; clobbered)
-     * as sampling_draw (backend/sampling.h) does on the host: repetition penalty
+     * as sampler_sample (backend/sampling.h) does on the host: repetition penalty
      * over the sequence's history, temperature, top-k / top-p / min-p, inverse CDF
      * in id order with u = rng_uniform(p->seed, streams[i], counters[i]); greedy
      * (temperature 0) is the argmax, lowest id on ties. Row i belongs to sequence
      * seq[i] [i32]; tokens[i] [i32] gets the token, logprobs[i] [f32] log p(token)
-     * under the penalised logits / temperature, before filtering (raw logits when
-     * greedy). history [i32] [n_seqs, history_stride] holds each sequence's tokens
+     * under the distribution drawn from (penalised logits / temperature,
+     * renormalised over the kept tokens; raw log-softmax when greedy). history [i32] [n_seqs, history_stride] holds each sequence's tokens
      * so far (prompt and completion; history_len [i32] [n_seqs] of them): the
      * repetition penalty reads it, and the sampled token is appended (when
      * history_len < history_stride). history may be NULL when

@@ -20,7 +20,7 @@ typedef struct GenSequence {
     int prompt_len;
     uint64_t stream;      /* RNG stream: the sequence's id (e.g. completion index) */
     int *tokens;          /* [n_tokens] completion ids, the stop token included */
-    float *logprobs;      /* [n_tokens] log p of each sampled token (logits / temperature) */
+    float *logprobs;      /* [n_tokens] log p of each sampled token, under the distribution drawn from (sampling.h) */
     int n_tokens;
     FinishReason finish;
 } GenSequence;

@@ -1,12 +1,39 @@
-/* cpu_sample.c — STUB, being written (the sample op on the CPU). */
-#include <stdio.h>
-#include <stdlib.h>
+/* cpu_sample.c — the sample op of the CPU reference backend (backend.h,
+ * "generation engine"): the host sampler (backend/sampling.h) run on each row.
+ *
+ * logits are [n, V] fp32 and clobbered; [i32] arguments are host int arrays.
+ * Rows run in parallel (one Sampler scratch per OpenMP thread), so two rows
+ * must not belong to the same sequence: each appends to its own history.
+ * Not a fast path: a filtered row sorts its whole vocabulary. */
+#include <stdint.h>
 
 #include "backend/cpu/cpu_engine_ops.h"
+#include "backend/sampling.h"
 
 void cpu_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride) {
-    fprintf(stderr, "cpu_sample: not written yet\n");
-    abort();
+    int *out_tokens = tokens, *hist = history, *hist_len = history_len;
+    float *out_logprobs = logprobs, *rows = logits;
+    const int *seqs = seq, *stream_ids = streams, *counter_ids = counters;
+#pragma omp parallel
+    {
+        Sampler sampler;
+        sampler_init(&sampler, vocab);
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n; i++) {
+            int s = seqs[i];
+            if (s < 0) continue;
+            int *seq_history = hist ? hist + (size_t)s * history_stride : NULL;
+            int n_history = 0;
+            if (hist) n_history = hist_len[s] < history_stride ? hist_len[s] : history_stride;
+            float logprob;
+            int token = sampler_sample(&sampler, rows + (size_t)i * vocab, p, seq_history, n_history,
+                                       (uint64_t)stream_ids[i], (uint64_t)counter_ids[i], &logprob);
+            out_tokens[i] = token;
+            out_logprobs[i] = logprob;
+            if (hist && hist_len[s] < history_stride) seq_history[hist_len[s]++] = token;
+        }
+        sampler_free(&sampler);
+    }
 }

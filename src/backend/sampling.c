@@ -1,10 +1,11 @@
-/* sampler.c — see sampler.h. Filtering follows transformers' logits warpers:
+/* sampling.c — see sampling.h. Filtering follows transformers' logits warpers:
  * TopK keeps the k largest (ties at the k-th value kept), TopP removes the
  * tokens whose cumulative probability, in ascending order, is <= 1 - top_p
- * (always keeping the most likely), MinP removes tokens with
- * p < min_p * p_max. The draw is an inverse-CDF over the kept tokens in
- * descending-probability order with one uniform number per step. */
-#include "engine/sampler.h"
+ * (always keeping the most likely; among equal probabilities the larger ids
+ * go first), MinP removes tokens with p < min_p * p_max. The draw is an
+ * inverse CDF over the kept tokens in ascending id order with one uniform
+ * number per step: the order a GPU scans in without sorting. */
+#include "backend/sampling.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -63,6 +64,11 @@ static int compare_by_prob_desc(const void *a, const void *b, void *probs) {
     return (i > j) - (i < j);
 }
 
+static int compare_ids(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    return (i > j) - (i < j);
+}
+
 static int argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -72,10 +78,11 @@ static int argmax(const float *x, int n) {
 
 /* Applies the repetition penalty and temperature to logits in place, fills
  * s->probs with the softmax, and, when a filter is on, s->order with the ids
- * sorted by probability. Returns how many of them survive the filters (V, in
- * id order, when no filter is on). *log_norm = max + log(sum exp(logit - max)). */
+ * sorted by probability. Returns how many of them survive the filters: the
+ * first ones of s->order (V, and no order, when no filter is on).
+ * *log_norm = max + log(sum exp(logit - max)). */
 static int sampler_prepare(Sampler *s, float *logits, const SamplingParams *p, const int *history, int n_history,
-                           bool *sorted, double *log_norm) {
+                           bool *filtered, double *log_norm) {
     const int V = s->vocab_size;
     /* Repetition penalty (transformers: divide positive logits, multiply negative
      * ones; each distinct token once — probs marks the tokens already done). */
@@ -99,8 +106,8 @@ static int sampler_prepare(Sampler *s, float *logits, const SamplingParams *p, c
     for (int i = 0; i < V; i++) s->probs[i] = (float)(s->probs[i] / sum);
     *log_norm = (double)max + log(sum);
 
-    *sorted = p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f;
-    if (!*sorted) return V;
+    *filtered = p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f;
+    if (!*filtered) return V;
     for (int i = 0; i < V; i++) s->order[i] = i;
     qsort_r(s->order, (size_t)V, sizeof(int), compare_by_prob_desc, s->probs);
 
@@ -136,18 +143,18 @@ static int sampler_prepare(Sampler *s, float *logits, const SamplingParams *p, c
 void sampler_distribution(Sampler *s, float *logits, const SamplingParams *p, const int *history, int n_history,
                           float *probs_out) {
     const int V = s->vocab_size;
-    bool sorted;
+    bool filtered;
     double log_norm;
     if (p->temperature == 0.0f) {
         SamplingParams plain = *p;
         plain.top_k = 0; plain.top_p = 1.0f; plain.min_p = 0.0f;
-        sampler_prepare(s, logits, &plain, history, n_history, &sorted, &log_norm);
+        sampler_prepare(s, logits, &plain, history, n_history, &filtered, &log_norm);
         memset(probs_out, 0, sizeof(float) * (size_t)V);
         probs_out[argmax(logits, V)] = 1.0f;
         return;
     }
-    int kept = sampler_prepare(s, logits, p, history, n_history, &sorted, &log_norm);
-    if (!sorted) {
+    int kept = sampler_prepare(s, logits, p, history, n_history, &filtered, &log_norm);
+    if (!filtered) {
         memcpy(probs_out, s->probs, sizeof(float) * (size_t)V);
         return;
     }
@@ -160,35 +167,41 @@ void sampler_distribution(Sampler *s, float *logits, const SamplingParams *p, co
 int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int *history,
                    int n_history, uint64_t stream, uint64_t counter, float *logprob) {
     const int V = s->vocab_size;
-    bool sorted;
+    bool filtered;
     double log_norm;
     if (p->temperature == 0.0f) {
         SamplingParams plain = *p;
         plain.top_k = 0; plain.top_p = 1.0f; plain.min_p = 0.0f;
-        sampler_prepare(s, logits, &plain, history, n_history, &sorted, &log_norm);
+        sampler_prepare(s, logits, &plain, history, n_history, &filtered, &log_norm);
         int t = argmax(logits, V);
         if (logprob) *logprob = (float)((double)logits[t] - log_norm);
         return t;
     }
-    int kept = sampler_prepare(s, logits, p, history, n_history, &sorted, &log_norm);
+    int kept = sampler_prepare(s, logits, p, history, n_history, &filtered, &log_norm);
     /* Inverse CDF with one uniform draw keyed by (seed, stream, counter), over the
-     * kept tokens (in id order when unfiltered, by probability when filtered). */
+     * kept tokens in ascending id order. Filtered, the total is summed in that
+     * same order, so u * total stays below the last running sum; unfiltered it
+     * is 1, which the rounded probabilities may fall just short of (then the
+     * last id). */
+    if (filtered) qsort(s->order, (size_t)kept, sizeof(int), compare_ids);
     double total = 1.0;
-    if (sorted) {
+    if (filtered) {
         total = 0.0;
         for (int i = 0; i < kept; i++) total += s->probs[s->order[i]];
     }
     double u = (double)rng_uniform(p->seed, stream, counter) * total;
-    int token = sorted ? s->order[kept - 1] : V - 1;
+    int token = filtered ? s->order[kept - 1] : V - 1;
     double acc = 0.0;
     for (int i = 0; i < kept; i++) {
-        int id = sorted ? s->order[i] : i;
+        int id = filtered ? s->order[i] : i;
         acc += s->probs[id];
         if (u < acc) {
             token = id;
             break;
         }
     }
-    if (logprob) *logprob = (float)((double)logits[token] - log_norm);
+    /* The log-prob of the distribution drawn from (vLLM's processed_logprobs,
+     * which TRL's importance sampling expects): renormalised over the kept set. */
+    if (logprob) *logprob = (float)((double)logits[token] - log_norm - (filtered ? log(total) : 0.0));
     return token;
 }

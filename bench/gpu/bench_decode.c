@@ -9,13 +9,16 @@
  * read every weight once plus each sequence's K/V so far, so tok/s <= batch *
  * 4.8e12 / (weight bytes + batch * mean context * K/V bytes per token).
  * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b; default all three)
- * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512). */
+ * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).
+ * COLT_PROFILE=1: eager steps with every op timed between synchronisations
+ * (attribution only: the synchronisations dominate small ops). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
+#include "backend/profile.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -64,6 +67,8 @@ int main(int argc, char **argv) {
         printf("no CUDA device\n");
         return 77;
     }
+    const bool profile = getenv("COLT_PROFILE") && atoi(getenv("COLT_PROFILE")) > 0;
+    if (profile) be = backend_profile_wrap(be, backend_cuda_synchronize);
     const char *want[8] = {"0.5b", "1.5b", "7b"};
     int n_want = 3;
     if (argc > 1) {
@@ -113,7 +118,7 @@ int main(int argc, char **argv) {
                 continue;
             }
             double eager_tps = 0;
-            if (batch <= 8 && run(m, batch, true, &st_eager, err) == 0 && st_eager.decode_seconds > 0)
+            if (!profile && batch <= 8 && run(m, batch, true, &st_eager, err) == 0 && st_eager.decode_seconds > 0)
                 eager_tps = st_eager.decode_step_tokens / st_eager.decode_seconds;
             double tps = st.decode_seconds > 0 ? st.decode_step_tokens / st.decode_seconds : 0;
             double step_bytes = weight_bytes + batch * mean_ctx * kv_token_bytes;
@@ -122,6 +127,7 @@ int main(int argc, char **argv) {
                    tps > 0 ? 1e3 * batch / tps : 0, roof, 100 * tps / roof, st.graph_steps, st.steps);
             if (eager_tps > 0) printf(" %.0f |\n", eager_tps);
             else printf(" |\n");
+            if (profile) backend_profile_report(stdout);
             fflush(stdout);
         }
         model_free(m);

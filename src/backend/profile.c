@@ -12,9 +12,9 @@ static void (*g_sync)(void);
 static Backend g_wrapped;
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample"};
 static double g_seconds[OP_COUNT];
 static long g_calls[OP_COUNT];
 
@@ -224,6 +224,49 @@ static void prof_scale(void *x, float s, size_t n) {
     op_end(OP_scale, t0);
 }
 
+static void prof_embedding_i32(void *out, const void *table, const void *ids, int n, int dim) {
+    double t0 = op_begin();
+    g_inner->embedding_i32(out, table, ids, n, dim);
+    op_end(OP_embedding_i32, t0);
+}
+
+static void prof_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+    double t0 = op_begin();
+    g_inner->rope_i32(x, pos, n, n_heads, head_dim, theta);
+    op_end(OP_rope_i32, t0);
+}
+
+static void prof_gather_rows_i32(void *dst, const void *src, const void *rows, int n, int dim) {
+    double t0 = op_begin();
+    g_inner->gather_rows_i32(dst, src, rows, n, dim);
+    op_end(OP_gather_rows_i32, t0);
+}
+
+static void prof_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping,
+                                int n, int kv_dim) {
+    double t0 = op_begin();
+    g_inner->paged_kv_store(k_pool, v_pool, k, v, slot_mapping, n, kv_dim);
+    op_end(OP_paged_kv_store, t0);
+}
+
+static void prof_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool,
+                                 const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
+                                 int n_kv_heads, int head_dim, int block_size, int max_blocks) {
+    double t0 = op_begin();
+    g_inner->paged_attention(out, q, k_pool, v_pool, block_tables, seq, pos, n, n_heads, n_kv_heads, head_dim,
+                             block_size, max_blocks);
+    op_end(OP_paged_attention, t0);
+}
+
+static void prof_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
+                        const void *seq, const void *streams, const void *counters, void *history, void *history_len,
+                        int history_stride) {
+    double t0 = op_begin();
+    g_inner->sample(tokens, logprobs, logits, n, vocab, p, seq, streams, counters, history, history_len,
+                    history_stride);
+    op_end(OP_sample, t0);
+}
+
 const Backend *backend_profile_wrap(const Backend *inner, void (*sync)(void)) {
     g_inner = inner;
     g_sync = sync;
@@ -261,6 +304,14 @@ const Backend *backend_profile_wrap(const Backend *inner, void (*sync)(void)) {
     if (inner->adamw) g_wrapped.adamw = prof_adamw;
     if (inner->sum_squares) g_wrapped.sum_squares = prof_sum_squares;
     if (inner->scale) g_wrapped.scale = prof_scale;
+    if (inner->embedding_i32) g_wrapped.embedding_i32 = prof_embedding_i32;
+    if (inner->rope_i32) g_wrapped.rope_i32 = prof_rope_i32;
+    if (inner->gather_rows_i32) g_wrapped.gather_rows_i32 = prof_gather_rows_i32;
+    if (inner->paged_kv_store) g_wrapped.paged_kv_store = prof_paged_kv_store;
+    if (inner->paged_attention) g_wrapped.paged_attention = prof_paged_attention;
+    if (inner->sample) g_wrapped.sample = prof_sample;
+    /* Every op synchronises here: nothing can be captured into a graph. */
+    g_wrapped.capture_begin = NULL;
     memset(g_seconds, 0, sizeof g_seconds);
     memset(g_calls, 0, sizeof g_calls);
     return &g_wrapped;

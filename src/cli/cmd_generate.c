@@ -200,7 +200,7 @@ int cmd_generate(int argc, char **argv) {
         /* The text leaves out the stop token, as TRL's completions do. */
         int n_text = s->n_tokens - (s->finish == FINISH_STOP ? 1 : 0);
         char *text = NULL;
-        if (tok && tokenizer_decode(tok, s->tokens, (size_t)n_text, true, &text, err) != 0) {
+        if (tok && tokenizer_decode_generated(tok, s->tokens, (size_t)n_text, true, &text, err) != 0) {
             rc = 1;
             break;
         }

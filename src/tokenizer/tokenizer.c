@@ -1954,3 +1954,14 @@ const char *tokenizer_bos_token(const Tokenizer *t) { return t->bos_token ? t->b
 const char *tokenizer_eos_token(const Tokenizer *t) { return t->eos_token ? t->eos_token : ""; }
 bool tokenizer_add_bos(const Tokenizer *t) { return t->add_bos; }
 const char *tokenizer_chat_template(const Tokenizer *t) { return t->chat_template; }
+
+int tokenizer_decode_generated(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text,
+                               char *err) {
+    int *known = xmalloc(sizeof(int) * (n ? n : 1));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < tokenizer_vocab_size(t)) known[k++] = ids[i];
+    int rc = tokenizer_decode(t, known, k, skip_special_tokens, text, err);
+    free(known);
+    return rc;
+}

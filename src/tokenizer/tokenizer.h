@@ -24,6 +24,11 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids
  * Errors: id out of range. */
 int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text, char *err);
 
+/* As tokenizer_decode, for a model's output: ids at or above the tokenizer's
+ * vocabulary (a model's padded embedding rows, e.g. Qwen2.5's 151665..151935)
+ * are left out, as transformers' decode leaves them; negative ids are errors. */
+int tokenizer_decode_generated(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text,
+                               char *err);
 int tokenizer_vocab_size(const Tokenizer *t);     /* including added tokens */
 int tokenizer_token_id(const Tokenizer *t, const char *token); /* -1 if absent */
 const char *tokenizer_id_to_token(const Tokenizer *t, int id); /* NULL if out of range */

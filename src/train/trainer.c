@@ -351,7 +351,7 @@ static int new_rollout(Trainer *t, char *err) {
         s->terminated = seqs[i].finish == FINISH_STOP;
         s->sampling_logp = seqs[i].logprobs;
         int n_text = s->len - (s->terminated ? 1 : 0);
-        if (tokenizer_decode(t->tok, s->completion, (size_t)n_text, true, &s->text, err) != 0) {
+        if (tokenizer_decode_generated(t->tok, s->completion, (size_t)n_text, true, &s->text, err) != 0) {
             free(seqs);
             return COLT_ERR;
         }
@@ -841,7 +841,7 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
     }
     for (int i = 0; i < N && rc == 0; i++) {
         int n_text = seqs[i].n_tokens - (seqs[i].finish == FINISH_STOP ? 1 : 0);
-        rc = tokenizer_decode(t->tok, seqs[i].tokens, (size_t)n_text, true, &outs[i], err);
+        rc = tokenizer_decode_generated(t->tok, seqs[i].tokens, (size_t)n_text, true, &outs[i], err);
         prompts[i] = texts[i / G];
         completions[i] = outs[i];
         rows[i] = (size_t)i / G;

@@ -6,8 +6,10 @@
  * engine_generate with CUDA graphs. Decode tok/s counts only the pure decode
  * steps (one token per sequence; wall time including the host's scheduling
  * and the per-step copy of the sampled tokens). Roofline: one decode step must
- * read every weight once plus each sequence's K/V so far, so tok/s <= batch *
- * 4.8e12 / (weight bytes + batch * mean context * K/V bytes per token).
+ * read every weight once plus each sequence's K/V so far, and do 2 FLOPs per
+ * weight per sequence, so step time >= max(bytes / 4.8e12 B/s, 2 * weights *
+ * batch / 989e12 FLOP/s) with bytes = weight bytes + batch * mean context *
+ * K/V bytes per token (attention FLOPs left out: under 3% here).
  * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b; default all three)
  * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).
  * COLT_PROFILE=1: eager steps with every op timed between synchronisations
@@ -27,6 +29,7 @@
 #define PROMPT_LEN 128
 #define NEW_TOKENS 128
 #define HBM_BYTES_PER_S 4.8e12
+#define BF16_FLOP_PER_S 989e12
 
 typedef struct Shape {
     const char *name;
@@ -122,7 +125,10 @@ int main(int argc, char **argv) {
                 eager_tps = st_eager.decode_step_tokens / st_eager.decode_seconds;
             double tps = st.decode_seconds > 0 ? st.decode_step_tokens / st.decode_seconds : 0;
             double step_bytes = weight_bytes + batch * mean_ctx * kv_token_bytes;
-            double roof = batch * HBM_BYTES_PER_S / step_bytes;
+            double step_flops = 2.0 * (weight_bytes / 2.0) * batch;
+            double roof_s = step_bytes / HBM_BYTES_PER_S > step_flops / BF16_FLOP_PER_S
+                                ? step_bytes / HBM_BYTES_PER_S : step_flops / BF16_FLOP_PER_S;
+            double roof = batch / roof_s;
             printf("| %s | %d | %.0f | %.3f | %.0f | %.1f%% | %d/%d |", s->name, batch, tps,
                    tps > 0 ? 1e3 * batch / tps : 0, roof, 100 * tps / roof, st.graph_steps, st.steps);
             if (eager_tps > 0) printf(" %.0f |\n", eager_tps);

@@ -179,6 +179,24 @@ typedef struct Backend {
     void (*sample)(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                    const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                    int history_stride);
+    /* Fused ops of the decode step (fewer kernels per layer). Each gives results
+     * bit-identical to the op sequence it replaces, on the same backend. */
+    /* x[N, D] += delta[N, D] in place (rounded to storage as add does), then
+     * xn[N, D] = rmsnorm(x) * w: add(x, x, delta); rmsnorm(xn, x, w, ...). xn
+     * must not overlap x or delta. */
+    void (*add_rmsnorm)(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
+    /* qkv[N, (H + 2*KVH)*Dh] holds each token's q | k | v (one linear over the
+     * concatenated weights). Writes q[N, H*Dh] = rope(q part) for every token,
+     * and rope(k part) / the v part to pool row slot_mapping[i] of k_pool /
+     * v_pool ([n_blocks * block_size, KVH*Dh]) when slot_mapping[i] >= 0 (a
+     * padding token writes its q, no K/V). pos, slot_mapping [i32]. The same as
+     * copying the q and k parts out, rope_i32 on each, then paged_kv_store. */
+    void (*qkv_rope_store)(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+                           const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
+    /* out[N, F] = silu(gate) * up, gate_up[N, 2F] holding each row's gate then
+     * its up (one linear over the concatenated weights): swiglu on the halves.
+     * out must not overlap gate_up. */
+    void (*swiglu_gate_up)(void *out, const void *gate_up, int n, int f);
 
     /* ---- device control (NULL where the backend has no such thing, e.g. the CPU) ---- */
     /* Free and total device memory in bytes (what the KV pool is sized from). */

@@ -12,9 +12,9 @@ static void (*g_sync)(void);
 static Backend g_wrapped;
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up"};
 static double g_seconds[OP_COUNT];
 static long g_calls[OP_COUNT];
 
@@ -267,6 +267,26 @@ static void prof_sample(void *tokens, void *logprobs, void *logits, int n, int v
     op_end(OP_sample, t0);
 }
 
+static void prof_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps) {
+    double t0 = op_begin();
+    g_inner->add_rmsnorm(x, xn, delta, w, n, dim, eps);
+    op_end(OP_add_rmsnorm, t0);
+}
+
+static void prof_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+                                const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                                float theta) {
+    double t0 = op_begin();
+    g_inner->qkv_rope_store(q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim, theta);
+    op_end(OP_qkv_rope_store, t0);
+}
+
+static void prof_swiglu_gate_up(void *out, const void *gate_up, int n, int f) {
+    double t0 = op_begin();
+    g_inner->swiglu_gate_up(out, gate_up, n, f);
+    op_end(OP_swiglu_gate_up, t0);
+}
+
 const Backend *backend_profile_wrap(const Backend *inner, void (*sync)(void)) {
     g_inner = inner;
     g_sync = sync;
@@ -310,6 +330,9 @@ const Backend *backend_profile_wrap(const Backend *inner, void (*sync)(void)) {
     if (inner->paged_kv_store) g_wrapped.paged_kv_store = prof_paged_kv_store;
     if (inner->paged_attention) g_wrapped.paged_attention = prof_paged_attention;
     if (inner->sample) g_wrapped.sample = prof_sample;
+    if (inner->add_rmsnorm) g_wrapped.add_rmsnorm = prof_add_rmsnorm;
+    if (inner->qkv_rope_store) g_wrapped.qkv_rope_store = prof_qkv_rope_store;
+    if (inner->swiglu_gate_up) g_wrapped.swiglu_gate_up = prof_swiglu_gate_up;
     /* Every op synchronises here: nothing can be captured into a graph. */
     g_wrapped.capture_begin = NULL;
     memset(g_seconds, 0, sizeof g_seconds);

@@ -12,6 +12,8 @@ struct PagedState {
     const Backend *be;
     int max_tokens, max_logit_rows;
     void *x, *xn, *q, *k, *v, *att, *proj, *gate, *up; /* [max_tokens, ...] */
+    void *qkv;    /* [max_tokens, QD + 2 KVD]: one GEMM's q | k | v (fused path) */
+    void *gate_up; /* [max_tokens, 2F]: one GEMM's gate | up (fused path) */
     void *rows;   /* [max_logit_rows, D] final-norm rows that want logits */
     void *logits; /* [max_logit_rows, V] */
     size_t bytes;
@@ -74,6 +76,8 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
     st->proj = backend_alloc_counted(be, N * D, &st->bytes);
     st->gate = backend_alloc_counted(be, N * F, &st->bytes);
     st->up = backend_alloc_counted(be, N * F, &st->bytes);
+    st->qkv = backend_alloc_counted(be, N * (QD + 2 * KVD), &st->bytes);
+    st->gate_up = backend_alloc_counted(be, N * 2 * F, &st->bytes);
     st->rows = backend_alloc_counted(be, (size_t)max_logit_rows * D, &st->bytes);
     st->logits = backend_alloc_counted(be, (size_t)max_logit_rows * (size_t)c->vocab_size, &st->bytes);
     *out = st;
@@ -82,7 +86,8 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
 
 void paged_state_free(PagedState *st) {
     if (!st) return;
-    void *bufs[] = {st->x, st->xn, st->q, st->k, st->v, st->att, st->proj, st->gate, st->up, st->rows, st->logits};
+    void *bufs[] = {st->x,    st->xn,  st->q,   st->k,       st->v,    st->att,
+                    st->proj, st->gate, st->up, st->qkv, st->gate_up, st->rows, st->logits};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) st->be->free(bufs[i]);
     free(st);
 }
@@ -90,35 +95,70 @@ void paged_state_free(PagedState *st) {
 size_t paged_state_bytes(const PagedState *st) { return st ? st->bytes : 0; }
 void *paged_state_logits(PagedState *st) { return st->logits; }
 
+/* True when b starts right where a's n elements end: tensors the arena laid
+ * out back to back can be read as one (q|k|v and gate|up weights, q|k|v biases). */
+static bool adjacent(const void *a, size_t n, size_t elem, const void *b) {
+    return a && b && (const char *)a + n * elem == (const char *)b;
+}
+
 void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
-    const int n = b->n;
+    const int n = b->n, L = c->num_hidden_layers;
     const int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
               KVH = c->num_key_value_heads, Dh = c->head_dim, V = c->vocab_size;
     const int QD = H * Dh, KVD = KVH * Dh;
-    const size_t ND = (size_t)n * D;
+    const size_t ND = (size_t)n * D, es = dtype_size(be->storage);
+    const bool fused_ops = be->add_rmsnorm && be->qkv_rope_store && be->swiglu_gate_up;
 
+    /* Fewer, larger kernels per layer where the backend has the fused ops and
+     * the weights sit back to back: the same values as the unfused sequence
+     * (the fused ops are bit-identical to it; one GEMM over concatenated
+     * weights sums in the GEMM's own order, as any GEMM does). */
     be->embedding_i32(st->x, m->embed, b->tokens, n, D);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    be->rmsnorm(st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
+    for (int l = 0; l < L; l++) {
         const LayerWeights *w = &m->layers[l];
-        be->rmsnorm(st->xn, st->x, w->attn_norm, n, D, c->rms_norm_eps);
-        be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
-        be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
-        be->linear(st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-        be->rope_i32(st->q, b->pos, n, H, Dh, c->rope_theta);
-        be->rope_i32(st->k, b->pos, n, KVH, Dh, c->rope_theta);
-        be->paged_kv_store(kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
+        bool fused_qkv = fused_ops && adjacent(w->q_w, (size_t)QD * D, es, w->k_w) &&
+                         adjacent(w->k_w, (size_t)KVD * D, es, w->v_w) &&
+                         ((!w->q_b && !w->k_b && !w->v_b) ||
+                          (adjacent(w->q_b, (size_t)QD, es, w->k_b) && adjacent(w->k_b, (size_t)KVD, es, w->v_b)));
+        if (fused_qkv) {
+            be->linear(st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
+            be->qkv_rope_store(st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
+                               c->rope_theta);
+        } else {
+            be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
+            be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
+            be->linear(st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+            be->rope_i32(st->q, b->pos, n, H, Dh, c->rope_theta);
+            be->rope_i32(st->k, b->pos, n, KVH, Dh, c->rope_theta);
+            be->paged_kv_store(kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
+        }
         be->paged_attention(st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
                             kv->block_size, b->max_blocks);
         be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
-        be->add(st->x, st->x, st->proj, ND);
-        be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
-        be->linear(st->gate, st->xn, w->gate_w, NULL, n, D, F);
-        be->linear(st->up, st->xn, w->up_w, NULL, n, D, F);
-        be->swiglu(st->gate, st->gate, st->up, (size_t)n * F);
+        if (fused_ops) {
+            be->add_rmsnorm(st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);
+        } else {
+            be->add(st->x, st->x, st->proj, ND);
+            be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
+        }
+        if (fused_ops && adjacent(w->gate_w, (size_t)F * D, es, w->up_w)) {
+            be->linear(st->gate_up, st->xn, w->gate_w, NULL, n, D, 2 * F);
+            be->swiglu_gate_up(st->gate, st->gate_up, n, F);
+        } else {
+            be->linear(st->gate, st->xn, w->gate_w, NULL, n, D, F);
+            be->linear(st->up, st->xn, w->up_w, NULL, n, D, F);
+            be->swiglu(st->gate, st->gate, st->up, (size_t)n * F);
+        }
         be->linear(st->proj, st->gate, w->down_w, NULL, n, F, D);
-        be->add(st->x, st->x, st->proj, ND);
+        if (l + 1 < L && fused_ops) {
+            be->add_rmsnorm(st->x, st->xn, st->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
+        } else {
+            be->add(st->x, st->x, st->proj, ND);
+            if (l + 1 < L) be->rmsnorm(st->xn, st->x, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
+        }
     }
     if (b->n_logits == 0) return;
     /* The final norm only on the rows that want logits: norm is per row. */

@@ -541,6 +541,9 @@ static const Backend CPU_BACKEND = {
     .paged_kv_store = cpu_paged_kv_store,
     .paged_attention = cpu_paged_attention,
     .sample = cpu_sample,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .qkv_rope_store = cpu_qkv_rope_store,
+    .swiglu_gate_up = cpu_swiglu_gate_up,
 };
 
 const Backend *backend_cpu(void) { return &CPU_BACKEND; }

@@ -1,6 +1,7 @@
 /* cpu_engine_ops.h — the CPU backend's generation-engine ops (backend.h,
- * "generation engine"), defined in cpu_paged.c and cpu_sample.c and put in the
- * table by cpu_backend.c. On the CPU, [i32] buffers are plain host int arrays. */
+ * "generation engine"), defined in cpu_paged.c, cpu_sample.c and cpu_fused.c
+ * and put in the table by cpu_backend.c. On the CPU, [i32] buffers are plain
+ * host int arrays. */
 #ifndef COLT_BACKEND_CPU_ENGINE_OPS_H
 #define COLT_BACKEND_CPU_ENGINE_OPS_H
 
@@ -14,5 +15,10 @@ void cpu_paged_attention(void *out, const void *q, const void *k_pool, const voi
 void cpu_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);
+/* cpu_fused.c: the decode step's fused ops. */
+void cpu_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
+void cpu_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+                        const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
+void cpu_swiglu_gate_up(void *out, const void *gate_up, int n, int f);
 
 #endif

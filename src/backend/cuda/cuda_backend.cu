@@ -305,6 +305,9 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->paged_kv_store = cuda_paged_kv_store<T>;
     b->paged_attention = cuda_paged_attention<T>;
     b->sample = cuda_sample<T>;
+    b->add_rmsnorm = cuda_add_rmsnorm<T>;
+    b->qkv_rope_store = cuda_qkv_rope_store<T>;
+    b->swiglu_gate_up = cuda_swiglu_gate_up<T>;
     b->memory_info = cuda_memory_info;
     b->synchronize = backend_cuda_synchronize;
     b->capture_begin = cuda_capture_begin;

@@ -106,6 +106,11 @@ void cuda_linear(void *out, const void *x, const void *w, const void *bias, int 
 template <typename T>
 void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
                           int in_dim, int out_dim, int accumulate_dx);
+/* cuda_skinny.cu: linear for 1 <= n <= SKINNY_MAX_ROWS (decode); false (nothing launched) when the
+ * shape or alignment is unsupported or COLT_NO_SKINNY=1, and the caller uses cuBLAS. */
+#define SKINNY_MAX_ROWS 32
+template <typename T>
+bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim);
 
 /* cuda_attention.cu */
 template <typename T>
@@ -163,6 +168,13 @@ template <typename T>
 void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                           const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int block_size, int max_blocks);
+/* cuda_fused.cu: the decode step's fused ops (backend.h). */
+template <typename T>
+void cuda_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
+template <typename T>
+void cuda_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+                         const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
+template <typename T> void cuda_swiglu_gate_up(void *out, const void *gate_up, int n, int f);
 /* cuda_sample.cu: the sample op (backend.h). */
 template <typename T>
 void cuda_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,

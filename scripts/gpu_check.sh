@@ -4,10 +4,10 @@
 # there (scripts/pack_device.sh) it is unpacked first: build-cuda/ binaries, the
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
-# Usage: bash scripts/gpu_check.sh [part ...]   parts: tests decode grpo train gemm (default: all of them)
+# Usage: bash scripts/gpu_check.sh [part ...]   parts: tests cli decode grpo train gemm (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-tests decode grpo train gemm}
+parts=${*:-tests cli decode grpo train gemm}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 [ -f .devcarry/bundle.tar.xz ] && tar xf .devcarry/bundle.tar.xz
@@ -26,6 +26,15 @@ for part in $parts; do
         tail -3 "$out/$(basename "$t").log"
         [ $rc -eq 0 ] || { echo "   exit $rc"; status=1; }
       done ;;
+    cli)
+      echo "== colt generate: greedy stories260K on cpu and cuda_f32 (the same text), cuda bf16, --bench"
+      for dev in cpu cuda_f32 cuda; do
+        build-cuda/colt generate --model models/stories260K --prompt "Once upon a time" --max_new_tokens 40 \
+          --device $dev 2>&1 | tee "$out/generate_$dev.txt"
+      done
+      cmp -s "$out/generate_cpu.txt" "$out/generate_cuda_f32.txt" && echo "cpu == cuda_f32" || { echo "cpu != cuda_f32"; status=1; }
+      build-cuda/colt generate --model models/stories260K --prompt "Once upon a time" --n 256 --temperature 1 \
+        --max_new_tokens 200 --ignore_eos --bench --device cuda 2>&1 | tee "$out/generate_bench.txt" ;;
     decode) echo "== bench_decode"; build-cuda/bench_decode ${DECODE_PRESETS:-0.5b 1.5b 7b} 2>&1 | tee "$out/bench_decode.md" ;;
     grpo)
       echo "== bench_grpo"

@@ -7,9 +7,11 @@
  *   - CUDA graphs replay the same ops: greedy completions equal eager mode's;
  *   - the engine's log-prob of every sampled token against the trainer's
  *     forward (model_train_forward) on the same sequences: the shared kernels
- *     keep the mean difference below 1e-5 on cuda_f32 and 3e-3 on bf16 (these
- *     tiny models, D = 64, feel each bf16 rounding flip; the Qwen2.5-shaped
- *     GRPO benchmark logs sampling/sampling_logp_difference/mean at scale);
+ *     keep the mean difference below 1e-5 on cuda_f32 and 1e-2 on bf16 (these
+ *     tiny models, D = 64, feel each bf16 rounding flip, and decode batches of
+ *     up to 32 rows run the skinny GEMM while the trainer runs cuBLAS; the
+ *     Qwen2.5-shaped GRPO benchmark logs sampling/sampling_logp_difference/mean
+ *     at scale);
  *   - batch invariance on bf16: completions of sequences run alone against the
  *     same sequences in a batch (reported, counted).
  * Exit 77 when no GPU. */
@@ -178,7 +180,7 @@ static void run(const char *dir) {
         if (p < 2) {
             trainer_agreement(bf16, &got, &mean, &max);
             printf("  %-22s bf16 engine vs trainer log-probs: mean %.2e max %.2e\n", names[p], mean, max);
-            CHECK(mean < 3e-3, "bf16 engine vs trainer mean %.3g", mean);
+            CHECK(mean < 1e-2, "bf16 engine vs trainer mean %.3g", mean);
         }
         free_requests(&other);
         int alone_same = 0;

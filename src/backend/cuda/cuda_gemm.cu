@@ -296,6 +296,8 @@ void cuda_linear(void *out, const void *x, const void *w, const void *bias, int 
         CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)n * out_dim * sizeof(T), cuda_stream()));
         return;
     }
+    /* decode-sized n: a weight-streaming kernel beats cuBLAS's fixed cost (cuda_skinny.cu) */
+    if (n <= SKINNY_MAX_ROWS && cuda_skinny_linear<T>(out, x, w, bias, n, in_dim, out_dim)) return;
     GemmKey key;
     memset(&key, 0, sizeof key);
     key.ab_type = CudaType<T>::value;

@@ -1,0 +1,367 @@
+/* cuda_skinny.cu — linear for a few token rows (decode): out[N,O] = x[N,I] @ w[O,I]^T (+ bias[O]),
+ * 1 <= N <= SKINNY_MAX_ROWS. At such N the op is bound by reading w once, and cuBLAS's fixed cost
+ * (~10 us per call on an H200) dominates every projection of a small model; these kernels stream w
+ * with 16-byte loads, one launch per call, no workspace.
+ *
+ * Not here: large N (cuBLAS, cuda_gemm.cu), the backward pass, split-K across blocks (it would need
+ * a workspace or atomics; splitting K across the warps of one block is enough for the shapes we have).
+ *
+ * Dimension legend: N token rows, I in_dim, O out_dim.
+ *
+ * Contract (both storage types): fp32 accumulation, bias added in fp32, one rounding to T. Requires
+ * I % 8 == 0 and 16-byte aligned x and w; cuda_skinny_linear returns false otherwise (the caller then
+ * uses cuBLAS). Deterministic and batch invariant: the launch geometry and every summation order
+ * depend only on (I, O), never on N, so row i's result is bit-identical whatever N is and whatever
+ * the other rows hold. (cuBLAS for N > SKINNY_MAX_ROWS rounds differently, so a row's bits change
+ * when N crosses that bound.) CUDA-graph capturable: no allocation, sync or host copy.
+ *
+ * bf16 (backend_cuda): tensor cores, mma.m16n8k16 with the token rows as A (16 rows per tile,
+ * padding rows are zeros) and 8 weight rows as B. A lane loads 8 consecutive k of one weight row
+ * (16 bytes) and 8 consecutive k of its token rows; the pair of mmas that consumes them uses k
+ * slots {2t, 2t+1, 2t+8, 2t+9} of each, a permutation of k applied identically to A and B, so the
+ * product is unchanged. A warp owns OUT_TILES x 8 outputs; the warps of a block split K into
+ * interleaved chunks and their partial sums are added in warp order through shared memory. Error:
+ * fp32 accumulation (tensor-core adds) + the final bf16 rounding, |err| <~ |ref| * 2^-8.
+ *
+ * fp32 (backend_cuda_f32, the tight reference table): CUDA cores, explicit fmaf chains, a block owns
+ * 4 outputs, lanes take float4 slices of k, rows in passes of 8 (w is re-read per pass), a fixed
+ * xor-butterfly warp reduction, then warps added in order. Error ~1e-6 of max|ref|.
+ *
+ * COLT_NO_SKINNY=1 (read once) turns the path off; tests and benchmarks switch it with
+ * cuda_skinny_set_enabled. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+/* Warps in one block (all on the same outputs, splitting K). */
+#define SKINNY_MAX_WARPS 16
+/* Split K until about this many warps are running: ~16 per SM on 132 SMs keeps enough loads in
+ * flight; a constant (not the device's SM count) so results do not depend on the GPU model. */
+#define SKINNY_TARGET_WARPS 2048
+/* bf16: 16-byte weight loads a lane issues before its first mma of a chunk. */
+#define BF16_LOADS_PER_LANE 8
+/* bf16: shared memory for the K-split reduction stays <= 32 KB (no opt-in attribute needed). */
+#define BF16_MAX_WARP_TILES 32
+/* fp32: outputs per block, token rows per pass, 128-wide k steps per chunk. */
+#define F32_OUTS 4
+#define F32_ROWS 8
+#define F32_STEPS 2
+
+/* ---------------------------------------------------------------- switch and counter */
+
+static int g_skinny_enabled = -1; /* -1: not read yet */
+static long g_skinny_calls = 0;
+
+static int skinny_enabled(void) {
+    if (g_skinny_enabled < 0) {
+        const char *e = getenv("COLT_NO_SKINNY");
+        g_skinny_enabled = !(e && *e && strcmp(e, "0") != 0);
+    }
+    return g_skinny_enabled;
+}
+
+/* For tests and benchmarks (declared where they use them): 1 on, 0 off (cuBLAS), -1 back to the
+ * environment's setting. */
+extern "C" void cuda_skinny_set_enabled(int enabled) { g_skinny_enabled = enabled < 0 ? -1 : enabled != 0; }
+
+/* How many linear calls this path has served (host calls, not graph replays). */
+extern "C" long cuda_skinny_call_count(void) { return g_skinny_calls; }
+
+/* ---------------------------------------------------------------- device helpers */
+
+/* Weights are read once: evict-first, so x and the activations stay cached. */
+__device__ __forceinline__ uint4 load_streaming(const void *p) { return __ldcs(reinterpret_cast<const uint4 *>(p)); }
+__device__ __forceinline__ float4 load_streaming_f4(const float *p) {
+    return __ldcs(reinterpret_cast<const float4 *>(p));
+}
+/* x is re-read by every block: read-only path, cached in L1. */
+__device__ __forceinline__ uint4 load_cached(const void *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+__device__ __forceinline__ float4 load_cached_f4(const float *p) { return __ldg(reinterpret_cast<const float4 *>(p)); }
+
+/* d[16x8] += a[16x16] @ b[16x8], bf16 inputs, fp32 accumulators. Fragments (PTX ISA, m16n8k16,
+ * g = lane / 4, t = lane % 4): a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..),
+ * a3 (row g+8, k 2t+8..); b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); d0, d1 (row g, cols 2t,
+ * 2t+1), d2, d3 (row g+8, cols 2t, 2t+1). The lower k of a pair sits in the low 16 bits. */
+__device__ __forceinline__ void mma_bf16_m16n8k16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* ---------------------------------------------------------------- bf16: tensor cores */
+
+/* Block: blockDim.x / 32 warps on outputs [blockIdx.x * OUT_TILES * 8, +OUT_TILES * 8); warp w takes
+ * k chunks w, w + warps, ... (a chunk is STEPS x 32 k). ROWS (8, 16 or 32) is the token capacity;
+ * it only decides which token rows are loaded, never the order of any sum. Dynamic shared memory:
+ * warps x FRAG x 32 floats when warps > 1. */
+template <int OUT_TILES, int ROWS>
+__global__ void __launch_bounds__(SKINNY_MAX_WARPS * 32)
+    skinny_bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                       const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
+    constexpr int STEPS = BF16_LOADS_PER_LANE / OUT_TILES; /* 32-wide k steps per chunk */
+    constexpr int ROW_TILES = (ROWS + 15) / 16;
+    constexpr int FRAG = ROW_TILES * OUT_TILES * 4; /* accumulators per lane */
+    const int chunk_len = STEPS * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int group = lane >> 2, quad = lane & 3;
+    const int out_base = blockIdx.x * OUT_TILES * 8;
+
+    /* This lane's weight rows (B column g of each 8-output tile) and token rows (A rows g, g+8). */
+    const __nv_bfloat16 *w_row[OUT_TILES];
+    bool w_valid[OUT_TILES];
+#pragma unroll
+    for (int ot = 0; ot < OUT_TILES; ot++) {
+        int o = out_base + ot * 8 + group;
+        w_valid[ot] = o < out_dim;
+        w_row[ot] = w + (size_t)(w_valid[ot] ? o : 0) * in_dim + quad * 8;
+    }
+    const __nv_bfloat16 *x_row[ROW_TILES][2];
+    bool x_valid[ROW_TILES][2];
+#pragma unroll
+    for (int rt = 0; rt < ROW_TILES; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = rt * 16 + h * 8 + group;
+            x_valid[rt][h] = rt * 16 + h * 8 < ROWS && r < n; /* the first test folds at compile time */
+            x_row[rt][h] = x + (size_t)(x_valid[rt][h] ? r : 0) * in_dim + quad * 8;
+        }
+
+    float acc[FRAG];
+#pragma unroll
+    for (int f = 0; f < FRAG; f++) acc[f] = 0.0f;
+
+    const int n_chunks = (in_dim + chunk_len - 1) / chunk_len;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int chunk = warp; chunk < n_chunks; chunk += n_warps) {
+        const int k0 = chunk * chunk_len;
+        /* All weight loads of the chunk first: they are what the kernel waits for. */
+        uint4 wv[STEPS][OUT_TILES];
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            const bool k_ok = k0 + s * 32 + quad * 8 < in_dim; /* in_dim % 8 == 0: all 8 or none */
+#pragma unroll
+            for (int ot = 0; ot < OUT_TILES; ot++)
+                wv[s][ot] = k_ok && w_valid[ot] ? load_streaming(w_row[ot] + k0 + s * 32) : zero;
+        }
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            const bool k_ok = k0 + s * 32 + quad * 8 < in_dim;
+#pragma unroll
+            for (int rt = 0; rt < ROW_TILES; rt++) {
+                uint4 xa = k_ok && x_valid[rt][0] ? load_cached(x_row[rt][0] + k0 + s * 32) : zero;
+                uint4 xb = k_ok && x_valid[rt][1] ? load_cached(x_row[rt][1] + k0 + s * 32) : zero;
+#pragma unroll
+                for (int ot = 0; ot < OUT_TILES; ot++) {
+                    float *d = &acc[(rt * OUT_TILES + ot) * 4];
+                    /* k 0..3 of the 8 loaded, then k 4..7 (see the file comment) */
+                    mma_bf16_m16n8k16(d, xa.x, xb.x, xa.y, xb.y, wv[s][ot].x, wv[s][ot].y);
+                    mma_bf16_m16n8k16(d, xa.z, xb.z, xa.w, xb.w, wv[s][ot].z, wv[s][ot].w);
+                }
+            }
+        }
+    }
+
+    /* Accumulator f of lane l is token rt*16 + l/4 (+8 for c >= 2), output tile ot, column 2(l%4) + c%2. */
+    auto store = [&](int f, int l, float v) {
+        int c = f & 3, ot = (f >> 2) % OUT_TILES, rt = (f >> 2) / OUT_TILES;
+        int token = rt * 16 + (l >> 2) + (c >= 2 ? 8 : 0);
+        int o = out_base + ot * 8 + (l & 3) * 2 + (c & 1);
+        if (token >= n || o >= out_dim) return;
+        if (bias) v += __bfloat162float(bias[o]);
+        out[(size_t)token * out_dim + o] = __float2bfloat16_rn(v);
+    };
+    if (n_warps == 1) {
+#pragma unroll
+        for (int f = 0; f < FRAG; f++) store(f, lane, acc[f]);
+        return;
+    }
+    extern __shared__ float partial[]; /* [warps][FRAG][32] */
+#pragma unroll
+    for (int f = 0; f < FRAG; f++) partial[(warp * FRAG + f) * 32 + lane] = acc[f];
+    __syncthreads();
+    for (int i = threadIdx.x; i < FRAG * 32; i += blockDim.x) {
+        float v = partial[i];
+        for (int k = 1; k < n_warps; k++) v += partial[k * FRAG * 32 + i]; /* fixed order */
+        store(i >> 5, i & 31, v);
+    }
+}
+
+/* ---------------------------------------------------------------- fp32: CUDA cores */
+
+/* Block: blockDim.x / 32 warps on outputs [blockIdx.x * F32_OUTS, +F32_OUTS); warp w takes k chunks
+ * w, w + warps, ... (a chunk is F32_STEPS x 128 k, a float4 per lane per step). Token rows go in
+ * passes of F32_ROWS; each row's arithmetic is the same in whichever pass and slot it lands. */
+__global__ void __launch_bounds__(SKINNY_MAX_WARPS * 32)
+    skinny_f32_kernel(float *out, const float *x, const float *w, const float *bias, int n, int in_dim,
+                      int out_dim) {
+    __shared__ float partial[SKINNY_MAX_WARPS][F32_ROWS * F32_OUTS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int out_base = blockIdx.x * F32_OUTS;
+    const int chunk_len = F32_STEPS * 128;
+    const int n_chunks = (in_dim + chunk_len - 1) / chunk_len;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    const float *w_row[F32_OUTS];
+    bool w_valid[F32_OUTS];
+#pragma unroll
+    for (int o = 0; o < F32_OUTS; o++) {
+        w_valid[o] = out_base + o < out_dim;
+        w_row[o] = w + (size_t)(w_valid[o] ? out_base + o : 0) * in_dim + lane * 4;
+    }
+
+    for (int row_base = 0; row_base < n; row_base += F32_ROWS) {
+        float acc[F32_ROWS][F32_OUTS];
+#pragma unroll
+        for (int r = 0; r < F32_ROWS; r++)
+#pragma unroll
+            for (int o = 0; o < F32_OUTS; o++) acc[r][o] = 0.0f;
+
+        for (int chunk = warp; chunk < n_chunks; chunk += n_warps) {
+            const int k0 = chunk * chunk_len;
+            float4 wv[F32_STEPS][F32_OUTS];
+#pragma unroll
+            for (int s = 0; s < F32_STEPS; s++) {
+                const bool k_ok = k0 + s * 128 + lane * 4 < in_dim;
+#pragma unroll
+                for (int o = 0; o < F32_OUTS; o++)
+                    wv[s][o] = k_ok && w_valid[o] ? load_streaming_f4(w_row[o] + k0 + s * 128) : zero;
+            }
+#pragma unroll
+            for (int s = 0; s < F32_STEPS; s++) {
+                const int k = k0 + s * 128 + lane * 4;
+                if (k >= in_dim) continue;
+#pragma unroll
+                for (int r = 0; r < F32_ROWS; r++) {
+                    if (row_base + r >= n) continue;
+                    const float4 xv = load_cached_f4(x + (size_t)(row_base + r) * in_dim + k);
+#pragma unroll
+                    for (int o = 0; o < F32_OUTS; o++) {
+                        float a = acc[r][o];
+                        a = fmaf(wv[s][o].x, xv.x, a);
+                        a = fmaf(wv[s][o].y, xv.y, a);
+                        a = fmaf(wv[s][o].z, xv.z, a);
+                        a = fmaf(wv[s][o].w, xv.w, a);
+                        acc[r][o] = a;
+                    }
+                }
+            }
+        }
+        /* xor butterfly: a fixed order, and a + b == b + a leaves every lane with the same bits */
+#pragma unroll
+        for (int r = 0; r < F32_ROWS; r++)
+#pragma unroll
+            for (int o = 0; o < F32_OUTS; o++) {
+                float v = acc[r][o];
+#pragma unroll
+                for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+                acc[r][o] = v;
+            }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < F32_ROWS; r++)
+#pragma unroll
+                for (int o = 0; o < F32_OUTS; o++) partial[warp][r * F32_OUTS + o] = acc[r][o];
+        }
+        __syncthreads();
+        if (threadIdx.x < F32_ROWS * F32_OUTS) {
+            const int r = threadIdx.x / F32_OUTS, o = threadIdx.x % F32_OUTS;
+            const int token = row_base + r, col = out_base + o;
+            if (token < n && col < out_dim) {
+                float v = partial[0][threadIdx.x];
+                for (int k = 1; k < n_warps; k++) v += partial[k][threadIdx.x]; /* fixed order */
+                if (bias) v += bias[col];
+                out[(size_t)token * out_dim + col] = v;
+            }
+        }
+        __syncthreads(); /* partial is reused by the next pass */
+    }
+}
+
+/* ---------------------------------------------------------------- host */
+
+/* Launch geometry: a function of (I, O) only, which is what makes the results batch invariant. */
+typedef struct SkinnyPlan {
+    int out_tiles; /* bf16: 8-output mma tiles per warp */
+    int blocks;
+    int warps; /* per block, splitting K */
+} SkinnyPlan;
+
+/* Doubles the K split while the GPU is not yet full, each warp still gets a chunk, and the block
+ * stays within max_warps. */
+static int skinny_k_split(int blocks, int in_dim, int chunk_len, int max_warps) {
+    int chunks = (in_dim + chunk_len - 1) / chunk_len;
+    int warps = 1;
+    while (warps * 2 <= max_warps && warps * 2 <= chunks && (long)blocks * warps < SKINNY_TARGET_WARPS) warps *= 2;
+    return warps;
+}
+
+static SkinnyPlan skinny_plan_bf16(int in_dim, int out_dim) {
+    SkinnyPlan p;
+    /* More outputs per warp cut the re-reads of x; fewer keep small O spread over the SMs. */
+    p.out_tiles = out_dim >= 8192 ? 4 : out_dim >= 2048 ? 2 : 1;
+    p.blocks = (out_dim + p.out_tiles * 8 - 1) / (p.out_tiles * 8);
+    int max_warps = BF16_MAX_WARP_TILES / p.out_tiles;
+    if (max_warps > SKINNY_MAX_WARPS) max_warps = SKINNY_MAX_WARPS;
+    p.warps = skinny_k_split(p.blocks, in_dim, 32 * (BF16_LOADS_PER_LANE / p.out_tiles), max_warps);
+    return p;
+}
+
+static SkinnyPlan skinny_plan_f32(int in_dim, int out_dim) {
+    SkinnyPlan p;
+    p.out_tiles = 0;
+    p.blocks = (out_dim + F32_OUTS - 1) / F32_OUTS;
+    p.warps = skinny_k_split(p.blocks, in_dim, F32_STEPS * 128, SKINNY_MAX_WARPS);
+    return p;
+}
+
+template <int OUT_TILES, int ROWS>
+static void skinny_bf16_launch(const SkinnyPlan *p, void *out, const void *x, const void *w, const void *bias, int n,
+                               int in_dim, int out_dim) {
+    constexpr int FRAG = (ROWS + 15) / 16 * OUT_TILES * 4;
+    size_t smem = p->warps > 1 ? (size_t)p->warps * FRAG * 32 * sizeof(float) : 0;
+    skinny_bf16_kernel<OUT_TILES, ROWS><<<p->blocks, p->warps * 32, smem, cuda_stream()>>>(
+        (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, n,
+        in_dim, out_dim);
+    LAUNCH_CHECK();
+}
+
+template <int ROWS>
+static void skinny_bf16_dispatch(const SkinnyPlan *p, void *out, const void *x, const void *w, const void *bias,
+                                 int n, int in_dim, int out_dim) {
+    switch (p->out_tiles) {
+    case 1: skinny_bf16_launch<1, ROWS>(p, out, x, w, bias, n, in_dim, out_dim); break;
+    case 2: skinny_bf16_launch<2, ROWS>(p, out, x, w, bias, n, in_dim, out_dim); break;
+    default: skinny_bf16_launch<4, ROWS>(p, out, x, w, bias, n, in_dim, out_dim); break;
+    }
+}
+
+template <typename T>
+bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
+    static_assert(SKINNY_MAX_ROWS <= 32, "the bf16 kernel holds at most two 16-row tiles");
+    if (!skinny_enabled()) return false;
+    if (n < 1 || n > SKINNY_MAX_ROWS || in_dim <= 0 || out_dim <= 0 || in_dim % 8 != 0) return false;
+    if (((uintptr_t)x | (uintptr_t)w) % 16 != 0) return false;
+    if constexpr (sizeof(T) == sizeof(float)) {
+        SkinnyPlan p = skinny_plan_f32(in_dim, out_dim);
+        skinny_f32_kernel<<<p.blocks, p.warps * 32, 0, cuda_stream()>>>(
+            (float *)out, (const float *)x, (const float *)w, (const float *)bias, n, in_dim, out_dim);
+        LAUNCH_CHECK();
+    } else {
+        SkinnyPlan p = skinny_plan_bf16(in_dim, out_dim);
+        if (n <= 8)
+            skinny_bf16_dispatch<8>(&p, out, x, w, bias, n, in_dim, out_dim);
+        else if (n <= 16)
+            skinny_bf16_dispatch<16>(&p, out, x, w, bias, n, in_dim, out_dim);
+        else
+            skinny_bf16_dispatch<32>(&p, out, x, w, bias, n, in_dim, out_dim);
+    }
+    g_skinny_calls++;
+    return true;
+}
+
+template bool cuda_skinny_linear<float>(void *, const void *, const void *, const void *, int, int, int);
+template bool cuda_skinny_linear<__nv_bfloat16>(void *, const void *, const void *, const void *, int, int, int);

@@ -305,7 +305,7 @@ int main(void) {
         printf("no CUDA device (cudaGetDeviceCount failed or found none): skipping test_cuda_skinny\n");
         return 77;
     }
-    cuda_skinny_set_enabled(1); /* whatever COLT_NO_SKINNY says: this test is about the path */
+    cuda_skinny_set_enabled(2); /* every supported shape, whatever COLT_NO_SKINNY says: this test is about the path */
     static const Shape shapes[] = {
         /* ragged: one 8-wide k vector, partial output tiles of each warp width, k tails */
         {"ragged [8]->[3]", 8, 3},

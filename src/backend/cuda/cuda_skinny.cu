@@ -62,9 +62,19 @@ static int skinny_enabled(void) {
     return g_skinny_enabled;
 }
 
-/* For tests and benchmarks (declared where they use them): 1 on, 0 off (cuBLAS), -1 back to the
- * environment's setting. */
-extern "C" void cuda_skinny_set_enabled(int enabled) { g_skinny_enabled = enabled < 0 ? -1 : enabled != 0; }
+/* For tests and benchmarks (declared where they use them): 2 every supported shape, 1 where it
+ * beats cuBLAS (the default), 0 off (cuBLAS), -1 back to the environment's setting. */
+extern "C" void cuda_skinny_set_enabled(int enabled) { g_skinny_enabled = enabled < 0 ? -1 : enabled > 2 ? 2 : enabled; }
+
+/* Where the path beats cuBLASLt, from bench_skinny on an H200 (weights streamed from HBM): up to 16
+ * rows and weights up to ~4.5M elements (0.5B's q/k/v/o/gate/up/down, 1.5B's q/k/v/o, 7B's k/v:
+ * 1.3-2x, about 5 us against cuBLAS's 9-10 us). Larger weights stream faster through cuBLAS
+ * (2.7-3.6 TB/s against 2-2.5 here), and at 17-32 rows cuBLAS wins everywhere. */
+#define SKINNY_WIN_ROWS 16
+#define SKINNY_WIN_WEIGHTS ((size_t)4608 * 1024)
+static bool skinny_wins(int n, int in_dim, int out_dim) {
+    return n <= SKINNY_WIN_ROWS && (size_t)in_dim * (size_t)out_dim <= SKINNY_WIN_WEIGHTS;
+}
 
 /* How many linear calls this path has served (host calls, not graph replays). */
 extern "C" long cuda_skinny_call_count(void) { return g_skinny_calls; }
@@ -342,7 +352,8 @@ static void skinny_bf16_dispatch(const SkinnyPlan *p, void *out, const void *x, 
 template <typename T>
 bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
     static_assert(SKINNY_MAX_ROWS <= 32, "the bf16 kernel holds at most two 16-row tiles");
-    if (!skinny_enabled()) return false;
+    int mode = skinny_enabled();
+    if (mode == 0 || (mode == 1 && !skinny_wins(n, in_dim, out_dim))) return false;
     if (n < 1 || n > SKINNY_MAX_ROWS || in_dim <= 0 || out_dim <= 0 || in_dim % 8 != 0) return false;
     if (((uintptr_t)x | (uintptr_t)w) % 16 != 0) return false;
     if constexpr (sizeof(T) == sizeof(float)) {

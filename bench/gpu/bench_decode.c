@@ -27,7 +27,7 @@
 #include "model/model.h"
 
 #define PROMPT_LEN 128
-#define NEW_TOKENS 128
+#define NEW_TOKENS 128 /* COLT_DECODE_TOKENS overrides (short runs under a profiler) */
 #define HBM_BYTES_PER_S 4.8e12
 #define BF16_FLOP_PER_S 989e12
 
@@ -55,7 +55,8 @@ static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
         seqs[i].stream = (uint64_t)i;
     }
     GenerateOptions opt = {.sampling = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 1},
-                           .max_new_tokens = NEW_TOKENS, .ignore_eos = true};
+                           .max_new_tokens = getenv("COLT_DECODE_TOKENS") ? atoi(getenv("COLT_DECODE_TOKENS")) : NEW_TOKENS,
+                           .ignore_eos = true};
     EngineOptions eo = {.max_num_seqs = batch, .enforce_eager = eager};
     int rc = engine_generate(m, seqs, batch, &opt, &eo, st, err);
     for (int i = 0; i < batch && rc == 0; i++) gen_sequence_free(&seqs[i]);

@@ -17,8 +17,8 @@ shift 2
 presets=${*:-qwen2.5-0.5b qwen2.5-1.5b}
 work=${WORK:-/tmp/colt-bench-grpo}
 mkdir -p "$work"
-echo "| model | s/step | generation | log-probs | scoring | training | KV pool GB | seqs held | peak GB | preemptions | logp diff mean | logp diff max |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| model | s/step | generation | log-probs | scoring | training | KV pool GB | seqs held | peak GB | preemptions | logp diff mean | logp diff max | activation alloc/free |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for p in $presets; do
   rm -rf "$work/$p" "$work/run-$p"
   $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
@@ -35,7 +35,8 @@ mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
 print(f"| {sys.argv[2]} | {mean('step_time'):.3f} | {mean('time/generation'):.3f} | {mean('time/logprobs'):.3f} | "
       f"{mean('time/scoring'):.3f} | {mean('time/training'):.3f} | {mean('engine/kv_pool_gb'):.1f} | "
       f"{mean('engine/sequences_held'):.0f} | {mean('engine/peak_memory_gb'):.1f} | {mean('engine/preemptions'):.0f} | "
-      f"{mean('sampling/sampling_logp_difference/mean'):.2e} | {max(r.get('sampling/sampling_logp_difference/max', 0) for r in rows):.2e} |")
+      f"{mean('sampling/sampling_logp_difference/mean'):.2e} | {max(r.get('sampling/sampling_logp_difference/max', 0) for r in rows):.2e} | "
+      f"{mean('time/activation_memory'):.3f} |")
 PY
 done
 echo

@@ -378,6 +378,26 @@ static void engine_free(Engine *e) {
     free(e->h_tokens), free(e->row_owner), free(e->h_logprobs), free(e->seqs), free(e->running), free(e->waiting);
 }
 
+/* Rows of logits (the padded decode batch) and tokens per forward call. */
+static void engine_step_sizes(int n_slots, bool graphs, const EngineOptions *eo, int *max_rows, int *max_tokens) {
+    *max_rows = n_slots;
+    int b = bucket_index(n_slots);
+    if (graphs && b >= 0) *max_rows = GRAPH_BUCKETS[b]; /* room for the padded decode batch */
+    *max_tokens = eo->max_num_batched_tokens > 0 ? eo->max_num_batched_tokens : DEFAULT_MAX_BATCHED_TOKENS;
+    if (*max_tokens < *max_rows) *max_tokens = *max_rows;
+}
+
+size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const EngineOptions *eo) {
+    static const EngineOptions defaults = {0};
+    if (!eo) eo = &defaults;
+    int block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
+    int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
+    int n_slots = min_int(n_seqs, max_num_seqs), max_rows, max_tokens;
+    engine_step_sizes(n_slots, !eo->enforce_eager, eo, &max_rows, &max_tokens);
+    return (size_t)n_slots * (size_t)div_up(max_len, block_size) * kv_pool_block_bytes(m, block_size) +
+           paged_state_plan_bytes(m, max_tokens, max_rows) + DEVICE_HEADROOM_BYTES;
+}
+
 /* Sizes everything from the requests and the free device memory. */
 static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const GenerateOptions *opt,
                        const EngineOptions *eo, char *err) {
@@ -415,11 +435,7 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
     e->max_len = min_int(max_prompt + opt->max_new_tokens, e->cfg->max_position_embeddings);
     e->max_blocks = div_up(e->max_len, e->block_size);
     e->n_slots = min_int(n, max_num_seqs);
-    e->max_rows = e->n_slots;
-    int b = bucket_index(e->n_slots);
-    if (e->use_graphs && b >= 0) e->max_rows = GRAPH_BUCKETS[b]; /* room for the padded decode batch */
-    e->max_tokens = eo->max_num_batched_tokens > 0 ? eo->max_num_batched_tokens : DEFAULT_MAX_BATCHED_TOKENS;
-    if (e->max_tokens < e->max_rows) e->max_tokens = e->max_rows;
+    engine_step_sizes(e->n_slots, e->use_graphs, eo, &e->max_rows, &e->max_tokens);
 
     /* Scratch first; the pool then takes what is left. */
     if (paged_state_create(&e->st, m, e->max_tokens, e->max_rows, err) != 0) return COLT_ERR;

@@ -54,6 +54,13 @@ typedef struct EngineStats {
     int64_t decode_step_tokens; /* tokens sampled in those steps */
 } EngineStats;
 
+/* The device bytes engine_generate prefers for n_seqs sequences of up to
+ * max_len tokens: the pool with every running sequence at full length, its
+ * scratch and the headroom it leaves free. With less free it takes a smaller
+ * pool and preempts when it must; the trainer gives its activations back
+ * only when free memory is below this. eo may be NULL. */
+size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const EngineOptions *eo);
+
 /* Completes every sequence (see generate()); stats may be NULL. Errors: those
  * of generate(), a pool too small for one sequence, a stream id above 2^31-1. */
 int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,

@@ -123,6 +123,7 @@ typedef struct PagedState PagedState;
 int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max_logit_rows, char *err);
 void paged_state_free(PagedState *st);
 size_t paged_state_bytes(const PagedState *st);
+size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows); /* what create would take */
 /* The logits of the last call: [n_logits, V] in the storage dtype, on the device. */
 void *paged_state_logits(PagedState *st);
 /* Runs the batch; issues ops only (no host-side checks, no synchronisation),

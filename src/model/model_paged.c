@@ -84,6 +84,15 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
     return COLT_OK;
 }
 
+size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)max_tokens, R = (size_t)max_logit_rows, D = (size_t)c->hidden_size,
+           F = (size_t)c->intermediate_size, QD = (size_t)c->num_attention_heads * c->head_dim,
+           KVD = (size_t)c->num_key_value_heads * c->head_dim;
+    size_t elems = N * (3 * D + 2 * QD + 2 * KVD + 2 * F + (QD + 2 * KVD) + 2 * F) + R * D + R * (size_t)c->vocab_size;
+    return elems * dtype_size(m->be->storage);
+}
+
 void paged_state_free(PagedState *st) {
     if (!st) return;
     void *bufs[] = {st->x,    st->xn,  st->q,   st->k,       st->v,    st->att,

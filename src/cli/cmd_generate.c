@@ -221,8 +221,8 @@ int cmd_generate(int argc, char **argv) {
         }
         free(text);
     }
-    if (rc == 0 && !a.bench) fwrite(out.data ? out.data : "", 1, out.len, stdout);
-    else cli_fail("generate", err);
+    if (rc != 0) cli_fail("generate", err);
+    else if (!a.bench) fwrite(out.data ? out.data : "", 1, out.len, stdout);
     outbuf_free(&out);
     for (int i = 0; i < a.n; i++) gen_sequence_free(&seqs[i]);
     free(seqs);

@@ -80,7 +80,9 @@ static void bench_shape(const Backend *be, void *chunk, const char *name, int in
     fill(be, bias, (size_t)out_dim, chunk);
     for (int r = 0; r < N_ROWS; r++) {
         LinearCall call = {be, out, x, with_bias ? bias : NULL, w, copies, 0, ROWS[r], in_dim, out_dim};
-        cuda_skinny_set_enabled(2);
+        /* COLT_SKINNY_MODE=3 times the bf16 GEMV (1..4 rows) instead of the tensor-core kernel;
+         * 1 the default policy (each where it wins). */
+        cuda_skinny_set_enabled(getenv("COLT_SKINNY_MODE") ? atoi(getenv("COLT_SKINNY_MODE")) : 2);
         long before = cuda_skinny_call_count();
         double skinny_ms = backend_cuda_time_ms(run_linear, &call, iters);
         int served = cuda_skinny_call_count() > before;

@@ -291,6 +291,51 @@ static void test_views(const Dev *d) {
     d->be->free(gx_big), d->be->free(gw_big), d->be->free(go_big);
 }
 
+/* ---------------------------------------------------------------- the bf16 GEMV (mode 3) */
+
+/* The streaming GEMV the default policy uses for large weights at 1..4 rows:
+ * against the CPU, each row bit-identical whatever n, and run to run. */
+static void test_gemv(const Dev *d, const char *name, int in_dim, int out_dim) {
+    const int rows = 4;
+    const size_t nx = (size_t)rows * in_dim, nw = (size_t)out_dim * in_dim, ny = (size_t)rows * out_dim;
+    float *x = xmalloc(nx * sizeof(float)), *w = xmalloc(nw * sizeof(float)), *b = xmalloc(out_dim * sizeof(float));
+    fill_uniform(x, nx, 11, 1.0f);
+    fill_uniform(w, nw, 12, 1.0f / sqrtf((float)in_dim));
+    fill_uniform(b, out_dim, 13, 0.5f);
+    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim);
+    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim);
+    free(w);
+    void *go = d->be->alloc(ny), *co = CPU->alloc(ny);
+    float *ref = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float)), *first = xmalloc(ny * sizeof(float));
+    CPU->linear(co, cx, cw, cb, rows, in_dim, out_dim);
+    CPU->download(ref, co, ny);
+    double maxref = 0;
+    for (size_t i = 0; i < ny; i++) maxref = fmax(maxref, fabs(ref[i]));
+    cuda_skinny_set_enabled(3);
+    for (int n = 1; n <= rows; n++) {
+        long before = cuda_skinny_call_count();
+        d->be->linear(go, gx, gw, gb, n, in_dim, out_dim);
+        int served = cuda_skinny_call_count() > before;
+        d->be->download(got, go, (size_t)n * out_dim);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)n * out_dim; i++)
+            worst = fmax(worst, fabs(got[i] - ref[i]) / (2e-4 * maxref + fabs(ref[i]) / 128.0));
+        if (n == 1) memcpy(first, got, (size_t)out_dim * sizeof(float));
+        int invariant = memcmp(first, got, (size_t)out_dim * sizeof(float)) == 0;
+        d->be->linear(go, gx, gw, gb, n, in_dim, out_dim);
+        d->be->download(first + out_dim, go, (size_t)out_dim); /* row 0 again: determinism */
+        int repeat = memcmp(first, first + out_dim, (size_t)out_dim * sizeof(float)) == 0;
+        int ok = served && worst <= 1.0 && invariant && repeat;
+        record(ok);
+        printf("%s %-9s gemv %s n=%d: error %.2f of tolerance, row 0 as at n=1: %s, repeatable: %s\n",
+               ok ? "ok  " : "FAIL", d->tag, name, n, worst, invariant ? "yes" : "NO", repeat ? "yes" : "NO");
+    }
+    cuda_skinny_set_enabled(2);
+    free(x), free(b), free(ref), free(got), free(first);
+    d->be->free(gx), d->be->free(gw), d->be->free(gb), d->be->free(go);
+    CPU->free(cx), CPU->free(cw), CPU->free(cb), CPU->free(co);
+}
+
 /* ---------------------------------------------------------------- main */
 
 typedef struct Shape {
@@ -336,6 +381,8 @@ int main(void) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_shape(&devs[k], shapes[s].name, shapes[s].in_dim, shapes[s].out_dim);
     }
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        test_gemv(&devs[1], shapes[s].name, shapes[s].in_dim, shapes[s].out_dim);
     printf("test_cuda_skinny: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

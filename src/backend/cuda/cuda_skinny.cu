@@ -62,9 +62,10 @@ static int skinny_enabled(void) {
     return g_skinny_enabled;
 }
 
-/* For tests and benchmarks (declared where they use them): 2 every supported shape, 1 where it
- * beats cuBLAS (the default), 0 off (cuBLAS), -1 back to the environment's setting. */
-extern "C" void cuda_skinny_set_enabled(int enabled) { g_skinny_enabled = enabled < 0 ? -1 : enabled > 2 ? 2 : enabled; }
+/* For tests and benchmarks (declared where they use them): 3 the bf16 GEMV for every shape it takes
+ * (1..4 rows), 2 the tensor-core kernel for every shape it takes, 1 each where it beats cuBLAS (the
+ * default), 0 off (cuBLAS), -1 back to the environment's setting. */
+extern "C" void cuda_skinny_set_enabled(int enabled) { g_skinny_enabled = enabled < 0 ? -1 : enabled > 3 ? 3 : enabled; }
 
 /* Where the path beats cuBLASLt, from bench_skinny on an H200 (weights streamed from HBM): up to 16
  * rows and weights up to ~4.5M elements (0.5B's q/k/v/o/gate/up/down, 1.5B's q/k/v/o, 7B's k/v:
@@ -349,11 +350,92 @@ static void skinny_bf16_dispatch(const SkinnyPlan *p, void *out, const void *x, 
     }
 }
 
+/* ---------------------------------------------------------------- bf16 GEMV for large weights */
+
+/* One row (up to GEMV_MAX_ROWS) against weights too large for the kernel
+ * above to beat cuBLAS: a plain streaming GEMV on CUDA cores. One warp per output feature, lanes take 16-byte
+ * chunks of the weight row GEMV_UNROLL at a time (that many loads in flight
+ * per lane), fp32 sums per chunk in index order, then a fixed xor butterfly:
+ * the order depends on in_dim only, so a row's result does not depend on n. */
+#define GEMV_MAX_ROWS 4
+#define GEMV_WARPS 8
+#define GEMV_UNROLL 8
+
+template <int ROWS>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
+                     int n, int in_dim, int out_dim) {
+    const int lane = threadIdx.x % 32, o = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (o >= out_dim) return;
+    const int chunks = in_dim / 8;
+    const __nv_bfloat16 *wrow = w + (size_t)o * in_dim;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            int c = c0 + u * 32;
+            wv[u] = c < chunks ? load_streaming(wrow + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            int c = c0 + u * 32;
+            if (c >= chunks) break;
+            const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv[u]);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                if (r >= n) break;
+                uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)r * in_dim + (size_t)c * 8));
+                const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&xv);
+                float part = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) part = fmaf(__bfloat162float(wp[j]), __bfloat162float(xp[j]), part);
+                acc[r] += part;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+    if (lane == 0) {
+        float b = bias ? __bfloat162float(bias[o]) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < n) out[(size_t)r * out_dim + o] = __float2bfloat16_rn(acc[r] + b);
+    }
+}
+
+static void gemv_bf16(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
+    unsigned blocks = (unsigned)((out_dim + GEMV_WARPS - 1) / GEMV_WARPS);
+    auto *o = (__nv_bfloat16 *)out;
+    auto *xx = (const __nv_bfloat16 *)x, *ww = (const __nv_bfloat16 *)w, *bb = (const __nv_bfloat16 *)bias;
+    if (n == 1) gemv_bf16_kernel<1><<<blocks, GEMV_WARPS * 32, 0, cuda_stream()>>>(o, xx, ww, bb, n, in_dim, out_dim);
+    else if (n == 2) gemv_bf16_kernel<2><<<blocks, GEMV_WARPS * 32, 0, cuda_stream()>>>(o, xx, ww, bb, n, in_dim, out_dim);
+    else gemv_bf16_kernel<4><<<blocks, GEMV_WARPS * 32, 0, cuda_stream()>>>(o, xx, ww, bb, n, in_dim, out_dim);
+    LAUNCH_CHECK();
+}
+
 template <typename T>
 bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
     static_assert(SKINNY_MAX_ROWS <= 32, "the bf16 kernel holds at most two 16-row tiles");
     int mode = skinny_enabled();
-    if (mode == 0 || (mode == 1 && !skinny_wins(n, in_dim, out_dim))) return false;
+    if (mode == 0) return false;
+    /* Large weights at one row: the streaming GEMV (mode 3 forces it at 1..4 rows, for its test).
+     * bench_skinny, H200: 1.05-1.12x cuBLASLt at n = 1 (lm_heads at 4.4 TB/s, 7B gate|up at 3.8),
+     * except the tall down projections (in_dim > 2 out_dim: 0.9x); at 2..4 rows it re-reads x from
+     * L1 per row and loses (0.5-0.7x). */
+    if constexpr (sizeof(T) == 2) {
+        bool gemv = mode == 3 || (mode == 1 && n == 1 && !skinny_wins(n, in_dim, out_dim) && in_dim <= 2 * out_dim);
+        if (gemv && n >= 1 && n <= GEMV_MAX_ROWS && in_dim > 0 && out_dim > 0 && in_dim % 8 == 0 &&
+            ((uintptr_t)x | (uintptr_t)w) % 16 == 0) {
+            gemv_bf16(out, x, w, bias, n, in_dim, out_dim);
+            g_skinny_calls++;
+            return true;
+        }
+    }
+    if (mode == 3 || (mode == 1 && !skinny_wins(n, in_dim, out_dim))) return false;
     if (n < 1 || n > SKINNY_MAX_ROWS || in_dim <= 0 || out_dim <= 0 || in_dim % 8 != 0) return false;
     if (((uintptr_t)x | (uintptr_t)w) % 16 != 0) return false;
     if constexpr (sizeof(T) == sizeof(float)) {

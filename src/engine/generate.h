@@ -1,7 +1,8 @@
-/* generate.h — the CPU generation loop: batched prefill, then one decode step
- * for all unfinished sequences per forward call, stopping at eos / stop ids /
- * max_new_tokens. The paged KV cache and continuous batching of the GPU engine
- * are a later issue; this loop is their reference. */
+/* generate.h — the plain generation loop: batched prefill, then one decode
+ * step for all unfinished sequences per forward call, stopping at eos / stop
+ * ids / max_new_tokens, over a contiguous KV cache and host-side sampling.
+ * colt generate and colt train use the engine (engine.h) instead; this loop
+ * is its reference in the tests. GenSequence and GenerateOptions are shared. */
 #ifndef COLT_ENGINE_GENERATE_H
 #define COLT_ENGINE_GENERATE_H
 

@@ -36,14 +36,13 @@ enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
 typedef struct Seq {
     GenSequence *g;
-    int group;          /* index of the first sequence with the same prompt */
+    int group;          /* the first of the run of adjacent sequences with this prompt */
     int state;
     int limit;          /* total length (prompt + completion) at which it stops */
     int slot;           /* its block-table row while running, else -1 */
     int n_blocks;       /* blocks in its table row */
     int n_cached;       /* leading tokens whose K/V are in the pool */
     int scheduled;      /* tokens it runs in the current step */
-    int64_t admitted;   /* admission counter: the latest admitted is preempted first */
 } Seq;
 
 typedef struct Engine {
@@ -69,9 +68,8 @@ typedef struct Engine {
     float *h_logprobs;
     Seq *seqs;
     int n_seqs;
-    int *running, n_running; /* admission order */
+    int *running, n_running; /* admission order: the last one is preempted first */
     int *waiting, wait_head, wait_tail; /* queue; preempted sequences go back to the front */
-    int64_t admit_clock;
     void *graphs[N_BUCKETS];
     bool bucket_seen[N_BUCKETS];
     EngineStats stats;
@@ -168,7 +166,6 @@ static bool admit_front(Engine *e, int budget) {
     e->wait_head++;
     s->slot = e->free_slots[--e->n_free_slots];
     s->state = SEQ_RUNNING;
-    s->admitted = e->admit_clock++;
     int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
     if (donor) {
         const int *drow = e->h_tables + (size_t)donor->slot * e->max_blocks;
@@ -222,7 +219,7 @@ static bool is_stop(const GenerateOptions *opt, int token) {
 
 /* Schedules, runs and applies one step; *idle = true when nothing is left. */
 static int engine_step(Engine *e, bool *idle, char *err) {
-    const int budget = e->max_tokens;
+    const int budget = e->max_tokens, preemptions_before = e->stats.preemptions;
     int n_tok = 0;
     bool decode_only = true;
 
@@ -248,8 +245,11 @@ static int engine_step(Engine *e, bool *idle, char *err) {
         n_tok += take;
         if (pending != 1) decode_only = false;
     }
-    /* Then waiting sequences, in order, while the budget, slots and blocks last. */
-    while (n_tok < budget && admit_front(e, budget - n_tok)) {
+    /* Then waiting sequences, in order, while the budget, slots and blocks last
+     * (not in a step that had to preempt, the pool being full, unless nothing
+     * else would run). */
+    bool may_admit = e->stats.preemptions == preemptions_before || n_tok == 0;
+    while (may_admit && n_tok < budget && admit_front(e, budget - n_tok)) {
         n_tok += e->seqs[e->running[e->n_running - 1]].scheduled;
         decode_only = false;
     }

@@ -6,8 +6,9 @@
  * engine_generate starts, from the memory free at that moment, and given back
  * when it returns, so training and generation take turns with the device.
  *
- * - Pool: fixed-size blocks; a block table per sequence. Sequences with the
- *   same prompt share the prompt's full blocks (prefilled once); each one
+ * - Pool: fixed-size blocks; a block table per sequence. Adjacent sequences
+ *   with the same prompt (GRPO's G completions, --n) share the prompt's full
+ *   blocks (prefilled once); each one
  *   recomputes only the prompt tail in its own block (copy-on-write by
  *   recomputing the first block it may write).
  * - Scheduler: every step runs one forward call that mixes decode tokens of

@@ -4,6 +4,8 @@
  * (6 * params * tokens + attention FLOPs) / time / 989e12 (H200 dense bf16).
  * Usage: bench_gpu_train_step [preset ...]   (presets: 0.5b 1.5b 7b; default 0.5b 1.5b)
  * COLT_RECOMPUTE=1: with activation recompute (gradient checkpointing).
+ * COLT_TOKENS=N: tokens per step (default 8192; a GRPO micro-batch of 128
+ * completions of ~350 tokens is ~45K).
  * COLT_PROFILE=1: also time every op of the last step of each configuration
  * (ops bracketed by synchronisations: attribution, not the headline figure). */
 #include <math.h>
@@ -56,8 +58,9 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_want; i++) want[i] = argv[i + 1];
     }
     const int seq_lens[] = {512, 1024, 2048};
-    printf("Training step (forward + backward + AdamW), bf16 storage, fp32 master/grads/moments, cuda backend%s\n\n",
-           recompute ? ", activation recompute" : "");
+    printf("Training step (forward + backward + AdamW), bf16 storage, fp32 master/grads/moments, cuda backend%s, "
+           "%s tokens per step\n\n", recompute ? ", activation recompute" : "",
+           getenv("COLT_TOKENS") ? getenv("COLT_TOKENS") : "8192");
     printf("| model | params | B x T | tokens/s | step ms | MFU |\n|---|---:|---|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
@@ -84,7 +87,7 @@ int main(int argc, char **argv) {
             model_free(m);
             continue;
         }
-        const int total_tokens = 8192;
+        const int total_tokens = getenv("COLT_TOKENS") ? atoi(getenv("COLT_TOKENS")) : 8192;
         for (size_t li = 0; li < sizeof seq_lens / sizeof seq_lens[0]; li++) {
             int T = seq_lens[li], B = total_tokens / T, N = B * T;
             TrainState *ts = NULL;

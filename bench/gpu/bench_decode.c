@@ -26,22 +26,12 @@
 #include "engine/engine.h"
 #include "model/model.h"
 
+#include "bench_gpu_shapes.h"
+
 #define PROMPT_LEN 128
 #define NEW_TOKENS 128 /* COLT_DECODE_TOKENS overrides (short runs under a profiler) */
 #define HBM_BYTES_PER_S 4.8e12
 #define BF16_FLOP_PER_S 989e12
-
-typedef struct Shape {
-    const char *name;
-    int hidden, inter, layers, heads, kv_heads, vocab;
-    bool tied;
-} Shape;
-
-static const Shape SHAPES[] = {
-    {"0.5b", 896, 4864, 24, 14, 2, 151936, true},
-    {"1.5b", 1536, 8960, 28, 12, 2, 151936, true},
-    {"7b", 3584, 18944, 28, 28, 4, 152064, false},
-};
 
 static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
     const ModelConfig *c = model_config(m);
@@ -93,16 +83,9 @@ int main(int argc, char **argv) {
            "|---|---:|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
-        const Shape *s = NULL;
-        for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++)
-            if (strcmp(SHAPES[k].name, want[w]) == 0) s = &SHAPES[k];
+        const Shape *s = shape_by_name(want[w]);
         if (!s) continue;
-        ModelConfig cfg = {.arch = ARCH_QWEN2, .hidden_size = s->hidden, .intermediate_size = s->inter,
-                           .num_hidden_layers = s->layers, .num_attention_heads = s->heads,
-                           .num_key_value_heads = s->kv_heads, .head_dim = s->hidden / s->heads,
-                           .vocab_size = s->vocab, .max_position_embeddings = 32768, .rms_norm_eps = 1e-6f,
-                           .rope_theta = 1e6f, .tie_word_embeddings = s->tied, .attention_bias = true,
-                           .bos_token_id = -1, .torch_dtype = DTYPE_BF16};
+        ModelConfig cfg = shape_config(s);
         Model *m = NULL;
         if (model_create_random(&m, &cfg, 1, be, err) != 0) {
             printf("| %s | %s |\n", s->name, err);

@@ -22,17 +22,7 @@
 #include "model/model_train.h"
 #include "train/optim.h"
 
-typedef struct Shape {
-    const char *name;
-    int hidden, inter, layers, heads, kv_heads, vocab;
-    bool tied;
-} Shape;
-
-static const Shape SHAPES[] = {
-    {"0.5b", 896, 4864, 24, 14, 2, 151936, true},
-    {"1.5b", 1536, 8960, 28, 12, 2, 151936, true},
-    {"7b", 3584, 18944, 28, 28, 4, 152064, false},
-};
+#include "bench_gpu_shapes.h"
 
 static double param_count(const Shape *s) {
     double D = s->hidden, F = s->inter, Dh = (double)s->hidden / s->heads;
@@ -64,16 +54,9 @@ int main(int argc, char **argv) {
     printf("| model | params | B x T | tokens/s | step ms | MFU |\n|---|---:|---|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
-        const Shape *s = NULL;
-        for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++)
-            if (strcmp(SHAPES[k].name, want[w]) == 0) s = &SHAPES[k];
+        const Shape *s = shape_by_name(want[w]);
         if (!s) continue;
-        ModelConfig cfg = {.arch = ARCH_QWEN2, .hidden_size = s->hidden, .intermediate_size = s->inter,
-                           .num_hidden_layers = s->layers, .num_attention_heads = s->heads,
-                           .num_key_value_heads = s->kv_heads, .head_dim = s->hidden / s->heads,
-                           .vocab_size = s->vocab, .max_position_embeddings = 32768, .rms_norm_eps = 1e-6f,
-                           .rope_theta = 1e6f, .tie_word_embeddings = s->tied, .attention_bias = true,
-                           .bos_token_id = -1, .torch_dtype = DTYPE_BF16};
+        ModelConfig cfg = shape_config(s);
         Model *m = NULL;
         if (model_create_random(&m, &cfg, 1, be, err) != 0) {
             printf("| %s | %s |\n", s->name, err);

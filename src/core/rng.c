@@ -5,11 +5,6 @@
 
 #include <math.h>
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
 static inline uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t *hi) {
     uint64_t p = (uint64_t)a * b;
     *hi = (uint32_t)(p >> 32);

@@ -9,6 +9,13 @@
 
 #include <stdint.h>
 
+/* Philox4x32 round multipliers and Weyl key increments (rng.c and the CUDA
+ * sampler, which must draw bit-identical numbers, both use these). */
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
 /* Four independent 32-bit words for (seed, stream, counter). */
 void rng_philox(uint32_t out[4], uint64_t seed, uint64_t stream, uint64_t counter);
 

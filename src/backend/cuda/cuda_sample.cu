@@ -43,6 +43,7 @@
 
 extern "C" {
 #include "backend/sampling.h"
+#include "core/rng.h"
 }
 
 #define SAMPLE_THREADS 1024
@@ -61,11 +62,7 @@ struct SampleArgs {
 /* ---------------------------------------------------------------- Philox (core/rng.c) */
 
 /* Philox4x32-10 and rng_uniform of core/rng.c, bit for bit: the same constants
- * and rounds, and the uniform from the top 24 bits of the first word. */
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
+ * (core/rng.h) and rounds, and the uniform from the top 24 bits of the first word. */
 
 __device__ float philox_uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
     uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32);

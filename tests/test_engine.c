@@ -17,6 +17,8 @@
 #include "engine/generate.h"
 #include "model/model.h"
 
+#include "engine_requests.h"
+
 static int failures = 0, checks = 0;
 #define CHECK(cond, ...)                                 \
     do {                                                 \
@@ -29,29 +31,6 @@ static int failures = 0, checks = 0;
         }                                                \
     } while (0)
 
-#define N_SEQS 14
-#define MAX_PROMPT 40
-
-typedef struct Requests {
-    int prompts[N_SEQS][MAX_PROMPT];
-    GenSequence seqs[N_SEQS];
-} Requests;
-
-/* 14 sequences: 3 groups of 3 identical prompts (GRPO's layout) and 5 single
- * prompts, lengths 1..40, streams 0..13. */
-static void make_requests(Requests *r, int vocab) {
-    static const int lens[N_SEQS] = {17, 17, 17, 1, 33, 33, 33, 5, 40, 9, 9, 9, 16, 32};
-    for (int i = 0; i < N_SEQS; i++) {
-        int src = (i > 0 && lens[i] == lens[i - 1] && lens[i] != 40) ? -1 : i;
-        for (int k = 0; k < lens[i]; k++)
-            r->prompts[i][k] = src < 0 ? r->prompts[i - 1][k] : (int)(rng_uniform(99, (uint64_t)i, (uint64_t)k) * vocab);
-        r->seqs[i] = (GenSequence){.prompt = r->prompts[i], .prompt_len = lens[i], .stream = (uint64_t)i};
-    }
-}
-
-static void free_requests(Requests *r) {
-    for (int i = 0; i < N_SEQS; i++) gen_sequence_free(&r->seqs[i]);
-}
 
 /* Same tokens, finish reasons and log-probs (within tol) in at least min_same
  * sequences (the log-probs compared where the tokens agree). */

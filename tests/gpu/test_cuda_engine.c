@@ -26,6 +26,8 @@
 #include "model/model.h"
 #include "model/model_train.h"
 
+#include "../engine_requests.h"
+
 static int failures = 0, checks = 0;
 #define CHECK(cond, ...)                                          \
     do {                                                          \
@@ -38,28 +40,7 @@ static int failures = 0, checks = 0;
         }                                                         \
     } while (0)
 
-#define N_SEQS 14
-#define MAX_PROMPT 40
 #define NEW_TOKENS 32
-
-typedef struct Requests {
-    int prompts[N_SEQS][MAX_PROMPT];
-    GenSequence seqs[N_SEQS];
-} Requests;
-
-static void make_requests(Requests *r, int vocab) {
-    static const int lens[N_SEQS] = {17, 17, 17, 1, 33, 33, 33, 5, 40, 9, 9, 9, 16, 32};
-    for (int i = 0; i < N_SEQS; i++) {
-        bool copy = i > 0 && lens[i] == lens[i - 1] && lens[i] != 40;
-        for (int k = 0; k < lens[i]; k++)
-            r->prompts[i][k] = copy ? r->prompts[i - 1][k] : (int)(rng_uniform(99, (uint64_t)i, (uint64_t)k) * vocab);
-        r->seqs[i] = (GenSequence){.prompt = r->prompts[i], .prompt_len = lens[i], .stream = (uint64_t)i};
-    }
-}
-
-static void free_requests(Requests *r) {
-    for (int i = 0; i < N_SEQS; i++) gen_sequence_free(&r->seqs[i]);
-}
 
 static int same_sequences(const Requests *a, const Requests *b) {
     int same = 0;

@@ -482,16 +482,6 @@ static size_t fa_smem_forward(int dmax) { return (size_t)(3 * FT * (dmax + 4) + 
 static size_t fa_smem_kv(int dmax) { return (size_t)(4 * FT * (dmax + 4) + 2 * FT * FLDP + 2 * FT) * sizeof(float); }
 static size_t fa_smem_dq(int dmax) { return (size_t)(4 * FT * (dmax + 4) + FT * FLDP + 2 * FT) * sizeof(float); }
 
-static int fa_sm_count(void) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        if (sms <= 0) sms = 1;
-    }
-    return sms;
-}
 
 /* The host plan: query tiles (sorted by slot when for_backward), per-slot tile
  * ranges and the key blocks {slot, key tile} (longest first), packed in one int
@@ -618,7 +608,7 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
     /* Split the query heads of a group over blocks until the grid covers the GPU a few times over. */
-    int blocks = pl->nkb * n_kv_heads, want = 4 * fa_sm_count();
+    int blocks = pl->nkb * n_kv_heads, want = 4 * cuda_sm_count();
     int n_split = blocks >= want ? 1 : (want + blocks - 1) / blocks;
     if (n_split > group) n_split = group;
     int per = (group + n_split - 1) / n_split;
@@ -1231,7 +1221,7 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * D;
     float scale = (float)(1.0 / sqrt((double)D));
     /* as fa_backward_launch: split the query heads of a group until the grid covers the GPU a few times */
-    int blocks = pl->nkb * n_kv_heads, want = 4 * fa_sm_count();
+    int blocks = pl->nkb * n_kv_heads, want = 4 * cuda_sm_count();
     int n_split = blocks >= want ? 1 : (want + blocks - 1) / blocks;
     if (n_split > group) n_split = group;
     int per = (group + n_split - 1) / n_split;

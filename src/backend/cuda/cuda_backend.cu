@@ -70,6 +70,17 @@ static int cuda_init(void) {
 }
 
 cudaStream_t cuda_stream(void) { return g_cuda.stream; }
+
+int cuda_sm_count(void) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (sms <= 0) sms = 1;
+    }
+    return sms;
+}
 cublasLtHandle_t cuda_lt_handle(void) { return g_cuda.lt; }
 void *cuda_lt_workspace(size_t *bytes) {
     *bytes = CUDA_LT_WORKSPACE_BYTES;

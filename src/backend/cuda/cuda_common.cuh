@@ -13,6 +13,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -83,7 +84,29 @@ static inline unsigned cuda_blocks_for(size_t n) {
     return (unsigned)(b ? b : 1);
 }
 
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* bf16 pairs packed in 32-bit words <-> fp32: exact widening, narrowing rounds
+ * to nearest even (the vectorised loads and stores of the kernels). */
+__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ unsigned bf_pack(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
 /* ---------------------------------------------------------------- state (cuda_backend.cu) */
+
+/* Streaming multiprocessors of the (one) device, queried once. */
+int cuda_sm_count(void);
+/* Blocks for a grid-stride loop over `work` items of CUDA_THREADS threads:
+ * enough to fill every SM (8 x 256 threads), no more. The grid never changes
+ * a result. */
+static inline unsigned flat_blocks(size_t work) {
+    size_t b = (work + CUDA_THREADS - 1) / CUDA_THREADS, cap = (size_t)cuda_sm_count() * 8;
+    if (b > cap) b = cap;
+    return (unsigned)(b ? b : 1);
+}
 
 /* The one stream every op runs on. */
 cudaStream_t cuda_stream(void);

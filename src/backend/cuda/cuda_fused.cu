@@ -28,26 +28,8 @@
  * cuda_ops.cu / cuda_paged.cu at link time. */
 namespace fused {
 
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-static int sm_count(void) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        if (sms <= 0) sms = 1;
-    }
-    return sms;
-}
 
-/* Blocks for a grid-stride loop over `work` items: enough to fill every SM
- * (8 x 256 threads), no more. The grid never changes a result. */
-static unsigned flat_blocks(size_t work) {
-    size_t b = (work + CUDA_THREADS - 1) / CUDA_THREADS, cap = (size_t)sm_count() * 8;
-    if (b > cap) b = cap;
-    return (unsigned)(b ? b : 1);
-}
 
 /* ---------------------------------------------------------------- 8-element vectors */
 
@@ -70,12 +52,6 @@ template <> struct Vec8<float> {
         reinterpret_cast<uint4 *>(dst)[1] = reinterpret_cast<const uint4 *>(src)[1];
     }
 };
-__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ unsigned bf_pack(float lo, float hi) {
-    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
 template <> struct Vec8<__nv_bfloat16> {
     static __device__ __forceinline__ void load(const __nv_bfloat16 *p, float f[8]) {
         uint4 r = *reinterpret_cast<const uint4 *>(p);

@@ -85,12 +85,6 @@ template <> struct V8<float> {
         b = make_float4(f[4], f[5], f[6], f[7]);
     }
 };
-__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ unsigned bf_pack(float lo, float hi) {
-    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
 template <> struct V8<__nv_bfloat16> {
     uint4 r;
     __device__ __forceinline__ void load(const __nv_bfloat16 *p) { r = *reinterpret_cast<const uint4 *>(p); }
@@ -104,27 +98,8 @@ template <> struct V8<__nv_bfloat16> {
     }
 };
 
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Streaming multiprocessors of the (one) device, queried once. */
-static int cuda_sm_count(void) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        if (sms <= 0) sms = 1;
-    }
-    return sms;
-}
 
-/* Grid for a grid-stride loop over `work` items of CUDA_THREADS-thread blocks:
- * enough blocks to fill every SM (8 x 256 threads), no more. */
-static unsigned flat_blocks(size_t work) {
-    size_t b = (work + CUDA_THREADS - 1) / CUDA_THREADS, cap = (size_t)cuda_sm_count() * 8;
-    if (b > cap) b = cap;
-    return (unsigned)(b ? b : 1);
-}
 
 /* Number of 8-element vectors the vector body covers: all of n when every
  * pointer is aligned, else none. */

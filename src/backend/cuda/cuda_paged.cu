@@ -23,19 +23,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Streaming multiprocessors of the (one) device, queried once. */
-static int paged_sm_count(void) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        if (sms <= 0) sms = 1;
-    }
-    return sms;
-}
 
 /* ---------------------------------------------------------------- 16-byte chunks */
 
@@ -582,7 +570,7 @@ __global__ void paged_combine_kernel(T *out, const float *part_out, const float 
 static int paged_choose_splits(size_t base_ctas, int max_blocks) {
     const char *forced = getenv("COLT_PAGED_SPLITS");
     if (forced && atoi(forced) > 0) return atoi(forced);
-    size_t target = (size_t)PA_TARGET_CTAS_PER_SM * paged_sm_count();
+    size_t target = (size_t)PA_TARGET_CTAS_PER_SM * cuda_sm_count();
     if (base_ctas >= target) return 1;
     size_t splits = (target + base_ctas - 1) / base_ctas;
     if (splits > PA_MAX_SPLITS) splits = PA_MAX_SPLITS;
@@ -597,7 +585,7 @@ static float *paged_partials(size_t floats) {
     static float *buffer = NULL;
     static size_t capacity = 0;
     if (floats > capacity) {
-        size_t bound = (size_t)2 * PA_TARGET_CTAS_PER_SM * paged_sm_count() * PA_MAX_HEADS_PER_CTA *
+        size_t bound = (size_t)2 * PA_TARGET_CTAS_PER_SM * cuda_sm_count() * PA_MAX_HEADS_PER_CTA *
                        (PA_MAX_HEAD_DIM + 1);
         size_t want = floats > bound ? floats : bound;
         if (buffer) {

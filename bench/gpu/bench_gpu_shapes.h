@@ -1,0 +1,41 @@
+/* bench_gpu_shapes.h — the Qwen2.5 model shapes the GPU benchmarks measure,
+ * by preset name, and the config of a random-weight bf16 model of each. */
+#ifndef COLT_BENCH_GPU_SHAPES_H
+#define COLT_BENCH_GPU_SHAPES_H
+
+#include <stdbool.h>
+#include <string.h>
+
+#include "model/model.h"
+
+typedef struct Shape {
+    const char *name;
+    int hidden, inter, layers, heads, kv_heads, vocab;
+    bool tied;
+} Shape;
+
+static const Shape SHAPES[] = {
+    {"0.5b", 896, 4864, 24, 14, 2, 151936, true},
+    {"1.5b", 1536, 8960, 28, 12, 2, 151936, true},
+    {"7b", 3584, 18944, 28, 28, 4, 152064, false},
+};
+
+/* The shape named `name` (0.5b, 1.5b, 7b), or NULL. */
+static inline const Shape *shape_by_name(const char *name) {
+    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++)
+        if (strcmp(SHAPES[k].name, name) == 0) return &SHAPES[k];
+    return NULL;
+}
+
+/* Qwen2 config of a shape (q/k/v biases, rope theta 1e6, bf16). */
+static inline ModelConfig shape_config(const Shape *s) {
+    ModelConfig cfg = {.arch = ARCH_QWEN2, .hidden_size = s->hidden, .intermediate_size = s->inter,
+                       .num_hidden_layers = s->layers, .num_attention_heads = s->heads,
+                       .num_key_value_heads = s->kv_heads, .head_dim = s->hidden / s->heads,
+                       .vocab_size = s->vocab, .max_position_embeddings = 32768, .rms_norm_eps = 1e-6f,
+                       .rope_theta = 1e6f, .tie_word_embeddings = s->tied, .attention_bias = true,
+                       .bos_token_id = -1, .torch_dtype = DTYPE_BF16};
+    return cfg;
+}
+
+#endif

@@ -5,10 +5,14 @@
 #ifndef COLT_TESTS_ENGINE_REQUESTS_H
 #define COLT_TESTS_ENGINE_REQUESTS_H
 
+#include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/rng.h"
 #include "engine/generate.h"
+#include "model/model_train.h"
 
 #define N_SEQS 14
 #define MAX_PROMPT 40
@@ -30,6 +34,56 @@ static inline void make_requests(Requests *r, int vocab) {
 
 static inline void free_requests(Requests *r) {
     for (int i = 0; i < N_SEQS; i++) gen_sequence_free(&r->seqs[i]);
+}
+
+/* The engine's log-prob of every sampled token against the trainer's: one
+ * model_train_forward over each prompt + completion (a slot per sequence) at
+ * `temperature`. Sets the mean and max |difference| and the number of tokens
+ * whose two log-probs differ in any bit; 0, or -1 with err set. */
+static inline int trainer_logprob_diff(Model *m, const Requests *r, float temperature, double *mean, double *max,
+                                       int *n_differ, char *err) {
+    int n = 0, max_len = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        int len = r->seqs[i].prompt_len + r->seqs[i].n_tokens - 1;
+        n += len;
+        if (len > max_len) max_len = len;
+    }
+    int *tok = malloc(sizeof(int) * n), *slot = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n),
+        *tgt = malloc(sizeof(int) * n);
+    float *lp = malloc(sizeof(float) * n);
+    int k = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        const GenSequence *s = &r->seqs[i];
+        for (int p = 0; p < s->prompt_len + s->n_tokens - 1; p++, k++) {
+            tok[k] = p < s->prompt_len ? s->prompt[p] : s->tokens[p - s->prompt_len];
+            slot[k] = i;
+            pos[k] = p;
+            tgt[k] = p >= s->prompt_len - 1 ? s->tokens[p - s->prompt_len + 1] : -1;
+        }
+    }
+    TrainState *ts = NULL;
+    int rc = train_state_create(&ts, m, N_SEQS, max_len, n, err) != 0 ||
+                     model_train_forward(m, ts, tok, slot, pos, tgt, n, temperature, lp, NULL, err) != 0
+                 ? -1
+                 : 0;
+    double sum = 0;
+    int count = 0;
+    *max = 0;
+    *n_differ = 0;
+    for (k = 0; rc == 0 && k < n; k++) {
+        if (tgt[k] < 0) continue;
+        const GenSequence *s = &r->seqs[slot[k]];
+        float engine = s->logprobs[pos[k] - s->prompt_len + 1];
+        double d = fabs((double)lp[k] - engine);
+        sum += d;
+        count++;
+        if (d > *max) *max = d;
+        *n_differ += memcmp(&lp[k], &engine, sizeof(float)) != 0;
+    }
+    train_state_free(ts);
+    *mean = count ? sum / count : NAN;
+    free(tok), free(slot), free(pos), free(tgt), free(lp);
+    return rc;
 }
 
 #endif

@@ -125,10 +125,91 @@ static void run_model(const char *dir) {
     model_free(m);
 }
 
+/* Sequences whose tokens and log-probs are the same bits in a and b. */
+static int bit_identical(const Requests *a, const Requests *b) {
+    int same = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        const GenSequence *x = &a->seqs[i], *y = &b->seqs[i];
+        same += x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0 &&
+                memcmp(x->logprobs, y->logprobs, sizeof(float) * (size_t)x->n_tokens) == 0;
+    }
+    return same;
+}
+
+/* Deterministic mode (EngineOptions.deterministic): batch-invariant kernels,
+ * so a sequence's completion and log-probs are the same bits alone, in the
+ * batch, two at a time, with 7-token prefill chunks and under preemption; and
+ * those log-probs are the trainer's forward's, bit for bit. */
+static void run_deterministic(const char *dir) {
+    char err[ERR_LEN];
+    Model *m = NULL;
+    if (model_load(&m, dir, backend_cpu(), err) != 0) {
+        CHECK(0, "%s", err);
+        return;
+    }
+    const ModelConfig *c = model_config(m);
+    printf("%s, deterministic mode\n", dir);
+    SamplingParams greedy = sampling_params_greedy();
+    SamplingParams sampled = {.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.0f, .seed = 21};
+    const SamplingParams *params[2] = {&greedy, &sampled};
+    const char *names[2] = {"greedy", "temperature 0.7, top-k/top-p"};
+    for (int p = 0; p < 2; p++) {
+        GenerateOptions opt = {.sampling = *params[p], .max_new_tokens = 24, .ignore_eos = true};
+        EngineOptions det = {.deterministic = true};
+        Requests ref;
+        make_requests(&ref, c->vocab_size);
+        if (engine_generate(m, ref.seqs, N_SEQS, &opt, &det, NULL, err) != 0) {
+            CHECK(0, "%s: %s", names[p], err);
+            break;
+        }
+        double mean, max;
+        int differ;
+        float t = params[p]->temperature > 0 ? params[p]->temperature : 1.0f;
+        CHECK(trainer_logprob_diff(m, &ref, t, &mean, &max, &differ, err) == 0, "trainer: %s", err);
+        printf("  %-30s engine vs trainer log-probs: %d of %d tokens differ (max %.2g)\n", names[p], differ,
+               N_SEQS * 24, max);
+        CHECK(differ == 0, "%s: %d engine log-probs differ from the trainer's (max %.3g)", names[p], differ, max);
+
+        struct {
+            const char *what;
+            EngineOptions eo;
+        } cases[] = {
+            {"2 running at most", {.deterministic = true, .max_num_seqs = 2}},
+            {"7 tokens per step", {.deterministic = true, .max_num_batched_tokens = 7}},
+            {"pool of 5 blocks", {.deterministic = true, .max_pool_blocks = 5}},
+        };
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            Requests got;
+            make_requests(&got, c->vocab_size);
+            EngineStats st;
+            int rc = engine_generate(m, got.seqs, N_SEQS, &opt, &cases[k].eo, &st, err);
+            CHECK(rc == 0, "%s: %s", cases[k].what, err);
+            int same = rc == 0 ? bit_identical(&ref, &got) : 0;
+            printf("  %-30s %s: %2d/%d bit-identical (preemptions %d)\n", names[p], cases[k].what, same, N_SEQS,
+                   st.preemptions);
+            CHECK(same == N_SEQS, "%s, %s: %d/%d bit-identical", names[p], cases[k].what, same, N_SEQS);
+            free_requests(&got);
+        }
+        Requests alone;
+        make_requests(&alone, c->vocab_size);
+        for (int i = 0; i < N_SEQS; i++)
+            CHECK(engine_generate(m, &alone.seqs[i], 1, &opt, &det, NULL, err) == 0, "alone: %s", err);
+        int same = bit_identical(&ref, &alone);
+        printf("  %-30s alone vs in the batch: %2d/%d bit-identical\n", names[p], same, N_SEQS);
+        CHECK(same == N_SEQS, "%s: alone vs batch %d/%d bit-identical", names[p], same, N_SEQS);
+        free_requests(&alone);
+        free_requests(&ref);
+    }
+    backend_cpu()->set_batch_invariant(0); /* process-wide: back to the default for what follows */
+    model_free(m);
+}
+
 int main(void) {
     run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-llama-f32");
     run_model(COLT_SOURCE_DIR "/models/stories260K");
+    run_deterministic(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
+    run_deterministic(COLT_SOURCE_DIR "/models/stories260K");
     printf("test_engine: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -198,6 +198,15 @@ typedef struct Backend {
      * out must not overlap gate_up. */
     void (*swiglu_gate_up)(void *out, const void *gate_up, int n, int f);
 
+    /* Deterministic mode (process-wide, off by default; vLLM's VLLM_BATCH_INVARIANT):
+     * while on, every op computes a row (token) with bits that depend on that
+     * row's inputs alone, never on how many rows the call has or what the others
+     * hold (linear sums each output in one fixed order instead of the BLAS's
+     * shape-dependent blocking), and attention runs paged_attention's arithmetic.
+     * A token's forward is then bit-identical in the trainer and in the engine,
+     * alone or in any batch. Slower: no cuBLAS on the GPU, no BLAS on the CPU. */
+    void (*set_batch_invariant)(int on);
+
     /* ---- device control (NULL where the backend has no such thing, e.g. the CPU) ---- */
     /* Free and total device memory in bytes (what the KV pool is sized from). */
     void (*memory_info)(size_t *free_bytes, size_t *total_bytes);

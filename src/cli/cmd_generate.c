@@ -28,7 +28,7 @@ typedef struct GenerateArgs {
     int max_new_tokens, top_k, n, block_size, max_num_seqs;
     float temperature, top_p, min_p, repetition_penalty, gpu_memory_utilization;
     uint64_t seed;
-    bool ignore_eos, json, enforce_eager, bench;
+    bool ignore_eos, json, enforce_eager, bench, deterministic;
 } GenerateArgs;
 
 /* Builds the prompt ids from --prompt / --chat / --ids. */
@@ -101,6 +101,9 @@ int cmd_generate(int argc, char **argv) {
         {"max_num_seqs", OPT_INT, &a.max_num_seqs, "sequences decoded together at most (default 256)", false},
         {"block_size", OPT_INT, &a.block_size, "tokens per KV cache block (default 16)", false},
         {"enforce_eager", OPT_FLAG, &a.enforce_eager, "no CUDA graphs for decode steps", false},
+        {"deterministic", OPT_FLAG, &a.deterministic,
+         "batch-invariant kernels: the same completion whatever the batch; log-probs as the trainer scores them",
+         false},
         {"bench", OPT_FLAG, &a.bench, "print engine statistics instead of the completions", false},
     };
     const int n_opts = (int)(sizeof opts / sizeof opts[0]);
@@ -179,7 +182,8 @@ int cmd_generate(int argc, char **argv) {
         GenerateOptions opt = {.sampling = sp, .max_new_tokens = a.max_new_tokens, .stop_ids = stop_ids,
                                .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos};
         EngineOptions eo = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
-                            .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager};
+                            .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
+                            .deterministic = a.deterministic};
         EngineStats st;
         if (engine_generate(m, seqs, a.n, &opt, &eo, &st, err) != 0) rc = 1;
         if (rc == 0 && a.bench) {

@@ -52,6 +52,7 @@ typedef struct Engine {
     const GenerateOptions *opt;
     bool penalty;       /* repetition penalty on: the sampler needs histories */
     bool use_graphs;    /* decode steps replay CUDA graphs */
+    bool deterministic; /* EngineOptions.deterministic: log-probs by log_softmax_target */
     int block_size, max_blocks, max_len, n_slots, max_tokens, max_rows;
     KvPool pool;
     PagedState *st;
@@ -64,6 +65,7 @@ typedef struct Engine {
     int *h_step;        /* [N_SEGMENTS * max_tokens] */
     void *d_step;
     void *d_tokens, *d_logprobs; /* sampler outputs [max_rows] */
+    void *d_logits_kept;         /* deterministic: [max_rows, V] logits before the sampler clobbers them */
     int *h_tokens, *row_owner;
     float *h_logprobs;
     Seq *seqs;
@@ -204,6 +206,8 @@ static int bucket_index(int n) {
 /* The ops of one step: forward, then the sampler on the logits rows. */
 static void run_ops(Engine *e, const PagedBatch *b, const int *dev_step, int n_pad) {
     model_forward_paged(e->m, e->st, &e->pool, b);
+    if (e->deterministic) /* the sampler clobbers them; the log-probs are taken after it (engine_step) */
+        e->be->copy(e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)b->n_logits * e->cfg->vocab_size);
     e->be->sample(e->d_tokens, e->d_logprobs, paged_state_logits(e->st), b->n_logits, e->cfg->vocab_size,
                   &e->opt->sampling, dev_step + (size_t)SEG_ROW_SEQ * n_pad, dev_step + (size_t)SEG_STREAMS * n_pad,
                   dev_step + (size_t)SEG_COUNTERS * n_pad, e->penalty ? e->d_hist : NULL,
@@ -335,6 +339,10 @@ static int engine_step(Engine *e, bool *idle, char *err) {
     /* Apply the sampled tokens. */
     if (n_rows > 0) {
         be->download_i32(e->h_tokens, e->d_tokens, (size_t)n_rows);
+        if (e->deterministic) { /* the trainer's log-prob of each sampled token, by the trainer's op */
+            float t = e->opt->sampling.temperature > 0.0f ? e->opt->sampling.temperature : 1.0f;
+            be->log_softmax_target(e->d_logprobs, NULL, e->d_logits_kept, e->h_tokens, n_rows, e->cfg->vocab_size, t);
+        }
         be->download_f32(e->h_logprobs, e->d_logprobs, (size_t)n_rows);
     }
     e->stats.decode_tokens += n_rows;
@@ -371,7 +379,7 @@ static void engine_free(Engine *e) {
         if (e->graphs[k]) be->graph_free(e->graphs[k]);
     kv_pool_free(&e->pool);
     paged_state_free(e->st);
-    void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_tokens, e->d_logprobs};
+    void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_tokens, e->d_logprobs, e->d_logits_kept};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
         if (dev[k]) be->free(dev[k]);
     free(e->free_blocks), free(e->refcount), free(e->h_tables), free(e->free_slots), free(e->h_step);
@@ -394,8 +402,10 @@ size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const Engin
     int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
     int n_slots = min_int(n_seqs, max_num_seqs), max_rows, max_tokens;
     engine_step_sizes(n_slots, !eo->enforce_eager, eo, &max_rows, &max_tokens);
+    size_t kept = eo->deterministic ? (size_t)max_rows * model_config(m)->vocab_size * dtype_size(model_backend(m)->storage)
+                                    : 0;
     return (size_t)n_slots * (size_t)div_up(max_len, block_size) * kv_pool_block_bytes(m, block_size) +
-           paged_state_plan_bytes(m, max_tokens, max_rows) + DEVICE_HEADROOM_BYTES;
+           paged_state_plan_bytes(m, max_tokens, max_rows) + kept + DEVICE_HEADROOM_BYTES;
 }
 
 /* Sizes everything from the requests and the free device memory. */
@@ -409,6 +419,12 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
     const Backend *be = e->be;
     if (!be->paged_attention || !be->sample)
         return errorf(err, "backend %s has no generation engine ops", be->name);
+    if (eo->deterministic) {
+        if (!be->set_batch_invariant || !be->log_softmax_target)
+            return errorf(err, "backend %s has no deterministic mode", be->name);
+        be->set_batch_invariant(1);
+        e->deterministic = true;
+    }
     e->penalty = opt->sampling.repetition_penalty != 1.0f;
     e->use_graphs = be->capture_begin && !eo->enforce_eager;
     e->block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
@@ -439,6 +455,7 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
 
     /* Scratch first; the pool then takes what is left. */
     if (paged_state_create(&e->st, m, e->max_tokens, e->max_rows, err) != 0) return COLT_ERR;
+    if (e->deterministic) e->d_logits_kept = be->alloc((size_t)e->max_rows * e->cfg->vocab_size);
     size_t block_bytes = kv_pool_block_bytes(m, e->block_size);
     int64_t want = (int64_t)e->n_slots * e->max_blocks; /* every running sequence at full length */
     if (be->memory_info) {

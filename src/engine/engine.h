@@ -37,6 +37,13 @@ typedef struct EngineOptions {
     int max_num_batched_tokens;  /* tokens per forward call (4096) */
     bool enforce_eager;          /* no CUDA graphs */
     int max_pool_blocks;         /* test hook: a smaller pool, to exercise preemption (0 = off) */
+    /* Deterministic mode: turns the backend's batch-invariant kernels on (for the
+     * rest of the process: backend.h set_batch_invariant), so a completion does not
+     * depend on the batch it ran in, and returns the trainer's log-probs —
+     * log_softmax(logits / temperature) of the sampled token by the trainer's own
+     * op (temperature 1 when greedy; no top-k/top-p/min-p renormalisation, no
+     * repetition penalty) — bit-identical to model_train_forward's in that mode. */
+    bool deterministic;
 } EngineOptions;
 
 typedef struct EngineStats {

@@ -72,6 +72,9 @@ static const ConfigKey KEYS[] = {
     K(gpu_memory_utilization, KEY_DOUBLE, "KV pool cap, fraction of total device memory (0 = auto: what is free)"),
     {"vllm_gpu_memory_utilization", KEY_DOUBLE, offsetof(TrainConfig, gpu_memory_utilization),
      "TRL's name for gpu_memory_utilization (colt's default 0 = auto, not TRL's 0.3)"},
+    K(deterministic, KEY_BOOL,
+      "batch-invariant kernels: engine log-probs bit-identical to the trainer's, completions independent of the "
+      "batch (slower)"),
     K(per_device_train_batch_size, KEY_INT, "completions per micro-batch"),
     K(gradient_accumulation_steps, KEY_INT, "micro-batches per optimizer step"),
     K(generation_batch_size, KEY_INT, "completions per generation round (default: batch * steps_per_generation)"),

@@ -47,6 +47,11 @@ typedef struct TrainConfig {
      * that fraction alone). gpu_memory_utilization_set: the user gave either key. */
     double gpu_memory_utilization;
     bool gpu_memory_utilization_set;
+    /* Deterministic mode (vLLM's VLLM_BATCH_INVARIANT): batch-invariant kernels
+     * in the trainer and the engine, so the engine's log-prob of each sampled
+     * token is bit-identical to the trainer's (sampling_logp_difference 0, IS
+     * ratio 1) and a completion does not depend on its batch. Slower. */
+    bool deterministic;
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

@@ -1067,6 +1067,11 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
     if (grpo_sampling_is_mode_parse(&t->is_mode, c->vllm_importance_sampling_mode, err) != 0) return COLT_ERR;
     t->engine_opts.gpu_memory_utilization = c->gpu_memory_utilization;
+    if (c->deterministic) { /* on for the trainer's forward here, and for the engine's (engine.h) */
+        if (!t->be->set_batch_invariant) return errorf(err, "deterministic: backend %s has no such mode", t->be->name);
+        t->be->set_batch_invariant(1);
+        t->engine_opts.deterministic = true;
+    }
 
     if (lr_scheduler_parse(&t->scheduler, c->lr_scheduler_type, err) != 0) return COLT_ERR;
     if (c->max_steps > 0) {

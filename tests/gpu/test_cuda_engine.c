@@ -64,48 +64,8 @@ static int generate_on(Model *m, Requests *r, const SamplingParams *sp, const En
 /* Mean and max |engine log-prob - trainer log-prob| over every sampled token. */
 static void trainer_agreement(Model *m, const Requests *r, double *mean, double *max) {
     char err[ERR_LEN];
-    int n = 0, max_len = 0;
-    for (int i = 0; i < N_SEQS; i++) {
-        int len = r->seqs[i].prompt_len + r->seqs[i].n_tokens - 1;
-        n += len;
-        if (len > max_len) max_len = len;
-    }
-    int *tok = malloc(sizeof(int) * n), *slot = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n),
-        *tgt = malloc(sizeof(int) * n);
-    float *lp = malloc(sizeof(float) * n);
-    int k = 0;
-    for (int i = 0; i < N_SEQS; i++) {
-        const GenSequence *s = &r->seqs[i];
-        for (int p = 0; p < s->prompt_len + s->n_tokens - 1; p++, k++) {
-            tok[k] = p < s->prompt_len ? s->prompt[p] : s->tokens[p - s->prompt_len];
-            slot[k] = i;
-            pos[k] = p;
-            tgt[k] = p >= s->prompt_len - 1 ? s->tokens[p - s->prompt_len + 1] : -1;
-        }
-    }
-    TrainState *ts = NULL;
-    double sum = 0;
-    int count = 0;
-    *max = 0;
-    if (train_state_create(&ts, m, N_SEQS, max_len, n, err) != 0 ||
-        model_train_forward(m, ts, tok, slot, pos, tgt, n, 1.0f, lp, NULL, err) != 0) {
-        CHECK(0, "trainer forward: %s", err);
-    } else {
-        k = 0;
-        for (int i = 0; i < N_SEQS; i++) {
-            const GenSequence *s = &r->seqs[i];
-            for (int p = 0; p < s->prompt_len + s->n_tokens - 1; p++, k++) {
-                if (tgt[k] < 0) continue;
-                double d = fabs((double)lp[k] - s->logprobs[p - s->prompt_len + 1]);
-                sum += d;
-                count++;
-                if (d > *max) *max = d;
-            }
-        }
-    }
-    train_state_free(ts);
-    *mean = count ? sum / count : NAN;
-    free(tok), free(slot), free(pos), free(tgt), free(lp);
+    int differ;
+    if (trainer_logprob_diff(m, r, 1.0f, mean, max, &differ, err) != 0) CHECK(0, "trainer forward: %s", err);
 }
 
 static void run(const char *dir) {

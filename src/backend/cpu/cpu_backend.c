@@ -46,6 +46,31 @@ static void cpu_copy(void *dst, size_t dst_offset, const void *src, size_t src_o
 
 /* ---------------------------------------------------------------- matmul */
 
+/* Deterministic mode (backend.h set_batch_invariant). Attention needs nothing:
+ * cpu_attention and cpu_paged_attention share their arithmetic, per token. */
+static int g_cpu_batch_invariant = 0;
+static void cpu_set_batch_invariant(int on) { g_cpu_batch_invariant = on != 0; }
+
+/* linear with one summation order per output, whatever n: 8 interleaved
+ * partial sums over k (lane k % 8), added as a fixed tree, then the bias.
+ * sgemm's blocking, and so its rounding, changes with the shape. */
+static void cpu_linear_invariant(float *o, const float *x, const float *w, const float *bias, int n, int in_dim,
+                                 int out_dim) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < out_dim; j++) {
+            const float *xi = x + (size_t)i * in_dim, *wj = w + (size_t)j * in_dim;
+            float lane[8] = {0};
+            int k = 0;
+            for (; k + 8 <= in_dim; k += 8)
+                for (int e = 0; e < 8; e++) lane[e] += xi[k + e] * wj[k + e];
+            for (int e = 0; k + e < in_dim; e++) lane[e] += xi[k + e] * wj[k + e];
+            float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+            o[(size_t)i * out_dim + j] = sum + (bias ? bias[j] : 0.0f);
+        }
+    }
+}
+
 /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias): one sgemm,
  * with the bias broadcast into out first and beta = 1. */
 static void cpu_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
@@ -53,6 +78,10 @@ static void cpu_linear(void *out, const void *x, const void *w, const void *bias
     float *o = out;
     float beta = 0.0f;
     if (n <= 0 || out_dim <= 0) return;
+    if (g_cpu_batch_invariant) {
+        cpu_linear_invariant(o, x, w, bias, n, in_dim, out_dim);
+        return;
+    }
     if (bias) {
         const float *b = bias;
         for (int i = 0; i < n; i++) memcpy(o + (size_t)i * out_dim, b, (size_t)out_dim * sizeof(float));
@@ -544,6 +573,7 @@ static const Backend CPU_BACKEND = {
     .add_rmsnorm = cpu_add_rmsnorm,
     .qkv_rope_store = cpu_qkv_rope_store,
     .swiglu_gate_up = cpu_swiglu_gate_up,
+    .set_batch_invariant = cpu_set_batch_invariant,
 };
 
 const Backend *backend_cpu(void) { return &CPU_BACKEND; }

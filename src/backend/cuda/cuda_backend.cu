@@ -325,6 +325,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->capture_end = cuda_capture_end;
     b->graph_launch = cuda_graph_launch;
     b->graph_free = cuda_graph_free;
+    b->set_batch_invariant = cuda_set_batch_invariant;
 }
 
 static Backend g_table_bf16, g_table_f32;

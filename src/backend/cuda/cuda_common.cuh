@@ -135,6 +135,13 @@ void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const vo
 template <typename T>
 bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim);
 
+/* cuda_invariant.cu: the deterministic mode's switch (backend.h set_batch_invariant) and its
+ * batch-invariant linear, which cuda_linear runs for every n while the mode is on. */
+extern "C" void cuda_set_batch_invariant(int on);
+int cuda_batch_invariant(void);
+template <typename T>
+void cuda_invariant_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim);
+
 /* cuda_attention.cu */
 template <typename T>
 void cuda_kv_store(void *k_cache, void *v_cache, const void *k, const void *v, const int *slot, const int *pos,
@@ -191,6 +198,12 @@ template <typename T>
 void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                           const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int block_size, int max_blocks);
+/* The training attention (backend.h attention, caches [S, L, KVD]) run by the paged kernel: what
+ * cuda_attention does in the deterministic mode, so the trainer's and the engine's attention agree bit
+ * for bit. */
+template <typename T>
+void cuda_attention_paged(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
+                          const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len);
 /* cuda_fused.cu: the decode step's fused ops (backend.h). */
 template <typename T>
 void cuda_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);

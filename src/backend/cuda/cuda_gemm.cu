@@ -296,6 +296,11 @@ void cuda_linear(void *out, const void *x, const void *w, const void *bias, int 
         CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)n * out_dim * sizeof(T), cuda_stream()));
         return;
     }
+    /* deterministic mode: the same summation order for every n (cuda_invariant.cu) */
+    if (cuda_batch_invariant()) {
+        cuda_invariant_linear<T>(out, x, w, bias, n, in_dim, out_dim);
+        return;
+    }
     /* decode-sized n: a weight-streaming kernel beats cuBLAS's fixed cost (cuda_skinny.cu) */
     if (n <= SKINNY_MAX_ROWS && cuda_skinny_linear<T>(out, x, w, bias, n, in_dim, out_dim)) return;
     GemmKey key;

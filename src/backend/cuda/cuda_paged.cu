@@ -568,6 +568,7 @@ __global__ void paged_combine_kernel(T *out, const float *part_out, const float 
 /* Splits per token: enough CTAs for PA_TARGET_CTAS_PER_SM per SM, at most one
  * per block of the table and PA_MAX_SPLITS; COLT_PAGED_SPLITS overrides. */
 static int paged_choose_splits(size_t base_ctas, int max_blocks) {
+    if (cuda_batch_invariant()) return 1; /* a token's keys in one order, whatever n is */
     const char *forced = getenv("COLT_PAGED_SPLITS");
     if (forced && atoi(forced) > 0) return atoi(forced);
     size_t target = (size_t)PA_TARGET_CTAS_PER_SM * cuda_sm_count();
@@ -661,12 +662,49 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
     }
 }
 
+/* Deterministic mode's training attention: the [S, L, KVD] caches read as a
+ * pool of 1-token blocks whose table is the identity (sequence s, position p
+ * at row s * L + p), one split. The kernel's arithmetic depends on the key
+ * positions only, never on the block size, so the output is the engine's. */
+static const int *identity_table(size_t rows) {
+    static int *table = NULL;
+    static size_t capacity = 0;
+    if (rows > capacity) {
+        size_t want = rows > 2 * capacity ? rows : 2 * capacity;
+        int *host = (int *)malloc(want * sizeof(int));
+        CUDA_ASSERT_HOST(host != NULL && want < (1u << 31));
+        for (size_t i = 0; i < want; i++) host[i] = (int)i;
+        CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* kernels may still read the old table */
+        if (table) CUDA_CHECK(cudaFree(table));
+        CUDA_CHECK(cudaMalloc((void **)&table, want * sizeof(int)));
+        CUDA_CHECK(cudaMemcpy(table, host, want * sizeof(int), cudaMemcpyHostToDevice));
+        free(host);
+        capacity = want;
+    }
+    return table;
+}
+
+template <typename T>
+void cuda_attention_paged(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
+                          const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
+    if (n <= 0 || n_heads <= 0) return;
+    int n_slots = 0;
+    for (int i = 0; i < n; i++)
+        if (slot[i] + 1 > n_slots) n_slots = slot[i] + 1;
+    const int *table = identity_table((size_t)n_slots * max_len);
+    const int *host[2] = {slot, pos};
+    const int *d = cuda_upload_indices(host, 2, n);
+    cuda_paged_attention<T>(out, q, k_cache, v_cache, table, d, d + n, n, n_heads, n_kv_heads, head_dim, 1, max_len);
+}
+
 #define INSTANTIATE(T)                                                                                             \
     template void cuda_embedding_i32<T>(void *, const void *, const void *, int, int);                             \
     template void cuda_rope_i32<T>(void *, const void *, int, int, int, float);                                    \
     template void cuda_gather_rows_i32<T>(void *, const void *, const void *, int, int);                           \
     template void cuda_paged_kv_store<T>(void *, void *, const void *, const void *, const void *, int, int);      \
     template void cuda_paged_attention<T>(void *, const void *, const void *, const void *, const void *,          \
-                                          const void *, const void *, int, int, int, int, int, int);
+                                          const void *, const void *, int, int, int, int, int, int);        \
+    template void cuda_attention_paged<T>(void *, const void *, const void *, const void *, const int *,           \
+                                          const int *, int, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

@@ -1,0 +1,284 @@
+/* cuda_invariant.cu — the batch-invariant linear of the deterministic mode
+ * (backend.h set_batch_invariant): out[N,O] = x[N,I] @ w[O,I]^T (+ bias[O]) where
+ * every output element is summed in one fixed order that depends on I alone.
+ *
+ * Why: cuBLAS picks its kernel (tile shape, split-K, stream-K) from the shape,
+ * so a row's result changes with the number of rows N. The trainer's forward
+ * (N = every token of a micro-batch) and the engine's decode step (N = the
+ * running sequences) would then round differently, and so would a sequence run
+ * alone or in a batch. Here the order is fixed: the k axis is walked in tiles of
+ * INV_BK = 32 from k = 0 up, each tile as two k16 steps, each step one
+ * tensor-core mma (bf16) or 16 fmaf (fp32) into the element's single fp32
+ * accumulator; then the bias is added in fp32 and the sum rounded once to the
+ * storage type. The tile shapes in M and N (chosen from N and O to fill the
+ * GPU) only decide which elements a block computes, never how: a row's bits are
+ * the same whatever N is, whatever the other rows hold, and whichever tile
+ * shape ran (tests/gpu/test_cuda_invariant.c checks all three).
+ *
+ * Cost: these are plain mma.sync kernels (no wgmma/TMA), slower than cuBLAS on
+ * large GEMMs; the deterministic mode pays that for bit-identical log-probs.
+ *
+ * bf16: x and w tiles staged in shared memory by cp.async (16-byte chunks) when
+ * I % 8 == 0 and the pointers are 16-byte aligned, else by element loads (same
+ * shared-memory contents, zero beyond the edges, hence the same sums); fragments
+ * by ldmatrix; mma.m16n8k16 with the token rows as A and the weight rows as B.
+ * fp32: CUDA cores, a 64 x 64 block tile, 4 x 4 outputs per thread, the same
+ * k order with fmaf.
+ *
+ * Dimension legend: N token rows, I in_dim, O out_dim. */
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+
+#define INV_BK 32      /* k per staged tile */
+#define INV_LDS 40     /* shared-memory row pitch in bf16 (80 bytes: ldmatrix rows hit distinct banks) */
+#define INV_STAGES 4   /* tiles in flight */
+
+/* ---------------------------------------------------------------- switch */
+
+static int g_batch_invariant = 0;
+static int g_forced_shape = -1; /* test hook: -1 automatic, else the bf16 tile shape index */
+
+extern "C" void cuda_set_batch_invariant(int on) { g_batch_invariant = on != 0; }
+int cuda_batch_invariant(void) { return g_batch_invariant; }
+/* Tests: force the bf16 tile shape (0 large, 1 medium, 2 small; -1 automatic). */
+extern "C" void cuda_invariant_force_shape(int shape) { g_forced_shape = shape; }
+
+/* ---------------------------------------------------------------- bf16 */
+
+__device__ __forceinline__ void inv_mma(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void inv_ldmatrix_x4(uint32_t r[4], const void *smem) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void inv_cp_async16(void *smem, const void *src, bool valid) {
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    int bytes = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void inv_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING> __device__ __forceinline__ void inv_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+/* Block tile BM x BN of outputs, warps WARPS_M x WARPS_N each owning a
+ * (BM / WARPS_M) x (BN / WARPS_N) sub-tile. */
+template <int BM, int BN, int WARPS_M, int WARPS_N> struct InvShape {
+    static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    static constexpr int MI = WM / 16, NI = WN / 8; /* mma tiles per warp */
+    static constexpr int STAGE_ELEMS = (BM + BN) * INV_LDS;
+    static constexpr int SMEM_BYTES = INV_STAGES * STAGE_ELEMS * 2;
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
+};
+
+/* Stages rows [row0, row0 + ROWS) x k [k0, k0 + INV_BK) of src[rows_total, I]
+ * into dst[ROWS][INV_LDS]; zeros beyond rows_total and I. */
+template <int ROWS, int THREADS, bool VEC>
+__device__ __forceinline__ void inv_stage(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int row0, int rows_total,
+                                          int k0, int in_dim) {
+    constexpr int CHUNKS = ROWS * (INV_BK / 8);
+#pragma unroll
+    for (int c = threadIdx.x; c < CHUNKS; c += THREADS) {
+        int r = c / (INV_BK / 8), kc = (c % (INV_BK / 8)) * 8;
+        int row = row0 + r, k = k0 + kc;
+        __nv_bfloat16 *d = dst + r * INV_LDS + kc;
+        if (VEC) {
+            bool valid = row < rows_total && k < in_dim; /* I % 8 == 0: a chunk is all in or all out */
+            inv_cp_async16(d, valid ? src + (size_t)row * in_dim + k : src, valid);
+        } else {
+            __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[e] = row < rows_total && k + e < in_dim ? src[(size_t)row * in_dim + k + e] : __float2bfloat16_rn(0.0f);
+            *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(v);
+        }
+    }
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, bool VEC>
+__global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
+    inv_gemm_bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                         const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
+    using S = InvShape<BM, BN, WARPS_M, WARPS_N>;
+    extern __shared__ __align__(16) unsigned char inv_smem[];
+    __nv_bfloat16 *smem = reinterpret_cast<__nv_bfloat16 *>(inv_smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int k_tiles = (in_dim + INV_BK - 1) / INV_BK;
+
+    auto stage_tile = [&](int tile) {
+        __nv_bfloat16 *a = smem + (tile % INV_STAGES) * S::STAGE_ELEMS, *b = a + BM * INV_LDS;
+        inv_stage<BM, S::THREADS, VEC>(a, x, row0, n, tile * INV_BK, in_dim);
+        inv_stage<BN, S::THREADS, VEC>(b, w, col0, out_dim, tile * INV_BK, in_dim);
+    };
+
+    float acc[S::MI][S::NI][4];
+#pragma unroll
+    for (int i = 0; i < S::MI; i++)
+#pragma unroll
+        for (int j = 0; j < S::NI; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+    for (int t = 0; t < INV_STAGES - 1; t++) {
+        if (t < k_tiles) stage_tile(t);
+        inv_cp_commit(); /* one group per tile, empty or not, so the wait count holds */
+    }
+    for (int tile = 0; tile < k_tiles; tile++) {
+        inv_cp_wait<INV_STAGES - 2>();
+        __syncthreads(); /* this tile landed for every thread; the stage refilled below is free */
+        if (tile + INV_STAGES - 1 < k_tiles) stage_tile(tile + INV_STAGES - 1);
+        inv_cp_commit();
+        const __nv_bfloat16 *a = smem + (tile % INV_STAGES) * S::STAGE_ELEMS, *b = a + BM * INV_LDS;
+#pragma unroll
+        for (int ks = 0; ks < INV_BK; ks += 16) {
+            uint32_t af[S::MI][4], bfr[S::NI][2];
+#pragma unroll
+            for (int i = 0; i < S::MI; i++) /* lanes 0-15: rows 0-15 at k, lanes 16-31: the same rows at k + 8 */
+                inv_ldmatrix_x4(af[i], a + (wm * S::WM + i * 16 + lane % 16) * INV_LDS + ks + (lane / 16) * 8);
+#pragma unroll
+            for (int j = 0; j < S::NI; j += 2) { /* two n8 tiles: (n 0-7, k), (n 0-7, k+8), (n 8-15, k), (n 8-15, k+8) */
+                uint32_t r[4];
+                inv_ldmatrix_x4(r, b + (wn * S::WN + j * 8 + (lane / 16) * 8 + lane % 8) * INV_LDS + ks +
+                                       ((lane / 8) % 2) * 8);
+                bfr[j][0] = r[0], bfr[j][1] = r[1], bfr[j + 1][0] = r[2], bfr[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < S::MI; i++)
+#pragma unroll
+                for (int j = 0; j < S::NI; j++) inv_mma(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+        }
+    }
+    inv_cp_wait<0>();
+
+    /* d0, d1: row g, cols 2t, 2t+1; d2, d3: row g + 8 (g = lane / 4, t = lane % 4). */
+#pragma unroll
+    for (int i = 0; i < S::MI; i++)
+#pragma unroll
+        for (int j = 0; j < S::NI; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = row0 + wm * S::WM + i * 16 + lane / 4 + h * 8;
+                int col = col0 + wn * S::WN + j * 8 + (lane % 4) * 2;
+                if (row >= n) continue;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (col + e >= out_dim) continue;
+                    float v = acc[i][j][h * 2 + e];
+                    if (bias) v += __bfloat162float(bias[col + e]);
+                    out[(size_t)row * out_dim + col + e] = __float2bfloat16_rn(v);
+                }
+            }
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N>
+static void inv_launch_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                            const __nv_bfloat16 *bias, int n, int in_dim, int out_dim, bool vec) {
+    using S = InvShape<BM, BN, WARPS_M, WARPS_N>;
+    static bool attr = false;
+    if (!attr) { /* above 48 KB of dynamic shared memory needs the opt-in */
+        CUDA_CHECK(cudaFuncSetAttribute(inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM_BYTES));
+        CUDA_CHECK(cudaFuncSetAttribute(inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM_BYTES));
+        attr = true;
+    }
+    dim3 grid((unsigned)((out_dim + BN - 1) / BN), (unsigned)((n + BM - 1) / BM));
+    CUDA_ASSERT_HOST(grid.y <= 65535u);
+    if (vec)
+        inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, true>
+            <<<grid, S::THREADS, S::SMEM_BYTES, cuda_stream()>>>(out, x, w, bias, n, in_dim, out_dim);
+    else
+        inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, false>
+            <<<grid, S::THREADS, S::SMEM_BYTES, cuda_stream()>>>(out, x, w, bias, n, in_dim, out_dim);
+    LAUNCH_CHECK();
+}
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+static void inv_linear_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                            const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
+    bool vec = in_dim % 8 == 0 && aligned16(x) && aligned16(w);
+    /* The largest tile that still gives every SM a block (weights re-read per row tile). */
+    size_t sms = (size_t)cuda_sm_count();
+    int shape = g_forced_shape;
+    if (shape < 0) {
+        if (ceil_div((size_t)n, 128) * ceil_div((size_t)out_dim, 128) >= sms) shape = 0;
+        else if (ceil_div((size_t)n, 64) * ceil_div((size_t)out_dim, 64) >= sms) shape = 1;
+        else shape = 2;
+    }
+    if (shape == 0) inv_launch_bf16<128, 128, 2, 4>(out, x, w, bias, n, in_dim, out_dim, vec);
+    else if (shape == 1) inv_launch_bf16<64, 64, 2, 2>(out, x, w, bias, n, in_dim, out_dim, vec);
+    else inv_launch_bf16<16, 64, 1, 4>(out, x, w, bias, n, in_dim, out_dim, vec);
+}
+
+/* ---------------------------------------------------------------- fp32 */
+
+#define INV_F32_TILE 64
+#define INV_F32_BK 16
+
+/* 16 x 16 threads, each 4 x 4 outputs (rows ty + 16 a, cols tx + 16 b). */
+__global__ void __launch_bounds__(256) inv_gemm_f32_kernel(float *out, const float *x, const float *w,
+                                                           const float *bias, int n, int in_dim, int out_dim) {
+    __shared__ float xs[INV_F32_BK][INV_F32_TILE + 1], ws[INV_F32_BK][INV_F32_TILE + 1];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int row0 = blockIdx.y * INV_F32_TILE, col0 = blockIdx.x * INV_F32_TILE;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < in_dim; k0 += INV_F32_BK) {
+        for (int e = threadIdx.x; e < INV_F32_TILE * INV_F32_BK; e += 256) {
+            int r = e / INV_F32_BK, k = e % INV_F32_BK;
+            int row = row0 + r, col = col0 + r, kk = k0 + k;
+            xs[k][r] = row < n && kk < in_dim ? x[(size_t)row * in_dim + kk] : 0.0f;
+            ws[k][r] = col < out_dim && kk < in_dim ? w[(size_t)col * in_dim + kk] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < INV_F32_BK; k++)
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) acc[a][b] = fmaf(xs[k][ty + 16 * a], ws[k][tx + 16 * b], acc[a][b]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int row = row0 + ty + 16 * a, col = col0 + tx + 16 * b;
+            if (row < n && col < out_dim) out[(size_t)row * out_dim + col] = acc[a][b] + (bias ? bias[col] : 0.0f);
+        }
+}
+
+/* ---------------------------------------------------------------- entry */
+
+template <typename T>
+void cuda_invariant_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+                           int out_dim) {
+    if (n <= 0 || out_dim <= 0) return;
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        inv_linear_bf16((T *)out, (const T *)x, (const T *)w, (const T *)bias, n, in_dim, out_dim);
+    } else {
+        dim3 grid((unsigned)ceil_div((size_t)out_dim, INV_F32_TILE), (unsigned)ceil_div((size_t)n, INV_F32_TILE));
+        CUDA_ASSERT_HOST(grid.y <= 65535u);
+        inv_gemm_f32_kernel<<<grid, 256, 0, cuda_stream()>>>((float *)out, (const float *)x, (const float *)w,
+                                                             (const float *)bias, n, in_dim, out_dim);
+        LAUNCH_CHECK();
+    }
+}
+
+template void cuda_invariant_linear<float>(void *, const void *, const void *, const void *, int, int, int);
+template void cuda_invariant_linear<__nv_bfloat16>(void *, const void *, const void *, const void *, int, int, int);

@@ -4,10 +4,11 @@
 # there (scripts/pack_device.sh) it is unpacked first: build-cuda/ binaries, the
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
-# Usage: bash scripts/gpu_check.sh [part ...]   parts: tests cli decode grpo train gemm (default: all of them)
+# Usage: bash scripts/gpu_check.sh [part ...]
+#   parts: tests cli decode grpo grpo-det train gemm (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-tests cli decode grpo train gemm}
+parts=${*:-tests cli decode grpo grpo-det train gemm}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 [ -f .devcarry/bundle.tar.xz ] && tar xf .devcarry/bundle.tar.xz
@@ -34,13 +35,26 @@ for part in $parts; do
       done
       cmp -s "$out/generate_cpu.txt" "$out/generate_cuda_f32.txt" && echo "cpu == cuda_f32" || { echo "cpu != cuda_f32"; status=1; }
       build-cuda/colt generate --model models/stories260K --prompt "Once upon a time" --n 256 --temperature 1 \
-        --max_new_tokens 200 --ignore_eos --bench --device cuda 2>&1 | tee "$out/generate_bench.txt" ;;
+        --max_new_tokens 200 --ignore_eos --bench --device cuda 2>&1 | tee "$out/generate_bench.txt"
+      echo "== colt generate --deterministic: the first of 8 sampled completions == the same one alone"
+      for n in 8 1; do
+        build-cuda/colt generate --model models/stories260K --prompt "Once upon a time" --n $n --temperature 1 \
+          --max_new_tokens 60 --json --deterministic --device cuda 2>&1 | head -1 > "$out/generate_det_$n.txt"
+      done
+      cat "$out/generate_det_1.txt"
+      cmp -s "$out/generate_det_8.txt" "$out/generate_det_1.txt" && echo "alone == in a batch of 8" ||
+        { echo "deterministic: alone != in a batch of 8"; status=1; } ;;
     decode) echo "== bench_decode"; build-cuda/bench_decode ${DECODE_PRESETS:-0.5b 1.5b 7b} 2>&1 | tee "$out/bench_decode.md" ;;
     grpo)
       echo "== bench_grpo"
       bash bench/gpu/bench_grpo.sh .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 |
         tee "$out/bench_grpo.md"
       cp /tmp/colt-bench-grpo/train-*.log "$out/" 2>/dev/null ;;
+    grpo-det)
+      echo "== bench_grpo, deterministic mode"
+      COLT_TRAIN_ARGS="--deterministic true" WORK=/tmp/colt-bench-grpo-det bash bench/gpu/bench_grpo.sh \
+        .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 | tee "$out/bench_grpo_det.md"
+      cp /tmp/colt-bench-grpo-det/train-qwen2.5-0.5b.log "$out/train-det-0.5b.log" 2>/dev/null ;;
     train) echo "== bench_gpu_train_step"; build-cuda/bench_gpu_train_step 2>&1 | tee "$out/bench_gpu_train_step.md" ;;
     gemm) echo "== bench_gemm"; build-cuda/bench_gemm 20 2>&1 | tee "$out/bench_gemm.md" ;;
   esac

@@ -13,7 +13,8 @@
  * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b; default all three)
  * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).
  * COLT_PROFILE=1: eager steps with every op timed between synchronisations
- * (attribution only: the synchronisations dominate small ops). */
+ * (attribution only: the synchronisations dominate small ops).
+ * COLT_DETERMINISTIC=1: the engine's deterministic mode (batch-invariant kernels). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,8 @@ static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
     GenerateOptions opt = {.sampling = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 1},
                            .max_new_tokens = getenv("COLT_DECODE_TOKENS") ? atoi(getenv("COLT_DECODE_TOKENS")) : NEW_TOKENS,
                            .ignore_eos = true};
-    EngineOptions eo = {.max_num_seqs = batch, .enforce_eager = eager};
+    EngineOptions eo = {.max_num_seqs = batch, .enforce_eager = eager,
+                        .deterministic = getenv("COLT_DETERMINISTIC") && atoi(getenv("COLT_DETERMINISTIC")) > 0};
     int rc = engine_generate(m, seqs, batch, &opt, &eo, st, err);
     for (int i = 0; i < batch && rc == 0; i++) gen_sequence_free(&seqs[i]);
     free(seqs);
@@ -77,8 +79,10 @@ int main(int argc, char **argv) {
             batches[n_batches++] = atoi(tok);
         free(list);
     }
-    printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs), prompts %d tokens, %d new tokens each, "
-           "temperature 1\n\n", be->name, PROMPT_LEN, NEW_TOKENS);
+    printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs%s), prompts %d tokens, %d new tokens each, "
+           "temperature 1\n\n", be->name,
+           getenv("COLT_DETERMINISTIC") && atoi(getenv("COLT_DETERMINISTIC")) > 0 ? ", deterministic mode" : "",
+           PROMPT_LEN, NEW_TOKENS);
     printf("| model | batch | decode tok/s | ms/step | roofline tok/s | %% of roofline | graph steps | eager tok/s |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];

@@ -8,6 +8,8 @@
 #   (scripts/pack_device.sh makes both from ../shared/data). Presets default to
 #   qwen2.5-0.5b qwen2.5-1.5b. The first step (CUDA graph capture, cuBLAS
 #   heuristics) is left out of the means.
+# COLT_TRAIN_ARGS (environment) is appended to colt train's arguments, e.g.
+#   COLT_TRAIN_ARGS="--deterministic true" for the deterministic mode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -23,7 +25,7 @@ for p in $presets; do
   rm -rf "$work/$p" "$work/run-$p"
   $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
   if ! $COLT train --config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" \
-      --output_dir "$work/run-$p" --device cuda > "$work/train-$p.log" 2>&1; then
+      --output_dir "$work/run-$p" --device cuda ${COLT_TRAIN_ARGS:-} > "$work/train-$p.log" 2>&1; then
     echo "| $p | failed: $(tail -1 "$work/train-$p.log") |"
     continue
   fi
@@ -40,4 +42,4 @@ print(f"| {sys.argv[2]} | {mean('step_time'):.3f} | {mean('time/generation'):.3f
 PY
 done
 echo
-echo "Command: bash bench/gpu/bench_grpo.sh $tok $prompts $presets (means over steps 2-6)"
+echo "Command: ${COLT_TRAIN_ARGS:+COLT_TRAIN_ARGS=\"$COLT_TRAIN_ARGS\" }bash bench/gpu/bench_grpo.sh $tok $prompts $presets (means over steps 2-6)"

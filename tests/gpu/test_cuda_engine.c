@@ -13,7 +13,10 @@
  *     Qwen2.5-shaped GRPO benchmark logs sampling/sampling_logp_difference/mean
  *     at scale);
  *   - batch invariance on bf16: completions of sequences run alone against the
- *     same sequences in a batch (reported, counted).
+ *     same sequences in a batch (reported, counted);
+ *   - deterministic mode (both tables): engine log-probs bit-identical to the
+ *     trainer's; completions and log-probs bit-identical alone, in the batch,
+ *     two at a time, under preemption, with or without CUDA graphs.
  * Exit 77 when no GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -143,6 +146,81 @@ static void run(const char *dir) {
     model_free(bf16);
 }
 
+/* Sequences whose tokens and log-probs are the same bits in a and b. */
+static int bit_identical(const Requests *a, const Requests *b) {
+    int same = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        const GenSequence *x = &a->seqs[i], *y = &b->seqs[i];
+        same += x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0 &&
+                memcmp(x->logprobs, y->logprobs, sizeof(float) * (size_t)x->n_tokens) == 0;
+    }
+    return same;
+}
+
+/* Deterministic mode on both CUDA tables: the engine's log-probs are the
+ * trainer's bit for bit, and a sequence's completion and log-probs are the same
+ * bits alone, in the batch, two at a time, under preemption and in eager mode. */
+static void run_deterministic(const char *dir) {
+    char err[ERR_LEN];
+    const Backend *tables[2] = {backend_cuda(), backend_cuda_f32()};
+    for (int b = 0; b < 2; b++) {
+        Model *m = NULL;
+        if (model_load(&m, dir, tables[b], err) != 0) {
+            CHECK(0, "%s: %s", dir, err);
+            return;
+        }
+        printf("%s on %s, deterministic mode\n", dir, tables[b]->name);
+        SamplingParams greedy = sampling_params_greedy();
+        SamplingParams sampled = {.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.0f,
+                                  .seed = 21};
+        const SamplingParams *params[2] = {&greedy, &sampled};
+        const char *names[2] = {"greedy", "temperature 0.7, top-k/top-p"};
+        for (int p = 0; p < 2; p++) {
+            GenerateOptions opt = {.sampling = *params[p], .max_new_tokens = NEW_TOKENS, .ignore_eos = true};
+            Requests ref;
+            EngineStats st;
+            EngineOptions det = {.deterministic = true};
+            if (generate_on(m, &ref, params[p], &det, &st) != 0) break;
+            double mean, max;
+            int differ;
+            float t = params[p]->temperature > 0 ? params[p]->temperature : 1.0f;
+            CHECK(trainer_logprob_diff(m, &ref, t, &mean, &max, &differ, err) == 0, "trainer: %s", err);
+            printf("  %-30s engine vs trainer log-probs: %d of %d tokens differ (max %.2g); graph steps %d/%d\n",
+                   names[p], differ, N_SEQS * NEW_TOKENS, max, st.graph_steps, st.steps);
+            CHECK(differ == 0, "%s: %d engine log-probs differ from the trainer's (max %.3g)", names[p], differ, max);
+            CHECK(st.graph_steps > 0, "deterministic mode replayed no CUDA graph");
+            struct {
+                const char *what;
+                EngineOptions eo;
+            } cases[] = {
+                {"2 running at most", {.deterministic = true, .max_num_seqs = 2}},
+                {"pool of 6 blocks", {.deterministic = true, .max_pool_blocks = 6}},
+                {"eager", {.deterministic = true, .enforce_eager = true}},
+            };
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+                Requests got;
+                if (generate_on(m, &got, params[p], &cases[k].eo, &st) != 0) break;
+                int same = bit_identical(&ref, &got);
+                printf("  %-30s %s: %2d/%d bit-identical (preemptions %d)\n", names[p], cases[k].what, same, N_SEQS,
+                       st.preemptions);
+                CHECK(same == N_SEQS, "%s, %s: %d/%d bit-identical", names[p], cases[k].what, same, N_SEQS);
+                free_requests(&got);
+            }
+            Requests alone;
+            make_requests(&alone, model_config(m)->vocab_size);
+            for (int i = 0; i < N_SEQS; i++)
+                CHECK(engine_generate(m, &alone.seqs[i], 1, &opt, &det, NULL, err) == 0, "alone: %s", err);
+            int same = bit_identical(&ref, &alone);
+            printf("  %-30s alone vs in the batch: %2d/%d bit-identical\n", names[p], same, N_SEQS);
+            CHECK(same == N_SEQS, "%s: alone vs batch %d/%d bit-identical", names[p], same, N_SEQS);
+            free_requests(&alone);
+            free_requests(&ref);
+        }
+        tables[b]->set_batch_invariant(0); /* process-wide: back to the default */
+        model_free(m);
+    }
+}
+
 int main(void) {
     if (!backend_cuda()) {
         printf("test_cuda_engine: no GPU\n");
@@ -150,6 +228,8 @@ int main(void) {
     }
     run("tests/data/models/tiny-qwen2-f32");
     run("models/stories260K");
+    run_deterministic("tests/data/models/tiny-qwen2-f32");
+    run_deterministic("models/stories260K");
     printf("test_cuda_engine: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

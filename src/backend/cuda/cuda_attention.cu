@@ -1325,7 +1325,7 @@ void cuda_attention(void *out, const void *q, const void *k_cache, const void *v
                     const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-    if (cuda_batch_invariant()) { /* deterministic mode: the engine's kernel, bit for bit (cuda_paged.cu) */
+    if (cuda_attention_invariant()) { /* deterministic mode: the engine's kernel, bit for bit (cuda_paged.cu) */
         cuda_attention_paged<T>(out, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
         return;
     }

@@ -138,7 +138,8 @@ bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bia
 /* cuda_invariant.cu: the deterministic mode's switch (backend.h set_batch_invariant) and its
  * batch-invariant linear, which cuda_linear runs for every n while the mode is on. */
 extern "C" void cuda_set_batch_invariant(int on);
-int cuda_batch_invariant(void);
+int cuda_batch_invariant(void);     /* linear's part of the mode is on */
+int cuda_attention_invariant(void); /* attention's part (cuda_attention, paged splits) is on */
 template <typename T>
 void cuda_invariant_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim);
 

@@ -6,27 +6,36 @@
  * so a row's result changes with the number of rows N. The trainer's forward
  * (N = every token of a micro-batch) and the engine's decode step (N = the
  * running sequences) would then round differently, and so would a sequence run
- * alone or in a batch. Here the order is fixed: the k axis is walked in tiles of
- * INV_BK = 32 from k = 0 up, each tile as two k16 steps, each step one
- * tensor-core mma (bf16) or 16 fmaf (fp32) into the element's single fp32
- * accumulator; then the bias is added in fp32 and the sum rounded once to the
- * storage type. The tile shapes in M and N (chosen from N and O to fill the
- * GPU) only decide which elements a block computes, never how: a row's bits are
- * the same whatever N is, whatever the other rows hold, and whichever tile
- * shape ran (tests/gpu/test_cuda_invariant.c checks all three).
+ * alone or in a batch. Here the order is fixed by I alone.
  *
- * Cost: these are plain mma.sync kernels (no wgmma/TMA), slower than cuBLAS on
- * large GEMMs; the deterministic mode pays that for bit-identical log-probs.
+ * bf16 order: k is cut into chunks of INV_KC = 256 from k = 0 (the last one
+ * shorter). A chunk's partial sum starts at 0 and takes one tensor-core mma
+ * (m16n8k16) per 16 k, in k order, over the chunk's 32-wide tiles (zeros past
+ * I); the element's total is partial 0, then + partial 1, + partial 2, ... in
+ * fp32; then + bias in fp32 and one rounding to bf16. Two kernels compute
+ * exactly that sequence of instructions per element:
+ *   - the tiled GEMM (any N): x and w tiles staged in shared memory by cp.async
+ *     (16-byte chunks) when I % 8 == 0 and the pointers are 16-byte aligned,
+ *     else by element loads (same contents), fragments by ldmatrix, three tile
+ *     shapes in M x N chosen from N and O to fill the GPU;
+ *   - the decode kernel (N <= INV_DECODE_ROWS): a block owns 8 outputs, its 4
+ *     warps take one chunk each per round and load their mma fragments straight
+ *     from global memory (every weight read once, many chunks in flight), and
+ *     the chunks' partials are added in chunk order through shared memory.
+ * Tile shape and kernel only decide which elements a block computes, never
+ * how: a row's bits are the same whatever N is, whatever the other rows hold,
+ * whichever shape or kernel ran (tests/gpu/test_cuda_invariant.c forces each).
  *
- * bf16: x and w tiles staged in shared memory by cp.async (16-byte chunks) when
- * I % 8 == 0 and the pointers are 16-byte aligned, else by element loads (same
- * shared-memory contents, zero beyond the edges, hence the same sums); fragments
- * by ldmatrix; mma.m16n8k16 with the token rows as A and the weight rows as B.
- * fp32: CUDA cores, a 64 x 64 block tile, 4 x 4 outputs per thread, the same
- * k order with fmaf.
+ * fp32 (the cuda_f32 check table): CUDA cores, a 64 x 64 block tile, 4 x 4
+ * outputs per thread, one fmaf chain per element in k order.
+ *
+ * Cost: plain mma.sync kernels (no wgmma/TMA) are slower than cuBLAS on large
+ * GEMMs; the deterministic mode pays that for bit-identical log-probs.
  *
  * Dimension legend: N token rows, I in_dim, O out_dim. */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -35,15 +44,30 @@
 #define INV_BK 32      /* k per staged tile */
 #define INV_LDS 40     /* shared-memory row pitch in bf16 (80 bytes: ldmatrix rows hit distinct banks) */
 #define INV_STAGES 4   /* tiles in flight */
+#define INV_KC 256     /* k per chunk: the unit of the bf16 summation order */
+#define INV_TILES_PER_CHUNK (INV_KC / INV_BK)
+#define INV_DECODE_ROWS 32 /* the decode kernel serves N up to this */
+#define INV_DECODE_WARPS 4
 
 /* ---------------------------------------------------------------- switch */
 
-static int g_batch_invariant = 0;
-static int g_forced_shape = -1; /* test hook: -1 automatic, else the bf16 tile shape index */
+static int g_batch_invariant = 0; /* bit 0: linear, bit 1: attention */
+static int g_forced_shape = -1;    /* test hook: -1 automatic, else the bf16 tile shape index */
 
-extern "C" void cuda_set_batch_invariant(int on) { g_batch_invariant = on != 0; }
-int cuda_batch_invariant(void) { return g_batch_invariant; }
-/* Tests: force the bf16 tile shape (0 large, 1 medium, 2 small; -1 automatic). */
+/* COLT_INVARIANT_ONLY=linear|attention (experiments: which part of the mode
+ * closes how much of the trainer/engine gap) keeps the other part on its
+ * default kernels; the log-probs are then no longer bit-identical. */
+extern "C" void cuda_set_batch_invariant(int on) {
+    const char *only = getenv("COLT_INVARIANT_ONLY");
+    int parts = 3;
+    if (only && strcmp(only, "linear") == 0) parts = 1;
+    if (only && strcmp(only, "attention") == 0) parts = 2;
+    g_batch_invariant = on ? parts : 0;
+}
+int cuda_batch_invariant(void) { return g_batch_invariant & 1; }
+int cuda_attention_invariant(void) { return (g_batch_invariant & 2) != 0; }
+/* Tests: force the bf16 kernel (0, 1, 2: the tiled GEMM's large, medium, small tile shape; 3: the
+ * decode kernel, where N allows; -1 automatic). */
 extern "C" void cuda_invariant_force_shape(int shape) { g_forced_shape = shape; }
 
 /* ---------------------------------------------------------------- bf16 */
@@ -125,13 +149,13 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
         inv_stage<BN, S::THREADS, VEC>(b, w, col0, out_dim, tile * INV_BK, in_dim);
     };
 
-    float acc[S::MI][S::NI][4];
+    float acc[S::MI][S::NI][4], total[S::MI][S::NI][4]; /* the chunk's partial; the sum of the chunks before */
 #pragma unroll
     for (int i = 0; i < S::MI; i++)
 #pragma unroll
         for (int j = 0; j < S::NI; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f, total[i][j][e] = 0.0f;
 
 #pragma unroll
     for (int t = 0; t < INV_STAGES - 1; t++) {
@@ -162,6 +186,18 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 #pragma unroll
                 for (int j = 0; j < S::NI; j++) inv_mma(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
         }
+        if ((tile + 1) % INV_TILES_PER_CHUNK == 0 || tile + 1 == k_tiles) { /* a chunk ends: fold it in */
+            bool first = tile < INV_TILES_PER_CHUNK;
+#pragma unroll
+            for (int i = 0; i < S::MI; i++)
+#pragma unroll
+                for (int j = 0; j < S::NI; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        total[i][j][e] = first ? acc[i][j][e] : total[i][j][e] + acc[i][j][e];
+                        acc[i][j][e] = 0.0f;
+                    }
+        }
     }
     inv_cp_wait<0>();
 
@@ -178,7 +214,7 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     if (col + e >= out_dim) continue;
-                    float v = acc[i][j][h * 2 + e];
+                    float v = total[i][j][h * 2 + e];
                     if (bias) v += __bfloat162float(bias[col + e]);
                     out[(size_t)row * out_dim + col + e] = __float2bfloat16_rn(v);
                 }
@@ -210,13 +246,106 @@ static void inv_launch_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/* ---------------------------------------------------------------- bf16 decode kernel */
+
+/* Two consecutive bf16 of row `row` at k (k even), 0 past the edges; as one 32-bit fragment register
+ * (the lower k in the low half, as ldmatrix leaves it). */
+__device__ __forceinline__ uint32_t inv_pair(const __nv_bfloat16 *m, int row, int rows, int k, int in_dim, bool vec) {
+    if (row >= rows || k >= in_dim) return 0u;
+    const __nv_bfloat16 *p = m + (size_t)row * in_dim + k;
+    if (vec) return __ldg(reinterpret_cast<const unsigned int *>(p)); /* I even, aligned: a 4-byte load */
+    uint32_t lo = __bfloat16_as_ushort(p[0]), hi = k + 1 < in_dim ? __bfloat16_as_ushort(p[1]) : 0u;
+    return lo | (hi << 16);
+}
+
+/* Block: 8 outputs [blockIdx.x * 8, +8), all N (<= 16 * MT) rows. Round r: warp w computes chunk
+ * 4r + w (its mma fragments loaded from global memory in the m16n8k16 layout: g = lane / 4,
+ * t = lane % 4; b0 = w[col g][k + 2t, +1], b1 = w[col g][k + 2t + 8, +9]; a0 / a1 = x[row g /
+ * g + 8][k + 2t, +1], a2 / a3 the same at k + 2t + 8), writes its partial to shared memory, and the
+ * round's partials are added to the running totals in chunk order. */
+template <int MT>
+__global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
+    inv_decode_bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                           const __nv_bfloat16 *bias, int n, int in_dim, int out_dim, bool vec) {
+    constexpr int STEPS = INV_KC / 16, ELEMS = MT * 16 * 8; /* k16 steps per chunk; outputs per block */
+    __shared__ float part[INV_DECODE_WARPS][ELEMS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int col0 = blockIdx.x * 8;
+    const int k_end = ((in_dim + INV_BK - 1) / INV_BK) * INV_BK; /* the tiled GEMM's last tile ends here */
+    const int chunks = (in_dim + INV_KC - 1) / INV_KC;
+    constexpr int PER_THREAD = (ELEMS + INV_DECODE_WARPS * 32 - 1) / (INV_DECODE_WARPS * 32);
+    float total[PER_THREAD];
+    for (int round = 0; round * INV_DECODE_WARPS < chunks; round++) {
+        int chunk = round * INV_DECODE_WARPS + warp;
+        if (chunk < chunks) {
+            int k0 = chunk * INV_KC;
+            uint32_t b[STEPS][2];
+#pragma unroll
+            for (int s = 0; s < STEPS; s++) { /* every weight load of the chunk first: all in flight */
+                int k = k0 + s * 16 + 2 * t;
+                b[s][0] = inv_pair(w, col0 + g, out_dim, k, in_dim, vec);
+                b[s][1] = inv_pair(w, col0 + g, out_dim, k + 8, in_dim, vec);
+            }
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                int r0 = m * 16 + g;
+#pragma unroll
+                for (int s = 0; s < STEPS; s++) {
+                    int k = k0 + s * 16;
+                    if (k >= k_end) break; /* past the tiled GEMM's last tile: it runs no mma there */
+                    uint32_t a[4] = {inv_pair(x, r0, n, k + 2 * t, in_dim, vec),
+                                     inv_pair(x, r0 + 8, n, k + 2 * t, in_dim, vec),
+                                     inv_pair(x, r0, n, k + 2 * t + 8, in_dim, vec),
+                                     inv_pair(x, r0 + 8, n, k + 2 * t + 8, in_dim, vec)};
+                    inv_mma(acc, a, b[s][0], b[s][1]);
+                }
+                /* d0, d1: row g, cols 2t, 2t + 1; d2, d3: row g + 8 */
+                float *p = part[warp] + m * 128;
+                p[g * 8 + 2 * t] = acc[0], p[g * 8 + 2 * t + 1] = acc[1];
+                p[(g + 8) * 8 + 2 * t] = acc[2], p[(g + 8) * 8 + 2 * t + 1] = acc[3];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < PER_THREAD; q++) {
+            int e = threadIdx.x + q * INV_DECODE_WARPS * 32;
+            if (e >= ELEMS) continue;
+            for (int c = 0; c < INV_DECODE_WARPS && round * INV_DECODE_WARPS + c < chunks; c++)
+                total[q] = round == 0 && c == 0 ? part[c][e] : total[q] + part[c][e];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int q = 0; q < PER_THREAD; q++) {
+        int e = threadIdx.x + q * INV_DECODE_WARPS * 32;
+        int row = e / 8, col = col0 + e % 8;
+        if (e >= ELEMS || row >= n || col >= out_dim) continue;
+        float v = total[q];
+        if (bias) v += __bfloat162float(bias[col]);
+        out[(size_t)row * out_dim + col] = __float2bfloat16_rn(v);
+    }
+}
+
 static void inv_linear_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                             const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
     bool vec = in_dim % 8 == 0 && aligned16(x) && aligned16(w);
+    int shape = g_forced_shape;
+    if ((shape < 0 || shape == 3) && n <= INV_DECODE_ROWS) { /* decode: stream every weight once */
+        bool vec2 = in_dim % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
+        unsigned grid = (unsigned)ceil_div((size_t)out_dim, 8);
+        if (n <= 16)
+            inv_decode_bf16_kernel<1><<<grid, INV_DECODE_WARPS * 32, 0, cuda_stream()>>>(out, x, w, bias, n, in_dim,
+                                                                                         out_dim, vec2);
+        else
+            inv_decode_bf16_kernel<2><<<grid, INV_DECODE_WARPS * 32, 0, cuda_stream()>>>(out, x, w, bias, n, in_dim,
+                                                                                         out_dim, vec2);
+        LAUNCH_CHECK();
+        return;
+    }
     /* The largest tile that still gives every SM a block (weights re-read per row tile). */
     size_t sms = (size_t)cuda_sm_count();
-    int shape = g_forced_shape;
-    if (shape < 0) {
+    if (shape < 0 || shape == 3) {
         if (ceil_div((size_t)n, 128) * ceil_div((size_t)out_dim, 128) >= sms) shape = 0;
         else if (ceil_div((size_t)n, 64) * ceil_div((size_t)out_dim, 64) >= sms) shape = 1;
         else shape = 2;

@@ -218,9 +218,12 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
  * when G <= 8; else the largest divisor of G that is <= 8), so each K/V row is
  * read once per group. The keys 0..pos[i] of a token are cut into `splits`
  * block-aligned ranges, computed on the device from pos[i]; the host picks
- * `splits` from n, KVH and the SM count only (paged_choose_splits): enough
- * CTAs for PA_TARGET_CTAS_PER_SM per SM, 1 split when n * KVH already fills
- * the GPU. With one split the CTA writes out; with more, each CTA writes its
+ * `splits` from n, KVH, the table width and the SM count only
+ * (paged_choose_splits): enough CTAs for PA_TARGET_CTAS_PER_SM per SM, 1
+ * split when n * KVH already fills the GPU, and never more than one split per
+ * PA_MIN_KEYS_PER_SPLIT keys of the longest context the table can hold (on an
+ * H200 one split was as fast or faster at batch 1 to 512 with contexts of
+ * ~260 tokens, +16% at batch 128: splitting pays only on long contexts). With one split the CTA writes out; with more, each CTA writes its
  * normalised partial output and log2-sum-exp, and paged_combine_kernel merges
  * the splits of a (token, head).
  *
@@ -256,6 +259,7 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
 #define PA_MAX_HEAD_DIM 256
 #define PA_MAX_SPLITS 64
 #define PA_TARGET_CTAS_PER_SM 4
+#define PA_MIN_KEYS_PER_SPLIT 256
 #define PA_COMBINE_THREADS 64
 
 struct PagedAttentionParams {
@@ -566,15 +570,18 @@ __global__ void paged_combine_kernel(T *out, const float *part_out, const float 
 }
 
 /* Splits per token: enough CTAs for PA_TARGET_CTAS_PER_SM per SM, at most one
- * per block of the table and PA_MAX_SPLITS; COLT_PAGED_SPLITS overrides. */
-static int paged_choose_splits(size_t base_ctas, int max_blocks) {
-    if (cuda_batch_invariant()) return 1; /* a token's keys in one order, whatever n is */
+ * per PA_MIN_KEYS_PER_SPLIT keys of the table (max_blocks * block_size) and
+ * PA_MAX_SPLITS; COLT_PAGED_SPLITS overrides. */
+static int paged_choose_splits(size_t base_ctas, int max_blocks, int block_size) {
+    if (cuda_attention_invariant()) return 1; /* a token's keys in one order, whatever n is */
     const char *forced = getenv("COLT_PAGED_SPLITS");
     if (forced && atoi(forced) > 0) return atoi(forced);
     size_t target = (size_t)PA_TARGET_CTAS_PER_SM * cuda_sm_count();
     if (base_ctas >= target) return 1;
     size_t splits = (target + base_ctas - 1) / base_ctas;
     if (splits > PA_MAX_SPLITS) splits = PA_MAX_SPLITS;
+    size_t by_length = (size_t)max_blocks * block_size / PA_MIN_KEYS_PER_SPLIT;
+    if (splits > by_length) splits = by_length;
     if (splits > (size_t)max_blocks) splits = (size_t)max_blocks;
     return splits > 1 ? (int)splits : 1;
 }
@@ -641,7 +648,7 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
     p.block_shift = __builtin_ctz((unsigned)block_size), p.max_blocks = max_blocks;
     p.qk_scale = (float)(1.4426950408889634 / sqrt((double)head_dim));
     size_t base_ctas = (size_t)n * n_kv_heads * p.head_chunks;
-    p.splits = paged_choose_splits(base_ctas, max_blocks);
+    p.splits = paged_choose_splits(base_ctas, max_blocks, block_size);
     p.part_out = p.part_lse = NULL;
     if (p.splits > 1) {
         size_t partial_rows = (size_t)n * n_heads * p.splits;

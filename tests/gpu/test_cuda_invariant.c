@@ -3,9 +3,10 @@
  *   - linear (src/backend/cuda/cuda_invariant.cu) against the CPU's on Qwen2.5-0.5B projection
  *     shapes and ragged ones (in_dim not a multiple of 8, odd out_dim), with and without bias:
  *     cuda_f32 within 1e-5 * max|ref|; bf16 within 2e-3 * max|ref| + |ref| * 2^-7;
- *   - batch invariance: rows computed in calls of n = 1 .. 200 rows taken at other offsets are
- *     bit-identical to the same rows of one 300-row call; every bf16 tile shape (forced) gives the
- *     same bits; a misaligned x (element loads instead of cp.async) gives the same bits;
+ *   - batch invariance: rows computed in calls of n = 1 .. 200 rows taken at other offsets (n <= 32:
+ *     the bf16 decode kernel) are bit-identical to the same rows of one 300-row call (the tiled
+ *     GEMM); every bf16 tile shape (forced) gives the same bits; a misaligned x (element loads
+ *     instead of cp.async) gives the same bits;
  *   - attention: the training attention op (caches [S, L, KVD]) and paged_attention over the same
  *     keys in a shuffled 16-token block pool are bit-identical, for every token and for a
  *     decode-like call of each sequence's last token alone; both within 1e-5 (f32) / 1e-2 (bf16) of

@@ -162,6 +162,40 @@ int main(void) {
     CHECK(code == 0 && same_metrics && same_weights, "two runs with the same seed differ");
     free(metrics_a), free(metrics_b);
 
+    /* 2b. deterministic mode: every step's engine/trainer log-prob difference is exactly 0 and the IS ratio
+     * exactly 1 (the default run above logs a non-zero difference: the comparison is real). */
+    char d_dir[300];
+    snprintf(d_dir, sizeof d_dir, "%s/det", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 3 --eval_dataset null --deterministic true --output_dir %s", BASE,
+             d_dir);
+    code = run(args, &err);
+    CHECK(code == 0, "deterministic run: exit %d: %s", code, err);
+    free(err);
+    double det_max = -1, det_ratio_min = 2, det_ratio_max = 0, default_max = 0;
+    const char *dirs[2] = {d_dir, a_dir};
+    for (int d = 0; d < 2; d++) {
+        char *text = read_text(dirs[d], "metrics.jsonl");
+        for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+            json_t *o = json_loads(line, 0, NULL);
+            double diff = json_number_value(json_object_get(o, "sampling/sampling_logp_difference/max"));
+            if (d == 0) {
+                det_max = fmax(det_max, diff);
+                det_ratio_min = fmin(det_ratio_min, json_number_value(json_object_get(o, "sampling/importance_sampling_ratio/min")));
+                det_ratio_max = fmax(det_ratio_max, json_number_value(json_object_get(o, "sampling/importance_sampling_ratio/max")));
+            } else {
+                default_max = fmax(default_max, diff);
+            }
+            json_decref(o);
+        }
+        free(text);
+    }
+    printf("deterministic: engine vs trainer log-prob difference max %g (default run: %g), IS ratio %g..%g\n",
+           det_max, default_max, det_ratio_min, det_ratio_max);
+    CHECK(det_max == 0.0, "deterministic mode: log-prob difference %g, want exactly 0", det_max);
+    CHECK(det_ratio_min == 1.0 && det_ratio_max == 1.0, "deterministic mode: IS ratio %g..%g, want 1", det_ratio_min,
+          det_ratio_max);
+    CHECK(default_max > 0.0, "the default run logs no log-prob difference: the comparison would be vacuous");
+
     /* 3. SIGINT, checkpoint, resume == uninterrupted. Rounds of 2 steps (steps_per_generation 2). */
     const char *resume_cfg = "--max_steps 8 --steps_per_generation 2 --save_steps 3 --eval_dataset null";
     snprintf(u_dir, sizeof u_dir, "%s/uninterrupted", g_tmp);

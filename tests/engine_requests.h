@@ -36,6 +36,17 @@ static inline void free_requests(Requests *r) {
     for (int i = 0; i < N_SEQS; i++) gen_sequence_free(&r->seqs[i]);
 }
 
+/* Sequences whose tokens and log-probs are the same bits in a and b. */
+static inline int bit_identical(const Requests *a, const Requests *b) {
+    int same = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        const GenSequence *x = &a->seqs[i], *y = &b->seqs[i];
+        same += x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0 &&
+                memcmp(x->logprobs, y->logprobs, sizeof(float) * (size_t)x->n_tokens) == 0;
+    }
+    return same;
+}
+
 /* The engine's log-prob of every sampled token against the trainer's: one
  * model_train_forward over each prompt + completion (a slot per sequence) at
  * `temperature`. Sets the mean and max |difference| and the number of tokens

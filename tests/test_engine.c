@@ -125,17 +125,6 @@ static void run_model(const char *dir) {
     model_free(m);
 }
 
-/* Sequences whose tokens and log-probs are the same bits in a and b. */
-static int bit_identical(const Requests *a, const Requests *b) {
-    int same = 0;
-    for (int i = 0; i < N_SEQS; i++) {
-        const GenSequence *x = &a->seqs[i], *y = &b->seqs[i];
-        same += x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0 &&
-                memcmp(x->logprobs, y->logprobs, sizeof(float) * (size_t)x->n_tokens) == 0;
-    }
-    return same;
-}
-
 /* Deterministic mode (EngineOptions.deterministic): batch-invariant kernels,
  * so a sequence's completion and log-probs are the same bits alone, in the
  * batch, two at a time, with 7-token prefill chunks and under preemption; and

@@ -34,6 +34,12 @@
 #define HBM_BYTES_PER_S 4.8e12
 #define BF16_FLOP_PER_S 989e12
 
+/* COLT_DETERMINISTIC=1: the engine's deterministic mode. */
+static bool deterministic_mode(void) {
+    const char *e = getenv("COLT_DETERMINISTIC");
+    return e && atoi(e) > 0;
+}
+
 static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
     const ModelConfig *c = model_config(m);
     int *prompts = malloc(sizeof(int) * (size_t)batch * PROMPT_LEN);
@@ -49,7 +55,7 @@ static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
                            .max_new_tokens = getenv("COLT_DECODE_TOKENS") ? atoi(getenv("COLT_DECODE_TOKENS")) : NEW_TOKENS,
                            .ignore_eos = true};
     EngineOptions eo = {.max_num_seqs = batch, .enforce_eager = eager,
-                        .deterministic = getenv("COLT_DETERMINISTIC") && atoi(getenv("COLT_DETERMINISTIC")) > 0};
+                        .deterministic = deterministic_mode()};
     int rc = engine_generate(m, seqs, batch, &opt, &eo, st, err);
     for (int i = 0; i < batch && rc == 0; i++) gen_sequence_free(&seqs[i]);
     free(seqs);
@@ -81,7 +87,7 @@ int main(int argc, char **argv) {
     }
     printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs%s), prompts %d tokens, %d new tokens each, "
            "temperature 1\n\n", be->name,
-           getenv("COLT_DETERMINISTIC") && atoi(getenv("COLT_DETERMINISTIC")) > 0 ? ", deterministic mode" : "",
+           deterministic_mode() ? ", deterministic mode" : "",
            PROMPT_LEN, NEW_TOKENS);
     printf("| model | batch | decode tok/s | ms/step | roofline tok/s | %% of roofline | graph steps | eager tok/s |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|\n");

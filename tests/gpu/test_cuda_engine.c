@@ -146,17 +146,6 @@ static void run(const char *dir) {
     model_free(bf16);
 }
 
-/* Sequences whose tokens and log-probs are the same bits in a and b. */
-static int bit_identical(const Requests *a, const Requests *b) {
-    int same = 0;
-    for (int i = 0; i < N_SEQS; i++) {
-        const GenSequence *x = &a->seqs[i], *y = &b->seqs[i];
-        same += x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0 &&
-                memcmp(x->logprobs, y->logprobs, sizeof(float) * (size_t)x->n_tokens) == 0;
-    }
-    return same;
-}
-
 /* Deterministic mode on both CUDA tables: the engine's log-probs are the
  * trainer's bit for bit, and a sequence's completion and log-probs are the same
  * bits alone, in the batch, two at a time, under preemption and in eager mode. */

@@ -159,42 +159,19 @@ static void cpu_kv_store(void *k_cache, void *v_cache, const void *k, const void
 }
 
 /* out[N, H*Dh]: token i, head h attends to cache rows 0..pos[i] of slot[i],
- * KV head h / (H/KVH). One (token, head) pair per OpenMP iteration; scores,
- * the running max/sum (online softmax) and the weighted sum are in double. */
+ * KV head h / (H/KVH): cpu_attend_row (cpu_paged.c, in double), the arithmetic
+ * of paged_attention. One (token, head) pair per OpenMP iteration. */
 static void cpu_attention(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
                           const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
-    float *o = out;
-    const float *qs = q, *kc = k_cache, *vc = v_cache;
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    double scale = 1.0 / sqrt((double)head_dim);
     COLT_ASSERT(head_dim <= CPU_MAX_HEAD_DIM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 4)
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < n_heads; h++) {
-            double acc[CPU_MAX_HEAD_DIM];
-            const float *qi = qs + ((size_t)i * n_heads + h) * head_dim;
-            const float *kbase = kc + (size_t)slot[i] * max_len * kv_dim + (size_t)(h / group) * head_dim;
-            const float *vbase = vc + (size_t)slot[i] * max_len * kv_dim + (size_t)(h / group) * head_dim;
-            double m = -INFINITY, l = 0.0;
-            for (int d = 0; d < head_dim; d++) acc[d] = 0.0;
-            for (int t = 0; t <= pos[i]; t++) {
-                const float *kt = kbase + (size_t)t * kv_dim, *vt = vbase + (size_t)t * kv_dim;
-                double s = 0.0;
-                for (int d = 0; d < head_dim; d++) s += (double)qi[d] * kt[d];
-                s *= scale;
-                if (s > m) {
-                    double c = exp(m - s); /* rescale what was accumulated under the old max */
-                    l *= c;
-                    for (int d = 0; d < head_dim; d++) acc[d] *= c;
-                    m = s;
-                }
-                double p = exp(s - m);
-                l += p;
-                for (int d = 0; d < head_dim; d++) acc[d] += p * vt[d];
-            }
-            float *oi = o + ((size_t)i * n_heads + h) * head_dim;
-            for (int d = 0; d < head_dim; d++) oi[d] = (float)(acc[d] / l);
+            size_t qo = ((size_t)i * n_heads + h) * head_dim;
+            cpu_attend_row((float *)out + qo, (const float *)q + qo, k_cache, v_cache, NULL, 1,
+                           (size_t)slot[i] * max_len, pos[i], head_dim, kv_dim, (size_t)(h / group) * head_dim);
         }
     }
 }

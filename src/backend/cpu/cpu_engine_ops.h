@@ -12,6 +12,10 @@ void cpu_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v
 void cpu_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                          int block_size, int max_blocks);
+/* cpu_paged.c: the attention of one query row, shared by cpu_attention (table NULL: position t at
+ * row base_row + t) and cpu_paged_attention (position t through the block table). */
+void cpu_attend_row(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
+                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset);
 void cpu_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);

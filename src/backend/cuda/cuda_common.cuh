@@ -95,6 +95,32 @@ __device__ __forceinline__ unsigned bf_pack(float lo, float hi) {
            ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
 }
 
+/* ---------------------------------------------------------------- tensor cores and cp.async */
+
+/* d[16x8] += a[16x16] @ b[16x8], bf16 inputs, fp32 accumulators. Fragments (PTX ISA, m16n8k16,
+ * g = lane / 4, t = lane % 4): a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..),
+ * a3 (row g+8, k 2t+8..); b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); d0, d1 (row g, cols 2t,
+ * 2t+1), d2, d3 (row g+8, cols 2t, 2t+1). The lower k of a pair sits in the low 16 bits. */
+__device__ __forceinline__ void mma_bf16_m16n8k16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes global -> shared, asynchronous; valid = false zero-fills and reads nothing. */
+__device__ __forceinline__ void cp_async16(void *smem_dst, const void *src, bool valid) {
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Waits until at most PENDING committed groups are still in flight. */
+template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
 /* ---------------------------------------------------------------- state (cuda_backend.cu) */
 
 /* Streaming multiprocessors of the (one) device, queried once. */

@@ -72,28 +72,11 @@ extern "C" void cuda_invariant_force_shape(int shape) { g_forced_shape = shape; 
 
 /* ---------------------------------------------------------------- bf16 */
 
-__device__ __forceinline__ void inv_mma(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void inv_ldmatrix_x4(uint32_t r[4], const void *smem) {
     unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
-}
-
-__device__ __forceinline__ void inv_cp_async16(void *smem, const void *src, bool valid) {
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    int bytes = valid ? 16 : 0; /* 0: zero-fill, nothing read */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void inv_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING> __device__ __forceinline__ void inv_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
 /* Block tile BM x BN of outputs, warps WARPS_M x WARPS_N each owning a
@@ -120,7 +103,7 @@ __device__ __forceinline__ void inv_stage(__nv_bfloat16 *dst, const __nv_bfloat1
         __nv_bfloat16 *d = dst + r * INV_LDS + kc;
         if (VEC) {
             bool valid = row < rows_total && k < in_dim; /* I % 8 == 0: a chunk is all in or all out */
-            inv_cp_async16(d, valid ? src + (size_t)row * in_dim + k : src, valid);
+            cp_async16(d, valid ? src + (size_t)row * in_dim + k : src, valid);
         } else {
             __align__(16) __nv_bfloat16 v[8];
 #pragma unroll
@@ -160,13 +143,13 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 #pragma unroll
     for (int t = 0; t < INV_STAGES - 1; t++) {
         if (t < k_tiles) stage_tile(t);
-        inv_cp_commit(); /* one group per tile, empty or not, so the wait count holds */
+        cp_async_commit(); /* one group per tile, empty or not, so the wait count holds */
     }
     for (int tile = 0; tile < k_tiles; tile++) {
-        inv_cp_wait<INV_STAGES - 2>();
+        cp_async_wait<INV_STAGES - 2>();
         __syncthreads(); /* this tile landed for every thread; the stage refilled below is free */
         if (tile + INV_STAGES - 1 < k_tiles) stage_tile(tile + INV_STAGES - 1);
-        inv_cp_commit();
+        cp_async_commit();
         const __nv_bfloat16 *a = smem + (tile % INV_STAGES) * S::STAGE_ELEMS, *b = a + BM * INV_LDS;
 #pragma unroll
         for (int ks = 0; ks < INV_BK; ks += 16) {
@@ -184,7 +167,7 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 #pragma unroll
             for (int i = 0; i < S::MI; i++)
 #pragma unroll
-                for (int j = 0; j < S::NI; j++) inv_mma(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+                for (int j = 0; j < S::NI; j++) mma_bf16_m16n8k16(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bfr[j][0], bfr[j][1]);
         }
         if ((tile + 1) % INV_TILES_PER_CHUNK == 0 || tile + 1 == k_tiles) { /* a chunk ends: fold it in */
             bool first = tile < INV_TILES_PER_CHUNK;
@@ -199,7 +182,7 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
                     }
         }
     }
-    inv_cp_wait<0>();
+    cp_async_wait<0>();
 
     /* d0, d1: row g, cols 2t, 2t+1; d2, d3: row g + 8 (g = lane / 4, t = lane % 4). */
 #pragma unroll
@@ -298,7 +281,7 @@ __global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
                                      inv_pair(x, r0 + 8, n, k + 2 * t, in_dim, vec),
                                      inv_pair(x, r0, n, k + 2 * t + 8, in_dim, vec),
                                      inv_pair(x, r0 + 8, n, k + 2 * t + 8, in_dim, vec)};
-                    inv_mma(acc, a, b[s][0], b[s][1]);
+                    mma_bf16_m16n8k16(acc, a[0], a[1], a[2], a[3], b[s][0], b[s][1]);
                 }
                 /* d0, d1: row g, cols 2t, 2t + 1; d2, d3: row g + 8 */
                 float *p = part[warp] + m * 128;

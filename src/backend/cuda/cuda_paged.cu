@@ -303,16 +303,6 @@ __device__ __forceinline__ size_t paged_row(const int *table, int key, int block
     return ((size_t)__ldg(table + (key >> block_shift)) << block_shift) + (size_t)(key & ((1 << block_shift) - 1));
 }
 
-__device__ __forceinline__ void paged_cp_async16(void *smem_dst, const void *src, bool valid) {
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    int bytes = valid ? 16 : 0; /* 0: zero-fill, nothing read */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void paged_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING> __device__ __forceinline__ void paged_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
-
 /* Shared memory (floats) of paged_finish for n_rg row groups. */
 __host__ __device__ constexpr int paged_merge_floats(int n_rg, int heads, int head_dim) {
     return n_rg * heads * head_dim + 3 * n_rg * heads + 2 * heads;
@@ -429,21 +419,21 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(const Paged
             int key = w.k_begin + tile * TILE + u * RG + rg;
             bool valid = key < w.k_end;
             size_t offset = valid ? paged_row(table, key, p.block_shift) * p.kv_dim + head_offset : 0;
-            paged_cp_async16(slot(tile % STAGES, u, 0), k_pool + offset, valid);
-            paged_cp_async16(slot(tile % STAGES, u, 1), v_pool + offset, valid);
+            cp_async16(slot(tile % STAGES, u, 0), k_pool + offset, valid);
+            cp_async16(slot(tile % STAGES, u, 1), v_pool + offset, valid);
         }
     };
 
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) {
         if (t < n_tiles) stage_tile(t);
-        paged_cp_commit(); /* one group per tile, empty or not, so the wait count below holds */
+        cp_async_commit(); /* one group per tile, empty or not, so the wait count below holds */
     }
     for (int tile = 0; tile < n_tiles; tile++) {
-        paged_cp_wait<STAGES - 2>(); /* this tile's group has landed */
+        cp_async_wait<STAGES - 2>(); /* this tile's group has landed */
         __syncwarp();                /* the stage refilled next was read in the previous iteration */
         if (tile + STAGES - 1 < n_tiles) stage_tile(tile + STAGES - 1);
-        paged_cp_commit();
+        cp_async_commit();
         const int stage = tile % STAGES, key0 = w.k_begin + tile * TILE + rg;
 
         float s[GQ][U]; /* scores, then probabilities */
@@ -498,7 +488,7 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(const Paged
                 for (int e = 0; e < VEC; e++) acc[h][e] = fmaf(s[h][u], v[e], acc[h][e]);
         }
     }
-    paged_cp_wait<0>();
+    cp_async_wait<0>();
     paged_finish<T, GQ, VEC>(reinterpret_cast<float *>(smem), p, w, m, l, acc, rg, RG, part == 0, part * VEC, 1);
 }
 

@@ -91,18 +91,6 @@ __device__ __forceinline__ float4 load_streaming_f4(const float *p) {
 __device__ __forceinline__ uint4 load_cached(const void *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
 __device__ __forceinline__ float4 load_cached_f4(const float *p) { return __ldg(reinterpret_cast<const float4 *>(p)); }
 
-/* d[16x8] += a[16x16] @ b[16x8], bf16 inputs, fp32 accumulators. Fragments (PTX ISA, m16n8k16,
- * g = lane / 4, t = lane % 4): a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..),
- * a3 (row g+8, k 2t+8..); b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); d0, d1 (row g, cols 2t,
- * 2t+1), d2, d3 (row g+8, cols 2t, 2t+1). The lower k of a pair sits in the low 16 bits. */
-__device__ __forceinline__ void mma_bf16_m16n8k16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                  uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* ---------------------------------------------------------------- bf16: tensor cores */
 
 /* Block: blockDim.x / 32 warps on outputs [blockIdx.x * OUT_TILES * 8, +OUT_TILES * 8); warp w takes

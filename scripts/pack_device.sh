@@ -6,23 +6,26 @@
 # stay under the device's 64 MiB transfer limit. On the device:
 #   tar xf .devcarry/bundle.tar.xz && export LD_LIBRARY_PATH=$PWD/.devlibs
 # Usage: bash scripts/pack_device.sh [binary ...]  (default: colt and every GPU test and bench)
+# COLT_DEVCARRY=DIR packs into DIR instead of .devcarry (a second packer working beside the first;
+# DIR must be git-ignored to travel as a carry path, e.g. .devcarry-attn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+carry=${COLT_DEVCARRY:-.devcarry}
 shared=${COLT_SHARED_DATA:-../shared/data}
 bins=("$@")
 if [ ${#bins[@]} -eq 0 ]; then
   bins=(build-cuda/colt build-cuda/test_cuda_* build-cuda/bench_*)
 fi
 bash scripts/make_devlibs.sh build-cuda/colt > /dev/null
-rm -rf .devcarry && mkdir -p .devcarry/data/qwen2.5-tokenizer
-cp "$shared"/qwen2.5-tokenizer/*.json .devcarry/data/qwen2.5-tokenizer/
-python3 - "$shared/gsm8k/train.jsonl" .devcarry/data/gsm8k_prompts.jsonl <<'PY'
+rm -rf "$carry" && mkdir -p "$carry/data/qwen2.5-tokenizer"
+cp "$shared"/qwen2.5-tokenizer/*.json "$carry/data/qwen2.5-tokenizer/"
+python3 - "$shared/gsm8k/train.jsonl" "$carry/data/gsm8k_prompts.jsonl" <<'PY'
 import json, sys
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
     for line in f:
         q = json.loads(line)["question"]
         out.write(json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n")
 PY
-tar cf - "${bins[@]}" .devlibs .devcarry/data | xz -T2 -6 > .devcarry/bundle.tar.xz
-rm -rf .devcarry/data
-du -sh .devcarry/bundle.tar.xz
+tar cf - "${bins[@]}" .devlibs "$carry/data" | xz -T2 -6 > "$carry/bundle.tar.xz"
+rm -rf "$carry/data"
+du -sh "$carry/bundle.tar.xz"

@@ -14,12 +14,28 @@
 #ifndef COLT_BACKEND_BACKEND_H
 #define COLT_BACKEND_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
 
 struct SamplingParams; /* backend/sampling.h */
+
+/* One decoder layer's weights and KV pools for decode_layers (below): q|k|v
+ * weights [(H + 2*KVH)*Dh, D] and their bias (NULL for none), o [D, H*Dh] and
+ * its bias (NULL for none), gate|up [2F, D], down [D, F], norms [D]; pools as
+ * paged_kv_store's. */
+typedef struct DecodeLayerWeights {
+    const void *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *mlp_norm, *gate_up_w, *down_w;
+    void *k_pool, *v_pool;
+} DecodeLayerWeights;
+
+typedef struct DecodeDims {
+    int n_layers, hidden, intermediate, n_heads, n_kv_heads, head_dim;
+    int block_size, max_blocks; /* the pools' block size, the block table's width */
+    float rms_eps, rope_theta;
+} DecodeDims;
 
 typedef struct Backend {
     const char *name;
@@ -197,6 +213,24 @@ typedef struct Backend {
      * its up (one linear over the concatenated weights): swiglu on the halves.
      * out must not overlap gate_up. */
     void (*swiglu_gate_up)(void *out, const void *gate_up, int n, int f);
+
+    /* Every decoder layer of a decode step in one launch (NULL where the backend
+     * has no such kernel, e.g. the CPU). decode_layers_create binds n_layers
+     * layers' weights and pools (copied into the plan: they must outlive it) and
+     * returns a plan, or NULL when it does not support these shapes.
+     * decode_layers runs, for x[N, D] holding the N tokens' embeddings, what the
+     * op sequence of model_forward_paged does from the first attn_norm to the
+     * last residual add (x ends as the last layer's output), each token being
+     * the next one of its own sequence (no two tokens of one sequence in a
+     * call): K/V stored at slot_mapping, attention as paged_attention's. Same
+     * roundings as those ops, sums in another order. Returns false, having done
+     * nothing, when it does not take the call (N above its limit, deterministic
+     * mode); the caller then runs the ops. pos, seq, slot_mapping,
+     * block_tables [i32]. Capturable; decode_layers_free synchronises. */
+    void *(*decode_layers_create)(const DecodeLayerWeights *layers, const DecodeDims *dims);
+    void (*decode_layers_free)(void *plan);
+    bool (*decode_layers)(void *plan, void *x, const void *pos, const void *seq, const void *slot_mapping,
+                          const void *block_tables, int n);
 
     /* Deterministic mode (process-wide, off by default; vLLM's VLLM_BATCH_INVARIANT):
      * while on, every op computes a row (token) with bits that depend on that

@@ -55,6 +55,7 @@ typedef struct Engine {
     bool deterministic; /* EngineOptions.deterministic: log-probs by log_softmax_target */
     int block_size, max_blocks, max_len, n_slots, max_tokens, max_rows;
     KvPool pool;
+    void *decode_plan;  /* model_decode_plan_create: all layers of a decode step in one launch */
     PagedState *st;
     int *free_blocks, n_free, *refcount;
     int *h_tables;      /* [n_slots, max_blocks] */
@@ -320,7 +321,8 @@ static int engine_step(Engine *e, bool *idle, char *err) {
                     .slot_mapping = d + (size_t)SEG_SLOT_MAPPING * n_pad,
                     .logit_rows = decode_only ? NULL : d + (size_t)SEG_LOGIT_ROWS * n_pad,
                     .block_tables = e->d_tables,
-                    .max_blocks = e->max_blocks};
+                    .max_blocks = e->max_blocks,
+                    .decode_plan = decode_only ? e->decode_plan : NULL};
     if (bucket >= 0 && e->graphs[bucket]) {
         be->graph_launch(e->graphs[bucket]);
         e->stats.graph_steps++;
@@ -377,6 +379,7 @@ static void engine_free(Engine *e) {
     const Backend *be = e->be;
     for (int k = 0; k < N_BUCKETS; k++)
         if (e->graphs[k]) be->graph_free(e->graphs[k]);
+    model_decode_plan_free(e->m, e->decode_plan);
     kv_pool_free(&e->pool);
     paged_state_free(e->st);
     void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_tokens, e->d_logprobs, e->d_logits_kept};
@@ -474,6 +477,7 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
                            "device memory or raise gpu_memory_utilization",
                       (long long)want, e->block_size, e->max_len, e->max_blocks);
     kv_pool_create(&e->pool, m, (int)want, e->block_size);
+    e->decode_plan = model_decode_plan_create(m, &e->pool, e->max_blocks);
 
     e->free_blocks = xmalloc(sizeof(int) * (size_t)want);
     e->refcount = xcalloc((size_t)want, sizeof(int));

@@ -115,7 +115,18 @@ typedef struct PagedBatch {
     const void *tokens, *pos, *seq, *slot_mapping, *logit_rows;
     const void *block_tables; /* [n_seqs, max_blocks] */
     int max_blocks;
+    /* A decode plan (model_decode_plan_create) when every token is the next one
+     * of its own sequence (a pure decode step): the backend may then run all
+     * layers in one launch. NULL: the op sequence. */
+    void *decode_plan;
 } PagedBatch;
+
+/* The backend's all-layers decode kernel (backend.h decode_layers) bound to
+ * this model's weights and the pool `kv` (tables max_blocks wide); NULL when
+ * the backend has none or does not support the model (the engine then runs
+ * the op sequence). Free it before the pool. */
+void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks);
+void model_decode_plan_free(const Model *m, void *plan);
 
 /* Scratch activations for engine calls of up to max_tokens tokens and
  * max_logit_rows rows of logits; allocated here once. */

@@ -110,6 +110,44 @@ static bool adjacent(const void *a, size_t n, size_t elem, const void *b) {
     return a && b && (const char *)a + n * elem == (const char *)b;
 }
 
+/* The layer's q|k|v and gate|up weights (and q|k|v biases) as single tensors,
+ * or false when the arena did not lay them out back to back. */
+static bool fused_layout(const LayerWeights *w, const ModelConfig *c, size_t es) {
+    size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
+           QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim;
+    bool qkv = adjacent(w->q_w, QD * D, es, w->k_w) && adjacent(w->k_w, KVD * D, es, w->v_w);
+    bool bias = (!w->q_b && !w->k_b && !w->v_b) || (adjacent(w->q_b, QD, es, w->k_b) && adjacent(w->k_b, KVD, es, w->v_b));
+    return qkv && bias && adjacent(w->gate_w, F * D, es, w->up_w);
+}
+
+void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    if (!be->decode_layers_create) return NULL;
+    int L = c->num_hidden_layers;
+    DecodeLayerWeights *layers = xcalloc((size_t)L, sizeof(DecodeLayerWeights));
+    bool ok = true;
+    for (int l = 0; l < L && ok; l++) {
+        const LayerWeights *w = &m->layers[l];
+        ok = fused_layout(w, c, dtype_size(be->storage));
+        layers[l] = (DecodeLayerWeights){.attn_norm = w->attn_norm, .qkv_w = w->q_w, .qkv_b = w->q_b,
+                                         .o_w = w->o_w, .o_b = w->o_b, .mlp_norm = w->mlp_norm,
+                                         .gate_up_w = w->gate_w, .down_w = w->down_w,
+                                         .k_pool = kv->k[l], .v_pool = kv->v[l]};
+    }
+    DecodeDims dims = {.n_layers = L, .hidden = c->hidden_size, .intermediate = c->intermediate_size,
+                       .n_heads = c->num_attention_heads, .n_kv_heads = c->num_key_value_heads,
+                       .head_dim = c->head_dim, .block_size = kv->block_size, .max_blocks = max_blocks,
+                       .rms_eps = c->rms_norm_eps, .rope_theta = c->rope_theta};
+    void *plan = ok ? be->decode_layers_create(layers, &dims) : NULL;
+    free(layers);
+    return plan;
+}
+
+void model_decode_plan_free(const Model *m, void *plan) {
+    if (plan) m->be->decode_layers_free(plan);
+}
+
 void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
@@ -125,8 +163,10 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
      * (the fused ops are bit-identical to it; one GEMM over concatenated
      * weights sums in the GEMM's own order, as any GEMM does). */
     be->embedding_i32(st->x, m->embed, b->tokens, n, D);
-    be->rmsnorm(st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
-    for (int l = 0; l < L; l++) {
+    bool one_launch = b->decode_plan && be->decode_layers(b->decode_plan, st->x, b->pos, b->seq, b->slot_mapping,
+                                                          b->block_tables, n);
+    if (!one_launch) be->rmsnorm(st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
+    for (int l = 0; l < L && !one_launch; l++) {
         const LayerWeights *w = &m->layers[l];
         bool fused_qkv = fused_ops && adjacent(w->q_w, (size_t)QD * D, es, w->k_w) &&
                          adjacent(w->k_w, (size_t)KVD * D, es, w->v_w) &&

@@ -333,7 +333,13 @@ static Backend g_table_bf16, g_table_f32;
 extern "C" const Backend *backend_cuda(void) {
     static int filled = 0;
     if (!cuda_init()) return NULL;
-    if (!filled) cuda_fill_table<__nv_bfloat16>(&g_table_bf16, "cuda", DTYPE_BF16), filled = 1;
+    if (!filled) {
+        cuda_fill_table<__nv_bfloat16>(&g_table_bf16, "cuda", DTYPE_BF16);
+        g_table_bf16.decode_layers_create = cuda_decode_layers_create; /* bf16 only */
+        g_table_bf16.decode_layers_free = cuda_decode_layers_free;
+        g_table_bf16.decode_layers = cuda_decode_layers;
+        filled = 1;
+    }
     return &g_table_bf16;
 }
 

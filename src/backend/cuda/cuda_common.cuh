@@ -238,6 +238,11 @@ template <typename T>
 void cuda_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
                          const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
 template <typename T> void cuda_swiglu_gate_up(void *out, const void *gate_up, int n, int f);
+/* cuda_decode_layers.cu: decode_layers (backend.h), bf16 storage only. */
+extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, const DecodeDims *dims);
+extern "C" void cuda_decode_layers_free(void *plan);
+extern "C" bool cuda_decode_layers(void *plan, void *x, const void *pos, const void *seq, const void *slot_mapping,
+                                   const void *block_tables, int n);
 /* cuda_sample.cu: the sample op (backend.h). */
 template <typename T>
 void cuda_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,

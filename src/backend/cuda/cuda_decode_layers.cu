@@ -1,0 +1,729 @@
+/* cuda_decode_layers.cu — every decoder layer of a small decode step in one launch (backend.h
+ * decode_layers; bf16 storage).
+ *
+ * Why: at batch 1 a decode step of a 0.5B model reads 1 GB of weights (0.2 ms at 4.8 TB/s), but the
+ * op sequence is ~8 kernels per layer, ~200 per step, each paying launch and drain latency (2-5 us)
+ * whatever its size: the step took 1.1 ms. Here one persistent kernel (one CTA per SM, all resident:
+ * a cooperative launch) runs the layers as phases separated by grid-wide barriers:
+ *
+ *   A  xn = rmsnorm(x) * attn_norm (each CTA for itself); qkv = xn Wqkv^T + b, rows split over CTAs
+ *   B  rope q and k, store k / v in the pool (one CTA per KV head), attention: (token, head, key
+ *      split) items over CTAs, each leaving its unnormalised output, max and sum
+ *   C  att = the merged splits (each CTA for itself); x += att Wo^T (+ b), rows split over CTAs
+ *   D  xn = rmsnorm(x) * mlp_norm; h = silu(xn Wg^T) * (xn Wu^T), rows split over CTAs
+ *   E  x += h Wd^T, rows split over CTAs
+ *
+ * Weights never depend on activations, so each CTA keeps the L2 fed: at the start of a phase it asks
+ * for (cp.async.bulk.prefetch.L2) the next DL_PREFETCH_BYTES of its own slices of the following
+ * phases, and HBM keeps streaming while CTAs wait at a barrier or attend.
+ *
+ * The values are the op sequence's (model_paged.c) up to summation order: the same roundings to
+ * bf16 (q|k|v with bias, roped q and k, attention output, projection, residual sums, gate, up and
+ * their swiglu), rmsnorm's sum of squares in rmsnorm_warp_kernel's order, rope and swiglu by the same
+ * expressions; the dot products sum lane-strided 8-element chunks and a butterfly, and attention
+ * merges its splits by log-sum-exp, so the bits differ from cuBLAS's / the skinny kernel's and the
+ * paged kernel's by bf16 rounding. A token's result does not depend on the others in the call or on
+ * how many there are: every work split (rows per CTA, key splits per head) depends on the model and
+ * the SM count alone.
+ *
+ * Supported: bf16 storage, head_dim 64 or 128, hidden and intermediate sizes multiples of 8, every
+ * weight 16-byte aligned, q|k|v and gate|up weights back to back (the model checks), up to
+ * DL_MAX_TOKENS tokens, one per sequence. decode_layers_create returns NULL otherwise; decode_layers
+ * returns false (nothing launched) for more tokens or in the deterministic mode.
+ *
+ * Dimension legend: N tokens, D hidden, F intermediate, H query heads, KVH key/value heads, Dh head
+ * dim, W = (H + 2 KVH) Dh, G CTAs (the SM count), S key splits per head. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+#define DL_THREADS 512
+#define DL_WARPS (DL_THREADS / 32)
+#define DL_MAX_TOKENS 4          /* compiled token counts: 1, 2, 4 */
+#define DL_MAX_SPLITS 16         /* key splits per (token, head) */
+#define DL_PREFETCH_BYTES (128 * 1024) /* per CTA, ahead of the phase it computes */
+#define DL_PREFETCH_CHUNK (32 * 1024)
+#define DL_MAX_SHARED (220 * 1024)
+
+typedef __nv_bfloat16 bf16;
+
+struct DlLayer {
+    const bf16 *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *mlp_norm, *gate_up_w, *down_w;
+    bf16 *k_pool, *v_pool;
+};
+
+struct DlParams {
+    const DlLayer *layers;
+    int n_layers, D, F, H, KVH, Dh, W, QD, group, block_shift, max_blocks, splits, act_stride, red_floats,
+        prefetch_bytes;
+    float eps, qk_scale;
+    const float *inv_freq; /* [Dh / 2] */
+    int n;
+    const int *pos, *seq, *slot_mapping, *block_tables;
+    bf16 *x, *qkv, *h;     /* [N, D], [N, W], [N, F] */
+    float *part;           /* [N * H * S, Dh + 2]: output (unnormalised), max (log2 domain), sum */
+    unsigned *barrier;
+    unsigned long long *prof; /* COLT_DECODE_PROFILE: CTA 0's cycles per phase, computing / waiting; launches */
+};
+
+#define DL_PHASES 5
+#define DL_PROF_SLOTS (2 * DL_PHASES + 1)
+
+/* ---------------------------------------------------------------- small helpers */
+
+__device__ __forceinline__ float dl_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Weights: read once per step, never written during the kernel: no L1 allocation. */
+__device__ __forceinline__ uint4 dl_load_weight(const bf16 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* Activations written by other CTAs in this launch: read at L2 (L1 is not coherent). */
+__device__ __forceinline__ uint4 dl_load_shared_act(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+__device__ __forceinline__ float dl_ldcg_bf16(const bf16 *p) {
+    unsigned short u = __ldcg(reinterpret_cast<const unsigned short *>(p));
+    return __uint_as_float((unsigned)u << 16);
+}
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+__device__ __forceinline__ void unpack8(const uint4 &r, float f[8]) {
+    f[0] = bf_lo(r.x), f[1] = bf_hi(r.x), f[2] = bf_lo(r.y), f[3] = bf_hi(r.y);
+    f[4] = bf_lo(r.z), f[5] = bf_hi(r.z), f[6] = bf_lo(r.w), f[7] = bf_hi(r.w);
+}
+__device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float acc) {
+    acc = fmaf(bf_lo(a.x), bf_lo(b.x), acc);
+    acc = fmaf(bf_hi(a.x), bf_hi(b.x), acc);
+    acc = fmaf(bf_lo(a.y), bf_lo(b.y), acc);
+    acc = fmaf(bf_hi(a.y), bf_hi(b.y), acc);
+    acc = fmaf(bf_lo(a.z), bf_lo(b.z), acc);
+    acc = fmaf(bf_hi(a.z), bf_hi(b.z), acc);
+    acc = fmaf(bf_lo(a.w), bf_lo(b.w), acc);
+    acc = fmaf(bf_hi(a.w), bf_hi(b.w), acc);
+    return acc;
+}
+
+/* All CTAs have arrived `*count` times in total once it reaches `target`: the cooperative groups
+ * grid barrier (fence, one atomic per CTA, spin, fence). The counter is zeroed before each launch.
+ * A barrier that never opens (a bug: some CTA skipped one) traps after ~10 s instead of hanging. */
+__device__ __forceinline__ void dl_grid_barrier(unsigned *count, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(count, 1u);
+        long long spins = 0;
+        while (*(volatile unsigned *)count < target) {
+            if (++spins > (1LL << 32)) {
+                printf("decode_layers: grid barrier %u never opened (count %u)\n", target, *(volatile unsigned *)count);
+                __trap();
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* Rows [r0, r1) of `rows` split evenly over the grid. */
+__device__ __forceinline__ void dl_slice(int rows, int *r0, int *r1) {
+    *r0 = (int)((long long)rows * blockIdx.x / gridDim.x);
+    *r1 = (int)((long long)rows * (blockIdx.x + 1) / gridDim.x);
+}
+
+/* ---------------------------------------------------------------- L2 prefetch of the weight stream */
+
+/* A CTA's weights, in the order it reads them: per layer, segments 0 A (its q|k|v rows), 1 C (o
+ * rows), 2 D gate rows, 3 D up rows, 4 E (down rows). Byte positions count along that stream. */
+#define DL_SEGMENTS 5
+
+__device__ __forceinline__ void dl_segment(const DlParams &p, int layer, int s, const char **ptr, long long *bytes) {
+    const DlLayer &L = p.layers[layer];
+    int r0, r1;
+    const bf16 *base;
+    int k;
+    switch (s) {
+    case 0: dl_slice(p.W, &r0, &r1), base = L.qkv_w, k = p.D; break;
+    case 1: dl_slice(p.D, &r0, &r1), base = L.o_w, k = p.QD; break;
+    case 2: dl_slice(p.F, &r0, &r1), base = L.gate_up_w, k = p.D; break;
+    case 3: dl_slice(p.F, &r0, &r1), base = L.gate_up_w + (size_t)p.F * p.D, k = p.D; break;
+    default: dl_slice(p.D, &r0, &r1), base = L.down_w, k = p.F; break;
+    }
+    *ptr = (const char *)(base + (size_t)r0 * k);
+    *bytes = (long long)(r1 - r0) * k * 2;
+}
+
+struct DlPrefetch {
+    int layer, seg;      /* the segment the cursor is in */
+    long long offset;    /* bytes of it already requested */
+};
+
+/* Thread 0: requests the stream up to `ahead` bytes past the start of (layer, seg). */
+__device__ void dl_prefetch(const DlParams &p, DlPrefetch *pf, int layer, int seg, long long ahead) {
+    if (threadIdx.x != 0) return;
+    /* Distance from the start of (layer, seg) to the cursor. */
+    long long dist = 0;
+    {
+        int l = layer, s = seg;
+        while ((l < pf->layer || (l == pf->layer && s < pf->seg))) {
+            const char *ptr;
+            long long b;
+            dl_segment(p, l, s, &ptr, &b);
+            dist += b;
+            if (++s == DL_SEGMENTS) s = 0, l++;
+        }
+        if (l == pf->layer && s == pf->seg) dist += pf->offset;
+        else { /* the cursor is behind: move it here */
+            pf->layer = layer, pf->seg = seg, pf->offset = 0;
+        }
+    }
+    while (dist < ahead && pf->layer < p.n_layers) {
+        const char *ptr;
+        long long bytes;
+        dl_segment(p, pf->layer, pf->seg, &ptr, &bytes);
+        long long left = bytes - pf->offset;
+        if (left <= 0) {
+            pf->offset = 0;
+            if (++pf->seg == DL_SEGMENTS) pf->seg = 0, pf->layer++;
+            continue;
+        }
+        long long chunk = min(min(left, (long long)DL_PREFETCH_CHUNK), ahead - dist);
+        chunk &= ~15LL; /* segment sizes and offsets are multiples of 16 bytes */
+        if (chunk <= 0) break;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr + pf->offset), "r"((unsigned)chunk)
+                     : "memory");
+        pf->offset += chunk;
+        dist += chunk;
+    }
+}
+
+/* ---------------------------------------------------------------- phases */
+
+/* act[t, 0..D) = bf16(w * (x[t] * scale_t)) for t < n, zeros for n <= t < NT: rmsnorm's arithmetic
+ * (scale = 1 / sqrt(mean(x^2) + eps) in double, w * (x * scale) in fp32), its sum of squares added in
+ * this CTA's order. One pass over global memory: x is staged raw in act, then scaled in place. */
+template <int NT>
+__device__ void dl_norm(bf16 *act, int stride, const bf16 *x, const bf16 *w, int n, int D, float eps) {
+    __shared__ float warp_ss[DL_WARPS][NT];
+    __shared__ float scale[NT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = D / 8;
+    float ss[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ss[t] = 0.0f;
+    for (int e = threadIdx.x; e < NT * nvec; e += DL_THREADS) {
+        int t = e / nvec, v = e % nvec;
+        uint4 r = t < n ? dl_load_shared_act(x + (size_t)t * D + v * 8) : make_uint4(0, 0, 0, 0);
+        __ldg(reinterpret_cast<const uint4 *>(w + v * 8)); /* into L1 for the second pass */
+        *reinterpret_cast<uint4 *>(act + (size_t)t * stride + v * 8) = r;
+        float f[8];
+        unpack8(r, f);
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) sum += f[k] * f[k];
+#pragma unroll
+        for (int tt = 0; tt < NT; tt++)
+            if (tt == t) ss[tt] += sum;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = dl_warp_sum(ss[t]);
+        if (lane == 0) warp_ss[warp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < NT) {
+        float total = 0.0f;
+        for (int k = 0; k < DL_WARPS; k++) total += warp_ss[k][threadIdx.x];
+        scale[threadIdx.x] = (float)(1.0 / sqrt((double)total / D + (double)eps));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < NT * nvec; e += DL_THREADS) {
+        int t = e / nvec, v = e % nvec;
+        if (t >= n) continue;
+        uint4 *a = reinterpret_cast<uint4 *>(act + (size_t)t * stride + v * 8);
+        float f[8], g[8];
+        unpack8(*a, f);
+        unpack8(__ldg(reinterpret_cast<const uint4 *>(w + v * 8)), g);
+        float sc = scale[t];
+#pragma unroll
+        for (int k = 0; k < 8; k++) f[k] = g[k] * (f[k] * sc);
+        *a = make_uint4(bf_pack(f[0], f[1]), bf_pack(f[2], f[3]), bf_pack(f[4], f[5]), bf_pack(f[6], f[7]));
+    }
+    __syncthreads();
+}
+
+/* The CTA's rows [r0, r1) of out = act W^T (W [rows, K] row-major; TWO: also W2's rows, for gate
+ * and up), as fp32 dot products per (row, token) handed to epi(row, t, acc, acc2) for t < n. When the
+ * CTA has fewer rows than warps, each row's K range is split over KS warps (interleaved 8-element
+ * chunks) and the parts are added in order through shared memory (red). */
+template <int NT, bool TWO, typename Epi>
+__device__ void dl_gemv(const bf16 *W, const bf16 *W2, int K, int r0, int r1, const bf16 *act, int stride, int n,
+                        float *red, Epi epi) {
+    const int rows = r1 - r0, warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = K / 8;
+    int ks = 1;
+    while (ks * 2 * rows <= DL_WARPS && ks < DL_WARPS) ks *= 2;
+    const int slots = rows * ks, parts = TWO ? 2 : 1;
+    for (int slot = warp; slot < slots; slot += DL_WARPS) {
+        int row = r0 + slot / ks, part = slot % ks;
+        const bf16 *w = W + (size_t)row * K, *w2 = TWO ? W2 + (size_t)row * K : NULL;
+        float acc[NT], acc2[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] = 0.0f, acc2[t] = 0.0f;
+        const int step = 32 * ks;
+        int v = part * 32 + lane;
+        /* Eight 16-byte chunks in flight per lane (four of each matrix for gate|up). */
+        constexpr int U = TWO ? 4 : 8;
+        for (; v + (U - 1) * step < nvec; v += U * step) {
+            uint4 a[U], b[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                a[u] = dl_load_weight(w + (size_t)(v + u * step) * 8);
+                if (TWO) b[u] = dl_load_weight(w2 + (size_t)(v + u * step) * 8);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + (v + u * step) * 8);
+                    acc[t] = dot8(a[u], x, acc[t]);
+                    if (TWO) acc2[t] = dot8(b[u], x, acc2[t]);
+                }
+        }
+        for (; v < nvec; v += step) {
+            uint4 a = dl_load_weight(w + (size_t)v * 8), b;
+            if (TWO) b = dl_load_weight(w2 + (size_t)v * 8);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + v * 8);
+                acc[t] = dot8(a, x, acc[t]);
+                if (TWO) acc2[t] = dot8(b, x, acc2[t]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            acc[t] = dl_warp_sum(acc[t]);
+            if (TWO) acc2[t] = dl_warp_sum(acc2[t]);
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                red[(slot * NT + t) * parts] = acc[t];
+                if (TWO) red[(slot * NT + t) * parts + 1] = acc2[t];
+            }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < rows * n; e += DL_THREADS) {
+        int r = e / n, t = e % n;
+        float s = 0.0f, s2 = 0.0f;
+        for (int k = 0; k < ks; k++) {
+            s += red[((r * ks + k) * NT + t) * parts];
+            if (TWO) s2 += red[((r * ks + k) * NT + t) * parts + 1];
+        }
+        epi(r0 + r, t, s, s2);
+    }
+    __syncthreads();
+}
+
+/* Key splits a context of len keys uses: one per DL_KEYS_PER_SPLIT keys, at most S. */
+#define DL_KEYS_PER_SPLIT 64
+__device__ __forceinline__ int dl_used_splits(int len, int S) {
+    return max(1, min(S, (len + DL_KEYS_PER_SPLIT - 1) / DL_KEYS_PER_SPLIT));
+}
+
+/* Phase B for one item (token t, query head h, key split s): rope, K/V store, attention over the
+ * split's keys, its partial result to p.part. Keys are read by groups of TPK = Dh / 8 threads (one
+ * 16-byte chunk each); each group keeps an online softmax in the log2 domain, as paged_attention. */
+template <int HEAD_DIM>
+__device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *smem_f) {
+    constexpr int TPK = HEAD_DIM / 8, GROUPS = DL_THREADS / TPK, HALF = HEAD_DIM / 2;
+    const int S = p.splits, t = item / (p.H * S), h = (item / S) % p.H, s = item % S;
+    const int kvh = h / p.group, tid = threadIdx.x;
+    float *part = p.part + (size_t)item * (HEAD_DIM + 2);
+    float *q_s = smem_f, *k_s = q_s + HEAD_DIM, *v_s = k_s + HEAD_DIM; /* [Dh] each */
+    float *g_acc = v_s + HEAD_DIM;                                      /* [warps, Dh] */
+    float *g_m = g_acc + DL_WARPS * HEAD_DIM, *g_l = g_m + DL_WARPS;    /* [warps] */
+    const int seq = p.seq[t];
+    if (seq < 0) return; /* padding: dl_gather_attention writes zeros */
+    const int pos = p.pos[t], len = pos + 1;
+    const bf16 *row = p.qkv + (size_t)t * p.W;
+    /* Rope (qkv_rope_store's expressions), rounded to bf16 as stored; q pre-scaled. */
+    if (tid < HALF) {
+        int j = tid;
+        float angle = (float)pos * p.inv_freq[j];
+        float c = cosf(angle), sn = sinf(angle);
+        const bf16 *qh = row + h * HEAD_DIM, *kh = row + p.QD + kvh * HEAD_DIM, *vh = kh + p.KVH * HEAD_DIM;
+        float a = dl_ldcg_bf16(qh + j), b = dl_ldcg_bf16(qh + j + HALF);
+        q_s[j] = bf16_round(a * c - b * sn) * p.qk_scale;
+        q_s[j + HALF] = bf16_round(b * c + a * sn) * p.qk_scale;
+        a = dl_ldcg_bf16(kh + j), b = dl_ldcg_bf16(kh + j + HALF);
+        float k0 = bf16_round(a * c - b * sn), k1 = bf16_round(b * c + a * sn);
+        k_s[j] = k0, k_s[j + HALF] = k1;
+        float v0 = dl_ldcg_bf16(vh + j), v1 = dl_ldcg_bf16(vh + j + HALF);
+        v_s[j] = v0, v_s[j + HALF] = v1;
+        int slot = p.slot_mapping[t];
+        if (h % p.group == 0 && s == 0 && slot >= 0) { /* one writer per (token, KV head) */
+            size_t off = (size_t)slot * p.KVH * HEAD_DIM + (size_t)kvh * HEAD_DIM;
+            L.k_pool[off + j] = __float2bfloat16_rn(k0), L.k_pool[off + j + HALF] = __float2bfloat16_rn(k1);
+            L.v_pool[off + j] = __float2bfloat16_rn(v0), L.v_pool[off + j + HALF] = __float2bfloat16_rn(v1);
+        }
+    }
+    __syncthreads();
+    const int used = dl_used_splits(len, S);
+    if (s >= used) return; /* no keys: dl_gather_attention reads only the used splits */
+    const int per = (len + used - 1) / used, k_begin = min(len, s * per), k_end = min(len, k_begin + per);
+    const int g = tid / TPK, c = tid % TPK;
+    float q[8], m = -INFINITY, l = 0.0f, acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) q[e] = q_s[c * 8 + e], acc[e] = 0.0f;
+    const int *table = p.block_tables + (size_t)seq * p.max_blocks;
+    const size_t head_off = (size_t)kvh * HEAD_DIM + c * 8, row_stride = (size_t)p.KVH * HEAD_DIM;
+    const int mask = (1 << p.block_shift) - 1;
+    /* The loop bound is the warp's (its first group's key), so every lane takes part in the shuffles. */
+    const int warp_first = (tid / 32) * (32 / TPK);
+    for (int base = k_begin + warp_first; base < k_end; base += GROUPS) {
+        const int key = base + (g - warp_first);
+        const bool valid = key < k_end;
+        float kf[8], vf[8];
+        if (!valid) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) kf[e] = 0.0f, vf[e] = 0.0f;
+        } else if (key == pos) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) kf[e] = k_s[c * 8 + e], vf[e] = v_s[c * 8 + e];
+        } else {
+            size_t r = ((size_t)__ldg(table + (key >> p.block_shift)) << p.block_shift) + (size_t)(key & mask);
+            unpack8(*reinterpret_cast<const uint4 *>(L.k_pool + r * row_stride + head_off), kf);
+            unpack8(*reinterpret_cast<const uint4 *>(L.v_pool + r * row_stride + head_off), vf);
+        }
+        float sc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) sc = fmaf(q[e], kf[e], sc);
+#pragma unroll
+        for (int o = TPK / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+        if (!valid) continue;
+        float m_new = fmaxf(m, sc), corr = exp2f(m - m_new), pr = exp2f(sc - m_new);
+        l = l * corr + pr;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] = fmaf(pr, vf[e], acc[e] * corr);
+        m = m_new;
+    }
+    /* Merge the warp's groups by shuffles, then the warps through shared memory. */
+#pragma unroll
+    for (int o = TPK; o < 32; o <<= 1) {
+        float m_o = __shfl_xor_sync(0xffffffffu, m, o), l_o = __shfl_xor_sync(0xffffffffu, l, o);
+        float mx = fmaxf(m, m_o);
+        float w1 = m == -INFINITY ? 0.0f : exp2f(m - mx), w2 = m_o == -INFINITY ? 0.0f : exp2f(m_o - mx);
+        l = l * w1 + l_o * w2;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] = acc[e] * w1 + __shfl_xor_sync(0xffffffffu, acc[e], o) * w2;
+        m = mx;
+    }
+    const int warp = tid / 32, lane = tid % 32;
+    if (lane < TPK)
+#pragma unroll
+        for (int e = 0; e < 8; e++) g_acc[warp * HEAD_DIM + c * 8 + e] = acc[e];
+    if (lane == 0) g_m[warp] = m, g_l[warp] = l;
+    __syncthreads();
+    if (tid < HEAD_DIM) {
+        float mx = -INFINITY;
+        for (int k = 0; k < DL_WARPS; k++) mx = fmaxf(mx, g_m[k]);
+        float o = 0.0f, sum = 0.0f;
+        if (mx != -INFINITY)
+            for (int k = 0; k < DL_WARPS; k++) {
+                float wgt = g_l[k] > 0.0f ? exp2f(g_m[k] - mx) : 0.0f;
+                o = fmaf(g_acc[k * HEAD_DIM + tid], wgt, o);
+                sum = fmaf(g_l[k], wgt, sum);
+            }
+        part[tid] = o;
+        if (tid == 0) part[HEAD_DIM] = mx, part[HEAD_DIM + 1] = sum;
+    }
+    __syncthreads();
+}
+
+/* act[t, h Dh + d] = bf16 of the merged splits of (t, h) (0 for padding tokens and n <= t < NT). */
+template <int NT>
+__device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
+    const int S = p.splits, Dh = p.Dh, n = p.n;
+    for (int e = threadIdx.x; e < NT * p.QD; e += DL_THREADS) {
+        int t = e / p.QD, hd = e % p.QD, h = hd / Dh, d = hd % Dh;
+        float o = 0.0f;
+        if (t < n && p.seq[t] >= 0) {
+            const float *base = p.part + (size_t)(t * p.H + h) * S * (Dh + 2);
+            const int used = dl_used_splits(p.pos[t] + 1, S);
+            float mx = -INFINITY;
+            for (int s = 0; s < used; s++) mx = fmaxf(mx, __ldcg(base + (size_t)s * (Dh + 2) + Dh));
+            if (mx != -INFINITY) {
+                float sum = 0.0f;
+                for (int s = 0; s < used; s++) {
+                    const float *ps = base + (size_t)s * (Dh + 2);
+                    float l = __ldcg(ps + Dh + 1);
+                    float wgt = l > 0.0f ? exp2f(__ldcg(ps + Dh) - mx) : 0.0f;
+                    o = fmaf(__ldcg(ps + d), wgt, o);
+                    sum = fmaf(l, wgt, sum);
+                }
+                o = sum > 0.0f ? o / sum : 0.0f;
+            }
+        }
+        act[(size_t)t * stride + hd] = __float2bfloat16_rn(o);
+    }
+    __syncthreads();
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+template <int NT, int HEAD_DIM>
+__global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlParams p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *act = reinterpret_cast<bf16 *>(smem);                                  /* [NT, act_stride] */
+    float *red = reinterpret_cast<float *>(act + (size_t)NT * p.act_stride);      /* [red_floats] */
+    float *attn = red + p.red_floats;                                             /* dl_attend's scratch */
+    const int n = p.n, items = n * p.H * p.splits;
+    unsigned barriers = 0;
+    DlPrefetch pf = {0, 0, 0};
+    const long long ahead = p.prefetch_bytes;
+    const bool prof = p.prof && blockIdx.x == 0 && threadIdx.x == 0;
+    long long t_mark = prof ? clock64() : 0;
+    auto mark = [&](int slot) { /* cycles since the last mark go to prof[slot] */
+        if (!prof) return;
+        long long now = clock64();
+        p.prof[slot] += (unsigned long long)(now - t_mark);
+        t_mark = now;
+    };
+    auto barrier = [&](int phase) {
+        mark(2 * phase);
+        dl_grid_barrier(p.barrier, ++barriers * gridDim.x);
+        mark(2 * phase + 1);
+    };
+
+    for (int l = 0; l < p.n_layers; l++) {
+        const DlLayer &L = p.layers[l];
+        int r0, r1;
+        /* A: q|k|v */
+        dl_prefetch(p, &pf, l, 0, ahead);
+        dl_norm<NT>(act, p.act_stride, p.x, L.attn_norm, n, p.D, p.eps);
+        dl_slice(p.W, &r0, &r1);
+        dl_gemv<NT, false>(L.qkv_w, NULL, p.D, r0, r1, act, p.act_stride, n, red,
+                           [&](int r, int t, float acc, float) {
+                               float b = L.qkv_b ? __bfloat162float(L.qkv_b[r]) : 0.0f;
+                               p.qkv[(size_t)t * p.W + r] = __float2bfloat16_rn(acc + b);
+                           });
+        barrier(0);
+        /* B: rope, K/V store, attention */
+        dl_prefetch(p, &pf, l, 1, ahead);
+        for (int item = blockIdx.x; item < items; item += gridDim.x) dl_attend<HEAD_DIM>(p, L, item, attn);
+        barrier(1);
+        /* C: x += att Wo^T (+ b) */
+        dl_gather_attention<NT>(p, act, p.act_stride);
+        dl_slice(p.D, &r0, &r1);
+        dl_gemv<NT, false>(L.o_w, NULL, p.QD, r0, r1, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
+            float b = L.o_b ? __bfloat162float(L.o_b[r]) : 0.0f;
+            bf16 *xr = p.x + (size_t)t * p.D + r;
+            float proj = bf16_round(acc + b);
+            *xr = __float2bfloat16_rn(dl_ldcg_bf16(xr) + proj);
+        });
+        barrier(2);
+        /* D: h = silu(gate) * up */
+        dl_prefetch(p, &pf, l, 2, ahead);
+        dl_norm<NT>(act, p.act_stride, p.x, L.mlp_norm, n, p.D, p.eps);
+        dl_slice(p.F, &r0, &r1);
+        dl_gemv<NT, true>(L.gate_up_w, L.gate_up_w + (size_t)p.F * p.D, p.D, r0, r1, act, p.act_stride, n, red,
+                          [&](int r, int t, float g, float u) {
+                              g = bf16_round(g), u = bf16_round(u);
+                              p.h[(size_t)t * p.F + r] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+                          });
+        barrier(3);
+        /* E: x += h Wd^T */
+        dl_prefetch(p, &pf, l, 4, ahead);
+        for (int e = threadIdx.x; e < NT * (p.F / 8); e += DL_THREADS) {
+            int t = e / (p.F / 8), v = e % (p.F / 8);
+            uint4 val = t < n ? dl_load_shared_act(p.h + (size_t)t * p.F + v * 8) : make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(act + (size_t)t * p.act_stride + v * 8) = val;
+        }
+        __syncthreads();
+        dl_slice(p.D, &r0, &r1);
+        dl_gemv<NT, false>(L.down_w, NULL, p.F, r0, r1, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
+            bf16 *xr = p.x + (size_t)t * p.D + r;
+            *xr = __float2bfloat16_rn(dl_ldcg_bf16(xr) + bf16_round(acc));
+        });
+        if (l + 1 < p.n_layers) barrier(4);
+        else mark(8);
+    }
+    if (prof) p.prof[2 * DL_PHASES]++;
+}
+
+/* ---------------------------------------------------------------- host side */
+
+struct DecodePlanCuda {
+    DlParams p;          /* everything but the per-call fields */
+    DlLayer *d_layers;
+    float *d_inv_freq, *d_part;
+    bf16 *d_qkv, *d_h;
+    unsigned *d_barrier;
+    unsigned long long *d_prof; /* COLT_DECODE_PROFILE=1 */
+    int max_tokens, grid;
+    size_t smem_bytes[3];  /* per NT = 1, 2, 4 */
+};
+
+static int g_decode_layers_enabled = -1; /* -1: read COLT_DECODE_LAYERS once */
+static long g_decode_layers_calls = 0;
+
+static bool decode_layers_enabled(void) {
+    if (g_decode_layers_enabled < 0) {
+        const char *e = getenv("COLT_DECODE_LAYERS");
+        g_decode_layers_enabled = e && *e && strcmp(e, "0") != 0; /* off by default until it beats the ops */
+    }
+    return g_decode_layers_enabled;
+}
+
+/* For tests and benchmarks: 1 on, 0 off (the op sequence), -1 back to COLT_DECODE_LAYERS. */
+extern "C" void cuda_decode_layers_set_enabled(int on) { g_decode_layers_enabled = on < 0 ? -1 : on ? 1 : 0; }
+/* Launches so far (host calls, not graph replays). */
+extern "C" long cuda_decode_layers_calls(void) { return g_decode_layers_calls; }
+
+template <int NT, int HD> static void *dl_kernel() { return (void *)decode_layers_kernel<NT, HD>; }
+
+static void *dl_kernel_for(int nt, int head_dim) {
+    if (head_dim == 64) return nt == 1 ? dl_kernel<1, 64>() : nt == 2 ? dl_kernel<2, 64>() : dl_kernel<4, 64>();
+    return nt == 1 ? dl_kernel<1, 128>() : nt == 2 ? dl_kernel<2, 128>() : dl_kernel<4, 128>();
+}
+
+static int dl_nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
+
+extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, const DecodeDims *dims) {
+    const DecodeDims *d = dims;
+    int D = d->hidden, F = d->intermediate, H = d->n_heads, KVH = d->n_kv_heads, Dh = d->head_dim;
+    if (!decode_layers_enabled()) return NULL;
+    if (d->n_layers <= 0 || (Dh != 64 && Dh != 128) || H <= 0 || KVH <= 0 || H % KVH || D % 8 || F % 8 ||
+        (d->block_size & (d->block_size - 1)) || d->block_size <= 0 || d->max_blocks <= 0)
+        return NULL;
+    for (int l = 0; l < d->n_layers; l++) {
+        const DecodeLayerWeights *w = &layers[l];
+        const void *ptrs[] = {w->attn_norm, w->qkv_w, w->o_w, w->mlp_norm, w->gate_up_w, w->down_w, w->k_pool, w->v_pool};
+        for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++)
+            if (!ptrs[k] || !aligned16(ptrs[k])) return NULL;
+    }
+    DecodePlanCuda *plan = (DecodePlanCuda *)calloc(1, sizeof(DecodePlanCuda));
+    DlParams &p = plan->p;
+    int QD = H * Dh, W = QD + 2 * KVH * Dh;
+    plan->grid = cuda_sm_count();
+    p.n_layers = d->n_layers, p.D = D, p.F = F, p.H = H, p.KVH = KVH, p.Dh = Dh, p.W = W, p.QD = QD;
+    p.group = H / KVH;
+    p.block_shift = 0;
+    while ((1 << p.block_shift) < d->block_size) p.block_shift++;
+    p.max_blocks = d->max_blocks;
+    p.splits = plan->grid / H;
+    if (p.splits < 1) p.splits = 1;
+    if (p.splits > DL_MAX_SPLITS) p.splits = DL_MAX_SPLITS;
+    p.eps = d->rms_eps;
+    p.qk_scale = (float)(1.4426950408889634 / sqrt((double)Dh));
+    p.prefetch_bytes = DL_PREFETCH_BYTES;
+    if (const char *e = getenv("COLT_DECODE_PREFETCH")) p.prefetch_bytes = atoi(e) * 1024; /* KB; experiments */
+    int kmax = D > F ? D : F;
+    if (QD > kmax) kmax = QD;
+    p.act_stride = kmax + 8; /* a 16-byte pad between token rows */
+    /* red: (rows per CTA, at least one per warp) x NT x 2 floats */
+    int rows_max = 0, row_counts[3] = {W, D, F};
+    for (int k = 0; k < 3; k++) {
+        int r = (row_counts[k] + plan->grid - 1) / plan->grid;
+        if (r > rows_max) rows_max = r;
+    }
+    if (rows_max < DL_WARPS) rows_max = DL_WARPS;
+    p.red_floats = rows_max * DL_MAX_TOKENS * 2;
+    size_t attn_floats = 3 * (size_t)Dh + (size_t)DL_WARPS * Dh + 2 * (size_t)DL_WARPS;
+    plan->max_tokens = 0;
+    for (int nt = 1; nt <= DL_MAX_TOKENS; nt *= 2) {
+        size_t bytes = (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 + attn_floats * 4;
+        plan->smem_bytes[dl_nt_index(nt)] = bytes;
+        if (bytes > DL_MAX_SHARED) break;
+        void *kernel = dl_kernel_for(nt, Dh);
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        int resident = 0; /* a cooperative launch needs every CTA resident: one per SM */
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, DL_THREADS, bytes));
+        if (resident < 1) break;
+        plan->max_tokens = nt;
+    }
+    if (plan->max_tokens == 0) {
+        free(plan);
+        return NULL;
+    }
+    /* Per-layer pointers, the rope table (cuda_rope_inv_freq's values), scratch. */
+    DlLayer *host = (DlLayer *)calloc((size_t)d->n_layers, sizeof(DlLayer));
+    for (int l = 0; l < d->n_layers; l++) {
+        const DecodeLayerWeights *w = &layers[l];
+        host[l] = DlLayer{(const bf16 *)w->attn_norm, (const bf16 *)w->qkv_w,    (const bf16 *)w->qkv_b,
+                          (const bf16 *)w->o_w,       (const bf16 *)w->o_b,      (const bf16 *)w->mlp_norm,
+                          (const bf16 *)w->gate_up_w, (const bf16 *)w->down_w,   (bf16 *)w->k_pool,
+                          (bf16 *)w->v_pool};
+    }
+    float table[128];
+    for (int j = 0; j < Dh / 2; j++) table[j] = 1.0f / ::powf(d->rope_theta, (float)(2 * j) / (float)Dh);
+    int mt = plan->max_tokens;
+    CUDA_CHECK(cudaMalloc(&plan->d_layers, sizeof(DlLayer) * d->n_layers));
+    CUDA_CHECK(cudaMalloc(&plan->d_inv_freq, sizeof(float) * Dh / 2));
+    CUDA_CHECK(cudaMalloc(&plan->d_part, sizeof(float) * (size_t)mt * H * p.splits * (Dh + 2)));
+    CUDA_CHECK(cudaMalloc(&plan->d_qkv, sizeof(bf16) * (size_t)mt * W));
+    CUDA_CHECK(cudaMalloc(&plan->d_h, sizeof(bf16) * (size_t)mt * F));
+    CUDA_CHECK(cudaMalloc(&plan->d_barrier, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemcpy(plan->d_layers, host, sizeof(DlLayer) * d->n_layers, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(plan->d_inv_freq, table, sizeof(float) * Dh / 2, cudaMemcpyHostToDevice));
+    free(host);
+    const char *prof = getenv("COLT_DECODE_PROFILE");
+    if (prof && atoi(prof) > 0) {
+        CUDA_CHECK(cudaMalloc(&plan->d_prof, sizeof(unsigned long long) * DL_PROF_SLOTS));
+        CUDA_CHECK(cudaMemset(plan->d_prof, 0, sizeof(unsigned long long) * DL_PROF_SLOTS));
+    }
+    p.prof = plan->d_prof;
+    p.layers = plan->d_layers, p.inv_freq = plan->d_inv_freq, p.part = plan->d_part;
+    p.qkv = plan->d_qkv, p.h = plan->d_h, p.barrier = plan->d_barrier;
+    return plan;
+}
+
+extern "C" void cuda_decode_layers_free(void *handle) {
+    DecodePlanCuda *plan = (DecodePlanCuda *)handle;
+    if (!plan) return;
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* a launch may still read them */
+    if (plan->d_prof) { /* where CTA 0's time went, per launch */
+        unsigned long long c[DL_PROF_SLOTS];
+        CUDA_CHECK(cudaMemcpy(c, plan->d_prof, sizeof c, cudaMemcpyDeviceToHost));
+        int khz = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        double per = c[2 * DL_PHASES] ? 1e3 / ((double)khz * c[2 * DL_PHASES]) : 0; /* cycles -> us per launch */
+        static const char *names[DL_PHASES] = {"A qkv", "B attention", "C o-proj", "D gate|up", "E down"};
+        fprintf(stderr, "decode_layers profile (%llu launches, CTA 0, us per launch):", c[2 * DL_PHASES]);
+        for (int k = 0; k < DL_PHASES; k++)
+            fprintf(stderr, " %s %.1f + wait %.1f;", names[k], c[2 * k] * per, c[2 * k + 1] * per);
+        fprintf(stderr, "\n");
+        CUDA_CHECK(cudaFree(plan->d_prof));
+    }
+    void *bufs[] = {plan->d_layers, plan->d_inv_freq, plan->d_part, plan->d_qkv, plan->d_h, plan->d_barrier};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) CUDA_CHECK(cudaFree(bufs[k]));
+    free(plan);
+}
+
+extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const void *seq, const void *slot_mapping,
+                                   const void *block_tables, int n) {
+    DecodePlanCuda *plan = (DecodePlanCuda *)handle;
+    if (!plan || n <= 0 || n > plan->max_tokens || !decode_layers_enabled() || cuda_batch_invariant() ||
+        cuda_attention_invariant())
+        return false;
+    int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4;
+    DlParams p = plan->p;
+    p.n = n;
+    p.x = (bf16 *)x;
+    p.pos = (const int *)pos, p.seq = (const int *)seq, p.slot_mapping = (const int *)slot_mapping;
+    p.block_tables = (const int *)block_tables;
+    cudaStream_t st = cuda_stream();
+    CUDA_CHECK(cudaMemsetAsync(plan->d_barrier, 0, sizeof(unsigned), st));
+    void *args[] = {&p};
+    CUDA_CHECK(cudaLaunchCooperativeKernel(dl_kernel_for(nt, p.Dh), dim3(plan->grid), dim3(DL_THREADS), args,
+                                           plan->smem_bytes[dl_nt_index(nt)], st));
+    LAUNCH_CHECK();
+    g_decode_layers_calls++;
+    return true;
+}

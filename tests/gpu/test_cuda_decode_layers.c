@@ -24,7 +24,7 @@
 
 #include "../engine_requests.h"
 
-void cuda_decode_layers_set_enabled(int on);
+void cuda_decode_layers_set_tokens(int tokens);
 long cuda_decode_layers_calls(void);
 
 static int failures = 0, checks = 0;
@@ -53,6 +53,7 @@ static ModelConfig config(ModelArch arch, int D, int F, int L, int H, int KVH, i
 }
 
 #define BLOCK 16
+#define DL_TEST_TOKENS 4 /* every token count the kernel is compiled for (the default takes 1-2) */
 #define MAX_SEQS 4
 
 static void *upload(const Backend *be, const int *src, size_t n) {
@@ -236,9 +237,9 @@ static void engine_cases(const Case *cs, Model *gpu) {
         before = cuda_decode_layers_calls();
         if (generate_requests(gpu, &b, &sampled, &eager, NULL) != 0) return;
         long calls_eager = cuda_decode_layers_calls() - before;
-        cuda_decode_layers_set_enabled(0);
+        cuda_decode_layers_set_tokens(0);
         if (generate_requests(gpu, &o, &sampled, &graphs, NULL) != 0) return;
-        cuda_decode_layers_set_enabled(1);
+        cuda_decode_layers_set_tokens(DL_TEST_TOKENS);
         int same = bit_identical(&a, &b);
         double mean_k, max_k, mean_o, max_o;
         int differ;
@@ -265,7 +266,7 @@ int main(void) {
         printf("test_cuda_decode_layers: no GPU\n");
         return 77;
     }
-    cuda_decode_layers_set_enabled(1);
+    cuda_decode_layers_set_tokens(DL_TEST_TOKENS);
     const Case cases[] = {
         {"qwen2 D256 Dh64 GQA 2", config(ARCH_QWEN2, 256, 704, 3, 4, 2, 64, 1000, true)},
         {"llama D512 Dh128 GQA 4", config(ARCH_LLAMA, 512, 1024, 2, 4, 1, 128, 777, false)},

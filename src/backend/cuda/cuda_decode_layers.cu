@@ -13,9 +13,10 @@
  *   D  xn = rmsnorm(x) * mlp_norm; h = silu(xn Wg^T) * (xn Wu^T), rows split over CTAs
  *   E  x += h Wd^T, rows split over CTAs
  *
- * Weights never depend on activations, so each CTA keeps the L2 fed: at the start of a phase it asks
- * for (cp.async.bulk.prefetch.L2) the next DL_PREFETCH_BYTES of its own slices of the following
- * phases, and HBM keeps streaming while CTAs wait at a barrier or attend.
+ * Each CTA's rows of a projection are one contiguous range of the weight; its warps stream them with
+ * 16-byte loads, every load of a row (or of a warp's share of it) issued before the first is used.
+ * (Asking the L2 for the next phases' slices ahead, cp.async.bulk.prefetch.L2, was measured slower
+ * on an H200 at every distance tried, 128-512 KB per CTA, and is not done.)
  *
  * The values are the op sequence's (model_paged.c) up to summation order: the same roundings to
  * bf16 (q|k|v with bias, roped q and k, attention output, projection, residual sums, gate, up and
@@ -28,8 +29,14 @@
  *
  * Supported: bf16 storage, head_dim 64 or 128, hidden and intermediate sizes multiples of 8, every
  * weight 16-byte aligned, q|k|v and gate|up weights back to back (the model checks), up to
- * DL_MAX_TOKENS tokens, one per sequence. decode_layers_create returns NULL otherwise; decode_layers
- * returns false (nothing launched) for more tokens or in the deterministic mode.
+ * DL_MAX_TOKENS tokens, one per sequence (taken by default for 1-2: DL_DEFAULT_TOKENS).
+ * decode_layers_create returns NULL otherwise; decode_layers returns false (nothing launched) for
+ * more tokens or in the deterministic mode.
+ *
+ * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1136 tok/s, 1.5B 494 -> 681, 7B 213 -> 242
+ * (71.5% of the HBM roofline). What bounds the small models is the chain of dependent steps per
+ * phase (barrier, activations from L2, weights, reduction): ~3 us x 5 phases per layer, against
+ * 1.3 us of weight bytes per layer at 0.5B. COLT_DECODE_PROFILE=1 prints CTA 0's time per phase.
  *
  * Dimension legend: N tokens, D hidden, F intermediate, H query heads, KVH key/value heads, Dh head
  * dim, W = (H + 2 KVH) Dh, G CTAs (the SM count), S key splits per head. */
@@ -44,8 +51,6 @@
 #define DL_WARPS (DL_THREADS / 32)
 #define DL_MAX_TOKENS 4          /* compiled token counts: 1, 2, 4 */
 #define DL_MAX_SPLITS 16         /* key splits per (token, head) */
-#define DL_PREFETCH_BYTES (128 * 1024) /* per CTA, ahead of the phase it computes */
-#define DL_PREFETCH_CHUNK (32 * 1024)
 #define DL_MAX_SHARED (220 * 1024)
 
 typedef __nv_bfloat16 bf16;
@@ -57,8 +62,7 @@ struct DlLayer {
 
 struct DlParams {
     const DlLayer *layers;
-    int n_layers, D, F, H, KVH, Dh, W, QD, group, block_shift, max_blocks, splits, act_stride, red_floats,
-        prefetch_bytes;
+    int n_layers, D, F, H, KVH, Dh, W, QD, group, block_shift, max_blocks, splits, act_stride, red_floats;
     float eps, qk_scale;
     const float *inv_freq; /* [Dh / 2] */
     int n;
@@ -71,6 +75,9 @@ struct DlParams {
 
 #define DL_PHASES 5
 #define DL_PROF_SLOTS (2 * DL_PHASES + 1)
+
+/* Dynamic shared memory: the layer table first (16-byte multiple), then the activations. */
+__host__ __device__ inline size_t dl_layers_bytes(int n_layers) { return ((size_t)n_layers * sizeof(DlLayer) + 15) & ~(size_t)15; }
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -136,72 +143,6 @@ __device__ __forceinline__ void dl_grid_barrier(unsigned *count, unsigned target
 __device__ __forceinline__ void dl_slice(int rows, int *r0, int *r1) {
     *r0 = (int)((long long)rows * blockIdx.x / gridDim.x);
     *r1 = (int)((long long)rows * (blockIdx.x + 1) / gridDim.x);
-}
-
-/* ---------------------------------------------------------------- L2 prefetch of the weight stream */
-
-/* A CTA's weights, in the order it reads them: per layer, segments 0 A (its q|k|v rows), 1 C (o
- * rows), 2 D gate rows, 3 D up rows, 4 E (down rows). Byte positions count along that stream. */
-#define DL_SEGMENTS 5
-
-__device__ __forceinline__ void dl_segment(const DlParams &p, int layer, int s, const char **ptr, long long *bytes) {
-    const DlLayer &L = p.layers[layer];
-    int r0, r1;
-    const bf16 *base;
-    int k;
-    switch (s) {
-    case 0: dl_slice(p.W, &r0, &r1), base = L.qkv_w, k = p.D; break;
-    case 1: dl_slice(p.D, &r0, &r1), base = L.o_w, k = p.QD; break;
-    case 2: dl_slice(p.F, &r0, &r1), base = L.gate_up_w, k = p.D; break;
-    case 3: dl_slice(p.F, &r0, &r1), base = L.gate_up_w + (size_t)p.F * p.D, k = p.D; break;
-    default: dl_slice(p.D, &r0, &r1), base = L.down_w, k = p.F; break;
-    }
-    *ptr = (const char *)(base + (size_t)r0 * k);
-    *bytes = (long long)(r1 - r0) * k * 2;
-}
-
-struct DlPrefetch {
-    int layer, seg;      /* the segment the cursor is in */
-    long long offset;    /* bytes of it already requested */
-};
-
-/* Thread 0: requests the stream up to `ahead` bytes past the start of (layer, seg). */
-__device__ void dl_prefetch(const DlParams &p, DlPrefetch *pf, int layer, int seg, long long ahead) {
-    if (threadIdx.x != 0) return;
-    /* Distance from the start of (layer, seg) to the cursor. */
-    long long dist = 0;
-    {
-        int l = layer, s = seg;
-        while ((l < pf->layer || (l == pf->layer && s < pf->seg))) {
-            const char *ptr;
-            long long b;
-            dl_segment(p, l, s, &ptr, &b);
-            dist += b;
-            if (++s == DL_SEGMENTS) s = 0, l++;
-        }
-        if (l == pf->layer && s == pf->seg) dist += pf->offset;
-        else { /* the cursor is behind: move it here */
-            pf->layer = layer, pf->seg = seg, pf->offset = 0;
-        }
-    }
-    while (dist < ahead && pf->layer < p.n_layers) {
-        const char *ptr;
-        long long bytes;
-        dl_segment(p, pf->layer, pf->seg, &ptr, &bytes);
-        long long left = bytes - pf->offset;
-        if (left <= 0) {
-            pf->offset = 0;
-            if (++pf->seg == DL_SEGMENTS) pf->seg = 0, pf->layer++;
-            continue;
-        }
-        long long chunk = min(min(left, (long long)DL_PREFETCH_CHUNK), ahead - dist);
-        chunk &= ~15LL; /* segment sizes and offsets are multiples of 16 bytes */
-        if (chunk <= 0) break;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr + pf->offset), "r"((unsigned)chunk)
-                     : "memory");
-        pf->offset += chunk;
-        dist += chunk;
-    }
 }
 
 /* ---------------------------------------------------------------- phases */
@@ -276,33 +217,29 @@ __device__ void dl_gemv(const bf16 *W, const bf16 *W2, int K, int r0, int r1, co
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] = 0.0f, acc2[t] = 0.0f;
         const int step = 32 * ks;
-        int v = part * 32 + lane;
-        /* Eight 16-byte chunks in flight per lane (four of each matrix for gate|up). */
+        /* U chunks per lane in flight (U of each matrix for gate|up), predicated: a row of up to
+         * U * step chunks is one round trip, whatever the lane. */
         constexpr int U = TWO ? 4 : 8;
-        for (; v + (U - 1) * step < nvec; v += U * step) {
+        for (int v0 = part * 32 + lane; v0 < nvec; v0 += U * step) {
             uint4 a[U], b[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                a[u] = dl_load_weight(w + (size_t)(v + u * step) * 8);
-                if (TWO) b[u] = dl_load_weight(w2 + (size_t)(v + u * step) * 8);
+                int v = v0 + u * step;
+                if (v < nvec) {
+                    a[u] = dl_load_weight(w + (size_t)v * 8);
+                    if (TWO) b[u] = dl_load_weight(w2 + (size_t)v * 8);
+                }
             }
 #pragma unroll
-            for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++) {
+                int v = v0 + u * step;
+                if (v < nvec)
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + (v + u * step) * 8);
-                    acc[t] = dot8(a[u], x, acc[t]);
-                    if (TWO) acc2[t] = dot8(b[u], x, acc2[t]);
-                }
-        }
-        for (; v < nvec; v += step) {
-            uint4 a = dl_load_weight(w + (size_t)v * 8), b;
-            if (TWO) b = dl_load_weight(w2 + (size_t)v * 8);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + v * 8);
-                acc[t] = dot8(a, x, acc[t]);
-                if (TWO) acc2[t] = dot8(b, x, acc2[t]);
+                    for (int t = 0; t < NT; t++) {
+                        uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + v * 8);
+                        acc[t] = dot8(a[u], x, acc[t]);
+                        if (TWO) acc2[t] = dot8(b[u], x, acc2[t]);
+                    }
             }
         }
 #pragma unroll
@@ -446,31 +383,39 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
     __syncthreads();
 }
 
-/* act[t, h Dh + d] = bf16 of the merged splits of (t, h) (0 for padding tokens and n <= t < NT). */
-template <int NT>
+/* act[t, h Dh + d] = bf16 of the merged splits of (t, h) (0 for padding tokens and n <= t < NT).
+ * A warp per (t, h): lane s holds split s's max and sum, each lane 2-4 of the head's dims. */
+template <int NT, int HEAD_DIM>
 __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
-    const int S = p.splits, Dh = p.Dh, n = p.n;
-    for (int e = threadIdx.x; e < NT * p.QD; e += DL_THREADS) {
-        int t = e / p.QD, hd = e % p.QD, h = hd / Dh, d = hd % Dh;
-        float o = 0.0f;
-        if (t < n && p.seq[t] >= 0) {
-            const float *base = p.part + (size_t)(t * p.H + h) * S * (Dh + 2);
-            const int used = dl_used_splits(p.pos[t] + 1, S);
-            float mx = -INFINITY;
-            for (int s = 0; s < used; s++) mx = fmaxf(mx, __ldcg(base + (size_t)s * (Dh + 2) + Dh));
-            if (mx != -INFINITY) {
-                float sum = 0.0f;
-                for (int s = 0; s < used; s++) {
-                    const float *ps = base + (size_t)s * (Dh + 2);
-                    float l = __ldcg(ps + Dh + 1);
-                    float wgt = l > 0.0f ? exp2f(__ldcg(ps + Dh) - mx) : 0.0f;
-                    o = fmaf(__ldcg(ps + d), wgt, o);
-                    sum = fmaf(l, wgt, sum);
-                }
-                o = sum > 0.0f ? o / sum : 0.0f;
-            }
+    constexpr int DPL = HEAD_DIM / 32; /* dims per lane */
+    const int S = p.splits, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int pair = warp; pair < NT * p.H; pair += DL_WARPS) {
+        const int t = pair / p.H, h = pair % p.H;
+        bf16 *out = act + (size_t)t * stride + h * HEAD_DIM;
+        if (t >= p.n || p.seq[t] < 0) {
+#pragma unroll
+            for (int j = 0; j < DPL; j++) out[lane + 32 * j] = __float2bfloat16_rn(0.0f);
+            continue;
         }
-        act[(size_t)t * stride + hd] = __float2bfloat16_rn(o);
+        const int used = dl_used_splits(p.pos[t] + 1, S);
+        const float *base = p.part + (size_t)(t * p.H + h) * S * (HEAD_DIM + 2);
+        float m = lane < used ? __ldcg(base + (size_t)lane * (HEAD_DIM + 2) + HEAD_DIM) : -INFINITY;
+        float l = lane < used ? __ldcg(base + (size_t)lane * (HEAD_DIM + 2) + HEAD_DIM + 1) : 0.0f;
+        float mx = m;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float wgt = l > 0.0f ? exp2f(m - mx) : 0.0f;
+        float total = dl_warp_sum(l * wgt);
+        float o[DPL];
+#pragma unroll
+        for (int j = 0; j < DPL; j++) o[j] = 0.0f;
+#pragma unroll 4
+        for (int sp = 0; sp < used; sp++) {
+            float ws = __shfl_sync(0xffffffffu, wgt, sp);
+#pragma unroll
+            for (int j = 0; j < DPL; j++) o[j] = fmaf(__ldcg(base + (size_t)sp * (HEAD_DIM + 2) + lane + 32 * j), ws, o[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < DPL; j++) out[lane + 32 * j] = __float2bfloat16_rn(total > 0.0f ? o[j] / total : 0.0f);
     }
     __syncthreads();
 }
@@ -480,13 +425,14 @@ __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
 template <int NT, int HEAD_DIM>
 __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *act = reinterpret_cast<bf16 *>(smem);                                  /* [NT, act_stride] */
+    DlLayer *lay = reinterpret_cast<DlLayer *>(smem);                            /* [n_layers] */
+    bf16 *act = reinterpret_cast<bf16 *>(smem + dl_layers_bytes(p.n_layers));    /* [NT, act_stride] */
     float *red = reinterpret_cast<float *>(act + (size_t)NT * p.act_stride);      /* [red_floats] */
     float *attn = red + p.red_floats;                                             /* dl_attend's scratch */
     const int n = p.n, items = n * p.H * p.splits;
+    for (int k = threadIdx.x; k < p.n_layers; k += DL_THREADS) lay[k] = p.layers[k];
+    __syncthreads();
     unsigned barriers = 0;
-    DlPrefetch pf = {0, 0, 0};
-    const long long ahead = p.prefetch_bytes;
     const bool prof = p.prof && blockIdx.x == 0 && threadIdx.x == 0;
     long long t_mark = prof ? clock64() : 0;
     auto mark = [&](int slot) { /* cycles since the last mark go to prof[slot] */
@@ -502,10 +448,9 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
     };
 
     for (int l = 0; l < p.n_layers; l++) {
-        const DlLayer &L = p.layers[l];
+        const DlLayer &L = lay[l];
         int r0, r1;
         /* A: q|k|v */
-        dl_prefetch(p, &pf, l, 0, ahead);
         dl_norm<NT>(act, p.act_stride, p.x, L.attn_norm, n, p.D, p.eps);
         dl_slice(p.W, &r0, &r1);
         dl_gemv<NT, false>(L.qkv_w, NULL, p.D, r0, r1, act, p.act_stride, n, red,
@@ -515,11 +460,10 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
                            });
         barrier(0);
         /* B: rope, K/V store, attention */
-        dl_prefetch(p, &pf, l, 1, ahead);
         for (int item = blockIdx.x; item < items; item += gridDim.x) dl_attend<HEAD_DIM>(p, L, item, attn);
         barrier(1);
         /* C: x += att Wo^T (+ b) */
-        dl_gather_attention<NT>(p, act, p.act_stride);
+        dl_gather_attention<NT, HEAD_DIM>(p, act, p.act_stride);
         dl_slice(p.D, &r0, &r1);
         dl_gemv<NT, false>(L.o_w, NULL, p.QD, r0, r1, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
             float b = L.o_b ? __bfloat162float(L.o_b[r]) : 0.0f;
@@ -529,7 +473,6 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
         });
         barrier(2);
         /* D: h = silu(gate) * up */
-        dl_prefetch(p, &pf, l, 2, ahead);
         dl_norm<NT>(act, p.act_stride, p.x, L.mlp_norm, n, p.D, p.eps);
         dl_slice(p.F, &r0, &r1);
         dl_gemv<NT, true>(L.gate_up_w, L.gate_up_w + (size_t)p.F * p.D, p.D, r0, r1, act, p.act_stride, n, red,
@@ -539,7 +482,6 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
                           });
         barrier(3);
         /* E: x += h Wd^T */
-        dl_prefetch(p, &pf, l, 4, ahead);
         for (int e = threadIdx.x; e < NT * (p.F / 8); e += DL_THREADS) {
             int t = e / (p.F / 8), v = e % (p.F / 8);
             uint4 val = t < n ? dl_load_shared_act(p.h + (size_t)t * p.F + v * 8) : make_uint4(0, 0, 0, 0);
@@ -570,19 +512,26 @@ struct DecodePlanCuda {
     size_t smem_bytes[3];  /* per NT = 1, 2, 4 */
 };
 
-static int g_decode_layers_enabled = -1; /* -1: read COLT_DECODE_LAYERS once */
+/* Up to this many tokens a call takes the kernel (COLT_DECODE_LAYERS=k overrides; 0 = never). Measured
+ * on an H200 (bench_decode, Qwen2.5 0.5B / 1.5B / 7B shapes): faster than the op sequence at 1 and 2
+ * tokens (+27% / +38% / +14% at 1), slower at 4 (-5% / -4% / -10%), where its fp32 dot products on
+ * CUDA cores and the per-token attention items cost more than the ops' tensor-core GEMMs save. */
+#define DL_DEFAULT_TOKENS 2
+static int g_decode_layers_tokens = -1; /* -1: read COLT_DECODE_LAYERS once */
 static long g_decode_layers_calls = 0;
 
-static bool decode_layers_enabled(void) {
-    if (g_decode_layers_enabled < 0) {
+static int decode_layers_tokens(void) {
+    if (g_decode_layers_tokens < 0) {
         const char *e = getenv("COLT_DECODE_LAYERS");
-        g_decode_layers_enabled = e && *e && strcmp(e, "0") != 0; /* off by default until it beats the ops */
+        g_decode_layers_tokens = e && *e ? atoi(e) : DL_DEFAULT_TOKENS;
+        if (g_decode_layers_tokens < 0) g_decode_layers_tokens = 0;
     }
-    return g_decode_layers_enabled;
+    return g_decode_layers_tokens;
 }
 
-/* For tests and benchmarks: 1 on, 0 off (the op sequence), -1 back to COLT_DECODE_LAYERS. */
-extern "C" void cuda_decode_layers_set_enabled(int on) { g_decode_layers_enabled = on < 0 ? -1 : on ? 1 : 0; }
+/* For tests and benchmarks: calls of up to `tokens` tokens take the kernel (0: none, the op
+ * sequence); -1 back to COLT_DECODE_LAYERS / the default. */
+extern "C" void cuda_decode_layers_set_tokens(int tokens) { g_decode_layers_tokens = tokens < 0 ? -1 : tokens; }
 /* Launches so far (host calls, not graph replays). */
 extern "C" long cuda_decode_layers_calls(void) { return g_decode_layers_calls; }
 
@@ -598,7 +547,7 @@ static int dl_nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
 extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, const DecodeDims *dims) {
     const DecodeDims *d = dims;
     int D = d->hidden, F = d->intermediate, H = d->n_heads, KVH = d->n_kv_heads, Dh = d->head_dim;
-    if (!decode_layers_enabled()) return NULL;
+    if (decode_layers_tokens() == 0) return NULL;
     if (d->n_layers <= 0 || (Dh != 64 && Dh != 128) || H <= 0 || KVH <= 0 || H % KVH || D % 8 || F % 8 ||
         (d->block_size & (d->block_size - 1)) || d->block_size <= 0 || d->max_blocks <= 0)
         return NULL;
@@ -622,8 +571,6 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     if (p.splits > DL_MAX_SPLITS) p.splits = DL_MAX_SPLITS;
     p.eps = d->rms_eps;
     p.qk_scale = (float)(1.4426950408889634 / sqrt((double)Dh));
-    p.prefetch_bytes = DL_PREFETCH_BYTES;
-    if (const char *e = getenv("COLT_DECODE_PREFETCH")) p.prefetch_bytes = atoi(e) * 1024; /* KB; experiments */
     int kmax = D > F ? D : F;
     if (QD > kmax) kmax = QD;
     p.act_stride = kmax + 8; /* a 16-byte pad between token rows */
@@ -638,7 +585,8 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     size_t attn_floats = 3 * (size_t)Dh + (size_t)DL_WARPS * Dh + 2 * (size_t)DL_WARPS;
     plan->max_tokens = 0;
     for (int nt = 1; nt <= DL_MAX_TOKENS; nt *= 2) {
-        size_t bytes = (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 + attn_floats * 4;
+        size_t bytes = dl_layers_bytes(d->n_layers) + (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 +
+                       attn_floats * 4;
         plan->smem_bytes[dl_nt_index(nt)] = bytes;
         if (bytes > DL_MAX_SHARED) break;
         void *kernel = dl_kernel_for(nt, Dh);
@@ -709,7 +657,7 @@ extern "C" void cuda_decode_layers_free(void *handle) {
 extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const void *seq, const void *slot_mapping,
                                    const void *block_tables, int n) {
     DecodePlanCuda *plan = (DecodePlanCuda *)handle;
-    if (!plan || n <= 0 || n > plan->max_tokens || !decode_layers_enabled() || cuda_batch_invariant() ||
+    if (!plan || n <= 0 || n > plan->max_tokens || n > decode_layers_tokens() || cuda_batch_invariant() ||
         cuda_attention_invariant())
         return false;
     int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4;

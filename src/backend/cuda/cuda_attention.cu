@@ -17,9 +17,11 @@
  * (section "tiled"): no atomics, deterministic.
  * The tiles use fp32 FMA for fp32 storage and bf16 tensor cores (section
  * "tiled, bf16 tensor cores") for bf16 storage with head_dim 64 or 128.
- * Not yet: GQA sharing of K/V tiles across the heads of a group (each query
- * head reads them through L2), wgmma/TMA. */
+ * Speed: bench/gpu/bench_attention.c. Not yet: wgmma/TMA (the mma.sync tiles
+ * run at 10-20% of the H200's bf16 peak), GQA sharing of K/V tiles across the
+ * heads of a group (each query head reads them through L2). */
 #include <math.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -387,19 +389,19 @@ __global__ void __launch_bounds__(FTHREADS, DMAX == 64 ? 2 : 1) fa_backward_kv_k
     }
 }
 
-/* Sums the n_split partials in order into the caches. */
+/* Sums the n_split partials in order into the caches (key blocks of block_rows keys). */
 __global__ void fa_backward_kv_reduce_kernel(float *dk_cache, float *dv_cache, const float *part, const int2 *kblocks,
                                              int n_kb, int n_kv_heads, int n_split, int head_dim, int max_len,
-                                             int kv_dim) {
-    size_t per = (size_t)n_kb * n_kv_heads * FT * head_dim;
+                                             int kv_dim, int block_rows) {
+    size_t per = (size_t)n_kb * n_kv_heads * block_rows * head_dim;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < per; e += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(e % head_dim);
         size_t r = e / head_dim;
-        int jr = (int)(r % FT);
-        r /= FT;
+        int jr = (int)(r % block_rows);
+        r /= block_rows;
         int g = (int)(r % n_kv_heads), b = (int)(r / n_kv_heads);
         int2 kb = kblocks[b];
-        int j = kb.y * FT + jr;
+        int j = kb.y * block_rows + jr;
         if (j >= max_len) continue;
         float sk = 0.0f, sv = 0.0f;
         for (int z = 0; z < n_split; z++) sk += part[(size_t)z * per + e], sv += part[(size_t)(n_split + z) * per + e];
@@ -483,48 +485,100 @@ static size_t fa_smem_kv(int dmax) { return (size_t)(4 * FT * (dmax + 4) + 2 * F
 static size_t fa_smem_dq(int dmax) { return (size_t)(4 * FT * (dmax + 4) + FT * FLDP + 2 * FT) * sizeof(float); }
 
 
-/* The host plan: query tiles (sorted by slot when for_backward), per-slot tile
- * ranges and the key blocks {slot, key tile} (longest first), packed in one int
- * array and uploaded. Returns 0 when the batch is not made of runs long enough
- * for tiles to pay (decode steps): the caller falls back to the per-token
- * kernels. Backward skips tokens whose slot is outside 0..n_slots-1. */
+/* The host plan: the batch cut into query tiles of up to FT tokens
+ * {tok0, cnt, slot, pos0} (sorted by slot when for_backward: the kv kernels
+ * stream them), the same runs cut into tiles of up to qrows tokens and ordered
+ * by how many key tiles they see, most first (qtiles: the forward, statistics
+ * and dq grids; a causal batch in token order would launch its longest tiles
+ * last and end on them alone), per-slot
+ * tile ranges and the key blocks {slot, key block of krows keys} (longest
+ * first), packed in one int array and uploaded. Returns 0 when the batch is not
+ * made of runs long enough for tiles to pay (decode steps): the caller falls
+ * back to the per-token kernels. Backward skips tokens whose slot is outside
+ * 0..n_slots-1. */
 struct FaPlan {
-    int nt, nkb;
-    const int4 *tiles;
+    int nt, nq, nkb;
+    const int4 *tiles, *qtiles;
     const int *slot_begin;
     const int2 *kblocks;
 };
 
-static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int n_slots, int max_len,
-                        int for_backward) {
-    static int *raw = NULL, *packed = NULL, *aux = NULL;
-    static size_t raw_cap = 0, packed_cap = 0, aux_cap = 0;
-    if ((size_t)4 * n > raw_cap) {
-        free(raw);
-        raw_cap = (size_t)4 * n + 64;
-        raw = (int *)malloc(raw_cap * sizeof(int));
-    }
-    int nt = 0, valid = 0, cur = -1;
+/* Cuts the tokens into runs of consecutive positions of one slot, at most
+ * limit tokens each, into raw (4 ints per tile). Returns the tile count, or -1
+ * when a position is out of range; *valid counts the tokens kept. */
+static int fa_cut_runs(int *raw, int *valid, const int *slot, const int *pos, int n, int n_slots, int max_len,
+                       int for_backward, int limit) {
+    int nt = 0, cur = -1;
+    *valid = 0;
     for (int i = 0; i < n; i++) {
         int s = slot[i], p = pos[i];
         if (for_backward && (s < 0 || s >= n_slots)) {
             cur = -1;
             continue;
         }
-        if (s < 0 || p < 0 || p >= max_len) return 0;
-        valid++;
-        if (cur >= 0 && raw[4 * cur + 2] == s && raw[4 * cur + 3] + raw[4 * cur + 1] == p && raw[4 * cur + 1] < FT) {
+        if (s < 0 || p < 0 || p >= max_len) return -1;
+        (*valid)++;
+        if (cur >= 0 && raw[4 * cur + 2] == s && raw[4 * cur + 3] + raw[4 * cur + 1] == p &&
+            raw[4 * cur + 1] < limit) {
             raw[4 * cur + 1]++;
             continue;
         }
         cur = nt++;
         raw[4 * cur] = i, raw[4 * cur + 1] = 1, raw[4 * cur + 2] = s, raw[4 * cur + 3] = p;
     }
-    if (valid < 8 * nt) return 0;
-    pl->nt = nt, pl->nkb = 0;
+    return nt;
+}
+
+/* dst = the nt tiles of src ordered by key tiles seen ((last position) / FT),
+ * most first, stable (a counting sort; max_len bounds the positions) */
+static void fa_sort_longest_first(int *dst, const int *src, int nt, int max_len) {
+    static int *count = NULL;
+    static int count_cap = 0;
+    int nk = max_len / FT + 2;
+    if (nk > count_cap) {
+        free(count);
+        count_cap = nk + 16;
+        count = (int *)malloc((size_t)count_cap * sizeof(int));
+    }
+    for (int k = 0; k < nk; k++) count[k] = 0;
+    for (int t = 0; t < nt; t++) count[nk - 1 - (src[4 * t + 3] + src[4 * t + 1] - 1) / FT]++;
+    for (int k = 0, at = 0; k < nk; k++) {
+        int c = count[k];
+        count[k] = at, at += c;
+    }
+    for (int t = 0; t < nt; t++) {
+        int at = count[nk - 1 - (src[4 * t + 3] + src[4 * t + 1] - 1) / FT]++;
+        for (int k = 0; k < 4; k++) dst[4 * at + k] = src[4 * t + k];
+    }
+}
+
+static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int n_slots, int max_len,
+                        int for_backward, int qrows, int krows) {
+    static int *raw = NULL, *rawq = NULL, *sortq = NULL, *packed = NULL, *aux = NULL;
+    static size_t raw_cap = 0, packed_cap = 0, aux_cap = 0;
+    if ((size_t)4 * n > raw_cap) {
+        free(raw), free(rawq), free(sortq);
+        raw_cap = (size_t)4 * n + 64;
+        raw = (int *)malloc(raw_cap * sizeof(int));
+        rawq = (int *)malloc(raw_cap * sizeof(int));
+        sortq = (int *)malloc(raw_cap * sizeof(int));
+    }
+    int valid = 0;
+    int nt = fa_cut_runs(raw, &valid, slot, pos, n, n_slots, max_len, for_backward, FT);
+    if (nt < 0 || valid < 8 * nt) return 0;
+    int nq = nt;
+    const int *qsrc = raw;
+    if (qrows != FT) {
+        nq = fa_cut_runs(rawq, &valid, slot, pos, n, n_slots, max_len, for_backward, qrows);
+        qsrc = rawq;
+    }
+    fa_sort_longest_first(sortq, qsrc, nq, max_len);
+    qsrc = sortq;
+    pl->nt = nt, pl->nq = nq, pl->nkb = 0;
     if (nt == 0) return 1;
     if (!for_backward) {
-        pl->tiles = (const int4 *)cuda_upload_indices((const int *const *)&raw, 1, 4 * nt);
+        pl->qtiles = (const int4 *)cuda_upload_indices((const int *const *)&qsrc, 1, 4 * nq);
+        pl->tiles = qrows == FT ? pl->qtiles : NULL;
         pl->slot_begin = NULL, pl->kblocks = NULL;
         return 1;
     }
@@ -543,36 +597,39 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
         int s = raw[4 * t + 2], last = raw[4 * t + 3] + raw[4 * t + 1] - 1;
         cnt[s + 1]++;
         if (last > maxpos[s]) maxpos[s] = last;
-        if (last / FT + 1 > max_kt) max_kt = last / FT + 1;
+        if (last / krows + 1 > max_kt) max_kt = last / krows + 1;
     }
     int nkb = 0;
     for (int s = 0; s < n_slots; s++) {
         cnt[s + 1] += cnt[s];
-        if (maxpos[s] >= 0) nkb += maxpos[s] / FT + 1;
+        if (maxpos[s] >= 0) nkb += maxpos[s] / krows + 1;
     }
     int sb_len = (n_slots + 2) & ~1; /* keeps the key blocks 8-byte aligned */
-    size_t need = (size_t)4 * nt + sb_len + (size_t)2 * nkb;
+    /* [tiles 4nt][qtiles 4nq][slot_begin sb_len][kblocks 2nkb]: the int4 arrays first, 16-byte aligned */
+    size_t need = (size_t)4 * nt + (size_t)4 * nq + sb_len + (size_t)2 * nkb;
     if (need > packed_cap) {
         free(packed);
         packed_cap = need + 64;
         packed = (int *)malloc(packed_cap * sizeof(int));
     }
-    int *ptiles = packed, *psb = packed + 4 * nt, *pkb = psb + sb_len;
+    int *ptiles = packed, *pq = packed + 4 * nt, *psb = pq + 4 * nq, *pkb = psb + sb_len;
     for (int s = 0; s <= n_slots; s++) psb[s] = cnt[s];
     for (int s = n_slots + 1; s < sb_len; s++) psb[s] = 0;
     for (int t = 0; t < nt; t++) { /* stable counting sort by slot */
         int s = raw[4 * t + 2], at = cnt[s]++;
         for (int k = 0; k < 4; k++) ptiles[4 * at + k] = raw[4 * t + k];
     }
+    memcpy(pq, qsrc, (size_t)4 * nq * sizeof(int));
     int b = 0;
     for (int kt = 0; kt < max_kt; kt++)
         for (int s = 0; s < n_slots; s++)
-            if (maxpos[s] >= 0 && kt <= maxpos[s] / FT) pkb[2 * b] = s, pkb[2 * b + 1] = kt, b++;
+            if (maxpos[s] >= 0 && kt <= maxpos[s] / krows) pkb[2 * b] = s, pkb[2 * b + 1] = kt, b++;
     int *dev = cuda_upload_indices((const int *const *)&packed, 1, (int)need);
     pl->nkb = nkb;
     pl->tiles = (const int4 *)dev;
-    pl->slot_begin = dev + 4 * nt;
-    pl->kblocks = (const int2 *)(dev + 4 * nt + sb_len);
+    pl->qtiles = (const int4 *)(dev + 4 * nt);
+    pl->slot_begin = dev + 4 * nt + 4 * nq;
+    pl->kblocks = (const int2 *)(dev + 4 * nt + 4 * nq + sb_len);
     return 1;
 }
 
@@ -629,7 +686,7 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
     if (n_split > 1) {
         size_t per_elems = (size_t)blocks * FT * head_dim;
         fa_backward_kv_reduce_kernel<<<cuda_blocks_for(per_elems), CUDA_THREADS, 0, st>>>(
-            dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, head_dim, max_len, kv_dim);
+            dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, head_dim, max_len, kv_dim, FT);
         LAUNCH_CHECK();
     }
     fa_backward_dq_kernel<T, DMAX><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem_dq, st>>>(
@@ -643,27 +700,50 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
  * on tensor cores: mma.sync m16n8k16 (bf16 in, fp32 accumulate), operands
  * staged in shared memory as bf16 by cp.async (double buffered) and fetched
  * with ldmatrix; softmax statistics, P and dS stay fp32 in registers and are
- * rounded to bf16 only as MMA inputs. Same plan, same grids (blocks of 4
- * warps), same causal rule and the same no-atomics split of the backward as
- * the SIMT tiles; fp32 storage keeps the SIMT tiles (the tight reference).
- *   forward: warp w owns query rows 16w..16w+15 of the tile: S = Q K^T, online
- *   softmax on the accumulator fragments, O += bf16(P) V.
+ * rounded to bf16 only as MMA inputs. Blocks of 4 warps, key tiles of FT, the
+ * same causal rule and the same no-atomics split of the backward as the SIMT
+ * tiles; fp32 storage keeps the SIMT tiles (the tight reference).
+ *   forward: 128-row query tiles, warp w owns two m-tiles (rows 32w..32w+31),
+ *   so each K/V fragment it reads from shared memory feeds two MMAs: S = Q K^T,
+ *   online softmax on the accumulator fragments, O += P V.
+ *   backward statistics: lse and delta = sum_j P dP from S and dP = dO V^T in
+ *   one online pass (fa_tc_stats_kernel: no O, no P V, P never rounded).
  *   backward kv: warp w owns key rows 16w..16w+15: S^T = K Q^T, dP^T = V dO^T,
  *   dV += P^T dO, dK += dS^T Q.
  *   backward dq: warp w owns query rows: S, dP as in the forward, dQ += dS K.
- * P and dS enter the backward's gradient MMAs as a bf16 pair hi + lo
- * (hi = bf16(x), lo = bf16(x - hi): ~16 significant bits, two MMAs): with a
- * single bf16 rounding dK/dV miss the test's 2e-4 * max|ref| bound by ~10x
- * (simulated), since a rounding of P is relative to the row's largest term,
- * not to the (often cancelling) sum. FA_TC_SPLIT 0 gives the plain
- * FlashAttention-2 rounding. The forward's O = P V takes the hi + lo pair too:
- * in the backward's statistics pass delta = dout . O enters every dS (a bf16(P)
- * there alone puts dK ~3x outside the bound, measured), and in the training
- * forward it brings the trainer's log-probs closer to the generation engine's,
- * whose decode attention keeps P in fp32 (GRPO bench: mean difference 8.8e-3 ->
- * 8.0e-3 on 0.5B, 1.9e-2 -> 1.6e-2 on 1.5B; step time unchanged). */
-#define FA_TC_SPLIT 1
-#define TC_THREADS 128
+ * The query-tile grids run the tiles that see the most keys first.
+ * Measured and left out (bench/gpu/bench_attention.c, H200): blocks of 8 warps
+ * with 128-row tiles (half the L2 -> shared traffic per FLOP; one block per SM
+ * by registers instead of two) were 2-10% slower; the kv kernel's K/V
+ * fragments held in registers across query tiles changed nothing.
+ * Rounding. The backward's gradient MMAs (dV, dK, dQ) take P and dS rounded
+ * once to bf16, as FlashAttention-2 does: one MMA per product. That rounding
+ * is relative to a row's largest term, not to the (often cancelling) sum, so
+ * dK/dV land ~10x outside the 2e-4 * max|ref| bound the fp32-exact kernels
+ * meet; the GPU test bounds them instead by that bound plus twice the error of
+ * a CPU reference that rounds P and dS to bf16 the same way
+ * (tests/gpu/test_cuda_ops.c, test_attention): the GPU adds no error of its own
+ * beyond FA2's (measured: max error 1.00x the reference's for dK and dV). The
+ * precise mode (env COLT_FA_PRECISE=1, read at each call) feeds P and dS as a
+ * bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi): ~16 significant bits,
+ * two MMAs per product) and meets the tight bound; it makes the backward
+ * ~12-15% slower. The forward's O = P V always takes the hi + lo pair
+ * (FA_TC_SPLIT): it brings the trainer's log-probs closer to the generation
+ * engine's, whose decode attention keeps P in fp32 (GRPO bench: mean
+ * difference 8.8e-3 -> 8.0e-3 on 0.5B, 1.9e-2 -> 1.6e-2 on 1.5B), at no
+ * measured cost. */
+#define FA_TC_SPLIT true
+#define TC_WARPS 4
+#define TC_THREADS (32 * TC_WARPS)
+
+static bool fa_precise(void) {
+    const char *e = getenv("COLT_FA_PRECISE");
+    return e && atoi(e) > 0;
+}
+
+/* query m-tiles of 16 rows per warp in the forward kernel (measured: 2 beats 1
+ * by ~10% on the Qwen2.5 shapes, bench_attention) */
+#define FA_TC_FWD_MT 2
 
 typedef __nv_bfloat16 bf16_t;
 
@@ -721,11 +801,12 @@ __device__ __forceinline__ void tc_ld_bt(uint32_t r[4], const bf16_t *s, int k0,
     tc_ldsm_t(r, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + n0 + (lane >> 4) * 8);
 }
 
-/* rows 0..rows-1 of [FT, D] from src (row stride in elements) into sm (stride D + 8); the rest zero */
-template <int D>
+/* rows 0..rows-1 of [R, D] from src (row stride in elements) into sm (stride D + 8), the rest zero;
+ * NTH threads */
+template <int D, int R, int NTH>
 __device__ __forceinline__ void tc_load_tile(bf16_t *sm, const bf16_t *src, size_t row_stride, int rows) {
     const int CH = D / 8;
-    for (int idx = threadIdx.x; idx < FT * CH; idx += TC_THREADS) {
+    for (int idx = threadIdx.x; idx < R * CH; idx += NTH) {
         int r = idx / CH, c = (idx % CH) * 8;
         bool ok = r < rows;
         tc_cp_async16(sm + r * (D + 8) + c, ok ? src + (size_t)r * row_stride + c : src, ok);
@@ -744,53 +825,62 @@ __device__ __forceinline__ float tc_quad_sum(float v) {
 #define TC_LOG2E 1.4426950408889634f
 #define TC_LN2 0.69314718055994531f
 
-/* grid (n_tiles, n_heads). STATS: write lse/delta (needs dout) instead of out. */
-template <int D, bool STATS>
-__global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, float *lse_out, float *delta_out,
-                                                                    const bf16_t *dout, const bf16_t *q,
-                                                                    const bf16_t *k_cache, const bf16_t *v_cache,
-                                                                    const int4 *tiles, int n_heads, int group,
-                                                                    int max_len, int kv_dim, float scale) {
-    const int LDS = D + 8, NT = D / 8, KS = D / 16;
+/* grid (n_tiles, n_heads), TC_THREADS threads: the backward's statistics
+ * without O. lse_i and delta_i = sum_j P_ij dP_ij (dP = dout V^T; equal to
+ * dout_i . O_i) in one online pass over the key tiles: S = Q K^T and dP, two
+ * products per tile against the forward's three (hi + lo P V), and P is never
+ * rounded, so delta is fp32-exact. Warp w owns query rows 16w.. of an FT-row
+ * tile, its Q and dout fragments in registers. */
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out, float *delta_out,
+                                                                  const bf16_t *dout, const bf16_t *q,
+                                                                  const bf16_t *k_cache, const bf16_t *v_cache,
+                                                                  const int4 *tiles, int n_heads, int group,
+                                                                  int max_len, int kv_dim, float scale) {
+    const int LDS = D + 8, KS = D / 16;
     extern __shared__ float4 fa_smem4[];
-    bf16_t *sQ = (bf16_t *)fa_smem4, *sK = sQ + FT * LDS, *sV = sK + 2 * FT * LDS;
+    bf16_t *sQ = (bf16_t *)fa_smem4, *sO = sQ + FT * LDS, *sK = sO + FT * LDS, *sV = sK + 2 * FT * LDS;
     int4 t = tiles[blockIdx.x];
     int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
     size_t q_stride = (size_t)n_heads * D;
     int last = pos0 + cnt - 1, nkt = last / FT + 1;
     size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
-    tc_load_tile<D>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
-    tc_load_tile<D>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
-    tc_load_tile<D>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D, FT, TC_THREADS>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D, FT, TC_THREADS>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D, FT, TC_THREADS>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D, FT, TC_THREADS>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
     tc_cp_commit();
     const float sl2 = scale * TC_LOG2E;
-    float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    uint32_t qf[KS][4];
-    int wr0 = warp * 16, wlast = min(wr0 + 15, cnt - 1); /* the warp's last valid row */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, sd[2] = {0.0f, 0.0f};
+    uint32_t qf[KS][4], of[KS][4];
+    int wr0 = warp * 16, wlast = min(wr0 + 15, cnt - 1);
     for (int kt = 0; kt < nkt; kt++) {
         int j0 = kt * FT, buf = kt & 1;
         if (kt + 1 < nkt) {
             int j1 = j0 + FT;
-            tc_load_tile<D>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
-                            min(FT, last + 1 - j1));
-            tc_load_tile<D>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
-                            min(FT, last + 1 - j1));
+            tc_load_tile<D, FT, TC_THREADS>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim,
+                                            kv_dim, min(FT, last + 1 - j1));
+            tc_load_tile<D, FT, TC_THREADS>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim,
+                                            kv_dim, min(FT, last + 1 - j1));
         }
         tc_cp_commit();
         tc_cp_wait1();
         __syncthreads();
         if (kt == 0) {
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) tc_ld_a<LDS>(qf[ks], sQ, wr0, ks * 16, lane);
+            for (int ks = 0; ks < KS; ks++) {
+                tc_ld_a<LDS>(qf[ks], sQ, wr0, ks * 16, lane);
+                tc_ld_a<LDS>(of[ks], sO, wr0, ks * 16, lane);
+            }
         }
         if (wr0 < cnt && j0 <= pos0 + wlast) {
             const bf16_t *cK = sK + buf * FT * LDS, *cV = sV + buf * FT * LDS;
-            float s[8][4];
+            float s[8][4], dp[8][4];
 #pragma unroll
-            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] = 0.0f, dp[n][e] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -799,6 +889,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
                     tc_ld_b<LDS>(b, cK, np * 16, ks * 16, lane);
                     tc_mma(s[2 * np], qf[ks], b[0], b[1]);
                     tc_mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+                    tc_ld_b<LDS>(b, cV, np * 16, ks * 16, lane);
+                    tc_mma(dp[2 * np], of[ks], b[0], b[1]);
+                    tc_mma(dp[2 * np + 1], of[ks], b[2], b[3]);
                 }
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -810,7 +903,7 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
                     s[n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
-            float mu[2], ps[2] = {0.0f, 0.0f};
+            float mu[2], ps[2] = {0.0f, 0.0f}, pd[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 float mn = fmaxf(m[i], tc_quad_max(mx[i]));
@@ -818,41 +911,175 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
                 float corr = exp2f(m[i] - mu[i]);
                 m[i] = mn;
                 l[i] *= corr;
-#pragma unroll
-                for (int n = 0; n < NT; n++) o[n][2 * i] *= corr, o[n][2 * i + 1] *= corr;
+                sd[i] *= corr;
             }
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = exp2f(s[n][e] - mu[e >> 1]);
-                    s[n][e] = p;
+                    float p = exp2f(s[n][e] - mu[e >> 1]); /* 0 where masked */
                     ps[e >> 1] += p;
+                    pd[e >> 1] += p * dp[n][e];
                 }
-            l[0] += tc_quad_sum(ps[0]);
-            l[1] += tc_quad_sum(ps[1]);
+#pragma unroll
+            for (int i = 0; i < 2; i++) l[i] += tc_quad_sum(ps[i]), sd[i] += tc_quad_sum(pd[i]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = wr0 + gr + 8 * i;
+        if (r >= cnt || tq != 0) continue;
+        size_t idx = (size_t)(tok0 + r) * n_heads + h;
+        lse_out[idx] = (m[i] + log2f(l[i])) * TC_LN2;
+        delta_out[idx] = sd[i] / l[i];
+    }
+}
+
+/* A operand fragments of P or dS (two n8 accumulator tiles of one k16 step, kk):
+ * one bf16 rounding (hi), or hi + lo when SPLIT */
+template <bool SPLIT>
+__device__ __forceinline__ void tc_pack_a(uint32_t hi[4], uint32_t lo[4], const float x0[4], const float x1[4]) {
+    if (SPLIT) {
+        hi[0] = tc_pack_split(x0[0], x0[1], &lo[0]);
+        hi[1] = tc_pack_split(x0[2], x0[3], &lo[1]);
+        hi[2] = tc_pack_split(x1[0], x1[1], &lo[2]);
+        hi[3] = tc_pack_split(x1[2], x1[3], &lo[3]);
+    } else {
+        hi[0] = tc_pack(x0[0], x0[1]), hi[1] = tc_pack(x0[2], x0[3]);
+        hi[2] = tc_pack(x1[0], x1[1]), hi[3] = tc_pack(x1[2], x1[3]);
+    }
+}
+
+/* grid (n_qtiles, n_heads), TC_THREADS threads; warp w owns MT m-tiles of 16
+ * query rows (rows 16*MT*w ...), so each K/V fragment read from shared memory
+ * feeds MT MMAs. */
+template <int D, int MT>
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, const bf16_t *q,
+                                                                    const bf16_t *k_cache, const bf16_t *v_cache,
+                                                                    const int4 *tiles, int n_heads, int group,
+                                                                    int max_len, int kv_dim, float scale) {
+    const int LDS = D + 8, NT = D / 8, KS = D / 16, WR = 16 * MT, QR = WR * TC_WARPS;
+    extern __shared__ float4 fa_smem4[];
+    bf16_t *sQ = (bf16_t *)fa_smem4, *sK = sQ + QR * LDS, *sV = sK + 2 * FT * LDS;
+    int4 t = tiles[blockIdx.x];
+    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+    size_t q_stride = (size_t)n_heads * D;
+    int last = pos0 + cnt - 1, nkt = last / FT + 1;
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
+    tc_load_tile<D, QR, TC_THREADS>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D, FT, TC_THREADS>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D, FT, TC_THREADS>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_cp_commit();
+    const float sl2 = scale * TC_LOG2E;
+    float o[MT][NT][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    }
+    uint32_t qf[MT == 1 ? KS : 1][4]; /* one m-tile: Q fragments stay in registers; more: read per k step */
+    int wr0 = warp * WR, wlast = min(wr0 + WR - 1, cnt - 1); /* the warp's last valid row */
+    for (int kt = 0; kt < nkt; kt++) {
+        int j0 = kt * FT, buf = kt & 1;
+        if (kt + 1 < nkt) {
+            int j1 = j0 + FT;
+            tc_load_tile<D, FT, TC_THREADS>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim,
+                                            kv_dim, min(FT, last + 1 - j1));
+            tc_load_tile<D, FT, TC_THREADS>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim,
+                                            kv_dim, min(FT, last + 1 - j1));
+        }
+        tc_cp_commit();
+        tc_cp_wait1();
+        __syncthreads();
+        if (MT == 1 && kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) tc_ld_a<LDS>(qf[MT == 1 ? ks : 0], sQ, wr0, ks * 16, lane);
+        }
+        if (wr0 < cnt && j0 <= pos0 + wlast) {
+            const bf16_t *cK = sK + buf * FT * LDS, *cV = sV + buf * FT * LDS;
+            float s[MT][8][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < 8; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t qa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (MT == 1) {
+#pragma unroll
+                        for (int k = 0; k < 4; k++) qa[mt][k] = qf[MT == 1 ? ks : 0][k];
+                    } else {
+                        tc_ld_a<LDS>(qa[mt], sQ, wr0 + 16 * mt, ks * 16, lane);
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    tc_ld_b<LDS>(b, cK, np * 16, ks * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        tc_mma(s[mt][2 * np], qa[mt], b[0], b[1]);
+                        tc_mma(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = wr0 + 16 * mt + gr + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                        float v = (r < cnt && j <= pos0 + r) ? s[mt][n][e] * sl2 : -INFINITY;
+                        s[mt][n][e] = v;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    }
+                float mu[2], ps[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float mn = fmaxf(m[mt][i], tc_quad_max(mx[i]));
+                    mu[i] = mn == -INFINITY ? 0.0f : mn;
+                    float corr = exp2f(m[mt][i] - mu[i]);
+                    m[mt][i] = mn;
+                    l[mt][i] *= corr;
+#pragma unroll
+                    for (int n = 0; n < NT; n++) o[mt][n][2 * i] *= corr, o[mt][n][2 * i + 1] *= corr;
+                }
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float p = exp2f(s[mt][n][e] - mu[e >> 1]);
+                        s[mt][n][e] = p;
+                        ps[e >> 1] += p;
+                    }
+                l[mt][0] += tc_quad_sum(ps[0]);
+                l[mt][1] += tc_quad_sum(ps[1]);
+            }
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                uint32_t a[4], al[4];
-                if (FA_TC_SPLIT) { /* O from hi + lo P: see FA_TC_SPLIT */
-                    a[0] = tc_pack_split(s[2 * kk][0], s[2 * kk][1], &al[0]);
-                    a[1] = tc_pack_split(s[2 * kk][2], s[2 * kk][3], &al[1]);
-                    a[2] = tc_pack_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &al[2]);
-                    a[3] = tc_pack_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &al[3]);
-                } else {
-                    a[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]), a[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
-                    a[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                }
+                uint32_t a[MT][4], al[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) /* O from hi + lo P: see FA_TC_SPLIT */
+                    tc_pack_a<FA_TC_SPLIT>(a[mt], al[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
                 for (int dp = 0; dp < NT / 2; dp++) {
                     uint32_t b[4];
                     tc_ld_bt<LDS>(b, cV, kk * 16, dp * 16, lane);
-                    tc_mma(o[2 * dp], a, b[0], b[1]);
-                    tc_mma(o[2 * dp + 1], a, b[2], b[3]);
-                    if (FA_TC_SPLIT) {
-                        tc_mma(o[2 * dp], al, b[0], b[1]);
-                        tc_mma(o[2 * dp + 1], al, b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        tc_mma(o[mt][2 * dp], a[mt], b[0], b[1]);
+                        tc_mma(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                        if (FA_TC_SPLIT) {
+                            tc_mma(o[mt][2 * dp], al[mt], b[0], b[1]);
+                            tc_mma(o[mt][2 * dp + 1], al[mt], b[2], b[3]);
+                        }
                     }
                 }
             }
@@ -860,52 +1087,40 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int r = wr0 + gr + 8 * i;
-        if (r >= cnt) continue; /* (the whole quad skips together: no shuffles below) */
-        size_t idx = (size_t)(tok0 + r) * n_heads + h;
-        float inv = 1.0f / l[i];
-        if (!STATS) {
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = wr0 + 16 * mt + gr + 8 * i;
+            if (r >= cnt) continue;
+            size_t idx = (size_t)(tok0 + r) * n_heads + h;
+            float inv = 1.0f / l[mt][i];
             bf16_t *orow = out + idx * D;
 #pragma unroll
             for (int n = 0; n < NT; n++)
                 *(__nv_bfloat162 *)(orow + n * 8 + 2 * tq) =
-                    __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-        } else {
-            const bf16_t *grow = dout + idx * D;
-            float dsum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                float2 gv = __bfloat1622float2(*(const __nv_bfloat162 *)(grow + n * 8 + 2 * tq));
-                dsum += o[n][2 * i] * gv.x + o[n][2 * i + 1] * gv.y;
-            }
-            dsum += __shfl_xor_sync(0x0000000fu << (lane & ~3), dsum, 1);
-            dsum += __shfl_xor_sync(0x0000000fu << (lane & ~3), dsum, 2);
-            if (tq == 0) {
-                lse_out[idx] = (m[i] + log2f(l[i])) * TC_LN2;
-                delta_out[idx] = dsum * inv;
-            }
+                    __floats2bfloat162_rn(o[mt][n][2 * i] * inv, o[mt][n][2 * i + 1] * inv);
         }
-    }
 }
 
-/* grid (n_key_blocks, n_kv_heads, n_split); see fa_backward_kv_kernel. */
-template <int D>
+/* grid (n_key_blocks, n_kv_heads, n_split), TC_THREADS threads; see
+ * fa_backward_kv_kernel. SPLIT: P and dS as hi + lo (precise mode). */
+template <int D, bool SPLIT>
 __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
     float *dk_cache, float *dv_cache, float *part, const bf16_t *dout, const bf16_t *q, const bf16_t *k_cache,
     const bf16_t *v_cache, const float *lse, const float *delta, const int4 *tiles, const int *slot_begin,
     const int2 *kblocks, int n_heads, int group, int heads_per_split, int max_len, int kv_dim, float scale) {
     const int LDS = D + 8, NT = D / 8, KS = D / 16, QC = D == 64 ? 64 : 32, QN = QC / 8;
+    const int KR = FT, NTH = TC_THREADS;
     extern __shared__ float4 fa_smem4[];
-    bf16_t *sK = (bf16_t *)fa_smem4, *sV = sK + FT * LDS, *sQ = sV + FT * LDS, *sO = sQ + 2 * FT * LDS;
+    bf16_t *sK = (bf16_t *)fa_smem4, *sV = sK + KR * LDS, *sQ = sV + KR * LDS, *sO = sQ + 2 * FT * LDS;
     float *sL = (float *)(sO + 2 * FT * LDS), *sD = sL + 2 * FT;
     int2 kb = kblocks[blockIdx.x];
-    int s_id = kb.x, j0 = kb.y * FT, g = blockIdx.y;
+    int s_id = kb.x, j0 = kb.y * KR, g = blockIdx.y;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
-    int krows = min(FT, max_len - j0);
+    int krows = min(KR, max_len - j0);
     size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D + (size_t)j0 * kv_dim;
-    tc_load_tile<D>(sK, k_cache + kv_base, kv_dim, krows);
-    tc_load_tile<D>(sV, v_cache + kv_base, kv_dim, krows);
+    tc_load_tile<D, KR, NTH>(sK, k_cache + kv_base, kv_dim, krows);
+    tc_load_tile<D, KR, NTH>(sV, v_cache + kv_base, kv_dim, krows);
     int tb = slot_begin[s_id], te = slot_begin[s_id + 1];
     int h_lo = g * group + blockIdx.z * heads_per_split, h_hi = min(g * group + group, h_lo + heads_per_split);
     size_t q_stride = (size_t)n_heads * D;
@@ -925,8 +1140,8 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
     auto stage = [&](int hh, int ti, int b) {
         int4 u = tiles[ti];
         size_t off = ((size_t)u.x * n_heads + hh) * D;
-        tc_load_tile<D>(sQ + b * FT * LDS, q + off, q_stride, u.y);
-        tc_load_tile<D>(sO + b * FT * LDS, dout + off, q_stride, u.y);
+        tc_load_tile<D, FT, NTH>(sQ + b * FT * LDS, q + off, q_stride, u.y);
+        tc_load_tile<D, FT, NTH>(sO + b * FT * LDS, dout + off, q_stride, u.y);
         if (threadIdx.x < FT) {
             int r = threadIdx.x;
             size_t idx = (size_t)(u.x + r) * n_heads + hh;
@@ -992,39 +1207,25 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
 #pragma unroll
             for (int kk = 0; kk < QN / 2; kk++) {
                 uint32_t ph[4], pl[4], dh[4], dl[4];
-#if FA_TC_SPLIT
-                ph[0] = tc_pack_split(s[2 * kk][0], s[2 * kk][1], &pl[0]);
-                ph[1] = tc_pack_split(s[2 * kk][2], s[2 * kk][3], &pl[1]);
-                ph[2] = tc_pack_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &pl[2]);
-                ph[3] = tc_pack_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &pl[3]);
-                dh[0] = tc_pack_split(dp[2 * kk][0], dp[2 * kk][1], &dl[0]);
-                dh[1] = tc_pack_split(dp[2 * kk][2], dp[2 * kk][3], &dl[1]);
-                dh[2] = tc_pack_split(dp[2 * kk + 1][0], dp[2 * kk + 1][1], &dl[2]);
-                dh[3] = tc_pack_split(dp[2 * kk + 1][2], dp[2 * kk + 1][3], &dl[3]);
-#else
-                ph[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]), ph[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
-                ph[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), ph[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                dh[0] = tc_pack(dp[2 * kk][0], dp[2 * kk][1]), dh[1] = tc_pack(dp[2 * kk][2], dp[2 * kk][3]);
-                dh[2] = tc_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), dh[3] = tc_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-                (void)pl, (void)dl;
-#endif
+                tc_pack_a<SPLIT>(ph, pl, s[2 * kk], s[2 * kk + 1]);
+                tc_pack_a<SPLIT>(dh, dl, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
                 for (int dd = 0; dd < NT / 2; dd++) {
                     uint32_t b[4];
                     tc_ld_bt<LDS>(b, cO, c0 + kk * 16, dd * 16, lane);
                     tc_mma(dv[2 * dd], ph, b[0], b[1]);
                     tc_mma(dv[2 * dd + 1], ph, b[2], b[3]);
-#if FA_TC_SPLIT
-                    tc_mma(dv[2 * dd], pl, b[0], b[1]);
-                    tc_mma(dv[2 * dd + 1], pl, b[2], b[3]);
-#endif
+                    if (SPLIT) {
+                        tc_mma(dv[2 * dd], pl, b[0], b[1]);
+                        tc_mma(dv[2 * dd + 1], pl, b[2], b[3]);
+                    }
                     tc_ld_bt<LDS>(b, cQ, c0 + kk * 16, dd * 16, lane);
                     tc_mma(dk[2 * dd], dh, b[0], b[1]);
                     tc_mma(dk[2 * dd + 1], dh, b[2], b[3]);
-#if FA_TC_SPLIT
-                    tc_mma(dk[2 * dd], dl, b[0], b[1]);
-                    tc_mma(dk[2 * dd + 1], dl, b[2], b[3]);
-#endif
+                    if (SPLIT) {
+                        tc_mma(dk[2 * dd], dl, b[0], b[1]);
+                        tc_mma(dk[2 * dd + 1], dl, b[2], b[3]);
+                    }
                 }
             }
         }
@@ -1047,9 +1248,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
                 }
         }
     } else {
-        /* partials [n_split][n_kb][KVH][FT][D] for dk, then the same for dv */
-        size_t per = (size_t)gridDim.x * gridDim.y * FT * D;
-        float *pk = part + (size_t)blockIdx.z * per + ((size_t)blockIdx.x * gridDim.y + g) * FT * D;
+        /* partials [n_split][n_kb][KVH][KR][D] for dk, then the same for dv */
+        size_t per = (size_t)gridDim.x * gridDim.y * KR * D;
+        float *pk = part + (size_t)blockIdx.z * per + ((size_t)blockIdx.x * gridDim.y + g) * KR * D;
         float *pv = pk + (size_t)gridDim.z * per;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -1064,27 +1265,27 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
     }
 }
 
-/* grid (n_tiles, n_heads): dq = scale * sum_j dS_ij k_j. */
-template <int D>
+/* grid (n_tiles, n_heads), TC_THREADS threads: dq = scale * sum_j dS_ij k_j. SPLIT: dS as hi + lo. */
+template <int D, bool SPLIT>
 __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *dq, const bf16_t *dout,
-                                                                        const bf16_t *q, const bf16_t *k_cache,
-                                                                        const bf16_t *v_cache, const float *lse,
-                                                                        const float *delta, const int4 *tiles,
-                                                                        int n_heads, int group, int max_len,
-                                                                        int kv_dim, float scale) {
-    const int LDS = D + 8, NT = D / 8, KS = D / 16;
+                                                                    const bf16_t *q, const bf16_t *k_cache,
+                                                                    const bf16_t *v_cache, const float *lse,
+                                                                    const float *delta, const int4 *tiles,
+                                                                    int n_heads, int group, int max_len,
+                                                                    int kv_dim, float scale) {
+    const int LDS = D + 8, NT = D / 8, KS = D / 16, QR = FT, NTH = TC_THREADS;
     extern __shared__ float4 fa_smem4[];
-    bf16_t *sQ = (bf16_t *)fa_smem4, *sO = sQ + FT * LDS, *sK = sO + FT * LDS, *sV = sK + 2 * FT * LDS;
+    bf16_t *sQ = (bf16_t *)fa_smem4, *sO = sQ + QR * LDS, *sK = sO + QR * LDS, *sV = sK + 2 * FT * LDS;
     int4 t = tiles[blockIdx.x];
     int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
     size_t q_stride = (size_t)n_heads * D;
     int last = pos0 + cnt - 1, nkt = last / FT + 1;
     size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
-    tc_load_tile<D>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
-    tc_load_tile<D>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
-    tc_load_tile<D>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
-    tc_load_tile<D>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D, QR, NTH>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D, QR, NTH>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    tc_load_tile<D, FT, NTH>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_load_tile<D, FT, NTH>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
     tc_cp_commit();
     const float sl2 = scale * TC_LOG2E;
     int wr0 = warp * 16, wlast = min(wr0 + 15, cnt - 1);
@@ -1103,10 +1304,10 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *d
         int j0 = kt * FT, buf = kt & 1;
         if (kt + 1 < nkt) {
             int j1 = j0 + FT;
-            tc_load_tile<D>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
-                            min(FT, last + 1 - j1));
-            tc_load_tile<D>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
-                            min(FT, last + 1 - j1));
+            tc_load_tile<D, FT, NTH>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
+                                     min(FT, last + 1 - j1));
+            tc_load_tile<D, FT, NTH>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim, kv_dim,
+                                     min(FT, last + 1 - j1));
         }
         tc_cp_commit();
         tc_cp_wait1();
@@ -1146,26 +1347,17 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *d
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 uint32_t ah[4], al[4];
-#if FA_TC_SPLIT
-                ah[0] = tc_pack_split(s[2 * kk][0], s[2 * kk][1], &al[0]);
-                ah[1] = tc_pack_split(s[2 * kk][2], s[2 * kk][3], &al[1]);
-                ah[2] = tc_pack_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &al[2]);
-                ah[3] = tc_pack_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &al[3]);
-#else
-                ah[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]), ah[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
-                ah[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), ah[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                (void)al;
-#endif
+                tc_pack_a<SPLIT>(ah, al, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
                 for (int dd = 0; dd < NT / 2; dd++) {
                     uint32_t b[4];
                     tc_ld_bt<LDS>(b, cK, kk * 16, dd * 16, lane);
                     tc_mma(acc[2 * dd], ah, b[0], b[1]);
                     tc_mma(acc[2 * dd + 1], ah, b[2], b[3]);
-#if FA_TC_SPLIT
-                    tc_mma(acc[2 * dd], al, b[0], b[1]);
-                    tc_mma(acc[2 * dd + 1], al, b[2], b[3]);
-#endif
+                    if (SPLIT) {
+                        tc_mma(acc[2 * dd], al, b[0], b[1]);
+                        tc_mma(acc[2 * dd + 1], al, b[2], b[3]);
+                    }
                 }
             }
         }
@@ -1182,39 +1374,45 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *d
     }
 }
 
-static size_t fa_tc_smem_forward(int d) { return (size_t)5 * FT * (d + 8) * sizeof(bf16_t); }
+/* shared memory: forward Q (16 * MT * TC_WARPS rows) + K, V double buffered (FT
+ * rows each); kv: K, V + Q, dO double buffered + lse, delta; stats and dq: Q,
+ * dO + K, V double buffered */
+static size_t fa_tc_smem_forward(int d, int mt) {
+    return (size_t)(16 * mt * TC_WARPS + 4 * FT) * (d + 8) * sizeof(bf16_t);
+}
 static size_t fa_tc_smem_kv(int d) { return (size_t)6 * FT * (d + 8) * sizeof(bf16_t) + 4 * FT * sizeof(float); }
 static size_t fa_tc_smem_dq(int d) { return (size_t)6 * FT * (d + 8) * sizeof(bf16_t); }
 
 static bool fa_tc_aligned(const void *p) { return ((size_t)p & 15) == 0; }
 
-template <int D>
+template <int D, int MT>
 static void fa_tc_forward_launch(bf16_t *out, const bf16_t *q, const bf16_t *kc, const bf16_t *vc,
                                  const FaPlan *pl, int n_heads, int group, int max_len, int kv_dim, float scale) {
     static bool attr = false;
-    size_t smem = fa_tc_smem_forward(D);
+    size_t smem = fa_tc_smem_forward(D, MT);
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_forward_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_forward_kernel<D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         attr = true;
     }
-    fa_tc_forward_kernel<D, false><<<dim3((unsigned)pl->nt, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
-        out, NULL, NULL, NULL, q, kc, vc, pl->tiles, n_heads, group, max_len, kv_dim, scale);
+    fa_tc_forward_kernel<D, MT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
+        out, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
     LAUNCH_CHECK();
 }
 
-template <int D>
+/* statistics, kv and dq kernels; the plan's qtiles have FT rows here */
+template <int D, bool SPLIT>
 static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
                                   const bf16_t *kc, const bf16_t *vc, const FaPlan *pl, int n, int n_heads,
                                   int n_kv_heads, int max_len) {
     static bool attr = false;
-    size_t smem_f = fa_tc_smem_forward(D), smem_kv = fa_tc_smem_kv(D), smem_dq = fa_tc_smem_dq(D);
+    size_t smem_kv = fa_tc_smem_kv(D), smem_dq = fa_tc_smem_dq(D);
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_forward_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_f));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_kv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_kv));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_kv_kernel<D, SPLIT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_dq_kernel<D, SPLIT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_stats_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem_dq));
         attr = true;
     }
@@ -1232,10 +1430,10 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
     float *delta = lse + nh, *part = n_split > 1 ? delta + nh : NULL;
     if (part && ((size_t)part & 15)) part = (float *)(((size_t)part + 15) & ~(size_t)15);
     cudaStream_t st = cuda_stream();
-    fa_tc_forward_kernel<D, true><<<dim3((unsigned)pl->nt, (unsigned)n_heads), TC_THREADS, smem_f, st>>>(
-        NULL, lse, delta, go, q, kc, vc, pl->tiles, n_heads, group, max_len, kv_dim, scale);
+    fa_tc_stats_kernel<D><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
+        lse, delta, go, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
     LAUNCH_CHECK();
-    fa_tc_backward_kv_kernel<D>
+    fa_tc_backward_kv_kernel<D, SPLIT>
         <<<dim3((unsigned)pl->nkb, (unsigned)n_kv_heads, (unsigned)n_split), TC_THREADS, smem_kv, st>>>(
             dkc, dvc, part, go, q, kc, vc, lse, delta, pl->tiles, pl->slot_begin, pl->kblocks, n_heads, group, per,
             max_len, kv_dim, scale);
@@ -1243,12 +1441,23 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
     if (n_split > 1) {
         size_t per_elems = (size_t)blocks * FT * D;
         fa_backward_kv_reduce_kernel<<<cuda_blocks_for(per_elems), CUDA_THREADS, 0, st>>>(
-            dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, D, max_len, kv_dim);
+            dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, D, max_len, kv_dim, FT);
         LAUNCH_CHECK();
     }
-    fa_tc_backward_dq_kernel<D><<<dim3((unsigned)pl->nt, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
-        dq, go, q, kc, vc, lse, delta, pl->tiles, n_heads, group, max_len, kv_dim, scale);
+    fa_tc_backward_dq_kernel<D, SPLIT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
+        dq, go, q, kc, vc, lse, delta, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
     LAUNCH_CHECK();
+}
+
+/* The tensor-core backward by head dim and rounding. */
+template <int D>
+static void fa_tc_backward_dispatch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
+                                    const bf16_t *kc, const bf16_t *vc, const FaPlan *pl, int n, int n_heads,
+                                    int n_kv_heads, int max_len, bool precise) {
+    if (precise)
+        fa_tc_backward_launch<D, true>(dq, dkc, dvc, go, q, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
+    else
+        fa_tc_backward_launch<D, false>(dq, dkc, dvc, go, q, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -1332,17 +1541,21 @@ void cuda_attention(void *out, const void *q, const void *k_cache, const void *v
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
     FaPlan pl;
-    if (head_dim <= 128 && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0)) {
+    bool tc = std::is_same<T, __nv_bfloat16>::value && (head_dim == 64 || head_dim == 128) && fa_tc_aligned(out) &&
+              fa_tc_aligned(q) && fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache);
+    int rows = tc ? 16 * TC_WARPS * FA_TC_FWD_MT : FT;
+    if (head_dim <= 128 && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0, rows, FT)) {
         if (pl.nt == 0) return;
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            if ((head_dim == 64 || head_dim == 128) && fa_tc_aligned(out) && fa_tc_aligned(q) &&
-                fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache)) {
+            if (tc) {
                 if (head_dim == 64)
-                    fa_tc_forward_launch<64>((bf16_t *)out, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                             (const bf16_t *)v_cache, &pl, n_heads, group, max_len, kv_dim, scale);
+                    fa_tc_forward_launch<64, FA_TC_FWD_MT>((bf16_t *)out, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                                           (const bf16_t *)v_cache, &pl, n_heads, group, max_len,
+                                                           kv_dim, scale);
                 else
-                    fa_tc_forward_launch<128>((bf16_t *)out, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                              (const bf16_t *)v_cache, &pl, n_heads, group, max_len, kv_dim, scale);
+                    fa_tc_forward_launch<128, FA_TC_FWD_MT>((bf16_t *)out, (const bf16_t *)q,
+                                                            (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl,
+                                                            n_heads, group, max_len, kv_dim, scale);
                 return;
             }
         }
@@ -1477,19 +1690,21 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
     FaPlan pl;
-    if (head_dim <= 128 && n_slots > 0 && fa_make_plan(&pl, slot, pos, n, n_slots, max_len, 1)) {
+    bool tc = std::is_same<T, __nv_bfloat16>::value && (head_dim == 64 || head_dim == 128) && fa_tc_aligned(dq) &&
+              fa_tc_aligned(dout) && fa_tc_aligned(q) && fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache);
+    if (head_dim <= 128 && n_slots > 0 && fa_make_plan(&pl, slot, pos, n, n_slots, max_len, 1, FT, FT)) {
         if (pl.nt == 0) return;
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            if ((head_dim == 64 || head_dim == 128) && fa_tc_aligned(dq) && fa_tc_aligned(dout) && fa_tc_aligned(q) &&
-                fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache)) {
+            if (tc) {
+                bool precise = fa_precise();
                 if (head_dim == 64)
-                    fa_tc_backward_launch<64>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
-                                              (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                              (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len);
+                    fa_tc_backward_dispatch<64>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
+                                                (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                                (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len, precise);
                 else
-                    fa_tc_backward_launch<128>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
-                                               (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                               (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len);
+                    fa_tc_backward_dispatch<128>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
+                                                 (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                                 (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len, precise);
                 return;
             }
         }

@@ -110,14 +110,19 @@ static bool adjacent(const void *a, size_t n, size_t elem, const void *b) {
     return a && b && (const char *)a + n * elem == (const char *)b;
 }
 
-/* The layer's q|k|v and gate|up weights (and q|k|v biases) as single tensors,
- * or false when the arena did not lay them out back to back. */
-static bool fused_layout(const LayerWeights *w, const ModelConfig *c, size_t es) {
-    size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
-           QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim;
-    bool qkv = adjacent(w->q_w, QD * D, es, w->k_w) && adjacent(w->k_w, KVD * D, es, w->v_w);
+/* The layer's q|k|v weights (and biases, when present) lie back to back, so
+ * one GEMM can read them as a single [QD + 2 KVD, D] tensor. */
+static bool qkv_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es) {
+    size_t D = (size_t)c->hidden_size, QD = (size_t)c->num_attention_heads * c->head_dim,
+           KVD = (size_t)c->num_key_value_heads * c->head_dim;
+    bool weights = adjacent(w->q_w, QD * D, es, w->k_w) && adjacent(w->k_w, KVD * D, es, w->v_w);
     bool bias = (!w->q_b && !w->k_b && !w->v_b) || (adjacent(w->q_b, QD, es, w->k_b) && adjacent(w->k_b, KVD, es, w->v_b));
-    return qkv && bias && adjacent(w->gate_w, F * D, es, w->up_w);
+    return weights && bias;
+}
+
+/* The layer's gate|up weights lie back to back: one [2F, D] tensor. */
+static bool gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es) {
+    return adjacent(w->gate_w, (size_t)c->intermediate_size * c->hidden_size, es, w->up_w);
 }
 
 void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks) {
@@ -129,7 +134,8 @@ void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks)
     bool ok = true;
     for (int l = 0; l < L && ok; l++) {
         const LayerWeights *w = &m->layers[l];
-        ok = fused_layout(w, c, dtype_size(be->storage));
+        size_t es = dtype_size(be->storage);
+        ok = qkv_back_to_back(w, c, es) && gate_up_back_to_back(w, c, es);
         layers[l] = (DecodeLayerWeights){.attn_norm = w->attn_norm, .qkv_w = w->q_w, .qkv_b = w->q_b,
                                          .o_w = w->o_w, .o_b = w->o_b, .mlp_norm = w->mlp_norm,
                                          .gate_up_w = w->gate_w, .down_w = w->down_w,
@@ -168,11 +174,7 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
     if (!one_launch) be->rmsnorm(st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
     for (int l = 0; l < L && !one_launch; l++) {
         const LayerWeights *w = &m->layers[l];
-        bool fused_qkv = fused_ops && adjacent(w->q_w, (size_t)QD * D, es, w->k_w) &&
-                         adjacent(w->k_w, (size_t)KVD * D, es, w->v_w) &&
-                         ((!w->q_b && !w->k_b && !w->v_b) ||
-                          (adjacent(w->q_b, (size_t)QD, es, w->k_b) && adjacent(w->k_b, (size_t)KVD, es, w->v_b)));
-        if (fused_qkv) {
+        if (fused_ops && qkv_back_to_back(w, c, es)) {
             be->linear(st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
             be->qkv_rope_store(st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
                                c->rope_theta);
@@ -193,7 +195,7 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             be->add(st->x, st->x, st->proj, ND);
             be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
         }
-        if (fused_ops && adjacent(w->gate_w, (size_t)F * D, es, w->up_w)) {
+        if (fused_ops && gate_up_back_to_back(w, c, es)) {
             be->linear(st->gate_up, st->xn, w->gate_w, NULL, n, D, 2 * F);
             be->swiglu_gate_up(st->gate, st->gate_up, n, F);
         } else {

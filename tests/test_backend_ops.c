@@ -134,9 +134,11 @@ static void test_attention(const Backend *be) {
     double *ref_k = malloc(cache_n * sizeof(double));
     for (size_t i = 0; i < cache_n; i++) ref_k[i] = kc[i];
     report("kv_store [3,40,32] (5 tokens)", got_k, ref_k, cache_n, 0.0);
-    be->attention(dout, dq, dkc, dvc, slot, pos, n, H, KVH, Dh, L);
-    float *got = from_device(be, dout, (size_t)n * H * Dh);
-    double *ref = calloc((size_t)n * H * Dh, sizeof(double));
+    void *dlse = be->alloc_f32((size_t)n * H);
+    be->attention(dout, dlse, dq, dkc, dvc, slot, pos, n, H, KVH, Dh, L);
+    float *got = from_device(be, dout, (size_t)n * H * Dh), *got_lse = malloc((size_t)n * H * sizeof(float));
+    be->download_f32(got_lse, dlse, (size_t)n * H);
+    double *ref = calloc((size_t)n * H * Dh, sizeof(double)), *ref_lse = malloc((size_t)n * H * sizeof(double));
     double *p = malloc((size_t)L * sizeof(double));
     for (int i = 0; i < n; i++)
         for (int h = 0; h < H; h++) {
@@ -150,14 +152,17 @@ static void test_attention(const Backend *be) {
                 mx = fmax(mx, p[t]);
             }
             for (int t = 0; t <= pos[i]; t++) sum += (p[t] = exp(p[t] - mx));
+            ref_lse[(size_t)i * H + h] = mx + log(sum);
             for (int t = 0; t <= pos[i]; t++)
                 for (int d = 0; d < Dh; d++)
                     ref[((size_t)i * H + h) * Dh + d] +=
                         p[t] / sum * vc[((size_t)slot[i] * L + t) * kvd + kh * Dh + d];
         }
     report("attention GQA H=6 KVH=2 Dh=16, 3 slots", got, ref, (size_t)n * H * Dh, 1e-6);
+    report("attention lse [f32] (log-sum-exp per row)", got_lse, ref_lse, (size_t)n * H, 1e-5);
     free(kc), free(vc), free(q), free(k), free(v), free(got), free(ref), free(p), free(got_k), free(ref_k);
-    be->free(dkc), be->free(dvc), be->free(dq), be->free(dk), be->free(dv), be->free(dout);
+    free(got_lse), free(ref_lse);
+    be->free(dkc), be->free(dvc), be->free(dq), be->free(dk), be->free(dv), be->free(dout), be->free(dlse);
 }
 
 static void test_elementwise(const Backend *be) {
@@ -382,7 +387,7 @@ static void test_attention_backward(const Backend *be) {
     void *gq = to_device(be, q, qn), *gkc = to_device(be, kc, cn), *gvc = to_device(be, vc, cn),
          *gdo = to_device(be, dout, qn), *gdq = be->alloc(qn), *gdk = to_device(be, dk0, cn),
          *gdv = to_device(be, dv0, cn);
-    be->attention_backward(gdq, gdk, gdv, gdo, gq, gkc, gvc, slot, pos, n, H, KVH, Dh, S, L);
+    be->attention_backward(gdq, gdk, gdv, gdo, gq, NULL, NULL, gkc, gvc, slot, pos, n, H, KVH, Dh, S, L);
     float *got_dq = from_device(be, gdq, qn), *got_dk = from_device(be, gdk, cn), *got_dv = from_device(be, gdv, cn);
     double *qd = to_double(q, qn), *kd = to_double(kc, cn), *vd = to_double(vc, cn), *dod = to_double(dout, qn);
     double *scratch = malloc(qn * sizeof(double)), h = 1e-5;

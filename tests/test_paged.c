@@ -152,7 +152,7 @@ static void run_case(const Backend *be, int n_heads, int n_kv_heads, int head_di
             void *dout = be->alloc(q_n), *dout_real = be->alloc((size_t)n_real * row);
             be->upload(dq, q, q_n), be->upload(dq_real, q_real, (size_t)n_real * row);
             int *d_seq = i32_buffer(be, seq_all, (size_t)n), *d_pos = i32_buffer(be, pos_all, (size_t)n);
-            be->attention(dout_real, dq_real, k_cache, v_cache, slot, pos, n_real, n_heads, n_kv_heads, head_dim,
+            be->attention(dout_real, NULL, dq_real, k_cache, v_cache, slot, pos, n_real, n_heads, n_kv_heads, head_dim,
                           max_len);
             be->paged_attention(dout, dq, k_pool, v_pool, d_tables, d_seq, d_pos, n, n_heads, n_kv_heads, head_dim,
                                 block_size, max_blocks);

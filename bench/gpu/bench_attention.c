@@ -7,10 +7,11 @@
  * FLOPs (the standard FlashAttention accounting): forward 4 * T^2/2 * Dh * H
  * per sequence (QK^T and PV over the causal half); backward 2.5x the forward
  * (5 products against 2: S, dP, dV, dK, dQ). What the kernels recompute
- * (the backward's statistics pass re-runs the forward, S and dP are formed
- * twice, hi + lo splits) is not counted: the figure is useful work per second.
- * The backward's time includes everything the op does (its host plan, the
- * statistics pass, the kv and dq kernels).
+ * (hi + lo splits; S and dP again when statistics or dq are recomputed) is not
+ * counted: the figure is useful work per second. The forward writes lse and
+ * the backward takes it with the forward's output, as training calls them; the
+ * backward's time includes everything the op does (its host plan, the delta
+ * pass, the kv and dq kernels).
  *
  * Not a correctness test (tests/gpu/test_cuda_ops.c is). Timing: CUDA events
  * around `iters` back-to-back calls after one warm-up (backend_cuda_time_ms).
@@ -45,21 +46,21 @@ static const AttnShape SHAPES[] = {
 
 typedef struct AttnCall {
     const Backend *be;
-    void *out, *q, *k_cache, *v_cache, *dout, *dq, *dk_cache, *dv_cache;
+    void *out, *lse, *q, *k_cache, *v_cache, *dout, *dq, *dk_cache, *dv_cache;
     int *slot, *pos;
     int n, heads, kv_heads, head_dim, n_slots, max_len;
 } AttnCall;
 
 static void run_forward(void *ctx) {
     AttnCall *c = ctx;
-    c->be->attention(c->out, c->q, c->k_cache, c->v_cache, c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim,
+    c->be->attention(c->out, c->lse, c->q, c->k_cache, c->v_cache, c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim,
                      c->max_len);
 }
 
 static void run_backward(void *ctx) {
     AttnCall *c = ctx;
-    c->be->attention_backward(c->dq, c->dk_cache, c->dv_cache, c->dout, c->q, c->k_cache, c->v_cache, c->slot, c->pos,
-                              c->n, c->heads, c->kv_heads, c->head_dim, c->n_slots, c->max_len);
+    c->be->attention_backward(c->dq, c->dk_cache, c->dv_cache, c->dout, c->q, c->out, c->lse, c->k_cache, c->v_cache,
+                              c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim, c->n_slots, c->max_len);
 }
 
 /* Fills a storage buffer of n elements with a repeated random chunk. */
@@ -118,7 +119,7 @@ int main(int argc, char **argv) {
                           .n_slots = B, .max_len = T};
             c.q = be->alloc(nq), c.out = be->alloc(nq), c.dout = be->alloc(nq), c.dq = be->alloc(nq);
             c.k_cache = be->alloc(nc), c.v_cache = be->alloc(nc);
-            c.dk_cache = be->alloc_f32(nc), c.dv_cache = be->alloc_f32(nc);
+            c.dk_cache = be->alloc_f32(nc), c.dv_cache = be->alloc_f32(nc), c.lse = be->alloc_f32((size_t)N * s->heads);
             fill(be, c.q, nq, chunk), fill(be, c.dout, nq, chunk);
             fill(be, c.k_cache, nc, chunk), fill(be, c.v_cache, nc, chunk);
             be->zero_f32(c.dk_cache, nc), be->zero_f32(c.dv_cache, nc);
@@ -135,7 +136,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
             free(c.slot), free(c.pos);
             be->free(c.q), be->free(c.out), be->free(c.dout), be->free(c.dq), be->free(c.k_cache);
-            be->free(c.v_cache), be->free(c.dk_cache), be->free(c.dv_cache);
+            be->free(c.v_cache), be->free(c.dk_cache), be->free(c.dv_cache), be->free(c.lse);
         }
     }
     be->free(chunk);

@@ -79,8 +79,10 @@ typedef struct Backend {
                      const int *slot, const int *pos, int n, int kv_dim, int max_len);
     /* Causal attention: token i's query q[i, H, Dh] attends to cache positions
      * 0..pos[i] of slot[i] (GQA: head h reads KV head h / (H/KVH)), softmax
-     * scaled by 1/sqrt(Dh); out[N, H*Dh]. */
-    void (*attention)(void *out, const void *q, const void *k_cache, const void *v_cache,
+     * scaled by 1/sqrt(Dh); out[N, H*Dh]. lse[N, H] [f32], when not NULL,
+     * receives each row's log-sum-exp of the scaled scores (natural log), for
+     * attention_backward; generation passes NULL. */
+    void (*attention)(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
                       const int *slot, const int *pos, int n, int n_heads, int n_kv_heads,
                       int head_dim, int max_len);
     /* out[i] = silu(gate[i]) * up[i] over n elements. */
@@ -117,13 +119,17 @@ typedef struct Backend {
      * (slot[i], pos[i]). */
     void (*kv_gather)(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
                       int n, int kv_dim, int max_len);
-    /* Backward of attention (same layout and causal rule), recomputing the
-     * softmax from q and the caches: dq[N, H*Dh] = d out / d q; dk_cache and
-     * dv_cache [S, L, KVH*Dh] [f32] += the gradients of the cached K and V rows.
+    /* Backward of attention (same layout and causal rule): dq[N, H*Dh] =
+     * d out / d q; dk_cache and dv_cache [S, L, KVH*Dh] [f32] += the gradients
+     * of the cached K and V rows. out[N, H*Dh] and lse[N, H] [f32] are the
+     * forward's output and log-sum-exp for the same inputs (lse as attention
+     * wrote it); either may be NULL, and then the softmax statistics are
+     * recomputed from q and the caches (a backend may recompute them anyway).
      * n_slots bounds the slot ids. */
     void (*attention_backward)(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
-                               const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
-                               int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len);
+                               const void *out, const void *lse, const void *k_cache, const void *v_cache,
+                               const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                               int n_slots, int max_len);
     /* Backward of swiglu (out = silu(gate) * up) over n elements:
      * dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);

@@ -115,9 +115,9 @@ static void prof_kv_store(void *k_cache, void *v_cache, const void *k, const voi
     op_end(OP_kv_store, t0);
 }
 
-static void prof_attention(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
+static void prof_attention(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
     double t0 = op_begin();
-    g_inner->attention(out, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+    g_inner->attention(out, lse, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
     op_end(OP_attention, t0);
 }
 
@@ -175,9 +175,9 @@ static void prof_kv_gather(void *k, void *v, const void *k_cache, const void *v_
     op_end(OP_kv_gather, t0);
 }
 
-static void prof_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q, const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len) {
+static void prof_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q, const void *out, const void *lse, const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len) {
     double t0 = op_begin();
-    g_inner->attention_backward(dq, dk_cache, dv_cache, dout, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, n_slots, max_len);
+    g_inner->attention_backward(dq, dk_cache, dv_cache, dout, q, out, lse, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, n_slots, max_len);
     op_end(OP_attention_backward, t0);
 }
 

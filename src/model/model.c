@@ -502,7 +502,7 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->rope(st->q, pos, n, H, Dh, c->rope_theta);
         be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
         be->kv_store(st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
-        be->attention(st->att, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
+        be->attention(st->att, NULL, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
         be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
         be->add(st->x, st->x, st->proj, ND);
         be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);

@@ -110,6 +110,7 @@ typedef struct LayerActivations {
     void *q;                 /* [N, QD] after rope */
     void *k_cache, *v_cache; /* [S, L, KVD], K after rope */
     void *att;               /* [N, QD] attention output (o_proj input) */
+    void *lse;               /* [N, H] [f32] attention log-sum-exp, for its backward */
     void *x_mid;             /* [N, D] residual after attention */
     void *xn_mlp;            /* [N, D] post_attention_layernorm output */
     void *gate, *up;         /* [N, F] before the activation */
@@ -164,7 +165,8 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
            QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim,
            V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = (size_t)st_chunk_rows(m->be, max_tokens);
     size_t es = dtype_size(m->be->storage);
-    size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es; /* all but x_in */
+    size_t H = (size_t)c->num_attention_heads;
+    size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es + N * H * 4; /* all but x_in */
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
                     2 * SL * KVD * 4;
@@ -217,6 +219,7 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
         a->k_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
         a->v_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
         a->att = backend_alloc_counted(be, N * QD, &st->bytes);
+        a->lse = backend_alloc_f32_counted(be, N * (size_t)c->num_attention_heads, &st->bytes);
         a->x_mid = backend_alloc_counted(be, N * D, &st->bytes);
         a->xn_mlp = backend_alloc_counted(be, N * D, &st->bytes);
         a->gate = backend_alloc_counted(be, N * F, &st->bytes);
@@ -253,7 +256,7 @@ void train_state_free(TrainState *st) {
         LayerActivations *a = &st->act[l];
         be->free(a->x_in);
         if (st->recompute && l > 0) continue; /* the rest is layer 0's, shared */
-        void *bufs[] = {a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->x_mid, a->xn_mlp, a->gate, a->up};
+        void *bufs[] = {a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->lse, a->x_mid, a->xn_mlp, a->gate, a->up};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
     }
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
@@ -332,7 +335,7 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     be->rope(a->q, pos, n, H, Dh, c->rope_theta);
     be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
     be->kv_store(a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
-    be->attention(a->att, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
+    be->attention(a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
     be->linear(st->proj, a->att, w->o_w, w->o_b, n, QD, D);
     be->add(a->x_mid, a->x_in, st->proj, ND);
     be->rmsnorm(a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
@@ -443,8 +446,8 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         be->linear_backward(st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
         be->zero_f32(st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
         be->zero_f32(st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
-        be->attention_backward(st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->k_cache, a->v_cache, slot, pos,
-                               n, H, KVH, Dh, st->n_slots, st->max_len);
+        be->attention_backward(st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->att, a->lse, a->k_cache,
+                               a->v_cache, slot, pos, n, H, KVH, Dh, st->n_slots, st->max_len);
         be->kv_gather(st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);
         be->rope_backward(st->dq, pos, n, H, Dh, c->rope_theta);
         be->rope_backward(st->k, pos, n, KVH, Dh, c->rope_theta);

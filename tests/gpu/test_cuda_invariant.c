@@ -158,7 +158,7 @@ static void test_attention(const Backend *be, int n_heads, int n_kv_heads, int h
     void *out = be->alloc(nq);
     be->zero(kc, ncache), be->zero(vc, ncache), be->zero(kp, npool), be->zero(vp, npool);
     be->kv_store(kc, vc, dk, dv, slot, pos, n, kv_dim, max_len);
-    be->attention(out, dq, kc, vc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+    be->attention(out, NULL, dq, kc, vc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
     be->download(train, out, nq);
 
     void *d_map = be->alloc_i32(n), *d_seq = be->alloc_i32(n), *d_pos = be->alloc_i32(n),
@@ -193,7 +193,7 @@ static void test_attention(const Backend *be, int n_heads, int n_kv_heads, int h
     cpu->upload(cq, q, nq), cpu->upload(ck, k, nkv), cpu->upload(cv, v, nkv);
     cpu->zero(ckc, ncache), cpu->zero(cvc, ncache);
     cpu->kv_store(ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
-    cpu->attention(co, cq, ckc, cvc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+    cpu->attention(co, NULL, cq, ckc, cvc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
     cpu->download(ref, co, nq);
     double worst = 0, tol = be->storage == DTYPE_BF16 ? 1e-2 : 1e-5;
     for (size_t i = 0; i < nq; i++) worst = fmax(worst, fabs((double)train[i] - ref[i]));

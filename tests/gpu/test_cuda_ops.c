@@ -356,17 +356,21 @@ static double attn_round_bf16(double x) {
 /* FlashAttention-2's rounding, on the CPU: the attention backward in double
  * with P and dS rounded to bf16 (once) before the products dV += P^T dO,
  * dK += scale dS^T Q and dQ = scale dS K, as FA2's kernels and colt's bf16
- * tensor-core tiles (unless COLT_FA_PRECISE=1) feed them to the MMAs; all else
+ * tensor-core tiles (unless COLT_FA_PRECISE=1) feed them to the MMAs; with
+ * delta_from_out, delta = dO . O with O the forward's output rounded to bf16
+ * (FA2's preprocessing pass; colt's when the forward hands over its output
+ * and lse), else delta = sum P dP exact (colt's statistics pass); all else
  * exact. dk and dv hold the starting [f32] values and accumulate. Its distance
  * to the CPU op is the error that rounding alone makes: the GPU test allows
  * the bf16 kernels that much (twice) on top of the tight bound. */
 static void attn_backward_fa2_reference(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                         const float *kc, const float *vc, const int *slot, const int *pos, int n,
-                                        int heads, int kv_heads, int head_dim, int n_slots, int max_len) {
+                                        int heads, int kv_heads, int head_dim, int n_slots, int max_len,
+                                        int delta_from_out) {
     int group = heads / kv_heads, kv_dim = kv_heads * head_dim;
     double scale = 1.0 / sqrt((double)head_dim);
     double *sc = malloc(sizeof(double) * max_len), *dp = malloc(sizeof(double) * max_len);
-    double *acc = malloc(sizeof(double) * head_dim);
+    double *acc = malloc(sizeof(double) * head_dim), *o = malloc(sizeof(double) * head_dim);
     for (int i = 0; i < n; i++)
         for (int h = 0; h < heads; h++) {
             const float *qi = q + ((size_t)i * heads + h) * head_dim, *gi = dout + ((size_t)i * heads + h) * head_dim;
@@ -383,7 +387,17 @@ static void attn_backward_fa2_reference(float *dq, float *dk, float *dv, const f
                 if (sc[t] > mx) mx = sc[t];
             }
             for (int t = 0; t < len; t++) sum += exp(sc[t] - mx);
-            for (int t = 0; t < len; t++) delta += exp(sc[t] - mx) / sum * dp[t];
+            if (delta_from_out) {
+                for (int e = 0; e < head_dim; e++) o[e] = 0.0;
+                for (int t = 0; t < len; t++) {
+                    const float *vt = vc + base + (size_t)t * kv_dim;
+                    double p = exp(sc[t] - mx) / sum;
+                    for (int e = 0; e < head_dim; e++) o[e] += p * vt[e];
+                }
+                for (int e = 0; e < head_dim; e++) delta += (double)gi[e] * attn_round_bf16(o[e]);
+            } else {
+                for (int t = 0; t < len; t++) delta += exp(sc[t] - mx) / sum * dp[t];
+            }
             for (int e = 0; e < head_dim; e++) acc[e] = 0.0;
             for (int t = 0; t < len; t++) {
                 double p = exp(sc[t] - mx) / sum, ds = p * (dp[t] - delta);
@@ -398,7 +412,7 @@ static void attn_backward_fa2_reference(float *dq, float *dk, float *dv, const f
             }
             for (int e = 0; e < head_dim; e++) dqi[e] = (float)(scale * acc[e]);
         }
-    free(sc), free(dp), free(acc);
+    free(sc), free(dp), free(acc), free(o);
 }
 
 /* check() with `allow` added to the absolute tolerance; also prints the FA2
@@ -443,7 +457,7 @@ static const int *g_attn_run_starts = NULL;
 
 static void test_attention(const Dev *d, int n_slots, const int *lens, int max_len, int n, int heads, int kv_heads,
                            int head_dim, float q_scale) {
-    char name[160], shape[96];
+    char name[224], shape[96];
     int *slot = malloc((size_t)n * sizeof(int)), *pos = malloc((size_t)n * sizeof(int));
     if (g_attn_run_starts) {
         int k = 0;
@@ -460,20 +474,27 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
     float *dout = rand_floats(nq, 1.0f), *dk0 = rand_floats(nc, 0.1f), *dv0 = rand_floats(nc, 0.1f);
     void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gq = dev_in(d, q, nq), *go = d->be->alloc(nq);
     void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *cq = cpu_in(q, nq), *co = CPU->alloc(nq);
+    size_t nl = (size_t)n * heads;
+    void *glse = d->be->alloc_f32(nl), *clse = CPU->alloc_f32(nl);
 
-    d->be->attention(go, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
-    CPU->attention(co, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
+    d->be->attention(go, glse, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
+    CPU->attention(co, clse, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
     float *got = dev_out(d, go, nq), *ref = cpu_out(co, nq);
     snprintf(name, sizeof name, "attention %s", shape);
     check(d, name, got, ref, nq, (Tol){1e-5, 2e-3, 2.0});
     free(got), free(ref);
+    got = dev_out_f32(d, glse, nl), ref = malloc(nl * sizeof(float));
+    CPU->download_f32(ref, clse, nl);
+    snprintf(name, sizeof name, "attention lse [f32] %s", shape);
+    check(d, name, got, ref, nl, (Tol){1e-6, 1e-6, 0});
+    free(got), free(ref);
 
     void *gdo = dev_in(d, dout, nq), *gdq = d->be->alloc(nq), *gdk = dev_in_f32(d, dk0, nc), *gdv = dev_in_f32(d, dv0, nc);
     void *cdo = cpu_in(dout, nq), *cdq = CPU->alloc(nq), *cdk = cpu_in(dk0, nc), *cdv = cpu_in(dv0, nc);
-    d->be->attention_backward(gdq, gdk, gdv, gdo, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots,
-                              max_len);
-    CPU->attention_backward(cdq, cdk, cdv, cdo, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, n_slots,
-                            max_len);
+    d->be->attention_backward(gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
+                              n_slots, max_len);
+    CPU->attention_backward(cdq, cdk, cdv, cdo, cq, co, clse, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim,
+                            n_slots, max_len);
     float *ref_dq = cpu_out(cdq, nq), *ref_dk = cpu_out(cdk, nc), *ref_dv = cpu_out(cdv, nc);
     /* The bf16 tensor-core tiles (bf16 storage, runs of positions, Dh 64 or 128) round P and dS to bf16 for
      * the gradient products, as FlashAttention-2 does (cuda_attention.cu, "Rounding"): their bound is the tight
@@ -482,29 +503,60 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
      * keeps P and dS in fp32 and meets the tight bound. */
     int fa2 = d->bf16 && g_attn_run_starts && (head_dim == 64 || head_dim == 128);
     if (fa2) {
-        float *fdq = calloc(nq, sizeof(float)), *fdk = dup_floats(dk0, nc), *fdv = dup_floats(dv0, nc);
-        attn_backward_fa2_reference(fdq, fdk, fdv, dout, q, kc, vc, slot, pos, n, heads, kv_heads, head_dim, n_slots,
-                                    max_len);
-        double e_dq = max_abs_diff(fdq, ref_dq, nq), e_dk = max_abs_diff(fdk, ref_dk, nc);
-        double e_dv = max_abs_diff(fdv, ref_dv, nc);
-        got = dev_out(d, gdq, nq);
-        snprintf(name, sizeof name, "attention_backward dq (FA2 rounding) %s", shape);
-        check_attn_allow(d, name, got, ref_dq, nq, (Tol){2e-5, 3e-3, 2.0}, e_dq);
-        free(got);
-        got = dev_out_f32(d, gdk, nc);
-        snprintf(name, sizeof name, "attention_backward dk [f32] += (FA2 rounding) %s", shape);
-        check_attn_allow(d, name, got, ref_dk, nc, (Tol){2e-5, 2e-4, 0}, e_dk);
-        free(got);
-        got = dev_out_f32(d, gdv, nc);
-        snprintf(name, sizeof name, "attention_backward dv [f32] += (FA2 rounding) %s", shape);
-        check_attn_allow(d, name, got, ref_dv, nc, (Tol){2e-5, 2e-4, 0}, e_dv);
-        free(got), free(fdq), free(fdk), free(fdv);
+        /* (a) the forward's lse and output handed over (delta = dO . O): the training path; (b) both NULL
+         * (statistics recomputed, delta = sum P dP); (c) as (a) with dq recomputed instead of formed from the
+         * stored dS (COLT_FA_DS_MAX_MB=0, the path above the scratch cap); (a) bit-identical when run again */
+        float *dq_a = NULL, *dk_a = NULL, *dv_a = NULL;
+        static const char *hows[3] = {"FA2 rounding, forward's lse + out", "FA2 rounding, stats recomputed",
+                                      "FA2 rounding, dq recomputed"};
+        for (int variant = 0; variant < 3; variant++) {
+            float *fdq = calloc(nq, sizeof(float)), *fdk = dup_floats(dk0, nc), *fdv = dup_floats(dv0, nc);
+            attn_backward_fa2_reference(fdq, fdk, fdv, dout, q, kc, vc, slot, pos, n, heads, kv_heads, head_dim,
+                                        n_slots, max_len, variant != 1);
+            double e_dq = max_abs_diff(fdq, ref_dq, nq), e_dk = max_abs_diff(fdk, ref_dk, nc);
+            double e_dv = max_abs_diff(fdv, ref_dv, nc);
+            const char *how = hows[variant];
+            if (variant > 0) {
+                d->be->free(gdk), d->be->free(gdv);
+                gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+                if (variant == 2) setenv("COLT_FA_DS_MAX_MB", "0", 1);
+                d->be->attention_backward(gdq, gdk, gdv, gdo, gq, variant == 1 ? NULL : go, variant == 1 ? NULL : glse,
+                                          gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots, max_len);
+                unsetenv("COLT_FA_DS_MAX_MB");
+            }
+            float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
+            snprintf(name, sizeof name, "attention_backward dq (%s) %s", how, shape);
+            check_attn_allow(d, name, gq_out, ref_dq, nq, (Tol){2e-5, 3e-3, 2.0}, e_dq);
+            snprintf(name, sizeof name, "attention_backward dk [f32] += (%s) %s", how, shape);
+            check_attn_allow(d, name, gk_out, ref_dk, nc, (Tol){2e-5, 2e-4, 0}, e_dk);
+            snprintf(name, sizeof name, "attention_backward dv [f32] += (%s) %s", how, shape);
+            check_attn_allow(d, name, gv_out, ref_dv, nc, (Tol){2e-5, 2e-4, 0}, e_dv);
+            if (variant == 0) {
+                dq_a = gq_out, dk_a = gk_out, dv_a = gv_out;
+            } else {
+                free(gq_out), free(gk_out), free(gv_out);
+            }
+            free(fdq), free(fdk), free(fdv);
+        }
+        /* determinism: (a) again on fresh accumulators, bit for bit */
+        d->be->free(gdk), d->be->free(gdv);
+        gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+        d->be->attention_backward(gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
+                                  n_slots, max_len);
+        float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
+        int same = !memcmp(gq_out, dq_a, nq * sizeof(float)) && !memcmp(gk_out, dk_a, nc * sizeof(float)) &&
+                   !memcmp(gv_out, dv_a, nc * sizeof(float));
+        g_checks++;
+        if (!same) g_failures++;
+        printf("%s %-9s attention_backward run twice: dq, dk, dv bit-identical %s\n", same ? "ok  " : "FAIL", d->tag,
+               shape);
+        free(gq_out), free(gk_out), free(gv_out), free(dq_a), free(dk_a), free(dv_a);
         /* the precise mode on fresh accumulators */
         d->be->free(gdk), d->be->free(gdv);
         gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
         setenv("COLT_FA_PRECISE", "1", 1);
-        d->be->attention_backward(gdq, gdk, gdv, gdo, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots,
-                                  max_len);
+        d->be->attention_backward(gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
+                                  n_slots, max_len);
         unsetenv("COLT_FA_PRECISE");
     }
     const char *mode = fa2 ? " COLT_FA_PRECISE=1" : "";
@@ -523,9 +575,9 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
 
     free(slot), free(pos), free(kc), free(vc), free(q), free(dout), free(dk0), free(dv0);
     d->be->free(gkc), d->be->free(gvc), d->be->free(gq), d->be->free(go), d->be->free(gdo), d->be->free(gdq);
-    d->be->free(gdk), d->be->free(gdv);
+    d->be->free(gdk), d->be->free(gdv), d->be->free(glse);
     CPU->free(ckc), CPU->free(cvc), CPU->free(cq), CPU->free(co), CPU->free(cdo), CPU->free(cdq), CPU->free(cdk),
-        CPU->free(cdv);
+        CPU->free(cdv), CPU->free(clse);
 }
 
 /* ---------------------------------------------------------------- elementwise, embedding */

@@ -18,8 +18,9 @@
  * The tiles use fp32 FMA for fp32 storage and bf16 tensor cores (section
  * "tiled, bf16 tensor cores") for bf16 storage with head_dim 64 or 128.
  * Speed: bench/gpu/bench_attention.c. Not yet: wgmma/TMA (the mma.sync tiles
- * run at 10-20% of the H200's bf16 peak), GQA sharing of K/V tiles across the
+ * run at 12-19% of the H200's bf16 peak), GQA sharing of K/V tiles across the
  * heads of a group (each query head reads them through L2). */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -270,6 +271,7 @@ __global__ void __launch_bounds__(FTHREADS) fa_forward_kernel(T *out, float *lse
             int r = ty * 4 + i;
             if (r >= cnt) continue;
             float inv = 1.0f / l[i];
+            if (lse_out && tx == 0) lse_out[(size_t)(tok0 + r) * n_heads + h] = m[i] + logf(l[i]);
             T *orow = out + ((size_t)(tok0 + r) * n_heads + h) * head_dim;
 #pragma unroll
             for (int e = 0; e < DA; e++) {
@@ -498,8 +500,10 @@ static size_t fa_smem_dq(int dmax) { return (size_t)(4 * FT * (dmax + 4) + FT * 
  * 0..n_slots-1. */
 struct FaPlan {
     int nt, nq, nkb;
+    size_t npairs; /* backward: (query tile, key block) pairs with a key the tile sees */
     const int4 *tiles, *qtiles;
     const int *slot_begin;
+    const int *tile_pbase, *qtile_pbase; /* backward: each tile's first pair (key block 0) */
     const int2 *kblocks;
 };
 
@@ -554,8 +558,8 @@ static void fa_sort_longest_first(int *dst, const int *src, int nt, int max_len)
 
 static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int n_slots, int max_len,
                         int for_backward, int qrows, int krows) {
-    static int *raw = NULL, *rawq = NULL, *sortq = NULL, *packed = NULL, *aux = NULL;
-    static size_t raw_cap = 0, packed_cap = 0, aux_cap = 0;
+    static int *raw = NULL, *rawq = NULL, *sortq = NULL, *packed = NULL, *aux = NULL, *tokbase = NULL;
+    static size_t raw_cap = 0, packed_cap = 0, aux_cap = 0, tokbase_cap = 0;
     if ((size_t)4 * n > raw_cap) {
         free(raw), free(rawq), free(sortq);
         raw_cap = (size_t)4 * n + 64;
@@ -574,7 +578,8 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
     }
     fa_sort_longest_first(sortq, qsrc, nq, max_len);
     qsrc = sortq;
-    pl->nt = nt, pl->nq = nq, pl->nkb = 0;
+    pl->nt = nt, pl->nq = nq, pl->nkb = 0, pl->npairs = 0;
+    pl->tile_pbase = pl->qtile_pbase = NULL;
     if (nt == 0) return 1;
     if (!for_backward) {
         pl->qtiles = (const int4 *)cuda_upload_indices((const int *const *)&qsrc, 1, 4 * nq);
@@ -605,8 +610,21 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
         if (maxpos[s] >= 0) nkb += maxpos[s] / krows + 1;
     }
     int sb_len = (n_slots + 2) & ~1; /* keeps the key blocks 8-byte aligned */
-    /* [tiles 4nt][qtiles 4nq][slot_begin sb_len][kblocks 2nkb]: the int4 arrays first, 16-byte aligned */
-    size_t need = (size_t)4 * nt + (size_t)4 * nq + sb_len + (size_t)2 * nkb;
+    /* pair bases, by the tile's first token (tiles and qtiles are the same FT-row tiles, in two orders) */
+    if ((size_t)n > tokbase_cap) {
+        free(tokbase);
+        tokbase_cap = (size_t)n + 64;
+        tokbase = (int *)malloc(tokbase_cap * sizeof(int));
+    }
+    size_t npairs = 0;
+    for (int t = 0; t < nt; t++) {
+        tokbase[raw[4 * t]] = (int)npairs;
+        npairs += (size_t)((raw[4 * t + 3] + raw[4 * t + 1] - 1) / FT + 1);
+    }
+    if (npairs > (size_t)INT_MAX) npairs = 0; /* no dS path: the bases would overflow */
+    /* [tiles 4nt][qtiles 4nq][slot_begin sb_len][kblocks 2nkb][tile_pbase nt][qtile_pbase nq]: the int4 arrays
+     * first, 16-byte aligned */
+    size_t need = (size_t)4 * nt + (size_t)4 * nq + sb_len + (size_t)2 * nkb + (size_t)nt + (qrows == FT ? nq : 0);
     if (need > packed_cap) {
         free(packed);
         packed_cap = need + 64;
@@ -624,18 +642,25 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
     for (int kt = 0; kt < max_kt; kt++)
         for (int s = 0; s < n_slots; s++)
             if (maxpos[s] >= 0 && kt <= maxpos[s] / krows) pkb[2 * b] = s, pkb[2 * b + 1] = kt, b++;
+    int *ptb = pkb + 2 * nkb, *pqb = ptb + nt;
+    for (int t = 0; t < nt; t++) ptb[t] = tokbase[ptiles[4 * t]];
+    if (qrows == FT)
+        for (int t = 0; t < nq; t++) pqb[t] = tokbase[pq[4 * t]];
     int *dev = cuda_upload_indices((const int *const *)&packed, 1, (int)need);
     pl->nkb = nkb;
     pl->tiles = (const int4 *)dev;
     pl->qtiles = (const int4 *)(dev + 4 * nt);
     pl->slot_begin = dev + 4 * nt + 4 * nq;
     pl->kblocks = (const int2 *)(dev + 4 * nt + 4 * nq + sb_len);
+    pl->tile_pbase = dev + 4 * nt + 4 * nq + sb_len + 2 * nkb;
+    pl->qtile_pbase = qrows == FT ? pl->tile_pbase + nt : NULL;
+    pl->npairs = qrows == FT && krows == FT ? npairs : 0;
     return 1;
 }
 
 template <typename T, int DMAX>
-static void fa_forward_launch(T *out, const T *q, const T *kc, const T *vc, const FaPlan *pl, int n_heads, int group,
-                              int head_dim, int max_len, int kv_dim, float scale) {
+static void fa_forward_launch(T *out, float *lse, const T *q, const T *kc, const T *vc, const FaPlan *pl, int n_heads,
+                              int group, int head_dim, int max_len, int kv_dim, float scale) {
     static bool attr = false;
     size_t smem = fa_smem_forward(DMAX);
     if (!attr) {
@@ -644,7 +669,7 @@ static void fa_forward_launch(T *out, const T *q, const T *kc, const T *vc, cons
         attr = true;
     }
     fa_forward_kernel<T, DMAX, false><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem, cuda_stream()>>>(
-        out, NULL, NULL, NULL, q, kc, vc, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
+        out, lse, NULL, NULL, q, kc, vc, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
     LAUNCH_CHECK();
 }
 
@@ -706,11 +731,22 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
  *   forward: 128-row query tiles, warp w owns two m-tiles (rows 32w..32w+31),
  *   so each K/V fragment it reads from shared memory feeds two MMAs: S = Q K^T,
  *   online softmax on the accumulator fragments, O += P V.
- *   backward statistics: lse and delta = sum_j P dP from S and dP = dO V^T in
- *   one online pass (fa_tc_stats_kernel: no O, no P V, P never rounded).
+ *   The forward also writes lse (fp32 [N, H]) when asked (training).
+ *   backward statistics: given the forward's lse and output, delta = dO . O
+ *   (fa_tc_delta_kernel, FA2's preprocessing); else, and in the precise mode,
+ *   lse and delta = sum_j P dP from S and dP = dO V^T in one online pass
+ *   (fa_tc_stats_kernel: no O, no P V, P never rounded).
  *   backward kv: warp w owns key rows 16w..16w+15: S^T = K Q^T, dP^T = V dO^T,
- *   dV += P^T dO, dK += dS^T Q.
- *   backward dq: warp w owns query rows: S, dP as in the forward, dQ += dS K.
+ *   dV += P^T dO, dK += dS^T Q; it also stores the bf16 dS blocks it formed.
+ *   backward dq: dQ = dS K from those blocks (fa_tc_dq_from_ds_kernel: one
+ *   product per key tile, deterministic plain stores, no atomics). With the
+ *   stored statistics the backward is FA2's five products (S, dP, dV, dK, dQ)
+ *   against nine before (statistics pass 2, kv 4, a dq kernel re-forming S and
+ *   dP 3), at the price of writing and reading the dS blocks once (npairs * H *
+ *   8 KB: 0.8 GB for 16 x 2048 tokens of the 1.5B shape). H200, 1.5B, 16 x
+ *   2048: backward 5.09 -> 2.92 ms. When the blocks would not fit (scratch cap,
+ *   free memory) or in the precise mode, fa_tc_backward_dq_kernel re-forms S
+ *   and dP per query tile and computes dQ += dS K as before.
  * The query-tile grids run the tiles that see the most keys first.
  * Measured and left out (bench/gpu/bench_attention.c, H200): blocks of 8 warps
  * with 128-row tiles (half the L2 -> shared traffic per FLOP; one block per SM
@@ -831,7 +867,7 @@ __device__ __forceinline__ float tc_quad_sum(float v) {
  * products per tile against the forward's three (hi + lo P V), and P is never
  * rounded, so delta is fp32-exact. Warp w owns query rows 16w.. of an FT-row
  * tile, its Q and dout fragments in registers. */
-template <int D>
+template <int D, bool DELTA>
 __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out, float *delta_out,
                                                                   const bf16_t *dout, const bf16_t *q,
                                                                   const bf16_t *k_cache, const bf16_t *v_cache,
@@ -847,13 +883,13 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
     int last = pos0 + cnt - 1, nkt = last / FT + 1;
     size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
     tc_load_tile<D, FT, TC_THREADS>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
-    tc_load_tile<D, FT, TC_THREADS>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
+    if (DELTA) tc_load_tile<D, FT, TC_THREADS>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
     tc_load_tile<D, FT, TC_THREADS>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
-    tc_load_tile<D, FT, TC_THREADS>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
+    if (DELTA) tc_load_tile<D, FT, TC_THREADS>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
     tc_cp_commit();
     const float sl2 = scale * TC_LOG2E;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, sd[2] = {0.0f, 0.0f};
-    uint32_t qf[KS][4], of[KS][4];
+    uint32_t qf[KS][4], of[DELTA ? KS : 1][4];
     int wr0 = warp * 16, wlast = min(wr0 + 15, cnt - 1);
     for (int kt = 0; kt < nkt; kt++) {
         int j0 = kt * FT, buf = kt & 1;
@@ -861,8 +897,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
             int j1 = j0 + FT;
             tc_load_tile<D, FT, TC_THREADS>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim,
                                             kv_dim, min(FT, last + 1 - j1));
-            tc_load_tile<D, FT, TC_THREADS>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim,
-                                            kv_dim, min(FT, last + 1 - j1));
+            if (DELTA)
+                tc_load_tile<D, FT, TC_THREADS>(sV + (buf ^ 1) * FT * LDS, v_cache + kv_base + (size_t)j1 * kv_dim,
+                                                kv_dim, min(FT, last + 1 - j1));
         }
         tc_cp_commit();
         tc_cp_wait1();
@@ -871,7 +908,7 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 tc_ld_a<LDS>(qf[ks], sQ, wr0, ks * 16, lane);
-                tc_ld_a<LDS>(of[ks], sO, wr0, ks * 16, lane);
+                if (DELTA) tc_ld_a<LDS>(of[DELTA ? ks : 0], sO, wr0, ks * 16, lane);
             }
         }
         if (wr0 < cnt && j0 <= pos0 + wlast) {
@@ -889,9 +926,11 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
                     tc_ld_b<LDS>(b, cK, np * 16, ks * 16, lane);
                     tc_mma(s[2 * np], qf[ks], b[0], b[1]);
                     tc_mma(s[2 * np + 1], qf[ks], b[2], b[3]);
-                    tc_ld_b<LDS>(b, cV, np * 16, ks * 16, lane);
-                    tc_mma(dp[2 * np], of[ks], b[0], b[1]);
-                    tc_mma(dp[2 * np + 1], of[ks], b[2], b[3]);
+                    if (DELTA) {
+                        tc_ld_b<LDS>(b, cV, np * 16, ks * 16, lane);
+                        tc_mma(dp[2 * np], of[DELTA ? ks : 0], b[0], b[1]);
+                        tc_mma(dp[2 * np + 1], of[DELTA ? ks : 0], b[2], b[3]);
+                    }
                 }
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -919,7 +958,7 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
                 for (int e = 0; e < 4; e++) {
                     float p = exp2f(s[n][e] - mu[e >> 1]); /* 0 where masked */
                     ps[e >> 1] += p;
-                    pd[e >> 1] += p * dp[n][e];
+                    if (DELTA) pd[e >> 1] += p * dp[n][e];
                 }
 #pragma unroll
             for (int i = 0; i < 2; i++) l[i] += tc_quad_sum(ps[i]), sd[i] += tc_quad_sum(pd[i]);
@@ -932,7 +971,7 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
         if (r >= cnt || tq != 0) continue;
         size_t idx = (size_t)(tok0 + r) * n_heads + h;
         lse_out[idx] = (m[i] + log2f(l[i])) * TC_LN2;
-        delta_out[idx] = sd[i] / l[i];
+        if (DELTA) delta_out[idx] = sd[i] / l[i];
     }
 }
 
@@ -955,7 +994,7 @@ __device__ __forceinline__ void tc_pack_a(uint32_t hi[4], uint32_t lo[4], const 
  * query rows (rows 16*MT*w ...), so each K/V fragment read from shared memory
  * feeds MT MMAs. */
 template <int D, int MT>
-__global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, const bf16_t *q,
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, float *lse_out, const bf16_t *q,
                                                                     const bf16_t *k_cache, const bf16_t *v_cache,
                                                                     const int4 *tiles, int n_heads, int group,
                                                                     int max_len, int kv_dim, float scale) {
@@ -1094,6 +1133,7 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
             if (r >= cnt) continue;
             size_t idx = (size_t)(tok0 + r) * n_heads + h;
             float inv = 1.0f / l[mt][i];
+            if (lse_out && tq == 0) lse_out[idx] = (m[mt][i] + log2f(l[mt][i])) * TC_LN2;
             bf16_t *orow = out + idx * D;
 #pragma unroll
             for (int n = 0; n < NT; n++)
@@ -1103,12 +1143,18 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
 }
 
 /* grid (n_key_blocks, n_kv_heads, n_split), TC_THREADS threads; see
- * fa_backward_kv_kernel. SPLIT: P and dS as hi + lo (precise mode). */
+ * fa_backward_kv_kernel. SPLIT: P and dS as hi + lo (precise mode). With
+ * ds_out (not SPLIT), the bf16 dS it feeds to dK's MMAs also goes to memory for
+ * fa_tc_dq_from_ds_kernel: per (query tile t, key block kt, head h) one block
+ * [FT keys][FT queries] at ds_out + ((tile_pbase[t] + kt) * n_heads + h) * FT*FT,
+ * zeros where the causal rule masks (query rows past the tile may be left
+ * unwritten: they feed only dq rows that are never stored). */
 template <int D, bool SPLIT>
 __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
-    float *dk_cache, float *dv_cache, float *part, const bf16_t *dout, const bf16_t *q, const bf16_t *k_cache,
-    const bf16_t *v_cache, const float *lse, const float *delta, const int4 *tiles, const int *slot_begin,
-    const int2 *kblocks, int n_heads, int group, int heads_per_split, int max_len, int kv_dim, float scale) {
+    float *dk_cache, float *dv_cache, float *part, bf16_t *ds_out, const bf16_t *dout, const bf16_t *q,
+    const bf16_t *k_cache, const bf16_t *v_cache, const float *lse, const float *delta, const int4 *tiles,
+    const int *slot_begin, const int *tile_pbase, const int2 *kblocks, int n_heads, int group, int heads_per_split,
+    int max_len, int kv_dim, float scale) {
     const int LDS = D + 8, NT = D / 8, KS = D / 16, QC = D == 64 ? 64 : 32, QN = QC / 8;
     const int KR = FT, NTH = TC_THREADS;
     extern __shared__ float4 fa_smem4[];
@@ -1170,8 +1216,19 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
         __syncthreads();
         const bf16_t *cQ = sQ + buf * FT * LDS, *cO = sO + buf * FT * LDS;
         const float *cL = sL + buf * FT, *cD = sD + buf * FT;
+        /* this warp's 16 key rows of the dS^T block of (tile, key block, head) */
+        bf16_t *dsw = ds_out ? ds_out + ((size_t)(tile_pbase[cti] + kb.y) * n_heads + ch) * FT * FT + kr0 * FT : NULL;
         for (int c0 = 0; c0 < cnt; c0 += QC) {
-            if (pos0 + min(c0 + QC, cnt) - 1 < j0 + kr0) continue; /* every query of the chunk precedes the warp's keys */
+            if (pos0 + min(c0 + QC, cnt) - 1 < j0 + kr0) { /* every query of the chunk precedes the warp's keys */
+                if (dsw) {
+#pragma unroll
+                    for (int kk = 0; kk < QN / 2; kk++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            *(uint32_t *)(dsw + (gr + (e & 1) * 8) * FT + c0 + kk * 16 + (e >> 1) * 8 + 2 * tq) = 0u;
+                }
+                continue;
+            }
             float s[QN][4], dp[QN][4];
 #pragma unroll
             for (int n = 0; n < QN; n++)
@@ -1209,6 +1266,11 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_kv_kernel(
                 uint32_t ph[4], pl[4], dh[4], dl[4];
                 tc_pack_a<SPLIT>(ph, pl, s[2 * kk], s[2 * kk + 1]);
                 tc_pack_a<SPLIT>(dh, dl, dp[2 * kk], dp[2 * kk + 1]);
+                if (!SPLIT && dsw) { /* A fragment registers: rows gr, gr + 8; queries +0 / +8 */
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        *(uint32_t *)(dsw + (gr + (e & 1) * 8) * FT + c0 + kk * 16 + (e >> 1) * 8 + 2 * tq) = dh[e];
+                }
 #pragma unroll
                 for (int dd = 0; dd < NT / 2; dd++) {
                     uint32_t b[4];
@@ -1374,6 +1436,106 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *d
     }
 }
 
+/* A operand (16 rows m0.. x 16 k k0..) from a tile stored [k][m] with stride LDS */
+template <int LDS>
+__device__ __forceinline__ void tc_ld_at(uint32_t r[4], const bf16_t *s, int m0, int k0, int lane) {
+    tc_ldsm_t(r, s + (k0 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + m0 + ((lane >> 3) & 1) * 8);
+}
+
+/* grid (n_tiles, n_heads), TC_THREADS threads: dq = scale * sum_kt dS(kt) K(kt)
+ * from the dS blocks fa_tc_backward_kv_kernel stored (no S, dP recompute: one
+ * product per key tile instead of three). The warps tile the [FT, D] output
+ * 2 x 2: warp w owns query rows 32 (w & 1).. (two m-tiles) and head dims
+ * D/2 (w >> 1).., so each K fragment feeds two MMAs and each dS fragment D/16.
+ * dS (stored [key][query]) and K stream through shared memory by cp.async,
+ * double buffered. */
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS) fa_tc_dq_from_ds_kernel(bf16_t *dq, const bf16_t *ds,
+                                                                      const bf16_t *k_cache, const int4 *tiles,
+                                                                      const int *tile_pbase, int n_heads, int group,
+                                                                      int max_len, int kv_dim, float scale) {
+    const int LDS = D + 8, LDP = FT + 8, NW = D / 16; /* n8-tiles per warp */
+    extern __shared__ float4 fa_smem4[];
+    bf16_t *sP = (bf16_t *)fa_smem4, *sK = sP + 2 * FT * LDP;
+    int4 t = tiles[blockIdx.x];
+    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+    int wm = (warp & 1) * 32, wn = (warp >> 1) * (D / 2);
+    int last = pos0 + cnt - 1, nkt = last / FT + 1;
+    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
+    const bf16_t *dsb = ds + ((size_t)tile_pbase[blockIdx.x] * n_heads + h) * FT * FT;
+    const size_t ds_step = (size_t)n_heads * FT * FT;
+    tc_load_tile<FT, FT, TC_THREADS>(sP, dsb, FT, FT);
+    tc_load_tile<D, FT, TC_THREADS>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
+    tc_cp_commit();
+    float acc[2][NW][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int n = 0; n < NW; n++) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        int buf = kt & 1;
+        if (kt + 1 < nkt) {
+            int j1 = (kt + 1) * FT;
+            tc_load_tile<FT, FT, TC_THREADS>(sP + (buf ^ 1) * FT * LDP, dsb + (kt + 1) * ds_step, FT, FT);
+            tc_load_tile<D, FT, TC_THREADS>(sK + (buf ^ 1) * FT * LDS, k_cache + kv_base + (size_t)j1 * kv_dim,
+                                            kv_dim, min(FT, last + 1 - j1));
+        }
+        tc_cp_commit();
+        tc_cp_wait1();
+        __syncthreads();
+        const bf16_t *cP = sP + buf * FT * LDP, *cK = sK + buf * FT * LDS;
+#pragma unroll
+        for (int ks = 0; ks < FT / 16; ks++) {
+            uint32_t a[2][4];
+            tc_ld_at<LDP>(a[0], cP, wm, ks * 16, lane);
+            tc_ld_at<LDP>(a[1], cP, wm + 16, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < NW / 2; np++) {
+                uint32_t b[4];
+                tc_ld_bt<LDS>(b, cK, ks * 16, wn + np * 16, lane);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    tc_mma(acc[mt][2 * np], a[mt], b[0], b[1]);
+                    tc_mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = wm + 16 * mt + gr + 8 * i;
+            if (r >= cnt) continue;
+            bf16_t *row = dq + ((size_t)(tok0 + r) * n_heads + h) * D + wn;
+#pragma unroll
+            for (int n = 0; n < NW; n++)
+                *(__nv_bfloat162 *)(row + n * 8 + 2 * tq) =
+                    __floats2bfloat162_rn(scale * acc[mt][n][2 * i], scale * acc[mt][n][2 * i + 1]);
+        }
+}
+
+/* delta[i, h] = dout[i, h, :] . out[i, h, :] in fp32 (FA2's preprocessing
+ * pass): one warp per (token, head) row, a fixed shuffle order. */
+template <int D>
+__global__ void fa_tc_delta_kernel(float *delta, const bf16_t *dout, const bf16_t *out, size_t rows) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const __nv_bfloat162 *g = (const __nv_bfloat162 *)(dout + row * D), *o = (const __nv_bfloat162 *)(out + row * D);
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = lane; k < D / 2; k += 32) {
+        float2 a = __bfloat1622float2(g[k]), b = __bfloat1622float2(o[k]);
+        sum = fmaf(a.x, b.x, sum);
+        sum = fmaf(a.y, b.y, sum);
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) delta[row] = sum;
+}
+
 /* shared memory: forward Q (16 * MT * TC_WARPS rows) + K, V double buffered (FT
  * rows each); kv: K, V + Q, dO double buffered + lse, delta; stats and dq: Q,
  * dO + K, V double buffered */
@@ -1382,11 +1544,12 @@ static size_t fa_tc_smem_forward(int d, int mt) {
 }
 static size_t fa_tc_smem_kv(int d) { return (size_t)6 * FT * (d + 8) * sizeof(bf16_t) + 4 * FT * sizeof(float); }
 static size_t fa_tc_smem_dq(int d) { return (size_t)6 * FT * (d + 8) * sizeof(bf16_t); }
+static size_t fa_tc_smem_dq_ds(int d) { return (size_t)2 * FT * (FT + 8 + d + 8) * sizeof(bf16_t); }
 
 static bool fa_tc_aligned(const void *p) { return ((size_t)p & 15) == 0; }
 
 template <int D, int MT>
-static void fa_tc_forward_launch(bf16_t *out, const bf16_t *q, const bf16_t *kc, const bf16_t *vc,
+static void fa_tc_forward_launch(bf16_t *out, float *lse, const bf16_t *q, const bf16_t *kc, const bf16_t *vc,
                                  const FaPlan *pl, int n_heads, int group, int max_len, int kv_dim, float scale) {
     static bool attr = false;
     size_t smem = fa_tc_smem_forward(D, MT);
@@ -1396,24 +1559,53 @@ static void fa_tc_forward_launch(bf16_t *out, const bf16_t *q, const bf16_t *kc,
         attr = true;
     }
     fa_tc_forward_kernel<D, MT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
-        out, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
+        out, lse, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
     LAUNCH_CHECK();
 }
 
-/* statistics, kv and dq kernels; the plan's qtiles have FT rows here */
+/* The dS blocks of the non-precise backward take npairs * H * FT^2 bf16 of
+ * scratch (1.5B shape, 16 x 2048 tokens: 0.83 GB; 7B, 8 x 2048: 0.97 GB); above
+ * COLT_FA_DS_MAX_MB MiB (default 1024), or when the device could not hold the
+ * scratch with 256 MiB to spare, the backward forms dq by recomputing S and dP
+ * instead (fa_tc_backward_dq_kernel). */
+static size_t fa_ds_cap_bytes(void) {
+    const char *e = getenv("COLT_FA_DS_MAX_MB");
+    long mb = e ? atol(e) : 1024;
+    return mb > 0 ? (size_t)mb << 20 : 0;
+}
+
+/* Whether cuda_scratch(bytes) will fit: sizes granted before are (the scratch
+ * never shrinks); a larger one needs its power-of-two capacity free. */
+static bool fa_scratch_fits(size_t bytes) {
+    static size_t granted = 0;
+    if (bytes <= granted) return true;
+    size_t cap = (size_t)1 << 16, free_bytes = 0, total_bytes = 0;
+    while (cap < bytes) cap *= 2;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return false;
+    if (cap + ((size_t)256 << 20) > free_bytes) return false;
+    granted = cap;
+    return true;
+}
+
+static size_t fa_align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* statistics (or delta alone, given the forward's lse and output), kv and dq
+ * kernels; the plan's qtiles have FT rows here */
 template <int D, bool SPLIT>
 static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
-                                  const bf16_t *kc, const bf16_t *vc, const FaPlan *pl, int n, int n_heads,
-                                  int n_kv_heads, int max_len) {
+                                  const bf16_t *out, const float *lse_fwd, const bf16_t *kc, const bf16_t *vc,
+                                  const FaPlan *pl, int n, int n_heads, int n_kv_heads, int max_len) {
     static bool attr = false;
-    size_t smem_kv = fa_tc_smem_kv(D), smem_dq = fa_tc_smem_dq(D);
+    size_t smem_kv = fa_tc_smem_kv(D), smem_dq = fa_tc_smem_dq(D), smem_ds = fa_tc_smem_dq_ds(D);
     if (!attr) {
         CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_kv_kernel<D, SPLIT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
         CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_dq_kernel<D, SPLIT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_stats_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_stats_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem_dq));
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_dq_from_ds_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem_ds));
         attr = true;
     }
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * D;
@@ -1426,17 +1618,33 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
     n_split = (group + per - 1) / per;
     size_t part_elems = n_split > 1 ? (size_t)2 * n_split * blocks * FT * D : 0;
     size_t nh = (size_t)n * n_heads;
-    float *lse = (float *)cuda_scratch((2 * nh + part_elems) * sizeof(float) + 256);
-    float *delta = lse + nh, *part = n_split > 1 ? delta + nh : NULL;
-    if (part && ((size_t)part & 15)) part = (float *)(((size_t)part + 15) & ~(size_t)15);
+    /* the forward's statistics are used in the FA2-rounding mode only: the precise mode keeps delta = sum P dP
+     * in fp32 (a delta from the bf16 output would undo what its hi + lo split buys) */
+    bool stored = !SPLIT && lse_fwd && out;
+    size_t ds_bytes = SPLIT ? 0 : pl->npairs * (size_t)n_heads * FT * FT * sizeof(bf16_t);
+    /* scratch: [lse nh, unless stored][delta nh][partials][dS blocks], each 256-byte aligned */
+    size_t b_lse = stored ? 0 : fa_align256(nh * sizeof(float)), b_delta = fa_align256(nh * sizeof(float));
+    size_t b_part = fa_align256(part_elems * sizeof(float));
+    if (ds_bytes > fa_ds_cap_bytes() || !fa_scratch_fits(b_lse + b_delta + b_part + ds_bytes + 256)) ds_bytes = 0;
+    char *scratch = (char *)cuda_scratch(b_lse + b_delta + b_part + ds_bytes + 256);
+    scratch = (char *)(((size_t)scratch + 255) & ~(size_t)255);
+    float *lse = stored ? NULL : (float *)scratch, *delta = (float *)(scratch + b_lse);
+    float *part = n_split > 1 ? (float *)(scratch + b_lse + b_delta) : NULL;
+    bf16_t *ds = ds_bytes ? (bf16_t *)(scratch + b_lse + b_delta + b_part) : NULL;
     cudaStream_t st = cuda_stream();
-    fa_tc_stats_kernel<D><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
-        lse, delta, go, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    if (stored) {
+        fa_tc_delta_kernel<D><<<(unsigned)((nh + 7) / 8), 256, 0, st>>>(delta, go, out, nh);
+        LAUNCH_CHECK();
+    } else {
+        fa_tc_stats_kernel<D, true><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
+            lse, delta, go, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
+        LAUNCH_CHECK();
+    }
+    const float *lse_use = stored ? lse_fwd : lse;
     fa_tc_backward_kv_kernel<D, SPLIT>
         <<<dim3((unsigned)pl->nkb, (unsigned)n_kv_heads, (unsigned)n_split), TC_THREADS, smem_kv, st>>>(
-            dkc, dvc, part, go, q, kc, vc, lse, delta, pl->tiles, pl->slot_begin, pl->kblocks, n_heads, group, per,
-            max_len, kv_dim, scale);
+            dkc, dvc, part, ds, go, q, kc, vc, lse_use, delta, pl->tiles, pl->slot_begin, pl->tile_pbase,
+            pl->kblocks, n_heads, group, per, max_len, kv_dim, scale);
     LAUNCH_CHECK();
     if (n_split > 1) {
         size_t per_elems = (size_t)blocks * FT * D;
@@ -1444,27 +1652,49 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
             dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, D, max_len, kv_dim, FT);
         LAUNCH_CHECK();
     }
-    fa_tc_backward_dq_kernel<D, SPLIT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
-        dq, go, q, kc, vc, lse, delta, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
+    if (ds) {
+        fa_tc_dq_from_ds_kernel<D><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_ds, st>>>(
+            dq, ds, kc, pl->qtiles, pl->qtile_pbase, n_heads, group, max_len, kv_dim, scale);
+    } else {
+        fa_tc_backward_dq_kernel<D, SPLIT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
+            dq, go, q, kc, vc, lse_use, delta, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
+    }
     LAUNCH_CHECK();
 }
 
 /* The tensor-core backward by head dim and rounding. */
 template <int D>
 static void fa_tc_backward_dispatch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
-                                    const bf16_t *kc, const bf16_t *vc, const FaPlan *pl, int n, int n_heads,
-                                    int n_kv_heads, int max_len, bool precise) {
+                                    const bf16_t *out, const float *lse, const bf16_t *kc, const bf16_t *vc,
+                                    const FaPlan *pl, int n, int n_heads, int n_kv_heads, int max_len, bool precise) {
     if (precise)
-        fa_tc_backward_launch<D, true>(dq, dkc, dvc, go, q, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
+        fa_tc_backward_launch<D, true>(dq, dkc, dvc, go, q, out, lse, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
     else
-        fa_tc_backward_launch<D, false>(dq, dkc, dvc, go, q, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
+        fa_tc_backward_launch<D, false>(dq, dkc, dvc, go, q, out, lse, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
+}
+
+/* lse alone (the deterministic mode's forward runs the paged kernel, which
+ * keeps its statistics to itself): fa_tc_stats_kernel without dP */
+template <int D>
+static void fa_tc_lse_launch(float *lse, const bf16_t *q, const bf16_t *kc, const bf16_t *vc, const FaPlan *pl,
+                             int n_heads, int group, int max_len, int kv_dim, float scale) {
+    static bool attr = false;
+    size_t smem = fa_tc_smem_dq(D);
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_stats_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr = true;
+    }
+    fa_tc_stats_kernel<D, false><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
+        lse, NULL, NULL, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
+    LAUNCH_CHECK();
 }
 
 /* ---------------------------------------------------------------- forward */
 
 /* grid: n * n_heads blocks; block: ATT_WARPS * 32 threads. DPL = dims per lane. */
 template <typename T, int DPL>
-__global__ void attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const int *slot,
+__global__ void attention_kernel(T *out, float *lse, const T *q, const T *k_cache, const T *v_cache, const int *slot,
                                  const int *pos, int n_heads, int group, int head_dim, int max_len, int kv_dim,
                                  float scale) {
     __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
@@ -1522,6 +1752,7 @@ __global__ void attention_kernel(T *out, const T *q, const T *k_cache, const T *
         total += sh_l[w] * wscale[w];
     }
     T *oi = out + ((size_t)i * n_heads + h) * head_dim;
+    if (lse && threadIdx.x == 0) lse[(size_t)i * n_heads + h] = mx + logf(total);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float o = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++) o += sh_acc[w][d] * wscale[w];
@@ -1530,41 +1761,56 @@ __global__ void attention_kernel(T *out, const T *q, const T *k_cache, const T *
 }
 
 template <typename T>
-void cuda_attention(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
+void cuda_attention(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache, const int *slot,
                     const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-    if (cuda_attention_invariant()) { /* deterministic mode: the engine's kernel, bit for bit (cuda_paged.cu) */
-        cuda_attention_paged<T>(out, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
-        return;
-    }
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
+    float *lse_out = (float *)lse;
     FaPlan pl;
     bool tc = std::is_same<T, __nv_bfloat16>::value && (head_dim == 64 || head_dim == 128) && fa_tc_aligned(out) &&
               fa_tc_aligned(q) && fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache);
-    int rows = tc ? 16 * TC_WARPS * FA_TC_FWD_MT : FT;
-    if (head_dim <= 128 && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0, rows, FT)) {
+    if (cuda_attention_invariant()) { /* deterministic mode: the engine's kernel, bit for bit (cuda_paged.cu) */
+        cuda_attention_paged<T>(out, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+        if (!lse_out) return;
+        /* the statistics for the backward: the stats kernel without dP on tiles, else the per-token kernel's
+         * (its output goes to scratch) */
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            if (tc && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0, FT, FT)) {
+                if (pl.nt == 0) return;
+                if (head_dim == 64)
+                    fa_tc_lse_launch<64>(lse_out, (const bf16_t *)q, (const bf16_t *)k_cache, (const bf16_t *)v_cache,
+                                         &pl, n_heads, group, max_len, kv_dim, scale);
+                else
+                    fa_tc_lse_launch<128>(lse_out, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                          (const bf16_t *)v_cache, &pl, n_heads, group, max_len, kv_dim, scale);
+                return;
+            }
+        }
+        out = cuda_scratch((size_t)n * n_heads * head_dim * sizeof(T));
+    } else if (head_dim <= 128 &&
+               fa_make_plan(&pl, slot, pos, n, 0, max_len, 0, tc ? 16 * TC_WARPS * FA_TC_FWD_MT : FT, FT)) {
         if (pl.nt == 0) return;
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
             if (tc) {
                 if (head_dim == 64)
-                    fa_tc_forward_launch<64, FA_TC_FWD_MT>((bf16_t *)out, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                                           (const bf16_t *)v_cache, &pl, n_heads, group, max_len,
-                                                           kv_dim, scale);
+                    fa_tc_forward_launch<64, FA_TC_FWD_MT>((bf16_t *)out, lse_out, (const bf16_t *)q,
+                                                           (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl,
+                                                           n_heads, group, max_len, kv_dim, scale);
                 else
-                    fa_tc_forward_launch<128, FA_TC_FWD_MT>((bf16_t *)out, (const bf16_t *)q,
+                    fa_tc_forward_launch<128, FA_TC_FWD_MT>((bf16_t *)out, lse_out, (const bf16_t *)q,
                                                             (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl,
                                                             n_heads, group, max_len, kv_dim, scale);
                 return;
             }
         }
         if (head_dim <= 64)
-            fa_forward_launch<T, 64>((T *)out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl, n_heads,
-                                     group, head_dim, max_len, kv_dim, scale);
+            fa_forward_launch<T, 64>((T *)out, lse_out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl,
+                                     n_heads, group, head_dim, max_len, kv_dim, scale);
         else
-            fa_forward_launch<T, 128>((T *)out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl, n_heads,
-                                      group, head_dim, max_len, kv_dim, scale);
+            fa_forward_launch<T, 128>((T *)out, lse_out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl,
+                                      n_heads, group, head_dim, max_len, kv_dim, scale);
         return;
     }
     const int *host[2] = {slot, pos};
@@ -1573,14 +1819,18 @@ void cuda_attention(void *out, const void *q, const void *k_cache, const void *v
     cudaStream_t st = cuda_stream();
     T *o = (T *)out;
     const T *qs = (const T *)q, *kc = (const T *)k_cache, *vc = (const T *)v_cache;
+#define ATT_FWD_LAUNCH(DPL)                                                                                    \
+    attention_kernel<T, DPL><<<grid, block, 0, st>>>(o, lse_out, qs, kc, vc, d, d + n, n_heads, group, head_dim, \
+                                                     max_len, kv_dim, scale)
     if (head_dim <= 32)
-        attention_kernel<T, 1><<<grid, block, 0, st>>>(o, qs, kc, vc, d, d + n, n_heads, group, head_dim, max_len, kv_dim, scale);
+        ATT_FWD_LAUNCH(1);
     else if (head_dim <= 64)
-        attention_kernel<T, 2><<<grid, block, 0, st>>>(o, qs, kc, vc, d, d + n, n_heads, group, head_dim, max_len, kv_dim, scale);
+        ATT_FWD_LAUNCH(2);
     else if (head_dim <= 128)
-        attention_kernel<T, 4><<<grid, block, 0, st>>>(o, qs, kc, vc, d, d + n, n_heads, group, head_dim, max_len, kv_dim, scale);
+        ATT_FWD_LAUNCH(4);
     else
-        attention_kernel<T, 8><<<grid, block, 0, st>>>(o, qs, kc, vc, d, d + n, n_heads, group, head_dim, max_len, kv_dim, scale);
+        ATT_FWD_LAUNCH(8);
+#undef ATT_FWD_LAUNCH
     LAUNCH_CHECK();
 }
 
@@ -1685,13 +1935,15 @@ __global__ void attention_backward_kernel(T *dq, float *dk_cache, float *dv_cach
 
 template <typename T>
 void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
-                             const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
-                             int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len) {
+                             const void *out, const void *lse, const void *k_cache, const void *v_cache,
+                             const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                             int n_slots, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
     FaPlan pl;
     bool tc = std::is_same<T, __nv_bfloat16>::value && (head_dim == 64 || head_dim == 128) && fa_tc_aligned(dq) &&
               fa_tc_aligned(dout) && fa_tc_aligned(q) && fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache);
+    const bf16_t *out_fwd = out && fa_tc_aligned(out) ? (const bf16_t *)out : NULL;
     if (head_dim <= 128 && n_slots > 0 && fa_make_plan(&pl, slot, pos, n, n_slots, max_len, 1, FT, FT)) {
         if (pl.nt == 0) return;
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
@@ -1699,12 +1951,14 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
                 bool precise = fa_precise();
                 if (head_dim == 64)
                     fa_tc_backward_dispatch<64>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
-                                                (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                                (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len, precise);
+                                                (const bf16_t *)dout, (const bf16_t *)q, out_fwd, (const float *)lse,
+                                                (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl, n, n_heads,
+                                                n_kv_heads, max_len, precise);
                 else
                     fa_tc_backward_dispatch<128>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
-                                                 (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k_cache,
-                                                 (const bf16_t *)v_cache, &pl, n, n_heads, n_kv_heads, max_len, precise);
+                                                 (const bf16_t *)dout, (const bf16_t *)q, out_fwd, (const float *)lse,
+                                                 (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl, n, n_heads,
+                                                 n_kv_heads, max_len, precise);
                 return;
             }
         }
@@ -1747,9 +2001,10 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
                                    int);                                                                            \
     template void cuda_kv_gather<T>(void *, void *, const void *, const void *, const int *, const int *, int, int, \
                                     int);                                                                           \
-    template void cuda_attention<T>(void *, const void *, const void *, const void *, const int *, const int *, int, \
-                                    int, int, int, int);                                                            \
+    template void cuda_attention<T>(void *, void *, const void *, const void *, const void *, const int *,         \
+                                    const int *, int, int, int, int, int);                                         \
     template void cuda_attention_backward<T>(void *, void *, void *, const void *, const void *, const void *,      \
-                                             const void *, const int *, const int *, int, int, int, int, int, int);
+                                             const void *, const void *, const void *, const int *, const int *,    \
+                                             int, int, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

@@ -177,12 +177,13 @@ template <typename T>
 void cuda_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
                     int n, int kv_dim, int max_len);
 template <typename T>
-void cuda_attention(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
+void cuda_attention(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache, const int *slot,
                     const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len);
 template <typename T>
 void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
-                             const void *k_cache, const void *v_cache, const int *slot, const int *pos, int n,
-                             int n_heads, int n_kv_heads, int head_dim, int n_slots, int max_len);
+                             const void *out, const void *lse, const void *k_cache, const void *v_cache,
+                             const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                             int n_slots, int max_len);
 
 /* cuda_ops.cu */
 template <typename T> void cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps);

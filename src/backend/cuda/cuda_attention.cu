@@ -18,7 +18,7 @@
  * The tiles use fp32 FMA for fp32 storage and bf16 tensor cores (section
  * "tiled, bf16 tensor cores") for bf16 storage with head_dim 64 or 128.
  * Speed: bench/gpu/bench_attention.c. Not yet: wgmma/TMA (the mma.sync tiles
- * run at 12-19% of the H200's bf16 peak), GQA sharing of K/V tiles across the
+ * run at 11-20% of the H200's bf16 peak), GQA sharing of K/V tiles across the
  * heads of a group (each query head reads them through L2). */
 #include <limits.h>
 #include <math.h>

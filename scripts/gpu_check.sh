@@ -5,10 +5,10 @@
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu_check.sh [part ...]
-#   parts: tests cli decode grpo grpo-det train gemm (default: all of them)
+#   parts: tests cli decode grpo grpo-fast train gemm (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-tests cli decode grpo grpo-det train gemm}
+parts=${*:-tests cli decode grpo grpo-fast train gemm}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 [ -f .devcarry/bundle.tar.xz ] && tar xf .devcarry/bundle.tar.xz
@@ -50,11 +50,11 @@ for part in $parts; do
       bash bench/gpu/bench_grpo.sh .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 |
         tee "$out/bench_grpo.md"
       cp /tmp/colt-bench-grpo/train-*.log "$out/" 2>/dev/null ;;
-    grpo-det)
-      echo "== bench_grpo, deterministic mode"
-      COLT_TRAIN_ARGS="--deterministic true" WORK=/tmp/colt-bench-grpo-det bash bench/gpu/bench_grpo.sh \
-        .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 | tee "$out/bench_grpo_det.md"
-      cp /tmp/colt-bench-grpo-det/train-qwen2.5-0.5b.log "$out/train-det-0.5b.log" 2>/dev/null ;;
+    grpo-fast)
+      echo "== bench_grpo, deterministic mode off"
+      COLT_TRAIN_ARGS="--deterministic false" WORK=/tmp/colt-bench-grpo-fast bash bench/gpu/bench_grpo.sh \
+        .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 | tee "$out/bench_grpo_fast.md"
+      cp /tmp/colt-bench-grpo-fast/train-qwen2.5-0.5b.log "$out/train-fast-0.5b.log" 2>/dev/null ;;
     train) echo "== bench_gpu_train_step"; build-cuda/bench_gpu_train_step 2>&1 | tee "$out/bench_gpu_train_step.md" ;;
     gemm) echo "== bench_gemm"; build-cuda/bench_gemm 20 2>&1 | tee "$out/bench_gemm.md" ;;
   esac

@@ -9,7 +9,7 @@
 #   qwen2.5-0.5b qwen2.5-1.5b. The first step (CUDA graph capture, cuBLAS
 #   heuristics) is left out of the means.
 # COLT_TRAIN_ARGS (environment) is appended to colt train's arguments, e.g.
-#   COLT_TRAIN_ARGS="--deterministic true" for the deterministic mode.
+#   COLT_TRAIN_ARGS="--deterministic false" turns the deterministic mode off (on by default for bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}

@@ -50,8 +50,13 @@ typedef struct TrainConfig {
     /* Deterministic mode (vLLM's VLLM_BATCH_INVARIANT): batch-invariant kernels
      * in the trainer and the engine, so the engine's log-prob of each sampled
      * token is bit-identical to the trainer's (sampling_logp_difference 0, IS
-     * ratio 1) and a completion does not depend on its batch. Slower. */
+     * ratio 1) and a completion does not depend on its batch. Unset: on where
+     * the weights are bf16 (there the default kernels disagree by ~1e-2 per
+     * token; on an H200 the mode costs 10-16% of a GRPO step), off for fp32
+     * storage (the CPU and cuda_f32 agree to ~1e-6 without it).
+     * deterministic_set: the user gave the key. */
     bool deterministic;
+    bool deterministic_set;
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

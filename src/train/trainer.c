@@ -1067,7 +1067,10 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
     if (grpo_sampling_is_mode_parse(&t->is_mode, c->vllm_importance_sampling_mode, err) != 0) return COLT_ERR;
     t->engine_opts.gpu_memory_utilization = c->gpu_memory_utilization;
-    if (c->deterministic) { /* on for the trainer's forward here, and for the engine's (engine.h) */
+    /* unset: on for bf16 storage, where the default kernels' engine/trainer log-probs differ by ~1e-2 */
+    bool deterministic = c->deterministic_set ? c->deterministic
+                                              : t->be->storage == DTYPE_BF16 && t->be->set_batch_invariant != NULL;
+    if (deterministic) { /* on for the trainer's forward here, and for the engine's (engine.h) */
         if (!t->be->set_batch_invariant) return errorf(err, "deterministic: backend %s has no such mode", t->be->name);
         t->be->set_batch_invariant(1);
         t->engine_opts.deterministic = true;
@@ -1187,6 +1190,8 @@ int trainer_run(TrainConfig *c, char *err) {
     log_info0("colt train: %s on %s, %zu prompts, %lld steps (%d completions per round: %d prompts x %d)",
               c->model, c->dataset, dataset_size(t.data), (long long)t.total_steps, c->generation_batch_size,
               c->generation_batch_size / c->num_generations, c->num_generations);
+    log_info0("deterministic mode %s (%s)", t.engine_opts.deterministic ? "on" : "off",
+              c->deterministic_set ? "as configured" : "default: on for bf16 weights, off for fp32");
     struct sigaction sa = {0};
     sa.sa_handler = on_stop_signal;
     sigaction(SIGINT, &sa, NULL);

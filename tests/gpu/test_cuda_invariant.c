@@ -3,10 +3,11 @@
  *   - linear (src/backend/cuda/cuda_invariant.cu) against the CPU's on Qwen2.5-0.5B projection
  *     shapes and ragged ones (in_dim not a multiple of 8, odd out_dim), with and without bias:
  *     cuda_f32 within 1e-5 * max|ref|; bf16 within 2e-3 * max|ref| + |ref| * 2^-7;
- *   - batch invariance: rows computed in calls of n = 1 .. 200 rows taken at other offsets (n <= 32:
- *     the bf16 decode kernel) are bit-identical to the same rows of one 300-row call (the tiled
- *     GEMM); every bf16 tile shape (forced) gives the same bits; a misaligned x (element loads
- *     instead of cp.async) gives the same bits;
+ *   - batch invariance: rows computed in calls of n = 1 .. 200 rows taken at other offsets are
+ *     bit-identical to the same rows of one 300-row call; a misaligned x gives the same bits; bf16
+ *     shapes with I and O multiples of 8 (cuBLASLt without split-K): each of the split-K-free
+ *     algorithms, forced in turn, gives the same bits; colt's own kernel (the other shapes; forced
+ *     on these): its three tile shapes give the same bits (n <= 32: its decode kernel);
  *   - attention: the training attention op (caches [S, L, KVD]) and paged_attention over the same
  *     keys in a shuffled 16-token block pool are bit-identical, for every token and for a
  *     decode-like call of each sequence's last token alone; both within 1e-5 (f32) / 1e-2 (bf16) of
@@ -21,6 +22,7 @@
 #include "backend/backend.h"
 
 void cuda_invariant_force_shape(int shape); /* cuda_invariant.cu: -1 automatic, 0..2 a bf16 tile shape */
+void cuda_gemm_force_candidate(int k);      /* cuda_gemm.cu: -1 the fastest, else split-K-free candidate k */
 
 static int g_checks = 0, g_failures = 0;
 #define CHECK(cond, ...)                                          \
@@ -109,19 +111,40 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     be->linear(dout, (char *)dx2 + dtype_size(be->storage), dw, db, FULL_ROWS, in_dim, out_dim);
     be->download(got, dout, no);
     CHECK(same_bits(got, full, no), "%s linear %d->%d: misaligned x gives other bits", be->name, in_dim, out_dim);
-    int shapes_same = 0;
-    if (bf16)
+    /* bf16: every cuBLASLt split-K-free candidate (shapes it serves) gives the bits of the automatic
+     * choice, and so does colt's own kernel in each forced tile shape (against its own shape 0, since
+     * it sums in another order than cuBLAS) */
+    int shapes_same = 0, candidates_same = 0, lt = bf16 && in_dim % 8 == 0 && out_dim % 8 == 0;
+    if (lt)
+        for (int k = 0; k < 8; k++) {
+            cuda_gemm_force_candidate(k);
+            be->linear(dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
+            be->download(got, dout, no);
+            cuda_gemm_force_candidate(-1);
+            int ok = same_bits(got, full, no);
+            candidates_same += ok;
+            CHECK(ok, "%s linear %d->%d: cuBLASLt split-K-free candidate %d gives other bits", be->name, in_dim,
+                  out_dim, k);
+        }
+    if (bf16) {
+        float *own = lt ? malloc(no * sizeof(float)) : full;
         for (int s = 0; s < 3; s++) {
             cuda_invariant_force_shape(s);
             be->linear(dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
-            be->download(got, dout, no);
+            be->download(s == 0 && lt ? own : got, dout, no);
             cuda_invariant_force_shape(-1);
-            int ok = same_bits(got, full, no);
+            int ok = (s == 0 && lt) || same_bits(got, own, no);
             shapes_same += ok;
             CHECK(ok, "%s linear %d->%d: tile shape %d gives other bits", be->name, in_dim, out_dim, s);
         }
+        if (lt) free(own);
+    }
+    char what[96] = "";
+    if (bf16)
+        snprintf(what, sizeof what, "%s; own kernel: %s", lt ? (candidates_same == 8 ? "; cuBLASLt 8/8 candidates" : "; CANDIDATES DIFFER") : "",
+                 shapes_same == 3 ? "3/3 tile shapes" : "TILE SHAPES DIFFER");
     printf("  %-8s linear %5d -> %5d bias %d: worst |err| %.2e (max|ref| %.2f); %d/8 sub-batches bit-identical%s\n",
-           be->name, in_dim, out_dim, with_bias, worst, max_ref, invariant, bf16 ? (shapes_same == 3 ? "; 3/3 tile shapes" : "; TILE SHAPES DIFFER") : "");
+           be->name, in_dim, out_dim, with_bias, worst, max_ref, invariant, what);
     void *bufs[] = {dx, dw, db, dout, dx2};
     for (size_t i = 0; i < 5; i++)
         if (bufs[i]) be->free(bufs[i]);
@@ -219,6 +242,8 @@ int main(void) {
         {896, 896, 0},   /* o_proj */
         {896, 9728, 0},  /* gate|up */
         {4864, 896, 0},  /* down */
+        {1536, 2048, 1}, /* 1.5B q|k|v */
+        {8960, 1536, 0}, /* 1.5B down: long k, where cuBLAS splits k for few rows */
         {172, 64, 0},    /* stories260K down: in_dim % 8 != 0 */
         {64, 172, 1},    /* odd tiles */
         {40, 7, 1},      /* tiny */

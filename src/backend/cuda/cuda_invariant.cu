@@ -1,19 +1,25 @@
 /* cuda_invariant.cu — the batch-invariant linear of the deterministic mode
  * (backend.h set_batch_invariant): out[N,O] = x[N,I] @ w[O,I]^T (+ bias[O]) where
- * every output element is summed in one fixed order that depends on I alone.
+ * every output element is summed in an order that does not depend on N.
  *
  * Why: cuBLAS picks its kernel (tile shape, split-K, stream-K) from the shape,
  * so a row's result changes with the number of rows N. The trainer's forward
  * (N = every token of a micro-batch) and the engine's decode step (N = the
  * running sequences) would then round differently, and so would a sequence run
- * alone or in a batch. Here the order is fixed by I alone.
+ * alone or in a batch.
  *
- * bf16 order: k is cut into chunks of INV_KC = 256 from k = 0 (the last one
- * shorter). A chunk's partial sum starts at 0 and takes one tensor-core mma
- * (m16n8k16) per 16 k, in k order, over the chunk's 32-wide tiles (zeros past
- * I); the element's total is partial 0, then + partial 1, + partial 2, ... in
- * fp32; then + bias in fp32 and one rounding to bf16. Two kernels compute
- * exactly that sequence of instructions per element:
+ * bf16, I and O multiples of 8 (every Qwen2.5 projection): cuBLASLt limited to
+ * algorithms without split-K (cuda_gemm.cu, cuda_linear_split_free), which
+ * give the same bits for every N and every such algorithm — measured, and
+ * re-checked by tests/gpu/test_cuda_invariant.c. It runs at cuBLAS speed.
+ *
+ * bf16 otherwise (ragged shapes such as stories260K's), and when a test forces
+ * a tile shape: colt's own kernels. k is cut into chunks of INV_KC = 256 from
+ * k = 0 (the last one shorter). A chunk's partial sum starts at 0 and takes one
+ * tensor-core mma (m16n8k16) per 16 k, in k order, over the chunk's 32-wide
+ * tiles (zeros past I); the element's total is partial 0, then + partial 1,
+ * + partial 2, ... in fp32; then + bias in fp32 and one rounding to bf16. Two
+ * kernels compute exactly that sequence of instructions per element:
  *   - the tiled GEMM (any N): x and w tiles staged in shared memory by cp.async
  *     (16-byte chunks) when I % 8 == 0 and the pointers are 16-byte aligned,
  *     else by element loads (same contents), fragments by ldmatrix, three tile
@@ -25,12 +31,10 @@
  * Tile shape and kernel only decide which elements a block computes, never
  * how: a row's bits are the same whatever N is, whatever the other rows hold,
  * whichever shape or kernel ran (tests/gpu/test_cuda_invariant.c forces each).
+ * These plain mma.sync kernels run at ~100-120 TFLOP/s, a seventh of cuBLAS.
  *
  * fp32 (the cuda_f32 check table): CUDA cores, a 64 x 64 block tile, 4 x 4
  * outputs per thread, one fmaf chain per element in k order.
- *
- * Cost: plain mma.sync kernels (no wgmma/TMA) are slower than cuBLAS on large
- * GEMMs; the deterministic mode pays that for bit-identical log-probs.
  *
  * Dimension legend: N token rows, I in_dim, O out_dim. */
 #include <stdint.h>
@@ -48,6 +52,13 @@
 #define INV_TILES_PER_CHUNK (INV_KC / INV_BK)
 #define INV_DECODE_ROWS 32 /* the decode kernel serves N up to this */
 #define INV_DECODE_WARPS 4
+
+/* cuda_gemm.cu: cuBLASLt restricted to split-K-free algorithms, whose row bits
+ * do not depend on N either (measured; see there). The bf16 linear takes it for
+ * the shapes it serves (I and O multiples of 8: every Qwen2.5 projection), as it
+ * runs at cuBLAS speed; the kernels below serve the rest (and cuda_f32). */
+bool cuda_linear_split_free(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+                            int out_dim);
 
 /* ---------------------------------------------------------------- switch */
 
@@ -382,6 +393,7 @@ void cuda_invariant_linear(void *out, const void *x, const void *w, const void *
                            int out_dim) {
     if (n <= 0 || out_dim <= 0) return;
     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        if (g_forced_shape < 0 && cuda_linear_split_free(out, x, w, bias, n, in_dim, out_dim)) return;
         inv_linear_bf16((T *)out, (const T *)x, (const T *)w, (const T *)bias, n, in_dim, out_dim);
     } else {
         dim3 grid((unsigned)ceil_div((size_t)out_dim, INV_F32_TILE), (unsigned)ceil_div((size_t)n, INV_F32_TILE));

@@ -74,7 +74,7 @@ static const ConfigKey KEYS[] = {
      "TRL's name for gpu_memory_utilization (colt's default 0 = auto, not TRL's 0.3)"},
     K(deterministic, KEY_BOOL,
       "batch-invariant kernels: engine log-probs bit-identical to the trainer's, completions independent of the "
-      "batch (default: on for bf16 weights, where it costs ~10-16% of a step; off for fp32)"),
+      "batch (default: on for bf16 weights, where it costs ~10-17% of a GRPO step; off for fp32)"),
     K(per_device_train_batch_size, KEY_INT, "completions per micro-batch"),
     K(gradient_accumulation_steps, KEY_INT, "micro-batches per optimizer step"),
     K(generation_batch_size, KEY_INT, "completions per generation round (default: batch * steps_per_generation)"),

@@ -52,7 +52,7 @@ typedef struct TrainConfig {
      * token is bit-identical to the trainer's (sampling_logp_difference 0, IS
      * ratio 1) and a completion does not depend on its batch. Unset: on where
      * the weights are bf16 (there the default kernels disagree by ~1e-2 per
-     * token; on an H200 the mode costs 10-16% of a GRPO step), off for fp32
+     * token; on an H200 the mode costs 10-17% of a GRPO step), off for fp32
      * storage (the CPU and cuda_f32 agree to ~1e-6 without it).
      * deterministic_set: the user gave the key. */
     bool deterministic;

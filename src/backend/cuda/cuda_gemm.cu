@@ -24,7 +24,8 @@
  * differently, and on an H200 it gained ~1% of a training step (the heuristic's
  * first algorithm is within ~3% of the best). COLT_GEMM_TUNE=1 turns it on,
  * COLT_GEMM_TUNE=2 also prints the choice per shape to stderr. Tuning is skipped while the stream is being
- * captured into a CUDA graph. */
+ * captured into a CUDA graph. The deterministic mode's split-K-free plans (below) are always tuned: every
+ * candidate there gives the same bits, so timing only picks the speed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,12 +39,14 @@ typedef struct GemmKey {
     int split_free; /* only algorithms without split-K (the deterministic mode's linear, below) */
 } GemmKey;
 
+#define GEMM_TUNE_ALGOS 8 /* candidates timed per plan (and split-K-free candidates kept) */
+
 typedef struct GemmPlan {
     GemmKey key;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
-    cublasLtMatmulAlgo_t candidates[8]; /* split_free plans: every split-K-free algorithm found (same bits) */
+    cublasLtMatmulAlgo_t candidates[GEMM_TUNE_ALGOS]; /* split_free plans: the split-K-free algorithms found */
     int n_candidates;
     int used;
 } GemmPlan;
@@ -61,7 +64,6 @@ static void gemm_plan_destroy(GemmPlan *p) {
     p->used = 0;
 }
 
-#define GEMM_TUNE_ALGOS 8
 #define GEMM_TUNE_REPS 3
 #define GEMM_TUNE_MAX_REPS 20
 

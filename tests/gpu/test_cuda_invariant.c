@@ -1,6 +1,6 @@
 /* test_cuda_invariant.c — the deterministic mode's kernels (backend.h set_batch_invariant) on both
  * CUDA tables (GPU machine only):
- *   - linear (src/backend/cuda/cuda_invariant.cu) against the CPU's on Qwen2.5-0.5B projection
+ *   - linear (src/backend/cuda/cuda_invariant.cu) against the CPU's on Qwen2.5 0.5B and 1.5B projection
  *     shapes and ragged ones (in_dim not a multiple of 8, odd out_dim), with and without bias:
  *     cuda_f32 within 1e-5 * max|ref|; bf16 within 2e-3 * max|ref| + |ref| * 2^-7;
  *   - batch invariance: rows computed in calls of n = 1 .. 200 rows taken at other offsets are
@@ -141,7 +141,7 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     }
     char what[96] = "";
     if (bf16)
-        snprintf(what, sizeof what, "%s; own kernel: %s", lt ? (candidates_same == 8 ? "; cuBLASLt 8/8 candidates" : "; CANDIDATES DIFFER") : "",
+        snprintf(what, sizeof what, "%s; own kernel: %s", lt ? (candidates_same == 8 ? "; cuBLASLt candidates 0-7 (mod count) alike" : "; CANDIDATES DIFFER") : "",
                  shapes_same == 3 ? "3/3 tile shapes" : "TILE SHAPES DIFFER");
     printf("  %-8s linear %5d -> %5d bias %d: worst |err| %.2e (max|ref| %.2f); %d/8 sub-batches bit-identical%s\n",
            be->name, in_dim, out_dim, with_bias, worst, max_ref, invariant, what);

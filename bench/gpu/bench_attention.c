@@ -28,10 +28,10 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
-#include "core/rng.h"
+
+#include "bench_fill.h"
 
 #define PEAK_TFLOPS 989.0
-#define FILL_CHUNK ((size_t)1 << 22)
 
 typedef struct AttnShape {
     const char *name;
@@ -63,14 +63,6 @@ static void run_backward(void *ctx) {
                               c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim, c->n_slots, c->max_len);
 }
 
-/* Fills a storage buffer of n elements with a repeated random chunk. */
-static void fill(const Backend *be, void *buf, size_t n, const void *chunk_dev) {
-    for (size_t off = 0; off < n; off += FILL_CHUNK) {
-        size_t len = n - off < FILL_CHUNK ? n - off : FILL_CHUNK;
-        be->copy(buf, off, chunk_dev, 0, len);
-    }
-}
-
 int main(int argc, char **argv) {
     const Backend *be = backend_cuda();
     if (!be) {
@@ -99,11 +91,7 @@ int main(int argc, char **argv) {
            "fwd+bwd TFLOP/s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
            PEAK_TFLOPS);
 
-    float *host = malloc(FILL_CHUNK * sizeof(float));
-    for (size_t i = 0; i < FILL_CHUNK; i++) host[i] = rng_normal(5, 0, i);
-    void *chunk = be->alloc(FILL_CHUNK);
-    be->upload(chunk, host, FILL_CHUNK);
-    free(host);
+    void *chunk = bench_random_chunk(be, 5, 1.0f);
 
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         const AttnShape *s = &SHAPES[si];
@@ -120,8 +108,8 @@ int main(int argc, char **argv) {
             c.q = be->alloc(nq), c.out = be->alloc(nq), c.dout = be->alloc(nq), c.dq = be->alloc(nq);
             c.k_cache = be->alloc(nc), c.v_cache = be->alloc(nc);
             c.dk_cache = be->alloc_f32(nc), c.dv_cache = be->alloc_f32(nc), c.lse = be->alloc_f32((size_t)N * s->heads);
-            fill(be, c.q, nq, chunk), fill(be, c.dout, nq, chunk);
-            fill(be, c.k_cache, nc, chunk), fill(be, c.v_cache, nc, chunk);
+            bench_fill(be, c.q, nq, chunk), bench_fill(be, c.dout, nq, chunk);
+            bench_fill(be, c.k_cache, nc, chunk), bench_fill(be, c.v_cache, nc, chunk);
             be->zero_f32(c.dk_cache, nc), be->zero_f32(c.dv_cache, nc);
             c.slot = malloc(sizeof(int) * N), c.pos = malloc(sizeof(int) * N);
             for (int i = 0; i < N; i++) c.slot[i] = i / T, c.pos[i] = i % T;

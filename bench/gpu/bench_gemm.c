@@ -10,10 +10,10 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
-#include "core/rng.h"
+
+#include "bench_fill.h"
 
 #define PEAK_TFLOPS 989.0
-#define FILL_CHUNK ((size_t)1 << 22)
 
 typedef struct LinearCall {
     const Backend *be;
@@ -24,14 +24,6 @@ typedef struct LinearCall {
 static void run_linear(void *ctx) {
     LinearCall *c = ctx;
     c->be->linear(c->out, c->x, c->w, NULL, c->n, c->in_dim, c->out_dim);
-}
-
-/* Fills a device buffer of n elements with a repeated random chunk (scaled). */
-static void fill(const Backend *be, void *buf, size_t n, void *chunk_dev) {
-    for (size_t off = 0; off < n; off += FILL_CHUNK) {
-        size_t len = n - off < FILL_CHUNK ? n - off : FILL_CHUNK;
-        be->copy(buf, off, chunk_dev, 0, len);
-    }
 }
 
 int main(int argc, char **argv) {
@@ -47,21 +39,17 @@ int main(int argc, char **argv) {
                                     {8960, 1536}, {3584, 18944}, {18944, 3584}, {3584, 152064}};
     int n_tokens = (int)(sizeof tokens / sizeof tokens[0]), n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
 
-    float *host = malloc(FILL_CHUNK * sizeof(float));
-    for (size_t i = 0; i < FILL_CHUNK; i++) host[i] = 0.05f * rng_normal(3, 0, i);
-    void *chunk = be->alloc(FILL_CHUNK);
-    be->upload(chunk, host, FILL_CHUNK);
-    free(host);
+    void *chunk = bench_random_chunk(be, 3, 0.05f);
 
     printf("| N | in | out | ms | TFLOP/s | %% of %.0f |\n|---:|---:|---:|---:|---:|---:|\n", PEAK_TFLOPS);
     for (int s = 0; s < n_shapes; s++) {
         int in_dim = shapes[s][0], out_dim = shapes[s][1];
         void *w = be->alloc((size_t)out_dim * in_dim);
-        fill(be, w, (size_t)out_dim * in_dim, chunk);
+        bench_fill(be, w, (size_t)out_dim * in_dim, chunk);
         for (int t = 0; t < n_tokens; t++) {
             int n = tokens[t];
             void *x = be->alloc((size_t)n * in_dim), *out = be->alloc((size_t)n * out_dim);
-            fill(be, x, (size_t)n * in_dim, chunk);
+            bench_fill(be, x, (size_t)n * in_dim, chunk);
             LinearCall call = {be, out, x, w, n, in_dim, out_dim};
             double ms = backend_cuda_time_ms(run_linear, &call, iters);
             double tflops = 2.0 * n * in_dim * out_dim / (ms * 1e-3) / 1e12;

@@ -168,6 +168,11 @@ int cuda_batch_invariant(void);     /* linear's part of the mode is on */
 int cuda_attention_invariant(void); /* attention's part (cuda_attention, paged splits) is on */
 template <typename T>
 void cuda_invariant_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim);
+/* cuda_gemm.cu: the deterministic mode's bf16 linear on cuBLASLt restricted to split-K-free
+ * algorithms (row bits independent of n; see there); false (nothing run) for shapes it does not
+ * serve, which cuda_invariant_linear then computes with its own kernels. */
+bool cuda_linear_split_free(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+                            int out_dim);
 
 /* cuda_attention.cu */
 template <typename T>

@@ -207,6 +207,14 @@ static void gemm_tuned_store(const GemmKey *bucket, const cublasLtMatmulAlgo_t *
     t->algo = *algo;
 }
 
+/* The layouts of op(B) (k x n) and C (m x n) for key with n columns (the token rows): gemm_plan's
+ * for key->n, and the wider shapes the split-K-free search asks the heuristic about. */
+static void gemm_layouts_bc(const GemmKey *key, int n, cublasLtMatrixLayout_t *b, cublasLtMatrixLayout_t *c) {
+    int b_rows = key->trans_b == CUBLAS_OP_N ? key->k : n, b_cols = key->trans_b == CUBLAS_OP_N ? n : key->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(b, key->ab_type, b_rows, b_cols, key->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(c, key->cd_type, key->m, n, key->ldc));
+}
+
 /* ---------------------------------------------------------------- split-K-free algorithms */
 
 /* The deterministic mode needs a linear whose every output row has the same
@@ -241,11 +249,7 @@ static int gemm_split_free_candidates(const GemmPlan *p, cublasLtMatmulPreferenc
         int rows = wide ? (key->n < 1024 ? 1024 : key->n * 4) : key->n;
         if (wide && key->n >= 1 << 28) break;
         cublasLtMatrixLayout_t b = p->b, c = p->c;
-        if (wide) {
-            int b_rows = key->trans_b == CUBLAS_OP_N ? key->k : rows, b_cols = key->trans_b == CUBLAS_OP_N ? rows : key->k;
-            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, key->ab_type, b_rows, b_cols, key->ldb));
-            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, key->cd_type, key->m, rows, key->ldc));
-        }
+        if (wide) gemm_layouts_bc(key, rows, &b, &c);
         cublasLtMatmulHeuristicResult_t res[16];
         int found = 0;
         memset(res, 0, sizeof res);
@@ -296,10 +300,8 @@ static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, voi
     }
     /* Stored (column-major) shapes: op(A) is m x k, op(B) is k x n. */
     int a_rows = key->trans_a == CUBLAS_OP_N ? key->m : key->k, a_cols = key->trans_a == CUBLAS_OP_N ? key->k : key->m;
-    int b_rows = key->trans_b == CUBLAS_OP_N ? key->k : key->n, b_cols = key->trans_b == CUBLAS_OP_N ? key->n : key->k;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, key->ab_type, a_rows, a_cols, key->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, key->ab_type, b_rows, b_cols, key->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, key->cd_type, key->m, key->n, key->ldc));
+    gemm_layouts_bc(key, key->n, &p->b, &p->c);
 
     size_t ws_bytes = 0;
     (void)cuda_lt_workspace(&ws_bytes);

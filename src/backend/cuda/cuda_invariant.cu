@@ -53,13 +53,6 @@
 #define INV_DECODE_ROWS 32 /* the decode kernel serves N up to this */
 #define INV_DECODE_WARPS 4
 
-/* cuda_gemm.cu: cuBLASLt restricted to split-K-free algorithms, whose row bits
- * do not depend on N either (measured; see there). The bf16 linear takes it for
- * the shapes it serves (I and O multiples of 8: every Qwen2.5 projection), as it
- * runs at cuBLAS speed; the kernels below serve the rest (and cuda_f32). */
-bool cuda_linear_split_free(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
-                            int out_dim);
-
 /* ---------------------------------------------------------------- switch */
 
 static int g_batch_invariant = 0; /* bit 0: linear, bit 1: attention */

@@ -13,8 +13,18 @@
  *   D  xn = rmsnorm(x) * mlp_norm; h = silu(xn Wg^T) * (xn Wu^T), rows split over CTAs
  *   E  x += h Wd^T, rows split over CTAs
  *
- * Each CTA's rows of a projection are one contiguous range of the weight; its warps stream them with
- * 16-byte loads, every load of a row (or of a warp's share of it) issued before the first is used.
+ * Each CTA's rows of a projection are one contiguous range of the weight, each row cut into ks parts
+ * so that the rows x ks slots load its warps evenly (dl_pick_ks). The weights reach the dot products
+ * one of two ways, the same bits either way (the kernel's RING parameter):
+ *   - the weight stream: each thread copies its chunks into its own ring of shared memory
+ *     (cp.async) DL_RING_DEFAULT rounds ahead of their use, across phase and layer boundaries, so the
+ *     next phase's first weights are in flight while the CTA waits at a barrier or does attention;
+ *   - direct loads: every 16-byte load of a round issued into registers before the first is used.
+ * The plan times both once per token count at create and keeps the faster (on an H200: the stream
+ * for 0.5B and 1.5B shapes and for two tokens, direct loads for 7B at one token, where the stream's
+ * copies run slower than plain loads and the barriers matter less). A CTA keeps its own rows of x
+ * in shared memory (only its o and down projections write them) and reads the phase's bias while
+ * the norm runs, saving a round trip to memory in three epilogues.
  * (Asking the L2 for the next phases' slices ahead, cp.async.bulk.prefetch.L2, was measured slower
  * on an H200 at every distance tried, 128-512 KB per CTA, and is not done.)
  *
@@ -33,10 +43,12 @@
  * decode_layers_create returns NULL otherwise; decode_layers returns false (nothing launched) for
  * more tokens or in the deterministic mode.
  *
- * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1136 tok/s, 1.5B 494 -> 681, 7B 213 -> 242
- * (71.5% of the HBM roofline). What bounds the small models is the chain of dependent steps per
- * phase (barrier, activations from L2, weights, reduction): ~3 us x 5 phases per layer, against
- * 1.3 us of weight bytes per layer at 0.5B. COLT_DECODE_PROFILE=1 prints CTA 0's time per phase.
+ * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1288 tok/s, 1.5B 494 -> 706, 7B 213 -> 246
+ * (72.5% of the HBM roofline) against the op sequence. What bounds the small models is the chain of
+ * dependent steps per phase (barrier, activations from L2, reduction, stores made visible): 3-4.5 us
+ * per phase, 5 phases per layer, against 6.2 us of weight bytes per layer at 0.5B.
+ * COLT_DECODE_PROFILE=1 prints CTA 0's time per phase and the rings picked; COLT_DECODE_RING=k
+ * forces k rounds (0: direct loads) instead of timing.
  *
  * Dimension legend: N tokens, D hidden, F intermediate, H query heads, KVH key/value heads, Dh head
  * dim, W = (H + 2 KVH) Dh, G CTAs (the SM count), S key splits per head. */
@@ -51,7 +63,8 @@
 #define DL_WARPS (DL_THREADS / 32)
 #define DL_MAX_TOKENS 4          /* compiled token counts: 1, 2, 4 */
 #define DL_MAX_SPLITS 16         /* key splits per (token, head) */
-#define DL_MAX_SHARED (220 * 1024)
+#define DL_MAX_SHARED (227 * 1024) /* the most a CTA may have on sm_90 */
+#define DL_MAX_CTA_ROWS 256       /* a CTA's rows of q|k|v and of the hidden size (bias_s, x_own) */
 
 typedef __nv_bfloat16 bf16;
 
@@ -62,7 +75,7 @@ struct DlLayer {
 
 struct DlParams {
     const DlLayer *layers;
-    int n_layers, D, F, H, KVH, Dh, W, QD, group, block_shift, max_blocks, splits, act_stride, red_floats;
+    int n_layers, D, F, H, KVH, Dh, W, QD, group, block_shift, max_blocks, splits, act_stride, red_floats, ring;
     float eps, qk_scale;
     const float *inv_freq; /* [Dh / 2] */
     int n;
@@ -139,12 +152,6 @@ __device__ __forceinline__ void dl_grid_barrier(unsigned *count, unsigned target
     __syncthreads();
 }
 
-/* Rows [r0, r1) of `rows` split evenly over the grid. */
-__device__ __forceinline__ void dl_slice(int rows, int *r0, int *r1) {
-    *r0 = (int)((long long)rows * blockIdx.x / gridDim.x);
-    *r1 = (int)((long long)rows * (blockIdx.x + 1) / gridDim.x);
-}
-
 /* ---------------------------------------------------------------- phases */
 
 /* act[t, 0..D) = bf16(w * (x[t] * scale_t)) for t < n, zeros for n <= t < NT: rmsnorm's arithmetic
@@ -199,47 +206,194 @@ __device__ void dl_norm(bf16 *act, int stride, const bf16 *x, const bf16 *w, int
     __syncthreads();
 }
 
-/* The CTA's rows [r0, r1) of out = act W^T (W [rows, K] row-major; TWO: also W2's rows, for gate
- * and up), as fp32 dot products per (row, token) handed to epi(row, t, acc, acc2) for t < n. When the
- * CTA has fewer rows than warps, each row's K range is split over KS warps (interleaved 8-element
- * chunks) and the parts are added in order through shared memory (red). */
-template <int NT, bool TWO, typename Epi>
-__device__ void dl_gemv(const bf16 *W, const bf16 *W2, int K, int r0, int r1, const bf16 *act, int stride, int n,
-                        float *red, Epi epi) {
-    const int rows = r1 - r0, warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = K / 8;
-    int ks = 1;
-    while (ks * 2 * rows <= DL_WARPS && ks < DL_WARPS) ks *= 2;
-    const int slots = rows * ks, parts = TWO ? 2 : 1;
+/* ---------------------------------------------------------------- the weight stream
+ *
+ * Each thread streams the weight chunks it will multiply, in the order it multiplies them, through
+ * its own ring of DL_RING rounds in shared memory (cp.async, 16 bytes a chunk): a round is one
+ * iteration of dl_gemv's inner loop (8 chunks: 8 of W, or 4 of gate and 4 of up). Consuming a round
+ * issues the one DL_RING rounds ahead, which may belong to a later phase or layer: the loads of the
+ * next phases are in flight while the CTA waits at a grid barrier, does attention or a norm. Each
+ * thread reads only the slots it filled itself, so no block barrier guards the ring. */
+
+#define DL_RING_MAX 4     /* rounds per thread in flight (DlParams.ring) */
+#define DL_RING_DEFAULT 2 /* the most taken unless COLT_DECODE_RING says otherwise (timed at create) */
+#define DL_ROUND 8       /* 16-byte chunks per round */
+#define DL_GEMV_PHASES 4 /* q|k|v, o, gate|up, down */
+#define DL_ROUND_BYTES (DL_ROUND * DL_THREADS * 16) /* one round of the whole CTA */
+
+/* A CTA's share of one projection: rows [r0, r0 + rows) of W [*, K] (and of W2 for gate|up), each
+ * row's nvec chunks cut into ks parts (interleaved 32-chunk blocks) so that the rows x ks slots load
+ * the DL_WARPS warps evenly. */
+struct DlGeom {
+    const bf16 *W, *W2;
+    int K, nvec, r0, rows, ks;
+};
+
+/* The ks that gives the busiest warp the fewest rounds, ceil(rows ks / warps) x ceil(ceil(blocks /
+ * ks) / rounds per block), then the fewest blocks, then the smallest (u: chunks of a row per lane in
+ * a round: DL_ROUND, or half for gate|up). Depends on the shape and the CTA's row count alone. */
+__host__ __device__ inline int dl_pick_ks(int rows, int nvec, int u) {
+    const int blocks = (nvec + 31) / 32;
+    int best = 1, best_rounds = 0x7fffffff, best_blocks = 0x7fffffff;
+    for (int ks = 1; ks <= DL_WARPS && ks <= blocks; ks++) {
+        int per_warp = (rows * ks + DL_WARPS - 1) / DL_WARPS, per_slot = (blocks + ks - 1) / ks;
+        int rounds = per_warp * ((per_slot + u - 1) / u), b = per_warp * per_slot;
+        if (rounds < best_rounds || (rounds == best_rounds && b < best_blocks)) best = ks, best_rounds = rounds, best_blocks = b;
+    }
+    return best;
+}
+
+/* Rows [r0, r1) of `rows` split evenly over `grid` CTAs. */
+__host__ __device__ inline void dl_slice_of(int rows, int cta, int grid, int *r0, int *r1) {
+    *r0 = (int)((long long)rows * cta / grid);
+    *r1 = (int)((long long)rows * (cta + 1) / grid);
+}
+
+/* This CTA's rows and ks per projection, the same for every layer: computed once per launch
+ * (dl_cta_shares), kept in shared memory. */
+struct DlShare {
+    int r0, rows, ks;
+};
+
+__device__ void dl_cta_shares(const DlParams &p, DlShare *shares) {
+    if (threadIdx.x < DL_GEMV_PHASES) {
+        const int ph = threadIdx.x;
+        const int total = ph == 0 ? p.W : ph == 2 ? p.F : p.D, K = ph == 1 ? p.QD : ph == 3 ? p.F : p.D;
+        int r0, r1;
+        dl_slice_of(total, blockIdx.x, gridDim.x, &r0, &r1);
+        shares[ph] = DlShare{r0, r1 - r0, dl_pick_ks(r1 - r0, K / 8, ph == 2 ? DL_ROUND / 2 : DL_ROUND)};
+    }
+}
+
+/* Phase 0-3 of layer L: the projection's weights and K, this CTA's share. */
+__device__ __forceinline__ DlGeom dl_geom(const DlParams &p, const DlLayer &L, const DlShare *shares, int phase) {
+    DlGeom g;
+    g.W2 = NULL;
+    if (phase == 0) g.W = L.qkv_w, g.K = p.D;
+    else if (phase == 1) g.W = L.o_w, g.K = p.QD;
+    else if (phase == 2) g.W = L.gate_up_w, g.W2 = L.gate_up_w + (size_t)p.F * p.D, g.K = p.D;
+    else g.W = L.down_w, g.K = p.F;
+    const DlShare sh = shares[phase];
+    g.nvec = g.K / 8, g.r0 = sh.r0, g.rows = sh.rows, g.ks = sh.ks;
+    return g;
+}
+
+/* The producer side: where this thread's next round to issue is (layer, phase, slot, first chunk). */
+struct DlStream {
+    uint4 *ring;     /* [p.ring][DL_ROUND][DL_THREADS] */
+    const DlShare *shares;
+    int head;        /* the ring slot of the next round to consume */
+    int layer, phase, slot, v0;
+    DlGeom g;
+    const bf16 *w, *w2; /* the slot's row of W (and W2) */
+};
+
+/* Moves s to the first round at or after (layer, phase, slot) this thread has; layer = n_layers at
+ * the end. A lane has no round in a slot when its first chunk is past the row. */
+__device__ void dl_stream_settle(DlStream &s, const DlParams &p, const DlLayer *lay) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    while (s.layer < p.n_layers) {
+        for (; s.slot < s.g.rows * s.g.ks; s.slot += DL_WARPS) {
+            s.v0 = (s.slot % s.g.ks) * 32 + lane;
+            if (s.v0 < s.g.nvec) {
+                const size_t row_off = (size_t)(s.g.r0 + s.slot / s.g.ks) * s.g.K;
+                s.w = s.g.W + row_off, s.w2 = s.g.W2 ? s.g.W2 + row_off : NULL;
+                return;
+            }
+        }
+        if (++s.phase == DL_GEMV_PHASES) s.phase = 0, s.layer++;
+        if (s.layer < p.n_layers) s.g = dl_geom(p, lay[s.layer], s.shares, s.phase);
+        s.slot = warp;
+    }
+}
+
+/* Issues the round at the cursor into ring slot k (an empty group past the end), then advances. */
+__device__ void dl_stream_issue(DlStream &s, const DlParams &p, const DlLayer *lay, int k) {
+    if (s.layer < p.n_layers) {
+        const DlGeom &g = s.g;
+        const bool two = s.w2 != NULL;
+        const int U = two ? DL_ROUND / 2 : DL_ROUND, step = 32 * g.ks;
+        uint4 *dst = s.ring + (size_t)k * DL_ROUND * DL_THREADS + threadIdx.x;
+        for (int u = 0; u < U; u++) {
+            int v = s.v0 + u * step;
+            if (v >= g.nvec) break;
+            if (two) {
+                cp_async16(dst + (2 * u) * DL_THREADS, s.w + (size_t)v * 8, true);
+                cp_async16(dst + (2 * u + 1) * DL_THREADS, s.w2 + (size_t)v * 8, true);
+            } else {
+                cp_async16(dst + u * DL_THREADS, s.w + (size_t)v * 8, true);
+            }
+        }
+        s.v0 += U * step;
+        if (s.v0 >= g.nvec) {
+            s.slot += DL_WARPS;
+            dl_stream_settle(s, p, lay);
+        }
+    }
+    cp_async_commit();
+}
+
+/* The CTA's rows of out = act W^T (g: this layer's phase; TWO: gate and up at once), as fp32 dot
+ * products per (row, token) handed to epi(row, t, acc, acc2) for t < n. The weights come from the
+ * stream, round by round; each consumed round issues the one DL_RING ahead. A row's ks parts are
+ * added in order through shared memory (red). */
+template <int NT, bool TWO, bool RING, typename Epi>
+__device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const DlLayer *lay, const bf16 *act,
+                        int stride, int n, float *red, Epi epi) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = g.ks, slots = g.rows * ks;
+    const int parts = TWO ? 2 : 1;
+    constexpr int U = TWO ? DL_ROUND / 2 : DL_ROUND;
+    const int step = 32 * ks;
     for (int slot = warp; slot < slots; slot += DL_WARPS) {
-        int row = r0 + slot / ks, part = slot % ks;
-        const bf16 *w = W + (size_t)row * K, *w2 = TWO ? W2 + (size_t)row * K : NULL;
         float acc[NT], acc2[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] = 0.0f, acc2[t] = 0.0f;
-        const int step = 32 * ks;
-        /* U chunks per lane in flight (U of each matrix for gate|up), predicated: a row of up to
-         * U * step chunks is one round trip, whatever the lane. */
-        constexpr int U = TWO ? 4 : 8;
-        for (int v0 = part * 32 + lane; v0 < nvec; v0 += U * step) {
-            uint4 a[U], b[U];
+        for (int v0 = (slot % ks) * 32 + lane; v0 < g.nvec; v0 += U * step) {
+            if (RING) {
+                /* this round's copies have landed (the p.ring - 1 issued after it may not have) */
+                if (p.ring == 2) cp_async_wait<1>();
+                else if (p.ring == 3) cp_async_wait<2>();
+                else if (p.ring == 4) cp_async_wait<3>();
+                else cp_async_wait<0>();
+                const uint4 *src = s.ring + (size_t)s.head * DL_ROUND * DL_THREADS + threadIdx.x;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int v = v0 + u * step;
-                if (v < nvec) {
-                    a[u] = dl_load_weight(w + (size_t)v * 8);
-                    if (TWO) b[u] = dl_load_weight(w2 + (size_t)v * 8);
-                }
-            }
+                for (int u = 0; u < U; u++) {
+                    int v = v0 + u * step;
+                    if (v < g.nvec) {
+                        uint4 a = src[(TWO ? 2 * u : u) * DL_THREADS], b;
+                        if (TWO) b = src[(2 * u + 1) * DL_THREADS];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int v = v0 + u * step;
-                if (v < nvec)
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + v * 8);
-                        acc[t] = dot8(a[u], x, acc[t]);
-                        if (TWO) acc2[t] = dot8(b[u], x, acc2[t]);
+                        for (int t = 0; t < NT; t++) {
+                            uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + v * 8);
+                            acc[t] = dot8(a, x, acc[t]);
+                            if (TWO) acc2[t] = dot8(b, x, acc2[t]);
+                        }
                     }
+                }
+                dl_stream_issue(s, p, lay, s.head);
+                s.head = s.head + 1 == p.ring ? 0 : s.head + 1;
+            } else { /* direct: every load of the round issued before the first is used */
+                const size_t row_off = (size_t)(g.r0 + slot / ks) * g.K;
+                uint4 a[U], b[U];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int v = v0 + u * step;
+                    if (v < g.nvec) {
+                        a[u] = dl_load_weight(g.W + row_off + (size_t)v * 8);
+                        if (TWO) b[u] = dl_load_weight(g.W2 + row_off + (size_t)v * 8);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int v = v0 + u * step;
+                    if (v < g.nvec)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            uint4 x = *reinterpret_cast<const uint4 *>(act + (size_t)t * stride + v * 8);
+                            acc[t] = dot8(a[u], x, acc[t]);
+                            if (TWO) acc2[t] = dot8(b[u], x, acc2[t]);
+                        }
+                }
             }
         }
 #pragma unroll
@@ -255,14 +409,14 @@ __device__ void dl_gemv(const bf16 *W, const bf16 *W2, int K, int r0, int r1, co
             }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < rows * n; e += DL_THREADS) {
+    for (int e = threadIdx.x; e < g.rows * n; e += DL_THREADS) {
         int r = e / n, t = e % n;
-        float s = 0.0f, s2 = 0.0f;
+        float sum = 0.0f, sum2 = 0.0f;
         for (int k = 0; k < ks; k++) {
-            s += red[((r * ks + k) * NT + t) * parts];
-            if (TWO) s2 += red[((r * ks + k) * NT + t) * parts + 1];
+            sum += red[((r * ks + k) * NT + t) * parts];
+            if (TWO) sum2 += red[((r * ks + k) * NT + t) * parts + 1];
         }
-        epi(r0 + r, t, s, s2);
+        epi(g.r0 + r, t, sum, sum2);
     }
     __syncthreads();
 }
@@ -422,16 +576,33 @@ __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
 
 /* ---------------------------------------------------------------- the kernel */
 
-template <int NT, int HEAD_DIM>
+template <int NT, int HEAD_DIM, bool RING>
 __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
     DlLayer *lay = reinterpret_cast<DlLayer *>(smem);                            /* [n_layers] */
-    bf16 *act = reinterpret_cast<bf16 *>(smem + dl_layers_bytes(p.n_layers));    /* [NT, act_stride] */
+    uint4 *ring = reinterpret_cast<uint4 *>(smem + dl_layers_bytes(p.n_layers)); /* the weight stream */
+    bf16 *act = reinterpret_cast<bf16 *>(ring + (size_t)p.ring * DL_ROUND * DL_THREADS); /* [NT, act_stride] */
     float *red = reinterpret_cast<float *>(act + (size_t)NT * p.act_stride);      /* [red_floats] */
     float *attn = red + p.red_floats;                                             /* dl_attend's scratch */
     const int n = p.n, items = n * p.H * p.splits;
+    __shared__ DlShare shares[DL_GEMV_PHASES];
+    __shared__ float bias_s[DL_MAX_CTA_ROWS];        /* the phase's bias for this CTA's rows */
+    __shared__ bf16 x_own[NT][DL_MAX_CTA_ROWS];      /* this CTA's rows of x: only its o and down write them */
     for (int k = threadIdx.x; k < p.n_layers; k += DL_THREADS) lay[k] = p.layers[k];
+    dl_cta_shares(p, shares);
     __syncthreads();
+    const DlShare xs = shares[1]; /* the o and down projections' rows: the same split of D */
+    for (int e = threadIdx.x; e < NT * xs.rows; e += DL_THREADS) {
+        int t = e / xs.rows, i = e % xs.rows;
+        x_own[t][i] = t < p.n ? p.x[(size_t)t * p.D + xs.r0 + i] : __float2bfloat16_rn(0.0f);
+    }
+    DlStream s; /* the first p.ring rounds in flight before anything else */
+    s.ring = ring, s.shares = shares, s.head = 0, s.layer = 0, s.phase = 0, s.slot = threadIdx.x / 32;
+    if (RING) {
+        s.g = dl_geom(p, lay[0], shares, 0);
+        dl_stream_settle(s, p, lay);
+        for (int k = 0; k < p.ring; k++) dl_stream_issue(s, p, lay, k);
+    }
     unsigned barriers = 0;
     const bool prof = p.prof && blockIdx.x == 0 && threadIdx.x == 0;
     long long t_mark = prof ? clock64() : 0;
@@ -449,33 +620,32 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
 
     for (int l = 0; l < p.n_layers; l++) {
         const DlLayer &L = lay[l];
-        int r0, r1;
-        /* A: q|k|v */
+        /* A: q|k|v (the bias read while the norm runs) */
+        const int qr0 = shares[0].r0, tid = threadIdx.x;
+        float bias = L.qkv_b && tid < shares[0].rows ? __bfloat162float(L.qkv_b[qr0 + tid]) : 0.0f;
         dl_norm<NT>(act, p.act_stride, p.x, L.attn_norm, n, p.D, p.eps);
-        dl_slice(p.W, &r0, &r1);
-        dl_gemv<NT, false>(L.qkv_w, NULL, p.D, r0, r1, act, p.act_stride, n, red,
+        if (tid < shares[0].rows) bias_s[tid] = bias; /* dl_gemv synchronises before its epilogue */
+        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 0), s, p, lay, act, p.act_stride, n, red,
                            [&](int r, int t, float acc, float) {
-                               float b = L.qkv_b ? __bfloat162float(L.qkv_b[r]) : 0.0f;
-                               p.qkv[(size_t)t * p.W + r] = __float2bfloat16_rn(acc + b);
+                               p.qkv[(size_t)t * p.W + r] = __float2bfloat16_rn(acc + bias_s[r - qr0]);
                            });
         barrier(0);
         /* B: rope, K/V store, attention */
         for (int item = blockIdx.x; item < items; item += gridDim.x) dl_attend<HEAD_DIM>(p, L, item, attn);
         barrier(1);
         /* C: x += att Wo^T (+ b) */
+        bias = L.o_b && tid < xs.rows ? __bfloat162float(L.o_b[xs.r0 + tid]) : 0.0f;
         dl_gather_attention<NT, HEAD_DIM>(p, act, p.act_stride);
-        dl_slice(p.D, &r0, &r1);
-        dl_gemv<NT, false>(L.o_w, NULL, p.QD, r0, r1, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
-            float b = L.o_b ? __bfloat162float(L.o_b[r]) : 0.0f;
-            bf16 *xr = p.x + (size_t)t * p.D + r;
-            float proj = bf16_round(acc + b);
-            *xr = __float2bfloat16_rn(dl_ldcg_bf16(xr) + proj);
+        if (tid < xs.rows) bias_s[tid] = bias;
+        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 1), s, p, lay, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
+            const int i = r - xs.r0;
+            bf16 sum = __float2bfloat16_rn(__bfloat162float(x_own[t][i]) + bf16_round(acc + bias_s[i]));
+            x_own[t][i] = sum, p.x[(size_t)t * p.D + r] = sum;
         });
         barrier(2);
         /* D: h = silu(gate) * up */
         dl_norm<NT>(act, p.act_stride, p.x, L.mlp_norm, n, p.D, p.eps);
-        dl_slice(p.F, &r0, &r1);
-        dl_gemv<NT, true>(L.gate_up_w, L.gate_up_w + (size_t)p.F * p.D, p.D, r0, r1, act, p.act_stride, n, red,
+        dl_gemv<NT, true, RING>(dl_geom(p, L, shares, 2), s, p, lay, act, p.act_stride, n, red,
                           [&](int r, int t, float g, float u) {
                               g = bf16_round(g), u = bf16_round(u);
                               p.h[(size_t)t * p.F + r] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
@@ -488,10 +658,10 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
             *reinterpret_cast<uint4 *>(act + (size_t)t * p.act_stride + v * 8) = val;
         }
         __syncthreads();
-        dl_slice(p.D, &r0, &r1);
-        dl_gemv<NT, false>(L.down_w, NULL, p.F, r0, r1, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
-            bf16 *xr = p.x + (size_t)t * p.D + r;
-            *xr = __float2bfloat16_rn(dl_ldcg_bf16(xr) + bf16_round(acc));
+        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 3), s, p, lay, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
+            const int i = r - xs.r0;
+            bf16 sum = __float2bfloat16_rn(__bfloat162float(x_own[t][i]) + bf16_round(acc));
+            x_own[t][i] = sum, p.x[(size_t)t * p.D + r] = sum;
         });
         if (l + 1 < p.n_layers) barrier(4);
         else mark(8);
@@ -509,7 +679,8 @@ struct DecodePlanCuda {
     unsigned *d_barrier;
     unsigned long long *d_prof; /* COLT_DECODE_PROFILE=1 */
     int max_tokens, grid;
-    size_t smem_bytes[3];  /* per NT = 1, 2, 4 */
+    int ring[3];           /* per NT = 1, 2, 4: the weight stream's rounds, 0 = direct loads */
+    size_t smem_fixed[3];  /* per NT: shared memory beside the ring */
 };
 
 /* Up to this many tokens a call takes the kernel (COLT_DECODE_LAYERS=k overrides; 0 = never). Measured
@@ -535,14 +706,18 @@ extern "C" void cuda_decode_layers_set_tokens(int tokens) { g_decode_layers_toke
 /* Launches so far (host calls, not graph replays). */
 extern "C" long cuda_decode_layers_calls(void) { return g_decode_layers_calls; }
 
-template <int NT, int HD> static void *dl_kernel() { return (void *)decode_layers_kernel<NT, HD>; }
+template <int NT, int HD> static void *dl_kernel(bool ring) {
+    return ring ? (void *)decode_layers_kernel<NT, HD, true> : (void *)decode_layers_kernel<NT, HD, false>;
+}
 
-static void *dl_kernel_for(int nt, int head_dim) {
-    if (head_dim == 64) return nt == 1 ? dl_kernel<1, 64>() : nt == 2 ? dl_kernel<2, 64>() : dl_kernel<4, 64>();
-    return nt == 1 ? dl_kernel<1, 128>() : nt == 2 ? dl_kernel<2, 128>() : dl_kernel<4, 128>();
+static void *dl_kernel_for(int nt, int head_dim, bool ring) {
+    if (head_dim == 64) return nt == 1 ? dl_kernel<1, 64>(ring) : nt == 2 ? dl_kernel<2, 64>(ring) : dl_kernel<4, 64>(ring);
+    return nt == 1 ? dl_kernel<1, 128>(ring) : nt == 2 ? dl_kernel<2, 128>(ring) : dl_kernel<4, 128>(ring);
 }
 
 static int dl_nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
+
+static void dl_pick_rings(DecodePlanCuda *plan);
 
 extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, const DecodeDims *dims) {
     const DecodeDims *d = dims;
@@ -574,26 +749,44 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     int kmax = D > F ? D : F;
     if (QD > kmax) kmax = QD;
     p.act_stride = kmax + 8; /* a 16-byte pad between token rows */
-    /* red: (rows per CTA, at least one per warp) x NT x 2 floats */
-    int rows_max = 0, row_counts[3] = {W, D, F};
-    for (int k = 0; k < 3; k++) {
-        int r = (row_counts[k] + plan->grid - 1) / plan->grid;
-        if (r > rows_max) rows_max = r;
+    /* red: the most slots (rows x ks) any CTA has in any projection, x NT x 2 floats */
+    int slots_max = 0, row_counts[DL_GEMV_PHASES] = {W, D, F, D}, ks_of[DL_GEMV_PHASES] = {D, QD, D, F};
+    for (int ph = 0; ph < DL_GEMV_PHASES; ph++)
+        for (int cta = 0; cta < plan->grid; cta++) {
+            int r0, r1;
+            dl_slice_of(row_counts[ph], cta, plan->grid, &r0, &r1);
+            int slots = (r1 - r0) * dl_pick_ks(r1 - r0, ks_of[ph] / 8, ph == 2 ? DL_ROUND / 2 : DL_ROUND);
+            if (slots > slots_max) slots_max = slots;
+        }
+    p.red_floats = slots_max * DL_MAX_TOKENS * 2;
+    if ((W + plan->grid - 1) / plan->grid > DL_MAX_CTA_ROWS || (D + plan->grid - 1) / plan->grid > DL_MAX_CTA_ROWS) {
+        free(plan);
+        return NULL;
     }
-    if (rows_max < DL_WARPS) rows_max = DL_WARPS;
-    p.red_floats = rows_max * DL_MAX_TOKENS * 2;
     size_t attn_floats = 3 * (size_t)Dh + (size_t)DL_WARPS * Dh + 2 * (size_t)DL_WARPS;
+    /* Per NT: the kernel with the largest ring that fits (COLT_DECODE_RING caps it; 0 = direct loads). */
+    const char *ring_env = getenv("COLT_DECODE_RING");
+    int ring_cap = ring_env && *ring_env ? atoi(ring_env) : DL_RING_DEFAULT;
+    ring_cap = ring_cap < 0 ? 0 : ring_cap > DL_RING_MAX ? DL_RING_MAX : ring_cap;
     plan->max_tokens = 0;
     for (int nt = 1; nt <= DL_MAX_TOKENS; nt *= 2) {
-        size_t bytes = dl_layers_bytes(d->n_layers) + (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 +
-                       attn_floats * 4;
-        plan->smem_bytes[dl_nt_index(nt)] = bytes;
-        if (bytes > DL_MAX_SHARED) break;
-        void *kernel = dl_kernel_for(nt, Dh);
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        int resident = 0; /* a cooperative launch needs every CTA resident: one per SM */
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, DL_THREADS, bytes));
-        if (resident < 1) break;
+        const size_t fixed = dl_layers_bytes(d->n_layers) + (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 +
+                             attn_floats * 4;
+        int ring = ring_cap;
+        while (ring > 0 && fixed + (size_t)ring * DL_ROUND_BYTES > DL_MAX_SHARED) ring--;
+        if (fixed > DL_MAX_SHARED) break;
+        bool resident = true; /* a cooperative launch needs every CTA resident: one per SM */
+        for (int with_ring = 0; with_ring < 2; with_ring++) {
+            void *kernel = dl_kernel_for(nt, Dh, with_ring);
+            size_t bytes = fixed + (with_ring ? (size_t)ring * DL_ROUND_BYTES : 0);
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+            int blocks = 0;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, DL_THREADS, bytes));
+            if (blocks < 1) resident = false;
+        }
+        if (!resident) break;
+        plan->ring[dl_nt_index(nt)] = ring;
+        plan->smem_fixed[dl_nt_index(nt)] = fixed;
         plan->max_tokens = nt;
     }
     if (plan->max_tokens == 0) {
@@ -629,6 +822,9 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     p.prof = plan->d_prof;
     p.layers = plan->d_layers, p.inv_freq = plan->d_inv_freq, p.part = plan->d_part;
     p.qkv = plan->d_qkv, p.h = plan->d_h, p.barrier = plan->d_barrier;
+    if (!(ring_env && *ring_env)) dl_pick_rings(plan);
+    if (getenv("COLT_DECODE_PROFILE"))
+        fprintf(stderr, "decode_layers: ring rounds per NT 1/2/4: %d %d %d\n", plan->ring[0], plan->ring[1], plan->ring[2]);
     return plan;
 }
 
@@ -654,14 +850,10 @@ extern "C" void cuda_decode_layers_free(void *handle) {
     free(plan);
 }
 
-extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const void *seq, const void *slot_mapping,
-                                   const void *block_tables, int n) {
-    DecodePlanCuda *plan = (DecodePlanCuda *)handle;
-    if (!plan || n <= 0 || n > plan->max_tokens || n > decode_layers_tokens() || cuda_batch_invariant() ||
-        cuda_attention_invariant())
-        return false;
-    int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4;
+static void dl_launch(DecodePlanCuda *plan, int nt, int ring, void *x, const void *pos, const void *seq,
+                      const void *slot_mapping, const void *block_tables, int n) {
     DlParams p = plan->p;
+    p.ring = ring;
     p.n = n;
     p.x = (bf16 *)x;
     p.pos = (const int *)pos, p.seq = (const int *)seq, p.slot_mapping = (const int *)slot_mapping;
@@ -669,9 +861,58 @@ extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const
     cudaStream_t st = cuda_stream();
     CUDA_CHECK(cudaMemsetAsync(plan->d_barrier, 0, sizeof(unsigned), st));
     void *args[] = {&p};
-    CUDA_CHECK(cudaLaunchCooperativeKernel(dl_kernel_for(nt, p.Dh), dim3(plan->grid), dim3(DL_THREADS), args,
-                                           plan->smem_bytes[dl_nt_index(nt)], st));
+    CUDA_CHECK(cudaLaunchCooperativeKernel(dl_kernel_for(nt, p.Dh, ring > 0), dim3(plan->grid), dim3(DL_THREADS), args,
+                                           plan->smem_fixed[dl_nt_index(nt)] + (size_t)ring * DL_ROUND_BYTES, st));
     LAUNCH_CHECK();
+}
+
+/* Per NT with a ring: keeps it only if a launch with it is faster than with direct loads (the bits are
+ * the same either way: only where the weights wait differs). Timed on padding tokens (no K/V stored,
+ * no attention), the weights read as in a real step; best of 7 launches each, after a warm-up. */
+static void dl_pick_rings(DecodePlanCuda *plan) {
+    const int D = plan->p.D;
+    bf16 *x;
+    int *ints; /* pos 0, seq -1, slot -1 per token */
+    int host[3 * DL_MAX_TOKENS];
+    for (int k = 0; k < DL_MAX_TOKENS; k++) host[k] = 0, host[DL_MAX_TOKENS + k] = -1, host[2 * DL_MAX_TOKENS + k] = -1;
+    CUDA_CHECK(cudaMalloc(&x, sizeof(bf16) * (size_t)DL_MAX_TOKENS * D));
+    CUDA_CHECK(cudaMalloc(&ints, sizeof host));
+    CUDA_CHECK(cudaMemcpy(ints, host, sizeof host, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    cudaStream_t st = cuda_stream();
+    for (int nt = 1; nt <= plan->max_tokens; nt *= 2) {
+        const int idx = dl_nt_index(nt), ring = plan->ring[idx];
+        if (ring == 0) continue;
+        float best[2] = {1e30f, 1e30f};
+        for (int rep = 0; rep < 8; rep++)
+            for (int mode = 0; mode < 2; mode++) {
+                CUDA_CHECK(cudaMemsetAsync(x, 0, sizeof(bf16) * (size_t)nt * D, st));
+                CUDA_CHECK(cudaEventRecord(e0, st));
+                dl_launch(plan, nt, mode ? ring : 0, x, ints, ints + DL_MAX_TOKENS, ints + 2 * DL_MAX_TOKENS, ints, nt);
+                CUDA_CHECK(cudaEventRecord(e1, st));
+                CUDA_CHECK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                if (rep > 0 && ms < best[mode]) best[mode] = ms;
+            }
+        if (best[0] < best[1]) plan->ring[idx] = 0;
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaFree(x));
+    CUDA_CHECK(cudaFree(ints));
+}
+
+extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const void *seq, const void *slot_mapping,
+                                   const void *block_tables, int n) {
+    DecodePlanCuda *plan = (DecodePlanCuda *)handle;
+    if (!plan || n <= 0 || n > plan->max_tokens || n > decode_layers_tokens() || cuda_batch_invariant() ||
+        cuda_attention_invariant())
+        return false;
+    int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4;
+    dl_launch(plan, nt, plan->ring[dl_nt_index(nt)], x, pos, seq, slot_mapping, block_tables, n);
     g_decode_layers_calls++;
     return true;
 }

@@ -26,6 +26,8 @@ with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
         q = json.loads(line)["question"]
         out.write(json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n")
 PY
-tar cf - "${bins[@]}" .devlibs "$carry/data" | xz -T2 -6 > "$carry/bundle.tar.xz"
+# xz -9: its 64 MB window sees that the binaries are mostly the same bytes (each links every kernel),
+# so the whole set packs to ~13 MB instead of ~75 MB with -6 (over the 64 MiB limit); one thread, ~3 min.
+tar cf - "${bins[@]}" .devlibs "$carry/data" | xz -T1 -9 > "$carry/bundle.tar.xz"
 rm -rf "$carry/data"
 du -sh "$carry/bundle.tar.xz"

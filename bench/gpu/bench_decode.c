@@ -11,7 +11,10 @@
  * batch / 989e12 FLOP/s) with bytes = weight bytes + batch * mean context *
  * K/V bytes per token (attention FLOPs left out: under 3% here).
  * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b; default all three)
+ * "with prefill tok/s" is every sampled token over the whole engine_generate call (prefill, decode,
+ * scheduling): the figure offline benchmarks such as vLLM's "output tokens/s" report.
  * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).
+ * COLT_PROMPT_LEN=512, COLT_DECODE_TOKENS=128: other prompt and completion lengths.
  * COLT_PROFILE=1: eager steps with every op timed between synchronisations
  * (attribution only: the synchronisations dominate small ops).
  * COLT_DETERMINISTIC=1: the engine's deterministic mode (batch-invariant kernels). */
@@ -29,8 +32,15 @@
 
 #include "bench_gpu_shapes.h"
 
-#define PROMPT_LEN 128
+#define PROMPT_LEN 128 /* COLT_PROMPT_LEN overrides */
 #define NEW_TOKENS 128 /* COLT_DECODE_TOKENS overrides (short runs under a profiler) */
+
+static int env_int(const char *name, int fallback) {
+    const char *e = getenv(name);
+    return e && atoi(e) > 0 ? atoi(e) : fallback;
+}
+#define PROMPT_TOKENS env_int("COLT_PROMPT_LEN", PROMPT_LEN)
+#define DECODE_TOKENS env_int("COLT_DECODE_TOKENS", NEW_TOKENS)
 #define HBM_BYTES_PER_S 4.8e12
 #define BF16_FLOP_PER_S 989e12
 
@@ -42,17 +52,18 @@ static bool deterministic_mode(void) {
 
 static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
     const ModelConfig *c = model_config(m);
-    int *prompts = malloc(sizeof(int) * (size_t)batch * PROMPT_LEN);
-    for (int i = 0; i < batch * PROMPT_LEN; i++)
-        prompts[i] = (int)(rng_uniform(7, (uint64_t)i / PROMPT_LEN, (uint64_t)i % PROMPT_LEN) * (c->vocab_size - 1));
+    const int prompt_len = PROMPT_TOKENS;
+    int *prompts = malloc(sizeof(int) * (size_t)batch * prompt_len);
+    for (int i = 0; i < batch * prompt_len; i++)
+        prompts[i] = (int)(rng_uniform(7, (uint64_t)i / prompt_len, (uint64_t)i % prompt_len) * (c->vocab_size - 1));
     GenSequence *seqs = calloc((size_t)batch, sizeof(GenSequence));
     for (int i = 0; i < batch; i++) {
-        seqs[i].prompt = prompts + (size_t)i * PROMPT_LEN;
-        seqs[i].prompt_len = PROMPT_LEN;
+        seqs[i].prompt = prompts + (size_t)i * prompt_len;
+        seqs[i].prompt_len = prompt_len;
         seqs[i].stream = (uint64_t)i;
     }
     GenerateOptions opt = {.sampling = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 1},
-                           .max_new_tokens = getenv("COLT_DECODE_TOKENS") ? atoi(getenv("COLT_DECODE_TOKENS")) : NEW_TOKENS,
+                           .max_new_tokens = DECODE_TOKENS,
                            .ignore_eos = true};
     EngineOptions eo = {.max_num_seqs = batch, .enforce_eager = eager,
                         .deterministic = deterministic_mode()};
@@ -88,9 +99,9 @@ int main(int argc, char **argv) {
     printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs%s), prompts %d tokens, %d new tokens each, "
            "temperature 1\n\n", be->name,
            deterministic_mode() ? ", deterministic mode" : "",
-           PROMPT_LEN, NEW_TOKENS);
-    printf("| model | batch | decode tok/s | ms/step | roofline tok/s | %% of roofline | graph steps | eager tok/s |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|\n");
+           PROMPT_TOKENS, DECODE_TOKENS);
+    printf("| model | batch | decode tok/s | ms/step | roofline tok/s | %% of roofline | with prefill tok/s | graph steps | eager tok/s |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
         const Shape *s = shape_by_name(want[w]);
@@ -106,7 +117,7 @@ int main(int argc, char **argv) {
         double weight_bytes = (double)model_weight_bytes(m);
         if (!s->tied) weight_bytes -= 2.0 * s->vocab * s->hidden; /* the input embedding: only the batch's rows */
         double kv_token_bytes = 2.0 * s->layers * s->kv_heads * (s->hidden / s->heads) * 2.0;
-        double mean_ctx = PROMPT_LEN + NEW_TOKENS / 2.0;
+        double mean_ctx = PROMPT_TOKENS + DECODE_TOKENS / 2.0;
         for (int bi = 0; bi < n_batches; bi++) {
             int batch = batches[bi];
             EngineStats st, st_eager;
@@ -123,8 +134,9 @@ int main(int argc, char **argv) {
             double roof_s = step_bytes / HBM_BYTES_PER_S > step_flops / BF16_FLOP_PER_S
                                 ? step_bytes / HBM_BYTES_PER_S : step_flops / BF16_FLOP_PER_S;
             double roof = batch / roof_s;
-            printf("| %s | %d | %.0f | %.3f | %.0f | %.1f%% | %d/%d |", s->name, batch, tps,
-                   tps > 0 ? 1e3 * batch / tps : 0, roof, 100 * tps / roof, st.graph_steps, st.steps);
+            double e2e = st.seconds > 0 ? st.decode_tokens / st.seconds : 0;
+            printf("| %s | %d | %.0f | %.3f | %.0f | %.1f%% | %.0f | %d/%d |", s->name, batch, tps,
+                   tps > 0 ? 1e3 * batch / tps : 0, roof, 100 * tps / roof, e2e, st.graph_steps, st.steps);
             if (eager_tps > 0) printf(" %.0f |\n", eager_tps);
             else printf(" |\n");
             if (profile) backend_profile_report(stdout);

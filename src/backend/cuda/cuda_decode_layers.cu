@@ -866,10 +866,25 @@ static void dl_launch(DecodePlanCuda *plan, int nt, int ring, void *x, const voi
     LAUNCH_CHECK();
 }
 
+/* The picks so far, by shape: a plan is made per engine_generate call (every GRPO step), the timing
+ * once per shape and process. */
+#define DL_PICKS_MAX 8
+static struct {
+    int key[8], ring[3];
+} g_picks[DL_PICKS_MAX];
+static int g_n_picks = 0;
+
 /* Per NT with a ring: keeps it only if a launch with it is faster than with direct loads (the bits are
  * the same either way: only where the weights wait differs). Timed on padding tokens (no K/V stored,
- * no attention), the weights read as in a real step; best of 7 launches each, after a warm-up. */
+ * no attention), the weights read as in a real step; best of 3 launches each, after a warm-up. */
 static void dl_pick_rings(DecodePlanCuda *plan) {
+    const DlParams &q = plan->p;
+    const int key[8] = {q.n_layers, q.D, q.F, q.H, q.KVH, q.Dh, plan->grid, plan->max_tokens};
+    for (int k = 0; k < g_n_picks; k++)
+        if (!memcmp(g_picks[k].key, key, sizeof key)) {
+            memcpy(plan->ring, g_picks[k].ring, sizeof plan->ring);
+            return;
+        }
     const int D = plan->p.D;
     bf16 *x;
     int *ints; /* pos 0, seq -1, slot -1 per token */
@@ -886,7 +901,7 @@ static void dl_pick_rings(DecodePlanCuda *plan) {
         const int idx = dl_nt_index(nt), ring = plan->ring[idx];
         if (ring == 0) continue;
         float best[2] = {1e30f, 1e30f};
-        for (int rep = 0; rep < 8; rep++)
+        for (int rep = 0; rep < 4; rep++)
             for (int mode = 0; mode < 2; mode++) {
                 CUDA_CHECK(cudaMemsetAsync(x, 0, sizeof(bf16) * (size_t)nt * D, st));
                 CUDA_CHECK(cudaEventRecord(e0, st));
@@ -903,6 +918,11 @@ static void dl_pick_rings(DecodePlanCuda *plan) {
     CUDA_CHECK(cudaEventDestroy(e1));
     CUDA_CHECK(cudaFree(x));
     CUDA_CHECK(cudaFree(ints));
+    if (g_n_picks < DL_PICKS_MAX) {
+        memcpy(g_picks[g_n_picks].key, key, sizeof key);
+        memcpy(g_picks[g_n_picks].ring, plan->ring, sizeof plan->ring);
+        g_n_picks++;
+    }
 }
 
 extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const void *seq, const void *slot_mapping,

@@ -213,9 +213,9 @@ __device__ void dl_norm(bf16 *act, int stride, const bf16 *x, const bf16 *w, int
 /* ---------------------------------------------------------------- the weight stream
  *
  * Each thread streams the weight chunks it will multiply, in the order it multiplies them, through
- * its own ring of DL_RING rounds in shared memory (cp.async, 16 bytes a chunk): a round is one
+ * its own ring of p.ring rounds in shared memory (cp.async, 16 bytes a chunk): a round is one
  * iteration of dl_gemv's inner loop (8 chunks: 8 of W, or 4 of gate and 4 of up). Consuming a round
- * issues the one DL_RING rounds ahead, which may belong to a later phase or layer: the loads of the
+ * issues the one p.ring rounds ahead, which may belong to a later phase or layer: the loads of the
  * next phases are in flight while the CTA waits at a grid barrier, does attention or a norm. Each
  * thread reads only the slots it filled itself, so no block barrier guards the ring. */
 
@@ -338,9 +338,9 @@ __device__ void dl_stream_issue(DlStream &s, const DlParams &p, const DlLayer *l
 }
 
 /* The CTA's rows of out = act W^T (g: this layer's phase; TWO: gate and up at once), as fp32 dot
- * products per (row, token) handed to epi(row, t, acc, acc2) for t < n. The weights come from the
- * stream, round by round; each consumed round issues the one DL_RING ahead. A row's ks parts are
- * added in order through shared memory (red). */
+ * products per (row, token) handed to epi(row, t, acc, acc2) for t < n. RING: the weights come from
+ * the stream, round by round, each consumed round issuing the one p.ring ahead; otherwise from direct
+ * loads. A row's ks parts are added in order through shared memory (red). */
 template <int NT, bool TWO, bool RING, typename Epi>
 __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const DlLayer *lay, const bf16 *act,
                         int stride, int n, float *red, Epi epi) {

@@ -689,8 +689,9 @@ struct DecodePlanCuda {
 
 /* Up to this many tokens a call takes the kernel (COLT_DECODE_LAYERS=k overrides; 0 = never). Measured
  * on an H200 (bench_decode, Qwen2.5 0.5B / 1.5B / 7B shapes): faster than the op sequence at 1 and 2
- * tokens (+27% / +38% / +14% at 1), slower at 4 (-5% / -4% / -10%), where its fp32 dot products on
- * CUDA cores and the per-token attention items cost more than the ops' tensor-core GEMMs save. */
+ * tokens (+49% / +45% / +16% at 1), mixed at 3 (+3% / -2% / -8%) and slower at 4 (-5% / -13% / -12%),
+ * where its fp32 dot products on CUDA cores and the per-token attention items cost more than the ops'
+ * tensor-core GEMMs save. */
 #define DL_DEFAULT_TOKENS 2
 static int g_decode_layers_tokens = -1; /* -1: read COLT_DECODE_LAYERS once */
 static long g_decode_layers_calls = 0;

@@ -902,6 +902,8 @@ static void dl_pick_rings(DecodePlanCuda *plan) {
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     cudaStream_t st = cuda_stream();
+    unsigned long long *prof = plan->p.prof;
+    plan->p.prof = NULL; /* COLT_DECODE_PROFILE counts real steps only */
     for (int nt = 1; nt <= plan->max_tokens; nt *= 2) {
         const int idx = dl_nt_index(nt), ring = plan->ring[idx];
         if (ring == 0) continue;
@@ -919,6 +921,7 @@ static void dl_pick_rings(DecodePlanCuda *plan) {
             }
         if (best[0] < best[1]) plan->ring[idx] = 0;
     }
+    plan->p.prof = prof;
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     CUDA_CHECK(cudaFree(x));

@@ -870,6 +870,20 @@ __device__ __forceinline__ float tc_quad_sum(float v) {
  * products per tile against the forward's three (hi + lo P V), and P is never
  * rounded, so delta is fp32-exact. Warp w owns query rows 16w.. of an FT-row
  * tile, its Q and dout fragments in registers. */
+/* Where a tensor-core kernel's query tile sits: tiles[blockIdx.x] = (first token, rows, sequence,
+ * first position), blockIdx.y the query head; g its KV head, last the tile's last position, nkt the
+ * key tiles it sees (causal), kv_base the KV head's first element in the sequence's cache rows. */
+struct TcTile {
+    int tok0, cnt, s_id, pos0, h, g, last, nkt;
+    size_t kv_base;
+};
+template <int D>
+__device__ __forceinline__ TcTile tc_tile(const int4 *tiles, int group, int max_len, int kv_dim) {
+    const int4 t = tiles[blockIdx.x];
+    const int h = blockIdx.y, g = h / group, last = t.w + t.y - 1;
+    return TcTile{t.x, t.y, t.z, t.w, h, g, last, last / FT + 1, (size_t)t.z * max_len * kv_dim + (size_t)g * D};
+}
+
 template <int D, bool DELTA>
 __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out, float *delta_out,
                                                                   const bf16_t *dout, const bf16_t *q,
@@ -879,12 +893,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_stats_kernel(float *lse_out,
     const int LDS = D + 8, KS = D / 16;
     extern __shared__ float4 fa_smem4[];
     bf16_t *sQ = (bf16_t *)fa_smem4, *sO = sQ + FT * LDS, *sK = sO + FT * LDS, *sV = sK + 2 * FT * LDS;
-    int4 t = tiles[blockIdx.x];
-    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    const auto [tok0, cnt, s_id, pos0, h, g, last, nkt, kv_base] = tc_tile<D>(tiles, group, max_len, kv_dim);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
     size_t q_stride = (size_t)n_heads * D;
-    int last = pos0 + cnt - 1, nkt = last / FT + 1;
-    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
     tc_load_tile<D, FT, TC_THREADS>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
     if (DELTA) tc_load_tile<D, FT, TC_THREADS>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
     tc_load_tile<D, FT, TC_THREADS>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
@@ -1004,12 +1015,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_forward_kernel(bf16_t *out, 
     const int LDS = D + 8, NT = D / 8, KS = D / 16, WR = 16 * MT, QR = WR * TC_WARPS;
     extern __shared__ float4 fa_smem4[];
     bf16_t *sQ = (bf16_t *)fa_smem4, *sK = sQ + QR * LDS, *sV = sK + 2 * FT * LDS;
-    int4 t = tiles[blockIdx.x];
-    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    const auto [tok0, cnt, s_id, pos0, h, g, last, nkt, kv_base] = tc_tile<D>(tiles, group, max_len, kv_dim);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
     size_t q_stride = (size_t)n_heads * D;
-    int last = pos0 + cnt - 1, nkt = last / FT + 1;
-    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
     tc_load_tile<D, QR, TC_THREADS>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
     tc_load_tile<D, FT, TC_THREADS>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
     tc_load_tile<D, FT, TC_THREADS>(sV, v_cache + kv_base, kv_dim, min(FT, last + 1));
@@ -1367,12 +1375,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *d
     const int LDS = D + 8, NT = D / 8, KS = D / 16, QR = FT, NTH = TC_THREADS;
     extern __shared__ float4 fa_smem4[];
     bf16_t *sQ = (bf16_t *)fa_smem4, *sO = sQ + QR * LDS, *sK = sO + QR * LDS, *sV = sK + 2 * FT * LDS;
-    int4 t = tiles[blockIdx.x];
-    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    const auto [tok0, cnt, s_id, pos0, h, g, last, nkt, kv_base] = tc_tile<D>(tiles, group, max_len, kv_dim);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
     size_t q_stride = (size_t)n_heads * D;
-    int last = pos0 + cnt - 1, nkt = last / FT + 1;
-    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
     tc_load_tile<D, QR, NTH>(sQ, q + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
     tc_load_tile<D, QR, NTH>(sO, dout + ((size_t)tok0 * n_heads + h) * D, q_stride, cnt);
     tc_load_tile<D, FT, NTH>(sK, k_cache + kv_base, kv_dim, min(FT, last + 1));
@@ -1486,12 +1491,9 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_dq_from_ds_kernel(bf16_t *dq
     const int LDS = D + 8, LDP = FT + 8, NW = D / 16; /* n8-tiles per warp */
     extern __shared__ float4 fa_smem4[];
     bf16_t *sP = (bf16_t *)fa_smem4, *sK = sP + 2 * FT * LDP;
-    int4 t = tiles[blockIdx.x];
-    int tok0 = t.x, cnt = t.y, s_id = t.z, pos0 = t.w, h = blockIdx.y, g = h / group;
+    const auto [tok0, cnt, s_id, pos0, h, g, last, nkt, kv_base] = tc_tile<D>(tiles, group, max_len, kv_dim);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
     int wm = (warp & 1) * 32, wn = (warp >> 1) * (D / 2);
-    int last = pos0 + cnt - 1, nkt = last / FT + 1;
-    size_t kv_base = (size_t)s_id * max_len * kv_dim + (size_t)g * D;
     const bf16_t *dsb = ds + ((size_t)tile_pbase[blockIdx.x] * n_heads + h) * FT * FT;
     const size_t ds_step = (size_t)n_heads * FT * FT;
     tc_load_tile<FT, FT, TC_THREADS>(sP, dsb, FT, FT);

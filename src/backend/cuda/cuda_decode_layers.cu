@@ -87,7 +87,22 @@ struct DlParams {
 };
 
 #define DL_PHASES 5
-#define DL_PROF_SLOTS (2 * DL_PHASES + 1)
+#define DL_PROF_PARTS 4 /* per phase: before the dot products, the dot products, reduction + epilogue, barrier */
+#define DL_PROF_STALL (DL_PROF_PARTS * DL_PHASES) /* cycles waiting on the weight ring */
+#define DL_PROF_LAUNCHES (DL_PROF_STALL + 1)
+#define DL_PROF_SLOTS (DL_PROF_LAUNCHES + 1)
+
+/* COLT_DECODE_PROFILE: CTA 0's thread 0 adds the cycles since its last mark to a slot. */
+struct DlProf {
+    unsigned long long *slots; /* NULL: off */
+    long long t;
+    __device__ void mark(int slot) {
+        if (!slots) return;
+        long long now = clock64();
+        slots[slot] += (unsigned long long)(now - t);
+        t = now;
+    }
+};
 
 /* Dynamic shared memory: the layer table first (16-byte multiple), then the activations. */
 __host__ __device__ inline size_t dl_layers_bytes(int n_layers) { return ((size_t)n_layers * sizeof(DlLayer) + 15) & ~(size_t)15; }
@@ -132,17 +147,21 @@ __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float acc)
     return acc;
 }
 
-/* All CTAs have arrived `*count` times in total once it reaches `target`. The block barrier orders
+/* The grid barrier, in two halves (work that depends on no other CTA may go between them: it then
+ * overlaps the wait). All CTAs have arrived `*count` times in total once it reaches `target`. The
+ * block barrier orders
  * the CTA's writes before thread 0's arrival, a release at GPU scope that carries them (cumulativity);
  * the acquiring load that sees the count carries every other CTA's writes to this one, and the second
  * block barrier to its threads (CUTLASS's generic barrier has the same shape). The counter is zeroed
  * before each launch. Measured on an H200 against a fence + atomicAdd + volatile spin + fence: 0.5B
  * batch 1 1292 -> 1331 tok/s, 1.5B 704 -> 717. A barrier that never opens (a bug: some CTA skipped
  * one) traps after 2^32 polls instead of hanging. */
-__device__ __forceinline__ void dl_grid_barrier(unsigned *count, unsigned target) {
+__device__ __forceinline__ void dl_grid_arrive(unsigned *count) {
     __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+}
+__device__ __forceinline__ void dl_grid_wait(unsigned *count, unsigned target) {
     if (threadIdx.x == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
         long long spins = 0;
         unsigned seen;
         do {
@@ -343,7 +362,8 @@ __device__ void dl_stream_issue(DlStream &s, const DlParams &p, const DlLayer *l
  * loads. A row's ks parts are added in order through shared memory (red). */
 template <int NT, bool TWO, bool RING, typename Epi>
 __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const DlLayer *lay, const bf16 *act,
-                        int stride, int n, float *red, Epi epi) {
+                        int stride, int n, float *red, DlProf &pf, int phase, Epi epi) {
+    pf.mark(DL_PROF_PARTS * phase);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = g.ks, slots = g.rows * ks;
     const int parts = TWO ? 2 : 1;
     constexpr int U = TWO ? DL_ROUND / 2 : DL_ROUND;
@@ -355,10 +375,12 @@ __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const D
         for (int v0 = (slot % ks) * 32 + lane; v0 < g.nvec; v0 += U * step) {
             if (RING) {
                 /* this round's copies have landed (the p.ring - 1 issued after it may not have) */
+                const long long w0 = pf.slots ? clock64() : 0;
                 if (p.ring == 2) cp_async_wait<1>();
                 else if (p.ring == 3) cp_async_wait<2>();
                 else if (p.ring == 4) cp_async_wait<3>();
                 else cp_async_wait<0>();
+                if (pf.slots) pf.slots[DL_PROF_STALL] += (unsigned long long)(clock64() - w0);
                 const uint4 *src = s.ring + (size_t)s.head * DL_ROUND * DL_THREADS + threadIdx.x;
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -412,6 +434,7 @@ __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const D
                 if (TWO) red[(slot * NT + t) * parts + 1] = acc2[t];
             }
     }
+    pf.mark(DL_PROF_PARTS * phase + 1);
     __syncthreads();
     for (int e = threadIdx.x; e < g.rows * n; e += DL_THREADS) {
         int r = e / n, t = e % n;
@@ -434,18 +457,63 @@ __device__ __forceinline__ int dl_used_splits(int len, int S) {
 /* Phase B for one item (token t, query head h, key split s): rope, K/V store, attention over the
  * split's keys, its partial result to p.part. Keys are read by groups of TPK = Dh / 8 threads (one
  * 16-byte chunk each); each group keeps an online softmax in the log2 domain, as paged_attention. */
+/* Which keys item (t, h, s) attends to: [k_begin, k_end) of the sequence's len; none when seq < 0
+ * (padding) or s >= used. */
+struct DlAttnItem {
+    int t, h, s, seq, pos, used, k_begin, k_end;
+};
+__device__ __forceinline__ DlAttnItem dl_attn_item(const DlParams &p, int item) {
+    DlAttnItem it;
+    const int S = p.splits;
+    it.t = item / (p.H * S), it.h = (item / S) % p.H, it.s = item % S;
+    it.seq = p.seq[it.t], it.pos = p.pos[it.t];
+    const int len = it.pos + 1;
+    it.used = dl_used_splits(len, S);
+    const int per = (len + it.used - 1) / it.used;
+    it.k_begin = min(len, it.s * per), it.k_end = min(len, it.k_begin + per);
+    return it;
+}
+
+/* A pool row of K and V loaded ahead (key -1: none). */
+struct DlKvAhead {
+    uint4 k, v;
+    int key;
+};
+
+/* Loads the K and V row this thread takes first in dl_attend's item, when it is already in the pool
+ * (an earlier position: the current one is stored during phase B). It depends on no other CTA, so
+ * it is issued between the A -> B barrier's arrival and its wait: the pool's latency overlaps the
+ * barrier's instead of following it. */
 template <int HEAD_DIM>
-__device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *smem_f) {
+__device__ void dl_attend_ahead(const DlParams &p, const DlLayer &L, int item, DlKvAhead &a) {
+    constexpr int TPK = HEAD_DIM / 8;
+    a.key = -1;
+    if (item >= p.n * p.H * p.splits) return;
+    const DlAttnItem it = dl_attn_item(p, item);
+    const int g = threadIdx.x / TPK, c = threadIdx.x % TPK, key = it.k_begin + g; /* the first pass's key */
+    if (it.seq < 0 || it.s >= it.used || key >= it.k_end || key == it.pos) return;
+    const int *table = p.block_tables + (size_t)it.seq * p.max_blocks;
+    const size_t r = ((size_t)__ldg(table + (key >> p.block_shift)) << p.block_shift) +
+                     (size_t)(key & ((1 << p.block_shift) - 1));
+    const size_t off = r * p.KVH * HEAD_DIM + (size_t)(it.h / p.group) * HEAD_DIM + c * 8;
+    a.k = *reinterpret_cast<const uint4 *>(L.k_pool + off);
+    a.v = *reinterpret_cast<const uint4 *>(L.v_pool + off);
+    a.key = key;
+}
+
+template <int HEAD_DIM>
+__device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *smem_f, const DlKvAhead &ahead) {
     constexpr int TPK = HEAD_DIM / 8, GROUPS = DL_THREADS / TPK, HALF = HEAD_DIM / 2;
-    const int S = p.splits, t = item / (p.H * S), h = (item / S) % p.H, s = item % S;
+    const DlAttnItem it = dl_attn_item(p, item);
+    const int t = it.t, h = it.h, s = it.s;
     const int kvh = h / p.group, tid = threadIdx.x;
     float *part = p.part + (size_t)item * (HEAD_DIM + 2);
     float *q_s = smem_f, *k_s = q_s + HEAD_DIM, *v_s = k_s + HEAD_DIM; /* [Dh] each */
     float *g_acc = v_s + HEAD_DIM;                                      /* [warps, Dh] */
     float *g_m = g_acc + DL_WARPS * HEAD_DIM, *g_l = g_m + DL_WARPS;    /* [warps] */
-    const int seq = p.seq[t];
+    const int seq = it.seq;
     if (seq < 0) return; /* padding: dl_gather_attention writes zeros */
-    const int pos = p.pos[t], len = pos + 1;
+    const int pos = it.pos;
     const bf16 *row = p.qkv + (size_t)t * p.W;
     /* Rope (qkv_rope_store's expressions), rounded to bf16 as stored; q pre-scaled. */
     if (tid < HALF) {
@@ -469,9 +537,8 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
         }
     }
     __syncthreads();
-    const int used = dl_used_splits(len, S);
-    if (s >= used) return; /* no keys: dl_gather_attention reads only the used splits */
-    const int per = (len + used - 1) / used, k_begin = min(len, s * per), k_end = min(len, k_begin + per);
+    if (s >= it.used) return; /* no keys: dl_gather_attention reads only the used splits */
+    const int k_begin = it.k_begin, k_end = it.k_end;
     const int g = tid / TPK, c = tid % TPK;
     float q[8], m = -INFINITY, l = 0.0f, acc[8];
 #pragma unroll
@@ -491,6 +558,9 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
         } else if (key == pos) {
 #pragma unroll
             for (int e = 0; e < 8; e++) kf[e] = k_s[c * 8 + e], vf[e] = v_s[c * 8 + e];
+        } else if (key == ahead.key) {
+            unpack8(ahead.k, kf);
+            unpack8(ahead.v, vf);
         } else {
             size_t r = ((size_t)__ldg(table + (key >> p.block_shift)) << p.block_shift) + (size_t)(key & mask);
             unpack8(*reinterpret_cast<const uint4 *>(L.k_pool + r * row_stride + head_off), kf);
@@ -543,6 +613,7 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
 
 /* act[t, h Dh + d] = bf16 of the merged splits of (t, h) (0 for padding tokens and n <= t < NT).
  * A warp per (t, h): lane s holds split s's max and sum, each lane 2-4 of the head's dims. */
+#define DL_GATHER_AHEAD 4 /* splits whose outputs dl_gather_attention loads with their max and sum */
 template <int NT, int HEAD_DIM>
 __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
     constexpr int DPL = HEAD_DIM / 32; /* dims per lane */
@@ -559,6 +630,12 @@ __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
         const float *base = p.part + (size_t)(t * p.H + h) * S * (HEAD_DIM + 2);
         float m = lane < used ? __ldcg(base + (size_t)lane * (HEAD_DIM + 2) + HEAD_DIM) : -INFINITY;
         float l = lane < used ? __ldcg(base + (size_t)lane * (HEAD_DIM + 2) + HEAD_DIM + 1) : 0.0f;
+        float first[DL_GATHER_AHEAD][DPL]; /* the first splits' outputs, loaded with m and l: one round trip */
+#pragma unroll
+        for (int sp = 0; sp < DL_GATHER_AHEAD; sp++)
+#pragma unroll
+            for (int j = 0; j < DPL; j++)
+                first[sp][j] = sp < used ? __ldcg(base + (size_t)sp * (HEAD_DIM + 2) + lane + 32 * j) : 0.0f;
         float mx = m;
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         float wgt = l > 0.0f ? exp2f(m - mx) : 0.0f;
@@ -566,8 +643,15 @@ __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
         float o[DPL];
 #pragma unroll
         for (int j = 0; j < DPL; j++) o[j] = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < DL_GATHER_AHEAD; sp++) {
+            float ws = __shfl_sync(0xffffffffu, wgt, sp);
+            if (sp < used)
+#pragma unroll
+                for (int j = 0; j < DPL; j++) o[j] = fmaf(first[sp][j], ws, o[j]);
+        }
 #pragma unroll 4
-        for (int sp = 0; sp < used; sp++) {
+        for (int sp = DL_GATHER_AHEAD; sp < used; sp++) {
             float ws = __shfl_sync(0xffffffffu, wgt, sp);
 #pragma unroll
             for (int j = 0; j < DPL; j++) o[j] = fmaf(__ldcg(base + (size_t)sp * (HEAD_DIM + 2) + lane + 32 * j), ws, o[j]);
@@ -608,18 +692,12 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
         for (int k = 0; k < p.ring; k++) dl_stream_issue(s, p, lay, k);
     }
     unsigned barriers = 0;
-    const bool prof = p.prof && blockIdx.x == 0 && threadIdx.x == 0;
-    long long t_mark = prof ? clock64() : 0;
-    auto mark = [&](int slot) { /* cycles since the last mark go to prof[slot] */
-        if (!prof) return;
-        long long now = clock64();
-        p.prof[slot] += (unsigned long long)(now - t_mark);
-        t_mark = now;
-    };
+    DlProf pf{p.prof && blockIdx.x == 0 && threadIdx.x == 0 ? p.prof : NULL, clock64()};
     auto barrier = [&](int phase) {
-        mark(2 * phase);
-        dl_grid_barrier(p.barrier, ++barriers * gridDim.x);
-        mark(2 * phase + 1);
+        pf.mark(DL_PROF_PARTS * phase + 2);
+        dl_grid_arrive(p.barrier);
+        dl_grid_wait(p.barrier, ++barriers * gridDim.x);
+        pf.mark(DL_PROF_PARTS * phase + 3);
     };
 
     for (int l = 0; l < p.n_layers; l++) {
@@ -629,19 +707,29 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
         float bias = L.qkv_b && tid < shares[0].rows ? __bfloat162float(L.qkv_b[qr0 + tid]) : 0.0f;
         dl_norm<NT>(act, p.act_stride, p.x, L.attn_norm, n, p.D, p.eps);
         if (tid < shares[0].rows) bias_s[tid] = bias; /* dl_gemv synchronises before its epilogue */
-        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 0), s, p, lay, act, p.act_stride, n, red,
+        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 0), s, p, lay, act, p.act_stride, n, red, pf, 0,
                            [&](int r, int t, float acc, float) {
                                p.qkv[(size_t)t * p.W + r] = __float2bfloat16_rn(acc + bias_s[r - qr0]);
                            });
-        barrier(0);
+        pf.mark(DL_PROF_PARTS * 0 + 2);
+        dl_grid_arrive(p.barrier);
+        DlKvAhead ahead; /* direct loads: no registers to spare across the wait (140 bytes of spills) */
+        if (RING) dl_attend_ahead<HEAD_DIM>(p, L, blockIdx.x, ahead);
+        else ahead.key = -1;
+        dl_grid_wait(p.barrier, ++barriers * gridDim.x);
+        pf.mark(DL_PROF_PARTS * 0 + 3);
         /* B: rope, K/V store, attention */
-        for (int item = blockIdx.x; item < items; item += gridDim.x) dl_attend<HEAD_DIM>(p, L, item, attn);
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            if (item != blockIdx.x) ahead.key = -1;
+            dl_attend<HEAD_DIM>(p, L, item, attn, ahead);
+        }
+        pf.mark(DL_PROF_PARTS * 1);
         barrier(1);
         /* C: x += att Wo^T (+ b) */
         bias = L.o_b && tid < xs.rows ? __bfloat162float(L.o_b[xs.r0 + tid]) : 0.0f;
         dl_gather_attention<NT, HEAD_DIM>(p, act, p.act_stride);
         if (tid < xs.rows) bias_s[tid] = bias;
-        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 1), s, p, lay, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
+        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 1), s, p, lay, act, p.act_stride, n, red, pf, 2, [&](int r, int t, float acc, float) {
             const int i = r - xs.r0;
             bf16 sum = __float2bfloat16_rn(__bfloat162float(x_own[t][i]) + bf16_round(acc + bias_s[i]));
             x_own[t][i] = sum, p.x[(size_t)t * p.D + r] = sum;
@@ -649,7 +737,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
         barrier(2);
         /* D: h = silu(gate) * up */
         dl_norm<NT>(act, p.act_stride, p.x, L.mlp_norm, n, p.D, p.eps);
-        dl_gemv<NT, true, RING>(dl_geom(p, L, shares, 2), s, p, lay, act, p.act_stride, n, red,
+        dl_gemv<NT, true, RING>(dl_geom(p, L, shares, 2), s, p, lay, act, p.act_stride, n, red, pf, 3,
                           [&](int r, int t, float g, float u) {
                               g = bf16_round(g), u = bf16_round(u);
                               p.h[(size_t)t * p.F + r] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
@@ -662,15 +750,15 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
             *reinterpret_cast<uint4 *>(act + (size_t)t * p.act_stride + v * 8) = val;
         }
         __syncthreads();
-        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 3), s, p, lay, act, p.act_stride, n, red, [&](int r, int t, float acc, float) {
+        dl_gemv<NT, false, RING>(dl_geom(p, L, shares, 3), s, p, lay, act, p.act_stride, n, red, pf, 4, [&](int r, int t, float acc, float) {
             const int i = r - xs.r0;
             bf16 sum = __float2bfloat16_rn(__bfloat162float(x_own[t][i]) + bf16_round(acc));
             x_own[t][i] = sum, p.x[(size_t)t * p.D + r] = sum;
         });
         if (l + 1 < p.n_layers) barrier(4);
-        else mark(8);
+        else pf.mark(DL_PROF_PARTS * 4 + 2);
     }
-    if (prof) p.prof[2 * DL_PHASES]++;
+    if (pf.slots) pf.slots[DL_PROF_LAUNCHES]++;
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -842,12 +930,16 @@ extern "C" void cuda_decode_layers_free(void *handle) {
         CUDA_CHECK(cudaMemcpy(c, plan->d_prof, sizeof c, cudaMemcpyDeviceToHost));
         int khz = 0;
         CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-        double per = c[2 * DL_PHASES] ? 1e3 / ((double)khz * c[2 * DL_PHASES]) : 0; /* cycles -> us per launch */
+        const unsigned long long launches = c[DL_PROF_LAUNCHES];
+        double per = launches ? 1e3 / ((double)khz * launches) : 0; /* cycles -> us per launch */
         static const char *names[DL_PHASES] = {"A qkv", "B attention", "C o-proj", "D gate|up", "E down"};
-        fprintf(stderr, "decode_layers profile (%llu launches, CTA 0, us per launch):", c[2 * DL_PHASES]);
-        for (int k = 0; k < DL_PHASES; k++)
-            fprintf(stderr, " %s %.1f + wait %.1f;", names[k], c[2 * k] * per, c[2 * k + 1] * per);
-        fprintf(stderr, "\n");
+        fprintf(stderr, "decode_layers profile (%llu launches, CTA 0 thread 0, us per launch: before the dot products"
+                " / dot products / reduction + epilogue / barrier):", launches);
+        for (int k = 0; k < DL_PHASES; k++) {
+            const unsigned long long *q = c + DL_PROF_PARTS * k;
+            fprintf(stderr, " %s %.1f / %.1f / %.1f / %.1f;", names[k], q[0] * per, q[1] * per, q[2] * per, q[3] * per);
+        }
+        fprintf(stderr, " waiting on the weight ring %.1f\n", c[DL_PROF_STALL] * per);
         CUDA_CHECK(cudaFree(plan->d_prof));
     }
     void *bufs[] = {plan->d_layers, plan->d_inv_freq, plan->d_part, plan->d_qkv, plan->d_h, plan->d_barrier};

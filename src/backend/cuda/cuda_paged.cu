@@ -598,7 +598,9 @@ static float *paged_partials(size_t floats) {
 
 /* Query heads per CTA: the largest divisor of G up to PA_MAX_HEADS_PER_CTA. */
 static int paged_heads_per_cta(int group) {
-    for (int h = PA_MAX_HEADS_PER_CTA; h > 1; h--)
+    const char *forced = getenv("COLT_PAGED_HEADS"); /* EXPERIMENT */
+    int cap = forced && atoi(forced) > 0 ? atoi(forced) : PA_MAX_HEADS_PER_CTA;
+    for (int h = cap; h > 1; h--)
         if (group % h == 0) return h;
     return 1;
 }

@@ -109,6 +109,18 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float *d, uint32_t a0, uint32_
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* Four 8x8 b16 matrices from shared memory (lane l gives row l % 8 of matrix l / 8); .trans: transposed. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem_row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(smem_row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem_row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(smem_row)));
+}
+
 /* 16 bytes global -> shared, asynchronous; valid = false zero-fills and reads nothing. */
 __device__ __forceinline__ void cp_async16(void *smem_dst, const void *src, bool valid) {
     unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);

@@ -243,7 +243,7 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
  *
  * Scratch: with splits > 1 the partials live in a buffer of this file,
  * allocated on the first call that splits at a size that bounds every later
- * automatic choice (2 * target CTAs * 8 heads * (256 + 1) floats, ~9 MB on an
+ * automatic choice (2 * target CTAs * 16 heads * (256 + 1) floats, ~17 MB on an
  * H200), so a graph captured afterwards keeps a valid pointer for good. The
  * engine must therefore run paged_attention once (with any n that splits, e.g.
  * its warm-up step) before capturing. COLT_PAGED_SPLITS=k in the environment
@@ -256,6 +256,7 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
 #define PA_THREADS (PA_WARPS * 32)
 #define PA_KEYS_IN_FLIGHT 8   /* keys per row group staged ahead of the one being computed */
 #define PA_MAX_HEADS_PER_CTA 8
+#define PA_TC_MAX_GROUP 16    /* the tensor-core path: a CTA's query heads (the whole group) fill one m16 tile */
 #define PA_MAX_HEAD_DIM 256
 #define PA_MAX_SPLITS 64
 #define PA_TARGET_CTAS_PER_SM 4
@@ -492,6 +493,166 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(const Paged
     paged_finish<T, GQ, VEC>(reinterpret_cast<float *>(smem), p, w, m, l, acc, rg, RG, part == 0, part * VEC, 1);
 }
 
+/* The tensor-core path (bf16 storage, head_dim 64 or 128, a group of at most 16 query heads): the
+ * CTA's rows are the G query heads of one (token, KV head), padded to an m16 tile. Warp w takes the
+ * key tiles w, w + PA_WARPS, ... of 16 keys of the range (the same tiles whatever the batch: they
+ * depend on k_begin and k_end only), STAGES - 1 tiles per warp in flight with cp.async while it
+ * computes one (rows past the range zero-filled). Per tile: S = Q K^T on mma.sync m16n8k16 (fp32 sums of exact bf16 products), scaled
+ * into the log2 domain, masked past k_end; an online softmax per row (the max over the quad's
+ * lanes); P rounded to bf16 as the A operand of P V (FlashAttention-2's rounding; the row sums
+ * stay fp32). The warps merge in order through shared memory at the end, as paged_finish does. */
+template <int HEAD_DIM> struct PagedTcShape {
+    static constexpr int LDS = HEAD_DIM + 8;                 /* smem row pitch (bf16): ldmatrix rows on distinct banks */
+    static constexpr int TILE_ELEMS = 16 * LDS;              /* one 16-row tile */
+    static constexpr int CPR = HEAD_DIM / 8;                 /* 16-byte chunks per row */
+    static constexpr int NT = HEAD_DIM / 8;                  /* n8 tiles of the output */
+    static constexpr int STAGES = 2; /* per warp: the tile computed + the next in flight (3-4 measured no faster) */
+    static constexpr int STAGE_BYTES = (1 + PA_WARPS * STAGES * 2) * TILE_ELEMS * 2; /* Q + per warp STAGES x (K, V) */
+    static constexpr int MERGE_BYTES = (PA_WARPS * 16 * HEAD_DIM + 2 * PA_WARPS * 16) * 4;
+    static constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
+};
+
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const PagedAttentionParams p) {
+    using S = PagedTcShape<HEAD_DIM>;
+    constexpr int LDS = S::LDS, CPR = S::CPR, NT = S::NT, KSTEPS = HEAD_DIM / 16, STAGES = S::STAGES;
+    extern __shared__ __align__(16) unsigned char smem_tc[];
+    __nv_bfloat16 *q_s = reinterpret_cast<__nv_bfloat16 *>(smem_tc);
+    const PagedWork w = paged_work(p);
+    if (w.seq < 0) return; /* padding */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, G = p.heads_per_cta;
+    __nv_bfloat16 *stage_base = q_s + S::TILE_ELEMS * (1 + warp * STAGES * 2); /* [STAGES][K, V][16][LDS] */
+
+    /* Q: rows 0..G-1 = the group's heads, the rest zero. */
+    const __nv_bfloat16 *q_rows = (const __nv_bfloat16 *)p.q + ((size_t)w.token * p.n_heads + w.head0) * HEAD_DIM;
+    for (int c = tid; c < 16 * CPR; c += PA_THREADS) {
+        int r = c / CPR, part = c % CPR;
+        uint4 v = r < G ? *reinterpret_cast<const uint4 *>(q_rows + (size_t)r * HEAD_DIM + part * 8) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4 *>(q_s + r * LDS + part * 8) = v;
+    }
+
+    const int *table = p.block_tables + (size_t)w.seq * p.max_blocks;
+    const size_t head_offset = (size_t)w.kv_head * HEAD_DIM;
+    const __nv_bfloat16 *k_pool = (const __nv_bfloat16 *)p.k_pool, *v_pool = (const __nv_bfloat16 *)p.v_pool;
+    const int n_tiles = (w.k_end - w.k_begin + 15) / 16;
+    auto stage_tile = [&](int tile, int stage) { /* this warp's tile `tile` of the range into `stage` */
+        __nv_bfloat16 *ks = stage_base + stage * 2 * S::TILE_ELEMS, *vs = ks + S::TILE_ELEMS;
+        for (int c = lane; c < 16 * CPR; c += 32) {
+            int r = c / CPR, part = c % CPR, key = w.k_begin + tile * 16 + r;
+            bool valid = key < w.k_end;
+            size_t off = valid ? paged_row(table, key, p.block_shift) * p.kv_dim + head_offset + part * 8 : 0;
+            cp_async16(ks + r * LDS + part * 8, k_pool + off, valid);
+            cp_async16(vs + r * LDS + part * 8, v_pool + off, valid);
+        }
+    };
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; k++) { /* one group per stage, empty or not, so the wait count below holds */
+        if (warp + k * PA_WARPS < n_tiles) stage_tile(warp + k * PA_WARPS, k);
+        cp_async_commit();
+    }
+    __syncthreads(); /* q_s */
+    uint32_t qa[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; kk++) ldmatrix_x4(qa[kk], q_s + (lane & 15) * LDS + kk * 16 + (lane >> 4) * 8);
+
+    const int g = lane / 4, t4 = lane % 4;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int it = 0, tile = warp; tile < n_tiles; it++, tile += PA_WARPS) {
+        const int stage = it % STAGES;
+        cp_async_wait<STAGES - 2>(); /* this tile's group has landed */
+        __syncwarp();                /* and every lane is done with the stage refilled next */
+        if (tile + (STAGES - 1) * PA_WARPS < n_tiles) stage_tile(tile + (STAGES - 1) * PA_WARPS, (it + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const __nv_bfloat16 *ks = stage_base + stage * 2 * S::TILE_ELEMS, *vs = ks + S::TILE_ELEMS;
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* keys 0-7, 8-15 of the tile */
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) {
+            uint32_t b[4]; /* K stored [key][dim]: B of two n-tiles (keys 0-7, 8-15) x k16 */
+            ldmatrix_x4(b, ks + ((lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16_m16n8k16(s[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
+            mma_bf16_m16n8k16(s[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[2], b[3]);
+        }
+        const int key0 = w.k_begin + tile * 16;
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = key0 + j * 8 + 2 * t4 + (e & 1);
+                s[j][e] = key < w.k_end ? s[j][e] * p.qk_scale : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        }
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) corr[h] = exp2f(m[h] - mx[h]), m[h] = mx[h], l[h] *= corr[h]; /* m = -inf: 0 */
+        uint32_t pa[4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float p0 = exp2f(s[j][0] - m[0]), p1 = exp2f(s[j][1] - m[0]);
+            float p2 = exp2f(s[j][2] - m[1]), p3 = exp2f(s[j][3] - m[1]);
+            l[0] += p0 + p1, l[1] += p2 + p3;
+            __nv_bfloat162 lo = __floats2bfloat162_rn(p0, p1), hi = __floats2bfloat162_rn(p2, p3);
+            pa[2 * j] = *reinterpret_cast<uint32_t *>(&lo), pa[2 * j + 1] = *reinterpret_cast<uint32_t *>(&hi);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[j][0] *= corr[0], acc[j][1] *= corr[0], acc[j][2] *= corr[1], acc[j][3] *= corr[1];
+#pragma unroll
+        for (int d = 0; d < NT / 2; d++) {
+            uint32_t b[4]; /* V stored [key][dim]: B of two n-tiles (dims 16d.., 16d+8..) x the tile's 16 keys */
+            ldmatrix_x4_trans(b, vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + d * 16 + (lane >> 4) * 8);
+            mma_bf16_m16n8k16(acc[2 * d], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
+            mma_bf16_m16n8k16(acc[2 * d + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    /* The warps' states merge in warp order. */
+    __syncthreads(); /* the staging buffers are retired */
+    float *s_acc = reinterpret_cast<float *>(smem_tc); /* [warps][16][Dh] */
+    float *s_max = s_acc + PA_WARPS * 16 * HEAD_DIM, *s_sum = s_max + PA_WARPS * 16; /* [warps][16] */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        float *row0 = s_acc + (warp * 16 + g) * HEAD_DIM + j * 8 + 2 * t4, *row1 = row0 + 8 * HEAD_DIM;
+        row0[0] = acc[j][0], row0[1] = acc[j][1], row1[0] = acc[j][2], row1[1] = acc[j][3];
+    }
+    if (t4 == 0) {
+        s_max[warp * 16 + g] = m[0], s_sum[warp * 16 + g] = l[0];
+        s_max[warp * 16 + g + 8] = m[1], s_sum[warp * 16 + g + 8] = l[1];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * HEAD_DIM; idx += PA_THREADS) {
+        const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < PA_WARPS; k++) mx = fmaxf(mx, s_max[k * 16 + r]);
+        float o = 0.0f, total = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PA_WARPS; k++) {
+            float sum = s_sum[k * 16 + r];
+            float weight = sum > 0.0f ? exp2f(s_max[k * 16 + r] - mx) : 0.0f; /* warps without keys: -inf, 0 */
+            total += sum * weight;
+            o = fmaf(s_acc[(k * 16 + r) * HEAD_DIM + d], weight, o);
+        }
+        const size_t row = (size_t)w.token * p.n_heads + w.head0 + r;
+        if (p.splits > 1 && d == 0) p.part_lse[row * p.splits + w.split] = total > 0.0f ? mx + log2f(total) : -INFINITY;
+        if (p.splits > 1 && total == 0.0f) continue; /* an empty split: the combine skips it by its lse */
+        o = total > 0.0f ? o / total : 0.0f;
+        if (p.splits == 1) ((__nv_bfloat16 *)p.out)[row * HEAD_DIM + d] = __float2bfloat16_rn(o);
+        else p.part_out[(row * p.splits + w.split) * HEAD_DIM + d] = o;
+    }
+}
+
 /* The generic path: warp `warp` takes keys k_begin + warp, + PA_WARPS, ...;
  * lane l holds dims l + 32 e. One head per CTA (heads_per_cta == 1). */
 template <typename T> __global__ void __launch_bounds__(PA_THREADS) paged_attention_generic_kernel(const PagedAttentionParams p) {
@@ -583,7 +744,7 @@ static float *paged_partials(size_t floats) {
     static float *buffer = NULL;
     static size_t capacity = 0;
     if (floats > capacity) {
-        size_t bound = (size_t)2 * PA_TARGET_CTAS_PER_SM * cuda_sm_count() * PA_MAX_HEADS_PER_CTA *
+        size_t bound = (size_t)2 * PA_TARGET_CTAS_PER_SM * cuda_sm_count() * PA_TC_MAX_GROUP *
                        (PA_MAX_HEAD_DIM + 1);
         size_t want = floats > bound ? floats : bound;
         if (buffer) {
@@ -598,11 +759,30 @@ static float *paged_partials(size_t floats) {
 
 /* Query heads per CTA: the largest divisor of G up to PA_MAX_HEADS_PER_CTA. */
 static int paged_heads_per_cta(int group) {
-    const char *forced = getenv("COLT_PAGED_HEADS"); /* EXPERIMENT */
-    int cap = forced && atoi(forced) > 0 ? atoi(forced) : PA_MAX_HEADS_PER_CTA;
-    for (int h = cap; h > 1; h--)
+    for (int h = PA_MAX_HEADS_PER_CTA; h > 1; h--)
         if (group % h == 0) return h;
     return 1;
+}
+
+/* The tensor-core kernel for bf16 storage unless COLT_PAGED_TC=0 (read once). */
+static bool paged_tensor_cores(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("COLT_PAGED_TC");
+        on = !(e && *e && atoi(e) == 0);
+    }
+    return on;
+}
+
+template <int HEAD_DIM> static void paged_launch_tc(const PagedAttentionParams &p, unsigned grid, cudaStream_t st) {
+    using S = PagedTcShape<HEAD_DIM>;
+    static bool configured = false; /* the dynamic shared memory above 48 KB, once */
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_tc_kernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        S::SMEM_BYTES));
+        configured = true;
+    }
+    paged_attention_tc_kernel<HEAD_DIM><<<grid, PA_THREADS, S::SMEM_BYTES, st>>>(p);
 }
 
 template <typename T, int HEAD_DIM>
@@ -634,7 +814,8 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
     p.q = q, p.k_pool = k_pool, p.v_pool = v_pool;
     p.block_tables = (const int *)block_tables, p.seq = (const int *)seq, p.pos = (const int *)pos;
     p.n_heads = n_heads, p.n_kv_heads = n_kv_heads, p.group = n_heads / n_kv_heads;
-    p.heads_per_cta = fast ? paged_heads_per_cta(p.group) : 1;
+    const bool tc = fast && sizeof(T) == 2 && p.group <= PA_TC_MAX_GROUP && paged_tensor_cores();
+    p.heads_per_cta = tc ? p.group : fast ? paged_heads_per_cta(p.group) : 1;
     p.head_chunks = p.group / p.heads_per_cta;
     p.head_dim = head_dim, p.kv_dim = n_kv_heads * head_dim;
     p.block_shift = __builtin_ctz((unsigned)block_size), p.max_blocks = max_blocks;
@@ -650,7 +831,9 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
     size_t grid = base_ctas * p.splits;
     CUDA_ASSERT_HOST(grid < (1u << 31));
     cudaStream_t st = cuda_stream();
-    if (!fast) paged_attention_generic_kernel<T><<<(unsigned)grid, PA_THREADS, 0, st>>>(p);
+    if (tc && head_dim == 64) paged_launch_tc<64>(p, (unsigned)grid, st);
+    else if (tc) paged_launch_tc<128>(p, (unsigned)grid, st);
+    else if (!fast) paged_attention_generic_kernel<T><<<(unsigned)grid, PA_THREADS, 0, st>>>(p);
     else if (head_dim == 64) paged_launch_fast<T, 64>(p, (unsigned)grid, st);
     else paged_launch_fast<T, 128>(p, (unsigned)grid, st);
     LAUNCH_CHECK();

@@ -1,0 +1,173 @@
+/* bench_grid_sync.cu — what one grid-wide exchange costs on this GPU: the floor under each of the
+ * all-layers decode kernel's phases (cuda_decode_layers.cu), where every CTA publishes its slice of a
+ * vector and then needs all of it.
+ *
+ * One CTA of 512 threads per SM (a cooperative launch, as decode_layers), PHASES phases in a row; in
+ * each, every CTA writes its 1/G share of a D-element fp32 vector, then:
+ *   barrier only     the grid barrier alone (red.release.gpu on one counter, ld.acquire.gpu polls:
+ *                    decode_layers' dl_grid_arrive / dl_grid_wait), nothing read;
+ *   barrier + read   the barrier, then every CTA reads the whole vector (ld.cg) and sums it, the sum
+ *                    feeding the next phase's values (a real dependency);
+ *   tagged words     no barrier: each value travels with the phase number in the same 8-byte word
+ *                    (st.relaxed / ld.relaxed.v2.u64, NCCL's LL protocol), readers poll the words;
+ *   per-CTA flags    each CTA publishes a flag (st.release.gpu), one warp polls all G flags, then
+ *                    reads the vector as "barrier + read".
+ * Prints us per phase (best of 4 launches). Usage: bench_grid_sync (exit 77 without a device). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define THREADS 512
+#define PHASES 2000
+#define MAX_D 8960
+
+enum { BARRIER_ONLY, BARRIER_READ, TAGGED, FLAGS_READ, MODES };
+static const char *const MODE_NAMES[MODES] = {"barrier only", "barrier + read", "tagged words", "per-CTA flags + read"};
+
+__device__ __forceinline__ void grid_barrier(unsigned *count, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+        } while (seen < target);
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void flag_barrier(unsigned *flags, unsigned gen) {
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + blockIdx.x), "r"(gen) : "memory");
+        bool all;
+        do {
+            all = true;
+            for (int c = threadIdx.x; c < gridDim.x; c += 32) {
+                unsigned v;
+                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flags + c) : "memory");
+                all &= v >= gen;
+            }
+        } while (!__all_sync(0xffffffffu, all));
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    }
+    __syncthreads();
+}
+
+__device__ float block_sum(float v) {
+    __shared__ float warp_sums[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int k = 0; k < THREADS / 32; k++) total += warp_sums[k];
+    __syncthreads();
+    return total;
+}
+
+/* sync: [0] the barrier's counter, [64..) the per-CTA flags; vec [2][MAX_D] fp32; tagged [2][MAX_D]. */
+__global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, unsigned *sync, float *vec,
+                                                               unsigned long long *tagged, unsigned epoch, float *out) {
+    const int G = gridDim.x, c = blockIdx.x;
+    const int r0 = (int)((long long)D * c / G), r1 = (int)((long long)D * (c + 1) / G);
+    float val = 1.0f;
+    for (int ph = 0; ph < PHASES; ph++) {
+        const int buf = ph & 1; /* two buffers: a CTA one phase ahead never overwrites what another reads */
+        if (mode == TAGGED) {
+            const unsigned tag = epoch + ph + 1;
+            for (int i = r0 + threadIdx.x; i < r1; i += THREADS) {
+                unsigned long long w = (unsigned long long)__float_as_uint(val + i) | ((unsigned long long)tag << 32);
+                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(tagged + (size_t)buf * MAX_D + i), "l"(w) : "memory");
+            }
+            float s = 0.0f;
+            for (int i = 2 * threadIdx.x; i < D; i += 2 * THREADS) {
+                unsigned long long a, b;
+                do {
+                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0,%1}, [%2];"
+                                 : "=l"(a), "=l"(b)
+                                 : "l"(tagged + (size_t)buf * MAX_D + i)
+                                 : "memory");
+                } while ((unsigned)(a >> 32) != tag || (unsigned)(b >> 32) != tag);
+                s += __uint_as_float((unsigned)a) + __uint_as_float((unsigned)b);
+            }
+            val = block_sum(s) * 1e-9f + 1.0f;
+            continue;
+        }
+        for (int i = r0 + threadIdx.x; i < r1; i += THREADS) vec[(size_t)buf * MAX_D + i] = val + i;
+        if (mode == FLAGS_READ) flag_barrier(sync + 64, epoch + ph + 1);
+        else grid_barrier(sync, (unsigned)(ph + 1) * G);
+        if (mode == BARRIER_ONLY) continue;
+        float s = 0.0f;
+        for (int i = 4 * threadIdx.x; i < D; i += 4 * THREADS) {
+            float4 v = __ldcg(reinterpret_cast<const float4 *>(vec + (size_t)buf * MAX_D + i));
+            s += v.x + v.y + v.z + v.w;
+        }
+        val = block_sum(s) * 1e-9f + 1.0f;
+    }
+    if (threadIdx.x == 0) out[c] = val;
+}
+
+#define CHECK(call)                                                                                                \
+    do {                                                                                                           \
+        cudaError_t e_ = (call);                                                                                   \
+        if (e_ != cudaSuccess) {                                                                                   \
+            fprintf(stderr, "bench_grid_sync: %s: %s\n", #call, cudaGetErrorString(e_));                          \
+            return 1;                                                                                              \
+        }                                                                                                          \
+    } while (0)
+
+int main(void) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("no CUDA device\n");
+        return 77;
+    }
+    int G = 0;
+    cudaDeviceProp prop;
+    CHECK(cudaDeviceGetAttribute(&G, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    unsigned *sync;
+    float *vec, *out;
+    unsigned long long *tagged;
+    CHECK(cudaMalloc(&sync, 4096 * sizeof(unsigned)));
+    CHECK(cudaMalloc(&vec, 2 * MAX_D * sizeof(float)));
+    CHECK(cudaMalloc(&tagged, 2 * MAX_D * sizeof(unsigned long long)));
+    CHECK(cudaMalloc(&out, G * sizeof(float)));
+    CHECK(cudaMemset(tagged, 0, 2 * MAX_D * sizeof(unsigned long long)));
+    CHECK(cudaMemset(sync, 0, 4096 * sizeof(unsigned)));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    printf("Grid-wide exchange, %d CTAs x %d threads (one per SM), %d phases per launch, us per phase (best of 4)\n\n",
+           G, THREADS, PHASES);
+    printf("| vector (fp32) |");
+    for (int m = 0; m < MODES; m++) printf(" %s |", MODE_NAMES[m]);
+    printf("\n|---:|");
+    for (int m = 0; m < MODES; m++) printf("---:|");
+    printf("\n");
+    const int dims[4] = {896, 1536, 4864, 8960}; /* Qwen2.5 0.5B / 1.5B hidden and intermediate sizes */
+    unsigned epoch = 0;                        /* tags and flags only grow across launches */
+    for (int k = 0; k < 4; k++) {
+        int D = dims[k];
+        printf("| %d |", D);
+        for (int mode = 0; mode < MODES; mode++) {
+            float best = 1e30f;
+            for (int rep = 0; rep < 4; rep++) {
+                CHECK(cudaMemset(sync, 0, sizeof(unsigned))); /* the counter; the flags keep growing */
+                void *args[] = {&mode, &D, &sync, &vec, &tagged, &epoch, &out};
+                CHECK(cudaEventRecord(e0));
+                CHECK(cudaLaunchCooperativeKernel((void *)exchange_kernel, G, THREADS, args, 0, 0));
+                CHECK(cudaEventRecord(e1));
+                CHECK(cudaEventSynchronize(e1));
+                epoch += PHASES;
+                float ms = 0.0f;
+                CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                if (ms < best) best = ms;
+            }
+            printf(" %.2f |", best * 1e3f / PHASES);
+        }
+        printf("\n");
+    }
+    printf("\nCommand: build-cuda/bench_grid_sync; hardware: %s, %d SMs.\n", prop.name, G);
+    return 0;
+}

@@ -4,7 +4,8 @@
  * rope_i32 (bit-identical to the same table's rope), paged_attention for the
  * Qwen2.5 0.5B / 1.5B / 7B head shapes and a few odd ones (generic path, head
  * chunks) over contexts 1..2000 and batches 1..256, with splits automatic,
- * forced off and forced on (COLT_PAGED_SPLITS); then paged_attention captured
+ * forced off and forced on (COLT_PAGED_SPLITS), and on bf16 the tensor-core path's tokens grouped
+ * per CTA or not (COLT_PAGED_TC_TOKENS, bit-identical); then paged_attention captured
  * in a CUDA graph and replayed with new positions, and its speed.
  *
  * Tolerances as test_cuda_ops: cuda_f32 within f32_rel * max|ref|; cuda within
@@ -393,6 +394,21 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
         free(got);
     }
     unsetenv("COLT_PAGED_SPLITS");
+    if (d->bf16) { /* the tensor-core path, a sequence's tokens one per CTA or up to 16 / G together: same bits */
+        float *got[2];
+        for (int k = 0; k < 2; k++) {
+            setenv("COLT_PAGED_TC_TOKENS", k ? "16" : "1", 1);
+            d->be->zero(pr.g_out, (size_t)b->n * heads * head_dim);
+            problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr);
+            got[k] = problem_device_result(&pr, d, &n_got);
+        }
+        unsetenv("COLT_PAGED_TC_TOKENS");
+        int same = memcmp(got[0], got[1], n_got * sizeof(float)) == 0;
+        count_check(same);
+        printf("%s %-9s paged_attention %s H=%d KVH=%d Dh=%d bs=%d N=%d: tokens grouped per CTA == one per CTA: %s\n",
+               same ? "ok  " : "FAIL", d->tag, label, heads, kv_heads, head_dim, b->block_size, b->n, same ? "yes" : "no");
+        free(got[0]), free(got[1]);
+    }
     free(ref);
     problem_free(&pr, d);
 }

@@ -257,6 +257,7 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
 #define PA_KEYS_IN_FLIGHT 8   /* keys per row group staged ahead of the one being computed */
 #define PA_MAX_HEADS_PER_CTA 8
 #define PA_TC_MAX_GROUP 16    /* the tensor-core path: a CTA's query heads (the whole group) fill one m16 tile */
+#define PA_TC_GROUP_MIN_TOKENS 512 /* above this many tokens in a call, the tensor-core path groups a sequence's tokens */
 #define PA_MAX_HEAD_DIM 256
 #define PA_MAX_SPLITS 64
 #define PA_TARGET_CTAS_PER_SM 4
@@ -271,6 +272,7 @@ struct PagedAttentionParams {
     const int *block_tables, *seq, *pos;
     int n_heads, n_kv_heads, group, heads_per_cta, head_chunks, head_dim, kv_dim, splits, block_shift,
         max_blocks;
+    int n, tc_tokens;     /* the tensor-core path: tokens, and tokens per CTA (16 / group with one split, else 1) */
     float qk_scale;       /* log2(e) / sqrt(Dh): scores come out in the log2 domain */
 };
 
@@ -512,34 +514,40 @@ template <int HEAD_DIM> struct PagedTcShape {
     static constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
 };
 
+/* One pass of the tensor-core kernel: tokens tok0 .. tok0 + count - 1 (count x G <= 16 rows, all of
+ * sequence seq; count > 1 only with one split), KV head kv_head, keys [k_begin, k_end) for count 1,
+ * else [0, max pos + 1) with each row masked past its own token's position. A row's result does not
+ * depend on the other tokens of the pass: its tiles are the same, and a tile past its own keys is
+ * all -inf for it, which leaves its state as it was. */
 template <int HEAD_DIM>
-__global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const PagedAttentionParams p) {
+__device__ void paged_tc_pass(const PagedAttentionParams &p, unsigned char *smem_tc, int tok0, int count, int seq,
+                              int kv_head, int split, int k_begin, int k_end) {
     using S = PagedTcShape<HEAD_DIM>;
     constexpr int LDS = S::LDS, CPR = S::CPR, NT = S::NT, KSTEPS = HEAD_DIM / 16, STAGES = S::STAGES;
-    extern __shared__ __align__(16) unsigned char smem_tc[];
     __nv_bfloat16 *q_s = reinterpret_cast<__nv_bfloat16 *>(smem_tc);
-    const PagedWork w = paged_work(p);
-    if (w.seq < 0) return; /* padding */
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, G = p.heads_per_cta;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, G = p.heads_per_cta, rows = count * G;
+    const int head0 = kv_head * p.group;
     __nv_bfloat16 *stage_base = q_s + S::TILE_ELEMS * (1 + warp * STAGES * 2); /* [STAGES][K, V][16][LDS] */
 
-    /* Q: rows 0..G-1 = the group's heads, the rest zero. */
-    const __nv_bfloat16 *q_rows = (const __nv_bfloat16 *)p.q + ((size_t)w.token * p.n_heads + w.head0) * HEAD_DIM;
+    /* Q: row r = head r % G of token tok0 + r / G; rows past count x G zero. */
     for (int c = tid; c < 16 * CPR; c += PA_THREADS) {
         int r = c / CPR, part = c % CPR;
-        uint4 v = r < G ? *reinterpret_cast<const uint4 *>(q_rows + (size_t)r * HEAD_DIM + part * 8) : make_uint4(0, 0, 0, 0);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < rows)
+            v = *reinterpret_cast<const uint4 *>((const __nv_bfloat16 *)p.q +
+                                                 ((size_t)(tok0 + r / G) * p.n_heads + head0 + r % G) * HEAD_DIM + part * 8);
         *reinterpret_cast<uint4 *>(q_s + r * LDS + part * 8) = v;
     }
 
-    const int *table = p.block_tables + (size_t)w.seq * p.max_blocks;
-    const size_t head_offset = (size_t)w.kv_head * HEAD_DIM;
+    const int *table = p.block_tables + (size_t)seq * p.max_blocks;
+    const size_t head_offset = (size_t)kv_head * HEAD_DIM;
     const __nv_bfloat16 *k_pool = (const __nv_bfloat16 *)p.k_pool, *v_pool = (const __nv_bfloat16 *)p.v_pool;
-    const int n_tiles = (w.k_end - w.k_begin + 15) / 16;
+    const int n_tiles = (k_end - k_begin + 15) / 16;
     auto stage_tile = [&](int tile, int stage) { /* this warp's tile `tile` of the range into `stage` */
         __nv_bfloat16 *ks = stage_base + stage * 2 * S::TILE_ELEMS, *vs = ks + S::TILE_ELEMS;
         for (int c = lane; c < 16 * CPR; c += 32) {
-            int r = c / CPR, part = c % CPR, key = w.k_begin + tile * 16 + r;
-            bool valid = key < w.k_end;
+            int r = c / CPR, part = c % CPR, key = k_begin + tile * 16 + r;
+            bool valid = key < k_end;
             size_t off = valid ? paged_row(table, key, p.block_shift) * p.kv_dim + head_offset + part * 8 : 0;
             cp_async16(ks + r * LDS + part * 8, k_pool + off, valid);
             cp_async16(vs + r * LDS + part * 8, v_pool + off, valid);
@@ -556,6 +564,12 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const Pa
     for (int kk = 0; kk < KSTEPS; kk++) ldmatrix_x4(qa[kk], q_s + (lane & 15) * LDS + kk * 16 + (lane >> 4) * 8);
 
     const int g = lane / 4, t4 = lane % 4;
+    int row_end[2]; /* this thread's rows g and g + 8: keys at or past row_end are masked */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        row_end[h] = count == 1 || r >= rows ? k_end : p.pos[tok0 + r / G] + 1;
+    }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -574,14 +588,14 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const Pa
             mma_bf16_m16n8k16(s[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
             mma_bf16_m16n8k16(s[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[2], b[3]);
         }
-        const int key0 = w.k_begin + tile * 16;
+        const int key0 = k_begin + tile * 16;
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = key0 + j * 8 + 2 * t4 + (e & 1);
-                s[j][e] = key < w.k_end ? s[j][e] * p.qk_scale : -INFINITY;
+                s[j][e] = key < row_end[e >> 1] ? s[j][e] * p.qk_scale : -INFINITY;
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
             }
 #pragma unroll
@@ -589,14 +603,20 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const Pa
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         }
+        /* A row with no key yet (mx -inf: a tile past its token's keys, with count > 1) stays as it is. */
         float corr[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) corr[h] = exp2f(m[h] - mx[h]), m[h] = mx[h], l[h] *= corr[h]; /* m = -inf: 0 */
+        for (int h = 0; h < 2; h++) {
+            corr[h] = mx[h] == -INFINITY ? 1.0f : exp2f(m[h] - mx[h]); /* m -inf: 0 */
+            m[h] = mx[h], l[h] *= corr[h];
+        }
         uint32_t pa[4];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             float p0 = exp2f(s[j][0] - m[0]), p1 = exp2f(s[j][1] - m[0]);
             float p2 = exp2f(s[j][2] - m[1]), p3 = exp2f(s[j][3] - m[1]);
+            if (m[0] == -INFINITY) p0 = p1 = 0.0f;
+            if (m[1] == -INFINITY) p2 = p3 = 0.0f;
             l[0] += p0 + p1, l[1] += p2 + p3;
             __nv_bfloat162 lo = __floats2bfloat162_rn(p0, p1), hi = __floats2bfloat162_rn(p2, p3);
             pa[2 * j] = *reinterpret_cast<uint32_t *>(&lo), pa[2 * j + 1] = *reinterpret_cast<uint32_t *>(&hi);
@@ -631,7 +651,7 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const Pa
         s_max[warp * 16 + g + 8] = m[1], s_sum[warp * 16 + g + 8] = l[1];
     }
     __syncthreads();
-    for (int idx = tid; idx < G * HEAD_DIM; idx += PA_THREADS) {
+    for (int idx = tid; idx < rows * HEAD_DIM; idx += PA_THREADS) {
         const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
         float mx = -INFINITY;
 #pragma unroll
@@ -644,12 +664,42 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const Pa
             total += sum * weight;
             o = fmaf(s_acc[(k * 16 + r) * HEAD_DIM + d], weight, o);
         }
-        const size_t row = (size_t)w.token * p.n_heads + w.head0 + r;
-        if (p.splits > 1 && d == 0) p.part_lse[row * p.splits + w.split] = total > 0.0f ? mx + log2f(total) : -INFINITY;
+        const size_t row = (size_t)(tok0 + r / G) * p.n_heads + head0 + r % G;
+        if (p.splits > 1 && d == 0) p.part_lse[row * p.splits + split] = total > 0.0f ? mx + log2f(total) : -INFINITY;
         if (p.splits > 1 && total == 0.0f) continue; /* an empty split: the combine skips it by its lse */
         o = total > 0.0f ? o / total : 0.0f;
         if (p.splits == 1) ((__nv_bfloat16 *)p.out)[row * HEAD_DIM + d] = __float2bfloat16_rn(o);
-        else p.part_out[(row * p.splits + w.split) * HEAD_DIM + d] = o;
+        else p.part_out[(row * p.splits + split) * HEAD_DIM + d] = o;
+    }
+    __syncthreads(); /* shared memory is the next pass's */
+}
+
+/* Grid: (token group, KV head, split); a group is p.tc_tokens consecutive tokens of the batch (1
+ * unless one split). Its runs of tokens of one sequence are one pass each: a prefill chunk's tokens
+ * share each K/V tile they read; decode tokens (one per sequence) are a pass each. */
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const PagedAttentionParams p) {
+    extern __shared__ __align__(16) unsigned char smem_tc[];
+    int cta = blockIdx.x;
+    const int split = cta % p.splits;
+    cta /= p.splits;
+    const int kv_head = cta % p.n_kv_heads, first = (cta / p.n_kv_heads) * p.tc_tokens;
+    const int last = min(p.n, first + p.tc_tokens);
+    for (int t = first; t < last;) {
+        const int seq = p.seq[t];
+        int count = 1;
+        while (t + count < last && seq >= 0 && p.seq[t + count] == seq) count++;
+        if (seq >= 0) { /* padding tokens: nothing */
+            int k_begin = 0, k_end = 0;
+            for (int j = 0; j < count; j++) k_end = max(k_end, p.pos[t + j] + 1);
+            if (count == 1) { /* the split's keys, as paged_work */
+                const int len = k_end, n_blocks = (len + (1 << p.block_shift) - 1) >> p.block_shift;
+                const int per = (n_blocks + p.splits - 1) / p.splits;
+                k_begin = min(len, (split * per) << p.block_shift), k_end = min(len, ((split + 1) * per) << p.block_shift);
+            }
+            paged_tc_pass<HEAD_DIM>(p, smem_tc, t, count, seq, kv_head, split, k_begin, k_end);
+        }
+        t += count;
     }
 }
 
@@ -774,6 +824,17 @@ static bool paged_tensor_cores(void) {
     return on;
 }
 
+/* Tokens per CTA on the tensor-core path with one split: as many as fill the m16 tile (16 / G) once
+ * the call has more than PA_TC_GROUP_MIN_TOKENS tokens (prefill chunks, training), else 1 (a decode
+ * step's tokens are of different sequences: grouping them would only serialise them).
+ * COLT_PAGED_TC_TOKENS=k forces min(k, 16 / G) (tests). The bits are the same either way. */
+static int paged_tc_tokens(int n, int group) {
+    const int most = PA_TC_MAX_GROUP / group;
+    const char *forced = getenv("COLT_PAGED_TC_TOKENS");
+    int k = forced && atoi(forced) > 0 ? atoi(forced) : n > PA_TC_GROUP_MIN_TOKENS ? most : 1;
+    return k < most ? k : most;
+}
+
 template <int HEAD_DIM> static void paged_launch_tc(const PagedAttentionParams &p, unsigned grid, cudaStream_t st) {
     using S = PagedTcShape<HEAD_DIM>;
     static bool configured = false; /* the dynamic shared memory above 48 KB, once */
@@ -828,7 +889,8 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
         p.part_out = paged_partials(partial_rows * (head_dim + 1));
         p.part_lse = p.part_out + partial_rows * head_dim;
     }
-    size_t grid = base_ctas * p.splits;
+    p.n = n, p.tc_tokens = tc && p.splits == 1 ? paged_tc_tokens(n, p.group) : 1;
+    size_t grid = (tc ? ((size_t)n + p.tc_tokens - 1) / p.tc_tokens * n_kv_heads : base_ctas) * p.splits;
     CUDA_ASSERT_HOST(grid < (1u << 31));
     cudaStream_t st = cuda_stream();
     if (tc && head_dim == 64) paged_launch_tc<64>(p, (unsigned)grid, st);

@@ -28,7 +28,9 @@
  * (Asking the L2 for the next phases' slices ahead, cp.async.bulk.prefetch.L2, was measured slower
  * on an H200 at every distance tried, 128-512 KB per CTA, and is not done.)
  *
- * The values are the op sequence's (model_paged.c) up to summation order: the same roundings to
+ * The values are the op sequence's (model_paged.c) up to summation order (and attention's
+ * probabilities: the op sequence's tensor-core attention rounds them to bf16 before P V, this kernel
+ * keeps them fp32): the same roundings to
  * bf16 (q|k|v with bias, roped q and k, attention output, projection, residual sums, gate, up and
  * their swiglu), rmsnorm's sum of squares in rmsnorm_warp_kernel's order, rope and swiglu by the same
  * expressions; the dot products sum lane-strided 8-element chunks and a butterfly, and attention
@@ -43,11 +45,13 @@
  * decode_layers_create returns NULL otherwise; decode_layers returns false (nothing launched) for
  * more tokens or in the deterministic mode.
  *
- * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1331 tok/s, 1.5B 494 -> 717, 7B 213 -> 247
- * (72.8% of the HBM roofline) against the op sequence. What bounds the small models is the chain of
+ * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1359 tok/s, 1.5B 494 -> 729, 7B 213 -> 251
+ * (74.0% of the HBM roofline) against the op sequence. What bounds the small models is the chain of
  * dependent steps per phase (barrier, activations from L2, reduction, stores made visible): 3-4.5 us
  * per phase, 5 phases per layer, against 6.2 us of weight bytes per layer at 0.5B.
- * COLT_DECODE_PROFILE=1 prints CTA 0's time per phase and the rings picked; COLT_DECODE_RING=k
+ * (bench_grid_sync measures that floor alone: 1.07 us per barrier, 1.59 us with the read of an
+ * 896-float vector.) COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products,
+ * the dot products, reduction + epilogue, barrier) and the rings picked; COLT_DECODE_RING=k
  * forces k rounds (0: direct loads) instead of timing.
  *
  * Dimension legend: N tokens, D hidden, F intermediate, H query heads, KVH key/value heads, Dh head

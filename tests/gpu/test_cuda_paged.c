@@ -308,6 +308,18 @@ static PagedBatch batch_mixed(int block_size) {
     return b;
 }
 
+/* The batch's tokens ordered by sequence then position, padding last: the engine's layout, where a
+ * prefill chunk's tokens sit together (what the tensor-core path groups). */
+static void batch_sort(PagedBatch *b) {
+    for (int i = 1; i < b->n; i++) /* insertion sort: a few hundred tokens */
+        for (int j = i; j > 0; j--) {
+            unsigned sa = (unsigned)b->seq[j - 1], sb = (unsigned)b->seq[j]; /* -1 sorts last */
+            if (sa < sb || (sa == sb && b->pos[j - 1] <= b->pos[j])) break;
+            int t = b->seq[j]; b->seq[j] = b->seq[j - 1], b->seq[j - 1] = t;
+            t = b->pos[j]; b->pos[j] = b->pos[j - 1], b->pos[j - 1] = t;
+        }
+}
+
 static void batch_free(PagedBatch *b) { free(b->seq), free(b->pos), free(b->len), free(b->tables); }
 
 /* Rows of x [n, row] whose token is not padding, packed. */
@@ -396,6 +408,7 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
     unsetenv("COLT_PAGED_SPLITS");
     if (d->bf16) { /* the tensor-core path, a sequence's tokens one per CTA or up to 16 / G together: same bits */
         float *got[2];
+        setenv("COLT_PAGED_SPLITS", "1", 1); /* tokens are grouped only with one split */
         for (int k = 0; k < 2; k++) {
             setenv("COLT_PAGED_TC_TOKENS", k ? "16" : "1", 1);
             d->be->zero(pr.g_out, (size_t)b->n * heads * head_dim);
@@ -403,6 +416,7 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
             got[k] = problem_device_result(&pr, d, &n_got);
         }
         unsetenv("COLT_PAGED_TC_TOKENS");
+        unsetenv("COLT_PAGED_SPLITS");
         int same = memcmp(got[0], got[1], n_got * sizeof(float)) == 0;
         count_check(same);
         printf("%s %-9s paged_attention %s H=%d KVH=%d Dh=%d bs=%d N=%d: tokens grouped per CTA == one per CTA: %s\n",
@@ -525,6 +539,14 @@ static void run_ops(const Dev *d) {
     for (int s = 0; s < 3; s++) {
         PagedBatch mixed = batch_mixed(s == 1 ? 32 : 16);
         test_paged_attention(d, &mixed, qwen[s].heads, qwen[s].kv_heads, qwen[s].head_dim, qwen[s].label);
+        batch_sort(&mixed); /* prefill runs together: the tensor-core path groups them */
+        test_paged_attention(d, &mixed, qwen[s].heads, qwen[s].kv_heads, qwen[s].head_dim, qwen[s].label);
+        batch_free(&mixed);
+    }
+    for (int s = 2; s < 4; s++) { /* G = 5 and MHA (G = 1): 3 and 16 tokens per m16 tile */
+        PagedBatch mixed = batch_mixed(16);
+        batch_sort(&mixed);
+        test_paged_attention(d, &mixed, other[s].heads, other[s].kv_heads, other[s].head_dim, other[s].label);
         batch_free(&mixed);
     }
 

@@ -458,9 +458,6 @@ __device__ __forceinline__ int dl_used_splits(int len, int S) {
     return max(1, min(S, (len + DL_KEYS_PER_SPLIT - 1) / DL_KEYS_PER_SPLIT));
 }
 
-/* Phase B for one item (token t, query head h, key split s): rope, K/V store, attention over the
- * split's keys, its partial result to p.part. Keys are read by groups of TPK = Dh / 8 threads (one
- * 16-byte chunk each); each group keeps an online softmax in the log2 domain, as paged_attention. */
 /* Which keys item (t, h, s) attends to: [k_begin, k_end) of the sequence's len; none when seq < 0
  * (padding) or s >= used. */
 struct DlAttnItem {
@@ -505,6 +502,10 @@ __device__ void dl_attend_ahead(const DlParams &p, const DlLayer &L, int item, D
     a.key = key;
 }
 
+/* Phase B for one item (token t, query head h, key split s): rope, K/V store, attention over the
+ * split's keys, its partial result to p.part. Keys are read by groups of TPK = Dh / 8 threads (one
+ * 16-byte chunk each); each group keeps an online softmax in the log2 domain, as paged_attention's
+ * CUDA-core kernel. ahead: the first pass's K/V row if dl_attend_ahead loaded it. */
 template <int HEAD_DIM>
 __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *smem_f, const DlKvAhead &ahead) {
     constexpr int TPK = HEAD_DIM / 8, GROUPS = DL_THREADS / TPK, HALF = HEAD_DIM / 2;

@@ -502,14 +502,15 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(const Paged
     paged_finish<T, GQ, VEC>(reinterpret_cast<float *>(smem), p, w, m, l, acc, rg, RG, part == 0, part * VEC, 1);
 }
 
-/* The tensor-core path (bf16 storage, head_dim 64 or 128, a group of at most 16 query heads): the
- * CTA's rows are the G query heads of one (token, KV head), padded to an m16 tile. Warp w takes the
- * key tiles w, w + PA_WARPS, ... of 16 keys of the range (the same tiles whatever the batch: they
- * depend on k_begin and k_end only), STAGES - 1 tiles per warp in flight with cp.async while it
- * computes one (rows past the range zero-filled). Per tile: S = Q K^T on mma.sync m16n8k16 (fp32 sums of exact bf16 products), scaled
- * into the log2 domain, masked past k_end; an online softmax per row (the max over the quad's
- * lanes); P rounded to bf16 as the A operand of P V (FlashAttention-2's rounding; the row sums
- * stay fp32). The warps merge in order through shared memory at the end, as paged_finish does. */
+/* The tensor-core path (bf16 storage, head_dim 64 or 128, a group of at most 16 query heads): a
+ * pass's rows are the G query heads of one (token, KV head), or of up to 16 / G tokens of one
+ * sequence, padded to an m16 tile. Warp w takes the key tiles w, w + PA_WARPS, ... of 16 keys of the
+ * range (the same tiles whatever the batch: they depend on the positions only), STAGES - 1 tiles per
+ * warp in flight with cp.async while it computes one (rows past the range zero-filled). Per tile:
+ * S = Q K^T on mma.sync m16n8k16 (fp32 sums of exact bf16 products), scaled into the log2 domain,
+ * masked past each row's last key; an online softmax per row (the max over the quad's lanes); P
+ * rounded to bf16 as the A operand of P V (FlashAttention-2's rounding; the row sums stay fp32).
+ * The warps merge in order through shared memory at the end, as paged_finish does. */
 template <int HEAD_DIM> struct PagedTcShape {
     static constexpr int LDS = HEAD_DIM + 8;                 /* smem row pitch (bf16): ldmatrix rows on distinct banks */
     static constexpr int TILE_ELEMS = 16 * LDS;              /* one 16-row tile */

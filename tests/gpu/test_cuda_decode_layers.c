@@ -209,20 +209,23 @@ static void step_cases(const Case *cs, Model *gpu, Model *cpu) {
               cs->name, k, kv_mega, kv_ops);
         /* The weight stream (shared-memory ring) and direct loads: only where the weights wait differs,
          * so the bits are the same, whichever the plan picked by timing. */
-        StepResult direct = {0}, ring = {0};
+        StepResult direct = {0}, ring = {0}, deep = {0};
         setenv("COLT_DECODE_RING", "0", 1);
         int rc = run_step(gpu, steps[k].lens, steps[k].seqs, n, true, &direct, NULL);
         setenv("COLT_DECODE_RING", "2", 1);
         rc |= run_step(gpu, steps[k].lens, steps[k].seqs, n, true, &ring, NULL);
+        setenv("COLT_DECODE_RING", "4", 1); /* the most rounds the plan fits in shared memory (3 or fewer) */
+        rc |= run_step(gpu, steps[k].lens, steps[k].seqs, n, true, &deep, NULL);
         unsetenv("COLT_DECODE_RING");
         if (rc == 0) {
             CHECK(!memcmp(direct.logits, ring.logits, sizeof(float) * n * V) &&
-                      !memcmp(direct.kv, ring.kv, sizeof(float) * n * 4 * KVD),
-                  "%s step %zu: the ring and direct loads differ", cs->name, k);
+                      !memcmp(direct.kv, ring.kv, sizeof(float) * n * 4 * KVD) &&
+                      !memcmp(direct.logits, deep.logits, sizeof(float) * n * V),
+                  "%s step %zu: the ring (2 or the most rounds) and direct loads differ", cs->name, k);
             CHECK(!memcmp(direct.logits, mega.logits, sizeof(float) * n * V), "%s step %zu: direct loads differ from the plan's pick",
                   cs->name, k);
         }
-        free(direct.logits), free(direct.kv), free(ring.logits), free(ring.kv);
+        free(direct.logits), free(direct.kv), free(ring.logits), free(ring.kv), free(deep.logits), free(deep.kv);
         free(mega.logits), free(mega.kv), free(ops.logits), free(ops.kv), free(ref.logits), free(ref.kv);
     }
 }

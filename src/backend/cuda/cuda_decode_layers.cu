@@ -67,7 +67,6 @@
 #define DL_WARPS (DL_THREADS / 32)
 #define DL_MAX_TOKENS 4          /* compiled token counts: 1, 2, 4 */
 #define DL_MAX_SPLITS 16         /* key splits per (token, head) */
-#define DL_MAX_SHARED (227 * 1024) /* the most a CTA may have on sm_90 */
 #define DL_MAX_CTA_ROWS 256       /* a CTA's rows of q|k|v and of the hidden size (bias_s, x_own) */
 
 typedef __nv_bfloat16 bf16;
@@ -817,6 +816,17 @@ static int dl_nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
 
 static void dl_pick_rings(DecodePlanCuda *plan);
 
+/* The dynamic shared memory a CTA of `kernel` may take: the device's opt-in maximum less the kernel's
+ * static arrays (a ring sized against the maximum alone failed to launch: COLT_DECODE_RING=3 on 1.5B). */
+static size_t dl_dynamic_shared_limit(void *kernel) {
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr;
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return (size_t)optin > attr.sharedSizeBytes ? (size_t)optin - attr.sharedSizeBytes : 0;
+}
+
 extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, const DecodeDims *dims) {
     const DecodeDims *d = dims;
     int D = d->hidden, F = d->intermediate, H = d->n_heads, KVH = d->n_kv_heads, Dh = d->head_dim;
@@ -871,8 +881,9 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
         const size_t fixed = dl_layers_bytes(d->n_layers) + (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 +
                              attn_floats * 4;
         int ring = ring_cap;
-        while (ring > 0 && fixed + (size_t)ring * DL_ROUND_BYTES > DL_MAX_SHARED) ring--;
-        if (fixed > DL_MAX_SHARED) break;
+        const size_t limit_ring = dl_dynamic_shared_limit(dl_kernel_for(nt, Dh, true));
+        while (ring > 0 && fixed + (size_t)ring * DL_ROUND_BYTES > limit_ring) ring--;
+        if (fixed > dl_dynamic_shared_limit(dl_kernel_for(nt, Dh, false))) break;
         bool resident = true; /* a cooperative launch needs every CTA resident: one per SM */
         for (int with_ring = 0; with_ring < 2; with_ring++) {
             void *kernel = dl_kernel_for(nt, Dh, with_ring);

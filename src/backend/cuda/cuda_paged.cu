@@ -845,11 +845,13 @@ static int paged_tc_tokens(int n, int group) {
 
 template <int HEAD_DIM> static void paged_launch_tc(const PagedAttentionParams &p, unsigned grid, cudaStream_t st) {
     using S = PagedTcShape<HEAD_DIM>;
-    static bool configured = false; /* the dynamic shared memory above 48 KB, once */
-    if (!configured) {
+    static bool configured[64]; /* the dynamic shared memory above 48 KB, once per device */
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (device >= 64 || !configured[device]) {
         CUDA_CHECK(cudaFuncSetAttribute(paged_attention_tc_kernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         S::SMEM_BYTES));
-        configured = true;
+        if (device < 64) configured[device] = true;
     }
     paged_attention_tc_kernel<HEAD_DIM><<<grid, PA_THREADS, S::SMEM_BYTES, st>>>(p);
 }

@@ -5,7 +5,7 @@
  * One CTA of 512 threads per SM (a cooperative launch, as decode_layers), PHASES phases in a row; in
  * each, every CTA writes its 1/G share of a D-element fp32 vector, then:
  *   barrier only     the grid barrier alone (red.release.gpu on one counter, ld.acquire.gpu polls:
- *                    decode_layers' dl_grid_arrive / dl_grid_wait), nothing read;
+ *                    cuda_grid_barrier.cuh, decode_layers' barrier), nothing read;
  *   barrier + read   the barrier, then every CTA reads the whole vector (ld.cg) and sums it, the sum
  *                    feeding the next phase's values (a real dependency);
  *   tagged words     no barrier: each value travels with the phase number in the same 8-byte word
@@ -17,24 +17,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backend/cuda/cuda_grid_barrier.cuh"
+
 #define THREADS 512
 #define PHASES 2000
 #define MAX_D 8960
 
 enum { BARRIER_ONLY, BARRIER_READ, TAGGED, FLAGS_READ, MODES };
 static const char *const MODE_NAMES[MODES] = {"barrier only", "barrier + read", "tagged words", "per-CTA flags + read"};
-
-__device__ __forceinline__ void grid_barrier(unsigned *count, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-        unsigned seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-        } while (seen < target);
-    }
-    __syncthreads();
-}
 
 __device__ __forceinline__ void flag_barrier(unsigned *flags, unsigned gen) {
     __syncthreads();
@@ -95,7 +85,10 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
         }
         for (int i = r0 + threadIdx.x; i < r1; i += THREADS) vec[(size_t)buf * MAX_D + i] = val + i;
         if (mode == FLAGS_READ) flag_barrier(sync + 64, epoch + ph + 1);
-        else grid_barrier(sync, (unsigned)(ph + 1) * G);
+        else {
+            grid_barrier_arrive(sync);
+            grid_barrier_wait(sync, (unsigned)(ph + 1) * G);
+        }
         if (mode == BARRIER_ONLY) continue;
         float s = 0.0f;
         for (int i = 4 * threadIdx.x; i < D; i += 4 * THREADS) {

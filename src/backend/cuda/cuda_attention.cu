@@ -795,16 +795,6 @@ __device__ __forceinline__ void tc_cp_async16(void *sdst, const void *gsrc, bool
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void tc_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
-__device__ __forceinline__ void tc_ldsm(uint32_t r[4], const bf16_t *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem_u32(p)));
-}
-__device__ __forceinline__ void tc_ldsm_t(uint32_t r[4], const bf16_t *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem_u32(p)));
-}
 __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -827,17 +817,17 @@ __device__ __forceinline__ uint32_t tc_pack_split(float x, float y, uint32_t *lo
 /* A operand (16 rows x 16 k) at rows m0.., cols k0.. of a row-major tile with stride LDS */
 template <int LDS>
 __device__ __forceinline__ void tc_ld_a(uint32_t r[4], const bf16_t *s, int m0, int k0, int lane) {
-    tc_ldsm(r, s + (m0 + (lane & 15)) * LDS + k0 + (lane >> 4) * 8);
+    ldmatrix_x4(r, s + (m0 + (lane & 15)) * LDS + k0 + (lane >> 4) * 8);
 }
 /* B operands of two n-tiles (n0..n0+15) x k0..k0+15 from a tile stored [n][k] */
 template <int LDS>
 __device__ __forceinline__ void tc_ld_b(uint32_t r[4], const bf16_t *s, int n0, int k0, int lane) {
-    tc_ldsm(r, s + (n0 + (lane >> 4) * 8 + (lane & 7)) * LDS + k0 + ((lane >> 3) & 1) * 8);
+    ldmatrix_x4(r, s + (n0 + (lane >> 4) * 8 + (lane & 7)) * LDS + k0 + ((lane >> 3) & 1) * 8);
 }
 /* the same from a tile stored [k][n] */
 template <int LDS>
 __device__ __forceinline__ void tc_ld_bt(uint32_t r[4], const bf16_t *s, int k0, int n0, int lane) {
-    tc_ldsm_t(r, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + n0 + (lane >> 4) * 8);
+    ldmatrix_x4_trans(r, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + n0 + (lane >> 4) * 8);
 }
 
 /* rows 0..rows-1 of [R, D] from src (row stride in elements) into sm (stride D + 8), the rest zero;
@@ -1473,7 +1463,7 @@ __global__ void __launch_bounds__(TC_THREADS) fa_tc_backward_dq_kernel(bf16_t *d
 /* A operand (16 rows m0.. x 16 k k0..) from a tile stored [k][m] with stride LDS */
 template <int LDS>
 __device__ __forceinline__ void tc_ld_at(uint32_t r[4], const bf16_t *s, int m0, int k0, int lane) {
-    tc_ldsm_t(r, s + (k0 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + m0 + ((lane >> 3) & 1) * 8);
+    ldmatrix_x4_trans(r, s + (k0 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + m0 + ((lane >> 3) & 1) * 8);
 }
 
 /* grid (n_tiles, n_heads), TC_THREADS threads: dq = scale * sum_kt dS(kt) K(kt)

@@ -62,6 +62,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_grid_barrier.cuh"
 
 #define DL_THREADS 512
 #define DL_WARPS (DL_THREADS / 32)
@@ -148,34 +149,6 @@ __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float acc)
     acc = fmaf(bf_lo(a.w), bf_lo(b.w), acc);
     acc = fmaf(bf_hi(a.w), bf_hi(b.w), acc);
     return acc;
-}
-
-/* The grid barrier, in two halves (work that depends on no other CTA may go between them: it then
- * overlaps the wait). All CTAs have arrived `*count` times in total once it reaches `target`. The
- * block barrier orders
- * the CTA's writes before thread 0's arrival, a release at GPU scope that carries them (cumulativity);
- * the acquiring load that sees the count carries every other CTA's writes to this one, and the second
- * block barrier to its threads (CUTLASS's generic barrier has the same shape). The counter is zeroed
- * before each launch. Measured on an H200 against a fence + atomicAdd + volatile spin + fence: 0.5B
- * batch 1 1292 -> 1331 tok/s, 1.5B 704 -> 717. A barrier that never opens (a bug: some CTA skipped
- * one) traps after 2^32 polls instead of hanging. */
-__device__ __forceinline__ void dl_grid_arrive(unsigned *count) {
-    __syncthreads();
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-}
-__device__ __forceinline__ void dl_grid_wait(unsigned *count, unsigned target) {
-    if (threadIdx.x == 0) {
-        long long spins = 0;
-        unsigned seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-            if (++spins > (1LL << 32)) {
-                printf("decode_layers: grid barrier %u never opened (count %u)\n", target, seen);
-                __trap();
-            }
-        } while (seen < target);
-    }
-    __syncthreads();
 }
 
 /* ---------------------------------------------------------------- phases */
@@ -474,6 +447,11 @@ __device__ __forceinline__ DlAttnItem dl_attn_item(const DlParams &p, int item) 
     return it;
 }
 
+/* The pool row of position `key` of the sequence whose block-table row is `table`. */
+__device__ __forceinline__ size_t dl_pool_row(const DlParams &p, const int *table, int key) {
+    return ((size_t)__ldg(table + (key >> p.block_shift)) << p.block_shift) + (size_t)(key & ((1 << p.block_shift) - 1));
+}
+
 /* A pool row of K and V loaded ahead (key -1: none). */
 struct DlKvAhead {
     uint4 k, v;
@@ -493,9 +471,7 @@ __device__ void dl_attend_ahead(const DlParams &p, const DlLayer &L, int item, D
     const int g = threadIdx.x / TPK, c = threadIdx.x % TPK, key = it.k_begin + g; /* the first pass's key */
     if (it.seq < 0 || it.s >= it.used || key >= it.k_end || key == it.pos) return;
     const int *table = p.block_tables + (size_t)it.seq * p.max_blocks;
-    const size_t r = ((size_t)__ldg(table + (key >> p.block_shift)) << p.block_shift) +
-                     (size_t)(key & ((1 << p.block_shift) - 1));
-    const size_t off = r * p.KVH * HEAD_DIM + (size_t)(it.h / p.group) * HEAD_DIM + c * 8;
+    const size_t off = dl_pool_row(p, table, key) * p.KVH * HEAD_DIM + (size_t)(it.h / p.group) * HEAD_DIM + c * 8;
     a.k = *reinterpret_cast<const uint4 *>(L.k_pool + off);
     a.v = *reinterpret_cast<const uint4 *>(L.v_pool + off);
     a.key = key;
@@ -549,7 +525,6 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
     for (int e = 0; e < 8; e++) q[e] = q_s[c * 8 + e], acc[e] = 0.0f;
     const int *table = p.block_tables + (size_t)seq * p.max_blocks;
     const size_t head_off = (size_t)kvh * HEAD_DIM + c * 8, row_stride = (size_t)p.KVH * HEAD_DIM;
-    const int mask = (1 << p.block_shift) - 1;
     /* The loop bound is the warp's (its first group's key), so every lane takes part in the shuffles. */
     const int warp_first = (tid / 32) * (32 / TPK);
     for (int base = k_begin + warp_first; base < k_end; base += GROUPS) {
@@ -566,7 +541,7 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
             unpack8(ahead.k, kf);
             unpack8(ahead.v, vf);
         } else {
-            size_t r = ((size_t)__ldg(table + (key >> p.block_shift)) << p.block_shift) + (size_t)(key & mask);
+            size_t r = dl_pool_row(p, table, key);
             unpack8(*reinterpret_cast<const uint4 *>(L.k_pool + r * row_stride + head_off), kf);
             unpack8(*reinterpret_cast<const uint4 *>(L.v_pool + r * row_stride + head_off), vf);
         }
@@ -697,12 +672,14 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
     }
     unsigned barriers = 0;
     DlProf pf{p.prof && blockIdx.x == 0 && threadIdx.x == 0 ? p.prof : NULL, clock64()};
-    auto barrier = [&](int phase) {
+    auto barrier = [&](int phase, auto &&while_waiting) { /* while_waiting: work that needs no other CTA */
         pf.mark(DL_PROF_PARTS * phase + 2);
-        dl_grid_arrive(p.barrier);
-        dl_grid_wait(p.barrier, ++barriers * gridDim.x);
+        grid_barrier_arrive(p.barrier);
+        while_waiting();
+        grid_barrier_wait(p.barrier, ++barriers * gridDim.x);
         pf.mark(DL_PROF_PARTS * phase + 3);
     };
+    auto nothing = [] {};
 
     for (int l = 0; l < p.n_layers; l++) {
         const DlLayer &L = lay[l];
@@ -715,20 +692,18 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
                            [&](int r, int t, float acc, float) {
                                p.qkv[(size_t)t * p.W + r] = __float2bfloat16_rn(acc + bias_s[r - qr0]);
                            });
-        pf.mark(DL_PROF_PARTS * 0 + 2);
-        dl_grid_arrive(p.barrier);
         DlKvAhead ahead; /* direct loads: no registers to spare across the wait (140 bytes of spills) */
-        if (RING) dl_attend_ahead<HEAD_DIM>(p, L, blockIdx.x, ahead);
-        else ahead.key = -1;
-        dl_grid_wait(p.barrier, ++barriers * gridDim.x);
-        pf.mark(DL_PROF_PARTS * 0 + 3);
+        ahead.key = -1;
+        barrier(0, [&] {
+            if (RING) dl_attend_ahead<HEAD_DIM>(p, L, blockIdx.x, ahead);
+        });
         /* B: rope, K/V store, attention */
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             if (item != blockIdx.x) ahead.key = -1;
             dl_attend<HEAD_DIM>(p, L, item, attn, ahead);
         }
         pf.mark(DL_PROF_PARTS * 1);
-        barrier(1);
+        barrier(1, nothing);
         /* C: x += att Wo^T (+ b) */
         bias = L.o_b && tid < xs.rows ? __bfloat162float(L.o_b[xs.r0 + tid]) : 0.0f;
         dl_gather_attention<NT, HEAD_DIM>(p, act, p.act_stride);
@@ -738,7 +713,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
             bf16 sum = __float2bfloat16_rn(__bfloat162float(x_own[t][i]) + bf16_round(acc + bias_s[i]));
             x_own[t][i] = sum, p.x[(size_t)t * p.D + r] = sum;
         });
-        barrier(2);
+        barrier(2, nothing);
         /* D: h = silu(gate) * up */
         dl_norm<NT>(act, p.act_stride, p.x, L.mlp_norm, n, p.D, p.eps);
         dl_gemv<NT, true, RING>(dl_geom(p, L, shares, 2), s, p, lay, act, p.act_stride, n, red, pf, 3,
@@ -746,7 +721,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
                               g = bf16_round(g), u = bf16_round(u);
                               p.h[(size_t)t * p.F + r] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
                           });
-        barrier(3);
+        barrier(3, nothing);
         /* E: x += h Wd^T */
         for (int e = threadIdx.x; e < NT * (p.F / 8); e += DL_THREADS) {
             int t = e / (p.F / 8), v = e % (p.F / 8);
@@ -759,7 +734,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
             bf16 sum = __float2bfloat16_rn(__bfloat162float(x_own[t][i]) + bf16_round(acc));
             x_own[t][i] = sum, p.x[(size_t)t * p.D + r] = sum;
         });
-        if (l + 1 < p.n_layers) barrier(4);
+        if (l + 1 < p.n_layers) barrier(4, nothing);
         else pf.mark(DL_PROF_PARTS * 4 + 2);
     }
     if (pf.slots) pf.slots[DL_PROF_LAUNCHES]++;

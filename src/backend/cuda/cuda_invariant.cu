@@ -76,13 +76,6 @@ extern "C" void cuda_invariant_force_shape(int shape) { g_forced_shape = shape; 
 
 /* ---------------------------------------------------------------- bf16 */
 
-__device__ __forceinline__ void inv_ldmatrix_x4(uint32_t r[4], const void *smem) {
-    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 /* Block tile BM x BN of outputs, warps WARPS_M x WARPS_N each owning a
  * (BM / WARPS_M) x (BN / WARPS_N) sub-tile. */
 template <int BM, int BN, int WARPS_M, int WARPS_N> struct InvShape {
@@ -160,11 +153,11 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
             uint32_t af[S::MI][4], bfr[S::NI][2];
 #pragma unroll
             for (int i = 0; i < S::MI; i++) /* lanes 0-15: rows 0-15 at k, lanes 16-31: the same rows at k + 8 */
-                inv_ldmatrix_x4(af[i], a + (wm * S::WM + i * 16 + lane % 16) * INV_LDS + ks + (lane / 16) * 8);
+                ldmatrix_x4(af[i], a + (wm * S::WM + i * 16 + lane % 16) * INV_LDS + ks + (lane / 16) * 8);
 #pragma unroll
             for (int j = 0; j < S::NI; j += 2) { /* two n8 tiles: (n 0-7, k), (n 0-7, k+8), (n 8-15, k), (n 8-15, k+8) */
                 uint32_t r[4];
-                inv_ldmatrix_x4(r, b + (wn * S::WN + j * 8 + (lane / 16) * 8 + lane % 8) * INV_LDS + ks +
+                ldmatrix_x4(r, b + (wn * S::WN + j * 8 + (lane / 16) * 8 + lane % 8) * INV_LDS + ks +
                                        ((lane / 8) % 2) * 8);
                 bfr[j][0] = r[0], bfr[j][1] = r[1], bfr[j + 1][0] = r[2], bfr[j + 1][1] = r[3];
             }

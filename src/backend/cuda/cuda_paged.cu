@@ -289,6 +289,15 @@ struct PagedWork {
     int token, kv_head, head0, split, seq, k_begin, k_end;
 };
 
+/* Keys [*k_begin, *k_end) of split `split` of a context of len keys: block-aligned ranges. */
+__device__ __forceinline__ void paged_split_range(const PagedAttentionParams &p, int len, int split, int *k_begin,
+                                                  int *k_end) {
+    int n_blocks = (len + (1 << p.block_shift) - 1) >> p.block_shift;
+    int blocks_per_split = (n_blocks + p.splits - 1) / p.splits;
+    *k_begin = min(len, (split * blocks_per_split) << p.block_shift);
+    *k_end = min(len, ((split + 1) * blocks_per_split) << p.block_shift);
+}
+
 __device__ __forceinline__ PagedWork paged_work(const PagedAttentionParams &p) {
     PagedWork w;
     int cta = blockIdx.x;
@@ -300,11 +309,7 @@ __device__ __forceinline__ PagedWork paged_work(const PagedAttentionParams &p) {
     w.token = cta / p.n_kv_heads;
     w.head0 = w.kv_head * p.group + chunk * p.heads_per_cta;
     w.seq = p.seq[w.token];
-    int len = p.pos[w.token] + 1;
-    int n_blocks = (len + (1 << p.block_shift) - 1) >> p.block_shift;
-    int blocks_per_split = (n_blocks + p.splits - 1) / p.splits;
-    w.k_begin = min(len, (w.split * blocks_per_split) << p.block_shift);
-    w.k_end = min(len, ((w.split + 1) * blocks_per_split) << p.block_shift);
+    paged_split_range(p, p.pos[w.token] + 1, w.split, &w.k_begin, &w.k_end);
     return w;
 }
 
@@ -700,11 +705,7 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_tc_kernel(const Pa
         if (seq >= 0) { /* padding tokens: nothing */
             int k_begin = 0, k_end = 0;
             for (int j = 0; j < count; j++) k_end = max(k_end, p.pos[t + j] + 1);
-            if (count == 1) { /* the split's keys, as paged_work */
-                const int len = k_end, n_blocks = (len + (1 << p.block_shift) - 1) >> p.block_shift;
-                const int per = (n_blocks + p.splits - 1) / p.splits;
-                k_begin = min(len, (split * per) << p.block_shift), k_end = min(len, ((split + 1) * per) << p.block_shift);
-            }
+            if (count == 1) paged_split_range(p, k_end, split, &k_begin, &k_end); /* count > 1: one split */
             paged_tc_pass<HEAD_DIM>(p, smem_tc, t, count, seq, kv_head, split, k_begin, k_end);
         }
         t += count;

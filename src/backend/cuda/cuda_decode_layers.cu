@@ -49,7 +49,7 @@
  * (74.0% of the HBM roofline) against the op sequence. What bounds the small models is the chain of
  * dependent steps per phase (barrier, activations from L2, reduction, stores made visible): 3-4.5 us
  * per phase, 5 phases per layer, against 6.2 us of weight bytes per layer at 0.5B.
- * (bench_grid_sync measures that floor alone: 1.07 us per barrier, 1.59 us with the read of an
+ * (bench_grid_sync measures that floor alone: 1.07 us per barrier, 1.58 us with the read of an
  * 896-float vector.) COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products,
  * the dot products, reduction + epilogue, barrier) and the rings picked; COLT_DECODE_RING=k
  * forces k rounds (0: direct loads) instead of timing.

@@ -225,6 +225,46 @@ int main(void) {
     json_decref(got);
     free(out); free(err); free(ids_s);
 
+    /* --prompts: a JSONL file of prompts generated together, each as it is alone */
+    char prompts_path[300];
+    snprintf(prompts_path, sizeof prompts_path, "%s/prompts.jsonl", g_tmp);
+    ids_s = ids_to_json(json_object_get(gen, "prompt_ids"));
+    FILE *pf = fopen(prompts_path, "w");
+    CHECK(pf != NULL, "cannot write %s", prompts_path);
+    if (pf) {
+        fprintf(pf, "{\"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"The dog\"}\n{\"ids\": %s}\n", ids_s);
+        fclose(pf);
+    }
+    snprintf(args, sizeof args, "generate --model %s --prompts %s --max_new_tokens %zu --json", stories, prompts_path,
+             json_array_size(want_ids));
+    code = run(args, NULL, &out, &err);
+    CHECK(code == 0 && count_lines(out) == 3, "generate --prompts: exit %d, %d lines: %s", code, count_lines(out), err);
+    int same_as_alone = 0, line_no = 0;
+    for (char *line = out; code == 0 && *line; line_no++) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char *one = strndup(line, len);
+        got = parse_json_line(one);
+        json_int_t idx = got ? json_integer_value(json_object_get(got, "prompt_index")) : -1;
+        CHECK(idx == line_no, "generate --prompts: line %d has prompt_index %lld", line_no, (long long)idx);
+        if (got && idx != 1) same_as_alone += json_equal(json_object_get(got, "ids"), want_ids);
+        json_decref(got);
+        free(one);
+        line += len + (end ? 1 : 0);
+    }
+    CHECK(same_as_alone == 2, "generate --prompts: %d of 2 completions of 'Once upon a time' as alone", same_as_alone);
+    printf("generate --prompts (3 prompts): the text and ids forms of one prompt both give its completion alone\n");
+    free(out); free(err); free(ids_s);
+    pf = fopen(prompts_path, "w");
+    if (pf) {
+        fprintf(pf, "{\"prompt\": \"Once upon a time\"}\n{\"prompt\": 5}\n");
+        fclose(pf);
+    }
+    snprintf(args, sizeof args, "generate --model %s --prompts %s", stories, prompts_path);
+    expect_error("--prompts bad line", args, NULL, "prompts.jsonl line 2");
+    snprintf(args, sizeof args, "generate --model %s --prompts %s --prompt hi", stories, prompts_path);
+    expect_error("--prompts and --prompt", args, NULL, "exactly one");
+
     /* seeded sampling: reproducible, and completion 0 does not depend on --n */
     char *out_a, *out_b, *out_c;
     snprintf(args, sizeof args,

@@ -1,5 +1,5 @@
 /* test_engine.c — the generation engine (paged KV cache, continuous batching,
- * prefix sharing, preemption) on the CPU backend against generate(), the
+ * prefix caching, preemption) on the CPU backend against generate(), the
  * plain loop it replaces. With the same batch (defaults, any block size) the
  * completions are token-identical and the log-probs agree to ~1e-5 (the
  * engine runs q|k|v and gate|up as one GEMM each where the weights sit back to
@@ -20,6 +20,7 @@
 #include "engine_requests.h"
 
 static int failures = 0, checks = 0;
+static int min_i(int a, int b) { return a < b ? a : b; }
 #define CHECK(cond, ...)                                 \
     do {                                                 \
         checks++;                                        \
@@ -193,12 +194,104 @@ static void run_deterministic(const char *dir) {
     model_free(m);
 }
 
+
+/* Prefix caching: prompts that share a prefix (not whole prompts) share its
+ * full blocks, within a step, after the holder finished (blocks nobody holds
+ * stay cached) and after a preemption; a pool too small to keep them evicts
+ * the least recently used. In the deterministic mode every sequence must be
+ * the same bits as alone without the cache, however its blocks were found. */
+#define PC_SEQS 10
+static void run_prefix_cache(const char *dir) {
+    char err[ERR_LEN];
+    Model *m = NULL;
+    if (model_load(&m, dir, backend_cpu(), err) != 0) {
+        CHECK(0, "%s", err);
+        return;
+    }
+    const ModelConfig *c = model_config(m);
+    printf("%s, prefix caching (deterministic mode)\n", dir);
+    /* A 37-token shared prefix with tails of 1-20 tokens; seq 3 = seq 2; seq 5 is seq 4's first 33 tokens;
+     * seq 6 leaves the prefix at token 20 (shares one 16-token block); seq 9 shares nothing. */
+    static const int lens[PC_SEQS] = {40, 45, 57, 57, 50, 33, 41, 38, 52, 30};
+    int prompts[PC_SEQS][64];
+    for (int i = 0; i < PC_SEQS; i++)
+        for (int k = 0; k < lens[i]; k++) {
+            uint64_t stream = k < 37 && i != 9 ? 0 : 100 + (uint64_t)i;
+            if (i == 3 || i == 5) stream = k < 37 ? 0 : 100 + (uint64_t)(i - 1);
+            if (i == 6 && k >= 20) stream = 106;
+            prompts[i][k] = (int)(rng_uniform(7, stream, (uint64_t)k) * c->vocab_size);
+        }
+    /* Tokens the cache should save when every prompt is admitted in the first step, in order. */
+    const int bs = 16;
+    long long expect = 0;
+    for (int i = 1; i < PC_SEQS; i++) {
+        int best = 0;
+        for (int j = 0; j < i; j++) {
+            int lcp = 0;
+            while (lcp < lens[i] && lcp < lens[j] && prompts[i][lcp] == prompts[j][lcp]) lcp++;
+            int full = min_i(lcp / bs, lens[j] / bs);
+            if (full > best) best = full;
+        }
+        expect += (long long)min_i(best, (lens[i] - 1) / bs) * bs;
+    }
+    SamplingParams sampled = {.temperature = 0.8f, .top_k = 30, .top_p = 0.95f, .repetition_penalty = 1.0f, .seed = 3};
+    GenerateOptions opt = {.sampling = sampled, .max_new_tokens = 20, .ignore_eos = true};
+    GenSequence ref[PC_SEQS], got[PC_SEQS];
+    EngineOptions plain = {.deterministic = true, .no_prefix_caching = true};
+    for (int i = 0; i < PC_SEQS; i++) {
+        ref[i] = (GenSequence){.prompt = prompts[i], .prompt_len = lens[i], .stream = (uint64_t)i};
+        CHECK(engine_generate(m, &ref[i], 1, &opt, &plain, NULL, err) == 0, "alone: %s", err);
+    }
+    struct {
+        const char *what;
+        EngineOptions eo;
+    } cases[] = {
+        {"one batch", {.deterministic = true}},
+        {"one at a time (cached after they finish)", {.deterministic = true, .max_num_seqs = 1}},
+        {"7 tokens per step", {.deterministic = true, .max_num_batched_tokens = 7}},
+        {"pool of 6 blocks (evictions, preemption)", {.deterministic = true, .max_pool_blocks = 6}},
+        {"no prefix caching", {.deterministic = true, .no_prefix_caching = true}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        for (int i = 0; i < PC_SEQS; i++)
+            got[i] = (GenSequence){.prompt = prompts[i], .prompt_len = lens[i], .stream = (uint64_t)i};
+        EngineStats st;
+        int rc = engine_generate(m, got, PC_SEQS, &opt, &cases[k].eo, &st, err);
+        CHECK(rc == 0, "%s: %s", cases[k].what, err);
+        int same = 0;
+        for (int i = 0; rc == 0 && i < PC_SEQS; i++)
+            same += got[i].n_tokens == ref[i].n_tokens &&
+                    memcmp(got[i].tokens, ref[i].tokens, sizeof(int) * (size_t)ref[i].n_tokens) == 0 &&
+                    memcmp(got[i].logprobs, ref[i].logprobs, sizeof(float) * (size_t)ref[i].n_tokens) == 0;
+        printf("  %-42s %2d/%d bit-identical to alone, %lld tokens from the cache, %d prefill, %d preemptions, "
+               "%lld evictions\n", cases[k].what, same, PC_SEQS, (long long)st.shared_tokens, (int)st.prefill_tokens,
+               st.preemptions, (long long)st.cache_evictions);
+        CHECK(same == PC_SEQS, "%s: %d/%d bit-identical", cases[k].what, same, PC_SEQS);
+        if (rc == 0 && k == 0) CHECK(st.shared_tokens == expect, "%s: %lld tokens from the cache, expected %lld",
+                                      cases[k].what, (long long)st.shared_tokens, expect);
+        /* Finished sequences' blocks stay cached: as much is found one at a time as in one batch. */
+        if (rc == 0 && k == 1) CHECK(st.shared_tokens >= expect, "%s: %lld tokens from the cache, expected >= %lld",
+                                      cases[k].what, (long long)st.shared_tokens, expect);
+        if (rc == 0 && k == 3)
+            CHECK(st.preemptions > 0 && st.shared_tokens > 0 && st.cache_evictions > 0,
+                  "%s: %d preemptions, %lld cached, %lld evictions", cases[k].what, st.preemptions,
+                  (long long)st.shared_tokens, (long long)st.cache_evictions);
+        if (rc == 0 && k == 4) CHECK(st.shared_tokens == 0, "%s: %lld tokens shared", cases[k].what,
+                                      (long long)st.shared_tokens);
+        for (int i = 0; i < PC_SEQS; i++) gen_sequence_free(&got[i]);
+    }
+    for (int i = 0; i < PC_SEQS; i++) gen_sequence_free(&ref[i]);
+    backend_cpu()->set_batch_invariant(0);
+    model_free(m);
+}
+
 int main(void) {
     run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-llama-f32");
     run_model(COLT_SOURCE_DIR "/models/stories260K");
     run_deterministic(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_deterministic(COLT_SOURCE_DIR "/models/stories260K");
+    run_prefix_cache(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     printf("test_engine: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -18,49 +18,39 @@
 #include "tokenizer/tokenizer.h"
 
 static const char *GENERATE_USAGE =
-    "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY) [options]\n"
+    "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY | --prompts FILE) [options]\n"
     "  prints each completion's text, or with --json one line {\"ids\": [...], \"text\": ...} per completion\n"
     "  (ids of the completion only). Sampling defaults: generation_config.json if it samples, else greedy.\n"
+    "  --prompts FILE: one JSON object per line with one of \"prompt\" (text), \"chat\" (a user message),\n"
+    "  \"messages\" (a chat) or \"ids\"; all are generated together (--n completions each, in file order;\n"
+    "  --json lines then carry \"prompt_index\"). Prompts that start alike share their cached KV blocks.\n"
     "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n";
 
 typedef struct GenerateArgs {
-    const char *model, *prompt, *chat, *ids, *device;
+    const char *model, *prompt, *chat, *ids, *prompts_file, *device;
     int max_new_tokens, top_k, n, block_size, max_num_seqs;
     float temperature, top_p, min_p, repetition_penalty, gpu_memory_utilization;
     uint64_t seed;
-    bool ignore_eos, json, enforce_eager, bench, deterministic;
+    bool ignore_eos, json, enforce_eager, bench, deterministic, no_prefix_caching;
 } GenerateArgs;
 
-/* Builds the prompt ids from --prompt / --chat / --ids. */
-static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const Tokenizer *tok, int vocab, char *err) {
-    int given = (a->prompt != NULL) + (a->chat != NULL) + (a->ids != NULL);
-    if (given != 1) return errorf(err, "give exactly one of --prompt, --chat or --ids");
-    if (a->ids) {
-        json_error_t jerr;
-        json_t *arr = json_loads(a->ids, JSON_DECODE_ANY, &jerr);
-        if (!arr) return errorf(err, "--ids: invalid JSON: %s", jerr.text);
-        int rc = cli_json_ids_from_array(ids, n_ids, arr, vocab, "--ids", err);
-        json_decref(arr);
-        return rc;
-    }
-    if (!tok) return errorf(err, "%s: no tokenizer.json, so --prompt/--chat cannot be used (use --ids)", a->model);
-    char *text = NULL;
-    if (a->chat) {
-        json_t *msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", a->chat);
-        if (!msgs) return errorf(err, "--chat: text is not valid UTF-8");
-        int rc = cli_render_chat(&text, tok, msgs, true, "--chat", err);
-        json_decref(msgs);
-        if (rc != 0) return COLT_ERR;
-    }
-    const char *src = a->chat ? text : a->prompt;
+/* Token ids of one prompt given as text (BOS added when the tokenizer says so,
+ * as HF's tokenizer(...) does), as chat messages (rendered with the chat
+ * template, which puts in whatever it wants) or as a JSON array of ids; exactly
+ * one of the three is non-NULL. Errors name `where`. */
+static int encode_prompt(int **ids, size_t *n_ids, const char *text, json_t *messages, json_t *id_array,
+                         const Tokenizer *tok, int vocab, const char *where, char *err) {
+    if (id_array) return cli_json_ids_from_array(ids, n_ids, id_array, vocab, where, err);
+    if (!tok) return errorf(err, "%s: the model folder has no tokenizer.json, so text cannot be used (give ids)", where);
+    char *rendered = NULL;
+    if (messages && cli_render_chat(&rendered, tok, messages, true, where, err) != 0) return COLT_ERR;
+    const char *src = messages ? rendered : text;
     int *body = NULL;
     size_t n_body = 0;
     int rc = tokenizer_encode(tok, src, strlen(src), &body, &n_body, err);
-    free(text);
-    if (rc != 0) return error_prefix(err, "%s", a->chat ? "--chat" : "--prompt");
-    /* Plain text prompts get BOS when the tokenizer adds it (as HF's tokenizer(...)
-     * does); chat prompts carry whatever the template put there. */
-    bool add_bos = a->prompt && tokenizer_add_bos(tok) && tokenizer_bos_id(tok) >= 0;
+    free(rendered);
+    if (rc != 0) return error_prefix(err, "%s", where);
+    bool add_bos = !messages && tokenizer_add_bos(tok) && tokenizer_bos_id(tok) >= 0;
     *n_ids = n_body + (add_bos ? 1 : 0);
     *ids = xmalloc(sizeof(int) * (*n_ids ? *n_ids : 1));
     if (add_bos) (*ids)[0] = tokenizer_bos_id(tok);
@@ -71,9 +61,77 @@ static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const T
             int bad = (*ids)[i];
             free(*ids);
             *ids = NULL;
-            return errorf(err, "tokenizer gave id %d, outside the model's vocabulary (%d)", bad, vocab);
+            return errorf(err, "%s: tokenizer gave id %d, outside the model's vocabulary (%d)", where, bad, vocab);
         }
     return COLT_OK;
+}
+
+/* The prompt of --prompt / --chat / --ids. */
+static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const Tokenizer *tok, int vocab, char *err) {
+    if (a->ids) {
+        json_error_t jerr;
+        json_t *arr = json_loads(a->ids, JSON_DECODE_ANY, &jerr);
+        if (!arr) return errorf(err, "--ids: invalid JSON: %s", jerr.text);
+        int rc = encode_prompt(ids, n_ids, NULL, NULL, arr, tok, vocab, "--ids", err);
+        json_decref(arr);
+        return rc;
+    }
+    json_t *msgs = NULL;
+    if (a->chat && !(msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", a->chat)))
+        return errorf(err, "--chat: text is not valid UTF-8");
+    int rc = encode_prompt(ids, n_ids, a->prompt, msgs, NULL, tok, vocab, a->chat ? "--chat" : "--prompt", err);
+    json_decref(msgs);
+    return rc;
+}
+
+/* The prompts of --prompts FILE: one JSON object per line with exactly one of
+ * "prompt" (text), "chat" (a user message), "messages" (a chat) or "ids". */
+static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, const char *path, const Tokenizer *tok,
+                             int vocab, char *err) {
+    char *data = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &data, &len, err) != 0) return error_prefix(err, "--prompts");
+    int cap = 16, n = 0, rc = COLT_OK, line_no = 0;
+    *prompts = xmalloc(sizeof(int *) * (size_t)cap);
+    *lens = xmalloc(sizeof(size_t) * (size_t)cap);
+    for (char *line = data, *next; rc == 0 && line && *line; line = next) {
+        line_no++;
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (strspn(line, " \t\r") == strlen(line)) continue; /* blank line */
+        char where[300];
+        snprintf(where, sizeof where, "%s line %d", path, line_no);
+        json_t *o = NULL;
+        if (cli_json_parse_line(&o, line, where, err) != 0) {
+            rc = COLT_ERR;
+            break;
+        }
+        json_t *text = json_object_get(o, "prompt"), *chat = json_object_get(o, "chat"),
+               *msgs = json_object_get(o, "messages"), *ids = json_object_get(o, "ids");
+        json_t *wrapped = NULL;
+        if ((text != NULL) + (chat != NULL) + (msgs != NULL) + (ids != NULL) != 1) {
+            rc = errorf(err, "%s: give exactly one of \"prompt\", \"chat\", \"messages\" or \"ids\"", where);
+        } else if ((text && !json_is_string(text)) || (chat && !json_is_string(chat)) ||
+                   (msgs && !json_is_array(msgs)) || (ids && !json_is_array(ids))) {
+            rc = errorf(err, "%s: \"prompt\" and \"chat\" take a string, \"messages\" and \"ids\" an array", where);
+        } else {
+            if (chat) msgs = wrapped = json_pack("[{s:s,s:s}]", "role", "user", "content", json_string_value(chat));
+            if (n == cap) {
+                cap *= 2;
+                *prompts = xrealloc(*prompts, sizeof(int *) * (size_t)cap);
+                *lens = xrealloc(*lens, sizeof(size_t) * (size_t)cap);
+            }
+            rc = encode_prompt(&(*prompts)[n], &(*lens)[n], text ? json_string_value(text) : NULL, msgs, ids, tok,
+                               vocab, where, err);
+            if (rc == 0) n++;
+        }
+        json_decref(wrapped);
+        json_decref(o);
+    }
+    free(data);
+    if (rc == 0 && n == 0) rc = errorf(err, "--prompts: %s holds no prompt", path);
+    *n_prompts = n;
+    return rc;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -85,6 +143,7 @@ int cmd_generate(int argc, char **argv) {
         {"prompt", OPT_STRING, &a.prompt, "prompt text (BOS added when the tokenizer says so)", false},
         {"chat", OPT_STRING, &a.chat, "a user message, wrapped with the chat template", false},
         {"ids", OPT_STRING, &a.ids, "prompt token ids as a JSON array", false},
+        {"prompts", OPT_STRING, &a.prompts_file, "a JSONL file of prompts, generated together", false},
         {"max_new_tokens", OPT_INT, &a.max_new_tokens, "tokens to generate at most (default 128)", false},
         {"temperature", OPT_FLOAT, &a.temperature, "0 = greedy", false},
         {"top_p", OPT_FLOAT, &a.top_p, "nucleus sampling mass (1 = off)", false},
@@ -101,6 +160,8 @@ int cmd_generate(int argc, char **argv) {
         {"max_num_seqs", OPT_INT, &a.max_num_seqs, "sequences decoded together at most (default 256)", false},
         {"block_size", OPT_INT, &a.block_size, "tokens per KV cache block (default 16)", false},
         {"enforce_eager", OPT_FLAG, &a.enforce_eager, "no CUDA graphs for decode steps", false},
+        {"no_prefix_caching", OPT_FLAG, &a.no_prefix_caching,
+         "recompute every prompt's KV (by default blocks whose tokens match are shared)", false},
         {"deterministic", OPT_FLAG, &a.deterministic,
          "batch-invariant kernels: the same completion whatever the batch; log-probs as the trainer scores them",
          false},
@@ -111,6 +172,8 @@ int cmd_generate(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("generate", err);
     if (!a.model) return cli_fail("generate", "--model DIR is required");
+    if ((a.prompt != NULL) + (a.chat != NULL) + (a.ids != NULL) + (a.prompts_file != NULL) != 1)
+        return cli_fail("generate", "give exactly one of --prompt, --chat, --ids or --prompts");
     if (a.n < 1) return cli_fail("generate", "--n must be >= 1");
     if (a.max_new_tokens < 0) return cli_fail("generate", "--max_new_tokens must be >= 0");
     if (a.max_num_seqs < 0) return cli_fail("generate", "--max_num_seqs must be >= 0");
@@ -160,10 +223,17 @@ int cmd_generate(int argc, char **argv) {
         return cli_fail("generate", err);
     }
     const ModelConfig *cfg = model_config(m);
-    int *prompt = NULL;
-    size_t prompt_len = 0;
-    int rc = 0;
-    if (build_prompt(&prompt, &prompt_len, &a, tok, cfg->vocab_size, err) != 0) rc = 1;
+    int **prompts = NULL, n_prompts = 0, rc = 0;
+    size_t *prompt_lens = NULL;
+    if (a.prompts_file) {
+        if (read_prompts_file(&prompts, &prompt_lens, &n_prompts, a.prompts_file, tok, cfg->vocab_size, err) != 0)
+            rc = 1;
+    } else {
+        prompts = xmalloc(sizeof(int *));
+        prompt_lens = xmalloc(sizeof(size_t));
+        if (build_prompt(&prompts[0], &prompt_lens[0], &a, tok, cfg->vocab_size, err) != 0) rc = 1;
+        else n_prompts = 1;
+    }
 
     /* Stop ids: the model's eos ids, plus the tokenizer's eos. */
     int stop_ids[MODEL_MAX_EOS + 1];
@@ -171,35 +241,41 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 0; i < cfg->n_eos; i++) stop_ids[n_stop++] = cfg->eos_token_ids[i];
     if (tok && tokenizer_eos_id(tok) >= 0) stop_ids[n_stop++] = tokenizer_eos_id(tok);
 
-    GenSequence *seqs = xcalloc((size_t)a.n, sizeof(GenSequence));
+    /* Completion j of prompt i is sequence i * n + j, RNG stream i * n + j. */
+    int n_seqs = n_prompts * a.n;
+    GenSequence *seqs = xcalloc((size_t)(n_seqs > 0 ? n_seqs : 1), sizeof(GenSequence));
     OutBuf out = {0};
     if (rc == 0) {
-        for (int i = 0; i < a.n; i++) {
-            seqs[i].prompt = prompt;
-            seqs[i].prompt_len = (int)prompt_len;
+        size_t prompt_tokens = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            seqs[i].prompt = prompts[i / a.n];
+            seqs[i].prompt_len = (int)prompt_lens[i / a.n];
             seqs[i].stream = (uint64_t)i;
+            prompt_tokens += prompt_lens[i / a.n];
         }
         GenerateOptions opt = {.sampling = sp, .max_new_tokens = a.max_new_tokens, .stop_ids = stop_ids,
                                .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos};
         EngineOptions eo = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
                             .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
-                            .deterministic = a.deterministic};
+                            .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic};
         EngineStats st;
-        if (engine_generate(m, seqs, a.n, &opt, &eo, &st, err) != 0) rc = 1;
+        if (engine_generate(m, seqs, n_seqs, &opt, &eo, &st, err) != 0) rc = 1;
         if (rc == 0 && a.bench) {
             double gb = 1.0 / (1 << 30);
             printf("{\"device\": \"%s\", \"sequences\": %d, \"prompt_tokens\": %zu, \"generated_tokens\": %lld, "
                    "\"seconds\": %.4f, \"tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f, \"steps\": %d, "
                    "\"graph_steps\": %d, \"kv_pool_gb\": %.3f, \"pool_blocks\": %d, \"peak_blocks_used\": %d, "
-                   "\"peak_running\": %d, \"preemptions\": %d, \"shared_prefix_tokens\": %lld}\n",
-                   be->name, a.n, prompt_len, (long long)st.decode_tokens, st.seconds,
+                   "\"peak_running\": %d, \"preemptions\": %d, \"prefill_tokens\": %lld, "
+                   "\"prefix_cache_hit_tokens\": %lld, \"prefix_cache_evictions\": %lld}\n",
+                   be->name, n_seqs, prompt_tokens, (long long)st.decode_tokens, st.seconds,
                    st.seconds > 0 ? st.decode_tokens / st.seconds : 0.0,
                    st.decode_seconds > 0 ? st.decode_step_tokens / st.decode_seconds : 0.0, st.steps,
                    st.graph_steps, st.pool_bytes * gb, st.pool_blocks, st.peak_blocks_used, st.peak_running,
-                   st.preemptions, (long long)st.shared_tokens);
+                   st.preemptions, (long long)st.prefill_tokens, (long long)st.shared_tokens,
+                   (long long)st.cache_evictions);
         }
     }
-    for (int i = 0; i < a.n && rc == 0 && !a.bench; i++) {
+    for (int i = 0; i < n_seqs && rc == 0 && !a.bench; i++) {
         GenSequence *s = &seqs[i];
         /* The text leaves out the stop token, as TRL's completions do. */
         int n_text = s->n_tokens - (s->finish == FINISH_STOP ? 1 : 0);
@@ -212,6 +288,7 @@ int cmd_generate(int argc, char **argv) {
             json_t *ids = json_array();
             for (int k = 0; k < s->n_tokens; k++) json_array_append_new(ids, json_integer(s->tokens[k]));
             json_t *o = json_object();
+            if (a.prompts_file) json_object_set_new(o, "prompt_index", json_integer(i / a.n));
             json_object_set_new(o, "ids", ids);
             if (text) json_object_set_new(o, "text", json_string(text));
             char *line = json_dumps(o, 0);
@@ -228,9 +305,11 @@ int cmd_generate(int argc, char **argv) {
     if (rc != 0) cli_fail("generate", err);
     else if (!a.bench) fwrite(out.data ? out.data : "", 1, out.len, stdout);
     outbuf_free(&out);
-    for (int i = 0; i < a.n; i++) gen_sequence_free(&seqs[i]);
+    for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);
     free(seqs);
-    free(prompt);
+    for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+    free(prompts);
+    free(prompt_lens);
     model_free(m);
     tokenizer_free(tok);
     return rc;

@@ -36,14 +36,35 @@ enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
 typedef struct Seq {
     GenSequence *g;
-    int group;          /* the first of the run of adjacent sequences with this prompt */
     int state;
     int limit;          /* total length (prompt + completion) at which it stops */
     int slot;           /* its block-table row while running, else -1 */
     int n_blocks;       /* blocks in its table row */
     int n_cached;       /* leading tokens whose K/V are in the pool */
+    int n_registered;   /* leading blocks of its row offered to the prefix cache */
     int scheduled;      /* tokens it runs in the current step */
 } Seq;
+
+/* The prefix cache: every full block a sequence computes is registered under
+ * its content, so a later sequence whose tokens start the same way takes the
+ * block instead of recomputing it (vLLM's automatic prefix caching). A block's
+ * key is (its parent block, the parent's generation, its block_size tokens);
+ * the parent stands for the whole prefix before it, so keys are exact (the
+ * 64-bit hash only picks the bucket). A block's generation changes each time
+ * it leaves the cache, so keys naming an evicted parent never match again.
+ * Registered blocks that no sequence holds wait in LRU order and are taken
+ * for new blocks only when no never-registered block is free. */
+typedef struct PrefixCache {
+    bool on;
+    int *tokens;       /* [n_blocks, block_size]: a registered block's tokens */
+    int *parent;       /* its parent block (-1: it starts the sequence) */
+    unsigned *parent_gen, *gen;
+    bool *registered;
+    int *bucket, *chain; /* bucket[hash & mask] -> first block, chain[b] -> next */
+    uint64_t mask;
+    int *lru_prev, *lru_next, lru_head, lru_tail, n_lru; /* registered, held by nobody */
+    int *scratch;      /* [block_size]: one block's tokens being looked up */
+} PrefixCache;
 
 typedef struct Engine {
     Model *m;
@@ -58,6 +79,7 @@ typedef struct Engine {
     void *decode_plan;  /* model_decode_plan_create: all layers of a decode step in one launch */
     PagedState *st;
     int *free_blocks, n_free, *refcount;
+    PrefixCache cache;
     int *h_tables;      /* [n_slots, max_blocks] */
     void *d_tables;
     bool tables_dirty;
@@ -86,18 +108,143 @@ static int token_at(const Seq *s, int p) {
     return p < s->g->prompt_len ? s->g->prompt[p] : s->g->tokens[p - s->g->prompt_len];
 }
 
-/* ---------------------------------------------------------------- blocks and slots */
+/* ---------------------------------------------------------------- blocks, the prefix cache and slots */
+
+static uint64_t mix64(uint64_t h, uint64_t v) { /* splitmix64's finaliser over h ^ v */
+    uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t cache_hash(int parent, unsigned parent_gen, const int *tokens, int block_size) {
+    uint64_t h = mix64((uint64_t)(uint32_t)parent, parent_gen);
+    for (int j = 0; j < block_size; j++) h = mix64(h, (uint32_t)tokens[j]);
+    return h;
+}
+
+/* The registered block holding `tokens` after `parent` (-1: at the start), or -1. */
+static int cache_lookup(const Engine *e, int parent, const int *tokens) {
+    const PrefixCache *c = &e->cache;
+    unsigned pgen = parent >= 0 ? c->gen[parent] : 0;
+    for (int b = c->bucket[cache_hash(parent, pgen, tokens, e->block_size) & c->mask]; b >= 0; b = c->chain[b])
+        if (c->parent[b] == parent && c->parent_gen[b] == pgen &&
+            memcmp(c->tokens + (size_t)b * e->block_size, tokens, sizeof(int) * (size_t)e->block_size) == 0)
+            return b;
+    return -1;
+}
+
+/* Registers block b (full, held by a sequence) unless its content is already there. */
+static void cache_register(Engine *e, int b, int parent, const int *tokens) {
+    PrefixCache *c = &e->cache;
+    if (cache_lookup(e, parent, tokens) >= 0) return;
+    int *dst = c->tokens + (size_t)b * e->block_size;
+    memcpy(dst, tokens, sizeof(int) * (size_t)e->block_size);
+    c->parent[b] = parent;
+    c->parent_gen[b] = parent >= 0 ? c->gen[parent] : 0;
+    uint64_t slot = cache_hash(parent, c->parent_gen[b], tokens, e->block_size) & c->mask;
+    c->chain[b] = c->bucket[slot];
+    c->bucket[slot] = b;
+    c->registered[b] = true;
+}
+
+static void cache_unregister(Engine *e, int b) {
+    PrefixCache *c = &e->cache;
+    uint64_t slot = cache_hash(c->parent[b], c->parent_gen[b], c->tokens + (size_t)b * e->block_size, e->block_size) &
+                    c->mask;
+    int *link = &c->bucket[slot];
+    while (*link != b) link = &c->chain[*link];
+    *link = c->chain[b];
+    c->registered[b] = false;
+    c->gen[b]++; /* blocks registered after it no longer match */
+}
+
+static void lru_remove(PrefixCache *c, int b) {
+    if (c->lru_prev[b] >= 0) c->lru_next[c->lru_prev[b]] = c->lru_next[b];
+    else c->lru_head = c->lru_next[b];
+    if (c->lru_next[b] >= 0) c->lru_prev[c->lru_next[b]] = c->lru_prev[b];
+    else c->lru_tail = c->lru_prev[b];
+    c->n_lru--;
+}
+
+static void lru_push_back(PrefixCache *c, int b) {
+    c->lru_prev[b] = c->lru_tail;
+    c->lru_next[b] = -1;
+    if (c->lru_tail >= 0) c->lru_next[c->lru_tail] = b;
+    else c->lru_head = b;
+    c->lru_tail = b;
+    c->n_lru++;
+}
+
+static void prefix_cache_init(PrefixCache *c, int n_blocks, int block_size) {
+    c->on = true;
+    c->tokens = xmalloc(sizeof(int) * (size_t)n_blocks * block_size);
+    c->parent = xmalloc(sizeof(int) * (size_t)n_blocks);
+    c->parent_gen = xmalloc(sizeof(unsigned) * (size_t)n_blocks);
+    c->gen = xcalloc((size_t)n_blocks, sizeof(unsigned));
+    c->registered = xcalloc((size_t)n_blocks, sizeof(bool));
+    c->chain = xmalloc(sizeof(int) * (size_t)n_blocks);
+    size_t n_buckets = 16;
+    while (n_buckets < 2 * (size_t)n_blocks) n_buckets *= 2;
+    c->mask = n_buckets - 1;
+    c->bucket = xmalloc(sizeof(int) * n_buckets);
+    for (size_t k = 0; k < n_buckets; k++) c->bucket[k] = -1;
+    c->lru_prev = xmalloc(sizeof(int) * (size_t)n_blocks);
+    c->lru_next = xmalloc(sizeof(int) * (size_t)n_blocks);
+    c->lru_head = c->lru_tail = -1;
+    c->n_lru = 0;
+    c->scratch = xmalloc(sizeof(int) * (size_t)block_size);
+}
+
+static void prefix_cache_free(PrefixCache *c) {
+    free(c->tokens), free(c->parent), free(c->parent_gen), free(c->gen), free(c->registered), free(c->chain);
+    free(c->bucket), free(c->lru_prev), free(c->lru_next), free(c->scratch);
+    memset(c, 0, sizeof *c);
+}
+
+/* Blocks a sequence may still be given: never-registered free ones, then cached ones nobody holds. */
+static int blocks_available(const Engine *e) { return e->n_free + e->cache.n_lru; }
 
 static int block_alloc(Engine *e) {
-    int b = e->free_blocks[--e->n_free];
+    int b;
+    if (e->n_free > 0) {
+        b = e->free_blocks[--e->n_free];
+    } else { /* the least recently used cached block leaves the cache */
+        b = e->cache.lru_head;
+        lru_remove(&e->cache, b);
+        cache_unregister(e, b);
+        e->stats.cache_evictions++;
+    }
     e->refcount[b] = 1;
-    int used = e->pool.n_blocks - e->n_free;
-    if (used > e->stats.peak_blocks_used) e->stats.peak_blocks_used = used;
+    int held = e->pool.n_blocks - blocks_available(e);
+    if (held > e->stats.peak_blocks_used) e->stats.peak_blocks_used = held;
     return b;
 }
 
+/* Takes a cached block for one more sequence. */
+static void block_share(Engine *e, int b) {
+    if (e->refcount[b]++ == 0) lru_remove(&e->cache, b);
+}
+
 static void block_release(Engine *e, int b) {
-    if (--e->refcount[b] == 0) e->free_blocks[e->n_free++] = b;
+    if (--e->refcount[b] > 0) return;
+    if (e->cache.on && e->cache.registered[b]) lru_push_back(&e->cache, b);
+    else e->free_blocks[e->n_free++] = b;
+}
+
+/* Offers s's blocks that are full by the end of this step to the cache (the
+ * forward stores every token's K/V before any attention reads, so a sequence
+ * admitted later in the same step may already take them). */
+static void register_full_blocks(Engine *e, Seq *s) {
+    if (!e->cache.on) return;
+    const int bs = e->block_size, *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    int *tokens = e->cache.scratch;
+    for (; (s->n_registered + 1) * bs <= s->n_cached + s->scheduled; s->n_registered++) {
+        int k = s->n_registered, parent = k > 0 ? row[k - 1] : -1;
+        if (parent >= 0 && !e->cache.registered[parent]) continue; /* a duplicate's children stay out */
+        for (int j = 0; j < bs; j++) tokens[j] = token_at(s, k * bs + j);
+        if (!e->cache.registered[row[k]]) cache_register(e, row[k], parent, tokens);
+    }
 }
 
 /* Gives s enough blocks to hold its first `upto` tokens; false (nothing
@@ -105,19 +252,20 @@ static void block_release(Engine *e, int b) {
 static bool grow_blocks(Engine *e, Seq *s, int upto) {
     int need = div_up(upto, e->block_size) - s->n_blocks;
     if (need <= 0) return true;
-    if (need > e->n_free) return false;
+    if (need > blocks_available(e)) return false;
     int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
     for (int k = 0; k < need; k++) row[s->n_blocks++] = block_alloc(e);
     e->tables_dirty = true;
     return true;
 }
 
-/* Frees s's blocks and slot (it leaves the pool). */
+/* Frees s's blocks and slot (it leaves the pool); its cached blocks stay cached. */
 static void release_seq(Engine *e, Seq *s) {
     int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
-    for (int k = 0; k < s->n_blocks; k++) block_release(e, row[k]);
+    for (int k = s->n_blocks - 1; k >= 0; k--) block_release(e, row[k]); /* the tail first: evicted first */
     s->n_blocks = 0;
     s->n_cached = 0;
+    s->n_registered = 0;
     e->free_slots[e->n_free_slots++] = s->slot;
     s->slot = -1;
 }
@@ -130,7 +278,7 @@ static void running_remove(Engine *e, int idx) {
 }
 
 /* Evicts the latest-admitted running sequence; it will be recomputed from
- * its prompt and the tokens it already has. */
+ * its prompt and the tokens it already has (less what the cache still holds). */
 static void preempt_last(Engine *e) {
     int idx = e->running[e->n_running - 1];
     Seq *s = &e->seqs[idx];
@@ -142,46 +290,46 @@ static void preempt_last(Engine *e) {
     e->stats.preemptions++;
 }
 
-/* A running sequence of s's group whose blocks hold the prompt's first
- * `upto` tokens by the end of this step (the forward stores every token's
- * K/V before any attention reads, so blocks written in this very step count). */
-static const Seq *find_donor(const Engine *e, const Seq *s, int upto) {
-    for (int r = 0; r < e->n_running; r++) {
-        const Seq *d = &e->seqs[e->running[r]];
-        if (d->group == s->group && d->n_cached + d->scheduled >= upto) return d;
+/* The cached blocks that hold s's first tokens, at most `max_blocks` of them,
+ * into hits[]; returns how many, and in *from_lru how many nobody holds now. */
+static int cache_hits(const Engine *e, const Seq *s, int max_blocks, int *hits, int *from_lru) {
+    int n = 0, *tokens = e->cache.scratch;
+    *from_lru = 0;
+    if (!e->cache.on) return 0;
+    for (int parent = -1; n < max_blocks; n++) {
+        for (int j = 0; j < e->block_size; j++) tokens[j] = token_at(s, n * e->block_size + j);
+        int b = cache_lookup(e, parent, tokens);
+        if (b < 0) break;
+        hits[n] = parent = b;
+        *from_lru += e->refcount[b] == 0;
     }
-    return NULL;
+    return n;
 }
 
 /* Puts the front waiting sequence in the pool with `budget` tokens to run, if
- * a slot and blocks are free. Identical prompts share their full blocks. */
+ * a slot and blocks are free. Its first blocks come from the prefix cache
+ * where they are there (all but the last known token: its logits are needed). */
 static bool admit_front(Engine *e, int budget) {
     if (e->wait_head == e->wait_tail || e->n_free_slots == 0 || budget <= 0) return false;
     int idx = e->waiting[e->wait_head];
     Seq *s = &e->seqs[idx];
-    int shared_blocks = (s->g->prompt_len - 1) / e->block_size; /* the last prompt token is always recomputed */
-    const Seq *donor = shared_blocks > 0 ? find_donor(e, s, shared_blocks * e->block_size) : NULL;
-    int start = donor ? shared_blocks * e->block_size : 0;
+    int *row = e->h_tables + (size_t)e->free_slots[e->n_free_slots - 1] * e->max_blocks;
+    int from_lru, n_hits = cache_hits(e, s, (known_tokens(s) - 1) / e->block_size, row, &from_lru);
+    int start = n_hits * e->block_size;
     int take = min_int(known_tokens(s) - start, budget);
-    int need = div_up(start + take, e->block_size) - (donor ? shared_blocks : 0);
-    if (need > e->n_free) return false;
+    int need = div_up(start + take, e->block_size) - n_hits;
+    if (need > blocks_available(e) - from_lru) return false;
 
     e->wait_head++;
     s->slot = e->free_slots[--e->n_free_slots];
     s->state = SEQ_RUNNING;
-    int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
-    if (donor) {
-        const int *drow = e->h_tables + (size_t)donor->slot * e->max_blocks;
-        for (int k = 0; k < shared_blocks; k++) {
-            row[k] = drow[k];
-            e->refcount[drow[k]]++;
-        }
-        s->n_blocks = shared_blocks;
-        s->n_cached = start;
-        e->stats.shared_tokens += start;
-    }
+    for (int k = 0; k < n_hits; k++) block_share(e, row[k]);
+    s->n_blocks = s->n_registered = n_hits;
+    s->n_cached = start;
+    e->stats.shared_tokens += start;
     COLT_ASSERT(grow_blocks(e, s, start + take));
     s->scheduled = take;
+    register_full_blocks(e, s);
     e->tables_dirty = true;
     e->running[e->n_running++] = idx;
     if (e->n_running > e->stats.peak_running) e->stats.peak_running = e->n_running;
@@ -247,6 +395,7 @@ static int engine_step(Engine *e, bool *idle, char *err) {
         }
         if (evicted_self) break;
         s->scheduled = take;
+        register_full_blocks(e, s);
         n_tok += take;
         if (pending != 1) decode_only = false;
     }
@@ -385,6 +534,7 @@ static void engine_free(Engine *e) {
     void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_tokens, e->d_logprobs, e->d_logits_kept};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
         if (dev[k]) be->free(dev[k]);
+    prefix_cache_free(&e->cache);
     free(e->free_blocks), free(e->refcount), free(e->h_tables), free(e->free_slots), free(e->h_step);
     free(e->h_tokens), free(e->row_owner), free(e->h_logprobs), free(e->seqs), free(e->running), free(e->waiting);
 }
@@ -442,10 +592,6 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
         Seq *s = &e->seqs[i];
         s->g = &gs[i];
         s->slot = -1;
-        s->group = i;
-        if (i > 0 && gs[i].prompt_len == gs[i - 1].prompt_len &&
-            memcmp(gs[i].prompt, gs[i - 1].prompt, sizeof(int) * (size_t)gs[i].prompt_len) == 0)
-            s->group = e->seqs[i - 1].group;
         s->limit = min_int(gs[i].prompt_len + opt->max_new_tokens, e->cfg->max_position_embeddings);
         if (gs[i].prompt_len > max_prompt) max_prompt = gs[i].prompt_len;
         if (gs[i].stream > 0x7fffffffu)
@@ -481,6 +627,7 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
 
     e->free_blocks = xmalloc(sizeof(int) * (size_t)want);
     e->refcount = xcalloc((size_t)want, sizeof(int));
+    if (!eo->no_prefix_caching) prefix_cache_init(&e->cache, (int)want, e->block_size);
     for (int k = 0; k < (int)want; k++) e->free_blocks[k] = (int)want - 1 - k; /* block 0 handed out first */
     e->n_free = (int)want;
     e->h_tables = xcalloc((size_t)e->n_slots * e->max_blocks, sizeof(int));

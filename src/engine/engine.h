@@ -6,11 +6,16 @@
  * engine_generate starts, from the memory free at that moment, and given back
  * when it returns, so training and generation take turns with the device.
  *
- * - Pool: fixed-size blocks; a block table per sequence. Adjacent sequences
- *   with the same prompt (GRPO's G completions, --n) share the prompt's full
- *   blocks (prefilled once); each one
- *   recomputes only the prompt tail in its own block (copy-on-write by
- *   recomputing the first block it may write).
+ * - Pool: fixed-size blocks; a block table per sequence. Prefix caching:
+ *   every full block is cached under its content (the tokens up to its end),
+ *   and a sequence admitted later takes the cached blocks its tokens start
+ *   with instead of recomputing them — GRPO's G completions of a prompt (and
+ *   --n) prefill the prompt once, prompts sharing a system prompt or few-shot
+ *   examples share those blocks, a preempted sequence finds its blocks again
+ *   while nothing has reused them. Each sequence recomputes at least its last
+ *   known token, in a block of its own (copy-on-write by recomputing the first
+ *   block it may write). Cached blocks nobody holds are reused least recently
+ *   used first.
  * - Scheduler: every step runs one forward call that mixes decode tokens of
  *   running sequences and prefill chunks of waiting ones, admitting new
  *   sequences as others finish. When the pool is full it preempts the most
@@ -36,6 +41,7 @@ typedef struct EngineOptions {
     int max_num_seqs;            /* sequences running at once (256) */
     int max_num_batched_tokens;  /* tokens per forward call (4096) */
     bool enforce_eager;          /* no CUDA graphs */
+    bool no_prefix_caching;      /* vLLM's enable_prefix_caching = False: no block is shared */
     int max_pool_blocks;         /* test hook: a smaller pool, to exercise preemption (0 = off) */
     /* Deterministic mode: turns the backend's batch-invariant kernels on (for the
      * rest of the process: backend.h set_batch_invariant), so a completion does not
@@ -55,7 +61,8 @@ typedef struct EngineStats {
     int steps, graph_steps;   /* forward calls; of which replayed CUDA graphs */
     int64_t prefill_tokens;   /* prompt (and recomputed) tokens run */
     int64_t decode_tokens;    /* sampled tokens */
-    int64_t shared_tokens;    /* prompt tokens not recomputed thanks to shared blocks */
+    int64_t shared_tokens;    /* tokens not recomputed: their blocks came from the prefix cache */
+    int64_t cache_evictions;  /* cached blocks taken back for other tokens */
     size_t device_free_min;   /* least free device memory seen while generating (0 on the CPU) */
     double seconds;
     double decode_seconds;    /* wall time of the pure decode steps (one token per running sequence) */

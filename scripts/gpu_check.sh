@@ -5,7 +5,7 @@
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu_check.sh [part ...]
-#   parts: tests cli decode grpo grpo-fast train gemm (default: all of them)
+#   parts: tests cli decode grpo grpo-fast train gemm fewshot (default: all but fewshot)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=${*:-tests cli decode grpo grpo-fast train gemm}
@@ -55,6 +55,10 @@ for part in $parts; do
       COLT_TRAIN_ARGS="--deterministic false" WORK=/tmp/colt-bench-grpo-fast bash bench/gpu/bench_grpo.sh \
         .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 | tee "$out/bench_grpo_fast.md"
       cp /tmp/colt-bench-grpo-fast/train-qwen2.5-0.5b.log "$out/train-fast-0.5b.log" 2>/dev/null ;;
+    fewshot)
+      echo "== bench_fewshot"
+      bash bench/gpu/bench_fewshot.sh .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k ${FEWSHOT_PRESETS:-} 2>&1 |
+        tee "$out/bench_fewshot.md" ;;
     train) echo "== bench_gpu_train_step"; build-cuda/bench_gpu_train_step 2>&1 | tee "$out/bench_gpu_train_step.md" ;;
     gemm) echo "== bench_gemm"; build-cuda/bench_gemm 20 2>&1 | tee "$out/bench_gemm.md" ;;
   esac

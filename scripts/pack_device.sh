@@ -2,7 +2,7 @@
 # pack_device.sh — what a GPU run needs beside the working tree, in one folder
 # that travels with it (.devcarry/, ignored by git): the CUDA build's binaries,
 # the Debian shared libraries they link (scripts/make_devlibs.sh), and the
-# Qwen2.5 tokenizer and GSM8K prompts the GRPO benchmark reads, compressed to
+# Qwen2.5 tokenizer, GSM8K and the GRPO benchmark's prompts made from it, compressed to
 # stay under the device's 64 MiB transfer limit. On the device:
 #   tar xf .devcarry/bundle.tar.xz && export LD_LIBRARY_PATH=$PWD/.devlibs
 # Usage: bash scripts/pack_device.sh [binary ...]  (default: colt and every GPU test and bench)
@@ -17,7 +17,8 @@ if [ ${#bins[@]} -eq 0 ]; then
   bins=(build-cuda/colt build-cuda/test_cuda_* build-cuda/bench_*)
 fi
 bash scripts/make_devlibs.sh build-cuda/colt > /dev/null
-rm -rf "$carry" && mkdir -p "$carry/data/qwen2.5-tokenizer"
+rm -rf "$carry" && mkdir -p "$carry/data/qwen2.5-tokenizer" "$carry/data/gsm8k"
+cp "$shared"/gsm8k/*.jsonl "$carry/data/gsm8k/"
 cp "$shared"/qwen2.5-tokenizer/*.json "$carry/data/qwen2.5-tokenizer/"
 python3 - "$shared/gsm8k/train.jsonl" "$carry/data/gsm8k_prompts.jsonl" <<'PY'
 import json, sys

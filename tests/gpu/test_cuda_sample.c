@@ -12,7 +12,10 @@
  * sequence's history gains the token (unless full). Then: the uniforms are
  * Philox's bit for bit (uniform logits map u to floor(u * V) exactly); the
  * same call twice gives the same bits; a row's token does not depend on the
- * other rows; a CUDA graph of the op replays with new logits and counters.
+ * other rows; a CUDA graph of the op replays with new logits and counters;
+ * both fast paths (batches of up to 8 unfiltered rows split over 128 CTAs
+ * per row, the draw's walk by a warp) give the bits of one block per row
+ * walking with one thread.
  * Exits 1 on any failure, 77 (skip) without a CUDA device. */
 #include <math.h>
 #include <stdarg.h>
@@ -23,6 +26,9 @@
 #include "backend/backend.h"
 #include "backend/sampling.h"
 #include "core/rng.h"
+
+void cuda_sample_split_rows(int max_rows); /* cuda_sample.cu: unfiltered batches of up to this many rows split */
+void cuda_sample_sequential_find(int on);  /* cuda_sample.cu: the draw's walk by one thread (chunk_find) */
 
 #define HISTORY_STRIDE 48
 #define BOUNDARY_TOLERANCE 1e-6 /* share of the kept mass */
@@ -272,6 +278,29 @@ static void run_case(const Dev *d, Tally *tally, int V, int n, const Case *c, ui
         dev_call_free(&again, be);
     }
 
+    /* The reference: one block per row, the draw's walk by one thread (chunk_find). The default path —
+     * the split path (a row over 128 CTAs) for up to 8 rows without filters or penalty, else one block per
+     * row, the walk by a warp — must give the same bits. */
+    {
+        DevCall ref;
+        dev_call_alloc(&ref, be, n, V);
+        dev_call_upload(&ref, be, x, seq, streams, counters, history, history_len, n, V);
+        cuda_sample_split_rows(0);
+        cuda_sample_sequential_find(1);
+        dev_call_run(&ref, be, &c->p, c->with_history, n, V);
+        cuda_sample_split_rows(8);
+        cuda_sample_sequential_find(0);
+        dev_call_download(&ref, be, n);
+        bool filtered = c->p.temperature != 0.0f && (c->p.top_k > 0 || c->p.top_p < 1.0f || c->p.min_p > 0.0f);
+        bool split = n <= 8 && !filtered && !c->with_history;
+        int same = memcmp(ref.got_tokens, g.got_tokens, sizeof(int) * (size_t)n) == 0 &&
+                   memcmp(ref.got_logprobs, g.got_logprobs, sizeof(float) * (size_t)n) == 0 &&
+                   (!c->with_history || memcmp(ref.got_history_len, g.got_history_len, sizeof(int) * (size_t)n) == 0);
+        check(same, "%-9s V=%-6d n=%-2d %-32s %s bit-identical to one block per row walking with one thread",
+              d->tag, V, n, c->name, split ? "split path (128 CTAs per row)" : "warp walk");
+        dev_call_free(&ref, be);
+    }
+
     /* Batch invariance: three rows alone give what they gave in the batch. */
     if (n >= 7) {
         int alone_ok = 1;
@@ -393,12 +422,12 @@ int main(void) {
         {"T 1.2, k 1000, p 0.95", {.temperature = 1.2f, .top_k = 1000, .top_p = 0.95f, .min_p = 0.0f, .repetition_penalty = 1.0f, .seed = 12}, 0},
         {"T 1, p 0.9, pen 1.1", {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .min_p = 0.0f, .repetition_penalty = 1.1f, .seed = 13}, 1},
     };
-    const int vocabs[2] = {151936, 1000}, batches[3] = {1, 7, 64};
+    const int vocabs[3] = {151936, 1000, 1001}, batches[3] = {1, 7, 64};
     Dev devs[2] = {{bf16, "cuda_bf16"}, {f32, "cuda_f32"}};
     for (int k = 0; k < 2; k++) {
         Tally tally = {0, 0};
         uint64_t salt = 1;
-        for (int vi = 0; vi < 2; vi++)
+        for (int vi = 0; vi < 3; vi++)
             for (int bi = 0; bi < 3; bi++)
                 for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
                     run_case(&devs[k], &tally, vocabs[vi], batches[bi], &cases[ci], salt++);

@@ -38,6 +38,7 @@
  * Shared memory: the repetition-penalty bitmap (V bits, dynamic) and ~3 KB. */
 #include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -57,6 +58,7 @@ struct SampleArgs {
     float temperature, top_p, min_p, repetition_penalty;
     int top_k;
     uint64_t seed;
+    int sequential_find; /* test hook: the draw's walk by chunk_find in one thread (the reference) */
 };
 
 /* ---------------------------------------------------------------- Philox (core/rng.c) */
@@ -154,6 +156,8 @@ struct SampleShared {
     float best[SAMPLE_WARPS];
     int best_id[SAMPLE_WARPS];
     Selected selected;
+    unsigned long long find_target; /* the draw: the target's offset in the chunk that holds it */
+    int find_thread;                /* and that chunk's thread */
     unsigned digit, tie_keep;
     float cut;
     int id;
@@ -258,6 +262,77 @@ __device__ int chunk_find(const Row<T> &r, Keep keep, int begin, int end, unsign
     }
     *z = -INFINITY;
     return end - 1;
+}
+
+/* chunk_find by one warp: lane j takes group j of each 32; a lane's running
+ * mass before its group adds the groups before it one by one in double, in
+ * order, as chunk_find does, and within its group it runs chunk_find's test
+ * after each kept id; the lowest lane with a hit holds chunk_find's answer.
+ * One round of loads instead of one per group. Every lane gets the result. */
+template <typename T>
+__device__ int warp_chunk_find(const Row<T> &r, Keep keep, int begin, int end, unsigned long long target, float *z) {
+    const int lane = threadIdx.x % 32, groups = (end - begin + GROUP - 1) / GROUP;
+    double acc = 0.0; /* mass of the groups before this round */
+    for (int g0 = 0; g0 < groups; g0 += 32) {
+        const int g = g0 + lane, i0 = begin + g * GROUP;
+        float y[GROUP], e[GROUP], s = 0.0f;
+        if (g < groups) {
+            r.load_y(i0, y);
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) {
+                e[k] = r.e_of(y[k]);
+                if (keep(e[k], i0 + k)) s += e[k];
+            }
+        }
+        double before = acc;
+        for (int j = 0; j < 32 && g0 + j < groups; j++) {
+            double v = (double)__shfl_sync(FULL_MASK, s, j);
+            if (j < lane) before += v;
+            acc += v;
+        }
+        int hit = -1;
+        if (g < groups) {
+            float run = 0.0f;
+#pragma unroll
+            for (int k = 0; k < GROUP; k++)
+                if (hit < 0 && keep(e[k], i0 + k)) {
+                    run += e[k];
+                    if (to_fixed(before + (double)run) > target) hit = k;
+                }
+        }
+        unsigned hits = __ballot_sync(FULL_MASK, hit >= 0);
+        if (hits) {
+            int src = __ffs(hits) - 1, k = __shfl_sync(FULL_MASK, hit, src);
+            float zk = r.z_of(y[k < 0 ? 0 : k]);
+            *z = __shfl_sync(FULL_MASK, zk, src);
+            return begin + (g0 + src) * GROUP + k;
+        }
+    }
+    *z = -INFINITY;
+    return end - 1;
+}
+
+/* The draw's last step in a block of threads owning chunks: the thread whose
+ * [before, before + q) holds target names its chunk, and warp 0 walks it. */
+template <typename T>
+__device__ void block_draw_find(const Row<T> &r, Keep keep, int chunk, unsigned long long before, unsigned long long q,
+                                unsigned long long target, bool sequential, SampleShared &sh) {
+    if (before <= target && target < before + q) sh.find_thread = threadIdx.x, sh.find_target = target - before;
+    __syncthreads();
+    if (sequential) {
+        if (threadIdx.x == 0) {
+            const int begin = min(r.V, sh.find_thread * chunk), end = min(r.V, begin + chunk);
+            float z;
+            sh.id = chunk_find(r, keep, begin, end, sh.find_target, &z);
+            sh.token_z = z;
+        }
+    } else if (threadIdx.x < 32) {
+        const int begin = min(r.V, sh.find_thread * chunk), end = min(r.V, begin + chunk);
+        float z;
+        int id = warp_chunk_find(r, keep, begin, end, sh.find_target, &z);
+        if (threadIdx.x == 0) sh.id = id, sh.token_z = z;
+    }
+    __syncthreads();
 }
 
 /* The n-th (from 1) id, ascending, whose e equals v: a count per chunk, a scan,
@@ -533,15 +608,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             S_drawn = block_sum(mass, sh); /* the log-prob is renormalised over the kept set */
         }
         unsigned long long q = to_fixed(mass), total;
+        if (threadIdx.x == 0) sh.find_thread = 0; /* total > 0 (the max has e = 1), so one thread takes it */
         unsigned long long before = block_exclusive_scan(q, &total, sh);
         float u = philox_uniform(a.seed, (uint64_t)streams[row], (uint64_t)counters[row]);
         unsigned long long target = (unsigned long long)((double)u * (double)total); /* < total: u < 1 */
-        if (before <= target && target < before + q) { /* exactly one thread */
-            float z;
-            sh.id = chunk_find(r, keep, begin, end, target - before, &z);
-            sh.token_z = z;
-        }
-        __syncthreads();
+        block_draw_find(r, keep, chunk, before, q, target, a.sequential_find != 0, sh);
         token = sh.id, token_z = sh.token_z;
     }
     if (threadIdx.x == 0) {
@@ -549,6 +620,171 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         logprobs[row] = (float)((double)token_z - ((double)r.max_z + log(S_drawn)));
         if (history && history_len[s] < history_stride) history[(size_t)s * history_stride + history_len[s]++] = token;
     }
+}
+
+/* ---------------------------------------------------------------- small batches: a row over many CTAs */
+
+/* With one block per row, a batch of 1-8 rows leaves all but a few SMs idle and
+ * each block reads its ~600 KB row three times (~38 us at V = 151936). Rows
+ * without filters or a penalty (greedy, or a plain temperature: what GRPO
+ * samples with) instead run as three kernels that give the same bits:
+ *   split_max   128 CTAs per row, a warp per chunk of the one-block kernel:
+ *               each CTA's (max y, lowest id) -> scratch;
+ *   split_mass  the same grid: the row's max from those, then each chunk's mass
+ *               by chunk_mass's exact operations (lane j sums group j of the
+ *               chunk in fp32, the warp adds the groups in order in double);
+ *   split_draw  one 1024-thread block per row, thread t holding chunk t's mass
+ *               as the one-block kernel's thread t does: the same block_sum,
+ *               scan and chunk_find, so the same token and log-prob.
+ * The argmax is exact in any order (max value, lowest id). */
+#define SPLIT_MAX_ROWS 8
+#define SPLIT_WARPS 8                                /* chunks per CTA */
+#define SPLIT_CTAS (SAMPLE_THREADS / SPLIT_WARPS)  /* CTAs per row: one chunk per warp */
+
+struct SplitScratch {
+    float best[SPLIT_MAX_ROWS][SPLIT_CTAS];
+    int best_id[SPLIT_MAX_ROWS][SPLIT_CTAS];
+    double mass[SPLIT_MAX_ROWS][SAMPLE_THREADS];
+};
+
+/* (max, lowest id) over the 32 lanes, to every lane. */
+__device__ __forceinline__ void warp_argmax(float &best, int &best_id) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(FULL_MASK, best, o);
+        int id = __shfl_xor_sync(FULL_MASK, best_id, o);
+        if (v > best || (v == best && id < best_id)) best = v, best_id = id;
+    }
+}
+
+/* The row's (max y, lowest id) from the CTAs' partials, to every thread of a block of >= SPLIT_CTAS threads. */
+__device__ void split_row_max(const SplitScratch *sc, int row, float &best, int &best_id, SampleShared &sh) {
+    best = -INFINITY, best_id = INT_MAX;
+    if (threadIdx.x < SPLIT_CTAS) best = sc->best[row][threadIdx.x], best_id = sc->best_id[row][threadIdx.x];
+    warp_argmax(best, best_id);
+    if (threadIdx.x % 32 == 0) sh.best[threadIdx.x / 32] = best, sh.best_id[threadIdx.x / 32] = best_id;
+    __syncthreads();
+    best = sh.best[0], best_id = sh.best_id[0];
+    for (int w = 1; w < (int)(blockDim.x / 32); w++)
+        if (sh.best[w] > best || (sh.best[w] == best && sh.best_id[w] < best_id)) best = sh.best[w], best_id = sh.best_id[w];
+    __syncthreads();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SPLIT_WARPS * 32)
+    split_max_kernel(SplitScratch *sc, const T *logits, int V, int vec, const int *seq) {
+    __shared__ float best_w[SPLIT_WARPS];
+    __shared__ int id_w[SPLIT_WARPS];
+    const int row = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (seq[row] < 0) return;
+    Row<T> r = {logits + (size_t)row * V, V, vec != 0, NULL, 1.0f, 1.0f, 0.0f};
+    const int chunk = chunk_size(V), t = blockIdx.x * SPLIT_WARPS + warp;
+    const int begin = min(V, t * chunk), end = min(V, begin + chunk);
+    float best = -INFINITY;
+    int best_id = INT_MAX;
+    for (int i0 = begin + lane * GROUP; i0 < end; i0 += 32 * GROUP) {
+        float y[GROUP];
+        r.load_y(i0, y);
+#pragma unroll
+        for (int k = 0; k < GROUP; k++)
+            if (i0 + k < V && (y[k] > best || best_id == INT_MAX)) best = y[k], best_id = i0 + k;
+    }
+    warp_argmax(best, best_id);
+    if (lane == 0) best_w[warp] = best, id_w[warp] = best_id;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < SPLIT_WARPS; w++)
+            if (best_w[w] > best || (best_w[w] == best && id_w[w] < best_id)) best = best_w[w], best_id = id_w[w];
+        sc->best[row][blockIdx.x] = best, sc->best_id[row][blockIdx.x] = best_id;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SPLIT_WARPS * 32)
+    split_mass_kernel(SplitScratch *sc, const T *logits, int V, int vec, float temperature, const int *seq) {
+    __shared__ SampleShared sh;
+    const int row = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (seq[row] < 0) return;
+    float best;
+    int best_id;
+    split_row_max(sc, row, best, best_id, sh);
+    Row<T> r = {logits + (size_t)row * V, V, vec != 0, NULL, 1.0f, temperature, 0.0f};
+    r.max_z = r.z_of(best);
+    const int chunk = chunk_size(V), t = blockIdx.x * SPLIT_WARPS + warp;
+    const int begin = min(V, t * chunk), end = min(V, begin + chunk), groups = (end - begin + GROUP - 1) / GROUP;
+    double acc = 0.0; /* chunk_mass: fp32 within a group of 8, then double, groups in order */
+    for (int g0 = 0; g0 < groups; g0 += 32) {
+        float s = 0.0f;
+        if (g0 + lane < groups) {
+            float y[GROUP];
+            r.load_y(begin + (g0 + lane) * GROUP, y);
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) s += r.e_of(y[k]);
+        }
+        for (int j = 0; j < 32 && g0 + j < groups; j++) acc += (double)__shfl_sync(FULL_MASK, s, j);
+    }
+    if (lane == 0) sc->mass[row][t] = acc;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    split_draw_kernel(const SplitScratch *sc, int *tokens, float *logprobs, const T *logits, int V, int vec,
+                      SampleArgs a, const int *seq, const int *streams, const int *counters, int *history,
+                      int *history_len, int history_stride) {
+    __shared__ SampleShared sh;
+    const int row = blockIdx.x, s = seq[row];
+    if (s < 0) return;
+    const bool greedy = a.temperature == 0.0f;
+    float best;
+    int best_id;
+    split_row_max(sc, row, best, best_id, sh);
+    Row<T> r = {logits + (size_t)row * V, V, vec != 0, NULL, 1.0f, greedy ? 1.0f : a.temperature, 0.0f};
+    r.max_z = r.z_of(best);
+    const int chunk = chunk_size(V), begin = min(V, threadIdx.x * chunk), end = min(V, begin + chunk);
+    const Keep keep = {0.0f, -1.0f, INT_MAX};
+    const double mass = sc->mass[row][threadIdx.x], S = block_sum(mass, sh);
+    int token = best_id;
+    float token_z = r.max_z;
+    if (!greedy) { /* as in sample_kernel */
+        unsigned long long q = to_fixed(mass), total;
+        if (threadIdx.x == 0) sh.find_thread = 0;
+        unsigned long long before = block_exclusive_scan(q, &total, sh);
+        float u = philox_uniform(a.seed, (uint64_t)streams[row], (uint64_t)counters[row]);
+        unsigned long long target = (unsigned long long)((double)u * (double)total);
+        block_draw_find(r, keep, chunk, before, q, target, a.sequential_find != 0, sh);
+        token = sh.id, token_z = sh.token_z;
+    }
+    if (threadIdx.x == 0) {
+        tokens[row] = token;
+        logprobs[row] = (float)((double)token_z - ((double)r.max_z + log(S)));
+        if (history && history_len[s] < history_stride) history[(size_t)s * history_stride + history_len[s]++] = token;
+    }
+}
+
+/* The scratch of the split path, allocated once (not while a stream is being captured). */
+static SplitScratch *g_split_scratch = NULL;
+static int g_split_max_rows = -1; /* -1: COLT_SAMPLE_SPLIT_ROWS or SPLIT_MAX_ROWS; 0: the split path off */
+
+static int g_sequential_find = -1; /* -1: COLT_SAMPLE_SEQUENTIAL_FIND (default 0) */
+extern "C" void cuda_sample_split_rows(int max_rows) { g_split_max_rows = max_rows; } /* test hooks */
+extern "C" void cuda_sample_sequential_find(int on) { g_sequential_find = on; }
+
+static int split_max_rows(void) {
+    if (g_split_max_rows < 0) {
+        const char *env = getenv("COLT_SAMPLE_SPLIT_ROWS");
+        g_split_max_rows = env ? atoi(env) : SPLIT_MAX_ROWS;
+        if (g_split_max_rows > SPLIT_MAX_ROWS) g_split_max_rows = SPLIT_MAX_ROWS;
+    }
+    return g_split_max_rows;
+}
+
+static SplitScratch *split_scratch(void) {
+    if (!g_split_scratch) {
+        cudaStreamCaptureStatus capturing;
+        CUDA_CHECK(cudaStreamIsCapturing(cuda_stream(), &capturing));
+        if (capturing != cudaStreamCaptureStatusNone) return NULL; /* the one-block kernel this time */
+        CUDA_CHECK(cudaMalloc(&g_split_scratch, sizeof(SplitScratch)));
+    }
+    return g_split_scratch;
 }
 
 template <typename T>
@@ -560,7 +796,25 @@ void cuda_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, c
     size_t bitmap_bytes = penalty ? (size_t)((vocab + 31) / 32) * sizeof(unsigned) : 0;
     CUDA_ASSERT_HOST(bitmap_bytes <= SAMPLE_MAX_BITMAP_BYTES); /* vocab <= 327680 with a repetition penalty */
     int vec = ((uintptr_t)logits & 15u) == 0 && vocab % GROUP == 0;
-    SampleArgs a = {p->temperature, p->top_p, p->min_p, p->repetition_penalty, p->top_k, p->seed};
+    if (g_sequential_find < 0) g_sequential_find = getenv("COLT_SAMPLE_SEQUENTIAL_FIND") ? atoi(getenv("COLT_SAMPLE_SEQUENTIAL_FIND")) : 0;
+    SampleArgs a = {p->temperature, p->top_p, p->min_p, p->repetition_penalty, p->top_k, p->seed, g_sequential_find};
+    const bool filtered = p->temperature != 0.0f && (p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f);
+    SplitScratch *sc = n <= split_max_rows() && !filtered && !penalty ? split_scratch() : NULL;
+    if (sc) {
+        dim3 grid(SPLIT_CTAS, n);
+        float temperature = p->temperature == 0.0f ? 1.0f : p->temperature;
+        split_max_kernel<T><<<grid, SPLIT_WARPS * 32, 0, cuda_stream()>>>(sc, (const T *)logits, vocab, vec,
+                                                                          (const int *)seq);
+        LAUNCH_CHECK();
+        split_mass_kernel<T><<<grid, SPLIT_WARPS * 32, 0, cuda_stream()>>>(sc, (const T *)logits, vocab, vec,
+                                                                           temperature, (const int *)seq);
+        LAUNCH_CHECK();
+        split_draw_kernel<T><<<n, SAMPLE_THREADS, 0, cuda_stream()>>>(
+            sc, (int *)tokens, (float *)logprobs, (const T *)logits, vocab, vec, a, (const int *)seq,
+            (const int *)streams, (const int *)counters, (int *)history, (int *)history_len, history_stride);
+        LAUNCH_CHECK();
+        return;
+    }
     sample_kernel<T><<<n, SAMPLE_THREADS, bitmap_bytes, cuda_stream()>>>(
         (int *)tokens, (float *)logprobs, (const T *)logits, vocab, vec, a, (const int *)seq, (const int *)streams,
         (const int *)counters, (int *)history, (int *)history_len, history_stride);

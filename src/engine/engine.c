@@ -87,10 +87,11 @@ typedef struct Engine {
     void *d_hist, *d_hist_len; /* [n_slots, max_len], [n_slots] */
     int *h_step;        /* [N_SEGMENTS * max_tokens] */
     void *d_step;
-    void *d_tokens, *d_logprobs; /* sampler outputs [max_rows] */
+    void *d_sampled;             /* sampler outputs: tokens [max_rows], then log-probs [max_rows] */
+    void *d_tokens, *d_logprobs; /* its two halves */
     void *d_logits_kept;         /* deterministic: [max_rows, V] logits before the sampler clobbers them */
-    int *h_tokens, *row_owner;
-    float *h_logprobs;
+    int *h_sampled, *h_tokens, *row_owner; /* h_sampled: d_sampled's host copy; h_tokens its first half */
+    float *h_logprobs;                     /* and its second */
     Seq *seqs;
     int n_seqs;
     int *running, n_running; /* admission order: the last one is preempted first */
@@ -489,12 +490,14 @@ static int engine_step(Engine *e, bool *idle, char *err) {
 
     /* Apply the sampled tokens. */
     if (n_rows > 0) {
-        be->download_i32(e->h_tokens, e->d_tokens, (size_t)n_rows);
         if (e->deterministic) { /* the trainer's log-prob of each sampled token, by the trainer's op */
+            be->download_i32(e->h_tokens, e->d_tokens, (size_t)n_rows);
             float t = e->opt->sampling.temperature > 0.0f ? e->opt->sampling.temperature : 1.0f;
             be->log_softmax_target(e->d_logprobs, NULL, e->d_logits_kept, e->h_tokens, n_rows, e->cfg->vocab_size, t);
+            be->download_f32(e->h_logprobs, e->d_logprobs, (size_t)n_rows);
+        } else { /* tokens and log-probs in one copy: one wait per step */
+            be->download_i32(e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
         }
-        be->download_f32(e->h_logprobs, e->d_logprobs, (size_t)n_rows);
     }
     e->stats.decode_tokens += n_rows;
     if (decode_only) {
@@ -531,12 +534,12 @@ static void engine_free(Engine *e) {
     model_decode_plan_free(e->m, e->decode_plan);
     kv_pool_free(&e->pool);
     paged_state_free(e->st);
-    void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_tokens, e->d_logprobs, e->d_logits_kept};
+    void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_sampled, e->d_logits_kept};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
         if (dev[k]) be->free(dev[k]);
     prefix_cache_free(&e->cache);
     free(e->free_blocks), free(e->refcount), free(e->h_tables), free(e->free_slots), free(e->h_step);
-    free(e->h_tokens), free(e->row_owner), free(e->h_logprobs), free(e->seqs), free(e->running), free(e->waiting);
+    free(e->h_sampled), free(e->row_owner), free(e->seqs), free(e->running), free(e->waiting);
 }
 
 /* Rows of logits (the padded decode batch) and tokens per forward call. */
@@ -642,10 +645,12 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
     }
     e->h_step = xmalloc(sizeof(int) * (size_t)N_SEGMENTS * e->max_tokens);
     e->d_step = be->alloc_i32((size_t)N_SEGMENTS * e->max_tokens);
-    e->d_tokens = be->alloc_i32((size_t)e->max_rows);
-    e->d_logprobs = be->alloc_f32((size_t)e->max_rows);
-    e->h_tokens = xmalloc(sizeof(int) * (size_t)e->max_rows);
-    e->h_logprobs = xmalloc(sizeof(float) * (size_t)e->max_rows);
+    e->d_sampled = be->alloc_i32(2 * (size_t)e->max_rows);
+    e->d_tokens = e->d_sampled;
+    e->d_logprobs = (int *)e->d_sampled + e->max_rows;
+    e->h_sampled = xmalloc(sizeof(int) * 2 * (size_t)e->max_rows);
+    e->h_tokens = e->h_sampled;
+    e->h_logprobs = (float *)(e->h_sampled + e->max_rows);
     e->row_owner = xmalloc(sizeof(int) * (size_t)e->max_rows);
     e->running = xmalloc(sizeof(int) * (size_t)e->n_slots);
     e->waiting = xmalloc(sizeof(int) * (size_t)n);

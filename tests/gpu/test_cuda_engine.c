@@ -16,7 +16,9 @@
  *     same sequences in a batch (reported, counted);
  *   - deterministic mode (both tables): engine log-probs bit-identical to the
  *     trainer's; completions and log-probs bit-identical alone, in the batch,
- *     two at a time, under preemption, with or without CUDA graphs.
+ *     two at a time, under preemption, with or without CUDA graphs, with or
+ *     without prefix caching (the copies of a prompt share its blocks or
+ *     recompute them).
  * Exit 77 when no GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -185,6 +187,7 @@ static void run_deterministic(const char *dir) {
                 {"2 running at most", {.deterministic = true, .max_num_seqs = 2}},
                 {"pool of 6 blocks", {.deterministic = true, .max_pool_blocks = 6}},
                 {"eager", {.deterministic = true, .enforce_eager = true}},
+                {"no prefix caching", {.deterministic = true, .no_prefix_caching = true}},
             };
             for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
                 Requests got;

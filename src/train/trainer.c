@@ -317,6 +317,9 @@ static void log_engine_stats(Trainer *t, const EngineStats *es) {
     metrics_add(&t->metrics, "engine/sequences_held", es->peak_running);
     metrics_add(&t->metrics, "engine/kv_blocks_used", es->peak_blocks_used);
     metrics_add(&t->metrics, "engine/preemptions", es->preemptions);
+    /* vLLM's prefix cache hit rate: prompt tokens found in the cache over those looked up */
+    int64_t looked_up = es->shared_tokens + es->prefill_tokens;
+    metrics_add(&t->metrics, "engine/prefix_cache_hit_rate", looked_up ? (double)es->shared_tokens / looked_up : 0.0);
     metrics_add(&t->metrics, "engine/activations_released", t->ts == NULL);
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;

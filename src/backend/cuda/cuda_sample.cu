@@ -9,9 +9,11 @@
  *           8 elements, then double) -> S = sum e (logprob, probabilities);
  *   greedy stops here (token = the argmax). Unfiltered sampling draws right
  *   away: the chunk sums, in 2^-40 fixed point, are scanned across the block;
- *   u * total falls in one thread's chunk, and that thread walks its chunk
+ *   u * total falls in one thread's chunk, and a warp walks that chunk
  *   again, with the same sums, to the first id whose running mass exceeds it —
- *   two passes over the row plus 1/1024 of one.
+ *   two passes over the row plus 1/1024 of one. Batches of up to 8 rows
+ *   without filters or penalty spread each row over 128 CTAs instead (the
+ *   split path, below): the same bits.
  * Filters (the host's rules, as cut-offs on e): top-k finds the k-th largest
  * y by radix select (8-bit digits, counts; 2 passes for bf16 logits without a
  * penalty, else 4); top-p, among the top-k survivors, finds the largest e
@@ -33,8 +35,10 @@
  * here, by id on the host. logprob = z[token] - (m + log S), S accumulated as
  * above over the kept tokens (all of them when unfiltered; relative error ~1e-7).
  *
- * Capturable in a CUDA graph: no allocation, no host copies; the sampling
- * parameters are kernel arguments (a captured graph keeps the ones it saw).
+ * Capturable in a CUDA graph: no host copies; the sampling parameters are
+ * kernel arguments (a captured graph keeps the ones it saw); the split path's
+ * scratch is allocated by its first call, and a call made while capturing
+ * before that takes the one-block kernel.
  * Shared memory: the repetition-penalty bitmap (V bits, dynamic) and ~3 KB. */
 #include <limits.h>
 #include <stdint.h>
@@ -240,7 +244,8 @@ template <typename T> __device__ double chunk_mass(const Row<T> &r, Keep keep, i
 
 /* The first kept id of [begin, end) whose running mass, in fixed point,
  * exceeds target; *z gets its z. target < to_fixed(chunk_mass(...)), so one is
- * found (the last id is a guard that cannot be reached). */
+ * found (the last id is a guard that cannot be reached). One thread: the
+ * reference that warp_chunk_find reproduces (COLT_SAMPLE_SEQUENTIAL_FIND=1). */
 template <typename T>
 __device__ int chunk_find(const Row<T> &r, Keep keep, int begin, int end, unsigned long long target, float *z) {
     double acc = 0.0;

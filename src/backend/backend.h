@@ -186,6 +186,14 @@ typedef struct Backend {
     void (*paged_attention)(void *out, const void *q, const void *k_pool, const void *v_pool,
                             const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, int max_blocks);
+    /* qkv_rope_store(q, k_pool, v_pool, qkv, pos, slot_mapping, ...) then paged_attention(out, q, ...), the
+     * same bits, for a decode step (each token the next one of its own sequence, so only its own attention
+     * reads its K/V): where it can, one kernel ropes q and stores each token's K/V itself (q is then not
+     * written). NULL where the backend has no such fusion. */
+    void (*paged_attention_rope)(void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
+                                 const void *block_tables, const void *seq, const void *pos, const void *slot_mapping,
+                                 int n, int n_heads, int n_kv_heads, int head_dim, float theta, int block_size,
+                                 int max_blocks);
     /* Draws one token for each row of logits[n, vocab] (storage dtype; clobbered)
      * as sampler_sample (backend/sampling.h) does on the host: repetition penalty
      * over the sequence's history, temperature, top-k / top-p / min-p, inverse CDF

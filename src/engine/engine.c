@@ -472,7 +472,8 @@ static int engine_step(Engine *e, bool *idle, char *err) {
                     .logit_rows = decode_only ? NULL : d + (size_t)SEG_LOGIT_ROWS * n_pad,
                     .block_tables = e->d_tables,
                     .max_blocks = e->max_blocks,
-                    .decode_plan = decode_only ? e->decode_plan : NULL};
+                    .decode_plan = decode_only ? e->decode_plan : NULL,
+                    .decode = decode_only};
     if (bucket >= 0 && e->graphs[bucket]) {
         be->graph_launch(e->graphs[bucket]);
         e->stats.graph_steps++;

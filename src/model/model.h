@@ -119,6 +119,7 @@ typedef struct PagedBatch {
      * of its own sequence (a pure decode step): the backend may then run all
      * layers in one launch. NULL: the op sequence. */
     void *decode_plan;
+    bool decode; /* every token is the next one of its own sequence (a pure decode step) */
 } PagedBatch;
 
 /* The backend's all-layers decode kernel (backend.h decode_layers) bound to

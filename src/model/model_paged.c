@@ -174,10 +174,18 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
     if (!one_launch) be->rmsnorm(st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
     for (int l = 0; l < L && !one_launch; l++) {
         const LayerWeights *w = &m->layers[l];
+        bool attended = false;
         if (fused_ops && qkv_back_to_back(w, c, es)) {
             be->linear(st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
-            be->qkv_rope_store(st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
-                               c->rope_theta);
+            if (b->decode && be->paged_attention_rope) { /* rope, K/V store and attention in one kernel */
+                be->paged_attention_rope(st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
+                                         b->slot_mapping, n, H, KVH, Dh, c->rope_theta, kv->block_size,
+                                         b->max_blocks);
+                attended = true;
+            } else {
+                be->qkv_rope_store(st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
+                                   c->rope_theta);
+            }
         } else {
             be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
             be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
@@ -186,8 +194,9 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             be->rope_i32(st->k, b->pos, n, KVH, Dh, c->rope_theta);
             be->paged_kv_store(kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
         }
-        be->paged_attention(st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
-                            kv->block_size, b->max_blocks);
+        if (!attended)
+            be->paged_attention(st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
+                                kv->block_size, b->max_blocks);
         be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
         if (fused_ops) {
             be->add_rmsnorm(st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);

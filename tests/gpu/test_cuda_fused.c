@@ -6,6 +6,8 @@
  *       qkv_rope_store    == copy the q, k, v parts out of qkv; rope_i32(q);
  *                            rope_i32(k); paged_kv_store(pools, k, v)
  *       swiglu_gate_up    == copy the halves out; swiglu(out, gate, up)
+ *       paged_attention_rope == qkv_rope_store; paged_attention (decode steps:
+ *                            output and both pools)
  *   - against the CPU's fused op (itself bit-identical to the CPU's unfused
  *     sequence, tests/test_fused.c) within test_cuda_ops' tolerances;
  *   - captured once in a CUDA graph and replayed with new inputs: the same bits
@@ -271,6 +273,54 @@ static void test_qkv_rope_store(const Dev *d, int n, int heads, int kv_heads, in
     CPU->free(c_qkv), CPU->free(c_q), CPU->free(c_kp), CPU->free(c_vp), CPU->free(c_pos), CPU->free(c_slots);
 }
 
+/* ---------------------------------------------------------------- paged_attention_rope */
+
+/* A decode step of n sequences (sequence i: token i, its own shuffled blocks of 16, position up to
+ * max_pos; token n/2 padding from n = 7 up: seq -1, slot -1): paged_attention_rope against qkv_rope_store
+ * then paged_attention, outputs and both pools bit for bit. */
+static void test_paged_attention_rope(const Dev *d, int n, int heads, int kv_heads, int head_dim, int max_pos,
+                                      const char *label) {
+    char name[200];
+    const Backend *be = d->be;
+    const int bs = 16, max_blocks = (max_pos + 1 + bs - 1) / bs, q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+    const int row = q_dim + 2 * kv_dim, pool_rows = n * max_blocks * bs;
+    int *pos = xmalloc(sizeof(int) * n), *seq = xmalloc(sizeof(int) * n), *slots = xmalloc(sizeof(int) * n);
+    int *tables = xmalloc(sizeof(int) * (size_t)n * max_blocks), *blocks = xmalloc(sizeof(int) * (size_t)n * max_blocks);
+    for (int b = 0; b < n * max_blocks; b++) blocks[b] = b;
+    for (int b = n * max_blocks - 1; b > 0; b--) {
+        int j = rand_int(0, b), t = blocks[b];
+        blocks[b] = blocks[j], blocks[j] = t;
+    }
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < max_blocks; k++) tables[i * max_blocks + k] = blocks[i * max_blocks + k];
+        pos[i] = i == 0 ? max_pos : rand_int(0, max_pos), seq[i] = i;
+        slots[i] = tables[i * max_blocks + pos[i] / bs] * bs + pos[i] % bs;
+    }
+    if (n >= 7) seq[n / 2] = -1, slots[n / 2] = -1, pos[n / 2] = 0;
+    size_t n_qkv = (size_t)n * row, n_out = (size_t)n * q_dim, n_pool = (size_t)pool_rows * kv_dim;
+    float *qkv = rand_floats(n_qkv, 1.0f), *kp = rand_floats(n_pool, 1.0f), *vp = rand_floats(n_pool, 1.0f);
+    float *out0 = rand_floats(n_out, 1.0f);
+    void *g_qkv = dev_in(d, qkv, n_qkv), *g_pos = i32_in(be, pos, n), *g_seq = i32_in(be, seq, n);
+    void *g_slots = i32_in(be, slots, n), *g_tables = i32_in(be, tables, (size_t)n * max_blocks);
+    void *f_out = dev_in(d, out0, n_out), *f_q = be->alloc(n_out), *f_kp = dev_in(d, kp, n_pool), *f_vp = dev_in(d, vp, n_pool);
+    void *u_out = dev_in(d, out0, n_out), *u_q = be->alloc(n_out), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
+    be->paged_attention_rope(f_out, f_q, f_kp, f_vp, g_qkv, g_tables, g_seq, g_pos, g_slots, n, heads, kv_heads,
+                             head_dim, 1000000.0f, bs, max_blocks);
+    be->qkv_rope_store(u_q, u_kp, u_vp, g_qkv, g_pos, g_slots, n, heads, kv_heads, head_dim, 1000000.0f);
+    be->paged_attention(u_out, u_q, u_kp, u_vp, g_tables, g_seq, g_pos, n, heads, kv_heads, head_dim, bs, max_blocks);
+    const void *fused[3] = {f_out, f_kp, f_vp}, *unfused[3] = {u_out, u_kp, u_vp};
+    const size_t count[3] = {n_out, n_pool, n_pool};
+    const char *part[3] = {"out", "k pool", "v pool"};
+    for (int p = 0; p < 3; p++) {
+        snprintf(name, sizeof name, "paged_attention_rope %s H=%d KVH=%d Dh=%d N=%d pos<=%d%s: %s", label, heads,
+                 kv_heads, head_dim, n, max_pos, n >= 7 ? " 1 pad" : "", part[p]);
+        check_identical_buffers(d, name, fused[p], unfused[p], count[p]);
+    }
+    free(pos), free(seq), free(slots), free(tables), free(blocks), free(qkv), free(kp), free(vp), free(out0);
+    void *bufs[] = {g_qkv, g_pos, g_seq, g_slots, g_tables, f_out, f_q, f_kp, f_vp, u_out, u_q, u_kp, u_vp};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
+}
+
 /* ---------------------------------------------------------------- swiglu_gate_up */
 
 /* gate_up starts `off` elements into its buffer (off = 1: the scalar kernel). */
@@ -489,6 +539,13 @@ static void run_ops(const Dev *d) {
     test_qkv_rope_store(d, 9, 4, 2, 8, 10000.0f, 0, "Dh=8");    /* half % 8 != 0: scalar kernels */
     test_qkv_rope_store(d, 7, 6, 6, 72, 10000.0f, 0, "MHA");
     test_qkv_rope_store(d, 7, 8, 4, 48, 10000.0f, 0, "Dh=48"); /* vectorised, 3 groups per half */
+    for (int s = 0; s < 3; s++) { /* decode steps: short contexts, and one long enough to split */
+        const QwenShape *q = &QWEN[s];
+        test_paged_attention_rope(d, 1, q->heads, q->kv_heads, q->head_dim, 200, q->label);
+        test_paged_attention_rope(d, 7, q->heads, q->kv_heads, q->head_dim, 700, q->label);
+        test_paged_attention_rope(d, 128, q->heads, q->kv_heads, q->head_dim, 300, q->label);
+        test_paged_attention_rope(d, 2, q->heads, q->kv_heads, q->head_dim, 5000, q->label);
+    }
     test_swiglu_gate_up(d, 5, 75, 0);  /* f % 8 != 0: scalar kernel */
     test_swiglu_gate_up(d, 7, 4864, 1); /* misaligned: scalar kernel vs vectorised swiglu */
 

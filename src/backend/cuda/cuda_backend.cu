@@ -315,6 +315,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->gather_rows_i32 = cuda_gather_rows_i32<T>;
     b->paged_kv_store = cuda_paged_kv_store<T>;
     b->paged_attention = cuda_paged_attention<T>;
+    b->paged_attention_rope = cuda_paged_attention_rope<T>;
     b->sample = cuda_sample<T>;
     b->add_rmsnorm = cuda_add_rmsnorm<T>;
     b->qkv_rope_store = cuda_qkv_rope_store<T>;

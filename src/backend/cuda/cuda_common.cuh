@@ -243,6 +243,10 @@ template <typename T>
 void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                           const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int block_size, int max_blocks);
+template <typename T>
+void cuda_paged_attention_rope(void *out, void *q, void *k_pool, void *v_pool, const void *qkv, const void *block_tables,
+                               const void *seq, const void *pos, const void *slot_mapping, int n, int n_heads,
+                               int n_kv_heads, int head_dim, float theta, int block_size, int max_blocks);
 /* The training attention (backend.h attention, caches [S, L, KVD]) run by the paged kernel: what
  * cuda_attention does in the deterministic mode, so the trainer's and the engine's attention agree bit
  * for bit. */

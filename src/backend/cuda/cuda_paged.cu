@@ -281,6 +281,13 @@ struct PagedAttentionParams {
         max_blocks;
     int n, tc_tokens;     /* the tensor-core path: tokens, and tokens per CTA (16 / group with one split, else 1) */
     float qk_scale;       /* log2(e) / sqrt(Dh): scores come out in the log2 domain */
+    /* paged_attention_rope on the tensor-core path: q|k|v rows before rope (q above unused); the CTA ropes
+     * its group's q, and the CTA whose keys end at the token stores the token's k and v first. NULL: q is
+     * given roped and the pools hold every key. */
+    const void *qkv;
+    const int *slot_mapping;
+    const float *inv_freq;
+    int qkv_width;        /* (H + 2 KVH) Dh */
 };
 
 /* What one CTA computes: heads head0 .. head0 + heads_per_cta - 1 of token
@@ -542,8 +549,38 @@ __device__ void paged_tc_pass(const PagedAttentionParams &p, unsigned char *smem
     const int head0 = kv_head * p.group;
     __nv_bfloat16 *stage_base = q_s + S::TILE_ELEMS * (1 + warp * STAGES * 2); /* [STAGES][K, V][16][LDS] */
 
+    if (p.qkv) { /* paged_attention_rope (count == 1): qkv_rope_store's work for this CTA, its expressions */
+        constexpr int HALF = HEAD_DIM / 2;
+        const __nv_bfloat16 *row = (const __nv_bfloat16 *)p.qkv + (size_t)tok0 * p.qkv_width;
+        const float fpos = (float)p.pos[tok0];
+        const int slot = p.slot_mapping[tok0], kv_col = p.n_heads * HEAD_DIM + kv_head * HEAD_DIM;
+        const bool store = slot >= 0 && k_begin <= p.pos[tok0] && p.pos[tok0] < k_end; /* the split that reads it */
+        for (int e = tid; e < (G + 1) * HALF; e += PA_THREADS) {
+            const int r = e / HALF, j = e % HALF; /* r < G: query head head0 + r; r == G: the key */
+            if (r == G && !store) continue;
+            const __nv_bfloat16 *src = row + (r < G ? (head0 + r) * HEAD_DIM : kv_col);
+            float angle = fpos * p.inv_freq[j];
+            float c = cosf(angle), sn = sinf(angle);
+            float ak = __bfloat162float(src[j]), bk = __bfloat162float(src[j + HALF]);
+            float a = ak * c - bk * sn;
+            float b = bk * c + ak * sn;
+            if (r < G) {
+                q_s[r * LDS + j] = __float2bfloat16_rn(a), q_s[r * LDS + j + HALF] = __float2bfloat16_rn(b);
+            } else {
+                __nv_bfloat16 *kd = (__nv_bfloat16 *)p.k_pool + (size_t)slot * p.kv_dim + kv_head * HEAD_DIM;
+                __nv_bfloat16 *vd = (__nv_bfloat16 *)p.v_pool + (size_t)slot * p.kv_dim + kv_head * HEAD_DIM;
+                const __nv_bfloat16 *vs = row + kv_col + p.n_kv_heads * HEAD_DIM;
+                kd[j] = __float2bfloat16_rn(a), kd[j + HALF] = __float2bfloat16_rn(b);
+                vd[j] = vs[j], vd[j + HALF] = vs[j + HALF];
+            }
+        }
+        for (int c = tid; c < (16 - G) * CPR; c += PA_THREADS) /* rows past the group: zero */
+            *reinterpret_cast<uint4 *>(q_s + (G + c / CPR) * LDS + (c % CPR) * 8) = make_uint4(0, 0, 0, 0);
+        __threadfence_block();
+        __syncthreads(); /* the token's k and v are in the pool before any tile is staged */
+    }
     /* Q: row r = head r % G of token tok0 + r / G; rows past count x G zero. */
-    for (int c = tid; c < 16 * CPR; c += PA_THREADS) {
+    for (int c = p.qkv ? 16 * CPR : tid; c < 16 * CPR; c += PA_THREADS) {
         int r = c / CPR, part = c % CPR;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r < rows)
@@ -824,6 +861,16 @@ static int paged_heads_per_cta(int group) {
 }
 
 /* The tensor-core kernel for bf16 storage unless COLT_PAGED_TC=0 (read once). */
+/* paged_attention_rope's fused tensor-core path (COLT_FUSED_ROPE_ATTN=0: qkv_rope_store, then the kernel). */
+static bool paged_fused_rope(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("COLT_FUSED_ROPE_ATTN");
+        on = !(e && *e && atoi(e) == 0);
+    }
+    return on;
+}
+
 static bool paged_tensor_cores(void) {
     static int on = -1;
     if (on < 0) {
@@ -872,10 +919,13 @@ static void paged_launch_fast(const PagedAttentionParams &p, unsigned grid, cuda
     }
 }
 
+/* paged_attention; with qkv (paged_attention_rope) the tensor-core path ropes q and stores the token's K/V
+ * itself, and the other paths run qkv_rope_store into q first. */
 template <typename T>
-void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
-                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
-                          int block_size, int max_blocks) {
+static void paged_attention_impl(void *out, void *q, void *k_pool, void *v_pool, const void *block_tables,
+                                 const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                                 int block_size, int max_blocks, const void *qkv, const void *slot_mapping,
+                                 float theta) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim % 2 == 0 && head_dim <= PA_MAX_HEAD_DIM);
     CUDA_ASSERT_HOST(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
@@ -901,6 +951,13 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
         p.part_lse = p.part_out + partial_rows * head_dim;
     }
     p.n = n, p.tc_tokens = tc && p.splits == 1 ? paged_tc_tokens(n, p.group) : 1;
+    p.qkv = NULL, p.slot_mapping = NULL, p.inv_freq = NULL, p.qkv_width = 0;
+    if (qkv && tc && p.tc_tokens == 1 && aligned16(qkv) && paged_fused_rope()) {
+        p.qkv = qkv, p.slot_mapping = (const int *)slot_mapping, p.inv_freq = cuda_rope_inv_freq(head_dim, theta);
+        p.qkv_width = (n_heads + 2 * n_kv_heads) * head_dim;
+    } else if (qkv) {
+        cuda_qkv_rope_store<T>(q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim, theta);
+    }
     size_t grid = (tc ? ((size_t)n + p.tc_tokens - 1) / p.tc_tokens * n_kv_heads : base_ctas) * p.splits;
     CUDA_ASSERT_HOST(grid < (1u << 31));
     cudaStream_t st = cuda_stream();
@@ -915,6 +972,22 @@ void cuda_paged_attention(void *out, const void *q, const void *k_pool, const vo
             (T *)out, p.part_out, p.part_lse, p.seq, n_heads, head_dim, p.splits);
         LAUNCH_CHECK();
     }
+}
+
+template <typename T>
+void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
+                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                          int block_size, int max_blocks) {
+    paged_attention_impl<T>(out, (void *)q, (void *)k_pool, (void *)v_pool, block_tables, seq, pos, n, n_heads,
+                            n_kv_heads, head_dim, block_size, max_blocks, NULL, NULL, 0.0f);
+}
+
+template <typename T>
+void cuda_paged_attention_rope(void *out, void *q, void *k_pool, void *v_pool, const void *qkv, const void *block_tables,
+                               const void *seq, const void *pos, const void *slot_mapping, int n, int n_heads,
+                               int n_kv_heads, int head_dim, float theta, int block_size, int max_blocks) {
+    paged_attention_impl<T>(out, q, k_pool, v_pool, block_tables, seq, pos, n, n_heads, n_kv_heads, head_dim,
+                            block_size, max_blocks, qkv, slot_mapping, theta);
 }
 
 /* Deterministic mode's training attention: the [S, L, KVD] caches read as a
@@ -959,6 +1032,9 @@ void cuda_attention_paged(void *out, const void *q, const void *k_cache, const v
     template void cuda_paged_kv_store<T>(void *, void *, const void *, const void *, const void *, int, int);      \
     template void cuda_paged_attention<T>(void *, const void *, const void *, const void *, const void *,          \
                                           const void *, const void *, int, int, int, int, int, int);        \
+    template void cuda_paged_attention_rope<T>(void *, void *, void *, void *, const void *, const void *,         \
+                                               const void *, const void *, const void *, int, int, int, int, float, \
+                                               int, int);                                                       \
     template void cuda_attention_paged<T>(void *, const void *, const void *, const void *, const int *,           \
                                           const int *, int, int, int, int, int);
 INSTANTIATE(float)

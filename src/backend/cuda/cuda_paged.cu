@@ -232,7 +232,10 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
  * one split and over PA_TC_GROUP_MIN_TOKENS tokens in the call a CTA takes up to 16 / G consecutive
  * tokens of one sequence (a prefill chunk's) on the same K/V tiles. On an H200 it took decode
  * attention at batch 128 from 15.0 to 8.5 us per layer (0.5B) and 18.2 to 12.1 (1.5B);
- * COLT_PAGED_TC=0 keeps the kernels below.
+ * COLT_PAGED_TC=0 keeps the kernels below. paged_attention_rope (decode steps) hands this path q|k|v before
+ * rope: each CTA ropes its group's q into the Q tile and the CTA whose keys end at the token stores the
+ * token's k and v before staging any tile, with qkv_rope_store's expressions (bit-identical to the two ops;
+ * COLT_FUSED_ROPE_ATTN=0 runs them apart).
  *
  * Fast path (head_dim 64 or 128, 16-byte aligned q and pools): a K/V row is
  * read by TPR = Dh / (16 / sizeof(T)) threads, one 16-byte chunk each (a "row

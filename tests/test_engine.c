@@ -33,6 +33,17 @@ static int min_i(int a, int b) { return a < b ? a : b; }
     } while (0)
 
 
+/* The model in `dir` on the CPU backend, or NULL (a failed check). */
+static Model *load_cpu_model(const char *dir) {
+    char err[ERR_LEN];
+    Model *m = NULL;
+    if (model_load(&m, dir, backend_cpu(), err) != 0) {
+        CHECK(0, "%s", err);
+        return NULL;
+    }
+    return m;
+}
+
 /* Same tokens, finish reasons and log-probs (within tol) in at least min_same
  * sequences (the log-probs compared where the tokens agree). */
 static void compare(const char *what, const Requests *ref, const Requests *got, double tol, int min_same) {
@@ -55,11 +66,8 @@ static void compare(const char *what, const Requests *ref, const Requests *got, 
 
 static void run_model(const char *dir) {
     char err[ERR_LEN];
-    Model *m = NULL;
-    if (model_load(&m, dir, backend_cpu(), err) != 0) {
-        CHECK(0, "%s", err);
-        return;
-    }
+    Model *m = load_cpu_model(dir);
+    if (!m) return;
     const ModelConfig *c = model_config(m);
     printf("%s\n", dir);
     int stop[2] = {c->n_eos > 0 ? c->eos_token_ids[0] : 0, 7};
@@ -132,11 +140,8 @@ static void run_model(const char *dir) {
  * those log-probs are the trainer's forward's, bit for bit. */
 static void run_deterministic(const char *dir) {
     char err[ERR_LEN];
-    Model *m = NULL;
-    if (model_load(&m, dir, backend_cpu(), err) != 0) {
-        CHECK(0, "%s", err);
-        return;
-    }
+    Model *m = load_cpu_model(dir);
+    if (!m) return;
     const ModelConfig *c = model_config(m);
     printf("%s, deterministic mode\n", dir);
     SamplingParams greedy = sampling_params_greedy();
@@ -203,11 +208,8 @@ static void run_deterministic(const char *dir) {
 #define PC_SEQS 10
 static void run_prefix_cache(const char *dir) {
     char err[ERR_LEN];
-    Model *m = NULL;
-    if (model_load(&m, dir, backend_cpu(), err) != 0) {
-        CHECK(0, "%s", err);
-        return;
-    }
+    Model *m = load_cpu_model(dir);
+    if (!m) return;
     const ModelConfig *c = model_config(m);
     printf("%s, prefix caching (deterministic mode)\n", dir);
     /* A 37-token shared prefix with tails of 1-20 tokens; seq 3 = seq 2; seq 5 is seq 4's first 33 tokens;

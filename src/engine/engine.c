@@ -124,26 +124,31 @@ static uint64_t cache_hash(int parent, unsigned parent_gen, const int *tokens, i
     return h;
 }
 
-/* The registered block holding `tokens` after `parent` (-1: at the start), or -1. */
-static int cache_lookup(const Engine *e, int parent, const int *tokens) {
+/* The registered block holding `tokens` after `parent` (-1: at the start), or -1; *slot gets their bucket. */
+static int cache_find(const Engine *e, int parent, const int *tokens, uint64_t *slot) {
     const PrefixCache *c = &e->cache;
     unsigned pgen = parent >= 0 ? c->gen[parent] : 0;
-    for (int b = c->bucket[cache_hash(parent, pgen, tokens, e->block_size) & c->mask]; b >= 0; b = c->chain[b])
+    *slot = cache_hash(parent, pgen, tokens, e->block_size) & c->mask;
+    for (int b = c->bucket[*slot]; b >= 0; b = c->chain[b])
         if (c->parent[b] == parent && c->parent_gen[b] == pgen &&
             memcmp(c->tokens + (size_t)b * e->block_size, tokens, sizeof(int) * (size_t)e->block_size) == 0)
             return b;
     return -1;
 }
 
+static int cache_lookup(const Engine *e, int parent, const int *tokens) {
+    uint64_t slot;
+    return cache_find(e, parent, tokens, &slot);
+}
+
 /* Registers block b (full, held by a sequence) unless its content is already there. */
 static void cache_register(Engine *e, int b, int parent, const int *tokens) {
     PrefixCache *c = &e->cache;
-    if (cache_lookup(e, parent, tokens) >= 0) return;
-    int *dst = c->tokens + (size_t)b * e->block_size;
-    memcpy(dst, tokens, sizeof(int) * (size_t)e->block_size);
+    uint64_t slot;
+    if (cache_find(e, parent, tokens, &slot) >= 0) return;
+    memcpy(c->tokens + (size_t)b * e->block_size, tokens, sizeof(int) * (size_t)e->block_size);
     c->parent[b] = parent;
     c->parent_gen[b] = parent >= 0 ? c->gen[parent] : 0;
-    uint64_t slot = cache_hash(parent, c->parent_gen[b], tokens, e->block_size) & c->mask;
     c->chain[b] = c->bucket[slot];
     c->bucket[slot] = b;
     c->registered[b] = true;

@@ -133,6 +133,11 @@ int *cuda_upload_indices(const int *const *host_arrays, int count, int n) {
     return x->dev;
 }
 
+int cuda_env_int(const char *name, int fallback) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : fallback;
+}
+
 void *cuda_scratch(size_t bytes) {
     if (bytes > g_cuda.scratch_cap) {
         size_t cap = g_cuda.scratch_cap ? g_cuda.scratch_cap : ((size_t)1 << 16);

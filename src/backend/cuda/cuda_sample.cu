@@ -340,6 +340,41 @@ __device__ void block_draw_find(const Row<T> &r, Keep keep, int chunk, unsigned 
     __syncthreads();
 }
 
+/* Where a row's results go: tokens[row], logprobs[row], and sequence s's history. */
+struct RowOut {
+    int *tokens;
+    float *logprobs;
+    int *history, *history_len;
+    int history_stride, row, s;
+};
+
+/* A row's last step, once thread t holds its chunk's mass and the block S_drawn (the mass of the
+ * distribution drawn from): unless greedy, the inverse CDF over the kept ids in id order (the chunk
+ * masses in fixed point scanned across the block, the chunk holding u * total walked by a warp); then
+ * thread 0 stores the token, its log-prob and the history append. */
+template <typename T>
+__device__ void draw_and_store(const Row<T> &r, Keep keep, double mass, double S_drawn, int best_id, bool greedy,
+                               const SampleArgs &a, const int *streams, const int *counters, const RowOut &o,
+                               SampleShared &sh) {
+    int token = best_id;
+    float token_z = r.max_z;
+    if (!greedy) {
+        unsigned long long q = to_fixed(mass), total;
+        if (threadIdx.x == 0) sh.find_thread = 0; /* total > 0 (the max has e = 1), so one thread takes it */
+        unsigned long long before = block_exclusive_scan(q, &total, sh);
+        float u = philox_uniform(a.seed, (uint64_t)streams[o.row], (uint64_t)counters[o.row]);
+        unsigned long long target = (unsigned long long)((double)u * (double)total); /* < total: u < 1 */
+        block_draw_find(r, keep, chunk_size(r.V), before, q, target, a.sequential_find != 0, sh);
+        token = sh.id, token_z = sh.token_z;
+    }
+    if (threadIdx.x == 0) {
+        o.tokens[o.row] = token;
+        o.logprobs[o.row] = (float)((double)token_z - ((double)r.max_z + log(S_drawn)));
+        if (o.history && o.history_len[o.s] < o.history_stride)
+            o.history[(size_t)o.s * o.history_stride + o.history_len[o.s]++] = token;
+    }
+}
+
 /* The n-th (from 1) id, ascending, whose e equals v: a count per chunk, a scan,
  * and a walk in the chunk that holds it. Returned to every thread. */
 template <typename T> __device__ int nth_id_with_e(const Row<T> &r, float v, unsigned n, int begin, int end,
@@ -604,27 +639,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     const double S = block_sum(mass, sh);
     double S_drawn = S; /* mass of the distribution drawn from */
 
-    int token = best_id;
-    float token_z = r.max_z;
-    if (!greedy) { /* inverse CDF over the kept ids in id order */
-        if (a.top_k > 0 || a.top_p < 1.0f || a.min_p > 0.0f) {
-            keep = filter(r, a, S, sizeof(T) == 2 && !penalty, begin, end, sh);
-            if (keep.cut > 0.0f || keep.last_tie_id != INT_MAX) mass = chunk_mass(r, keep, begin, end);
-            S_drawn = block_sum(mass, sh); /* the log-prob is renormalised over the kept set */
-        }
-        unsigned long long q = to_fixed(mass), total;
-        if (threadIdx.x == 0) sh.find_thread = 0; /* total > 0 (the max has e = 1), so one thread takes it */
-        unsigned long long before = block_exclusive_scan(q, &total, sh);
-        float u = philox_uniform(a.seed, (uint64_t)streams[row], (uint64_t)counters[row]);
-        unsigned long long target = (unsigned long long)((double)u * (double)total); /* < total: u < 1 */
-        block_draw_find(r, keep, chunk, before, q, target, a.sequential_find != 0, sh);
-        token = sh.id, token_z = sh.token_z;
+    if (!greedy && (a.top_k > 0 || a.top_p < 1.0f || a.min_p > 0.0f)) {
+        keep = filter(r, a, S, sizeof(T) == 2 && !penalty, begin, end, sh);
+        if (keep.cut > 0.0f || keep.last_tie_id != INT_MAX) mass = chunk_mass(r, keep, begin, end);
+        S_drawn = block_sum(mass, sh); /* the log-prob is renormalised over the kept set */
     }
-    if (threadIdx.x == 0) {
-        tokens[row] = token;
-        logprobs[row] = (float)((double)token_z - ((double)r.max_z + log(S_drawn)));
-        if (history && history_len[s] < history_stride) history[(size_t)s * history_stride + history_len[s]++] = token;
-    }
+    RowOut o = {tokens, logprobs, history, history_len, history_stride, row, s};
+    draw_and_store(r, keep, mass, S_drawn, best_id, greedy, a, streams, counters, o, sh);
 }
 
 /* ---------------------------------------------------------------- small batches: a row over many CTAs */
@@ -744,25 +765,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     split_row_max(sc, row, best, best_id, sh);
     Row<T> r = {logits + (size_t)row * V, V, vec != 0, NULL, 1.0f, greedy ? 1.0f : a.temperature, 0.0f};
     r.max_z = r.z_of(best);
-    const int chunk = chunk_size(V), begin = min(V, threadIdx.x * chunk), end = min(V, begin + chunk);
     const Keep keep = {0.0f, -1.0f, INT_MAX};
     const double mass = sc->mass[row][threadIdx.x], S = block_sum(mass, sh);
-    int token = best_id;
-    float token_z = r.max_z;
-    if (!greedy) { /* as in sample_kernel */
-        unsigned long long q = to_fixed(mass), total;
-        if (threadIdx.x == 0) sh.find_thread = 0;
-        unsigned long long before = block_exclusive_scan(q, &total, sh);
-        float u = philox_uniform(a.seed, (uint64_t)streams[row], (uint64_t)counters[row]);
-        unsigned long long target = (unsigned long long)((double)u * (double)total);
-        block_draw_find(r, keep, chunk, before, q, target, a.sequential_find != 0, sh);
-        token = sh.id, token_z = sh.token_z;
-    }
-    if (threadIdx.x == 0) {
-        tokens[row] = token;
-        logprobs[row] = (float)((double)token_z - ((double)r.max_z + log(S)));
-        if (history && history_len[s] < history_stride) history[(size_t)s * history_stride + history_len[s]++] = token;
-    }
+    RowOut o = {tokens, logprobs, history, history_len, history_stride, row, s};
+    draw_and_store(r, keep, mass, S, best_id, greedy, a, streams, counters, o, sh);
 }
 
 /* The scratch of the split path, allocated once (not while a stream is being captured). */
@@ -775,8 +781,7 @@ extern "C" void cuda_sample_sequential_find(int on) { g_sequential_find = on; }
 
 static int split_max_rows(void) {
     if (g_split_max_rows < 0) {
-        const char *env = getenv("COLT_SAMPLE_SPLIT_ROWS");
-        g_split_max_rows = env ? atoi(env) : SPLIT_MAX_ROWS;
+        g_split_max_rows = cuda_env_int("COLT_SAMPLE_SPLIT_ROWS", SPLIT_MAX_ROWS);
         if (g_split_max_rows > SPLIT_MAX_ROWS) g_split_max_rows = SPLIT_MAX_ROWS;
     }
     return g_split_max_rows;
@@ -801,7 +806,7 @@ void cuda_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, c
     size_t bitmap_bytes = penalty ? (size_t)((vocab + 31) / 32) * sizeof(unsigned) : 0;
     CUDA_ASSERT_HOST(bitmap_bytes <= SAMPLE_MAX_BITMAP_BYTES); /* vocab <= 327680 with a repetition penalty */
     int vec = ((uintptr_t)logits & 15u) == 0 && vocab % GROUP == 0;
-    if (g_sequential_find < 0) g_sequential_find = getenv("COLT_SAMPLE_SEQUENTIAL_FIND") ? atoi(getenv("COLT_SAMPLE_SEQUENTIAL_FIND")) : 0;
+    if (g_sequential_find < 0) g_sequential_find = cuda_env_int("COLT_SAMPLE_SEQUENTIAL_FIND", 0);
     SampleArgs a = {p->temperature, p->top_p, p->min_p, p->repetition_penalty, p->top_k, p->seed, g_sequential_find};
     const bool filtered = p->temperature != 0.0f && (p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f);
     SplitScratch *sc = n <= split_max_rows() && !filtered && !penalty ? split_scratch() : NULL;

@@ -52,15 +52,6 @@ extern int g_cuda_sync_each_launch;
         if (g_cuda_sync_each_launch) CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); \
     } while (0)
 
-/* Rope's rotation of the pair (a, b) by angle = pos * inv_freq[j]: every kernel that ropes (rope_i32,
- * qkv_rope_store, the fused decode attention, decode_layers) goes through this one expression, so
- * their bits agree by construction. */
-__device__ __forceinline__ void rope_rotate(float a, float b, float angle, float *ra, float *rb) {
-    float c = cosf(angle), s = sinf(angle);
-    *ra = a * c - b * s;
-    *rb = b * c + a * s;
-}
-
 /* An integer setting from the environment, `fallback` when unset or empty (callers cache it). */
 int cuda_env_int(const char *name, int fallback);
 

@@ -495,17 +495,17 @@ __device__ void dl_attend(const DlParams &p, const DlLayer &L, int item, float *
     if (seq < 0) return; /* padding: dl_gather_attention writes zeros */
     const int pos = it.pos;
     const bf16 *row = p.qkv + (size_t)t * p.W;
-    /* Rope (rope_rotate, as qkv_rope_store), rounded to bf16 as stored; q pre-scaled. */
+    /* Rope (qkv_rope_store's expressions), rounded to bf16 as stored; q pre-scaled. */
     if (tid < HALF) {
         int j = tid;
-        const float angle = (float)pos * p.inv_freq[j];
+        float angle = (float)pos * p.inv_freq[j];
+        float c = cosf(angle), sn = sinf(angle);
         const bf16 *qh = row + h * HEAD_DIM, *kh = row + p.QD + kvh * HEAD_DIM, *vh = kh + p.KVH * HEAD_DIM;
-        float q0, q1, k0, k1;
-        rope_rotate(dl_ldcg_bf16(qh + j), dl_ldcg_bf16(qh + j + HALF), angle, &q0, &q1);
-        q_s[j] = bf16_round(q0) * p.qk_scale;
-        q_s[j + HALF] = bf16_round(q1) * p.qk_scale;
-        rope_rotate(dl_ldcg_bf16(kh + j), dl_ldcg_bf16(kh + j + HALF), angle, &k0, &k1);
-        k0 = bf16_round(k0), k1 = bf16_round(k1);
+        float a = dl_ldcg_bf16(qh + j), b = dl_ldcg_bf16(qh + j + HALF);
+        q_s[j] = bf16_round(a * c - b * sn) * p.qk_scale;
+        q_s[j + HALF] = bf16_round(b * c + a * sn) * p.qk_scale;
+        a = dl_ldcg_bf16(kh + j), b = dl_ldcg_bf16(kh + j + HALF);
+        float k0 = bf16_round(a * c - b * sn), k1 = bf16_round(b * c + a * sn);
         k_s[j] = k0, k_s[j + HALF] = k1;
         float v0 = dl_ldcg_bf16(vh + j), v1 = dl_ldcg_bf16(vh + j + HALF);
         v_s[j] = v0, v_s[j + HALF] = v1;

@@ -205,10 +205,11 @@ __global__ void qkv_rope_store_kernel(T *q, T *k_pool, T *v_pool, const T *qkv, 
             dst[j + half] = v[j + half];
             continue;
         }
-        float a, b;
-        rope_rotate(to_float(v[j]), to_float(v[j + half]), (float)pos[i] * inv_freq[j], &a, &b);
-        dst[j] = from_float<T>(a);
-        dst[j + half] = from_float<T>(b);
+        float angle = (float)pos[i] * inv_freq[j];
+        float c = cosf(angle), s = sinf(angle);
+        float a = to_float(v[j]), b = to_float(v[j + half]);
+        dst[j] = from_float<T>(a * c - b * s);
+        dst[j + half] = from_float<T>(b * c + a * s);
     }
 }
 
@@ -238,7 +239,13 @@ __global__ void qkv_rope_store_vec_kernel(T *q, T *k_pool, T *v_pool, const T *q
         Vec8<T>::load(v + j0, a);
         Vec8<T>::load(v + j0 + half, b);
 #pragma unroll
-        for (int k = 0; k < 8; k++) rope_rotate(a[k], b[k], p * inv_freq[j0 + k], &a[k], &b[k]);
+        for (int k = 0; k < 8; k++) {
+            float angle = p * inv_freq[j0 + k];
+            float c = cosf(angle), s = sinf(angle);
+            float ak = a[k], bk = b[k];
+            a[k] = ak * c - bk * s;
+            b[k] = bk * c + ak * s;
+        }
         Vec8<T>::store(dst + j0, a);
         Vec8<T>::store(dst + j0 + half, b);
     }

@@ -155,11 +155,12 @@ __global__ void rope_i32_kernel(T *x, const int *pos, const float *inv_freq, int
         int j = (int)(e % half);
         size_t ih = e / half; /* token * n_heads + head */
         size_t i = ih / n_heads;
+        float angle = (float)pos[i] * inv_freq[j];
+        float c = cosf(angle), s = sinf(angle);
         T *v = x + ih * head_dim;
-        float a, b;
-        rope_rotate(to_float(v[j]), to_float(v[j + half]), (float)pos[i] * inv_freq[j], &a, &b);
-        v[j] = from_float<T>(a);
-        v[j + half] = from_float<T>(b);
+        float a = to_float(v[j]), b = to_float(v[j + half]);
+        v[j] = from_float<T>(a * c - b * s);
+        v[j + half] = from_float<T>(b * c + a * s);
     }
 }
 
@@ -178,7 +179,13 @@ __global__ void rope_i32_vec_kernel(T *x, const int *pos, const float *inv_freq,
         load8(v + j0, a);
         load8(v + j0 + half, b);
 #pragma unroll
-        for (int k = 0; k < 8; k++) rope_rotate(a[k], b[k], p * inv_freq[j0 + k], &a[k], &b[k]);
+        for (int k = 0; k < 8; k++) {
+            float angle = p * inv_freq[j0 + k];
+            float c = cosf(angle), s = sinf(angle);
+            float ak = a[k], bk = b[k];
+            a[k] = ak * c - bk * s;
+            b[k] = bk * c + ak * s;
+        }
         store8(v + j0, a);
         store8(v + j0 + half, b);
     }
@@ -545,7 +552,7 @@ __device__ void paged_tc_pass(const PagedAttentionParams &p, unsigned char *smem
     const int head0 = kv_head * p.group;
     __nv_bfloat16 *stage_base = q_s + S::TILE_ELEMS * (1 + warp * STAGES * 2); /* [STAGES][K, V][16][LDS] */
 
-    if (p.qkv) { /* paged_attention_rope (count == 1): qkv_rope_store's work for this CTA */
+    if (p.qkv) { /* paged_attention_rope (count == 1): qkv_rope_store's work for this CTA, its expressions */
         constexpr int HALF = HEAD_DIM / 2;
         const __nv_bfloat16 *row = (const __nv_bfloat16 *)p.qkv + (size_t)tok0 * p.qkv_width;
         const float fpos = (float)p.pos[tok0];
@@ -555,8 +562,11 @@ __device__ void paged_tc_pass(const PagedAttentionParams &p, unsigned char *smem
             const int r = e / HALF, j = e % HALF; /* r < G: query head head0 + r; r == G: the key */
             if (r == G && !store) continue;
             const __nv_bfloat16 *src = row + (r < G ? (head0 + r) * HEAD_DIM : kv_col);
-            float a, b;
-            rope_rotate(__bfloat162float(src[j]), __bfloat162float(src[j + HALF]), fpos * p.inv_freq[j], &a, &b);
+            float angle = fpos * p.inv_freq[j];
+            float c = cosf(angle), sn = sinf(angle);
+            float ak = __bfloat162float(src[j]), bk = __bfloat162float(src[j + HALF]);
+            float a = ak * c - bk * sn;
+            float b = bk * c + ak * sn;
             if (r < G) {
                 q_s[r * LDS + j] = __float2bfloat16_rn(a), q_s[r * LDS + j + HALF] = __float2bfloat16_rn(b);
             } else {

@@ -643,7 +643,9 @@ __device__ void dl_gather_attention(const DlParams &p, bf16 *act, int stride) {
 
 /* ---------------------------------------------------------------- the kernel */
 
-template <int NT, int HEAD_DIM, bool RING>
+/* PROF: compiled with COLT_DECODE_PROFILE's counting (p.prof); without it the counting code is not there
+ * at all (its untaken branches and the store they guard cost 1-2.5% at one and two tokens on an H200). */
+template <int NT, int HEAD_DIM, bool RING, bool PROF>
 __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
     DlLayer *lay = reinterpret_cast<DlLayer *>(smem);                            /* [n_layers] */
@@ -671,7 +673,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
         for (int k = 0; k < p.ring; k++) dl_stream_issue(s, p, lay, k);
     }
     unsigned barriers = 0;
-    DlProf pf{p.prof && blockIdx.x == 0 && threadIdx.x == 0 ? p.prof : NULL, clock64()};
+    DlProf pf{PROF && p.prof && blockIdx.x == 0 && threadIdx.x == 0 ? p.prof : NULL, clock64()};
     auto barrier = [&](int phase, auto &&while_waiting) { /* while_waiting: work that needs no other CTA */
         pf.mark(DL_PROF_PARTS * phase + 2);
         grid_barrier_arrive(p.barrier);
@@ -778,13 +780,15 @@ extern "C" void cuda_decode_layers_set_tokens(int tokens) { g_decode_layers_toke
 /* Launches so far (host calls, not graph replays). */
 extern "C" long cuda_decode_layers_calls(void) { return g_decode_layers_calls; }
 
-template <int NT, int HD> static void *dl_kernel(bool ring) {
-    return ring ? (void *)decode_layers_kernel<NT, HD, true> : (void *)decode_layers_kernel<NT, HD, false>;
+template <int NT, int HD> static void *dl_kernel(bool ring, bool prof) {
+    if (prof) return ring ? (void *)decode_layers_kernel<NT, HD, true, true> : (void *)decode_layers_kernel<NT, HD, false, true>;
+    return ring ? (void *)decode_layers_kernel<NT, HD, true, false> : (void *)decode_layers_kernel<NT, HD, false, false>;
 }
 
-static void *dl_kernel_for(int nt, int head_dim, bool ring) {
-    if (head_dim == 64) return nt == 1 ? dl_kernel<1, 64>(ring) : nt == 2 ? dl_kernel<2, 64>(ring) : dl_kernel<4, 64>(ring);
-    return nt == 1 ? dl_kernel<1, 128>(ring) : nt == 2 ? dl_kernel<2, 128>(ring) : dl_kernel<4, 128>(ring);
+static void *dl_kernel_for(int nt, int head_dim, bool ring, bool prof = false) {
+    if (head_dim == 64)
+        return nt == 1 ? dl_kernel<1, 64>(ring, prof) : nt == 2 ? dl_kernel<2, 64>(ring, prof) : dl_kernel<4, 64>(ring, prof);
+    return nt == 1 ? dl_kernel<1, 128>(ring, prof) : nt == 2 ? dl_kernel<2, 128>(ring, prof) : dl_kernel<4, 128>(ring, prof);
 }
 
 static int dl_nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
@@ -860,14 +864,15 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
         while (ring > 0 && fixed + (size_t)ring * DL_ROUND_BYTES > limit_ring) ring--;
         if (fixed > dl_dynamic_shared_limit(dl_kernel_for(nt, Dh, false))) break;
         bool resident = true; /* a cooperative launch needs every CTA resident: one per SM */
-        for (int with_ring = 0; with_ring < 2; with_ring++) {
-            void *kernel = dl_kernel_for(nt, Dh, with_ring);
-            size_t bytes = fixed + (with_ring ? (size_t)ring * DL_ROUND_BYTES : 0);
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-            int blocks = 0;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, DL_THREADS, bytes));
-            if (blocks < 1) resident = false;
-        }
+        for (int with_ring = 0; with_ring < 2; with_ring++)
+            for (int prof = 0; prof < 2; prof++) {
+                void *kernel = dl_kernel_for(nt, Dh, with_ring, prof);
+                size_t bytes = fixed + (with_ring ? (size_t)ring * DL_ROUND_BYTES : 0);
+                CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+                int blocks = 0;
+                CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, DL_THREADS, bytes));
+                if (blocks < 1) resident = false;
+            }
         if (!resident) break;
         plan->ring[dl_nt_index(nt)] = ring;
         plan->smem_fixed[dl_nt_index(nt)] = fixed;
@@ -949,7 +954,8 @@ static void dl_launch(DecodePlanCuda *plan, int nt, int ring, void *x, const voi
     cudaStream_t st = cuda_stream();
     CUDA_CHECK(cudaMemsetAsync(plan->d_barrier, 0, sizeof(unsigned), st));
     void *args[] = {&p};
-    CUDA_CHECK(cudaLaunchCooperativeKernel(dl_kernel_for(nt, p.Dh, ring > 0), dim3(plan->grid), dim3(DL_THREADS), args,
+    void *kernel = dl_kernel_for(nt, p.Dh, ring > 0, p.prof != NULL);
+    CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, dim3(plan->grid), dim3(DL_THREADS), args,
                                            plan->smem_fixed[dl_nt_index(nt)] + (size_t)ring * DL_ROUND_BYTES, st));
     LAUNCH_CHECK();
 }

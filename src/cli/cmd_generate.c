@@ -114,13 +114,10 @@ static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, cons
         } else if ((text && !json_is_string(text)) || (chat && !json_is_string(chat)) ||
                    (msgs && !json_is_array(msgs)) || (ids && !json_is_array(ids))) {
             rc = errorf(err, "%s: \"prompt\" and \"chat\" take a string, \"messages\" and \"ids\" an array", where);
+        } else if (chat && !(msgs = wrapped = json_pack("[{s:s,s:s}]", "role", "user", "content",
+                                                         json_string_value(chat)))) {
+            rc = errorf(err, "%s: \"chat\" could not be wrapped as a message", where);
         } else {
-            if (chat && !(msgs = wrapped = json_pack("[{s:s,s:s}]", "role", "user", "content",
-                                                      json_string_value(chat)))) {
-                rc = errorf(err, "%s: \"chat\" could not be wrapped as a message", where);
-                json_decref(o);
-                break;
-            }
             if (n == cap) {
                 cap *= 2;
                 *prompts = xrealloc(*prompts, sizeof(int *) * (size_t)cap);

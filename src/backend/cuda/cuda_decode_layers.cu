@@ -26,7 +26,9 @@
  * in shared memory (only its o and down projections write them) and reads the phase's bias while
  * the norm runs, saving a round trip to memory in three epilogues.
  * (Asking the L2 for the next phases' slices ahead, cp.async.bulk.prefetch.L2, was measured slower
- * on an H200 at every distance tried, 128-512 KB per CTA, and is not done.)
+ * on an H200 at every distance tried, 128-512 KB per CTA, and is not done. Nor is splitting the down
+ * projection by columns to drop the D -> E barrier: each CTA's ~160-byte slices of W_d's rows stream
+ * ~3x slower than whole rows, 10-35% slower in all; README, "Later attempts".)
  *
  * The values are the op sequence's (model_paged.c) up to summation order (and attention's
  * probabilities: the op sequence's tensor-core attention rounds them to bf16 before P V, this kernel

@@ -53,7 +53,8 @@
  * per phase, 5 phases per layer, against 6.2 us of weight bytes per layer at 0.5B.
  * (bench_grid_sync measures that floor alone: 1.07 us per barrier, 1.58 us with the read of an
  * 896-float vector.) COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products,
- * the dot products, reduction + epilogue, barrier) and the rings picked; COLT_DECODE_RING=k
+ * the dot products, reduction + epilogue, barrier), every CTA's gate|up and down dot products (how
+ * evenly the shares take) and the rings picked; COLT_DECODE_RING=k
  * forces k rounds (0: direct loads) instead of timing.
  *
  * Dimension legend: N tokens, D hidden, F intermediate, H query heads, KVH key/value heads, Dh head
@@ -90,6 +91,7 @@ struct DlParams {
     float *part;           /* [N * H * S, Dh + 2]: output (unnormalised), max (log2 domain), sum */
     unsigned *barrier;
     unsigned long long *prof; /* COLT_DECODE_PROFILE: CTA 0's cycles per phase, computing / waiting; launches */
+    unsigned long long *prof_cta; /* COLT_DECODE_PROFILE: per CTA, cycles of gate|up's and down's dot products */
 };
 
 #define DL_PHASES 5
@@ -102,11 +104,21 @@ struct DlParams {
 struct DlProf {
     unsigned long long *slots; /* NULL: off */
     long long t;
+    unsigned long long *cta; /* thread 0 of every CTA: [2] of p.prof_cta (NULL: off) */
+    long long t_cta;
     __device__ void mark(int slot) {
         if (!slots) return;
         long long now = clock64();
         slots[slot] += (unsigned long long)(now - t);
         t = now;
+    }
+    /* The CTA's dot products of gate|up (phase 3) or down (4): from the start of the first warp's to
+     * the end of the last warp's. */
+    __device__ void cta_begin() {
+        if (cta) t_cta = clock64();
+    }
+    __device__ void cta_end(int phase) {
+        if (cta && (phase == 3 || phase == 4)) cta[phase - 3] += (unsigned long long)(clock64() - t_cta);
     }
 };
 
@@ -342,6 +354,7 @@ template <int NT, bool TWO, bool RING, typename Epi>
 __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const DlLayer *lay, const bf16 *act,
                         int stride, int n, float *red, DlProf &pf, int phase, Epi epi) {
     pf.mark(DL_PROF_PARTS * phase);
+    pf.cta_begin();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = g.ks, slots = g.rows * ks;
     const int parts = TWO ? 2 : 1;
     constexpr int U = TWO ? DL_ROUND / 2 : DL_ROUND;
@@ -414,6 +427,7 @@ __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const D
     }
     pf.mark(DL_PROF_PARTS * phase + 1);
     __syncthreads();
+    pf.cta_end(phase);
     for (int e = threadIdx.x; e < g.rows * n; e += DL_THREADS) {
         int r = e / n, t = e % n;
         float sum = 0.0f, sum2 = 0.0f;
@@ -675,7 +689,8 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
         for (int k = 0; k < p.ring; k++) dl_stream_issue(s, p, lay, k);
     }
     unsigned barriers = 0;
-    DlProf pf{PROF && p.prof && blockIdx.x == 0 && threadIdx.x == 0 ? p.prof : NULL, clock64()};
+    DlProf pf{PROF && p.prof && blockIdx.x == 0 && threadIdx.x == 0 ? p.prof : NULL, clock64(),
+              PROF && p.prof_cta && threadIdx.x == 0 ? p.prof_cta + 2 * blockIdx.x : NULL, 0};
     auto barrier = [&](int phase, auto &&while_waiting) { /* while_waiting: work that needs no other CTA */
         pf.mark(DL_PROF_PARTS * phase + 2);
         grid_barrier_arrive(p.barrier);
@@ -752,7 +767,7 @@ struct DecodePlanCuda {
     float *d_inv_freq, *d_part;
     bf16 *d_qkv, *d_h;
     unsigned *d_barrier;
-    unsigned long long *d_prof; /* COLT_DECODE_PROFILE=1 */
+    unsigned long long *d_prof, *d_prof_cta; /* COLT_DECODE_PROFILE=1 */
     int max_tokens, grid;
     int ring[3];           /* per NT = 1, 2, 4: the weight stream's rounds, 0 = direct loads */
     size_t smem_fixed[3];  /* per NT: shared memory beside the ring */
@@ -909,14 +924,48 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     if (prof && atoi(prof) > 0) {
         CUDA_CHECK(cudaMalloc(&plan->d_prof, sizeof(unsigned long long) * DL_PROF_SLOTS));
         CUDA_CHECK(cudaMemset(plan->d_prof, 0, sizeof(unsigned long long) * DL_PROF_SLOTS));
+        CUDA_CHECK(cudaMalloc(&plan->d_prof_cta, sizeof(unsigned long long) * 2 * plan->grid));
+        CUDA_CHECK(cudaMemset(plan->d_prof_cta, 0, sizeof(unsigned long long) * 2 * plan->grid));
     }
-    p.prof = plan->d_prof;
+    p.prof = plan->d_prof, p.prof_cta = plan->d_prof_cta;
     p.layers = plan->d_layers, p.inv_freq = plan->d_inv_freq, p.part = plan->d_part;
     p.qkv = plan->d_qkv, p.h = plan->d_h, p.barrier = plan->d_barrier;
     if (!(ring_env && *ring_env)) dl_pick_rings(plan);
     if (getenv("COLT_DECODE_PROFILE"))
         fprintf(stderr, "decode_layers: ring rounds per NT 1/2/4: %d %d %d\n", plan->ring[0], plan->ring[1], plan->ring[2]);
     return plan;
+}
+
+/* COLT_DECODE_PROFILE: how evenly the CTAs' equal shares of gate|up and down take (us per launch),
+ * the slowest and the fastest CTAs by their total. */
+static void dl_print_cta_profile(const unsigned long long *d_cta, int grid, double per) {
+    unsigned long long *c = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * grid);
+    int *order = (int *)malloc(sizeof(int) * grid);
+    CUDA_CHECK(cudaMemcpy(c, d_cta, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+    static const char *names[2] = {"gate|up", "down"};
+    for (int k = 0; k < 2; k++) {
+        double lo = 1e30, hi = 0, sum = 0;
+        for (int i = 0; i < grid; i++) {
+            double v = c[2 * i + k] * per;
+            lo = v < lo ? v : lo, hi = v > hi ? v : hi, sum += v;
+        }
+        fprintf(stderr, "decode_layers per-CTA %s dot products (us per launch): mean %.1f, min %.1f, max %.1f\n", names[k],
+                sum / grid, lo, hi);
+    }
+    for (int i = 0; i < grid; i++) order[i] = i;
+    for (int i = 1; i < grid; i++) /* by gate|up + down, slowest first */
+        for (int j = i; j > 0 && c[2 * order[j]] + c[2 * order[j] + 1] > c[2 * order[j - 1]] + c[2 * order[j - 1] + 1]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    fprintf(stderr, "decode_layers per-CTA gate|up + down, slowest:");
+    for (int i = 0; i < 12 && i < grid; i++) fprintf(stderr, " %d:%.0f", order[i], (c[2 * order[i]] + c[2 * order[i] + 1]) * per);
+    fprintf(stderr, "; fastest:");
+    for (int i = grid - 12 > 0 ? grid - 12 : 0; i < grid; i++)
+        fprintf(stderr, " %d:%.0f", order[i], (c[2 * order[i]] + c[2 * order[i] + 1]) * per);
+    fprintf(stderr, "\n");
+    free(c);
+    free(order);
 }
 
 extern "C" void cuda_decode_layers_free(void *handle) {
@@ -939,6 +988,8 @@ extern "C" void cuda_decode_layers_free(void *handle) {
         }
         fprintf(stderr, " waiting on the weight ring %.1f\n", c[DL_PROF_STALL] * per);
         CUDA_CHECK(cudaFree(plan->d_prof));
+        dl_print_cta_profile(plan->d_prof_cta, plan->grid, per);
+        CUDA_CHECK(cudaFree(plan->d_prof_cta));
     }
     void *bufs[] = {plan->d_layers, plan->d_inv_freq, plan->d_part, plan->d_qkv, plan->d_h, plan->d_barrier};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) CUDA_CHECK(cudaFree(bufs[k]));

@@ -941,6 +941,11 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
 static void dl_print_cta_profile(const unsigned long long *d_cta, int grid, double per) {
     unsigned long long *c = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * grid);
     int *order = (int *)malloc(sizeof(int) * grid);
+    if (!c || !order) {
+        free(c);
+        free(order);
+        return;
+    }
     CUDA_CHECK(cudaMemcpy(c, d_cta, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
     static const char *names[2] = {"gate|up", "down"};
     for (int k = 0; k < 2; k++) {

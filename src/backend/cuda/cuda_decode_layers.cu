@@ -784,8 +784,7 @@ static long g_decode_layers_calls = 0;
 
 static int decode_layers_tokens(void) {
     if (g_decode_layers_tokens < 0) {
-        const char *e = getenv("COLT_DECODE_LAYERS");
-        g_decode_layers_tokens = e && *e ? atoi(e) : DL_DEFAULT_TOKENS;
+        g_decode_layers_tokens = cuda_env_int("COLT_DECODE_LAYERS", DL_DEFAULT_TOKENS);
         if (g_decode_layers_tokens < 0) g_decode_layers_tokens = 0;
     }
     return g_decode_layers_tokens;
@@ -920,8 +919,8 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     CUDA_CHECK(cudaMemcpy(plan->d_layers, host, sizeof(DlLayer) * d->n_layers, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(plan->d_inv_freq, table, sizeof(float) * Dh / 2, cudaMemcpyHostToDevice));
     free(host);
-    const char *prof = getenv("COLT_DECODE_PROFILE");
-    if (prof && atoi(prof) > 0) {
+    const bool profile = cuda_env_int("COLT_DECODE_PROFILE", 0) > 0;
+    if (profile) {
         CUDA_CHECK(cudaMalloc(&plan->d_prof, sizeof(unsigned long long) * DL_PROF_SLOTS));
         CUDA_CHECK(cudaMemset(plan->d_prof, 0, sizeof(unsigned long long) * DL_PROF_SLOTS));
         CUDA_CHECK(cudaMalloc(&plan->d_prof_cta, sizeof(unsigned long long) * 2 * plan->grid));
@@ -931,16 +930,26 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     p.layers = plan->d_layers, p.inv_freq = plan->d_inv_freq, p.part = plan->d_part;
     p.qkv = plan->d_qkv, p.h = plan->d_h, p.barrier = plan->d_barrier;
     if (!(ring_env && *ring_env)) dl_pick_rings(plan);
-    if (getenv("COLT_DECODE_PROFILE"))
+    if (profile)
         fprintf(stderr, "decode_layers: ring rounds per NT 1/2/4: %d %d %d\n", plan->ring[0], plan->ring[1], plan->ring[2]);
     return plan;
+}
+
+/* A CTA and its gate|up + down cycles, for sorting slowest first. */
+struct DlCtaTotal {
+    int cta;
+    unsigned long long cycles;
+};
+static int dl_slowest_first(const void *a, const void *b) {
+    const unsigned long long x = ((const DlCtaTotal *)a)->cycles, y = ((const DlCtaTotal *)b)->cycles;
+    return x < y ? 1 : x > y ? -1 : 0;
 }
 
 /* COLT_DECODE_PROFILE: how evenly the CTAs' equal shares of gate|up and down take (us per launch),
  * the slowest and the fastest CTAs by their total. */
 static void dl_print_cta_profile(const unsigned long long *d_cta, int grid, double per) {
     unsigned long long *c = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * grid);
-    int *order = (int *)malloc(sizeof(int) * grid);
+    DlCtaTotal *order = (DlCtaTotal *)malloc(sizeof(DlCtaTotal) * grid);
     if (!c || !order) {
         free(c);
         free(order);
@@ -957,17 +966,12 @@ static void dl_print_cta_profile(const unsigned long long *d_cta, int grid, doub
         fprintf(stderr, "decode_layers per-CTA %s dot products (us per launch): mean %.1f, min %.1f, max %.1f\n", names[k],
                 sum / grid, lo, hi);
     }
-    for (int i = 0; i < grid; i++) order[i] = i;
-    for (int i = 1; i < grid; i++) /* by gate|up + down, slowest first */
-        for (int j = i; j > 0 && c[2 * order[j]] + c[2 * order[j] + 1] > c[2 * order[j - 1]] + c[2 * order[j - 1] + 1]; j--) {
-            int t = order[j];
-            order[j] = order[j - 1], order[j - 1] = t;
-        }
+    for (int i = 0; i < grid; i++) order[i] = DlCtaTotal{i, c[2 * i] + c[2 * i + 1]};
+    qsort(order, (size_t)grid, sizeof *order, dl_slowest_first);
     fprintf(stderr, "decode_layers per-CTA gate|up + down, slowest:");
-    for (int i = 0; i < 12 && i < grid; i++) fprintf(stderr, " %d:%.0f", order[i], (c[2 * order[i]] + c[2 * order[i] + 1]) * per);
+    for (int i = 0; i < 12 && i < grid; i++) fprintf(stderr, " %d:%.0f", order[i].cta, order[i].cycles * per);
     fprintf(stderr, "; fastest:");
-    for (int i = grid - 12 > 0 ? grid - 12 : 0; i < grid; i++)
-        fprintf(stderr, " %d:%.0f", order[i], (c[2 * order[i]] + c[2 * order[i] + 1]) * per);
+    for (int i = grid - 12 > 0 ? grid - 12 : 0; i < grid; i++) fprintf(stderr, " %d:%.0f", order[i].cta, order[i].cycles * per);
     fprintf(stderr, "\n");
     free(c);
     free(order);

@@ -132,12 +132,20 @@ __device__ __forceinline__ float dl_warp_sum(float v) {
     return v;
 }
 
+/* Weights stream through the L2 once per step: marked evict-first, so that what is read again (the
+ * K/V pool across steps, the norm weights and biases, the activations) stays there. */
+__device__ __forceinline__ unsigned long long dl_weight_policy() {
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
 /* Weights: read once per step, never written during the kernel: no L1 allocation. */
-__device__ __forceinline__ uint4 dl_load_weight(const bf16 *p) {
+__device__ __forceinline__ uint4 dl_load_weight(const bf16 *p, unsigned long long policy) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
+                 : "l"(p), "l"(policy));
     return r;
 }
 
@@ -320,6 +328,13 @@ __device__ void dl_stream_settle(DlStream &s, const DlParams &p, const DlLayer *
     }
 }
 
+/* 16 bytes of weight into the ring, evict-first in the L2 (dl_weight_policy). */
+__device__ __forceinline__ void dl_cp_async_weight(void *smem_dst, const bf16 *src, unsigned long long policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem_dst)),
+                 "l"(src), "l"(policy)
+                 : "memory");
+}
+
 /* Issues the round at the cursor into ring slot k (an empty group past the end), then advances. */
 __device__ void dl_stream_issue(DlStream &s, const DlParams &p, const DlLayer *lay, int k) {
     if (s.layer < p.n_layers) {
@@ -327,14 +342,15 @@ __device__ void dl_stream_issue(DlStream &s, const DlParams &p, const DlLayer *l
         const bool two = s.w2 != NULL;
         const int U = two ? DL_ROUND / 2 : DL_ROUND, step = 32 * g.ks;
         uint4 *dst = s.ring + (size_t)k * DL_ROUND * DL_THREADS + threadIdx.x;
+        const unsigned long long policy = dl_weight_policy();
         for (int u = 0; u < U; u++) {
             int v = s.v0 + u * step;
             if (v >= g.nvec) break;
             if (two) {
-                cp_async16(dst + (2 * u) * DL_THREADS, s.w + (size_t)v * 8, true);
-                cp_async16(dst + (2 * u + 1) * DL_THREADS, s.w2 + (size_t)v * 8, true);
+                dl_cp_async_weight(dst + (2 * u) * DL_THREADS, s.w + (size_t)v * 8, policy);
+                dl_cp_async_weight(dst + (2 * u + 1) * DL_THREADS, s.w2 + (size_t)v * 8, policy);
             } else {
-                cp_async16(dst + u * DL_THREADS, s.w + (size_t)v * 8, true);
+                dl_cp_async_weight(dst + u * DL_THREADS, s.w + (size_t)v * 8, policy);
             }
         }
         s.v0 += U * step;
@@ -391,13 +407,14 @@ __device__ void dl_gemv(const DlGeom &g, DlStream &s, const DlParams &p, const D
                 s.head = s.head + 1 == p.ring ? 0 : s.head + 1;
             } else { /* direct: every load of the round issued before the first is used */
                 const size_t row_off = (size_t)(g.r0 + slot / ks) * g.K;
+                const unsigned long long policy = dl_weight_policy();
                 uint4 a[U], b[U];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int v = v0 + u * step;
                     if (v < g.nvec) {
-                        a[u] = dl_load_weight(g.W + row_off + (size_t)v * 8);
-                        if (TWO) b[u] = dl_load_weight(g.W2 + row_off + (size_t)v * 8);
+                        a[u] = dl_load_weight(g.W + row_off + (size_t)v * 8, policy);
+                        if (TWO) b[u] = dl_load_weight(g.W2 + row_off + (size_t)v * 8, policy);
                     }
                 }
 #pragma unroll

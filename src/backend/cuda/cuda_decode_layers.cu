@@ -47,8 +47,9 @@
  * decode_layers_create returns NULL otherwise; decode_layers returns false (nothing launched) for
  * more tokens or in the deterministic mode.
  *
- * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1359 tok/s, 1.5B 494 -> 729, 7B 213 -> 251
- * (74.0% of the HBM roofline) against the op sequence. What bounds the small models is the chain of
+ * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1500 tok/s, 1.5B 494 -> 762, 7B 213 -> 251
+ * (74% of the HBM roofline) against the op sequence. The weights are read evict-first in the L2, so
+ * that what the next step reads again (norm weights, biases, the K/V pool) is still there: 3% at 0.5B. What bounds the small models is the chain of
  * dependent steps per phase (barrier, activations from L2, reduction, stores made visible): 3-4.5 us
  * per phase, 5 phases per layer, against 6.2 us of weight bytes per layer at 0.5B.
  * (bench_grid_sync measures that floor alone: 1.07 us per barrier, 1.58 us with the read of an

@@ -23,8 +23,15 @@
 #define PHASES 2000
 #define MAX_D 8960
 
-enum { BARRIER_ONLY, BARRIER_READ, TAGGED, FLAGS_READ, MODES };
-static const char *const MODE_NAMES[MODES] = {"barrier only", "barrier + read", "tagged words", "per-CTA flags + read"};
+enum { BARRIER_ONLY, BARRIER_READ, TAGGED, FLAGS_READ, STREAM_READ, STREAM_READ_QUIET, STREAM_BARRIER, STREAM_READ_1,
+       STREAM_READ_BULK, MODES };
+static const char *const MODE_NAMES[MODES] = {"barrier only",         "barrier + read",
+                                              "tagged words",         "per-CTA flags + read",
+                                              "barrier + read, copies in flight", "the same, arriving thread quiet",
+                                              "barrier only, copies in flight", "barrier + read, half the copies",
+                                              "barrier + read, one bulk copy in flight"};
+#define STREAM_CHUNKS 2 /* 16-byte cp.async per thread per phase in the streaming modes */
+#define STREAM_DEPTH 4  /* phases a copy has to land before it is waited for */
 
 __device__ __forceinline__ void flag_barrier(unsigned *flags, unsigned gen) {
     __syncthreads();
@@ -57,8 +64,17 @@ __device__ float block_sum(float v) {
 
 /* sync: [0] the barrier's counter, [64..) the per-CTA flags; vec [2][MAX_D] fp32; tagged [2][MAX_D]. */
 __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, unsigned *sync, float *vec,
-                                                               unsigned long long *tagged, unsigned epoch, float *out) {
+                                                               unsigned long long *tagged, unsigned epoch, float *out,
+                                                               const uint4 *stream, size_t stream_chunks) {
     const int G = gridDim.x, c = blockIdx.x;
+    extern __shared__ uint4 landing[]; /* [STREAM_DEPTH][STREAM_CHUNKS][THREADS] */
+    __shared__ __align__(8) unsigned long long bulk_bars[STREAM_DEPTH];
+    if (threadIdx.x < STREAM_DEPTH) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((unsigned)__cvta_generic_to_shared(&bulk_bars[threadIdx.x])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    size_t next = ((size_t)c * THREADS + threadIdx.x) * STREAM_CHUNKS;
     const int r0 = (int)((long long)D * c / G), r1 = (int)((long long)D * (c + 1) / G);
     float val = 1.0f;
     for (int ph = 0; ph < PHASES; ph++) {
@@ -84,12 +100,42 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
             continue;
         }
         for (int i = r0 + threadIdx.x; i < r1; i += THREADS) vec[(size_t)buf * MAX_D + i] = val + i;
+        if (mode == STREAM_READ_BULK && threadIdx.x == 0) {
+            /* the same bytes as one bulk copy (the TMA), completing on an mbarrier one phase later */
+            const int slot = ph % STREAM_DEPTH;
+            const unsigned bar = (unsigned)__cvta_generic_to_shared(&bulk_bars[slot]);
+            if (ph >= STREAM_DEPTH) { /* the copy this slot took STREAM_DEPTH phases ago has landed */
+                unsigned done;
+                do {
+                    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                                 : "=r"(done) : "r"(bar), "r"((unsigned)((ph / STREAM_DEPTH - 1) & 1)) : "memory");
+                } while (!done);
+            }
+            const unsigned bytes = STREAM_CHUNKS * THREADS * 16;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"((unsigned)__cvta_generic_to_shared(&landing[(size_t)slot * STREAM_CHUNKS * THREADS])), "l"(stream + next % (stream_chunks - 4096)),
+                         "r"(bytes), "r"(bar) : "memory");
+            next += (size_t)G * THREADS * STREAM_CHUNKS * 64 + 4096;
+        }
+        if (mode == STREAM_READ || mode == STREAM_BARRIER || mode == STREAM_READ_1 ||
+            (mode == STREAM_READ_QUIET && threadIdx.x != 0)) {
+            /* weights-like traffic in flight across the barrier, as decode_layers' ring keeps it */
+            for (int k = 0; k < (mode == STREAM_READ_1 ? 1 : STREAM_CHUNKS); k++) {
+                unsigned dst = (unsigned)__cvta_generic_to_shared(
+                    &landing[((size_t)(ph % STREAM_DEPTH) * STREAM_CHUNKS + k) * THREADS + threadIdx.x]);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(stream + next % stream_chunks) : "memory");
+                next += (size_t)G * THREADS * STREAM_CHUNKS;
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+            asm volatile("cp.async.wait_group %0;" ::"n"(STREAM_DEPTH - 1) : "memory");
+        }
         if (mode == FLAGS_READ) flag_barrier(sync + 64, epoch + ph + 1);
         else {
             grid_barrier_arrive(sync);
             grid_barrier_wait(sync, (unsigned)(ph + 1) * G);
         }
-        if (mode == BARRIER_ONLY) continue;
+        if (mode == BARRIER_ONLY || mode == STREAM_BARRIER) continue;
         float s = 0.0f;
         for (int i = 4 * threadIdx.x; i < D; i += 4 * THREADS) {
             float4 v = __ldcg(reinterpret_cast<const float4 *>(vec + (size_t)buf * MAX_D + i));
@@ -97,7 +143,19 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
         }
         val = block_sum(s) * 1e-9f + 1.0f;
     }
-    if (threadIdx.x == 0) out[c] = val;
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (mode == STREAM_READ_BULK && threadIdx.x == 0) /* the last copies land before the CTA exits */
+        for (int ph = PHASES - STREAM_DEPTH; ph < PHASES; ph++) {
+            unsigned done;
+            do {
+                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                             : "=r"(done)
+                             : "r"((unsigned)__cvta_generic_to_shared(&bulk_bars[ph % STREAM_DEPTH])), "r"((unsigned)((ph / STREAM_DEPTH) & 1))
+                             : "memory");
+            } while (!done);
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) out[c] = val + (float)landing[threadIdx.x].x * 0.0f;
 }
 
 #define CHECK(call)                                                                                                \
@@ -126,6 +184,13 @@ int main(void) {
     CHECK(cudaMalloc(&vec, 2 * MAX_D * sizeof(float)));
     CHECK(cudaMalloc(&tagged, 2 * MAX_D * sizeof(unsigned long long)));
     CHECK(cudaMalloc(&out, G * sizeof(float)));
+    const size_t stream_bytes = (size_t)1 << 30; /* 1 GiB, more than the L2: the copies reach the HBM */
+    uint4 *stream;
+    size_t stream_chunks = stream_bytes / sizeof(uint4);
+    CHECK(cudaMalloc(&stream, stream_bytes));
+    CHECK(cudaMemset(stream, 0, stream_bytes));
+    const size_t landing_bytes = (size_t)STREAM_DEPTH * STREAM_CHUNKS * THREADS * sizeof(uint4);
+    CHECK(cudaFuncSetAttribute((void *)exchange_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)landing_bytes));
     CHECK(cudaMemset(tagged, 0, 2 * MAX_D * sizeof(unsigned long long)));
     CHECK(cudaMemset(sync, 0, 4096 * sizeof(unsigned)));
     cudaEvent_t e0, e1;
@@ -147,9 +212,9 @@ int main(void) {
             float best = 1e30f;
             for (int rep = 0; rep < 4; rep++) {
                 CHECK(cudaMemset(sync, 0, sizeof(unsigned))); /* the counter; the flags keep growing */
-                void *args[] = {&mode, &D, &sync, &vec, &tagged, &epoch, &out};
+                void *args[] = {&mode, &D, &sync, &vec, &tagged, &epoch, &out, &stream, &stream_chunks};
                 CHECK(cudaEventRecord(e0));
-                CHECK(cudaLaunchCooperativeKernel((void *)exchange_kernel, G, THREADS, args, 0, 0));
+                CHECK(cudaLaunchCooperativeKernel((void *)exchange_kernel, G, THREADS, args, landing_bytes, 0));
                 CHECK(cudaEventRecord(e1));
                 CHECK(cudaEventSynchronize(e1));
                 epoch += PHASES;

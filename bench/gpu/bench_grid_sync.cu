@@ -11,7 +11,13 @@
  *   tagged words     no barrier: each value travels with the phase number in the same 8-byte word
  *                    (st.relaxed / ld.relaxed.v2.u64, NCCL's LL protocol), readers poll the words;
  *   per-CTA flags    each CTA publishes a flag (st.release.gpu), one warp polls all G flags, then
- *                    reads the vector as "barrier + read".
+ *                    reads the vector as "barrier + read";
+ *   copies in flight "barrier + read" (or the barrier alone) while weight-like reads stream: every
+ *                    thread starts STREAM_CHUNKS (or one) 16-byte cp.async of a 1 GiB buffer per phase,
+ *                    or thread 0 one bulk copy (the TMA) of the same bytes, each waited for only
+ *                    STREAM_DEPTH phases later, so their latency is never waited on — what the all-layers
+ *                    kernel's weight ring does at each of its barriers ("quiet": thread 0, the one that
+ *                    arrives and polls, has no copy of its own).
  * Prints us per phase (best of 4 launches). Usage: bench_grid_sync (exit 77 without a device). */
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
         }
         for (int i = r0 + threadIdx.x; i < r1; i += THREADS) vec[(size_t)buf * MAX_D + i] = val + i;
         if (mode == STREAM_READ_BULK && threadIdx.x == 0) {
-            /* the same bytes as one bulk copy (the TMA), completing on an mbarrier one phase later */
+            /* the same bytes as one bulk copy (the TMA) on the slot's mbarrier */
             const int slot = ph % STREAM_DEPTH;
             const unsigned bar = (unsigned)__cvta_generic_to_shared(&bulk_bars[slot]);
             if (ph >= STREAM_DEPTH) { /* the copy this slot took STREAM_DEPTH phases ago has landed */
@@ -120,9 +120,10 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
             const unsigned bytes = STREAM_CHUNKS * THREADS * 16;
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         ::"r"((unsigned)__cvta_generic_to_shared(&landing[(size_t)slot * STREAM_CHUNKS * THREADS])), "l"(stream + next % (stream_chunks - 4096)),
-                         "r"(bytes), "r"(bar) : "memory");
-            next += (size_t)G * THREADS * STREAM_CHUNKS * 64 + 4096;
+                         ::"r"((unsigned)__cvta_generic_to_shared(&landing[(size_t)slot * STREAM_CHUNKS * THREADS])),
+                         "l"(stream + next % (stream_chunks - THREADS * STREAM_CHUNKS)), "r"(bytes), "r"(bar)
+                         : "memory");
+            next += (size_t)G * THREADS * STREAM_CHUNKS; /* thread 0's next: the CTA's 16 KB of the next phase */
         }
         if (mode == STREAM_READ || mode == STREAM_BARRIER || mode == STREAM_READ_1 ||
             (mode == STREAM_READ_QUIET && threadIdx.x != 0)) {
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
             } while (!done);
         }
     __syncthreads();
-    if (threadIdx.x == 0) out[c] = val + (float)landing[threadIdx.x].x * 0.0f;
+    if (threadIdx.x == 0) out[c] = val;
 }
 
 #define CHECK(call)                                                                                                \

@@ -47,13 +47,14 @@
  * decode_layers_create returns NULL otherwise; decode_layers returns false (nothing launched) for
  * more tokens or in the deterministic mode.
  *
- * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1500 tok/s, 1.5B 494 -> 762, 7B 213 -> 251
+ * Measured (bench_decode, H200, batch 1): 0.5B 895 -> 1500 tok/s, 1.5B 494 -> 782, 7B 213 -> 255
  * (74% of the HBM roofline) against the op sequence. The weights are read evict-first in the L2, so
- * that what the next step reads again (norm weights, biases, the K/V pool) is still there: 3% at 0.5B. What bounds the small models is the chain of
- * dependent steps per phase (barrier, activations from L2, reduction, stores made visible): 3-4.5 us
- * per phase, 5 phases per layer, against 6.2 us of weight bytes per layer at 0.5B.
- * (bench_grid_sync measures that floor alone: 1.07 us per barrier, 1.58 us with the read of an
- * 896-float vector.) COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products,
+ * that what the next step reads again (norm weights, biases, the K/V pool) is still there: 3% at 0.5B.
+ * What bounds the small models is the chain of dependent steps per phase (barrier, activations from
+ * L2, reduction, stores made visible): 3-4.5 us per phase, 5 phases per layer, against 6.2 us of
+ * weight bytes per layer at 0.5B. (bench_grid_sync measures that floor alone: 1.2 us per barrier, 1.7
+ * us with the read of an 896-float vector, 2.7 / 3.25 us with weight reads in flight, as the ring
+ * keeps them across each barrier; holding them back measured slower still.) COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products,
  * the dot products, reduction + epilogue, barrier), every CTA's gate|up and down dot products (how
  * evenly the shares take) and the rings picked; COLT_DECODE_RING=k
  * forces k rounds (0: direct loads) instead of timing.

@@ -57,6 +57,18 @@ __device__ __forceinline__ void flag_barrier(unsigned *flags, unsigned gen) {
     __syncthreads();
 }
 
+/* Spins until the phase of mbarrier `bar` with this parity has completed (its bulk copy has landed). */
+__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned parity) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
 __device__ float block_sum(float v) {
     __shared__ float warp_sums[THREADS / 32];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -110,13 +122,8 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
             /* the same bytes as one bulk copy (the TMA) on the slot's mbarrier */
             const int slot = ph % STREAM_DEPTH;
             const unsigned bar = (unsigned)__cvta_generic_to_shared(&bulk_bars[slot]);
-            if (ph >= STREAM_DEPTH) { /* the copy this slot took STREAM_DEPTH phases ago has landed */
-                unsigned done;
-                do {
-                    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                                 : "=r"(done) : "r"(bar), "r"((unsigned)((ph / STREAM_DEPTH - 1) & 1)) : "memory");
-                } while (!done);
-            }
+            if (ph >= STREAM_DEPTH) /* the copy this slot took STREAM_DEPTH phases ago has landed */
+                mbar_wait(&bulk_bars[slot], (unsigned)((ph / STREAM_DEPTH - 1) & 1));
             const unsigned bytes = STREAM_CHUNKS * THREADS * 16;
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -152,15 +159,8 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (mode == STREAM_READ_BULK && threadIdx.x == 0) /* the last copies land before the CTA exits */
-        for (int ph = PHASES - STREAM_DEPTH; ph < PHASES; ph++) {
-            unsigned done;
-            do {
-                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                             : "=r"(done)
-                             : "r"((unsigned)__cvta_generic_to_shared(&bulk_bars[ph % STREAM_DEPTH])), "r"((unsigned)((ph / STREAM_DEPTH) & 1))
-                             : "memory");
-            } while (!done);
-        }
+        for (int ph = PHASES - STREAM_DEPTH; ph < PHASES; ph++)
+            mbar_wait(&bulk_bars[ph % STREAM_DEPTH], (unsigned)((ph / STREAM_DEPTH) & 1));
     __syncthreads();
     if (threadIdx.x == 0) out[c] = val;
 }

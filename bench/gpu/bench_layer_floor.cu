@@ -1,0 +1,335 @@
+/* bench_layer_floor.cu — how fast a batch-1 decode step can be when built the way the all-layers
+ * kernel is (cuda_decode_layers.cu: one persistent CTA per SM, grid-wide exchanges between the phases
+ * of a layer, the weights streamed through a per-thread cp.async ring that runs ahead across them),
+ * measured on a skeleton that keeps only those two things: the step's weight bytes and its exchanges.
+ *
+ * Per layer, five phases in the kernel's order, each CTA streaming its 1/G share of the phase's weights
+ * (bf16, a dot product of every 16 bytes with the phase's input: 8 converts and 8 FMAs, the least the
+ * real dot products do), summing its share (a block reduction) and writing its share of the phase's
+ * output vector:
+ *   A q|k|v (W x D), B attention (no weights), C o-proj (D x H Dh), D gate|up (2F x D), E down (D x F);
+ * after the last layer the lm_head's V x D bytes stream with no exchange. An "exchange" after a phase
+ * is decode_layers' (cuda_grid_barrier.cuh, then every CTA reads the whole output vector from the L2
+ * and sums it into the next phase's input: a real dependency). Columns:
+ *   stream only        no exchange at all: what the ring's copies reach alone;
+ *   5 exchanges        after every phase, as the kernel does;
+ *   4 exchanges        none between q|k|v and attention (as if each head's rows were at hand);
+ *   3 exchanges        also none between gate|up and down (a column-split down projection, which
+ *                      needs a transposed copy of W_d);
+ *   exchanges only     the five, no weights: the chain of exchanges alone.
+ * Rows: ring depth, in rounds of 32 KB per CTA (the kernel holds 2 rounds of up to 64 KB). Each cell:
+ * us per step (best of 3 launches of STEPS steps) and the share of the HBM roofline that would be
+ * (weight bytes streamed / 4.8 TB/s over the step time; the KV cache and the norm weights, under
+ * 0.3% of the bytes at 128-256 tokens of context, left out). Nothing a real step computes beyond
+ * this (norms, rope, attention, swiglu, residuals, the sampler) is here, so a real kernel of this
+ * shape is slower than its cell. Usage: bench_layer_floor [0.5b 1.5b 7b] (exit 77 without a device). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_grid_barrier.cuh"
+
+#define THREADS 512
+#define ROUND_CHUNKS 4 /* 16-byte chunks per thread per round: 32 KB per CTA */
+#define ROUND_BYTES (THREADS * ROUND_CHUNKS * 16)
+#define STEPS 10
+#define PHASES 5           /* per layer: A q|k|v, B attention, C o, D gate|up, E down */
+#define STREAM_PHASES 6    /* the five, then the lm_head */
+#define MAX_OUT 19456      /* the longest phase output (7B's intermediate 18944), multiple of 4 */
+#define HBM_BYTES_PER_S 4.8e12
+
+struct Plan {
+    int layers;
+    int out[PHASES];                    /* each phase's output length (floats) */
+    long long chunks[STREAM_PHASES];    /* 16-byte chunks of the phase's weight (per layer), lm_head last */
+    long long offset[STREAM_PHASES];    /* chunk offset of the phase's weight inside its layer's block */
+    long long per_cta[STREAM_PHASES];   /* chunks per CTA (the last CTA's share may be shorter) */
+    int rounds[STREAM_PHASES];          /* rounds per CTA */
+    long long layer_chunks;             /* one layer's weight block */
+    int rounds_per_layer, total_rounds; /* in the stream of one step */
+    unsigned exchange_mask;             /* bit p: an exchange after phase p */
+    int stream;                         /* 0: no weights (the exchanges alone) */
+};
+
+__device__ float block_sum(float v) {
+    __shared__ float warp_sums[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int k = 0; k < THREADS / 32; k++) total += warp_sums[k];
+    __syncthreads();
+    return total;
+}
+
+/* Where the CTA's round g of a step's stream (layers' phases in order, then the lm_head) starts
+ * (chunk index into the weights) and how many chunks it has (0: past the end, or a short share). */
+__device__ __forceinline__ int round_span(const Plan &p, int g, long long *start) {
+    if (g >= p.total_rounds) return 0;
+    int ph, r;
+    long long base;
+    if (g < p.layers * p.rounds_per_layer) {
+        r = g % p.rounds_per_layer;
+        ph = 0;
+        while (r >= p.rounds[ph]) r -= p.rounds[ph++];
+        base = (long long)(g / p.rounds_per_layer) * p.layer_chunks + p.offset[ph];
+    } else {
+        ph = PHASES;
+        r = g - p.layers * p.rounds_per_layer;
+        base = (long long)p.layers * p.layer_chunks;
+    }
+    const long long first = (long long)blockIdx.x * p.per_cta[ph] + (long long)r * THREADS * ROUND_CHUNKS;
+    const long long end = min((long long)(blockIdx.x + 1) * p.per_cta[ph], p.chunks[ph]);
+    *start = base + first;
+    return (int)max(0LL, min((long long)THREADS * ROUND_CHUNKS, end - first));
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* Round g of the step, the CTA's q-th since the launch, into ring slot q % R. Per-thread copies (BULK
+ * false): each thread copies its own ROUND_CHUNKS chunks with cp.async, and only it reads them back, so
+ * no block barrier guards a slot (the kernel's ring does the same; a round past the end commits an empty
+ * group). Bulk (true): thread 0 copies the whole round with one cp.async.bulk (the TMA) on the slot's `full` mbarrier, after every
+ * warp has arrived on its `empty` one for the round the slot held. */
+template <int R, bool BULK>
+__device__ __forceinline__ void issue_round(const Plan &p, const uint4 *weights, int g, int q, uint4 *ring,
+                                            unsigned long long *full, unsigned long long *empty) {
+    long long start;
+    const int n = round_span(p, g, &start);
+    uint4 *slot = &ring[(q % R) * ROUND_CHUNKS * THREADS];
+    if constexpr (BULK) {
+        if (threadIdx.x != 0 || g >= p.total_rounds) return;
+        if (q >= R) mbar_wait(&empty[q % R], (unsigned)((q / R - 1) & 1));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&full[q % R])), "r"(n * 16) : "memory");
+        if (n)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(smem_addr(slot)), "l"(weights + start), "r"(n * 16), "r"(smem_addr(&full[q % R]))
+                         : "memory");
+    } else {
+        for (int k = 0; k < ROUND_CHUNKS; k++) {
+            const int j = k * THREADS + threadIdx.x;
+            if (j < n)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(&slot[j])), "l"(weights + start + j) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+}
+
+/* The CTA's rounds of one phase: wait for each (R - 1 later ones stay in flight), multiply its chunks by
+ * the phase's input, and put the round R ahead into the slot it freed. Returns the thread's sum. */
+template <int R, bool BULK>
+__device__ __forceinline__ float stream_phase(const Plan &p, const uint4 *weights, int rounds, int &g, int base, uint4 *ring,
+                                              unsigned long long *full, unsigned long long *empty, float in) {
+    float acc = 0.0f;
+    for (int r = 0; r < rounds; r++, g++) {
+        const int q = base + g;
+        if (BULK) mbar_wait(&full[q % R], (unsigned)((q / R) & 1));
+        else asm volatile("cp.async.wait_group %0;" ::"n"(R - 1) : "memory");
+        long long start;
+        const int n = BULK ? round_span(p, g, &start) : THREADS * ROUND_CHUNKS;
+        for (int k = 0; k < ROUND_CHUNKS; k++) {
+            if (k * THREADS + threadIdx.x >= n) break;
+            const uint4 w = ring[((q % R) * ROUND_CHUNKS + k) * THREADS + threadIdx.x];
+            const unsigned words[4] = {w.x, w.y, w.z, w.w};
+            for (int e = 0; e < 4; e++) {
+                acc = fmaf(__uint_as_float(words[e] << 16), in, acc);
+                acc = fmaf(__uint_as_float(words[e] & 0xffff0000u), in, acc);
+            }
+        }
+        if (BULK) {
+            __syncwarp();
+            if (threadIdx.x % 32 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty[q % R])) : "memory");
+        }
+        issue_round<R, BULK>(p, weights, g + R, q + R, ring, full, empty);
+    }
+    return acc;
+}
+
+/* vec: [PHASES][2][MAX_OUT] fp32, a phase's output by layer parity. */
+template <int R, bool BULK>
+__global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *weights, unsigned *count, float *vec, float *out) {
+    extern __shared__ uint4 ring[]; /* [R][ROUND_CHUNKS][THREADS] */
+    __shared__ __align__(8) unsigned long long full[R], empty[R];
+    if (BULK && threadIdx.x < R) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[threadIdx.x])) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty[threadIdx.x])), "r"(THREADS / 32) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int G = gridDim.x, c = blockIdx.x;
+    unsigned exchanges = 0;
+    float in = 1.0f;
+    for (int step = 0; step < STEPS; step++) {
+        int g = 0;
+        const int base = step * p.total_rounds;
+        if (p.stream)
+            for (int k = 0; k < R; k++) issue_round<R, BULK>(p, weights, k, base + k, ring, full, empty);
+        for (int layer = 0; layer < p.layers; layer++) {
+            for (int ph = 0; ph < PHASES; ph++) {
+                const float part = p.stream && p.rounds[ph] ? stream_phase<R, BULK>(p, weights, p.rounds[ph], g, base, ring, full, empty, in) : in;
+                const float share = block_sum(part);
+                float *v = vec + ((size_t)ph * 2 + (layer & 1)) * MAX_OUT;
+                const int n = p.out[ph], r0 = (int)((long long)n * c / G), r1 = (int)((long long)n * (c + 1) / G);
+                for (int i = r0 + threadIdx.x; i < r1; i += THREADS) v[i] = share * 1e-9f + (float)i;
+                if (!(p.exchange_mask >> ph & 1)) continue;
+                grid_barrier_arrive(count);
+                grid_barrier_wait(count, ++exchanges * (unsigned)G);
+                float s = 0.0f;
+                for (int i = 4 * threadIdx.x; i < n; i += 4 * THREADS) {
+                    const float4 x = __ldcg(reinterpret_cast<const float4 *>(v + i));
+                    s += x.x + x.y + x.z + x.w;
+                }
+                in = block_sum(s) * 1e-9f + 1.0f;
+            }
+        }
+        if (p.stream) in += block_sum(stream_phase<R, BULK>(p, weights, p.rounds[PHASES], g, base, ring, full, empty, in)) * 1e-9f;
+        asm volatile("cp.async.wait_group 0;" ::: "memory"); /* the empty groups past the end */
+    }
+    if (threadIdx.x == 0) out[c] = in;
+}
+
+#define CHECK(call)                                                                                                \
+    do {                                                                                                           \
+        cudaError_t e_ = (call);                                                                                   \
+        if (e_ != cudaSuccess) {                                                                                   \
+            fprintf(stderr, "bench_layer_floor: %s: %s\n", #call, cudaGetErrorString(e_));                        \
+            return 1;                                                                                              \
+        }                                                                                                          \
+    } while (0)
+
+struct Shape {
+    const char *name;
+    int D, F, layers, H, KVH, V;
+};
+static const Shape SHAPES[] = {{"0.5b", 896, 4864, 24, 14, 2, 151936},
+                               {"1.5b", 1536, 8960, 28, 12, 2, 151936},
+                               {"7b", 3584, 18944, 28, 28, 4, 152064}};
+
+static Plan make_plan(const Shape &s, int G, unsigned exchange_mask, int stream) {
+    Plan p;
+    memset(&p, 0, sizeof p);
+    const long long Dh = s.D / s.H, W = (s.H + 2LL * s.KVH) * Dh;
+    const long long elems[STREAM_PHASES] = {W * s.D, 0, (long long)s.D * s.H * Dh, 2LL * s.F * s.D, (long long)s.D * s.F,
+                                            (long long)s.V * s.D};
+    const int outs[PHASES] = {(int)W, (int)(s.H * Dh), s.D, s.F, s.D};
+    p.layers = s.layers;
+    long long off = 0;
+    for (int ph = 0; ph < STREAM_PHASES; ph++) {
+        p.chunks[ph] = elems[ph] * 2 / 16;
+        p.offset[ph] = ph < PHASES ? off : 0;
+        if (ph < PHASES) off += p.chunks[ph];
+        p.per_cta[ph] = (p.chunks[ph] + G - 1) / G;
+        p.rounds[ph] = (int)((p.per_cta[ph] + THREADS * ROUND_CHUNKS - 1) / (THREADS * ROUND_CHUNKS));
+        if (ph < PHASES) p.out[ph] = outs[ph], p.rounds_per_layer += p.rounds[ph];
+    }
+    p.layer_chunks = off;
+    p.total_rounds = p.layers * p.rounds_per_layer + p.rounds[PHASES];
+    p.exchange_mask = exchange_mask;
+    p.stream = stream;
+    return p;
+}
+
+static double step_bytes(const Plan &p) {
+    return 16.0 * ((double)p.layers * p.layer_chunks + p.chunks[PHASES]);
+}
+
+template <int R, bool BULK>
+static int time_plan(const Plan &p, int G, const uint4 *weights, unsigned *count, float *vec, float *out, double *us) {
+    const size_t smem = (size_t)R * ROUND_BYTES;
+    CHECK(cudaFuncSetAttribute((void *)floor_kernel<R, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int rep = 0; rep < 3; rep++) {
+        CHECK(cudaMemset(count, 0, sizeof(unsigned)));
+        Plan pv = p;
+        void *args[] = {&pv, (void *)&weights, &count, &vec, &out};
+        CHECK(cudaEventRecord(e0));
+        CHECK(cudaLaunchCooperativeKernel((void *)floor_kernel<R, BULK>, G, THREADS, args, smem, 0));
+        CHECK(cudaEventRecord(e1));
+        CHECK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    *us = best * 1e3 / STEPS;
+    return 0;
+}
+
+static int time_any(int R, bool bulk, const Plan &p, int G, const uint4 *w, unsigned *count, float *vec, float *out,
+                    double *us) {
+    switch (R * 2 + bulk) {
+    case 4: return time_plan<2, false>(p, G, w, count, vec, out, us);
+    case 5: return time_plan<2, true>(p, G, w, count, vec, out, us);
+    case 8: return time_plan<4, false>(p, G, w, count, vec, out, us);
+    case 9: return time_plan<4, true>(p, G, w, count, vec, out, us);
+    case 12: return time_plan<6, false>(p, G, w, count, vec, out, us);
+    default: return time_plan<6, true>(p, G, w, count, vec, out, us);
+    }
+}
+
+int main(int argc, char **argv) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("no CUDA device\n");
+        return 77;
+    }
+    int G = 0;
+    cudaDeviceProp prop;
+    CHECK(cudaDeviceGetAttribute(&G, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    unsigned *count;
+    float *vec, *out;
+    CHECK(cudaMalloc(&count, sizeof(unsigned)));
+    CHECK(cudaMalloc(&vec, (size_t)PHASES * 2 * MAX_OUT * sizeof(float)));
+    CHECK(cudaMemset(vec, 0, (size_t)PHASES * 2 * MAX_OUT * sizeof(float)));
+    CHECK(cudaMalloc(&out, G * sizeof(float)));
+    const int depths[3] = {2, 4, 6};
+    const unsigned ALL = 0x1f, masks[4] = {0, ALL, ALL & ~1u, ALL & ~1u & ~(1u << 3)};
+    printf("Batch-1 decode step floor: the weight stream and the grid exchanges alone, %d CTAs x %d threads\n"
+           "(one per SM), us per step (best of 3 launches of %d steps) and %% of the HBM roofline (4.8 TB/s)\n\n",
+           G, THREADS, STEPS);
+    printf("| model | weights per step | copies | ring per CTA | stream only | 5 exchanges (the kernel's) | 4 exchanges | 3 exchanges | exchanges only |\n");
+    printf("|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
+        const Shape &s = SHAPES[k];
+        bool wanted = argc < 2;
+        for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], s.name) == 0;
+        if (!wanted) continue;
+        const Plan base = make_plan(s, G, 0, 1);
+        const double bytes = step_bytes(base), roof_us = bytes / HBM_BYTES_PER_S * 1e6;
+        uint4 *weights;
+        CHECK(cudaMalloc(&weights, (size_t)bytes));
+        CHECK(cudaMemset(weights, 0, (size_t)bytes));
+        double chain_us;
+        if (time_any(2, false, make_plan(s, G, ALL, 0), G, weights, count, vec, out, &chain_us)) return 1;
+        for (int bulk = 0; bulk < 2; bulk++)
+            for (int d = 0; d < 3; d++) {
+                printf("| %s | %.0f MB | %s | %d KB |", s.name, bytes / 1e6, bulk ? "bulk" : "per thread",
+                       depths[d] * ROUND_BYTES / 1024);
+                for (int m = 0; m < 4; m++) {
+                    double us;
+                    if (time_any(depths[d], bulk, make_plan(s, G, masks[m], 1), G, weights, count, vec, out, &us)) return 1;
+                    printf(" %.0f (%.0f%%) |", us, 100.0 * roof_us / us);
+                }
+                printf(" %.0f |\n", chain_us);
+            }
+        CHECK(cudaFree(weights));
+    }
+    printf("\nCommand: build-cuda/bench_layer_floor; hardware: %s, %d SMs.\n", prop.name, G);
+    return 0;
+}

@@ -17,7 +17,9 @@
  *   3 exchanges        also none between gate|up and down (a column-split down projection, which
  *                      needs a transposed copy of W_d);
  *   exchanges only     the five, no weights: the chain of exchanges alone.
- * Rows: ring depth, in rounds of 32 KB per CTA (the kernel holds 2 rounds of up to 64 KB). Each cell:
+ * Rows: how the ring is filled (per thread: each thread cp.async-copies its own chunks, as the kernel's
+ * ring; bulk: thread 0 copies each 32 KB round with one cp.async.bulk, the TMA) and its depth, in rounds
+ * of 32 KB per CTA (the kernel holds 2 rounds of up to 64 KB). Each cell:
  * us per step (best of 3 launches of STEPS steps) and the share of the HBM roofline that would be
  * (weight bytes streamed / 4.8 TB/s over the step time; the KV cache and the norm weights, under
  * 0.3% of the bytes at 128-256 tokens of context, left out). Nothing a real step computes beyond
@@ -137,6 +139,7 @@ __device__ __forceinline__ float stream_phase(const Plan &p, const uint4 *weight
         if (BULK) mbar_wait(&full[q % R], (unsigned)((q / R) & 1));
         else asm volatile("cp.async.wait_group %0;" ::"n"(R - 1) : "memory");
         long long start;
+        /* per thread, a short round's missing chunks are multiplied as they stand (a timing shortcut) */
         const int n = BULK ? round_span(p, g, &start) : THREADS * ROUND_CHUNKS;
         for (int k = 0; k < ROUND_CHUNKS; k++) {
             if (k * THREADS + threadIdx.x >= n) break;

@@ -65,27 +65,41 @@ __device__ float block_sum(float v) {
     return total;
 }
 
-/* Where the CTA's round g of a step's stream (layers' phases in order, then the lm_head) starts
- * (chunk index into the weights) and how many chunks it has (0: past the end, or a short share). */
-__device__ __forceinline__ int round_span(const Plan &p, int g, long long *start) {
-    if (g >= p.total_rounds) return 0;
-    int ph, r;
-    long long base;
-    if (g < p.layers * p.rounds_per_layer) {
-        r = g % p.rounds_per_layer;
-        ph = 0;
-        while (r >= p.rounds[ph]) r -= p.rounds[ph++];
-        base = (long long)(g / p.rounds_per_layer) * p.layer_chunks + p.offset[ph];
-    } else {
-        ph = PHASES;
-        r = g - p.layers * p.rounds_per_layer;
-        base = (long long)p.layers * p.layer_chunks;
+/* Where the CTA's next round of a step's stream (layers' phases in order, then the lm_head) comes from,
+ * advanced round by round without divisions (the skeleton's per-round work is part of what it measures,
+ * so it is kept to what a real kernel's ring needs). Every CTA takes p.rounds[ph] rounds of a phase; a
+ * round has up to THREADS * ROUND_CHUNKS chunks of the CTA's share, fewer (or none) at its end. */
+struct Cursor {
+    const uint4 *next; /* the round's first chunk */
+    long long left;    /* chunks of the CTA's share of the phase not yet taken */
+    int ph, layer, r;  /* phase (PHASES: the lm_head, PHASES + 1: past the end), layer, round in the phase */
+
+    /* Moves to the next phase that has weights (after the last layer's down projection, the lm_head). */
+    __device__ void advance(const Plan &p, const uint4 *weights) {
+        do {
+            if (++ph == PHASES && layer + 1 < p.layers) ph = 0, layer++;
+        } while (ph < PHASES && p.rounds[ph] == 0);
+        r = 0;
+        if (ph > PHASES) return;
+        const long long base = ph < PHASES ? layer * p.layer_chunks + p.offset[ph] : p.layers * p.layer_chunks;
+        const long long first = blockIdx.x * p.per_cta[ph];
+        next = weights + base + first;
+        left = max(0LL, min(p.per_cta[ph], p.chunks[ph] - first));
     }
-    const long long first = (long long)blockIdx.x * p.per_cta[ph] + (long long)r * THREADS * ROUND_CHUNKS;
-    const long long end = min((long long)(blockIdx.x + 1) * p.per_cta[ph], p.chunks[ph]);
-    *start = base + first;
-    return (int)max(0LL, min((long long)THREADS * ROUND_CHUNKS, end - first));
-}
+    __device__ void start(const Plan &p, const uint4 *weights) {
+        layer = 0, ph = -1;
+        advance(p, weights);
+    }
+    /* Takes the next round: its first chunk and length (-1 past the end). */
+    __device__ int take(const Plan &p, const uint4 *weights, const uint4 **from) {
+        if (ph > PHASES) return -1;
+        const int n = (int)min(left, (long long)THREADS * ROUND_CHUNKS);
+        *from = next;
+        next += n, left -= n;
+        if (++r == p.rounds[ph]) advance(p, weights);
+        return n;
+    }
+};
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -99,30 +113,32 @@ __device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned pari
     } while (!done);
 }
 
-/* Round g of the step, the CTA's q-th since the launch, into ring slot q % R. Per-thread copies (BULK
- * false): each thread copies its own ROUND_CHUNKS chunks with cp.async, and only it reads them back, so
- * no block barrier guards a slot (the kernel's ring does the same; a round past the end commits an empty
- * group). Bulk (true): thread 0 copies the whole round with one cp.async.bulk (the TMA) on the slot's `full` mbarrier, after every
- * warp has arrived on its `empty` one for the round the slot held. */
+/* The next round of the stream (`at`), the CTA's q-th since the launch, into ring slot q % R. Per-thread
+ * copies (BULK false): each thread copies its own ROUND_CHUNKS chunks with cp.async, and only it reads
+ * them back, so no block barrier guards a slot (the kernel's ring does the same; a round past the end
+ * commits an empty group). Bulk (true): thread 0 copies the whole round with one cp.async.bulk (the TMA)
+ * on the slot's `full` mbarrier, after every warp has arrived on its `empty` one for the round the slot
+ * held. */
 template <int R, bool BULK>
-__device__ __forceinline__ void issue_round(const Plan &p, const uint4 *weights, int g, int q, uint4 *ring,
+__device__ __forceinline__ void issue_round(const Plan &p, const uint4 *weights, Cursor &at, int q, uint4 *ring,
                                             unsigned long long *full, unsigned long long *empty) {
-    long long start;
-    const int n = round_span(p, g, &start);
+    if (BULK && threadIdx.x != 0) return;
+    const uint4 *from;
+    const int n = at.take(p, weights, &from);
     uint4 *slot = &ring[(q % R) * ROUND_CHUNKS * THREADS];
     if constexpr (BULK) {
-        if (threadIdx.x != 0 || g >= p.total_rounds) return;
+        if (n < 0) return;
         if (q >= R) mbar_wait(&empty[q % R], (unsigned)((q / R - 1) & 1));
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&full[q % R])), "r"(n * 16) : "memory");
         if (n)
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         ::"r"(smem_addr(slot)), "l"(weights + start), "r"(n * 16), "r"(smem_addr(&full[q % R]))
+                         ::"r"(smem_addr(slot)), "l"(from), "r"(n * 16), "r"(smem_addr(&full[q % R]))
                          : "memory");
     } else {
         for (int k = 0; k < ROUND_CHUNKS; k++) {
             const int j = k * THREADS + threadIdx.x;
             if (j < n)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(&slot[j])), "l"(weights + start + j) : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(&slot[j])), "l"(from + j) : "memory");
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
@@ -131,16 +147,17 @@ __device__ __forceinline__ void issue_round(const Plan &p, const uint4 *weights,
 /* The CTA's rounds of one phase: wait for each (R - 1 later ones stay in flight), multiply its chunks by
  * the phase's input, and put the round R ahead into the slot it freed. Returns the thread's sum. */
 template <int R, bool BULK>
-__device__ __forceinline__ float stream_phase(const Plan &p, const uint4 *weights, int rounds, int &g, int base, uint4 *ring,
+__device__ __forceinline__ float stream_phase(const Plan &p, const uint4 *weights, int rounds, int &g, int base,
+                                              Cursor &issue_at, Cursor &use_at, uint4 *ring,
                                               unsigned long long *full, unsigned long long *empty, float in) {
     float acc = 0.0f;
     for (int r = 0; r < rounds; r++, g++) {
         const int q = base + g;
         if (BULK) mbar_wait(&full[q % R], (unsigned)((q / R) & 1));
         else asm volatile("cp.async.wait_group %0;" ::"n"(R - 1) : "memory");
-        long long start;
         /* per thread, a short round's missing chunks are multiplied as they stand (a timing shortcut) */
-        const int n = BULK ? round_span(p, g, &start) : THREADS * ROUND_CHUNKS;
+        const uint4 *unused;
+        const int n = BULK ? use_at.take(p, weights, &unused) : THREADS * ROUND_CHUNKS;
         for (int k = 0; k < ROUND_CHUNKS; k++) {
             if (k * THREADS + threadIdx.x >= n) break;
             const uint4 w = ring[((q % R) * ROUND_CHUNKS + k) * THREADS + threadIdx.x];
@@ -154,7 +171,7 @@ __device__ __forceinline__ float stream_phase(const Plan &p, const uint4 *weight
             __syncwarp();
             if (threadIdx.x % 32 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty[q % R])) : "memory");
         }
-        issue_round<R, BULK>(p, weights, g + R, q + R, ring, full, empty);
+        issue_round<R, BULK>(p, weights, issue_at, q + R, ring, full, empty);
     }
     return acc;
 }
@@ -176,11 +193,15 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
     for (int step = 0; step < STEPS; step++) {
         int g = 0;
         const int base = step * p.total_rounds;
+        Cursor issue_at, use_at; /* use_at: the bulk copies' consumers, who need each round's length */
+        issue_at.start(p, weights);
+        use_at.start(p, weights);
         if (p.stream)
-            for (int k = 0; k < R; k++) issue_round<R, BULK>(p, weights, k, base + k, ring, full, empty);
+            for (int k = 0; k < R; k++) issue_round<R, BULK>(p, weights, issue_at, base + k, ring, full, empty);
         for (int layer = 0; layer < p.layers; layer++) {
             for (int ph = 0; ph < PHASES; ph++) {
-                const float part = p.stream && p.rounds[ph] ? stream_phase<R, BULK>(p, weights, p.rounds[ph], g, base, ring, full, empty, in) : in;
+                const float part = p.stream && p.rounds[ph] ? stream_phase<R, BULK>(p, weights, p.rounds[ph], g, base, issue_at, use_at, ring, full, empty, in)
+                                                                  : in;
                 const float share = block_sum(part);
                 float *v = vec + ((size_t)ph * 2 + (layer & 1)) * MAX_OUT;
                 const int n = p.out[ph], r0 = (int)((long long)n * c / G), r1 = (int)((long long)n * (c + 1) / G);
@@ -196,7 +217,8 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
                 in = block_sum(s) * 1e-9f + 1.0f;
             }
         }
-        if (p.stream) in += block_sum(stream_phase<R, BULK>(p, weights, p.rounds[PHASES], g, base, ring, full, empty, in)) * 1e-9f;
+        if (p.stream) in += block_sum(stream_phase<R, BULK>(p, weights, p.rounds[PHASES], g, base, issue_at, use_at, ring, full, empty, in)) *
+                  1e-9f;
         asm volatile("cp.async.wait_group 0;" ::: "memory"); /* the empty groups past the end */
     }
     if (threadIdx.x == 0) out[c] = in;

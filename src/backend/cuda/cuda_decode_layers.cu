@@ -56,7 +56,7 @@
  * us with the read of an 896-float vector, 2.7 / 3.25 us with weight reads in flight, as the ring
  * keeps them across each barrier; holding them back measured slower still.) bench_layer_floor measures the
  * whole design's floor: a skeleton of this kernel with only the weight stream and the exchanges reaches
- * 36% of the roofline at 0.5B and 58% at 1.5B (this kernel: 31% / 50%), the exchanges adding to the
+ * 40% of the roofline at 0.5B and 61% at 1.5B (this kernel: 31% / 50%), the exchanges adding to the
  * stream's time rather than hiding under it.
  * COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products, the dot products,
  * reduction + epilogue, barrier), every CTA's gate|up and down dot products (how evenly the shares

@@ -5,7 +5,7 @@
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu_check.sh [part ...]
-#   parts: tests cli decode grpo grpo-fast train gemm fewshot (default: all but fewshot)
+#   parts: tests cli decode floor grpo grpo-fast train gemm fewshot (default: all but floor and fewshot)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=${*:-tests cli decode grpo grpo-fast train gemm}
@@ -45,6 +45,10 @@ for part in $parts; do
       cmp -s "$out/generate_det_8.txt" "$out/generate_det_1.txt" && echo "alone == in a batch of 8" ||
         { echo "deterministic: alone != in a batch of 8"; status=1; } ;;
     decode) echo "== bench_decode"; build-cuda/bench_decode ${DECODE_PRESETS:-0.5b 1.5b 7b} 2>&1 | tee "$out/bench_decode.md" ;;
+    floor)
+      echo "== bench_grid_sync, bench_layer_floor (the batch-1 decode kernel's floors)"
+      build-cuda/bench_grid_sync 2>&1 | tee "$out/bench_grid_sync.md"
+      build-cuda/bench_layer_floor 2>&1 | tee "$out/bench_layer_floor.md" ;;
     grpo)
       echo "== bench_grpo"
       bash bench/gpu/bench_grpo.sh .devcarry/data/qwen2.5-tokenizer .devcarry/data/gsm8k_prompts.jsonl 2>&1 |

@@ -9,8 +9,10 @@
  * output vector:
  *   A q|k|v (W x D), B attention (no weights), C o-proj (D x H Dh), D gate|up (2F x D), E down (D x F);
  * after the last layer the lm_head's V x D bytes stream with no exchange. An "exchange" after a phase
- * is decode_layers' (cuda_grid_barrier.cuh, then every CTA reads the whole output vector from the L2
- * and sums it into the next phase's input: a real dependency). Columns:
+ * is decode_layers' (barrier + read: cuda_grid_barrier.cuh, then every CTA reads the whole output vector
+ * from the L2 and sums it into the next phase's input, a real dependency) or, in the "tagged words" rows,
+ * no barrier: each value travels with the exchange's number in one 8-byte word and readers poll the
+ * words until all carry it (NCCL's LL protocol; bench_grid_sync's "tagged words"). Columns:
  *   stream only        no exchange at all: what the ring's copies reach alone;
  *   5 exchanges        after every phase, as the kernel does;
  *   4 exchanges        none between q|k|v and attention (as if each head's rows were at hand);
@@ -52,6 +54,8 @@ struct Plan {
     int rounds_per_layer, total_rounds; /* in the stream of one step */
     unsigned exchange_mask;             /* bit p: an exchange after phase p */
     int stream;                         /* 0: no weights (the exchanges alone) */
+    int tagged;                         /* exchanges as tagged words instead of barrier + read */
+    unsigned epoch;                     /* tagged words: tags before this launch's */
 };
 
 __device__ float block_sum(float v) {
@@ -178,7 +182,8 @@ __device__ __forceinline__ float stream_phase(const Plan &p, const uint4 *weight
 
 /* vec: [PHASES][2][MAX_OUT] fp32, a phase's output by layer parity. */
 template <int R, bool BULK>
-__global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *weights, unsigned *count, float *vec, float *out) {
+__global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *weights, unsigned *count, float *vec,
+                                                            unsigned long long *words, float *out) {
     extern __shared__ uint4 ring[]; /* [R][ROUND_CHUNKS][THREADS] */
     __shared__ __align__(8) unsigned long long full[R], empty[R];
     if (BULK && threadIdx.x < R) {
@@ -207,6 +212,23 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
                 const int n = p.out[ph], r0 = (int)((long long)n * c / G), r1 = (int)((long long)n * (c + 1) / G);
                 for (int i = r0 + threadIdx.x; i < r1; i += THREADS) v[i] = share * 1e-9f + (float)i;
                 if (!(p.exchange_mask >> ph & 1)) continue;
+                if (p.tagged) { /* each value with the exchange's number in one 8-byte word; readers poll */
+                    const unsigned long long tag = p.epoch + ++exchanges;
+                    unsigned long long *w = words + ((size_t)ph * 2 + (layer & 1)) * MAX_OUT;
+                    for (int i = r0 + threadIdx.x; i < r1; i += THREADS)
+                        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(w + i),
+                                     "l"((unsigned long long)__float_as_uint(share * 1e-9f + (float)i) | tag << 32) : "memory");
+                    float s = 0.0f;
+                    for (int i = 2 * threadIdx.x; i < n; i += 2 * THREADS) {
+                        unsigned long long a, b;
+                        do {
+                            asm volatile("ld.relaxed.gpu.global.v2.u64 {%0,%1}, [%2];" : "=l"(a), "=l"(b) : "l"(w + i) : "memory");
+                        } while (a >> 32 != (unsigned)tag || b >> 32 != (unsigned)tag);
+                        s += __uint_as_float((unsigned)a) + __uint_as_float((unsigned)b);
+                    }
+                    in = block_sum(s) * 1e-9f + 1.0f;
+                    continue;
+                }
                 grid_barrier_arrive(count);
                 grid_barrier_wait(count, ++exchanges * (unsigned)G);
                 float s = 0.0f;
@@ -241,7 +263,7 @@ static const Shape SHAPES[] = {{"0.5b", 896, 4864, 24, 14, 2, 151936},
                                {"1.5b", 1536, 8960, 28, 12, 2, 151936},
                                {"7b", 3584, 18944, 28, 28, 4, 152064}};
 
-static Plan make_plan(const Shape &s, int G, unsigned exchange_mask, int stream) {
+static Plan make_plan(const Shape &s, int G, unsigned exchange_mask, int stream, int tagged) {
     Plan p;
     memset(&p, 0, sizeof p);
     const long long Dh = s.D / s.H, W = (s.H + 2LL * s.KVH) * Dh;
@@ -262,6 +284,7 @@ static Plan make_plan(const Shape &s, int G, unsigned exchange_mask, int stream)
     p.total_rounds = p.layers * p.rounds_per_layer + p.rounds[PHASES];
     p.exchange_mask = exchange_mask;
     p.stream = stream;
+    p.tagged = tagged;
     return p;
 }
 
@@ -269,8 +292,18 @@ static double step_bytes(const Plan &p) {
     return 16.0 * ((double)p.layers * p.layer_chunks + p.chunks[PHASES]);
 }
 
+/* What every launch takes beside its plan. */
+struct Buffers {
+    const uint4 *weights;
+    unsigned *count;           /* the grid barrier's counter */
+    float *vec;                /* [PHASES][2][MAX_OUT]: the phases' outputs */
+    unsigned long long *words; /* the same as tagged words */
+    float *out;
+    unsigned epoch;            /* tags used so far */
+};
+
 template <int R, bool BULK>
-static int time_plan(const Plan &p, int G, const uint4 *weights, unsigned *count, float *vec, float *out, double *us) {
+static int time_plan(const Plan &p, int G, Buffers &b, double *us) {
     const size_t smem = (size_t)R * ROUND_BYTES;
     CHECK(cudaFuncSetAttribute((void *)floor_kernel<R, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     cudaEvent_t e0, e1;
@@ -278,9 +311,11 @@ static int time_plan(const Plan &p, int G, const uint4 *weights, unsigned *count
     CHECK(cudaEventCreate(&e1));
     float best = 1e30f;
     for (int rep = 0; rep < 3; rep++) {
-        CHECK(cudaMemset(count, 0, sizeof(unsigned)));
+        CHECK(cudaMemset(b.count, 0, sizeof(unsigned)));
         Plan pv = p;
-        void *args[] = {&pv, (void *)&weights, &count, &vec, &out};
+        pv.epoch = b.epoch;
+        b.epoch += STEPS * p.layers * PHASES + 1; /* tags only grow: a stale word never passes for a new one */
+        void *args[] = {&pv, (void *)&b.weights, &b.count, &b.vec, &b.words, &b.out};
         CHECK(cudaEventRecord(e0));
         CHECK(cudaLaunchCooperativeKernel((void *)floor_kernel<R, BULK>, G, THREADS, args, smem, 0));
         CHECK(cudaEventRecord(e1));
@@ -295,15 +330,14 @@ static int time_plan(const Plan &p, int G, const uint4 *weights, unsigned *count
     return 0;
 }
 
-static int time_any(int R, bool bulk, const Plan &p, int G, const uint4 *w, unsigned *count, float *vec, float *out,
-                    double *us) {
+static int time_any(int R, bool bulk, const Plan &p, int G, Buffers &b, double *us) {
     switch (R * 2 + bulk) {
-    case 4: return time_plan<2, false>(p, G, w, count, vec, out, us);
-    case 5: return time_plan<2, true>(p, G, w, count, vec, out, us);
-    case 8: return time_plan<4, false>(p, G, w, count, vec, out, us);
-    case 9: return time_plan<4, true>(p, G, w, count, vec, out, us);
-    case 12: return time_plan<6, false>(p, G, w, count, vec, out, us);
-    default: return time_plan<6, true>(p, G, w, count, vec, out, us);
+    case 4: return time_plan<2, false>(p, G, b, us);
+    case 5: return time_plan<2, true>(p, G, b, us);
+    case 8: return time_plan<4, false>(p, G, b, us);
+    case 9: return time_plan<4, true>(p, G, b, us);
+    case 12: return time_plan<6, false>(p, G, b, us);
+    default: return time_plan<6, true>(p, G, b, us);
     }
 }
 
@@ -317,41 +351,47 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CHECK(cudaDeviceGetAttribute(&G, cudaDevAttrMultiProcessorCount, 0));
     CHECK(cudaGetDeviceProperties(&prop, 0));
-    unsigned *count;
-    float *vec, *out;
-    CHECK(cudaMalloc(&count, sizeof(unsigned)));
-    CHECK(cudaMalloc(&vec, (size_t)PHASES * 2 * MAX_OUT * sizeof(float)));
-    CHECK(cudaMemset(vec, 0, (size_t)PHASES * 2 * MAX_OUT * sizeof(float)));
-    CHECK(cudaMalloc(&out, G * sizeof(float)));
+    Buffers b = {};
+    const size_t outputs = (size_t)PHASES * 2 * MAX_OUT;
+    CHECK(cudaMalloc(&b.count, sizeof(unsigned)));
+    CHECK(cudaMalloc(&b.vec, outputs * sizeof(float)));
+    CHECK(cudaMemset(b.vec, 0, outputs * sizeof(float)));
+    CHECK(cudaMalloc(&b.words, outputs * sizeof(unsigned long long)));
+    CHECK(cudaMemset(b.words, 0, outputs * sizeof(unsigned long long)));
+    CHECK(cudaMalloc(&b.out, G * sizeof(float)));
     const int depths[3] = {2, 4, 6};
     const unsigned ALL = 0x1f, masks[4] = {0, ALL, ALL & ~1u, ALL & ~1u & ~(1u << 3)};
+    /* rows: the ring's copies and the exchange */
+    const struct { bool bulk, tagged; } kinds[3] = {{false, false}, {true, false}, {false, true}};
     printf("Batch-1 decode step floor: the weight stream and the grid exchanges alone, %d CTAs x %d threads\n"
            "(one per SM), us per step (best of 3 launches of %d steps) and %% of the HBM roofline (4.8 TB/s)\n\n",
            G, THREADS, STEPS);
-    printf("| model | weights per step | copies | ring per CTA | stream only | 5 exchanges (the kernel's) | 4 exchanges | 3 exchanges | exchanges only |\n");
-    printf("|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    printf("| model | weights per step | copies | exchange | ring per CTA | stream only | 5 exchanges (the kernel's) | 4 exchanges | 3 exchanges | exchanges only |\n");
+    printf("|---|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
     for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
         const Shape &s = SHAPES[k];
         bool wanted = argc < 2;
         for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], s.name) == 0;
         if (!wanted) continue;
-        const Plan base = make_plan(s, G, 0, 1);
-        const double bytes = step_bytes(base), roof_us = bytes / HBM_BYTES_PER_S * 1e6;
+        const double bytes = step_bytes(make_plan(s, G, 0, 1, 0)), roof_us = bytes / HBM_BYTES_PER_S * 1e6;
         uint4 *weights;
         CHECK(cudaMalloc(&weights, (size_t)bytes));
         CHECK(cudaMemset(weights, 0, (size_t)bytes));
-        double chain_us;
-        if (time_any(2, false, make_plan(s, G, ALL, 0), G, weights, count, vec, out, &chain_us)) return 1;
-        for (int bulk = 0; bulk < 2; bulk++)
+        b.weights = weights;
+        double chain_us[2];
+        for (int t = 0; t < 2; t++)
+            if (time_any(2, false, make_plan(s, G, ALL, 0, t), G, b, &chain_us[t])) return 1;
+        for (int kind = 0; kind < 3; kind++)
             for (int d = 0; d < 3; d++) {
-                printf("| %s | %.0f MB | %s | %d KB |", s.name, bytes / 1e6, bulk ? "bulk" : "per thread",
-                       depths[d] * ROUND_BYTES / 1024);
+                const bool bulk = kinds[kind].bulk, tagged = kinds[kind].tagged;
+                printf("| %s | %.0f MB | %s | %s | %d KB |", s.name, bytes / 1e6, bulk ? "bulk" : "per thread",
+                       tagged ? "tagged words" : "barrier + read", depths[d] * ROUND_BYTES / 1024);
                 for (int m = 0; m < 4; m++) {
                     double us;
-                    if (time_any(depths[d], bulk, make_plan(s, G, masks[m], 1), G, weights, count, vec, out, &us)) return 1;
+                    if (time_any(depths[d], bulk, make_plan(s, G, masks[m], 1, tagged), G, b, &us)) return 1;
                     printf(" %.0f (%.0f%%) |", us, 100.0 * roof_us / us);
                 }
-                printf(" %.0f |\n", chain_us);
+                printf(" %.0f |\n", chain_us[tagged]);
             }
         CHECK(cudaFree(weights));
     }

@@ -205,13 +205,16 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
             for (int k = 0; k < R; k++) issue_round<R, BULK>(p, weights, issue_at, base + k, ring, full, empty);
         for (int layer = 0; layer < p.layers; layer++) {
             for (int ph = 0; ph < PHASES; ph++) {
-                const float part = p.stream && p.rounds[ph] ? stream_phase<R, BULK>(p, weights, p.rounds[ph], g, base, issue_at, use_at, ring, full, empty, in)
-                                                                  : in;
+                float part = in;
+                if (p.stream && p.rounds[ph])
+                    part = stream_phase<R, BULK>(p, weights, p.rounds[ph], g, base, issue_at, use_at, ring, full, empty, in);
                 const float share = block_sum(part);
+                const bool exchange = p.exchange_mask >> ph & 1;
                 float *v = vec + ((size_t)ph * 2 + (layer & 1)) * MAX_OUT;
                 const int n = p.out[ph], r0 = (int)((long long)n * c / G), r1 = (int)((long long)n * (c + 1) / G);
-                for (int i = r0 + threadIdx.x; i < r1; i += THREADS) v[i] = share * 1e-9f + (float)i;
-                if (!(p.exchange_mask >> ph & 1)) continue;
+                if (!(exchange && p.tagged))
+                    for (int i = r0 + threadIdx.x; i < r1; i += THREADS) v[i] = share * 1e-9f + (float)i;
+                if (!exchange) continue;
                 if (p.tagged) { /* each value with the exchange's number in one 8-byte word; readers poll */
                     const unsigned long long tag = p.epoch + ++exchanges;
                     unsigned long long *w = words + ((size_t)ph * 2 + (layer & 1)) * MAX_OUT;

@@ -1,12 +1,11 @@
 /* bench_gpu_shapes.h — the Qwen2.5 model shapes the GPU benchmarks measure,
- * by preset name, and the config of a random-weight bf16 model of each. */
+ * by preset name, and the config of a random-weight bf16 model of each (C only:
+ * bench_layer_floor.cu, C++, takes just the table). */
 #ifndef COLT_BENCH_GPU_SHAPES_H
 #define COLT_BENCH_GPU_SHAPES_H
 
 #include <stdbool.h>
 #include <string.h>
-
-#include "model/model.h"
 
 typedef struct Shape {
     const char *name;
@@ -27,6 +26,9 @@ static inline const Shape *shape_by_name(const char *name) {
     return NULL;
 }
 
+#ifndef __cplusplus
+#include "model/model.h"
+
 /* Qwen2 config of a shape (q/k/v biases, rope theta 1e6, bf16). */
 static inline ModelConfig shape_config(const Shape *s) {
     ModelConfig cfg = {.arch = ARCH_QWEN2, .hidden_size = s->hidden, .intermediate_size = s->inter,
@@ -37,5 +39,6 @@ static inline ModelConfig shape_config(const Shape *s) {
                        .bos_token_id = -1, .torch_dtype = DTYPE_BF16};
     return cfg;
 }
+#endif
 
 #endif

@@ -25,6 +25,9 @@
 
 #include "backend/cuda/cuda_grid_barrier.cuh"
 
+#define BENCH_NAME "bench_grid_sync"
+#include "bench_grid_common.cuh"
+
 #define THREADS 512
 #define PHASES 2000
 #define MAX_D 8960
@@ -55,29 +58,6 @@ __device__ __forceinline__ void flag_barrier(unsigned *flags, unsigned gen) {
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
     __syncthreads();
-}
-
-/* Spins until the phase of mbarrier `bar` with this parity has completed (its bulk copy has landed). */
-__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned parity) {
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(bar);
-    unsigned done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(addr), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-__device__ float block_sum(float v) {
-    __shared__ float warp_sums[THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int k = 0; k < THREADS / 32; k++) total += warp_sums[k];
-    __syncthreads();
-    return total;
 }
 
 /* sync: [0] the barrier's counter, [64..) the per-CTA flags; vec [2][MAX_D] fp32; tagged [2][MAX_D]. */
@@ -114,7 +94,7 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
                 } while ((unsigned)(a >> 32) != tag || (unsigned)(b >> 32) != tag);
                 s += __uint_as_float((unsigned)a) + __uint_as_float((unsigned)b);
             }
-            val = block_sum(s) * 1e-9f + 1.0f;
+            val = block_sum<THREADS>(s) * 1e-9f + 1.0f;
             continue;
         }
         for (int i = r0 + threadIdx.x; i < r1; i += THREADS) vec[(size_t)buf * MAX_D + i] = val + i;
@@ -155,7 +135,7 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
             float4 v = __ldcg(reinterpret_cast<const float4 *>(vec + (size_t)buf * MAX_D + i));
             s += v.x + v.y + v.z + v.w;
         }
-        val = block_sum(s) * 1e-9f + 1.0f;
+        val = block_sum<THREADS>(s) * 1e-9f + 1.0f;
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (mode == STREAM_READ_BULK && threadIdx.x == 0) /* the last copies land before the CTA exits */
@@ -164,15 +144,6 @@ __global__ void __launch_bounds__(THREADS, 1) exchange_kernel(int mode, int D, u
     __syncthreads();
     if (threadIdx.x == 0) out[c] = val;
 }
-
-#define CHECK(call)                                                                                                \
-    do {                                                                                                           \
-        cudaError_t e_ = (call);                                                                                   \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "bench_grid_sync: %s: %s\n", #call, cudaGetErrorString(e_));                          \
-            return 1;                                                                                              \
-        }                                                                                                          \
-    } while (0)
 
 int main(void) {
     int devices = 0;

@@ -33,6 +33,10 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_grid_barrier.cuh"
+#include "bench_gpu_shapes.h"
+
+#define BENCH_NAME "bench_layer_floor"
+#include "bench_grid_common.cuh"
 
 #define THREADS 512
 #define ROUND_CHUNKS 4 /* 16-byte chunks per thread per round: 32 KB per CTA */
@@ -57,17 +61,6 @@ struct Plan {
     int tagged;                         /* exchanges as tagged words instead of barrier + read */
     unsigned epoch;                     /* tagged words: tags before this launch's */
 };
-
-__device__ float block_sum(float v) {
-    __shared__ float warp_sums[THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int k = 0; k < THREADS / 32; k++) total += warp_sums[k];
-    __syncthreads();
-    return total;
-}
 
 /* Where the CTA's next round of a step's stream (layers' phases in order, then the lm_head) comes from,
  * advanced round by round without divisions (the skeleton's per-round work is part of what it measures,
@@ -104,18 +97,6 @@ struct Cursor {
         return n;
     }
 };
-
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
 
 /* The next round of the stream (`at`), the CTA's q-th since the launch, into ring slot q % R. Per-thread
  * copies (BULK false): each thread copies its own ROUND_CHUNKS chunks with cp.async, and only it reads
@@ -208,7 +189,7 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
                 float part = in;
                 if (p.stream && p.rounds[ph])
                     part = stream_phase<R, BULK>(p, weights, p.rounds[ph], g, base, issue_at, use_at, ring, full, empty, in);
-                const float share = block_sum(part);
+                const float share = block_sum<THREADS>(part);
                 const bool exchange = p.exchange_mask >> ph & 1;
                 float *v = vec + ((size_t)ph * 2 + (layer & 1)) * MAX_OUT;
                 const int n = p.out[ph], r0 = (int)((long long)n * c / G), r1 = (int)((long long)n * (c + 1) / G);
@@ -229,7 +210,7 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
                         } while (a >> 32 != (unsigned)tag || b >> 32 != (unsigned)tag);
                         s += __uint_as_float((unsigned)a) + __uint_as_float((unsigned)b);
                     }
-                    in = block_sum(s) * 1e-9f + 1.0f;
+                    in = block_sum<THREADS>(s) * 1e-9f + 1.0f;
                     continue;
                 }
                 grid_barrier_arrive(count);
@@ -239,40 +220,24 @@ __global__ void __launch_bounds__(THREADS, 1) floor_kernel(Plan p, const uint4 *
                     const float4 x = __ldcg(reinterpret_cast<const float4 *>(v + i));
                     s += x.x + x.y + x.z + x.w;
                 }
-                in = block_sum(s) * 1e-9f + 1.0f;
+                in = block_sum<THREADS>(s) * 1e-9f + 1.0f;
             }
         }
-        if (p.stream) in += block_sum(stream_phase<R, BULK>(p, weights, p.rounds[PHASES], g, base, issue_at, use_at, ring, full, empty, in)) *
-                  1e-9f;
+        if (p.stream) /* the lm_head */
+            in += 1e-9f * block_sum<THREADS>(stream_phase<R, BULK>(p, weights, p.rounds[PHASES], g, base, issue_at, use_at,
+                                                                   ring, full, empty, in));
         asm volatile("cp.async.wait_group 0;" ::: "memory"); /* the empty groups past the end */
     }
     if (threadIdx.x == 0) out[c] = in;
 }
 
-#define CHECK(call)                                                                                                \
-    do {                                                                                                           \
-        cudaError_t e_ = (call);                                                                                   \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "bench_layer_floor: %s: %s\n", #call, cudaGetErrorString(e_));                        \
-            return 1;                                                                                              \
-        }                                                                                                          \
-    } while (0)
-
-struct Shape {
-    const char *name;
-    int D, F, layers, H, KVH, V;
-};
-static const Shape SHAPES[] = {{"0.5b", 896, 4864, 24, 14, 2, 151936},
-                               {"1.5b", 1536, 8960, 28, 12, 2, 151936},
-                               {"7b", 3584, 18944, 28, 28, 4, 152064}};
-
 static Plan make_plan(const Shape &s, int G, unsigned exchange_mask, int stream, int tagged) {
     Plan p;
     memset(&p, 0, sizeof p);
-    const long long Dh = s.D / s.H, W = (s.H + 2LL * s.KVH) * Dh;
-    const long long elems[STREAM_PHASES] = {W * s.D, 0, (long long)s.D * s.H * Dh, 2LL * s.F * s.D, (long long)s.D * s.F,
-                                            (long long)s.V * s.D};
-    const int outs[PHASES] = {(int)W, (int)(s.H * Dh), s.D, s.F, s.D};
+    const long long D = s.hidden, F = s.inter, H = s.heads, Dh = D / H, W = (H + 2LL * s.kv_heads) * Dh;
+    /* the lm_head's V x D only: an untied model's input embedding is read one row per token */
+    const long long elems[STREAM_PHASES] = {W * D, 0, D * H * Dh, 2 * F * D, D * F, (long long)s.vocab * D};
+    const int outs[PHASES] = {(int)W, (int)(H * Dh), (int)D, (int)F, (int)D};
     p.layers = s.layers;
     long long off = 0;
     for (int ph = 0; ph < STREAM_PHASES; ph++) {
@@ -345,6 +310,11 @@ static int time_any(int R, bool bulk, const Plan &p, int G, Buffers &b, double *
 }
 
 int main(int argc, char **argv) {
+    for (int a = 1; a < argc; a++)
+        if (!shape_by_name(argv[a])) {
+            fprintf(stderr, "bench_layer_floor: unknown shape '%s' (0.5b, 1.5b or 7b)\n", argv[a]);
+            return 2;
+        }
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         printf("no CUDA device\n");
@@ -371,11 +341,9 @@ int main(int argc, char **argv) {
            G, THREADS, STEPS);
     printf("| model | weights per step | copies | exchange | ring per CTA | stream only | 5 exchanges (the kernel's) | 4 exchanges | 3 exchanges | exchanges only |\n");
     printf("|---|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
-    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
-        const Shape &s = SHAPES[k];
-        bool wanted = argc < 2;
-        for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], s.name) == 0;
-        if (!wanted) continue;
+    const int n_shapes = argc < 2 ? (int)(sizeof SHAPES / sizeof SHAPES[0]) : argc - 1;
+    for (int k = 0; k < n_shapes; k++) { /* the shapes bench_decode measures (bench_gpu_shapes.h) */
+        const Shape &s = argc < 2 ? SHAPES[k] : *shape_by_name(argv[k + 1]);
         const double bytes = step_bytes(make_plan(s, G, 0, 1, 0)), roof_us = bytes / HBM_BYTES_PER_S * 1e6;
         uint4 *weights;
         CHECK(cudaMalloc(&weights, (size_t)bytes));

@@ -5,15 +5,24 @@
  * 0) and MATH-500 rows, and the external program: examples/reward_example.py
  * (when python3 is present), then shell programs that crash, exit, return a
  * wrong count, a string, invalid JSON, hang, or close stdin early — each a
- * clear error, no crash, no child left behind. */
+ * clear error, no crash, no child left behind. Then the reliability cases:
+ * rewards that overflow fp32, a program that answers twice, 1 MB on stderr,
+ * a crash whose message quotes the last stderr line, exits while a descendant
+ * holds the pipes, a colt killed with SIGKILL (its program must die too) and a
+ * setsid'd grandchild (it must not hold the caller's stderr). */
 #include <errno.h>
+#include <fcntl.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/dataset.h"
@@ -77,6 +86,10 @@ static void test_specs(void) {
         {"{\"target\": 3}", "needs a \"type\""},
         {"[1]", "must be an object"},
         {"{\"type\": \"math\", \"name\": \"\"}", "\"name\" must be a non-empty string"},
+        {"{\"type\": \"regex\", \"pattern\": \"a\", \"reward\": 1e39}",
+         "\"reward\" 1e+39 is not a finite 32-bit float"},
+        {"{\"type\": \"regex\", \"pattern\": \"a\", \"reward\": -3.5e38}", "is not a finite 32-bit float"},
+        {"{\"type\": \"length\", \"target\": -1e39}", "\"target\" -1e+39 is not a finite 32-bit float"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[ERR_LEN] = "";
@@ -485,6 +498,411 @@ static void test_bad_programs(void) {
     check_no_children("freeing a program that ignores EOF");
 }
 
+/* ---------------------------------------------------------------------------
+ * Reliability of external programs
+ * ------------------------------------------------------------------------- */
+
+static char tmp_dir[64]; /* for pid files the programs write */
+
+/* A command reward with the given timeout and name; NULL (message in err) on error. */
+static RewardFunc *make_command(const char *command, int timeout, const char *name, char *err) {
+    json_t *spec = json_pack("{s:s, s:s, s:i, s:s}", "type", "command", "command", command, "timeout", timeout,
+                             "name", name);
+    RewardFunc *r = NULL;
+    if (reward_create(&r, spec, err) != 0) r = NULL;
+    json_decref(spec);
+    return r;
+}
+
+/* Alive and not a zombie (an orphan's zombie may wait for an init that does
+ * not reap). */
+static int process_alive(pid_t pid) {
+    if (pid <= 0 || kill(pid, 0) != 0) return 0;
+    char path[64], stat[256] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    char *paren = strrchr(stat, ')');
+    return !(paren && paren[1] == ' ' && paren[2] == 'Z');
+}
+
+/* The pid a program wrote into tmp_dir/name, waiting up to wait_s for it. */
+static pid_t read_pid_file(const char *name, double wait_s) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    double t0 = now_s();
+    do {
+        FILE *f = fopen(path, "r");
+        long pid = 0;
+        if (f) {
+            int ok = fscanf(f, "%ld", &pid) == 1;
+            fclose(f);
+            if (ok && pid > 0) return (pid_t)pid;
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    } while (now_s() - t0 < wait_s);
+    return 0;
+}
+
+/* Kills a leftover (non-child) process a test started, if it still runs a sleep. */
+static void kill_leftover(pid_t pid) {
+    char path[64], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fgets(comm, sizeof comm, f) && !strncmp(comm, "sleep", 5)) kill(pid, SIGKILL);
+    fclose(f);
+}
+
+/* Rewards that a double holds but a float cannot are errors naming the
+ * reward and the completion; FLT_MAX as Python prints it still fits. */
+static void test_fp32_overflow(void) {
+    struct {
+        const char *answer;
+        const char *expect;
+    } bad[] = {
+        {"[1e39, 0]", "reward 'big': completion 0: 1e+39 is not a finite 32-bit float"},
+        {"[0, -1e39]", "reward 'big': completion 1: -1e+39 is not a finite 32-bit float"},
+        {"[0, 3.4028236e38]", "completion 1: 3.40282e+38 is not a finite 32-bit float"},
+    };
+    const char *completions[] = {"a", "b"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[ERR_LEN] = "", command[128];
+        snprintf(command, sizeof command, "while read -r l; do echo '{\"rewards\": %s}'; done", bad[i].answer);
+        RewardFunc *r = make_command(command, 5, "big", err);
+        CHECK(r != NULL, "%s: %s", command, err);
+        if (!r) continue;
+        float got[2];
+        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        CHECK(rc != 0 && strstr(err, bad[i].expect), "rewards %s: rc=%d err \"%s\" should contain \"%s\"",
+              bad[i].answer, rc, rc ? err : "", bad[i].expect);
+        printf("rewards %-18s -> %s\n", bad[i].answer, err);
+        reward_free(r);
+    }
+    char err[ERR_LEN] = "";
+    RewardFunc *r = make_command(
+        "while read -r l; do echo '{\"rewards\": [3.4028235e38, -3.4028235e38, null, 0.5]}'; done", 5, "edge", err);
+    CHECK(r != NULL, "edge: %s", err);
+    if (r) {
+        const char *c4[] = {"a", "b", "c", "d"};
+        check_values(r, "rewards +-FLT_MAX, null, 0.5", c4, NULL, (const float[]){FLT_MAX, -FLT_MAX, NAN, 0.5f}, 4);
+        reward_free(r);
+    }
+    /* The largest regex reward and length target that fit. */
+    r = make("{\"type\": \"regex\", \"pattern\": \"a\", \"reward\": -3.4028235e38}", err);
+    CHECK(r != NULL, "regex reward -FLT_MAX: %s", err);
+    if (r) check_values(r, "regex reward -FLT_MAX", completions, NULL, (const float[]){-FLT_MAX, 0}, 2);
+    reward_free(r);
+    r = make("{\"type\": \"length\", \"target\": -3.4028235e38}", err);
+    CHECK(r != NULL, "length target -FLT_MAX: %s", err);
+    if (r) check_values(r, "length target -FLT_MAX", completions, NULL, (const float[]){-FLT_MAX, -FLT_MAX}, 2);
+    reward_free(r);
+    check_no_children("fp32 overflow");
+}
+
+/* A second answer would be read as the answer to the next request. */
+static void test_answers_twice(void) {
+    const char *completions[] = {"a", "b"};
+    float got[2];
+    char err[ERR_LEN] = "";
+    /* Both lines at once: caught right after the first. */
+    RewardFunc *r = make_command("while read -r l; do echo '{\"rewards\": [1, 2]}'; echo '{\"rewards\": [3, 4]}'; done",
+                                 5, "twice", err);
+    CHECK(r != NULL, "twice: %s", err);
+    if (r) {
+        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        CHECK(rc != 0 && strstr(err, "wrote more than one line for one request") && strstr(err, "[3, 4]"),
+              "answers twice at once: rc=%d err=%s", rc, rc ? err : "");
+        printf("%-20s -> %s\n", "answers twice", err);
+        rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        CHECK(rc != 0 && strstr(err, "no longer running"), "answers twice, next call: %s", err);
+        reward_free(r);
+    }
+    /* The second line 0.2 s later: the first call succeeds, the next request
+     * (1 s later) is refused before it is written. */
+    r = make_command("while read -r l; do echo '{\"rewards\": [1, 2]}'; sleep 0.2; echo '{\"rewards\": [3, 4]}'; done",
+                     5, "late", err);
+    CHECK(r != NULL, "late: %s", err);
+    if (r) {
+        check_values(r, "answers twice, late: call 1", completions, NULL, (const float[]){1, 2}, 2);
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        CHECK(rc != 0 && strstr(err, "wrote more than one line for one request"), "late second answer: rc=%d err=%s",
+              rc, rc ? err : "");
+        printf("%-20s -> %s\n", "answers twice, late", err);
+        reward_free(r);
+    }
+    /* A banner before the first request. */
+    r = make_command("echo ready; while read -r l; do echo '{\"rewards\": [1, 2]}'; done", 5, "banner", err);
+    CHECK(r != NULL, "banner: %s", err);
+    if (r) {
+        struct timespec ts = {0, 300 * 1000000L};
+        nanosleep(&ts, NULL);
+        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        CHECK(rc != 0 && strstr(err, "wrote to stdout before its first request (\"ready\")"), "banner: rc=%d err=%s",
+              rc, rc ? err : "");
+        printf("%-20s -> %s\n", "banner on stdout", err);
+        reward_free(r);
+    }
+    check_no_children("answers twice");
+}
+
+/* 1 MB on stderr before reading the request (which is larger than a pipe)
+ * and 1 MB more before answering: no deadlock, every line forwarded with the
+ * reward's name. Our stderr goes to a file meanwhile. */
+static void test_stderr_flood(void) {
+    char err[ERR_LEN] = "", path[128];
+    snprintf(path, sizeof path, "%s/stderr.txt", tmp_dir);
+    const char *flood = "yes $(printf '%099d' 0) | head -n 10486 >&2";
+    char command[256];
+    snprintf(command, sizeof command, "%s; while read -r l; do %s; echo '{\"rewards\": [1, 2]}'; done", flood, flood);
+    RewardFunc *r = make_command(command, 20, "flood", err);
+    CHECK(r != NULL, "flood: %s", err);
+    if (!r) return;
+    char *big = malloc(300001);
+    memset(big, 'x', 300000);
+    big[300000] = '\0';
+    const char *completions[] = {big, "b"};
+    float got[2] = {0, 0};
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO), file = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    COLT_ASSERT(saved >= 0 && file >= 0);
+    dup2(file, STDERR_FILENO);
+    double t0 = now_s();
+    int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+    double elapsed = now_s() - t0;
+    reward_free(r);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(file);
+    CHECK(rc == 0 && got[0] == 1 && got[1] == 2, "1 MB on stderr: rc=%d err=%s got %g %g", rc, rc ? err : "", got[0],
+          got[1]);
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    long lines = 0, other = 0;
+    char want[160];
+    snprintf(want, sizeof want, "[reward flood] %099d\n", 0);
+    while (f && getline(&line, &cap, f) > 0) {
+        if (!strcmp(line, want)) lines++;
+        else other++;
+    }
+    free(line);
+    if (f) fclose(f);
+    unlink(path);
+    CHECK(lines == 2 * 10486 && other == 0, "stderr flood: %ld forwarded lines (want %d), %ld other lines", lines,
+          2 * 10486, other);
+    printf("%-20s -> answered in %.2f s, %ld stderr lines forwarded (2 x 1 MB)\n", "1 MB on stderr", elapsed, lines);
+    free(big);
+    check_no_children("stderr flood");
+}
+
+/* A crash quotes the program's last stderr line; an exit is noticed while a
+ * descendant still holds the pipes, long before the timeout. */
+static void test_crash_messages(void) {
+    struct {
+        const char *label;
+        const char *command;
+        const char *expect[2];
+        int needs_python;
+    } cases[] = {
+        {"python traceback", "python3 -c 'import sys; sys.stdin.readline(); 1/0'",
+         {"exited with status 1 without answering",
+          "its last line on stderr was \"ZeroDivisionError: division by zero\""},
+         1},
+        {"shell error", "read -r l; echo 'fatal: config.yaml not found' >&2; echo >&2; exit 2",
+         {"exited with status 2", "its last line on stderr was \"fatal: config.yaml not found\""}, 0},
+        {"exit, child holds stdout", "sleep 300 & read -r l; echo 'bad input' >&2; exit 5",
+         {"exited with status 5 without answering", "\"bad input\""}, 0},
+        {"exit, child holds stdin", "exec 3<&0; sleep 300 <&3 3<&- & exit 6",
+         {"exited with status 6 before reading all of its input", ""}, 0},
+        {"hang, setsid child", "setsid sh -c 'echo $$ > DIR/hang.pid; exec sleep 300' & sleep 30",
+         {"did not answer within 1 s (timeout); killed it", ""}, 0},
+    };
+    int have_python = system("command -v python3 >/dev/null 2>&1") == 0;
+    char *big = malloc(1 << 20);
+    memset(big, 'x', (1 << 20) - 1);
+    big[(1 << 20) - 1] = '\0';
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].needs_python && !have_python) {
+            printf("SKIP %s: python3 not found\n", cases[i].label);
+            continue;
+        }
+        char err[ERR_LEN] = "", command[256];
+        snprintf(command, sizeof command, "%s", cases[i].command);
+        char *dir = strstr(command, "DIR");
+        if (dir) {
+            char rest[256];
+            snprintf(rest, sizeof rest, "%s", dir + 3);
+            snprintf(dir, sizeof command - (size_t)(dir - command), "%s%s", tmp_dir, rest);
+        }
+        int timeout = strstr(cases[i].label, "hang") ? 1 : 10;
+        RewardFunc *r = make_command(command, timeout, "crash", err);
+        CHECK(r != NULL, "%s: %s", cases[i].label, err);
+        if (!r) continue;
+        const char *completions[] = {strstr(cases[i].label, "stdin") ? big : "a"};
+        float got;
+        double t0 = now_s();
+        int rc = reward_compute(r, &got, NULL, completions, NULL, 1, err);
+        double elapsed = now_s() - t0;
+        reward_free(r);
+        double freed = now_s() - t0 - elapsed;
+        CHECK(rc != 0 && strstr(err, cases[i].expect[0]) && strstr(err, cases[i].expect[1]),
+              "%s: rc=%d err \"%s\" should contain \"%s\" and \"%s\"", cases[i].label, rc, rc ? err : "",
+              cases[i].expect[0], cases[i].expect[1]);
+        CHECK(elapsed < timeout + 1.0 && (timeout == 1 || elapsed < 1.0) && freed < 0.5,
+              "%s: the error took %.2f s, freeing %.2f s", cases[i].label, elapsed, freed);
+        printf("%-24s (%.2f s) -> %s\n", cases[i].label, elapsed, err);
+        check_no_children(cases[i].label);
+    }
+    pid_t leftover = read_pid_file("hang.pid", 1.0);
+    CHECK(leftover > 0, "hang, setsid child: no hang.pid");
+    if (leftover > 0) kill_leftover(leftover);
+    free(big);
+}
+
+/* A colt killed with SIGKILL in the middle of a call takes its reward
+ * program and the program's children with it. */
+static void test_killed_caller(void) {
+    int sync[2];
+    COLT_ASSERT(pipe(sync) == 0);
+    fflush(NULL);
+    pid_t caller = fork();
+    COLT_ASSERT(caller >= 0);
+    if (caller == 0) {
+        close(sync[0]);
+        char err[ERR_LEN], command[256];
+        snprintf(command, sizeof command, "read -r l; sleep 300 & echo $! > %s/sleep.pid; wait", tmp_dir);
+        RewardFunc *r = make_command(command, 600, "sleepy", err);
+        pid_t pid = r ? reward_command_pid(r) : 0;
+        if (write(sync[1], &pid, sizeof pid) != (ssize_t)sizeof pid) _exit(1);
+        const char *completions[] = {"a"};
+        float got;
+        if (r) reward_compute(r, &got, NULL, completions, NULL, 1, err); /* blocks until killed */
+        _exit(1);
+    }
+    close(sync[1]);
+    pid_t program = 0;
+    ssize_t got_bytes = read(sync[0], &program, sizeof program);
+    close(sync[0]);
+    CHECK(got_bytes == (ssize_t)sizeof program && program > 0, "killed caller: the child could not start the program");
+    pid_t sleeper = read_pid_file("sleep.pid", 5.0);
+    CHECK(sleeper > 0, "killed caller: the program never read its request");
+    kill(caller, SIGKILL);
+    waitpid(caller, NULL, 0);
+    double t0 = now_s();
+    while ((process_alive(program) || process_alive(sleeper)) && now_s() - t0 < 5.0) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    double elapsed = now_s() - t0;
+    int program_alive = process_alive(program), sleeper_alive = process_alive(sleeper);
+    CHECK(program > 0 && sleeper > 0 && !program_alive && !sleeper_alive && elapsed < 2.0,
+          "killed caller: %.2f s later the program (pid %d) is %s, its child sleep (pid %d) is %s", elapsed,
+          (int)program, program_alive ? "alive" : "gone", (int)sleeper, sleeper_alive ? "alive" : "gone");
+    printf("%-24s -> program and its child gone %.2f s after the caller's SIGKILL\n", "caller killed (-9)", elapsed);
+    if (program_alive) kill(program, SIGKILL);
+    if (sleeper_alive) kill_leftover(sleeper);
+    check_no_children("killed caller");
+}
+
+/* A program whose setsid'd grandchild outlives it: the reward works, and once
+ * the caller (a child with a pipe as stderr) exits, the pipe reaches EOF — the
+ * grandchild holds only the program's own pipes. */
+static void test_setsid_grandchild(void) {
+    int err_pipe[2];
+    COLT_ASSERT(pipe(err_pipe) == 0);
+    fflush(NULL);
+    pid_t caller = fork();
+    COLT_ASSERT(caller >= 0);
+    if (caller == 0) {
+        dup2(err_pipe[1], STDERR_FILENO);
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+        char err[ERR_LEN], command[256];
+        snprintf(command, sizeof command,
+                 "setsid sh -c 'echo $$ > %s/daemon.pid; exec sleep 300' & "
+                 "echo started >&2; while read -r l; do echo '{\"rewards\": [1, 2]}'; done",
+                 tmp_dir);
+        RewardFunc *r = make_command(command, 10, "daemon", err);
+        if (!r) {
+            fprintf(stderr, "create: %s\n", err);
+            _exit(2);
+        }
+        const char *completions[] = {"a", "b"};
+        float got[2] = {0, 0};
+        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        double t0 = now_s();
+        reward_free(r);
+        double freed = now_s() - t0;
+        if (rc != 0) fprintf(stderr, "compute: %s\n", err);
+        fflush(stderr);
+        _exit(rc != 0 ? 3 : got[0] != 1 || got[1] != 2 ? 4 : freed > 2.0 ? 5 : 0);
+    }
+    close(err_pipe[1]);
+    char captured[4096];
+    size_t len = 0;
+    int status = -1;
+    double exited_at = 0, eof_at = 0, t0 = now_s();
+    /* EOF may come a moment before the exit can be reaped: wait for both. */
+    while ((eof_at == 0 || exited_at == 0) && now_s() - t0 < 20.0 &&
+           !(exited_at > 0 && now_s() - exited_at > 3.0)) {
+        struct pollfd pfd = {err_pipe[0], POLLIN, 0};
+        if (eof_at == 0 && poll(&pfd, 1, 20) > 0) {
+            ssize_t r = read(err_pipe[0], captured + len, sizeof captured - 1 - len);
+            if (r == 0) eof_at = now_s();
+            if (r > 0) len += (size_t)r;
+            if (len == sizeof captured - 1) len = 0; /* keep the tail */
+        } else if (eof_at > 0) {
+            struct timespec ts = {0, 20 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (exited_at == 0 && waitpid(caller, &status, WNOHANG) == caller) exited_at = now_s();
+    }
+    captured[len] = '\0';
+    int eof = eof_at > 0;
+    if (exited_at == 0) {
+        kill(caller, SIGKILL);
+        waitpid(caller, &status, 0);
+    }
+    double eof_after = eof && exited_at > 0 ? fmax(0.0, eof_at - exited_at) : -1.0;
+    close(err_pipe[0]);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "setsid grandchild: the caller ended with status 0x%x: %s",
+          status, captured);
+    CHECK(eof && exited_at > 0, "setsid grandchild: the caller's stderr %s (%s)",
+          exited_at > 0 ? "stayed open after it exited" : "caller did not exit", captured);
+    CHECK(strstr(captured, "[reward daemon] started") != NULL, "setsid grandchild: stderr not forwarded: %s", captured);
+    printf("%-24s -> rewards [1, 2], caller's stderr at EOF %.2f s after it exited\n", "setsid grandchild", eof_after);
+    pid_t daemon = read_pid_file("daemon.pid", 1.0);
+    CHECK(daemon > 0, "setsid grandchild: no daemon.pid");
+    if (daemon > 0) kill_leftover(daemon);
+    check_no_children("setsid grandchild");
+}
+
+static void test_reliability(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/colt-test-rewards-XXXXXX");
+    COLT_ASSERT(mkdtemp(tmp_dir) != NULL);
+    test_fp32_overflow();
+    test_answers_twice();
+    test_stderr_flood();
+    test_crash_messages();
+    test_killed_caller();
+    test_setsid_grandchild();
+    static const char *const files[] = {"sleep.pid", "daemon.pid", "hang.pid", "stderr.txt"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", tmp_dir, files[i]);
+        unlink(path);
+    }
+    rmdir(tmp_dir);
+}
+
 int main(void) {
     test_specs();
     test_length();
@@ -495,6 +913,7 @@ int main(void) {
     test_math_math500();
     test_example_program();
     test_bad_programs();
+    test_reliability();
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
     return failures ? 1 : 0;
 }

@@ -12,23 +12,92 @@
 
 #include "core/error.h"
 
+/* What a non-regular file is, for "X: not a regular file (a FIFO)". */
+static const char *file_kind(mode_t mode) {
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+/* Opens path for reading and requires a regular file. O_NONBLOCK because
+ * opening a FIFO would otherwise wait forever for a writer; it changes nothing
+ * for regular files. Returns the descriptor, or -1 with err set. */
+static int open_regular(const char *path, struct stat *st, char *err) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        /* a socket cannot be opened at all (ENXIO): say what it is instead */
+        if (stat(path, st) == 0 && !S_ISREG(st->st_mode))
+            return errorf(err, "%s: not a regular file (%s)", path, file_kind(st->st_mode));
+        return errorf(err, "%s: cannot open: %s", path, strerror(e));
+    }
+    if (fstat(fd, st) != 0) {
+        int e = errno;
+        close(fd);
+        return errorf(err, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        return errorf(err, "%s: not a regular file (%s)", path, file_kind(st->st_mode));
+    }
+    return fd;
+}
+
+int file_open_regular(const char *path, size_t *size, char *err) {
+    struct stat st;
+    int fd = open_regular(path, &st, err);
+    if (fd >= 0 && size) *size = (size_t)st.st_size;
+    return fd;
+}
+
+FILE *file_open_append(const char *path, char *err) {
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        errorf(err, "%s: cannot open for appending: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        errorf(err, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, O_WRONLY | O_APPEND); /* writes may block again, as for any file */
+    FILE *fp = fdopen(fd, "a");
+    if (!fp) {
+        errorf(err, "%s: cannot open for appending: %s", path, strerror(errno));
+        close(fd);
+    }
+    return fp;
+}
+
 int file_read_all(const char *path, char **data, size_t *len, char *err) {
     *data = NULL;
     if (len) *len = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return errorf(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return errorf(err, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
+    int fd = open_regular(path, &st, err);
+    if (fd < 0) return COLT_ERR;
+    size_t size = (size_t)st.st_size, got = 0;
     char *buf = xmalloc(size + 1);
-    size_t got = fread(buf, 1, size, fp);
-    fclose(fp);
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            free(buf);
+            return errorf(err, "%s: cannot read: %s", path, strerror(e));
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
     if (got != size) {
         free(buf);
-        return errorf(err, "%s: read %zu of %zu bytes", path, got, size);
+        return errorf(err, "%s: read %zu of %zu bytes (the file changed while being read)", path, got, size);
     }
     buf[size] = '\0';
     *data = buf;
@@ -44,20 +113,17 @@ bool file_exists(const char *path) {
 int file_map(MappedFile *mf, const char *path, char *err) {
     mf->data = NULL;
     mf->size = 0;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return errorf(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return errorf(err, "%s: not a regular file", path);
-    }
+    int fd = open_regular(path, &st, err);
+    if (fd < 0) return COLT_ERR;
     mf->size = (size_t)st.st_size;
     if (mf->size > 0) {
         void *p = mmap(NULL, mf->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
+            int e = errno;
             close(fd);
             mf->size = 0;
-            return errorf(err, "%s: cannot map: %s", path, strerror(errno));
+            return errorf(err, "%s: cannot map: %s", path, strerror(e));
         }
         mf->data = p;
     }
@@ -73,6 +139,7 @@ void file_unmap(MappedFile *mf) {
 
 int atomic_open(AtomicFile *af, const char *path, char *err) {
     af->path = xstrdup(path);
+    af->error = 0;
     size_t n = strlen(path) + 32;
     af->tmp_path = xmalloc(n);
     snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
@@ -87,15 +154,27 @@ int atomic_open(AtomicFile *af, const char *path, char *err) {
     return COLT_OK;
 }
 
+int atomic_write(AtomicFile *af, const void *data, size_t len, char *err) {
+    if (af->error) return errorf(err, "%s: write failed: %s", af->path, strerror(af->error));
+    errno = 0;
+    if (len == 0 || fwrite(data, 1, len, af->fp) == len) return COLT_OK;
+    af->error = errno ? errno : EIO; /* keep the first failure for atomic_commit */
+    return errorf(err, "%s: write failed: %s", af->path, strerror(af->error));
+}
+
 int atomic_commit(AtomicFile *af, char *err) {
-    int bad = ferror(af->fp);
-    if (fflush(af->fp) != 0) bad = 1;
-    if (!bad && fsync(fileno(af->fp)) != 0) bad = 1;
-    if (fclose(af->fp) != 0) bad = 1;
+    /* The first failure wins: a failed fwrite often shows up only at fflush
+     * (ENOSPC, EFBIG), and fclose must run whatever happened. */
+    int e = af->error;
+    const char *what = "write failed";
+    if (fflush(af->fp) != 0 && !e) e = errno;
+    if (!e && ferror(af->fp)) e = EIO; /* a caller's own fwrite failed and its errno is gone */
+    if (!e && fsync(fileno(af->fp)) != 0) e = errno, what = "fsync failed";
+    if (fclose(af->fp) != 0 && !e) e = errno, what = "close failed";
     af->fp = NULL;
     int rc = COLT_OK;
-    if (bad) {
-        rc = errorf(err, "%s: write failed: %s", af->path, strerror(errno));
+    if (e) {
+        rc = errorf(err, "%s: %s: %s", af->path, what, strerror(e));
         remove(af->tmp_path);
     } else if (rename(af->tmp_path, af->path) != 0) {
         rc = errorf(err, "%s: cannot rename into place: %s", af->path, strerror(errno));
@@ -119,11 +198,25 @@ void atomic_abort(AtomicFile *af) {
 int file_write_atomic(const char *path, const void *data, size_t len, char *err) {
     AtomicFile af;
     if (atomic_open(&af, path, err) != 0) return COLT_ERR;
-    if (len && fwrite(data, 1, len, af.fp) != len) {
+    if (atomic_write(&af, data, len, err) != 0) {
         atomic_abort(&af);
-        return errorf(err, "%s: write failed", path);
+        return COLT_ERR;
     }
     return atomic_commit(&af, err);
+}
+
+int file_append_line(FILE *fp, const char *path, const char *line, char *err) {
+    size_t n = strlen(line);
+    errno = 0;
+    int ok = fwrite(line, 1, n, fp) == n;
+    if (ok && (n == 0 || line[n - 1] != '\n')) ok = fputc('\n', fp) != EOF;
+    if (ok) ok = fflush(fp) == 0;
+    if (!ok) {
+        int e = errno ? errno : EIO;
+        clearerr(fp); /* so a later line can succeed once the disk has room again */
+        return errorf(err, "%s: cannot append: %s", path, strerror(e));
+    }
+    return COLT_OK;
 }
 
 char *path_join(const char *dir, const char *name) {

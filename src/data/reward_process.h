@@ -5,22 +5,31 @@
 #define COLT_DATA_REWARD_PROCESS_H
 
 #include <jansson.h>
+#include <sys/types.h>
 
 typedef struct RewardProcess RewardProcess;
 
-/* Starts `command` (its stderr is ours). Fails only if fork/pipe fail: a
- * program that cannot be found shows at the first call, as exit status 127. */
-int reward_process_start(RewardProcess **out, const char *command, double timeout_s, char *err);
+/* Starts `command` in its own process group, tied to our death. Its stderr
+ * is a pipe whose lines reach our stderr prefixed "[reward <name>] " while a
+ * call runs. Fails only if pipe/fork fail: a program that cannot be found
+ * shows at the first call, as exit status 127. */
+int reward_process_start(RewardProcess **out, const char *command, const char *name, double timeout_s, char *err);
 
 /* Writes `request` as one line and reads one line back into *reply (a JSON
  * value, caller decrefs). Within timeout_s in total, else the program is
  * killed. Errors name the command and say what happened (exited with status,
- * killed by signal, timeout, invalid JSON, write failed). After an error the
+ * killed by signal, timeout, invalid JSON, more than one line, write failed),
+ * quoting the program's last stderr line when it wrote one. After an error the
  * program is gone and later calls fail. */
 int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, char *err);
 
+/* The program's pid (the shell's, also its process group id); 0 once it is
+ * gone. For tests. */
+pid_t reward_process_pid(const RewardProcess *p);
+
 /* Closes its stdin, waits up to a second for it to exit, then kills its
- * process group, and reaps it. NULL is fine. */
+ * process group, and reaps it. Never waits for a descendant that left the
+ * group (setsid) and still holds the pipes. NULL is fine. */
 void reward_process_stop(RewardProcess *p);
 
 #endif

@@ -13,6 +13,12 @@
  * normalised strings. This is not a symbolic checker (math_verify): "\sqrt{2}"
  * and "\frac{\sqrt{8}}{2}" are different answers here.
  *
+ * Every reward is a finite 32-bit float or NaN: a value that overflows fp32
+ * (1e39 is finite as a double) is an error naming the reward and the
+ * completion, not an Inf that becomes a NaN metric and zeroed advantages.
+ * Spec values that become rewards (length's target, regex's reward) are
+ * checked when the reward is created.
+ *
  * The process plumbing is in reward_process.c. */
 #include "data/rewards.h"
 
@@ -51,6 +57,20 @@ static const char *json_type_name(const json_t *v) {
     case JSON_NULL: return "null";
     }
     return "unknown";
+}
+
+/* |x| below the midpoint between FLT_MAX and 2^128, the values that round to a
+ * finite float (so 3.4028235e38, FLT_MAX as Python prints it, still fits). */
+static int fits_float32(double x) { return fabs(x) < 0x1.ffffffp+127; }
+
+/* Stores value as rewards[i], or fails naming the reward and the completion. */
+static int store_reward(const RewardFunc *r, float *rewards, int i, double value, char *err) {
+    if (!fits_float32(value))
+        return errorf(err, "reward '%s': completion %d: %g is not a finite 32-bit float (rewards must stay within "
+                           "+-3.4e38)",
+                      r->name, i, value);
+    rewards[i] = (float)value;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------
@@ -329,6 +349,10 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
                    t ? "" : " and is missing");
             goto error;
         }
+        if (!fits_float32(json_number_value(t))) {
+            errorf(err, "length reward: \"target\" %g is not a finite 32-bit float", json_number_value(t));
+            goto error;
+        }
         r->type = REWARD_LENGTH;
         r->target = json_number_value(t);
     } else if (strcmp(type, "regex") == 0) {
@@ -364,6 +388,11 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
             goto error;
         }
         r->match_reward = reward ? json_number_value(reward) : 1.0;
+        if (!fits_float32(r->match_reward)) {
+            errorf(err, "regex reward: \"reward\" %g is not a finite 32-bit float (rewards must stay within "
+                        "+-3.4e38)", r->match_reward);
+            goto error;
+        }
         int code;
         PCRE2_SIZE offset;
         r->regex = pcre2_compile((PCRE2_SPTR)json_string_value(pattern), json_string_length(pattern), options, &code,
@@ -401,10 +430,10 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
         r->type = REWARD_COMMAND;
         r->command = xstrdup(json_string_value(command));
         if (strlen(r->command) > 80) strcpy(r->command + 77, "...");
-        if (reward_process_start(&r->process, json_string_value(command), timeout ? json_number_value(timeout) : 30.0,
-                                 err) != 0)
+        r->name = name_v ? xstrdup(json_string_value(name_v)) : command_default_name(json_string_value(command));
+        if (reward_process_start(&r->process, json_string_value(command), r->name,
+                                 timeout ? json_number_value(timeout) : 30.0, err) != 0)
             goto error;
-        if (!name_v) r->name = command_default_name(json_string_value(command));
     } else {
         errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command)", type);
         goto error;
@@ -428,6 +457,8 @@ void reward_free(RewardFunc *r) {
 }
 
 const char *reward_name(const RewardFunc *r) { return r->name; }
+
+pid_t reward_command_pid(const RewardFunc *r) { return r->type == REWARD_COMMAND ? reward_process_pid(r->process) : 0; }
 
 /* ---------------------------------------------------------------------------
  * Computing
@@ -556,7 +587,7 @@ static int compute_command(RewardFunc *r, float *rewards, const char *const *pro
         if (json_is_null(v)) {
             rewards[i] = NAN;
         } else if (json_is_number(v)) {
-            rewards[i] = (float)json_number_value(v);
+            if (store_reward(r, rewards, i, json_number_value(v), err) != 0) goto error;
         } else {
             errorf(err, "reward command '%s': rewards[%d] is %s, expected a number or null", r->command, i,
                    json_type_name(v));
@@ -575,7 +606,9 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
     if (n <= 0) return 0;
     switch (r->type) {
     case REWARD_LENGTH:
-        for (int i = 0; i < n; i++) rewards[i] = (float)-fabs(r->target - (double)utf8_length(completions[i]));
+        for (int i = 0; i < n; i++)
+            if (store_reward(r, rewards, i, -fabs(r->target - (double)utf8_length(completions[i])), err) != 0)
+                return COLT_ERR;
         return 0;
     case REWARD_REGEX: return compute_regex(r, rewards, completions, n, err);
     case REWARD_MATH: return compute_math(r, rewards, completions, rows, n, err);

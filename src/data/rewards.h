@@ -21,6 +21,7 @@
 #define COLT_DATA_REWARDS_H
 
 #include <jansson.h>
+#include <sys/types.h>
 
 typedef struct RewardFunc RewardFunc;
 
@@ -28,12 +29,18 @@ int reward_create(RewardFunc **out, json_t *spec, char *err);
 void reward_free(RewardFunc *r);  /* stops an external program */
 const char *reward_name(const RewardFunc *r);
 
+/* The pid of a command reward's program (its process group id); 0 for
+ * built-in rewards or once the program is gone. For tests. */
+pid_t reward_command_pid(const RewardFunc *r);
+
 /* rewards[i] for n completions; rows[i] is the dataset row of completion i
  * (columns reach the function). The external program gets one line
  *   {"prompts": [...], "completions": [...], "<column>": [...], ...}
  * and must answer one line {"rewards": [number or null, ...]} within the
- * timeout. A crash, a wrong count, a non-number or a timeout is an error with
- * a message that says which. */
+ * timeout. A crash, a wrong count, a non-number, a number that overflows a
+ * 32-bit float, a second answer line or a timeout is an error with a message
+ * that says which (quoting the program's last stderr line when it wrote one).
+ * Its stderr lines reach ours prefixed "[reward <name>] ". */
 int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                    json_t *const *rows, int n, char *err);
 

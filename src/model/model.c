@@ -204,8 +204,13 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
     float *host = xmalloc(max_numel * sizeof(float));
     model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
-        const SafeTensor *st = safetensors_find(&set, t[i].name, NULL);
-        safetensors_to_f32(host, st);
+        const char *path = NULL;
+        const SafeTensor *st = safetensors_find(&set, t[i].name, &path);
+        /* a NaN weight would only show up later as NaN logits or loss */
+        if (safetensors_to_f32_finite(host, st, path, err) != 0) {
+            free(host);
+            goto error;
+        }
         be->upload(*t[i].buf, host, spec_numel(&t[i]));
     }
     free(host);

@@ -1,11 +1,15 @@
 /* safetensors.c — see safetensors.h. Header JSON via jansson; data via mmap.
- * Validation follows the reference implementation (huggingface/safetensors):
- * header inside the file, known dtypes, offsets inside the data area, byte
- * size = numel * dtype size, no overlapping tensors. Holes between tensors are
- * tolerated. Assumes a little-endian host. */
+ * Validation follows the reference implementation (huggingface/safetensors,
+ * `validate`): header inside the file, known dtypes, byte size = numel * dtype
+ * size, and the tensors, sorted by offset, tile the data area exactly: no gap,
+ * no overlap, no trailing bytes. The tiling catches a header length that is
+ * off by a few bytes, which would otherwise load every tensor shifted (the
+ * padding spaces keep the shortened header valid JSON). Assumes a
+ * little-endian host. */
 #include "model/safetensors.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +80,77 @@ void safetensors_to_f32(float *dst, const SafeTensor *t) {
     }
 }
 
+/* True when the raw element i of t is NaN or ±Inf: exponent bits all ones. */
+static int element_non_finite(const SafeTensor *t, size_t i) {
+    if (t->dtype == DTYPE_F32) {
+        uint32_t u;
+        memcpy(&u, t->data + 4 * i, 4);
+        return (u & 0x7f800000u) == 0x7f800000u;
+    }
+    uint16_t h;
+    memcpy(&h, t->data + 2 * i, 2);
+    uint16_t exp_mask = t->dtype == DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    return (h & exp_mask) == exp_mask;
+}
+
+/* The error for t's first non-finite element, found by a scan from 0 (only
+ * run once a pass has seen one). */
+static int non_finite_error(const SafeTensor *t, const char *path, char *err) {
+    size_t n = safetensors_numel(t), i = 0;
+    while (i < n && !element_non_finite(t, i)) i++;
+    COLT_ASSERT(i < n);
+    float v;
+    if (t->dtype == DTYPE_F32) {
+        memcpy(&v, t->data + 4 * i, 4);
+    } else {
+        uint16_t h;
+        memcpy(&h, t->data + 2 * i, 2);
+        v = t->dtype == DTYPE_BF16 ? safetensors_bf16_to_f32(h) : safetensors_f16_to_f32(h);
+    }
+    char where[160] = "";
+    if (t->ndim > 1) { /* the index per dimension too: "[3,17]" */
+        size_t k = (size_t)snprintf(where, sizeof(where), " ["), rest = i, stride = n;
+        for (int d = 0; d < t->ndim && k < sizeof(where); d++) {
+            stride /= (size_t)t->shape[d];
+            k += (size_t)snprintf(where + k, sizeof(where) - k, "%s%zu", d ? "," : "", rest / stride);
+            rest %= stride;
+        }
+        if (k < sizeof(where)) snprintf(where + k, sizeof(where) - k, "]");
+    }
+    return errorf(err, "%s: tensor '%s' has %s at element %zu%s; the checkpoint is corrupt or from a diverged run",
+                  path, t->name, isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf", i, where);
+}
+
+int safetensors_check_finite(const SafeTensor *t, const char *path, char *err) {
+    size_t n = safetensors_numel(t);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad |= element_non_finite(t, i);
+    return bad ? non_finite_error(t, path, err) : COLT_OK;
+}
+
+int safetensors_to_f32_finite(float *dst, const SafeTensor *t, const char *path, char *err) {
+    size_t n = safetensors_numel(t);
+    int bad = 0;
+    /* one pass: convert and OR together "exponent all ones" of each element */
+    if (t->dtype == DTYPE_F32) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, t->data + 4 * i, 4); /* the mapped data may be unaligned */
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+            memcpy(&dst[i], &u, 4);
+        }
+    } else {
+        uint16_t exp_mask = t->dtype == DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * i, 2);
+            bad |= (h & exp_mask) == exp_mask;
+            dst[i] = t->dtype == DTYPE_BF16 ? safetensors_bf16_to_f32(h) : safetensors_f16_to_f32(h);
+        }
+    }
+    return bad ? non_finite_error(t, path, err) : COLT_OK;
+}
+
 /* ---------------------------------------------------------------- header parsing */
 
 void safetensors_header_free(SafeTensorsHeader *h) {
@@ -143,9 +218,42 @@ static int parse_tensor_entry(SafeTensor *t, const char *key, json_t *val, size_
     return COLT_OK;
 }
 
-static int compare_by_begin(const void *a, const void *b) {
+static int compare_by_offsets(const void *a, const void *b) {
     const SafeTensor *x = *(const SafeTensor *const *)a, *y = *(const SafeTensor *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end ? 1 : 0;
+}
+
+static const char *plural_bytes(size_t n) { return n == 1 ? "byte" : "bytes"; }
+
+/* The tensors, sorted by offset, must tile [0, data_size) exactly, as the
+ * reference implementation requires. Returns 0 or -1 with err set. */
+static int check_tiling(const SafeTensorsHeader *h, size_t data_size, const char *name, char *err) {
+    if (h->n_tensors == 0) {
+        if (data_size == 0) return COLT_OK;
+        return errorf(err, "%s: %zu %s of data but the header lists no tensors (the header length may be wrong)", name,
+                      data_size, plural_bytes(data_size));
+    }
+    const SafeTensor **order = xmalloc((size_t)h->n_tensors * sizeof(*order));
+    for (int i = 0; i < h->n_tensors; i++) order[i] = &h->tensors[i];
+    qsort(order, (size_t)h->n_tensors, sizeof(*order), compare_by_offsets);
+    int rc = COLT_OK;
+    size_t pos = 0; /* where the previous tensor's data ended */
+    for (int i = 0; i < h->n_tensors && rc == COLT_OK; i++) {
+        const SafeTensor *t = order[i];
+        if (t->begin > pos)
+            rc = errorf(err, "%s: gap of %zu %s before tensor '%s' (data_offsets [%zu,%zu]; the data must be packed)",
+                        name, t->begin - pos, plural_bytes(t->begin - pos), t->name, t->begin, t->end);
+        else if (t->begin < pos)
+            rc = errorf(err, "%s: tensors '%s' [%zu,%zu] and '%s' [%zu,%zu] overlap", name, order[i - 1]->name,
+                        order[i - 1]->begin, order[i - 1]->end, t->name, t->begin, t->end);
+        pos = t->end;
+    }
+    if (rc == COLT_OK && pos < data_size)
+        rc = errorf(err, "%s: %zu %s after the last tensor's data (the header length may be wrong)", name,
+                    data_size - pos, plural_bytes(data_size - pos));
+    free(order);
+    return rc;
 }
 
 int safetensors_parse_header(SafeTensorsHeader *h, const uint8_t *bytes, size_t size, const char *name,
@@ -189,24 +297,7 @@ int safetensors_parse_header(SafeTensorsHeader *h, const uint8_t *bytes, size_t 
     json_decref(root);
     root = NULL;
 
-    /* Overlaps: sort by begin; each non-empty tensor must start at or after the previous one's end. */
-    if (h->n_tensors > 1) {
-        const SafeTensor **order = xmalloc((size_t)h->n_tensors * sizeof(*order));
-        for (int i = 0; i < h->n_tensors; i++) order[i] = &h->tensors[i];
-        qsort(order, (size_t)h->n_tensors, sizeof(*order), compare_by_begin);
-        const SafeTensor *prev = NULL;
-        for (int i = 0; i < h->n_tensors; i++) {
-            if (order[i]->begin == order[i]->end) continue;
-            if (prev && order[i]->begin < prev->end) {
-                errorf(err, "%s: tensors '%s' [%zu,%zu] and '%s' [%zu,%zu] overlap", name, prev->name, prev->begin,
-                       prev->end, order[i]->name, order[i]->begin, order[i]->end);
-                free(order);
-                goto error;
-            }
-            prev = order[i];
-        }
-        free(order);
-    }
+    if (check_tiling(h, data_size, name, err) != 0) goto error;
     return COLT_OK;
 error:
     if (root) json_decref(root);
@@ -337,6 +428,13 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
     const SafeTensorWrite **order = xmalloc((size_t)(n ? n : 1) * sizeof(*order));
     for (int i = 0; i < n; i++) order[i] = &tensors[i];
     qsort(order, (size_t)n, sizeof(*order), compare_write_names);
+    /* A repeated name would leave its first copy's bytes as a gap nobody can read. */
+    for (int i = 0; i < n; i++)
+        if ((i > 0 && strcmp(order[i]->name, order[i - 1]->name) == 0) || strcmp(order[i]->name, "__metadata__") == 0) {
+            int rc = errorf(err, "%s: tensor name '%s' is repeated or reserved; nothing written", path, order[i]->name);
+            free(order);
+            return rc;
+        }
 
     json_t *root = json_object();
     json_t *meta = json_object();
@@ -366,10 +464,13 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
         free(order);
         return COLT_ERR;
     }
-    uint8_t len_bytes[8];
-    for (int i = 0; i < 8; i++) len_bytes[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    int ok = fwrite(len_bytes, 1, 8, af.fp) == 8 && fwrite(header, 1, hlen, af.fp) == hlen;
-    for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', af.fp) != EOF;
+    /* the length field, the header and its padding spaces in one buffer */
+    uint8_t *head = xmalloc(8 + padded);
+    for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(head + 8, header, hlen);
+    memset(head + 8 + hlen, ' ', padded - hlen);
+    int ok = atomic_write(&af, head, 8 + padded, err) == 0;
+    free(head);
     free(header);
     enum { CHUNK = 1 << 16 };
     uint16_t *chunk = xmalloc(CHUNK * sizeof(uint16_t));
@@ -378,7 +479,7 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
         const SafeTensorWrite *w = order[i];
         size_t numel = write_numel(w);
         if (dtype == DTYPE_F32 && w->data) {
-            ok = fwrite(w->data, 4, numel, af.fp) == numel;
+            ok = atomic_write(&af, w->data, numel * 4, err) == 0;
             continue;
         }
         for (size_t j = 0; ok && j < numel; j += CHUNK) {
@@ -386,19 +487,19 @@ int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, D
             const float *src = w->data ? w->data + j : values;
             if (!w->data) w->fill(values, j, m, w->fill_ctx);
             if (dtype == DTYPE_F32) {
-                ok = fwrite(src, 4, m, af.fp) == m;
+                ok = atomic_write(&af, src, m * 4, err) == 0;
                 continue;
             }
             for (size_t k = 0; k < m; k++) chunk[k] = safetensors_f32_to_bf16(src[k]);
-            ok = fwrite(chunk, 2, m, af.fp) == m;
+            ok = atomic_write(&af, chunk, m * 2, err) == 0;
         }
     }
     free(values);
     free(chunk);
     free(order);
-    if (!ok) {
+    if (!ok) { /* err says why */
         atomic_abort(&af);
-        return errorf(err, "%s: write failed", path);
+        return COLT_ERR;
     }
     return atomic_commit(&af, err);
 }

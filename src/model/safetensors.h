@@ -3,7 +3,8 @@
  *
  * Layout: 8-byte little-endian header length N, N bytes of JSON header
  * {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
- * then the data area; offsets are relative to the data area. Files are
+ * then the data area; offsets are relative to the data area, and the tensors
+ * must tile it exactly (no gap, overlap or trailing byte). Files are
  * memory-mapped; tensors are converted to fp32 on request. This is not a
  * general tensor library: only F32, BF16 and F16 are supported.
  *
@@ -37,7 +38,9 @@ typedef struct SafeTensorsHeader {
 } SafeTensorsHeader;
 
 /* Parses and validates the header of an in-memory safetensors file of size
- * bytes; name prefixes error messages. Tensor data pointers point into bytes.
+ * bytes, including that the tensors tile the data area exactly (so a header
+ * length off by a byte is an error, not shifted weights); name prefixes error
+ * messages. Tensor data pointers point into bytes.
  * Returns 0 or -1 with err set; on error nothing needs freeing. */
 int safetensors_parse_header(SafeTensorsHeader *h, const uint8_t *bytes, size_t size, const char *name,
                              char *err);
@@ -59,8 +62,16 @@ const SafeTensor *safetensors_find(const SafeTensorsSet *set, const char *name, 
 
 /* Element count (product of the shape). */
 size_t safetensors_numel(const SafeTensor *t);
-/* Converts a tensor's data to fp32 (dst has numel floats). */
+/* Converts a tensor's data to fp32 (dst has numel floats). No checks. */
 void safetensors_to_f32(float *dst, const SafeTensor *t);
+/* The same conversion, also requiring every value to be finite, in one pass.
+ * Returns 0, or -1 with err = "<path>: tensor '<name>' has NaN at element
+ * <i> [<index per dim>]; ..." (dst is then partly written). Every model load
+ * goes through this. */
+int safetensors_to_f32_finite(float *dst, const SafeTensor *t, const char *path, char *err);
+/* Only the check, for a loader that validates every tensor before touching
+ * any state (the optimizer's). Same error as above. */
+int safetensors_check_finite(const SafeTensor *t, const char *path, char *err);
 
 /* bf16 <-> fp32; fp32 -> bf16 rounds to nearest even (NaN stays NaN). */
 uint16_t safetensors_f32_to_bf16(float x);
@@ -83,7 +94,8 @@ typedef struct SafeTensorWrite {
 } SafeTensorWrite;
 
 /* Writes tensors (sorted by name, as HF does) to path atomically, dtype F32 or
- * BF16, header padded with spaces to a multiple of 8 bytes. */
+ * BF16, header padded with spaces to a multiple of 8 bytes, data packed with
+ * no gaps. A repeated name is an error. */
 int safetensors_write(const char *path, const SafeTensorWrite *tensors, int n, DType dtype, char *err);
 
 #endif

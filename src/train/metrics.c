@@ -47,17 +47,26 @@ json_t *metrics_to_json(const Metrics *m) {
     return a;
 }
 
-int metrics_from_json(Metrics *m, json_t *j) {
+int metrics_from_json(Metrics *m, json_t *j, const char *where, char *err) {
     memset(m, 0, sizeof *m);
-    if (!json_is_array(j)) return COLT_ERR;
+    if (!json_is_array(j)) return errorf(err, "%s: metrics must be an array", where);
+    if (json_array_size(j) > METRICS_MAX)
+        return errorf(err, "%s: %zu metrics, at most %d", where, json_array_size(j), METRICS_MAX);
     size_t i;
     json_t *e;
     json_array_foreach(j, i, e) {
-        json_t *name = json_object_get(e, "name");
-        if (!json_is_string(name) || m->n >= METRICS_MAX) return COLT_ERR;
-        int k = metrics_index(m, json_string_value(name));
-        m->sum[k] = json_number_value(json_object_get(e, "sum"));
-        m->count[k] = json_number_value(json_object_get(e, "count"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        json_t *sum = json_object_get(e, "sum"), *count = json_object_get(e, "count");
+        if (!name || strlen(name) >= sizeof m->names[0])
+            return errorf(err, "%s: metrics[%zu] needs a name shorter than %zu characters", where, i, sizeof m->names[0]);
+        for (int k = 0; k < m->n; k++)
+            if (strcmp(m->names[k], name) == 0) return errorf(err, "%s: metric '%s' appears twice", where, name);
+        if (!json_is_number(sum) || !isfinite(json_number_value(sum)) || !json_is_number(count) ||
+            !(json_number_value(count) >= 0) || !isfinite(json_number_value(count)))
+            return errorf(err, "%s: metric '%s' needs a finite sum and a count >= 0", where, name);
+        int k = metrics_index(m, name);
+        m->sum[k] = json_number_value(sum);
+        m->count[k] = json_number_value(count);
     }
     return COLT_OK;
 }

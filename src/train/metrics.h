@@ -22,6 +22,8 @@ void metrics_set(Metrics *m, const char *name, double value);
 /* Means as a JSON object (metric names in insertion order), then clears. */
 json_t *metrics_flush(Metrics *m);
 json_t *metrics_to_json(const Metrics *m);
-int metrics_from_json(Metrics *m, json_t *j);
+/* Reads metrics_to_json's form back, checked (names, finite sums, counts >= 0);
+ * where: for messages. */
+int metrics_from_json(Metrics *m, json_t *j, const char *where, char *err);
 
 #endif

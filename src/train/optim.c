@@ -8,6 +8,7 @@
  * float rounding. This is not the trainer loop and not the GRPO loss. */
 #include "train/optim.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +150,16 @@ void optim_free(Optimizer *o) {
 
 int64_t optim_step_count(const Optimizer *o) { return o->step; }
 
+/* A sum of squares in double is finite exactly when every float is (the
+ * largest float squared is ~1e77). */
+bool optim_state_finite(const Optimizer *o) {
+    size_t n = 0;
+    const void *weights = o->master_flat ? o->master_flat : model_weights_flat(o->model, &n);
+    return isfinite(o->be->sum_squares(weights, o->flat_numel)) &&
+           isfinite(o->be->sum_squares(o->exp_avg_flat, o->flat_numel)) &&
+           isfinite(o->be->sum_squares(o->exp_avg_sq_flat, o->flat_numel));
+}
+
 size_t optim_state_bytes(const Optimizer *o) {
     return o->flat_numel * sizeof(float) * (o->master_flat ? 3 : 2);
 }
@@ -196,6 +207,8 @@ double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, cons
 /* ---------------------------------------------------------------- state file */
 
 #define OPTIM_FORMAT "colt-adamw"
+/* Steps far beyond any run, far inside the bias corrections' arithmetic. */
+#define OPTIM_MAX_STEP ((int64_t)1 << 40)
 
 /* State tensor k of parameter i: 0 exp_avg, 1 exp_avg_sq, 2 the fp32 master
  * weight (saved when the storage is not fp32, so a GPU run resumes from the
@@ -283,28 +296,26 @@ static int read_step(int64_t *step, const uint8_t *bytes, size_t size, const cha
     const char *fmt = json_string_value(json_object_get(meta, "format"));
     const char *s = json_string_value(json_object_get(meta, "step"));
     char *end = NULL;
+    errno = 0;
     long long v = s ? strtoll(s, &end, 10) : -1;
     int bad_format = !fmt || strcmp(fmt, OPTIM_FORMAT) != 0;
-    int bad_step = !s || *end != '\0' || v < 0;
+    int bad_step = !s || end == s || *end != '\0' || errno != 0 || v < 0 || v > OPTIM_MAX_STEP;
     json_decref(root);
     if (bad_format) return errorf(err, "%s: not a colt optimizer state (metadata format is not '%s')", path, OPTIM_FORMAT);
-    if (bad_step) return errorf(err, "%s: metadata 'step' is missing or not a non-negative integer", path);
+    if (bad_step)
+        return errorf(err, "%s: metadata 'step' is missing or not an integer in 0 .. %lld", path,
+                      (long long)OPTIM_MAX_STEP);
     (void)size;
     *step = v;
     return 0;
 }
 
-int optim_load(Optimizer *o, const char *path, char *err) {
-    MappedFile mf;
-    if (file_map(&mf, path, err) != 0) return COLT_ERR;
+int optim_load_bytes(Optimizer *o, const void *data, size_t size, const char *path, char *err) {
     SafeTensorsHeader h;
-    if (safetensors_parse_header(&h, mf.data, mf.size, path, err) != 0) {
-        file_unmap(&mf);
-        return COLT_ERR;
-    }
+    if (safetensors_parse_header(&h, data, size, path, err) != 0) return COLT_ERR;
     int rc = 0;
     int64_t step = 0;
-    rc = read_step(&step, mf.data, mf.size, path, err);
+    rc = read_step(&step, data, size, path, err);
     /* Moments always; master weights when the file has them (a GPU run's) and
      * this optimizer keeps them (otherwise they start from the loaded weights). */
     if (rc == 0 && h.n_tensors != 2 * o->n && h.n_tensors != 3 * o->n)
@@ -327,21 +338,38 @@ int optim_load(Optimizer *o, const char *path, char *err) {
             found[3 * i + k] = t;
             free(name);
         }
-    if (rc == 0) {
-        size_t max_numel = 1;
-        for (int i = 0; i < o->n; i++)
-            if (o->params[i].numel > max_numel) max_numel = o->params[i].numel;
-        float *host = xmalloc(max_numel * sizeof(float));
-        for (int i = 0; i < o->n; i++)
-            for (int k = 0; k < per_param; k++) {
-                safetensors_to_f32(host, found[3 * i + k]);
-                o->be->upload_f32(state_buffer(o, i, k), host, o->params[i].numel);
-            }
-        free(host);
-        o->step = step;
-    }
+    size_t max_numel = 1;
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i].numel > max_numel) max_numel = o->params[i].numel;
+    float *host = xmalloc(max_numel * sizeof(float));
+    /* Every value finite (exp_avg_sq also >= 0: AdamW takes its square root),
+     * checked before anything is uploaded. */
+    for (int i = 0; rc == 0 && i < o->n; i++)
+        for (int k = 0; rc == 0 && k < per_param; k++) {
+            safetensors_to_f32(host, found[3 * i + k]);
+            for (size_t j = 0; j < o->params[i].numel; j++)
+                if (!isfinite(host[j]) || (k == 1 && host[j] < 0.0f)) {
+                    rc = errorf(err, "%s: tensor '%s' holds %g at index %zu (%s)", path, found[3 * i + k]->name,
+                                (double)host[j], j, k == 1 ? "must be finite and >= 0" : "must be finite");
+                    break;
+                }
+        }
+    for (int i = 0; rc == 0 && i < o->n; i++)
+        for (int k = 0; k < per_param; k++) {
+            safetensors_to_f32(host, found[3 * i + k]);
+            o->be->upload_f32(state_buffer(o, i, k), host, o->params[i].numel);
+        }
+    free(host);
+    if (rc == 0) o->step = step;
     free(found);
     safetensors_header_free(&h);
+    return rc;
+}
+
+int optim_load(Optimizer *o, const char *path, char *err) {
+    MappedFile mf;
+    if (file_map(&mf, path, err) != 0) return COLT_ERR;
+    int rc = optim_load_bytes(o, mf.data, mf.size, path, err);
     file_unmap(&mf);
     return rc;
 }

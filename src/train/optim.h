@@ -55,5 +55,11 @@ double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, cons
  * mismatch. */
 int optim_save(const Optimizer *o, const char *path, char *err);
 int optim_load(Optimizer *o, const char *path, char *err);
+/* optim_load on a file's bytes (path: for messages). Checks everything —
+ * format, step, names, shapes, every value finite — before changing anything. */
+int optim_load_bytes(Optimizer *o, const void *data, size_t size, const char *path, char *err);
+/* True when the weights AdamW updates (the fp32 masters, or the weights
+ * themselves in fp32) and both moments are all finite. */
+bool optim_state_finite(const Optimizer *o);
 
 #endif

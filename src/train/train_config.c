@@ -1,7 +1,9 @@
 /* train_config.c — see train_config.h. One table lists every key: its type,
- * where it lives in TrainConfig, and its help; loading, flags, help text and
- * the JSON dump all walk it. YAML comes through libyaml's event parser and
- * becomes a jansson value, so YAML and JSON files share one code path. */
+ * where it lives in TrainConfig, its range and its help; loading, flags,
+ * range checks, help text and the JSON dump all walk it. YAML comes through
+ * libyaml's event parser and becomes a jansson value, so YAML and JSON files
+ * share one code path (train_config_load_text). Not a schema for the reward
+ * specs: reward_funcs is checked by data/rewards.c. */
 #include "train/train_config.h"
 
 #include <errno.h>
@@ -19,46 +21,68 @@
 
 typedef enum { KEY_DOUBLE, KEY_DOUBLE_OR_NULL, KEY_INT, KEY_U64, KEY_BOOL, KEY_STRING, KEY_JSON_LIST } KeyType;
 
+/* Which ends of a double key's range are open: [min, max], (min, max], [min, max). */
+typedef enum { RANGE_CLOSED, RANGE_OPEN_MIN, RANGE_OPEN_MAX } RangeEnds;
+
 typedef struct ConfigKey {
     const char *name;
     KeyType type;
     size_t offset;
     const char *help;
+    int64_t imin, imax; /* KEY_INT, KEY_U64: allowed values, both included */
+    double min, max;    /* KEY_DOUBLE, KEY_DOUBLE_OR_NULL: finite bounds, ends per `ends` */
+    RangeEnds ends;
+    bool nullable;      /* KEY_INT: null (TRL's None) sets 0 */
 } ConfigKey;
 
-#define K(name, type, help) {#name, type, offsetof(TrainConfig, name), help}
+#define STEPS TRAIN_CONFIG_MAX_STEPS
+#define K(key, t, h) {.name = #key, .type = t, .offset = offsetof(TrainConfig, key), .help = h}
+#define KI(key, lo, hi, h) \
+    {.name = #key, .type = KEY_INT, .offset = offsetof(TrainConfig, key), .help = h, .imin = lo, .imax = hi}
+#define KI_NULL(key, lo, hi, h)                                                                                      \
+    {.name = #key, .type = KEY_INT, .offset = offsetof(TrainConfig, key), .help = h, .imin = lo, .imax = hi, \
+     .nullable = true}
+#define KD(key, t, lo, e, hi, h) \
+    {.name = #key, .type = t, .offset = offsetof(TrainConfig, key), .help = h, .min = lo, .max = hi, .ends = e}
+/* Ranges: the meaningful interval where there is one (betas, probabilities,
+ * fractions); elsewhere a cap no run meets that keeps the value finite as a
+ * float and every product of train_config.h's list inside int. Temperature
+ * and repetition_penalty stop at 1e-3 and adam_epsilon at 1e-30 because the
+ * float a smaller value becomes divides logits or updates (0 would give inf). */
 static const ConfigKey KEYS[] = {
     K(model, KEY_STRING, "Hugging Face model folder to train"),
     K(dataset, KEY_STRING, "prompts: .jsonl or .json array of objects with \"prompt\""),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command, ...})"),
-    K(reward_weights, KEY_JSON_LIST, "one weight per reward function (default 1 each)"),
-    K(learning_rate, KEY_DOUBLE, "AdamW learning rate"),
+    K(reward_weights, KEY_JSON_LIST, "one weight per reward function (default 1 each; each within +-1e6)"),
+    KD(learning_rate, KEY_DOUBLE, 0, RANGE_CLOSED, 100, "AdamW learning rate"),
     K(lr_scheduler_type, KEY_STRING, "constant, constant_with_warmup, linear or cosine"),
-    K(warmup_ratio, KEY_DOUBLE, "fraction of steps for linear warmup"),
-    K(warmup_steps, KEY_INT, "warmup steps (overrides warmup_ratio when > 0)"),
-    K(weight_decay, KEY_DOUBLE, "AdamW decoupled weight decay"),
-    K(adam_beta1, KEY_DOUBLE, "AdamW beta1"),
-    K(adam_beta2, KEY_DOUBLE, "AdamW beta2"),
-    K(adam_epsilon, KEY_DOUBLE, "AdamW epsilon"),
-    K(max_grad_norm, KEY_DOUBLE, "clip the global gradient norm to this (0 = off)"),
-    K(num_generations, KEY_INT, "completions per prompt (G)"),
-    K(max_completion_length, KEY_INT, "tokens per completion at most"),
-    K(max_prompt_length, KEY_INT, "prompt tokens kept (longer prompts lose their left part, as TRL)"),
-    K(temperature, KEY_DOUBLE, "sampling temperature (also divides the logits when scoring)"),
-    K(top_p, KEY_DOUBLE, "nucleus sampling"),
-    K(top_k, KEY_INT, "top-k sampling (0 = off)"),
-    K(min_p, KEY_DOUBLE, "min-p sampling (0 = off)"),
-    K(repetition_penalty, KEY_DOUBLE, "repetition penalty (1 = off)"),
-    K(beta, KEY_DOUBLE, "KL coefficient against the frozen initial model (0 = no reference model)"),
-    K(epsilon, KEY_DOUBLE, "lower clipping epsilon"),
-    K(epsilon_high, KEY_DOUBLE_OR_NULL, "upper clipping epsilon (default: epsilon)"),
-    K(delta, KEY_DOUBLE_OR_NULL, "cap on the importance ratio (two-sided clipping; null = off)"),
+    KD(warmup_ratio, KEY_DOUBLE, 0, RANGE_CLOSED, 1, "fraction of steps for linear warmup"),
+    KI(warmup_steps, 0, STEPS, "warmup steps (overrides warmup_ratio when > 0)"),
+    KD(weight_decay, KEY_DOUBLE, 0, RANGE_CLOSED, 100, "AdamW decoupled weight decay"),
+    KD(adam_beta1, KEY_DOUBLE, 0, RANGE_OPEN_MAX, 1, "AdamW beta1"),
+    KD(adam_beta2, KEY_DOUBLE, 0, RANGE_OPEN_MAX, 1, "AdamW beta2"),
+    KD(adam_epsilon, KEY_DOUBLE, 1e-30, RANGE_CLOSED, 1, "AdamW epsilon"),
+    KD(max_grad_norm, KEY_DOUBLE, 0, RANGE_CLOSED, 1e9, "clip the global gradient norm to this (0 = off)"),
+    KI(num_generations, 2, TRAIN_CONFIG_MAX_BATCH, "completions per prompt (G; GRPO compares them, so >= 2)"),
+    KI(max_completion_length, 1, TRAIN_CONFIG_MAX_LENGTH, "tokens per completion at most"),
+    KI(max_prompt_length, 1, TRAIN_CONFIG_MAX_LENGTH,
+       "prompt tokens kept (longer prompts lose their left part, as TRL)"),
+    KD(temperature, KEY_DOUBLE, 1e-3, RANGE_CLOSED, 100, "sampling temperature (also divides the logits when scoring)"),
+    KD(top_p, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1, "nucleus sampling"),
+    KI_NULL(top_k, 0, TRAIN_CONFIG_MAX_TOP_K, "top-k sampling (0 = off)"),
+    KD(min_p, KEY_DOUBLE, 0, RANGE_CLOSED, 1, "min-p sampling (0 = off)"),
+    KD(repetition_penalty, KEY_DOUBLE, 1e-3, RANGE_CLOSED, 100, "repetition penalty (1 = off)"),
+    KD(beta, KEY_DOUBLE, 0, RANGE_CLOSED, 1000,
+       "KL coefficient against the frozen initial model (0 = no reference model)"),
+    KD(epsilon, KEY_DOUBLE, 0, RANGE_CLOSED, 1000, "lower clipping epsilon"),
+    KD(epsilon_high, KEY_DOUBLE_OR_NULL, 0, RANGE_CLOSED, 1000, "upper clipping epsilon (default: epsilon)"),
+    KD(delta, KEY_DOUBLE_OR_NULL, 1, RANGE_OPEN_MIN, 1e9, "cap on the importance ratio (two-sided clipping; null = off)"),
     K(loss_type, KEY_STRING, "grpo, bnpo, dr_grpo or dapo"),
     K(importance_sampling_level, KEY_STRING, "token or sequence (GSPO)"),
     K(scale_rewards, KEY_STRING, "group, batch or none"),
-    K(num_iterations, KEY_INT, "optimisation passes over each generation batch (mu)"),
+    KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
     K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
     K(use_vllm, KEY_BOOL, "accepted for TRL configs; colt always generates with its in-process engine"),
@@ -66,33 +90,48 @@ static const ConfigKey KEYS[] = {
     K(vllm_importance_sampling_correction, KEY_BOOL,
       "weight the loss by exp(trainer old log-prob - sampler log-prob), bounded per vllm_importance_sampling_mode"),
     K(vllm_importance_sampling_mode, KEY_STRING, "token_truncate, token_mask, sequence_truncate or sequence_mask"),
-    K(vllm_importance_sampling_clip_min, KEY_DOUBLE_OR_NULL, "lower bound of the IS ratio (null = none)"),
-    K(vllm_importance_sampling_clip_max, KEY_DOUBLE_OR_NULL, "upper bound of the IS ratio (null = none)"),
-    K(vllm_importance_sampling_cap, KEY_DOUBLE_OR_NULL, "deprecated (TRL): sets vllm_importance_sampling_clip_max"),
-    K(gpu_memory_utilization, KEY_DOUBLE, "KV pool cap, fraction of total device memory (0 = auto: what is free)"),
-    {"vllm_gpu_memory_utilization", KEY_DOUBLE, offsetof(TrainConfig, gpu_memory_utilization),
-     "TRL's name for gpu_memory_utilization (colt's default 0 = auto, not TRL's 0.3)"},
+    KD(vllm_importance_sampling_clip_min, KEY_DOUBLE_OR_NULL, 0, RANGE_CLOSED, 1e9,
+       "lower bound of the IS ratio (null = none)"),
+    KD(vllm_importance_sampling_clip_max, KEY_DOUBLE_OR_NULL, 0, RANGE_OPEN_MIN, 1e9,
+       "upper bound of the IS ratio (null = none)"),
+    KD(vllm_importance_sampling_cap, KEY_DOUBLE_OR_NULL, 0, RANGE_OPEN_MIN, 1e9,
+       "deprecated (TRL): sets vllm_importance_sampling_clip_max"),
+    KD(gpu_memory_utilization, KEY_DOUBLE, 0, RANGE_CLOSED, 1,
+       "KV pool cap, fraction of total device memory (0 = auto: what is free)"),
+    {.name = "vllm_gpu_memory_utilization", .type = KEY_DOUBLE, .offset = offsetof(TrainConfig, gpu_memory_utilization),
+     .help = "TRL's name for gpu_memory_utilization (colt's default 0 = auto, not TRL's 0.3)", .min = 0, .max = 1},
     K(deterministic, KEY_BOOL,
       "batch-invariant kernels: engine log-probs bit-identical to the trainer's, completions independent of the "
       "batch (default: on for bf16 weights, where it costs ~10-17% of a GRPO step; off for fp32)"),
-    K(per_device_train_batch_size, KEY_INT, "completions per micro-batch"),
-    K(gradient_accumulation_steps, KEY_INT, "micro-batches per optimizer step"),
-    K(generation_batch_size, KEY_INT, "completions per generation round (default: batch * steps_per_generation)"),
-    K(steps_per_generation, KEY_INT, "micro-batches per generation round (default: gradient_accumulation_steps)"),
-    K(max_steps, KEY_INT, "optimizer steps (-1: from num_train_epochs)"),
-    K(num_train_epochs, KEY_DOUBLE, "passes over the prompts when max_steps is -1"),
-    K(logging_steps, KEY_INT, "log metrics every N optimizer steps"),
-    K(save_steps, KEY_INT, "save a checkpoint every N optimizer steps (0 = only at the end)"),
-    K(save_total_limit, KEY_INT, "keep at most N checkpoints (0 = all)"),
-    K(eval_steps, KEY_INT, "evaluate on eval_dataset every N steps (0 = only before and after)"),
-    K(num_eval_prompts, KEY_INT, "eval prompts used (0 = all)"),
-    K(log_completions_count, KEY_INT, "sample completions printed and saved per logging step"),
-    K(seed, KEY_U64, "seed for shuffling and sampling"),
+    KI(per_device_train_batch_size, 1, TRAIN_CONFIG_MAX_BATCH, "completions per micro-batch"),
+    KI(gradient_accumulation_steps, 1, TRAIN_CONFIG_MAX_BATCH, "micro-batches per optimizer step"),
+    KI_NULL(generation_batch_size, 0, TRAIN_CONFIG_MAX_COMPLETIONS,
+            "completions per generation round (default: batch * steps_per_generation)"),
+    KI_NULL(steps_per_generation, 0, TRAIN_CONFIG_MAX_BATCH,
+            "micro-batches per generation round (default: gradient_accumulation_steps)"),
+    KI(max_steps, -1, STEPS, "optimizer steps (-1: from num_train_epochs)"),
+    KD(num_train_epochs, KEY_DOUBLE, 0, RANGE_OPEN_MIN, TRAIN_CONFIG_MAX_EPOCHS,
+       "passes over the prompts when max_steps is -1"),
+    KI(logging_steps, 1, STEPS, "log metrics every N optimizer steps"),
+    KI(save_steps, 0, STEPS, "save a checkpoint every N optimizer steps (0 = only at the end)"),
+    KI_NULL(save_total_limit, 0, STEPS, "keep at most N checkpoints (0 = all)"),
+    KI(eval_steps, 0, STEPS, "evaluate on eval_dataset every N steps (0 = only before and after)"),
+    KI(num_eval_prompts, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "eval prompts used (0 = all)"),
+    KI(log_completions_count, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "sample completions printed and saved per logging step"),
+    {.name = "seed", .type = KEY_U64, .offset = offsetof(TrainConfig, seed), .help = "seed for shuffling and sampling",
+     .imin = 0, .imax = INT64_MAX},
     K(resume_from_checkpoint, KEY_STRING, "checkpoint folder to continue from"),
     K(device, KEY_STRING, "cpu, cuda or auto (cuda when a GPU is usable)"),
 };
 #undef K
+#undef KI
+#undef KI_NULL
+#undef KD
+#undef STEPS
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
+
+/* Reward weights are applied as floats; a cap keeps them (and their sums) finite. */
+#define MAX_REWARD_WEIGHT 1e6
 
 void train_config_defaults(TrainConfig *c) {
     memset(c, 0, sizeof *c);
@@ -192,59 +231,211 @@ static int unknown_key(const char *name, const char *where, char *err) {
     return errorf(err, "%s: unknown setting '%s' (did you mean '%s'?)", where, name, best);
 }
 
+/* ---------------------------------------------------------------- ranges */
+
+/* "1 .. 1048576" or "0 < top_p <= 1": the range as it reads in messages and help. */
+static void range_text(char *out, size_t n, const ConfigKey *k) {
+    if (k->type == KEY_INT || k->type == KEY_U64) {
+        snprintf(out, n, "%lld .. %lld", (long long)k->imin, (long long)k->imax);
+    } else {
+        snprintf(out, n, "%.10g %s %s %s %.10g%s", k->min, k->ends == RANGE_OPEN_MIN ? "<" : "<=", k->name,
+                 k->ends == RANGE_OPEN_MAX ? "<" : "<=", k->max, k->type == KEY_DOUBLE_OR_NULL ? ", or null" : "");
+    }
+}
+
+static bool double_in_range(const ConfigKey *k, double d) {
+    bool above_min = k->ends == RANGE_OPEN_MIN ? d > k->min : d >= k->min;
+    bool below_max = k->ends == RANGE_OPEN_MAX ? d < k->max : d <= k->max;
+    return above_min && below_max; /* false for NaN */
+}
+
+static int range_error(const ConfigKey *k, const char *value, bool is_nan, const char *where, char *err) {
+    char range[128];
+    range_text(range, sizeof range, k);
+    return errorf(err, "%s: %s: %s is %s (%s)", where, k->name, value, is_nan ? "not a number" : "out of range", range);
+}
+
+/* The shortest text that reads back as d, with ".0" on whole numbers so an
+ * int key's error shows that a real was given. */
+static void real_text(char *out, size_t n, double d) {
+    for (int precision = 6; precision <= 17; precision++) {
+        snprintf(out, n, "%.*g", precision, d);
+        if (!isfinite(d) || strtod(out, NULL) == d) break;
+    }
+    if (isfinite(d) && strspn(out, "-0123456789") == strlen(out)) snprintf(out + strlen(out), n - strlen(out), ".0");
+}
+
+/* Every numeric setting within its key's range (values put into the struct
+ * directly, not through the loaders, meet the same bounds). */
+static int check_ranges(const TrainConfig *c, const char *where, char *err) {
+    char value[64];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const ConfigKey *k = &KEYS[i];
+        const void *p = (const char *)c + k->offset;
+        if (k->type == KEY_INT) {
+            int v = *(const int *)p;
+            if (v < k->imin || v > k->imax) {
+                snprintf(value, sizeof value, "%d", v);
+                return range_error(k, value, false, where, err);
+            }
+        } else if (k->type == KEY_U64) {
+            uint64_t v = *(const uint64_t *)p;
+            if (v > (uint64_t)k->imax) {
+                snprintf(value, sizeof value, "%llu", (unsigned long long)v);
+                return range_error(k, value, false, where, err);
+            }
+        } else if (k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
+            double d = *(const double *)p;
+            if (k->type == KEY_DOUBLE_OR_NULL && isnan(d)) continue; /* unset */
+            if (!double_in_range(k, d)) {
+                real_text(value, sizeof value, d);
+                return range_error(k, value, isnan(d), where, err);
+            }
+        }
+    }
+    return COLT_OK;
+}
+
 /* ---------------------------------------------------------------- values */
 
-/* A YAML plain scalar (or a flag's text) as JSON: null, bool, int, real or string. */
+static bool is_null_text(const char *s) {
+    return !*s || strcmp(s, "~") == 0 || strcasecmp(s, "null") == 0 || strcmp(s, "None") == 0;
+}
+
+/* A YAML plain scalar (or a flag's text) as JSON: null, bool, int, real or
+ * string. Numbers a double or int64 cannot hold (1e400, nan, 2^64) stay
+ * strings, so a setting's error can quote them as written. */
 static json_t *scalar_to_json(const char *s, bool quoted) {
     if (quoted) return json_string(s);
-    if (!*s || strcmp(s, "~") == 0 || strcasecmp(s, "null") == 0 || strcmp(s, "None") == 0) return json_null();
+    if (is_null_text(s)) return json_null();
     if (strcasecmp(s, "true") == 0 || strcasecmp(s, "yes") == 0) return json_true();
     if (strcasecmp(s, "false") == 0 || strcasecmp(s, "no") == 0) return json_false();
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (!errno && *end == '\0') return json_integer(v);
+    if (end != s && *end == '\0') return errno ? json_string(s) : json_integer(v);
     errno = 0;
     double d = strtod(s, &end);
-    if (!errno && *end == '\0' && isfinite(d)) return json_real(d);
+    if (end != s && !errno && *end == '\0' && isfinite(d)) return json_real(d);
     return json_string(s);
+}
+
+/* A value for a numeric key, classified once from JSON or from text. */
+typedef enum { NUM_NULL, NUM_INT, NUM_BIG_INT, NUM_REAL, NUM_OTHER } NumKind;
+typedef struct Number {
+    NumKind kind;
+    long long i;    /* NUM_INT */
+    double d;       /* NUM_INT, NUM_BIG_INT, NUM_REAL (may be inf or nan) */
+    char text[64];  /* as the user wrote it, for messages */
+} Number;
+
+static void number_from_text(Number *n, const char *s) {
+    size_t len = strlen(s);
+    snprintf(n->text, sizeof n->text, "%.40s%s", s, len > 40 ? "..." : "");
+    if (is_null_text(s)) {
+        n->kind = NUM_NULL;
+        return;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end != s && *end == '\0') {
+        n->kind = errno == ERANGE ? NUM_BIG_INT : NUM_INT;
+        n->i = v;
+        n->d = errno == ERANGE ? strtod(s, NULL) : (double)v;
+        return;
+    }
+    double d = strtod(s, &end); /* also nan, inf and 1e400 (inf, ERANGE): the range check reports them */
+    if (end != s && *end == '\0') {
+        n->kind = NUM_REAL;
+        n->d = d;
+        return;
+    }
+    const char *t = s + (*s == '+' || *s == '-'); /* YAML's .inf and .nan */
+    if (strcmp(t, ".inf") == 0 || strcmp(t, ".Inf") == 0 || strcmp(t, ".INF") == 0) {
+        n->kind = NUM_REAL;
+        n->d = *s == '-' ? -INFINITY : INFINITY;
+        return;
+    }
+    if (t == s && (strcmp(s, ".nan") == 0 || strcmp(s, ".NaN") == 0 || strcmp(s, ".NAN") == 0)) {
+        n->kind = NUM_REAL;
+        n->d = NAN;
+        return;
+    }
+    n->kind = NUM_OTHER;
+    snprintf(n->text, sizeof n->text, "'%.40s%s'", s, len > 40 ? "..." : "");
+}
+
+static void number_from_json(Number *n, const json_t *v) {
+    memset(n, 0, sizeof *n);
+    if (json_is_string(v)) number_from_text(n, json_string_value(v));
+    else if (json_is_null(v)) n->kind = NUM_NULL, snprintf(n->text, sizeof n->text, "null");
+    else if (json_is_integer(v)) {
+        n->kind = NUM_INT;
+        n->i = json_integer_value(v);
+        n->d = (double)n->i;
+        snprintf(n->text, sizeof n->text, "%lld", n->i);
+    } else if (json_is_real(v)) {
+        n->kind = NUM_REAL;
+        n->d = json_real_value(v);
+        real_text(n->text, sizeof n->text, n->d);
+    } else {
+        n->kind = NUM_OTHER;
+        snprintf(n->text, sizeof n->text, "%s",
+                 json_is_boolean(v) ? (json_is_true(v) ? "true" : "false") : json_is_array(v) ? "a list" : "a mapping");
+    }
+}
+
+/* Sets a numeric key (int, u64, double) after its range check; on error the
+ * setting keeps its value. */
+static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const char *where, char *err) {
+    void *p = (char *)c + k->offset;
+    Number n;
+    number_from_json(&n, v);
+    char range[128];
+    range_text(range, sizeof range, k);
+    if (k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
+        if (n.kind == NUM_NULL && k->type == KEY_DOUBLE_OR_NULL) {
+            *(double *)p = NAN;
+            return COLT_OK;
+        }
+        if (n.kind == NUM_NULL || n.kind == NUM_OTHER)
+            return errorf(err, "%s: %s must be a number (%s), not %s", where, k->name, range, n.text);
+        if (!double_in_range(k, n.d)) return range_error(k, n.text, isnan(n.d), where, err);
+        *(double *)p = n.d;
+        return COLT_OK;
+    }
+    if (n.kind == NUM_NULL && k->nullable) {
+        *(int *)p = 0;
+        return COLT_OK;
+    }
+    if (n.kind == NUM_BIG_INT || (n.kind == NUM_INT && (n.i < k->imin || n.i > k->imax)))
+        return range_error(k, n.text, false, where, err);
+    if (n.kind != NUM_INT)
+        return errorf(err, "%s: %s must be an integer (%s), not %s", where, k->name, range, n.text);
+    if (k->type == KEY_INT) *(int *)p = (int)n.i;
+    else *(uint64_t *)p = (uint64_t)n.i;
+    return COLT_OK;
 }
 
 static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err) {
     void *p = (char *)c + k->offset;
-    /* Numbers given as strings ("1e-6" is a string in YAML 1.1) are accepted. */
-    json_t *num = v;
-    json_t *parsed = NULL;
-    if (json_is_string(v) && k->type != KEY_STRING && k->type != KEY_JSON_LIST) {
-        parsed = scalar_to_json(json_string_value(v), false);
-        num = parsed;
-    }
     int rc = COLT_OK;
     switch (k->type) {
     case KEY_DOUBLE:
     case KEY_DOUBLE_OR_NULL:
-        if (json_is_null(num) && k->type == KEY_DOUBLE_OR_NULL) *(double *)p = NAN;
-        else if (json_is_number(num)) *(double *)p = json_number_value(num);
-        else rc = errorf(err, "%s: '%s' must be a number", where, k->name);
-        break;
     case KEY_INT:
-        if (json_is_null(num) && (strcmp(k->name, "generation_batch_size") == 0 ||
-                                  strcmp(k->name, "steps_per_generation") == 0 ||
-                                  strcmp(k->name, "save_total_limit") == 0 || strcmp(k->name, "top_k") == 0))
-            *(int *)p = 0;  /* TRL's None */
-        else if (json_is_integer(num) && json_integer_value(num) >= -2147483647LL &&
-                 json_integer_value(num) <= 2147483647LL)
-            *(int *)p = (int)json_integer_value(num);
-        else rc = errorf(err, "%s: '%s' must be an integer", where, k->name);
-        break;
     case KEY_U64:
-        if (json_is_integer(num) && json_integer_value(num) >= 0) *(uint64_t *)p = (uint64_t)json_integer_value(num);
-        else rc = errorf(err, "%s: '%s' must be a non-negative integer", where, k->name);
+        rc = set_number(c, k, v, where, err);
         break;
-    case KEY_BOOL:
-        if (json_is_boolean(num)) *(bool *)p = json_is_true(num);
+    case KEY_BOOL: {
+        /* "true" given as a string (a quoted YAML value, a flag) is accepted */
+        json_t *b = json_is_string(v) ? scalar_to_json(json_string_value(v), false) : json_incref(v);
+        if (json_is_boolean(b)) *(bool *)p = json_is_true(b);
         else rc = errorf(err, "%s: '%s' must be true or false", where, k->name);
+        json_decref(b);
         break;
+    }
     case KEY_STRING:
         if (json_is_string(v)) {
             free(*(char **)p);
@@ -252,11 +443,9 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         } else if (json_is_null(v)) {
             free(*(char **)p);
             *(char **)p = NULL;
-        } else if (json_is_number(v) || json_is_boolean(v)) {
-            /* e.g. scale_rewards: true (TRL accepts booleans there) */
+        } else if (json_is_boolean(v)) { /* e.g. scale_rewards: true (TRL accepts booleans there) */
             free(*(char **)p);
-            *(char **)p = xstrdup(json_is_true(v) ? "true" : json_is_false(v) ? "false" : "");
-            if (json_is_number(v)) rc = errorf(err, "%s: '%s' must be a string", where, k->name);
+            *(char **)p = xstrdup(json_is_true(v) ? "true" : "false");
         } else rc = errorf(err, "%s: '%s' must be a string", where, k->name);
         break;
     case KEY_JSON_LIST: {
@@ -274,7 +463,6 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         break;
     }
     }
-    json_decref(parsed);
     /* either name of the KV pool cap: remember that the user chose it */
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
@@ -288,8 +476,10 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
     json_t *v;
     if (k->type == KEY_JSON_LIST) {
         json_error_t jerr;
-        v = json_loads(value, JSON_DECODE_ANY, &jerr);
+        v = json_loads(value, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
         if (!v) return errorf(err, "%s: '%s' must be JSON (a list): %s", where, key, jerr.text);
+    } else if (k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
+        v = json_string(value); /* set_number reads the text itself, so errors quote it as typed ("1e18") */
     } else {
         v = scalar_to_json(value, false);
         if (k->type == KEY_STRING && !json_is_null(v)) {  /* "null" unsets a path */
@@ -305,11 +495,18 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
 
 /* ---------------------------------------------------------------- YAML */
 
+static void yaml_syntax_error(const yaml_parser_t *parser, const char *name, char *err) {
+    errorf(err, "%s line %zu: %s", name, parser->problem_mark.line + 1,
+           parser->problem ? parser->problem : "YAML syntax error");
+}
+
 /* Builds a jansson value from libyaml events (mappings, sequences, scalars;
- * anchors and aliases are rejected). */
-static json_t *yaml_node(yaml_parser_t *parser, yaml_event_t *first, const char *path, char *err, int depth) {
+ * anchors and aliases are rejected). A key given twice in one mapping is an
+ * error, as JSON_REJECT_DUPLICATES makes it for JSON: last-wins would let a
+ * forgotten line silently override the one the user is looking at. */
+static json_t *yaml_node(yaml_parser_t *parser, yaml_event_t *first, const char *name, char *err, int depth) {
     if (depth > 64) {
-        errorf(err, "%s: nesting deeper than 64", path);
+        errorf(err, "%s line %zu: nesting deeper than 64", name, first->start_mark.line + 1);
         return NULL;
     }
     if (first->type == YAML_SCALAR_EVENT) {
@@ -319,82 +516,87 @@ static json_t *yaml_node(yaml_parser_t *parser, yaml_event_t *first, const char 
                       first->data.scalar.style == YAML_LITERAL_SCALAR_STYLE ||
                       first->data.scalar.style == YAML_FOLDED_SCALAR_STYLE;
         json_t *v = scalar_to_json(s, quoted);
-        if (!v) errorf(err, "%s line %zu: invalid UTF-8", path, first->start_mark.line + 1);
+        if (!v) errorf(err, "%s line %zu: invalid UTF-8", name, first->start_mark.line + 1);
         return v;
     }
     if (first->type == YAML_ALIAS_EVENT) {
-        errorf(err, "%s line %zu: YAML aliases are not supported", path, first->start_mark.line + 1);
+        errorf(err, "%s line %zu: YAML aliases are not supported", name, first->start_mark.line + 1);
         return NULL;
     }
     bool is_map = first->type == YAML_MAPPING_START_EVENT;
     if (!is_map && first->type != YAML_SEQUENCE_START_EVENT) {
-        errorf(err, "%s line %zu: unexpected YAML content", path, first->start_mark.line + 1);
+        errorf(err, "%s line %zu: unexpected YAML content", name, first->start_mark.line + 1);
         return NULL;
     }
     json_t *out = is_map ? json_object() : json_array();
+    json_t *key_lines = is_map ? json_object() : NULL; /* key -> line of its first appearance */
     for (;;) {
         yaml_event_t ev;
         if (!yaml_parser_parse(parser, &ev)) {
-            errorf(err, "%s line %zu: %s", path, parser->problem_mark.line + 1,
-                   parser->problem ? parser->problem : "YAML syntax error");
-            json_decref(out);
-            return NULL;
+            yaml_syntax_error(parser, name, err);
+            break;
         }
         if (ev.type == YAML_MAPPING_END_EVENT || ev.type == YAML_SEQUENCE_END_EVENT) {
             yaml_event_delete(&ev);
+            json_decref(key_lines);
             return out;
         }
         if (is_map) {
+            size_t line = ev.start_mark.line + 1;
             if (ev.type != YAML_SCALAR_EVENT) {
-                errorf(err, "%s line %zu: mapping keys must be plain strings", path, ev.start_mark.line + 1);
+                errorf(err, "%s line %zu: mapping keys must be plain strings", name, line);
                 yaml_event_delete(&ev);
-                json_decref(out);
-                return NULL;
+                break;
             }
             char *key = xstrdup((const char *)ev.data.scalar.value);
             yaml_event_delete(&ev);
+            json_t *first_line = json_object_get(key_lines, key);
+            if (first_line) {
+                errorf(err, "%s line %zu: duplicate key '%.100s' (first on line %lld); give each key once", name, line,
+                       key, (long long)json_integer_value(first_line));
+                free(key);
+                break;
+            }
             yaml_event_t vev;
             if (!yaml_parser_parse(parser, &vev)) {
-                errorf(err, "%s line %zu: %s", path, parser->problem_mark.line + 1,
-                       parser->problem ? parser->problem : "YAML syntax error");
+                yaml_syntax_error(parser, name, err);
                 free(key);
-                json_decref(out);
-                return NULL;
+                break;
             }
-            json_t *v = yaml_node(parser, &vev, path, err, depth + 1);
+            json_t *v = yaml_node(parser, &vev, name, err, depth + 1);
             yaml_event_delete(&vev);
-            if (!v) {
+            if (!v || json_object_set_new(out, key, v) != 0) { /* set_new frees v when the key is not UTF-8 */
+                if (v) errorf(err, "%s line %zu: key is not valid UTF-8", name, line);
                 free(key);
-                json_decref(out);
-                return NULL;
+                break;
             }
-            json_object_set_new(out, key, v);
+            json_object_set_new(key_lines, key, json_integer((json_int_t)line));
             free(key);
         } else {
-            json_t *v = yaml_node(parser, &ev, path, err, depth + 1);
+            json_t *v = yaml_node(parser, &ev, name, err, depth + 1);
             yaml_event_delete(&ev);
-            if (!v) {
-                json_decref(out);
-                return NULL;
-            }
+            if (!v) break;
             json_array_append_new(out, v);
         }
     }
+    json_decref(key_lines);
+    json_decref(out);
+    return NULL;
 }
 
-static json_t *yaml_load(const char *text, size_t len, const char *path, char *err) {
+/* The one document of a YAML text; NULL with err set on error. An empty
+ * text (or only comments) gives json null. */
+static json_t *yaml_load(const char *text, size_t len, const char *name, char *err) {
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     json_t *root = NULL;
-    yaml_event_t ev;
-    bool done = false;
+    bool seen = false, done = false, failed = false;
     while (!done) {
+        yaml_event_t ev;
         if (!yaml_parser_parse(&parser, &ev)) {
-            errorf(err, "%s line %zu: %s", path, parser.problem_mark.line + 1,
-                   parser.problem ? parser.problem : "YAML syntax error");
-            json_decref(root);
-            root = NULL;
+            yaml_syntax_error(&parser, name, err);
+            failed = true;
             break;
         }
         switch (ev.type) {
@@ -405,15 +607,15 @@ static json_t *yaml_load(const char *text, size_t len, const char *path, char *e
         case YAML_SEQUENCE_START_EVENT:
         case YAML_SCALAR_EVENT:
         case YAML_ALIAS_EVENT:
-            if (root) {
-                errorf(err, "%s: more than one YAML document", path);
-                json_decref(root);
-                root = NULL;
-                done = true;
+            if (seen) {
+                errorf(err, "%s line %zu: more than one YAML document (one mapping of settings is expected)", name,
+                       ev.start_mark.line + 1);
+                failed = done = true;
                 break;
             }
-            root = yaml_node(&parser, &ev, path, err, 0);
-            if (!root) done = true;
+            seen = true;
+            root = yaml_node(&parser, &ev, name, err, 0);
+            if (!root) failed = done = true;
             break;
         default:
             break;
@@ -421,31 +623,65 @@ static json_t *yaml_load(const char *text, size_t len, const char *path, char *e
         yaml_event_delete(&ev);
     }
     yaml_parser_delete(&parser);
-    if (root && json_is_null(root)) {  /* an empty file */
+    if (failed) {
         json_decref(root);
-        root = json_object();
+        return NULL;
     }
-    return root;
+    return root ? root : json_null();
 }
 
-int train_config_load_file(TrainConfig *c, const char *path, char *err) {
-    char *text = NULL;
-    size_t len = 0;
-    if (file_read_all(path, &text, &len, err) != 0) return COLT_ERR;
-    json_t *root;
-    size_t plen = strlen(path);
-    if (plen > 5 && strcmp(path + plen - 5, ".json") == 0) {
-        json_error_t jerr;
-        root = json_loadb(text, len, 0, &jerr);
-        if (!root) errorf(err, "%s line %d: invalid JSON: %s", path, jerr.line, jerr.text);
+/* ---------------------------------------------------------------- loading */
+
+static json_t *json_text_load(const char *text, size_t len, const char *name, char *err) {
+    size_t blank = 0;
+    while (blank < len && strchr(" \t\r\n", text[blank]) && text[blank]) blank++;
+    if (blank == len) return json_null(); /* empty: reported as for YAML */
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root) return root;
+    const char *near = strstr(jerr.text, "near '");
+    if (json_error_code(&jerr) == json_error_duplicate_key && near) {
+        /* jansson's text: duplicate object key near '"name"' */
+        const char *key = near + 6;
+        int n = (int)strlen(key) - 1; /* without the closing ' */
+        if (n >= 2 && key[0] == '"' && key[n - 1] == '"') key++, n -= 2;
+        errorf(err, "%s line %d: duplicate key '%.*s'; give each key once", name, jerr.line, n > 100 ? 100 : n, key);
     } else {
-        root = yaml_load(text, len, path, err);
+        errorf(err, "%s line %d: invalid JSON: %s", name, jerr.line, jerr.text);
     }
-    free(text);
+    return NULL;
+}
+
+static const char *json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "a mapping";
+    case JSON_ARRAY: return "a list";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "true/false";
+    case JSON_NULL: return "null";
+    }
+    return "something else";
+}
+
+int train_config_load_text(TrainConfig *c, const char *text, size_t len, TrainConfigFormat format, const char *name,
+                           char *err) {
+    bool is_json = format == TRAIN_CONFIG_JSON;
+    json_t *root = is_json ? json_text_load(text, len, name, err) : yaml_load(text, len, name, err);
     if (!root) return COLT_ERR;
-    if (!json_is_object(root)) {
+    if (json_is_null(root)) {
         json_decref(root);
-        return errorf(err, "%s: expected a mapping of settings at the top level", path);
+        return errorf(err, "%s: no settings in the file (it is empty%s); expected %s", name,
+                      is_json ? "" : " or only comments",
+                      is_json ? "a JSON object such as {\"model\": \"...\"}" : "'key: value' lines such as 'model: ...'");
+    }
+    if (!json_is_object(root)) {
+        const char *kind = json_kind(root);
+        json_decref(root);
+        return errorf(err, "%s: expected %s of settings at the top level, found %s", name,
+                      is_json ? "a JSON object" : "'key: value' lines", kind);
     }
     const char *key;
     json_t *v;
@@ -453,15 +689,26 @@ int train_config_load_file(TrainConfig *c, const char *path, char *err) {
     json_object_foreach(root, key, v) {
         const ConfigKey *k = find_key(key);
         if (!k) {
-            rc = unknown_key(key, path, err);
+            rc = unknown_key(key, name, err);
             break;
         }
-        if (set_from_json(c, k, v, path, err) != 0) {
+        if (set_from_json(c, k, v, name, err) != 0) {
             rc = COLT_ERR;
             break;
         }
     }
     json_decref(root);
+    return rc;
+}
+
+int train_config_load_file(TrainConfig *c, const char *path, char *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &text, &len, err) != 0) return COLT_ERR;
+    size_t plen = strlen(path);
+    bool is_json = plen > 5 && strcmp(path + plen - 5, ".json") == 0;
+    int rc = train_config_load_text(c, text, len, is_json ? TRAIN_CONFIG_JSON : TRAIN_CONFIG_YAML, path, err);
+    free(text);
     return rc;
 }
 
@@ -473,6 +720,31 @@ static bool one_of(const char *s, const char *const *names) {
     return false;
 }
 
+/* The batch and length products the trainer forms, in 64 bits (each factor is
+ * already within its key's range). */
+static int check_products(const TrainConfig *c, char *err) {
+    int64_t seq = (int64_t)c->max_prompt_length + c->max_completion_length;
+    int64_t micro_tokens = (int64_t)c->per_device_train_batch_size * seq;
+    if (micro_tokens > TRAIN_CONFIG_MAX_TOKENS)
+        return errorf(err, "settings: per_device_train_batch_size %d x (max_prompt_length %d + max_completion_length %d) "
+                           "= %lld tokens per micro-batch, more than the %d allowed: lower one of them",
+                      c->per_device_train_batch_size, c->max_prompt_length, c->max_completion_length,
+                      (long long)micro_tokens, TRAIN_CONFIG_MAX_TOKENS);
+    int64_t round_tokens = (int64_t)c->generation_batch_size * seq;
+    if (round_tokens > TRAIN_CONFIG_MAX_TOKENS)
+        return errorf(err, "settings: generation_batch_size %d x (max_prompt_length %d + max_completion_length %d) = "
+                           "%lld tokens per generation round, more than the %d allowed: lower one of them",
+                      c->generation_batch_size, c->max_prompt_length, c->max_completion_length,
+                      (long long)round_tokens, TRAIN_CONFIG_MAX_TOKENS);
+    int64_t eval_completions = (int64_t)c->num_eval_prompts * c->num_generations;
+    if (eval_completions > TRAIN_CONFIG_MAX_COMPLETIONS)
+        return errorf(err, "settings: num_eval_prompts %d x num_generations %d = %lld eval completions, more than the %d "
+                           "allowed: lower num_eval_prompts",
+                      c->num_eval_prompts, c->num_generations, (long long)eval_completions,
+                      TRAIN_CONFIG_MAX_COMPLETIONS);
+    return COLT_OK;
+}
+
 int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->model) return errorf(err, "settings: 'model' is required (a Hugging Face model folder)");
     if (!c->dataset) return errorf(err, "settings: 'dataset' is required (a .jsonl or .json file of prompts)");
@@ -482,36 +754,19 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (c->reward_weights && json_array_size(c->reward_weights) != json_array_size(c->reward_funcs))
         return errorf(err, "settings: reward_weights has %zu values for %zu reward functions",
                       json_array_size(c->reward_weights), json_array_size(c->reward_funcs));
-    for (size_t i = 0; c->reward_weights && i < json_array_size(c->reward_weights); i++)
-        if (!json_is_number(json_array_get(c->reward_weights, i)))
-            return errorf(err, "settings: reward_weights[%zu] must be a number", i);
-    if (!(c->learning_rate >= 0)) return errorf(err, "settings: learning_rate must be >= 0 (got %g)", c->learning_rate);
-    if (!(c->warmup_ratio >= 0 && c->warmup_ratio <= 1)) return errorf(err, "settings: warmup_ratio must be in [0, 1]");
-    if (c->warmup_steps < 0) return errorf(err, "settings: warmup_steps must be >= 0");
-    if (!(c->weight_decay >= 0)) return errorf(err, "settings: weight_decay must be >= 0");
-    if (!(c->max_grad_norm >= 0)) return errorf(err, "settings: max_grad_norm must be >= 0");
-    if (!(c->adam_beta1 >= 0 && c->adam_beta1 < 1 && c->adam_beta2 >= 0 && c->adam_beta2 < 1))
-        return errorf(err, "settings: adam_beta1 and adam_beta2 must be in [0, 1)");
-    if (!(c->adam_epsilon > 0)) return errorf(err, "settings: adam_epsilon must be > 0");
+    for (size_t i = 0; c->reward_weights && i < json_array_size(c->reward_weights); i++) {
+        json_t *w = json_array_get(c->reward_weights, i);
+        if (!json_is_number(w)) return errorf(err, "settings: reward_weights[%zu] must be a number", i);
+        if (!(fabs(json_number_value(w)) <= MAX_REWARD_WEIGHT))
+            return errorf(err, "settings: reward_weights[%zu]: %g is out of range (-%g .. %g)", i, json_number_value(w),
+                          MAX_REWARD_WEIGHT, MAX_REWARD_WEIGHT);
+    }
+    if (check_ranges(c, "settings", err) != 0) return COLT_ERR;
     static const char *const schedulers[] = {"constant", "constant_with_warmup", "linear", "cosine", NULL};
     if (!one_of(c->lr_scheduler_type, schedulers))
         return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine)",
                       c->lr_scheduler_type ? c->lr_scheduler_type : "null");
-    if (c->num_generations < 2)
-        return errorf(err, "settings: num_generations must be >= 2 (got %d): GRPO compares completions of a prompt",
-                      c->num_generations);
-    if (c->max_completion_length < 1) return errorf(err, "settings: max_completion_length must be >= 1");
-    if (c->max_prompt_length < 1) return errorf(err, "settings: max_prompt_length must be >= 1");
-    if (!(c->temperature > 0)) return errorf(err, "settings: temperature must be > 0 for GRPO (got %g)", c->temperature);
-    if (!(c->top_p > 0 && c->top_p <= 1)) return errorf(err, "settings: top_p must be in (0, 1]");
-    if (c->top_k < 0) return errorf(err, "settings: top_k must be >= 0");
-    if (!(c->min_p >= 0 && c->min_p <= 1)) return errorf(err, "settings: min_p must be in [0, 1]");
-    if (!(c->repetition_penalty > 0)) return errorf(err, "settings: repetition_penalty must be > 0");
-    if (!(c->beta >= 0)) return errorf(err, "settings: beta must be >= 0");
-    if (!(c->epsilon >= 0)) return errorf(err, "settings: epsilon must be >= 0");
     if (isnan(c->epsilon_high)) c->epsilon_high = c->epsilon;
-    if (!(c->epsilon_high >= 0)) return errorf(err, "settings: epsilon_high must be >= 0");
-    if (!isnan(c->delta) && !(c->delta > 1)) return errorf(err, "settings: delta must be > 1 when set (got %g)", c->delta);
     static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo", NULL};
     if (!one_of(c->loss_type, losses))
         return errorf(err, "settings: unknown loss_type '%s' (grpo, bnpo, dr_grpo, dapo)",
@@ -531,7 +786,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!one_of(c->scale_rewards, scales))
         return errorf(err, "settings: unknown scale_rewards '%s' (group, batch, none)",
                       c->scale_rewards ? c->scale_rewards : "null");
-    if (c->num_iterations < 1) return errorf(err, "settings: num_iterations must be >= 1");
     if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0)
         return errorf(err, "settings: vllm_mode 'server' is not supported: colt runs generation in-process with the "
                            "trainer's weights (use colocate)");
@@ -557,36 +811,73 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: vllm_importance_sampling_mode %s needs vllm_importance_sampling_clip_min or "
                            "vllm_importance_sampling_clip_max",
                       c->vllm_importance_sampling_mode);
-    if (!(c->gpu_memory_utilization >= 0 && c->gpu_memory_utilization <= 1))
-        return errorf(err, "settings: gpu_memory_utilization (vllm_gpu_memory_utilization) must be in (0, 1], or 0 "
-                           "for auto (got %g)", c->gpu_memory_utilization);
-    if (c->per_device_train_batch_size < 1) return errorf(err, "settings: per_device_train_batch_size must be >= 1");
-    if (c->gradient_accumulation_steps < 1) return errorf(err, "settings: gradient_accumulation_steps must be >= 1");
     /* TRL: generation_batch_size and steps_per_generation are alternatives. */
     if (c->generation_batch_size > 0 && c->steps_per_generation > 0)
         return errorf(err, "settings: set generation_batch_size or steps_per_generation, not both");
-    if (c->generation_batch_size < 0 || c->steps_per_generation < 0)
-        return errorf(err, "settings: generation_batch_size and steps_per_generation must be positive");
+    int bs = c->per_device_train_batch_size;
     if (c->generation_batch_size > 0) {
-        if (c->generation_batch_size % c->per_device_train_batch_size != 0)
+        if (c->generation_batch_size % bs != 0)
             return errorf(err, "settings: generation_batch_size (%d) must be divisible by per_device_train_batch_size (%d)",
-                          c->generation_batch_size, c->per_device_train_batch_size);
-        c->steps_per_generation = c->generation_batch_size / c->per_device_train_batch_size;
+                          c->generation_batch_size, bs);
+        int steps = c->generation_batch_size / bs;
+        if (steps > TRAIN_CONFIG_MAX_BATCH)
+            return errorf(err, "settings: steps_per_generation: generation_batch_size %d / per_device_train_batch_size %d "
+                               "= %d is out of range (1 .. %d): raise per_device_train_batch_size",
+                          c->generation_batch_size, bs, steps, TRAIN_CONFIG_MAX_BATCH);
+        c->steps_per_generation = steps;
     } else {
         if (c->steps_per_generation == 0) c->steps_per_generation = c->gradient_accumulation_steps;
-        c->generation_batch_size = c->per_device_train_batch_size * c->steps_per_generation;
+        int64_t n = (int64_t)bs * c->steps_per_generation;
+        if (n > TRAIN_CONFIG_MAX_COMPLETIONS)
+            return errorf(err, "settings: generation_batch_size: per_device_train_batch_size %d x steps_per_generation %d "
+                               "= %lld is out of range (1 .. %d)",
+                          bs, c->steps_per_generation, (long long)n, TRAIN_CONFIG_MAX_COMPLETIONS);
+        c->generation_batch_size = (int)n;
     }
     if (c->generation_batch_size % c->num_generations != 0)
         return errorf(err, "settings: generation_batch_size (%d = per_device_train_batch_size x steps_per_generation) "
                            "must be divisible by num_generations (%d)",
                       c->generation_batch_size, c->num_generations);
-    if (c->max_steps == 0 || c->max_steps < -1) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
-    if (c->max_steps == -1 && !(c->num_train_epochs > 0)) return errorf(err, "settings: num_train_epochs must be > 0");
-    if (c->logging_steps < 1) return errorf(err, "settings: logging_steps must be >= 1");
-    if (c->save_steps < 0 || c->save_total_limit < 0 || c->eval_steps < 0 || c->num_eval_prompts < 0 ||
-        c->log_completions_count < 0)
-        return errorf(err, "settings: save_steps, save_total_limit, eval_steps, num_eval_prompts and "
-                           "log_completions_count must be >= 0");
+    if (check_products(c, err) != 0) return COLT_ERR;
+    if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
+    return COLT_OK;
+}
+
+int train_config_total_steps(int64_t *total_steps, const TrainConfig *c, size_t n_prompts, char *err) {
+    *total_steps = 0;
+    if (c->max_steps > 0) {
+        *total_steps = c->max_steps;
+        return COLT_OK;
+    }
+    /* finalized: these hold, so the divisions below are defined */
+    COLT_ASSERT(c->num_generations >= 2 && c->generation_batch_size >= c->num_generations);
+    COLT_ASSERT(c->steps_per_generation >= 1 && c->num_iterations >= 1 && c->gradient_accumulation_steps >= 1);
+    double epochs = c->num_train_epochs;
+    if (!(epochs > 0 && epochs <= TRAIN_CONFIG_MAX_EPOCHS))
+        return errorf(err, "settings: num_train_epochs: %g is out of range (0 < num_train_epochs <= %g)", epochs,
+                      TRAIN_CONFIG_MAX_EPOCHS);
+    size_t per_round = (size_t)(c->generation_batch_size / c->num_generations);
+    size_t rounds_per_epoch = n_prompts / per_round;
+    if (rounds_per_epoch == 0)
+        return errorf(err, "settings: %zu prompts are fewer than the %zu unique prompts a generation round needs "
+                           "(generation_batch_size %d / num_generations %d)",
+                      n_prompts, per_round, c->generation_batch_size, c->num_generations);
+    int64_t micro_per_round = (int64_t)c->steps_per_generation * c->num_iterations; /* <= 2^26 */
+    double rounds = ceil(epochs * (double)rounds_per_epoch);
+    /* Reject in double first: past 2^53 a double skips integers and past 2^63
+     * the cast to int64 is undefined. Below 2^53 rounds x micro_per_round
+     * fits in int64 (2^53 x 2^26 would not: hence the division test). */
+    double approx = rounds * (double)micro_per_round / c->gradient_accumulation_steps;
+    int64_t steps = -1;
+    if (rounds <= 9007199254740992.0 && (int64_t)rounds <= INT64_MAX / micro_per_round) {
+        int64_t micro = (int64_t)rounds * micro_per_round;
+        steps = micro / c->gradient_accumulation_steps + (micro % c->gradient_accumulation_steps != 0);
+    }
+    if (steps < 0 || steps > TRAIN_CONFIG_MAX_STEPS)
+        return errorf(err, "settings: num_train_epochs %g over %zu prompts makes %.4g optimizer steps, more than the %d "
+                           "allowed: lower num_train_epochs or set max_steps",
+                      epochs, n_prompts, approx, TRAIN_CONFIG_MAX_STEPS);
+    *total_steps = steps > 0 ? steps : 1;
     return COLT_OK;
 }
 
@@ -616,11 +907,20 @@ void train_config_print_help(void *fp) {
     TrainConfig d;
     train_config_defaults(&d);
     for (size_t i = 0; i < N_KEYS; i++) {
-        json_t *v = key_to_json(&d, &KEYS[i]);
+        const ConfigKey *k = &KEYS[i];
+        json_t *v = key_to_json(&d, k);
         char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(6));
-        fprintf(fp, "  --%-28s %s (default %s)\n", KEYS[i].name, KEYS[i].help, s);
+        char range[128] = "";
+        if (k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
+            range[0] = ';', range[1] = ' ';
+            range_text(range + 2, sizeof range - 2, k);
+        }
+        fprintf(fp, "  --%-28s %s (default %s%s)\n", k->name, k->help, s, range);
         free(s);
         json_decref(v);
     }
+    fprintf(fp, "  (ranges keep every batch and length product far inside 32-bit arithmetic; batch x (prompt + "
+                "completion length) and generation_batch_size x (prompt + completion length) are at most %d tokens)\n",
+            TRAIN_CONFIG_MAX_TOKENS);
     train_config_free(&d);
 }

@@ -1,13 +1,16 @@
 /* train_config.h — `colt train` settings, named as TRL's GRPOConfig, read
  * from a YAML or JSON file and from --key value flags (flags override).
- * Defaults are TRL 1.x's. An unknown key is an error naming the closest
- * valid one. Derived values (epsilon_high, steps_per_generation,
- * generation_batch_size) are resolved and checked by train_config_finalize. */
+ * Defaults are TRL 1.x's. An unknown key, a key given twice in one file, and a
+ * value outside its key's range are errors naming the key. Derived values
+ * (epsilon_high, steps_per_generation, generation_batch_size) are resolved
+ * and checked by train_config_finalize. Not the trainer: nothing here opens a
+ * model or a dataset. */
 #ifndef COLT_TRAIN_TRAIN_CONFIG_H
 #define COLT_TRAIN_TRAIN_CONFIG_H
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct TrainConfig {
@@ -69,16 +72,55 @@ typedef struct TrainConfig {
     char *device;            /* cpu, cuda or auto */
 } TrainConfig;
 
+/* Bounds. No real run comes near them; they keep every count and product the
+ * trainer forms far inside int (and int64 for step arithmetic), so no setting
+ * can overflow it. Each key's range is in the table of train_config.c and in
+ * `colt train --help`; the products are checked by train_config_finalize in
+ * 64 bits:
+ *   per_device_train_batch_size x (max_prompt_length + max_completion_length) <= MAX_TOKENS
+ *   generation_batch_size x (max_prompt_length + max_completion_length)       <= MAX_TOKENS
+ *   generation_batch_size (given or batch x steps_per_generation)             <= MAX_COMPLETIONS
+ *   steps_per_generation (given or generation_batch_size / batch)             <= MAX_BATCH
+ *   num_eval_prompts x num_generations                                        <= MAX_COMPLETIONS
+ *   steps_per_generation x num_iterations <= 2^16 x 2^10 = 2^26
+ * and total optimizer steps (max_steps, or train_config_total_steps) <= MAX_STEPS, which the LR schedule's
+ * int arithmetic needs. */
+#define TRAIN_CONFIG_MAX_STEPS 1000000000        /* max_steps, warmup_steps, *_steps, save_total_limit, total steps */
+#define TRAIN_CONFIG_MAX_LENGTH 1048576          /* 2^20 tokens: max_prompt_length, max_completion_length */
+#define TRAIN_CONFIG_MAX_BATCH 65536             /* 2^16: batch, accumulation, steps_per_generation, num_generations */
+#define TRAIN_CONFIG_MAX_ITERATIONS 1024         /* num_iterations */
+#define TRAIN_CONFIG_MAX_COMPLETIONS 1048576     /* 2^20 completions generated at once */
+#define TRAIN_CONFIG_MAX_TOKENS (1 << 28)        /* tokens of a micro-batch or a generation round, at most */
+#define TRAIN_CONFIG_MAX_TOP_K (1 << 24)         /* top_k: above any vocabulary */
+#define TRAIN_CONFIG_MAX_EPOCHS 1e6              /* num_train_epochs, in (0, 1e6] */
+
 void train_config_defaults(TrainConfig *c);
 void train_config_free(TrainConfig *c);
 
-/* Merges a YAML (.yaml/.yml) or JSON file into c. */
+typedef enum { TRAIN_CONFIG_YAML, TRAIN_CONFIG_JSON } TrainConfigFormat;
+
+/* Merges settings from len bytes of text (no NUL needed) into c; name stands
+ * for the file in messages. The text must hold one mapping (an empty file, or
+ * one of only comments, is an error); a key may appear once per mapping, at
+ * any depth. On error c may hold some of the settings read before it. */
+int train_config_load_text(TrainConfig *c, const char *text, size_t len, TrainConfigFormat format, const char *name,
+                           char *err);
+/* Merges a JSON (.json) or else YAML file into c (through train_config_load_text). */
 int train_config_load_file(TrainConfig *c, const char *path, char *err);
-/* Sets one key from text (a flag's value): parsed as a YAML scalar, or as JSON for list-valued keys. */
+/* Sets one key from text (a flag's value): parsed as a YAML scalar, or as JSON
+ * for list-valued keys; numbers must lie in the key's range. */
 int train_config_set(TrainConfig *c, const char *key, const char *value, const char *where, char *err);
 /* Resolves defaults that depend on other settings and checks every value
  * (num_generations >= 2, divisibility of batch sizes, ranges, names). */
 int train_config_finalize(TrainConfig *c, char *err);
+
+/* Optimizer steps of the run over n_prompts prompts (c finalized): max_steps
+ * when > 0, else ceil(ceil(num_train_epochs x rounds per epoch) x
+ * steps_per_generation x num_iterations / gradient_accumulation_steps), with
+ * rounds per epoch = n_prompts / (generation_batch_size / num_generations)
+ * (the count trainer.c made itself until now). Checked in 64 bits: an error when a round needs more
+ * prompts than there are, or when the count passes TRAIN_CONFIG_MAX_STEPS. */
+int train_config_total_steps(int64_t *total_steps, const TrainConfig *c, size_t n_prompts, char *err);
 
 /* The whole config as JSON (saved with checkpoints, printed at start). */
 json_t *train_config_to_json(const TrainConfig *c);

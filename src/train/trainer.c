@@ -15,8 +15,7 @@
  * uninterrupted run bit for bit on the CPU. */
 #include "train/trainer.h"
 
-#include <dirent.h>
-#include <ftw.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,10 +35,12 @@
 #include "model/model_train.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_files.h"
+#include "train/checkpoint.h"
 #include "train/grpo.h"
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/report.h"
+#include "train/rollout.h"
 
 /* RNG streams: keep sampling of training, eval and shuffles apart. The
  * engine's sampler takes stream ids below 2^31: training completions use
@@ -51,56 +52,6 @@ static volatile sig_atomic_t g_stop_requested = 0;
 static void on_stop_signal(int sig) {
     (void)sig;
     g_stop_requested = 1;
-}
-
-/* ---------------------------------------------------------------- rollout */
-
-typedef struct Sample {
-    int prompt;          /* index into Rollout.prompt_* */
-    int *completion;     /* [len] token ids, the stop token included */
-    int len;
-    int terminated;      /* ended with a stop token (not truncated) */
-    float reward, advantage;
-    float *old_logp;     /* [len] or NULL */
-    float *sampling_logp; /* [len] the engine's log-prob of each sampled token */
-    float *ref_logp;     /* [len] or NULL */
-    char *text;
-} Sample;
-
-typedef struct Rollout {
-    int n_samples, n_prompts, n_funcs;
-    size_t *rows;        /* [n_prompts] dataset rows */
-    int **prompt_ids;    /* [n_prompts][prompt_len] */
-    int *prompt_len;
-    char **prompt_text;
-    Sample *samples;     /* [n_samples]: prompt i's completions at i*G .. i*G+G-1 */
-    float *per_func;     /* [n_samples, n_funcs] rewards, NaN = none */
-    int *order;          /* [n_samples] shuffled sample order for micro-batches */
-    double num_items;    /* completion tokens counted by the loss, whole batch */
-    int micro_done;      /* micro-batches consumed */
-    int64_t round;
-} Rollout;
-
-static void rollout_free(Rollout *r) {
-    for (int i = 0; i < r->n_samples && r->samples; i++) {
-        free(r->samples[i].completion);
-        free(r->samples[i].old_logp);
-        free(r->samples[i].sampling_logp);
-        free(r->samples[i].ref_logp);
-        free(r->samples[i].text);
-    }
-    for (int i = 0; i < r->n_prompts; i++) {
-        if (r->prompt_ids) free(r->prompt_ids[i]);
-        if (r->prompt_text) free(r->prompt_text[i]);
-    }
-    free(r->samples);
-    free(r->per_func);
-    free(r->order);
-    free(r->rows);
-    free(r->prompt_ids);
-    free(r->prompt_len);
-    free(r->prompt_text);
-    memset(r, 0, sizeof *r);
 }
 
 /* ---------------------------------------------------------------- trainer */
@@ -143,6 +94,11 @@ typedef struct Trainer {
     float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
     FILE *metrics_fp;
     char *metrics_path;
+    /* checkpoints */
+    json_t *resume_record;    /* what this run's saved state depends on (checkpoint.h) */
+    CheckpointKeeper keeper;  /* which checkpoint folders save_total_limit may delete */
+    int64_t last_saved_step;  /* -1: none yet */
+    char *last_checkpoint;    /* the newest good checkpoint's folder (saved or resumed from), or NULL */
 } Trainer;
 
 /* Training activations and the engine's KV pool take turns with the device
@@ -209,7 +165,9 @@ static int score_completions(Trainer *t, float *per_func, Dataset *d, const size
     int rc = COLT_OK;
     for (int k = 0; k < t->n_rewards && rc == 0; k++) {
         if (reward_compute(t->rewards[k], values, prompts, completions, rows, n, err) != 0) {
-            rc = error_prefix(err, "reward '%s'", reward_name(t->rewards[k]));
+            char prefix[128];
+            snprintf(prefix, sizeof prefix, "reward '%s'", reward_name(t->rewards[k]));
+            rc = strncmp(err, prefix, strlen(prefix)) == 0 ? COLT_ERR : error_prefix(err, "%s", prefix);
             break;
         }
         for (int i = 0; i < n; i++) per_func[(size_t)i * t->n_rewards + k] = values[i];
@@ -404,6 +362,13 @@ static int new_rollout(Trainer *t, char *err) {
     float *rewards = xmalloc(sizeof(float) * (size_t)N), *adv = xmalloc(sizeof(float) * (size_t)N);
     float *group_std = xmalloc(sizeof(float) * (size_t)P);
     grpo_combine_rewards(rewards, r->per_func, t->reward_weights, N, t->n_rewards);
+    for (int i = 0; i < N; i++)
+        if (isinf(rewards[i])) {
+            free(rewards), free(adv), free(group_std);
+            return errorf(err, "completion %d: the weighted sum of its rewards overflows a 32-bit float; scale the "
+                               "rewards or reward_weights down",
+                          i);
+        }
     GrpoScaleRewards scale;
     COLT_ASSERT(grpo_scale_rewards_parse(&scale, c->scale_rewards, err) == 0);
     grpo_advantages(adv, group_std, rewards, N, G, scale);
@@ -587,176 +552,48 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
     return COLT_OK;
 }
 
-/* ---------------------------------------------------------------- state <-> JSON */
+/* ---------------------------------------------------------------- checkpoints */
 
-static json_t *floats_json(const float *x, int n) {
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, isnan(x[i]) ? json_null() : json_real(x[i]));
-    return a;
+/* What a rollout of this run looks like (a saved one is checked against it). */
+static RolloutShape rollout_shape(const Trainer *t) {
+    const TrainConfig *c = t->cfg;
+    return (RolloutShape){.n_samples = c->generation_batch_size, .group_size = c->num_generations,
+                          .n_funcs = t->n_rewards, .max_prompt_len = t->max_prompt_tokens,
+                          .max_completion_len = c->max_completion_length,
+                          .vocab_size = model_config(t->model)->vocab_size, .dataset_rows = dataset_size(t->data),
+                          .micro_per_round = c->steps_per_generation * c->num_iterations,
+                          .has_old_logp = t->need_old_logp, .has_ref_logp = t->ref_model != NULL};
 }
 
-static json_t *ints_json(const int *x, int n) {
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(x[i]));
-    return a;
-}
-
-static json_t *rollout_to_json(const Rollout *r) {
-    if (!r->samples) return json_null();
-    json_t *o = json_object();
-    json_object_set_new(o, "round", json_integer(r->round));
-    json_object_set_new(o, "micro_done", json_integer(r->micro_done));
-    json_object_set_new(o, "num_items", json_real(r->num_items));
-    json_t *prompts = json_array();
-    for (int p = 0; p < r->n_prompts; p++)
-        json_array_append_new(prompts, json_pack("{s:I,s:o,s:s}", "row", (json_int_t)r->rows[p], "ids",
-                                                 ints_json(r->prompt_ids[p], r->prompt_len[p]), "text",
-                                                 r->prompt_text[p]));
-    json_object_set_new(o, "prompts", prompts);
-    json_t *samples = json_array();
-    for (int i = 0; i < r->n_samples; i++) {
-        const Sample *s = &r->samples[i];
-        json_t *so = json_pack("{s:i,s:o,s:b,s:o,s:f,s:s,s:o}", "prompt", s->prompt, "completion",
-                               ints_json(s->completion, s->len), "terminated", s->terminated, "reward",
-                               isnan(s->reward) ? json_null() : json_real(s->reward), "advantage", (double)s->advantage,
-                               "text", s->text, "per_func", floats_json(r->per_func + (size_t)i * r->n_funcs, r->n_funcs));
-        if (s->old_logp) json_object_set_new(so, "old_logp", floats_json(s->old_logp, s->len));
-        if (s->sampling_logp) json_object_set_new(so, "sampling_logp", floats_json(s->sampling_logp, s->len));
-        if (s->ref_logp) json_object_set_new(so, "ref_logp", floats_json(s->ref_logp, s->len));
-        json_array_append_new(samples, so);
-    }
-    json_object_set_new(o, "samples", samples);
-    json_object_set_new(o, "order", ints_json(r->order, r->n_samples));
-    return o;
-}
-
-static float json_float(json_t *v) { return json_is_number(v) ? (float)json_number_value(v) : NAN; }
-
-static int *json_ints(json_t *a, int *n) {
-    *n = (int)json_array_size(a);
-    int *x = xmalloc(sizeof(int) * (size_t)(*n ? *n : 1));
-    for (int i = 0; i < *n; i++) x[i] = (int)json_integer_value(json_array_get(a, (size_t)i));
-    return x;
-}
-
-static float *json_floats(json_t *a, int n) {
-    float *x = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++) x[i] = json_float(json_array_get(a, (size_t)i));
-    return x;
-}
-
-static int rollout_from_json(Rollout *r, json_t *o, int n_funcs, const char *where, char *err) {
-    rollout_free(r);
-    if (json_is_null(o) || !o) return COLT_OK;
-    json_t *prompts = json_object_get(o, "prompts"), *samples = json_object_get(o, "samples");
-    if (!json_is_array(prompts) || !json_is_array(samples)) return errorf(err, "%s: malformed rollout", where);
-    r->round = json_integer_value(json_object_get(o, "round"));
-    r->micro_done = (int)json_integer_value(json_object_get(o, "micro_done"));
-    r->num_items = json_number_value(json_object_get(o, "num_items"));
-    r->n_prompts = (int)json_array_size(prompts);
-    r->n_samples = (int)json_array_size(samples);
-    r->n_funcs = n_funcs;
-    r->rows = xcalloc((size_t)r->n_prompts, sizeof(size_t));
-    r->prompt_ids = xcalloc((size_t)r->n_prompts, sizeof(int *));
-    r->prompt_len = xcalloc((size_t)r->n_prompts, sizeof(int));
-    r->prompt_text = xcalloc((size_t)r->n_prompts, sizeof(char *));
-    for (int p = 0; p < r->n_prompts; p++) {
-        json_t *po = json_array_get(prompts, (size_t)p);
-        r->rows[p] = (size_t)json_integer_value(json_object_get(po, "row"));
-        r->prompt_ids[p] = json_ints(json_object_get(po, "ids"), &r->prompt_len[p]);
-        r->prompt_text[p] = xstrdup(json_string_value(json_object_get(po, "text")) ? json_string_value(json_object_get(po, "text")) : "");
-    }
-    r->samples = xcalloc((size_t)r->n_samples, sizeof(Sample));
-    r->per_func = xcalloc((size_t)r->n_samples * (size_t)n_funcs, sizeof(float));
-    for (int i = 0; i < r->n_samples; i++) {
-        json_t *so = json_array_get(samples, (size_t)i);
-        Sample *s = &r->samples[i];
-        s->prompt = (int)json_integer_value(json_object_get(so, "prompt"));
-        if (s->prompt < 0 || s->prompt >= r->n_prompts) return errorf(err, "%s: malformed rollout sample %d", where, i);
-        s->completion = json_ints(json_object_get(so, "completion"), &s->len);
-        s->terminated = json_is_true(json_object_get(so, "terminated"));
-        s->reward = json_float(json_object_get(so, "reward"));
-        s->advantage = json_float(json_object_get(so, "advantage"));
-        const char *text = json_string_value(json_object_get(so, "text"));
-        s->text = xstrdup(text ? text : "");
-        json_t *pf = json_object_get(so, "per_func");
-        for (int k = 0; k < n_funcs; k++) r->per_func[(size_t)i * n_funcs + k] = json_float(json_array_get(pf, (size_t)k));
-        if (json_object_get(so, "old_logp")) s->old_logp = json_floats(json_object_get(so, "old_logp"), s->len);
-        if (json_object_get(so, "sampling_logp"))
-            s->sampling_logp = json_floats(json_object_get(so, "sampling_logp"), s->len);
-        if (json_object_get(so, "ref_logp")) s->ref_logp = json_floats(json_object_get(so, "ref_logp"), s->len);
-    }
-    int n_order = 0;
-    r->order = json_ints(json_object_get(o, "order"), &n_order);
-    if (n_order != r->n_samples) return errorf(err, "%s: malformed rollout order", where);
-    return COLT_OK;
-}
-
-/* Counters, metric accumulators and (when a round is under way) its samples. */
+/* trainer_state.json's content now (NULL if a sample cannot be written as JSON). */
 static json_t *trainer_state_json(const Trainer *t) {
-    json_t *o = json_object();
-    json_object_set_new(o, "global_step", json_integer(t->global_step));
-    json_object_set_new(o, "total_steps", json_integer(t->total_steps));
-    json_object_set_new(o, "round", json_integer(t->round));
-    json_object_set_new(o, "epoch", json_integer((json_int_t)t->epoch));
-    json_object_set_new(o, "epoch_pos", json_integer((json_int_t)t->epoch_pos));
-    json_object_set_new(o, "num_tokens", json_integer(t->num_tokens));
-    json_object_set_new(o, "metrics", metrics_to_json(&t->metrics));
+    TrainerProgress p = {.global_step = t->global_step, .round = t->round, .epoch = t->epoch,
+                         .epoch_pos = t->epoch_pos, .num_tokens = t->num_tokens};
     bool in_round = t->ro.samples && t->ro.micro_done < t->cfg->steps_per_generation * t->cfg->num_iterations;
-    json_object_set_new(o, "rollout", in_round ? rollout_to_json(&t->ro) : json_null());
-    if (in_round) { /* the round's sampling metrics so far, logged at its first pass's end */
-        const GrpoSamplingMetrics *sm = &t->round_sampling;
-        json_object_set_new(o, "round_sampling",
-                            json_pack("{s:f,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:I}", "logp_difference_mean",
-                                      sm->logp_difference_mean, "logp_difference_max", sm->logp_difference_max,
-                                      "logp_difference_sum", sm->logp_difference_sum, "logp_difference_count",
-                                      (json_int_t)sm->logp_difference_count, "is_ratio_min", sm->is_ratio_min,
-                                      "is_ratio_mean", sm->is_ratio_mean, "is_ratio_max", sm->is_ratio_max,
-                                      "is_ratio_sum", sm->is_ratio_sum, "is_ratio_count",
-                                      (json_int_t)sm->is_ratio_count));
-    }
-    return o;
+    return checkpoint_state_json(&p, &t->metrics, in_round ? &t->ro : NULL, &t->round_sampling, t->resume_record);
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-/* Deletes the oldest checkpoint-N folders beyond save_total_limit. */
-static void prune_checkpoints(Trainer *t) {
-    if (t->cfg->save_total_limit <= 0) return;
-    DIR *d = opendir(t->cfg->output_dir);
-    if (!d) return;
-    int64_t steps[4096];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 4096) {
-        long long s;
-        char tail;
-        if (sscanf(e->d_name, "checkpoint-%lld%c", &s, &tail) == 1) steps[n++] = s;
-    }
-    closedir(d);
-    while (n > t->cfg->save_total_limit) {
-        int oldest = 0;
-        for (int i = 1; i < n; i++)
-            if (steps[i] < steps[oldest]) oldest = i;
-        char name[64];
-        snprintf(name, sizeof name, "checkpoint-%lld", (long long)steps[oldest]);
-        char *path = path_join(t->cfg->output_dir, name);
-        remove_tree(path);
-        free(path);
-        steps[oldest] = steps[--n];
-    }
+static void last_checkpoint_text(const Trainer *t, char *buf, size_t size) {
+    if (t->last_checkpoint) snprintf(buf, size, "the last good checkpoint is %s", t->last_checkpoint);
+    else snprintf(buf, size, "no checkpoint was saved");
 }
 
 /* Writes output_dir/checkpoint-N atomically: everything goes into a temporary
- * folder that is renamed into place at the end. state: trainer_state_json's. */
+ * folder that is renamed into place at the end. state: trainer_state_json's.
+ * Weights or optimizer moments that are not finite are never saved: a run that
+ * diverged must not replace a good checkpoint. */
 static int save_checkpoint(Trainer *t, json_t *state, char *err) {
+    int64_t step = json_integer_value(json_object_get(state, "global_step"));
+    if (!state) return errorf(err, "checkpoint: the trainer state could not be written as JSON");
+    if (!optim_state_finite(t->opt)) {
+        char last[512];
+        last_checkpoint_text(t, last, sizeof last);
+        return errorf(err, "step %lld: the weights or optimizer moments hold NaN or Inf (training diverged; "
+                           "learning_rate %g): checkpoint-%lld not saved, %s",
+                      (long long)step, t->cfg->learning_rate, (long long)step, last);
+    }
     char name[64], tmp_name[96];
-    snprintf(name, sizeof name, "checkpoint-%lld", (long long)json_integer_value(json_object_get(state, "global_step")));
+    snprintf(name, sizeof name, "checkpoint-%lld", (long long)step);
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, (long)getpid());
     char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
     char *opt_path = path_join(dir, "optimizer.safetensors"), *state_path = path_join(dir, "trainer_state.json");
@@ -768,7 +605,7 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
         rc = COLT_ERR;
     if (rc == 0) {
         char *s = json_dumps(state, JSON_INDENT(1));
-        rc = file_write_atomic(state_path, s, strlen(s), err);
+        rc = s ? file_write_atomic(state_path, s, strlen(s), err) : errorf(err, "%s: cannot encode", state_path);
         free(s);
     }
     if (rc == 0) {
@@ -780,54 +617,75 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
     }
     if (rc == 0) {
         remove_tree(final_dir);
-        if (rename(dir, final_dir) != 0) rc = errorf(err, "%s: cannot rename checkpoint into place", final_dir);
+        if (rename(dir, final_dir) != 0)
+            rc = errorf(err, "%s: cannot rename the checkpoint into place: %s", final_dir, strerror(errno));
     }
     if (rc != 0) remove_tree(dir);
     else {
         log_info0("saved %s", final_dir);
-        prune_checkpoints(t);
+        t->last_saved_step = step;
+        free(t->last_checkpoint);
+        t->last_checkpoint = xstrdup(final_dir);
+        checkpoint_keeper_saved(&t->keeper, step);
     }
     free(final_dir), free(dir), free(opt_path), free(state_path), free(cfg_path);
     return rc;
 }
 
+/* The checkpoint's model must be the base model's architecture (its weights
+ * are the trained ones; the tokenizer, reference model and record come from
+ * --model). */
+static int check_checkpoint_config(const ModelConfig *ck, const ModelConfig *base, const char *ckpt, char *err) {
+#define SAME(field, fmt)                                                                                     \
+    if (ck->field != base->field)                                                                            \
+        return errorf(err, "resume from %s: its config.json has " #field " " fmt ", the base model's is " fmt \
+                           " (a checkpoint of another model?)",                                              \
+                      ckpt, ck->field, base->field);
+    SAME(arch, "%d") SAME(hidden_size, "%d") SAME(intermediate_size, "%d") SAME(num_hidden_layers, "%d")
+    SAME(num_attention_heads, "%d") SAME(num_key_value_heads, "%d") SAME(head_dim, "%d") SAME(vocab_size, "%d")
+    SAME(max_position_embeddings, "%d") SAME(rms_norm_eps, "%g") SAME(rope_theta, "%g")
+    SAME(tie_word_embeddings, "%d") SAME(attention_bias, "%d")
+#undef SAME
+    return COLT_OK;
+}
+
 static int load_trainer_state(Trainer *t, const char *ckpt, char *err) {
-    char *state_path = path_join(ckpt, "trainer_state.json");
-    json_error_t jerr;
-    json_t *o = json_load_file(state_path, 0, &jerr);
-    int rc = COLT_OK;
-    if (!o) rc = errorf(err, "%s: cannot read: %s", state_path, jerr.text);
-    if (rc == 0) {
-        t->global_step = json_integer_value(json_object_get(o, "global_step"));
-        t->round = json_integer_value(json_object_get(o, "round"));
-        t->epoch = (uint64_t)json_integer_value(json_object_get(o, "epoch"));
-        t->epoch_pos = (size_t)json_integer_value(json_object_get(o, "epoch_pos"));
-        t->num_tokens = json_integer_value(json_object_get(o, "num_tokens"));
-        if (t->epoch > 0) dataset_epoch_order(t->epoch_order, dataset_size(t->data), t->cfg->seed, t->epoch);
-        if (metrics_from_json(&t->metrics, json_object_get(o, "metrics")) != 0)
-            rc = errorf(err, "%s: malformed metrics", state_path);
-        else rc = rollout_from_json(&t->ro, json_object_get(o, "rollout"), t->n_rewards, state_path, err);
-        json_t *sm = json_object_get(o, "round_sampling");
-        if (rc == 0 && sm) {
-            GrpoSamplingMetrics *r = &t->round_sampling;
-            r->logp_difference_mean = json_number_value(json_object_get(sm, "logp_difference_mean"));
-            r->logp_difference_max = json_number_value(json_object_get(sm, "logp_difference_max"));
-            r->logp_difference_sum = json_number_value(json_object_get(sm, "logp_difference_sum"));
-            r->logp_difference_count = json_integer_value(json_object_get(sm, "logp_difference_count"));
-            r->is_ratio_min = json_number_value(json_object_get(sm, "is_ratio_min"));
-            r->is_ratio_mean = json_number_value(json_object_get(sm, "is_ratio_mean"));
-            r->is_ratio_max = json_number_value(json_object_get(sm, "is_ratio_max"));
-            r->is_ratio_sum = json_number_value(json_object_get(sm, "is_ratio_sum"));
-            r->is_ratio_count = json_integer_value(json_object_get(sm, "is_ratio_count"));
-        }
-    }
-    json_decref(o);
-    free(state_path);
+    char *state_path = path_join(ckpt, "trainer_state.json"), *text = NULL;
+    size_t len = 0;
+    CheckpointState st;
+    memset(&st, 0, sizeof st);
+    StateLimits lim = {.resume_record = t->resume_record, .checkpoint = ckpt, .rollout = rollout_shape(t),
+                       .total_steps = t->total_steps};
+    ModelConfig base;
+    int rc = file_read_all(state_path, &text, &len, err);
+    if (rc == 0) rc = checkpoint_state_parse(&st, text, len, &lim, state_path, err);
+    if (rc == 0) rc = model_config_load(&base, NULL, t->cfg->model, err);
+    if (rc == 0) rc = check_checkpoint_config(model_config(t->model), &base, ckpt, err);
     if (rc == 0) {
         char *opt_path = path_join(ckpt, "optimizer.safetensors");
         rc = optim_load(t->opt, opt_path, err);
+        if (rc == 0 && optim_step_count(t->opt) != st.progress.global_step)
+            rc = errorf(err, "%s: the optimizer is at step %lld but trainer_state.json at step %lld (files from "
+                             "two checkpoints?)",
+                        ckpt, (long long)optim_step_count(t->opt), (long long)st.progress.global_step);
         free(opt_path);
     }
+    if (rc == 0) {
+        t->global_step = st.progress.global_step;
+        t->round = st.progress.round;
+        t->epoch = st.progress.epoch;
+        t->epoch_pos = st.progress.epoch_pos;
+        t->num_tokens = st.progress.num_tokens;
+        if (t->epoch > 0) dataset_epoch_order(t->epoch_order, dataset_size(t->data), t->cfg->seed, t->epoch);
+        t->metrics = st.metrics;
+        rollout_free(&t->ro);
+        t->ro = st.rollout;
+        memset(&st.rollout, 0, sizeof st.rollout);
+        t->round_sampling = st.round_sampling;
+    }
+    checkpoint_state_free(&st);
+    free(text);
+    free(state_path);
     return rc;
 }
 
@@ -841,7 +699,7 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
     size_t n_rows = dataset_size(t->eval_data);
     if (c->num_eval_prompts > 0 && (size_t)c->num_eval_prompts < n_rows) n_rows = (size_t)c->num_eval_prompts;
     const int G = c->num_generations;
-    int N = (int)n_rows * G;
+    int N = (int)(n_rows * (size_t)G);
     int **ids = xcalloc(n_rows, sizeof(int *));
     int *lens = xcalloc(n_rows, sizeof(int));
     char **texts = xcalloc(n_rows, sizeof(char *));
@@ -914,8 +772,8 @@ static void format_duration(char *buf, size_t size, double seconds) {
     else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
 }
 
-/* Writes one metrics line and the progress line; prints sample completions. */
-static void log_step(Trainer *t, double elapsed, int64_t steps_this_run) {
+/* Writes one metrics line and the progress line; prints and saves sample completions. */
+static int log_step(Trainer *t, double elapsed, int64_t steps_this_run, char *err) {
     json_t *o = metrics_flush(&t->metrics);
     json_t *line = json_object();
     json_object_set_new(line, "step", json_integer(t->global_step));
@@ -924,8 +782,7 @@ static void log_step(Trainer *t, double elapsed, int64_t steps_this_run) {
     json_decref(o);
     json_object_set_new(line, "num_tokens", json_integer(t->num_tokens));
     char *s = json_dumps(line, JSON_REAL_PRECISION(8));
-    fprintf(t->metrics_fp, "%s\n", s);
-    fflush(t->metrics_fp);
+    int rc = file_append_line(t->metrics_fp, t->metrics_path, s, err);
     free(s);
 
     double per_step = steps_this_run > 0 ? elapsed / (double)steps_this_run : 0.0;
@@ -940,11 +797,11 @@ static void log_step(Trainer *t, double elapsed, int64_t steps_this_run) {
 
     /* Sample completions of the current round, printed and saved. */
     Rollout *r = &t->ro;
-    if (!r->samples || t->cfg->log_completions_count <= 0) return;
+    if (rc != 0 || !r->samples || t->cfg->log_completions_count <= 0) return rc;
     char *path = path_join(t->cfg->output_dir, "completions.jsonl");
-    FILE *fp = fopen(path, "a");
-    free(path);
-    for (int i = 0; i < t->cfg->log_completions_count && i < r->n_samples; i++) {
+    FILE *fp = file_open_append(path, err);
+    if (!fp) rc = COLT_ERR;
+    for (int i = 0; rc == 0 && i < t->cfg->log_completions_count && i < r->n_samples; i++) {
         int k = (int)(((int64_t)i * r->n_samples) / t->cfg->log_completions_count);
         Sample *sm = &r->samples[k];
         /* JSON-quoted, so newlines in a completion stay on one line. */
@@ -953,25 +810,26 @@ static void log_step(Trainer *t, double elapsed, int64_t steps_this_run) {
         log_info0("  sample: %s -> %s  [reward %.3f]", ps, qs, sm->reward);
         free(ps), free(qs);
         json_decref(p), json_decref(q);
-        if (fp) {
-            json_t *so = json_pack("{s:I,s:s,s:s,s:o,s:f}", "step", (json_int_t)t->global_step, "prompt",
-                                   r->prompt_text[sm->prompt], "completion", sm->text, "reward",
-                                   isnan(sm->reward) ? json_null() : json_real(sm->reward), "advantage",
-                                   (double)sm->advantage);
-            char *ss = json_dumps(so, 0);
-            fprintf(fp, "%s\n", ss);
-            free(ss);
-            json_decref(so);
-        }
+        json_t *so = json_pack("{s:I,s:s,s:s,s:o,s:f}", "step", (json_int_t)t->global_step, "prompt",
+                               r->prompt_text[sm->prompt], "completion", sm->text, "reward",
+                               isnan(sm->reward) ? json_null() : json_real(sm->reward), "advantage",
+                               (double)sm->advantage);
+        char *ss = so ? json_dumps(so, 0) : NULL;
+        if (ss) rc = file_append_line(fp, path, ss, err);
+        free(ss);
+        json_decref(so);
     }
-    if (fp) fclose(fp);
+    if (fp && fclose(fp) != 0 && rc == 0) rc = errorf(err, "%s: cannot write: %s", path, strerror(errno));
+    free(path);
+    return rc;
 }
 
 /* On resume, keeps only the metric lines of steps up to the checkpoint. */
-static void truncate_metrics(const char *path, int64_t max_step) {
+static int truncate_metrics(const char *path, int64_t max_step, char *err) {
+    if (!file_exists(path)) return COLT_OK;
     char *data = NULL;
     size_t len = 0;
-    if (file_read_all(path, &data, &len, NULL) != 0) return;
+    if (file_read_all(path, &data, &len, err) != 0) return COLT_ERR;
     char *keep = xmalloc(len + 1);
     size_t k = 0;
     char *line = data;
@@ -986,9 +844,10 @@ static void truncate_metrics(const char *path, int64_t max_step) {
         json_decref(o);
         line = nl ? nl + 1 : NULL;
     }
-    file_write_atomic(path, keep, k, NULL);
+    int rc = file_write_atomic(path, keep, k, err);
     free(keep);
     free(data);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -998,7 +857,10 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->cfg = c;
     t->be = backend_by_name(c->device, err);
     if (!t->be) return COLT_ERR;
+    t->last_saved_step = -1;
     if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
+    int stale = checkpoint_remove_stale_temporaries(c->output_dir);
+    if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
     const char *weights = c->resume_from_checkpoint ? c->resume_from_checkpoint : c->model;
     if (model_load(&t->model, weights, t->be, err) != 0) return COLT_ERR;
@@ -1010,6 +872,14 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
 
     if (dataset_load(&t->data, c->dataset, err) != 0) return COLT_ERR;
     if (c->eval_dataset && dataset_load(&t->eval_data, c->eval_dataset, err) != 0) return COLT_ERR;
+    if (t->eval_data) {
+        size_t rows = dataset_size(t->eval_data);
+        if (c->num_eval_prompts > 0 && (size_t)c->num_eval_prompts < rows) rows = (size_t)c->num_eval_prompts;
+        if (rows > TRAIN_CONFIG_MAX_COMPLETIONS / (size_t)c->num_generations)
+            return errorf(err, "%s: %zu eval prompts x num_generations %d is more than the %d completions evaluated "
+                               "at once: set num_eval_prompts",
+                          c->eval_dataset, rows, c->num_generations, TRAIN_CONFIG_MAX_COMPLETIONS);
+    }
 
     /* Every prompt must fit with a full completion: check all of them now,
      * before any work that could be lost. */
@@ -1048,6 +918,8 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
             return error_prefix(err, "reward_funcs[%d]", k);
         t->reward_weights[k] =
             c->reward_weights ? (float)json_number_value(json_array_get(c->reward_weights, (size_t)k)) : 1.0f;
+        if (!isfinite(t->reward_weights[k]))
+            return errorf(err, "reward_weights[%d] is not a finite 32-bit float", k);
     }
 
     t->sampling = (SamplingParams){.temperature = (float)c->temperature, .top_k = c->top_k, .top_p = (float)c->top_p,
@@ -1080,15 +952,7 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     }
 
     if (lr_scheduler_parse(&t->scheduler, c->lr_scheduler_type, err) != 0) return COLT_ERR;
-    if (c->max_steps > 0) {
-        t->total_steps = c->max_steps;
-    } else {
-        int64_t rounds_per_epoch = (int64_t)(n_prompts / (size_t)P);
-        int64_t rounds = (int64_t)ceil(c->num_train_epochs * (double)rounds_per_epoch);
-        int64_t micro = rounds * c->steps_per_generation * c->num_iterations;
-        t->total_steps = (micro + c->gradient_accumulation_steps - 1) / c->gradient_accumulation_steps;
-        if (t->total_steps < 1) t->total_steps = 1;
-    }
+    if (train_config_total_steps(&t->total_steps, c, n_prompts, err) != 0) return COLT_ERR;
     t->warmup_steps = lr_warmup_steps((int)t->total_steps, (float)c->warmup_ratio, c->warmup_steps);
 
     AdamWConfig ac = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_epsilon,
@@ -1137,6 +1001,30 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->mb_isw = xmalloc(bt * sizeof(float));
     t->mb_adv = xmalloc((size_t)bs * sizeof(float));
 
+    if (checkpoint_resume_record(&t->resume_record, c, err) != 0) return COLT_ERR;
+    if (c->resume_from_checkpoint) {
+        if (load_trainer_state(t, c->resume_from_checkpoint, err) != 0) return COLT_ERR;
+        t->last_saved_step = t->global_step;
+        t->last_checkpoint = xstrdup(c->resume_from_checkpoint);
+    }
+    checkpoint_keeper_init(&t->keeper, c->output_dir, c->save_total_limit, c->resume_from_checkpoint, t->global_step);
+    t->metrics_path = path_join(c->output_dir, "metrics.jsonl");
+    char *completions_path = path_join(c->output_dir, "completions.jsonl");
+    int rc = COLT_OK;
+    if (c->resume_from_checkpoint) {
+        rc = truncate_metrics(t->metrics_path, t->global_step, err);
+    } else {
+        /* A fresh run starts these two files anew. */
+        if (remove(t->metrics_path) != 0 && errno != ENOENT)
+            rc = errorf(err, "%s: cannot remove the earlier run's file: %s", t->metrics_path, strerror(errno));
+        else if (remove(completions_path) != 0 && errno != ENOENT)
+            rc = errorf(err, "%s: cannot remove the earlier run's file: %s", completions_path, strerror(errno));
+    }
+    free(completions_path);
+    if (rc != 0) return COLT_ERR;
+    t->metrics_fp = file_open_append(t->metrics_path, err);
+    if (!t->metrics_fp) return COLT_ERR;
+
     /* The memory plan: every lifetime's buffers are allocated above, once. */
     double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
     size_t w = model_weight_bytes(t->model), o = optim_state_bytes(t->opt), gr = model_grads_bytes(t->grads);
@@ -1144,24 +1032,15 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     log_info0("memory plan (%s): weights %.3f GB, reference model %.3f GB, optimizer state %.3f GB, gradients "
               "%.3f GB, training activations %.3f GB; total %.3f GB, plus the generation KV cache while generating",
               t->be->name, w * gb, ref * gb, o * gb, gr * gb, act * gb, (w + ref + o + gr + act) * gb);
-
-    if (c->resume_from_checkpoint && load_trainer_state(t, c->resume_from_checkpoint, err) != 0) return COLT_ERR;
-    t->metrics_path = path_join(c->output_dir, "metrics.jsonl");
-    if (c->resume_from_checkpoint) truncate_metrics(t->metrics_path, t->global_step);
-    else remove(t->metrics_path);
-    t->metrics_fp = fopen(t->metrics_path, "a");
-    if (!t->metrics_fp) return errorf(err, "%s: cannot open for writing", t->metrics_path);
-    if (!c->resume_from_checkpoint) {
-        char *p = path_join(c->output_dir, "completions.jsonl");
-        remove(p);
-        free(p);
-    }
     return COLT_OK;
 }
 
 static void trainer_teardown(Trainer *t) {
     rollout_free(&t->ro);
     if (t->metrics_fp) fclose(t->metrics_fp);
+    json_decref(t->resume_record);
+    checkpoint_keeper_free(&t->keeper);
+    free(t->last_checkpoint);
     free(t->metrics_path);
     for (int k = 0; k < t->n_rewards; k++) reward_free(t->rewards[k]);
     free(t->rewards);
@@ -1209,11 +1088,13 @@ int trainer_run(TrainConfig *c, char *err) {
     }
     if (c->resume_from_checkpoint) {
         /* Keep the first run's eval_before for the summary. */
-        char *p = path_join(c->output_dir, "summary.json");
-        json_t *old = json_load_file(p, 0, NULL);
+        char *p = path_join(c->output_dir, "summary.json"), *text = NULL;
+        size_t len = 0;
+        json_t *old = file_exists(p) && file_read_all(p, &text, &len, NULL) == 0 ? json_loadb(text, len, 0, NULL) : NULL;
         if (old && json_is_number(json_object_get(old, "eval_reward_before")))
             eval_before = json_number_value(json_object_get(old, "eval_reward_before"));
         json_decref(old);
+        free(text);
         free(p);
         log_info0("resumed from %s at step %lld", c->resume_from_checkpoint, (long long)t.global_step);
     }
@@ -1244,7 +1125,8 @@ int trainer_run(TrainConfig *c, char *err) {
             /* Save what the last completed step left (the model and optimizer have
              * not changed since), so no work is lost, then stop with the error. */
             char save_err[ERR_LEN];
-            if (t.global_step > 0 && save_checkpoint(&t, step_start_state, save_err) != 0)
+            if (t.global_step > t.last_saved_step && t.global_step > 0 &&
+                save_checkpoint(&t, step_start_state, save_err) != 0)
                 log_error("could not save a checkpoint after the error: %s", save_err);
             break;
         }
@@ -1252,6 +1134,16 @@ int trainer_run(TrainConfig *c, char *err) {
         double norm = optim_clip_grad_norm(t.model, t.grads, c->max_grad_norm, t.be);
         float lr = lr_schedule_value(t.scheduler, (float)c->learning_rate, (int)t.global_step, (int)t.total_steps,
                                      t.warmup_steps);
+        if (!isfinite(step_loss) || !isfinite(norm)) {
+            /* Diverged: stop before the update, and save nothing (a checkpoint of
+             * this state would replace a good one). */
+            char last[512];
+            last_checkpoint_text(&t, last, sizeof last);
+            rc = errorf(err, "step %lld: the loss is %g and the gradient norm %g: training diverged (learning_rate "
+                             "%g); stopped without saving, %s",
+                        (long long)t.global_step + 1, step_loss, norm, c->learning_rate, last);
+            break;
+        }
         optim_step(t.opt, t.grads, lr);
         t.global_step++;
         double now = time_now();
@@ -1282,7 +1174,8 @@ int trainer_run(TrainConfig *c, char *err) {
         }
         if (logging) {
             if (live_progress) fputs("\r\033[K", stderr);
-            log_step(&t, now - loop_start, t.global_step - start_step);
+            rc = log_step(&t, now - loop_start, t.global_step - start_step, err);
+            if (rc != 0) break;
         }
         if (c->eval_steps > 0 && t.eval_data && t.global_step % c->eval_steps == 0 && !last) {
             double r = NAN;
@@ -1308,6 +1201,13 @@ int trainer_run(TrainConfig *c, char *err) {
         if (t.eval_data) {
             rc = evaluate(&t, "after", &eval_after, err);
             if (rc == 0) log_info0("eval after training: mean reward %.4f (before %.4f)", eval_after, eval_before);
+        }
+        if (rc == 0 && !optim_state_finite(t.opt)) {
+            char last[512];
+            last_checkpoint_text(&t, last, sizeof last);
+            rc = errorf(err, "the weights or optimizer moments hold NaN or Inf after step %lld (training diverged; "
+                             "learning_rate %g): the final model is not saved, %s",
+                        (long long)t.global_step, c->learning_rate, last);
         }
         if (rc == 0 && (model_save(t.model, c->output_dir, DTYPE_F32, err) != 0 ||
                         tokenizer_copy_files(c->model, c->output_dir, err) != 0))

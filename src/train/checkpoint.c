@@ -1,0 +1,472 @@
+/* checkpoint.c — see checkpoint.h. */
+#include "train/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/log.h"
+
+/* Counters far beyond any real run (2^40 steps) but far inside int64 arithmetic. */
+#define COUNTER_MAX ((int64_t)1 << 40)
+
+/* ---------------------------------------------------------------- fingerprints */
+
+#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_PRIME 0x100000001b3ull
+
+static void fnv_bytes(uint64_t *h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) *h = (*h ^ p[i]) * FNV_PRIME;
+}
+
+static void fnv_u64(uint64_t *h, uint64_t v) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+    fnv_bytes(h, b, 8);
+}
+
+static void fingerprint_format(Fingerprint out, uint64_t h) { snprintf(out, sizeof(Fingerprint), "%016llx", (unsigned long long)h); }
+
+/* Adds a whole file (its name's length and bytes) to the hash. */
+static int hash_whole_file(uint64_t *h, const char *path, char *err) {
+    char *data = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &data, &len, err) != 0) return COLT_ERR;
+    fnv_u64(h, len);
+    fnv_bytes(h, data, len);
+    free(data);
+    return COLT_OK;
+}
+
+/* Adds a weights file: its size, its first 1 MB (length, header, first
+ * tensors) and 32 samples of 16 KB spread over the rest. */
+static int hash_weights_file(uint64_t *h, const char *path, char *err) {
+    size_t file_size = 0;
+    int fd = file_open_regular(path, &file_size, err);
+    if (fd < 0) return COLT_ERR;
+    uint64_t size = file_size;
+    fnv_u64(h, size);
+    enum { HEAD = 1 << 20, SAMPLE = 16 << 10, N_SAMPLES = 32 };
+    char *buf = xmalloc(HEAD);
+    int rc = COLT_OK;
+    for (int s = -1; s < N_SAMPLES && rc == 0; s++) {
+        uint64_t off = s < 0 ? 0 : HEAD + (size > HEAD + SAMPLE ? (size - HEAD - SAMPLE) / (N_SAMPLES - 1) * (uint64_t)s : 0);
+        size_t want = s < 0 ? HEAD : SAMPLE;
+        if (off >= size) break;
+        if (want > size - off) want = (size_t)(size - off);
+        ssize_t got = pread(fd, buf, want, (off_t)off);
+        if (got != (ssize_t)want) rc = errorf(err, "%s: read failed: %s", path, got < 0 ? strerror(errno) : "short read");
+        else fnv_bytes(h, buf, want);
+    }
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+static int compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int fingerprint_model_dir(Fingerprint out, const char *dir, char *err) {
+    uint64_t h = FNV_OFFSET;
+    char *config = path_join(dir, "config.json"), *index = path_join(dir, "model.safetensors.index.json");
+    int rc = hash_whole_file(&h, config, err);
+    char **files = NULL;
+    size_t n_files = 0;
+    if (rc == 0 && file_exists(index)) {
+        /* Sharded: the index itself, then each shard it names, in name order. */
+        char *text = NULL;
+        size_t len = 0;
+        rc = file_read_all(index, &text, &len, err);
+        json_t *o = NULL;
+        if (rc == 0) {
+            fnv_u64(&h, len);
+            fnv_bytes(&h, text, len);
+            o = json_loadb(text, len, 0, NULL);
+        }
+        free(text);
+        json_t *map = json_object_get(o, "weight_map");
+        if (rc == 0 && !json_is_object(map)) rc = errorf(err, "%s: no weight_map object", index);
+        const char *key;
+        json_t *v;
+        if (rc == 0) files = xcalloc(json_object_size(map) + 1, sizeof(char *));
+        if (rc == 0) json_object_foreach(map, key, v) {
+            const char *f = json_string_value(v);
+            bool seen = false;
+            for (size_t i = 0; i < n_files && f; i++) seen |= strcmp(files[i], f) == 0;
+            if (f && !seen) files[n_files++] = xstrdup(f);
+        }
+        json_decref(o);
+        if (n_files) qsort(files, n_files, sizeof(char *), compare_strings);
+    } else if (rc == 0) {
+        files = xcalloc(1, sizeof(char *));
+        files[n_files++] = xstrdup("model.safetensors");
+    }
+    for (size_t i = 0; i < n_files && rc == 0; i++) {
+        char *p = path_join(dir, files[i]);
+        fnv_bytes(&h, files[i], strlen(files[i]) + 1);
+        rc = hash_weights_file(&h, p, err);
+        free(p);
+    }
+    for (size_t i = 0; i < n_files; i++) free(files[i]);
+    free(files), free(config), free(index);
+    if (rc == 0) fingerprint_format(out, h);
+    return rc;
+}
+
+int fingerprint_tokenizer_dir(Fingerprint out, const char *dir, char *err) {
+    static const char *NAMES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                  "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja"};
+    uint64_t h = FNV_OFFSET;
+    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) {
+        char *p = path_join(dir, NAMES[i]);
+        int rc = COLT_OK;
+        if (file_exists(p)) {
+            fnv_bytes(&h, NAMES[i], strlen(NAMES[i]) + 1);
+            rc = hash_whole_file(&h, p, err);
+        }
+        free(p);
+        if (rc != 0) return COLT_ERR;
+    }
+    fingerprint_format(out, h);
+    return COLT_OK;
+}
+
+int fingerprint_file(Fingerprint out, const char *path, char *err) {
+    uint64_t h = FNV_OFFSET;
+    if (hash_whole_file(&h, path, err) != 0) return COLT_ERR;
+    fingerprint_format(out, h);
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- the resume record */
+
+/* The settings a saved state depends on: the rollout's shape and the way it
+ * was generated, scored and shuffled. Others (learning rate, max_steps,
+ * logging, the loss's clipping, ...) may change between runs, as in TRL. */
+static const char *RECORD_SETTINGS[] = {
+    "num_generations", "generation_batch_size", "per_device_train_batch_size", "steps_per_generation",
+    "num_iterations", "gradient_accumulation_steps", "max_completion_length", "max_prompt_length", "seed",
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta", "scale_rewards",
+    "mask_truncated_completions", "reward_funcs", "reward_weights",
+};
+#define N_RECORD_SETTINGS (sizeof RECORD_SETTINGS / sizeof RECORD_SETTINGS[0])
+
+int checkpoint_resume_record(json_t **out, const TrainConfig *c, char *err) {
+    *out = NULL;
+    Fingerprint model_fp, tokenizer_fp, data_fp;
+    if (fingerprint_model_dir(model_fp, c->model, err) != 0 || fingerprint_tokenizer_dir(tokenizer_fp, c->model, err) != 0 ||
+        fingerprint_file(data_fp, c->dataset, err) != 0)
+        return COLT_ERR;
+    json_t *all = train_config_to_json(c), *settings = json_object();
+    for (size_t i = 0; i < N_RECORD_SETTINGS; i++) {
+        json_t *v = json_object_get(all, RECORD_SETTINGS[i]);
+        json_object_set(settings, RECORD_SETTINGS[i], v ? v : json_null());
+    }
+    json_decref(all);
+    *out = json_pack("{s:{s:s,s:s},s:s,s:{s:s,s:s},s:o}", "model", "path", c->model, "fingerprint", model_fp,
+                     "tokenizer", tokenizer_fp, "dataset", "path", c->dataset, "fingerprint", data_fp, "settings",
+                     settings);
+    COLT_ASSERT(*out);
+    return COLT_OK;
+}
+
+/* A JSON value for a message, cut to a readable length. */
+static void value_text(char *buf, size_t size, const json_t *v) {
+    char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    snprintf(buf, size, "%s", s ? s : "(not recorded)");
+    if (s && strlen(s) >= size && size > 4) memcpy(buf + size - 4, "...", 4);
+    free(s);
+}
+
+static int check_fingerprint(const json_t *saved, const json_t *current, const char *what, const char *setting,
+                             const char *ckpt, char *err) {
+    const json_t *a = json_object_get(saved, what), *b = json_object_get(current, what);
+    const char *fa = json_is_string(a) ? json_string_value(a) : json_string_value(json_object_get(a, "fingerprint"));
+    const char *fb = json_is_string(b) ? json_string_value(b) : json_string_value(json_object_get(b, "fingerprint"));
+    if (fa && fb && strcmp(fa, fb) == 0) return COLT_OK;
+    const char *pa = json_string_value(json_object_get(a, "path")), *pb = json_string_value(json_object_get(b, "path"));
+    if (pa && pb)
+        return errorf(err, "resume from %s: the %s differs: the checkpoint's run used %s (fingerprint %s), this run %s "
+                           "(fingerprint %s); resume with the same %s, or start a new run with --model %s",
+                      ckpt, what, pa, fa ? fa : "none", pb, fb ? fb : "none", setting, ckpt);
+    return errorf(err, "resume from %s: the %s differs from the checkpoint's run (fingerprint %s there, %s here); "
+                       "resume with the same %s, or start a new run with --model %s",
+                  ckpt, what, fa ? fa : "none", fb ? fb : "none", setting, ckpt);
+}
+
+int checkpoint_check_resume_record(const json_t *saved, const json_t *current, const char *ckpt, char *err) {
+    if (!json_is_object(saved) || !json_is_object(json_object_get(saved, "settings")))
+        return errorf(err, "resume from %s: trainer_state.json has no resume record (written by an older colt?); "
+                           "start a new run with --model %s",
+                      ckpt, ckpt);
+    if (check_fingerprint(saved, current, "model", "--model", ckpt, err) != 0 ||
+        check_fingerprint(saved, current, "tokenizer", "--model", ckpt, err) != 0 ||
+        check_fingerprint(saved, current, "dataset", "--dataset", ckpt, err) != 0)
+        return COLT_ERR;
+    const json_t *sa = json_object_get(saved, "settings"), *sb = json_object_get(current, "settings");
+    for (size_t i = 0; i < N_RECORD_SETTINGS; i++) {
+        const json_t *a = json_object_get(sa, RECORD_SETTINGS[i]), *b = json_object_get(sb, RECORD_SETTINGS[i]);
+        if (a && b && json_equal((json_t *)a, (json_t *)b)) continue;
+        char va[160], vb[160];
+        value_text(va, sizeof va, a);
+        value_text(vb, sizeof vb, b);
+        return errorf(err, "resume from %s: %s was %s there, %s here; the saved state depends on it: resume with %s %s, "
+                           "or start a new run with --model %s",
+                      ckpt, RECORD_SETTINGS[i], va, vb, RECORD_SETTINGS[i], va, ckpt);
+    }
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- trainer_state.json */
+
+json_t *checkpoint_state_json(const TrainerProgress *p, const Metrics *m, const Rollout *in_round,
+                              const GrpoSamplingMetrics *sm, const json_t *resume_record) {
+    json_t *o = json_object();
+    json_object_set_new(o, "global_step", json_integer(p->global_step));
+    json_object_set_new(o, "round", json_integer(p->round));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)p->epoch));
+    json_object_set_new(o, "epoch_pos", json_integer((json_int_t)p->epoch_pos));
+    json_object_set_new(o, "num_tokens", json_integer(p->num_tokens));
+    json_object_set_new(o, "metrics", metrics_to_json(m));
+    json_object_set_new(o, "rollout", in_round ? rollout_to_json(in_round) : json_null());
+    if (in_round) /* the round's sampling metrics so far, logged at its first pass's end */
+        json_object_set_new(o, "round_sampling",
+                            json_pack("{s:f,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:I}", "logp_difference_mean",
+                                      sm->logp_difference_mean, "logp_difference_max", sm->logp_difference_max,
+                                      "logp_difference_sum", sm->logp_difference_sum, "logp_difference_count",
+                                      (json_int_t)sm->logp_difference_count, "is_ratio_min", sm->is_ratio_min,
+                                      "is_ratio_mean", sm->is_ratio_mean, "is_ratio_max", sm->is_ratio_max,
+                                      "is_ratio_sum", sm->is_ratio_sum, "is_ratio_count",
+                                      (json_int_t)sm->is_ratio_count));
+    json_object_set(o, "resume_record", (json_t *)resume_record);
+    return o;
+}
+
+static int state_int(int64_t *out, json_t *o, const char *key, int64_t lo, int64_t hi, const char *name, char *err) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) return errorf(err, "%s: %s must be an integer", name, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return errorf(err, "%s: %s is %lld, outside %lld .. %lld", name, key, (long long)x, (long long)lo, (long long)hi);
+    *out = x;
+    return COLT_OK;
+}
+
+static int state_number(double *out, json_t *o, const char *key, const char *name, char *err) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return errorf(err, "%s: round_sampling %s must be a finite number", name, key);
+    *out = json_number_value(v);
+    return COLT_OK;
+}
+
+static int parse_round_sampling(GrpoSamplingMetrics *r, json_t *sm, const char *name, char *err) {
+    int64_t n1 = 0, n2 = 0;
+    if (!json_is_object(sm)) return errorf(err, "%s: round_sampling must be an object", name);
+    if (state_number(&r->logp_difference_mean, sm, "logp_difference_mean", name, err) != 0 ||
+        state_number(&r->logp_difference_max, sm, "logp_difference_max", name, err) != 0 ||
+        state_number(&r->logp_difference_sum, sm, "logp_difference_sum", name, err) != 0 ||
+        state_number(&r->is_ratio_min, sm, "is_ratio_min", name, err) != 0 ||
+        state_number(&r->is_ratio_mean, sm, "is_ratio_mean", name, err) != 0 ||
+        state_number(&r->is_ratio_max, sm, "is_ratio_max", name, err) != 0 ||
+        state_number(&r->is_ratio_sum, sm, "is_ratio_sum", name, err) != 0 ||
+        state_int(&n1, sm, "logp_difference_count", 0, COUNTER_MAX, name, err) != 0 ||
+        state_int(&n2, sm, "is_ratio_count", 0, COUNTER_MAX, name, err) != 0)
+        return COLT_ERR;
+    r->logp_difference_count = n1;
+    r->is_ratio_count = n2;
+    return COLT_OK;
+}
+
+static int parse_state(CheckpointState *st, json_t *o, const StateLimits *lim, const char *name, char *err) {
+    if (!json_is_object(o)) return errorf(err, "%s: must hold a JSON object", name);
+    json_t *record = json_object_get(o, "resume_record");
+    if (!json_is_object(record))
+        return errorf(err, "%s: no resume record (written by an older colt?); start a new run with --model set to the "
+                           "checkpoint folder",
+                      name);
+    if (lim->resume_record &&
+        checkpoint_check_resume_record(record, lim->resume_record, lim->checkpoint ? lim->checkpoint : name, err) != 0)
+        return COLT_ERR;
+    st->resume_record = json_incref(record);
+    TrainerProgress *p = &st->progress;
+    int64_t v;
+    const int64_t rows = (int64_t)lim->rollout.dataset_rows;
+    if (state_int(&p->global_step, o, "global_step", 0, COUNTER_MAX, name, err) != 0 ||
+        state_int(&p->round, o, "round", 0, COUNTER_MAX, name, err) != 0 ||
+        state_int(&v, o, "epoch", 0, COUNTER_MAX, name, err) != 0)
+        return COLT_ERR;
+    p->epoch = (uint64_t)v;
+    if (state_int(&v, o, "epoch_pos", 0, rows, name, err) != 0) return COLT_ERR;
+    p->epoch_pos = (size_t)v;
+    if (p->epoch == 0 && p->epoch_pos != (size_t)rows)
+        return errorf(err, "%s: epoch_pos is %zu before the first epoch (must be the dataset's %lld rows)", name,
+                      p->epoch_pos, (long long)rows);
+    if (state_int(&p->num_tokens, o, "num_tokens", 0, INT64_MAX / 4, name, err) != 0) return COLT_ERR;
+    if (p->global_step > lim->total_steps)
+        return errorf(err, "%s: the checkpoint is at step %lld, past this run's %lld steps: raise max_steps (or "
+                           "num_train_epochs) to train further",
+                      name, (long long)p->global_step, (long long)lim->total_steps);
+    if (metrics_from_json(&st->metrics, json_object_get(o, "metrics"), name, err) != 0) return COLT_ERR;
+    if (rollout_from_json(&st->rollout, json_object_get(o, "rollout"), &lim->rollout, name, err) != 0) return COLT_ERR;
+    if (st->rollout.samples) {
+        if (st->rollout.round != p->round - 1)
+            return errorf(err, "%s: the rollout is of round %lld, but round %lld was the last one started", name,
+                          (long long)st->rollout.round, (long long)(p->round - 1));
+        if (parse_round_sampling(&st->round_sampling, json_object_get(o, "round_sampling"), name, err) != 0)
+            return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
+int checkpoint_state_parse(CheckpointState *st, const char *text, size_t len, const StateLimits *lim,
+                           const char *name, char *err) {
+    memset(st, 0, sizeof *st);
+    json_error_t jerr;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!o) return errorf(err, "%s: not valid JSON: %s (line %d)", name, jerr.text, jerr.line);
+    int rc = parse_state(st, o, lim, name, err);
+    json_decref(o);
+    if (rc != 0) checkpoint_state_free(st);
+    return rc;
+}
+
+void checkpoint_state_free(CheckpointState *st) {
+    rollout_free(&st->rollout);
+    json_decref(st->resume_record);
+    memset(st, 0, sizeof *st);
+}
+
+/* ---------------------------------------------------------------- folders */
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* "checkpoint-N" exactly (no suffix); N >= 0. */
+static bool checkpoint_step_of(const char *name, int64_t *step) {
+    if (strncmp(name, "checkpoint-", 11) != 0) return false;
+    const char *s = name + 11;
+    if (*s < '0' || *s > '9') return false;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0') return false;
+    *step = v;
+    return true;
+}
+
+void checkpoint_keeper_init(CheckpointKeeper *k, const char *output_dir, int limit, const char *resume_dir,
+                            int64_t resume_step) {
+    memset(k, 0, sizeof *k);
+    k->output_dir = xstrdup(output_dir);
+    k->limit = limit;
+    k->resume_step = resume_dir ? resume_step : -1;
+    k->resume_real_path = resume_dir ? realpath(resume_dir, NULL) : NULL;
+}
+
+void checkpoint_keeper_free(CheckpointKeeper *k) {
+    free(k->output_dir);
+    free(k->resume_real_path);
+    free(k->written);
+    memset(k, 0, sizeof *k);
+}
+
+static bool keeper_wrote(const CheckpointKeeper *k, int64_t step) {
+    for (int i = 0; i < k->n_written; i++)
+        if (k->written[i] == step) return true;
+    return false;
+}
+
+typedef struct Found {
+    int64_t step;
+    bool is_source, deletable;
+} Found;
+
+static int compare_found_newest_first(const void *a, const void *b) {
+    int64_t x = ((const Found *)a)->step, y = ((const Found *)b)->step;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void checkpoint_keeper_saved(CheckpointKeeper *k, int64_t step) {
+    if (!keeper_wrote(k, step)) {
+        if (k->n_written == k->cap_written) {
+            k->cap_written = k->cap_written ? 2 * k->cap_written : 16;
+            k->written = xrealloc(k->written, sizeof(int64_t) * (size_t)k->cap_written);
+        }
+        k->written[k->n_written++] = step;
+    }
+    if (k->limit <= 0) return;
+    DIR *d = opendir(k->output_dir);
+    if (!d) return;
+    Found *found = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s;
+        if (!checkpoint_step_of(e->d_name, &s)) continue;
+        char *path = path_join(k->output_dir, e->d_name), *real = realpath(path, NULL);
+        bool is_source = real && k->resume_real_path && strcmp(real, k->resume_real_path) == 0;
+        free(path), free(real);
+        bool mine = keeper_wrote(k, s), older_history = k->resume_step >= 0 && s < k->resume_step;
+        if (!mine && !older_history && !is_source) continue; /* not this run's to count or delete */
+        if (n == cap) cap = cap ? 2 * cap : 32, found = xrealloc(found, sizeof(Found) * cap);
+        found[n++] = (Found){.step = s, .is_source = is_source, .deletable = !is_source};
+    }
+    closedir(d);
+    /* Keep the newest `limit`, and the resume source whatever its age. */
+    qsort(found, n, sizeof(Found), compare_found_newest_first);
+    for (size_t i = (size_t)k->limit; i < n; i++) {
+        if (!found[i].deletable) continue;
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint-%lld", (long long)found[i].step);
+        char *path = path_join(k->output_dir, name);
+        remove_tree(path);
+        if (file_exists(path)) log_error("save_total_limit: could not delete %s", path);
+        free(path);
+    }
+    free(found);
+}
+
+/* A "<name>.tmp.<pid>" entry: the pid, else 0. */
+static long temporary_pid(const char *name) {
+    const char *t = strstr(name, ".tmp.");
+    while (t) {
+        const char *digits = t + 5;
+        char *end = NULL;
+        long pid = *digits >= '1' && *digits <= '9' ? strtol(digits, &end, 10) : 0;
+        if (pid > 0 && end && *end == '\0') return pid;
+        t = strstr(t + 1, ".tmp.");
+    }
+    return 0;
+}
+
+int checkpoint_remove_stale_temporaries(const char *output_dir) {
+    DIR *d = opendir(output_dir);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = temporary_pid(e->d_name);
+        if (pid <= 0 || pid == (long)getpid()) continue;
+        if (pid <= INT_MAX && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* its writer may be alive */
+        char *path = path_join(output_dir, e->d_name);
+        remove_tree(path);
+        if (!file_exists(path)) removed++;
+        free(path);
+    }
+    closedir(d);
+    return removed;
+}

@@ -1,0 +1,735 @@
+/* test_resume.c — `colt train` must not trust a checkpoint, must stop a run
+ * that diverged, and must lose nothing it owns. End to end on the CPU with the
+ * real stories260K (the demo's settings, made small), colt run as a program:
+ *   1. the resume-mismatch matrix: every setting the checkpoint records,
+ *      changed one at a time, and another model, tokenizer or dataset — each a
+ *      one-line error naming it, nothing written;
+ *   2. trainer_state.json / optimizer.safetensors edited the ways that crashed
+ *      colt or were taken silently (indices and lengths out of range, wrong
+ *      types, absurd steps, files of two checkpoints, NaN moments) — each a
+ *      one-line error;
+ *   3. NaN/Inf: a learning rate of 1e30 stops the run with an error naming the
+ *      step, and no checkpoint of the diverged state is written;
+ *   4. save_total_limit after resuming from an early checkpoint of a folder
+ *      with later ones: the stale later ones stay, the resume source stays,
+ *      the new run's own newest ones stay;
+ *   5. temporaries of killed runs are removed at start (a live writer's are not);
+ *   6. metrics.jsonl / completions.jsonl write failures stop the run naming the
+ *      file and the system's reason;
+ *   7. kill -9 at random moments (mid-step, mid-checkpoint), resuming each
+ *      time from the newest checkpoint: the same metrics and final weights as
+ *      an uninterrupted run, bit for bit. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+
+static int g_failures = 0, g_checks = 0;
+static char g_tmp[256];
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        g_checks++;                                              \
+        if (!(cond)) {                                           \
+            g_failures++;                                        \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+        }                                                        \
+    } while (0)
+
+/* Rounds of two optimizer steps (steps_per_generation 2), a reference model
+ * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. */
+static const char *BASE =
+    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+    "--logging_steps 1 --log_completions_count 0 --save_total_limit 0 --eval_dataset null "
+    "--steps_per_generation 2";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs `colt train ARGS` (through sh, prefix before it); stderr into *err_out. */
+static int run_with(const char *prefix, const char *args, char **err_out) {
+    char cmd[16384], err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "%s timeout 600 %s train %s > /dev/null 2> %s", prefix, COLT_BINARY, args, err_path);
+    int status = system(cmd);
+    size_t len;
+    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static int run(const char *args, char **err_out) { return run_with("", args, err_out); }
+
+/* As run, with files limited to max_file_bytes (SIGXFSZ ignored, so a write
+ * past the limit fails with EFBIG as on a full disk). */
+static int run_file_limited(const char *args, long max_file_bytes, char **err_out) {
+    char cmd[8400], err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "exec %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {.rlim_cur = (rlim_t)max_file_bytes, .rlim_max = (rlim_t)max_file_bytes};
+        signal(SIGXFSZ, SIG_IGN);
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    size_t len;
+    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static const char *last_line(const char *s) {
+    size_t n = strlen(s);
+    while (n > 0 && s[n - 1] == '\n') n--;
+    while (n > 0 && s[n - 1] != '\n') n--;
+    return s + n;
+}
+
+/* True when every value of an F32 safetensors file is finite. */
+static bool weights_finite(const char *path) {
+    char *data = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &data, &len, NULL) != 0 || len < 8) return free(data), false;
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)data[i] << (8 * i);
+    bool ok = hlen + 8 <= (uint64_t)len && (len - 8 - hlen) % 4 == 0;
+    for (size_t off = 8 + hlen; ok && off < len; off += 4) {
+        float f;
+        memcpy(&f, data + off, 4);
+        ok = isfinite(f);
+    }
+    free(data);
+    return ok;
+}
+
+/* A run that must stop on its own (after progress lines) with an error whose
+ * last line holds needle, leaving no checkpoint with a non-finite weight. */
+static void expect_stopped(const char *name, int code, char *err, const char *out_dir, const char *needle) {
+    const char *last = last_line(err);
+    CHECK(code != 0 && code < 124, "%s: exit %d", name, code);
+    CHECK(strstr(last, "colt train:") && strstr(last, needle), "%s: last line '%s' lacks '%s'", name, last, needle);
+    DIR *d = opendir(out_dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d))) {
+        int st;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &st, &tail) != 1) continue;
+        char *ck = path_join(out_dir, e->d_name), *w = path_join(ck, "model.safetensors");
+        CHECK(weights_finite(w), "%s: %s holds non-finite weights", name, w);
+        n++;
+        free(ck), free(w);
+    }
+    if (d) closedir(d);
+    printf("  %-40s -> exit %d, %d checkpoint(s) written, all finite: %s", name, code, n, last);
+}
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) fprintf(stderr, "command failed: %s\n", cmd);
+}
+
+static char *read_text(const char *dir, const char *name) {
+    char *p = path_join(dir, name), *data = NULL;
+    size_t len;
+    if (file_read_all(p, &data, &len, NULL) != 0) data = NULL;
+    free(p);
+    return data;
+}
+
+static bool exists_in(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    struct stat st;
+    bool e = lstat(p, &st) == 0;
+    free(p);
+    return e;
+}
+
+/* metrics.jsonl without the timing fields, which differ run to run. */
+static char *metrics_without_timing(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    if (!text) return strdup("(missing)");
+    size_t cap = strlen(text) + 1, len = 0;
+    char *out = malloc(cap);
+    out[0] = '\0';
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *drop[] = {"step_time", "time/generation", "time/scoring", "time/logprobs", "time/training",
+                              "time/activation_memory"};
+        for (int i = 0; i < 6; i++) json_object_del(o, drop[i]);
+        char *s = o ? json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT) : strdup("(bad line)");
+        size_t l = strlen(s);
+        if (len + l + 2 > cap) cap = (len + l + 2) * 2, out = realloc(out, cap);
+        memcpy(out + len, s, l);
+        len += l;
+        out[len++] = '\n';
+        out[len] = '\0';
+        free(s);
+        json_decref(o);
+    }
+    free(text);
+    return out;
+}
+
+static bool same_file(const char *a_dir, const char *b_dir, const char *name) {
+    char *pa = path_join(a_dir, name), *pb = path_join(b_dir, name), *da = NULL, *db = NULL;
+    size_t la = 0, lb = 0;
+    bool same = file_read_all(pa, &da, &la, NULL) == 0 && file_read_all(pb, &db, &lb, NULL) == 0 && la == lb &&
+                memcmp(da, db, la) == 0;
+    free(pa), free(pb), free(da), free(db);
+    return same;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Number of checkpoint-N folders (exact names) in dir. */
+static int count_checkpoints(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long s;
+        char tail;
+        n += sscanf(e->d_name, "checkpoint-%lld%c", &s, &tail) == 1;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The run must fail with one stderr line holding needle, and write no
+ * checkpoint or model into out_dir. */
+static void expect_refused(const char *name, const char *args, const char *out_dir, const char *needle) {
+    char *err;
+    int code = run(args, &err);
+    CHECK(code != 0 && code < 124, "%s: exit %d", name, code);
+    CHECK(count_lines(err) == 1, "%s: %d stderr lines: %s", name, count_lines(err), err);
+    CHECK(strstr(err, needle) != NULL, "%s: '%s' lacks '%s'", name, err, needle);
+    CHECK(count_checkpoints(out_dir) == 0 && !exists_in(out_dir, "model.safetensors"), "%s: wrote into %s", name,
+          out_dir);
+    printf("  %-40s -> exit %d: %s", name, code, err);
+    free(err);
+}
+
+/* ---------------------------------------------------------------- 2. edited checkpoints */
+
+typedef void (*EditFn)(json_t *state);
+
+static json_t *rollout_of(json_t *s) { return json_object_get(s, "rollout"); }
+static json_t *sample0(json_t *s) { return json_array_get(json_object_get(rollout_of(s), "samples"), 0); }
+
+static void edit_order_out_of_range(json_t *s) { json_array_set_new(json_object_get(rollout_of(s), "order"), 0, json_integer(99999)); }
+static void edit_order_repeats(json_t *s) {
+    json_t *order = json_object_get(rollout_of(s), "order");
+    json_array_set(order, 0, json_array_get(order, 1));
+}
+static void edit_micro_done_negative(json_t *s) { json_object_set_new(rollout_of(s), "micro_done", json_integer(-1)); }
+static void edit_micro_done_large(json_t *s) { json_object_set_new(rollout_of(s), "micro_done", json_integer(7)); }
+static void edit_completion_long(json_t *s) {
+    json_t *a = json_array();
+    for (int i = 0; i < 300; i++) json_array_append_new(a, json_integer(5));
+    json_object_set_new(sample0(s), "completion", a);
+}
+static void edit_token_out_of_vocab(json_t *s) { json_array_set_new(json_object_get(sample0(s), "completion"), 0, json_integer(100000)); }
+static void edit_sample_prompt(json_t *s) { json_object_set_new(sample0(s), "prompt", json_integer(3)); }
+static void edit_prompt_row(json_t *s) {
+    json_object_set_new(json_array_get(json_object_get(rollout_of(s), "prompts"), 0), "row", json_integer(1000000));
+}
+static void edit_prompt_ids_empty(json_t *s) {
+    json_object_set_new(json_array_get(json_object_get(rollout_of(s), "prompts"), 0), "ids", json_array());
+}
+static void edit_sample_missing(json_t *s) { json_array_remove(json_object_get(rollout_of(s), "samples"), 5); }
+static void edit_old_logp_missing(json_t *s) { json_object_del(sample0(s), "old_logp"); }
+static void edit_ref_logp_short(json_t *s) { json_array_remove(json_object_get(sample0(s), "ref_logp"), 0); }
+static void edit_logp_string(json_t *s) { json_array_set_new(json_object_get(sample0(s), "sampling_logp"), 0, json_string("x")); }
+static void edit_advantage_null(json_t *s) { json_object_set_new(sample0(s), "advantage", json_null()); }
+static void edit_step_string(json_t *s) { json_object_set_new(s, "global_step", json_string("3")); }
+static void edit_step_real(json_t *s) { json_object_set_new(s, "global_step", json_real(1e20)); }
+static void edit_step_huge(json_t *s) { json_object_set_new(s, "global_step", json_integer(INT64_MAX)); }
+static void edit_step_negative(json_t *s) { json_object_set_new(s, "global_step", json_integer(-1)); }
+static void edit_step_past_end(json_t *s) { json_object_set_new(s, "global_step", json_integer(100)); }
+static void edit_epoch_pos(json_t *s) { json_object_set_new(s, "epoch_pos", json_integer(100000)); }
+static void edit_metrics(json_t *s) { json_object_set_new(s, "metrics", json_string("x")); }
+static void edit_metric_nan(json_t *s) {
+    json_array_append_new(json_object_get(s, "metrics"), json_pack("{s:s,s:s,s:i}", "name", "loss", "sum", "nan", "count", 1));
+}
+static void edit_num_tokens(json_t *s) { json_object_set_new(s, "num_tokens", json_integer(-5)); }
+static void edit_no_record(json_t *s) { json_object_del(s, "resume_record"); }
+static void edit_rollout_round(json_t *s) { json_object_set_new(rollout_of(s), "round", json_integer(0)); }
+static void edit_record_seed(json_t *s) {
+    json_object_set_new(json_object_get(json_object_get(s, "resume_record"), "settings"), "seed", json_integer(1));
+}
+
+/* Copies checkpoint src to dst and applies edit to its trainer_state.json. */
+static void edited_copy(const char *src, const char *dst, EditFn edit) {
+    sh("rm -rf %s && cp -r %s %s", dst, src, dst);
+    char *p = path_join(dst, "trainer_state.json");
+    json_t *s = json_load_file(p, 0, NULL);
+    CHECK(s && json_is_object(rollout_of(s)), "%s: no rollout to edit (the checkpoint must fall inside a round)", src);
+    edit(s);
+    char *text = json_dumps(s, JSON_INDENT(1));
+    file_write_atomic(p, text, strlen(text), NULL);
+    free(text);
+    json_decref(s);
+    free(p);
+}
+
+/* Overwrites 4 bytes at offset from the end of dir/name with a float NaN. */
+static void poke_nan(const char *dir, const char *name, long from_end) {
+    char *p = path_join(dir, name);
+    FILE *fp = fopen(p, "r+b");
+    const unsigned char nan_bytes[4] = {0x00, 0x00, 0xc0, 0x7f};
+    if (fp && fseek(fp, -from_end, SEEK_END) == 0) fwrite(nan_bytes, 1, 4, fp);
+    if (fp) fclose(fp);
+    free(p);
+}
+
+/* Sets every value of an F32 tensor of a safetensors file to value. */
+static void poke_tensor(const char *path, const char *tensor, float value) {
+    char *data = NULL;
+    size_t len = 0;
+    bool done = false;
+    if (file_read_all(path, &data, &len, NULL) == 0 && len >= 8) {
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)data[i] << (8 * i);
+        json_t *h = hlen + 8 <= (uint64_t)len ? json_loadb(data + 8, (size_t)hlen, 0, NULL) : NULL;
+        json_t *offs = json_object_get(json_object_get(h, tensor), "data_offsets");
+        size_t b = (size_t)json_integer_value(json_array_get(offs, 0)), e = (size_t)json_integer_value(json_array_get(offs, 1));
+        if (offs && 8 + hlen + e <= len) {
+            for (size_t off = 8 + hlen + b; off + 4 <= 8 + hlen + e; off += 4) memcpy(data + off, &value, 4);
+            done = file_write_atomic(path, data, len, NULL) == 0;
+        }
+        json_decref(h);
+    }
+    CHECK(done, "could not set tensor %s of %s", tensor, path);
+    free(data);
+}
+
+/* ---------------------------------------------------------------- 7. kill -9 */
+
+/* The newest complete checkpoint-N in dir (-1 if none). */
+static int newest_checkpoint(const char *dir) {
+    int best = -1;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int s;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &s, &tail) == 1 && s > best) best = s;
+    }
+    closedir(d);
+    return best;
+}
+
+/* True when every checkpoint-N folder in dir holds all its files. */
+static bool checkpoints_complete(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return true;
+    bool ok = true;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int s;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &s, &tail) != 1) continue;
+        char *ck = path_join(dir, e->d_name);
+        const char *need[] = {"trainer_state.json", "optimizer.safetensors", "model.safetensors", "config.json",
+                              "tokenizer.json", "train_config.json"};
+        for (int i = 0; i < 6; i++) ok &= exists_in(ck, need[i]);
+        free(ck);
+    }
+    closedir(d);
+    return ok;
+}
+
+static bool has_temporaries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    struct dirent *e;
+    while ((e = readdir(d))) found |= strstr(e->d_name, ".tmp.") != NULL;
+    closedir(d);
+    return found;
+}
+
+static pid_t start_colt(const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "exec %s train %s", COLT_BINARY, args);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int count_metric_lines(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    int n = count_lines(text);
+    free(text);
+    return n;
+}
+
+static void kill_loop(const char *u_dir) {
+    char k_dir[300], args[4096];
+    snprintf(k_dir, sizeof k_dir, "%s/killed", g_tmp);
+    const char *cfg = "--max_steps 12 --save_steps 1";
+    uint64_t lcg = 12345;
+    int kills = 0, mid_checkpoint = 0, runs = 0, finished = 0;
+    bool complete = true;
+    while (!finished && runs < 40) {
+        int ck = newest_checkpoint(k_dir);
+        if (ck > 0) snprintf(args, sizeof args, "%s %s --output_dir %s --resume_from_checkpoint %s/checkpoint-%d", BASE, cfg, k_dir, k_dir, ck);
+        else snprintf(args, sizeof args, "%s %s --output_dir %s", BASE, cfg, k_dir);
+        runs++;
+        pid_t pid = start_colt(args);
+        lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+        /* Odd kills land the moment a temporary appears (a checkpoint or file being
+         * written); even ones at a random moment 0 .. 400 ms after the run's first
+         * new metrics line (so every run gets somewhere, however slow the machine). */
+        bool at_write = kills % 2 == 1;
+        double extra = 0.4 * (double)(lcg >> 11) / 9007199254740992.0, progress_at = -1;
+        int lines_at_start = count_metric_lines(k_dir);
+        int status = 0;
+        bool exited = false, fire = false;
+        while (!exited && !fire) {
+            exited = waitpid(pid, &status, WNOHANG) == pid;
+            if (exited || kills >= 10) { /* after 10 kills, let it finish */
+                if (!exited) usleep(2000);
+                continue;
+            }
+            if (at_write) fire = has_temporaries(k_dir);
+            else {
+                if (progress_at < 0 && count_metric_lines(k_dir) > lines_at_start) progress_at = now_s();
+                fire = progress_at >= 0 && now_s() - progress_at >= extra;
+            }
+            if (!fire) usleep(at_write ? 200 : 2000);
+        }
+        if (!exited) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            kills++;
+            mid_checkpoint += has_temporaries(k_dir);
+            complete &= checkpoints_complete(k_dir);
+            continue;
+        }
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "kill loop: a run exited with status %d", status);
+        finished = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!finished) break;
+    }
+    char *mu = metrics_without_timing(u_dir), *mk = metrics_without_timing(k_dir);
+    bool same_metrics = strcmp(mu, mk) == 0 && count_lines(mu) == 12;
+    bool same_weights = same_file(u_dir, k_dir, "model.safetensors");
+    printf("kill -9 loop: %d runs, %d killed (%d while a checkpoint or file was being written), every checkpoint "
+           "complete: %s, temporaries left at the end: %s; metrics equal to the uninterrupted run: %s, final weights "
+           "identical: %s\n",
+           runs, kills, mid_checkpoint, complete ? "yes" : "NO", has_temporaries(k_dir) ? "YES" : "no",
+           same_metrics ? "yes" : "NO", same_weights ? "yes" : "NO");
+    CHECK(finished, "kill loop never finished in %d runs", runs);
+    CHECK(kills == 10 && mid_checkpoint >= 2, "kill loop: only %d kills landed, %d while writing", kills, mid_checkpoint);
+    CHECK(complete, "a kill left an incomplete checkpoint folder under its final name");
+    CHECK(!has_temporaries(k_dir), "temporaries of killed runs were left behind");
+    CHECK(same_metrics, "kill loop metrics differ:\n--- uninterrupted\n%s--- killed and resumed\n%s", mu, mk);
+    CHECK(same_weights, "kill loop final weights differ");
+    free(mu), free(mk);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_resume_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* nothing buffered is duplicated into forked children */
+    char args[8192], ref[300], out[300], ck3[400], *err;
+
+    /* The reference run: 6 steps, a checkpoint every step (3 and 5 fall inside a round). */
+    snprintf(ref, sizeof ref, "%s/ref", g_tmp);
+    snprintf(out, sizeof out, "%s/out", g_tmp);
+    snprintf(ck3, sizeof ck3, "%s/checkpoint-3", ref);
+    snprintf(args, sizeof args, "%s --max_steps 6 --save_steps 1 --output_dir %s", BASE, ref);
+    int code = run(args, &err);
+    CHECK(code == 0, "reference run: exit %d: %s", code, err);
+    free(err);
+    CHECK(count_checkpoints(ref) == 6, "reference run saved %d checkpoints, want 6", count_checkpoints(ref));
+    char *state_before = read_text(ck3, "trainer_state.json");
+
+    /* 1. the resume-mismatch matrix */
+    printf("resume with a setting the checkpoint depends on changed:\n");
+    struct {
+        const char *flags, *needle;
+    } changes[] = {
+        {"--num_generations 4", "num_generations"},
+        {"--generation_batch_size 64", "generation_batch_size"},
+        {"--steps_per_generation 4 --per_device_train_batch_size 8", "per_device_train_batch_size"},
+        {"--steps_per_generation 1", "generation_batch_size"},
+        {"--num_iterations 2", "num_iterations"},
+        {"--gradient_accumulation_steps 2", "gradient_accumulation_steps"},
+        {"--max_completion_length 20", "max_completion_length"},
+        {"--max_prompt_length 100", "max_prompt_length"},
+        {"--seed 7", "seed"},
+        {"--temperature 0.9", "temperature"},
+        {"--top_p 0.9", "top_p"},
+        {"--top_k 50", "top_k"},
+        {"--min_p 0.1", "min_p"},
+        {"--repetition_penalty 1.1", "repetition_penalty"},
+        {"--beta 0", "beta"},
+        {"--beta 0.2", "beta"},
+        {"--scale_rewards batch", "scale_rewards"},
+        {"--mask_truncated_completions true", "mask_truncated_completions"},
+        {"--reward_funcs '[{\"type\": \"regex\", \"name\": \"park\", \"pattern\": \"park\"}]'", "reward_funcs"},
+        {"--reward_weights '[2.0]'", "reward_weights"},
+    };
+    int n_changes = (int)(sizeof changes / sizeof changes[0]);
+    for (int i = 0; i < n_changes; i++) {
+        sh("rm -rf %s", out);
+        snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s %s", BASE, out, ck3,
+                 changes[i].flags);
+        expect_refused(changes[i].flags, args, out, changes[i].needle);
+    }
+    /* Other model, tokenizer and dataset files. The tiny Llama was a SEGV with beta > 0. */
+    char other[300], data_copy[300];
+    snprintf(other, sizeof other, "%s/model_copy", g_tmp);
+    sh("cp -r models/stories260K %s && printf ' ' >> %s/tokenizer_config.json", other, other);
+    sh("rm -rf %s", out);
+    snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s --model %s", BASE, out,
+             ck3, other);
+    expect_refused("--model (tokenizer file changed)", args, out, "tokenizer differs");
+    sh("rm -rf %s && cp -r models/stories260K %s", other, other);
+    sh("cp models/stories260K/model.safetensors %s/model.safetensors && printf 'x' | dd of=%s/model.safetensors "
+       "bs=1 seek=200000 conv=notrunc status=none",
+       other, other);
+    snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s --model %s", BASE, out,
+             ck3, other);
+    expect_refused("--model (one weight byte changed)", args, out, "model differs");
+    /* A tiny random Llama with stories260K's tokenizer: resuming with it and beta > 0 was a SEGV. */
+    sh("rm -rf %s && cp -r tests/data/models/tiny-llama-f32 %s && cp models/stories260K/tokenizer* %s/", other, other,
+       other);
+    snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s --model %s", BASE, out,
+             ck3, other);
+    expect_refused("--model another model (beta 0.1)", args, out, "model differs");
+    snprintf(data_copy, sizeof data_copy, "%s/data.jsonl", g_tmp);
+    sh("head -n 100 examples/data/demo_train.jsonl > %s", data_copy);
+    snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s --dataset %s", BASE, out,
+             ck3, data_copy);
+    expect_refused("--dataset (rows removed)", args, out, "dataset differs");
+    /* and what may change: the learning rate, max_steps */
+    sh("rm -rf %s", out);
+    snprintf(args, sizeof args, "%s --max_steps 4 --learning_rate 1e-4 --output_dir %s --resume_from_checkpoint %s",
+             BASE, out, ck3);
+    code = run(args, &err);
+    CHECK(code == 0, "resume with another learning_rate and max_steps: exit %d: %s", code, err);
+    printf("  resume with another learning_rate and max_steps -> exit %d\n", code);
+    free(err);
+    char *state_after = read_text(ck3, "trainer_state.json");
+    CHECK(state_before && state_after && strcmp(state_before, state_after) == 0,
+          "the refused resumes changed the checkpoint they were given");
+    free(state_after);
+
+    /* 2. edited trainer_state.json */
+    printf("resume from an edited checkpoint:\n");
+    struct {
+        const char *name;
+        EditFn edit;
+        const char *needle;
+    } edits[] = {
+        {"order entry out of range", edit_order_out_of_range, "order[0]"},
+        {"order repeats a sample", edit_order_repeats, "repeats"},
+        {"micro_done -1", edit_micro_done_negative, "micro_done"},
+        {"micro_done past the round", edit_micro_done_large, "micro_done"},
+        {"completion of 300 tokens", edit_completion_long, "300 tokens"},
+        {"token id out of the vocabulary", edit_token_out_of_vocab, "vocabulary"},
+        {"sample's prompt index", edit_sample_prompt, "prompt"},
+        {"prompt row past the dataset", edit_prompt_row, "row"},
+        {"prompt ids empty", edit_prompt_ids_empty, "ids"},
+        {"a sample missing", edit_sample_missing, "samples"},
+        {"old_logp missing", edit_old_logp_missing, "old_logp"},
+        {"ref_logp one short", edit_ref_logp_short, "ref_logp"},
+        {"sampling_logp a string", edit_logp_string, "sampling_logp"},
+        {"advantage null", edit_advantage_null, "advantage"},
+        {"global_step a string", edit_step_string, "global_step"},
+        {"global_step 1e20", edit_step_real, "global_step"},
+        {"global_step INT64_MAX", edit_step_huge, "global_step"},
+        {"global_step -1", edit_step_negative, "global_step"},
+        {"global_step past max_steps", edit_step_past_end, "raise max_steps"},
+        {"epoch_pos past the dataset", edit_epoch_pos, "epoch_pos"},
+        {"metrics not a list", edit_metrics, "metrics"},
+        {"a metric's sum a string", edit_metric_nan, "metric"},
+        {"num_tokens -5", edit_num_tokens, "num_tokens"},
+        {"no resume record", edit_no_record, "resume record"},
+        {"rollout of another round", edit_rollout_round, "round"},
+        {"recorded seed differs", edit_record_seed, "seed"},
+    };
+    char edited[300];
+    snprintf(edited, sizeof edited, "%s/edited", g_tmp);
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        edited_copy(ck3, edited, edits[i].edit);
+        sh("rm -rf %s", out);
+        snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s", BASE, out, edited);
+        expect_refused(edits[i].name, args, out, edits[i].needle);
+    }
+    /* text-level damage and files of two checkpoints */
+    sh("rm -rf %s && cp -r %s %s && printf '{' > %s/trainer_state.json", edited, ck3, edited, edited);
+    snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s", BASE, out, edited);
+    expect_refused("trainer_state.json not JSON", args, out, "trainer_state.json");
+    sh("rm -rf %s && cp -r %s %s && sed -i '0,/\"global_step\"/s//\"global_step\": 3, \"global_step\"/' "
+       "%s/trainer_state.json",
+       edited, ck3, edited, edited);
+    expect_refused("a duplicate key", args, out, "duplicate");
+    sh("rm -rf %s && cp -r %s %s && cp %s/checkpoint-1/optimizer.safetensors %s/", edited, ck3, edited, ref, edited);
+    expect_refused("optimizer of checkpoint-1", args, out, "optimizer is at step 1");
+    sh("rm -rf %s && cp -r %s %s", edited, ck3, edited);
+    poke_nan(edited, "optimizer.safetensors", 8);
+    expect_refused("NaN in optimizer moments", args, out, "nan");
+    sh("rm -rf %s && cp -r %s %s && rm %s/trainer_state.json && mkfifo %s/trainer_state.json", edited, ck3, edited,
+       edited, edited);
+    expect_refused("trainer_state.json a FIFO", args, out, "regular file");
+
+    /* 3. divergence. Settings cannot cause it any more (learning_rate is bounded), so the state does: an
+     * optimizer whose first moment is 1e38 with a second moment of 0 makes the next update Inf; a model whose
+     * final norm weight is 3e38 (finite) overflows the logits at once. */
+    printf("divergence:\n");
+    char blown[300], huge[300];
+    snprintf(blown, sizeof blown, "%s/blown_optimizer", g_tmp);
+    sh("rm -rf %s && cp -r %s %s", blown, ck3, blown);
+    char *opt_path = path_join(blown, "optimizer.safetensors");
+    poke_tensor(opt_path, "model.norm.weight.exp_avg", 1e38f);
+    poke_tensor(opt_path, "model.norm.weight.exp_avg_sq", 0.0f);
+    free(opt_path);
+    snprintf(huge, sizeof huge, "%s/huge_model", g_tmp);
+    sh("rm -rf %s && cp -r models/stories260K %s", huge, huge);
+    char *huge_weights = path_join(huge, "model.safetensors");
+    poke_tensor(huge_weights, "model.norm.weight", 3e38f);
+    free(huge_weights);
+    struct {
+        const char *name, *flags, *needle;
+        const char *resume, *model;
+    } diverge[] = {
+        {"Inf update, no saves", "--save_steps 0 --learning_rate 100", "diverged", blown, NULL},
+        {"Inf update, a save every step", "--save_steps 1 --learning_rate 100", "NaN or Inf", blown, NULL},
+        {"logits overflow from the start", "--save_steps 1", "diverged", NULL, huge},
+    };
+    for (size_t i = 0; i < sizeof diverge / sizeof diverge[0]; i++) {
+        sh("rm -rf %s", out);
+        snprintf(args, sizeof args, "%s --max_steps 6 %s --output_dir %s%s%s%s%s", BASE, diverge[i].flags, out,
+                 diverge[i].resume ? " --resume_from_checkpoint " : "", diverge[i].resume ? diverge[i].resume : "",
+                 diverge[i].model ? " --model " : "", diverge[i].model ? diverge[i].model : "");
+        code = run(args, &err);
+        expect_stopped(diverge[i].name, code, err, out, diverge[i].needle);
+        CHECK(strstr(err, "step ") != NULL, "%s: the error does not name the step: %s", diverge[i].name, err);
+        free(err);
+    }
+
+    /* 4. save_total_limit after resuming early in a folder with later checkpoints */
+    char prune[300];
+    snprintf(prune, sizeof prune, "%s/prune", g_tmp);
+    sh("rm -rf %s && cp -r %s %s", prune, ref, prune);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 1 --save_total_limit 2 --output_dir %s "
+             "--resume_from_checkpoint %s/checkpoint-2", BASE, prune, prune);
+    code = run(args, &err);
+    CHECK(code == 0, "prune run: exit %d: %s", code, err);
+    free(err);
+    bool kept[7];
+    char kept_text[64] = "";
+    for (int s = 1; s <= 6; s++) {
+        char name[32];
+        snprintf(name, sizeof name, "checkpoint-%d", s);
+        kept[s] = exists_in(prune, name);
+        if (kept[s]) snprintf(kept_text + strlen(kept_text), sizeof kept_text - strlen(kept_text), " %d", s);
+    }
+    printf("save_total_limit 2, resumed from checkpoint-2 of a folder holding 1-6, 4 steps: kept%s "
+           "(want 2 3 4 5 6: the source, this run's newest two, the earlier run's later ones)\n", kept_text);
+    CHECK(!kept[1] && kept[2] && kept[3] && kept[4] && kept[5] && kept[6], "pruned the wrong checkpoints:%s", kept_text);
+
+    /* 5. temporaries of killed runs */
+    char tmp_dir[300];
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/temporaries", g_tmp);
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    sh("mkdir -p %s/checkpoint-9.tmp.%d %s/checkpoint-8.tmp.%d && touch %s/metrics.jsonl.tmp.%d "
+       "%s/checkpoint-9.tmp.%d/model.safetensors",
+       tmp_dir, (int)dead, tmp_dir, (int)getpid(), tmp_dir, (int)dead, tmp_dir, (int)dead);
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s", BASE, tmp_dir);
+    code = run(args, &err);
+    char dead_ck[64], dead_metrics[64], live_ck[64];
+    snprintf(dead_ck, sizeof dead_ck, "checkpoint-9.tmp.%d", (int)dead);
+    snprintf(dead_metrics, sizeof dead_metrics, "metrics.jsonl.tmp.%d", (int)dead);
+    snprintf(live_ck, sizeof live_ck, "checkpoint-8.tmp.%d", (int)getpid());
+    printf("temporaries: a dead run's folder and file removed: %s, a live process's kept: %s\n",
+           !exists_in(tmp_dir, dead_ck) && !exists_in(tmp_dir, dead_metrics) ? "yes" : "NO",
+           exists_in(tmp_dir, live_ck) ? "yes" : "NO");
+    CHECK(code == 0 && strstr(err, "removed 2 temporary"), "temporaries run: exit %d: %s", code, err);
+    CHECK(!exists_in(tmp_dir, dead_ck) && !exists_in(tmp_dir, dead_metrics), "a dead run's temporaries were left");
+    CHECK(exists_in(tmp_dir, live_ck), "a live process's temporary was removed");
+    free(err);
+
+    /* 6. write failures */
+    printf("write failures:\n");
+    sh("rm -rf %s && mkdir -p %s/completions.jsonl/x", out, out);
+    snprintf(args, sizeof args, "%s --max_steps 2 --output_dir %s", BASE, out);
+    expect_refused("completions.jsonl a folder", args, out, "completions.jsonl");
+    sh("rm -rf %s && mkdir -p %s && ln -s /dev/full %s/completions.jsonl", out, out, out);
+    snprintf(args, sizeof args, "%s --max_steps 6 --log_completions_count 2 --output_dir %s --resume_from_checkpoint %s",
+             BASE, out, ck3);
+    code = run(args, &err);
+    expect_stopped("completions.jsonl a link to /dev/full", code, err, out, "not a regular file");
+    CHECK(strstr(last_line(err), "completions.jsonl"), "the error does not name completions.jsonl: %s", err);
+    free(err);
+    /* metrics.jsonl: a file-size limit just above what the resume keeps of it */
+    sh("rm -rf %s && mkdir -p %s && (head -n 3 %s/metrics.jsonl; i=0; while [ $i -lt 40 ]; do "
+       "printf '{\"step\": 1, \"pad\": \"%%04000d\"}\\n' 0; i=$((i+1)); done) > %s/metrics.jsonl",
+       out, out, ref, out);
+    char *metrics_path = path_join(out, "metrics.jsonl");
+    struct stat st;
+    long limit = stat(metrics_path, &st) == 0 ? (long)st.st_size + 512 : 1 << 20;
+    free(metrics_path);
+    snprintf(args, sizeof args, "%s --max_steps 6 --save_steps 0 --output_dir %s --resume_from_checkpoint %s", BASE,
+             out, ck3);
+    code = run_file_limited(args, limit, &err);
+    expect_stopped("metrics.jsonl past a file-size limit", code, err, out, "File too large");
+    CHECK(strstr(last_line(err), "metrics.jsonl"), "the error does not name metrics.jsonl: %s", err);
+    free(err);
+
+    /* 7. kill -9 at random moments */
+    char u_dir[300];
+    snprintf(u_dir, sizeof u_dir, "%s/uninterrupted", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s", BASE, u_dir);
+    code = run(args, &err);
+    CHECK(code == 0, "uninterrupted run: exit %d: %s", code, err);
+    free(err);
+    kill_loop(u_dir);
+
+    free(state_before);
+    sh("rm -rf %s", g_tmp);
+    printf("%d checks, %d failed\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

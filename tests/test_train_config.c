@@ -1,0 +1,629 @@
+/* test_train_config.c — `colt train` settings (train/train_config.c):
+ *   - every int and double key at both ends of its range, just inside and just
+ *     outside, from a flag, a YAML file and a JSON file (the table below
+ *     restates the ranges; a numeric key missing from it fails the test);
+ *   - text no int or double can hold (2^31, 2^63, 1e400, nan, inf, .inf, 2.5
+ *     for an int): a one-line error naming the key, the setting unchanged;
+ *   - the products of batch and length settings, and the total-steps helper
+ *     at its limit;
+ *   - duplicate keys (YAML and JSON, top level and inside reward_funcs), empty
+ *     files, comment-only YAML, non-mapping top levels;
+ *   - examples/demo.yaml still loading with its values.
+ * Not the trainer: nothing here loads a model or a dataset. */
+#include <float.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "train/train_config.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        checks++;                                                \
+        if (!(cond)) {                                           \
+            failures++;                                          \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+        }                                                        \
+    } while (0)
+
+/* ---------------------------------------------------------------- the ranges, restated */
+
+typedef struct IntRange {
+    const char *name;
+    long long min, max;
+    bool nullable; /* null sets 0 */
+} IntRange;
+
+static const IntRange INT_KEYS[] = {
+    {"warmup_steps", 0, 1000000000, false},
+    {"num_generations", 2, 65536, false},
+    {"max_completion_length", 1, 1048576, false},
+    {"max_prompt_length", 1, 1048576, false},
+    {"top_k", 0, 16777216, true},
+    {"num_iterations", 1, 1024, false},
+    {"per_device_train_batch_size", 1, 65536, false},
+    {"gradient_accumulation_steps", 1, 65536, false},
+    {"generation_batch_size", 0, 1048576, true},
+    {"steps_per_generation", 0, 65536, true},
+    {"max_steps", -1, 1000000000, false},
+    {"logging_steps", 1, 1000000000, false},
+    {"save_steps", 0, 1000000000, false},
+    {"save_total_limit", 0, 1000000000, true},
+    {"eval_steps", 0, 1000000000, false},
+    {"num_eval_prompts", 0, 1048576, false},
+    {"log_completions_count", 0, 1048576, false},
+    {"seed", 0, INT64_MAX, false},
+};
+
+typedef struct DoubleRange {
+    const char *name;
+    double min, max;
+    bool min_open, max_open;
+    bool nullable; /* null = unset */
+} DoubleRange;
+
+static const DoubleRange DOUBLE_KEYS[] = {
+    {"learning_rate", 0, 100, false, false, false},
+    {"warmup_ratio", 0, 1, false, false, false},
+    {"weight_decay", 0, 100, false, false, false},
+    {"adam_beta1", 0, 1, false, true, false},
+    {"adam_beta2", 0, 1, false, true, false},
+    {"adam_epsilon", 1e-30, 1, false, false, false},
+    {"max_grad_norm", 0, 1e9, false, false, false},
+    {"temperature", 1e-3, 100, false, false, false},
+    {"top_p", 0, 1, true, false, false},
+    {"min_p", 0, 1, false, false, false},
+    {"repetition_penalty", 1e-3, 100, false, false, false},
+    {"beta", 0, 1000, false, false, false},
+    {"epsilon", 0, 1000, false, false, false},
+    {"epsilon_high", 0, 1000, false, false, true},
+    {"delta", 1, 1e9, true, false, true},
+    {"vllm_importance_sampling_clip_min", 0, 1e9, false, false, true},
+    {"vllm_importance_sampling_clip_max", 0, 1e9, true, false, true},
+    {"vllm_importance_sampling_cap", 0, 1e9, true, false, true},
+    {"gpu_memory_utilization", 0, 1, false, false, false},
+    {"vllm_gpu_memory_utilization", 0, 1, false, false, false},
+    {"num_train_epochs", 0, 1e6, true, false, false},
+};
+
+#define N_INT_KEYS (sizeof INT_KEYS / sizeof INT_KEYS[0])
+#define N_DOUBLE_KEYS (sizeof DOUBLE_KEYS / sizeof DOUBLE_KEYS[0])
+
+/* ---------------------------------------------------------------- helpers */
+
+/* One setting through one of the three ways in. */
+enum { VIA_FLAG, VIA_YAML, VIA_JSON, N_VIA };
+static const char *VIA_NAME[N_VIA] = {"flag", "yaml", "json"};
+
+static int apply(TrainConfig *c, int via, const char *key, const char *text, char *err) {
+    char doc[512];
+    switch (via) {
+    case VIA_FLAG: return train_config_set(c, key, text, "command line", err);
+    case VIA_YAML:
+        snprintf(doc, sizeof doc, "# a comment\n%s: %s\n", key, text);
+        return train_config_load_text(c, doc, strlen(doc), TRAIN_CONFIG_YAML, "t.yaml", err);
+    default:
+        snprintf(doc, sizeof doc, "{\"%s\": %s}", key, text);
+        return train_config_load_text(c, doc, strlen(doc), TRAIN_CONFIG_JSON, "t.json", err);
+    }
+}
+
+/* The setting as the JSON dump has it (a new reference). */
+static json_t *value_of(const TrainConfig *c, const char *key) {
+    json_t *all = train_config_to_json(c);
+    json_t *v = json_incref(json_object_get(all, key));
+    json_decref(all);
+    return v;
+}
+
+/* The shortest text that reads back as d (as the loader prints values). */
+static void shortest(char *out, size_t n, double d) {
+    for (int precision = 6; precision <= 17; precision++) {
+        snprintf(out, n, "%.*g", precision, d);
+        if (strtod(out, NULL) == d) break;
+    }
+}
+
+/* A config that finalizes: defaults plus the three required settings. */
+static void base_config(TrainConfig *c) {
+    char err[ERR_LEN];
+    train_config_defaults(c);
+    if (train_config_set(c, "model", "m", "test", err) != 0 || train_config_set(c, "dataset", "d.jsonl", "test", err) ||
+        train_config_set(c, "reward_funcs", "[{\"type\": \"length\"}]", "test", err) != 0) {
+        fprintf(stderr, "base config: %s\n", err);
+        exit(1);
+    }
+}
+
+/* Expects text for key to be accepted and stored as want (a JSON value). */
+static void expect_accept(int via, const char *key, const char *text, json_t *want) {
+    TrainConfig c;
+    train_config_defaults(&c);
+    char err[ERR_LEN] = "";
+    int rc = apply(&c, via, key, text, err);
+    CHECK(rc == 0, "%s %s=%s rejected: %s", VIA_NAME[via], key, text, err);
+    json_t *got = value_of(&c, key);
+    bool same = json_equal(got, want) ||
+                (json_is_number(got) && json_is_number(want) && json_number_value(got) == json_number_value(want));
+    char *g = json_dumps(got, JSON_ENCODE_ANY), *w = json_dumps(want, JSON_ENCODE_ANY);
+    CHECK(rc != 0 || same, "%s %s=%s stored %s, want %s", VIA_NAME[via], key, text, g, w);
+    free(g), free(w);
+    json_decref(got);
+    json_decref(want);
+    train_config_free(&c);
+}
+
+/* Expects text for key to be rejected with one line naming the key, every
+ * needle in it, and the setting left as it was. */
+static void expect_reject(int via, const char *key, const char *text, const char *needle1, const char *needle2) {
+    TrainConfig c;
+    train_config_defaults(&c);
+    json_t *before = value_of(&c, key);
+    char err[ERR_LEN] = "";
+    int rc = apply(&c, via, key, text, err);
+    CHECK(rc != 0, "%s %s=%s accepted", VIA_NAME[via], key, text);
+    if (rc != 0) {
+        CHECK(strstr(err, key) && !strchr(err, '\n'), "%s %s=%s: error does not name the key: %s", VIA_NAME[via], key,
+              text, err);
+        CHECK(!needle1 || strstr(err, needle1), "%s %s=%s: error lacks '%s': %s", VIA_NAME[via], key, text, needle1,
+              err);
+        CHECK(!needle2 || strstr(err, needle2), "%s %s=%s: error lacks '%s': %s", VIA_NAME[via], key, text, needle2,
+              err);
+    }
+    json_t *after = value_of(&c, key);
+    CHECK(json_equal(before, after), "%s %s=%s: a rejected value changed the setting", VIA_NAME[via], key, text);
+    json_decref(before);
+    json_decref(after);
+    train_config_free(&c);
+}
+
+/* ---------------------------------------------------------------- bounds */
+
+/* Every numeric key of the dump is in one of the tables (a new key needs its range tested). */
+static void test_tables_cover_every_key(void) {
+    TrainConfig c;
+    train_config_defaults(&c);
+    json_t *all = train_config_to_json(&c);
+    const char *key;
+    json_t *v;
+    int numeric = 0;
+    json_object_foreach(all, key, v) {
+        bool listed = false;
+        for (size_t i = 0; i < N_INT_KEYS; i++) listed |= strcmp(INT_KEYS[i].name, key) == 0;
+        for (size_t i = 0; i < N_DOUBLE_KEYS; i++) listed |= strcmp(DOUBLE_KEYS[i].name, key) == 0;
+        if (json_is_number(v)) {
+            numeric++;
+            CHECK(listed, "numeric setting %s has no range in this test's tables", key);
+        }
+    }
+    CHECK(numeric == (int)(N_INT_KEYS + N_DOUBLE_KEYS) - 4 /* null by default: delta, epsilon_high, clip_min, cap */,
+          "%d numeric settings in the dump, tables list %zu", numeric, N_INT_KEYS + N_DOUBLE_KEYS);
+    json_decref(all);
+    train_config_free(&c);
+    printf("tables: %d numeric settings with a default, all listed\n", numeric);
+}
+
+static void test_int_bounds(void) {
+    char text[64], shown[80];
+    int before = checks;
+    for (size_t i = 0; i < N_INT_KEYS; i++) {
+        const IntRange *r = &INT_KEYS[i];
+        for (int via = 0; via < N_VIA; via++) {
+            snprintf(text, sizeof text, "%lld", r->min);
+            expect_accept(via, r->name, text, json_integer(r->min));
+            snprintf(text, sizeof text, "%lld", r->max);
+            expect_accept(via, r->name, text, json_integer(r->max));
+            snprintf(text, sizeof text, "%lld", r->min - 1);
+            expect_reject(via, r->name, text, text, "out of range");
+            /* max + 1 of seed is 2^63: JSON cannot hold it (the YAML and flag text can) */
+            if (r->max == INT64_MAX) snprintf(text, sizeof text, "9223372036854775808");
+            else snprintf(text, sizeof text, "%lld", r->max + 1);
+            if (via == VIA_JSON && r->max == INT64_MAX) {
+                snprintf(shown, sizeof shown, "\"%s\"", text); /* the number as a string still gets the range check */
+                expect_reject(via, r->name, shown, text, "out of range");
+            } else {
+                expect_reject(via, r->name, text, text, "out of range");
+            }
+            snprintf(text, sizeof text, "%lld .. %lld", r->min, r->max);
+            expect_reject(via, r->name, "2.5", "integer", text);
+            if (r->nullable) expect_accept(via, r->name, "null", json_integer(0));
+            else expect_reject(via, r->name, "null", "integer", NULL);
+        }
+    }
+    printf("int bounds: %zu keys x {min, max, min-1, max+1, 2.5, null} x flag/yaml/json: %d checks\n", N_INT_KEYS,
+           checks - before);
+}
+
+static void test_double_bounds(void) {
+    char text[64];
+    int before = checks;
+    for (size_t i = 0; i < N_DOUBLE_KEYS; i++) {
+        const DoubleRange *r = &DOUBLE_KEYS[i];
+        /* at each end, and the next double outward and inward */
+        double ends[2] = {r->min, r->max}, out[2] = {nextafter(r->min, -INFINITY), nextafter(r->max, INFINITY)};
+        double in[2] = {nextafter(r->min, INFINITY), nextafter(r->max, -INFINITY)};
+        bool open[2] = {r->min_open, r->max_open};
+        for (int via = 0; via < N_VIA; via++) {
+            for (int e = 0; e < 2; e++) {
+                shortest(text, sizeof text, ends[e]);
+                if (open[e]) expect_reject(via, r->name, text, text, "out of range");
+                else expect_accept(via, r->name, text, json_real(ends[e]));
+                shortest(text, sizeof text, in[e]);
+                expect_accept(via, r->name, text, json_real(in[e]));
+                shortest(text, sizeof text, out[e]);
+                expect_reject(via, r->name, text, text, "out of range");
+            }
+            if (r->nullable) expect_accept(via, r->name, "null", json_null());
+            else expect_reject(via, r->name, "null", "must be a number", NULL);
+        }
+    }
+    printf("double bounds: %zu keys x {min, max, next inward, next outward, null} x flag/yaml/json: %d checks\n",
+           N_DOUBLE_KEYS, checks - before);
+}
+
+/* Text no int or double of the key can hold, from a flag, YAML, and JSON (as
+ * a string where JSON has no such number). */
+static void test_overflow_text(void) {
+    int before = checks;
+    static const char *int_texts[] = {"2147483647",  "2147483648", "-2147483649", "4294967296",
+                                      "9223372036854775807", "-9223372036854775808", "99999999999999999999",
+                                      "-99999999999999999999"};
+    static const char *int_keys[] = {"max_completion_length", "max_steps", "per_device_train_batch_size",
+                                     "num_generations", "save_steps", "top_k"};
+    for (size_t k = 0; k < sizeof int_keys / sizeof *int_keys; k++)
+        for (size_t t = 0; t < sizeof int_texts / sizeof *int_texts; t++)
+            for (int via = 0; via < N_VIA; via++) {
+                char quoted[80];
+                snprintf(quoted, sizeof quoted, "\"%s\"", int_texts[t]);
+                bool json_holds = strlen(int_texts[t]) < 20;
+                expect_reject(via, int_keys[k], via == VIA_JSON && !json_holds ? quoted : int_texts[t], int_texts[t],
+                              "out of range");
+            }
+    /* the tester's case, word for word */
+    char err[ERR_LEN];
+    TrainConfig c;
+    train_config_defaults(&c);
+    CHECK(train_config_set(&c, "max_completion_length", "2147483647", "command line", err) != 0 &&
+              strcmp(err, "command line: max_completion_length: 2147483647 is out of range (1 .. 1048576)") == 0,
+          "max_completion_length 2147483647: %s", err);
+    CHECK(train_config_set(&c, "num_train_epochs", "1e18", "command line", err) != 0 &&
+              strstr(err, "num_train_epochs") && strstr(err, "out of range") && strstr(err, "1000000"),
+          "num_train_epochs 1e18: %s", err);
+    train_config_free(&c);
+
+    /* not integers: reals, hex, words, booleans */
+    static const char *not_int[] = {"2.5", "1e3", "0x10", "abc", "true", "nan", "inf", "1 000"};
+    for (size_t t = 0; t < sizeof not_int / sizeof *not_int; t++)
+        for (int via = VIA_FLAG; via <= VIA_YAML; via++) expect_reject(via, "max_steps", not_int[t], NULL, NULL);
+    expect_reject(VIA_JSON, "max_steps", "2.5", "integer", NULL);
+    expect_reject(VIA_JSON, "max_steps", "100.0", "integer", "100.0");
+    expect_reject(VIA_JSON, "max_steps", "\"abc\"", "integer", "'abc'");
+    expect_reject(VIA_JSON, "max_steps", "[1]", "integer", "a list");
+    expect_reject(VIA_JSON, "max_steps", "true", "integer", NULL);
+
+    /* doubles: non-finite and beyond double */
+    static const char *bad_double[] = {"nan", "-nan", "inf", "-inf", "infinity", "1e400", "-1e400", ".inf", "-.inf",
+                                       ".nan", ".NaN"};
+    static const char *double_keys[] = {"learning_rate", "num_train_epochs", "temperature", "top_p",
+                                        "adam_beta2", "delta", "max_grad_norm"};
+    for (size_t k = 0; k < sizeof double_keys / sizeof *double_keys; k++)
+        for (size_t t = 0; t < sizeof bad_double / sizeof *bad_double; t++)
+            for (int via = 0; via < N_VIA; via++) {
+                char quoted[80];
+                snprintf(quoted, sizeof quoted, "\"%s\"", bad_double[t]);
+                bool nan = strstr(bad_double[t], "nan") || strstr(bad_double[t], "NaN");
+                expect_reject(via, double_keys[k], via == VIA_JSON ? quoted : bad_double[t], bad_double[t],
+                              nan ? "not a number" : "out of range");
+            }
+    /* JSON's own number syntax: 1e400 does not parse, and says where */
+    train_config_defaults(&c);
+    const char *j = "{\n\"learning_rate\": 1e400}";
+    CHECK(train_config_load_text(&c, j, strlen(j), TRAIN_CONFIG_JSON, "t.json", err) != 0 && strstr(err, "t.json line 2"),
+          "JSON 1e400: %s", err);
+    train_config_free(&c);
+    printf("overflow and non-number text: %d checks\n", checks - before);
+}
+
+/* ---------------------------------------------------------------- products and steps */
+
+/* Sets flags "k v k v ..." on a base config and finalizes; returns finalize's rc. */
+static int finalize_with(const char *const *kv, char *err) {
+    TrainConfig c;
+    base_config(&c);
+    int rc = COLT_OK;
+    for (int i = 0; kv[i] && rc == 0; i += 2) rc = train_config_set(&c, kv[i], kv[i + 1], "test", err);
+    if (rc == 0) rc = train_config_finalize(&c, err);
+    train_config_free(&c);
+    return rc;
+}
+
+static void test_products(void) {
+    char err[ERR_LEN];
+    int before = checks;
+    /* defaults finalize: batch 8, G 8, steps_per_generation 1 */
+    const char *none[] = {NULL};
+    CHECK(finalize_with(none, err) == 0, "defaults: %s", err);
+    /* 65536 x (1048576 + 1048576) tokens overflows int: refused */
+    const char *big_micro[] = {"per_device_train_batch_size", "65536", "num_generations", "2", "max_prompt_length",
+                               "1048576", "max_completion_length", "1048576", NULL};
+    CHECK(finalize_with(big_micro, err) != 0 && strstr(err, "per micro-batch") && strstr(err, "137438953472"),
+          "batch x length: %s", err);
+    /* just at the token limit: 256 x (2^19 + 2^19) = 2^28 */
+    const char *at_limit[] = {"per_device_train_batch_size", "256", "num_generations", "2", "max_prompt_length",
+                              "524288", "max_completion_length", "524288", NULL};
+    CHECK(finalize_with(at_limit, err) == 0, "2^28 tokens per micro-batch and round: %s", err);
+    const char *over_limit[] = {"per_device_train_batch_size", "256", "num_generations", "2", "max_prompt_length",
+                                "524288", "max_completion_length", "524289", NULL};
+    CHECK(finalize_with(over_limit, err) != 0 && strstr(err, "268435712"), "2^28 + 256 tokens: %s", err);
+    /* the round: generation_batch_size x length */
+    const char *big_round[] = {"per_device_train_batch_size", "2", "num_generations", "2", "steps_per_generation",
+                               "65536", "max_completion_length", "4096", NULL};
+    CHECK(finalize_with(big_round, err) != 0 && strstr(err, "per generation round"), "round tokens: %s", err);
+    /* batch x steps_per_generation beyond 2^20 completions: 64-bit product, range error */
+    const char *big_gen[] = {"per_device_train_batch_size", "65536", "steps_per_generation", "65536",
+                             "max_prompt_length", "1", "max_completion_length", "1", NULL};
+    CHECK(finalize_with(big_gen, err) != 0 && strstr(err, "generation_batch_size") && strstr(err, "4294967296") &&
+              strstr(err, "out of range"),
+          "batch x steps_per_generation: %s", err);
+    /* generation_batch_size / batch beyond 65536 steps */
+    const char *many_steps[] = {"per_device_train_batch_size", "1", "generation_batch_size", "1048576",
+                                "max_prompt_length", "16", "max_completion_length", "16", NULL};
+    CHECK(finalize_with(many_steps, err) != 0 && strstr(err, "steps_per_generation") && strstr(err, "1048576"),
+          "generation_batch_size / batch: %s", err);
+    /* eval completions */
+    const char *big_eval[] = {"num_eval_prompts", "1048576", NULL};
+    CHECK(finalize_with(big_eval, err) != 0 && strstr(err, "num_eval_prompts") && strstr(err, "8388608"),
+          "eval completions: %s", err);
+    const char *eval_ok[] = {"num_eval_prompts", "131072", NULL};
+    CHECK(finalize_with(eval_ok, err) == 0, "131072 x 8 eval completions: %s", err);
+    /* max_steps 0 is in the int range but means nothing */
+    const char *zero_steps[] = {"max_steps", "0", NULL};
+    CHECK(finalize_with(zero_steps, err) != 0 && strstr(err, "max_steps"), "max_steps 0: %s", err);
+    /* reward weights are bounded too */
+    const char *weights[] = {"reward_weights", "[1e300]", NULL};
+    CHECK(finalize_with(weights, err) != 0 && strstr(err, "reward_weights[0]"), "reward weight 1e300: %s", err);
+
+    /* values put straight into the struct meet the same ranges at finalize */
+    TrainConfig c;
+    base_config(&c);
+    c.max_completion_length = INT_MAX;
+    CHECK(train_config_finalize(&c, err) != 0 && strstr(err, "max_completion_length: 2147483647 is out of range"),
+          "direct INT_MAX: %s", err);
+    train_config_free(&c);
+    base_config(&c);
+    c.num_train_epochs = INFINITY;
+    CHECK(train_config_finalize(&c, err) != 0 && strstr(err, "num_train_epochs: inf is out of range"), "direct inf: %s",
+          err);
+    train_config_free(&c);
+    base_config(&c);
+    c.temperature = NAN;
+    CHECK(train_config_finalize(&c, err) != 0 && strstr(err, "temperature: nan is not a number"), "direct nan: %s",
+          err);
+    train_config_free(&c);
+    printf("products: %d checks\n", checks - before);
+}
+
+/* total steps for settings kv over n prompts; -1 on error (err set). */
+static long long steps_for(const char *const *kv, size_t n_prompts, char *err) {
+    TrainConfig c;
+    base_config(&c);
+    int rc = COLT_OK;
+    for (int i = 0; kv[i] && rc == 0; i += 2) rc = train_config_set(&c, kv[i], kv[i + 1], "test", err);
+    if (rc == 0) rc = train_config_finalize(&c, err);
+    int64_t steps = -7;
+    if (rc == 0) rc = train_config_total_steps(&steps, &c, n_prompts, err);
+    train_config_free(&c);
+    if (rc == 0) CHECK(steps >= 1 && steps <= TRAIN_CONFIG_MAX_STEPS, "total steps %lld out of range", (long long)steps);
+    return rc == 0 ? (long long)steps : -1;
+}
+
+static void test_total_steps(void) {
+    char err[ERR_LEN];
+    int before = checks;
+    /* demo-like: batch 32, G 8 -> 4 prompts a round; 128 prompts -> 32 rounds an epoch */
+    const char *demo[] = {"per_device_train_batch_size", "32", "num_train_epochs", "3", NULL};
+    long long s = steps_for(demo, 128, err);
+    CHECK(s == 96, "3 epochs x 32 rounds: %lld steps (%s)", s, err);
+    const char *half[] = {"per_device_train_batch_size", "32", "num_train_epochs", "0.5", NULL};
+    CHECK((s = steps_for(half, 128, err)) == 16, "0.5 epochs: %lld", s);
+    const char *tiny[] = {"per_device_train_batch_size", "32", "num_train_epochs", "1e-300", NULL};
+    CHECK((s = steps_for(tiny, 128, err)) == 1, "1e-300 epochs: %lld (one round at least)", s);
+    /* 4 micro-batches a step, 2 per round, reused twice: rounds x 2 x 2 / 4 */
+    const char *acc[] = {"per_device_train_batch_size", "8", "gradient_accumulation_steps", "4",
+                         "steps_per_generation", "2", "num_iterations", "2", "num_train_epochs", "1", NULL};
+    CHECK((s = steps_for(acc, 100, err)) == 50, "accumulation: %lld steps (want 50 rounds x 4 / 4)", s);
+    const char *acc_odd[] = {"per_device_train_batch_size", "8", "gradient_accumulation_steps", "3",
+                             "num_train_epochs", "1", NULL};
+    /* steps_per_generation = 3, G 8: 24 / 8 = 3 prompts a round; 10 rounds x 3 / 3 */
+    CHECK((s = steps_for(acc_odd, 30, err)) == 10, "accumulation 3: %lld", s);
+    const char *max_steps[] = {"max_steps", "1000000000", NULL};
+    CHECK((s = steps_for(max_steps, 1, err)) == 1000000000, "max_steps wins: %lld", s);
+    /* at the limit: one prompt a round (G 8, batch 8), 1 epoch over 10^9 prompts = 10^9 steps */
+    const char *one[] = {"num_train_epochs", "1", NULL};
+    CHECK((s = steps_for(one, 1000000000, err)) == 1000000000, "10^9 steps: %lld (%s)", s, err);
+    CHECK(steps_for(one, 1000000001, err) == -1 && strstr(err, "num_train_epochs") && strstr(err, "max_steps"),
+          "10^9 + 1 steps: %s", err);
+    /* the tester's 1e18 is refused when set; the largest epochs over huge datasets fail cleanly */
+    const char *most[] = {"num_train_epochs", "1000000", NULL};
+    CHECK(steps_for(most, 1000000, err) == -1 && strstr(err, "more than"), "1e6 epochs x 1e6 prompts: %s", err);
+    CHECK(steps_for(most, SIZE_MAX, err) == -1 && strstr(err, "more than"), "1e6 epochs x SIZE_MAX prompts: %s", err);
+    const char *most_acc[] = {"num_train_epochs", "1000000", "steps_per_generation", "65536", "num_iterations", "1024",
+                              "per_device_train_batch_size", "8", "max_prompt_length", "8", "max_completion_length",
+                              "8", NULL};
+    CHECK(steps_for(most_acc, SIZE_MAX, err) == -1 && strstr(err, "more than"), "largest product: %s", err);
+    /* 10^6 x 2^32 rounds is below 2^53, but x 2^26 micro-batches a round is past int64 */
+    CHECK(steps_for(most_acc, (size_t)1 << 48, err) == -1 && strstr(err, "more than"), "past int64: %s", err);
+    CHECK(steps_for(one, 0, err) == -1 && strstr(err, "fewer than"), "no prompts: %s", err);
+    printf("total steps: %d checks\n", checks - before);
+}
+
+/* ---------------------------------------------------------------- files */
+
+static int load(TrainConfig *c, const char *text, TrainConfigFormat f, const char *name, char *err) {
+    return train_config_load_text(c, text, strlen(text), f, name, err);
+}
+
+static void expect_load_error(const char *text, TrainConfigFormat f, const char *name, const char *needle1,
+                              const char *needle2) {
+    TrainConfig c;
+    train_config_defaults(&c);
+    char err[ERR_LEN] = "";
+    int rc = load(&c, text, f, name, err);
+    CHECK(rc != 0, "%s: accepted: %s", name, text);
+    CHECK(rc == 0 || (strstr(err, name) == err && !strchr(err, '\n')), "%s: error does not start with the file name: %s",
+          name, err);
+    CHECK(rc == 0 || !needle1 || strstr(err, needle1), "%s: error lacks '%s': %s", name, needle1, err);
+    CHECK(rc == 0 || !needle2 || strstr(err, needle2), "%s: error lacks '%s': %s", name, needle2, err);
+    train_config_free(&c);
+}
+
+static void test_duplicates_and_empty(void) {
+    int before = checks;
+    expect_load_error("max_steps: 5\nlogging_steps: 1\nmax_steps: 6\n", TRAIN_CONFIG_YAML, "dup.yaml",
+                      "line 3: duplicate key 'max_steps'", "first on line 1");
+    expect_load_error("{\"max_steps\": 5,\n \"logging_steps\": 1,\n \"max_steps\": 6}", TRAIN_CONFIG_JSON, "dup.json",
+                      "line 3: duplicate key 'max_steps'", NULL);
+    /* the two names of one setting are two keys: the later wins, as flags do */
+    TrainConfig c;
+    char err[ERR_LEN];
+    train_config_defaults(&c);
+    CHECK(load(&c, "gpu_memory_utilization: 0.5\nvllm_gpu_memory_utilization: 0.25\n", TRAIN_CONFIG_YAML, "alias.yaml",
+               err) == 0 && c.gpu_memory_utilization == 0.25,
+          "alias keys: %s", err);
+    train_config_free(&c);
+    /* inside reward_funcs too: a spec's key twice is as ambiguous */
+    expect_load_error("reward_funcs:\n  - type: length\n    type: regex\n", TRAIN_CONFIG_YAML, "nested.yaml",
+                      "line 3: duplicate key 'type'", "first on line 2");
+    expect_load_error("reward_funcs: [{type: length, type: regex}]\n", TRAIN_CONFIG_YAML, "flow.yaml",
+                      "duplicate key 'type'", NULL);
+    expect_load_error("{\"reward_funcs\": [{\"type\": \"length\",\n \"type\": \"regex\"}]}", TRAIN_CONFIG_JSON,
+                      "nested.json", "line 2: duplicate key 'type'", NULL);
+    /* the same key in two different specs is fine */
+    train_config_defaults(&c);
+    CHECK(load(&c, "reward_funcs:\n  - {type: length}\n  - {type: regex, pattern: x}\n", TRAIN_CONFIG_YAML, "two.yaml",
+               err) == 0 && json_array_size(c.reward_funcs) == 2,
+          "two specs: %s", err);
+    train_config_free(&c);
+
+    /* empty and non-mapping files: one line naming the file */
+    expect_load_error("", TRAIN_CONFIG_YAML, "empty.yaml", "no settings", "empty");
+    expect_load_error("# only a comment\n\n   # another\n", TRAIN_CONFIG_YAML, "comments.yaml", "no settings",
+                      "comments");
+    expect_load_error("---\n", TRAIN_CONFIG_YAML, "dashes.yaml", "no settings", NULL);
+    expect_load_error("~\n", TRAIN_CONFIG_YAML, "null.yaml", "no settings", NULL);
+    expect_load_error("- model: m\n- dataset: d\n", TRAIN_CONFIG_YAML, "list.yaml", "found a list", NULL);
+    expect_load_error("just words\n", TRAIN_CONFIG_YAML, "scalar.yaml", "found a string", NULL);
+    expect_load_error("model: m\n---\nmodel: n\n", TRAIN_CONFIG_YAML, "two.yaml", "more than one YAML document", NULL);
+    expect_load_error("model: [\n", TRAIN_CONFIG_YAML, "broken.yaml", "line", NULL);
+    expect_load_error("a: &x 1\nb: *x\n", TRAIN_CONFIG_YAML, "alias.yaml", "aliases", NULL);
+    expect_load_error("", TRAIN_CONFIG_JSON, "empty.json", "no settings", "empty");
+    expect_load_error(" \n\t\n", TRAIN_CONFIG_JSON, "blank.json", "no settings", NULL);
+    expect_load_error("[1, 2]", TRAIN_CONFIG_JSON, "list.json", "found a list", NULL);
+    expect_load_error("{\"max_steps\": ", TRAIN_CONFIG_JSON, "cut.json", "invalid JSON", NULL);
+    expect_load_error("max_stepz: 3\n", TRAIN_CONFIG_YAML, "typo.yaml", "did you mean 'max_steps'", NULL);
+    /* range errors from a file name the file, the key, the value and the range */
+    expect_load_error("model: m\nmax_completion_length: 2147483647\n", TRAIN_CONFIG_YAML, "big.yaml",
+                      "big.yaml: max_completion_length: 2147483647 is out of range (1 .. 1048576)", NULL);
+    expect_load_error("{\"top_p\": 0}", TRAIN_CONFIG_JSON, "p.json", "p.json: top_p: 0 is out of range (0 < top_p <= 1)",
+                      NULL);
+
+    /* an empty mapping is an explicit "nothing to change" */
+    train_config_defaults(&c);
+    CHECK(load(&c, "{}", TRAIN_CONFIG_JSON, "e.json", err) == 0, "{}: %s", err);
+    CHECK(load(&c, "{}\n", TRAIN_CONFIG_YAML, "e.yaml", err) == 0, "YAML {}: %s", err);
+    train_config_free(&c);
+
+    /* load_file: the same messages with the path, by extension */
+    char dir[] = "/tmp/colt_test_train_config_XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    const char *names[] = {"empty.yaml", "empty.json", "dup.yml"};
+    const char *texts[] = {"# nothing\n", "", "seed: 1\nseed: 2\n"};
+    const char *needles[] = {"no settings", "no settings", "duplicate key 'seed'"};
+    for (int i = 0; i < 3; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *fp = fopen(path, "w");
+        fputs(texts[i], fp);
+        fclose(fp);
+        train_config_defaults(&c);
+        int rc = train_config_load_file(&c, path, err);
+        CHECK(rc != 0 && strstr(err, path) == err && strstr(err, needles[i]), "%s: %s", path, err);
+        train_config_free(&c);
+        unlink(path);
+    }
+    rmdir(dir);
+    printf("duplicates, empty and malformed files: %d checks\n", checks - before);
+}
+
+static void test_demo_loads(void) {
+    int before = checks;
+    TrainConfig c;
+    char err[ERR_LEN];
+    train_config_defaults(&c);
+    int rc = train_config_load_file(&c, "examples/demo.yaml", err);
+    CHECK(rc == 0, "examples/demo.yaml: %s", err);
+    rc = rc == 0 ? train_config_finalize(&c, err) : rc;
+    CHECK(rc == 0, "examples/demo.yaml finalize: %s", err);
+    CHECK(c.model && strcmp(c.model, "models/stories260K") == 0, "model %s", c.model ? c.model : "(null)");
+    CHECK(json_array_size(c.reward_funcs) == 1 &&
+              strcmp(json_string_value(json_object_get(json_array_get(c.reward_funcs, 0), "pattern")), "\\bpark\\b") == 0,
+          "reward_funcs");
+    CHECK(c.num_generations == 8 && c.per_device_train_batch_size == 32 && c.gradient_accumulation_steps == 1,
+          "batching %d %d %d", c.num_generations, c.per_device_train_batch_size, c.gradient_accumulation_steps);
+    CHECK(c.max_completion_length == 48 && c.max_steps == 60 && c.warmup_steps == 5 && c.logging_steps == 5 &&
+              c.save_steps == 30 && c.save_total_limit == 2 && c.log_completions_count == 1 && c.seed == 42,
+          "ints");
+    CHECK(c.learning_rate == 5.0e-4 && c.beta == 0.1 && c.epsilon == 0.2 && c.epsilon_high == 0.2 &&
+              c.temperature == 1.0 && c.max_grad_norm == 1.0,
+          "doubles lr %g beta %g", c.learning_rate, c.beta);
+    CHECK(c.generation_batch_size == 32 && c.steps_per_generation == 1, "derived %d %d", c.generation_batch_size,
+          c.steps_per_generation);
+    CHECK(strcmp(c.lr_scheduler_type, "constant_with_warmup") == 0 && strcmp(c.loss_type, "dapo") == 0, "strings");
+    int64_t steps = 0;
+    CHECK(train_config_total_steps(&steps, &c, 128, err) == 0 && steps == 60, "demo total steps %lld",
+          (long long)steps);
+
+    /* its JSON dump loads back as JSON to the same settings */
+    json_t *dump = train_config_to_json(&c);
+    json_object_del(dump, "vllm_gpu_memory_utilization"); /* the alias, dumped beside its key */
+    char *text = json_dumps(dump, 0);
+    TrainConfig d;
+    train_config_defaults(&d);
+    rc = load(&d, text, TRAIN_CONFIG_JSON, "dump.json", err);
+    CHECK(rc == 0, "dump reload: %s", err);
+    json_t *again = train_config_to_json(&d);
+    json_object_del(again, "vllm_gpu_memory_utilization");
+    CHECK(json_equal(dump, again), "the dump does not round-trip");
+    json_decref(again);
+    json_decref(dump);
+    free(text);
+    train_config_free(&d);
+    train_config_free(&c);
+    printf("examples/demo.yaml: %d checks\n", checks - before);
+}
+
+int main(void) {
+    test_tables_cover_every_key();
+    test_int_bounds();
+    test_double_bounds();
+    test_overflow_text();
+    test_products();
+    test_total_steps();
+    test_duplicates_and_empty();
+    test_demo_loads();
+    printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
+    return failures ? 1 : 0;
+}

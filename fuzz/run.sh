@@ -14,7 +14,7 @@ for bin in "$build"/fuzz_*; do
   seeds=""
   [ -d "fuzz/seeds/$name" ] && seeds="fuzz/seeds/$name"
   echo "== $name for ${seconds}s"
-  if ! "$bin" -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 \
+  if ! UBSAN_OPTIONS=halt_on_error=1 "$bin" -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 \
        "fuzz/corpus-$name" $seeds 2>&1 | tail -n 12; then
     status=1
   fi

@@ -23,7 +23,7 @@ static Optimizer *g_opt;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     char err[ERR_LEN];
-    const Backend *be = backend_by_name("cpu", err);
+    const Backend *be = backend_cpu();
     ModelConfig cfg = {.arch = ARCH_LLAMA, .hidden_size = 16, .intermediate_size = 32, .num_hidden_layers = 1,
                        .num_attention_heads = 2, .num_key_value_heads = 1, .head_dim = 8, .vocab_size = 32,
                        .max_position_embeddings = 64, .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f,

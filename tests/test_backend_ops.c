@@ -26,14 +26,14 @@ static float *rand_floats(size_t n, float scale) {
 }
 
 static void *to_device(const Backend *be, const float *x, size_t n) {
-    void *d = be->alloc(n);
-    be->upload(d, x, n);
+    void *d = be->alloc(be, n);
+    be->upload(be, d, x, n);
     return d;
 }
 
 static float *from_device(const Backend *be, const void *d, size_t n) {
     float *x = malloc(n * sizeof(float));
-    be->download(x, d, n);
+    be->download(be, x, d, n);
     return x;
 }
 
@@ -53,8 +53,8 @@ static void test_linear(const Backend *be, int with_bias) {
     int n = 37, in = 96, out = 80;
     float *x = rand_floats((size_t)n * in, 1.0f), *w = rand_floats((size_t)out * in, 0.1f), *b = rand_floats(out, 1.0f);
     void *dx = to_device(be, x, (size_t)n * in), *dw = to_device(be, w, (size_t)out * in), *db = to_device(be, b, out);
-    void *dout = be->alloc((size_t)n * out);
-    be->linear(dout, dx, dw, with_bias ? db : NULL, n, in, out);
+    void *dout = be->alloc(be, (size_t)n * out);
+    be->linear(be, dout, dx, dw, with_bias ? db : NULL, n, in, out);
     float *got = from_device(be, dout, (size_t)n * out);
     double *ref = malloc((size_t)n * out * sizeof(double));
     for (int i = 0; i < n; i++)
@@ -66,15 +66,15 @@ static void test_linear(const Backend *be, int with_bias) {
     report(with_bias ? "linear (bias) [37,96]x[80,96]^T" : "linear (no bias) [37,96]x[80,96]^T", got, ref,
            (size_t)n * out, 1e-5);
     free(x), free(w), free(b), free(got), free(ref);
-    be->free(dx), be->free(dw), be->free(db), be->free(dout);
+    be->free(be, dx), be->free(be, dw), be->free(be, db), be->free(be, dout);
 }
 
 static void test_rmsnorm(const Backend *be) {
     int n = 9, d = 72;
     float eps = 1e-5f;
     float *x = rand_floats((size_t)n * d, 3.0f), *w = rand_floats(d, 1.0f);
-    void *dx = to_device(be, x, (size_t)n * d), *dw = to_device(be, w, d), *dout = be->alloc((size_t)n * d);
-    be->rmsnorm(dout, dx, dw, n, d, eps);
+    void *dx = to_device(be, x, (size_t)n * d), *dw = to_device(be, w, d), *dout = be->alloc(be, (size_t)n * d);
+    be->rmsnorm(be, dout, dx, dw, n, d, eps);
     float *got = from_device(be, dout, (size_t)n * d);
     double *ref = malloc((size_t)n * d * sizeof(double));
     for (int i = 0; i < n; i++) {
@@ -85,7 +85,7 @@ static void test_rmsnorm(const Backend *be) {
     }
     report("rmsnorm [9,72]", got, ref, (size_t)n * d, 1e-5);
     free(x), free(w), free(got), free(ref);
-    be->free(dx), be->free(dw), be->free(dout);
+    be->free(be, dx), be->free(be, dw), be->free(be, dout);
 }
 
 static void test_rope(const Backend *be) {
@@ -95,7 +95,7 @@ static void test_rope(const Backend *be) {
     size_t total = (size_t)n * heads * dh;
     float *x = rand_floats(total, 1.0f);
     void *dx = to_device(be, x, total);
-    be->rope(dx, pos, n, heads, dh, theta);
+    be->rope(be, dx, pos, n, heads, dh, theta);
     float *got = from_device(be, dx, total);
     double *ref = malloc(total * sizeof(double));
     for (int i = 0; i < n; i++)
@@ -110,7 +110,7 @@ static void test_rope(const Backend *be) {
     /* fp32 angles (as transformers computes them) lose ~pos * 6e-8 rad */
     report("rope [6,3,32] pos up to 255", got, ref, total, 1e-4);
     free(x), free(got), free(ref);
-    be->free(dx);
+    be->free(be, dx);
 }
 
 /* kv_store + attention with GQA, tokens of three slots at mixed positions. */
@@ -124,8 +124,8 @@ static void test_attention(const Backend *be) {
           *v = rand_floats((size_t)n * kvd, 1.0f);
     void *dkc = to_device(be, kc, cache_n), *dvc = to_device(be, vc, cache_n), *dq = to_device(be, q, (size_t)n * H * Dh),
          *dk = to_device(be, k, (size_t)n * kvd), *dv = to_device(be, v, (size_t)n * kvd),
-         *dout = be->alloc((size_t)n * H * Dh);
-    be->kv_store(dkc, dvc, dk, dv, slot, pos, n, kvd, L);
+         *dout = be->alloc(be, (size_t)n * H * Dh);
+    be->kv_store(be, dkc, dvc, dk, dv, slot, pos, n, kvd, L);
     for (int i = 0; i < n; i++) { /* the reference cache */
         memcpy(kc + ((size_t)slot[i] * L + pos[i]) * kvd, k + (size_t)i * kvd, (size_t)kvd * sizeof(float));
         memcpy(vc + ((size_t)slot[i] * L + pos[i]) * kvd, v + (size_t)i * kvd, (size_t)kvd * sizeof(float));
@@ -134,10 +134,10 @@ static void test_attention(const Backend *be) {
     double *ref_k = malloc(cache_n * sizeof(double));
     for (size_t i = 0; i < cache_n; i++) ref_k[i] = kc[i];
     report("kv_store [3,40,32] (5 tokens)", got_k, ref_k, cache_n, 0.0);
-    void *dlse = be->alloc_f32((size_t)n * H);
-    be->attention(dout, dlse, dq, dkc, dvc, slot, pos, n, H, KVH, Dh, L);
+    void *dlse = be->alloc_f32(be, (size_t)n * H);
+    be->attention(be, dout, dlse, dq, dkc, dvc, slot, pos, n, H, KVH, Dh, L);
     float *got = from_device(be, dout, (size_t)n * H * Dh), *got_lse = malloc((size_t)n * H * sizeof(float));
-    be->download_f32(got_lse, dlse, (size_t)n * H);
+    be->download_f32(be, got_lse, dlse, (size_t)n * H);
     double *ref = calloc((size_t)n * H * Dh, sizeof(double)), *ref_lse = malloc((size_t)n * H * sizeof(double));
     double *p = malloc((size_t)L * sizeof(double));
     for (int i = 0; i < n; i++)
@@ -162,67 +162,67 @@ static void test_attention(const Backend *be) {
     report("attention lse [f32] (log-sum-exp per row)", got_lse, ref_lse, (size_t)n * H, 1e-5);
     free(kc), free(vc), free(q), free(k), free(v), free(got), free(ref), free(p), free(got_k), free(ref_k);
     free(got_lse), free(ref_lse);
-    be->free(dkc), be->free(dvc), be->free(dq), be->free(dk), be->free(dv), be->free(dout), be->free(dlse);
+    be->free(be, dkc), be->free(be, dvc), be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dout), be->free(be, dlse);
 }
 
 static void test_elementwise(const Backend *be) {
     size_t n = 1000;
     float *g = rand_floats(n, 4.0f), *u = rand_floats(n, 1.0f);
-    void *dg = to_device(be, g, n), *du = to_device(be, u, n), *dout = be->alloc(n);
+    void *dg = to_device(be, g, n), *du = to_device(be, u, n), *dout = be->alloc(be, n);
     double *ref = malloc(n * sizeof(double));
-    be->swiglu(dout, dg, du, n);
+    be->swiglu(be, dout, dg, du, n);
     float *got = from_device(be, dout, n);
     for (size_t i = 0; i < n; i++) ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
     report("swiglu [1000]", got, ref, n, 1e-5); /* fp32 expf, |out| up to ~30 */
     free(got);
-    be->add(dg, dg, du, n); /* out aliases a */
+    be->add(be, dg, dg, du, n); /* out aliases a */
     got = from_device(be, dg, n);
     for (size_t i = 0; i < n; i++) ref[i] = (double)g[i] + u[i];
     report("add [1000] (out aliases a)", got, ref, n, 1e-5); /* one fp32 rounding */
     free(got);
     /* copy: rows 3..5 of u into the middle of out */
-    be->upload(dout, g, n);
-    be->copy(dout, 100, du, 300, 200);
+    be->upload(be, dout, g, n);
+    be->copy(be, dout, 100, du, 300, 200);
     got = from_device(be, dout, n);
     for (size_t i = 0; i < n; i++) ref[i] = (i >= 100 && i < 300) ? u[i + 200] : g[i];
     report("copy [200 of 1000]", got, ref, n, 0.0);
     free(g), free(u), free(got), free(ref);
-    be->free(dg), be->free(du), be->free(dout);
+    be->free(be, dg), be->free(be, du), be->free(be, dout);
 }
 
 static void test_embedding(const Backend *be) {
     int V = 50, D = 24, n = 7;
     int ids[7] = {0, 49, 3, 3, 17, 1, 48};
     float *table = rand_floats((size_t)V * D, 1.0f);
-    void *dt = to_device(be, table, (size_t)V * D), *dout = be->alloc((size_t)n * D);
-    be->embedding(dout, dt, ids, n, D);
+    void *dt = to_device(be, table, (size_t)V * D), *dout = be->alloc(be, (size_t)n * D);
+    be->embedding(be, dout, dt, ids, n, D);
     float *got = from_device(be, dout, (size_t)n * D);
     double *ref = malloc((size_t)n * D * sizeof(double));
     for (int i = 0; i < n; i++)
         for (int j = 0; j < D; j++) ref[i * D + j] = table[ids[i] * D + j];
     report("embedding [50,24] x 7 ids", got, ref, (size_t)n * D, 0.0);
     free(table), free(got), free(ref);
-    be->free(dt), be->free(dout);
+    be->free(be, dt), be->free(be, dout);
 }
 
 static void test_gather_scatter(const Backend *be) {
     int rows_total = 20, D = 24, n = 6;
     int rows[6] = {19, 0, 7, 3, 12, 8};
     float *src = rand_floats((size_t)rows_total * D, 1.0f);
-    void *dsrc = to_device(be, src, (size_t)rows_total * D), *dg = be->alloc((size_t)n * D);
-    be->gather_rows(dg, dsrc, rows, n, D);
+    void *dsrc = to_device(be, src, (size_t)rows_total * D), *dg = be->alloc(be, (size_t)n * D);
+    be->gather_rows(be, dg, dsrc, rows, n, D);
     float *got = from_device(be, dg, (size_t)n * D);
     double *ref = malloc((size_t)rows_total * D * sizeof(double));
     for (int i = 0; i < n; i++)
         for (int j = 0; j < D; j++) ref[i * D + j] = src[rows[i] * D + j];
     report("gather_rows 6 of [20,24]", got, ref, (size_t)n * D, 0.0);
     /* scatter back into a copy of src: the rows land where they came from. */
-    be->scatter_rows(dsrc, dg, rows, n, D);
+    be->scatter_rows(be, dsrc, dg, rows, n, D);
     float *back = from_device(be, dsrc, (size_t)rows_total * D);
     for (size_t e = 0; e < (size_t)rows_total * D; e++) ref[e] = src[e];
     report("scatter_rows 6 into [20,24]", back, ref, (size_t)rows_total * D, 0.0);
     free(src), free(got), free(back), free(ref);
-    be->free(dsrc), be->free(dg);
+    be->free(be, dsrc), be->free(be, dg);
 }
 
 /* ================================================================ training ops
@@ -245,7 +245,7 @@ static void test_linear_backward(const Backend *be, int accumulate_dx) {
     void *gx = to_device(be, x, (size_t)n * in), *gw = to_device(be, w, (size_t)out * in),
          *gdy = to_device(be, dy, (size_t)n * out), *gdx = to_device(be, dx0, (size_t)n * in),
          *gdw = to_device(be, dw0, (size_t)out * in), *gdb = to_device(be, db0, out);
-    be->linear_backward(gdx, gdw, gdb, gdy, gx, gw, n, in, out, accumulate_dx);
+    be->linear_backward(be, gdx, gdw, gdb, gdy, gx, gw, n, in, out, accumulate_dx);
     float *got_dx = from_device(be, gdx, (size_t)n * in), *got_dw = from_device(be, gdw, (size_t)out * in),
           *got_db = from_device(be, gdb, out);
     double *ref_dx = malloc((size_t)n * in * sizeof(double)), *ref_dw = malloc((size_t)out * in * sizeof(double)),
@@ -272,7 +272,7 @@ static void test_linear_backward(const Backend *be, int accumulate_dx) {
     report("linear_backward db (+=) [24]", got_db, ref_db, out, 1e-5);
     free(x), free(w), free(dy), free(dx0), free(dw0), free(db0), free(got_dx), free(got_dw), free(got_db);
     free(ref_dx), free(ref_dw), free(ref_db);
-    be->free(gx), be->free(gw), be->free(gdy), be->free(gdx), be->free(gdw), be->free(gdb);
+    be->free(be, gx), be->free(be, gw), be->free(be, gdy), be->free(be, gdx), be->free(be, gdw), be->free(be, gdb);
 }
 
 static void rmsnorm_row_ref(double *y, const double *x, const double *w, int d, double eps) {
@@ -289,7 +289,7 @@ static void test_rmsnorm_backward(const Backend *be) {
           *dx0 = rand_floats((size_t)n * d, 1.0f), *dw0 = rand_floats(d, 1.0f);
     void *gx = to_device(be, x, (size_t)n * d), *gw = to_device(be, w, d), *gdy = to_device(be, dy, (size_t)n * d),
          *gdx = to_device(be, dx0, (size_t)n * d), *gdw = to_device(be, dw0, d);
-    be->rmsnorm_backward(gdx, gdw, gdy, gx, gw, n, d, eps);
+    be->rmsnorm_backward(be, gdx, gdw, gdy, gx, gw, n, d, eps);
     float *got_dx = from_device(be, gdx, (size_t)n * d), *got_dw = from_device(be, gdw, d);
     double *ref_dx = malloc((size_t)n * d * sizeof(double)), *ref_dw = malloc(d * sizeof(double));
     double *xd = to_double(x, (size_t)n * d), *wd = to_double(w, d), yp[64], ym[64], h = 1e-5;
@@ -316,7 +316,7 @@ static void test_rmsnorm_backward(const Backend *be) {
     report("rmsnorm_backward dw (+=) [24] vs fd", got_dw, ref_dw, d, 1e-5);
     free(x), free(w), free(dy), free(dx0), free(dw0), free(got_dx), free(got_dw), free(ref_dx), free(ref_dw), free(xd),
         free(wd);
-    be->free(gx), be->free(gw), be->free(gdy), be->free(gdx), be->free(gdw);
+    be->free(be, gx), be->free(be, gw), be->free(be, gdy), be->free(be, gdx), be->free(be, gdw);
 }
 
 /* rope_backward(y) = R^T y, R the rotation rope applies (double angles). */
@@ -327,7 +327,7 @@ static void test_rope_backward(const Backend *be) {
     size_t total = (size_t)n * heads * dh;
     float *y = rand_floats(total, 1.0f);
     void *dy = to_device(be, y, total);
-    be->rope_backward(dy, pos, n, heads, dh, theta);
+    be->rope_backward(be, dy, pos, n, heads, dh, theta);
     float *got = from_device(be, dy, total);
     double *ref = malloc(total * sizeof(double));
     for (int i = 0; i < n; i++)
@@ -341,7 +341,7 @@ static void test_rope_backward(const Backend *be) {
             }
     report("rope_backward [4,2,16] = R^T", got, ref, total, 1e-4);
     free(y), free(got), free(ref);
-    be->free(dy);
+    be->free(be, dy);
 }
 
 /* Double attention over whole sequences: out[i,h] from q and the caches. */
@@ -385,9 +385,9 @@ static void test_attention_backward(const Backend *be) {
     float *q = rand_floats(qn, 1.0f), *kc = rand_floats(cn, 1.0f), *vc = rand_floats(cn, 1.0f),
           *dout = rand_floats(qn, 1.0f), *dk0 = rand_floats(cn, 1.0f), *dv0 = rand_floats(cn, 1.0f);
     void *gq = to_device(be, q, qn), *gkc = to_device(be, kc, cn), *gvc = to_device(be, vc, cn),
-         *gdo = to_device(be, dout, qn), *gdq = be->alloc(qn), *gdk = to_device(be, dk0, cn),
+         *gdo = to_device(be, dout, qn), *gdq = be->alloc(be, qn), *gdk = to_device(be, dk0, cn),
          *gdv = to_device(be, dv0, cn);
-    be->attention_backward(gdq, gdk, gdv, gdo, gq, NULL, NULL, gkc, gvc, slot, pos, n, H, KVH, Dh, S, L);
+    be->attention_backward(be, gdq, gdk, gdv, gdo, gq, NULL, NULL, gkc, gvc, slot, pos, n, H, KVH, Dh, S, L);
     float *got_dq = from_device(be, gdq, qn), *got_dk = from_device(be, gdk, cn), *got_dv = from_device(be, gdv, cn);
     double *qd = to_double(q, qn), *kd = to_double(kc, cn), *vd = to_double(vc, cn), *dod = to_double(dout, qn);
     double *scratch = malloc(qn * sizeof(double)), h = 1e-5;
@@ -412,8 +412,8 @@ static void test_attention_backward(const Backend *be) {
     report("attention_backward dk_cache (+=) vs fd", got_dk, ref_dk, cn, 1e-5);
     report("attention_backward dv_cache (+=) vs fd", got_dv, ref_dv, cn, 1e-5);
     /* kv_gather reads back what kv_store wrote */
-    void *gk = be->alloc((size_t)n * kvd), *gv = be->alloc((size_t)n * kvd);
-    be->kv_gather(gk, gv, gkc, gvc, slot, pos, n, kvd, L);
+    void *gk = be->alloc(be, (size_t)n * kvd), *gv = be->alloc(be, (size_t)n * kvd);
+    be->kv_gather(be, gk, gv, gkc, gvc, slot, pos, n, kvd, L);
     float *got_k = from_device(be, gk, (size_t)n * kvd), *got_v = from_device(be, gv, (size_t)n * kvd);
     double *ref_kv = malloc((size_t)n * kvd * sizeof(double));
     for (int i = 0; i < n; i++)
@@ -425,16 +425,16 @@ static void test_attention_backward(const Backend *be) {
     free(q), free(kc), free(vc), free(dout), free(dk0), free(dv0), free(got_dq), free(got_dk), free(got_dv);
     free(qd), free(kd), free(vd), free(dod), free(scratch), free(ref_dq), free(ref_dk), free(ref_dv);
     free(got_k), free(got_v), free(ref_kv);
-    be->free(gq), be->free(gkc), be->free(gvc), be->free(gdo), be->free(gdq), be->free(gdk), be->free(gdv);
-    be->free(gk), be->free(gv);
+    be->free(be, gq), be->free(be, gkc), be->free(be, gvc), be->free(be, gdo), be->free(be, gdq), be->free(be, gdk), be->free(be, gdv);
+    be->free(be, gk), be->free(be, gv);
 }
 
 static void test_swiglu_embedding_backward(const Backend *be) {
     size_t n = 1000;
     float *g = rand_floats(n, 4.0f), *u = rand_floats(n, 1.0f), *go = rand_floats(n, 1.0f);
-    void *dg = to_device(be, g, n), *du = to_device(be, u, n), *dgo = to_device(be, go, n), *odg = be->alloc(n),
-         *odu = be->alloc(n);
-    be->swiglu_backward(odg, odu, dgo, dg, du, n);
+    void *dg = to_device(be, g, n), *du = to_device(be, u, n), *dgo = to_device(be, go, n), *odg = be->alloc(be, n),
+         *odu = be->alloc(be, n);
+    be->swiglu_backward(be, odg, odu, dgo, dg, du, n);
     float *got_g = from_device(be, odg, n), *got_u = from_device(be, odu, n);
     double *ref_g = malloc(n * sizeof(double)), *ref_u = malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
@@ -448,7 +448,7 @@ static void test_swiglu_embedding_backward(const Backend *be) {
     int ids[6] = {3, 19, 3, 0, 7, 3};
     float *t0 = rand_floats((size_t)V * D, 1.0f), *dout = rand_floats((size_t)nt * D, 1.0f);
     void *dt = to_device(be, t0, (size_t)V * D), *ddo = to_device(be, dout, (size_t)nt * D);
-    be->embedding_backward(dt, ddo, ids, nt, D);
+    be->embedding_backward(be, dt, ddo, ids, nt, D);
     float *got_t = from_device(be, dt, (size_t)V * D);
     double *ref_t = to_double(t0, (size_t)V * D);
     for (int i = 0; i < nt; i++)
@@ -456,7 +456,7 @@ static void test_swiglu_embedding_backward(const Backend *be) {
     report("embedding_backward (+=, repeated ids)", got_t, ref_t, (size_t)V * D, 1e-6);
     free(g), free(u), free(go), free(got_g), free(got_u), free(ref_g), free(ref_u), free(t0), free(dout), free(got_t),
         free(ref_t);
-    be->free(dg), be->free(du), be->free(dgo), be->free(odg), be->free(odu), be->free(dt), be->free(ddo);
+    be->free(be, dg), be->free(be, du), be->free(be, dgo), be->free(be, odg), be->free(be, odu), be->free(be, dt), be->free(be, ddo);
 }
 
 static double logprob_ref(const double *row, int V, int target, double temp, double *entropy) {
@@ -474,9 +474,9 @@ static void test_log_softmax_target(const Backend *be) {
     float temp = 0.7f;
     int targets[5] = {0, 299, -1, 17, 17};
     float *lg = rand_floats((size_t)n * V, 3.0f), *dlp = rand_floats(n, 1.0f);
-    void *glg = to_device(be, lg, (size_t)n * V), *glp = be->alloc(n), *gent = be->alloc(n),
-         *gdlp = to_device(be, dlp, n), *gdl = be->alloc((size_t)n * V);
-    be->log_softmax_target(glp, gent, glg, targets, n, V, temp);
+    void *glg = to_device(be, lg, (size_t)n * V), *glp = be->alloc(be, n), *gent = be->alloc(be, n),
+         *gdlp = to_device(be, dlp, n), *gdl = be->alloc(be, (size_t)n * V);
+    be->log_softmax_target(be, glp, gent, glg, targets, n, V, temp);
     float *got_lp = from_device(be, glp, n), *got_ent = from_device(be, gent, n);
     double *ref_lp = calloc(n, sizeof(double)), *ref_ent = calloc(n, sizeof(double));
     double *ref_dl = calloc((size_t)n * V, sizeof(double)), *row = malloc(V * sizeof(double)), h = 1e-5;
@@ -496,15 +496,15 @@ static void test_log_softmax_target(const Backend *be) {
     }
     report("log_softmax_target logprobs [5,300] T=0.7", got_lp, ref_lp, n, 1e-5);
     report("log_softmax_target entropy [5,300]", got_ent, ref_ent, n, 1e-5);
-    be->log_softmax_target_backward(gdl, glg, targets, gdlp, n, V, temp);
+    be->log_softmax_target_backward(be, gdl, glg, targets, gdlp, n, V, temp);
     float *got_dl = from_device(be, gdl, (size_t)n * V);
     report("log_softmax_target_backward [5,300] vs fd", got_dl, ref_dl, (size_t)n * V, 1e-6);
-    be->log_softmax_target_backward(glg, glg, targets, gdlp, n, V, temp); /* in place */
+    be->log_softmax_target_backward(be, glg, glg, targets, gdlp, n, V, temp); /* in place */
     float *got_in_place = from_device(be, glg, (size_t)n * V);
     report("log_softmax_target_backward in place", got_in_place, ref_dl, (size_t)n * V, 1e-6);
     free(lg), free(dlp), free(got_lp), free(got_ent), free(ref_lp), free(ref_ent), free(ref_dl), free(row),
         free(got_dl), free(got_in_place);
-    be->free(glg), be->free(glp), be->free(gent), be->free(gdlp), be->free(gdl);
+    be->free(be, glg), be->free(be, glp), be->free(be, gent), be->free(be, gdlp), be->free(be, gdl);
 }
 
 /* adamw vs the formula in backend.h in double; sum_squares, scale, zero. */
@@ -516,7 +516,7 @@ static void test_optimizer_ops(const Backend *be) {
     float *p = rand_floats(n, 1.0f), *g = rand_floats(n, 1.0f), *m = rand_floats(n, 0.1f), *v = rand_floats(n, 0.1f);
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
     void *gp = to_device(be, p, n), *gg = to_device(be, g, n), *gm = to_device(be, m, n), *gv = to_device(be, v, n);
-    be->adamw(gp, NULL, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
+    be->adamw(be, gp, NULL, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
     float *got_p = from_device(be, gp, n), *got_m = from_device(be, gm, n), *got_v = from_device(be, gv, n);
     double *ref_p = malloc(n * sizeof(double)), *ref_m = malloc(n * sizeof(double)), *ref_v = malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
@@ -528,22 +528,22 @@ static void test_optimizer_ops(const Backend *be) {
     report("adamw param (step 3)", got_p, ref_p, n, 1e-6);
     report("adamw m", got_m, ref_m, n, 1e-6);
     report("adamw v", got_v, ref_v, n, 1e-6);
-    double ss = be->sum_squares(gg, n), ref_ss = 0;
+    double ss = be->sum_squares(be, gg, n), ref_ss = 0;
     for (size_t i = 0; i < n; i++) ref_ss += (double)g[i] * g[i];
     float got_ss = (float)(ss / ref_ss);
     double one = 1.0;
     report("sum_squares [777] (ratio to double ref)", &got_ss, &one, 1, 1e-6);
-    be->scale(gg, -0.5f, n);
+    be->scale(be, gg, -0.5f, n);
     float *got_s = from_device(be, gg, n);
     for (size_t i = 0; i < n; i++) ref_p[i] = -0.5 * g[i];
     report("scale [777] by -0.5", got_s, ref_p, n, 0.0);
-    be->zero(gg, n);
+    be->zero(be, gg, n);
     float *got_z = from_device(be, gg, n);
     for (size_t i = 0; i < n; i++) ref_p[i] = 0.0;
     report("zero [777]", got_z, ref_p, n, 0.0);
     free(p), free(g), free(m), free(v), free(got_p), free(got_m), free(got_v), free(ref_p), free(ref_m), free(ref_v),
         free(got_s), free(got_z);
-    be->free(gp), be->free(gg), be->free(gm), be->free(gv);
+    be->free(be, gp), be->free(be, gg), be->free(be, gm), be->free(be, gv);
 }
 
 static void run_all(const Backend *be) {
@@ -570,12 +570,23 @@ int main(void) {
     run_all(backend_cpu());
     /* Again through the profiling wrapper: it must forward every op unchanged,
      * and its report must account for them. */
-    run_all(backend_profile_wrap(backend_cpu(), NULL));
+    Backend *profiled = backend_profile_wrap(backend_cpu());
+    run_all(profiled);
     char *report = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&report, &len);
-    backend_profile_report(fp);
+    backend_profile_report(profiled, fp);
     fclose(fp);
+    backend_profile_free(profiled);
+
+    /* Two CPU instances side by side: the deterministic mode is each one's own. */
+    char err[ERR_LEN];
+    Backend *a = backend_open("cpu", 0, err), *b = backend_open("cpu", 0, err);
+    a->set_batch_invariant(a, 1);
+    run_all(b); /* b still runs the BLAS path, a the invariant one */
+    run_all(a);
+    backend_close(a);
+    backend_close(b);
     int rows = 0;
     for (const char *c = report; *c; c++) rows += *c == '\n';
     printf("profile report: %d lines (linear row present: %s)\n", rows, strstr(report, "| linear |") ? "yes" : "no");

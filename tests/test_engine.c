@@ -195,7 +195,7 @@ static void run_deterministic(const char *dir) {
         free_requests(&alone);
         free_requests(&ref);
     }
-    backend_cpu()->set_batch_invariant(0); /* process-wide: back to the default for what follows */
+    backend_cpu()->set_batch_invariant(backend_cpu(), 0); /* process-wide: back to the default for what follows */
     model_free(m);
 }
 
@@ -283,7 +283,7 @@ static void run_prefix_cache(const char *dir) {
         for (int i = 0; i < PC_SEQS; i++) gen_sequence_free(&got[i]);
     }
     for (int i = 0; i < PC_SEQS; i++) gen_sequence_free(&ref[i]);
-    backend_cpu()->set_batch_invariant(0);
+    backend_cpu()->set_batch_invariant(backend_cpu(), 0);
     model_free(m);
 }
 

@@ -37,22 +37,22 @@ static int rand_int(int lo, int hi) { /* inclusive */
 }
 
 static void *buffer_from(const Backend *be, const float *src, size_t n) {
-    void *buf = be->alloc(n);
-    be->upload(buf, src, n);
+    void *buf = be->alloc(be, n);
+    be->upload(be, buf, src, n);
     return buf;
 }
 
 static void *i32_from(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(n);
-    be->upload_i32(buf, src, n);
+    void *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, src, n);
     return buf;
 }
 
 /* Downloads both buffers and counts elements whose bits differ; one line per check. */
 static void check_identical(const Backend *be, const char *what, const void *fused, const void *unfused, size_t n) {
     float *a = xmalloc((n ? n : 1) * sizeof(float)), *b = xmalloc((n ? n : 1) * sizeof(float));
-    be->download(a, fused, n);
-    be->download(b, unfused, n);
+    be->download(be, a, fused, n);
+    be->download(be, b, unfused, n);
     size_t n_diff = 0, first = 0;
     for (size_t i = 0; i < n; i++)
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0 && n_diff++ == 0) first = i;
@@ -72,16 +72,16 @@ static void test_add_rmsnorm(const Backend *be, int n, int dim) {
     float eps = 1e-6f;
     float *x = rand_floats(nx, 3.0f), *delta = rand_floats(nx, 1.0f), *w = rand_floats((size_t)dim, 1.0f);
     void *x_fused = buffer_from(be, x, nx), *x_unfused = buffer_from(be, x, nx), *d = buffer_from(be, delta, nx);
-    void *g = buffer_from(be, w, (size_t)dim), *xn_fused = be->alloc(nx), *xn_unfused = be->alloc(nx);
-    be->add_rmsnorm(x_fused, xn_fused, d, g, n, dim, eps);
-    be->add(x_unfused, x_unfused, d, nx);
-    be->rmsnorm(xn_unfused, x_unfused, g, n, dim, eps);
+    void *g = buffer_from(be, w, (size_t)dim), *xn_fused = be->alloc(be, nx), *xn_unfused = be->alloc(be, nx);
+    be->add_rmsnorm(be, x_fused, xn_fused, d, g, n, dim, eps);
+    be->add(be, x_unfused, x_unfused, d, nx);
+    be->rmsnorm(be, xn_unfused, x_unfused, g, n, dim, eps);
     snprintf(name, sizeof name, "add_rmsnorm [%d,%d]: x == add", n, dim);
     check_identical(be, name, x_fused, x_unfused, nx);
     snprintf(name, sizeof name, "add_rmsnorm [%d,%d]: xn == rmsnorm(add)", n, dim);
     check_identical(be, name, xn_fused, xn_unfused, nx);
     free(x), free(delta), free(w);
-    be->free(x_fused), be->free(x_unfused), be->free(d), be->free(g), be->free(xn_fused), be->free(xn_unfused);
+    be->free(be, x_fused), be->free(be, x_unfused), be->free(be, d), be->free(be, g), be->free(be, xn_fused), be->free(be, xn_unfused);
 }
 
 /* ---------------------------------------------------------------- qkv_rope_store */
@@ -104,21 +104,21 @@ static void test_qkv_rope_store(const Backend *be, int n, int heads, int kv_head
     float *qkv = rand_floats(n_qkv, 1.0f), *kp = rand_floats(n_pool, 1.0f), *vp = rand_floats(n_pool, 1.0f);
     void *d_qkv = buffer_from(be, qkv, n_qkv), *d_pos = i32_from(be, pos, (size_t)n);
     void *d_slots = i32_from(be, slots, (size_t)n);
-    void *q_fused = be->alloc((size_t)n * q_dim), *q_unfused = be->alloc((size_t)n * q_dim);
+    void *q_fused = be->alloc(be, (size_t)n * q_dim), *q_unfused = be->alloc(be, (size_t)n * q_dim);
     void *kp_fused = buffer_from(be, kp, n_pool), *vp_fused = buffer_from(be, vp, n_pool);
     void *kp_unfused = buffer_from(be, kp, n_pool), *vp_unfused = buffer_from(be, vp, n_pool);
-    void *k = be->alloc((size_t)n * kv_dim), *v = be->alloc((size_t)n * kv_dim);
+    void *k = be->alloc(be, (size_t)n * kv_dim), *v = be->alloc(be, (size_t)n * kv_dim);
 
-    be->qkv_rope_store(q_fused, kp_fused, vp_fused, d_qkv, d_pos, d_slots, n, heads, kv_heads, head_dim, theta);
+    be->qkv_rope_store(be, q_fused, kp_fused, vp_fused, d_qkv, d_pos, d_slots, n, heads, kv_heads, head_dim, theta);
     for (int i = 0; i < n; i++) {
         size_t src = (size_t)i * row;
-        be->copy(q_unfused, (size_t)i * q_dim, d_qkv, src, (size_t)q_dim);
-        be->copy(k, (size_t)i * kv_dim, d_qkv, src + q_dim, (size_t)kv_dim);
-        be->copy(v, (size_t)i * kv_dim, d_qkv, src + q_dim + kv_dim, (size_t)kv_dim);
+        be->copy(be, q_unfused, (size_t)i * q_dim, d_qkv, src, (size_t)q_dim);
+        be->copy(be, k, (size_t)i * kv_dim, d_qkv, src + q_dim, (size_t)kv_dim);
+        be->copy(be, v, (size_t)i * kv_dim, d_qkv, src + q_dim + kv_dim, (size_t)kv_dim);
     }
-    be->rope_i32(q_unfused, d_pos, n, heads, head_dim, theta);
-    be->rope_i32(k, d_pos, n, kv_heads, head_dim, theta);
-    be->paged_kv_store(kp_unfused, vp_unfused, k, v, d_slots, n, kv_dim);
+    be->rope_i32(be, q_unfused, d_pos, n, heads, head_dim, theta);
+    be->rope_i32(be, k, d_pos, n, kv_heads, head_dim, theta);
+    be->paged_kv_store(be, kp_unfused, vp_unfused, k, v, d_slots, n, kv_dim);
 
     const char *pad = n >= 7 ? ", 1 padding" : "";
     snprintf(name, sizeof name, "qkv_rope_store %s H=%d KVH=%d Dh=%d N=%d%s: q", label, heads, kv_heads, head_dim, n,
@@ -131,8 +131,8 @@ static void test_qkv_rope_store(const Backend *be, int n, int heads, int kv_head
              head_dim, n, pad);
     check_identical(be, name, vp_fused, vp_unfused, n_pool);
     free(pos), free(slots), free(rows), free(qkv), free(kp), free(vp);
-    be->free(d_qkv), be->free(d_pos), be->free(d_slots), be->free(q_fused), be->free(q_unfused);
-    be->free(kp_fused), be->free(vp_fused), be->free(kp_unfused), be->free(vp_unfused), be->free(k), be->free(v);
+    be->free(be, d_qkv), be->free(be, d_pos), be->free(be, d_slots), be->free(be, q_fused), be->free(be, q_unfused);
+    be->free(be, kp_fused), be->free(be, vp_fused), be->free(be, kp_unfused), be->free(be, vp_unfused), be->free(be, k), be->free(be, v);
 }
 
 /* ---------------------------------------------------------------- swiglu_gate_up */
@@ -141,18 +141,18 @@ static void test_swiglu_gate_up(const Backend *be, int n, int f) {
     char name[160];
     size_t no = (size_t)n * f;
     float *gate_up = rand_floats(2 * no, 2.0f);
-    void *d_gate_up = buffer_from(be, gate_up, 2 * no), *gate = be->alloc(no), *up = be->alloc(no);
-    void *out_fused = be->alloc(no), *out_unfused = be->alloc(no);
-    be->swiglu_gate_up(out_fused, d_gate_up, n, f);
+    void *d_gate_up = buffer_from(be, gate_up, 2 * no), *gate = be->alloc(be, no), *up = be->alloc(be, no);
+    void *out_fused = be->alloc(be, no), *out_unfused = be->alloc(be, no);
+    be->swiglu_gate_up(be, out_fused, d_gate_up, n, f);
     for (int i = 0; i < n; i++) {
-        be->copy(gate, (size_t)i * f, d_gate_up, (size_t)i * 2 * f, (size_t)f);
-        be->copy(up, (size_t)i * f, d_gate_up, (size_t)i * 2 * f + f, (size_t)f);
+        be->copy(be, gate, (size_t)i * f, d_gate_up, (size_t)i * 2 * f, (size_t)f);
+        be->copy(be, up, (size_t)i * f, d_gate_up, (size_t)i * 2 * f + f, (size_t)f);
     }
-    be->swiglu(out_unfused, gate, up, no);
+    be->swiglu(be, out_unfused, gate, up, no);
     snprintf(name, sizeof name, "swiglu_gate_up [%d,2*%d] == swiglu(gate, up)", n, f);
     check_identical(be, name, out_fused, out_unfused, no);
     free(gate_up);
-    be->free(d_gate_up), be->free(gate), be->free(up), be->free(out_fused), be->free(out_unfused);
+    be->free(be, d_gate_up), be->free(be, gate), be->free(be, up), be->free(be, out_fused), be->free(be, out_unfused);
 }
 
 /* ---------------------------------------------------------------- driver */

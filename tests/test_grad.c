@@ -126,7 +126,7 @@ done:
 static float *download_param_grad(Model *m, ModelGrads *g, int i) {
     ModelParam p = model_param(m, i);
     float *host = malloc(p.numel * sizeof(float));
-    backend_cpu()->download(host, model_grad(g, i), p.numel);
+    backend_cpu()->download(backend_cpu(), host, model_grad(g, i), p.numel);
     return host;
 }
 
@@ -299,16 +299,16 @@ static void check_finite_differences(Model *m, TrainState *st, const Batch *b, f
         ModelParam p = model_param(m, idx);
         size_t j = k == 0 ? (size_t)b->tokens[4] * D + 5 : probes[k].index % p.numel;
         float *host = malloc(p.numel * sizeof(float));
-        be->download(host, p.data, p.numel);
+        be->download(be, host, p.data, p.numel);
         float orig = host[j], eps = 1e-2f;
         host[j] = orig + eps;
-        be->upload(p.data, host, p.numel);
+        be->upload(be, p.data, host, p.numel);
         double lp = run_subset(m, st, b, (1u << b->n_seqs) - 1, temperature, NULL, NULL, NULL);
         host[j] = orig - eps;
-        be->upload(p.data, host, p.numel);
+        be->upload(be, p.data, host, p.numel);
         double lm = run_subset(m, st, b, (1u << b->n_seqs) - 1, temperature, NULL, NULL, NULL);
         host[j] = orig;
-        be->upload(p.data, host, p.numel);
+        be->upload(be, p.data, host, p.numel);
         float *gr = download_param_grad(m, g, idx);
         double fd = (lp - lm) / (2.0 * (double)eps), an = gr[j];
         int ok = fabs(fd - an) <= 1e-2 * fabs(an) + 2e-3;

@@ -59,7 +59,7 @@ static void upload_params(Model *m, const Backend *be, const float *flat) {
     size_t off = 0;
     for (int i = 0; i < model_param_count(m); i++) {
         ModelParam p = model_param(m, i);
-        be->upload(p.data, flat + off, p.numel);
+        be->upload(be, p.data, flat + off, p.numel);
         off += p.numel;
     }
 }
@@ -67,7 +67,7 @@ static void upload_grads(Model *m, ModelGrads *g, const Backend *be, const float
     size_t off = 0;
     for (int i = 0; i < model_param_count(m); i++) {
         size_t n = model_param(m, i).numel;
-        be->upload(model_grad(g, i), flat + off, n);
+        be->upload(be, model_grad(g, i), flat + off, n);
         off += n;
     }
 }
@@ -75,7 +75,7 @@ static void download_params(float *flat, Model *m, const Backend *be) {
     size_t off = 0;
     for (int i = 0; i < model_param_count(m); i++) {
         ModelParam p = model_param(m, i);
-        be->download(flat + off, p.data, p.numel);
+        be->download(be, flat + off, p.data, p.numel);
         off += p.numel;
     }
 }
@@ -84,7 +84,7 @@ static void download_params(float *flat, Model *m, const Backend *be) {
 
 /* torch's _single_tensor_adam on fp32 CPU tensors, op for op: Python double
  * scalars are rounded to fp32 where they meet a tensor. */
-static void reference_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+static void reference_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
                             float beta2, float eps, float weight_decay, float bias_correction1,
                             float bias_correction2) {
     float *p = param, *ms = m, *vs = v;

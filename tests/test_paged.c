@@ -50,8 +50,8 @@ static void shuffle_ints(int *a, int n) {
 }
 
 static int *i32_buffer(const Backend *be, const int *src, size_t n) {
-    int *buf = be->alloc_i32(n);
-    be->upload_i32(buf, src, n);
+    int *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, src, n);
     return buf;
 }
 
@@ -106,10 +106,10 @@ static void run_case(const Backend *be, int n_heads, int n_kv_heads, int head_di
     size_t cache_n = (size_t)N_SEQS * max_len * kv_dim, pool_n = pool_rows * kv_dim;
     float *zeros = xcalloc(cache_n, sizeof(float)), *sentinel = xmalloc(pool_n * sizeof(float));
     for (size_t e = 0; e < pool_n; e++) sentinel[e] = POOL_SENTINEL;
-    void *k_cache = be->alloc(cache_n), *v_cache = be->alloc(cache_n);
-    void *k_pool = be->alloc(pool_n), *v_pool = be->alloc(pool_n);
-    be->upload(k_cache, zeros, cache_n), be->upload(v_cache, zeros, cache_n);
-    be->upload(k_pool, sentinel, pool_n), be->upload(v_pool, sentinel, pool_n);
+    void *k_cache = be->alloc(be, cache_n), *v_cache = be->alloc(be, cache_n);
+    void *k_pool = be->alloc(be, pool_n), *v_pool = be->alloc(be, pool_n);
+    be->upload(be, k_cache, zeros, cache_n), be->upload(be, v_cache, zeros, cache_n);
+    be->upload(be, k_pool, sentinel, pool_n), be->upload(be, v_pool, sentinel, pool_n);
     int *d_tables = i32_buffer(be, tables, (size_t)N_SEQS * max_blocks);
 
     /* Stores a batch of tokens both ways: the contiguous ops see only the real
@@ -134,13 +134,13 @@ static void run_case(const Backend *be, int n_heads, int n_kv_heads, int head_di
             memcpy(v_real + (size_t)n_real * kv_dim, v + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
             slot[n_real] = t.seq, pos[n_real] = t.pos, real_index[n_real] = i, n_real++;
         }
-        void *dk = be->alloc((size_t)n * kv_dim), *dv = be->alloc((size_t)n * kv_dim);
-        void *dk_real = be->alloc((size_t)n_real * kv_dim), *dv_real = be->alloc((size_t)n_real * kv_dim);
-        be->upload(dk, k, (size_t)n * kv_dim), be->upload(dv, v, (size_t)n * kv_dim);
-        be->upload(dk_real, k_real, (size_t)n_real * kv_dim), be->upload(dv_real, v_real, (size_t)n_real * kv_dim);
+        void *dk = be->alloc(be, (size_t)n * kv_dim), *dv = be->alloc(be, (size_t)n * kv_dim);
+        void *dk_real = be->alloc(be, (size_t)n_real * kv_dim), *dv_real = be->alloc(be, (size_t)n_real * kv_dim);
+        be->upload(be, dk, k, (size_t)n * kv_dim), be->upload(be, dv, v, (size_t)n * kv_dim);
+        be->upload(be, dk_real, k_real, (size_t)n_real * kv_dim), be->upload(be, dv_real, v_real, (size_t)n_real * kv_dim);
         int *d_slot_mapping = i32_buffer(be, slot_mapping, (size_t)n);
-        be->kv_store(k_cache, v_cache, dk_real, dv_real, slot, pos, n_real, kv_dim, max_len);
-        be->paged_kv_store(k_pool, v_pool, dk, dv, d_slot_mapping, n, kv_dim);
+        be->kv_store(be, k_cache, v_cache, dk_real, dv_real, slot, pos, n_real, kv_dim, max_len);
+        be->paged_kv_store(be, k_pool, v_pool, dk, dv, d_slot_mapping, n, kv_dim);
 
         if (step == 1) {
             char what[160];
@@ -148,16 +148,16 @@ static void run_case(const Backend *be, int n_heads, int n_kv_heads, int head_di
             float *q = rand_floats(q_n, 1.5f), *q_real = xmalloc((q_n + 1) * sizeof(float));
             for (int r = 0; r < n_real; r++)
                 memcpy(q_real + (size_t)r * row, q + (size_t)real_index[r] * row, row * sizeof(float));
-            void *dq = be->alloc(q_n), *dq_real = be->alloc((size_t)n_real * row);
-            void *dout = be->alloc(q_n), *dout_real = be->alloc((size_t)n_real * row);
-            be->upload(dq, q, q_n), be->upload(dq_real, q_real, (size_t)n_real * row);
+            void *dq = be->alloc(be, q_n), *dq_real = be->alloc(be, (size_t)n_real * row);
+            void *dout = be->alloc(be, q_n), *dout_real = be->alloc(be, (size_t)n_real * row);
+            be->upload(be, dq, q, q_n), be->upload(be, dq_real, q_real, (size_t)n_real * row);
             int *d_seq = i32_buffer(be, seq_all, (size_t)n), *d_pos = i32_buffer(be, pos_all, (size_t)n);
-            be->attention(dout_real, NULL, dq_real, k_cache, v_cache, slot, pos, n_real, n_heads, n_kv_heads, head_dim,
+            be->attention(be, dout_real, NULL, dq_real, k_cache, v_cache, slot, pos, n_real, n_heads, n_kv_heads, head_dim,
                           max_len);
-            be->paged_attention(dout, dq, k_pool, v_pool, d_tables, d_seq, d_pos, n, n_heads, n_kv_heads, head_dim,
+            be->paged_attention(be, dout, dq, k_pool, v_pool, d_tables, d_seq, d_pos, n, n_heads, n_kv_heads, head_dim,
                                 block_size, max_blocks);
             float *got = xmalloc(q_n * sizeof(float)), *ref = xmalloc(((size_t)n_real * row + 1) * sizeof(float));
-            be->download(got, dout, q_n), be->download(ref, dout_real, (size_t)n_real * row);
+            be->download(be, got, dout, q_n), be->download(be, ref, dout_real, (size_t)n_real * row);
             double worst = 0.0;
             for (int r = 0; r < n_real; r++)
                 for (size_t e = 0; e < row; e++) {
@@ -168,18 +168,18 @@ static void run_case(const Backend *be, int n_heads, int n_kv_heads, int head_di
                      n_heads, n_kv_heads, head_dim, block_size, n, n - n_real);
             report(what, worst, 1e-6);
             free(q), free(q_real), free(got), free(ref);
-            be->free(dq), be->free(dq_real), be->free(dout), be->free(dout_real), be->free(d_seq), be->free(d_pos);
+            be->free(be, dq), be->free(be, dq_real), be->free(be, dout), be->free(be, dout_real), be->free(be, d_seq), be->free(be, d_pos);
         }
         free(k), free(v), free(k_real), free(v_real), free(slot), free(pos), free(seq_all), free(pos_all);
         free(slot_mapping), free(real_index);
-        be->free(dk), be->free(dv), be->free(dk_real), be->free(dv_real), be->free(d_slot_mapping);
+        be->free(be, dk), be->free(be, dv), be->free(be, dk_real), be->free(be, dv_real), be->free(be, d_slot_mapping);
     }
 
     /* Every stored row equals its contiguous twin; every other pool row still holds the sentinel. */
     float *kc = xmalloc(cache_n * sizeof(float)), *vc = xmalloc(cache_n * sizeof(float));
     float *kp = xmalloc(pool_n * sizeof(float)), *vp = xmalloc(pool_n * sizeof(float));
-    be->download(kc, k_cache, cache_n), be->download(vc, v_cache, cache_n);
-    be->download(kp, k_pool, pool_n), be->download(vp, v_pool, pool_n);
+    be->download(be, kc, k_cache, cache_n), be->download(be, vc, v_cache, cache_n);
+    be->download(be, kp, k_pool, pool_n), be->download(be, vp, v_pool, pool_n);
     unsigned char *owned = xcalloc(pool_rows, 1);
     double worst_rows = 0.0, worst_untouched = 0.0;
     for (int s = 0; s < N_SEQS; s++)
@@ -210,7 +210,7 @@ static void run_case(const Backend *be, int n_heads, int n_kv_heads, int head_di
 
     free(kc), free(vc), free(kp), free(vp), free(owned), free(zeros), free(sentinel);
     free(perm), free(tables), free(old), free(call), free(order), free(shuffled);
-    be->free(k_cache), be->free(v_cache), be->free(k_pool), be->free(v_pool), be->free(d_tables);
+    be->free(be, k_cache), be->free(be, v_cache), be->free(be, k_pool), be->free(be, v_pool), be->free(be, d_tables);
 }
 
 int main(void) {

@@ -61,7 +61,7 @@ static void test_cpu_sample_op(const float *base, int V) {
     memcpy(before_len, history_len, sizeof history_len);
     memcpy(rows, logits, sizeof(float) * (size_t)N * V);
 
-    cpu->sample(tokens, logprobs, logits, N, V, &p, seq, streams, counters, history, history_len, STRIDE);
+    cpu->sample(cpu, tokens, logprobs, logits, N, V, &p, seq, streams, counters, history, history_len, STRIDE);
 
     Sampler s;
     sampler_init(&s, V);
@@ -99,7 +99,7 @@ static void test_cpu_sample_op(const float *base, int V) {
     for (int v = 1; v < V; v++)
         if (penalised[v] > penalised[want]) want = v;
     double want_lp = logsoftmax_at(penalised, V, want);
-    cpu->sample(&g_token, &g_logprob, logits, 1, V, &g, &g_seq, &g_stream, &g_counter, g_history, &g_len, STRIDE);
+    cpu->sample(cpu, &g_token, &g_logprob, logits, 1, V, &g, &g_seq, &g_stream, &g_counter, g_history, &g_len, STRIDE);
     int ok = g_token == want && fabs(g_logprob - want_lp) < 1e-6 && g_len == 2 && g_history[1] == want;
     printf("cpu sample op, greedy with penalty 1.3 on the top token %d: token %d (want %d), log-prob %.6f (want %.6f)\n",
            top, g_token, want, g_logprob, want_lp);

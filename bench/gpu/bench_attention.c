@@ -53,13 +53,13 @@ typedef struct AttnCall {
 
 static void run_forward(void *ctx) {
     AttnCall *c = ctx;
-    c->be->attention(c->out, c->lse, c->q, c->k_cache, c->v_cache, c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim,
+    c->be->attention(c->be, c->out, c->lse, c->q, c->k_cache, c->v_cache, c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim,
                      c->max_len);
 }
 
 static void run_backward(void *ctx) {
     AttnCall *c = ctx;
-    c->be->attention_backward(c->dq, c->dk_cache, c->dv_cache, c->dout, c->q, c->out, c->lse, c->k_cache, c->v_cache,
+    c->be->attention_backward(c->be, c->dq, c->dk_cache, c->dv_cache, c->dout, c->q, c->out, c->lse, c->k_cache, c->v_cache,
                               c->slot, c->pos, c->n, c->heads, c->kv_heads, c->head_dim, c->n_slots, c->max_len);
 }
 
@@ -105,12 +105,12 @@ int main(int argc, char **argv) {
             size_t nq = (size_t)N * s->heads * s->head_dim, nc = (size_t)N * s->kv_heads * s->head_dim;
             AttnCall c = {.be = be, .n = N, .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
                           .n_slots = B, .max_len = T};
-            c.q = be->alloc(nq), c.out = be->alloc(nq), c.dout = be->alloc(nq), c.dq = be->alloc(nq);
-            c.k_cache = be->alloc(nc), c.v_cache = be->alloc(nc);
-            c.dk_cache = be->alloc_f32(nc), c.dv_cache = be->alloc_f32(nc), c.lse = be->alloc_f32((size_t)N * s->heads);
+            c.q = be->alloc(be, nq), c.out = be->alloc(be, nq), c.dout = be->alloc(be, nq), c.dq = be->alloc(be, nq);
+            c.k_cache = be->alloc(be, nc), c.v_cache = be->alloc(be, nc);
+            c.dk_cache = be->alloc_f32(be, nc), c.dv_cache = be->alloc_f32(be, nc), c.lse = be->alloc_f32(be, (size_t)N * s->heads);
             bench_fill(be, c.q, nq, chunk), bench_fill(be, c.dout, nq, chunk);
             bench_fill(be, c.k_cache, nc, chunk), bench_fill(be, c.v_cache, nc, chunk);
-            be->zero_f32(c.dk_cache, nc), be->zero_f32(c.dv_cache, nc);
+            be->zero_f32(be, c.dk_cache, nc), be->zero_f32(be, c.dv_cache, nc);
             c.slot = malloc(sizeof(int) * N), c.pos = malloc(sizeof(int) * N);
             for (int i = 0; i < N; i++) c.slot[i] = i / T, c.pos[i] = i % T;
             double fwd_ms = backend_cuda_time_ms(run_forward, &c, iters);
@@ -123,10 +123,10 @@ int main(int argc, char **argv) {
                    bwd_tf, 100.0 * bwd_tf / PEAK_TFLOPS, all_tf);
             fflush(stdout);
             free(c.slot), free(c.pos);
-            be->free(c.q), be->free(c.out), be->free(c.dout), be->free(c.dq), be->free(c.k_cache);
-            be->free(c.v_cache), be->free(c.dk_cache), be->free(c.dv_cache), be->free(c.lse);
+            be->free(be, c.q), be->free(be, c.out), be->free(be, c.dout), be->free(be, c.dq), be->free(be, c.k_cache);
+            be->free(be, c.v_cache), be->free(be, c.dk_cache), be->free(be, c.dv_cache), be->free(be, c.lse);
         }
     }
-    be->free(chunk);
+    be->free(be, chunk);
     return 0;
 }

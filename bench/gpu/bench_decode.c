@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     const bool profile = getenv("COLT_PROFILE") && atoi(getenv("COLT_PROFILE")) > 0;
-    if (profile) be = backend_profile_wrap(be, backend_cuda_synchronize);
+    if (profile) be = backend_profile_wrap(be);
     const char *want[8] = {"0.5b", "1.5b", "7b"};
     int n_want = 3;
     if (argc > 1) {
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
                    tps > 0 ? 1e3 * batch / tps : 0, roof, 100 * tps / roof, e2e, st.graph_steps, st.steps);
             if (eager_tps > 0) printf(" %.0f |\n", eager_tps);
             else printf(" |\n");
-            if (profile) backend_profile_report(stdout);
+            if (profile) backend_profile_report(be, stdout);
             fflush(stdout);
         }
         model_free(m);

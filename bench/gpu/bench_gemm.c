@@ -23,7 +23,7 @@ typedef struct LinearCall {
 
 static void run_linear(void *ctx) {
     LinearCall *c = ctx;
-    c->be->linear(c->out, c->x, c->w, NULL, c->n, c->in_dim, c->out_dim);
+    c->be->linear(c->be, c->out, c->x, c->w, NULL, c->n, c->in_dim, c->out_dim);
 }
 
 int main(int argc, char **argv) {
@@ -44,11 +44,11 @@ int main(int argc, char **argv) {
     printf("| N | in | out | ms | TFLOP/s | %% of %.0f |\n|---:|---:|---:|---:|---:|---:|\n", PEAK_TFLOPS);
     for (int s = 0; s < n_shapes; s++) {
         int in_dim = shapes[s][0], out_dim = shapes[s][1];
-        void *w = be->alloc((size_t)out_dim * in_dim);
+        void *w = be->alloc(be, (size_t)out_dim * in_dim);
         bench_fill(be, w, (size_t)out_dim * in_dim, chunk);
         for (int t = 0; t < n_tokens; t++) {
             int n = tokens[t];
-            void *x = be->alloc((size_t)n * in_dim), *out = be->alloc((size_t)n * out_dim);
+            void *x = be->alloc(be, (size_t)n * in_dim), *out = be->alloc(be, (size_t)n * out_dim);
             bench_fill(be, x, (size_t)n * in_dim, chunk);
             LinearCall call = {be, out, x, w, n, in_dim, out_dim};
             double ms = backend_cuda_time_ms(run_linear, &call, iters);
@@ -56,10 +56,10 @@ int main(int argc, char **argv) {
             printf("| %d | %d | %d | %.3f | %.1f | %.1f |\n", n, in_dim, out_dim, ms, tflops,
                    100.0 * tflops / PEAK_TFLOPS);
             fflush(stdout);
-            be->free(x), be->free(out);
+            be->free(be, x), be->free(be, out);
         }
-        be->free(w);
+        be->free(be, w);
     }
-    be->free(chunk);
+    be->free(be, chunk);
     return 0;
 }

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
     }
     const bool profile = getenv("COLT_PROFILE") && atoi(getenv("COLT_PROFILE")) > 0;
     const bool recompute = getenv("COLT_RECOMPUTE") && atoi(getenv("COLT_RECOMPUTE")) > 0;
-    if (profile) be = backend_profile_wrap(be, backend_cuda_synchronize);
+    if (profile) be = backend_profile_wrap(be);
     FILE *devnull = fopen("/dev/null", "w");
     const char *want[8] = {"0.5b", "1.5b"};
     int n_want = 2;
@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
             int ok = 1;
             const int iters = profile ? 3 : 4;
             for (int it = 0; it < iters && ok; it++) {
-                if (profile && it == iters - 1) backend_profile_report(devnull);  /* reset: profile the last step */
+                if (profile && it == iters - 1) backend_profile_report(be, devnull);  /* reset: profile the last step */
                 double t0 = time_now();
                 model_grads_zero(g);
                 ok = model_train_forward(m, ts, tok, slot, pos, tgt, N, 1.0f, lp, NULL, err) == 0 &&
@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
                 optim_clip_grad_norm(m, g, 1.0, be);  /* syncs: returns a host double */
                 optim_step(opt, g, 1e-5f);
                 float probe;
-                be->download(&probe, model_param(m, 0).data, 1);  /* waits for the step */
+                be->download(be, &probe, model_param(m, 0).data, 1);  /* waits for the step */
                 double dt = time_now() - t0;
                 if (it > 0 && dt < best) best = dt;  /* first iteration warms up */
             }
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
             }
             if (profile) {
                 printf("\nper-op time of one step, %s %d x %d:\n\n", s->name, B, T);
-                backend_profile_report(stdout);
+                backend_profile_report(be, stdout);
                 printf("\n");
             }
             fflush(stdout);

@@ -24,7 +24,7 @@ typedef struct Call {
 
 static void run_linear(void *ctx) {
     Call *c = ctx;
-    c->be->linear(c->out, c->x, c->w, c->bias, c->n, c->in_dim, c->out_dim);
+    c->be->linear(c->be, c->out, c->x, c->w, c->bias, c->n, c->in_dim, c->out_dim);
 }
 
 int main(int argc, char **argv) {
@@ -61,26 +61,26 @@ int main(int argc, char **argv) {
             for (int r = 0; r < n_rows; r++)
                 if (rows[r] > max_n) max_n = rows[r];
             Call c = {.be = be, .in_dim = in_dim, .out_dim = out_dim};
-            c.w = be->alloc((size_t)out_dim * in_dim);
-            c.x = be->alloc((size_t)max_n * in_dim);
-            c.out = be->alloc((size_t)max_n * out_dim);
-            be->zero(c.w, (size_t)out_dim * in_dim);
-            be->zero(c.x, (size_t)max_n * in_dim);
+            c.w = be->alloc(be, (size_t)out_dim * in_dim);
+            c.x = be->alloc(be, (size_t)max_n * in_dim);
+            c.out = be->alloc(be, (size_t)max_n * out_dim);
+            be->zero(be, c.w, (size_t)out_dim * in_dim);
+            be->zero(be, c.x, (size_t)max_n * in_dim);
             for (int r = 0; r < n_rows; r++) {
                 c.n = rows[r];
                 if (strcmp(proj[j].name, "lm_head") == 0 && c.n > 4096) continue; /* the trainer chunks it */
                 double flops = 2.0 * c.n * in_dim * out_dim, bytes = 2.0 * in_dim * out_dim;
                 int iters = flops > 1e12 ? 5 : 50;
-                be->set_batch_invariant(0);
+                be->set_batch_invariant(be, 0);
                 double ms_default = backend_cuda_time_ms(run_linear, &c, iters);
-                be->set_batch_invariant(1);
+                be->set_batch_invariant(be, 1);
                 double ms_inv = backend_cuda_time_ms(run_linear, &c, iters);
-                be->set_batch_invariant(0);
+                be->set_batch_invariant(be, 0);
                 printf("| %s | %s %dx%d | %d | %.1f | %.2f | %.1f | %.2f | %.2f |\n", s->name, proj[j].name, out_dim,
                        in_dim, c.n, flops / ms_default / 1e9, bytes / ms_default / 1e9, flops / ms_inv / 1e9,
                        bytes / ms_inv / 1e9, ms_inv / ms_default);
             }
-            be->free(c.w), be->free(c.x), be->free(c.out);
+            be->free(be, c.w), be->free(be, c.x), be->free(be, c.out);
         }
     }
     printf("\nCommand: build-cuda/bench_invariant [presets]; hardware: see nvidia-smi in the run log.\n");

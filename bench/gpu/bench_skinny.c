@@ -48,14 +48,14 @@ static void run_linear(void *ctx) {
     LinearCall *c = ctx;
     void *w = c->w[c->next];
     c->next = (c->next + 1) % c->copies;
-    c->be->linear(c->out, c->x, w, c->bias, c->n, c->in_dim, c->out_dim);
+    c->be->linear(c->be, c->out, c->x, w, c->bias, c->n, c->in_dim, c->out_dim);
 }
 
 /* Fills a device buffer of n elements with a repeated random chunk. */
 static void fill(const Backend *be, void *buf, size_t n, void *chunk_dev) {
     for (size_t off = 0; off < n; off += FILL_CHUNK) {
         size_t len = n - off < FILL_CHUNK ? n - off : FILL_CHUNK;
-        be->copy(buf, off, chunk_dev, 0, len);
+        be->copy(be, buf, off, chunk_dev, 0, len);
     }
 }
 
@@ -70,12 +70,12 @@ static void bench_shape(const Backend *be, void *chunk, const char *name, int in
     if (copies > MAX_COPIES) copies = MAX_COPIES;
     void **w = malloc((size_t)copies * sizeof(void *));
     for (int i = 0; i < copies; i++) {
-        w[i] = be->alloc(w_elems);
+        w[i] = be->alloc(be, w_elems);
         fill(be, w[i], w_elems, chunk);
     }
     int max_n = ROWS[N_ROWS - 1];
-    void *x = be->alloc((size_t)max_n * in_dim), *out = be->alloc((size_t)max_n * out_dim);
-    void *bias = be->alloc((size_t)out_dim);
+    void *x = be->alloc(be, (size_t)max_n * in_dim), *out = be->alloc(be, (size_t)max_n * out_dim);
+    void *bias = be->alloc(be, (size_t)out_dim);
     fill(be, x, (size_t)max_n * in_dim, chunk);
     fill(be, bias, (size_t)out_dim, chunk);
     for (int r = 0; r < N_ROWS; r++) {
@@ -99,9 +99,9 @@ static void bench_shape(const Backend *be, void *chunk, const char *name, int in
         if (r == 0) *step_bytes += count * (double)w_bytes;
     }
     cuda_skinny_set_enabled(-1);
-    for (int i = 0; i < copies; i++) be->free(w[i]);
+    for (int i = 0; i < copies; i++) be->free(be, w[i]);
     free(w);
-    be->free(x), be->free(out), be->free(bias);
+    be->free(be, x), be->free(be, out), be->free(be, bias);
 }
 
 int main(int argc, char **argv) {
@@ -122,8 +122,8 @@ int main(int argc, char **argv) {
 
     float *host = malloc(FILL_CHUNK * sizeof(float));
     for (size_t i = 0; i < FILL_CHUNK; i++) host[i] = 0.05f * rng_normal(3, 0, i);
-    void *chunk = be->alloc(FILL_CHUNK);
-    be->upload(chunk, host, FILL_CHUNK);
+    void *chunk = be->alloc(be, FILL_CHUNK);
+    be->upload(be, chunk, host, FILL_CHUNK);
     free(host);
 
     printf("bench_skinny: %s storage, %d timed calls per cell, weights cold (>= %zu MiB of copies per shape)\n\n",
@@ -161,6 +161,6 @@ int main(int argc, char **argv) {
             printf("| %s | %d | %.3f | %.3f | %.2fx | %.3f | %.2f |\n", models[m].name, ROWS[r],
                    step_skinny[m][r] * 1e-3, step_cublas[m][r] * 1e-3, step_cublas[m][r] / step_skinny[m][r],
                    step_bytes[m] * 1e-9, step_bytes[m] / (step_skinny[m][r] * 1e-6) * 1e-12);
-    be->free(chunk);
+    be->free(be, chunk);
     return 0;
 }

@@ -21,6 +21,7 @@
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
 
 struct SamplingParams; /* backend/sampling.h */
+typedef struct Backend Backend;
 
 /* One decoder layer's weights and KV pools for decode_layers (below): q|k|v
  * weights [(H + 2*KVH)*Dh, D] and their bias (NULL for none), o [D, H*Dh] and
@@ -37,8 +38,14 @@ typedef struct DecodeDims {
     float rms_eps, rope_theta;
 } DecodeDims;
 
-typedef struct Backend {
+struct Backend {
     const char *name;
+    /* The instance: the device it was opened on (CPU: 0) and its own state
+     * (streams, GEMM plans, scratch, options), private to the backend. Every op
+     * receives its instance as the first argument; nothing is process-wide. */
+    int device;
+    void *ctx;
+    void (*close_instance)(Backend *be); /* frees ctx and the instance (backend_close calls it) */
     /* Storage dtype of alloc() buffers: weights and activations (CPU: F32; CUDA:
      * BF16). Gradients of parameters, optimizer state and per-token log-probs
      * live in fp32 buffers from alloc_f32; the ops below mark those "[f32]".
@@ -49,48 +56,48 @@ typedef struct Backend {
     int logits_chunk_rows;
 
     /* Memory (sizes in elements). */
-    void *(*alloc)(size_t n_elements);
-    void *(*alloc_f32)(size_t n_elements);
-    void (*free)(void *buf);  /* either kind */
-    void (*upload)(void *dst, const float *src, size_t n);   /* fp32 host -> storage buffer */
-    void (*download)(float *dst, const void *src, size_t n); /* storage buffer -> fp32 host */
-    void (*upload_f32)(void *dst, const float *src, size_t n);   /* fp32 host -> [f32] buffer */
-    void (*download_f32)(float *dst, const void *src, size_t n); /* [f32] buffer -> fp32 host */
-    void (*copy)(void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n);
+    void *(*alloc)(const Backend *be, size_t n_elements);
+    void *(*alloc_f32)(const Backend *be, size_t n_elements);
+    void (*free)(const Backend *be, void *buf);  /* either kind */
+    void (*upload)(const Backend *be, void *dst, const float *src, size_t n);   /* fp32 host -> storage buffer */
+    void (*download)(const Backend *be, float *dst, const void *src, size_t n); /* storage buffer -> fp32 host */
+    void (*upload_f32)(const Backend *be, void *dst, const float *src, size_t n);   /* fp32 host -> [f32] buffer */
+    void (*download_f32)(const Backend *be, float *dst, const void *src, size_t n); /* [f32] buffer -> fp32 host */
+    void (*copy)(const Backend *be, void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n);
 
     /* dst[i, :] = src[rows[i], :] for i < n (rows: host array); gathers the
      * hidden rows that need logits. */
-    void (*gather_rows)(void *dst, const void *src, const int *rows, int n, int dim);
+    void (*gather_rows)(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim);
     /* dst[rows[i], :] = src[i, :] for i < n (rows distinct; host array). */
-    void (*scatter_rows)(void *dst, const void *src, const int *rows, int n, int dim);
+    void (*scatter_rows)(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim);
 
     /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias[out_dim] if non-NULL).
      * w is in PyTorch nn.Linear layout. */
-    void (*linear)(void *out, const void *x, const void *w, const void *bias,
+    void (*linear)(const Backend *be, void *out, const void *x, const void *w, const void *bias,
                    int n, int in_dim, int out_dim);
     /* out[N, D] = x / sqrt(mean(x^2) + eps) * w */
-    void (*rmsnorm)(void *out, const void *x, const void *w, int n, int dim, float eps);
+    void (*rmsnorm)(const Backend *be, void *out, const void *x, const void *w, int n, int dim, float eps);
     /* In place on x[N, n_heads, head_dim]: rotate_half RoPE (HF Llama/Qwen2 layout)
      * at positions pos[N] with base theta. */
-    void (*rope)(void *x, const int *pos, int n, int n_heads, int head_dim, float theta);
+    void (*rope)(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta);
     /* Writes k[N, KVH*Dh] and v[N, KVH*Dh] of token i into the cache at
      * (slot[i], pos[i]); caches are [S, L, KVH*Dh] per layer. */
-    void (*kv_store)(void *k_cache, void *v_cache, const void *k, const void *v,
+    void (*kv_store)(const Backend *be, void *k_cache, void *v_cache, const void *k, const void *v,
                      const int *slot, const int *pos, int n, int kv_dim, int max_len);
     /* Causal attention: token i's query q[i, H, Dh] attends to cache positions
      * 0..pos[i] of slot[i] (GQA: head h reads KV head h / (H/KVH)), softmax
      * scaled by 1/sqrt(Dh); out[N, H*Dh]. lse[N, H] [f32], when not NULL,
      * receives each row's log-sum-exp of the scaled scores (natural log), for
      * attention_backward; generation passes NULL. */
-    void (*attention)(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
+    void (*attention)(const Backend *be, void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
                       const int *slot, const int *pos, int n, int n_heads, int n_kv_heads,
                       int head_dim, int max_len);
     /* out[i] = silu(gate[i]) * up[i] over n elements. */
-    void (*swiglu)(void *out, const void *gate, const void *up, size_t n);
+    void (*swiglu)(const Backend *be, void *out, const void *gate, const void *up, size_t n);
     /* out[i] = a[i] + b[i] (out may alias a). */
-    void (*add)(void *out, const void *a, const void *b, size_t n);
+    void (*add)(const Backend *be, void *out, const void *a, const void *b, size_t n);
     /* out[N, D] = table[ids[i], :] */
-    void (*embedding)(void *out, const void *table, const int *ids, int n, int dim);
+    void (*embedding)(const Backend *be, void *out, const void *table, const int *ids, int n, int dim);
 
     /* ---- training (backward ops are added next to this line by the backward-pass work) ---- */
 
@@ -98,26 +105,26 @@ typedef struct Backend {
      * once per step); everything else is overwritten. */
 
     /* x[i] = 0 over n elements: zero for storage buffers, zero_f32 for [f32] ones. */
-    void (*zero)(void *x, size_t n);
-    void (*zero_f32)(void *x, size_t n);
+    void (*zero)(const Backend *be, void *x, size_t n);
+    void (*zero_f32)(const Backend *be, void *x, size_t n);
     /* Backward of linear: dx[N, in_dim] = dy[N, out_dim] @ w[out_dim, in_dim]
      * (+= instead of = when accumulate_dx; dx may be NULL to skip it);
      * dw[out_dim, in_dim] [f32] += dy^T @ x; db[out_dim] [f32] += sum over rows
      * of dy (db may be NULL). */
-    void (*linear_backward)(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
+    void (*linear_backward)(const Backend *be, void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
                             int in_dim, int out_dim, int accumulate_dx);
     /* Backward of rmsnorm (y = x * r * w, r = 1/sqrt(mean(x^2) + eps)) given
      * the forward input x[N, D]: dx[N, D] += r * (g - x * r^2 * mean(g * x))
      * with g = dy * w; dw[D] [f32] += sum over rows of dy * x * r. */
-    void (*rmsnorm_backward)(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
+    void (*rmsnorm_backward)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
                              float eps);
     /* Backward of rope, in place on dx[N, n_heads, Dh]: the inverse rotation
      * (angle -pos * inv_freq), same fp32 angles as rope. */
-    void (*rope_backward)(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
+    void (*rope_backward)(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
     /* Inverse of kv_store for the gradients: k[N, KVH*Dh] and v[N, KVH*Dh]
      * (storage) of token i are read from the [f32] caches [S, L, KVH*Dh] at
      * (slot[i], pos[i]). */
-    void (*kv_gather)(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
+    void (*kv_gather)(const Backend *be, void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
                       int n, int kv_dim, int max_len);
     /* Backward of attention (same layout and causal rule): dq[N, H*Dh] =
      * d out / d q; dk_cache and dv_cache [S, L, KVH*Dh] [f32] += the gradients
@@ -126,25 +133,25 @@ typedef struct Backend {
      * wrote it); either may be NULL, and then the softmax statistics are
      * recomputed from q and the caches (a backend may recompute them anyway).
      * n_slots bounds the slot ids. */
-    void (*attention_backward)(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
+    void (*attention_backward)(const Backend *be, void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
                                const void *out, const void *lse, const void *k_cache, const void *v_cache,
                                const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                                int n_slots, int max_len);
     /* Backward of swiglu (out = silu(gate) * up) over n elements:
      * dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
-    void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+    void (*swiglu_backward)(const Backend *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
     /* Backward of embedding: dtable[ids[i], :] [f32] += dout[i, :] for i < N. */
-    void (*embedding_backward)(void *dtable, const void *dout, const int *ids, int n, int dim);
+    void (*embedding_backward)(const Backend *be, void *dtable, const void *dout, const int *ids, int n, int dim);
     /* Per row of logits[N, V], with z = logits / temperature:
      * logprobs[i] [f32] = log_softmax(z)[targets[i]] and entropy[i] [f32] =
      * -sum p log p (entropy may be NULL); rows with targets[i] < 0 get 0.
      * The lm_head chunks of the training forward run through this. */
-    void (*log_softmax_target)(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
+    void (*log_softmax_target)(const Backend *be, void *logprobs, void *entropy, const void *logits, const int *targets, int n,
                                int vocab, float temperature);
     /* Backward of log_softmax_target's logprobs: dlogits[N, V] =
      * dlogprobs[i] [f32] * (onehot(targets[i]) - softmax(z)) / temperature (0 for
      * rows with targets[i] < 0). dlogits may alias logits (in place). */
-    void (*log_softmax_target_backward)(void *dlogits, const void *logits, const int *targets,
+    void (*log_softmax_target_backward)(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                         const void *dlogprobs, int n, int vocab, float temperature);
 
     /* torch.optim.AdamW step, in place, in torch's order of operations:
@@ -153,12 +160,12 @@ typedef struct Backend {
      * with bias_correction_k = 1 - beta_k^step. grad, m and v are [f32]. When
      * master [f32] is given (storage is not F32), the update runs on master and
      * param receives it rounded to storage; else on param directly. */
-    void (*adamw)(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
+    void (*adamw)(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2);
     /* sum of x[i]^2 in double over an [f32] buffer (the global gradient norm). */
-    double (*sum_squares)(const void *x, size_t n);
+    double (*sum_squares)(const Backend *be, const void *x, size_t n);
     /* x[i] *= s over an [f32] buffer (gradient clipping). */
-    void (*scale)(void *x, float s, size_t n);
+    void (*scale)(const Backend *be, void *x, float s, size_t n);
 
     /* ---- generation engine (engine/engine.h): paged KV cache, device sampling ----
      *
@@ -166,31 +173,31 @@ typedef struct Backend {
      * host memory on the CPU), so one decode step can be recorded as a CUDA graph
      * and replayed with new contents. A row or token whose seq[i] < 0 is padding:
      * ops skip it (its outputs are unspecified). */
-    void *(*alloc_i32)(size_t n);
-    void (*upload_i32)(void *dst, const int *src, size_t n);   /* host -> [i32], stream ordered */
-    void (*download_i32)(int *dst, const void *src, size_t n); /* [i32] -> host; synchronises */
+    void *(*alloc_i32)(const Backend *be, size_t n);
+    void (*upload_i32)(const Backend *be, void *dst, const int *src, size_t n);   /* host -> [i32], stream ordered */
+    void (*download_i32)(const Backend *be, int *dst, const void *src, size_t n); /* [i32] -> host; synchronises */
     /* As embedding, rope and gather_rows, with the ids / positions / rows in [i32] buffers. */
-    void (*embedding_i32)(void *out, const void *table, const void *ids, int n, int dim);
-    void (*rope_i32)(void *x, const void *pos, int n, int n_heads, int head_dim, float theta);
-    void (*gather_rows_i32)(void *dst, const void *src, const void *rows, int n, int dim);
+    void (*embedding_i32)(const Backend *be, void *out, const void *table, const void *ids, int n, int dim);
+    void (*rope_i32)(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta);
+    void (*gather_rows_i32)(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim);
     /* Paged KV cache. A layer's pools k_pool / v_pool are [n_blocks * block_size,
      * KVH*Dh]: row r holds one token's K (V). Token i's k[i] / v[i] go to pool row
      * slot_mapping[i] [i32]; negative = skip. */
-    void (*paged_kv_store)(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping,
+    void (*paged_kv_store)(const Backend *be, void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping,
                            int n, int kv_dim);
     /* Causal attention over the paged cache, the math of attention: token i of
      * sequence seq[i] [i32] at position pos[i] [i32] attends to positions
      * 0..pos[i] of that sequence; position p lives at pool row
      * block_tables[seq[i] * max_blocks + p / block_size] * block_size + p % block_size
      * (block_tables [i32] [n_seqs, max_blocks]). q[N, H*Dh], out[N, H*Dh]. */
-    void (*paged_attention)(void *out, const void *q, const void *k_pool, const void *v_pool,
+    void (*paged_attention)(const Backend *be, void *out, const void *q, const void *k_pool, const void *v_pool,
                             const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
                             int n_kv_heads, int head_dim, int block_size, int max_blocks);
     /* qkv_rope_store(q, k_pool, v_pool, qkv, pos, slot_mapping, ...) then paged_attention(out, q, ...), the
      * same bits, for a decode step (each token the next one of its own sequence, so only its own attention
      * reads its K/V): where it can, one kernel ropes q and stores each token's K/V itself (q is then not
      * written). NULL where the backend has no such fusion. */
-    void (*paged_attention_rope)(void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
+    void (*paged_attention_rope)(const Backend *be, void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
                                  const void *block_tables, const void *seq, const void *pos, const void *slot_mapping,
                                  int n, int n_heads, int n_kv_heads, int head_dim, float theta, int block_size,
                                  int max_blocks);
@@ -206,7 +213,7 @@ typedef struct Backend {
      * repetition penalty reads it, and the sampled token is appended (when
      * history_len < history_stride). history may be NULL when
      * p->repetition_penalty == 1. streams / counters [i32]. */
-    void (*sample)(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
+    void (*sample)(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                    const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                    int history_stride);
     /* Fused ops of the decode step (fewer kernels per layer). Each gives results
@@ -214,19 +221,19 @@ typedef struct Backend {
     /* x[N, D] += delta[N, D] in place (rounded to storage as add does), then
      * xn[N, D] = rmsnorm(x) * w: add(x, x, delta); rmsnorm(xn, x, w, ...). xn
      * must not overlap x or delta. */
-    void (*add_rmsnorm)(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
+    void (*add_rmsnorm)(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
     /* qkv[N, (H + 2*KVH)*Dh] holds each token's q | k | v (one linear over the
      * concatenated weights). Writes q[N, H*Dh] = rope(q part) for every token,
      * and rope(k part) / the v part to pool row slot_mapping[i] of k_pool /
      * v_pool ([n_blocks * block_size, KVH*Dh]) when slot_mapping[i] >= 0 (a
      * padding token writes its q, no K/V). pos, slot_mapping [i32]. The same as
      * copying the q and k parts out, rope_i32 on each, then paged_kv_store. */
-    void (*qkv_rope_store)(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+    void (*qkv_rope_store)(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
                            const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
     /* out[N, F] = silu(gate) * up, gate_up[N, 2F] holding each row's gate then
      * its up (one linear over the concatenated weights): swiglu on the halves.
      * out must not overlap gate_up. */
-    void (*swiglu_gate_up)(void *out, const void *gate_up, int n, int f);
+    void (*swiglu_gate_up)(const Backend *be, void *out, const void *gate_up, int n, int f);
 
     /* Every decoder layer of a decode step in one launch (NULL where the backend
      * has no such kernel, e.g. the CPU). decode_layers_create binds n_layers
@@ -241,9 +248,9 @@ typedef struct Backend {
      * nothing, when it does not take the call (N above its limit, deterministic
      * mode); the caller then runs the ops. pos, seq, slot_mapping,
      * block_tables [i32]. Capturable; decode_layers_free synchronises. */
-    void *(*decode_layers_create)(const DecodeLayerWeights *layers, const DecodeDims *dims);
-    void (*decode_layers_free)(void *plan);
-    bool (*decode_layers)(void *plan, void *x, const void *pos, const void *seq, const void *slot_mapping,
+    void *(*decode_layers_create)(const Backend *be, const DecodeLayerWeights *layers, const DecodeDims *dims);
+    void (*decode_layers_free)(const Backend *be, void *plan);
+    bool (*decode_layers)(const Backend *be, void *plan, void *x, const void *pos, const void *seq, const void *slot_mapping,
                           const void *block_tables, int n);
 
     /* Deterministic mode (process-wide, off by default; vLLM's VLLM_BATCH_INVARIANT):
@@ -253,20 +260,20 @@ typedef struct Backend {
      * shape-dependent blocking), and attention runs paged_attention's arithmetic.
      * A token's forward is then bit-identical in the trainer and in the engine,
      * alone or in any batch. Slower: no cuBLAS on the GPU, no BLAS on the CPU. */
-    void (*set_batch_invariant)(int on);
+    void (*set_batch_invariant)(const Backend *be, int on);
 
     /* ---- device control (NULL where the backend has no such thing, e.g. the CPU) ---- */
     /* Free and total device memory in bytes (what the KV pool is sized from). */
-    void (*memory_info)(size_t *free_bytes, size_t *total_bytes);
-    void (*synchronize)(void);
+    void (*memory_info)(const Backend *be, size_t *free_bytes, size_t *total_bytes);
+    void (*synchronize)(const Backend *be);
     /* CUDA graphs: ops issued between capture_begin and capture_end are recorded,
      * not run; graph_launch replays them reading the buffers' contents at that
      * time. Nothing may allocate or copy from the host while capturing. */
-    void (*capture_begin)(void);
-    void *(*capture_end)(void);
-    void (*graph_launch)(void *graph);
-    void (*graph_free)(void *graph);
-} Backend;
+    void (*capture_begin)(const Backend *be);
+    void *(*capture_end)(const Backend *be);
+    void (*graph_launch)(const Backend *be, void *graph);
+    void (*graph_free)(const Backend *be, void *graph);
+};
 
 /* Bytes per element of a dtype. */
 static inline size_t dtype_size(DType t) { return t == DTYPE_F32 ? 4 : 2; }
@@ -276,24 +283,31 @@ static inline size_t dtype_size(DType t) { return t == DTYPE_F32 ? 4 : 2; }
  * memory plan colt prints. */
 static inline void *backend_alloc_counted(const Backend *be, size_t n, size_t *bytes) {
     *bytes += n * dtype_size(be->storage);
-    return be->alloc(n);
+    return be->alloc(be, n);
 }
 static inline void *backend_alloc_f32_counted(const Backend *be, size_t n, size_t *bytes) {
     *bytes += n * 4;
-    return be->alloc_f32(n);
+    return be->alloc_f32(be, n);
 }
 
-/* The fp32 CPU reference backend (OpenBLAS + OpenMP). */
-const Backend *backend_cpu(void);
+/* Opens a backend instance on a device (an index among the devices this
+ * process sees): "cpu" (the fp32 reference, OpenBLAS + OpenMP; device 0),
+ * "cuda" (bf16 storage, fp32 accumulation), "cuda_f32" (fp32 storage, the same
+ * kernels: for checking them against the CPU) or "auto" (cuda when a GPU is
+ * usable, else cpu). NULL with err set when the kind is unknown or not
+ * available. Each instance holds its own state; two may share a device. */
+Backend *backend_open(const char *kind, int device, char *err);
+void backend_close(Backend *be);
 
-/* CUDA backends (builds with -DCOLT_CUDA=ON; elsewhere NULL): bf16 storage with
- * fp32 accumulation, and an fp32-storage twin of the same kernels used to check
- * them tightly against the CPU. NULL too when no GPU is usable. */
+/* Shared instances (device 0) for tests and benchmarks that need just one;
+ * the CUDA ones are NULL without a usable GPU. Programs use backend_open. */
+const Backend *backend_cpu(void);
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_f32(void);
 
-/* "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU); NULL with err
- * set when the name is unknown or CUDA was asked for and is not available. */
-const Backend *backend_by_name(const char *name, char *err);
+/* The CUDA side of backend_open (builds with -DCOLT_CUDA=ON; elsewhere they
+ * say there is no GPU). */
+Backend *backend_cuda_open(int device, DType storage, char *err);
+void backend_cuda_close(Backend *be);
 
 #endif

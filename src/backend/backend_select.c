@@ -1,37 +1,39 @@
-/* backend_select.c — picking a backend by name (--device). In a build without
- * CUDA the CUDA entry points exist and say there is no GPU. */
+/* backend_select.c — opening a backend instance by name (--device). In a
+ * build without CUDA the CUDA entry points exist and say there is no GPU. */
 #include <string.h>
 
 #include "backend/backend.h"
 #include "core/error.h"
 
+Backend *backend_cpu_open(void); /* cpu/cpu_backend.c */
+
 #ifndef COLT_HAVE_CUDA
 const Backend *backend_cuda(void) { return NULL; }
 const Backend *backend_cuda_f32(void) { return NULL; }
+Backend *backend_cuda_open(int device, DType storage, char *err) {
+    (void)device, (void)storage;
+    errorf(err, "this colt was built without CUDA (cmake -DCOLT_CUDA=ON)");
+    return NULL;
+}
+void backend_cuda_close(Backend *be) { (void)be; }
 #endif
 
-const Backend *backend_by_name(const char *name, char *err) {
-    if (!name || strcmp(name, "auto") == 0) {
-        const Backend *be = backend_cuda();
-        return be ? be : backend_cpu();
+Backend *backend_open(const char *kind, int device, char *err) {
+    if (!kind || strcmp(kind, "auto") == 0) {
+        char cuda_err[ERR_LEN];
+        Backend *be = backend_cuda_open(device, DTYPE_BF16, cuda_err);
+        return be ? be : backend_cpu_open();
     }
-    if (strcmp(name, "cpu") == 0) return backend_cpu();
-    if (strcmp(name, "cuda_f32") == 0) {  /* fp32 storage on the GPU: for checking against the CPU */
-        const Backend *be = backend_cuda_f32();
-        if (!be) errorf(err, "--device cuda_f32: no usable CUDA GPU (or a build without CUDA)");
+    if (strcmp(kind, "cpu") == 0) return backend_cpu_open();
+    if (strcmp(kind, "cuda") == 0 || strcmp(kind, "cuda_f32") == 0) {
+        Backend *be = backend_cuda_open(device, strcmp(kind, "cuda") == 0 ? DTYPE_BF16 : DTYPE_F32, err);
+        if (!be) error_prefix(err, "--device %s", kind);
         return be;
     }
-    if (strcmp(name, "cuda") == 0) {
-        const Backend *be = backend_cuda();
-        if (!be) {
-#ifdef COLT_HAVE_CUDA
-            errorf(err, "--device cuda: no usable CUDA GPU found");
-#else
-            errorf(err, "--device cuda: this colt was built without CUDA (cmake -DCOLT_CUDA=ON)");
-#endif
-        }
-        return be;
-    }
-    errorf(err, "--device: unknown device '%s' (cpu, cuda, cuda_f32 or auto)", name);
+    errorf(err, "--device: unknown device '%s' (cpu, cuda, cuda_f32 or auto)", kind);
     return NULL;
+}
+
+void backend_close(Backend *be) {
+    if (be && be->close_instance) be->close_instance(be);
 }

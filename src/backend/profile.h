@@ -1,7 +1,7 @@
 /* profile.h — a backend wrapper that times every op (for finding where a step
  * goes). Each op is bracketed by the backend's synchronize, so the times are
  * exclusive per op but the overlap between ops is lost: a tool for attribution,
- * not for the headline numbers. One wrapped backend per process. */
+ * not for the headline numbers. */
 #ifndef COLT_BACKEND_PROFILE_H
 #define COLT_BACKEND_PROFILE_H
 
@@ -9,10 +9,11 @@
 
 #include "backend/backend.h"
 
-/* Returns a backend that forwards to inner, timing each op; sync waits for the
- * inner backend's queued work (NULL for synchronous backends). */
-const Backend *backend_profile_wrap(const Backend *inner, void (*sync)(void));
+/* Returns a new instance that forwards to inner, timing each op between two
+ * of inner's synchronize (when it has one). Free with backend_profile_free. */
+Backend *backend_profile_wrap(const Backend *inner);
+void backend_profile_free(Backend *profiled);
 /* Prints op, calls, total ms and share, slowest first; then resets. */
-void backend_profile_report(FILE *fp);
+void backend_profile_report(const Backend *profiled, FILE *fp);
 
 #endif

@@ -214,7 +214,7 @@ int cmd_generate(int argc, char **argv) {
     if (!tok && !a.json && !a.bench) {
         return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
     }
-    const Backend *be = backend_by_name(a.device, err);
+    Backend *be = backend_open(a.device, 0, err);
     if (!be) {
         tokenizer_free(tok);
         return cli_fail("generate", err);
@@ -222,6 +222,7 @@ int cmd_generate(int argc, char **argv) {
     Model *m = NULL;
     if (model_load(&m, a.model, be, err) != 0) {
         tokenizer_free(tok);
+        backend_close(be);
         return cli_fail("generate", err);
     }
     const ModelConfig *cfg = model_config(m);
@@ -313,6 +314,7 @@ int cmd_generate(int argc, char **argv) {
     free(prompts);
     free(prompt_lens);
     model_free(m);
+    backend_close(be);
     tokenizer_free(tok);
     return rc;
 }

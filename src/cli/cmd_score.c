@@ -47,15 +47,19 @@ int cmd_score(int argc, char **argv) {
     if (prc != 0) return cli_fail("score", err);
     if (!model_dir) return cli_fail("score", "--model DIR is required");
 
-    const Backend *be = backend_by_name(device, err);
+    Backend *be = backend_open(device, 0, err);
     if (!be) return cli_fail("score", err);
     Model *m = NULL;
-    if (model_load(&m, model_dir, be, err) != 0) return cli_fail("score", err);
+    if (model_load(&m, model_dir, be, err) != 0) {
+        backend_close(be);
+        return cli_fail("score", err);
+    }
     const ModelConfig *cfg = model_config(m);
     char **lines = NULL;
     size_t n_lines = 0;
     if (stdin_read_lines(&lines, &n_lines, err) != 0) {
         model_free(m);
+        backend_close(be);
         return cli_fail("score", err);
     }
     /* Parse and check every line before any compute, and size the cache once. */
@@ -105,5 +109,6 @@ int cmd_score(int argc, char **argv) {
     free(lens);
     lines_free(lines, n_lines);
     model_free(m);
+    backend_close(be);
     return rc;
 }

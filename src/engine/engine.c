@@ -343,8 +343,8 @@ static bool admit_front(Engine *e, int budget) {
         int n = known_tokens(s);
         int *h = xmalloc(sizeof(int) * (size_t)n);
         for (int p = 0; p < n; p++) h[p] = token_at(s, p);
-        e->be->upload_i32((int *)e->d_hist + (size_t)s->slot * e->max_len, h, (size_t)n);
-        e->be->upload_i32((int *)e->d_hist_len + s->slot, &n, 1);
+        e->be->upload_i32(e->be, (int *)e->d_hist + (size_t)s->slot * e->max_len, h, (size_t)n);
+        e->be->upload_i32(e->be, (int *)e->d_hist_len + s->slot, &n, 1);
         free(h); /* uploads from pageable memory have read it when they return */
     }
     return true;
@@ -362,8 +362,8 @@ static int bucket_index(int n) {
 static void run_ops(Engine *e, const PagedBatch *b, const int *dev_step, int n_pad) {
     model_forward_paged(e->m, e->st, &e->pool, b);
     if (e->deterministic) /* the sampler clobbers them; the log-probs are taken after it (engine_step) */
-        e->be->copy(e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)b->n_logits * e->cfg->vocab_size);
-    e->be->sample(e->d_tokens, e->d_logprobs, paged_state_logits(e->st), b->n_logits, e->cfg->vocab_size,
+        e->be->copy(e->be, e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)b->n_logits * e->cfg->vocab_size);
+    e->be->sample(e->be, e->d_tokens, e->d_logprobs, paged_state_logits(e->st), b->n_logits, e->cfg->vocab_size,
                   &e->opt->sampling, dev_step + (size_t)SEG_ROW_SEQ * n_pad, dev_step + (size_t)SEG_STREAMS * n_pad,
                   dev_step + (size_t)SEG_COUNTERS * n_pad, e->penalty ? e->d_hist : NULL,
                   e->penalty ? e->d_hist_len : NULL, e->max_len);
@@ -462,9 +462,9 @@ static int engine_step(Engine *e, bool *idle, char *err) {
     }
 
     const Backend *be = e->be;
-    be->upload_i32(e->d_step, e->h_step, (size_t)N_SEGMENTS * n_pad);
+    be->upload_i32(be, e->d_step, e->h_step, (size_t)N_SEGMENTS * n_pad);
     if (e->tables_dirty) {
-        be->upload_i32(e->d_tables, e->h_tables, (size_t)e->n_slots * e->max_blocks);
+        be->upload_i32(be, e->d_tables, e->h_tables, (size_t)e->n_slots * e->max_blocks);
         e->tables_dirty = false;
     }
     const int *d = e->d_step;
@@ -480,13 +480,13 @@ static int engine_step(Engine *e, bool *idle, char *err) {
                     .decode_plan = decode_only ? e->decode_plan : NULL,
                     .decode = decode_only};
     if (bucket >= 0 && e->graphs[bucket]) {
-        be->graph_launch(e->graphs[bucket]);
+        be->graph_launch(be, e->graphs[bucket]);
         e->stats.graph_steps++;
     } else if (bucket >= 0 && e->bucket_seen[bucket]) {
-        be->capture_begin();
+        be->capture_begin(be);
         run_ops(e, &b, d, n_pad);
-        e->graphs[bucket] = be->capture_end();
-        be->graph_launch(e->graphs[bucket]);
+        e->graphs[bucket] = be->capture_end(be);
+        be->graph_launch(be, e->graphs[bucket]);
         e->stats.graph_steps++;
     } else {
         run_ops(e, &b, d, n_pad);
@@ -497,12 +497,12 @@ static int engine_step(Engine *e, bool *idle, char *err) {
     /* Apply the sampled tokens. */
     if (n_rows > 0) {
         if (e->deterministic) { /* the trainer's log-prob of each sampled token, by the trainer's op */
-            be->download_i32(e->h_tokens, e->d_tokens, (size_t)n_rows);
+            be->download_i32(be, e->h_tokens, e->d_tokens, (size_t)n_rows);
             float t = e->opt->sampling.temperature > 0.0f ? e->opt->sampling.temperature : 1.0f;
-            be->log_softmax_target(e->d_logprobs, NULL, e->d_logits_kept, e->h_tokens, n_rows, e->cfg->vocab_size, t);
-            be->download_f32(e->h_logprobs, e->d_logprobs, (size_t)n_rows);
+            be->log_softmax_target(be, e->d_logprobs, NULL, e->d_logits_kept, e->h_tokens, n_rows, e->cfg->vocab_size, t);
+            be->download_f32(be, e->h_logprobs, e->d_logprobs, (size_t)n_rows);
         } else { /* tokens and log-probs in one copy: one wait per step */
-            be->download_i32(e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
+            be->download_i32(be, e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
         }
     }
     e->stats.decode_tokens += n_rows;
@@ -536,13 +536,13 @@ static int engine_step(Engine *e, bool *idle, char *err) {
 static void engine_free(Engine *e) {
     const Backend *be = e->be;
     for (int k = 0; k < N_BUCKETS; k++)
-        if (e->graphs[k]) be->graph_free(e->graphs[k]);
+        if (e->graphs[k]) be->graph_free(be, e->graphs[k]);
     model_decode_plan_free(e->m, e->decode_plan);
     kv_pool_free(&e->pool);
     paged_state_free(e->st);
     void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_sampled, e->d_logits_kept};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
-        if (dev[k]) be->free(dev[k]);
+        if (dev[k]) be->free(be, dev[k]);
     prefix_cache_free(&e->cache);
     free(e->free_blocks), free(e->refcount), free(e->h_tables), free(e->free_slots), free(e->h_step);
     free(e->h_sampled), free(e->row_owner), free(e->seqs), free(e->running), free(e->waiting);
@@ -584,7 +584,7 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
     if (eo->deterministic) {
         if (!be->set_batch_invariant || !be->log_softmax_target)
             return errorf(err, "backend %s has no deterministic mode", be->name);
-        be->set_batch_invariant(1);
+        be->set_batch_invariant(be, 1);
         e->deterministic = true;
     }
     e->penalty = opt->sampling.repetition_penalty != 1.0f;
@@ -613,12 +613,12 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
 
     /* Scratch first; the pool then takes what is left. */
     if (paged_state_create(&e->st, m, e->max_tokens, e->max_rows, err) != 0) return COLT_ERR;
-    if (e->deterministic) e->d_logits_kept = be->alloc((size_t)e->max_rows * e->cfg->vocab_size);
+    if (e->deterministic) e->d_logits_kept = be->alloc(be, (size_t)e->max_rows * e->cfg->vocab_size);
     size_t block_bytes = kv_pool_block_bytes(m, e->block_size);
     int64_t want = (int64_t)e->n_slots * e->max_blocks; /* every running sequence at full length */
     if (be->memory_info) {
         size_t free_bytes, total_bytes;
-        be->memory_info(&free_bytes, &total_bytes);
+        be->memory_info(be, &free_bytes, &total_bytes);
         size_t avail = free_bytes > DEVICE_HEADROOM_BYTES ? free_bytes - DEVICE_HEADROOM_BYTES : 0;
         if (eo->gpu_memory_utilization > 0) {
             size_t cap = (size_t)(eo->gpu_memory_utilization * (double)total_bytes);
@@ -640,18 +640,18 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
     for (int k = 0; k < (int)want; k++) e->free_blocks[k] = (int)want - 1 - k; /* block 0 handed out first */
     e->n_free = (int)want;
     e->h_tables = xcalloc((size_t)e->n_slots * e->max_blocks, sizeof(int));
-    e->d_tables = be->alloc_i32((size_t)e->n_slots * e->max_blocks);
+    e->d_tables = be->alloc_i32(be, (size_t)e->n_slots * e->max_blocks);
     e->tables_dirty = true;
     e->free_slots = xmalloc(sizeof(int) * (size_t)e->n_slots);
     for (int k = 0; k < e->n_slots; k++) e->free_slots[k] = e->n_slots - 1 - k;
     e->n_free_slots = e->n_slots;
     if (e->penalty) {
-        e->d_hist = be->alloc_i32((size_t)e->n_slots * e->max_len);
-        e->d_hist_len = be->alloc_i32((size_t)e->n_slots);
+        e->d_hist = be->alloc_i32(be, (size_t)e->n_slots * e->max_len);
+        e->d_hist_len = be->alloc_i32(be, (size_t)e->n_slots);
     }
     e->h_step = xmalloc(sizeof(int) * (size_t)N_SEGMENTS * e->max_tokens);
-    e->d_step = be->alloc_i32((size_t)N_SEGMENTS * e->max_tokens);
-    e->d_sampled = be->alloc_i32(2 * (size_t)e->max_rows);
+    e->d_step = be->alloc_i32(be, (size_t)N_SEGMENTS * e->max_tokens);
+    e->d_sampled = be->alloc_i32(be, 2 * (size_t)e->max_rows);
     e->d_tokens = e->d_sampled;
     e->d_logprobs = (int *)e->d_sampled + e->max_rows;
     e->h_sampled = xmalloc(sizeof(int) * 2 * (size_t)e->max_rows);
@@ -666,7 +666,7 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
     e->stats.block_size = e->block_size;
     if (be->memory_info) {
         size_t free_bytes, total_bytes;
-        be->memory_info(&free_bytes, &total_bytes);
+        be->memory_info(be, &free_bytes, &total_bytes);
         e->stats.device_free_min = free_bytes;
     }
     return COLT_OK;
@@ -699,7 +699,7 @@ int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptio
     }
     if (e.be && e.be->memory_info && rc == 0) { /* the pool is still taken: the peak of this call */
         size_t free_bytes, total_bytes;
-        e.be->memory_info(&free_bytes, &total_bytes);
+        e.be->memory_info(e.be, &free_bytes, &total_bytes);
         if (free_bytes < e.stats.device_free_min) e.stats.device_free_min = free_bytes;
     }
     e.stats.seconds = time_now() - t0;

@@ -138,8 +138,8 @@ static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
 /* The one allocation of the weights; every tensor pointer is a view into it. */
 static void model_alloc_weights(Model *m) {
     const Backend *be = m->be;
-    m->arena = be->alloc(m->arena_numel);
-    be->zero(m->arena, m->arena_numel);  /* the alignment padding stays 0 */
+    m->arena = be->alloc(be, m->arena_numel);
+    be->zero(be, m->arena, m->arena_numel);  /* the alignment padding stays 0 */
     size_t es = dtype_size(be->storage);
     for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = (char *)m->arena + m->offsets[i] * es;
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
@@ -147,7 +147,7 @@ static void model_alloc_weights(Model *m) {
 
 void model_free(Model *m) {
     if (!m) return;
-    if (m->arena) m->be->free(m->arena);
+    if (m->arena) m->be->free(m->be, m->arena);
     free(m->offsets);
     free(m->tensors);
     free(m->layers);
@@ -211,7 +211,7 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
             free(host);
             goto error;
         }
-        be->upload(*t[i].buf, host, spec_numel(&t[i]));
+        be->upload(be, *t[i].buf, host, spec_numel(&t[i]));
     }
     free(host);
     if (cfg.tie_word_embeddings) m->lm_head = m->embed;
@@ -265,7 +265,7 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
         size_t numel = spec_numel(&t[i]);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
-        be->upload(*t[i].buf, host, numel);
+        be->upload(be, *t[i].buf, host, numel);
     }
     free(host);
     free(t);
@@ -399,7 +399,7 @@ int model_save(const Model *m, const char *dir, DType dtype, char *err) {
     SafeTensorWrite *w = xcalloc((size_t)n, sizeof(SafeTensorWrite));
     for (int i = 0; i < n; i++) {
         float *host = xmalloc(spec_numel(&t[i]) * sizeof(float));
-        m->be->download(host, *t[i].buf, spec_numel(&t[i]));
+        m->be->download(m->be, host, *t[i].buf, spec_numel(&t[i]));
         w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
                                  .data = host};
     }
@@ -462,13 +462,13 @@ void model_state_free(ModelState *st) {
     if (!st) return;
     const Backend *be = st->be;
     for (int l = 0; l < st->n_layers; l++) {
-        be->free(st->k_cache[l]);
-        be->free(st->v_cache[l]);
+        be->free(be, st->k_cache[l]);
+        be->free(be, st->v_cache[l]);
     }
     free(st->k_cache);
     free(st->v_cache);
     void *bufs[] = {st->x, st->xn, st->q, st->k, st->v, st->att, st->proj, st->gate, st->up, st->rows, st->logits};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(be, bufs[i]);
     free(st->want_rows);
     free(st);
 }
@@ -497,36 +497,36 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
     int QD = H * Dh, KVD = KVH * Dh;
     size_t ND = (size_t)n * D;
 
-    be->embedding(st->x, m->embed, tokens, n, D);
+    be->embedding(be, st->x, m->embed, tokens, n, D);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const LayerWeights *w = &m->layers[l];
-        be->rmsnorm(st->xn, st->x, w->attn_norm, n, D, c->rms_norm_eps);
-        be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
-        be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
-        be->linear(st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-        be->rope(st->q, pos, n, H, Dh, c->rope_theta);
-        be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
-        be->kv_store(st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
-        be->attention(st->att, NULL, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
-        be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
-        be->add(st->x, st->x, st->proj, ND);
-        be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
-        be->linear(st->gate, st->xn, w->gate_w, NULL, n, D, F);
-        be->linear(st->up, st->xn, w->up_w, NULL, n, D, F);
-        be->swiglu(st->gate, st->gate, st->up, (size_t)n * F);
-        be->linear(st->proj, st->gate, w->down_w, NULL, n, F, D);
-        be->add(st->x, st->x, st->proj, ND);
+        be->rmsnorm(be, st->xn, st->x, w->attn_norm, n, D, c->rms_norm_eps);
+        be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
+        be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
+        be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+        be->rope(be, st->q, pos, n, H, Dh, c->rope_theta);
+        be->rope(be, st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->kv_store(be, st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
+        be->attention(be, st->att, NULL, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
+        be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
+        be->add(be, st->x, st->x, st->proj, ND);
+        be->rmsnorm(be, st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
+        be->linear(be, st->gate, st->xn, w->gate_w, NULL, n, D, F);
+        be->linear(be, st->up, st->xn, w->up_w, NULL, n, D, F);
+        be->swiglu(be, st->gate, st->gate, st->up, (size_t)n * F);
+        be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
+        be->add(be, st->x, st->x, st->proj, ND);
     }
     if (n_want == 0) return COLT_OK;
-    be->rmsnorm(st->xn, st->x, m->final_norm, n, D, c->rms_norm_eps);
+    be->rmsnorm(be, st->xn, st->x, m->final_norm, n, D, c->rms_norm_eps);
     const void *rows = st->xn;
     if (n_want < n) { /* lm_head only on the rows that want logits */
         for (int i = 0, k = 0; i < n; i++)
             if (want_logits[i]) st->want_rows[k++] = i;
-        be->gather_rows(st->rows, st->xn, st->want_rows, n_want, D);
+        be->gather_rows(be, st->rows, st->xn, st->want_rows, n_want, D);
         rows = st->rows;
     }
-    be->linear(st->logits, rows, m->lm_head, NULL, n_want, D, V);
-    be->download(logits, st->logits, (size_t)n_want * V);
+    be->linear(be, st->logits, rows, m->lm_head, NULL, n_want, D, V);
+    be->download(be, logits, st->logits, (size_t)n_want * V);
     return COLT_OK;
 }

@@ -45,8 +45,8 @@ void kv_pool_create(KvPool *pool, const Model *m, int n_blocks, int block_size) 
 void kv_pool_free(KvPool *pool) {
     if (!pool->k) return;
     for (int l = 0; l < pool->n_layers; l++) {
-        pool->be->free(pool->k[l]);
-        pool->be->free(pool->v[l]);
+        pool->be->free(pool->be, pool->k[l]);
+        pool->be->free(pool->be, pool->v[l]);
     }
     free(pool->k);
     free(pool->v);
@@ -97,7 +97,7 @@ void paged_state_free(PagedState *st) {
     if (!st) return;
     void *bufs[] = {st->x,    st->xn,  st->q,   st->k,       st->v,    st->att,
                     st->proj, st->gate, st->up, st->qkv, st->gate_up, st->rows, st->logits};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) st->be->free(bufs[i]);
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) st->be->free(st->be, bufs[i]);
     free(st);
 }
 
@@ -145,13 +145,13 @@ void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks)
                        .n_heads = c->num_attention_heads, .n_kv_heads = c->num_key_value_heads,
                        .head_dim = c->head_dim, .block_size = kv->block_size, .max_blocks = max_blocks,
                        .rms_eps = c->rms_norm_eps, .rope_theta = c->rope_theta};
-    void *plan = ok ? be->decode_layers_create(layers, &dims) : NULL;
+    void *plan = ok ? be->decode_layers_create(be, layers, &dims) : NULL;
     free(layers);
     return plan;
 }
 
 void model_decode_plan_free(const Model *m, void *plan) {
-    if (plan) m->be->decode_layers_free(plan);
+    if (plan) m->be->decode_layers_free(m->be, plan);
 }
 
 void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b) {
@@ -168,65 +168,65 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
      * the weights sit back to back: the same values as the unfused sequence
      * (the fused ops are bit-identical to it; one GEMM over concatenated
      * weights sums in the GEMM's own order, as any GEMM does). */
-    be->embedding_i32(st->x, m->embed, b->tokens, n, D);
-    bool one_launch = b->decode_plan && be->decode_layers(b->decode_plan, st->x, b->pos, b->seq, b->slot_mapping,
+    be->embedding_i32(be, st->x, m->embed, b->tokens, n, D);
+    bool one_launch = b->decode_plan && be->decode_layers(be, b->decode_plan, st->x, b->pos, b->seq, b->slot_mapping,
                                                           b->block_tables, n);
-    if (!one_launch) be->rmsnorm(st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
+    if (!one_launch) be->rmsnorm(be, st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
     for (int l = 0; l < L && !one_launch; l++) {
         const LayerWeights *w = &m->layers[l];
         bool attended = false;
         if (fused_ops && qkv_back_to_back(w, c, es)) {
-            be->linear(st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
+            be->linear(be, st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
             if (b->decode && be->paged_attention_rope) { /* rope, K/V store and attention in one kernel */
-                be->paged_attention_rope(st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
+                be->paged_attention_rope(be, st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
                                          b->slot_mapping, n, H, KVH, Dh, c->rope_theta, kv->block_size,
                                          b->max_blocks);
                 attended = true;
             } else {
-                be->qkv_rope_store(st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
+                be->qkv_rope_store(be, st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
                                    c->rope_theta);
             }
         } else {
-            be->linear(st->q, st->xn, w->q_w, w->q_b, n, D, QD);
-            be->linear(st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
-            be->linear(st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-            be->rope_i32(st->q, b->pos, n, H, Dh, c->rope_theta);
-            be->rope_i32(st->k, b->pos, n, KVH, Dh, c->rope_theta);
-            be->paged_kv_store(kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
+            be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
+            be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
+            be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+            be->rope_i32(be, st->q, b->pos, n, H, Dh, c->rope_theta);
+            be->rope_i32(be, st->k, b->pos, n, KVH, Dh, c->rope_theta);
+            be->paged_kv_store(be, kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
         }
         if (!attended)
-            be->paged_attention(st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
+            be->paged_attention(be, st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
                                 kv->block_size, b->max_blocks);
-        be->linear(st->proj, st->att, w->o_w, w->o_b, n, QD, D);
+        be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
         if (fused_ops) {
-            be->add_rmsnorm(st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);
+            be->add_rmsnorm(be, st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);
         } else {
-            be->add(st->x, st->x, st->proj, ND);
-            be->rmsnorm(st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
+            be->add(be, st->x, st->x, st->proj, ND);
+            be->rmsnorm(be, st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
         }
         if (fused_ops && gate_up_back_to_back(w, c, es)) {
-            be->linear(st->gate_up, st->xn, w->gate_w, NULL, n, D, 2 * F);
-            be->swiglu_gate_up(st->gate, st->gate_up, n, F);
+            be->linear(be, st->gate_up, st->xn, w->gate_w, NULL, n, D, 2 * F);
+            be->swiglu_gate_up(be, st->gate, st->gate_up, n, F);
         } else {
-            be->linear(st->gate, st->xn, w->gate_w, NULL, n, D, F);
-            be->linear(st->up, st->xn, w->up_w, NULL, n, D, F);
-            be->swiglu(st->gate, st->gate, st->up, (size_t)n * F);
+            be->linear(be, st->gate, st->xn, w->gate_w, NULL, n, D, F);
+            be->linear(be, st->up, st->xn, w->up_w, NULL, n, D, F);
+            be->swiglu(be, st->gate, st->gate, st->up, (size_t)n * F);
         }
-        be->linear(st->proj, st->gate, w->down_w, NULL, n, F, D);
+        be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
         if (l + 1 < L && fused_ops) {
-            be->add_rmsnorm(st->x, st->xn, st->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
+            be->add_rmsnorm(be, st->x, st->xn, st->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
         } else {
-            be->add(st->x, st->x, st->proj, ND);
-            if (l + 1 < L) be->rmsnorm(st->xn, st->x, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
+            be->add(be, st->x, st->x, st->proj, ND);
+            if (l + 1 < L) be->rmsnorm(be, st->xn, st->x, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
         }
     }
     if (b->n_logits == 0) return;
     /* The final norm only on the rows that want logits: norm is per row. */
     const void *rows = st->x;
     if (b->logit_rows) {
-        be->gather_rows_i32(st->rows, st->x, b->logit_rows, b->n_logits, D);
+        be->gather_rows_i32(be, st->rows, st->x, b->logit_rows, b->n_logits, D);
         rows = st->rows;
     }
-    be->rmsnorm(st->xn, rows, m->final_norm, b->n_logits, D, c->rms_norm_eps);
-    be->linear(st->logits, st->xn, m->lm_head, NULL, b->n_logits, D, V);
+    be->rmsnorm(be, st->xn, rows, m->final_norm, b->n_logits, D, c->rms_norm_eps);
+    be->linear(be, st->logits, st->xn, m->lm_head, NULL, b->n_logits, D, V);
 }

@@ -68,8 +68,8 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     /* One fp32 allocation in the weights' layout: zeroing, the global norm and
      * clipping are single calls over it. */
     g->flat_numel = m->arena_numel;
-    g->flat = m->be->alloc_f32(g->flat_numel);
-    m->be->zero_f32(g->flat, g->flat_numel);
+    g->flat = m->be->alloc_f32(m->be, g->flat_numel);
+    m->be->zero_f32(m->be, g->flat, g->flat_numel);
     for (int i = 0; i < n; i++) {
         g->numel[i] = tensor_numel(&t[i]);
         g->bufs[i] = (char *)g->flat + m->offsets[i] * sizeof(float);
@@ -83,14 +83,14 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
 
 void model_grads_free(ModelGrads *g) {
     if (!g) return;
-    g->be->free(g->flat);
+    g->be->free(g->be, g->flat);
     free(g->bufs);
     free(g->numel);
     free(g->shadow.layers);
     free(g);
 }
 
-void model_grads_zero(ModelGrads *g) { g->be->zero_f32(g->flat, g->flat_numel); }
+void model_grads_zero(ModelGrads *g) { g->be->zero_f32(g->be, g->flat, g->flat_numel); }
 
 void *model_grads_flat(const ModelGrads *g, size_t *numel) {
     *numel = g->flat_numel;
@@ -254,15 +254,15 @@ void train_state_free(TrainState *st) {
     const Backend *be = st->be;
     for (int l = 0; l < st->n_layers; l++) {
         LayerActivations *a = &st->act[l];
-        be->free(a->x_in);
+        be->free(be, a->x_in);
         if (st->recompute && l > 0) continue; /* the rest is layer 0's, shared */
         void *bufs[] = {a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->lse, a->x_mid, a->xn_mlp, a->gate, a->up};
-        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(be, bufs[i]);
     }
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
                     st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(bufs[i]);
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(be, bufs[i]);
     free(st->act);
     free(st->tokens);
     free(st->slot);
@@ -311,9 +311,9 @@ static int check_batch(const Model *m, TrainState *st, const int *tokens, const 
 static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
     const Backend *be = m->be;
     int D = m->cfg.hidden_size;
-    be->gather_rows(st->chunk_rows, st->xn_final, st->rows + r0, c, D);
+    be->gather_rows(be, st->chunk_rows, st->xn_final, st->rows + r0, c, D);
     for (int r = 0; r < c; r++) st->chunk_targets[r] = st->targets[st->rows[r0 + r]];
-    be->linear(st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->cfg.vocab_size);
+    be->linear(be, st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->cfg.vocab_size);
 }
 
 /* One decoder layer's forward from act[l].x_in. With x_out, the layer output
@@ -328,23 +328,23 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     const int *slot = st->slot, *pos = st->pos;
     const LayerWeights *w = &m->layers[l];
     LayerActivations *a = &st->act[l];
-    be->rmsnorm(a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
-    be->linear(a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
-    be->linear(st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
-    be->linear(st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
-    be->rope(a->q, pos, n, H, Dh, c->rope_theta);
-    be->rope(st->k, pos, n, KVH, Dh, c->rope_theta);
-    be->kv_store(a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
-    be->attention(a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
-    be->linear(st->proj, a->att, w->o_w, w->o_b, n, QD, D);
-    be->add(a->x_mid, a->x_in, st->proj, ND);
-    be->rmsnorm(a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
-    be->linear(a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
-    be->linear(a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
+    be->rmsnorm(be, a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+    be->linear(be, a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
+    be->linear(be, st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
+    be->rope(be, a->q, pos, n, H, Dh, c->rope_theta);
+    be->rope(be, st->k, pos, n, KVH, Dh, c->rope_theta);
+    be->kv_store(be, a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
+    be->attention(be, a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
+    be->linear(be, st->proj, a->att, w->o_w, w->o_b, n, QD, D);
+    be->add(be, a->x_mid, a->x_in, st->proj, ND);
+    be->rmsnorm(be, a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+    be->linear(be, a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
+    be->linear(be, a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
     if (!x_out) return;
-    be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
-    be->linear(st->proj, st->h, w->down_w, NULL, n, F, D);
-    be->add(x_out, a->x_mid, st->proj, ND);
+    be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
+    be->linear(be, st->proj, st->h, w->down_w, NULL, n, F, D);
+    be->add(be, x_out, a->x_mid, st->proj, ND);
 }
 
 int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
@@ -370,10 +370,10 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
         return COLT_OK;
     }
 
-    be->embedding(st->act[0].x_in, m->embed, tokens, n, D);
+    be->embedding(be, st->act[0].x_in, m->embed, tokens, n, D);
     for (int l = 0; l < c->num_hidden_layers; l++)
         layer_forward(m, st, l, l + 1 < c->num_hidden_layers ? st->act[l + 1].x_in : st->x_final);
-    be->rmsnorm(st->xn_final, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
+    be->rmsnorm(be, st->xn_final, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
 
     int n_rows = 0;
     for (int i = 0; i < n; i++)
@@ -381,12 +381,12 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
     for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
         int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
-        be->log_softmax_target(st->chunk_lp, entropy ? st->chunk_ent : NULL, st->chunk_logits, st->chunk_targets, cn,
+        be->log_softmax_target(be, st->chunk_lp, entropy ? st->chunk_ent : NULL, st->chunk_logits, st->chunk_targets, cn,
                                V, temperature);
-        be->download_f32(st->chunk_host, st->chunk_lp, (size_t)cn);
+        be->download_f32(be, st->chunk_host, st->chunk_lp, (size_t)cn);
         for (int r = 0; r < cn; r++) logprobs[st->rows[r0 + r]] = st->chunk_host[r];
         if (entropy) {
-            be->download_f32(st->chunk_host, st->chunk_ent, (size_t)cn);
+            be->download_f32(be, st->chunk_host, st->chunk_ent, (size_t)cn);
             for (int r = 0; r < cn; r++) entropy[st->rows[r0 + r]] = st->chunk_host[r];
         }
     }
@@ -411,7 +411,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     const int *slot = st->slot, *pos = st->pos;
 
     /* lm_head + log-softmax, chunk by chunk: d xn_final rows and d lm_head. */
-    be->zero(st->dxn, ND);
+    be->zero(be, st->dxn, ND);
     int n_rows = 0;
     for (int i = 0; i < n; i++)
         if (st->targets[i] >= 0 && dlogprobs[i] != 0.0f) st->rows[n_rows++] = i;
@@ -419,15 +419,15 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
         for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
-        be->upload_f32(st->chunk_lp, st->chunk_host, (size_t)cn);
-        be->log_softmax_target_backward(st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn, V,
+        be->upload_f32(be, st->chunk_lp, st->chunk_host, (size_t)cn);
+        be->log_softmax_target_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn, V,
                                         st->temperature);
-        be->linear_backward(st->chunk_drows, gm->lm_head, NULL, st->chunk_logits, st->chunk_rows, m->lm_head, cn, D,
+        be->linear_backward(be, st->chunk_drows, gm->lm_head, NULL, st->chunk_logits, st->chunk_rows, m->lm_head, cn, D,
                             V, 0);
-        be->scatter_rows(st->dxn, st->chunk_drows, st->rows + r0, cn, D);
+        be->scatter_rows(be, st->dxn, st->chunk_drows, st->rows + r0, cn, D);
     }
-    be->zero(st->dres, ND);
-    be->rmsnorm_backward(st->dres, gm->final_norm, st->dxn, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
+    be->zero(be, st->dres, ND);
+    be->rmsnorm_backward(be, st->dres, gm->final_norm, st->dxn, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
 
     /* dres is d(residual stream) at each layer's output, then its input. */
     for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
@@ -436,26 +436,26 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         LayerActivations *a = &st->act[l];
         if (st->recompute) layer_forward(m, st, l, NULL); /* this layer's activations, again */
         /* MLP */
-        be->swiglu(st->h, a->gate, a->up, (size_t)n * F);
-        be->linear_backward(st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
-        be->swiglu_backward(st->dgate, st->dup, st->dh, a->gate, a->up, (size_t)n * F);
-        be->linear_backward(st->dxn, gw->gate_w, NULL, st->dgate, a->xn_mlp, w->gate_w, n, D, F, 0);
-        be->linear_backward(st->dxn, gw->up_w, NULL, st->dup, a->xn_mlp, w->up_w, n, D, F, 1);
-        be->rmsnorm_backward(st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+        be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
+        be->linear_backward(be, st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
+        be->swiglu_backward(be, st->dgate, st->dup, st->dh, a->gate, a->up, (size_t)n * F);
+        be->linear_backward(be, st->dxn, gw->gate_w, NULL, st->dgate, a->xn_mlp, w->gate_w, n, D, F, 0);
+        be->linear_backward(be, st->dxn, gw->up_w, NULL, st->dup, a->xn_mlp, w->up_w, n, D, F, 1);
+        be->rmsnorm_backward(be, st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
         /* attention */
-        be->linear_backward(st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
-        be->zero_f32(st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
-        be->zero_f32(st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
-        be->attention_backward(st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->att, a->lse, a->k_cache,
+        be->linear_backward(be, st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
+        be->zero_f32(be, st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
+        be->zero_f32(be, st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
+        be->attention_backward(be, st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->att, a->lse, a->k_cache,
                                a->v_cache, slot, pos, n, H, KVH, Dh, st->n_slots, st->max_len);
-        be->kv_gather(st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);
-        be->rope_backward(st->dq, pos, n, H, Dh, c->rope_theta);
-        be->rope_backward(st->k, pos, n, KVH, Dh, c->rope_theta);
-        be->linear_backward(st->dxn, gw->q_w, gw->q_b, st->dq, a->xn_attn, w->q_w, n, D, QD, 0);
-        be->linear_backward(st->dxn, gw->k_w, gw->k_b, st->k, a->xn_attn, w->k_w, n, D, KVD, 1);
-        be->linear_backward(st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
-        be->rmsnorm_backward(st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+        be->kv_gather(be, st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);
+        be->rope_backward(be, st->dq, pos, n, H, Dh, c->rope_theta);
+        be->rope_backward(be, st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, st->dq, a->xn_attn, w->q_w, n, D, QD, 0);
+        be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, st->k, a->xn_attn, w->k_w, n, D, KVD, 1);
+        be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
+        be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
     }
-    be->embedding_backward(gm->embed, st->dres, st->tokens, n, D);
+    be->embedding_backward(be, gm->embed, st->dres, st->tokens, n, D);
     return COLT_OK;
 }

@@ -108,14 +108,14 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
     o->master = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     size_t es = dtype_size(be->storage);
     void *weights = model_weights_flat(m, &o->flat_numel);
-    o->exp_avg_flat = be->alloc_f32(o->flat_numel);
-    o->exp_avg_sq_flat = be->alloc_f32(o->flat_numel);
+    o->exp_avg_flat = be->alloc_f32(be, o->flat_numel);
+    o->exp_avg_sq_flat = be->alloc_f32(be, o->flat_numel);
     COLT_ASSERT(o->exp_avg_flat && o->exp_avg_sq_flat);
-    be->zero_f32(o->exp_avg_flat, o->flat_numel);
-    be->zero_f32(o->exp_avg_sq_flat, o->flat_numel);
+    be->zero_f32(be, o->exp_avg_flat, o->flat_numel);
+    be->zero_f32(be, o->exp_avg_sq_flat, o->flat_numel);
     if (be->storage != DTYPE_F32) {
-        o->master_flat = be->alloc_f32(o->flat_numel);
-        be->zero_f32(o->master_flat, o->flat_numel);
+        o->master_flat = be->alloc_f32(be, o->flat_numel);
+        be->zero_f32(be, o->master_flat, o->flat_numel);
     }
     for (int i = 0; i < o->n; i++) {
         o->params[i] = model_param(m, i);
@@ -127,8 +127,8 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
             /* fp32 master copy of a low-precision weight: AdamW updates it. */
             o->master[i] = (char *)o->master_flat + offset * sizeof(float);
             float *host = xmalloc(numel * sizeof(float));
-            be->download(host, o->params[i].data, numel);
-            be->upload_f32(o->master[i], host, numel);
+            be->download(be, host, o->params[i].data, numel);
+            be->upload_f32(be, o->master[i], host, numel);
             free(host);
         }
     }
@@ -138,9 +138,9 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
 
 void optim_free(Optimizer *o) {
     if (!o) return;
-    o->be->free(o->exp_avg_flat);
-    o->be->free(o->exp_avg_sq_flat);
-    if (o->master_flat) o->be->free(o->master_flat);
+    o->be->free(o->be, o->exp_avg_flat);
+    o->be->free(o->be, o->exp_avg_sq_flat);
+    if (o->master_flat) o->be->free(o->be, o->master_flat);
     free(o->master);
     free(o->exp_avg);
     free(o->exp_avg_sq);
@@ -155,9 +155,9 @@ int64_t optim_step_count(const Optimizer *o) { return o->step; }
 bool optim_state_finite(const Optimizer *o) {
     size_t n = 0;
     const void *weights = o->master_flat ? o->master_flat : model_weights_flat(o->model, &n);
-    return isfinite(o->be->sum_squares(weights, o->flat_numel)) &&
-           isfinite(o->be->sum_squares(o->exp_avg_flat, o->flat_numel)) &&
-           isfinite(o->be->sum_squares(o->exp_avg_sq_flat, o->flat_numel));
+    return isfinite(o->be->sum_squares(o->be, weights, o->flat_numel)) &&
+           isfinite(o->be->sum_squares(o->be, o->exp_avg_flat, o->flat_numel)) &&
+           isfinite(o->be->sum_squares(o->be, o->exp_avg_sq_flat, o->flat_numel));
 }
 
 size_t optim_state_bytes(const Optimizer *o) {
@@ -183,7 +183,7 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
         size_t start = group == 0 ? 0 : split, end = group == 0 ? split : o->flat_numel;
         if (end <= start) continue;
         size_t f = start * sizeof(float);
-        o->be->adamw((char *)weights + start * es, o->master_flat ? (char *)o->master_flat + f : NULL,
+        o->be->adamw(o->be, (char *)weights + start * es, o->master_flat ? (char *)o->master_flat + f : NULL,
                      (char *)grads + f, (char *)o->exp_avg_flat + f, (char *)o->exp_avg_sq_flat + f, end - start, lr,
                      o->cfg.beta1, o->cfg.beta2, o->cfg.eps, group == 0 ? o->cfg.weight_decay : 0.0f, bc1, bc2);
     }
@@ -196,10 +196,10 @@ double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, cons
     (void)m;
     size_t n = 0;
     void *flat = model_grads_flat(g, &n);  /* padding is 0: it adds nothing to the norm */
-    double norm = sqrt(be->sum_squares(flat, n));
+    double norm = sqrt(be->sum_squares(be, flat, n));
     if (max_norm > 0.0 && isfinite(norm)) {
         double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0) be->scale(flat, (float)coef, n);
+        if (coef < 1.0) be->scale(be, flat, (float)coef, n);
     }
     return norm;
 }
@@ -273,7 +273,7 @@ int optim_save(const Optimizer *o, const char *path, char *err) {
     for (int i = 0; ok && i < o->n; i++)
         for (int k = 0; ok && k < per_param; k++) {
             size_t numel = o->params[i].numel;
-            o->be->download_f32(host, state_buffer(o, i, k), numel);
+            o->be->download_f32(o->be, host, state_buffer(o, i, k), numel);
             ok = fwrite(host, 4, numel, af.fp) == numel;
         }
     free(host);
@@ -357,7 +357,7 @@ int optim_load_bytes(Optimizer *o, const void *data, size_t size, const char *pa
     for (int i = 0; rc == 0 && i < o->n; i++)
         for (int k = 0; k < per_param; k++) {
             safetensors_to_f32(host, found[3 * i + k]);
-            o->be->upload_f32(state_buffer(o, i, k), host, o->params[i].numel);
+            o->be->upload_f32(o->be, state_buffer(o, i, k), host, o->params[i].numel);
         }
     free(host);
     if (rc == 0) o->step = step;

@@ -58,7 +58,7 @@ static void on_stop_signal(int sig) {
 
 typedef struct Trainer {
     TrainConfig *cfg;
-    const Backend *be;
+    Backend *be;              /* this process's instance, opened on its device */
     Model *model, *ref_model;
     Tokenizer *tok;
     Dataset *data, *eval_data;
@@ -262,7 +262,7 @@ static void make_room_for_generation(Trainer *t, int n_seqs) {
     bool release = true;
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
-        t->be->memory_info(&free_bytes, &total_bytes);
+        t->be->memory_info(t->be, &free_bytes, &total_bytes);
         release = free_bytes < engine_memory_wanted(t->model, n_seqs, t->max_seq, &t->engine_opts);
     }
     if (release) release_activations(t);
@@ -281,7 +281,7 @@ static void log_engine_stats(Trainer *t, const EngineStats *es) {
     metrics_add(&t->metrics, "engine/activations_released", t->ts == NULL);
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
-        t->be->memory_info(&free_bytes, &total_bytes);
+        t->be->memory_info(t->be, &free_bytes, &total_bytes);
         metrics_add(&t->metrics, "engine/peak_memory_gb", (total_bytes - es->device_free_min) * gb);
     }
 }
@@ -855,7 +855,7 @@ static int truncate_metrics(const char *path, int64_t max_step, char *err) {
 static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     memset(t, 0, sizeof *t);
     t->cfg = c;
-    t->be = backend_by_name(c->device, err);
+    t->be = backend_open(c->device, 0, err);
     if (!t->be) return COLT_ERR;
     t->last_saved_step = -1;
     if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
@@ -947,7 +947,7 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
                                               : t->be->storage == DTYPE_BF16 && t->be->set_batch_invariant != NULL;
     if (deterministic) { /* on for the trainer's forward here, and for the engine's (engine.h) */
         if (!t->be->set_batch_invariant) return errorf(err, "deterministic: backend %s has no such mode", t->be->name);
-        t->be->set_batch_invariant(1);
+        t->be->set_batch_invariant(t->be, 1);
         t->engine_opts.deterministic = true;
     }
 
@@ -968,7 +968,7 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     t->recompute = c->gradient_checkpointing;
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
-        t->be->memory_info(&free_bytes, &total_bytes);
+        t->be->memory_info(t->be, &free_bytes, &total_bytes);
         size_t headroom = (size_t)2 << 30, avail = free_bytes > headroom ? free_bytes - headroom : 0;
         double gib = 1.0 / (1024.0 * 1024.0 * 1024.0);
         size_t full = train_state_plan_bytes(t->model, bs, t->max_seq, t->max_batch_tokens, false);
@@ -1057,6 +1057,7 @@ static void trainer_teardown(Trainer *t) {
     dataset_free(t->eval_data);
     model_free(t->ref_model);
     model_free(t->model);
+    backend_close(t->be);
     tokenizer_free(t->tok);
 }
 

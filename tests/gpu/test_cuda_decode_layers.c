@@ -57,8 +57,8 @@ static ModelConfig config(ModelArch arch, int D, int F, int L, int H, int KVH, i
 #define MAX_SEQS 4
 
 static void *upload(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(n);
-    be->upload_i32(buf, src, n);
+    void *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, src, n);
     return buf;
 }
 
@@ -114,7 +114,7 @@ static int run_step(Model *m, const int *lens, const int *seq_ids, int n, bool u
             PagedBatch b = {.n = cnt, .n_logits = 0, .tokens = dt, .pos = dp, .seq = ds, .slot_mapping = dm,
                             .block_tables = d_tables, .max_blocks = max_blocks};
             model_forward_paged(m, st, &pool, &b);
-            be->free(dt), be->free(dp), be->free(ds), be->free(dm);
+            be->free(be, dt), be->free(be, dp), be->free(be, ds), be->free(be, dm);
             free(tok), free(pos), free(seq), free(slot);
         }
     }
@@ -137,19 +137,19 @@ static int run_step(Model *m, const int *lens, const int *seq_ids, int n, bool u
     if (kernel_calls) *kernel_calls = cuda_decode_layers_calls() - before;
     size_t V = (size_t)c->vocab_size;
     res->logits = malloc(sizeof(float) * n * V);
-    be->download(res->logits, paged_state_logits(st), (size_t)n * V);
+    be->download(be, res->logits, paged_state_logits(st), (size_t)n * V);
     /* The step's K/V rows of layer 0 and of the last layer. */
     res->kv = calloc((size_t)n * 4 * KVD, sizeof(float));
     float *row = malloc(sizeof(float) * (size_t)n_blocks * BLOCK * KVD);
     for (int which = 0; which < 4; which++) {
         int layer = which < 2 ? 0 : c->num_hidden_layers - 1;
-        be->download(row, which % 2 ? pool.v[layer] : pool.k[layer], (size_t)n_blocks * BLOCK * KVD);
+        be->download(be, row, which % 2 ? pool.v[layer] : pool.k[layer], (size_t)n_blocks * BLOCK * KVD);
         for (int i = 0; i < n; i++)
             if (slot[i] >= 0) memcpy(res->kv + ((size_t)i * 4 + which) * KVD, row + (size_t)slot[i] * KVD, sizeof(float) * KVD);
     }
     free(row);
     model_decode_plan_free(m, plan);
-    be->free(dt), be->free(dp), be->free(ds), be->free(dm), be->free(d_tables);
+    be->free(be, dt), be->free(be, dp), be->free(be, ds), be->free(be, dm), be->free(be, d_tables);
     paged_state_free(st);
     kv_pool_free(&pool);
     free(tables), free(perm);

@@ -77,33 +77,33 @@ static int rand_int(int lo, int hi) { /* inclusive */
 
 /* Storage input: upload, then read the device copy back into x (bf16 rounding). */
 static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(n);
-    d->be->upload(buf, x, n);
-    d->be->download(x, buf, n);
+    void *buf = d->be->alloc(d->be, n);
+    d->be->upload(d->be, buf, x, n);
+    d->be->download(d->be, x, buf, n);
     return buf;
 }
 
 static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(n);
-    CPU->upload(buf, x, n);
+    void *buf = CPU->alloc(CPU, n);
+    CPU->upload(CPU, buf, x, n);
     return buf;
 }
 
 static float *dev_out(const Dev *d, const void *buf, size_t n) {
     float *x = xmalloc((n ? n : 1) * sizeof(float));
-    d->be->download(x, buf, n);
+    d->be->download(d->be, x, buf, n);
     return x;
 }
 
 static float *cpu_out(const void *buf, size_t n) {
     float *x = xmalloc((n ? n : 1) * sizeof(float));
-    CPU->download(x, buf, n);
+    CPU->download(CPU, x, buf, n);
     return x;
 }
 
 static void *i32_in(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(n);
-    be->upload_i32(buf, src, n);
+    void *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, src, n);
     return buf;
 }
 
@@ -174,14 +174,14 @@ static void test_add_rmsnorm(const Dev *d, int n, int dim, size_t off, size_t de
     size_t nx = (size_t)n * dim;
     float *x = rand_floats(nx + off, 3.0f), *delta = rand_floats(nx + delta_off, 1.0f), *w = rand_floats(dim, 1.0f);
     void *g_x = dev_in(d, x, nx + off), *g_x2 = dev_in(d, x, nx + off), *g_delta = dev_in(d, delta, nx + delta_off);
-    void *g_w = dev_in(d, w, dim), *g_xn = d->be->alloc(nx + off), *g_xn2 = d->be->alloc(nx + off);
+    void *g_w = dev_in(d, w, dim), *g_xn = d->be->alloc(d->be, nx + off), *g_xn2 = d->be->alloc(d->be, nx + off);
     void *c_x = cpu_in(x + off, nx), *c_delta = cpu_in(delta + delta_off, nx), *c_w = cpu_in(w, dim);
-    void *c_xn = CPU->alloc(nx);
+    void *c_xn = CPU->alloc(CPU, nx);
 
-    d->be->add_rmsnorm(dev_at(d, g_x, off), dev_at(d, g_xn, off), dev_at(d, g_delta, delta_off), g_w, n, dim, eps);
-    d->be->add(dev_at(d, g_x2, off), dev_at(d, g_x2, off), dev_at(d, g_delta, delta_off), nx);
-    d->be->rmsnorm(dev_at(d, g_xn2, off), dev_at(d, g_x2, off), g_w, n, dim, eps);
-    CPU->add_rmsnorm(c_x, c_xn, c_delta, c_w, n, dim, eps);
+    d->be->add_rmsnorm(d->be, dev_at(d, g_x, off), dev_at(d, g_xn, off), dev_at(d, g_delta, delta_off), g_w, n, dim, eps);
+    d->be->add(d->be, dev_at(d, g_x2, off), dev_at(d, g_x2, off), dev_at(d, g_delta, delta_off), nx);
+    d->be->rmsnorm(d->be, dev_at(d, g_xn2, off), dev_at(d, g_x2, off), g_w, n, dim, eps);
+    CPU->add_rmsnorm(CPU, c_x, c_xn, c_delta, c_w, n, dim, eps);
 
     float *fx = dev_out(d, g_x, nx + off), *ux = dev_out(d, g_x2, nx + off);
     float *fxn = dev_out(d, g_xn, nx + off), *uxn = dev_out(d, g_xn2, nx + off);
@@ -199,9 +199,9 @@ static void test_add_rmsnorm(const Dev *d, int n, int dim, size_t off, size_t de
     check(d, name, fxn + off, rxn, nx, RMSNORM_TOL);
 
     free(x), free(delta), free(w), free(fx), free(ux), free(fxn), free(uxn), free(rx), free(rxn);
-    d->be->free(g_x), d->be->free(g_x2), d->be->free(g_delta), d->be->free(g_w), d->be->free(g_xn);
-    d->be->free(g_xn2);
-    CPU->free(c_x), CPU->free(c_delta), CPU->free(c_w), CPU->free(c_xn);
+    d->be->free(d->be, g_x), d->be->free(d->be, g_x2), d->be->free(d->be, g_delta), d->be->free(d->be, g_w), d->be->free(d->be, g_xn);
+    d->be->free(d->be, g_xn2);
+    CPU->free(CPU, c_x), CPU->free(CPU, c_delta), CPU->free(CPU, c_w), CPU->free(CPU, c_xn);
 }
 
 /* ---------------------------------------------------------------- qkv_rope_store */
@@ -233,23 +233,23 @@ static void test_qkv_rope_store(const Dev *d, int n, int heads, int kv_heads, in
     float *qkv = rand_floats(n_qkv + off, 1.0f), *kp = rand_floats(n_pool, 1.0f), *vp = rand_floats(n_pool, 1.0f);
     const Backend *be = d->be;
     void *g_qkv = dev_in(d, qkv, n_qkv + off), *g_pos = i32_in(be, pos, (size_t)n), *g_slots = i32_in(be, slots, (size_t)n);
-    void *g_q = be->alloc(n_q), *g_kp = dev_in(d, kp, n_pool), *g_vp = dev_in(d, vp, n_pool);
-    void *u_q = be->alloc(n_q), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
-    void *u_k = be->alloc((size_t)n * kv_dim), *u_v = be->alloc((size_t)n * kv_dim);
-    void *c_qkv = cpu_in(qkv + off, n_qkv), *c_q = CPU->alloc(n_q), *c_kp = cpu_in(kp, n_pool), *c_vp = cpu_in(vp, n_pool);
+    void *g_q = be->alloc(be, n_q), *g_kp = dev_in(d, kp, n_pool), *g_vp = dev_in(d, vp, n_pool);
+    void *u_q = be->alloc(be, n_q), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
+    void *u_k = be->alloc(be, (size_t)n * kv_dim), *u_v = be->alloc(be, (size_t)n * kv_dim);
+    void *c_qkv = cpu_in(qkv + off, n_qkv), *c_q = CPU->alloc(CPU, n_q), *c_kp = cpu_in(kp, n_pool), *c_vp = cpu_in(vp, n_pool);
     void *c_pos = i32_in(CPU, pos, (size_t)n), *c_slots = i32_in(CPU, slots, (size_t)n);
 
-    be->qkv_rope_store(g_q, g_kp, g_vp, dev_at(d, g_qkv, off), g_pos, g_slots, n, heads, kv_heads, head_dim, theta);
+    be->qkv_rope_store(be, g_q, g_kp, g_vp, dev_at(d, g_qkv, off), g_pos, g_slots, n, heads, kv_heads, head_dim, theta);
     for (int i = 0; i < n; i++) {
         size_t src = off + (size_t)i * row;
-        be->copy(u_q, (size_t)i * q_dim, g_qkv, src, (size_t)q_dim);
-        be->copy(u_k, (size_t)i * kv_dim, g_qkv, src + q_dim, (size_t)kv_dim);
-        be->copy(u_v, (size_t)i * kv_dim, g_qkv, src + q_dim + kv_dim, (size_t)kv_dim);
+        be->copy(be, u_q, (size_t)i * q_dim, g_qkv, src, (size_t)q_dim);
+        be->copy(be, u_k, (size_t)i * kv_dim, g_qkv, src + q_dim, (size_t)kv_dim);
+        be->copy(be, u_v, (size_t)i * kv_dim, g_qkv, src + q_dim + kv_dim, (size_t)kv_dim);
     }
-    be->rope_i32(u_q, g_pos, n, heads, head_dim, theta);
-    be->rope_i32(u_k, g_pos, n, kv_heads, head_dim, theta);
-    be->paged_kv_store(u_kp, u_vp, u_k, u_v, g_slots, n, kv_dim);
-    CPU->qkv_rope_store(c_q, c_kp, c_vp, c_qkv, c_pos, c_slots, n, heads, kv_heads, head_dim, theta);
+    be->rope_i32(be, u_q, g_pos, n, heads, head_dim, theta);
+    be->rope_i32(be, u_k, g_pos, n, kv_heads, head_dim, theta);
+    be->paged_kv_store(be, u_kp, u_vp, u_k, u_v, g_slots, n, kv_dim);
+    CPU->qkv_rope_store(CPU, c_q, c_kp, c_vp, c_qkv, c_pos, c_slots, n, heads, kv_heads, head_dim, theta);
 
     snprintf(what, sizeof what, "%s H=%d KVH=%d Dh=%d N=%d%s%s", label, heads, kv_heads, head_dim, n,
              n >= 7 ? " 1 pad" : "", off ? " qkv misaligned" : "");
@@ -268,9 +268,9 @@ static void test_qkv_rope_store(const Dev *d, int n, int heads, int kv_heads, in
     }
 
     free(pos), free(slots), free(qkv), free(kp), free(vp);
-    be->free(g_qkv), be->free(g_pos), be->free(g_slots), be->free(g_q), be->free(g_kp), be->free(g_vp);
-    be->free(u_q), be->free(u_kp), be->free(u_vp), be->free(u_k), be->free(u_v);
-    CPU->free(c_qkv), CPU->free(c_q), CPU->free(c_kp), CPU->free(c_vp), CPU->free(c_pos), CPU->free(c_slots);
+    be->free(be, g_qkv), be->free(be, g_pos), be->free(be, g_slots), be->free(be, g_q), be->free(be, g_kp), be->free(be, g_vp);
+    be->free(be, u_q), be->free(be, u_kp), be->free(be, u_vp), be->free(be, u_k), be->free(be, u_v);
+    CPU->free(CPU, c_qkv), CPU->free(CPU, c_q), CPU->free(CPU, c_kp), CPU->free(CPU, c_vp), CPU->free(CPU, c_pos), CPU->free(CPU, c_slots);
 }
 
 /* ---------------------------------------------------------------- paged_attention_rope */
@@ -302,12 +302,12 @@ static void test_paged_attention_rope(const Dev *d, int n, int heads, int kv_hea
     float *out0 = rand_floats(n_out, 1.0f);
     void *g_qkv = dev_in(d, qkv, n_qkv), *g_pos = i32_in(be, pos, n), *g_seq = i32_in(be, seq, n);
     void *g_slots = i32_in(be, slots, n), *g_tables = i32_in(be, tables, (size_t)n * max_blocks);
-    void *f_out = dev_in(d, out0, n_out), *f_q = be->alloc(n_out), *f_kp = dev_in(d, kp, n_pool), *f_vp = dev_in(d, vp, n_pool);
-    void *u_out = dev_in(d, out0, n_out), *u_q = be->alloc(n_out), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
-    be->paged_attention_rope(f_out, f_q, f_kp, f_vp, g_qkv, g_tables, g_seq, g_pos, g_slots, n, heads, kv_heads,
+    void *f_out = dev_in(d, out0, n_out), *f_q = be->alloc(be, n_out), *f_kp = dev_in(d, kp, n_pool), *f_vp = dev_in(d, vp, n_pool);
+    void *u_out = dev_in(d, out0, n_out), *u_q = be->alloc(be, n_out), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
+    be->paged_attention_rope(be, f_out, f_q, f_kp, f_vp, g_qkv, g_tables, g_seq, g_pos, g_slots, n, heads, kv_heads,
                              head_dim, 1000000.0f, bs, max_blocks);
-    be->qkv_rope_store(u_q, u_kp, u_vp, g_qkv, g_pos, g_slots, n, heads, kv_heads, head_dim, 1000000.0f);
-    be->paged_attention(u_out, u_q, u_kp, u_vp, g_tables, g_seq, g_pos, n, heads, kv_heads, head_dim, bs, max_blocks);
+    be->qkv_rope_store(be, u_q, u_kp, u_vp, g_qkv, g_pos, g_slots, n, heads, kv_heads, head_dim, 1000000.0f);
+    be->paged_attention(be, u_out, u_q, u_kp, u_vp, g_tables, g_seq, g_pos, n, heads, kv_heads, head_dim, bs, max_blocks);
     const void *fused[3] = {f_out, f_kp, f_vp}, *unfused[3] = {u_out, u_kp, u_vp};
     const size_t count[3] = {n_out, n_pool, n_pool};
     const char *part[3] = {"out", "k pool", "v pool"};
@@ -318,7 +318,7 @@ static void test_paged_attention_rope(const Dev *d, int n, int heads, int kv_hea
     }
     free(pos), free(seq), free(slots), free(tables), free(blocks), free(qkv), free(kp), free(vp), free(out0);
     void *bufs[] = {g_qkv, g_pos, g_seq, g_slots, g_tables, f_out, f_q, f_kp, f_vp, u_out, u_q, u_kp, u_vp};
-    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(be, bufs[k]);
 }
 
 /* ---------------------------------------------------------------- swiglu_gate_up */
@@ -329,17 +329,17 @@ static void test_swiglu_gate_up(const Dev *d, int n, int f, size_t off) {
     size_t no = (size_t)n * f;
     const Backend *be = d->be;
     float *gate_up = rand_floats(2 * no + off, 3.0f);
-    void *g_gate_up = dev_in(d, gate_up, 2 * no + off), *g_out = be->alloc(no), *u_out = be->alloc(no);
-    void *u_gate = be->alloc(no), *u_up = be->alloc(no);
-    void *c_gate_up = cpu_in(gate_up + off, 2 * no), *c_out = CPU->alloc(no);
+    void *g_gate_up = dev_in(d, gate_up, 2 * no + off), *g_out = be->alloc(be, no), *u_out = be->alloc(be, no);
+    void *u_gate = be->alloc(be, no), *u_up = be->alloc(be, no);
+    void *c_gate_up = cpu_in(gate_up + off, 2 * no), *c_out = CPU->alloc(CPU, no);
 
-    be->swiglu_gate_up(g_out, dev_at(d, g_gate_up, off), n, f);
+    be->swiglu_gate_up(be, g_out, dev_at(d, g_gate_up, off), n, f);
     for (int i = 0; i < n; i++) {
-        be->copy(u_gate, (size_t)i * f, g_gate_up, off + (size_t)i * 2 * f, (size_t)f);
-        be->copy(u_up, (size_t)i * f, g_gate_up, off + (size_t)i * 2 * f + f, (size_t)f);
+        be->copy(be, u_gate, (size_t)i * f, g_gate_up, off + (size_t)i * 2 * f, (size_t)f);
+        be->copy(be, u_up, (size_t)i * f, g_gate_up, off + (size_t)i * 2 * f + f, (size_t)f);
     }
-    be->swiglu(u_out, u_gate, u_up, no);
-    CPU->swiglu_gate_up(c_out, c_gate_up, n, f);
+    be->swiglu(be, u_out, u_gate, u_up, no);
+    CPU->swiglu_gate_up(CPU, c_out, c_gate_up, n, f);
 
     float *got = dev_out(d, g_out, no), *same = dev_out(d, u_out, no), *ref = cpu_out(c_out, no);
     snprintf(name, sizeof name, "swiglu_gate_up [%d,2*%d]%s: == swiglu (bit-identical)", n, f,
@@ -349,8 +349,8 @@ static void test_swiglu_gate_up(const Dev *d, int n, int f, size_t off) {
     check(d, name, got, ref, no, SWIGLU_TOL);
 
     free(gate_up), free(got), free(same), free(ref);
-    be->free(g_gate_up), be->free(g_out), be->free(u_out), be->free(u_gate), be->free(u_up);
-    CPU->free(c_gate_up), CPU->free(c_out);
+    be->free(be, g_gate_up), be->free(be, g_out), be->free(be, u_out), be->free(be, u_gate), be->free(be, u_up);
+    CPU->free(CPU, c_gate_up), CPU->free(CPU, c_out);
 }
 
 /* ---------------------------------------------------------------- graph capture */
@@ -364,18 +364,18 @@ typedef struct FusedStep {
 
 static void step_init(FusedStep *s, const Backend *be) {
     size_t kv_dim = (size_t)s->kv_heads * s->head_dim, row = (size_t)(s->heads + 2 * s->kv_heads) * s->head_dim;
-    s->x = be->alloc((size_t)s->n * s->dim), s->xn = be->alloc((size_t)s->n * s->dim);
-    s->delta = be->alloc((size_t)s->n * s->dim), s->w = be->alloc((size_t)s->dim);
-    s->qkv = be->alloc((size_t)s->n * row), s->q = be->alloc((size_t)s->n * s->heads * s->head_dim);
-    s->k_pool = be->alloc((size_t)s->pool_rows * kv_dim), s->v_pool = be->alloc((size_t)s->pool_rows * kv_dim);
-    s->pos = be->alloc_i32((size_t)s->n), s->slots = be->alloc_i32((size_t)s->n);
-    s->gate_up = be->alloc((size_t)s->n * 2 * s->mlp), s->out = be->alloc((size_t)s->n * s->mlp);
+    s->x = be->alloc(be, (size_t)s->n * s->dim), s->xn = be->alloc(be, (size_t)s->n * s->dim);
+    s->delta = be->alloc(be, (size_t)s->n * s->dim), s->w = be->alloc(be, (size_t)s->dim);
+    s->qkv = be->alloc(be, (size_t)s->n * row), s->q = be->alloc(be, (size_t)s->n * s->heads * s->head_dim);
+    s->k_pool = be->alloc(be, (size_t)s->pool_rows * kv_dim), s->v_pool = be->alloc(be, (size_t)s->pool_rows * kv_dim);
+    s->pos = be->alloc_i32(be, (size_t)s->n), s->slots = be->alloc_i32(be, (size_t)s->n);
+    s->gate_up = be->alloc(be, (size_t)s->n * 2 * s->mlp), s->out = be->alloc(be, (size_t)s->n * s->mlp);
 }
 
 static void step_free(FusedStep *s, const Backend *be) {
     void *bufs[10] = {s->x, s->xn, s->delta, s->w, s->qkv, s->q, s->k_pool, s->v_pool, s->gate_up, s->out};
-    for (int k = 0; k < 10; k++) be->free(bufs[k]);
-    be->free(s->pos), be->free(s->slots);
+    for (int k = 0; k < 10; k++) be->free(be, bufs[k]);
+    be->free(be, s->pos), be->free(be, s->slots);
 }
 
 /* Fresh random inputs (the same for every step given the same seed state). */
@@ -388,21 +388,21 @@ static void step_upload(FusedStep *s, const Backend *be, uint64_t seed) {
                        (size_t)s->pool_rows * kv_dim, (size_t)s->pool_rows * kv_dim, (size_t)s->n * 2 * s->mlp};
     for (int k = 0; k < 7; k++) {
         float *v = rand_floats(sizes[k], k == 0 ? 3.0f : 1.0f);
-        be->upload(bufs[k], v, sizes[k]);
+        be->upload(be, bufs[k], v, sizes[k]);
         free(v);
     }
     int *pos = xmalloc((size_t)s->n * sizeof(int)), *slots = xmalloc((size_t)s->n * sizeof(int));
     make_tokens(pos, slots, s->n, s->pool_rows);
-    be->upload_i32(s->pos, pos, (size_t)s->n), be->upload_i32(s->slots, slots, (size_t)s->n);
+    be->upload_i32(be, s->pos, pos, (size_t)s->n), be->upload_i32(be, s->slots, slots, (size_t)s->n);
     free(pos), free(slots);
     g_random_state = saved;
 }
 
 static void step_run(const FusedStep *s, const Backend *be) {
-    be->add_rmsnorm(s->x, s->xn, s->delta, s->w, s->n, s->dim, 1e-6f);
-    be->qkv_rope_store(s->q, s->k_pool, s->v_pool, s->qkv, s->pos, s->slots, s->n, s->heads, s->kv_heads,
+    be->add_rmsnorm(be, s->x, s->xn, s->delta, s->w, s->n, s->dim, 1e-6f);
+    be->qkv_rope_store(be, s->q, s->k_pool, s->v_pool, s->qkv, s->pos, s->slots, s->n, s->heads, s->kv_heads,
                        s->head_dim, s->theta);
-    be->swiglu_gate_up(s->out, s->gate_up, s->n, s->mlp);
+    be->swiglu_gate_up(be, s->out, s->gate_up, s->n, s->mlp);
 }
 
 /* Captures the three ops after a warm-up call (as the engine does: the rope
@@ -417,13 +417,13 @@ static void test_graph(const Dev *d, int n, int dim, int heads, int kv_heads, in
     step_init(&graphed, be), step_init(&eager, be);
     step_upload(&graphed, be, 1);
     step_run(&graphed, be); /* warm-up */
-    be->capture_begin();
+    be->capture_begin(be);
     step_run(&graphed, be);
-    void *graph = be->capture_end();
+    void *graph = be->capture_end(be);
     for (int round = 0; round < 2; round++) {
         uint64_t seed = 100 + (uint64_t)round;
         step_upload(&graphed, be, seed), step_upload(&eager, be, seed);
-        be->graph_launch(graph);
+        be->graph_launch(be, graph);
         step_run(&eager, be);
         size_t kv_dim = (size_t)kv_heads * head_dim;
         const void *a[6] = {graphed.x, graphed.xn, graphed.q, graphed.k_pool, graphed.v_pool, graphed.out};
@@ -438,7 +438,7 @@ static void test_graph(const Dev *d, int n, int dim, int heads, int kv_heads, in
             check_identical_buffers(d, name, a[k], b[k], count[k]);
         }
     }
-    be->graph_free(graph);
+    be->graph_free(be, graph);
     step_free(&graphed, be), step_free(&eager, be);
 }
 
@@ -454,33 +454,33 @@ typedef struct Timed {
 
 static void timed_add_rmsnorm(void *ctx) {
     const Timed *t = ctx;
-    t->be->add_rmsnorm(t->s->x, t->s->xn, t->s->delta, t->s->w, t->s->n, t->s->dim, 1e-6f);
+    t->be->add_rmsnorm(t->be, t->s->x, t->s->xn, t->s->delta, t->s->w, t->s->n, t->s->dim, 1e-6f);
 }
 static void timed_add_then_rmsnorm(void *ctx) {
     const Timed *t = ctx;
-    t->be->add(t->s->x, t->s->x, t->s->delta, (size_t)t->s->n * t->s->dim);
-    t->be->rmsnorm(t->s->xn, t->s->x, t->s->w, t->s->n, t->s->dim, 1e-6f);
+    t->be->add(t->be, t->s->x, t->s->x, t->s->delta, (size_t)t->s->n * t->s->dim);
+    t->be->rmsnorm(t->be, t->s->xn, t->s->x, t->s->w, t->s->n, t->s->dim, 1e-6f);
 }
 static void timed_qkv_rope_store(void *ctx) {
     const Timed *t = ctx;
     const FusedStep *s = t->s;
-    t->be->qkv_rope_store(s->q, s->k_pool, s->v_pool, s->qkv, s->pos, s->slots, s->n, s->heads, s->kv_heads,
+    t->be->qkv_rope_store(t->be, s->q, s->k_pool, s->v_pool, s->qkv, s->pos, s->slots, s->n, s->heads, s->kv_heads,
                           s->head_dim, s->theta);
 }
 static void timed_rope_rope_store(void *ctx) {
     const Timed *t = ctx;
     const FusedStep *s = t->s;
-    t->be->rope_i32(s->q, s->pos, s->n, s->heads, s->head_dim, s->theta);
-    t->be->rope_i32(t->k, s->pos, s->n, s->kv_heads, s->head_dim, s->theta);
-    t->be->paged_kv_store(s->k_pool, s->v_pool, t->k, t->v, s->slots, s->n, s->kv_heads * s->head_dim);
+    t->be->rope_i32(t->be, s->q, s->pos, s->n, s->heads, s->head_dim, s->theta);
+    t->be->rope_i32(t->be, t->k, s->pos, s->n, s->kv_heads, s->head_dim, s->theta);
+    t->be->paged_kv_store(t->be, s->k_pool, s->v_pool, t->k, t->v, s->slots, s->n, s->kv_heads * s->head_dim);
 }
 static void timed_swiglu_gate_up(void *ctx) {
     const Timed *t = ctx;
-    t->be->swiglu_gate_up(t->s->out, t->s->gate_up, t->s->n, t->s->mlp);
+    t->be->swiglu_gate_up(t->be, t->s->out, t->s->gate_up, t->s->n, t->s->mlp);
 }
 static void timed_swiglu(void *ctx) {
     const Timed *t = ctx;
-    t->be->swiglu(t->s->out, t->s->gate_up, t->up, (size_t)t->s->n * t->s->mlp);
+    t->be->swiglu(t->be, t->s->out, t->s->gate_up, t->up, (size_t)t->s->n * t->s->mlp);
 }
 
 static void time_fused(const Dev *d, int n, int dim, int heads, int kv_heads, int head_dim, int mlp,
@@ -490,8 +490,8 @@ static void time_fused(const Dev *d, int n, int dim, int heads, int kv_heads, in
     step_init(&s, d->be);
     step_upload(&s, d->be, 7);
     size_t kv = (size_t)n * kv_heads * head_dim;
-    Timed t = {d->be, &s, d->be->alloc(kv), d->be->alloc(kv), d->be->alloc((size_t)n * mlp)};
-    d->be->zero(t.k, kv), d->be->zero(t.v, kv), d->be->zero(t.up, (size_t)n * mlp);
+    Timed t = {d->be, &s, d->be->alloc(d->be, kv), d->be->alloc(d->be, kv), d->be->alloc(d->be, (size_t)n * mlp)};
+    d->be->zero(d->be, t.k, kv), d->be->zero(d->be, t.v, kv), d->be->zero(d->be, t.up, (size_t)n * mlp);
     void (*fused[3])(void *) = {timed_add_rmsnorm, timed_qkv_rope_store, timed_swiglu_gate_up};
     void (*unfused[3])(void *) = {timed_add_then_rmsnorm, timed_rope_rope_store, timed_swiglu};
     const char *names[3] = {"add_rmsnorm vs add + rmsnorm", "qkv_rope_store vs rope_i32 x2 + paged_kv_store",
@@ -501,7 +501,7 @@ static void time_fused(const Dev *d, int n, int dim, int heads, int kv_heads, in
         printf("time %-9s %s N=%3d %-48s %7.2f us vs %7.2f us\n", d->tag, label, n, names[k], ms_fused * 1e3,
                ms_unfused * 1e3);
     }
-    d->be->free(t.k), d->be->free(t.v), d->be->free(t.up);
+    d->be->free(d->be, t.k), d->be->free(d->be, t.v), d->be->free(d->be, t.up);
     step_free(&s, d->be);
 }
 

@@ -48,9 +48,9 @@ static void fill(float *x, size_t n, uint64_t seed, float scale) {
 
 /* Upload x to be, then read the device copy back into x (the storage rounding). */
 static void *dev_in(const Backend *be, float *x, size_t n) {
-    void *buf = be->alloc(n);
-    be->upload(buf, x, n);
-    be->download(x, buf, n);
+    void *buf = be->alloc(be, n);
+    be->upload(be, buf, x, n);
+    be->download(be, x, buf, n);
     return buf;
 }
 
@@ -70,16 +70,16 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     fill(w, nw, 2, 1.0f / sqrtf((float)in_dim));
     fill(b, out_dim, 3, 0.5f);
     void *dx = dev_in(be, x, nx), *dw = dev_in(be, w, nw), *db = with_bias ? dev_in(be, b, out_dim) : NULL;
-    void *dout = be->alloc(no);
+    void *dout = be->alloc(be, no);
 
     /* CPU reference (its default sgemm) on the storage-rounded inputs */
-    void *cx = cpu->alloc(nx), *cw = cpu->alloc(nw), *cb = cpu->alloc(out_dim), *co = cpu->alloc(no);
-    cpu->upload(cx, x, nx), cpu->upload(cw, w, nw), cpu->upload(cb, b, out_dim);
-    cpu->linear(co, cx, cw, with_bias ? cb : NULL, FULL_ROWS, in_dim, out_dim);
-    cpu->download(ref, co, no);
+    void *cx = cpu->alloc(cpu, nx), *cw = cpu->alloc(cpu, nw), *cb = cpu->alloc(cpu, out_dim), *co = cpu->alloc(cpu, no);
+    cpu->upload(cpu, cx, x, nx), cpu->upload(cpu, cw, w, nw), cpu->upload(cpu, cb, b, out_dim);
+    cpu->linear(cpu, co, cx, cw, with_bias ? cb : NULL, FULL_ROWS, in_dim, out_dim);
+    cpu->download(cpu, ref, co, no);
 
-    be->linear(dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
-    be->download(full, dout, no);
+    be->linear(be, dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
+    be->download(be, full, dout, no);
     double max_ref = 0, worst = 0;
     for (size_t i = 0; i < no; i++) max_ref = fmax(max_ref, fabs(ref[i]));
     int bad = 0;
@@ -98,18 +98,18 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k], off = (n * 37 + 11) % (FULL_ROWS - n + 1);
         void *sub_x = (char *)dx + (size_t)off * in_dim * dtype_size(be->storage);
-        be->linear(dout, sub_x, dw, db, n, in_dim, out_dim);
-        be->download(got, dout, (size_t)n * out_dim);
+        be->linear(be, dout, sub_x, dw, db, n, in_dim, out_dim);
+        be->download(be, got, dout, (size_t)n * out_dim);
         int ok = same_bits(got, full + (size_t)off * out_dim, (size_t)n * out_dim);
         invariant += ok;
         CHECK(ok, "%s linear %d->%d: rows %d..%d alone differ from the same rows of %d", be->name, in_dim, out_dim, off,
               off + n - 1, FULL_ROWS);
     }
     /* misaligned x: the same values one element into a buffer */
-    void *dx2 = be->alloc(nx);
-    be->copy(dx2, 1, dx, 0, nx - 1);
-    be->linear(dout, (char *)dx2 + dtype_size(be->storage), dw, db, FULL_ROWS, in_dim, out_dim);
-    be->download(got, dout, no);
+    void *dx2 = be->alloc(be, nx);
+    be->copy(be, dx2, 1, dx, 0, nx - 1);
+    be->linear(be, dout, (char *)dx2 + dtype_size(be->storage), dw, db, FULL_ROWS, in_dim, out_dim);
+    be->download(be, got, dout, no);
     CHECK(same_bits(got, full, no), "%s linear %d->%d: misaligned x gives other bits", be->name, in_dim, out_dim);
     /* bf16: every cuBLASLt split-K-free candidate (shapes it serves) gives the bits of the automatic
      * choice, and so does colt's own kernel in each forced tile shape (against its own shape 0, since
@@ -118,8 +118,8 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     if (lt)
         for (int k = 0; k < 8; k++) {
             cuda_gemm_force_candidate(k);
-            be->linear(dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
-            be->download(got, dout, no);
+            be->linear(be, dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
+            be->download(be, got, dout, no);
             cuda_gemm_force_candidate(-1);
             int ok = same_bits(got, full, no);
             candidates_same += ok;
@@ -130,8 +130,8 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
         float *own = lt ? malloc(no * sizeof(float)) : full;
         for (int s = 0; s < 3; s++) {
             cuda_invariant_force_shape(s);
-            be->linear(dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
-            be->download(s == 0 && lt ? own : got, dout, no);
+            be->linear(be, dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
+            be->download(be, s == 0 && lt ? own : got, dout, no);
             cuda_invariant_force_shape(-1);
             int ok = (s == 0 && lt) || same_bits(got, own, no);
             shapes_same += ok;
@@ -147,8 +147,8 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
            be->name, in_dim, out_dim, with_bias, worst, max_ref, invariant, what);
     void *bufs[] = {dx, dw, db, dout, dx2};
     for (size_t i = 0; i < 5; i++)
-        if (bufs[i]) be->free(bufs[i]);
-    cpu->free(cx), cpu->free(cw), cpu->free(cb), cpu->free(co);
+        if (bufs[i]) be->free(be, bufs[i]);
+    cpu->free(cpu, cx), cpu->free(cpu, cw), cpu->free(cpu, cb), cpu->free(cpu, co);
     free(x), free(w), free(b), free(ref), free(full), free(got);
 }
 
@@ -177,20 +177,20 @@ static void test_attention(const Backend *be, int n_heads, int n_kv_heads, int h
     float *ref = malloc(nq * sizeof(float)), *train = malloc(nq * sizeof(float)), *paged = malloc(nq * sizeof(float));
     fill(q, nq, 4, 1.0f), fill(k, nkv, 5, 1.0f), fill(v, nkv, 6, 1.0f);
     void *dq = dev_in(be, q, nq), *dk = dev_in(be, k, nkv), *dv = dev_in(be, v, nkv);
-    void *kc = be->alloc(ncache), *vc = be->alloc(ncache), *kp = be->alloc(npool), *vp = be->alloc(npool);
-    void *out = be->alloc(nq);
-    be->zero(kc, ncache), be->zero(vc, ncache), be->zero(kp, npool), be->zero(vp, npool);
-    be->kv_store(kc, vc, dk, dv, slot, pos, n, kv_dim, max_len);
-    be->attention(out, NULL, dq, kc, vc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
-    be->download(train, out, nq);
+    void *kc = be->alloc(be, ncache), *vc = be->alloc(be, ncache), *kp = be->alloc(be, npool), *vp = be->alloc(be, npool);
+    void *out = be->alloc(be, nq);
+    be->zero(be, kc, ncache), be->zero(be, vc, ncache), be->zero(be, kp, npool), be->zero(be, vp, npool);
+    be->kv_store(be, kc, vc, dk, dv, slot, pos, n, kv_dim, max_len);
+    be->attention(be, out, NULL, dq, kc, vc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+    be->download(be, train, out, nq);
 
-    void *d_map = be->alloc_i32(n), *d_seq = be->alloc_i32(n), *d_pos = be->alloc_i32(n),
-         *d_tab = be->alloc_i32(N_SEQ * max_blocks);
-    be->upload_i32(d_map, mapping, n), be->upload_i32(d_seq, slot, n), be->upload_i32(d_pos, pos, n);
-    be->upload_i32(d_tab, tables, N_SEQ * max_blocks);
-    be->paged_kv_store(kp, vp, dk, dv, d_map, n, kv_dim);
-    be->paged_attention(out, dq, kp, vp, d_tab, d_seq, d_pos, n, n_heads, n_kv_heads, head_dim, block, max_blocks);
-    be->download(paged, out, nq);
+    void *d_map = be->alloc_i32(be, n), *d_seq = be->alloc_i32(be, n), *d_pos = be->alloc_i32(be, n),
+         *d_tab = be->alloc_i32(be, N_SEQ * max_blocks);
+    be->upload_i32(be, d_map, mapping, n), be->upload_i32(be, d_seq, slot, n), be->upload_i32(be, d_pos, pos, n);
+    be->upload_i32(be, d_tab, tables, N_SEQ * max_blocks);
+    be->paged_kv_store(be, kp, vp, dk, dv, d_map, n, kv_dim);
+    be->paged_attention(be, out, dq, kp, vp, d_tab, d_seq, d_pos, n, n_heads, n_kv_heads, head_dim, block, max_blocks);
+    be->download(be, paged, out, nq);
     int all_same = same_bits(train, paged, nq);
     CHECK(all_same, "%s attention H%d KVH%d Dh%d: training op and paged_attention differ", be->name, n_heads,
           n_kv_heads, head_dim);
@@ -199,25 +199,25 @@ static void test_attention(const Backend *be, int n_heads, int n_kv_heads, int h
     int last[N_SEQ], last_seq[N_SEQ], last_pos[N_SEQ], decode_same = 0, end = 0;
     for (int s = 0; s < N_SEQ; s++) end += LENS[s], last[s] = end - 1, last_seq[s] = s, last_pos[s] = LENS[s] - 1;
     size_t row = (size_t)n_heads * head_dim;
-    void *dq_last = be->alloc(N_SEQ * row);
-    for (int s = 0; s < N_SEQ; s++) be->copy(dq_last, s * row, dq, (size_t)last[s] * row, row);
-    be->upload_i32(d_seq, last_seq, N_SEQ), be->upload_i32(d_pos, last_pos, N_SEQ);
-    be->paged_attention(out, dq_last, kp, vp, d_tab, d_seq, d_pos, N_SEQ, n_heads, n_kv_heads, head_dim, block,
+    void *dq_last = be->alloc(be, N_SEQ * row);
+    for (int s = 0; s < N_SEQ; s++) be->copy(be, dq_last, s * row, dq, (size_t)last[s] * row, row);
+    be->upload_i32(be, d_seq, last_seq, N_SEQ), be->upload_i32(be, d_pos, last_pos, N_SEQ);
+    be->paged_attention(be, out, dq_last, kp, vp, d_tab, d_seq, d_pos, N_SEQ, n_heads, n_kv_heads, head_dim, block,
                         max_blocks);
     float *dec = malloc(N_SEQ * row * sizeof(float));
-    be->download(dec, out, N_SEQ * row);
+    be->download(be, dec, out, N_SEQ * row);
     for (int s = 0; s < N_SEQ; s++) decode_same += same_bits(dec + s * row, train + (size_t)last[s] * row, row);
     CHECK(decode_same == N_SEQ, "%s attention Dh%d: %d/%d last tokens alone bit-identical", be->name, head_dim,
           decode_same, N_SEQ);
 
     /* CPU reference */
-    void *cq = cpu->alloc(nq), *ck = cpu->alloc(nkv), *cv = cpu->alloc(nkv), *ckc = cpu->alloc(ncache),
-         *cvc = cpu->alloc(ncache), *co = cpu->alloc(nq);
-    cpu->upload(cq, q, nq), cpu->upload(ck, k, nkv), cpu->upload(cv, v, nkv);
-    cpu->zero(ckc, ncache), cpu->zero(cvc, ncache);
-    cpu->kv_store(ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
-    cpu->attention(co, NULL, cq, ckc, cvc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
-    cpu->download(ref, co, nq);
+    void *cq = cpu->alloc(cpu, nq), *ck = cpu->alloc(cpu, nkv), *cv = cpu->alloc(cpu, nkv), *ckc = cpu->alloc(cpu, ncache),
+         *cvc = cpu->alloc(cpu, ncache), *co = cpu->alloc(cpu, nq);
+    cpu->upload(cpu, cq, q, nq), cpu->upload(cpu, ck, k, nkv), cpu->upload(cpu, cv, v, nkv);
+    cpu->zero(cpu, ckc, ncache), cpu->zero(cpu, cvc, ncache);
+    cpu->kv_store(cpu, ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
+    cpu->attention(cpu, co, NULL, cq, ckc, cvc, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+    cpu->download(cpu, ref, co, nq);
     double worst = 0, tol = be->storage == DTYPE_BF16 ? 1e-2 : 1e-5;
     for (size_t i = 0; i < nq; i++) worst = fmax(worst, fabs((double)train[i] - ref[i]));
     CHECK(worst <= tol, "%s attention Dh%d: %.3g off the CPU", be->name, head_dim, worst);
@@ -225,9 +225,9 @@ static void test_attention(const Backend *be, int n_heads, int n_kv_heads, int h
            be->name, n_heads, n_kv_heads, head_dim, all_same ? "yes" : "NO", decode_same, N_SEQ, worst);
 
     void *bufs[] = {dq, dk, dv, kc, vc, kp, vp, out, d_map, d_seq, d_pos, d_tab, dq_last};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     void *cbufs[] = {cq, ck, cv, ckc, cvc, co};
-    for (size_t i = 0; i < sizeof cbufs / sizeof cbufs[0]; i++) cpu->free(cbufs[i]);
+    for (size_t i = 0; i < sizeof cbufs / sizeof cbufs[0]; i++) cpu->free(cpu, cbufs[i]);
     free(slot), free(pos), free(mapping), free(q), free(k), free(v), free(ref), free(train), free(paged), free(dec);
 }
 
@@ -250,13 +250,13 @@ int main(void) {
     };
     for (int b = 0; b < 2; b++) {
         const Backend *be = tables[b];
-        be->set_batch_invariant(1);
+        be->set_batch_invariant(be, 1);
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_linear(be, shapes[s][0], shapes[s][1], shapes[s][2]);
         test_attention(be, 14, 2, 64);   /* Qwen2.5-0.5B heads: the fast path */
         test_attention(be, 12, 2, 128);  /* 1.5B */
         test_attention(be, 8, 4, 8);     /* stories260K: the generic path */
-        be->set_batch_invariant(0);
+        be->set_batch_invariant(be, 0);
     }
     printf("test_cuda_invariant: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;

@@ -56,39 +56,39 @@ static int rand_int(int lo, int hi) { /* inclusive */
 
 /* Storage input: upload, then read the device copy back into x (bf16 rounding). */
 static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(n);
-    d->be->upload(buf, x, n);
-    d->be->download(x, buf, n);
+    void *buf = d->be->alloc(d->be, n);
+    d->be->upload(d->be, buf, x, n);
+    d->be->download(d->be, x, buf, n);
     return buf;
 }
 
 static void *dev_in_f32(const Dev *d, const float *x, size_t n) {
-    void *buf = d->be->alloc_f32(n);
-    d->be->upload_f32(buf, x, n);
+    void *buf = d->be->alloc_f32(d->be, n);
+    d->be->upload_f32(d->be, buf, x, n);
     return buf;
 }
 
 static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(n);
-    CPU->upload(buf, x, n);
+    void *buf = CPU->alloc(CPU, n);
+    CPU->upload(CPU, buf, x, n);
     return buf;
 }
 
 static float *dev_out(const Dev *d, const void *buf, size_t n) {
     float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download(x, buf, n);
+    d->be->download(d->be, x, buf, n);
     return x;
 }
 
 static float *dev_out_f32(const Dev *d, const void *buf, size_t n) {
     float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download_f32(x, buf, n);
+    d->be->download_f32(d->be, x, buf, n);
     return x;
 }
 
 static float *cpu_out(const void *buf, size_t n) {
     float *x = malloc((n ? n : 1) * sizeof(float));
-    CPU->download(x, buf, n);
+    CPU->download(CPU, x, buf, n);
     return x;
 }
 
@@ -132,8 +132,8 @@ static void check(const Dev *d, const char *what, const float *got, const float 
 static void test_memory(const Dev *d) {
     size_t n = 1000;
     float *x = rand_floats(n, 2.0f);
-    void *buf = d->be->alloc(n);
-    d->be->upload(buf, x, n);
+    void *buf = d->be->alloc(d->be, n);
+    d->be->upload(d->be, buf, x, n);
     float *back = dev_out(d, buf, n);
     check(d, "upload/download round trip [1000]", back, x, n, (Tol){0.0, 0.0, 1.0});
 
@@ -141,13 +141,13 @@ static void test_memory(const Dev *d) {
     float *y = rand_floats(60, 1.0f);
     void *dst = dev_in(d, y, 60);
     float *src_host = dup_floats(back, n);
-    d->be->copy(dst, 5, buf, 11, 37);
+    d->be->copy(d->be, dst, 5, buf, 11, 37);
     memcpy(y + 5, src_host + 11, 37 * sizeof(float));
     float *got = dev_out(d, dst, 60);
     check(d, "copy (dst off 5, src off 11, 37 elems)", got, y, 60, (Tol){0, 0, 0});
     free(got);
 
-    d->be->zero(dst, 60);
+    d->be->zero(d->be, dst, 60);
     got = dev_out(d, dst, 60);
     float zeros[60] = {0};
     check(d, "zero [60]", got, zeros, 60, (Tol){0, 0, 0});
@@ -157,7 +157,7 @@ static void test_memory(const Dev *d) {
     got = dev_out_f32(d, f, n);
     check(d, "upload_f32/download_f32 round trip [1000] (exact)", got, x, n, (Tol){0, 0, 0});
     free(got);
-    d->be->zero_f32(f, 60);
+    d->be->zero_f32(d->be, f, 60);
     got = dev_out_f32(d, f, n);
     float *expect = dup_floats(x, n);
     memset(expect, 0, 60 * sizeof(float));
@@ -165,7 +165,7 @@ static void test_memory(const Dev *d) {
     free(got), free(expect);
 
     free(x), free(back), free(y), free(src_host);
-    d->be->free(buf), d->be->free(dst), d->be->free(f);
+    d->be->free(d->be, buf), d->be->free(d->be, dst), d->be->free(d->be, f);
 }
 
 /* ---------------------------------------------------------------- linear */
@@ -176,16 +176,16 @@ static void test_linear(const Dev *d, int n, int in, int out, int with_bias) {
     float *x = rand_floats((size_t)n * in, 1.0f), *w = rand_floats((size_t)out * in, 1.0f / sqrtf((float)in)),
           *b = rand_floats(out, 0.5f);
     void *gx = dev_in(d, x, (size_t)n * in), *gw = dev_in(d, w, (size_t)out * in), *gb = dev_in(d, b, out);
-    void *go = d->be->alloc((size_t)n * out);
+    void *go = d->be->alloc(d->be, (size_t)n * out);
     void *cx = cpu_in(x, (size_t)n * in), *cw = cpu_in(w, (size_t)out * in), *cb = cpu_in(b, out);
-    void *co = CPU->alloc((size_t)n * out);
-    d->be->linear(go, gx, gw, with_bias ? gb : NULL, n, in, out);
-    CPU->linear(co, cx, cw, with_bias ? cb : NULL, n, in, out);
+    void *co = CPU->alloc(CPU, (size_t)n * out);
+    d->be->linear(d->be, go, gx, gw, with_bias ? gb : NULL, n, in, out);
+    CPU->linear(CPU, co, cx, cw, with_bias ? cb : NULL, n, in, out);
     float *got = dev_out(d, go, (size_t)n * out), *ref = cpu_out(co, (size_t)n * out);
     check(d, name, got, ref, (size_t)n * out, (Tol){2e-5, 2e-3, 1.5});
     free(x), free(w), free(b), free(got), free(ref);
-    d->be->free(gx), d->be->free(gw), d->be->free(gb), d->be->free(go);
-    CPU->free(cx), CPU->free(cw), CPU->free(cb), CPU->free(co);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
+    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
 }
 
 static void test_linear_backward(const Dev *d, int n, int in, int out, int with_dx, int acc_dx, int with_db) {
@@ -197,8 +197,8 @@ static void test_linear_backward(const Dev *d, int n, int in, int out, int with_
     void *gdw = dev_in_f32(d, dw0, nw), *gdb = dev_in_f32(d, db0, out);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cdy = cpu_in(dy, ny), *cdx = cpu_in(dx0, nx);
     void *cdw = cpu_in(dw0, nw), *cdb = cpu_in(db0, out);
-    d->be->linear_backward(with_dx ? gdx : NULL, gdw, with_db ? gdb : NULL, gdy, gx, gw, n, in, out, acc_dx);
-    CPU->linear_backward(with_dx ? cdx : NULL, cdw, with_db ? cdb : NULL, cdy, cx, cw, n, in, out, acc_dx);
+    d->be->linear_backward(d->be, with_dx ? gdx : NULL, gdw, with_db ? gdb : NULL, gdy, gx, gw, n, in, out, acc_dx);
+    CPU->linear_backward(CPU, with_dx ? cdx : NULL, cdw, with_db ? cdb : NULL, cdy, cx, cw, n, in, out, acc_dx);
     if (with_dx) {
         float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
         snprintf(name, sizeof name, "linear_backward dx%s [%d,%d] w[%d,%d]", acc_dx ? " (+=)" : " (=)", n, out, out, in);
@@ -218,8 +218,8 @@ static void test_linear_backward(const Dev *d, int n, int in, int out, int with_
         free(got), free(ref);
     }
     free(x), free(w), free(dy), free(dx0), free(dw0), free(db0);
-    d->be->free(gx), d->be->free(gw), d->be->free(gdy), d->be->free(gdx), d->be->free(gdw), d->be->free(gdb);
-    CPU->free(cx), CPU->free(cw), CPU->free(cdy), CPU->free(cdx), CPU->free(cdw), CPU->free(cdb);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gdy), d->be->free(d->be, gdx), d->be->free(d->be, gdw), d->be->free(d->be, gdb);
+    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cdy), CPU->free(CPU, cdx), CPU->free(CPU, cdw), CPU->free(CPU, cdb);
 }
 
 /* ---------------------------------------------------------------- rmsnorm */
@@ -229,15 +229,15 @@ static void test_rmsnorm(const Dev *d, int n, int dim) {
     float eps = 1e-6f;
     size_t nx = (size_t)n * dim;
     float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *go = d->be->alloc(nx);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *co = CPU->alloc(nx);
-    d->be->rmsnorm(go, gx, gw, n, dim, eps);
-    CPU->rmsnorm(co, cx, cw, n, dim, eps);
+    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *go = d->be->alloc(d->be, nx);
+    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *co = CPU->alloc(CPU, nx);
+    d->be->rmsnorm(d->be, go, gx, gw, n, dim, eps);
+    CPU->rmsnorm(CPU, co, cx, cw, n, dim, eps);
     float *got = dev_out(d, go, nx), *ref = cpu_out(co, nx);
     snprintf(name, sizeof name, "rmsnorm [%d,%d]", n, dim);
     check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
     free(x), free(w), free(got), free(ref);
-    d->be->free(gx), d->be->free(gw), d->be->free(go), CPU->free(cx), CPU->free(cw), CPU->free(co);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, go), CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, co);
 }
 
 static void test_rmsnorm_backward(const Dev *d, int n, int dim) {
@@ -249,8 +249,8 @@ static void test_rmsnorm_backward(const Dev *d, int n, int dim) {
     void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *gdy = dev_in(d, dy, nx), *gdx = dev_in(d, dx0, nx);
     void *gdw = dev_in_f32(d, dw0, dim);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *cdy = cpu_in(dy, nx), *cdx = cpu_in(dx0, nx), *cdw = cpu_in(dw0, dim);
-    d->be->rmsnorm_backward(gdx, gdw, gdy, gx, gw, n, dim, eps);
-    CPU->rmsnorm_backward(cdx, cdw, cdy, cx, cw, n, dim, eps);
+    d->be->rmsnorm_backward(d->be, gdx, gdw, gdy, gx, gw, n, dim, eps);
+    CPU->rmsnorm_backward(CPU, cdx, cdw, cdy, cx, cw, n, dim, eps);
     float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
     snprintf(name, sizeof name, "rmsnorm_backward dx (+=) [%d,%d]", n, dim);
     check(d, name, got, ref, nx, (Tol){1e-5, 1e-3, 1.5});
@@ -260,8 +260,8 @@ static void test_rmsnorm_backward(const Dev *d, int n, int dim) {
     check(d, name, got, ref, dim, (Tol){1e-5, 5e-5, 0});
     free(got), free(ref);
     free(x), free(w), free(dy), free(dx0), free(dw0);
-    d->be->free(gx), d->be->free(gw), d->be->free(gdy), d->be->free(gdx), d->be->free(gdw);
-    CPU->free(cx), CPU->free(cw), CPU->free(cdy), CPU->free(cdx), CPU->free(cdw);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gdy), d->be->free(d->be, gdx), d->be->free(d->be, gdw);
+    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cdy), CPU->free(CPU, cdx), CPU->free(CPU, cdw);
 }
 
 /* ---------------------------------------------------------------- rope */
@@ -274,18 +274,18 @@ static void test_rope(const Dev *d, int n, int heads, int head_dim, float theta,
     for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
     void *gx = dev_in(d, x, nx), *cx = cpu_in(x, nx);
     if (backward) {
-        d->be->rope_backward(gx, pos, n, heads, head_dim, theta);
-        CPU->rope_backward(cx, pos, n, heads, head_dim, theta);
+        d->be->rope_backward(d->be, gx, pos, n, heads, head_dim, theta);
+        CPU->rope_backward(CPU, cx, pos, n, heads, head_dim, theta);
     } else {
-        d->be->rope(gx, pos, n, heads, head_dim, theta);
-        CPU->rope(cx, pos, n, heads, head_dim, theta);
+        d->be->rope(d->be, gx, pos, n, heads, head_dim, theta);
+        CPU->rope(CPU, cx, pos, n, heads, head_dim, theta);
     }
     float *got = dev_out(d, gx, nx), *ref = cpu_out(cx, nx);
     snprintf(name, sizeof name, "%s [%d,%d,%d] theta %g pos<=%d", backward ? "rope_backward" : "rope", n, heads,
              head_dim, theta, max_pos);
     check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
     free(x), free(pos), free(got), free(ref);
-    d->be->free(gx), CPU->free(cx);
+    d->be->free(d->be, gx), CPU->free(CPU, cx);
 }
 
 /* ---------------------------------------------------------------- kv cache and attention */
@@ -313,8 +313,8 @@ static void test_kv(const Dev *d, int n_slots, int max_len, int kv_dim, int n) {
     float *kc = rand_floats(nc, 1.0f), *vc = rand_floats(nc, 1.0f), *k = rand_floats(nt, 1.0f), *v = rand_floats(nt, 1.0f);
     void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gk = dev_in(d, k, nt), *gv = dev_in(d, v, nt);
     void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *ck = cpu_in(k, nt), *cv = cpu_in(v, nt);
-    d->be->kv_store(gkc, gvc, gk, gv, slot, pos, n, kv_dim, max_len);
-    CPU->kv_store(ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
+    d->be->kv_store(d->be, gkc, gvc, gk, gv, slot, pos, n, kv_dim, max_len);
+    CPU->kv_store(CPU, ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
     float *got = dev_out(d, gkc, nc), *ref = cpu_out(ckc, nc);
     snprintf(name, sizeof name, "kv_store k_cache [%d,%d,%d] N=%d (exact)", n_slots, max_len, kv_dim, n);
     check(d, name, got, ref, nc, (Tol){0, 0, 0});
@@ -327,8 +327,8 @@ static void test_kv(const Dev *d, int n_slots, int max_len, int kv_dim, int n) {
     /* gather from [f32] caches into storage rows */
     float *fk = rand_floats(nc, 1.0f), *fv = rand_floats(nc, 1.0f);
     void *gfk = dev_in_f32(d, fk, nc), *gfv = dev_in_f32(d, fv, nc), *cfk = cpu_in(fk, nc), *cfv = cpu_in(fv, nc);
-    d->be->kv_gather(gk, gv, gfk, gfv, slot, pos, n, kv_dim, max_len);
-    CPU->kv_gather(ck, cv, cfk, cfv, slot, pos, n, kv_dim, max_len);
+    d->be->kv_gather(d->be, gk, gv, gfk, gfv, slot, pos, n, kv_dim, max_len);
+    CPU->kv_gather(CPU, ck, cv, cfk, cfv, slot, pos, n, kv_dim, max_len);
     got = dev_out(d, gk, nt), ref = cpu_out(ck, nt);
     snprintf(name, sizeof name, "kv_gather k [%d,%d] from [f32] cache", n, kv_dim);
     check(d, name, got, ref, nt, (Tol){0, 0, 1.0});
@@ -339,8 +339,8 @@ static void test_kv(const Dev *d, int n_slots, int max_len, int kv_dim, int n) {
     free(got), free(ref);
 
     free(slot), free(pos), free(kc), free(vc), free(k), free(v), free(fk), free(fv);
-    d->be->free(gkc), d->be->free(gvc), d->be->free(gk), d->be->free(gv), d->be->free(gfk), d->be->free(gfv);
-    CPU->free(ckc), CPU->free(cvc), CPU->free(ck), CPU->free(cv), CPU->free(cfk), CPU->free(cfv);
+    d->be->free(d->be, gkc), d->be->free(d->be, gvc), d->be->free(d->be, gk), d->be->free(d->be, gv), d->be->free(d->be, gfk), d->be->free(d->be, gfv);
+    CPU->free(CPU, ckc), CPU->free(CPU, cvc), CPU->free(CPU, ck), CPU->free(CPU, cv), CPU->free(CPU, cfk), CPU->free(CPU, cfv);
 }
 
 /* bf16 round to nearest even (as __float2bfloat16_rn) */
@@ -472,28 +472,28 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
              n_slots, max_len, lens[0], lens[n_slots - 1]);
     float *kc = rand_floats(nc, 1.0f), *vc = rand_floats(nc, 1.0f), *q = rand_floats(nq, q_scale);
     float *dout = rand_floats(nq, 1.0f), *dk0 = rand_floats(nc, 0.1f), *dv0 = rand_floats(nc, 0.1f);
-    void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gq = dev_in(d, q, nq), *go = d->be->alloc(nq);
-    void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *cq = cpu_in(q, nq), *co = CPU->alloc(nq);
+    void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gq = dev_in(d, q, nq), *go = d->be->alloc(d->be, nq);
+    void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *cq = cpu_in(q, nq), *co = CPU->alloc(CPU, nq);
     size_t nl = (size_t)n * heads;
-    void *glse = d->be->alloc_f32(nl), *clse = CPU->alloc_f32(nl);
+    void *glse = d->be->alloc_f32(d->be, nl), *clse = CPU->alloc_f32(CPU, nl);
 
-    d->be->attention(go, glse, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
-    CPU->attention(co, clse, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
+    d->be->attention(d->be, go, glse, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
+    CPU->attention(CPU, co, clse, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
     float *got = dev_out(d, go, nq), *ref = cpu_out(co, nq);
     snprintf(name, sizeof name, "attention %s", shape);
     check(d, name, got, ref, nq, (Tol){1e-5, 2e-3, 2.0});
     free(got), free(ref);
     got = dev_out_f32(d, glse, nl), ref = malloc(nl * sizeof(float));
-    CPU->download_f32(ref, clse, nl);
+    CPU->download_f32(CPU, ref, clse, nl);
     snprintf(name, sizeof name, "attention lse [f32] %s", shape);
     check(d, name, got, ref, nl, (Tol){1e-6, 1e-6, 0});
     free(got), free(ref);
 
-    void *gdo = dev_in(d, dout, nq), *gdq = d->be->alloc(nq), *gdk = dev_in_f32(d, dk0, nc), *gdv = dev_in_f32(d, dv0, nc);
-    void *cdo = cpu_in(dout, nq), *cdq = CPU->alloc(nq), *cdk = cpu_in(dk0, nc), *cdv = cpu_in(dv0, nc);
-    d->be->attention_backward(gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
+    void *gdo = dev_in(d, dout, nq), *gdq = d->be->alloc(d->be, nq), *gdk = dev_in_f32(d, dk0, nc), *gdv = dev_in_f32(d, dv0, nc);
+    void *cdo = cpu_in(dout, nq), *cdq = CPU->alloc(CPU, nq), *cdk = cpu_in(dk0, nc), *cdv = cpu_in(dv0, nc);
+    d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                               n_slots, max_len);
-    CPU->attention_backward(cdq, cdk, cdv, cdo, cq, co, clse, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim,
+    CPU->attention_backward(CPU, cdq, cdk, cdv, cdo, cq, co, clse, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim,
                             n_slots, max_len);
     float *ref_dq = cpu_out(cdq, nq), *ref_dk = cpu_out(cdk, nc), *ref_dv = cpu_out(cdv, nc);
     /* The bf16 tensor-core tiles (bf16 storage, runs of positions, Dh 64 or 128) round P and dS to bf16 for
@@ -517,10 +517,10 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
             double e_dv = max_abs_diff(fdv, ref_dv, nc);
             const char *how = hows[variant];
             if (variant > 0) {
-                d->be->free(gdk), d->be->free(gdv);
+                d->be->free(d->be, gdk), d->be->free(d->be, gdv);
                 gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
                 if (variant == 2) setenv("COLT_FA_DS_MAX_MB", "0", 1);
-                d->be->attention_backward(gdq, gdk, gdv, gdo, gq, variant == 1 ? NULL : go, variant == 1 ? NULL : glse,
+                d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, variant == 1 ? NULL : go, variant == 1 ? NULL : glse,
                                           gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots, max_len);
                 unsetenv("COLT_FA_DS_MAX_MB");
             }
@@ -539,9 +539,9 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
             free(fdq), free(fdk), free(fdv);
         }
         /* determinism: (a) again on fresh accumulators, bit for bit */
-        d->be->free(gdk), d->be->free(gdv);
+        d->be->free(d->be, gdk), d->be->free(d->be, gdv);
         gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
-        d->be->attention_backward(gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
+        d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
         float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
         int same = !memcmp(gq_out, dq_a, nq * sizeof(float)) && !memcmp(gk_out, dk_a, nc * sizeof(float)) &&
@@ -552,10 +552,10 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
                shape);
         free(gq_out), free(gk_out), free(gv_out), free(dq_a), free(dk_a), free(dv_a);
         /* the precise mode on fresh accumulators */
-        d->be->free(gdk), d->be->free(gdv);
+        d->be->free(d->be, gdk), d->be->free(d->be, gdv);
         gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
         setenv("COLT_FA_PRECISE", "1", 1);
-        d->be->attention_backward(gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
+        d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
         unsetenv("COLT_FA_PRECISE");
     }
@@ -574,10 +574,10 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
     free(got), free(ref_dq), free(ref_dk), free(ref_dv);
 
     free(slot), free(pos), free(kc), free(vc), free(q), free(dout), free(dk0), free(dv0);
-    d->be->free(gkc), d->be->free(gvc), d->be->free(gq), d->be->free(go), d->be->free(gdo), d->be->free(gdq);
-    d->be->free(gdk), d->be->free(gdv), d->be->free(glse);
-    CPU->free(ckc), CPU->free(cvc), CPU->free(cq), CPU->free(co), CPU->free(cdo), CPU->free(cdq), CPU->free(cdk),
-        CPU->free(cdv), CPU->free(clse);
+    d->be->free(d->be, gkc), d->be->free(d->be, gvc), d->be->free(d->be, gq), d->be->free(d->be, go), d->be->free(d->be, gdo), d->be->free(d->be, gdq);
+    d->be->free(d->be, gdk), d->be->free(d->be, gdv), d->be->free(d->be, glse);
+    CPU->free(CPU, ckc), CPU->free(CPU, cvc), CPU->free(CPU, cq), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdq), CPU->free(CPU, cdk),
+        CPU->free(CPU, cdv), CPU->free(CPU, clse);
 }
 
 /* ---------------------------------------------------------------- elementwise, embedding */
@@ -585,19 +585,19 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
 static void test_elementwise(const Dev *d, size_t n) {
     char name[128];
     float *g = rand_floats(n, 3.0f), *u = rand_floats(n, 1.0f), *dout = rand_floats(n, 1.0f);
-    void *gg = dev_in(d, g, n), *gu = dev_in(d, u, n), *gdo = dev_in(d, dout, n), *go = d->be->alloc(n),
-         *go2 = d->be->alloc(n);
-    void *cg = cpu_in(g, n), *cu = cpu_in(u, n), *cdo = cpu_in(dout, n), *co = CPU->alloc(n), *co2 = CPU->alloc(n);
+    void *gg = dev_in(d, g, n), *gu = dev_in(d, u, n), *gdo = dev_in(d, dout, n), *go = d->be->alloc(d->be, n),
+         *go2 = d->be->alloc(d->be, n);
+    void *cg = cpu_in(g, n), *cu = cpu_in(u, n), *cdo = cpu_in(dout, n), *co = CPU->alloc(CPU, n), *co2 = CPU->alloc(CPU, n);
 
-    d->be->swiglu(go, gg, gu, n);
-    CPU->swiglu(co, cg, cu, n);
+    d->be->swiglu(d->be, go, gg, gu, n);
+    CPU->swiglu(CPU, co, cg, cu, n);
     float *got = dev_out(d, go, n), *ref = cpu_out(co, n);
     snprintf(name, sizeof name, "swiglu [%zu]", n);
     check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
     free(got), free(ref);
 
-    d->be->swiglu_backward(go, go2, gdo, gg, gu, n);
-    CPU->swiglu_backward(co, co2, cdo, cg, cu, n);
+    d->be->swiglu_backward(d->be, go, go2, gdo, gg, gu, n);
+    CPU->swiglu_backward(CPU, co, co2, cdo, cg, cu, n);
     got = dev_out(d, go, n), ref = cpu_out(co, n);
     snprintf(name, sizeof name, "swiglu_backward dgate [%zu]", n);
     check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
@@ -607,22 +607,22 @@ static void test_elementwise(const Dev *d, size_t n) {
     check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
     free(got), free(ref);
 
-    d->be->add(go, gg, gu, n);
-    CPU->add(co, cg, cu, n);
+    d->be->add(d->be, go, gg, gu, n);
+    CPU->add(CPU, co, cg, cu, n);
     got = dev_out(d, go, n), ref = cpu_out(co, n);
     snprintf(name, sizeof name, "add [%zu]", n);
     check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
     free(got), free(ref);
-    d->be->add(gg, gg, gu, n); /* out aliases a */
-    CPU->add(cg, cg, cu, n);
+    d->be->add(d->be, gg, gg, gu, n); /* out aliases a */
+    CPU->add(CPU, cg, cg, cu, n);
     got = dev_out(d, gg, n), ref = cpu_out(cg, n);
     snprintf(name, sizeof name, "add in place (out = a) [%zu]", n);
     check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
     free(got), free(ref);
 
     free(g), free(u), free(dout);
-    d->be->free(gg), d->be->free(gu), d->be->free(gdo), d->be->free(go), d->be->free(go2);
-    CPU->free(cg), CPU->free(cu), CPU->free(cdo), CPU->free(co), CPU->free(co2);
+    d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
+    CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
 }
 
 /* swiglu, swiglu_backward and add on pointers `off` elements into their buffers
@@ -631,25 +631,25 @@ static void test_elementwise_offset(const Dev *d, size_t n, size_t off) {
     char name[128];
     size_t nb = n + off, es = dtype_size(d->be->storage);
     float *g = rand_floats(nb, 3.0f), *u = rand_floats(nb, 1.0f), *dout = rand_floats(nb, 1.0f);
-    void *gg = dev_in(d, g, nb), *gu = dev_in(d, u, nb), *gdo = dev_in(d, dout, nb), *go = d->be->alloc(nb),
-         *go2 = d->be->alloc(nb);
-    void *cg = cpu_in(g, nb), *cu = cpu_in(u, nb), *cdo = cpu_in(dout, nb), *co = CPU->alloc(nb), *co2 = CPU->alloc(nb);
+    void *gg = dev_in(d, g, nb), *gu = dev_in(d, u, nb), *gdo = dev_in(d, dout, nb), *go = d->be->alloc(d->be, nb),
+         *go2 = d->be->alloc(d->be, nb);
+    void *cg = cpu_in(g, nb), *cu = cpu_in(u, nb), *cdo = cpu_in(dout, nb), *co = CPU->alloc(CPU, nb), *co2 = CPU->alloc(CPU, nb);
 #define DOFF(p) ((void *)((char *)(p) + off * es))
 #define COFF(p) ((void *)((float *)(p) + off))
-    d->be->swiglu(DOFF(go), DOFF(gg), DOFF(gu), n);
-    CPU->swiglu(COFF(co), COFF(cg), COFF(cu), n);
+    d->be->swiglu(d->be, DOFF(go), DOFF(gg), DOFF(gu), n);
+    CPU->swiglu(CPU, COFF(co), COFF(cg), COFF(cu), n);
     float *got = dev_out(d, go, nb), *ref = cpu_out(co, nb);
     snprintf(name, sizeof name, "swiglu offset %zu [%zu]", off, n);
     check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
     free(got), free(ref);
-    d->be->swiglu_backward(DOFF(go), DOFF(go2), DOFF(gdo), DOFF(gg), DOFF(gu), n);
-    CPU->swiglu_backward(COFF(co), COFF(co2), COFF(cdo), COFF(cg), COFF(cu), n);
+    d->be->swiglu_backward(d->be, DOFF(go), DOFF(go2), DOFF(gdo), DOFF(gg), DOFF(gu), n);
+    CPU->swiglu_backward(CPU, COFF(co), COFF(co2), COFF(cdo), COFF(cg), COFF(cu), n);
     got = dev_out(d, go2, nb), ref = cpu_out(co2, nb);
     snprintf(name, sizeof name, "swiglu_backward dup offset %zu [%zu]", off, n);
     check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
     free(got), free(ref);
-    d->be->add(DOFF(go), DOFF(gg), DOFF(gu), n);
-    CPU->add(COFF(co), COFF(cg), COFF(cu), n);
+    d->be->add(d->be, DOFF(go), DOFF(gg), DOFF(gu), n);
+    CPU->add(CPU, COFF(co), COFF(cg), COFF(cu), n);
     got = dev_out(d, go, nb), ref = cpu_out(co, nb);
     snprintf(name, sizeof name, "add offset %zu [%zu]", off, n);
     check(d, name, got + off, ref + off, n, (Tol){1e-6, 1e-6, 1.0});
@@ -657,8 +657,8 @@ static void test_elementwise_offset(const Dev *d, size_t n, size_t off) {
 #undef DOFF
 #undef COFF
     free(g), free(u), free(dout);
-    d->be->free(gg), d->be->free(gu), d->be->free(gdo), d->be->free(go), d->be->free(go2);
-    CPU->free(cg), CPU->free(cu), CPU->free(cdo), CPU->free(co), CPU->free(co2);
+    d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
+    CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
 }
 
 static void test_embedding(const Dev *d, int vocab, int dim, int n) {
@@ -668,25 +668,25 @@ static void test_embedding(const Dev *d, int vocab, int dim, int n) {
     for (int i = 0; i < n; i++) ids[i] = i % 3 == 2 ? ids[i - 1] : rand_int(0, vocab - 1); /* repeats */
     ids[0] = vocab - 1;
     float *t = rand_floats(nt, 1.0f), *dout = rand_floats(no, 1.0f), *dt0 = rand_floats(nt, 0.1f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(no), *ct = cpu_in(t, nt), *co = CPU->alloc(no);
-    d->be->embedding(go, gt, ids, n, dim);
-    CPU->embedding(co, ct, ids, n, dim);
+    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
+    d->be->embedding(d->be, go, gt, ids, n, dim);
+    CPU->embedding(CPU, co, ct, ids, n, dim);
     float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
     snprintf(name, sizeof name, "embedding V=%d D=%d N=%d (exact)", vocab, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(got), free(ref);
 
     void *gdo = dev_in(d, dout, no), *gdt = dev_in_f32(d, dt0, nt), *cdo = cpu_in(dout, no), *cdt = cpu_in(dt0, nt);
-    d->be->embedding_backward(gdt, gdo, ids, n, dim);
-    CPU->embedding_backward(cdt, cdo, ids, n, dim);
+    d->be->embedding_backward(d->be, gdt, gdo, ids, n, dim);
+    CPU->embedding_backward(CPU, cdt, cdo, ids, n, dim);
     got = dev_out_f32(d, gdt, nt), ref = cpu_out(cdt, nt);
     snprintf(name, sizeof name, "embedding_backward dtable [f32] += V=%d D=%d N=%d", vocab, dim, n);
     check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
     free(got), free(ref);
 
     free(ids), free(t), free(dout), free(dt0);
-    d->be->free(gt), d->be->free(go), d->be->free(gdo), d->be->free(gdt);
-    CPU->free(ct), CPU->free(co), CPU->free(cdo), CPU->free(cdt);
+    d->be->free(d->be, gt), d->be->free(d->be, go), d->be->free(d->be, gdo), d->be->free(d->be, gdt);
+    CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
 }
 
 /* ---------------------------------------------------------------- log-softmax */
@@ -697,10 +697,10 @@ static void test_log_softmax(const Dev *d, int n, int vocab, float temperature, 
     int *tg = malloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) tg[i] = i % 5 == 3 ? -1 : rand_int(0, vocab - 1);
     float *lg = rand_floats(nl, scale), *dlp = rand_floats(n, 1.0f);
-    void *gl = dev_in(d, lg, nl), *glp = d->be->alloc_f32(n), *gent = d->be->alloc_f32(n);
-    void *cl = cpu_in(lg, nl), *clp = CPU->alloc(n), *cent = CPU->alloc(n);
-    d->be->log_softmax_target(glp, gent, gl, tg, n, vocab, temperature);
-    CPU->log_softmax_target(clp, cent, cl, tg, n, vocab, temperature);
+    void *gl = dev_in(d, lg, nl), *glp = d->be->alloc_f32(d->be, n), *gent = d->be->alloc_f32(d->be, n);
+    void *cl = cpu_in(lg, nl), *clp = CPU->alloc(CPU, n), *cent = CPU->alloc(CPU, n);
+    d->be->log_softmax_target(d->be, glp, gent, gl, tg, n, vocab, temperature);
+    CPU->log_softmax_target(CPU, clp, cent, cl, tg, n, vocab, temperature);
     float *got = dev_out_f32(d, glp, n), *ref = cpu_out(clp, n);
     snprintf(name, sizeof name, "log_softmax_target logprobs N=%d V=%d T=%g", n, vocab, temperature);
     check(d, name, got, ref, n, (Tol){1e-5, 2e-5, 0});
@@ -710,30 +710,30 @@ static void test_log_softmax(const Dev *d, int n, int vocab, float temperature, 
     check(d, name, got, ref, n, (Tol){1e-5, 2e-5, 0});
     free(got), free(ref);
     /* entropy may be NULL */
-    d->be->log_softmax_target(glp, NULL, gl, tg, n, vocab, temperature);
+    d->be->log_softmax_target(d->be, glp, NULL, gl, tg, n, vocab, temperature);
     got = dev_out_f32(d, glp, n), ref = cpu_out(clp, n);
     snprintf(name, sizeof name, "log_softmax_target (entropy NULL) N=%d V=%d", n, vocab);
     check(d, name, got, ref, n, (Tol){1e-5, 2e-5, 0});
     free(got), free(ref);
 
-    void *gdlp = dev_in_f32(d, dlp, n), *gdl = d->be->alloc(nl), *cdlp = cpu_in(dlp, n), *cdl = CPU->alloc(nl);
-    d->be->log_softmax_target_backward(gdl, gl, tg, gdlp, n, vocab, temperature);
-    CPU->log_softmax_target_backward(cdl, cl, tg, cdlp, n, vocab, temperature);
+    void *gdlp = dev_in_f32(d, dlp, n), *gdl = d->be->alloc(d->be, nl), *cdlp = cpu_in(dlp, n), *cdl = CPU->alloc(CPU, nl);
+    d->be->log_softmax_target_backward(d->be, gdl, gl, tg, gdlp, n, vocab, temperature);
+    CPU->log_softmax_target_backward(CPU, cdl, cl, tg, cdlp, n, vocab, temperature);
     got = dev_out(d, gdl, nl), ref = cpu_out(cdl, nl);
     snprintf(name, sizeof name, "log_softmax_target_backward N=%d V=%d T=%g", n, vocab, temperature);
     check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
     free(got), free(ref);
     /* in place: dlogits aliases logits */
-    d->be->log_softmax_target_backward(gl, gl, tg, gdlp, n, vocab, temperature);
-    CPU->log_softmax_target_backward(cl, cl, tg, cdlp, n, vocab, temperature);
+    d->be->log_softmax_target_backward(d->be, gl, gl, tg, gdlp, n, vocab, temperature);
+    CPU->log_softmax_target_backward(CPU, cl, cl, tg, cdlp, n, vocab, temperature);
     got = dev_out(d, gl, nl), ref = cpu_out(cl, nl);
     snprintf(name, sizeof name, "log_softmax_target_backward in place N=%d V=%d", n, vocab);
     check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
     free(got), free(ref);
 
     free(tg), free(lg), free(dlp);
-    d->be->free(gl), d->be->free(glp), d->be->free(gent), d->be->free(gdlp), d->be->free(gdl);
-    CPU->free(cl), CPU->free(clp), CPU->free(cent), CPU->free(cdlp), CPU->free(cdl);
+    d->be->free(d->be, gl), d->be->free(d->be, glp), d->be->free(d->be, gent), d->be->free(d->be, gdlp), d->be->free(d->be, gdl);
+    CPU->free(CPU, cl), CPU->free(CPU, clp), CPU->free(CPU, cent), CPU->free(CPU, cdlp), CPU->free(CPU, cdl);
 }
 
 /* ---------------------------------------------------------------- optimizer, reductions */
@@ -744,19 +744,19 @@ static void test_adamw(const Dev *d, size_t n) {
     char name[128];
     float *p = rand_floats(n, 1.0f), *m0 = rand_floats(n, 0.01f), *v0 = rand_floats(n, 0.01f);
     for (size_t i = 0; i < n; i++) v0[i] = v0[i] * v0[i];
-    void *cp = cpu_in(p, n), *cm = cpu_in(m0, n), *cv = cpu_in(v0, n), *cg = CPU->alloc(n);
-    void *gm = dev_in_f32(d, m0, n), *gv = dev_in_f32(d, v0, n), *gg = d->be->alloc_f32(n);
+    void *cp = cpu_in(p, n), *cm = cpu_in(m0, n), *cv = cpu_in(v0, n), *cg = CPU->alloc(CPU, n);
+    void *gm = dev_in_f32(d, m0, n), *gv = dev_in_f32(d, v0, n), *gg = d->be->alloc_f32(d->be, n);
     void *gmaster = d->bf16 ? dev_in_f32(d, p, n) : NULL;
     float *pp = dup_floats(p, n);
     void *gp = d->bf16 ? dev_in(d, pp, n) : dev_in(d, p, n);
     float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
     for (int step = 1; step <= 3; step++) {
         float *g = rand_floats(n, 0.1f);
-        CPU->upload(cg, g, n);
-        d->be->upload_f32(gg, g, n);
+        CPU->upload(CPU, cg, g, n);
+        d->be->upload_f32(d->be, gg, g, n);
         float bc1 = (float)(1.0 - pow(b1, step)), bc2 = (float)(1.0 - pow(b2, step));
-        d->be->adamw(gp, gmaster, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
-        CPU->adamw(cp, NULL, cg, cm, cv, n, lr, b1, b2, eps, wd, bc1, bc2);
+        d->be->adamw(d->be, gp, gmaster, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
+        CPU->adamw(CPU, cp, NULL, cg, cm, cv, n, lr, b1, b2, eps, wd, bc1, bc2);
         free(g);
     }
     float *ref = cpu_out(cp, n), *got;
@@ -777,16 +777,16 @@ static void test_adamw(const Dev *d, size_t n) {
     check(d, "adamw v [f32]", got, ref, n, (Tol){1e-6, 1e-6, 0});
     free(got), free(ref);
     free(p), free(m0), free(v0), free(pp);
-    CPU->free(cp), CPU->free(cm), CPU->free(cv), CPU->free(cg);
-    d->be->free(gm), d->be->free(gv), d->be->free(gg), d->be->free(gp);
-    if (gmaster) d->be->free(gmaster);
+    CPU->free(CPU, cp), CPU->free(CPU, cm), CPU->free(CPU, cv), CPU->free(CPU, cg);
+    d->be->free(d->be, gm), d->be->free(d->be, gv), d->be->free(d->be, gg), d->be->free(d->be, gp);
+    if (gmaster) d->be->free(d->be, gmaster);
 }
 
 static void test_reductions(const Dev *d, size_t n) {
     char name[128];
     float *x = rand_floats(n, 1.0f);
     void *gx = dev_in_f32(d, x, n), *cx = cpu_in(x, n);
-    double got = d->be->sum_squares(gx, n), ref = CPU->sum_squares(cx, n);
+    double got = d->be->sum_squares(d->be, gx, n), ref = CPU->sum_squares(CPU, cx, n);
     /* both sum in double, in different orders: agreement to ~1e-15 relative */
     double err = fabs(got - ref), tol = 1e-12 * fabs(ref);
     int ok = err <= tol && ref > 0;
@@ -795,13 +795,13 @@ static void test_reductions(const Dev *d, size_t n) {
     snprintf(name, sizeof name, "sum_squares [%zu] = %.15g (cpu %.15g)", n, got, ref);
     printf("%s %-9s %-58s |err| %.3e  rel %.3e  tol %.1e\n", ok ? "ok  " : "FAIL", d->tag, name, err,
            err / fabs(ref), tol);
-    d->be->scale(gx, 0.37f, n);
-    CPU->scale(cx, 0.37f, n);
+    d->be->scale(d->be, gx, 0.37f, n);
+    CPU->scale(CPU, cx, 0.37f, n);
     float *g = dev_out_f32(d, gx, n), *r = cpu_out(cx, n);
     snprintf(name, sizeof name, "scale [f32] x0.37 [%zu] (exact)", n);
     check(d, name, g, r, n, (Tol){0, 0, 0});
     free(g), free(r), free(x);
-    d->be->free(gx), CPU->free(cx);
+    d->be->free(d->be, gx), CPU->free(CPU, cx);
 }
 
 /* ---------------------------------------------------------------- model level */
@@ -949,8 +949,8 @@ static void test_train_step(const Dev *d, const char *dir, const char *label, do
     for (int p = 0; p < model_param_count(mc); p++) {
         ModelParam pc = model_param(mc, p);
         float *ref = malloc(pc.numel * sizeof(float)), *got = malloc(pc.numel * sizeof(float));
-        CPU->download_f32(ref, model_grad(gc, p), pc.numel);
-        d->be->download_f32(got, model_grad(gg, p), pc.numel);
+        CPU->download_f32(CPU, ref, model_grad(gc, p), pc.numel);
+        d->be->download_f32(d->be, got, model_grad(gg, p), pc.numel);
         snprintf(name, sizeof name, "train %s grad %s", label, pc.name);
         check(d, name, got, ref, pc.numel, (Tol){grad_rel, grad_rel, 0});
         free(ref), free(got);

@@ -70,33 +70,33 @@ static void shuffle_ints(int *a, int n) {
 
 /* Storage input: upload, then read the device copy back into x (bf16 rounding). */
 static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(n);
-    d->be->upload(buf, x, n);
-    d->be->download(x, buf, n);
+    void *buf = d->be->alloc(d->be, n);
+    d->be->upload(d->be, buf, x, n);
+    d->be->download(d->be, x, buf, n);
     return buf;
 }
 
 static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(n);
-    CPU->upload(buf, x, n);
+    void *buf = CPU->alloc(CPU, n);
+    CPU->upload(CPU, buf, x, n);
     return buf;
 }
 
 static float *dev_out(const Dev *d, const void *buf, size_t n) {
     float *x = xmalloc((n ? n : 1) * sizeof(float));
-    d->be->download(x, buf, n);
+    d->be->download(d->be, x, buf, n);
     return x;
 }
 
 static float *cpu_out(const void *buf, size_t n) {
     float *x = xmalloc((n ? n : 1) * sizeof(float));
-    CPU->download(x, buf, n);
+    CPU->download(CPU, x, buf, n);
     return x;
 }
 
 static void *i32_in(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(n);
-    be->upload_i32(buf, src, n);
+    void *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, src, n);
     return buf;
 }
 
@@ -145,19 +145,19 @@ static void check_identical(const Dev *d, const char *what, const float *a, cons
 
 static void test_i32_buffers(const Dev *d, size_t n) {
     int *host = xmalloc(n * sizeof(int)), *back = xmalloc(n * sizeof(int));
-    void *buf = d->be->alloc_i32(n);
-    d->be->download_i32(back, buf, n);
+    void *buf = d->be->alloc_i32(d->be, n);
+    d->be->download_i32(d->be, back, buf, n);
     size_t nonzero = 0, differ = 0;
     for (size_t i = 0; i < n; i++) nonzero += back[i] != 0, host[i] = rand_int(-1000000, 1000000);
-    d->be->upload_i32(buf, host, n);
-    d->be->download_i32(back, buf, n);
+    d->be->upload_i32(d->be, buf, host, n);
+    d->be->download_i32(d->be, back, buf, n);
     for (size_t i = 0; i < n; i++) differ += back[i] != host[i];
     count_check(nonzero == 0 && differ == 0);
     printf("%s %-9s %-78s %zu nonzero after alloc, %zu differ after round trip\n",
            nonzero == 0 && differ == 0 ? "ok  " : "FAIL", d->tag, "alloc_i32 (zeroed) / upload_i32 / download_i32",
            nonzero, differ);
     free(host), free(back);
-    d->be->free(buf);
+    d->be->free(d->be, buf);
 }
 
 static void test_embedding_i32(const Dev *d, int vocab, int dim, int n) {
@@ -167,15 +167,15 @@ static void test_embedding_i32(const Dev *d, int vocab, int dim, int n) {
     for (int i = 0; i < n; i++) ids[i] = i % 3 == 2 ? ids[i - 1] : rand_int(0, vocab - 1); /* repeats */
     ids[0] = vocab - 1;
     float *t = rand_floats(nt, 1.0f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(no), *ct = cpu_in(t, nt), *co = CPU->alloc(no);
+    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
     void *gids = i32_in(d->be, ids, (size_t)n);
-    d->be->embedding_i32(go, gt, gids, n, dim);
-    CPU->embedding(co, ct, ids, n, dim);
+    d->be->embedding_i32(d->be, go, gt, gids, n, dim);
+    CPU->embedding(CPU, co, ct, ids, n, dim);
     float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
     snprintf(name, sizeof name, "embedding_i32 V=%d D=%d N=%d (exact)", vocab, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(ids), free(t), free(got), free(ref);
-    d->be->free(gt), d->be->free(go), d->be->free(gids), CPU->free(ct), CPU->free(co);
+    d->be->free(d->be, gt), d->be->free(d->be, go), d->be->free(d->be, gids), CPU->free(CPU, ct), CPU->free(CPU, co);
 }
 
 static void test_gather_rows_i32(const Dev *d, int src_rows, int dim, int n) {
@@ -184,15 +184,15 @@ static void test_gather_rows_i32(const Dev *d, int src_rows, int dim, int n) {
     int *rows = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) rows[i] = rand_int(0, src_rows - 1);
     float *s = rand_floats(ns, 1.0f);
-    void *gs = dev_in(d, s, ns), *go = d->be->alloc(no), *cs = cpu_in(s, ns), *co = CPU->alloc(no);
+    void *gs = dev_in(d, s, ns), *go = d->be->alloc(d->be, no), *cs = cpu_in(s, ns), *co = CPU->alloc(CPU, no);
     void *grows = i32_in(d->be, rows, (size_t)n);
-    d->be->gather_rows_i32(go, gs, grows, n, dim);
-    CPU->gather_rows(co, cs, rows, n, dim);
+    d->be->gather_rows_i32(d->be, go, gs, grows, n, dim);
+    CPU->gather_rows(CPU, co, cs, rows, n, dim);
     float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
     snprintf(name, sizeof name, "gather_rows_i32 [%d,%d] N=%d (exact)", src_rows, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(rows), free(s), free(got), free(ref);
-    d->be->free(gs), d->be->free(go), d->be->free(grows), CPU->free(cs), CPU->free(co);
+    d->be->free(d->be, gs), d->be->free(d->be, go), d->be->free(d->be, grows), CPU->free(CPU, cs), CPU->free(CPU, co);
 }
 
 /* rope_i32 must equal this table's rope bit for bit (and so the CPU within rope's tolerance). */
@@ -204,9 +204,9 @@ static void test_rope_i32(const Dev *d, int n, int heads, int head_dim, float th
     for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
     void *g_plain = dev_in(d, x, nx), *g_i32 = dev_in(d, x, nx), *cx = cpu_in(x, nx);
     void *gpos = i32_in(d->be, pos, (size_t)n);
-    d->be->rope(g_plain, pos, n, heads, head_dim, theta);
-    d->be->rope_i32(g_i32, gpos, n, heads, head_dim, theta);
-    CPU->rope(cx, pos, n, heads, head_dim, theta);
+    d->be->rope(d->be, g_plain, pos, n, heads, head_dim, theta);
+    d->be->rope_i32(d->be, g_i32, gpos, n, heads, head_dim, theta);
+    CPU->rope(CPU, cx, pos, n, heads, head_dim, theta);
     float *plain = dev_out(d, g_plain, nx), *got = dev_out(d, g_i32, nx), *ref = cpu_out(cx, nx);
     snprintf(name, sizeof name, "rope_i32 == rope [%d,%d,%d] theta %g pos<=%d (bit-identical)", n, heads, head_dim,
              theta, max_pos);
@@ -214,7 +214,7 @@ static void test_rope_i32(const Dev *d, int n, int heads, int head_dim, float th
     snprintf(name, sizeof name, "rope_i32 vs cpu rope [%d,%d,%d] theta %g", n, heads, head_dim, theta);
     check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
     free(x), free(pos), free(plain), free(got), free(ref);
-    d->be->free(g_plain), d->be->free(g_i32), d->be->free(gpos), CPU->free(cx);
+    d->be->free(d->be, g_plain), d->be->free(d->be, g_i32), d->be->free(d->be, gpos), CPU->free(CPU, cx);
 }
 
 static void test_paged_kv_store(const Dev *d, int pool_rows, int kv_dim, int n) {
@@ -228,8 +228,8 @@ static void test_paged_kv_store(const Dev *d, int pool_rows, int kv_dim, int n) 
     void *gkp = dev_in(d, kp, np), *gvp = dev_in(d, vp, np), *gk = dev_in(d, k, nt), *gv = dev_in(d, v, nt);
     void *ckp = cpu_in(kp, np), *cvp = cpu_in(vp, np), *ck = cpu_in(k, nt), *cv = cpu_in(v, nt);
     void *gslots = i32_in(d->be, slots, (size_t)n), *cslots = i32_in(CPU, slots, (size_t)n);
-    d->be->paged_kv_store(gkp, gvp, gk, gv, gslots, n, kv_dim);
-    CPU->paged_kv_store(ckp, cvp, ck, cv, cslots, n, kv_dim);
+    d->be->paged_kv_store(d->be, gkp, gvp, gk, gv, gslots, n, kv_dim);
+    CPU->paged_kv_store(CPU, ckp, cvp, ck, cv, cslots, n, kv_dim);
     for (int which = 0; which < 2; which++) {
         float *got = dev_out(d, which ? gvp : gkp, np), *ref = cpu_out(which ? cvp : ckp, np);
         snprintf(name, sizeof name, "paged_kv_store %s pool [%d,%d] N=%d, 1 in 5 padding (exact)", which ? "v" : "k",
@@ -238,8 +238,8 @@ static void test_paged_kv_store(const Dev *d, int pool_rows, int kv_dim, int n) 
         free(got), free(ref);
     }
     free(rows), free(slots), free(kp), free(vp), free(k), free(v);
-    d->be->free(gkp), d->be->free(gvp), d->be->free(gk), d->be->free(gv), d->be->free(gslots);
-    CPU->free(ckp), CPU->free(cvp), CPU->free(ck), CPU->free(cv), CPU->free(cslots);
+    d->be->free(d->be, gkp), d->be->free(d->be, gvp), d->be->free(d->be, gk), d->be->free(d->be, gv), d->be->free(d->be, gslots);
+    CPU->free(CPU, ckp), CPU->free(CPU, cvp), CPU->free(CPU, ck), CPU->free(CPU, cv), CPU->free(CPU, cslots);
 }
 
 /* ---------------------------------------------------------------- paged attention */
@@ -348,7 +348,7 @@ static void problem_init(PagedProblem *pr, const Dev *d, const PagedBatch *b, in
     float *q = rand_floats(nq, q_scale), *k = rand_floats(np, 1.0f), *v = rand_floats(np, 1.0f);
     pr->g_q = dev_in(d, q, nq), pr->g_k = dev_in(d, k, np), pr->g_v = dev_in(d, v, np);
     pr->c_q = cpu_in(q, nq), pr->c_k = cpu_in(k, np), pr->c_v = cpu_in(v, np);
-    pr->g_out = d->be->alloc(nq), pr->c_out = CPU->alloc(nq);
+    pr->g_out = d->be->alloc(d->be, nq), pr->c_out = CPU->alloc(CPU, nq);
     pr->g_tables = i32_in(d->be, b->tables, nt), pr->c_tables = i32_in(CPU, b->tables, nt);
     pr->g_seq = i32_in(d->be, b->seq, (size_t)b->n), pr->c_seq = i32_in(CPU, b->seq, (size_t)b->n);
     pr->g_pos = i32_in(d->be, b->pos, (size_t)b->n), pr->c_pos = i32_in(CPU, b->pos, (size_t)b->n);
@@ -358,12 +358,12 @@ static void problem_init(PagedProblem *pr, const Dev *d, const PagedBatch *b, in
 static void problem_free(PagedProblem *pr, const Dev *d) {
     void *g[7] = {pr->g_q, pr->g_k, pr->g_v, pr->g_out, pr->g_tables, pr->g_seq, pr->g_pos};
     void *c[7] = {pr->c_q, pr->c_k, pr->c_v, pr->c_out, pr->c_tables, pr->c_seq, pr->c_pos};
-    for (int i = 0; i < 7; i++) d->be->free(g[i]), CPU->free(c[i]);
+    for (int i = 0; i < 7; i++) d->be->free(d->be, g[i]), CPU->free(CPU, c[i]);
 }
 
 static void problem_run(const Backend *be, void *out, void *q, void *k, void *v, void *tables, void *seq, void *pos,
                         const PagedProblem *pr) {
-    be->paged_attention(out, q, k, v, tables, seq, pos, pr->b->n, pr->n_heads, pr->n_kv_heads, pr->head_dim,
+    be->paged_attention(be, out, q, k, v, tables, seq, pos, pr->b->n, pr->n_heads, pr->n_kv_heads, pr->head_dim,
                         pr->b->block_size, pr->b->max_blocks);
 }
 
@@ -397,7 +397,7 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
     for (int m = 0; m < 3; m++) {
         if (modes[m]) setenv("COLT_PAGED_SPLITS", modes[m], 1);
         else unsetenv("COLT_PAGED_SPLITS");
-        d->be->zero(pr.g_out, (size_t)b->n * heads * head_dim);
+        d->be->zero(d->be, pr.g_out, (size_t)b->n * heads * head_dim);
         problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr);
         float *got = problem_device_result(&pr, d, &n_got);
         snprintf(name, sizeof name, "paged_attention %s H=%d KVH=%d Dh=%d bs=%d N=%d splits %s", label, heads,
@@ -411,7 +411,7 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
         setenv("COLT_PAGED_SPLITS", "1", 1); /* tokens are grouped only with one split */
         for (int k = 0; k < 2; k++) {
             setenv("COLT_PAGED_TC_TOKENS", k ? "16" : "1", 1);
-            d->be->zero(pr.g_out, (size_t)b->n * heads * head_dim);
+            d->be->zero(d->be, pr.g_out, (size_t)b->n * heads * head_dim);
             problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr);
             got[k] = problem_device_result(&pr, d, &n_got);
         }
@@ -440,16 +440,16 @@ static void test_paged_graph(const Dev *d, int batch, int heads, int kv_heads, i
     PagedProblem pr;
     problem_init(&pr, d, &b, heads, kv_heads, head_dim, 1.5f);
     problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr); /* warm-up */
-    d->be->capture_begin();
+    d->be->capture_begin(d->be);
     problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr);
-    void *graph = d->be->capture_end();
+    void *graph = d->be->capture_end(d->be);
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < b.n; i++)
             if (b.seq[i] >= 0) b.pos[i] = round == 0 ? b.len[b.seq[i]] * 2 / 3 : final_pos[i];
-        d->be->upload_i32(pr.g_pos, b.pos, (size_t)b.n);
-        CPU->upload_i32(pr.c_pos, b.pos, (size_t)b.n);
-        d->be->zero(pr.g_out, (size_t)b.n * heads * head_dim);
-        d->be->graph_launch(graph);
+        d->be->upload_i32(d->be, pr.g_pos, b.pos, (size_t)b.n);
+        CPU->upload_i32(CPU, pr.c_pos, b.pos, (size_t)b.n);
+        d->be->zero(d->be, pr.g_out, (size_t)b.n * heads * head_dim);
+        d->be->graph_launch(d->be, graph);
         size_t n_ref, n_got;
         float *ref = problem_reference(&pr, &n_ref), *got = problem_device_result(&pr, d, &n_got);
         snprintf(name, sizeof name, "paged_attention graph replay %d H=%d KVH=%d Dh=%d N=%d, contexts to <=700",
@@ -457,7 +457,7 @@ static void test_paged_graph(const Dev *d, int batch, int heads, int kv_heads, i
         check(d, name, got, ref, n_ref, ATTENTION_TOL);
         free(ref), free(got);
     }
-    d->be->graph_free(graph);
+    d->be->graph_free(d->be, graph);
     free(final_pos);
     problem_free(&pr, d);
     batch_free(&b);

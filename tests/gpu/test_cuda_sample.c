@@ -101,8 +101,8 @@ static void fill_history(int *history, int *history_len, const float *x, int n, 
 }
 
 static void *dev_ints(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(n);
-    be->upload_i32(buf, src, n);
+    void *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, src, n);
     return buf;
 }
 
@@ -121,26 +121,26 @@ static void dev_call_upload(DevCall *c, const Backend *be, const float *x, const
     int *sentinel_tokens = malloc(sizeof(int) * (size_t)n);
     float *sentinel_logprobs = malloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++) sentinel_tokens[i] = TOKEN_SENTINEL, sentinel_logprobs[i] = LOGPROB_SENTINEL;
-    be->upload(c->logits, x, (size_t)n * V);
-    be->upload_i32(c->tokens, sentinel_tokens, (size_t)n);
-    be->upload_f32(c->logprobs, sentinel_logprobs, (size_t)n);
-    be->upload_i32(c->seq, seq, (size_t)n);
-    be->upload_i32(c->streams, streams, (size_t)n);
-    be->upload_i32(c->counters, counters, (size_t)n);
-    be->upload_i32(c->history, history, (size_t)n * HISTORY_STRIDE);
-    be->upload_i32(c->history_len, history_len, (size_t)n);
+    be->upload(be, c->logits, x, (size_t)n * V);
+    be->upload_i32(be, c->tokens, sentinel_tokens, (size_t)n);
+    be->upload_f32(be, c->logprobs, sentinel_logprobs, (size_t)n);
+    be->upload_i32(be, c->seq, seq, (size_t)n);
+    be->upload_i32(be, c->streams, streams, (size_t)n);
+    be->upload_i32(be, c->counters, counters, (size_t)n);
+    be->upload_i32(be, c->history, history, (size_t)n * HISTORY_STRIDE);
+    be->upload_i32(be, c->history_len, history_len, (size_t)n);
     free(sentinel_tokens), free(sentinel_logprobs);
 }
 
 static void dev_call_alloc(DevCall *c, const Backend *be, int n, int V) {
-    c->logits = be->alloc((size_t)n * V);
-    c->tokens = be->alloc_i32((size_t)n);
-    c->logprobs = be->alloc_f32((size_t)n);
-    c->seq = be->alloc_i32((size_t)n);
-    c->streams = be->alloc_i32((size_t)n);
-    c->counters = be->alloc_i32((size_t)n);
-    c->history = be->alloc_i32((size_t)n * HISTORY_STRIDE);
-    c->history_len = be->alloc_i32((size_t)n);
+    c->logits = be->alloc(be, (size_t)n * V);
+    c->tokens = be->alloc_i32(be, (size_t)n);
+    c->logprobs = be->alloc_f32(be, (size_t)n);
+    c->seq = be->alloc_i32(be, (size_t)n);
+    c->streams = be->alloc_i32(be, (size_t)n);
+    c->counters = be->alloc_i32(be, (size_t)n);
+    c->history = be->alloc_i32(be, (size_t)n * HISTORY_STRIDE);
+    c->history_len = be->alloc_i32(be, (size_t)n);
     c->got_tokens = malloc(sizeof(int) * (size_t)n);
     c->got_logprobs = malloc(sizeof(float) * (size_t)n);
     c->got_history = malloc(sizeof(int) * (size_t)n * HISTORY_STRIDE);
@@ -148,20 +148,20 @@ static void dev_call_alloc(DevCall *c, const Backend *be, int n, int V) {
 }
 
 static void dev_call_run(DevCall *c, const Backend *be, const SamplingParams *p, int with_history, int n, int V) {
-    be->sample(c->tokens, c->logprobs, c->logits, n, V, p, c->seq, c->streams, c->counters,
+    be->sample(be, c->tokens, c->logprobs, c->logits, n, V, p, c->seq, c->streams, c->counters,
                with_history ? c->history : NULL, with_history ? c->history_len : NULL, HISTORY_STRIDE);
 }
 
 static void dev_call_download(DevCall *c, const Backend *be, int n) {
-    be->download_i32(c->got_tokens, c->tokens, (size_t)n);
-    be->download_f32(c->got_logprobs, c->logprobs, (size_t)n);
-    be->download_i32(c->got_history, c->history, (size_t)n * HISTORY_STRIDE);
-    be->download_i32(c->got_history_len, c->history_len, (size_t)n);
+    be->download_i32(be, c->got_tokens, c->tokens, (size_t)n);
+    be->download_f32(be, c->got_logprobs, c->logprobs, (size_t)n);
+    be->download_i32(be, c->got_history, c->history, (size_t)n * HISTORY_STRIDE);
+    be->download_i32(be, c->got_history_len, c->history_len, (size_t)n);
 }
 
 static void dev_call_free(DevCall *c, const Backend *be) {
-    be->free(c->logits), be->free(c->tokens), be->free(c->logprobs), be->free(c->seq), be->free(c->streams);
-    be->free(c->counters), be->free(c->history), be->free(c->history_len);
+    be->free(be, c->logits), be->free(be, c->tokens), be->free(be, c->logprobs), be->free(be, c->seq), be->free(be, c->streams);
+    be->free(be, c->counters), be->free(be, c->history), be->free(be, c->history_len);
     free(c->got_tokens), free(c->got_logprobs), free(c->got_history), free(c->got_history_len);
 }
 
@@ -210,7 +210,7 @@ static void run_case(const Dev *d, Tally *tally, int V, int n, const Case *c, ui
     DevCall g;
     dev_call_alloc(&g, be, n, V);
     dev_call_upload(&g, be, x, seq, streams, counters, history, history_len, n, V);
-    be->download(x, g.logits, nv); /* the values the device holds (bf16-rounded) */
+    be->download(be, x, g.logits, nv); /* the values the device holds (bf16-rounded) */
     dev_call_run(&g, be, &c->p, c->with_history, n, V);
     dev_call_download(&g, be, n);
 
@@ -221,7 +221,7 @@ static void run_case(const Dev *d, Tally *tally, int V, int n, const Case *c, ui
     memcpy(cpu_logits, x, sizeof(float) * nv);
     memcpy(cpu_history, history, sizeof(int) * (size_t)n * HISTORY_STRIDE);
     memcpy(cpu_history_len, history_len, sizeof(int) * (size_t)n);
-    CPU->sample(cpu_tokens, cpu_logprobs, cpu_logits, n, V, &c->p, seq, streams, counters,
+    CPU->sample(CPU, cpu_tokens, cpu_logprobs, cpu_logits, n, V, &c->p, seq, streams, counters,
                 c->with_history ? cpu_history : NULL, c->with_history ? cpu_history_len : NULL, HISTORY_STRIDE);
 
     int rows = 0, equal = 0, unexplained = 0, padding_ok = 1, history_ok = 1;
@@ -310,10 +310,10 @@ static void run_case(const Dev *d, Tally *tally, int V, int n, const Case *c, ui
             dev_call_alloc(&one, be, n, V); /* n-sized history: row i keeps its sequence id */
             dev_call_upload(&one, be, x, seq, streams, counters, history, history_len, n, V);
             int one_seq = seq[i], one_stream = streams[i], one_counter = counters[i];
-            be->upload(one.logits, x + (size_t)i * V, (size_t)V);
-            be->upload_i32(one.seq, &one_seq, 1);
-            be->upload_i32(one.streams, &one_stream, 1);
-            be->upload_i32(one.counters, &one_counter, 1);
+            be->upload(be, one.logits, x + (size_t)i * V, (size_t)V);
+            be->upload_i32(be, one.seq, &one_seq, 1);
+            be->upload_i32(be, one.streams, &one_stream, 1);
+            be->upload_i32(be, one.counters, &one_counter, 1);
             dev_call_run(&one, be, &c->p, c->with_history, 1, V);
             dev_call_download(&one, be, n);
             alone_ok &= one.got_tokens[0] == g.got_tokens[i] && one.got_logprobs[0] == g.got_logprobs[i];
@@ -340,11 +340,11 @@ static void test_philox(const Dev *d) {
     for (int i = 0; i < n; i++) seq[i] = i, streams[i] = 77 * i + 5, counters[i] = i % 13;
     SamplingParams p = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
                         .repetition_penalty = 1.0f, .seed = 0x123456789abcULL};
-    void *logits = be->alloc((size_t)n * V), *g_tokens = be->alloc_i32(n), *g_logprobs = be->alloc_f32(n);
+    void *logits = be->alloc(be, (size_t)n * V), *g_tokens = be->alloc_i32(be, n), *g_logprobs = be->alloc_f32(be, n);
     void *g_seq = dev_ints(be, seq, n), *g_streams = dev_ints(be, streams, n), *g_counters = dev_ints(be, counters, n);
-    be->upload(logits, x, (size_t)n * V);
-    be->sample(g_tokens, g_logprobs, logits, n, V, &p, g_seq, g_streams, g_counters, NULL, NULL, 0);
-    be->download_i32(tokens, g_tokens, n);
+    be->upload(be, logits, x, (size_t)n * V);
+    be->sample(be, g_tokens, g_logprobs, logits, n, V, &p, g_seq, g_streams, g_counters, NULL, NULL, 0);
+    be->download_i32(be, tokens, g_tokens, n);
     int bad = 0;
     for (int i = 0; i < n; i++) {
         int want = (int)(rng_uniform(p.seed, (uint64_t)streams[i], (uint64_t)counters[i]) * (float)V);
@@ -355,8 +355,8 @@ static void test_philox(const Dev *d) {
     }
     check(bad == 0, "%-9s Philox: %d/%d rows of uniform logits (V=65536) draw floor(u * V) exactly", d->tag, n - bad, n);
     free(x);
-    be->free(logits), be->free(g_tokens), be->free(g_logprobs), be->free(g_seq), be->free(g_streams);
-    be->free(g_counters);
+    be->free(be, logits), be->free(be, g_tokens), be->free(be, g_logprobs), be->free(be, g_seq), be->free(be, g_streams);
+    be->free(be, g_counters);
 }
 
 /* The op recorded once in a CUDA graph, replayed on new logits and counters,
@@ -377,14 +377,14 @@ static void test_graph(const Dev *d) {
     dev_call_alloc(&graph, be, n, V);
     dev_call_alloc(&direct, be, n, V);
     dev_call_upload(&graph, be, x, seq, streams, counters, history, history_len, n, V);
-    be->capture_begin();
+    be->capture_begin(be);
     dev_call_run(&graph, be, &c.p, 1, n, V);
-    void *exec = be->capture_end();
+    void *exec = be->capture_end(be);
 
     fill_logits(x, n, V, 901); /* new contents, same buffers */
     for (int i = 0; i < n; i++) counters[i] = 2;
     dev_call_upload(&graph, be, x, seq, streams, counters, history, history_len, n, V);
-    be->graph_launch(exec);
+    be->graph_launch(be, exec);
     dev_call_download(&graph, be, n);
     dev_call_upload(&direct, be, x, seq, streams, counters, history, history_len, n, V);
     dev_call_run(&direct, be, &c.p, 1, n, V);
@@ -393,7 +393,7 @@ static void test_graph(const Dev *d) {
                memcmp(graph.got_logprobs, direct.got_logprobs, sizeof(float) * n) == 0 &&
                memcmp(graph.got_history_len, direct.got_history_len, sizeof(int) * n) == 0;
     check(same, "%-9s CUDA graph: the captured op replayed on new logits and counters matches a direct call", d->tag);
-    be->graph_free(exec);
+    be->graph_free(be, exec);
     dev_call_free(&graph, be), dev_call_free(&direct, be);
     free(x);
 }

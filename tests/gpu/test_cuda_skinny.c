@@ -66,15 +66,15 @@ static void fill_uniform(float *x, size_t n, uint64_t seed, float scale) {
 
 /* Storage input: upload, then read the device copy back into x (bf16 rounding). */
 static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(n);
-    d->be->upload(buf, x, n);
-    d->be->download(x, buf, n);
+    void *buf = d->be->alloc(d->be, n);
+    d->be->upload(d->be, buf, x, n);
+    d->be->download(d->be, x, buf, n);
     return buf;
 }
 
 static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(n);
-    CPU->upload(buf, x, n);
+    void *buf = CPU->alloc(CPU, n);
+    CPU->upload(CPU, buf, x, n);
     return buf;
 }
 
@@ -122,14 +122,14 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
     void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim);
     free(w); /* the CPU backend holds its own copy */
-    void *go = d->be->alloc(ny), *co = CPU->alloc(ny), *gx_rev = d->be->alloc(nx);
+    void *go = d->be->alloc(d->be, ny), *co = CPU->alloc(CPU, ny), *gx_rev = d->be->alloc(d->be, nx);
     float *ref = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float));
     float *anchor = xmalloc(ny * sizeof(float)), *x_rev = xmalloc(nx * sizeof(float));
 
     for (int with_bias = 0; with_bias < 2; with_bias++) {
         const void *bias = with_bias ? gb : NULL;
-        CPU->linear(co, cx, cw, with_bias ? cb : NULL, TEST_ROWS, in_dim, out_dim);
-        CPU->download(ref, co, ny);
+        CPU->linear(CPU, co, cx, cw, with_bias ? cb : NULL, TEST_ROWS, in_dim, out_dim);
+        CPU->download(CPU, ref, co, ny);
         double maxref = max_abs(ref, ny);
         int served[TEST_ROWS + 1] = {0}, anchor_n = 0, n_bad = 0, n_variant = 0;
         double worst_skinny = 0.0, worst_cublas = 0.0, worst_abs_all = 0.0;
@@ -137,10 +137,10 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
         /* Largest n first: the first call the skinny path serves is the anchor of the bit checks. */
         for (int n = TEST_ROWS; n >= 1; n--) {
             long before = cuda_skinny_call_count();
-            d->be->linear(go, gx, gw, bias, n, in_dim, out_dim);
+            d->be->linear(d->be, go, gx, gw, bias, n, in_dim, out_dim);
             served[n] = cuda_skinny_call_count() > before;
             size_t count = (size_t)n * out_dim, wi;
-            d->be->download(got, go, count);
+            d->be->download(d->be, got, go, count);
             /* f32: both sides accumulate in fp32. bf16: the final rounding (<= |ref| 2^-8) and tensor-core
              * accumulation; cuBLAS's tolerance is test_cuda_ops's. */
             double atol = d->bf16 ? (served[n] ? 2e-4 : 2e-3) * maxref : 1e-5 * maxref + 1e-7;
@@ -191,9 +191,9 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
             size_t count = (size_t)anchor_n * out_dim;
             for (int r = 0; r < anchor_n; r++)
                 memcpy(x_rev + (size_t)r * in_dim, x + (size_t)(anchor_n - 1 - r) * in_dim, in_dim * sizeof(float));
-            d->be->upload(gx_rev, x_rev, (size_t)anchor_n * in_dim); /* already rounded: exact */
-            d->be->linear(go, gx_rev, gw, bias, anchor_n, in_dim, out_dim);
-            d->be->download(got, go, count);
+            d->be->upload(d->be, gx_rev, x_rev, (size_t)anchor_n * in_dim); /* already rounded: exact */
+            d->be->linear(d->be, go, gx_rev, gw, bias, anchor_n, in_dim, out_dim);
+            d->be->download(d->be, got, go, count);
             for (int r = 0; r < anchor_n && rev_ok; r++) {
                 long diff = first_bit_difference(got + (size_t)r * out_dim,
                                                  anchor + (size_t)(anchor_n - 1 - r) * out_dim, out_dim);
@@ -207,8 +207,8 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
             }
             record(rev_ok);
             /* Determinism: the anchor call again. */
-            d->be->linear(go, gx, gw, bias, anchor_n, in_dim, out_dim);
-            d->be->download(got, go, count);
+            d->be->linear(d->be, go, gx, gw, bias, anchor_n, in_dim, out_dim);
+            d->be->download(d->be, got, go, count);
             long diff = first_bit_difference(got, anchor, count);
             det_ok = diff < 0;
             record(det_ok);
@@ -224,8 +224,8 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
         fflush(stdout);
     }
     free(x), free(b), free(ref), free(got), free(anchor), free(x_rev);
-    d->be->free(gx), d->be->free(gw), d->be->free(gb), d->be->free(go), d->be->free(gx_rev);
-    CPU->free(cx), CPU->free(cw), CPU->free(cb), CPU->free(co);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go), d->be->free(d->be, gx_rev);
+    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
 }
 
 /* ---------------------------------------------------------------- fallbacks and views */
@@ -237,14 +237,14 @@ static void test_fallback(const Dev *d) {
     float *x = xmalloc(nx * sizeof(float)), *w = xmalloc(nw * sizeof(float)), *b = xmalloc(out_dim * sizeof(float));
     float *got = xmalloc(ny * sizeof(float)), *ref = xmalloc(ny * sizeof(float));
     fill_uniform(x, nx, 4, 1.0f), fill_uniform(w, nw, 5, 1.0f / 30.0f), fill_uniform(b, out_dim, 6, 0.5f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(ny);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim), *co = CPU->alloc(ny);
+    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(d->be, ny);
+    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim), *co = CPU->alloc(CPU, ny);
     long before = cuda_skinny_call_count();
-    d->be->linear(go, gx, gw, gb, n, in_dim, out_dim);
+    d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
     int fell_back = cuda_skinny_call_count() == before;
-    CPU->linear(co, cx, cw, cb, n, in_dim, out_dim);
-    d->be->download(got, go, ny);
-    CPU->download(ref, co, ny);
+    CPU->linear(CPU, co, cx, cw, cb, n, in_dim, out_dim);
+    d->be->download(d->be, got, go, ny);
+    CPU->download(CPU, ref, co, ny);
     double maxref = max_abs(ref, ny), wabs;
     size_t wi;
     double ratio = worst_ratio(got, ref, ny, d->bf16 ? 2e-3 * maxref : 1e-5 * maxref + 1e-7,
@@ -254,8 +254,8 @@ static void test_fallback(const Dev *d) {
     printf("%s %-9s fallback [%d,%d]x[%d,%d]^T +bias (in_dim %% 8 != 0): %s, err/tol %.3f\n", ok ? "ok  " : "FAIL",
            d->tag, n, in_dim, out_dim, in_dim, fell_back ? "went to cuBLAS" : "TAKEN BY THE SKINNY PATH", ratio);
     free(x), free(w), free(b), free(got), free(ref);
-    d->be->free(gx), d->be->free(gw), d->be->free(gb), d->be->free(go);
-    CPU->free(cx), CPU->free(cw), CPU->free(cb), CPU->free(co);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
+    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
 }
 
 /* x and w 8 elements into their buffers (still 16-byte aligned), out 1 element in (any alignment):
@@ -267,18 +267,18 @@ static void test_views(const Dev *d) {
     float *x = xmalloc(nx * sizeof(float)), *w = xmalloc(nw * sizeof(float)), *b = xmalloc(out_dim * sizeof(float));
     float *plain = xmalloc(ny * sizeof(float)), *viewed = xmalloc(ny * sizeof(float));
     fill_uniform(x, nx, 7, 1.0f), fill_uniform(w, nw, 8, 1.0f / 22.0f), fill_uniform(b, out_dim, 9, 0.5f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(ny);
-    void *gx_big = d->be->alloc(nx + off), *gw_big = d->be->alloc(nw + off), *go_big = d->be->alloc(ny + 1);
-    d->be->copy(gx_big, off, gx, 0, nx);
-    d->be->copy(gw_big, off, gw, 0, nw);
-    d->be->linear(go, gx, gw, gb, n, in_dim, out_dim);
+    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(d->be, ny);
+    void *gx_big = d->be->alloc(d->be, nx + off), *gw_big = d->be->alloc(d->be, nw + off), *go_big = d->be->alloc(d->be, ny + 1);
+    d->be->copy(d->be, gx_big, off, gx, 0, nx);
+    d->be->copy(d->be, gw_big, off, gw, 0, nw);
+    d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
     long before = cuda_skinny_call_count();
-    d->be->linear((char *)go_big + elem, (char *)gx_big + off * elem, (char *)gw_big + off * elem, gb, n, in_dim,
+    d->be->linear(d->be, (char *)go_big + elem, (char *)gx_big + off * elem, (char *)gw_big + off * elem, gb, n, in_dim,
                   out_dim);
     int served = cuda_skinny_call_count() > before;
-    d->be->download(plain, go, ny);
+    d->be->download(d->be, plain, go, ny);
     float *tmp = xmalloc((ny + 1) * sizeof(float));
-    d->be->download(tmp, go_big, ny + 1);
+    d->be->download(d->be, tmp, go_big, ny + 1);
     memcpy(viewed, tmp + 1, ny * sizeof(float));
     long diff = first_bit_difference(viewed, plain, ny);
     int ok = served && diff < 0;
@@ -287,8 +287,8 @@ static void test_views(const Dev *d) {
            served ? "skinny path" : "NOT SERVED BY THE SKINNY PATH",
            diff < 0 ? "bit-identical to whole buffers" : "DIFFERS from whole buffers");
     free(x), free(w), free(b), free(plain), free(viewed), free(tmp);
-    d->be->free(gx), d->be->free(gw), d->be->free(gb), d->be->free(go);
-    d->be->free(gx_big), d->be->free(gw_big), d->be->free(go_big);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
+    d->be->free(d->be, gx_big), d->be->free(d->be, gw_big), d->be->free(d->be, go_big);
 }
 
 /* ---------------------------------------------------------------- the bf16 GEMV (mode 3) */
@@ -305,25 +305,25 @@ static void test_gemv(const Dev *d, const char *name, int in_dim, int out_dim) {
     void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim);
     free(w);
-    void *go = d->be->alloc(ny), *co = CPU->alloc(ny);
+    void *go = d->be->alloc(d->be, ny), *co = CPU->alloc(CPU, ny);
     float *ref = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float)), *first = xmalloc(ny * sizeof(float));
-    CPU->linear(co, cx, cw, cb, rows, in_dim, out_dim);
-    CPU->download(ref, co, ny);
+    CPU->linear(CPU, co, cx, cw, cb, rows, in_dim, out_dim);
+    CPU->download(CPU, ref, co, ny);
     double maxref = 0;
     for (size_t i = 0; i < ny; i++) maxref = fmax(maxref, fabs(ref[i]));
     cuda_skinny_set_enabled(3);
     for (int n = 1; n <= rows; n++) {
         long before = cuda_skinny_call_count();
-        d->be->linear(go, gx, gw, gb, n, in_dim, out_dim);
+        d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
         int served = cuda_skinny_call_count() > before;
-        d->be->download(got, go, (size_t)n * out_dim);
+        d->be->download(d->be, got, go, (size_t)n * out_dim);
         double worst = 0;
         for (size_t i = 0; i < (size_t)n * out_dim; i++)
             worst = fmax(worst, fabs(got[i] - ref[i]) / (2e-4 * maxref + fabs(ref[i]) / 128.0));
         if (n == 1) memcpy(first, got, (size_t)out_dim * sizeof(float));
         int invariant = memcmp(first, got, (size_t)out_dim * sizeof(float)) == 0;
-        d->be->linear(go, gx, gw, gb, n, in_dim, out_dim);
-        d->be->download(first + out_dim, go, (size_t)out_dim); /* row 0 again: determinism */
+        d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
+        d->be->download(d->be, first + out_dim, go, (size_t)out_dim); /* row 0 again: determinism */
         int repeat = memcmp(first, first + out_dim, (size_t)out_dim * sizeof(float)) == 0;
         int ok = served && worst <= 1.0 && invariant && repeat;
         record(ok);
@@ -332,8 +332,8 @@ static void test_gemv(const Dev *d, const char *name, int in_dim, int out_dim) {
     }
     cuda_skinny_set_enabled(2);
     free(x), free(b), free(ref), free(got), free(first);
-    d->be->free(gx), d->be->free(gw), d->be->free(gb), d->be->free(go);
-    CPU->free(cx), CPU->free(cw), CPU->free(cb), CPU->free(co);
+    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
+    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
 }
 
 /* ---------------------------------------------------------------- main */

@@ -23,24 +23,24 @@
 
 /* ---------------------------------------------------------------- memory */
 
-static void *cpu_alloc(size_t n_elements) {
+static void *cpu_alloc(const Backend *be, size_t n_elements) {
     void *p = NULL;
     size_t bytes = (n_elements ? n_elements : 1) * sizeof(float);
     if (posix_memalign(&p, 64, bytes) != 0) colt_abort(__FILE__, __LINE__, "out of memory");
     return p;
 }
 
-static void cpu_free(void *buf) { free(buf); }
+static void cpu_free(const Backend *be, void *buf) { free(buf); }
 
-static void cpu_upload(void *dst, const float *src, size_t n) {
+static void cpu_upload(const Backend *be, void *dst, const float *src, size_t n) {
     if (n) memcpy(dst, src, n * sizeof(float));
 }
 
-static void cpu_download(float *dst, const void *src, size_t n) {
+static void cpu_download(const Backend *be, float *dst, const void *src, size_t n) {
     if (n) memcpy(dst, src, n * sizeof(float));
 }
 
-static void cpu_copy(void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n) {
+static void cpu_copy(const Backend *be, void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n) {
     if (n) memmove((float *)dst + dst_offset, (const float *)src + src_offset, n * sizeof(float));
 }
 
@@ -48,8 +48,11 @@ static void cpu_copy(void *dst, size_t dst_offset, const void *src, size_t src_o
 
 /* Deterministic mode (backend.h set_batch_invariant). Attention needs nothing:
  * cpu_attention and cpu_paged_attention share their arithmetic, per token. */
-static int g_cpu_batch_invariant = 0;
-static void cpu_set_batch_invariant(int on) { g_cpu_batch_invariant = on != 0; }
+typedef struct CpuContext {
+    int batch_invariant;
+} CpuContext;
+
+static void cpu_set_batch_invariant(const Backend *be, int on) { ((CpuContext *)be->ctx)->batch_invariant = on != 0; }
 
 /* linear with one summation order per output, whatever n: 8 interleaved
  * partial sums over k (lane k % 8), added as a fixed tree, then the bias.
@@ -73,12 +76,12 @@ static void cpu_linear_invariant(float *o, const float *x, const float *w, const
 
 /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias): one sgemm,
  * with the bias broadcast into out first and beta = 1. */
-static void cpu_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+static void cpu_linear(const Backend *be, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
                        int out_dim) {
     float *o = out;
     float beta = 0.0f;
     if (n <= 0 || out_dim <= 0) return;
-    if (g_cpu_batch_invariant) {
+    if (((const CpuContext *)be->ctx)->batch_invariant) {
         cpu_linear_invariant(o, x, w, bias, n, in_dim, out_dim);
         return;
     }
@@ -95,7 +98,7 @@ static void cpu_linear(void *out, const void *x, const void *w, const void *bias
 
 /* out[N, D] = x / sqrt(mean(x^2) + eps) * w; the mean in double, the scale
  * applied in fp32 like transformers (x * rsqrt(var + eps), then * w). */
-static void cpu_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps) {
+static void cpu_rmsnorm(const Backend *be, void *out, const void *x, const void *w, int n, int dim, float eps) {
     float *o = out;
     const float *xs = x, *ws = w;
 #pragma omp parallel for schedule(static)
@@ -141,13 +144,13 @@ static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_
     }
 }
 
-static void cpu_rope(void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
+static void cpu_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
     rope_rotate(x, pos, n, n_heads, head_dim, theta, 1.0f);
 }
 
 /* ---------------------------------------------------------------- attention */
 
-static void cpu_kv_store(void *k_cache, void *v_cache, const void *k, const void *v, const int *slot,
+static void cpu_kv_store(const Backend *be, void *k_cache, void *v_cache, const void *k, const void *v, const int *slot,
                          const int *pos, int n, int kv_dim, int max_len) {
     float *kc = k_cache, *vc = v_cache;
     const float *ks = k, *vs = v;
@@ -163,7 +166,7 @@ static void cpu_kv_store(void *k_cache, void *v_cache, const void *k, const void
  * of paged_attention. One (token, head) pair per OpenMP iteration. lse, when
  * asked for, is a second pass over the scores in double (cpu_attend_row keeps
  * its statistics to itself, and the engine shares it bit for bit). */
-static void cpu_attention(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
+static void cpu_attention(const Backend *be, void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
                           const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int max_len) {
     int group = n_heads / n_kv_heads;
@@ -195,7 +198,7 @@ static void cpu_attention(void *out, void *lse, const void *q, const void *k_cac
 
 /* ---------------------------------------------------------------- elementwise */
 
-static void cpu_swiglu(void *out, const void *gate, const void *up, size_t n) {
+static void cpu_swiglu(const Backend *be, void *out, const void *gate, const void *up, size_t n) {
     float *o = out;
     const float *g = gate, *u = up;
 #pragma omp parallel for schedule(static)
@@ -205,14 +208,14 @@ static void cpu_swiglu(void *out, const void *gate, const void *up, size_t n) {
     }
 }
 
-static void cpu_add(void *out, const void *a, const void *b, size_t n) {
+static void cpu_add(const Backend *be, void *out, const void *a, const void *b, size_t n) {
     float *o = out;
     const float *x = a, *y = b;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
 }
 
-static void cpu_embedding(void *out, const void *table, const int *ids, int n, int dim) {
+static void cpu_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim) {
     float *o = out;
     const float *t = table;
     for (int i = 0; i < n; i++)
@@ -224,12 +227,12 @@ static void cpu_embedding(void *out, const void *table, const int *ids, int n, i
  * writes a shared gradient is ordered the same way on every run, so results
  * are deterministic (no atomics). */
 
-static void cpu_zero(void *x, size_t n) {
+static void cpu_zero(const Backend *be, void *x, size_t n) {
     if (n) memset(x, 0, n * sizeof(float));
 }
 
 /* dx = dy @ w and dw += dy^T @ x as two sgemms; db += column sums of dy in double. */
-static void cpu_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
+static void cpu_linear_backward(const Backend *be, void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
                                 int in_dim, int out_dim, int accumulate_dx) {
     if (n <= 0 || out_dim <= 0 || in_dim <= 0) return;
     if (dx)
@@ -252,7 +255,7 @@ static void cpu_linear_backward(void *dx, void *dw, void *db, const void *dy, co
 
 /* Row-parallel dx (each row's r and mean(g*x) in double); dw accumulated
  * serially over rows afterwards, so its sum order is fixed. */
-static void cpu_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
+static void cpu_rmsnorm_backward(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
                                  float eps) {
     float *dxs = dx, *dws = dw;
     const float *dys = dy, *xs = x, *ws = w;
@@ -279,11 +282,11 @@ static void cpu_rmsnorm_backward(void *dx, void *dw, const void *dy, const void 
 }
 
 /* The transpose of rope's rotation is the rotation by -angle. */
-static void cpu_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
+static void cpu_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
     rope_rotate(dx, pos, n, n_heads, head_dim, theta, -1.0f);
 }
 
-static void cpu_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,
+static void cpu_kv_gather(const Backend *be, void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,
                           const int *pos, int n, int kv_dim, int max_len) {
     float *ks = k, *vs = v;
     const float *kc = k_cache, *vc = v_cache;
@@ -310,7 +313,7 @@ static double attn_dot(const float *a, const float *b, int n) {
     return s;
 }
 
-static void cpu_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
+static void cpu_attention_backward(const Backend *be, void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
                                    const void *out, const void *lse, const void *k_cache, const void *v_cache,
                                    const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                                    int n_slots, int max_len) {
@@ -376,7 +379,7 @@ static void cpu_attention_backward(void *dq, void *dk_cache, void *dv_cache, con
 }
 
 /* silu'(g) = s (1 + g (1 - s)), s = sigmoid(g); in double. */
-static void cpu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+static void cpu_swiglu_backward(const Backend *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                                 size_t n) {
     float *dg = dgate, *du = dup;
     const float *go = dout, *g = gate, *u = up;
@@ -390,7 +393,7 @@ static void cpu_swiglu_backward(void *dgate, void *dup, const void *dout, const 
 }
 
 /* Serial over tokens (repeated ids add in token order). */
-static void cpu_embedding_backward(void *dtable, const void *dout, const int *ids, int n, int dim) {
+static void cpu_embedding_backward(const Backend *be, void *dtable, const void *dout, const int *ids, int n, int dim) {
     float *t = dtable;
     const float *g = dout;
     for (int i = 0; i < n; i++) {
@@ -416,7 +419,7 @@ static void row_softmax_stats(const float *row, int vocab, double inv_t, double 
     *pz_out = pz / sum;
 }
 
-static void cpu_log_softmax_target(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
+static void cpu_log_softmax_target(const Backend *be, void *logprobs, void *entropy, const void *logits, const int *targets, int n,
                                    int vocab, float temperature) {
     float *lp = logprobs, *ent = entropy;
     const float *lg = logits;
@@ -436,7 +439,7 @@ static void cpu_log_softmax_target(void *logprobs, void *entropy, const void *lo
     }
 }
 
-static void cpu_log_softmax_target_backward(void *dlogits, const void *logits, const int *targets,
+static void cpu_log_softmax_target_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                             const void *dlogprobs, int n, int vocab, float temperature) {
     float *dl = dlogits;
     const float *lg = logits, *dlp = dlogprobs;
@@ -460,7 +463,7 @@ static void cpu_log_softmax_target_backward(void *dlogits, const void *logits, c
 /* torch.optim.AdamW (single-tensor path): the first moment uses lerp as torch
  * does (m + w (g - m), w = 1 - beta1, for w < 0.5), the rest in torch's order;
  * scalars folded in double then rounded to fp32 like torch's python scalars. */
-static void cpu_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+static void cpu_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bias_correction1, float bias_correction2) {
     COLT_ASSERT(master == NULL);  /* fp32 storage: the optimizer updates param itself */
     float *p = param, *ms = m, *vs = v;
@@ -481,7 +484,7 @@ static void cpu_adamw(void *param, void *master, const void *grad, void *m, void
     }
 }
 
-static double cpu_sum_squares(const void *x, size_t n) {
+static double cpu_sum_squares(const Backend *be, const void *x, size_t n) {
     const float *xs = x;
     double s = 0.0;
 #pragma omp parallel for reduction(+ : s) schedule(static)
@@ -489,18 +492,18 @@ static double cpu_sum_squares(const void *x, size_t n) {
     return s;
 }
 
-static void cpu_scale(void *x, float s, size_t n) {
+static void cpu_scale(const Backend *be, void *x, float s, size_t n) {
     float *xs = x;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) xs[i] *= s;
 }
 
-static void cpu_gather_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+static void cpu_gather_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim) {
     for (int i = 0; i < n; i++)
         memcpy((float *)dst + (size_t)i * dim, (const float *)src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
 }
 
-static void cpu_scatter_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+static void cpu_scatter_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim) {
     for (int i = 0; i < n; i++)
         memcpy((float *)dst + (size_t)rows[i] * dim, (const float *)src + (size_t)i * dim, sizeof(float) * (size_t)dim);
 }
@@ -508,21 +511,25 @@ static void cpu_scatter_rows(void *dst, const void *src, const int *rows, int n,
 /* ================================================================ engine */
 /* [i32] buffers are host int arrays here, so the i32 ops are the plain ones. */
 
-static void *cpu_alloc_i32(size_t n) { return xcalloc(n ? n : 1, sizeof(int)); }
-static void cpu_upload_i32(void *dst, const int *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
-static void cpu_download_i32(int *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
-static void cpu_embedding_i32(void *out, const void *table, const void *ids, int n, int dim) {
-    cpu_embedding(out, table, ids, n, dim);
+static void *cpu_alloc_i32(const Backend *be, size_t n) { return xcalloc(n ? n : 1, sizeof(int)); }
+static void cpu_upload_i32(const Backend *be, void *dst, const int *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
+static void cpu_download_i32(const Backend *be, int *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
+static void cpu_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim) {
+    cpu_embedding(be, out, table, ids, n, dim);
 }
-static void cpu_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
-    cpu_rope(x, pos, n, n_heads, head_dim, theta);
+static void cpu_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+    cpu_rope(be, x, pos, n, n_heads, head_dim, theta);
 }
-static void cpu_gather_rows_i32(void *dst, const void *src, const void *rows, int n, int dim) {
-    cpu_gather_rows(dst, src, rows, n, dim);
+static void cpu_gather_rows_i32(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim) {
+    cpu_gather_rows(be, dst, src, rows, n, dim);
 }
 
-static const Backend CPU_BACKEND = {
+static void cpu_close_instance(Backend *be);
+
+/* The op table every CPU instance copies. */
+static const Backend CPU_OPS = {
     .name = "cpu",
+    .close_instance = cpu_close_instance,
     .storage = DTYPE_F32,
     .logits_chunk_rows = 64,
     .alloc = cpu_alloc,
@@ -572,4 +579,27 @@ static const Backend CPU_BACKEND = {
     .set_batch_invariant = cpu_set_batch_invariant,
 };
 
-const Backend *backend_cpu(void) { return &CPU_BACKEND; }
+Backend *backend_cpu_open(void) {
+    Backend *be = xmalloc(sizeof *be);
+    *be = CPU_OPS;
+    be->device = 0;
+    be->ctx = xcalloc(1, sizeof(CpuContext));
+    return be;
+}
+
+static void cpu_close_instance(Backend *be) {
+    free(be->ctx);
+    free(be);
+}
+
+/* The shared instance, made on first use and kept for the process's life. */
+const Backend *backend_cpu(void) {
+    static CpuContext shared_ctx;
+    static Backend shared;
+    if (!shared.ctx) {
+        shared = CPU_OPS;
+        shared.ctx = &shared_ctx;
+        shared.close_instance = NULL; /* not closable */
+    }
+    return &shared;
+}

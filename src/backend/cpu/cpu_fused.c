@@ -21,7 +21,7 @@
 
 /* Row by row: x = x + delta (cpu_add), then the sum of squares of the new x in
  * double, the scale in double then fp32, w * (x * scale) (cpu_rmsnorm). */
-void cpu_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps) {
+void cpu_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps) {
     float *xs = x, *o = xn;
     const float *ds = delta, *ws = w;
 #pragma omp parallel for schedule(static)
@@ -49,7 +49,7 @@ static void rope_head(float *dst, const float *src, const float *cos_t, const fl
  * angle, cosf/sinf in fp32), the q heads rotated into q, and for a real token
  * (slot >= 0) the k heads rotated into its k_pool row and the v part copied
  * into its v_pool row, as paged_kv_store copies them. */
-void cpu_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
                         const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta) {
     float *qs = q, *kp = k_pool, *vp = v_pool;
     const float *src = qkv;
@@ -79,7 +79,7 @@ void cpu_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, co
 }
 
 /* out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j], cpu_swiglu's expression. */
-void cpu_swiglu_gate_up(void *out, const void *gate_up, int n, int f) {
+void cpu_swiglu_gate_up(const Backend *be, void *out, const void *gate_up, int n, int f) {
     float *o = out;
     const float *gu = gate_up;
 #pragma omp parallel for schedule(static)

@@ -19,7 +19,7 @@
 
 /* k[N, KVH*Dh] and v[N, KVH*Dh] of token i go to pool row slot_mapping[i];
  * tokens with a negative slot are padding and write nothing. */
-void cpu_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
+void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
                         int kv_dim) {
     float *kp = k_pool, *vp = v_pool;
     const float *ks = k, *vs = v;
@@ -68,7 +68,7 @@ void cpu_attend_row(float *out_row, const float *q_row, const float *k, const fl
 /* out[N, H*Dh]: token i (sequence seq[i], position pos[i]), head h attends to
  * positions 0..pos[i] through block_tables[seq[i], :], KV head h / (H/KVH).
  * Padding tokens (seq < 0) are skipped. */
-void cpu_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
+void cpu_paged_attention(const Backend *be, void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                          int block_size, int max_blocks) {
     const int *tables = block_tables, *seqs = seq, *positions = pos;

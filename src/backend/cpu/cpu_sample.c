@@ -10,7 +10,7 @@
 #include "backend/cpu/cpu_engine_ops.h"
 #include "backend/sampling.h"
 
-void cpu_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
+void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride) {
     int *out_tokens = tokens, *hist = history, *hist_len = history_len;

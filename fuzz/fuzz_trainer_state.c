@@ -14,7 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     StateLimits lim = {.resume_record = NULL,
                        .rollout = {.n_samples = 4, .group_size = 2, .n_funcs = 1, .max_prompt_len = 22,
                                    .max_completion_len = 8, .vocab_size = 512, .dataset_rows = 128,
-                                   .micro_per_round = 2, .has_old_logp = true, .has_ref_logp = true},
+                                   .micro_per_round = 2, .micro_batch_samples = 2, .has_old_logp = true,
+                                   .has_ref_logp = true},
                        .total_steps = 100};
     CheckpointState st;
     char err[ERR_LEN];

@@ -3,7 +3,8 @@
 # Skips apt entirely when everything is already there (offline re-runs work).
 set -euo pipefail
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-dev libomp-dev
-          libjansson-dev libpcre2-dev libutf8proc-dev libopenblas-dev libyaml-dev python3)
+          libjansson-dev libpcre2-dev libutf8proc-dev libopenblas-dev libyaml-dev python3
+          libopenmpi-dev openmpi-bin libgloo-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

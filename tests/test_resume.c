@@ -81,7 +81,7 @@ static int run(const char *args, char **err_out) { return run_with("", args, err
 /* As run, with files limited to max_file_bytes (SIGXFSZ ignored, so a write
  * past the limit fails with EFBIG as on a full disk). */
 static int run_file_limited(const char *args, long max_file_bytes, char **err_out) {
-    char cmd[8400], err_path[300];
+    char cmd[16384], err_path[300];
     snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
     snprintf(cmd, sizeof cmd, "exec %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
     pid_t pid = fork();
@@ -253,8 +253,9 @@ static void edit_order_repeats(json_t *s) {
     json_t *order = json_object_get(rollout_of(s), "order");
     json_array_set(order, 0, json_array_get(order, 1));
 }
-static void edit_micro_done_negative(json_t *s) { json_object_set_new(rollout_of(s), "micro_done", json_integer(-1)); }
-static void edit_micro_done_large(json_t *s) { json_object_set_new(rollout_of(s), "micro_done", json_integer(7)); }
+static void edit_samples_done_negative(json_t *s) { json_object_set_new(rollout_of(s), "samples_done", json_integer(-1)); }
+static void edit_samples_done_large(json_t *s) { json_object_set_new(rollout_of(s), "samples_done", json_integer(999)); }
+static void edit_samples_done_partial(json_t *s) { json_object_set_new(rollout_of(s), "samples_done", json_integer(7)); }
 static void edit_completion_long(json_t *s) {
     json_t *a = json_array();
     for (int i = 0; i < 300; i++) json_array_append_new(a, json_integer(5));
@@ -489,10 +490,10 @@ int main(void) {
     } changes[] = {
         {"--num_generations 4", "num_generations"},
         {"--generation_batch_size 64", "generation_batch_size"},
-        {"--steps_per_generation 4 --per_device_train_batch_size 8", "per_device_train_batch_size"},
+        {"--steps_per_generation 4 --per_device_train_batch_size 8", "samples per optimizer step"},
         {"--steps_per_generation 1", "generation_batch_size"},
         {"--num_iterations 2", "num_iterations"},
-        {"--gradient_accumulation_steps 2", "gradient_accumulation_steps"},
+        {"--gradient_accumulation_steps 2", "samples per optimizer step"},
         {"--max_completion_length 20", "max_completion_length"},
         {"--max_prompt_length 100", "max_prompt_length"},
         {"--seed 7", "seed"},
@@ -541,6 +542,14 @@ int main(void) {
     snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s --dataset %s", BASE, out,
              ck3, data_copy);
     expect_refused("--dataset (rows removed)", args, out, "dataset differs");
+    /* and what may change: the learning rate, max_steps, and how a step's samples are split into micro-batches */
+    sh("rm -rf %s", out);
+    snprintf(args, sizeof args, "%s --max_steps 6 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+             "--steps_per_generation 4 --output_dir %s --resume_from_checkpoint %s", BASE, out, ck3);
+    code = run(args, &err);
+    CHECK(code == 0, "resume with micro-batches of 8 x 2 instead of 16 x 1: exit %d: %s", code, err);
+    printf("  resume with micro-batches of 8 x 2 instead of 16 x 1 -> exit %d\n", code);
+    free(err);
     /* and what may change: the learning rate, max_steps */
     sh("rm -rf %s", out);
     snprintf(args, sizeof args, "%s --max_steps 4 --learning_rate 1e-4 --output_dir %s --resume_from_checkpoint %s",
@@ -563,8 +572,9 @@ int main(void) {
     } edits[] = {
         {"order entry out of range", edit_order_out_of_range, "order[0]"},
         {"order repeats a sample", edit_order_repeats, "repeats"},
-        {"micro_done -1", edit_micro_done_negative, "micro_done"},
-        {"micro_done past the round", edit_micro_done_large, "micro_done"},
+        {"samples_done -1", edit_samples_done_negative, "samples_done"},
+        {"samples_done past the round", edit_samples_done_large, "samples_done"},
+        {"samples_done inside a micro-batch", edit_samples_done_partial, "whole number"},
         {"completion of 300 tokens", edit_completion_long, "300 tokens"},
         {"token id out of the vocabulary", edit_token_out_of_vocab, "vocabulary"},
         {"sample's prompt index", edit_sample_prompt, "prompt"},

@@ -62,6 +62,8 @@ static const IntRange INT_KEYS[] = {
     {"eval_steps", 0, 1000000000, false},
     {"num_eval_prompts", 0, 1048576, false},
     {"log_completions_count", 0, 1048576, false},
+    {"ddp_timeout", 1, 604800, false},
+    {"nproc_per_node", 0, 1024, false},
     {"seed", 0, INT64_MAX, false},
 };
 

@@ -113,8 +113,8 @@ int main(int argc, char **argv) {
             be->zero_f32(be, c.dk_cache, nc), be->zero_f32(be, c.dv_cache, nc);
             c.slot = malloc(sizeof(int) * N), c.pos = malloc(sizeof(int) * N);
             for (int i = 0; i < N; i++) c.slot[i] = i / T, c.pos[i] = i % T;
-            double fwd_ms = backend_cuda_time_ms(run_forward, &c, iters);
-            double bwd_ms = backend_cuda_time_ms(run_backward, &c, iters);
+            double fwd_ms = backend_cuda_time_ms(be, run_forward, &c, iters);
+            double bwd_ms = backend_cuda_time_ms(be, run_backward, &c, iters);
             double fwd_flop = 4.0 * (double)T * T / 2.0 * s->head_dim * s->heads * B, bwd_flop = 2.5 * fwd_flop;
             double fwd_tf = fwd_flop / (fwd_ms * 1e-3) / 1e12, bwd_tf = bwd_flop / (bwd_ms * 1e-3) / 1e12;
             double all_tf = (fwd_flop + bwd_flop) / ((fwd_ms + bwd_ms) * 1e-3) / 1e12;

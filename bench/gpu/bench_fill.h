@@ -15,8 +15,8 @@
 static inline void *bench_random_chunk(const Backend *be, uint64_t seed, float scale) {
     float *host = malloc(FILL_CHUNK * sizeof(float));
     for (size_t i = 0; i < FILL_CHUNK; i++) host[i] = scale * rng_normal(seed, 0, i);
-    void *chunk = be->alloc(FILL_CHUNK);
-    be->upload(chunk, host, FILL_CHUNK);
+    void *chunk = be->alloc(be, FILL_CHUNK);
+    be->upload(be, chunk, host, FILL_CHUNK);
     free(host);
     return chunk;
 }
@@ -25,7 +25,7 @@ static inline void *bench_random_chunk(const Backend *be, uint64_t seed, float s
 static inline void bench_fill(const Backend *be, void *buf, size_t n, const void *chunk) {
     for (size_t off = 0; off < n; off += FILL_CHUNK) {
         size_t len = n - off < FILL_CHUNK ? n - off : FILL_CHUNK;
-        be->copy(buf, off, chunk, 0, len);
+        be->copy(be, buf, off, chunk, 0, len);
     }
 }
 

@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
             void *x = be->alloc(be, (size_t)n * in_dim), *out = be->alloc(be, (size_t)n * out_dim);
             bench_fill(be, x, (size_t)n * in_dim, chunk);
             LinearCall call = {be, out, x, w, n, in_dim, out_dim};
-            double ms = backend_cuda_time_ms(run_linear, &call, iters);
+            double ms = backend_cuda_time_ms(be, run_linear, &call, iters);
             double tflops = 2.0 * n * in_dim * out_dim / (ms * 1e-3) / 1e12;
             printf("| %d | %d | %d | %.3f | %.1f | %.1f |\n", n, in_dim, out_dim, ms, tflops,
                    100.0 * tflops / PEAK_TFLOPS);

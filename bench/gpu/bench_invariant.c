@@ -14,7 +14,7 @@
 #include "backend/cuda/cuda_bench.h"
 #include "bench_gpu_shapes.h"
 
-void cuda_invariant_force_shape(int shape); /* cuda_invariant.cu: a tile shape by index (-1 automatic) */
+void cuda_invariant_force_shape(const Backend *be, int shape); /* cuda_invariant.cu: a tile shape (-1 automatic) */
 
 typedef struct Call {
     const Backend *be;
@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
     char *list = strdup(env ? env : "1 16 64 512 4096 32768");
     for (char *t = strtok(list, " ,"); t && n_rows < 16; t = strtok(NULL, " ,")) rows[n_rows++] = atoi(t);
     free(list);
-    if (getenv("COLT_INV_SHAPE")) cuda_invariant_force_shape(atoi(getenv("COLT_INV_SHAPE")));
+    if (getenv("COLT_INV_SHAPE")) cuda_invariant_force_shape(be, atoi(getenv("COLT_INV_SHAPE")));
     const char *def[] = {"0.5b", "1.5b"};
     int n_presets = argc > 1 ? argc - 1 : 2;
     printf("Batch-invariant linear (deterministic mode) against the default path, bf16, CUDA events\n\n");
@@ -72,9 +72,9 @@ int main(int argc, char **argv) {
                 double flops = 2.0 * c.n * in_dim * out_dim, bytes = 2.0 * in_dim * out_dim;
                 int iters = flops > 1e12 ? 5 : 50;
                 be->set_batch_invariant(be, 0);
-                double ms_default = backend_cuda_time_ms(run_linear, &c, iters);
+                double ms_default = backend_cuda_time_ms(be, run_linear, &c, iters);
                 be->set_batch_invariant(be, 1);
-                double ms_inv = backend_cuda_time_ms(run_linear, &c, iters);
+                double ms_inv = backend_cuda_time_ms(be, run_linear, &c, iters);
                 be->set_batch_invariant(be, 0);
                 printf("| %s | %s %dx%d | %d | %.1f | %.2f | %.1f | %.2f | %.2f |\n", s->name, proj[j].name, out_dim,
                        in_dim, c.n, flops / ms_default / 1e9, bytes / ms_default / 1e9, flops / ms_inv / 1e9,

@@ -20,8 +20,8 @@
 #include "core/rng.h"
 
 /* cuda_skinny.cu (CUDA builds, C linkage): 1 on, 0 off (cuBLAS), -1 environment; calls served. */
-void cuda_skinny_set_enabled(int enabled);
-long cuda_skinny_call_count(void);
+void cuda_skinny_set_enabled(const Backend *be, int enabled);
+long cuda_skinny_call_count(const Backend *be);
 
 #define PEAK_GBS 4800.0
 #define FILL_CHUNK ((size_t)1 << 22)
@@ -82,12 +82,12 @@ static void bench_shape(const Backend *be, void *chunk, const char *name, int in
         LinearCall call = {be, out, x, with_bias ? bias : NULL, w, copies, 0, ROWS[r], in_dim, out_dim};
         /* COLT_SKINNY_MODE=3 times the bf16 GEMV (1..4 rows) instead of the tensor-core kernel;
          * 1 the default policy (each where it wins). */
-        cuda_skinny_set_enabled(getenv("COLT_SKINNY_MODE") ? atoi(getenv("COLT_SKINNY_MODE")) : 2);
-        long before = cuda_skinny_call_count();
-        double skinny_ms = backend_cuda_time_ms(run_linear, &call, iters);
-        int served = cuda_skinny_call_count() > before;
-        cuda_skinny_set_enabled(0);
-        double cublas_ms = backend_cuda_time_ms(run_linear, &call, iters);
+        cuda_skinny_set_enabled(be, getenv("COLT_SKINNY_MODE") ? atoi(getenv("COLT_SKINNY_MODE")) : 2);
+        long before = cuda_skinny_call_count(be);
+        double skinny_ms = backend_cuda_time_ms(be, run_linear, &call, iters);
+        int served = cuda_skinny_call_count(be) > before;
+        cuda_skinny_set_enabled(be, 0);
+        double cublas_ms = backend_cuda_time_ms(be, run_linear, &call, iters);
         double skinny_us = skinny_ms * 1e3, cublas_us = cublas_ms * 1e3;
         double gbs = (double)w_bytes / (skinny_ms * 1e-3) / 1e9;
         printf("| %s%s | %d | %d | %d | %.2f%s | %.2f | %.2fx | %.0f | %.1f |\n", name, with_bias ? " +b" : "", in_dim,
@@ -98,7 +98,7 @@ static void bench_shape(const Backend *be, void *chunk, const char *name, int in
         step_cublas_us[r] += count * cublas_us;
         if (r == 0) *step_bytes += count * (double)w_bytes;
     }
-    cuda_skinny_set_enabled(-1);
+    cuda_skinny_set_enabled(be, -1);
     for (int i = 0; i < copies; i++) be->free(be, w[i]);
     free(w);
     be->free(be, x), be->free(be, out), be->free(be, bias);

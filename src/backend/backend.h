@@ -253,7 +253,7 @@ struct Backend {
     bool (*decode_layers)(const Backend *be, void *plan, void *x, const void *pos, const void *seq, const void *slot_mapping,
                           const void *block_tables, int n);
 
-    /* Deterministic mode (process-wide, off by default; vLLM's VLLM_BATCH_INVARIANT):
+    /* Deterministic mode (the instance's own, off by default; vLLM's VLLM_BATCH_INVARIANT):
      * while on, every op computes a row (token) with bits that depend on that
      * row's inputs alone, never on how many rows the call has or what the others
      * hold (linear sums each output in one fixed order instead of the BLAS's
@@ -309,5 +309,7 @@ const Backend *backend_cuda_f32(void);
  * say there is no GPU). */
 Backend *backend_cuda_open(int device, DType storage, char *err);
 void backend_cuda_close(Backend *be);
+/* GPUs this process sees (0 without CUDA or without a GPU); creates no context. */
+int backend_cuda_device_count(void);
 
 #endif

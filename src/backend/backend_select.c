@@ -16,6 +16,7 @@ Backend *backend_cuda_open(int device, DType storage, char *err) {
     return NULL;
 }
 void backend_cuda_close(Backend *be) { (void)be; }
+int backend_cuda_device_count(void) { return 0; }
 #endif
 
 Backend *backend_open(const char *kind, int device, char *err) {

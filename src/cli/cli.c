@@ -1,5 +1,6 @@
 /* cli.c — see cli.h. */
 #include "cli/cli.h"
+#include "core/log.h"
 
 #include <errno.h>
 #include <math.h>
@@ -136,6 +137,7 @@ void lines_free(char **lines, size_t n) {
 }
 
 int cli_fail(const char *cmd, const char *msg) {
-    fprintf(stderr, "colt %s: %s\n", cmd, msg);
+    if (log_rank() != 0) fprintf(stderr, "colt %s: rank %d: %s\n", cmd, log_rank(), msg);
+    else fprintf(stderr, "colt %s: %s\n", cmd, msg);
     return 1;
 }

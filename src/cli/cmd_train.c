@@ -5,6 +5,10 @@
 
 #include "cli/cli.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "backend/backend.h"
+#include "dist/launch_env.h"
+#include "dist/local_launch.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -66,8 +70,33 @@ int cmd_train(int argc, char **argv) {
             return cli_fail("train", err);
         }
     }
+    /* Under torchrun, srun or mpirun this process is one rank of the launch. */
+    LaunchEnv env;
+    if (launch_env_from_process(&env, err) != 0) {
+        train_config_free(&cfg);
+        return cli_fail("train", err);
+    }
+    log_set_rank(env.rank);
+    /* No launcher: colt starts one process per GPU (or nproc_per_node) itself. */
+    if (env.launcher == LAUNCHER_NONE && !local_launch_is_child()) {
+        int nproc = cfg.nproc_per_node;
+        if (nproc == 0 && strcmp(cfg.device, "cpu") != 0)
+            nproc = cfg.devices ? (int)json_array_size(cfg.devices) : backend_cuda_device_count();
+        if (nproc > 1) {
+            char **child_argv = xcalloc((size_t)argc + 3, sizeof(char *));
+            child_argv[0] = "colt";
+            child_argv[1] = "train";
+            for (int i = 0; i < argc; i++) child_argv[i + 2] = argv[i];
+            fprintf(stderr, "colt train: starting %d processes on this node (nproc_per_node)\n", nproc);
+            int status = local_launch_run(nproc, child_argv, err);
+            free(child_argv);
+            train_config_free(&cfg);
+            return status < 0 ? cli_fail("train", err) : status;
+        }
+    }
+    cfg.world_size = env.world_size;
     int rc = 0;
-    if (train_config_finalize(&cfg, err) != 0 || trainer_run(&cfg, err) != 0) rc = cli_fail("train", err);
+    if (train_config_finalize(&cfg, err) != 0 || trainer_run(&cfg, &env, err) != 0) rc = cli_fail("train", err);
     train_config_free(&cfg);
     return rc;
 }

@@ -9,6 +9,7 @@
 static int g_rank = 0;
 
 void log_set_rank(int rank) { g_rank = rank; }
+int log_rank(void) { return g_rank; }
 
 void log_info0(const char *fmt, ...) {
     if (g_rank != 0) return;

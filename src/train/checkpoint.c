@@ -153,11 +153,17 @@ int fingerprint_file(Fingerprint out, const char *path, char *err) {
  * was generated, scored and shuffled. Others (learning rate, max_steps,
  * logging, the loss's clipping, ...) may change between runs, as in TRL. */
 static const char *RECORD_SETTINGS[] = {
-    "num_generations", "generation_batch_size", "per_device_train_batch_size", "steps_per_generation",
-    "num_iterations", "gradient_accumulation_steps", "max_completion_length", "max_prompt_length", "seed",
-    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta", "scale_rewards",
-    "mask_truncated_completions", "reward_funcs", "reward_weights",
+    "num_generations", "generation_batch_size", "samples_per_step", "num_iterations", "max_completion_length",
+    "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
+    "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights",
 };
+/* Derived entries, and how a message names them. The world size itself may
+ * change: what the saved state depends on is how many samples a step takes. */
+static const char *setting_title(const char *key) {
+    if (strcmp(key, "samples_per_step") == 0)
+        return "samples per optimizer step (per_device_train_batch_size x processes x gradient_accumulation_steps)";
+    return key;
+}
 #define N_RECORD_SETTINGS (sizeof RECORD_SETTINGS / sizeof RECORD_SETTINGS[0])
 
 int checkpoint_resume_record(json_t **out, const TrainConfig *c, char *err) {
@@ -167,6 +173,9 @@ int checkpoint_resume_record(json_t **out, const TrainConfig *c, char *err) {
         fingerprint_file(data_fp, c->dataset, err) != 0)
         return COLT_ERR;
     json_t *all = train_config_to_json(c), *settings = json_object();
+    json_object_set_new(all, "samples_per_step",
+                        json_integer((json_int_t)c->per_device_train_batch_size * c->world_size *
+                                     c->gradient_accumulation_steps));
     for (size_t i = 0; i < N_RECORD_SETTINGS; i++) {
         json_t *v = json_object_get(all, RECORD_SETTINGS[i]);
         json_object_set(settings, RECORD_SETTINGS[i], v ? v : json_null());
@@ -219,9 +228,9 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);
-        return errorf(err, "resume from %s: %s was %s there, %s here; the saved state depends on it: resume with %s %s, "
-                           "or start a new run with --model %s",
-                      ckpt, RECORD_SETTINGS[i], va, vb, RECORD_SETTINGS[i], va, ckpt);
+        return errorf(err, "resume from %s: %s was %s there, %s here; the saved state depends on it: resume with the "
+                           "same, or start a new run with --model %s",
+                      ckpt, setting_title(RECORD_SETTINGS[i]), va, vb, ckpt);
     }
     return COLT_OK;
 }
@@ -229,7 +238,7 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
 /* ---------------------------------------------------------------- trainer_state.json */
 
 json_t *checkpoint_state_json(const TrainerProgress *p, const Metrics *m, const Rollout *in_round,
-                              const GrpoSamplingMetrics *sm, const json_t *resume_record) {
+                              int micro_batch_samples, const GrpoSamplingMetrics *sm, const json_t *resume_record) {
     json_t *o = json_object();
     json_object_set_new(o, "global_step", json_integer(p->global_step));
     json_object_set_new(o, "round", json_integer(p->round));
@@ -237,7 +246,7 @@ json_t *checkpoint_state_json(const TrainerProgress *p, const Metrics *m, const 
     json_object_set_new(o, "epoch_pos", json_integer((json_int_t)p->epoch_pos));
     json_object_set_new(o, "num_tokens", json_integer(p->num_tokens));
     json_object_set_new(o, "metrics", metrics_to_json(m));
-    json_object_set_new(o, "rollout", in_round ? rollout_to_json(in_round) : json_null());
+    json_object_set_new(o, "rollout", in_round ? rollout_to_json(in_round, micro_batch_samples) : json_null());
     if (in_round) /* the round's sampling metrics so far, logged at its first pass's end */
         json_object_set_new(o, "round_sampling",
                             json_pack("{s:f,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:I}", "logp_difference_mean",

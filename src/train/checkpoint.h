@@ -80,7 +80,8 @@ typedef struct StateLimits {
 
 /* trainer_state.json's text for a state (the rollout only when inside a round). */
 json_t *checkpoint_state_json(const TrainerProgress *p, const Metrics *m, const Rollout *in_round,
-                              const GrpoSamplingMetrics *round_sampling, const json_t *resume_record);
+                              int micro_batch_samples, const GrpoSamplingMetrics *round_sampling,
+                              const json_t *resume_record);
 
 /* Parses and checks trainer_state.json's text (name: for messages): its resume
  * record against lim->resume_record first (a changed setting is named as such,

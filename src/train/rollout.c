@@ -46,11 +46,11 @@ static json_t *ints_json(const int *x, int n) {
     return a;
 }
 
-json_t *rollout_to_json(const Rollout *r) {
+json_t *rollout_to_json(const Rollout *r, int micro_batch_samples) {
     if (!r->samples) return json_null();
     json_t *o = json_object();
     json_object_set_new(o, "round", json_integer(r->round));
-    json_object_set_new(o, "micro_done", json_integer(r->micro_done));
+    json_object_set_new(o, "samples_done", json_integer((json_int_t)r->micro_done * micro_batch_samples));
     json_object_set_new(o, "num_items", json_real(r->num_items));
     json_t *prompts = json_array();
     for (int p = 0; p < r->n_prompts; p++)
@@ -140,8 +140,9 @@ static int checked_float(float *x, json_t *v, bool allow_null, const char *where
     return COLT_OK;
 }
 
-/* An optional per-token log-prob array: present exactly when wanted. */
-static int checked_logp(float **out, json_t *so, const char *key, bool wanted, bool optional, int len,
+/* An optional per-token log-prob array: present exactly when wanted. null
+ * entries (allow_null) read as NaN: the engine's "not scored". */
+static int checked_logp(float **out, json_t *so, const char *key, bool wanted, bool optional, bool allow_null, int len,
                         const char *where, const char *ctx, char *err) {
     json_t *a = json_object_get(so, key);
     char what[96];
@@ -149,7 +150,7 @@ static int checked_logp(float **out, json_t *so, const char *key, bool wanted, b
     if (!a) return wanted && !optional ? errorf(err, "%s: %s is missing", where, what) : COLT_OK;
     if (!wanted) return errorf(err, "%s: %s is present but this run does not use it", where, what);
     *out = xmalloc(sizeof(float) * (size_t)len);
-    return checked_floats(*out, a, len, false, where, what, err);
+    return checked_floats(*out, a, len, allow_null, where, what, err);
 }
 
 static int read_sample(Rollout *r, int i, json_t *so, const RolloutShape *shape, const char *where, char *err) {
@@ -182,9 +183,9 @@ static int read_sample(Rollout *r, int i, json_t *so, const RolloutShape *shape,
     if (checked_floats(r->per_func + (size_t)i * shape->n_funcs, json_object_get(so, "per_func"), shape->n_funcs,
                        true, where, what, err) != 0)
         return COLT_ERR;
-    if (checked_logp(&s->old_logp, so, "old_logp", shape->has_old_logp, false, s->len, where, ctx, err) != 0 ||
-        checked_logp(&s->sampling_logp, so, "sampling_logp", true, true, s->len, where, ctx, err) != 0 ||
-        checked_logp(&s->ref_logp, so, "ref_logp", shape->has_ref_logp, false, s->len, where, ctx, err) != 0)
+    if (checked_logp(&s->old_logp, so, "old_logp", shape->has_old_logp, false, false, s->len, where, ctx, err) != 0 ||
+        checked_logp(&s->sampling_logp, so, "sampling_logp", true, true, true, s->len, where, ctx, err) != 0 ||
+        checked_logp(&s->ref_logp, so, "ref_logp", shape->has_ref_logp, false, false, s->len, where, ctx, err) != 0)
         return COLT_ERR;
     return COLT_OK;
 }
@@ -203,10 +204,15 @@ static int read_rollout(Rollout *r, json_t *o, const RolloutShape *shape, const 
     if (checked_int(&v, json_object_get(o, "round"), 0, INT64_MAX / 2, where, "rollout round", err) != 0)
         return COLT_ERR;
     r->round = v;
-    if (checked_int(&v, json_object_get(o, "micro_done"), 0, shape->micro_per_round - 1, where, "rollout micro_done",
-                    err) != 0)
+    /* Consumption is kept in samples, so a checkpoint of one world size resumes at another. */
+    const int64_t mbs = shape->micro_batch_samples;
+    if (checked_int(&v, json_object_get(o, "samples_done"), 0, (int64_t)shape->micro_per_round * mbs - 1, where,
+                    "rollout samples_done", err) != 0)
         return COLT_ERR;
-    r->micro_done = (int)v;
+    if (v % mbs != 0)
+        return errorf(err, "%s: rollout samples_done %lld is not a whole number of micro-batches of %lld samples", where,
+                      (long long)v, (long long)mbs);
+    r->micro_done = (int)(v / mbs);
     json_t *items = json_object_get(o, "num_items");
     double max_items = (double)shape->n_samples * shape->max_completion_len;
     if (!json_is_number(items) || !(json_number_value(items) >= 0) || json_number_value(items) > max_items)

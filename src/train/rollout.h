@@ -35,7 +35,7 @@ typedef struct Rollout {
     float *per_func;     /* [n_samples, n_funcs] rewards, NaN = none */
     int *order;          /* [n_samples] a permutation: the micro-batches' sample order */
     double num_items;    /* completion tokens counted by the loss, whole batch */
-    int micro_done;      /* micro-batches consumed */
+    int micro_done;      /* micro-batches of the world consumed (JSON: samples_done, which any world size reads) */
     int64_t round;
 } Rollout;
 
@@ -49,14 +49,16 @@ typedef struct RolloutShape {
     int vocab_size;          /* every token id below it */
     size_t dataset_rows;     /* every row index below it */
     int micro_per_round;     /* steps_per_generation * num_iterations: micro_done stays below it */
+    int micro_batch_samples; /* samples in one micro-batch of the world: per_device_train_batch_size x processes */
     bool has_old_logp;       /* old log-probs are computed (generation and optimizer steps misaligned) */
     bool has_ref_logp;       /* beta > 0 */
 } RolloutShape;
 
 void rollout_free(Rollout *r);
 
-/* The rollout as JSON (json null when there is none). */
-json_t *rollout_to_json(const Rollout *r);
+/* The rollout as JSON (json null when there is none); micro_batch_samples as
+ * in RolloutShape (consumption is written in samples). */
+json_t *rollout_to_json(const Rollout *r, int micro_batch_samples);
 
 /* Replaces *r by the rollout in o (json null or NULL: none). Every field is
  * checked against shape; on error *r is empty and err names the field

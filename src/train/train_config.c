@@ -122,6 +122,14 @@ static const ConfigKey KEYS[] = {
      .imin = 0, .imax = INT64_MAX},
     K(resume_from_checkpoint, KEY_STRING, "checkpoint folder to continue from"),
     K(device, KEY_STRING, "cpu, cuda or auto (cuda when a GPU is usable)"),
+    K(devices, KEY_JSON_LIST,
+      "GPU indices this node's processes use, local rank r taking the r-th (default: 0, 1, ...; list one twice to "
+      "share a GPU on purpose)"),
+    KI(nproc_per_node, 0, 1024,
+       "processes colt starts on this node when no launcher started it (0 = one per visible GPU, or per entry of "
+       "devices; 1 = this process alone)"),
+    KI(ddp_timeout, 1, 604800,
+       "seconds any rank waits for the others in a collective before the job stops with an error (several processes)"),
 };
 #undef K
 #undef KI
@@ -136,6 +144,7 @@ static const ConfigKey KEYS[] = {
 void train_config_defaults(TrainConfig *c) {
     memset(c, 0, sizeof *c);
     c->output_dir = xstrdup("runs/grpo");
+    c->world_size = 1;
     c->learning_rate = 1e-6;
     c->lr_scheduler_type = xstrdup("linear");
     c->weight_decay = 0.0;
@@ -177,6 +186,7 @@ void train_config_defaults(TrainConfig *c) {
     c->log_completions_count = 2;
     c->seed = 42;
     c->device = xstrdup("auto");
+    c->ddp_timeout = 600;
 }
 
 void train_config_free(TrainConfig *c) {
@@ -751,6 +761,12 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->output_dir || !*c->output_dir) return errorf(err, "settings: 'output_dir' must be set");
     if (!c->reward_funcs || json_array_size(c->reward_funcs) == 0)
         return errorf(err, "settings: 'reward_funcs' needs at least one reward function");
+    for (size_t i = 0; c->devices && i < json_array_size(c->devices); i++) {
+        json_t *d = json_array_get(c->devices, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) > 1023)
+            return errorf(err, "settings: devices[%zu] must be a GPU index (0 .. 1023)", i);
+    }
+    if (c->devices && json_array_size(c->devices) == 0) return errorf(err, "settings: devices is an empty list");
     if (c->reward_weights && json_array_size(c->reward_weights) != json_array_size(c->reward_funcs))
         return errorf(err, "settings: reward_weights has %zu values for %zu reward functions",
                       json_array_size(c->reward_weights), json_array_size(c->reward_funcs));
@@ -814,11 +830,23 @@ int train_config_finalize(TrainConfig *c, char *err) {
     /* TRL: generation_batch_size and steps_per_generation are alternatives. */
     if (c->generation_batch_size > 0 && c->steps_per_generation > 0)
         return errorf(err, "settings: set generation_batch_size or steps_per_generation, not both");
-    int bs = c->per_device_train_batch_size;
+    if (c->world_size < 1 || c->world_size > TRAIN_CONFIG_MAX_BATCH)
+        return errorf(err, "settings: world size %d is out of range (1 .. %d)", c->world_size, TRAIN_CONFIG_MAX_BATCH);
+    /* A micro-batch spans the world: per_device_train_batch_size on each process. */
+    int64_t global_batch = (int64_t)c->per_device_train_batch_size * c->world_size;
+    if (global_batch > TRAIN_CONFIG_MAX_COMPLETIONS)
+        return errorf(err, "settings: per_device_train_batch_size %d x %d processes is more than %d completions",
+                      c->per_device_train_batch_size, c->world_size, TRAIN_CONFIG_MAX_COMPLETIONS);
+    int bs = (int)global_batch;
     if (c->generation_batch_size > 0) {
         if (c->generation_batch_size % bs != 0)
-            return errorf(err, "settings: generation_batch_size (%d) must be divisible by per_device_train_batch_size (%d)",
-                          c->generation_batch_size, bs);
+            return c->world_size > 1
+                       ? errorf(err, "settings: generation_batch_size (%d) must be divisible by "
+                                     "per_device_train_batch_size x processes (%d x %d)",
+                                c->generation_batch_size, c->per_device_train_batch_size, c->world_size)
+                       : errorf(err, "settings: generation_batch_size (%d) must be divisible by "
+                                     "per_device_train_batch_size (%d)",
+                                c->generation_batch_size, bs);
         int steps = c->generation_batch_size / bs;
         if (steps > TRAIN_CONFIG_MAX_BATCH)
             return errorf(err, "settings: steps_per_generation: generation_batch_size %d / per_device_train_batch_size %d "

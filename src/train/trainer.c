@@ -16,6 +16,7 @@
 #include "train/trainer.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -41,6 +42,7 @@
 #include "train/optim.h"
 #include "train/report.h"
 #include "train/rollout.h"
+#include "train/train_dist.h"
 
 /* RNG streams: keep sampling of training, eval and shuffles apart. The
  * engine's sampler takes stream ids below 2^31: training completions use
@@ -59,6 +61,7 @@ static void on_stop_signal(int sig) {
 typedef struct Trainer {
     TrainConfig *cfg;
     Backend *be;              /* this process's instance, opened on its device */
+    TrainDist dist;           /* rank, world size and communicator (a world of one: no communicator) */
     Model *model, *ref_model;
     Tokenizer *tok;
     Dataset *data, *eval_data;
@@ -197,18 +200,19 @@ static int pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
     return n;
 }
 
-/* Log-probs of each sample's completion under model m (old or reference),
- * in micro-batches; out[i] gets a malloc'd [len] array. */
-static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, char *err) {
+/* Log-probs of samples [lo, hi)'s completions under model m (old or
+ * reference), in micro-batches of per_device_train_batch_size; out[i - lo]
+ * gets a malloc'd [len] array. */
+static int completion_logprobs(Trainer *t, Model *m, Rollout *r, int lo, int hi, float **out, char *err) {
     int bs = t->cfg->per_device_train_batch_size;
     int *idx = xmalloc(sizeof(int) * (size_t)bs);
     int rc = COLT_OK;
-    for (int start = 0; start < r->n_samples; start += bs) {
-        int B = r->n_samples - start < bs ? r->n_samples - start : bs;
+    for (int start = lo; start < hi; start += bs) {
+        int B = hi - start < bs ? hi - start : bs;
         for (int b = 0; b < B; b++) idx[b] = start + b;
         int n = pack_batch(t, r, idx, B);
-        if (ensure_activations(t, err) != 0) return COLT_ERR;
-        if (model_train_forward(m, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
+        if (ensure_activations(t, err) != 0 ||
+            model_train_forward(m, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
                                 (float)t->cfg->temperature, t->tok_logp, NULL, err) != 0) {
             rc = COLT_ERR;
             break;
@@ -220,10 +224,42 @@ static int completion_logprobs(Trainer *t, Model *m, Rollout *r, float **out, ch
             float *lp = xmalloc(sizeof(float) * (size_t)s->len);
             for (int j = 0; j < s->len; j++) lp[j] = t->tok_logp[k + plen - 1 + j];
             k += plen + s->len - 1;
-            out[start + b] = lp;
+            out[start + b - lo] = lp;
         }
     }
     free(idx);
+    return rc;
+}
+
+/* This rank's share of a round's N samples: [lo, hi). N is a multiple of the
+ * world's micro-batch, so every rank gets the same count. */
+static void local_range(const Trainer *t, int N, int *lo, int *hi) {
+    *lo = (int)((int64_t)N * t->dist.rank / t->dist.world);
+    *hi = (int)((int64_t)N * (t->dist.rank + 1) / t->dist.world);
+}
+
+/* Gathers per-token values of samples [lo, hi) from every rank into each
+ * sample's field (old_logp, ref_logp or sampling_logp): mine[i - lo] are this
+ * rank's arrays (taken over). */
+static int gather_token_values(Trainer *t, Rollout *r, float **mine, int lo, int hi, size_t field, char *err) {
+    const int L = t->cfg->max_completion_length, n_local = hi - lo, N = r->n_samples;
+    float *send = xcalloc((size_t)n_local * L, sizeof(float)), *all = xcalloc((size_t)N * L, sizeof(float));
+    for (int i = 0; i < n_local; i++) {
+        if (mine[i]) memcpy(send + (size_t)i * L, mine[i], sizeof(float) * (size_t)r->samples[lo + i].len);
+        else for (int j = 0; j < L; j++) send[(size_t)i * L + j] = NAN;
+        free(mine[i]);
+        mine[i] = NULL;
+    }
+    int rc = train_dist_gather(&t->dist, all, send, sizeof(float) * (size_t)n_local * L, err);
+    for (int i = 0; rc == 0 && i < N; i++) {
+        Sample *s = &r->samples[i];
+        float **dst = (float **)((char *)s + field);
+        free(*dst);
+        *dst = xmalloc(sizeof(float) * (size_t)s->len);
+        memcpy(*dst, all + (size_t)i * L, sizeof(float) * (size_t)s->len);
+    }
+    free(send);
+    free(all);
     return rc;
 }
 
@@ -308,55 +344,83 @@ static int new_rollout(Trainer *t, char *err) {
         if (prompt_ids_for_row(t, t->data, r->rows[p], &r->prompt_ids[p], &r->prompt_len[p], &r->prompt_text[p], err) != 0)
             return COLT_ERR;
 
-    /* Generate with the live weights, in the memory the training activations
-     * give back (they are re-created for the next forward). */
+    /* Generate this rank's share with the live weights, in the memory the
+     * training activations give back (they are re-created for the next forward).
+     * Sample i draws from RNG stream round * N + i whatever rank makes it, so the
+     * completions do not depend on the world size. */
     double t0 = time_now();
-    make_room_for_generation(t, N);
-    GenSequence *seqs = xcalloc((size_t)N, sizeof(GenSequence));
-    for (int i = 0; i < N; i++) {
-        seqs[i].prompt = r->prompt_ids[i / G];
-        seqs[i].prompt_len = r->prompt_len[i / G];
-        seqs[i].stream = ((uint64_t)t->round * (uint64_t)N + (uint64_t)i) % STREAM_EVAL_BASE;
+    int lo, hi;
+    local_range(t, N, &lo, &hi);
+    const int n_local = hi - lo, L = c->max_completion_length;
+    make_room_for_generation(t, n_local);
+    GenSequence *seqs = xcalloc((size_t)n_local, sizeof(GenSequence));
+    for (int j = 0; j < n_local; j++) {
+        int i = lo + j;
+        seqs[j].prompt = r->prompt_ids[i / G];
+        seqs[j].prompt_len = r->prompt_len[i / G];
+        seqs[j].stream = ((uint64_t)t->round * (uint64_t)N + (uint64_t)i) % STREAM_EVAL_BASE;
     }
-    GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
-                          .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
+    GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
+                          .n_stop_ids = t->n_stop};
     EngineStats es;
-    if (engine_generate(t->model, seqs, N, &go, &t->engine_opts, &es, err) != 0) {
-        free(seqs);
-        return COLT_ERR;
+    int rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+    if (rc == 0) log_engine_stats(t, &es);
+    /* Every rank gets every completion: ids, lengths, stop flags and the engine's log-probs. */
+    int *send = xcalloc((size_t)n_local * (L + 2), sizeof(int)), *all = xcalloc((size_t)N * (L + 2), sizeof(int));
+    float **sampling = xcalloc((size_t)n_local, sizeof(float *));
+    for (int j = 0; rc == 0 && j < n_local; j++) {
+        int *row = send + (size_t)j * (L + 2);
+        row[0] = seqs[j].n_tokens;
+        row[1] = seqs[j].finish == FINISH_STOP;
+        memcpy(row + 2, seqs[j].tokens, sizeof(int) * (size_t)seqs[j].n_tokens);
+        sampling[j] = seqs[j].logprobs;
+        seqs[j].logprobs = NULL;
     }
-    log_engine_stats(t, &es);
-    for (int i = 0; i < N; i++) {
+    for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
+    free(seqs);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0) rc = train_dist_gather(&t->dist, all, send, sizeof(int) * (size_t)n_local * (L + 2), err);
+    for (int i = 0; rc == 0 && i < N; i++) {
+        const int *row = all + (size_t)i * (L + 2);
         Sample *s = &r->samples[i];
         s->prompt = i / G;
-        s->completion = seqs[i].tokens;
-        s->len = seqs[i].n_tokens;
-        s->terminated = seqs[i].finish == FINISH_STOP;
-        s->sampling_logp = seqs[i].logprobs;
+        s->len = row[0];
+        s->terminated = row[1];
+        s->completion = xmalloc(sizeof(int) * (size_t)(s->len > 0 ? s->len : 1));
+        memcpy(s->completion, row + 2, sizeof(int) * (size_t)s->len);
         int n_text = s->len - (s->terminated ? 1 : 0);
-        if (tokenizer_decode_generated(t->tok, s->completion, (size_t)n_text, true, &s->text, err) != 0) {
-            free(seqs);
-            return COLT_ERR;
-        }
+        rc = tokenizer_decode_generated(t->tok, s->completion, (size_t)n_text, true, &s->text, err);
     }
-    free(seqs);
+    if (rc == 0) rc = gather_token_values(t, r, sampling, lo, hi, offsetof(Sample, sampling_logp), err);
+    for (int j = 0; j < n_local; j++) free(sampling[j]);
+    free(sampling);
+    free(send);
+    free(all);
+    if (rc != 0) return COLT_ERR;
     double t1 = time_now();
     t->time_generation += t1 - t0;
 
     /* A completion of zero tokens cannot be scored by the loss; generate() always
      * gives at least one token when max_completion_length >= 1. */
-    const char **prompts = xmalloc(sizeof(char *) * (size_t)N);
-    const char **completions = xmalloc(sizeof(char *) * (size_t)N);
-    size_t *rows = xmalloc(sizeof(size_t) * (size_t)N);
-    for (int i = 0; i < N; i++) {
-        prompts[i] = r->prompt_text[i / G];
-        completions[i] = r->samples[i].text;
-        rows[i] = r->rows[i / G];
+    /* Each rank scores its own share (a reward program runs once per completion),
+     * then every rank gets every reward. */
+    const char **prompts = xmalloc(sizeof(char *) * (size_t)n_local);
+    const char **completions = xmalloc(sizeof(char *) * (size_t)n_local);
+    size_t *rows = xmalloc(sizeof(size_t) * (size_t)n_local);
+    float *mine = xcalloc((size_t)n_local * (size_t)t->n_rewards + 1, sizeof(float));
+    for (int j = 0; j < n_local; j++) {
+        prompts[j] = r->prompt_text[(lo + j) / G];
+        completions[j] = r->samples[lo + j].text;
+        rows[j] = r->rows[(lo + j) / G];
     }
-    int rc = score_completions(t, r->per_func, t->data, rows, prompts, completions, N, err);
+    rc = score_completions(t, mine, t->data, rows, prompts, completions, n_local, err);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0)
+        rc = train_dist_gather(&t->dist, r->per_func, mine, sizeof(float) * (size_t)n_local * (size_t)t->n_rewards, err);
     free(prompts);
     free(completions);
     free(rows);
+    free(mine);
     if (rc != 0) return COLT_ERR;
 
     float *rewards = xmalloc(sizeof(float) * (size_t)N), *adv = xmalloc(sizeof(float) * (size_t)N);
@@ -423,16 +487,16 @@ static int new_rollout(Trainer *t, char *err) {
 
     /* Old and reference log-probs (TRL computes them before any update of the round). */
     double t_lp = time_now();
-    float **lp = xcalloc((size_t)N, sizeof(float *));
+    float **lp = xcalloc((size_t)n_local, sizeof(float *));
     if (t->need_old_logp) {
-        if (completion_logprobs(t, t->model, r, lp, err) != 0) rc = COLT_ERR;
-        for (int i = 0; i < N; i++) r->samples[i].old_logp = lp[i], lp[i] = NULL;
+        rc = train_dist_agree(&t->dist, completion_logprobs(t, t->model, r, lo, hi, lp, err), err);
+        if (rc == 0) rc = gather_token_values(t, r, lp, lo, hi, offsetof(Sample, old_logp), err);
     }
     if (rc == 0 && t->ref_model) {
-        if (completion_logprobs(t, t->ref_model, r, lp, err) != 0) rc = COLT_ERR;
-        for (int i = 0; i < N; i++) r->samples[i].ref_logp = lp[i], lp[i] = NULL;
+        rc = train_dist_agree(&t->dist, completion_logprobs(t, t->ref_model, r, lo, hi, lp, err), err);
+        if (rc == 0) rc = gather_token_values(t, r, lp, lo, hi, offsetof(Sample, ref_logp), err);
     }
-    for (int i = 0; i < N; i++) free(lp[i]);
+    for (int j = 0; j < n_local; j++) free(lp[j]);
     free(lp);
     double lp_seconds = time_now() - t_lp;
     t->time_logprobs += lp_seconds;
@@ -454,12 +518,15 @@ static int new_rollout(Trainer *t, char *err) {
 }
 
 /* One micro-batch: forward, GRPO loss, backward (gradients accumulate). */
-static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
+/* This rank's part of a micro-batch: forward, GRPO loss, backward (gradients
+ * accumulate). Fills the values the ranks then share. */
+static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double values[6], char *err) {
     TrainConfig *c = t->cfg;
     Rollout *r = &t->ro;
     const int bs = c->per_device_train_batch_size;
+    /* Micro-batch k of the round spans the world: this rank takes its slice. */
     int k = r->micro_done % c->steps_per_generation;
-    const int *idx = r->order + (size_t)k * bs;
+    const int *idx = r->order + ((size_t)k * t->dist.world + t->dist.rank) * bs;
     int B = bs;
     int n = pack_batch(t, r, idx, B);
     int T = 1;
@@ -509,20 +576,6 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
                                  t->mb_mask, B, T, t->is_mode, c->vllm_importance_sampling_clip_min,
                                  c->vllm_importance_sampling_clip_max, err) != 0)
         return COLT_ERR;
-    if (r->micro_done < c->steps_per_generation) { /* TRL logs these once per round */
-        if (r->micro_done == 0) memset(&t->round_sampling, 0, sizeof t->round_sampling);
-        grpo_sampling_metrics_merge(&t->round_sampling, &part);
-        if (r->micro_done == c->steps_per_generation - 1) {
-            const GrpoSamplingMetrics *sm = &t->round_sampling;
-            metrics_add(&t->metrics, "sampling/sampling_logp_difference/mean", sm->logp_difference_mean);
-            metrics_add(&t->metrics, "sampling/sampling_logp_difference/max", sm->logp_difference_max);
-            if (c->vllm_importance_sampling_correction) {
-                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/min", sm->is_ratio_min);
-                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/mean", sm->is_ratio_mean);
-                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/max", sm->is_ratio_max);
-            }
-        }
-    }
     float loss = 0;
     GrpoLossMetrics lm;
     if (grpo_loss_with_is_weight(&loss, t->mb_dlogp, &lm, &lc, t->mb_logp, t->need_old_logp ? t->mb_old : NULL,
@@ -541,15 +594,57 @@ static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
     }
     if (model_train_backward(t->model, t->ts, t->tok_dlogp, t->grads, err) != 0) return COLT_ERR;
 
-    /* TRL logs the loss summed over the accumulation window (the Trainer's tr_loss). */
-    metrics_add(&t->metrics, "entropy", ent_count > 0 ? ent_sum / ent_count : NAN);
-    metrics_add(&t->metrics, "clip_ratio/low_mean", lm.clip_ratio_low);
-    metrics_add(&t->metrics, "clip_ratio/high_mean", lm.clip_ratio_high);
-    metrics_add(&t->metrics, "clip_ratio/region_mean", lm.clip_ratio_region);
-    if (c->beta > 0) metrics_add(&t->metrics, "kl", lm.kl);
-    r->micro_done++;
-    *loss_out += loss;
+    *part_out = part;
+    double v[6] = {ent_count > 0 ? ent_sum / ent_count : NAN, lm.clip_ratio_low, lm.clip_ratio_high,
+                   lm.clip_ratio_region, lm.kl, loss};
+    memcpy(values, v, sizeof v);
     return COLT_OK;
+}
+
+/* One micro-batch of the world: every rank its slice, then the ranks' metrics
+ * and losses combined in rank order — the same sums as one process running the
+ * ranks' micro-batches one after the other. A failure on any rank fails all. */
+static int train_micro_batch(Trainer *t, double *loss_out, char *err) {
+    TrainConfig *c = t->cfg;
+    Rollout *r = &t->ro;
+    GrpoSamplingMetrics part;
+    memset(&part, 0, sizeof part);
+    double mine[6] = {0};
+    if (train_dist_agree(&t->dist, micro_batch_local(t, &part, mine, err), err) != 0) return COLT_ERR;
+    if (r->micro_done < c->steps_per_generation) { /* TRL logs these once per round */
+        /* every rank's part, merged in rank order (as one process merges its micro-batches) */
+        GrpoSamplingMetrics *parts = xcalloc((size_t)t->dist.world, sizeof(GrpoSamplingMetrics));
+        int rc = train_dist_gather(&t->dist, parts, &part, sizeof part, err);
+        if (r->micro_done == 0) memset(&t->round_sampling, 0, sizeof t->round_sampling);
+        for (int q = 0; rc == 0 && q < t->dist.world; q++) grpo_sampling_metrics_merge(&t->round_sampling, &parts[q]);
+        free(parts);
+        if (rc != 0) return COLT_ERR;
+        if (r->micro_done == c->steps_per_generation - 1) {
+            const GrpoSamplingMetrics *sm = &t->round_sampling;
+            metrics_add(&t->metrics, "sampling/sampling_logp_difference/mean", sm->logp_difference_mean);
+            metrics_add(&t->metrics, "sampling/sampling_logp_difference/max", sm->logp_difference_max);
+            if (c->vllm_importance_sampling_correction) {
+                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/min", sm->is_ratio_min);
+                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/mean", sm->is_ratio_mean);
+                metrics_add(&t->metrics, "sampling/importance_sampling_ratio/max", sm->is_ratio_max);
+            }
+        }
+    }
+    /* TRL logs the loss summed over the accumulation window (the Trainer's tr_loss). */
+    double *all = xcalloc((size_t)t->dist.world * 6, sizeof(double));
+    int rc = train_dist_gather(&t->dist, all, mine, sizeof mine, err);
+    for (int q = 0; rc == 0 && q < t->dist.world; q++) {
+        const double *v = all + (size_t)q * 6;
+        metrics_add(&t->metrics, "entropy", v[0]);
+        metrics_add(&t->metrics, "clip_ratio/low_mean", v[1]);
+        metrics_add(&t->metrics, "clip_ratio/high_mean", v[2]);
+        metrics_add(&t->metrics, "clip_ratio/region_mean", v[3]);
+        if (c->beta > 0) metrics_add(&t->metrics, "kl", v[4]);
+        *loss_out += v[5];
+    }
+    free(all);
+    r->micro_done++;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -562,6 +657,7 @@ static RolloutShape rollout_shape(const Trainer *t) {
                           .max_completion_len = c->max_completion_length,
                           .vocab_size = model_config(t->model)->vocab_size, .dataset_rows = dataset_size(t->data),
                           .micro_per_round = c->steps_per_generation * c->num_iterations,
+                          .micro_batch_samples = c->per_device_train_batch_size * t->dist.world,
                           .has_old_logp = t->need_old_logp, .has_ref_logp = t->ref_model != NULL};
 }
 
@@ -570,7 +666,9 @@ static json_t *trainer_state_json(const Trainer *t) {
     TrainerProgress p = {.global_step = t->global_step, .round = t->round, .epoch = t->epoch,
                          .epoch_pos = t->epoch_pos, .num_tokens = t->num_tokens};
     bool in_round = t->ro.samples && t->ro.micro_done < t->cfg->steps_per_generation * t->cfg->num_iterations;
-    return checkpoint_state_json(&p, &t->metrics, in_round ? &t->ro : NULL, &t->round_sampling, t->resume_record);
+    return checkpoint_state_json(&p, &t->metrics, in_round ? &t->ro : NULL,
+                                 t->cfg->per_device_train_batch_size * t->dist.world, &t->round_sampling,
+                                 t->resume_record);
 }
 
 static void last_checkpoint_text(const Trainer *t, char *buf, size_t size) {
@@ -698,65 +796,89 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
     TrainConfig *c = t->cfg;
     size_t n_rows = dataset_size(t->eval_data);
     if (c->num_eval_prompts > 0 && (size_t)c->num_eval_prompts < n_rows) n_rows = (size_t)c->num_eval_prompts;
-    const int G = c->num_generations;
-    int N = (int)(n_rows * (size_t)G);
+    const int G = c->num_generations, L = c->max_completion_length, F = t->n_rewards, W = t->dist.world;
+    const int N = (int)(n_rows * (size_t)G);
+    /* Each rank generates and scores a slice of `chunk` completions (the last
+     * ones may be short), then every rank gets every completion and reward. */
+    const int chunk = (N + W - 1) / W, lo = chunk * t->dist.rank < N ? chunk * t->dist.rank : N;
+    const int hi = lo + chunk < N ? lo + chunk : N, n_local = hi - lo;
     int **ids = xcalloc(n_rows, sizeof(int *));
     int *lens = xcalloc(n_rows, sizeof(int));
     char **texts = xcalloc(n_rows, sizeof(char *));
-    GenSequence *seqs = xcalloc((size_t)N, sizeof(GenSequence));
-    const char **prompts = xcalloc((size_t)N, sizeof(char *)), **completions = xcalloc((size_t)N, sizeof(char *));
-    size_t *rows = xcalloc((size_t)N, sizeof(size_t));
-    float *per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float)), *rewards = xcalloc((size_t)N, sizeof(float));
-    char **outs = xcalloc((size_t)N, sizeof(char *));
+    GenSequence *seqs = xcalloc((size_t)chunk + 1, sizeof(GenSequence));
+    const char **prompts = xcalloc((size_t)N + 1, sizeof(char *)), **completions = xcalloc((size_t)N + 1, sizeof(char *));
+    size_t *rows = xcalloc((size_t)chunk + 1, sizeof(size_t));
+    float *mine_rewards = xcalloc((size_t)chunk * F + 1, sizeof(float));
+    float *per_func = xcalloc((size_t)W * chunk * F + 1, sizeof(float)), *rewards = xcalloc((size_t)N + 1, sizeof(float));
+    int *mine_ids = xcalloc((size_t)chunk * (L + 1) + 1, sizeof(int)), *all_ids = xcalloc((size_t)W * chunk * (L + 1) + 1, sizeof(int));
+    char **outs = xcalloc((size_t)N + 1, sizeof(char *));
     int rc = COLT_OK;
     for (size_t i = 0; i < n_rows && rc == 0; i++)
         rc = prompt_ids_for_row(t, t->eval_data, i, &ids[i], &lens[i], &texts[i], err);
     if (rc == 0) {
-        for (int i = 0; i < N; i++) {
-            seqs[i].prompt = ids[i / G];
-            seqs[i].prompt_len = lens[i / G];
-            seqs[i].stream = STREAM_EVAL_BASE + (uint64_t)i;
+        for (int j = 0; j < n_local; j++) {
+            seqs[j].prompt = ids[(lo + j) / G];
+            seqs[j].prompt_len = lens[(lo + j) / G];
+            seqs[j].stream = STREAM_EVAL_BASE + (uint64_t)(lo + j);
         }
-        GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = c->max_completion_length,
-                              .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
-        make_room_for_generation(t, N);
-        rc = engine_generate(t->model, seqs, N, &go, &t->engine_opts, NULL, err);
+        GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
+                              .n_stop_ids = t->n_stop};
+        make_room_for_generation(t, n_local);
+        rc = n_local > 0 ? engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, NULL, err) : COLT_OK;
     }
-    for (int i = 0; i < N && rc == 0; i++) {
-        int n_text = seqs[i].n_tokens - (seqs[i].finish == FINISH_STOP ? 1 : 0);
-        rc = tokenizer_decode_generated(t->tok, seqs[i].tokens, (size_t)n_text, true, &outs[i], err);
-        prompts[i] = texts[i / G];
-        completions[i] = outs[i];
-        rows[i] = (size_t)i / G;
+    for (int j = 0; j < n_local && rc == 0; j++) {
+        /* a row: the text's token count, then its ids */
+        int n_text = seqs[j].n_tokens - (seqs[j].finish == FINISH_STOP ? 1 : 0);
+        int *row = mine_ids + (size_t)j * (L + 1);
+        row[0] = n_text;
+        memcpy(row + 1, seqs[j].tokens, sizeof(int) * (size_t)n_text);
+        rc = tokenizer_decode_generated(t->tok, seqs[j].tokens, (size_t)n_text, true, &outs[lo + j], err);
+        prompts[j] = texts[(lo + j) / G];
+        completions[j] = outs[lo + j];
+        rows[j] = (size_t)(lo + j) / G;
     }
-    if (rc == 0) rc = score_completions(t, per_func, t->eval_data, rows, prompts, completions, N, err);
+    if (rc == 0 && n_local > 0) rc = score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, n_local, err);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0) rc = train_dist_gather(&t->dist, per_func, mine_rewards, sizeof(float) * (size_t)chunk * F, err);
+    if (rc == 0) rc = train_dist_gather(&t->dist, all_ids, mine_ids, sizeof(int) * (size_t)chunk * (L + 1), err);
     if (rc == 0) {
-        grpo_combine_rewards(rewards, per_func, t->reward_weights, N, t->n_rewards);
+        grpo_combine_rewards(rewards, per_func, t->reward_weights, N, F);
         *mean_reward = nanmean(rewards, N, 1);
+    }
+    /* Rank 0 writes every completion with its reward. */
+    if (rc == 0 && t->dist.rank == 0) {
+        for (int i = 0; rc == 0 && i < N; i++) {
+            prompts[i] = texts[i / G];
+            if (!outs[i]) {
+                const int *row = all_ids + (size_t)i * (L + 1);
+                rc = tokenizer_decode_generated(t->tok, row + 1, (size_t)row[0], true, &outs[i], err);
+            }
+            completions[i] = outs[i];
+        }
         char name[64];
         snprintf(name, sizeof name, "eval_%s.jsonl", tag);
         char *path = path_join(c->output_dir, name);
         AtomicFile af;
-        if (atomic_open(&af, path, err) == 0) {
-            for (int i = 0; i < N; i++) {
+        if (rc == 0 && atomic_open(&af, path, err) == 0) {
+            for (int i = 0; rc == 0 && i < N; i++) {
                 json_t *o = json_pack("{s:s,s:s,s:o}", "prompt", prompts[i], "completion", completions[i], "reward",
                                       isnan(rewards[i]) ? json_null() : json_real(rewards[i]));
-                char *s = json_dumps(o, 0);
-                fprintf(af.fp, "%s\n", s);
-                free(s);
+                char *line = o ? json_dumps(o, 0) : NULL;
+                if (line) rc = atomic_write(&af, line, strlen(line), err) || atomic_write(&af, "\n", 1, err);
+                free(line);
                 json_decref(o);
             }
-            rc = atomic_commit(&af, err);
+            if (rc == 0) rc = atomic_commit(&af, err);
+            else atomic_abort(&af);
         } else rc = COLT_ERR;
         free(path);
     }
-    for (int i = 0; i < N; i++) {
-        gen_sequence_free(&seqs[i]);
-        free(outs[i]);
-    }
+    rc = train_dist_agree(&t->dist, rc, err);
+    for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
+    for (int i = 0; i < N; i++) free(outs[i]);
     for (size_t i = 0; i < n_rows; i++) free(ids[i]), free(texts[i]);
     free(ids), free(lens), free(texts), free(seqs), free(prompts), free(completions), free(rows);
-    free(per_func), free(rewards), free(outs);
+    free(per_func), free(rewards), free(outs), free(mine_rewards), free(mine_ids), free(all_ids);
     return rc;
 }
 
@@ -852,15 +974,99 @@ static int truncate_metrics(const char *path, int64_t max_step, char *err) {
 
 /* ---------------------------------------------------------------- setup */
 
-static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
+/* The communicator first, so that a rank failing anywhere in setup can tell the others. */
+static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
+    t->dist.rank = env->rank;
+    t->dist.world = env->world_size;
+    log_set_rank(env->rank);
+    if (env->world_size == 1) return COLT_OK;
+    /* Collectives here run on host buffers (gradients are staged through the
+     * host), so CPU transports serve GPU ranks too. */
+    CommOptions co = {.kind = COMM_AUTO, .gpu = false, .cuda_device = -1, .timeout_s = t->cfg->ddp_timeout};
+    if (comm_open(&t->dist.comm, env, &co, err) != 0) return COLT_ERR;
+    log_info0("data parallel: %d processes (%s, %s)", env->world_size, launcher_name(env->launcher),
+              comm_kind_name(comm_kind(t->dist.comm)));
+    return COLT_OK;
+}
+
+static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err);
+static int check_visible_devices(Trainer *t, char *err);
+
+static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
     memset(t, 0, sizeof *t);
     t->cfg = c;
-    t->be = backend_open(c->device, 0, err);
+    if (open_world(t, env, err) != 0) return COLT_ERR;
+    if (train_dist_agree(&t->dist, check_visible_devices(t, err), err) != 0) return COLT_ERR;
+    return train_dist_agree(&t->dist, trainer_setup_local(t, c, env, err), err);
+}
+
+/* The GPU this rank computes on: local rank r takes devices[r], or GPU r. It
+ * never touches another (no context is created on any other device). */
+static int choose_device(const TrainConfig *c, const LaunchEnv *env, int *device, char *err) {
+    *device = 0;
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (strcmp(c->device, "cpu") == 0) return COLT_OK; /* CPU ranks, on purpose */
+    int n_gpus = backend_cuda_device_count();
+    if (n_gpus == 0) {
+        if (strcmp(c->device, "auto") == 0 && env->world_size > 1)
+            return errorf(err, "no GPU is visible to this process (CUDA_VISIBLE_DEVICES=%s) but %d processes were "
+                               "launched: pass --device cpu to run CPU ranks on purpose",
+                          cvd ? cvd : "unset", env->world_size);
+        return COLT_OK; /* auto: the CPU; cuda: backend_open says there is no GPU */
+    }
+    if (c->devices) {
+        size_t n = json_array_size(c->devices);
+        if ((size_t)env->local_rank >= n)
+            return errorf(err, "local rank %d has no entry in devices (%zu listed for %d processes on this node)",
+                          env->local_rank, n, env->local_world_size);
+        *device = (int)json_integer_value(json_array_get(c->devices, (size_t)env->local_rank));
+        if (*device >= n_gpus)
+            return errorf(err, "devices[%d] is GPU %d, but this process sees %d (CUDA_VISIBLE_DEVICES=%s)",
+                          env->local_rank, *device, n_gpus, cvd ? cvd : "unset");
+        return COLT_OK;
+    }
+    if (env->local_rank >= n_gpus)
+        return errorf(err, "local rank %d of %d on this node has no GPU of its own: %d visible (CUDA_VISIBLE_DEVICES=%s); "
+                           "start at most %d processes per node, or list devices to share GPUs on purpose",
+                      env->local_rank, env->local_world_size, n_gpus, cvd ? cvd : "unset", n_gpus);
+    *device = env->local_rank;
+    return COLT_OK;
+}
+
+/* Ranks on one host must see the same GPUs, or "local rank r takes GPU r" means
+ * different cards to different ranks. */
+static int check_visible_devices(Trainer *t, char *err) {
+    if (t->dist.world == 1) return COLT_OK;
+    typedef struct {
+        char host[64], visible[192];
+    } Seen;
+    Seen mine;
+    memset(&mine, 0, sizeof mine);
+    gethostname(mine.host, sizeof mine.host - 1);
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(mine.visible, sizeof mine.visible, "%s", cvd ? cvd : "(unset)");
+    Seen *all = xcalloc((size_t)t->dist.world, sizeof(Seen));
+    int rc = train_dist_gather(&t->dist, all, &mine, sizeof mine, err);
+    for (int r = 0; rc == 0 && r < t->dist.world; r++)
+        if (strcmp(all[r].host, mine.host) == 0 && strcmp(all[r].visible, mine.visible) != 0)
+            rc = errorf(err, "CUDA_VISIBLE_DEVICES differs between ranks on host %s: rank %d has %s, rank %d has %s",
+                        mine.host, r, all[r].visible, t->dist.rank, mine.visible);
+    free(all);
+    return rc;
+}
+
+/* Everything setup does on this rank. Only rank 0 touches output_dir. */
+static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
+    int device = 0;
+    if (choose_device(c, env, &device, err) != 0) return COLT_ERR;
+    t->be = backend_open(c->device, device, err);
     if (!t->be) return COLT_ERR;
     t->last_saved_step = -1;
-    if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
-    int stale = checkpoint_remove_stale_temporaries(c->output_dir);
-    if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
+    if (t->dist.rank == 0) {
+        if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
+        int stale = checkpoint_remove_stale_temporaries(c->output_dir);
+        if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
+    }
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
     const char *weights = c->resume_from_checkpoint ? c->resume_from_checkpoint : c->model;
     if (model_load(&t->model, weights, t->be, err) != 0) return COLT_ERR;
@@ -937,7 +1143,9 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     lc->delta = isnan(c->delta) ? 0.0f : (float)c->delta;
     lc->beta = (float)c->beta;
     lc->max_completion_length = c->max_completion_length;
-    lc->gradient_accumulation_steps = c->gradient_accumulation_steps;
+    /* Each rank's loss carries 1 / world and the ranks' gradients are summed:
+     * the sum equals one process accumulating the ranks' micro-batches. */
+    lc->gradient_accumulation_steps = c->gradient_accumulation_steps * t->dist.world;
     /* TRL: old log-probs only when generation and optimizer steps are misaligned. */
     t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
     if (grpo_sampling_is_mode_parse(&t->is_mode, c->vllm_importance_sampling_mode, err) != 0) return COLT_ERR;
@@ -1009,21 +1217,23 @@ static int trainer_setup(Trainer *t, TrainConfig *c, char *err) {
     }
     checkpoint_keeper_init(&t->keeper, c->output_dir, c->save_total_limit, c->resume_from_checkpoint, t->global_step);
     t->metrics_path = path_join(c->output_dir, "metrics.jsonl");
-    char *completions_path = path_join(c->output_dir, "completions.jsonl");
-    int rc = COLT_OK;
-    if (c->resume_from_checkpoint) {
-        rc = truncate_metrics(t->metrics_path, t->global_step, err);
-    } else {
-        /* A fresh run starts these two files anew. */
-        if (remove(t->metrics_path) != 0 && errno != ENOENT)
-            rc = errorf(err, "%s: cannot remove the earlier run's file: %s", t->metrics_path, strerror(errno));
-        else if (remove(completions_path) != 0 && errno != ENOENT)
-            rc = errorf(err, "%s: cannot remove the earlier run's file: %s", completions_path, strerror(errno));
+    if (t->dist.rank == 0) {
+        char *completions_path = path_join(c->output_dir, "completions.jsonl");
+        int rc = COLT_OK;
+        if (c->resume_from_checkpoint) {
+            rc = truncate_metrics(t->metrics_path, t->global_step, err);
+        } else {
+            /* A fresh run starts these two files anew. */
+            if (remove(t->metrics_path) != 0 && errno != ENOENT)
+                rc = errorf(err, "%s: cannot remove the earlier run's file: %s", t->metrics_path, strerror(errno));
+            else if (remove(completions_path) != 0 && errno != ENOENT)
+                rc = errorf(err, "%s: cannot remove the earlier run's file: %s", completions_path, strerror(errno));
+        }
+        free(completions_path);
+        if (rc != 0) return COLT_ERR;
+        t->metrics_fp = file_open_append(t->metrics_path, err);
+        if (!t->metrics_fp) return COLT_ERR;
     }
-    free(completions_path);
-    if (rc != 0) return COLT_ERR;
-    t->metrics_fp = file_open_append(t->metrics_path, err);
-    if (!t->metrics_fp) return COLT_ERR;
 
     /* The memory plan: every lifetime's buffers are allocated above, once. */
     double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
@@ -1059,14 +1269,15 @@ static void trainer_teardown(Trainer *t) {
     model_free(t->model);
     backend_close(t->be);
     tokenizer_free(t->tok);
+    train_dist_free(&t->dist);
 }
 
 /* ---------------------------------------------------------------- the loop */
 
-int trainer_run(TrainConfig *c, char *err) {
+int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
     Trainer t;
     double run_start = time_now();
-    if (trainer_setup(&t, c, err) != 0) {
+    if (trainer_setup(&t, c, env, err) != 0) {
         trainer_teardown(&t);
         return COLT_ERR;
     }
@@ -1122,11 +1333,17 @@ int trainer_run(TrainConfig *c, char *err) {
             rc = train_micro_batch(&t, &step_loss, err);
             t.time_training += time_now() - t0;
         }
+        /* The ranks' gradients summed (every rank then holds the same). */
+        if (rc == 0) {
+            size_t n_grads = 0;
+            void *grads = model_grads_flat(t.grads, &n_grads);
+            rc = train_dist_agree(&t.dist, train_dist_sum_gradients(&t.dist, t.be, grads, n_grads, err), err);
+        }
         if (rc != 0) {
             /* Save what the last completed step left (the model and optimizer have
              * not changed since), so no work is lost, then stop with the error. */
             char save_err[ERR_LEN];
-            if (t.global_step > t.last_saved_step && t.global_step > 0 &&
+            if (t.dist.rank == 0 && t.global_step > t.last_saved_step && t.global_step > 0 &&
                 save_checkpoint(&t, step_start_state, save_err) != 0)
                 log_error("could not save a checkpoint after the error: %s", save_err);
             break;
@@ -1175,7 +1392,9 @@ int trainer_run(TrainConfig *c, char *err) {
         }
         if (logging) {
             if (live_progress) fputs("\r\033[K", stderr);
-            rc = log_step(&t, now - loop_start, t.global_step - start_step, err);
+            if (t.dist.rank == 0) rc = log_step(&t, now - loop_start, t.global_step - start_step, err);
+            else json_decref(metrics_flush(&t.metrics)); /* rank 0 logs the world's metrics */
+            rc = train_dist_agree(&t.dist, rc, err);
             if (rc != 0) break;
         }
         if (c->eval_steps > 0 && t.eval_data && t.global_step % c->eval_steps == 0 && !last) {
@@ -1183,11 +1402,14 @@ int trainer_run(TrainConfig *c, char *err) {
             rc = evaluate(&t, "latest", &r, err);
             if (rc == 0) log_info0("eval at step %lld: mean reward %.4f", (long long)t.global_step, r);
         }
-        bool stop = g_stop_requested;
+        bool stop = train_dist_any(&t.dist, g_stop_requested); /* a signal to any rank stops them all */
         if (rc == 0 && ((c->save_steps > 0 && t.global_step % c->save_steps == 0) || stop)) {
-            json_t *state = trainer_state_json(&t);
-            rc = save_checkpoint(&t, state, err);
-            json_decref(state);
+            if (t.dist.rank == 0) {
+                json_t *state = trainer_state_json(&t);
+                rc = save_checkpoint(&t, state, err);
+                json_decref(state);
+            }
+            rc = train_dist_agree(&t.dist, rc, err);
         }
         if (stop) {
             log_info0("stopped by signal at step %lld; resume with --resume_from_checkpoint %s/checkpoint-%lld",
@@ -1203,21 +1425,22 @@ int trainer_run(TrainConfig *c, char *err) {
             rc = evaluate(&t, "after", &eval_after, err);
             if (rc == 0) log_info0("eval after training: mean reward %.4f (before %.4f)", eval_after, eval_before);
         }
-        if (rc == 0 && !optim_state_finite(t.opt)) {
+        if (rc == 0 && t.dist.rank == 0 && !optim_state_finite(t.opt)) {
             char last[512];
             last_checkpoint_text(&t, last, sizeof last);
             rc = errorf(err, "the weights or optimizer moments hold NaN or Inf after step %lld (training diverged; "
                              "learning_rate %g): the final model is not saved, %s",
                         (long long)t.global_step, c->learning_rate, last);
         }
-        if (rc == 0 && (model_save(t.model, c->output_dir, DTYPE_F32, err) != 0 ||
+        if (rc == 0 && t.dist.rank == 0 && (model_save(t.model, c->output_dir, DTYPE_F32, err) != 0 ||
                         tokenizer_copy_files(c->model, c->output_dir, err) != 0))
             rc = COLT_ERR;
-        if (rc == 0) {
+        if (rc == 0 && t.dist.rank == 0) {
             ReportSummary s = {.eval_reward_before = eval_before, .eval_reward_after = eval_after,
                                .steps = t.global_step, .seconds = time_now() - run_start};
             rc = report_write(c->output_dir, &s, train_config_to_json(c), err);
         }
+        rc = train_dist_agree(&t.dist, rc, err);
         if (rc == 0) log_info0("done: %lld steps in %.1f s; model, metrics.jsonl, summary.json and reward_curve.svg in %s",
                                (long long)t.global_step, time_now() - run_start, c->output_dir);
     }

@@ -8,10 +8,12 @@
 #ifndef COLT_TRAIN_TRAINER_H
 #define COLT_TRAIN_TRAINER_H
 
+#include "dist/launch_env.h"
 #include "train/train_config.h"
 
-/* Runs training as configured (cfg must be finalized). Returns 0 when
- * training finished or was interrupted and checkpointed, -1 with err set. */
-int trainer_run(TrainConfig *cfg, char *err);
+/* Runs training as configured (cfg must be finalized with cfg->world_size =
+ * env->world_size) as rank env->rank of env's launch. Returns 0 when training
+ * finished or was interrupted and checkpointed, -1 with err set. */
+int trainer_run(TrainConfig *cfg, const LaunchEnv *env, char *err);
 
 #endif

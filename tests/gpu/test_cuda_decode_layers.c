@@ -23,9 +23,12 @@
 #include "model/model_train.h"
 
 #include "../engine_requests.h"
+#include "backend/cuda/cuda_instance.h"
 
-void cuda_decode_layers_set_tokens(int tokens);
-long cuda_decode_layers_calls(void);
+/* cuda_decode_layers.cu, on an instance: calls of up to `tokens` tokens take the kernel (-1: as opened);
+ * its launches so far. */
+void cuda_decode_layers_set_tokens(const Backend *be, int tokens);
+long cuda_decode_layers_calls(const Backend *be);
 
 static int failures = 0, checks = 0;
 #define CHECK(cond, ...)                                          \
@@ -130,11 +133,11 @@ static int run_step(Model *m, const int *lens, const int *seq_ids, int n, bool u
     }
     void *dt = upload(be, tok, n), *dp = upload(be, pos, n), *ds = upload(be, seq, n), *dm = upload(be, slot, n);
     void *plan = use_plan ? model_decode_plan_create(m, &pool, max_blocks) : NULL;
-    long before = kernel_calls ? cuda_decode_layers_calls() : 0;
+    long before = kernel_calls ? cuda_decode_layers_calls(be) : 0;
     PagedBatch b = {.n = n, .n_logits = n, .tokens = dt, .pos = dp, .seq = ds, .slot_mapping = dm,
                     .block_tables = d_tables, .max_blocks = max_blocks, .decode_plan = plan};
     model_forward_paged(m, st, &pool, &b);
-    if (kernel_calls) *kernel_calls = cuda_decode_layers_calls() - before;
+    if (kernel_calls) *kernel_calls = cuda_decode_layers_calls(be) - before;
     size_t V = (size_t)c->vocab_size;
     res->logits = malloc(sizeof(float) * n * V);
     be->download(be, res->logits, paged_state_logits(st), (size_t)n * V);
@@ -210,13 +213,15 @@ static void step_cases(const Case *cs, Model *gpu, Model *cpu) {
         /* The weight stream (shared-memory ring) and direct loads: only where the weights wait differs,
          * so the bits are the same, whichever the plan picked by timing. */
         StepResult direct = {0}, ring = {0}, deep = {0};
-        setenv("COLT_DECODE_RING", "0", 1);
+        CudaOptions *opt = backend_cuda_options(model_backend(gpu)); /* decode_ring: COLT_DECODE_RING */
+        const int ring_opened = opt->decode_ring;
+        opt->decode_ring = 0;
         int rc = run_step(gpu, steps[k].lens, steps[k].seqs, n, true, &direct, NULL);
-        setenv("COLT_DECODE_RING", "2", 1);
+        opt->decode_ring = 2;
         rc |= run_step(gpu, steps[k].lens, steps[k].seqs, n, true, &ring, NULL);
-        setenv("COLT_DECODE_RING", "4", 1); /* the most rounds the plan fits in shared memory (3 or fewer) */
+        opt->decode_ring = 4; /* the most rounds the plan fits in shared memory (3 or fewer) */
         rc |= run_step(gpu, steps[k].lens, steps[k].seqs, n, true, &deep, NULL);
-        unsetenv("COLT_DECODE_RING");
+        opt->decode_ring = ring_opened;
         if (rc == 0) {
             CHECK(!memcmp(direct.logits, ring.logits, sizeof(float) * n * V) &&
                       !memcmp(direct.kv, ring.kv, sizeof(float) * n * 4 * KVD) &&
@@ -250,15 +255,16 @@ static void engine_cases(const Case *cs, Model *gpu) {
         EngineOptions graphs = {.max_num_seqs = running}, eager = {.max_num_seqs = running, .enforce_eager = true};
         Requests a, b, o;
         EngineStats st;
-        long before = cuda_decode_layers_calls();
+        const Backend *be = model_backend(gpu);
+        long before = cuda_decode_layers_calls(be);
         if (generate_requests(gpu, &a, &sampled, &graphs, &st) != 0) return;
-        long calls = cuda_decode_layers_calls() - before; /* graph replays launch without a host call */
-        before = cuda_decode_layers_calls();
+        long calls = cuda_decode_layers_calls(be) - before; /* graph replays launch without a host call */
+        before = cuda_decode_layers_calls(be);
         if (generate_requests(gpu, &b, &sampled, &eager, NULL) != 0) return;
-        long calls_eager = cuda_decode_layers_calls() - before;
-        cuda_decode_layers_set_tokens(0);
+        long calls_eager = cuda_decode_layers_calls(be) - before;
+        cuda_decode_layers_set_tokens(be, 0);
         if (generate_requests(gpu, &o, &sampled, &graphs, NULL) != 0) return;
-        cuda_decode_layers_set_tokens(DL_TEST_TOKENS);
+        cuda_decode_layers_set_tokens(be, DL_TEST_TOKENS);
         int same = bit_identical(&a, &b);
         double mean_k, max_k, mean_o, max_o;
         int differ;
@@ -285,7 +291,7 @@ int main(void) {
         printf("test_cuda_decode_layers: no GPU\n");
         return 77;
     }
-    cuda_decode_layers_set_tokens(DL_TEST_TOKENS);
+    cuda_decode_layers_set_tokens(be, DL_TEST_TOKENS);
     const Case cases[] = {
         {"qwen2 D256 Dh64 GQA 2", config(ARCH_QWEN2, 256, 704, 3, 4, 2, 64, 1000, true)},
         {"llama D512 Dh128 GQA 4", config(ARCH_LLAMA, 512, 1024, 2, 4, 1, 128, 777, false)},

@@ -208,7 +208,7 @@ static void run_deterministic(const char *dir) {
             free_requests(&alone);
             free_requests(&ref);
         }
-        tables[b]->set_batch_invariant(0); /* process-wide: back to the default */
+        tables[b]->set_batch_invariant(tables[b], 0); /* the instance's mode: back to the default */
         model_free(m);
     }
 }

@@ -497,7 +497,8 @@ static void time_fused(const Dev *d, int n, int dim, int heads, int kv_heads, in
     const char *names[3] = {"add_rmsnorm vs add + rmsnorm", "qkv_rope_store vs rope_i32 x2 + paged_kv_store",
                             "swiglu_gate_up vs swiglu"};
     for (int k = 0; k < 3; k++) {
-        double ms_fused = backend_cuda_time_ms(fused[k], &t, 200), ms_unfused = backend_cuda_time_ms(unfused[k], &t, 200);
+        double ms_fused = backend_cuda_time_ms(d->be, fused[k], &t, 200);
+        double ms_unfused = backend_cuda_time_ms(d->be, unfused[k], &t, 200);
         printf("time %-9s %s N=%3d %-48s %7.2f us vs %7.2f us\n", d->tag, label, n, names[k], ms_fused * 1e3,
                ms_unfused * 1e3);
     }

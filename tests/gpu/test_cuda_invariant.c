@@ -21,8 +21,10 @@
 
 #include "backend/backend.h"
 
-void cuda_invariant_force_shape(int shape); /* cuda_invariant.cu: -1 automatic, 0..2 a bf16 tile shape */
-void cuda_gemm_force_candidate(int k);      /* cuda_gemm.cu: -1 the fastest, else split-K-free candidate k */
+/* Test hooks on an instance. cuda_invariant.cu: -1 automatic, 0..2 a bf16 tile shape; cuda_gemm.cu: -1 the
+ * fastest, else split-K-free candidate k. */
+void cuda_invariant_force_shape(const Backend *be, int shape);
+void cuda_gemm_force_candidate(const Backend *be, int k);
 
 static int g_checks = 0, g_failures = 0;
 #define CHECK(cond, ...)                                          \
@@ -117,10 +119,10 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     int shapes_same = 0, candidates_same = 0, lt = bf16 && in_dim % 8 == 0 && out_dim % 8 == 0;
     if (lt)
         for (int k = 0; k < 8; k++) {
-            cuda_gemm_force_candidate(k);
+            cuda_gemm_force_candidate(be, k);
             be->linear(be, dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
             be->download(be, got, dout, no);
-            cuda_gemm_force_candidate(-1);
+            cuda_gemm_force_candidate(be, -1);
             int ok = same_bits(got, full, no);
             candidates_same += ok;
             CHECK(ok, "%s linear %d->%d: cuBLASLt split-K-free candidate %d gives other bits", be->name, in_dim,
@@ -129,10 +131,10 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     if (bf16) {
         float *own = lt ? malloc(no * sizeof(float)) : full;
         for (int s = 0; s < 3; s++) {
-            cuda_invariant_force_shape(s);
+            cuda_invariant_force_shape(be, s);
             be->linear(be, dout, dx, dw, db, FULL_ROWS, in_dim, out_dim);
             be->download(be, s == 0 && lt ? own : got, dout, no);
-            cuda_invariant_force_shape(-1);
+            cuda_invariant_force_shape(be, -1);
             int ok = (s == 0 && lt) || same_bits(got, own, no);
             shapes_same += ok;
             CHECK(ok, "%s linear %d->%d: tile shape %d gives other bits", be->name, in_dim, out_dim, s);

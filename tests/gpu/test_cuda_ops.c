@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
@@ -507,6 +508,7 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
          * (statistics recomputed, delta = sum P dP); (c) as (a) with dq recomputed instead of formed from the
          * stored dS (COLT_FA_DS_MAX_MB=0, the path above the scratch cap); (a) bit-identical when run again */
         float *dq_a = NULL, *dk_a = NULL, *dv_a = NULL;
+        CudaOptions *opt = backend_cuda_options(d->be), opened = *opt; /* COLT_FA_DS_MAX_MB, COLT_FA_PRECISE */
         static const char *hows[3] = {"FA2 rounding, forward's lse + out", "FA2 rounding, stats recomputed",
                                       "FA2 rounding, dq recomputed"};
         for (int variant = 0; variant < 3; variant++) {
@@ -519,10 +521,10 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
             if (variant > 0) {
                 d->be->free(d->be, gdk), d->be->free(d->be, gdv);
                 gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
-                if (variant == 2) setenv("COLT_FA_DS_MAX_MB", "0", 1);
+                if (variant == 2) opt->fa_ds_max_mb = 0;
                 d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, variant == 1 ? NULL : go, variant == 1 ? NULL : glse,
                                           gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots, max_len);
-                unsetenv("COLT_FA_DS_MAX_MB");
+                *opt = opened;
             }
             float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
             snprintf(name, sizeof name, "attention_backward dq (%s) %s", how, shape);
@@ -554,10 +556,10 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         /* the precise mode on fresh accumulators */
         d->be->free(d->be, gdk), d->be->free(d->be, gdv);
         gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
-        setenv("COLT_FA_PRECISE", "1", 1);
+        opt->fa_precise = 1;
         d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
-        unsetenv("COLT_FA_PRECISE");
+        *opt = opened;
     }
     const char *mode = fa2 ? " COLT_FA_PRECISE=1" : "";
     got = dev_out(d, gdq, nq);

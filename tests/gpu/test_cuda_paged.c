@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
+#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 
 static int g_failures = 0, g_checks = 0;
@@ -394,9 +395,9 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
     problem_init(&pr, d, b, heads, kv_heads, head_dim, 1.5f);
     size_t n_ref, n_got;
     float *ref = problem_reference(&pr, &n_ref);
+    CudaOptions *opt = backend_cuda_options(d->be), opened = *opt; /* COLT_PAGED_SPLITS, COLT_PAGED_TC_TOKENS */
     for (int m = 0; m < 3; m++) {
-        if (modes[m]) setenv("COLT_PAGED_SPLITS", modes[m], 1);
-        else unsetenv("COLT_PAGED_SPLITS");
+        opt->paged_splits = modes[m] ? atoi(modes[m]) : 0;
         d->be->zero(d->be, pr.g_out, (size_t)b->n * heads * head_dim);
         problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr);
         float *got = problem_device_result(&pr, d, &n_got);
@@ -405,18 +406,17 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
         check(d, name, got, ref, n_ref, ATTENTION_TOL);
         free(got);
     }
-    unsetenv("COLT_PAGED_SPLITS");
+    *opt = opened;
     if (d->bf16) { /* the tensor-core path, a sequence's tokens one per CTA or up to 16 / G together: same bits */
         float *got[2];
-        setenv("COLT_PAGED_SPLITS", "1", 1); /* tokens are grouped only with one split */
+        opt->paged_splits = 1; /* tokens are grouped only with one split */
         for (int k = 0; k < 2; k++) {
-            setenv("COLT_PAGED_TC_TOKENS", k ? "16" : "1", 1);
+            opt->paged_tc_tokens = k ? 16 : 1;
             d->be->zero(d->be, pr.g_out, (size_t)b->n * heads * head_dim);
             problem_run(d->be, pr.g_out, pr.g_q, pr.g_k, pr.g_v, pr.g_tables, pr.g_seq, pr.g_pos, &pr);
             got[k] = problem_device_result(&pr, d, &n_got);
         }
-        unsetenv("COLT_PAGED_TC_TOKENS");
-        unsetenv("COLT_PAGED_SPLITS");
+        *opt = opened;
         int same = memcmp(got[0], got[1], n_got * sizeof(float)) == 0;
         count_check(same);
         printf("%s %-9s paged_attention %s H=%d KVH=%d Dh=%d bs=%d N=%d: tokens grouped per CTA == one per CTA: %s\n",
@@ -483,7 +483,7 @@ static void time_paged_attention(const Dev *d, int batch, int ctx, int heads, in
     for (int i = 0; i < b.n; i++)
         if (b.seq[i] >= 0) bytes += 2.0 * (b.pos[i] + 1) * kv_heads * head_dim * (d->bf16 ? 2 : 4);
     TimedCall call = {d->be, &pr};
-    double ms = backend_cuda_time_ms(timed_paged_attention, &call, 50);
+    double ms = backend_cuda_time_ms(d->be, timed_paged_attention, &call, 50);
     printf("time %-9s paged_attention H=%d KVH=%d Dh=%d context %d batch %3d: %8.1f us  %7.0f GB/s (K+V %.1f MB)\n",
            d->tag, heads, kv_heads, head_dim, ctx, batch, ms * 1e3, bytes / (ms * 1e-3) / 1e9, bytes / 1e6);
     problem_free(&pr, d);

@@ -27,8 +27,10 @@
 #include "backend/sampling.h"
 #include "core/rng.h"
 
-void cuda_sample_split_rows(int max_rows); /* cuda_sample.cu: unfiltered batches of up to this many rows split */
-void cuda_sample_sequential_find(int on);  /* cuda_sample.cu: the draw's walk by one thread (chunk_find) */
+/* cuda_sample.cu, on an instance: unfiltered batches of up to max_rows rows split; the draw's walk by one
+ * thread (chunk_find). */
+void cuda_sample_split_rows(const Backend *be, int max_rows);
+void cuda_sample_sequential_find(const Backend *be, int on);
 
 #define HISTORY_STRIDE 48
 #define BOUNDARY_TOLERANCE 1e-6 /* share of the kept mass */
@@ -285,11 +287,11 @@ static void run_case(const Dev *d, Tally *tally, int V, int n, const Case *c, ui
         DevCall ref;
         dev_call_alloc(&ref, be, n, V);
         dev_call_upload(&ref, be, x, seq, streams, counters, history, history_len, n, V);
-        cuda_sample_split_rows(0);
-        cuda_sample_sequential_find(1);
+        cuda_sample_split_rows(be, 0);
+        cuda_sample_sequential_find(be, 1);
         dev_call_run(&ref, be, &c->p, c->with_history, n, V);
-        cuda_sample_split_rows(8);
-        cuda_sample_sequential_find(0);
+        cuda_sample_split_rows(be, 8);
+        cuda_sample_sequential_find(be, 0);
         dev_call_download(&ref, be, n);
         bool filtered = c->p.temperature != 0.0f && (c->p.top_k > 0 || c->p.top_p < 1.0f || c->p.min_p > 0.0f);
         bool split = n <= 8 && !filtered && !c->with_history;

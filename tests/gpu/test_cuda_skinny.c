@@ -27,10 +27,10 @@
 
 #include "backend/backend.h"
 
-/* cuda_skinny.cu (CUDA builds, C linkage): switch the path (1 on, 0 off, -1 environment) and count
- * the calls it served. */
-void cuda_skinny_set_enabled(int enabled);
-long cuda_skinny_call_count(void);
+/* cuda_skinny.cu (CUDA builds, C linkage): switch the path of an instance (1 on, 0 off, -1 as opened)
+ * and count the calls it served. */
+void cuda_skinny_set_enabled(const Backend *be, int enabled);
+long cuda_skinny_call_count(const Backend *be);
 
 #define TEST_ROWS 33       /* one past SKINNY_MAX_ROWS (32): the last n is cuBLAS's */
 #define MIN_SKINNY_ROWS 16 /* the path must serve at least n = 1..16 */
@@ -136,9 +136,9 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
 
         /* Largest n first: the first call the skinny path serves is the anchor of the bit checks. */
         for (int n = TEST_ROWS; n >= 1; n--) {
-            long before = cuda_skinny_call_count();
+            long before = cuda_skinny_call_count(d->be);
             d->be->linear(d->be, go, gx, gw, bias, n, in_dim, out_dim);
-            served[n] = cuda_skinny_call_count() > before;
+            served[n] = cuda_skinny_call_count(d->be) > before;
             size_t count = (size_t)n * out_dim, wi;
             d->be->download(d->be, got, go, count);
             /* f32: both sides accumulate in fp32. bf16: the final rounding (<= |ref| 2^-8) and tensor-core
@@ -239,9 +239,9 @@ static void test_fallback(const Dev *d) {
     fill_uniform(x, nx, 4, 1.0f), fill_uniform(w, nw, 5, 1.0f / 30.0f), fill_uniform(b, out_dim, 6, 0.5f);
     void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(d->be, ny);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim), *co = CPU->alloc(CPU, ny);
-    long before = cuda_skinny_call_count();
+    long before = cuda_skinny_call_count(d->be);
     d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
-    int fell_back = cuda_skinny_call_count() == before;
+    int fell_back = cuda_skinny_call_count(d->be) == before;
     CPU->linear(CPU, co, cx, cw, cb, n, in_dim, out_dim);
     d->be->download(d->be, got, go, ny);
     CPU->download(CPU, ref, co, ny);
@@ -272,10 +272,10 @@ static void test_views(const Dev *d) {
     d->be->copy(d->be, gx_big, off, gx, 0, nx);
     d->be->copy(d->be, gw_big, off, gw, 0, nw);
     d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
-    long before = cuda_skinny_call_count();
+    long before = cuda_skinny_call_count(d->be);
     d->be->linear(d->be, (char *)go_big + elem, (char *)gx_big + off * elem, (char *)gw_big + off * elem, gb, n, in_dim,
                   out_dim);
-    int served = cuda_skinny_call_count() > before;
+    int served = cuda_skinny_call_count(d->be) > before;
     d->be->download(d->be, plain, go, ny);
     float *tmp = xmalloc((ny + 1) * sizeof(float));
     d->be->download(d->be, tmp, go_big, ny + 1);
@@ -311,11 +311,11 @@ static void test_gemv(const Dev *d, const char *name, int in_dim, int out_dim) {
     CPU->download(CPU, ref, co, ny);
     double maxref = 0;
     for (size_t i = 0; i < ny; i++) maxref = fmax(maxref, fabs(ref[i]));
-    cuda_skinny_set_enabled(3);
+    cuda_skinny_set_enabled(d->be, 3);
     for (int n = 1; n <= rows; n++) {
-        long before = cuda_skinny_call_count();
+        long before = cuda_skinny_call_count(d->be);
         d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
-        int served = cuda_skinny_call_count() > before;
+        int served = cuda_skinny_call_count(d->be) > before;
         d->be->download(d->be, got, go, (size_t)n * out_dim);
         double worst = 0;
         for (size_t i = 0; i < (size_t)n * out_dim; i++)
@@ -330,7 +330,7 @@ static void test_gemv(const Dev *d, const char *name, int in_dim, int out_dim) {
         printf("%s %-9s gemv %s n=%d: error %.2f of tolerance, row 0 as at n=1: %s, repeatable: %s\n",
                ok ? "ok  " : "FAIL", d->tag, name, n, worst, invariant ? "yes" : "NO", repeat ? "yes" : "NO");
     }
-    cuda_skinny_set_enabled(2);
+    cuda_skinny_set_enabled(d->be, 2);
     free(x), free(b), free(ref), free(got), free(first);
     d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
     CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
@@ -350,7 +350,8 @@ int main(void) {
         printf("no CUDA device (cudaGetDeviceCount failed or found none): skipping test_cuda_skinny\n");
         return 77;
     }
-    cuda_skinny_set_enabled(2); /* every supported shape, whatever COLT_NO_SKINNY says: this test is about the path */
+    /* every supported shape, whatever COLT_NO_SKINNY says: this test is about the path */
+    cuda_skinny_set_enabled(f32, 2), cuda_skinny_set_enabled(bf16, 2);
     static const Shape shapes[] = {
         /* ragged: one 8-wide k vector, partial output tiles of each warp width, k tails */
         {"ragged [8]->[3]", 8, 3},

@@ -63,27 +63,29 @@ __global__ void kv_gather_kernel(T *k, T *v, const float *k_cache, const float *
 }
 
 template <typename T>
-void cuda_kv_store(void *k_cache, void *v_cache, const void *k, const void *v, const int *slot, const int *pos,
-                   int n, int kv_dim, int max_len) {
+void cuda_kv_store(const Backend *be, void *k_cache, void *v_cache, const void *k, const void *v, const int *slot,
+                   const int *pos, int n, int kv_dim, int max_len) {
     if (n <= 0 || kv_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[2] = {slot, pos};
-    int *d = cuda_upload_indices(host, 2, n);
+    int *d = cuda_upload_indices(cs, host, 2, n);
     size_t total = (size_t)n * kv_dim;
-    kv_store_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>(
+    kv_store_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cs->stream>>>(
         (T *)k_cache, (T *)v_cache, (const T *)k, (const T *)v, d, d + n, n, kv_dim, max_len);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-void cuda_kv_gather(void *k, void *v, const void *k_cache, const void *v_cache, const int *slot, const int *pos,
-                    int n, int kv_dim, int max_len) {
+void cuda_kv_gather(const Backend *be, void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,
+                    const int *pos, int n, int kv_dim, int max_len) {
     if (n <= 0 || kv_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[2] = {slot, pos};
-    int *d = cuda_upload_indices(host, 2, n);
+    int *d = cuda_upload_indices(cs, host, 2, n);
     size_t total = (size_t)n * kv_dim;
-    kv_gather_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>(
+    kv_gather_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cs->stream>>>(
         (T *)k, (T *)v, (const float *)k_cache, (const float *)v_cache, d, d + n, n, kv_dim, max_len);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- tiled (FlashAttention-2 style) */
@@ -497,7 +499,8 @@ static size_t fa_smem_dq(int dmax) { return (size_t)(4 * FT * (dmax + 4) + FT * 
  * first), packed in one int array and uploaded. Returns 0 when the batch is not
  * made of runs long enough for tiles to pay (decode steps): the caller falls
  * back to the per-token kernels. Backward skips tokens whose slot is outside
- * 0..n_slots-1. */
+ * 0..n_slots-1. The host buffers are the instance's (CudaState.fa_*), grown
+ * as the batches grow. */
 struct FaPlan {
     int nt, nq, nkb;
     size_t npairs; /* backward: (query tile, key block) pairs with a key the tile sees */
@@ -535,15 +538,15 @@ static int fa_cut_runs(int *raw, int *valid, const int *slot, const int *pos, in
 
 /* dst = the nt tiles of src ordered by key tiles seen ((last position) / FT),
  * most first, stable (a counting sort; max_len bounds the positions) */
-static void fa_sort_longest_first(int *dst, const int *src, int nt, int max_len) {
-    static int *count = NULL;
-    static int count_cap = 0;
+static void fa_sort_longest_first(CudaState *cs, int *dst, const int *src, int nt, int max_len) {
     int nk = max_len / FT + 2;
-    if (nk > count_cap) {
-        free(count);
-        count_cap = nk + 16;
-        count = (int *)malloc((size_t)count_cap * sizeof(int));
+    if ((size_t)nk > cs->fa_count_cap) {
+        free(cs->fa_count);
+        cs->fa_count_cap = (size_t)nk + 16;
+        cs->fa_count = (int *)malloc(cs->fa_count_cap * sizeof(int));
+        CUDA_ASSERT_HOST(cs->fa_count != NULL);
     }
+    int *count = cs->fa_count;
     for (int k = 0; k < nk; k++) count[k] = 0;
     for (int t = 0; t < nt; t++) count[nk - 1 - (src[4 * t + 3] + src[4 * t + 1] - 1) / FT]++;
     for (int k = 0, at = 0; k < nk; k++) {
@@ -556,17 +559,17 @@ static void fa_sort_longest_first(int *dst, const int *src, int nt, int max_len)
     }
 }
 
-static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int n_slots, int max_len,
+static int fa_make_plan(CudaState *cs, FaPlan *pl, const int *slot, const int *pos, int n, int n_slots, int max_len,
                         int for_backward, int qrows, int krows) {
-    static int *raw = NULL, *rawq = NULL, *sortq = NULL, *packed = NULL, *aux = NULL, *tokbase = NULL;
-    static size_t raw_cap = 0, packed_cap = 0, aux_cap = 0, tokbase_cap = 0;
-    if ((size_t)4 * n > raw_cap) {
-        free(raw), free(rawq), free(sortq);
-        raw_cap = (size_t)4 * n + 64;
-        raw = (int *)malloc(raw_cap * sizeof(int));
-        rawq = (int *)malloc(raw_cap * sizeof(int));
-        sortq = (int *)malloc(raw_cap * sizeof(int));
+    if ((size_t)4 * n > cs->fa_raw_cap) {
+        free(cs->fa_raw), free(cs->fa_rawq), free(cs->fa_sortq);
+        cs->fa_raw_cap = (size_t)4 * n + 64;
+        cs->fa_raw = (int *)malloc(cs->fa_raw_cap * sizeof(int));
+        cs->fa_rawq = (int *)malloc(cs->fa_raw_cap * sizeof(int));
+        cs->fa_sortq = (int *)malloc(cs->fa_raw_cap * sizeof(int));
+        CUDA_ASSERT_HOST(cs->fa_raw && cs->fa_rawq && cs->fa_sortq);
     }
+    int *raw = cs->fa_raw, *rawq = cs->fa_rawq, *sortq = cs->fa_sortq;
     int valid = 0;
     int nt = fa_cut_runs(raw, &valid, slot, pos, n, n_slots, max_len, for_backward, FT);
     if (nt < 0 || valid < 8 * nt) return 0;
@@ -576,25 +579,26 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
         nq = fa_cut_runs(rawq, &valid, slot, pos, n, n_slots, max_len, for_backward, qrows);
         qsrc = rawq;
     }
-    fa_sort_longest_first(sortq, qsrc, nq, max_len);
+    fa_sort_longest_first(cs, sortq, qsrc, nq, max_len);
     qsrc = sortq;
     pl->nt = nt, pl->nq = nq, pl->nkb = 0, pl->npairs = 0;
     pl->tile_pbase = pl->qtile_pbase = NULL;
     if (nt == 0) return 1;
     if (!for_backward) {
-        pl->qtiles = (const int4 *)cuda_upload_indices((const int *const *)&qsrc, 1, 4 * nq);
+        pl->qtiles = (const int4 *)cuda_upload_indices(cs, (const int *const *)&qsrc, 1, 4 * nq);
         pl->tiles = qrows == FT ? pl->qtiles : NULL;
         pl->slot_begin = NULL, pl->kblocks = NULL;
         return 1;
     }
     /* aux: count[n_slots + 1], maxpos[n_slots] */
     size_t aux_need = (size_t)2 * n_slots + 1;
-    if (aux_need > aux_cap) {
-        free(aux);
-        aux_cap = aux_need + 64;
-        aux = (int *)malloc(aux_cap * sizeof(int));
+    if (aux_need > cs->fa_aux_cap) {
+        free(cs->fa_aux);
+        cs->fa_aux_cap = aux_need + 64;
+        cs->fa_aux = (int *)malloc(cs->fa_aux_cap * sizeof(int));
+        CUDA_ASSERT_HOST(cs->fa_aux != NULL);
     }
-    int *cnt = aux, *maxpos = aux + n_slots + 1;
+    int *cnt = cs->fa_aux, *maxpos = cs->fa_aux + n_slots + 1;
     for (int s = 0; s <= n_slots; s++) cnt[s] = 0;
     for (int s = 0; s < n_slots; s++) maxpos[s] = -1;
     int max_kt = 0;
@@ -611,11 +615,13 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
     }
     int sb_len = (n_slots + 2) & ~1; /* keeps the key blocks 8-byte aligned */
     /* pair bases, by the tile's first token (tiles and qtiles are the same FT-row tiles, in two orders) */
-    if ((size_t)n > tokbase_cap) {
-        free(tokbase);
-        tokbase_cap = (size_t)n + 64;
-        tokbase = (int *)malloc(tokbase_cap * sizeof(int));
+    if ((size_t)n > cs->fa_tokbase_cap) {
+        free(cs->fa_tokbase);
+        cs->fa_tokbase_cap = (size_t)n + 64;
+        cs->fa_tokbase = (int *)malloc(cs->fa_tokbase_cap * sizeof(int));
+        CUDA_ASSERT_HOST(cs->fa_tokbase != NULL);
     }
+    int *tokbase = cs->fa_tokbase;
     size_t npairs = 0;
     for (int t = 0; t < nt; t++) {
         tokbase[raw[4 * t]] = (int)npairs;
@@ -625,11 +631,13 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
     /* [tiles 4nt][qtiles 4nq][slot_begin sb_len][kblocks 2nkb][tile_pbase nt][qtile_pbase nq]: the int4 arrays
      * first, 16-byte aligned */
     size_t need = (size_t)4 * nt + (size_t)4 * nq + sb_len + (size_t)2 * nkb + (size_t)nt + (qrows == FT ? nq : 0);
-    if (need > packed_cap) {
-        free(packed);
-        packed_cap = need + 64;
-        packed = (int *)malloc(packed_cap * sizeof(int));
+    if (need > cs->fa_packed_cap) {
+        free(cs->fa_packed);
+        cs->fa_packed_cap = need + 64;
+        cs->fa_packed = (int *)malloc(cs->fa_packed_cap * sizeof(int));
+        CUDA_ASSERT_HOST(cs->fa_packed != NULL);
     }
+    int *packed = cs->fa_packed;
     int *ptiles = packed, *pq = packed + 4 * nt, *psb = pq + 4 * nq, *pkb = psb + sb_len;
     for (int s = 0; s <= n_slots; s++) psb[s] = cnt[s];
     for (int s = n_slots + 1; s < sb_len; s++) psb[s] = 0;
@@ -646,7 +654,7 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
     for (int t = 0; t < nt; t++) ptb[t] = tokbase[ptiles[4 * t]];
     if (qrows == FT)
         for (int t = 0; t < nq; t++) pqb[t] = tokbase[pq[4 * t]];
-    int *dev = cuda_upload_indices((const int *const *)&packed, 1, (int)need);
+    int *dev = cuda_upload_indices(cs, (const int *const *)&packed, 1, (int)need);
     pl->nkb = nkb;
     pl->tiles = (const int4 *)dev;
     pl->qtiles = (const int4 *)(dev + 4 * nt);
@@ -659,64 +667,54 @@ static int fa_make_plan(FaPlan *pl, const int *slot, const int *pos, int n, int 
 }
 
 template <typename T, int DMAX>
-static void fa_forward_launch(T *out, float *lse, const T *q, const T *kc, const T *vc, const FaPlan *pl, int n_heads,
-                              int group, int head_dim, int max_len, int kv_dim, float scale) {
-    static bool attr = false;
+static void fa_forward_launch(CudaState *cs, T *out, float *lse, const T *q, const T *kc, const T *vc,
+                              const FaPlan *pl, int n_heads, int group, int head_dim, int max_len, int kv_dim,
+                              float scale) {
     size_t smem = fa_smem_forward(DMAX);
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_forward_kernel<T, DMAX, false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = true;
-    }
-    fa_forward_kernel<T, DMAX, false><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem, cuda_stream()>>>(
+    cuda_smem_optin(cs, (const void *)fa_forward_kernel<T, DMAX, false>, smem);
+    fa_forward_kernel<T, DMAX, false><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem, cs->stream>>>(
         out, lse, NULL, NULL, q, kc, vc, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T, int DMAX>
-static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const T *q, const T *kc, const T *vc,
-                               const FaPlan *pl, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
-    static bool attr = false;
+static void fa_backward_launch(CudaState *cs, T *dq, float *dkc, float *dvc, const T *go, const T *q, const T *kc,
+                               const T *vc, const FaPlan *pl, int n, int n_heads, int n_kv_heads, int head_dim,
+                               int max_len) {
     size_t smem_f = fa_smem_forward(DMAX), smem_kv = fa_smem_kv(DMAX), smem_dq = fa_smem_dq(DMAX);
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_forward_kernel<T, DMAX, true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_f));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_backward_kv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_kv));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_backward_dq_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_dq));
-        attr = true;
-    }
+    cuda_smem_optin(cs, (const void *)fa_forward_kernel<T, DMAX, true>, smem_f);
+    cuda_smem_optin(cs, (const void *)fa_backward_kv_kernel<T, DMAX>, smem_kv);
+    cuda_smem_optin(cs, (const void *)fa_backward_dq_kernel<T, DMAX>, smem_dq);
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
     /* Split the query heads of a group over blocks until the grid covers the GPU a few times over. */
-    int blocks = pl->nkb * n_kv_heads, want = 4 * cuda_sm_count();
+    int blocks = pl->nkb * n_kv_heads, want = 4 * cs->sm_count;
     int n_split = blocks >= want ? 1 : (want + blocks - 1) / blocks;
     if (n_split > group) n_split = group;
     int per = (group + n_split - 1) / n_split;
     n_split = (group + per - 1) / per;
     size_t part_elems = n_split > 1 ? (size_t)2 * n_split * blocks * FT * head_dim : 0;
     size_t nh = (size_t)n * n_heads;
-    float *lse = (float *)cuda_scratch((2 * nh + part_elems) * sizeof(float) + 256);
+    float *lse = (float *)cuda_scratch(cs, (2 * nh + part_elems) * sizeof(float) + 256);
     float *delta = lse + nh, *part = n_split > 1 ? delta + nh : NULL;
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     fa_forward_kernel<T, DMAX, true><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem_f, st>>>(
         NULL, lse, delta, go, q, kc, vc, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
     fa_backward_kv_kernel<T, DMAX>
         <<<dim3((unsigned)pl->nkb, (unsigned)n_kv_heads, (unsigned)n_split), FTHREADS, smem_kv, st>>>(
             dkc, dvc, part, go, q, kc, vc, lse, delta, pl->tiles, pl->slot_begin, pl->kblocks, n_heads, group, per,
             head_dim, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
     if (n_split > 1) {
         size_t per_elems = (size_t)blocks * FT * head_dim;
         fa_backward_kv_reduce_kernel<<<cuda_blocks_for(per_elems), CUDA_THREADS, 0, st>>>(
             dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, head_dim, max_len, kv_dim, FT);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
     }
     fa_backward_dq_kernel<T, DMAX><<<dim3((unsigned)pl->nt, (unsigned)n_heads), FTHREADS, smem_dq, st>>>(
         dq, go, q, kc, vc, lse, delta, pl->tiles, n_heads, group, head_dim, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- tiled, bf16 tensor cores */
@@ -763,7 +761,7 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
  * a CPU reference that rounds P and dS to bf16 the same way
  * (tests/gpu/test_cuda_ops.c, test_attention): the GPU adds no error of its own
  * beyond FA2's (measured: max error 1.00x the reference's for dK and dV). The
- * precise mode (env COLT_FA_PRECISE=1, read at each call) feeds P and dS as a
+ * precise mode (the instance's option fa_precise: COLT_FA_PRECISE=1) feeds P and dS as a
  * bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi): ~16 significant bits,
  * two MMAs per product) and meets the tight bound; it makes the backward
  * ~12-15% slower. The forward's O = P V always takes the hi + lo pair
@@ -774,11 +772,6 @@ static void fa_backward_launch(T *dq, float *dkc, float *dvc, const T *go, const
 #define FA_TC_SPLIT true
 #define TC_WARPS 4
 #define TC_THREADS (32 * TC_WARPS)
-
-static bool fa_precise(void) {
-    const char *e = getenv("COLT_FA_PRECISE");
-    return e && atoi(e) > 0;
-}
 
 /* query m-tiles of 16 rows per warp in the forward kernel (measured: 2 beats 1
  * by ~10% on the Qwen2.5 shapes, bench_attention) */
@@ -1570,35 +1563,30 @@ static size_t fa_tc_smem_dq_ds(int d) { return (size_t)2 * FT * (FT + 8 + d + 8)
 static bool fa_tc_aligned(const void *p) { return ((size_t)p & 15) == 0; }
 
 template <int D, int MT>
-static void fa_tc_forward_launch(bf16_t *out, float *lse, const bf16_t *q, const bf16_t *kc, const bf16_t *vc,
-                                 const FaPlan *pl, int n_heads, int group, int max_len, int kv_dim, float scale) {
-    static bool attr = false;
+static void fa_tc_forward_launch(CudaState *cs, bf16_t *out, float *lse, const bf16_t *q, const bf16_t *kc,
+                                 const bf16_t *vc, const FaPlan *pl, int n_heads, int group, int max_len, int kv_dim,
+                                 float scale) {
     size_t smem = fa_tc_smem_forward(D, MT);
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_forward_kernel<D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-        attr = true;
-    }
-    fa_tc_forward_kernel<D, MT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
+    cuda_smem_optin(cs, (const void *)fa_tc_forward_kernel<D, MT>, smem);
+    fa_tc_forward_kernel<D, MT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cs->stream>>>(
         out, lse, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* The dS blocks of the non-precise backward take npairs * H * FT^2 bf16 of
  * scratch (1.5B shape, 16 x 2048 tokens: 0.83 GB; 7B, 8 x 2048: 0.97 GB); above
- * COLT_FA_DS_MAX_MB MiB (default 1024), or when the device could not hold the
- * scratch with 256 MiB to spare, the backward forms dq by recomputing S and dP
- * instead (fa_tc_backward_dq_kernel). */
-static size_t fa_ds_cap_bytes(void) {
-    const char *e = getenv("COLT_FA_DS_MAX_MB");
-    long mb = e ? atol(e) : 1024;
+ * the instance's option fa_ds_max_mb MiB (COLT_FA_DS_MAX_MB, default 1024), or
+ * when the device could not hold the scratch with 256 MiB to spare, the
+ * backward forms dq by recomputing S and dP instead (fa_tc_backward_dq_kernel). */
+static size_t fa_ds_cap_bytes(const CudaState *cs) {
+    long mb = cs->opt.fa_ds_max_mb;
     return mb > 0 ? (size_t)mb << 20 : 0;
 }
 
-/* Whether cuda_scratch(bytes) will fit: sizes granted before are (the scratch
+/* Whether cuda_scratch(cs, bytes) will fit: sizes granted before are (the scratch
  * never shrinks); a larger one needs its power-of-two capacity free. */
-static bool fa_scratch_fits(size_t bytes) {
-    static size_t granted = 0;
+static bool fa_scratch_fits(CudaState *cs, size_t bytes) {
+    size_t &granted = cs->fa_granted;
     if (bytes <= granted) return true;
     size_t cap = (size_t)1 << 16, free_bytes = 0, total_bytes = 0;
     while (cap < bytes) cap *= 2;
@@ -1613,26 +1601,19 @@ static size_t fa_align256(size_t b) { return (b + 255) & ~(size_t)255; }
 /* statistics (or delta alone, given the forward's lse and output), kv and dq
  * kernels; the plan's qtiles have FT rows here */
 template <int D, bool SPLIT>
-static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
-                                  const bf16_t *out, const float *lse_fwd, const bf16_t *kc, const bf16_t *vc,
-                                  const FaPlan *pl, int n, int n_heads, int n_kv_heads, int max_len) {
-    static bool attr = false;
+static void fa_tc_backward_launch(CudaState *cs, bf16_t *dq, float *dkc, float *dvc, const bf16_t *go,
+                                  const bf16_t *q, const bf16_t *out, const float *lse_fwd, const bf16_t *kc,
+                                  const bf16_t *vc, const FaPlan *pl, int n, int n_heads, int n_kv_heads,
+                                  int max_len) {
     size_t smem_kv = fa_tc_smem_kv(D), smem_dq = fa_tc_smem_dq(D), smem_ds = fa_tc_smem_dq_ds(D);
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_kv_kernel<D, SPLIT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_backward_dq_kernel<D, SPLIT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_stats_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_dq));
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_dq_from_ds_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_ds));
-        attr = true;
-    }
+    cuda_smem_optin(cs, (const void *)fa_tc_backward_kv_kernel<D, SPLIT>, smem_kv);
+    cuda_smem_optin(cs, (const void *)fa_tc_backward_dq_kernel<D, SPLIT>, smem_dq);
+    cuda_smem_optin(cs, (const void *)fa_tc_stats_kernel<D, true>, smem_dq);
+    cuda_smem_optin(cs, (const void *)fa_tc_dq_from_ds_kernel<D>, smem_ds);
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * D;
     float scale = (float)(1.0 / sqrt((double)D));
     /* as fa_backward_launch: split the query heads of a group until the grid covers the GPU a few times */
-    int blocks = pl->nkb * n_kv_heads, want = 4 * cuda_sm_count();
+    int blocks = pl->nkb * n_kv_heads, want = 4 * cs->sm_count;
     int n_split = blocks >= want ? 1 : (want + blocks - 1) / blocks;
     if (n_split > group) n_split = group;
     int per = (group + n_split - 1) / n_split;
@@ -1646,32 +1627,33 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
     /* scratch: [lse nh, unless stored][delta nh][partials][dS blocks], each 256-byte aligned */
     size_t b_lse = stored ? 0 : fa_align256(nh * sizeof(float)), b_delta = fa_align256(nh * sizeof(float));
     size_t b_part = fa_align256(part_elems * sizeof(float));
-    if (ds_bytes > fa_ds_cap_bytes() || !fa_scratch_fits(b_lse + b_delta + b_part + ds_bytes + 256)) ds_bytes = 0;
-    char *scratch = (char *)cuda_scratch(b_lse + b_delta + b_part + ds_bytes + 256);
+    if (ds_bytes > fa_ds_cap_bytes(cs) || !fa_scratch_fits(cs, b_lse + b_delta + b_part + ds_bytes + 256))
+        ds_bytes = 0;
+    char *scratch = (char *)cuda_scratch(cs, b_lse + b_delta + b_part + ds_bytes + 256);
     scratch = (char *)(((size_t)scratch + 255) & ~(size_t)255);
     float *lse = stored ? NULL : (float *)scratch, *delta = (float *)(scratch + b_lse);
     float *part = n_split > 1 ? (float *)(scratch + b_lse + b_delta) : NULL;
     bf16_t *ds = ds_bytes ? (bf16_t *)(scratch + b_lse + b_delta + b_part) : NULL;
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     if (stored) {
         fa_tc_delta_kernel<D><<<(unsigned)((nh + 7) / 8), 256, 0, st>>>(delta, go, out, nh);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
     } else {
         fa_tc_stats_kernel<D, true><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
             lse, delta, go, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
     }
     const float *lse_use = stored ? lse_fwd : lse;
     fa_tc_backward_kv_kernel<D, SPLIT>
         <<<dim3((unsigned)pl->nkb, (unsigned)n_kv_heads, (unsigned)n_split), TC_THREADS, smem_kv, st>>>(
             dkc, dvc, part, ds, go, q, kc, vc, lse_use, delta, pl->tiles, pl->slot_begin, pl->tile_pbase,
             pl->kblocks, n_heads, group, per, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
     if (n_split > 1) {
         size_t per_elems = (size_t)blocks * FT * D;
         fa_backward_kv_reduce_kernel<<<cuda_blocks_for(per_elems), CUDA_THREADS, 0, st>>>(
             dkc, dvc, part, pl->kblocks, pl->nkb, n_kv_heads, n_split, D, max_len, kv_dim, FT);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
     }
     if (ds) {
         fa_tc_dq_from_ds_kernel<D><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_ds, st>>>(
@@ -1680,35 +1662,33 @@ static void fa_tc_backward_launch(bf16_t *dq, float *dkc, float *dvc, const bf16
         fa_tc_backward_dq_kernel<D, SPLIT><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem_dq, st>>>(
             dq, go, q, kc, vc, lse_use, delta, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
     }
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* The tensor-core backward by head dim and rounding. */
 template <int D>
-static void fa_tc_backward_dispatch(bf16_t *dq, float *dkc, float *dvc, const bf16_t *go, const bf16_t *q,
-                                    const bf16_t *out, const float *lse, const bf16_t *kc, const bf16_t *vc,
-                                    const FaPlan *pl, int n, int n_heads, int n_kv_heads, int max_len, bool precise) {
+static void fa_tc_backward_dispatch(CudaState *cs, bf16_t *dq, float *dkc, float *dvc, const bf16_t *go,
+                                    const bf16_t *q, const bf16_t *out, const float *lse, const bf16_t *kc,
+                                    const bf16_t *vc, const FaPlan *pl, int n, int n_heads, int n_kv_heads,
+                                    int max_len, bool precise) {
     if (precise)
-        fa_tc_backward_launch<D, true>(dq, dkc, dvc, go, q, out, lse, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
+        fa_tc_backward_launch<D, true>(cs, dq, dkc, dvc, go, q, out, lse, kc, vc, pl, n, n_heads, n_kv_heads,
+                                       max_len);
     else
-        fa_tc_backward_launch<D, false>(dq, dkc, dvc, go, q, out, lse, kc, vc, pl, n, n_heads, n_kv_heads, max_len);
+        fa_tc_backward_launch<D, false>(cs, dq, dkc, dvc, go, q, out, lse, kc, vc, pl, n, n_heads, n_kv_heads,
+                                        max_len);
 }
 
 /* lse alone (the deterministic mode's forward runs the paged kernel, which
  * keeps its statistics to itself): fa_tc_stats_kernel without dP */
 template <int D>
-static void fa_tc_lse_launch(float *lse, const bf16_t *q, const bf16_t *kc, const bf16_t *vc, const FaPlan *pl,
-                             int n_heads, int group, int max_len, int kv_dim, float scale) {
-    static bool attr = false;
+static void fa_tc_lse_launch(CudaState *cs, float *lse, const bf16_t *q, const bf16_t *kc, const bf16_t *vc,
+                             const FaPlan *pl, int n_heads, int group, int max_len, int kv_dim, float scale) {
     size_t smem = fa_tc_smem_dq(D);
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(fa_tc_stats_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-        attr = true;
-    }
-    fa_tc_stats_kernel<D, false><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cuda_stream()>>>(
+    cuda_smem_optin(cs, (const void *)fa_tc_stats_kernel<D, false>, smem);
+    fa_tc_stats_kernel<D, false><<<dim3((unsigned)pl->nq, (unsigned)n_heads), TC_THREADS, smem, cs->stream>>>(
         lse, NULL, NULL, q, kc, vc, pl->qtiles, n_heads, group, max_len, kv_dim, scale);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -1782,9 +1762,10 @@ __global__ void attention_kernel(T *out, float *lse, const T *q, const T *k_cach
 }
 
 template <typename T>
-void cuda_attention(void *out, void *lse, const void *q, const void *k_cache, const void *v_cache, const int *slot,
-                    const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
+void cuda_attention(const Backend *be, void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
+                    const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
+    CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
@@ -1792,52 +1773,53 @@ void cuda_attention(void *out, void *lse, const void *q, const void *k_cache, co
     FaPlan pl;
     bool tc = std::is_same<T, __nv_bfloat16>::value && (head_dim == 64 || head_dim == 128) && fa_tc_aligned(out) &&
               fa_tc_aligned(q) && fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache);
-    if (cuda_attention_invariant()) { /* deterministic mode: the engine's kernel, bit for bit (cuda_paged.cu) */
-        cuda_attention_paged<T>(out, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
+    if (cuda_attention_invariant(cs)) { /* deterministic mode: the engine's kernel, bit for bit (cuda_paged.cu) */
+        cuda_attention_paged<T>(cs, out, q, k_cache, v_cache, slot, pos, n, n_heads, n_kv_heads, head_dim, max_len);
         if (!lse_out) return;
         /* the statistics for the backward: the stats kernel without dP on tiles, else the per-token kernel's
          * (its output goes to scratch) */
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            if (tc && fa_make_plan(&pl, slot, pos, n, 0, max_len, 0, FT, FT)) {
+            if (tc && fa_make_plan(cs, &pl, slot, pos, n, 0, max_len, 0, FT, FT)) {
                 if (pl.nt == 0) return;
                 if (head_dim == 64)
-                    fa_tc_lse_launch<64>(lse_out, (const bf16_t *)q, (const bf16_t *)k_cache, (const bf16_t *)v_cache,
+                    fa_tc_lse_launch<64>(cs, lse_out, (const bf16_t *)q, (const bf16_t *)k_cache,
+                                         (const bf16_t *)v_cache,
                                          &pl, n_heads, group, max_len, kv_dim, scale);
                 else
-                    fa_tc_lse_launch<128>(lse_out, (const bf16_t *)q, (const bf16_t *)k_cache,
+                    fa_tc_lse_launch<128>(cs, lse_out, (const bf16_t *)q, (const bf16_t *)k_cache,
                                           (const bf16_t *)v_cache, &pl, n_heads, group, max_len, kv_dim, scale);
                 return;
             }
         }
-        out = cuda_scratch((size_t)n * n_heads * head_dim * sizeof(T));
+        out = cuda_scratch(cs, (size_t)n * n_heads * head_dim * sizeof(T));
     } else if (head_dim <= 128 &&
-               fa_make_plan(&pl, slot, pos, n, 0, max_len, 0, tc ? 16 * TC_WARPS * FA_TC_FWD_MT : FT, FT)) {
+               fa_make_plan(cs, &pl, slot, pos, n, 0, max_len, 0, tc ? 16 * TC_WARPS * FA_TC_FWD_MT : FT, FT)) {
         if (pl.nt == 0) return;
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
             if (tc) {
                 if (head_dim == 64)
-                    fa_tc_forward_launch<64, FA_TC_FWD_MT>((bf16_t *)out, lse_out, (const bf16_t *)q,
+                    fa_tc_forward_launch<64, FA_TC_FWD_MT>(cs, (bf16_t *)out, lse_out, (const bf16_t *)q,
                                                            (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl,
                                                            n_heads, group, max_len, kv_dim, scale);
                 else
-                    fa_tc_forward_launch<128, FA_TC_FWD_MT>((bf16_t *)out, lse_out, (const bf16_t *)q,
+                    fa_tc_forward_launch<128, FA_TC_FWD_MT>(cs, (bf16_t *)out, lse_out, (const bf16_t *)q,
                                                             (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl,
                                                             n_heads, group, max_len, kv_dim, scale);
                 return;
             }
         }
         if (head_dim <= 64)
-            fa_forward_launch<T, 64>((T *)out, lse_out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl,
+            fa_forward_launch<T, 64>(cs, (T *)out, lse_out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl,
                                      n_heads, group, head_dim, max_len, kv_dim, scale);
         else
-            fa_forward_launch<T, 128>((T *)out, lse_out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl,
+            fa_forward_launch<T, 128>(cs, (T *)out, lse_out, (const T *)q, (const T *)k_cache, (const T *)v_cache, &pl,
                                       n_heads, group, head_dim, max_len, kv_dim, scale);
         return;
     }
     const int *host[2] = {slot, pos};
-    int *d = cuda_upload_indices(host, 2, n);
+    int *d = cuda_upload_indices(cs, host, 2, n);
     dim3 grid((unsigned)((size_t)n * n_heads)), block(ATT_WARPS * 32);
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     T *o = (T *)out;
     const T *qs = (const T *)q, *kc = (const T *)k_cache, *vc = (const T *)v_cache;
 #define ATT_FWD_LAUNCH(DPL)                                                                                    \
@@ -1852,7 +1834,7 @@ void cuda_attention(void *out, void *lse, const void *q, const void *k_cache, co
     else
         ATT_FWD_LAUNCH(8);
 #undef ATT_FWD_LAUNCH
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -1955,28 +1937,29 @@ __global__ void attention_backward_kernel(T *dq, float *dk_cache, float *dv_cach
 }
 
 template <typename T>
-void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const void *dout, const void *q,
-                             const void *out, const void *lse, const void *k_cache, const void *v_cache,
-                             const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
-                             int n_slots, int max_len) {
+void cuda_attention_backward(const Backend *be, void *dq, void *dk_cache, void *dv_cache, const void *dout,
+                             const void *q, const void *out, const void *lse, const void *k_cache,
+                             const void *v_cache, const int *slot, const int *pos, int n, int n_heads,
+                             int n_kv_heads, int head_dim, int n_slots, int max_len) {
     if (n <= 0 || n_heads <= 0) return;
+    CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
     FaPlan pl;
     bool tc = std::is_same<T, __nv_bfloat16>::value && (head_dim == 64 || head_dim == 128) && fa_tc_aligned(dq) &&
               fa_tc_aligned(dout) && fa_tc_aligned(q) && fa_tc_aligned(k_cache) && fa_tc_aligned(v_cache);
     const bf16_t *out_fwd = out && fa_tc_aligned(out) ? (const bf16_t *)out : NULL;
-    if (head_dim <= 128 && n_slots > 0 && fa_make_plan(&pl, slot, pos, n, n_slots, max_len, 1, FT, FT)) {
+    if (head_dim <= 128 && n_slots > 0 && fa_make_plan(cs, &pl, slot, pos, n, n_slots, max_len, 1, FT, FT)) {
         if (pl.nt == 0) return;
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
             if (tc) {
-                bool precise = fa_precise();
+                bool precise = cs->opt.fa_precise != 0;
                 if (head_dim == 64)
-                    fa_tc_backward_dispatch<64>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
+                    fa_tc_backward_dispatch<64>(cs, (bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
                                                 (const bf16_t *)dout, (const bf16_t *)q, out_fwd, (const float *)lse,
                                                 (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl, n, n_heads,
                                                 n_kv_heads, max_len, precise);
                 else
-                    fa_tc_backward_dispatch<128>((bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
+                    fa_tc_backward_dispatch<128>(cs, (bf16_t *)dq, (float *)dk_cache, (float *)dv_cache,
                                                  (const bf16_t *)dout, (const bf16_t *)q, out_fwd, (const float *)lse,
                                                  (const bf16_t *)k_cache, (const bf16_t *)v_cache, &pl, n, n_heads,
                                                  n_kv_heads, max_len, precise);
@@ -1984,21 +1967,21 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
             }
         }
         if (head_dim <= 64)
-            fa_backward_launch<T, 64>((T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
+            fa_backward_launch<T, 64>(cs, (T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
                                       (const T *)k_cache, (const T *)v_cache, &pl, n, n_heads, n_kv_heads, head_dim,
                                       max_len);
         else
-            fa_backward_launch<T, 128>((T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
+            fa_backward_launch<T, 128>(cs, (T *)dq, (float *)dk_cache, (float *)dv_cache, (const T *)dout, (const T *)q,
                                        (const T *)k_cache, (const T *)v_cache, &pl, n, n_heads, n_kv_heads, head_dim,
                                        max_len);
         return;
     }
     const int *host[2] = {slot, pos};
-    int *d = cuda_upload_indices(host, 2, n);
+    int *d = cuda_upload_indices(cs, host, 2, n);
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
     dim3 grid((unsigned)((size_t)n * n_heads)), block(ATT_WARPS * 32);
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     T *dqs = (T *)dq;
     float *dkc = (float *)dk_cache, *dvc = (float *)dv_cache;
     const T *go = (const T *)dout, *qs = (const T *)q, *kc = (const T *)k_cache, *vc = (const T *)v_cache;
@@ -2014,18 +1997,26 @@ void cuda_attention_backward(void *dq, void *dk_cache, void *dv_cache, const voi
     else
         ATT_BWD_LAUNCH(8);
 #undef ATT_BWD_LAUNCH
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
+}
+
+/* The plan buffers (host memory). */
+void cuda_attention_release(CudaState *cs) {
+    int *bufs[] = {cs->fa_raw, cs->fa_rawq, cs->fa_sortq, cs->fa_packed, cs->fa_aux, cs->fa_tokbase, cs->fa_count};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) free(bufs[k]);
+    cs->fa_raw = cs->fa_rawq = cs->fa_sortq = cs->fa_packed = cs->fa_aux = cs->fa_tokbase = cs->fa_count = NULL;
+    cs->fa_raw_cap = cs->fa_packed_cap = cs->fa_aux_cap = cs->fa_tokbase_cap = cs->fa_count_cap = 0;
 }
 
 #define INSTANTIATE(T)                                                                                              \
-    template void cuda_kv_store<T>(void *, void *, const void *, const void *, const int *, const int *, int, int, \
-                                   int);                                                                            \
-    template void cuda_kv_gather<T>(void *, void *, const void *, const void *, const int *, const int *, int, int, \
-                                    int);                                                                           \
-    template void cuda_attention<T>(void *, void *, const void *, const void *, const void *, const int *,         \
-                                    const int *, int, int, int, int, int);                                         \
-    template void cuda_attention_backward<T>(void *, void *, void *, const void *, const void *, const void *,      \
-                                             const void *, const void *, const void *, const int *, const int *,    \
-                                             int, int, int, int, int, int);
+    template void cuda_kv_store<T>(const Backend *, void *, void *, const void *, const void *, const int *,       \
+                                   const int *, int, int, int);                                                     \
+    template void cuda_kv_gather<T>(const Backend *, void *, void *, const void *, const void *, const int *,      \
+                                    const int *, int, int, int);                                                    \
+    template void cuda_attention<T>(const Backend *, void *, void *, const void *, const void *, const void *,     \
+                                    const int *, const int *, int, int, int, int, int);                            \
+    template void cuda_attention_backward<T>(const Backend *, void *, void *, void *, const void *, const void *,  \
+                                             const void *, const void *, const void *, const void *, const int *,   \
+                                             const int *, int, int, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

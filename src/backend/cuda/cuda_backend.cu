@@ -1,118 +1,121 @@
-/* cuda_backend.cu — the CUDA op tables (backend_cuda: bf16 storage,
- * backend_cuda_f32: fp32 storage, same kernels), device state, memory and
- * host <-> device transfers. The ops live in cuda_gemm.cu, cuda_attention.cu
- * and cuda_ops.cu.
+/* cuda_backend.cu — CUDA backend instances (backend_cuda_open: bf16 storage
+ * "cuda", or fp32 storage "cuda_f32", the same kernels), their state, memory
+ * and host <-> device transfers, CUDA graphs. The ops live in cuda_gemm.cu,
+ * cuda_attention.cu, cuda_ops.cu and the other files beside it.
  *
- * Everything runs on one stream shared by both tables, so an op's result is
- * visible to the next op; download/download_f32/sum_squares synchronise.
- * Not here: multi-GPU, CUDA graphs, memory pools (plain cudaMalloc/cudaFree). */
+ * An instance is a Backend whose ctx is a CudaState (cuda_common.cuh): its
+ * device, a compute stream every op, upload and download runs on (so an op's
+ * result is visible to the next op; download/download_f32/sum_squares
+ * synchronise), a communication stream for collectives, its cuBLASLt handle
+ * and workspace, staging, scratch, caches, the deterministic mode's switch and
+ * its options, read from the environment once, here, at open. Two instances
+ * share nothing: they may run on two devices of one process, or side by side
+ * on one. Every op first makes its instance's device current on the calling
+ * thread (cuda_enter). Not here: memory pools (plain cudaMalloc/cudaFree). */
 #include <math.h>
+#include <mutex>
 #include <string.h>
 
 #include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_common.cuh"
 
-int g_cuda_sync_each_launch = 0;
-
-/* ---------------------------------------------------------------- state */
-
-#define CUDA_LT_WORKSPACE_BYTES (32u << 20)
-#define CUDA_STAGING_FLOATS ((size_t)8 << 20) /* 32 MiB of fp32 staging for upload/download conversion */
-
-/* A recent upload of index arrays: the ints in pinned host memory (so the copy
- * is truly asynchronous) and on the device. Ops pass the same pos/slot arrays
- * to every layer, so most uploads are found here and cost a memcmp. */
-#define INDEX_CACHE_ENTRIES 8
-typedef struct IndexEntry {
-    int *pinned, *dev;   /* [cap] */
-    size_t cap, len;     /* in ints */
-    uint64_t last_use;
-    cudaEvent_t copied;  /* the last copy out of pinned */
-    int has_event;
-} IndexEntry;
-
-typedef struct CudaState {
-    int ready;  /* 1 usable, -1 no GPU */
-    cudaStream_t stream;
-    cublasLtHandle_t lt;
-    void *lt_workspace;
-    float *staging;       /* [CUDA_STAGING_FLOATS] */
-    IndexEntry index_cache[INDEX_CACHE_ENTRIES]; /* recent index uploads (cuda_upload_indices) */
-    uint64_t index_clock;
-    void *scratch;        /* growable general scratch */
-    size_t scratch_cap;   /* in bytes */
-    float *inv_freq;      /* [512] rope table for (rope_head_dim, rope_theta) */
-    int rope_head_dim;
-    float rope_theta;
-} CudaState;
-
-static CudaState g_cuda;
-
-static int cuda_init(void) {
-    if (g_cuda.ready) return g_cuda.ready > 0;
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-        (void)cudaGetLastError(); /* clear the sticky "no device" error */
-        g_cuda.ready = -1;
-        return 0;
-    }
-    const char *sync = getenv("COLT_CUDA_SYNC");
-    g_cuda_sync_each_launch = sync && sync[0] == '1';
-    CUDA_CHECK(cudaSetDevice(0));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&g_cuda.stream, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasLtCreate(&g_cuda.lt));
-    CUDA_CHECK(cudaMalloc(&g_cuda.lt_workspace, CUDA_LT_WORKSPACE_BYTES));
-    CUDA_CHECK(cudaMalloc((void **)&g_cuda.staging, CUDA_STAGING_FLOATS * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void **)&g_cuda.inv_freq, 512 * sizeof(float)));
-    g_cuda.rope_head_dim = -1;
-    g_cuda.ready = 1;
-    return 1;
+extern "C" {
+#define _Noreturn [[noreturn]] /* core/error.h is C11 */
+#include "core/error.h"
+#undef _Noreturn
 }
 
-cudaStream_t cuda_stream(void) { return g_cuda.stream; }
+/* ---------------------------------------------------------------- current device */
 
-int cuda_sm_count(void) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        if (sms <= 0) sms = 1;
-    }
-    return sms;
-}
-cublasLtHandle_t cuda_lt_handle(void) { return g_cuda.lt; }
-void *cuda_lt_workspace(size_t *bytes) {
-    *bytes = CUDA_LT_WORKSPACE_BYTES;
-    return g_cuda.lt_workspace;
+/* The device this thread last made current through an instance, so that an op
+ * on the instance used last costs a compare instead of a driver call. */
+static thread_local int t_current_device = -1;
+
+static void cuda_set_current(int device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    t_current_device = device;
 }
 
-int *cuda_upload_indices(const int *const *host_arrays, int count, int n) {
+CudaState *cuda_enter(const Backend *be) {
+    CudaState *cs = cuda_state(be);
+    if (t_current_device != cs->device) cuda_set_current(cs->device);
+    return cs;
+}
+
+CudaState *cuda_enter_checked(const Backend *be) {
+    CudaState *cs = cuda_state(be);
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) (void)cudaGetLastError();
+    if (current != cs->device || t_current_device != cs->device) cuda_set_current(cs->device);
+    return cs;
+}
+
+/* ---------------------------------------------------------------- options */
+
+/* What the environment says, the one place it is read (cuda_instance.h lists
+ * each variable). Unset or empty variables give the defaults. */
+static int env_set(const char *name, const char **value) {
+    const char *e = getenv(name);
+    *value = e;
+    return e && *e;
+}
+
+static void cuda_options_from_env(CudaOptions *o) {
+    const char *e;
+    memset(o, 0, sizeof *o);
+    e = getenv("COLT_CUDA_SYNC");
+    o->sync_each_launch = e && e[0] == '1';
+    o->gemm_tune = env_set("COLT_GEMM_TUNE", &e) ? atoi(e) : 0;
+    if (o->gemm_tune < 0) o->gemm_tune = 0;
+    e = getenv("COLT_INVARIANT_ONLY");
+    o->invariant_parts = e && strcmp(e, "linear") == 0 ? 1 : e && strcmp(e, "attention") == 0 ? 2 : 3;
+    o->skinny = !(env_set("COLT_NO_SKINNY", &e) && strcmp(e, "0") != 0);
+    o->paged_splits = (e = getenv("COLT_PAGED_SPLITS")) && atoi(e) > 0 ? atoi(e) : 0;
+    o->paged_tc = env_set("COLT_PAGED_TC", &e) ? atoi(e) != 0 : 1;
+    o->paged_tc_tokens = (e = getenv("COLT_PAGED_TC_TOKENS")) && atoi(e) > 0 ? atoi(e) : 0;
+    o->fused_rope_attn = env_set("COLT_FUSED_ROPE_ATTN", &e) ? atoi(e) != 0 : 1;
+    o->fa_precise = (e = getenv("COLT_FA_PRECISE")) && atoi(e) > 0;
+    o->fa_ds_max_mb = (e = getenv("COLT_FA_DS_MAX_MB")) ? atol(e) : 1024;
+    o->decode_layers_tokens = -1;
+    if (env_set("COLT_DECODE_LAYERS", &e)) o->decode_layers_tokens = atoi(e) < 0 ? 0 : atoi(e);
+    o->decode_ring = -1;
+    if (env_set("COLT_DECODE_RING", &e)) o->decode_ring = atoi(e) < 0 ? 0 : atoi(e);
+    o->decode_profile = env_set("COLT_DECODE_PROFILE", &e) && atoi(e) > 0;
+    o->sample_split_rows = -1;
+    if (env_set("COLT_SAMPLE_SPLIT_ROWS", &e)) o->sample_split_rows = atoi(e) < 0 ? 0 : atoi(e);
+    o->sample_sequential_find = env_set("COLT_SAMPLE_SEQUENTIAL_FIND", &e) ? atoi(e) : 0;
+    o->gemm_forced_candidate = -1;
+    o->invariant_forced_shape = -1;
+}
+
+/* ---------------------------------------------------------------- state helpers */
+
+int *cuda_upload_indices(CudaState *cs, const int *const *host_arrays, int count, int n) {
     size_t need = (size_t)count * (size_t)(n > 0 ? n : 0);
-    IndexEntry *cache = g_cuda.index_cache;
-    g_cuda.index_clock++;
+    CudaIndexEntry *cache = cs->index_cache;
+    cs->index_clock++;
     /* Found: the same ints were uploaded recently and their device copy is intact
      * (entries are only rewritten on eviction, stream-ordered after their readers). */
-    for (int e = 0; e < INDEX_CACHE_ENTRIES; e++) {
-        IndexEntry *x = &cache[e];
+    for (int e = 0; e < CUDA_INDEX_CACHE_ENTRIES; e++) {
+        CudaIndexEntry *x = &cache[e];
         if (!x->dev || x->len != need) continue;
         int same = 1;
         for (int k = 0; k < count && same; k++)
             same = n <= 0 || memcmp(x->pinned + (size_t)k * n, host_arrays[k], (size_t)n * sizeof(int)) == 0;
         if (same) {
-            x->last_use = g_cuda.index_clock;
+            x->last_use = cs->index_clock;
             return x->dev;
         }
     }
     /* Not found: refill the least recently used entry. */
-    IndexEntry *x = &cache[0];
-    for (int e = 1; e < INDEX_CACHE_ENTRIES; e++)
+    CudaIndexEntry *x = &cache[0];
+    for (int e = 1; e < CUDA_INDEX_CACHE_ENTRIES; e++)
         if (cache[e].last_use < x->last_use) x = &cache[e];
     if (x->has_event) CUDA_CHECK(cudaEventSynchronize(x->copied)); /* its pinned ints may still be read */
     if (need > x->cap) {
         size_t cap = x->cap ? x->cap : 4096;
         while (cap < need) cap *= 2;
-        CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream)); /* kernels may still read the old buffer */
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* kernels may still read the old buffer */
         if (x->dev) CUDA_CHECK(cudaFree(x->dev));
         if (x->pinned) CUDA_CHECK(cudaFreeHost(x->pinned));
         CUDA_CHECK(cudaMalloc((void **)&x->dev, cap * sizeof(int)));
@@ -125,153 +128,185 @@ int *cuda_upload_indices(const int *const *host_arrays, int count, int n) {
     }
     for (int k = 0; k < count && n > 0; k++) memcpy(x->pinned + (size_t)k * n, host_arrays[k], (size_t)n * sizeof(int));
     x->len = need;
-    x->last_use = g_cuda.index_clock;
+    x->last_use = cs->index_clock;
     if (need > 0) {
-        CUDA_CHECK(cudaMemcpyAsync(x->dev, x->pinned, need * sizeof(int), cudaMemcpyHostToDevice, g_cuda.stream));
-        CUDA_CHECK(cudaEventRecord(x->copied, g_cuda.stream));
+        CUDA_CHECK(cudaMemcpyAsync(x->dev, x->pinned, need * sizeof(int), cudaMemcpyHostToDevice, cs->stream));
+        CUDA_CHECK(cudaEventRecord(x->copied, cs->stream));
     }
     return x->dev;
 }
 
-int cuda_env_int(const char *name, int fallback) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : fallback;
-}
-
-void *cuda_scratch(size_t bytes) {
-    if (bytes > g_cuda.scratch_cap) {
-        size_t cap = g_cuda.scratch_cap ? g_cuda.scratch_cap : ((size_t)1 << 16);
+void *cuda_scratch(CudaState *cs, size_t bytes) {
+    if (bytes > cs->scratch_cap) {
+        size_t cap = cs->scratch_cap ? cs->scratch_cap : ((size_t)1 << 16);
         while (cap < bytes) cap *= 2;
-        CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
-        if (g_cuda.scratch) CUDA_CHECK(cudaFree(g_cuda.scratch));
-        CUDA_CHECK(cudaMalloc(&g_cuda.scratch, cap));
-        g_cuda.scratch_cap = cap;
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        if (cs->scratch) CUDA_CHECK(cudaFree(cs->scratch));
+        CUDA_CHECK(cudaMalloc(&cs->scratch, cap));
+        cs->scratch_cap = cap;
     }
-    return g_cuda.scratch;
+    return cs->scratch;
 }
 
 /* The same expression, in the same host libm, as cpu_rope: the table is bit-identical. */
-const float *cuda_rope_inv_freq(int head_dim, float theta) {
+const float *cuda_rope_inv_freq(CudaState *cs, int head_dim, float theta) {
     CUDA_ASSERT_HOST(head_dim % 2 == 0 && head_dim <= 1024);
-    if (head_dim != g_cuda.rope_head_dim || theta != g_cuda.rope_theta) {
+    if (head_dim != cs->rope_head_dim || theta != cs->rope_theta) {
         float table[512];
         for (int j = 0; j < head_dim / 2; j++) {
             float exponent = (float)(2 * j) / (float)head_dim;
             table[j] = 1.0f / ::powf(theta, exponent);
         }
-        CUDA_CHECK(cudaMemcpyAsync(g_cuda.inv_freq, table, (size_t)(head_dim / 2) * sizeof(float),
-                                   cudaMemcpyHostToDevice, g_cuda.stream));
-        g_cuda.rope_head_dim = head_dim;
-        g_cuda.rope_theta = theta;
+        CUDA_CHECK(cudaMemcpyAsync(cs->inv_freq, table, (size_t)(head_dim / 2) * sizeof(float),
+                                   cudaMemcpyHostToDevice, cs->stream));
+        cs->rope_head_dim = head_dim;
+        cs->rope_theta = theta;
     }
-    return g_cuda.inv_freq;
+    return cs->inv_freq;
+}
+
+/* The attribute is the device's (its context's), not the process's: each
+ * instance raises it once on its own device, and afterwards finds it here. */
+void cuda_smem_optin(CudaState *cs, const void *kernel, size_t bytes) {
+    for (int i = 0; i < cs->n_smem_optin; i++)
+        if (cs->smem_optin[i].kernel == kernel && cs->smem_optin[i].bytes >= bytes) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    for (int i = 0; i < cs->n_smem_optin; i++)
+        if (cs->smem_optin[i].kernel == kernel) {
+            cs->smem_optin[i].bytes = bytes;
+            return;
+        }
+    if (cs->n_smem_optin < CUDA_SMEM_OPTINS) cs->smem_optin[cs->n_smem_optin++] = CudaSmemOptin{kernel, bytes};
 }
 
 /* ---------------------------------------------------------------- memory */
 
-static void *cuda_alloc_bytes(size_t n_elements, size_t elem) {
+static void *cuda_alloc_bytes(const Backend *be, size_t n_elements, size_t elem) {
+    (void)cuda_enter_checked(be);
     void *p = NULL;
     size_t bytes = (n_elements ? n_elements : 1) * elem;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
-        fprintf(stderr, "%s:%d: cudaMalloc of %zu bytes failed: %s\n", __FILE__, __LINE__, bytes,
-                cudaGetErrorString(e));
+        fprintf(stderr, "%s:%d: cudaMalloc of %zu bytes on device %d failed: %s\n", __FILE__, __LINE__, bytes,
+                be->device, cudaGetErrorString(e));
         abort();
     }
     return p;
 }
 
-template <typename T> static void *cuda_alloc(size_t n_elements) { return cuda_alloc_bytes(n_elements, sizeof(T)); }
-static void *cuda_alloc_f32(size_t n_elements) { return cuda_alloc_bytes(n_elements, sizeof(float)); }
+template <typename T> static void *cuda_alloc(const Backend *be, size_t n_elements) {
+    return cuda_alloc_bytes(be, n_elements, sizeof(T));
+}
+static void *cuda_alloc_f32(const Backend *be, size_t n_elements) {
+    return cuda_alloc_bytes(be, n_elements, sizeof(float));
+}
 
-static void cuda_free(void *buf) {
+static void cuda_free(const Backend *be, void *buf) {
     if (!buf) return;
-    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    CudaState *cs = cuda_enter_checked(be);
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     CUDA_CHECK(cudaFree(buf));
 }
 
-static void cuda_upload_f32(void *dst, const float *src, size_t n) {
+static void cuda_upload_f32(const Backend *be, void *dst, const float *src, size_t n) {
     if (!n) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, g_cuda.stream));
+    CudaState *cs = cuda_enter(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, cs->stream));
 }
 
-static void cuda_download_f32(float *dst, const void *src, size_t n) {
-    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, g_cuda.stream));
-    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+static void cuda_download_f32(const Backend *be, float *dst, const void *src, size_t n) {
+    CudaState *cs = cuda_enter(be);
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
 }
 
 /* fp32 host -> fp32 staging -> convert kernel, in chunks of the staging size. */
-template <typename T> static void cuda_upload(void *dst, const float *src, size_t n) {
+template <typename T> static void cuda_upload(const Backend *be, void *dst, const float *src, size_t n) {
     if constexpr (sizeof(T) == sizeof(float)) {
-        cuda_upload_f32(dst, src, n);
+        cuda_upload_f32(be, dst, src, n);
     } else {
+        CudaState *cs = cuda_enter(be);
         for (size_t off = 0; off < n; off += CUDA_STAGING_FLOATS) {
             size_t len = n - off < CUDA_STAGING_FLOATS ? n - off : CUDA_STAGING_FLOATS;
-            CUDA_CHECK(cudaMemcpyAsync(g_cuda.staging, src + off, len * sizeof(float), cudaMemcpyHostToDevice,
-                                       g_cuda.stream));
-            cuda_convert_from_f32<T>((T *)dst + off, g_cuda.staging, len);
+            CUDA_CHECK(cudaMemcpyAsync(cs->staging, src + off, len * sizeof(float), cudaMemcpyHostToDevice,
+                                       cs->stream));
+            cuda_convert_from_f32<T>(cs, (T *)dst + off, cs->staging, len);
         }
     }
 }
 
-template <typename T> static void cuda_download(float *dst, const void *src, size_t n) {
+template <typename T> static void cuda_download(const Backend *be, float *dst, const void *src, size_t n) {
     if constexpr (sizeof(T) == sizeof(float)) {
-        cuda_download_f32(dst, src, n);
+        cuda_download_f32(be, dst, src, n);
     } else {
+        CudaState *cs = cuda_enter(be);
         for (size_t off = 0; off < n; off += CUDA_STAGING_FLOATS) {
             size_t len = n - off < CUDA_STAGING_FLOATS ? n - off : CUDA_STAGING_FLOATS;
-            cuda_convert_to_f32<T>(g_cuda.staging, (const T *)src + off, len);
-            CUDA_CHECK(cudaMemcpyAsync(dst + off, g_cuda.staging, len * sizeof(float), cudaMemcpyDeviceToHost,
-                                       g_cuda.stream));
+            cuda_convert_to_f32<T>(cs, cs->staging, (const T *)src + off, len);
+            CUDA_CHECK(cudaMemcpyAsync(dst + off, cs->staging, len * sizeof(float), cudaMemcpyDeviceToHost,
+                                       cs->stream));
         }
-        CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     }
 }
 
 template <typename T>
-static void cuda_copy(void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n) {
+static void cuda_copy(const Backend *be, void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n) {
     if (!n) return;
+    CudaState *cs = cuda_enter(be);
     CUDA_CHECK(cudaMemcpyAsync((T *)dst + dst_offset, (const T *)src + src_offset, n * sizeof(T),
-                               cudaMemcpyDeviceToDevice, g_cuda.stream));
+                               cudaMemcpyDeviceToDevice, cs->stream));
 }
 
 /* All-zero bits are 0.0 in fp32 and bf16. */
-template <typename T> static void cuda_zero(void *x, size_t n) {
-    if (n) CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(T), g_cuda.stream));
+template <typename T> static void cuda_zero(const Backend *be, void *x, size_t n) {
+    if (!n) return;
+    CudaState *cs = cuda_enter(be);
+    CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(T), cs->stream));
 }
 
 /* ---------------------------------------------------------------- device control */
 
-static void cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
+static void cuda_memory_info(const Backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)cuda_enter_checked(be);
     CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }
 
-/* Graphs record the one stream. Capture mode "relaxed" lets other threads keep
- * using CUDA meanwhile; the ops themselves must not allocate or synchronise. */
-static void cuda_capture_begin(void) {
-    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
-    CUDA_CHECK(cudaStreamBeginCapture(g_cuda.stream, cudaStreamCaptureModeRelaxed));
+static void cuda_synchronize(const Backend *be) {
+    CudaState *cs = cuda_enter(be);
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
 }
 
-static void *cuda_capture_end(void) {
+/* Graphs record the instance's compute stream. Capture mode "relaxed" lets
+ * other threads (and instances) keep using CUDA meanwhile; the ops themselves
+ * must not allocate or synchronise. */
+static void cuda_capture_begin(const Backend *be) {
+    CudaState *cs = cuda_enter_checked(be);
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeRelaxed));
+}
+
+static void *cuda_capture_end(const Backend *be) {
+    CudaState *cs = cuda_enter(be);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamEndCapture(g_cuda.stream, &graph));
+    CUDA_CHECK(cudaStreamEndCapture(cs->stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
     return (void *)exec;
 }
 
-static void cuda_graph_launch(void *graph) {
-    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, g_cuda.stream));
+static void cuda_graph_launch(const Backend *be, void *graph) {
+    CudaState *cs = cuda_enter(be);
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cs->stream));
 }
 
-static void cuda_graph_free(void *graph) {
+static void cuda_graph_free(const Backend *be, void *graph) {
     if (!graph) return;
-    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    CudaState *cs = cuda_enter_checked(be);
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
-
 
 /* ---------------------------------------------------------------- tables */
 
@@ -325,8 +360,13 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->add_rmsnorm = cuda_add_rmsnorm<T>;
     b->qkv_rope_store = cuda_qkv_rope_store<T>;
     b->swiglu_gate_up = cuda_swiglu_gate_up<T>;
+    if constexpr (sizeof(T) == 2) { /* the all-layers decode kernel is bf16 only */
+        b->decode_layers_create = cuda_decode_layers_create;
+        b->decode_layers_free = cuda_decode_layers_free;
+        b->decode_layers = cuda_decode_layers;
+    }
     b->memory_info = cuda_memory_info;
-    b->synchronize = backend_cuda_synchronize;
+    b->synchronize = cuda_synchronize;
     b->capture_begin = cuda_capture_begin;
     b->capture_end = cuda_capture_end;
     b->graph_launch = cuda_graph_launch;
@@ -334,48 +374,191 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->set_batch_invariant = cuda_set_batch_invariant;
 }
 
-static Backend g_table_bf16, g_table_f32;
+/* ---------------------------------------------------------------- open and close */
 
-extern "C" const Backend *backend_cuda(void) {
-    static int filled = 0;
-    if (!cuda_init()) return NULL;
-    if (!filled) {
-        cuda_fill_table<__nv_bfloat16>(&g_table_bf16, "cuda", DTYPE_BF16);
-        g_table_bf16.decode_layers_create = cuda_decode_layers_create; /* bf16 only */
-        g_table_bf16.decode_layers_free = cuda_decode_layers_free;
-        g_table_bf16.decode_layers = cuda_decode_layers;
-        filled = 1;
+/* Frees what the instance holds, whatever part of the open got done (NULL and
+ * zero fields are skipped); the streams are drained first. Not the Backend. */
+static void cuda_state_free(CudaState *cs) {
+    if (cs->stream) CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    if (cs->comm_stream) CUDA_CHECK(cudaStreamSynchronize(cs->comm_stream));
+    cuda_gemm_release(cs);
+    cuda_attention_release(cs);
+    cuda_paged_release(cs);
+    cuda_sum_squares_release(cs);
+    cuda_sample_release(cs);
+    for (int e = 0; e < CUDA_INDEX_CACHE_ENTRIES; e++) {
+        CudaIndexEntry *x = &cs->index_cache[e];
+        if (x->has_event) CUDA_CHECK(cudaEventDestroy(x->copied));
+        if (x->dev) CUDA_CHECK(cudaFree(x->dev));
+        if (x->pinned) CUDA_CHECK(cudaFreeHost(x->pinned));
     }
-    return &g_table_bf16;
+    void *bufs[] = {cs->scratch, cs->lt_workspace, cs->staging, cs->inv_freq};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+        if (bufs[k]) CUDA_CHECK(cudaFree(bufs[k]));
+    if (cs->lt) CUBLAS_CHECK(cublasLtDestroy(cs->lt));
+    if (cs->stream) CUDA_CHECK(cudaStreamDestroy(cs->stream));
+    if (cs->comm_stream) CUDA_CHECK(cudaStreamDestroy(cs->comm_stream));
+    free(cs);
 }
 
-extern "C" const Backend *backend_cuda_f32(void) {
-    static int filled = 0;
-    if (!cuda_init()) return NULL;
-    if (!filled) cuda_fill_table<float>(&g_table_f32, "cuda_f32", DTYPE_F32), filled = 1;
-    return &g_table_f32;
+static void cuda_close_instance(Backend *be) {
+    if (!be) return;
+    CudaState *cs = cuda_enter_checked(be);
+    if (cs->shared) return; /* backend_cuda() / backend_cuda_f32() live as long as the process */
+    cuda_state_free(cs);
+    free(be);
 }
+
+/* A device allocation of the open: false (with err set) when the device cannot give it. */
+static bool open_malloc(void **p, size_t bytes, const char *what, int device, size_t *reserved, char *err) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *p = NULL;
+        errorf(err, "device %d: could not reserve %zu bytes for the %s: %s", device, bytes, what,
+               cudaGetErrorString(e));
+        return false;
+    }
+    *reserved += bytes;
+    return true;
+}
+
+extern "C" Backend *backend_cuda_open(int device, DType storage, char *err) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count <= 0) {
+        (void)cudaGetLastError(); /* clear the sticky "no device" error */
+        errorf(err, "no usable CUDA GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        errorf(err, "device %d does not exist (%d visible: CUDA_VISIBLE_DEVICES=%s)", device, count,
+               visible ? visible : "unset");
+        return NULL;
+    }
+    if (storage != DTYPE_BF16 && storage != DTYPE_F32) {
+        errorf(err, "CUDA storage must be bf16 or fp32");
+        return NULL;
+    }
+    if ((e = cudaSetDevice(device)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        errorf(err, "device %d: %s", device, cudaGetErrorString(e));
+        return NULL;
+    }
+    t_current_device = device;
+    CudaState *cs = (CudaState *)calloc(1, sizeof(CudaState));
+    Backend *be = (Backend *)calloc(1, sizeof(Backend));
+    CUDA_ASSERT_HOST(cs != NULL && be != NULL);
+    cs->device = device;
+    cs->storage = storage;
+    cs->rope_head_dim = -1;
+    cuda_options_from_env(&cs->opt);
+    cs->opt_env = cs->opt;
+    CUDA_CHECK(cudaDeviceGetAttribute(&cs->sm_count, cudaDevAttrMultiProcessorCount, device));
+    if (cs->sm_count <= 0) cs->sm_count = 1;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs->comm_stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&cs->lt));
+    cuda_gemm_state_create(cs);
+    size_t reserved = 0;
+    if (!open_malloc(&cs->lt_workspace, CUDA_LT_WORKSPACE_BYTES, "cuBLASLt workspace", device, &reserved, err) ||
+        !open_malloc((void **)&cs->staging, CUDA_STAGING_FLOATS * sizeof(float), "upload/download staging", device,
+                     &reserved, err) ||
+        !open_malloc((void **)&cs->inv_freq, 512 * sizeof(float), "rope table", device, &reserved, err)) {
+        cuda_state_free(cs);
+        free(be);
+        return NULL;
+    }
+    /* The scratch whose size the open knows: no op allocates it later (nor while a graph is captured). */
+    if ((e = cuda_paged_reserve(cs, &reserved)) != cudaSuccess ||
+        (e = cuda_sum_squares_reserve(cs, &reserved)) != cudaSuccess ||
+        (e = cuda_sample_reserve(cs, &reserved)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        errorf(err, "device %d: could not reserve the backend's scratch: %s", device, cudaGetErrorString(e));
+        cuda_state_free(cs);
+        free(be);
+        return NULL;
+    }
+    cs->reserved_bytes = reserved;
+    if (storage == DTYPE_BF16) cuda_fill_table<__nv_bfloat16>(be, "cuda", DTYPE_BF16);
+    else cuda_fill_table<float>(be, "cuda_f32", DTYPE_F32);
+    be->device = device;
+    be->ctx = cs;
+    be->close_instance = cuda_close_instance;
+    cs->be = be;
+    return be;
+}
+
+extern "C" void backend_cuda_close(Backend *be) { cuda_close_instance(be); }
+
+/* cudaGetDeviceCount initialises the driver but makes no context on any device. */
+extern "C" int backend_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return count > 0 ? count : 0;
+}
+
+/* The shared instances: opened on first use (device 0) and kept; NULL, also
+ * kept, when there is no GPU. */
+static const Backend *cuda_shared(DType storage) {
+    static std::mutex lock;
+    static Backend *instances[2];
+    static bool tried[2];
+    const int k = storage == DTYPE_BF16 ? 0 : 1;
+    std::lock_guard<std::mutex> guard(lock);
+    if (!tried[k]) {
+        char err[ERR_LEN];
+        tried[k] = true;
+        instances[k] = backend_cuda_open(0, storage, err);
+        if (instances[k]) {
+            cuda_state(instances[k])->shared = 1;
+            instances[k]->close_instance = NULL; /* not closable */
+        }
+    }
+    return instances[k];
+}
+
+extern "C" const Backend *backend_cuda(void) { return cuda_shared(DTYPE_BF16); }
+extern "C" const Backend *backend_cuda_f32(void) { return cuda_shared(DTYPE_F32); }
+
+/* ---------------------------------------------------------------- cuda_instance.h */
+
+extern "C" void *backend_cuda_compute_stream(const Backend *be) { return (void *)cuda_state(be)->stream; }
+extern "C" void *backend_cuda_comm_stream(const Backend *be) { return (void *)cuda_state(be)->comm_stream; }
+extern "C" void backend_cuda_make_current(const Backend *be) { cuda_set_current(cuda_state(be)->device); }
+
+extern "C" size_t backend_cuda_reserved_bytes(const Backend *be) {
+    const CudaState *cs = cuda_state(be);
+    size_t held = cs->reserved_bytes + cs->scratch_cap + cuda_gemm_held_bytes(cs) + cuda_paged_held_bytes(cs);
+    for (int e = 0; e < CUDA_INDEX_CACHE_ENTRIES; e++) held += cs->index_cache[e].cap * sizeof(int);
+    return held;
+}
+
+extern "C" CudaOptions *backend_cuda_options(const Backend *be) { return &cuda_state(be)->opt; }
 
 /* ---------------------------------------------------------------- benchmarking */
 
-extern "C" double backend_cuda_time_ms(void (*fn)(void *), void *ctx, int iters) {
-    if (!cuda_init() || iters <= 0) return -1.0;
+extern "C" double backend_cuda_time_ms(const Backend *be, void (*fn)(void *), void *ctx, int iters) {
+    if (!be || iters <= 0) return -1.0;
+    CudaState *cs = cuda_enter(be);
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     fn(ctx); /* warm-up: heuristics, descriptor cache, clocks */
-    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
-    CUDA_CHECK(cudaEventRecord(start, g_cuda.stream));
+    cs = cuda_enter(be);
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    CUDA_CHECK(cudaEventRecord(start, cs->stream));
     for (int i = 0; i < iters; i++) fn(ctx);
-    CUDA_CHECK(cudaEventRecord(stop, g_cuda.stream));
+    cs = cuda_enter(be);
+    CUDA_CHECK(cudaEventRecord(stop, cs->stream));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     return (double)ms / iters;
-}
-
-extern "C" void backend_cuda_synchronize(void) {
-    if (cuda_init()) CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
 }

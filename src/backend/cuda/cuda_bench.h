@@ -7,13 +7,13 @@
 extern "C" {
 #endif
 
-/* Calls fn(ctx) once to warm up, then iters times between two CUDA events on
- * the backend's stream; returns milliseconds per call (-1 without a GPU).
- * fn must only enqueue work on the backend (ops, not downloads). */
-double backend_cuda_time_ms(void (*fn)(void *), void *ctx, int iters);
+#include "backend/backend.h" /* C declarations: inside the extern "C" block */
 
-/* Waits for every op enqueued so far. */
-void backend_cuda_synchronize(void);
+/* Calls fn(ctx) once to warm up, then iters times between two CUDA events on
+ * the compute stream of the CUDA instance be; returns milliseconds per call
+ * (-1 when be is NULL: no GPU). fn must only enqueue work on be (ops, not
+ * downloads). */
+double backend_cuda_time_ms(const Backend *be, void (*fn)(void *), void *ctx, int iters);
 
 #ifdef __cplusplus
 }

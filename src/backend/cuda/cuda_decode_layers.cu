@@ -61,6 +61,8 @@
  * COLT_DECODE_PROFILE=1 prints CTA 0's time per phase (before the dot products, the dot products,
  * reduction + epilogue, barrier), every CTA's gate|up and down dot products (how evenly the shares
  * take) and the rings picked; COLT_DECODE_RING=k forces k rounds (0: direct loads) instead of timing.
+ * (Both are the instance's options, read when it opens.) A plan belongs to the instance that made it
+ * and runs on its stream.
  *
  * Dimension legend: N tokens, D hidden, F intermediate, H query heads, KVH key/value heads, Dh head
  * dim, W = (H + 2 KVH) Dh, G CTAs (the SM count), S key splits per head. */
@@ -792,6 +794,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const DlPa
 /* ---------------------------------------------------------------- host side */
 
 struct DecodePlanCuda {
+    CudaState *cs;       /* the instance that made it: its device, its stream */
     DlParams p;          /* everything but the per-call fields */
     DlLayer *d_layers;
     float *d_inv_freq, *d_part;
@@ -803,28 +806,26 @@ struct DecodePlanCuda {
     size_t smem_fixed[3];  /* per NT: shared memory beside the ring */
 };
 
-/* Up to this many tokens a call takes the kernel (COLT_DECODE_LAYERS=k overrides; 0 = never). Measured
+/* Up to this many tokens a call takes the kernel (the option decode_layers_tokens, COLT_DECODE_LAYERS=k,
+ * overrides; 0 = never). Measured
  * on an H200 (bench_decode, Qwen2.5 0.5B / 1.5B / 7B shapes): faster than the op sequence at 1 and 2
  * tokens (+49% / +45% / +16% at 1), mixed at 3 (+3% / -2% / -8%) and slower at 4 (-5% / -13% / -12%),
  * where its fp32 dot products on CUDA cores and the per-token attention items cost more than the ops'
  * tensor-core GEMMs save. */
 #define DL_DEFAULT_TOKENS 2
-static int g_decode_layers_tokens = -1; /* -1: read COLT_DECODE_LAYERS once */
-static long g_decode_layers_calls = 0;
 
-static int decode_layers_tokens(void) {
-    if (g_decode_layers_tokens < 0) {
-        g_decode_layers_tokens = cuda_env_int("COLT_DECODE_LAYERS", DL_DEFAULT_TOKENS);
-        if (g_decode_layers_tokens < 0) g_decode_layers_tokens = 0;
-    }
-    return g_decode_layers_tokens;
+static int decode_layers_tokens(const CudaState *cs) {
+    return cs->opt.decode_layers_tokens < 0 ? DL_DEFAULT_TOKENS : cs->opt.decode_layers_tokens;
 }
 
-/* For tests and benchmarks: calls of up to `tokens` tokens take the kernel (0: none, the op
- * sequence); -1 back to COLT_DECODE_LAYERS / the default. */
-extern "C" void cuda_decode_layers_set_tokens(int tokens) { g_decode_layers_tokens = tokens < 0 ? -1 : tokens; }
-/* Launches so far (host calls, not graph replays). */
-extern "C" long cuda_decode_layers_calls(void) { return g_decode_layers_calls; }
+/* For tests and benchmarks, on the instance be: calls of up to `tokens` tokens take the kernel (0: none,
+ * the op sequence); -1 back to the instance's setting at open (COLT_DECODE_LAYERS / the default). */
+extern "C" void cuda_decode_layers_set_tokens(const Backend *be, int tokens) {
+    CudaState *cs = cuda_state(be);
+    cs->opt.decode_layers_tokens = tokens < 0 ? cs->opt_env.decode_layers_tokens : tokens;
+}
+/* The instance's launches so far (host calls, not graph replays). */
+extern "C" long cuda_decode_layers_calls(const Backend *be) { return cuda_state(be)->decode_layers_calls; }
 
 template <int NT, int HD> static void *dl_kernel(bool ring, bool prof) {
     if (prof) return ring ? (void *)decode_layers_kernel<NT, HD, true, true> : (void *)decode_layers_kernel<NT, HD, false, true>;
@@ -843,19 +844,19 @@ static void dl_pick_rings(DecodePlanCuda *plan);
 
 /* The dynamic shared memory a CTA of `kernel` may take: the device's opt-in maximum less the kernel's
  * static arrays (a ring sized against the maximum alone failed to launch: COLT_DECODE_RING=3 on 1.5B). */
-static size_t dl_dynamic_shared_limit(void *kernel) {
-    int device = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+static size_t dl_dynamic_shared_limit(const CudaState *cs, void *kernel) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cs->device));
     cudaFuncAttributes attr;
     CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
     return (size_t)optin > attr.sharedSizeBytes ? (size_t)optin - attr.sharedSizeBytes : 0;
 }
 
-extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, const DecodeDims *dims) {
+void *cuda_decode_layers_create(const Backend *be, const DecodeLayerWeights *layers, const DecodeDims *dims) {
+    CudaState *cs = cuda_enter_checked(be);
     const DecodeDims *d = dims;
     int D = d->hidden, F = d->intermediate, H = d->n_heads, KVH = d->n_kv_heads, Dh = d->head_dim;
-    if (decode_layers_tokens() == 0) return NULL;
+    if (decode_layers_tokens(cs) == 0) return NULL;
     if (d->n_layers <= 0 || (Dh != 64 && Dh != 128) || H <= 0 || KVH <= 0 || H % KVH || D % 8 || F % 8 ||
         (d->block_size & (d->block_size - 1)) || d->block_size <= 0 || d->max_blocks <= 0)
         return NULL;
@@ -867,8 +868,9 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     }
     DecodePlanCuda *plan = (DecodePlanCuda *)calloc(1, sizeof(DecodePlanCuda));
     DlParams &p = plan->p;
+    plan->cs = cs;
     int QD = H * Dh, W = QD + 2 * KVH * Dh;
-    plan->grid = cuda_sm_count();
+    plan->grid = cs->sm_count;
     p.n_layers = d->n_layers, p.D = D, p.F = F, p.H = H, p.KVH = KVH, p.Dh = Dh, p.W = W, p.QD = QD;
     p.group = H / KVH;
     p.block_shift = 0;
@@ -897,18 +899,18 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
         return NULL;
     }
     size_t attn_floats = 3 * (size_t)Dh + (size_t)DL_WARPS * Dh + 2 * (size_t)DL_WARPS;
-    /* Per NT: the kernel with the largest ring that fits (COLT_DECODE_RING caps it; 0 = direct loads). */
-    const char *ring_env = getenv("COLT_DECODE_RING");
-    int ring_cap = ring_env && *ring_env ? atoi(ring_env) : DL_RING_DEFAULT;
+    /* Per NT: the kernel with the largest ring that fits (the option decode_ring caps it; 0 = direct loads). */
+    const bool ring_forced = cs->opt.decode_ring >= 0;
+    int ring_cap = ring_forced ? cs->opt.decode_ring : DL_RING_DEFAULT;
     ring_cap = ring_cap < 0 ? 0 : ring_cap > DL_RING_MAX ? DL_RING_MAX : ring_cap;
     plan->max_tokens = 0;
     for (int nt = 1; nt <= DL_MAX_TOKENS; nt *= 2) {
         const size_t fixed = dl_layers_bytes(d->n_layers) + (size_t)nt * p.act_stride * 2 + (size_t)p.red_floats * 4 +
                              attn_floats * 4;
         int ring = ring_cap;
-        const size_t limit_ring = dl_dynamic_shared_limit(dl_kernel_for(nt, Dh, true));
+        const size_t limit_ring = dl_dynamic_shared_limit(cs, dl_kernel_for(nt, Dh, true));
         while (ring > 0 && fixed + (size_t)ring * DL_ROUND_BYTES > limit_ring) ring--;
-        if (fixed > dl_dynamic_shared_limit(dl_kernel_for(nt, Dh, false))) break;
+        if (fixed > dl_dynamic_shared_limit(cs, dl_kernel_for(nt, Dh, false))) break;
         bool resident = true; /* a cooperative launch needs every CTA resident: one per SM */
         for (int with_ring = 0; with_ring < 2; with_ring++)
             for (int prof = 0; prof < 2; prof++) {
@@ -949,7 +951,7 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     CUDA_CHECK(cudaMemcpy(plan->d_layers, host, sizeof(DlLayer) * d->n_layers, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(plan->d_inv_freq, table, sizeof(float) * Dh / 2, cudaMemcpyHostToDevice));
     free(host);
-    const bool profile = cuda_env_int("COLT_DECODE_PROFILE", 0) > 0;
+    const bool profile = cs->opt.decode_profile != 0;
     if (profile) {
         CUDA_CHECK(cudaMalloc(&plan->d_prof, sizeof(unsigned long long) * DL_PROF_SLOTS));
         CUDA_CHECK(cudaMemset(plan->d_prof, 0, sizeof(unsigned long long) * DL_PROF_SLOTS));
@@ -959,7 +961,7 @@ extern "C" void *cuda_decode_layers_create(const DecodeLayerWeights *layers, con
     p.prof = plan->d_prof, p.prof_cta = plan->d_prof_cta;
     p.layers = plan->d_layers, p.inv_freq = plan->d_inv_freq, p.part = plan->d_part;
     p.qkv = plan->d_qkv, p.h = plan->d_h, p.barrier = plan->d_barrier;
-    if (!(ring_env && *ring_env)) dl_pick_rings(plan);
+    if (!ring_forced) dl_pick_rings(plan);
     if (profile)
         fprintf(stderr, "decode_layers: ring rounds per NT 1/2/4: %d %d %d\n", plan->ring[0], plan->ring[1], plan->ring[2]);
     return plan;
@@ -1007,15 +1009,17 @@ static void dl_print_cta_profile(const unsigned long long *d_cta, int grid, doub
     free(order);
 }
 
-extern "C" void cuda_decode_layers_free(void *handle) {
+void cuda_decode_layers_free(const Backend *be, void *handle) {
     DecodePlanCuda *plan = (DecodePlanCuda *)handle;
     if (!plan) return;
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* a launch may still read them */
+    CudaState *cs = cuda_enter_checked(be);
+    CUDA_ASSERT_HOST(plan->cs == cs); /* freed by the instance that made it */
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* a launch may still read them */
     if (plan->d_prof) { /* where CTA 0's time went, per launch */
         unsigned long long c[DL_PROF_SLOTS];
         CUDA_CHECK(cudaMemcpy(c, plan->d_prof, sizeof c, cudaMemcpyDeviceToHost));
         int khz = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, cs->device));
         const unsigned long long launches = c[DL_PROF_LAUNCHES];
         double per = launches ? 1e3 / ((double)khz * launches) : 0; /* cycles -> us per launch */
         static const char *names[DL_PHASES] = {"A qkv", "B attention", "C o-proj", "D gate|up", "E down"};
@@ -1037,38 +1041,35 @@ extern "C" void cuda_decode_layers_free(void *handle) {
 
 static void dl_launch(DecodePlanCuda *plan, int nt, int ring, void *x, const void *pos, const void *seq,
                       const void *slot_mapping, const void *block_tables, int n) {
+    CudaState *cs = plan->cs;
     DlParams p = plan->p;
     p.ring = ring;
     p.n = n;
     p.x = (bf16 *)x;
     p.pos = (const int *)pos, p.seq = (const int *)seq, p.slot_mapping = (const int *)slot_mapping;
     p.block_tables = (const int *)block_tables;
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     CUDA_CHECK(cudaMemsetAsync(plan->d_barrier, 0, sizeof(unsigned), st));
     void *args[] = {&p};
     void *kernel = dl_kernel_for(nt, p.Dh, ring > 0, p.prof != NULL);
     CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, dim3(plan->grid), dim3(DL_THREADS), args,
                                            plan->smem_fixed[dl_nt_index(nt)] + (size_t)ring * DL_ROUND_BYTES, st));
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-/* The picks so far, by shape: a plan is made per engine_generate call (every GRPO step), the timing
- * once per shape and process. */
-#define DL_PICKS_MAX 8
-static struct {
-    int key[8], ring[3];
-} g_picks[DL_PICKS_MAX];
-static int g_n_picks = 0;
+/* The picks so far, by shape, are the instance's (CudaState.decode_picks): a plan is made per
+ * engine_generate call (every GRPO step), the timing once per shape and instance. */
 
 /* Per NT with a ring: keeps it only if a launch with it is faster than with direct loads (the bits are
  * the same either way: only where the weights wait differs). Timed on padding tokens (no K/V stored,
  * no attention), the weights read as in a real step; best of 3 launches each, after a warm-up. */
 static void dl_pick_rings(DecodePlanCuda *plan) {
+    CudaState *cs = plan->cs;
     const DlParams &q = plan->p;
     const int key[8] = {q.n_layers, q.D, q.F, q.H, q.KVH, q.Dh, plan->grid, plan->max_tokens};
-    for (int k = 0; k < g_n_picks; k++)
-        if (!memcmp(g_picks[k].key, key, sizeof key)) {
-            memcpy(plan->ring, g_picks[k].ring, sizeof plan->ring);
+    for (int k = 0; k < cs->n_decode_picks; k++)
+        if (!memcmp(cs->decode_picks[k].key, key, sizeof key)) {
+            memcpy(plan->ring, cs->decode_picks[k].ring, sizeof plan->ring);
             return;
         }
     const int D = plan->p.D;
@@ -1082,7 +1083,7 @@ static void dl_pick_rings(DecodePlanCuda *plan) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     unsigned long long *prof = plan->p.prof;
     plan->p.prof = NULL; /* COLT_DECODE_PROFILE counts real steps only */
     for (int nt = 1; nt <= plan->max_tokens; nt *= 2) {
@@ -1107,21 +1108,24 @@ static void dl_pick_rings(DecodePlanCuda *plan) {
     CUDA_CHECK(cudaEventDestroy(e1));
     CUDA_CHECK(cudaFree(x));
     CUDA_CHECK(cudaFree(ints));
-    if (g_n_picks < DL_PICKS_MAX) {
-        memcpy(g_picks[g_n_picks].key, key, sizeof key);
-        memcpy(g_picks[g_n_picks].ring, plan->ring, sizeof plan->ring);
-        g_n_picks++;
+    if (cs->n_decode_picks < CUDA_DECODE_PICKS) {
+        memcpy(cs->decode_picks[cs->n_decode_picks].key, key, sizeof key);
+        memcpy(cs->decode_picks[cs->n_decode_picks].ring, plan->ring, sizeof plan->ring);
+        cs->n_decode_picks++;
     }
 }
 
-extern "C" bool cuda_decode_layers(void *handle, void *x, const void *pos, const void *seq, const void *slot_mapping,
-                                   const void *block_tables, int n) {
+bool cuda_decode_layers(const Backend *be, void *handle, void *x, const void *pos, const void *seq,
+                        const void *slot_mapping, const void *block_tables, int n) {
     DecodePlanCuda *plan = (DecodePlanCuda *)handle;
-    if (!plan || n <= 0 || n > plan->max_tokens || n > decode_layers_tokens() || cuda_batch_invariant() ||
-        cuda_attention_invariant())
+    if (!plan) return false;
+    CudaState *cs = cuda_enter(be);
+    CUDA_ASSERT_HOST(plan->cs == cs); /* run by the instance that made it */
+    if (n <= 0 || n > plan->max_tokens || n > decode_layers_tokens(cs) || cuda_batch_invariant(cs) ||
+        cuda_attention_invariant(cs))
         return false;
     int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4;
     dl_launch(plan, nt, plan->ring[dl_nt_index(nt)], x, pos, seq, slot_mapping, block_tables, n);
-    g_decode_layers_calls++;
+    cs->decode_layers_calls++;
     return true;
 }

@@ -287,13 +287,15 @@ template <typename T> __global__ void swiglu_gate_up_kernel(T *out, const T *gat
 /* ---------------------------------------------------------------- host side */
 
 template <typename T>
-void cuda_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps) {
+void cuda_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim,
+                      float eps) {
     using namespace fused;
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     T *xs = (T *)x, *os = (T *)xn;
     const T *ds = (const T *)delta, *ws = (const T *)w;
     bool delta_aligned = aligned16(delta);
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     /* cuda_rmsnorm's own test for its vectorised kernel: the sum order follows it. */
     if (dim % 8 == 0 && aligned16(xn) && aligned16(x) && aligned16(w)) {
         size_t staged_bytes = (size_t)dim * sizeof(T);
@@ -307,51 +309,54 @@ void cuda_add_rmsnorm(void *x, void *xn, const void *delta, const void *w, int n
         add_rmsnorm_kernel<T, false, false><<<n, ADD_RMSNORM_THREADS, 0, st>>>(xs, os, ds, ws, dim, eps,
                                                                               delta_aligned);
     }
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-void cuda_qkv_rope_store(void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
+void cuda_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
                          const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta) {
     using namespace fused;
     if (n <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim % 2 == 0);
-    const float *inv_freq = cuda_rope_inv_freq(head_dim, theta);
+    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
     const int *positions = (const int *)pos, *slots = (const int *)slot_mapping;
     int heads = n_heads + 2 * n_kv_heads;
-    cudaStream_t st = cuda_stream();
+    cudaStream_t st = cs->stream;
     if ((head_dim / 2) % 8 == 0 && aligned16(q) && aligned16(k_pool) && aligned16(v_pool) && aligned16(qkv)) {
         size_t total = (size_t)n * heads * (head_dim / 16);
-        qkv_rope_store_vec_kernel<T><<<flat_blocks(total), CUDA_THREADS, 0, st>>>(
+        qkv_rope_store_vec_kernel<T><<<flat_blocks(cs, total), CUDA_THREADS, 0, st>>>(
             (T *)q, (T *)k_pool, (T *)v_pool, (const T *)qkv, positions, slots, inv_freq, n, n_heads, n_kv_heads,
             head_dim);
     } else {
         size_t total = (size_t)n * heads * (head_dim / 2);
-        qkv_rope_store_kernel<T><<<flat_blocks(total), CUDA_THREADS, 0, st>>>(
+        qkv_rope_store_kernel<T><<<flat_blocks(cs, total), CUDA_THREADS, 0, st>>>(
             (T *)q, (T *)k_pool, (T *)v_pool, (const T *)qkv, positions, slots, inv_freq, n, n_heads, n_kv_heads,
             head_dim);
     }
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-template <typename T> void cuda_swiglu_gate_up(void *out, const void *gate_up, int n, int f) {
+template <typename T> void cuda_swiglu_gate_up(const Backend *be, void *out, const void *gate_up, int n, int f) {
     using namespace fused;
     if (n <= 0 || f <= 0) return;
-    cudaStream_t st = cuda_stream();
+    CudaState *cs = cuda_enter(be);
+    cudaStream_t st = cs->stream;
     if (f % 8 == 0 && aligned16(out) && aligned16(gate_up)) {
         size_t total = (size_t)n * (f / 8);
-        swiglu_gate_up_vec_kernel<T><<<flat_blocks(total), CUDA_THREADS, 0, st>>>((T *)out, (const T *)gate_up, n, f);
+        swiglu_gate_up_vec_kernel<T><<<flat_blocks(cs, total), CUDA_THREADS, 0, st>>>((T *)out, (const T *)gate_up, n,
+                                                                                     f);
     } else {
         size_t total = (size_t)n * f;
-        swiglu_gate_up_kernel<T><<<flat_blocks(total), CUDA_THREADS, 0, st>>>((T *)out, (const T *)gate_up, n, f);
+        swiglu_gate_up_kernel<T><<<flat_blocks(cs, total), CUDA_THREADS, 0, st>>>((T *)out, (const T *)gate_up, n, f);
     }
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 #define INSTANTIATE(T)                                                                                             \
-    template void cuda_add_rmsnorm<T>(void *, void *, const void *, const void *, int, int, float);                \
-    template void cuda_qkv_rope_store<T>(void *, void *, void *, const void *, const void *, const void *, int, int, \
-                                         int, int, float);                                                         \
-    template void cuda_swiglu_gate_up<T>(void *, const void *, int, int);
+    template void cuda_add_rmsnorm<T>(const Backend *, void *, void *, const void *, const void *, int, int, float); \
+    template void cuda_qkv_rope_store<T>(const Backend *, void *, void *, void *, const void *, const void *,       \
+                                         const void *, int, int, int, int, float);                                 \
+    template void cuda_swiglu_gate_up<T>(const Backend *, void *, const void *, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

@@ -23,8 +23,10 @@
  * pick comes from timings, so two runs could pick differently and round
  * differently, and on an H200 it gained ~1% of a training step (the heuristic's
  * first algorithm is within ~3% of the best). COLT_GEMM_TUNE=1 turns it on,
- * COLT_GEMM_TUNE=2 also prints the choice per shape to stderr. Tuning is skipped while the stream is being
- * captured into a CUDA graph. The deterministic mode's split-K-free plans (below) are always tuned: every
+ * COLT_GEMM_TUNE=2 also prints the choice per shape to stderr (the instance's
+ * option gemm_tune, read at open). Plans and tuned choices are the instance's.
+ * Tuning is skipped while the stream is being captured into a CUDA graph. The
+ * deterministic mode's split-K-free plans (below) are always tuned: every
  * candidate there gives the same bits, so timing only picks the speed. */
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +54,6 @@ typedef struct GemmPlan {
 } GemmPlan;
 
 #define GEMM_CACHE 256
-static GemmPlan g_plans[GEMM_CACHE];
-static int g_plan_next = 0;
 
 static void gemm_plan_destroy(GemmPlan *p) {
     if (!p->used) return;
@@ -67,17 +67,6 @@ static void gemm_plan_destroy(GemmPlan *p) {
 #define GEMM_TUNE_REPS 3
 #define GEMM_TUNE_MAX_REPS 20
 
-/* 0: off (default, reproducible), 1: on, 2: on and verbose. */
-static int gemm_tune_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("COLT_GEMM_TUNE");
-        mode = (e && *e) ? atoi(e) : 0;
-        if (mode < 0) mode = 0;
-    }
-    return mode;
-}
-
 static size_t gemm_elem_size(cudaDataType_t t) {
     switch (t) {
     case CUDA_R_32F: return 4;
@@ -89,9 +78,9 @@ static size_t gemm_elem_size(cudaDataType_t t) {
 
 /* Times every candidate on the real operands; returns the index of the fastest
  * (0 when tuning cannot run). Leaves no CUDA error behind. */
-static int gemm_tune(const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *res, int count, const void *a,
-                     const void *b, void *d, float beta) {
-    cudaStream_t stream = cuda_stream();
+static int gemm_tune(CudaState *cs, const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *res, int count,
+                     const void *a, const void *b, void *d, float beta) {
+    cudaStream_t stream = cs->stream;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
         (void)cudaGetLastError();
@@ -111,8 +100,8 @@ static int gemm_tune(const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *r
     cudaEvent_t ev0, ev1;
     CUDA_CHECK(cudaEventCreate(&ev0));
     CUDA_CHECK(cudaEventCreate(&ev1));
-    size_t ws_bytes = 0;
-    void *ws = cuda_lt_workspace(&ws_bytes);
+    size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
+    void *ws = cs->lt_workspace;
     float alpha = 1.0f;
     int best = 0;
     float best_ms = -1.0f, times[GEMM_TUNE_ALGOS];
@@ -121,7 +110,7 @@ static int gemm_tune(const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *r
         if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
         /* warm-up run (also rejects an algorithm that fails to launch) sizes the repetitions */
         CUDA_CHECK(cudaEventRecord(ev0, stream));
-        if (cublasLtMatmul(cuda_lt_handle(), p->desc, &alpha, a, p->a, b, p->b, &beta, out, p->c, out, p->c,
+        if (cublasLtMatmul(cs->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, out, p->c, out, p->c,
                            &res[i].algo, ws, ws_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
             (void)cudaGetLastError();
             continue;
@@ -136,7 +125,7 @@ static int gemm_tune(const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *r
         CUDA_CHECK(cudaEventRecord(ev0, stream));
         int ok = 1;
         for (int r = 0; r < reps && ok; r++)
-            ok = cublasLtMatmul(cuda_lt_handle(), p->desc, &alpha, a, p->a, b, p->b, &beta, out, p->c, out, p->c,
+            ok = cublasLtMatmul(cs->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, out, p->c, out, p->c,
                                 &res[i].algo, ws, ws_bytes, stream) == CUBLAS_STATUS_SUCCESS;
         CUDA_CHECK(cudaEventRecord(ev1, stream));
         CUDA_CHECK(cudaEventSynchronize(ev1));
@@ -157,7 +146,7 @@ static int gemm_tune(const GemmPlan *p, const cublasLtMatmulHeuristicResult_t *r
         CUDA_CHECK(cudaFree(scratch));
     }
     if (best_ms < 0.0f) best = 0; /* nothing timed: fall back to the heuristic's first */
-    if (gemm_tune_mode() >= 2) {
+    if (cs->opt.gemm_tune >= 2) {
         fprintf(stderr, "gemm tune m=%d n=%d k=%d ta=%d tb=%d ab=%d cd=%d bias=%d beta=%g:", key->m, key->n, key->k,
                 (int)key->trans_a, (int)key->trans_b, (int)key->ab_type, (int)key->cd_type, key->bias, beta);
         for (int i = 0; i < count; i++) fprintf(stderr, " %s%.4f", i == best ? "*" : "", times[i]);
@@ -175,8 +164,19 @@ typedef struct GemmTuned {
 } GemmTuned;
 
 #define GEMM_TUNED_CACHE 1024
-static GemmTuned g_tuned[GEMM_TUNED_CACHE];
-static int g_tuned_count = 0, g_tuned_next = 0;
+
+/* The instance's plans (a ring of GEMM_CACHE, by key) and tuned choices (by bucket). */
+struct CudaGemmCache {
+    GemmPlan plans[GEMM_CACHE];
+    int plan_next;
+    GemmTuned tuned[GEMM_TUNED_CACHE];
+    int tuned_count, tuned_next;
+};
+
+void cuda_gemm_state_create(CudaState *cs) {
+    cs->gemm = (CudaGemmCache *)calloc(1, sizeof(CudaGemmCache));
+    CUDA_ASSERT_HOST(cs->gemm != NULL);
+}
 
 static int gemm_bucket(int v) {
     if (v <= 8) return v;
@@ -193,16 +193,16 @@ static GemmKey gemm_bucket_key(const GemmKey *key) {
     return b;
 }
 
-static GemmTuned *gemm_tuned_find(const GemmKey *bucket) {
-    for (int i = 0; i < g_tuned_count; i++)
-        if (memcmp(&g_tuned[i].bucket, bucket, sizeof *bucket) == 0) return &g_tuned[i];
+static GemmTuned *gemm_tuned_find(CudaGemmCache *c, const GemmKey *bucket) {
+    for (int i = 0; i < c->tuned_count; i++)
+        if (memcmp(&c->tuned[i].bucket, bucket, sizeof *bucket) == 0) return &c->tuned[i];
     return NULL;
 }
 
-static void gemm_tuned_store(const GemmKey *bucket, const cublasLtMatmulAlgo_t *algo) {
-    GemmTuned *t = &g_tuned[g_tuned_next];
-    g_tuned_next = (g_tuned_next + 1) % GEMM_TUNED_CACHE;
-    if (g_tuned_count < GEMM_TUNED_CACHE) g_tuned_count++;
+static void gemm_tuned_store(CudaGemmCache *c, const GemmKey *bucket, const cublasLtMatmulAlgo_t *algo) {
+    GemmTuned *t = &c->tuned[c->tuned_next];
+    c->tuned_next = (c->tuned_next + 1) % GEMM_TUNED_CACHE;
+    if (c->tuned_count < GEMM_TUNED_CACHE) c->tuned_count++;
     t->bucket = *bucket;
     t->algo = *algo;
 }
@@ -228,8 +228,8 @@ static void gemm_layouts_bc(const GemmKey *key, int n, cublasLtMatrixLayout_t *b
  * the heuristic for this shape and, when it offers fewer than 4 (long k, few
  * rows), those it offers for 1024+ rows that also run this shape; the fastest is
  * kept (timed, gemm_tune), since the choice does not change the bits. */
-static int g_forced_candidate = -1; /* test hook: -1 the fastest, else candidate k (mod count) */
-extern "C" void cuda_gemm_force_candidate(int k) { g_forced_candidate = k; }
+/* Test hook: -1 the fastest, else candidate k (mod count), on the instance be. */
+extern "C" void cuda_gemm_force_candidate(const Backend *be, int k) { cuda_state(be)->opt.gemm_forced_candidate = k; }
 
 static int gemm_splitk_num(const cublasLtMatmulAlgo_t *algo) {
     uint32_t v = 0;
@@ -238,11 +238,10 @@ static int gemm_splitk_num(const cublasLtMatmulAlgo_t *algo) {
     return (int)v;
 }
 
-static int gemm_split_free_candidates(const GemmPlan *p, cublasLtMatmulPreference_t pref,
+static int gemm_split_free_candidates(CudaState *cs, const GemmPlan *p, cublasLtMatmulPreference_t pref,
                                       cublasLtMatmulHeuristicResult_t out[GEMM_TUNE_ALGOS]) {
     const GemmKey *key = &p->key;
-    size_t ws_bytes = 0;
-    (void)cuda_lt_workspace(&ws_bytes);
+    size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
     int count = 0;
     for (int wide = 0; wide < 2 && count < 4; wide++) {
         /* wide: ask for a shape with more rows (key->n is the row count), then check each on the real one */
@@ -253,7 +252,7 @@ static int gemm_split_free_candidates(const GemmPlan *p, cublasLtMatmulPreferenc
         cublasLtMatmulHeuristicResult_t res[16];
         int found = 0;
         memset(res, 0, sizeof res);
-        if (cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), p->desc, p->a, b, c, c, pref, 16, res, &found) !=
+        if (cublasLtMatmulAlgoGetHeuristic(cs->lt, p->desc, p->a, b, c, c, pref, 16, res, &found) !=
             CUBLAS_STATUS_SUCCESS)
             found = 0;
         if (wide) {
@@ -264,7 +263,7 @@ static int gemm_split_free_candidates(const GemmPlan *p, cublasLtMatmulPreferenc
             if (res[i].state != CUBLAS_STATUS_SUCCESS || gemm_splitk_num(&res[i].algo) != 1) continue;
             cublasLtMatmulHeuristicResult_t chk;
             memset(&chk, 0, sizeof chk);
-            if (wide && (cublasLtMatmulAlgoCheck(cuda_lt_handle(), p->desc, p->a, p->b, p->c, p->c, &res[i].algo,
+            if (wide && (cublasLtMatmulAlgoCheck(cs->lt, p->desc, p->a, p->b, p->c, p->c, &res[i].algo,
                                                  &chk) != CUBLAS_STATUS_SUCCESS ||
                          chk.workspaceSize > ws_bytes))
                 continue;
@@ -279,11 +278,13 @@ static int gemm_split_free_candidates(const GemmPlan *p, cublasLtMatmulPreferenc
 
 /* The plan for key; a new one is built and (unless disabled) tuned on this
  * call's operands a, b, d with its beta and bias. */
-static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, void *d, float beta, const void *bias) {
+static GemmPlan *gemm_plan(CudaState *cs, const GemmKey *key, const void *a, const void *b, void *d, float beta,
+                           const void *bias) {
+    CudaGemmCache *c = cs->gemm;
     for (int i = 0; i < GEMM_CACHE; i++)
-        if (g_plans[i].used && memcmp(&g_plans[i].key, key, sizeof *key) == 0) return &g_plans[i];
-    GemmPlan *p = &g_plans[g_plan_next];
-    g_plan_next = (g_plan_next + 1) % GEMM_CACHE;
+        if (c->plans[i].used && memcmp(&c->plans[i].key, key, sizeof *key) == 0) return &c->plans[i];
+    GemmPlan *p = &c->plans[c->plan_next];
+    c->plan_next = (c->plan_next + 1) % GEMM_CACHE;
     gemm_plan_destroy(p);
     memset(p, 0, sizeof *p);
     p->key = *key;
@@ -303,8 +304,7 @@ static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, voi
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, key->ab_type, a_rows, a_cols, key->lda));
     gemm_layouts_bc(key, key->n, &p->b, &p->c);
 
-    size_t ws_bytes = 0;
-    (void)cuda_lt_workspace(&ws_bytes);
+    size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
@@ -312,11 +312,11 @@ static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, voi
     cublasLtMatmulHeuristicResult_t results[GEMM_TUNE_ALGOS];
     int found = 0;
     memset(results, 0, sizeof results);
-    int tune = gemm_tune_mode() > 0 || key->split_free;
+    int tune = cs->opt.gemm_tune > 0 || key->split_free;
     if (key->split_free)
-        found = gemm_split_free_candidates(p, pref, results);
+        found = gemm_split_free_candidates(cs, p, pref, results);
     else
-        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), p->desc, p->a, p->b, p->c, p->c, pref,
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cs->lt, p->desc, p->a, p->b, p->c, p->c, pref,
                                                     tune ? GEMM_TUNE_ALGOS : 1, results, &found));
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (found < 1 && key->split_free) { /* the caller falls back to its own kernel */
@@ -340,20 +340,20 @@ static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, voi
         /* A shape in an already tuned bucket reuses that choice when it is valid here;
          * otherwise tune now and remember the winner for the bucket. */
         GemmKey bk = gemm_bucket_key(key);
-        GemmTuned *t = gemm_tuned_find(&bk);
+        GemmTuned *t = gemm_tuned_find(c, &bk);
         if (t) {
             cublasLtMatmulHeuristicResult_t chk;
             memset(&chk, 0, sizeof chk);
-            if (cublasLtMatmulAlgoCheck(cuda_lt_handle(), p->desc, p->a, p->b, p->c, p->c, &t->algo, &chk) ==
+            if (cublasLtMatmulAlgoCheck(cs->lt, p->desc, p->a, p->b, p->c, p->c, &t->algo, &chk) ==
                     CUBLAS_STATUS_SUCCESS &&
                 chk.workspaceSize <= ws_bytes)
                 p->algo = t->algo;
             else
                 (void)cudaGetLastError();
         } else {
-            int pick = gemm_tune(p, results, found, a, b, d, beta);
+            int pick = gemm_tune(cs, p, results, found, a, b, d, beta);
             p->algo = results[pick].algo;
-            gemm_tuned_store(&bk, &p->algo);
+            gemm_tuned_store(c, &bk, &p->algo);
         }
     }
     p->used = 1;
@@ -362,36 +362,40 @@ static GemmPlan *gemm_plan(const GemmKey *key, const void *a, const void *b, voi
 
 /* D = alpha op(A) op(B) + beta C with C = D (in place). False (nothing run)
  * only for a split_free key that no such algorithm serves. */
-static bool gemm_run(const GemmKey *key, const void *a, const void *b, void *d, float beta, const void *bias) {
-    GemmPlan *p = gemm_plan(key, a, b, d, beta, bias);
+static bool gemm_run(CudaState *cs, const GemmKey *key, const void *a, const void *b, void *d, float beta,
+                     const void *bias) {
+    GemmPlan *p = gemm_plan(cs, key, a, b, d, beta, bias);
     if (!p) return false;
     if (key->bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     float alpha = 1.0f;
-    size_t ws_bytes = 0;
-    void *ws = cuda_lt_workspace(&ws_bytes);
+    size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
+    void *ws = cs->lt_workspace;
     const cublasLtMatmulAlgo_t *algo = &p->algo;
-    if (key->split_free && g_forced_candidate >= 0) algo = &p->candidates[g_forced_candidate % p->n_candidates];
-    CUBLAS_CHECK(cublasLtMatmul(cuda_lt_handle(), p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->c, d, p->c, algo,
-                                ws, ws_bytes, cuda_stream()));
+    const int forced = cs->opt.gemm_forced_candidate;
+    if (key->split_free && forced >= 0) algo = &p->candidates[forced % p->n_candidates];
+    CUBLAS_CHECK(cublasLtMatmul(cs->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->c, d, p->c, algo,
+                                ws, ws_bytes, cs->stream));
     return true;
 }
 
 template <typename T>
-void cuda_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
+void cuda_linear(const Backend *be, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+                 int out_dim) {
     if (n <= 0 || out_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     if (in_dim <= 0) { /* empty sum: out = bias or 0 */
         CUDA_ASSERT_HOST(bias == NULL);
-        CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)n * out_dim * sizeof(T), cuda_stream()));
+        CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)n * out_dim * sizeof(T), cs->stream));
         return;
     }
     /* deterministic mode: the same summation order for every n (cuda_invariant.cu) */
-    if (cuda_batch_invariant()) {
-        cuda_invariant_linear<T>(out, x, w, bias, n, in_dim, out_dim);
+    if (cuda_batch_invariant(cs)) {
+        cuda_invariant_linear<T>(cs, out, x, w, bias, n, in_dim, out_dim);
         return;
     }
     /* decode-sized n: a weight-streaming kernel beats cuBLAS's fixed cost (cuda_skinny.cu) */
-    if (n <= SKINNY_MAX_ROWS && cuda_skinny_linear<T>(out, x, w, bias, n, in_dim, out_dim)) return;
+    if (n <= SKINNY_MAX_ROWS && cuda_skinny_linear<T>(cs, out, x, w, bias, n, in_dim, out_dim)) return;
     GemmKey key;
     memset(&key, 0, sizeof key);
     key.ab_type = CudaType<T>::value;
@@ -401,7 +405,7 @@ void cuda_linear(void *out, const void *x, const void *w, const void *bias, int 
     key.m = out_dim, key.n = n, key.k = in_dim;
     key.lda = in_dim, key.ldb = in_dim, key.ldc = out_dim;
     key.bias = bias != NULL;
-    gemm_run(&key, w, x, out, 0.0f, bias);
+    gemm_run(cs, &key, w, x, out, 0.0f, bias);
 }
 
 /* The deterministic mode's bf16 linear (cuda_invariant.cu calls it): cuBLASLt
@@ -411,26 +415,25 @@ void cuda_linear(void *out, const void *x, const void *w, const void *bias, int 
  * them; colt's weights always are); an x or out off that alignment goes through
  * an aligned scratch copy so that the same kernels run. False (nothing run)
  * otherwise; the caller then uses its own kernel. */
-bool cuda_linear_split_free(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
-                            int out_dim) {
+bool cuda_linear_split_free(CudaState *cs, void *out, const void *x, const void *w, const void *bias, int n,
+                            int in_dim, int out_dim) {
     if (n <= 0 || in_dim % 8 || out_dim % 8 || ((uintptr_t)w & 15) || ((uintptr_t)bias & 15)) return false;
-    static void *scratch = NULL;
-    static size_t scratch_bytes = 0;
     size_t x_bytes = (size_t)n * in_dim * 2, out_bytes = (size_t)n * out_dim * 2;
     bool x_odd = ((uintptr_t)x & 15) != 0, out_odd = ((uintptr_t)out & 15) != 0;
     size_t need = (x_odd ? (x_bytes + 255) / 256 * 256 : 0) + (out_odd ? out_bytes : 0);
-    if (need > scratch_bytes) {
-        if (scratch) {
-            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-            CUDA_CHECK(cudaFree(scratch));
+    if (need > cs->split_free_scratch_bytes) {
+        if (cs->split_free_scratch) {
+            CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+            CUDA_CHECK(cudaFree(cs->split_free_scratch));
         }
-        CUDA_CHECK(cudaMalloc(&scratch, need));
-        scratch_bytes = need;
+        CUDA_CHECK(cudaMalloc(&cs->split_free_scratch, need));
+        cs->split_free_scratch_bytes = need;
     }
+    void *scratch = cs->split_free_scratch;
     const void *xa = x;
     void *outa = out;
     if (x_odd) {
-        CUDA_CHECK(cudaMemcpyAsync(scratch, x, x_bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
+        CUDA_CHECK(cudaMemcpyAsync(scratch, x, x_bytes, cudaMemcpyDeviceToDevice, cs->stream));
         xa = scratch;
     }
     if (out_odd) outa = (char *)scratch + (x_odd ? (x_bytes + 255) / 256 * 256 : 0);
@@ -443,8 +446,8 @@ bool cuda_linear_split_free(void *out, const void *x, const void *w, const void 
     key.lda = in_dim, key.ldb = in_dim, key.ldc = out_dim;
     key.bias = bias != NULL;
     key.split_free = 1;
-    if (!gemm_run(&key, w, xa, outa, 0.0f, bias)) return false;
-    if (out_odd) CUDA_CHECK(cudaMemcpyAsync(out, outa, out_bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
+    if (!gemm_run(cs, &key, w, xa, outa, 0.0f, bias)) return false;
+    if (out_odd) CUDA_CHECK(cudaMemcpyAsync(out, outa, out_bytes, cudaMemcpyDeviceToDevice, cs->stream));
     return true;
 }
 
@@ -453,29 +456,29 @@ template <typename T> __global__ void fill_ones_kernel(T *x, size_t n) {
         x[i] = from_float<T>(1.0f);
 }
 
-/* A vector of n ones in the storage type, grown (rarely) as n grows; for db. */
-template <typename T> static const T *ones_vector(int n) {
-    static T *ones = NULL;
-    static int capacity = 0;
-    if (n > capacity) {
-        int cap = capacity ? capacity : 4096;
+/* A vector of n ones in the storage type (the instance's: T), grown (rarely) as n grows; for db. */
+template <typename T> static const T *ones_vector(CudaState *cs, int n) {
+    CUDA_ASSERT_HOST(sizeof(T) == dtype_size(cs->storage));
+    if (n > cs->ones_capacity) {
+        int cap = cs->ones_capacity ? cs->ones_capacity : 4096;
         while (cap < n) cap *= 2;
-        if (ones) {
-            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-            CUDA_CHECK(cudaFree(ones));
+        if (cs->ones) {
+            CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+            CUDA_CHECK(cudaFree(cs->ones));
         }
-        CUDA_CHECK(cudaMalloc((void **)&ones, (size_t)cap * sizeof(T)));
-        fill_ones_kernel<T><<<cuda_blocks_for((size_t)cap), CUDA_THREADS, 0, cuda_stream()>>>(ones, (size_t)cap);
-        LAUNCH_CHECK();
-        capacity = cap;
+        CUDA_CHECK(cudaMalloc(&cs->ones, (size_t)cap * sizeof(T)));
+        fill_ones_kernel<T><<<cuda_blocks_for((size_t)cap), CUDA_THREADS, 0, cs->stream>>>((T *)cs->ones, (size_t)cap);
+        LAUNCH_CHECK(cs);
+        cs->ones_capacity = cap;
     }
-    return ones;
+    return (const T *)cs->ones;
 }
 
 template <typename T>
-void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int n,
-                          int in_dim, int out_dim, int accumulate_dx) {
+void cuda_linear_backward(const Backend *be, void *dx, void *dw, void *db, const void *dy, const void *x,
+                          const void *w, int n, int in_dim, int out_dim, int accumulate_dx) {
     if (n <= 0 || out_dim <= 0 || in_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     if (dx) {
         GemmKey key;
         memset(&key, 0, sizeof key);
@@ -485,7 +488,7 @@ void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const vo
         key.trans_b = CUBLAS_OP_N;
         key.m = in_dim, key.n = n, key.k = out_dim;
         key.lda = in_dim, key.ldb = out_dim, key.ldc = in_dim;
-        gemm_run(&key, w, dy, dx, accumulate_dx ? 1.0f : 0.0f, NULL);
+        gemm_run(cs, &key, w, dy, dx, accumulate_dx ? 1.0f : 0.0f, NULL);
     }
     if (dw) {
         GemmKey key;
@@ -496,7 +499,7 @@ void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const vo
         key.trans_b = CUBLAS_OP_T;
         key.m = in_dim, key.n = out_dim, key.k = n;
         key.lda = in_dim, key.ldb = out_dim, key.ldc = in_dim;
-        gemm_run(&key, x, dy, dw, 1.0f, NULL);
+        gemm_run(cs, &key, x, dy, dw, 1.0f, NULL);
     }
     if (db) { /* db[out_dim] += dy^T @ ones[n]: column sums as a (GEMV-shaped) GEMM */
         GemmKey key;
@@ -507,13 +510,31 @@ void cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const vo
         key.trans_b = CUBLAS_OP_N;
         key.m = out_dim, key.n = 1, key.k = n;
         key.lda = out_dim, key.ldb = n, key.ldc = out_dim;
-        gemm_run(&key, dy, ones_vector<T>(n), db, 1.0f, NULL);
+        gemm_run(cs, &key, dy, ones_vector<T>(cs, n), db, 1.0f, NULL);
     }
 }
 
-#define INSTANTIATE(T)                                                                                            \
-    template void cuda_linear<T>(void *, const void *, const void *, const void *, int, int, int);               \
-    template void cuda_linear_backward<T>(void *, void *, void *, const void *, const void *, const void *, int, \
-                                          int, int, int);
+/* Plans (their cuBLASLt descriptors) and the scratch of this file; the device's work is done (close drains
+ * the streams first). */
+void cuda_gemm_release(CudaState *cs) {
+    if (cs->gemm) {
+        for (int i = 0; i < GEMM_CACHE; i++) gemm_plan_destroy(&cs->gemm->plans[i]);
+        free(cs->gemm);
+        cs->gemm = NULL;
+    }
+    if (cs->split_free_scratch) CUDA_CHECK(cudaFree(cs->split_free_scratch));
+    if (cs->ones) CUDA_CHECK(cudaFree(cs->ones));
+    cs->split_free_scratch = cs->ones = NULL;
+    cs->split_free_scratch_bytes = 0, cs->ones_capacity = 0;
+}
+
+size_t cuda_gemm_held_bytes(const CudaState *cs) {
+    return cs->split_free_scratch_bytes + (size_t)cs->ones_capacity * dtype_size(cs->storage);
+}
+
+#define INSTANTIATE(T)                                                                                             \
+    template void cuda_linear<T>(const Backend *, void *, const void *, const void *, const void *, int, int, int); \
+    template void cuda_linear_backward<T>(const Backend *, void *, void *, void *, const void *, const void *,      \
+                                          const void *, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

@@ -55,24 +55,20 @@
 
 /* ---------------------------------------------------------------- switch */
 
-static int g_batch_invariant = 0; /* bit 0: linear, bit 1: attention */
-static int g_forced_shape = -1;    /* test hook: -1 automatic, else the bf16 tile shape index */
-
-/* COLT_INVARIANT_ONLY=linear|attention (experiments: which part of the mode
- * closes how much of the trainer/engine gap) keeps the other part on its
- * default kernels; the log-probs are then no longer bit-identical. */
-extern "C" void cuda_set_batch_invariant(int on) {
-    const char *only = getenv("COLT_INVARIANT_ONLY");
-    int parts = 3;
-    if (only && strcmp(only, "linear") == 0) parts = 1;
-    if (only && strcmp(only, "attention") == 0) parts = 2;
-    g_batch_invariant = on ? parts : 0;
+/* The mode is the instance's (CudaState.batch_invariant: bit 0 linear, bit 1
+ * attention). Its option invariant_parts (COLT_INVARIANT_ONLY=linear|attention,
+ * for experiments: which part of the mode closes how much of the trainer/engine
+ * gap) keeps the other part on its default kernels; the log-probs are then no
+ * longer bit-identical. */
+void cuda_set_batch_invariant(const Backend *be, int on) {
+    CudaState *cs = cuda_state(be);
+    cs->batch_invariant = on ? cs->opt.invariant_parts : 0;
 }
-int cuda_batch_invariant(void) { return g_batch_invariant & 1; }
-int cuda_attention_invariant(void) { return (g_batch_invariant & 2) != 0; }
-/* Tests: force the bf16 kernel (0, 1, 2: the tiled GEMM's large, medium, small tile shape; 3: the
- * decode kernel, where N allows; -1 automatic). */
-extern "C" void cuda_invariant_force_shape(int shape) { g_forced_shape = shape; }
+/* Tests: force the bf16 kernel of the instance be (0, 1, 2: the tiled GEMM's large, medium, small tile
+ * shape; 3: the decode kernel, where N allows; -1 automatic). */
+extern "C" void cuda_invariant_force_shape(const Backend *be, int shape) {
+    cuda_state(be)->opt.invariant_forced_shape = shape;
+}
 
 /* ---------------------------------------------------------------- bf16 */
 
@@ -202,26 +198,21 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 }
 
 template <int BM, int BN, int WARPS_M, int WARPS_N>
-static void inv_launch_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+static void inv_launch_bf16(CudaState *cs, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                             const __nv_bfloat16 *bias, int n, int in_dim, int out_dim, bool vec) {
     using S = InvShape<BM, BN, WARPS_M, WARPS_N>;
-    static bool attr = false;
-    if (!attr) { /* above 48 KB of dynamic shared memory needs the opt-in */
-        CUDA_CHECK(cudaFuncSetAttribute(inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM_BYTES));
-        CUDA_CHECK(cudaFuncSetAttribute(inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM_BYTES));
-        attr = true;
-    }
+    /* above 48 KB of dynamic shared memory needs the opt-in */
+    cuda_smem_optin(cs, (const void *)inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, true>, S::SMEM_BYTES);
+    cuda_smem_optin(cs, (const void *)inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, false>, S::SMEM_BYTES);
     dim3 grid((unsigned)((out_dim + BN - 1) / BN), (unsigned)((n + BM - 1) / BM));
     CUDA_ASSERT_HOST(grid.y <= 65535u);
     if (vec)
         inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, true>
-            <<<grid, S::THREADS, S::SMEM_BYTES, cuda_stream()>>>(out, x, w, bias, n, in_dim, out_dim);
+            <<<grid, S::THREADS, S::SMEM_BYTES, cs->stream>>>(out, x, w, bias, n, in_dim, out_dim);
     else
         inv_gemm_bf16_kernel<BM, BN, WARPS_M, WARPS_N, false>
-            <<<grid, S::THREADS, S::SMEM_BYTES, cuda_stream()>>>(out, x, w, bias, n, in_dim, out_dim);
-    LAUNCH_CHECK();
+            <<<grid, S::THREADS, S::SMEM_BYTES, cs->stream>>>(out, x, w, bias, n, in_dim, out_dim);
+    LAUNCH_CHECK(cs);
 }
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -307,32 +298,32 @@ __global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
     }
 }
 
-static void inv_linear_bf16(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+static void inv_linear_bf16(CudaState *cs, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                             const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
     bool vec = in_dim % 8 == 0 && aligned16(x) && aligned16(w);
-    int shape = g_forced_shape;
+    int shape = cs->opt.invariant_forced_shape;
     if ((shape < 0 || shape == 3) && n <= INV_DECODE_ROWS) { /* decode: stream every weight once */
         bool vec2 = in_dim % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
         unsigned grid = (unsigned)ceil_div((size_t)out_dim, 8);
         if (n <= 16)
-            inv_decode_bf16_kernel<1><<<grid, INV_DECODE_WARPS * 32, 0, cuda_stream()>>>(out, x, w, bias, n, in_dim,
-                                                                                         out_dim, vec2);
+            inv_decode_bf16_kernel<1><<<grid, INV_DECODE_WARPS * 32, 0, cs->stream>>>(out, x, w, bias, n, in_dim,
+                                                                                      out_dim, vec2);
         else
-            inv_decode_bf16_kernel<2><<<grid, INV_DECODE_WARPS * 32, 0, cuda_stream()>>>(out, x, w, bias, n, in_dim,
-                                                                                         out_dim, vec2);
-        LAUNCH_CHECK();
+            inv_decode_bf16_kernel<2><<<grid, INV_DECODE_WARPS * 32, 0, cs->stream>>>(out, x, w, bias, n, in_dim,
+                                                                                      out_dim, vec2);
+        LAUNCH_CHECK(cs);
         return;
     }
     /* The largest tile that still gives every SM a block (weights re-read per row tile). */
-    size_t sms = (size_t)cuda_sm_count();
+    size_t sms = (size_t)cs->sm_count;
     if (shape < 0 || shape == 3) {
         if (ceil_div((size_t)n, 128) * ceil_div((size_t)out_dim, 128) >= sms) shape = 0;
         else if (ceil_div((size_t)n, 64) * ceil_div((size_t)out_dim, 64) >= sms) shape = 1;
         else shape = 2;
     }
-    if (shape == 0) inv_launch_bf16<128, 128, 2, 4>(out, x, w, bias, n, in_dim, out_dim, vec);
-    else if (shape == 1) inv_launch_bf16<64, 64, 2, 2>(out, x, w, bias, n, in_dim, out_dim, vec);
-    else inv_launch_bf16<16, 64, 1, 4>(out, x, w, bias, n, in_dim, out_dim, vec);
+    if (shape == 0) inv_launch_bf16<128, 128, 2, 4>(cs, out, x, w, bias, n, in_dim, out_dim, vec);
+    else if (shape == 1) inv_launch_bf16<64, 64, 2, 2>(cs, out, x, w, bias, n, in_dim, out_dim, vec);
+    else inv_launch_bf16<16, 64, 1, 4>(cs, out, x, w, bias, n, in_dim, out_dim, vec);
 }
 
 /* ---------------------------------------------------------------- fp32 */
@@ -375,20 +366,23 @@ __global__ void __launch_bounds__(256) inv_gemm_f32_kernel(float *out, const flo
 /* ---------------------------------------------------------------- entry */
 
 template <typename T>
-void cuda_invariant_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+void cuda_invariant_linear(CudaState *cs, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
                            int out_dim) {
     if (n <= 0 || out_dim <= 0) return;
     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        if (g_forced_shape < 0 && cuda_linear_split_free(out, x, w, bias, n, in_dim, out_dim)) return;
-        inv_linear_bf16((T *)out, (const T *)x, (const T *)w, (const T *)bias, n, in_dim, out_dim);
+        if (cs->opt.invariant_forced_shape < 0 && cuda_linear_split_free(cs, out, x, w, bias, n, in_dim, out_dim))
+            return;
+        inv_linear_bf16(cs, (T *)out, (const T *)x, (const T *)w, (const T *)bias, n, in_dim, out_dim);
     } else {
         dim3 grid((unsigned)ceil_div((size_t)out_dim, INV_F32_TILE), (unsigned)ceil_div((size_t)n, INV_F32_TILE));
         CUDA_ASSERT_HOST(grid.y <= 65535u);
-        inv_gemm_f32_kernel<<<grid, 256, 0, cuda_stream()>>>((float *)out, (const float *)x, (const float *)w,
-                                                             (const float *)bias, n, in_dim, out_dim);
-        LAUNCH_CHECK();
+        inv_gemm_f32_kernel<<<grid, 256, 0, cs->stream>>>((float *)out, (const float *)x, (const float *)w,
+                                                          (const float *)bias, n, in_dim, out_dim);
+        LAUNCH_CHECK(cs);
     }
 }
 
-template void cuda_invariant_linear<float>(void *, const void *, const void *, const void *, int, int, int);
-template void cuda_invariant_linear<__nv_bfloat16>(void *, const void *, const void *, const void *, int, int, int);
+template void cuda_invariant_linear<float>(CudaState *, void *, const void *, const void *, const void *, int, int,
+                                           int);
+template void cuda_invariant_linear<__nv_bfloat16>(CudaState *, void *, const void *, const void *, const void *, int,
+                                                   int, int);

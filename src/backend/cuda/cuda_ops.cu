@@ -135,19 +135,19 @@ template <typename D, typename S> __global__ void convert_kernel(D *dst, const S
     TAIL_LOOP(e) dst[e] = from_float<D>(to_float(src[e]));
 }
 
-template <typename D, typename S> static void convert_launch(D *dst, const S *src, size_t n) {
+template <typename D, typename S> static void convert_launch(CudaState *cs, D *dst, const S *src, size_t n) {
     if (!n) return;
     size_t nv = vec_count(n, aligned16(dst) && aligned16(src));
-    convert_kernel<D, S><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n, nv);
-    LAUNCH_CHECK();
+    convert_kernel<D, S><<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>(dst, src, n, nv);
+    LAUNCH_CHECK(cs);
 }
 
-template <typename T> void cuda_convert_from_f32(void *dst, const float *src, size_t n) {
-    convert_launch<T, float>((T *)dst, src, n);
+template <typename T> void cuda_convert_from_f32(CudaState *cs, void *dst, const float *src, size_t n) {
+    convert_launch<T, float>(cs, (T *)dst, src, n);
 }
 
-template <typename T> void cuda_convert_to_f32(float *dst, const void *src, size_t n) {
-    convert_launch<float, T>(dst, (const T *)src, n);
+template <typename T> void cuda_convert_to_f32(CudaState *cs, float *dst, const void *src, size_t n) {
+    convert_launch<float, T>(cs, dst, (const T *)src, n);
 }
 
 /* ---------------------------------------------------------------- rmsnorm */
@@ -202,17 +202,19 @@ __global__ void rmsnorm_warp_kernel(T *out, const T *x, const T *w, int n, int d
     }
 }
 
-template <typename T> void cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps) {
+template <typename T>
+void cuda_rmsnorm(const Backend *be, void *out, const void *x, const void *w, int n, int dim, float eps) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     if (dim % VEC == 0 && aligned16(out) && aligned16(x) && aligned16(w)) {
         const int rows_per_block = CUDA_THREADS / 32;
-        rmsnorm_warp_kernel<T><<<(n + rows_per_block - 1) / rows_per_block, CUDA_THREADS, 0, cuda_stream()>>>(
+        rmsnorm_warp_kernel<T><<<(n + rows_per_block - 1) / rows_per_block, CUDA_THREADS, 0, cs->stream>>>(
             (T *)out, (const T *)x, (const T *)w, n, dim, eps);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
         return;
     }
-    rmsnorm_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)x, (const T *)w, dim, eps);
-    LAUNCH_CHECK();
+    rmsnorm_kernel<T><<<n, ROW_THREADS, 0, cs->stream>>>((T *)out, (const T *)x, (const T *)w, dim, eps);
+    LAUNCH_CHECK(cs);
 }
 
 /* dx += r (g - x r^2 mean(g x)), g = dy * w, one block per row; r goes to
@@ -303,28 +305,29 @@ __global__ void column_chunks_add_kernel(float *dst, const float *part, int chun
 }
 
 template <typename T>
-void cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
-                           float eps) {
+void cuda_rmsnorm_backward(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int n,
+                           int dim, float eps) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     int chunks = (n + DW_ROWS - 1) / DW_ROWS;
-    float *r = (float *)cuda_scratch(((size_t)n + (size_t)chunks * dim) * sizeof(float));
+    float *r = (float *)cuda_scratch(cs, ((size_t)n + (size_t)chunks * dim) * sizeof(float));
     float *part = r + n;
     if (dim % VEC == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w)) {
         const int rows_per_block = CUDA_THREADS / 32;
         rmsnorm_backward_dx_warp_kernel<T><<<(n + rows_per_block - 1) / rows_per_block, CUDA_THREADS, 0,
-                                             cuda_stream()>>>((T *)dx, r, (const T *)dy, (const T *)x, (const T *)w,
+                                             cs->stream>>>((T *)dx, r, (const T *)dy, (const T *)x, (const T *)w,
                                                               n, dim, eps);
     } else {
-        rmsnorm_backward_dx_kernel<T><<<n, ROW_THREADS, 0, cuda_stream()>>>((T *)dx, r, (const T *)dy,
+        rmsnorm_backward_dx_kernel<T><<<n, ROW_THREADS, 0, cs->stream>>>((T *)dx, r, (const T *)dy,
                                                                             (const T *)x, (const T *)w, dim, eps);
     }
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
     unsigned col_blocks = (unsigned)((dim + CUDA_THREADS - 1) / CUDA_THREADS);
-    rmsnorm_backward_dw_partial_kernel<T><<<dim3(col_blocks, (unsigned)chunks), CUDA_THREADS, 0, cuda_stream()>>>(
+    rmsnorm_backward_dw_partial_kernel<T><<<dim3(col_blocks, (unsigned)chunks), CUDA_THREADS, 0, cs->stream>>>(
         part, r, (const T *)dy, (const T *)x, n, dim);
-    LAUNCH_CHECK();
-    column_chunks_add_kernel<<<col_blocks, CUDA_THREADS, 0, cuda_stream()>>>((float *)dw, part, chunks, dim);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
+    column_chunks_add_kernel<<<col_blocks, CUDA_THREADS, 0, cs->stream>>>((float *)dw, part, chunks, dim);
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- rope */
@@ -385,32 +388,35 @@ __global__ void rope_vec_kernel(T *x, const int *pos, const float *inv_freq, int
 }
 
 template <typename T>
-static void rope_launch(void *x, const int *pos, int n, int n_heads, int head_dim, float theta, float sign) {
+static void rope_launch(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta,
+                        float sign) {
     if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim % 2 == 0);
-    const float *inv_freq = cuda_rope_inv_freq(head_dim, theta);
+    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
     const int *host[1] = {pos};
-    int *d = cuda_upload_indices(host, 1, n);
+    int *d = cuda_upload_indices(cs, host, 1, n);
     if ((head_dim / 2) % VEC == 0 && aligned16(x)) {
         size_t total = (size_t)n * n_heads * (head_dim / 2 / VEC);
-        rope_vec_kernel<T><<<flat_blocks(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, d, inv_freq, n, n_heads,
+        rope_vec_kernel<T><<<flat_blocks(cs, total), CUDA_THREADS, 0, cs->stream>>>((T *)x, d, inv_freq, n, n_heads,
                                                                                    head_dim, sign);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
         return;
     }
     size_t total = (size_t)n * n_heads * (head_dim / 2);
-    rope_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, d, inv_freq, n, n_heads,
+    rope_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cs->stream>>>((T *)x, d, inv_freq, n, n_heads,
                                                                                head_dim, sign);
-    LAUNCH_CHECK();
-}
-
-template <typename T> void cuda_rope(void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    rope_launch<T>(x, pos, n, n_heads, head_dim, theta, 1.0f);
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-void cuda_rope_backward(void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    rope_launch<T>(dx, pos, n, n_heads, head_dim, theta, -1.0f);
+void cuda_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
+    rope_launch<T>(be, x, pos, n, n_heads, head_dim, theta, 1.0f);
+}
+
+template <typename T>
+void cuda_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
+    rope_launch<T>(be, dx, pos, n, n_heads, head_dim, theta, -1.0f);
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -510,30 +516,34 @@ template <typename T> __global__ void add_kernel(T *out, const T *a, const T *b,
     TAIL_LOOP(e) out[e] = from_float<T>(to_float(a[e]) + to_float(b[e]));
 }
 
-template <typename T> void cuda_swiglu(void *out, const void *gate, const void *up, size_t n) {
+template <typename T> void cuda_swiglu(const Backend *be, void *out, const void *gate, const void *up, size_t n) {
     if (!n) return;
+    CudaState *cs = cuda_enter(be);
     size_t nv = vec_count(n, aligned16(out) && aligned16(gate) && aligned16(up));
-    swiglu_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)gate,
+    swiglu_kernel<T><<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>((T *)out, (const T *)gate,
                                                                                    (const T *)up, n, nv);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+void cuda_swiglu_backward(const Backend *be, void *dgate, void *dup, const void *dout, const void *gate,
+                          const void *up, size_t n) {
     if (!n) return;
+    CudaState *cs = cuda_enter(be);
     size_t nv = vec_count(n, aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) &&
                                  aligned16(up));
-    swiglu_backward_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>(
+    swiglu_backward_kernel<T><<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>(
         (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate, (const T *)up, n, nv);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-template <typename T> void cuda_add(void *out, const void *a, const void *b, size_t n) {
+template <typename T> void cuda_add(const Backend *be, void *out, const void *a, const void *b, size_t n) {
     if (!n) return;
+    CudaState *cs = cuda_enter(be);
     size_t nv = vec_count(n, aligned16(out) && aligned16(a) && aligned16(b));
-    add_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>((T *)out, (const T *)a,
+    add_kernel<T><<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>((T *)out, (const T *)a,
                                                                                 (const T *)b, n, nv);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- embedding */
@@ -554,22 +564,26 @@ __global__ void embedding_backward_kernel(float *dtable, const T *dout, const in
     }
 }
 
-template <typename T> void cuda_embedding(void *out, const void *table, const int *ids, int n, int dim) {
+template <typename T>
+void cuda_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[1] = {ids};
-    int *d = cuda_upload_indices(host, 1, n);
-    embedding_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    embedding_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
         (T *)out, (const T *)table, d, n, dim);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-template <typename T> void cuda_embedding_backward(void *dtable, const void *dout, const int *ids, int n, int dim) {
+template <typename T>
+void cuda_embedding_backward(const Backend *be, void *dtable, const void *dout, const int *ids, int n, int dim) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[1] = {ids};
-    int *d = cuda_upload_indices(host, 1, n);
-    embedding_backward_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    embedding_backward_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
         (float *)dtable, (const T *)dout, d, n, dim);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- log-softmax */
@@ -769,29 +783,31 @@ __global__ void __launch_bounds__(LSM_BWD_THREADS)
 }
 
 template <typename T>
-void cuda_log_softmax_target(void *logprobs, void *entropy, const void *logits, const int *targets, int n,
-                             int vocab, float temperature) {
+void cuda_log_softmax_target(const Backend *be, void *logprobs, void *entropy, const void *logits, const int *targets,
+                             int n, int vocab, float temperature) {
     if (n <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[1] = {targets};
-    int *d = cuda_upload_indices(host, 1, n);
+    int *d = cuda_upload_indices(cs, host, 1, n);
     float inv_t = (float)(1.0 / (double)temperature);
-    log_softmax_target_kernel<T><<<n, LSM_THREADS, 0, cuda_stream()>>>((float *)logprobs, (float *)entropy,
+    log_softmax_target_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>((float *)logprobs, (float *)entropy,
                                                                        (const T *)logits, d, vocab, inv_t);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-void cuda_log_softmax_target_backward(void *dlogits, const void *logits, const int *targets, const void *dlogprobs,
-                                      int n, int vocab, float temperature) {
+void cuda_log_softmax_target_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                      const void *dlogprobs, int n, int vocab, float temperature) {
     if (n <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[1] = {targets};
-    int *d = cuda_upload_indices(host, 1, n);
+    int *d = cuda_upload_indices(cs, host, 1, n);
     float inv_t = (float)(1.0 / (double)temperature);
     int vec = (((uintptr_t)dlogits - (uintptr_t)logits) & 15u) == 0;
-    int blocks = n < cuda_sm_count() ? n : cuda_sm_count();
-    log_softmax_target_backward_kernel<T><<<blocks, LSM_BWD_THREADS, 0, cuda_stream()>>>(
+    int blocks = n < cs->sm_count ? n : cs->sm_count;
+    log_softmax_target_backward_kernel<T><<<blocks, LSM_BWD_THREADS, 0, cs->stream>>>(
         (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, n, vocab, inv_t, vec);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- optimizer */
@@ -846,21 +862,23 @@ __global__ void adamw_kernel(T *param, float *master, const float *grad, float *
 }
 
 template <typename T>
-void cuda_adamw(void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+void cuda_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
+                float bias_correction2) {
     /* Without a master copy the update must run on fp32 storage. */
     CUDA_ASSERT_HOST(master != NULL || sizeof(T) == sizeof(float));
     if (!n) return;
+    CudaState *cs = cuda_enter(be);
     float decay = (float)(1.0 - (double)lr * weight_decay);
     float w1 = (float)(1.0 - float_as_decimal(beta1)), w2 = (float)(1.0 - float_as_decimal(beta2));
     float step_size = (float)((double)lr / bias_correction1);
     float bc2_sqrt = (float)sqrt((double)bias_correction2);
     size_t nv = vec_count(n, aligned16(param) && (!master || aligned16(master)) && aligned16(grad) && aligned16(m) &&
                                  aligned16(v));
-    adamw_kernel<T><<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>(
+    adamw_kernel<T><<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>(
         (T *)param, (float *)master, (const float *)grad, (float *)m, (float *)v, n, nv, decay, w1, w2, beta2,
         step_size, bc2_sqrt, eps);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- reductions over [f32] */
@@ -912,49 +930,56 @@ __global__ void sum_squares_kernel(double *partial, unsigned *ticket, double *re
     }
 }
 
-/* Per-process state of sum_squares, made on the first call: partials and the
- * ticket on the device, the result in pinned host memory the kernel writes
- * through its mapping (or, where mapping fails, copied into it). */
-static struct {
-    double *partial;  /* [SUMSQ_BLOCKS] */
-    unsigned *ticket; /* after the partials */
-    double *host;     /* pinned */
-    double *mapped;   /* device address of host, or NULL: copy from dev_result */
-    double *dev_result;
-} g_sumsq;
-
-static void sum_squares_init(void) {
-    if (g_sumsq.partial) return;
+/* The instance's state of sum_squares, made at open: partials and the ticket
+ * on the device (sumsq_partial: [SUMSQ_BLOCKS] partials, the device result,
+ * then the ticket), the result in pinned host memory the kernel writes through
+ * its mapping (sumsq_mapped), or, where mapping fails (NULL), copied into it
+ * from sumsq_dev_result. */
+cudaError_t cuda_sum_squares_reserve(CudaState *cs, size_t *reserved) {
+    const size_t bytes = (SUMSQ_BLOCKS + 1) * sizeof(double) + 16;
     char *buf;
-    CUDA_CHECK(cudaMalloc((void **)&buf, (SUMSQ_BLOCKS + 1) * sizeof(double) + 16));
-    CUDA_CHECK(cudaMemset(buf, 0, (SUMSQ_BLOCKS + 1) * sizeof(double) + 16));
-    g_sumsq.partial = (double *)buf;
-    g_sumsq.dev_result = (double *)buf + SUMSQ_BLOCKS;
-    g_sumsq.ticket = (unsigned *)((double *)buf + SUMSQ_BLOCKS + 1);
-    CUDA_CHECK(cudaHostAlloc((void **)&g_sumsq.host, sizeof(double), cudaHostAllocMapped));
+    cudaError_t e = cudaMalloc((void **)&buf, bytes);
+    if (e != cudaSuccess) return e;
+    cs->sumsq_partial = (double *)buf;
+    *reserved += bytes;
+    if ((e = cudaMemset(buf, 0, bytes)) != cudaSuccess) return e;
+    cs->sumsq_dev_result = (double *)buf + SUMSQ_BLOCKS;
+    cs->sumsq_ticket = (unsigned *)((double *)buf + SUMSQ_BLOCKS + 1);
+    if ((e = cudaHostAlloc((void **)&cs->sumsq_host, sizeof(double), cudaHostAllocMapped)) != cudaSuccess) {
+        cs->sumsq_host = NULL;
+        return e;
+    }
     void *dp = NULL;
-    if (cudaHostGetDevicePointer(&dp, g_sumsq.host, 0) == cudaSuccess && dp)
-        g_sumsq.mapped = (double *)dp;
+    if (cudaHostGetDevicePointer(&dp, cs->sumsq_host, 0) == cudaSuccess && dp)
+        cs->sumsq_mapped = (double *)dp;
     else
-        (void)cudaGetLastError(), g_sumsq.mapped = NULL;
+        (void)cudaGetLastError(), cs->sumsq_mapped = NULL;
+    return cudaSuccess;
 }
 
-double cuda_sum_squares(const void *x, size_t n) {
+void cuda_sum_squares_release(CudaState *cs) {
+    if (cs->sumsq_partial) CUDA_CHECK(cudaFree(cs->sumsq_partial));
+    if (cs->sumsq_host) CUDA_CHECK(cudaFreeHost(cs->sumsq_host));
+    cs->sumsq_partial = cs->sumsq_dev_result = cs->sumsq_host = cs->sumsq_mapped = NULL;
+    cs->sumsq_ticket = NULL;
+}
+
+double cuda_sum_squares(const Backend *be, const void *x, size_t n) {
     if (!n) return 0.0;
-    sum_squares_init();
+    CudaState *cs = cuda_enter(be);
     size_t n4 = aligned16(x) ? n / 4 : 0;
     size_t per_block = (size_t)CUDA_THREADS * 4 * SUMSQ_UNROLL; /* floats per block per grid pass */
     size_t b = (n + per_block - 1) / per_block;
     unsigned blocks = (unsigned)(b < 1 ? 1 : b > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : b);
-    double *result = g_sumsq.mapped ? g_sumsq.mapped : g_sumsq.dev_result;
-    sum_squares_kernel<<<blocks, CUDA_THREADS, 0, cuda_stream()>>>(g_sumsq.partial, g_sumsq.ticket, result,
-                                                                   (const float *)x, n, n4);
-    LAUNCH_CHECK();
-    if (!g_sumsq.mapped)
-        CUDA_CHECK(cudaMemcpyAsync(g_sumsq.host, g_sumsq.dev_result, sizeof(double), cudaMemcpyDeviceToHost,
-                                   cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    return *(volatile double *)g_sumsq.host;
+    double *result = cs->sumsq_mapped ? cs->sumsq_mapped : cs->sumsq_dev_result;
+    sum_squares_kernel<<<blocks, CUDA_THREADS, 0, cs->stream>>>(cs->sumsq_partial, cs->sumsq_ticket, result,
+                                                                (const float *)x, n, n4);
+    LAUNCH_CHECK(cs);
+    if (!cs->sumsq_mapped)
+        CUDA_CHECK(cudaMemcpyAsync(cs->sumsq_host, cs->sumsq_dev_result, sizeof(double), cudaMemcpyDeviceToHost,
+                                   cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    return *(volatile double *)cs->sumsq_host;
 }
 
 __global__ void scale_kernel(float *x, float s, size_t n, size_t nv) {
@@ -977,32 +1002,35 @@ __global__ void scale_kernel(float *x, float s, size_t n, size_t nv) {
     TAIL_LOOP(e) x[e] *= s;
 }
 
-void cuda_scale(void *x, float s, size_t n) {
+void cuda_scale(const Backend *be, void *x, float s, size_t n) {
     if (!n) return;
+    CudaState *cs = cuda_enter(be);
     size_t nv = vec_count(n, aligned16(x));
-    scale_kernel<<<flat_blocks(nv ? nv : n), CUDA_THREADS, 0, cuda_stream()>>>((float *)x, s, n, nv);
-    LAUNCH_CHECK();
+    scale_kernel<<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>((float *)x, s, n, nv);
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- instantiations */
 
 #define INSTANTIATE(T)                                                                                              \
-    template void cuda_convert_from_f32<T>(void *, const float *, size_t);                                         \
-    template void cuda_convert_to_f32<T>(float *, const void *, size_t);                                           \
-    template void cuda_rmsnorm<T>(void *, const void *, const void *, int, int, float);                            \
-    template void cuda_rmsnorm_backward<T>(void *, void *, const void *, const void *, const void *, int, int,     \
-                                           float);                                                                 \
-    template void cuda_rope<T>(void *, const int *, int, int, int, float);                                         \
-    template void cuda_rope_backward<T>(void *, const int *, int, int, int, float);                                \
-    template void cuda_swiglu<T>(void *, const void *, const void *, size_t);                                      \
-    template void cuda_swiglu_backward<T>(void *, void *, const void *, const void *, const void *, size_t);       \
-    template void cuda_add<T>(void *, const void *, const void *, size_t);                                         \
-    template void cuda_embedding<T>(void *, const void *, const int *, int, int);                                  \
-    template void cuda_embedding_backward<T>(void *, const void *, const int *, int, int);                         \
-    template void cuda_log_softmax_target<T>(void *, void *, const void *, const int *, int, int, float);          \
-    template void cuda_log_softmax_target_backward<T>(void *, const void *, const int *, const void *, int, int,   \
-                                                      float);                                                      \
-    template void cuda_adamw<T>(void *, void *, const void *, void *, void *, size_t, float, float, float, float,  \
-                                float, float, float);
+    template void cuda_convert_from_f32<T>(CudaState *, void *, const float *, size_t);                            \
+    template void cuda_convert_to_f32<T>(CudaState *, float *, const void *, size_t);                              \
+    template void cuda_rmsnorm<T>(const Backend *, void *, const void *, const void *, int, int, float);           \
+    template void cuda_rmsnorm_backward<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
+                                           int, int, float);                                                       \
+    template void cuda_rope<T>(const Backend *, void *, const int *, int, int, int, float);                        \
+    template void cuda_rope_backward<T>(const Backend *, void *, const int *, int, int, int, float);               \
+    template void cuda_swiglu<T>(const Backend *, void *, const void *, const void *, size_t);                     \
+    template void cuda_swiglu_backward<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
+                                          size_t);                                                                 \
+    template void cuda_add<T>(const Backend *, void *, const void *, const void *, size_t);                        \
+    template void cuda_embedding<T>(const Backend *, void *, const void *, const int *, int, int);                 \
+    template void cuda_embedding_backward<T>(const Backend *, void *, const void *, const int *, int, int);        \
+    template void cuda_log_softmax_target<T>(const Backend *, void *, void *, const void *, const int *, int, int,  \
+                                             float);                                                               \
+    template void cuda_log_softmax_target_backward<T>(const Backend *, void *, const void *, const int *,          \
+                                                      const void *, int, int, float);                              \
+    template void cuda_adamw<T>(const Backend *, void *, void *, const void *, void *, void *, size_t, float, float, \
+                                float, float, float, float, float);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

@@ -8,12 +8,13 @@
  * made of these ops can be captured once as a CUDA graph and replayed with new
  * buffer contents. The compute ops neither synchronise nor allocate per call,
  * with two one-time exceptions the engine must run once before it captures:
- *   - rope_i32 reads the backend's inv_freq table, uploaded from the host when
+ *   - rope_i32 reads the instance's inv_freq table, uploaded from the host when
  *     (head_dim, theta) changes (cuda_rope_inv_freq), and a captured graph keeps
  *     reading that one table: no rope with another (head_dim, theta) may run
  *     between capture and replay.
- *   - paged_attention allocates its split scratch on the first call that splits
- *     (see "paged attention").
+ *   - paged_attention with forced splits (the instance's option paged_splits)
+ *     beyond the bound reserved at open regrows its split scratch (see "paged
+ *     attention").
  * Storage T is float or bf16; arithmetic is fp32; copies are exact.
  *
  * Dimension legend: N tokens in a call, D row width, H query heads, KVH
@@ -65,7 +66,8 @@ template <typename T> __device__ __forceinline__ void store8(T *p, const float f
 
 /* ---------------------------------------------------------------- [i32] buffers */
 
-void *cuda_alloc_i32(size_t n) {
+void *cuda_alloc_i32(const Backend *be, size_t n) {
+    CudaState *cs = cuda_enter_checked(be);
     void *p = NULL;
     size_t bytes = (n ? n : 1) * sizeof(int);
     cudaError_t e = cudaMalloc(&p, bytes);
@@ -74,21 +76,24 @@ void *cuda_alloc_i32(size_t n) {
         abort();
     }
     /* zeroed like the CPU backend's; on the backend stream, so ordered before any op reading it */
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_stream()));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cs->stream));
     return p;
 }
 
 /* Stream ordered: ops issued after it see the new contents. From pageable
  * memory the driver stages src before returning; from pinned memory the copy is
  * truly asynchronous, so src must not change until the stream has run it. */
-void cuda_upload_i32(void *dst, const int *src, size_t n) {
-    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyHostToDevice, cuda_stream()));
+void cuda_upload_i32(const Backend *be, void *dst, const int *src, size_t n) {
+    if (!n) return;
+    CudaState *cs = cuda_enter(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyHostToDevice, cs->stream));
 }
 
 /* Waits for every op issued before it, then for the copy. */
-void cuda_download_i32(int *dst, const void *src, size_t n) {
-    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyDeviceToHost, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+void cuda_download_i32(const Backend *be, int *dst, const void *src, size_t n) {
+    CudaState *cs = cuda_enter(be);
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
 }
 
 /* ---------------------------------------------------------------- row copies */
@@ -112,34 +117,38 @@ __global__ void copy_rows_kernel(C *dst, const C *src, C *dst2, const C *src2, c
 }
 
 template <typename T, bool SCATTER>
-static void copy_rows(void *dst, const void *src, void *dst2, const void *src2, const void *index, int n, int dim) {
+static void copy_rows(const Backend *be, void *dst, const void *src, void *dst2, const void *src2, const void *index,
+                      int n, int dim) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     bool chunks = ((size_t)dim * sizeof(T)) % 16 == 0 && aligned16(dst) && aligned16(src) &&
                   (!dst2 || (aligned16(dst2) && aligned16(src2)));
     const int *idx = (const int *)index;
     if (chunks) {
         int row_chunks = (int)((size_t)dim * sizeof(T) / 16);
-        copy_rows_kernel<uint4, SCATTER><<<cuda_blocks_for((size_t)n * row_chunks), CUDA_THREADS, 0, cuda_stream()>>>(
+        copy_rows_kernel<uint4, SCATTER><<<cuda_blocks_for((size_t)n * row_chunks), CUDA_THREADS, 0, cs->stream>>>(
             (uint4 *)dst, (const uint4 *)src, (uint4 *)dst2, (const uint4 *)src2, idx, n, row_chunks);
     } else {
-        copy_rows_kernel<T, SCATTER><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+        copy_rows_kernel<T, SCATTER><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
             (T *)dst, (const T *)src, (T *)dst2, (const T *)src2, idx, n, dim);
     }
-    LAUNCH_CHECK();
-}
-
-template <typename T> void cuda_embedding_i32(void *out, const void *table, const void *ids, int n, int dim) {
-    copy_rows<T, false>(out, table, NULL, NULL, ids, n, dim);
-}
-
-template <typename T> void cuda_gather_rows_i32(void *dst, const void *src, const void *rows, int n, int dim) {
-    copy_rows<T, false>(dst, src, NULL, NULL, rows, n, dim);
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-void cuda_paged_kv_store(void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
-                         int kv_dim) {
-    copy_rows<T, true>(k_pool, k, v_pool, v, slot_mapping, n, kv_dim);
+void cuda_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim) {
+    copy_rows<T, false>(be, out, table, NULL, NULL, ids, n, dim);
+}
+
+template <typename T>
+void cuda_gather_rows_i32(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim) {
+    copy_rows<T, false>(be, dst, src, NULL, NULL, rows, n, dim);
+}
+
+template <typename T>
+void cuda_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const void *k, const void *v,
+                         const void *slot_mapping, int n, int kv_dim) {
+    copy_rows<T, true>(be, k_pool, k, v_pool, v, slot_mapping, n, kv_dim);
 }
 
 /* ---------------------------------------------------------------- rope */
@@ -191,21 +200,23 @@ __global__ void rope_i32_vec_kernel(T *x, const int *pos, const float *inv_freq,
     }
 }
 
-template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+template <typename T>
+void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
     if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim % 2 == 0);
-    const float *inv_freq = cuda_rope_inv_freq(head_dim, theta);
+    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
     const int *positions = (const int *)pos;
     if ((head_dim / 2) % 8 == 0 && aligned16(x)) {
         size_t total = (size_t)n * n_heads * (head_dim / 16);
-        rope_i32_vec_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, positions, inv_freq,
+        rope_i32_vec_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cs->stream>>>((T *)x, positions, inv_freq,
                                                                                            n, n_heads, head_dim);
     } else {
         size_t total = (size_t)n * n_heads * (head_dim / 2);
-        rope_i32_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cuda_stream()>>>((T *)x, positions, inv_freq, n,
+        rope_i32_kernel<T><<<cuda_blocks_for(total), CUDA_THREADS, 0, cs->stream>>>((T *)x, positions, inv_freq, n,
                                                                                        n_heads, head_dim);
     }
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- paged attention */
@@ -251,14 +262,13 @@ template <typename T> void cuda_rope_i32(void *x, const void *pos, int n, int n_
  * buffers): a warp per key, lane l holding dims l, l + 32, ..., one head per
  * CTA; same splits, same merge.
  *
- * Scratch: with splits > 1 the partials live in a buffer of this file,
- * allocated on the first call that splits at a size that bounds every later
- * automatic choice (2 * target CTAs * 16 heads * (256 + 1) floats, ~17 MB on an
- * H200), so a graph captured afterwards keeps a valid pointer for good. The
- * engine must therefore run paged_attention once (with any n that splits, e.g.
- * its warm-up step) before capturing. COLT_PAGED_SPLITS=k in the environment
- * forces k splits (tests); a forced k beyond the bound regrows the buffer with
- * a stream synchronisation, which is not allowed while capturing.
+ * Scratch: with splits > 1 the partials live in a buffer of the instance,
+ * reserved when it opens at a size that bounds every automatic choice (2 *
+ * target CTAs * 16 heads * (256 + 1) floats, ~17 MB on an H200), so a graph
+ * captured at any time keeps a valid pointer for good. The option paged_splits
+ * (COLT_PAGED_SPLITS=k at open) forces k splits (tests); a forced k beyond the
+ * bound regrows the buffer with a stream synchronisation, which is not allowed
+ * while capturing.
  *
  * Tolerance vs the CPU (double) reference: ~1e-6 relative in fp32 storage;
  * bf16 storage rounds the output once (and, on tensor cores, the probabilities). */
@@ -821,12 +831,11 @@ __global__ void paged_combine_kernel(T *out, const float *part_out, const float 
 
 /* Splits per token: enough CTAs for PA_TARGET_CTAS_PER_SM per SM, at most one
  * per PA_MIN_KEYS_PER_SPLIT keys of the table (max_blocks * block_size) and
- * PA_MAX_SPLITS; COLT_PAGED_SPLITS overrides. */
-static int paged_choose_splits(size_t base_ctas, int max_blocks, int block_size) {
-    if (cuda_attention_invariant()) return 1; /* a token's keys in one order, whatever n is */
-    const char *forced = getenv("COLT_PAGED_SPLITS");
-    if (forced && atoi(forced) > 0) return atoi(forced);
-    size_t target = (size_t)PA_TARGET_CTAS_PER_SM * cuda_sm_count();
+ * PA_MAX_SPLITS; the option paged_splits (COLT_PAGED_SPLITS) overrides. */
+static int paged_choose_splits(const CudaState *cs, size_t base_ctas, int max_blocks, int block_size) {
+    if (cuda_attention_invariant(cs)) return 1; /* a token's keys in one order, whatever n is */
+    if (cs->opt.paged_splits > 0) return cs->opt.paged_splits;
+    size_t target = (size_t)PA_TARGET_CTAS_PER_SM * cs->sm_count;
     if (base_ctas >= target) return 1;
     size_t splits = (target + base_ctas - 1) / base_ctas;
     if (splits > PA_MAX_SPLITS) splits = PA_MAX_SPLITS;
@@ -838,22 +847,49 @@ static int paged_choose_splits(size_t base_ctas, int max_blocks, int block_size)
 
 /* The split partials [floats]. Automatic choices keep base_ctas * splits
  * below 2 * target (splits <= ceil(target / base_ctas) and base_ctas < target),
- * hence the bound allocated on first use; only forced splits can exceed it. */
-static float *paged_partials(size_t floats) {
-    static float *buffer = NULL;
-    static size_t capacity = 0;
-    if (floats > capacity) {
-        size_t bound = (size_t)2 * PA_TARGET_CTAS_PER_SM * cuda_sm_count() * PA_TC_MAX_GROUP *
-                       (PA_MAX_HEAD_DIM + 1);
-        size_t want = floats > bound ? floats : bound;
-        if (buffer) {
-            CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* kernels may still read the old buffer */
-            CUDA_CHECK(cudaFree(buffer));
-        }
-        CUDA_CHECK(cudaMalloc((void **)&buffer, want * sizeof(float)));
-        capacity = want;
+ * hence the bound reserved at open; only forced splits can exceed it. */
+static size_t paged_partials_bound(const CudaState *cs) {
+    return (size_t)2 * PA_TARGET_CTAS_PER_SM * cs->sm_count * PA_TC_MAX_GROUP * (PA_MAX_HEAD_DIM + 1);
+}
+
+cudaError_t cuda_paged_reserve(CudaState *cs, size_t *reserved) {
+    size_t floats = paged_partials_bound(cs);
+    cudaError_t e = cudaMalloc((void **)&cs->paged_partials, floats * sizeof(float));
+    if (e != cudaSuccess) {
+        cs->paged_partials = NULL;
+        return e;
     }
-    return buffer;
+    cs->paged_partials_cap = floats;
+    *reserved += floats * sizeof(float);
+    return cudaSuccess;
+}
+
+void cuda_paged_release(CudaState *cs) {
+    if (cs->paged_partials) CUDA_CHECK(cudaFree(cs->paged_partials));
+    if (cs->identity_table) CUDA_CHECK(cudaFree(cs->identity_table));
+    cs->paged_partials = NULL, cs->identity_table = NULL;
+    cs->paged_partials_cap = cs->identity_cap = 0;
+}
+
+/* Beyond the reservation: forced splits' larger partials, the identity table. */
+size_t cuda_paged_held_bytes(const CudaState *cs) {
+    size_t bound = paged_partials_bound(cs);
+    return (cs->paged_partials_cap > bound ? (cs->paged_partials_cap - bound) * sizeof(float) : 0) +
+           cs->identity_cap * sizeof(int);
+}
+
+static float *paged_partials(CudaState *cs, size_t floats) {
+    if (floats > cs->paged_partials_cap) {
+        size_t bound = paged_partials_bound(cs);
+        size_t want = floats > bound ? floats : bound;
+        if (cs->paged_partials) {
+            CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* kernels may still read the old buffer */
+            CUDA_CHECK(cudaFree(cs->paged_partials));
+        }
+        CUDA_CHECK(cudaMalloc((void **)&cs->paged_partials, want * sizeof(float)));
+        cs->paged_partials_cap = want;
+    }
+    return cs->paged_partials;
 }
 
 /* Query heads per CTA: the largest divisor of G up to PA_MAX_HEADS_PER_CTA. */
@@ -863,39 +899,28 @@ static int paged_heads_per_cta(int group) {
     return 1;
 }
 
-/* paged_attention_rope's fused tensor-core path unless COLT_FUSED_ROPE_ATTN=0 (qkv_rope_store, then the
- * kernel), and the tensor-core kernel for bf16 storage unless COLT_PAGED_TC=0; each read once. */
-static bool paged_fused_rope(void) {
-    static const bool on = cuda_env_int("COLT_FUSED_ROPE_ATTN", 1) != 0;
-    return on;
-}
-
-static bool paged_tensor_cores(void) {
-    static const bool on = cuda_env_int("COLT_PAGED_TC", 1) != 0;
-    return on;
-}
+/* paged_attention_rope's fused tensor-core path unless the option fused_rope_attn is off
+ * (COLT_FUSED_ROPE_ATTN=0: qkv_rope_store, then the kernel), and the tensor-core kernel for bf16 storage
+ * unless the option paged_tc is (COLT_PAGED_TC=0). */
+static bool paged_fused_rope(const CudaState *cs) { return cs->opt.fused_rope_attn != 0; }
+static bool paged_tensor_cores(const CudaState *cs) { return cs->opt.paged_tc != 0; }
 
 /* Tokens per CTA on the tensor-core path with one split: as many as fill the m16 tile (16 / G) once
  * the call has more than PA_TC_GROUP_MIN_TOKENS tokens (prefill chunks, training), else 1 (a decode
  * step's tokens are of different sequences: grouping them would only serialise them).
- * COLT_PAGED_TC_TOKENS=k forces min(k, 16 / G) (tests). The bits are the same either way. */
-static int paged_tc_tokens(int n, int group) {
+ * The option paged_tc_tokens = k (COLT_PAGED_TC_TOKENS=k) forces min(k, 16 / G) (tests). The bits are the
+ * same either way. */
+static int paged_tc_tokens(const CudaState *cs, int n, int group) {
     const int most = PA_TC_MAX_GROUP / group;
-    const char *forced = getenv("COLT_PAGED_TC_TOKENS");
-    int k = forced && atoi(forced) > 0 ? atoi(forced) : n > PA_TC_GROUP_MIN_TOKENS ? most : 1;
+    const int forced = cs->opt.paged_tc_tokens;
+    int k = forced > 0 ? forced : n > PA_TC_GROUP_MIN_TOKENS ? most : 1;
     return k < most ? k : most;
 }
 
-template <int HEAD_DIM> static void paged_launch_tc(const PagedAttentionParams &p, unsigned grid, cudaStream_t st) {
+template <int HEAD_DIM>
+static void paged_launch_tc(CudaState *cs, const PagedAttentionParams &p, unsigned grid, cudaStream_t st) {
     using S = PagedTcShape<HEAD_DIM>;
-    static bool configured[64]; /* the dynamic shared memory above 48 KB, once per device */
-    int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    if (device >= 64 || !configured[device]) {
-        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_tc_kernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        S::SMEM_BYTES));
-        if (device < 64) configured[device] = true;
-    }
+    cuda_smem_optin(cs, (const void *)paged_attention_tc_kernel<HEAD_DIM>, S::SMEM_BYTES); /* above 48 KB */
     paged_attention_tc_kernel<HEAD_DIM><<<grid, PA_THREADS, S::SMEM_BYTES, st>>>(p);
 }
 
@@ -917,7 +942,8 @@ static void paged_launch_fast(const PagedAttentionParams &p, unsigned grid, cuda
 /* paged_attention; with qkv (paged_attention_rope) the tensor-core path ropes q and stores the token's K/V
  * itself, and the other paths run qkv_rope_store into q first. */
 template <typename T>
-static void paged_attention_impl(void *out, void *q, void *k_pool, void *v_pool, const void *block_tables,
+static void paged_attention_impl(CudaState *cs, void *out, void *q, void *k_pool, void *v_pool,
+                                 const void *block_tables,
                                  const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                                  int block_size, int max_blocks, const void *qkv, const void *slot_mapping,
                                  float theta) {
@@ -931,106 +957,109 @@ static void paged_attention_impl(void *out, void *q, void *k_pool, void *v_pool,
     p.q = q, p.k_pool = k_pool, p.v_pool = v_pool;
     p.block_tables = (const int *)block_tables, p.seq = (const int *)seq, p.pos = (const int *)pos;
     p.n_heads = n_heads, p.n_kv_heads = n_kv_heads, p.group = n_heads / n_kv_heads;
-    const bool tc = fast && sizeof(T) == 2 && p.group <= PA_TC_MAX_GROUP && paged_tensor_cores();
+    const bool tc = fast && sizeof(T) == 2 && p.group <= PA_TC_MAX_GROUP && paged_tensor_cores(cs);
     p.heads_per_cta = tc ? p.group : fast ? paged_heads_per_cta(p.group) : 1;
     p.head_chunks = p.group / p.heads_per_cta;
     p.head_dim = head_dim, p.kv_dim = n_kv_heads * head_dim;
     p.block_shift = __builtin_ctz((unsigned)block_size), p.max_blocks = max_blocks;
     p.qk_scale = (float)(1.4426950408889634 / sqrt((double)head_dim));
     size_t base_ctas = (size_t)n * n_kv_heads * p.head_chunks;
-    p.splits = paged_choose_splits(base_ctas, max_blocks, block_size);
+    p.splits = paged_choose_splits(cs, base_ctas, max_blocks, block_size);
     p.part_out = p.part_lse = NULL;
     if (p.splits > 1) {
         size_t partial_rows = (size_t)n * n_heads * p.splits;
-        p.part_out = paged_partials(partial_rows * (head_dim + 1));
+        p.part_out = paged_partials(cs, partial_rows * (head_dim + 1));
         p.part_lse = p.part_out + partial_rows * head_dim;
     }
-    p.n = n, p.tc_tokens = tc && p.splits == 1 ? paged_tc_tokens(n, p.group) : 1;
+    p.n = n, p.tc_tokens = tc && p.splits == 1 ? paged_tc_tokens(cs, n, p.group) : 1;
     p.qkv = NULL, p.slot_mapping = NULL, p.inv_freq = NULL, p.qkv_width = 0;
-    if (qkv && tc && p.tc_tokens == 1 && aligned16(qkv) && paged_fused_rope()) {
-        p.qkv = qkv, p.slot_mapping = (const int *)slot_mapping, p.inv_freq = cuda_rope_inv_freq(head_dim, theta);
+    if (qkv && tc && p.tc_tokens == 1 && aligned16(qkv) && paged_fused_rope(cs)) {
+        p.qkv = qkv, p.slot_mapping = (const int *)slot_mapping, p.inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
         p.qkv_width = (n_heads + 2 * n_kv_heads) * head_dim;
     } else if (qkv) {
-        cuda_qkv_rope_store<T>(q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim, theta);
+        cuda_qkv_rope_store<T>(cs->be, q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim,
+                               theta);
     }
     size_t grid = (tc ? ((size_t)n + p.tc_tokens - 1) / p.tc_tokens * n_kv_heads : base_ctas) * p.splits;
     CUDA_ASSERT_HOST(grid < (1u << 31));
-    cudaStream_t st = cuda_stream();
-    if (tc && head_dim == 64) paged_launch_tc<64>(p, (unsigned)grid, st);
-    else if (tc) paged_launch_tc<128>(p, (unsigned)grid, st);
+    cudaStream_t st = cs->stream;
+    if (tc && head_dim == 64) paged_launch_tc<64>(cs, p, (unsigned)grid, st);
+    else if (tc) paged_launch_tc<128>(cs, p, (unsigned)grid, st);
     else if (!fast) paged_attention_generic_kernel<T><<<(unsigned)grid, PA_THREADS, 0, st>>>(p);
     else if (head_dim == 64) paged_launch_fast<T, 64>(p, (unsigned)grid, st);
     else paged_launch_fast<T, 128>(p, (unsigned)grid, st);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
     if (p.splits > 1) {
         paged_combine_kernel<T><<<(unsigned)((size_t)n * n_heads), PA_COMBINE_THREADS, 0, st>>>(
             (T *)out, p.part_out, p.part_lse, p.seq, n_heads, head_dim, p.splits);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
     }
 }
 
 template <typename T>
-void cuda_paged_attention(void *out, const void *q, const void *k_pool, const void *v_pool, const void *block_tables,
-                          const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
-                          int block_size, int max_blocks) {
-    paged_attention_impl<T>(out, (void *)q, (void *)k_pool, (void *)v_pool, block_tables, seq, pos, n, n_heads,
-                            n_kv_heads, head_dim, block_size, max_blocks, NULL, NULL, 0.0f);
+void cuda_paged_attention(const Backend *be, void *out, const void *q, const void *k_pool, const void *v_pool,
+                          const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
+                          int n_kv_heads, int head_dim, int block_size, int max_blocks) {
+    paged_attention_impl<T>(cuda_enter(be), out, (void *)q, (void *)k_pool, (void *)v_pool, block_tables, seq, pos, n,
+                            n_heads, n_kv_heads, head_dim, block_size, max_blocks, NULL, NULL, 0.0f);
 }
 
 template <typename T>
-void cuda_paged_attention_rope(void *out, void *q, void *k_pool, void *v_pool, const void *qkv, const void *block_tables,
-                               const void *seq, const void *pos, const void *slot_mapping, int n, int n_heads,
-                               int n_kv_heads, int head_dim, float theta, int block_size, int max_blocks) {
-    paged_attention_impl<T>(out, q, k_pool, v_pool, block_tables, seq, pos, n, n_heads, n_kv_heads, head_dim,
-                            block_size, max_blocks, qkv, slot_mapping, theta);
+void cuda_paged_attention_rope(const Backend *be, void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
+                               const void *block_tables, const void *seq, const void *pos, const void *slot_mapping,
+                               int n, int n_heads, int n_kv_heads, int head_dim, float theta, int block_size,
+                               int max_blocks) {
+    paged_attention_impl<T>(cuda_enter(be), out, q, k_pool, v_pool, block_tables, seq, pos, n, n_heads, n_kv_heads,
+                            head_dim, block_size, max_blocks, qkv, slot_mapping, theta);
 }
 
 /* Deterministic mode's training attention: the [S, L, KVD] caches read as a
  * pool of 1-token blocks whose table is the identity (sequence s, position p
  * at row s * L + p), one split. The kernel's arithmetic depends on the key
  * positions only, never on the block size, so the output is the engine's. */
-static const int *identity_table(size_t rows) {
-    static int *table = NULL;
-    static size_t capacity = 0;
-    if (rows > capacity) {
-        size_t want = rows > 2 * capacity ? rows : 2 * capacity;
+static const int *identity_table(CudaState *cs, size_t rows) {
+    if (rows > cs->identity_cap) {
+        size_t want = rows > 2 * cs->identity_cap ? rows : 2 * cs->identity_cap;
         int *host = (int *)malloc(want * sizeof(int));
         CUDA_ASSERT_HOST(host != NULL && want < (1u << 31));
         for (size_t i = 0; i < want; i++) host[i] = (int)i;
-        CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* kernels may still read the old table */
-        if (table) CUDA_CHECK(cudaFree(table));
-        CUDA_CHECK(cudaMalloc((void **)&table, want * sizeof(int)));
-        CUDA_CHECK(cudaMemcpy(table, host, want * sizeof(int), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* kernels may still read the old table */
+        if (cs->identity_table) CUDA_CHECK(cudaFree(cs->identity_table));
+        CUDA_CHECK(cudaMalloc((void **)&cs->identity_table, want * sizeof(int)));
+        CUDA_CHECK(cudaMemcpy(cs->identity_table, host, want * sizeof(int), cudaMemcpyHostToDevice));
         free(host);
-        capacity = want;
+        cs->identity_cap = want;
     }
-    return table;
+    return cs->identity_table;
 }
 
 template <typename T>
-void cuda_attention_paged(void *out, const void *q, const void *k_cache, const void *v_cache, const int *slot,
-                          const int *pos, int n, int n_heads, int n_kv_heads, int head_dim, int max_len) {
+void cuda_attention_paged(CudaState *cs, void *out, const void *q, const void *k_cache, const void *v_cache,
+                          const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
+                          int max_len) {
     if (n <= 0 || n_heads <= 0) return;
     int n_slots = 0;
     for (int i = 0; i < n; i++)
         if (slot[i] + 1 > n_slots) n_slots = slot[i] + 1;
-    const int *table = identity_table((size_t)n_slots * max_len);
+    const int *table = identity_table(cs, (size_t)n_slots * max_len);
     const int *host[2] = {slot, pos};
-    const int *d = cuda_upload_indices(host, 2, n);
-    cuda_paged_attention<T>(out, q, k_cache, v_cache, table, d, d + n, n, n_heads, n_kv_heads, head_dim, 1, max_len);
+    const int *d = cuda_upload_indices(cs, host, 2, n);
+    paged_attention_impl<T>(cs, out, (void *)q, (void *)k_cache, (void *)v_cache, table, d, d + n, n, n_heads,
+                            n_kv_heads, head_dim, 1, max_len, NULL, NULL, 0.0f);
 }
 
 #define INSTANTIATE(T)                                                                                             \
-    template void cuda_embedding_i32<T>(void *, const void *, const void *, int, int);                             \
-    template void cuda_rope_i32<T>(void *, const void *, int, int, int, float);                                    \
-    template void cuda_gather_rows_i32<T>(void *, const void *, const void *, int, int);                           \
-    template void cuda_paged_kv_store<T>(void *, void *, const void *, const void *, const void *, int, int);      \
-    template void cuda_paged_attention<T>(void *, const void *, const void *, const void *, const void *,          \
-                                          const void *, const void *, int, int, int, int, int, int);        \
-    template void cuda_paged_attention_rope<T>(void *, void *, void *, void *, const void *, const void *,         \
-                                               const void *, const void *, const void *, int, int, int, int, float, \
-                                               int, int);                                                       \
-    template void cuda_attention_paged<T>(void *, const void *, const void *, const void *, const int *,           \
-                                          const int *, int, int, int, int, int);
+    template void cuda_embedding_i32<T>(const Backend *, void *, const void *, const void *, int, int);            \
+    template void cuda_rope_i32<T>(const Backend *, void *, const void *, int, int, int, float);                   \
+    template void cuda_gather_rows_i32<T>(const Backend *, void *, const void *, const void *, int, int);          \
+    template void cuda_paged_kv_store<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
+                                         int, int);                                                                \
+    template void cuda_paged_attention<T>(const Backend *, void *, const void *, const void *, const void *,       \
+                                          const void *, const void *, const void *, int, int, int, int, int, int);  \
+    template void cuda_paged_attention_rope<T>(const Backend *, void *, void *, void *, void *, const void *,      \
+                                               const void *, const void *, const void *, const void *, int, int,  \
+                                               int, int, float, int, int);                                         \
+    template void cuda_attention_paged<T>(CudaState *, void *, const void *, const void *, const void *,           \
+                                          const int *, const int *, int, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

@@ -21,25 +21,29 @@ __global__ void scatter_rows_kernel(T *dst, const T *src, const int *rows, int n
     }
 }
 
-template <typename T> void cuda_gather_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+template <typename T>
+void cuda_gather_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[1] = {rows};
-    int *d = cuda_upload_indices(host, 1, n);
-    gather_rows_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    gather_rows_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
         (T *)dst, (const T *)src, d, n, dim);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-template <typename T> void cuda_scatter_rows(void *dst, const void *src, const int *rows, int n, int dim) {
+template <typename T>
+void cuda_scatter_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim) {
     if (n <= 0 || dim <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const int *host[1] = {rows};
-    int *d = cuda_upload_indices(host, 1, n);
-    scatter_rows_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cuda_stream()>>>(
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    scatter_rows_kernel<T><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
         (T *)dst, (const T *)src, d, n, dim);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-template void cuda_gather_rows<float>(void *, const void *, const int *, int, int);
-template void cuda_gather_rows<__nv_bfloat16>(void *, const void *, const int *, int, int);
-template void cuda_scatter_rows<float>(void *, const void *, const int *, int, int);
-template void cuda_scatter_rows<__nv_bfloat16>(void *, const void *, const int *, int, int);
+template void cuda_gather_rows<float>(const Backend *, void *, const void *, const int *, int, int);
+template void cuda_gather_rows<__nv_bfloat16>(const Backend *, void *, const void *, const int *, int, int);
+template void cuda_scatter_rows<float>(const Backend *, void *, const void *, const int *, int, int);
+template void cuda_scatter_rows<__nv_bfloat16>(const Backend *, void *, const void *, const int *, int, int);

@@ -37,8 +37,7 @@
  *
  * Capturable in a CUDA graph: no host copies; the sampling parameters are
  * kernel arguments (a captured graph keeps the ones it saw); the split path's
- * scratch is allocated by its first call, and a call made while capturing
- * before that takes the one-block kernel.
+ * scratch is the instance's, reserved when it opens.
  * Shared memory: the repetition-penalty bitmap (V bits, dynamic) and ~3 KB. */
 #include <limits.h>
 #include <stdint.h>
@@ -771,67 +770,76 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     draw_and_store(r, keep, mass, S, best_id, greedy, a, streams, counters, o, sh);
 }
 
-/* The scratch of the split path, allocated once (not while a stream is being captured). */
-static SplitScratch *g_split_scratch = NULL;
-static int g_split_max_rows = -1; /* -1: COLT_SAMPLE_SPLIT_ROWS or SPLIT_MAX_ROWS; 0: the split path off */
-
-static int g_sequential_find = -1; /* -1: COLT_SAMPLE_SEQUENTIAL_FIND (default 0) */
-extern "C" void cuda_sample_split_rows(int max_rows) { g_split_max_rows = max_rows; } /* test hooks */
-extern "C" void cuda_sample_sequential_find(int on) { g_sequential_find = on; }
-
-static int split_max_rows(void) {
-    if (g_split_max_rows < 0) {
-        g_split_max_rows = cuda_env_int("COLT_SAMPLE_SPLIT_ROWS", SPLIT_MAX_ROWS);
-        if (g_split_max_rows > SPLIT_MAX_ROWS) g_split_max_rows = SPLIT_MAX_ROWS;
+/* The scratch of the split path: the instance's, reserved at open. */
+cudaError_t cuda_sample_reserve(CudaState *cs, size_t *reserved) {
+    cudaError_t e = cudaMalloc(&cs->sample_split, sizeof(SplitScratch));
+    if (e != cudaSuccess) {
+        cs->sample_split = NULL;
+        return e;
     }
-    return g_split_max_rows;
+    *reserved += sizeof(SplitScratch);
+    return cudaSuccess;
 }
 
-static SplitScratch *split_scratch(void) {
-    if (!g_split_scratch) {
-        cudaStreamCaptureStatus capturing;
-        CUDA_CHECK(cudaStreamIsCapturing(cuda_stream(), &capturing));
-        if (capturing != cudaStreamCaptureStatusNone) return NULL; /* the one-block kernel this time */
-        CUDA_CHECK(cudaMalloc(&g_split_scratch, sizeof(SplitScratch)));
-    }
-    return g_split_scratch;
+void cuda_sample_release(CudaState *cs) {
+    if (cs->sample_split) CUDA_CHECK(cudaFree(cs->sample_split));
+    cs->sample_split = NULL;
+}
+
+/* Test hooks, on the instance be: unfiltered batches of up to max_rows rows take the split path (0 never,
+ * -1 back to the instance's setting at open); the draw's walk by one thread (on = 1) or a warp (0). */
+extern "C" void cuda_sample_split_rows(const Backend *be, int max_rows) {
+    CudaState *cs = cuda_state(be);
+    cs->opt.sample_split_rows = max_rows < 0 ? cs->opt_env.sample_split_rows : max_rows;
+}
+extern "C" void cuda_sample_sequential_find(const Backend *be, int on) {
+    CudaState *cs = cuda_state(be);
+    cs->opt.sample_sequential_find = on < 0 ? cs->opt_env.sample_sequential_find : on;
+}
+
+/* The option sample_split_rows (COLT_SAMPLE_SPLIT_ROWS; -1: SPLIT_MAX_ROWS), at most SPLIT_MAX_ROWS. */
+static int split_max_rows(const CudaState *cs) {
+    int rows = cs->opt.sample_split_rows < 0 ? SPLIT_MAX_ROWS : cs->opt.sample_split_rows;
+    return rows > SPLIT_MAX_ROWS ? SPLIT_MAX_ROWS : rows;
 }
 
 template <typename T>
-void cuda_sample(void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
-                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
-                 int history_stride) {
+void cuda_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab,
+                 const struct SamplingParams *p, const void *seq, const void *streams, const void *counters,
+                 void *history, void *history_len, int history_stride) {
     if (n <= 0) return;
+    CudaState *cs = cuda_enter(be);
     const bool penalty = history && p->repetition_penalty != 1.0f;
     size_t bitmap_bytes = penalty ? (size_t)((vocab + 31) / 32) * sizeof(unsigned) : 0;
     CUDA_ASSERT_HOST(bitmap_bytes <= SAMPLE_MAX_BITMAP_BYTES); /* vocab <= 327680 with a repetition penalty */
     int vec = ((uintptr_t)logits & 15u) == 0 && vocab % GROUP == 0;
-    if (g_sequential_find < 0) g_sequential_find = cuda_env_int("COLT_SAMPLE_SEQUENTIAL_FIND", 0);
-    SampleArgs a = {p->temperature, p->top_p, p->min_p, p->repetition_penalty, p->top_k, p->seed, g_sequential_find};
+    SampleArgs a = {p->temperature, p->top_p, p->min_p, p->repetition_penalty, p->top_k, p->seed,
+                    cs->opt.sample_sequential_find};
     const bool filtered = p->temperature != 0.0f && (p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f);
-    SplitScratch *sc = n <= split_max_rows() && !filtered && !penalty ? split_scratch() : NULL;
+    SplitScratch *sc = n <= split_max_rows(cs) && !filtered && !penalty ? (SplitScratch *)cs->sample_split : NULL;
     if (sc) {
         dim3 grid(SPLIT_CTAS, n);
         float temperature = p->temperature == 0.0f ? 1.0f : p->temperature;
-        split_max_kernel<T><<<grid, SPLIT_WARPS * 32, 0, cuda_stream()>>>(sc, (const T *)logits, vocab, vec,
+        split_max_kernel<T><<<grid, SPLIT_WARPS * 32, 0, cs->stream>>>(sc, (const T *)logits, vocab, vec,
                                                                           (const int *)seq);
-        LAUNCH_CHECK();
-        split_mass_kernel<T><<<grid, SPLIT_WARPS * 32, 0, cuda_stream()>>>(sc, (const T *)logits, vocab, vec,
+        LAUNCH_CHECK(cs);
+        split_mass_kernel<T><<<grid, SPLIT_WARPS * 32, 0, cs->stream>>>(sc, (const T *)logits, vocab, vec,
                                                                            temperature, (const int *)seq);
-        LAUNCH_CHECK();
-        split_draw_kernel<T><<<n, SAMPLE_THREADS, 0, cuda_stream()>>>(
+        LAUNCH_CHECK(cs);
+        split_draw_kernel<T><<<n, SAMPLE_THREADS, 0, cs->stream>>>(
             sc, (int *)tokens, (float *)logprobs, (const T *)logits, vocab, vec, a, (const int *)seq,
             (const int *)streams, (const int *)counters, (int *)history, (int *)history_len, history_stride);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
         return;
     }
-    sample_kernel<T><<<n, SAMPLE_THREADS, bitmap_bytes, cuda_stream()>>>(
+    sample_kernel<T><<<n, SAMPLE_THREADS, bitmap_bytes, cs->stream>>>(
         (int *)tokens, (float *)logprobs, (const T *)logits, vocab, vec, a, (const int *)seq, (const int *)streams,
         (const int *)counters, (int *)history, (int *)history_len, history_stride);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
-template void cuda_sample<float>(void *, void *, void *, int, int, const struct SamplingParams *, const void *,
-                                 const void *, const void *, void *, void *, int);
-template void cuda_sample<__nv_bfloat16>(void *, void *, void *, int, int, const struct SamplingParams *,
-                                         const void *, const void *, const void *, void *, void *, int);
+template void cuda_sample<float>(const Backend *, void *, void *, void *, int, int, const struct SamplingParams *,
+                                 const void *, const void *, const void *, void *, void *, int);
+template void cuda_sample<__nv_bfloat16>(const Backend *, void *, void *, void *, int, int,
+                                         const struct SamplingParams *, const void *, const void *, const void *,
+                                         void *, void *, int);

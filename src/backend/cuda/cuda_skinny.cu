@@ -27,8 +27,8 @@
  * 4 outputs, lanes take float4 slices of k, rows in passes of 8 (w is re-read per pass), a fixed
  * xor-butterfly warp reduction, then warps added in order. Error ~1e-6 of max|ref|.
  *
- * COLT_NO_SKINNY=1 (read once) turns the path off; tests and benchmarks switch it with
- * cuda_skinny_set_enabled. */
+ * COLT_NO_SKINNY=1 (read when the instance opens: its option skinny) turns the path off; tests and
+ * benchmarks switch it per instance with cuda_skinny_set_enabled. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,21 +51,13 @@
 
 /* ---------------------------------------------------------------- switch and counter */
 
-static int g_skinny_enabled = -1; /* -1: not read yet */
-static long g_skinny_calls = 0;
-
-static int skinny_enabled(void) {
-    if (g_skinny_enabled < 0) {
-        const char *e = getenv("COLT_NO_SKINNY");
-        g_skinny_enabled = !(e && *e && strcmp(e, "0") != 0);
-    }
-    return g_skinny_enabled;
+/* For tests and benchmarks (declared where they use them), on the instance be: 3 the bf16 GEMV for every
+ * shape it takes (1..4 rows), 2 the tensor-core kernel for every shape it takes, 1 each where it beats
+ * cuBLAS (the default), 0 off (cuBLAS), -1 back to the setting the instance opened with. */
+extern "C" void cuda_skinny_set_enabled(const Backend *be, int enabled) {
+    CudaState *cs = cuda_state(be);
+    cs->opt.skinny = enabled < 0 ? cs->opt_env.skinny : enabled > 3 ? 3 : enabled;
 }
-
-/* For tests and benchmarks (declared where they use them): 3 the bf16 GEMV for every shape it takes
- * (1..4 rows), 2 the tensor-core kernel for every shape it takes, 1 each where it beats cuBLAS (the
- * default), 0 off (cuBLAS), -1 back to the environment's setting. */
-extern "C" void cuda_skinny_set_enabled(int enabled) { g_skinny_enabled = enabled < 0 ? -1 : enabled > 3 ? 3 : enabled; }
 
 /* Where the path beats cuBLASLt, from bench_skinny on an H200 (weights streamed from HBM): up to 16
  * rows and weights up to ~4.5M elements (0.5B's q/k/v/o/gate/up/down, 1.5B's q/k/v/o, 7B's k/v:
@@ -77,8 +69,8 @@ static bool skinny_wins(int n, int in_dim, int out_dim) {
     return n <= SKINNY_WIN_ROWS && (size_t)in_dim * (size_t)out_dim <= SKINNY_WIN_WEIGHTS;
 }
 
-/* How many linear calls this path has served (host calls, not graph replays). */
-extern "C" long cuda_skinny_call_count(void) { return g_skinny_calls; }
+/* How many linear calls this path has served on the instance be (host calls, not graph replays). */
+extern "C" long cuda_skinny_call_count(const Backend *be) { return cuda_state(be)->skinny_calls; }
 
 /* ---------------------------------------------------------------- device helpers */
 
@@ -318,23 +310,23 @@ static SkinnyPlan skinny_plan_f32(int in_dim, int out_dim) {
 }
 
 template <int OUT_TILES, int ROWS>
-static void skinny_bf16_launch(const SkinnyPlan *p, void *out, const void *x, const void *w, const void *bias, int n,
-                               int in_dim, int out_dim) {
+static void skinny_bf16_launch(CudaState *cs, const SkinnyPlan *p, void *out, const void *x, const void *w,
+                               const void *bias, int n, int in_dim, int out_dim) {
     constexpr int FRAG = (ROWS + 15) / 16 * OUT_TILES * 4;
     size_t smem = p->warps > 1 ? (size_t)p->warps * FRAG * 32 * sizeof(float) : 0;
-    skinny_bf16_kernel<OUT_TILES, ROWS><<<p->blocks, p->warps * 32, smem, cuda_stream()>>>(
+    skinny_bf16_kernel<OUT_TILES, ROWS><<<p->blocks, p->warps * 32, smem, cs->stream>>>(
         (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, n,
         in_dim, out_dim);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(cs);
 }
 
 template <int ROWS>
-static void skinny_bf16_dispatch(const SkinnyPlan *p, void *out, const void *x, const void *w, const void *bias,
-                                 int n, int in_dim, int out_dim) {
+static void skinny_bf16_dispatch(CudaState *cs, const SkinnyPlan *p, void *out, const void *x, const void *w,
+                                 const void *bias, int n, int in_dim, int out_dim) {
     switch (p->out_tiles) {
-    case 1: skinny_bf16_launch<1, ROWS>(p, out, x, w, bias, n, in_dim, out_dim); break;
-    case 2: skinny_bf16_launch<2, ROWS>(p, out, x, w, bias, n, in_dim, out_dim); break;
-    default: skinny_bf16_launch<4, ROWS>(p, out, x, w, bias, n, in_dim, out_dim); break;
+    case 1: skinny_bf16_launch<1, ROWS>(cs, p, out, x, w, bias, n, in_dim, out_dim); break;
+    case 2: skinny_bf16_launch<2, ROWS>(cs, p, out, x, w, bias, n, in_dim, out_dim); break;
+    default: skinny_bf16_launch<4, ROWS>(cs, p, out, x, w, bias, n, in_dim, out_dim); break;
     }
 }
 
@@ -395,20 +387,23 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-static void gemv_bf16(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
+static void gemv_bf16(CudaState *cs, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+                      int out_dim) {
     unsigned blocks = (unsigned)((out_dim + GEMV_WARPS - 1) / GEMV_WARPS);
     auto *o = (__nv_bfloat16 *)out;
     auto *xx = (const __nv_bfloat16 *)x, *ww = (const __nv_bfloat16 *)w, *bb = (const __nv_bfloat16 *)bias;
-    if (n == 1) gemv_bf16_kernel<1><<<blocks, GEMV_WARPS * 32, 0, cuda_stream()>>>(o, xx, ww, bb, n, in_dim, out_dim);
-    else if (n == 2) gemv_bf16_kernel<2><<<blocks, GEMV_WARPS * 32, 0, cuda_stream()>>>(o, xx, ww, bb, n, in_dim, out_dim);
-    else gemv_bf16_kernel<4><<<blocks, GEMV_WARPS * 32, 0, cuda_stream()>>>(o, xx, ww, bb, n, in_dim, out_dim);
-    LAUNCH_CHECK();
+    cudaStream_t st = cs->stream;
+    if (n == 1) gemv_bf16_kernel<1><<<blocks, GEMV_WARPS * 32, 0, st>>>(o, xx, ww, bb, n, in_dim, out_dim);
+    else if (n == 2) gemv_bf16_kernel<2><<<blocks, GEMV_WARPS * 32, 0, st>>>(o, xx, ww, bb, n, in_dim, out_dim);
+    else gemv_bf16_kernel<4><<<blocks, GEMV_WARPS * 32, 0, st>>>(o, xx, ww, bb, n, in_dim, out_dim);
+    LAUNCH_CHECK(cs);
 }
 
 template <typename T>
-bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bias, int n, int in_dim, int out_dim) {
+bool cuda_skinny_linear(CudaState *cs, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
+                        int out_dim) {
     static_assert(SKINNY_MAX_ROWS <= 32, "the bf16 kernel holds at most two 16-row tiles");
-    int mode = skinny_enabled();
+    int mode = cs->opt.skinny;
     if (mode == 0) return false;
     /* Large weights at one row: the streaming GEMV (mode 3 forces it at 1..4 rows, for its test).
      * bench_skinny, H200: 1.05-1.12x cuBLASLt at n = 1 (lm_heads at 4.4 TB/s, 7B gate|up at 3.8),
@@ -418,8 +413,8 @@ bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bia
         bool gemv = mode == 3 || (mode == 1 && n == 1 && !skinny_wins(n, in_dim, out_dim) && in_dim <= 2 * out_dim);
         if (gemv && n >= 1 && n <= GEMV_MAX_ROWS && in_dim > 0 && out_dim > 0 && in_dim % 8 == 0 &&
             ((uintptr_t)x | (uintptr_t)w) % 16 == 0) {
-            gemv_bf16(out, x, w, bias, n, in_dim, out_dim);
-            g_skinny_calls++;
+            gemv_bf16(cs, out, x, w, bias, n, in_dim, out_dim);
+            cs->skinny_calls++;
             return true;
         }
     }
@@ -428,21 +423,22 @@ bool cuda_skinny_linear(void *out, const void *x, const void *w, const void *bia
     if (((uintptr_t)x | (uintptr_t)w) % 16 != 0) return false;
     if constexpr (sizeof(T) == sizeof(float)) {
         SkinnyPlan p = skinny_plan_f32(in_dim, out_dim);
-        skinny_f32_kernel<<<p.blocks, p.warps * 32, 0, cuda_stream()>>>(
+        skinny_f32_kernel<<<p.blocks, p.warps * 32, 0, cs->stream>>>(
             (float *)out, (const float *)x, (const float *)w, (const float *)bias, n, in_dim, out_dim);
-        LAUNCH_CHECK();
+        LAUNCH_CHECK(cs);
     } else {
         SkinnyPlan p = skinny_plan_bf16(in_dim, out_dim);
         if (n <= 8)
-            skinny_bf16_dispatch<8>(&p, out, x, w, bias, n, in_dim, out_dim);
+            skinny_bf16_dispatch<8>(cs, &p, out, x, w, bias, n, in_dim, out_dim);
         else if (n <= 16)
-            skinny_bf16_dispatch<16>(&p, out, x, w, bias, n, in_dim, out_dim);
+            skinny_bf16_dispatch<16>(cs, &p, out, x, w, bias, n, in_dim, out_dim);
         else
-            skinny_bf16_dispatch<32>(&p, out, x, w, bias, n, in_dim, out_dim);
+            skinny_bf16_dispatch<32>(cs, &p, out, x, w, bias, n, in_dim, out_dim);
     }
-    g_skinny_calls++;
+    cs->skinny_calls++;
     return true;
 }
 
-template bool cuda_skinny_linear<float>(void *, const void *, const void *, const void *, int, int, int);
-template bool cuda_skinny_linear<__nv_bfloat16>(void *, const void *, const void *, const void *, int, int, int);
+template bool cuda_skinny_linear<float>(CudaState *, void *, const void *, const void *, const void *, int, int, int);
+template bool cuda_skinny_linear<__nv_bfloat16>(CudaState *, void *, const void *, const void *, const void *, int, int,
+                                                int);

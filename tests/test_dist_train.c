@@ -1,0 +1,405 @@
+/* test_dist_train.c — data-parallel `colt train` on CPU ranks, end to end,
+ * against one process with the same global batch (the demo's settings, made
+ * small, deterministic mode on so a completion does not depend on what else
+ * shares its engine batch):
+ *   - mpirun -np 2 and -np 4 (per_device_train_batch_size 8, one micro-batch a
+ *     step) against one process taking the same 16 or 32 samples a step in 2 or
+ *     4 micro-batches: the first step's completions, rewards and advantages are
+ *     the same bits, so are its metrics; later steps and the final weights agree
+ *     to float rounding (the gradient sums group differently);
+ *   - `--nproc_per_node 2` (colt starting its ranks itself, torchrun's variables,
+ *     Gloo) gives the same bits as mpirun -np 2;
+ *   - only rank 0 writes into output_dir;
+ *   - SIGINT to one rank: every rank stops after the same step, rank 0 saves a
+ *     checkpoint, all exit 0; resuming at world size 2 reproduces the
+ *     uninterrupted 2-rank run exactly, and resuming at world size 1 works;
+ *   - a rank killed mid-run: the job ends, non-zero, within the bound;
+ *   - bad launches: inconsistent variables, a batch the world cannot split.
+ * Skips (exit 77) when mpirun is not installed. */
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+
+static int g_failures = 0, g_checks = 0;
+static char g_tmp[256];
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        g_checks++;                                              \
+        if (!(cond)) {                                           \
+            g_failures++;                                        \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+        }                                                        \
+    } while (0)
+
+static const char *BASE =
+    "--config examples/demo.yaml --max_completion_length 16 --logging_steps 1 --log_completions_count 0 "
+    "--save_total_limit 0 --eval_dataset null --deterministic true --ddp_timeout 60 --device cpu";
+static const char *MPIRUN = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x LSAN_OPTIONS";
+/* In sanitizer builds: Open MPI keeps what MPI_Init allocates until exit. */
+#define LSAN_ENV "LSAN_OPTIONS=suppressions=" COLT_SOURCE_DIR "/tests/lsan_openmpi.supp:fast_unwind_on_malloc=0"
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) fprintf(stderr, "command failed: %s\n", cmd);
+}
+
+/* Runs "PREFIX colt train ARGS" through sh; stderr into *err_out. */
+static int run(const char *prefix, const char *args, char **err_out) {
+    char cmd[16384], err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s timeout 600 %s %s train %s > /dev/null 2> %s", LSAN_ENV, prefix,
+             COLT_BINARY, args, err_path);
+    int status = system(cmd);
+    size_t len;
+    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static char *read_text(const char *dir, const char *name) {
+    char *p = path_join(dir, name), *data = NULL;
+    size_t len;
+    if (file_read_all(p, &data, &len, NULL) != 0) data = NULL;
+    free(p);
+    return data;
+}
+
+/* metrics.jsonl as JSON objects, one per step (NULL-terminated). */
+static json_t **metric_lines(const char *dir, int *n) {
+    char *text = read_text(dir, "metrics.jsonl");
+    json_t **lines = calloc(256, sizeof(json_t *));
+    *n = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line && *n < 255; line = strtok(NULL, "\n"))
+        lines[(*n)++] = json_loads(line, 0, NULL);
+    free(text);
+    return lines;
+}
+
+static void free_lines(json_t **lines, int n) {
+    for (int i = 0; i < n; i++) json_decref(lines[i]);
+    free(lines);
+}
+
+/* Names of metrics that are the world's (not timings, not one rank's engine). */
+static bool compared_metric(const char *name) {
+    return strncmp(name, "time/", 5) != 0 && strcmp(name, "step_time") != 0 && strncmp(name, "engine/", 7) != 0;
+}
+
+/* Largest relative difference of the compared metrics of step `step` (0-based). */
+static double metrics_difference(json_t *a, json_t *b, char *worst, size_t worst_size) {
+    double d = 0;
+    const char *key;
+    json_t *va;
+    snprintf(worst, worst_size, "-");
+    if (!a || !b) return INFINITY;
+    json_object_foreach(a, key, va) {
+        if (!compared_metric(key)) continue;
+        json_t *vb = json_object_get(b, key);
+        if (!json_is_number(va) || !json_is_number(vb)) {
+            if (!(json_is_null(va) && json_is_null(vb))) {
+                snprintf(worst, worst_size, "%s (missing)", key);
+                return INFINITY;
+            }
+            continue;
+        }
+        double x = json_number_value(va), y = json_number_value(vb);
+        double rel = fabs(x - y) / fmax(fabs(x), fmax(fabs(y), 1e-3));
+        if (rel > d) {
+            d = rel;
+            snprintf(worst, worst_size, "%s (%.9g vs %.9g)", key, x, y);
+        }
+    }
+    return d;
+}
+
+/* Largest absolute difference between two F32 safetensors files of the same layout. */
+static double weights_difference(const char *a_dir, const char *b_dir) {
+    char *pa = path_join(a_dir, "model.safetensors"), *pb = path_join(b_dir, "model.safetensors"), *da = NULL, *db = NULL;
+    size_t la = 0, lb = 0;
+    double d = INFINITY;
+    if (file_read_all(pa, &da, &la, NULL) == 0 && file_read_all(pb, &db, &lb, NULL) == 0 && la == lb && la > 8) {
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)da[i] << (8 * i);
+        d = memcmp(da, db, 8 + hlen) == 0 ? 0.0 : INFINITY;
+        for (size_t off = 8 + hlen; off + 4 <= la && isfinite(d); off += 4) {
+            float x, y;
+            memcpy(&x, da + off, 4);
+            memcpy(&y, db + off, 4);
+            d = fmax(d, fabs((double)x - y));
+        }
+    }
+    free(pa), free(pb), free(da), free(db);
+    return d;
+}
+
+static bool same_file(const char *a_dir, const char *b_dir, const char *name) {
+    char *pa = path_join(a_dir, name), *pb = path_join(b_dir, name), *da = NULL, *db = NULL;
+    size_t la = 0, lb = 0;
+    bool same = file_read_all(pa, &da, &la, NULL) == 0 && file_read_all(pb, &db, &lb, NULL) == 0 && la == lb &&
+                memcmp(da, db, la) == 0;
+    free(pa), free(pb), free(da), free(db);
+    return same;
+}
+
+/* Compares a world-size run with the one-process run: step 1 exactly, the rest
+ * within tol, final weights within wtol. */
+static void compare_runs(const char *what, const char *one_dir, const char *world_dir, double tol, double wtol) {
+    int na = 0, nb = 0;
+    json_t **a = metric_lines(one_dir, &na), **b = metric_lines(world_dir, &nb);
+    CHECK(na == nb && na > 1, "%s: %d metric lines against %d", what, nb, na);
+    char worst[256];
+    double first = na > 0 && nb > 0 ? metrics_difference(a[0], b[0], worst, sizeof worst) : INFINITY;
+    printf("%s: step 1 metrics vs one process: largest relative difference %g (%s)\n", what, first, worst);
+    CHECK(first == 0.0, "%s: step 1 differs: %s", what, worst);
+    double rest = 0;
+    char rest_worst[300] = "-";
+    for (int i = 1; i < na && i < nb; i++) {
+        double d = metrics_difference(a[i], b[i], worst, sizeof worst);
+        if (d > rest) rest = d, snprintf(rest_worst, sizeof rest_worst, "step %d: %s", i + 1, worst);
+    }
+    double w = weights_difference(one_dir, world_dir);
+    printf("%s: later steps within %g (%s); final weights within %g\n", what, rest, rest_worst, w);
+    CHECK(rest <= tol, "%s: metrics differ by %g > %g: %s", what, rest, tol, rest_worst);
+    CHECK(w <= wtol, "%s: final weights differ by %g > %g", what, w, wtol);
+    free_lines(a, na);
+    free_lines(b, nb);
+}
+
+/* Files in dir other than the expected outputs (what a rank other than 0 might have written). */
+static int unexpected_files(const char *dir) {
+    static const char *expected[] = {"metrics.jsonl", "completions.jsonl", "summary.json", "reward_curve.svg",
+                                     "model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                                     "tokenizer_config.json", ".", ".."};
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        bool ok = strncmp(e->d_name, "checkpoint-", 11) == 0;
+        for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) ok |= strcmp(e->d_name, expected[i]) == 0;
+        if (!ok) {
+            fprintf(stderr, "unexpected file in %s: %s\n", dir, e->d_name);
+            n++;
+        }
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Starts sh -c cmd with its output thrown away; returns its pid. */
+static pid_t start_quiet(const char *cmd) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int count_metric_lines(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    int n = 0;
+    for (const char *c = text; c && *c; c++) n += *c == '\n';
+    free(text);
+    return n;
+}
+
+static void wait_for_metric_lines(const char *dir, int n, double seconds) {
+    double start = now_s();
+    while (count_metric_lines(dir) < n && now_s() - start < seconds) usleep(20000);
+}
+
+/* A colt process whose parent is pid (a rank under mpirun), or 0. */
+static pid_t child_colt(pid_t parent) {
+    char cmd[128], line[64];
+    snprintf(cmd, sizeof cmd, "pgrep -P %d colt | tail -n 1", (int)parent);
+    FILE *p = popen(cmd, "r");
+    pid_t pid = 0;
+    if (p && fgets(line, sizeof line, p)) pid = (pid_t)atoi(line);
+    if (p) pclose(p);
+    return pid;
+}
+
+static int newest_checkpoint(const char *dir) {
+    int best = -1;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int s;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &s, &tail) == 1 && s > best) best = s;
+    }
+    if (d) closedir(d);
+    return best;
+}
+
+int main(void) {
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)\n");
+        return 77;
+    }
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_dist_train_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    char args[8192], prefix[512], one[300], two[300], *err;
+    int code;
+
+    /* 1. world size 2 against one process, 16 samples a step (4 prompts x 8 completions a round) */
+    snprintf(one, sizeof one, "%s/one", g_tmp);
+    snprintf(two, sizeof two, "%s/two", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 2 --output_dir %s", BASE, one);
+    code = run("", args, &err);
+    CHECK(code == 0, "one process: exit %d: %s", code, err);
+    free(err);
+    snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 1 --output_dir %s", BASE, two);
+    code = run(prefix, args, &err);
+    CHECK(code == 0, "mpirun -np 2: exit %d: %s", code, err);
+    CHECK(strstr(err, "data parallel: 2 processes") != NULL, "mpirun -np 2 did not run as 2 ranks: %s", err);
+    free(err);
+    compare_runs("world size 2", one, two, 1e-4, 1e-5);
+    CHECK(unexpected_files(two) == 0, "world size 2 wrote unexpected files");
+
+    /* 1b. the same 2-rank run started by colt itself (torchrun's variables, the store and Gloo instead of MPI):
+     * the same bits as under mpirun */
+    char self2[300];
+    snprintf(self2, sizeof self2, "%s/self2", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 1 --nproc_per_node 2 --output_dir %s", BASE, self2);
+    code = run("", args, &err);
+    CHECK(code == 0, "--nproc_per_node 2: exit %d: %s", code, err);
+    bool same_as_mpi = same_file(two, self2, "model.safetensors");
+    printf("--nproc_per_node 2 (%s): final weights identical to mpirun -np 2: %s\n",
+           strstr(err, "gloo") ? "gloo" : "?", same_as_mpi ? "yes" : "NO");
+    CHECK(same_as_mpi, "colt's own launch and mpirun differ");
+    free(err);
+
+    /* 2. world size 4, 32 samples a step */
+    char one4[300], four[300];
+    snprintf(one4, sizeof one4, "%s/one4", g_tmp);
+    snprintf(four, sizeof four, "%s/four", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 3 --per_device_train_batch_size 8 --gradient_accumulation_steps 4 "
+             "--output_dir %s", BASE, one4);
+    code = run("", args, &err);
+    CHECK(code == 0, "one process (4 micro-batches): exit %d: %s", code, err);
+    free(err);
+    snprintf(prefix, sizeof prefix, "%s -np 4", MPIRUN);
+    snprintf(args, sizeof args, "%s --max_steps 3 --per_device_train_batch_size 8 --gradient_accumulation_steps 1 "
+             "--output_dir %s", BASE, four);
+    code = run(prefix, args, &err);
+    CHECK(code == 0, "mpirun -np 4: exit %d: %s", code, err);
+    free(err);
+    compare_runs("world size 4", one4, four, 1e-4, 1e-5);
+
+    /* 3. resume: checkpoint-2 of the 2-rank run, at world size 2 (exact) and at world size 1 */
+    char resumed[300];
+    snprintf(resumed, sizeof resumed, "%s/resumed2", g_tmp);
+    snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 1 --output_dir %s --resume_from_checkpoint %s/checkpoint-2", BASE,
+             resumed, two);
+    code = run(prefix, args, &err);
+    CHECK(code == 0, "resume at world size 2: exit %d: %s", code, err);
+    free(err);
+    bool exact = same_file(two, resumed, "model.safetensors");
+    printf("resume of a 2-rank checkpoint at world size 2: final weights identical: %s\n", exact ? "yes" : "NO");
+    CHECK(exact, "resuming at world size 2 changed the result");
+    snprintf(resumed, sizeof resumed, "%s/resumed1", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 2 --output_dir %s --resume_from_checkpoint %s/checkpoint-2", BASE,
+             resumed, two);
+    code = run("", args, &err);
+    double w = weights_difference(two, resumed);
+    printf("resume of a 2-rank checkpoint in one process: exit %d, final weights within %g of the 2-rank run\n", code, w);
+    CHECK(code == 0 && w <= 1e-5, "resume at world size 1: exit %d, weights %g: %s", code, w, err);
+    free(err);
+
+    /* 4. SIGINT to one rank: all stop after the same step, rank 0 checkpoints, all exit 0 */
+    char sig_dir[300], cmd[8192];
+    snprintf(sig_dir, sizeof sig_dir, "%s/sigint", g_tmp);
+    snprintf(cmd, sizeof cmd, "exec env OMP_NUM_THREADS=1 %s %s -np 2 %s train %s --max_steps 40 --save_steps 0 "
+             "--per_device_train_batch_size 8 --output_dir %s", LSAN_ENV, MPIRUN, COLT_BINARY, BASE, sig_dir);
+    pid_t launcher = start_quiet(cmd);
+    wait_for_metric_lines(sig_dir, 2, 120);
+    pid_t rank_pid = child_colt(launcher);
+    CHECK(rank_pid > 0, "no colt rank found under mpirun");
+    if (rank_pid > 0) kill(rank_pid, SIGINT);
+    int status = 0;
+    waitpid(launcher, &status, 0);
+    int lines = count_metric_lines(sig_dir), ckpt = newest_checkpoint(sig_dir);
+    printf("SIGINT to one rank (pid %d): mpirun exit %d, %d steps logged, checkpoint-%d saved\n", (int)rank_pid,
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, lines, ckpt);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "SIGINT: mpirun status %d", status);
+    CHECK(ckpt >= 2 && ckpt == lines && ckpt < 40, "SIGINT: checkpoint-%d after %d logged steps", ckpt, lines);
+
+    /* 5. a rank killed mid-run: the others end, non-zero, within the bound */
+    snprintf(sig_dir, sizeof sig_dir, "%s/killed", g_tmp);
+    snprintf(cmd, sizeof cmd, "exec env OMP_NUM_THREADS=1 %s %s -np 2 %s train %s --max_steps 40 --save_steps 0 "
+             "--per_device_train_batch_size 8 --ddp_timeout 30 --output_dir %s", LSAN_ENV, MPIRUN, COLT_BINARY, BASE,
+             sig_dir);
+    launcher = start_quiet(cmd);
+    wait_for_metric_lines(sig_dir, 1, 120);
+    rank_pid = child_colt(launcher);
+    double killed_at = now_s();
+    if (rank_pid > 0) kill(rank_pid, SIGKILL);
+    waitpid(launcher, &status, 0);
+    double took = now_s() - killed_at;
+    printf("kill -9 of one rank: the job ended in %.1f s with status %d (bound: ddp_timeout 30 s)\n", took,
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && took < 45, "killed rank: status %d after %.1f s", status,
+          took);
+
+    /* 6. bad launches */
+    snprintf(prefix, sizeof prefix, "%s -np 3", MPIRUN);
+    snprintf(args, sizeof args, "%s --max_steps 1 --per_device_train_batch_size 8 --generation_batch_size 16 "
+             "--output_dir %s/bad", BASE, g_tmp);
+    code = run(prefix, args, &err);
+    printf("16 completions over 3 ranks of 8: exit %d: %s", code, err);
+    CHECK(code != 0 && strstr(err, "divisible"), "a batch the world cannot split: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/bad", BASE, g_tmp);
+    code = run("env RANK=1 WORLD_SIZE=1", args, &err);
+    printf("RANK=1 WORLD_SIZE=1: exit %d: %s", code, err);
+    CHECK(code != 0 && strstr(err, "RANK"), "inconsistent launch variables: exit %d: %s", code, err);
+    free(err);
+
+    snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
+    snprintf(args, sizeof args, "--config examples/demo.yaml --max_steps 1 --eval_dataset null --device auto "
+             "--output_dir %s/bad", g_tmp);
+    code = run(prefix, args, &err);
+    printf("2 ranks, no GPU, --device auto: exit %d: %s", code, err);
+    CHECK(code != 0 && strstr(err, "--device cpu"), "CPU ranks by accident: exit %d: %s", code, err);
+    free(err);
+
+    sh("rm -rf %s", g_tmp);
+    printf("%d checks, %d failed\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

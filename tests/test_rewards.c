@@ -609,8 +609,9 @@ static void test_answers_twice(void) {
     const char *completions[] = {"a", "b"};
     float got[2];
     char err[ERR_LEN] = "";
-    /* Both lines at once: caught right after the first. */
-    RewardFunc *r = make_command("while read -r l; do echo '{\"rewards\": [1, 2]}'; echo '{\"rewards\": [3, 4]}'; done",
+    /* Both lines in one write: caught right after the first. (Two separate writes may
+     * arrive apart on a loaded machine: the "late" case below covers that.) */
+    RewardFunc *r = make_command("while read -r l; do printf '{\"rewards\": [1, 2]}\\n{\"rewards\": [3, 4]}\\n'; done",
                                  5, "twice", err);
     CHECK(r != NULL, "twice: %s", err);
     if (r) {
@@ -756,7 +757,8 @@ static void test_crash_messages(void) {
         CHECK(rc != 0 && strstr(err, cases[i].expect[0]) && strstr(err, cases[i].expect[1]),
               "%s: rc=%d err \"%s\" should contain \"%s\" and \"%s\"", cases[i].label, rc, rc ? err : "",
               cases[i].expect[0], cases[i].expect[1]);
-        CHECK(elapsed < timeout + 1.0 && (timeout == 1 || elapsed < 1.0) && freed < 0.5,
+        /* bounds far below the 10 s timeout, with room for a loaded machine (CI runs tests in parallel) */
+        CHECK(elapsed < timeout + 1.0 && (timeout == 1 || elapsed < 5.0) && freed < 2.0,
               "%s: the error took %.2f s, freeing %.2f s", cases[i].label, elapsed, freed);
         printf("%-24s (%.2f s) -> %s\n", cases[i].label, elapsed, err);
         check_no_children(cases[i].label);
@@ -803,7 +805,7 @@ static void test_killed_caller(void) {
     }
     double elapsed = now_s() - t0;
     int program_alive = process_alive(program), sleeper_alive = process_alive(sleeper);
-    CHECK(program > 0 && sleeper > 0 && !program_alive && !sleeper_alive && elapsed < 2.0,
+    CHECK(program > 0 && sleeper > 0 && !program_alive && !sleeper_alive && elapsed < 4.0,
           "killed caller: %.2f s later the program (pid %d) is %s, its child sleep (pid %d) is %s", elapsed,
           (int)program, program_alive ? "alive" : "gone", (int)sleeper, sleeper_alive ? "alive" : "gone");
     printf("%-24s -> program and its child gone %.2f s after the caller's SIGKILL\n", "caller killed (-9)", elapsed);

@@ -69,8 +69,8 @@ static char *metrics_without_timing(const char *dir) {
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *o = json_loads(line, 0, NULL);
         const char *drop[] = {"step_time", "time/generation", "time/scoring", "time/logprobs", "time/training",
-                              "time/activation_memory"};
-        for (int i = 0; i < 6; i++) json_object_del(o, drop[i]);
+                              "time/activation_memory", "time/gradient_sync"};
+        for (int i = 0; i < 7; i++) json_object_del(o, drop[i]);
         char *s = json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT);
         size_t l = strlen(s);
         if (len + l + 2 > cap) cap = (len + l + 2) * 2, out = realloc(out, cap);

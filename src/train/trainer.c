@@ -1339,7 +1339,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             void *grads = model_grads_flat(t.grads, &n_grads);
             double s0 = time_now();
             rc = train_dist_agree(&t.dist, train_dist_sum_gradients(&t.dist, t.be, grads, n_grads, err), err);
-            metrics_add(&t.metrics, "time/gradient_sync", time_now() - s0);
+            if (t.dist.world > 1) metrics_add(&t.metrics, "time/gradient_sync", time_now() - s0);
         }
         if (rc != 0) {
             /* Save what the last completed step left (the model and optimizer have

@@ -23,7 +23,7 @@ static int train(const char *device, const char *out_dir) {
     char cmd[2048];
     const char *colt = getenv("COLT_BINARY") ? getenv("COLT_BINARY") : "build-cuda/colt";
     snprintf(cmd, sizeof cmd,
-             "%s train --config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+             "%s train --config examples/demo.yaml --nproc_per_node 1 --per_device_train_batch_size 16 --max_completion_length 24 "
              "--num_eval_prompts 8 --logging_steps 1 --log_completions_count 0 --save_steps 0 --max_steps %d "
              "--device %s --output_dir %s > %s.log 2>&1",
              colt, STEPS, device, out_dir, out_dir);

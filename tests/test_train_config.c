@@ -63,6 +63,7 @@ static const IntRange INT_KEYS[] = {
     {"num_eval_prompts", 0, 1048576, false},
     {"log_completions_count", 0, 1048576, false},
     {"ddp_timeout", 1, 604800, false},
+    {"ddp_bucket_cap_mb", 1, 65536, false},
     {"nproc_per_node", 0, 1024, false},
     {"seed", 0, INT64_MAX, false},
 };

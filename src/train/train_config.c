@@ -130,6 +130,9 @@ static const ConfigKey KEYS[] = {
        "devices; 1 = this process alone)"),
     KI(ddp_timeout, 1, 604800,
        "seconds any rank waits for the others in a collective before the job stops with an error (several processes)"),
+    KI(ddp_bucket_cap_mb, 1, 65536,
+       "MB of gradients per all-reduce bucket: GPU ranks reduce a bucket over NCCL as soon as the backward pass "
+       "finished its layers (several processes)"),
 };
 #undef K
 #undef KI
@@ -187,6 +190,7 @@ void train_config_defaults(TrainConfig *c) {
     c->seed = 42;
     c->device = xstrdup("auto");
     c->ddp_timeout = 600;
+    c->ddp_bucket_cap_mb = 25;
 }
 
 void train_config_free(TrainConfig *c) {

@@ -64,9 +64,10 @@ typedef struct TrainConfig {
      * generation_batch_size = per_device_train_batch_size x world_size x
      * steps_per_generation, as TRL counts it. Set before train_config_finalize. */
     int world_size;
-    int ddp_timeout;
+    int ddp_timeout;       /* seconds a collective may wait (transformers' name; its default is 1800) */
+    int ddp_bucket_cap_mb; /* gradient all-reduce bucket size (DDP's name and default, 25) */
     int nproc_per_node; /* processes colt starts itself without a launcher; 0 = one per GPU */
-    json_t *devices;  /* list of GPU indices for this node's local ranks, or NULL (local rank r -> GPU r) */  /* seconds a collective may wait (transformers' name; its default is 1800) */
+    json_t *devices;  /* list of GPU indices for this node's local ranks, or NULL (local rank r -> GPU r) */
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

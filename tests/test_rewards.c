@@ -128,7 +128,7 @@ static void check_values(RewardFunc *r, const char *label, const char *const *co
                          const float *want, int n) {
     char err[ERR_LEN] = "";
     float *got = malloc((size_t)n * sizeof *got);
-    int rc = reward_compute(r, got, NULL, completions, rows, n, err);
+    int rc = reward_compute(r, got, NULL, completions, NULL, NULL, rows, n, err);
     CHECK(rc == 0, "%s: reward_compute failed: %s", label, err);
     int equal = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -269,7 +269,7 @@ static void test_math_cases(void) {
     json_t *no_column = json_loads("{\"solution\": \"#### 3\"}", 0, NULL);
     float value;
     const char *one[] = {"3"};
-    int rc = reward_compute(r, &value, NULL, one, &no_column, 1, err);
+    int rc = reward_compute(r, &value, NULL, one, NULL, NULL, &no_column, 1, err);
     CHECK(rc != 0 && strstr(err, "no column \"answer\""), "row without the column: rc=%d err=%s", rc, err);
     printf("math row without \"answer\"          -> %s\n", err);
     json_decref(no_column);
@@ -349,7 +349,7 @@ static void test_math_math500(void) {
     const char *solutions[N];
     for (int i = 0; i < N; i++) solutions[i] = json_string_value(json_object_get(rows[i], "solution"));
     float got[N];
-    int rc = reward_compute(r, got, NULL, solutions, rows, N, err);
+    int rc = reward_compute(r, got, NULL, solutions, NULL, NULL, rows, N, err);
     CHECK(rc == 0, "math500: %s", err);
     int matched = 0;
     for (int i = 0; rc == 0 && i < N; i++) {
@@ -449,7 +449,7 @@ static void test_bad_programs(void) {
         if (!r) continue;
         float got[2];
         double t0 = now_s();
-        int rc = reward_compute(r, got, NULL, completions, rows, 2, err);
+        int rc = reward_compute(r, got, NULL, completions, NULL, NULL, rows, 2, err);
         double elapsed = now_s() - t0;
         CHECK(rc != 0 && strstr(err, cases[i].expect), "%s: rc=%d, error \"%s\" should contain \"%s\"", cases[i].label,
               rc, rc ? err : "", cases[i].expect);
@@ -459,7 +459,7 @@ static void test_bad_programs(void) {
         printf("%-20s (%.2f s) -> %s\n", cases[i].label, elapsed, err);
         /* A program that died stays dead: a second call says so rather than hanging. */
         if (strstr(err, "killed") || strstr(err, "exited")) {
-            rc = reward_compute(r, got, NULL, completions, rows, 2, err);
+            rc = reward_compute(r, got, NULL, completions, NULL, NULL, rows, 2, err);
             CHECK(rc != 0 && strstr(err, "no longer running"), "%s: second call: %s", cases[i].label, err);
         }
         reward_free(r);
@@ -478,7 +478,7 @@ static void test_bad_programs(void) {
         big[(1 << 20) - 1] = '\0';
         const char *c[] = {big};
         float got;
-        int rc = reward_compute(r, &got, NULL, c, NULL, 1, err);
+        int rc = reward_compute(r, &got, NULL, c, NULL, NULL, NULL, 1, err);
         CHECK(rc != 0 && strstr(err, "exited with status 4"), "stdin closed early: rc=%d err=%s", rc, err);
         printf("%-20s -> %s\n", "stdin closed (1 MB)", err);
         free(big);
@@ -577,7 +577,7 @@ static void test_fp32_overflow(void) {
         CHECK(r != NULL, "%s: %s", command, err);
         if (!r) continue;
         float got[2];
-        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        int rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
         CHECK(rc != 0 && strstr(err, bad[i].expect), "rewards %s: rc=%d err \"%s\" should contain \"%s\"",
               bad[i].answer, rc, rc ? err : "", bad[i].expect);
         printf("rewards %-18s -> %s\n", bad[i].answer, err);
@@ -615,11 +615,11 @@ static void test_answers_twice(void) {
                                  5, "twice", err);
     CHECK(r != NULL, "twice: %s", err);
     if (r) {
-        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        int rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
         CHECK(rc != 0 && strstr(err, "wrote more than one line for one request") && strstr(err, "[3, 4]"),
               "answers twice at once: rc=%d err=%s", rc, rc ? err : "");
         printf("%-20s -> %s\n", "answers twice", err);
-        rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
         CHECK(rc != 0 && strstr(err, "no longer running"), "answers twice, next call: %s", err);
         reward_free(r);
     }
@@ -632,7 +632,7 @@ static void test_answers_twice(void) {
         check_values(r, "answers twice, late: call 1", completions, NULL, (const float[]){1, 2}, 2);
         struct timespec ts = {1, 0};
         nanosleep(&ts, NULL);
-        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        int rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
         CHECK(rc != 0 && strstr(err, "wrote more than one line for one request"), "late second answer: rc=%d err=%s",
               rc, rc ? err : "");
         printf("%-20s -> %s\n", "answers twice, late", err);
@@ -644,7 +644,7 @@ static void test_answers_twice(void) {
     if (r) {
         struct timespec ts = {0, 300 * 1000000L};
         nanosleep(&ts, NULL);
-        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        int rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
         CHECK(rc != 0 && strstr(err, "wrote to stdout before its first request (\"ready\")"), "banner: rc=%d err=%s",
               rc, rc ? err : "");
         printf("%-20s -> %s\n", "banner on stdout", err);
@@ -675,7 +675,7 @@ static void test_stderr_flood(void) {
     COLT_ASSERT(saved >= 0 && file >= 0);
     dup2(file, STDERR_FILENO);
     double t0 = now_s();
-    int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+    int rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
     double elapsed = now_s() - t0;
     reward_free(r);
     fflush(stderr);
@@ -750,7 +750,7 @@ static void test_crash_messages(void) {
         const char *completions[] = {strstr(cases[i].label, "stdin") ? big : "a"};
         float got;
         double t0 = now_s();
-        int rc = reward_compute(r, &got, NULL, completions, NULL, 1, err);
+        int rc = reward_compute(r, &got, NULL, completions, NULL, NULL, NULL, 1, err);
         double elapsed = now_s() - t0;
         reward_free(r);
         double freed = now_s() - t0 - elapsed;
@@ -786,7 +786,7 @@ static void test_killed_caller(void) {
         if (write(sync[1], &pid, sizeof pid) != (ssize_t)sizeof pid) _exit(1);
         const char *completions[] = {"a"};
         float got;
-        if (r) reward_compute(r, &got, NULL, completions, NULL, 1, err); /* blocks until killed */
+        if (r) reward_compute(r, &got, NULL, completions, NULL, NULL, NULL, 1, err); /* blocks until killed */
         _exit(1);
     }
     close(sync[1]);
@@ -839,7 +839,7 @@ static void test_setsid_grandchild(void) {
         }
         const char *completions[] = {"a", "b"};
         float got[2] = {0, 0};
-        int rc = reward_compute(r, got, NULL, completions, NULL, 2, err);
+        int rc = reward_compute(r, got, NULL, completions, NULL, NULL, NULL, 2, err);
         double t0 = now_s();
         reward_free(r);
         double freed = now_s() - t0;
@@ -905,6 +905,392 @@ static void test_reliability(void) {
     rmdir(tmp_dir);
 }
 
+/* ---------------------------------------------------------------------------
+ * Python reward functions (TRL's signature)
+ * ------------------------------------------------------------------------- */
+
+/* The functions a TRL user writes, in a file colt imports. */
+static const char REWARDS_PY[] =
+    "import math\n"
+    "import sys\n"
+    "print('importing rewards.py', file=sys.stderr)\n"
+    "\n"
+    "# The TRL write-up's function, unchanged.\n"
+    "def reward_len(completions, **kwargs):\n"
+    "    return [-abs(20 - len(completion)) for completion in completions]\n"
+    "\n"
+    "alias = reward_len  # metrics use __name__, as TRL's do\n"
+    "\n"
+    "def plain(prompts, completions, completion_ids, **kwargs):\n"
+    "    assert all(isinstance(p, str) for p in prompts), prompts\n"
+    "    assert all(isinstance(c, str) for c in completions), completions\n"
+    "    assert all(isinstance(i, int) for ids in completion_ids for i in ids), completion_ids\n"
+    "    return [len(p) * 1000 + sum(ids) for p, ids in zip(prompts, completion_ids)]\n"
+    "\n"
+    "def conversational(prompts, completions, completion_ids, **kwargs):\n"
+    "    out = []\n"
+    "    for p, c, ids in zip(prompts, completions, completion_ids):\n"
+    "        assert isinstance(p, list) and all(isinstance(m, dict) and set(m) == {'role', 'content'} for m in p), p\n"
+    "        assert isinstance(c, list) and len(c) == 1 and c[0]['role'] == 'assistant', c\n"
+    "        out.append(100 * len(p) + len(p[-1]['content']) + len(c[0]['content']) + 0.5 * len(ids))\n"
+    "    return out\n"
+    "\n"
+    "def columns(completions, answer, level, **kwargs):\n"
+    "    assert not {'prompt', 'completion'} & set(kwargs), sorted(kwargs)\n"
+    "    assert kwargs['tags'] == [['a', 'b'], None], kwargs['tags']\n"
+    "    return [10.0 * a + (-1 if l is None else l) for a, l in zip(answer, level)]\n"
+    "\n"
+    "def some_none(completions, **kwargs):\n"
+    "    return [1.5, None, math.nan, True][:len(completions)]\n"
+    "\n"
+    "def divide(completions, **kwargs):\n"
+    "    return [1 / 0 for c in completions]\n"
+    "\n"
+    "def wrong_length(completions, **kwargs):\n"
+    "    return [1.0] * (len(completions) + 1)\n"
+    "\n"
+    "def not_number(completions, **kwargs):\n"
+    "    return ['high' for c in completions]\n"
+    "\n"
+    "def infinite(completions, **kwargs):\n"
+    "    return [math.inf for c in completions]\n"
+    "\n"
+    "def noisy(completions, **kwargs):\n"
+    "    print('print() goes to stderr, not into the protocol')\n"
+    "    return [7] * len(completions)\n"
+    "\n"
+    "async def asynchronous(completions, **kwargs):\n"
+    "    return [2.5] * len(completions)\n"
+    "\n"
+    "calls = 0\n"
+    "def counter(completions, **kwargs):\n"
+    "    global calls\n"
+    "    calls += 1\n"
+    "    return [float(calls)] * len(completions)\n"
+    "\n"
+    "NOT_A_FUNCTION = 3\n";
+
+static const char OTHER_PY[] =
+    "import os, time\n"
+    "def dies(completions, **kwargs):\n"
+    "    os._exit(3)\n"
+    "def slow(completions, **kwargs):\n"
+    "    time.sleep(60)\n"
+    "def fine(completions, **kwargs):\n"
+    "    return [1] * len(completions)\n";
+
+static char py_dir[64]; /* the Python files, and the current directory while these tests run */
+
+static void write_text(const char *name, const char *text) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", py_dir, name);
+    FILE *f = fopen(path, "w");
+    COLT_ASSERT(f && fputs(text, f) >= 0 && fclose(f) == 0);
+}
+
+/* Code points, as Python's len(str). */
+static int code_points(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* Runs r with token ids and compares with want (NaN = None). */
+static void check_python(RewardFunc *r, const char *label, const char *const *completions, const int *const *ids,
+                         const int *lens, json_t *const *rows, const float *want, int n) {
+    char err[ERR_LEN] = "";
+    float got[8];
+    COLT_ASSERT(n <= 8);
+    int rc = reward_compute(r, got, NULL, completions, ids, lens, rows, n, err);
+    CHECK(rc == 0, "%s: %s", label, err);
+    int equal = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int same = isnan(want[i]) ? isnan(got[i]) : got[i] == want[i];
+        equal += same;
+        CHECK(same, "%s: completion %d: got %g, want %g", label, i, got[i], want[i]);
+    }
+    printf("%-34s %d/%d rewards as expected\n", label, equal, n);
+}
+
+/* A reward from JSON text or, when text_form, the JSON string it is. */
+static RewardFunc *make_python(const char *spec, char *err) {
+    if (spec[0] == '{') return make(spec, err);
+    json_t *s = json_string(spec);
+    RewardFunc *r = NULL;
+    if (reward_create(&r, s, err) != 0) r = NULL;
+    json_decref(s);
+    return r;
+}
+
+static void test_python_values(void) {
+    char err[ERR_LEN] = "";
+    const char *completions[] = {"short", "exactly twenty chars", "a much longer completion than twenty", "日本語の文"};
+    const int ids0[] = {5, 6}, ids1[] = {7}, ids2[] = {1, 2, 3}, ids3[] = {9, 9, 9, 9};
+    const int *ids[] = {ids0, ids1, ids2, ids3};
+    const int lens[] = {2, 1, 3, 4};
+    json_t *row = json_loads("{\"prompt\": \"Tell me a story.\", \"answer\": 3}", 0, NULL);
+    json_t *rows[] = {row, row, row, row};
+
+    /* TRL's reward_len, by file path, against its formula. */
+    RewardFunc *len_reward = make_python("rewards.py:reward_len", err);
+    CHECK(len_reward && !strcmp(reward_name(len_reward), "reward_len"), "rewards.py:reward_len: %s",
+          len_reward ? reward_name(len_reward) : err);
+    if (!len_reward) return;
+    float want[4];
+    for (int i = 0; i < 4; i++) want[i] = -fabsf(20.0f - (float)code_points(completions[i]));
+    check_python(len_reward, "reward_len -abs(20 - len)", completions, ids, lens, rows, want, 4);
+    printf("  reward_len: %g %g %g %g\n", want[0], want[1], want[2], want[3]);
+
+    /* Plain prompts are strings, completion_ids lists of ints. */
+    RewardFunc *plain = make_python("rewards.py:plain", err);
+    CHECK(plain != NULL, "rewards.py:plain: %s", err);
+    if (plain) {
+        float w[4];
+        for (int i = 0; i < 4; i++) {
+            int sum = 0;
+            for (int k = 0; k < lens[i]; k++) sum += ids[i][k];
+            w[i] = (float)(16 * 1000 + sum);
+        }
+        check_python(plain, "plain prompts, completion_ids", completions, ids, lens, rows, w, 4);
+    }
+    /* One worker for the file: the same process, the module imported once. */
+    RewardFunc *alias = make_python("rewards.py:alias", err);
+    CHECK(alias && !strcmp(reward_name(alias), "reward_len"), "alias: name %s (want __name__ reward_len)",
+          alias ? reward_name(alias) : err);
+    CHECK(alias && plain && reward_command_pid(alias) == reward_command_pid(len_reward) &&
+              reward_command_pid(plain) == reward_command_pid(len_reward) && reward_command_pid(alias) > 0,
+          "rewards of one file share one worker: pids %d %d %d", (int)reward_command_pid(len_reward),
+          plain ? (int)reward_command_pid(plain) : 0, alias ? (int)reward_command_pid(alias) : 0);
+    RewardFunc *counter1 = make_python("rewards.py:counter", err), *counter2 = make_python("rewards.py:counter", err);
+    if (counter1 && counter2) {
+        check_python(counter1, "module state: call 1", completions, ids, lens, rows, (const float[]){1, 1}, 2);
+        check_python(counter2, "module state: call 2", completions, ids, lens, rows, (const float[]){2, 2}, 2);
+    }
+    reward_free(counter1);
+    reward_free(counter2);
+
+    /* None, NaN -> NaN (TRL's "no reward"); True -> 1. */
+    RewardFunc *r = make_python("rewards.py:some_none", err);
+    CHECK(r != NULL, "some_none: %s", err);
+    if (r) check_python(r, "None and NaN -> NaN", completions, ids, lens, rows, (const float[]){1.5f, NAN, NAN, 1}, 4);
+    reward_free(r);
+
+    /* print() reaches stderr; async functions are awaited, as TRL does. */
+    r = make_python("rewards.py:noisy", err);
+    if (r) check_python(r, "print() in the function", completions, ids, lens, rows, (const float[]){7, 7}, 2);
+    CHECK(r != NULL, "noisy: %s", err);
+    reward_free(r);
+    r = make_python("rewards.py:asynchronous", err);
+    CHECK(r != NULL, "asynchronous: %s", err);
+    if (r) check_python(r, "async function", completions, ids, lens, rows, (const float[]){2.5f, 2.5f}, 2);
+    reward_free(r);
+
+    /* The object form, by module (cwd on sys.path), with a name. */
+    r = make_python("{\"type\": \"python\", \"module\": \"rewards\", \"function\": \"reward_len\", \"name\": \"len20\", "
+                    "\"timeout\": 10}", err);
+    CHECK(r && !strcmp(reward_name(r), "len20"), "object form, module: %s", r ? reward_name(r) : err);
+    if (r) check_python(r, "object form (module, name)", completions, ids, lens, rows, want, 4);
+    reward_free(r);
+    r = make_python("{\"type\": \"python\", \"file\": \"rewards.py\", \"function\": \"reward_len\"}", err);
+    CHECK(r != NULL, "object form, file: %s", err);
+    if (r) check_python(r, "object form (file)", completions, ids, lens, rows, want, 4);
+    reward_free(r);
+    r = make_python("rewards.reward_len", err);
+    CHECK(r != NULL, "module.function: %s", err);
+    if (r) check_python(r, "text form module.function", completions, ids, lens, rows, want, 4);
+    reward_free(r);
+
+    /* Errors in a call: the function named, the exception's last line
+     * quoted; the worker lives on for the next call. */
+    struct {
+        const char *function, *expect;
+    } bad[] = {
+        {"divide", "reward 'divide' (rewards.py): ZeroDivisionError: division by zero"},
+        {"wrong_length", "reward 'wrong_length' (rewards.py): returned 5 rewards for 4 completions"},
+        {"not_number", "reward 'not_number' (rewards.py): rewards[0] is str 'high', expected a number or None"},
+        {"infinite", "reward 'infinite' (rewards.py): rewards[0] is inf, not a finite number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "rewards.py:%s", bad[i].function);
+        r = make_python(spec, err);
+        CHECK(r != NULL, "%s: %s", spec, err);
+        if (!r) continue;
+        float got[4];
+        int rc = reward_compute(r, got, NULL, completions, ids, lens, rows, 4, err);
+        CHECK(rc != 0 && strstr(err, bad[i].expect) == err && !strchr(err, '\n'),
+              "%s: error \"%s\", want it to start with \"%s\"", spec, rc ? err : "(none)", bad[i].expect);
+        printf("%-24s -> %s\n", bad[i].function, err);
+        reward_free(r);
+    }
+    check_python(len_reward, "reward_len after the errors", completions, ids, lens, rows, want, 4);
+    reward_free(alias);
+    reward_free(plain);
+    reward_free(len_reward);
+    json_decref(row);
+    check_no_children("python rewards");
+}
+
+/* A conversational dataset (loaded by dataset_load): prompts are message
+ * lists, completions [{"role": "assistant", "content": text}]. */
+static void test_python_conversational(void) {
+    char err[ERR_LEN] = "";
+    write_text("chat.jsonl",
+               "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+               "\"Hi\"}]}\n"
+               "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}]}\n");
+    Dataset *d = NULL;
+    int rc = dataset_load(&d, "chat.jsonl", err);
+    CHECK(rc == 0 && dataset_is_conversational(d, 0), "chat.jsonl: %s", err);
+    if (rc != 0) return;
+    RewardFunc *r = make_python("rewards.py:conversational", err);
+    CHECK(r != NULL, "conversational: %s", err);
+    if (r) {
+        const char *completions[] = {"Hello!", "4", "Four."};
+        const int a[] = {1, 2, 3}, b[] = {4}, c[] = {5, 6};
+        const int *ids[] = {a, b, c}, lens[] = {3, 1, 2};
+        json_t *rows[] = {dataset_row(d, 0), dataset_row(d, 1), dataset_row(d, 1)};
+        /* 100 x messages + len(last prompt message) + len(completion) + 0.5 x ids */
+        const float want[] = {200 + 2 + 6 + 1.5f, 100 + 12 + 1 + 0.5f, 100 + 12 + 5 + 1.0f};
+        check_python(r, "conversational rows", completions, ids, lens, rows, want, 3);
+        reward_free(r);
+    }
+    dataset_free(d);
+    char path[128];
+    snprintf(path, sizeof path, "%s/chat.jsonl", py_dir);
+    unlink(path);
+}
+
+/* Every column but prompt/completion arrives as a keyword list (None where a
+ * row lacks it). */
+static void test_python_columns(void) {
+    char err[ERR_LEN] = "";
+    RewardFunc *r = make_python("rewards.py:columns", err);
+    CHECK(r != NULL, "columns: %s", err);
+    if (!r) return;
+    json_t *rows[] = {
+        json_loads("{\"prompt\": \"p\", \"completion\": \"ref\", \"answer\": 3, \"level\": 2, \"tags\": [\"a\", \"b\"]}",
+                   0, NULL),
+        json_loads("{\"prompt\": \"q\", \"answer\": 4}", 0, NULL)};
+    const char *completions[] = {"x", "y"};
+    check_python(r, "dataset columns as keyword lists", completions, NULL, NULL, rows, (const float[]){32, 39}, 2);
+    json_decref(rows[0]);
+    json_decref(rows[1]);
+    reward_free(r);
+}
+
+/* Mistakes found when the reward is created (load time), each one line. */
+static void test_python_load_errors(void) {
+    write_text("broken.py", "import colt_no_such_module\n");
+    write_text("syntax.py", "def f(:\n");
+    char cwd[4096];
+    COLT_ASSERT(getcwd(cwd, sizeof cwd) != NULL);
+    char missing_file[4200];
+    snprintf(missing_file, sizeof missing_file,
+             "reward 'f' (nofile.py): nofile.py not found (a relative path is from the current directory, %s)", cwd);
+    struct {
+        const char *spec, *expect;
+    } cases[] = {
+        {"nofile.py:f", missing_file},
+        {"rewards.py:nope", "reward 'nope' (rewards.py): rewards.py has no function 'nope' (it defines: alias, "},
+        {"rewards.py:NOT_A_FUNCTION", "'NOT_A_FUNCTION' in rewards.py is not callable (it is of type int)"},
+        {"broken.py:f", "reward 'f' (broken.py): importing broken.py failed: ModuleNotFoundError: No module named "
+                        "'colt_no_such_module'"},
+        {"syntax.py:f", "reward 'f' (syntax.py): importing syntax.py failed: SyntaxError: invalid syntax (syntax.py, line 1)"},
+        {"no_such_module.f", "importing no_such_module failed: ModuleNotFoundError: No module named 'no_such_module'"},
+        {"reward_len", "reward \"reward_len\": a reward given as text must be \"PATH.py:FUNCTION\""},
+        {"rewards.py:", "must be \"PATH.py:FUNCTION\""},
+        {"{\"type\": \"python\", \"function\": \"f\"}", "python reward: give either \"file\""},
+        {"{\"type\": \"python\", \"file\": \"rewards.txt\", \"function\": \"f\"}", "\"file\" must be the path of a .py"},
+        {"{\"type\": \"python\", \"file\": \"rewards.py\", \"function\": \"f\", \"args\": 1}",
+         "python reward: unknown key \"args\""},
+        {"{\"type\": \"python\", \"file\": \"rewards.py\", \"function\": \"reward_len\", \"python\": "
+         "\"/nonexistent/python3\"}",
+         "exited with status 127 (command not found?)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[ERR_LEN] = "";
+        double t0 = now_s();
+        RewardFunc *r = make_python(cases[i].spec, err);
+        double elapsed = now_s() - t0;
+        CHECK(!r && strstr(err, cases[i].expect) && !strchr(err, '\n') && elapsed < 10.0,
+              "%s: error \"%s\" (%.2f s) should contain \"%s\"", cases[i].spec, r ? "(none)" : err, elapsed,
+              cases[i].expect);
+        printf("create %-28.28s -> %s\n", cases[i].spec, err);
+        reward_free(r);
+    }
+    char err[ERR_LEN] = "";
+    RewardFunc *r = make_python("{\"type\": \"python\", \"file\": \"rewards.py\", \"function\": \"reward_len\", "
+                                "\"python\": \"/nonexistent/python3\"}", err);
+    CHECK(!r && strstr(err, "set COLT_PYTHON"), "missing interpreter: %s", err);
+    reward_free(r);
+    check_no_children("python load errors");
+}
+
+/* A worker that dies or hangs: the process error path, bounded by the timeout;
+ * other rewards of the same file then fail, and say so. */
+static void test_python_worker_failures(void) {
+    write_text("other.py", OTHER_PY);
+    const char *completions[] = {"a"};
+    const int one[] = {1}, *ids[] = {one}, lens[] = {1};
+    char err[ERR_LEN] = "";
+    RewardFunc *dies = make_python("other.py:dies", err), *fine = make_python("other.py:fine", err);
+    CHECK(dies && fine, "other.py: %s", err);
+    if (dies && fine) {
+        float got;
+        int rc = reward_compute(dies, &got, NULL, completions, ids, lens, NULL, 1, err);
+        CHECK(rc != 0 && strstr(err, "reward 'dies' (other.py): Python worker (python3) exited with status 3 without "
+                                     "answering") == err,
+              "worker exits: %s", rc ? err : "(no error)");
+        printf("%-24s -> %s\n", "os._exit(3)", err);
+        rc = reward_compute(fine, &got, NULL, completions, ids, lens, NULL, 1, err);
+        CHECK(rc != 0 && strstr(err, "reward 'fine' (other.py): Python worker (python3) is no longer running"),
+              "sibling after the worker died: %s", rc ? err : "(no error)");
+    }
+    reward_free(dies);
+    reward_free(fine);
+    RewardFunc *slow = make_python("{\"type\": \"python\", \"file\": \"other.py\", \"function\": \"slow\", \"timeout\": 1}",
+                                   err);
+    CHECK(slow != NULL, "slow: %s", err);
+    if (slow) {
+        float got;
+        double t0 = now_s();
+        int rc = reward_compute(slow, &got, NULL, completions, ids, lens, NULL, 1, err);
+        double elapsed = now_s() - t0;
+        CHECK(rc != 0 && strstr(err, "did not answer within 1 s (timeout); killed it") && elapsed < 3.0,
+              "slow: %.2f s, %s", elapsed, rc ? err : "(no error)");
+        printf("%-24s (%.2f s) -> %s\n", "time.sleep(60)", elapsed, err);
+        double t1 = now_s();
+        reward_free(slow);
+        CHECK(now_s() - t1 < 2.0, "freeing a killed worker took %.2f s", now_s() - t1);
+    }
+    check_no_children("python worker failures");
+}
+
+static void test_python(void) {
+    if (system("command -v python3 >/dev/null 2>&1") != 0) {
+        printf("SKIP python rewards: python3 not found (colt runs python3 from PATH or $COLT_PYTHON)\n");
+        return;
+    }
+    char saved_cwd[4096];
+    COLT_ASSERT(getcwd(saved_cwd, sizeof saved_cwd) != NULL);
+    snprintf(py_dir, sizeof py_dir, "/tmp/colt-test-pyrewards-XXXXXX");
+    COLT_ASSERT(mkdtemp(py_dir) != NULL);
+    write_text("rewards.py", REWARDS_PY);
+    /* TRL users' paths are relative to where they run: the current directory. */
+    COLT_ASSERT(chdir(py_dir) == 0);
+    unsetenv("COLT_PYTHON");
+    test_python_values();
+    test_python_conversational();
+    test_python_columns();
+    test_python_load_errors();
+    test_python_worker_failures();
+    COLT_ASSERT(chdir(saved_cwd) == 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", py_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", py_dir);
+}
+
 int main(void) {
     test_specs();
     test_length();
@@ -915,6 +1301,7 @@ int main(void) {
     test_math_math500();
     test_example_program();
     test_bad_programs();
+    test_python();
     test_reliability();
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
     return failures ? 1 : 0;

@@ -1,6 +1,6 @@
-/* reward_process.c — runs a user reward program: fork/exec of /bin/sh -c
- * "<command>" in its own process group, one JSON line out, one JSON line back,
- * with a deadline enforced by poll().
+/* reward_process.c — runs a user reward program (or colt's Python reward
+ * worker): fork/exec of /bin/sh -c "<command>" in its own process group, one
+ * JSON line out, one JSON line back, with a deadline enforced by poll().
  *
  * Lifetime: the program must not outlive colt, even after kill -9. The shell
  * gets PR_SET_PDEATHSIG = SIGKILL (which reaches only that process, and fires
@@ -59,9 +59,9 @@ struct RewardProcess {
     int from_child;     /* its stdout */
     int from_child_err; /* its stderr, -1 once at EOF */
     int guard_fd;       /* the guard's stdin: closed by the kernel when colt dies */
-    char *label;        /* the command, shortened for messages */
+    char *subject;      /* what messages call it: "reward command 'cat'" */
     char *name;         /* the reward's name, prefixed to its stderr lines */
-    double timeout_s;
+    int hints;          /* add advice for a program's author to messages */
     long answered;      /* requests answered so far */
     char *buf;          /* stdout bytes read but not yet consumed */
     size_t buf_len, buf_cap;
@@ -110,7 +110,8 @@ static void close_pair(int fds[2]) {
     fds[0] = fds[1] = -1;
 }
 
-int reward_process_start(RewardProcess **out, const char *command, const char *name, double timeout_s, char *err) {
+int reward_process_start(RewardProcess **out, const char *command, const char *subject, const char *name, int hints,
+                         char *err) {
     *out = NULL;
     /* stdin, stdout, stderr, guard */
     int fds[4][2] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
@@ -118,7 +119,7 @@ int reward_process_start(RewardProcess **out, const char *command, const char *n
         if (pipe2(fds[i], O_CLOEXEC) != 0) {
             int e = errno;
             for (int k = 0; k < i; k++) close_pair(fds[k]);
-            return errorf(err, "reward command '%s': pipe: %s", command, strerror(e));
+            return errorf(err, "%s: pipe: %s", subject, strerror(e));
         }
     }
     fflush(NULL); /* so buffered output is not written twice */
@@ -139,7 +140,7 @@ int reward_process_start(RewardProcess **out, const char *command, const char *n
     if (pid < 0) {
         int e = errno;
         for (int k = 0; k < 4; k++) close_pair(fds[k]);
-        return errorf(err, "reward command '%s': fork: %s", command, strerror(e));
+        return errorf(err, "%s: fork: %s", subject, strerror(e));
     }
     setpgid(pid, pid); /* also here, so the group exists before we signal it or the guard joins it */
 
@@ -171,7 +172,7 @@ int reward_process_start(RewardProcess **out, const char *command, const char *n
         close(fds[1][0]);
         close(fds[2][0]);
         close(fds[3][1]);
-        return errorf(err, "reward command '%s': fork: %s", command, strerror(guard_errno));
+        return errorf(err, "%s: fork: %s", subject, strerror(guard_errno));
     }
     for (int i = 0; i < 3; i++) {
         int fd = i == 0 ? fds[0][1] : fds[i][0];
@@ -185,11 +186,9 @@ int reward_process_start(RewardProcess **out, const char *command, const char *n
     p->from_child = fds[1][0];
     p->from_child_err = fds[2][0];
     p->guard_fd = fds[3][1];
-    size_t n = strlen(command);
-    p->label = xstrdup(command);
-    if (n > 80) strcpy(p->label + 77, "...");
+    p->subject = xstrdup(subject);
     p->name = xstrdup(name);
-    p->timeout_s = timeout_s;
+    p->hints = hints;
     *out = p;
     return 0;
 }
@@ -449,26 +448,25 @@ static int check_no_extra_output(RewardProcess *p, int ms, char *err) {
     int more = n < p->buf_len && p->buf[n] != '\n';
     kill_and_reap(p);
     if (p->answered == 0 && ms == 0)
-        return errorf(err, "reward command '%s' wrote to stdout before its first request (\"%s%s\"); stdout is for "
-                           "answers only, print anything else to stderr",
-                      p->label, excerpt, more ? "..." : "");
-    return errorf(err, "reward command '%s' wrote more than one line for one request (then \"%s%s\"); it must print "
-                       "exactly one JSON line per request, anything else to stderr",
-                  p->label, excerpt, more ? "..." : "");
+        return errorf(err, "%s wrote to stdout before its first request (\"%s%s\")%s", p->subject, excerpt,
+                      more ? "..." : "", p->hints ? "; stdout is for answers only, print anything else to stderr" : "");
+    return errorf(err, "%s wrote more than one line for one request (then \"%s%s\")%s", p->subject, excerpt,
+                  more ? "..." : "",
+                  p->hints ? "; it must print exactly one JSON line per request, anything else to stderr" : "");
 }
 
-int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, char *err) {
+int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, double timeout_s, char *err) {
     *reply = NULL;
-    if (p->pid <= 0) return errorf(err, "reward command '%s' is no longer running (it failed earlier)", p->label);
+    if (p->pid <= 0) return errorf(err, "%s is no longer running (it failed earlier)", p->subject);
     if (check_no_extra_output(p, 0, err) != 0) return COLT_ERR;
     char *line = json_dumps(request, JSON_COMPACT | JSON_ENSURE_ASCII);
-    if (!line) return errorf(err, "reward command '%s': the request could not be written as JSON", p->label);
+    if (!line) return errorf(err, "%s: the request could not be written as JSON", p->subject);
     size_t len = strlen(line);
     line = xrealloc(line, len + 2);
     line[len++] = '\n';
     line[len] = '\0';
 
-    double deadline = now_s() + p->timeout_s;
+    double deadline = now_s() + timeout_s;
     int w = write_all(p, line, len, deadline);
     int write_errno = errno;
     free(line);
@@ -476,40 +474,40 @@ int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request,
     if (w != 0) {
         if (write_errno == ETIMEDOUT) {
             kill_and_reap(p);
-            return errorf(err, "reward command '%s' did not read its input within %g s (timeout); killed it%s",
-                          p->label, p->timeout_s, stderr_note(p, note, sizeof note));
+            return errorf(err, "%s did not read its input within %g s (timeout); killed it%s",
+                          p->subject, timeout_s, stderr_note(p, note, sizeof note));
         }
         reap_and_describe(p, 2000, how, sizeof how);
         if (write_errno == EPIPE)
-            return errorf(err, "reward command '%s' %s before reading its input (its stdin was closed)%s", p->label,
+            return errorf(err, "%s %s before reading its input (its stdin was closed)%s", p->subject,
                           how, stderr_note(p, note, sizeof note));
         if (write_errno == ECHILD)
-            return errorf(err, "reward command '%s' %s before reading all of its input%s", p->label, how,
+            return errorf(err, "%s %s before reading all of its input%s", p->subject, how,
                           stderr_note(p, note, sizeof note));
-        return errorf(err, "reward command '%s': writing its input failed: %s", p->label, strerror(write_errno));
+        return errorf(err, "%s: writing its input failed: %s", p->subject, strerror(write_errno));
     }
     long n = read_line(p, deadline);
     if (n < 0) {
         int e = errno;
         if (e == ETIMEDOUT) {
             kill_and_reap(p);
-            return errorf(err, "reward command '%s' did not answer within %g s (timeout); killed it%s", p->label,
-                          p->timeout_s, stderr_note(p, note, sizeof note));
+            return errorf(err, "%s did not answer within %g s (timeout); killed it%s", p->subject,
+                          timeout_s, stderr_note(p, note, sizeof note));
         }
         if (e != 0) {
             kill_and_reap(p);
-            return errorf(err, "reward command '%s': reading its output failed: %s", p->label, strerror(e));
+            return errorf(err, "%s: reading its output failed: %s", p->subject, strerror(e));
         }
         reap_and_describe(p, 2000, how, sizeof how);
-        return errorf(err, "reward command '%s' %s without answering (it must print one JSON line per request)%s",
-                      p->label, how, stderr_note(p, note, sizeof note));
+        return errorf(err, "%s %s without answering%s%s", p->subject, how,
+                      p->hints ? " (it must print one JSON line per request)" : "", stderr_note(p, note, sizeof note));
     }
     json_error_t jerr;
     json_t *v = json_loadb(p->buf, (size_t)n, 0, &jerr);
     if (!v) {
-        errorf(err, "reward command '%s' wrote a line that is not valid JSON (%s): \"%.*s%s\" (print debugging "
-                    "output to stderr, not stdout)",
-               p->label, jerr.text, (int)(n > 60 ? 60 : n), p->buf, n > 60 ? "..." : "");
+        errorf(err, "%s wrote a line that is not valid JSON (%s): \"%.*s%s\"%s", p->subject, jerr.text,
+               (int)(n > 60 ? 60 : n), p->buf, n > 60 ? "..." : "",
+               p->hints ? " (print debugging output to stderr, not stdout)" : "");
         /* Strip control characters the excerpt may carry. */
         for (char *c = err; c && *c; c++)
             if ((unsigned char)*c < 0x20) *c = ' ';
@@ -536,7 +534,7 @@ void reward_process_stop(RewardProcess *p) {
     close(p->from_child);
     if (p->from_child_err >= 0) close(p->from_child_err);
     close(p->guard_fd);
-    free(p->label);
+    free(p->subject);
     free(p->name);
     free(p->buf);
     free(p);

@@ -1,6 +1,6 @@
-/* reward_process.h — private to src/data: a user reward program started once
- * through /bin/sh -c and spoken to in JSON lines over its stdin/stdout.
- * Not a general subprocess library. */
+/* reward_process.h — private to src/data: a user reward program (or colt's
+ * Python reward worker) started once through /bin/sh -c and spoken to in JSON
+ * lines over its stdin/stdout. Not a general subprocess library. */
 #ifndef COLT_DATA_REWARD_PROCESS_H
 #define COLT_DATA_REWARD_PROCESS_H
 
@@ -11,17 +11,20 @@ typedef struct RewardProcess RewardProcess;
 
 /* Starts `command` in its own process group, tied to our death. Its stderr
  * is a pipe whose lines reach our stderr prefixed "[reward <name>] " while a
- * call runs. Fails only if pipe/fork fail: a program that cannot be found
- * shows at the first call, as exit status 127. */
-int reward_process_start(RewardProcess **out, const char *command, const char *name, double timeout_s, char *err);
+ * call runs. Messages start with `subject` ("reward command 'python3 r.py'");
+ * with `hints` they add advice for the program's author (one JSON line per
+ * request, debugging output to stderr). Fails only if pipe/fork fail: a
+ * program that cannot be found shows at the first call, as exit status 127. */
+int reward_process_start(RewardProcess **out, const char *command, const char *subject, const char *name, int hints,
+                         char *err);
 
 /* Writes `request` as one line and reads one line back into *reply (a JSON
  * value, caller decrefs). Within timeout_s in total, else the program is
- * killed. Errors name the command and say what happened (exited with status,
+ * killed. Errors start with the subject and say what happened (exited with status,
  * killed by signal, timeout, invalid JSON, more than one line, write failed),
  * quoting the program's last stderr line when it wrote one. After an error the
  * program is gone and later calls fail. */
-int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, char *err);
+int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, double timeout_s, char *err);
 
 /* The program's pid (the shell's, also its process group id); 0 once it is
  * gone. For tests. */

@@ -19,6 +19,12 @@
  * Spec values that become rewards (length's target, regex's reward) are
  * checked when the reward is created.
  *
+ * python: a TRL reward function, reward_func(prompts, completions,
+ * completion_ids, **columns) -> list of float or None, run by colt's worker
+ * (src/data/reward_worker.py, embedded in the binary) in a Python process
+ * started once per file and interpreter: the rewards that name functions of one
+ * file share that process, so the file is imported once. colt links no Python.
+ *
  * The process plumbing is in reward_process.c. */
 #include "data/rewards.h"
 
@@ -28,11 +34,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/reward_process.h"
+#include "reward_worker_py.h" /* REWARD_WORKER_SOURCE: src/data/reward_worker.py, embedded at build time */
 
-typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND } RewardType;
+typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON } RewardType;
+
+enum {
+    COMMAND_TIMEOUT_S = 30, /* default seconds per call of a command reward */
+    PYTHON_TIMEOUT_S = 120, /* default seconds per call of a python reward, and at least this to import its file */
+};
+
+/* A Python process serving the functions of one file (or module) for every
+ * reward that names them; freed with its last reward. */
+typedef struct PythonWorker {
+    struct PythonWorker *next;
+    char *key;              /* what it imported and with which interpreter: shared when equal */
+    RewardProcess *process;
+    int refs;
+} PythonWorker;
+
+/* The live workers. Rewards are created and freed on one thread (the main
+ * one: see reward_process.c on PR_SET_PDEATHSIG). */
+static PythonWorker *python_workers;
 
 struct RewardFunc {
     RewardType type;
@@ -43,6 +70,10 @@ struct RewardFunc {
     char *column;           /* math: the dataset column holding the reference */
     RewardProcess *process; /* command */
     char *command;          /* command: its text, for messages */
+    double timeout;         /* command, python: seconds per call */
+    PythonWorker *worker;   /* python */
+    char *function;         /* python: the function's name in its file or module */
+    char *source;           /* python: the file or module as written, for messages */
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -326,12 +357,221 @@ static char *command_default_name(const char *command) {
     return name;
 }
 
+/* ---------------------------------------------------------------------------
+ * Python rewards
+ * ------------------------------------------------------------------------- */
+
+static int is_identifier(const char *s, size_t n) {
+    if (n == 0 || !(s[0] == '_' || (s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z'))) return 0;
+    for (size_t i = 1; i < n; i++)
+        if (!(s[i] == '_' || (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9')))
+            return 0;
+    return 1;
+}
+
+/* "a.b.c": dotted Python identifiers. */
+static int is_dotted_name(const char *s) {
+    for (;;) {
+        size_t n = strcspn(s, ".");
+        if (!is_identifier(s, n)) return 0;
+        if (!s[n]) return 1;
+        s += n + 1;
+    }
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* A reward given as text, as TRL users name their functions: "PATH.py:FUNCTION"
+ * (a function in a file) or "module.function" (an importable one, TRL's CLI
+ * form), as a python spec object. */
+static int python_spec_from_text(json_t **out, const char *text, char *err) {
+    *out = NULL;
+    const char *colon = strrchr(text, ':');
+    if (colon) {
+        char *file = copy_range(text, (size_t)(colon - text));
+        int ok = ends_with(file, ".py") && strlen(file) > 3 && is_identifier(colon + 1, strlen(colon + 1));
+        if (ok) *out = json_pack("{s:s, s:s, s:s}", "type", "python", "file", file, "function", colon + 1);
+        free(file);
+        if (ok) return 0;
+    } else if (strchr(text, '.') && is_dotted_name(text)) {
+        const char *dot = strrchr(text, '.');
+        char *module = copy_range(text, (size_t)(dot - text));
+        *out = json_pack("{s:s, s:s, s:s}", "type", "python", "module", module, "function", dot + 1);
+        free(module);
+        return 0;
+    }
+    return errorf(err, "reward \"%.100s\": a reward given as text must be \"PATH.py:FUNCTION\" (a function in a "
+                       "Python file) or \"module.function\" (an importable one); built-in rewards are objects "
+                       "({type: length|regex|math|command|python, ...})",
+                  text);
+}
+
+/* The worker for `key`, started and importing the file or module if no reward
+ * holds one yet. Errors start with prefix ("reward 'f' (rewards.py)"). */
+static int python_worker_get(PythonWorker **out, const char *key, const char *python, const char *file,
+                             const char *module, const char *source, double timeout, const char *prefix, char *err) {
+    for (PythonWorker *w = python_workers; w; w = w->next) {
+        if (strcmp(w->key, key) == 0) {
+            w->refs++;
+            *out = w;
+            return 0;
+        }
+    }
+    /* The bootstrap reads the worker's source from the first line of stdin:
+     * the command line stays short, and needs no quoting beyond its own. */
+    static const char bootstrap[] =
+        "import json, sys; setup = json.loads(sys.stdin.readline()); "
+        "exec(compile(setup[\"source\"], \"colt_reward_worker.py\", \"exec\"), "
+        "{\"__name__\": \"__colt_reward_worker__\", \"setup\": setup})";
+    size_t command_len = strlen(python) + sizeof bootstrap + 16;
+    char *command = xmalloc(command_len);
+    snprintf(command, command_len, "exec %s -c '%s'", python, bootstrap);
+    char subject[160];
+    snprintf(subject, sizeof subject, "Python worker (%.100s)", python);
+    RewardProcess *process = NULL;
+    int rc = reward_process_start(&process, command, subject, source, 0, err);
+    free(command);
+    if (rc != 0) return error_prefix(err, "%s", prefix);
+
+    json_t *setup = json_pack("{s:s, s:o, s:o, s:s}", "source", REWARD_WORKER_SOURCE, "file",
+                              file ? json_string(file) : json_null(), "module",
+                              module ? json_string(module) : json_null(), "display", source);
+    json_t *reply = NULL;
+    if (!setup) {
+        reward_process_stop(process);
+        return errorf(err, "%s: the path %s is not valid UTF-8", prefix, source);
+    }
+    rc = reward_process_call(process, &reply, setup, fmax(timeout, PYTHON_TIMEOUT_S), err);
+    json_decref(setup);
+    if (rc != 0) {
+        reward_process_stop(process);
+        char message[ERR_LEN];
+        snprintf(message, sizeof message, "%s", err);
+        return errorf(err, "%s: %s (colt runs Python as \"%.60s\"; set COLT_PYTHON or the reward's \"python\" to "
+                           "use another)",
+                      prefix, message, python);
+    }
+    json_t *error = json_object_get(reply, "error");
+    if (error || !json_is_true(json_object_get(reply, "ok"))) {
+        errorf(err, "%s: %s", prefix, json_is_string(error) ? json_string_value(error) : "the worker's answer has no \"ok\"");
+        json_decref(reply);
+        reward_process_stop(process);
+        return COLT_ERR;
+    }
+    json_decref(reply);
+    PythonWorker *w = xcalloc(1, sizeof *w);
+    w->key = xstrdup(key);
+    w->process = process;
+    w->refs = 1;
+    w->next = python_workers;
+    python_workers = w;
+    *out = w;
+    return 0;
+}
+
+static void python_worker_release(PythonWorker *w) {
+    if (!w || --w->refs > 0) return;
+    for (PythonWorker **link = &python_workers; *link; link = &(*link)->next) {
+        if (*link == w) {
+            *link = w->next;
+            break;
+        }
+    }
+    reward_process_stop(w->process);
+    free(w->key);
+    free(w);
+}
+
+/* {type: python, file: PATH.py | module: NAME, function: NAME, timeout, python}:
+ * imports the file in its worker (started if needed) and checks the function
+ * is there, so a missing file or function fails now, not at the first step.
+ * Relative paths are from the current directory, as for `python train.py`. */
+static int create_python(RewardFunc *r, const json_t *spec, const json_t *name_v, char *err) {
+    static const char *const keys[] = {"type", "name", "file", "module", "function", "timeout", "python", NULL};
+    if (check_keys(spec, "python", keys, err) != 0) return COLT_ERR;
+    json_t *file_v = json_object_get(spec, "file"), *module_v = json_object_get(spec, "module"),
+           *function_v = json_object_get(spec, "function"), *timeout_v = json_object_get(spec, "timeout"),
+           *python_v = json_object_get(spec, "python");
+    if (!file_v == !module_v)
+        return errorf(err, "python reward: give either \"file\" (a .py file) or \"module\" (an importable module)");
+    if (file_v && (!json_is_string(file_v) || !ends_with(json_string_value(file_v), ".py") ||
+                   json_string_length(file_v) <= 3))
+        return errorf(err, "python reward: \"file\" must be the path of a .py file");
+    if (module_v && (!json_is_string(module_v) || !is_dotted_name(json_string_value(module_v))))
+        return errorf(err, "python reward: \"module\" must be a dotted module name (my_rewards or pkg.rewards)");
+    if (!json_is_string(function_v) || !is_identifier(json_string_value(function_v), json_string_length(function_v)))
+        return errorf(err, "python reward: \"function\" must be the name of a Python function%s",
+                      function_v ? "" : " and is missing");
+    if (timeout_v && (!json_is_number(timeout_v) || !(json_number_value(timeout_v) > 0)))
+        return errorf(err, "python reward: \"timeout\" must be a positive number of seconds");
+    if (python_v && (!json_is_string(python_v) || json_string_length(python_v) == 0))
+        return errorf(err, "python reward: \"python\" must be a command that runs Python (python3, /venv/bin/python)");
+
+    r->type = REWARD_PYTHON;
+    r->function = xstrdup(json_string_value(function_v));
+    r->source = xstrdup(json_string_value(file_v ? file_v : module_v));
+    r->timeout = timeout_v ? json_number_value(timeout_v) : PYTHON_TIMEOUT_S;
+    const char *env = getenv("COLT_PYTHON");
+    const char *python = python_v ? json_string_value(python_v) : env && *env ? env : "python3";
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "reward '%.100s' (%.150s)", r->function, r->source);
+
+    char *path = NULL;
+    if (file_v) {
+        struct stat st;
+        path = realpath(r->source, NULL);
+        if (!path || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+            int missing = !path;
+            free(path);
+            char cwd[4096];
+            if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "(unknown)");
+            return errorf(err, "%s: %s %s (a relative path is from the current directory, %s)", prefix, r->source,
+                          missing ? "not found" : "is not a regular file", cwd);
+        }
+    }
+    size_t key_len = strlen(python) + strlen(path ? path : r->source) + 16;
+    char *key = xmalloc(key_len);
+    snprintf(key, key_len, "%s\n%s:%s", python, path ? "file" : "module", path ? path : r->source);
+    int rc = python_worker_get(&r->worker, key, python, path, path ? NULL : r->source, r->source, r->timeout, prefix,
+                               err);
+    free(key);
+    free(path);
+    if (rc != 0) return COLT_ERR;
+
+    json_t *check = json_pack("{s:s, s:s}", "op", "check", "function", r->function), *reply = NULL;
+    rc = reward_process_call(r->worker->process, &reply, check, fmax(r->timeout, PYTHON_TIMEOUT_S), err);
+    json_decref(check);
+    if (rc != 0) return error_prefix(err, "%s", prefix);
+    json_t *error = json_object_get(reply, "error"), *name = json_object_get(reply, "name");
+    if (error || !json_is_string(name)) {
+        errorf(err, "%s: %s", prefix, json_is_string(error) ? json_string_value(error) : "the worker's answer has no name");
+        json_decref(reply);
+        return COLT_ERR;
+    }
+    /* TRL names a function's metrics by its __name__. */
+    r->name = xstrdup(name_v ? json_string_value(name_v) : json_string_value(name));
+    json_decref(reply);
+    return 0;
+}
+
 int reward_create(RewardFunc **out, json_t *spec, char *err) {
     *out = NULL;
-    if (!json_is_object(spec)) return errorf(err, "a reward must be an object with a \"type\", got %s", json_type_name(spec));
+    if (json_is_string(spec)) {
+        json_t *object = NULL;
+        if (python_spec_from_text(&object, json_string_value(spec), err) != 0) return COLT_ERR;
+        int rc = reward_create(out, object, err);
+        json_decref(object);
+        return rc;
+    }
+    if (!json_is_object(spec))
+        return errorf(err, "a reward must be an object with a \"type\" or a \"PATH.py:FUNCTION\" string, got %s",
+                      json_type_name(spec));
     json_t *type_v = json_object_get(spec, "type");
     if (!json_is_string(type_v))
-        return errorf(err, "a reward needs a \"type\" string (length, regex, math or command)%s",
+        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command or python)%s",
                       type_v ? "" : "; none was given");
     const char *type = json_string_value(type_v);
     json_t *name_v = json_object_get(spec, "name");
@@ -431,11 +671,14 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
         r->command = xstrdup(json_string_value(command));
         if (strlen(r->command) > 80) strcpy(r->command + 77, "...");
         r->name = name_v ? xstrdup(json_string_value(name_v)) : command_default_name(json_string_value(command));
-        if (reward_process_start(&r->process, json_string_value(command), r->name,
-                                 timeout ? json_number_value(timeout) : 30.0, err) != 0)
-            goto error;
+        r->timeout = timeout ? json_number_value(timeout) : COMMAND_TIMEOUT_S;
+        char subject[128];
+        snprintf(subject, sizeof subject, "reward command '%s'", r->command);
+        if (reward_process_start(&r->process, json_string_value(command), subject, r->name, 1, err) != 0) goto error;
+    } else if (strcmp(type, "python") == 0) {
+        if (create_python(r, spec, name_v, err) != 0) goto error;
     } else {
-        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command)", type);
+        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python)", type);
         goto error;
     }
     if (!r->name) r->name = xstrdup(name_v ? json_string_value(name_v) : default_name);
@@ -449,16 +692,22 @@ error:
 void reward_free(RewardFunc *r) {
     if (!r) return;
     reward_process_stop(r->process);
+    python_worker_release(r->worker);
     if (r->regex) pcre2_code_free(r->regex);
     free(r->column);
     free(r->command);
+    free(r->function);
+    free(r->source);
     free(r->name);
     free(r);
 }
 
 const char *reward_name(const RewardFunc *r) { return r->name; }
 
-pid_t reward_command_pid(const RewardFunc *r) { return r->type == REWARD_COMMAND ? reward_process_pid(r->process) : 0; }
+pid_t reward_command_pid(const RewardFunc *r) {
+    if (r->type == REWARD_COMMAND) return reward_process_pid(r->process);
+    return r->type == REWARD_PYTHON ? reward_process_pid(r->worker->process) : 0;
+}
 
 /* ---------------------------------------------------------------------------
  * Computing
@@ -526,11 +775,43 @@ static int compute_math(RewardFunc *r, float *rewards, const char *const *comple
     return 0;
 }
 
-/* Builds {"prompts", "completions", "<column>": [...]} — every column of the
- * rows except "prompt" (and any named "prompts"/"completions"), null where a
- * row lacks it. */
+/* Adds one list per column of the rows, null where a row lacks it, except the
+ * columns named in skip (NULL-ended) and keys req already has. */
+static void add_columns(json_t *req, json_t *const *rows, int n, const char *const *skip) {
+    for (int i = 0; rows && i < n; i++) {
+        const char *key;
+        json_t *value;
+        json_object_foreach(rows[i], key, value) {
+            int skipped = json_object_get(req, key) != NULL;
+            for (const char *const *s = skip; *s && !skipped; s++) skipped = strcmp(key, *s) == 0;
+            if (skipped) continue;
+            json_t *column = json_array();
+            for (int k = 0; k < n; k++) {
+                json_t *v = json_object_get(rows[k], key);
+                json_array_append_new(column, v ? json_incref(v) : json_null());
+            }
+            json_object_set_new(req, key, column);
+        }
+    }
+}
+
+/* [[id, ...], ...]: each completion's token ids, the stop token included. */
+static json_t *ids_json(const int *const *ids, const int *lens, int n) {
+    json_t *all = json_array();
+    for (int i = 0; i < n; i++) {
+        json_t *one = json_array();
+        for (int k = 0; k < lens[i]; k++) json_array_append_new(one, json_integer(ids[i][k]));
+        json_array_append_new(all, one);
+    }
+    return all;
+}
+
+/* Builds the command protocol's request {"prompts", "completions",
+ * "completion_ids" (when given), "<column>": [...]} — every column of the rows
+ * except "prompt". */
 static int build_request(json_t **out, const RewardFunc *r, const char *const *prompts,
-                         const char *const *completions, json_t *const *rows, int n, char *err) {
+                         const char *const *completions, const int *const *ids, const int *id_lens, json_t *const *rows,
+                         int n, char *err) {
     json_t *req = json_object(), *p = json_array(), *c = json_array();
     json_object_set_new(req, "prompts", p);
     json_object_set_new(req, "completions", c);
@@ -546,63 +827,110 @@ static int build_request(json_t **out, const RewardFunc *r, const char *const *p
         json_array_append_new(p, ps);
         json_array_append_new(c, cs);
     }
-    for (int i = 0; rows && i < n; i++) {
-        const char *key;
-        json_t *value;
-        json_object_foreach(rows[i], key, value) {
-            if (!strcmp(key, "prompt") || !strcmp(key, "prompts") || !strcmp(key, "completions")) continue;
-            if (json_object_get(req, key)) continue;
-            json_t *column = json_array();
-            for (int k = 0; k < n; k++) {
-                json_t *v = json_object_get(rows[k], key);
-                json_array_append_new(column, v ? json_incref(v) : json_null());
-            }
-            json_object_set_new(req, key, column);
-        }
-    }
+    if (ids) json_object_set_new(req, "completion_ids", ids_json(ids, id_lens, n));
+    static const char *const skip[] = {"prompt", NULL};
+    add_columns(req, rows, n, skip);
     *out = req;
     return 0;
 }
 
-static int compute_command(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
-                           json_t *const *rows, int n, char *err) {
-    json_t *req = NULL, *reply = NULL;
-    if (build_request(&req, r, prompts, completions, rows, n, err) != 0) return COLT_ERR;
-    int rc = reward_process_call(r->process, &reply, req, err);
-    json_decref(req);
-    if (rc != 0) return COLT_ERR;
+/* TRL's keyword arguments of a reward function: prompts as the dataset has
+ * them (a string, or a list of messages for a conversational row), completions
+ * as strings, or [{"role": "assistant", "content": text}] where the prompt is a
+ * list of messages; completion_ids (None when the caller has none); and one
+ * list per other column (all but prompt, completion and completion_ids, as
+ * TRL; prompts and completions would collide with the arguments). */
+static int build_python_kwargs(json_t **out, const RewardFunc *r, const char *const *prompts,
+                               const char *const *completions, const int *const *ids, const int *id_lens,
+                               json_t *const *rows, int n, char *err) {
+    json_t *kw = json_object(), *p = json_array(), *c = json_array();
+    json_object_set_new(kw, "prompts", p);
+    json_object_set_new(kw, "completions", c);
+    json_object_set_new(kw, "completion_ids", ids ? ids_json(ids, id_lens, n) : json_null());
+    for (int i = 0; i < n; i++) {
+        json_t *prompt = rows ? json_object_get(rows[i], "prompt") : NULL;
+        if (prompt) json_incref(prompt);
+        else prompt = prompts && prompts[i] ? json_string(prompts[i]) : json_null();
+        json_t *text = json_string(completions[i]);
+        if (!prompt || !text) {
+            json_decref(prompt);
+            json_decref(text);
+            json_decref(kw);
+            return errorf(err, "reward '%s' (%s): %s %d is not valid UTF-8", r->name, r->source,
+                          prompt ? "completion" : "prompt", i);
+        }
+        json_array_append_new(p, prompt);
+        json_array_append_new(c, json_is_array(prompt) ? json_pack("[{s:s, s:o}]", "role", "assistant", "content", text)
+                                                       : text);
+    }
+    static const char *const skip[] = {"prompt", "completion", "completion_ids", NULL};
+    add_columns(kw, rows, n, skip);
+    *out = kw;
+    return 0;
+}
+
+/* rewards[0..n) from an answer {"rewards": [number or null, ...]}; errors
+ * start with `who`. */
+static int parse_rewards(const RewardFunc *r, float *rewards, const json_t *reply, int n, const char *who, char *err) {
     json_t *list = json_object_get(reply, "rewards");
-    if (!json_is_object(reply) || !json_is_array(list)) {
-        errorf(err, "reward command '%s': its answer must be {\"rewards\": [...]}, got %s%s", r->command,
-               json_type_name(reply), json_is_object(reply) ? " without a \"rewards\" list" : "");
-        goto error;
-    }
-    if (json_array_size(list) != (size_t)n) {
-        errorf(err, "reward command '%s' returned %zu rewards for %d completions", r->command,
-               json_array_size(list), n);
-        goto error;
-    }
+    if (!json_is_object(reply) || !json_is_array(list))
+        return errorf(err, "%s: its answer must be {\"rewards\": [...]}, got %s%s", who, json_type_name(reply),
+                      json_is_object(reply) ? " without a \"rewards\" list" : "");
+    if (json_array_size(list) != (size_t)n)
+        return errorf(err, "%s returned %zu rewards for %d completions", who, json_array_size(list), n);
     for (int i = 0; i < n; i++) {
         json_t *v = json_array_get(list, (size_t)i);
         if (json_is_null(v)) {
             rewards[i] = NAN;
         } else if (json_is_number(v)) {
-            if (store_reward(r, rewards, i, json_number_value(v), err) != 0) goto error;
+            if (store_reward(r, rewards, i, json_number_value(v), err) != 0) return COLT_ERR;
         } else {
-            errorf(err, "reward command '%s': rewards[%d] is %s, expected a number or null", r->command, i,
-                   json_type_name(v));
-            goto error;
+            return errorf(err, "%s: rewards[%d] is %s, expected a number or null", who, i, json_type_name(v));
         }
     }
-    json_decref(reply);
     return 0;
-error:
+}
+
+static int compute_command(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
+                           const int *const *ids, const int *id_lens, json_t *const *rows, int n, char *err) {
+    json_t *req = NULL, *reply = NULL;
+    if (build_request(&req, r, prompts, completions, ids, id_lens, rows, n, err) != 0) return COLT_ERR;
+    int rc = reward_process_call(r->process, &reply, req, r->timeout, err);
+    json_decref(req);
+    if (rc != 0) return COLT_ERR;
+    char who[128];
+    snprintf(who, sizeof who, "reward command '%s'", r->command);
+    rc = parse_rewards(r, rewards, reply, n, who, err);
     json_decref(reply);
-    return COLT_ERR;
+    return rc;
+}
+
+static int compute_python(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
+                          const int *const *ids, const int *id_lens, json_t *const *rows, int n, char *err) {
+    json_t *kwargs = NULL, *reply = NULL;
+    if (build_python_kwargs(&kwargs, r, prompts, completions, ids, id_lens, rows, n, err) != 0) return COLT_ERR;
+    json_t *req = json_pack("{s:s, s:s, s:o}", "op", "call", "function", r->function, "kwargs", kwargs);
+    char who[300];
+    snprintf(who, sizeof who, "reward '%.100s' (%.150s)", r->name, r->source);
+    int rc = reward_process_call(r->worker->process, &reply, req, r->timeout, err);
+    json_decref(req);
+    if (rc != 0) return error_prefix(err, "%s", who);
+    json_t *error = json_object_get(reply, "error");
+    if (json_is_string(error)) {
+        errorf(err, "%s: %s", who, json_string_value(error));
+        for (char *c = err; *c; c++) /* one line, whatever the exception's text held */
+            if ((unsigned char)*c < 0x20) *c = ' ';
+        rc = COLT_ERR;
+    } else {
+        rc = parse_rewards(r, rewards, reply, n, who, err);
+    }
+    json_decref(reply);
+    return rc;
 }
 
 int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
-                   json_t *const *rows, int n, char *err) {
+                   const int *const *completion_ids, const int *completion_lens, json_t *const *rows, int n,
+                   char *err) {
     if (n <= 0) return 0;
     switch (r->type) {
     case REWARD_LENGTH:
@@ -612,7 +940,10 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
         return 0;
     case REWARD_REGEX: return compute_regex(r, rewards, completions, n, err);
     case REWARD_MATH: return compute_math(r, rewards, completions, rows, n, err);
-    case REWARD_COMMAND: return compute_command(r, rewards, prompts, completions, rows, n, err);
+    case REWARD_COMMAND:
+        return compute_command(r, rewards, prompts, completions, completion_ids, completion_lens, rows, n, err);
+    case REWARD_PYTHON:
+        return compute_python(r, rewards, prompts, completions, completion_ids, completion_lens, rows, n, err);
     }
     return errorf(err, "reward '%s': unknown type", r->name);
 }

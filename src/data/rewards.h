@@ -1,7 +1,8 @@
 /* rewards.h — reward functions for GRPO. Built-in: length, regex format
  * match, math answer; external: a user program in any language that colt
- * starts once and talks to in JSON lines. Each returns one float per
- * completion, or NaN for "no reward" (TRL's None), which the trainer skips.
+ * starts once and talks to in JSON lines, or a TRL-style Python function run
+ * in a Python worker colt starts. Each returns one float per completion, or
+ * NaN for "no reward" (TRL's None), which the trainer skips.
  *
  * A reward is specified by a JSON object (the YAML config's entries):
  *   {"type": "length", "target": 200}                 -abs(target - len(completion chars))
@@ -15,8 +16,18 @@
  *                                                     column's ("#### N" or \boxed{N}, last number
  *                                                     otherwise), else 0; NaN if the column has none
  *   {"type": "command", "command": "python3 r.py", "timeout": 30}
+ *   {"type": "python", "file": "rewards.py", "function": "reward_len", "timeout": 120, "python": "python3"}
+ *   {"type": "python", "module": "my_rewards", "function": "reward_len"}
+ *                                                     reward_len(prompts=, completions=, completion_ids=,
+ *                                                     **columns) as TRL's GRPOTrainer calls it; the file
+ *                                                     is imported when the reward is created (a missing
+ *                                                     file or function fails then); relative paths are
+ *                                                     from the current directory; "python" defaults to
+ *                                                     $COLT_PYTHON, else python3 from PATH
+ *   "rewards.py:reward_len", "my_rewards.reward_len"  text forms of the two above
  * plus an optional "name" (metrics use rewards/<name>/mean; defaults: length,
- * regex, math, the command's program name). Unknown types or keys are errors. */
+ * regex, math, the command's program name, the Python function's __name__).
+ * Unknown types or keys are errors. Create and free rewards on one thread. */
 #ifndef COLT_DATA_REWARDS_H
 #define COLT_DATA_REWARDS_H
 
@@ -29,20 +40,26 @@ int reward_create(RewardFunc **out, json_t *spec, char *err);
 void reward_free(RewardFunc *r);  /* stops an external program */
 const char *reward_name(const RewardFunc *r);
 
-/* The pid of a command reward's program (its process group id); 0 for
- * built-in rewards or once the program is gone. For tests. */
+/* The pid of a command reward's program or a python reward's worker (its
+ * process group id; python rewards of one file share it); 0 for built-in
+ * rewards or once the process is gone. For tests. */
 pid_t reward_command_pid(const RewardFunc *r);
 
-/* rewards[i] for n completions; rows[i] is the dataset row of completion i
+/* rewards[i] for n completions; prompts[i] is the text the model saw,
+ * completion_ids[i][0..completion_lens[i]) the completion's token ids, stop
+ * token included (both may be NULL), rows[i] the dataset row of completion i
  * (columns reach the function). The external program gets one line
- *   {"prompts": [...], "completions": [...], "<column>": [...], ...}
+ *   {"prompts": [...], "completions": [...], "completion_ids": [[...]], "<column>": [...], ...}
  * and must answer one line {"rewards": [number or null, ...]} within the
  * timeout. A crash, a wrong count, a non-number, a number that overflows a
  * 32-bit float, a second answer line or a timeout is an error with a message
  * that says which (quoting the program's last stderr line when it wrote one).
- * Its stderr lines reach ours prefixed "[reward <name>] ". */
+ * Its stderr lines reach ours prefixed "[reward <name>] ". A python reward's
+ * exception is an error "reward 'f' (rewards.py): <the traceback's last
+ * line>", its full traceback on stderr. */
 int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
-                   json_t *const *rows, int n, char *err);
+                   const int *const *completion_ids, const int *completion_lens, json_t *const *rows, int n,
+                   char *err);
 
 /* Helpers exposed for tests: the answer extracted from text (GSM8K "#### N",
  * else the last \boxed{...}, else the last number), normalised (commas and $

@@ -161,13 +161,14 @@ static int prompt_ids_for_row(Trainer *t, Dataset *d, size_t row, int **ids, int
 
 /* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
 static int score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
-                             const char *const *prompts, const char *const *completions, int n, char *err) {
+                             const char *const *prompts, const char *const *completions, const int *const *ids,
+                             const int *id_lens, int n, char *err) {
     json_t **rows = xmalloc(sizeof(json_t *) * (size_t)n);
     float *values = xmalloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++) rows[i] = dataset_row(d, rows_of_sample[i]);
     int rc = COLT_OK;
     for (int k = 0; k < t->n_rewards && rc == 0; k++) {
-        if (reward_compute(t->rewards[k], values, prompts, completions, rows, n, err) != 0) {
+        if (reward_compute(t->rewards[k], values, prompts, completions, ids, id_lens, rows, n, err) != 0) {
             char prefix[128];
             snprintf(prefix, sizeof prefix, "reward '%s'", reward_name(t->rewards[k]));
             rc = strncmp(err, prefix, strlen(prefix)) == 0 ? COLT_ERR : error_prefix(err, "%s", prefix);
@@ -408,12 +409,16 @@ static int new_rollout(Trainer *t, char *err) {
     const char **completions = xmalloc(sizeof(char *) * (size_t)n_local);
     size_t *rows = xmalloc(sizeof(size_t) * (size_t)n_local);
     float *mine = xcalloc((size_t)n_local * (size_t)t->n_rewards + 1, sizeof(float));
+    const int **ids = xmalloc(sizeof(int *) * (size_t)n_local);
+    int *id_lens = xmalloc(sizeof(int) * (size_t)n_local);
     for (int j = 0; j < n_local; j++) {
         prompts[j] = r->prompt_text[(lo + j) / G];
         completions[j] = r->samples[lo + j].text;
         rows[j] = r->rows[(lo + j) / G];
+        ids[j] = r->samples[lo + j].completion;
+        id_lens[j] = r->samples[lo + j].len;
     }
-    rc = score_completions(t, mine, t->data, rows, prompts, completions, n_local, err);
+    rc = score_completions(t, mine, t->data, rows, prompts, completions, ids, id_lens, n_local, err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0)
         rc = train_dist_gather(&t->dist, r->per_func, mine, sizeof(float) * (size_t)n_local * (size_t)t->n_rewards, err);
@@ -421,6 +426,8 @@ static int new_rollout(Trainer *t, char *err) {
     free(completions);
     free(rows);
     free(mine);
+    free(ids);
+    free(id_lens);
     if (rc != 0) return COLT_ERR;
 
     float *rewards = xmalloc(sizeof(float) * (size_t)N), *adv = xmalloc(sizeof(float) * (size_t)N);
@@ -837,7 +844,13 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
         completions[j] = outs[lo + j];
         rows[j] = (size_t)(lo + j) / G;
     }
-    if (rc == 0 && n_local > 0) rc = score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, n_local, err);
+    const int **completion_ids = xcalloc((size_t)chunk + 1, sizeof(int *));
+    int *completion_lens = xcalloc((size_t)chunk + 1, sizeof(int));
+    for (int j = 0; j < n_local && rc == 0; j++) completion_ids[j] = seqs[j].tokens, completion_lens[j] = seqs[j].n_tokens;
+    if (rc == 0 && n_local > 0)
+        rc = score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, completion_ids,
+                               completion_lens, n_local, err);
+    free(completion_ids), free(completion_lens);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = train_dist_gather(&t->dist, per_func, mine_rewards, sizeof(float) * (size_t)chunk * F, err);
     if (rc == 0) rc = train_dist_gather(&t->dist, all_ids, mine_ids, sizeof(int) * (size_t)chunk * (L + 1), err);

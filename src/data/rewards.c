@@ -562,6 +562,7 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
     if (json_is_string(spec)) {
         json_t *object = NULL;
         if (python_spec_from_text(&object, json_string_value(spec), err) != 0) return COLT_ERR;
+        COLT_ASSERT(object != NULL); /* parts of a JSON string split at ASCII stay valid UTF-8 */
         int rc = reward_create(out, object, err);
         json_decref(object);
         return rc;

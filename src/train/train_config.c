@@ -54,7 +54,8 @@ static const ConfigKey KEYS[] = {
     K(dataset, KEY_STRING, "prompts: .jsonl or .json array of objects with \"prompt\""),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
-    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command, ...})"),
+    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python, ...} or "
+                                   "\"rewards.py:FUNCTION\"; docs/rewards.md)"),
     K(reward_weights, KEY_JSON_LIST, "one weight per reward function (default 1 each; each within +-1e6)"),
     KD(learning_rate, KEY_DOUBLE, 0, RANGE_CLOSED, 100, "AdamW learning rate"),
     K(lr_scheduler_type, KEY_STRING, "constant, constant_with_warmup, linear or cosine"),

@@ -6,17 +6,19 @@
 # stay under the device's 64 MiB transfer limit. On the device:
 #   tar xf .devcarry/bundle.tar.xz && export LD_LIBRARY_PATH=$PWD/.devlibs
 # Usage: bash scripts/pack_device.sh [binary ...]  (default: colt and every GPU test and bench)
+# COLT_BUILD=DIR takes the binaries from DIR instead of build-cuda.
 # COLT_DEVCARRY=DIR packs into DIR instead of .devcarry (a second packer working beside the first;
 # DIR must be git-ignored to travel as a carry path, e.g. .devcarry-attn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=${COLT_DEVCARRY:-.devcarry}
 shared=${COLT_SHARED_DATA:-../shared/data}
+build=${COLT_BUILD:-build-cuda}
 bins=("$@")
 if [ ${#bins[@]} -eq 0 ]; then
-  bins=(build-cuda/colt build-cuda/test_cuda_* build-cuda/bench_*)
+  bins=("$build"/colt "$build"/test_cuda_* "$build"/bench_*)
 fi
-bash scripts/make_devlibs.sh build-cuda/colt > /dev/null
+bash scripts/make_devlibs.sh "$build"/colt > /dev/null
 rm -rf "$carry" && mkdir -p "$carry/data/qwen2.5-tokenizer" "$carry/data/gsm8k"
 cp "$shared"/gsm8k/*.jsonl "$carry/data/gsm8k/"
 cp "$shared"/qwen2.5-tokenizer/*.json "$carry/data/qwen2.5-tokenizer/"

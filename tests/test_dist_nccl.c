@@ -4,7 +4,8 @@
  * stream, comm_wait and barrier; the self communicator of a GPU rank (device
  * copies); and a bounded setup: rank 0 of a world of two whose rank 1 never
  * comes must fail after the timeout with a message, not hang. With two GPUs,
- * two forked ranks: the sums over ranks, a hung peer and an aborting peer.
+ * two forked ranks: the sums over ranks, a hung peer, an aborting peer, and
+ * comm_cancel of an op the peer never joins.
  * Skips (77) in builds without NCCL and on machines without a GPU; the
  * two-rank part needs two GPUs. */
 #include <stdio.h>
@@ -180,6 +181,35 @@ static void nccl_rank(int rank, int port, const char *mode) {
     fflush(stdout);
     if (store_barrier(store, "ops-done", err) != COLT_OK) goto setup_failed;
 
+    if (!strcmp(mode, "cancel")) {
+        /* Rank 0 enqueues an all_reduce rank 1 never joins (as after an error
+         * only one rank saw), drops it with comm_cancel, and closes: at once. */
+        if (rank == 1) {
+            void *v = NULL;
+            size_t len = 0;
+            int got = store_get(store, &v, &len, "cancelled", err);
+            free(v);
+            _exit(got == COLT_OK ? 1 : 2);
+        }
+        double t0 = now_s();
+        int rc = comm_all_reduce(c, d, n, COMM_FLOAT32, stream, err);
+        usleep(200000);
+        comm_cancel(c);
+        int wait_rc = comm_wait(c, stream, err);
+        comm_close(c);
+        cudaError_t e = cudaStreamSynchronize(stream); /* the dropped kernel is gone from the stream */
+        double took = now_s() - t0;
+        store_set(store, "cancelled", "1", 1, err);
+        if (rc != COLT_OK || wait_rc != COLT_ERR || took > 5.0) {
+            fprintf(stderr, "rank 0, mode cancel: rc %d, wait after cancel %d, stream %s, %.1f s\n", rc, wait_rc,
+                    cudaGetErrorString(e), took);
+            _exit(4);
+        }
+        printf("EXPECTED-FAILURE-SEEN (cancel): an all_reduce the peer never joined dropped and closed in %.2f s "
+               "(stream: %s)\n", took, cudaGetErrorString(e));
+        fflush(stdout);
+        _exit(1);
+    }
     if (rank == 1) {
         if (!strcmp(mode, "hang")) for (;;) pause();
         comm_abort(c, "simulated failure on rank 1");
@@ -243,7 +273,10 @@ int main(void) {
     alarm(180);
     /* Two ranks first, forked before this process touches CUDA (a process that
      * initialized CUDA cannot fork children that use it). */
-    if (run_two_ranks("hang") != 77) run_two_ranks("abort");
+    if (run_two_ranks("hang") != 77) {
+        run_two_ranks("abort");
+        run_two_ranks("cancel");
+    }
     else printf("nccl, two GPUs: fewer than two GPUs here, skipped\n");
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1) {

@@ -320,6 +320,78 @@ static void check_finite_differences(Model *m, TrainState *st, const Batch *b, f
     g_failures += worst_fail;
 }
 
+/* model_grads_on_ready: a backward announces ranges that tile the flat
+ * gradient buffer exactly once, the lm_head / final norm first and the
+ * embedding last, and a range's values never change after it is announced
+ * (the CPU runs each op when called, so the values seen then are the ones the
+ * collective would send). */
+typedef struct Announced {
+    size_t (*range)[2];
+    float **seen; /* the range's values when it was announced */
+    int n, cap;
+    const float *flat;
+} Announced;
+
+static int record_ready(void *ctx, size_t lo, size_t hi, char *err) {
+    (void)err;
+    Announced *a = ctx;
+    if (a->n == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 64;
+        a->range = realloc(a->range, (size_t)a->cap * sizeof *a->range);
+        a->seen = realloc(a->seen, (size_t)a->cap * sizeof *a->seen);
+    }
+    a->range[a->n][0] = lo;
+    a->range[a->n][1] = hi;
+    a->seen[a->n] = malloc((hi - lo) * sizeof(float));
+    memcpy(a->seen[a->n], a->flat + lo, (hi - lo) * sizeof(float));
+    a->n++;
+    return 0;
+}
+
+static void check_announcements(Model *m, const Batch *b, float temperature, ModelGrads *whole, const char *label) {
+    char err[ERR_LEN];
+    TrainState *st;
+    ModelGrads *g;
+    if (train_state_create(&st, m, b->n_seqs, b->max_len, b->n, err) != 0 || model_grads_create(&g, m, err) != 0) {
+        CHECK(0, "%s", err);
+        return;
+    }
+    size_t n = 0, n_whole = 0;
+    const float *flat = model_grads_flat(g, &n), *ref = model_grads_flat(whole, &n_whole);
+    Announced a = {.flat = flat};
+    model_grads_on_ready(g, record_ready, &a);
+    double loss = run_subset(m, st, b, (1u << b->n_seqs) - 1, temperature, g, NULL, NULL);
+    unsigned char *covered = calloc(n, 1);
+    int overlaps = 0, changed = 0;
+    for (int i = 0; i < a.n; i++)
+        for (size_t j = a.range[i][0]; j < a.range[i][1]; j++) {
+            overlaps += covered[j]++ != 0;
+            changed += memcmp(&a.seen[i][j - a.range[i][0]], &flat[j], sizeof(float)) != 0;
+        }
+    size_t missing = 0;
+    for (size_t j = 0; j < n; j++) missing += !covered[j];
+    /* the final norm's gradient is in the first announcement; the embedding's (flat offset 0) in the last */
+    ModelParam final_norm = {0};
+    for (int i = 0; i < model_param_count(m); i++)
+        if (!strcmp(model_param(m, i).name, "model.norm.weight")) final_norm = model_param(m, i);
+    size_t n_weights = 0; /* the CPU backend's weights are fp32, laid out like the gradients */
+    size_t norm_at = (size_t)((char *)final_norm.data - (char *)model_weights_flat(m, &n_weights)) / sizeof(float);
+    bool head_first = false;
+    for (int i = 0; i < a.n && i < 2; i++) head_first |= a.range[i][0] <= norm_at && norm_at < a.range[i][1];
+    bool embed_last = a.n > 0 && a.range[a.n - 1][0] == 0;
+    int ok = !isnan(loss) && a.n > 0 && !overlaps && !missing && !changed && head_first && embed_last &&
+             n == n_whole && memcmp(flat, ref, n * sizeof(float)) == 0;
+    printf("  %s %-14s backward announcements: %d ranges tile %zu gradients (overlaps %d, missing %zu, changed after "
+           "announced %d, head first %d, embedding last %d, same gradients as without them %d)\n",
+           ok ? "ok  " : "FAIL", label, a.n, n, overlaps, missing, changed, head_first, embed_last,
+           n == n_whole && memcmp(flat, ref, n * sizeof(float)) == 0);
+    if (!ok) g_failures++;
+    for (int i = 0; i < a.n; i++) free(a.seen[i]);
+    free(a.range), free(a.seen), free(covered);
+    model_grads_free(g);
+    train_state_free(st);
+}
+
 static void test_model_entry(const json_t *entry, float temperature) {
     const char *label = json_string_value(json_object_get(entry, "name"));
     const char *rel = json_string_value(json_object_get(entry, "dir"));
@@ -359,6 +431,7 @@ static void test_model_entry(const json_t *entry, float temperature) {
     check_grads(m, g, json_object_get(entry, "grads"), label);
     check_inference_parity(m, &b, lp, temperature, label);
     check_recompute(m, &b, temperature, g, label);
+    check_announcements(m, &b, temperature, g, label);
     check_accumulation(m, st, &b, temperature, g, label);
     if (strcmp(label, "tiny-qwen2-f32") == 0) check_finite_differences(m, st, &b, temperature, g, label);
     free(lp), free(ent);

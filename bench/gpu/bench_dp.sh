@@ -3,9 +3,11 @@
 # same global batch (bench/gpu/grpo_bench.yaml: 16 prompts x 8 completions x
 # 256 tokens) in one process, in two processes sharing GPU 0, and in two
 # processes on GPUs 0 and 1 (when there are two), each rank taking 64 of the
-# 128 completions. colt starts the processes itself (--nproc_per_node 2); the
-# gradients are summed through the host (Gloo over loopback), so "gradient
-# sync" is that path's cost, not NCCL's. Prints a markdown table.
+# 128 completions. colt starts the processes itself (--nproc_per_node 2). Two
+# ranks on two GPUs all-reduce the gradients over NCCL in buckets during the
+# backward pass ("gradient sync" is then what the backward did not hide); two
+# ranks sharing GPU 0 sum them through the host (Gloo over loopback: NCCL
+# refuses two ranks on one GPU). Prints a markdown table.
 # Usage: bash bench/gpu/bench_dp.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset: qwen2.5-0.5b)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +19,7 @@ work=${WORK:-/tmp/colt-bench-dp}
 rm -rf "$work" && mkdir -p "$work"
 $COLT init --arch qwen2 --preset "$preset" --tokenizer "$tok" --out "$work/model" 2>/dev/null
 gpus=$(nvidia-smi -L | wc -l)
-echo "| $preset, 128 completions a step | processes | s/step | generation | log-probs | training | gradient sync (in training) |"
+echo "| $preset, 128 completions a step | processes | s/step | generation | log-probs | training | gradient sync (in training, exposed) |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 run() { # name, extra args
   local name=$1
@@ -33,7 +35,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]  # the first 
 mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
 procs = 2 if "nproc_per_node 2" in sys.argv[3] else 1
 print(f"| {sys.argv[2]} | {procs} | {mean('step_time'):.3f} | {mean('time/generation'):.3f} | {mean('time/logprobs'):.3f} | "
-      f"{mean('time/training'):.3f} | {mean('time/gradient_sync'):.3f} |")
+      f"{mean('time/training'):.3f} | {mean('time/gradient_sync'):.4f} |")
 PY
 }
 run one-gpu --nproc_per_node 1

@@ -300,6 +300,28 @@ void comm_abort(Comm *c, const char *reason) {
     _exit(1);
 }
 
+void comm_cancel(Comm *c) {
+    if (!c) return;
+    if (c->ops->cancel) c->ops->cancel(c);
+    c->broken = true;
+}
+
+bool comm_built(CommKind kind) {
+    switch (kind) {
+    case COMM_SELF: return true;
+#ifdef COLT_HAVE_MPI
+    case COMM_MPI: return true;
+#endif
+#ifdef COLT_HAVE_NCCL
+    case COMM_NCCL: return true;
+#endif
+#ifdef COLT_HAVE_GLOO
+    case COMM_GLOO: return true;
+#endif
+    default: return false;
+    }
+}
+
 void comm_close(Comm *c) {
     if (!c) return;
     c->ops->close(c);

@@ -83,6 +83,17 @@ int comm_wait(Comm *c, void *stream, char *err);
  * closing Gloo's connections) and ends this process with status 1. */
 __attribute__((noreturn)) void comm_abort(Comm *c, const char *reason);
 
+/* Drops the ops still in flight without waiting for them (nccl: ncclCommAbort;
+ * the others finish each op before returning, so nothing is in flight), for a
+ * rank that learned through another channel that a peer will never join them.
+ * The communicator is unusable afterwards except for comm_close, which then
+ * returns at once. Does not end the process or tell the other ranks. */
+void comm_cancel(Comm *c);
+
+/* True when this build has the backend (self always; mpi, nccl, gloo when found
+ * at configure time). */
+bool comm_built(CommKind kind);
+
 /* Frees the communicator (after an error: call comm_abort instead). */
 void comm_close(Comm *c);
 

@@ -200,7 +200,8 @@ void gloo_close(Comm* c) {
 }
 
 const CommOps GLOO_OPS = {
-    gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast, gloo_barrier, nullptr, gloo_abort, gloo_close,
+    gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast, gloo_barrier, nullptr, gloo_abort, nullptr,
+    gloo_close,
 };
 
 /* The address of this machine's interface toward host (the route a UDP

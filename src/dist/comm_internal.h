@@ -22,6 +22,7 @@ typedef struct CommOps {
     int (*barrier)(Comm *c, char *err);
     int (*wait)(Comm *c, void *stream, char *err); /* NULL: nothing to wait for */
     void (*abort)(Comm *c, const char *reason);    /* tell the others; may end the process */
+    void (*cancel)(Comm *c);                       /* drop in-flight ops; NULL: none can be in flight */
     void (*close)(Comm *c);                        /* frees impl */
 } CommOps;
 

@@ -174,6 +174,12 @@ static void nccl_abort(Comm *c, const char *reason) {
 #endif
 }
 
+static void nccl_cancel(Comm *c) {
+    NcclImpl *n = c->impl;
+    nccl_abort_comm(n);
+    n->pending = 0;
+}
+
 static void nccl_close(Comm *c) {
     NcclImpl *n = c->impl;
     if (n->comm) {
@@ -197,6 +203,7 @@ static const CommOps NCCL_OPS = {
     .barrier = nccl_barrier,
     .wait = nccl_wait,
     .abort = nccl_abort,
+    .cancel = nccl_cancel,
     .close = nccl_close,
 };
 

@@ -50,7 +50,59 @@ struct ModelGrads {
     void *flat;     /* [flat_numel] fp32, the model's arena layout */
     size_t flat_numel;
     Model shadow;
+    /* The backward's announcements (model_grads_on_ready). Stage 0 is the
+     * embedding, 1..L the layers, L+1 the final norm and lm_head; each stage
+     * has a range in the decayed part of the arena and one in the no-decay
+     * part (norms, biases), either possibly empty. */
+    GradsReadyFn ready;
+    void *ready_ctx;
+    size_t (*stage_range)[2][2]; /* [L + 2][group][lo, hi) */
 };
+
+/* Which stage tensor t (of the shadow's table) belongs to. */
+static int tensor_stage(const ModelGrads *g, const TensorSpec *t) {
+    int L = g->shadow.cfg.num_hidden_layers;
+    for (int l = 0; l < L; l++) {
+        const char *p = (const char *)t->buf, *w = (const char *)&g->shadow.layers[l];
+        if (p >= w && p < w + sizeof(LayerWeights)) return l + 1;
+    }
+    return t->buf == &g->shadow.embed ? 0 : L + 1;
+}
+
+/* Each stage's tensors are consecutive in the table, so within each group of
+ * the arena (decayed first, then no-decay: model_arena_layout) they make one
+ * contiguous range. */
+static void grads_stage_ranges(ModelGrads *g, const TensorSpec *t, int n, const size_t *offsets) {
+    int stages = g->shadow.cfg.num_hidden_layers + 2;
+    g->stage_range = xcalloc((size_t)stages, sizeof *g->stage_range);
+    size_t covered = 0;
+    for (int i = 0; i < n; i++) {
+        int s = tensor_stage(g, &t[i]), grp = model_param_no_weight_decay(t[i].name) ? 1 : 0;
+        size_t lo = offsets[i], hi = lo + (tensor_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        size_t *r = g->stage_range[s][grp];
+        if (r[0] == r[1]) r[0] = lo, r[1] = hi;
+        else {
+            COLT_ASSERT(lo == r[1]); /* contiguous, in table order */
+            r[1] = hi;
+        }
+        covered += hi - lo;
+    }
+    COLT_ASSERT(covered == g->flat_numel);
+}
+
+void model_grads_on_ready(ModelGrads *g, GradsReadyFn fn, void *ctx) {
+    g->ready = fn;
+    g->ready_ctx = ctx;
+}
+
+static int grads_announce(ModelGrads *g, int stage, char *err) {
+    if (!g->ready) return COLT_OK;
+    for (int grp = 0; grp < 2; grp++) {
+        const size_t *r = g->stage_range[stage][grp];
+        if (r[1] > r[0] && g->ready(g->ready_ctx, r[0], r[1], err) != 0) return COLT_ERR;
+    }
+    return COLT_OK;
+}
 
 int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     (void)err;
@@ -75,6 +127,7 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
         g->bufs[i] = (char *)g->flat + m->offsets[i] * sizeof(float);
         *t[i].buf = g->bufs[i];
     }
+    grads_stage_ranges(g, t, n, m->offsets);
     free(t);
     if (m->cfg.tie_word_embeddings) g->shadow.lm_head = g->shadow.embed;
     *out = g;
@@ -87,6 +140,7 @@ void model_grads_free(ModelGrads *g) {
     free(g->bufs);
     free(g->numel);
     free(g->shadow.layers);
+    free(g->stage_range);
     free(g);
 }
 
@@ -403,7 +457,12 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     const Backend *be = m->be;
     const Model *gm = &g->shadow;
     int n = st->n;
-    if (n == 0) return COLT_OK;
+    const int L = c->num_hidden_layers;
+    if (n == 0) { /* nothing changes: every gradient is final already */
+        for (int s = L + 1; s >= 0; s--)
+            if (grads_announce(g, s, err) != 0) return COLT_ERR;
+        return COLT_OK;
+    }
     int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
         Dh = c->head_dim, V = c->vocab_size;
     int QD = H * Dh, KVD = KVH * Dh;
@@ -428,9 +487,10 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     }
     be->zero(be, st->dres, ND);
     be->rmsnorm_backward(be, st->dres, gm->final_norm, st->dxn, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
+    if (grads_announce(g, L + 1, err) != 0) return COLT_ERR;
 
     /* dres is d(residual stream) at each layer's output, then its input. */
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+    for (int l = L - 1; l >= 0; l--) {
         const LayerWeights *w = &m->layers[l];
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];
@@ -455,7 +515,8 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, st->k, a->xn_attn, w->k_w, n, D, KVD, 1);
         be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+        if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;
     }
     be->embedding_backward(be, gm->embed, st->dres, st->tokens, n, D);
-    return COLT_OK;
+    return grads_announce(g, 0, err);
 }

@@ -41,6 +41,17 @@ size_t model_grads_bytes(const ModelGrads *g);     /* device bytes (fp32) */
 /* All gradients as one [f32] buffer laid out like model_weights_flat (padding 0). */
 void *model_grads_flat(const ModelGrads *g, size_t *numel);
 
+/* Told by model_train_backward, while it runs, which gradients are final: the
+ * elements [lo, hi) of the flat buffer will not change again in this backward
+ * (the lm_head and final norm first, then each layer from the last, the
+ * embedding last; a range is announced when its ops are enqueued, not when
+ * they have run). Every backward announces the same ranges in the same order,
+ * together covering the flat buffer — also a backward over no tokens — so
+ * ranks that bucket them issue the same collectives. A non-zero return stops
+ * the backward with that error. NULL fn: no announcements. */
+typedef int (*GradsReadyFn)(void *ctx, size_t lo, size_t hi, char *err);
+void model_grads_on_ready(ModelGrads *g, GradsReadyFn fn, void *ctx);
+
 /* ---- training forward / backward ---- */
 
 /* Activations for up to max_tokens tokens in up to n_slots sequences of up to

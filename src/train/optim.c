@@ -160,6 +160,13 @@ bool optim_state_finite(const Optimizer *o) {
            isfinite(o->be->sum_squares(o->be, o->exp_avg_sq_flat, o->flat_numel));
 }
 
+void optim_fingerprint(const Optimizer *o, double out[2]) {
+    size_t n = 0;
+    const void *weights = o->master_flat ? o->master_flat : model_weights_flat(o->model, &n);
+    out[0] = o->be->sum_squares(o->be, weights, o->flat_numel);
+    out[1] = o->be->sum_squares(o->be, o->exp_avg_flat, o->flat_numel);
+}
+
 size_t optim_state_bytes(const Optimizer *o) {
     return o->flat_numel * sizeof(float) * (o->master_flat ? 3 : 2);
 }

@@ -62,4 +62,9 @@ int optim_load_bytes(Optimizer *o, const void *data, size_t size, const char *pa
  * themselves in fp32) and both moments are all finite. */
 bool optim_state_finite(const Optimizer *o);
 
+/* The sums of squares (in double, in a fixed order) of the weights AdamW
+ * updates and of the first moments: equal on ranks whose state has the same
+ * bits, so data-parallel ranks compare them to catch a rank that drifted. */
+void optim_fingerprint(const Optimizer *o, double out[2]);
+
 #endif

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 
 int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_each, char *err) {
@@ -15,8 +18,116 @@ int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_ea
     return comm_all_gather(d->comm, out, mine, bytes_each, COMM_BYTE, NULL, err);
 }
 
+/* ---------------------------------------------------------------- overlap path */
+
+int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend *be, int device, void *grads,
+                              size_t n, size_t bucket_bytes, double timeout_s, char *how, size_t how_size, char *err) {
+    snprintf(how, how_size, "%s", d->world == 1 ? "one process" : "summed on the host in rank order");
+    bool gpu = strcmp(be->name, "cpu") != 0;
+    if (d->world == 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
+    /* NCCL refuses two ranks on one GPU: those keep the host path. */
+    typedef struct {
+        char host[64], bus[32];
+    } Card;
+    Card mine;
+    memset(&mine, 0, sizeof mine);
+    gethostname(mine.host, sizeof mine.host - 1);
+    backend_cuda_pci_bus_id(be, mine.bus, sizeof mine.bus);
+    Card *all = xcalloc((size_t)d->world, sizeof(Card));
+    if (train_dist_gather(d, all, &mine, sizeof mine, err) != 0) {
+        free(all);
+        return COLT_ERR;
+    }
+    int shared_a = -1, shared_b = -1;
+    for (int a = 0; a < d->world && shared_a < 0; a++)
+        for (int b = a + 1; b < d->world && shared_a < 0; b++)
+            if (!strcmp(all[a].host, all[b].host) && !strcmp(all[a].bus, all[b].bus)) shared_a = a, shared_b = b;
+    if (shared_a >= 0) {
+        snprintf(how, how_size, "summed on the host in rank order: ranks %d and %d share GPU %s, which NCCL refuses",
+                 shared_a, shared_b, all[shared_a].bus);
+        free(all);
+        return COLT_OK;
+    }
+    free(all);
+    CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = device, .timeout_s = timeout_s};
+    if (comm_open(&d->grad_comm, env, &co, err) != 0) return COLT_ERR;
+    d->be = be;
+    d->grads = grads;
+    d->grads_n = n;
+    d->bucket_n = bucket_bytes / sizeof(float);
+    if (d->bucket_n == 0) d->bucket_n = 1;
+    snprintf(how, how_size, "NCCL, all-reduced in buckets of %.0f MB during the backward pass",
+             (double)bucket_bytes / (1 << 20));
+    return COLT_OK;
+}
+
+bool train_dist_overlaps(const TrainDist *d) { return d->grad_comm != NULL; }
+
+/* Enqueues the pending ranges' all-reduce on the communication stream, after
+ * everything the compute stream has been given so far. */
+static int launch_bucket(TrainDist *d, char *err) {
+    if (d->n_pending == 0) return COLT_OK;
+    backend_cuda_comm_after_compute(d->be);
+    void *stream = backend_cuda_comm_stream(d->be);
+    d->in_flight = true;
+    for (int i = 0; i < d->n_pending; i++)
+        if (comm_all_reduce(d->grad_comm, d->grads + d->pending[i][0], d->pending[i][1] - d->pending[i][0],
+                            COMM_FLOAT32, stream, err) != 0)
+            return COLT_ERR;
+    d->n_pending = 0;
+    d->pending_n = 0;
+    d->buckets++;
+    return COLT_OK;
+}
+
+int train_dist_gradients_ready(void *ctx, size_t lo, size_t hi, char *err) {
+    TrainDist *d = ctx;
+    COLT_ASSERT(d->grad_comm && lo < hi && hi <= d->grads_n);
+    /* The backward announces neighbouring ranges one after another: extend a
+     * pending one where possible. */
+    int i = 0;
+    while (i < d->n_pending && d->pending[i][0] != hi && d->pending[i][1] != lo) i++;
+    if (i == d->n_pending) {
+        if (d->n_pending == TRAIN_DIST_PENDING && launch_bucket(d, err) != 0) return COLT_ERR;
+        i = d->n_pending++;
+        d->pending[i][0] = lo;
+        d->pending[i][1] = hi;
+    } else if (d->pending[i][0] == hi) d->pending[i][0] = lo;
+    else d->pending[i][1] = hi;
+    d->pending_n += hi - lo;
+    d->announced_n += hi - lo;
+    return d->pending_n >= d->bucket_n ? launch_bucket(d, err) : COLT_OK;
+}
+
+static int overlap_finish(TrainDist *d, char *err) {
+    if (d->announced_n == 0) { /* no backward announced anything: all of it now */
+        d->pending[0][0] = 0;
+        d->pending[0][1] = d->grads_n;
+        d->n_pending = 1;
+    } else COLT_ASSERT(d->announced_n == d->grads_n);
+    int rc = launch_bucket(d, err);
+    if (rc == 0) rc = comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err);
+    if (rc == 0) d->in_flight = false;
+    d->announced_n = 0;
+    d->buckets = 0;
+    d->n_pending = 0;
+    d->pending_n = 0;
+    return rc;
+}
+
+void train_dist_cancel_gradients(TrainDist *d) {
+    if (d->grad_comm) comm_cancel(d->grad_comm); /* also spares comm_close a collective finalize */
+    d->in_flight = false;
+}
+
+/* ---------------------------------------------------------------- host path */
+
 int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_t n, char *err) {
     if (d->world == 1 || n == 0) return COLT_OK;
+    if (d->grad_comm) {
+        COLT_ASSERT(grads == d->grads && n == d->grads_n);
+        return overlap_finish(d, err);
+    }
     /* All ranks' gradients side by side, then summed in rank order: memory of
      * world x the gradients on the host, which is what makes the order fixed
      * (an all-reduce's order depends on its algorithm). */
@@ -63,6 +174,19 @@ int train_dist_agree(TrainDist *d, int rc, char *err) {
     return out;
 }
 
+int train_dist_check_same(TrainDist *d, const double *values, int n, const char *what, char *err) {
+    if (d->world == 1) return COLT_OK;
+    double *all = xcalloc((size_t)d->world * (size_t)n, sizeof(double));
+    int rc = train_dist_gather(d, all, values, (size_t)n * sizeof(double), err);
+    for (int r = 1; rc == 0 && r < d->world; r++)
+        for (int i = 0; i < n && rc == 0; i++)
+            if (memcmp(&all[(size_t)r * n + i], &all[i], sizeof(double)) != 0)
+                rc = errorf(err, "the ranks' %s differ: rank %d has %.17g where rank 0 has %.17g (value %d)", what, r,
+                            all[(size_t)r * n + i], all[i], i);
+    free(all);
+    return rc;
+}
+
 bool train_dist_any(TrainDist *d, bool flag) {
     if (d->world == 1) return flag;
     long long v = flag ? 1 : 0;
@@ -72,6 +196,8 @@ bool train_dist_any(TrainDist *d, bool flag) {
 }
 
 void train_dist_free(TrainDist *d) {
+    if (d->in_flight) train_dist_cancel_gradients(d);
+    if (d->grad_comm) comm_close(d->grad_comm);
     if (d->comm) comm_close(d->comm);
     free(d->staging);
     memset(d, 0, sizeof *d);

@@ -3,9 +3,21 @@
  * summing gradients in a fixed order, and agreeing on errors and stop signals.
  * A world of one calls nothing: every function is then a copy or a no-op.
  *
- * Buffers passed here are host memory, except the gradient buffer of
- * train_dist_sum_gradients, which is the backend's [f32] buffer (staged through
- * the host when the communicator cannot read device memory). */
+ * Buffers passed here are host memory, except the gradient buffer, which is
+ * the backend's [f32] buffer.
+ *
+ * Gradients take one of two paths:
+ *   host     (CPU ranks; GPU ranks sharing a GPU, which NCCL refuses): every
+ *            rank's gradients gathered to the host and summed in rank order,
+ *            so the result has the same bits as one process — what makes CPU
+ *            runs independent of the world size.
+ *   overlap  (GPU ranks on distinct GPUs with NCCL): the backward pass
+ *            announces the gradients it finished (model_grads_on_ready); they
+ *            are all-reduced in buckets of ddp_bucket_cap_mb on the backend's
+ *            communication stream while the backward goes on with the layers
+ *            below, as PyTorch DDP does. The sum's order is NCCL's, so the
+ *            result matches the host path within float rounding; every rank
+ *            gets the same bits. */
 #ifndef COLT_TRAIN_TRAIN_DIST_H
 #define COLT_TRAIN_TRAIN_DIST_H
 
@@ -15,20 +27,57 @@
 #include "backend/backend.h"
 #include "dist/comm.h"
 
+/* Gradient ranges announced by the backward and not yet in a bucket (they
+ * arrive in two runs, the decayed and the no-decay part of the arena). */
+#define TRAIN_DIST_PENDING 4
+
 typedef struct TrainDist {
     int rank, world;
-    Comm *comm;       /* NULL for a world of one */
-    float *staging;   /* host copy of the gradients (device buffers over a host communicator) */
+    Comm *comm;       /* host collectives; NULL for a world of one */
+    float *staging;   /* host copy of the gradients (host path) */
     size_t staging_n;
+    /* overlap path (grad_comm != NULL) */
+    Comm *grad_comm;  /* NCCL, on the backend's communication stream */
+    const Backend *be;
+    float *grads;     /* the flat gradient buffer */
+    size_t grads_n, bucket_n;  /* elements: all, per bucket */
+    size_t pending[TRAIN_DIST_PENDING][2];
+    int n_pending;
+    size_t pending_n, announced_n;  /* elements waiting; announced in this step */
+    int buckets;      /* launched in this step */
+    bool in_flight;   /* collectives enqueued and not yet waited for */
 } TrainDist;
+
+/* Chooses the gradient path (collective): GPU ranks of a CUDA backend on
+ * distinct GPUs (PCI bus id and host gathered from all ranks) open an NCCL
+ * communicator on `device` for the gradients of grads[n]; otherwise the host
+ * path stays. `how` gets a few words for the log ("NCCL, buckets of 25 MB"). */
+int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend *be, int device, void *grads,
+                              size_t n, size_t bucket_bytes, double timeout_s, char *how, size_t how_size, char *err);
+
+/* A GradsReadyFn (model_train.h) for the overlap path: ctx is the TrainDist.
+ * Install it for the last backward of a step only (earlier micro-batches
+ * still add to the gradients). */
+int train_dist_gradients_ready(void *ctx, size_t lo, size_t hi, char *err);
+
+/* True when gradients take the overlap path. */
+bool train_dist_overlaps(const TrainDist *d);
 
 /* out[world * bytes_each] = every rank's mine[bytes_each], in rank order. */
 int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_each, char *err);
 
-/* The sum over ranks of grads[n] ([f32] buffer of be), added in rank order
- * (r0 + r1 + r2 ... : the same bits as one process accumulating the ranks'
- * micro-batches one after the other). */
+/* The sum over ranks of grads[n] ([f32] buffer of be), on every rank when
+ * this returns. Host path: added in rank order (r0 + r1 + r2 ...: the same
+ * bits as one process accumulating the ranks' micro-batches one after the
+ * other). Overlap path: the buckets not yet launched are, then all are waited
+ * for (bounded by the timeout); if the backward announced nothing, the whole
+ * buffer is reduced here. */
 int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_t n, char *err);
+
+/* After an error (the ranks may not all have enqueued the same collectives,
+ * so some may never complete): drops the overlap path's in-flight ones and
+ * makes train_dist_free skip NCCL's collective finalize. */
+void train_dist_cancel_gradients(TrainDist *d);
 
 /* The ranks agree on a status: every rank passes its rc (and err when failed).
  * Returns COLT_OK when all succeeded; else COLT_ERR on every rank: a rank that
@@ -36,6 +85,10 @@ int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_
  * ("rank 2: reward 'x': ...") — so rank 0 can save and report what another
  * rank hit. */
 int train_dist_agree(TrainDist *d, int rc, char *err);
+
+/* Checks that values[n] have the same bits on every rank (e.g. a fingerprint of
+ * the weights), else an error naming the first rank that differs. Collective. */
+int train_dist_check_same(TrainDist *d, const double *values, int n, const char *what, char *err);
 
 /* True on every rank when flag is true on any (a stop signal seen by one). */
 bool train_dist_any(TrainDist *d, bool flag);

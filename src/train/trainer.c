@@ -1010,7 +1010,16 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
     t->cfg = c;
     if (open_world(t, env, err) != 0) return COLT_ERR;
     if (train_dist_agree(&t->dist, check_visible_devices(t, err), err) != 0) return COLT_ERR;
-    return train_dist_agree(&t->dist, trainer_setup_local(t, c, env, err), err);
+    if (train_dist_agree(&t->dist, trainer_setup_local(t, c, env, err), err) != 0) return COLT_ERR;
+    /* Last: the gradient path gathers from every rank, so all must have got here. */
+    size_t n_grads = 0;
+    void *grads = model_grads_flat(t->grads, &n_grads);
+    char how[256];
+    int rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
+                                       (size_t)c->ddp_bucket_cap_mb << 20, c->ddp_timeout, how, sizeof how, err);
+    if (train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
+    if (t->dist.world > 1) log_info0("gradients: %s", how);
+    return COLT_OK;
 }
 
 /* The GPU this rank computes on: local rank r takes devices[r], or GPU r. It
@@ -1280,9 +1289,9 @@ static void trainer_teardown(Trainer *t) {
     dataset_free(t->eval_data);
     model_free(t->ref_model);
     model_free(t->model);
+    train_dist_free(&t->dist); /* before its backend: the communicators use the device */
     backend_close(t->be);
     tokenizer_free(t->tok);
-    train_dist_free(&t->dist);
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -1343,7 +1352,12 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
                 if (rc != 0) break;
             }
             double t0 = time_now();
+            /* The last backward of the step hands its finished gradients to
+             * the all-reduce as it goes (GPU ranks over NCCL). */
+            bool overlap = a == c->gradient_accumulation_steps - 1 && train_dist_overlaps(&t.dist);
+            if (overlap) model_grads_on_ready(t.grads, train_dist_gradients_ready, &t.dist);
             rc = train_micro_batch(&t, &step_loss, err);
+            if (overlap) model_grads_on_ready(t.grads, NULL, NULL);
             t.time_training += time_now() - t0;
         }
         /* The ranks' gradients summed (every rank then holds the same). */
@@ -1379,6 +1393,19 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         }
         optim_step(t.opt, t.grads, lr);
         t.global_step++;
+        if (t.dist.world > 1) {
+            /* Every rank applied the same sum of gradients: the weights must
+             * be the same bits everywhere. Two passes over the state, cheap
+             * beside a step; a rank that drifted stops the job here. */
+            double fingerprint[2];
+            optim_fingerprint(t.opt, fingerprint);
+            rc = train_dist_agree(&t.dist,
+                                  train_dist_check_same(&t.dist, fingerprint, 2, "weights and first moments", err), err);
+            if (rc != 0) {
+                error_prefix(err, "after step %lld", (long long)t.global_step);
+                break;
+            }
+        }
         double now = time_now();
         t.time_training += now - t0;
         metrics_add(&t.metrics, "loss", step_loss);
@@ -1459,6 +1486,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         if (rc == 0) log_info0("done: %lld steps in %.1f s; model, metrics.jsonl, summary.json and reward_curve.svg in %s",
                                (long long)t.global_step, time_now() - run_start, c->output_dir);
     }
+    /* After an error the ranks may not have issued the same collectives. */
+    if (rc != 0) train_dist_cancel_gradients(&t.dist);
     trainer_teardown(&t);
     return rc;
 }

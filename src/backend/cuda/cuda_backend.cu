@@ -12,6 +12,7 @@
  * share nothing: they may run on two devices of one process, or side by side
  * on one. Every op first makes its instance's device current on the calling
  * thread (cuda_enter). Not here: memory pools (plain cudaMalloc/cudaFree). */
+#include <dlfcn.h>
 #include <math.h>
 #include <mutex>
 #include <string.h>
@@ -181,11 +182,76 @@ void cuda_smem_optin(CudaState *cs, const void *kernel, size_t bytes) {
 
 /* ---------------------------------------------------------------- memory */
 
+/* The processes holding memory on the GPU with this PCI bus id, as the driver
+ * tells through NVML ("pid 1234 (python3) 70.1 GB, ..."), or "" when it will
+ * not (no libnvidia-ml, a container without the pids). NVML is opened with
+ * dlopen so that colt does not link it; the few declarations below are its
+ * stable C ABI (nvml.h is not part of the CUDA toolkit). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long used_bytes;
+    unsigned int gpu_instance, compute_instance;
+} NvmlProcessInfo;
+
+static void describe_gpu_holders(const char *bus_id, char *out, size_t size) {
+    out[0] = 0;
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    typedef int (*InitFn)(void);
+    typedef int (*HandleFn)(const char *, void **);
+    typedef int (*ProcsFn)(void *, unsigned int *, NvmlProcessInfo *);
+    InitFn init = (InitFn)dlsym(lib, "nvmlInit_v2"), shutdown = (InitFn)dlsym(lib, "nvmlShutdown");
+    HandleFn handle = (HandleFn)dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    ProcsFn procs = (ProcsFn)dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    void *dev = NULL;
+    NvmlProcessInfo info[16];
+    unsigned int n = 16;
+    if (init && shutdown && handle && procs && init() == 0) {
+        if (handle(bus_id, &dev) == 0 && procs(dev, &n, info) == 0) {
+            size_t used = 0;
+            for (unsigned int i = 0; i < n && i < 16 && used + 1 < size; i++) {
+                char comm[64] = "?", path[64];
+                snprintf(path, sizeof path, "/proc/%u/comm", info[i].pid);
+                FILE *f = fopen(path, "r");
+                if (f) {
+                    if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+                    fclose(f);
+                }
+                int w = snprintf(out + used, size - used, "%spid %u (%s) %.1f GB", i ? ", " : "", info[i].pid, comm,
+                                 info[i].used_bytes / 1e9);
+                if (w < 0) break;
+                used += (size_t)w;
+            }
+        }
+        shutdown();
+    }
+    dlclose(lib);
+}
+
+/* Out of device memory: one line that says how much was asked for, how much
+ * is free and who holds the rest, then exit 1 (a bug it is not). */
+static void cuda_out_of_memory(const Backend *be, size_t bytes, cudaError_t e) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    char bus[32] = "", holders[512] = "";
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, be->device) == cudaSuccess) describe_gpu_holders(bus, holders, sizeof holders);
+    else (void)cudaGetLastError();
+    fprintf(stderr,
+            "colt: GPU %d (%s) could not allocate %.2f GB: %s; %.2f GB free of %.2f GB%s%s (lower the batch or "
+            "sequence lengths, free the GPU, or use a GPU with more memory)\n",
+            be->device, bus[0] ? bus : "?", bytes / 1e9, cudaGetErrorString(e), free_b / 1e9, total_b / 1e9,
+            holders[0] ? "; processes holding it: " : "", holders);
+    fflush(stderr);
+    exit(1);
+}
+
 static void *cuda_alloc_bytes(const Backend *be, size_t n_elements, size_t elem) {
     (void)cuda_enter_checked(be);
     void *p = NULL;
     size_t bytes = (n_elements ? n_elements : 1) * elem;
     cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) cuda_out_of_memory(be, bytes, e);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s:%d: cudaMalloc of %zu bytes on device %d failed: %s\n", __FILE__, __LINE__, bytes,
                 be->device, cudaGetErrorString(e));
@@ -398,6 +464,7 @@ static void cuda_state_free(CudaState *cs) {
     if (cs->lt) CUBLAS_CHECK(cublasLtDestroy(cs->lt));
     if (cs->stream) CUDA_CHECK(cudaStreamDestroy(cs->stream));
     if (cs->comm_stream) CUDA_CHECK(cudaStreamDestroy(cs->comm_stream));
+    if (cs->compute_mark) CUDA_CHECK(cudaEventDestroy(cs->compute_mark));
     free(cs);
 }
 
@@ -459,6 +526,7 @@ extern "C" Backend *backend_cuda_open(int device, DType storage, char *err) {
     if (cs->sm_count <= 0) cs->sm_count = 1;
     CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&cs->comm_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cs->compute_mark, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasLtCreate(&cs->lt));
     cuda_gemm_state_create(cs);
     size_t reserved = 0;
@@ -530,6 +598,26 @@ extern "C" const Backend *backend_cuda_f32(void) { return cuda_shared(DTYPE_F32)
 extern "C" void *backend_cuda_compute_stream(const Backend *be) { return (void *)cuda_state(be)->stream; }
 extern "C" void *backend_cuda_comm_stream(const Backend *be) { return (void *)cuda_state(be)->comm_stream; }
 extern "C" void backend_cuda_make_current(const Backend *be) { cuda_set_current(cuda_state(be)->device); }
+
+extern "C" void backend_cuda_comm_after_compute(const Backend *be) {
+    CudaState *cs = cuda_enter(be);
+    CUDA_CHECK(cudaEventRecord(cs->compute_mark, cs->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cs->comm_stream, cs->compute_mark, 0));
+}
+
+extern "C" void backend_cuda_pci_bus_id(const Backend *be, char *out, size_t size) {
+    out[0] = 0;
+    if (cudaDeviceGetPCIBusId(out, (int)size, cuda_state(be)->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(out, size, "device %d", cuda_state(be)->device);
+    }
+}
+
+extern "C" void backend_cuda_memory(const Backend *be, size_t *free_bytes, size_t *total_bytes) {
+    cuda_enter(be);
+    *free_bytes = *total_bytes = 0;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) (void)cudaGetLastError();
+}
 
 extern "C" size_t backend_cuda_reserved_bytes(const Backend *be) {
     const CudaState *cs = cuda_state(be);

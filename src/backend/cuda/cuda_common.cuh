@@ -184,6 +184,7 @@ struct CudaState {
 
     cudaStream_t stream;      /* every op, upload and download */
     cudaStream_t comm_stream; /* collectives (backend_cuda_comm_stream); no op uses it */
+    cudaEvent_t compute_mark; /* recorded on stream for backend_cuda_comm_after_compute */
     cublasLtHandle_t lt;
     void *lt_workspace;       /* [CUDA_LT_WORKSPACE_BYTES] */
     float *staging;           /* [CUDA_STAGING_FLOATS]: fp32 <-> storage conversion of upload/download */

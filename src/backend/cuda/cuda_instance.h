@@ -58,6 +58,15 @@ void *backend_cuda_comm_stream(const Backend *be);
  * themselves, cheaply: they remember the device last set on the thread, so
  * code that calls cudaSetDevice directly must call this before the next op. */
 void backend_cuda_make_current(const Backend *be);
+/* Orders the communication stream after everything enqueued so far on the
+ * compute stream (an event): a collective enqueued next on the communication
+ * stream sees the results of the ops before it, while later ops overlap it. */
+void backend_cuda_comm_after_compute(const Backend *be);
+/* The PCI bus id of the instance's GPU ("0000:18:00.0"): the same card gets
+ * the same id in every process, whatever CUDA_VISIBLE_DEVICES says. */
+void backend_cuda_pci_bus_id(const Backend *be, char *out, size_t size);
+/* cudaMemGetInfo on the instance's device (0, 0 if the driver will not say). */
+void backend_cuda_memory(const Backend *be, size_t *free_bytes, size_t *total_bytes);
 /* Device bytes the instance holds for itself outside alloc'd buffers: what
  * backend_cuda_open reserved (cuBLASLt workspace, staging, paged-attention
  * partials, sampling and reduction scratch) plus what its growable scratch
@@ -69,6 +78,15 @@ CudaOptions *backend_cuda_options(const Backend *be);
 static inline void *backend_cuda_compute_stream(const Backend *be) { (void)be; return NULL; }
 static inline void *backend_cuda_comm_stream(const Backend *be) { (void)be; return NULL; }
 static inline void backend_cuda_make_current(const Backend *be) { (void)be; }
+static inline void backend_cuda_comm_after_compute(const Backend *be) { (void)be; }
+static inline void backend_cuda_pci_bus_id(const Backend *be, char *out, size_t size) {
+    (void)be;
+    if (size) out[0] = 0;
+}
+static inline void backend_cuda_memory(const Backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    *free_bytes = *total_bytes = 0;
+}
 static inline size_t backend_cuda_reserved_bytes(const Backend *be) { (void)be; return 0; }
 static inline CudaOptions *backend_cuda_options(const Backend *be) { (void)be; return NULL; }
 #endif

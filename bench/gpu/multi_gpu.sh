@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# multi_gpu.sh — colt on every GPU of one machine (issue 26): the machine's
+# record (GPUs, driver, NCCL, link topology), data-parallel scaling of
+# colocated GRPO, world size N against one process, and a rank killed mid-run.
+# Runs what the machine has (1, 2, 4 or 8 GPUs); parts whose code does not
+# exist yet say so. Prints markdown; raw logs stay under $WORK.
+# Usage: bash bench/gpu/multi_gpu.sh TOKENIZER_DIR PROMPTS_JSONL [presets]   (presets: qwen2.5-0.5b qwen2.5-1.5b)
+#   (scripts/pack_device.sh makes the tokenizer and prompts from ../shared/data)
+# The GRPO step is bench/gpu/grpo_bench.yaml's: 16 prompts x 8 completions x 256 tokens per GPU (weak
+# scaling: the global batch grows with the GPUs, per-GPU work stays), random-weight Qwen2.5 shapes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+COLT=${COLT:-build-cuda/colt}
+tok=$1
+prompts=$2
+shift 2
+presets=${*:-qwen2.5-0.5b qwen2.5-1.5b}
+work=${WORK:-/tmp/colt-multi-gpu}
+rm -rf "$work" && mkdir -p "$work"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+gpus=$(nvidia-smi -L | wc -l)
+
+echo "## Machine"
+echo
+nvidia-smi -L | sed 's/^/    /'
+echo "    driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+echo
+echo '```'
+nvidia-smi topo -m 2>/dev/null | sed -n '1,/^$/p' || echo "(nvidia-smi topo -m failed)"
+echo '```'
+
+counts=()
+for n in 1 2 4 8; do [ "$n" -le "$gpus" ] && counts+=("$n"); done
+
+# Metrics means over steps 2.. (step 1 captures CUDA graphs and picks cuBLAS algorithms).
+summary() { # metrics.jsonl, label, ranks
+  python3 - "$@" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]
+mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
+ranks = int(sys.argv[3])
+tokens = mean("completions/mean_length") * 128 * ranks
+print(f"| {sys.argv[2]} | {ranks} | {mean('step_time'):.3f} | {tokens / mean('step_time'):,.0f} | "
+      f"{tokens / mean('step_time') / ranks:,.0f} | {mean('time/generation'):.3f} | {mean('time/training'):.3f} | "
+      f"{mean('time/gradient_sync'):.4f} |")
+PY
+}
+
+echo
+echo "## 1. Colocate vs server mode (the write-up's experiments)"
+echo
+echo "Not run: colt's server mode does not exist yet (issue 23)."
+
+echo
+echo "## 2. Data-parallel scaling (weak: 128 completions of 256 tokens per GPU)"
+echo
+echo "| model | GPUs | s/step | completion tokens/s | per GPU | generation | training | gradient sync (exposed) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+for p in $presets; do
+  $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
+  for n in "${counts[@]}"; do
+    log="$work/train-$p-$n.log"
+    if NCCL_DEBUG=VERSION $COLT train --config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" \
+        --device cuda --nproc_per_node "$n" --output_dir "$work/run-$p-$n" > "$log" 2>&1; then
+      summary "$work/run-$p-$n/metrics.jsonl" "$p" "$n"
+    else
+      echo "| $p | $n | failed: $(tail -1 "$log") |"
+    fi
+  done
+done
+nccl=$(grep -ho "NCCL version [0-9.]*[^ ]*" "$work"/train-*.log 2>/dev/null | head -1 || true)
+echo
+echo "Gradients: $(grep -ho 'gradients: .*' "$work"/train-*-2.log 2>/dev/null | head -1 || echo 'one GPU only'); ${nccl:-NCCL version not printed}."
+echo "Efficiency at N GPUs = tokens/s(N) / (N x tokens/s(1)), from the table."
+
+echo
+echo "## 3-4. Qwen2.5-7B with ZeRO-3 and offload, the largest model"
+echo
+echo "Not run: ZeRO sharding and CPU offload do not exist yet (issue 21)."
+
+echo
+echo "## 5. Correctness at scale: world size $gpus against one process, same global batch"
+echo
+if [ "$gpus" -ge 2 ]; then
+  p=${presets%% *}
+  per=$((128 / gpus))
+  common=(--config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" --device cuda --max_steps 3)
+  $COLT train "${common[@]}" --nproc_per_node 1 --output_dir "$work/check-1" > "$work/check-1.log" 2>&1 || echo "one process failed: $(tail -1 "$work/check-1.log")"
+  $COLT train "${common[@]}" --nproc_per_node "$gpus" --per_device_train_batch_size "$per" --output_dir "$work/check-$gpus" \
+    > "$work/check-$gpus.log" 2>&1 || echo "$gpus processes failed: $(tail -1 "$work/check-$gpus.log")"
+  python3 - "$work/check-1/metrics.jsonl" "$work/check-$gpus/metrics.jsonl" "$gpus" <<'PY'
+import json, math, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+print(f"| step | metrics compared | largest relative difference (world {sys.argv[3]} vs 1) | in |")
+print("|---:|---:|---:|---|")
+for ra, rb in zip(a, b):
+    worst, name, n = 0.0, "-", 0
+    for k, va in ra.items():
+        if k.startswith("time/") or k in ("step_time", "epoch") or not isinstance(va, (int, float)) or k not in rb:
+            continue
+        vb = rb[k]
+        if not isinstance(vb, (int, float)) or (isinstance(va, float) and math.isnan(va)):
+            continue
+        n += 1
+        d = abs(va - vb) / max(abs(va), 1e-6)
+        if d > worst:
+            worst, name = d, k
+    print(f"| {ra.get('step')} | {n} | {worst:.2e} | {name} |")
+PY
+  echo
+  echo "The weights' fingerprint (sum of squares of the fp32 masters and first moments) is compared across ranks after"
+  echo "every step by colt itself; a difference stops the job. $(grep -c 'differ' "$work/check-$gpus.log" || true) such stops."
+
+  echo
+  echo "### A rank killed mid-run"
+  echo
+  $COLT train "${common[@]}" --max_steps 1000 --nproc_per_node "$gpus" --per_device_train_batch_size "$per" \
+    --ddp_timeout 60 --output_dir "$work/kill" > "$work/kill.log" 2>&1 &
+  parent=$!
+  for _ in $(seq 600); do
+    [ -f "$work/kill/metrics.jsonl" ] && [ "$(wc -l < "$work/kill/metrics.jsonl")" -ge 2 ] && break
+    sleep 0.5
+  done
+  victim=$(pgrep -P "$parent" | tail -1)
+  t0=$(date +%s.%N)
+  kill -9 "$victim"
+  status=0
+  wait "$parent" || status=$?
+  t1=$(date +%s.%N)
+  echo "kill -9 of rank $((gpus - 1)) (pid $victim) after step 2: colt exited with status $status after" \
+       "$(python3 -c "print(f'{$t1 - $t0:.1f}')") s (ddp_timeout 60 s). Its last line: \`$(tail -1 "$work/kill.log")\`"
+else
+  echo "Not run: one GPU."
+fi
+
+echo
+echo "Command: bash bench/gpu/multi_gpu.sh $tok $prompts $presets ($(nvidia-smi -L | head -1 | cut -d'(' -f1| sed 's/GPU 0: //'), $gpus GPUs)"

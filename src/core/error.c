@@ -1,10 +1,13 @@
-/* error.c — error messages, always-on asserts and aborting allocators. */
+/* error.c — error messages, always-on asserts, and allocators that end the
+ * process with one line when the host is out of memory. */
 #include "core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/log.h"
 
 int errorf(char *err, const char *fmt, ...) {
     if (!err) return COLT_ERR;
@@ -36,27 +39,37 @@ _Noreturn void colt_abort(const char *file, int line, const char *msg) {
     abort();
 }
 
-void *colt_xmalloc(size_t n, const char *file, int line) {
+/* bytes is a double so that a calloc product that overflows size_t is still named right */
+static _Noreturn void out_of_memory(double bytes) {
+    int rank = log_rank();
+    if (rank != 0) fprintf(stderr, "[rank %d] ", rank);
+    fprintf(stderr, "colt: out of memory: could not allocate %.0f bytes (%.2f GB)\n", bytes, bytes / 1e9);
+    exit(1);
+}
+
+_Noreturn void colt_out_of_memory(size_t bytes) { out_of_memory((double)bytes); }
+
+void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p) colt_abort(file, line, "out of memory");
+    if (!p) colt_out_of_memory(n);
     return p;
 }
 
-void *colt_xcalloc(size_t n, size_t size, const char *file, int line) {
+void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) colt_abort(file, line, "out of memory");
+    if (!p) out_of_memory((double)n * (double)size);
     return p;
 }
 
-void *colt_xrealloc(void *p, size_t n, const char *file, int line) {
+void *xrealloc(void *p, size_t n) {
     void *q = realloc(p, n ? n : 1);
-    if (!q) colt_abort(file, line, "out of memory");
+    if (!q) colt_out_of_memory(n);
     return q;
 }
 
-char *colt_xstrdup(const char *s, const char *file, int line) {
+char *xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
-    char *p = colt_xmalloc(n, file, line);
+    char *p = xmalloc(n);
     memcpy(p, s, n);
     return p;
 }

@@ -1,8 +1,10 @@
 /* error.h — how colt reports errors.
  *
  * Library code returns int (0 = ok, negative = error) and fills a caller's
- * char err[ERR_LEN] with one sentence a user can act on. Broken invariants and
- * out-of-memory are not errors a caller can handle: they abort with file:line.
+ * char err[ERR_LEN] with one sentence a user can act on. Broken invariants are
+ * not errors a caller can handle: they abort with file:line. Running out of
+ * host memory is not a bug in colt: it ends the process with one line naming
+ * the size asked for, and exit status 1.
  * This file is not a logging system (see log.h). */
 #ifndef COLT_CORE_ERROR_H
 #define COLT_CORE_ERROR_H
@@ -28,14 +30,16 @@ int error_prefix(char *err, const char *fmt, ...) __attribute__((format(printf, 
 
 _Noreturn void colt_abort(const char *file, int line, const char *msg);
 
-/* Allocation that aborts on out-of-memory with file:line. */
-#define xmalloc(n) colt_xmalloc((n), __FILE__, __LINE__)
-#define xcalloc(n, s) colt_xcalloc((n), (s), __FILE__, __LINE__)
-#define xrealloc(p, n) colt_xrealloc((p), (n), __FILE__, __LINE__)
-#define xstrdup(s) colt_xstrdup((s), __FILE__, __LINE__)
-void *colt_xmalloc(size_t n, const char *file, int line);
-void *colt_xcalloc(size_t n, size_t size, const char *file, int line);
-void *colt_xrealloc(void *p, size_t n, const char *file, int line);
-char *colt_xstrdup(const char *s, const char *file, int line);
+/* Host allocation that never returns NULL: when the memory is not there it
+ * calls colt_out_of_memory. A size of 0 allocates 1 byte. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+/* Prints "colt: out of memory: could not allocate N bytes (M GB)" on stderr
+ * ("[rank r] " before it on ranks other than 0) and exits with status 1. For
+ * allocators other than the ones above (aligned, mapped) that fail the same way. */
+_Noreturn void colt_out_of_memory(size_t bytes);
 
 #endif

@@ -1,5 +1,6 @@
-/* report.c — see report.h. The SVG is drawn by hand: a line per metric over
- * steps with axes and labels; no plotting library is needed for that. */
+/* report.c — see report.h. The SVG is drawn by hand: the training reward over
+ * steps, eval points, axes with round ticks (report_axis_ticks) and labels; no
+ * plotting library is needed for that. */
 #include "train/report.h"
 
 #include <math.h>
@@ -12,68 +13,124 @@
 
 static json_t *num_or_null(double x) { return isnan(x) ? json_null() : json_real(x); }
 
-/* Reads (step, reward, reward_std) from metrics.jsonl. */
-static int read_curve(const char *path, double **steps, double **rewards, int *n) {
+/* The points of metrics.jsonl: (step, reward) of every training line and
+ * (step, eval_reward) of every line that has one. */
+typedef struct Curve {
+    double *x, *y;
+    int n, cap;
+} Curve;
+
+static void curve_add(Curve *c, double x, double y) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? c->cap * 2 : 64;
+        c->x = xrealloc(c->x, sizeof(double) * (size_t)c->cap);
+        c->y = xrealloc(c->y, sizeof(double) * (size_t)c->cap);
+    }
+    c->x[c->n] = x, c->y[c->n] = y;
+    c->n++;
+}
+
+static void curve_free(Curve *c) { free(c->x), free(c->y); }
+
+/* A metrics file that is missing or has no such lines gives empty curves. */
+static void read_curves(const char *path, Curve *train, Curve *eval) {
     char *data = NULL;
     size_t len = 0;
-    *n = 0;
-    *steps = *rewards = NULL;
-    if (file_read_all(path, &data, &len, NULL) != 0) return COLT_ERR;
-    int cap = 0;
-    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
+    if (file_read_all(path, &data, &len, NULL) != 0) return;
+    char *save = NULL;
+    for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         json_t *o = json_loads(line, 0, NULL);
-        json_t *s = json_object_get(o, "step"), *r = json_object_get(o, "reward");
-        if (json_is_number(s) && json_is_number(r)) {
-            if (*n == cap) {
-                cap = cap ? cap * 2 : 64;
-                *steps = xrealloc(*steps, sizeof(double) * (size_t)cap);
-                *rewards = xrealloc(*rewards, sizeof(double) * (size_t)cap);
-            }
-            (*steps)[*n] = json_number_value(s);
-            (*rewards)[*n] = json_number_value(r);
-            (*n)++;
-        }
+        json_t *s = json_object_get(o, "step"), *r = json_object_get(o, "reward"), *e = json_object_get(o, "eval_reward");
+        if (json_is_number(s) && json_is_number(r)) curve_add(train, json_number_value(s), json_number_value(r));
+        if (json_is_number(s) && json_is_number(e)) curve_add(eval, json_number_value(s), json_number_value(e));
         json_decref(o);
     }
     free(data);
-    return COLT_OK;
 }
 
-static int write_svg(const char *path, const double *x, const double *y, int n, double before, double after,
+AxisTicks report_axis_ticks(double lo, double hi, int max_ticks, bool integer, bool widen) {
+    COLT_ASSERT(isfinite(lo) && isfinite(hi) && lo < hi && max_ticks >= 2);
+    static const double mantissa[3] = {1, 2, 5};
+    /* start where the count is about 10 x max_ticks and climb 1, 2, 5, 10, 20, ... */
+    int e = (int)floor(log10((hi - lo) / (10.0 * max_ticks)));
+    if (integer && e < 0) e = 0;
+    for (;; e++) {
+        for (int m = 0; m < 3; m++) {
+            double step = mantissa[m] * pow(10, e);
+            /* 1e-9: a bound that is a multiple of step up to rounding counts as one */
+            double k0 = widen ? floor(lo / step + 1e-9) : ceil(lo / step - 1e-9);
+            double k1 = widen ? ceil(hi / step - 1e-9) : floor(hi / step + 1e-9);
+            if (k1 - k0 + 1 > max_ticks) continue;
+            AxisTicks t = {.step = step, .first = k0 * step, .count = (int)(k1 - k0) + 1, .decimals = e < 0 ? -e : 0};
+            if (t.count < 1) t.first = lo, t.count = 1;
+            return t;
+        }
+    }
+}
+
+/* Prints a tick value with the axis' decimals, never as "-0". */
+static void tick_label(char *buf, size_t cap, double v, const AxisTicks *t) {
+    if (fabs(v) < 1e-9 * t->step) v = 0;
+    snprintf(buf, cap, "%.*f", t->decimals, v);
+}
+
+static int write_svg(const char *path, const Curve *train, const Curve *eval, double before, double after,
                      double last_step, char *err) {
     const double W = 720, H = 420, L = 70, R = 20, T = 40, B = 50;
-    double xmin = 0, xmax = last_step > 0 ? last_step : 1, ymin = INFINITY, ymax = -INFINITY;
-    for (int i = 0; i < n; i++) ymin = fmin(ymin, y[i]), ymax = fmax(ymax, y[i]);
+    double xmax = last_step > 0 ? last_step : 1, ymin = INFINITY, ymax = -INFINITY;
+    for (int i = 0; i < train->n; i++) ymin = fmin(ymin, train->y[i]), ymax = fmax(ymax, train->y[i]);
+    for (int i = 0; i < eval->n; i++) {
+        ymin = fmin(ymin, eval->y[i]), ymax = fmax(ymax, eval->y[i]);
+        xmax = fmax(xmax, eval->x[i]);
+    }
+    if (train->n > 0) xmax = fmax(xmax, train->x[train->n - 1]);
     if (!isnan(before)) ymin = fmin(ymin, before), ymax = fmax(ymax, before);
     if (!isnan(after)) ymin = fmin(ymin, after), ymax = fmax(ymax, after);
-    if (!isfinite(ymin)) ymin = 0, ymax = 1;
+    if (!isfinite(ymin) || !isfinite(ymax)) ymin = 0, ymax = 1;
     if (ymax - ymin < 1e-9) ymin -= 0.5, ymax += 0.5;
-    double pad = 0.05 * (ymax - ymin);
-    ymin -= pad, ymax += pad;
+    const double xmin = 0;
+    AxisTicks xt = report_axis_ticks(xmin, xmax, 8, true, false);
+    AxisTicks yt = report_axis_ticks(ymin, ymax, 6, false, true);
+    ymin = yt.first, ymax = yt.first + (yt.count - 1) * yt.step;
 #define PX(v) (L + ((v) - xmin) / (xmax - xmin) * (W - L - R))
 #define PY(v) (H - B - ((v) - ymin) / (ymax - ymin) * (H - T - B))
     AtomicFile af;
     if (atomic_open(&af, path, err) != 0) return COLT_ERR;
     FILE *f = af.fp;
+    char label[64];
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
     fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">colt GRPO: training reward per logged step</text>\n", L);
+    for (int k = 0; k < yt.count; k++) {
+        double v = yt.first + k * yt.step;
+        tick_label(label, sizeof label, v, &yt);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, PY(v), W - R, PY(v));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", L - 6, PY(v) + 4, label);
+    }
+    for (int k = 0; k < xt.count; k++) {
+        double v = xt.first + k * xt.step;
+        tick_label(label, sizeof label, v, &xt);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", PX(v), H - B, PX(v),
+                H - B + 4);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", PX(v), H - B + 18, label);
+    }
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", L, T, L, H - B);
-    for (int k = 0; k <= 4; k++) {
-        double v = ymin + (ymax - ymin) * k / 4, xv = xmin + (xmax - xmin) * k / 4;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, PY(v) + 4, v);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, PY(v), W - R, PY(v));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", PX(xv), H - B + 18, xv);
-    }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">optimizer step</text>\n", (L + W - R) / 2, H - 10);
     fprintf(f, "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" text-anchor=\"middle\">reward</text>\n",
             (T + H - B) / 2, (T + H - B) / 2);
-    if (n > 0) {
+    if (train->n > 0) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"");
-        for (int i = 0; i < n; i++) fprintf(f, "%.1f,%.1f ", PX(x[i]), PY(y[i]));
+        for (int i = 0; i < train->n; i++) fprintf(f, "%.1f,%.1f ", PX(train->x[i]), PY(train->y[i]));
         fprintf(f, "\"/>\n");
     }
+    for (int i = 0; i < eval->n; i++) /* evals during training (eval_steps) */
+        fprintf(f, "<rect class=\"eval\" x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"8\" fill=\"#ff7f0e\"/>\n",
+                PX(eval->x[i]) - 4, PY(eval->y[i]) - 4);
+    if (eval->n > 0)
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"8\" fill=\"#ff7f0e\"/>\n"
+                   "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#ff7f0e\">eval reward</text>\n",
+                W - R - 8, T - 14, W - R - 12, T - 6);
     if (!isnan(before)) {
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#d62728\"/>\n", PX(0), PY(before));
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\">eval before %.3f</text>\n", PX(0) + 8, PY(before) - 8, before);
@@ -92,23 +149,25 @@ static int write_svg(const char *path, const double *x, const double *y, int n, 
 int report_write(const char *output_dir, const ReportSummary *s, json_t *config, char *err) {
     char *metrics = path_join(output_dir, "metrics.jsonl"), *summary = path_join(output_dir, "summary.json");
     char *svg = path_join(output_dir, "reward_curve.svg");
-    double *x = NULL, *y = NULL;
-    int n = 0;
-    read_curve(metrics, &x, &y, &n);
+    Curve train = {0}, eval = {0};
+    read_curves(metrics, &train, &eval);
+    const int n = train.n;
     json_t *o = json_object();
     json_object_set_new(o, "eval_reward_before", num_or_null(s->eval_reward_before));
     json_object_set_new(o, "eval_reward_after", num_or_null(s->eval_reward_after));
     json_object_set_new(o, "eval_reward_gain", num_or_null(s->eval_reward_after - s->eval_reward_before));
     json_object_set_new(o, "steps", json_integer(s->steps));
     json_object_set_new(o, "seconds", json_real(s->seconds));
-    json_object_set_new(o, "train_reward_first", n ? json_real(y[0]) : json_null());
-    json_object_set_new(o, "train_reward_last", n ? json_real(y[n - 1]) : json_null());
+    json_object_set_new(o, "train_reward_first", n ? json_real(train.y[0]) : json_null());
+    json_object_set_new(o, "train_reward_last", n ? json_real(train.y[n - 1]) : json_null());
     json_object_set_new(o, "config", config);
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
     int rc = file_write_atomic(summary, text, strlen(text), err);
     free(text);
     json_decref(o);
-    if (rc == 0) rc = write_svg(svg, x, y, n, s->eval_reward_before, s->eval_reward_after, (double)s->steps, err);
-    free(x), free(y), free(metrics), free(summary), free(svg);
+    if (rc == 0)
+        rc = write_svg(svg, &train, &eval, s->eval_reward_before, s->eval_reward_after, (double)s->steps, err);
+    curve_free(&train), curve_free(&eval);
+    free(metrics), free(summary), free(svg);
     return rc;
 }

@@ -6,6 +6,7 @@
 #define COLT_TRAIN_REPORT_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct ReportSummary {
@@ -14,7 +15,23 @@ typedef struct ReportSummary {
     double seconds;
 } ReportSummary;
 
-/* Writes output_dir/summary.json and output_dir/reward_curve.svg. Takes ownership of config. */
+/* Writes output_dir/summary.json and output_dir/reward_curve.svg. Takes ownership of config.
+ * The curve is metrics.jsonl's "reward" per logged step; lines that carry "eval_reward" (with their
+ * "step") are drawn as eval points, beside the before/after values of s. */
 int report_write(const char *output_dir, const ReportSummary *s, json_t *config, char *err);
+
+/* The ticks of one plot axis: count values first + i * step, i = 0 .. count-1. */
+typedef struct AxisTicks {
+    double step;   /* 1, 2 or 5 x 10^k; at least 1 on an integer axis */
+    double first;  /* the first tick, a multiple of step */
+    int count;     /* at least 1 */
+    int decimals;  /* digits after the point that print every tick exactly ("%.*f") */
+} AxisTicks;
+
+/* The smallest step of the form 1, 2 or 5 x 10^k (a whole number when integer is set) whose
+ * multiples in [lo, hi] are at most max_ticks (>= 2) ticks. With widen the axis grows to the
+ * multiples of step around lo and hi, and both ends are ticks (also at most max_ticks); without
+ * it the ticks are the multiples inside [lo, hi]. Requires finite lo < hi. */
+AxisTicks report_axis_ticks(double lo, double hi, int max_ticks, bool integer, bool widen);
 
 #endif

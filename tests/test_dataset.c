@@ -1,7 +1,10 @@
 /* test_dataset.c — dataset loading and prompt rendering against goldens from
  * tests/ref/make_dataset_goldens.py (transformers' apply_chat_template with the
  * Qwen2.5 tokenizer), preserved columns, every bad fixture's error text, the
- * GSM8K test file (no "prompt" column: an error naming the key), and the
+ * GSM8K test file (no "prompt" column: an error listing its columns; loaded
+ * with dataset_prompt_column "question"), the layouts datasets' to_json
+ * writes (JSON Lines in a .json file, an array, one object), a conversational
+ * prompt column under another name, parquet/arrow refused, and the
  * epoch shuffle (a permutation, reproducible, different per epoch and seed,
  * uniform over the 6 orders of 3 rows). */
 #include <jansson.h>
@@ -12,6 +15,7 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "tokenizer/tokenizer.h"
+#include "shared_data.h"
 
 #define FIXTURES COLT_SOURCE_DIR "/tests/data/datasets/"
 
@@ -122,7 +126,8 @@ static void test_bad_fixtures(void) {
     static const char *const cases[][2] = {
         {"bad_prompt_number.jsonl",
          "bad_prompt_number.jsonl line 3: \"prompt\" must be a string or a list of messages, got number"},
-        {"bad_missing_prompt.jsonl", "bad_missing_prompt.jsonl line 2: missing required key \"prompt\""},
+        {"bad_missing_prompt.jsonl",
+         "bad_missing_prompt.jsonl line 2: no 'prompt' column (columns: question); set dataset_prompt_column"},
         {"bad_invalid_json.jsonl", "bad_invalid_json.jsonl line 2: invalid JSON"},
         {"bad_not_object.jsonl", "bad_not_object.jsonl line 3: expected a JSON object, got list"},
         {"bad_empty.jsonl", "bad_empty.jsonl: the dataset has no rows"},
@@ -131,8 +136,10 @@ static void test_bad_fixtures(void) {
         {"bad_message_content.jsonl",
          "bad_message_content.jsonl line 1: \"prompt\" message 0: \"content\" must be a string, got number"},
         {"bad_utf8.jsonl", "bad_utf8.jsonl line 2: invalid UTF-8"},
-        {"bad_object.json", "bad_object.json: expected a JSON array of row objects at the top level, got object"},
-        {"bad_array_item.json", "bad_array_item.json index 1: missing required key \"prompt\""},
+        {"bad_object.json", "bad_object.json (one object): no 'prompt' column (columns: train): 'train' holds the "
+                            "rows, a layout that is not supported; write them as JSON Lines or a JSON array"},
+        {"bad_array_item.json",
+         "bad_array_item.json index 1: no 'prompt' column (columns: answer); set dataset_prompt_column"},
         {"bad_invalid.json", "bad_invalid.json line 2 column"},
         {"bad_empty_array.json", "bad_empty_array.json: the dataset has no rows"},
         {"does_not_exist.jsonl", "does_not_exist.jsonl"},
@@ -150,16 +157,141 @@ static void test_bad_fixtures(void) {
     }
 }
 
-/* GSM8K has "question"/"answer" but no "prompt": loading it as-is must fail
- * with a message naming the missing key on line 1. */
+/* GSM8K has "question"/"answer" but no "prompt": loading it as-is fails on
+ * line 1 listing the columns; with the prompt column "question" it loads. */
 static void test_gsm8k(void) {
     char err[ERR_LEN] = "";
     Dataset *d = NULL;
     int rc = dataset_load(&d, COLT_SHARED_DATA "/gsm8k/test.jsonl", err);
-    CHECK(rc != 0 && strstr(err, "gsm8k/test.jsonl line 1: missing required key \"prompt\""),
+    CHECK(rc != 0 && strstr(err, "gsm8k/test.jsonl line 1: no 'prompt' column (columns: question, answer); set "
+                                 "dataset_prompt_column"),
           "gsm8k: rc=%d err=%s", rc, err);
     printf("gsm8k/test.jsonl (no \"prompt\" column) -> %s\n", strstr(err, "gsm8k/") ? strstr(err, "gsm8k/") : err);
     if (rc == 0) dataset_free(d);
+    rc = dataset_load_column(&d, COLT_SHARED_DATA "/gsm8k/test.jsonl", "question", err);
+    CHECK(rc == 0 && dataset_size(d) == 1319, "gsm8k with column 'question': rc=%d %s", rc, rc ? err : "");
+    if (rc != 0) return;
+    char *text = NULL;
+    CHECK(dataset_prompt_text(&text, d, 0, NULL, err) == 0 && text &&
+              !strcmp(text, json_string_value(json_object_get(dataset_row(d, 0), "question"))) &&
+              strncmp(text, "Janet", 5) == 0,
+          "gsm8k row 0 prompt '%.40s'", text ? text : "(null)");
+    printf("gsm8k/test.jsonl with dataset_prompt_column question: %zu rows, row 0 \"%.40s...\"\n", dataset_size(d),
+           text ? text : "");
+    free(text);
+    dataset_free(d);
+}
+
+/* Writes text to dir/name; returns the path (static buffer). */
+static const char *write_file(const char *dir, const char *name, const char *text) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    if (!fp) return path;
+    fputs(text, fp);
+    fclose(fp);
+    return path;
+}
+
+/* The layouts datasets' to_json and TRL users produce: JSON Lines in a .json
+ * file (to_json's default), a JSON array, one object; the prompt taken from
+ * another column (dataset_prompt_column), conversational too; parquet and
+ * arrow refused with the conversion. */
+static void test_formats_and_columns(const Tokenizer *tok) {
+    char dir[] = "/tmp/colt_test_dataset_XXXXXX", err[ERR_LEN];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    Dataset *d = NULL;
+    /* what Dataset.from_dict({...}).to_json("x.json") writes (datasets 5.2.0): JSON Lines, compact */
+    const char *p = write_file(dir, "to_json.json", "{\"question\":\"a\",\"answer\":\"1\"}\n{\"question\":\"b\",\"answer\":\"2\"}\n");
+    int rc = dataset_load_column(&d, p, "question", err);
+    CHECK(rc == 0 && dataset_size(d) == 2, "to_json.json (JSON Lines in .json): rc %d %s", rc, rc ? err : "");
+    if (rc == 0) {
+        char *text = NULL;
+        CHECK(dataset_prompt_text(&text, d, 1, tok, err) == 0 && text && strcmp(text, "b") == 0 &&
+                  !dataset_is_conversational(d, 1),
+              "to_json.json row 1 prompt '%s'", text ? text : "(null)");
+        CHECK(!strcmp(json_string_value(json_object_get(dataset_row(d, 1), "answer")), "2"), "answer column kept");
+        free(text);
+        dataset_free(d);
+    }
+    printf("to_json.json (JSON Lines, .json), prompt column 'question': %s\n", rc == 0 ? "2 rows" : err);
+    /* to_json(lines=False): an array */
+    p = write_file(dir, "records.json", "[{\"question\":\"a\",\"answer\":\"1\"},{\"question\":\"b\",\"answer\":\"2\"}]\n");
+    rc = dataset_load_column(&d, p, "question", err);
+    CHECK(rc == 0 && dataset_size(d) == 2, "records.json: rc %d %s", rc, rc ? err : "");
+    if (rc == 0) dataset_free(d);
+    /* one object over several lines: one row, as datasets' json loader reads it */
+    p = write_file(dir, "one.json", "{\n  \"prompt\": \"only\",\n  \"answer\": \"x\"\n}\n");
+    rc = dataset_load(&d, p, err);
+    CHECK(rc == 0 && dataset_size(d) == 1 &&
+              !strcmp(json_string_value(json_object_get(dataset_row(d, 0), "prompt")), "only"),
+          "one.json (one object, several lines): rc %d %s", rc, rc ? err : "");
+    if (rc == 0) dataset_free(d);
+    /* a conversational column under another name renders as the "prompt" fixture does */
+    json_error_t jerr;
+    json_t *goldens = json_load_file(FIXTURES "goldens.json", 0, &jerr);
+    json_t *want = json_object_get(goldens, "conversational.jsonl");
+    Dataset *conv = NULL;
+    rc = dataset_load(&conv, FIXTURES "conversational.jsonl", err);
+    CHECK(rc == 0, "conversational.jsonl: %s", err);
+    char *lines = NULL;
+    size_t lines_len = 0;
+    FILE *mem = open_memstream(&lines, &lines_len);
+    for (size_t i = 0; conv && i < dataset_size(conv); i++) {
+        json_t *row = json_pack("{s:O,s:s}", "messages", json_object_get(dataset_row(conv, i), "prompt"), "prompt",
+                                "not this one");
+        char *s = json_dumps(row, JSON_COMPACT);
+        fprintf(mem, "%s\n", s);
+        free(s);
+        json_decref(row);
+    }
+    fclose(mem);
+    p = write_file(dir, "messages.jsonl", lines);
+    rc = dataset_load_column(&d, p, "messages", err);
+    CHECK(rc == 0 && conv && dataset_size(d) == dataset_size(conv), "messages.jsonl: rc %d %s", rc, rc ? err : "");
+    int same = 0;
+    for (size_t i = 0; rc == 0 && i < dataset_size(d); i++) {
+        char *text = NULL;
+        CHECK(dataset_is_conversational(d, i), "messages.jsonl row %zu is conversational", i);
+        if (dataset_prompt_text(&text, d, i, tok, err) == 0 && !strcmp(text, json_string_value(json_array_get(want, i))))
+            same++;
+        free(text);
+    }
+    CHECK(rc == 0 && same == (int)json_array_size(want), "messages column: %d of %zu prompt texts equal the goldens",
+          same, json_array_size(want));
+    printf("column 'messages' (conversational): %d/%zu prompt texts byte-identical to transformers\n", same,
+           json_array_size(want));
+    if (rc == 0) dataset_free(d);
+    dataset_free(conv);
+    free(lines);
+    json_decref(goldens);
+    /* a missing column lists those found */
+    rc = dataset_load_column(&d, FIXTURES "standard.jsonl", "question", err);
+    CHECK(rc != 0 && strstr(err, "standard.jsonl line 1: no 'question' column (columns: prompt, answer, level); set "
+                                 "dataset_prompt_column"),
+          "standard.jsonl with column 'question': %s", err);
+    printf("standard.jsonl, column 'question' -> %s\n", strstr(err, "datasets/") ? strstr(err, "datasets/") + 9 : err);
+    /* parquet and arrow: the one-line conversion, before the file is even read */
+    const char *kinds[] = {"parquet", "arrow"};
+    for (int k = 0; k < 2; k++) {
+        char path[256], want_text[512];
+        snprintf(path, sizeof path, "%s/train.%s", dir, kinds[k]);
+        snprintf(want_text, sizeof want_text,
+                 "python -c \"import datasets; datasets.load_dataset('%s', data_files='%s')['train'].to_json('%s/"
+                 "train.jsonl')\"",
+                 kinds[k], path, dir);
+        d = (Dataset *)1;
+        rc = dataset_load(&d, path, err);
+        CHECK(rc != 0 && !d && strstr(err, path) == err && strstr(err, want_text) && !strchr(err, '\n'),
+              "%s: %s", path, err);
+        printf("train.%s -> %s\n", kinds[k], strstr(err, "train.") ? strstr(err, "train.") : err);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 static int is_permutation(const size_t *order, size_t n) {
@@ -225,14 +357,19 @@ static void test_epoch_order(void) {
 int main(void) {
     char err[ERR_LEN];
     Tokenizer *tok = NULL;
-    if (tokenizer_load(&tok, COLT_SHARED_DATA "/qwen2.5-tokenizer", err) != 0) {
+    const bool have_shared = shared_data_present(); /* the Qwen2.5 tokenizer and GSM8K come from there */
+    if (have_shared && tokenizer_load(&tok, COLT_SHARED_DATA "/qwen2.5-tokenizer", err) != 0) {
         fprintf(stderr, "FAIL: cannot load the Qwen2.5 tokenizer: %s\n", err);
         return 1;
     }
-    test_goldens(tok);
+    if (have_shared) test_goldens(tok);
+    else shared_data_skipped("prompts rendered with the Qwen2.5 tokenizer against transformers");
     test_columns();
     test_bad_fixtures();
-    test_gsm8k();
+    if (have_shared) test_gsm8k();
+    else shared_data_skipped("gsm8k/test.jsonl's columns");
+    if (have_shared) test_formats_and_columns(tok);
+    else shared_data_skipped("dataset layouts and prompt columns (rendered with the Qwen2.5 tokenizer)");
     test_epoch_order();
     tokenizer_free(tok);
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);

@@ -1,11 +1,15 @@
-/* dataset.c — loads a prompt dataset (JSONL or a JSON array of objects),
- * validates every row up front, renders prompts and orders epochs.
+/* dataset.c — loads a prompt dataset (JSON Lines, a JSON array of objects, or
+ * one JSON object: what Hugging Face datasets' to_json writes and its "json"
+ * loader reads), validates every row up front, renders prompts and orders
+ * epochs.
  *
  * Validation happens once at load so a bad row fails before training starts,
  * with the file, the line (JSONL) or index (JSON array) and the problem. JSON
  * is parsed by jansson (which also rejects invalid UTF-8). Not a streaming
- * loader: the whole file is held in memory, as prompt sets are small. Not the
- * Hugging Face "datasets" layouts ({"train": [...]}, parquet, arrow). */
+ * loader: the whole file is held in memory, as prompt sets are small. Not
+ * parquet or arrow files (there is no Arrow C library to read them with: the
+ * error gives the one-line conversion to JSON Lines), nor split layouts such as
+ * {"train": [...]}. */
 #include "data/dataset.h"
 
 #include <stdio.h>
@@ -20,6 +24,7 @@
 struct Dataset {
     json_t **rows;  /* [n], owned */
     size_t n;
+    char *prompt_column; /* the column read as the prompt */
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -40,30 +45,50 @@ static const char *json_type_name(const json_t *v) {
  * Row validation
  * ------------------------------------------------------------------------- */
 
+/* The error for a row without the prompt column: its columns, and a hint
+ * when one of them holds rows (a {"train": [...]} layout). */
+static int missing_column(const json_t *row, const char *column, const char *where, char *err) {
+    char columns[ERR_LEN / 2] = "";
+    size_t at = 0;
+    const char *key, *holds_rows = NULL;
+    json_t *v;
+    json_object_foreach((json_t *)row, key, v) {
+        if (at < sizeof columns)
+            at += (size_t)snprintf(columns + at, sizeof columns - at, "%s%s", at ? ", " : "", key);
+        json_t *first = json_array_get(v, 0);
+        if (!holds_rows && json_is_object(first) && json_object_get(first, column)) holds_rows = key;
+    }
+    if (holds_rows)
+        return errorf(err, "%s: no '%s' column (columns: %s): '%s' holds the rows, a layout that is not supported; "
+                           "write them as JSON Lines or a JSON array", where, column, columns, holds_rows);
+    return errorf(err, "%s: no '%s' column (columns: %s); set dataset_prompt_column", where, column,
+                  json_object_size(row) ? columns : "none");
+}
+
 /* Checks one row; `where` is "data.jsonl line 3" or "data.json index 2". */
-static int validate_row(const json_t *row, const char *where, char *err) {
+static int validate_row(const json_t *row, const char *column, const char *where, char *err) {
     if (!json_is_object(row)) return errorf(err, "%s: expected a JSON object, got %s", where, json_type_name(row));
-    json_t *prompt = json_object_get(row, "prompt");
-    if (!prompt) return errorf(err, "%s: missing required key \"prompt\"", where);
+    json_t *prompt = json_object_get(row, column);
+    if (!prompt) return missing_column(row, column, where, err);
     if (json_is_string(prompt)) return 0;
     if (!json_is_array(prompt))
-        return errorf(err, "%s: \"prompt\" must be a string or a list of messages, got %s", where,
+        return errorf(err, "%s: \"%s\" must be a string or a list of messages, got %s", where, column,
                       json_type_name(prompt));
-    if (json_array_size(prompt) == 0) return errorf(err, "%s: \"prompt\" is an empty list of messages", where);
+    if (json_array_size(prompt) == 0) return errorf(err, "%s: \"%s\" is an empty list of messages", where, column);
     size_t k;
     json_t *msg;
     json_array_foreach(prompt, k, msg) {
         if (!json_is_object(msg))
-            return errorf(err, "%s: \"prompt\" message %zu must be an object {\"role\", \"content\"}, got %s", where,
-                          k, json_type_name(msg));
+            return errorf(err, "%s: \"%s\" message %zu must be an object {\"role\", \"content\"}, got %s", where,
+                          column, k, json_type_name(msg));
         json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
-        if (!role) return errorf(err, "%s: \"prompt\" message %zu has no \"role\"", where, k);
+        if (!role) return errorf(err, "%s: \"%s\" message %zu has no \"role\"", where, column, k);
         if (!json_is_string(role))
-            return errorf(err, "%s: \"prompt\" message %zu: \"role\" must be a string, got %s", where, k,
+            return errorf(err, "%s: \"%s\" message %zu: \"role\" must be a string, got %s", where, column, k,
                           json_type_name(role));
-        if (!content) return errorf(err, "%s: \"prompt\" message %zu has no \"content\"", where, k);
+        if (!content) return errorf(err, "%s: \"%s\" message %zu has no \"content\"", where, column, k);
         if (!json_is_string(content))
-            return errorf(err, "%s: \"prompt\" message %zu: \"content\" must be a string, got %s", where, k,
+            return errorf(err, "%s: \"%s\" message %zu: \"content\" must be a string, got %s", where, column, k,
                           json_type_name(content));
     }
     return 0;
@@ -103,7 +128,7 @@ static int load_jsonl(Dataset *d, const char *path, const char *text, size_t len
         if (!row)
             return errorf(err, "%s: invalid %s at column %d: %s", where,
                           json_error_code(&jerr) == json_error_invalid_utf8 ? "UTF-8" : "JSON", jerr.column, jerr.text);
-        if (validate_row(row, where, err) != 0) {
+        if (validate_row(row, d->prompt_column, where, err) != 0) {
             json_decref(row);
             return COLT_ERR;
         }
@@ -112,31 +137,28 @@ static int load_jsonl(Dataset *d, const char *path, const char *text, size_t len
     return 0;
 }
 
-static int load_json_array(Dataset *d, const char *path, const char *text, size_t len, char *err) {
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return errorf(err, "%s line %d column %d: invalid %s: %s", path, jerr.line, jerr.column,
-                      json_error_code(&jerr) == json_error_invalid_utf8 ? "UTF-8" : "JSON", jerr.text);
-    if (!json_is_array(root)) {
-        errorf(err, "%s: expected a JSON array of row objects at the top level, got %s (JSON files must be [{...}, ...]; "
-                    "layouts like {\"train\": [...]} are not supported, use JSONL or an array)",
-               path, json_type_name(root));
-        json_decref(root);
-        return COLT_ERR;
+/* A JSON array of rows, or one object (one row, as the "datasets" json loader
+ * reads it); root is parsed already. */
+static int load_json_document(Dataset *d, const char *path, json_t *root, char *err) {
+    size_t cap = 0;
+    if (json_is_object(root)) {
+        char where[ERR_LEN / 2];
+        snprintf(where, sizeof where, "%s (one object)", path);
+        if (validate_row(root, d->prompt_column, where, err) != 0) return COLT_ERR;
+        dataset_push(d, &cap, json_incref(root));
+        return 0;
     }
-    size_t cap = 0, i;
+    if (!json_is_array(root))
+        return errorf(err, "%s: expected a JSON array of row objects at the top level, got %s", path,
+                      json_type_name(root));
+    size_t i;
     json_t *row;
     json_array_foreach(root, i, row) {
         char where[ERR_LEN / 2];
         snprintf(where, sizeof where, "%s index %zu", path, i);
-        if (validate_row(row, where, err) != 0) {
-            json_decref(root);
-            return COLT_ERR;
-        }
+        if (validate_row(row, d->prompt_column, where, err) != 0) return COLT_ERR;
         dataset_push(d, &cap, json_incref(row));
     }
-    json_decref(root);
     return 0;
 }
 
@@ -145,27 +167,49 @@ static int has_suffix(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* The format is chosen by extension (.jsonl, .json); any other name is a JSON
- * array when its first non-blank byte is '[', JSONL otherwise. */
-int dataset_load(Dataset **out, const char *path, char *err) {
+/* Parquet and Arrow files need the Arrow library, which colt does not link
+ * (Debian 12 has no Arrow C package): the error gives the conversion. */
+static int refuse_arrow_formats(const char *path, char *err) {
+    const char *kind = has_suffix(path, ".parquet") ? "parquet" : has_suffix(path, ".arrow") ? "arrow" : NULL;
+    if (!kind) return 0;
+    int stem = (int)(strlen(path) - strlen(kind) - 1);
+    return errorf(err, "%s: %s files are not supported (colt reads JSON Lines or JSON); convert it once with: "
+                       "python -c \"import datasets; datasets.load_dataset('%s', data_files='%s')['train']"
+                       ".to_json('%.*s.jsonl')\"",
+                  path, kind, kind, path, stem, path);
+}
+
+/* .jsonl is JSON Lines. Any other name (.json included: datasets' to_json
+ * writes JSON Lines there by default) is a JSON array when its first non-blank
+ * byte is '[', one JSON object when the whole text is one, JSON Lines
+ * otherwise. */
+int dataset_load_column(Dataset **out, const char *path, const char *prompt_column, char *err) {
     *out = NULL;
+    if (refuse_arrow_formats(path, err) != 0) return COLT_ERR;
     char *text = NULL;
     size_t len = 0;
     if (file_read_all(path, &text, &len, err) != 0) return COLT_ERR;
     Dataset *d = xcalloc(1, sizeof *d);
+    d->prompt_column = xstrdup(prompt_column ? prompt_column : "prompt");
     const char *body = text;
     if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) body += 3, len -= 3;  /* a UTF-8 byte-order mark */
-    int as_array;
-    if (has_suffix(path, ".jsonl")) {
-        as_array = 0;
-    } else if (has_suffix(path, ".json")) {
-        as_array = 1;
-    } else {
-        size_t i = 0;
-        while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n')) i++;
-        as_array = i < len && body[i] == '[';
+    size_t first = 0;
+    while (first < len && (body[first] == ' ' || body[first] == '\t' || body[first] == '\r' || body[first] == '\n'))
+        first++;
+    json_t *document = NULL;
+    json_error_t jerr;
+    int rc = 0;
+    if (!has_suffix(path, ".jsonl") && first < len && body[first] == '[') {
+        document = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!document)
+            rc = errorf(err, "%s line %d column %d: invalid %s: %s", path, jerr.line, jerr.column,
+                        json_error_code(&jerr) == json_error_invalid_utf8 ? "UTF-8" : "JSON", jerr.text);
+    } else if (!has_suffix(path, ".jsonl") && first < len && body[first] == '{') {
+        document = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL); /* NULL: several lines of JSON Lines */
     }
-    int rc = as_array ? load_json_array(d, path, body, len, err) : load_jsonl(d, path, body, len, err);
+    if (rc == 0)
+        rc = document ? load_json_document(d, path, document, err) : load_jsonl(d, path, body, len, err);
+    json_decref(document);
     free(text);
     if (rc == 0 && d->n == 0) rc = errorf(err, "%s: the dataset has no rows", path);
     if (rc != 0) {
@@ -176,10 +220,13 @@ int dataset_load(Dataset **out, const char *path, char *err) {
     return 0;
 }
 
+int dataset_load(Dataset **out, const char *path, char *err) { return dataset_load_column(out, path, "prompt", err); }
+
 void dataset_free(Dataset *d) {
     if (!d) return;
     for (size_t i = 0; i < d->n; i++) json_decref(d->rows[i]);
     free(d->rows);
+    free(d->prompt_column);
     free(d);
 }
 
@@ -191,7 +238,7 @@ json_t *dataset_row(const Dataset *d, size_t i) {
 }
 
 int dataset_is_conversational(const Dataset *d, size_t i) {
-    return json_is_array(json_object_get(dataset_row(d, i), "prompt"));
+    return json_is_array(json_object_get(dataset_row(d, i), d->prompt_column));
 }
 
 /* ---------------------------------------------------------------------------
@@ -208,14 +255,15 @@ int dataset_is_conversational(const Dataset *d, size_t i) {
 
 int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, char *err) {
     *text = NULL;
-    json_t *prompt = json_object_get(dataset_row(d, i), "prompt");
+    json_t *prompt = json_object_get(dataset_row(d, i), d->prompt_column);
     if (json_is_string(prompt)) {
         *text = xstrdup(json_string_value(prompt));
         return 0;
     }
     const char *template_source = tok ? tokenizer_chat_template(tok) : NULL;
     if (!template_source)
-        return errorf(err, "row %zu: \"prompt\" is a list of messages but the tokenizer has no chat template", i);
+        return errorf(err, "row %zu: \"%s\" is a list of messages but the tokenizer has no chat template", i,
+                      d->prompt_column);
     size_t n = json_array_size(prompt);
     ChatMessage *messages = xmalloc(n * sizeof *messages);
     for (size_t k = 0; k < n; k++) {

@@ -1,9 +1,12 @@
-/* dataset.h — prompt datasets for GRPO, as TRL reads them: a JSONL file (one
- * object per line) or a JSON file holding an array of objects. "prompt" is a
- * string (standard format) or a list of {"role","content"} messages
- * (conversational format, rendered with the model's chat template and
- * add_generation_prompt). Every other column is kept and reaches the rewards.
- * Not the reward functions (rewards.h). */
+/* dataset.h — prompt datasets for GRPO, as TRL reads them: a JSON Lines file
+ * (one object per line; what datasets' to_json writes, .json included) or a
+ * JSON file holding an array of objects (or one object). The prompt column
+ * ("prompt" unless dataset_prompt_column names another) is a string (standard
+ * format) or a list of {"role","content"} messages (conversational format,
+ * rendered with the model's chat template and add_generation_prompt). Every
+ * other column is kept and reaches the rewards. Parquet and Arrow files are
+ * refused with the command that converts them. Not the reward functions
+ * (rewards.h). */
 #ifndef COLT_DATA_DATASET_H
 #define COLT_DATA_DATASET_H
 
@@ -15,15 +18,18 @@
 
 typedef struct Dataset Dataset;
 
-/* Loads and validates every row: an error names the file, the line (JSONL) or
- * index (JSON array) and the problem — no "prompt", wrong type, bad message,
- * invalid JSON, empty dataset. */
+/* Loads and validates every row, the prompt read from column prompt_column
+ * (NULL: "prompt"): an error names the file, the line (JSONL) or index (JSON
+ * array) and the problem — no prompt column (listing the columns found), wrong
+ * type, bad message, invalid JSON, empty dataset. */
+int dataset_load_column(Dataset **out, const char *path, const char *prompt_column, char *err);
+/* dataset_load_column with the column "prompt". */
 int dataset_load(Dataset **out, const char *path, char *err);
 void dataset_free(Dataset *d);
 size_t dataset_size(const Dataset *d);
-/* The row as a JSON object (borrowed): all columns, "prompt" included. */
+/* The row as a JSON object (borrowed): all columns, the prompt's included. */
 json_t *dataset_row(const Dataset *d, size_t i);
-/* True when "prompt" is a list of messages. */
+/* True when the prompt is a list of messages. */
 int dataset_is_conversational(const Dataset *d, size_t i);
 
 /* The prompt text the model sees (malloc'd): the string itself, or the

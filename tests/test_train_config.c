@@ -8,7 +8,13 @@
  *     at its limit;
  *   - duplicate keys (YAML and JSON, top level and inside reward_funcs), empty
  *     files, comment-only YAML, non-mapping top levels;
- *   - examples/demo.yaml still loading with its values.
+ *   - examples/demo.yaml still loading with its values;
+ *   - every key of TRL's GRPOConfig / TrainingArguments / ModelConfig
+ *     (tests/data/trl_config_keys.txt, from tests/make_trl_keys.py) known:
+ *     honoured, an alias, or a no-op (for some or all values) whose accepted
+ *     values load with one notice and whose other values are refused as a
+ *     known key; the messages of a handful; TRL's colocate GRPOConfig loading
+ *     with its values; docs/trl_config.md's table equal to the tables.
  * Not the trainer: nothing here loads a model or a dataset. */
 #include <float.h>
 #include <jansson.h>
@@ -21,6 +27,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "train/train_config.h"
 
 static int failures = 0, checks = 0;
@@ -618,6 +625,374 @@ static void test_demo_loads(void) {
     printf("examples/demo.yaml: %d checks\n", checks - before);
 }
 
+/* ---------------------------------------------------------------- TRL keys */
+
+#define TRL_KEY_LIST COLT_SOURCE_DIR "/tests/data/trl_config_keys.txt"
+#define TRL_DOC COLT_SOURCE_DIR "/docs/trl_config.md"
+
+/* The key names of tests/data/trl_config_keys.txt (from tests/make_trl_keys.py)
+ * as a JSON list; its '#' header line (the trl version) in header. */
+static json_t *read_trl_keys(char *header, size_t n) {
+    FILE *fp = fopen(TRL_KEY_LIST, "r");
+    CHECK(fp != NULL, "cannot open %s", TRL_KEY_LIST);
+    json_t *keys = json_array();
+    header[0] = '\0';
+    char line[256];
+    while (fp && fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0] == '#') snprintf(header, n, "%s", line);
+        else if (line[0]) json_array_append_new(keys, json_string(line));
+    }
+    if (fp) fclose(fp);
+    return keys;
+}
+
+static const char *CLASS_NAME[] = {"unknown", "honoured", "alias", "no-op", "no-op for some values"};
+
+/* One key from a one-line YAML file "key: value". */
+static int load_one(TrainConfig *c, const char *key, const char *value, char *err) {
+    char doc[512];
+    snprintf(doc, sizeof doc, "%s: %s\n", key, value);
+    return train_config_load_text(c, doc, strlen(doc), TRAIN_CONFIG_YAML, "trl.yaml", err);
+}
+
+/* The notice a load left for key ("" when none). */
+static const char *notice_of(const TrainConfig *c, const char *key) {
+    const char *s = json_string_value(json_object_get(c->notices, key));
+    return s ? s : "";
+}
+
+/* Every key of TRL's list is known: described in one of the classes, never
+ * "unknown setting" from a file or a flag; each value a key accepts loads with
+ * one notice naming it, and another value is refused as a known key. */
+static void test_trl_keys_classified(void) {
+    int before = checks;
+    char header[256], text[1024], err[ERR_LEN];
+    json_t *keys = read_trl_keys(header, sizeof header);
+    CHECK(strncmp(header, "# trl ", 6) == 0, "%s: header '%s' does not name the trl version", TRL_KEY_LIST, header);
+    CHECK(json_array_size(keys) >= 200, "%s: %zu keys, GRPOConfig + ModelConfig have over 200", TRL_KEY_LIST,
+          json_array_size(keys));
+    int counts[5] = {0}, values_tried = 0;
+    size_t i;
+    json_t *jk;
+    json_array_foreach(keys, i, jk) {
+        const char *key = json_string_value(jk);
+        TrainKeyClass cls = train_config_describe_key(text, sizeof text, key);
+        counts[cls]++;
+        CHECK(cls != TRAIN_KEY_UNKNOWN, "TRL key '%s' is unknown to colt", key);
+        /* null and a number, from a file and from a flag: an error may say the value is wrong, never that the key is unknown */
+        const char *probes[] = {"null", "7"};
+        for (int p = 0; p < 2; p++) {
+            TrainConfig c;
+            train_config_defaults(&c);
+            err[0] = '\0';
+            int rc = load_one(&c, key, probes[p], err);
+            CHECK(rc == 0 || !strstr(err, "unknown setting"), "%s: %s: %s", key, probes[p], err);
+            CHECK(rc == 0 || !strchr(err, '\n'), "%s: error has more than one line", key);
+            err[0] = '\0';
+            rc = train_config_set(&c, key, probes[p], "command line", err);
+            CHECK(rc == 0 || !strstr(err, "unknown setting"), "--%s %s: %s", key, probes[p], err);
+            train_config_free(&c);
+        }
+        if (cls != TRAIN_KEY_NOOP && cls != TRAIN_KEY_LIMITED) continue;
+        /* the accepted values, as the description lists them ("accepted: a, b; ..."), load with a notice */
+        char accepted[256] = "*";
+        if (cls == TRAIN_KEY_LIMITED) {
+            CHECK(strncmp(text, "accepted: ", 10) == 0, "%s: description '%s'", key, text);
+            snprintf(accepted, sizeof accepted, "%.*s", (int)strcspn(text + 10, ";"), text + 10);
+        }
+        for (char *v = strtok(accepted, ","); v; v = strtok(NULL, ",")) {
+            while (*v == ' ') v++;
+            const char *value = strcmp(v, "*") != 0 ? v : train_config_key_is_bool(key) ? "true" : "any-value";
+            TrainConfig c;
+            train_config_defaults(&c);
+            int rc = load_one(&c, key, value, err);
+            CHECK(rc == 0, "%s: %s (an accepted value) refused: %s", key, value, err);
+            char want[128];
+            snprintf(want, sizeof want, "trl.yaml: %s: ", key);
+            const char *notice = notice_of(&c, key);
+            CHECK(rc != 0 || (strstr(notice, want) == notice && strstr(notice, " changes nothing in colt: ") &&
+                              json_object_size(c.notices) == 1),
+                  "%s: %s: notice '%s'", key, value, notice);
+            values_tried++;
+            train_config_free(&c);
+        }
+        if (cls == TRAIN_KEY_LIMITED) { /* a value no key accepts */
+            TrainConfig c;
+            train_config_defaults(&c);
+            int rc = load_one(&c, key, "colt-test-value", err);
+            CHECK(rc != 0 && strstr(err, "trl.yaml: ") == err && strstr(err, key) &&
+                      strstr(err, "is a known TRL/transformers setting that colt does not support (yet)") &&
+                      !c.notices,
+                  "%s: colt-test-value: rc %d, %s", key, rc, err);
+            train_config_free(&c);
+        }
+    }
+    printf("TRL keys (%s): %zu keys: %d honoured, %d aliases, %d no-ops, %d no-op for some values; %d accepted "
+           "values load with a notice\n",
+           header, json_array_size(keys), counts[TRAIN_KEY_HONOURED], counts[TRAIN_KEY_ALIAS], counts[TRAIN_KEY_NOOP],
+           counts[TRAIN_KEY_LIMITED], values_tried);
+    json_decref(keys);
+    printf("TRL keys classified: %d checks\n", checks - before);
+}
+
+/* Loads text (YAML) into a fresh config; the caller frees it. */
+static int load_yaml(TrainConfig *c, const char *text, char *err) {
+    train_config_defaults(c);
+    err[0] = '\0';
+    return train_config_load_text(c, text, strlen(text), TRAIN_CONFIG_YAML, "trl.yaml", err);
+}
+
+/* Expects text to be refused in one line holding every needle. */
+static void expect_trl_refusal(const char *text, const char *needle1, const char *needle2) {
+    TrainConfig c;
+    char err[ERR_LEN];
+    int rc = load_yaml(&c, text, err);
+    CHECK(rc != 0 && !strchr(err, '\n') && strstr(err, needle1) && (!needle2 || strstr(err, needle2)),
+          "'%.*s': rc %d, error '%s' should hold '%s' and '%s'", (int)strcspn(text, "\n"), text, rc, err, needle1,
+          needle2 ? needle2 : "");
+    printf("  %-34.*s -> %s\n", (int)strcspn(text, "\n"), text, err);
+    train_config_free(&c);
+}
+
+static void test_trl_messages(void) {
+    int before = checks;
+    TrainConfig c;
+    char err[ERR_LEN];
+
+    /* a no-op: one notice line, the value and the reason */
+    CHECK(load_yaml(&c, "push_to_hub: false\n", err) == 0, "push_to_hub: false: %s", err);
+    CHECK(strcmp(notice_of(&c, "push_to_hub"), "trl.yaml: push_to_hub: false changes nothing in colt: colt saves to "
+                                                "output_dir and uploads nothing: upload the folder yourself (hf upload "
+                                                "REPO_ID OUTPUT_DIR)") == 0,
+          "notice '%s'", notice_of(&c, "push_to_hub"));
+    printf("  notice: %s\n", notice_of(&c, "push_to_hub"));
+    train_config_free(&c);
+    CHECK(load_yaml(&c, "report_to: []\nuse_vllm: true\nlogging_dir: runs/logs\n", err) == 0, "%s", err);
+    CHECK(json_object_size(c.notices) == 3 && strstr(notice_of(&c, "report_to"), "report_to: [] changes nothing") &&
+              strstr(notice_of(&c, "use_vllm"), "in-process engine") &&
+              strstr(notice_of(&c, "logging_dir"), "logging_dir: runs/logs changes nothing"),
+          "notices report_to '%s' use_vllm '%s'", notice_of(&c, "report_to"), notice_of(&c, "use_vllm"));
+    CHECK(c.use_vllm, "use_vllm kept (it is in the saved config)");
+    /* given again as a flag: still one line, the flag's */
+    CHECK(train_config_set(&c, "report_to", "none", "command line", err) == 0, "--report_to none: %s", err);
+    CHECK(json_object_size(c.notices) == 3 &&
+              strstr(notice_of(&c, "report_to"), "command line: report_to: none changes nothing") ==
+                  notice_of(&c, "report_to"),
+          "a key given twice keeps one notice: %s", notice_of(&c, "report_to"));
+    train_config_free(&c);
+
+    /* refusals: a known key, what colt does, what to do instead */
+    expect_trl_refusal("push_to_hub: true\n", "trl.yaml: push_to_hub: true is a known TRL/transformers setting that "
+                                              "colt does not support (yet) with this value (colt accepts false)",
+                       "hf upload");
+    expect_trl_refusal("use_peft: true\n", "use_peft: true is a known TRL/transformers setting", "LoRA/PEFT is not supported yet");
+    expect_trl_refusal("deepspeed: ds_zero3.json\n", "deepspeed: ds_zero3.json is a known", "DeepSpeed");
+    expect_trl_refusal("fp16: true\n", "fp16: true is a known", "use bf16");
+    expect_trl_refusal("bf16: false\n", "bf16: false is a known", "cuda_f32");
+    expect_trl_refusal("report_to: wandb\n", "(colt accepts none, [], null, [none])", "metrics.jsonl");
+    expect_trl_refusal("report_to: [wandb, tensorboard]\n", "report_to: [\"wandb\",\"tensorboard\"] is a known", NULL);
+    expect_trl_refusal("vllm_tensor_parallel_size: 2\n", "(colt accepts 1)", "tensor parallelism is not supported yet");
+    expect_trl_refusal("tensor_parallel_size: 4\n", "tensor_parallel_size: 4", "tensor parallelism is not supported yet");
+    expect_trl_refusal("torch_dtype: float16\n", "torch_dtype: float16 is a known", "use bf16");
+    expect_trl_refusal("optim: adafactor\n", "optim: adafactor is a known", "AdamW");
+    expect_trl_refusal("load_in_4bit: true\n", "load_in_4bit: true is a known", "quantized");
+    expect_trl_refusal("model: a\nmodel_name_or_path: b\n", "model and model_name_or_path name the same setting", NULL);
+    CHECK(load_yaml(&c, "vllm_tensor_parallel_size: 1\ntensor_parallel_size: 1\n", err) == 0, "tp 1: %s", err);
+    train_config_free(&c);
+
+    /* aliases and precision names */
+    CHECK(load_yaml(&c, "model_name_or_path: models/stories260K\nactivation_checkpointing: true\n", err) == 0, "%s", err);
+    CHECK(c.model && strcmp(c.model, "models/stories260K") == 0 && c.gradient_checkpointing && !c.notices,
+          "model_name_or_path sets model (%s), activation_checkpointing sets gradient_checkpointing, no notice",
+          c.model ? c.model : "(null)");
+    train_config_free(&c);
+    CHECK(load_yaml(&c, "model_name_or_path: null\n", err) == 0 && !c.model, "model_name_or_path: null leaves model");
+    train_config_free(&c);
+    const char *dtypes[] = {"bfloat16", "bf16", "auto", "float32"};
+    for (int d = 0; d < 4; d++) {
+        char doc[64];
+        snprintf(doc, sizeof doc, "torch_dtype: %s\n", dtypes[d]);
+        CHECK(load_yaml(&c, doc, err) == 0 && strstr(notice_of(&c, "torch_dtype"), "precision follows device"),
+              "torch_dtype %s: %s", dtypes[d], err);
+        train_config_free(&c);
+    }
+    CHECK(train_config_set(&c, "model_name_or_path", "m2", "command line", err) == 0 && c.model &&
+              strcmp(c.model, "m2") == 0,
+          "--model_name_or_path sets model: %s", err);
+    train_config_free(&c);
+
+    /* unknown keys: a suggestion only for a likely typo */
+    struct {
+        const char *key, *want;
+    } typos[] = {{"learnig_rate", "did you mean 'learning_rate'?"},
+                 {"vllm_tensor_paralel_size", "did you mean 'vllm_tensor_parallel_size'?"},
+                 {"push_to_hubb", "did you mean 'push_to_hub'?"},
+                 {"seeed", "did you mean 'seed'?"},
+                 {"frobnicate", "unknown setting 'frobnicate' (not a colt, TRL or transformers setting"},
+                 {"use_flux_capacitor", "unknown setting 'use_flux_capacitor' (not a colt"},
+                 {"zz", "unknown setting 'zz' (not a colt"}};
+    for (size_t t = 0; t < sizeof typos / sizeof typos[0]; t++) {
+        train_config_defaults(&c);
+        int rc = load_one(&c, typos[t].key, "1", err);
+        CHECK(rc != 0 && strstr(err, typos[t].want), "%s: %s", typos[t].key, err);
+        printf("  %-34s -> %s\n", typos[t].key, err);
+        train_config_free(&c);
+    }
+
+    /* true/false keys, for `--key` alone on the command line */
+    const char *bools[] = {"gradient_checkpointing", "use_vllm", "bf16", "push_to_hub", "activation_checkpointing",
+                           "dataloader_pin_memory"};
+    const char *not_bools[] = {"model", "learning_rate", "deepspeed", "report_to", "logging_dir", "no_such_key"};
+    for (int b = 0; b < 6; b++) {
+        CHECK(train_config_key_is_bool(bools[b]), "%s takes true/false", bools[b]);
+        CHECK(!train_config_key_is_bool(not_bools[b]), "%s does not take true/false", not_bools[b]);
+    }
+    /* HfArgumentParser's 1 and 0 for a flag */
+    train_config_defaults(&c);
+    CHECK(train_config_set(&c, "gradient_checkpointing", "1", "command line", err) == 0 && c.gradient_checkpointing,
+          "--gradient_checkpointing 1: %s", err);
+    CHECK(train_config_set(&c, "gradient_checkpointing", "0", "command line", err) == 0 && !c.gradient_checkpointing,
+          "--gradient_checkpointing 0: %s", err);
+    train_config_free(&c);
+    printf("TRL messages: %d checks\n", checks - before);
+}
+
+/* The GRPOConfig of TRL's colocate write-up (Qwen2.5-0.5B-Instruct, vLLM in
+ * the trainer's process), as a YAML file, with colt's dataset and reward and
+ * the stand-in model: loads with a notice for each key that changes nothing,
+ * finalizes, and every honoured value is the one given. */
+static void test_trl_colocate_config(void) {
+    int before = checks;
+    const char *yaml = "# TRL's colocate example, as a colt config\n"
+                       "model_name_or_path: models/stories260K   # stands in for Qwen/Qwen2.5-0.5B-Instruct\n"
+                       "dataset: examples/data/demo_train.jsonl\n"
+                       "reward_funcs: [{type: length, target: 20}]\n"
+                       "output_dir: Qwen2.5-0.5B-GRPO\n"
+                       "use_vllm: true\n"
+                       "vllm_mode: colocate\n"
+                       "vllm_tensor_parallel_size: 1\n"
+                       "vllm_gpu_memory_utilization: 0.3\n"
+                       "per_device_train_batch_size: 16\n"
+                       "gradient_accumulation_steps: 2\n"
+                       "num_generations: 8\n"
+                       "max_prompt_length: 256\n"
+                       "max_completion_length: 512\n"
+                       "learning_rate: 1.0e-5\n"
+                       "bf16: true\n"
+                       "logging_steps: 1\n"
+                       "report_to: none\n"
+                       "push_to_hub: false\n"
+                       "gradient_checkpointing: true\n"
+                       "num_train_epochs: 1\n"
+                       "save_steps: 100\n"
+                       "beta: 0.04\n"
+                       "loss_type: dr_grpo\n"
+                       "temperature: 0.9\n"
+                       "lr_scheduler_type: cosine\n"
+                       "warmup_ratio: 0.1\n"
+                       "torch_dtype: bfloat16\n"
+                       "remove_unused_columns: false\n"
+                       "overwrite_output_dir: true\n"
+                       "dataloader_num_workers: 2\n";
+    TrainConfig c;
+    char err[ERR_LEN];
+    train_config_defaults(&c);
+    int rc = train_config_load_text(&c, yaml, strlen(yaml), TRAIN_CONFIG_YAML, "colocate.yaml", err);
+    CHECK(rc == 0, "colocate.yaml: %s", err);
+    rc = rc == 0 ? train_config_finalize(&c, err) : rc;
+    CHECK(rc == 0, "colocate.yaml finalize: %s", err);
+    CHECK(c.model && strcmp(c.model, "models/stories260K") == 0, "model %s", c.model ? c.model : "(null)");
+    CHECK(strcmp(c.output_dir, "Qwen2.5-0.5B-GRPO") == 0, "output_dir %s", c.output_dir);
+    CHECK(c.gpu_memory_utilization == 0.3 && c.gpu_memory_utilization_set, "KV pool cap %g (set %d)",
+          c.gpu_memory_utilization, c.gpu_memory_utilization_set);
+    CHECK(c.per_device_train_batch_size == 16 && c.gradient_accumulation_steps == 2 && c.num_generations == 8 &&
+              c.generation_batch_size == 32 && c.steps_per_generation == 2,
+          "batching %d %d %d -> %d %d", c.per_device_train_batch_size, c.gradient_accumulation_steps,
+          c.num_generations, c.generation_batch_size, c.steps_per_generation);
+    CHECK(c.max_prompt_length == 256 && c.max_completion_length == 512 && c.logging_steps == 1 && c.save_steps == 100,
+          "lengths and steps");
+    CHECK(c.learning_rate == 1e-5 && c.beta == 0.04 && c.temperature == 0.9 && c.warmup_ratio == 0.1 &&
+              c.num_train_epochs == 1.0 && c.max_steps == -1,
+          "doubles lr %g beta %g", c.learning_rate, c.beta);
+    CHECK(strcmp(c.loss_type, "dr_grpo") == 0 && strcmp(c.lr_scheduler_type, "cosine") == 0 &&
+              strcmp(c.vllm_mode, "colocate") == 0 && c.use_vllm && c.gradient_checkpointing,
+          "strings and flags");
+    const char *noticed[] = {"use_vllm",      "vllm_mode",   "vllm_tensor_parallel_size", "bf16",
+                             "report_to",     "push_to_hub", "torch_dtype",               "remove_unused_columns",
+                             "overwrite_output_dir", "dataloader_num_workers"};
+    size_t n_noticed = sizeof noticed / sizeof noticed[0];
+    for (size_t i = 0; i < n_noticed; i++)
+        CHECK(strstr(notice_of(&c, noticed[i]), "colocate.yaml: ") == notice_of(&c, noticed[i]),
+              "no notice for %s", noticed[i]);
+    CHECK(json_object_size(c.notices) == n_noticed, "%zu notices, want %zu (none for honoured keys)",
+          json_object_size(c.notices), n_noticed);
+    const char *key;
+    json_t *line;
+    json_object_foreach(c.notices, key, line) printf("  %s\n", json_string_value(line));
+    int64_t steps = 0;
+    /* 128 prompts / 4 per round (32 completions / 8) = 32 rounds x 2 micro-batches / 2 per optimizer step */
+    CHECK(train_config_total_steps(&steps, &c, 128, err) == 0 && steps == 32, "1 epoch of 128 prompts: %lld steps",
+          (long long)steps);
+    train_config_free(&c);
+    printf("TRL colocate config: %d checks\n", checks - before);
+}
+
+/* docs/trl_config.md has a row for every key of the list, and each row is the
+ * one the tables give now (COLT_UPDATE_DOCS=1 rewrites the table). */
+static void test_trl_doc(void) {
+    int before = checks;
+    char header[256], text[1024];
+    json_t *keys = read_trl_keys(header, sizeof header);
+    char *table = NULL;
+    size_t table_len = 0;
+    FILE *mem = open_memstream(&table, &table_len);
+    fprintf(mem, "<!-- table: made by test_train_config from %s (COLT_UPDATE_DOCS=1 rewrites it) -->\n",
+            "tests/data/trl_config_keys.txt");
+    fprintf(mem, "| key | colt | what colt does |\n|---|---|---|\n");
+    size_t i;
+    json_t *jk;
+    json_array_foreach(keys, i, jk) {
+        const char *key = json_string_value(jk);
+        TrainKeyClass cls = train_config_describe_key(text, sizeof text, key);
+        for (char *p = text; *p; p++)
+            if (*p == '|') *p = '/'; /* a table cell */
+        fprintf(mem, "| `%s` | %s | %s |\n", key, CLASS_NAME[cls], text);
+    }
+    fprintf(mem, "<!-- end of table -->\n");
+    fclose(mem);
+    char *doc = NULL, ferr[ERR_LEN];
+    size_t doc_len = 0;
+    int rc = file_read_all(TRL_DOC, &doc, &doc_len, ferr);
+    CHECK(rc == 0, "%s", ferr);
+    const char *start = rc == 0 ? strstr(doc, "<!-- table:") : NULL;
+    const char *end = start ? strstr(start, "<!-- end of table -->\n") : NULL;
+    bool same = end && (size_t)(end + strlen("<!-- end of table -->\n") - start) == table_len &&
+                memcmp(start, table, table_len) == 0;
+    const char *update = getenv("COLT_UPDATE_DOCS");
+    if (!same && update && strcmp(update, "1") == 0 && start && end) {
+        FILE *fp = fopen(TRL_DOC, "w");
+        fwrite(doc, 1, (size_t)(start - doc), fp);
+        fwrite(table, 1, table_len, fp);
+        const char *rest = end + strlen("<!-- end of table -->\n");
+        fwrite(rest, 1, strlen(rest), fp);
+        fclose(fp);
+        printf("  %s: table rewritten\n", TRL_DOC);
+        same = true;
+    }
+    CHECK(same, "%s: its table differs from the tables of train_config.c; run COLT_UPDATE_DOCS=1 test_train_config",
+          TRL_DOC);
+    json_array_foreach(keys, i, jk) {
+        char row[160];
+        snprintf(row, sizeof row, "| `%s` |", json_string_value(jk));
+        CHECK(same && strstr(table, row), "%s has no row for %s", TRL_DOC, json_string_value(jk));
+    }
+    free(doc);
+    free(table);
+    json_decref(keys);
+    printf("docs/trl_config.md: %d checks\n", checks - before);
+}
+
 int main(void) {
     test_tables_cover_every_key();
     test_int_bounds();
@@ -627,6 +1002,10 @@ int main(void) {
     test_total_steps();
     test_duplicates_and_empty();
     test_demo_loads();
+    test_trl_keys_classified();
+    test_trl_messages();
+    test_trl_colocate_config();
+    test_trl_doc();
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
     return failures ? 1 : 0;
 }

@@ -33,6 +33,8 @@ typedef struct ConfigKey {
     double min, max;    /* KEY_DOUBLE, KEY_DOUBLE_OR_NULL: finite bounds, ends per `ends` */
     RangeEnds ends;
     bool nullable;      /* KEY_INT: null (TRL's None) sets 0 */
+    const char *notice; /* set for a key kept for TRL configs whose value changes nothing in colt: why (one
+                         * notice line when the key is given, see add_notice) */
 } ConfigKey;
 
 #define STEPS TRAIN_CONFIG_MAX_STEPS
@@ -51,7 +53,9 @@ typedef struct ConfigKey {
  * float a smaller value becomes divides logits or updates (0 would give inf). */
 static const ConfigKey KEYS[] = {
     K(model, KEY_STRING, "Hugging Face model folder to train"),
-    K(dataset, KEY_STRING, "prompts: .jsonl or .json array of objects with \"prompt\""),
+    K(dataset, KEY_STRING, "prompts: .jsonl (or .json: JSON Lines or an array) of objects with a prompt column"),
+    K(dataset_prompt_column, KEY_STRING,
+      "the dataset column holding the prompt (a string, or a list of {role, content} messages)"),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python, ...} or "
@@ -86,8 +90,12 @@ static const ConfigKey KEYS[] = {
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
     K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
-    K(use_vllm, KEY_BOOL, "accepted for TRL configs; colt always generates with its in-process engine"),
-    K(vllm_mode, KEY_STRING, "colocate (the only mode: colt generates in-process, there is no server)"),
+    {.name = "use_vllm", .type = KEY_BOOL, .offset = offsetof(TrainConfig, use_vllm),
+     .help = "accepted for TRL configs; colt always generates with its in-process engine",
+     .notice = "colt always generates with its own in-process engine on the trainer's weights (vLLM is not used)"},
+    {.name = "vllm_mode", .type = KEY_STRING, .offset = offsetof(TrainConfig, vllm_mode),
+     .help = "colocate (the only mode: colt generates in-process, there is no server)",
+     .notice = "colt always generates in-process on the trainer's weights, as colocate does (server is refused)"},
     K(vllm_importance_sampling_correction, KEY_BOOL,
       "weight the loss by exp(trainer old log-prob - sampler log-prob), bounded per vllm_importance_sampling_mode"),
     K(vllm_importance_sampling_mode, KEY_STRING, "token_truncate, token_mask, sequence_truncate or sequence_mask"),
@@ -142,12 +150,295 @@ static const ConfigKey KEYS[] = {
 #undef STEPS
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
+/* ---------------------------------------------------------------- TRL's other keys */
+
+/* The keys of TRL's GRPOConfig, transformers' TrainingArguments and TRL's
+ * ModelConfig (tests/data/trl_config_keys.txt, from the installed trl; a few
+ * older names besides) that are not colt settings. Each is one of:
+ *   - an alias: TRL's name for a colt setting, which it sets;
+ *   - accepted values ("*" = any): values that change nothing in colt. They
+ *     load with one notice line saying why; any other value is refused as a
+ *     known setting colt does not support (yet). The text serves both: what
+ *     colt does, and what to do instead.
+ * Values are YAML scalars (true, null, 1, none) compared as loaded (numbers by
+ * value, strings ignoring case), or [] and {} (empty), or [x] (a list of x),
+ * or "" (the empty string). test_train_config checks that every key of the
+ * list is here or in KEYS, and docs/trl_config.md is made from both tables. */
+typedef struct TrlKey {
+    const char *name;
+    const char *alias;    /* the colt key it sets, or NULL */
+    const char *accepted; /* space-separated values that change nothing in colt ("*": any) */
+    const char *text;     /* what colt does instead */
+} TrlKey;
+
+#define ALIAS(n, target) {.name = n, .alias = target}
+#define NOOP(n, t) {.name = n, .accepted = "*", .text = t}
+#define ONLY(n, values, t) {.name = n, .accepted = values, .text = t}
+#define BOOL_NOOP(n, t) ONLY(n, "true false null", t) /* a bool (or None) that changes nothing */
+
+#define T_PRECISION                                                                                                  \
+    "colt's precision follows device: on a GPU bf16 weights and compute with fp32 master weights, gradients and " \
+    "AdamW moments (device cuda_f32: fp32 throughout), on the CPU fp32"
+#define T_FP16 T_PRECISION "; fp16 is not supported: use bf16"
+#define T_COMPILE \
+    "colt runs its own compiled C/CUDA kernels (fused where it pays): there is nothing to compile or swap in"
+#define T_LOG "colt prints progress on rank 0 and writes every metric to output_dir/metrics.jsonl"
+#define T_TRACKERS \
+    "colt writes its metrics to output_dir/metrics.jsonl and completions.jsonl and reports to no tracker (wandb, ...)"
+#define T_HUB "colt saves to output_dir and uploads nothing: upload the folder yourself (hf upload REPO_ID OUTPUT_DIR)"
+#define T_EVAL \
+    "colt scores eval_dataset (when given) by mean reward before and after training and every eval_steps steps"
+#define T_LOADER "colt holds the whole prompt file in memory: there is no DataLoader"
+#define T_DIST \
+    "colt's data parallelism (one process per GPU, every gradient all-reduced in buckets) has no such switch"
+#define T_SHARDING \
+    "DeepSpeed, FSDP and sharding are not supported (yet): colt runs data-parallel with a full copy of the weights " \
+    "and optimizer state on each GPU; remove the setting"
+#define T_SERVER "used only with vllm_mode server: colt generates in-process with the trainer's weights"
+#define T_TP \
+    "colt runs one whole model per GPU (data-parallel over several GPUs): tensor parallelism is not supported yet; " \
+    "use 1"
+#define T_PEFT "used only with use_peft (LoRA), which colt does not support yet: it trains every parameter"
+#define T_QUANT "quantized loading (bitsandbytes) is not supported: colt trains the model's full-precision weights"
+#define T_BNB "used only with load_in_4bit or load_in_8bit, which colt does not support"
+#define T_SHUFFLE "colt shuffles the prompts every epoch with seed"
+#define T_COMPLETIONS \
+    "colt writes every completion to output_dir/completions.jsonl and prints log_completions_count of them at each " \
+    "logging step"
+#define T_GENERATE_HF "used only when use_vllm is false; colt's engine batches continuously over a paged KV cache"
+#define T_LOSS_VARIANT "used only by loss_type sapo or vespo; colt has grpo, bnpo, dr_grpo and dapo"
+#define T_ENTROPY "the entropy bonus is not supported yet"
+#define T_DATASET \
+    "colt reads a local .jsonl or .json file: set dataset to it (export a hub dataset with " \
+    "datasets.load_dataset(NAME, split=SPLIT).to_json(\"x.jsonl\"))"
+
+static const TrlKey TRL_KEYS[] = {
+    /* transformers' TrainingArguments */
+    ONLY("lr_scheduler_kwargs", "null {}",
+         "colt's schedules (constant, constant_with_warmup, linear, cosine) take no arguments; use warmup_steps or "
+         "warmup_ratio"),
+    ONLY("optim", "adamw_torch adamw_torch_fused",
+         "colt's optimizer is AdamW with decoupled weight decay, as adamw_torch; others are not supported"),
+    ONLY("optim_args", "null \"\"", "colt's AdamW takes adam_beta1, adam_beta2, adam_epsilon and weight_decay"),
+    ONLY("optim_target_modules", "null", "colt's AdamW updates every parameter"),
+    BOOL_NOOP("average_tokens_across_devices",
+              "colt normalises the GRPO loss as loss_type says, over every process, as TRL does"),
+    ONLY("label_smoothing_factor", "0", "GRPO's loss has no labels to smooth"),
+    ONLY("bf16", "true null", T_PRECISION),
+    ONLY("fp16", "false", T_FP16),
+    BOOL_NOOP("bf16_full_eval", "colt evaluates with the weights and precision it trains with"),
+    ONLY("fp16_full_eval", "false", T_FP16),
+    BOOL_NOOP("tf32",
+              "colt chooses its own GPU math (bf16 products with fp32 accumulation); the TF32 switch does not apply"),
+    ALIAS("activation_checkpointing", "gradient_checkpointing"),
+    NOOP("activation_checkpointing_kwargs",
+         "colt's gradient checkpointing recomputes each layer in the backward; it takes no options"),
+    NOOP("gradient_checkpointing_kwargs",
+         "colt's gradient checkpointing recomputes each layer in the backward; it takes no options"),
+    BOOL_NOOP("torch_compile", T_COMPILE),
+    NOOP("torch_compile_backend", T_COMPILE),
+    NOOP("torch_compile_mode", T_COMPILE),
+    BOOL_NOOP("use_liger_kernel", T_COMPILE),
+    NOOP("liger_kernel_config", T_COMPILE),
+    BOOL_NOOP("use_cache", "colt's engine keeps its own KV cache for generation; training passes need none"),
+    ONLY("neftune_noise_alpha", "null", "NEFTune embedding noise is not supported"),
+    NOOP("torch_empty_cache_steps", "colt plans and allocates its memory once: there is no allocator cache to empty"),
+    ONLY("auto_find_batch_size", "false", "colt does not search for a batch size: set per_device_train_batch_size"),
+    ONLY("logging_strategy", "steps", "colt logs every logging_steps optimizer steps and at the last step"),
+    ONLY("logging_first_step", "false", "colt logs every logging_steps optimizer steps and at the last step"),
+    BOOL_NOOP("log_on_each_node", T_LOG),
+    BOOL_NOOP("logging_nan_inf_filter", "a non-finite loss or gradient norm stops colt's run, without saving"),
+    ONLY("include_num_input_tokens_seen", "no false", T_LOG),
+    NOOP("log_level", T_LOG),
+    NOOP("log_level_replica", T_LOG),
+    BOOL_NOOP("disable_tqdm", "colt prints one progress line per logging step (no progress bar)"),
+    ONLY("report_to", "none [] null [none]", T_TRACKERS),
+    NOOP("run_name", T_TRACKERS),
+    NOOP("project", T_TRACKERS),
+    NOOP("trackio_space_id", T_TRACKERS),
+    NOOP("trackio_bucket_id", T_TRACKERS),
+    NOOP("trackio_static_space_id", T_TRACKERS),
+    ONLY("eval_strategy", "no steps", T_EVAL),
+    ONLY("eval_delay", "0", T_EVAL),
+    NOOP("per_device_eval_batch_size",
+         "colt's evaluation generates in batches of its own; the score does not depend on them"),
+    BOOL_NOOP("prediction_loss_only", T_EVAL),
+    BOOL_NOOP("eval_on_start", T_EVAL),
+    BOOL_NOOP("eval_do_concat_batches", T_EVAL),
+    BOOL_NOOP("eval_use_gather_object", T_EVAL),
+    NOOP("eval_accumulation_steps", T_EVAL),
+    NOOP("include_for_metrics", T_EVAL),
+    BOOL_NOOP("batch_eval_metrics", T_EVAL),
+    ONLY("save_only_model", "false",
+         "colt's checkpoints hold the model, the optimizer state and the data position so that a run resumes exactly"),
+    ONLY("save_strategy", "steps", "colt saves a checkpoint every save_steps steps (0: none) and the model at the end"),
+    ONLY("save_on_each_node", "false", "rank 0 alone writes checkpoints"),
+    BOOL_NOOP("enable_jit_checkpoint", "colt always finishes the step and saves a checkpoint on SIGINT or SIGTERM"),
+    ONLY("push_to_hub", "false", T_HUB),
+    NOOP("hub_token", T_HUB),
+    BOOL_NOOP("hub_private_repo", T_HUB),
+    NOOP("hub_model_id", T_HUB),
+    NOOP("hub_strategy", T_HUB),
+    BOOL_NOOP("hub_always_push", T_HUB),
+    NOOP("hub_revision", T_HUB),
+    ONLY("load_best_model_at_end", "false",
+         "colt keeps the last weights: output_dir holds the final model, checkpoint-N folders the earlier ones"),
+    NOOP("metric_for_best_model", "used only with load_best_model_at_end, which colt does not support"),
+    BOOL_NOOP("greater_is_better", "used only with load_best_model_at_end, which colt does not support"),
+    ONLY("ignore_data_skip", "false", "on resume colt continues at the prompt where the checkpoint stopped"),
+    BOOL_NOOP("restore_callback_states_from_checkpoint", "colt has no callbacks"),
+    ONLY("full_determinism", "false",
+         "for reproducible runs colt has seed and deterministic (batch-invariant kernels, on by default for bf16)"),
+    ONLY("data_seed", "null", T_SHUFFLE),
+    ONLY("use_cpu", "false", "choose the device with device: cpu"),
+    ONLY("accelerator_config", "null {}",
+         "colt does not run on Accelerate: it launches and synchronises its processes itself"),
+    ONLY("parallelism_config", "null", T_SHARDING),
+    BOOL_NOOP("dataloader_drop_last", "colt, as TRL's sampler, uses whole generation rounds only"),
+    NOOP("dataloader_num_workers", T_LOADER),
+    BOOL_NOOP("dataloader_pin_memory", T_LOADER),
+    BOOL_NOOP("dataloader_persistent_workers", T_LOADER),
+    NOOP("dataloader_prefetch_factor", T_LOADER),
+    NOOP("dataloader_multiprocessing_context", T_LOADER),
+    BOOL_NOOP("dataloader_in_order", T_LOADER),
+    BOOL_NOOP("remove_unused_columns",
+              "colt passes every dataset column to the reward functions (TRL's default false)"),
+    ONLY("label_names", "null []", "GRPO has no labels"),
+    ONLY("train_sampling_strategy", "random", T_SHUFFLE),
+    NOOP("length_column_name", T_SHUFFLE),
+    BOOL_NOOP("ddp_find_unused_parameters", T_DIST),
+    BOOL_NOOP("ddp_broadcast_buffers", T_DIST),
+    BOOL_NOOP("ddp_static_graph", T_DIST),
+    NOOP("ddp_backend", "colt picks NCCL between GPU processes and Open MPI or Gloo between CPU processes"),
+    ONLY("fsdp", "null \"\" false []", T_SHARDING),
+    ONLY("fsdp_config", "null {}", T_SHARDING),
+    ONLY("deepspeed", "null", T_SHARDING),
+    ONLY("debug", "\"\" [] null", "colt has no debug modes; its errors name what failed and where"),
+    BOOL_NOOP("skip_memory_metrics", T_LOG),
+    BOOL_NOOP("do_train", "read only by example scripts: colt train always trains"),
+    BOOL_NOOP("do_eval", "read only by example scripts: colt evaluates when eval_dataset is given"),
+    BOOL_NOOP("do_predict", "read only by example scripts: colt train does not predict"),
+    NOOP("local_rank",
+         "colt reads LOCAL_RANK from its launcher (torchrun, srun, mpirun) or starts its processes itself"),
+    /* TRL's GRPOConfig */
+    NOOP("model_init_kwargs",
+         "colt loads config.json and the safetensors weights itself, in the precision its device sets (see dtype)"),
+    BOOL_NOOP("trust_remote_code",
+              "colt runs no code from a model folder: it implements the llama and qwen2 architectures"),
+    NOOP("router_aux_loss_coef", "applies to mixture-of-experts models, which colt does not load"),
+    BOOL_NOOP("disable_dropout", "colt applies no dropout, as disable_dropout: true"),
+    ONLY("cast_lm_head_to_fp32", "false",
+         "colt computes lm_head as every other layer (on a GPU, bf16 with fp32 accumulation)"),
+    ONLY("num_generations_eval", "null", "colt's evaluation draws num_generations completions per prompt"),
+    BOOL_NOOP("ds3_gather_for_generation", "DeepSpeed only: colt generates with the very weights it trains"),
+    ONLY("shuffle_dataset", "true null", T_SHUFFLE),
+    NOOP("pad_to_multiple_of", "colt does not pad sequences to a multiple: its results do not depend on it"),
+    ONLY("generation_kwargs", "null {}",
+         "colt samples with temperature, top_p, top_k, min_p and repetition_penalty: set those"),
+    ONLY("chat_template_kwargs", "null {}",
+         "colt renders the tokenizer's chat template with the messages and add_generation_prompt only"),
+    NOOP("cache_implementation", T_GENERATE_HF),
+    NOOP("vllm_model_impl", "colt generates with its own engine"),
+    BOOL_NOOP("vllm_enable_sleep_mode",
+              "colt's engine borrows the trainer's weights and gives its KV cache back before every training phase"),
+    ONLY("vllm_structured_outputs_regex", "null", "regex-guided generation is not supported"),
+    NOOP("vllm_server_base_url", T_SERVER),
+    NOOP("vllm_server_host", T_SERVER),
+    NOOP("vllm_server_port", T_SERVER),
+    NOOP("vllm_server_timeout", T_SERVER),
+    NOOP("vllm_group_port", T_SERVER),
+    NOOP("vllm_max_model_length", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
+    ONLY("vllm_tensor_parallel_size", "1", T_TP),
+    NOOP("sapo_temperature_neg", T_LOSS_VARIANT),
+    NOOP("sapo_temperature_pos", T_LOSS_VARIANT),
+    NOOP("vespo_k_pos", T_LOSS_VARIANT),
+    NOOP("vespo_lambda_pos", T_LOSS_VARIANT),
+    NOOP("vespo_k_neg", T_LOSS_VARIANT),
+    NOOP("vespo_lambda_neg", T_LOSS_VARIANT),
+    ONLY("multi_objective_aggregation", "sum_then_normalize",
+         "colt sums the weighted rewards, then normalises (sum_then_normalize); normalize_then_sum is not "
+         "supported yet"),
+    ONLY("sync_ref_model", "false",
+         "colt's reference model (beta > 0) is the frozen initial model; syncing it (TR-DPO) is not supported"),
+    NOOP("ref_model_mixup_alpha", "used only with sync_ref_model, which colt does not support"),
+    NOOP("ref_model_sync_steps", "used only with sync_ref_model, which colt does not support"),
+    ONLY("top_entropy_quantile", "1", "colt keeps every token in the loss; entropy masking is not supported yet"),
+    ONLY("entropy_coef", "0", T_ENTROPY),
+    ONLY("use_adaptive_entropy", "false", T_ENTROPY),
+    NOOP("entropy_coef_min", T_ENTROPY),
+    NOOP("entropy_coef_max", T_ENTROPY),
+    NOOP("entropy_coef_delta", T_ENTROPY),
+    NOOP("entropy_target", T_ENTROPY),
+    ONLY("max_tool_calling_iterations", "null", "tool calls during generation are not supported"),
+    ONLY("off_policy_mask_threshold", "null", "off-policy sequence masking is not supported yet"),
+    ONLY("use_bias_correction_kl", "true",
+         "colt's KL term is TRL's bias-corrected one (k3 x importance ratio); plain k3 is not supported"),
+    BOOL_NOOP("log_completions", T_COMPLETIONS),
+    BOOL_NOOP("log_multimodal", "colt trains text-only models"),
+    NOOP("num_completions_to_print", T_COMPLETIONS),
+    BOOL_NOOP("log_unique_prompts", T_COMPLETIONS),
+    ONLY("log_completions_hub_repo", "null", T_HUB),
+    BOOL_NOOP("use_transformers_continuous_batching", T_GENERATE_HF),
+    NOOP("transformers_continuous_batching_config", T_GENERATE_HF),
+    BOOL_NOOP("use_transformers_paged", T_GENERATE_HF),
+    /* TRL's ModelConfig */
+    ALIAS("model_name_or_path", "model"),
+    ONLY("model_revision", "main null",
+         "colt loads a local folder: download the revision (hf download REPO_ID --revision REV --local-dir DIR) and "
+         "set model to DIR"),
+    ONLY("dtype", "auto bfloat16 bf16 float32 fp32 null", T_FP16),
+    NOOP("attn_implementation", "colt computes attention with its own kernels (FlashAttention-style on a GPU)"),
+    ONLY("use_peft", "false", "LoRA/PEFT is not supported yet: colt trains every parameter; remove use_peft"),
+    NOOP("lora_r", T_PEFT),
+    NOOP("lora_alpha", T_PEFT),
+    NOOP("lora_dropout", T_PEFT),
+    NOOP("lora_target_modules", T_PEFT),
+    NOOP("lora_target_parameters", T_PEFT),
+    NOOP("lora_modules_to_save", T_PEFT),
+    NOOP("lora_task_type", T_PEFT),
+    BOOL_NOOP("use_rslora", T_PEFT),
+    BOOL_NOOP("use_dora", T_PEFT),
+    ONLY("load_in_8bit", "false", T_QUANT),
+    ONLY("load_in_4bit", "false", T_QUANT),
+    NOOP("bnb_4bit_quant_type", T_BNB),
+    BOOL_NOOP("use_bnb_nested_quant", T_BNB),
+    NOOP("bnb_4bit_quant_storage", T_BNB),
+    /* older TRL and transformers names, and TRL's ScriptArguments */
+    ONLY("torch_dtype", "auto bfloat16 bf16 float32 fp32 null", T_FP16),
+    ONLY("tensor_parallel_size", "1", T_TP),
+    NOOP("vllm_device", "colt generates on each process's own GPU, inside the training process"),
+    NOOP("vllm_dtype", T_PRECISION),
+    BOOL_NOOP("vllm_enable_prefix_caching",
+              "colt's engine shares each prompt's KV cache among its num_generations completions"),
+    ONLY("vllm_guided_decoding_regex", "null", "regex-guided generation is not supported"),
+    NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
+    NOOP("logging_dir", T_TRACKERS),
+    BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
+    ONLY("evaluation_strategy", "no steps", T_EVAL),
+    ONLY("group_by_length", "false", T_SHUFFLE),
+    ONLY("no_cuda", "false", "choose the device with device: cpu"),
+    ONLY("use_mps_device", "false", "colt runs on NVIDIA GPUs (device cuda) or on the CPU"),
+    ONLY("save_safetensors", "true null", "colt saves safetensors"),
+    BOOL_NOOP("use_liger_loss", T_COMPILE),
+    ONLY("dataset_name", "null", T_DATASET),
+    NOOP("dataset_config", T_DATASET),
+    NOOP("dataset_train_split", T_DATASET),
+    NOOP("dataset_test_split", "colt reads held-out prompts from eval_dataset, a local .jsonl or .json file"),
+    ONLY("dataset_streaming", "false", T_DATASET),
+};
+#undef ALIAS
+#undef NOOP
+#undef ONLY
+#undef BOOL_NOOP
+#define N_TRL_KEYS (sizeof TRL_KEYS / sizeof TRL_KEYS[0])
+
 /* Reward weights are applied as floats; a cap keeps them (and their sums) finite. */
 #define MAX_REWARD_WEIGHT 1e6
 
 void train_config_defaults(TrainConfig *c) {
     memset(c, 0, sizeof *c);
     c->output_dir = xstrdup("runs/grpo");
+    c->dataset_prompt_column = xstrdup("prompt");
     c->world_size = 1;
     c->learning_rate = 1e-6;
     c->lr_scheduler_type = xstrdup("linear");
@@ -205,6 +496,8 @@ void train_config_free(TrainConfig *c) {
             *(json_t **)p = NULL;
         }
     }
+    json_decref(c->notices);
+    c->notices = NULL;
 }
 
 /* ---------------------------------------------------------------- closest key */
@@ -236,14 +529,22 @@ static const ConfigKey *find_key(const char *name) {
     return NULL;
 }
 
+/* The error for a key no table knows. The closest name of colt's or TRL's is
+ * suggested only when it is a likely typo: at most one edit in four letters
+ * (learnig_rate, max_stepz), not the nearest of unrelated names. */
 static int unknown_key(const char *name, const char *where, char *err) {
-    const char *best = KEYS[0].name;
+    const char *best = NULL;
     size_t best_d = (size_t)-1;
-    for (size_t i = 0; i < N_KEYS; i++) {
-        size_t d = edit_distance(name, KEYS[i].name);
-        if (d < best_d) best_d = d, best = KEYS[i].name;
+    for (size_t i = 0; i < N_KEYS + N_TRL_KEYS; i++) {
+        const char *candidate = i < N_KEYS ? KEYS[i].name : TRL_KEYS[i - N_KEYS].name;
+        size_t d = edit_distance(name, candidate);
+        if (d < best_d) best_d = d, best = candidate;
     }
-    return errorf(err, "%s: unknown setting '%s' (did you mean '%s'?)", where, name, best);
+    size_t len = strlen(name);
+    if (best && best_d <= (len < 8 ? 1 : len / 4))
+        return errorf(err, "%s: unknown setting '%s' (did you mean '%s'?)", where, name, best);
+    return errorf(err, "%s: unknown setting '%s' (not a colt, TRL or transformers setting: see colt train --help and "
+                       "docs/trl_config.md)", where, name);
 }
 
 /* ---------------------------------------------------------------- ranges */
@@ -433,6 +734,25 @@ static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const
     return COLT_OK;
 }
 
+/* A value as messages show it: a string as written, anything else as compact
+ * JSON, cut to a readable length. */
+static void value_text(char *out, size_t n, const json_t *v) {
+    char *s = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    const char *t = json_is_string(v) ? json_string_value(v) : s ? s : "?";
+    snprintf(out, n, "%.60s%s", t, strlen(t) > 60 ? "..." : "");
+    free(s);
+}
+
+/* One notice line for a key whose value changes nothing in colt; a key given
+ * again (in a file, then as a flag) keeps one line, the last. */
+static void add_notice(TrainConfig *c, const char *key, const json_t *v, const char *why, const char *where) {
+    char value[80], line[ERR_LEN];
+    value_text(value, sizeof value, v);
+    snprintf(line, sizeof line, "%s: %s: %s changes nothing in colt: %s", where, key, value, why);
+    if (!c->notices) c->notices = json_object();
+    json_object_set_new(c->notices, key, json_string(line));
+}
+
 static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err) {
     void *p = (char *)c + k->offset;
     int rc = COLT_OK;
@@ -482,19 +802,151 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, deterministic)) c->deterministic_set = true;
+    if (rc == COLT_OK && k->notice) add_notice(c, k->name, v, k->notice, where);
     return rc;
+}
+
+/* ---------------------------------------------------------------- TRL keys */
+
+static const TrlKey *find_trl_key(const char *name) {
+    for (size_t i = 0; i < N_TRL_KEYS; i++)
+        if (strcmp(TRL_KEYS[i].name, name) == 0) return &TRL_KEYS[i];
+    return NULL;
+}
+
+/* Whether v is the accepted value written as token[0 .. len) (see TRL_KEYS). */
+static bool trl_value_matches(const json_t *v, const char *token, size_t len) {
+    if (len == 1 && token[0] == '*') return true;
+    if (len == 2 && memcmp(token, "[]", 2) == 0) return json_is_array(v) && json_array_size(v) == 0;
+    if (len == 2 && memcmp(token, "{}", 2) == 0) return json_is_object(v) && json_object_size(v) == 0;
+    if (len == 2 && memcmp(token, "\"\"", 2) == 0) return json_is_string(v) && !*json_string_value(v);
+    if (len > 2 && token[0] == '[' && token[len - 1] == ']')
+        return json_is_array(v) && json_array_size(v) == 1 &&
+               trl_value_matches(json_array_get(v, 0), token + 1, len - 2);
+    char text[64];
+    snprintf(text, sizeof text, "%.*s", (int)len, token);
+    json_t *want = scalar_to_json(text, false);
+    /* a string that reads as a scalar ("false" quoted in YAML, a flag's text) counts as that scalar */
+    json_t *got = json_is_string(v) ? scalar_to_json(json_string_value(v), false) : json_incref((json_t *)v);
+    bool same = got && want &&
+                (json_is_number(got) && json_is_number(want)
+                     ? json_number_value(got) == json_number_value(want)
+                     : json_is_string(got) && json_is_string(want)
+                           ? strcasecmp(json_string_value(got), json_string_value(want)) == 0
+                           : json_equal(got, want));
+    json_decref(got);
+    json_decref(want);
+    return same;
+}
+
+static bool trl_value_accepted(const TrlKey *t, const json_t *v) {
+    for (const char *p = t->accepted; *p;) {
+        size_t len = strcspn(p, " ");
+        if (len > 0 && trl_value_matches(v, p, len)) return true;
+        p += len + (p[len] == ' ');
+    }
+    return false;
+}
+
+/* "none, [], null": the accepted values as a message lists them. */
+static void accepted_text(char *out, size_t n, const TrlKey *t) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (const char *p = t->accepted; *p && at < n;) {
+        size_t len = strcspn(p, " ");
+        at += (size_t)snprintf(out + at, n - at, "%s%.*s", at ? ", " : "", (int)len, p);
+        p += len + (p[len] == ' ');
+    }
+}
+
+/* A TRL key that is not a colt setting: an alias sets its colt key (null
+ * leaves it as it is: TRL's None is its default); any other key is accepted
+ * with a notice when its value changes nothing in colt, else refused. */
+static int set_trl_key(TrainConfig *c, const TrlKey *t, json_t *v, const char *where, char *err) {
+    if (t->alias) return json_is_null(v) ? COLT_OK : set_from_json(c, find_key(t->alias), v, where, err);
+    if (trl_value_accepted(t, v)) {
+        add_notice(c, t->name, v, t->text, where);
+        return COLT_OK;
+    }
+    char value[80], accepted[128];
+    value_text(value, sizeof value, v);
+    accepted_text(accepted, sizeof accepted, t);
+    return errorf(err, "%s: %s: %s is a known TRL/transformers setting that colt does not support (yet) with this "
+                       "value (colt accepts %s): %s",
+                  where, t->name, value, accepted, t->text);
+}
+
+TrainKeyClass train_config_describe_key(char *text, size_t n, const char *key) {
+    const ConfigKey *k = find_key(key);
+    if (k && k->notice) {
+        snprintf(text, n, "kept in the saved config, changes nothing: %s", k->notice);
+        return TRAIN_KEY_NOOP;
+    }
+    if (k) {
+        snprintf(text, n, "%s", k->help);
+        return TRAIN_KEY_HONOURED;
+    }
+    const TrlKey *t = find_trl_key(key);
+    if (!t) {
+        snprintf(text, n, "unknown");
+        return TRAIN_KEY_UNKNOWN;
+    }
+    if (t->alias) {
+        snprintf(text, n, "sets `%s`: %s", t->alias, find_key(t->alias)->help);
+        return TRAIN_KEY_ALIAS;
+    }
+    if (strcmp(t->accepted, "*") == 0) {
+        snprintf(text, n, "%s", t->text);
+        return TRAIN_KEY_NOOP;
+    }
+    char accepted[128];
+    accepted_text(accepted, sizeof accepted, t);
+    snprintf(text, n, "accepted: %s; other values refused. %s", accepted, t->text);
+    return TRAIN_KEY_LIMITED;
+}
+
+bool train_config_key_is_bool(const char *key) {
+    const TrlKey *t = find_trl_key(key);
+    if (t && t->alias) key = t->alias;
+    const ConfigKey *k = find_key(key);
+    if (k) return k->type == KEY_BOOL;
+    if (!t) return false;
+    json_t *yes = json_true(), *no = json_false();
+    bool is_bool = strcmp(t->accepted, "*") != 0 && (trl_value_accepted(t, yes) || trl_value_accepted(t, no));
+    json_decref(yes);
+    json_decref(no);
+    return is_bool;
+}
+
+void train_config_print_notices(const TrainConfig *c) {
+    const char *key;
+    json_t *line;
+    json_object_foreach(c->notices, key, line) log_info0("%s", json_string_value(line));
 }
 
 int train_config_set(TrainConfig *c, const char *key, const char *value, const char *where, char *err) {
     const ConfigKey *k = find_key(key);
-    if (!k) return unknown_key(key, where, err);
+    const TrlKey *t = k ? NULL : find_trl_key(key);
+    if (!k && !t) return unknown_key(key, where, err);
+    if (t && t->alias) return is_null_text(value) ? COLT_OK : train_config_set(c, t->alias, value, where, err);
     json_t *v;
+    if (t) { /* a scalar, or a list or mapping written as JSON (report_to '[]') */
+        v = NULL;
+        if (value[0] == '[' || value[0] == '{') v = json_loads(value, JSON_DECODE_ANY, NULL);
+        if (!v) v = scalar_to_json(value, false);
+        if (!v) return errorf(err, "%s: '%s' is not valid UTF-8", where, key);
+        int rc = set_trl_key(c, t, v, where, err);
+        json_decref(v);
+        return rc;
+    }
     if (k->type == KEY_JSON_LIST) {
         json_error_t jerr;
         v = json_loads(value, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
         if (!v) return errorf(err, "%s: '%s' must be JSON (a list): %s", where, key, jerr.text);
     } else if (k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
         v = json_string(value); /* set_number reads the text itself, so errors quote it as typed ("1e18") */
+    } else if (k->type == KEY_BOOL && (strcmp(value, "1") == 0 || strcmp(value, "0") == 0)) {
+        v = json_boolean(value[0] == '1'); /* as transformers' HfArgumentParser reads a flag */
     } else {
         v = scalar_to_json(value, false);
         if (k->type == KEY_STRING && !json_is_null(v)) {  /* "null" unsets a path */
@@ -703,11 +1155,13 @@ int train_config_load_text(TrainConfig *c, const char *text, size_t len, TrainCo
     int rc = COLT_OK;
     json_object_foreach(root, key, v) {
         const ConfigKey *k = find_key(key);
-        if (!k) {
-            rc = unknown_key(key, name, err);
+        const TrlKey *t = k ? NULL : find_trl_key(key);
+        if (t && t->alias && json_object_get(root, t->alias)) {
+            rc = errorf(err, "%s: %s and %s name the same setting; give one of them", name, t->alias, key);
             break;
         }
-        if (set_from_json(c, k, v, name, err) != 0) {
+        if (k ? set_from_json(c, k, v, name, err) != 0 : t ? set_trl_key(c, t, v, name, err) != 0
+                                                           : unknown_key(key, name, err) != 0) {
             rc = COLT_ERR;
             break;
         }
@@ -764,6 +1218,8 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->model) return errorf(err, "settings: 'model' is required (a Hugging Face model folder)");
     if (!c->dataset) return errorf(err, "settings: 'dataset' is required (a .jsonl or .json file of prompts)");
     if (!c->output_dir || !*c->output_dir) return errorf(err, "settings: 'output_dir' must be set");
+    if (!c->dataset_prompt_column || !*c->dataset_prompt_column)
+        return errorf(err, "settings: 'dataset_prompt_column' must name a column (default prompt)");
     if (!c->reward_funcs || json_array_size(c->reward_funcs) == 0)
         return errorf(err, "settings: 'reward_funcs' needs at least one reward function");
     for (size_t i = 0; c->devices && i < json_array_size(c->devices); i++) {
@@ -955,5 +1411,8 @@ void train_config_print_help(void *fp) {
     fprintf(fp, "  (ranges keep every batch and length product far inside 32-bit arithmetic; batch x (prompt + "
                 "completion length) and generation_batch_size x (prompt + completion length) are at most %d tokens)\n",
             TRAIN_CONFIG_MAX_TOKENS);
+    fprintf(fp, "  (the other keys of TRL's GRPOConfig, transformers' TrainingArguments and TRL's ModelConfig are known: "
+                "model_name_or_path sets model, a value that changes nothing in colt loads with a notice, others are "
+                "refused saying what to do instead; docs/trl_config.md lists them)\n");
     train_config_free(&d);
 }

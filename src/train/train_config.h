@@ -1,7 +1,11 @@
 /* train_config.h — `colt train` settings, named as TRL's GRPOConfig, read
  * from a YAML or JSON file and from --key value flags (flags override).
  * Defaults are TRL 1.x's. An unknown key, a key given twice in one file, and a
- * value outside its key's range are errors naming the key. Derived values
+ * value outside its key's range are errors naming the key. The other keys of
+ * TRL's GRPOConfig, transformers' TrainingArguments and TRL's ModelConfig are
+ * known too (docs/trl_config.md): a TRL name for a colt setting sets it
+ * (model_name_or_path), a value that changes nothing in colt is accepted with
+ * one notice line, any other value is refused saying what to do instead. Derived values
  * (epsilon_high, steps_per_generation, generation_batch_size) are resolved
  * and checked by train_config_finalize. Not the trainer: nothing here opens a
  * model or a dataset. */
@@ -16,6 +20,7 @@
 typedef struct TrainConfig {
     /* what to train */
     char *model, *dataset, *eval_dataset, *output_dir;
+    char *dataset_prompt_column; /* the column holding the prompt (default "prompt") */
     json_t *reward_funcs;    /* list of reward specs (see data/rewards.h) */
     json_t *reward_weights;  /* list of numbers or null */
     /* optimisation */
@@ -78,6 +83,9 @@ typedef struct TrainConfig {
     uint64_t seed;
     char *resume_from_checkpoint;
     char *device;            /* cpu, cuda or auto */
+    /* Not a setting: one line per key given whose value changes nothing in
+     * colt ({key: line}, or NULL), printed by train_config_print_notices. */
+    json_t *notices;
 } TrainConfig;
 
 /* Bounds. No real run comes near them; they keep every count and product the
@@ -135,5 +143,25 @@ json_t *train_config_to_json(const TrainConfig *c);
 
 /* Prints every key with its default and help to fp. */
 void train_config_print_help(void *fp);
+
+/* Prints the notices of the loads so far (log_info0: rank 0 only), once each. */
+void train_config_print_notices(const TrainConfig *c);
+
+/* How colt treats a key of a TRL user's config. */
+typedef enum {
+    TRAIN_KEY_UNKNOWN,  /* neither colt's nor a known TRL/transformers key: an error names it */
+    TRAIN_KEY_HONOURED, /* a colt setting */
+    TRAIN_KEY_ALIAS,    /* TRL's name for a colt setting (model_name_or_path: model) */
+    TRAIN_KEY_NOOP,     /* accepted whatever its value, with a notice: it changes nothing in colt */
+    TRAIN_KEY_LIMITED,  /* accepted with a notice for the values that change nothing in colt; others refused */
+} TrainKeyClass;
+
+/* The class of a key name, and in text (n bytes) one line (markdown) saying
+ * what colt does with it: docs/trl_config.md is made of these. */
+TrainKeyClass train_config_describe_key(char *text, size_t n, const char *key);
+
+/* True when a key takes true/false, so that `--key` alone on the command line
+ * means true (as transformers' HfArgumentParser reads it). */
+bool train_config_key_is_bool(const char *key);
 
 #endif

@@ -1,8 +1,9 @@
 /* test_cli.c — the `colt` CLI contracts, end to end through the built binary:
  * tokenize/detokenize against HF tokenizers, score and greedy generate with the
  * real stories260K against transformers (tests/data/cli_goldens.json, made by
- * tests/ref/make_cli_goldens.py), seeded sampling reproducibility, init, and
- * bad input (one-line error, non-zero exit, nothing on stdout). */
+ * tests/ref/make_cli_goldens.py), seeded sampling reproducibility, init, a
+ * TRL user's config training a step (notices once, bare true/false flags),
+ * and bad input (one-line error, non-zero exit, nothing on stdout). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "shared_data.h"
 
 static int g_failures = 0, g_checks = 0;
 static char g_tmp[256];
@@ -72,19 +74,10 @@ static json_t *parse_json_line(const char *s) {
 
 static char *ids_to_json(json_t *ids) { return json_dumps(ids, JSON_COMPACT); }
 
-int main(void) {
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_cli_XXXXXX");
-    if (!mkdtemp(g_tmp)) return 1;
-    json_error_t jerr;
-    json_t *gold = json_load_file(COLT_SOURCE_DIR "/tests/data/cli_goldens.json", 0, &jerr);
-    if (!gold) {
-        fprintf(stderr, "cannot read cli_goldens.json: %s\n", jerr.text);
-        return 1;
-    }
-    const char *qwen = COLT_SHARED_DATA "/qwen2.5-tokenizer";
-    const char *stories = COLT_SOURCE_DIR "/models/stories260K";
+/* tokenize (text, and messages through the chat template) and detokenize
+ * with the Qwen2.5 tokenizer, against HF tokenizers / transformers. */
+static void test_qwen_tokenizer(json_t *gold, const char *qwen) {
     char args[4096], *out, *err;
-
     /* tokenize: text */
     json_t *cases = json_object_get(gold, "qwen_tokenize_text");
     char *input = NULL;
@@ -155,6 +148,27 @@ int main(void) {
     printf("detokenize (qwen2.5): %s", out);
     json_decref(got);
     free(out); free(err); free(ids_s);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_cli_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    json_error_t jerr;
+    json_t *gold = json_load_file(COLT_SOURCE_DIR "/tests/data/cli_goldens.json", 0, &jerr);
+    if (!gold) {
+        fprintf(stderr, "cannot read cli_goldens.json: %s\n", jerr.text);
+        return 1;
+    }
+    const char *qwen = COLT_SHARED_DATA "/qwen2.5-tokenizer";
+    const char *stories = COLT_SOURCE_DIR "/models/stories260K";
+    char args[4096], *out, *err;
+
+    const bool have_shared = shared_data_present(); /* the Qwen2.5 tokenizer comes from there */
+    if (have_shared) test_qwen_tokenizer(gold, qwen);
+    else shared_data_skipped("tokenize, chat template and detokenize with the Qwen2.5 tokenizer against HF");
+    int code;
+    json_t *got;
+    char in_line[8192], *ids_s;
 
     /* score with stories260K */
     json_t *sc = json_object_get(gold, "stories_score");
@@ -304,19 +318,79 @@ int main(void) {
 
     /* --chat with a Qwen2.5-tokenizer model: the chat template is rendered, and
      * generation stops at the template's <|im_end|> unless told otherwise. */
-    snprintf(args, sizeof args, "init --arch qwen2 --preset tiny --tokenizer %s --out %s/init_qwen_tok --seed 2", qwen,
-             g_tmp);
+    if (have_shared) {
+        snprintf(args, sizeof args, "init --arch qwen2 --preset tiny --tokenizer %s --out %s/init_qwen_tok --seed 2", qwen,
+                 g_tmp);
+        code = run(args, NULL, &out, &err);
+        CHECK(code == 0, "init with the qwen tokenizer: %s", err);
+        free(out); free(err);
+        snprintf(args, sizeof args, "generate --model %s/init_qwen_tok --chat 'What is 2+2?' --max_new_tokens 4 "
+                 "--ignore_eos --json", g_tmp);
+        code = run(args, NULL, &out, &err);
+        got = parse_json_line(out);
+        CHECK(code == 0 && got && json_array_size(json_object_get(got, "ids")) == 4, "generate --chat: %s %s", out, err);
+        printf("generate --chat on a tiny Qwen2 with the Qwen2.5 tokenizer: %s", out);
+        json_decref(got);
+        free(out); free(err);
+    } else {
+        shared_data_skipped("init --tokenizer with the Qwen2.5 tokenizer and generate --chat");
+    }
+
+    /* train with a TRL user's config: TRL's colocate GRPOConfig (the stand-in
+     * model) trains one step; each key that changes nothing prints one notice
+     * line, once; a true/false key alone is true, `--key false` still false. */
+    snprintf(args, sizeof args, "%s/trl.yaml", g_tmp);
+    FILE *trl = fopen(args, "w");
+    fprintf(trl, "model_name_or_path: %s\ndataset: %s/examples/data/demo_train.jsonl\n"
+                 "reward_funcs: [{type: regex, pattern: park}]\noutput_dir: %s/trl_out\n"
+                 "use_vllm: true\nvllm_mode: colocate\nvllm_tensor_parallel_size: 1\nvllm_gpu_memory_utilization: 0.3\n"
+                 "per_device_train_batch_size: 8\ngradient_accumulation_steps: 1\nnum_generations: 4\n"
+                 "max_prompt_length: 64\nmax_completion_length: 8\nlearning_rate: 1.0e-5\nbf16: true\n"
+                 "logging_steps: 1\nreport_to: none\npush_to_hub: false\ngradient_checkpointing: false\n"
+                 "num_train_epochs: 1\nmax_steps: 1\nsave_steps: 100\nbeta: 0.0\nloss_type: dapo\ndevice: cpu\n",
+            stories, COLT_SOURCE_DIR, g_tmp);
+    fclose(trl);
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --deterministic false --gradient_checkpointing", g_tmp);
     code = run(args, NULL, &out, &err);
-    CHECK(code == 0, "init with the qwen tokenizer: %s", err);
-    free(out); free(err);
-    snprintf(args, sizeof args, "generate --model %s/init_qwen_tok --chat 'What is 2+2?' --max_new_tokens 4 "
-             "--ignore_eos --json", g_tmp);
-    code = run(args, NULL, &out, &err);
-    got = parse_json_line(out);
-    CHECK(code == 0 && got && json_array_size(json_object_get(got, "ids")) == 4, "generate --chat: %s %s", out, err);
-    printf("generate --chat on a tiny Qwen2 with the Qwen2.5 tokenizer: %s", out);
-    json_decref(got);
-    free(out); free(err);
+    CHECK(code == 0, "train with TRL's colocate config: exit %d: %s", code, err);
+    const char *noticed[] = {"use_vllm: true", "vllm_mode: colocate", "vllm_tensor_parallel_size: 1", "bf16: true",
+                             "report_to: none", "push_to_hub: false"};
+    for (int k = 0; k < 6; k++) {
+        char needle[96];
+        snprintf(needle, sizeof needle, "trl.yaml: %s changes nothing in colt: ", noticed[k]);
+        const char *first = strstr(err, needle);
+        CHECK(first && !strstr(first + 1, needle), "notice '%s' once in: %s", needle, err);
+    }
+    CHECK(!strstr(err, "gradient_checkpointing: ") && !strstr(err, "learning_rate: "), "a notice for an honoured key");
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "%s/trl_out/summary.json", g_tmp);
+    json_t *summary = json_load_file(args, 0, &jerr);
+    json_t *config = json_object_get(summary, "config");
+    CHECK(json_is_true(json_object_get(config, "gradient_checkpointing")) &&
+              json_is_false(json_object_get(config, "deterministic")) &&
+              json_real_value(json_object_get(config, "gpu_memory_utilization")) == 0.3 &&
+              !strcmp(json_string_value(json_object_get(config, "model")), stories),
+          "summary.json config: bare --gradient_checkpointing true, --deterministic false, model_name_or_path, "
+          "vllm_gpu_memory_utilization");
+    printf("train --config trl.yaml (TRL's colocate GRPOConfig) --deterministic false --gradient_checkpointing: "
+           "exit %d, 6 notices once each, gradient_checkpointing %s\n",
+           code, json_is_true(json_object_get(config, "gradient_checkpointing")) ? "true" : "false");
+    json_decref(summary);
+
+    /* a flag of the other commands: alone true, and true/false words */
+    const char *json_flags[] = {"--json", "--json true", "--json=1", "--json false", "--json=no"};
+    for (int f = 0; f < 5; f++) {
+        snprintf(args, sizeof args, "generate --model %s --prompt hi --max_new_tokens 2 --ignore_eos %s", stories,
+                 json_flags[f]);
+        code = run(args, NULL, &out, &err);
+        bool want_json = f < 3, is_json = out[0] == '{';
+        CHECK(code == 0 && is_json == want_json, "generate %s: exit %d, JSON %d: %s %s", json_flags[f], code, is_json,
+              out, err);
+        free(out);
+        free(err);
+    }
+    printf("generate --json alone, true, =1 print JSON; false, =no print text\n");
 
     /* --help */
     const char *cmds[] = {"tokenize", "detokenize", "score", "generate", "init"};
@@ -329,12 +403,16 @@ int main(void) {
     printf("--help: all 5 commands print their usage\n");
 
     /* bad input */
-    snprintf(args, sizeof args, "tokenize --model %s", qwen);
-    expect_error("invalid JSON on stdin", args, "{\"text\": \n", "stdin line 1");
-    expect_error("invalid UTF-8 on stdin", args, "{\"text\": \"\xff\xfe\"}\n", "stdin line 1");
-    expect_error("wrong field", args, "{\"txt\": \"a\"}\n", "stdin line 1");
-    snprintf(args, sizeof args, "detokenize --model %s", qwen);
-    expect_error("token id out of range", args, "{\"ids\": [1, 99999999]}\n", "out of range");
+    if (have_shared) {
+        snprintf(args, sizeof args, "tokenize --model %s", qwen);
+        expect_error("invalid JSON on stdin", args, "{\"text\": \n", "stdin line 1");
+        expect_error("invalid UTF-8 on stdin", args, "{\"text\": \"\xff\xfe\"}\n", "stdin line 1");
+        expect_error("wrong field", args, "{\"txt\": \"a\"}\n", "stdin line 1");
+        snprintf(args, sizeof args, "detokenize --model %s", qwen);
+        expect_error("token id out of range", args, "{\"ids\": [1, 99999999]}\n", "out of range");
+    } else {
+        shared_data_skipped("bad stdin for tokenize and detokenize with the Qwen2.5 tokenizer");
+    }
     snprintf(args, sizeof args, "score --model %s", stories);
     char *long_ids = malloc(8 * 600 + 32);
     strcpy(long_ids, "{\"ids\": [1");
@@ -357,6 +435,21 @@ int main(void) {
     expect_error("no chat template", args, NULL, "chat_template");
     snprintf(args, sizeof args, "init --arch gpt2 --preset tiny --out %s/x", g_tmp);
     expect_error("init unknown arch", args, NULL, "gpt2");
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --json maybe", stories);
+    expect_error("flag with a non-bool word", args, NULL, "--json: 'maybe' is not true or false");
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --push_to_hub", g_tmp);
+    expect_error("train --push_to_hub alone", args, NULL, "push_to_hub: true is a known TRL/transformers setting");
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --use_peft true", g_tmp);
+    expect_error("train --use_peft true", args, NULL, "LoRA/PEFT is not supported yet");
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --vllm_tensor_parallel_size 2", g_tmp);
+    expect_error("train tensor parallel 2", args, NULL, "tensor parallelism is not supported yet");
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --gradient_checkpointing maybe", g_tmp);
+    expect_error("train bool flag, bad word", args, NULL, "gradient_checkpointing");
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --learning_rate", g_tmp);
+    expect_error("train non-bool alone", args, NULL, "option --learning_rate needs a value");
+    snprintf(args, sizeof args, "train --model %s --dataset %s/train.parquet --reward_funcs '[{\"type\": \"length\"}]' "
+             "--output_dir %s/parquet_out --device cpu", stories, g_tmp, g_tmp);
+    expect_error("train on a parquet file", args, NULL, "datasets.load_dataset('parquet'");
 
     json_decref(gold);
     snprintf(args, sizeof args, "rm -rf %s", g_tmp);

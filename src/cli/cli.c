@@ -7,8 +7,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/error.h"
+
+/* true/false/yes/no/1/0 (any case) as a flag's value; -1 for other text. */
+static int bool_text(const char *text) {
+    static const char *const yes[] = {"true", "yes", "1"}, *const no[] = {"false", "no", "0"};
+    for (int k = 0; k < 3; k++) {
+        if (strcasecmp(text, yes[k]) == 0) return 1;
+        if (strcasecmp(text, no[k]) == 0) return 0;
+    }
+    return -1;
+}
 
 static int parse_value(CliOption *o, const char *text, char *err) {
     char *end = NULL;
@@ -64,8 +75,11 @@ int cli_parse(CliOption *opts, int n_opts, int argc, char **argv, const char *us
         if (o->seen) return errorf(err, "option --%s given twice", o->name);
         o->seen = true;
         if (o->type == OPT_FLAG) {
-            if (eq) return errorf(err, "option --%s takes no value", o->name);
-            *(bool *)o->value = true;
+            /* alone it is true; --flag=false, or a true/false word after it, as HfArgumentParser reads them */
+            const char *text = eq ? eq + 1 : i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0 ? argv[++i] : "true";
+            int b = bool_text(text);
+            if (b < 0) return errorf(err, "option --%s: '%s' is not true or false", o->name, text);
+            *(bool *)o->value = b == 1;
             continue;
         }
         const char *text = eq ? eq + 1 : NULL;

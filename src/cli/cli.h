@@ -18,7 +18,9 @@ typedef struct CliOption {
     bool seen;          /* set by cli_parse */
 } CliOption;
 
-/* Parses "--name value" and "--name=value". Returns 0, 1 when --help was asked
+/* Parses "--name value" and "--name=value"; an OPT_FLAG alone is true, and
+ * takes true/false/yes/no/1/0 after it or after '=' (as transformers'
+ * HfArgumentParser reads a bool). Returns 0, 1 when --help was asked
  * (usage already printed to stdout), or -1 with err set. */
 int cli_parse(CliOption *opts, int n_opts, int argc, char **argv, const char *usage, char *err);
 

@@ -14,7 +14,8 @@
 
 static const char *TRAIN_USAGE =
     "usage: colt train [--config FILE.yaml|FILE.json] [--SETTING VALUE ...]\n"
-    "  GRPO training with TRL's GRPOConfig names; flags override the file.\n"
+    "  GRPO training with TRL's GRPOConfig names; flags override the file. A true/false\n"
+    "  setting alone (--gradient_checkpointing) means true.\n"
     "  Writes OUTPUT_DIR/metrics.jsonl, completions.jsonl, checkpoint-N/, the final model,\n"
     "  summary.json and reward_curve.svg. Ctrl-C finishes the step, saves a checkpoint and exits.\n"
     "settings:\n";
@@ -58,7 +59,11 @@ int cmd_train(int argc, char **argv) {
         if (klen >= sizeof key) klen = sizeof key - 1;
         memcpy(key, arg + 2, klen);
         key[klen] = '\0';
-        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        /* A true/false key alone (at the end, or before the next --option) is
+         * true, as transformers' HfArgumentParser reads it; a bare key is never
+         * followed by a positional argument, so the next word is its value. */
+        bool next_is_value = i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0;
+        const char *value = eq ? eq + 1 : next_is_value ? argv[++i] : train_config_key_is_bool(key) ? "true" : NULL;
         if (!value) {
             errorf(err, "option --%s needs a value", key);
             train_config_free(&cfg);
@@ -96,7 +101,9 @@ int cmd_train(int argc, char **argv) {
     }
     cfg.world_size = env.world_size;
     int rc = 0;
-    if (train_config_finalize(&cfg, err) != 0 || trainer_run(&cfg, &env, err) != 0) rc = cli_fail("train", err);
+    if (train_config_finalize(&cfg, err) != 0) rc = cli_fail("train", err);
+    if (rc == 0) train_config_print_notices(&cfg); /* here: once, by rank 0 of the processes that train */
+    if (rc == 0 && trainer_run(&cfg, &env, err) != 0) rc = cli_fail("train", err);
     train_config_free(&cfg);
     return rc;
 }

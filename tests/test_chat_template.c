@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
+#include "shared_data.h"
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -46,13 +47,17 @@ static void show_difference(const char *got, const char *want) {
 
 static int run_goldens(void) {
     json_error_t jerr;
-    json_t *cfg = json_load_file(COLT_SHARED_DATA "/qwen2.5-tokenizer/tokenizer_config.json", 0, &jerr);
-    if (!cfg) {
+    /* Qwen2.5's template comes from ../shared/data; without it its rows are skipped (source NULL) */
+    const bool have_shared = shared_data_present();
+    json_t *cfg = have_shared ? json_load_file(COLT_SHARED_DATA "/qwen2.5-tokenizer/tokenizer_config.json", 0, &jerr)
+                              : NULL;
+    if (have_shared && !cfg) {
         fprintf(stderr, "tokenizer_config.json: %s\n", jerr.text);
         return 1;
     }
+    if (!have_shared) shared_data_skipped("the 26 Qwen2.5 chat template goldens");
     Template templates[] = {
-        {"qwen2.5", strdup(json_string_value(json_object_get(cfg, "chat_template"))), 0, 0},
+        {"qwen2.5", cfg ? strdup(json_string_value(json_object_get(cfg, "chat_template"))) : NULL, 0, 0},
         {"qwen2_chatml", read_file(COLT_SOURCE_DIR "/tests/data/qwen2_chatml_chat_template.jinja"), 0, 0},
         {"llama3", read_file(COLT_SOURCE_DIR "/tests/data/llama3_chat_template.jinja"), 0, 0},
         {"llama3.1", read_file(COLT_SOURCE_DIR "/tests/data/llama3.1_chat_template.jinja"), 0, 0},
@@ -83,6 +88,10 @@ static int run_goldens(void) {
         if (!t && !source) {
             fprintf(stderr, "golden names unknown template '%s'\n", name);
             return 1;
+        }
+        if (t && !t->source) { /* skipped above */
+            json_decref(row);
+            continue;
         }
         json_t *jm = json_object_get(row, "messages");
         size_t n = json_array_size(jm);
@@ -120,8 +129,10 @@ static int run_goldens(void) {
     }
     free(line);
     fclose(f);
-    int compared = 0;
+    int compared = 0, expected = 0;
     for (size_t i = 0; i < n_templates; i++) {
+        if (!templates[i].source) continue; /* skipped */
+        expected += 26;
         printf("%s: %d/%d equal\n", templates[i].name, templates[i].equal, templates[i].total);
         compared += templates[i].total;
         if (templates[i].total != 26) {
@@ -136,7 +147,7 @@ static int run_goldens(void) {
         failures++;
     }
     printf("goldens: %d rows, %d failures\n", rows, failures);
-    return compared == 104 && failures == 0 ? 0 : 1;
+    return compared == expected && expected == (have_shared ? 104 : 78) && failures == 0 ? 0 : 1;
 }
 
 /* Templates that must fail, and a fragment the message must contain. */

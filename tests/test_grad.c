@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/model_train.h"
+#include "shared_data.h"
 
 static int g_failures = 0;
 
@@ -484,15 +485,12 @@ int main(void) {
     for (size_t i = 0; i < json_array_size(models); i++) {
         const json_t *entry = json_array_get(models, i);
         const char *rel = json_string_value(json_object_get(entry, "dir"));
-        if (strncmp(rel, "SHARED/", 7) == 0) {
-            char dir[1024];
-            snprintf(dir, sizeof(dir), "%s/%s/config.json", COLT_SHARED_DATA, rel + 7);
-            FILE *f = fopen(dir, "r");
-            if (!f) {
-                printf("skip %s: %s not found\n", json_string_value(json_object_get(entry, "name")), dir);
-                continue;
-            }
-            fclose(f);
+        if (strncmp(rel, "SHARED/", 7) == 0 && !shared_data_present()) {
+            char what[256];
+            snprintf(what, sizeof what, "%s gradients against PyTorch (%s)",
+                     json_string_value(json_object_get(entry, "name")), rel + 7);
+            shared_data_skipped(what);
+            continue;
         }
         test_model_entry(entry, temperature);
         n_models++;

@@ -18,6 +18,7 @@ options the three real files do not use). Then the
 #include "core/error.h"
 #include "core/fileio.h"
 #include "tokenizer/tokenizer.h"
+#include "shared_data.h"
 
 static int failures;
 static int checks;
@@ -367,6 +368,10 @@ static void test_config(const Tokenizer *qwen, const Tokenizer *stories) {
 }
 
 int main(void) {
+    if (!shared_data_present()) { /* every part below uses the Qwen tokenizers or stories260K's from there */
+        shared_data_skipped("test_tokenizer: the Qwen2.5, Qwen2 and stories260K tokenizers");
+        return SHARED_DATA_SKIP;
+    }
     Tokenizer *qwen25 = load_or_die(COLT_SHARED_DATA "/qwen2.5-tokenizer");
     Tokenizer *qwen2 = load_or_die(COLT_SHARED_DATA "/qwen2-tokenizer");
     Tokenizer *stories = load_or_die(COLT_SHARED_DATA "/models/stories260K/hf");

@@ -1,6 +1,6 @@
 # The README's two commands:
 #   make demo  — install dependencies, build, run the main job
-#   make test  — install dependencies, build, run every test (plus an ASan+UBSan pass)
+#   make test  — install dependencies, build, run every test (plus an ASan+UBSan pass), then a summary
 JOBS ?= $(shell nproc)
 
 .PHONY: deps build build-cuda demo test test-fast test-asan test-gpu bench fuzz clean
@@ -25,7 +25,16 @@ test-asan: deps
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 # CI has no GPU: it compiles and links the CUDA backend (when nvcc is there) and runs the CPU tests.
-test: test-fast test-asan build-cuda
+# Each suite runs whatever the one before did, its output teed to build/test-logs/; the last lines
+# are one per suite and a total (scripts/test_summary.sh), and the exit status is non-zero when any
+# suite failed.
+TEST_LOGS = build/test-logs
+test:
+	@mkdir -p $(TEST_LOGS) && rm -f $(TEST_LOGS)/*.rc $(TEST_LOGS)/*.log
+	@{ $(MAKE) --no-print-directory test-fast; echo $$? > $(TEST_LOGS)/release.rc; } 2>&1 | tee $(TEST_LOGS)/release.log
+	@{ $(MAKE) --no-print-directory test-asan; echo $$? > $(TEST_LOGS)/asan.rc; } 2>&1 | tee $(TEST_LOGS)/asan.log
+	@{ $(MAKE) --no-print-directory build-cuda; echo $$? > $(TEST_LOGS)/cuda.rc; } 2>&1 | tee $(TEST_LOGS)/cuda.log
+	@bash scripts/test_summary.sh $(TEST_LOGS)
 
 NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 build-cuda: deps

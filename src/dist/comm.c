@@ -329,6 +329,7 @@ void comm_close(Comm *c) {
     free(c);
 }
 
+Store *comm_store(const Comm *c) { return c->store; }
 int comm_rank(const Comm *c) { return c->rank; }
 int comm_world_size(const Comm *c) { return c->world_size; }
 CommKind comm_kind(const Comm *c) { return c->kind; }

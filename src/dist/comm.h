@@ -97,6 +97,12 @@ bool comm_built(CommKind kind);
 /* Frees the communicator (after an error: call comm_abort instead). */
 void comm_close(Comm *c);
 
+/* The store the communicator rendezvoused through (its own or the one it was
+ * given), or NULL (MPI, self): a second communicator of the same launch
+ * passes it in CommOptions.store (rank 0 serves the store on MASTER_PORT, and
+ * a second server there could not bind). */
+Store *comm_store(const Comm *c);
+
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 CommKind comm_kind(const Comm *c);

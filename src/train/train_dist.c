@@ -49,7 +49,9 @@ int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend 
         return COLT_OK;
     }
     free(all);
-    CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = device, .timeout_s = timeout_s};
+    /* The host communicator's store, where it has one (the NCCL id travels over MPI otherwise). */
+    CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = device, .timeout_s = timeout_s,
+                      .store = comm_store(d->comm)};
     if (comm_open(&d->grad_comm, env, &co, err) != 0) return COLT_ERR;
     d->be = be;
     d->grads = grads;

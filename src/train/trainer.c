@@ -1098,8 +1098,10 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         return errorf(err, "%s: the tokenizer has %d tokens but the model only %d", c->model,
                       tokenizer_vocab_size(t->tok), mc->vocab_size);
 
-    if (dataset_load(&t->data, c->dataset, err) != 0) return COLT_ERR;
-    if (c->eval_dataset && dataset_load(&t->eval_data, c->eval_dataset, err) != 0) return COLT_ERR;
+    if (dataset_load_column(&t->data, c->dataset, c->dataset_prompt_column, err) != 0) return COLT_ERR;
+    if (c->eval_dataset &&
+        dataset_load_column(&t->eval_data, c->eval_dataset, c->dataset_prompt_column, err) != 0)
+        return COLT_ERR;
     if (t->eval_data) {
         size_t rows = dataset_size(t->eval_data);
         if (c->num_eval_prompts > 0 && (size_t)c->num_eval_prompts < rows) rows = (size_t)c->num_eval_prompts;
@@ -1364,6 +1366,9 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         if (rc == 0) {
             size_t n_grads = 0;
             void *grads = model_grads_flat(t.grads, &n_grads);
+            /* Time the exchange, not the backward still running on the GPU: the
+             * host would wait for it here anyway. */
+            if (t.dist.world > 1 && t.be->synchronize) t.be->synchronize(t.be);
             double s0 = time_now();
             rc = train_dist_agree(&t.dist, train_dist_sum_gradients(&t.dist, t.be, grads, n_grads, err), err);
             if (t.dist.world > 1) metrics_add(&t.metrics, "time/gradient_sync", time_now() - s0);

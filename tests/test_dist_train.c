@@ -14,7 +14,8 @@
  *     checkpoint, all exit 0; resuming at world size 2 reproduces the
  *     uninterrupted 2-rank run exactly, and resuming at world size 1 works;
  *   - a rank killed mid-run: the job ends, non-zero, within the bound;
- *   - bad launches: inconsistent variables, a batch the world cannot split.
+ *   - bad launches: inconsistent variables, a batch the world cannot split, a
+ *     MASTER_PORT another process holds, a MASTER_ADDR nobody answers.
  * Skips (exit 77) when mpirun is not installed. */
 #include <dirent.h>
 #include <jansson.h>
@@ -26,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -397,6 +401,39 @@ int main(void) {
     code = run(prefix, args, &err);
     printf("2 ranks, no GPU, --device auto: exit %d: %s", code, err);
     CHECK(code != 0 && strstr(err, "--device cpu"), "CPU ranks by accident: exit %d: %s", code, err);
+    free(err);
+
+    /* A port another process holds, and a rendezvous address nobody answers:
+     * bounded one-line errors, not hangs. */
+    int holder = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t addr_len = sizeof addr;
+    if (holder >= 0 && bind(holder, (struct sockaddr *)&addr, sizeof addr) == 0 && listen(holder, 1) == 0 &&
+        getsockname(holder, (struct sockaddr *)&addr, &addr_len) == 0) {
+        snprintf(prefix, sizeof prefix,
+                 "env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d",
+                 ntohs(addr.sin_port));
+        snprintf(args, sizeof args, "%s --max_steps 1 --ddp_timeout 5 --output_dir %s/bad", BASE, g_tmp);
+        double t0 = now_s();
+        code = run(prefix, args, &err);
+        took = now_s() - t0;
+        printf("MASTER_PORT in use: exit %d after %.1f s: %s", code, took, err);
+        CHECK(code == 1 && strstr(err, "in use") && strstr(err, "MASTER_PORT") && took < 30,
+              "port in use: exit %d after %.1f s: %s", code, took, err);
+        free(err);
+    } else {
+        CHECK(0, "could not hold a local port for the port-in-use case");
+    }
+    if (holder >= 0) close(holder);
+    snprintf(args, sizeof args, "%s --max_steps 1 --ddp_timeout 3 --output_dir %s/bad", BASE, g_tmp);
+    double t0 = now_s();
+    code = run("env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29511",
+               args, &err);
+    took = now_s() - t0;
+    printf("unreachable MASTER_ADDR: exit %d after %.1f s: %s", code, took, err);
+    CHECK(code == 1 && strstr(err, "cannot reach MASTER_ADDR=no-such-host.invalid:29511 within 3 s") &&
+              !strstr(err, "rank 1: rank 1") && took < 30,
+          "unreachable MASTER_ADDR: exit %d after %.1f s: %s", code, took, err);
     free(err);
 
     sh("rm -rf %s", g_tmp);

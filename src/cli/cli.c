@@ -151,7 +151,10 @@ void lines_free(char **lines, size_t n) {
 }
 
 int cli_fail(const char *cmd, const char *msg) {
-    if (log_rank() != 0) fprintf(stderr, "colt %s: rank %d: %s\n", cmd, log_rank(), msg);
+    char own[32];
+    snprintf(own, sizeof own, "rank %d: ", log_rank());
+    bool says_rank = strncmp(msg, own, strlen(own)) == 0; /* messages of src/dist name their rank already */
+    if (log_rank() != 0 && !says_rank) fprintf(stderr, "colt %s: rank %d: %s\n", cmd, log_rank(), msg);
     else fprintf(stderr, "colt %s: %s\n", cmd, msg);
     return 1;
 }

@@ -43,7 +43,8 @@ _Noreturn void colt_abort(const char *file, int line, const char *msg) {
 static _Noreturn void out_of_memory(double bytes) {
     int rank = log_rank();
     if (rank != 0) fprintf(stderr, "[rank %d] ", rank);
-    fprintf(stderr, "colt: out of memory: could not allocate %.0f bytes (%.2f GB)\n", bytes, bytes / 1e9);
+    if (bytes > 0) fprintf(stderr, "colt: out of memory: could not allocate %.0f bytes (%.2f GB)\n", bytes, bytes / 1e9);
+    else fprintf(stderr, "colt: out of memory (a library could not allocate what it needed)\n");
     exit(1);
 }
 

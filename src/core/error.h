@@ -39,7 +39,8 @@ char *xstrdup(const char *s);
 
 /* Prints "colt: out of memory: could not allocate N bytes (M GB)" on stderr
  * ("[rank r] " before it on ranks other than 0) and exits with status 1. For
- * allocators other than the ones above (aligned, mapped) that fail the same way. */
+ * allocators other than the ones above (aligned, mapped) that fail the same way;
+ * bytes 0 when the size is not known (a library's own allocation). */
 _Noreturn void colt_out_of_memory(size_t bytes);
 
 #endif

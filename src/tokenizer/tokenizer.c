@@ -716,7 +716,7 @@ static int replace_all(Buf *out, const char *in, size_t n, const char *literal, 
         return COLT_OK;
     }
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(regex, NULL);
-    if (!md) colt_abort(__FILE__, __LINE__, "out of memory");
+    if (!md) colt_out_of_memory(0); /* PCRE2 does not say how much it asked for */
     size_t search = 0;
     while (search <= n) {
         int rc = pcre2_match(regex, (PCRE2_SPTR)in, n, search, PCRE2_NO_UTF_CHECK, md, NULL);
@@ -897,7 +897,7 @@ static int find_matches(Workspace *ws, const PreTokenizer *p, const char *s, siz
         if (!ws->md || ws->md_pairs < pairs + 1) {
             if (ws->md) pcre2_match_data_free(ws->md);
             ws->md = pcre2_match_data_create(pairs + 1, NULL);
-            if (!ws->md) colt_abort(__FILE__, __LINE__, "out of memory");
+            if (!ws->md) colt_out_of_memory((size_t)(pairs + 1) * 2 * sizeof(PCRE2_SIZE));
             ws->md_pairs = pairs + 1;
         }
         size_t pos = 0;

@@ -23,7 +23,7 @@ int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_ea
 int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend *be, int device, void *grads,
                               size_t n, size_t bucket_bytes, double timeout_s, char *how, size_t how_size, char *err) {
     snprintf(how, how_size, "%s", d->world == 1 ? "one process" : "summed on the host in rank order");
-    bool gpu = strcmp(be->name, "cpu") != 0;
+    bool gpu = strncmp(be->name, "cuda", 4) == 0; /* a CUDA instance (cuda, cuda_f32) */
     if (d->world == 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
     /* NCCL refuses two ranks on one GPU: those keep the host path. */
     typedef struct {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
@@ -1263,9 +1264,13 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
     size_t w = model_weight_bytes(t->model), o = optim_state_bytes(t->opt), gr = model_grads_bytes(t->grads);
     size_t act = train_state_bytes(t->ts), ref = t->ref_model ? model_weight_bytes(t->ref_model) : 0;
+    /* the CUDA backend's own scratch (cuBLASLt workspace, staging, attention and sampling partials) */
+    size_t scratch = strncmp(t->be->name, "cuda", 4) == 0 ? backend_cuda_reserved_bytes(t->be) : 0;
     log_info0("memory plan (%s): weights %.3f GB, reference model %.3f GB, optimizer state %.3f GB, gradients "
-              "%.3f GB, training activations %.3f GB; total %.3f GB, plus the generation KV cache while generating",
-              t->be->name, w * gb, ref * gb, o * gb, gr * gb, act * gb, (w + ref + o + gr + act) * gb);
+              "%.3f GB, training activations %.3f GB, backend scratch %.3f GB; total %.3f GB, plus the generation "
+              "KV cache while generating",
+              t->be->name, w * gb, ref * gb, o * gb, gr * gb, act * gb, scratch * gb,
+              (w + ref + o + gr + act + scratch) * gb);
     return COLT_OK;
 }
 

@@ -26,7 +26,7 @@
 static void *cpu_alloc(const Backend *be, size_t n_elements) {
     void *p = NULL;
     size_t bytes = (n_elements ? n_elements : 1) * sizeof(float);
-    if (posix_memalign(&p, 64, bytes) != 0) colt_abort(__FILE__, __LINE__, "out of memory");
+    if (posix_memalign(&p, 64, bytes) != 0) colt_out_of_memory(bytes);
     return p;
 }
 

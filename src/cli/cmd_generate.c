@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "train/prompt.h"
 
 static const char *GENERATE_USAGE =
     "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY | --prompts FILE) [options]\n"
@@ -238,11 +239,9 @@ int cmd_generate(int argc, char **argv) {
         else n_prompts = 1;
     }
 
-    /* Stop ids: the model's eos ids, plus the tokenizer's eos. */
+    /* Stop ids: the model's eos ids, plus the tokenizer's eos (as colt train stops). */
     int stop_ids[MODEL_MAX_EOS + 1];
-    int n_stop = 0;
-    for (int i = 0; i < cfg->n_eos; i++) stop_ids[n_stop++] = cfg->eos_token_ids[i];
-    if (tok && tokenizer_eos_id(tok) >= 0) stop_ids[n_stop++] = tokenizer_eos_id(tok);
+    int n_stop = prompt_stop_ids(stop_ids, cfg, tok);
 
     /* Completion j of prompt i is sequence i * n + j, RNG stream i * n + j. */
     int n_seqs = n_prompts * a.n;

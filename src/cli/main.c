@@ -12,7 +12,8 @@ static const char *USAGE =
     "  score        stdin JSONL {\"ids\"} -> {\"logprobs\"}: log p(ids[t] | ids[<t])\n"
     "  generate     complete a prompt with a model\n"
     "  init         write a randomly initialised Hugging Face checkpoint\n"
-    "  train        GRPO training (TRL's GRPOConfig settings, YAML/JSON config)\n";
+    "  train        GRPO training (TRL's GRPOConfig settings, YAML/JSON config)\n"
+    "  eval         pass@1 / pass@k on a math benchmark (GSM8K, MATH-500)\n";
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
     }
     struct { const char *name; int (*run)(int, char **); } commands[] = {
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"score", cmd_score},
-        {"generate", cmd_generate}, {"init", cmd_init}, {"train", cmd_train},
+        {"generate", cmd_generate}, {"init", cmd_init}, {"train", cmd_train}, {"eval", cmd_eval},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 2, argv + 2);

@@ -65,9 +65,11 @@ static int missing_column(const json_t *row, const char *column, const char *whe
                   json_object_size(row) ? columns : "none");
 }
 
-/* Checks one row; `where` is "data.jsonl line 3" or "data.json index 2". */
+/* Checks one row; `where` is "data.jsonl line 3" or "data.json index 2". A
+ * NULL column checks only that the row is an object (dataset_load_rows). */
 static int validate_row(const json_t *row, const char *column, const char *where, char *err) {
     if (!json_is_object(row)) return errorf(err, "%s: expected a JSON object, got %s", where, json_type_name(row));
+    if (!column) return 0;
     json_t *prompt = json_object_get(row, column);
     if (!prompt) return missing_column(row, column, where, err);
     if (json_is_string(prompt)) return 0;
@@ -183,14 +185,14 @@ static int refuse_arrow_formats(const char *path, char *err) {
  * writes JSON Lines there by default) is a JSON array when its first non-blank
  * byte is '[', one JSON object when the whole text is one, JSON Lines
  * otherwise. */
-int dataset_load_column(Dataset **out, const char *path, const char *prompt_column, char *err) {
+static int dataset_load_any(Dataset **out, const char *path, const char *prompt_column, char *err) {
     *out = NULL;
     if (refuse_arrow_formats(path, err) != 0) return COLT_ERR;
     char *text = NULL;
     size_t len = 0;
     if (file_read_all(path, &text, &len, err) != 0) return COLT_ERR;
     Dataset *d = xcalloc(1, sizeof *d);
-    d->prompt_column = xstrdup(prompt_column ? prompt_column : "prompt");
+    d->prompt_column = prompt_column ? xstrdup(prompt_column) : NULL;
     const char *body = text;
     if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) body += 3, len -= 3;  /* a UTF-8 byte-order mark */
     size_t first = 0;
@@ -220,7 +222,37 @@ int dataset_load_column(Dataset **out, const char *path, const char *prompt_colu
     return 0;
 }
 
+int dataset_load_column(Dataset **out, const char *path, const char *prompt_column, char *err) {
+    return dataset_load_any(out, path, prompt_column ? prompt_column : "prompt", err);
+}
+
 int dataset_load(Dataset **out, const char *path, char *err) { return dataset_load_column(out, path, "prompt", err); }
+
+int dataset_load_rows(Dataset **out, const char *path, char *err) { return dataset_load_any(out, path, NULL, err); }
+
+int dataset_from_rows(Dataset **out, json_t *rows, const char *prompt_column, const char *name, char *err) {
+    *out = NULL;
+    COLT_ASSERT(json_is_array(rows) && prompt_column);
+    Dataset *d = xcalloc(1, sizeof *d);
+    d->prompt_column = xstrdup(prompt_column);
+    size_t cap = 0, i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        char where[ERR_LEN / 2];
+        snprintf(where, sizeof where, "%s row %zu", name, i);
+        if (validate_row(row, d->prompt_column, where, err) != 0) {
+            dataset_free(d);
+            return COLT_ERR;
+        }
+        dataset_push(d, &cap, json_incref(row));
+    }
+    if (d->n == 0) {
+        dataset_free(d);
+        return errorf(err, "%s: the dataset has no rows", name);
+    }
+    *out = d;
+    return 0;
+}
 
 void dataset_free(Dataset *d) {
     if (!d) return;
@@ -238,6 +270,7 @@ json_t *dataset_row(const Dataset *d, size_t i) {
 }
 
 int dataset_is_conversational(const Dataset *d, size_t i) {
+    COLT_ASSERT(d->prompt_column); /* not a dataset_load_rows one */
     return json_is_array(json_object_get(dataset_row(d, i), d->prompt_column));
 }
 
@@ -255,6 +288,7 @@ int dataset_is_conversational(const Dataset *d, size_t i) {
 
 int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, char *err) {
     *text = NULL;
+    COLT_ASSERT(d->prompt_column); /* not a dataset_load_rows one */
     json_t *prompt = json_object_get(dataset_row(d, i), d->prompt_column);
     if (json_is_string(prompt)) {
         *text = xstrdup(json_string_value(prompt));

@@ -25,6 +25,13 @@ typedef struct Dataset Dataset;
 int dataset_load_column(Dataset **out, const char *path, const char *prompt_column, char *err);
 /* dataset_load_column with the column "prompt". */
 int dataset_load(Dataset **out, const char *path, char *err);
+/* The rows alone, each a JSON object, without a prompt column (colt eval picks
+ * its columns itself, then makes its prompts with dataset_from_rows); such a
+ * dataset has no prompt text. */
+int dataset_load_rows(Dataset **out, const char *path, char *err);
+/* A dataset of rows built in memory (an array of objects, each holding
+ * prompt_column; the rows are shared, not copied); errors name "NAME row i". */
+int dataset_from_rows(Dataset **out, json_t *rows, const char *prompt_column, const char *name, char *err);
 void dataset_free(Dataset *d);
 size_t dataset_size(const Dataset *d);
 /* The row as a JSON object (borrowed): all columns, the prompt's included. */

@@ -276,6 +276,8 @@ static char *extract_reference(const char *text) {
     return normalise_answer(a);
 }
 
+char *reward_reference_answer(const char *text) { return extract_reference(text); }
+
 /* Parses a normalised answer as a number: "12", "-0.5", "3/4", "\frac{3}{4}",
  * "-\frac{1}{2}", "\frac12". Returns 1 on success. */
 static int answer_to_number(const char *s, double *value) {

@@ -65,5 +65,9 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
  * else the last \boxed{...}, else the last number), normalised (commas and $
  * removed, trailing zeros of decimals dropped); NULL if none. malloc'd. */
 char *reward_extract_answer(const char *text);
+/* The reference answer of a dataset column's text as the math reward reads
+ * it: after "####" (GSM8K), else the last \boxed{}, else the whole text
+ * (MATH-500), normalised the same way; NULL if none. malloc'd. */
+char *reward_reference_answer(const char *text);
 
 #endif

@@ -41,6 +41,7 @@
 #include "train/grpo.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/prompt.h"
 #include "train/report.h"
 #include "train/rollout.h"
 #include "train/train_dist.h"
@@ -127,37 +128,9 @@ static int ensure_activations(Trainer *t, char *err) {
     return rc;
 }
 
-/* Prompt ids of dataset row i: chat template for conversational rows, else
- * the text with BOS when the tokenizer adds it (TRL tokenizes plain prompts
- * with the tokenizer's defaults). Longer than max_prompt_length: the left part
- * is dropped, as TRL did. */
+/* Prompt ids of dataset row i, as colt eval encodes them too (prompt.h). */
 static int prompt_ids_for_row(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
-    if (dataset_prompt_text(text, d, row, t->tok, err) != 0) return COLT_ERR;
-    int *body = NULL;
-    size_t n_body = 0;
-    if (tokenizer_encode(t->tok, *text, strlen(*text), &body, &n_body, err) != 0) {
-        free(*text);
-        *text = NULL;
-        return error_prefix(err, "%s row %zu", t->cfg->dataset, row);
-    }
-    bool bos = !dataset_is_conversational(d, row) && tokenizer_add_bos(t->tok) && tokenizer_bos_id(t->tok) >= 0;
-    int total = (int)n_body + (bos ? 1 : 0);
-    int keep = total < t->cfg->max_prompt_length ? total : t->cfg->max_prompt_length;
-    int *out = xmalloc(sizeof(int) * (size_t)(keep > 0 ? keep : 1));
-    for (int k = 0; k < keep; k++) {
-        int src = total - keep + k;
-        out[k] = bos ? (src == 0 ? tokenizer_bos_id(t->tok) : body[src - 1]) : body[src];
-    }
-    free(body);
-    *ids = out;
-    *n = keep;
-    if (keep == 0) {
-        free(out);
-        free(*text);
-        *text = NULL;
-        return errorf(err, "row %zu: the prompt is empty after tokenization", row);
-    }
-    return COLT_OK;
+    return prompt_encode_row(ids, n, text, d, row, t->tok, t->cfg->max_prompt_length, t->cfg->dataset, err);
 }
 
 /* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
@@ -1156,8 +1129,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     t->sampling = (SamplingParams){.temperature = (float)c->temperature, .top_k = c->top_k, .top_p = (float)c->top_p,
                                    .min_p = (float)c->min_p, .repetition_penalty = (float)c->repetition_penalty,
                                    .seed = c->seed};
-    for (int i = 0; i < mc->n_eos; i++) t->stop_ids[t->n_stop++] = mc->eos_token_ids[i];
-    if (tokenizer_eos_id(t->tok) >= 0) t->stop_ids[t->n_stop++] = tokenizer_eos_id(t->tok);
+    t->n_stop = prompt_stop_ids(t->stop_ids, mc, t->tok);
 
     GrpoLossConfig *lc = &t->loss_cfg;
     if (grpo_loss_type_parse(&lc->loss_type, c->loss_type, err) != 0 ||

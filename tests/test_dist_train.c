@@ -36,20 +36,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-
-static int g_failures = 0, g_checks = 0;
-static char g_tmp[256];
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
+#include "harness.h"
 
 static const char *BASE =
     "--config examples/demo.yaml --max_completion_length 16 --logging_steps 1 --log_completions_count 0 "
@@ -57,16 +44,6 @@ static const char *BASE =
 static const char *MPIRUN = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x LSAN_OPTIONS";
 /* In sanitizer builds: Open MPI keeps what MPI_Init allocates until exit. */
 #define LSAN_ENV "LSAN_OPTIONS=suppressions=" COLT_SOURCE_DIR "/tests/lsan_openmpi.supp:fast_unwind_on_malloc=0"
-
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fprintf(stderr, "command failed: %s\n", cmd);
-}
 
 /* Runs "PREFIX colt train ARGS" through sh; stderr into *err_out. */
 static int run(const char *prefix, const char *args, char **err_out) {
@@ -78,14 +55,6 @@ static int run(const char *prefix, const char *args, char **err_out) {
     size_t len;
     if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-static char *read_text(const char *dir, const char *name) {
-    char *p = path_join(dir, name), *data = NULL;
-    size_t len;
-    if (file_read_all(p, &data, &len, NULL) != 0) data = NULL;
-    free(p);
-    return data;
 }
 
 /* metrics.jsonl as JSON objects, one per step (NULL-terminated). */
@@ -156,15 +125,6 @@ static double weights_difference(const char *a_dir, const char *b_dir) {
     return d;
 }
 
-static bool same_file(const char *a_dir, const char *b_dir, const char *name) {
-    char *pa = path_join(a_dir, name), *pb = path_join(b_dir, name), *da = NULL, *db = NULL;
-    size_t la = 0, lb = 0;
-    bool same = file_read_all(pa, &da, &la, NULL) == 0 && file_read_all(pb, &db, &lb, NULL) == 0 && la == lb &&
-                memcmp(da, db, la) == 0;
-    free(pa), free(pb), free(da), free(db);
-    return same;
-}
-
 /* Compares a world-size run with the one-process run: step 1 exactly, the rest
  * within tol, final weights within wtol. */
 static void compare_runs(const char *what, const char *one_dir, const char *world_dir, double tol, double wtol) {
@@ -207,12 +167,6 @@ static int unexpected_files(const char *dir) {
     }
     if (d) closedir(d);
     return n;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Starts sh -c cmd with its output thrown away; returns its pid. */

@@ -37,20 +37,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-
-static int g_failures = 0, g_checks = 0;
-static char g_tmp[256];
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
+#include "harness.h"
 
 /* Rounds of two optimizer steps (steps_per_generation 2), a reference model
  * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. */
@@ -58,12 +45,6 @@ static const char *BASE =
     "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
     "--logging_steps 1 --log_completions_count 0 --save_total_limit 0 --eval_dataset null "
     "--steps_per_generation 2";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Runs `colt train ARGS` (through sh, prefix before it); stderr into *err_out. */
 static int run_with(const char *prefix, const char *args, char **err_out) {
@@ -143,73 +124,6 @@ static void expect_stopped(const char *name, int code, char *err, const char *ou
     }
     if (d) closedir(d);
     printf("  %-40s -> exit %d, %d checkpoint(s) written, all finite: %s", name, code, n, last);
-}
-
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fprintf(stderr, "command failed: %s\n", cmd);
-}
-
-static char *read_text(const char *dir, const char *name) {
-    char *p = path_join(dir, name), *data = NULL;
-    size_t len;
-    if (file_read_all(p, &data, &len, NULL) != 0) data = NULL;
-    free(p);
-    return data;
-}
-
-static bool exists_in(const char *dir, const char *name) {
-    char *p = path_join(dir, name);
-    struct stat st;
-    bool e = lstat(p, &st) == 0;
-    free(p);
-    return e;
-}
-
-/* metrics.jsonl without the timing fields, which differ run to run. */
-static char *metrics_without_timing(const char *dir) {
-    char *text = read_text(dir, "metrics.jsonl");
-    if (!text) return strdup("(missing)");
-    size_t cap = strlen(text) + 1, len = 0;
-    char *out = malloc(cap);
-    out[0] = '\0';
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        const char *drop[] = {"step_time", "time/generation", "time/scoring", "time/logprobs", "time/training",
-                              "time/activation_memory", "time/gradient_sync"};
-        for (int i = 0; i < 7; i++) json_object_del(o, drop[i]);
-        char *s = o ? json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT) : strdup("(bad line)");
-        size_t l = strlen(s);
-        if (len + l + 2 > cap) cap = (len + l + 2) * 2, out = realloc(out, cap);
-        memcpy(out + len, s, l);
-        len += l;
-        out[len++] = '\n';
-        out[len] = '\0';
-        free(s);
-        json_decref(o);
-    }
-    free(text);
-    return out;
-}
-
-static bool same_file(const char *a_dir, const char *b_dir, const char *name) {
-    char *pa = path_join(a_dir, name), *pb = path_join(b_dir, name), *da = NULL, *db = NULL;
-    size_t la = 0, lb = 0;
-    bool same = file_read_all(pa, &da, &la, NULL) == 0 && file_read_all(pb, &db, &lb, NULL) == 0 && la == lb &&
-                memcmp(da, db, la) == 0;
-    free(pa), free(pb), free(da), free(db);
-    return same;
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; s && *s; s++) n += *s == '\n';
-    return n;
 }
 
 /* Number of checkpoint-N folders (exact names) in dir. */

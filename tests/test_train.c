@@ -19,22 +19,9 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "harness.h"
 
 #define LEARN_MARGIN 0.30
-
-static int g_failures = 0, g_checks = 0;
-static char g_tmp[256];
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
 
 /* Small, fast settings on top of the demo config. */
 static const char *BASE =
@@ -51,49 +38,6 @@ static int run(const char *args, char **err_out) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-static char *read_text(const char *dir, const char *name) {
-    char *p = path_join(dir, name), *data = NULL;
-    size_t len;
-    if (file_read_all(p, &data, &len, NULL) != 0) data = NULL;
-    free(p);
-    return data;
-}
-
-/* metrics.jsonl without the timing fields, which differ run to run. */
-static char *metrics_without_timing(const char *dir) {
-    char *text = read_text(dir, "metrics.jsonl");
-    if (!text) return strdup("(missing)");
-    size_t cap = strlen(text) + 1, len = 0;
-    char *out = malloc(cap);
-    out[0] = '\0';
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        const char *drop[] = {"step_time", "time/generation", "time/scoring", "time/logprobs", "time/training",
-                              "time/activation_memory", "time/gradient_sync"};
-        for (int i = 0; i < 7; i++) json_object_del(o, drop[i]);
-        char *s = json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT);
-        size_t l = strlen(s);
-        if (len + l + 2 > cap) cap = (len + l + 2) * 2, out = realloc(out, cap);
-        memcpy(out + len, s, l);
-        len += l;
-        out[len++] = '\n';
-        out[len] = '\0';
-        free(s);
-        json_decref(o);
-    }
-    free(text);
-    return out;
-}
-
-static bool same_file(const char *a_dir, const char *b_dir, const char *name) {
-    char *pa = path_join(a_dir, name), *pb = path_join(b_dir, name), *da = NULL, *db = NULL;
-    size_t la = 0, lb = 0;
-    bool same = file_read_all(pa, &da, &la, NULL) == 0 && file_read_all(pb, &db, &lb, NULL) == 0 && la == lb &&
-                memcmp(da, db, la) == 0;
-    free(pa), free(pb), free(da), free(db);
-    return same;
-}
-
 static double summary_value(const char *dir, const char *key) {
     char *p = path_join(dir, "summary.json");
     json_t *o = json_load_file(p, 0, NULL);
@@ -101,12 +45,6 @@ static double summary_value(const char *dir, const char *key) {
     double v = o && json_is_number(json_object_get(o, key)) ? json_number_value(json_object_get(o, key)) : NAN;
     json_decref(o);
     return v;
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; s && *s; s++) n += *s == '\n';
-    return n;
 }
 
 static void expect_error(const char *name, const char *args, const char *needle) {

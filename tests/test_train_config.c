@@ -768,18 +768,48 @@ static void test_trl_messages(void) {
           "notice '%s'", notice_of(&c, "push_to_hub"));
     printf("  notice: %s\n", notice_of(&c, "push_to_hub"));
     train_config_free(&c);
-    CHECK(load_yaml(&c, "report_to: []\nuse_vllm: true\nlogging_dir: runs/logs\n", err) == 0, "%s", err);
-    CHECK(json_object_size(c.notices) == 3 && strstr(notice_of(&c, "report_to"), "report_to: [] changes nothing") &&
-              strstr(notice_of(&c, "use_vllm"), "in-process engine") &&
-              strstr(notice_of(&c, "logging_dir"), "logging_dir: runs/logs changes nothing"),
-          "notices report_to '%s' use_vllm '%s'", notice_of(&c, "report_to"), notice_of(&c, "use_vllm"));
+    CHECK(load_yaml(&c, "report_to: []\nuse_vllm: true\nbf16: true\n", err) == 0, "%s", err);
+    CHECK(json_object_size(c.notices) == 2 && strstr(notice_of(&c, "use_vllm"), "in-process engine") &&
+              strstr(notice_of(&c, "bf16"), "bf16: true changes nothing"),
+          "notices use_vllm '%s' bf16 '%s'", notice_of(&c, "use_vllm"), notice_of(&c, "bf16"));
     CHECK(c.use_vllm, "use_vllm kept (it is in the saved config)");
     /* given again as a flag: still one line, the flag's */
-    CHECK(train_config_set(&c, "report_to", "none", "command line", err) == 0, "--report_to none: %s", err);
-    CHECK(json_object_size(c.notices) == 3 &&
-              strstr(notice_of(&c, "report_to"), "command line: report_to: none changes nothing") ==
-                  notice_of(&c, "report_to"),
-          "a key given twice keeps one notice: %s", notice_of(&c, "report_to"));
+    CHECK(train_config_set(&c, "bf16", "true", "command line", err) == 0, "--bf16 true: %s", err);
+    CHECK(json_object_size(c.notices) == 2 &&
+              strstr(notice_of(&c, "bf16"), "command line: bf16: true changes nothing") == notice_of(&c, "bf16"),
+          "a key given twice keeps one notice: %s", notice_of(&c, "bf16"));
+    train_config_free(&c);
+
+    /* report_to and logging_dir are honoured (TensorBoard event files): no notice; tensorboard as a word, a list
+     * or a flag; none, [] and null report nowhere */
+    const char *reports[][2] = {{"report_to: tensorboard\n", "1"}, {"report_to: [tensorboard]\n", "1"},
+                                {"report_to: [none, tensorboard]\n", "1"}, {"report_to: none\n", "0"},
+                                {"report_to: [none]\n", "0"}, {"report_to: []\n", "0"}, {"report_to: null\n", "0"},
+                                {"logging_dir: runs/tb\n", "0"}};
+    for (int i = 0; i < 8; i++) {
+        int rc = load_yaml(&c, reports[i][0], err);
+        CHECK(rc == 0 && json_object_size(c.notices) == 0 &&
+                  train_config_reports_to(&c, "tensorboard") == (reports[i][1][0] == '1'),
+              "'%.*s': rc %d (%s), %zu notices, tensorboard %d", (int)strcspn(reports[i][0], "\n"), reports[i][0], rc,
+              err, json_object_size(c.notices), train_config_reports_to(&c, "tensorboard"));
+        train_config_free(&c);
+    }
+    CHECK(load_yaml(&c, "logging_dir: runs/tb\n", err) == 0 && c.logging_dir && strcmp(c.logging_dir, "runs/tb") == 0,
+          "logging_dir %s", c.logging_dir ? c.logging_dir : "(null)");
+    CHECK(train_config_set(&c, "report_to", "tensorboard", "command line", err) == 0 &&
+              train_config_reports_to(&c, "tensorboard"),
+          "--report_to tensorboard: %s", err);
+    CHECK(train_config_set(&c, "report_to", "[\"tensorboard\"]", "command line", err) == 0 &&
+              train_config_reports_to(&c, "tensorboard"),
+          "--report_to '[\"tensorboard\"]': %s", err);
+    CHECK(train_config_set(&c, "report_to", "none", "command line", err) == 0 &&
+              !train_config_reports_to(&c, "tensorboard"),
+          "--report_to none: %s", err);
+    CHECK(train_config_set(&c, "report_to", "wandb", "command line", err) != 0 &&
+              strstr(err, "command line: report_to: wandb is not supported") && !train_config_reports_to(&c, "tensorboard"),
+          "--report_to wandb: %s", err);
+    printf("  report_to tensorboard, [tensorboard], [none, tensorboard] honoured; none, [none], [], null report "
+           "nowhere; --report_to tensorboard / none / wandb as flags\n");
     train_config_free(&c);
 
     /* refusals: a known key, what colt does, what to do instead */
@@ -790,8 +820,11 @@ static void test_trl_messages(void) {
     expect_trl_refusal("deepspeed: ds_zero3.json\n", "deepspeed: ds_zero3.json is a known", "DeepSpeed");
     expect_trl_refusal("fp16: true\n", "fp16: true is a known", "use bf16");
     expect_trl_refusal("bf16: false\n", "bf16: false is a known", "cuda_f32");
-    expect_trl_refusal("report_to: wandb\n", "(colt accepts none, [], null, [none])", "metrics.jsonl");
-    expect_trl_refusal("report_to: [wandb, tensorboard]\n", "report_to: [\"wandb\",\"tensorboard\"] is a known", NULL);
+    expect_trl_refusal("report_to: wandb\n", "trl.yaml: report_to: wandb is not supported: colt reports to tensorboard",
+                       "metrics.jsonl");
+    expect_trl_refusal("report_to: [wandb, tensorboard]\n", "report_to: [\"wandb\",\"tensorboard\"] is not supported",
+                       "wandb, mlflow");
+    expect_trl_refusal("report_to: all\n", "report_to: all is not supported", NULL);
     expect_trl_refusal("vllm_tensor_parallel_size: 2\n", "(colt accepts 1)", "tensor parallelism is not supported yet");
     expect_trl_refusal("tensor_parallel_size: 4\n", "tensor_parallel_size: 4", "tensor parallelism is not supported yet");
     expect_trl_refusal("torch_dtype: float16\n", "torch_dtype: float16 is a known", "use bf16");
@@ -918,9 +951,9 @@ static void test_trl_colocate_config(void) {
     CHECK(strcmp(c.loss_type, "dr_grpo") == 0 && strcmp(c.lr_scheduler_type, "cosine") == 0 &&
               strcmp(c.vllm_mode, "colocate") == 0 && c.use_vllm && c.gradient_checkpointing,
           "strings and flags");
-    const char *noticed[] = {"use_vllm",      "vllm_mode",   "vllm_tensor_parallel_size", "bf16",
-                             "report_to",     "push_to_hub", "torch_dtype",               "remove_unused_columns",
-                             "overwrite_output_dir", "dataloader_num_workers"};
+    const char *noticed[] = {"use_vllm",    "vllm_mode",   "vllm_tensor_parallel_size", "bf16",
+                             "push_to_hub", "torch_dtype", "remove_unused_columns",     "overwrite_output_dir",
+                             "dataloader_num_workers"};
     size_t n_noticed = sizeof noticed / sizeof noticed[0];
     for (size_t i = 0; i < n_noticed; i++)
         CHECK(strstr(notice_of(&c, noticed[i]), "colocate.yaml: ") == notice_of(&c, noticed[i]),

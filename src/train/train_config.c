@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "train/tensorboard.h"
 
 typedef enum { KEY_DOUBLE, KEY_DOUBLE_OR_NULL, KEY_INT, KEY_U64, KEY_BOOL, KEY_STRING, KEY_JSON_LIST } KeyType;
 
@@ -127,6 +128,12 @@ static const ConfigKey KEYS[] = {
     KI(eval_steps, 0, STEPS, "evaluate on eval_dataset every N steps (0 = only before and after)"),
     KI(num_eval_prompts, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "eval prompts used (0 = all)"),
     KI(log_completions_count, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "sample completions printed and saved per logging step"),
+    K(report_to, KEY_JSON_LIST,
+      "where metrics go besides output_dir/metrics.jsonl: none, or tensorboard (event files in logging_dir, tagged "
+      "as transformers' TensorBoardCallback tags them)"),
+    K(logging_dir, KEY_STRING,
+      "the TensorBoard folder for report_to tensorboard (default: $TENSORBOARD_LOGGING_DIR, else "
+      "output_dir/runs/<Mon DD_HH-MM-SS>_<host>, as transformers)"),
     {.name = "seed", .type = KEY_U64, .offset = offsetof(TrainConfig, seed), .help = "seed for shuffling and sampling",
      .imin = 0, .imax = INT64_MAX},
     K(resume_from_checkpoint, KEY_STRING, "checkpoint folder to continue from"),
@@ -184,7 +191,8 @@ typedef struct TrlKey {
     "colt runs its own compiled C/CUDA kernels (fused where it pays): there is nothing to compile or swap in"
 #define T_LOG "colt prints progress on rank 0 and writes every metric to output_dir/metrics.jsonl"
 #define T_TRACKERS \
-    "colt writes its metrics to output_dir/metrics.jsonl and completions.jsonl and reports to no tracker (wandb, ...)"
+    "colt writes its metrics to output_dir/metrics.jsonl and completions.jsonl, and to TensorBoard with report_to " \
+    "tensorboard; it reports to no other tracker (wandb, ...)"
 #define T_HUB "colt saves to output_dir and uploads nothing: upload the folder yourself (hf upload REPO_ID OUTPUT_DIR)"
 #define T_EVAL \
     "colt scores eval_dataset (when given) by mean reward before and after training and every eval_steps steps"
@@ -252,7 +260,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("log_level", T_LOG),
     NOOP("log_level_replica", T_LOG),
     BOOL_NOOP("disable_tqdm", "colt prints one progress line per logging step (no progress bar)"),
-    ONLY("report_to", "none [] null [none]", T_TRACKERS),
     NOOP("run_name", T_TRACKERS),
     NOOP("project", T_TRACKERS),
     NOOP("trackio_space_id", T_TRACKERS),
@@ -412,7 +419,6 @@ static const TrlKey TRL_KEYS[] = {
               "colt's engine shares each prompt's KV cache among its num_generations completions"),
     ONLY("vllm_guided_decoding_regex", "null", "regex-guided generation is not supported"),
     NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
-    NOOP("logging_dir", T_TRACKERS),
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
     ONLY("evaluation_strategy", "no steps", T_EVAL),
     ONLY("group_by_length", "false", T_SHUFFLE),
@@ -753,6 +759,39 @@ static void add_notice(TrainConfig *c, const char *key, const json_t *v, const c
     json_object_set_new(c->notices, key, json_string(line));
 }
 
+/* report_to as transformers reads it: "none", "tensorboard", or a list of
+ * them; colt has no other integration. A refused value leaves report_to unset. */
+static int check_report_to(TrainConfig *c, const json_t *given, const char *where, char *err) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(c->report_to, i, v) {
+        const char *name = json_string_value(v);
+        if (name && (strcasecmp(name, "none") == 0 || strcasecmp(name, "tensorboard") == 0)) continue;
+        char value[80];
+        value_text(value, sizeof value, given);
+        json_decref(c->report_to);
+        c->report_to = NULL;
+        return errorf(err, "%s: report_to: %s is not supported: colt reports to tensorboard (event files beside "
+                           "metrics.jsonl) or none, and always writes output_dir/metrics.jsonl; wandb, mlflow and "
+                           "transformers' other integrations are not supported",
+                      where, value);
+    }
+    if (train_config_reports_to(c, "tensorboard") && !tensorboard_available())
+        return errorf(err, "%s: report_to: tensorboard: this colt was built without protobuf-c, which writes the event "
+                           "files (apt-get install libprotobuf-c-dev protobuf-c-compiler, or scripts/setup.sh, then "
+                           "rebuild)",
+                      where);
+    return COLT_OK;
+}
+
+bool train_config_reports_to(const TrainConfig *c, const char *integration) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(c->report_to, i, v) if (json_is_string(v) && strcasecmp(json_string_value(v), integration) == 0)
+        return true;
+    return false;
+}
+
 static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err) {
     void *p = (char *)c + k->offset;
     int rc = COLT_OK;
@@ -798,6 +837,7 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         break;
     }
     }
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, report_to)) rc = check_report_to(c, v, where, err);
     /* either name of the KV pool cap: remember that the user chose it */
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
@@ -942,6 +982,8 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
     if (k->type == KEY_JSON_LIST) {
         json_error_t jerr;
         v = json_loads(value, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+        /* --report_to tensorboard, as transformers' parser takes it */
+        if (!v && k->offset == offsetof(TrainConfig, report_to) && value[0] != '[') v = scalar_to_json(value, false);
         if (!v) return errorf(err, "%s: '%s' must be JSON (a list): %s", where, key, jerr.text);
     } else if (k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
         v = json_string(value); /* set_number reads the text itself, so errors quote it as typed ("1e18") */

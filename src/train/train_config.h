@@ -80,6 +80,8 @@ typedef struct TrainConfig {
     double num_train_epochs;
     /* logging and checkpoints */
     int logging_steps, save_steps, save_total_limit, eval_steps, num_eval_prompts, log_completions_count;
+    json_t *report_to;       /* transformers' integrations to report to: a list of "none" / "tensorboard", or NULL */
+    char *logging_dir;       /* TensorBoard's folder (NULL: $TENSORBOARD_LOGGING_DIR, else output_dir/runs/...) */
     uint64_t seed;
     char *resume_from_checkpoint;
     char *device;            /* cpu, cuda or auto */
@@ -143,6 +145,9 @@ json_t *train_config_to_json(const TrainConfig *c);
 
 /* Prints every key with its default and help to fp. */
 void train_config_print_help(void *fp);
+
+/* Whether report_to lists the integration (e.g. "tensorboard"). */
+bool train_config_reports_to(const TrainConfig *c, const char *integration);
 
 /* Prints the notices of the loads so far (log_info0: rank 0 only), once each. */
 void train_config_print_notices(const TrainConfig *c);

@@ -44,6 +44,7 @@
 #include "train/prompt.h"
 #include "train/report.h"
 #include "train/rollout.h"
+#include "train/tensorboard.h"
 #include "train/train_dist.h"
 
 /* RNG streams: keep sampling of training, eval and shuffles apart. The
@@ -98,6 +99,7 @@ typedef struct Trainer {
     float *tok_logp, *tok_entropy, *tok_dlogp;
     float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
     FILE *metrics_fp;
+    TensorboardWriter *tb;    /* report_to tensorboard: rank 0's event file, else NULL */
     char *metrics_path;
     /* checkpoints */
     json_t *resume_record;    /* what this run's saved state depends on (checkpoint.h) */
@@ -893,6 +895,7 @@ static int log_step(Trainer *t, double elapsed, int64_t steps_this_run, char *er
     char *s = json_dumps(line, JSON_REAL_PRECISION(8));
     int rc = file_append_line(t->metrics_fp, t->metrics_path, s, err);
     free(s);
+    if (rc == 0 && t->tb) rc = tensorboard_add_metrics(t->tb, line, err);
 
     double per_step = steps_this_run > 0 ? elapsed / (double)steps_this_run : 0.0;
     char eta[32];
@@ -931,6 +934,24 @@ static int log_step(Trainer *t, double elapsed, int64_t steps_this_run, char *er
     if (fp && fclose(fp) != 0 && rc == 0) rc = errorf(err, "%s: cannot write: %s", path, strerror(errno));
     free(path);
     return rc;
+}
+
+/* An eval's mean reward at the current step, to TensorBoard ("eval/reward")
+ * and, for the evals during training, to metrics.jsonl as {"step",
+ * "eval_reward"} (reward_curve.svg marks those; summary.json has before and
+ * after). Rank 0 writes; every rank gets the outcome. */
+static int log_eval(Trainer *t, double reward, bool during_training, char *err) {
+    int rc = COLT_OK;
+    if (t->dist.rank == 0) {
+        json_t *line = json_pack("{s:I,s:o}", "step", (json_int_t)t->global_step, "eval_reward",
+                                 isnan(reward) ? json_null() : json_real(reward));
+        char *s = during_training ? json_dumps(line, JSON_REAL_PRECISION(8)) : NULL;
+        if (s) rc = file_append_line(t->metrics_fp, t->metrics_path, s, err);
+        free(s);
+        if (rc == 0 && t->tb) rc = tensorboard_add_metrics(t->tb, line, err);
+        json_decref(line);
+    }
+    return train_dist_agree(&t->dist, rc, err);
 }
 
 /* On resume, keeps only the metric lines of steps up to the checkpoint. */
@@ -1230,6 +1251,13 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         if (rc != 0) return COLT_ERR;
         t->metrics_fp = file_open_append(t->metrics_path, err);
         if (!t->metrics_fp) return COLT_ERR;
+        if (train_config_reports_to(c, "tensorboard")) {
+            char *dir = tensorboard_log_dir(c->output_dir, c->logging_dir);
+            rc = tensorboard_open(&t->tb, dir, err);
+            free(dir);
+            if (rc != 0) return COLT_ERR;
+            log_info0("tensorboard: %s", tensorboard_path(t->tb));
+        }
     }
 
     /* The memory plan: every lifetime's buffers are allocated above, once. */
@@ -1249,6 +1277,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
 static void trainer_teardown(Trainer *t) {
     rollout_free(&t->ro);
     if (t->metrics_fp) fclose(t->metrics_fp);
+    tensorboard_close(t->tb, NULL);
     json_decref(t->resume_record);
     checkpoint_keeper_free(&t->keeper);
     free(t->last_checkpoint);
@@ -1298,6 +1327,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
     if (t.eval_data && !c->resume_from_checkpoint) {
         rc = evaluate(&t, "before", &eval_before, err);
         if (rc == 0) log_info0("eval before training: mean reward %.4f", eval_before);
+        if (rc == 0) rc = log_eval(&t, eval_before, false, err);
     }
     if (c->resume_from_checkpoint) {
         /* Keep the first run's eval_before for the summary. */
@@ -1425,6 +1455,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             double r = NAN;
             rc = evaluate(&t, "latest", &r, err);
             if (rc == 0) log_info0("eval at step %lld: mean reward %.4f", (long long)t.global_step, r);
+            if (rc == 0) rc = log_eval(&t, r, true, err);
         }
         bool stop = train_dist_any(&t.dist, g_stop_requested); /* a signal to any rank stops them all */
         if (rc == 0 && ((c->save_steps > 0 && t.global_step % c->save_steps == 0) || stop)) {
@@ -1448,6 +1479,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         if (t.eval_data) {
             rc = evaluate(&t, "after", &eval_after, err);
             if (rc == 0) log_info0("eval after training: mean reward %.4f (before %.4f)", eval_after, eval_before);
+            if (rc == 0) rc = log_eval(&t, eval_after, false, err);
         }
         if (rc == 0 && t.dist.rank == 0 && !optim_state_finite(t.opt)) {
             char last[512];

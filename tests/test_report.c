@@ -2,7 +2,9 @@
  * of reward_curve.svg's axes (whole optimizer steps for any step count, y ticks
  * on 1/2/5 x 10^k), and report_write end to end on hand-written metrics.jsonl
  * files: the SVG's axis labels, the eval points drawn only when the metrics
- * carry eval rewards, and summary.json's values. */
+ * carry eval rewards, and summary.json's values; training_curves.svg's panels
+ * (loss, KL only when logged, entropy, mean completion length), their titles,
+ * ticks and points. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -197,9 +199,99 @@ static void test_report_write(void) {
     if (system(cmd) != 0) printf("warning: could not remove %s\n", dir);
 }
 
+/* The text of the panel titled `title` (up to the next panel), or NULL. */
+static char *panel_of(const char *svg, const char *title) {
+    char needle[160];
+    snprintf(needle, sizeof needle, "font-size=\"13\">%s</text>", title);
+    const char *start = strstr(svg, needle);
+    if (!start) return NULL;
+    const char *end = strstr(start, "</g>");
+    return strndup(start, end ? (size_t)(end - start) : strlen(start));
+}
+
+static void test_training_curves(void) {
+    char dir[] = "/tmp/colt_test_curves_XXXXXX";
+    COLT_ASSERT(mkdtemp(dir));
+    char *svg = NULL, path[600];
+    json_t *sum = NULL;
+    /* 4 logged steps with a KL term, an eval-only line between them */
+    run_report(dir,
+               "{\"step\": 1, \"reward\": 0.1, \"loss\": 0.01, \"kl\": 0.0, \"entropy\": 2.5, "
+               "\"completions/mean_length\": 48}\n"
+               "{\"step\": 2, \"reward\": 0.2, \"loss\": 0.03, \"kl\": 0.002, \"entropy\": 2.25, "
+               "\"completions/mean_length\": 40}\n"
+               "{\"step\": 2, \"eval_reward\": 0.5}\n"
+               "{\"step\": 3, \"reward\": 0.3, \"loss\": -0.02, \"kl\": 0.004, \"entropy\": 2.0, "
+               "\"completions/mean_length\": 32}\n"
+               "{\"step\": 4, \"reward\": 0.4, \"loss\": 0.05, \"kl\": 0.008, \"entropy\": 1.75, "
+               "\"completions/mean_length\": 24}\n",
+               NAN, NAN, 4, &svg, &sum);
+    free(svg), json_decref(sum);
+    snprintf(path, sizeof path, "%s/training_curves.svg", dir);
+    svg = read_text(path);
+    const char *titles[] = {"loss", "KL to the reference model", "entropy (nats per token)",
+                            "mean completion length (tokens)"};
+    if (svg) {
+        CHECK(count(svg, "<g class=\"panel\">") == 4 && count(svg, "<polyline") == 4, "4 panels, 4 curves: %d, %d",
+              count(svg, "<g class=\"panel\">"), count(svg, "<polyline"));
+        CHECK(strstr(svg, "height=\"556\"") != NULL, "2 rows of panels: 36 + 2 x 250 + 20 high");
+        for (int i = 0; i < 4; i++) {
+            char *panel = panel_of(svg, titles[i]);
+            CHECK(panel && count(panel, "<polyline") == 1, "panel '%s'", titles[i]);
+            /* 4 points each, x ticks 0..4, the first at step 1: x = 62 + 1/4 x (380 - 76) */
+            const char *points = panel ? strstr(panel, "points=\"") : NULL;
+            int n_points = 0;
+            for (const char *p = points; p && *p && *p != '/'; p++) n_points += *p == ',';
+            CHECK(n_points == 4, "panel '%s': %d points, want 4", titles[i], n_points);
+            CHECK(panel && count(panel, "text-anchor=\"middle\">") == 5, "panel '%s': x labels 0..4", titles[i]);
+            free(panel);
+        }
+        /* at most 5 y ticks: entropy 1.75 .. 2.5 -> 1.5 2.0 2.5; mean length 24 .. 48 -> 20 30 40 50 */
+        char *entropy = panel_of(svg, titles[2]), *length = panel_of(svg, titles[3]);
+        CHECK(entropy && strstr(entropy, ">1.5</text>") && strstr(entropy, ">2.5</text>") &&
+                  count(entropy, "text-anchor=\"end\">") == 3,
+              "entropy y ticks 1.5 .. 2.5");
+        CHECK(length && strstr(length, ">20</text>") && strstr(length, ">50</text>") &&
+                  count(length, "text-anchor=\"end\">") == 4,
+              "length y ticks 20 .. 50");
+        /* loss panel: step 1 (x 138.0), loss 0.01 on -0.02 .. 0.06 (y 36 + 250 - 34 - 0.375 x 190 = 180.8) */
+        char *loss = panel_of(svg, titles[0]);
+        CHECK(loss && strstr(loss, "points=\"138.0,180.8 "), "loss: first point at (138.0, 180.8): %s",
+              loss ? strstr(loss, "points=") : "(no panel)");
+        printf("training_curves.svg with beta > 0: 4 panels (loss, KL, entropy, mean length), 4 points each, "
+               "ticks entropy 1.5..2.5, length 20..50\n");
+        free(entropy), free(length), free(loss);
+    }
+    free(svg);
+
+    /* beta 0 (no kl key), one logged step: 3 panels, one row and a half, a dot each */
+    run_report(dir, "{\"step\": 1, \"reward\": 0.5, \"loss\": 0.0, \"entropy\": 3.0, \"completions/mean_length\": 8}\n",
+               NAN, NAN, 1, &svg, &sum);
+    free(svg), json_decref(sum);
+    svg = read_text(path);
+    if (svg) {
+        CHECK(count(svg, "<g class=\"panel\">") == 3 && !strstr(svg, titles[1]) && count(svg, "<circle") == 3 &&
+                  count(svg, "<polyline") == 0,
+              "beta 0, 1 step: %d panels, %d dots", count(svg, "<g class=\"panel\">"), count(svg, "<circle"));
+        printf("training_curves.svg with beta 0 and 1 step: 3 panels, no KL, a dot each\n");
+    }
+    free(svg);
+
+    /* no metrics: panels say so */
+    run_report(dir, "", NAN, NAN, 0, &svg, &sum);
+    free(svg), json_decref(sum);
+    svg = read_text(path);
+    if (svg) CHECK(count(svg, "not logged") == 3 && !strstr(svg, "<polyline"), "no metrics: 3 'not logged' panels");
+    free(svg);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("warning: could not remove %s\n", dir);
+}
+
 int main(void) {
     test_ticks();
     test_report_write();
+    test_training_curves();
     printf("%s: %d checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -1,6 +1,7 @@
-/* report.c — see report.h. The SVG is drawn by hand: the training reward over
- * steps, eval points, axes with round ticks (report_axis_ticks) and labels; no
- * plotting library is needed for that. */
+/* report.c — see report.h. The SVGs are drawn by hand: the training reward over
+ * steps, eval points, axes with round ticks (report_axis_ticks) and labels, and
+ * the small multiples of training_curves.svg; no plotting library is needed for
+ * that. */
 #include "train/report.h"
 
 #include <math.h>
@@ -32,17 +33,21 @@ static void curve_add(Curve *c, double x, double y) {
 
 static void curve_free(Curve *c) { free(c->x), free(c->y); }
 
-/* A metrics file that is missing or has no such lines gives empty curves. */
-static void read_curves(const char *path, Curve *train, Curve *eval) {
+/* curves[k]: (step, keys[k]) of every line of metrics.jsonl that has both as
+ * numbers. A metrics file that is missing or has no such lines gives empty
+ * curves. */
+static void read_curves(const char *path, const char *const *keys, Curve *curves, int n_keys) {
     char *data = NULL;
     size_t len = 0;
     if (file_read_all(path, &data, &len, NULL) != 0) return;
     char *save = NULL;
     for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         json_t *o = json_loads(line, 0, NULL);
-        json_t *s = json_object_get(o, "step"), *r = json_object_get(o, "reward"), *e = json_object_get(o, "eval_reward");
-        if (json_is_number(s) && json_is_number(r)) curve_add(train, json_number_value(s), json_number_value(r));
-        if (json_is_number(s) && json_is_number(e)) curve_add(eval, json_number_value(s), json_number_value(e));
+        json_t *s = json_object_get(o, "step");
+        for (int k = 0; k < n_keys && json_is_number(s); k++) {
+            json_t *v = json_object_get(o, keys[k]);
+            if (json_is_number(v)) curve_add(&curves[k], json_number_value(s), json_number_value(v));
+        }
         json_decref(o);
     }
     free(data);
@@ -146,11 +151,101 @@ static int write_svg(const char *path, const Curve *train, const Curve *eval, do
     return atomic_commit(&af, err);
 }
 
+/* ---------------------------------------------------------------- training_curves.svg */
+
+/* One small multiple: a frame at (x0, y0) of w x h with its title, round y
+ * ticks over the curve's range, whole-step x ticks over [0, xmax], the curve
+ * (a dot when it has one point), or "not logged". */
+static void draw_panel(FILE *f, double x0, double y0, double w, double h, const char *title, const Curve *c,
+                       double xmax) {
+    const double L = 62, R = 14, T = 26, B = 34;
+    char label[64];
+    fprintf(f, "<g class=\"panel\">\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\">%s</text>\n", x0 + L, y0 + 16, title);
+    if (c->n == 0) {
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#888\">not logged</text>\n</g>\n",
+                x0 + w / 2, y0 + h / 2);
+        return;
+    }
+    double ymin = INFINITY, ymax = -INFINITY;
+    for (int i = 0; i < c->n; i++) ymin = fmin(ymin, c->y[i]), ymax = fmax(ymax, c->y[i]);
+    if (ymax - ymin < 1e-12 * fmax(1.0, fabs(ymax))) {
+        double pad = fabs(ymax) > 0 ? fabs(ymax) * 0.1 : 0.5;
+        ymin -= pad, ymax += pad;
+    }
+    AxisTicks xt = report_axis_ticks(0, xmax, 6, true, false), yt = report_axis_ticks(ymin, ymax, 5, false, true);
+    ymin = yt.first, ymax = yt.first + (yt.count - 1) * yt.step;
+    const double left = x0 + L, right = x0 + w - R, top = y0 + T, bottom = y0 + h - B;
+#define PX(v) (left + (v) / xmax * (right - left))
+#define PY(v) (bottom - ((v) - ymin) / (ymax - ymin) * (bottom - top))
+    for (int k = 0; k < yt.count; k++) {
+        double v = yt.first + k * yt.step;
+        tick_label(label, sizeof label, v, &yt);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, PY(v), right, PY(v));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left - 5, PY(v) + 4, label);
+    }
+    for (int k = 0; k < xt.count; k++) {
+        double v = xt.first + k * xt.step;
+        tick_label(label, sizeof label, v, &xt);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", PX(v), bottom, PX(v),
+                bottom + 4);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", PX(v), bottom + 17, label);
+    }
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", left, bottom, right, bottom);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", left, top, left, bottom);
+    if (c->n == 1) {
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#1f77b4\"/>\n", PX(c->x[0]), PY(c->y[0]));
+    } else {
+        fprintf(f, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"");
+        for (int i = 0; i < c->n; i++) fprintf(f, "%.1f,%.1f ", PX(c->x[i]), PY(c->y[i]));
+        fprintf(f, "\"/>\n");
+    }
+    fprintf(f, "</g>\n");
+#undef PX
+#undef PY
+}
+
+/* Loss, KL (when logged: beta > 0), entropy and mean completion length per
+ * logged step, two panels a row. */
+static int write_training_curves(const char *path, const char *metrics, double last_step, char *err) {
+    static const char *const keys[] = {"loss", "kl", "entropy", "completions/mean_length"};
+    static const char *const titles[] = {"loss", "KL to the reference model", "entropy (nats per token)",
+                                         "mean completion length (tokens)"};
+    Curve curves[4] = {{0}};
+    read_curves(metrics, keys, curves, 4);
+    double xmax = last_step > 0 ? last_step : 1;
+    for (int k = 0; k < 4; k++)
+        if (curves[k].n > 0) xmax = fmax(xmax, curves[k].x[curves[k].n - 1]);
+    int shown[4], n_panels = 0;
+    for (int k = 0; k < 4; k++)
+        if (k != 1 || curves[k].n > 0) shown[n_panels++] = k; /* no KL panel without a KL term */
+    const double PW = 380, PH = 250, TOP = 36;
+    const int rows = (n_panels + 1) / 2;
+    AtomicFile af;
+    int rc = atomic_open(&af, path, err);
+    if (rc == 0) {
+        FILE *f = af.fp;
+        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+                   "font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                2 * PW, TOP + rows * PH + 20);
+        fprintf(f, "<text x=\"16\" y=\"24\" font-size=\"15\">colt GRPO: training curves per logged step</text>\n");
+        for (int p = 0; p < n_panels; p++)
+            draw_panel(f, (p % 2) * PW, TOP + (p / 2) * PH, PW, PH, titles[shown[p]], &curves[shown[p]], xmax);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">optimizer step</text>\n", PW,
+                TOP + rows * PH + 12);
+        fprintf(f, "</svg>\n");
+        rc = atomic_commit(&af, err);
+    }
+    for (int k = 0; k < 4; k++) curve_free(&curves[k]);
+    return rc;
+}
+
 int report_write(const char *output_dir, const ReportSummary *s, json_t *config, char *err) {
     char *metrics = path_join(output_dir, "metrics.jsonl"), *summary = path_join(output_dir, "summary.json");
-    char *svg = path_join(output_dir, "reward_curve.svg");
-    Curve train = {0}, eval = {0};
-    read_curves(metrics, &train, &eval);
+    char *svg = path_join(output_dir, "reward_curve.svg"), *curves_svg = path_join(output_dir, "training_curves.svg");
+    static const char *const keys[] = {"reward", "eval_reward"};
+    Curve both[2] = {{0}}, train, eval;
+    read_curves(metrics, keys, both, 2);
+    train = both[0], eval = both[1];
     const int n = train.n;
     json_t *o = json_object();
     json_object_set_new(o, "eval_reward_before", num_or_null(s->eval_reward_before));
@@ -167,7 +262,8 @@ int report_write(const char *output_dir, const ReportSummary *s, json_t *config,
     json_decref(o);
     if (rc == 0)
         rc = write_svg(svg, &train, &eval, s->eval_reward_before, s->eval_reward_after, (double)s->steps, err);
+    if (rc == 0) rc = write_training_curves(curves_svg, metrics, (double)s->steps, err);
     curve_free(&train), curve_free(&eval);
-    free(metrics), free(summary), free(svg);
+    free(metrics), free(summary), free(svg), free(curves_svg);
     return rc;
 }

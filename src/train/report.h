@@ -1,7 +1,9 @@
 /* report.h — what a finished run leaves for a person: summary.json (eval
- * reward before/after, steps, time, settings) and reward_curve.svg (the
- * logged training reward per step, with the eval rewards marked), both read
- * from / written next to output_dir/metrics.jsonl. */
+ * reward before/after, steps, time, settings), reward_curve.svg (the logged
+ * training reward per step, with the eval rewards marked) and
+ * training_curves.svg (loss, KL when beta > 0, entropy and mean completion
+ * length per logged step, as small multiples), all read from / written next to
+ * output_dir/metrics.jsonl. */
 #ifndef COLT_TRAIN_REPORT_H
 #define COLT_TRAIN_REPORT_H
 
@@ -15,7 +17,9 @@ typedef struct ReportSummary {
     double seconds;
 } ReportSummary;
 
-/* Writes output_dir/summary.json and output_dir/reward_curve.svg. Takes ownership of config.
+/* Writes output_dir/summary.json, output_dir/reward_curve.svg and output_dir/training_curves.svg (a
+ * panel each for "loss", "kl" — only when logged —, "entropy" and "completions/mean_length"; a metric
+ * no line carries is drawn as "not logged"). Takes ownership of config.
  * The curve is metrics.jsonl's "reward" per logged step; lines that carry "eval_reward" (with their
  * "step") are drawn as eval points, beside the before/after values of s. */
 int report_write(const char *output_dir, const ReportSummary *s, json_t *config, char *err);

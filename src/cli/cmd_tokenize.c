@@ -17,7 +17,8 @@
 int cli_render_chat(char **out, const Tokenizer *tok, json_t *messages, bool add_generation_prompt,
                     const char *where, char *err) {
     const char *tmpl = tokenizer_chat_template(tok);
-    if (!tmpl) return errorf(err, "%s: the tokenizer has no chat_template in tokenizer_config.json", where);
+    if (!tmpl) return errorf(err, "%s: the tokenizer has no chat template (tokenizer_config.json's chat_template or "
+                                   "chat_template.jinja)", where);
     if (!json_is_array(messages)) return errorf(err, "%s: \"messages\" must be a list", where);
     size_t n = json_array_size(messages);
     ChatMessage *msgs = xcalloc(n ? n : 1, sizeof(ChatMessage));

@@ -1633,13 +1633,17 @@ static char *config_token(json_t *cfg, const char *key) {
     return json_is_string(v) ? xstrdup(json_string_value(v)) : NULL;
 }
 
+/* tokenizer_config.json; name is its path (or "tokenizer_config.json"), for
+ * errors. Numbers are decoded as reals: transformers writes model_max_length
+ * as int(1e30) = 1000000000000000019884624838656, beyond jansson's 64-bit
+ * integers, and nothing read here is a number. */
 static int load_config(Tokenizer *t, const char *config_json, size_t config_len, const char *name, char *err) {
     json_error_t jerr;
-    json_t *cfg = json_loadb(config_json, config_len, JSON_ALLOW_NUL, &jerr);
-    if (!cfg) return errorf(err, "%s: tokenizer_config.json is not valid JSON: %s (line %d)", name, jerr.text, jerr.line);
+    json_t *cfg = json_loadb(config_json, config_len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
+    if (!cfg) return errorf(err, "%s: not valid JSON: %s (line %d)", name, jerr.text, jerr.line);
     if (!json_is_object(cfg)) {
         json_decref(cfg);
-        return errorf(err, "%s: tokenizer_config.json is not a JSON object", name);
+        return errorf(err, "%s: not a JSON object", name);
     }
     t->bos_token = config_token(cfg, "bos_token");
     t->eos_token = config_token(cfg, "eos_token");
@@ -1801,8 +1805,9 @@ static int load_added_tokens(Tokenizer *t, json_t *added, const char *name, char
     return COLT_OK;
 }
 
-int tokenizer_load_from_memory(Tokenizer **out, const char *tokenizer_json, size_t len, const char *config_json,
-                               size_t config_len, const char *name, char *err) {
+/* tokenizer_load_from_memory with the config's own name for its errors. */
+static int load_from_memory(Tokenizer **out, const char *tokenizer_json, size_t len, const char *config_json,
+                            size_t config_len, const char *name, const char *config_name, char *err) {
     *out = NULL;
     if (!name) name = "tokenizer.json";
     json_error_t jerr;
@@ -1864,7 +1869,7 @@ int tokenizer_load_from_memory(Tokenizer **out, const char *tokenizer_json, size
     if (dec && !json_is_null(dec) && parse_decoder(&t->decoder, dec, 0, name, err)) goto done;
     if (load_added_tokens(t, added, name, err)) goto done;
 
-    if (config_json && load_config(t, config_json, config_len, name, err)) goto done;
+    if (config_json && load_config(t, config_json, config_len, config_name, err)) goto done;
     rc = COLT_OK;
 done:
     json_decref(root);
@@ -1876,6 +1881,11 @@ done:
     return COLT_OK;
 }
 
+int tokenizer_load_from_memory(Tokenizer **out, const char *tokenizer_json, size_t len, const char *config_json,
+                               size_t config_len, const char *name, char *err) {
+    return load_from_memory(out, tokenizer_json, len, config_json, config_len, name, "tokenizer_config.json", err);
+}
+
 int tokenizer_load(Tokenizer **out, const char *dir, char *err) {
     *out = NULL;
     char *path = path_join(dir, "tokenizer.json"), *cpath = path_join(dir, "tokenizer_config.json");
@@ -1883,14 +1893,17 @@ int tokenizer_load(Tokenizer **out, const char *dir, char *err) {
     size_t len = 0, clen = 0;
     int rc = file_read_all(path, &json, &len, err);
     if (rc == COLT_OK && file_exists(cpath)) rc = file_read_all(cpath, &cfg, &clen, err);
-    if (rc == COLT_OK) rc = tokenizer_load_from_memory(out, json, len, cfg, clen, path, err);
-    /* Newer transformers save the template beside the config instead. */
+    if (rc == COLT_OK) rc = load_from_memory(out, json, len, cfg, clen, path, cpath, err);
+    /* transformers 5 saves the template beside the config, and when that file
+     * exists it wins over tokenizer_config.json's chat_template, as there. */
     char *tpath = path_join(dir, "chat_template.jinja");
-    if (rc == COLT_OK && !(*out)->chat_template && file_exists(tpath)) {
+    if (rc == COLT_OK && file_exists(tpath)) {
         char *tmpl = NULL;
         rc = file_read_all(tpath, &tmpl, NULL, err);
-        if (rc == COLT_OK) (*out)->chat_template = tmpl;
-        else {
+        if (rc == COLT_OK) {
+            free((*out)->chat_template);
+            (*out)->chat_template = tmpl;
+        } else {
             tokenizer_free(*out);
             *out = NULL;
         }

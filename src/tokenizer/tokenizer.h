@@ -10,7 +10,9 @@
 
 typedef struct Tokenizer Tokenizer;
 
-/* Loads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json. */
+/* Loads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json and
+ * DIR/chat_template.jinja (which wins over the config's chat_template, as in
+ * transformers 5). */
 int tokenizer_load(Tokenizer **out, const char *dir, char *err);
 /* Builds from tokenizer.json text (config_json may be NULL); name is used in errors. */
 int tokenizer_load_from_memory(Tokenizer **out, const char *tokenizer_json, size_t len,

@@ -368,6 +368,27 @@ static void test_chat_template(void) {
     free(shown);
     json_decref(s);
     free(out), free(err);
+    /* a conversational row (TRL's format): its messages through the template, no instruction added */
+    fp = fopen(rows_path, "w");
+    fputs("{\"prompt\": [{\"role\": \"system\", \"content\": \"Be exact.\"}, {\"role\": \"user\", \"content\": "
+          "\"What is 2 + 3?\"}], \"answer\": 5}\n",
+          fp);
+    fclose(fp);
+    code = run(args, &out, &err);
+    s = json_load_file(summary_path, 0, NULL);
+    r0 = json_array_get(json_object_get(s, "results"), 0);
+    prompt = json_string_value(json_object_get(r0, "prompt"));
+    want = "<|system|>Be exact.\n<|user|>What is 2 + 3?\n<|assistant|>";
+    CHECK(code == 0 && prompt && strcmp(prompt, want) == 0 &&
+              json_integer_value(json_object_get(r0, "reference")) == 5,
+          "conversational prompt '%s' (exit %d: %s), want '%s'", prompt ? prompt : "(none)", code, err, want);
+    printf("conversational row: prompt rendered from its messages, numeric reference 5\n");
+    json_decref(s);
+    free(out), free(err);
+    fp = fopen(rows_path, "w");
+    fputs("{\"question\": \"What is 2 + 3?\", \"answer\": \"It is 5.\\n#### 5\"}\n", fp);
+    fclose(fp);
+
     /* --chat_template false: the plain text */
     snprintf(args, sizeof args,
              "eval --model %s --dataset %s --max_completion_length 8 --device cpu --instruction '' "
@@ -413,7 +434,11 @@ static void test_bad_input(void) {
     expect_error("no answer column", "{\"problem\": \"1 + 1?\", \"answer\": \"2\"}\n{\"problem\": \"2 + 2?\"}\n", "",
                  "bad.jsonl row 1: no 'answer' column (columns: problem)");
     expect_error("--prompt_column absent", gsm, "--prompt_column query", "row 0: no 'query' column");
-    expect_error("problem not text", "{\"question\": [1, 2], \"answer\": \"2\"}\n", "", "'question' must be a string");
+    expect_error("problem a number", "{\"question\": 12, \"answer\": \"2\"}\n", "", "'question' must be a string");
+    expect_error("messages not messages", "{\"question\": [1, 2], \"answer\": \"2\"}\n", "",
+                 "row 0: \"prompt\" message 0 must be an object");
+    expect_error("messages, no template", "{\"prompt\": [{\"role\": \"user\", \"content\": \"1 + 1?\"}], \"answer\": 2}\n",
+                 "", "no chat template");
     expect_error("answer a list", "{\"question\": \"1 + 1?\", \"answer\": [2]}\n", "",
                  "'answer' must be a string or a number");
     expect_error("invalid JSON", "{\"question\": \n", "", "invalid JSON");

@@ -328,7 +328,7 @@ static void test_log_dir(void) {
     CHECK(rc == 0, "second open: %s", err);
     if (rc == 0) {
         const char *p1 = strrchr(tensorboard_path(w1), '/') + 1, *p2 = strrchr(tensorboard_path(w2), '/') + 1;
-        char want_end[64];
+        char want_end[300];
         snprintf(want_end, sizeof want_end, ".%s.%ld.", host, (long)getpid());
         bool named = strncmp(p1, "events.out.tfevents.", 20) == 0 && strspn(p1 + 20, "0123456789") == 10 &&
                      strstr(p1, want_end) && p1[strlen(p1) - 1] != p2[strlen(p2) - 1];

@@ -216,8 +216,9 @@ static char *group_name(json_t *row, const char *column) {
 }
 
 /* The rows colt eval generates from: each source row with "prompt" set to the
- * problem (and the instruction), as a user message when use_chat. Checks the
- * problem and answer columns of every row. */
+ * problem (and the instruction), as a user message when use_chat; a problem
+ * that is already a list of messages (a TRL conversational row) is kept as it
+ * is. Checks the problem and answer columns of every row. */
 static int build_rows(json_t **out, Dataset *src, size_t n_rows, const char *prompt_column, const char *answer_column,
                       const char *instruction, bool use_chat, const char *path, char *err) {
     json_t *rows = json_array();
@@ -232,14 +233,21 @@ static int build_rows(json_t **out, Dataset *src, size_t n_rows, const char *pro
             return errorf(err, "%s row %zu: no '%s' column (columns: %s)%s", path, i, missing, columns,
                           missing == answer_column ? "; name the reference answer's column with --answer_column" : "");
         }
-        if (!json_is_string(problem)) {
+        if (!json_is_string(problem) && !json_is_array(problem)) {
             json_decref(rows);
-            return errorf(err, "%s row %zu: '%s' must be a string (the problem's text)", path, i, prompt_column);
+            return errorf(err, "%s row %zu: '%s' must be a string (the problem's text) or a list of messages", path, i,
+                          prompt_column);
         }
         if (!json_is_string(answer) && !json_is_number(answer) && !json_is_null(answer)) {
             json_decref(rows);
             return errorf(err, "%s row %zu: '%s' must be a string or a number (the reference answer)", path, i,
                           answer_column);
+        }
+        if (json_is_array(problem)) { /* messages: checked by dataset_from_rows, rendered with the template */
+            json_t *row = json_copy(raw);
+            json_object_set(row, "prompt", problem);
+            json_array_append_new(rows, row);
+            continue;
         }
         const char *text = json_string_value(problem);
         bool instructed = instruction && *instruction;

@@ -18,8 +18,9 @@ static const char *EVAL_USAGE =
     "  MATH-500 rows {\"problem\", \"answer\", \"subject\", \"level\"} (broken down by subject and level), or any\n"
     "  JSON Lines file with a problem and a reference-answer column. Each problem (plus --instruction) is\n"
     "  rendered as colt train renders prompts: a user message through the model's chat template when it has\n"
-    "  one (a problem given as chat messages is rendered as it is). --n completions per problem from the engine, each scored by colt's math reward (#### N, \\boxed{},\n"
-    "  last number; numeric compare); pass@k is the unbiased estimator of Chen et al. 2021. Completion j of\n"
+    "  one (a problem given as chat messages is rendered as it is). --n completions per problem from the\n"
+    "  engine, each scored by colt's math reward (#### N, \\boxed{}, last number; numeric compare); pass@k\n"
+    "  is the unbiased estimator of Chen et al. 2021. Completion j of\n"
     "  problem i samples from RNG stream i * n + j with --seed: the same command gives the same numbers.\n"
     "  docs/evaluation.md has the details.\n";
 

@@ -14,6 +14,7 @@
 #include "backend/profile.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "rope_table.h"
 
 static int g_failures = 0;
 static uint64_t g_stream = 0;
@@ -95,7 +96,7 @@ static void test_rope(const Backend *be) {
     size_t total = (size_t)n * heads * dh;
     float *x = rand_floats(total, 1.0f);
     void *dx = to_device(be, x, total);
-    be->rope(be, dx, pos, n, heads, dh, theta);
+    be->rope(be, dx, pos, n, heads, dh, rope_table(dh, theta));
     float *got = from_device(be, dx, total);
     double *ref = malloc(total * sizeof(double));
     for (int i = 0; i < n; i++)
@@ -327,7 +328,7 @@ static void test_rope_backward(const Backend *be) {
     size_t total = (size_t)n * heads * dh;
     float *y = rand_floats(total, 1.0f);
     void *dy = to_device(be, y, total);
-    be->rope_backward(be, dy, pos, n, heads, dh, theta);
+    be->rope_backward(be, dy, pos, n, heads, dh, rope_table(dh, theta));
     float *got = from_device(be, dy, total);
     double *ref = malloc(total * sizeof(double));
     for (int i = 0; i < n; i++)

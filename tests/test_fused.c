@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
 static uint64_t g_counter = 0;
@@ -109,15 +110,15 @@ static void test_qkv_rope_store(const Backend *be, int n, int heads, int kv_head
     void *kp_unfused = buffer_from(be, kp, n_pool), *vp_unfused = buffer_from(be, vp, n_pool);
     void *k = be->alloc(be, (size_t)n * kv_dim), *v = be->alloc(be, (size_t)n * kv_dim);
 
-    be->qkv_rope_store(be, q_fused, kp_fused, vp_fused, d_qkv, d_pos, d_slots, n, heads, kv_heads, head_dim, theta);
+    be->qkv_rope_store(be, q_fused, kp_fused, vp_fused, d_qkv, d_pos, d_slots, n, heads, kv_heads, head_dim, rope_table(head_dim, theta));
     for (int i = 0; i < n; i++) {
         size_t src = (size_t)i * row;
         be->copy(be, q_unfused, (size_t)i * q_dim, d_qkv, src, (size_t)q_dim);
         be->copy(be, k, (size_t)i * kv_dim, d_qkv, src + q_dim, (size_t)kv_dim);
         be->copy(be, v, (size_t)i * kv_dim, d_qkv, src + q_dim + kv_dim, (size_t)kv_dim);
     }
-    be->rope_i32(be, q_unfused, d_pos, n, heads, head_dim, theta);
-    be->rope_i32(be, k, d_pos, n, kv_heads, head_dim, theta);
+    be->rope_i32(be, q_unfused, d_pos, n, heads, head_dim, rope_table(head_dim, theta));
+    be->rope_i32(be, k, d_pos, n, kv_heads, head_dim, rope_table(head_dim, theta));
     be->paged_kv_store(be, kp_unfused, vp_unfused, k, v, d_slots, n, kv_dim);
 
     const char *pad = n >= 7 ? ", 1 padding" : "";

@@ -696,8 +696,8 @@ int main(void) {
                        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":256";
     char buf[1024];
 #define CFG(extra) (snprintf(buf, sizeof(buf), "%s%s}", base, extra), buf)
-    expect_config_error("rope_scaling set", CFG(",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}"),
-                        "rope_scaling is not supported");
+    expect_config_error("rope_scaling dynamic", CFG(",\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":2}"),
+                        "'rope_scaling.type' is \"dynamic\"");
     expect_config_error("rope_parameters yarn", CFG(",\"rope_parameters\":{\"rope_type\":\"yarn\"}"), "rope_type");
     expect_config_error("kv heads do not divide", CFG(",\"num_key_value_heads\":3"), "'num_key_value_heads' (3)");
     expect_config_error("heads do not divide D", CFG(",\"num_attention_heads\":5"), "does not divide 'hidden_size'");

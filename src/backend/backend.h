@@ -35,7 +35,8 @@ typedef struct DecodeLayerWeights {
 typedef struct DecodeDims {
     int n_layers, hidden, intermediate, n_heads, n_kv_heads, head_dim;
     int block_size, max_blocks; /* the pools' block size, the block table's width */
-    float rms_eps, rope_theta;
+    float rms_eps;
+    const float *rope_inv_freq; /* [head_dim / 2] host, as the rope ops take it; copied by decode_layers_create */
 } DecodeDims;
 
 struct Backend {
@@ -78,8 +79,11 @@ struct Backend {
     /* out[N, D] = x / sqrt(mean(x^2) + eps) * w */
     void (*rmsnorm)(const Backend *be, void *out, const void *x, const void *w, int n, int dim, float eps);
     /* In place on x[N, n_heads, head_dim]: rotate_half RoPE (HF Llama/Qwen2 layout)
-     * at positions pos[N] with base theta. */
-    void (*rope)(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta);
+     * at positions pos[N]: dims j and j + Dh/2 rotate by the fp32 angle
+     * (float)pos * inv_freq[j]. inv_freq[head_dim / 2] is a host array (the
+     * model's frequencies, model_rope_inv_freq: default, linear or llama3);
+     * a backend may keep a device copy and compare it on every call. */
+    void (*rope)(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, const float *inv_freq);
     /* Writes k[N, KVH*Dh] and v[N, KVH*Dh] of token i into the cache at
      * (slot[i], pos[i]); caches are [S, L, KVH*Dh] per layer. */
     void (*kv_store)(const Backend *be, void *k_cache, void *v_cache, const void *k, const void *v,
@@ -120,7 +124,8 @@ struct Backend {
                              float eps);
     /* Backward of rope, in place on dx[N, n_heads, Dh]: the inverse rotation
      * (angle -pos * inv_freq), same fp32 angles as rope. */
-    void (*rope_backward)(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
+    void (*rope_backward)(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim,
+                          const float *inv_freq);
     /* Inverse of kv_store for the gradients: k[N, KVH*Dh] and v[N, KVH*Dh]
      * (storage) of token i are read from the [f32] caches [S, L, KVH*Dh] at
      * (slot[i], pos[i]). */
@@ -178,7 +183,7 @@ struct Backend {
     void (*download_i32)(const Backend *be, int *dst, const void *src, size_t n); /* [i32] -> host; synchronises */
     /* As embedding, rope and gather_rows, with the ids / positions / rows in [i32] buffers. */
     void (*embedding_i32)(const Backend *be, void *out, const void *table, const void *ids, int n, int dim);
-    void (*rope_i32)(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta);
+    void (*rope_i32)(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, const float *inv_freq);
     void (*gather_rows_i32)(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim);
     /* Paged KV cache. A layer's pools k_pool / v_pool are [n_blocks * block_size,
      * KVH*Dh]: row r holds one token's K (V). Token i's k[i] / v[i] go to pool row
@@ -199,8 +204,8 @@ struct Backend {
      * written). NULL where the backend has no such fusion. */
     void (*paged_attention_rope)(const Backend *be, void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
                                  const void *block_tables, const void *seq, const void *pos, const void *slot_mapping,
-                                 int n, int n_heads, int n_kv_heads, int head_dim, float theta, int block_size,
-                                 int max_blocks);
+                                 int n, int n_heads, int n_kv_heads, int head_dim, const float *inv_freq,
+                                 int block_size, int max_blocks);
     /* Draws one token for each row of logits[n, vocab] (storage dtype; clobbered)
      * as sampler_sample (backend/sampling.h) does on the host: repetition penalty
      * over the sequence's history, temperature, top-k / top-p / min-p, inverse CDF
@@ -229,7 +234,8 @@ struct Backend {
      * padding token writes its q, no K/V). pos, slot_mapping [i32]. The same as
      * copying the q and k parts out, rope_i32 on each, then paged_kv_store. */
     void (*qkv_rope_store)(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
-                           const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
+                           const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                           const float *inv_freq);
     /* out[N, F] = silu(gate) * up, gate_up[N, 2F] holding each row's gate then
      * its up (one linear over the concatenated weights): swiglu on the halves.
      * out must not overlap gate_up. */

@@ -118,10 +118,10 @@ static void prof_rmsnorm(const Backend *be, void *out, const void *x, const void
     op_end(prof, OP_rmsnorm, t0);
 }
 
-static void prof_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
+static void prof_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, const float *inv_freq) {
     ProfileContext *prof = be->ctx;
     double t0 = op_begin(prof);
-    prof->inner->rope(prof->inner, x, pos, n, n_heads, head_dim, theta);
+    prof->inner->rope(prof->inner, x, pos, n, n_heads, head_dim, inv_freq);
     op_end(prof, OP_rope, t0);
 }
 
@@ -188,10 +188,10 @@ static void prof_rmsnorm_backward(const Backend *be, void *dx, void *dw, const v
     op_end(prof, OP_rmsnorm_backward, t0);
 }
 
-static void prof_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
+static void prof_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, const float *inv_freq) {
     ProfileContext *prof = be->ctx;
     double t0 = op_begin(prof);
-    prof->inner->rope_backward(prof->inner, dx, pos, n, n_heads, head_dim, theta);
+    prof->inner->rope_backward(prof->inner, dx, pos, n, n_heads, head_dim, inv_freq);
     op_end(prof, OP_rope_backward, t0);
 }
 
@@ -266,10 +266,10 @@ static void prof_embedding_i32(const Backend *be, void *out, const void *table, 
     op_end(prof, OP_embedding_i32, t0);
 }
 
-static void prof_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+static void prof_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, const float *inv_freq) {
     ProfileContext *prof = be->ctx;
     double t0 = op_begin(prof);
-    prof->inner->rope_i32(prof->inner, x, pos, n, n_heads, head_dim, theta);
+    prof->inner->rope_i32(prof->inner, x, pos, n, n_heads, head_dim, inv_freq);
     op_end(prof, OP_rope_i32, t0);
 }
 
@@ -308,10 +308,10 @@ static void prof_add_rmsnorm(const Backend *be, void *x, void *xn, const void *d
     op_end(prof, OP_add_rmsnorm, t0);
 }
 
-static void prof_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos, const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta) {
+static void prof_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos, const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, const float *inv_freq) {
     ProfileContext *prof = be->ctx;
     double t0 = op_begin(prof);
-    prof->inner->qkv_rope_store(prof->inner, q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim, theta);
+    prof->inner->qkv_rope_store(prof->inner, q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim, inv_freq);
     op_end(prof, OP_qkv_rope_store, t0);
 }
 

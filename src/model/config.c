@@ -3,7 +3,7 @@
  *
  * Defaults follow transformers 5 (LlamaConfig / Qwen2Config). Both the legacy
  * top-level rope_theta / rope_scaling and transformers 5's rope_parameters are
- * read; only the default (unscaled) RoPE is supported. This file does not load
+ * read, with RoPE types default, linear and llama3. This file does not load
  * weights (model.c) and does not write configs (model_save in model.c). */
 #include <jansson.h>
 #include <math.h>
@@ -86,22 +86,78 @@ static int parse_dtype(ModelConfig *cfg, const json_t *root, const char *name, c
     return COLT_OK;
 }
 
-/* RoPE: rope_scaling must be absent/null; transformers 5's rope_parameters
- * may carry rope_theta and must have rope_type "default". */
+/* A required positive fp32 number `key` of the rope object `obj` (the config's key `where`). */
+static int get_rope_real(const json_t *obj, const char *key, float *out, const char *where, const char *name,
+                         char *err) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v))
+        return errorf(err, "%s: key '%s.%s' is missing (needed by its rope_type)", name, where, key);
+    float x = json_is_number(v) ? (float)json_number_value(v) : 0.0f;
+    if (!(x > 0.0f) || !isfinite(x))
+        return errorf(err, "%s: key '%s.%s' must be a positive number representable as fp32", name, where, key);
+    *out = x;
+    return COLT_OK;
+}
+
+/* RoPE in either form users have: transformers 5's rope_parameters (with
+ * rope_theta inside) or 4.x's top-level rope_theta + rope_scaling (the type
+ * under "rope_type" or the older "type"). As transformers 5 reads them: a
+ * non-empty rope_scaling wins over rope_parameters, and the dict's rope_theta
+ * over the top-level one. Types: default, linear (factor) and llama3 (factor,
+ * low_freq_factor, high_freq_factor, original_max_position_embeddings, else
+ * the top-level original_max_position_embeddings or max_position_embeddings);
+ * the others are refused, naming the key. */
 static int parse_rope(ModelConfig *cfg, const json_t *root, const char *name, char *err) {
-    json_t *scaling = json_object_get(root, "rope_scaling");
-    if (scaling && !json_is_null(scaling))
-        return errorf(err, "%s: key 'rope_scaling' is set; rope_scaling is not supported (only default RoPE)", name);
     cfg->rope_theta = 10000.0f;
+    cfg->rope_type = ROPE_DEFAULT;
     if (get_positive_real(root, "rope_theta", &cfg->rope_theta, name, err) != 0) return COLT_ERR;
-    json_t *params = json_object_get(root, "rope_parameters");
+    const char *where = "rope_scaling";
+    json_t *params = json_object_get(root, where);
+    if (!params || json_is_null(params) || (json_is_object(params) && json_object_size(params) == 0))
+        params = json_object_get(root, where = "rope_parameters");
     if (!params || json_is_null(params)) return COLT_OK;
-    if (!json_is_object(params)) return errorf(err, "%s: key 'rope_parameters' must be an object", name);
-    json_t *type = json_object_get(params, "rope_type");
-    if (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "default") != 0))
-        return errorf(err, "%s: key 'rope_parameters.rope_type' is not \"default\"; rope scaling is not supported",
-                      name);
-    return get_positive_real(params, "rope_theta", &cfg->rope_theta, name, err);
+    if (!json_is_object(params)) return errorf(err, "%s: key '%s' must be an object", name, where);
+    json_t *theta = json_object_get(params, "rope_theta");
+    if (theta && !json_is_null(theta) && get_rope_real(params, "rope_theta", &cfg->rope_theta, where, name, err) != 0)
+        return COLT_ERR;
+    json_t *partial = json_object_get(params, "partial_rotary_factor");
+    if (partial && !json_is_null(partial) && !(json_is_number(partial) && json_number_value(partial) == 1.0))
+        return errorf(err, "%s: key '%s.partial_rotary_factor' is set; colt rotates the whole head (1.0 only)", name,
+                      where);
+    const char *type_key = "rope_type";
+    json_t *type = json_object_get(params, type_key);
+    if (!type || json_is_null(type)) type = json_object_get(params, type_key = "type");
+    const char *t = "default";
+    if (type && !json_is_null(type)) {
+        if (!json_is_string(type)) return errorf(err, "%s: key '%s.%s' must be a string", name, where, type_key);
+        t = json_string_value(type);
+    }
+    if (strcmp(t, "default") == 0) return COLT_OK;
+    if (strcmp(t, "linear") == 0) {
+        cfg->rope_type = ROPE_LINEAR;
+        return get_rope_real(params, "factor", &cfg->rope_factor, where, name, err);
+    }
+    if (strcmp(t, "llama3") != 0)
+        return errorf(err, "%s: key '%s.%s' is \"%.32s\"; colt supports the RoPE types default, linear and llama3",
+                      name, where, type_key, t);
+    cfg->rope_type = ROPE_LLAMA3;
+    if (get_rope_real(params, "factor", &cfg->rope_factor, where, name, err) != 0 ||
+        get_rope_real(params, "low_freq_factor", &cfg->rope_low_freq_factor, where, name, err) != 0 ||
+        get_rope_real(params, "high_freq_factor", &cfg->rope_high_freq_factor, where, name, err) != 0)
+        return COLT_ERR;
+    if (!(cfg->rope_low_freq_factor < cfg->rope_high_freq_factor))
+        return errorf(err, "%s: key '%s.low_freq_factor' (%g) must be below high_freq_factor (%g)", name, where,
+                      cfg->rope_low_freq_factor, cfg->rope_high_freq_factor);
+    const char *orig_key = "original_max_position_embeddings";
+    const json_t *orig_obj = json_object_get(root, orig_key) ? root : params; /* transformers: top level first */
+    json_t *orig = json_object_get(orig_obj, orig_key);
+    cfg->rope_original_max_position_embeddings = cfg->max_position_embeddings;
+    if (!orig || json_is_null(orig)) return COLT_OK;
+    if (!json_is_integer(orig) || json_integer_value(orig) <= 0 || json_integer_value(orig) > CONFIG_MAX_POSITIONS)
+        return errorf(err, "%s: key '%s%s%s' must be an integer in 1..%d", name, orig_obj == root ? "" : where,
+                      orig_obj == root ? "" : ".", orig_key, CONFIG_MAX_POSITIONS);
+    cfg->rope_original_max_position_embeddings = (int)json_integer_value(orig);
+    return COLT_OK;
 }
 
 static int parse_arch(ModelConfig *cfg, const json_t *root, const char *name, char *err) {

@@ -129,6 +129,8 @@ static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
     m->cfg = *cfg;
     m->be = be;
     m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
+    m->rope_inv_freq = xcalloc((size_t)cfg->head_dim / 2, sizeof(float));
+    model_rope_inv_freq(m->rope_inv_freq, cfg);
     m->tensors = model_tensor_table(m, &m->n_tensors);
     m->offsets = xcalloc((size_t)m->n_tensors, sizeof(size_t));
     m->arena_numel = model_arena_layout(m->tensors, m->n_tensors, m->offsets);
@@ -151,6 +153,7 @@ void model_free(Model *m) {
     free(m->offsets);
     free(m->tensors);
     free(m->layers);
+    free(m->rope_inv_freq);
     free(m);
 }
 
@@ -171,6 +174,7 @@ static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
 }
 
 const Backend *model_backend(const Model *m) { return m->be; }
+const float *model_rope_table(const Model *m) { return m->rope_inv_freq; }
 
 /* ---------------------------------------------------------------- load */
 
@@ -365,11 +369,25 @@ static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char
     json_object_set_new(root, "max_position_embeddings", json_integer(c->max_position_embeddings));
     json_object_set_new(root, "rms_norm_eps", json_real_from_float(c->rms_norm_eps));
     json_object_set_new(root, "rope_theta", json_real_from_float(c->rope_theta));
-    json_t *rope = json_object();
-    json_object_set_new(rope, "rope_type", json_string("default"));
+    /* transformers 5 reads rope_parameters; 4.x reads rope_theta and rope_scaling. */
+    json_t *scaling = json_object();
+    json_object_set_new(scaling, "rope_type", json_string(model_rope_type_name(c->rope_type)));
+    if (c->rope_type != ROPE_DEFAULT) json_object_set_new(scaling, "factor", json_real_from_float(c->rope_factor));
+    if (c->rope_type == ROPE_LLAMA3) {
+        json_object_set_new(scaling, "low_freq_factor", json_real_from_float(c->rope_low_freq_factor));
+        json_object_set_new(scaling, "high_freq_factor", json_real_from_float(c->rope_high_freq_factor));
+        json_object_set_new(scaling, "original_max_position_embeddings",
+                            json_integer(c->rope_original_max_position_embeddings));
+    }
+    json_t *rope = json_deep_copy(scaling);
     json_object_set_new(rope, "rope_theta", json_real_from_float(c->rope_theta));
     json_object_set_new(root, "rope_parameters", rope);
-    json_object_set_new(root, "rope_scaling", json_null());
+    if (c->rope_type == ROPE_DEFAULT) {
+        json_decref(scaling);
+        json_object_set_new(root, "rope_scaling", json_null());
+    } else {
+        json_object_set_new(root, "rope_scaling", scaling);
+    }
     json_object_set_new(root, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     if (llama) {
         json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
@@ -504,8 +522,8 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
         be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
         be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-        be->rope(be, st->q, pos, n, H, Dh, c->rope_theta);
-        be->rope(be, st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->rope(be, st->q, pos, n, H, Dh, m->rope_inv_freq);
+        be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
         be->kv_store(be, st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
         be->attention(be, st->att, NULL, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
         be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);

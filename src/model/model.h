@@ -14,6 +14,10 @@
 
 typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } ModelArch;
 
+/* RoPE frequency schemes (transformers' rope_type); each only changes inv_freq.
+ * Zero-initialised configs get ROPE_DEFAULT. */
+typedef enum { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2 } RopeType;
+
 #define MODEL_MAX_EOS 8
 
 typedef struct ModelConfig {
@@ -28,6 +32,10 @@ typedef struct ModelConfig {
     int max_position_embeddings;
     float rms_norm_eps;
     float rope_theta;
+    RopeType rope_type;
+    float rope_factor;        /* linear, llama3: how much longer the context is than trained */
+    float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int rope_original_max_position_embeddings;         /* llama3 */
     bool tie_word_embeddings;
     bool attention_bias;      /* q/k/v biases (Qwen2: always true) */
     int bos_token_id;         /* -1 when absent */
@@ -49,6 +57,14 @@ int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, cons
 /* Reads DIR/config.json and, if present, DIR/generation_config.json (eos ids, defaults). */
 int model_config_load(ModelConfig *cfg, GenerationDefaults *gen, const char *dir, char *err);
 
+/* The RoPE frequencies inv_freq[head_dim / 2] (fp32) that transformers'
+ * rotary embedding computes for this config: default 1 / theta^(2j/Dh) (the
+ * expression colt's rope ops always used), divided by factor (linear), or
+ * Llama 3's per-frequency rescaling with its smooth band (llama3). The rope
+ * ops take this table. */
+void model_rope_inv_freq(float *inv_freq, const ModelConfig *cfg);
+const char *model_rope_type_name(RopeType type);
+
 typedef struct Model Model;
 
 /* Loads DIR (config.json + model.safetensors or sharded with
@@ -65,6 +81,7 @@ int model_save(const Model *m, const char *dir, DType dtype, char *err);
 void model_free(Model *m);
 const ModelConfig *model_config(const Model *m);
 const Backend *model_backend(const Model *m);
+const float *model_rope_table(const Model *m); /* model_rope_inv_freq of its config, [Dh / 2], host */
 
 /* Per-run state: the KV cache (n_slots sequences of up to max_len tokens) and
  * scratch activations for up to max_tokens tokens per forward call. Everything

@@ -36,6 +36,7 @@ struct Model {
     void *final_norm; /* [D] */
     void *lm_head;    /* [V, D]; == embed when tied */
     LayerWeights *layers;
+    float *rope_inv_freq; /* [Dh / 2] host: model_rope_inv_freq(cfg), what every rope op gets */
     TensorSpec *tensors; /* the tensor table, built with the model (names and buffers stay valid) */
     int n_tensors;
     /* All weights live in one allocation (the weights' lifetime): tensor i at

@@ -144,7 +144,7 @@ void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks)
     DecodeDims dims = {.n_layers = L, .hidden = c->hidden_size, .intermediate = c->intermediate_size,
                        .n_heads = c->num_attention_heads, .n_kv_heads = c->num_key_value_heads,
                        .head_dim = c->head_dim, .block_size = kv->block_size, .max_blocks = max_blocks,
-                       .rms_eps = c->rms_norm_eps, .rope_theta = c->rope_theta};
+                       .rms_eps = c->rms_norm_eps, .rope_inv_freq = m->rope_inv_freq};
     void *plan = ok ? be->decode_layers_create(be, layers, &dims) : NULL;
     free(layers);
     return plan;
@@ -179,19 +179,19 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             be->linear(be, st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
             if (b->decode && be->paged_attention_rope) { /* rope, K/V store and attention in one kernel */
                 be->paged_attention_rope(be, st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
-                                         b->slot_mapping, n, H, KVH, Dh, c->rope_theta, kv->block_size,
+                                         b->slot_mapping, n, H, KVH, Dh, m->rope_inv_freq, kv->block_size,
                                          b->max_blocks);
                 attended = true;
             } else {
                 be->qkv_rope_store(be, st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
-                                   c->rope_theta);
+                                   m->rope_inv_freq);
             }
         } else {
             be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
             be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
             be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-            be->rope_i32(be, st->q, b->pos, n, H, Dh, c->rope_theta);
-            be->rope_i32(be, st->k, b->pos, n, KVH, Dh, c->rope_theta);
+            be->rope_i32(be, st->q, b->pos, n, H, Dh, m->rope_inv_freq);
+            be->rope_i32(be, st->k, b->pos, n, KVH, Dh, m->rope_inv_freq);
             be->paged_kv_store(be, kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
         }
         if (!attended)

@@ -386,8 +386,8 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     be->linear(be, a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
     be->linear(be, st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
     be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
-    be->rope(be, a->q, pos, n, H, Dh, c->rope_theta);
-    be->rope(be, st->k, pos, n, KVH, Dh, c->rope_theta);
+    be->rope(be, a->q, pos, n, H, Dh, m->rope_inv_freq);
+    be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
     be->kv_store(be, a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
     be->attention(be, a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
     be->linear(be, st->proj, a->att, w->o_w, w->o_b, n, QD, D);
@@ -509,8 +509,8 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         be->attention_backward(be, st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->att, a->lse, a->k_cache,
                                a->v_cache, slot, pos, n, H, KVH, Dh, st->n_slots, st->max_len);
         be->kv_gather(be, st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);
-        be->rope_backward(be, st->dq, pos, n, H, Dh, c->rope_theta);
-        be->rope_backward(be, st->k, pos, n, KVH, Dh, c->rope_theta);
+        be->rope_backward(be, st->dq, pos, n, H, Dh, m->rope_inv_freq);
+        be->rope_backward(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
         be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, st->dq, a->xn_attn, w->q_w, n, D, QD, 0);
         be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, st->k, a->xn_attn, w->k_w, n, D, KVD, 1);
         be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);

@@ -33,6 +33,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
 #include "core/error.h"
+#include "../rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
 static uint64_t g_random_state = 0x9e3779b97f4a7c15ull;
@@ -239,17 +240,19 @@ static void test_qkv_rope_store(const Dev *d, int n, int heads, int kv_heads, in
     void *c_qkv = cpu_in(qkv + off, n_qkv), *c_q = CPU->alloc(CPU, n_q), *c_kp = cpu_in(kp, n_pool), *c_vp = cpu_in(vp, n_pool);
     void *c_pos = i32_in(CPU, pos, (size_t)n), *c_slots = i32_in(CPU, slots, (size_t)n);
 
-    be->qkv_rope_store(be, g_q, g_kp, g_vp, dev_at(d, g_qkv, off), g_pos, g_slots, n, heads, kv_heads, head_dim, theta);
+    be->qkv_rope_store(be, g_q, g_kp, g_vp, dev_at(d, g_qkv, off), g_pos, g_slots, n, heads, kv_heads, head_dim,
+                       rope_table(head_dim, theta));
     for (int i = 0; i < n; i++) {
         size_t src = off + (size_t)i * row;
         be->copy(be, u_q, (size_t)i * q_dim, g_qkv, src, (size_t)q_dim);
         be->copy(be, u_k, (size_t)i * kv_dim, g_qkv, src + q_dim, (size_t)kv_dim);
         be->copy(be, u_v, (size_t)i * kv_dim, g_qkv, src + q_dim + kv_dim, (size_t)kv_dim);
     }
-    be->rope_i32(be, u_q, g_pos, n, heads, head_dim, theta);
-    be->rope_i32(be, u_k, g_pos, n, kv_heads, head_dim, theta);
+    be->rope_i32(be, u_q, g_pos, n, heads, head_dim, rope_table(head_dim, theta));
+    be->rope_i32(be, u_k, g_pos, n, kv_heads, head_dim, rope_table(head_dim, theta));
     be->paged_kv_store(be, u_kp, u_vp, u_k, u_v, g_slots, n, kv_dim);
-    CPU->qkv_rope_store(CPU, c_q, c_kp, c_vp, c_qkv, c_pos, c_slots, n, heads, kv_heads, head_dim, theta);
+    CPU->qkv_rope_store(CPU, c_q, c_kp, c_vp, c_qkv, c_pos, c_slots, n, heads, kv_heads, head_dim,
+                        rope_table(head_dim, theta));
 
     snprintf(what, sizeof what, "%s H=%d KVH=%d Dh=%d N=%d%s%s", label, heads, kv_heads, head_dim, n,
              n >= 7 ? " 1 pad" : "", off ? " qkv misaligned" : "");
@@ -305,8 +308,9 @@ static void test_paged_attention_rope(const Dev *d, int n, int heads, int kv_hea
     void *f_out = dev_in(d, out0, n_out), *f_q = be->alloc(be, n_out), *f_kp = dev_in(d, kp, n_pool), *f_vp = dev_in(d, vp, n_pool);
     void *u_out = dev_in(d, out0, n_out), *u_q = be->alloc(be, n_out), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
     be->paged_attention_rope(be, f_out, f_q, f_kp, f_vp, g_qkv, g_tables, g_seq, g_pos, g_slots, n, heads, kv_heads,
-                             head_dim, 1000000.0f, bs, max_blocks);
-    be->qkv_rope_store(be, u_q, u_kp, u_vp, g_qkv, g_pos, g_slots, n, heads, kv_heads, head_dim, 1000000.0f);
+                             head_dim, rope_table(head_dim, 1000000.0f), bs, max_blocks);
+    be->qkv_rope_store(be, u_q, u_kp, u_vp, g_qkv, g_pos, g_slots, n, heads, kv_heads, head_dim,
+                       rope_table(head_dim, 1000000.0f));
     be->paged_attention(be, u_out, u_q, u_kp, u_vp, g_tables, g_seq, g_pos, n, heads, kv_heads, head_dim, bs, max_blocks);
     const void *fused[3] = {f_out, f_kp, f_vp}, *unfused[3] = {u_out, u_kp, u_vp};
     const size_t count[3] = {n_out, n_pool, n_pool};
@@ -359,10 +363,12 @@ static void test_swiglu_gate_up(const Dev *d, int n, int f, size_t off) {
 typedef struct FusedStep {
     int n, dim, heads, kv_heads, head_dim, mlp, pool_rows;
     float theta;
+    float inv_freq[512]; /* rope_table(head_dim, theta), made by step_init */
     void *x, *xn, *delta, *w, *qkv, *q, *k_pool, *v_pool, *pos, *slots, *gate_up, *out;
 } FusedStep;
 
 static void step_init(FusedStep *s, const Backend *be) {
+    memcpy(s->inv_freq, rope_table(s->head_dim, s->theta), sizeof(float) * (size_t)(s->head_dim / 2));
     size_t kv_dim = (size_t)s->kv_heads * s->head_dim, row = (size_t)(s->heads + 2 * s->kv_heads) * s->head_dim;
     s->x = be->alloc(be, (size_t)s->n * s->dim), s->xn = be->alloc(be, (size_t)s->n * s->dim);
     s->delta = be->alloc(be, (size_t)s->n * s->dim), s->w = be->alloc(be, (size_t)s->dim);
@@ -401,7 +407,7 @@ static void step_upload(FusedStep *s, const Backend *be, uint64_t seed) {
 static void step_run(const FusedStep *s, const Backend *be) {
     be->add_rmsnorm(be, s->x, s->xn, s->delta, s->w, s->n, s->dim, 1e-6f);
     be->qkv_rope_store(be, s->q, s->k_pool, s->v_pool, s->qkv, s->pos, s->slots, s->n, s->heads, s->kv_heads,
-                       s->head_dim, s->theta);
+                       s->head_dim, s->inv_freq);
     be->swiglu_gate_up(be, s->out, s->gate_up, s->n, s->mlp);
 }
 
@@ -465,13 +471,13 @@ static void timed_qkv_rope_store(void *ctx) {
     const Timed *t = ctx;
     const FusedStep *s = t->s;
     t->be->qkv_rope_store(t->be, s->q, s->k_pool, s->v_pool, s->qkv, s->pos, s->slots, s->n, s->heads, s->kv_heads,
-                          s->head_dim, s->theta);
+                          s->head_dim, s->inv_freq);
 }
 static void timed_rope_rope_store(void *ctx) {
     const Timed *t = ctx;
     const FusedStep *s = t->s;
-    t->be->rope_i32(t->be, s->q, s->pos, s->n, s->heads, s->head_dim, s->theta);
-    t->be->rope_i32(t->be, t->k, s->pos, s->n, s->kv_heads, s->head_dim, s->theta);
+    t->be->rope_i32(t->be, s->q, s->pos, s->n, s->heads, s->head_dim, s->inv_freq);
+    t->be->rope_i32(t->be, t->k, s->pos, s->n, s->kv_heads, s->head_dim, s->inv_freq);
     t->be->paged_kv_store(t->be, s->k_pool, s->v_pool, t->k, t->v, s->slots, s->n, s->kv_heads * s->head_dim);
 }
 static void timed_swiglu_gate_up(void *ctx) {

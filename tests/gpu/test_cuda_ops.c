@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/model_train.h"
+#include "../rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
 static uint64_t g_stream = 0;
@@ -275,11 +276,11 @@ static void test_rope(const Dev *d, int n, int heads, int head_dim, float theta,
     for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
     void *gx = dev_in(d, x, nx), *cx = cpu_in(x, nx);
     if (backward) {
-        d->be->rope_backward(d->be, gx, pos, n, heads, head_dim, theta);
-        CPU->rope_backward(CPU, cx, pos, n, heads, head_dim, theta);
+        d->be->rope_backward(d->be, gx, pos, n, heads, head_dim, rope_table(head_dim, theta));
+        CPU->rope_backward(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
     } else {
-        d->be->rope(d->be, gx, pos, n, heads, head_dim, theta);
-        CPU->rope(CPU, cx, pos, n, heads, head_dim, theta);
+        d->be->rope(d->be, gx, pos, n, heads, head_dim, rope_table(head_dim, theta));
+        CPU->rope(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
     }
     float *got = dev_out(d, gx, nx), *ref = cpu_out(cx, nx);
     snprintf(name, sizeof name, "%s [%d,%d,%d] theta %g pos<=%d", backward ? "rope_backward" : "rope", n, heads,
@@ -1072,8 +1073,11 @@ int main(void) {
         double tol_max = devs[k].bf16 ? 0.5 : 1e-4, tol_mean = devs[k].bf16 ? 0.06 : 1e-5;
         test_model_forward(&devs[k], qwen, "tiny-qwen2-f32", tol_max, tol_mean);
         test_model_forward(&devs[k], stories, "stories260K", tol_max, tol_mean);
+        /* llama3 RoPE scaling (the table the rope ops take), sharded weights */
+        test_model_forward(&devs[k], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", tol_max, tol_mean);
     }
     test_train_step(&devs[0], qwen, "tiny-qwen2-f32", 1e-4, 1e-4);
+    test_train_step(&devs[0], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", 1e-4, 1e-4);
     test_train_step(&devs[0], stories, "stories260K", 1e-4, 1e-4);
 
     printf("%d checks, %d failures\n", g_checks, g_failures);

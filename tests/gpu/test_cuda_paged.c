@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
+#include "../rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
 static uint64_t g_random_state = 0x2545f4914f6cdd1dull;
@@ -205,9 +206,9 @@ static void test_rope_i32(const Dev *d, int n, int heads, int head_dim, float th
     for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
     void *g_plain = dev_in(d, x, nx), *g_i32 = dev_in(d, x, nx), *cx = cpu_in(x, nx);
     void *gpos = i32_in(d->be, pos, (size_t)n);
-    d->be->rope(d->be, g_plain, pos, n, heads, head_dim, theta);
-    d->be->rope_i32(d->be, g_i32, gpos, n, heads, head_dim, theta);
-    CPU->rope(CPU, cx, pos, n, heads, head_dim, theta);
+    d->be->rope(d->be, g_plain, pos, n, heads, head_dim, rope_table(head_dim, theta));
+    d->be->rope_i32(d->be, g_i32, gpos, n, heads, head_dim, rope_table(head_dim, theta));
+    CPU->rope(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
     float *plain = dev_out(d, g_plain, nx), *got = dev_out(d, g_i32, nx), *ref = cpu_out(cx, nx);
     snprintf(name, sizeof name, "rope_i32 == rope [%d,%d,%d] theta %g pos<=%d (bit-identical)", n, heads, head_dim,
              theta, max_pos);
@@ -248,12 +249,12 @@ static void test_paged_kv_store(const Dev *d, int pool_rows, int kv_dim, int n) 
 /* A batch over a paged pool: token i of sequence seq[i] (-1 padding) at pos[i];
  * len[s] positions of sequence s are in the pool, its blocks dealt from a
  * shuffled permutation. */
-typedef struct PagedBatch {
+typedef struct TestBatch {
     int n, n_seqs, block_size, max_blocks, n_blocks;
     int *seq, *pos, *len, *tables; /* [n], [n], [n_seqs], [n_seqs, max_blocks] */
-} PagedBatch;
+} TestBatch;
 
-static void batch_deal_blocks(PagedBatch *b) {
+static void batch_deal_blocks(TestBatch *b) {
     int max_len = 1;
     b->n_blocks = 2; /* spare blocks nobody owns */
     for (int s = 0; s < b->n_seqs; s++) {
@@ -274,8 +275,8 @@ static void batch_deal_blocks(PagedBatch *b) {
 /* `batch` decode tokens, one per sequence, at the end of contexts of up to
  * `ctx` (exactly ctx when uniform, else random in [ctx/2, ctx] with the first
  * one at ctx); from 7 tokens up, token n/2 is padding (and its pos garbage). */
-static PagedBatch batch_decode(int batch, int ctx, int block_size, int uniform) {
-    PagedBatch b = {.n = batch, .n_seqs = batch, .block_size = block_size};
+static TestBatch batch_decode(int batch, int ctx, int block_size, int uniform) {
+    TestBatch b = {.n = batch, .n_seqs = batch, .block_size = block_size};
     b.seq = xmalloc((size_t)batch * sizeof(int)), b.pos = xmalloc((size_t)batch * sizeof(int));
     b.len = xmalloc((size_t)batch * sizeof(int));
     for (int s = 0; s < batch; s++) {
@@ -289,9 +290,9 @@ static PagedBatch batch_decode(int batch, int ctx, int block_size, int uniform) 
 
 /* The engine's mixed step: a whole prefill, a chunk of a longer prefill, decode
  * tokens at contexts 1, block_size + 1 and 600, and two padding tokens, shuffled. */
-static PagedBatch batch_mixed(int block_size) {
+static TestBatch batch_mixed(int block_size) {
     const int len[5] = {45, 130, 1, block_size + 1, 600}, first[5] = {0, 100, 0, block_size, 599};
-    PagedBatch b = {.n = 2, .n_seqs = 5, .block_size = block_size};
+    TestBatch b = {.n = 2, .n_seqs = 5, .block_size = block_size};
     for (int s = 0; s < 5; s++) b.n += len[s] - first[s];
     b.seq = xmalloc((size_t)b.n * sizeof(int)), b.pos = xmalloc((size_t)b.n * sizeof(int));
     b.len = xmalloc(5 * sizeof(int));
@@ -311,7 +312,7 @@ static PagedBatch batch_mixed(int block_size) {
 
 /* The batch's tokens ordered by sequence then position, padding last: the engine's layout, where a
  * prefill chunk's tokens sit together (what the tensor-core path groups). */
-static void batch_sort(PagedBatch *b) {
+static void batch_sort(TestBatch *b) {
     for (int i = 1; i < b->n; i++) /* insertion sort: a few hundred tokens */
         for (int j = i; j > 0; j--) {
             unsigned sa = (unsigned)b->seq[j - 1], sb = (unsigned)b->seq[j]; /* -1 sorts last */
@@ -321,7 +322,7 @@ static void batch_sort(PagedBatch *b) {
         }
 }
 
-static void batch_free(PagedBatch *b) { free(b->seq), free(b->pos), free(b->len), free(b->tables); }
+static void batch_free(TestBatch *b) { free(b->seq), free(b->pos), free(b->len), free(b->tables); }
 
 /* Rows of x [n, row] whose token is not padding, packed. */
 static float *real_rows(const float *x, const int *seq, int n, size_t row, size_t *count) {
@@ -336,12 +337,12 @@ static float *real_rows(const float *x, const int *seq, int n, size_t row, size_
 /* Device and CPU copies of one attention problem (inputs rounded for bf16). */
 typedef struct PagedProblem {
     int n_heads, n_kv_heads, head_dim;
-    const PagedBatch *b;
+    const TestBatch *b;
     void *g_q, *g_k, *g_v, *g_out, *g_tables, *g_seq, *g_pos;
     void *c_q, *c_k, *c_v, *c_out, *c_tables, *c_seq, *c_pos;
 } PagedProblem;
 
-static void problem_init(PagedProblem *pr, const Dev *d, const PagedBatch *b, int heads, int kv_heads, int head_dim,
+static void problem_init(PagedProblem *pr, const Dev *d, const TestBatch *b, int heads, int kv_heads, int head_dim,
                          float q_scale) {
     pr->b = b, pr->n_heads = heads, pr->n_kv_heads = kv_heads, pr->head_dim = head_dim;
     size_t nq = (size_t)b->n * heads * head_dim, np = (size_t)b->n_blocks * b->block_size * kv_heads * head_dim;
@@ -387,7 +388,7 @@ static float *problem_device_result(const PagedProblem *pr, const Dev *d, size_t
 static const Tol ATTENTION_TOL = {1e-5, 2e-3, 2.0};
 
 /* paged_attention with splits automatic, forced off and forced on, vs the CPU. */
-static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, int kv_heads, int head_dim,
+static void test_paged_attention(const Dev *d, const TestBatch *b, int heads, int kv_heads, int head_dim,
                                  const char *label) {
     static const char *const modes[3] = {NULL, "1", "5"};
     char name[200];
@@ -432,7 +433,7 @@ static void test_paged_attention(const Dev *d, const PagedBatch *b, int heads, i
  * the CPU at the new positions. */
 static void test_paged_graph(const Dev *d, int batch, int heads, int kv_heads, int head_dim) {
     char name[200];
-    PagedBatch b = batch_decode(batch, 700, 16, 0); /* blocks for up to 700 positions */
+    TestBatch b = batch_decode(batch, 700, 16, 0); /* blocks for up to 700 positions */
     int *final_pos = xmalloc((size_t)b.n * sizeof(int));
     memcpy(final_pos, b.pos, (size_t)b.n * sizeof(int));
     for (int i = 0; i < b.n; i++)
@@ -476,7 +477,7 @@ static void timed_paged_attention(void *ctx) {
 
 /* Time per call and the K/V bytes it must read over that time (padding excluded). */
 static void time_paged_attention(const Dev *d, int batch, int ctx, int heads, int kv_heads, int head_dim) {
-    PagedBatch b = batch_decode(batch, ctx, 16, 1);
+    TestBatch b = batch_decode(batch, ctx, 16, 1);
     PagedProblem pr;
     problem_init(&pr, d, &b, heads, kv_heads, head_dim, 1.0f);
     double bytes = 0.0;
@@ -517,11 +518,11 @@ static void run_ops(const Dev *d) {
     for (int s = 0; s < 3; s++) {
         for (int c = 0; c < 4; c++)
             for (int k = 0; k < 3; k++) {
-                PagedBatch b = batch_decode(batches[k], contexts[c], k == 1 ? 32 : 16, 0);
+                TestBatch b = batch_decode(batches[k], contexts[c], k == 1 ? 32 : 16, 0);
                 test_paged_attention(d, &b, qwen[s].heads, qwen[s].kv_heads, qwen[s].head_dim, qwen[s].label);
                 batch_free(&b);
             }
-        PagedBatch b = batch_decode(256, 512, 32, 0);
+        TestBatch b = batch_decode(256, 512, 32, 0);
         test_paged_attention(d, &b, qwen[s].heads, qwen[s].kv_heads, qwen[s].head_dim, qwen[s].label);
         batch_free(&b);
     }
@@ -531,20 +532,20 @@ static void run_ops(const Dev *d) {
                                 {4, 1, 256, "generic"},    {6, 2, 96, "generic"}};
     for (int s = 0; s < 8; s++)
         for (int bs = 16; bs <= 32; bs *= 2) {
-            PagedBatch mixed = batch_mixed(bs), decode = batch_decode(7, 300, bs, 0);
+            TestBatch mixed = batch_mixed(bs), decode = batch_decode(7, 300, bs, 0);
             test_paged_attention(d, &mixed, other[s].heads, other[s].kv_heads, other[s].head_dim, other[s].label);
             test_paged_attention(d, &decode, other[s].heads, other[s].kv_heads, other[s].head_dim, other[s].label);
             batch_free(&mixed), batch_free(&decode);
         }
     for (int s = 0; s < 3; s++) {
-        PagedBatch mixed = batch_mixed(s == 1 ? 32 : 16);
+        TestBatch mixed = batch_mixed(s == 1 ? 32 : 16);
         test_paged_attention(d, &mixed, qwen[s].heads, qwen[s].kv_heads, qwen[s].head_dim, qwen[s].label);
         batch_sort(&mixed); /* prefill runs together: the tensor-core path groups them */
         test_paged_attention(d, &mixed, qwen[s].heads, qwen[s].kv_heads, qwen[s].head_dim, qwen[s].label);
         batch_free(&mixed);
     }
     for (int s = 2; s < 4; s++) { /* G = 5 and MHA (G = 1): 3 and 16 tokens per m16 tile */
-        PagedBatch mixed = batch_mixed(16);
+        TestBatch mixed = batch_mixed(16);
         batch_sort(&mixed);
         test_paged_attention(d, &mixed, other[s].heads, other[s].kv_heads, other[s].head_dim, other[s].label);
         batch_free(&mixed);

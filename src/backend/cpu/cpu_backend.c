@@ -115,21 +115,19 @@ static void cpu_rmsnorm(const Backend *be, void *out, const void *x, const void 
 /* ---------------------------------------------------------------- rope */
 
 /* In place on x[N, n_heads, Dh], HF rotate_half layout: dims j and j + Dh/2
- * form a pair rotated by pos * inv_freq[j], inv_freq[j] = 1 / theta^(2j/Dh).
- * inv_freq, the angle and its cos/sin are fp32 like transformers' default rope. */
-/* Rotates each (j, j + Dh/2) pair of x[N, n_heads, Dh] by direction * angle:
- * +1 is rope, -1 its transpose (the backward). The sign goes on sin, which
- * is exact, so both directions use the very same angles. */
-static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_dim, float theta, float direction) {
+ * form a pair rotated by the fp32 angle (float)pos * inv_freq[j], cos/sin in
+ * fp32 like transformers' rope (the table is the model's, model_rope_inv_freq).
+ * direction +1 is rope, -1 its transpose (the backward). The sign goes on sin,
+ * which is exact, so both directions use the very same angles. */
+static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_dim, const float *inv_freq,
+                        float direction) {
     int half = head_dim / 2;
     COLT_ASSERT(head_dim % 2 == 0 && head_dim <= CPU_MAX_HEAD_DIM);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float cos_t[CPU_MAX_HEAD_DIM / 2], sin_t[CPU_MAX_HEAD_DIM / 2];
         for (int j = 0; j < half; j++) {
-            float exponent = (float)(2 * j) / (float)head_dim;
-            float inv_freq = 1.0f / powf(theta, exponent);
-            float angle = (float)pos[i] * inv_freq;
+            float angle = (float)pos[i] * inv_freq[j];
             cos_t[j] = cosf(angle);
             sin_t[j] = direction * sinf(angle);
         }
@@ -144,8 +142,9 @@ static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_
     }
 }
 
-static void cpu_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    rope_rotate(x, pos, n, n_heads, head_dim, theta, 1.0f);
+static void cpu_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim,
+                     const float *inv_freq) {
+    rope_rotate(x, pos, n, n_heads, head_dim, inv_freq, 1.0f);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -282,8 +281,9 @@ static void cpu_rmsnorm_backward(const Backend *be, void *dx, void *dw, const vo
 }
 
 /* The transpose of rope's rotation is the rotation by -angle. */
-static void cpu_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    rope_rotate(dx, pos, n, n_heads, head_dim, theta, -1.0f);
+static void cpu_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim,
+                              const float *inv_freq) {
+    rope_rotate(dx, pos, n, n_heads, head_dim, inv_freq, -1.0f);
 }
 
 static void cpu_kv_gather(const Backend *be, void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,
@@ -517,8 +517,9 @@ static void cpu_download_i32(const Backend *be, int *dst, const void *src, size_
 static void cpu_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim) {
     cpu_embedding(be, out, table, ids, n, dim);
 }
-static void cpu_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
-    cpu_rope(be, x, pos, n, n_heads, head_dim, theta);
+static void cpu_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim,
+                         const float *inv_freq) {
+    cpu_rope(be, x, pos, n, n_heads, head_dim, inv_freq);
 }
 static void cpu_gather_rows_i32(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim) {
     cpu_gather_rows(be, dst, src, rows, n, dim);

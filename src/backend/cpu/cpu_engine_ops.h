@@ -22,7 +22,8 @@ void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, i
 /* cpu_fused.c: the decode step's fused ops. */
 void cpu_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
 void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
-                        const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
+                        const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                        const float *inv_freq);
 void cpu_swiglu_gate_up(const Backend *be, void *out, const void *gate_up, int n, int f);
 
 #endif

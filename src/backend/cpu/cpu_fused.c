@@ -45,12 +45,13 @@ static void rope_head(float *dst, const float *src, const float *cos_t, const fl
     }
 }
 
-/* Per token: the cos/sin tables exactly as rope_rotate builds them (inv_freq,
- * angle, cosf/sinf in fp32), the q heads rotated into q, and for a real token
+/* Per token: the cos/sin tables exactly as rope_rotate builds them (angle,
+ * cosf/sinf in fp32), the q heads rotated into q, and for a real token
  * (slot >= 0) the k heads rotated into its k_pool row and the v part copied
  * into its v_pool row, as paged_kv_store copies them. */
 void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
-                        const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta) {
+                        const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                        const float *inv_freq) {
     float *qs = q, *kp = k_pool, *vp = v_pool;
     const float *src = qkv;
     const int *positions = pos, *slots = slot_mapping;
@@ -61,9 +62,7 @@ void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, 
     for (int i = 0; i < n; i++) {
         float cos_t[CPU_FUSED_MAX_HEAD_DIM / 2], sin_t[CPU_FUSED_MAX_HEAD_DIM / 2];
         for (int j = 0; j < half; j++) {
-            float exponent = (float)(2 * j) / (float)head_dim;
-            float inv_freq = 1.0f / powf(theta, exponent);
-            float angle = (float)positions[i] * inv_freq;
+            float angle = (float)positions[i] * inv_freq[j];
             cos_t[j] = cosf(angle);
             sin_t[j] = sinf(angle);
         }

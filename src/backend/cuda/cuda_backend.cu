@@ -149,19 +149,16 @@ void *cuda_scratch(CudaState *cs, size_t bytes) {
     return cs->scratch;
 }
 
-/* The same expression, in the same host libm, as cpu_rope: the table is bit-identical. */
-const float *cuda_rope_inv_freq(CudaState *cs, int head_dim, float theta) {
-    CUDA_ASSERT_HOST(head_dim % 2 == 0 && head_dim <= 1024);
-    if (head_dim != cs->rope_head_dim || theta != cs->rope_theta) {
-        float table[512];
-        for (int j = 0; j < head_dim / 2; j++) {
-            float exponent = (float)(2 * j) / (float)head_dim;
-            table[j] = 1.0f / ::powf(theta, exponent);
-        }
-        CUDA_CHECK(cudaMemcpyAsync(cs->inv_freq, table, (size_t)(head_dim / 2) * sizeof(float),
-                                   cudaMemcpyHostToDevice, cs->stream));
+/* The model's table itself (model_rope_inv_freq), the one the CPU rope reads:
+ * the angles are bit-identical. A pageable copy is staged before the call
+ * returns, so the host cache may change afterwards. */
+const float *cuda_rope_inv_freq(CudaState *cs, int head_dim, const float *inv_freq_host) {
+    CUDA_ASSERT_HOST(head_dim % 2 == 0 && head_dim <= 1024 && inv_freq_host != NULL);
+    size_t bytes = (size_t)(head_dim / 2) * sizeof(float);
+    if (head_dim != cs->rope_head_dim || memcmp(cs->rope_table, inv_freq_host, bytes) != 0) {
+        memcpy(cs->rope_table, inv_freq_host, bytes);
+        CUDA_CHECK(cudaMemcpyAsync(cs->inv_freq, cs->rope_table, bytes, cudaMemcpyHostToDevice, cs->stream));
         cs->rope_head_dim = head_dim;
-        cs->rope_theta = theta;
     }
     return cs->inv_freq;
 }

@@ -188,9 +188,9 @@ struct CudaState {
     cublasLtHandle_t lt;
     void *lt_workspace;       /* [CUDA_LT_WORKSPACE_BYTES] */
     float *staging;           /* [CUDA_STAGING_FLOATS]: fp32 <-> storage conversion of upload/download */
-    float *inv_freq;          /* [512] rope table for (rope_head_dim, rope_theta) */
+    float *inv_freq;          /* [512] device copy of rope_table */
     int rope_head_dim;
-    float rope_theta;
+    float rope_table[512];    /* the host rope table last uploaded (cuda_rope_inv_freq) */
     size_t reserved_bytes;    /* device bytes reserved at open (backend_cuda_reserved_bytes) */
 
     CudaIndexEntry index_cache[CUDA_INDEX_CACHE_ENTRIES]; /* recent index uploads (cuda_upload_indices) */
@@ -253,8 +253,10 @@ static inline unsigned flat_blocks(const CudaState *cs, size_t work) {
 int *cuda_upload_indices(CudaState *cs, const int *const *host_arrays, int count, int n);
 /* Device scratch of at least `bytes` (contents undefined), valid until the next call. */
 void *cuda_scratch(CudaState *cs, size_t bytes);
-/* Device inv_freq[head_dim / 2] computed on the host exactly as the CPU rope does. */
-const float *cuda_rope_inv_freq(CudaState *cs, int head_dim, float theta);
+/* The device copy of the host table inv_freq_host[head_dim / 2] (the rope ops'
+ * argument, the values the CPU rope uses), uploaded when it differs from the
+ * last one (compared on the host; nothing is uploaded while it stays the same). */
+const float *cuda_rope_inv_freq(CudaState *cs, int head_dim, const float *inv_freq_host);
 /* Lets `kernel` take `bytes` of dynamic shared memory (the opt-in above 48 KB)
  * on the instance's device; a lookup after the first time. */
 void cuda_smem_optin(CudaState *cs, const void *kernel, size_t bytes);
@@ -327,9 +329,11 @@ template <typename T>
 void cuda_rmsnorm_backward(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int n,
                            int dim, float eps);
 template <typename T>
-void cuda_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta);
+void cuda_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim,
+               const float *inv_freq_host);
 template <typename T>
-void cuda_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta);
+void cuda_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim,
+                        const float *inv_freq_host);
 template <typename T> void cuda_swiglu(const Backend *be, void *out, const void *gate, const void *up, size_t n);
 template <typename T>
 void cuda_swiglu_backward(const Backend *be, void *dgate, void *dup, const void *dout, const void *gate,
@@ -362,7 +366,8 @@ void cuda_download_i32(const Backend *be, int *dst, const void *src, size_t n);
 template <typename T>
 void cuda_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim);
 template <typename T>
-void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta);
+void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim,
+                   const float *inv_freq_host);
 template <typename T>
 void cuda_gather_rows_i32(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim);
 template <typename T>
@@ -375,7 +380,8 @@ void cuda_paged_attention(const Backend *be, void *out, const void *q, const voi
 template <typename T>
 void cuda_paged_attention_rope(const Backend *be, void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
                                const void *block_tables, const void *seq, const void *pos, const void *slot_mapping,
-                               int n, int n_heads, int n_kv_heads, int head_dim, float theta, int block_size,
+                               int n, int n_heads, int n_kv_heads, int head_dim, const float *inv_freq_host,
+                               int block_size,
                                int max_blocks);
 /* The training attention (backend.h attention, caches [S, L, KVD]) run by the paged kernel: what
  * cuda_attention does in the deterministic mode, so the trainer's and the engine's attention agree bit
@@ -390,7 +396,8 @@ void cuda_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, c
                       float eps);
 template <typename T>
 void cuda_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
-                         const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta);
+                         const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                         const float *inv_freq_host);
 template <typename T> void cuda_swiglu_gate_up(const Backend *be, void *out, const void *gate_up, int n, int f);
 /* cuda_decode_layers.cu: decode_layers (backend.h), bf16 storage only. */
 void *cuda_decode_layers_create(const Backend *be, const DecodeLayerWeights *layers, const DecodeDims *dims);

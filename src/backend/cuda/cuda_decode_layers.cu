@@ -930,7 +930,7 @@ void *cuda_decode_layers_create(const Backend *be, const DecodeLayerWeights *lay
         free(plan);
         return NULL;
     }
-    /* Per-layer pointers, the rope table (cuda_rope_inv_freq's values), scratch. */
+    /* Per-layer pointers, the model's rope table (what the rope ops take), scratch. */
     DlLayer *host = (DlLayer *)calloc((size_t)d->n_layers, sizeof(DlLayer));
     for (int l = 0; l < d->n_layers; l++) {
         const DecodeLayerWeights *w = &layers[l];
@@ -939,8 +939,6 @@ void *cuda_decode_layers_create(const Backend *be, const DecodeLayerWeights *lay
                           (const bf16 *)w->gate_up_w, (const bf16 *)w->down_w,   (bf16 *)w->k_pool,
                           (bf16 *)w->v_pool};
     }
-    float table[128];
-    for (int j = 0; j < Dh / 2; j++) table[j] = 1.0f / ::powf(d->rope_theta, (float)(2 * j) / (float)Dh);
     int mt = plan->max_tokens;
     CUDA_CHECK(cudaMalloc(&plan->d_layers, sizeof(DlLayer) * d->n_layers));
     CUDA_CHECK(cudaMalloc(&plan->d_inv_freq, sizeof(float) * Dh / 2));
@@ -949,7 +947,7 @@ void *cuda_decode_layers_create(const Backend *be, const DecodeLayerWeights *lay
     CUDA_CHECK(cudaMalloc(&plan->d_h, sizeof(bf16) * (size_t)mt * F));
     CUDA_CHECK(cudaMalloc(&plan->d_barrier, sizeof(unsigned)));
     CUDA_CHECK(cudaMemcpy(plan->d_layers, host, sizeof(DlLayer) * d->n_layers, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(plan->d_inv_freq, table, sizeof(float) * Dh / 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(plan->d_inv_freq, d->rope_inv_freq, sizeof(float) * Dh / 2, cudaMemcpyHostToDevice));
     free(host);
     const bool profile = cs->opt.decode_profile != 0;
     if (profile) {

@@ -14,7 +14,7 @@
  *
  * Graph capture: launch configurations depend on host arguments only; no op
  * allocates, synchronises or copies from the host, except cuda_rope_inv_freq's
- * upload when (head_dim, theta) changes, which the engine's warm-up does once.
+ * upload when the rope table changes, which the engine's warm-up does once.
  * Storage T is float or bf16; arithmetic fp32; copies move raw bits.
  *
  * Dimension legend: N tokens (rows) in a call, D row width, F MLP width, H
@@ -314,12 +314,13 @@ void cuda_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, c
 
 template <typename T>
 void cuda_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,
-                         const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim, float theta) {
+                         const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                         const float *inv_freq_host) {
     using namespace fused;
     if (n <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0) return;
     CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim % 2 == 0);
-    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
+    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, inv_freq_host);
     const int *positions = (const int *)pos, *slots = (const int *)slot_mapping;
     int heads = n_heads + 2 * n_kv_heads;
     cudaStream_t st = cs->stream;
@@ -356,7 +357,7 @@ template <typename T> void cuda_swiglu_gate_up(const Backend *be, void *out, con
 #define INSTANTIATE(T)                                                                                             \
     template void cuda_add_rmsnorm<T>(const Backend *, void *, void *, const void *, const void *, int, int, float); \
     template void cuda_qkv_rope_store<T>(const Backend *, void *, void *, void *, const void *, const void *,       \
-                                         const void *, int, int, int, int, float);                                 \
+                                         const void *, int, int, int, int, const float *);                         \
     template void cuda_swiglu_gate_up<T>(const Backend *, void *, const void *, int, int);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

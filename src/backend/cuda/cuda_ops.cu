@@ -388,12 +388,12 @@ __global__ void rope_vec_kernel(T *x, const int *pos, const float *inv_freq, int
 }
 
 template <typename T>
-static void rope_launch(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta,
-                        float sign) {
+static void rope_launch(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim,
+                        const float *inv_freq_host, float sign) {
     if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
     CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim % 2 == 0);
-    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
+    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, inv_freq_host);
     const int *host[1] = {pos};
     int *d = cuda_upload_indices(cs, host, 1, n);
     if ((head_dim / 2) % VEC == 0 && aligned16(x)) {
@@ -410,13 +410,15 @@ static void rope_launch(const Backend *be, void *x, const int *pos, int n, int n
 }
 
 template <typename T>
-void cuda_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    rope_launch<T>(be, x, pos, n, n_heads, head_dim, theta, 1.0f);
+void cuda_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim,
+               const float *inv_freq_host) {
+    rope_launch<T>(be, x, pos, n, n_heads, head_dim, inv_freq_host, 1.0f);
 }
 
 template <typename T>
-void cuda_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim, float theta) {
-    rope_launch<T>(be, dx, pos, n, n_heads, head_dim, theta, -1.0f);
+void cuda_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim,
+                        const float *inv_freq_host) {
+    rope_launch<T>(be, dx, pos, n, n_heads, head_dim, inv_freq_host, -1.0f);
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -1018,8 +1020,8 @@ void cuda_scale(const Backend *be, void *x, float s, size_t n) {
     template void cuda_rmsnorm<T>(const Backend *, void *, const void *, const void *, int, int, float);           \
     template void cuda_rmsnorm_backward<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
                                            int, int, float);                                                       \
-    template void cuda_rope<T>(const Backend *, void *, const int *, int, int, int, float);                        \
-    template void cuda_rope_backward<T>(const Backend *, void *, const int *, int, int, int, float);               \
+    template void cuda_rope<T>(const Backend *, void *, const int *, int, int, int, const float *);                \
+    template void cuda_rope_backward<T>(const Backend *, void *, const int *, int, int, int, const float *);       \
     template void cuda_swiglu<T>(const Backend *, void *, const void *, const void *, size_t);                     \
     template void cuda_swiglu_backward<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
                                           size_t);                                                                 \

@@ -9,9 +9,9 @@
  * buffer contents. The compute ops neither synchronise nor allocate per call,
  * with two one-time exceptions the engine must run once before it captures:
  *   - rope_i32 reads the instance's inv_freq table, uploaded from the host when
- *     (head_dim, theta) changes (cuda_rope_inv_freq), and a captured graph keeps
- *     reading that one table: no rope with another (head_dim, theta) may run
- *     between capture and replay.
+ *     the host table given changes (cuda_rope_inv_freq), and a captured graph
+ *     keeps reading that one table: no rope with another table may run between
+ *     capture and replay.
  *   - paged_attention with forced splits (the instance's option paged_splits)
  *     beyond the bound reserved at open regrows its split scratch (see "paged
  *     attention").
@@ -201,11 +201,12 @@ __global__ void rope_i32_vec_kernel(T *x, const int *pos, const float *inv_freq,
 }
 
 template <typename T>
-void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, float theta) {
+void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim,
+                   const float *inv_freq_host) {
     if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
     CudaState *cs = cuda_enter(be);
     CUDA_ASSERT_HOST(head_dim % 2 == 0);
-    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
+    const float *inv_freq = cuda_rope_inv_freq(cs, head_dim, inv_freq_host);
     const int *positions = (const int *)pos;
     if ((head_dim / 2) % 8 == 0 && aligned16(x)) {
         size_t total = (size_t)n * n_heads * (head_dim / 16);
@@ -946,7 +947,7 @@ static void paged_attention_impl(CudaState *cs, void *out, void *q, void *k_pool
                                  const void *block_tables,
                                  const void *seq, const void *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                                  int block_size, int max_blocks, const void *qkv, const void *slot_mapping,
-                                 float theta) {
+                                 const float *inv_freq_host) {
     if (n <= 0 || n_heads <= 0) return;
     CUDA_ASSERT_HOST(head_dim > 0 && head_dim % 2 == 0 && head_dim <= PA_MAX_HEAD_DIM);
     CUDA_ASSERT_HOST(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
@@ -974,11 +975,12 @@ static void paged_attention_impl(CudaState *cs, void *out, void *q, void *k_pool
     p.n = n, p.tc_tokens = tc && p.splits == 1 ? paged_tc_tokens(cs, n, p.group) : 1;
     p.qkv = NULL, p.slot_mapping = NULL, p.inv_freq = NULL, p.qkv_width = 0;
     if (qkv && tc && p.tc_tokens == 1 && aligned16(qkv) && paged_fused_rope(cs)) {
-        p.qkv = qkv, p.slot_mapping = (const int *)slot_mapping, p.inv_freq = cuda_rope_inv_freq(cs, head_dim, theta);
+        p.qkv = qkv, p.slot_mapping = (const int *)slot_mapping;
+        p.inv_freq = cuda_rope_inv_freq(cs, head_dim, inv_freq_host);
         p.qkv_width = (n_heads + 2 * n_kv_heads) * head_dim;
     } else if (qkv) {
         cuda_qkv_rope_store<T>(cs->be, q, k_pool, v_pool, qkv, pos, slot_mapping, n, n_heads, n_kv_heads, head_dim,
-                               theta);
+                               inv_freq_host);
     }
     size_t grid = (tc ? ((size_t)n + p.tc_tokens - 1) / p.tc_tokens * n_kv_heads : base_ctas) * p.splits;
     CUDA_ASSERT_HOST(grid < (1u << 31));
@@ -1001,16 +1003,16 @@ void cuda_paged_attention(const Backend *be, void *out, const void *q, const voi
                           const void *block_tables, const void *seq, const void *pos, int n, int n_heads,
                           int n_kv_heads, int head_dim, int block_size, int max_blocks) {
     paged_attention_impl<T>(cuda_enter(be), out, (void *)q, (void *)k_pool, (void *)v_pool, block_tables, seq, pos, n,
-                            n_heads, n_kv_heads, head_dim, block_size, max_blocks, NULL, NULL, 0.0f);
+                            n_heads, n_kv_heads, head_dim, block_size, max_blocks, NULL, NULL, NULL);
 }
 
 template <typename T>
 void cuda_paged_attention_rope(const Backend *be, void *out, void *q, void *k_pool, void *v_pool, const void *qkv,
                                const void *block_tables, const void *seq, const void *pos, const void *slot_mapping,
-                               int n, int n_heads, int n_kv_heads, int head_dim, float theta, int block_size,
-                               int max_blocks) {
+                               int n, int n_heads, int n_kv_heads, int head_dim, const float *inv_freq_host,
+                               int block_size, int max_blocks) {
     paged_attention_impl<T>(cuda_enter(be), out, q, k_pool, v_pool, block_tables, seq, pos, n, n_heads, n_kv_heads,
-                            head_dim, block_size, max_blocks, qkv, slot_mapping, theta);
+                            head_dim, block_size, max_blocks, qkv, slot_mapping, inv_freq_host);
 }
 
 /* Deterministic mode's training attention: the [S, L, KVD] caches read as a
@@ -1045,12 +1047,12 @@ void cuda_attention_paged(CudaState *cs, void *out, const void *q, const void *k
     const int *host[2] = {slot, pos};
     const int *d = cuda_upload_indices(cs, host, 2, n);
     paged_attention_impl<T>(cs, out, (void *)q, (void *)k_cache, (void *)v_cache, table, d, d + n, n, n_heads,
-                            n_kv_heads, head_dim, 1, max_len, NULL, NULL, 0.0f);
+                            n_kv_heads, head_dim, 1, max_len, NULL, NULL, NULL);
 }
 
 #define INSTANTIATE(T)                                                                                             \
     template void cuda_embedding_i32<T>(const Backend *, void *, const void *, const void *, int, int);            \
-    template void cuda_rope_i32<T>(const Backend *, void *, const void *, int, int, int, float);                   \
+    template void cuda_rope_i32<T>(const Backend *, void *, const void *, int, int, int, const float *);           \
     template void cuda_gather_rows_i32<T>(const Backend *, void *, const void *, const void *, int, int);          \
     template void cuda_paged_kv_store<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
                                          int, int);                                                                \
@@ -1058,7 +1060,7 @@ void cuda_attention_paged(CudaState *cs, void *out, const void *q, const void *k
                                           const void *, const void *, const void *, int, int, int, int, int, int);  \
     template void cuda_paged_attention_rope<T>(const Backend *, void *, void *, void *, void *, const void *,      \
                                                const void *, const void *, const void *, const void *, int, int,  \
-                                               int, int, float, int, int);                                         \
+                                               int, int, const float *, int, int);                                 \
     template void cuda_attention_paged<T>(CudaState *, void *, const void *, const void *, const void *,           \
                                           const int *, const int *, int, int, int, int, int);
 INSTANTIATE(float)

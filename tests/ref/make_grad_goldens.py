@@ -2,7 +2,7 @@
 """make_grad_goldens.py — gradient goldens for the training forward/backward, from PyTorch autograd.
 
 For each checkpoint (tests/data/models/tiny-qwen2-f32: q/k/v bias, GQA, tied; tiny-llama-f32: untied, with
-o_proj bias; the pretrained stories260K when shared data has it) and a batch of three sequences of lengths
+o_proj bias; tiny-llama3-f32: llama3 RoPE scaling, sharded; the pretrained stories260K when shared data has it) and a batch of three sequences of lengths
 7, 12, 5 (random ids, fixed seed), the last k = 4, 6, 3 tokens of each sequence are the "completion": for
 each position p whose next token is a completion token, logp_p = log_softmax(logits_p / T)[ids[p+1]] with
 T = 0.7 (log-softmax in float64 on the fp32 logits), entropy_p likewise. loss = sum_p w_p * logp_p with fixed
@@ -83,7 +83,7 @@ def golden_for(name, path, rel_dir, seed):
 def main():
     torch.manual_seed(0)
     models = []
-    for i, name in enumerate(["tiny-qwen2-f32", "tiny-llama-f32"]):
+    for i, name in enumerate(["tiny-qwen2-f32", "tiny-llama-f32", "tiny-llama3-f32"]):
         rel = os.path.join("tests", "data", "models", name)
         models.append(golden_for(name, os.path.join(ROOT, rel), rel, 1000 + i))
     stories = os.path.join(SHARED, "models", "stories260K", "hf")

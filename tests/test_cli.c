@@ -436,6 +436,8 @@ int main(void) {
     expect_error("no chat template", args, NULL, "chat_template");
     snprintf(args, sizeof args, "init --arch gpt2 --preset tiny --out %s/x", g_tmp);
     expect_error("init unknown arch", args, NULL, "gpt2");
+    snprintf(args, sizeof args, "init --arch qwen2 --preset llama3.2-1b --out %s/x", g_tmp);
+    expect_error("init Llama 3 preset as qwen2", args, NULL, "preset llama3.2-1b is a llama model, not qwen2");
     snprintf(args, sizeof args, "generate --model %s --prompt hi --json maybe", stories);
     expect_error("flag with a non-bool word", args, NULL, "--json: 'maybe' is not true or false");
     snprintf(args, sizeof args, "train --config %s/trl.yaml --push_to_hub", g_tmp);

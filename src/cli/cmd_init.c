@@ -1,6 +1,7 @@
 /* cmd_init.c — `colt init`: a randomly initialised Hugging Face checkpoint
- * with the shapes of a public config (Qwen2.5 sizes) or a tiny test preset,
- * for either architecture; optionally with a tokenizer copied in. */
+ * with the shapes of a public config (Qwen2.5 sizes for either architecture,
+ * Llama 3.1 / 3.2 sizes with their llama3 RoPE scaling) or a tiny test preset;
+ * optionally with a tokenizer copied in. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,21 +14,28 @@
 #include "tokenizer/tokenizer_files.h"
 
 static const char *INIT_USAGE =
-    "usage: colt init --arch qwen2|llama --preset tiny|qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-7b --out DIR\n"
-    "                 [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n";
+    "usage: colt init [--arch qwen2|llama] --preset PRESET --out DIR [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n"
+    "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (--arch qwen2 or llama),\n"
+    "           llama3.2-1b, llama3.2-3b, llama3.1-8b (llama, with Llama 3's RoPE scaling)\n";
 
 typedef struct Preset {
     const char *name;
     int hidden, intermediate, layers, heads, kv_heads, vocab, max_pos;
     bool tied;
+    const char *arch;  /* the architecture the preset is (NULL: --arch chooses) */
+    float llama3_factor; /* llama3 RoPE scaling factor (theta 500000, low 1, high 4, original 8192); 0: none */
 } Preset;
 
-/* Shapes of the public Qwen2.5 configs (Qwen/Qwen2.5-*-Instruct config.json). */
+/* Shapes of the public configs: Qwen/Qwen2.5-*-Instruct and meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B
+ * (config.json). */
 static const Preset PRESETS[] = {
-    {"tiny", 64, 128, 2, 4, 2, 512, 2048, true},
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 32768, true},
-    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 151936, 32768, true},
-    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 32768, false},
+    {"tiny", 64, 128, 2, 4, 2, 512, 2048, true, NULL, 0.0f},
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 32768, true, NULL, 0.0f},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 151936, 32768, true, NULL, 0.0f},
+    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 32768, false, NULL, 0.0f},
+    {"llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072, true, "llama", 32.0f},
+    {"llama3.2-3b", 3072, 8192, 28, 24, 8, 128256, 131072, true, "llama", 32.0f},
+    {"llama3.1-8b", 4096, 14336, 32, 32, 8, 128256, 131072, false, "llama", 8.0f},
 };
 
 int cmd_init(int argc, char **argv) {
@@ -35,8 +43,9 @@ int cmd_init(int argc, char **argv) {
     const char *arch = NULL, *preset_name = NULL, *tokenizer_dir = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0;
     CliOption opts[] = {
-        {"arch", OPT_STRING, &arch, "qwen2 or llama (required)", false},
-        {"preset", OPT_STRING, &preset_name, "tiny, qwen2.5-0.5b, qwen2.5-1.5b or qwen2.5-7b (required)", false},
+        {"arch", OPT_STRING, &arch, "qwen2 or llama (required unless the preset is a Llama 3)", false},
+        {"preset", OPT_STRING, &preset_name,
+         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama3.2-1b, llama3.2-3b or llama3.1-8b (required)", false},
         {"tokenizer", OPT_STRING, &tokenizer_dir, "copy this folder's tokenizer files in; tiny takes its vocab size", false},
         {"out", OPT_STRING, &out, "output folder (required)", false},
         {"seed", OPT_U64, &seed, "random seed (default 0)", false},
@@ -45,7 +54,21 @@ int cmd_init(int argc, char **argv) {
     int prc = cli_parse(opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, INIT_USAGE, err);
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("init", err);
-    if (!arch || !preset_name || !out) return cli_fail("init", "--arch, --preset and --out are required");
+    if (!preset_name || !out) return cli_fail("init", "--preset and --out are required");
+    const Preset *p = NULL;
+    for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
+        if (strcmp(PRESETS[i].name, preset_name) == 0) p = &PRESETS[i];
+    if (!p) {
+        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama3.2-1b, "
+                    "llama3.2-3b, llama3.1-8b)", preset_name);
+        return cli_fail("init", err);
+    }
+    if (p->arch && arch && strcmp(arch, p->arch) != 0) {
+        errorf(err, "--arch: preset %s is a %s model, not %s", p->name, p->arch, arch);
+        return cli_fail("init", err);
+    }
+    if (!arch) arch = p->arch;
+    if (!arch) return cli_fail("init", "--arch is required for this preset (qwen2 or llama)");
     ModelArch model_arch;
     if (strcmp(arch, "qwen2") == 0) model_arch = ARCH_QWEN2;
     else if (strcmp(arch, "llama") == 0) model_arch = ARCH_LLAMA;
@@ -58,13 +81,6 @@ int cmd_init(int argc, char **argv) {
     else if (strcmp(dtype, "fp32") == 0) save_dtype = DTYPE_F32;
     else {
         errorf(err, "--dtype: unknown dtype '%s' (bf16 or fp32)", dtype);
-        return cli_fail("init", err);
-    }
-    const Preset *p = NULL;
-    for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
-        if (strcmp(PRESETS[i].name, preset_name) == 0) p = &PRESETS[i];
-    if (!p) {
-        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b)", preset_name);
         return cli_fail("init", err);
     }
 
@@ -86,6 +102,19 @@ int cmd_init(int argc, char **argv) {
     cfg.bos_token_id = strcmp(p->name, "tiny") == 0 ? -1 : 151643;
     cfg.n_eos = 0;
     if (strcmp(p->name, "tiny") != 0) cfg.eos_token_ids[cfg.n_eos++] = 151645;
+    if (p->llama3_factor > 0.0f) { /* Llama 3's: rms_norm_eps 1e-5, <|begin_of_text|>, <|end_of_text|> <|eot_id|> */
+        cfg.rms_norm_eps = 1e-5f;
+        cfg.rope_theta = 500000.0f;
+        cfg.rope_type = ROPE_LLAMA3;
+        cfg.rope_factor = p->llama3_factor;
+        cfg.rope_low_freq_factor = 1.0f;
+        cfg.rope_high_freq_factor = 4.0f;
+        cfg.rope_original_max_position_embeddings = 8192;
+        cfg.bos_token_id = 128000;
+        cfg.n_eos = 2;
+        cfg.eos_token_ids[0] = 128001;
+        cfg.eos_token_ids[1] = 128009;
+    }
 
     if (tokenizer_dir) {
         Tokenizer *tok = NULL;

@@ -151,9 +151,10 @@ static void compare_runs(const char *what, const char *one_dir, const char *worl
 
 /* Files in dir other than the expected outputs (what a rank other than 0 might have written). */
 static int unexpected_files(const char *dir) {
-    static const char *expected[] = {"metrics.jsonl", "completions.jsonl", "summary.json", "reward_curve.svg",
-                                     "model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-                                     "tokenizer_config.json", ".", ".."};
+    static const char *expected[] = {"metrics.jsonl",      "completions.jsonl",     "summary.json",
+                                     "reward_curve.svg",   "training_curves.svg",   "model.safetensors",
+                                     "config.json",        "generation_config.json", "tokenizer.json",
+                                     "tokenizer_config.json", ".",                  ".."};
     DIR *d = opendir(dir);
     int n = 0;
     struct dirent *e;

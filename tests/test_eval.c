@@ -16,22 +16,9 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "harness.h"
 #include "shared_data.h"
 #include "train/math_eval.h"
-
-static int g_failures = 0, g_checks = 0;
-static char g_tmp[256];
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
 
 #define STORIES COLT_SOURCE_DIR "/models/stories260K"
 

@@ -19,20 +19,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-
-static int g_failures = 0, g_checks = 0;
-static char g_tmp[256];
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
+#include "harness.h"
 
 static const char REWARDS_PY[] =
     "def reward_len(completions, **kwargs):\n"

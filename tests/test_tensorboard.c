@@ -20,25 +20,12 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "harness.h"
 #include "train/tensorboard.h"
 
 #ifdef COLT_HAVE_PROTOBUF_C
 #include "tensorboard_event.pb-c.h"
 #endif
-
-static int g_failures = 0, g_checks = 0;
-static char g_tmp[256];
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
 
 #define GOLDEN_DIR COLT_SOURCE_DIR "/tests/data/tensorboard"
 #define WALL_TIME 1700000000.25

@@ -78,7 +78,6 @@ static int launch_bucket(TrainDist *d, char *err) {
             return COLT_ERR;
     d->n_pending = 0;
     d->pending_n = 0;
-    d->buckets++;
     return COLT_OK;
 }
 
@@ -111,7 +110,6 @@ static int overlap_finish(TrainDist *d, char *err) {
     if (rc == 0) rc = comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err);
     if (rc == 0) d->in_flight = false;
     d->announced_n = 0;
-    d->buckets = 0;
     d->n_pending = 0;
     d->pending_n = 0;
     return rc;

@@ -44,7 +44,6 @@ typedef struct TrainDist {
     size_t pending[TRAIN_DIST_PENDING][2];
     int n_pending;
     size_t pending_n, announced_n;  /* elements waiting; announced in this step */
-    int buckets;      /* launched in this step */
     bool in_flight;   /* collectives enqueued and not yet waited for */
 } TrainDist;
 

@@ -297,9 +297,9 @@ int main(void) {
     printf("sampling: same seed reproduces, completion 0 identical with --n 1 and --n 3\n");
     free(out_a); free(out_b); free(out_c);
 
-    /* init: tiny checkpoints of both architectures load and generate */
-    const char *archs[] = {"qwen2", "llama"};
-    for (int a = 0; a < 2; a++) {
+    /* init: tiny checkpoints of every architecture load and generate */
+    const char *archs[] = {"qwen2", "llama", "qwen3"};
+    for (int a = 0; a < 3; a++) {
         snprintf(args, sizeof args, "init --arch %s --preset tiny --tokenizer %s --out %s/init_%s --seed 1", archs[a],
                  stories, g_tmp, archs[a]);
         code = run(args, NULL, &out, &err);
@@ -438,6 +438,8 @@ int main(void) {
     expect_error("init unknown arch", args, NULL, "gpt2");
     snprintf(args, sizeof args, "init --arch qwen2 --preset llama3.2-1b --out %s/x", g_tmp);
     expect_error("init Llama 3 preset as qwen2", args, NULL, "preset llama3.2-1b is a llama model, not qwen2");
+    snprintf(args, sizeof args, "init --arch llama --preset qwen3-0.6b --out %s/x", g_tmp);
+    expect_error("init Qwen3 preset as llama", args, NULL, "preset qwen3-0.6b is a qwen3 model, not llama");
     snprintf(args, sizeof args, "generate --model %s --prompt hi --json maybe", stories);
     expect_error("flag with a non-bool word", args, NULL, "--json: 'maybe' is not true or false");
     snprintf(args, sizeof args, "train --config %s/trl.yaml --push_to_hub", g_tmp);

@@ -290,6 +290,7 @@ static void run_prefix_cache(const char *dir) {
 int main(void) {
     run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-llama-f32");
+    run_model(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen3-f32"); /* q/k norm: the engine's unfused path */
     run_model(COLT_SOURCE_DIR "/models/stories260K");
     run_deterministic(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_deterministic(COLT_SOURCE_DIR "/models/stories260K");

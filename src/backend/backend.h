@@ -76,7 +76,7 @@ struct Backend {
      * w is in PyTorch nn.Linear layout. */
     void (*linear)(const Backend *be, void *out, const void *x, const void *w, const void *bias,
                    int n, int in_dim, int out_dim);
-    /* out[N, D] = x / sqrt(mean(x^2) + eps) * w */
+    /* out[N, D] = x / sqrt(mean(x^2) + eps) * w; out may be x (in place) */
     void (*rmsnorm)(const Backend *be, void *out, const void *x, const void *w, int n, int dim, float eps);
     /* In place on x[N, n_heads, head_dim]: rotate_half RoPE (HF Llama/Qwen2 layout)
      * at positions pos[N]: dims j and j + Dh/2 rotate by the fp32 angle

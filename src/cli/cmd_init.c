@@ -1,6 +1,6 @@
 /* cmd_init.c — `colt init`: a randomly initialised Hugging Face checkpoint
  * with the shapes of a public config (Qwen2.5 sizes for either architecture,
- * Llama 3.1 / 3.2 sizes with their llama3 RoPE scaling) or a tiny test preset;
+ * Qwen3 sizes, Llama 3.1 / 3.2 sizes with their llama3 RoPE scaling) or a tiny test preset;
  * optionally with a tokenizer copied in. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,28 +14,33 @@
 #include "tokenizer/tokenizer_files.h"
 
 static const char *INIT_USAGE =
-    "usage: colt init [--arch qwen2|llama] --preset PRESET --out DIR [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n"
-    "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (--arch qwen2 or llama),\n"
+    "usage: colt init [--arch qwen2|qwen3|llama] --preset PRESET --out DIR [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n"
+    "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (--arch qwen2, qwen3 or llama),\n"
+    "           qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (qwen3),\n"
     "           llama3.2-1b, llama3.2-3b, llama3.1-8b (llama, with Llama 3's RoPE scaling)\n";
 
 typedef struct Preset {
     const char *name;
-    int hidden, intermediate, layers, heads, kv_heads, vocab, max_pos;
+    int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_pos; /* head_dim 0: hidden / heads */
     bool tied;
     const char *arch;  /* the architecture the preset is (NULL: --arch chooses) */
     float llama3_factor; /* llama3 RoPE scaling factor (theta 500000, low 1, high 4, original 8192); 0: none */
 } Preset;
 
-/* Shapes of the public configs: Qwen/Qwen2.5-*-Instruct and meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B
- * (config.json). */
+/* Shapes of the public configs: Qwen/Qwen2.5-*-Instruct, Qwen/Qwen3-0.6B, -1.7B, -4B, -8B and
+ * meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B (config.json). */
 static const Preset PRESETS[] = {
-    {"tiny", 64, 128, 2, 4, 2, 512, 2048, true, NULL, 0.0f},
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 32768, true, NULL, 0.0f},
-    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 151936, 32768, true, NULL, 0.0f},
-    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 32768, false, NULL, 0.0f},
-    {"llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072, true, "llama", 32.0f},
-    {"llama3.2-3b", 3072, 8192, 28, 24, 8, 128256, 131072, true, "llama", 32.0f},
-    {"llama3.1-8b", 4096, 14336, 32, 32, 8, 128256, 131072, false, "llama", 8.0f},
+    {"tiny", 64, 128, 2, 4, 2, 0, 512, 2048, true, NULL, 0.0f},
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 0, 151936, 32768, true, NULL, 0.0f},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 0, 151936, 32768, true, NULL, 0.0f},
+    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 0, 152064, 32768, false, NULL, 0.0f},
+    {"qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
+    {"qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
+    {"qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
+    {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, 40960, false, "qwen3", 0.0f},
+    {"llama3.2-1b", 2048, 8192, 16, 32, 8, 0, 128256, 131072, true, "llama", 32.0f},
+    {"llama3.2-3b", 3072, 8192, 28, 24, 8, 0, 128256, 131072, true, "llama", 32.0f},
+    {"llama3.1-8b", 4096, 14336, 32, 32, 8, 0, 128256, 131072, false, "llama", 8.0f},
 };
 
 int cmd_init(int argc, char **argv) {
@@ -43,9 +48,10 @@ int cmd_init(int argc, char **argv) {
     const char *arch = NULL, *preset_name = NULL, *tokenizer_dir = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0;
     CliOption opts[] = {
-        {"arch", OPT_STRING, &arch, "qwen2 or llama (required unless the preset is a Llama 3)", false},
+        {"arch", OPT_STRING, &arch, "qwen2, qwen3 or llama (required unless the preset names one)", false},
         {"preset", OPT_STRING, &preset_name,
-         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama3.2-1b, llama3.2-3b or llama3.1-8b (required)", false},
+         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, "
+         "llama3.2-3b or llama3.1-8b (required)", false},
         {"tokenizer", OPT_STRING, &tokenizer_dir, "copy this folder's tokenizer files in; tiny takes its vocab size", false},
         {"out", OPT_STRING, &out, "output folder (required)", false},
         {"seed", OPT_U64, &seed, "random seed (default 0)", false},
@@ -59,8 +65,8 @@ int cmd_init(int argc, char **argv) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
         if (strcmp(PRESETS[i].name, preset_name) == 0) p = &PRESETS[i];
     if (!p) {
-        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama3.2-1b, "
-                    "llama3.2-3b, llama3.1-8b)", preset_name);
+        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen3-0.6b, "
+                    "qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3.2-3b, llama3.1-8b)", preset_name);
         return cli_fail("init", err);
     }
     if (p->arch && arch && strcmp(arch, p->arch) != 0) {
@@ -68,12 +74,13 @@ int cmd_init(int argc, char **argv) {
         return cli_fail("init", err);
     }
     if (!arch) arch = p->arch;
-    if (!arch) return cli_fail("init", "--arch is required for this preset (qwen2 or llama)");
+    if (!arch) return cli_fail("init", "--arch is required for this preset (qwen2, qwen3 or llama)");
     ModelArch model_arch;
     if (strcmp(arch, "qwen2") == 0) model_arch = ARCH_QWEN2;
+    else if (strcmp(arch, "qwen3") == 0) model_arch = ARCH_QWEN3;
     else if (strcmp(arch, "llama") == 0) model_arch = ARCH_LLAMA;
     else {
-        errorf(err, "--arch: unknown architecture '%s' (qwen2 or llama)", arch);
+        errorf(err, "--arch: unknown architecture '%s' (qwen2, qwen3 or llama)", arch);
         return cli_fail("init", err);
     }
     DType save_dtype;
@@ -91,11 +98,11 @@ int cmd_init(int argc, char **argv) {
     cfg.num_hidden_layers = p->layers;
     cfg.num_attention_heads = p->heads;
     cfg.num_key_value_heads = p->kv_heads;
-    cfg.head_dim = p->hidden / p->heads;
+    cfg.head_dim = p->head_dim > 0 ? p->head_dim : p->hidden / p->heads;
     cfg.vocab_size = p->vocab;
     cfg.max_position_embeddings = p->max_pos;
     cfg.rms_norm_eps = 1e-6f;
-    cfg.rope_theta = model_arch == ARCH_QWEN2 ? 1000000.0f : 10000.0f;
+    cfg.rope_theta = model_arch == ARCH_LLAMA ? 10000.0f : 1000000.0f;
     cfg.tie_word_embeddings = p->tied;
     cfg.attention_bias = model_arch == ARCH_QWEN2;
     cfg.torch_dtype = save_dtype;

@@ -1,7 +1,8 @@
-/* config.c — config.json and generation_config.json of LlamaForCausalLM and
- * Qwen2ForCausalLM checkpoints, parsed with jansson and validated.
+/* config.c — config.json and generation_config.json of LlamaForCausalLM,
+ * Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints, parsed with jansson and
+ * validated.
  *
- * Defaults follow transformers 5 (LlamaConfig / Qwen2Config). Both the legacy
+ * Defaults follow transformers 5 (LlamaConfig / Qwen2Config / Qwen3Config). Both the legacy
  * top-level rope_theta / rope_scaling and transformers 5's rope_parameters are
  * read, with RoPE types default, linear and llama3. This file does not load
  * weights (model.c) and does not write configs (model_save in model.c). */
@@ -168,9 +169,10 @@ static int parse_arch(ModelConfig *cfg, const json_t *root, const char *name, ch
         const char *s = json_string_value(a0);
         if (strcmp(s, "LlamaForCausalLM") == 0) cfg->arch = ARCH_LLAMA;
         else if (strcmp(s, "Qwen2ForCausalLM") == 0) cfg->arch = ARCH_QWEN2;
+        else if (strcmp(s, "Qwen3ForCausalLM") == 0) cfg->arch = ARCH_QWEN3;
         else
             return errorf(err, "%s: key 'architectures': unsupported architecture '%.64s' (colt supports "
-                               "LlamaForCausalLM, Qwen2ForCausalLM)", name, s);
+                               "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", name, s);
         return COLT_OK;
     }
     json_t *mt = json_object_get(root, "model_type");
@@ -178,9 +180,10 @@ static int parse_arch(ModelConfig *cfg, const json_t *root, const char *name, ch
     if (!s) return errorf(err, "%s: missing key 'architectures' (or 'model_type')", name);
     if (strcmp(s, "llama") == 0) cfg->arch = ARCH_LLAMA;
     else if (strcmp(s, "qwen2") == 0) cfg->arch = ARCH_QWEN2;
+    else if (strcmp(s, "qwen3") == 0) cfg->arch = ARCH_QWEN3;
     else
-        return errorf(err, "%s: key 'model_type': unsupported model type '%.64s' (colt supports llama, qwen2)", name,
-                      s);
+        return errorf(err, "%s: key 'model_type': unsupported model type '%.64s' (colt supports llama, qwen2, qwen3)",
+                      name, s);
     return COLT_OK;
 }
 
@@ -204,7 +207,7 @@ int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, cons
     cfg->num_key_value_heads = cfg->num_attention_heads;
     if (get_positive_int(root, "num_key_value_heads", &cfg->num_key_value_heads, 0, CONFIG_MAX_DIM, name, err) != 0)
         goto done;
-    cfg->max_position_embeddings = cfg->arch == ARCH_QWEN2 ? 32768 : 2048;
+    cfg->max_position_embeddings = cfg->arch == ARCH_LLAMA ? 2048 : 32768;
     if (get_positive_int(root, "max_position_embeddings", &cfg->max_position_embeddings, 0, CONFIG_MAX_POSITIONS,
                          name, err) != 0)
         goto done;
@@ -242,14 +245,16 @@ int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, cons
     }
     cfg->tie_word_embeddings = false; /* transformers' default for both LlamaConfig and Qwen2Config */
     if (get_bool(root, "tie_word_embeddings", &cfg->tie_word_embeddings, name, err) != 0) goto done;
-    if (cfg->arch == ARCH_QWEN2) {
+    if (cfg->arch != ARCH_LLAMA) {
         bool sliding = false;
-        cfg->attention_bias = true;
         if (get_bool(root, "use_sliding_window", &sliding, name, err) != 0) goto done;
         if (sliding) {
             errorf(err, "%s: key 'use_sliding_window' is true; sliding-window attention is not supported", name);
             goto done;
         }
+    }
+    if (cfg->arch == ARCH_QWEN2) {
+        cfg->attention_bias = true;
     } else {
         bool mlp_bias = false;
         if (get_bool(root, "attention_bias", &cfg->attention_bias, name, err) != 0 ||
@@ -275,6 +280,17 @@ int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, cons
 done:
     json_decref(root);
     return rc;
+}
+
+bool model_has_qk_norm(const ModelConfig *cfg) { return cfg->arch == ARCH_QWEN3; }
+
+const char *model_arch_name(ModelArch arch) {
+    switch (arch) {
+    case ARCH_LLAMA: return "llama";
+    case ARCH_QWEN2: return "qwen2";
+    case ARCH_QWEN3: return "qwen3";
+    }
+    return "?";
 }
 
 /* generation_config.json: eos ids (merged) and transformers' sampling defaults. */

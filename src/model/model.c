@@ -1,4 +1,4 @@
-/* model.c — Llama / Qwen2 weights (load, random init, save) and the forward
+/* model.c — Llama / Qwen2 / Qwen3 weights (load, random init, save) and the forward
  * pass with a KV cache, written once against the op table.
  *
  * Every weight is listed once in a tensor table (HF name, shape, init kind,
@@ -60,8 +60,8 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
     int64_t D = c->hidden_size, F = c->intermediate_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
             KVD = (int64_t)c->num_key_value_heads * c->head_dim;
     bool qkv_bias = c->arch == ARCH_QWEN2 || c->attention_bias;
-    bool o_bias = c->arch == ARCH_LLAMA && c->attention_bias; /* Llama's attention_bias covers o_proj too */
-    TensorSpec *t = xcalloc((size_t)c->num_hidden_layers * 13 + 3, sizeof(TensorSpec));
+    bool o_bias = c->arch != ARCH_QWEN2 && c->attention_bias; /* Llama's and Qwen3's attention_bias covers o_proj too */
+    TensorSpec *t = xcalloc((size_t)c->num_hidden_layers * 15 + 3, sizeof(TensorSpec));
     int n = 0;
     char name[96];
     spec_add(t, &n, "model.embed_tokens.weight", c->vocab_size, D, INIT_NORMAL, &m->embed);
@@ -81,6 +81,10 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
         if (qkv_bias) LAYER("self_attn.v_proj.bias", KVD, 0, INIT_ZEROS, v_b);
         LAYER("self_attn.o_proj.weight", D, QD, INIT_NORMAL, o_w);
         if (o_bias) LAYER("self_attn.o_proj.bias", D, 0, INIT_ZEROS, o_b);
+        if (model_has_qk_norm(c)) {
+            LAYER("self_attn.q_norm.weight", c->head_dim, 0, INIT_ONES, q_norm);
+            LAYER("self_attn.k_norm.weight", c->head_dim, 0, INIT_ONES, k_norm);
+        }
         LAYER("post_attention_layernorm.weight", D, 0, INIT_ONES, mlp_norm);
         LAYER("mlp.gate_proj.weight", F, D, INIT_NORMAL, gate_w);
         LAYER("mlp.up_proj.weight", F, D, INIT_NORMAL, up_w);
@@ -353,11 +357,13 @@ static int write_json(const char *dir, const char *file, json_t *root, char *err
 
 static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char *err) {
     bool llama = c->arch == ARCH_LLAMA;
+    static const char *const CLASS[] = {[ARCH_LLAMA] = "LlamaForCausalLM", [ARCH_QWEN2] = "Qwen2ForCausalLM",
+                                        [ARCH_QWEN3] = "Qwen3ForCausalLM"};
     json_t *root = json_object();
     json_t *archs = json_array();
-    json_array_append_new(archs, json_string(llama ? "LlamaForCausalLM" : "Qwen2ForCausalLM"));
+    json_array_append_new(archs, json_string(CLASS[c->arch]));
     json_object_set_new(root, "architectures", archs);
-    json_object_set_new(root, "model_type", json_string(llama ? "llama" : "qwen2"));
+    json_object_set_new(root, "model_type", json_string(model_arch_name(c->arch)));
     json_object_set_new(root, "hidden_act", json_string("silu"));
     json_object_set_new(root, "hidden_size", json_integer(c->hidden_size));
     json_object_set_new(root, "intermediate_size", json_integer(c->intermediate_size));
@@ -389,12 +395,9 @@ static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char
         json_object_set_new(root, "rope_scaling", scaling);
     }
     json_object_set_new(root, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-    if (llama) {
-        json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
-        json_object_set_new(root, "mlp_bias", json_false());
-    } else {
-        json_object_set_new(root, "use_sliding_window", json_false());
-    }
+    if (c->arch != ARCH_QWEN2) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
+    if (llama) json_object_set_new(root, "mlp_bias", json_false());
+    else json_object_set_new(root, "use_sliding_window", json_false());
     json_object_set_new(root, "bos_token_id", c->bos_token_id >= 0 ? json_integer(c->bos_token_id) : json_null());
     json_object_set_new(root, "eos_token_id", json_eos_ids(c));
     json_object_set_new(root, "torch_dtype", json_string(dtype == DTYPE_BF16 ? "bfloat16" : "float32"));
@@ -522,6 +525,10 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
         be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
         be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+        if (w->q_norm) { /* per head, in place: rows of Dh */
+            be->rmsnorm(be, st->q, st->q, w->q_norm, n * H, Dh, c->rms_norm_eps);
+            be->rmsnorm(be, st->k, st->k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+        }
         be->rope(be, st->q, pos, n, H, Dh, m->rope_inv_freq);
         be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
         be->kv_store(be, st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);

@@ -1,4 +1,4 @@
-/* model.h — a Hugging Face causal LM (LlamaForCausalLM, Qwen2ForCausalLM):
+/* model.h — a Hugging Face causal LM (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM):
  * config, weights, forward pass with a KV cache, save.
  *
  * Written once against the op table (backend/backend.h); it never branches on
@@ -12,7 +12,9 @@
 
 #include "backend/backend.h"
 
-typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } ModelArch;
+/* Qwen3 is Llama's block plus a per-head RMSNorm of q and k before RoPE
+ * (q_norm, k_norm; model_has_qk_norm). */
+typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1, ARCH_QWEN3 = 2 } ModelArch;
 
 /* RoPE frequency schemes (transformers' rope_type); each only changes inv_freq.
  * Zero-initialised configs get ROPE_DEFAULT. */
@@ -37,7 +39,7 @@ typedef struct ModelConfig {
     float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
     int rope_original_max_position_embeddings;         /* llama3 */
     bool tie_word_embeddings;
-    bool attention_bias;      /* q/k/v biases (Qwen2: always true) */
+    bool attention_bias;      /* q/k/v biases (Qwen2: always true); Llama and Qwen3: o_proj's too */
     int bos_token_id;         /* -1 when absent */
     int eos_token_ids[MODEL_MAX_EOS]; /* config.json's, then generation_config.json's */
     int n_eos;
@@ -64,6 +66,9 @@ int model_config_load(ModelConfig *cfg, GenerationDefaults *gen, const char *dir
  * ops take this table. */
 void model_rope_inv_freq(float *inv_freq, const ModelConfig *cfg);
 const char *model_rope_type_name(RopeType type);
+/* Qwen3: q and k go through a per-head RMSNorm (weights [Dh]) before RoPE. */
+bool model_has_qk_norm(const ModelConfig *cfg);
+const char *model_arch_name(ModelArch arch); /* "llama", "qwen2", "qwen3": config.json's model_type */
 
 typedef struct Model Model;
 

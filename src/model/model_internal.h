@@ -15,6 +15,7 @@ typedef struct LayerWeights {
     void *attn_norm;              /* [D] input_layernorm */
     void *q_w, *k_w, *v_w, *o_w;  /* [H*Dh, D], [KVH*Dh, D], [KVH*Dh, D], [D, H*Dh] */
     void *q_b, *k_b, *v_b, *o_b;  /* [H*Dh], [KVH*Dh], [KVH*Dh], [D]; NULL when absent */
+    void *q_norm, *k_norm;        /* [Dh] per-head RMSNorm of q and k before RoPE (Qwen3); NULL when absent */
     void *mlp_norm;               /* [D] post_attention_layernorm */
     void *gate_w, *up_w, *down_w; /* [F, D], [F, D], [D, F] */
 } LayerWeights;

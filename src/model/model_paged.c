@@ -128,7 +128,7 @@ static bool gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, si
 void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    if (!be->decode_layers_create) return NULL;
+    if (!be->decode_layers_create || model_has_qk_norm(c)) return NULL; /* the kernel has no q/k norm */
     int L = c->num_hidden_layers;
     DecodeLayerWeights *layers = xcalloc((size_t)L, sizeof(DecodeLayerWeights));
     bool ok = true;
@@ -175,7 +175,7 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
     for (int l = 0; l < L && !one_launch; l++) {
         const LayerWeights *w = &m->layers[l];
         bool attended = false;
-        if (fused_ops && qkv_back_to_back(w, c, es)) {
+        if (fused_ops && qkv_back_to_back(w, c, es) && !w->q_norm) { /* the fused kernels have no q/k norm */
             be->linear(be, st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
             if (b->decode && be->paged_attention_rope) { /* rope, K/V store and attention in one kernel */
                 be->paged_attention_rope(be, st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
@@ -190,6 +190,10 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
             be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
             be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+            if (w->q_norm) { /* per head, in place: rows of Dh */
+                be->rmsnorm(be, st->q, st->q, w->q_norm, n * H, Dh, c->rms_norm_eps);
+                be->rmsnorm(be, st->k, st->k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+            }
             be->rope_i32(be, st->q, b->pos, n, H, Dh, m->rope_inv_freq);
             be->rope_i32(be, st->k, b->pos, n, KVH, Dh, m->rope_inv_freq);
             be->paged_kv_store(be, kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);

@@ -161,6 +161,7 @@ void *model_grad(const ModelGrads *g, int index) {
 typedef struct LayerActivations {
     void *x_in;              /* [N, D] residual stream entering the layer */
     void *xn_attn;           /* [N, D] input_layernorm output */
+    void *q_lin, *k_lin;     /* [N, QD], [N, KVD] q_proj / k_proj output before q_norm / k_norm (Qwen3; else NULL) */
     void *q;                 /* [N, QD] after rope */
     void *k_cache, *v_cache; /* [S, L, KVD], K after rope */
     void *att;               /* [N, QD] attention output (o_proj input) */
@@ -197,6 +198,7 @@ struct TrainState {
     /* backward only */
     void *dres, *dxn;                   /* [N, D] */
     void *dq, *datt;                    /* [N, QD] */
+    void *dq_lin, *dk_lin;              /* [N, QD], [N, KVD]: d q_proj / k_proj output (Qwen3; else NULL) */
     void *dk_cache, *dv_cache;          /* [S, L, KVD] */
     void *dgate, *dup, *dh;             /* [N, F] */
 };
@@ -220,10 +222,11 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
            V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = (size_t)st_chunk_rows(m->be, max_tokens);
     size_t es = dtype_size(m->be->storage);
     size_t H = (size_t)c->num_attention_heads;
-    size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es + N * H * 4; /* all but x_in */
+    size_t qk_lin = model_has_qk_norm(c) ? (N * QD + N * KVD) * es : 0; /* q_lin, k_lin; dq_lin, dk_lin */
+    size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es + N * H * 4 + qk_lin; /* all but x_in */
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
-                    2 * SL * KVD * 4;
+                    2 * SL * KVD * 4 + qk_lin;
     return layers + shared;
 }
 
@@ -269,6 +272,10 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
             continue;
         }
         a->xn_attn = backend_alloc_counted(be, N * D, &st->bytes);
+        if (model_has_qk_norm(c)) {
+            a->q_lin = backend_alloc_counted(be, N * QD, &st->bytes);
+            a->k_lin = backend_alloc_counted(be, N * KVD, &st->bytes);
+        }
         a->q = backend_alloc_counted(be, N * QD, &st->bytes);
         a->k_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
         a->v_cache = backend_alloc_counted(be, SL * KVD, &st->bytes);
@@ -294,6 +301,10 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
     st->dxn = backend_alloc_counted(be, N * D, &st->bytes);
     st->dq = backend_alloc_counted(be, N * QD, &st->bytes);
     st->datt = backend_alloc_counted(be, N * QD, &st->bytes);
+    if (model_has_qk_norm(c)) {
+        st->dq_lin = backend_alloc_counted(be, N * QD, &st->bytes);
+        st->dk_lin = backend_alloc_counted(be, N * KVD, &st->bytes);
+    }
     st->dk_cache = backend_alloc_f32_counted(be, SL * KVD, &st->bytes);
     st->dv_cache = backend_alloc_f32_counted(be, SL * KVD, &st->bytes);
     st->dgate = backend_alloc_counted(be, N * F, &st->bytes);
@@ -310,13 +321,16 @@ void train_state_free(TrainState *st) {
         LayerActivations *a = &st->act[l];
         be->free(be, a->x_in);
         if (st->recompute && l > 0) continue; /* the rest is layer 0's, shared */
-        void *bufs[] = {a->xn_attn, a->q, a->k_cache, a->v_cache, a->att, a->lse, a->x_mid, a->xn_mlp, a->gate, a->up};
-        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(be, bufs[i]);
+        void *bufs[] = {a->xn_attn, a->q_lin, a->k_lin, a->q, a->k_cache, a->v_cache, a->att, a->lse, a->x_mid, a->xn_mlp,
+                        a->gate, a->up};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            if (bufs[i]) be->free(be, bufs[i]);
     }
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
-                    st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(be, bufs[i]);
+                    st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
     free(st->tokens);
     free(st->slot);
@@ -383,8 +397,15 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     const LayerWeights *w = &m->layers[l];
     LayerActivations *a = &st->act[l];
     be->rmsnorm(be, a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
-    be->linear(be, a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
-    be->linear(be, st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    if (w->q_norm) { /* Qwen3: the projections are kept, then normed per head (rows of Dh) */
+        be->linear(be, a->q_lin, a->xn_attn, w->q_w, w->q_b, n, D, QD);
+        be->linear(be, a->k_lin, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+        be->rmsnorm(be, a->q, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
+        be->rmsnorm(be, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+    } else {
+        be->linear(be, a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
+        be->linear(be, st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    }
     be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
     be->rope(be, a->q, pos, n, H, Dh, m->rope_inv_freq);
     be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
@@ -511,8 +532,16 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         be->kv_gather(be, st->k, st->v, st->dk_cache, st->dv_cache, slot, pos, n, KVD, st->max_len);
         be->rope_backward(be, st->dq, pos, n, H, Dh, m->rope_inv_freq);
         be->rope_backward(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
-        be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, st->dq, a->xn_attn, w->q_w, n, D, QD, 0);
-        be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, st->k, a->xn_attn, w->k_w, n, D, KVD, 1);
+        const void *dq = st->dq, *dk = st->k; /* d q_proj / k_proj output */
+        if (w->q_norm) {
+            be->zero(be, st->dq_lin, (size_t)n * QD);
+            be->zero(be, st->dk_lin, (size_t)n * KVD);
+            be->rmsnorm_backward(be, st->dq_lin, gw->q_norm, st->dq, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
+            be->rmsnorm_backward(be, st->dk_lin, gw->k_norm, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+            dq = st->dq_lin, dk = st->dk_lin;
+        }
+        be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, dq, a->xn_attn, w->q_w, n, D, QD, 0);
+        be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
         be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;

@@ -331,7 +331,7 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("model_init_kwargs",
          "colt loads config.json and the safetensors weights itself, in the precision its device sets (see dtype)"),
     BOOL_NOOP("trust_remote_code",
-              "colt runs no code from a model folder: it implements the llama and qwen2 architectures"),
+              "colt runs no code from a model folder: it implements the llama, qwen2 and qwen3 architectures"),
     NOOP("router_aux_loss_coef", "applies to mixture-of-experts models, which colt does not load"),
     BOOL_NOOP("disable_dropout", "colt applies no dropout, as disable_dropout: true"),
     ONLY("cast_lm_head_to_fp32", "false",

@@ -221,6 +221,7 @@ int main(void) {
     run("tests/data/models/tiny-qwen2-f32");
     run("models/stories260K");
     run("tests/data/models/tiny-llama3-f32"); /* llama3 RoPE: the paged, fused and all-layers rope paths */
+    run("tests/data/models/tiny-qwen3-f32");  /* Qwen3: q/k norm per head (rmsnorm rows of head_dim 24) */
     run_deterministic("tests/data/models/tiny-qwen2-f32");
     run_deterministic("models/stories260K");
     printf("test_cuda_engine: %d checks, %d failures\n", checks, failures);

@@ -1075,9 +1075,11 @@ int main(void) {
         test_model_forward(&devs[k], stories, "stories260K", tol_max, tol_mean);
         /* llama3 RoPE scaling (the table the rope ops take), sharded weights */
         test_model_forward(&devs[k], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", tol_max, tol_mean);
+        test_model_forward(&devs[k], "tests/data/models/tiny-qwen3-f32", "tiny-qwen3-f32", tol_max, tol_mean);
     }
     test_train_step(&devs[0], qwen, "tiny-qwen2-f32", 1e-4, 1e-4);
     test_train_step(&devs[0], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", 1e-4, 1e-4);
+    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", "tiny-qwen3-f32", 1e-4, 1e-4);
     test_train_step(&devs[0], stories, "stories260K", 1e-4, 1e-4);
 
     printf("%d checks, %d failures\n", g_checks, g_failures);

@@ -2,7 +2,8 @@
 """make_grad_goldens.py — gradient goldens for the training forward/backward, from PyTorch autograd.
 
 For each checkpoint (tests/data/models/tiny-qwen2-f32: q/k/v bias, GQA, tied; tiny-llama-f32: untied, with
-o_proj bias; tiny-llama3-f32: llama3 RoPE scaling, sharded; the pretrained stories260K when shared data has it) and a batch of three sequences of lengths
+o_proj bias; tiny-llama3-f32: llama3 RoPE scaling, sharded; tiny-qwen3-f32: q_norm / k_norm, head_dim 24;
+the pretrained stories260K when shared data has it) and a batch of three sequences of lengths
 7, 12, 5 (random ids, fixed seed), the last k = 4, 6, 3 tokens of each sequence are the "completion": for
 each position p whose next token is a completion token, logp_p = log_softmax(logits_p / T)[ids[p+1]] with
 T = 0.7 (log-softmax in float64 on the fp32 logits), entropy_p likewise. loss = sum_p w_p * logp_p with fixed
@@ -13,10 +14,12 @@ entropies, loss, and per parameter (HF name) its gradient: in full when it has <
 entries at fixed random indices; always its L2 norm and max |g|. Not a test by itself: tests/test_grad.c
 compares.
 
-Usage: python3 tests/ref/make_grad_goldens.py
+Usage: python3 tests/ref/make_grad_goldens.py [--only NAME ...]
+  --only: regenerate only these models' entries (e.g. tiny-qwen3-f32), keeping the others as they are.
 """
 import json
 import os
+import sys
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -80,14 +83,23 @@ def golden_for(name, path, rel_dir, seed):
             "logprobs": all_lp, "entropies": all_ent, "loss": loss.item(), "grads": grads}
 
 
-def main():
+def main(only=None):
     torch.manual_seed(0)
+    kept = {}
+    if only:
+        with open(OUT) as f:
+            kept = {m["name"]: m for m in json.load(f)["models"]}
     models = []
-    for i, name in enumerate(["tiny-qwen2-f32", "tiny-llama-f32", "tiny-llama3-f32"]):
+    for i, name in enumerate(["tiny-qwen2-f32", "tiny-llama-f32", "tiny-llama3-f32", "tiny-qwen3-f32"]):
+        if only and name not in only:
+            models.append(kept[name])
+            continue
         rel = os.path.join("tests", "data", "models", name)
         models.append(golden_for(name, os.path.join(ROOT, rel), rel, 1000 + i))
     stories = os.path.join(SHARED, "models", "stories260K", "hf")
-    if os.path.isdir(stories):
+    if only and "stories260K" in kept:
+        models.append(kept["stories260K"])
+    elif os.path.isdir(stories):
         models.append(golden_for("stories260K", stories, "SHARED/models/stories260K/hf", 1010))
     with open(OUT, "w") as f:
         json.dump({"temperature": TEMPERATURE, "models": models}, f, indent=None, separators=(",", ":"))
@@ -96,4 +108,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(only=sys.argv[2:] if len(sys.argv) >= 3 and sys.argv[1] == "--only" else None)

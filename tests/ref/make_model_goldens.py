@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_model_goldens.py — tiny reference checkpoints and forward goldens from transformers.
 
-Writes tests/data/models/{tiny-qwen2,tiny-llama,tiny-llama3}-{f32,bf16}/ (save_pretrained) and
+Writes tests/data/models/{tiny-qwen2,tiny-llama,tiny-llama3,tiny-qwen3}-{f32,bf16}/ (save_pretrained) and
 tests/data/models/goldens.json: per-token log-probs log p(ids[t] | ids[<t]) computed by
 transformers in fp32 (bf16 checkpoints are loaded upcast to fp32, as colt does on CPU),
 and greedy continuations from model.generate(do_sample=False). Also goldens for the
@@ -16,8 +16,13 @@ config.json rewritten in transformers 4.x's form (top-level rope_theta + rope_sc
 Its golden entry adds "chat": the ids apply_chat_template gives for a conversation and the greedy
 completion that generate() stops at the second eos id (tests/test_hf_folder.c).
 
+tiny-qwen3 is a Qwen3ForCausalLM: q_norm / k_norm per head before RoPE, head_dim 24 given explicitly (the
+heads are wider than hidden_size / num_attention_heads = 16), no q/k/v bias, untied.
+
 Usage:
   python3 tests/ref/make_model_goldens.py            # regenerate everything
+  python3 tests/ref/make_model_goldens.py --only qwen3 [ARCH ...]
+      regenerate only these architectures' folders and golden entries, keeping the others' as they are
   python3 tests/ref/make_model_goldens.py --check DIR GOLDEN_NAME
       load a checkpoint colt saved (DIR) with transformers and compare its log-probs
       against the golden entry GOLDEN_NAME (e.g. tiny-llama-f32); exits non-zero on mismatch.
@@ -28,7 +33,7 @@ import sys
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "models")
@@ -79,6 +84,9 @@ def make_tiny(arch, seed):
     if arch == "qwen2":
         cfg = Qwen2Config(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                           **common)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(tie_word_embeddings=False, attention_bias=False, head_dim=24,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
     elif arch == "llama3":
         common.update(vocab_size=LLAMA3_VOCAB, max_position_embeddings=256, bos_token_id=0)  # the tokenizer's
         cfg = LlamaConfig(tie_word_embeddings=True, attention_bias=False, rope_parameters=dict(LLAMA3_ROPE),
@@ -167,11 +175,28 @@ def make_chat_golden(path, model, tok):
             "completion": completion}
 
 
-def make_all():
+ARCHS = (("qwen2", 1234), ("llama", 4321), ("llama3", 3232), ("qwen3", 5656))
+
+
+def make_all(only=None):
     os.makedirs(OUT, exist_ok=True)
     goldens = {"transformers_version": transformers.__version__, "torch_version": torch.__version__,
                "models": []}
-    for arch, seed in (("qwen2", 1234), ("llama", 4321), ("llama3", 3232)):
+    kept = {}
+    if only:  # keep every other entry (and its versions) as it is
+        with open(os.path.join(OUT, "goldens.json")) as f:
+            goldens = json.load(f)
+        kept = {m["name"]: m for m in goldens["models"]}
+        goldens["models"] = []
+        goldens.setdefault("regenerated", {})
+        for arch in only:
+            goldens["regenerated"][arch] = {"transformers_version": transformers.__version__,
+                                            "torch_version": torch.__version__}
+    for arch, seed in ARCHS:
+        if only and arch not in only:
+            for dtype_name in ("f32", "bf16"):
+                goldens["models"].append(kept[f"tiny-{arch}-{dtype_name}"])
+            continue
         model = make_tiny(arch, seed)
         long_ids, short_ids, prompt = sequences(seed, model.config.vocab_size)
         for dtype_name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
@@ -209,6 +234,10 @@ def make_all():
                 print(f"{name}: default RoPE instead of llama3 changes log-probs by up to {gap:.3g}")
                 assert gap > 1e-2, gap
             goldens["models"].append(entry)
+    if only:
+        goldens["models"].append(kept["stories260K"])
+        write_goldens(goldens)
+        return
     # The pretrained stories260K: greedy continuation of BOS + "Once upon a time".
     tok = AutoTokenizer.from_pretrained(STORIES)
     prompt = tok("Once upon a time")["input_ids"]
@@ -223,6 +252,10 @@ def make_all():
         "logprobs": [{"ids": prompt + new, "logprobs": log_probs(ref, prompt + new)}],
         "greedy": {"prompt": prompt, "new_tokens": new, "min_margin": margin, "text": text},
     })
+    write_goldens(goldens)
+
+
+def write_goldens(goldens):
     with open(os.path.join(OUT, "goldens.json"), "w") as f:
         json.dump(goldens, f, indent=1)
         f.write("\n")
@@ -245,4 +278,7 @@ def check(path, golden_name):
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--check":
         sys.exit(check(sys.argv[2], sys.argv[3]))
-    make_all()
+    if len(sys.argv) >= 3 and sys.argv[1] == "--only":
+        make_all(only=sys.argv[2:])
+    else:
+        make_all()

@@ -376,7 +376,7 @@ static void check_announcements(Model *m, const Batch *b, float temperature, Mod
     for (int i = 0; i < model_param_count(m); i++)
         if (!strcmp(model_param(m, i).name, "model.norm.weight")) final_norm = model_param(m, i);
     size_t n_weights = 0; /* the CPU backend's weights are fp32, laid out like the gradients */
-    size_t norm_at = (size_t)((char *)final_norm.data - (char *)model_weights_flat(m, &n_weights)) / sizeof(float);
+    size_t norm_at = (size_t)((char *)final_norm.data - (char *)model_params_flat(m, &n_weights)) / sizeof(float);
     bool head_first = false;
     for (int i = 0; i < a.n && i < 2; i++) head_first |= a.range[i][0] <= norm_at && norm_at < a.range[i][1];
     bool embed_last = a.n > 0 && a.range[a.n - 1][0] == 0;

@@ -100,6 +100,8 @@ struct Backend {
     void (*swiglu)(const Backend *be, void *out, const void *gate, const void *up, size_t n);
     /* out[i] = a[i] + b[i] (out may alias a). */
     void (*add)(const Backend *be, void *out, const void *a, const void *b, size_t n);
+    /* out[i] = s * x[i] over n storage elements (out may alias x): LoRA's scaling. */
+    void (*mul_scalar)(const Backend *be, void *out, const void *x, float s, size_t n);
     /* out[N, D] = table[ids[i], :] */
     void (*embedding)(const Backend *be, void *out, const void *table, const int *ids, int n, int dim);
 
@@ -119,7 +121,8 @@ struct Backend {
                             int in_dim, int out_dim, int accumulate_dx);
     /* Backward of rmsnorm (y = x * r * w, r = 1/sqrt(mean(x^2) + eps)) given
      * the forward input x[N, D]: dx[N, D] += r * (g - x * r^2 * mean(g * x))
-     * with g = dy * w; dw[D] [f32] += sum over rows of dy * x * r. */
+     * with g = dy * w; dw[D] [f32] += sum over rows of dy * x * r (dw may be
+     * NULL: a frozen norm). */
     void (*rmsnorm_backward)(const Backend *be, void *dx, void *dw, const void *dy, const void *x, const void *w, int n, int dim,
                              float eps);
     /* Backward of rope, in place on dx[N, n_heads, Dh]: the inverse rotation

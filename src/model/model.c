@@ -33,6 +33,7 @@ struct ModelState {
     void *proj;                /* [N, D] o_proj / down_proj output */
     void *gate, *up;           /* [N, F] */
     void *rows;                /* [K, D] final hidden rows that want logits */
+    void *lora_t, *lora_u;     /* [N, r], [N, widest adapted output]: LoRA scratch (NULL without adapters) */
     void *logits;              /* [K, V] */
     int *want_rows;            /* [N] host: indices of the tokens that want logits */
     size_t bytes;              /* device memory of the buffers above */
@@ -153,6 +154,7 @@ static void model_alloc_weights(Model *m) {
 
 void model_free(Model *m) {
     if (!m) return;
+    lora_state_free(m);
     if (m->arena) m->be->free(m->be, m->arena);
     free(m->offsets);
     free(m->tensors);
@@ -161,11 +163,7 @@ void model_free(Model *m) {
     free(m);
 }
 
-void *model_weights_flat(const Model *m, size_t *numel) {
-    *numel = m->arena_numel;
-    return m->arena;
-}
-
+/* Declared in model_internal.h (model_train.c's view of the trainable parameters). */
 size_t model_weights_no_decay_start(const Model *m) { return arena_no_decay_start(m); }
 
 const ModelConfig *model_config(const Model *m) { return &m->cfg; }
@@ -411,7 +409,8 @@ static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char
     return write_json(dir, "generation_config.json", gen, err);
 }
 
-int model_save(const Model *m, const char *dir, DType dtype, char *err) {
+/* The base weights as they are, or (merge) with the LoRA adapters folded in. */
+static int save_weights(const Model *m, const char *dir, DType dtype, bool merge, char *err) {
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
         return errorf(err, "%s: model_save writes F32 or BF16 only", dir);
     if (make_dirs(dir, err) != 0) return COLT_ERR;
@@ -421,6 +420,7 @@ int model_save(const Model *m, const char *dir, DType dtype, char *err) {
     for (int i = 0; i < n; i++) {
         float *host = xmalloc(spec_numel(&t[i]) * sizeof(float));
         m->be->download(m->be, host, *t[i].buf, spec_numel(&t[i]));
+        if (merge) lora_merge_into(m, t[i].buf, host);
         w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
                                  .data = host};
     }
@@ -432,6 +432,13 @@ int model_save(const Model *m, const char *dir, DType dtype, char *err) {
     free(w);
     free(t);
     return rc;
+}
+
+int model_save(const Model *m, const char *dir, DType dtype, char *err) { return save_weights(m, dir, dtype, false, err); }
+
+int model_save_merged(const Model *m, const char *dir, DType dtype, char *err) {
+    if (!m->lora) return errorf(err, "%s: the model has no LoRA adapters to merge", dir);
+    return save_weights(m, dir, dtype, true, err);
 }
 
 /* ---------------------------------------------------------------- state */
@@ -467,6 +474,10 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
     st->gate = backend_alloc_counted(be, N * F, &st->bytes);
     st->up = backend_alloc_counted(be, N * F, &st->bytes);
     st->rows = backend_alloc_counted(be, N * D, &st->bytes);
+    if (m->lora) {
+        st->lora_t = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
+        st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
+    }
     st->want_rows = xmalloc(N * sizeof(int));
     st->logits = backend_alloc_counted(be, N * (size_t)c->vocab_size, &st->bytes);
     *out = st;
@@ -488,8 +499,10 @@ void model_state_free(ModelState *st) {
     }
     free(st->k_cache);
     free(st->v_cache);
-    void *bufs[] = {st->x, st->xn, st->q, st->k, st->v, st->att, st->proj, st->gate, st->up, st->rows, st->logits};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) be->free(be, bufs[i]);
+    void *bufs[] = {st->x,    st->xn,   st->q,  st->k,    st->v,      st->att,   st->proj,
+                    st->gate, st->up,   st->rows, st->logits, st->lora_t, st->lora_u};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i]) be->free(be, bufs[i]);
     free(st->want_rows);
     free(st);
 }
@@ -525,6 +538,9 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
         be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
         be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+        model_lora_add(m, w, LORA_Q, st->q, st->xn, n, st->lora_t, st->lora_u);
+        model_lora_add(m, w, LORA_K, st->k, st->xn, n, st->lora_t, st->lora_u);
+        model_lora_add(m, w, LORA_V, st->v, st->xn, n, st->lora_t, st->lora_u);
         if (w->q_norm) { /* per head, in place: rows of Dh */
             be->rmsnorm(be, st->q, st->q, w->q_norm, n * H, Dh, c->rms_norm_eps);
             be->rmsnorm(be, st->k, st->k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
@@ -534,12 +550,16 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->kv_store(be, st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
         be->attention(be, st->att, NULL, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
         be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
+        model_lora_add(m, w, LORA_O, st->proj, st->att, n, st->lora_t, st->lora_u);
         be->add(be, st->x, st->x, st->proj, ND);
         be->rmsnorm(be, st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
         be->linear(be, st->gate, st->xn, w->gate_w, NULL, n, D, F);
         be->linear(be, st->up, st->xn, w->up_w, NULL, n, D, F);
+        model_lora_add(m, w, LORA_GATE, st->gate, st->xn, n, st->lora_t, st->lora_u);
+        model_lora_add(m, w, LORA_UP, st->up, st->xn, n, st->lora_t, st->lora_u);
         be->swiglu(be, st->gate, st->gate, st->up, (size_t)n * F);
         be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
+        model_lora_add(m, w, LORA_DOWN, st->proj, st->gate, n, st->lora_t, st->lora_u);
         be->add(be, st->x, st->x, st->proj, ND);
     }
     if (n_want == 0) return COLT_OK;

@@ -81,7 +81,9 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
  * tensor in chunks, without holding the weights in memory (for 7B shapes). */
 int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err);
 /* Writes DIR/config.json, DIR/generation_config.json and DIR/model.safetensors
- * (F32 or BF16), each atomically. transformers loads the result. */
+ * (F32 or BF16), each atomically. transformers loads the result. The base
+ * weights only: LoRA adapters are saved by model_lora_save, or merged in by
+ * model_save_merged (lora.h). */
 int model_save(const Model *m, const char *dir, DType dtype, char *err);
 void model_free(Model *m);
 const ModelConfig *model_config(const Model *m);
@@ -96,11 +98,7 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
 void model_state_free(ModelState *st);
 size_t model_state_bytes(const ModelState *st);  /* device bytes: KV cache + scratch */
 size_t model_weight_bytes(const Model *m);       /* device bytes of the weights */
-/* The one buffer holding every weight (numel includes alignment padding, which is 0). */
-void *model_weights_flat(const Model *m, size_t *numel);
-/* The flat buffer holds the weight-decayed tensors first; the ones transformers'
- * Trainer exempts from weight decay (biases, norms) start at this element. */
-size_t model_weights_no_decay_start(const Model *m);
+/* transformers' Trainer exempts these from weight decay (biases, norms). */
 bool model_param_no_weight_decay(const char *name);
 
 /* Runs n tokens (n <= max_tokens). Token i belongs to cache slot slot[i] at

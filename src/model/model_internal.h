@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "model/lora.h"
 #include "model/model.h"
 
 typedef struct LayerWeights {
@@ -18,6 +19,8 @@ typedef struct LayerWeights {
     void *q_norm, *k_norm;        /* [Dh] per-head RMSNorm of q and k before RoPE (Qwen3); NULL when absent */
     void *mlp_norm;               /* [D] post_attention_layernorm */
     void *gate_w, *up_w, *down_w; /* [F, D], [F, D], [D, F] */
+    /* LoRA adapters per LoraTarget: A [r, in], B [out, r]; NULL when not adapted */
+    void *lora_a[LORA_N_TARGETS], *lora_b[LORA_N_TARGETS];
 } LayerWeights;
 
 typedef enum { INIT_NORMAL = 0, INIT_ONES, INIT_ZEROS } TensorInit;
@@ -29,6 +32,19 @@ typedef struct TensorSpec {
     TensorInit init;
     void **buf; /* where the device buffer lives in Model */
 } TensorSpec;
+
+/* Adapters attached to a model (lora.c): their own arena, laid out like the
+ * weights' (model_arena_layout over their tensor table). */
+typedef struct LoraState {
+    LoraConfig cfg;
+    float scaling;
+    bool enabled;
+    TensorSpec *tensors; /* PEFT names; buffers are the layers' lora_a / lora_b */
+    int n_tensors;
+    size_t *offsets;
+    void *arena;
+    size_t arena_numel;
+} LoraState;
 
 struct Model {
     ModelConfig cfg;
@@ -46,9 +62,14 @@ struct Model {
     void *arena;
     size_t arena_numel;
     size_t *offsets;
+    LoraState *lora; /* NULL without adapters */
 };
 
 #define ARENA_ALIGN 64 /* elements: 128-byte aligned tensors in bf16, 256 in fp32 */
+
+/* The weights' arena holds the weight-decayed tensors first; the ones without
+ * decay (model_param_no_weight_decay) start at this element. */
+size_t model_weights_no_decay_start(const Model *m);
 
 /* Element offsets of the table's tensors in one arena (aligned); returns the total. */
 size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets);
@@ -56,5 +77,22 @@ size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets);
 /* Every tensor the config needs, in HF names; returns a malloc'd table. When
  * tied, lm_head.weight is not listed (it is embed_tokens). */
 TensorSpec *model_tensor_table(Model *m, int *count);
+
+/* The adapters' tensor table for m's layers (m may be a gradient shadow). */
+TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count);
+/* Input and output width of a target's linear layer. */
+void lora_target_dims(const ModelConfig *c, LoraTarget t, int *in_dim, int *out_dim);
+/* The widest output of an adapted layer (scratch of model_lora_add), 0 without adapters. */
+int lora_max_out_dim(const Model *m);
+int lora_rank(const Model *m); /* r, 0 without adapters */
+/* y[n, out] += scaling * B (A x[n, in]) for target t of layer w, when adapted
+ * and enabled; scratch t_buf [n, r] and u_buf [n, out] (storage dtype). */
+void model_lora_add(const Model *m, const LayerWeights *w, LoraTarget t, void *y, const void *x, int n, void *t_buf,
+                    void *u_buf);
+bool model_lora_active(const Model *m, const LayerWeights *w, LoraTarget t);
+void lora_state_free(Model *m);
+/* host[out, in] (the fp32 values of the base weight whose device buffer is
+ * *buf) += scaling * B A when that weight is adapted; else unchanged. */
+void lora_merge_into(const Model *m, void *const *buf, float *host);
 
 #endif

@@ -14,6 +14,7 @@ struct PagedState {
     void *x, *xn, *q, *k, *v, *att, *proj, *gate, *up; /* [max_tokens, ...] */
     void *qkv;    /* [max_tokens, QD + 2 KVD]: one GEMM's q | k | v (fused path) */
     void *gate_up; /* [max_tokens, 2F]: one GEMM's gate | up (fused path) */
+    void *lora_t, *lora_u; /* [max_tokens, r], [max_tokens, widest adapted output]: LoRA scratch, else NULL */
     void *rows;   /* [max_logit_rows, D] final-norm rows that want logits */
     void *logits; /* [max_logit_rows, V] */
     size_t bytes;
@@ -78,6 +79,10 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
     st->up = backend_alloc_counted(be, N * F, &st->bytes);
     st->qkv = backend_alloc_counted(be, N * (QD + 2 * KVD), &st->bytes);
     st->gate_up = backend_alloc_counted(be, N * 2 * F, &st->bytes);
+    if (m->lora) {
+        st->lora_t = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
+        st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
+    }
     st->rows = backend_alloc_counted(be, (size_t)max_logit_rows * D, &st->bytes);
     st->logits = backend_alloc_counted(be, (size_t)max_logit_rows * (size_t)c->vocab_size, &st->bytes);
     *out = st;
@@ -89,15 +94,17 @@ size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows
     size_t N = (size_t)max_tokens, R = (size_t)max_logit_rows, D = (size_t)c->hidden_size,
            F = (size_t)c->intermediate_size, QD = (size_t)c->num_attention_heads * c->head_dim,
            KVD = (size_t)c->num_key_value_heads * c->head_dim;
-    size_t elems = N * (3 * D + 2 * QD + 2 * KVD + 2 * F + (QD + 2 * KVD) + 2 * F) + R * D + R * (size_t)c->vocab_size;
+    size_t elems = N * (3 * D + 2 * QD + 2 * KVD + 2 * F + (QD + 2 * KVD) + 2 * F) + R * D + R * (size_t)c->vocab_size +
+                   N * ((size_t)lora_rank(m) + (size_t)lora_max_out_dim(m));
     return elems * dtype_size(m->be->storage);
 }
 
 void paged_state_free(PagedState *st) {
     if (!st) return;
-    void *bufs[] = {st->x,    st->xn,  st->q,   st->k,       st->v,    st->att,
-                    st->proj, st->gate, st->up, st->qkv, st->gate_up, st->rows, st->logits};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) st->be->free(st->be, bufs[i]);
+    void *bufs[] = {st->x,   st->xn,      st->q,    st->k,      st->v,      st->att,   st->proj, st->gate,
+                    st->up,  st->qkv,     st->gate_up, st->rows, st->logits, st->lora_t, st->lora_u};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i]) st->be->free(st->be, bufs[i]);
     free(st);
 }
 
@@ -128,7 +135,8 @@ static bool gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, si
 void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    if (!be->decode_layers_create || model_has_qk_norm(c)) return NULL; /* the kernel has no q/k norm */
+    /* the kernel has no q/k norm and no adapter term */
+    if (!be->decode_layers_create || model_has_qk_norm(c) || m->lora) return NULL;
     int L = c->num_hidden_layers;
     DecodeLayerWeights *layers = xcalloc((size_t)L, sizeof(DecodeLayerWeights));
     bool ok = true;
@@ -175,7 +183,10 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
     for (int l = 0; l < L && !one_launch; l++) {
         const LayerWeights *w = &m->layers[l];
         bool attended = false;
-        if (fused_ops && qkv_back_to_back(w, c, es) && !w->q_norm) { /* the fused kernels have no q/k norm */
+        /* the fused kernels have no q/k norm; the adapter term needs q, k and v apart */
+        bool qkv_lora = model_lora_active(m, w, LORA_Q) || model_lora_active(m, w, LORA_K) ||
+                        model_lora_active(m, w, LORA_V);
+        if (fused_ops && qkv_back_to_back(w, c, es) && !w->q_norm && !qkv_lora) {
             be->linear(be, st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
             if (b->decode && be->paged_attention_rope) { /* rope, K/V store and attention in one kernel */
                 be->paged_attention_rope(be, st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
@@ -190,6 +201,9 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
             be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
             be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
+            model_lora_add(m, w, LORA_Q, st->q, st->xn, n, st->lora_t, st->lora_u);
+            model_lora_add(m, w, LORA_K, st->k, st->xn, n, st->lora_t, st->lora_u);
+            model_lora_add(m, w, LORA_V, st->v, st->xn, n, st->lora_t, st->lora_u);
             if (w->q_norm) { /* per head, in place: rows of Dh */
                 be->rmsnorm(be, st->q, st->q, w->q_norm, n * H, Dh, c->rms_norm_eps);
                 be->rmsnorm(be, st->k, st->k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
@@ -202,21 +216,26 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             be->paged_attention(be, st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
                                 kv->block_size, b->max_blocks);
         be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
+        model_lora_add(m, w, LORA_O, st->proj, st->att, n, st->lora_t, st->lora_u);
         if (fused_ops) {
             be->add_rmsnorm(be, st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);
         } else {
             be->add(be, st->x, st->x, st->proj, ND);
             be->rmsnorm(be, st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
         }
-        if (fused_ops && gate_up_back_to_back(w, c, es)) {
+        bool gate_up_lora = model_lora_active(m, w, LORA_GATE) || model_lora_active(m, w, LORA_UP);
+        if (fused_ops && gate_up_back_to_back(w, c, es) && !gate_up_lora) {
             be->linear(be, st->gate_up, st->xn, w->gate_w, NULL, n, D, 2 * F);
             be->swiglu_gate_up(be, st->gate, st->gate_up, n, F);
         } else {
             be->linear(be, st->gate, st->xn, w->gate_w, NULL, n, D, F);
             be->linear(be, st->up, st->xn, w->up_w, NULL, n, D, F);
+            model_lora_add(m, w, LORA_GATE, st->gate, st->xn, n, st->lora_t, st->lora_u);
+            model_lora_add(m, w, LORA_UP, st->up, st->xn, n, st->lora_t, st->lora_u);
             be->swiglu(be, st->gate, st->gate, st->up, (size_t)n * F);
         }
         be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
+        model_lora_add(m, w, LORA_DOWN, st->proj, st->gate, n, st->lora_t, st->lora_u);
         if (l + 1 < L && fused_ops) {
             be->add_rmsnorm(be, st->x, st->xn, st->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
         } else {

@@ -27,16 +27,32 @@
 
 /* ---------------------------------------------------------------- parameters */
 
-int model_param_count(const Model *m) { return m->n_tensors; }
+/* The trainable parameters: the weights, or the adapters alone while LoRA
+ * adapters are attached (the base weights are frozen then). */
+int model_param_count(const Model *m) { return m->lora ? m->lora->n_tensors : m->n_tensors; }
 
 static size_t tensor_numel(const TensorSpec *s) {
     return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
 }
 
 ModelParam model_param(const Model *m, int index) {
-    COLT_ASSERT(index >= 0 && index < m->n_tensors);
-    const TensorSpec *s = &m->tensors[index];
+    COLT_ASSERT(index >= 0 && index < model_param_count(m));
+    const TensorSpec *s = m->lora ? &m->lora->tensors[index] : &m->tensors[index];
     return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_numel(s)};
+}
+
+void *model_params_flat(const Model *m, size_t *numel) {
+    *numel = m->lora ? m->lora->arena_numel : m->arena_numel;
+    return m->lora ? m->lora->arena : m->arena;
+}
+
+size_t model_params_no_decay_start(const Model *m) {
+    if (!m->lora) return model_weights_no_decay_start(m);
+    size_t start = m->lora->arena_numel; /* lora_A / lora_B are all decayed, as the Trainer groups them */
+    for (int i = 0; i < m->lora->n_tensors; i++)
+        if (model_param_no_weight_decay(m->lora->tensors[i].name) && m->lora->offsets[i] < start)
+            start = m->lora->offsets[i];
+    return start;
 }
 
 /* shadow is a Model whose weight pointers are the gradient buffers: walking
@@ -57,6 +73,7 @@ struct ModelGrads {
     GradsReadyFn ready;
     void *ready_ctx;
     size_t (*stage_range)[2][2]; /* [L + 2][group][lo, hi) */
+    bool lora;                   /* the adapters' gradients (made for a model with LoRA attached) */
 };
 
 /* Which stage tensor t (of the shadow's table) belongs to. */
@@ -108,28 +125,32 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     (void)err;
     ModelGrads *g = xcalloc(1, sizeof(ModelGrads));
     g->be = m->be;
-    g->n = m->n_tensors;
+    g->n = model_param_count(m);
     g->bufs = xcalloc((size_t)g->n, sizeof(void *));
     g->numel = xcalloc((size_t)g->n, sizeof(size_t));
     g->shadow.cfg = m->cfg;
     g->shadow.be = m->be;
     g->shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
+    /* With adapters the shadow's base weights stay NULL: the backward then
+     * computes no gradient for them (frozen), only the adapters'. */
     int n = 0;
-    TensorSpec *t = model_tensor_table(&g->shadow, &n);
+    TensorSpec *t = m->lora ? lora_tensor_table(&g->shadow, &m->lora->cfg, &n) : model_tensor_table(&g->shadow, &n);
+    const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
     COLT_ASSERT(n == g->n);
-    /* One fp32 allocation in the weights' layout: zeroing, the global norm and
-     * clipping are single calls over it. */
-    g->flat_numel = m->arena_numel;
+    /* One fp32 allocation in the parameters' layout: zeroing, the global norm
+     * and clipping are single calls over it. */
+    model_params_flat(m, &g->flat_numel);
     g->flat = m->be->alloc_f32(m->be, g->flat_numel);
     m->be->zero_f32(m->be, g->flat, g->flat_numel);
     for (int i = 0; i < n; i++) {
         g->numel[i] = tensor_numel(&t[i]);
-        g->bufs[i] = (char *)g->flat + m->offsets[i] * sizeof(float);
+        g->bufs[i] = (char *)g->flat + offsets[i] * sizeof(float);
         *t[i].buf = g->bufs[i];
     }
-    grads_stage_ranges(g, t, n, m->offsets);
+    grads_stage_ranges(g, t, n, offsets);
     free(t);
     if (m->cfg.tie_word_embeddings) g->shadow.lm_head = g->shadow.embed;
+    g->lora = m->lora != NULL;
     *out = g;
     return COLT_OK;
 }
@@ -199,6 +220,8 @@ struct TrainState {
     void *dres, *dxn;                   /* [N, D] */
     void *dq, *datt;                    /* [N, QD] */
     void *dq_lin, *dk_lin;              /* [N, QD], [N, KVD]: d q_proj / k_proj output (Qwen3; else NULL) */
+    /* LoRA (NULL without adapters): [N, r] A x (scaled) and its gradient, [N, widest adapted output] B (A x) */
+    void *lora_t, *lora_dt, *lora_u;
     void *dk_cache, *dv_cache;          /* [S, L, KVD] */
     void *dgate, *dup, *dh;             /* [N, F] */
 };
@@ -225,8 +248,9 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t qk_lin = model_has_qk_norm(c) ? (N * QD + N * KVD) * es : 0; /* q_lin, k_lin; dq_lin, dk_lin */
     size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es + N * H * 4 + qk_lin; /* all but x_in */
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
+    size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
-                    2 * SL * KVD * 4 + qk_lin;
+                    2 * SL * KVD * 4 + qk_lin + lora;
     return layers + shared;
 }
 
@@ -307,6 +331,11 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
     }
     st->dk_cache = backend_alloc_f32_counted(be, SL * KVD, &st->bytes);
     st->dv_cache = backend_alloc_f32_counted(be, SL * KVD, &st->bytes);
+    if (m->lora) {
+        st->lora_t = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
+        st->lora_dt = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
+        st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
+    }
     st->dgate = backend_alloc_counted(be, N * F, &st->bytes);
     st->dup = backend_alloc_counted(be, N * F, &st->bytes);
     st->dh = backend_alloc_counted(be, N * F, &st->bytes);
@@ -328,7 +357,8 @@ void train_state_free(TrainState *st) {
     }
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
-                    st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh};
+                    st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh,
+                    st->lora_t, st->lora_dt, st->lora_u};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
@@ -397,28 +427,35 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     const LayerWeights *w = &m->layers[l];
     LayerActivations *a = &st->act[l];
     be->rmsnorm(be, a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
-    if (w->q_norm) { /* Qwen3: the projections are kept, then normed per head (rows of Dh) */
-        be->linear(be, a->q_lin, a->xn_attn, w->q_w, w->q_b, n, D, QD);
-        be->linear(be, a->k_lin, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    void *lt = st->lora_t, *lu = st->lora_u;
+    /* Qwen3 keeps the projections, then norms them per head (rows of Dh). */
+    void *q = w->q_norm ? a->q_lin : a->q, *k = w->q_norm ? a->k_lin : st->k;
+    be->linear(be, q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
+    be->linear(be, k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
+    model_lora_add(m, w, LORA_Q, q, a->xn_attn, n, lt, lu);
+    model_lora_add(m, w, LORA_K, k, a->xn_attn, n, lt, lu);
+    model_lora_add(m, w, LORA_V, st->v, a->xn_attn, n, lt, lu);
+    if (w->q_norm) {
         be->rmsnorm(be, a->q, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
         be->rmsnorm(be, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
-    } else {
-        be->linear(be, a->q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
-        be->linear(be, st->k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
     }
-    be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
     be->rope(be, a->q, pos, n, H, Dh, m->rope_inv_freq);
     be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
     be->kv_store(be, a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
     be->attention(be, a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
     be->linear(be, st->proj, a->att, w->o_w, w->o_b, n, QD, D);
+    model_lora_add(m, w, LORA_O, st->proj, a->att, n, lt, lu);
     be->add(be, a->x_mid, a->x_in, st->proj, ND);
     be->rmsnorm(be, a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
     be->linear(be, a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
     be->linear(be, a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
+    model_lora_add(m, w, LORA_GATE, a->gate, a->xn_mlp, n, lt, lu);
+    model_lora_add(m, w, LORA_UP, a->up, a->xn_mlp, n, lt, lu);
     if (!x_out) return;
     be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
     be->linear(be, st->proj, st->h, w->down_w, NULL, n, F, D);
+    model_lora_add(m, w, LORA_DOWN, st->proj, st->h, n, lt, lu);
     be->add(be, x_out, a->x_mid, st->proj, ND);
 }
 
@@ -471,9 +508,29 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
 
 /* ---------------------------------------------------------------- backward */
 
+/* Backward of the adapter term y += s B (A x) of target t (model_lora_add),
+ * after the base layer's own backward: dB += dy^T (s A x), dA += (s dy B)^T x,
+ * dx += (s dy B) A. A x is recomputed (one [N, r] GEMM) rather than kept. */
+static void lora_backward(const Model *m, TrainState *st, const LayerWeights *w, const LayerWeights *gw, LoraTarget t,
+                          void *dx, const void *dy, const void *x) {
+    if (!gw->lora_a[t]) return;
+    const Backend *be = m->be;
+    int n = st->n, r = lora_rank(m), in_dim, out_dim;
+    float s = m->lora->scaling;
+    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
+    be->linear(be, st->lora_t, x, w->lora_a[t], NULL, n, in_dim, r);
+    be->mul_scalar(be, st->lora_t, st->lora_t, s, (size_t)n * r);
+    be->linear_backward(be, st->lora_dt, gw->lora_b[t], NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);
+    be->mul_scalar(be, st->lora_dt, st->lora_dt, s, (size_t)n * r);
+    be->linear_backward(be, dx, gw->lora_a[t], NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
+}
+
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
     if (!st->have_forward) return errorf(err, "model_train_backward: no successful model_train_forward to go back through");
-    if (g->n != m->n_tensors) return errorf(err, "model_train_backward: gradients were made for another model");
+    if (g->n != model_param_count(m) || g->lora != (m->lora != NULL))
+        return errorf(err, "model_train_backward: gradients were made for another model");
+    if (m->lora && !m->lora->enabled)
+        return errorf(err, "model_train_backward: the LoRA adapters are disabled (a reference forward only)");
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
     const Model *gm = &g->shadow;
@@ -519,12 +576,16 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         /* MLP */
         be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
+        lora_backward(m, st, w, gw, LORA_DOWN, st->dh, st->dres, st->h);
         be->swiglu_backward(be, st->dgate, st->dup, st->dh, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dxn, gw->gate_w, NULL, st->dgate, a->xn_mlp, w->gate_w, n, D, F, 0);
+        lora_backward(m, st, w, gw, LORA_GATE, st->dxn, st->dgate, a->xn_mlp);
         be->linear_backward(be, st->dxn, gw->up_w, NULL, st->dup, a->xn_mlp, w->up_w, n, D, F, 1);
+        lora_backward(m, st, w, gw, LORA_UP, st->dxn, st->dup, a->xn_mlp);
         be->rmsnorm_backward(be, st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
         /* attention */
         be->linear_backward(be, st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
+        lora_backward(m, st, w, gw, LORA_O, st->datt, st->dres, a->att);
         be->zero_f32(be, st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
         be->zero_f32(be, st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
         be->attention_backward(be, st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->att, a->lse, a->k_cache,
@@ -541,11 +602,14 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
             dq = st->dq_lin, dk = st->dk_lin;
         }
         be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, dq, a->xn_attn, w->q_w, n, D, QD, 0);
+        lora_backward(m, st, w, gw, LORA_Q, st->dxn, dq, a->xn_attn);
         be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
+        lora_backward(m, st, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
         be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
+        lora_backward(m, st, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;
     }
-    be->embedding_backward(be, gm->embed, st->dres, st->tokens, n, D);
+    if (gm->embed) be->embedding_backward(be, gm->embed, st->dres, st->tokens, n, D); /* frozen under LoRA */
     return grads_announce(g, 0, err);
 }

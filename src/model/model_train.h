@@ -1,6 +1,7 @@
 /* model_train.h — training on top of model.h: a forward pass that keeps its
  * activations and returns per-token log-probs (and entropies), the backward
- * pass from d(loss)/d(log-prob) to every parameter's gradient, and access to
+ * pass from d(loss)/d(log-prob) to every trainable parameter's gradient (the
+ * weights, or the LoRA adapters when attached: lora.h), and access to
  * parameters and gradients for the optimizer.
  *
  * Written against the op table like the inference forward; the CPU backend is
@@ -30,6 +31,13 @@ typedef struct ModelParam {
     size_t numel;
 } ModelParam;
 ModelParam model_param(const Model *m, int index);
+/* The trainable parameters as one buffer (storage dtype; numel includes the
+ * alignment padding, which stays 0): the weights' arena, or the adapters'
+ * while LoRA adapters are attached (lora.h). Weight-decayed tensors come
+ * first; those transformers' Trainer exempts (biases, norms) start at
+ * model_params_no_decay_start. */
+void *model_params_flat(const Model *m, size_t *numel);
+size_t model_params_no_decay_start(const Model *m);
 
 /* fp32 gradients, one backend buffer per parameter tensor, same order. */
 typedef struct ModelGrads ModelGrads;
@@ -38,7 +46,7 @@ void model_grads_free(ModelGrads *g);
 void model_grads_zero(ModelGrads *g);
 void *model_grad(const ModelGrads *g, int index);  /* backend buffer, numel as model_param(index) */
 size_t model_grads_bytes(const ModelGrads *g);     /* device bytes (fp32) */
-/* All gradients as one [f32] buffer laid out like model_weights_flat (padding 0). */
+/* All gradients as one [f32] buffer laid out like model_params_flat (padding 0). */
 void *model_grads_flat(const ModelGrads *g, size_t *numel);
 
 /* Told by model_train_backward, while it runs, which gradients are final: the

@@ -400,6 +400,13 @@ int safetensors_open_dir(SafeTensorsSet *set, const char *dir, char *err) {
     return rc;
 }
 
+int safetensors_open_file(SafeTensorsSet *set, const char *path, char *err) {
+    memset(set, 0, sizeof(*set));
+    if (set_add_file(set, path, err) >= 0) return COLT_OK;
+    safetensors_set_free(set);
+    return COLT_ERR;
+}
+
 const SafeTensor *safetensors_find(const SafeTensorsSet *set, const char *name, const char **path) {
     for (int i = 0; i < set->n_files; i++) {
         const SafeTensor *t = header_find(&set->headers[i], name);

@@ -56,6 +56,8 @@ typedef struct SafeTensorsSet {
 } SafeTensorsSet;
 
 int safetensors_open_dir(SafeTensorsSet *set, const char *dir, char *err);
+/* One file as a set (a LoRA adapter's adapter_model.safetensors). */
+int safetensors_open_file(SafeTensorsSet *set, const char *path, char *err);
 void safetensors_set_free(SafeTensorsSet *set);
 /* The tensor called name, or NULL; *path gets the file holding it. */
 const SafeTensor *safetensors_find(const SafeTensorsSet *set, const char *name, const char **path);

@@ -107,7 +107,7 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
     o->exp_avg_sq = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     o->master = xcalloc((size_t)(o->n ? o->n : 1), sizeof(void *));
     size_t es = dtype_size(be->storage);
-    void *weights = model_weights_flat(m, &o->flat_numel);
+    void *weights = model_params_flat(m, &o->flat_numel);
     o->exp_avg_flat = be->alloc_f32(be, o->flat_numel);
     o->exp_avg_sq_flat = be->alloc_f32(be, o->flat_numel);
     COLT_ASSERT(o->exp_avg_flat && o->exp_avg_sq_flat);
@@ -154,7 +154,7 @@ int64_t optim_step_count(const Optimizer *o) { return o->step; }
  * largest float squared is ~1e77). */
 bool optim_state_finite(const Optimizer *o) {
     size_t n = 0;
-    const void *weights = o->master_flat ? o->master_flat : model_weights_flat(o->model, &n);
+    const void *weights = o->master_flat ? o->master_flat : model_params_flat(o->model, &n);
     return isfinite(o->be->sum_squares(o->be, weights, o->flat_numel)) &&
            isfinite(o->be->sum_squares(o->be, o->exp_avg_flat, o->flat_numel)) &&
            isfinite(o->be->sum_squares(o->be, o->exp_avg_sq_flat, o->flat_numel));
@@ -162,7 +162,7 @@ bool optim_state_finite(const Optimizer *o) {
 
 void optim_fingerprint(const Optimizer *o, double out[2]) {
     size_t n = 0;
-    const void *weights = o->master_flat ? o->master_flat : model_weights_flat(o->model, &n);
+    const void *weights = o->master_flat ? o->master_flat : model_params_flat(o->model, &n);
     out[0] = o->be->sum_squares(o->be, weights, o->flat_numel);
     out[1] = o->be->sum_squares(o->be, o->exp_avg_flat, o->flat_numel);
 }
@@ -179,12 +179,12 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
     float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
     float bc2 = (float)(1.0 - pow(beta2, (double)o->step));
     size_t n_weights = 0, n_grads = 0;
-    void *weights = model_weights_flat(o->model, &n_weights);
+    void *weights = model_params_flat(o->model, &n_weights);
     void *grads = model_grads_flat(g, &n_grads);
     COLT_ASSERT(n_weights == o->flat_numel && n_grads == o->flat_numel);
     /* Two groups as transformers' Trainer makes them: weight decay on matrices and
      * embeddings, none on biases and norms (they sit at the end of the layout). */
-    size_t split = model_weights_no_decay_start(o->model);
+    size_t split = model_params_no_decay_start(o->model);
     size_t es = dtype_size(o->be->storage);
     for (int group = 0; group < 2; group++) {
         size_t start = group == 0 ? 0 : split, end = group == 0 ? split : o->flat_numel;

@@ -214,6 +214,13 @@ static void cpu_add(const Backend *be, void *out, const void *a, const void *b, 
     for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
 }
 
+static void cpu_mul_scalar(const Backend *be, void *out, const void *x, float s, size_t n) {
+    float *o = out;
+    const float *xs = x;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) o[i] = s * xs[i];
+}
+
 static void cpu_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim) {
     float *o = out;
     const float *t = table;
@@ -271,6 +278,7 @@ static void cpu_rmsnorm_backward(const Backend *be, void *dx, void *dw, const vo
         double c = r * r * r * gx / dim;
         for (int j = 0; j < dim; j++) di[j] += (float)(r * ((double)gi[j] * ws[j]) - c * xi[j]);
     }
+    if (!dws) return;
     for (int i = 0; i < n; i++) {
         const float *xi = xs + (size_t)i * dim, *gi = dys + (size_t)i * dim;
         double ss = 0.0;
@@ -550,6 +558,7 @@ static const Backend CPU_OPS = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .mul_scalar = cpu_mul_scalar,
     .embedding = cpu_embedding,
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,

@@ -339,6 +339,7 @@ template <typename T>
 void cuda_swiglu_backward(const Backend *be, void *dgate, void *dup, const void *dout, const void *gate,
                           const void *up, size_t n);
 template <typename T> void cuda_add(const Backend *be, void *out, const void *a, const void *b, size_t n);
+template <typename T> void cuda_mul_scalar(const Backend *be, void *out, const void *x, float s, size_t n);
 template <typename T>
 void cuda_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim);
 template <typename T>

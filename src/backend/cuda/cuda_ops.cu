@@ -322,6 +322,7 @@ void cuda_rmsnorm_backward(const Backend *be, void *dx, void *dw, const void *dy
                                                                             (const T *)x, (const T *)w, dim, eps);
     }
     LAUNCH_CHECK(cs);
+    if (!dw) return; /* a frozen norm: no weight gradient */
     unsigned col_blocks = (unsigned)((dim + CUDA_THREADS - 1) / CUDA_THREADS);
     rmsnorm_backward_dw_partial_kernel<T><<<dim3(col_blocks, (unsigned)chunks), CUDA_THREADS, 0, cs->stream>>>(
         part, r, (const T *)dy, (const T *)x, n, dim);
@@ -545,6 +546,18 @@ template <typename T> void cuda_add(const Backend *be, void *out, const void *a,
     size_t nv = vec_count(n, aligned16(out) && aligned16(a) && aligned16(b));
     add_kernel<T><<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>((T *)out, (const T *)a,
                                                                                 (const T *)b, n, nv);
+    LAUNCH_CHECK(cs);
+}
+
+/* out = s * x elementwise in fp32, rounded once (LoRA's scaling on [N, r] rows: small). */
+template <typename T> __global__ void mul_scalar_kernel(T *out, const T *x, float s, size_t n) {
+    GRID_STRIDE(i, n) out[i] = from_float<T>(s * to_float(x[i]));
+}
+
+template <typename T> void cuda_mul_scalar(const Backend *be, void *out, const void *x, float s, size_t n) {
+    if (!n) return;
+    CudaState *cs = cuda_enter(be);
+    mul_scalar_kernel<T><<<flat_blocks(cs, n), CUDA_THREADS, 0, cs->stream>>>((T *)out, (const T *)x, s, n);
     LAUNCH_CHECK(cs);
 }
 
@@ -1026,6 +1039,7 @@ void cuda_scale(const Backend *be, void *x, float s, size_t n) {
     template void cuda_swiglu_backward<T>(const Backend *, void *, void *, const void *, const void *, const void *, \
                                           size_t);                                                                 \
     template void cuda_add<T>(const Backend *, void *, const void *, const void *, size_t);                        \
+    template void cuda_mul_scalar<T>(const Backend *, void *, const void *, float, size_t);                       \
     template void cuda_embedding<T>(const Backend *, void *, const void *, const int *, int, int);                 \
     template void cuda_embedding_backward<T>(const Backend *, void *, const void *, const int *, int, int);        \
     template void cuda_log_softmax_target<T>(const Backend *, void *, void *, const void *, const int *, int, int,  \

@@ -1,6 +1,7 @@
 /* test_cli.c — the `colt` CLI contracts, end to end through the built binary:
- * tokenize/detokenize against HF tokenizers, score and greedy generate with the
- * real stories260K against transformers (tests/data/cli_goldens.json, made by
+ * tokenize/detokenize against HF tokenizers (chats also with tools and
+ * chat_template_kwargs, through the Qwen3 template), score and greedy generate
+ * with the real stories260K against transformers (tests/data/cli_goldens.json, made by
  * tests/ref/make_cli_goldens.py), seeded sampling reproducibility, init, a
  * TRL user's config training a step (notices once, bare true/false flags),
  * and bad input (one-line error, non-zero exit, nothing on stdout). */
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +152,99 @@ static void test_qwen_tokenizer(json_t *gold, const char *qwen) {
     free(out); free(err); free(ids_s);
 }
 
+/* tokenize with a chat template that reads tools and extra variables: the
+ * Qwen3 template (tests/data/qwen3_chat_template.jinja) over the Qwen2.5
+ * tokenizer. Each Qwen3 row of chat_template_goldens.jsonl goes in twice, as
+ * {"messages", "add_generation_prompt", "tools", "chat_template_kwargs"} and as
+ * {"text": transformers' rendering}; both must give the same ids. */
+static void test_chat_template_options(const char *qwen) {
+    char dir[300], path[400], *out, *err;
+    snprintf(dir, sizeof dir, "%s/qwen3-template", g_tmp);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    char target[400];
+    snprintf(target, sizeof target, "%s/tokenizer.json", qwen);
+    CHECK(symlink(target, path) == 0, "symlink %s", path);
+    json_error_t jerr;
+    snprintf(target, sizeof target, "%s/tokenizer_config.json", qwen);
+    json_t *cfg = json_load_file(target, 0, &jerr);
+    char *tmpl = NULL;
+    size_t len = 0;
+    CHECK(cfg && file_read_all(COLT_SOURCE_DIR "/tests/data/qwen3_chat_template.jinja", &tmpl, &len, NULL) == 0,
+          "cannot read the Qwen2.5 tokenizer_config.json or the Qwen3 template");
+    if (!cfg || !tmpl) return;
+    json_object_set_new(cfg, "chat_template", json_string(tmpl));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    CHECK(json_dump_file(cfg, path, 0) == 0, "write %s", path);
+    json_decref(cfg);
+    free(tmpl);
+
+    FILE *f = fopen(COLT_SOURCE_DIR "/tests/data/chat_template_goldens.jsonl", "r");
+    char *line = NULL, *input = NULL;
+    size_t cap = 0, in_len = 0;
+    FILE *mem = open_memstream(&input, &in_len);
+    int pairs = 0, with_options = 0;
+    while (f && getline(&line, &cap, f) > 0) {
+        json_t *row = json_loads(line, 0, &jerr);
+        json_t *expected = json_object_get(row, "expected");
+        if (row && !strcmp(json_string_value(json_object_get(row, "template")), "qwen3") && json_is_string(expected)) {
+            json_t *req = json_pack("{s:O,s:O}", "messages", json_object_get(row, "messages"), "add_generation_prompt",
+                                    json_object_get(row, "add_generation_prompt"));
+            const char *keys[] = {"tools", "chat_template_kwargs"};
+            for (int k = 0; k < 2; k++)
+                if (json_object_get(row, keys[k])) json_object_set(req, keys[k], json_object_get(row, keys[k]));
+            with_options += json_object_size(req) > 2;
+            json_t *text = json_pack("{s:O}", "text", expected);
+            char *a = json_dumps(req, JSON_COMPACT), *b = json_dumps(text, JSON_COMPACT);
+            fprintf(mem, "%s\n%s\n", a, b);
+            free(a);
+            free(b);
+            json_decref(req);
+            json_decref(text);
+            pairs++;
+        }
+        json_decref(row);
+    }
+    free(line);
+    if (f) fclose(f);
+    fclose(mem);
+    char args[600];
+    snprintf(args, sizeof args, "tokenize --model %s", dir);
+    int code = run(args, input, &out, &err);
+    CHECK(code == 0, "tokenize with tools and chat_template_kwargs: exit %d: %s", code, err);
+    int equal = 0;
+    char *save = NULL;
+    for (char *a = strtok_r(out, "\n", &save), *b = a ? strtok_r(NULL, "\n", &save) : NULL; a && b;
+         a = strtok_r(NULL, "\n", &save), b = a ? strtok_r(NULL, "\n", &save) : NULL) {
+        json_t *ja = parse_json_line(a), *jb = parse_json_line(b);
+        json_t *ia = json_object_get(ja, "ids");
+        if (json_array_size(ia) > 0 && json_equal(ia, json_object_get(jb, "ids"))) equal++;
+        else CHECK(0, "tokenize qwen3 pair %d: %s vs %s", equal, a, b);
+        json_decref(ja);
+        json_decref(jb);
+    }
+    CHECK(pairs >= 100 && with_options >= 60 && equal == pairs, "tokenize qwen3 chats: %d/%d equal (%d with options)",
+          equal, pairs, with_options);
+    printf("tokenize qwen3 chats with tools / chat_template_kwargs: %d/%d the ids of transformers' text (%d with "
+           "options)\n", equal, pairs, with_options);
+    free(out);
+    free(err);
+    free(input);
+
+    expect_error("chat_template_kwargs list", args,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": [1]}\n",
+                 "stdin line 1: \"chat_template_kwargs\" must be an object");
+    expect_error("tools object", args, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": {}}\n",
+                 "stdin line 1: \"tools\" must be a list");
+    expect_error("tool not an object", args,
+                 "{\"text\": \"ok\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [1]}\n",
+                 "stdin line 2: chat template: tools[0] is not an object");
+    expect_error("message not an object", args, "{\"messages\": [\"hi\"]}\n",
+                 "stdin line 1: chat template: message 0 is not");
+    expect_error("reserved template variable", args,
+                 "{\"messages\": [], \"chat_template_kwargs\": {\"tools\": []}}\n", "variable 'tools' cannot be set");
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_cli_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
@@ -164,7 +259,10 @@ int main(void) {
     char args[4096], *out, *err;
 
     const bool have_shared = shared_data_present(); /* the Qwen2.5 tokenizer comes from there */
-    if (have_shared) test_qwen_tokenizer(gold, qwen);
+    if (have_shared) {
+        test_qwen_tokenizer(gold, qwen);
+        test_chat_template_options(qwen);
+    }
     else shared_data_skipped("tokenize, chat template and detokenize with the Qwen2.5 tokenizer against HF");
     int code;
     json_t *got;

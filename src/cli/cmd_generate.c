@@ -25,10 +25,14 @@ static const char *GENERATE_USAGE =
     "  --prompts FILE: one JSON object per line with one of \"prompt\" (text), \"chat\" (a user message),\n"
     "  \"messages\" (a chat) or \"ids\"; all are generated together (--n completions each, in file order;\n"
     "  --json lines then carry \"prompt_index\"). Prompts that start alike share their cached KV blocks.\n"
+    "  A chat line may carry \"tools\" (a list) and \"chat_template_kwargs\" (an object, instead of the flag's).\n"
+    "  --chat_template_kwargs JSON: extra chat template variables, e.g. '{\"enable_thinking\": false}' (Qwen3).\n"
     "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n";
 
 typedef struct GenerateArgs {
     const char *model, *prompt, *chat, *ids, *prompts_file, *device;
+    const char *chat_template_kwargs_text; /* --chat_template_kwargs */
+    json_t *chat_template_kwargs;          /* ... parsed; NULL when not given */
     int max_new_tokens, top_k, n, block_size, max_num_seqs;
     float temperature, top_p, min_p, repetition_penalty, gpu_memory_utilization;
     uint64_t seed;
@@ -37,14 +41,17 @@ typedef struct GenerateArgs {
 
 /* Token ids of one prompt given as text (BOS added when the tokenizer says so,
  * as HF's tokenizer(...) does), as chat messages (rendered with the chat
- * template, which puts in whatever it wants) or as a JSON array of ids; exactly
- * one of the three is non-NULL. Errors name `where`. */
-static int encode_prompt(int **ids, size_t *n_ids, const char *text, json_t *messages, json_t *id_array,
-                         const Tokenizer *tok, int vocab, const char *where, char *err) {
+ * template, which puts in whatever it wants, with tools and chat_template_kwargs
+ * when not NULL) or as a JSON array of ids; exactly one of the three is
+ * non-NULL. Errors name `where`. */
+static int encode_prompt(int **ids, size_t *n_ids, const char *text, json_t *messages, json_t *tools,
+                         json_t *chat_template_kwargs, json_t *id_array, const Tokenizer *tok, int vocab,
+                         const char *where, char *err) {
     if (id_array) return cli_json_ids_from_array(ids, n_ids, id_array, vocab, where, err);
     if (!tok) return errorf(err, "%s: the model folder has no tokenizer.json, so text cannot be used (give ids)", where);
     char *rendered = NULL;
-    if (messages && cli_render_chat(&rendered, tok, messages, true, where, err) != 0) return COLT_ERR;
+    if (messages && cli_render_chat(&rendered, tok, messages, tools, chat_template_kwargs, true, where, err) != 0)
+        return COLT_ERR;
     const char *src = messages ? rendered : text;
     int *body = NULL;
     size_t n_body = 0;
@@ -73,22 +80,25 @@ static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const T
         json_error_t jerr;
         json_t *arr = json_loads(a->ids, JSON_DECODE_ANY, &jerr);
         if (!arr) return errorf(err, "--ids: invalid JSON: %s", jerr.text);
-        int rc = encode_prompt(ids, n_ids, NULL, NULL, arr, tok, vocab, "--ids", err);
+        int rc = encode_prompt(ids, n_ids, NULL, NULL, NULL, NULL, arr, tok, vocab, "--ids", err);
         json_decref(arr);
         return rc;
     }
     json_t *msgs = NULL;
     if (a->chat && !(msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", a->chat)))
         return errorf(err, "--chat: text is not valid UTF-8");
-    int rc = encode_prompt(ids, n_ids, a->prompt, msgs, NULL, tok, vocab, a->chat ? "--chat" : "--prompt", err);
+    int rc = encode_prompt(ids, n_ids, a->prompt, msgs, NULL, a->chat_template_kwargs, NULL, tok, vocab,
+                           a->chat ? "--chat" : "--prompt", err);
     json_decref(msgs);
     return rc;
 }
 
 /* The prompts of --prompts FILE: one JSON object per line with exactly one of
- * "prompt" (text), "chat" (a user message), "messages" (a chat) or "ids". */
+ * "prompt" (text), "chat" (a user message), "messages" (a chat) or "ids"; a chat
+ * may carry "tools" and "chat_template_kwargs" (else chat_template_kwargs, the
+ * flag's). */
 static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, const char *path, const Tokenizer *tok,
-                             int vocab, char *err) {
+                             int vocab, json_t *chat_template_kwargs, char *err) {
     char *data = NULL;
     size_t len = 0;
     if (file_read_all(path, &data, &len, err) != 0) return error_prefix(err, "--prompts");
@@ -109,7 +119,7 @@ static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, cons
         }
         json_t *text = json_object_get(o, "prompt"), *chat = json_object_get(o, "chat"),
                *msgs = json_object_get(o, "messages"), *ids = json_object_get(o, "ids");
-        json_t *wrapped = NULL;
+        json_t *wrapped = NULL, *tools = NULL, *kwargs = NULL;
         if ((text != NULL) + (chat != NULL) + (msgs != NULL) + (ids != NULL) != 1) {
             rc = errorf(err, "%s: give exactly one of \"prompt\", \"chat\", \"messages\" or \"ids\"", where);
         } else if ((text && !json_is_string(text)) || (chat && !json_is_string(chat)) ||
@@ -118,14 +128,19 @@ static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, cons
         } else if (chat && !(msgs = wrapped = json_pack("[{s:s,s:s}]", "role", "user", "content",
                                                          json_string_value(chat)))) {
             rc = errorf(err, "%s: \"chat\" could not be wrapped as a message", where);
+        } else if (cli_chat_options(&tools, &kwargs, o, where, err) != 0) {
+            rc = COLT_ERR;
+        } else if ((tools || kwargs) && !msgs) {
+            rc = errorf(err, "%s: \"tools\" and \"chat_template_kwargs\" apply to \"chat\" or \"messages\" only",
+                        where);
         } else {
             if (n == cap) {
                 cap *= 2;
                 *prompts = xrealloc(*prompts, sizeof(int *) * (size_t)cap);
                 *lens = xrealloc(*lens, sizeof(size_t) * (size_t)cap);
             }
-            rc = encode_prompt(&(*prompts)[n], &(*lens)[n], text ? json_string_value(text) : NULL, msgs, ids, tok,
-                               vocab, where, err);
+            rc = encode_prompt(&(*prompts)[n], &(*lens)[n], text ? json_string_value(text) : NULL, msgs, tools,
+                               kwargs ? kwargs : chat_template_kwargs, ids, tok, vocab, where, err);
             if (rc == 0) n++;
         }
         json_decref(wrapped);
@@ -147,6 +162,9 @@ int cmd_generate(int argc, char **argv) {
         {"chat", OPT_STRING, &a.chat, "a user message, wrapped with the chat template", false},
         {"ids", OPT_STRING, &a.ids, "prompt token ids as a JSON array", false},
         {"prompts", OPT_STRING, &a.prompts_file, "a JSONL file of prompts, generated together", false},
+        {"chat_template_kwargs", OPT_STRING, &a.chat_template_kwargs_text,
+         "a JSON object of extra chat template variables for --chat and --prompts, e.g. '{\"enable_thinking\": false}'",
+         false},
         {"max_new_tokens", OPT_INT, &a.max_new_tokens, "tokens to generate at most (default 128)", false},
         {"temperature", OPT_FLOAT, &a.temperature, "0 = greedy", false},
         {"top_p", OPT_FLOAT, &a.top_p, "nucleus sampling mass (1 = off)", false},
@@ -177,6 +195,8 @@ int cmd_generate(int argc, char **argv) {
     if (!a.model) return cli_fail("generate", "--model DIR is required");
     if ((a.prompt != NULL) + (a.chat != NULL) + (a.ids != NULL) + (a.prompts_file != NULL) != 1)
         return cli_fail("generate", "give exactly one of --prompt, --chat, --ids or --prompts");
+    if (a.chat_template_kwargs_text && !a.chat && !a.prompts_file)
+        return cli_fail("generate", "--chat_template_kwargs applies to --chat and --prompts only");
     if (a.n < 1) return cli_fail("generate", "--n must be >= 1");
     if (a.max_new_tokens < 0) return cli_fail("generate", "--max_new_tokens must be >= 0");
     if (a.max_num_seqs < 0) return cli_fail("generate", "--max_num_seqs must be >= 0");
@@ -229,8 +249,17 @@ int cmd_generate(int argc, char **argv) {
     const ModelConfig *cfg = model_config(m);
     int **prompts = NULL, n_prompts = 0, rc = 0;
     size_t *prompt_lens = NULL;
-    if (a.prompts_file) {
-        if (read_prompts_file(&prompts, &prompt_lens, &n_prompts, a.prompts_file, tok, cfg->vocab_size, err) != 0)
+    json_error_t jerr;
+    if (a.chat_template_kwargs_text &&
+        !json_is_object(a.chat_template_kwargs = json_loads(a.chat_template_kwargs_text, JSON_DECODE_ANY, &jerr))) {
+        if (a.chat_template_kwargs)
+            errorf(err, "--chat_template_kwargs: expected a JSON object, e.g. '{\"enable_thinking\": false}'");
+        else
+            errorf(err, "--chat_template_kwargs: invalid JSON: %s", jerr.text);
+        rc = 1;
+    } else if (a.prompts_file) {
+        if (read_prompts_file(&prompts, &prompt_lens, &n_prompts, a.prompts_file, tok, cfg->vocab_size,
+                              a.chat_template_kwargs, err) != 0)
             rc = 1;
     } else {
         prompts = xmalloc(sizeof(int *));
@@ -312,6 +341,7 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
     free(prompt_lens);
+    json_decref(a.chat_template_kwargs);
     model_free(m);
     backend_close(be);
     tokenizer_free(tok);

@@ -1,7 +1,8 @@
 /* cmd_tokenize.c — `colt tokenize` and `colt detokenize`: JSONL in, JSONL out.
  * tokenize: {"text"} is encoded with no special tokens added; {"messages",
- * "add_generation_prompt"} is rendered with the chat template and then encoded
- * the same way, as transformers' apply_chat_template(tokenize=True) does. */
+ * "add_generation_prompt", "tools", "chat_template_kwargs"} is rendered with the
+ * chat template and then encoded the same way, as transformers'
+ * apply_chat_template(tokenize=True) does. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,34 +15,39 @@
 #include "tokenizer/tokenizer.h"
 
 /* Renders {"messages": [...]} with the tokenizer's chat template. */
-int cli_render_chat(char **out, const Tokenizer *tok, json_t *messages, bool add_generation_prompt,
-                    const char *where, char *err) {
+int cli_render_chat(char **out, const Tokenizer *tok, json_t *messages, json_t *tools, json_t *chat_template_kwargs,
+                    bool add_generation_prompt, const char *where, char *err) {
     const char *tmpl = tokenizer_chat_template(tok);
     if (!tmpl) return errorf(err, "%s: the tokenizer has no chat template (tokenizer_config.json's chat_template or "
                                    "chat_template.jinja)", where);
     if (!json_is_array(messages)) return errorf(err, "%s: \"messages\" must be a list", where);
-    size_t n = json_array_size(messages);
-    ChatMessage *msgs = xcalloc(n ? n : 1, sizeof(ChatMessage));
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(messages, i);
-        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!json_is_string(role) || !json_is_string(content)) {
-            free(msgs);
-            return errorf(err, "%s: message %zu needs string \"role\" and \"content\"", where, i);
-        }
-        msgs[i].role = json_string_value(role);
-        msgs[i].content = json_string_value(content);
-    }
-    int rc = chat_template_render(out, tmpl, msgs, n, add_generation_prompt, tokenizer_bos_token(tok),
-                                  tokenizer_eos_token(tok), err);
-    free(msgs);
-    if (rc != 0) return error_prefix(err, "%s", where);
+    ChatTemplateOptions opt = {.add_generation_prompt = add_generation_prompt,
+                               .bos_token = tokenizer_bos_token(tok),
+                               .eos_token = tokenizer_eos_token(tok),
+                               .tools = tools,
+                               .variables = chat_template_kwargs};
+    if (chat_template_render_json(out, tmpl, messages, &opt, err) != 0) return error_prefix(err, "%s", where);
+    return COLT_OK;
+}
+
+int cli_chat_options(json_t **tools, json_t **chat_template_kwargs, json_t *obj, const char *where, char *err) {
+    *tools = json_object_get(obj, "tools");
+    *chat_template_kwargs = json_object_get(obj, "chat_template_kwargs");
+    if (json_is_null(*tools)) *tools = NULL; /* tools=None */
+    if (json_is_null(*chat_template_kwargs)) *chat_template_kwargs = NULL;
+    if (*tools && !json_is_array(*tools))
+        return errorf(err, "%s: \"tools\" must be a list of tool definitions (JSON-schema objects)", where);
+    if (*chat_template_kwargs && !json_is_object(*chat_template_kwargs))
+        return errorf(err, "%s: \"chat_template_kwargs\" must be an object of template variables, e.g. "
+                           "{\"enable_thinking\": false}", where);
     return COLT_OK;
 }
 
 static const char *TOKENIZE_USAGE =
     "usage: colt tokenize --model DIR < in.jsonl > out.jsonl\n"
-    "  each input line {\"text\": STR} or {\"messages\": [{\"role\",\"content\"}], \"add_generation_prompt\": BOOL}\n"
+    "  each input line {\"text\": STR} or {\"messages\": [{\"role\", \"content\", ...}],\n"
+    "  \"add_generation_prompt\": BOOL, \"tools\": [...], \"chat_template_kwargs\": {...}} (the last three optional:\n"
+    "  apply_chat_template's add_generation_prompt, tools and keyword arguments such as {\"enable_thinking\": false})\n"
     "  each output line {\"ids\": [...]}; text gets no special tokens added, messages get the chat template\n";
 
 int cmd_tokenize(int argc, char **argv) {
@@ -73,11 +79,13 @@ int cmd_tokenize(int argc, char **argv) {
         if (json_is_string(text)) {
             to_encode = json_string_value(text);
         } else if (messages) {
-            json_t *agp = json_object_get(obj, "add_generation_prompt");
+            json_t *agp = json_object_get(obj, "add_generation_prompt"), *tools = NULL, *kwargs = NULL;
             if (agp && !json_is_boolean(agp)) {
                 errorf(err, "%s: \"add_generation_prompt\" must be true or false", where);
                 rc = 1;
-            } else if (cli_render_chat(&rendered, tok, messages, agp && json_is_true(agp), where, err) != 0) {
+            } else if (cli_chat_options(&tools, &kwargs, obj, where, err) != 0 ||
+                       cli_render_chat(&rendered, tok, messages, tools, kwargs, agp && json_is_true(agp), where,
+                                       err) != 0) {
                 rc = 1;
             }
             to_encode = rendered;

@@ -19,12 +19,24 @@ struct Chunk {
     max_align_t data[];
 };
 
+/* Errors are one line: a line break that came in with a name or a
+ * raise_exception() message is written as \n. */
 _Noreturn void jinja_fail(Jinja *J, int line, const char *fmt, ...) {
-    char msg[ERR_LEN];
+    char raw[ERR_LEN], msg[ERR_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    size_t n = 0;
+    for (const char *p = raw; *p && n + 2 < sizeof msg; p++) {
+        if (*p == '\n' || *p == '\r') {
+            msg[n++] = '\\';
+            msg[n++] = *p == '\n' ? 'n' : 'r';
+        } else {
+            msg[n++] = *p;
+        }
+    }
+    msg[n] = '\0';
     if (line > 0)
         snprintf(J->err, sizeof J->err, "chat template: %.440s at line %d", msg, line);
     else

@@ -8,15 +8,29 @@ Templates:
   qwen2_chatml — tests/data/qwen2_chatml_chat_template.jinja (classic Qwen2 ChatML)
   llama3       — tests/data/llama3_chat_template.jinja (Meta-Llama-3-8B-Instruct)
   llama3.1     — tests/data/llama3.1_chat_template.jinja (Llama-3.1-8B-Instruct)
+  qwen3        — tests/data/qwen3_chat_template.jinja (Qwen3-0.6B .. Qwen3-8B): byte for byte
+                 trl/chat_templates/qwen3.jinja of the PyPI wheel trl 1.16.0, "Original Qwen3 chat
+                 template" in TRL's README, which trl.chat_template_utils compares for string
+                 equality with a tokenizer's chat_template (its examples load Qwen/Qwen3-0.6B);
+                 the updated Qwen3 text (`message.content is string`, `reasoning_content is
+                 string`, `enable_thinking`), not QwQ's, Qwen2.5's or Qwen3-2507's
 
 All are rendered through the Qwen2.5 tokenizer's apply_chat_template (chat_template=
 overridden for the others), so the Jinja environment (sandbox, trim_blocks,
-lstrip_blocks, tools=None, documents=None, raise_exception, tojson) is exactly
-transformers'. bos_token/eos_token are passed explicitly for the Llama templates;
-for Qwen they are the tokenizer's own (bos_token undefined, eos_token '<|im_end|>').
+lstrip_blocks, documents=None, raise_exception, tojson) and the preparation of the
+messages are exactly transformers'. bos_token/eos_token are passed explicitly for
+the Llama templates; for Qwen they are the tokenizer's own (bos_token undefined,
+eos_token '<|im_end|>').
+
+Each row holds what apply_chat_template was given: messages (for Qwen3 and the
+Llama 3.1 tool rows also reasoning_content, tool_calls, content None, ...),
+add_generation_prompt, the tokens, and where given "tools" (tools=, a list of
+JSON-schema function definitions; absent means None) and "chat_template_kwargs"
+(the extra keyword arguments, such as enable_thinking, which apply_chat_template
+hands to the template as variables).
 
 Usage (offline): HF_HUB_OFFLINE=1 python3 tests/ref/make_chat_template_goldens.py
-Needs: transformers 5.23.0, jinja2 >= 3.1.6.
+Needs: transformers 5.24.0, jinja2 >= 3.1.6 (the rows 5.23.0 wrote came out byte-identical).
 """
 import json
 import os
@@ -87,6 +101,153 @@ CONVERSATIONS = {
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Explain gravity."},
     ],
+}
+
+
+# Qwen3 (tools, tool calls, reasoning). Each is rendered with add_generation_prompt
+# false and true, and with enable_thinking absent, true and false.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CLOCK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "local_time",
+        "description": "Local time — ISO 8601, e.g. 2025-01-31T09:00.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}, "precision": {"type": "integer", "minimum": 0, "default": 1.5}}},
+    },
+}
+TOOLS = [WEATHER_TOOL, CLOCK_TOOL]
+
+WEATHER_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+CLOCK_CALL = {"type": "function", "function": {"name": "local_time", "arguments": {"tz": "Europe/Paris", "nested": {"a": [1, 2.5, None, True], "é": "ü"}}}}
+
+QWEN3_CONVERSATIONS = {
+    # (messages, tools or None)
+    "think_in_content_last": ([
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "<think>\nSimple sum.\n</think>\n\nIt is 4."},
+    ], None),
+    "think_in_content_history": ([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "<think>\nSimple sum.\n</think>\n\nIt is 4."},
+        {"role": "user", "content": "And 3+3?"},
+    ], None),
+    "think_unbalanced": ([
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": "no opening tag\n\n</think>\n\n\nanswer</think>tail"},
+    ], None),
+    "reasoning_content": ([
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "\nThe capital of France is Paris.\n\n"},
+    ], None),
+    "reasoning_content_history": ([
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "Well known."},
+        {"role": "user", "content": "Of Italy?"},
+        {"role": "assistant", "content": "\nRome.", "reasoning_content": ""},
+    ], None),
+    "reasoning_aliases": ([
+        {"role": "user", "content": "Think, then answer."},
+        {"role": "assistant", "content": "<think>ignored</think>Done.", "thinking": "old field name"},
+        {"role": "user", "content": "Again."},
+        {"role": "assistant", "content": "Done again.", "reasoning": "another old name", "reasoning_content": None},
+    ], None),
+    "tools_system": ([
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ], TOOLS),
+    "tools_no_system": ([
+        {"role": "user", "content": "What time is it in Paris?"},
+    ], [CLOCK_TOOL]),
+    "tool_calls": ([
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather and time in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Need both tools.", "tool_calls": [WEATHER_CALL, CLOCK_CALL]},
+        {"role": "tool", "content": "{\"temperature\": 21}", "name": "get_weather"},
+        {"role": "tool", "content": "09:00", "name": "local_time"},
+        {"role": "tool", "content": "third result\nwith \"quotes\""},
+        {"role": "assistant", "content": "<think>\nCombine.\n</think>\n\nIt is 21°C at 09:00."},
+    ], TOOLS),
+    "tool_calls_content_and_string_args": ([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}},
+            {"name": "local_time", "arguments": {}},
+        ]},
+        {"role": "tool", "content": "cold"},
+        {"role": "user", "content": "Thanks. And tomorrow?"},
+        {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]},
+        {"role": "tool", "content": "warm"},
+    ], TOOLS),
+    "tool_response_as_user": ([
+        {"role": "user", "content": "Start."},
+        {"role": "assistant", "content": "<think>plan</think>calling", "tool_calls": [WEATHER_CALL]},
+        {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"},
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "read the result"},
+    ], None),
+    "tool_first": ([
+        {"role": "tool", "content": "orphan result"},
+        {"role": "user", "content": "Hi"},
+    ], None),
+    "only_tool_messages": ([
+        {"role": "assistant", "content": "x", "reasoning_content": "r"},
+        {"role": "tool", "content": "y"},
+    ], None),
+    "content_list": ([
+        {"role": "user", "content": [{"type": "text", "text": "parts are not strings"}]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "plain"},
+    ], None),
+    "empty_tools_list": ([
+        {"role": "system", "content": "Sys."},
+        {"role": "user", "content": "Hi"},
+    ], []),
+}
+
+# Llama 3.1 with tools: (messages, tools or None, extra keyword arguments). Each is
+# rendered with add_generation_prompt false and true.
+LLAMA31_CONVERSATIONS = {
+    "tools_in_user_message": ([
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "  Weather in Paris?  "},
+    ], [WEATHER_TOOL], {}),
+    "tools_in_system_dated": ([
+        {"role": "user", "content": "Time?"},
+    ], TOOLS, {"tools_in_user_message": False, "date_string": "01 Jan 2025"}),
+    "tool_call_and_results": ([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [WEATHER_CALL]},
+        {"role": "tool", "content": {"temperature": 21, "sky": "clear"}},
+        {"role": "ipython", "content": "plain text is iterable too"},
+        {"role": "tool", "content": 42},
+        {"role": "assistant", "content": "21 degrees."},
+    ], [WEATHER_TOOL], {}),
+    "builtin_tools": ([
+        {"role": "user", "content": "Search the news."},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "brave_search", "arguments": {"query": "news", "lang": "en"}}}]},
+        {"role": "tool", "content": "headlines"},
+    ], None, {"builtin_tools": ["brave_search", "code_interpreter", "wolfram_alpha"]}),
+    "custom_tools": ([
+        {"role": "user", "content": "Hi"},
+    ], None, {"custom_tools": [CLOCK_TOOL]}),
+    "two_tool_calls": ([
+        {"role": "user", "content": "Both."},
+        {"role": "assistant", "tool_calls": [WEATHER_CALL, CLOCK_CALL]},
+    ], TOOLS, {}),
 }
 
 
@@ -211,6 +372,51 @@ FEATURES = [
 ]
 
 
+# Small templates rendered through apply_chat_template itself (not only its Jinja
+# environment), showing what it does to its inputs before rendering: message keys
+# whose value is None dropped, reasoning copied under reasoning_content and
+# thinking, tools and extra keyword arguments (which override bos_token).
+# (template, messages, tools, kwargs)
+APPLY_FEATURES = [
+    ("{{ messages | tojson }}", [
+        {"role": "user", "content": "hi", "name": None},
+        {"role": "assistant", "content": None, "reasoning": "r1", "tool_calls": [{"name": "f", "arguments": {"b": 1, "a": [2.5, None]}}]},
+        {"role": "assistant", "content": "x", "thinking": "t2", "reasoning_content": "rc2"},
+        {"role": "assistant", "content": "y", "reasoning_content": None, "thinking": None},
+    ], None, {}),
+    ("{{ tools | tojson }}|{{ enable_thinking }}|{{ custom.a[1] }}|{{ custom | tojson }}|{{ bos_token }}|{{ eos_token }}|{{ n }}",
+     [{"role": "user", "content": "hi"}],
+     [{"type": "function", "function": {"name": "f", "parameters": {"x": 1e100, "y": -0.0, "z": 12345678901234, "w": 0.1}}}],
+     {"enable_thinking": True, "custom": {"a": [1, 2.5], "s": "é\n\"q\""}, "bos_token": "<B>", "n": None}),
+    ("{{ tools is none }} {{ tools | length }} {{ enable_thinking is defined }}", [{"role": "user", "content": "hi"}], [], {}),
+    ("{{ messages | length }}", [{"role": "user", "content": "hi"}], None, {"messages": []}),
+]
+
+
+def apply_feature_rows(tok):
+    rows = []
+    for source, messages, tools, kwargs in APPLY_FEATURES:
+        row = {
+            "template": "feature",
+            "template_source": source,
+            "messages": messages,
+            "add_generation_prompt": False,
+            "bos_token": tok.special_tokens_map.get("bos_token"),
+            "eos_token": tok.special_tokens_map.get("eos_token"),
+        }
+        if tools is not None:
+            row["tools"] = tools
+        if kwargs:
+            row["chat_template_kwargs"] = kwargs
+        try:
+            row["expected"] = tok.apply_chat_template(messages, tools=tools, tokenize=False, chat_template=source, **kwargs)
+        except Exception as e:
+            row["expected"] = None
+            row["error"] = f"{type(e).__name__}: {e}"
+        rows.append(row)
+    return rows
+
+
 def feature_rows():
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
@@ -236,6 +442,49 @@ def feature_rows():
     return rows
 
 
+def tool_row(tok, name, source, conv_name, messages, tools, kwargs, agp, tokens):
+    """One conversation rendered by apply_chat_template with tools= and extra
+    keyword arguments (recorded as "tools" and "chat_template_kwargs")."""
+    row = {
+        "template": name,
+        "conversation": conv_name,
+        "messages": messages,
+        "add_generation_prompt": agp,
+        "bos_token": tokens.get("bos_token", tok.special_tokens_map.get("bos_token")),
+        "eos_token": tokens.get("eos_token", tok.special_tokens_map.get("eos_token")),
+    }
+    if tools is not None:
+        row["tools"] = tools
+    if kwargs:
+        row["chat_template_kwargs"] = kwargs
+    try:
+        row["expected"] = tok.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=agp, chat_template=source, **tokens, **kwargs
+        )
+    except Exception as e:
+        row["expected"] = None
+        row["error"] = f"{type(e).__name__}: {e}"
+    return row
+
+
+def tool_rows(tok):
+    """The Qwen3 conversations with enable_thinking absent, true and false, and
+    the Llama 3.1 tool conversations; each with and without a generation prompt."""
+    rows = []
+    qwen3 = read(os.path.join(DATA, "qwen3_chat_template.jinja"))
+    for conv_name, (messages, tools) in QWEN3_CONVERSATIONS.items():
+        for thinking in (None, True, False):
+            kwargs = {} if thinking is None else {"enable_thinking": thinking}
+            for agp in (False, True):
+                rows.append(tool_row(tok, "qwen3", qwen3, conv_name, messages, tools, kwargs, agp, {}))
+    llama31 = read(os.path.join(DATA, "llama3.1_chat_template.jinja"))
+    tokens = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+    for conv_name, (messages, tools, kwargs) in LLAMA31_CONVERSATIONS.items():
+        for agp in (False, True):
+            rows.append(tool_row(tok, "llama3.1", llama31, conv_name, messages, tools, kwargs, agp, tokens))
+    return rows
+
+
 def main():
     tok = AutoTokenizer.from_pretrained(os.path.join(SHARED, "qwen2.5-tokenizer"))
     qwen25 = json.loads(read(os.path.join(SHARED, "qwen2.5-tokenizer", "tokenizer_config.json")))["chat_template"]
@@ -250,6 +499,7 @@ def main():
             read(os.path.join(DATA, "llama3.1_chat_template.jinja")),
             {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
         ),
+        "qwen3": (read(os.path.join(DATA, "qwen3_chat_template.jinja")), {}),
     }
     rows = []
     for name, (source, tokens) in templates.items():
@@ -277,7 +527,9 @@ def main():
                     row["expected"] = None
                     row["error"] = f"{type(e).__name__}: {e}"
                 rows.append(row)
+    rows += tool_rows(tok)
     rows += feature_rows()
+    rows += apply_feature_rows(tok)
     out = os.path.join(DATA, "chat_template_goldens.jsonl")
     with open(out, "w", encoding="utf-8") as f:
         for row in rows:

@@ -72,6 +72,7 @@ static const IntRange INT_KEYS[] = {
     {"ddp_timeout", 1, 604800, false},
     {"ddp_bucket_cap_mb", 1, 65536, false},
     {"nproc_per_node", 0, 1024, false},
+    {"lora_r", 1, 4096, false},
     {"seed", 0, INT64_MAX, false},
 };
 
@@ -104,6 +105,8 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"gpu_memory_utilization", 0, 1, false, false, false},
     {"vllm_gpu_memory_utilization", 0, 1, false, false, false},
     {"num_train_epochs", 0, 1e6, true, false, false},
+    {"lora_alpha", 0, 1e6, true, false, false},
+    {"lora_dropout", 0, 1, false, false, false},
 };
 
 #define N_INT_KEYS (sizeof INT_KEYS / sizeof INT_KEYS[0])
@@ -816,7 +819,11 @@ static void test_trl_messages(void) {
     expect_trl_refusal("push_to_hub: true\n", "trl.yaml: push_to_hub: true is a known TRL/transformers setting that "
                                               "colt does not support (yet) with this value (colt accepts false)",
                        "hf upload");
-    expect_trl_refusal("use_peft: true\n", "use_peft: true is a known TRL/transformers setting", "LoRA/PEFT is not supported yet");
+    expect_trl_refusal("use_dora: true\n", "use_dora: true is a known TRL/transformers setting", "DoRA is not supported");
+    expect_trl_refusal("lora_modules_to_save: [lm_head]\n", "lora_modules_to_save: [\"lm_head\"] is a known",
+                       "not supported");
+    expect_trl_refusal("lora_target_modules: [q_proj, c_attn]\n", "lora_target_modules: 'c_attn' is not a layer colt adapts",
+                       "all-linear");
     expect_trl_refusal("deepspeed: ds_zero3.json\n", "deepspeed: ds_zero3.json is a known", "DeepSpeed");
     expect_trl_refusal("fp16: true\n", "fp16: true is a known", "use bf16");
     expect_trl_refusal("bf16: false\n", "bf16: false is a known", "cuda_f32");

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "model/lora.h"
 #include "train/tensorboard.h"
 
 typedef enum { KEY_DOUBLE, KEY_DOUBLE_OR_NULL, KEY_INT, KEY_U64, KEY_BOOL, KEY_STRING, KEY_JSON_LIST } KeyType;
@@ -91,6 +92,20 @@ static const ConfigKey KEYS[] = {
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
     K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
+    K(use_peft, KEY_BOOL,
+      "train LoRA adapters on the frozen model instead of every weight (saved in PEFT's format: "
+      "adapter_config.json + adapter_model.safetensors)"),
+    KI(lora_r, 1, 4096, "LoRA rank"),
+    KD(lora_alpha, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1e6, "LoRA alpha: the adapter term is scaled by lora_alpha / lora_r"),
+    KD(lora_dropout, KEY_DOUBLE, 0, RANGE_CLOSED, 1,
+       "dropout on the adapters' input: colt supports 0 only (its default; TRL's is 0.05)"),
+    K(lora_target_modules, KEY_JSON_LIST,
+      "layers that get adapters: all-linear (default: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or "
+      "a list of those names"),
+    K(use_rslora, KEY_BOOL, "rank-stabilised LoRA: scale by lora_alpha / sqrt(lora_r)"),
+    K(merge_lora, KEY_BOOL,
+      "with use_peft: also write the merged model (weights + adapters, a plain Hugging Face checkpoint) to "
+      "output_dir/merged at the end"),
     {.name = "use_vllm", .type = KEY_BOOL, .offset = offsetof(TrainConfig, use_vllm),
      .help = "accepted for TRL configs; colt always generates with its in-process engine",
      .notice = "colt always generates with its own in-process engine on the trainer's weights (vLLM is not used)"},
@@ -206,7 +221,7 @@ typedef struct TrlKey {
 #define T_TP \
     "colt runs one whole model per GPU (data-parallel over several GPUs): tensor parallelism is not supported yet; " \
     "use 1"
-#define T_PEFT "used only with use_peft (LoRA), which colt does not support yet: it trains every parameter"
+#define T_PEFT_ONLY "colt's LoRA adapts the linear layers of every decoder block (lora_target_modules)"
 #define T_QUANT "quantized loading (bitsandbytes) is not supported: colt trains the model's full-precision weights"
 #define T_BNB "used only with load_in_4bit or load_in_8bit, which colt does not support"
 #define T_SHUFFLE "colt shuffles the prompts every epoch with seed"
@@ -395,16 +410,11 @@ static const TrlKey TRL_KEYS[] = {
          "set model to DIR"),
     ONLY("dtype", "auto bfloat16 bf16 float32 fp32 null", T_FP16),
     NOOP("attn_implementation", "colt computes attention with its own kernels (FlashAttention-style on a GPU)"),
-    ONLY("use_peft", "false", "LoRA/PEFT is not supported yet: colt trains every parameter; remove use_peft"),
-    NOOP("lora_r", T_PEFT),
-    NOOP("lora_alpha", T_PEFT),
-    NOOP("lora_dropout", T_PEFT),
-    NOOP("lora_target_modules", T_PEFT),
-    NOOP("lora_target_parameters", T_PEFT),
-    NOOP("lora_modules_to_save", T_PEFT),
-    NOOP("lora_task_type", T_PEFT),
-    BOOL_NOOP("use_rslora", T_PEFT),
-    BOOL_NOOP("use_dora", T_PEFT),
+    ONLY("lora_target_parameters", "null []", T_PEFT_ONLY "; adapting parameters directly is not supported"),
+    ONLY("lora_modules_to_save", "null []",
+         T_PEFT_ONLY "; training other modules fully beside the adapters is not supported"),
+    ONLY("lora_task_type", "CAUSAL_LM", "colt trains causal language models"),
+    ONLY("use_dora", "false", "DoRA is not supported: use plain LoRA (use_dora: false)"),
     ONLY("load_in_8bit", "false", T_QUANT),
     ONLY("load_in_4bit", "false", T_QUANT),
     NOOP("bnb_4bit_quant_type", T_BNB),
@@ -468,6 +478,8 @@ void train_config_defaults(TrainConfig *c) {
     c->loss_type = xstrdup("dapo");
     c->importance_sampling_level = xstrdup("token");
     c->scale_rewards = xstrdup("group");
+    c->lora_r = 16; /* TRL's ModelConfig defaults (lora_dropout: colt has none, TRL 0.05) */
+    c->lora_alpha = 32.0;
     c->num_iterations = 1;
     c->use_vllm = true;
     c->vllm_mode = xstrdup("colocate");
@@ -759,6 +771,42 @@ static void add_notice(TrainConfig *c, const char *key, const json_t *v, const c
     json_object_set_new(c->notices, key, json_string(line));
 }
 
+/* lora_target_modules: "all-linear" or names of the block's linear layers. A
+ * refused value leaves the key unset. */
+static int check_lora_targets(TrainConfig *c, const char *where, char *err) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(c->lora_target_modules, i, v) {
+        LoraTarget t;
+        const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+        if (s && (strcmp(s, "all-linear") == 0 || lora_target_parse(s, &t) == 0)) continue;
+        json_decref(c->lora_target_modules);
+        c->lora_target_modules = NULL;
+        return errorf(err, "%s: lora_target_modules: %s%s%s is not a layer colt adapts (all-linear, or a list of "
+                           "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                      where, s ? "'" : "", s ? s : "a non-string entry", s ? "'" : "");
+    }
+    return COLT_OK;
+}
+
+/* The adapters use_peft asks for. */
+int train_config_lora(const TrainConfig *c, LoraConfig *out, char *err) {
+    memset(out, 0, sizeof *out);
+    out->r = c->lora_r;
+    out->alpha = (float)c->lora_alpha;
+    out->use_rslora = c->use_rslora;
+    if (!c->lora_target_modules) out->targets = LORA_ALL_TARGETS;
+    size_t i;
+    json_t *v;
+    json_array_foreach(c->lora_target_modules, i, v) {
+        LoraTarget t;
+        if (strcmp(json_string_value(v), "all-linear") == 0) out->targets = LORA_ALL_TARGETS;
+        else if (lora_target_parse(json_string_value(v), &t) == 0) out->targets |= 1u << t;
+    }
+    if (!out->targets) return errorf(err, "settings: lora_target_modules is empty");
+    return COLT_OK;
+}
+
 /* report_to as transformers reads it: "none", "tensorboard", or a list of
  * them; colt has no other integration. A refused value leaves report_to unset. */
 static int check_report_to(TrainConfig *c, const json_t *given, const char *where, char *err) {
@@ -838,6 +886,8 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     }
     }
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, report_to)) rc = check_report_to(c, v, where, err);
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, lora_target_modules))
+        rc = check_lora_targets(c, where, err);
     /* either name of the KV pool cap: remember that the user chose it */
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
@@ -1370,6 +1420,12 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "must be divisible by num_generations (%d)",
                       c->generation_batch_size, c->num_generations);
     if (check_products(c, err) != 0) return COLT_ERR;
+    if (c->use_peft && c->lora_dropout != 0.0)
+        return errorf(err, "settings: lora_dropout %g: colt applies no dropout to the adapters' input; set "
+                           "lora_dropout: 0 (TRL's default is 0.05)", c->lora_dropout);
+    if (c->merge_lora && !c->use_peft) return errorf(err, "settings: merge_lora needs use_peft: true");
+    if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
+        return errorf(err, "settings: lora_target_modules is an empty list");
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
     return COLT_OK;
 }

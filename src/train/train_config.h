@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/lora.h"
+
 typedef struct TrainConfig {
     /* what to train */
     char *model, *dataset, *eval_dataset, *output_dir;
@@ -36,6 +38,11 @@ typedef struct TrainConfig {
     int num_iterations;
     bool mask_truncated_completions;
     bool gradient_checkpointing;  /* recompute activations in the backward (transformers' name) */
+    /* LoRA (TRL's ModelConfig names): adapters trained on the frozen model (model/lora.h) */
+    bool use_peft, use_rslora, merge_lora;
+    int lora_r;
+    double lora_alpha, lora_dropout;
+    json_t *lora_target_modules; /* module names, or ["all-linear"] (the default when NULL) */
     /* Sampler / trainer mismatch: TRL's vLLM importance-sampling correction, with
      * colt's in-process engine in vLLM's place (see train/grpo.h). TRL applies
      * it only when use_vllm; colt always generates with its engine, so use_vllm
@@ -145,6 +152,9 @@ json_t *train_config_to_json(const TrainConfig *c);
 
 /* Prints every key with its default and help to fp. */
 void train_config_print_help(void *fp);
+
+/* The adapters use_peft asks for (lora_r, lora_alpha, use_rslora, lora_target_modules). */
+int train_config_lora(const TrainConfig *c, LoraConfig *out, char *err);
 
 /* Whether report_to lists the integration (e.g. "tensorboard"). */
 bool train_config_reports_to(const TrainConfig *c, const char *integration);

@@ -33,6 +33,7 @@
 #include "data/dataset.h"
 #include "data/rewards.h"
 #include "engine/engine.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
 #include "tokenizer/tokenizer.h"
@@ -66,6 +67,9 @@ typedef struct Trainer {
     Backend *be;              /* this process's instance, opened on its device */
     TrainDist dist;           /* rank, world size and communicator (a world of one: no communicator) */
     Model *model, *ref_model;
+    /* With use_peft and beta > 0 the reference model is the base model: the
+     * trainer's own, with its adapters turned off (TRL: disable_adapter()). */
+    bool ref_is_base;
     Tokenizer *tok;
     Dataset *data, *eval_data;
     RewardFunc **rewards;
@@ -177,9 +181,13 @@ static int pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
     return n;
 }
 
+/* beta > 0: reference log-probs enter the loss. */
+static bool has_reference(const Trainer *t) { return t->ref_model || t->ref_is_base; }
+
 /* Log-probs of samples [lo, hi)'s completions under model m (old or
  * reference), in micro-batches of per_device_train_batch_size; out[i - lo]
  * gets a malloc'd [len] array. */
+
 static int completion_logprobs(Trainer *t, Model *m, Rollout *r, int lo, int hi, float **out, char *err) {
     int bs = t->cfg->per_device_train_batch_size;
     int *idx = xmalloc(sizeof(int) * (size_t)bs);
@@ -475,8 +483,11 @@ static int new_rollout(Trainer *t, char *err) {
         rc = train_dist_agree(&t->dist, completion_logprobs(t, t->model, r, lo, hi, lp, err), err);
         if (rc == 0) rc = gather_token_values(t, r, lp, lo, hi, offsetof(Sample, old_logp), err);
     }
-    if (rc == 0 && t->ref_model) {
-        rc = train_dist_agree(&t->dist, completion_logprobs(t, t->ref_model, r, lo, hi, lp, err), err);
+    if (rc == 0 && has_reference(t)) {
+        if (t->ref_is_base) model_lora_set_enabled(t->model, false);
+        rc = completion_logprobs(t, t->ref_is_base ? t->model : t->ref_model, r, lo, hi, lp, err);
+        if (t->ref_is_base) model_lora_set_enabled(t->model, true);
+        rc = train_dist_agree(&t->dist, rc, err);
         if (rc == 0) rc = gather_token_values(t, r, lp, lo, hi, offsetof(Sample, ref_logp), err);
     }
     for (int j = 0; j < n_local; j++) free(lp[j]);
@@ -562,7 +573,7 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
     float loss = 0;
     GrpoLossMetrics lm;
     if (grpo_loss_with_is_weight(&loss, t->mb_dlogp, &lm, &lc, t->mb_logp, t->need_old_logp ? t->mb_old : NULL,
-                                 t->ref_model ? t->mb_ref : NULL,
+                                 has_reference(t) ? t->mb_ref : NULL,
                                  c->vllm_importance_sampling_correction ? t->mb_isw : NULL, t->mb_mask, t->mb_adv,
                                  B, T, err) != 0)
         return COLT_ERR;
@@ -641,7 +652,7 @@ static RolloutShape rollout_shape(const Trainer *t) {
                           .vocab_size = model_config(t->model)->vocab_size, .dataset_rows = dataset_size(t->data),
                           .micro_per_round = c->steps_per_generation * c->num_iterations,
                           .micro_batch_samples = c->per_device_train_batch_size * t->dist.world,
-                          .has_old_logp = t->need_old_logp, .has_ref_logp = t->ref_model != NULL};
+                          .has_old_logp = t->need_old_logp, .has_ref_logp = has_reference(t)};
 }
 
 /* trainer_state.json's content now (NULL if a sample cannot be written as JSON). */
@@ -657,6 +668,12 @@ static json_t *trainer_state_json(const Trainer *t) {
 static void last_checkpoint_text(const Trainer *t, char *buf, size_t size) {
     if (t->last_checkpoint) snprintf(buf, size, "the last good checkpoint is %s", t->last_checkpoint);
     else snprintf(buf, size, "no checkpoint was saved");
+}
+
+/* Writes what this run trains to dir: the model, or its LoRA adapters (PEFT's files). */
+static int save_trained(const Trainer *t, const char *dir, char *err) {
+    if (model_has_lora(t->model)) return model_lora_save(t->model, dir, t->cfg->model, err);
+    return model_save(t->model, dir, DTYPE_F32, err);
 }
 
 /* Writes output_dir/checkpoint-N atomically: everything goes into a temporary
@@ -681,7 +698,7 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
     char *cfg_path = path_join(dir, "train_config.json");
     remove_tree(dir);
     int rc = COLT_OK;
-    if (model_save(t->model, dir, DTYPE_F32, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0 ||
+    if (save_trained(t, dir, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0 ||
         optim_save(t->opt, opt_path, err) != 0)
         rc = COLT_ERR;
     if (rc == 0) {
@@ -1072,6 +1089,60 @@ static int check_visible_devices(Trainer *t, char *err) {
     return rc;
 }
 
+/* The model this run trains: the base model from `model`, or a full
+ * checkpoint's weights when resuming; with use_peft the base model plus new
+ * LoRA adapters, or the checkpoint's adapters when resuming. */
+static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
+    const char *ckpt = c->resume_from_checkpoint;
+    if (ckpt && !c->use_peft) {
+        char *adapter = path_join(ckpt, "adapter_config.json");
+        bool lora_ckpt = file_exists(adapter);
+        free(adapter);
+        if (lora_ckpt)
+            return errorf(err, "resume from %s: it holds LoRA adapters (adapter_config.json): set use_peft: true", ckpt);
+    }
+    if (model_load(&t->model, ckpt && !c->use_peft ? ckpt : c->model, t->be, err) != 0) return COLT_ERR;
+    if (!c->use_peft) return COLT_OK;
+    LoraConfig want;
+    if (train_config_lora(c, &want, err) != 0) return COLT_ERR;
+    if (!ckpt) {
+        if (model_lora_attach(t->model, &want, c->seed, err) != 0) return COLT_ERR;
+    } else {
+        if (model_lora_load(t->model, ckpt, err) != 0) return error_prefix(err, "resume from %s", ckpt);
+        const LoraConfig *have = model_lora_config(t->model);
+        if (have->r != want.r || have->alpha != want.alpha || have->use_rslora != want.use_rslora ||
+            have->targets != want.targets)
+            return errorf(err, "resume from %s: its adapters (r %d, lora_alpha %g, use_rslora %d) or target modules "
+                               "differ from this run's settings (lora_r %d, lora_alpha %g, use_rslora %d)",
+                          ckpt, have->r, (double)have->alpha, have->use_rslora, want.r, (double)want.alpha,
+                          want.use_rslora);
+    }
+    size_t n_adapters = 0, n_weights = model_weight_bytes(t->model) / dtype_size(t->be->storage);
+    for (int i = 0; i < model_param_count(t->model); i++) n_adapters += model_param(t->model, i).numel;
+    const ModelConfig *mc = model_config(t->model);
+    char targets[160] = "";
+    for (int k = 0; k < LORA_N_TARGETS; k++)
+        if (want.targets & (1u << k))
+            snprintf(targets + strlen(targets), sizeof targets - strlen(targets), "%s%s", targets[0] ? " " : "",
+                     lora_target_name((LoraTarget)k));
+    log_info0("LoRA: r %d, lora_alpha %g%s on %s of %d layers: %zu trainable parameters (%.2f%% of %zu frozen)",
+              want.r, (double)want.alpha, want.use_rslora ? " (rsLoRA)" : "", targets, mc->num_hidden_layers,
+              n_adapters, 100.0 * (double)n_adapters / (double)n_weights, n_weights);
+    return COLT_OK;
+}
+
+/* merge_lora: output_dir/merged, a plain checkpoint of the weights with the
+ * adapters folded in (in the base model's dtype), with the tokenizer. */
+static int save_merged(const Trainer *t, char *err) {
+    char *dir = path_join(t->cfg->output_dir, "merged");
+    DType dtype = model_config(t->model)->torch_dtype == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32;
+    int rc = model_save_merged(t->model, dir, dtype, err);
+    if (rc == 0) rc = tokenizer_copy_files(t->cfg->model, dir, err);
+    if (rc == 0) log_info0("merged model (weights + adapters) saved to %s", dir);
+    free(dir);
+    return rc;
+}
+
 /* Everything setup does on this rank. Only rank 0 touches output_dir. */
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
     int device = 0;
@@ -1085,9 +1156,9 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
     }
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
-    const char *weights = c->resume_from_checkpoint ? c->resume_from_checkpoint : c->model;
-    if (model_load(&t->model, weights, t->be, err) != 0) return COLT_ERR;
-    if (c->beta > 0 && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
+    if (load_trained_model(t, c, err) != 0) return COLT_ERR;
+    if (c->beta > 0 && !c->use_peft && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
+    t->ref_is_base = c->beta > 0 && c->use_peft;
     const ModelConfig *mc = model_config(t->model);
     if (tokenizer_vocab_size(t->tok) > mc->vocab_size)
         return errorf(err, "%s: the tokenizer has %d tokens but the model only %d", c->model,
@@ -1262,7 +1333,8 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
 
     /* The memory plan: every lifetime's buffers are allocated above, once. */
     double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
-    size_t w = model_weight_bytes(t->model), o = optim_state_bytes(t->opt), gr = model_grads_bytes(t->grads);
+    size_t w = model_weight_bytes(t->model) + model_lora_bytes(t->model), o = optim_state_bytes(t->opt),
+           gr = model_grads_bytes(t->grads);
     size_t act = train_state_bytes(t->ts), ref = t->ref_model ? model_weight_bytes(t->ref_model) : 0;
     /* the CUDA backend's own scratch (cuBLASLt workspace, staging, attention and sampling partials) */
     size_t scratch = strncmp(t->be->name, "cuda", 4) == 0 ? backend_cuda_reserved_bytes(t->be) : 0;
@@ -1488,9 +1560,10 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
                              "learning_rate %g): the final model is not saved, %s",
                         (long long)t.global_step, c->learning_rate, last);
         }
-        if (rc == 0 && t.dist.rank == 0 && (model_save(t.model, c->output_dir, DTYPE_F32, err) != 0 ||
-                        tokenizer_copy_files(c->model, c->output_dir, err) != 0))
+        if (rc == 0 && t.dist.rank == 0 &&
+            (save_trained(&t, c->output_dir, err) != 0 || tokenizer_copy_files(c->model, c->output_dir, err) != 0))
             rc = COLT_ERR;
+        if (rc == 0 && t.dist.rank == 0 && c->merge_lora) rc = save_merged(&t, err);
         if (rc == 0 && t.dist.rank == 0) {
             ReportSummary s = {.eval_reward_before = eval_before, .eval_reward_after = eval_after,
                                .steps = t.global_step, .seconds = time_now() - run_start};

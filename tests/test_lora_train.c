@@ -1,0 +1,134 @@
+/* test_lora_train.c — `colt train` with use_peft, end to end on the CPU with the
+ * real stories260K (the demo's settings, made small; beta 0.1, so the
+ * reference log-probs come from the same model with its adapters turned off):
+ *   1. the run saves PEFT's files (adapter_config.json, adapter_model.safetensors,
+ *      no model.safetensors) in output_dir and in each checkpoint, and with
+ *      merge_lora a plain merged checkpoint in output_dir/merged that colt loads;
+ *   2. resuming from a checkpoint ends with the same adapters, byte for byte, and
+ *      the same metrics as the uninterrupted run;
+ *   3. bad input: lora_dropout other than 0, merge_lora without use_peft, a LoRA
+ *      checkpoint resumed without use_peft, a checkpoint whose rank differs from
+ *      the run's, a full checkpoint resumed with use_peft — each a one-line error,
+ *      exit 1. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char *BASE =
+    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+    "--logging_steps 1 --log_completions_count 0 --save_total_limit 0 --eval_dataset null "
+    "--steps_per_generation 2 --use_peft true --lora_r 8 --lora_alpha 16 --learning_rate 2e-3";
+
+/* `colt train ARGS`; stderr into *err_out. */
+static int run(const char *args, char **err_out) {
+    char cmd[8192], err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "timeout 600 %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
+    int status = system(cmd);
+    size_t len;
+    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void expect_refused(const char *what, const char *args, const char *needle) {
+    char *err = NULL;
+    int code = run(args, &err);
+    const char *last = err;
+    for (const char *p = err; *p; p++)
+        if (p[0] == '\n' && p[1]) last = p + 1;
+    printf("  refused %-34s -> exit %d: %s", what, code, last);
+    CHECK(code == 1 && strstr(err, needle), "%s: want exit 1 and '%s', got %d: %s", what, needle, code, err);
+    free(err);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_lora_train_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    char args[8192], ref[300], res[300], ck2[400], *err = NULL;
+    snprintf(ref, sizeof ref, "%s/ref", g_tmp);
+    snprintf(res, sizeof res, "%s/resumed", g_tmp);
+    snprintf(ck2, sizeof ck2, "%s/checkpoint-2", ref);
+
+    /* 1. the uninterrupted run */
+    snprintf(args, sizeof args, "%s --beta 0.1 --max_steps 4 --save_steps 2 --merge_lora true --output_dir %s", BASE,
+             ref);
+    int code = run(args, &err);
+    CHECK(code == 0, "LoRA run: exit %d: %s", code, err);
+    CHECK(strstr(err, "LoRA: r 8, lora_alpha 16 on q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"),
+          "the run does not say what it adapts: %s", err);
+    free(err);
+    const char *peft_files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(exists_in(ref, peft_files[i]), "output_dir has no %s", peft_files[i]);
+        CHECK(exists_in(ck2, peft_files[i]), "checkpoint-2 has no %s", peft_files[i]);
+    }
+    CHECK(!exists_in(ref, "model.safetensors") && !exists_in(ck2, "model.safetensors"),
+          "a LoRA run wrote the full model besides its adapters");
+    CHECK(exists_in(ck2, "optimizer.safetensors"), "checkpoint-2 has no optimizer state");
+    char merged[400];
+    snprintf(merged, sizeof merged, "%s/merged", ref);
+    CHECK(exists_in(merged, "model.safetensors") && exists_in(merged, "config.json") &&
+              exists_in(merged, "tokenizer.json"),
+          "merge_lora: output_dir/merged is not a checkpoint");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max_new_tokens 8 > /dev/null 2>&1",
+             COLT_BINARY, merged);
+    CHECK(system(cmd) == 0, "colt generate cannot load the merged checkpoint");
+    char *cfg = read_text(ref, "adapter_config.json");
+    CHECK(cfg && strstr(cfg, "\"r\": 8") && strstr(cfg, "\"peft_type\": \"LORA\"") && strstr(cfg, "models/stories260K"),
+          "adapter_config.json: %s", cfg ? cfg : "(missing)");
+    free(cfg);
+    printf("LoRA run: adapters in output_dir and checkpoint-2 (PEFT's files, no full model), merged checkpoint loads\n");
+
+    /* 2. resume from checkpoint-2 */
+    snprintf(args, sizeof args, "%s --beta 0.1 --max_steps 4 --save_steps 2 --output_dir %s --resume_from_checkpoint %s",
+             BASE, res, ck2);
+    code = run(args, &err);
+    CHECK(code == 0, "resumed run: exit %d: %s", code, err);
+    free(err);
+    bool same_adapters = same_file(ref, res, "adapter_model.safetensors");
+    char *m_ref = metrics_without_timing(ref), *m_res = metrics_without_timing(res);
+    /* the resumed run's metrics.jsonl holds steps 3-4 only: the reference's last two lines */
+    const char *tail = m_ref;
+    for (int skip = count_lines(m_ref) - count_lines(m_res); skip > 0 && tail; skip--) tail = strchr(tail, '\n') + 1;
+    bool same_metrics = count_lines(m_res) == 2 && strcmp(tail, m_res) == 0;
+    printf("resumed from checkpoint-2: final adapters %s, metrics of steps 3-4 %s\n",
+           same_adapters ? "byte-identical" : "DIFFER", same_metrics ? "identical" : "DIFFER");
+    CHECK(same_adapters, "resumed run's adapters differ from the uninterrupted run's");
+    CHECK(same_metrics, "resumed metrics differ:\n%s\nvs\n%s", tail, m_res);
+    free(m_ref), free(m_res);
+
+    /* 3. bad input */
+    snprintf(args, sizeof args, "%s --lora_dropout 0.05 --max_steps 1 --output_dir %s/x", BASE, g_tmp);
+    expect_refused("lora_dropout 0.05", args, "lora_dropout 0.05: colt applies no dropout");
+    snprintf(args, sizeof args, "--config examples/demo.yaml --merge_lora true --max_steps 1 --output_dir %s/x", g_tmp);
+    expect_refused("merge_lora without use_peft", args, "merge_lora needs use_peft: true");
+    snprintf(args, sizeof args,
+             "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+             "--steps_per_generation 2 --max_steps 4 --output_dir %s/x --resume_from_checkpoint %s",
+             g_tmp, ck2);
+    expect_refused("LoRA checkpoint without use_peft", args, "holds LoRA adapters (adapter_config.json): set use_peft");
+    snprintf(args, sizeof args, "%s --lora_r 4 --max_steps 4 --output_dir %s/x --resume_from_checkpoint %s", BASE,
+             g_tmp, ck2);
+    expect_refused("checkpoint of another rank", args, "differ from this run's settings (lora_r 4");
+    /* a full-weights checkpoint has no adapters to resume */
+    snprintf(args, sizeof args,
+             "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+             "--steps_per_generation 2 --max_steps 2 --save_steps 2 --log_completions_count 0 --eval_dataset null "
+             "--output_dir %s/full",
+             g_tmp);
+    code = run(args, &err);
+    CHECK(code == 0, "full run: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s/x --resume_from_checkpoint %s/full/checkpoint-2", BASE,
+             g_tmp, g_tmp);
+    expect_refused("full checkpoint with use_peft", args, "adapter_config.json");
+
+    sh("rm -rf '%s'", g_tmp);
+    printf("test_lora_train: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

@@ -542,8 +542,8 @@ int main(void) {
     expect_error("flag with a non-bool word", args, NULL, "--json: 'maybe' is not true or false");
     snprintf(args, sizeof args, "train --config %s/trl.yaml --push_to_hub", g_tmp);
     expect_error("train --push_to_hub alone", args, NULL, "push_to_hub: true is a known TRL/transformers setting");
-    snprintf(args, sizeof args, "train --config %s/trl.yaml --use_peft true", g_tmp);
-    expect_error("train --use_peft true", args, NULL, "LoRA/PEFT is not supported yet");
+    snprintf(args, sizeof args, "train --config %s/trl.yaml --use_dora true", g_tmp);
+    expect_error("train --use_dora true", args, NULL, "DoRA is not supported");
     snprintf(args, sizeof args, "train --config %s/trl.yaml --vllm_tensor_parallel_size 2", g_tmp);
     expect_error("train tensor parallel 2", args, NULL, "tensor parallelism is not supported yet");
     snprintf(args, sizeof args, "train --config %s/trl.yaml --gradient_checkpointing maybe", g_tmp);

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# bench_grpo.sh — GRPO step time on the GPU for Qwen2.5-shaped models, the
+# bench_grpo.sh — GRPO step time on the GPU for models of public shapes, the
 # issue's configuration (bench/gpu/grpo_bench.yaml: 16 prompts x 8 generations
 # x 256 completion tokens, one micro-batch, beta 0), split into generation,
 # log-probs, scoring and training; prints a markdown table.
 # Usage: bash bench/gpu/bench_grpo.sh TOKENIZER_DIR PROMPTS_JSONL [preset ...]
 #   TOKENIZER_DIR: Qwen2.5's tokenizer files; PROMPTS_JSONL: {"prompt": [messages]} rows
-#   (scripts/pack_device.sh makes both from ../shared/data). Presets default to
+#   (scripts/pack_device.sh makes both from ../shared/data). Presets (colt init's) default to
 #   qwen2.5-0.5b qwen2.5-1.5b. The first step (CUDA graph capture, cuBLAS
-#   heuristics) is left out of the means.
+#   heuristics) is left out of the means. Llama 3 presets get the Qwen tokenizer's
+#   vocabulary (151936; the bundle has no Llama 3 tokenizer): their layers are
+#   Llama 3's, their embedding and lm_head 18% larger.
 # COLT_TRAIN_ARGS (environment) is appended to colt train's arguments, e.g.
-#   COLT_TRAIN_ARGS="--deterministic false" turns the deterministic mode off (on by default for bf16).
+#   COLT_TRAIN_ARGS="--deterministic false" turns the deterministic mode off (on by default for bf16);
+#   COLT_TRAIN_ARGS="--use_peft true" trains LoRA adapters (r 16, all linear layers) instead of every weight.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -22,14 +25,23 @@ mkdir -p "$work"
 echo "| model | s/step | generation | log-probs | scoring | training | KV pool GB | seqs held | peak GB | preemptions | logp diff mean | logp diff max | activation alloc/free |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for p in $presets; do
-  rm -rf "$work/$p" "$work/run-$p"
-  $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
+  rm -rf "$work/run-$p"  # the checkpoint is kept: a second pass (e.g. with LoRA) reuses it
+  init_args=()
+  case $p in
+    qwen2.5-*) init_args=(--arch qwen2) ;;
+    llama3*) init_args=(--vocab_size 151936) ;;
+  esac
+  if [ ! -f "$work/$p/config.json" ]; then
+    $COLT init "${init_args[@]}" --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
+  fi
+  label=$p
+  case " ${COLT_TRAIN_ARGS:-} " in *" --use_peft true "*) label="$p LoRA" ;; esac
   if ! $COLT train --config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" \
       --output_dir "$work/run-$p" --device cuda ${COLT_TRAIN_ARGS:-} > "$work/train-$p.log" 2>&1; then
-    echo "| $p | failed: $(tail -1 "$work/train-$p.log") |"
+    echo "| $label | failed: $(tail -1 "$work/train-$p.log") |"
     continue
   fi
-  python3 - "$work/run-$p/metrics.jsonl" "$p" <<'PY'
+  python3 - "$work/run-$p/metrics.jsonl" "$label" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if "step_time" in r][1:]  # leave out the first step

@@ -15,6 +15,7 @@
 
 static const char *INIT_USAGE =
     "usage: colt init [--arch qwen2|qwen3|llama] --preset PRESET --out DIR [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n"
+    "                 [--vocab_size V]\n"
     "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (--arch qwen2, qwen3 or llama),\n"
     "           qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (qwen3),\n"
     "           llama3.2-1b, llama3.2-3b, llama3.1-8b (llama, with Llama 3's RoPE scaling)\n";
@@ -47,6 +48,7 @@ int cmd_init(int argc, char **argv) {
     char err[ERR_LEN];
     const char *arch = NULL, *preset_name = NULL, *tokenizer_dir = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0;
+    int vocab_size = 0;
     CliOption opts[] = {
         {"arch", OPT_STRING, &arch, "qwen2, qwen3 or llama (required unless the preset names one)", false},
         {"preset", OPT_STRING, &preset_name,
@@ -56,6 +58,8 @@ int cmd_init(int argc, char **argv) {
         {"out", OPT_STRING, &out, "output folder (required)", false},
         {"seed", OPT_U64, &seed, "random seed (default 0)", false},
         {"dtype", OPT_STRING, &dtype, "bf16 (default) or fp32", false},
+        {"vocab_size", OPT_INT, &vocab_size,
+         "the preset's shape with another vocabulary size (e.g. a Llama shape with a Qwen tokenizer)", false},
     };
     int prc = cli_parse(opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, INIT_USAGE, err);
     if (prc == 1) return 0;
@@ -100,6 +104,13 @@ int cmd_init(int argc, char **argv) {
     cfg.num_key_value_heads = p->kv_heads;
     cfg.head_dim = p->head_dim > 0 ? p->head_dim : p->hidden / p->heads;
     cfg.vocab_size = p->vocab;
+    if (vocab_size != 0) {
+        if (vocab_size < 1 || vocab_size > (1 << 24)) {
+            errorf(err, "--vocab_size: %d is out of range (1 .. %d)", vocab_size, 1 << 24);
+            return cli_fail("init", err);
+        }
+        cfg.vocab_size = vocab_size;
+    }
     cfg.max_position_embeddings = p->max_pos;
     cfg.rms_norm_eps = 1e-6f;
     cfg.rope_theta = model_arch == ARCH_LLAMA ? 10000.0f : 1000000.0f;
@@ -127,7 +138,7 @@ int cmd_init(int argc, char **argv) {
         Tokenizer *tok = NULL;
         if (tokenizer_load(&tok, tokenizer_dir, err) != 0) return cli_fail("init", err);
         int tok_vocab = tokenizer_vocab_size(tok);
-        if (strcmp(p->name, "tiny") == 0) cfg.vocab_size = (tok_vocab + 63) / 64 * 64;  /* padded like Qwen's */
+        if (strcmp(p->name, "tiny") == 0 && vocab_size == 0) cfg.vocab_size = (tok_vocab + 63) / 64 * 64; /* padded like Qwen's */
         if (tok_vocab > cfg.vocab_size) {
             tokenizer_free(tok);
             errorf(err, "--tokenizer: %d tokens do not fit the preset's vocab_size %d", tok_vocab, cfg.vocab_size);

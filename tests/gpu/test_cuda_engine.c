@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
 
@@ -73,15 +74,22 @@ static void trainer_agreement(Model *m, const Requests *r, double *mean, double 
     if (trainer_logprob_diff(m, r, 1.0f, mean, max, &differ, err) != 0) CHECK(0, "trainer forward: %s", err);
 }
 
-static void run(const char *dir) {
+/* A model on a backend, with the PEFT adapter in adapter_dir attached (NULL: none). */
+static int load_model(Model **m, const char *dir, const char *adapter_dir, const Backend *be, char *err) {
+    if (model_load(m, dir, be, err) != 0) return COLT_ERR;
+    return adapter_dir ? model_lora_load(*m, adapter_dir, err) : COLT_OK;
+}
+
+static void run(const char *dir, const char *adapter) {
     char err[ERR_LEN];
     Model *cpu = NULL, *f32 = NULL, *bf16 = NULL;
-    if (model_load(&cpu, dir, backend_cpu(), err) != 0 || model_load(&f32, dir, backend_cuda_f32(), err) != 0 ||
-        model_load(&bf16, dir, backend_cuda(), err) != 0) {
+    if (load_model(&cpu, dir, adapter, backend_cpu(), err) != 0 ||
+        load_model(&f32, dir, adapter, backend_cuda_f32(), err) != 0 ||
+        load_model(&bf16, dir, adapter, backend_cuda(), err) != 0) {
         CHECK(0, "%s: %s", dir, err);
         return;
     }
-    printf("%s\n", dir);
+    printf("%s%s%s\n", dir, adapter ? " + LoRA " : "", adapter ? adapter : "");
     SamplingParams greedy = sampling_params_greedy();
     SamplingParams sampled = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 3};
     SamplingParams filtered = {.temperature = 0.8f, .top_k = 30, .top_p = 0.9f, .repetition_penalty = 1.1f, .seed = 4};
@@ -151,12 +159,12 @@ static void run(const char *dir) {
 /* Deterministic mode on both CUDA tables: the engine's log-probs are the
  * trainer's bit for bit, and a sequence's completion and log-probs are the same
  * bits alone, in the batch, two at a time, under preemption and in eager mode. */
-static void run_deterministic(const char *dir) {
+static void run_deterministic(const char *dir, const char *adapter) {
     char err[ERR_LEN];
     const Backend *tables[2] = {backend_cuda(), backend_cuda_f32()};
     for (int b = 0; b < 2; b++) {
         Model *m = NULL;
-        if (model_load(&m, dir, tables[b], err) != 0) {
+        if (load_model(&m, dir, adapter, tables[b], err) != 0) {
             CHECK(0, "%s: %s", dir, err);
             return;
         }
@@ -218,12 +226,16 @@ int main(void) {
         printf("test_cuda_engine: no GPU\n");
         return 77;
     }
-    run("tests/data/models/tiny-qwen2-f32");
-    run("models/stories260K");
-    run("tests/data/models/tiny-llama3-f32"); /* llama3 RoPE: the paged, fused and all-layers rope paths */
-    run("tests/data/models/tiny-qwen3-f32");  /* Qwen3: q/k norm per head (rmsnorm rows of head_dim 24) */
-    run_deterministic("tests/data/models/tiny-qwen2-f32");
-    run_deterministic("models/stories260K");
+    run("tests/data/models/tiny-qwen2-f32", NULL);
+    run("models/stories260K", NULL);
+    run("tests/data/models/tiny-llama3-f32", NULL); /* llama3 RoPE: the paged, fused and all-layers rope paths */
+    run("tests/data/models/tiny-qwen3-f32", NULL);  /* Qwen3: q/k norm per head (rmsnorm rows of head_dim 24) */
+    /* LoRA: the adapter term after each adapted linear layer, q/k/v and gate/up unfused */
+    run("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
+    run("tests/data/models/tiny-llama-f32", "tests/data/lora/llama-qv-rslora");
+    run_deterministic("tests/data/models/tiny-qwen2-f32", NULL);
+    run_deterministic("models/stories260K", NULL);
+    run_deterministic("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
     printf("test_cuda_engine: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
 #include "../rope_table.h"
@@ -226,23 +227,25 @@ static void test_linear_backward(const Dev *d, int n, int in, int out, int with_
 
 /* ---------------------------------------------------------------- rmsnorm */
 
-static void test_rmsnorm(const Dev *d, int n, int dim) {
+/* in_place: out = x (Qwen3's per-head q/k norm in the engine). */
+static void test_rmsnorm(const Dev *d, int n, int dim, int in_place) {
     char name[128];
     float eps = 1e-6f;
     size_t nx = (size_t)n * dim;
     float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
     void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *go = d->be->alloc(d->be, nx);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *co = CPU->alloc(CPU, nx);
-    d->be->rmsnorm(d->be, go, gx, gw, n, dim, eps);
-    CPU->rmsnorm(CPU, co, cx, cw, n, dim, eps);
-    float *got = dev_out(d, go, nx), *ref = cpu_out(co, nx);
-    snprintf(name, sizeof name, "rmsnorm [%d,%d]", n, dim);
+    d->be->rmsnorm(d->be, in_place ? gx : go, gx, gw, n, dim, eps);
+    CPU->rmsnorm(CPU, in_place ? cx : co, cx, cw, n, dim, eps);
+    float *got = dev_out(d, in_place ? gx : go, nx), *ref = cpu_out(in_place ? cx : co, nx);
+    snprintf(name, sizeof name, "rmsnorm%s [%d,%d]", in_place ? " in place" : "", n, dim);
     check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
     free(x), free(w), free(got), free(ref);
     d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, go), CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, co);
 }
 
-static void test_rmsnorm_backward(const Dev *d, int n, int dim) {
+/* with_dw 0: a frozen norm (dw NULL), dx only. */
+static void test_rmsnorm_backward(const Dev *d, int n, int dim, int with_dw) {
     char name[128];
     float eps = 1e-5f;
     size_t nx = (size_t)n * dim;
@@ -251,14 +254,14 @@ static void test_rmsnorm_backward(const Dev *d, int n, int dim) {
     void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *gdy = dev_in(d, dy, nx), *gdx = dev_in(d, dx0, nx);
     void *gdw = dev_in_f32(d, dw0, dim);
     void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *cdy = cpu_in(dy, nx), *cdx = cpu_in(dx0, nx), *cdw = cpu_in(dw0, dim);
-    d->be->rmsnorm_backward(d->be, gdx, gdw, gdy, gx, gw, n, dim, eps);
-    CPU->rmsnorm_backward(CPU, cdx, cdw, cdy, cx, cw, n, dim, eps);
+    d->be->rmsnorm_backward(d->be, gdx, with_dw ? gdw : NULL, gdy, gx, gw, n, dim, eps);
+    CPU->rmsnorm_backward(CPU, cdx, with_dw ? cdw : NULL, cdy, cx, cw, n, dim, eps);
     float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
-    snprintf(name, sizeof name, "rmsnorm_backward dx (+=) [%d,%d]", n, dim);
+    snprintf(name, sizeof name, "rmsnorm_backward dx (+=)%s [%d,%d]", with_dw ? "" : ", dw NULL", n, dim);
     check(d, name, got, ref, nx, (Tol){1e-5, 1e-3, 1.5});
     free(got), free(ref);
     got = dev_out_f32(d, gdw, dim), ref = cpu_out(cdw, dim);
-    snprintf(name, sizeof name, "rmsnorm_backward dw [f32] += [%d]", dim);
+    snprintf(name, sizeof name, "rmsnorm_backward dw [f32] %s [%d]", with_dw ? "+=" : "untouched (NULL)", dim);
     check(d, name, got, ref, dim, (Tol){1e-5, 5e-5, 0});
     free(got), free(ref);
     free(x), free(w), free(dy), free(dx0), free(dw0);
@@ -623,6 +626,19 @@ static void test_elementwise(const Dev *d, size_t n) {
     check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
     free(got), free(ref);
 
+    d->be->mul_scalar(d->be, go, gu, 0.3711f, n);
+    CPU->mul_scalar(CPU, co, cu, 0.3711f, n);
+    got = dev_out(d, go, n), ref = cpu_out(co, n);
+    snprintf(name, sizeof name, "mul_scalar [%zu]", n);
+    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
+    free(got), free(ref);
+    d->be->mul_scalar(d->be, gu, gu, 2.5f, n); /* in place */
+    CPU->mul_scalar(CPU, cu, cu, 2.5f, n);
+    got = dev_out(d, gu, n), ref = cpu_out(cu, n);
+    snprintf(name, sizeof name, "mul_scalar in place [%zu]", n);
+    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
+    free(got), free(ref);
+
     free(g), free(u), free(dout);
     d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
     CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
@@ -901,12 +917,15 @@ done:
 
 /* One training forward + backward (dlogprobs = fixed weights) on two whole
  * sequences; log-probs, entropies and every parameter gradient vs the CPU. */
-static void test_train_step(const Dev *d, const char *dir, const char *label, double lp_tol, double grad_rel) {
+/* adapter: a PEFT LoRA folder attached to both models (the gradients are then the adapters'), or NULL. */
+static void test_train_step(const Dev *d, const char *dir, const char *adapter, const char *label, double lp_tol,
+                            double grad_rel) {
     char err[ERR_LEN], name[200];
     Model *mc = NULL, *mg = NULL;
     TrainState *sc = NULL, *sg = NULL;
     ModelGrads *gc = NULL, *gg = NULL;
-    if (model_load(&mc, dir, CPU, err) != 0 || model_load(&mg, dir, d->be, err) != 0) {
+    if (model_load(&mc, dir, CPU, err) != 0 || model_load(&mg, dir, d->be, err) != 0 ||
+        (adapter && (model_lora_load(mc, adapter, err) != 0 || model_lora_load(mg, adapter, err) != 0))) {
         g_checks++, g_failures++;
         printf("FAIL %-9s train %s: model_load: %s\n", d->tag, label, err);
         goto done;
@@ -989,15 +1008,19 @@ static void run_ops(const Dev *d) {
     test_linear_backward(d, 20, 64, 33, 0, 0, 1);
     test_linear_backward(d, 300, 896, 200, 1, 1, 0);
 
-    test_rmsnorm(d, 9, 72);
-    test_rmsnorm(d, 33, 896);
-    test_rmsnorm(d, 5, 200);
-    test_rmsnorm(d, 3, 8960);
-    test_rmsnorm(d, 7, 75); /* dim % 8 != 0: the block-per-row path */
-    test_rmsnorm_backward(d, 9, 72);
-    test_rmsnorm_backward(d, 33, 896);
-    test_rmsnorm_backward(d, 17, 200);
-    test_rmsnorm_backward(d, 5, 75); /* dim % 8 != 0: the block-per-row dx path */
+    test_rmsnorm(d, 9, 72, 0);
+    test_rmsnorm(d, 33, 896, 0);
+    test_rmsnorm(d, 5, 200, 0);
+    test_rmsnorm(d, 3, 8960, 0);
+    test_rmsnorm(d, 7, 75, 0); /* dim % 8 != 0: the block-per-row path */
+    test_rmsnorm(d, 7 * 16, 128, 1); /* Qwen3's q norm: rows of head_dim, in place */
+    test_rmsnorm(d, 5 * 4, 24, 1);
+    test_rmsnorm_backward(d, 9, 72, 1);
+    test_rmsnorm_backward(d, 33, 896, 1);
+    test_rmsnorm_backward(d, 17, 200, 1);
+    test_rmsnorm_backward(d, 5, 75, 1); /* dim % 8 != 0: the block-per-row dx path */
+    test_rmsnorm_backward(d, 33, 896, 0); /* frozen norm (LoRA) */
+    test_rmsnorm_backward(d, 9 * 16, 128, 1); /* Qwen3's q/k norm: many rows of head_dim */
 
     for (int b = 0; b < 2; b++) {
         test_rope(d, 50, 4, 64, 10000.0f, 300, b);
@@ -1077,10 +1100,14 @@ int main(void) {
         test_model_forward(&devs[k], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", tol_max, tol_mean);
         test_model_forward(&devs[k], "tests/data/models/tiny-qwen3-f32", "tiny-qwen3-f32", tol_max, tol_mean);
     }
-    test_train_step(&devs[0], qwen, "tiny-qwen2-f32", 1e-4, 1e-4);
-    test_train_step(&devs[0], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", 1e-4, 1e-4);
-    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", "tiny-qwen3-f32", 1e-4, 1e-4);
-    test_train_step(&devs[0], stories, "stories260K", 1e-4, 1e-4);
+    test_train_step(&devs[0], qwen, NULL, "tiny-qwen2-f32", 1e-4, 1e-4);
+    test_train_step(&devs[0], "tests/data/models/tiny-llama3-f32", NULL, "tiny-llama3-f32", 1e-4, 1e-4);
+    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", NULL, "tiny-qwen3-f32", 1e-4, 1e-4);
+    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear", "qwen3+lora",
+                    1e-4, 1e-4);
+    test_train_step(&devs[0], "tests/data/models/tiny-llama-f32", "tests/data/lora/llama-qv-rslora", "llama+rslora",
+                    1e-4, 1e-4);
+    test_train_step(&devs[0], stories, NULL, "stories260K", 1e-4, 1e-4);
 
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;

@@ -60,7 +60,7 @@ static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a
 
 /* ---------------------------------------------------------------- linear */
 
-#define FULL_ROWS 300
+#define FULL_ROWS 2100
 
 static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bias) {
     const Backend *cpu = backend_cpu();
@@ -95,7 +95,7 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
           out_dim, with_bias, bad, worst);
 
     /* rows [off, off + n) alone */
-    static const int ns[] = {1, 2, 5, 16, 17, 64, 128, 200};
+    static const int ns[] = {1, 2, 5, 16, 17, 64, 128, 200, 2048};
     int invariant = 0;
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k], off = (n * 37 + 11) % (FULL_ROWS - n + 1);
@@ -249,6 +249,9 @@ int main(void) {
         {172, 64, 0},    /* stories260K down: in_dim % 8 != 0 */
         {64, 172, 1},    /* odd tiles */
         {40, 7, 1},      /* tiny */
+        {2048, 16, 0},   /* LoRA A (r 16) of a 1.7B q_proj */
+        {16, 2048, 0},   /* LoRA B */
+        {16, 8192, 0},   /* LoRA B of a 3B gate_proj */
     };
     for (int b = 0; b < 2; b++) {
         const Backend *be = tables[b];

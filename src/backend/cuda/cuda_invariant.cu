@@ -8,12 +8,15 @@
  * running sequences) would then round differently, and so would a sequence run
  * alone or in a batch.
  *
- * bf16, I and O multiples of 8 (every Qwen2.5 projection): cuBLASLt limited to
- * algorithms without split-K (cuda_gemm.cu, cuda_linear_split_free), which
- * give the same bits for every N and every such algorithm — measured, and
- * re-checked by tests/gpu/test_cuda_invariant.c. It runs at cuBLAS speed.
+ * bf16, I and O multiples of 8 and both at least INV_CUBLAS_MIN_DIM (every
+ * Qwen2.5 projection): cuBLASLt limited to algorithms without split-K
+ * (cuda_gemm.cu, cuda_linear_split_free), which give the same bits for every N
+ * and every such algorithm — measured, and re-checked by
+ * tests/gpu/test_cuda_invariant.c. It runs at cuBLAS speed. (LoRA's r-wide
+ * shapes, e.g. 2048 -> 16, measured otherwise: a GRPO run's engine and trainer
+ * log-probs differed; they take colt's kernels.)
  *
- * bf16 otherwise (ragged shapes such as stories260K's), and when a test forces
+ * bf16 otherwise (ragged shapes such as stories260K's, narrow ones), and when a test forces
  * a tile shape: colt's own kernels. k is cut into chunks of INV_KC = 256 from
  * k = 0 (the last one shorter). A chunk's partial sum starts at 0 and takes one
  * tensor-core mma (m16n8k16) per 16 k, in k order, over the chunk's 32-wide
@@ -24,7 +27,9 @@
  *     (16-byte chunks) when I % 8 == 0 and the pointers are 16-byte aligned,
  *     else by element loads (same contents), fragments by ldmatrix, three tile
  *     shapes in M x N chosen from N and O to fill the GPU;
- *   - the decode kernel (N <= INV_DECODE_ROWS): a block owns 8 outputs, its 4
+ *   - the decode kernel (N <= INV_DECODE_ROWS; or O <= INV_NARROW_OUT and N <=
+ *     INV_NARROW_ROWS, 32 rows per block, where the tiled GEMM would run one
+ *     or two blocks): a block owns 8 outputs, its 4
  *     warps take one chunk each per round and load their mma fragments straight
  *     from global memory (every weight read once, many chunks in flight), and
  *     the chunks' partials are added in chunk order through shared memory.
@@ -52,6 +57,10 @@
 #define INV_TILES_PER_CHUNK (INV_KC / INV_BK)
 #define INV_DECODE_ROWS 32 /* the decode kernel serves N up to this */
 #define INV_DECODE_WARPS 4
+/* Outputs this narrow (LoRA's A: r wide) take the decode kernel, 32 rows per block, up to this many
+ * rows: the tiled GEMM would give them one or two blocks. Same bits either way. */
+#define INV_NARROW_OUT 64
+#define INV_NARROW_ROWS 1024
 
 /* ---------------------------------------------------------------- switch */
 
@@ -240,6 +249,9 @@ __global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
                            const __nv_bfloat16 *bias, int n, int in_dim, int out_dim, bool vec) {
     constexpr int STEPS = INV_KC / 16, ELEMS = MT * 16 * 8; /* k16 steps per chunk; outputs per block */
     __shared__ float part[INV_DECODE_WARPS][ELEMS];
+    /* blockIdx.y: the block's 16 * MT rows (narrow outputs at up to INV_NARROW_ROWS rows) */
+    const int row_base = blockIdx.y * 16 * MT;
+    x += (size_t)row_base * in_dim, out += (size_t)row_base * out_dim, n = min(n - row_base, 16 * MT);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int col0 = blockIdx.x * 8;
     const int k_end = ((in_dim + INV_BK - 1) / INV_BK) * INV_BK; /* the tiled GEMM's last tile ends here */
@@ -302,9 +314,10 @@ static void inv_linear_bf16(CudaState *cs, __nv_bfloat16 *out, const __nv_bfloat
                             const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
     bool vec = in_dim % 8 == 0 && aligned16(x) && aligned16(w);
     int shape = cs->opt.invariant_forced_shape;
-    if ((shape < 0 || shape == 3) && n <= INV_DECODE_ROWS) { /* decode: stream every weight once */
+    bool narrow = out_dim <= INV_NARROW_OUT && n <= INV_NARROW_ROWS;
+    if ((shape < 0 || shape == 3) && (n <= INV_DECODE_ROWS || narrow)) { /* decode: stream every weight once */
         bool vec2 = in_dim % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
-        unsigned grid = (unsigned)ceil_div((size_t)out_dim, 8);
+        dim3 grid((unsigned)ceil_div((size_t)out_dim, 8), (unsigned)ceil_div((size_t)n, 32));
         if (n <= 16)
             inv_decode_bf16_kernel<1><<<grid, INV_DECODE_WARPS * 32, 0, cs->stream>>>(out, x, w, bias, n, in_dim,
                                                                                       out_dim, vec2);
@@ -365,12 +378,19 @@ __global__ void __launch_bounds__(256) inv_gemm_f32_kernel(float *out, const flo
 
 /* ---------------------------------------------------------------- entry */
 
+/* Narrower shapes never go to cuBLASLt in this mode (see cuda_invariant_linear). */
+#define INV_CUBLAS_MIN_DIM 128
+
 template <typename T>
 void cuda_invariant_linear(CudaState *cs, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
                            int out_dim) {
     if (n <= 0 || out_dim <= 0) return;
     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        if (cs->opt.invariant_forced_shape < 0 && cuda_linear_split_free(cs, out, x, w, bias, n, in_dim, out_dim))
+        /* cuBLASLt's split-K-free algorithms were found invariant on projection shapes (in and out >= 896);
+         * LoRA's rank-wide ones (r = 16 in or out) measured otherwise at scale: colt's own kernel takes them. */
+        bool wide = in_dim >= INV_CUBLAS_MIN_DIM && out_dim >= INV_CUBLAS_MIN_DIM;
+        if (wide && cs->opt.invariant_forced_shape < 0 &&
+            cuda_linear_split_free(cs, out, x, w, bias, n, in_dim, out_dim))
             return;
         inv_linear_bf16(cs, (T *)out, (const T *)x, (const T *)w, (const T *)bias, n, in_dim, out_dim);
     } else {

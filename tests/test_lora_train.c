@@ -4,6 +4,7 @@
  *   1. the run saves PEFT's files (adapter_config.json, adapter_model.safetensors,
  *      no model.safetensors) in output_dir and in each checkpoint, and with
  *      merge_lora a plain merged checkpoint in output_dir/merged that colt loads;
+ *      `colt generate --adapter output_dir` applies the adapters to the base model;
  *   2. resuming from a checkpoint ends with the same adapters, byte for byte, and
  *      the same metrics as the uninterrupted run;
  *   3. bad input: lora_dropout other than 0, merge_lora without use_peft, a LoRA
@@ -78,6 +79,11 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max_new_tokens 8 > /dev/null 2>&1",
              COLT_BINARY, merged);
     CHECK(system(cmd) == 0, "colt generate cannot load the merged checkpoint");
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model models/stories260K --adapter %s --prompt 'Once upon a time' --max_new_tokens 8 "
+             "> /dev/null 2>&1",
+             COLT_BINARY, ref);
+    CHECK(system(cmd) == 0, "colt generate --adapter cannot apply the run's adapters");
     char *cfg = read_text(ref, "adapter_config.json");
     CHECK(cfg && strstr(cfg, "\"r\": 8") && strstr(cfg, "\"peft_type\": \"LORA\"") && strstr(cfg, "models/stories260K"),
           "adapter_config.json: %s", cfg ? cfg : "(missing)");

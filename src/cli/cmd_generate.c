@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "engine/engine.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/prompt.h"
@@ -27,10 +28,11 @@ static const char *GENERATE_USAGE =
     "  --json lines then carry \"prompt_index\"). Prompts that start alike share their cached KV blocks.\n"
     "  A chat line may carry \"tools\" (a list) and \"chat_template_kwargs\" (an object, instead of the flag's).\n"
     "  --chat_template_kwargs JSON: extra chat template variables, e.g. '{\"enable_thinking\": false}' (Qwen3).\n"
-    "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n";
+    "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n"
+    "  --adapter DIR applies a LoRA adapter (PEFT's files) to the model.\n";
 
 typedef struct GenerateArgs {
-    const char *model, *prompt, *chat, *ids, *prompts_file, *device;
+    const char *model, *adapter, *prompt, *chat, *ids, *prompts_file, *device;
     const char *chat_template_kwargs_text; /* --chat_template_kwargs */
     json_t *chat_template_kwargs;          /* ... parsed; NULL when not given */
     int max_new_tokens, top_k, n, block_size, max_num_seqs;
@@ -158,6 +160,9 @@ int cmd_generate(int argc, char **argv) {
                       .repetition_penalty = 1.0f};
     CliOption opts[] = {
         {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
+        {"adapter", OPT_STRING, &a.adapter,
+         "a LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors, e.g. a use_peft run's "
+         "output_dir) applied to the model", false},
         {"prompt", OPT_STRING, &a.prompt, "prompt text (BOS added when the tokenizer says so)", false},
         {"chat", OPT_STRING, &a.chat, "a user message, wrapped with the chat template", false},
         {"ids", OPT_STRING, &a.ids, "prompt token ids as a JSON array", false},
@@ -241,7 +246,8 @@ int cmd_generate(int argc, char **argv) {
         return cli_fail("generate", err);
     }
     Model *m = NULL;
-    if (model_load(&m, a.model, be, err) != 0) {
+    if (model_load(&m, a.model, be, err) != 0 || (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
+        model_free(m);
         tokenizer_free(tok);
         backend_close(be);
         return cli_fail("generate", err);

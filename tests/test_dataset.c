@@ -52,7 +52,7 @@ static void check_goldens(const char *name, json_t *goldens, const Tokenizer *to
         CHECK(dataset_is_conversational(d, i) == want_conversational[i], "%s row %zu: conversational=%d, want %d",
               name, i, dataset_is_conversational(d, i), want_conversational[i]);
         char *text = NULL;
-        rc = dataset_prompt_text(&text, d, i, tok, err);
+        rc = dataset_prompt_text(&text, d, i, tok, NULL, err);
         CHECK(rc == 0, "%s row %zu: prompt text failed: %s", name, i, err);
         if (rc != 0) continue;
         const char *expected = json_string_value(json_array_get(want, i));
@@ -115,7 +115,7 @@ static void test_columns(void) {
     CHECK(rc == 0, "conversational.jsonl: %s", err);
     if (rc != 0) return;
     char *text = NULL;
-    rc = dataset_prompt_text(&text, d, 0, NULL, err);
+    rc = dataset_prompt_text(&text, d, 0, NULL, NULL, err);
     CHECK(rc != 0 && strstr(err, "no chat template") && !text, "messages without a template: rc=%d err=%s", rc,
           rc ? err : "");
     printf("no tokenizer:   \"%s\"\n", err);
@@ -172,7 +172,7 @@ static void test_gsm8k(void) {
     CHECK(rc == 0 && dataset_size(d) == 1319, "gsm8k with column 'question': rc=%d %s", rc, rc ? err : "");
     if (rc != 0) return;
     char *text = NULL;
-    CHECK(dataset_prompt_text(&text, d, 0, NULL, err) == 0 && text &&
+    CHECK(dataset_prompt_text(&text, d, 0, NULL, NULL, err) == 0 && text &&
               !strcmp(text, json_string_value(json_object_get(dataset_row(d, 0), "question"))) &&
               strncmp(text, "Janet", 5) == 0,
           "gsm8k row 0 prompt '%.40s'", text ? text : "(null)");
@@ -210,7 +210,7 @@ static void test_formats_and_columns(const Tokenizer *tok) {
     CHECK(rc == 0 && dataset_size(d) == 2, "to_json.json (JSON Lines in .json): rc %d %s", rc, rc ? err : "");
     if (rc == 0) {
         char *text = NULL;
-        CHECK(dataset_prompt_text(&text, d, 1, tok, err) == 0 && text && strcmp(text, "b") == 0 &&
+        CHECK(dataset_prompt_text(&text, d, 1, tok, NULL, err) == 0 && text && strcmp(text, "b") == 0 &&
                   !dataset_is_conversational(d, 1),
               "to_json.json row 1 prompt '%s'", text ? text : "(null)");
         CHECK(!strcmp(json_string_value(json_object_get(dataset_row(d, 1), "answer")), "2"), "answer column kept");
@@ -256,7 +256,7 @@ static void test_formats_and_columns(const Tokenizer *tok) {
     for (size_t i = 0; rc == 0 && i < dataset_size(d); i++) {
         char *text = NULL;
         CHECK(dataset_is_conversational(d, i), "messages.jsonl row %zu is conversational", i);
-        if (dataset_prompt_text(&text, d, i, tok, err) == 0 && !strcmp(text, json_string_value(json_array_get(want, i))))
+        if (dataset_prompt_text(&text, d, i, tok, NULL, err) == 0 && !strcmp(text, json_string_value(json_array_get(want, i))))
             same++;
         free(text);
     }
@@ -303,6 +303,60 @@ static int is_permutation(const size_t *order, size_t n) {
     }
     free(seen);
     return ok;
+}
+
+/* TRL's chat_template_kwargs reach the template: Qwen3's, with the Qwen2.5
+ * tokenizer's files, renders an empty think block after the generation prompt
+ * when enable_thinking is false, and none by default; a tool-calling assistant
+ * turn (any keys of a message) reaches it too. */
+static void test_template_kwargs(void) {
+    char dir[] = "/tmp/colt_test_dataset_kw_XXXXXX", err[ERR_LEN], cmd[1024];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "cp %s/qwen2.5-tokenizer/tokenizer.json %s/qwen2.5-tokenizer/tokenizer_config.json %s/ && "
+             "cp %s/tests/data/qwen3_chat_template.jinja %s/chat_template.jinja",
+             COLT_SHARED_DATA, COLT_SHARED_DATA, dir, COLT_SOURCE_DIR, dir);
+    CHECK(system(cmd) == 0, "%s failed", cmd);
+    Tokenizer *tok = NULL;
+    Dataset *d = NULL;
+    if (tokenizer_load(&tok, dir, err) != 0) {
+        CHECK(0, "tokenizer with Qwen3's template: %s", err);
+        return;
+    }
+    const char *p = write_file(dir, "chats.jsonl",
+                               "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}]}\n"
+                               "{\"prompt\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", "
+                               "\"content\": \"\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": "
+                               "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}]}, {\"role\": \"tool\", "
+                               "\"content\": \"sunny\"}]}\n");
+    int rc = dataset_load(&d, p, err);
+    CHECK(rc == 0, "chats.jsonl: %s", err);
+    json_t *no_think = json_pack("{s:b}", "enable_thinking", 0);
+    char *plain = NULL, *off = NULL, *tools = NULL;
+    if (rc == 0) {
+        CHECK(dataset_prompt_text(&plain, d, 0, tok, NULL, err) == 0, "%s", err);
+        CHECK(dataset_prompt_text(&off, d, 0, tok, no_think, err) == 0, "%s", err);
+        CHECK(dataset_prompt_text(&tools, d, 1, tok, NULL, err) == 0, "%s", err);
+    }
+    const char *gen = "<|im_start|>assistant\n", *empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    bool plain_ok = plain && strlen(plain) >= strlen(gen) && strcmp(plain + strlen(plain) - strlen(gen), gen) == 0;
+    bool off_ok = off && strlen(off) >= strlen(empty_think) &&
+                  strcmp(off + strlen(off) - strlen(empty_think), empty_think) == 0;
+    bool tools_ok = tools && strstr(tools, "<tool_call>\n{\"name\": \"get_weather\"") &&
+                    strstr(tools, "<tool_response>\nsunny\n</tool_response>");
+    CHECK(plain_ok, "Qwen3 prompt without kwargs should end with the generation prompt: %s", plain ? plain : "");
+    CHECK(off_ok, "enable_thinking false should add an empty think block: %s", off ? off : "");
+    CHECK(tools_ok, "a tool call and its result should reach the template: %s", tools ? tools : "");
+    printf("chat_template_kwargs: Qwen3 template, enable_thinking false adds the empty think block; tool calls "
+           "and tool results in a prompt render\n");
+    free(plain), free(off), free(tools);
+    json_decref(no_think);
+    dataset_free(d);
+    tokenizer_free(tok);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("warning: could not remove %s\n", dir);
 }
 
 static void test_epoch_order(void) {
@@ -370,6 +424,8 @@ int main(void) {
     else shared_data_skipped("gsm8k/test.jsonl's columns");
     if (have_shared) test_formats_and_columns(tok);
     else shared_data_skipped("dataset layouts and prompt columns (rendered with the Qwen2.5 tokenizer)");
+    if (have_shared) test_template_kwargs();
+    else shared_data_skipped("chat_template_kwargs with Qwen3's template (the Qwen2.5 tokenizer's files)");
     test_epoch_order();
     tokenizer_free(tok);
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);

@@ -48,6 +48,7 @@ int cmd_eval(int argc, char **argv) {
     int k = 0, top_k = 0, max_num_seqs = 0;
     uint64_t seed = 0;
     bool deterministic = false, enforce_eager = false;
+    const char *template_kwargs_text = NULL;
     CliOption opts[] = {
         {"model", OPT_STRING, &o.model, "Hugging Face model folder with tokenizer.json (required)", false},
         {"dataset", OPT_STRING, &o.dataset, "JSON Lines (or JSON) file of problems (required)", false},
@@ -68,6 +69,8 @@ int cmd_eval(int argc, char **argv) {
         {"chat_template", OPT_FLAG, &o.chat_template,
          "render the problem as a user message with the model's chat template, when it has one (default true)",
          false},
+        {"chat_template_kwargs", OPT_STRING, &template_kwargs_text,
+         "extra chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}' (Qwen3)", false},
         {"prompt_column", OPT_STRING, &o.prompt_column,
          "the problem's column (default: problem, else question, else prompt)", false},
         {"answer_column", OPT_STRING, &o.answer_column, "the reference answer's column (default answer)", false},
@@ -115,9 +118,21 @@ int cmd_eval(int argc, char **argv) {
     o.engine = (EngineOptions){.gpu_memory_utilization = gpu_memory_utilization, .max_num_seqs = max_num_seqs,
                                .deterministic = deterministic, .enforce_eager = enforce_eager};
 
+    json_t *template_kwargs = NULL;
+    if (template_kwargs_text) {
+        json_error_t jerr;
+        template_kwargs = json_loads(template_kwargs_text, JSON_REJECT_DUPLICATES, &jerr);
+        if (!json_is_object(template_kwargs)) {
+            json_decref(template_kwargs);
+            return cli_fail("eval", "--chat_template_kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
+        }
+        o.chat_template_kwargs = template_kwargs;
+    }
     json_t *summary = NULL;
     MathEvalScore score;
-    if (math_eval_run(&summary, &score, &o, err) != 0) return cli_fail("eval", err);
+    int run_rc = math_eval_run(&summary, &score, &o, err);
+    json_decref(template_kwargs);
+    if (run_rc != 0) return cli_fail("eval", err);
     char *path = output ? xstrdup(output) : default_output(o.dataset);
     char *text = json_dumps(summary, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
     int rc = text ? file_write_atomic(path, text, strlen(text), err) : errorf(err, "%s: cannot encode", path);

@@ -286,7 +286,8 @@ int dataset_is_conversational(const Dataset *d, size_t i) {
  * right-stripped when the template trimmed the content's trailing spaces). */
 #define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
 
-int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, char *err) {
+int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, const json_t *template_kwargs,
+                        char *err) {
     *text = NULL;
     COLT_ASSERT(d->prompt_column); /* not a dataset_load_rows one */
     json_t *prompt = json_object_get(dataset_row(d, i), d->prompt_column);
@@ -299,26 +300,25 @@ int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer
         return errorf(err, "row %zu: \"%s\" is a list of messages but the tokenizer has no chat template", i,
                       d->prompt_column);
     size_t n = json_array_size(prompt);
-    ChatMessage *messages = xmalloc(n * sizeof *messages);
-    for (size_t k = 0; k < n; k++) {
-        json_t *msg = json_array_get(prompt, k);
-        messages[k].role = json_string_value(json_object_get(msg, "role"));
-        messages[k].content = json_string_value(json_object_get(msg, "content"));
-    }
-    int continue_final = strcmp(messages[n - 1].role, "assistant") == 0;
-    char *tagged = NULL;
+    json_t *messages = json_deep_copy(prompt); /* every key of every message reaches the template */
+    json_t *last = json_array_get(messages, n - 1);
+    int continue_final = strcmp(json_string_value(json_object_get(last, "role")), "assistant") == 0;
     if (continue_final) {
-        size_t clen = strlen(messages[n - 1].content);
-        tagged = xmalloc(clen + sizeof CONTINUE_TAG);
-        memcpy(tagged, messages[n - 1].content, clen);
+        const char *content = json_string_value(json_object_get(last, "content"));
+        size_t clen = strlen(content);
+        char *tagged = xmalloc(clen + sizeof CONTINUE_TAG);
+        memcpy(tagged, content, clen);
         memcpy(tagged + clen, CONTINUE_TAG, sizeof CONTINUE_TAG);
-        messages[n - 1].content = tagged;
+        json_object_set_new(last, "content", json_string(tagged));
+        free(tagged);
     }
     char *rendered = NULL;
-    int rc = chat_template_render(&rendered, template_source, messages, n, !continue_final,
-                                  tokenizer_bos_token(tok), tokenizer_eos_token(tok), err);
-    free(messages);
-    free(tagged);
+    ChatTemplateOptions options = {.add_generation_prompt = !continue_final,
+                                   .bos_token = tokenizer_bos_token(tok),
+                                   .eos_token = tokenizer_eos_token(tok),
+                                   .variables = template_kwargs};
+    int rc = chat_template_render_json(&rendered, template_source, messages, &options, err);
+    json_decref(messages);
     if (rc != 0) return error_prefix(err, "row %zu", i);
     if (continue_final) {
         const char *stripped_tag = "CONTINUE_FINAL_MESSAGE_TAG";

@@ -40,8 +40,11 @@ json_t *dataset_row(const Dataset *d, size_t i);
 int dataset_is_conversational(const Dataset *d, size_t i);
 
 /* The prompt text the model sees (malloc'd): the string itself, or the
- * messages rendered with tok's chat template and add_generation_prompt. */
-int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, char *err);
+ * messages rendered with tok's chat template and add_generation_prompt.
+ * template_kwargs: extra template variables (TRL's chat_template_kwargs, e.g.
+ * {"enable_thinking": false}), or NULL. */
+int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, const json_t *template_kwargs,
+                        char *err);
 
 /* The row order of epoch `epoch`: a permutation of 0..n-1 from a seeded
  * Fisher-Yates shuffle keyed by (seed, epoch) with the counter-based RNG, so

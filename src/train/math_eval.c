@@ -336,7 +336,7 @@ static int prepare(EvalRun *r, const MathEvalOptions *o, const char **prompt_col
     int max_prompt = o->max_prompt_length > 0 ? o->max_prompt_length : INT_MAX;
     for (size_t i = 0; i < n_rows; i++) {
         if (prompt_encode_row(&r->prompt_ids[i], &r->prompt_lens[i], &r->prompt_texts[i], r->set, i, r->tok,
-                              max_prompt, o->dataset, err) != 0)
+                              o->chat_template_kwargs, max_prompt, o->dataset, err) != 0)
             return COLT_ERR;
         r->subjects[i] = group_name(dataset_row(r->set, i), "subject");
         r->levels[i] = group_name(dataset_row(r->set, i), "level");

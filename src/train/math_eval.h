@@ -66,6 +66,7 @@ typedef struct MathEvalOptions {
     const char *answer_column;  /* NULL: "answer" */
     const char *instruction;    /* appended to each problem after a newline; NULL or "": nothing */
     bool chat_template;         /* the problem as a user message through the model's chat template (if any) */
+    const json_t *chat_template_kwargs; /* extra template variables, e.g. {"enable_thinking": false}; or NULL */
     int n, k;                   /* samples per problem, 1 <= k <= n */
     int limit;                  /* the first `limit` problems (0: all) */
     int max_completion_length;  /* >= 1 */

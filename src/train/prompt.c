@@ -12,8 +12,8 @@
  * tokenizer adds it (TRL tokenizes plain prompts with the tokenizer's
  * defaults). */
 int prompt_encode_row(int **ids, int *n, char **text, const Dataset *d, size_t row, const Tokenizer *tok,
-                      int max_prompt_length, const char *dataset_name, char *err) {
-    if (dataset_prompt_text(text, d, row, tok, err) != 0) return COLT_ERR;
+                      const json_t *template_kwargs, int max_prompt_length, const char *dataset_name, char *err) {
+    if (dataset_prompt_text(text, d, row, tok, template_kwargs, err) != 0) return COLT_ERR;
     int *body = NULL;
     size_t n_body = 0;
     if (tokenizer_encode(tok, *text, strlen(*text), &body, &n_body, err) != 0) {

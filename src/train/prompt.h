@@ -16,9 +16,10 @@
 /* The ids of row `row`'s prompt (*ids malloc'd, *n_ids >= 1) and the text the
  * model sees (*text malloc'd, for rewards and logs). Longer than
  * max_prompt_length: the left part is dropped. Errors name dataset_name and
- * the row; an empty prompt after tokenization is an error. */
+ * the row; an empty prompt after tokenization is an error. template_kwargs:
+ * the chat template's extra variables (dataset_prompt_text), or NULL. */
 int prompt_encode_row(int **ids, int *n_ids, char **text, const Dataset *d, size_t row, const Tokenizer *tok,
-                      int max_prompt_length, const char *dataset_name, char *err);
+                      const json_t *template_kwargs, int max_prompt_length, const char *dataset_name, char *err);
 
 /* Fills stop_ids (room for MODEL_MAX_EOS + 1) with the model's eos ids and the
  * tokenizer's eos (tok may be NULL); returns how many. */

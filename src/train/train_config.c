@@ -21,7 +21,16 @@
 #include "model/lora.h"
 #include "train/tensorboard.h"
 
-typedef enum { KEY_DOUBLE, KEY_DOUBLE_OR_NULL, KEY_INT, KEY_U64, KEY_BOOL, KEY_STRING, KEY_JSON_LIST } KeyType;
+typedef enum {
+    KEY_DOUBLE,
+    KEY_DOUBLE_OR_NULL,
+    KEY_INT,
+    KEY_U64,
+    KEY_BOOL,
+    KEY_STRING,
+    KEY_JSON_LIST,  /* a JSON list (one object or string alone becomes a list of it) */
+    KEY_JSON_OBJECT /* a JSON object (a mapping in YAML) */
+} KeyType;
 
 /* Which ends of a double key's range are open: [min, max], (min, max], [min, max). */
 typedef enum { RANGE_CLOSED, RANGE_OPEN_MIN, RANGE_OPEN_MAX } RangeEnds;
@@ -58,6 +67,8 @@ static const ConfigKey KEYS[] = {
     K(dataset, KEY_STRING, "prompts: .jsonl (or .json: JSON Lines or an array) of objects with a prompt column"),
     K(dataset_prompt_column, KEY_STRING,
       "the dataset column holding the prompt (a string, or a list of {role, content} messages)"),
+    K(chat_template_kwargs, KEY_JSON_OBJECT,
+      "extra variables of the chat template for conversational prompts, e.g. {enable_thinking: false} (Qwen3)"),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python, ...} or "
@@ -357,8 +368,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("pad_to_multiple_of", "colt does not pad sequences to a multiple: its results do not depend on it"),
     ONLY("generation_kwargs", "null {}",
          "colt samples with temperature, top_p, top_k, min_p and repetition_penalty: set those"),
-    ONLY("chat_template_kwargs", "null {}",
-         "colt renders the tokenizer's chat template with the messages and add_generation_prompt only"),
     NOOP("cache_implementation", T_GENERATE_HF),
     NOOP("vllm_model_impl", "colt generates with its own engine"),
     BOOL_NOOP("vllm_enable_sleep_mode",
@@ -509,7 +518,7 @@ void train_config_free(TrainConfig *c) {
         if (KEYS[i].type == KEY_STRING) {
             free(*(char **)p);
             *(char **)p = NULL;
-        } else if (KEYS[i].type == KEY_JSON_LIST) {
+        } else if (KEYS[i].type == KEY_JSON_LIST || KEYS[i].type == KEY_JSON_OBJECT) {
             json_decref(*(json_t **)p);
             *(json_t **)p = NULL;
         }
@@ -884,6 +893,14 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         if (json_is_null(list)) json_decref(list);
         break;
     }
+    case KEY_JSON_OBJECT:
+        if (!json_is_object(v) && !json_is_null(v)) {
+            rc = errorf(err, "%s: '%s' must be a mapping (a JSON object)", where, k->name);
+            break;
+        }
+        json_decref(*(json_t **)p);
+        *(json_t **)p = json_is_null(v) ? NULL : json_deep_copy(v);
+        break;
     }
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, report_to)) rc = check_report_to(c, v, where, err);
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, lora_target_modules))
@@ -1029,7 +1046,11 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
         json_decref(v);
         return rc;
     }
-    if (k->type == KEY_JSON_LIST) {
+    if (k->type == KEY_JSON_OBJECT) {
+        json_error_t jerr;
+        v = is_null_text(value) ? json_null() : json_loads(value, JSON_REJECT_DUPLICATES, &jerr);
+        if (!v) return errorf(err, "%s: '%s' must be a JSON object: %s", where, key, jerr.text);
+    } else if (k->type == KEY_JSON_LIST) {
         json_error_t jerr;
         v = json_loads(value, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
         /* --report_to tensorboard, as transformers' parser takes it */
@@ -1479,7 +1500,8 @@ static json_t *key_to_json(const TrainConfig *c, const ConfigKey *k) {
     case KEY_U64: return json_integer((json_int_t) * (const uint64_t *)p);
     case KEY_BOOL: return json_boolean(*(const bool *)p);
     case KEY_STRING: return *(char *const *)p ? json_string(*(char *const *)p) : json_null();
-    case KEY_JSON_LIST: return *(json_t *const *)p ? json_deep_copy(*(json_t *const *)p) : json_null();
+    case KEY_JSON_LIST:
+    case KEY_JSON_OBJECT: return *(json_t *const *)p ? json_deep_copy(*(json_t *const *)p) : json_null();
     }
     return json_null();
 }

@@ -136,7 +136,8 @@ static int ensure_activations(Trainer *t, char *err) {
 
 /* Prompt ids of dataset row i, as colt eval encodes them too (prompt.h). */
 static int prompt_ids_for_row(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
-    return prompt_encode_row(ids, n, text, d, row, t->tok, t->cfg->max_prompt_length, t->cfg->dataset, err);
+    return prompt_encode_row(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs, t->cfg->max_prompt_length,
+                             t->cfg->dataset, err);
 }
 
 /* Rewards of n completions: per_func[i, k] from each function (NaN = none). */

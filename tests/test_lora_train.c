@@ -4,7 +4,7 @@
  *   1. the run saves PEFT's files (adapter_config.json, adapter_model.safetensors,
  *      no model.safetensors) in output_dir and in each checkpoint, and with
  *      merge_lora a plain merged checkpoint in output_dir/merged that colt loads;
- *      `colt generate --adapter output_dir` applies the adapters to the base model;
+ *      `colt generate --adapter output_dir` and `colt eval --adapter` apply the adapters to the base model;
  *   2. resuming from a checkpoint ends with the same adapters, byte for byte, and
  *      the same metrics as the uninterrupted run;
  *   3. bad input: lora_dropout other than 0, merge_lora without use_peft, a LoRA
@@ -84,6 +84,15 @@ int main(void) {
              "> /dev/null 2>&1",
              COLT_BINARY, ref);
     CHECK(system(cmd) == 0, "colt generate --adapter cannot apply the run's adapters");
+    sh("printf '{\"problem\": \"1 + 1 = ?\", \"answer\": \"2\"}\\n' > %s/problems.jsonl", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s eval --model models/stories260K --adapter %s --dataset %s/problems.jsonl --max_completion_length 4 "
+             "--output %s/eval.json > /dev/null 2>&1",
+             COLT_BINARY, ref, g_tmp, g_tmp);
+    CHECK(system(cmd) == 0, "colt eval --adapter failed");
+    char *summary = read_text(g_tmp, "eval.json");
+    CHECK(summary && strstr(summary, "\"adapter\""), "colt eval --adapter: the summary does not name the adapter");
+    free(summary);
     char *cfg = read_text(ref, "adapter_config.json");
     CHECK(cfg && strstr(cfg, "\"r\": 8") && strstr(cfg, "\"peft_type\": \"LORA\"") && strstr(cfg, "models/stories260K"),
           "adapter_config.json: %s", cfg ? cfg : "(missing)");

@@ -69,6 +69,8 @@ int cmd_eval(int argc, char **argv) {
         {"chat_template", OPT_FLAG, &o.chat_template,
          "render the problem as a user message with the model's chat template, when it has one (default true)",
          false},
+        {"adapter", OPT_STRING, &o.adapter,
+         "a LoRA adapter folder (PEFT's files, e.g. a use_peft run's output_dir) applied to the model", false},
         {"chat_template_kwargs", OPT_STRING, &template_kwargs_text,
          "extra chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}' (Qwen3)", false},
         {"prompt_column", OPT_STRING, &o.prompt_column,

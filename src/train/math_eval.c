@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "data/dataset.h"
 #include "data/rewards.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/prompt.h"
@@ -462,6 +463,7 @@ static json_t *summary_json(const EvalRun *r, const MathEvalOptions *o, const Ma
     const char *answer_column = o->answer_column ? o->answer_column : "answer";
     json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:s}", "model", o->model, "dataset", o->dataset, "device", r->be->name,
                           "prompt_column", prompt_column, "answer_column", answer_column);
+    if (o->adapter) json_object_set_new(s, "adapter", json_string(o->adapter));
     json_t *score_json = math_eval_score_json(score);
     json_object_update(s, score_json);
     json_decref(score_json);
@@ -506,6 +508,7 @@ int math_eval_run(json_t **summary, MathEvalScore *score, const MathEvalOptions 
     int rc = prepare(&r, o, &prompt_column, &use_chat, err);
     if (rc == 0 && !(r.be = backend_open(o->device, 0, err))) rc = COLT_ERR;
     if (rc == 0) rc = model_load(&r.model, o->model, r.be, err);
+    if (rc == 0 && o->adapter) rc = model_lora_load(r.model, o->adapter, err);
     if (rc == 0) rc = check_fit(&r, o, err);
     if (rc == 0) {
         log_info0("colt eval: %s on %s: %d problem%s, %d completion%s each (%s, %s, temperature %g, at most %d tokens)",

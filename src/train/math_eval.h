@@ -60,6 +60,7 @@ void math_eval_print_table(FILE *fp, const MathEvalScore *s);
 
 typedef struct MathEvalOptions {
     const char *model;          /* Hugging Face model folder (with tokenizer.json) */
+    const char *adapter;        /* a LoRA adapter folder (PEFT's files) applied to it, or NULL */
     const char *dataset;        /* .jsonl / .json rows */
     const char *device;         /* cpu, cuda or auto */
     const char *prompt_column;  /* NULL: "problem" (MATH-500), else "question" (GSM8K), else "prompt" */

@@ -21,18 +21,19 @@
  * k = 0 (the last one shorter). A chunk's partial sum starts at 0 and takes one
  * tensor-core mma (m16n8k16) per 16 k, in k order, over the chunk's 32-wide
  * tiles (zeros past I); the element's total is partial 0, then + partial 1,
- * + partial 2, ... in fp32; then + bias in fp32 and one rounding to bf16. Two
- * kernels compute exactly that sequence of instructions per element:
+ * + partial 2, ... in fp32; then + bias in fp32 and one rounding to bf16. Three
+ * ways compute exactly that sequence of instructions per element:
  *   - the tiled GEMM (any N): x and w tiles staged in shared memory by cp.async
  *     (16-byte chunks) when I % 8 == 0 and the pointers are 16-byte aligned,
  *     else by element loads (same contents), fragments by ldmatrix, three tile
  *     shapes in M x N chosen from N and O to fill the GPU;
- *   - the decode kernel (N <= INV_DECODE_ROWS; or O <= INV_NARROW_OUT and N <=
- *     INV_NARROW_ROWS, 32 rows per block, where the tiled GEMM would run one
- *     or two blocks): a block owns 8 outputs, its 4
+ *   - the decode kernel (N <= INV_DECODE_ROWS): a block owns 8 outputs, its 4
  *     warps take one chunk each per round and load their mma fragments straight
  *     from global memory (every weight read once, many chunks in flight), and
  *     the chunks' partials are added in chunk order through shared memory.
+ *   - narrow outputs (O <= INV_NARROW_OUT, LoRA's A) at up to INV_NARROW_ROWS rows, where the tiled
+ *     GEMM would run one or two blocks: the decode kernel's chunks spread over blocks (32 rows and 8
+ *     outputs each, one chunk per warp) into fp32 partials, then summed in chunk order by a second kernel.
  * Tile shape and kernel only decide which elements a block computes, never
  * how: a row's bits are the same whatever N is, whatever the other rows hold,
  * whichever shape or kernel ran (tests/gpu/test_cuda_invariant.c forces each).
@@ -57,8 +58,8 @@
 #define INV_TILES_PER_CHUNK (INV_KC / INV_BK)
 #define INV_DECODE_ROWS 32 /* the decode kernel serves N up to this */
 #define INV_DECODE_WARPS 4
-/* Outputs this narrow (LoRA's A: r wide) take the decode kernel, 32 rows per block, up to this many
- * rows: the tiled GEMM would give them one or two blocks. Same bits either way. */
+/* Outputs this narrow (LoRA's A: r wide) at up to this many rows take the split kernels
+ * (inv_split_partial_kernel): the tiled GEMM would give them one or two blocks. Same bits either way. */
 #define INV_NARROW_OUT 64
 #define INV_NARROW_ROWS 1024
 
@@ -238,6 +239,45 @@ __device__ __forceinline__ uint32_t inv_pair(const __nv_bfloat16 *m, int row, in
     return lo | (hi << 16);
 }
 
+/* One warp's partial sum of chunk `chunk` for rows [0, 16 MT) (those below n) and outputs [col0, +8):
+ * the mma sequence every bf16 kernel of this file runs for a chunk (fragments loaded from global memory
+ * in the m16n8k16 layout: g = lane / 4, t = lane % 4; b0 = w[col g][k + 2t, +1], b1 = w[col g][k + 2t +
+ * 8, +9]; a0 / a1 = x[row g / g + 8][k + 2t, +1], a2 / a3 the same at k + 2t + 8). Element (row, c)
+ * goes to p[row * 8 + c]. */
+template <int MT>
+__device__ __forceinline__ void inv_chunk_partial(float *p, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int n,
+                                                  int in_dim, int out_dim, int col0, int chunk, bool vec) {
+    constexpr int STEPS = INV_KC / 16; /* k16 steps per chunk */
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int k_end = ((in_dim + INV_BK - 1) / INV_BK) * INV_BK; /* the tiled GEMM's last tile ends here */
+    int k0 = chunk * INV_KC;
+    uint32_t b[STEPS][2];
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) { /* every weight load of the chunk first: all in flight */
+        int k = k0 + s * 16 + 2 * t;
+        b[s][0] = inv_pair(w, col0 + g, out_dim, k, in_dim, vec);
+        b[s][1] = inv_pair(w, col0 + g, out_dim, k + 8, in_dim, vec);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int r0 = m * 16 + g;
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            int k = k0 + s * 16;
+            if (k >= k_end) break; /* past the tiled GEMM's last tile: it runs no mma there */
+            uint32_t a[4] = {inv_pair(x, r0, n, k + 2 * t, in_dim, vec), inv_pair(x, r0 + 8, n, k + 2 * t, in_dim, vec),
+                             inv_pair(x, r0, n, k + 2 * t + 8, in_dim, vec),
+                             inv_pair(x, r0 + 8, n, k + 2 * t + 8, in_dim, vec)};
+            mma_bf16_m16n8k16(acc, a[0], a[1], a[2], a[3], b[s][0], b[s][1]);
+        }
+        /* d0, d1: row g, cols 2t, 2t + 1; d2, d3: row g + 8 */
+        float *q = p + m * 128;
+        q[g * 8 + 2 * t] = acc[0], q[g * 8 + 2 * t + 1] = acc[1];
+        q[(g + 8) * 8 + 2 * t] = acc[2], q[(g + 8) * 8 + 2 * t + 1] = acc[3];
+    }
+}
+
 /* Block: 8 outputs [blockIdx.x * 8, +8), all N (<= 16 * MT) rows. Round r: warp w computes chunk
  * 4r + w (its mma fragments loaded from global memory in the m16n8k16 layout: g = lane / 4,
  * t = lane % 4; b0 = w[col g][k + 2t, +1], b1 = w[col g][k + 2t + 8, +9]; a0 / a1 = x[row g /
@@ -247,48 +287,16 @@ template <int MT>
 __global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
     inv_decode_bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                            const __nv_bfloat16 *bias, int n, int in_dim, int out_dim, bool vec) {
-    constexpr int STEPS = INV_KC / 16, ELEMS = MT * 16 * 8; /* k16 steps per chunk; outputs per block */
+    constexpr int ELEMS = MT * 16 * 8; /* outputs per block */
     __shared__ float part[INV_DECODE_WARPS][ELEMS];
-    /* blockIdx.y: the block's 16 * MT rows (narrow outputs at up to INV_NARROW_ROWS rows) */
-    const int row_base = blockIdx.y * 16 * MT;
-    x += (size_t)row_base * in_dim, out += (size_t)row_base * out_dim, n = min(n - row_base, 16 * MT);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32;
     const int col0 = blockIdx.x * 8;
-    const int k_end = ((in_dim + INV_BK - 1) / INV_BK) * INV_BK; /* the tiled GEMM's last tile ends here */
     const int chunks = (in_dim + INV_KC - 1) / INV_KC;
     constexpr int PER_THREAD = (ELEMS + INV_DECODE_WARPS * 32 - 1) / (INV_DECODE_WARPS * 32);
     float total[PER_THREAD];
     for (int round = 0; round * INV_DECODE_WARPS < chunks; round++) {
         int chunk = round * INV_DECODE_WARPS + warp;
-        if (chunk < chunks) {
-            int k0 = chunk * INV_KC;
-            uint32_t b[STEPS][2];
-#pragma unroll
-            for (int s = 0; s < STEPS; s++) { /* every weight load of the chunk first: all in flight */
-                int k = k0 + s * 16 + 2 * t;
-                b[s][0] = inv_pair(w, col0 + g, out_dim, k, in_dim, vec);
-                b[s][1] = inv_pair(w, col0 + g, out_dim, k + 8, in_dim, vec);
-            }
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                int r0 = m * 16 + g;
-#pragma unroll
-                for (int s = 0; s < STEPS; s++) {
-                    int k = k0 + s * 16;
-                    if (k >= k_end) break; /* past the tiled GEMM's last tile: it runs no mma there */
-                    uint32_t a[4] = {inv_pair(x, r0, n, k + 2 * t, in_dim, vec),
-                                     inv_pair(x, r0 + 8, n, k + 2 * t, in_dim, vec),
-                                     inv_pair(x, r0, n, k + 2 * t + 8, in_dim, vec),
-                                     inv_pair(x, r0 + 8, n, k + 2 * t + 8, in_dim, vec)};
-                    mma_bf16_m16n8k16(acc, a[0], a[1], a[2], a[3], b[s][0], b[s][1]);
-                }
-                /* d0, d1: row g, cols 2t, 2t + 1; d2, d3: row g + 8 */
-                float *p = part[warp] + m * 128;
-                p[g * 8 + 2 * t] = acc[0], p[g * 8 + 2 * t + 1] = acc[1];
-                p[(g + 8) * 8 + 2 * t] = acc[2], p[(g + 8) * 8 + 2 * t + 1] = acc[3];
-            }
-        }
+        if (chunk < chunks) inv_chunk_partial<MT>(part[warp], x, w, n, in_dim, out_dim, col0, chunk, vec);
         __syncthreads();
 #pragma unroll
         for (int q = 0; q < PER_THREAD; q++) {
@@ -310,13 +318,59 @@ __global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
     }
 }
 
+/* Narrow outputs (LoRA's A, r wide) at more than INV_DECODE_ROWS rows: the decode kernel's chunks spread
+ * over blocks as well, for parallelism. Block (x: 8 outputs, y: 32 rows, z: INV_DECODE_WARPS chunks),
+ * each warp one chunk's partial (inv_chunk_partial) into part[chunk][row][col]; then
+ * inv_chunks_sum_kernel adds the chunks in chunk order, + bias, one rounding: the decode kernel's
+ * arithmetic exactly. */
+__global__ void __launch_bounds__(INV_DECODE_WARPS * 32)
+    inv_split_partial_kernel(float *part, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int n, int in_dim,
+                             int out_dim, bool vec) {
+    constexpr int ELEMS = 32 * 8;
+    __shared__ float p[INV_DECODE_WARPS][ELEMS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int col0 = blockIdx.x * 8, row_base = blockIdx.y * 32;
+    const int chunks = (in_dim + INV_KC - 1) / INV_KC, chunk = blockIdx.z * INV_DECODE_WARPS + warp;
+    if (chunk >= chunks) return;
+    const int rows = min(n - row_base, 32);
+    inv_chunk_partial<2>(p[warp], x + (size_t)row_base * in_dim, w, rows, in_dim, out_dim, col0, chunk, vec);
+    __syncwarp();
+    for (int e = lane; e < ELEMS; e += 32) {
+        int row = e / 8, col = col0 + e % 8;
+        if (row < rows && col < out_dim) part[((size_t)chunk * n + row_base + row) * out_dim + col] = p[warp][e];
+    }
+}
+
+__global__ void inv_chunks_sum_kernel(__nv_bfloat16 *out, const float *part, const __nv_bfloat16 *bias, int n,
+                                      int out_dim, int chunks) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)n * out_dim;
+    if (e >= total) return;
+    float v = part[e];
+    for (int c = 1; c < chunks; c++) v = v + part[(size_t)c * total + e];
+    if (bias) v += __bfloat162float(bias[e % out_dim]);
+    out[e] = __float2bfloat16_rn(v);
+}
+
 static void inv_linear_bf16(CudaState *cs, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                             const __nv_bfloat16 *bias, int n, int in_dim, int out_dim) {
     bool vec = in_dim % 8 == 0 && aligned16(x) && aligned16(w);
     int shape = cs->opt.invariant_forced_shape;
     bool narrow = out_dim <= INV_NARROW_OUT && n <= INV_NARROW_ROWS;
-    if ((shape < 0 || shape == 3) && (n <= INV_DECODE_ROWS || narrow)) { /* decode: stream every weight once */
-        bool vec2 = in_dim % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
+    bool vec2 = in_dim % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
+    if ((shape < 0 || shape == 3) && narrow && n > INV_DECODE_ROWS) { /* chunks over blocks, then their sum */
+        int chunks = (int)ceil_div((size_t)in_dim, INV_KC);
+        float *part = (float *)cuda_scratch(cs, (size_t)chunks * n * out_dim * sizeof(float));
+        dim3 grid((unsigned)ceil_div((size_t)out_dim, 8), (unsigned)ceil_div((size_t)n, 32),
+                  (unsigned)ceil_div((size_t)chunks, INV_DECODE_WARPS));
+        inv_split_partial_kernel<<<grid, INV_DECODE_WARPS * 32, 0, cs->stream>>>(part, x, w, n, in_dim, out_dim, vec2);
+        LAUNCH_CHECK(cs);
+        size_t total = (size_t)n * out_dim;
+        inv_chunks_sum_kernel<<<(unsigned)ceil_div(total, 256), 256, 0, cs->stream>>>(out, part, bias, n, out_dim,
+                                                                                      chunks);
+        LAUNCH_CHECK(cs);
+        return;
+    }
+    if ((shape < 0 || shape == 3) && n <= INV_DECODE_ROWS) { /* decode: stream every weight once */
         dim3 grid((unsigned)ceil_div((size_t)out_dim, 8), (unsigned)ceil_div((size_t)n, 32));
         if (n <= 16)
             inv_decode_bf16_kernel<1><<<grid, INV_DECODE_WARPS * 32, 0, cs->stream>>>(out, x, w, bias, n, in_dim,

@@ -1,6 +1,8 @@
 # The README's two commands:
 #   make demo  — install dependencies, build, run the main job
 #   make test  — install dependencies, build, run every test (plus an ASan+UBSan pass), then a summary
+# OMP_WAIT_POLICY=passive for the tests: colt's OpenMP threads otherwise spin while OpenBLAS's own
+# threads work on the same cores (2x slower on a 2-core machine, more with tests run side by side).
 JOBS ?= $(shell nproc)
 
 .PHONY: deps build build-cuda demo test test-fast test-asan test-gpu bench fuzz clean
@@ -16,12 +18,12 @@ demo: build
 	bash examples/demo.sh
 
 test-fast: build
-	ctest --test-dir build --output-on-failure -j $(JOBS)
+	OMP_WAIT_POLICY=passive ctest --test-dir build --output-on-failure -j $(JOBS)
 
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCOLT_SANITIZE=ON
 	cmake --build build-asan -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=2 \
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 # CI has no GPU: it compiles and links the CUDA backend (when nvcc is there) and runs the CPU tests.

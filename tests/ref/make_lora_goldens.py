@@ -138,6 +138,14 @@ def make_all():
         readme = os.path.join(path, "README.md")
         if os.path.exists(readme):
             os.remove(readme)
+        # The base model's path relative to the repository, not this machine's absolute one.
+        cfg_path = os.path.join(path, "adapter_config.json")
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        cfg["base_model_name_or_path"] = f"tests/data/models/{spec['base']}"
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+            f.write("\n")
         # What the tests load: the saved files, onto a freshly loaded base.
         ref = PeftModel.from_pretrained(load_base(spec["base"]), path).eval()
         vocab = ref.config.vocab_size

@@ -32,6 +32,9 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_model_goldens import greedy, log_probs, sequences  # noqa: E402  (the same helpers as the model goldens)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(ROOT, "tests", "data", "models")
 OUT = os.path.join(ROOT, "tests", "data", "lora")
@@ -52,31 +55,6 @@ ADAPTERS = [
 def load_base(base):
     return AutoModelForCausalLM.from_pretrained(os.path.join(MODELS, base), dtype=torch.float32,
                                                 attn_implementation="eager").eval()
-
-
-def log_probs(model, ids):
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1)
-    return [lp[t - 1, ids[t]].item() for t in range(1, len(ids))]
-
-
-def greedy(model, prompt, n_new):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new, eos_token_id=None,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-    new = out.sequences[0, len(prompt):].tolist()
-    margin = min((s[0].topk(2).values[0] - s[0].topk(2).values[1]).item() for s in out.scores)
-    return new, margin
-
-
-def sequences(seed, vocab):
-    g = torch.Generator().manual_seed(seed)
-    long_ids = [1] + torch.randint(3, vocab, (39,), generator=g).tolist()
-    short_ids = [1] + torch.randint(3, vocab, (6,), generator=g).tolist()
-    prompt = [1] + torch.randint(3, vocab, (5,), generator=g).tolist()
-    return long_ids, short_ids, prompt
 
 
 def gradients(model, seed, vocab):
@@ -143,6 +121,8 @@ def make_all():
         with open(cfg_path) as f:
             cfg = json.load(f)
         cfg["base_model_name_or_path"] = f"tests/data/models/{spec['base']}"
+        if isinstance(cfg["target_modules"], list):  # PEFT writes a set's order: make the file reproducible
+            cfg["target_modules"] = sorted(cfg["target_modules"])
         with open(cfg_path, "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
             f.write("\n")

@@ -295,7 +295,27 @@ static void gloo_rank(int rank, int world, int port, int fail, double timeout) {
         comm_close(c);
         exit(failures ? 1 : 0); /* exit, not _exit: an ASan build checks this rank for leaks */
     }
+    /* Every other rank says it is past the barrier before rank 1 fails: else
+     * rank 0 could see rank 1 gone, abort and take the store it serves down
+     * while rank 2 still reads the barrier's answer (it would then fail in the
+     * barrier, not in the collective under test). */
+    char key[32];
+    snprintf(key, sizeof key, "past/%d", rank);
+    if (rank != 1 && store_set(store, key, "1", 1, err) != COLT_OK) {
+        fprintf(stderr, "[%s] store_set: %s\n", who, err);
+        _exit(2);
+    }
     if (rank == 1) {
+        for (int r = 0; r < world; r++) {
+            void *v = NULL;
+            size_t len = 0;
+            snprintf(key, sizeof key, "past/%d", r);
+            if (r != 1 && store_get(store, &v, &len, key, err) != COLT_OK) {
+                fprintf(stderr, "[%s] store_get: %s\n", who, err);
+                _exit(2);
+            }
+            free(v);
+        }
         if (fail == FAIL_EXIT) _exit(0); /* leaves without a word */
         for (;;) pause();                /* hangs until the test kills it */
     }

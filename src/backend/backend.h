@@ -65,6 +65,23 @@ struct Backend {
     void (*upload_f32)(const Backend *be, void *dst, const float *src, size_t n);   /* fp32 host -> [f32] buffer */
     void (*download_f32)(const Backend *be, float *dst, const void *src, size_t n); /* [f32] buffer -> fp32 host */
     void (*copy)(const Backend *be, void *dst, size_t dst_offset, const void *src, size_t src_offset, size_t n);
+    /* Raw byte copies between host memory and any buffer (no conversion),
+     * finished when they return: the optimizer's offload moves gradient and
+     * weight ranges with these. */
+    void (*copy_to_host)(const Backend *be, void *dst, const void *src, size_t bytes);
+    void (*copy_from_host)(const Backend *be, void *dst, const void *src, size_t bytes);
+    /* Host memory for such copies: page-locked on a GPU (copies at the bus's
+     * speed), plain aligned memory on the CPU. NULL if it cannot be had. */
+    void *(*alloc_host)(const Backend *be, size_t bytes);
+    void (*free_host)(const Backend *be, void *p);
+    /* Bytes of this instance's alloc / alloc_f32 buffers held now and the most
+     * held since the last reset (reset_peak: the peak restarts from now): what
+     * the memory plan's figures are checked against. */
+    void (*memory_stats)(const Backend *be, size_t *in_use, size_t *peak, bool reset_peak);
+    /* Names what the next allocations are for ("optimizer state, planned 30.5
+     * GB"), so that running out of memory says which buffer and what the plan
+     * gave it; NULL clears it. Copied. */
+    void (*set_alloc_label)(const Backend *be, const char *label);
 
     /* dst[i, :] = src[rows[i], :] for i < n (rows: host array); gathers the
      * hidden rows that need logits. */

@@ -7,6 +7,7 @@
 #ifndef COLT_TRAIN_OPTIM_H
 #define COLT_TRAIN_OPTIM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "model/model.h"
@@ -34,12 +35,36 @@ typedef struct AdamWConfig {
  * for it); m must outlive the optimizer. */
 typedef struct Optimizer Optimizer;
 int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backend *be, char *err);
+
+/* ZeRO and offload: which part of the state this process keeps, and where. */
+typedef struct OptimShardOptions {
+    int rank, world;  /* this rank's shard of the flat parameters (zero_stage >= 1); world 1: all of them */
+    bool offload;     /* offload_optimizer cpu: fp32 master weights and moments in host memory, AdamW on the host */
+    int host_threads; /* the host AdamW's threads (0: OpenMP's default, all cores) */
+} OptimShardOptions;
+/* The state of one shard of model_params_flat: elements [lo, hi), lo =
+ * rank x optim_shard_elements(numel, world), the last shard taking the rest.
+ * optim_step then updates only the weights of that range; the caller gathers
+ * the other ranks' ranges (train_dist.h). */
+int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backend *be,
+                         const OptimShardOptions *so, char *err);
+/* Elements per shard of numel over world ranks (a multiple of 64). */
+size_t optim_shard_elements(size_t numel, int world);
+void optim_shard_range(const Optimizer *o, size_t *lo, size_t *hi);
+bool optim_is_sharded(const Optimizer *o);
 void optim_free(Optimizer *o);
-/* One AdamW update of every parameter with learning rate lr; increments the step count. */
+/* One AdamW update of the shard's parameters with learning rate lr; increments
+ * the step count. Offloaded: gradients copied to the host in chunks, AdamW
+ * there, the new weights copied back, the copies overlapping the host's work. */
 void optim_step(Optimizer *o, const ModelGrads *g, float lr);
+/* The host AdamW's seconds in the last offloaded step (0 when not offloaded). */
+double optim_last_host_seconds(const Optimizer *o);
 int64_t optim_step_count(const Optimizer *o);
-/* Device bytes of the moments (and fp32 master weights when the storage is not fp32). */
+/* Device bytes of the moments (and fp32 master weights when the storage is
+ * not fp32): 0 when offloaded. optim_state_host_bytes: the host bytes of an
+ * offloaded state (master, moments and the pinned staging). */
 size_t optim_state_bytes(const Optimizer *o);
+size_t optim_state_host_bytes(const Optimizer *o);
 
 /* Global L2 norm of all gradients (before clipping), and, when max_norm > 0,
  * scales every gradient by min(1, max_norm / (norm + 1e-6)) as
@@ -49,22 +74,32 @@ size_t optim_state_bytes(const Optimizer *o);
 double optim_clip_grad_norm(const Model *m, ModelGrads *g, double max_norm, const Backend *be);
 
 /* Saves / restores the moments and step count (an F32 safetensors file with
- * 1-D tensors "<param name>.exp_avg" / ".exp_avg_sq" of the parameter's numel,
- * and metadata "step"), written atomically. Loading checks names and element
- * counts against the model (ModelParam carries no shape) and names the first
- * mismatch. */
+ * 1-D tensors "<param name>.exp_avg" / ".exp_avg_sq" (/ ".master") of the
+ * parameter's numel, and metadata "step"), written atomically. Saving needs
+ * the whole state (world 1); loading fills this optimizer's shard from it.
+ * Loading checks names and element counts against the model (ModelParam
+ * carries no shape) and names the first mismatch. */
 int optim_save(const Optimizer *o, const char *path, char *err);
 int optim_load(Optimizer *o, const char *path, char *err);
 /* optim_load on a file's bytes (path: for messages). Checks everything —
  * format, step, names, shapes, every value finite — before changing anything. */
 int optim_load_bytes(Optimizer *o, const void *data, size_t size, const char *path, char *err);
+/* A sharded state: each rank saves its shard (tensors "exp_avg",
+ * "exp_avg_sq", "master" over [lo, hi) of the flat layout, with metadata lo,
+ * hi, flat_numel, step and a fingerprint of the layout); loading reads the
+ * part of this optimizer's shard from every file that has some, whatever the
+ * world size that saved them (resharding), after checking that the files are
+ * of this model, at one step, and together cover every element. */
+int optim_save_shard(const Optimizer *o, const char *path, char *err);
+int optim_load_shards(Optimizer *o, const char *const *paths, int n_files, char *err);
 /* True when the weights AdamW updates (the fp32 masters, or the weights
- * themselves in fp32) and both moments are all finite. */
+ * themselves in fp32) and both moments are all finite (this shard's). */
 bool optim_state_finite(const Optimizer *o);
 
 /* The sums of squares (in double, in a fixed order) of the weights AdamW
- * updates and of the first moments: equal on ranks whose state has the same
- * bits, so data-parallel ranks compare them to catch a rank that drifted. */
+ * updates and of the first moments (this shard's): equal on ranks whose state
+ * has the same bits, so data-parallel ranks compare them to catch a rank that
+ * drifted (unsharded states only). */
 void optim_fingerprint(const Optimizer *o, double out[2]);
 
 #endif

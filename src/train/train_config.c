@@ -19,6 +19,7 @@
 #include "core/fileio.h"
 #include "core/log.h"
 #include "model/lora.h"
+#include "train/deepspeed_config.h"
 #include "train/tensorboard.h"
 
 typedef enum {
@@ -175,6 +176,14 @@ static const ConfigKey KEYS[] = {
     KI(ddp_bucket_cap_mb, 1, 65536,
        "MB of gradients per all-reduce bucket: GPU ranks reduce a bucket over NCCL as soon as the backward pass "
        "finished its layers (several processes)"),
+    KI(zero_stage, 0, 3,
+       "ZeRO stage (DeepSpeed's meaning): 0 = full optimizer state on every rank, 1 = optimizer state sharded over "
+       "the ranks (2 and 3 are not supported yet)"),
+    K(offload_optimizer, KEY_STRING,
+      "none, or cpu: fp32 master weights and AdamW moments in host memory, AdamW run on the host's cores"),
+    K(deepspeed, KEY_STRING,
+      "a DeepSpeed JSON config (TRL's key): its zero_optimization stage and offload_optimizer device set zero_stage "
+      "and offload_optimizer; every other key is named as honoured, ignored or refused"),
 };
 #undef K
 #undef KI
@@ -345,7 +354,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("ddp_backend", "colt picks NCCL between GPU processes and Open MPI or Gloo between CPU processes"),
     ONLY("fsdp", "null \"\" false []", T_SHARDING),
     ONLY("fsdp_config", "null {}", T_SHARDING),
-    ONLY("deepspeed", "null", T_SHARDING),
     ONLY("debug", "\"\" [] null", "colt has no debug modes; its errors name what failed and where"),
     BOOL_NOOP("skip_memory_metrics", T_LOG),
     BOOL_NOOP("do_train", "read only by example scripts: colt train always trains"),
@@ -510,6 +518,7 @@ void train_config_defaults(TrainConfig *c) {
     c->device = xstrdup("auto");
     c->ddp_timeout = 600;
     c->ddp_bucket_cap_mb = 25;
+    c->offload_optimizer = xstrdup("none");
 }
 
 void train_config_free(TrainConfig *c) {
@@ -780,6 +789,11 @@ static void add_notice(TrainConfig *c, const char *key, const json_t *v, const c
     json_object_set_new(c->notices, key, json_string(line));
 }
 
+void train_config_notice(TrainConfig *c, const char *key, const char *line) {
+    if (!c->notices) c->notices = json_object();
+    json_object_set_new(c->notices, key, json_string(line));
+}
+
 /* lora_target_modules: "all-linear" or names of the block's linear layers. A
  * refused value leaves the key unset. */
 static int check_lora_targets(TrainConfig *c, const char *where, char *err) {
@@ -909,6 +923,8 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, deterministic)) c->deterministic_set = true;
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, zero_stage)) c->zero_stage_set = true;
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, offload_optimizer)) c->offload_set = true;
     if (rc == COLT_OK && k->notice) add_notice(c, k->name, v, k->notice, where);
     return rc;
 }
@@ -1445,6 +1461,14 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: lora_dropout %g: colt applies no dropout to the adapters' input; set "
                            "lora_dropout: 0 (TRL's default is 0.05)", c->lora_dropout);
     if (c->merge_lora && !c->use_peft) return errorf(err, "settings: merge_lora needs use_peft: true");
+    if (c->deepspeed && deepspeed_config_apply(c, c->deepspeed, err) != 0) return COLT_ERR;
+    if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)
+        return errorf(err, "settings: offload_optimizer '%s': use none or cpu%s", c->offload_optimizer,
+                      strcmp(c->offload_optimizer, "nvme") == 0 ? " (NVMe offload is not supported)" : "");
+    if (c->zero_stage >= 2)
+        return errorf(err, "settings: zero_stage %d is not supported yet: use zero_stage 1 (optimizer state sharded "
+                           "over the ranks), with offload_optimizer cpu to move that state to host memory",
+                      c->zero_stage);
     if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
         return errorf(err, "settings: lora_target_modules is an empty list");
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");

@@ -81,6 +81,17 @@ typedef struct TrainConfig {
     int ddp_bucket_cap_mb; /* gradient all-reduce bucket size (DDP's name and default, 25) */
     int nproc_per_node; /* processes colt starts itself without a launcher; 0 = one per GPU */
     json_t *devices;  /* list of GPU indices for this node's local ranks, or NULL (local rank r -> GPU r) */
+    /* ZeRO and offload (DeepSpeed's meanings): zero_stage 1 keeps 1/world of the
+     * optimizer state per rank; offload_optimizer "cpu" keeps the fp32 master
+     * weights and moments in host memory and runs AdamW there ("none": on the
+     * device). deepspeed: a DeepSpeed JSON config whose zero_optimization
+     * section sets these (train_config_finalize reads it; docs/zero.md).
+     * zero_stage_set / offload_set: given as colt keys (a DeepSpeed file must
+     * then agree). */
+    int zero_stage;
+    char *offload_optimizer;
+    char *deepspeed;
+    bool zero_stage_set, offload_set;
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

@@ -1,6 +1,7 @@
 /* train_dist.c — see train_dist.h. */
 #include "train/train_dist.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,37 @@ int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_
     }
     be->upload_f32(be, grads, mine, n);
     return COLT_OK;
+}
+
+int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t numel, size_t shard, char *err) {
+    if (d->world == 1 || numel == 0) return COLT_OK;
+    size_t es = dtype_size(be->storage);
+    if (d->grad_comm) {
+        backend_cuda_comm_after_compute(be);
+        void *stream = backend_cuda_comm_stream(be);
+        d->in_flight = true;
+        for (int r = 0; r < d->world; r++) {
+            size_t lo = (size_t)r * shard < numel ? (size_t)r * shard : numel;
+            size_t hi = r == d->world - 1 ? numel : ((size_t)(r + 1) * shard < numel ? (size_t)(r + 1) * shard : numel);
+            if (hi > lo && comm_broadcast(d->grad_comm, (char *)buf + lo * es, (hi - lo) * es, COMM_BYTE, r, stream,
+                                          err) != 0)
+                return COLT_ERR;
+        }
+        if (comm_wait(d->grad_comm, stream, err) != 0) return COLT_ERR;
+        d->in_flight = false;
+        return COLT_OK;
+    }
+    /* Equal pieces of shard elements from every rank (the last one's padded). */
+    size_t piece = shard * es, lo = (size_t)d->rank * shard < numel ? (size_t)d->rank * shard : numel;
+    size_t hi = d->rank == d->world - 1 ? numel : ((size_t)(d->rank + 1) * shard < numel ? (size_t)(d->rank + 1) * shard : numel);
+    if (hi - lo > shard) return errorf(err, "ZeRO: the last rank's shard (%zu elements) exceeds the shard size %zu", hi - lo, shard);
+    uint8_t *mine = xcalloc(piece ? piece : 1, 1), *all = xmalloc(piece * (size_t)d->world + 1);
+    if (hi > lo) be->copy_to_host(be, mine, (char *)buf + lo * es, (hi - lo) * es);
+    int rc = comm_all_gather(d->comm, all, mine, piece, COMM_BYTE, NULL, err);
+    if (rc == 0) be->copy_from_host(be, buf, all, numel * es);
+    free(mine);
+    free(all);
+    return rc;
 }
 
 typedef struct StatusRecord {

@@ -677,57 +677,146 @@ static int save_trained(const Trainer *t, const char *dir, char *err) {
     return model_save(t->model, dir, DTYPE_F32, err);
 }
 
+/* The optimizer shard file of rank r in a checkpoint of a sharded run. */
+static char *shard_file_name(int rank, int world) {
+    char name[64];
+    snprintf(name, sizeof name, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
+    return xstrdup(name);
+}
+
+#define SHARD_MANIFEST "optimizer_shards.json"
+
 /* Writes output_dir/checkpoint-N atomically: everything goes into a temporary
  * folder that is renamed into place at the end. state: trainer_state_json's.
  * Weights or optimizer moments that are not finite are never saved: a run that
- * diverged must not replace a good checkpoint. */
+ * diverged must not replace a good checkpoint.
+ *
+ * Unsharded optimizer: rank 0 writes everything (the others return at once).
+ * Sharded (zero_stage 1): collective — rank 0 writes the model, every rank its
+ * optimizer shard into the same temporary folder (output_dir must be shared
+ * by the ranks' hosts, as for DeepSpeed), then rank 0 the manifest
+ * (optimizer_shards.json), the trainer state and the rename. */
 static int save_checkpoint(Trainer *t, json_t *state, char *err) {
+    bool sharded = optim_is_sharded(t->opt);
+    if (!sharded && t->dist.rank != 0) return COLT_OK;
     int64_t step = json_integer_value(json_object_get(state, "global_step"));
-    if (!state) return errorf(err, "checkpoint: the trainer state could not be written as JSON");
-    if (!optim_state_finite(t->opt)) {
+    int rc = state ? COLT_OK : errorf(err, "checkpoint: the trainer state could not be written as JSON");
+    if (rc == 0 && !optim_state_finite(t->opt)) {
         char last[512];
         last_checkpoint_text(t, last, sizeof last);
-        return errorf(err, "step %lld: the weights or optimizer moments hold NaN or Inf (training diverged; "
-                           "learning_rate %g): checkpoint-%lld not saved, %s",
-                      (long long)step, t->cfg->learning_rate, (long long)step, last);
+        rc = errorf(err, "step %lld: the weights or optimizer moments hold NaN or Inf (training diverged; "
+                         "learning_rate %g): checkpoint-%lld not saved, %s",
+                    (long long)step, t->cfg->learning_rate, (long long)step, last);
+    }
+    if (sharded && train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
+    if (rc != 0) return rc;
+    /* The temporary folder carries rank 0's pid (a stale one is recognised as such). */
+    long pid = (long)getpid();
+    if (sharded) {
+        long *pids = xcalloc((size_t)t->dist.world, sizeof(long));
+        rc = train_dist_agree(&t->dist, train_dist_gather(&t->dist, pids, &pid, sizeof pid, err), err);
+        pid = pids[0];
+        free(pids);
+        if (rc != 0) return rc;
     }
     char name[64], tmp_name[96];
     snprintf(name, sizeof name, "checkpoint-%lld", (long long)step);
-    snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, (long)getpid());
+    snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, pid);
     char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
-    char *opt_path = path_join(dir, "optimizer.safetensors"), *state_path = path_join(dir, "trainer_state.json");
-    char *cfg_path = path_join(dir, "train_config.json");
-    remove_tree(dir);
-    int rc = COLT_OK;
-    if (save_trained(t, dir, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0 ||
-        optim_save(t->opt, opt_path, err) != 0)
-        rc = COLT_ERR;
-    if (rc == 0) {
+    char *state_path = path_join(dir, "trainer_state.json"), *cfg_path = path_join(dir, "train_config.json");
+    if (t->dist.rank == 0) {
+        remove_tree(dir);
+        if (save_trained(t, dir, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0) rc = COLT_ERR;
+        if (rc == 0 && !sharded) {
+            char *opt_path = path_join(dir, "optimizer.safetensors");
+            rc = optim_save(t->opt, opt_path, err);
+            free(opt_path);
+        }
+    }
+    if (sharded) {
+        rc = train_dist_agree(&t->dist, rc, err); /* the folder exists */
+        if (rc == 0) {
+            char *file = shard_file_name(t->dist.rank, t->dist.world), *path = path_join(dir, file);
+            rc = train_dist_agree(&t->dist, optim_save_shard(t->opt, path, err), err);
+            free(file), free(path);
+        }
+        if (rc == 0 && t->dist.rank == 0) {
+            json_t *m = json_object(), *files = json_array();
+            json_object_set_new(m, "format", json_string("colt-adamw-shards"));
+            json_object_set_new(m, "world_size", json_integer(t->dist.world));
+            json_object_set_new(m, "step", json_integer(step));
+            for (int r = 0; r < t->dist.world; r++) json_array_append_new(files, json_string_nocheck(shard_file_name(r, t->dist.world)));
+            json_object_set_new(m, "files", files);
+            char *text = json_dumps(m, JSON_INDENT(1)), *path = path_join(dir, SHARD_MANIFEST);
+            rc = file_write_atomic(path, text, strlen(text), err);
+            free(text), free(path);
+            json_decref(m);
+        }
+    }
+    if (rc == 0 && t->dist.rank == 0) {
         char *s = json_dumps(state, JSON_INDENT(1));
         rc = s ? file_write_atomic(state_path, s, strlen(s), err) : errorf(err, "%s: cannot encode", state_path);
         free(s);
     }
-    if (rc == 0) {
+    if (rc == 0 && t->dist.rank == 0) {
         json_t *cj = train_config_to_json(t->cfg);
         char *s = json_dumps(cj, JSON_INDENT(2));
         rc = file_write_atomic(cfg_path, s, strlen(s), err);
         free(s);
         json_decref(cj);
     }
-    if (rc == 0) {
+    if (rc == 0 && t->dist.rank == 0) {
         remove_tree(final_dir);
         if (rename(dir, final_dir) != 0)
             rc = errorf(err, "%s: cannot rename the checkpoint into place: %s", final_dir, strerror(errno));
     }
-    if (rc != 0) remove_tree(dir);
-    else {
+    if (rc != 0 && t->dist.rank == 0) remove_tree(dir);
+    if (sharded) rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0) {
         log_info0("saved %s", final_dir);
         t->last_saved_step = step;
         free(t->last_checkpoint);
         t->last_checkpoint = xstrdup(final_dir);
-        checkpoint_keeper_saved(&t->keeper, step);
+        if (t->dist.rank == 0) checkpoint_keeper_saved(&t->keeper, step);
     }
-    free(final_dir), free(dir), free(opt_path), free(state_path), free(cfg_path);
+    free(final_dir), free(dir), free(state_path), free(cfg_path);
+    return rc;
+}
+
+/* Loads the optimizer state of checkpoint ckpt into this rank's optimizer:
+ * optimizer.safetensors (an unsharded run's) or the shards listed in
+ * optimizer_shards.json (a zero_stage 1 run's, at any world size). */
+static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
+    char *whole = path_join(ckpt, "optimizer.safetensors"), *manifest = path_join(ckpt, SHARD_MANIFEST);
+    int rc = COLT_OK;
+    if (file_exists(whole)) rc = optim_load(t->opt, whole, err);
+    else if (!file_exists(manifest))
+        rc = errorf(err, "%s: no optimizer state (neither optimizer.safetensors nor %s)", ckpt, SHARD_MANIFEST);
+    else {
+        json_error_t jerr;
+        json_t *m = json_load_file(manifest, 0, &jerr), *files = json_object_get(m, "files");
+        size_t n = json_array_size(files);
+        if (!m) rc = errorf(err, "%s line %d: %s", manifest, jerr.line, jerr.text);
+        else if (n == 0 || json_integer_value(json_object_get(m, "world_size")) != (json_int_t)n)
+            rc = errorf(err, "%s: 'files' must list world_size shard files", manifest);
+        char **paths = xcalloc(n ? n : 1, sizeof(char *));
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+            const char *f = json_string_value(json_array_get(files, i));
+            if (!f || strchr(f, '/')) rc = errorf(err, "%s: files[%zu] is not a file name", manifest, i);
+            else {
+                paths[i] = path_join(ckpt, f);
+                if (!file_exists(paths[i]))
+                    rc = errorf(err, "%s: optimizer shard %s is missing (the checkpoint of a %zu-rank run is "
+                                     "incomplete)",
+                                ckpt, f, n);
+            }
+        }
+        if (rc == 0) rc = optim_load_shards(t->opt, (const char *const *)paths, (int)n, err);
+        for (size_t i = 0; i < n; i++) free(paths[i]);
+        free(paths);
+        json_decref(m);
+    }
+    free(whole), free(manifest);
     return rc;
 }
 
@@ -761,13 +850,11 @@ static int load_trainer_state(Trainer *t, const char *ckpt, char *err) {
     if (rc == 0) rc = model_config_load(&base, NULL, t->cfg->model, err);
     if (rc == 0) rc = check_checkpoint_config(model_config(t->model), &base, ckpt, err);
     if (rc == 0) {
-        char *opt_path = path_join(ckpt, "optimizer.safetensors");
-        rc = optim_load(t->opt, opt_path, err);
+        rc = load_optimizer(t, ckpt, err);
         if (rc == 0 && optim_step_count(t->opt) != st.progress.global_step)
             rc = errorf(err, "%s: the optimizer is at step %lld but trainer_state.json at step %lld (files from "
                              "two checkpoints?)",
                         ckpt, (long long)optim_step_count(t->opt), (long long)st.progress.global_step);
-        free(opt_path);
     }
     if (rc == 0) {
         t->global_step = st.progress.global_step;
@@ -1255,7 +1342,19 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
 
     AdamWConfig ac = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_epsilon,
                       .weight_decay = (float)c->weight_decay};
-    if (optim_create(&t->opt, t->model, &ac, t->be, err) != 0) return COLT_ERR;
+    /* zero_stage 1: each rank keeps its shard of the optimizer state (and
+     * updates that shard of the weights); offload: that state in host memory. */
+    OptimShardOptions so = {.rank = c->zero_stage >= 1 ? t->dist.rank : 0,
+                            .world = c->zero_stage >= 1 ? t->dist.world : 1,
+                            .offload = strcmp(c->offload_optimizer, "cpu") == 0};
+    if (optim_create_sharded(&t->opt, t->model, &ac, t->be, &so, err) != 0) return COLT_ERR;
+    if (so.world > 1 || so.offload) {
+        size_t lo = 0, hi = 0;
+        optim_shard_range(t->opt, &lo, &hi);
+        log_info0("optimizer: zero_stage %d over %d rank(s) (this rank: parameters %zu .. %zu of the flat layout), "
+                  "state on the %s",
+                  c->zero_stage, so.world, lo, hi, so.offload ? "host (offload_optimizer cpu)" : "device");
+    }
     if (model_grads_create(&t->grads, t->model, err) != 0) return COLT_ERR;
 
     int bs = c->per_device_train_batch_size;
@@ -1341,9 +1440,11 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     size_t scratch = strncmp(t->be->name, "cuda", 4) == 0 ? backend_cuda_reserved_bytes(t->be) : 0;
     log_info0("memory plan (%s): weights %.3f GB, reference model %.3f GB, optimizer state %.3f GB, gradients "
               "%.3f GB, training activations %.3f GB, backend scratch %.3f GB; total %.3f GB, plus the generation "
-              "KV cache while generating",
+              "KV cache while generating%s",
               t->be->name, w * gb, ref * gb, o * gb, gr * gb, act * gb, scratch * gb,
-              (w + ref + o + gr + act + scratch) * gb);
+              (w + ref + o + gr + act + scratch) * gb, optim_state_host_bytes(t->opt) ? "; in host memory:" : "");
+    if (optim_state_host_bytes(t->opt))
+        log_info0("memory plan (host): optimizer state and staging %.3f GB", optim_state_host_bytes(t->opt) * gb);
     return COLT_OK;
 }
 
@@ -1457,8 +1558,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             /* Save what the last completed step left (the model and optimizer have
              * not changed since), so no work is lost, then stop with the error. */
             char save_err[ERR_LEN];
-            if (t.dist.rank == 0 && t.global_step > t.last_saved_step && t.global_step > 0 &&
-                save_checkpoint(&t, step_start_state, save_err) != 0)
+            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.global_step > t.last_saved_step &&
+                t.global_step > 0 && save_checkpoint(&t, step_start_state, save_err) != 0)
                 log_error("could not save a checkpoint after the error: %s", save_err);
             break;
         }
@@ -1476,9 +1577,26 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
                         (long long)t.global_step + 1, step_loss, norm, c->learning_rate, last);
             break;
         }
+        double o0 = time_now();
         optim_step(t.opt, t.grads, lr);
+        if (optim_is_sharded(t.opt)) {
+            /* Each rank updated its shard of the weights: exchange them. */
+            size_t n_weights = 0;
+            void *weights = model_params_flat(t.model, &n_weights);
+            rc = train_dist_agree(&t.dist,
+                                  train_dist_gather_shards(&t.dist, t.be, weights, n_weights,
+                                                           optim_shard_elements(n_weights, t.dist.world), err),
+                                  err);
+            if (rc != 0) break;
+        }
+        if (t.be->synchronize) t.be->synchronize(t.be);
+        metrics_add(&t.metrics, "time/optimizer", time_now() - o0);
+        if (strcmp(c->offload_optimizer, "cpu") == 0)
+            metrics_add(&t.metrics, "time/optimizer_host_adamw", optim_last_host_seconds(t.opt));
         t.global_step++;
-        if (t.dist.world > 1) {
+        /* Unsharded ranks hold whole states that must agree; sharded ones hold
+         * different shards, and every rank's weights come from the same gather. */
+        if (t.dist.world > 1 && !optim_is_sharded(t.opt)) {
             /* Every rank applied the same sum of gradients: the weights must
              * be the same bits everywhere. Two passes over the state, cheap
              * beside a step; a rank that drifted stops the job here. */
@@ -1532,11 +1650,9 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         }
         bool stop = train_dist_any(&t.dist, g_stop_requested); /* a signal to any rank stops them all */
         if (rc == 0 && ((c->save_steps > 0 && t.global_step % c->save_steps == 0) || stop)) {
-            if (t.dist.rank == 0) {
-                json_t *state = trainer_state_json(&t);
-                rc = save_checkpoint(&t, state, err);
-                json_decref(state);
-            }
+            json_t *state = trainer_state_json(&t);
+            rc = save_checkpoint(&t, state, err); /* rank 0, or every rank when sharded */
+            json_decref(state);
             rc = train_dist_agree(&t.dist, rc, err);
         }
         if (stop) {
@@ -1554,7 +1670,9 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             if (rc == 0) log_info0("eval after training: mean reward %.4f (before %.4f)", eval_after, eval_before);
             if (rc == 0) rc = log_eval(&t, eval_after, false, err);
         }
-        if (rc == 0 && t.dist.rank == 0 && !optim_state_finite(t.opt)) {
+        bool finite = optim_is_sharded(t.opt) || t.dist.rank == 0 ? optim_state_finite(t.opt) : true;
+        if (optim_is_sharded(t.opt)) finite = !train_dist_any(&t.dist, !finite);
+        if (rc == 0 && t.dist.rank == 0 && !finite) {
             char last[512];
             last_checkpoint_text(&t, last, sizeof last);
             rc = errorf(err, "the weights or optimizer moments hold NaN or Inf after step %lld (training diverged; "

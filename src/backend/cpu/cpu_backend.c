@@ -23,14 +23,75 @@
 
 /* ---------------------------------------------------------------- memory */
 
-static void *cpu_alloc(const Backend *be, size_t n_elements) {
+/* The instance's state: deterministic mode (backend.h set_batch_invariant;
+ * attention needs nothing: cpu_attention and cpu_paged_attention share their
+ * arithmetic, per token) and the memory accounting (memory_stats). */
+typedef struct CpuContext {
+    int batch_invariant;
+    size_t in_use, peak; /* bytes of alloc / alloc_f32 buffers */
+    char alloc_label[160];
+} CpuContext;
+
+/* Every buffer starts CPU_HEADER bytes into its block; the header keeps the
+ * size (and whether memory_stats counts it), so free can subtract it. */
+#define CPU_HEADER 64
+typedef struct CpuBlockHeader {
+    size_t bytes;
+    int counted;
+} CpuBlockHeader;
+
+static void *cpu_alloc_block(const Backend *be, size_t bytes, int counted) {
+    CpuContext *cx = be->ctx;
     void *p = NULL;
-    size_t bytes = (n_elements ? n_elements : 1) * sizeof(float);
-    if (posix_memalign(&p, 64, bytes) != 0) colt_out_of_memory(bytes);
-    return p;
+    if (posix_memalign(&p, 64, CPU_HEADER + (bytes ? bytes : 1)) != 0) {
+        if (cx->alloc_label[0]) fprintf(stderr, "colt: while allocating %s:\n", cx->alloc_label);
+        colt_out_of_memory(bytes);
+    }
+    *(CpuBlockHeader *)p = (CpuBlockHeader){.bytes = bytes, .counted = counted};
+    if (counted) {
+        cx->in_use += bytes;
+        if (cx->in_use > cx->peak) cx->peak = cx->in_use;
+    }
+    return (char *)p + CPU_HEADER;
 }
 
-static void cpu_free(const Backend *be, void *buf) { free(buf); }
+static void *cpu_alloc(const Backend *be, size_t n_elements) { return cpu_alloc_block(be, n_elements * sizeof(float), 1); }
+
+static void cpu_free(const Backend *be, void *buf) {
+    if (!buf) return;
+    void *block = (char *)buf - CPU_HEADER;
+    const CpuBlockHeader *h = block;
+    if (h->counted) ((CpuContext *)be->ctx)->in_use -= h->bytes;
+    free(block);
+}
+
+static void cpu_memory_stats(const Backend *be, size_t *in_use, size_t *peak, bool reset_peak) {
+    CpuContext *cx = be->ctx;
+    if (reset_peak) cx->peak = cx->in_use;
+    if (in_use) *in_use = cx->in_use;
+    if (peak) *peak = cx->peak;
+}
+
+static void cpu_set_alloc_label(const Backend *be, const char *label) {
+    CpuContext *cx = be->ctx;
+    snprintf(cx->alloc_label, sizeof cx->alloc_label, "%s", label ? label : "");
+}
+
+static void cpu_copy_bytes(const Backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void *cpu_alloc_host(const Backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;
+}
+
+static void cpu_free_host(const Backend *be, void *p) {
+    (void)be;
+    free(p);
+}
 
 static void cpu_upload(const Backend *be, void *dst, const float *src, size_t n) {
     if (n) memcpy(dst, src, n * sizeof(float));
@@ -45,12 +106,6 @@ static void cpu_copy(const Backend *be, void *dst, size_t dst_offset, const void
 }
 
 /* ---------------------------------------------------------------- matmul */
-
-/* Deterministic mode (backend.h set_batch_invariant). Attention needs nothing:
- * cpu_attention and cpu_paged_attention share their arithmetic, per token. */
-typedef struct CpuContext {
-    int batch_invariant;
-} CpuContext;
 
 static void cpu_set_batch_invariant(const Backend *be, int on) { ((CpuContext *)be->ctx)->batch_invariant = on != 0; }
 
@@ -519,7 +574,11 @@ static void cpu_scatter_rows(const Backend *be, void *dst, const void *src, cons
 /* ================================================================ engine */
 /* [i32] buffers are host int arrays here, so the i32 ops are the plain ones. */
 
-static void *cpu_alloc_i32(const Backend *be, size_t n) { return xcalloc(n ? n : 1, sizeof(int)); }
+static void *cpu_alloc_i32(const Backend *be, size_t n) {
+    void *p = cpu_alloc_block(be, (n ? n : 1) * sizeof(int), 0);
+    memset(p, 0, (n ? n : 1) * sizeof(int));
+    return p;
+}
 static void cpu_upload_i32(const Backend *be, void *dst, const int *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
 static void cpu_download_i32(const Backend *be, int *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(int)); }
 static void cpu_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim) {
@@ -549,6 +608,12 @@ static const Backend CPU_OPS = {
     .upload_f32 = cpu_upload,
     .download_f32 = cpu_download,
     .copy = cpu_copy,
+    .copy_to_host = cpu_copy_bytes,
+    .copy_from_host = cpu_copy_bytes,
+    .alloc_host = cpu_alloc_host,
+    .free_host = cpu_free_host,
+    .memory_stats = cpu_memory_stats,
+    .set_alloc_label = cpu_set_alloc_label,
     .gather_rows = cpu_gather_rows,
     .scatter_rows = cpu_scatter_rows,
     .linear = cpu_linear,

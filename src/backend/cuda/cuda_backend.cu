@@ -16,6 +16,7 @@
 #include <math.h>
 #include <mutex>
 #include <string.h>
+#include <unordered_map>
 
 #include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -234,6 +235,8 @@ static void cuda_out_of_memory(const Backend *be, size_t bytes, cudaError_t e) {
     char bus[32] = "", holders[512] = "";
     if (cudaDeviceGetPCIBusId(bus, sizeof bus, be->device) == cudaSuccess) describe_gpu_holders(bus, holders, sizeof holders);
     else (void)cudaGetLastError();
+    const CudaState *cs = cuda_state(be);
+    if (cs->alloc_label[0]) fprintf(stderr, "colt: while allocating %s:\n", cs->alloc_label);
     fprintf(stderr,
             "colt: GPU %d (%s) could not allocate %.2f GB: %s; %.2f GB free of %.2f GB%s%s (lower the batch or "
             "sequence lengths, free the GPU, or use a GPU with more memory)\n",
@@ -243,8 +246,15 @@ static void cuda_out_of_memory(const Backend *be, size_t bytes, cudaError_t e) {
     exit(1);
 }
 
+typedef std::unordered_map<void *, size_t> CudaAllocSizes;
+
+static CudaAllocSizes *alloc_sizes(CudaState *cs) {
+    if (!cs->alloc_sizes) cs->alloc_sizes = new CudaAllocSizes();
+    return (CudaAllocSizes *)cs->alloc_sizes;
+}
+
 static void *cuda_alloc_bytes(const Backend *be, size_t n_elements, size_t elem) {
-    (void)cuda_enter_checked(be);
+    CudaState *cs = cuda_enter_checked(be);
     void *p = NULL;
     size_t bytes = (n_elements ? n_elements : 1) * elem;
     cudaError_t e = cudaMalloc(&p, bytes);
@@ -254,6 +264,9 @@ static void *cuda_alloc_bytes(const Backend *be, size_t n_elements, size_t elem)
                 be->device, cudaGetErrorString(e));
         abort();
     }
+    (*alloc_sizes(cs))[p] = bytes;
+    cs->mem_in_use += bytes;
+    if (cs->mem_in_use > cs->mem_peak) cs->mem_peak = cs->mem_in_use;
     return p;
 }
 
@@ -269,6 +282,51 @@ static void cuda_free(const Backend *be, void *buf) {
     CudaState *cs = cuda_enter_checked(be);
     CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     CUDA_CHECK(cudaFree(buf));
+    CudaAllocSizes *sizes = alloc_sizes(cs);
+    auto it = sizes->find(buf); /* absent: an [i32] buffer, not counted */
+    if (it != sizes->end()) {
+        cs->mem_in_use -= it->second;
+        sizes->erase(it);
+    }
+}
+
+static void cuda_memory_stats(const Backend *be, size_t *in_use, size_t *peak, bool reset_peak) {
+    CudaState *cs = cuda_state(be);
+    if (reset_peak) cs->mem_peak = cs->mem_in_use;
+    if (in_use) *in_use = cs->mem_in_use;
+    if (peak) *peak = cs->mem_peak;
+}
+
+static void cuda_set_alloc_label(const Backend *be, const char *label) {
+    CudaState *cs = cuda_state(be);
+    snprintf(cs->alloc_label, sizeof cs->alloc_label, "%s", label ? label : "");
+}
+
+static void cuda_copy_to_host(const Backend *be, void *dst, const void *src, size_t bytes) {
+    CudaState *cs = cuda_enter(be);
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+}
+
+static void cuda_copy_from_host(const Backend *be, void *dst, const void *src, size_t bytes) {
+    CudaState *cs = cuda_enter(be);
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+}
+
+static void *cuda_alloc_host(const Backend *be, size_t bytes) {
+    (void)cuda_enter(be);
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free_host(const Backend *be, void *p) {
+    (void)cuda_enter(be);
+    if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 
 static void cuda_upload_f32(const Backend *be, void *dst, const float *src, size_t n) {
@@ -386,6 +444,12 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->upload_f32 = cuda_upload_f32;
     b->download_f32 = cuda_download_f32;
     b->copy = cuda_copy<T>;
+    b->copy_to_host = cuda_copy_to_host;
+    b->copy_from_host = cuda_copy_from_host;
+    b->alloc_host = cuda_alloc_host;
+    b->free_host = cuda_free_host;
+    b->memory_stats = cuda_memory_stats;
+    b->set_alloc_label = cuda_set_alloc_label;
     b->gather_rows = cuda_gather_rows<T>;
     b->scatter_rows = cuda_scatter_rows<T>;
     b->linear = cuda_linear<T>;
@@ -463,6 +527,7 @@ static void cuda_state_free(CudaState *cs) {
     if (cs->stream) CUDA_CHECK(cudaStreamDestroy(cs->stream));
     if (cs->comm_stream) CUDA_CHECK(cudaStreamDestroy(cs->comm_stream));
     if (cs->compute_mark) CUDA_CHECK(cudaEventDestroy(cs->compute_mark));
+    delete (CudaAllocSizes *)cs->alloc_sizes;
     free(cs);
 }
 

@@ -192,6 +192,11 @@ struct CudaState {
     int rope_head_dim;
     float rope_table[512];    /* the host rope table last uploaded (cuda_rope_inv_freq) */
     size_t reserved_bytes;    /* device bytes reserved at open (backend_cuda_reserved_bytes) */
+    /* alloc / alloc_f32 buffers held (backend.h memory_stats): their sizes by
+     * address (a std::unordered_map, cuda_backend.cu), the bytes now and at most */
+    void *alloc_sizes;
+    size_t mem_in_use, mem_peak;
+    char alloc_label[160];    /* backend.h set_alloc_label: named when an allocation fails */
 
     CudaIndexEntry index_cache[CUDA_INDEX_CACHE_ENTRIES]; /* recent index uploads (cuda_upload_indices) */
     uint64_t index_clock;

@@ -1,0 +1,29 @@
+/* host_adamw.h — torch.optim.AdamW on the host, for optimizer offload
+ * (offload_optimizer: cpu): the fp32 master weights and moments live in host
+ * memory, the gradients arrive from the device and the updated weights go back
+ * in the storage dtype. The arithmetic is the backend adamw op's, operation by
+ * operation (no FMA contraction, IEEE sqrt and division), so an offloaded step
+ * gives the same bits as one on the device; vectorised per CPU (AVX-512, AVX2
+ * or baseline, chosen at load) and spread over OpenMP threads. */
+#ifndef COLT_TRAIN_HOST_ADAMW_H
+#define COLT_TRAIN_HOST_ADAMW_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+/* The per-step scalars, derived as the backend ops derive them. */
+typedef struct HostAdamWStep {
+    float decay, w1, w2, beta2, step_size, bc2_sqrt, eps;
+} HostAdamWStep;
+
+void host_adamw_step_init(HostAdamWStep *s, float lr, float beta1, float beta2, float eps, float weight_decay,
+                          float bias_correction1, float bias_correction2);
+
+/* One update of n parameters: master[n], m[n], v[n] (fp32, in place) from
+ * grad[n]; out[n] receives the new weights in out_dtype (F32 or BF16,
+ * rounded to nearest even), NULL for none. threads: OpenMP threads (0: all). */
+void host_adamw(const HostAdamWStep *s, float *master, float *m, float *v, const float *grad, void *out,
+                DType out_dtype, size_t n, int threads);
+
+#endif

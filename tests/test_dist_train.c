@@ -13,6 +13,10 @@
  *   - SIGINT to one rank: every rank stops after the same step, rank 0 saves a
  *     checkpoint, all exit 0; resuming at world size 2 reproduces the
  *     uninterrupted 2-rank run exactly, and resuming at world size 1 works;
+ *   - zero_stage 1 (sharded optimizer state) and offload_optimizer cpu give the
+ *     same bits as the unsharded run; a sharded checkpoint resumes at world
+ *     size 2 exactly and at 4 and 1 (resharded) to float rounding; a lost
+ *     shard file is named;
  *   - a rank killed mid-run: the job ends, non-zero, within the bound;
  *   - bad launches: inconsistent variables, a batch the world cannot split, a
  *     MASTER_PORT another process holds, a MASTER_ADDR nobody answers.
@@ -300,6 +304,73 @@ int main(void) {
     printf("resume of a 2-rank checkpoint in one process: exit %d, final weights within %g of the 2-rank run\n", code, w);
     CHECK(code == 0 && w <= 1e-5, "resume at world size 1: exit %d, weights %g: %s", code, w, err);
     free(err);
+
+    /* 3b. ZeRO-1 (optimizer state sharded) and optimizer offload: the same bits as the unsharded 2-rank run
+     * (AdamW is elementwise; the gathered shards are the weights every rank would have computed) */
+    const char *zero_cases[][2] = {{"z1", "--zero_stage 1"}, {"z1_offload", "--zero_stage 1 --offload_optimizer cpu"}};
+    char z1[300];
+    for (int k = 0; k < 2; k++) {
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/%s", g_tmp, zero_cases[k][0]);
+        if (k == 0) snprintf(z1, sizeof z1, "%s", dir);
+        snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
+        snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+                 "--gradient_accumulation_steps 1 %s --output_dir %s", BASE, zero_cases[k][1], dir);
+        code = run(prefix, args, &err);
+        CHECK(code == 0, "mpirun -np 2 %s: exit %d: %s", zero_cases[k][1], code, err);
+        free(err);
+        bool same = same_file(two, dir, "model.safetensors");
+        printf("mpirun -np 2 %s: final weights identical to zero_stage 0: %s\n", zero_cases[k][1], same ? "yes" : "NO");
+        CHECK(same, "%s changed the result", zero_cases[k][1]);
+        compare_runs(zero_cases[k][1], one, dir, 1e-4, 1e-5);
+    }
+    char ck_shard[400];
+    snprintf(ck_shard, sizeof ck_shard, "%s/checkpoint-2/optimizer-rank00001-of-00002.safetensors", z1);
+    CHECK(file_exists(ck_shard), "zero_stage 1 checkpoint has no shard file %s", ck_shard);
+    /* one process with the optimizer offloaded: the same bits as without */
+    char one_off[300];
+    snprintf(one_off, sizeof one_off, "%s/one_offload", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 2 --offload_optimizer cpu --output_dir %s", BASE, one_off);
+    code = run("", args, &err);
+    CHECK(code == 0, "one process, offload_optimizer cpu: exit %d: %s", code, err);
+    free(err);
+    bool same_off = same_file(one, one_off, "model.safetensors");
+    printf("one process, offload_optimizer cpu: final weights identical to the optimizer on the device: %s\n",
+           same_off ? "yes" : "NO");
+    CHECK(same_off, "offload_optimizer cpu changed the result");
+    /* the sharded checkpoint resumed at world size 2 (exact), 4 and 1 (resharded; the gradient sums group
+     * differently, so within float rounding) */
+    const struct {
+        int np, batch, accum;
+    } resume_cases[] = {{2, 8, 1}, {4, 4, 1}, {1, 8, 2}};
+    for (int k = 0; k < 3; k++) {
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/z1_resumed%d", g_tmp, resume_cases[k].np);
+        snprintf(prefix, sizeof prefix, "%s -np %d", MPIRUN, resume_cases[k].np);
+        snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size %d "
+                 "--gradient_accumulation_steps %d --zero_stage 1 --output_dir %s --resume_from_checkpoint "
+                 "%s/checkpoint-2", BASE, resume_cases[k].batch, resume_cases[k].accum, dir, z1);
+        code = run(resume_cases[k].np > 1 ? prefix : "", args, &err);
+        double wd = weights_difference(z1, dir);
+        printf("zero_stage 1 checkpoint of 2 ranks resumed at world size %d: exit %d, final weights within %g\n",
+               resume_cases[k].np, code, wd);
+        CHECK(code == 0 && (resume_cases[k].np == 2 ? wd == 0.0 : wd <= 1e-5), "resume at world size %d: exit %d, "
+              "weights %g: %s", resume_cases[k].np, code, wd, err);
+        free(err);
+    }
+    /* a shard lost: the resume names it and stops before any work */
+    char moved[420];
+    snprintf(moved, sizeof moved, "%s.away", ck_shard);
+    CHECK(rename(ck_shard, moved) == 0, "cannot move %s", ck_shard);
+    snprintf(args, sizeof args, "%s --max_steps 4 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+             "--zero_stage 1 --output_dir %s/z1_lost --resume_from_checkpoint %s/checkpoint-2", BASE, g_tmp, z1);
+    code = run("", args, &err);
+    printf("resume with a shard file missing: exit %d: %s", code, err);
+    CHECK(code != 0 && strstr(err, "optimizer-rank00001-of-00002.safetensors is missing"),
+          "a lost shard: exit %d: %s", code, err);
+    free(err);
+    rename(moved, ck_shard);
 
     /* 4. SIGINT to one rank: all stop after the same step, rank 0 checkpoints, all exit 0 */
     char sig_dir[300], cmd[8192];

@@ -71,6 +71,7 @@ static const IntRange INT_KEYS[] = {
     {"log_completions_count", 0, 1048576, false},
     {"ddp_timeout", 1, 604800, false},
     {"ddp_bucket_cap_mb", 1, 65536, false},
+    {"zero_stage", 0, 3, false},
     {"nproc_per_node", 0, 1024, false},
     {"lora_r", 1, 4096, false},
     {"seed", 0, INT64_MAX, false},
@@ -824,7 +825,6 @@ static void test_trl_messages(void) {
                        "not supported");
     expect_trl_refusal("lora_target_modules: [q_proj, c_attn]\n", "lora_target_modules: 'c_attn' is not a layer colt adapts",
                        "all-linear");
-    expect_trl_refusal("deepspeed: ds_zero3.json\n", "deepspeed: ds_zero3.json is a known", "DeepSpeed");
     expect_trl_refusal("fp16: true\n", "fp16: true is a known", "use bf16");
     expect_trl_refusal("bf16: false\n", "bf16: false is a known", "cuda_f32");
     expect_trl_refusal("report_to: wandb\n", "trl.yaml: report_to: wandb is not supported: colt reports to tensorboard",
@@ -1033,6 +1033,85 @@ static void test_trl_doc(void) {
     printf("docs/trl_config.md: %d checks\n", checks - before);
 }
 
+/* ---------------------------------------------------------------- DeepSpeed JSON */
+
+/* Finalizes a minimal config with deepspeed: a file holding json (and extra
+ * colt flags "key=value;..."); returns rc, err set. */
+static int finalize_with_deepspeed(TrainConfig *c, const char *json, const char *extra, char *err) {
+    static char path[] = "/tmp/colt_test_ds_XXXXXX.json";
+    snprintf(path, sizeof path, "/tmp/colt_test_ds_XXXXXX.json");
+    int fd = mkstemps(path, 5);
+    if (fd < 0 || write(fd, json, strlen(json)) != (ssize_t)strlen(json)) return -2;
+    close(fd);
+    train_config_defaults(c);
+    err[0] = '\0';
+    char base[1024];
+    snprintf(base, sizeof base, "model: m\ndataset: d.jsonl\noutput_dir: out\nreward_funcs: [{type: length}]\n"
+                                "deepspeed: %s\n%s", path, extra ? extra : "");
+    int rc = train_config_load_text(c, base, strlen(base), TRAIN_CONFIG_YAML, "x.yaml", err);
+    if (rc == 0) rc = train_config_finalize(c, err);
+    unlink(path);
+    return rc;
+}
+
+static void test_deepspeed_json(void) {
+    TrainConfig c;
+    char err[ERR_LEN];
+    /* TRL's ZeRO-2-with-offload style file, "auto" everywhere: stage 1 is what colt honours */
+    int rc = finalize_with_deepspeed(
+        &c,
+        "{\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}, "
+        "\"overlap_comm\": true, \"contiguous_gradients\": true, \"reduce_bucket_size\": 26214400}, "
+        "\"bf16\": {\"enabled\": \"auto\"}, \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\", "
+        "\"train_micro_batch_size_per_gpu\": \"auto\", \"train_batch_size\": \"auto\", \"steps_per_print\": 10}",
+        NULL, err);
+    CHECK(rc == 0, "DeepSpeed file: %s", err);
+    CHECK(c.zero_stage == 1 && strcmp(c.offload_optimizer, "cpu") == 0 && c.ddp_bucket_cap_mb == 100,
+          "DeepSpeed file gave zero_stage %d, offload %s, bucket %d MB", c.zero_stage, c.offload_optimizer,
+          c.ddp_bucket_cap_mb);
+    const char *noticed[] = {"deepspeed.zero_optimization.overlap_comm", "deepspeed.zero_optimization.contiguous_gradients",
+                             "deepspeed.bf16", "deepspeed.steps_per_print",
+                             "deepspeed.zero_optimization.offload_optimizer.pin_memory"};
+    for (size_t i = 0; i < sizeof noticed / sizeof noticed[0]; i++)
+        CHECK(json_object_get(c.notices, noticed[i]) != NULL, "no notice line for %s", noticed[i]);
+    train_config_free(&c);
+    /* refusals: one line each, naming the key */
+    const struct {
+        const char *json, *extra, *needle;
+    } bad[] = {
+        {"{\"zero_optimization\": {\"stage\": 5}}", NULL, "zero_optimization.stage must be 0, 1, 2 or 3"},
+        {"{\"zero_optimization\": {\"stage\": 3}}", NULL, "zero_stage 3 is not supported yet"},
+        {"{\"zero_optimization\": {\"stage\": 1}}", "zero_stage: 0\n", "zero_optimization.stage is 1 but zero_stage is 0"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}", NULL, "'nvme' is not supported"},
+        {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"cpu\"}}}", NULL, "offload_param.device 'cpu'"},
+        {"{\"zero_optimization\": {\"stage\": 1, \"bogus\": 1}}", NULL, "zero_optimization.bogus is not a DeepSpeed key"},
+        {"{\"fp16\": {\"enabled\": true}}", NULL, "fp16 is not supported"},
+        {"{\"train_micro_batch_size_per_gpu\": 3}", NULL, "train_micro_batch_size_per_gpu is 3 but colt's per_device_train_batch_size"},
+        {"{\"gradient_clipping\": 0.5}", NULL, "gradient_clipping is 0.5 but colt's max_grad_norm is 1"},
+        {"{\"optimizer\": {\"type\": \"Lamb\"}}", NULL, "optimizer type 'Lamb' is not supported"},
+        {"{\"what\": 1}", NULL, "'what' is not a DeepSpeed key colt knows"},
+        {"{\"zero_optimization\": {\"stage\": 1},}", NULL, "line 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = finalize_with_deepspeed(&c, bad[i].json, bad[i].extra, err);
+        CHECK(rc != 0 && strstr(err, bad[i].needle) && !strchr(err, '\n'), "%s: rc %d, '%s' should hold '%s'",
+              bad[i].json, rc, err, bad[i].needle);
+        printf("  deepspeed %-60s -> %s\n", bad[i].json, err);
+        train_config_free(&c);
+    }
+    /* offload_optimizer and zero_stage as colt keys */
+    train_config_defaults(&c);
+    rc = train_config_set(&c, "offload_optimizer", "disk", "--offload_optimizer", err);
+    if (rc == 0) {
+        char base[] = "model: m\ndataset: d.jsonl\noutput_dir: out\nreward_funcs: [{type: length}]\n";
+        rc = train_config_load_text(&c, base, strlen(base), TRAIN_CONFIG_YAML, "x.yaml", err);
+        if (rc == 0) rc = train_config_finalize(&c, err);
+    }
+    CHECK(rc != 0 && strstr(err, "offload_optimizer 'disk': use none or cpu"), "offload disk: %s", err);
+    train_config_free(&c);
+    printf("DeepSpeed JSON: %zu refusals checked\n", sizeof bad / sizeof bad[0]);
+}
+
 int main(void) {
     test_tables_cover_every_key();
     test_int_bounds();
@@ -1045,6 +1124,7 @@ int main(void) {
     test_trl_keys_classified();
     test_trl_messages();
     test_trl_colocate_config();
+    test_deepspeed_json();
     test_trl_doc();
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
     return failures ? 1 : 0;

@@ -678,10 +678,8 @@ static int save_trained(const Trainer *t, const char *dir, char *err) {
 }
 
 /* The optimizer shard file of rank r in a checkpoint of a sharded run. */
-static char *shard_file_name(int rank, int world) {
-    char name[64];
-    snprintf(name, sizeof name, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
-    return xstrdup(name);
+static void shard_file_name(char *buf, size_t size, int rank, int world) {
+    snprintf(buf, size, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
 }
 
 #define SHARD_MANIFEST "optimizer_shards.json"
@@ -736,16 +734,22 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
     if (sharded) {
         rc = train_dist_agree(&t->dist, rc, err); /* the folder exists */
         if (rc == 0) {
-            char *file = shard_file_name(t->dist.rank, t->dist.world), *path = path_join(dir, file);
+            char file[64];
+            shard_file_name(file, sizeof file, t->dist.rank, t->dist.world);
+            char *path = path_join(dir, file);
             rc = train_dist_agree(&t->dist, optim_save_shard(t->opt, path, err), err);
-            free(file), free(path);
+            free(path);
         }
         if (rc == 0 && t->dist.rank == 0) {
             json_t *m = json_object(), *files = json_array();
             json_object_set_new(m, "format", json_string("colt-adamw-shards"));
             json_object_set_new(m, "world_size", json_integer(t->dist.world));
             json_object_set_new(m, "step", json_integer(step));
-            for (int r = 0; r < t->dist.world; r++) json_array_append_new(files, json_string_nocheck(shard_file_name(r, t->dist.world)));
+            for (int r = 0; r < t->dist.world; r++) {
+                char file[64];
+                shard_file_name(file, sizeof file, r, t->dist.world);
+                json_array_append_new(files, json_string(file));
+            }
             json_object_set_new(m, "files", files);
             char *text = json_dumps(m, JSON_INDENT(1)), *path = path_join(dir, SHARD_MANIFEST);
             rc = file_write_atomic(path, text, strlen(text), err);

@@ -79,7 +79,8 @@ static void free_lines(json_t **lines, int n) {
 
 /* Names of metrics that are the world's (not timings, not one rank's engine). */
 static bool compared_metric(const char *name) {
-    return strncmp(name, "time/", 5) != 0 && strcmp(name, "step_time") != 0 && strncmp(name, "engine/", 7) != 0;
+    return strncmp(name, "time/", 5) != 0 && strcmp(name, "step_time") != 0 && strncmp(name, "engine/", 7) != 0 &&
+           strncmp(name, "memory/", 7) != 0;
 }
 
 /* Largest relative difference of the compared metrics of step `step` (0-based). */

@@ -1,6 +1,7 @@
 /* cmd_train.c — `colt train`: GRPO training from a YAML/JSON config and/or
  * flags named as TRL's GRPOConfig (flags override the file). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -9,6 +10,8 @@
 #include "backend/backend.h"
 #include "dist/launch_env.h"
 #include "dist/local_launch.h"
+#include "model/model.h"
+#include "train/memory_plan.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -18,12 +21,88 @@ static const char *TRAIN_USAGE =
     "  setting alone (--gradient_checkpointing) means true.\n"
     "  Writes OUTPUT_DIR/metrics.jsonl, completions.jsonl, checkpoint-N/, the final model,\n"
     "  summary.json and reward_curve.svg. Ctrl-C finishes the step, saves a checkpoint and exits.\n"
+    "  --dry_run prints the memory plan (from config.json alone) and exits 0 if it fits; with --json as\n"
+    "  one JSON object; --device_memory_gb G, --host_memory_gb G and --world_size N plan for another machine.\n"
     "settings:\n";
+
+/* Flags of --dry_run (not settings): taken out of argv before the settings are read. */
+typedef struct DryRun {
+    bool on, json;
+    double device_gb, host_gb; /* 0: this machine's */
+    int world_size;            /* 0: the launcher's */
+} DryRun;
+
+static int take_dry_run_flags(int *argc, char **argv, DryRun *d, char *err) {
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        double *num = strcmp(a, "--device_memory_gb") == 0 ? &d->device_gb
+                      : strcmp(a, "--host_memory_gb") == 0 ? &d->host_gb
+                                                            : NULL;
+        if (strcmp(a, "--dry_run") == 0) d->on = true;
+        else if (strcmp(a, "--json") == 0) d->json = true;
+        else if (num || strcmp(a, "--world_size") == 0) {
+            char *end = NULL;
+            double v = i + 1 < *argc ? strtod(argv[i + 1], &end) : 0;
+            if (i + 1 >= *argc || end == argv[i + 1] || *end || !(v > 0) || v > 1e7 ||
+                (!num && (v != (int)v || v > 65536)))
+                return errorf(err, "%s needs a positive %s", a, num ? "number of GB" : "whole number of ranks");
+            if (num) *num = v;
+            else d->world_size = (int)v;
+            i++;
+        } else argv[out++] = argv[i];
+    }
+    *argc = out;
+    if ((d->json || d->device_gb || d->host_gb || d->world_size) && !d->on)
+        return errorf(err, "--json, --device_memory_gb, --host_memory_gb and --world_size go with --dry_run");
+    return 0;
+}
+
+/* --dry_run: the memory plan from config.json and the settings, no weights
+ * loaded; exit 0 when it fits, 1 when not (the plan says why). The longest
+ * prompt is taken as max_prompt_length (prompts are cut to it). */
+static int dry_run(const TrainConfig *cfg, const DryRun *d, int world_size) {
+    char err[ERR_LEN];
+    ModelConfig mc;
+    if (model_config_load(&mc, NULL, cfg->model, err) != 0) return cli_fail("train", err);
+    MemoryPlanInput in;
+    LoraConfig lora;
+    trainer_plan_input(&in, cfg, &mc, NULL, world_size, cfg->max_prompt_length, &lora);
+    if (d->host_gb > 0) in.host_bytes = d->host_gb * 1073741824.0;
+    if (d->device_gb > 0) in.device_bytes = in.device_free = d->device_gb * 1073741824.0;
+    else if (!in.gpu) in.device_bytes = in.device_free = in.host_bytes;
+    else {
+        Backend *be = backend_cuda_device_count() > 0 ? backend_open("cuda", 0, err) : NULL;
+        size_t free_b = 0, total_b = 0;
+        if (be && be->memory_info) be->memory_info(be, &free_b, &total_b);
+        if (be) backend_close(be);
+        if (!total_b)
+            return cli_fail("train", "--dry_run: no GPU visible to measure: give --device_memory_gb (e.g. 80 for an "
+                                     "H100) or --device cpu");
+        in.device_bytes = (double)total_b;
+        in.device_free = (double)free_b + MEMORY_PLAN_CUDA_OVERHEAD; /* the plan counts the context itself */
+    }
+    MemoryPlan p;
+    memory_plan_compute(&p, &in);
+    if (d->json) {
+        json_t *j = memory_plan_json(&p, &in);
+        char *text = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+        printf("%s\n", text);
+        free(text);
+        json_decref(j);
+    } else memory_plan_print(&p, &in, stdout);
+    return p.fits && p.fits_host ? 0 : 1;
+}
 
 int cmd_train(int argc, char **argv) {
     char err[ERR_LEN];
     TrainConfig cfg;
     train_config_defaults(&cfg);
+    DryRun dry = {0};
+    if (take_dry_run_flags(&argc, argv, &dry, err) != 0) {
+        train_config_free(&cfg);
+        return cli_fail("train", err);
+    }
     /* The config file first, then every flag on top of it. */
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -82,6 +161,12 @@ int cmd_train(int argc, char **argv) {
         return cli_fail("train", err);
     }
     log_set_rank(env.rank);
+    if (dry.on) {
+        cfg.world_size = dry.world_size ? dry.world_size : env.world_size;
+        int rc = train_config_finalize(&cfg, err) != 0 ? cli_fail("train", err) : dry_run(&cfg, &dry, cfg.world_size);
+        train_config_free(&cfg);
+        return rc;
+    }
     /* No launcher: colt starts one process per GPU (or nproc_per_node) itself. */
     if (env.launcher == LAUNCHER_NONE && !local_launch_is_child()) {
         int nproc = cfg.nproc_per_node;

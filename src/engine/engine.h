@@ -75,6 +75,11 @@ typedef struct EngineStats {
  * pool and preempts when it must; the trainer gives its activations back
  * only when free memory is below this. eo may be NULL. */
 size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const EngineOptions *eo);
+/* The parts of it: the engine's scratch, the KV pool for one sequence at full
+ * length (the least it runs with) and for all of them at once (what it takes
+ * when free), and the headroom it leaves free. */
+void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOptions *eo, size_t *scratch,
+                        size_t *pool_min, size_t *pool_want, size_t *headroom);
 
 /* Completes every sequence (see generate()); stats may be NULL. Errors: those
  * of generate(), a pool too small for one sequence, a stream id above 2^31-1. */

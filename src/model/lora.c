@@ -101,8 +101,8 @@ static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *
     return COLT_OK;
 }
 
-/* Allocates the adapters' arena and points the layers' lora_a / lora_b into it (values 0). */
-static void lora_alloc(Model *m, const LoraConfig *cfg) {
+/* The adapters' layout without their buffers (a planning model's, or lora_alloc's start). */
+void lora_plan(Model *m, const LoraConfig *cfg) {
     LoraState *ls = xcalloc(1, sizeof(LoraState));
     ls->cfg = *cfg;
     ls->scaling = lora_scaling(cfg);
@@ -110,11 +110,17 @@ static void lora_alloc(Model *m, const LoraConfig *cfg) {
     ls->tensors = lora_tensor_table(m, cfg, &ls->n_tensors);
     ls->offsets = xcalloc((size_t)ls->n_tensors + 1, sizeof(size_t));
     ls->arena_numel = model_arena_layout(ls->tensors, ls->n_tensors, ls->offsets);
+    m->lora = ls;
+}
+
+/* Allocates the adapters' arena and points the layers' lora_a / lora_b into it (values 0). */
+static void lora_alloc(Model *m, const LoraConfig *cfg) {
+    lora_plan(m, cfg);
+    LoraState *ls = m->lora;
     ls->arena = m->be->alloc(m->be, ls->arena_numel);
     m->be->zero(m->be, ls->arena, ls->arena_numel);
     size_t es = dtype_size(m->be->storage);
     for (int i = 0; i < ls->n_tensors; i++) *ls->tensors[i].buf = (char *)ls->arena + ls->offsets[i] * es;
-    m->lora = ls;
 }
 
 void lora_state_free(Model *m) {

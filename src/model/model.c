@@ -152,6 +152,12 @@ static void model_alloc_weights(Model *m) {
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
 }
 
+Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraConfig *lora) {
+    Model *m = model_alloc(cfg, be);
+    if (lora) lora_plan(m, lora);
+    return m;
+}
+
 void model_free(Model *m) {
     if (!m) return;
     lora_state_free(m);

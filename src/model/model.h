@@ -98,6 +98,13 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
 void model_state_free(ModelState *st);
 size_t model_state_bytes(const ModelState *st);  /* device bytes: KV cache + scratch */
 size_t model_weight_bytes(const Model *m);       /* device bytes of the weights */
+/* A model for planning memory (train/memory_plan.h): the layout of cfg's
+ * weights (and of LoRA adapters when lora is not NULL) with no buffers, so the
+ * size functions here, in model_train.h and in engine.h answer as for a
+ * loaded model on a backend of be's storage and logits_chunk_rows (be needs
+ * nothing else). Nothing may run on it; model_free frees it. */
+struct LoraConfig;
+Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora);
 /* transformers' Trainer exempts these from weight decay (biases, norms). */
 bool model_param_no_weight_decay(const char *name);
 

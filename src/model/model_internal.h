@@ -91,6 +91,8 @@ void model_lora_add(const Model *m, const LayerWeights *w, LoraTarget t, void *y
                     void *u_buf);
 bool model_lora_active(const Model *m, const LayerWeights *w, LoraTarget t);
 void lora_state_free(Model *m);
+/* The adapters' layout (LoraState, tensors, offsets, arena_numel) with no buffers. */
+void lora_plan(Model *m, const LoraConfig *cfg);
 /* host[out, in] (the fp32 values of the base weight whose device buffer is
  * *buf) += scaling * B A when that weight is adapted; else unchanged. */
 void lora_merge_into(const Model *m, void *const *buf, float *host);

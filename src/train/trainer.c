@@ -46,6 +46,7 @@
 #include "train/report.h"
 #include "train/rollout.h"
 #include "train/tensorboard.h"
+#include "train/memory_plan.h"
 #include "train/train_dist.h"
 
 /* RNG streams: keep sampling of training, eval and shuffles apart. The
@@ -97,6 +98,7 @@ typedef struct Trainer {
     double time_memory; /* giving activations back and taking them again (inside the other times) */
     EngineOptions engine_opts;
     bool recompute;    /* activation recompute (gradient checkpointing) */
+    size_t planned_peak; /* the memory plan's training peak per device (bytes) */
     /* buffers sized once */
     int max_prompt_tokens, max_seq, max_batch_tokens;
     int *tok_ids, *tok_slot, *tok_pos, *tok_target;
@@ -1184,6 +1186,54 @@ static int check_visible_devices(Trainer *t, char *err) {
 /* The model this run trains: the base model from `model`, or a full
  * checkpoint's weights when resuming; with use_peft the base model plus new
  * LoRA adapters, or the checkpoint's adapters when resuming. */
+/* The inputs of this run's memory plan (memory_plan.h): the settings, the
+ * model's shape, the longest prompt found, and the device as it is now. */
+void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelConfig *mc, const Backend *be,
+                        int world_size, int max_prompt_tokens, LoraConfig *lora_out) {
+    memset(in, 0, sizeof *in);
+    in->model = *mc;
+    in->gpu = be ? strncmp(be->name, "cuda", 4) == 0 : strcmp(c->device, "cpu") != 0;
+    in->storage = be ? be->storage : in->gpu ? DTYPE_BF16 : DTYPE_F32;
+    in->logits_chunk_rows = be ? be->logits_chunk_rows : in->gpu ? 1024 : 64;
+    in->world_size = world_size;
+    in->zero_stage = c->zero_stage;
+    in->offload = strcmp(c->offload_optimizer, "cpu") == 0;
+    char err[ERR_LEN];
+    in->lora = c->use_peft && train_config_lora(c, lora_out, err) == 0 ? lora_out : NULL;
+    in->reference_model = c->beta > 0 && !c->use_peft;
+    in->batch = c->per_device_train_batch_size;
+    in->max_seq = max_prompt_tokens + c->max_completion_length;
+    in->gen_seqs = c->generation_batch_size / (world_size > 0 ? world_size : 1);
+    in->deterministic = c->deterministic_set ? c->deterministic : in->storage == DTYPE_BF16;
+    in->recompute = c->gradient_checkpointing;
+    in->host_bytes = memory_plan_host_total();
+}
+
+/* Before any weight is loaded: a run that cannot fit stops here with the
+ * parts and what would make it fit; one that fits only with recompute gets it. */
+static int plan_memory(Trainer *t, const TrainConfig *c, const ModelConfig *mc, char *err) {
+    MemoryPlanInput in;
+    LoraConfig lora;
+    trainer_plan_input(&in, c, mc, t->be, t->dist.world, t->max_prompt_tokens, &lora);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (t->be->memory_info) t->be->memory_info(t->be, &free_bytes, &total_bytes);
+    if (in.gpu) in.backend_scratch = backend_cuda_reserved_bytes(t->be);
+    in.device_bytes = total_bytes ? (double)total_bytes : in.host_bytes;
+    in.device_free = total_bytes ? (double)free_bytes : in.host_bytes;
+    if (in.device_free <= 0) return COLT_OK; /* nothing known to plan against */
+    MemoryPlan p;
+    memory_plan_compute(&p, &in);
+    if (!p.fits || !p.fits_host) return memory_plan_error(&p, &in, err);
+    if (p.recompute_forced) {
+        t->recompute = true;
+        log_info0("gradient_checkpointing turned on by the memory plan: activations need %.1f GB without it, "
+                  "%.1f GB with it",
+                  p.activations_full / (1024.0 * 1024.0 * 1024.0), p.activations_recompute / (1024.0 * 1024.0 * 1024.0));
+    }
+    t->planned_peak = p.train_peak;
+    return COLT_OK;
+}
+
 static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
     const char *ckpt = c->resume_from_checkpoint;
     if (ckpt && !c->use_peft) {
@@ -1248,10 +1298,11 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
     }
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
-    if (load_trained_model(t, c, err) != 0) return COLT_ERR;
-    if (c->beta > 0 && !c->use_peft && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
-    t->ref_is_base = c->beta > 0 && c->use_peft;
-    const ModelConfig *mc = model_config(t->model);
+    /* The model's shape first: the prompts are checked and the memory planned
+     * before any weight is loaded. */
+    ModelConfig base_cfg;
+    if (model_config_load(&base_cfg, NULL, c->model, err) != 0) return COLT_ERR;
+    const ModelConfig *mc = &base_cfg;
     if (tokenizer_vocab_size(t->tok) > mc->vocab_size)
         return errorf(err, "%s: the tokenizer has %d tokens but the model only %d", c->model,
                       tokenizer_vocab_size(t->tok), mc->vocab_size);
@@ -1289,6 +1340,12 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
             if (n > t->max_prompt_tokens) t->max_prompt_tokens = n;
         }
     }
+    if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
+    if (load_trained_model(t, c, err) != 0) return COLT_ERR;
+    if (c->beta > 0 && !c->use_peft && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
+    t->ref_is_base = c->beta > 0 && c->use_peft;
+    mc = model_config(t->model);
+
     size_t n_prompts = dataset_size(t->data);
     int P = c->generation_batch_size / c->num_generations;
     if (n_prompts < (size_t)P)
@@ -1366,7 +1423,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     t->max_batch_tokens = bs * t->max_seq;
     /* Activations must fit beside weights, optimizer state and gradients: when
      * they would not, recompute (gradient checkpointing) turns on by itself. */
-    t->recompute = c->gradient_checkpointing;
+    t->recompute = c->gradient_checkpointing || t->recompute; /* the plan may have turned it on */
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
         t->be->memory_info(t->be, &free_bytes, &total_bytes);
@@ -1531,6 +1588,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         step_start_state = trainer_state_json(&t);
         double step_start = time_now();
         double gen0 = t.time_generation, score0 = t.time_scoring, lp0 = t.time_logprobs, mem0 = t.time_memory;
+        if (t.be->memory_stats) t.be->memory_stats(t.be, NULL, NULL, true); /* this step's peak */
         model_grads_zero(t.grads);
         double step_loss = 0;
         for (int a = 0; a < c->gradient_accumulation_steps && rc == 0; a++) {
@@ -1625,6 +1683,13 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         metrics_add(&t.metrics, "time/scoring", t.time_scoring - score0);
         metrics_add(&t.metrics, "time/logprobs", t.time_logprobs - lp0);
         metrics_add(&t.metrics, "time/activation_memory", t.time_memory - mem0);
+        if (t.be->memory_stats) {
+            /* colt's own buffers (weights, state, activations, KV pool): what the plan sizes */
+            size_t in_use = 0, peak = 0;
+            t.be->memory_stats(t.be, &in_use, &peak, false);
+            metrics_set(&t.metrics, "memory/allocated_gb", in_use / (1024.0 * 1024.0 * 1024.0));
+            metrics_set(&t.metrics, "memory/allocated_peak_gb", peak / (1024.0 * 1024.0 * 1024.0));
+        }
         metrics_add(&t.metrics, "time/training", (now - step_start) - (t.time_generation - gen0) -
                                                      (t.time_scoring - score0) - (t.time_logprobs - lp0));
 

@@ -24,9 +24,20 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
+#include "train/optim.h"
 #include "../rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
+#define CHECKED(cond, ...)                                \
+    do {                                                  \
+        g_checks++;                                       \
+        if (!(cond)) {                                    \
+            g_failures++;                                 \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
+            printf(__VA_ARGS__);                          \
+            printf("\n");                                 \
+        }                                                 \
+    } while (0)
 static uint64_t g_stream = 0;
 static const Backend *CPU;
 
@@ -167,8 +178,35 @@ static void test_memory(const Dev *d) {
     check(d, "zero_f32 [first 60 of 1000]", got, expect, n, (Tol){0, 0, 0});
     free(got), free(expect);
 
+    /* raw byte copies through pinned host memory (offload's path): exact */
+    size_t bytes = n * dtype_size(d->be->storage);
+    unsigned char *pinned = d->be->alloc_host(d->be, bytes), *plain = malloc(bytes);
+    CHECKED(pinned != NULL, "alloc_host of %zu bytes", bytes);
+    d->be->copy_to_host(d->be, pinned, buf, bytes);
+    void *buf2 = d->be->alloc(d->be, n);
+    d->be->copy_from_host(d->be, buf2, pinned, bytes);
+    got = dev_out(d, buf2, n);
+    check(d, "copy_to_host / copy_from_host (pinned) round trip [1000] (exact)", got, back, n, (Tol){0, 0, 0});
+    free(got);
+    d->be->copy_to_host(d->be, plain, buf, bytes);
+    CHECKED(memcmp(plain, pinned, bytes) == 0, "copy_to_host into pageable memory differs from pinned");
+    d->be->free_host(d->be, pinned);
+    free(plain);
+
+    /* memory accounting: alloc / alloc_f32 counted, freed bytes given back */
+    size_t in0 = 0, peak0 = 0, in1 = 0, peak1 = 0, in2 = 0;
+    d->be->memory_stats(d->be, &in0, &peak0, true);
+    void *a = d->be->alloc(d->be, 4096), *b = d->be->alloc_f32(d->be, 1024);
+    d->be->memory_stats(d->be, &in1, &peak1, false);
+    d->be->free(d->be, a), d->be->free(d->be, b);
+    d->be->memory_stats(d->be, &in2, NULL, false);
+    size_t want = 4096 * dtype_size(d->be->storage) + 1024 * 4;
+    CHECKED(in1 - in0 == want && peak1 == in1 && in2 == in0, "memory_stats: +%zu (want %zu), peak %zu, after free %zu "
+            "(was %zu)", in1 - in0, want, peak1, in2, in0);
+    printf("[%s] memory_stats: alloc + alloc_f32 of %zu bytes counted, given back on free\n", d->tag, want);
+
     free(x), free(back), free(y), free(src_host);
-    d->be->free(d->be, buf), d->be->free(d->be, dst), d->be->free(d->be, f);
+    d->be->free(d->be, buf), d->be->free(d->be, buf2), d->be->free(d->be, dst), d->be->free(d->be, f);
 }
 
 /* ---------------------------------------------------------------- linear */
@@ -1073,6 +1111,49 @@ static void run_ops(const Dev *d) {
     test_reductions(d, (size_t)1 << 24);
 }
 
+/* offload_optimizer cpu against the optimizer on the device: three AdamW
+ * steps of a whole model from the same weights and gradients (both groups,
+ * weight decay on) give the same weight bits — the host AdamW repeats the
+ * device op's arithmetic. And a ZeRO-1 shard of it updates exactly its range. */
+static void test_offload_optimizer(const Dev *d, const char *dir) {
+    Model *ma = NULL, *mb = NULL;
+    char err[ERR_LEN];
+    if (model_load(&ma, dir, d->be, err) != 0 || model_load(&mb, dir, d->be, err) != 0) {
+        CHECKED(0, "%s: %s", dir, err);
+        return;
+    }
+    ModelGrads *g = NULL;
+    CHECKED(model_grads_create(&g, ma, err) == 0, "grads: %s", err);
+    AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    Optimizer *oa = NULL, *ob = NULL;
+    OptimShardOptions off = {.rank = 0, .world = 1, .offload = true};
+    CHECKED(optim_create(&oa, ma, &ac, d->be, err) == 0, "optimizer: %s", err);
+    CHECKED(optim_create_sharded(&ob, mb, &ac, d->be, &off, err) == 0, "offloaded optimizer: %s", err);
+    size_t n = 0;
+    model_grads_flat(g, &n);
+    for (int step = 0; step < 3; step++) {
+        float *gr = rand_floats(n, 0.05f);
+        d->be->upload_f32(d->be, model_grads_flat(g, &n), gr, n);
+        free(gr);
+        optim_step(oa, g, 1e-3f);
+        optim_step(ob, g, 1e-3f);
+    }
+    size_t es = dtype_size(d->be->storage);
+    unsigned char *wa = malloc(n * es), *wb = malloc(n * es);
+    d->be->copy_to_host(d->be, wa, model_params_flat(ma, &n), n * es);
+    d->be->copy_to_host(d->be, wb, model_params_flat(mb, &n), n * es);
+    size_t differ = 0;
+    for (size_t i = 0; i < n * es; i += es) differ += memcmp(wa + i, wb + i, es) != 0;
+    printf("[%s] offload_optimizer cpu vs device AdamW, 3 steps of %s (%zu parameters): %zu weights differ "
+           "(host AdamW %.3f ms)\n",
+           d->tag, dir, n, differ, 1e3 * optim_last_host_seconds(ob));
+    CHECKED(differ == 0, "[%s] offloaded AdamW: %zu of %zu weights differ from the device's", d->tag, differ, n);
+    free(wa), free(wb);
+    optim_free(oa), optim_free(ob);
+    model_grads_free(g);
+    model_free(ma), model_free(mb);
+}
+
 int main(void) {
     CPU = backend_cpu();
     const Backend *f32 = backend_cuda_f32(), *bf16 = backend_cuda();
@@ -1108,6 +1189,7 @@ int main(void) {
     test_train_step(&devs[0], "tests/data/models/tiny-llama-f32", "tests/data/lora/llama-qv-rslora", "llama+rslora",
                     1e-4, 1e-4);
     test_train_step(&devs[0], stories, NULL, "stories260K", 1e-4, 1e-4);
+    for (int k = 0; k < 2; k++) test_offload_optimizer(&devs[k], "tests/data/models/tiny-qwen2-f32");
 
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;

@@ -1,0 +1,192 @@
+/* memory_plan.c — see memory_plan.h. */
+#include "train/memory_plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/model_train.h"
+#include "train/optim.h"
+
+#define GB (1024.0 * 1024.0 * 1024.0)
+/* What the trainer leaves free beside its activations (trainer.c, engine.c: the same 2 GiB). */
+#define TRAIN_HEADROOM ((size_t)2 << 30)
+#define OFFLOAD_STAGING_ELEMS ((size_t)8 << 20) /* optim.c's OFFLOAD_CHUNK */
+
+static void suggest(MemoryPlan *p, const char *fmt, double a, double b) {
+    if (p->n_suggestions >= 6) return;
+    snprintf(p->suggestions[p->n_suggestions++], sizeof p->suggestions[0], fmt, a, b);
+}
+
+void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
+    memset(p, 0, sizeof *p);
+    Backend plan_be = {.name = in->gpu ? "cuda" : "cpu", .storage = in->storage,
+                       .logits_chunk_rows = in->logits_chunk_rows};
+    Model *m = model_plan_shell(&in->model, &plan_be, in->lora);
+    size_t es = dtype_size(in->storage);
+    p->weights = model_weight_bytes(m);
+    p->adapters = model_lora_bytes(m);
+    p->reference = in->reference_model ? p->weights : 0;
+    size_t trainable = 0;
+    model_params_flat(m, &trainable); /* the adapters' layout when LoRA is planned */
+    p->gradients = trainable * 4;
+    int shards = in->zero_stage >= 1 && in->world_size > 1 ? in->world_size : 1;
+    size_t shard = shards > 1 ? optim_shard_elements(trainable, shards) : trainable;
+    if (shard > trainable) shard = trainable;
+    int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
+    if (in->offload) {
+        size_t chunk = shard < OFFLOAD_STAGING_ELEMS ? shard : OFFLOAD_STAGING_ELEMS;
+        p->host_optimizer = shard * 4 * (size_t)states + 2 * chunk * (4 + es);
+    } else p->optimizer = shard * 4 * (size_t)states;
+    int N = in->batch * in->max_seq;
+    p->activations_full = train_state_plan_bytes(m, in->batch, in->max_seq, N, false);
+    p->activations_recompute = train_state_plan_bytes(m, in->batch, in->max_seq, N, true);
+    EngineOptions eo = {.deterministic = in->deterministic};
+    engine_memory_plan(m, in->gen_seqs > 0 ? in->gen_seqs : 1, in->max_seq, &eo, &p->engine_scratch, &p->kv_min,
+                       &p->kv_want, &p->headroom);
+    model_free(m);
+    p->backend = in->gpu ? (in->backend_scratch ? in->backend_scratch : MEMORY_PLAN_CUDA_OVERHEAD) : 0;
+
+    size_t persistent = p->weights + p->adapters + p->reference + p->gradients + p->optimizer + p->backend;
+    double room = in->device_free;
+    p->recompute = in->recompute;
+    if (!p->recompute && (double)(persistent + p->activations_full + TRAIN_HEADROOM) > room &&
+        (double)(persistent + p->activations_recompute + TRAIN_HEADROOM) <= room) {
+        p->recompute = true;
+        p->recompute_forced = true;
+    }
+    p->activations = p->recompute ? p->activations_recompute : p->activations_full;
+    p->train_peak = persistent + p->activations;
+    /* Generation: the activations are given back when the engine needs their room. */
+    p->generate_peak = persistent + p->engine_scratch + p->kv_min;
+    p->peak = p->train_peak > p->generate_peak ? p->train_peak : p->generate_peak;
+    p->fits = (double)(p->train_peak + TRAIN_HEADROOM) <= room && (double)(p->generate_peak + p->headroom) <= room;
+    p->fits_host = in->host_bytes <= 0 || (double)p->host_optimizer <= 0.9 * in->host_bytes;
+
+    if (!p->fits) {
+        if (!p->recompute && p->activations_full > p->activations_recompute)
+            suggest(p, "gradient_checkpointing: true (activations %.1f GB -> %.1f GB)", p->activations_full / GB,
+                    p->activations_recompute / GB);
+        if (p->optimizer > 0 && in->world_size > 1 && in->zero_stage == 0)
+            suggest(p, "zero_stage: 1 (optimizer state %.1f GB -> %.1f GB per device)", p->optimizer / GB,
+                    p->optimizer / GB / in->world_size);
+        if (p->optimizer > 0)
+            suggest(p, "offload_optimizer: cpu (moves %.1f GB of optimizer state to host memory; needs %.1f GB there)",
+                    p->optimizer / GB, (p->optimizer + 2.0 * OFFLOAD_STAGING_ELEMS * (4 + es)) / GB);
+        /* ZeRO-1 over r ranks keeps full / r of the state on each: the fewest r that fit. */
+        size_t full = trainable * 4 * (size_t)states;
+        double other = (double)(p->peak - p->optimizer + TRAIN_HEADROOM), avail = room - other;
+        if (p->optimizer > 0 && avail > 0) {
+            double ranks = fmax(2.0, ceil(full / avail));
+            if (ranks > in->world_size)
+                suggest(p, "zero_stage: 1 over at least %.0f ranks (%.1f GB of optimizer state each)", ranks,
+                        full / GB / ranks);
+        }
+        if (p->activations > (size_t)1 << 30)
+            suggest(p, "a smaller per_device_train_batch_size with more gradient_accumulation_steps (activations "
+                       "%.1f GB for %.0f sequences)",
+                    p->activations / GB, (double)in->batch);
+        double bare = (double)(p->weights + p->gradients + p->adapters + p->backend + TRAIN_HEADROOM);
+        if (bare > room)
+            suggest(p, "the weights and gradients alone need %.1f GB of the %.1f GB: a device with more memory "
+                       "(colt does not shard gradients or weights yet: zero_stage 2 and 3)",
+                    bare / GB, room / GB);
+    }
+    if (!p->fits_host)
+        suggest(p, "the offloaded optimizer state needs %.1f GB of host memory but the host has %.1f GB: more ranks "
+                   "(zero_stage 1 splits it) or offload_optimizer: none",
+                p->host_optimizer / GB, in->host_bytes / GB);
+}
+
+int memory_plan_error(const MemoryPlan *p, const MemoryPlanInput *in, char *err) {
+    char parts[ERR_LEN / 2], tips[ERR_LEN / 2] = "";
+    snprintf(parts, sizeof parts,
+             "weights %.1f GB%s, gradients %.1f GB, optimizer state %.1f GB%s, activations %.1f GB%s, KV cache %.1f GB "
+             "(one sequence) + engine scratch %.1f GB, CUDA/backend %.1f GB",
+             (p->weights + p->adapters) / GB, p->reference ? " (+ reference model)" : "", p->gradients / GB,
+             p->optimizer / GB, in->offload ? " (offloaded)" : "", p->activations / GB,
+             p->recompute ? " (with recompute)" : "", p->kv_min / GB, p->engine_scratch / GB, p->backend / GB);
+    size_t used = 0;
+    for (int i = 0; i < p->n_suggestions && used + 4 < sizeof tips; i++) {
+        int w = snprintf(tips + used, sizeof tips - used, "%s%s", i ? "; " : "", p->suggestions[i]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    if (!p->fits_host && p->fits)
+        return errorf(err, "memory plan: does not fit host memory: %s", tips);
+    return errorf(err, "memory plan: needs %.1f GB per device (%s) plus 2 GB headroom, but %.1f GB are free: %s",
+                  p->peak / GB, parts, in->device_free / GB, tips);
+}
+
+static void row(FILE *fp, const char *part, size_t bytes, const char *note) {
+    fprintf(fp, "  %-34s %9.2f GB  %s\n", part, bytes / GB, note ? note : "");
+}
+
+void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp) {
+    fprintf(fp, "memory plan: %s, %d rank(s), zero_stage %d, optimizer on the %s, %s storage\n",
+            in->gpu ? "GPU" : "CPU", in->world_size, in->zero_stage, in->offload ? "host" : "device",
+            in->storage == DTYPE_BF16 ? "bf16" : "fp32");
+    fprintf(fp, "  per device (%.1f GB, %.1f GB free):\n", in->device_bytes / GB, in->device_free / GB);
+    row(fp, "weights", p->weights, NULL);
+    if (p->adapters) row(fp, "LoRA adapters", p->adapters, NULL);
+    if (p->reference) row(fp, "reference model", p->reference, "beta > 0");
+    row(fp, "gradients (fp32)", p->gradients, NULL);
+    row(fp, "optimizer state", p->optimizer, in->offload ? "offloaded to the host" : NULL);
+    row(fp, "training activations", p->activations,
+        p->recompute_forced ? "gradient checkpointing turned on to fit" : p->recompute ? "gradient checkpointing" : NULL);
+    row(fp, "generation: engine scratch", p->engine_scratch, NULL);
+    char note[96];
+    snprintf(note, sizeof note, "one sequence; the whole round wants %.2f GB", p->kv_want / GB);
+    row(fp, "generation: KV cache", p->kv_min, note);
+    if (in->gpu) row(fp, "CUDA context and backend scratch", p->backend, in->backend_scratch ? NULL : "estimate");
+    row(fp, "peak (training)", p->train_peak, NULL);
+    row(fp, "peak (generation, least KV)", p->generate_peak, NULL);
+    if (p->host_optimizer) {
+        fprintf(fp, "  host (%.1f GB):\n", in->host_bytes / GB);
+        row(fp, "optimizer state and staging", p->host_optimizer, NULL);
+    }
+    fprintf(fp, "  %s\n", p->fits && p->fits_host ? "fits" : "does NOT fit");
+    for (int i = 0; i < p->n_suggestions; i++) fprintf(fp, "  - %s\n", p->suggestions[i]);
+}
+
+static json_t *gb(size_t bytes) { return json_real(round(bytes / GB * 1e6) / 1e6); } /* to the KB */
+
+json_t *memory_plan_json(const MemoryPlan *p, const MemoryPlanInput *in) {
+    json_t *o = json_object(), *dev = json_object(), *host = json_object(), *tips = json_array();
+    json_object_set_new(o, "fits", json_boolean(p->fits && p->fits_host));
+    json_object_set_new(o, "device_memory_gb", json_real(round(in->device_bytes / GB * 1000.0) / 1000.0));
+    json_object_set_new(o, "host_memory_gb", json_real(round(in->host_bytes / GB * 1000.0) / 1000.0));
+    json_object_set_new(dev, "weights", gb(p->weights + p->adapters));
+    json_object_set_new(dev, "reference_model", gb(p->reference));
+    json_object_set_new(dev, "gradients", gb(p->gradients));
+    json_object_set_new(dev, "optimizer_state", gb(p->optimizer));
+    json_object_set_new(dev, "activations", gb(p->activations));
+    json_object_set_new(dev, "engine_scratch", gb(p->engine_scratch));
+    json_object_set_new(dev, "kv_cache_min", gb(p->kv_min));
+    json_object_set_new(dev, "kv_cache_wanted", gb(p->kv_want));
+    json_object_set_new(dev, "backend", gb(p->backend));
+    json_object_set_new(dev, "peak", gb(p->peak));
+    json_object_set_new(host, "optimizer_state", gb(p->host_optimizer));
+    json_object_set_new(o, "per_device_gb", dev);
+    json_object_set_new(o, "host_gb", host);
+    json_object_set_new(o, "world_size", json_integer(in->world_size));
+    json_object_set_new(o, "zero_stage", json_integer(in->zero_stage));
+    json_object_set_new(o, "offload_optimizer", json_string(in->offload ? "cpu" : "none"));
+    json_object_set_new(o, "recompute", json_boolean(p->recompute));
+    for (int i = 0; i < p->n_suggestions; i++) json_array_append_new(tips, json_string(p->suggestions[i]));
+    json_object_set_new(o, "suggestions", tips);
+    return o;
+}
+
+double memory_plan_host_total(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemTotal: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024.0;
+}

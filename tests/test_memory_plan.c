@@ -1,0 +1,167 @@
+/* test_memory_plan.c — the memory plan (train/memory_plan.h) against what a
+ * run allocates, and `colt train --dry_run`:
+ *   - the demo on the CPU: the backend's allocation peak (memory_stats, in
+ *     metrics.jsonl) equals the --dry_run --json plan's parts within 5%:
+ *     weights + reference + gradients + optimizer state + the larger of the
+ *     training activations and the engine's scratch and KV pool (the CPU
+ *     engine takes the whole round's pool; activations are given back while
+ *     it generates); with zero_stage 1 over 2 ranks and with the optimizer
+ *     offloaded too;
+ *   - a Qwen2.5-7B shape (its config.json alone) on an 80 GB device: the
+ *     benchmark's batch does not fit with the optimizer on the GPU (exit 1, the
+ *     plan names offload and recompute), fits with offload_optimizer cpu and
+ *     32-sequence micro-batches (recompute chosen by the plan), and the JSON
+ *     has the documented keys;
+ *   - bad flags get one line and a non-zero exit. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+#include "harness.h"
+
+/* Runs "colt train ARGS" (through sh, with prefix); stdout into *out, stderr into *err. */
+static int colt(const char *prefix, const char *args, char **out, char **err) {
+    char cmd[8192], out_path[300], err_path[300];
+    snprintf(out_path, sizeof out_path, "%s/stdout", g_tmp);
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive %s %s train %s > %s 2> %s", prefix,
+             COLT_BINARY, args, out_path, err_path);
+    int status = system(cmd);
+    size_t len;
+    if (file_read_all(out_path, out, &len, NULL) != 0) *out = strdup("");
+    if (file_read_all(err_path, err, &len, NULL) != 0) *err = strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static double part(json_t *plan, const char *name) {
+    return json_number_value(json_object_get(json_object_get(plan, "per_device_gb"), name));
+}
+
+/* The largest memory/allocated_peak_gb of a run's metrics. */
+static double measured_peak(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    double peak = -1;
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        double v = json_number_value(json_object_get(j, "memory/allocated_peak_gb"));
+        if (v > peak) peak = v;
+        json_decref(j);
+    }
+    free(text);
+    return peak;
+}
+
+static const char *DEMO = "--config examples/demo.yaml --max_steps 2 --eval_dataset null --device cpu "
+                          "--max_prompt_length 8 --logging_steps 1 --save_steps 0 --log_completions_count 0";
+
+static void plan_matches_run(const char *what, const char *prefix, const char *extra, int world) {
+    char args[4096], dir[300], *out, *err;
+    snprintf(dir, sizeof dir, "%s/run_%d_%s", g_tmp, world, extra[0] ? "x" : "plain");
+    snprintf(args, sizeof args, "%s %s --output_dir %s", DEMO, extra, dir);
+    int code = colt(prefix, args, &out, &err);
+    CHECK(code == 0, "%s: exit %d: %s", what, code, err);
+    free(out), free(err);
+    double peak = measured_peak(dir);
+    snprintf(args, sizeof args, "%s %s --output_dir %s --dry_run --json --world_size %d", DEMO, extra, dir, world);
+    code = colt("", args, &out, &err);
+    json_t *plan = json_loads(out, 0, NULL);
+    CHECK(code == 0 && plan && json_is_true(json_object_get(plan, "fits")), "%s: dry run exit %d: %s %s", what, code,
+          out, err);
+    double persistent = part(plan, "weights") + part(plan, "reference_model") + part(plan, "gradients") +
+                        part(plan, "optimizer_state");
+    double expect = persistent + fmax(part(plan, "activations"), part(plan, "engine_scratch") + part(plan, "kv_cache_wanted"));
+    double rel = fabs(peak - expect) / expect;
+    printf("%s: allocated peak %.6f GB, plan %.6f GB (%.2f%%)\n", what, peak, expect, 100 * rel);
+    CHECK(peak > 0 && rel <= 0.05, "%s: allocated peak %.6f GB vs plan %.6f GB", what, peak, expect);
+    json_decref(plan);
+    free(out), free(err);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_memory_plan_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+
+    /* 1. plan against the allocator on the CPU */
+    plan_matches_run("demo, 1 process", "", "", 1);
+    plan_matches_run("demo, 1 process, offload_optimizer cpu", "", "--offload_optimizer cpu", 1);
+    if (system("command -v mpirun > /dev/null 2>&1") == 0)
+        plan_matches_run("demo, 2 ranks, zero_stage 1",
+                         "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -np 2",
+                         "--zero_stage 1 --per_device_train_batch_size 8", 2);
+    else printf("SKIPPED: the 2-rank plan (mpirun not found)\n");
+
+    /* 2. a 7B shape on an 80 GB device, from config.json alone */
+    char model[300], args[4096], *out, *err;
+    snprintf(model, sizeof model, "%s/qwen2.5-7b", g_tmp);
+    sh("mkdir -p %s", model);
+    char cfg_path[400];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
+    write_file(cfg_path,
+               "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"hidden_size\": 3584, "
+               "\"intermediate_size\": 18944, \"num_hidden_layers\": 28, \"num_attention_heads\": 28, "
+               "\"num_key_value_heads\": 4, \"vocab_size\": 152064, \"max_position_embeddings\": 32768, "
+               "\"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, \"tie_word_embeddings\": false, "
+               "\"torch_dtype\": \"bfloat16\", \"bos_token_id\": 151643, \"eos_token_id\": 151643}\n");
+    const char *bench = "--config bench/gpu/grpo_bench.yaml --dataset none.jsonl --device cuda --max_prompt_length 200";
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --device_memory_gb 80 --host_memory_gb 128",
+             bench, model, g_tmp);
+    int code = colt("", args, &out, &err);
+    printf("7B, optimizer on the GPU: exit %d\n%s", code, out);
+    CHECK(code == 1 && strstr(out, "does NOT fit") && strstr(out, "offload_optimizer: cpu") &&
+              strstr(out, "gradient_checkpointing: true"),
+          "7B on 80 GB without offload: exit %d: %s %s", code, out, err);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 80 "
+             "--host_memory_gb 128 --offload_optimizer cpu --per_device_train_batch_size 32 "
+             "--gradient_accumulation_steps 4", bench, model, g_tmp);
+    code = colt("", args, &out, &err);
+    json_t *plan = json_loads(out, 0, NULL);
+    CHECK(code == 0 && plan && json_is_true(json_object_get(plan, "fits")) &&
+              json_is_true(json_object_get(plan, "recompute")),
+          "7B with offload: exit %d: %s %s", code, out, err);
+    const char *keys[] = {"fits", "device_memory_gb", "host_memory_gb", "per_device_gb", "host_gb", "world_size",
+                          "zero_stage", "suggestions"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        CHECK(json_object_get(plan, keys[i]) != NULL, "--json has no key %s", keys[i]);
+    double host_opt = json_number_value(json_object_get(json_object_get(plan, "host_gb"), "optimizer_state"));
+    printf("7B with offload_optimizer cpu, micro-batches of 32: exit %d, peak %.1f GB per GPU, %.1f GB of host "
+           "memory for the optimizer\n",
+           code, part(plan, "peak"), host_opt);
+    /* 7.6e9 parameters x 12 bytes = 85 GiB on the host; on the GPU 2 + 4 bytes each = 42.6 GiB and activations */
+    CHECK(host_opt > 84 && host_opt < 86 && part(plan, "peak") > 42 && part(plan, "peak") < 80,
+          "7B with offload: host %.1f GB, peak %.1f GB", host_opt, part(plan, "peak"));
+    json_decref(plan);
+    free(out), free(err);
+
+    /* 3. bad flags */
+    const struct {
+        const char *flags, *needle;
+    } bad[] = {{"--dry_run --world_size 0", "--world_size needs a positive whole number"},
+               {"--json", "go with --dry_run"},
+               {"--dry_run --device_memory_gb lots", "--device_memory_gb needs a positive number of GB"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "%s --model %s --output_dir %s/o %s", bench, model, g_tmp, bad[i].flags);
+        code = colt("", args, &out, &err);
+        CHECK(code != 0 && strstr(err, bad[i].needle) && count_lines(err) == 1, "%s: exit %d: %s", bad[i].flags, code,
+              err);
+        printf("%s: exit %d: %s", bad[i].flags, code, err);
+        free(out), free(err);
+    }
+    sh("rm -rf %s", g_tmp);
+    printf("%d checks, %d failed\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

@@ -10,8 +10,11 @@
 #include "backend/backend.h"
 #include "dist/launch_env.h"
 #include "dist/local_launch.h"
+#include "data/dataset.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 #include "train/memory_plan.h"
+#include "train/prompt.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -58,16 +61,53 @@ static int take_dry_run_flags(int *argc, char **argv, DryRun *d, char *err) {
     return 0;
 }
 
+/* The longest prompt of the dataset and eval_dataset in tokens, as the
+ * trainer encodes them; -1 when the tokenizer or a dataset cannot be read
+ * here (planning before downloading). */
+static int longest_prompt(const TrainConfig *cfg) {
+    char err[ERR_LEN];
+    Tokenizer *tok = NULL;
+    if (tokenizer_load(&tok, cfg->model, err) != 0) return -1;
+    int longest = 0;
+    const char *paths[2] = {cfg->dataset, cfg->eval_dataset};
+    for (int k = 0; k < 2 && longest >= 0; k++) {
+        Dataset *d = NULL;
+        if (!paths[k]) continue;
+        if (dataset_load_column(&d, paths[k], cfg->dataset_prompt_column, err) != 0) {
+            longest = -1;
+            break;
+        }
+        for (size_t i = 0; i < dataset_size(d) && longest >= 0; i++) {
+            int *ids = NULL, n = 0;
+            char *text = NULL;
+            if (prompt_encode_row(&ids, &n, &text, d, i, tok, cfg->chat_template_kwargs, cfg->max_prompt_length,
+                                  paths[k], err) != 0)
+                longest = -1;
+            else if (n > longest) longest = n;
+            free(ids);
+            free(text);
+        }
+        dataset_free(d);
+    }
+    tokenizer_free(tok);
+    return longest;
+}
+
 /* --dry_run: the memory plan from config.json and the settings, no weights
  * loaded; exit 0 when it fits, 1 when not (the plan says why). The longest
- * prompt is taken as max_prompt_length (prompts are cut to it). */
+ * prompt is the dataset's when the tokenizer and the dataset are here, else
+ * max_prompt_length (prompts are cut to it). */
 static int dry_run(const TrainConfig *cfg, const DryRun *d, int world_size) {
     char err[ERR_LEN];
     ModelConfig mc;
     if (model_config_load(&mc, NULL, cfg->model, err) != 0) return cli_fail("train", err);
     MemoryPlanInput in;
     LoraConfig lora;
-    trainer_plan_input(&in, cfg, &mc, NULL, world_size, cfg->max_prompt_length, &lora);
+    int longest = longest_prompt(cfg);
+    if (!d->json)
+        printf("longest prompt: %d tokens (%s)\n", longest >= 0 ? longest : cfg->max_prompt_length,
+               longest >= 0 ? "the dataset's" : "max_prompt_length: the tokenizer or the dataset is not here");
+    trainer_plan_input(&in, cfg, &mc, NULL, world_size, longest >= 0 ? longest : cfg->max_prompt_length, &lora);
     if (d->host_gb > 0) in.host_bytes = d->host_gb * 1073741824.0;
     if (d->device_gb > 0) in.device_bytes = in.device_free = d->device_gb * 1073741824.0;
     else if (!in.gpu) in.device_bytes = in.device_free = in.host_bytes;

@@ -85,3 +85,12 @@ void host_adamw(const HostAdamWStep *s, float *master, float *m, float *v, const
         else memcpy((float *)out + i0, master + i0, len * sizeof(float));
     }
 }
+
+void host_zero(float *x, size_t n, int threads) {
+    size_t blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
+        memset(x + i0, 0, len * sizeof(float));
+    }
+}

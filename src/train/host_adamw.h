@@ -26,4 +26,8 @@ void host_adamw_step_init(HostAdamWStep *s, float lr, float beta1, float beta2, 
 void host_adamw(const HostAdamWStep *s, float *master, float *m, float *v, const float *grad, void *out,
                 DType out_dtype, size_t n, int threads);
 
+/* x[n] = 0 with threads (0: all): the first touch of fresh host memory, spread
+ * over the cores, so that its page faults do not land in the first step. */
+void host_zero(float *x, size_t n, int threads);
+
 #endif

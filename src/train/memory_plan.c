@@ -62,6 +62,15 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     /* Generation: the activations are given back when the engine needs their room. */
     p->generate_peak = persistent + p->engine_scratch + p->kv_min;
     p->peak = p->train_peak > p->generate_peak ? p->train_peak : p->generate_peak;
+    double engine_wants = (double)(p->engine_scratch + p->kv_want + p->headroom);
+    size_t beside = p->train_peak + p->engine_scratch + p->kv_want;
+    if (in->gpu && room - (double)p->train_peak >= engine_wants) p->expected_peak = beside;
+    else {
+        double pool_room = room - (double)(persistent + p->engine_scratch + p->headroom);
+        size_t pool = !in->gpu || pool_room >= (double)p->kv_want ? p->kv_want : pool_room > 0 ? (size_t)pool_room : 0;
+        size_t gen = persistent + p->engine_scratch + pool;
+        p->expected_peak = gen > p->train_peak ? gen : p->train_peak;
+    }
     p->fits = (double)(p->train_peak + TRAIN_HEADROOM) <= room && (double)(p->generate_peak + p->headroom) <= room;
     p->fits_host = in->host_bytes <= 0 || (double)p->host_optimizer <= 0.9 * in->host_bytes;
 
@@ -143,6 +152,7 @@ void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp)
     if (in->gpu) row(fp, "CUDA context and backend scratch", p->backend, in->backend_scratch ? NULL : "estimate");
     row(fp, "peak (training)", p->train_peak, NULL);
     row(fp, "peak (generation, least KV)", p->generate_peak, NULL);
+    row(fp, "expected peak of a run", p->expected_peak, "the KV pool as large as the round wants and room allows");
     if (p->host_optimizer) {
         fprintf(fp, "  host (%.1f GB):\n", in->host_bytes / GB);
         row(fp, "optimizer state and staging", p->host_optimizer, NULL);
@@ -168,6 +178,7 @@ json_t *memory_plan_json(const MemoryPlan *p, const MemoryPlanInput *in) {
     json_object_set_new(dev, "kv_cache_wanted", gb(p->kv_want));
     json_object_set_new(dev, "backend", gb(p->backend));
     json_object_set_new(dev, "peak", gb(p->peak));
+    json_object_set_new(dev, "expected_peak", gb(p->expected_peak));
     json_object_set_new(host, "optimizer_state", gb(p->host_optimizer));
     json_object_set_new(o, "per_device_gb", dev);
     json_object_set_new(o, "host_gb", host);

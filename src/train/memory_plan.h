@@ -46,7 +46,12 @@ typedef struct MemoryPlan {
     size_t activations_full, activations_recompute, activations; /* the chosen one */
     size_t engine_scratch, kv_min, kv_want, headroom, backend;
     size_t host_optimizer; /* offloaded state and staging */
-    size_t train_peak, generate_peak, peak;
+    size_t train_peak, generate_peak, peak; /* peak: the larger of the two (what must fit) */
+    /* What a run is expected to reach: the engine runs beside the activations
+     * when the room allows its whole round (it then takes the round's pool),
+     * else they are given back and the pool takes what is free, up to the
+     * round's need; no device memory to ask (the CPU): given back. */
+    size_t expected_peak;
     bool recompute;     /* chosen: asked for, or needed to fit */
     bool recompute_forced; /* turned on by the plan */
     bool fits, fits_host;

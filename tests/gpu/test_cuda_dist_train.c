@@ -10,7 +10,9 @@
  * either path, and one process adds its second micro-batch to the first the
  * same way, so every metric of every step (timings and the engine's own pool
  * aside) and the saved weights must be identical across the three. The logs
- * must name the gradient path each took. Exit 77 when no GPU. */
+ * must name the gradient path each took. The same holds with the optimizer
+ * offloaded to the host and with zero_stage 1 (shared GPU; over NCCL with two
+ * GPUs). Exit 77 when no GPU. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -59,7 +61,8 @@ static json_t *metrics(const char *dir) {
             json_t *v;
             void *tmp;
             json_object_foreach_safe(o, tmp, k, v) {
-                if (!strncmp(k, "time/", 5) || !strncmp(k, "engine/", 7) || !strcmp(k, "step_time"))
+                if (!strncmp(k, "time/", 5) || !strncmp(k, "engine/", 7) || !strncmp(k, "memory/", 7) ||
+                    !strcmp(k, "step_time"))
                     json_object_del(o, k);
             }
             json_array_append_new(rows, o);
@@ -114,6 +117,45 @@ static void compare(const char *label, const char *dir, json_t *want, const char
     json_decref(got);
 }
 
+/* The memory plan (colt train --dry_run --json, the same settings) against the
+ * allocator's peak of the run in dir (memory/allocated_peak_gb): within 5%.
+ * The allocator counts colt's buffers, not the CUDA context the plan adds. */
+static void plan_against_run(const char *dir, const char *extra) {
+    char cmd[2048], path[512];
+    const char *colt = getenv("COLT_BINARY") ? getenv("COLT_BINARY") : "build-cuda/colt";
+    snprintf(path, sizeof path, "%s.plan.json", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s train --config examples/demo.yaml --max_completion_length 24 --eval_dataset null --max_steps %d "
+             "--device cuda %s --output_dir %s --dry_run --json > %s 2>&1",
+             colt, STEPS, extra, dir, path);
+    int st = system(cmd);
+    char *data = NULL;
+    size_t len;
+    json_t *plan = file_read_all(path, &data, &len, NULL) == 0 ? json_loads(data, 0, NULL) : NULL;
+    free(data);
+    json_t *dev = json_object_get(plan, "per_device_gb");
+    double expect = json_number_value(json_object_get(dev, "expected_peak")) -
+                    json_number_value(json_object_get(dev, "backend"));
+    double peak = 0;
+    char *mp = path_join(dir, "metrics.jsonl");
+    if (file_read_all(mp, &data, &len, NULL) == 0) {
+        for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
+            json_t *o = json_loads(line, 0, NULL);
+            double v = json_number_value(json_object_get(o, "memory/allocated_peak_gb"));
+            if (v > peak) peak = v;
+            json_decref(o);
+        }
+        free(data);
+    }
+    free(mp);
+    double rel = expect > 0 ? fabs(peak - expect) / expect : INFINITY;
+    printf("%s memory plan: expected peak %.4f GB (colt's buffers), allocated peak %.4f GB (%.2f%%)\n",
+           WIFEXITED(st) && WEXITSTATUS(st) == 0 && rel <= 0.05 ? "ok  " : "FAIL", expect, peak, 100 * rel);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && rel <= 0.05, "plan %.4f GB vs allocated %.4f GB (see %s)", expect,
+          peak, path);
+    json_decref(plan);
+}
+
 int main(void) {
     int gpus = backend_cuda_device_count();
     if (gpus == 0) {
@@ -125,6 +167,7 @@ int main(void) {
           "one process failed (see %s.log)", one);
     json_t *want = metrics(one);
     CHECK(json_array_size(want) == STEPS, "one process logged %zu steps", json_array_size(want));
+    plan_against_run(one, "--nproc_per_node 1 --per_device_train_batch_size 8 --gradient_accumulation_steps 2");
 
     CHECK(train("--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8", shared) == 0,
           "2 ranks on GPU 0 failed (see %s.log)", shared);
@@ -132,7 +175,30 @@ int main(void) {
           "2 ranks on GPU 0: the log does not say the gradients went through the host (see %s.log)", shared);
     compare("2 ranks sharing GPU 0 (host path)", shared, want, one);
 
+    /* ZeRO-1 and optimizer offload: AdamW is elementwise and the host's repeats the device's arithmetic, so
+     * sharding or moving the optimizer changes no bit either. */
+    const struct {
+        const char *label, *args, *dir;
+    } zero[] = {
+        {"one process, offload_optimizer cpu",
+         "--nproc_per_node 1 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --offload_optimizer cpu",
+         "/tmp/colt_gpu_dist_offload"},
+        {"2 ranks sharing GPU 0, zero_stage 1",
+         "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 1", "/tmp/colt_gpu_dist_z1"},
+        {"2 ranks sharing GPU 0, zero_stage 1, offload_optimizer cpu",
+         "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 1 --offload_optimizer cpu",
+         "/tmp/colt_gpu_dist_z1o"},
+    };
+    for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) {
+        CHECK(train(zero[i].args, zero[i].dir) == 0, "%s failed (see %s.log)", zero[i].label, zero[i].dir);
+        compare(zero[i].label, zero[i].dir, want, one);
+    }
+
     if (gpus >= 2) {
+        const char *nccl_z1 = "/tmp/colt_gpu_dist_nccl_z1";
+        CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8 --zero_stage 1", nccl_z1) == 0,
+              "2 ranks on 2 GPUs, zero_stage 1 failed (see %s.log)", nccl_z1);
+        compare("2 ranks on 2 GPUs, zero_stage 1 (shards broadcast over NCCL)", nccl_z1, want, one);
         CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8", nccl) == 0, "2 ranks on 2 GPUs failed (see %s.log)",
               nccl);
         CHECK(log_says(nccl, "gradients: NCCL, all-reduced in buckets"),

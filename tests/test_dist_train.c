@@ -13,8 +13,9 @@
  *   - SIGINT to one rank: every rank stops after the same step, rank 0 saves a
  *     checkpoint, all exit 0; resuming at world size 2 reproduces the
  *     uninterrupted 2-rank run exactly, and resuming at world size 1 works;
- *   - zero_stage 1 (sharded optimizer state) and offload_optimizer cpu give the
- *     same bits as the unsharded run; a sharded checkpoint resumes at world
+ *   - zero_stage 1 (sharded optimizer state), zero_stage 2 (gradients too, also
+ *     with clipping) and offload_optimizer cpu give the same bits as the
+ *     unsharded run; a sharded checkpoint resumes at world
  *     size 2 exactly and at 4 and 1 (resharded) to float rounding; a lost
  *     shard file is named;
  *   - a rank killed mid-run: the job ends, non-zero, within the bound;
@@ -308,9 +309,13 @@ int main(void) {
 
     /* 3b. ZeRO-1 (optimizer state sharded) and optimizer offload: the same bits as the unsharded 2-rank run
      * (AdamW is elementwise; the gathered shards are the weights every rank would have computed) */
-    const char *zero_cases[][2] = {{"z1", "--zero_stage 1"}, {"z1_offload", "--zero_stage 1 --offload_optimizer cpu"}};
+    const char *zero_cases[][2] = {{"z1", "--zero_stage 1"},
+                                   {"z1_offload", "--zero_stage 1 --offload_optimizer cpu"},
+                                   {"z2", "--zero_stage 2"},
+                                   {"z2_offload", "--zero_stage 2 --offload_optimizer cpu"},
+                                   {"z2_clipped", "--zero_stage 2 --max_grad_norm 0.01"}};
     char z1[300];
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 5; k++) {
         char dir[300];
         snprintf(dir, sizeof dir, "%s/%s", g_tmp, zero_cases[k][0]);
         if (k == 0) snprintf(z1, sizeof z1, "%s", dir);
@@ -320,11 +325,35 @@ int main(void) {
         code = run(prefix, args, &err);
         CHECK(code == 0, "mpirun -np 2 %s: exit %d: %s", zero_cases[k][1], code, err);
         free(err);
+        if (k == 4) { /* clipping on: against zero_stage 0 with the same clipping */
+            char ref[300];
+            snprintf(ref, sizeof ref, "%s/two_clipped", g_tmp);
+            snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+                     "--gradient_accumulation_steps 1 --max_grad_norm 0.01 --output_dir %s", BASE, ref);
+            code = run(prefix, args, &err);
+            CHECK(code == 0, "mpirun -np 2 --max_grad_norm 0.01: exit %d: %s", code, err);
+            free(err);
+            bool same = same_file(ref, dir, "model.safetensors");
+            printf("mpirun -np 2 %s: final weights identical to zero_stage 0 with the same clipping: %s\n",
+                   zero_cases[k][1], same ? "yes" : "NO");
+            CHECK(same, "%s changed the result", zero_cases[k][1]);
+            continue;
+        }
         bool same = same_file(two, dir, "model.safetensors");
         printf("mpirun -np 2 %s: final weights identical to zero_stage 0: %s\n", zero_cases[k][1], same ? "yes" : "NO");
         CHECK(same, "%s changed the result", zero_cases[k][1]);
         compare_runs(zero_cases[k][1], one, dir, 1e-4, 1e-5);
     }
+    /* zero_stage 2 in one process with 2 micro-batches: each backward's gradients are added to the shard
+     * after it (the unsharded run accumulates them inside the backward's ops): float rounding apart */
+    char one_z2[300];
+    snprintf(one_z2, sizeof one_z2, "%s/one_z2", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 2 --zero_stage 2 --output_dir %s", BASE, one_z2);
+    code = run("", args, &err);
+    CHECK(code == 0, "one process, zero_stage 2: exit %d: %s", code, err);
+    free(err);
+    compare_runs("one process, zero_stage 2, 2 micro-batches", one, one_z2, 1e-4, 1e-5);
     char ck_shard[400];
     snprintf(ck_shard, sizeof ck_shard, "%s/checkpoint-2/optimizer-rank00001-of-00002.safetensors", z1);
     CHECK(file_exists(ck_shard), "zero_stage 1 checkpoint has no shard file %s", ck_shard);

@@ -191,6 +191,9 @@ struct Backend {
     double (*sum_squares)(const Backend *be, const void *x, size_t n);
     /* x[i] *= s over an [f32] buffer (gradient clipping). */
     void (*scale)(const Backend *be, void *x, float s, size_t n);
+    /* y[i] += x[i] over [f32] buffers (ZeRO-2: a rank's shard of the summed
+     * gradients, accumulated over micro-batches). */
+    void (*add_f32)(const Backend *be, void *y, const void *x, size_t n);
 
     /* ---- generation engine (engine/engine.h): paged KV cache, device sampling ----
      *

@@ -74,6 +74,17 @@ struct ModelGrads {
     void *ready_ctx;
     size_t (*stage_range)[2][2]; /* [L + 2][group][lo, hi) */
     bool lora;                   /* the adapters' gradients (made for a model with LoRA attached) */
+    /* Windowed (model_grads_create_windowed): a layer's gradients exist only
+     * while its backward runs and its announcement is handled, in one of two
+     * windows (layers alternate); the other stages (embedding, final norm,
+     * lm_head) live in `flat`, which then holds only them, compacted. */
+    bool windowed;
+    TensorSpec *tensors;         /* [n] the shadow's table (re-pointed per layer) */
+    int *stage_of;               /* [n] */
+    size_t *place;               /* [n] element offset in its window (layers) or in flat (the other stages) */
+    void *window[2];
+    size_t window_numel;
+    void *(*stage_data)[2];      /* [L + 2][group]: where the stage's range lives now */
 };
 
 /* Which stage tensor t (of the shadow's table) belongs to. */
@@ -155,9 +166,129 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     return COLT_OK;
 }
 
+/* Points stage s's tensors into window s & 1 and zeroes the part they use. */
+static void window_begin(ModelGrads *g, int stage) {
+    if (!g->windowed || stage == 0 || stage == g->shadow.cfg.num_hidden_layers + 1) return;
+    void *w = g->window[stage & 1];
+    for (int i = 0; i < g->n; i++)
+        if (g->stage_of[i] == stage) *g->tensors[i].buf = (char *)w + g->place[i] * sizeof(float);
+    const size_t *r0 = g->stage_range[stage][0], *r1 = g->stage_range[stage][1];
+    size_t len0 = r0[1] - r0[0];
+    g->stage_data[stage][0] = w;
+    g->stage_data[stage][1] = (char *)w + len0 * sizeof(float);
+    g->be->zero_f32(g->be, w, len0 + (r1[1] - r1[0]));
+}
+
+int model_grads_create_windowed(ModelGrads **out, const Model *m, char *err) {
+    (void)err;
+    ModelGrads *g = xcalloc(1, sizeof(ModelGrads));
+    g->be = m->be;
+    g->n = model_param_count(m);
+    g->windowed = true;
+    g->bufs = xcalloc((size_t)g->n, sizeof(void *));
+    g->numel = xcalloc((size_t)g->n, sizeof(size_t));
+    g->shadow.cfg = m->cfg;
+    g->shadow.be = m->be;
+    int L = m->cfg.num_hidden_layers;
+    g->shadow.layers = xcalloc((size_t)L, sizeof(LayerWeights));
+    int n = 0;
+    TensorSpec *t = m->lora ? lora_tensor_table(&g->shadow, &m->lora->cfg, &n) : model_tensor_table(&g->shadow, &n);
+    const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
+    COLT_ASSERT(n == g->n);
+    model_params_flat(m, &g->flat_numel);
+    grads_stage_ranges(g, t, n, offsets);
+    g->stage_data = xcalloc((size_t)L + 2, sizeof *g->stage_data);
+    g->stage_of = xcalloc((size_t)n, sizeof(int));
+    g->place = xcalloc((size_t)n, sizeof(size_t));
+    /* The edge stages, compacted into flat in stage / group order. */
+    size_t edge = 0, edge_base[2][2] = {{0}};
+    int edges[2] = {0, L + 1};
+    for (int e = 0; e < 2; e++)
+        for (int grp = 0; grp < 2; grp++) {
+            edge_base[e][grp] = edge;
+            edge += g->stage_range[edges[e]][grp][1] - g->stage_range[edges[e]][grp][0];
+        }
+    for (int s = 1; s <= L; s++) {
+        size_t len = (g->stage_range[s][0][1] - g->stage_range[s][0][0]) + (g->stage_range[s][1][1] - g->stage_range[s][1][0]);
+        if (len > g->window_numel) g->window_numel = len;
+    }
+    g->flat = m->be->alloc_f32(m->be, edge);
+    m->be->zero_f32(m->be, g->flat, edge);
+    for (int w = 0; w < 2; w++) g->window[w] = m->be->alloc_f32(m->be, g->window_numel ? g->window_numel : 1);
+    for (int i = 0; i < n; i++) {
+        int st = tensor_stage(g, &t[i]), grp = model_param_no_weight_decay(t[i].name) ? 1 : 0;
+        const size_t *r = g->stage_range[st][grp];
+        g->stage_of[i] = st;
+        g->numel[i] = tensor_numel(&t[i]);
+        if (st == 0 || st == L + 1) {
+            int e = st == 0 ? 0 : 1;
+            g->place[i] = edge_base[e][grp] + (offsets[i] - r[0]);
+            g->bufs[i] = (char *)g->flat + g->place[i] * sizeof(float);
+            *t[i].buf = g->bufs[i];
+        } else {
+            size_t len0 = g->stage_range[st][0][1] - g->stage_range[st][0][0];
+            g->place[i] = (grp == 0 ? 0 : len0) + (offsets[i] - r[0]);
+        }
+    }
+    for (int e = 0; e < 2; e++)
+        for (int grp = 0; grp < 2; grp++)
+            g->stage_data[edges[e]][grp] = (char *)g->flat + edge_base[e][grp] * sizeof(float);
+    g->tensors = t;
+    if (m->cfg.tie_word_embeddings) g->shadow.lm_head = g->shadow.embed;
+    g->lora = m->lora != NULL;
+    *out = g;
+    return COLT_OK;
+}
+
+bool model_grads_windowed(const ModelGrads *g) { return g->windowed; }
+
+void *model_grads_range_data(const ModelGrads *g, size_t lo) {
+    int stages = g->shadow.cfg.num_hidden_layers + 2;
+    for (int s = 0; s < stages; s++)
+        for (int grp = 0; grp < 2; grp++)
+            if (g->stage_range[s][grp][0] == lo && g->stage_range[s][grp][1] > lo)
+                return g->windowed ? g->stage_data[s][grp] : (char *)g->flat + lo * sizeof(float);
+    return NULL;
+}
+
+size_t model_grads_plan_bytes(const Model *m, bool windowed) {
+    size_t numel = 0;
+    model_params_flat(m, &numel);
+    if (!windowed) return numel * 4;
+    /* the layout alone: a windowed set's sizes without its buffers */
+    ModelGrads tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.shadow.cfg = m->cfg;
+    tmp.shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
+    int n = 0;
+    TensorSpec *t = m->lora ? lora_tensor_table(&tmp.shadow, &m->lora->cfg, &n) : model_tensor_table(&tmp.shadow, &n);
+    const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
+    tmp.flat_numel = numel;
+    grads_stage_ranges(&tmp, t, n, offsets);
+    int L = m->cfg.num_hidden_layers;
+    size_t edge = 0, window = 0;
+    for (int grp = 0; grp < 2; grp++)
+        edge += (tmp.stage_range[0][grp][1] - tmp.stage_range[0][grp][0]) +
+                (tmp.stage_range[L + 1][grp][1] - tmp.stage_range[L + 1][grp][0]);
+    for (int s = 1; s <= L; s++) {
+        size_t len = (tmp.stage_range[s][0][1] - tmp.stage_range[s][0][0]) + (tmp.stage_range[s][1][1] - tmp.stage_range[s][1][0]);
+        if (len > window) window = len;
+    }
+    free(t);
+    free(tmp.stage_range);
+    free(tmp.shadow.layers);
+    return (edge + 2 * (window ? window : 1)) * 4;
+}
+
 void model_grads_free(ModelGrads *g) {
     if (!g) return;
     g->be->free(g->be, g->flat);
+    for (int w = 0; w < 2; w++)
+        if (g->window[w]) g->be->free(g->be, g->window[w]);
+    free(g->tensors);
+    free(g->stage_of);
+    free(g->place);
+    free(g->stage_data);
     free(g->bufs);
     free(g->numel);
     free(g->shadow.layers);
@@ -165,11 +296,13 @@ void model_grads_free(ModelGrads *g) {
     free(g);
 }
 
-void model_grads_zero(ModelGrads *g) { g->be->zero_f32(g->be, g->flat, g->flat_numel); }
+void model_grads_zero(ModelGrads *g) {
+    if (!g->windowed) g->be->zero_f32(g->be, g->flat, g->flat_numel);
+}
 
 void *model_grads_flat(const ModelGrads *g, size_t *numel) {
     *numel = g->flat_numel;
-    return g->flat;
+    return g->windowed ? NULL : g->flat;
 }
 
 void *model_grad(const ModelGrads *g, int index) {
@@ -229,7 +362,14 @@ struct TrainState {
 size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
 
 size_t model_grads_bytes(const ModelGrads *g) {
-    return g ? g->flat_numel * 4 : 0;
+    if (!g) return 0;
+    if (!g->windowed) return g->flat_numel * 4;
+    int L = g->shadow.cfg.num_hidden_layers;
+    size_t edge = 0;
+    for (int grp = 0; grp < 2; grp++)
+        edge += (g->stage_range[0][grp][1] - g->stage_range[0][grp][0]) +
+                (g->stage_range[L + 1][grp][1] - g->stage_range[L + 1][grp][0]);
+    return (edge + 2 * (g->window_numel ? g->window_numel : 1)) * 4;
 }
 
 /* Rows per lm_head chunk: the backend's preference, at most the batch. */
@@ -536,9 +676,20 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     const Model *gm = &g->shadow;
     int n = st->n;
     const int L = c->num_hidden_layers;
+    /* Windowed: each backward's gradients are its own (the announcements
+     * carry them away), so the edge stages start from zero. */
+    if (g->windowed) {
+        size_t edge = 0;
+        for (int grp = 0; grp < 2; grp++)
+            edge += (g->stage_range[0][grp][1] - g->stage_range[0][grp][0]) +
+                    (g->stage_range[L + 1][grp][1] - g->stage_range[L + 1][grp][0]);
+        be->zero_f32(be, g->flat, edge);
+    }
     if (n == 0) { /* nothing changes: every gradient is final already */
-        for (int s = L + 1; s >= 0; s--)
+        for (int s = L + 1; s >= 0; s--) {
+            window_begin(g, s);
             if (grads_announce(g, s, err) != 0) return COLT_ERR;
+        }
         return COLT_OK;
     }
     int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
@@ -569,6 +720,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
 
     /* dres is d(residual stream) at each layer's output, then its input. */
     for (int l = L - 1; l >= 0; l--) {
+        window_begin(g, l + 1);
         const LayerWeights *w = &m->layers[l];
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];

@@ -60,6 +60,22 @@ void *model_grads_flat(const ModelGrads *g, size_t *numel);
 typedef int (*GradsReadyFn)(void *ctx, size_t lo, size_t hi, char *err);
 void model_grads_on_ready(ModelGrads *g, GradsReadyFn fn, void *ctx);
 
+/* ZeRO-2: gradients that exist only while they are being handed over. Each
+ * decoder layer's gradients live in one of two alternating windows from the
+ * start of its backward until its announcement has been handled (the
+ * GradsReadyFn must take them then: the window is zeroed for the layer after
+ * next); the embedding, final norm and lm_head keep a buffer of their own.
+ * Every backward starts from zero (no accumulation across backwards: the
+ * receiver accumulates), model_grads_flat returns NULL, and device memory is
+ * two layers' gradients plus those edges instead of all of them. */
+int model_grads_create_windowed(ModelGrads **out, const Model *m, char *err);
+bool model_grads_windowed(const ModelGrads *g);
+/* Where the announced range starting at flat offset lo lives now (a [f32]
+ * buffer of hi - lo elements): for the GradsReadyFn. */
+void *model_grads_range_data(const ModelGrads *g, size_t lo);
+/* The device bytes model_grads_create(_windowed) would take for m (a plan shell works). */
+size_t model_grads_plan_bytes(const Model *m, bool windowed);
+
 /* ---- training forward / backward ---- */
 
 /* Activations for up to max_tokens tokens in up to n_slots sequences of up to

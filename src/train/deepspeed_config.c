@@ -103,7 +103,7 @@ static int apply_zero(TrainConfig *c, const json_t *z, const char *path, char *e
             notice(c, path, key, "colt gathers the updated shards once per step in one pass; no bucketing to tune");
         } else if (strncmp(k, "stage3_", 7) == 0 || strcmp(k, "zero_hpz_partition_size") == 0 ||
                    strcmp(k, "zero_quantized_weights") == 0 || strcmp(k, "zero_quantized_gradients") == 0) {
-            notice(c, path, key, "a stage-3 setting; colt runs zero_stage 0 or 1");
+            notice(c, path, key, "a stage-3 setting; colt runs zero_stage 0, 1 or 2");
         } else {
             return errorf(err, "%s: %s is not a DeepSpeed key colt knows", path, key);
         }

@@ -31,11 +31,13 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->reference = in->reference_model ? p->weights : 0;
     size_t trainable = 0;
     model_params_flat(m, &trainable); /* the adapters' layout when LoRA is planned */
-    p->gradients = trainable * 4;
+    /* zero_stage 2: two layers' windows and the edge stages, plus this rank's shard of the sum */
+    p->gradients = in->zero_stage >= 2 ? model_grads_plan_bytes(m, true) : trainable * 4;
     int shards = in->zero_stage >= 1 && in->world_size > 1 ? in->world_size : 1;
     size_t shard = shards > 1 ? optim_shard_elements(trainable, shards) : trainable;
     if (shard > trainable) shard = trainable;
     int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
+    if (in->zero_stage >= 2) p->gradients += (shards > 1 ? shard : trainable) * 4;
     if (in->offload) {
         size_t chunk = shard < OFFLOAD_STAGING_ELEMS ? shard : OFFLOAD_STAGING_ELEMS;
         p->host_optimizer = shard * 4 * (size_t)states + 2 * chunk * (4 + es);

@@ -354,8 +354,9 @@ static void offload_wait(OffloadWorker *w) {
     pthread_mutex_unlock(&w->mu);
 }
 
-static void offload_step(Optimizer *o, void *weights, void *grads, size_t split, const HostAdamWStep *decayed,
-                         const HostAdamWStep *plain) {
+/* grads: the gradient of flat element i at (grads + (i - grads_base) * 4). */
+static void offload_step(Optimizer *o, void *weights, const char *grads, size_t grads_base, size_t split,
+                         const HostAdamWStep *decayed, const HostAdamWStep *plain) {
     const Backend *be = o->be;
     size_t es = dtype_size(be->storage);
     /* The chunks: the shard cut at the decay / no-decay boundary and every OFFLOAD_CHUNK. */
@@ -378,7 +379,7 @@ static void offload_step(Optimizer *o, void *weights, void *grads, size_t split,
     for (size_t k = 0; k <= n_jobs; k++) {
         if (k < n_jobs) {
             jobs[k].buf = (int)(k & 1);
-            be->copy_to_host(be, o->stage_grad[k & 1], (char *)grads + jobs[k].off * sizeof(float),
+            be->copy_to_host(be, o->stage_grad[k & 1], grads + (jobs[k].off - grads_base) * sizeof(float),
                              jobs[k].len * sizeof(float));
         }
         offload_wait(&w); /* chunk k - 1 is done */
@@ -413,16 +414,16 @@ static void offload_step(Optimizer *o, void *weights, void *grads, size_t split,
 }
 
 /* torch's _single_tensor_adam: step += 1; bias_correction_k = 1 - beta_k ** step
- * in Python doubles; the backend op (or host_adamw) does the rest in torch's order. */
-void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
+ * in Python doubles; the backend op (or host_adamw) does the rest in torch's order.
+ * The gradient of flat element i is at grads + (i - grads_base) * 4. */
+static void step_impl(Optimizer *o, const char *grads, size_t grads_base, float lr) {
     o->step++;
     double beta1 = float_as_decimal(o->cfg.beta1), beta2 = float_as_decimal(o->cfg.beta2);
     float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
     float bc2 = (float)(1.0 - pow(beta2, (double)o->step));
-    size_t n_weights = 0, n_grads = 0;
+    size_t n_weights = 0;
     void *weights = model_params_flat(o->model, &n_weights);
-    void *grads = model_grads_flat(g, &n_grads);
-    COLT_ASSERT(n_weights == o->flat_numel && n_grads == o->flat_numel);
+    COLT_ASSERT(n_weights == o->flat_numel);
     /* Two groups as transformers' Trainer makes them: weight decay on matrices and
      * embeddings, none on biases and norms (they sit at the end of the layout). */
     size_t split = model_params_no_decay_start(o->model);
@@ -430,7 +431,7 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
         HostAdamWStep decayed, plain;
         host_adamw_step_init(&decayed, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
         host_adamw_step_init(&plain, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, 0.0f, bc1, bc2);
-        offload_step(o, weights, grads, split, &decayed, &plain);
+        offload_step(o, weights, grads, grads_base, split, &decayed, &plain);
         return;
     }
     size_t es = dtype_size(o->be->storage);
@@ -441,11 +442,20 @@ void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
         if (end <= start) continue;
         size_t f = (start - o->lo) * sizeof(float);
         o->be->adamw(o->be, (char *)weights + start * es, o->master ? (char *)o->master + f : NULL,
-                     (char *)grads + start * sizeof(float), (char *)o->exp_avg + f, (char *)o->exp_avg_sq + f,
+                     grads + (start - grads_base) * sizeof(float), (char *)o->exp_avg + f, (char *)o->exp_avg_sq + f,
                      end - start, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps,
                      group == 0 ? o->cfg.weight_decay : 0.0f, bc1, bc2);
     }
 }
+
+void optim_step(Optimizer *o, const ModelGrads *g, float lr) {
+    size_t n_grads = 0;
+    const char *grads = model_grads_flat(g, &n_grads);
+    COLT_ASSERT(grads && n_grads == o->flat_numel);
+    step_impl(o, grads, 0, lr);
+}
+
+void optim_step_shard(Optimizer *o, const void *shard_grads, float lr) { step_impl(o, shard_grads, o->lo, lr); }
 
 double optim_last_host_seconds(const Optimizer *o) { return o->last_host_s; }
 

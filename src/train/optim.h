@@ -57,6 +57,9 @@ void optim_free(Optimizer *o);
  * the step count. Offloaded: gradients copied to the host in chunks, AdamW
  * there, the new weights copied back, the copies overlapping the host's work. */
 void optim_step(Optimizer *o, const ModelGrads *g, float lr);
+/* The same with only this shard's gradients ([f32] buffer of hi - lo
+ * elements: ZeRO-2's reduced shard). */
+void optim_step_shard(Optimizer *o, const void *shard_grads, float lr);
 /* The host AdamW's seconds in the last offloaded step (0 when not offloaded). */
 double optim_last_host_seconds(const Optimizer *o);
 int64_t optim_step_count(const Optimizer *o);

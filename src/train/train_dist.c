@@ -1,6 +1,7 @@
 /* train_dist.c — see train_dist.h. */
 #include "train/train_dist.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,105 @@ int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t 
     return rc;
 }
 
+/* ---------------------------------------------------------------- ZeRO-2 */
+
+int train_dist_zero2_open(TrainDist *d, const Backend *be, const ModelGrads *g, size_t lo, size_t hi, char *err) {
+    if (!be->add_f32) return errorf(err, "zero_stage 2: backend %s has no add_f32 op", be->name);
+    d->be = be;
+    d->z2_grads = g;
+    d->z2_lo = lo;
+    d->z2_hi = hi;
+    d->z2_shard = be->alloc_f32(be, hi > lo ? hi - lo : 1);
+    be->zero_f32(be, d->z2_shard, hi - lo);
+    if (d->world > 1 && !d->grad_comm) d->z2_host = xcalloc(hi > lo ? hi - lo : 1, sizeof(float));
+    return COLT_OK;
+}
+
+void train_dist_zero2_begin_step(TrainDist *d) {
+    size_t n = d->z2_hi - d->z2_lo;
+    d->be->zero_f32(d->be, d->z2_shard, n);
+    if (d->z2_host) memset(d->z2_host, 0, n * sizeof(float));
+}
+
+void *train_dist_zero2_shard(const TrainDist *d) { return d->z2_shard; }
+
+/* Adds the part of the summed range [lo, hi) (now in data) that falls in this rank's shard. */
+static void zero2_add(TrainDist *d, const void *data, size_t lo, size_t hi) {
+    size_t a = lo > d->z2_lo ? lo : d->z2_lo, b = hi < d->z2_hi ? hi : d->z2_hi;
+    if (a < b)
+        d->be->add_f32(d->be, (char *)d->z2_shard + (a - d->z2_lo) * sizeof(float),
+                       (const char *)data + (a - lo) * sizeof(float), b - a);
+}
+
+int train_dist_zero2_finish_backward(TrainDist *d, char *err) {
+    if (!d->z2_pending) return COLT_OK;
+    if (comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err) != 0) return COLT_ERR;
+    d->in_flight = false;
+    d->z2_pending = false;
+    zero2_add(d, d->z2_pdata, d->z2_plo, d->z2_phi);
+    return COLT_OK;
+}
+
+int train_dist_zero2_ready(void *ctx, size_t lo, size_t hi, char *err) {
+    TrainDist *d = ctx;
+    void *data = model_grads_range_data(d->z2_grads, lo);
+    COLT_ASSERT(data && lo < hi);
+    size_t n = hi - lo;
+    if (d->world == 1) {
+        zero2_add(d, data, lo, hi);
+        return COLT_OK;
+    }
+    if (d->grad_comm) {
+        /* The stage before this one is summed by now (or soon): add it, then
+         * send this one; it overlaps the next layer's backward. */
+        if (train_dist_zero2_finish_backward(d, err) != 0) return COLT_ERR;
+        backend_cuda_comm_after_compute(d->be);
+        d->in_flight = true;
+        if (comm_all_reduce(d->grad_comm, data, n, COMM_FLOAT32, backend_cuda_comm_stream(d->be), err) != 0)
+            return COLT_ERR;
+        d->z2_pending = true;
+        d->z2_pdata = data;
+        d->z2_plo = lo;
+        d->z2_phi = hi;
+        return COLT_OK;
+    }
+    /* Host path: every rank's copy of the stage, added in rank order for this
+     * rank's part only (the same bits as the unsharded host path's sum). */
+    size_t a = lo > d->z2_lo ? lo : d->z2_lo, b = hi < d->z2_hi ? hi : d->z2_hi;
+    if (d->z2_stage_n < n) {
+        free(d->z2_stage);
+        d->z2_stage = xmalloc(sizeof(float) * n * ((size_t)d->world + 1));
+        d->z2_stage_n = n;
+    }
+    float *mine = d->z2_stage, *all = d->z2_stage + n;
+    d->be->copy_to_host(d->be, mine, data, n * sizeof(float));
+    if (comm_all_gather(d->comm, all, mine, n, COMM_FLOAT32, NULL, err) != 0) return COLT_ERR;
+    for (size_t i = a; i < b; i++) {
+        size_t k = i - lo;
+        float s = all[k];
+        for (int r = 1; r < d->world; r++) s += all[(size_t)r * n + k];
+        d->z2_host[i - d->z2_lo] += s;
+    }
+    return COLT_OK;
+}
+
+int train_dist_zero2_finish_step(TrainDist *d, char *err) {
+    if (train_dist_zero2_finish_backward(d, err) != 0) return COLT_ERR;
+    if (d->z2_host) d->be->upload_f32(d->be, d->z2_shard, d->z2_host, d->z2_hi - d->z2_lo);
+    return COLT_OK;
+}
+
+int train_dist_zero2_norm(TrainDist *d, double *norm, char *err) {
+    double mine = d->be->sum_squares(d->be, d->z2_shard, d->z2_hi - d->z2_lo);
+    double *all = xcalloc((size_t)d->world, sizeof(double));
+    int rc = train_dist_gather(d, all, &mine, sizeof mine, err);
+    double total = 0;
+    for (int r = 0; r < d->world; r++) total += all[r];
+    free(all);
+    *norm = sqrt(total);
+    return rc;
+}
+
 typedef struct StatusRecord {
     int rc;
     char message[ERR_LEN];
@@ -229,6 +329,9 @@ bool train_dist_any(TrainDist *d, bool flag) {
 
 void train_dist_free(TrainDist *d) {
     if (d->in_flight) train_dist_cancel_gradients(d);
+    if (d->z2_shard) d->be->free(d->be, d->z2_shard);
+    free(d->z2_host);
+    free(d->z2_stage);
     if (d->grad_comm) comm_close(d->grad_comm);
     if (d->comm) comm_close(d->comm);
     free(d->staging);

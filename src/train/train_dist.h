@@ -26,6 +26,7 @@
 
 #include "backend/backend.h"
 #include "dist/comm.h"
+#include "model/model_train.h"
 
 /* Gradient ranges announced by the backward and not yet in a bucket (they
  * arrive in two runs, the decayed and the no-decay part of the arena). */
@@ -45,6 +46,17 @@ typedef struct TrainDist {
     int n_pending;
     size_t pending_n, announced_n;  /* elements waiting; announced in this step */
     bool in_flight;   /* collectives enqueued and not yet waited for */
+    /* ZeRO-2 (train_dist_zero2_open): this rank's shard [z2_lo, z2_hi) of the
+     * summed gradients, accumulated over a step's micro-batches */
+    const struct ModelGrads *z2_grads;
+    size_t z2_lo, z2_hi;
+    void *z2_shard;      /* [f32] backend buffer [z2_hi - z2_lo] */
+    float *z2_host;      /* host path: the accumulator, uploaded at the step's end */
+    float *z2_stage;     /* host path: one stage of every rank's gradients */
+    size_t z2_stage_n;
+    bool z2_pending;     /* NCCL: a stage's all-reduce enqueued, not yet added */
+    size_t z2_plo, z2_phi;
+    void *z2_pdata;
 } TrainDist;
 
 /* Chooses the gradient path (collective): GPU ranks of a CUDA backend on
@@ -79,6 +91,27 @@ int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_
  * shard broadcast in place by its rank over NCCL; host path: the shards
  * gathered through the host. Collective. */
 int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t numel, size_t shard, char *err);
+
+/* ZeRO-2 (zero_stage 2). The backward's windowed gradients
+ * (model_grads_create_windowed) are handed over stage by stage:
+ * train_dist_zero2_ready (a GradsReadyFn, ctx the TrainDist, installed for
+ * every backward) sums each stage over the ranks — an NCCL all-reduce on the
+ * communication stream that overlaps the next layer's backward, or through
+ * the host in rank order — and adds this rank's part of it to its shard
+ * [lo, hi) of the flat layout. Per step: begin_step zeroes the shard; after
+ * each backward, finish_backward adds the last stage still in flight; after
+ * the last, finish_step completes the shard (host path: uploads it). Then
+ * train_dist_zero2_norm gives the global gradient norm (the ranks' sums of
+ * squares added in rank order) and train_dist_zero2_shard the shard to clip
+ * and step. A world of one works the same with no communication. */
+int train_dist_zero2_open(TrainDist *d, const Backend *be, const struct ModelGrads *g, size_t lo, size_t hi,
+                          char *err);
+void train_dist_zero2_begin_step(TrainDist *d);
+int train_dist_zero2_ready(void *ctx, size_t lo, size_t hi, char *err);
+int train_dist_zero2_finish_backward(TrainDist *d, char *err);
+int train_dist_zero2_finish_step(TrainDist *d, char *err);
+int train_dist_zero2_norm(TrainDist *d, double *norm, char *err);
+void *train_dist_zero2_shard(const TrainDist *d);
 
 /* After an error (the ranks may not all have enqueued the same collectives,
  * so some may never complete): drops the overlap path's in-flight ones and

@@ -1124,7 +1124,16 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
     int rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
                                        (size_t)c->ddp_bucket_cap_mb << 20, c->ddp_timeout, how, sizeof how, err);
     if (train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
-    if (t->dist.world > 1) log_info0("gradients: %s", how);
+    if (c->zero_stage >= 2) {
+        size_t lo = 0, hi = 0;
+        optim_shard_range(t->opt, &lo, &hi);
+        if (train_dist_agree(&t->dist, train_dist_zero2_open(&t->dist, t->be, t->grads, lo, hi, err), err) != 0)
+            return COLT_ERR;
+        snprintf(how, sizeof how, "zero_stage 2: each layer's gradients %s as the backward finishes it; this rank "
+                                  "keeps its shard of the sum",
+                 t->dist.world == 1 ? "added to the shard" : t->dist.grad_comm ? "all-reduced over NCCL" : "summed on the host in rank order");
+    }
+    if (t->dist.world > 1 || c->zero_stage >= 2) log_info0("gradients: %s", how);
     return COLT_OK;
 }
 
@@ -1300,8 +1309,9 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
     /* The model's shape first: the prompts are checked and the memory planned
      * before any weight is loaded. */
-    ModelConfig base_cfg;
-    if (model_config_load(&base_cfg, NULL, c->model, err) != 0) return COLT_ERR;
+    ModelConfig base_cfg; /* the weights this run loads: a full-model checkpoint's when resuming from one */
+    const char *weights_dir = c->resume_from_checkpoint && !c->use_peft ? c->resume_from_checkpoint : c->model;
+    if (model_config_load(&base_cfg, NULL, weights_dir, err) != 0) return COLT_ERR;
     const ModelConfig *mc = &base_cfg;
     if (tokenizer_vocab_size(t->tok) > mc->vocab_size)
         return errorf(err, "%s: the tokenizer has %d tokens but the model only %d", c->model,
@@ -1416,7 +1426,10 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
                   "state on the %s",
                   c->zero_stage, so.world, lo, hi, so.offload ? "host (offload_optimizer cpu)" : "device");
     }
-    if (model_grads_create(&t->grads, t->model, err) != 0) return COLT_ERR;
+    /* zero_stage 2: the gradients of a layer exist only while they are handed over (train_dist.h). */
+    if ((c->zero_stage >= 2 ? model_grads_create_windowed(&t->grads, t->model, err)
+                            : model_grads_create(&t->grads, t->model, err)) != 0)
+        return COLT_ERR;
 
     int bs = c->per_device_train_batch_size;
     t->max_seq = t->max_prompt_tokens + c->max_completion_length;
@@ -1589,7 +1602,9 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         double step_start = time_now();
         double gen0 = t.time_generation, score0 = t.time_scoring, lp0 = t.time_logprobs, mem0 = t.time_memory;
         if (t.be->memory_stats) t.be->memory_stats(t.be, NULL, NULL, true); /* this step's peak */
+        const bool zero2 = c->zero_stage >= 2;
         model_grads_zero(t.grads);
+        if (zero2) train_dist_zero2_begin_step(&t.dist);
         double step_loss = 0;
         for (int a = 0; a < c->gradient_accumulation_steps && rc == 0; a++) {
             if (!t.ro.samples || t.ro.micro_done >= micro_per_round) {
@@ -1599,10 +1614,13 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             double t0 = time_now();
             /* The last backward of the step hands its finished gradients to
              * the all-reduce as it goes (GPU ranks over NCCL). */
-            bool overlap = a == c->gradient_accumulation_steps - 1 && train_dist_overlaps(&t.dist);
+            bool overlap = !zero2 && a == c->gradient_accumulation_steps - 1 && train_dist_overlaps(&t.dist);
             if (overlap) model_grads_on_ready(t.grads, train_dist_gradients_ready, &t.dist);
+            /* zero_stage 2: every backward hands its gradients over as it goes */
+            if (zero2) model_grads_on_ready(t.grads, train_dist_zero2_ready, &t.dist);
             rc = train_micro_batch(&t, &step_loss, err);
-            if (overlap) model_grads_on_ready(t.grads, NULL, NULL);
+            if (rc == 0 && zero2) rc = train_dist_zero2_finish_backward(&t.dist, err);
+            if (overlap || zero2) model_grads_on_ready(t.grads, NULL, NULL);
             t.time_training += time_now() - t0;
         }
         /* The ranks' gradients summed (every rank then holds the same). */
@@ -1613,7 +1631,10 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
              * host would wait for it here anyway. */
             if (t.dist.world > 1 && t.be->synchronize) t.be->synchronize(t.be);
             double s0 = time_now();
-            rc = train_dist_agree(&t.dist, train_dist_sum_gradients(&t.dist, t.be, grads, n_grads, err), err);
+            rc = train_dist_agree(&t.dist,
+                                  zero2 ? train_dist_zero2_finish_step(&t.dist, err)
+                                        : train_dist_sum_gradients(&t.dist, t.be, grads, n_grads, err),
+                                  err);
             if (t.dist.world > 1) metrics_add(&t.metrics, "time/gradient_sync", time_now() - s0);
         }
         if (rc != 0) {
@@ -1626,7 +1647,17 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             break;
         }
         double t0 = time_now();
-        double norm = optim_clip_grad_norm(t.model, t.grads, c->max_grad_norm, t.be);
+        double norm = 0;
+        if (zero2) {
+            /* The global norm from the ranks' shards; each clips its own. */
+            rc = train_dist_agree(&t.dist, train_dist_zero2_norm(&t.dist, &norm, err), err);
+            if (rc != 0) break;
+            if (c->max_grad_norm > 0 && isfinite(norm) && c->max_grad_norm / (norm + 1e-6) < 1.0) {
+                size_t lo = 0, hi = 0;
+                optim_shard_range(t.opt, &lo, &hi);
+                t.be->scale(t.be, train_dist_zero2_shard(&t.dist), (float)(c->max_grad_norm / (norm + 1e-6)), hi - lo);
+            }
+        } else norm = optim_clip_grad_norm(t.model, t.grads, c->max_grad_norm, t.be);
         float lr = lr_schedule_value(t.scheduler, (float)c->learning_rate, (int)t.global_step, (int)t.total_steps,
                                      t.warmup_steps);
         if (!isfinite(step_loss) || !isfinite(norm)) {
@@ -1640,7 +1671,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             break;
         }
         double o0 = time_now();
-        optim_step(t.opt, t.grads, lr);
+        if (zero2) optim_step_shard(t.opt, train_dist_zero2_shard(&t.dist), lr);
+        else optim_step(t.opt, t.grads, lr);
         if (optim_is_sharded(t.opt)) {
             /* Each rank updated its shard of the weights: exchange them. */
             size_t n_weights = 0;

@@ -188,6 +188,8 @@ int main(void) {
         {"2 ranks sharing GPU 0, zero_stage 1, offload_optimizer cpu",
          "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 1 --offload_optimizer cpu",
          "/tmp/colt_gpu_dist_z1o"},
+        {"2 ranks sharing GPU 0, zero_stage 2",
+         "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 2", "/tmp/colt_gpu_dist_z2"},
     };
     for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) {
         CHECK(train(zero[i].args, zero[i].dir) == 0, "%s failed (see %s.log)", zero[i].label, zero[i].dir);
@@ -199,6 +201,11 @@ int main(void) {
         CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8 --zero_stage 1", nccl_z1) == 0,
               "2 ranks on 2 GPUs, zero_stage 1 failed (see %s.log)", nccl_z1);
         compare("2 ranks on 2 GPUs, zero_stage 1 (shards broadcast over NCCL)", nccl_z1, want, one);
+        const char *nccl_z2 = "/tmp/colt_gpu_dist_nccl_z2";
+        CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8 --zero_stage 2", nccl_z2) == 0,
+              "2 ranks on 2 GPUs, zero_stage 2 failed (see %s.log)", nccl_z2);
+        compare("2 ranks on 2 GPUs, zero_stage 2 (layers all-reduced over NCCL as the backward goes)", nccl_z2, want,
+                one);
         CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8", nccl) == 0, "2 ranks on 2 GPUs failed (see %s.log)",
               nccl);
         CHECK(log_says(nccl, "gradients: NCCL, all-reduced in buckets"),

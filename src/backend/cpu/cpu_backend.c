@@ -561,6 +561,13 @@ static void cpu_scale(const Backend *be, void *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) xs[i] *= s;
 }
 
+static void cpu_add_f32(const Backend *be, void *y, const void *x, size_t n) {
+    float *ys = y;
+    const float *xs = x;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) ys[i] += xs[i];
+}
+
 static void cpu_gather_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim) {
     for (int i = 0; i < n; i++)
         memcpy((float *)dst + (size_t)i * dim, (const float *)src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
@@ -628,6 +635,7 @@ static const Backend CPU_OPS = {
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
+    .add_f32 = cpu_add_f32,
     .zero = cpu_zero,
     .zero_f32 = cpu_zero,
     .linear_backward = cpu_linear_backward,

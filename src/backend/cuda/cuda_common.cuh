@@ -365,6 +365,7 @@ void cuda_adamw(const Backend *be, void *param, void *master, const void *grad, 
                 float bias_correction2);
 double cuda_sum_squares(const Backend *be, const void *x, size_t n);
 void cuda_scale(const Backend *be, void *x, float s, size_t n);
+void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n);
 /* cuda_paged.cu: the generation engine's [i32] buffers and paged KV cache ops (backend.h). */
 void *cuda_alloc_i32(const Backend *be, size_t n);
 void cuda_upload_i32(const Backend *be, void *dst, const int *src, size_t n);

@@ -1025,6 +1025,30 @@ void cuda_scale(const Backend *be, void *x, float s, size_t n) {
     LAUNCH_CHECK(cs);
 }
 
+__global__ void add_f32_kernel(float *y, const float *x, size_t n, size_t nv) {
+    VEC_LOOP_BEGIN(1) {
+        V8<float> a, b;
+        a.load(y + vl_base * VEC);
+        b.load(x + vl_base * VEC);
+        float f[VEC], g[VEC];
+        a.get(f);
+        b.get(g);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) f[j] += g[j];
+        a.set(f);
+        a.store(y + vl_base * VEC);
+    }
+    TAIL_LOOP(e) y[e] += x[e];
+}
+
+void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n) {
+    if (!n) return;
+    CudaState *cs = cuda_enter(be);
+    size_t nv = vec_count(n, aligned16(y) && aligned16(x));
+    add_f32_kernel<<<flat_blocks(cs, nv ? nv : n), CUDA_THREADS, 0, cs->stream>>>((float *)y, (const float *)x, n, nv);
+    LAUNCH_CHECK(cs);
+}
+
 /* ---------------------------------------------------------------- instantiations */
 
 #define INSTANTIATE(T)                                                                                              \

@@ -857,8 +857,19 @@ static void test_reductions(const Dev *d, size_t n) {
     float *g = dev_out_f32(d, gx, n), *r = cpu_out(cx, n);
     snprintf(name, sizeof name, "scale [f32] x0.37 [%zu] (exact)", n);
     check(d, name, g, r, n, (Tol){0, 0, 0});
-    free(g), free(r), free(x);
-    d->be->free(d->be, gx), CPU->free(CPU, cx);
+    free(g), free(r);
+    /* add_f32 (ZeRO-2's shard accumulation), also at an odd offset (the scalar tail) */
+    float *y = rand_floats(n, 1.0f);
+    void *gy = dev_in_f32(d, y, n), *cy = cpu_in(y, n);
+    d->be->add_f32(d->be, gy, gx, n);
+    CPU->add_f32(CPU, cy, cx, n);
+    d->be->add_f32(d->be, (float *)gy + 3, (float *)gx + 5, n - 7);
+    CPU->add_f32(CPU, (float *)cy + 3, (float *)cx + 5, n - 7);
+    g = dev_out_f32(d, gy, n), r = cpu_out(cy, n);
+    snprintf(name, sizeof name, "add_f32 [%zu], then at offsets 3 / 5 (exact)", n);
+    check(d, name, g, r, n, (Tol){0, 0, 0});
+    free(g), free(r), free(x), free(y);
+    d->be->free(d->be, gx), CPU->free(CPU, cx), d->be->free(d->be, gy), CPU->free(CPU, cy);
 }
 
 /* ---------------------------------------------------------------- model level */

@@ -6,6 +6,8 @@
 # loading weights), and a table of the step's parts — generation, training (forward + backward), the
 # optimizer (D2H + host AdamW + H2D, and the host AdamW alone) — with the allocator's peak beside the plan's.
 # Usage: bash bench/gpu/bench_offload.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset default qwen2.5-7b)
+# COLT_TRAIN_ARGS (environment) is appended to colt train's arguments, e.g. two GPUs with ZeRO-2:
+#   COLT_TRAIN_ARGS="--nproc_per_node 2 --zero_stage 2 --per_device_train_batch_size 8"
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -21,7 +23,7 @@ if [ ! -f "$work/$preset/config.json" ]; then
   echo "colt init $preset: $(( $(date +%s) - t0 )) s"
 fi
 args=(--config bench/gpu/grpo_bench.yaml --model "$work/$preset" --dataset "$prompts" --device cuda
-      --per_device_train_batch_size 16 --gradient_accumulation_steps 8 --max_steps "$steps")
+      --per_device_train_batch_size 16 --gradient_accumulation_steps 8 --max_steps "$steps" ${COLT_TRAIN_ARGS:-})
 echo "== plan (colt train --dry_run, this GPU) =="
 $COLT train "${args[@]}" --output_dir "$work/run" --offload_optimizer cpu --dry_run || true
 echo
@@ -45,4 +47,4 @@ print(f"| {sys.argv[2]} full, offload_optimizer cpu | {mean('step_time'):.2f} | 
       f"{mean('engine/peak_memory_gb'):.1f} |")
 PY
 echo
-echo "Command: bash bench/gpu/bench_offload.sh $tok $prompts $preset (means over steps 2-$steps)"
+echo "Command: ${COLT_TRAIN_ARGS:+COLT_TRAIN_ARGS=\"$COLT_TRAIN_ARGS\" }bash bench/gpu/bench_offload.sh $tok $prompts $preset (means over steps 2-$steps)"

@@ -202,7 +202,17 @@ int cmd_train(int argc, char **argv) {
     }
     log_set_rank(env.rank);
     if (dry.on) {
-        cfg.world_size = dry.world_size ? dry.world_size : env.world_size;
+        /* The world the run would have: --world_size, the launcher's, or the processes colt would start. */
+        int world = env.world_size;
+        if (env.launcher == LAUNCHER_NONE) {
+            world = cfg.nproc_per_node;
+            if (world == 0)
+                world = strcmp(cfg.device, "cpu") == 0 ? 1
+                        : cfg.devices                   ? (int)json_array_size(cfg.devices)
+                                                        : backend_cuda_device_count();
+            if (world < 1) world = 1;
+        }
+        cfg.world_size = dry.world_size ? dry.world_size : world;
         int rc = train_config_finalize(&cfg, err) != 0 ? cli_fail("train", err) : dry_run(&cfg, &dry, cfg.world_size);
         train_config_free(&cfg);
         return rc;

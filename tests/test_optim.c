@@ -299,6 +299,96 @@ static void test_save_load(Model *m, ModelGrads *g, const Backend *be, size_t to
     free(start), free(a), free(b), free(mid);
 }
 
+/* ZeRO-1 shards: three shard optimizers on one model (each updating its
+ * range of the weights, together all of them) give the unsharded optimizer's
+ * bits; their saved shards resume at two shards and at one (resharding)
+ * bit-identically; a lost shard, a shard of another model and shards of two
+ * steps are refused before anything changes. */
+static void test_shards(Model *m, ModelGrads *g, const Backend *be, size_t total) {
+    char dir[] = "/tmp/colt_test_optim_shards_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char err[ERR_LEN], paths[3][600];
+    AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
+    float *start = xmalloc(total * sizeof(float)), *mid = xmalloc(total * sizeof(float)),
+          *a = xmalloc(total * sizeof(float)), *b = xmalloc(total * sizeof(float));
+    download_params(start, m, be);
+    Optimizer *ref = NULL, *sh[3] = {NULL, NULL, NULL};
+    CHECK(optim_create(&ref, m, &ac, be, err) == 0, "%s", err);
+    for (int s = 0; s < 3; s++) fill_grads(m, g, be, total, s), optim_step(ref, g, 1e-2f);
+    download_params(mid, m, be);
+    for (int s = 3; s < 5; s++) fill_grads(m, g, be, total, s), optim_step(ref, g, 1e-2f);
+    download_params(a, m, be);
+
+    upload_params(m, be, start);
+    for (int r = 0; r < 3; r++) {
+        OptimShardOptions so = {.rank = r, .world = 3};
+        CHECK(optim_create_sharded(&sh[r], m, &ac, be, &so, err) == 0, "%s", err);
+    }
+    for (int s = 0; s < 3; s++) {
+        fill_grads(m, g, be, total, s);
+        for (int r = 0; r < 3; r++) optim_step(sh[r], g, 1e-2f);
+    }
+    download_params(b, m, be);
+    CHECK(memcmp(mid, b, total * sizeof(float)) == 0, "3 shards after 3 steps differ from the unsharded optimizer");
+    for (int r = 0; r < 3; r++) {
+        snprintf(paths[r], sizeof paths[r], "%s/optimizer-rank%05d-of-00003.safetensors", dir, r);
+        CHECK(optim_save_shard(sh[r], paths[r], err) == 0, "save shard %d: %s", r, err);
+        CHECK(optim_save(sh[r], "/dev/null", err) != 0 && strstr(err, "one shard"), "optim_save of a shard: %s", err);
+    }
+    const char *const files[3] = {paths[0], paths[1], paths[2]};
+    /* resharded: 2 shards and 1, each then 2 more steps */
+    for (int world = 2; world >= 1; world--) {
+        upload_params(m, be, mid);
+        Optimizer *re[2] = {NULL, NULL};
+        for (int r = 0; r < world; r++) {
+            OptimShardOptions so = {.rank = r, .world = world};
+            CHECK(optim_create_sharded(&re[r], m, &ac, be, &so, err) == 0, "%s", err);
+            CHECK(optim_load_shards(re[r], files, 3, err) == 0, "load 3 shards into %d: %s", world, err);
+            CHECK(optim_step_count(re[r]) == 3, "step count %lld", (long long)optim_step_count(re[r]));
+        }
+        for (int s = 3; s < 5; s++) {
+            fill_grads(m, g, be, total, s);
+            for (int r = 0; r < world; r++) optim_step(re[r], g, 1e-2f);
+        }
+        download_params(b, m, be);
+        CHECK(memcmp(a, b, total * sizeof(float)) == 0, "3 shards resumed as %d differ from the uninterrupted run",
+              world);
+        printf("shards: 3 shards saved at step 3, resumed as %d shard(s): 2 more steps bit-identical\n", world);
+        for (int r = 0; r < world; r++) optim_free(re[r]);
+    }
+    /* refusals, each leaving the optimizer as it was */
+    Optimizer *one = NULL;
+    OptimShardOptions whole = {.rank = 0, .world = 1};
+    CHECK(optim_create_sharded(&one, m, &ac, be, &whole, err) == 0, "%s", err);
+    int rc = optim_load_shards(one, files, 2, err);
+    CHECK(rc != 0 && strstr(err, "do not cover"), "2 of 3 shards: %d %s", rc, err);
+    printf("a lost shard: %s\n", err);
+    fill_grads(m, g, be, total, 9);
+    optim_step(sh[2], g, 1e-2f); /* shard 2 one step ahead */
+    CHECK(optim_save_shard(sh[2], paths[2], err) == 0, "%s", err);
+    rc = optim_load_shards(one, files, 3, err);
+    CHECK(rc != 0 && strstr(err, "step"), "shards of two steps: %d %s", rc, err);
+    printf("shards of two steps: %s\n", err);
+    ModelConfig other = TINY;
+    other.intermediate_size = 8;
+    Model *m2 = NULL;
+    Optimizer *o2 = NULL;
+    CHECK(model_create_random(&m2, &other, 7, be, err) == 0, "%s", err);
+    CHECK(optim_create_sharded(&o2, m2, &ac, be, &whole, err) == 0, "%s", err);
+    rc = optim_load_shards(o2, files, 3, err);
+    CHECK(rc != 0 && strstr(err, "another model"), "shards of another model: %d %s", rc, err);
+    printf("shards of another model: %s\n", err);
+    CHECK(optim_step_count(one) == 0 && optim_step_count(o2) == 0, "a refused load changed the step count");
+    optim_free(o2);
+    model_free(m2);
+    optim_free(one);
+    for (int r = 0; r < 3; r++) optim_free(sh[r]), unlink(paths[r]);
+    optim_free(ref);
+    rmdir(dir);
+    upload_params(m, be, start);
+    free(start), free(mid), free(a), free(b);
+}
+
 int main(void) {
     json_error_t jerr;
     json_t *root = json_load_file(COLT_SOURCE_DIR "/tests/data/optim_goldens.json", 0, &jerr);
@@ -340,6 +430,7 @@ int main(void) {
     test_runs(root, m, g, be, total, "cpu backend adamw op");
     test_schedules(root);
     test_save_load(m, g, be, total);
+    test_shards(m, g, be, total);
 
     model_grads_free(g);
     model_free(m);

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "model/model.h"
+#include "model/model_train.h"
 #include "shared_data.h"
 
 static int g_failures = 0;
@@ -276,6 +277,36 @@ static void check_random_init(const ModelConfig *cfg, const char *tmp) {
         model_state_free(st);
         model_free(b);
     }
+    model_free(a);
+
+    /* Sharded as transformers shards (a 20 kB limit here): index + shards, the same weights reloaded; saving
+     * one file over it again removes the shards and the index. */
+    char dir3[512];
+    snprintf(dir3, sizeof(dir3), "%s/random_sharded", tmp);
+    Model *c = NULL;
+    COLT_ASSERT(model_create_random(&a, cfg, 42, backend_cpu(), err) == 0);
+    rc = model_save_sharded(a, dir3, DTYPE_F32, 20000, err);
+    CHECK(rc == 0, "model_save_sharded: %s", err);
+    char *index = path_join(dir3, "model.safetensors.index.json"), *single = path_join(dir3, "model.safetensors");
+    json_t *idx = json_load_file(index, 0, NULL);
+    size_t n_map = json_object_size(json_object_get(idx, "weight_map"));
+    json_int_t total = json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size"));
+    if (rc == 0) rc = model_load(&c, dir3, backend_cpu(), err);
+    CHECK(rc == 0 && n_map > 0 && !file_exists(single), "sharded save: load %d (%s), %zu map entries", rc, err, n_map);
+    if (rc == 0) {
+        size_t na = 0, nc = 0;
+        const float *wa = model_params_flat(a, &na), *wc = model_params_flat(c, &nc);
+        bool same = na == nc && memcmp(wa, wc, na * sizeof(float)) == 0;
+        printf("  sharded save (20 kB shards): %zu tensors mapped, total_size %lld bytes, reloaded identical: %s\n",
+               n_map, (long long)total, same ? "yes" : "NO");
+        CHECK(same, "sharded save changed the weights");
+        model_free(c);
+    }
+    json_decref(idx);
+    rc = model_save(a, dir3, DTYPE_F32, err);
+    CHECK(rc == 0 && file_exists(single) && !file_exists(index), "single save over shards: rc %d, index left %d", rc,
+          file_exists(index));
+    free(index), free(single);
     model_free(a);
 
     /* The streaming writer (colt init) writes the same bytes as create + save. */

@@ -415,36 +415,142 @@ static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char
     return write_json(dir, "generation_config.json", gen, err);
 }
 
-/* The base weights as they are, or (merge) with the LoRA adapters folded in. */
-static int save_weights(const Model *m, const char *dir, DType dtype, bool merge, char *err) {
+/* Streams one tensor from the device in the writer's chunks (no host copy of
+ * the model); merging LoRA needs the whole tensor, so then one tensor at a
+ * time is held while it is written. */
+typedef struct SaveFill {
+    const Model *m;
+    void *const *buf; /* the tensor's buffer pointer (its TensorSpec.buf) */
+    size_t numel;
+    bool merge;
+    float *whole;     /* merge: the merged tensor, while it is being written */
+} SaveFill;
+
+static void save_fill(float *dst, size_t start, size_t count, void *ctx) {
+    SaveFill *f = ctx;
+    const Backend *be = f->m->be;
+    if (!f->merge) {
+        be->download(be, dst, (const char *)*f->buf + start * dtype_size(be->storage), count);
+        return;
+    }
+    if (!f->whole) {
+        f->whole = xmalloc(f->numel * sizeof(float));
+        be->download(be, f->whole, *f->buf, f->numel);
+        lora_merge_into(f->m, f->buf, f->whole);
+    }
+    memcpy(dst, f->whole + start, count * sizeof(float));
+    if (start + count == f->numel) {
+        free(f->whole);
+        f->whole = NULL;
+    }
+}
+
+#define SHARD_NAME_FMT "model-%05d-of-%05d.safetensors"
+
+/* Removes DIR's weight files of the other layout (a single file when writing
+ * shards, and the index and shards when writing one file): the loader would
+ * otherwise read a stale one. */
+static void remove_other_layout(const char *dir, bool sharded) {
+    char *single = path_join(dir, "model.safetensors"), *index = path_join(dir, "model.safetensors.index.json");
+    if (sharded) remove(single);
+    else {
+        json_t *root = json_load_file(index, 0, NULL);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(root, "weight_map"), k, v) {
+            const char *file = json_string_value(v);
+            if (file && !strchr(file, '/')) {
+                char *p = path_join(dir, file);
+                remove(p);
+                free(p);
+            }
+        }
+        json_decref(root);
+        remove(index);
+    }
+    free(single);
+    free(index);
+}
+
+/* The base weights as they are, or (merge) with the LoRA adapters folded in:
+ * one model.safetensors, or shards of at most max_shard_bytes with
+ * model.safetensors.index.json (transformers' layout) when larger. */
+static int save_weights(const Model *m, const char *dir, DType dtype, bool merge, size_t max_shard_bytes, char *err) {
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
         return errorf(err, "%s: model_save writes F32 or BF16 only", dir);
     if (make_dirs(dir, err) != 0) return COLT_ERR;
     int n = 0;
     TensorSpec *t = model_tensor_table((Model *)m, &n); /* only reads the buffer pointers */
     SafeTensorWrite *w = xcalloc((size_t)n, sizeof(SafeTensorWrite));
+    SaveFill *fills = xcalloc((size_t)n, sizeof(SaveFill));
+    size_t total = 0, es = dtype_size(dtype);
     for (int i = 0; i < n; i++) {
-        float *host = xmalloc(spec_numel(&t[i]) * sizeof(float));
-        m->be->download(m->be, host, *t[i].buf, spec_numel(&t[i]));
-        if (merge) lora_merge_into(m, t[i].buf, host);
+        fills[i] = (SaveFill){.m = m, .buf = t[i].buf, .numel = spec_numel(&t[i]), .merge = merge};
         w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
-                                 .data = host};
+                                 .fill = save_fill, .fill_ctx = &fills[i]};
+        total += spec_numel(&t[i]) * es;
     }
-    char *path = path_join(dir, "model.safetensors");
-    int rc = safetensors_write(path, w, n, dtype, err);
+    /* Shards: tensors in table order, a new file when the next would pass the limit. */
+    int *file_of = xcalloc((size_t)n, sizeof(int)), n_files = 1;
+    size_t in_file = 0;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = spec_numel(&t[i]) * es;
+        if (in_file > 0 && in_file + bytes > max_shard_bytes) n_files++, in_file = 0;
+        file_of[i] = n_files - 1;
+        in_file += bytes;
+    }
+    int rc = COLT_OK;
+    if (n_files == 1) {
+        char *path = path_join(dir, "model.safetensors");
+        rc = safetensors_write(path, w, n, dtype, err);
+        free(path);
+        if (rc == 0) remove_other_layout(dir, false);
+    } else {
+        json_t *map = json_object();
+        SafeTensorWrite *part = xcalloc((size_t)n, sizeof(SafeTensorWrite));
+        for (int f = 0; f < n_files && rc == 0; f++) {
+            char name[64];
+            snprintf(name, sizeof name, SHARD_NAME_FMT, f + 1, n_files);
+            int k = 0;
+            for (int i = 0; i < n; i++)
+                if (file_of[i] == f) {
+                    part[k++] = w[i];
+                    json_object_set_new(map, t[i].name, json_string(name));
+                }
+            char *path = path_join(dir, name);
+            rc = safetensors_write(path, part, k, dtype, err);
+            free(path);
+        }
+        free(part);
+        if (rc == 0) {
+            json_t *root = json_object(), *meta = json_object();
+            json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+            json_object_set_new(root, "metadata", meta);
+            json_object_set_new(root, "weight_map", map);
+            remove_other_layout(dir, true);
+            rc = write_json(dir, "model.safetensors.index.json", root, err);
+        } else json_decref(map);
+    }
     if (rc == 0) rc = save_configs(&m->cfg, dir, dtype, err);
-    free(path);
-    for (int i = 0; i < n; i++) free((void *)w[i].data);
+    for (int i = 0; i < n; i++) free(fills[i].whole);
+    free(fills);
+    free(file_of);
     free(w);
     free(t);
     return rc;
 }
 
-int model_save(const Model *m, const char *dir, DType dtype, char *err) { return save_weights(m, dir, dtype, false, err); }
+int model_save(const Model *m, const char *dir, DType dtype, char *err) {
+    return save_weights(m, dir, dtype, false, MODEL_SAVE_SHARD_BYTES, err);
+}
+
+int model_save_sharded(const Model *m, const char *dir, DType dtype, size_t max_shard_bytes, char *err) {
+    return save_weights(m, dir, dtype, false, max_shard_bytes ? max_shard_bytes : MODEL_SAVE_SHARD_BYTES, err);
+}
 
 int model_save_merged(const Model *m, const char *dir, DType dtype, char *err) {
     if (!m->lora) return errorf(err, "%s: the model has no LoRA adapters to merge", dir);
-    return save_weights(m, dir, dtype, true, err);
+    return save_weights(m, dir, dtype, true, MODEL_SAVE_SHARD_BYTES, err);
 }
 
 /* ---------------------------------------------------------------- state */

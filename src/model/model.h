@@ -81,10 +81,17 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
  * tensor in chunks, without holding the weights in memory (for 7B shapes). */
 int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err);
 /* Writes DIR/config.json, DIR/generation_config.json and DIR/model.safetensors
- * (F32 or BF16), each atomically. transformers loads the result. The base
- * weights only: LoRA adapters are saved by model_lora_save, or merged in by
- * model_save_merged (lora.h). */
+ * (F32 or BF16), each atomically, streaming the weights from the device (no
+ * host copy of the model). Larger than MODEL_SAVE_SHARD_BYTES: shards
+ * model-0000k-of-0000N.safetensors and model.safetensors.index.json, as
+ * transformers' save_pretrained writes them (a stale file of the other layout
+ * is removed). transformers loads the result. The base weights only: LoRA
+ * adapters are saved by model_lora_save, or merged in by model_save_merged
+ * (lora.h). model_save_sharded: the same with another shard limit (0: the
+ * default). */
+#define MODEL_SAVE_SHARD_BYTES ((size_t)5000000000) /* transformers' 5GB */
 int model_save(const Model *m, const char *dir, DType dtype, char *err);
+int model_save_sharded(const Model *m, const char *dir, DType dtype, size_t max_shard_bytes, char *err);
 void model_free(Model *m);
 const ModelConfig *model_config(const Model *m);
 const Backend *model_backend(const Model *m);

@@ -1310,7 +1310,10 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     /* The model's shape first: the prompts are checked and the memory planned
      * before any weight is loaded. */
     ModelConfig base_cfg; /* the weights this run loads: a full-model checkpoint's when resuming from one */
-    const char *weights_dir = c->resume_from_checkpoint && !c->use_peft ? c->resume_from_checkpoint : c->model;
+    char *ck_config = c->resume_from_checkpoint ? path_join(c->resume_from_checkpoint, "config.json") : NULL;
+    const char *weights_dir =
+        c->resume_from_checkpoint && !c->use_peft && file_exists(ck_config) ? c->resume_from_checkpoint : c->model;
+    free(ck_config);
     if (model_config_load(&base_cfg, NULL, weights_dir, err) != 0) return COLT_ERR;
     const ModelConfig *mc = &base_cfg;
     if (tokenizer_vocab_size(t->tok) > mc->vocab_size)

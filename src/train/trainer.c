@@ -45,8 +45,8 @@
 #include "train/prompt.h"
 #include "train/report.h"
 #include "train/rollout.h"
-#include "train/tensorboard.h"
 #include "train/memory_plan.h"
+#include "train/tensorboard.h"
 #include "train/train_dist.h"
 
 /* RNG streams: keep sampling of training, eval and shuffles apart. The
@@ -98,7 +98,6 @@ typedef struct Trainer {
     double time_memory; /* giving activations back and taking them again (inside the other times) */
     EngineOptions engine_opts;
     bool recompute;    /* activation recompute (gradient checkpointing) */
-    size_t planned_peak; /* the memory plan's training peak per device (bytes) */
     /* buffers sized once */
     int max_prompt_tokens, max_seq, max_batch_tokens;
     int *tok_ids, *tok_slot, *tok_pos, *tok_target;
@@ -692,7 +691,7 @@ static void shard_file_name(char *buf, size_t size, int rank, int world) {
  * diverged must not replace a good checkpoint.
  *
  * Unsharded optimizer: rank 0 writes everything (the others return at once).
- * Sharded (zero_stage 1): collective — rank 0 writes the model, every rank its
+ * Sharded (zero_stage >= 1): collective — rank 0 writes the model, every rank its
  * optimizer shard into the same temporary folder (output_dir must be shared
  * by the ranks' hosts, as for DeepSpeed), then rank 0 the manifest
  * (optimizer_shards.json), the trainer state and the rename. */
@@ -791,7 +790,7 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
 
 /* Loads the optimizer state of checkpoint ckpt into this rank's optimizer:
  * optimizer.safetensors (an unsharded run's) or the shards listed in
- * optimizer_shards.json (a zero_stage 1 run's, at any world size). */
+ * optimizer_shards.json (a sharded run's, at any world size). */
 static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
     char *whole = path_join(ckpt, "optimizer.safetensors"), *manifest = path_join(ckpt, SHARD_MANIFEST);
     int rc = COLT_OK;
@@ -1192,9 +1191,6 @@ static int check_visible_devices(Trainer *t, char *err) {
     return rc;
 }
 
-/* The model this run trains: the base model from `model`, or a full
- * checkpoint's weights when resuming; with use_peft the base model plus new
- * LoRA adapters, or the checkpoint's adapters when resuming. */
 /* The inputs of this run's memory plan (memory_plan.h): the settings, the
  * model's shape, the longest prompt found, and the device as it is now. */
 void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelConfig *mc, const Backend *be,
@@ -1239,10 +1235,12 @@ static int plan_memory(Trainer *t, const TrainConfig *c, const ModelConfig *mc, 
                   "%.1f GB with it",
                   p.activations_full / (1024.0 * 1024.0 * 1024.0), p.activations_recompute / (1024.0 * 1024.0 * 1024.0));
     }
-    t->planned_peak = p.train_peak;
     return COLT_OK;
 }
 
+/* The model this run trains: the base model from `model`, or a full
+ * checkpoint's weights when resuming; with use_peft the base model plus new
+ * LoRA adapters, or the checkpoint's adapters when resuming. */
 static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
     const char *ckpt = c->resume_from_checkpoint;
     if (ckpt && !c->use_peft) {
@@ -1416,7 +1414,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
 
     AdamWConfig ac = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_epsilon,
                       .weight_decay = (float)c->weight_decay};
-    /* zero_stage 1: each rank keeps its shard of the optimizer state (and
+    /* zero_stage >= 1: each rank keeps its shard of the optimizer state (and
      * updates that shard of the weights); offload: that state in host memory. */
     OptimShardOptions so = {.rank = c->zero_stage >= 1 ? t->dist.rank : 0,
                             .world = c->zero_stage >= 1 ? t->dist.world : 1,

@@ -98,6 +98,7 @@ typedef struct Trainer {
     double time_memory; /* giving activations back and taking them again (inside the other times) */
     EngineOptions engine_opts;
     bool recompute;    /* activation recompute (gradient checkpointing) */
+    MemoryPlan plan;   /* the memory plan (zeroed when there was nothing to plan against) */
     /* buffers sized once */
     int max_prompt_tokens, max_seq, max_batch_tokens;
     int *tok_ids, *tok_slot, *tok_pos, *tok_target;
@@ -112,6 +113,20 @@ typedef struct Trainer {
     int64_t last_saved_step;  /* -1: none yet */
     char *last_checkpoint;    /* the newest good checkpoint's folder (saved or resumed from), or NULL */
 } Trainer;
+
+/* Names what the backend allocates next and the plan's figure for it, so that
+ * running out of device memory says which buffer (backend.h set_alloc_label);
+ * NULL clears it. */
+static void alloc_label(const Trainer *t, const char *what, size_t planned) {
+    if (!t->be || !t->be->set_alloc_label) return;
+    if (!what) {
+        t->be->set_alloc_label(t->be, NULL);
+        return;
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s (the memory plan gave it %.2f GB)", what, planned / (1024.0 * 1024.0 * 1024.0));
+    t->be->set_alloc_label(t->be, label);
+}
 
 /* Training activations and the engine's KV pool take turns with the device
  * memory: before generating, the activations are given back when what is
@@ -130,7 +145,9 @@ static int ensure_activations(Trainer *t, char *err) {
     if (t->ts) return COLT_OK;
     double t0 = time_now();
     int bs = t->cfg->per_device_train_batch_size;
+    alloc_label(t, "training activations", t->plan.activations);
     int rc = train_state_create_recompute(&t->ts, t->model, bs, t->max_seq, t->max_batch_tokens, t->recompute, err);
+    alloc_label(t, NULL, 0);
     t->time_memory += time_now() - t0;
     return rc;
 }
@@ -350,7 +367,9 @@ static int new_rollout(Trainer *t, char *err) {
     GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
                           .n_stop_ids = t->n_stop};
     EngineStats es;
+    alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
     int rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+    alloc_label(t, NULL, 0);
     if (rc == 0) log_engine_stats(t, &es);
     /* Every rank gets every completion: ids, lengths, stop flags and the engine's log-probs. */
     int *send = xcalloc((size_t)n_local * (L + 2), sizeof(int)), *all = xcalloc((size_t)N * (L + 2), sizeof(int));
@@ -1229,6 +1248,7 @@ static int plan_memory(Trainer *t, const TrainConfig *c, const ModelConfig *mc, 
     MemoryPlan p;
     memory_plan_compute(&p, &in);
     if (!p.fits || !p.fits_host) return memory_plan_error(&p, &in, err);
+    t->plan = p;
     if (p.recompute_forced) {
         t->recompute = true;
         log_info0("gradient_checkpointing turned on by the memory plan: activations need %.1f GB without it, "
@@ -1352,8 +1372,11 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         }
     }
     if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
+    alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;
+    alloc_label(t, "the reference model's weights", t->plan.reference);
     if (c->beta > 0 && !c->use_peft && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
+    alloc_label(t, NULL, 0);
     t->ref_is_base = c->beta > 0 && c->use_peft;
     mc = model_config(t->model);
 
@@ -1419,7 +1442,9 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     OptimShardOptions so = {.rank = c->zero_stage >= 1 ? t->dist.rank : 0,
                             .world = c->zero_stage >= 1 ? t->dist.world : 1,
                             .offload = strcmp(c->offload_optimizer, "cpu") == 0};
+    alloc_label(t, "the optimizer state", t->plan.optimizer);
     if (optim_create_sharded(&t->opt, t->model, &ac, t->be, &so, err) != 0) return COLT_ERR;
+    alloc_label(t, NULL, 0);
     if (so.world > 1 || so.offload) {
         size_t lo = 0, hi = 0;
         optim_shard_range(t->opt, &lo, &hi);
@@ -1428,9 +1453,11 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
                   c->zero_stage, so.world, lo, hi, so.offload ? "host (offload_optimizer cpu)" : "device");
     }
     /* zero_stage 2: the gradients of a layer exist only while they are handed over (train_dist.h). */
+    alloc_label(t, "the gradients", t->plan.gradients);
     if ((c->zero_stage >= 2 ? model_grads_create_windowed(&t->grads, t->model, err)
                             : model_grads_create(&t->grads, t->model, err)) != 0)
         return COLT_ERR;
+    alloc_label(t, NULL, 0);
 
     int bs = c->per_device_train_batch_size;
     t->max_seq = t->max_prompt_tokens + c->max_completion_length;

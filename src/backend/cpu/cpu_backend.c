@@ -44,8 +44,10 @@ static void *cpu_alloc_block(const Backend *be, size_t bytes, int counted) {
     CpuContext *cx = be->ctx;
     void *p = NULL;
     if (posix_memalign(&p, 64, CPU_HEADER + (bytes ? bytes : 1)) != 0) {
-        if (cx->alloc_label[0]) fprintf(stderr, "colt: while allocating %s:\n", cx->alloc_label);
-        colt_out_of_memory(bytes);
+        if (!cx->alloc_label[0]) colt_out_of_memory(bytes);
+        fprintf(stderr, "colt: out of memory while allocating %s: could not allocate %zu bytes (%.2f GB)\n",
+                cx->alloc_label, bytes, bytes / 1e9);
+        exit(1);
     }
     *(CpuBlockHeader *)p = (CpuBlockHeader){.bytes = bytes, .counted = counted};
     if (counted) {

@@ -236,10 +236,10 @@ static void cuda_out_of_memory(const Backend *be, size_t bytes, cudaError_t e) {
     if (cudaDeviceGetPCIBusId(bus, sizeof bus, be->device) == cudaSuccess) describe_gpu_holders(bus, holders, sizeof holders);
     else (void)cudaGetLastError();
     const CudaState *cs = cuda_state(be);
-    if (cs->alloc_label[0]) fprintf(stderr, "colt: while allocating %s:\n", cs->alloc_label);
     fprintf(stderr,
-            "colt: GPU %d (%s) could not allocate %.2f GB: %s; %.2f GB free of %.2f GB%s%s (lower the batch or "
+            "colt: %s%s%sGPU %d (%s) could not allocate %.2f GB: %s; %.2f GB free of %.2f GB%s%s (lower the batch or "
             "sequence lengths, free the GPU, or use a GPU with more memory)\n",
+            cs->alloc_label[0] ? "while allocating " : "", cs->alloc_label, cs->alloc_label[0] ? ": " : "",
             be->device, bus[0] ? bus : "?", bytes / 1e9, cudaGetErrorString(e), free_b / 1e9, total_b / 1e9,
             holders[0] ? "; processes holding it: " : "", holders);
     fflush(stderr);

@@ -11,7 +11,7 @@
  *     benchmark's batch does not fit with the optimizer on the GPU (exit 1, the
  *     plan names offload and recompute), fits with offload_optimizer cpu and
  *     32-sequence micro-batches (recompute chosen by the plan), and the JSON
- *     has the documented keys;
+ *     has the documented keys; offload with too little host memory is refused;
  *   - bad flags get one line and a non-zero exit. */
 #include <jansson.h>
 #include <math.h>
@@ -151,6 +151,16 @@ int main(void) {
     CHECK(host_opt > 84 && host_opt < 86 && part(plan, "peak") > 42 && part(plan, "peak") < 80,
           "7B with offload: host %.1f GB, peak %.1f GB", host_opt, part(plan, "peak"));
     json_decref(plan);
+    free(out), free(err);
+
+    /* offload with too little host memory for the optimizer state: refused by the plan */
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --device_memory_gb 80 --host_memory_gb 40 "
+             "--offload_optimizer cpu --per_device_train_batch_size 32 --gradient_accumulation_steps 4", bench, model,
+             g_tmp);
+    code = colt("", args, &out, &err);
+    printf("7B offloaded with 40 GB of host memory: exit %d\n", code);
+    CHECK(code == 1 && strstr(out, "does NOT fit") && strstr(out, "host memory"), "offload without host memory: exit "
+          "%d: %s %s", code, out, err);
     free(out), free(err);
 
     /* 3. bad flags */

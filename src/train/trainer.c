@@ -691,10 +691,13 @@ static void last_checkpoint_text(const Trainer *t, char *buf, size_t size) {
     else snprintf(buf, size, "no checkpoint was saved");
 }
 
-/* Writes what this run trains to dir: the model, or its LoRA adapters (PEFT's files). */
+/* Writes what this run trains to dir: the model, or its LoRA adapters (PEFT's
+ * files). The weights in their storage dtype — bf16 on a GPU, as Hugging Face
+ * checkpoints hold them (no rounding: they are bf16 values), fp32 on the CPU;
+ * a resume takes the exact fp32 masters from the optimizer state. */
 static int save_trained(const Trainer *t, const char *dir, char *err) {
     if (model_has_lora(t->model)) return model_lora_save(t->model, dir, t->cfg->model, err);
-    return model_save(t->model, dir, DTYPE_F32, err);
+    return model_save(t->model, dir, t->be->storage == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32, err);
 }
 
 /* The optimizer shard file of rank r in a checkpoint of a sharded run. */

@@ -168,6 +168,26 @@ int main(void) {
     json_t *want = metrics(one);
     CHECK(json_array_size(want) == STEPS, "one process logged %zu steps", json_array_size(want));
     plan_against_run(one, "--nproc_per_node 1 --per_device_train_batch_size 8 --gradient_accumulation_steps 2");
+    /* Checkpoints hold bf16 weights (the storage's) and the fp32 masters: a resume from step 2 ends with the
+     * uninterrupted run's bits. */
+    const char *ck = "/tmp/colt_gpu_dist_ck", *resumed = "/tmp/colt_gpu_dist_resumed";
+    CHECK(train("--nproc_per_node 1 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --save_steps 2", ck) ==
+              0,
+          "the checkpointed run failed (see %s.log)", ck);
+    char resume_args[512];
+    snprintf(resume_args, sizeof resume_args,
+             "--nproc_per_node 1 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+             "--resume_from_checkpoint %s/checkpoint-2",
+             ck);
+    CHECK(train(resume_args, resumed) == 0, "the resumed run failed (see %s.log)", resumed);
+    char *cfg_text = NULL, *cfg_path = path_join(ck, "checkpoint-2/config.json");
+    size_t cfg_len = 0;
+    bool bf16 = file_read_all(cfg_path, &cfg_text, &cfg_len, NULL) == 0 && strstr(cfg_text, "\"bfloat16\"");
+    bool same = same_file(one, resumed, "model.safetensors");
+    printf("%s checkpoint in bf16: %s; resumed from step 2, final weights identical to the uninterrupted run: %s\n",
+           bf16 && same ? "ok  " : "FAIL", bf16 ? "yes" : "NO", same ? "yes" : "NO");
+    if (!bf16 || !same) g_failures++;
+    free(cfg_text), free(cfg_path);
 
     CHECK(train("--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8", shared) == 0,
           "2 ranks on GPU 0 failed (see %s.log)", shared);

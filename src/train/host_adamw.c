@@ -7,6 +7,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/floats.h"
@@ -93,4 +94,30 @@ void host_zero(float *x, size_t n, int threads) {
         size_t i0 = b * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
         memset(x + i0, 0, len * sizeof(float));
     }
+}
+
+double host_sum_squares(const float *x, size_t n) {
+    size_t blocks = (n + BLOCK - 1) / BLOCK;
+    double *part = malloc((blocks ? blocks : 1) * sizeof(double));
+    if (!part) { /* no memory for the partial sums: one thread, the same blocks */
+        double total = 0;
+        for (size_t b = 0; b < blocks; b++) {
+            size_t i0 = b * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
+            double s = 0;
+            for (size_t i = 0; i < len; i++) s += (double)x[i0 + i] * x[i0 + i];
+            total += s;
+        }
+        return total;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * BLOCK, len = n - i0 < BLOCK ? n - i0 : BLOCK;
+        double s = 0;
+        for (size_t i = 0; i < len; i++) s += (double)x[i0 + i] * x[i0 + i];
+        part[b] = s;
+    }
+    double total = 0;
+    for (size_t b = 0; b < blocks; b++) total += part[b];
+    free(part);
+    return total;
 }

@@ -30,4 +30,9 @@ void host_adamw(const HostAdamWStep *s, float *master, float *m, float *v, const
  * over the cores, so that its page faults do not land in the first step. */
 void host_zero(float *x, size_t n, int threads);
 
+/* Sum of x[i]^2 in double over every core, with the same bits whatever the
+ * number of threads: fixed blocks summed in parallel, the blocks' sums added
+ * in order (the optimizer's finiteness check and fingerprint on offloaded state). */
+double host_sum_squares(const float *x, size_t n);
+
 #endif

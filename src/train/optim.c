@@ -258,12 +258,7 @@ int64_t optim_step_count(const Optimizer *o) { return o->step; }
  * k = 2 without master) over the shard, in a fixed order. */
 static double state_sum_squares(const Optimizer *o, int k) {
     size_t n = o->hi - o->lo;
-    if (o->on_host) {
-        const float *x = state_buf(o, k);
-        double s = 0.0;
-        for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-        return s;
-    }
+    if (o->on_host) return host_sum_squares(state_buf(o, k), n);
     if (k == 2 && !o->master) {
         size_t total = 0;
         const char *w = model_params_flat(o->model, &total); /* fp32 storage: the weights are [f32] */

@@ -16,7 +16,7 @@
 #define OFFLOAD_STAGING_ELEMS ((size_t)8 << 20) /* optim.c's OFFLOAD_CHUNK */
 
 static void suggest(MemoryPlan *p, const char *fmt, double a, double b) {
-    if (p->n_suggestions >= 6) return;
+    if (p->n_suggestions >= 8) return;
     snprintf(p->suggestions[p->n_suggestions++], sizeof p->suggestions[0], fmt, a, b);
 }
 
@@ -99,10 +99,13 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
             suggest(p, "a smaller per_device_train_batch_size with more gradient_accumulation_steps (activations "
                        "%.1f GB for %.0f sequences)",
                     p->activations / GB, (double)in->batch);
+        if (in->world_size > 1 && in->zero_stage < 2 && !in->lora)
+            suggest(p, "zero_stage: 2 (the gradients, %.1f GB, shard over the %.0f ranks too)", p->gradients / GB,
+                    (double)in->world_size);
         double bare = (double)(p->weights + p->gradients + p->adapters + p->backend + TRAIN_HEADROOM);
         if (bare > room)
-            suggest(p, "the weights and gradients alone need %.1f GB of the %.1f GB: a device with more memory "
-                       "(colt does not shard gradients or weights yet: zero_stage 2 and 3)",
+            suggest(p, "the weights and gradients alone need %.1f GB of the %.1f GB: more ranks with zero_stage 2, or "
+                       "a device with more memory (colt does not shard the weights yet: zero_stage 3)",
                     bare / GB, room / GB);
     }
     if (!p->fits_host)

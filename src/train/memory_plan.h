@@ -56,7 +56,7 @@ typedef struct MemoryPlan {
     bool recompute_forced; /* turned on by the plan */
     bool fits, fits_host;
     int n_suggestions;
-    char suggestions[6][200];
+    char suggestions[8][200];
 } MemoryPlan;
 
 /* The CUDA context, cuBLAS and the backend's scratch when no backend is open

@@ -557,19 +557,6 @@ static void engine_step_sizes(int n_slots, bool graphs, const EngineOptions *eo,
     if (*max_tokens < *max_rows) *max_tokens = *max_rows;
 }
 
-size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const EngineOptions *eo) {
-    static const EngineOptions defaults = {0};
-    if (!eo) eo = &defaults;
-    int block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
-    int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
-    int n_slots = min_int(n_seqs, max_num_seqs), max_rows, max_tokens;
-    engine_step_sizes(n_slots, !eo->enforce_eager, eo, &max_rows, &max_tokens);
-    size_t kept = eo->deterministic ? (size_t)max_rows * model_config(m)->vocab_size * dtype_size(model_backend(m)->storage)
-                                    : 0;
-    return (size_t)n_slots * (size_t)div_up(max_len, block_size) * kv_pool_block_bytes(m, block_size) +
-           paged_state_plan_bytes(m, max_tokens, max_rows) + kept + DEVICE_HEADROOM_BYTES;
-}
-
 void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOptions *eo, size_t *scratch,
                         size_t *pool_min, size_t *pool_want, size_t *headroom) {
     static const EngineOptions defaults = {0};
@@ -585,6 +572,12 @@ void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOpt
     *pool_min = blocks * block_bytes;
     *pool_want = (size_t)n_slots * blocks * block_bytes;
     *headroom = DEVICE_HEADROOM_BYTES;
+}
+
+size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const EngineOptions *eo) {
+    size_t scratch, pool_min, pool_want, headroom;
+    engine_memory_plan(m, n_seqs, max_len, eo, &scratch, &pool_min, &pool_want, &headroom);
+    return pool_want + scratch + headroom;
 }
 
 /* Sizes everything from the requests and the free device memory. */

@@ -83,7 +83,8 @@ struct ModelGrads {
     int *stage_of;               /* [n] */
     size_t *place;               /* [n] element offset in its window (layers) or in flat (the other stages) */
     void *window[2];
-    size_t window_numel;
+    size_t window_numel;         /* the widest layer's gradients */
+    size_t edge_numel;           /* the other stages' gradients: flat's size when windowed */
     void *(*stage_data)[2];      /* [L + 2][group]: where the stage's range lives now */
 };
 
@@ -166,17 +167,33 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
     return COLT_OK;
 }
 
+/* Elements of stage s's gradients (both groups). */
+static size_t stage_len(const ModelGrads *g, int s) {
+    return (g->stage_range[s][0][1] - g->stage_range[s][0][0]) + (g->stage_range[s][1][1] - g->stage_range[s][1][0]);
+}
+
+/* A windowed set's sizes, from its stage ranges: the edge stages (embedding;
+ * final norm and lm_head) and the widest layer. */
+static void windowed_sizes(const ModelGrads *g, size_t *edge, size_t *window) {
+    int L = g->shadow.cfg.num_hidden_layers;
+    *edge = stage_len(g, 0) + stage_len(g, L + 1);
+    *window = 0;
+    for (int s = 1; s <= L; s++)
+        if (stage_len(g, s) > *window) *window = stage_len(g, s);
+}
+
+static size_t windowed_bytes(size_t edge, size_t window) { return (edge + 2 * (window ? window : 1)) * 4; }
+
 /* Points stage s's tensors into window s & 1 and zeroes the part they use. */
 static void window_begin(ModelGrads *g, int stage) {
     if (!g->windowed || stage == 0 || stage == g->shadow.cfg.num_hidden_layers + 1) return;
     void *w = g->window[stage & 1];
     for (int i = 0; i < g->n; i++)
         if (g->stage_of[i] == stage) *g->tensors[i].buf = (char *)w + g->place[i] * sizeof(float);
-    const size_t *r0 = g->stage_range[stage][0], *r1 = g->stage_range[stage][1];
-    size_t len0 = r0[1] - r0[0];
+    size_t len0 = g->stage_range[stage][0][1] - g->stage_range[stage][0][0];
     g->stage_data[stage][0] = w;
     g->stage_data[stage][1] = (char *)w + len0 * sizeof(float);
-    g->be->zero_f32(g->be, w, len0 + (r1[1] - r1[0]));
+    g->be->zero_f32(g->be, w, stage_len(g, stage));
 }
 
 int model_grads_create_windowed(ModelGrads **out, const Model *m, char *err) {
@@ -200,20 +217,17 @@ int model_grads_create_windowed(ModelGrads **out, const Model *m, char *err) {
     g->stage_data = xcalloc((size_t)L + 2, sizeof *g->stage_data);
     g->stage_of = xcalloc((size_t)n, sizeof(int));
     g->place = xcalloc((size_t)n, sizeof(size_t));
+    windowed_sizes(g, &g->edge_numel, &g->window_numel);
     /* The edge stages, compacted into flat in stage / group order. */
-    size_t edge = 0, edge_base[2][2] = {{0}};
+    size_t at = 0, edge_base[2][2] = {{0}};
     int edges[2] = {0, L + 1};
     for (int e = 0; e < 2; e++)
         for (int grp = 0; grp < 2; grp++) {
-            edge_base[e][grp] = edge;
-            edge += g->stage_range[edges[e]][grp][1] - g->stage_range[edges[e]][grp][0];
+            edge_base[e][grp] = at;
+            at += g->stage_range[edges[e]][grp][1] - g->stage_range[edges[e]][grp][0];
         }
-    for (int s = 1; s <= L; s++) {
-        size_t len = (g->stage_range[s][0][1] - g->stage_range[s][0][0]) + (g->stage_range[s][1][1] - g->stage_range[s][1][0]);
-        if (len > g->window_numel) g->window_numel = len;
-    }
-    g->flat = m->be->alloc_f32(m->be, edge);
-    m->be->zero_f32(m->be, g->flat, edge);
+    g->flat = m->be->alloc_f32(m->be, g->edge_numel);
+    m->be->zero_f32(m->be, g->flat, g->edge_numel);
     for (int w = 0; w < 2; w++) g->window[w] = m->be->alloc_f32(m->be, g->window_numel ? g->window_numel : 1);
     for (int i = 0; i < n; i++) {
         int st = tensor_stage(g, &t[i]), grp = model_param_no_weight_decay(t[i].name) ? 1 : 0;
@@ -265,19 +279,12 @@ size_t model_grads_plan_bytes(const Model *m, bool windowed) {
     const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
     tmp.flat_numel = numel;
     grads_stage_ranges(&tmp, t, n, offsets);
-    int L = m->cfg.num_hidden_layers;
     size_t edge = 0, window = 0;
-    for (int grp = 0; grp < 2; grp++)
-        edge += (tmp.stage_range[0][grp][1] - tmp.stage_range[0][grp][0]) +
-                (tmp.stage_range[L + 1][grp][1] - tmp.stage_range[L + 1][grp][0]);
-    for (int s = 1; s <= L; s++) {
-        size_t len = (tmp.stage_range[s][0][1] - tmp.stage_range[s][0][0]) + (tmp.stage_range[s][1][1] - tmp.stage_range[s][1][0]);
-        if (len > window) window = len;
-    }
+    windowed_sizes(&tmp, &edge, &window);
     free(t);
     free(tmp.stage_range);
     free(tmp.shadow.layers);
-    return (edge + 2 * (window ? window : 1)) * 4;
+    return windowed_bytes(edge, window);
 }
 
 void model_grads_free(ModelGrads *g) {
@@ -363,13 +370,7 @@ size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
 
 size_t model_grads_bytes(const ModelGrads *g) {
     if (!g) return 0;
-    if (!g->windowed) return g->flat_numel * 4;
-    int L = g->shadow.cfg.num_hidden_layers;
-    size_t edge = 0;
-    for (int grp = 0; grp < 2; grp++)
-        edge += (g->stage_range[0][grp][1] - g->stage_range[0][grp][0]) +
-                (g->stage_range[L + 1][grp][1] - g->stage_range[L + 1][grp][0]);
-    return (edge + 2 * (g->window_numel ? g->window_numel : 1)) * 4;
+    return g->windowed ? windowed_bytes(g->edge_numel, g->window_numel) : g->flat_numel * 4;
 }
 
 /* Rows per lm_head chunk: the backend's preference, at most the batch. */
@@ -678,13 +679,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     const int L = c->num_hidden_layers;
     /* Windowed: each backward's gradients are its own (the announcements
      * carry them away), so the edge stages start from zero. */
-    if (g->windowed) {
-        size_t edge = 0;
-        for (int grp = 0; grp < 2; grp++)
-            edge += (g->stage_range[0][grp][1] - g->stage_range[0][grp][0]) +
-                    (g->stage_range[L + 1][grp][1] - g->stage_range[L + 1][grp][0]);
-        be->zero_f32(be, g->flat, edge);
-    }
+    if (g->windowed) be->zero_f32(be, g->flat, g->edge_numel);
     if (n == 0) { /* nothing changes: every gradient is final already */
         for (int s = L + 1; s >= 0; s--) {
             window_begin(g, s);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/floats.h"
 
 #define SAFETENSORS_MAX_HEADER (100u * 1000u * 1000u) /* the reference implementation's limit */
 
@@ -22,13 +23,7 @@
 
 static const char *dtype_name(DType d) { return d == DTYPE_F32 ? "F32" : d == DTYPE_BF16 ? "BF16" : "F16"; }
 
-uint16_t safetensors_f32_to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                         /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
+uint16_t safetensors_f32_to_bf16(float x) { return float_to_bf16(x); }
 
 float safetensors_bf16_to_f32(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;

@@ -24,14 +24,6 @@ void host_adamw_step_init(HostAdamWStep *s, float lr, float beta1, float beta2, 
     s->eps = eps;
 }
 
-static inline uint16_t to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                         /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
 /* The element loop, one clone per instruction set (resolved when the program
  * loads). The two forms of the first moment are the reference's: which one
  * depends on w1 only, so each is its own loop and vectorises. */
@@ -67,7 +59,7 @@ CLONES static void adamw_block(const HostAdamWStep *s, float *restrict p, float 
 }
 
 CLONES static void round_block(uint16_t *restrict out, const float *restrict p, size_t n) {
-    for (size_t i = 0; i < n; i++) out[i] = to_bf16(p[i]);
+    for (size_t i = 0; i < n; i++) out[i] = float_to_bf16(p[i]);
 }
 
 /* Elements per task: a few hundred KB of the five streams, far more work than

@@ -11,9 +11,7 @@
 #include "train/optim.h"
 
 #define GB (1024.0 * 1024.0 * 1024.0)
-/* What the trainer leaves free beside its activations (trainer.c, engine.c: the same 2 GiB). */
-#define TRAIN_HEADROOM ((size_t)2 << 30)
-#define OFFLOAD_STAGING_ELEMS ((size_t)8 << 20) /* optim.c's OFFLOAD_CHUNK */
+#define TRAIN_HEADROOM MEMORY_PLAN_TRAIN_HEADROOM
 
 static void suggest(MemoryPlan *p, const char *fmt, double a, double b) {
     if (p->n_suggestions >= 8) return;
@@ -25,7 +23,6 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     Backend plan_be = {.name = in->gpu ? "cuda" : "cpu", .storage = in->storage,
                        .logits_chunk_rows = in->logits_chunk_rows};
     Model *m = model_plan_shell(&in->model, &plan_be, in->lora);
-    size_t es = dtype_size(in->storage);
     p->weights = model_weight_bytes(m);
     p->adapters = model_lora_bytes(m);
     p->reference = in->reference_model ? p->weights : 0;
@@ -38,10 +35,8 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     if (shard > trainable) shard = trainable;
     int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
     if (in->zero_stage >= 2) p->gradients += (shards > 1 ? shard : trainable) * 4;
-    if (in->offload) {
-        size_t chunk = shard < OFFLOAD_STAGING_ELEMS ? shard : OFFLOAD_STAGING_ELEMS;
-        p->host_optimizer = shard * 4 * (size_t)states + 2 * chunk * (4 + es);
-    } else p->optimizer = shard * 4 * (size_t)states;
+    if (in->offload) p->host_optimizer = optim_offload_host_bytes(shard, in->storage);
+    else p->optimizer = shard * 4 * (size_t)states;
     int N = in->batch * in->max_seq;
     p->activations_full = train_state_plan_bytes(m, in->batch, in->max_seq, N, false);
     p->activations_recompute = train_state_plan_bytes(m, in->batch, in->max_seq, N, true);
@@ -85,7 +80,7 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
                     p->optimizer / GB / in->world_size);
         if (p->optimizer > 0)
             suggest(p, "offload_optimizer: cpu (moves %.1f GB of optimizer state to host memory; needs %.1f GB there)",
-                    p->optimizer / GB, (p->optimizer + 2.0 * OFFLOAD_STAGING_ELEMS * (4 + es)) / GB);
+                    p->optimizer / GB, optim_offload_host_bytes(shard, in->storage) / GB);
         /* ZeRO-1 over r ranks keeps full / r of the state on each: the fewest r that fit. */
         size_t full = trainable * 4 * (size_t)states;
         double other = (double)(p->peak - p->optimizer + TRAIN_HEADROOM), avail = room - other;

@@ -62,6 +62,8 @@ typedef struct MemoryPlan {
 /* The CUDA context, cuBLAS and the backend's scratch when no backend is open
  * to ask (measured on H100 / H200: see docs/zero.md). */
 #define MEMORY_PLAN_CUDA_OVERHEAD ((size_t)1 << 30)
+/* What the trainer leaves free beside its activations. */
+#define MEMORY_PLAN_TRAIN_HEADROOM ((size_t)2 << 30)
 
 void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in);
 /* One error line: the parts in GB and what would make it fit. */

@@ -107,9 +107,10 @@ size_t optim_shard_elements(size_t numel, int world) {
     return (per + 63) / 64 * 64; /* vector-aligned shard starts */
 }
 
-static size_t shard_lo(size_t numel, int world, int rank) {
-    size_t lo = optim_shard_elements(numel, world) * (size_t)rank;
-    return lo < numel ? lo : numel;
+void optim_shard_bounds(size_t numel, int world, int rank, size_t *lo, size_t *hi) {
+    size_t per = optim_shard_elements(numel, world), a = per * (size_t)rank, b = a + per;
+    *lo = a < numel ? a : numel;
+    *hi = b < numel ? b : numel; /* per x world >= numel: the last shard ends at numel */
 }
 
 void optim_shard_range(const Optimizer *o, size_t *lo, size_t *hi) {
@@ -177,9 +178,7 @@ int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, cons
         o->params[i] = model_param(m, i);
         o->offsets[i] = (size_t)((char *)o->params[i].data - (char *)weights) / es;
     }
-    o->lo = shard_lo(o->flat_numel, so->world, so->rank);
-    o->hi = shard_lo(o->flat_numel, so->world, so->rank + 1);
-    if (so->rank == so->world - 1) o->hi = o->flat_numel;
+    optim_shard_bounds(o->flat_numel, so->world, so->rank, &o->lo, &o->hi);
     size_t n = o->hi - o->lo;
     o->on_host = so->offload;
     if (o->on_host) {
@@ -284,10 +283,13 @@ size_t optim_state_bytes(const Optimizer *o) {
     return (o->hi - o->lo) * sizeof(float) * (o->master ? 3 : 2);
 }
 
+size_t optim_offload_host_bytes(size_t shard_numel, DType storage) {
+    size_t chunk = shard_numel < OFFLOAD_CHUNK ? (shard_numel ? shard_numel : 1) : OFFLOAD_CHUNK;
+    return (shard_numel ? shard_numel : 1) * sizeof(float) * 3 + 2 * chunk * (sizeof(float) + dtype_size(storage));
+}
+
 size_t optim_state_host_bytes(const Optimizer *o) {
-    if (!o->on_host) return 0;
-    size_t chunk = o->hi - o->lo < OFFLOAD_CHUNK ? o->hi - o->lo : OFFLOAD_CHUNK;
-    return (o->hi - o->lo) * sizeof(float) * 3 + 2 * chunk * (sizeof(float) + dtype_size(o->be->storage));
+    return o->on_host ? optim_offload_host_bytes(o->hi - o->lo, o->be->storage) : 0;
 }
 
 /* ---- the offloaded step: chunks of the shard through pinned staging ----
@@ -312,6 +314,18 @@ typedef struct OffloadWorker {
     double busy_s; /* the worker's AdamW time (host_adamw) */
 } OffloadWorker;
 
+/* AdamW on the host for one chunk: its gradients are in stage_grad[j.buf], its
+ * new weights go to stage_weight[j.buf]. Returns the seconds it took. */
+static double run_offload_job(Optimizer *o, const OffloadJob *j, const HostAdamWStep *decayed,
+                              const HostAdamWStep *plain) {
+    size_t at = j->off - o->lo;
+    double t0 = time_now();
+    host_adamw(j->wd != 0.0f ? decayed : plain, (float *)o->master + at, (float *)o->exp_avg + at,
+               (float *)o->exp_avg_sq + at, o->stage_grad[j->buf], o->stage_weight[j->buf], o->be->storage, j->len,
+               o->so.host_threads);
+    return time_now() - t0;
+}
+
 static void *offload_worker_main(void *arg) {
     OffloadWorker *w = arg;
     Optimizer *o = w->o;
@@ -321,13 +335,9 @@ static void *offload_worker_main(void *arg) {
         if (!w->has_job) break;
         OffloadJob j = w->job;
         pthread_mutex_unlock(&w->mu);
-        size_t at = j.off - o->lo;
-        double t0 = time_now();
-        host_adamw(j.wd != 0.0f ? w->decayed : w->plain, (float *)o->master + at, (float *)o->exp_avg + at,
-                   (float *)o->exp_avg_sq + at, o->stage_grad[j.buf], o->stage_weight[j.buf], o->be->storage, j.len,
-                   o->so.host_threads);
+        double took = run_offload_job(o, &j, w->decayed, w->plain);
         pthread_mutex_lock(&w->mu);
-        w->busy_s += time_now() - t0;
+        w->busy_s += took;
         w->has_job = false;
         pthread_cond_broadcast(&w->cv);
     }
@@ -380,15 +390,7 @@ static void offload_step(Optimizer *o, void *weights, const char *grads, size_t 
         offload_wait(&w); /* chunk k - 1 is done */
         if (k < n_jobs) {
             if (started) offload_post(&w, jobs[k]);
-            else { /* no thread to be had: the same work, in turn */
-                w.job = jobs[k];
-                w.has_job = true;
-                size_t at = jobs[k].off - o->lo;
-                host_adamw(jobs[k].wd != 0.0f ? decayed : plain, (float *)o->master + at, (float *)o->exp_avg + at,
-                           (float *)o->exp_avg_sq + at, o->stage_grad[k & 1], o->stage_weight[k & 1], be->storage,
-                           jobs[k].len, o->so.host_threads);
-                w.has_job = false;
-            }
+            else w.busy_s += run_offload_job(o, &jobs[k], decayed, plain); /* no thread to be had: in turn */
         }
         if (k >= 1) {
             const OffloadJob *j = &jobs[k - 1];

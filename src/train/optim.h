@@ -43,13 +43,15 @@ typedef struct OptimShardOptions {
     int host_threads; /* the host AdamW's threads (0: OpenMP's default, all cores) */
 } OptimShardOptions;
 /* The state of one shard of model_params_flat: elements [lo, hi), lo =
- * rank x optim_shard_elements(numel, world), the last shard taking the rest.
+ * rank x optim_shard_elements(numel, world) (optim_shard_bounds).
  * optim_step then updates only the weights of that range; the caller gathers
  * the other ranks' ranges (train_dist.h). */
 int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backend *be,
                          const OptimShardOptions *so, char *err);
-/* Elements per shard of numel over world ranks (a multiple of 64). */
+/* Elements per shard of numel over world ranks (a multiple of 64), and rank's
+ * shard [lo, hi) (the last ones shorter or empty). */
 size_t optim_shard_elements(size_t numel, int world);
+void optim_shard_bounds(size_t numel, int world, int rank, size_t *lo, size_t *hi);
 void optim_shard_range(const Optimizer *o, size_t *lo, size_t *hi);
 bool optim_is_sharded(const Optimizer *o);
 void optim_free(Optimizer *o);
@@ -68,6 +70,8 @@ int64_t optim_step_count(const Optimizer *o);
  * offloaded state (master, moments and the pinned staging). */
 size_t optim_state_bytes(const Optimizer *o);
 size_t optim_state_host_bytes(const Optimizer *o);
+/* The host bytes an offloaded shard of shard_numel elements takes (for the memory plan). */
+size_t optim_offload_host_bytes(size_t shard_numel, DType storage);
 
 /* Global L2 norm of all gradients (before clipping), and, when max_norm > 0,
  * scales every gradient by min(1, max_norm / (norm + 1e-6)) as

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
+#include "train/optim.h"
 
 int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_each, char *err) {
     if (d->world == 1) {
@@ -150,16 +151,15 @@ int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_
     return COLT_OK;
 }
 
-int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t numel, size_t shard, char *err) {
+int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t numel, char *err) {
     if (d->world == 1 || numel == 0) return COLT_OK;
-    size_t es = dtype_size(be->storage);
+    size_t es = dtype_size(be->storage), lo, hi;
     if (d->grad_comm) {
         backend_cuda_comm_after_compute(be);
         void *stream = backend_cuda_comm_stream(be);
         d->in_flight = true;
         for (int r = 0; r < d->world; r++) {
-            size_t lo = (size_t)r * shard < numel ? (size_t)r * shard : numel;
-            size_t hi = r == d->world - 1 ? numel : ((size_t)(r + 1) * shard < numel ? (size_t)(r + 1) * shard : numel);
+            optim_shard_bounds(numel, d->world, r, &lo, &hi);
             if (hi > lo && comm_broadcast(d->grad_comm, (char *)buf + lo * es, (hi - lo) * es, COMM_BYTE, r, stream,
                                           err) != 0)
                 return COLT_ERR;
@@ -168,10 +168,9 @@ int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t 
         d->in_flight = false;
         return COLT_OK;
     }
-    /* Equal pieces of shard elements from every rank (the last one's padded). */
-    size_t piece = shard * es, lo = (size_t)d->rank * shard < numel ? (size_t)d->rank * shard : numel;
-    size_t hi = d->rank == d->world - 1 ? numel : ((size_t)(d->rank + 1) * shard < numel ? (size_t)(d->rank + 1) * shard : numel);
-    if (hi - lo > shard) return errorf(err, "ZeRO: the last rank's shard (%zu elements) exceeds the shard size %zu", hi - lo, shard);
+    /* Equal pieces of a shard's size from every rank (the short last ones padded). */
+    size_t piece = optim_shard_elements(numel, d->world) * es;
+    optim_shard_bounds(numel, d->world, d->rank, &lo, &hi);
     uint8_t *mine = xcalloc(piece ? piece : 1, 1), *all = xmalloc(piece * (size_t)d->world + 1);
     if (hi > lo) be->copy_to_host(be, mine, (char *)buf + lo * es, (hi - lo) * es);
     int rc = comm_all_gather(d->comm, all, mine, piece, COMM_BYTE, NULL, err);

@@ -86,11 +86,11 @@ int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_ea
 int train_dist_sum_gradients(TrainDist *d, const Backend *be, void *grads, size_t n, char *err);
 
 /* ZeRO: every rank updated its shard of the flat weights buf[numel] (storage
- * dtype of be; rank r's shard is [r x shard, (r+1) x shard), the last taking
- * the rest); afterwards every rank holds all of them. Overlap path: each
- * shard broadcast in place by its rank over NCCL; host path: the shards
- * gathered through the host. Collective. */
-int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t numel, size_t shard, char *err);
+ * dtype of be; rank r's shard as optim_shard_bounds gives it); afterwards
+ * every rank holds all of them. Overlap path: each shard broadcast in place by
+ * its rank over NCCL; host path: the shards gathered through the host.
+ * Collective. */
+int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t numel, char *err);
 
 /* ZeRO-2 (zero_stage 2). The backward's windowed gradients
  * (model_grads_create_windowed) are handed over stage by stage:

@@ -1221,7 +1221,7 @@ void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelCo
     in->model = *mc;
     in->gpu = be ? strncmp(be->name, "cuda", 4) == 0 : strcmp(c->device, "cpu") != 0;
     in->storage = be ? be->storage : in->gpu ? DTYPE_BF16 : DTYPE_F32;
-    in->logits_chunk_rows = be ? be->logits_chunk_rows : in->gpu ? 1024 : 64;
+    in->logits_chunk_rows = be ? be->logits_chunk_rows : in->gpu ? 1024 : 64; /* without one: the cuda / cpu tables' */
     in->world_size = world_size;
     in->zero_stage = c->zero_stage;
     in->offload = strcmp(c->offload_optimizer, "cpu") == 0;
@@ -1471,7 +1471,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
         t->be->memory_info(t->be, &free_bytes, &total_bytes);
-        size_t headroom = (size_t)2 << 30, avail = free_bytes > headroom ? free_bytes - headroom : 0;
+        size_t headroom = MEMORY_PLAN_TRAIN_HEADROOM, avail = free_bytes > headroom ? free_bytes - headroom : 0;
         double gib = 1.0 / (1024.0 * 1024.0 * 1024.0);
         size_t full = train_state_plan_bytes(t->model, bs, t->max_seq, t->max_batch_tokens, false);
         size_t lean = train_state_plan_bytes(t->model, bs, t->max_seq, t->max_batch_tokens, true);
@@ -1709,8 +1709,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             size_t n_weights = 0;
             void *weights = model_params_flat(t.model, &n_weights);
             rc = train_dist_agree(&t.dist,
-                                  train_dist_gather_shards(&t.dist, t.be, weights, n_weights,
-                                                           optim_shard_elements(n_weights, t.dist.world), err),
+                                  train_dist_gather_shards(&t.dist, t.be, weights, n_weights, err),
                                   err);
             if (rc != 0) break;
         }

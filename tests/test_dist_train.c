@@ -14,8 +14,8 @@
  *     checkpoint, all exit 0; resuming at world size 2 reproduces the
  *     uninterrupted 2-rank run exactly, and resuming at world size 1 works;
  *   - zero_stage 1 (sharded optimizer state), zero_stage 2 (gradients too, also
- *     with clipping) and offload_optimizer cpu give the same bits as the
- *     unsharded run; a sharded checkpoint resumes at world
+ *     with clipping), zero_stage 3 (weights too; with a reference model; at 4
+ *     ranks) and offload_optimizer cpu give the same bits as the unsharded run; a sharded checkpoint resumes at world
  *     size 2 exactly and at 4 and 1 (resharded) to float rounding; a lost
  *     shard file is named;
  *   - a rank killed mid-run: the job ends, non-zero, within the bound;
@@ -313,12 +313,15 @@ int main(void) {
                                    {"z1_offload", "--zero_stage 1 --offload_optimizer cpu"},
                                    {"z2", "--zero_stage 2"},
                                    {"z2_offload", "--zero_stage 2 --offload_optimizer cpu"},
-                                   {"z2_clipped", "--zero_stage 2 --max_grad_norm 0.01"}};
-    char z1[300];
-    for (int k = 0; k < 5; k++) {
+                                   {"z2_clipped", "--zero_stage 2 --max_grad_norm 0.01"},
+                                   {"z3", "--zero_stage 3"},
+                                   {"z3_offload", "--zero_stage 3 --offload_optimizer cpu"}};
+    char z1[300], z3[300];
+    for (int k = 0; k < 7; k++) {
         char dir[300];
         snprintf(dir, sizeof dir, "%s/%s", g_tmp, zero_cases[k][0]);
         if (k == 0) snprintf(z1, sizeof z1, "%s", dir);
+        if (k == 5) snprintf(z3, sizeof z3, "%s", dir);
         snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
         snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
                  "--gradient_accumulation_steps 1 %s --output_dir %s", BASE, zero_cases[k][1], dir);
@@ -343,6 +346,46 @@ int main(void) {
         printf("mpirun -np 2 %s: final weights identical to zero_stage 0: %s\n", zero_cases[k][1], same ? "yes" : "NO");
         CHECK(same, "%s changed the result", zero_cases[k][1]);
         compare_runs(zero_cases[k][1], one, dir, 1e-4, 1e-5);
+    }
+    /* zero_stage 3 with a reference model (beta > 0: partitioned too) and at 4 ranks: the same bits as
+     * zero_stage 0; its checkpoint resumed at 4 ranks (resharded: float rounding) and at 2 (exact) */
+    const struct {
+        const char *name, *extra;
+        int np, batch;
+    } z3_cases[] = {{"beta", "--beta 0.04", 2, 8}, {"four", "", 4, 4}};
+    for (int k = 0; k < 2; k++) {
+        char ref[300], dir[300];
+        snprintf(ref, sizeof ref, "%s/z0_%s", g_tmp, z3_cases[k].name);
+        snprintf(dir, sizeof dir, "%s/z3_%s", g_tmp, z3_cases[k].name);
+        snprintf(prefix, sizeof prefix, "%s -np %d", MPIRUN, z3_cases[k].np);
+        for (int z = 0; z < 2; z++) {
+            snprintf(args, sizeof args, "%s --max_steps 3 --per_device_train_batch_size %d "
+                     "--gradient_accumulation_steps 1 %s --zero_stage %d --output_dir %s", BASE, z3_cases[k].batch,
+                     z3_cases[k].extra, z ? 3 : 0, z ? dir : ref);
+            code = run(prefix, args, &err);
+            CHECK(code == 0, "mpirun -np %d %s --zero_stage %d: exit %d: %s", z3_cases[k].np, z3_cases[k].extra,
+                  z ? 3 : 0, code, err);
+            free(err);
+        }
+        bool same = same_file(ref, dir, "model.safetensors");
+        printf("mpirun -np %d %s --zero_stage 3: final weights identical to zero_stage 0: %s\n", z3_cases[k].np,
+               z3_cases[k].extra, same ? "yes" : "NO");
+        CHECK(same, "zero_stage 3 (%s) changed the result", z3_cases[k].name);
+    }
+    for (int np = 4; np >= 2; np -= 2) {
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/z3_resumed%d", g_tmp, np);
+        snprintf(prefix, sizeof prefix, "%s -np %d", MPIRUN, np);
+        snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size %d "
+                 "--gradient_accumulation_steps 1 --zero_stage 3 --output_dir %s --resume_from_checkpoint "
+                 "%s/checkpoint-2", BASE, 16 / np, dir, z3);
+        code = run(prefix, args, &err);
+        double wd = weights_difference(z3, dir);
+        printf("zero_stage 3 checkpoint of 2 ranks resumed at world size %d: exit %d, final weights within %g\n", np,
+               code, wd);
+        CHECK(code == 0 && (np == 2 ? wd == 0.0 : wd <= 1e-5), "zero_stage 3 resume at world size %d: exit %d, "
+              "weights %g: %s", np, code, wd, err);
+        free(err);
     }
     /* zero_stage 2 in one process with 2 micro-batches: each backward's gradients are added to the shard
      * after it (the unsharded run accumulates them inside the backward's ops): float rounding apart */

@@ -1075,12 +1075,26 @@ static void test_deepspeed_json(void) {
     for (size_t i = 0; i < sizeof noticed / sizeof noticed[0]; i++)
         CHECK(json_object_get(c.notices, noticed[i]) != NULL, "no notice line for %s", noticed[i]);
     train_config_free(&c);
+    /* TRL's ZeRO-3 file: stage 3 honoured, its tuning keys noticed */
+    rc = finalize_with_deepspeed(&c,
+                                 "{\"zero_optimization\": {\"stage\": 3, \"stage3_prefetch_bucket_size\": \"auto\", "
+                                 "\"stage3_param_persistence_threshold\": \"auto\", \"stage3_max_live_parameters\": 1e9, "
+                                 "\"stage3_gather_16bit_weights_on_model_save\": true}}",
+                                 NULL, err);
+    CHECK(rc == 0 && c.zero_stage == 3, "DeepSpeed ZeRO-3 file: rc %d zero_stage %d: %s", rc, c.zero_stage, err);
+    const char *noticed3[] = {"deepspeed.zero_optimization.stage3_prefetch_bucket_size",
+                              "deepspeed.zero_optimization.stage3_param_persistence_threshold",
+                              "deepspeed.zero_optimization.stage3_max_live_parameters",
+                              "deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save"};
+    for (size_t i = 0; rc == 0 && i < sizeof noticed3 / sizeof noticed3[0]; i++)
+        CHECK(json_object_get(c.notices, noticed3[i]) != NULL, "no notice line for %s", noticed3[i]);
+    train_config_free(&c);
     /* refusals: one line each, naming the key */
     const struct {
         const char *json, *extra, *needle;
     } bad[] = {
         {"{\"zero_optimization\": {\"stage\": 5}}", NULL, "zero_optimization.stage must be 0, 1, 2 or 3"},
-        {"{\"zero_optimization\": {\"stage\": 3}}", NULL, "zero_stage 3 is not supported yet"},
+        {"{\"zero_optimization\": {\"stage\": 3}}", "use_peft: true\n", "zero_stage 3 with use_peft"},
         {"{\"zero_optimization\": {\"stage\": 1}}", "zero_stage: 0\n", "zero_optimization.stage is 1 but zero_stage is 0"},
         {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}", NULL, "'nvme' is not supported"},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"cpu\"}}}", NULL, "offload_param.device 'cpu'"},

@@ -161,6 +161,7 @@ Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraCon
 void model_free(Model *m) {
     if (!m) return;
     lora_state_free(m);
+    model_partition_free(m);
     if (m->arena) m->be->free(m->be, m->arena);
     free(m->offsets);
     free(m->tensors);
@@ -599,7 +600,9 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
 size_t model_state_bytes(const ModelState *st) { return st ? st->bytes : 0; }
 
 size_t model_weight_bytes(const Model *m) {
-    return m->arena_numel * dtype_size(m->be->storage);
+    size_t es = dtype_size(m->be->storage);
+    if (!m->part) return m->arena_numel * es;
+    return model_params_partition_plan_bytes(m, m->part->hi - m->part->lo) + (m->arena ? m->arena_numel * es : 0);
 }
 
 void model_state_free(ModelState *st) {

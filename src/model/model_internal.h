@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "model/lora.h"
+#include "model/model_train.h"
 #include "model/model.h"
 
 typedef struct LayerWeights {
@@ -46,6 +47,53 @@ typedef struct LoraState {
     size_t arena_numel;
 } LoraState;
 
+/* The arena cut into the stages the training passes use the weights in:
+ * stage 0 the embedding, 1..L the decoder layers, L+1 the final norm and
+ * lm_head. Each stage's tensors are consecutive in the tensor table, so they
+ * make one range in each group of the arena (decayed first, then no-decay:
+ * model_arena_layout), either possibly empty. Storage that holds a layer at a
+ * time (ZeRO-2's gradient windows, ZeRO-3's weight windows) lays a layer out
+ * as [group 0 | group 1]; the edge stages (0 and L+1) share one buffer, laid
+ * out [stage 0 group 0 | group 1 | stage L+1 group 0 | group 1]. */
+typedef struct StageLayout {
+    int n_stages;            /* L + 2 */
+    size_t (*range)[2][2];   /* [stage][group][lo, hi) in the arena */
+    int *stage_of;           /* [n tensors] */
+    size_t *place;           /* [n] element offset in its layer window, or in the edge buffer */
+    size_t window_numel;     /* the widest layer */
+    size_t edge_numel;       /* both edge stages */
+    size_t edge_base[2][2];  /* [0 embedding, 1 final norm + lm_head][group]: offset in the edge buffer */
+} StageLayout;
+/* owner: the model whose layers the table's buffer pointers point into (a
+ * model, or a gradient shadow); numel: the arena's elements (checked covered). */
+void stage_layout_build(StageLayout *sl, const Model *owner, const TensorSpec *t, int n, const size_t *offsets,
+                        size_t numel);
+void stage_layout_free(StageLayout *sl);
+size_t stage_layout_len(const StageLayout *sl, int stage); /* elements of both groups */
+bool stage_is_edge(const StageLayout *sl, int stage);
+
+/* ZeRO-3 (model_params_partition): the weights this rank keeps, and the
+ * windows the others' are gathered into while a pass uses them. */
+typedef struct ModelPartition {
+    size_t lo, hi;            /* this rank's part of the arena */
+    void *shard;              /* [hi - lo] storage dtype */
+    ParamsGather gather;
+    StageLayout sl;
+    void *window[2];          /* [window_numel] each: layers alternate */
+    int window_stage[2];      /* the stage a window holds (-1: none or stale) */
+    void *edges;              /* [edge_numel] the embedding, final norm and lm_head, kept between passes */
+    bool edges_valid;
+    int in_flight;            /* the window whose gather was started and not waited for, -1 none */
+} ModelPartition;
+
+/* Makes stage s's weights present (gathering them when the model is
+ * partitioned and they are not) and points the tensors at them; then starts
+ * gathering stage `next` (-1: none) so it overlaps the caller's work on s.
+ * Does nothing for a whole model. Collective when partitioned: every rank
+ * makes the same calls in the same order. */
+int model_params_use(Model *m, int stage, int next, char *err);
+void model_partition_free(Model *m); /* model_free's part */
+
 struct Model {
     ModelConfig cfg;
     const Backend *be;
@@ -63,6 +111,9 @@ struct Model {
     size_t arena_numel;
     size_t *offsets;
     LoraState *lora; /* NULL without adapters */
+    /* ZeRO-3: NULL, or this rank's part of the weights (arena is then NULL
+     * except between model_params_gather_all and model_params_release_all). */
+    ModelPartition *part;
 };
 
 #define ARENA_ALIGN 64 /* elements: 128-byte aligned tensors in bf16, 256 in fp32 */

@@ -41,6 +41,11 @@ ModelParam model_param(const Model *m, int index) {
     return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_numel(s)};
 }
 
+size_t model_param_offset(const Model *m, int index) {
+    COLT_ASSERT(index >= 0 && index < model_param_count(m));
+    return m->lora ? m->lora->offsets[index] : m->offsets[index];
+}
+
 void *model_params_flat(const Model *m, size_t *numel) {
     *numel = m->lora ? m->lora->arena_numel : m->arena_numel;
     return m->lora ? m->lora->arena : m->arena;
@@ -66,58 +71,21 @@ struct ModelGrads {
     void *flat;     /* [flat_numel] fp32, the model's arena layout */
     size_t flat_numel;
     Model shadow;
-    /* The backward's announcements (model_grads_on_ready). Stage 0 is the
-     * embedding, 1..L the layers, L+1 the final norm and lm_head; each stage
-     * has a range in the decayed part of the arena and one in the no-decay
-     * part (norms, biases), either possibly empty. */
+    /* The backward's announcements (model_grads_on_ready), one per stage and
+     * group of sl (embedding, layers, final norm and lm_head). */
     GradsReadyFn ready;
     void *ready_ctx;
-    size_t (*stage_range)[2][2]; /* [L + 2][group][lo, hi) */
+    StageLayout sl;
     bool lora;                   /* the adapters' gradients (made for a model with LoRA attached) */
     /* Windowed (model_grads_create_windowed): a layer's gradients exist only
      * while its backward runs and its announcement is handled, in one of two
-     * windows (layers alternate); the other stages (embedding, final norm,
-     * lm_head) live in `flat`, which then holds only them, compacted. */
+     * windows (layers alternate); the edge stages (embedding, final norm,
+     * lm_head) live in `flat`, which then holds only them, as sl lays them out. */
     bool windowed;
     TensorSpec *tensors;         /* [n] the shadow's table (re-pointed per layer) */
-    int *stage_of;               /* [n] */
-    size_t *place;               /* [n] element offset in its window (layers) or in flat (the other stages) */
     void *window[2];
-    size_t window_numel;         /* the widest layer's gradients */
-    size_t edge_numel;           /* the other stages' gradients: flat's size when windowed */
     void *(*stage_data)[2];      /* [L + 2][group]: where the stage's range lives now */
 };
-
-/* Which stage tensor t (of the shadow's table) belongs to. */
-static int tensor_stage(const ModelGrads *g, const TensorSpec *t) {
-    int L = g->shadow.cfg.num_hidden_layers;
-    for (int l = 0; l < L; l++) {
-        const char *p = (const char *)t->buf, *w = (const char *)&g->shadow.layers[l];
-        if (p >= w && p < w + sizeof(LayerWeights)) return l + 1;
-    }
-    return t->buf == &g->shadow.embed ? 0 : L + 1;
-}
-
-/* Each stage's tensors are consecutive in the table, so within each group of
- * the arena (decayed first, then no-decay: model_arena_layout) they make one
- * contiguous range. */
-static void grads_stage_ranges(ModelGrads *g, const TensorSpec *t, int n, const size_t *offsets) {
-    int stages = g->shadow.cfg.num_hidden_layers + 2;
-    g->stage_range = xcalloc((size_t)stages, sizeof *g->stage_range);
-    size_t covered = 0;
-    for (int i = 0; i < n; i++) {
-        int s = tensor_stage(g, &t[i]), grp = model_param_no_weight_decay(t[i].name) ? 1 : 0;
-        size_t lo = offsets[i], hi = lo + (tensor_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-        size_t *r = g->stage_range[s][grp];
-        if (r[0] == r[1]) r[0] = lo, r[1] = hi;
-        else {
-            COLT_ASSERT(lo == r[1]); /* contiguous, in table order */
-            r[1] = hi;
-        }
-        covered += hi - lo;
-    }
-    COLT_ASSERT(covered == g->flat_numel);
-}
 
 void model_grads_on_ready(ModelGrads *g, GradsReadyFn fn, void *ctx) {
     g->ready = fn;
@@ -127,15 +95,15 @@ void model_grads_on_ready(ModelGrads *g, GradsReadyFn fn, void *ctx) {
 static int grads_announce(ModelGrads *g, int stage, char *err) {
     if (!g->ready) return COLT_OK;
     for (int grp = 0; grp < 2; grp++) {
-        const size_t *r = g->stage_range[stage][grp];
+        const size_t *r = g->sl.range[stage][grp];
         if (r[1] > r[0] && g->ready(g->ready_ctx, r[0], r[1], err) != 0) return COLT_ERR;
     }
     return COLT_OK;
 }
 
-int model_grads_create(ModelGrads **out, const Model *m, char *err) {
-    (void)err;
-    ModelGrads *g = xcalloc(1, sizeof(ModelGrads));
+/* The gradients' tensor table (the shadow's: the weights', or the adapters'
+ * with LoRA attached) and its layout; fills g's common fields. */
+static TensorSpec *grads_table(ModelGrads *g, const Model *m, const size_t **offsets) {
     g->be = m->be;
     g->n = model_param_count(m);
     g->bufs = xcalloc((size_t)g->n, sizeof(void *));
@@ -147,109 +115,74 @@ int model_grads_create(ModelGrads **out, const Model *m, char *err) {
      * computes no gradient for them (frozen), only the adapters'. */
     int n = 0;
     TensorSpec *t = m->lora ? lora_tensor_table(&g->shadow, &m->lora->cfg, &n) : model_tensor_table(&g->shadow, &n);
-    const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
+    *offsets = m->lora ? m->lora->offsets : m->offsets;
     COLT_ASSERT(n == g->n);
+    model_params_flat(m, &g->flat_numel);
+    stage_layout_build(&g->sl, &g->shadow, t, n, *offsets, g->flat_numel);
+    for (int i = 0; i < n; i++) g->numel[i] = tensor_numel(&t[i]);
+    g->lora = m->lora != NULL;
+    return t;
+}
+
+int model_grads_create(ModelGrads **out, const Model *m, char *err) {
+    (void)err;
+    ModelGrads *g = xcalloc(1, sizeof(ModelGrads));
+    const size_t *offsets = NULL;
+    TensorSpec *t = grads_table(g, m, &offsets);
     /* One fp32 allocation in the parameters' layout: zeroing, the global norm
      * and clipping are single calls over it. */
-    model_params_flat(m, &g->flat_numel);
     g->flat = m->be->alloc_f32(m->be, g->flat_numel);
     m->be->zero_f32(m->be, g->flat, g->flat_numel);
-    for (int i = 0; i < n; i++) {
-        g->numel[i] = tensor_numel(&t[i]);
+    for (int i = 0; i < g->n; i++) {
         g->bufs[i] = (char *)g->flat + offsets[i] * sizeof(float);
         *t[i].buf = g->bufs[i];
     }
-    grads_stage_ranges(g, t, n, offsets);
     free(t);
     if (m->cfg.tie_word_embeddings) g->shadow.lm_head = g->shadow.embed;
-    g->lora = m->lora != NULL;
     *out = g;
     return COLT_OK;
 }
 
-/* Elements of stage s's gradients (both groups). */
-static size_t stage_len(const ModelGrads *g, int s) {
-    return (g->stage_range[s][0][1] - g->stage_range[s][0][0]) + (g->stage_range[s][1][1] - g->stage_range[s][1][0]);
+static size_t windowed_bytes(const StageLayout *sl) {
+    return (sl->edge_numel + 2 * (sl->window_numel ? sl->window_numel : 1)) * 4;
 }
-
-/* A windowed set's sizes, from its stage ranges: the edge stages (embedding;
- * final norm and lm_head) and the widest layer. */
-static void windowed_sizes(const ModelGrads *g, size_t *edge, size_t *window) {
-    int L = g->shadow.cfg.num_hidden_layers;
-    *edge = stage_len(g, 0) + stage_len(g, L + 1);
-    *window = 0;
-    for (int s = 1; s <= L; s++)
-        if (stage_len(g, s) > *window) *window = stage_len(g, s);
-}
-
-static size_t windowed_bytes(size_t edge, size_t window) { return (edge + 2 * (window ? window : 1)) * 4; }
 
 /* Points stage s's tensors into window s & 1 and zeroes the part they use. */
 static void window_begin(ModelGrads *g, int stage) {
-    if (!g->windowed || stage == 0 || stage == g->shadow.cfg.num_hidden_layers + 1) return;
+    if (!g->windowed || stage_is_edge(&g->sl, stage)) return;
     void *w = g->window[stage & 1];
     for (int i = 0; i < g->n; i++)
-        if (g->stage_of[i] == stage) *g->tensors[i].buf = (char *)w + g->place[i] * sizeof(float);
-    size_t len0 = g->stage_range[stage][0][1] - g->stage_range[stage][0][0];
+        if (g->sl.stage_of[i] == stage) *g->tensors[i].buf = (char *)w + g->sl.place[i] * sizeof(float);
+    size_t len0 = g->sl.range[stage][0][1] - g->sl.range[stage][0][0];
     g->stage_data[stage][0] = w;
     g->stage_data[stage][1] = (char *)w + len0 * sizeof(float);
-    g->be->zero_f32(g->be, w, stage_len(g, stage));
+    g->be->zero_f32(g->be, w, stage_layout_len(&g->sl, stage));
 }
 
 int model_grads_create_windowed(ModelGrads **out, const Model *m, char *err) {
     (void)err;
     ModelGrads *g = xcalloc(1, sizeof(ModelGrads));
-    g->be = m->be;
-    g->n = model_param_count(m);
+    const size_t *offsets = NULL;
+    TensorSpec *t = grads_table(g, m, &offsets);
     g->windowed = true;
-    g->bufs = xcalloc((size_t)g->n, sizeof(void *));
-    g->numel = xcalloc((size_t)g->n, sizeof(size_t));
-    g->shadow.cfg = m->cfg;
-    g->shadow.be = m->be;
     int L = m->cfg.num_hidden_layers;
-    g->shadow.layers = xcalloc((size_t)L, sizeof(LayerWeights));
-    int n = 0;
-    TensorSpec *t = m->lora ? lora_tensor_table(&g->shadow, &m->lora->cfg, &n) : model_tensor_table(&g->shadow, &n);
-    const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
-    COLT_ASSERT(n == g->n);
-    model_params_flat(m, &g->flat_numel);
-    grads_stage_ranges(g, t, n, offsets);
     g->stage_data = xcalloc((size_t)L + 2, sizeof *g->stage_data);
-    g->stage_of = xcalloc((size_t)n, sizeof(int));
-    g->place = xcalloc((size_t)n, sizeof(size_t));
-    windowed_sizes(g, &g->edge_numel, &g->window_numel);
-    /* The edge stages, compacted into flat in stage / group order. */
-    size_t at = 0, edge_base[2][2] = {{0}};
+    /* The edge stages in flat, laid out as sl says. */
+    g->flat = m->be->alloc_f32(m->be, g->sl.edge_numel);
+    m->be->zero_f32(m->be, g->flat, g->sl.edge_numel);
+    size_t window = g->sl.window_numel ? g->sl.window_numel : 1;
+    for (int w = 0; w < 2; w++) g->window[w] = m->be->alloc_f32(m->be, window);
+    for (int i = 0; i < g->n; i++)
+        if (stage_is_edge(&g->sl, g->sl.stage_of[i])) {
+            g->bufs[i] = (char *)g->flat + g->sl.place[i] * sizeof(float);
+            *t[i].buf = g->bufs[i];
+        }
     int edges[2] = {0, L + 1};
     for (int e = 0; e < 2; e++)
-        for (int grp = 0; grp < 2; grp++) {
-            edge_base[e][grp] = at;
-            at += g->stage_range[edges[e]][grp][1] - g->stage_range[edges[e]][grp][0];
-        }
-    g->flat = m->be->alloc_f32(m->be, g->edge_numel);
-    m->be->zero_f32(m->be, g->flat, g->edge_numel);
-    for (int w = 0; w < 2; w++) g->window[w] = m->be->alloc_f32(m->be, g->window_numel ? g->window_numel : 1);
-    for (int i = 0; i < n; i++) {
-        int st = tensor_stage(g, &t[i]), grp = model_param_no_weight_decay(t[i].name) ? 1 : 0;
-        const size_t *r = g->stage_range[st][grp];
-        g->stage_of[i] = st;
-        g->numel[i] = tensor_numel(&t[i]);
-        if (st == 0 || st == L + 1) {
-            int e = st == 0 ? 0 : 1;
-            g->place[i] = edge_base[e][grp] + (offsets[i] - r[0]);
-            g->bufs[i] = (char *)g->flat + g->place[i] * sizeof(float);
-            *t[i].buf = g->bufs[i];
-        } else {
-            size_t len0 = g->stage_range[st][0][1] - g->stage_range[st][0][0];
-            g->place[i] = (grp == 0 ? 0 : len0) + (offsets[i] - r[0]);
-        }
-    }
-    for (int e = 0; e < 2; e++)
         for (int grp = 0; grp < 2; grp++)
-            g->stage_data[edges[e]][grp] = (char *)g->flat + edge_base[e][grp] * sizeof(float);
+            g->stage_data[edges[e]][grp] = (char *)g->flat + g->sl.edge_base[e][grp] * sizeof(float);
     g->tensors = t;
     if (m->cfg.tie_word_embeddings) g->shadow.lm_head = g->shadow.embed;
-    g->lora = m->lora != NULL;
     *out = g;
     return COLT_OK;
 }
@@ -257,10 +190,9 @@ int model_grads_create_windowed(ModelGrads **out, const Model *m, char *err) {
 bool model_grads_windowed(const ModelGrads *g) { return g->windowed; }
 
 void *model_grads_range_data(const ModelGrads *g, size_t lo) {
-    int stages = g->shadow.cfg.num_hidden_layers + 2;
-    for (int s = 0; s < stages; s++)
+    for (int s = 0; s < g->sl.n_stages; s++)
         for (int grp = 0; grp < 2; grp++)
-            if (g->stage_range[s][grp][0] == lo && g->stage_range[s][grp][1] > lo)
+            if (g->sl.range[s][grp][0] == lo && g->sl.range[s][grp][1] > lo)
                 return g->windowed ? g->stage_data[s][grp] : (char *)g->flat + lo * sizeof(float);
     return NULL;
 }
@@ -270,21 +202,19 @@ size_t model_grads_plan_bytes(const Model *m, bool windowed) {
     model_params_flat(m, &numel);
     if (!windowed) return numel * 4;
     /* the layout alone: a windowed set's sizes without its buffers */
-    ModelGrads tmp;
-    memset(&tmp, 0, sizeof tmp);
-    tmp.shadow.cfg = m->cfg;
-    tmp.shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
+    Model shadow;
+    memset(&shadow, 0, sizeof shadow);
+    shadow.cfg = m->cfg;
+    shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
     int n = 0;
-    TensorSpec *t = m->lora ? lora_tensor_table(&tmp.shadow, &m->lora->cfg, &n) : model_tensor_table(&tmp.shadow, &n);
-    const size_t *offsets = m->lora ? m->lora->offsets : m->offsets;
-    tmp.flat_numel = numel;
-    grads_stage_ranges(&tmp, t, n, offsets);
-    size_t edge = 0, window = 0;
-    windowed_sizes(&tmp, &edge, &window);
+    TensorSpec *t = m->lora ? lora_tensor_table(&shadow, &m->lora->cfg, &n) : model_tensor_table(&shadow, &n);
+    StageLayout sl;
+    stage_layout_build(&sl, &shadow, t, n, m->lora ? m->lora->offsets : m->offsets, numel);
+    size_t bytes = windowed_bytes(&sl);
+    stage_layout_free(&sl);
     free(t);
-    free(tmp.stage_range);
-    free(tmp.shadow.layers);
-    return windowed_bytes(edge, window);
+    free(shadow.layers);
+    return bytes;
 }
 
 void model_grads_free(ModelGrads *g) {
@@ -293,13 +223,11 @@ void model_grads_free(ModelGrads *g) {
     for (int w = 0; w < 2; w++)
         if (g->window[w]) g->be->free(g->be, g->window[w]);
     free(g->tensors);
-    free(g->stage_of);
-    free(g->place);
     free(g->stage_data);
     free(g->bufs);
     free(g->numel);
     free(g->shadow.layers);
-    free(g->stage_range);
+    stage_layout_free(&g->sl);
     free(g);
 }
 
@@ -370,7 +298,7 @@ size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
 
 size_t model_grads_bytes(const ModelGrads *g) {
     if (!g) return 0;
-    return g->windowed ? windowed_bytes(g->edge_numel, g->window_numel) : g->flat_numel * 4;
+    return g->windowed ? windowed_bytes(&g->sl) : g->flat_numel * 4;
 }
 
 /* Rows per lm_head chunk: the backend's preference, at most the batch. */
@@ -618,14 +546,20 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
         logprobs[i] = 0.0f;
         if (entropy) entropy[i] = 0.0f;
     }
+    /* ZeRO-3: each stage's weights gathered just before use, the next one's
+     * started meanwhile (model_params_use); the same calls over no tokens. */
+    const int L = c->num_hidden_layers;
+    if (model_params_use(m, 0, 1, err) != 0) return COLT_ERR;
+    if (n > 0) be->embedding(be, st->act[0].x_in, m->embed, tokens, n, D);
+    for (int l = 0; l < L; l++) {
+        if (model_params_use(m, l + 1, l + 2 <= L ? l + 2 : -1, err) != 0) return COLT_ERR;
+        if (n > 0) layer_forward(m, st, l, l + 1 < L ? st->act[l + 1].x_in : st->x_final);
+    }
+    if (model_params_use(m, L + 1, -1, err) != 0) return COLT_ERR;
     if (n == 0) {
         st->have_forward = true;
         return COLT_OK;
     }
-
-    be->embedding(be, st->act[0].x_in, m->embed, tokens, n, D);
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        layer_forward(m, st, l, l + 1 < c->num_hidden_layers ? st->act[l + 1].x_in : st->x_final);
     be->rmsnorm(be, st->xn_final, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
 
     int n_rows = 0;
@@ -679,13 +613,15 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     const int L = c->num_hidden_layers;
     /* Windowed: each backward's gradients are its own (the announcements
      * carry them away), so the edge stages start from zero. */
-    if (g->windowed) be->zero_f32(be, g->flat, g->edge_numel);
-    if (n == 0) { /* nothing changes: every gradient is final already */
-        for (int s = L + 1; s >= 0; s--) {
-            window_begin(g, s);
-            if (grads_announce(g, s, err) != 0) return COLT_ERR;
+    if (g->windowed) be->zero_f32(be, g->flat, g->sl.edge_numel);
+    if (n == 0) { /* nothing changes: every gradient is final already; the same collectives */
+        if (model_params_use(m, L + 1, L, err) != 0 || grads_announce(g, L + 1, err) != 0) return COLT_ERR;
+        for (int l = L - 1; l >= 0; l--) {
+            window_begin(g, l + 1);
+            if (model_params_use(m, l + 1, l >= 1 ? l : -1, err) != 0 || grads_announce(g, l + 1, err) != 0)
+                return COLT_ERR;
         }
-        return COLT_OK;
+        return grads_announce(g, 0, err);
     }
     int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
         Dh = c->head_dim, V = c->vocab_size;
@@ -694,6 +630,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     const int *slot = st->slot, *pos = st->pos;
 
     /* lm_head + log-softmax, chunk by chunk: d xn_final rows and d lm_head. */
+    if (model_params_use(m, L + 1, L, err) != 0) return COLT_ERR;
     be->zero(be, st->dxn, ND);
     int n_rows = 0;
     for (int i = 0; i < n; i++)
@@ -716,6 +653,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     /* dres is d(residual stream) at each layer's output, then its input. */
     for (int l = L - 1; l >= 0; l--) {
         window_begin(g, l + 1);
+        if (model_params_use(m, l + 1, l >= 1 ? l : -1, err) != 0) return COLT_ERR;
         const LayerWeights *w = &m->layers[l];
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];

@@ -31,6 +31,8 @@ typedef struct ModelParam {
     size_t numel;
 } ModelParam;
 ModelParam model_param(const Model *m, int index);
+/* Parameter index's element offset in model_params_flat's layout. */
+size_t model_param_offset(const Model *m, int index);
 /* The trainable parameters as one buffer (storage dtype; numel includes the
  * alignment padding, which stays 0): the weights' arena, or the adapters'
  * while LoRA adapters are attached (lora.h). Weight-decayed tensors come
@@ -75,6 +77,45 @@ bool model_grads_windowed(const ModelGrads *g);
 void *model_grads_range_data(const ModelGrads *g, size_t lo);
 /* The device bytes model_grads_create(_windowed) would take for m (a plan shell works). */
 size_t model_grads_plan_bytes(const Model *m, bool windowed);
+
+/* ---- ZeRO-3: each rank keeps a part of the weights ----
+ *
+ * After model_params_partition the model keeps only elements [lo, hi) of the
+ * flat weights (model_params_flat's layout) and two layer windows plus the
+ * embedding / final norm / lm_head ("edges"); model_train_forward and
+ * model_train_backward gather each layer's weights into a window just before
+ * using it, the next layer's gather started while the current one computes.
+ * The edges are gathered once after each weight change (model_params_changed)
+ * and kept. Whole weights (the engine, model_forward, saving) exist only
+ * between model_params_gather_all and model_params_release_all.
+ *
+ * The gathers are the caller's (the data-parallel layer): start fills
+ * dst[hi - lo] (storage dtype) with flat elements [lo, hi), this rank's part
+ * of them from shard (flat elements [part lo, part hi)) and the others' from
+ * their ranks; it may return before the data is there, and wait blocks until
+ * every started gather completed. Collective: every rank calls them with the
+ * same ranges in the same order, which the model guarantees as long as every
+ * rank makes the same passes (also over no tokens). */
+typedef struct ParamsGather {
+    int (*start)(void *ctx, void *dst, size_t lo, size_t hi, const void *shard, char *err);
+    int (*wait)(void *ctx, char *err);
+    void *ctx;
+} ParamsGather;
+/* Keeps [lo, hi) of the weights (copied from the whole arena, which is
+ * freed) and allocates the windows. Not with LoRA adapters attached. */
+int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, char *err);
+bool model_params_partitioned(const Model *m);
+/* Whole weights in the arena (allocated and gathered; collective), until
+ * model_params_release_all frees them. Nothing for a whole model. */
+int model_params_gather_all(Model *m, char *err);
+void model_params_release_all(Model *m);
+/* This rank's part changed (an optimizer step): gathered copies are stale. */
+void model_params_changed(Model *m);
+/* Flat weight element off: in the arena, or in this rank's part (which must
+ * hold it) when partitioned. */
+void *model_params_at(const Model *m, size_t off);
+/* The device bytes a partition takes: the part plus the windows and edges. */
+size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel);
 
 /* ---- training forward / backward ---- */
 

@@ -102,9 +102,18 @@ static int apply_zero(TrainConfig *c, const json_t *z, const char *path, char *e
                    strcmp(k, "sub_group_size") == 0 || strcmp(k, "load_from_fp32_weights") == 0 ||
                    strcmp(k, "elastic_checkpoint") == 0 || strcmp(k, "ignore_unused_parameters") == 0) {
             notice(c, path, key, "colt gathers the updated shards once per step in one pass; no bucketing to tune");
-        } else if (strncmp(k, "stage3_", 7) == 0 || strcmp(k, "zero_hpz_partition_size") == 0 ||
-                   strcmp(k, "zero_quantized_weights") == 0 || strcmp(k, "zero_quantized_gradients") == 0) {
-            notice(c, path, key, "a stage-3 setting; colt runs zero_stage 0, 1 or 2");
+        } else if (strcmp(k, "stage3_prefetch_bucket_size") == 0) {
+            notice(c, path, key, "zero_stage 3 prefetches the next layer's weights while one computes");
+        } else if (strcmp(k, "stage3_param_persistence_threshold") == 0) {
+            notice(c, path, key, "zero_stage 3 keeps the embedding, final norm and lm_head gathered; every decoder "
+                                 "layer is gathered when used");
+        } else if (strcmp(k, "stage3_gather_16bit_weights_on_model_save") == 0) {
+            notice(c, path, key, "colt always saves the whole weights, as a Hugging Face checkpoint");
+        } else if (strncmp(k, "stage3_", 7) == 0) {
+            notice(c, path, key, "a stage-3 tuning knob colt does not have: two layer windows, one prefetch");
+        } else if (strcmp(k, "zero_hpz_partition_size") == 0 || strcmp(k, "zero_quantized_weights") == 0 ||
+                   strcmp(k, "zero_quantized_gradients") == 0) {
+            notice(c, path, key, "ZeRO++ is not implemented: weights and gradients travel in full precision");
         } else {
             return errorf(err, "%s: %s is not a DeepSpeed key colt knows", path, key);
         }

@@ -25,14 +25,19 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     Model *m = model_plan_shell(&in->model, &plan_be, in->lora);
     p->weights = model_weight_bytes(m);
     p->adapters = model_lora_bytes(m);
-    p->reference = in->reference_model ? p->weights : 0;
     size_t trainable = 0;
     model_params_flat(m, &trainable); /* the adapters' layout when LoRA is planned */
-    /* zero_stage 2: two layers' windows and the edge stages, plus this rank's shard of the sum */
-    p->gradients = in->zero_stage >= 2 ? model_grads_plan_bytes(m, true) : trainable * 4;
     int shards = in->zero_stage >= 1 && in->world_size > 1 ? in->world_size : 1;
     size_t shard = shards > 1 ? optim_shard_elements(trainable, shards) : trainable;
     if (shard > trainable) shard = trainable;
+    if (in->zero_stage >= 3 && !in->lora) {
+        /* this rank's part, two layer windows and the edges; the whole weights only while generating */
+        p->weights_gathered = p->weights;
+        p->weights = model_params_partition_plan_bytes(m, shard);
+    }
+    p->reference = in->reference_model ? p->weights : 0;
+    /* zero_stage 2: two layers' windows and the edge stages, plus this rank's shard of the sum */
+    p->gradients = in->zero_stage >= 2 ? model_grads_plan_bytes(m, true) : trainable * 4;
     int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
     if (in->zero_stage >= 2) p->gradients += (shards > 1 ? shard : trainable) * 4;
     if (in->offload) p->host_optimizer = optim_offload_host_bytes(shard, in->storage);
@@ -57,15 +62,15 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->activations = p->recompute ? p->activations_recompute : p->activations_full;
     p->train_peak = persistent + p->activations;
     /* Generation: the activations are given back when the engine needs their room. */
-    p->generate_peak = persistent + p->engine_scratch + p->kv_min;
+    p->generate_peak = persistent + p->weights_gathered + p->engine_scratch + p->kv_min;
     p->peak = p->train_peak > p->generate_peak ? p->train_peak : p->generate_peak;
     double engine_wants = (double)(p->engine_scratch + p->kv_want + p->headroom);
-    size_t beside = p->train_peak + p->engine_scratch + p->kv_want;
-    if (in->gpu && room - (double)p->train_peak >= engine_wants) p->expected_peak = beside;
+    size_t beside = p->train_peak + p->weights_gathered + p->engine_scratch + p->kv_want;
+    if (in->gpu && room - (double)p->train_peak >= engine_wants + (double)p->weights_gathered) p->expected_peak = beside;
     else {
-        double pool_room = room - (double)(persistent + p->engine_scratch + p->headroom);
+        double pool_room = room - (double)(persistent + p->weights_gathered + p->engine_scratch + p->headroom);
         size_t pool = !in->gpu || pool_room >= (double)p->kv_want ? p->kv_want : pool_room > 0 ? (size_t)pool_room : 0;
-        size_t gen = persistent + p->engine_scratch + pool;
+        size_t gen = persistent + p->weights_gathered + p->engine_scratch + pool;
         p->expected_peak = gen > p->train_peak ? gen : p->train_peak;
     }
     p->fits = (double)(p->train_peak + TRAIN_HEADROOM) <= room && (double)(p->generate_peak + p->headroom) <= room;
@@ -97,11 +102,15 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
         if (in->world_size > 1 && in->zero_stage < 2 && !in->lora)
             suggest(p, "zero_stage: 2 (the gradients, %.1f GB, shard over the %.0f ranks too)", p->gradients / GB,
                     (double)in->world_size);
-        double bare = (double)(p->weights + p->gradients + p->adapters + p->backend + TRAIN_HEADROOM);
-        if (bare > room)
-            suggest(p, "the weights and gradients alone need %.1f GB of the %.1f GB: more ranks with zero_stage 2, or "
-                       "a device with more memory (colt does not shard the weights yet: zero_stage 3)",
-                    bare / GB, room / GB);
+        if (in->world_size > 1 && in->zero_stage < 3 && !in->lora && p->train_peak + TRAIN_HEADROOM > room)
+            suggest(p, "zero_stage: 3 (the weights, %.1f GB, shard over the %.0f ranks while training; gathered whole "
+                       "only to generate)",
+                    p->weights / GB, (double)in->world_size);
+        double whole = (double)(p->weights_gathered ? p->weights_gathered : p->weights);
+        if (whole + (double)(p->backend + p->engine_scratch + p->kv_min + p->headroom) > room)
+            suggest(p, "generation needs the whole weights (%.1f GB) on each device, and they do not fit in %.1f GB "
+                       "(tensor parallelism, which splits them, is not there yet)",
+                    whole / GB, room / GB);
     }
     if (!p->fits_host)
         suggest(p, "the offloaded optimizer state needs %.1f GB of host memory but the host has %.1f GB: more ranks "
@@ -112,9 +121,10 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
 int memory_plan_error(const MemoryPlan *p, const MemoryPlanInput *in, char *err) {
     char parts[ERR_LEN / 2], tips[ERR_LEN / 2] = "";
     snprintf(parts, sizeof parts,
-             "weights %.1f GB%s, gradients %.1f GB, optimizer state %.1f GB%s, activations %.1f GB%s, KV cache %.1f GB "
+             "weights %.1f GB%s%s, gradients %.1f GB, optimizer state %.1f GB%s, activations %.1f GB%s, KV cache %.1f GB "
              "(one sequence) + engine scratch %.1f GB, CUDA/backend %.1f GB",
-             (p->weights + p->adapters) / GB, p->reference ? " (+ reference model)" : "", p->gradients / GB,
+             (p->weights + p->adapters) / GB, p->reference ? " (+ reference model)" : "",
+             p->weights_gathered ? " (+ the whole weights while generating)" : "", p->gradients / GB,
              p->optimizer / GB, in->offload ? " (offloaded)" : "", p->activations / GB,
              p->recompute ? " (with recompute)" : "", p->kv_min / GB, p->engine_scratch / GB, p->backend / GB);
     size_t used = 0;
@@ -138,7 +148,8 @@ void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp)
             in->gpu ? "GPU" : "CPU", in->world_size, in->zero_stage, in->offload ? "host" : "device",
             in->storage == DTYPE_BF16 ? "bf16" : "fp32");
     fprintf(fp, "  per device (%.1f GB, %.1f GB free):\n", in->device_bytes / GB, in->device_free / GB);
-    row(fp, "weights", p->weights, NULL);
+    row(fp, "weights", p->weights, p->weights_gathered ? "this rank's part, two layer windows, embedding / lm_head" : NULL);
+    if (p->weights_gathered) row(fp, "weights gathered whole", p->weights_gathered, "zero_stage 3: while generating");
     if (p->adapters) row(fp, "LoRA adapters", p->adapters, NULL);
     if (p->reference) row(fp, "reference model", p->reference, "beta > 0");
     row(fp, "gradients (fp32)", p->gradients, NULL);
@@ -169,6 +180,7 @@ json_t *memory_plan_json(const MemoryPlan *p, const MemoryPlanInput *in) {
     json_object_set_new(o, "device_memory_gb", json_real(round(in->device_bytes / GB * 1000.0) / 1000.0));
     json_object_set_new(o, "host_memory_gb", json_real(round(in->host_bytes / GB * 1000.0) / 1000.0));
     json_object_set_new(dev, "weights", gb(p->weights + p->adapters));
+    json_object_set_new(dev, "weights_gathered", gb(p->weights_gathered));
     json_object_set_new(dev, "reference_model", gb(p->reference));
     json_object_set_new(dev, "gradients", gb(p->gradients));
     json_object_set_new(dev, "optimizer_state", gb(p->optimizer));

@@ -43,6 +43,7 @@ typedef struct MemoryPlanInput {
 /* Bytes, per device (rank) unless named host. */
 typedef struct MemoryPlan {
     size_t weights, adapters, reference, gradients, optimizer;
+    size_t weights_gathered; /* zero_stage 3: the whole weights, gathered while generating (0 otherwise) */
     size_t activations_full, activations_recompute, activations; /* the chosen one */
     size_t engine_scratch, kv_min, kv_want, headroom, backend;
     size_t host_optimizer; /* offloaded state and staging */

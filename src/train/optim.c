@@ -140,9 +140,7 @@ static bool has_master(const Optimizer *o) { return o->master != NULL; }
 
 /* The weights in [off, off + n) as fp32 on the host. */
 static void weights_get(const Optimizer *o, size_t off, size_t n, float *dst) {
-    size_t total = 0;
-    char *w = model_params_flat(o->model, &total);
-    o->be->download(o->be, dst, w + off * dtype_size(o->be->storage), n);
+    o->be->download(o->be, dst, model_params_at(o->model, off), n);
 }
 
 int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backend *be, char *err) {
@@ -173,10 +171,10 @@ int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, cons
     o->params = xcalloc((size_t)(o->n ? o->n : 1), sizeof(ModelParam));
     o->offsets = xcalloc((size_t)(o->n ? o->n : 1), sizeof(size_t));
     size_t es = dtype_size(be->storage);
-    void *weights = model_params_flat(m, &o->flat_numel);
+    model_params_flat(m, &o->flat_numel);
     for (int i = 0; i < o->n; i++) {
         o->params[i] = model_param(m, i);
-        o->offsets[i] = (size_t)((char *)o->params[i].data - (char *)weights) / es;
+        o->offsets[i] = model_param_offset(m, i);
     }
     optim_shard_bounds(o->flat_numel, so->world, so->rank, &o->lo, &o->hi);
     size_t n = o->hi - o->lo;
@@ -259,9 +257,8 @@ static double state_sum_squares(const Optimizer *o, int k) {
     size_t n = o->hi - o->lo;
     if (o->on_host) return host_sum_squares(state_buf(o, k), n);
     if (k == 2 && !o->master) {
-        size_t total = 0;
-        const char *w = model_params_flat(o->model, &total); /* fp32 storage: the weights are [f32] */
-        return o->be->sum_squares(o->be, w + o->lo * sizeof(float), n);
+        /* fp32 storage: the weights are [f32] */
+        return o->be->sum_squares(o->be, model_params_at(o->model, o->lo), n);
     }
     return o->be->sum_squares(o->be, state_buf(o, k), n);
 }
@@ -360,7 +357,7 @@ static void offload_wait(OffloadWorker *w) {
 }
 
 /* grads: the gradient of flat element i at (grads + (i - grads_base) * 4). */
-static void offload_step(Optimizer *o, void *weights, const char *grads, size_t grads_base, size_t split,
+static void offload_step(Optimizer *o, const char *grads, size_t grads_base, size_t split,
                          const HostAdamWStep *decayed, const HostAdamWStep *plain) {
     const Backend *be = o->be;
     size_t es = dtype_size(be->storage);
@@ -394,7 +391,7 @@ static void offload_step(Optimizer *o, void *weights, const char *grads, size_t 
         }
         if (k >= 1) {
             const OffloadJob *j = &jobs[k - 1];
-            be->copy_from_host(be, (char *)weights + j->off * es, o->stage_weight[j->buf], j->len * es);
+            be->copy_from_host(be, model_params_at(o->model, j->off), o->stage_weight[j->buf], j->len * es);
         }
     }
     if (started) {
@@ -418,27 +415,24 @@ static void step_impl(Optimizer *o, const char *grads, size_t grads_base, float 
     double beta1 = float_as_decimal(o->cfg.beta1), beta2 = float_as_decimal(o->cfg.beta2);
     float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
     float bc2 = (float)(1.0 - pow(beta2, (double)o->step));
-    size_t n_weights = 0;
-    void *weights = model_params_flat(o->model, &n_weights);
-    COLT_ASSERT(n_weights == o->flat_numel);
-    /* Two groups as transformers' Trainer makes them: weight decay on matrices and
+    /* The weights are reached through model_params_at: the arena, or this
+     * rank's part of it under zero_stage 3. Two groups as transformers' Trainer makes them: weight decay on matrices and
      * embeddings, none on biases and norms (they sit at the end of the layout). */
     size_t split = model_params_no_decay_start(o->model);
     if (o->on_host) {
         HostAdamWStep decayed, plain;
         host_adamw_step_init(&decayed, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
         host_adamw_step_init(&plain, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, 0.0f, bc1, bc2);
-        offload_step(o, weights, grads, grads_base, split, &decayed, &plain);
+        offload_step(o, grads, grads_base, split, &decayed, &plain);
         return;
     }
-    size_t es = dtype_size(o->be->storage);
     for (int group = 0; group < 2; group++) {
         size_t start = group == 0 ? 0 : split, end = group == 0 ? split : o->flat_numel;
         if (start < o->lo) start = o->lo;
         if (end > o->hi) end = o->hi;
         if (end <= start) continue;
         size_t f = (start - o->lo) * sizeof(float);
-        o->be->adamw(o->be, (char *)weights + start * es, o->master ? (char *)o->master + f : NULL,
+        o->be->adamw(o->be, model_params_at(o->model, start), o->master ? (char *)o->master + f : NULL,
                      grads + (start - grads_base) * sizeof(float), (char *)o->exp_avg + f, (char *)o->exp_avg_sq + f,
                      end - start, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps,
                      group == 0 ? o->cfg.weight_decay : 0.0f, bc1, bc2);

@@ -178,7 +178,7 @@ static const ConfigKey KEYS[] = {
        "finished its layers (several processes)"),
     KI(zero_stage, 0, 3,
        "ZeRO stage (DeepSpeed's meaning): 0 = full optimizer state on every rank, 1 = optimizer state sharded over "
-       "the ranks, 2 = gradients sharded too (3 is not supported yet)"),
+       "the ranks, 2 = gradients sharded too, 3 = weights sharded too (each layer gathered while a pass uses it)"),
     K(offload_optimizer, KEY_STRING,
       "none, or cpu: fp32 master weights and AdamW moments in host memory, AdamW run on the host's cores"),
     K(deepspeed, KEY_STRING,
@@ -1465,13 +1465,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)
         return errorf(err, "settings: offload_optimizer '%s': use none or cpu%s", c->offload_optimizer,
                       strcmp(c->offload_optimizer, "nvme") == 0 ? " (NVMe offload is not supported)" : "");
-    if (c->zero_stage >= 3)
-        return errorf(err, "settings: zero_stage 3 is not supported yet: use zero_stage 2 (optimizer state and "
-                           "gradients sharded over the ranks), with offload_optimizer cpu to move the optimizer "
-                           "state to host memory");
-    if (c->zero_stage == 2 && c->use_peft)
-        return errorf(err, "settings: zero_stage 2 with use_peft: LoRA's gradients are a few MB; use zero_stage 0 "
-                           "or 1");
+    if (c->zero_stage >= 2 && c->use_peft)
+        return errorf(err, "settings: zero_stage %d with use_peft: LoRA's gradients are a few MB and its frozen "
+                           "weights are not sharded; use zero_stage 0 or 1", c->zero_stage);
     if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
         return errorf(err, "settings: lora_target_modules is an empty list");
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");

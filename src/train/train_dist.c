@@ -279,6 +279,90 @@ int train_dist_zero2_norm(TrainDist *d, double *norm, char *err) {
     return rc;
 }
 
+/* ---------------------------------------------------------------- ZeRO-3 */
+
+/* Host path: ranges gathered in chunks of this many elements (bounded host memory). */
+#define ZERO3_HOST_CHUNK ((size_t)32 << 20)
+
+/* The part of [lo, hi) that rank r keeps: [*a, *b) (empty when *a >= *b). */
+static void zero3_piece(const TrainDist *d, int r, size_t lo, size_t hi, size_t *a, size_t *b) {
+    size_t rlo, rhi;
+    optim_shard_bounds(d->z3_numel, d->world, r, &rlo, &rhi);
+    *a = lo > rlo ? lo : rlo;
+    *b = hi < rhi ? hi : rhi;
+}
+
+/* Host path, one chunk: every rank's piece of [lo, hi) (each padded to the
+ * largest) gathered, then laid out in rank order and copied to dst. */
+static int zero3_host_chunk(TrainDist *d, void *dst, size_t lo, size_t hi, const void *shard, char *err) {
+    const Backend *be = d->be;
+    size_t es = dtype_size(be->storage), piece = 0, a, b, my_lo, my_hi;
+    for (int r = 0; r < d->world; r++) {
+        zero3_piece(d, r, lo, hi, &a, &b);
+        if (b > a && b - a > piece) piece = b - a;
+    }
+    size_t need = (piece * ((size_t)d->world + 1) + (hi - lo)) * es + 1;
+    if (d->z3_host_n < need) {
+        free(d->z3_host);
+        d->z3_host = xmalloc(need);
+        d->z3_host_n = need;
+    }
+    uint8_t *mine = d->z3_host, *all = mine + piece * es, *out = all + piece * (size_t)d->world * es;
+    optim_shard_bounds(d->z3_numel, d->world, d->rank, &my_lo, &my_hi);
+    zero3_piece(d, d->rank, lo, hi, &a, &b);
+    if (b > a) be->copy_to_host(be, mine, (const char *)shard + (a - my_lo) * es, (b - a) * es);
+    if (comm_all_gather(d->comm, all, mine, piece * es, COMM_BYTE, NULL, err) != 0) return COLT_ERR;
+    for (int r = 0; r < d->world; r++) {
+        zero3_piece(d, r, lo, hi, &a, &b);
+        if (b > a) memcpy(out + (a - lo) * es, all + (size_t)r * piece * es, (b - a) * es);
+    }
+    be->copy_from_host(be, dst, out, (hi - lo) * es);
+    return COLT_OK;
+}
+
+static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, const void *shard, char *err) {
+    TrainDist *d = ctx;
+    const Backend *be = d->be;
+    size_t es = dtype_size(be->storage), a, b, my_lo, my_hi;
+    optim_shard_bounds(d->z3_numel, d->world, d->rank, &my_lo, &my_hi);
+    zero3_piece(d, d->rank, lo, hi, &a, &b);
+    if (d->world == 1 || d->grad_comm) {
+        /* this rank's piece in place (on the compute stream, after the
+         * window's last user); NCCL then broadcasts each piece from its rank */
+        if (b > a) be->copy(be, dst, a - lo, shard, a - my_lo, b - a);
+        if (d->world == 1) return COLT_OK;
+        backend_cuda_comm_after_compute(be);
+        void *stream = backend_cuda_comm_stream(be);
+        d->in_flight = true;
+        for (int r = 0; r < d->world; r++) {
+            zero3_piece(d, r, lo, hi, &a, &b);
+            if (b > a && comm_broadcast(d->grad_comm, (char *)dst + (a - lo) * es, (b - a) * es, COMM_BYTE, r, stream,
+                                        err) != 0)
+                return COLT_ERR;
+        }
+        return COLT_OK;
+    }
+    for (size_t c = lo; c < hi; c += ZERO3_HOST_CHUNK) {
+        size_t e = hi - c < ZERO3_HOST_CHUNK ? hi : c + ZERO3_HOST_CHUNK;
+        if (zero3_host_chunk(d, (char *)dst + (c - lo) * es, c, e, shard, err) != 0) return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
+static int zero3_wait(void *ctx, char *err) {
+    TrainDist *d = ctx;
+    if (!d->grad_comm || !d->in_flight) return COLT_OK;
+    if (comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err) != 0) return COLT_ERR;
+    d->in_flight = false;
+    return COLT_OK;
+}
+
+void train_dist_zero3_gather(TrainDist *d, const Backend *be, size_t numel, ParamsGather *out) {
+    d->be = be;
+    d->z3_numel = numel;
+    *out = (ParamsGather){.start = zero3_start, .wait = zero3_wait, .ctx = d};
+}
+
 typedef struct StatusRecord {
     int rc;
     char message[ERR_LEN];
@@ -331,6 +415,7 @@ void train_dist_free(TrainDist *d) {
     if (d->z2_shard) d->be->free(d->be, d->z2_shard);
     free(d->z2_host);
     free(d->z2_stage);
+    free(d->z3_host);
     if (d->grad_comm) comm_close(d->grad_comm);
     if (d->comm) comm_close(d->comm);
     free(d->staging);

@@ -297,16 +297,37 @@ static void next_prompt_rows(Trainer *t, size_t *rows, int P) {
     }
 }
 
+/* zero_stage 3: the bytes the whole weights take when gathered (0 otherwise). */
+static size_t whole_weights_to_gather(const Trainer *t) {
+    if (!model_params_partitioned(t->model)) return 0;
+    size_t numel = 0;
+    model_params_flat(t->model, &numel);
+    return numel * dtype_size(t->be->storage);
+}
+
 static void make_room_for_generation(Trainer *t, int n_seqs) {
     if (!t->ts) return;
     bool release = true;
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
         t->be->memory_info(t->be, &free_bytes, &total_bytes);
-        release = free_bytes < engine_memory_wanted(t->model, n_seqs, t->max_seq, &t->engine_opts);
+        release = free_bytes < engine_memory_wanted(t->model, n_seqs, t->max_seq, &t->engine_opts) +
+                                   whole_weights_to_gather(t);
     }
     if (release) release_activations(t);
 }
+
+/* zero_stage 3: every rank gathers the whole weights (collective) for the
+ * engine or for saving; weights_release gives them back. Nothing otherwise. */
+static int weights_gather(Trainer *t, char *err) {
+    if (!model_params_partitioned(t->model)) return COLT_OK;
+    alloc_label(t, "the whole weights, gathered (zero_stage 3)", t->plan.weights_gathered);
+    int rc = model_params_gather_all(t->model, err);
+    alloc_label(t, NULL, 0);
+    return train_dist_agree(&t->dist, rc, err);
+}
+
+static void weights_release(Trainer *t) { model_params_release_all(t->model); }
 
 /* The engine's memory per round (colt's names; TRL has none for these). */
 static void log_engine_stats(Trainer *t, const EngineStats *es) {
@@ -367,9 +388,11 @@ static int new_rollout(Trainer *t, char *err) {
     GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
                           .n_stop_ids = t->n_stop};
     EngineStats es;
+    int rc = weights_gather(t, err);
     alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
-    int rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+    if (rc == 0) rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
     alloc_label(t, NULL, 0);
+    weights_release(t);
     if (rc == 0) log_engine_stats(t, &es);
     /* Every rank gets every completion: ids, lengths, stop flags and the engine's log-probs. */
     int *send = xcalloc((size_t)n_local * (L + 2), sizeof(int)), *all = xcalloc((size_t)N * (L + 2), sizeof(int));
@@ -745,6 +768,11 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, pid);
     char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
     char *state_path = path_join(dir, "trainer_state.json"), *cfg_path = path_join(dir, "train_config.json");
+    if (model_params_partitioned(t->model)) { /* zero_stage 3: rank 0 saves the whole weights */
+        release_activations(t);
+        rc = weights_gather(t, err);
+    }
+    if (rc != 0) return rc;
     if (t->dist.rank == 0) {
         remove_tree(dir);
         if (save_trained(t, dir, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0) rc = COLT_ERR;
@@ -754,6 +782,7 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
             free(opt_path);
         }
     }
+    weights_release(t);
     if (sharded) {
         rc = train_dist_agree(&t->dist, rc, err); /* the folder exists */
         if (rc == 0) {
@@ -939,7 +968,9 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
         GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
                               .n_stop_ids = t->n_stop};
         make_room_for_generation(t, n_local);
-        rc = n_local > 0 ? engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, NULL, err) : COLT_OK;
+        rc = weights_gather(t, err);
+        if (rc == 0 && n_local > 0) rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, NULL, err);
+        weights_release(t);
     }
     for (int j = 0; j < n_local && rc == 0; j++) {
         /* a row: the text's token count, then its ids */
@@ -1150,9 +1181,9 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
         optim_shard_range(t->opt, &lo, &hi);
         if (train_dist_agree(&t->dist, train_dist_zero2_open(&t->dist, t->be, t->grads, lo, hi, err), err) != 0)
             return COLT_ERR;
-        snprintf(how, sizeof how, "zero_stage 2: each layer's gradients %s as the backward finishes it; this rank "
+        snprintf(how, sizeof how, "zero_stage %d: each layer's gradients %s as the backward finishes it; this rank "
                                   "keeps its shard of the sum",
-                 t->dist.world == 1 ? "added to the shard" : t->dist.grad_comm ? "all-reduced over NCCL" : "summed on the host in rank order");
+                 c->zero_stage, t->dist.world == 1 ? "added to the shard" : t->dist.grad_comm ? "all-reduced over NCCL" : "summed on the host in rank order");
     }
     if (t->dist.world > 1 || c->zero_stage >= 2) log_info0("gradients: %s", how);
     return COLT_OK;
@@ -1315,6 +1346,25 @@ static int save_merged(const Trainer *t, char *err) {
     return rc;
 }
 
+/* zero_stage 3: m keeps only this rank's part of its weights (the optimizer
+ * shard's range), loaded whole just before; a layer is gathered while a pass
+ * uses it, the whole weights for generation and saving (model_train.h). The
+ * gathers run over t->dist, whose NCCL path opens later: none happens here. */
+static int partition_weights(Trainer *t, Model *m, char *err) {
+    if (t->cfg->zero_stage < 3) return COLT_OK;
+    size_t lo = 0, hi = 0, numel = 0;
+    model_params_flat(m, &numel);
+    optim_shard_bounds(numel, t->dist.world, t->dist.rank, &lo, &hi);
+    ParamsGather pg;
+    train_dist_zero3_gather(&t->dist, t->be, numel, &pg);
+    if (model_params_partition(m, lo, hi, &pg, err) != 0) return COLT_ERR;
+    if (m == t->model)
+        log_info0("weights: zero_stage 3 over %d rank(s): this rank keeps parameters %zu .. %zu of %zu; each layer is "
+                  "gathered while a pass uses it, the whole weights for generation and saving",
+                  t->dist.world, lo, hi, numel);
+    return COLT_OK;
+}
+
 /* Everything setup does on this rank. Only rank 0 touches output_dir. */
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
     int device = 0;
@@ -1376,9 +1426,11 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     }
     if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
     alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
-    if (load_trained_model(t, c, err) != 0) return COLT_ERR;
+    if (load_trained_model(t, c, err) != 0 || partition_weights(t, t->model, err) != 0) return COLT_ERR;
     alloc_label(t, "the reference model's weights", t->plan.reference);
-    if (c->beta > 0 && !c->use_peft && model_load(&t->ref_model, c->model, t->be, err) != 0) return COLT_ERR;
+    if (c->beta > 0 && !c->use_peft &&
+        (model_load(&t->ref_model, c->model, t->be, err) != 0 || partition_weights(t, t->ref_model, err) != 0))
+        return COLT_ERR;
     alloc_label(t, NULL, 0);
     t->ref_is_base = c->beta > 0 && c->use_peft;
     mc = model_config(t->model);
@@ -1704,7 +1756,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         double o0 = time_now();
         if (zero2) optim_step_shard(t.opt, train_dist_zero2_shard(&t.dist), lr);
         else optim_step(t.opt, t.grads, lr);
-        if (optim_is_sharded(t.opt)) {
+        if (model_params_partitioned(t.model)) model_params_changed(t.model); /* zero_stage 3: gathered per use */
+        else if (optim_is_sharded(t.opt)) {
             /* Each rank updated its shard of the weights: exchange them. */
             size_t n_weights = 0;
             void *weights = model_params_flat(t.model, &n_weights);
@@ -1810,9 +1863,14 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
                              "learning_rate %g): the final model is not saved, %s",
                         (long long)t.global_step, c->learning_rate, last);
         }
+        if (rc == 0 && model_params_partitioned(t.model)) { /* zero_stage 3: rank 0 saves the whole weights */
+            release_activations(&t);
+            rc = weights_gather(&t, err);
+        }
         if (rc == 0 && t.dist.rank == 0 &&
             (save_trained(&t, c->output_dir, err) != 0 || tokenizer_copy_files(c->model, c->output_dir, err) != 0))
             rc = COLT_ERR;
+        weights_release(&t);
         if (rc == 0 && t.dist.rank == 0 && c->merge_lora) rc = save_merged(&t, err);
         if (rc == 0 && t.dist.rank == 0) {
             ReportSummary s = {.eval_reward_before = eval_before, .eval_reward_after = eval_after,

@@ -5,7 +5,7 @@
  *     weights + reference + gradients + optimizer state + the larger of the
  *     training activations and the engine's scratch and KV pool (the CPU
  *     engine takes the whole round's pool; activations are given back while
- *     it generates); with zero_stage 1 and 2 over 2 ranks, zero_stage 2 in one
+ *     it generates); with zero_stage 1, 2 and 3 over 2 ranks, zero_stage 2 in one
  *     process and with the optimizer offloaded too;
  *   - a Qwen2.5-7B shape (its config.json alone) on an 80 GB device: the
  *     benchmark's batch does not fit with the optimizer on the GPU (exit 1, the
@@ -81,8 +81,9 @@ static void plan_matches_run(const char *what, const char *prefix, const char *e
     double persistent = part(plan, "weights") + part(plan, "reference_model") + part(plan, "gradients") +
                         part(plan, "optimizer_state");
     double expect = part(plan, "expected_peak");
-    CHECK(fabs(expect - (persistent + fmax(part(plan, "activations"),
-                                            part(plan, "engine_scratch") + part(plan, "kv_cache_wanted")))) < 1e-5,
+    CHECK(fabs(expect - (persistent + fmax(part(plan, "activations"), part(plan, "weights_gathered") +
+                                                                            part(plan, "engine_scratch") +
+                                                                            part(plan, "kv_cache_wanted")))) < 1e-5,
           "%s: expected_peak %.6f is not the parts' sum", what, expect);
     double rel = fabs(peak - expect) / expect;
     printf("%s: allocated peak %.6f GB, plan %.6f GB (%.2f%%)\n", what, peak, expect, 100 * rel);
@@ -112,6 +113,7 @@ int main(void) {
         const char *mpirun = MPIRUN_2;
         plan_matches_run("demo, 2 ranks, zero_stage 1", mpirun, "--zero_stage 1 --per_device_train_batch_size 8", 2);
         plan_matches_run("demo, 2 ranks, zero_stage 2", mpirun, "--zero_stage 2 --per_device_train_batch_size 8", 2);
+        plan_matches_run("demo, 2 ranks, zero_stage 3", mpirun, "--zero_stage 3 --per_device_train_batch_size 8", 2);
     } else printf("SKIPPED: the 2-rank plans (mpirun not found)\n");
 
     /* 2. a 7B shape on an 80 GB device, from config.json alone */
@@ -155,6 +157,42 @@ int main(void) {
     CHECK(host_opt > 84 && host_opt < 86 && part(plan, "peak") > 42 && part(plan, "peak") < 80,
           "7B with offload: host %.1f GB, peak %.1f GB", host_opt, part(plan, "peak"));
     json_decref(plan);
+    free(out), free(err);
+
+    /* zero_stage 3 over 8 ranks: the weights' share drops to a part, two layers and the embedding / lm_head;
+     * generation still gathers the whole 15.2 GB */
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 80 "
+             "--world_size 8 --zero_stage 3 --per_device_train_batch_size 8 --gradient_accumulation_steps 1", bench,
+             model, g_tmp);
+    code = colt("", args, &out, &err);
+    plan = json_loads(out, 0, NULL);
+    double w3 = part(plan, "weights"), whole = part(plan, "weights_gathered");
+    printf("7B, zero_stage 3 over 8 ranks: exit %d, weights %.2f GB per GPU while training, %.2f GB gathered to "
+           "generate, peak %.1f GB\n", code, w3, whole, part(plan, "peak"));
+    /* 14.19 GiB / 8 + 2 layer windows x 0.43 GiB + embedding and lm_head 2 x 1.02 GiB */
+    CHECK(code == 0 && plan && whole > 14.1 && whole < 14.3 && w3 > 4.55 && w3 < 4.8, "7B zero_stage 3: exit %d: %s %s",
+          code, out, err);
+    json_decref(plan);
+    free(out), free(err);
+    /* a 72B shape on 32 x 80 GB with zero_stage 3 and offload: training would fit, but the colocated engine
+     * needs the whole 135 GiB on each GPU: the plan says so and names tensor parallelism */
+    char model72[300];
+    snprintf(model72, sizeof model72, "%s/qwen2.5-72b", g_tmp);
+    sh("mkdir -p %s", model72);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model72);
+    write_file(cfg_path,
+               "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"hidden_size\": 8192, "
+               "\"intermediate_size\": 29568, \"num_hidden_layers\": 80, \"num_attention_heads\": 64, "
+               "\"num_key_value_heads\": 8, \"vocab_size\": 152064, \"max_position_embeddings\": 32768, "
+               "\"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, \"tie_word_embeddings\": false, "
+               "\"torch_dtype\": \"bfloat16\", \"bos_token_id\": 151643, \"eos_token_id\": 151643}\n");
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --device_memory_gb 80 --world_size 32 "
+             "--zero_stage 3 --offload_optimizer cpu --host_memory_gb 2000 --per_device_train_batch_size 4 "
+             "--gradient_accumulation_steps 1", bench, model72, g_tmp);
+    code = colt("", args, &out, &err);
+    printf("72B, zero_stage 3 + offload over 32 ranks: exit %d\n%s", code, out);
+    CHECK(code == 1 && strstr(out, "does NOT fit") && strstr(out, "tensor parallelism"),
+          "72B zero_stage 3 on 80 GB: exit %d: %s %s", code, out, err);
     free(out), free(err);
 
     /* offload with too little host memory for the optimizer state: refused by the plan */

@@ -15,8 +15,8 @@
 
 static const char *INIT_USAGE =
     "usage: colt init [--arch qwen2|qwen3|llama] --preset PRESET --out DIR [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n"
-    "                 [--vocab_size V]\n"
-    "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (--arch qwen2, qwen3 or llama),\n"
+    "                 [--vocab_size V] [--config_only]\n"
+    "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b (--arch qwen2, qwen3 or llama),\n"
     "           qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (qwen3),\n"
     "           llama3.2-1b, llama3.2-3b, llama3.1-8b (llama, with Llama 3's RoPE scaling)\n";
 
@@ -35,6 +35,8 @@ static const Preset PRESETS[] = {
     {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 0, 151936, 32768, true, NULL, 0.0f},
     {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 0, 151936, 32768, true, NULL, 0.0f},
     {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 0, 152064, 32768, false, NULL, 0.0f},
+    {"qwen2.5-14b", 5120, 13824, 48, 40, 8, 0, 152064, 32768, false, NULL, 0.0f},
+    {"qwen2.5-32b", 5120, 27648, 64, 40, 8, 0, 152064, 32768, false, NULL, 0.0f},
     {"qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
     {"qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
     {"qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
@@ -49,10 +51,11 @@ int cmd_init(int argc, char **argv) {
     const char *arch = NULL, *preset_name = NULL, *tokenizer_dir = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0;
     int vocab_size = 0;
+    bool config_only = false;
     CliOption opts[] = {
         {"arch", OPT_STRING, &arch, "qwen2, qwen3 or llama (required unless the preset names one)", false},
         {"preset", OPT_STRING, &preset_name,
-         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, "
+         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, "
          "llama3.2-3b or llama3.1-8b (required)", false},
         {"tokenizer", OPT_STRING, &tokenizer_dir, "copy this folder's tokenizer files in; tiny takes its vocab size", false},
         {"out", OPT_STRING, &out, "output folder (required)", false},
@@ -60,6 +63,8 @@ int cmd_init(int argc, char **argv) {
         {"dtype", OPT_STRING, &dtype, "bf16 (default) or fp32", false},
         {"vocab_size", OPT_INT, &vocab_size,
          "the preset's shape with another vocabulary size (e.g. a Llama shape with a Qwen tokenizer)", false},
+        {"config_only", OPT_FLAG, &config_only,
+         "write config.json (and the tokenizer) without weights: a shape to plan with colt train --dry_run", false},
     };
     int prc = cli_parse(opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, INIT_USAGE, err);
     if (prc == 1) return 0;
@@ -69,7 +74,7 @@ int cmd_init(int argc, char **argv) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
         if (strcmp(PRESETS[i].name, preset_name) == 0) p = &PRESETS[i];
     if (!p) {
-        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen3-0.6b, "
+        errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen3-0.6b, "
                     "qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3.2-3b, llama3.1-8b)", preset_name);
         return cli_fail("init", err);
     }
@@ -152,9 +157,12 @@ int cmd_init(int argc, char **argv) {
 
     /* Streams the weights to disk: a 7B preset never sits in memory. */
     int rc = 0;
-    if (make_dirs(out, err) != 0 || model_save_random(&cfg, seed, out, save_dtype, err) != 0 ||
+    if (make_dirs(out, err) != 0 ||
+        (config_only ? model_save_config(&cfg, out, save_dtype, err) : model_save_random(&cfg, seed, out, save_dtype, err)) != 0 ||
         (tokenizer_dir && tokenizer_copy_files(tokenizer_dir, out, err) != 0))
         rc = cli_fail("init", err);
-    if (rc == 0) fprintf(stderr, "colt init: wrote %s (%s, preset %s, %s)\n", out, arch, p->name, dtype);
+    if (rc == 0)
+        fprintf(stderr, "colt init: wrote %s (%s, preset %s, %s%s)\n", out, arch, p->name, dtype,
+                config_only ? ", config only: no weights" : "");
     return rc;
 }

@@ -299,6 +299,11 @@ static void random_fill(float *dst, size_t start, size_t count, void *ctx) {
     for (size_t k = 0; k < count; k++) dst[k] = random_init_value(f->init, f->seed, f->index, start + k);
 }
 
+int model_save_config(const ModelConfig *cfg, const char *dir, DType dtype, char *err) {
+    if (check_random_config(cfg, err) != 0 || make_dirs(dir, err) != 0) return COLT_ERR;
+    return save_configs(cfg, dir, dtype, err);
+}
+
 int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err) {
     if (check_random_config(cfg, err) != 0) return COLT_ERR;
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16) return errorf(err, "%s: random init writes F32 or BF16 only", dir);

@@ -80,6 +80,9 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
 /* Writes the checkpoint model_create_random + model_save would, tensor by
  * tensor in chunks, without holding the weights in memory (for 7B shapes). */
 int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err);
+/* DIR/config.json and generation_config.json alone, as model_save_random
+ * writes them (a shape to plan with `colt train --dry_run`, no weights). */
+int model_save_config(const ModelConfig *cfg, const char *dir, DType dtype, char *err);
 /* Writes DIR/config.json, DIR/generation_config.json and DIR/model.safetensors
  * (F32 or BF16), each atomically, streaming the weights from the device (no
  * host copy of the model). Larger than MODEL_SAVE_SHARD_BYTES: shards

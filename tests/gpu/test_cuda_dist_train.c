@@ -11,8 +11,8 @@
  * same way, so every metric of every step (timings and the engine's own pool
  * aside) and the saved weights must be identical across the three. The logs
  * must name the gradient path each took. The same holds with the optimizer
- * offloaded to the host and with zero_stage 1 (shared GPU; over NCCL with two
- * GPUs). Exit 77 when no GPU. */
+ * offloaded to the host and with zero_stage 1, 2 and 3 (shared GPU; over NCCL
+ * with two GPUs). Exit 77 when no GPU. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -210,6 +210,11 @@ int main(void) {
          "/tmp/colt_gpu_dist_z1o"},
         {"2 ranks sharing GPU 0, zero_stage 2",
          "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 2", "/tmp/colt_gpu_dist_z2"},
+        {"2 ranks sharing GPU 0, zero_stage 3",
+         "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 3", "/tmp/colt_gpu_dist_z3"},
+        {"2 ranks sharing GPU 0, zero_stage 3, offload_optimizer cpu",
+         "--nproc_per_node 2 --devices '[0,0]' --per_device_train_batch_size 8 --zero_stage 3 --offload_optimizer cpu",
+         "/tmp/colt_gpu_dist_z3o"},
     };
     for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) {
         CHECK(train(zero[i].args, zero[i].dir) == 0, "%s failed (see %s.log)", zero[i].label, zero[i].dir);
@@ -225,6 +230,13 @@ int main(void) {
         CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8 --zero_stage 2", nccl_z2) == 0,
               "2 ranks on 2 GPUs, zero_stage 2 failed (see %s.log)", nccl_z2);
         compare("2 ranks on 2 GPUs, zero_stage 2 (layers all-reduced over NCCL as the backward goes)", nccl_z2, want,
+                one);
+        const char *nccl_z3 = "/tmp/colt_gpu_dist_nccl_z3";
+        CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8 --zero_stage 3", nccl_z3) == 0,
+              "2 ranks on 2 GPUs, zero_stage 3 failed (see %s.log)", nccl_z3);
+        CHECK(log_says(nccl_z3, "zero_stage 3 over 2 rank(s)"), "zero_stage 3: the log does not say so (see %s.log)",
+              nccl_z3);
+        compare("2 ranks on 2 GPUs, zero_stage 3 (layers gathered over NCCL, the next one prefetched)", nccl_z3, want,
                 one);
         CHECK(train("--nproc_per_node 2 --per_device_train_batch_size 8", nccl) == 0, "2 ranks on 2 GPUs failed (see %s.log)",
               nccl);

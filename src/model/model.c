@@ -606,8 +606,8 @@ size_t model_state_bytes(const ModelState *st) { return st ? st->bytes : 0; }
 
 size_t model_weight_bytes(const Model *m) {
     size_t es = dtype_size(m->be->storage);
-    if (!m->part) return m->arena_numel * es;
-    return model_params_partition_plan_bytes(m, m->part->hi - m->part->lo) + (m->arena ? m->arena_numel * es : 0);
+    if (!m->part || m->arena) return m->arena_numel * es; /* whole (zero_stage 3 gives its part back meanwhile) */
+    return model_params_partition_plan_bytes(m, m->part->hi - m->part->lo);
 }
 
 void model_state_free(ModelState *st) {

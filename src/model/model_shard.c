@@ -93,42 +93,70 @@ size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel) {
     return numel * dtype_size(m->be->storage);
 }
 
-int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, char *err) {
-    if (m->lora) return errorf(err, "zero_stage 3: the weights of a model with LoRA adapters are not partitioned");
-    if (m->part) return errorf(err, "zero_stage 3: the model is partitioned already");
-    if (lo > hi || hi > m->arena_numel)
-        return errorf(err, "zero_stage 3: part [%zu, %zu) outside the %zu weights", lo, hi, m->arena_numel);
+/* The part, the two layer windows and the edge buffer. */
+static void partition_alloc(Model *m) {
+    ModelPartition *p = m->part;
     const Backend *be = m->be;
-    ModelPartition *p = xcalloc(1, sizeof(ModelPartition));
-    p->lo = lo;
-    p->hi = hi;
-    p->gather = *g;
-    stage_layout_build(&p->sl, m, m->tensors, m->n_tensors, m->offsets, m->arena_numel);
     be->set_alloc_label(be, "zero_stage 3: this rank's part of the weights");
-    p->shard = be->alloc(be, hi > lo ? hi - lo : 1);
-    if (hi > lo) be->copy(be, p->shard, 0, m->arena, lo, hi - lo);
+    p->shard = be->alloc(be, p->hi > p->lo ? p->hi - p->lo : 1);
     be->set_alloc_label(be, "zero_stage 3: gathered layer windows and embedding / lm_head");
     for (int w = 0; w < 2; w++) {
         p->window[w] = be->alloc(be, p->sl.window_numel ? p->sl.window_numel : 1);
         p->window_stage[w] = -1;
     }
     p->edges = be->alloc(be, p->sl.edge_numel ? p->sl.edge_numel : 1);
+    p->edges_valid = false;
     be->set_alloc_label(be, NULL);
+}
+
+static void partition_free_buffers(Model *m) {
+    ModelPartition *p = m->part;
+    const Backend *be = m->be;
+    if (p->shard) be->free(be, p->shard);
+    for (int w = 0; w < 2; w++)
+        if (p->window[w]) be->free(be, p->window[w]);
+    if (p->edges) be->free(be, p->edges);
+    p->shard = p->edges = p->window[0] = p->window[1] = NULL;
+}
+
+/* The part, and the edges, copied out of the whole arena. */
+static void partition_fill_from_arena(Model *m) {
+    ModelPartition *p = m->part;
+    const Backend *be = m->be;
+    if (p->hi > p->lo) be->copy(be, p->shard, 0, m->arena, p->lo, p->hi - p->lo);
+    int edges[2] = {0, p->sl.n_stages - 1};
+    for (int e = 0; e < 2; e++)
+        for (int grp = 0; grp < 2; grp++) {
+            const size_t *r = p->sl.range[edges[e]][grp];
+            if (r[1] > r[0]) be->copy(be, p->edges, p->sl.edge_base[e][grp], m->arena, r[0], r[1] - r[0]);
+        }
+    p->edges_valid = true;
+}
+
+int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, char *err) {
+    if (m->lora) return errorf(err, "zero_stage 3: the weights of a model with LoRA adapters are not partitioned");
+    if (m->part) return errorf(err, "zero_stage 3: the model is partitioned already");
+    if (lo > hi || hi > m->arena_numel)
+        return errorf(err, "zero_stage 3: part [%zu, %zu) outside the %zu weights", lo, hi, m->arena_numel);
+    ModelPartition *p = xcalloc(1, sizeof(ModelPartition));
+    p->lo = lo;
+    p->hi = hi;
+    p->gather = *g;
     p->in_flight = -1;
-    be->free(be, m->arena);
+    stage_layout_build(&p->sl, m, m->tensors, m->n_tensors, m->offsets, m->arena_numel);
+    m->part = p;
+    partition_alloc(m);
+    partition_fill_from_arena(m);
+    m->be->free(m->be, m->arena);
     m->arena = NULL;
     for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = NULL;
-    m->part = p;
     return COLT_OK;
 }
 
 void model_partition_free(Model *m) {
     ModelPartition *p = m->part;
     if (!p) return;
-    const Backend *be = m->be;
-    be->free(be, p->shard);
-    for (int w = 0; w < 2; w++) be->free(be, p->window[w]);
-    be->free(be, p->edges);
+    partition_free_buffers(m);
     stage_layout_free(&p->sl);
     free(p);
     m->part = NULL;
@@ -136,6 +164,7 @@ void model_partition_free(Model *m) {
 
 void *model_params_at(const Model *m, size_t off) {
     size_t es = dtype_size(m->be->storage);
+    if (m->lora) return (char *)m->lora->arena + off * es; /* the trainable parameters are the adapters */
     if (m->arena) return (char *)m->arena + off * es;
     COLT_ASSERT(m->part && off >= m->part->lo && off <= m->part->hi);
     return (char *)m->part->shard + (off - m->part->lo) * es;
@@ -219,6 +248,9 @@ int model_params_use(Model *m, int stage, int next, char *err) {
     return COLT_OK;
 }
 
+/* While the whole weights exist the part, windows and edges are given back
+ * (the arena holds all of it): generation, which takes its KV pool from what
+ * is free, sees the same weight memory as without zero_stage 3. */
 int model_params_gather_all(Model *m, char *err) {
     ModelPartition *p = m->part;
     if (!p || m->arena) return COLT_OK;
@@ -232,9 +264,11 @@ int model_params_gather_all(Model *m, char *err) {
     be->set_alloc_label(be, NULL);
     if (p->gather.start(p->gather.ctx, m->arena, 0, m->arena_numel, p->shard, err) != 0 ||
         p->gather.wait(p->gather.ctx, err) != 0) {
-        model_params_release_all(m);
+        be->free(be, m->arena);
+        m->arena = NULL;
         return COLT_ERR;
     }
+    partition_free_buffers(m);
     size_t es = dtype_size(be->storage);
     for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = (char *)m->arena + m->offsets[i] * es;
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
@@ -243,8 +277,9 @@ int model_params_gather_all(Model *m, char *err) {
 
 void model_params_release_all(Model *m) {
     if (!m->part || !m->arena) return;
+    partition_alloc(m);
+    partition_fill_from_arena(m);
     m->be->free(m->be, m->arena);
     m->arena = NULL;
     for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = NULL;
-    /* the windows' and edges' contents are still this step's weights */
 }

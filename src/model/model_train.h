@@ -111,8 +111,9 @@ int model_params_gather_all(Model *m, char *err);
 void model_params_release_all(Model *m);
 /* This rank's part changed (an optimizer step): gathered copies are stale. */
 void model_params_changed(Model *m);
-/* Flat weight element off: in the arena, or in this rank's part (which must
- * hold it) when partitioned. */
+/* Trainable parameter element off of model_params_flat's layout: in the
+ * adapters' arena with LoRA attached, else in the weights' arena, or in this
+ * rank's part (which must hold it) when partitioned. */
 void *model_params_at(const Model *m, size_t off);
 /* The device bytes a partition takes: the part plus the windows and edges. */
 size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel);

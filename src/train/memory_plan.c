@@ -62,15 +62,28 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->activations = p->recompute ? p->activations_recompute : p->activations_full;
     p->train_peak = persistent + p->activations;
     /* Generation: the activations are given back when the engine needs their room. */
-    p->generate_peak = persistent + p->weights_gathered + p->engine_scratch + p->kv_min;
+    /* zero_stage 3 generates with the whole weights gathered and its part given back meanwhile; the
+     * moment of gathering (and of giving back) holds both, without activations or engine. */
+    size_t gen_persistent = persistent, gather_peak = 0;
+    if (p->weights_gathered) {
+        gen_persistent = persistent - p->weights + p->weights_gathered;
+        gather_peak = persistent + p->weights_gathered;
+    }
+    p->generate_peak = gen_persistent + p->engine_scratch + p->kv_min;
+    if (gather_peak > p->generate_peak) p->generate_peak = gather_peak;
     p->peak = p->train_peak > p->generate_peak ? p->train_peak : p->generate_peak;
     double engine_wants = (double)(p->engine_scratch + p->kv_want + p->headroom);
-    size_t beside = p->train_peak + p->weights_gathered + p->engine_scratch + p->kv_want;
-    if (in->gpu && room - (double)p->train_peak >= engine_wants + (double)p->weights_gathered) p->expected_peak = beside;
+    size_t beside = p->train_peak + (gen_persistent - persistent) + p->engine_scratch + p->kv_want;
+    if (in->gpu && room - (double)(p->train_peak + (gen_persistent - persistent)) >= engine_wants) {
+        p->expected_peak = beside;
+        size_t release = gather_peak ? p->train_peak + p->weights_gathered : 0; /* giving the whole back */
+        if (release > p->expected_peak) p->expected_peak = release;
+    }
     else {
-        double pool_room = room - (double)(persistent + p->weights_gathered + p->engine_scratch + p->headroom);
+        double pool_room = room - (double)(gen_persistent + p->engine_scratch + p->headroom);
         size_t pool = !in->gpu || pool_room >= (double)p->kv_want ? p->kv_want : pool_room > 0 ? (size_t)pool_room : 0;
-        size_t gen = persistent + p->weights_gathered + p->engine_scratch + pool;
+        size_t gen = gen_persistent + p->engine_scratch + pool;
+        if (gather_peak > gen) gen = gather_peak;
         p->expected_peak = gen > p->train_peak ? gen : p->train_peak;
     }
     p->fits = (double)(p->train_peak + TRAIN_HEADROOM) <= room && (double)(p->generate_peak + p->headroom) <= room;

@@ -5,6 +5,7 @@
 # Runs what the machine has (1, 2, 4 or 8 GPUs); parts whose code does not
 # exist yet say so. Prints markdown; raw logs stay under $WORK.
 # Usage: bash bench/gpu/multi_gpu.sh TOKENIZER_DIR PROMPTS_JSONL [presets]   (presets: qwen2.5-0.5b qwen2.5-1.5b)
+#   SECTIONS="2 3 4 5" (environment) runs only those sections (default: all; the machine record always).
 #   (scripts/pack_device.sh makes the tokenizer and prompts from ../shared/data)
 # The GRPO step is bench/gpu/grpo_bench.yaml's: 16 prompts x 8 completions x 256 tokens per GPU (weak
 # scaling: the global batch grows with the GPUs, per-GPU work stays), random-weight Qwen2.5 shapes.
@@ -19,6 +20,8 @@ work=${WORK:-/tmp/colt-multi-gpu}
 rm -rf "$work" && mkdir -p "$work"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 gpus=$(nvidia-smi -L | wc -l)
+sections=${SECTIONS:-1 2 3 4 5}
+want() { [[ " $sections " == *" $1 "* ]]; }
 
 echo "## Machine"
 echo
@@ -46,11 +49,14 @@ print(f"| {sys.argv[2]} | {ranks} | {mean('step_time'):.3f} | {tokens / mean('st
 PY
 }
 
+if want 1; then
 echo
 echo "## 1. Colocate vs server mode (the write-up's experiments)"
 echo
 echo "Not run: colt's server mode does not exist yet (issue 23)."
+fi
 
+if want 2; then
 echo
 echo "## 2. Data-parallel scaling (weak: 128 completions of 256 tokens per GPU)"
 echo
@@ -72,7 +78,9 @@ nccl=$(grep -ho "NCCL version [0-9.]*[^ ]*" "$work"/train-*.log 2>/dev/null | he
 echo
 echo "Gradients: $(grep -ho 'gradients: .*' "$work"/train-*-2.log 2>/dev/null | head -1 || echo 'one GPU only'); ${nccl:-NCCL version not printed}."
 echo "Efficiency at N GPUs = tokens/s(N) / (N x tokens/s(1)), from the table."
+fi
 
+if want 3; then
 echo
 echo "## 3. Qwen2.5-7B, every weight trained, ZeRO-3 (and offload) over all $gpus GPUs"
 echo
@@ -109,7 +117,9 @@ PY
 else
   echo "Not run: ${SKIP_7B:+SKIP_7B set; }needs 2 or more GPUs."
 fi
+fi
 
+if want 4; then
 echo
 echo "## 4. The largest model: dry-run plans for this machine (zero_stage 3, offload_optimizer cpu)"
 echo
@@ -123,11 +133,15 @@ for p in qwen2.5-14b qwen2.5-32b; do
   fi
 done
 
+fi
+
+if want 5; then
 echo
 echo "## 5. Correctness at scale: world size $gpus against one process, same global batch"
 echo
 if [ "$gpus" -ge 2 ]; then
   p=${presets%% *}
+  [ -f "$work/$p/config.json" ] || $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
   per=$((128 / gpus))
   common=(--config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" --device cuda --max_steps 3)
   # One process with one micro-batch of 128; one process with $gpus micro-batches of $per (the ranks' partial
@@ -137,7 +151,10 @@ if [ "$gpus" -ge 2 ]; then
     --output_dir "$work/check-1-acc" > "$work/check-1-acc.log" 2>&1 || echo "one process, accumulating, failed: $(tail -1 "$work/check-1-acc.log")"
   $COLT train "${common[@]}" --nproc_per_node "$gpus" --per_device_train_batch_size "$per" --output_dir "$work/check-$gpus" \
     > "$work/check-$gpus.log" 2>&1 || echo "$gpus processes failed: $(tail -1 "$work/check-$gpus.log")"
-  python3 - "$work/check-$gpus/metrics.jsonl" "$gpus" "$work/check-1-acc/metrics.jsonl" "$work/check-1/metrics.jsonl" <<'PY'
+  $COLT train "${common[@]}" --nproc_per_node "$gpus" --per_device_train_batch_size "$per" --zero_stage 3 \
+    --output_dir "$work/check-$gpus-z3" > "$work/check-$gpus-z3.log" 2>&1 || echo "$gpus processes, zero_stage 3, failed: $(tail -1 "$work/check-$gpus-z3.log")"
+  python3 - "$work/check-$gpus/metrics.jsonl" "$gpus" "$work/check-1-acc/metrics.jsonl" "$work/check-1/metrics.jsonl" \
+    "$work/check-$gpus-z3/metrics.jsonl" <<'PY'
 import json, math, sys
 def rows(path):
     try:
@@ -148,7 +165,8 @@ ranks = rows(sys.argv[1])
 print(f"| against world size {sys.argv[2]} | step | metrics compared | largest relative difference | in |")
 print("|---|---:|---:|---:|---|")
 for label, path in (("one process, the same micro-batches accumulated", sys.argv[3]),
-                    ("one process, one micro-batch of 128", sys.argv[4])):
+                    ("one process, one micro-batch of 128", sys.argv[4]),
+                    (f"world size {sys.argv[2]} with zero_stage 3", sys.argv[5])):
     for ra, rb in zip(rows(path), ranks):
         worst, name, n = 0.0, "-", 0
         for k, va in ra.items():
@@ -169,10 +187,10 @@ PY
   echo "every step by colt itself; a difference stops the job. $(grep -c 'differ' "$work/check-$gpus.log" || true) such stops."
 
   echo
-  echo "### A rank killed mid-run"
+  echo "### A rank killed mid-run (zero_stage 3: the others wait in layer gathers)"
   echo
   $COLT train "${common[@]}" --max_steps 1000 --nproc_per_node "$gpus" --per_device_train_batch_size "$per" \
-    --ddp_timeout 60 --output_dir "$work/kill" > "$work/kill.log" 2>&1 &
+    --zero_stage 3 --ddp_timeout 60 --output_dir "$work/kill" > "$work/kill.log" 2>&1 &
   parent=$!
   for _ in $(seq 600); do
     [ -f "$work/kill/metrics.jsonl" ] && [ "$(wc -l < "$work/kill/metrics.jsonl")" -ge 2 ] && break
@@ -188,6 +206,7 @@ PY
        "$(python3 -c "print(f'{$t1 - $t0:.1f}')") s (ddp_timeout 60 s). Its last line: \`$(tail -1 "$work/kill.log")\`"
 else
   echo "Not run: one GPU."
+fi
 fi
 
 echo

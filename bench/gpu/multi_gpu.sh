@@ -132,6 +132,34 @@ for p in qwen2.5-14b qwen2.5-32b; do
       --gradient_accumulation_steps 16 --output_dir "$work/plan-$p" --dry_run 2>&1 | sed 's/^/    /' || true
   fi
 done
+# One of them trained for real (LARGEST, default qwen2.5-14b: colt init's random weights for 32B take minutes).
+big=${LARGEST:-qwen2.5-14b}
+if [ "$gpus" -ge 2 ]; then
+  t0=$(date +%s)
+  $COLT init --arch qwen2 --preset "$big" --tokenizer "$tok" --out "$work/$big" 2>/dev/null
+  echo
+  echo "$big: colt init took $(( $(date +%s) - t0 )) s. ${STEPS_LARGEST:-2} steps, zero_stage 3 + offload_optimizer cpu, $gpus GPUs:"
+  echo
+  ab=(--config bench/gpu/grpo_bench.yaml --model "$work/$big" --dataset "$prompts" --device cuda --nproc_per_node "$gpus"
+      --zero_stage 3 --offload_optimizer cpu --per_device_train_batch_size 8 --gradient_accumulation_steps 16
+      --max_steps "${STEPS_LARGEST:-2}")
+  if $COLT train "${ab[@]}" --output_dir "$work/run-$big" > "$work/run-$big.log" 2>&1; then
+    python3 - "$work/run-$big/metrics.jsonl" "$big" "$gpus" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+r = rows[-1]  # the last step (the first one captures graphs and picks cuBLAS plans)
+g = int(sys.argv[3])
+tok = r.get("completions/mean_length", 0) * 128 * g
+print("| model | GPUs | s/step | completion tokens/s/GPU | generation | training | optimizer (host AdamW) | allocated peak GB/GPU |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print(f"| {sys.argv[2]} | {g} | {r['step_time']:.1f} | {tok / r['step_time'] / g:,.0f} | {r.get('time/generation', 0):.1f} | "
+      f"{r.get('time/training', 0):.1f} | {r.get('time/optimizer', 0):.1f} ({r.get('time/optimizer_host_adamw', 0):.1f}) | "
+      f"{r.get('memory/allocated_peak_gb', 0):.1f} |")
+PY
+  else
+    echo "failed: $(tail -1 "$work/run-$big.log")"
+  fi
+fi
 
 fi
 
@@ -171,7 +199,7 @@ for label, path in (("one process, the same micro-batches accumulated", sys.argv
         worst, name, n = 0.0, "-", 0
         for k, va in ra.items():
             # timings and the engine's own pool (one per rank) differ by design
-            if k.startswith(("time/", "engine/")) or k == "step_time" or not isinstance(va, (int, float)):
+            if k.startswith(("time/", "engine/", "memory/")) or k == "step_time" or not isinstance(va, (int, float)):
                 continue
             vb = rb.get(k)
             if not isinstance(vb, (int, float)) or (isinstance(va, float) and math.isnan(va)):

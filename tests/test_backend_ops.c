@@ -6,6 +6,7 @@
  * Dimension legend: N tokens, D width, H query heads, KVH key/value heads,
  * Dh head dim, S cache slots, L max cache length, F MLP width, V vocab. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,28 @@ static void test_elementwise(const Backend *be) {
     report("copy [200 of 1000]", got, ref, n, 0.0);
     free(g), free(u), free(got), free(ref);
     be->free(be, dg), be->free(be, du), be->free(be, dout);
+}
+
+/* dropout: kept exactly where rng_uniform(seed, stream, i) >= p, scaled by 1 / (1 - p); about 1 - p kept. */
+static void test_dropout(const Backend *be) {
+    size_t n = 100000;
+    float p = 0.25f, scale = 1.0f / (1.0f - p), *x = rand_floats(n, 2.0f);
+    void *dx = to_device(be, x, n);
+    be->dropout(be, dx, dx, n, p, 42, 7); /* in place */
+    float *got = from_device(be, dx, n);
+    size_t kept = 0, wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool keep = rng_uniform(42, 7, i) >= p;
+        kept += keep;
+        if (got[i] != (keep ? x[i] * scale : 0.0f)) wrong++;
+    }
+    double frac = (double)kept / n, sigma = sqrt(p * (1 - p) / n);
+    bool ok = wrong == 0 && fabs(frac - (1 - p)) < 5 * sigma;
+    printf("%s dropout p 0.25 [%zu] in place: %zu values off the mask's, %.4f kept (1 - p = 0.75, 5 sigma %.4f)\n",
+           ok ? "ok  " : "FAIL", n, wrong, frac, 5 * sigma);
+    if (!ok) g_failures++;
+    free(x), free(got);
+    be->free(be, dx);
 }
 
 static void test_embedding(const Backend *be) {
@@ -565,6 +588,7 @@ static void run_all(const Backend *be) {
     test_swiglu_embedding_backward(be);
     test_log_softmax_target(be);
     test_optimizer_ops(be);
+    test_dropout(be);
 }
 
 int main(void) {

@@ -5,7 +5,8 @@
  * rsLoRA on a Llama with biases): log-probs of model_forward and of the
  * training forward within 1e-4 of PEFT's (fp32), a greedy continuation
  * identical to PEFT's generate, through the engine (paged path), the
- * gradients of every lora_A / lora_B against PEFT's autograd, the engine's
+ * gradients of every lora_A / lora_B against PEFT's autograd (also with
+ * lora_dropout, PEFT's dropout modules given colt's masks), the engine's
  * log-probs bit-identical to the trainer's in deterministic mode; save +
  * reload bit-identical, the merged checkpoint equal to PEFT's merged model;
  * fresh adapters (B = 0) leave the model unchanged, and disabling them gives
@@ -169,8 +170,10 @@ static void check_greedy(Model *m, const json_t *entry, const char *name) {
 }
 
 /* The golden batch's loss sum w_i logp_i / T; its gradients vs PEFT's autograd. */
-static void check_gradients(Model *m, const json_t *entry, double temperature, const char *name) {
-    const json_t *tr = json_object_get(entry, "train"), *seqs = json_object_get(tr, "sequences");
+/* The goldens' "train" entry (or, with dropout, "train_dropout": PEFT given colt's lora_dropout masks):
+ * the training forward's log-probs and every adapter gradient against PEFT's. */
+static void check_gradients(Model *m, const json_t *entry, double temperature, const char *name, bool dropout) {
+    const json_t *tr = json_object_get(entry, dropout ? "train_dropout" : "train"), *seqs = json_object_get(tr, "sequences");
     int n = 0, n_seqs = (int)json_array_size(seqs), max_len = 0;
     for (int s = 0; s < n_seqs; s++) {
         int T = (int)json_array_size(json_array_get(seqs, (size_t)s));
@@ -192,15 +195,29 @@ static void check_gradients(Model *m, const json_t *entry, double temperature, c
     char err[ERR_LEN];
     TrainState *st = NULL;
     ModelGrads *g = NULL;
+    if (dropout) /* before the state: it takes the dropout's scratch */
+        model_lora_set_dropout(m, (float)json_number_value(json_object_get(tr, "p")));
     if (train_state_create(&st, m, n_seqs, max_len, n, err) != 0 || model_grads_create(&g, m, err) != 0) {
         CHECK(0, "%s: %s", name, err);
         goto done;
     }
-    if (model_train_forward(m, st, tok, slot, pos, tgt, n, (float)temperature, lp, NULL, err) != 0 ||
-        model_train_backward(m, st, w, g, err) != 0) {
+    if (dropout)
+        model_lora_set_dropout_key(m, (uint64_t)json_integer_value(json_object_get(tr, "seed")),
+                                   json_integer_value(json_object_get(tr, "key")));
+    int frc = model_train_forward(m, st, tok, slot, pos, tgt, n, (float)temperature, lp, NULL, err);
+    model_lora_set_dropout_key(m, 0, -1);
+    if (frc != 0 || model_train_backward(m, st, w, g, err) != 0) {
         CHECK(0, "%s: %s", name, err);
         goto done;
     }
+    double lp_gap = 0.0;
+    for (int s = 0, i = 0; s < n_seqs; s++) {
+        const json_t *ref = json_array_get(json_object_get(tr, "logprobs"), (size_t)s);
+        for (size_t t = 0; t < json_array_size(ref); t++, i++)
+            if (tgt[i] >= 0) lp_gap = fmax(lp_gap, fabs(lp[i] - json_number_value(json_array_get(ref, t))));
+    }
+    CHECK(lp_gap < 1e-4, "%s: training log-probs%s differ from PEFT's by %.3g", name, dropout ? " with dropout" : "",
+          lp_gap);
     const json_t *grads = json_object_get(tr, "grads");
     int n_params = model_param_count(m);
     CHECK(n_params == (int)json_object_size(grads), "%s: %d trainable tensors, PEFT has %d", name, n_params,
@@ -231,9 +248,11 @@ static void check_gradients(Model *m, const json_t *entry, double temperature, c
               name, p.name, fmax(rel, norm_rel));
         free(got);
     }
-    printf("  %-18s %d adapter gradients vs PEFT autograd: worst error %.2e of the tensor's norm (tol 1e-4)\n", name,
-           n_params, worst);
+    printf("  %-18s %d adapter gradients vs PEFT autograd%s: worst error %.2e of the tensor's norm (tol 1e-4); "
+           "log-probs within %.2e\n",
+           name, n_params, dropout ? " with lora_dropout (PEFT given colt's masks)" : "", worst, lp_gap);
 done:
+    if (dropout) model_lora_set_dropout(m, 0.0f);
     model_grads_free(g);
     train_state_free(st);
     free(tok), free(slot), free(pos), free(tgt), free(w), free(lp);
@@ -378,7 +397,8 @@ int main(void) {
         CHECK(d < 1e-4, "%s: log-probs differ from PEFT's by %.3g (tolerance 1e-4)", name, d);
         check_train_forward(m, e, name);
         check_greedy(m, e, name);
-        check_gradients(m, e, temperature, name);
+        check_gradients(m, e, temperature, name, false);
+        check_gradients(m, e, temperature, name, true);
         check_deterministic_engine(m, name);
         check_save_and_merge(m, e, name, base);
         check_fresh_and_disabled(m, e, name);

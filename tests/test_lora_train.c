@@ -6,8 +6,11 @@
  *      merge_lora a plain merged checkpoint in output_dir/merged that colt loads;
  *      `colt generate --adapter output_dir` and `colt eval --adapter` apply the adapters to the base model;
  *   2. resuming from a checkpoint ends with the same adapters, byte for byte, and
- *      the same metrics as the uninterrupted run;
- *   3. bad input: lora_dropout other than 0, merge_lora without use_peft, a LoRA
+ *      the same metrics as the uninterrupted run (lora_dropout at TRL's default
+ *      0.05: the masks are keyed by the step, so the resumed run draws the same);
+ *      lora_dropout 0 trains other adapters than the default, and says so in
+ *      adapter_config.json;
+ *   3. bad input: lora_dropout 1, merge_lora without use_peft, a LoRA
  *      checkpoint resumed without use_peft, a checkpoint whose rank differs from
  *      the run's, a full checkpoint resumed with use_peft — each a one-line error,
  *      exit 1. */
@@ -117,9 +120,27 @@ int main(void) {
     CHECK(same_metrics, "resumed metrics differ:\n%s\nvs\n%s", tail, m_res);
     free(m_ref), free(m_res);
 
+    /* lora_dropout 0 against the default 0.05: other adapters after 2 steps, the value in adapter_config.json */
+    char nodrop[300];
+    snprintf(nodrop, sizeof nodrop, "%s/nodrop", g_tmp);
+    snprintf(args, sizeof args, "%s --beta 0.1 --max_steps 2 --save_steps 0 --lora_dropout 0 --output_dir %s", BASE,
+             nodrop);
+    code = run(args, &err);
+    CHECK(code == 0, "lora_dropout 0: exit %d: %s", code, err);
+    free(err);
+    char *cfg0 = read_text(nodrop, "adapter_config.json"), *cfg5 = read_text(ref, "adapter_config.json");
+    bool differ = !same_file(ck2, nodrop, "adapter_model.safetensors");
+    printf("lora_dropout 0 vs 0.05 after 2 steps: adapters %s; adapter_config.json says %s and %s\n",
+           differ ? "differ" : "IDENTICAL", cfg0 && strstr(cfg0, "\"lora_dropout\": 0.0") ? "0.0" : "?",
+           cfg5 && strstr(cfg5, "\"lora_dropout\": 0.05") ? "0.05" : "?");
+    CHECK(differ, "lora_dropout 0.05 trained the same adapters as lora_dropout 0");
+    CHECK(cfg0 && strstr(cfg0, "\"lora_dropout\": 0.0") && cfg5 && strstr(cfg5, "\"lora_dropout\": 0.05"),
+          "adapter_config.json does not record lora_dropout: %s / %s", cfg0 ? cfg0 : "(missing)", cfg5 ? cfg5 : "(missing)");
+    free(cfg0), free(cfg5);
+
     /* 3. bad input */
-    snprintf(args, sizeof args, "%s --lora_dropout 0.05 --max_steps 1 --output_dir %s/x", BASE, g_tmp);
-    expect_refused("lora_dropout 0.05", args, "lora_dropout 0.05: colt applies no dropout");
+    snprintf(args, sizeof args, "%s --lora_dropout 1 --max_steps 1 --output_dir %s/x", BASE, g_tmp);
+    expect_refused("lora_dropout 1", args, "lora_dropout: 1 is out of range");
     snprintf(args, sizeof args, "--config examples/demo.yaml --merge_lora true --max_steps 1 --output_dir %s/x", g_tmp);
     expect_refused("merge_lora without use_peft", args, "merge_lora needs use_peft: true");
     snprintf(args, sizeof args,

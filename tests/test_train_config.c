@@ -107,7 +107,7 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"vllm_gpu_memory_utilization", 0, 1, false, false, false},
     {"num_train_epochs", 0, 1e6, true, false, false},
     {"lora_alpha", 0, 1e6, true, false, false},
-    {"lora_dropout", 0, 1, false, false, false},
+    {"lora_dropout", 0, 1, false, true, false},
 };
 
 #define N_INT_KEYS (sizeof INT_KEYS / sizeof INT_KEYS[0])

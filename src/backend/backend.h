@@ -194,6 +194,10 @@ struct Backend {
     /* y[i] += x[i] over [f32] buffers (ZeRO-2: a rank's shard of the summed
      * gradients, accumulated over micro-batches). */
     void (*add_f32)(const Backend *be, void *y, const void *x, size_t n);
+    /* Inverted dropout (LoRA's lora_dropout in training): out[i] = x[i] * (1 / (1 - p)) where
+     * rng_uniform(seed, stream, i) >= p (core/rng.h), else 0 — the same mask, bit for bit, on every
+     * backend, so a backward can redraw it. out may be x; 0 <= p < 1. */
+    void (*dropout)(const Backend *be, void *out, const void *x, size_t n, float p, uint64_t seed, uint64_t stream);
 
     /* ---- generation engine (engine/engine.h): paged KV cache, device sampling ----
      *

@@ -94,6 +94,8 @@ static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *
                       smallest);
     if (!(cfg->alpha > 0.0f) || !isfinite(cfg->alpha))
         return errorf(err, "%s: lora_alpha %g must be a positive number", where, (double)cfg->alpha);
+    if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f))
+        return errorf(err, "%s: lora_dropout %g must be in [0, 1)", where, (double)cfg->dropout);
     if (cfg->targets == 0 || (cfg->targets & ~LORA_ALL_TARGETS))
         return errorf(err, "%s: LoRA needs at least one target module (q_proj, k_proj, v_proj, o_proj, gate_proj, "
                            "up_proj, down_proj)", where);
@@ -107,6 +109,7 @@ void lora_plan(Model *m, const LoraConfig *cfg) {
     ls->cfg = *cfg;
     ls->scaling = lora_scaling(cfg);
     ls->enabled = true;
+    ls->dropout_key = -1;
     ls->tensors = lora_tensor_table(m, cfg, &ls->n_tensors);
     ls->offsets = xcalloc((size_t)ls->n_tensors + 1, sizeof(size_t));
     ls->arena_numel = model_arena_layout(ls->tensors, ls->n_tensors, ls->offsets);
@@ -217,6 +220,12 @@ static int parse_adapter_config(LoraConfig *cfg, int n_layers, const char *path,
         goto done;
     }
     cfg->use_rslora = json_is_true(v);
+    v = json_object_get(root, "lora_dropout"); /* a training setting: kept for a resumed run, unused otherwise */
+    if (v && !json_is_null(v) && (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) < 1))) {
+        errorf(err, "%s: key 'lora_dropout' must be a number in [0, 1)", path);
+        goto done;
+    }
+    cfg->dropout = v && json_is_number(v) ? (float)json_number_value(v) : 0.0f;
     v = json_object_get(root, "target_modules");
     if (json_is_string(v) && strcmp(json_string_value(v), "all-linear") == 0) {
         cfg->targets = LORA_ALL_TARGETS;
@@ -367,7 +376,7 @@ int model_lora_save(const Model *m, const char *dir, const char *base_model, cha
     json_object_set_new(root, "base_model_name_or_path", json_string(base_model ? base_model : ""));
     json_object_set_new(root, "r", json_integer(ls->cfg.r));
     json_object_set_new(root, "lora_alpha", json_real(ls->cfg.alpha));
-    json_object_set_new(root, "lora_dropout", json_real(0.0));
+    json_object_set_new(root, "lora_dropout", json_real((double)ls->cfg.dropout));
     json_object_set_new(root, "use_rslora", json_boolean(ls->cfg.use_rslora));
     json_t *targets = json_array();
     for (int k = 0; k < LORA_N_TARGETS; k++)
@@ -447,6 +456,32 @@ void model_lora_add(const Model *m, const LayerWeights *w, LoraTarget t, void *y
     be->mul_scalar(be, t_buf, t_buf, m->lora->scaling, (size_t)n * r);
     be->linear(be, u_buf, t_buf, w->lora_b[t], NULL, n, r, out_dim);
     be->add(be, y, y, u_buf, (size_t)n * out_dim);
+}
+
+int lora_max_in_dim(const Model *m) {
+    if (!m->lora) return 0;
+    int widest = 0;
+    for (int k = 0; k < LORA_N_TARGETS; k++) {
+        int in_dim, out_dim;
+        lora_target_dims(&m->cfg, (LoraTarget)k, &in_dim, &out_dim);
+        if ((m->lora->cfg.targets & (1u << k)) && in_dim > widest) widest = in_dim;
+    }
+    return widest;
+}
+
+void model_lora_set_dropout_key(Model *m, uint64_t seed, int64_t key) {
+    if (!m->lora) return;
+    m->lora->dropout_seed = seed;
+    m->lora->dropout_key = key;
+}
+
+void model_lora_set_dropout(Model *m, float p) {
+    if (m->lora && p >= 0.0f && p < 1.0f) m->lora->cfg.dropout = p;
+}
+
+float lora_dropout_active(const Model *m) {
+    if (!m->lora || !m->lora->enabled || m->lora->dropout_key < 0) return 0.0f;
+    return m->lora->cfg.dropout;
 }
 
 int lora_max_out_dim(const Model *m) {

@@ -33,6 +33,7 @@ typedef struct LoraConfig {
     float alpha;      /* lora_alpha */
     bool use_rslora;  /* scaling alpha / sqrt(r) instead of alpha / r */
     unsigned targets; /* bit (1 << LoraTarget) per adapted layer kind, in every block */
+    float dropout;    /* lora_dropout: on the adapters' input, in the training forward only; 0 <= p < 1 */
 } LoraConfig;
 
 /* PEFT's scaling: alpha / r, or alpha / sqrt(r) with use_rslora. */
@@ -60,5 +61,13 @@ size_t model_lora_bytes(const Model *m);             /* device bytes of the adap
 /* Turns the adapters' contribution off and on (PEFT's disable_adapter): the
  * reference model of GRPO's KL term is the base model. */
 void model_lora_set_enabled(Model *m, bool enabled);
+/* lora_dropout (LoraConfig.dropout > 0): PEFT's nn.Dropout on each adapter's
+ * input, applied by the model_train_forward that follows with key >= 0 (its
+ * backward redraws the same masks: they are a function of seed, key, layer,
+ * adapted layer kind and element) and by nothing else — key -1 (the default)
+ * is inference: log-prob passes, generation, model_forward. */
+void model_lora_set_dropout_key(Model *m, uint64_t seed, int64_t key);
+/* Sets lora_dropout (a resumed run's own setting over the checkpoint's); 0 <= p < 1. */
+void model_lora_set_dropout(Model *m, float p);
 
 #endif

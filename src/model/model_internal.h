@@ -40,6 +40,8 @@ typedef struct LoraState {
     LoraConfig cfg;
     float scaling;
     bool enabled;
+    uint64_t dropout_seed; /* model_lora_set_dropout_key */
+    int64_t dropout_key;   /* -1: no dropout */
     TensorSpec *tensors; /* PEFT names; buffers are the layers' lora_a / lora_b */
     int n_tensors;
     size_t *offsets;
@@ -136,6 +138,10 @@ void lora_target_dims(const ModelConfig *c, LoraTarget t, int *in_dim, int *out_
 /* The widest output of an adapted layer (scratch of model_lora_add), 0 without adapters. */
 int lora_max_out_dim(const Model *m);
 int lora_rank(const Model *m); /* r, 0 without adapters */
+/* The widest input of an adapted layer (lora_dropout's scratch), 0 without adapters. */
+int lora_max_in_dim(const Model *m);
+/* The lora_dropout probability in effect for a training forward now (0: none). */
+float lora_dropout_active(const Model *m);
 /* y[n, out] += scaling * B (A x[n, in]) for target t of layer w, when adapted
  * and enabled; scratch t_buf [n, r] and u_buf [n, out] (storage dtype). */
 void model_lora_add(const Model *m, const LayerWeights *w, LoraTarget t, void *y, const void *x, int n, void *t_buf,

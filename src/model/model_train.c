@@ -290,6 +290,11 @@ struct TrainState {
     void *dq_lin, *dk_lin;              /* [N, QD], [N, KVD]: d q_proj / k_proj output (Qwen3; else NULL) */
     /* LoRA (NULL without adapters): [N, r] A x (scaled) and its gradient, [N, widest adapted output] B (A x) */
     void *lora_t, *lora_dt, *lora_u;
+    /* lora_dropout (NULL without): [N, widest adapted input] an adapter's dropped input and d of it */
+    void *lora_xd, *lora_dxd;
+    int64_t dropout_key;                /* the forward's (model_lora_set_dropout_key), -1: none */
+    uint64_t dropout_seed;
+    float dropout_p;
     void *dk_cache, *dv_cache;          /* [S, L, KVD] */
     void *dgate, *dup, *dh;             /* [N, F] */
 };
@@ -318,6 +323,7 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t layer_rest = (3 * N * D + 2 * N * QD + 2 * SL * KVD + 2 * N * F) * es + N * H * 4 + qk_lin; /* all but x_in */
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
+    if (m->lora && m->lora->cfg.dropout > 0.0f) lora += 2 * N * (size_t)lora_max_in_dim(m) * es;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
                     2 * SL * KVD * 4 + qk_lin + lora;
     return layers + shared;
@@ -404,6 +410,10 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
         st->lora_t = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
         st->lora_dt = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
         st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
+        if (m->lora->cfg.dropout > 0.0f) {
+            st->lora_xd = backend_alloc_counted(be, N * (size_t)lora_max_in_dim(m), &st->bytes);
+            st->lora_dxd = backend_alloc_counted(be, N * (size_t)lora_max_in_dim(m), &st->bytes);
+        }
     }
     st->dgate = backend_alloc_counted(be, N * F, &st->bytes);
     st->dup = backend_alloc_counted(be, N * F, &st->bytes);
@@ -427,7 +437,7 @@ void train_state_free(TrainState *st) {
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
                     st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh,
-                    st->lora_t, st->lora_dt, st->lora_u};
+                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
@@ -486,6 +496,22 @@ static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
 /* One decoder layer's forward from act[l].x_in. With x_out, the layer output
  * goes there; without (the recompute in the backward), it stops once every
  * activation the backward reads exists (gate, up). */
+/* lora_dropout: the masks of adapter t of layer l in the forward keyed key. */
+static uint64_t dropout_stream(int64_t key, int l, LoraTarget t) {
+    return ((uint64_t)key << 16) ^ ((uint64_t)l << 3) ^ (uint64_t)t;
+}
+
+/* What adapter t of layer l reads: x, or in a training forward with
+ * lora_dropout its dropout, in st->lora_xd (consumed before the next call). */
+static const void *lora_input(const Model *m, TrainState *st, int l, LoraTarget t, const void *x) {
+    if (st->dropout_key < 0 || !model_lora_active(m, &m->layers[l], t)) return x;
+    int in_dim, out_dim;
+    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
+    m->be->dropout(m->be, st->lora_xd, x, (size_t)st->n * in_dim, st->dropout_p, st->dropout_seed,
+                   dropout_stream(st->dropout_key, l, t));
+    return st->lora_xd;
+}
+
 static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
@@ -502,9 +528,9 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     be->linear(be, q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
     be->linear(be, k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
     be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
-    model_lora_add(m, w, LORA_Q, q, a->xn_attn, n, lt, lu);
-    model_lora_add(m, w, LORA_K, k, a->xn_attn, n, lt, lu);
-    model_lora_add(m, w, LORA_V, st->v, a->xn_attn, n, lt, lu);
+    model_lora_add(m, w, LORA_Q, q, lora_input(m, st, l, LORA_Q, a->xn_attn), n, lt, lu);
+    model_lora_add(m, w, LORA_K, k, lora_input(m, st, l, LORA_K, a->xn_attn), n, lt, lu);
+    model_lora_add(m, w, LORA_V, st->v, lora_input(m, st, l, LORA_V, a->xn_attn), n, lt, lu);
     if (w->q_norm) {
         be->rmsnorm(be, a->q, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
         be->rmsnorm(be, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
@@ -514,17 +540,17 @@ static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
     be->kv_store(be, a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
     be->attention(be, a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
     be->linear(be, st->proj, a->att, w->o_w, w->o_b, n, QD, D);
-    model_lora_add(m, w, LORA_O, st->proj, a->att, n, lt, lu);
+    model_lora_add(m, w, LORA_O, st->proj, lora_input(m, st, l, LORA_O, a->att), n, lt, lu);
     be->add(be, a->x_mid, a->x_in, st->proj, ND);
     be->rmsnorm(be, a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
     be->linear(be, a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
     be->linear(be, a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
-    model_lora_add(m, w, LORA_GATE, a->gate, a->xn_mlp, n, lt, lu);
-    model_lora_add(m, w, LORA_UP, a->up, a->xn_mlp, n, lt, lu);
+    model_lora_add(m, w, LORA_GATE, a->gate, lora_input(m, st, l, LORA_GATE, a->xn_mlp), n, lt, lu);
+    model_lora_add(m, w, LORA_UP, a->up, lora_input(m, st, l, LORA_UP, a->xn_mlp), n, lt, lu);
     if (!x_out) return;
     be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
     be->linear(be, st->proj, st->h, w->down_w, NULL, n, F, D);
-    model_lora_add(m, w, LORA_DOWN, st->proj, st->h, n, lt, lu);
+    model_lora_add(m, w, LORA_DOWN, st->proj, lora_input(m, st, l, LORA_DOWN, st->h), n, lt, lu);
     be->add(be, x_out, a->x_mid, st->proj, ND);
 }
 
@@ -533,6 +559,15 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
                         char *err) {
     st->have_forward = false;
     if (check_batch(m, st, tokens, slot, pos, targets, n, temperature, err) != 0) return COLT_ERR;
+    st->dropout_key = -1;
+    if (lora_dropout_active(m) > 0.0f) {
+        if (!st->lora_xd || !m->be->dropout)
+            return errorf(err, "model_train_forward: lora_dropout %g, but %s", (double)lora_dropout_active(m),
+                          st->lora_xd ? "the backend has no dropout op" : "the training state was made without it");
+        st->dropout_key = m->lora->dropout_key;
+        st->dropout_seed = m->lora->dropout_seed;
+        st->dropout_p = m->lora->cfg.dropout;
+    }
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
     int D = c->hidden_size, V = c->vocab_size;
@@ -583,21 +618,32 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
 
 /* ---------------------------------------------------------------- backward */
 
-/* Backward of the adapter term y += s B (A x) of target t (model_lora_add),
- * after the base layer's own backward: dB += dy^T (s A x), dA += (s dy B)^T x,
- * dx += (s dy B) A. A x is recomputed (one [N, r] GEMM) rather than kept. */
-static void lora_backward(const Model *m, TrainState *st, const LayerWeights *w, const LayerWeights *gw, LoraTarget t,
-                          void *dx, const void *dy, const void *x) {
+/* Backward of the adapter term y += s B (A x) of target t of layer l
+ * (model_lora_add), after the base layer's own backward: dB += dy^T (s A x),
+ * dA += (s dy B)^T x, dx += (s dy B) A. A x is recomputed (one [N, r] GEMM)
+ * rather than kept. With lora_dropout x is the dropped input (its mask
+ * redrawn) and dx gets (s dy B) A through the same mask. */
+static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeights *w, const LayerWeights *gw,
+                          LoraTarget t, void *dx, const void *dy, const void *x) {
     if (!gw->lora_a[t]) return;
     const Backend *be = m->be;
     int n = st->n, r = lora_rank(m), in_dim, out_dim;
     float s = m->lora->scaling;
     lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
-    be->linear(be, st->lora_t, x, w->lora_a[t], NULL, n, in_dim, r);
+    const void *xa = lora_input(m, st, l, t, x);
+    be->linear(be, st->lora_t, xa, w->lora_a[t], NULL, n, in_dim, r);
     be->mul_scalar(be, st->lora_t, st->lora_t, s, (size_t)n * r);
     be->linear_backward(be, st->lora_dt, gw->lora_b[t], NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);
     be->mul_scalar(be, st->lora_dt, st->lora_dt, s, (size_t)n * r);
-    be->linear_backward(be, dx, gw->lora_a[t], NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
+    if (xa == x) {
+        be->linear_backward(be, dx, gw->lora_a[t], NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
+        return;
+    }
+    size_t nx = (size_t)n * in_dim;
+    be->linear_backward(be, st->lora_dxd, gw->lora_a[t], NULL, st->lora_dt, xa, w->lora_a[t], n, in_dim, r, 0);
+    be->dropout(be, st->lora_dxd, st->lora_dxd, nx, st->dropout_p, st->dropout_seed,
+                dropout_stream(st->dropout_key, l, t));
+    be->add(be, dx, dx, st->lora_dxd, nx);
 }
 
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
@@ -661,16 +707,16 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         /* MLP */
         be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
-        lora_backward(m, st, w, gw, LORA_DOWN, st->dh, st->dres, st->h);
+        lora_backward(m, st, l, w, gw, LORA_DOWN, st->dh, st->dres, st->h);
         be->swiglu_backward(be, st->dgate, st->dup, st->dh, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dxn, gw->gate_w, NULL, st->dgate, a->xn_mlp, w->gate_w, n, D, F, 0);
-        lora_backward(m, st, w, gw, LORA_GATE, st->dxn, st->dgate, a->xn_mlp);
+        lora_backward(m, st, l, w, gw, LORA_GATE, st->dxn, st->dgate, a->xn_mlp);
         be->linear_backward(be, st->dxn, gw->up_w, NULL, st->dup, a->xn_mlp, w->up_w, n, D, F, 1);
-        lora_backward(m, st, w, gw, LORA_UP, st->dxn, st->dup, a->xn_mlp);
+        lora_backward(m, st, l, w, gw, LORA_UP, st->dxn, st->dup, a->xn_mlp);
         be->rmsnorm_backward(be, st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
         /* attention */
         be->linear_backward(be, st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
-        lora_backward(m, st, w, gw, LORA_O, st->datt, st->dres, a->att);
+        lora_backward(m, st, l, w, gw, LORA_O, st->datt, st->dres, a->att);
         be->zero_f32(be, st->dk_cache, (size_t)st->n_slots * st->max_len * KVD);
         be->zero_f32(be, st->dv_cache, (size_t)st->n_slots * st->max_len * KVD);
         be->attention_backward(be, st->dq, st->dk_cache, st->dv_cache, st->datt, a->q, a->att, a->lse, a->k_cache,
@@ -687,11 +733,11 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
             dq = st->dq_lin, dk = st->dk_lin;
         }
         be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, dq, a->xn_attn, w->q_w, n, D, QD, 0);
-        lora_backward(m, st, w, gw, LORA_Q, st->dxn, dq, a->xn_attn);
+        lora_backward(m, st, l, w, gw, LORA_Q, st->dxn, dq, a->xn_attn);
         be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
-        lora_backward(m, st, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
+        lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
         be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
-        lora_backward(m, st, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
+        lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;
     }

@@ -109,8 +109,8 @@ static const ConfigKey KEYS[] = {
       "adapter_config.json + adapter_model.safetensors)"),
     KI(lora_r, 1, 4096, "LoRA rank"),
     KD(lora_alpha, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1e6, "LoRA alpha: the adapter term is scaled by lora_alpha / lora_r"),
-    KD(lora_dropout, KEY_DOUBLE, 0, RANGE_CLOSED, 1,
-       "dropout on the adapters' input: colt supports 0 only (its default; TRL's is 0.05)"),
+    KD(lora_dropout, KEY_DOUBLE, 0, RANGE_OPEN_MAX, 1,
+       "dropout on the adapters' input in the training forward (TRL's default 0.05; PEFT's nn.Dropout)"),
     K(lora_target_modules, KEY_JSON_LIST,
       "layers that get adapters: all-linear (default: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or "
       "a list of those names"),
@@ -495,8 +495,9 @@ void train_config_defaults(TrainConfig *c) {
     c->loss_type = xstrdup("dapo");
     c->importance_sampling_level = xstrdup("token");
     c->scale_rewards = xstrdup("group");
-    c->lora_r = 16; /* TRL's ModelConfig defaults (lora_dropout: colt has none, TRL 0.05) */
+    c->lora_r = 16; /* TRL's ModelConfig defaults */
     c->lora_alpha = 32.0;
+    c->lora_dropout = 0.05;
     c->num_iterations = 1;
     c->use_vllm = true;
     c->vllm_mode = xstrdup("colocate");
@@ -818,6 +819,7 @@ int train_config_lora(const TrainConfig *c, LoraConfig *out, char *err) {
     out->r = c->lora_r;
     out->alpha = (float)c->lora_alpha;
     out->use_rslora = c->use_rslora;
+    out->dropout = (float)c->lora_dropout;
     if (!c->lora_target_modules) out->targets = LORA_ALL_TARGETS;
     size_t i;
     json_t *v;
@@ -1457,9 +1459,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "must be divisible by num_generations (%d)",
                       c->generation_batch_size, c->num_generations);
     if (check_products(c, err) != 0) return COLT_ERR;
-    if (c->use_peft && c->lora_dropout != 0.0)
-        return errorf(err, "settings: lora_dropout %g: colt applies no dropout to the adapters' input; set "
-                           "lora_dropout: 0 (TRL's default is 0.05)", c->lora_dropout);
     if (c->merge_lora && !c->use_peft) return errorf(err, "settings: merge_lora needs use_peft: true");
     if (c->deepspeed && deepspeed_config_apply(c, c->deepspeed, err) != 0) return COLT_ERR;
     if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)

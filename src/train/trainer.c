@@ -89,6 +89,7 @@ typedef struct Trainer {
     GrpoSamplingMetrics round_sampling; /* engine vs trainer log-probs over the round's first pass */
     /* progress */
     int64_t global_step, total_steps, round;
+    int micro_in_step; /* the micro-batch of the optimizer step being trained (0 .. gradient_accumulation_steps) */
     uint64_t epoch;
     size_t epoch_pos, *epoch_order;
     int64_t num_tokens;
@@ -572,9 +573,13 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
         if (r->samples[idx[b]].len > T) T = r->samples[idx[b]].len;
 
     if (ensure_activations(t, err) != 0) return COLT_ERR;
-    if (model_train_forward(t->model, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
-                            (float)c->temperature, t->tok_logp, t->tok_entropy, err) != 0)
-        return COLT_ERR;
+    /* lora_dropout in this forward and its backward only; the masks keyed by the optimizer step and the
+     * micro-batch in it, so a resumed run draws what the uninterrupted one drew */
+    model_lora_set_dropout_key(t->model, c->seed, t->global_step * TRAIN_CONFIG_MAX_BATCH + t->micro_in_step);
+    int frc = model_train_forward(t->model, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
+                                  (float)c->temperature, t->tok_logp, t->tok_entropy, err);
+    model_lora_set_dropout_key(t->model, c->seed, -1);
+    if (frc != 0) return COLT_ERR;
     /* Gather into padded [B, T] matrices. */
     size_t BT = (size_t)B * T;
     memset(t->mb_logp, 0, BT * sizeof(float));
@@ -1319,6 +1324,7 @@ static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
                                "differ from this run's settings (lora_r %d, lora_alpha %g, use_rslora %d)",
                           ckpt, have->r, (double)have->alpha, have->use_rslora, want.r, (double)want.alpha,
                           want.use_rslora);
+        model_lora_set_dropout(t->model, want.dropout); /* a training setting: this run's */
     }
     size_t n_adapters = 0, n_weights = model_weight_bytes(t->model) / dtype_size(t->be->storage);
     for (int i = 0; i < model_param_count(t->model); i++) n_adapters += model_param(t->model, i).numel;
@@ -1701,6 +1707,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             if (overlap) model_grads_on_ready(t.grads, train_dist_gradients_ready, &t.dist);
             /* zero_stage 2: every backward hands its gradients over as it goes */
             if (zero2) model_grads_on_ready(t.grads, train_dist_zero2_ready, &t.dist);
+            t.micro_in_step = a;
             rc = train_micro_batch(&t, &step_loss, err);
             if (rc == 0 && zero2) rc = train_dist_zero2_finish_backward(&t.dist, err);
             if (overlap || zero2) model_grads_on_ready(t.grads, NULL, NULL);

@@ -20,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
+#include "core/floats.h"
 #include "core/rng.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -872,6 +873,30 @@ static void test_reductions(const Dev *d, size_t n) {
     d->be->free(d->be, gx), CPU->free(CPU, cx), d->be->free(d->be, gy), CPU->free(CPU, cy);
 }
 
+/* dropout (LoRA's lora_dropout): the CPU's mask bit for bit, the kept values x / (1 - p) in storage;
+ * also in place and at an odd length. */
+static void test_dropout(const Dev *d, size_t n) {
+    char name[128];
+    float *x = rand_floats(n, 2.0f);
+    void *gx = dev_in(d, x, n), *cx = cpu_in(x, n); /* x now holds the storage's values */
+    d->be->dropout(d->be, gx, gx, n, 0.3f, 99, 12345);
+    CPU->dropout(CPU, cx, cx, n, 0.3f, 99, 12345);
+    float *g = dev_out(d, gx, n), *r = cpu_out(cx, n);
+    size_t mask_differs = 0;
+    for (size_t i = 0; i < n; i++) {
+        mask_differs += (g[i] == 0.0f) != (r[i] == 0.0f) && x[i] != 0.0f;
+        if (d->bf16) { /* the device rounds x / (1 - p) once */
+            uint32_t u = (uint32_t)float_to_bf16(r[i]) << 16;
+            memcpy(&r[i], &u, 4);
+        }
+    }
+    snprintf(name, sizeof name, "dropout p 0.3 [%zu] in place (exact; %zu mask differences)", n, mask_differs);
+    if (mask_differs) g_failures++;
+    check(d, name, g, r, n, (Tol){0, 0, 0});
+    free(g), free(r), free(x);
+    d->be->free(d->be, gx), CPU->free(CPU, cx);
+}
+
 /* ---------------------------------------------------------------- model level */
 
 static int dir_exists(const char *path) {
@@ -968,7 +993,7 @@ done:
  * sequences; log-probs, entropies and every parameter gradient vs the CPU. */
 /* adapter: a PEFT LoRA folder attached to both models (the gradients are then the adapters'), or NULL. */
 static void test_train_step(const Dev *d, const char *dir, const char *adapter, const char *label, double lp_tol,
-                            double grad_rel) {
+                            double grad_rel, float lora_dropout) {
     char err[ERR_LEN], name[200];
     Model *mc = NULL, *mg = NULL;
     TrainState *sc = NULL, *sg = NULL;
@@ -978,6 +1003,10 @@ static void test_train_step(const Dev *d, const char *dir, const char *adapter, 
         g_checks++, g_failures++;
         printf("FAIL %-9s train %s: model_load: %s\n", d->tag, label, err);
         goto done;
+    }
+    if (lora_dropout > 0.0f) { /* the same masks on both: keyed, not drawn from a device's RNG */
+        model_lora_set_dropout(mc, lora_dropout), model_lora_set_dropout(mg, lora_dropout);
+        model_lora_set_dropout_key(mc, 5, 3), model_lora_set_dropout_key(mg, 5, 3);
     }
     int V = model_config(mc)->vocab_size, lens[2] = {30, 19}, n = lens[0] + lens[1];
     COLT_ASSERT(train_state_create(&sc, mc, 2, 64, n, err) == 0 && train_state_create(&sg, mg, 2, 64, n, err) == 0);
@@ -1119,6 +1148,8 @@ static void run_ops(const Dev *d) {
     test_adamw(d, ((size_t)1 << 16) + 3);
     test_reductions(d, 1000003);
     test_reductions(d, 37);
+    test_dropout(d, 1000003);
+    test_dropout(d, 37);
     test_reductions(d, (size_t)1 << 24);
 }
 
@@ -1192,14 +1223,16 @@ int main(void) {
         test_model_forward(&devs[k], "tests/data/models/tiny-llama3-f32", "tiny-llama3-f32", tol_max, tol_mean);
         test_model_forward(&devs[k], "tests/data/models/tiny-qwen3-f32", "tiny-qwen3-f32", tol_max, tol_mean);
     }
-    test_train_step(&devs[0], qwen, NULL, "tiny-qwen2-f32", 1e-4, 1e-4);
-    test_train_step(&devs[0], "tests/data/models/tiny-llama3-f32", NULL, "tiny-llama3-f32", 1e-4, 1e-4);
-    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", NULL, "tiny-qwen3-f32", 1e-4, 1e-4);
+    test_train_step(&devs[0], qwen, NULL, "tiny-qwen2-f32", 1e-4, 1e-4, 0.0f);
+    test_train_step(&devs[0], "tests/data/models/tiny-llama3-f32", NULL, "tiny-llama3-f32", 1e-4, 1e-4, 0.0f);
+    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", NULL, "tiny-qwen3-f32", 1e-4, 1e-4, 0.0f);
     test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear", "qwen3+lora",
-                    1e-4, 1e-4);
+                    1e-4, 1e-4, 0.0f);
+    test_train_step(&devs[0], "tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear",
+                    "qwen3+lora, lora_dropout 0.25", 1e-4, 1e-4, 0.25f);
     test_train_step(&devs[0], "tests/data/models/tiny-llama-f32", "tests/data/lora/llama-qv-rslora", "llama+rslora",
-                    1e-4, 1e-4);
-    test_train_step(&devs[0], stories, NULL, "stories260K", 1e-4, 1e-4);
+                    1e-4, 1e-4, 0.0f);
+    test_train_step(&devs[0], stories, NULL, "stories260K", 1e-4, 1e-4, 0.0f);
     for (int k = 0; k < 2; k++) test_offload_optimizer(&devs[k], "tests/data/models/tiny-qwen2-f32");
 
     printf("%d checks, %d failures\n", g_checks, g_failures);

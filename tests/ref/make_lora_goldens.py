@@ -15,6 +15,9 @@ tests/data/lora/goldens.json holds per adapter, computed by PEFT in fp32:
   - gradients of the loss of tests/ref/make_grad_goldens.py (three sequences, temperature 0.7, fixed
     per-token weights) with respect to every lora_A / lora_B: in full up to 128 entries, else 64 entries at
     fixed random indices, always the L2 norm.
+  - the same with lora_dropout (DROPOUT), PEFT's dropout modules given colt's masks: element i of the
+    packed batch's [tokens, in] input of target t in layer l is kept when colt's Philox
+    (core/rng.c) draws rng_uniform(DROPOUT_SEED, (DROPOUT_KEY << 16) ^ (l << 3) ^ t, i) >= DROPOUT.
 
 Usage:
   python3 tests/ref/make_lora_goldens.py
@@ -44,6 +47,49 @@ COMPLETION = [4, 6, 3]
 FULL_MAX = 128
 N_SAMPLE = 64
 
+DROPOUT, DROPOUT_SEED, DROPOUT_KEY = 0.25, 1234, 7
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # colt's LoraTarget order
+MASK32 = 0xFFFFFFFF
+
+
+def rng_uniform(seed, stream, counter):
+    """core/rng.c's rng_uniform: Philox4x32-10, the top 24 bits of the first word."""
+    c0, c1, c2, c3 = counter & MASK32, counter >> 32, stream & MASK32, stream >> 32
+    k0, k1 = seed & MASK32, seed >> 32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK32, (p0 >> 32) ^ c3 ^ k1, p0 & MASK32
+        k0, k1 = (k0 + 0x9E3779B9) & MASK32, (k1 + 0xBB67AE85) & MASK32
+    return (c0 >> 8) * (1.0 / 16777216.0)
+
+
+class ColtDropout(torch.nn.Module):
+    """PEFT's lora_dropout with colt's mask for (layer, target): rows offset by the tokens of the sequences
+    before the current one (ctx["offset"]), as colt packs them."""
+
+    def __init__(self, layer, target, ctx):
+        super().__init__()
+        self.stream = (DROPOUT_KEY << 16) ^ (layer << 3) ^ target
+        self.ctx = ctx
+
+    def forward(self, x):
+        T, n_in = x.shape[-2], x.shape[-1]
+        first = self.ctx["offset"] * n_in
+        keep = [rng_uniform(DROPOUT_SEED, self.stream, first + i) >= DROPOUT for i in range(T * n_in)]
+        mask = torch.tensor(keep, dtype=x.dtype).reshape(x.shape)
+        return x * mask * torch.tensor(1.0 / (1.0 - DROPOUT), dtype=torch.float32).to(x.dtype)
+
+
+def with_colt_dropout(model):
+    ctx = {"offset": 0}
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_dropout") and "default" in module.lora_dropout:
+            parts = name.split(".")
+            layer = int(parts[parts.index("layers") + 1])
+            module.lora_dropout["default"] = ColtDropout(layer, TARGETS.index(parts[-1]), ctx)
+    return ctx
+
+
 ADAPTERS = [
     {"name": "qwen3-all-linear", "base": "tiny-qwen3-f32", "seed": 71,
      "config": dict(r=4, lora_alpha=8, target_modules="all-linear")},
@@ -57,8 +103,9 @@ def load_base(base):
                                                 attn_implementation="eager").eval()
 
 
-def gradients(model, seed, vocab):
-    """The loss of make_grad_goldens.py on a fixed batch; gradients of the trainable (LoRA) parameters."""
+def gradients(model, seed, vocab, ctx=None):
+    """The loss of make_grad_goldens.py on a fixed batch; gradients of the trainable (LoRA) parameters.
+    ctx: with_colt_dropout's, told where each sequence starts in colt's packed batch."""
     g = torch.Generator().manual_seed(seed)
     seqs, targets, weights = [], [], []
     for T, k in zip(LENGTHS, COMPLETION):
@@ -71,7 +118,11 @@ def gradients(model, seed, vocab):
     model.zero_grad()
     loss = torch.zeros((), dtype=torch.float64)
     all_lp = []
+    offset = 0
     for ids, tgt, w in zip(seqs, targets, weights):
+        if ctx is not None:
+            ctx["offset"] = offset
+        offset += len(ids)
         lsm = torch.log_softmax(model(torch.tensor([ids])).logits[0].double() / TEMPERATURE, dim=-1)
         lp = []
         for p, t in enumerate(tgt):
@@ -140,6 +191,10 @@ def make_all():
         train = PeftModel.from_pretrained(load_base(spec["base"]), path, is_trainable=True)
         train.train(False)  # no dropout; autograd on
         grads = gradients(train, spec["seed"] + 2, vocab)
+        dropped = PeftModel.from_pretrained(load_base(spec["base"]), path, is_trainable=True)
+        dropped.train(False)  # colt's masks, not torch's RNG
+        grads_dropout = gradients(dropped, spec["seed"] + 2, vocab, with_colt_dropout(dropped))
+        grads_dropout.update({"p": DROPOUT, "seed": DROPOUT_SEED, "key": DROPOUT_KEY})
         merged = PeftModel.from_pretrained(load_base(spec["base"]), path).merge_and_unload().eval()
         merged_lp = [log_probs(merged, ids) for ids in (long_ids, short_ids)]
         goldens["adapters"].append({
@@ -149,6 +204,7 @@ def make_all():
                          for ids, lp, mlp in zip((long_ids, short_ids), lps, merged_lp)],
             "greedy": {"prompt": prompt, "new_tokens": new, "min_margin": margin},
             "train": grads,
+            "train_dropout": grads_dropout,
         })
     with open(os.path.join(OUT, "goldens.json"), "w") as f:
         json.dump(goldens, f, indent=None, separators=(",", ":"))

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_engine_ops.h"
 #include "core/floats.h"
+#include "core/rng.h"
 #include "core/error.h"
 
 #define CPU_MAX_HEAD_DIM 1024
@@ -570,6 +571,14 @@ static void cpu_add_f32(const Backend *be, void *y, const void *x, size_t n) {
     for (size_t i = 0; i < n; i++) ys[i] += xs[i];
 }
 
+static void cpu_dropout(const Backend *be, void *out, const void *x, size_t n, float p, uint64_t seed, uint64_t stream) {
+    (void)be;
+    float *o = out, scale = 1.0f / (1.0f - p);
+    const float *xs = x;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) o[i] = rng_uniform(seed, stream, i) >= p ? xs[i] * scale : 0.0f;
+}
+
 static void cpu_gather_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim) {
     for (int i = 0; i < n; i++)
         memcpy((float *)dst + (size_t)i * dim, (const float *)src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
@@ -638,6 +647,7 @@ static const Backend CPU_OPS = {
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .add_f32 = cpu_add_f32,
+    .dropout = cpu_dropout,
     .zero = cpu_zero,
     .zero_f32 = cpu_zero,
     .linear_backward = cpu_linear_backward,

@@ -476,6 +476,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->sum_squares = cuda_sum_squares;
     b->scale = cuda_scale;
     b->add_f32 = cuda_add_f32;
+    b->dropout = cuda_dropout<T>;
     b->alloc_i32 = cuda_alloc_i32;
     b->upload_i32 = cuda_upload_i32;
     b->download_i32 = cuda_download_i32;

@@ -417,6 +417,10 @@ void cuda_sample(const Backend *be, void *tokens, void *logprobs, void *logits, 
                  const struct SamplingParams *p, const void *seq, const void *streams, const void *counters,
                  void *history, void *history_len, int history_stride);
 
+/* cuda_sample.cu (beside the Philox it shares): the dropout op (backend.h). */
+template <typename T>
+void cuda_dropout(const Backend *be, void *out, const void *x, size_t n, float p, uint64_t seed, uint64_t stream);
+
 /* float <-> storage conversion on the device (upload/download). */
 template <typename T> void cuda_convert_from_f32(CudaState *cs, void *dst, const float *src, size_t n);
 template <typename T> void cuda_convert_to_f32(CudaState *cs, float *dst, const void *src, size_t n);

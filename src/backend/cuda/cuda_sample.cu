@@ -843,3 +843,28 @@ template void cuda_sample<float>(const Backend *, void *, void *, void *, int, i
 template void cuda_sample<__nv_bfloat16>(const Backend *, void *, void *, void *, int, int,
                                          const struct SamplingParams *, const void *, const void *, const void *,
                                          void *, void *, int);
+
+/* ---------------------------------------------------------------- dropout (backend.h) */
+
+/* One thread per element: the mask is philox_uniform(seed, stream, i) >= p, as
+ * the CPU backend draws it with rng_uniform; one multiply in fp32, rounded to
+ * storage once, so both backends give the same bits. */
+template <typename T>
+__global__ void dropout_kernel(T *out, const T *x, size_t n, float p, float scale, uint64_t seed, uint64_t stream) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = philox_uniform(seed, stream, i) >= p ? from_float<T>(to_float(x[i]) * scale) : from_float<T>(0.0f);
+}
+
+template <typename T>
+void cuda_dropout(const Backend *be, void *out, const void *x, size_t n, float p, uint64_t seed, uint64_t stream) {
+    if (n == 0) return;
+    CudaState *cs = cuda_enter(be);
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    dropout_kernel<T><<<(unsigned)blocks, 256, 0, cs->stream>>>((T *)out, (const T *)x, n, p, 1.0f / (1.0f - p), seed,
+                                                                 stream);
+    LAUNCH_CHECK(cs);
+}
+
+template void cuda_dropout<float>(const Backend *, void *, const void *, size_t, float, uint64_t, uint64_t);
+template void cuda_dropout<__nv_bfloat16>(const Backend *, void *, const void *, size_t, float, uint64_t, uint64_t);

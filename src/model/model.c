@@ -629,6 +629,52 @@ void model_state_free(ModelState *st) {
 
 /* ---------------------------------------------------------------- forward */
 
+static const void *adapter_input(LoraInputFn fn, void *ctx, int l, LoraTarget t, const void *x) {
+    return fn ? fn(ctx, l, t, x) : x;
+}
+
+void model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
+                         int max_len, LoraInputFn lora_input, void *ctx) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
+        Dh = c->head_dim, QD = H * Dh, KVD = KVH * Dh;
+    size_t ND = (size_t)n * D;
+    const LayerWeights *w = &m->layers[l];
+    void *lt = b->lora_t, *lu = b->lora_u;
+    be->rmsnorm(be, b->xn_attn, b->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+    /* Qwen3 norms the projections per head (rows of Dh): from q_lin / k_lin when kept, else in place. */
+    void *q = w->q_norm && b->q_lin ? b->q_lin : b->q, *k = w->q_norm && b->k_lin ? b->k_lin : b->k;
+    be->linear(be, q, b->xn_attn, w->q_w, w->q_b, n, D, QD);
+    be->linear(be, k, b->xn_attn, w->k_w, w->k_b, n, D, KVD);
+    be->linear(be, b->v, b->xn_attn, w->v_w, w->v_b, n, D, KVD);
+    model_lora_add(m, w, LORA_Q, q, adapter_input(lora_input, ctx, l, LORA_Q, b->xn_attn), n, lt, lu);
+    model_lora_add(m, w, LORA_K, k, adapter_input(lora_input, ctx, l, LORA_K, b->xn_attn), n, lt, lu);
+    model_lora_add(m, w, LORA_V, b->v, adapter_input(lora_input, ctx, l, LORA_V, b->xn_attn), n, lt, lu);
+    if (w->q_norm) {
+        be->rmsnorm(be, b->q, q, w->q_norm, n * H, Dh, c->rms_norm_eps);
+        be->rmsnorm(be, b->k, k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+    }
+    be->rope(be, b->q, pos, n, H, Dh, m->rope_inv_freq);
+    be->rope(be, b->k, pos, n, KVH, Dh, m->rope_inv_freq);
+    be->kv_store(be, b->k_cache, b->v_cache, b->k, b->v, slot, pos, n, KVD, max_len);
+    be->attention(be, b->att, b->lse, b->q, b->k_cache, b->v_cache, slot, pos, n, H, KVH, Dh, max_len);
+    be->linear(be, b->proj, b->att, w->o_w, w->o_b, n, QD, D);
+    model_lora_add(m, w, LORA_O, b->proj, adapter_input(lora_input, ctx, l, LORA_O, b->att), n, lt, lu);
+    be->add(be, b->x_mid, b->x_in, b->proj, ND);
+    be->rmsnorm(be, b->xn_mlp, b->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+    be->linear(be, b->gate, b->xn_mlp, w->gate_w, NULL, n, D, F);
+    be->linear(be, b->up, b->xn_mlp, w->up_w, NULL, n, D, F);
+    model_lora_add(m, w, LORA_GATE, b->gate, adapter_input(lora_input, ctx, l, LORA_GATE, b->xn_mlp), n, lt, lu);
+    model_lora_add(m, w, LORA_UP, b->up, adapter_input(lora_input, ctx, l, LORA_UP, b->xn_mlp), n, lt, lu);
+    if (!b->x_out) return;
+    be->swiglu(be, b->h, b->gate, b->up, (size_t)n * F);
+    be->linear(be, b->proj, b->h, w->down_w, NULL, n, F, D);
+    model_lora_add(m, w, LORA_DOWN, b->proj, adapter_input(lora_input, ctx, l, LORA_DOWN, b->h), n, lt, lu);
+    be->add(be, b->x_out, b->x_mid, b->proj, ND);
+}
+
+
 int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, const int *pos, int n,
                   const uint8_t *want_logits, float *logits, char *err) {
     const ModelConfig *c = &m->cfg;
@@ -646,41 +692,16 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         n_want += !want_logits || want_logits[i];
     }
     if (n == 0) return COLT_OK;
-    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
-        Dh = c->head_dim, V = c->vocab_size;
-    int QD = H * Dh, KVD = KVH * Dh;
-    size_t ND = (size_t)n * D;
-
+    int D = c->hidden_size, V = c->vocab_size;
     be->embedding(be, st->x, m->embed, tokens, n, D);
+    /* nothing kept: one residual stream, one normed buffer, q_norm in place */
+    LayerBuffers lb = {.x_in = st->x, .xn_attn = st->xn, .q = st->q, .k = st->k, .v = st->v, .att = st->att,
+                       .proj = st->proj, .x_mid = st->x, .xn_mlp = st->xn, .gate = st->gate, .up = st->up,
+                       .h = st->gate, .x_out = st->x, .lora_t = st->lora_t, .lora_u = st->lora_u};
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        const LayerWeights *w = &m->layers[l];
-        be->rmsnorm(be, st->xn, st->x, w->attn_norm, n, D, c->rms_norm_eps);
-        be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
-        be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
-        be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-        model_lora_add(m, w, LORA_Q, st->q, st->xn, n, st->lora_t, st->lora_u);
-        model_lora_add(m, w, LORA_K, st->k, st->xn, n, st->lora_t, st->lora_u);
-        model_lora_add(m, w, LORA_V, st->v, st->xn, n, st->lora_t, st->lora_u);
-        if (w->q_norm) { /* per head, in place: rows of Dh */
-            be->rmsnorm(be, st->q, st->q, w->q_norm, n * H, Dh, c->rms_norm_eps);
-            be->rmsnorm(be, st->k, st->k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
-        }
-        be->rope(be, st->q, pos, n, H, Dh, m->rope_inv_freq);
-        be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
-        be->kv_store(be, st->k_cache[l], st->v_cache[l], st->k, st->v, slot, pos, n, KVD, st->max_len);
-        be->attention(be, st->att, NULL, st->q, st->k_cache[l], st->v_cache[l], slot, pos, n, H, KVH, Dh, st->max_len);
-        be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
-        model_lora_add(m, w, LORA_O, st->proj, st->att, n, st->lora_t, st->lora_u);
-        be->add(be, st->x, st->x, st->proj, ND);
-        be->rmsnorm(be, st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
-        be->linear(be, st->gate, st->xn, w->gate_w, NULL, n, D, F);
-        be->linear(be, st->up, st->xn, w->up_w, NULL, n, D, F);
-        model_lora_add(m, w, LORA_GATE, st->gate, st->xn, n, st->lora_t, st->lora_u);
-        model_lora_add(m, w, LORA_UP, st->up, st->xn, n, st->lora_t, st->lora_u);
-        be->swiglu(be, st->gate, st->gate, st->up, (size_t)n * F);
-        be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
-        model_lora_add(m, w, LORA_DOWN, st->proj, st->gate, n, st->lora_t, st->lora_u);
-        be->add(be, st->x, st->x, st->proj, ND);
+        lb.k_cache = st->k_cache[l];
+        lb.v_cache = st->v_cache[l];
+        model_layer_forward(m, l, &lb, slot, pos, n, st->max_len, NULL, NULL);
     }
     if (n_want == 0) return COLT_OK;
     be->rmsnorm(be, st->xn, st->x, m->final_norm, n, D, c->rms_norm_eps);

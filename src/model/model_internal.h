@@ -120,6 +120,37 @@ struct Model {
 
 #define ARENA_ALIGN 64 /* elements: 128-byte aligned tensors in bf16, 256 in fp32 */
 
+/* ---- one decoder layer, written once ----
+ *
+ * The inference forward (model_forward) and the training forward
+ * (model_train.c) run model_layer_forward over a contiguous K/V cache
+ * [S, L, KVD] indexed by (slot, pos); the engine's paged path is model_paged.c.
+ * What differs is which buffers they pass: the training forward keeps every
+ * activation its backward reads, the inference forward keeps nothing and
+ * passes one residual stream as x_in, x_mid and x_out, one normed buffer as
+ * xn_attn and xn_mlp, gate as h, and no q_lin / k_lin (q_norm / k_norm then
+ * run in place). */
+typedef struct LayerBuffers {
+    void *x_in;              /* [N, D] the residual stream entering the layer */
+    void *xn_attn;           /* [N, D] input_layernorm output */
+    void *q_lin, *k_lin;     /* [N, QD], [N, KVD] projections before q_norm / k_norm; NULL: normed in place */
+    void *q, *k, *v;         /* [N, QD], [N, KVD], [N, KVD]: q and k after rope */
+    void *k_cache, *v_cache; /* [S, L, KVD] */
+    void *att, *lse;         /* [N, QD] attention output; [N, H] [f32] its log-sum-exp, or NULL */
+    void *proj;              /* [N, D] o_proj / down_proj output */
+    void *x_mid;             /* [N, D] residual after attention (may be x_in) */
+    void *xn_mlp;            /* [N, D] post_attention_layernorm output */
+    void *gate, *up, *h;     /* [N, F] gate, up; swiglu output (may be gate) */
+    void *x_out;             /* [N, D] layer output (may be x_mid); NULL: stop once gate and up exist */
+    void *lora_t, *lora_u;   /* LoRA scratch (model_lora_add) */
+} LayerBuffers;
+/* What adapter t of layer l reads instead of its input x (lora_dropout), or x. */
+typedef const void *(*LoraInputFn)(void *ctx, int l, LoraTarget t, const void *x);
+/* Layer l over n tokens (token i in slot[i] at pos[i], caches max_len long);
+ * lora_input NULL: the adapters read their inputs as they are. */
+void model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
+                         int max_len, LoraInputFn lora_input, void *ctx);
+
 /* The weights' arena holds the weight-decayed tensors first; the ones without
  * decay (model_param_no_weight_decay) start at this element. */
 size_t model_weights_no_decay_start(const Model *m);

@@ -293,6 +293,7 @@ struct TrainState {
     /* lora_dropout (NULL without): [N, widest adapted input] an adapter's dropped input and d of it */
     void *lora_xd, *lora_dxd;
     int64_t dropout_key;                /* the forward's (model_lora_set_dropout_key), -1: none */
+    const Model *model;                 /* the model of the pass running (lora_input's) */
     uint64_t dropout_seed;
     float dropout_p;
     void *dk_cache, *dv_cache;          /* [S, L, KVD] */
@@ -502,8 +503,11 @@ static uint64_t dropout_stream(int64_t key, int l, LoraTarget t) {
 }
 
 /* What adapter t of layer l reads: x, or in a training forward with
- * lora_dropout its dropout, in st->lora_xd (consumed before the next call). */
-static const void *lora_input(const Model *m, TrainState *st, int l, LoraTarget t, const void *x) {
+ * lora_dropout its dropout, in st->lora_xd (consumed before the next call).
+ * A LoraInputFn (model_internal.h) with ctx the TrainState. */
+static const void *lora_input(void *ctx, int l, LoraTarget t, const void *x) {
+    TrainState *st = ctx;
+    const Model *m = st->model;
     if (st->dropout_key < 0 || !model_lora_active(m, &m->layers[l], t)) return x;
     int in_dim, out_dim;
     lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
@@ -512,46 +516,18 @@ static const void *lora_input(const Model *m, TrainState *st, int l, LoraTarget 
     return st->lora_xd;
 }
 
+/* One decoder layer's forward from act[l].x_in (model_layer_forward with
+ * every activation the backward reads kept). With x_out, the layer output
+ * goes there; without (the recompute in the backward), it stops once every
+ * activation the backward reads exists (gate, up). */
 static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
-    const ModelConfig *c = &m->cfg;
-    const Backend *be = m->be;
-    int n = st->n, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
-        KVH = c->num_key_value_heads, Dh = c->head_dim, QD = H * Dh, KVD = KVH * Dh;
-    size_t ND = (size_t)n * D;
-    const int *slot = st->slot, *pos = st->pos;
-    const LayerWeights *w = &m->layers[l];
     LayerActivations *a = &st->act[l];
-    be->rmsnorm(be, a->xn_attn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
-    void *lt = st->lora_t, *lu = st->lora_u;
-    /* Qwen3 keeps the projections, then norms them per head (rows of Dh). */
-    void *q = w->q_norm ? a->q_lin : a->q, *k = w->q_norm ? a->k_lin : st->k;
-    be->linear(be, q, a->xn_attn, w->q_w, w->q_b, n, D, QD);
-    be->linear(be, k, a->xn_attn, w->k_w, w->k_b, n, D, KVD);
-    be->linear(be, st->v, a->xn_attn, w->v_w, w->v_b, n, D, KVD);
-    model_lora_add(m, w, LORA_Q, q, lora_input(m, st, l, LORA_Q, a->xn_attn), n, lt, lu);
-    model_lora_add(m, w, LORA_K, k, lora_input(m, st, l, LORA_K, a->xn_attn), n, lt, lu);
-    model_lora_add(m, w, LORA_V, st->v, lora_input(m, st, l, LORA_V, a->xn_attn), n, lt, lu);
-    if (w->q_norm) {
-        be->rmsnorm(be, a->q, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
-        be->rmsnorm(be, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
-    }
-    be->rope(be, a->q, pos, n, H, Dh, m->rope_inv_freq);
-    be->rope(be, st->k, pos, n, KVH, Dh, m->rope_inv_freq);
-    be->kv_store(be, a->k_cache, a->v_cache, st->k, st->v, slot, pos, n, KVD, st->max_len);
-    be->attention(be, a->att, a->lse, a->q, a->k_cache, a->v_cache, slot, pos, n, H, KVH, Dh, st->max_len);
-    be->linear(be, st->proj, a->att, w->o_w, w->o_b, n, QD, D);
-    model_lora_add(m, w, LORA_O, st->proj, lora_input(m, st, l, LORA_O, a->att), n, lt, lu);
-    be->add(be, a->x_mid, a->x_in, st->proj, ND);
-    be->rmsnorm(be, a->xn_mlp, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
-    be->linear(be, a->gate, a->xn_mlp, w->gate_w, NULL, n, D, F);
-    be->linear(be, a->up, a->xn_mlp, w->up_w, NULL, n, D, F);
-    model_lora_add(m, w, LORA_GATE, a->gate, lora_input(m, st, l, LORA_GATE, a->xn_mlp), n, lt, lu);
-    model_lora_add(m, w, LORA_UP, a->up, lora_input(m, st, l, LORA_UP, a->xn_mlp), n, lt, lu);
-    if (!x_out) return;
-    be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
-    be->linear(be, st->proj, st->h, w->down_w, NULL, n, F, D);
-    model_lora_add(m, w, LORA_DOWN, st->proj, lora_input(m, st, l, LORA_DOWN, st->h), n, lt, lu);
-    be->add(be, x_out, a->x_mid, st->proj, ND);
+    LayerBuffers b = {.x_in = a->x_in, .xn_attn = a->xn_attn, .q_lin = a->q_lin, .k_lin = a->k_lin, .q = a->q,
+                      .k = st->k, .v = st->v, .k_cache = a->k_cache, .v_cache = a->v_cache, .att = a->att,
+                      .lse = a->lse, .proj = st->proj, .x_mid = a->x_mid, .xn_mlp = a->xn_mlp, .gate = a->gate,
+                      .up = a->up, .h = st->h, .x_out = x_out, .lora_t = st->lora_t, .lora_u = st->lora_u};
+    st->model = m;
+    model_layer_forward(m, l, &b, st->slot, st->pos, st->n, st->max_len, lora_input, st);
 }
 
 int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
@@ -630,7 +606,8 @@ static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeig
     int n = st->n, r = lora_rank(m), in_dim, out_dim;
     float s = m->lora->scaling;
     lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
-    const void *xa = lora_input(m, st, l, t, x);
+    st->model = m;
+    const void *xa = lora_input(st, l, t, x);
     be->linear(be, st->lora_t, xa, w->lora_a[t], NULL, n, in_dim, r);
     be->mul_scalar(be, st->lora_t, st->lora_t, s, (size_t)n * r);
     be->linear_backward(be, st->lora_dt, gw->lora_b[t], NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);

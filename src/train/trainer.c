@@ -89,7 +89,7 @@ typedef struct Trainer {
     GrpoSamplingMetrics round_sampling; /* engine vs trainer log-probs over the round's first pass */
     /* progress */
     int64_t global_step, total_steps, round;
-    int micro_in_step; /* the micro-batch of the optimizer step being trained (0 .. gradient_accumulation_steps) */
+    int micro_in_step; /* the micro-batch of the optimizer step being trained, 0 .. gradient_accumulation_steps - 1 */
     uint64_t epoch;
     size_t epoch_pos, *epoch_order;
     int64_t num_tokens;
@@ -768,16 +768,15 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
         free(pids);
         if (rc != 0) return rc;
     }
+    if (model_params_partitioned(t->model)) { /* zero_stage 3: rank 0 saves the whole weights */
+        release_activations(t);
+        if ((rc = weights_gather(t, err)) != 0) return rc;
+    }
     char name[64], tmp_name[96];
     snprintf(name, sizeof name, "checkpoint-%lld", (long long)step);
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, pid);
     char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
     char *state_path = path_join(dir, "trainer_state.json"), *cfg_path = path_join(dir, "train_config.json");
-    if (model_params_partitioned(t->model)) { /* zero_stage 3: rank 0 saves the whole weights */
-        release_activations(t);
-        rc = weights_gather(t, err);
-    }
-    if (rc != 0) return rc;
     if (t->dist.rank == 0) {
         remove_tree(dir);
         if (save_trained(t, dir, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0) rc = COLT_ERR;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -1370,8 +1371,22 @@ static int partition_weights(Trainer *t, Model *m, char *err) {
     return COLT_OK;
 }
 
+/* Ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise,
+ * each takes its share for OpenMP (the CPU backend's ops, the offloaded
+ * AdamW), where each would otherwise start a thread per core (torchrun sets
+ * OMP_NUM_THREADS for its ranks for the same reason). */
+static void share_host_cores(const LaunchEnv *env) {
+    if (env->local_world_size <= 1 || getenv("OMP_NUM_THREADS")) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int share = cores > env->local_world_size ? (int)(cores / env->local_world_size) : 1;
+    omp_set_num_threads(share);
+    log_info0("OpenMP: %d thread(s) per rank (%ld cores shared by the %d ranks on this host; OMP_NUM_THREADS "
+              "overrides)", share, cores, env->local_world_size);
+}
+
 /* Everything setup does on this rank. Only rank 0 touches output_dir. */
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
+    share_host_cores(env);
     int device = 0;
     if (choose_device(c, env, &device, err) != 0) return COLT_ERR;
     t->be = backend_open(c->device, device, err);

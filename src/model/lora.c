@@ -83,8 +83,6 @@ TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count) {
     return t;
 }
 
-static size_t spec_numel(const TensorSpec *s) { return (size_t)s->shape[0] * (size_t)s->shape[1]; }
-
 static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *where, char *err) {
     const ModelConfig *c = &m->cfg;
     int smallest = c->hidden_size < c->intermediate_size ? c->hidden_size : c->intermediate_size;
@@ -143,14 +141,14 @@ int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err)
     LoraState *ls = m->lora;
     size_t max_numel = 0;
     for (int i = 0; i < ls->n_tensors; i++)
-        if (spec_numel(&ls->tensors[i]) > max_numel) max_numel = spec_numel(&ls->tensors[i]);
+        if (tensor_spec_numel(&ls->tensors[i]) > max_numel) max_numel = tensor_spec_numel(&ls->tensors[i]);
     float *host = xmalloc(max_numel * sizeof(float));
     for (int i = 0; i < ls->n_tensors; i++) {
         const TensorSpec *s = &ls->tensors[i];
         if (s->init == INIT_ZEROS) continue; /* B: the arena is zeroed */
         /* kaiming_uniform_(a=sqrt(5)) on [r, in]: bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / 6) */
         float bound = (float)(1.0 / sqrt((double)s->shape[1]));
-        size_t numel = spec_numel(s);
+        size_t numel = tensor_spec_numel(s);
         for (size_t j = 0; j < numel; j++) host[j] = bound * (2.0f * rng_uniform(seed, (uint64_t)i, j) - 1.0f);
         m->be->upload(m->be, *s->buf, host, numel);
     }
@@ -326,9 +324,9 @@ int model_lora_load(Model *m, const char *dir, char *err) {
                         cfg.r, (long long)s->shape[0], (long long)s->shape[1]);
             break;
         }
-        host = xrealloc(host, spec_numel(s) * sizeof(float));
+        host = xrealloc(host, tensor_spec_numel(s) * sizeof(float));
         rc = safetensors_to_f32_finite(host, st, weights_path, err);
-        if (rc == 0) m->be->upload(m->be, *s->buf, host, spec_numel(s));
+        if (rc == 0) m->be->upload(m->be, *s->buf, host, tensor_spec_numel(s));
     }
     free(host);
     if (rc != 0) lora_state_free(m);
@@ -359,8 +357,8 @@ int model_lora_save(const Model *m, const char *dir, const char *base_model, cha
     SafeTensorWrite *w = xcalloc((size_t)ls->n_tensors, sizeof(SafeTensorWrite));
     for (int i = 0; i < ls->n_tensors; i++) {
         const TensorSpec *s = &ls->tensors[i];
-        float *host = xmalloc(spec_numel(s) * sizeof(float));
-        m->be->download(m->be, host, *s->buf, spec_numel(s));
+        float *host = xmalloc(tensor_spec_numel(s) * sizeof(float));
+        m->be->download(m->be, host, *s->buf, tensor_spec_numel(s));
         w[i] = (SafeTensorWrite){.name = s->name, .ndim = 2, .shape = {s->shape[0], s->shape[1]}, .data = host};
     }
     char *path = path_join(dir, "adapter_model.safetensors");

@@ -51,10 +51,6 @@ static void spec_add(TensorSpec *t, int *n, const char *name, int64_t d0, int64_
     s->buf = buf;
 }
 
-static size_t spec_numel(const TensorSpec *s) {
-    return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
-}
-
 /* Declared in model_internal.h (model_train.c reads it too). */
 TensorSpec *model_tensor_table(Model *m, int *count) {
     const ModelConfig *c = &m->cfg;
@@ -117,7 +113,7 @@ size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets) {
         for (int i = 0; i < n; i++) {
             if (model_param_no_weight_decay(t[i].name) != (group == 1)) continue;
             offsets[i] = total;
-            total += (spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+            total += (tensor_spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
         }
     return total;
 }
@@ -212,7 +208,7 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
             errorf(err, "%s: tensor '%s' has shape %s, config wants %s", where, t[i].name, have, want);
             goto error;
         }
-        if (spec_numel(&t[i]) > max_numel) max_numel = spec_numel(&t[i]);
+        if (tensor_spec_numel(&t[i]) > max_numel) max_numel = tensor_spec_numel(&t[i]);
     }
     float *host = xmalloc(max_numel * sizeof(float));
     model_alloc_weights(m);
@@ -224,7 +220,7 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
             free(host);
             goto error;
         }
-        be->upload(be, *t[i].buf, host, spec_numel(&t[i]));
+        be->upload(be, *t[i].buf, host, tensor_spec_numel(&t[i]));
     }
     free(host);
     if (cfg.tie_word_embeddings) m->lm_head = m->embed;
@@ -271,11 +267,11 @@ int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, cons
     TensorSpec *t = model_tensor_table(m, &n);
     size_t max_numel = 0;
     for (int i = 0; i < n; i++)
-        if (spec_numel(&t[i]) > max_numel) max_numel = spec_numel(&t[i]);
+        if (tensor_spec_numel(&t[i]) > max_numel) max_numel = tensor_spec_numel(&t[i]);
     float *host = xmalloc(max_numel * sizeof(float));
     model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
-        size_t numel = spec_numel(&t[i]);
+        size_t numel = tensor_spec_numel(&t[i]);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
         be->upload(be, *t[i].buf, host, numel);
@@ -491,16 +487,16 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
     SaveFill *fills = xcalloc((size_t)n, sizeof(SaveFill));
     size_t total = 0, es = dtype_size(dtype);
     for (int i = 0; i < n; i++) {
-        fills[i] = (SaveFill){.m = m, .buf = t[i].buf, .numel = spec_numel(&t[i]), .merge = merge};
+        fills[i] = (SaveFill){.m = m, .buf = t[i].buf, .numel = tensor_spec_numel(&t[i]), .merge = merge};
         w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
                                  .fill = save_fill, .fill_ctx = &fills[i]};
-        total += spec_numel(&t[i]) * es;
+        total += tensor_spec_numel(&t[i]) * es;
     }
     /* Shards: tensors in table order, a new file when the next would pass the limit. */
     int *file_of = xcalloc((size_t)n, sizeof(int)), n_files = 1;
     size_t in_file = 0;
     for (int i = 0; i < n; i++) {
-        size_t bytes = spec_numel(&t[i]) * es;
+        size_t bytes = tensor_spec_numel(&t[i]) * es;
         if (in_file > 0 && in_file + bytes > max_shard_bytes) n_files++, in_file = 0;
         file_of[i] = n_files - 1;
         in_file += bytes;

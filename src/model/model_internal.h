@@ -155,6 +155,11 @@ void model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int
  * decay (model_param_no_weight_decay) start at this element. */
 size_t model_weights_no_decay_start(const Model *m);
 
+/* Elements of a table entry (1-D or 2-D). */
+static inline size_t tensor_spec_numel(const TensorSpec *s) {
+    return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
+}
+
 /* Element offsets of the table's tensors in one arena (aligned); returns the total. */
 size_t model_arena_layout(const TensorSpec *t, int n, size_t *offsets);
 

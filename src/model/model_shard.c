@@ -16,10 +16,6 @@
 
 /* ---------------------------------------------------------------- stages */
 
-static size_t spec_numel(const TensorSpec *s) {
-    return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
-}
-
 static int tensor_stage(const Model *owner, const TensorSpec *t) {
     int L = owner->cfg.num_hidden_layers;
     for (int l = 0; l < L; l++) {
@@ -46,7 +42,7 @@ void stage_layout_build(StageLayout *sl, const Model *owner, const TensorSpec *t
     size_t covered = 0;
     for (int i = 0; i < n; i++) {
         int s = tensor_stage(owner, &t[i]), grp = model_param_no_weight_decay(t[i].name) ? 1 : 0;
-        size_t lo = offsets[i], hi = lo + (spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        size_t lo = offsets[i], hi = lo + (tensor_spec_numel(&t[i]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
         size_t *r = sl->range[s][grp];
         if (r[0] == r[1]) r[0] = lo, r[1] = hi;
         else {

@@ -31,14 +31,10 @@
  * adapters are attached (the base weights are frozen then). */
 int model_param_count(const Model *m) { return m->lora ? m->lora->n_tensors : m->n_tensors; }
 
-static size_t tensor_numel(const TensorSpec *s) {
-    return s->ndim == 2 ? (size_t)s->shape[0] * (size_t)s->shape[1] : (size_t)s->shape[0];
-}
-
 ModelParam model_param(const Model *m, int index) {
     COLT_ASSERT(index >= 0 && index < model_param_count(m));
     const TensorSpec *s = m->lora ? &m->lora->tensors[index] : &m->tensors[index];
-    return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_numel(s)};
+    return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_spec_numel(s)};
 }
 
 size_t model_param_offset(const Model *m, int index) {
@@ -119,7 +115,7 @@ static TensorSpec *grads_table(ModelGrads *g, const Model *m, const size_t **off
     COLT_ASSERT(n == g->n);
     model_params_flat(m, &g->flat_numel);
     stage_layout_build(&g->sl, &g->shadow, t, n, *offsets, g->flat_numel);
-    for (int i = 0; i < n; i++) g->numel[i] = tensor_numel(&t[i]);
+    for (int i = 0; i < n; i++) g->numel[i] = tensor_spec_numel(&t[i]);
     g->lora = m->lora != NULL;
     return t;
 }

@@ -1,7 +1,8 @@
 /* test_dist_comm.c — every communicator op against the sums and gathers it
  * must produce: all_reduce (fp32, fp64, int64; 1, 7, 1000 and 2^20 elements),
- * reduce_scatter (fp32, int64), all_gather (fp32, bytes), broadcast (bytes,
- * fp64, from the first and the last rank), barrier.
+ * reduce (fp32, fp64, to the first and the last rank), reduce_scatter (fp32,
+ * int64), all_gather (fp32, bytes), broadcast (bytes, fp64, from the first and
+ * the last rank), barrier.
  *
  * Run plainly it checks the world-of-one communicator, argument errors, the
  * backend policy (comm_choose_kind) and, where Gloo is built, forks 2 and 4
@@ -13,6 +14,7 @@
  * with --fail=exit or --fail=hang, rank 1 exits early or hangs and the others
  * must report the timeout (--timeout=S, default 5) and abort the job.
  * --backends prints the backends this build has. */
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,6 +125,31 @@ static void check_reduce_scatter(Comm *c, size_t n) {
     free(lout);
 }
 
+/* reduce to root: root's buffer holds the sum (the others' is unspecified). */
+static void check_reduce(Comm *c, size_t n) {
+    int r = comm_rank(c), w = comm_world_size(c);
+    char err[ERR_LEN] = "";
+    float *f = malloc(n * sizeof *f);
+    double *d = malloc(n * sizeof *d);
+    for (int root = 0; root < w; root += (w > 1 ? w - 1 : 1)) {
+        for (size_t k = 0; k < n; k++) f[k] = (float)(r + 1) * (float)(k % 1000 + 1), d[k] = (double)(r + 1) * 1e-3 * (double)k;
+        CHECK(comm_reduce(c, f, n, COMM_FLOAT32, root, NULL, err) == COLT_OK, "reduce fp32 to %d: %s", root, err);
+        CHECK(comm_reduce(c, d, n, COMM_FLOAT64, root, NULL, err) == COLT_OK, "reduce fp64 to %d: %s", root, err);
+        if (r == root) {
+            size_t bad = 0;
+            double tri = (double)w * (w + 1) / 2;
+            for (size_t k = 0; k < n; k++) {
+                bad += f[k] != (float)tri * (float)(k % 1000 + 1);
+                bad += fabs(d[k] - tri * 1e-3 * (double)k) > 1e-9 * (double)(k + 1);
+            }
+            CHECK(!bad, "reduce x%zu to rank %d over %d ranks: %zu elements wrong", n, root, w, bad);
+        }
+        if (w == 1) break;
+    }
+    free(f);
+    free(d);
+}
+
 static void check_all_gather(Comm *c, size_t n) {
     int r = comm_rank(c), w = comm_world_size(c);
     char err[ERR_LEN] = "";
@@ -168,6 +195,8 @@ static void check_all_ops(Comm *c) {
     char err[ERR_LEN] = "";
     static const size_t sizes[] = {1, 7, 1000, 1u << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) check_all_reduce(c, sizes[i]);
+    check_reduce(c, 1);
+    check_reduce(c, 5003);
     check_reduce_scatter(c, 1);
     check_reduce_scatter(c, 4099);
     check_all_gather(c, 3);

@@ -175,9 +175,17 @@ static void nccl_rank(int rank, int port, const char *mode) {
     for (size_t i = 0; i < 2 * n; i++) bad += back[i] != (float)(i / n + 1) + 0.5f * (float)((i % n) % 4096);
     cudaMemcpy(msg, dl, sizeof msg, cudaMemcpyDeviceToHost);
     bad += strcmp(msg, "from rank 1") != 0;
+    /* reduce in place to rank 1: its buffer holds the sum */
+    cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice);
+    CHECK(comm_reduce(c, d, n, COMM_FLOAT32, 1, stream, err) == COLT_OK, "reduce: %s", err);
+    CHECK(comm_wait(c, stream, err) == COLT_OK, "wait: %s", err);
+    if (rank == 1) {
+        cudaMemcpy(back, d, n * sizeof *back, cudaMemcpyDeviceToHost);
+        for (size_t k = 0; k < n; k++) bad += back[k] != 3.0f + 1.0f * (float)(k % 4096);
+    }
     CHECK(!bad, "rank %d: %zu results wrong over two GPUs", rank, bad);
     if (failures) _exit(3);
-    printf("nccl, two GPUs, rank %d: sums, gathers, broadcast and barrier right\n", rank);
+    printf("nccl, two GPUs, rank %d: sums, reduce, gathers, broadcast and barrier right\n", rank);
     fflush(stdout);
     if (store_barrier(store, "ops-done", err) != COLT_OK) goto setup_failed;
 

@@ -103,6 +103,10 @@ static int self_copy(Comm *c, void *out, const void *in, size_t bytes, void *str
 
 static int self_all_reduce(Comm *c, void *data, size_t count, CommDtype dtype, void *stream, char *err) { return COLT_OK; }
 
+static int self_reduce(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err) {
+    return COLT_OK;
+}
+
 static int self_reduce_scatter(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err) {
     return self_copy(c, out, in, count * comm_dtype_size(dtype), stream, err);
 }
@@ -119,6 +123,7 @@ static void self_close(Comm *c) {}
 
 static const CommOps SELF_OPS = {
     .all_reduce = self_all_reduce,
+    .reduce = self_reduce,
     .reduce_scatter = self_reduce_scatter,
     .all_gather = self_all_gather,
     .broadcast = self_broadcast,
@@ -246,6 +251,13 @@ int comm_all_reduce(Comm *c, void *data, size_t count, CommDtype dtype, void *st
     if (check_op(c, "all_reduce", true, dtype, count, data, data, err) != COLT_OK) return COLT_ERR;
     if (!count) return COLT_OK;
     return after(c, c->ops->all_reduce(c, data, count, dtype, stream, err));
+}
+
+int comm_reduce(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err) {
+    if (check_op(c, "reduce", true, dtype, count, data, data, err) != COLT_OK) return COLT_ERR;
+    if (root < 0 || root >= c->world_size) return comm_fail(c, err, "reduce to rank %d, which is not in 0..%d", root, c->world_size - 1);
+    if (!count) return COLT_OK;
+    return after(c, c->ops->reduce(c, data, count, dtype, root, stream, err));
 }
 
 int comm_reduce_scatter(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err) {

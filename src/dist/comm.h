@@ -60,6 +60,11 @@ int comm_open(Comm **out, const LaunchEnv *env, const CommOptions *opt, char *er
 /* Sum over ranks, in place: data holds count elements on every rank. */
 int comm_all_reduce(Comm *c, void *data, size_t count, CommDtype dtype, void *stream, char *err);
 
+/* Sum over ranks into root's data (count elements, in place); the other
+ * ranks' data is unspecified afterwards. A part of a sum wanted by one rank
+ * (ZeRO's gradient shards): half an all_reduce's traffic. */
+int comm_reduce(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err);
+
 /* Sum over ranks of in (world_size * count elements); rank r gets block r of
  * the sum in out (count elements). out and in must not overlap. */
 int comm_reduce_scatter(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err);

@@ -16,6 +16,7 @@ extern "C" {
  * filled through comm_fail. */
 typedef struct CommOps {
     int (*all_reduce)(Comm *c, void *data, size_t count, CommDtype dtype, void *stream, char *err);
+    int (*reduce)(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err);
     int (*reduce_scatter)(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err);
     int (*all_gather)(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err);
     int (*broadcast)(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err);

@@ -123,6 +123,25 @@ static int mpi_all_reduce(Comm *c, void *data, size_t count, CommDtype dtype, vo
     return COLT_OK;
 }
 
+static int mpi_reduce(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err) {
+    MpiImpl *m = c->impl;
+    char what[128];
+    comm_describe(what, sizeof what, "reduce", count, dtype);
+    snprintf(what + strlen(what), sizeof what - strlen(what), " to rank %d", root);
+    char *p = data;
+    for (size_t done = 0; done < count;) {
+        int n = (int)(count - done < MPI_PIECE ? count - done : MPI_PIECE);
+        MPI_Request req;
+        if (started(c, MPI_Ireduce(c->rank == root ? MPI_IN_PLACE : p, p, n, mpi_type(dtype), MPI_SUM, root, m->comm, &req),
+                    what, err) != COLT_OK ||
+            mpi_wait(c, &req, what, err) != COLT_OK)
+            return COLT_ERR;
+        done += (size_t)n;
+        p += (size_t)n * comm_dtype_size(dtype);
+    }
+    return COLT_OK;
+}
+
 static int mpi_reduce_scatter(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err) {
     MpiImpl *m = c->impl;
     char what[96];
@@ -184,6 +203,7 @@ static void mpi_close(Comm *c) {
 
 static const CommOps MPI_OPS = {
     .all_reduce = mpi_all_reduce,
+    .reduce = mpi_reduce,
     .reduce_scatter = mpi_reduce_scatter,
     .all_gather = mpi_all_gather,
     .broadcast = mpi_broadcast,

@@ -118,6 +118,15 @@ static int nccl_all_reduce(Comm *c, void *data, size_t count, CommDtype dtype, v
     return enqueued(c, ncclAllReduce(data, data, count, nccl_type(dtype), ncclSum, n->comm, (cudaStream_t)stream), what, err);
 }
 
+static int nccl_reduce(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err) {
+    NcclImpl *n = c->impl;
+    char what[128];
+    comm_describe(what, sizeof what, "reduce", count, dtype);
+    snprintf(what + strlen(what), sizeof what - strlen(what), " to rank %d", root);
+    return enqueued(c, ncclReduce(data, data, count, nccl_type(dtype), ncclSum, root, n->comm, (cudaStream_t)stream), what,
+                    err);
+}
+
 static int nccl_reduce_scatter(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err) {
     NcclImpl *n = c->impl;
     char what[96];
@@ -197,6 +206,7 @@ static void nccl_close(Comm *c) {
 
 static const CommOps NCCL_OPS = {
     .all_reduce = nccl_all_reduce,
+    .reduce = nccl_reduce,
     .reduce_scatter = nccl_reduce_scatter,
     .all_gather = nccl_all_gather,
     .broadcast = nccl_broadcast,

@@ -234,8 +234,16 @@ int train_dist_zero2_ready(void *ctx, size_t lo, size_t hi, char *err) {
         if (train_dist_zero2_finish_backward(d, err) != 0) return COLT_ERR;
         backend_cuda_comm_after_compute(d->be);
         d->in_flight = true;
-        if (comm_all_reduce(d->grad_comm, data, n, COMM_FLOAT32, backend_cuda_comm_stream(d->be), err) != 0)
-            return COLT_ERR;
+        /* each rank's part of the stage reduced to it alone: half an all_reduce's traffic */
+        size_t numel = 0, rlo, rhi;
+        model_grads_flat(d->z2_grads, &numel);
+        for (int r = 0; r < d->world; r++) {
+            optim_shard_bounds(numel, d->world, r, &rlo, &rhi);
+            size_t a = lo > rlo ? lo : rlo, b = hi < rhi ? hi : rhi;
+            if (a < b && comm_reduce(d->grad_comm, (char *)data + (a - lo) * sizeof(float), b - a, COMM_FLOAT32, r,
+                                     backend_cuda_comm_stream(d->be), err) != 0)
+                return COLT_ERR;
+        }
         d->z2_pending = true;
         d->z2_pdata = data;
         d->z2_plo = lo;

@@ -100,9 +100,10 @@ int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t 
 /* ZeRO-2 (zero_stage 2). The backward's windowed gradients
  * (model_grads_create_windowed) are handed over stage by stage:
  * train_dist_zero2_ready (a GradsReadyFn, ctx the TrainDist, installed for
- * every backward) sums each stage over the ranks — an NCCL all-reduce on the
- * communication stream that overlaps the next layer's backward, or through
- * the host in rank order — and adds this rank's part of it to its shard
+ * every backward) sums each stage over the ranks — over NCCL each rank's part
+ * reduced to that rank, on the communication stream, overlapping the next
+ * layer's backward; or through the host in rank order — and adds this rank's
+ * part of it to its shard
  * [lo, hi) of the flat layout. Per step: begin_step zeroes the shard; after
  * each backward, finish_backward adds the last stage still in flight; after
  * the last, finish_step completes the shard (host path: uploads it). Then

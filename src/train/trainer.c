@@ -1188,7 +1188,7 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
             return COLT_ERR;
         snprintf(how, sizeof how, "zero_stage %d: each layer's gradients %s as the backward finishes it; this rank "
                                   "keeps its shard of the sum",
-                 c->zero_stage, t->dist.world == 1 ? "added to the shard" : t->dist.grad_comm ? "all-reduced over NCCL" : "summed on the host in rank order");
+                 c->zero_stage, t->dist.world == 1 ? "added to the shard" : t->dist.grad_comm ? "reduced over NCCL, each part to the rank keeping it," : "summed on the host in rank order");
     }
     if (t->dist.world > 1 || c->zero_stage >= 2) log_info0("gradients: %s", how);
     return COLT_OK;

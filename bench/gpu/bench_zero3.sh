@@ -7,6 +7,7 @@
 # optimizer shares — stage 3's training-time weights are this rank's half plus two layer windows and the
 # embedding / lm_head, the whole weights gathered only to generate.
 # Usage: bash bench/gpu/bench_zero3.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset default qwen2.5-1.5b)
+#   STAGES="2 3" (default "0 2 3") and SHARED=0 (skip the shared-GPU rows) shorten it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -20,14 +21,15 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 gpus=$(nvidia-smi -L | wc -l)
 mkdir -p "$work"
 [ -f "$work/$preset/config.json" ] || $COLT init --arch qwen2 --preset "$preset" --tokenizer "$tok" --out "$work/$preset" 2>/dev/null
-layouts=("shared:--devices [0,0]")
-[ "$gpus" -ge 2 ] && layouts=("2 GPUs:--devices [0,1]" "${layouts[@]}")
+layouts=()
+[ "$gpus" -ge 2 ] && layouts+=("2 GPUs:--devices [0,1]")
+[ "${SHARED:-1}" = 1 ] && layouts+=("shared:--devices [0,0]")
 echo "| ranks on | zero_stage | s/step | generation | training | gradient sync | optimizer | allocated peak GB | plan GB | plan: weights / gradients / optimizer GB |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 for layout in "${layouts[@]}"; do
   label=${layout%%:*}
   devices=${layout#*:}
-  for z in 0 2 3; do
+  for z in ${STAGES:-0 2 3}; do
     args=(--config bench/gpu/grpo_bench.yaml --model "$work/$preset" --dataset "$prompts" --device cuda
           --nproc_per_node 2 $devices --per_device_train_batch_size "$micro" --gradient_accumulation_steps $((128 / micro))
           --zero_stage "$z" --max_steps "$steps")

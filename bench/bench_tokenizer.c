@@ -1,9 +1,10 @@
-/* bench_tokenizer.c — single-threaded encode throughput on GSM8K text.
+/* bench_tokenizer.c — single-threaded encode and decode throughput on GSM8K text.
  *
  * Encodes every question and answer of GSM8K train (or the JSONL given as
  * argv[1]) one text at a time, with the Qwen2.5 and stories260K tokenizers, and
  * prints a markdown table (MB/s of UTF-8 input, tokens/s, total tokens) with
- * the command and the CPU. Best of several passes. Compare with
+ * the command and the CPU; then decodes every text's ids back (what the trainer
+ * does to every completion of a round before scoring it). Best of several passes. Compare with
  * bench/bench_tokenizer_hf.py, which must report the same token totals.
  * It is not a correctness test (tests/test_tokenizer.c is). */
 #include <jansson.h>
@@ -64,6 +65,39 @@ static double bench_one(const Tokenizer *tok, const Texts *texts, int passes, si
     return best;
 }
 
+/* Decode: every text's ids back to text. Returns the best seconds; *tokens gets the count. */
+static double bench_decode(const Tokenizer *tok, const Texts *texts, int passes, size_t *tokens) {
+    char err[ERR_LEN];
+    int **ids = xcalloc(texts->n, sizeof(int *));
+    size_t *n = xcalloc(texts->n, sizeof(size_t)), total = 0;
+    for (size_t i = 0; i < texts->n; i++) {
+        if (tokenizer_encode(tok, texts->s[i], texts->len[i], &ids[i], &n[i], err)) {
+            fprintf(stderr, "encode failed: %s\n", err);
+            exit(1);
+        }
+        total += n[i];
+    }
+    double best = 1e30;
+    for (int p = 0; p < passes; p++) {
+        double t0 = time_now();
+        for (size_t i = 0; i < texts->n; i++) {
+            char *text;
+            if (tokenizer_decode(tok, ids[i], n[i], true, &text, err)) {
+                fprintf(stderr, "decode failed: %s\n", err);
+                exit(1);
+            }
+            free(text);
+        }
+        double dt = time_now() - t0;
+        if (dt < best) best = dt;
+    }
+    for (size_t i = 0; i < texts->n; i++) free(ids[i]);
+    free(ids);
+    free(n);
+    *tokens = total;
+    return best;
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : COLT_SHARED_DATA "/gsm8k/train.jsonl";
     int passes = argc > 2 ? atoi(argv[2]) : 3;
@@ -106,6 +140,9 @@ int main(int argc, char **argv) {
         size_t tokens = 0;
         double s = bench_one(tok, &texts, passes, &tokens);
         printf("| %s | colt encode (one text at a time) | %.2f | %.0f | %zu |\n", names[k], (double)texts.bytes / 1e6 / s,
+               (double)tokens / s, tokens);
+        s = bench_decode(tok, &texts, passes, &tokens);
+        printf("| %s | colt decode (one text at a time) | %.2f | %.0f | %zu |\n", names[k], (double)texts.bytes / 1e6 / s,
                (double)tokens / s, tokens);
         tokenizer_free(tok);
     }

@@ -373,6 +373,12 @@ struct Tokenizer {
     Normalizer *normalizer;
     PreTokenizer *pre_tokenizer;
     Decoder *decoder;
+    /* A lone ByteLevel decoder (GPT-2 style: Qwen, Llama 3): each token's bytes
+     * worked out once at load (byte_level_precompute), so decoding is a copy
+     * per token. NULL otherwise. */
+    char *token_bytes;        /* arena */
+    uint32_t *token_byte_off; /* [n_ids] */
+    uint32_t *token_byte_len; /* [n_ids] */
 
     char *bos_token, *eos_token, *pad_token;
     bool add_bos;
@@ -1467,6 +1473,24 @@ static int hex_val(char c) {
     return -1;
 }
 
+/* ByteLevel's decode of one token: each character back to its byte, or the token's own bytes when one is not a ByteLevel
+ * character (HF keeps those). */
+static void byte_level_token(const Tokenizer *t, const char *s, size_t len, Buf *out) {
+    size_t mark = out->len;
+    for (size_t j = 0; j < len;) {
+        int32_t cp;
+        j += utf8_decode(s + j, len - j, &cp);
+        int b = cp >= 0 && cp < 512 ? t->byte_level_inverse[cp] : -1;
+        if (b < 0) {
+            out->len = mark;
+            buf_append(out, s, len);
+            return;
+        }
+        unsigned char c = (unsigned char)b;
+        buf_append(out, &c, 1);
+    }
+}
+
 static int decode_apply(const Tokenizer *t, const Decoder *d, StrList *toks, char *err) {
     StrList out = {0};
     switch (d->type) {
@@ -1477,26 +1501,7 @@ static int decode_apply(const Tokenizer *t, const Decoder *d, StrList *toks, cha
     case DEC_BYTELEVEL: {
         Buf bytes = {0};
         buf_reserve(&bytes, 0);
-        for (size_t i = 0; i < toks->n; i++) {
-            const Buf *tk = &toks->items[i];
-            size_t mark = bytes.len;
-            bool ok = true;
-            for (size_t j = 0; j < tk->len;) {
-                int32_t cp;
-                j += utf8_decode(tk->data + j, tk->len - j, &cp);
-                int b = cp >= 0 && cp < 512 ? t->byte_level_inverse[cp] : -1;
-                if (b < 0) {
-                    ok = false;
-                    break;
-                }
-                unsigned char c = (unsigned char)b;
-                buf_append(&bytes, &c, 1);
-            }
-            if (!ok) { /* HF keeps such a token's own bytes */
-                bytes.len = mark;
-                buf_append(&bytes, tk->data, tk->len);
-            }
-        }
+        for (size_t i = 0; i < toks->n; i++) byte_level_token(t, toks->items[i].data, toks->items[i].len, &bytes);
         utf8_append_lossy(strlist_add(&out), bytes.data, bytes.len);
         free(bytes.data);
         break;
@@ -1575,8 +1580,45 @@ static int decode_apply(const Tokenizer *t, const Decoder *d, StrList *toks, cha
     return COLT_OK;
 }
 
+/* The lone-ByteLevel decoder's bytes of every token, in one arena. */
+static void byte_level_precompute(Tokenizer *t) {
+    if (!t->decoder || t->decoder->type != DEC_BYTELEVEL) return;
+    Buf arena = {0};
+    t->token_byte_off = xcalloc((size_t)(t->n_ids ? t->n_ids : 1), sizeof(uint32_t));
+    t->token_byte_len = xcalloc((size_t)(t->n_ids ? t->n_ids : 1), sizeof(uint32_t));
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        size_t at = arena.len;
+        if (t->tokens[id]) byte_level_token(t, t->tokens[id], t->token_lens[id], &arena);
+        COLT_ASSERT(arena.len < UINT32_MAX);
+        t->token_byte_off[id] = (uint32_t)at;
+        t->token_byte_len[id] = (uint32_t)(arena.len - at);
+    }
+    buf_reserve(&arena, 0);
+    t->token_bytes = arena.data;
+}
+
 int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text, char *err) {
     *text = NULL;
+    if (t->token_bytes) { /* lone ByteLevel: the tokens' bytes, then one lossy UTF-8 pass */
+        Buf bytes = {0}, out = {0};
+        buf_reserve(&bytes, n * 8);
+        for (size_t i = 0; i < n; i++) {
+            int id = ids[i];
+            if (id < 0 || id >= t->n_ids || !t->tokens[id]) {
+                free(bytes.data);
+                return errorf(err, "%s: cannot decode: token id %d is out of range (vocabulary size %d)", t->name, id,
+                              t->n_ids);
+            }
+            if (skip_special_tokens && t->is_special[id]) continue;
+            buf_append(&bytes, t->token_bytes + t->token_byte_off[id], t->token_byte_len[id]);
+        }
+        buf_reserve(&out, bytes.len);
+        out.data[0] = '\0';
+        utf8_append_lossy(&out, bytes.data, bytes.len);
+        free(bytes.data);
+        *text = out.data;
+        return COLT_OK;
+    }
     StrList toks = {0};
     for (size_t i = 0; i < n; i++) {
         int id = ids[i];
@@ -1870,6 +1912,7 @@ static int load_from_memory(Tokenizer **out, const char *tokenizer_json, size_t 
     if (load_added_tokens(t, added, name, err)) goto done;
 
     if (config_json && load_config(t, config_json, config_len, config_name, err)) goto done;
+    byte_level_precompute(t);
     rc = COLT_OK;
 done:
     json_decref(root);
@@ -1921,6 +1964,9 @@ void tokenizer_free(Tokenizer *t) {
     for (int32_t i = 0; i < t->n_ids; i++) free(t->tokens[i]);
     free(t->tokens);
     free(t->token_lens);
+    free(t->token_bytes);
+    free(t->token_byte_off);
+    free(t->token_byte_len);
     free(t->is_special);
     free(t->vocab.slots);
     free(t->merges.slots);

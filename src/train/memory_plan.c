@@ -78,8 +78,7 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
         p->expected_peak = beside;
         size_t release = gather_peak ? p->train_peak + p->weights_gathered : 0; /* giving the whole back */
         if (release > p->expected_peak) p->expected_peak = release;
-    }
-    else {
+    } else {
         double pool_room = room - (double)(gen_persistent + p->engine_scratch + p->headroom);
         size_t pool = !in->gpu || pool_room >= (double)p->kv_want ? p->kv_want : pool_room > 0 ? (size_t)pool_room : 0;
         size_t gen = gen_persistent + p->engine_scratch + pool;

@@ -456,16 +456,21 @@ void model_lora_add(const Model *m, const LayerWeights *w, LoraTarget t, void *y
     be->add(be, y, y, u_buf, (size_t)n * out_dim);
 }
 
-int lora_max_in_dim(const Model *m) {
+/* The widest input (inputs true) or output of the adapted layers, 0 without adapters. */
+static int widest_adapted(const Model *m, bool inputs) {
     if (!m->lora) return 0;
     int widest = 0;
     for (int k = 0; k < LORA_N_TARGETS; k++) {
         int in_dim, out_dim;
         lora_target_dims(&m->cfg, (LoraTarget)k, &in_dim, &out_dim);
-        if ((m->lora->cfg.targets & (1u << k)) && in_dim > widest) widest = in_dim;
+        int dim = inputs ? in_dim : out_dim;
+        if ((m->lora->cfg.targets & (1u << k)) && dim > widest) widest = dim;
     }
     return widest;
 }
+
+int lora_max_in_dim(const Model *m) { return widest_adapted(m, true); }
+int lora_max_out_dim(const Model *m) { return widest_adapted(m, false); }
 
 void model_lora_set_dropout_key(Model *m, uint64_t seed, int64_t key) {
     if (!m->lora) return;
@@ -480,17 +485,6 @@ void model_lora_set_dropout(Model *m, float p) {
 float lora_dropout_active(const Model *m) {
     if (!m->lora || !m->lora->enabled || m->lora->dropout_key < 0) return 0.0f;
     return m->lora->cfg.dropout;
-}
-
-int lora_max_out_dim(const Model *m) {
-    if (!m->lora) return 0;
-    int widest = 0;
-    for (int k = 0; k < LORA_N_TARGETS; k++) {
-        int in_dim, out_dim;
-        lora_target_dims(&m->cfg, (LoraTarget)k, &in_dim, &out_dim);
-        if ((m->lora->cfg.targets & (1u << k)) && out_dim > widest) widest = out_dim;
-    }
-    return widest;
 }
 
 int lora_rank(const Model *m) { return m->lora ? m->lora->cfg.r : 0; }

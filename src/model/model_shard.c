@@ -80,13 +80,20 @@ void stage_layout_free(StageLayout *sl) {
 
 bool model_params_partitioned(const Model *m) { return m->part != NULL; }
 
+/* A partition's device bytes: its part, two layer windows, the edges (as partition_alloc takes them). */
+static size_t partition_bytes(const Model *m, const StageLayout *sl, size_t part_numel) {
+    size_t numel = (part_numel ? part_numel : 1) + 2 * (sl->window_numel ? sl->window_numel : 1) +
+                   (sl->edge_numel ? sl->edge_numel : 1);
+    return numel * dtype_size(m->be->storage);
+}
+
 size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel) {
+    if (m->part) return partition_bytes(m, &m->part->sl, part_numel);
     StageLayout sl;
     stage_layout_build(&sl, m, m->tensors, m->n_tensors, m->offsets, m->arena_numel);
-    size_t numel = (part_numel ? part_numel : 1) + 2 * (sl.window_numel ? sl.window_numel : 1) +
-                   (sl.edge_numel ? sl.edge_numel : 1);
+    size_t bytes = partition_bytes(m, &sl, part_numel);
     stage_layout_free(&sl);
-    return numel * dtype_size(m->be->storage);
+    return bytes;
 }
 
 /* The part, the two layer windows and the edge buffer. */

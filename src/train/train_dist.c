@@ -180,6 +180,15 @@ int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t 
     return rc;
 }
 
+/* The part of the flat range [lo, hi) that rank r keeps when numel elements
+ * are cut into shards by optim_shard_bounds: [*a, *b), empty when *a >= *b. */
+static void rank_piece(size_t numel, int world, int r, size_t lo, size_t hi, size_t *a, size_t *b) {
+    size_t rlo, rhi;
+    optim_shard_bounds(numel, world, r, &rlo, &rhi);
+    *a = lo > rlo ? lo : rlo;
+    *b = hi < rhi ? hi : rhi;
+}
+
 /* ---------------------------------------------------------------- ZeRO-2 */
 
 int train_dist_zero2_open(TrainDist *d, const Backend *be, const ModelGrads *g, size_t lo, size_t hi, char *err) {
@@ -235,11 +244,10 @@ int train_dist_zero2_ready(void *ctx, size_t lo, size_t hi, char *err) {
         backend_cuda_comm_after_compute(d->be);
         d->in_flight = true;
         /* each rank's part of the stage reduced to it alone: half an all_reduce's traffic */
-        size_t numel = 0, rlo, rhi;
+        size_t numel = 0, a, b;
         model_grads_flat(d->z2_grads, &numel);
         for (int r = 0; r < d->world; r++) {
-            optim_shard_bounds(numel, d->world, r, &rlo, &rhi);
-            size_t a = lo > rlo ? lo : rlo, b = hi < rhi ? hi : rhi;
+            rank_piece(numel, d->world, r, lo, hi, &a, &b);
             if (a < b && comm_reduce(d->grad_comm, (char *)data + (a - lo) * sizeof(float), b - a, COMM_FLOAT32, r,
                                      backend_cuda_comm_stream(d->be), err) != 0)
                 return COLT_ERR;
@@ -292,12 +300,9 @@ int train_dist_zero2_norm(TrainDist *d, double *norm, char *err) {
 /* Host path: ranges gathered in chunks of this many elements (bounded host memory). */
 #define ZERO3_HOST_CHUNK ((size_t)32 << 20)
 
-/* The part of [lo, hi) that rank r keeps: [*a, *b) (empty when *a >= *b). */
+/* The part of the weights' range [lo, hi) that rank r keeps. */
 static void zero3_piece(const TrainDist *d, int r, size_t lo, size_t hi, size_t *a, size_t *b) {
-    size_t rlo, rhi;
-    optim_shard_bounds(d->z3_numel, d->world, r, &rlo, &rhi);
-    *a = lo > rlo ? lo : rlo;
-    *b = hi < rhi ? hi : rhi;
+    rank_piece(d->z3_numel, d->world, r, lo, hi, a, b);
 }
 
 /* Host path, one chunk: every rank's piece of [lo, hi) (each padded to the

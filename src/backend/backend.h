@@ -119,7 +119,8 @@ struct Backend {
     void (*add)(const Backend *be, void *out, const void *a, const void *b, size_t n);
     /* out[i] = s * x[i] over n storage elements (out may alias x): LoRA's scaling. */
     void (*mul_scalar)(const Backend *be, void *out, const void *x, float s, size_t n);
-    /* out[N, D] = table[ids[i], :] */
+    /* out[N, D] = table[ids[i], :]; a row whose ids[i] < 0 is zeros (a token
+     * outside this rank's part of a vocabulary-parallel table). */
     void (*embedding)(const Backend *be, void *out, const void *table, const int *ids, int n, int dim);
 
     /* ---- training (backward ops are added next to this line by the backward-pass work) ---- */
@@ -165,7 +166,8 @@ struct Backend {
     /* Backward of swiglu (out = silu(gate) * up) over n elements:
      * dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
     void (*swiglu_backward)(const Backend *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
-    /* Backward of embedding: dtable[ids[i], :] [f32] += dout[i, :] for i < N. */
+    /* Backward of embedding: dtable[ids[i], :] [f32] += dout[i, :] for i < N
+     * (rows with ids[i] < 0 skipped). */
     void (*embedding_backward)(const Backend *be, void *dtable, const void *dout, const int *ids, int n, int dim);
     /* Per row of logits[N, V], with z = logits / temperature:
      * logprobs[i] [f32] = log_softmax(z)[targets[i]] and entropy[i] [f32] =
@@ -178,6 +180,24 @@ struct Backend {
      * rows with targets[i] < 0). dlogits may alias logits (in place). */
     void (*log_softmax_target_backward)(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                         const void *dlogprobs, int n, int vocab, float temperature);
+    /* Tensor parallelism's vocabulary-parallel log-softmax: each rank holds
+     * logits[N, V'] for its part of the vocabulary. logits_shard_stats gives per
+     * row, with z = logits / temperature, stats[N, 4] [f32] = {max z, sum
+     * exp(z - max), sum exp(z - max) * z, z[targets[i]] (0 when targets[i] < 0:
+     * the target is another rank's)}, which the ranks combine into the row's
+     * log-sum-exp, log-prob and entropy. log_softmax_shard_backward is then
+     * log_softmax_target_backward on the part, given the whole row's lse[N]
+     * [f32]: dlogits = dlogprobs[i] * (onehot(targets[i]) - exp(z - lse[i])) /
+     * temperature, the onehot term only where targets[i] >= 0. dlogits may
+     * alias logits. */
+    void (*logits_shard_stats)(const Backend *be, void *stats, const void *logits, const int *targets, int n, int vocab,
+                               float temperature);
+    void (*log_softmax_shard_backward)(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                       const void *dlogprobs, const void *lse, int n, int vocab, float temperature);
+    /* dst[r * dst_stride + j] = src[r * src_stride + j] for r < rows, j < cols
+     * (storage elements): a rank's columns of gathered vocabulary-parallel logits. */
+    void (*copy_2d)(const Backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, int rows,
+                    int cols);
 
     /* torch.optim.AdamW step, in place, in torch's order of operations:
      * p *= 1 - lr*weight_decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
@@ -209,6 +229,9 @@ struct Backend {
     void (*upload_i32)(const Backend *be, void *dst, const int *src, size_t n);   /* host -> [i32], stream ordered */
     void (*download_i32)(const Backend *be, int *dst, const void *src, size_t n); /* [i32] -> host; synchronises */
     /* As embedding, rope and gather_rows, with the ids / positions / rows in [i32] buffers. */
+    /* out[i] [i32] = ids[i] - lo where lo <= ids[i] < hi, else -1: token ids
+     * into a rank's part [lo, hi) of a vocabulary-parallel table. */
+    void (*vocab_shard_ids_i32)(const Backend *be, void *out, const void *ids, int n, int lo, int hi);
     void (*embedding_i32)(const Backend *be, void *out, const void *table, const void *ids, int n, int dim);
     void (*rope_i32)(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, const float *inv_freq);
     void (*gather_rows_i32)(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim);

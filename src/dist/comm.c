@@ -119,6 +119,14 @@ static int self_broadcast(Comm *c, void *data, size_t count, CommDtype dtype, in
 
 static int self_barrier(Comm *c, char *err) { return COLT_OK; }
 
+static const CommOps SELF_OPS;
+static int self_split(Comm *c, int color, int key, Comm *child, char *err) {
+    child->ops = &SELF_OPS;
+    child->rank = 0;
+    child->world_size = 1;
+    return COLT_OK;
+}
+
 static void self_close(Comm *c) {}
 
 static const CommOps SELF_OPS = {
@@ -128,6 +136,7 @@ static const CommOps SELF_OPS = {
     .all_gather = self_all_gather,
     .broadcast = self_broadcast,
     .barrier = self_barrier,
+    .split = self_split,
     .close = self_close,
 };
 
@@ -332,6 +341,26 @@ bool comm_built(CommKind kind) {
 #endif
     default: return false;
     }
+}
+
+int comm_split(Comm *c, int color, int key, Comm **out, char *err) {
+    *out = NULL;
+    if (c->broken) return comm_fail(c, err, "split on a communicator that failed earlier: call comm_abort after an error");
+    if (color < 0) return comm_fail(c, err, "split with color %d: colors are >= 0", color);
+    if (!c->ops->split)
+        return comm_fail(c, err, "splitting a %s communicator into groups is not supported yet", comm_kind_name(c->kind));
+    Comm *child = xcalloc(1, sizeof *child);
+    child->kind = c->kind;
+    child->timeout_s = c->timeout_s;
+    child->gpu = c->gpu;
+    child->cuda_device = c->cuda_device;
+    memcpy(child->host, c->host, sizeof child->host);
+    if (after(c, c->ops->split(c, color, key, child, err)) != COLT_OK) {
+        free(child);
+        return COLT_ERR;
+    }
+    *out = child;
+    return COLT_OK;
 }
 
 void comm_close(Comm *c) {

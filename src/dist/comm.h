@@ -75,6 +75,12 @@ int comm_all_gather(Comm *c, void *out, const void *in, size_t count, CommDtype 
 /* root's data (count elements) to every rank's data. */
 int comm_broadcast(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err);
 
+/* A communicator of the ranks that pass the same color, ranked by key (ties
+ * by rank): the groups of tensor and data parallelism. Collective over c;
+ * same kind, timeout and device as c, closed on its own. Built for self and
+ * mpi; nccl and gloo answer with an error (not yet). */
+int comm_split(Comm *c, int color, int key, Comm **out, char *err);
+
 /* Returns once every rank called it. */
 int comm_barrier(Comm *c, char *err);
 

@@ -214,7 +214,8 @@ void gloo_close(Comm* c) {
 }
 
 const CommOps GLOO_OPS = {
-    gloo_all_reduce, gloo_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast, gloo_barrier, nullptr, gloo_abort, nullptr,
+    gloo_all_reduce, gloo_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast, gloo_barrier,
+    nullptr /* split: not yet */, nullptr, gloo_abort, nullptr,
     gloo_close,
 };
 

@@ -21,6 +21,8 @@ typedef struct CommOps {
     int (*all_gather)(Comm *c, void *out, const void *in, size_t count, CommDtype dtype, void *stream, char *err);
     int (*broadcast)(Comm *c, void *data, size_t count, CommDtype dtype, int root, void *stream, char *err);
     int (*barrier)(Comm *c, char *err);
+    /* fills child's ops, impl, rank and world_size; NULL: not supported */
+    int (*split)(Comm *c, int color, int key, Comm *child, char *err);
     int (*wait)(Comm *c, void *stream, char *err); /* NULL: nothing to wait for */
     void (*abort)(Comm *c, const char *reason);    /* tell the others; may end the process */
     void (*cancel)(Comm *c);                       /* drop in-flight ops; NULL: none can be in flight */

@@ -194,6 +194,31 @@ static int mpi_barrier(Comm *c, char *err) {
 
 static void mpi_abort(Comm *c, const char *reason) { comm_mpi_abort_job(1); }
 
+static const CommOps MPI_OPS;
+/* MPI_Comm_split has no bounded form: a bounded all-gather of the colors
+ * first, so a dead rank is an error here rather than a hang inside it. */
+static int mpi_split(Comm *c, int color, int key, Comm *child, char *err) {
+    MpiImpl *m = c->impl;
+    int64_t mine[2] = {color, key}, *all = xcalloc((size_t)c->world_size * 2, sizeof(int64_t));
+    int rc = mpi_all_gather(c, all, mine, 2, COMM_INT64, NULL, err);
+    free(all);
+    if (rc != COLT_OK) return COLT_ERR;
+    MpiImpl *sub = xcalloc(1, sizeof *sub);
+    char msg[MPI_MAX_ERROR_STRING];
+    int code = MPI_Comm_split(m->comm, color, key, &sub->comm);
+    if (code != MPI_SUCCESS) {
+        free(sub);
+        return comm_fail(c, err, "MPI_Comm_split failed: %s", mpi_error(code, msg));
+    }
+    MPI_Comm_set_errhandler(sub->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(sub->comm, &child->rank);
+    MPI_Comm_size(sub->comm, &child->world_size);
+    session_users++; /* the child's close ends its share of the MPI session */
+    child->impl = sub;
+    child->ops = &MPI_OPS;
+    return COLT_OK;
+}
+
 static void mpi_close(Comm *c) {
     MpiImpl *m = c->impl;
     MPI_Comm_free(&m->comm);
@@ -208,6 +233,7 @@ static const CommOps MPI_OPS = {
     .all_gather = mpi_all_gather,
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
+    .split = mpi_split,
     .abort = mpi_abort,
     .close = mpi_close,
 };

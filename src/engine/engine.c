@@ -359,14 +359,15 @@ static int bucket_index(int n) {
 }
 
 /* The ops of one step: forward, then the sampler on the logits rows. */
-static void run_ops(Engine *e, const PagedBatch *b, const int *dev_step, int n_pad) {
-    model_forward_paged(e->m, e->st, &e->pool, b);
+static int run_ops(Engine *e, const PagedBatch *b, const int *dev_step, int n_pad, char *err) {
+    if (model_forward_paged(e->m, e->st, &e->pool, b, err) != 0) return COLT_ERR; /* a tensor-parallel collective */
     if (e->deterministic) /* the sampler clobbers them; the log-probs are taken after it (engine_step) */
         e->be->copy(e->be, e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)b->n_logits * e->cfg->vocab_size);
     e->be->sample(e->be, e->d_tokens, e->d_logprobs, paged_state_logits(e->st), b->n_logits, e->cfg->vocab_size,
                   &e->opt->sampling, dev_step + (size_t)SEG_ROW_SEQ * n_pad, dev_step + (size_t)SEG_STREAMS * n_pad,
                   dev_step + (size_t)SEG_COUNTERS * n_pad, e->penalty ? e->d_hist : NULL,
                   e->penalty ? e->d_hist_len : NULL, e->max_len);
+    return COLT_OK;
 }
 
 static bool is_stop(const GenerateOptions *opt, int token) {
@@ -484,12 +485,13 @@ static int engine_step(Engine *e, bool *idle, char *err) {
         e->stats.graph_steps++;
     } else if (bucket >= 0 && e->bucket_seen[bucket]) {
         be->capture_begin(be);
-        run_ops(e, &b, d, n_pad);
+        int rc = run_ops(e, &b, d, n_pad, err);
         e->graphs[bucket] = be->capture_end(be);
+        if (rc != 0) return COLT_ERR; /* engine_free frees the graph */
         be->graph_launch(be, e->graphs[bucket]);
         e->stats.graph_steps++;
     } else {
-        run_ops(e, &b, d, n_pad);
+        if (run_ops(e, &b, d, n_pad, err) != 0) return COLT_ERR;
         if (bucket >= 0) e->bucket_seen[bucket] = true;
     }
     e->stats.steps++;
@@ -598,7 +600,8 @@ static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const Genera
         e->deterministic = true;
     }
     e->penalty = opt->sampling.repetition_penalty != 1.0f;
-    e->use_graphs = be->capture_begin && !eo->enforce_eager;
+    /* tensor parallel: only collectives that enqueue on the stream can be recorded */
+    e->use_graphs = be->capture_begin && !eo->enforce_eager && (model_tp_size(m) == 1 || model_tp_graph_safe(m));
     e->block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
     if (e->block_size & (e->block_size - 1))
         return errorf(err, "block_size must be a power of two (got %d)", e->block_size);

@@ -85,6 +85,9 @@ TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count) {
 
 static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *where, char *err) {
     const ModelConfig *c = &m->cfg;
+    if (m->tp.size > 1)
+        return errorf(err, "%s: LoRA adapters on a tensor-parallel model (tensor_parallel_size %d) are not supported yet",
+                      where, m->tp.size);
     int smallest = c->hidden_size < c->intermediate_size ? c->hidden_size : c->intermediate_size;
     if (c->num_key_value_heads * c->head_dim < smallest) smallest = c->num_key_value_heads * c->head_dim;
     if (cfg->r <= 0 || cfg->r > smallest)

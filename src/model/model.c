@@ -35,14 +35,18 @@ struct ModelState {
     void *rows;                /* [K, D] final hidden rows that want logits */
     void *lora_t, *lora_u;     /* [N, r], [N, widest adapted output]: LoRA scratch (NULL without adapters) */
     void *logits;              /* [K, V] */
+    void *logits_part, *logits_gathered; /* tensor parallel: [K, V'] this rank's, [size, K, V'] the group's */
     int *want_rows;            /* [N] host: indices of the tokens that want logits */
+    int *ids;                  /* [N] host: token ids into this rank's vocabulary part */
     size_t bytes;              /* device memory of the buffers above */
 };
 
 /* ---------------------------------------------------------------- tensor table */
 
-static void spec_add(TensorSpec *t, int *n, const char *name, int64_t d0, int64_t d1, TensorInit init, void **buf) {
+static void spec_add(TensorSpec *t, int *n, const char *name, int64_t d0, int64_t d1, TensorInit init, void **buf,
+                     TpSplit split) {
     TensorSpec *s = &t[(*n)++];
+    s->split = split;
     snprintf(s->name, sizeof(s->name), "%s", name);
     s->ndim = d1 > 0 ? 2 : 1;
     s->shape[0] = d0;
@@ -53,7 +57,7 @@ static void spec_add(TensorSpec *t, int *n, const char *name, int64_t d0, int64_
 
 /* Declared in model_internal.h (model_train.c reads it too). */
 TensorSpec *model_tensor_table(Model *m, int *count) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part of each tensor */
     int64_t D = c->hidden_size, F = c->intermediate_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
             KVD = (int64_t)c->num_key_value_heads * c->head_dim;
     bool qkv_bias = c->arch == ARCH_QWEN2 || c->attention_bias;
@@ -61,35 +65,37 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
     TensorSpec *t = xcalloc((size_t)c->num_hidden_layers * 15 + 3, sizeof(TensorSpec));
     int n = 0;
     char name[96];
-    spec_add(t, &n, "model.embed_tokens.weight", c->vocab_size, D, INIT_NORMAL, &m->embed);
+    spec_add(t, &n, "model.embed_tokens.weight", c->vocab_size, D, INIT_NORMAL, &m->embed, TP_ROWS);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         LayerWeights *w = &m->layers[l];
-#define LAYER(suffix, d0, d1, init, field)                               \
+#define LAYER(suffix, d0, d1, init, field, split)                        \
     do {                                                                 \
         snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);   \
-        spec_add(t, &n, name, d0, d1, init, &w->field);                  \
+        spec_add(t, &n, name, d0, d1, init, &w->field, split);           \
     } while (0)
-        LAYER("input_layernorm.weight", D, 0, INIT_ONES, attn_norm);
-        LAYER("self_attn.q_proj.weight", QD, D, INIT_NORMAL, q_w);
-        if (qkv_bias) LAYER("self_attn.q_proj.bias", QD, 0, INIT_ZEROS, q_b);
-        LAYER("self_attn.k_proj.weight", KVD, D, INIT_NORMAL, k_w);
-        if (qkv_bias) LAYER("self_attn.k_proj.bias", KVD, 0, INIT_ZEROS, k_b);
-        LAYER("self_attn.v_proj.weight", KVD, D, INIT_NORMAL, v_w);
-        if (qkv_bias) LAYER("self_attn.v_proj.bias", KVD, 0, INIT_ZEROS, v_b);
-        LAYER("self_attn.o_proj.weight", D, QD, INIT_NORMAL, o_w);
-        if (o_bias) LAYER("self_attn.o_proj.bias", D, 0, INIT_ZEROS, o_b);
+        /* column-parallel (heads, intermediate columns) by rows; row-parallel by columns */
+        LAYER("input_layernorm.weight", D, 0, INIT_ONES, attn_norm, TP_WHOLE);
+        LAYER("self_attn.q_proj.weight", QD, D, INIT_NORMAL, q_w, TP_ROWS);
+        if (qkv_bias) LAYER("self_attn.q_proj.bias", QD, 0, INIT_ZEROS, q_b, TP_ROWS);
+        LAYER("self_attn.k_proj.weight", KVD, D, INIT_NORMAL, k_w, TP_ROWS);
+        if (qkv_bias) LAYER("self_attn.k_proj.bias", KVD, 0, INIT_ZEROS, k_b, TP_ROWS);
+        LAYER("self_attn.v_proj.weight", KVD, D, INIT_NORMAL, v_w, TP_ROWS);
+        if (qkv_bias) LAYER("self_attn.v_proj.bias", KVD, 0, INIT_ZEROS, v_b, TP_ROWS);
+        LAYER("self_attn.o_proj.weight", D, QD, INIT_NORMAL, o_w, TP_COLS);
+        if (o_bias) LAYER("self_attn.o_proj.bias", D, 0, INIT_ZEROS, o_b, TP_WHOLE);
         if (model_has_qk_norm(c)) {
-            LAYER("self_attn.q_norm.weight", c->head_dim, 0, INIT_ONES, q_norm);
-            LAYER("self_attn.k_norm.weight", c->head_dim, 0, INIT_ONES, k_norm);
+            LAYER("self_attn.q_norm.weight", c->head_dim, 0, INIT_ONES, q_norm, TP_WHOLE);
+            LAYER("self_attn.k_norm.weight", c->head_dim, 0, INIT_ONES, k_norm, TP_WHOLE);
         }
-        LAYER("post_attention_layernorm.weight", D, 0, INIT_ONES, mlp_norm);
-        LAYER("mlp.gate_proj.weight", F, D, INIT_NORMAL, gate_w);
-        LAYER("mlp.up_proj.weight", F, D, INIT_NORMAL, up_w);
-        LAYER("mlp.down_proj.weight", D, F, INIT_NORMAL, down_w);
+        LAYER("post_attention_layernorm.weight", D, 0, INIT_ONES, mlp_norm, TP_WHOLE);
+        LAYER("mlp.gate_proj.weight", F, D, INIT_NORMAL, gate_w, TP_ROWS);
+        LAYER("mlp.up_proj.weight", F, D, INIT_NORMAL, up_w, TP_ROWS);
+        LAYER("mlp.down_proj.weight", D, F, INIT_NORMAL, down_w, TP_COLS);
 #undef LAYER
     }
-    spec_add(t, &n, "model.norm.weight", D, 0, INIT_ONES, &m->final_norm);
-    if (!c->tie_word_embeddings) spec_add(t, &n, "lm_head.weight", c->vocab_size, D, INIT_NORMAL, &m->lm_head);
+    spec_add(t, &n, "model.norm.weight", D, 0, INIT_ONES, &m->final_norm, TP_WHOLE);
+    if (!c->tie_word_embeddings)
+        spec_add(t, &n, "lm_head.weight", c->vocab_size, D, INIT_NORMAL, &m->lm_head, TP_ROWS);
     *count = n;
     return t;
 }
@@ -125,9 +131,45 @@ static size_t arena_no_decay_start(const Model *m) {
     return start;
 }
 
-static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
+int model_tp_check(const ModelConfig *c, int size, char *err) {
+    if (size < 1) return errorf(err, "tensor_parallel_size %d must be >= 1", size);
+    if (size == 1) return COLT_OK;
+    struct { const char *name; int value; } dims[] = {{"num_attention_heads", c->num_attention_heads},
+                                                     {"num_key_value_heads", c->num_key_value_heads},
+                                                     {"intermediate_size", c->intermediate_size},
+                                                     {"vocab_size", c->vocab_size}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].value % size != 0)
+            return errorf(err, "tensor_parallel_size %d does not divide the model's %s (%d)%s", size, dims[i].name,
+                          dims[i].value,
+                          i == 1 ? ": key/value heads are not replicated across ranks (yet); choose a size that "
+                                   "divides them"
+                                 : "");
+    if (c->arch != ARCH_QWEN2 && c->attention_bias)
+        return errorf(err, "tensor_parallel_size %d: models with an o_proj bias (attention_bias) are not supported", size);
+    return COLT_OK;
+}
+
+int model_tp_size(const Model *m) { return m->tp.size; }
+int model_tp_rank(const Model *m) { return m->tp.rank; }
+bool model_tp_graph_safe(const Model *m) { return m->tp.size <= 1 || m->tp.graph_safe; }
+
+/* cfg's dimensions on one rank of a group of tp->size. */
+static ModelConfig local_config(const ModelConfig *cfg, const TensorParallel *tp) {
+    ModelConfig c = *cfg;
+    c.num_attention_heads /= tp->size;
+    c.num_key_value_heads /= tp->size;
+    c.intermediate_size /= tp->size;
+    c.vocab_size /= tp->size;
+    return c;
+}
+
+static Model *model_alloc_tp(const ModelConfig *cfg, const Backend *be, const TensorParallel *tp) {
     Model *m = xcalloc(1, sizeof(Model));
     m->cfg = *cfg;
+    m->tp = tp && tp->size > 1 ? *tp : (TensorParallel){.rank = 0, .size = 1};
+    m->local = local_config(cfg, &m->tp);
+    m->vocab_lo = m->tp.rank * m->local.vocab_size;
     m->be = be;
     m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
     m->rope_inv_freq = xcalloc((size_t)cfg->head_dim / 2, sizeof(float));
@@ -136,6 +178,26 @@ static Model *model_alloc(const ModelConfig *cfg, const Backend *be) {
     m->offsets = xcalloc((size_t)m->n_tensors, sizeof(size_t));
     m->arena_numel = model_arena_layout(m->tensors, m->n_tensors, m->offsets);
     return m;
+}
+
+static Model *model_alloc(const ModelConfig *cfg, const Backend *be) { return model_alloc_tp(cfg, be, NULL); }
+
+/* The whole tensor's shape (the file's) of table entry s on a rank of a group of size. */
+static void whole_shape(const TensorSpec *s, int size, int64_t shape[2]) {
+    shape[0] = s->shape[0] * (s->split == TP_ROWS ? size : 1);
+    shape[1] = s->shape[1] * (s->split == TP_COLS ? size : 1);
+}
+
+/* part = rank's part of whole (the whole tensor of table entry s, fp32 host). */
+static void tp_cut(const TensorSpec *s, int size, int rank, const float *whole, float *part) {
+    size_t numel = tensor_spec_numel(s);
+    if (s->split != TP_COLS) { /* whole, or a block of consecutive rows */
+        memcpy(part, whole + (s->split == TP_ROWS ? (size_t)rank * numel : 0), numel * sizeof(float));
+        return;
+    }
+    size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
+    for (size_t r = 0; r < rows; r++)
+        memcpy(part + r * cols, whole + r * cols * size + (size_t)rank * cols, cols * sizeof(float));
 }
 
 /* The one allocation of the weights; every tensor pointer is a view into it. */
@@ -184,12 +246,18 @@ const float *model_rope_table(const Model *m) { return m->rope_inv_freq; }
 /* ---------------------------------------------------------------- load */
 
 int model_load(Model **out, const char *dir, const Backend *be, char *err) {
+    return model_load_tp(out, dir, be, NULL, err);
+}
+
+int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err) {
     *out = NULL;
     ModelConfig cfg;
     if (model_config_load(&cfg, NULL, dir, err) != 0) return COLT_ERR;
+    if (tp && model_tp_check(&cfg, tp->size, err) != 0) return COLT_ERR;
     SafeTensorsSet set;
     if (safetensors_open_dir(&set, dir, err) != 0) return COLT_ERR;
-    Model *m = model_alloc(&cfg, be);
+    Model *m = model_alloc_tp(&cfg, be, tp);
+    const int size = m->tp.size;
     int n = 0;
     TensorSpec *t = model_tensor_table(m, &n);
     char *where = set.n_files == 1 ? xstrdup(set.paths[0]) : path_join(dir, "model.safetensors.index.json");
@@ -201,27 +269,33 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
             errorf(err, "%s: missing tensor '%s'", where, t[i].name);
             goto error;
         }
-        if (st->ndim != t[i].ndim || st->shape[0] != t[i].shape[0] || (t[i].ndim == 2 && st->shape[1] != t[i].shape[1])) {
+        int64_t whole[2];
+        whole_shape(&t[i], size, whole);
+        if (st->ndim != t[i].ndim || st->shape[0] != whole[0] || (t[i].ndim == 2 && st->shape[1] != whole[1])) {
             char have[128], want[64];
             format_shape(have, sizeof(have), st->ndim, st->shape);
-            format_shape(want, sizeof(want), t[i].ndim, t[i].shape);
+            format_shape(want, sizeof(want), t[i].ndim, whole);
             errorf(err, "%s: tensor '%s' has shape %s, config wants %s", where, t[i].name, have, want);
             goto error;
         }
         if (tensor_spec_numel(&t[i]) > max_numel) max_numel = tensor_spec_numel(&t[i]);
     }
-    float *host = xmalloc(max_numel * sizeof(float));
+    float *host = xmalloc(max_numel * (size_t)size * sizeof(float));
+    float *part = size > 1 ? xmalloc(max_numel * sizeof(float)) : host;
     model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
         const char *path = NULL;
         const SafeTensor *st = safetensors_find(&set, t[i].name, &path);
         /* a NaN weight would only show up later as NaN logits or loss */
         if (safetensors_to_f32_finite(host, st, path, err) != 0) {
+            if (part != host) free(part);
             free(host);
             goto error;
         }
-        be->upload(be, *t[i].buf, host, tensor_spec_numel(&t[i]));
+        if (size > 1) tp_cut(&t[i], size, m->tp.rank, host, part);
+        be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
+    if (part != host) free(part);
     free(host);
     if (cfg.tie_word_embeddings) m->lm_head = m->embed;
     free(t);
@@ -260,22 +334,32 @@ static float random_init_value(TensorInit init, uint64_t seed, int index, size_t
 }
 
 int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err) {
+    return model_create_random_tp(out, cfg, seed, be, NULL, err);
+}
+
+int model_create_random_tp(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be,
+                           const TensorParallel *tp, char *err) {
     *out = NULL;
     if (check_random_config(cfg, err) != 0) return COLT_ERR;
-    Model *m = model_alloc(cfg, be);
+    if (tp && model_tp_check(cfg, tp->size, err) != 0) return COLT_ERR;
+    Model *m = model_alloc_tp(cfg, be, tp);
+    const int size = m->tp.size;
     int n = 0;
     TensorSpec *t = model_tensor_table(m, &n);
     size_t max_numel = 0;
     for (int i = 0; i < n; i++)
         if (tensor_spec_numel(&t[i]) > max_numel) max_numel = tensor_spec_numel(&t[i]);
-    float *host = xmalloc(max_numel * sizeof(float));
+    float *host = xmalloc(max_numel * (size_t)size * sizeof(float));
+    float *part = size > 1 ? xmalloc(max_numel * sizeof(float)) : host;
     model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
-        size_t numel = tensor_spec_numel(&t[i]);
+        size_t numel = tensor_spec_numel(&t[i]) * (t[i].split == TP_WHOLE ? 1 : (size_t)size);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
-        be->upload(be, *t[i].buf, host, numel);
+        if (size > 1) tp_cut(&t[i], size, m->tp.rank, host, part);
+        be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
+    if (part != host) free(part);
     free(host);
     free(t);
     if (cfg->tie_word_embeddings) m->lm_head = m->embed;
@@ -480,6 +564,8 @@ static void remove_other_layout(const char *dir, bool sharded) {
 static int save_weights(const Model *m, const char *dir, DType dtype, bool merge, size_t max_shard_bytes, char *err) {
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
         return errorf(err, "%s: model_save writes F32 or BF16 only", dir);
+    if (m->tp.size > 1)
+        return errorf(err, "%s: saving a tensor-parallel model's parts as one checkpoint is not supported yet", dir);
     if (make_dirs(dir, err) != 0) return COLT_ERR;
     int n = 0;
     TensorSpec *t = model_tensor_table((Model *)m, &n); /* only reads the buffer pointers */
@@ -562,7 +648,7 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
     if (n_slots <= 0 || max_len <= 0 || max_tokens <= 0)
         return errorf(err, "model_state_create: n_slots (%d), max_len (%d) and max_tokens (%d) must be positive",
                       n_slots, max_len, max_tokens);
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local;
     const Backend *be = m->be;
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
            QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim;
@@ -593,7 +679,12 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
         st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
     }
     st->want_rows = xmalloc(N * sizeof(int));
-    st->logits = backend_alloc_counted(be, N * (size_t)c->vocab_size, &st->bytes);
+    st->ids = xmalloc(N * sizeof(int));
+    st->logits = backend_alloc_counted(be, N * (size_t)m->cfg.vocab_size, &st->bytes);
+    if (m->tp.size > 1) {
+        st->logits_part = backend_alloc_counted(be, N * (size_t)c->vocab_size, &st->bytes);
+        st->logits_gathered = backend_alloc_counted(be, N * (size_t)m->cfg.vocab_size, &st->bytes);
+    }
     *out = st;
     return COLT_OK;
 }
@@ -616,10 +707,12 @@ void model_state_free(ModelState *st) {
     free(st->k_cache);
     free(st->v_cache);
     void *bufs[] = {st->x,    st->xn,   st->q,  st->k,    st->v,      st->att,   st->proj,
-                    st->gate, st->up,   st->rows, st->logits, st->lora_t, st->lora_u};
+                    st->gate, st->up,   st->rows, st->logits, st->lora_t, st->lora_u, st->logits_part,
+                    st->logits_gathered};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->want_rows);
+    free(st->ids);
     free(st);
 }
 
@@ -629,9 +722,44 @@ static const void *adapter_input(LoraInputFn fn, void *ctx, int l, LoraTarget t,
     return fn ? fn(ctx, l, t, x) : x;
 }
 
-void model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
-                         int max_len, LoraInputFn lora_input, void *ctx) {
-    const ModelConfig *c = &m->cfg;
+/* ---- tensor parallelism ---- */
+
+int model_tp_sum(const Model *m, void *x, size_t n, char *err) {
+    if (m->tp.size <= 1) return COLT_OK;
+    return m->tp.all_reduce(m->tp.ctx, x, n, false, err);
+}
+
+void model_tp_local_ids(const Model *m, int *ids, const int *tokens, int n) {
+    int lo = m->vocab_lo, hi = lo + m->local.vocab_size;
+    for (int i = 0; i < n; i++) ids[i] = tokens[i] >= lo && tokens[i] < hi ? tokens[i] - lo : -1;
+}
+
+int model_embed(const Model *m, void *x, const int *tokens, int *ids, int n, char *err) {
+    const Backend *be = m->be;
+    int D = m->local.hidden_size;
+    if (m->tp.size <= 1) {
+        be->embedding(be, x, m->embed, tokens, n, D);
+        return COLT_OK;
+    }
+    model_tp_local_ids(m, ids, tokens, n);
+    be->embedding(be, x, m->embed, ids, n, D); /* others' tokens: zero rows */
+    return model_tp_sum(m, x, (size_t)n * D, err);
+}
+
+int model_tp_gather_logits(const Model *m, void *full, const void *local, void *gathered, int k, char *err) {
+    if (m->tp.size <= 1) return COLT_OK;
+    size_t Vp = (size_t)m->local.vocab_size, V = (size_t)m->cfg.vocab_size;
+    if (m->tp.all_gather(m->tp.ctx, gathered, local, (size_t)k * Vp, false, err) != 0) return COLT_ERR;
+    size_t es = dtype_size(m->be->storage);
+    for (int r = 0; r < m->tp.size; r++) /* rank r's [k, V'] block: columns [r V', (r + 1) V') of full */
+        m->be->copy_2d(m->be, (char *)full + (size_t)r * Vp * es, V, (const char *)gathered + (size_t)r * k * Vp * es,
+                       Vp, k, (int)Vp);
+    return COLT_OK;
+}
+
+int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
+                        int max_len, LoraInputFn lora_input, void *ctx, char *err) {
+    const ModelConfig *c = &m->local;
     const Backend *be = m->be;
     int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
         Dh = c->head_dim, QD = H * Dh, KVD = KVH * Dh;
@@ -657,30 +785,33 @@ void model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int
     be->attention(be, b->att, b->lse, b->q, b->k_cache, b->v_cache, slot, pos, n, H, KVH, Dh, max_len);
     be->linear(be, b->proj, b->att, w->o_w, w->o_b, n, QD, D);
     model_lora_add(m, w, LORA_O, b->proj, adapter_input(lora_input, ctx, l, LORA_O, b->att), n, lt, lu);
+    if (model_tp_sum(m, b->proj, ND, err) != 0) return COLT_ERR; /* row-parallel: the heads' parts */
     be->add(be, b->x_mid, b->x_in, b->proj, ND);
     be->rmsnorm(be, b->xn_mlp, b->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
     be->linear(be, b->gate, b->xn_mlp, w->gate_w, NULL, n, D, F);
     be->linear(be, b->up, b->xn_mlp, w->up_w, NULL, n, D, F);
     model_lora_add(m, w, LORA_GATE, b->gate, adapter_input(lora_input, ctx, l, LORA_GATE, b->xn_mlp), n, lt, lu);
     model_lora_add(m, w, LORA_UP, b->up, adapter_input(lora_input, ctx, l, LORA_UP, b->xn_mlp), n, lt, lu);
-    if (!b->x_out) return;
+    if (!b->x_out) return COLT_OK;
     be->swiglu(be, b->h, b->gate, b->up, (size_t)n * F);
     be->linear(be, b->proj, b->h, w->down_w, NULL, n, F, D);
     model_lora_add(m, w, LORA_DOWN, b->proj, adapter_input(lora_input, ctx, l, LORA_DOWN, b->h), n, lt, lu);
+    if (model_tp_sum(m, b->proj, ND, err) != 0) return COLT_ERR;
     be->add(be, b->x_out, b->x_mid, b->proj, ND);
+    return COLT_OK;
 }
 
 
 int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, const int *pos, int n,
                   const uint8_t *want_logits, float *logits, char *err) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local;
     const Backend *be = m->be;
     if (n < 0 || n > st->max_tokens)
         return errorf(err, "model_forward: %d tokens, state holds at most %d per call", n, st->max_tokens);
     int n_want = 0;
     for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
-            return errorf(err, "model_forward: token id %d out of range (vocab %d)", tokens[i], c->vocab_size);
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+            return errorf(err, "model_forward: token id %d out of range (vocab %d)", tokens[i], m->cfg.vocab_size);
         if (slot[i] < 0 || slot[i] >= st->n_slots)
             return errorf(err, "model_forward: slot %d out of range (%d slots)", slot[i], st->n_slots);
         if (pos[i] < 0 || pos[i] >= st->max_len)
@@ -688,8 +819,8 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         n_want += !want_logits || want_logits[i];
     }
     if (n == 0) return COLT_OK;
-    int D = c->hidden_size, V = c->vocab_size;
-    be->embedding(be, st->x, m->embed, tokens, n, D);
+    int D = c->hidden_size, V = m->cfg.vocab_size;
+    if (model_embed(m, st->x, tokens, st->ids, n, err) != 0) return COLT_ERR;
     /* nothing kept: one residual stream, one normed buffer, q_norm in place */
     LayerBuffers lb = {.x_in = st->x, .xn_attn = st->xn, .q = st->q, .k = st->k, .v = st->v, .att = st->att,
                        .proj = st->proj, .x_mid = st->x, .xn_mlp = st->xn, .gate = st->gate, .up = st->up,
@@ -697,7 +828,7 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
     for (int l = 0; l < c->num_hidden_layers; l++) {
         lb.k_cache = st->k_cache[l];
         lb.v_cache = st->v_cache[l];
-        model_layer_forward(m, l, &lb, slot, pos, n, st->max_len, NULL, NULL);
+        if (model_layer_forward(m, l, &lb, slot, pos, n, st->max_len, NULL, NULL, err) != 0) return COLT_ERR;
     }
     if (n_want == 0) return COLT_OK;
     be->rmsnorm(be, st->xn, st->x, m->final_norm, n, D, c->rms_norm_eps);
@@ -708,7 +839,13 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->gather_rows(be, st->rows, st->xn, st->want_rows, n_want, D);
         rows = st->rows;
     }
-    be->linear(be, st->logits, rows, m->lm_head, NULL, n_want, D, V);
+    if (m->tp.size > 1) { /* this rank's vocabulary columns, then the group's side by side */
+        be->linear(be, st->logits_part, rows, m->lm_head, NULL, n_want, D, c->vocab_size);
+        if (model_tp_gather_logits(m, st->logits, st->logits_part, st->logits_gathered, n_want, err) != 0)
+            return COLT_ERR;
+    } else {
+        be->linear(be, st->logits, rows, m->lm_head, NULL, n_want, D, V);
+    }
     be->download(be, logits, st->logits, (size_t)n_want * V);
     return COLT_OK;
 }

@@ -72,11 +72,47 @@ const char *model_arch_name(ModelArch arch); /* "llama", "qwen2", "qwen3": confi
 
 typedef struct Model Model;
 
+/* ---- tensor parallelism (Megatron-style) ----
+ *
+ * A model made with a TensorParallel of size > 1 holds one rank's part of
+ * every layer: the query, key and value heads, the MLP's intermediate columns
+ * and the vocabulary cut into `size` equal consecutive parts (q/k/v, gate/up,
+ * the embedding and lm_head by rows; o_proj and down_proj by columns; norms
+ * whole on every rank). A forward then sums o_proj's and down_proj's outputs
+ * and the embedding rows over the group, and gathers logits; a training
+ * backward sums the gradients at the inputs of q/k/v and gate/up. Every rank
+ * of the group runs the same calls on the same tokens. The hooks are the
+ * caller's (the dist layer); buffers are the backend's. */
+typedef struct TensorParallel {
+    int rank, size;
+    /* x[n] summed over the group, in place (storage dtype, or [f32] when f32). */
+    int (*all_reduce)(void *ctx, void *x, size_t n, bool f32, char *err);
+    /* out[size * n] = every rank's in[n], in rank order. */
+    int (*all_gather)(void *ctx, void *out, const void *in, size_t n, bool f32, char *err);
+    /* The hooks only enqueue work on the backend's stream: a CUDA graph can record them. */
+    bool graph_safe;
+    void *ctx;
+} TensorParallel;
+
+/* Whether cfg can be cut into `size` parts (heads, KV heads, intermediate
+ * size and vocabulary divisible by it; no o_proj bias), else a one-line error
+ * naming what does not divide. */
+int model_tp_check(const ModelConfig *cfg, int size, char *err);
+/* The group's size (1: the whole model) and this rank in it. */
+int model_tp_size(const Model *m);
+int model_tp_rank(const Model *m);
+bool model_tp_graph_safe(const Model *m); /* the hooks can be recorded in a CUDA graph */
+
 /* Loads DIR (config.json + model.safetensors or sharded with
  * model.safetensors.index.json); weights converted to the backend's storage. */
 int model_load(Model **out, const char *dir, const Backend *be, char *err);
 /* A randomly initialised model (normal(0, 0.02) weights, norms = 1, biases = 0). */
 int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err);
+/* The same, keeping this rank's part (tp NULL or of size 1: the whole model).
+ * Each rank reads (or draws) whole tensors one at a time and keeps its part. */
+int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err);
+int model_create_random_tp(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be,
+                           const TensorParallel *tp, char *err);
 /* Writes the checkpoint model_create_random + model_save would, tensor by
  * tensor in chunks, without holding the weights in memory (for 7B shapes). */
 int model_save_random(const ModelConfig *cfg, uint64_t seed, const char *dir, DType dtype, char *err);
@@ -176,7 +212,8 @@ size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows
 /* The logits of the last call: [n_logits, V] in the storage dtype, on the device. */
 void *paged_state_logits(PagedState *st);
 /* Runs the batch; issues ops only (no host-side checks, no synchronisation),
- * so it can be captured. The caller (the engine) validates ids and positions. */
-void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b);
+ * so it can be captured. The caller (the engine) validates ids and positions.
+ * Fails only when a tensor-parallel collective does. */
+int model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b, char *err);
 
 #endif

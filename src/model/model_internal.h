@@ -26,10 +26,15 @@ typedef struct LayerWeights {
 
 typedef enum { INIT_NORMAL = 0, INIT_ONES, INIT_ZEROS } TensorInit;
 
+/* How tensor parallelism cuts a tensor (model.h TensorParallel): not at all,
+ * into consecutive blocks of rows, or of columns. */
+typedef enum { TP_WHOLE = 0, TP_ROWS, TP_COLS } TpSplit;
+
 typedef struct TensorSpec {
     char name[96];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[2]; /* this rank's part */
+    TpSplit split;
     TensorInit init;
     void **buf; /* where the device buffer lives in Model */
 } TensorSpec;
@@ -97,7 +102,12 @@ int model_params_use(Model *m, int stage, int next, char *err);
 void model_partition_free(Model *m); /* model_free's part */
 
 struct Model {
-    ModelConfig cfg;
+    ModelConfig cfg;   /* the whole model's (config.json) */
+    /* The dimensions this rank computes with: cfg's, with heads, KV heads,
+     * intermediate size and vocabulary divided by the tensor-parallel size. */
+    ModelConfig local;
+    TensorParallel tp; /* size 1: the whole model */
+    int vocab_lo;      /* this rank's first vocabulary row */
     const Backend *be;
     void *embed;      /* [V, D] */
     void *final_norm; /* [D] */
@@ -148,8 +158,21 @@ typedef struct LayerBuffers {
 typedef const void *(*LoraInputFn)(void *ctx, int l, LoraTarget t, const void *x);
 /* Layer l over n tokens (token i in slot[i] at pos[i], caches max_len long);
  * lora_input NULL: the adapters read their inputs as they are. */
-void model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
-                         int max_len, LoraInputFn lora_input, void *ctx);
+int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
+                        int max_len, LoraInputFn lora_input, void *ctx, char *err);
+
+/* ---- tensor parallelism's collectives (no-ops for a whole model) ---- */
+/* x[n] (storage dtype) summed over the group. */
+int model_tp_sum(const Model *m, void *x, size_t n, char *err);
+/* ids[i] = tokens[i] - vocab_lo inside this rank's vocabulary part, else -1 (copied when whole). */
+void model_tp_local_ids(const Model *m, int *ids, const int *tokens, int n);
+/* x[n, D] = the embedding rows of tokens: this rank's rows, summed over the
+ * group (ids: host scratch [n]). */
+int model_embed(const Model *m, void *x, const int *tokens, int *ids, int n, char *err);
+/* full[k, V] = the group's parts local[k, V / size] side by side (gathered:
+ * scratch [size * k * V / size]); a whole model's logits are computed into
+ * full directly. */
+int model_tp_gather_logits(const Model *m, void *full, const void *local, void *gathered, int k, char *err);
 
 /* The weights' arena holds the weight-decayed tensors first; the ones without
  * decay (model_param_no_weight_decay) start at this element. */

@@ -17,17 +17,20 @@ struct PagedState {
     void *lora_t, *lora_u; /* [max_tokens, r], [max_tokens, widest adapted output]: LoRA scratch, else NULL */
     void *rows;   /* [max_logit_rows, D] final-norm rows that want logits */
     void *logits; /* [max_logit_rows, V] */
+    /* tensor parallel: [max_tokens] [i32] ids into this rank's vocabulary part;
+     * [max_logit_rows, V'] this rank's logits, [size, max_logit_rows, V'] the group's */
+    void *ids, *logits_part, *logits_gathered;
     size_t bytes;
 };
 
 size_t kv_pool_block_bytes(const Model *m, int block_size) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     size_t kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     return 2 * (size_t)c->num_hidden_layers * (size_t)block_size * kv_dim * dtype_size(m->be->storage);
 }
 
 void kv_pool_create(KvPool *pool, const Model *m, int n_blocks, int block_size) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     pool->be = m->be;
     pool->n_layers = c->num_hidden_layers;
     pool->n_blocks = n_blocks;
@@ -60,7 +63,7 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
     if (max_tokens <= 0 || max_logit_rows <= 0 || max_logit_rows > max_tokens)
         return errorf(err, "paged_state_create: max_tokens (%d) and max_logit_rows (%d) must be positive, rows <= tokens",
                       max_tokens, max_logit_rows);
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
            QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim;
@@ -84,25 +87,34 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
         st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
     }
     st->rows = backend_alloc_counted(be, (size_t)max_logit_rows * D, &st->bytes);
-    st->logits = backend_alloc_counted(be, (size_t)max_logit_rows * (size_t)c->vocab_size, &st->bytes);
+    size_t V = (size_t)m->cfg.vocab_size;
+    st->logits = backend_alloc_counted(be, (size_t)max_logit_rows * V, &st->bytes);
+    if (m->tp.size > 1) {
+        st->ids = be->alloc_i32(be, N);
+        st->bytes += N * sizeof(int);
+        st->logits_part = backend_alloc_counted(be, (size_t)max_logit_rows * (size_t)c->vocab_size, &st->bytes);
+        st->logits_gathered = backend_alloc_counted(be, (size_t)max_logit_rows * V, &st->bytes);
+    }
     *out = st;
     return COLT_OK;
 }
 
 size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     size_t N = (size_t)max_tokens, R = (size_t)max_logit_rows, D = (size_t)c->hidden_size,
            F = (size_t)c->intermediate_size, QD = (size_t)c->num_attention_heads * c->head_dim,
            KVD = (size_t)c->num_key_value_heads * c->head_dim;
-    size_t elems = N * (3 * D + 2 * QD + 2 * KVD + 2 * F + (QD + 2 * KVD) + 2 * F) + R * D + R * (size_t)c->vocab_size +
+    size_t V = (size_t)m->cfg.vocab_size, tp_logits = m->tp.size > 1 ? R * ((size_t)c->vocab_size + V) : 0;
+    size_t elems = N * (3 * D + 2 * QD + 2 * KVD + 2 * F + (QD + 2 * KVD) + 2 * F) + R * D + R * V + tp_logits +
                    N * ((size_t)lora_rank(m) + (size_t)lora_max_out_dim(m));
-    return elems * dtype_size(m->be->storage);
+    return elems * dtype_size(m->be->storage) + (m->tp.size > 1 ? N * sizeof(int) : 0);
 }
 
 void paged_state_free(PagedState *st) {
     if (!st) return;
-    void *bufs[] = {st->x,   st->xn,      st->q,    st->k,      st->v,      st->att,   st->proj, st->gate,
-                    st->up,  st->qkv,     st->gate_up, st->rows, st->logits, st->lora_t, st->lora_u};
+    void *bufs[] = {st->x,      st->xn,     st->q,      st->k,          st->v,           st->att,
+                    st->proj,   st->gate,   st->up,     st->qkv,        st->gate_up,     st->rows,
+                    st->logits, st->lora_t, st->lora_u, st->logits_part, st->logits_gathered, st->ids};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) st->be->free(st->be, bufs[i]);
     free(st);
@@ -134,9 +146,9 @@ static bool gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, si
 
 void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks) {
     const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    /* the kernel has no q/k norm and no adapter term */
-    if (!be->decode_layers_create || model_has_qk_norm(c) || m->lora) return NULL;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
+    /* the kernel has no q/k norm, no adapter term and no collectives */
+    if (!be->decode_layers_create || model_has_qk_norm(c) || m->lora || m->tp.size > 1) return NULL;
     int L = c->num_hidden_layers;
     DecodeLayerWeights *layers = xcalloc((size_t)L, sizeof(DecodeLayerWeights));
     bool ok = true;
@@ -162,12 +174,12 @@ void model_decode_plan_free(const Model *m, void *plan) {
     if (plan) m->be->decode_layers_free(m->be, plan);
 }
 
-void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b) {
-    const ModelConfig *c = &m->cfg;
+int model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b, char *err) {
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
     const int n = b->n, L = c->num_hidden_layers;
     const int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
-              KVH = c->num_key_value_heads, Dh = c->head_dim, V = c->vocab_size;
+              KVH = c->num_key_value_heads, Dh = c->head_dim;
     const int QD = H * Dh, KVD = KVH * Dh;
     const size_t ND = (size_t)n * D, es = dtype_size(be->storage);
     const bool fused_ops = be->add_rmsnorm && be->qkv_rope_store && be->swiglu_gate_up;
@@ -176,7 +188,13 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
      * the weights sit back to back: the same values as the unfused sequence
      * (the fused ops are bit-identical to it; one GEMM over concatenated
      * weights sums in the GEMM's own order, as any GEMM does). */
-    be->embedding_i32(be, st->x, m->embed, b->tokens, n, D);
+    if (m->tp.size > 1) { /* vocabulary-parallel: this rank's rows, others' tokens zeros, summed */
+        be->vocab_shard_ids_i32(be, st->ids, b->tokens, n, m->vocab_lo, m->vocab_lo + c->vocab_size);
+        be->embedding_i32(be, st->x, m->embed, st->ids, n, D);
+        if (model_tp_sum(m, st->x, ND, err) != 0) return COLT_ERR;
+    } else {
+        be->embedding_i32(be, st->x, m->embed, b->tokens, n, D);
+    }
     bool one_launch = b->decode_plan && be->decode_layers(be, b->decode_plan, st->x, b->pos, b->seq, b->slot_mapping,
                                                           b->block_tables, n);
     if (!one_launch) be->rmsnorm(be, st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
@@ -217,6 +235,7 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
                                 kv->block_size, b->max_blocks);
         be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
         model_lora_add(m, w, LORA_O, st->proj, st->att, n, st->lora_t, st->lora_u);
+        if (model_tp_sum(m, st->proj, ND, err) != 0) return COLT_ERR;
         if (fused_ops) {
             be->add_rmsnorm(be, st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);
         } else {
@@ -236,6 +255,7 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
         }
         be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
         model_lora_add(m, w, LORA_DOWN, st->proj, st->gate, n, st->lora_t, st->lora_u);
+        if (model_tp_sum(m, st->proj, ND, err) != 0) return COLT_ERR;
         if (l + 1 < L && fused_ops) {
             be->add_rmsnorm(be, st->x, st->xn, st->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
         } else {
@@ -243,7 +263,7 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
             if (l + 1 < L) be->rmsnorm(be, st->xn, st->x, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
         }
     }
-    if (b->n_logits == 0) return;
+    if (b->n_logits == 0) return COLT_OK;
     /* The final norm only on the rows that want logits: norm is per row. */
     const void *rows = st->x;
     if (b->logit_rows) {
@@ -251,5 +271,10 @@ void model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const Paged
         rows = st->rows;
     }
     be->rmsnorm(be, st->xn, rows, m->final_norm, b->n_logits, D, c->rms_norm_eps);
-    be->linear(be, st->logits, st->xn, m->lm_head, NULL, b->n_logits, D, V);
+    if (m->tp.size <= 1) {
+        be->linear(be, st->logits, st->xn, m->lm_head, NULL, b->n_logits, D, c->vocab_size);
+        return COLT_OK;
+    }
+    be->linear(be, st->logits_part, st->xn, m->lm_head, NULL, b->n_logits, D, c->vocab_size);
+    return model_tp_gather_logits(m, st->logits, st->logits_part, st->logits_gathered, b->n_logits, err);
 }

@@ -105,6 +105,8 @@ static TensorSpec *grads_table(ModelGrads *g, const Model *m, const size_t **off
     g->bufs = xcalloc((size_t)g->n, sizeof(void *));
     g->numel = xcalloc((size_t)g->n, sizeof(size_t));
     g->shadow.cfg = m->cfg;
+    g->shadow.local = m->local;
+    g->shadow.tp = m->tp;
     g->shadow.be = m->be;
     g->shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
     /* With adapters the shadow's base weights stay NULL: the backward then
@@ -201,6 +203,8 @@ size_t model_grads_plan_bytes(const Model *m, bool windowed) {
     Model shadow;
     memset(&shadow, 0, sizeof shadow);
     shadow.cfg = m->cfg;
+    shadow.local = m->local;
+    shadow.tp = m->tp;
     shadow.layers = xcalloc((size_t)m->cfg.num_hidden_layers, sizeof(LayerWeights));
     int n = 0;
     TensorSpec *t = m->lora ? lora_tensor_table(&shadow, &m->lora->cfg, &n) : model_tensor_table(&shadow, &n);
@@ -271,6 +275,12 @@ struct TrainState {
     int *rows;                          /* host [N]: token index of each lm_head row */
     int *chunk_targets;                 /* host [C] */
     float *chunk_host;                  /* host [C] */
+    /* tensor parallel (vocabulary-parallel log-softmax; NULL otherwise) */
+    int *ids;                           /* host [N]: tokens in this rank's vocabulary part, else -1 */
+    float *row_lse;                     /* host [N]: each target row's log-sum-exp (the backward's) */
+    float *stats_host;                  /* host [size, C, 4]: the group's logits_shard_stats */
+    void *chunk_stats, *stats_all;      /* [C, 4], [size, C, 4] [f32] */
+    void *dqk_norm;                     /* [2, Dh] [f32]: the q/k norms' gradients of this rank's heads (Qwen3) */
     LayerActivations *act;              /* [n_layers] */
     void *x_final, *xn_final;           /* [N, D] */
     /* scratch (forward and backward) */
@@ -310,7 +320,7 @@ static int st_chunk_rows(const Backend *be, int max_tokens) {
 }
 
 size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_tokens, bool recompute) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
            QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim,
            V = (size_t)c->vocab_size, SL = (size_t)n_slots * max_len, C = (size_t)st_chunk_rows(m->be, max_tokens);
@@ -321,8 +331,9 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
     if (m->lora && m->lora->cfg.dropout > 0.0f) lora += 2 * N * (size_t)lora_max_in_dim(m) * es;
+    size_t tp_stats = m->tp.size > 1 ? (size_t)(m->tp.size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) : 0;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
-                    2 * SL * KVD * 4 + qk_lin + lora;
+                    2 * SL * KVD * 4 + qk_lin + lora + tp_stats;
     return layers + shared;
 }
 
@@ -336,7 +347,7 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
     if (n_slots <= 0 || max_len <= 0 || max_tokens <= 0)
         return errorf(err, "train_state_create: n_slots (%d), max_len (%d) and max_tokens (%d) must be positive",
                       n_slots, max_len, max_tokens);
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
            QD = (size_t)c->num_attention_heads * c->head_dim, KVD = (size_t)c->num_key_value_heads * c->head_dim,
@@ -356,6 +367,15 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
     st->seen = xmalloc(SL);
     st->chunk_targets = xmalloc(C * sizeof(int));
     st->chunk_host = xmalloc(C * sizeof(float));
+    st->ids = xmalloc(N * sizeof(int));
+    if (m->tp.size > 1) {
+        size_t tp = (size_t)m->tp.size;
+        st->row_lse = xmalloc(N * sizeof(float));
+        st->stats_host = xmalloc(tp * C * 4 * sizeof(float));
+        st->chunk_stats = backend_alloc_f32_counted(be, C * 4, &st->bytes);
+        st->stats_all = backend_alloc_f32_counted(be, tp * C * 4, &st->bytes);
+        if (model_has_qk_norm(c)) st->dqk_norm = backend_alloc_f32_counted(be, 2 * (size_t)c->head_dim, &st->bytes);
+    }
     st->recompute = recompute;
     st->act = xcalloc((size_t)st->n_layers, sizeof(LayerActivations));
     for (int l = 0; l < st->n_layers; l++) {
@@ -434,7 +454,8 @@ void train_state_free(TrainState *st) {
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
                     st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh,
-                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd};
+                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd, st->chunk_stats, st->stats_all,
+                    st->dqk_norm};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
@@ -446,6 +467,9 @@ void train_state_free(TrainState *st) {
     free(st->seen);
     free(st->chunk_targets);
     free(st->chunk_host);
+    free(st->ids);
+    free(st->row_lse);
+    free(st->stats_host);
     free(st);
 }
 
@@ -455,7 +479,7 @@ void train_state_free(TrainState *st) {
  * (the attention backward relies on whole sequences). */
 static int check_batch(const Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
                        const int *targets, int n, float temperature, char *err) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->cfg; /* ids over the whole vocabulary */
     if (n < 0 || n > st->max_tokens)
         return errorf(err, "model_train_forward: %d tokens, state holds at most %d per call", n, st->max_tokens);
     if (!(temperature > 0.0f)) return errorf(err, "model_train_forward: temperature %g must be > 0", (double)temperature);
@@ -484,10 +508,42 @@ static int check_batch(const Model *m, TrainState *st, const int *tokens, const 
  * the lm_head on them: chunk_logits[c, V]. */
 static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
     const Backend *be = m->be;
-    int D = m->cfg.hidden_size;
+    int D = m->local.hidden_size;
     be->gather_rows(be, st->chunk_rows, st->xn_final, st->rows + r0, c, D);
     for (int r = 0; r < c; r++) st->chunk_targets[r] = st->targets[st->rows[r0 + r]];
-    be->linear(be, st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->cfg.vocab_size);
+    if (m->tp.size > 1) model_tp_local_ids(m, st->chunk_targets, st->chunk_targets, c); /* -1: another rank's */
+    be->linear(be, st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->local.vocab_size);
+}
+
+/* Tensor parallel: each row's log-prob, entropy and log-sum-exp from the
+ * group's logits_shard_stats (the parts' max, sum of exp, sum of exp * z and
+ * target z), combined in double in rank order on every rank alike. */
+static int tp_chunk_logprobs(const Model *m, TrainState *st, int r0, int cn, float *logprobs, float *entropy,
+                             char *err) {
+    const Backend *be = m->be;
+    int size = m->tp.size, C = st->chunk;
+    be->logits_shard_stats(be, st->chunk_stats, st->chunk_logits, st->chunk_targets, cn, m->local.vocab_size,
+                           st->temperature);
+    if (m->tp.all_gather(m->tp.ctx, st->stats_all, st->chunk_stats, (size_t)cn * 4, true, err) != 0) return COLT_ERR;
+    be->download_f32(be, st->stats_host, st->stats_all, (size_t)size * cn * 4);
+    (void)C;
+    for (int r = 0; r < cn; r++) {
+        double mx = -INFINITY, sum = 0.0, sz = 0.0, zt = 0.0;
+        for (int k = 0; k < size; k++) mx = fmax(mx, st->stats_host[((size_t)k * cn + r) * 4]);
+        for (int k = 0; k < size; k++) {
+            const float *s4 = &st->stats_host[((size_t)k * cn + r) * 4];
+            double scale = exp((double)s4[0] - mx);
+            sum += s4[1] * scale;
+            sz += s4[2] * scale;
+            zt += s4[3];
+        }
+        double lse = mx + log(sum);
+        int i = st->rows[r0 + r];
+        st->row_lse[i] = (float)lse;
+        logprobs[i] = (float)(zt - lse);
+        if (entropy) entropy[i] = (float)(lse - sz / sum);
+    }
+    return COLT_OK;
 }
 
 /* One decoder layer's forward from act[l].x_in. With x_out, the layer output
@@ -516,14 +572,14 @@ static const void *lora_input(void *ctx, int l, LoraTarget t, const void *x) {
  * every activation the backward reads kept). With x_out, the layer output
  * goes there; without (the recompute in the backward), it stops once every
  * activation the backward reads exists (gate, up). */
-static void layer_forward(Model *m, TrainState *st, int l, void *x_out) {
+static int layer_forward(Model *m, TrainState *st, int l, void *x_out, char *err) {
     LayerActivations *a = &st->act[l];
     LayerBuffers b = {.x_in = a->x_in, .xn_attn = a->xn_attn, .q_lin = a->q_lin, .k_lin = a->k_lin, .q = a->q,
                       .k = st->k, .v = st->v, .k_cache = a->k_cache, .v_cache = a->v_cache, .att = a->att,
                       .lse = a->lse, .proj = st->proj, .x_mid = a->x_mid, .xn_mlp = a->xn_mlp, .gate = a->gate,
                       .up = a->up, .h = st->h, .x_out = x_out, .lora_t = st->lora_t, .lora_u = st->lora_u};
     st->model = m;
-    model_layer_forward(m, l, &b, st->slot, st->pos, st->n, st->max_len, lora_input, st);
+    return model_layer_forward(m, l, &b, st->slot, st->pos, st->n, st->max_len, lora_input, st, err);
 }
 
 int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,
@@ -540,10 +596,11 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
         st->dropout_seed = m->lora->dropout_seed;
         st->dropout_p = m->lora->cfg.dropout;
     }
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
     int D = c->hidden_size, V = c->vocab_size;
     memcpy(st->tokens, tokens, (size_t)n * sizeof(int));
+    model_tp_local_ids(m, st->ids, tokens, n); /* the embedding's rows on this rank (all when whole) */
     memcpy(st->slot, slot, (size_t)n * sizeof(int));
     memcpy(st->pos, pos, (size_t)n * sizeof(int));
     memcpy(st->targets, targets, (size_t)n * sizeof(int));
@@ -557,10 +614,10 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
      * started meanwhile (model_params_use); the same calls over no tokens. */
     const int L = c->num_hidden_layers;
     if (model_params_use(m, 0, 1, err) != 0) return COLT_ERR;
-    if (n > 0) be->embedding(be, st->act[0].x_in, m->embed, tokens, n, D);
+    if (n > 0 && model_embed(m, st->act[0].x_in, tokens, st->ids, n, err) != 0) return COLT_ERR;
     for (int l = 0; l < L; l++) {
         if (model_params_use(m, l + 1, l + 2 <= L ? l + 2 : -1, err) != 0) return COLT_ERR;
-        if (n > 0) layer_forward(m, st, l, l + 1 < L ? st->act[l + 1].x_in : st->x_final);
+        if (n > 0 && layer_forward(m, st, l, l + 1 < L ? st->act[l + 1].x_in : st->x_final, err) != 0) return COLT_ERR;
     }
     if (model_params_use(m, L + 1, -1, err) != 0) return COLT_ERR;
     if (n == 0) {
@@ -575,6 +632,10 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
     for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
         int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
+        if (m->tp.size > 1) {
+            if (tp_chunk_logprobs(m, st, r0, cn, logprobs, entropy, err) != 0) return COLT_ERR;
+            continue;
+        }
         be->log_softmax_target(be, st->chunk_lp, entropy ? st->chunk_ent : NULL, st->chunk_logits, st->chunk_targets, cn,
                                V, temperature);
         be->download_f32(be, st->chunk_host, st->chunk_lp, (size_t)cn);
@@ -625,7 +686,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         return errorf(err, "model_train_backward: gradients were made for another model");
     if (m->lora && !m->lora->enabled)
         return errorf(err, "model_train_backward: the LoRA adapters are disabled (a reference forward only)");
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
     const Model *gm = &g->shadow;
     int n = st->n;
@@ -659,12 +720,20 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         lm_head_chunk(m, st, r0, cn);
         for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
         be->upload_f32(be, st->chunk_lp, st->chunk_host, (size_t)cn);
-        be->log_softmax_target_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn, V,
-                                        st->temperature);
+        if (m->tp.size > 1) { /* the whole row's log-sum-exp from the forward */
+            for (int r = 0; r < cn; r++) st->chunk_host[r] = st->row_lse[st->rows[r0 + r]];
+            be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
+            be->log_softmax_shard_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp,
+                                           st->chunk_ent, cn, V, st->temperature);
+        } else {
+            be->log_softmax_target_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn,
+                                            V, st->temperature);
+        }
         be->linear_backward(be, st->chunk_drows, gm->lm_head, NULL, st->chunk_logits, st->chunk_rows, m->lm_head, cn, D,
                             V, 0);
         be->scatter_rows(be, st->dxn, st->chunk_drows, st->rows + r0, cn, D);
     }
+    if (model_tp_sum(m, st->dxn, ND, err) != 0) return COLT_ERR; /* each rank's vocabulary part's share */
     be->zero(be, st->dres, ND);
     be->rmsnorm_backward(be, st->dres, gm->final_norm, st->dxn, st->x_final, m->final_norm, n, D, c->rms_norm_eps);
     if (grads_announce(g, L + 1, err) != 0) return COLT_ERR;
@@ -676,7 +745,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         const LayerWeights *w = &m->layers[l];
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];
-        if (st->recompute) layer_forward(m, st, l, NULL); /* this layer's activations, again */
+        if (st->recompute && layer_forward(m, st, l, NULL, err) != 0) return COLT_ERR; /* this layer's activations, again */
         /* MLP */
         be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
@@ -686,6 +755,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         lora_backward(m, st, l, w, gw, LORA_GATE, st->dxn, st->dgate, a->xn_mlp);
         be->linear_backward(be, st->dxn, gw->up_w, NULL, st->dup, a->xn_mlp, w->up_w, n, D, F, 1);
         lora_backward(m, st, l, w, gw, LORA_UP, st->dxn, st->dup, a->xn_mlp);
+        if (model_tp_sum(m, st->dxn, ND, err) != 0) return COLT_ERR; /* column-parallel input: the parts' shares */
         be->rmsnorm_backward(be, st->dres, gw->mlp_norm, st->dxn, a->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
         /* attention */
         be->linear_backward(be, st->datt, gw->o_w, gw->o_b, st->dres, a->att, w->o_w, n, QD, D, 0);
@@ -701,8 +771,17 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         if (w->q_norm) {
             be->zero(be, st->dq_lin, (size_t)n * QD);
             be->zero(be, st->dk_lin, (size_t)n * KVD);
-            be->rmsnorm_backward(be, st->dq_lin, gw->q_norm, st->dq, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
-            be->rmsnorm_backward(be, st->dk_lin, gw->k_norm, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+            /* under tensor parallelism each rank sees its heads only: the norms' gradients are summed over the group */
+            bool tp = m->tp.size > 1 && gw->q_norm;
+            void *dqn = tp ? st->dqk_norm : gw->q_norm, *dkn = tp ? (float *)st->dqk_norm + Dh : gw->k_norm;
+            if (tp) be->zero_f32(be, st->dqk_norm, 2 * (size_t)Dh);
+            be->rmsnorm_backward(be, st->dq_lin, dqn, st->dq, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);
+            be->rmsnorm_backward(be, st->dk_lin, dkn, st->k, a->k_lin, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+            if (tp) {
+                if (m->tp.all_reduce(m->tp.ctx, st->dqk_norm, 2 * (size_t)Dh, true, err) != 0) return COLT_ERR;
+                be->add_f32(be, gw->q_norm, dqn, (size_t)Dh);
+                be->add_f32(be, gw->k_norm, dkn, (size_t)Dh);
+            }
             dq = st->dq_lin, dk = st->dk_lin;
         }
         be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, dq, a->xn_attn, w->q_w, n, D, QD, 0);
@@ -711,9 +790,10 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
         be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
         lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
+        if (model_tp_sum(m, st->dxn, ND, err) != 0) return COLT_ERR;
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;
     }
-    if (gm->embed) be->embedding_backward(be, gm->embed, st->dres, st->tokens, n, D); /* frozen under LoRA */
+    if (gm->embed) be->embedding_backward(be, gm->embed, st->dres, st->ids, n, D); /* frozen under LoRA */
     return grads_announce(g, 0, err);
 }

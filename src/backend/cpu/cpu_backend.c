@@ -282,8 +282,12 @@ static void cpu_mul_scalar(const Backend *be, void *out, const void *x, float s,
 static void cpu_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim) {
     float *o = out;
     const float *t = table;
-    for (int i = 0; i < n; i++)
-        memcpy(o + (size_t)i * dim, t + (size_t)ids[i] * dim, (size_t)dim * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0)
+            memset(o + (size_t)i * dim, 0, (size_t)dim * sizeof(float));
+        else
+            memcpy(o + (size_t)i * dim, t + (size_t)ids[i] * dim, (size_t)dim * sizeof(float));
+    }
 }
 
 /* ================================================================ training */
@@ -463,6 +467,7 @@ static void cpu_embedding_backward(const Backend *be, void *dtable, const void *
     float *t = dtable;
     const float *g = dout;
     for (int i = 0; i < n; i++) {
+        if (ids[i] < 0) continue;
         float *row = t + (size_t)ids[i] * dim;
         const float *gi = g + (size_t)i * dim;
         for (int j = 0; j < dim; j++) row[j] += gi[j];
@@ -524,6 +529,50 @@ static void cpu_log_softmax_target_backward(const Backend *be, void *dlogits, co
         for (int v = 0; v < vocab; v++) drow[v] = (float)(-g * exp(row[v] * inv_t - lse));
         drow[targets[i]] += (float)g;
     }
+}
+
+static void cpu_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n,
+                                   int vocab, float temperature) {
+    float *out = stats;
+    const float *lg = logits;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * vocab;
+        double mx = -INFINITY, sum = 0.0, sz = 0.0;
+        for (int v = 0; v < vocab; v++) mx = fmax(mx, row[v] * inv_t);
+        for (int v = 0; v < vocab; v++) {
+            double z = row[v] * inv_t, e = exp(z - mx);
+            sum += e;
+            sz += e * z;
+        }
+        out[4 * i + 0] = (float)mx;
+        out[4 * i + 1] = (float)sum;
+        out[4 * i + 2] = (float)sz;
+        out[4 * i + 3] = targets[i] >= 0 ? (float)(row[targets[i]] * inv_t) : 0.0f;
+    }
+}
+
+static void cpu_log_softmax_shard_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                           const void *dlogprobs, const void *lse, int n, int vocab, float temperature) {
+    float *dl = dlogits;
+    const float *lg = logits, *dlp = dlogprobs, *ls = lse;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * vocab;
+        float *drow = dl + (size_t)i * vocab;
+        double g = (double)dlp[i] * inv_t;
+        for (int v = 0; v < vocab; v++) drow[v] = (float)(-g * exp(row[v] * inv_t - (double)ls[i]));
+        if (targets[i] >= 0) drow[targets[i]] += (float)g;
+    }
+}
+
+static void cpu_copy_2d(const Backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, int rows,
+                        int cols) {
+    for (int r = 0; r < rows; r++)
+        memcpy((float *)dst + (size_t)r * dst_stride, (const float *)src + (size_t)r * src_stride,
+               (size_t)cols * sizeof(float));
 }
 
 /* torch.optim.AdamW (single-tensor path): the first moment uses lerp as torch
@@ -602,6 +651,11 @@ static void cpu_download_i32(const Backend *be, int *dst, const void *src, size_
 static void cpu_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim) {
     cpu_embedding(be, out, table, ids, n, dim);
 }
+static void cpu_vocab_shard_ids_i32(const Backend *be, void *out, const void *ids, int n, int lo, int hi) {
+    int *o = out;
+    const int *in = ids;
+    for (int i = 0; i < n; i++) o[i] = in[i] >= lo && in[i] < hi ? in[i] - lo : -1;
+}
 static void cpu_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim,
                          const float *inv_freq) {
     cpu_rope(be, x, pos, n, n_heads, head_dim, inv_freq);
@@ -659,6 +713,10 @@ static const Backend CPU_OPS = {
     .embedding_backward = cpu_embedding_backward,
     .log_softmax_target = cpu_log_softmax_target,
     .log_softmax_target_backward = cpu_log_softmax_target_backward,
+    .logits_shard_stats = cpu_logits_shard_stats,
+    .log_softmax_shard_backward = cpu_log_softmax_shard_backward,
+    .copy_2d = cpu_copy_2d,
+    .vocab_shard_ids_i32 = cpu_vocab_shard_ids_i32,
     .alloc_i32 = cpu_alloc_i32,
     .upload_i32 = cpu_upload_i32,
     .download_i32 = cpu_download_i32,

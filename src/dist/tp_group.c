@@ -1,0 +1,68 @@
+/* tp_group.c — tensor- and data-parallel groups and the model's collectives
+ * over the host (tp_group.h). */
+#include "dist/tp_group.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err) {
+    memset(g, 0, sizeof *g);
+    int rank = world ? comm_rank(world) : 0, size = world ? comm_world_size(world) : 1;
+    if (tp_size < 1 || size % tp_size != 0)
+        return errorf(err, "tensor_parallel_size %d does not divide the number of ranks (%d)", tp_size, size);
+    g->be = be;
+    g->tp_size = tp_size;
+    g->tp_rank = rank % tp_size;
+    g->dp_size = size / tp_size;
+    g->dp_rank = rank / tp_size;
+    if (tp_size > 1 && comm_split(world, g->dp_rank, g->tp_rank, &g->tp, err) != 0) return COLT_ERR;
+    if (g->dp_size > 1 && tp_size > 1 && comm_split(world, g->tp_rank, g->dp_rank, &g->dp, err) != 0) {
+        tp_group_close(g);
+        return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
+static float *staging(TpGroup *g, size_t n) {
+    if (n > g->host_n) {
+        free(g->host);
+        g->host = xmalloc(n * sizeof(float));
+        g->host_n = n;
+    }
+    return g->host;
+}
+
+static int host_all_reduce(void *ctx, void *x, size_t n, bool f32, char *err) {
+    TpGroup *g = ctx;
+    const Backend *be = g->be;
+    float *h = staging(g, n);
+    (f32 ? be->download_f32 : be->download)(be, h, x, n);
+    if (comm_all_reduce(g->tp, h, n, COMM_FLOAT32, NULL, err) != 0) return COLT_ERR;
+    (f32 ? be->upload_f32 : be->upload)(be, x, h, n);
+    return COLT_OK;
+}
+
+static int host_all_gather(void *ctx, void *out, const void *in, size_t n, bool f32, char *err) {
+    TpGroup *g = ctx;
+    const Backend *be = g->be;
+    size_t total = n * (size_t)g->tp_size;
+    float *h = staging(g, total + n);
+    (f32 ? be->download_f32 : be->download)(be, h + total, in, n);
+    if (comm_all_gather(g->tp, h, h + total, n, COMM_FLOAT32, NULL, err) != 0) return COLT_ERR;
+    (f32 ? be->upload_f32 : be->upload)(be, out, h, total);
+    return COLT_OK;
+}
+
+TensorParallel tp_group_hooks(TpGroup *g) {
+    return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = host_all_reduce,
+                            .all_gather = host_all_gather, .graph_safe = false, .ctx = g};
+}
+
+void tp_group_close(TpGroup *g) {
+    if (g->tp) comm_close(g->tp);
+    if (g->dp) comm_close(g->dp);
+    free(g->host);
+    memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,36 @@
+/* tp_group.h — the groups of tensor parallelism over a launch: consecutive
+ * ranks form a tensor-parallel group (tensor_parallel_size 2 on 8 ranks:
+ * [0,1] [2,3] [4,5] [6,7]) and the ranks at the same place in every group a
+ * data-parallel one ([0,2,4,6] [1,3,5,7]), as vLLM and Megatron lay them out;
+ * and the model's collectives (model.h TensorParallel) over the group.
+ *
+ * The collectives here go through the host: each downloads the buffer, runs
+ * the fp32 collective on the group's communicator and uploads the result —
+ * what CPU ranks need (MPI) and what GPU ranks sharing one GPU get (NCCL
+ * refuses two ranks on one device). They are not graph-safe. */
+#ifndef COLT_DIST_TP_GROUP_H
+#define COLT_DIST_TP_GROUP_H
+
+#include "backend/backend.h"
+#include "dist/comm.h"
+#include "model/model.h"
+
+typedef struct TpGroup {
+    int tp_size, tp_rank; /* the group's size, this rank in it */
+    int dp_size, dp_rank; /* the data-parallel groups' */
+    Comm *tp;             /* this rank's tensor-parallel group (NULL when tp_size is 1) */
+    Comm *dp;             /* the data-parallel group (NULL when dp_size is 1, or when tp_size is 1:
+                           * then it is the world itself) */
+    const Backend *be;
+    float *host;          /* staging for the collectives, grown on demand */
+    size_t host_n;
+} TpGroup;
+
+/* Splits world (collective) into groups of tp_size consecutive ranks; an error
+ * when tp_size does not divide the world size. */
+int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err);
+/* The model's hooks over g (which must outlive the model). */
+TensorParallel tp_group_hooks(TpGroup *g);
+void tp_group_close(TpGroup *g);
+
+#endif

@@ -1,0 +1,293 @@
+/* test_tp.c — tensor parallelism on CPU ranks: a model cut into 2 or 4 parts
+ * (model_create_random_tp) against the whole model on every rank, for Qwen2
+ * (tied embeddings, q/k/v biases, GQA), Llama (untied, MHA) and Qwen3 (q/k
+ * norms) shapes:
+ *   - model_forward logits (prefill then a decode step);
+ *   - model_train_forward log-probs and entropies, and model_train_backward's
+ *     gradients (this rank's part of the whole model's), with and without
+ *     activation recompute;
+ *   - the engine's greedy and sampled completions (tokens and log-probs), the
+ *     same on every rank of the group;
+ * each within the float rounding the changed summation order gives (tolerances
+ * below). Run as is, it starts itself under mpirun -np 2 (TP 2), -np 4 (TP 4)
+ * and -np 4 (TP 2 x DP 2), after checking the bad-input errors in-process.
+ * Skips (exit 77) when mpirun is not installed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "dist/launch_env.h"
+#include "dist/tp_group.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine_requests.h"
+#include "harness.h"
+#include "model/model.h"
+#include "model/model_train.h"
+
+static const char *MPIRUN = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1";
+
+/* Tolerances (fp32 throughout; the parts' sums are added in another order). */
+#define TOL_LOGITS 2e-5  /* absolute, logits of magnitude ~1 */
+#define TOL_LOGPROB 2e-5 /* absolute, log-probs and entropies */
+#define TOL_GRAD 1e-4    /* relative to the tensor's largest |gradient| */
+
+static ModelConfig shape(ModelArch arch, bool tied, int heads, int kv_heads) {
+    ModelConfig c = {.arch = arch, .hidden_size = 64, .intermediate_size = 96, .num_hidden_layers = 2,
+                     .num_attention_heads = heads, .num_key_value_heads = kv_heads, .head_dim = 8, .vocab_size = 128,
+                     .max_position_embeddings = 256, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f,
+                     .tie_word_embeddings = tied, .bos_token_id = -1, .torch_dtype = DTYPE_F32};
+    return c;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+    return worst;
+}
+
+/* ---------------------------------------------------------------- one rank */
+
+static void check_forward(Model *whole, Model *part, const char *what) {
+    char err[ERR_LEN];
+    int V = model_config(whole)->vocab_size;
+    ModelState *sw = NULL, *sp = NULL;
+    CHECK(model_state_create(&sw, whole, 2, 16, 16, err) == 0 && model_state_create(&sp, part, 2, 16, 16, err) == 0,
+          "%s: state: %s", what, err);
+    if (!sw || !sp) return;
+    /* two prompts (5 and 3 tokens), then a decode step of each */
+    int tokens[8] = {3, 77, 12, 127, 64, 5, 99, 0}, slot[8] = {0, 0, 0, 0, 0, 1, 1, 1}, pos[8] = {0, 1, 2, 3, 4, 0, 1, 2};
+    int step_tok[2] = {41, 100}, step_slot[2] = {0, 1}, step_pos[2] = {5, 3};
+    float *lw = malloc(sizeof(float) * 8 * V), *lp = malloc(sizeof(float) * 8 * V);
+    CHECK(model_forward(whole, sw, tokens, slot, pos, 8, NULL, lw, err) == 0, "%s: %s", what, err);
+    CHECK(model_forward(part, sp, tokens, slot, pos, 8, NULL, lp, err) == 0, "%s: %s", what, err);
+    double prefill = max_abs_diff(lw, lp, (size_t)8 * V);
+    CHECK(model_forward(whole, sw, step_tok, step_slot, step_pos, 2, NULL, lw, err) == 0, "%s: %s", what, err);
+    CHECK(model_forward(part, sp, step_tok, step_slot, step_pos, 2, NULL, lp, err) == 0, "%s: %s", what, err);
+    double decode = max_abs_diff(lw, lp, (size_t)2 * V);
+    CHECK(prefill <= TOL_LOGITS && decode <= TOL_LOGITS, "%s: logits differ by %.3g (prefill) %.3g (decode)", what,
+          prefill, decode);
+    printf("  %-34s model_forward logits: max |diff| %.2g prefill, %.2g decode\n", what, prefill, decode);
+    free(lw);
+    free(lp);
+    model_state_free(sw);
+    model_state_free(sp);
+}
+
+/* This rank's part of the whole model's gradient of parameter i (the parts
+ * are cut as model.c cuts the weights: o_proj / down_proj by columns, other
+ * cut tensors by rows). */
+static void part_of(const float *whole, size_t whole_n, float *out, size_t part_n, const char *name, int rank,
+                    int size, int hidden) {
+    if (whole_n == part_n) {
+        memcpy(out, whole, part_n * sizeof(float));
+        return;
+    }
+    if (strstr(name, "o_proj.weight") || strstr(name, "down_proj.weight")) {
+        size_t cols = part_n / (size_t)hidden;
+        for (int r = 0; r < hidden; r++)
+            memcpy(out + (size_t)r * cols, whole + (size_t)r * cols * size + (size_t)rank * cols, cols * sizeof(float));
+        return;
+    }
+    memcpy(out, whole + (size_t)rank * part_n, part_n * sizeof(float));
+}
+
+static void check_training(Model *whole, Model *part, bool recompute, const char *what) {
+    char err[ERR_LEN];
+    const ModelConfig *c = model_config(whole);
+    enum { N = 11 };
+    int tokens[N] = {3, 77, 12, 127, 64, 9, 5, 99, 0, 31, 126}, slot[N] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
+    int pos[N] = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4}, targets[N] = {-1, -1, 12, 127, 64, 9, -1, 99, 0, 31, 126};
+    TrainState *tw = NULL, *tp = NULL;
+    CHECK(train_state_create_recompute(&tw, whole, 2, 8, N, recompute, err) == 0 &&
+              train_state_create_recompute(&tp, part, 2, 8, N, recompute, err) == 0,
+          "%s: %s", what, err);
+    ModelGrads *gw = NULL, *gp = NULL;
+    CHECK(model_grads_create(&gw, whole, err) == 0 && model_grads_create(&gp, part, err) == 0, "%s: %s", what, err);
+    if (!tw || !tp || !gw || !gp) return;
+    float lpw[N], lpp[N], enw[N], enp[N];
+    CHECK(model_train_forward(whole, tw, tokens, slot, pos, targets, N, 0.7f, lpw, enw, err) == 0, "%s: %s", what, err);
+    CHECK(model_train_forward(part, tp, tokens, slot, pos, targets, N, 0.7f, lpp, enp, err) == 0, "%s: %s", what, err);
+    double dlp = max_abs_diff(lpw, lpp, N), den = max_abs_diff(enw, enp, N);
+    CHECK(dlp <= TOL_LOGPROB && den <= TOL_LOGPROB, "%s: log-probs differ by %.3g, entropies by %.3g", what, dlp, den);
+    float dl[N];
+    for (int i = 0; i < N; i++) dl[i] = targets[i] < 0 ? 0.0f : (i == 4 ? 0.0f : 0.1f * (float)(i % 5) - 0.2f);
+    CHECK(model_train_backward(whole, tw, dl, gw, err) == 0, "%s: %s", what, err);
+    CHECK(model_train_backward(part, tp, dl, gp, err) == 0, "%s: %s", what, err);
+    double worst = 0.0;
+    const char *worst_name = "";
+    const Backend *be = model_backend(whole);
+    for (int i = 0; i < model_param_count(part); i++) {
+        ModelParam pw = model_param(whole, i), pp = model_param(part, i);
+        CHECK(!strcmp(pw.name, pp.name), "%s: parameter %d is %s in the part, %s in the whole", what, i, pp.name, pw.name);
+        float *a = malloc(pw.numel * sizeof(float)), *cut = malloc(pp.numel * sizeof(float)),
+              *b = malloc(pp.numel * sizeof(float));
+        be->download_f32(be, a, model_grad(gw, i), pw.numel);
+        be->download_f32(be, b, model_grad(gp, i), pp.numel);
+        part_of(a, pw.numel, cut, pp.numel, pw.name, model_tp_rank(part), model_tp_size(part), c->hidden_size);
+        double scale = 1e-30;
+        for (size_t k = 0; k < pp.numel; k++) scale = fmax(scale, fabs(cut[k]));
+        double rel = max_abs_diff(cut, b, pp.numel) / scale;
+        if (rel > worst) worst = rel, worst_name = pw.name;
+        free(a);
+        free(cut);
+        free(b);
+    }
+    CHECK(worst <= TOL_GRAD, "%s: gradient of %s differs by %.3g of its largest", what, worst_name, worst);
+    printf("  %-34s train log-probs %.2g, entropies %.2g, gradients %.2g (relative; %s)%s\n", what, dlp, den, worst,
+           worst_name, recompute ? " [recompute]" : "");
+    model_grads_free(gw);
+    model_grads_free(gp);
+    train_state_free(tw);
+    train_state_free(tp);
+}
+
+/* Generation: the part's tokens equal the whole's, and every rank of the
+ * group has the same ones (the hooks' group compares them). */
+static void check_engine(Model *whole, Model *part, TpGroup *g, const char *what) {
+    char err[ERR_LEN];
+    SamplingParams greedy = sampling_params_greedy();
+    SamplingParams sampled = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.2f, .seed = 5};
+    const SamplingParams *params[2] = {&greedy, &sampled};
+    for (int p = 0; p < 2; p++) {
+        GenerateOptions opt = {.sampling = *params[p], .max_new_tokens = 12, .ignore_eos = true};
+        Requests a, b;
+        make_requests(&a, model_config(whole)->vocab_size);
+        make_requests(&b, model_config(whole)->vocab_size);
+        CHECK(engine_generate(whole, a.seqs, N_SEQS, &opt, NULL, NULL, err) == 0, "%s: %s", what, err);
+        CHECK(engine_generate(part, b.seqs, N_SEQS, &opt, NULL, NULL, err) == 0, "%s: %s", what, err);
+        int same = 0;
+        double worst = 0.0;
+        long long sum = 0;
+        for (int i = 0; i < N_SEQS; i++) {
+            const GenSequence *x = &a.seqs[i], *y = &b.seqs[i];
+            bool eq = x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens);
+            same += eq;
+            if (eq) worst = fmax(worst, max_abs_diff(x->logprobs, y->logprobs, (size_t)x->n_tokens));
+            for (int k = 0; k < y->n_tokens; k++) sum = sum * 31 + y->tokens[k];
+        }
+        CHECK(same == N_SEQS, "%s, %s: %d/%d sequences equal the whole model's", what, p ? "sampled" : "greedy", same,
+              N_SEQS);
+        CHECK(worst <= TOL_LOGPROB, "%s: sampled tokens' log-probs differ by %.3g", what, worst);
+        /* the same completions on every rank of the group */
+        double mine = (double)(sum & 0xffffffffffff), *all = calloc((size_t)g->tp_size, sizeof(double));
+        CHECK(comm_all_gather(g->tp, all, &mine, 1, COMM_FLOAT64, NULL, err) == 0, "%s: %s", what, err);
+        for (int r = 1; r < g->tp_size; r++) CHECK(all[r] == all[0], "%s: rank %d of the group generated others", what, r);
+        free(all);
+        printf("  %-34s engine %s: %d/%d sequences equal, log-probs %.2g\n", what, p ? "sampled" : "greedy", same,
+               N_SEQS, worst);
+        free_requests(&a);
+        free_requests(&b);
+    }
+}
+
+static int run_rank(const LaunchEnv *env, int tp_size) {
+    char err[ERR_LEN];
+    CommOptions co = {.kind = COMM_AUTO, .timeout_s = 60};
+    Comm *world = NULL;
+    if (comm_open(&world, env, &co, err) != 0) {
+        fprintf(stderr, "rank %d: %s\n", env->rank, err);
+        return 2;
+    }
+    const Backend *be = backend_cpu();
+    TpGroup g;
+    if (tp_group_open(&g, world, tp_size, be, err) != 0) {
+        fprintf(stderr, "rank %d: %s\n", env->rank, err);
+        comm_abort(world, err);
+    }
+    TensorParallel hooks = tp_group_hooks(&g);
+    struct {
+        const char *name;
+        ModelConfig cfg;
+    } shapes[] = {{"qwen2 tied GQA 8/4", shape(ARCH_QWEN2, true, 8, 4)},
+                  {"llama untied MHA 4/4", shape(ARCH_LLAMA, false, 4, 4)},
+                  {"qwen3 q/k norm GQA 8/4", shape(ARCH_QWEN3, false, 8, 4)}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        Model *whole = NULL, *part = NULL;
+        char what[96];
+        snprintf(what, sizeof what, "TP %d rank %d: %s", tp_size, g.tp_rank, shapes[s].name);
+        CHECK(model_create_random(&whole, &shapes[s].cfg, 7, be, err) == 0, "%s: %s", what, err);
+        CHECK(model_create_random_tp(&part, &shapes[s].cfg, 7, be, &hooks, err) == 0, "%s: %s", what, err);
+        if (!whole || !part) comm_abort(world, err);
+        if (env->rank >= tp_size) {
+            /* another data-parallel group: the same checks, printed once */
+            freopen("/dev/null", "w", stdout);
+        }
+        check_forward(whole, part, what);
+        check_training(whole, part, false, what);
+        check_training(whole, part, true, what);
+        check_engine(whole, part, &g, what);
+        model_free(whole);
+        model_free(part);
+    }
+    /* every rank's verdict */
+    double bad = g_failures, *all = calloc((size_t)comm_world_size(world), sizeof(double));
+    if (comm_all_gather(world, all, &bad, 1, COMM_FLOAT64, NULL, err) != 0) comm_abort(world, err);
+    double total = 0;
+    for (int r = 0; r < comm_world_size(world); r++) total += all[r];
+    free(all);
+    if (env->rank == 0) printf("TP %d on %d ranks: %d checks on rank 0, %.0f failures on all ranks\n", tp_size,
+                               env->world_size, g_checks, total);
+    tp_group_close(&g);
+    comm_close(world);
+    return total > 0 ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------- driver */
+
+static void check_errors(void) {
+    char err[ERR_LEN];
+    ModelConfig c = shape(ARCH_QWEN2, true, 8, 4);
+    CHECK(model_tp_check(&c, 8, err) != 0 && strstr(err, "tensor_parallel_size 8 does not divide the model's "
+                                                         "num_key_value_heads (4)"),
+          "KV heads: %s", err);
+    printf("  %s\n", err);
+    c.num_attention_heads = 6, c.num_key_value_heads = 6;
+    CHECK(model_tp_check(&c, 4, err) != 0 && strstr(err, "num_attention_heads (6)"), "heads: %s", err);
+    c = shape(ARCH_QWEN2, true, 8, 4);
+    c.vocab_size = 130;
+    CHECK(model_tp_check(&c, 4, err) != 0 && strstr(err, "vocab_size (130)"), "vocab: %s", err);
+    c = shape(ARCH_LLAMA, false, 4, 4);
+    c.attention_bias = true;
+    CHECK(model_tp_check(&c, 2, err) != 0 && strstr(err, "o_proj bias"), "o_proj bias: %s", err);
+    c.attention_bias = false;
+    CHECK(model_tp_check(&c, 0, err) != 0, "size 0 accepted");
+    CHECK(model_tp_check(&c, 1, err) == 0 && model_tp_check(&c, 4, err) == 0, "valid sizes refused: %s", err);
+    TpGroup g;
+    CHECK(tp_group_open(&g, NULL, 2, backend_cpu(), err) != 0 &&
+              !strcmp(err, "tensor_parallel_size 2 does not divide the number of ranks (1)"),
+          "group of 2 on 1 rank: %s", err);
+    printf("  %s\n", err);
+}
+
+int main(int argc, char **argv) {
+    (void)g_tmp; /* harness.h's scratch folder: unused here */
+    LaunchEnv env;
+    char err[ERR_LEN];
+    if (launch_env_from_process(&env, err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    if (env.launcher == LAUNCHER_OPENMPI) return run_rank(&env, argc > 1 ? atoi(argv[1]) : 2);
+    check_errors();
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin); the in-process checks passed: %d "
+               "failures\n", g_failures);
+        return g_failures ? 1 : 77;
+    }
+    struct {
+        int np, tp;
+    } runs[] = {{2, 2}, {4, 4}, {4, 2}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %d", MPIRUN, runs[r].np, argv[0], runs[r].tp);
+        printf("%s\n", cmd);
+        fflush(stdout);
+        int rc = system(cmd);
+        CHECK(rc == 0, "mpirun -np %d, tensor_parallel_size %d: exit status %d", runs[r].np, runs[r].tp, rc);
+    }
+    printf("test_tp: %d checks in the driver, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

@@ -11,7 +11,8 @@
  * each within the float rounding the changed summation order gives (tolerances
  * below). Run as is, it starts itself under mpirun -np 2 (TP 2), -np 4 (TP 4)
  * and -np 4 (TP 2 x DP 2), after checking the bad-input errors in-process.
- * Skips (exit 77) when mpirun is not installed. */
+ * Skips (exit 77) when mpirun is not installed. On a GPU machine:
+ * `mpirun -np 2 test_tp 2 cuda-f32` runs the same checks on the CUDA backend. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,15 +184,26 @@ static void check_engine(Model *whole, Model *part, TpGroup *g, const char *what
     }
 }
 
-static int run_rank(const LaunchEnv *env, int tp_size) {
+/* device: "cpu", or "cuda-f32" (the CUDA backend's fp32 table: the same
+ * tolerances; the ranks share GPU 0 and talk over MPI through the host). */
+static int run_rank(const LaunchEnv *env, int tp_size, const char *device) {
     char err[ERR_LEN];
-    CommOptions co = {.kind = COMM_AUTO, .timeout_s = 60};
+    CommOptions co = {.kind = COMM_MPI, .timeout_s = 60};
     Comm *world = NULL;
     if (comm_open(&world, env, &co, err) != 0) {
         fprintf(stderr, "rank %d: %s\n", env->rank, err);
         return 2;
     }
     const Backend *be = backend_cpu();
+    Backend *gpu = NULL;
+    if (!strcmp(device, "cuda-f32")) {
+        gpu = backend_cuda_open(0, DTYPE_F32, err);
+        if (!gpu) {
+            fprintf(stderr, "rank %d: %s\n", env->rank, err);
+            comm_abort(world, err);
+        }
+        be = gpu;
+    }
     TpGroup g;
     if (tp_group_open(&g, world, tp_size, be, err) != 0) {
         fprintf(stderr, "rank %d: %s\n", env->rank, err);
@@ -231,6 +243,7 @@ static int run_rank(const LaunchEnv *env, int tp_size) {
     if (env->rank == 0) printf("TP %d on %d ranks: %d checks on rank 0, %.0f failures on all ranks\n", tp_size,
                                env->world_size, g_checks, total);
     tp_group_close(&g);
+    if (gpu) backend_cuda_close(gpu);
     comm_close(world);
     return total > 0 ? 1 : 0;
 }
@@ -262,6 +275,45 @@ static void check_errors(void) {
     printf("  %s\n", err);
 }
 
+/* colt generate on the real stories260K (models/, in the repo): the same
+ * sampled completions from 1, 2 and 4 processes, and the bad-launch errors. */
+static void check_generate_cli(void) {
+    const char *args = "generate --model " COLT_SOURCE_DIR "/models/stories260K --prompt 'Once upon a time' "
+                       "--max_new_tokens 40 --n 3 --temperature 0.8 --seed 3 --device cpu --json";
+    char *outs[3] = {NULL, NULL, NULL}, cmd[2048];
+    int sizes[3] = {1, 2, 4};
+    for (int k = 0; k < 3; k++) {
+        if (sizes[k] == 1) snprintf(cmd, sizeof cmd, "%s %s", COLT_BINARY, args);
+        else snprintf(cmd, sizeof cmd, "%s -np %d %s %s --tensor_parallel_size %d", MPIRUN, sizes[k], COLT_BINARY, args,
+                      sizes[k]);
+        FILE *p = popen(cmd, "r");
+        char buf[65536];
+        size_t n = p ? fread(buf, 1, sizeof buf - 1, p) : 0;
+        buf[n] = '\0';
+        int rc = p ? pclose(p) : -1;
+        CHECK(rc == 0 && n > 0, "%s: exit %d", cmd, rc);
+        outs[k] = strdup(buf);
+    }
+    CHECK(!strcmp(outs[0], outs[1]) && !strcmp(outs[0], outs[2]),
+          "colt generate: the completions of 1, 2 and 4 processes differ:\n%s\n%s\n%s", outs[0], outs[1], outs[2]);
+    printf("colt generate --tensor_parallel_size 1 / 2 / 4 on stories260K: %s\n",
+           strcmp(outs[0], outs[1]) || strcmp(outs[0], outs[2]) ? "DIFFERENT" : "the same 3 sampled completions");
+    for (int k = 0; k < 3; k++) free(outs[k]);
+    snprintf(cmd, sizeof cmd, "%s %s --tensor_parallel_size 2 2>&1", COLT_BINARY, args);
+    FILE *p = popen(cmd, "r");
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, p);
+    buf[n] = '\0';
+    CHECK(pclose(p) != 0 && strstr(buf, "start it with mpirun -np N"), "one process, TP 2: %s", buf);
+    snprintf(cmd, sizeof cmd, "%s -np 2 %s %s --tensor_parallel_size 3 2>&1", MPIRUN, COLT_BINARY, args);
+    p = popen(cmd, "r");
+    n = fread(buf, 1, sizeof buf - 1, p);
+    buf[n] = '\0';
+    CHECK(pclose(p) != 0 && strstr(buf, "colt generate: tensor_parallel_size 3 does not divide the model's "
+                                        "num_attention_heads (8)"),
+          "TP 3: %s", buf);
+}
+
 int main(int argc, char **argv) {
     (void)g_tmp; /* harness.h's scratch folder: unused here */
     LaunchEnv env;
@@ -270,7 +322,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }
-    if (env.launcher == LAUNCHER_OPENMPI) return run_rank(&env, argc > 1 ? atoi(argv[1]) : 2);
+    if (env.launcher == LAUNCHER_OPENMPI) return run_rank(&env, argc > 1 ? atoi(argv[1]) : 2, argc > 2 ? argv[2] : "cpu");
     check_errors();
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
         printf("SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin); the in-process checks passed: %d "
@@ -288,6 +340,7 @@ int main(int argc, char **argv) {
         int rc = system(cmd);
         CHECK(rc == 0, "mpirun -np %d, tensor_parallel_size %d: exit status %d", runs[r].np, runs[r].tp, rc);
     }
+    check_generate_cli();
     printf("test_tp: %d checks in the driver, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

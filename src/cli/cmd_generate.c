@@ -13,6 +13,9 @@
 #include "cli/cli_json.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/log.h"
+#include "dist/launch_env.h"
+#include "dist/tp_group.h"
 #include "engine/engine.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -29,13 +32,16 @@ static const char *GENERATE_USAGE =
     "  A chat line may carry \"tools\" (a list) and \"chat_template_kwargs\" (an object, instead of the flag's).\n"
     "  --chat_template_kwargs JSON: extra chat template variables, e.g. '{\"enable_thinking\": false}' (Qwen3).\n"
     "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n"
-    "  --adapter DIR applies a LoRA adapter (PEFT's files) to the model.\n";
+    "  --adapter DIR applies a LoRA adapter (PEFT's files) to the model.\n"
+    "  --tensor_parallel_size N: the model cut across N processes (mpirun -np N colt generate ...), each holding\n"
+    "  1/N of every layer; rank 0 prints. Local rank r computes on GPU r (ranks beyond the visible GPUs share\n"
+    "  them); the collectives go through the host (MPI) for now.\n";
 
 typedef struct GenerateArgs {
     const char *model, *adapter, *prompt, *chat, *ids, *prompts_file, *device;
     const char *chat_template_kwargs_text; /* --chat_template_kwargs */
     json_t *chat_template_kwargs;          /* ... parsed; NULL when not given */
-    int max_new_tokens, top_k, n, block_size, max_num_seqs;
+    int max_new_tokens, top_k, n, block_size, max_num_seqs, tensor_parallel_size;
     float temperature, top_p, min_p, repetition_penalty, gpu_memory_utilization;
     uint64_t seed;
     bool ignore_eos, json, enforce_eager, bench, deterministic, no_prefix_caching;
@@ -157,7 +163,7 @@ static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, cons
 int cmd_generate(int argc, char **argv) {
     char err[ERR_LEN];
     GenerateArgs a = {.device = "auto", .max_new_tokens = 128, .n = 1, .temperature = 0.0f, .top_p = 1.0f,
-                      .repetition_penalty = 1.0f};
+                      .repetition_penalty = 1.0f, .tensor_parallel_size = 1};
     CliOption opts[] = {
         {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
         {"adapter", OPT_STRING, &a.adapter,
@@ -192,6 +198,8 @@ int cmd_generate(int argc, char **argv) {
          "batch-invariant kernels: the same completion whatever the batch; log-probs as the trainer scores them",
          false},
         {"bench", OPT_FLAG, &a.bench, "print engine statistics instead of the completions", false},
+        {"tensor_parallel_size", OPT_INT, &a.tensor_parallel_size,
+         "processes the model is cut across (default 1; run under mpirun -np N)", false},
     };
     const int n_opts = (int)(sizeof opts / sizeof opts[0]);
     int prc = cli_parse(opts, n_opts, argc, argv, GENERATE_USAGE, err);
@@ -209,10 +217,34 @@ int cmd_generate(int argc, char **argv) {
         return cli_fail("generate", "--block_size must be a power of two");
     if (!(a.gpu_memory_utilization >= 0.0f && a.gpu_memory_utilization <= 1.0f))
         return cli_fail("generate", "--gpu_memory_utilization must be in [0, 1]");
+    if (a.tensor_parallel_size < 1) return cli_fail("generate", "--tensor_parallel_size must be >= 1");
 
     ModelConfig cfg_probe;
     GenerationDefaults gen;
     if (model_config_load(&cfg_probe, &gen, a.model, err) != 0) return cli_fail("generate", err);
+    if (model_tp_check(&cfg_probe, a.tensor_parallel_size, err) != 0) return cli_fail("generate", err);
+
+    /* Tensor parallel: one process per part, the launch's world exactly one group. */
+    LaunchEnv env;
+    if (launch_env_from_process(&env, err) != 0) return cli_fail("generate", err);
+    if (env.world_size != a.tensor_parallel_size)
+        return cli_fail("generate", env.world_size == 1
+                                        ? "--tensor_parallel_size > 1 runs one process per part: start it with "
+                                          "mpirun -np N (or torchrun --nproc_per_node N)"
+                                        : "colt generate under a launcher needs --tensor_parallel_size equal to the "
+                                          "number of processes");
+    log_set_rank(env.rank);
+    Comm *world = NULL;
+    TpGroup group = {0};
+    if (env.world_size > 1) {
+        CommOptions co = {.kind = COMM_AUTO, .gpu = false}; /* host buffers: the hooks stage through the host */
+        if (comm_open(&world, &env, &co, err) != 0 ||
+            tp_group_open(&group, world, a.tensor_parallel_size, NULL, err) != 0) {
+            cli_fail("generate", err);
+            if (world) comm_abort(world, err);
+            return 1;
+        }
+    }
     SamplingParams sp = sampling_params_greedy();
     if (gen.present && gen.do_sample) {
         sp.temperature = gen.temperature;
@@ -240,17 +272,25 @@ int cmd_generate(int argc, char **argv) {
     if (!tok && !a.json && !a.bench) {
         return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
     }
-    Backend *be = backend_open(a.device, 0, err);
+    int n_gpus = backend_cuda_device_count();
+    Backend *be = backend_open(a.device, n_gpus > 0 ? env.local_rank % n_gpus : 0, err);
     if (!be) {
         tokenizer_free(tok);
-        return cli_fail("generate", err);
+        cli_fail("generate", err);
+        if (world) comm_abort(world, err);
+        return 1;
     }
+    group.be = be;
+    TensorParallel hooks = tp_group_hooks(&group);
     Model *m = NULL;
-    if (model_load(&m, a.model, be, err) != 0 || (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
+    if (model_load_tp(&m, a.model, be, world ? &hooks : NULL, err) != 0 ||
+        (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
         model_free(m);
         tokenizer_free(tok);
         backend_close(be);
-        return cli_fail("generate", err);
+        cli_fail("generate", err);
+        if (world) comm_abort(world, err);
+        return 1;
     }
     const ModelConfig *cfg = model_config(m);
     int **prompts = NULL, n_prompts = 0, rc = 0;
@@ -297,7 +337,7 @@ int cmd_generate(int argc, char **argv) {
                             .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic};
         EngineStats st;
         if (engine_generate(m, seqs, n_seqs, &opt, &eo, &st, err) != 0) rc = 1;
-        if (rc == 0 && a.bench) {
+        if (rc == 0 && a.bench && env.rank == 0) {
             double gb = 1.0 / (1 << 30);
             printf("{\"device\": \"%s\", \"sequences\": %d, \"prompt_tokens\": %zu, \"generated_tokens\": %lld, "
                    "\"seconds\": %.4f, \"tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f, \"steps\": %d, "
@@ -340,7 +380,7 @@ int cmd_generate(int argc, char **argv) {
         free(text);
     }
     if (rc != 0) cli_fail("generate", err);
-    else if (!a.bench) fwrite(out.data ? out.data : "", 1, out.len, stdout);
+    else if (!a.bench && env.rank == 0) fwrite(out.data ? out.data : "", 1, out.len, stdout);
     outbuf_free(&out);
     for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);
     free(seqs);
@@ -351,5 +391,8 @@ int cmd_generate(int argc, char **argv) {
     model_free(m);
     backend_close(be);
     tokenizer_free(tok);
+    if (world && rc != 0) comm_abort(world, err); /* the others may wait in a collective */
+    tp_group_close(&group);
+    if (world) comm_close(world);
     return rc;
 }

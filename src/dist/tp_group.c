@@ -17,7 +17,12 @@ int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char 
     g->tp_rank = rank % tp_size;
     g->dp_size = size / tp_size;
     g->dp_rank = rank / tp_size;
-    if (tp_size > 1 && comm_split(world, g->dp_rank, g->tp_rank, &g->tp, err) != 0) return COLT_ERR;
+    if (tp_size > 1 && g->dp_size == 1) {
+        g->tp = world; /* one group: the world itself */
+    } else if (tp_size > 1 && comm_split(world, g->dp_rank, g->tp_rank, &g->tp, err) != 0) {
+        return COLT_ERR;
+    }
+    g->owns_tp = tp_size > 1 && g->dp_size > 1;
     if (g->dp_size > 1 && tp_size > 1 && comm_split(world, g->tp_rank, g->dp_rank, &g->dp, err) != 0) {
         tp_group_close(g);
         return COLT_ERR;
@@ -61,7 +66,7 @@ TensorParallel tp_group_hooks(TpGroup *g) {
 }
 
 void tp_group_close(TpGroup *g) {
-    if (g->tp) comm_close(g->tp);
+    if (g->tp && g->owns_tp) comm_close(g->tp);
     if (g->dp) comm_close(g->dp);
     free(g->host);
     memset(g, 0, sizeof *g);

@@ -18,7 +18,9 @@
 typedef struct TpGroup {
     int tp_size, tp_rank; /* the group's size, this rank in it */
     int dp_size, dp_rank; /* the data-parallel groups' */
-    Comm *tp;             /* this rank's tensor-parallel group (NULL when tp_size is 1) */
+    Comm *tp;             /* this rank's tensor-parallel group (NULL when tp_size is 1; the world
+                           * itself when there is one group) */
+    bool owns_tp;
     Comm *dp;             /* the data-parallel group (NULL when dp_size is 1, or when tp_size is 1:
                            * then it is the world itself) */
     const Backend *be;
@@ -26,8 +28,9 @@ typedef struct TpGroup {
     size_t host_n;
 } TpGroup;
 
-/* Splits world (collective) into groups of tp_size consecutive ranks; an error
- * when tp_size does not divide the world size. */
+/* Splits world (collective; NULL: a world of one) into groups of tp_size
+ * consecutive ranks; an error when tp_size does not divide the world size.
+ * world must outlive g. */
 int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err);
 /* The model's hooks over g (which must outlive the model). */
 TensorParallel tp_group_hooks(TpGroup *g);

@@ -212,7 +212,8 @@ int cmd_train(int argc, char **argv) {
                                                         : backend_cuda_device_count();
             if (world < 1) world = 1;
         }
-        cfg.world_size = dry.world_size ? dry.world_size : world;
+        cfg.world_size = (dry.world_size ? dry.world_size : world) / cfg.tensor_parallel_size;
+        if (cfg.world_size < 1) cfg.world_size = 1;
         int rc = train_config_finalize(&cfg, err) != 0 ? cli_fail("train", err) : dry_run(&cfg, &dry, cfg.world_size);
         train_config_free(&cfg);
         return rc;
@@ -234,7 +235,15 @@ int cmd_train(int argc, char **argv) {
             return status < 0 ? cli_fail("train", err) : status;
         }
     }
-    cfg.world_size = env.world_size;
+    int tp = cfg.tensor_parallel_size;
+    if (env.world_size % tp != 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "tensor_parallel_size %d needs a multiple of %d processes (one per part; mpirun -np or "
+                                  "torchrun --nproc_per_node), and this launch has %d", tp, tp, env.world_size);
+        train_config_free(&cfg);
+        return cli_fail("train", msg);
+    }
+    cfg.world_size = env.world_size / tp; /* the data-parallel size: each group of tp processes trains one model */
     int rc = 0;
     if (train_config_finalize(&cfg, err) != 0) rc = cli_fail("train", err);
     if (rc == 0) train_config_print_notices(&cfg); /* here: once, by rank 0 of the processes that train */

@@ -506,15 +506,76 @@ static int save_configs(const ModelConfig *c, const char *dir, DType dtype, char
  * time is held while it is written. */
 typedef struct SaveFill {
     const Model *m;
+    const TensorSpec *spec;
     void *const *buf; /* the tensor's buffer pointer (its TensorSpec.buf) */
-    size_t numel;
+    size_t numel;     /* the whole tensor's */
     bool merge;
-    float *whole;     /* merge: the merged tensor, while it is being written */
+    float *whole;     /* merge, or tensor parallel: the whole tensor, while it is being written */
+    int index;        /* in the tensor table */
+    char *err;        /* a failed gather's message (the writer's fill cannot fail) */
+    bool *failed;
 } SaveFill;
+
+/* Tensor parallel saving: the group's rank 0 writes, in the writer's order,
+ * and before each gather tells the others which tensor comes next (index + 1;
+ * 0: done) through a sum over the group where only it adds. */
+static int tp_announce(const Model *m, int mine, int *got, char *err) {
+    const Backend *be = m->be;
+    float v = (float)mine; /* table indices are far below 2^24 */
+    void *buf = be->alloc_f32(be, 1);
+    be->upload_f32(be, buf, &v, 1);
+    int rc = m->tp.all_reduce(m->tp.ctx, buf, 1, true, err);
+    be->download_f32(be, &v, buf, 1);
+    be->free(be, buf);
+    *got = (int)v;
+    return rc;
+}
+
+/* Tensor parallel: whole[] = the group's parts of table entry s side by side
+ * (collective over the group; a tensor kept whole on every rank is this
+ * rank's copy). Every rank of the group calls it for the same tensors in the
+ * same order. */
+static int tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, char *err) {
+    const Backend *be = m->be;
+    size_t numel = tensor_spec_numel(s), size = (size_t)m->tp.size;
+    if (s->split == TP_WHOLE) {
+        be->download(be, whole, *s->buf, numel);
+        return COLT_OK;
+    }
+    void *all = be->alloc(be, numel * size);
+    int rc = m->tp.all_gather(m->tp.ctx, all, *s->buf, numel, false, err);
+    if (rc == 0 && s->split == TP_ROWS) be->download(be, whole, all, numel * size); /* blocks of rows in rank order */
+    if (rc == 0 && s->split == TP_COLS) {
+        float *parts = xmalloc(numel * size * sizeof(float));
+        be->download(be, parts, all, numel * size);
+        size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
+        for (size_t r = 0; r < size; r++)
+            for (size_t i = 0; i < rows; i++)
+                memcpy(whole + i * cols * size + r * cols, parts + r * numel + i * cols, cols * sizeof(float));
+        free(parts);
+    }
+    be->free(be, all);
+    return rc;
+}
 
 static void save_fill(float *dst, size_t start, size_t count, void *ctx) {
     SaveFill *f = ctx;
     const Backend *be = f->m->be;
+    if (f->m->tp.size > 1) {
+        if (start == 0) {
+            f->whole = xcalloc(f->numel, sizeof(float));
+            int next = 0;
+            if (!*f->failed && (tp_announce(f->m, f->index + 1, &next, f->err) != 0 ||
+                                tp_gather_tensor(f->m, f->spec, f->whole, f->err) != 0))
+                *f->failed = true;
+        }
+        memcpy(dst, f->whole + start, count * sizeof(float));
+        if (start + count == f->numel) {
+            free(f->whole);
+            f->whole = NULL;
+        }
+        return;
+    }
     if (!f->merge) {
         be->download(be, dst, (const char *)*f->buf + start * dtype_size(be->storage), count);
         return;
@@ -564,25 +625,43 @@ static void remove_other_layout(const char *dir, bool sharded) {
 static int save_weights(const Model *m, const char *dir, DType dtype, bool merge, size_t max_shard_bytes, char *err) {
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
         return errorf(err, "%s: model_save writes F32 or BF16 only", dir);
-    if (m->tp.size > 1)
-        return errorf(err, "%s: saving a tensor-parallel model's parts as one checkpoint is not supported yet", dir);
+    if (m->tp.size > 1 && m->tp.rank != 0) { /* the group's rank 0 writes: take part in its gathers */
+        int n = 0;
+        TensorSpec *t = model_tensor_table((Model *)m, &n);
+        size_t max_numel = 0;
+        for (int i = 0; i < n; i++)
+            if (tensor_spec_numel(&t[i]) > max_numel) max_numel = tensor_spec_numel(&t[i]);
+        float *whole = xmalloc(max_numel * (size_t)m->tp.size * sizeof(float));
+        int rc = COLT_OK, next = 0;
+        while (rc == 0 && (rc = tp_announce(m, 0, &next, err)) == 0 && next > 0 && next <= n)
+            rc = tp_gather_tensor(m, &t[next - 1], whole, err);
+        free(whole);
+        free(t);
+        return rc;
+    }
     if (make_dirs(dir, err) != 0) return COLT_ERR;
     int n = 0;
     TensorSpec *t = model_tensor_table((Model *)m, &n); /* only reads the buffer pointers */
     SafeTensorWrite *w = xcalloc((size_t)n, sizeof(SafeTensorWrite));
     SaveFill *fills = xcalloc((size_t)n, sizeof(SaveFill));
     size_t total = 0, es = dtype_size(dtype);
+    bool gather_failed = false;
+    char gather_err[ERR_LEN] = "";
     for (int i = 0; i < n; i++) {
-        fills[i] = (SaveFill){.m = m, .buf = t[i].buf, .numel = tensor_spec_numel(&t[i]), .merge = merge};
-        w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {t[i].shape[0], t[i].shape[1]},
+        int64_t shape[2]; /* the whole tensor's (a tensor-parallel rank holds a part) */
+        whole_shape(&t[i], m->tp.size, shape);
+        size_t numel = (size_t)shape[0] * (size_t)(t[i].ndim == 2 ? shape[1] : 1);
+        fills[i] = (SaveFill){.m = m, .spec = &t[i], .buf = t[i].buf, .numel = numel, .merge = merge, .index = i,
+                              .err = gather_err, .failed = &gather_failed};
+        w[i] = (SafeTensorWrite){.name = t[i].name, .ndim = t[i].ndim, .shape = {shape[0], shape[1]},
                                  .fill = save_fill, .fill_ctx = &fills[i]};
-        total += tensor_spec_numel(&t[i]) * es;
+        total += numel * es;
     }
     /* Shards: tensors in table order, a new file when the next would pass the limit. */
     int *file_of = xcalloc((size_t)n, sizeof(int)), n_files = 1;
     size_t in_file = 0;
     for (int i = 0; i < n; i++) {
-        size_t bytes = tensor_spec_numel(&t[i]) * es;
+        size_t bytes = fills[i].numel * es;
         if (in_file > 0 && in_file + bytes > max_shard_bytes) n_files++, in_file = 0;
         file_of[i] = n_files - 1;
         in_file += bytes;
@@ -619,6 +698,9 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
             rc = write_json(dir, "model.safetensors.index.json", root, err);
         } else json_decref(map);
     }
+    int done = 0; /* the others stop waiting for tensors, also after a failed write */
+    if (m->tp.size > 1 && !gather_failed && tp_announce(m, 0, &done, gather_err) != 0) gather_failed = true;
+    if (rc == 0 && gather_failed) rc = errorf(err, "%s: gathering the tensor-parallel parts: %s", dir, gather_err);
     if (rc == 0) rc = save_configs(&m->cfg, dir, dtype, err);
     for (int i = 0; i < n; i++) free(fills[i].whole);
     free(fills);

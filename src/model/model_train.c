@@ -308,6 +308,27 @@ struct TrainState {
 
 size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
 
+int model_grads_sum_squares(const Model *m, const ModelGrads *g, double *out, char *err) {
+    const Backend *be = m->be;
+    if (m->tp.size <= 1) {
+        *out = be->sum_squares(be, g->flat, g->flat_numel); /* padding is 0 */
+        return COLT_OK;
+    }
+    double mine = 0.0;
+    for (int i = 0; i < g->n; i++) {
+        double sq = be->sum_squares(be, g->bufs[i], g->numel[i]);
+        mine += m->tensors[i].split == TP_WHOLE ? sq / m->tp.size : sq; /* the same on every rank: once in the sum */
+    }
+    float v = (float)mine;
+    void *buf = be->alloc_f32(be, 1);
+    be->upload_f32(be, buf, &v, 1);
+    int rc = m->tp.all_reduce(m->tp.ctx, buf, 1, true, err);
+    be->download_f32(be, &v, buf, 1);
+    be->free(be, buf);
+    *out = v;
+    return rc;
+}
+
 size_t model_grads_bytes(const ModelGrads *g) {
     if (!g) return 0;
     return g->windowed ? windowed_bytes(&g->sl) : g->flat_numel * 4;

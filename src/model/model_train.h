@@ -50,6 +50,11 @@ void *model_grad(const ModelGrads *g, int index);  /* backend buffer, numel as m
 size_t model_grads_bytes(const ModelGrads *g);     /* device bytes (fp32) */
 /* All gradients as one [f32] buffer laid out like model_params_flat (padding 0). */
 void *model_grads_flat(const ModelGrads *g, size_t *numel);
+/* The sum of squares of the whole model's gradients (the global norm's
+ * square): of g's buffer, or under tensor parallelism of every part's, summed
+ * over the group with a parameter each rank holds whole (the norms) counted
+ * once. Collective over the group then. */
+int model_grads_sum_squares(const Model *m, const ModelGrads *g, double *out, char *err);
 
 /* Told by model_train_backward, while it runs, which gradients are final: the
  * elements [lo, hi) of the flat buffer will not change again in this backward

@@ -168,6 +168,12 @@ static const ConfigKey KEYS[] = {
     K(devices, KEY_JSON_LIST,
       "GPU indices this node's processes use, local rank r taking the r-th (default: 0, 1, ...; list one twice to "
       "share a GPU on purpose)"),
+    KI(tensor_parallel_size, 1, 1024,
+       "processes each model is cut across (Megatron-style: heads, MLP columns, vocabulary); groups of consecutive "
+       "ranks, data-parallel across groups; the world size must be a multiple"),
+    {.name = "vllm_tensor_parallel_size", .type = KEY_INT, .offset = offsetof(TrainConfig, tensor_parallel_size),
+     .help = "TRL's name for tensor_parallel_size (colt trains and generates with the same parts)", .imin = 1,
+     .imax = 1024},
     KI(nproc_per_node, 0, 1024,
        "processes colt starts on this node when no launcher started it (0 = one per visible GPU, or per entry of "
        "devices; 1 = this process alone)"),
@@ -238,9 +244,6 @@ typedef struct TrlKey {
     "DeepSpeed, FSDP and sharding are not supported (yet): colt runs data-parallel with a full copy of the weights " \
     "and optimizer state on each GPU; remove the setting"
 #define T_SERVER "used only with vllm_mode server: colt generates in-process with the trainer's weights"
-#define T_TP \
-    "colt runs one whole model per GPU (data-parallel over several GPUs): tensor parallelism is not supported yet; " \
-    "use 1"
 #define T_PEFT_ONLY "colt's LoRA adapts the linear layers of every decoder block (lora_target_modules)"
 #define T_QUANT "quantized loading (bitsandbytes) is not supported: colt trains the model's full-precision weights"
 #define T_BNB "used only with load_in_4bit or load_in_8bit, which colt does not support"
@@ -387,7 +390,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("vllm_server_timeout", T_SERVER),
     NOOP("vllm_group_port", T_SERVER),
     NOOP("vllm_max_model_length", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
-    ONLY("vllm_tensor_parallel_size", "1", T_TP),
     NOOP("sapo_temperature_neg", T_LOSS_VARIANT),
     NOOP("sapo_temperature_pos", T_LOSS_VARIANT),
     NOOP("vespo_k_pos", T_LOSS_VARIANT),
@@ -439,7 +441,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("bnb_4bit_quant_storage", T_BNB),
     /* older TRL and transformers names, and TRL's ScriptArguments */
     ONLY("torch_dtype", "auto bfloat16 bf16 float32 fp32 null", T_FP16),
-    ONLY("tensor_parallel_size", "1", T_TP),
     NOOP("vllm_device", "colt generates on each process's own GPU, inside the training process"),
     NOOP("vllm_dtype", T_PRECISION),
     BOOL_NOOP("vllm_enable_prefix_caching",
@@ -519,6 +520,7 @@ void train_config_defaults(TrainConfig *c) {
     c->device = xstrdup("auto");
     c->ddp_timeout = 600;
     c->ddp_bucket_cap_mb = 25;
+    c->tensor_parallel_size = 1;
     c->offload_optimizer = xstrdup("none");
 }
 
@@ -1469,6 +1471,11 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "weights are not sharded; use zero_stage 0 or 1", c->zero_stage);
     if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
         return errorf(err, "settings: lora_target_modules is an empty list");
+    if (c->tensor_parallel_size > 1 && (c->use_peft || c->zero_stage > 0 || strcmp(c->offload_optimizer, "none") != 0))
+        return errorf(err, "settings: tensor_parallel_size %d with %s is not supported yet (tensor parallelism trains "
+                           "every weight, zero_stage 0, optimizer on the device)",
+                      c->tensor_parallel_size,
+                      c->use_peft ? "use_peft" : c->zero_stage > 0 ? "zero_stage > 0" : "offload_optimizer");
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
     return COLT_OK;
 }

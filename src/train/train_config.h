@@ -73,13 +73,14 @@ typedef struct TrainConfig {
      * deterministic_set: the user gave the key. */
     bool deterministic;
     bool deterministic_set;
-    /* Processes of the data-parallel world (the launcher's, not a setting):
+    /* Models trained side by side: the launcher's processes / tensor_parallel_size (not a setting):
      * generation_batch_size = per_device_train_batch_size x world_size x
      * steps_per_generation, as TRL counts it. Set before train_config_finalize. */
     int world_size;
     int ddp_timeout;       /* seconds a collective may wait (transformers' name; its default is 1800) */
     int ddp_bucket_cap_mb; /* gradient all-reduce bucket size (DDP's name and default, 25) */
     int nproc_per_node; /* processes colt starts itself without a launcher; 0 = one per GPU */
+    int tensor_parallel_size; /* ranks each model is cut across (1: whole models, data-parallel only) */
     json_t *devices;  /* list of GPU indices for this node's local ranks, or NULL (local rank r -> GPU r) */
     /* ZeRO and offload (DeepSpeed's meanings): zero_stage 1 keeps 1/world of the
      * optimizer state per rank; offload_optimizer "cpu" keeps the fp32 master

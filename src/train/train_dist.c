@@ -382,18 +382,20 @@ typedef struct StatusRecord {
 } StatusRecord;
 
 int train_dist_agree(TrainDist *d, int rc, char *err) {
-    if (d->world == 1) return rc == 0 ? COLT_OK : COLT_ERR;
+    Comm *comm = d->all ? d->all : d->comm;
+    int world = d->all ? d->all_world : d->world;
+    if (world == 1) return rc == 0 ? COLT_OK : COLT_ERR;
     StatusRecord mine = {.rc = rc != 0};
     if (rc != 0) snprintf(mine.message, sizeof mine.message, "%s", err);
-    StatusRecord *all = xcalloc((size_t)d->world, sizeof(StatusRecord));
+    StatusRecord *all = xcalloc((size_t)world, sizeof(StatusRecord));
     char gather_err[ERR_LEN];
-    if (comm_all_gather(d->comm, all, &mine, sizeof mine, COMM_BYTE, NULL, gather_err) != 0) {
+    if (comm_all_gather(comm, all, &mine, sizeof mine, COMM_BYTE, NULL, gather_err) != 0) {
         free(all);
-        comm_abort(d->comm, gather_err);
+        comm_abort(comm, gather_err);
     }
     /* A failed rank reports its own message; the others the first failed rank's. */
     int out = rc != 0 ? COLT_ERR : COLT_OK;
-    for (int r = 0; r < d->world && out == COLT_OK; r++)
+    for (int r = 0; r < world && out == COLT_OK; r++)
         if (all[r].rc) {
             errorf(err, "rank %d: %s", r, all[r].message);
             out = COLT_ERR;
@@ -416,10 +418,11 @@ int train_dist_check_same(TrainDist *d, const double *values, int n, const char 
 }
 
 bool train_dist_any(TrainDist *d, bool flag) {
-    if (d->world == 1) return flag;
+    Comm *comm = d->all ? d->all : d->comm;
+    if ((d->all ? d->all_world : d->world) == 1) return flag;
     long long v = flag ? 1 : 0;
     char err[ERR_LEN];
-    if (comm_all_reduce(d->comm, &v, 1, COMM_INT64, NULL, err) != 0) comm_abort(d->comm, err);
+    if (comm_all_reduce(comm, &v, 1, COMM_INT64, NULL, err) != 0) comm_abort(comm, err);
     return v != 0;
 }
 
@@ -430,7 +433,8 @@ void train_dist_free(TrainDist *d) {
     free(d->z2_stage);
     free(d->z3_host);
     if (d->grad_comm) comm_close(d->grad_comm);
-    if (d->comm) comm_close(d->comm);
+    if (d->comm && d->owns_comm) comm_close(d->comm);
+    if (d->all) comm_close(d->all);
     free(d->staging);
     memset(d, 0, sizeof *d);
 }

@@ -34,8 +34,14 @@
 #define TRAIN_DIST_PENDING 4
 
 typedef struct TrainDist {
-    int rank, world;
+    int rank, world;  /* in the data-parallel group */
     Comm *comm;       /* host collectives; NULL for a world of one */
+    bool owns_comm;   /* train_dist_free closes comm (not a tensor-parallel layout's) */
+    /* Tensor parallelism (dist/tp_group.h): the launch's world, when larger
+     * than the data-parallel group. Agreements (train_dist_agree, _any) go
+     * over it, so a failure on any rank of any group stops every rank. */
+    Comm *all;
+    int all_rank, all_world;
     float *staging;   /* host copy of the gradients (host path) */
     size_t staging_n;
     /* overlap path (grad_comm != NULL) */
@@ -133,7 +139,8 @@ void train_dist_zero3_gather(TrainDist *d, const Backend *be, size_t numel, Para
  * makes train_dist_free skip NCCL's collective finalize. */
 void train_dist_cancel_gradients(TrainDist *d);
 
-/* The ranks agree on a status: every rank passes its rc (and err when failed).
+/* The ranks agree on a status (every rank of the launch, also under tensor
+ * parallelism): every rank passes its rc (and err when failed).
  * Returns COLT_OK when all succeeded; else COLT_ERR on every rank: a rank that
  * failed keeps its own message, the others get the first failing rank's
  * ("rank 2: reward 'x': ...") — so rank 0 can save and report what another

@@ -33,6 +33,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "data/rewards.h"
+#include "dist/tp_group.h"
 #include "engine/engine.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -67,7 +68,12 @@ static void on_stop_signal(int sig) {
 typedef struct Trainer {
     TrainConfig *cfg;
     Backend *be;              /* this process's instance, opened on its device */
-    TrainDist dist;           /* rank, world size and communicator (a world of one: no communicator) */
+    TrainDist dist;           /* data-parallel rank, world size and communicator (a world of one: none) */
+    /* tensor_parallel_size > 1: this rank's groups (dist is then the
+     * data-parallel one) and the model's collectives over its group */
+    TpGroup tp;
+    TensorParallel tp_hooks;
+    bool writer;              /* writes the run's files and logs: the launch's rank 0 */
     Model *model, *ref_model;
     /* With use_peft and beta > 0 the reference model is the base model: the
      * trainer's own, with its adapters turned off (TRL: disable_adapter()). */
@@ -729,6 +735,15 @@ static int save_trained(const Trainer *t, const char *dir, char *err) {
     return model_save(t->model, dir, t->be->storage == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32, err);
 }
 
+/* An unsharded optimizer's file: one, or one per part under tensor parallelism
+ * (a checkpoint resumes at the same tensor_parallel_size). */
+static void optimizer_file_name(const Trainer *t, char *buf, size_t size) {
+    if (t->tp.tp_size > 1)
+        snprintf(buf, size, "optimizer-tp%05d-of-%05d.safetensors", t->tp.tp_rank, t->tp.tp_size);
+    else
+        snprintf(buf, size, "optimizer.safetensors");
+}
+
 /* The optimizer shard file of rank r in a checkpoint of a sharded run. */
 static void shard_file_name(char *buf, size_t size, int rank, int world) {
     snprintf(buf, size, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
@@ -747,8 +762,8 @@ static void shard_file_name(char *buf, size_t size, int rank, int world) {
  * by the ranks' hosts, as for DeepSpeed), then rank 0 the manifest
  * (optimizer_shards.json), the trainer state and the rename. */
 static int save_checkpoint(Trainer *t, json_t *state, char *err) {
-    bool sharded = optim_is_sharded(t->opt);
-    if (!sharded && t->dist.rank != 0) return COLT_OK;
+    bool sharded = optim_is_sharded(t->opt), tp = t->tp.tp_size > 1;
+    if (!sharded && !tp && t->dist.rank != 0) return COLT_OK;
     int64_t step = json_integer_value(json_object_get(state, "global_step"));
     int rc = state ? COLT_OK : errorf(err, "checkpoint: the trainer state could not be written as JSON");
     if (rc == 0 && !optim_state_finite(t->opt)) {
@@ -758,13 +773,20 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
                          "learning_rate %g): checkpoint-%lld not saved, %s",
                     (long long)step, t->cfg->learning_rate, (long long)step, last);
     }
-    if (sharded && train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
+    if ((sharded || tp) && train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
     if (rc != 0) return rc;
     /* The temporary folder carries rank 0's pid (a stale one is recognised as such). */
     long pid = (long)getpid();
     if (sharded) {
         long *pids = xcalloc((size_t)t->dist.world, sizeof(long));
         rc = train_dist_agree(&t->dist, train_dist_gather(&t->dist, pids, &pid, sizeof pid, err), err);
+        pid = pids[0];
+        free(pids);
+        if (rc != 0) return rc;
+    }
+    if (tp) { /* every rank of the launch writes into rank 0's folder */
+        long *pids = xcalloc((size_t)t->dist.all_world, sizeof(long));
+        rc = train_dist_agree(&t->dist, comm_all_gather(t->dist.all, pids, &pid, sizeof pid, COMM_BYTE, NULL, err), err);
         pid = pids[0];
         free(pids);
         if (rc != 0) return rc;
@@ -778,15 +800,19 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, pid);
     char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
     char *state_path = path_join(dir, "trainer_state.json"), *cfg_path = path_join(dir, "train_config.json");
-    if (t->dist.rank == 0) {
-        remove_tree(dir);
-        if (save_trained(t, dir, err) != 0 || tokenizer_copy_files(t->cfg->model, dir, err) != 0) rc = COLT_ERR;
+    if (t->dist.rank == 0) { /* tensor parallel: the first group's ranks, which gather the weights for rank 0 */
+        if (t->writer) remove_tree(dir);
+        if (save_trained(t, dir, err) != 0 || (t->writer && tokenizer_copy_files(t->cfg->model, dir, err) != 0))
+            rc = COLT_ERR;
         if (rc == 0 && !sharded) {
-            char *opt_path = path_join(dir, "optimizer.safetensors");
+            char file[64];
+            optimizer_file_name(t, file, sizeof file);
+            char *opt_path = path_join(dir, file);
             rc = optim_save(t->opt, opt_path, err);
             free(opt_path);
         }
     }
+    if (tp) rc = train_dist_agree(&t->dist, rc, err); /* every part's optimizer state is in the folder */
     weights_release(t);
     if (sharded) {
         rc = train_dist_agree(&t->dist, rc, err); /* the folder exists */
@@ -814,31 +840,31 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
             json_decref(m);
         }
     }
-    if (rc == 0 && t->dist.rank == 0) {
+    if (rc == 0 && t->writer) {
         char *s = json_dumps(state, JSON_INDENT(1));
         rc = s ? file_write_atomic(state_path, s, strlen(s), err) : errorf(err, "%s: cannot encode", state_path);
         free(s);
     }
-    if (rc == 0 && t->dist.rank == 0) {
+    if (rc == 0 && t->writer) {
         json_t *cj = train_config_to_json(t->cfg);
         char *s = json_dumps(cj, JSON_INDENT(2));
         rc = file_write_atomic(cfg_path, s, strlen(s), err);
         free(s);
         json_decref(cj);
     }
-    if (rc == 0 && t->dist.rank == 0) {
+    if (rc == 0 && t->writer) {
         remove_tree(final_dir);
         if (rename(dir, final_dir) != 0)
             rc = errorf(err, "%s: cannot rename the checkpoint into place: %s", final_dir, strerror(errno));
     }
-    if (rc != 0 && t->dist.rank == 0) remove_tree(dir);
-    if (sharded) rc = train_dist_agree(&t->dist, rc, err);
+    if (rc != 0 && t->writer) remove_tree(dir);
+    if (sharded || tp) rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) {
         log_info0("saved %s", final_dir);
         t->last_saved_step = step;
         free(t->last_checkpoint);
         t->last_checkpoint = xstrdup(final_dir);
-        if (t->dist.rank == 0) checkpoint_keeper_saved(&t->keeper, step);
+        if (t->writer) checkpoint_keeper_saved(&t->keeper, step);
     }
     free(final_dir), free(dir), free(state_path), free(cfg_path);
     return rc;
@@ -848,9 +874,15 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
  * optimizer.safetensors (an unsharded run's) or the shards listed in
  * optimizer_shards.json (a sharded run's, at any world size). */
 static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
-    char *whole = path_join(ckpt, "optimizer.safetensors"), *manifest = path_join(ckpt, SHARD_MANIFEST);
+    char file[64];
+    optimizer_file_name(t, file, sizeof file);
+    char *whole = path_join(ckpt, file), *manifest = path_join(ckpt, SHARD_MANIFEST);
     int rc = COLT_OK;
     if (file_exists(whole)) rc = optim_load(t->opt, whole, err);
+    else if (t->tp.tp_size > 1)
+        rc = errorf(err, "%s: no %s (this run has tensor_parallel_size %d: a checkpoint resumes at the "
+                         "tensor_parallel_size that saved it)",
+                    ckpt, file, t->tp.tp_size);
     else if (!file_exists(manifest))
         rc = errorf(err, "%s: no optimizer state (neither optimizer.safetensors nor %s)", ckpt, SHARD_MANIFEST);
     else {
@@ -1003,7 +1035,7 @@ static int evaluate(Trainer *t, const char *tag, double *mean_reward, char *err)
         *mean_reward = nanmean(rewards, N, 1);
     }
     /* Rank 0 writes every completion with its reward. */
-    if (rc == 0 && t->dist.rank == 0) {
+    if (rc == 0 && t->writer) {
         for (int i = 0; rc == 0 && i < N; i++) {
             prompts[i] = texts[i / G];
             if (!outs[i]) {
@@ -1110,7 +1142,7 @@ static int log_step(Trainer *t, double elapsed, int64_t steps_this_run, char *er
  * after). Rank 0 writes; every rank gets the outcome. */
 static int log_eval(Trainer *t, double reward, bool during_training, char *err) {
     int rc = COLT_OK;
-    if (t->dist.rank == 0) {
+    if (t->writer) {
         json_t *line = json_pack("{s:I,s:o}", "step", (json_int_t)t->global_step, "eval_reward",
                                  isnan(reward) ? json_null() : json_real(reward));
         char *s = during_training ? json_dumps(line, JSON_REAL_PRECISION(8)) : NULL;
@@ -1154,15 +1186,46 @@ static int truncate_metrics(const char *path, int64_t max_step, char *err) {
 static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
     t->dist.rank = env->rank;
     t->dist.world = env->world_size;
+    t->writer = env->rank == 0;
     log_set_rank(env->rank);
+    int tp = t->cfg->tensor_parallel_size;
+    if (env->world_size == 1 && tp > 1)
+        return errorf(err, "tensor_parallel_size %d runs one process per part: start %d (or a multiple) with mpirun "
+                           "-np or torchrun --nproc_per_node",
+                      tp, tp);
     if (env->world_size == 1) return COLT_OK;
     /* Collectives here run on host buffers (gradients are staged through the
      * host), so CPU transports serve GPU ranks too. */
     CommOptions co = {.kind = COMM_AUTO, .gpu = false, .cuda_device = -1, .timeout_s = t->cfg->ddp_timeout};
-    if (comm_open(&t->dist.comm, env, &co, err) != 0) return COLT_ERR;
-    log_info0("data parallel: %d processes (%s, %s)", env->world_size, launcher_name(env->launcher),
-              comm_kind_name(comm_kind(t->dist.comm)));
+    Comm *world = NULL;
+    if (comm_open(&world, env, &co, err) != 0) return COLT_ERR;
+    if (tp == 1) {
+        t->dist.comm = world;
+        t->dist.owns_comm = true;
+        log_info0("data parallel: %d processes (%s, %s)", env->world_size, launcher_name(env->launcher),
+                  comm_kind_name(comm_kind(world)));
+        return COLT_OK;
+    }
+    /* Tensor parallel: gradients and rounds over the data-parallel group,
+     * agreements over the world. */
+    t->dist.all = world;
+    t->dist.all_rank = env->rank;
+    t->dist.all_world = env->world_size;
+    if (tp_group_open(&t->tp, world, tp, NULL, err) != 0) return COLT_ERR;
+    t->dist.rank = t->tp.dp_rank;
+    t->dist.world = t->tp.dp_size;
+    t->dist.comm = t->tp.dp_size > 1 ? t->tp.dp : NULL;
+    log_info0("tensor parallel: %d group(s) of %d processes, data parallel across them (%s, %s)", t->tp.dp_size, tp,
+              launcher_name(env->launcher), comm_kind_name(comm_kind(world)));
     return COLT_OK;
+}
+
+/* The model's tensor-parallel collectives, or NULL for whole models. */
+static const TensorParallel *tp_hooks(Trainer *t) {
+    if (t->tp.tp_size <= 1) return NULL;
+    t->tp.be = t->be;
+    t->tp_hooks = tp_group_hooks(&t->tp);
+    return &t->tp_hooks;
 }
 
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err);
@@ -1178,7 +1241,11 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
     size_t n_grads = 0;
     void *grads = model_grads_flat(t->grads, &n_grads);
     char how[256];
-    int rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
+    int rc = COLT_OK;
+    if (t->tp.tp_size > 1) /* the NCCL path would span the whole launch, not the data-parallel group */
+        snprintf(how, sizeof how, "%s", t->dist.world == 1 ? "one data-parallel group" : "summed on the host in rank order");
+    else
+        rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
                                        (size_t)c->ddp_bucket_cap_mb << 20, c->ddp_timeout, how, sizeof how, err);
     if (train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
     if (c->zero_stage >= 2) {
@@ -1309,7 +1376,7 @@ static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
         if (lora_ckpt)
             return errorf(err, "resume from %s: it holds LoRA adapters (adapter_config.json): set use_peft: true", ckpt);
     }
-    if (model_load(&t->model, ckpt && !c->use_peft ? ckpt : c->model, t->be, err) != 0) return COLT_ERR;
+    if (model_load_tp(&t->model, ckpt && !c->use_peft ? ckpt : c->model, t->be, tp_hooks(t), err) != 0) return COLT_ERR;
     if (!c->use_peft) return COLT_OK;
     LoraConfig want;
     if (train_config_lora(c, &want, err) != 0) return COLT_ERR;
@@ -1392,7 +1459,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     t->be = backend_open(c->device, device, err);
     if (!t->be) return COLT_ERR;
     t->last_saved_step = -1;
-    if (t->dist.rank == 0) {
+    if (t->writer) {
         if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
         int stale = checkpoint_remove_stale_temporaries(c->output_dir);
         if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
@@ -1449,7 +1516,8 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     if (load_trained_model(t, c, err) != 0 || partition_weights(t, t->model, err) != 0) return COLT_ERR;
     alloc_label(t, "the reference model's weights", t->plan.reference);
     if (c->beta > 0 && !c->use_peft &&
-        (model_load(&t->ref_model, c->model, t->be, err) != 0 || partition_weights(t, t->ref_model, err) != 0))
+        (model_load_tp(&t->ref_model, c->model, t->be, tp_hooks(t), err) != 0 ||
+         partition_weights(t, t->ref_model, err) != 0))
         return COLT_ERR;
     alloc_label(t, NULL, 0);
     t->ref_is_base = c->beta > 0 && c->use_peft;
@@ -1583,7 +1651,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     }
     checkpoint_keeper_init(&t->keeper, c->output_dir, c->save_total_limit, c->resume_from_checkpoint, t->global_step);
     t->metrics_path = path_join(c->output_dir, "metrics.jsonl");
-    if (t->dist.rank == 0) {
+    if (t->writer) {
         char *completions_path = path_join(c->output_dir, "completions.jsonl");
         int rc = COLT_OK;
         if (c->resume_from_checkpoint) {
@@ -1648,6 +1716,7 @@ static void trainer_teardown(Trainer *t) {
     dataset_free(t->eval_data);
     model_free(t->ref_model);
     model_free(t->model);
+    tp_group_close(&t->tp);    /* its groups before the world (dist.all) */
     train_dist_free(&t->dist); /* before its backend: the communicators use the device */
     backend_close(t->be);
     tokenizer_free(t->tok);
@@ -1745,7 +1814,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             /* Save what the last completed step left (the model and optimizer have
              * not changed since), so no work is lost, then stop with the error. */
             char save_err[ERR_LEN];
-            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.global_step > t.last_saved_step &&
+            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.tp.tp_size == 1 && t.global_step > t.last_saved_step &&
                 t.global_step > 0 && save_checkpoint(&t, step_start_state, save_err) != 0)
                 log_error("could not save a checkpoint after the error: %s", save_err);
             break;
@@ -1761,6 +1830,16 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
                 optim_shard_range(t.opt, &lo, &hi);
                 t.be->scale(t.be, train_dist_zero2_shard(&t.dist), (float)(c->max_grad_norm / (norm + 1e-6)), hi - lo);
             }
+        } else if (t.tp.tp_size > 1) {
+            /* every part's gradients: the norm over the group, each rank clips its part */
+            double sq = 0;
+            rc = train_dist_agree(&t.dist, model_grads_sum_squares(t.model, t.grads, &sq, err), err);
+            if (rc != 0) break;
+            norm = sqrt(sq);
+            size_t n_grads = 0;
+            void *grads = model_grads_flat(t.grads, &n_grads);
+            if (c->max_grad_norm > 0 && isfinite(norm) && c->max_grad_norm / (norm + 1e-6) < 1.0)
+                t.be->scale(t.be, grads, (float)(c->max_grad_norm / (norm + 1e-6)), n_grads);
         } else norm = optim_clip_grad_norm(t.model, t.grads, c->max_grad_norm, t.be);
         float lr = lr_schedule_value(t.scheduler, (float)c->learning_rate, (int)t.global_step, (int)t.total_steps,
                                      t.warmup_steps);
@@ -1842,7 +1921,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         }
         if (logging) {
             if (live_progress) fputs("\r\033[K", stderr);
-            if (t.dist.rank == 0) rc = log_step(&t, now - loop_start, t.global_step - start_step, err);
+            if (t.writer) rc = log_step(&t, now - loop_start, t.global_step - start_step, err);
             else json_decref(metrics_flush(&t.metrics)); /* rank 0 logs the world's metrics */
             rc = train_dist_agree(&t.dist, rc, err);
             if (rc != 0) break;
@@ -1876,7 +1955,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             if (rc == 0) rc = log_eval(&t, eval_after, false, err);
         }
         bool finite = optim_is_sharded(t.opt) || t.dist.rank == 0 ? optim_state_finite(t.opt) : true;
-        if (optim_is_sharded(t.opt)) finite = !train_dist_any(&t.dist, !finite);
+        if (optim_is_sharded(t.opt) || t.tp.tp_size > 1) finite = !train_dist_any(&t.dist, !finite);
         if (rc == 0 && t.dist.rank == 0 && !finite) {
             char last[512];
             last_checkpoint_text(&t, last, sizeof last);
@@ -1888,12 +1967,14 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             release_activations(&t);
             rc = weights_gather(&t, err);
         }
+        /* tensor parallel: the first group's ranks gather the weights for rank 0 */
         if (rc == 0 && t.dist.rank == 0 &&
-            (save_trained(&t, c->output_dir, err) != 0 || tokenizer_copy_files(c->model, c->output_dir, err) != 0))
+            (save_trained(&t, c->output_dir, err) != 0 ||
+             (t.writer && tokenizer_copy_files(c->model, c->output_dir, err) != 0)))
             rc = COLT_ERR;
         weights_release(&t);
-        if (rc == 0 && t.dist.rank == 0 && c->merge_lora) rc = save_merged(&t, err);
-        if (rc == 0 && t.dist.rank == 0) {
+        if (rc == 0 && t.writer && c->merge_lora) rc = save_merged(&t, err);
+        if (rc == 0 && t.writer) {
             ReportSummary s = {.eval_reward_before = eval_before, .eval_reward_after = eval_after,
                                .steps = t.global_step, .seconds = time_now() - run_start};
             rc = report_write(c->output_dir, &s, train_config_to_json(c), err);

@@ -531,6 +531,204 @@ static void test_log_softmax_target(const Backend *be) {
     be->free(be, glg), be->free(be, glp), be->free(be, gent), be->free(be, gdlp), be->free(be, gdl);
 }
 
+/* ================================================================ vocabulary parallelism
+ * A [N, V] matrix split into column parts, one per (pretend) rank: each part's
+ * op output, combined on the host or reassembled with copy_2d, must equal the
+ * whole-matrix op. */
+
+#define SHARD_PARTS 3
+static const int SHARD_LO[SHARD_PARTS + 1] = {0, 12, 24, 37}; /* parts of 12, 12 and 13 columns */
+
+/* buffer + elems storage elements: a column offset into a backend buffer */
+static void *at_elem(const Backend *be, void *buf, size_t elems) {
+    return (char *)buf + elems * dtype_size(be->storage);
+}
+
+/* targets[i] into part [lo, hi): target - lo inside it, else -1 */
+static void part_targets(int *out, const int *targets, int n, int lo, int hi) {
+    for (int i = 0; i < n; i++) out[i] = targets[i] >= lo && targets[i] < hi ? targets[i] - lo : -1;
+}
+
+/* logits_shard_stats on each part, combined as the ranks do, against
+ * log_softmax_target on the whole matrix; then log_softmax_shard_backward on
+ * each part with the combined lse, reassembled, against
+ * log_softmax_target_backward on the whole. */
+static void test_logits_shard(const Backend *be) {
+    enum { N = 5, V = 37 };
+    float temp = 0.7f;
+    int targets[N] = {0, 36, -1, 12, 23}; /* first and last column, no target, both sides of a part boundary */
+    float *lg = rand_floats((size_t)N * V, 3.0f), *dlp = rand_floats(N, 1.0f);
+    dlp[2] = 0.0f; /* the whole-matrix backward gives a row without target no gradient */
+    void *glg = to_device(be, lg, (size_t)N * V), *glp = be->alloc_f32(be, N), *gent = be->alloc_f32(be, N);
+    be->log_softmax_target(be, glp, gent, glg, targets, N, V, temp);
+    float whole_lp[N], whole_ent[N];
+    be->download_f32(be, whole_lp, glp, N);
+    be->download_f32(be, whole_ent, gent, N);
+
+    double M[N], S[N], Tz[N], zt[N];
+    for (int i = 0; i < N; i++) M[i] = -INFINITY, S[i] = Tz[i] = zt[i] = 0.0;
+    void *part_lg[SHARD_PARTS];
+    int tq[SHARD_PARTS][N];
+    bool other_target_zero = true;
+    for (int p = 0; p < SHARD_PARTS; p++) {
+        int lo = SHARD_LO[p], vp = SHARD_LO[p + 1] - lo;
+        part_lg[p] = be->alloc(be, (size_t)N * vp);
+        be->copy_2d(be, part_lg[p], vp, at_elem(be, glg, lo), V, N, vp);
+        part_targets(tq[p], targets, N, lo, SHARD_LO[p + 1]);
+        void *gstats = be->alloc_f32(be, (size_t)N * 4);
+        be->logits_shard_stats(be, gstats, part_lg[p], tq[p], N, vp, temp);
+        float st[N * 4];
+        be->download_f32(be, st, gstats, (size_t)N * 4);
+        for (int i = 0; i < N; i++) { /* from M = -inf, S = T = 0: the first part's exp(M - Mn) is 0 */
+            double m = st[4 * i], Mn = fmax(M[i], m);
+            S[i] = S[i] * exp(M[i] - Mn) + st[4 * i + 1] * exp(m - Mn);
+            Tz[i] = Tz[i] * exp(M[i] - Mn) + st[4 * i + 2] * exp(m - Mn);
+            M[i] = Mn;
+            zt[i] += st[4 * i + 3];
+            if (tq[p][i] < 0 && st[4 * i + 3] != 0.0f) other_target_zero = false;
+        }
+        be->free(be, gstats);
+    }
+    printf("%s logits_shard_stats z[target] of a part without the target is 0\n", other_target_zero ? "ok  " : "FAIL");
+    if (!other_target_zero) g_failures++;
+
+    /* rows with a target: log-prob and entropy from the parts vs the whole */
+    float got_lp[N], got_ent[N], lse[N];
+    double ref_lp[N], ref_ent[N];
+    int m = 0;
+    for (int i = 0; i < N; i++) {
+        double l = M[i] + log(S[i]);
+        lse[i] = (float)l;
+        if (targets[i] < 0) continue;
+        got_lp[m] = (float)(zt[i] - l), got_ent[m] = (float)(l - Tz[i] / S[i]);
+        ref_lp[m] = whole_lp[i], ref_ent[m] = whole_ent[i];
+        m++;
+    }
+    report("logits_shard_stats 3 parts -> logprobs [5,37] T=0.7", got_lp, ref_lp, m, 1e-5);
+    report("logits_shard_stats 3 parts -> entropy [5,37]", got_ent, ref_ent, m, 1e-5);
+    /* the row without a target (the whole op gives it 0): its entropy vs double */
+    double row[V], ent2;
+    for (int v = 0; v < V; v++) row[v] = lg[2 * V + v];
+    logprob_ref(row, V, 0, temp, &ent2);
+    float got_ent2 = (float)(M[2] + log(S[2]) - Tz[2] / S[2]);
+    report("logits_shard_stats 3 parts -> entropy, row without target", &got_ent2, &ent2, 1, 1e-5);
+
+    /* backward: parts 0 and 1 out of place, part 2 in place */
+    void *gdlp = be->alloc_f32(be, N), *glse = be->alloc_f32(be, N), *gdl = be->alloc(be, (size_t)N * V),
+         *gparts = be->alloc(be, (size_t)N * V);
+    be->upload_f32(be, gdlp, dlp, N);
+    be->upload_f32(be, glse, lse, N);
+    be->log_softmax_target_backward(be, gdl, glg, targets, gdlp, N, V, temp);
+    for (int p = 0; p < SHARD_PARTS; p++) {
+        int lo = SHARD_LO[p], vp = SHARD_LO[p + 1] - lo;
+        void *pdl = p == 2 ? part_lg[p] : be->alloc(be, (size_t)N * vp);
+        be->log_softmax_shard_backward(be, pdl, part_lg[p], tq[p], gdlp, glse, N, vp, temp);
+        be->copy_2d(be, at_elem(be, gparts, lo), V, pdl, vp, N, vp);
+        if (pdl != part_lg[p]) be->free(be, pdl);
+    }
+    float *got_dl = from_device(be, gparts, (size_t)N * V), *whole_dl = from_device(be, gdl, (size_t)N * V);
+    double *ref_dl = to_double(whole_dl, (size_t)N * V);
+    report("log_softmax_shard_backward 3 parts (last in place) [5,37]", got_dl, ref_dl, (size_t)N * V, 1e-6);
+
+    free(lg), free(dlp), free(got_dl), free(whole_dl), free(ref_dl);
+    for (int p = 0; p < SHARD_PARTS; p++) be->free(be, part_lg[p]);
+    be->free(be, glg), be->free(be, glp), be->free(be, gent), be->free(be, gdlp), be->free(be, glse), be->free(be, gdl),
+        be->free(be, gparts);
+}
+
+/* copy_2d: a [4, 5] block between strided matrices, the rest of dst untouched. */
+static void test_copy_2d(const Backend *be) {
+    enum { R = 4, C = 5, SS = 9, DS = 7, SOFF = 3, DOFF = 1 };
+    float *src = rand_floats((size_t)R * SS, 1.0f), *dst0 = rand_floats((size_t)R * DS, 1.0f);
+    void *gs = to_device(be, src, (size_t)R * SS), *gd = to_device(be, dst0, (size_t)R * DS);
+    be->copy_2d(be, at_elem(be, gd, DOFF), DS, at_elem(be, gs, SOFF), SS, R, C);
+    float *got = from_device(be, gd, (size_t)R * DS);
+    double *ref = to_double(dst0, (size_t)R * DS);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) ref[r * DS + DOFF + c] = src[r * SS + SOFF + c];
+    report("copy_2d [4,5] from stride 9 (col 3) to stride 7 (col 1)", got, ref, (size_t)R * DS, 0.0);
+    free(src), free(dst0), free(got), free(ref);
+    be->free(be, gs), be->free(be, gd);
+}
+
+/* vocab_shard_ids_i32, then embedding / embedding_i32 / embedding_backward of
+ * each part of a vocabulary-parallel table: a token outside the part gives a
+ * zero row (forward) and no gradient (backward), so the parts' rows sum to the
+ * whole table's. */
+static void test_vocab_shard_embedding(const Backend *be) {
+    enum { N = 8, V = 37, D = 6 };
+    int ids[N] = {0, 11, 12, 23, 24, 36, 12, 5}; /* both sides of each boundary, a repeat */
+    float *table = rand_floats((size_t)V * D, 1.0f), *dout = rand_floats((size_t)N * D, 1.0f),
+          *dt0 = rand_floats((size_t)V * D, 0.1f), *stale = rand_floats((size_t)N * D, 1.0f);
+    void *gt = to_device(be, table, (size_t)V * D), *go = be->alloc(be, (size_t)N * D),
+         *gdo = to_device(be, dout, (size_t)N * D);
+    void *gids = be->alloc_i32(be, N), *gpids = be->alloc_i32(be, N);
+    be->upload_i32(be, gids, ids, N);
+    double *sum = calloc((size_t)N * D, sizeof(double)), *sum_i32 = calloc((size_t)N * D, sizeof(double));
+    double *dt_parts = calloc((size_t)V * D, sizeof(double));
+    int wrong_ids = 0;
+    for (int p = 0; p < SHARD_PARTS; p++) {
+        int lo = SHARD_LO[p], hi = SHARD_LO[p + 1], vp = hi - lo;
+        int pids[N], want[N];
+        be->vocab_shard_ids_i32(be, gpids, gids, N, lo, hi);
+        be->download_i32(be, pids, gpids, N);
+        part_targets(want, ids, N, lo, hi);
+        for (int i = 0; i < N; i++) wrong_ids += pids[i] != want[i];
+        void *gpt = be->alloc(be, (size_t)vp * D);
+        be->copy(be, gpt, 0, gt, (size_t)lo * D, (size_t)vp * D);
+        be->upload(be, go, stale, (size_t)N * D); /* a skipped row would keep these */
+        be->embedding(be, go, gpt, pids, N, D);
+        float *got = from_device(be, go, (size_t)N * D);
+        double *ref = calloc((size_t)N * D, sizeof(double));
+        for (int i = 0; i < N; i++) {
+            if (want[i] < 0) continue;
+            for (int j = 0; j < D; j++) ref[i * D + j] = table[(size_t)(lo + want[i]) * D + j];
+        }
+        char name[96];
+        snprintf(name, sizeof name, "embedding part [%d,%d) (zero rows for ids < 0)", lo, hi);
+        report(name, got, ref, (size_t)N * D, 0.0);
+        for (size_t e = 0; e < (size_t)N * D; e++) sum[e] += got[e];
+        free(got);
+        be->upload(be, go, stale, (size_t)N * D);
+        be->embedding_i32(be, go, gpt, gpids, N, D);
+        got = from_device(be, go, (size_t)N * D);
+        for (size_t e = 0; e < (size_t)N * D; e++) sum_i32[e] += got[e];
+        free(got), free(ref);
+        /* backward into the part's slice of a copy of dt0 */
+        void *gpdt = be->alloc_f32(be, (size_t)vp * D);
+        be->upload_f32(be, gpdt, dt0 + (size_t)lo * D, (size_t)vp * D);
+        be->embedding_backward(be, gpdt, gdo, pids, N, D);
+        float *part_dt = malloc((size_t)vp * D * sizeof(float));
+        be->download_f32(be, part_dt, gpdt, (size_t)vp * D);
+        for (size_t e = 0; e < (size_t)vp * D; e++) dt_parts[(size_t)lo * D + e] = part_dt[e];
+        free(part_dt);
+        be->free(be, gpt), be->free(be, gpdt);
+    }
+    printf("%s vocab_shard_ids_i32 3 parts of [0,37): %d of %d ids wrong\n", wrong_ids ? "FAIL" : "ok  ", wrong_ids,
+           SHARD_PARTS * N);
+    if (wrong_ids) g_failures++;
+    be->embedding(be, go, gt, ids, N, D);
+    float *whole = from_device(be, go, (size_t)N * D);
+    double *ref_whole = to_double(whole, (size_t)N * D);
+    float *sum_f = malloc((size_t)N * D * sizeof(float)), *sum_i32_f = malloc((size_t)N * D * sizeof(float));
+    for (size_t e = 0; e < (size_t)N * D; e++) sum_f[e] = (float)sum[e], sum_i32_f[e] = (float)sum_i32[e];
+    report("embedding sum over 3 parts = whole table's", sum_f, ref_whole, (size_t)N * D, 0.0);
+    report("embedding_i32 sum over 3 parts = whole table's", sum_i32_f, ref_whole, (size_t)N * D, 0.0);
+    void *gdt = be->alloc_f32(be, (size_t)V * D);
+    be->upload_f32(be, gdt, dt0, (size_t)V * D);
+    be->embedding_backward(be, gdt, gdo, ids, N, D);
+    float *whole_dt = malloc((size_t)V * D * sizeof(float));
+    be->download_f32(be, whole_dt, gdt, (size_t)V * D);
+    float *parts_dt_f = malloc((size_t)V * D * sizeof(float));
+    double *ref_dt = to_double(whole_dt, (size_t)V * D);
+    for (size_t e = 0; e < (size_t)V * D; e++) parts_dt_f[e] = (float)dt_parts[e];
+    report("embedding_backward 3 parts (ids < 0 skipped) = whole", parts_dt_f, ref_dt, (size_t)V * D, 0.0);
+
+    free(table), free(dout), free(dt0), free(stale), free(sum), free(sum_i32), free(dt_parts), free(whole),
+        free(ref_whole), free(sum_f), free(sum_i32_f), free(whole_dt), free(parts_dt_f), free(ref_dt);
+    be->free(be, gt), be->free(be, go), be->free(be, gdo), be->free(be, gids), be->free(be, gpids), be->free(be, gdt);
+}
+
 /* adamw vs the formula in backend.h in double; sum_squares, scale, zero. */
 static void test_optimizer_ops(const Backend *be) {
     size_t n = 777;
@@ -587,6 +785,9 @@ static void run_all(const Backend *be) {
     test_attention_backward(be);
     test_swiglu_embedding_backward(be);
     test_log_softmax_target(be);
+    test_logits_shard(be);
+    test_copy_2d(be);
+    test_vocab_shard_embedding(be);
     test_optimizer_ops(be);
     test_dropout(be);
 }

@@ -228,10 +228,10 @@ struct Backend {
     void *(*alloc_i32)(const Backend *be, size_t n);
     void (*upload_i32)(const Backend *be, void *dst, const int *src, size_t n);   /* host -> [i32], stream ordered */
     void (*download_i32)(const Backend *be, int *dst, const void *src, size_t n); /* [i32] -> host; synchronises */
-    /* As embedding, rope and gather_rows, with the ids / positions / rows in [i32] buffers. */
     /* out[i] [i32] = ids[i] - lo where lo <= ids[i] < hi, else -1: token ids
      * into a rank's part [lo, hi) of a vocabulary-parallel table. */
     void (*vocab_shard_ids_i32)(const Backend *be, void *out, const void *ids, int n, int lo, int hi);
+    /* As embedding, rope and gather_rows, with the ids / positions / rows in [i32] buffers. */
     void (*embedding_i32)(const Backend *be, void *out, const void *table, const void *ids, int n, int dim);
     void (*rope_i32)(const Backend *be, void *x, const void *pos, int n, int n_heads, int head_dim, const float *inv_freq);
     void (*gather_rows_i32)(const Backend *be, void *dst, const void *src, const void *rows, int n, int dim);

@@ -747,6 +747,63 @@ static void test_embedding(const Dev *d, int vocab, int dim, int n) {
     CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
 }
 
+/* Tensor parallelism's vocabulary-parallel embedding: rows [lo, hi) of the
+ * table on this "rank". vocab_shard_ids_i32 (exact vs the CPU op), then
+ * embedding, embedding_i32 (both zero rows for ids < 0, written over stale
+ * contents) and embedding_backward (ids < 0 skipped) with those ids vs the CPU. */
+static void test_embedding_vocab_part(const Dev *d, int vocab, int dim, int n, int lo, int hi) {
+    char name[160];
+    int vp = hi - lo;
+    size_t nt = (size_t)vp * dim, no = (size_t)n * dim;
+    int *ids = malloc((size_t)n * sizeof(int)), *want = malloc((size_t)n * sizeof(int)),
+        *got_ids = malloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) ids[i] = rand_int(0, vocab - 1);
+    ids[0] = lo, ids[n - 1] = hi - 1; /* both ends of the part; and one just outside */
+    if (n > 2) ids[1] = lo > 0 ? lo - 1 : hi;
+    void *gids = d->be->alloc_i32(d->be, (size_t)n), *gpids = d->be->alloc_i32(d->be, (size_t)n);
+    d->be->upload_i32(d->be, gids, ids, (size_t)n);
+    d->be->vocab_shard_ids_i32(d->be, gpids, gids, n, lo, hi);
+    d->be->download_i32(d->be, got_ids, gpids, (size_t)n);
+    CPU->vocab_shard_ids_i32(CPU, want, ids, n, lo, hi); /* the CPU's [i32] buffers are host arrays */
+    int wrong = 0, inside = 0;
+    for (int i = 0; i < n; i++) wrong += got_ids[i] != want[i], inside += want[i] >= 0;
+    g_checks++;
+    if (wrong) g_failures++;
+    printf("%s %-9s vocab_shard_ids_i32 [%d,%d) of V=%d N=%d: %d wrong (%d inside)\n", wrong ? "FAIL" : "ok  ",
+           d->tag, lo, hi, vocab, n, wrong, inside);
+
+    float *t = rand_floats(nt, 1.0f), *stale = rand_floats(no, 1.0f), *dout = rand_floats(no, 1.0f),
+          *dt0 = rand_floats(nt, 0.1f);
+    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
+    CPU->embedding(CPU, co, ct, want, n, dim);
+    float *ref = cpu_out(co, no);
+    d->be->upload(d->be, go, stale, no); /* a skipped row would keep these */
+    d->be->embedding(d->be, go, gt, want, n, dim);
+    float *got = dev_out(d, go, no);
+    snprintf(name, sizeof name, "embedding part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
+    check(d, name, got, ref, no, (Tol){0, 0, 0});
+    free(got);
+    d->be->upload(d->be, go, stale, no);
+    d->be->embedding_i32(d->be, go, gt, gpids, n, dim);
+    got = dev_out(d, go, no);
+    snprintf(name, sizeof name, "embedding_i32 part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
+    check(d, name, got, ref, no, (Tol){0, 0, 0});
+    free(got), free(ref);
+
+    void *gdo = dev_in(d, dout, no), *gdt = dev_in_f32(d, dt0, nt), *cdo = cpu_in(dout, no), *cdt = cpu_in(dt0, nt);
+    d->be->embedding_backward(d->be, gdt, gdo, want, n, dim);
+    CPU->embedding_backward(CPU, cdt, cdo, want, n, dim);
+    got = dev_out_f32(d, gdt, nt), ref = cpu_out(cdt, nt);
+    snprintf(name, sizeof name, "embedding_backward part [%d,%d) D=%d N=%d, ids<0 skipped", lo, hi, dim, n);
+    check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
+    free(got), free(ref);
+
+    free(ids), free(want), free(got_ids), free(t), free(stale), free(dout), free(dt0);
+    d->be->free(d->be, gids), d->be->free(d->be, gpids), d->be->free(d->be, gt), d->be->free(d->be, go);
+    d->be->free(d->be, gdo), d->be->free(d->be, gdt);
+    CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
+}
+
 /* ---------------------------------------------------------------- log-softmax */
 
 static void test_log_softmax(const Dev *d, int n, int vocab, float temperature, float scale) {
@@ -792,6 +849,143 @@ static void test_log_softmax(const Dev *d, int n, int vocab, float temperature, 
     free(tg), free(lg), free(dlp);
     d->be->free(d->be, gl), d->be->free(d->be, glp), d->be->free(d->be, gent), d->be->free(d->be, gdlp), d->be->free(d->be, gdl);
     CPU->free(CPU, cl), CPU->free(CPU, clp), CPU->free(CPU, cent), CPU->free(CPU, cdlp), CPU->free(CPU, cdl);
+}
+
+/* One part's stats[N, 4] folded into acc[N, 4] = {M, S, T, z[target]} as the
+ * ranks combine them: M = max m, S = sum s e^(m-M), T = sum t e^(m-M), z[target]
+ * summed (0 from the parts without it). acc starts at {-inf, 0, 0, 0}. */
+static void shard_stats_fold(double *acc, const float *st, int n) {
+    for (int i = 0; i < n; i++) {
+        double *a = acc + 4 * i, m = st[4 * i], M = fmax(a[0], m);
+        a[1] = a[1] * exp(a[0] - M) + st[4 * i + 1] * exp(m - M);
+        a[2] = a[2] * exp(a[0] - M) + st[4 * i + 2] * exp(m - M);
+        a[0] = M, a[3] += st[4 * i + 3];
+    }
+}
+
+/* Vocabulary-parallel log-softmax: logits [N, V] split into `parts` column
+ * parts (uneven when V is not a multiple), each cut out with copy_2d (exact vs
+ * the CPU's cut). Per part: logits_shard_stats vs the CPU op, field by field;
+ * then the parts' stats combined on the host as the ranks do, the device's vs
+ * the CPU's (lse, log-prob, entropy; test_backend_ops checks the CPU's
+ * combination against log_softmax_target on whole rows). Then
+ * log_softmax_shard_backward on each part with the CPU's combined lse (the same
+ * input to both), out of place and in place, reassembled into [N, V] with
+ * copy_2d, vs the CPU's reassembly. Tolerances as log_softmax_target's. */
+static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, float temperature, float scale) {
+    char name[160];
+    size_t nl = (size_t)n * vocab, es = dtype_size(d->be->storage);
+    int *tg = malloc((size_t)n * sizeof(int)), *tq = malloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) tg[i] = i % 5 == 3 ? -1 : rand_int(0, vocab - 1);
+    float *lg = rand_floats(nl, scale), *dlp = rand_floats(n, 1.0f);
+    void *gl = dev_in(d, lg, nl), *cl = cpu_in(lg, nl);
+    void *gdlp = dev_in_f32(d, dlp, n), *cdlp = cpu_in(dlp, n);
+    void *glse = d->be->alloc_f32(d->be, n), *clse = CPU->alloc(CPU, n);
+    void *gstats = d->be->alloc_f32(d->be, (size_t)n * 4), *cstats = CPU->alloc(CPU, (size_t)n * 4);
+    void *gwhole = d->be->alloc(d->be, nl), *cwhole = CPU->alloc(CPU, nl);       /* reassembled dlogits */
+    void *gwhole_ip = d->be->alloc(d->be, nl), *cwhole_ip = CPU->alloc(CPU, nl); /* ... computed in place */
+    float *cut = malloc(nl * sizeof(float)), *cut_ref = malloc(nl * sizeof(float)); /* the parts, as [N, V] */
+    float *fields[2][4]; /* [device, cpu][stat] over parts x rows */
+    for (int b = 0; b < 2; b++)
+        for (int k = 0; k < 4; k++) fields[b][k] = malloc((size_t)parts * n * sizeof(float));
+    double *acc[2]; /* [device, cpu]: shard_stats_fold's [N, 4] */
+    for (int b = 0; b < 2; b++) {
+        acc[b] = calloc((size_t)n * 4, sizeof(double));
+        for (int i = 0; i < n; i++) acc[b][4 * i] = -INFINITY;
+    }
+    void **gpart = malloc((size_t)parts * sizeof(void *)), **cpart = malloc((size_t)parts * sizeof(void *));
+
+    for (int p = 0; p < parts; p++) {
+        int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
+        size_t np = (size_t)n * vp;
+        gpart[p] = d->be->alloc(d->be, np), cpart[p] = CPU->alloc(CPU, np);
+        d->be->copy_2d(d->be, gpart[p], vp, (char *)gl + lo * es, vocab, n, vp);
+        CPU->copy_2d(CPU, cpart[p], vp, (float *)cl + lo, vocab, n, vp);
+        float *a = dev_out(d, gpart[p], np), *b = cpu_out(cpart[p], np);
+        for (int i = 0; i < n; i++)
+            for (int v = 0; v < vp; v++) {
+                cut[(size_t)i * vocab + lo + v] = a[(size_t)i * vp + v];
+                cut_ref[(size_t)i * vocab + lo + v] = b[(size_t)i * vp + v];
+            }
+        free(a), free(b);
+        for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
+        d->be->logits_shard_stats(d->be, gstats, gpart[p], tq, n, vp, temperature);
+        CPU->logits_shard_stats(CPU, cstats, cpart[p], tq, n, vp, temperature);
+        float *st[2] = {dev_out_f32(d, gstats, (size_t)n * 4), cpu_out(cstats, (size_t)n * 4)};
+        for (int b = 0; b < 2; b++) {
+            for (int i = 0; i < n; i++)
+                for (int k = 0; k < 4; k++) fields[b][k][(size_t)p * n + i] = st[b][4 * i + k];
+            shard_stats_fold(acc[b], st[b], n);
+            free(st[b]);
+        }
+    }
+    snprintf(name, sizeof name, "copy_2d %d column parts out of [%d,%d] (exact)", parts, n, vocab);
+    check(d, name, cut, cut_ref, nl, (Tol){0, 0, 0});
+    static const char *stat_names[4] = {"max z", "sum e^(z-max)", "sum e^(z-max) z", "z[target]"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(name, sizeof name, "logits_shard_stats %s N=%d V=%d/%d T=%g", stat_names[k], n, vocab, parts,
+                 temperature);
+        check(d, name, fields[0][k], fields[1][k], (size_t)parts * n, (Tol){1e-5, 2e-5, 0});
+    }
+
+    /* combined: [device, cpu][lse, log-prob (rows with a target), entropy] */
+    float *comb[2][3];
+    int with_target = 0;
+    for (int b = 0; b < 2; b++) {
+        with_target = 0;
+        for (int q = 0; q < 3; q++) comb[b][q] = malloc((size_t)n * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            const double *a = acc[b] + 4 * i;
+            double lse = a[0] + log(a[1]);
+            comb[b][0][i] = (float)lse, comb[b][2][i] = (float)(lse - a[2] / a[1]);
+            if (tg[i] >= 0) comb[b][1][with_target++] = (float)(a[3] - lse);
+        }
+    }
+    static const char *comb_names[3] = {"lse", "logprobs", "entropy"};
+    for (int q = 0; q < 3; q++) {
+        snprintf(name, sizeof name, "shard stats combined: %s N=%d V=%d/%d T=%g", comb_names[q], n, vocab, parts,
+                 temperature);
+        check(d, name, comb[0][q], comb[1][q], q == 1 ? (size_t)with_target : (size_t)n, (Tol){1e-5, 2e-5, 0});
+    }
+
+    d->be->upload_f32(d->be, glse, comb[1][0], n);
+    CPU->upload(CPU, clse, comb[1][0], n);
+    for (int p = 0; p < parts; p++) {
+        int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
+        size_t np = (size_t)n * vp;
+        for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
+        void *gd = d->be->alloc(d->be, np), *cd = CPU->alloc(CPU, np);
+        d->be->log_softmax_shard_backward(d->be, gd, gpart[p], tq, gdlp, glse, n, vp, temperature);
+        CPU->log_softmax_shard_backward(CPU, cd, cpart[p], tq, cdlp, clse, n, vp, temperature);
+        d->be->copy_2d(d->be, (char *)gwhole + lo * es, vocab, gd, vp, n, vp);
+        CPU->copy_2d(CPU, (float *)cwhole + lo, vocab, cd, vp, n, vp);
+        /* in place: dlogits aliases the part's logits */
+        d->be->log_softmax_shard_backward(d->be, gpart[p], gpart[p], tq, gdlp, glse, n, vp, temperature);
+        CPU->log_softmax_shard_backward(CPU, cpart[p], cpart[p], tq, cdlp, clse, n, vp, temperature);
+        d->be->copy_2d(d->be, (char *)gwhole_ip + lo * es, vocab, gpart[p], vp, n, vp);
+        CPU->copy_2d(CPU, (float *)cwhole_ip + lo, vocab, cpart[p], vp, n, vp);
+        d->be->free(d->be, gd), CPU->free(CPU, cd);
+    }
+    float *got = dev_out(d, gwhole, nl), *ref = cpu_out(cwhole, nl);
+    snprintf(name, sizeof name, "log_softmax_shard_backward N=%d V=%d/%d T=%g", n, vocab, parts, temperature);
+    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
+    free(got), free(ref);
+    got = dev_out(d, gwhole_ip, nl), ref = cpu_out(cwhole_ip, nl);
+    snprintf(name, sizeof name, "log_softmax_shard_backward in place N=%d V=%d/%d", n, vocab, parts);
+    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
+    free(got), free(ref);
+
+    for (int p = 0; p < parts; p++) d->be->free(d->be, gpart[p]), CPU->free(CPU, cpart[p]);
+    for (int b = 0; b < 2; b++) {
+        for (int k = 0; k < 4; k++) free(fields[b][k]);
+        for (int q = 0; q < 3; q++) free(comb[b][q]);
+        free(acc[b]);
+    }
+    free(gpart), free(cpart), free(tg), free(tq), free(lg), free(dlp), free(cut), free(cut_ref);
+    d->be->free(d->be, gl), d->be->free(d->be, gdlp), d->be->free(d->be, glse), d->be->free(d->be, gstats);
+    d->be->free(d->be, gwhole), d->be->free(d->be, gwhole_ip);
+    CPU->free(CPU, cl), CPU->free(CPU, cdlp), CPU->free(CPU, clse), CPU->free(CPU, cstats), CPU->free(CPU, cwhole),
+        CPU->free(CPU, cwhole_ip);
 }
 
 /* ---------------------------------------------------------------- optimizer, reductions */
@@ -1138,11 +1332,20 @@ static void run_ops(const Dev *d) {
     test_elementwise_offset(d, 4099, 8);
     test_embedding(d, 1000, 72, 50);
     test_embedding(d, 1003, 200, 9);
+    test_embedding_vocab_part(d, 1000, 72, 50, 250, 500);
+    test_embedding_vocab_part(d, 1003, 75, 9, 0, 334); /* rows of 75: element copies in embedding_i32 */
+    test_embedding_vocab_part(d, 151936, 128, 64, 3 * 37984, 151936); /* 16-byte chunks */
 
     test_log_softmax(d, 37, 1000, 0.7f, 3.0f);
     test_log_softmax(d, 9, 1003, 1.0f, 1.0f);
     test_log_softmax(d, 4, 151936, 1.0f, 4.0f);
     test_log_softmax(d, 300, 151936, 1.0f, 4.0f); /* more rows than SMs: blocks walk rows */
+    test_log_softmax_shards(d, 4, 151936, 4, 1.0f, 4.0f); /* Qwen's vocabulary over 4 ranks: 37984 columns */
+    test_log_softmax_shards(d, 33, 151936, 4, 0.7f, 4.0f);
+    test_log_softmax_shards(d, 37, 1003, 3, 0.7f, 3.0f);   /* odd parts: rows not 16-byte aligned */
+    test_log_softmax_shards(d, 9, 75, 2, 1.0f, 1.0f);      /* parts narrower than a block */
+    test_log_softmax_shards(d, 5, 13, 3, 1.0f, 2.0f);      /* parts of 4 and 5: no vector body */
+    test_log_softmax_shards(d, 1, 517, 2, 1.0f, 2.0f);     /* one row: copy_2d's plain copy */
 
     test_adamw(d, (size_t)1003 * 7);
     test_adamw(d, ((size_t)1 << 16) + 3);

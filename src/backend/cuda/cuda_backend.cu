@@ -379,6 +379,21 @@ static void cuda_copy(const Backend *be, void *dst, size_t dst_offset, const voi
                                cudaMemcpyDeviceToDevice, cs->stream));
 }
 
+/* Strides and width in storage elements. One row goes as a plain copy:
+ * cudaMemcpy2D rejects pitches below the width, which a single row may have. */
+template <typename T>
+static void cuda_copy_2d(const Backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, int rows,
+                         int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    size_t width = (size_t)cols * sizeof(T);
+    if (rows == 1)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, cs->stream));
+    else
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * sizeof(T), src, src_stride * sizeof(T), width, (size_t)rows,
+                                     cudaMemcpyDeviceToDevice, cs->stream));
+}
+
 /* All-zero bits are 0.0 in fp32 and bf16. */
 template <typename T> static void cuda_zero(const Backend *be, void *x, size_t n) {
     if (!n) return;
@@ -472,6 +487,9 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->embedding_backward = cuda_embedding_backward<T>;
     b->log_softmax_target = cuda_log_softmax_target<T>;
     b->log_softmax_target_backward = cuda_log_softmax_target_backward<T>;
+    b->logits_shard_stats = cuda_logits_shard_stats<T>;
+    b->log_softmax_shard_backward = cuda_log_softmax_shard_backward<T>;
+    b->copy_2d = cuda_copy_2d<T>;
     b->adamw = cuda_adamw<T>;
     b->sum_squares = cuda_sum_squares;
     b->scale = cuda_scale;
@@ -480,6 +498,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->alloc_i32 = cuda_alloc_i32;
     b->upload_i32 = cuda_upload_i32;
     b->download_i32 = cuda_download_i32;
+    b->vocab_shard_ids_i32 = cuda_vocab_shard_ids_i32;
     b->embedding_i32 = cuda_embedding_i32<T>;
     b->rope_i32 = cuda_rope_i32<T>;
     b->gather_rows_i32 = cuda_gather_rows_i32<T>;

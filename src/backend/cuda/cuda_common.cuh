@@ -360,6 +360,12 @@ template <typename T>
 void cuda_log_softmax_target_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                       const void *dlogprobs, int n, int vocab, float temperature);
 template <typename T>
+void cuda_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n, int vocab,
+                             float temperature);
+template <typename T>
+void cuda_log_softmax_shard_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                     const void *dlogprobs, const void *lse, int n, int vocab, float temperature);
+template <typename T>
 void cuda_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr,
                 float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
                 float bias_correction2);
@@ -370,6 +376,7 @@ void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n);
 void *cuda_alloc_i32(const Backend *be, size_t n);
 void cuda_upload_i32(const Backend *be, void *dst, const int *src, size_t n);
 void cuda_download_i32(const Backend *be, int *dst, const void *src, size_t n);
+void cuda_vocab_shard_ids_i32(const Backend *be, void *out, const void *ids, int n, int lo, int hi);
 template <typename T>
 void cuda_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim);
 template <typename T>

@@ -1,5 +1,6 @@
 /* cuda_ops.cu — every CUDA op that is neither a GEMM nor attention: norms,
- * rope, elementwise, embedding, log-softmax, AdamW and the reductions.
+ * rope, elementwise, embedding, log-softmax (whole rows and a rank's part of
+ * a vocabulary-parallel row), AdamW and the reductions.
  *
  * Contract (backend.h): activations are "=", gradients named "+=" accumulate.
  * Storage T is float or bf16; all arithmetic is fp32, reductions over a row
@@ -563,19 +564,24 @@ template <typename T> void cuda_mul_scalar(const Backend *be, void *out, const v
 
 /* ---------------------------------------------------------------- embedding */
 
+/* A negative id (a token outside this rank's part of the vocabulary) gives a
+ * zero row, so the ranks' rows sum to the whole table's. */
 template <typename T> __global__ void embedding_kernel(T *out, const T *table, const int *ids, int n, int dim) {
     GRID_STRIDE(e, (size_t)n * dim) {
         size_t i = e / dim, j = e % dim;
-        out[e] = table[(size_t)ids[i] * dim + j];
+        int id = ids[i];
+        out[e] = id < 0 ? from_float<T>(0.0f) : table[(size_t)id * dim + j];
     }
 }
 
-/* Repeated ids add through fp32 atomics (order varies run to run). */
+/* Repeated ids add through fp32 atomics (order varies run to run); negative
+ * ids are another rank's rows and are skipped. */
 template <typename T>
 __global__ void embedding_backward_kernel(float *dtable, const T *dout, const int *ids, int n, int dim) {
     GRID_STRIDE(e, (size_t)n * dim) {
         size_t i = e / dim, j = e % dim;
-        atomicAdd(dtable + (size_t)ids[i] * dim + j, to_float(dout[e]));
+        int id = ids[i];
+        if (id >= 0) atomicAdd(dtable + (size_t)id * dim + j, to_float(dout[e]));
     }
 }
 
@@ -825,6 +831,106 @@ void cuda_log_softmax_target_backward(const Backend *be, void *dlogits, const vo
     LAUNCH_CHECK(cs);
 }
 
+/* ---------------------------------------------------------------- vocabulary-parallel log-softmax */
+
+/* logits_shard_stats: the forward kernel's pass and combine over this rank's
+ * columns, written out instead of finished: stats[i] = {M, S, Tz, z[target]}
+ * (backend.h), which the ranks combine. Every row gets stats, a row whose
+ * target is another rank's included. One block per row. */
+template <typename T>
+__global__ void __launch_bounds__(LSM_THREADS)
+    logits_shard_stats_kernel(float *stats, const T *logits, const int *targets, int vocab, float inv_t) {
+    int i = blockIdx.x, tgt = targets[i];
+    const T *row = logits + (size_t)i * vocab;
+    float m, s, t;
+    row_online_stats<T, true>(row, vocab, inv_t, row_head(row, vocab, true), m, s, t);
+    float M;
+    double S, Tz;
+    block_combine(m, s, t, &M, &S, &Tz);
+    if (threadIdx.x == 0) {
+        float *o = stats + (size_t)4 * i;
+        o[0] = M, o[1] = (float)S, o[2] = (float)Tz;
+        o[3] = tgt >= 0 ? to_float(row[tgt]) * inv_t : 0.0f;
+    }
+}
+
+/* log_softmax_shard_backward: the backward kernel's gradient pass with the
+ * whole row's lse given, so no statistics pass and no re-read to keep in L2:
+ * one block per row, front to back. The onehot term only where the target is
+ * in this part (tgt < 0 never matches an index). In place is safe: each thread
+ * rewrites only what it reads. vec: dlogits and logits share 16-byte alignment. */
+template <typename T>
+__global__ void __launch_bounds__(LSM_THREADS)
+    log_softmax_shard_backward_kernel(T *dlogits, const T *logits, const int *targets, const float *dlogprobs,
+                                      const float *lse, int vocab, float inv_t, int vec) {
+    const int i = blockIdx.x, bs = blockDim.x, tgt = targets[i];
+    T *drow = dlogits + (size_t)i * vocab;
+    const T *row = logits + (size_t)i * vocab;
+    int head = row_head(row, vocab, vec != 0);
+    int nvec = (vocab - head) / VEC, tail0 = head + nvec * VEC;
+    float g = dlogprobs[i] * inv_t, lse_f = lse[i];
+    for (int v = threadIdx.x; v < head; v += bs)
+        drow[v] = from_float<T>(lsm_grad(to_float(row[v]) * inv_t, lse_f, g, v == tgt));
+    const T *body = row + head;
+    T *dbody = drow + head;
+    int tq = tgt - head; /* target's index in the body */
+    int q = threadIdx.x;
+    for (; q + (LSM_UNROLL - 1) * bs < nvec; q += LSM_UNROLL * bs) {
+        V8<T> a[LSM_UNROLL];
+#pragma unroll
+        for (int k = 0; k < LSM_UNROLL; k++) a[k].load(body + (size_t)(q + k * bs) * VEC);
+#pragma unroll
+        for (int k = 0; k < LSM_UNROLL; k++) {
+            float z[VEC];
+            a[k].get(z);
+            int base = (q + k * bs) * VEC;
+#pragma unroll
+            for (int j = 0; j < VEC; j++) z[j] = lsm_grad(z[j] * inv_t, lse_f, g, base + j == tq);
+            a[k].set(z);
+            a[k].store(dbody + (size_t)base);
+        }
+    }
+    for (; q < nvec; q += bs) {
+        V8<T> a;
+        a.load(body + (size_t)q * VEC);
+        float z[VEC];
+        a.get(z);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) z[j] = lsm_grad(z[j] * inv_t, lse_f, g, q * VEC + j == tq);
+        a.set(z);
+        a.store(dbody + (size_t)q * VEC);
+    }
+    for (int v = tail0 + threadIdx.x; v < vocab; v += bs)
+        drow[v] = from_float<T>(lsm_grad(to_float(row[v]) * inv_t, lse_f, g, v == tgt));
+}
+
+template <typename T>
+void cuda_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n, int vocab,
+                             float temperature) {
+    if (n <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    logits_shard_stats_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>((float *)stats, (const T *)logits, d, vocab,
+                                                                       inv_t);
+    LAUNCH_CHECK(cs);
+}
+
+template <typename T>
+void cuda_log_softmax_shard_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                     const void *dlogprobs, const void *lse, int n, int vocab, float temperature) {
+    if (n <= 0 || vocab <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    int vec = (((uintptr_t)dlogits - (uintptr_t)logits) & 15u) == 0;
+    log_softmax_shard_backward_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>(
+        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, (const float *)lse, vocab, inv_t, vec);
+    LAUNCH_CHECK(cs);
+}
+
 /* ---------------------------------------------------------------- optimizer */
 
 /* The CPU's adamw line by line, with explicitly rounded fp32 operations (no
@@ -1070,6 +1176,9 @@ void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n) {
                                              float);                                                               \
     template void cuda_log_softmax_target_backward<T>(const Backend *, void *, const void *, const int *,          \
                                                       const void *, int, int, float);                              \
+    template void cuda_logits_shard_stats<T>(const Backend *, void *, const void *, const int *, int, int, float);  \
+    template void cuda_log_softmax_shard_backward<T>(const Backend *, void *, const void *, const int *,           \
+                                                     const void *, const void *, int, int, float);                 \
     template void cuda_adamw<T>(const Backend *, void *, void *, const void *, void *, void *, size_t, float, float, \
                                 float, float, float, float, float);
 INSTANTIATE(float)

@@ -1,6 +1,7 @@
 /* cuda_paged.cu — the generation engine's [i32] buffers and its paged KV cache
  * ops (backend.h, "generation engine"): alloc/upload/download_i32,
- * embedding_i32, rope_i32, gather_rows_i32, paged_kv_store, paged_attention.
+ * embedding_i32, vocab_shard_ids_i32, rope_i32, gather_rows_i32,
+ * paged_kv_store, paged_attention.
  *
  * Every index (ids, positions, rows, slots, block tables) is read on the device
  * from [i32] buffers, and every launch configuration depends on host arguments
@@ -21,6 +22,7 @@
  * key/value heads, G = H/KVH query heads per KV head, Dh head dim. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -100,23 +102,38 @@ void cuda_download_i32(const Backend *be, int *dst, const void *src, size_t n) {
 
 /* Gather: dst row i = src row index[i]. Scatter: dst row index[i] = src row i
  * (and dst2/src2 likewise when given: K and V in one launch). Rows whose index
- * is negative (padding) are skipped. C is a 16-byte chunk when rows and
- * pointers allow it, else T; one thread per C, grid-stride. */
-template <typename C, bool SCATTER>
+ * is negative are skipped (padding; a negative slot), or, with ZERO_NEGATIVE
+ * (embedding_i32: another rank's token), gathered as zeros; the flag is a
+ * template argument so the KV store's path is unchanged. C is a 16-byte chunk
+ * when rows and pointers allow it, else T; one thread per C, grid-stride. */
+template <typename C> __device__ __forceinline__ C zero_bits() { /* 0.0 in fp32 and bf16 */
+    C z;
+    memset(&z, 0, sizeof z);
+    return z;
+}
+
+template <typename C, bool SCATTER, bool ZERO_NEGATIVE>
 __global__ void copy_rows_kernel(C *dst, const C *src, C *dst2, const C *src2, const int *index, int n,
                                  int row_elems) {
+    static_assert(!(SCATTER && ZERO_NEGATIVE), "zero rows only when gathering");
     size_t total = (size_t)n * row_elems;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         size_t i = e / row_elems, c = e % row_elems;
         int r = index[i];
-        if (r < 0) continue;
+        if (r < 0) {
+            if (ZERO_NEGATIVE) {
+                dst[e] = zero_bits<C>();
+                if (dst2) dst2[e] = zero_bits<C>();
+            }
+            continue;
+        }
         size_t from = SCATTER ? e : (size_t)r * row_elems + c, to = SCATTER ? (size_t)r * row_elems + c : e;
         dst[to] = src[from];
         if (dst2) dst2[to] = src2[from];
     }
 }
 
-template <typename T, bool SCATTER>
+template <typename T, bool SCATTER, bool ZERO_NEGATIVE = false>
 static void copy_rows(const Backend *be, void *dst, const void *src, void *dst2, const void *src2, const void *index,
                       int n, int dim) {
     if (n <= 0 || dim <= 0) return;
@@ -126,10 +143,11 @@ static void copy_rows(const Backend *be, void *dst, const void *src, void *dst2,
     const int *idx = (const int *)index;
     if (chunks) {
         int row_chunks = (int)((size_t)dim * sizeof(T) / 16);
-        copy_rows_kernel<uint4, SCATTER><<<cuda_blocks_for((size_t)n * row_chunks), CUDA_THREADS, 0, cs->stream>>>(
-            (uint4 *)dst, (const uint4 *)src, (uint4 *)dst2, (const uint4 *)src2, idx, n, row_chunks);
+        copy_rows_kernel<uint4, SCATTER, ZERO_NEGATIVE>
+            <<<cuda_blocks_for((size_t)n * row_chunks), CUDA_THREADS, 0, cs->stream>>>(
+                (uint4 *)dst, (const uint4 *)src, (uint4 *)dst2, (const uint4 *)src2, idx, n, row_chunks);
     } else {
-        copy_rows_kernel<T, SCATTER><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
+        copy_rows_kernel<T, SCATTER, ZERO_NEGATIVE><<<cuda_blocks_for((size_t)n * dim), CUDA_THREADS, 0, cs->stream>>>(
             (T *)dst, (const T *)src, (T *)dst2, (const T *)src2, idx, n, dim);
     }
     LAUNCH_CHECK(cs);
@@ -137,7 +155,7 @@ static void copy_rows(const Backend *be, void *dst, const void *src, void *dst2,
 
 template <typename T>
 void cuda_embedding_i32(const Backend *be, void *out, const void *table, const void *ids, int n, int dim) {
-    copy_rows<T, false>(be, out, table, NULL, NULL, ids, n, dim);
+    copy_rows<T, false, true>(be, out, table, NULL, NULL, ids, n, dim);
 }
 
 template <typename T>
@@ -149,6 +167,23 @@ template <typename T>
 void cuda_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const void *k, const void *v,
                          const void *slot_mapping, int n, int kv_dim) {
     copy_rows<T, true>(be, k_pool, k, v_pool, v, slot_mapping, n, kv_dim);
+}
+
+/* out[i] = ids[i] - lo inside [lo, hi), else -1 (backend.h vocab_shard_ids_i32);
+ * out may be ids. The grid depends on n only: capturable in a decode graph. */
+__global__ void vocab_shard_ids_kernel(int *out, const int *ids, int n, int lo, int hi) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int id = ids[i];
+        out[i] = id >= lo && id < hi ? id - lo : -1;
+    }
+}
+
+void cuda_vocab_shard_ids_i32(const Backend *be, void *out, const void *ids, int n, int lo, int hi) {
+    if (n <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    vocab_shard_ids_kernel<<<cuda_blocks_for((size_t)n), CUDA_THREADS, 0, cs->stream>>>((int *)out,
+                                                                                         (const int *)ids, n, lo, hi);
+    LAUNCH_CHECK(cs);
 }
 
 /* ---------------------------------------------------------------- rope */

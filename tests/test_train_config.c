@@ -73,6 +73,8 @@ static const IntRange INT_KEYS[] = {
     {"ddp_bucket_cap_mb", 1, 65536, false},
     {"zero_stage", 0, 3, false},
     {"nproc_per_node", 0, 1024, false},
+    {"tensor_parallel_size", 1, 1024, false},
+    {"vllm_tensor_parallel_size", 1, 1024, false},
     {"lora_r", 1, 4096, false},
     {"seed", 0, INT64_MAX, false},
 };
@@ -612,7 +614,8 @@ static void test_demo_loads(void) {
 
     /* its JSON dump loads back as JSON to the same settings */
     json_t *dump = train_config_to_json(&c);
-    json_object_del(dump, "vllm_gpu_memory_utilization"); /* the alias, dumped beside its key */
+    json_object_del(dump, "vllm_gpu_memory_utilization"); /* the aliases, dumped beside their keys */
+    json_object_del(dump, "vllm_tensor_parallel_size");
     char *text = json_dumps(dump, 0);
     TrainConfig d;
     train_config_defaults(&d);
@@ -620,6 +623,7 @@ static void test_demo_loads(void) {
     CHECK(rc == 0, "dump reload: %s", err);
     json_t *again = train_config_to_json(&d);
     json_object_del(again, "vllm_gpu_memory_utilization");
+    json_object_del(again, "vllm_tensor_parallel_size");
     CHECK(json_equal(dump, again), "the dump does not round-trip");
     json_decref(again);
     json_decref(dump);
@@ -832,13 +836,14 @@ static void test_trl_messages(void) {
     expect_trl_refusal("report_to: [wandb, tensorboard]\n", "report_to: [\"wandb\",\"tensorboard\"] is not supported",
                        "wandb, mlflow");
     expect_trl_refusal("report_to: all\n", "report_to: all is not supported", NULL);
-    expect_trl_refusal("vllm_tensor_parallel_size: 2\n", "(colt accepts 1)", "tensor parallelism is not supported yet");
-    expect_trl_refusal("tensor_parallel_size: 4\n", "tensor_parallel_size: 4", "tensor parallelism is not supported yet");
     expect_trl_refusal("torch_dtype: float16\n", "torch_dtype: float16 is a known", "use bf16");
     expect_trl_refusal("optim: adafactor\n", "optim: adafactor is a known", "AdamW");
     expect_trl_refusal("load_in_4bit: true\n", "load_in_4bit: true is a known", "quantized");
     expect_trl_refusal("model: a\nmodel_name_or_path: b\n", "model and model_name_or_path name the same setting", NULL);
-    CHECK(load_yaml(&c, "vllm_tensor_parallel_size: 1\ntensor_parallel_size: 1\n", err) == 0, "tp 1: %s", err);
+    CHECK(load_yaml(&c, "vllm_tensor_parallel_size: 2\n", err) == 0 && c.tensor_parallel_size == 2,
+          "TRL's vllm_tensor_parallel_size sets tensor_parallel_size: %s", err);
+    train_config_free(&c);
+    CHECK(load_yaml(&c, "tensor_parallel_size: 0\n", err) != 0, "tensor_parallel_size 0 accepted");
     train_config_free(&c);
 
     /* aliases and precision names */
@@ -958,9 +963,9 @@ static void test_trl_colocate_config(void) {
     CHECK(strcmp(c.loss_type, "dr_grpo") == 0 && strcmp(c.lr_scheduler_type, "cosine") == 0 &&
               strcmp(c.vllm_mode, "colocate") == 0 && c.use_vllm && c.gradient_checkpointing,
           "strings and flags");
-    const char *noticed[] = {"use_vllm",    "vllm_mode",   "vllm_tensor_parallel_size", "bf16",
-                             "push_to_hub", "torch_dtype", "remove_unused_columns",     "overwrite_output_dir",
-                             "dataloader_num_workers"};
+    const char *noticed[] = {"use_vllm",    "vllm_mode",             "bf16",
+                             "push_to_hub", "torch_dtype",           "remove_unused_columns",
+                             "overwrite_output_dir", "dataloader_num_workers"};
     size_t n_noticed = sizeof noticed / sizeof noticed[0];
     for (size_t i = 0; i < n_noticed; i++)
         CHECK(strstr(notice_of(&c, noticed[i]), "colocate.yaml: ") == notice_of(&c, noticed[i]),

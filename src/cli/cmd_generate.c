@@ -280,6 +280,11 @@ int cmd_generate(int argc, char **argv) {
         if (world) comm_abort(world, err);
         return 1;
     }
+    char how[128];
+    if (world && tp_group_use_nccl(&group, &env, world, be, COMM_DEFAULT_TIMEOUT_S, how, sizeof how, err) != 0) {
+        cli_fail("generate", err);
+        comm_abort(world, err);
+    }
     group.be = be;
     TensorParallel hooks = tp_group_hooks(&group);
     Model *m = NULL;

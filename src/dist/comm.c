@@ -45,6 +45,7 @@ size_t comm_dtype_size(CommDtype dtype) {
     case COMM_FLOAT64: return 8;
     case COMM_INT64: return 8;
     case COMM_BYTE: return 1;
+    case COMM_BFLOAT16: return 2;
     }
     return 0;
 }
@@ -55,6 +56,7 @@ static const char *dtype_plural(CommDtype dtype) {
     case COMM_FLOAT64: return "doubles";
     case COMM_INT64: return "int64s";
     case COMM_BYTE: return "bytes";
+    case COMM_BFLOAT16: return "bfloat16s";
     }
     return "elements";
 }
@@ -244,8 +246,10 @@ int comm_open(Comm **out, const LaunchEnv *env, const CommOptions *opt, char *er
 
 static int check_op(Comm *c, const char *op, bool sums, CommDtype dtype, size_t count, const void *a, const void *b, char *err) {
     if (c->broken) return comm_fail(c, err, "%s on a communicator that failed earlier: call comm_abort after an error", op);
-    if ((unsigned)dtype > COMM_BYTE) return comm_fail(c, err, "%s: unknown element type %d", op, (int)dtype);
+    if ((unsigned)dtype > COMM_BFLOAT16) return comm_fail(c, err, "%s: unknown element type %d", op, (int)dtype);
     if (sums && dtype == COMM_BYTE) return comm_fail(c, err, "%s sums numbers: bytes cannot be summed", op);
+    if (sums && dtype == COMM_BFLOAT16 && c->kind != COMM_NCCL && c->kind != COMM_SELF)
+        return comm_fail(c, err, "%s of bfloat16s: only the nccl communicator sums them", op);
     if (count && (!a || !b)) return comm_fail(c, err, "%s of %zu elements with a NULL buffer", op, count);
     if (count > SIZE_MAX / 8 / (size_t)c->world_size) return comm_fail(c, err, "%s of %zu elements is too large", op, count);
     return COLT_OK;

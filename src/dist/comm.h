@@ -34,9 +34,10 @@
 
 typedef enum { COMM_AUTO, COMM_SELF, COMM_MPI, COMM_NCCL, COMM_GLOO } CommKind;
 
-/* Element types. Sums take FLOAT32 / FLOAT64 / INT64; gathers and broadcasts
- * any (BYTE for raw bytes). */
-typedef enum { COMM_FLOAT32, COMM_FLOAT64, COMM_INT64, COMM_BYTE } CommDtype;
+/* Element types. Sums take FLOAT32 / FLOAT64 / INT64, and BFLOAT16 on nccl
+ * (tensor parallelism's activations); gathers and broadcasts any (BYTE for
+ * raw bytes). */
+typedef enum { COMM_FLOAT32, COMM_FLOAT64, COMM_INT64, COMM_BYTE, COMM_BFLOAT16 } CommDtype;
 
 typedef struct CommOptions {
     CommKind kind;    /* COMM_AUTO: see comm_choose_kind */

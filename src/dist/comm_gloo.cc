@@ -110,7 +110,8 @@ void all_reduce_in_place(Comm* c, void* data, size_t count, CommDtype dtype) {
     case COMM_FLOAT32: sum_into<float>(o, data, count); break;
     case COMM_FLOAT64: sum_into<double>(o, data, count); break;
     case COMM_INT64: sum_into<int64_t>(o, data, count); break;
-    case COMM_BYTE: throw std::logic_error("bytes cannot be summed");
+    case COMM_BYTE:
+    case COMM_BFLOAT16: throw std::logic_error("these elements cannot be summed here");
   }
   o.setTag(impl_of(c)->tag++);
   o.setTimeout(timeout_of(c));

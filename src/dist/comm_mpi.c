@@ -37,6 +37,7 @@ static MPI_Datatype mpi_type(CommDtype dtype) {
     case COMM_FLOAT64: return MPI_DOUBLE;
     case COMM_INT64: return MPI_INT64_T;
     case COMM_BYTE: return MPI_BYTE;
+    case COMM_BFLOAT16: return MPI_UINT16_T; /* moved, never summed (comm.c checks) */
     }
     return MPI_BYTE;
 }

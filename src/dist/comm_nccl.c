@@ -31,6 +31,7 @@ static ncclDataType_t nccl_type(CommDtype dtype) {
     case COMM_FLOAT64: return ncclFloat64;
     case COMM_INT64: return ncclInt64;
     case COMM_BYTE: return ncclUint8;
+    case COMM_BFLOAT16: return ncclBfloat16;
     }
     return ncclUint8;
 }

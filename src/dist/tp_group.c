@@ -2,9 +2,12 @@
  * over the host (tp_group.h). */
 #include "dist/tp_group.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 
 int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err) {
@@ -60,12 +63,59 @@ static int host_all_gather(void *ctx, void *out, const void *in, size_t n, bool 
     return COLT_OK;
 }
 
+/* NCCL: in place on the device, ordered on the compute stream with the ops. */
+static CommDtype elements(const TpGroup *g, bool f32) {
+    return f32 || g->be->storage == DTYPE_F32 ? COMM_FLOAT32 : COMM_BFLOAT16;
+}
+
+static int nccl_all_reduce(void *ctx, void *x, size_t n, bool f32, char *err) {
+    TpGroup *g = ctx;
+    return comm_all_reduce(g->nccl, x, n, elements(g, f32), backend_cuda_compute_stream(g->be), err);
+}
+
+static int nccl_all_gather(void *ctx, void *out, const void *in, size_t n, bool f32, char *err) {
+    TpGroup *g = ctx;
+    return comm_all_gather(g->nccl, out, in, n, elements(g, f32), backend_cuda_compute_stream(g->be), err);
+}
+
+int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backend *be, double timeout_s, char *how,
+                      size_t how_size, char *err) {
+    g->be = be;
+    snprintf(how, how_size, "through the host");
+    bool gpu = strncmp(be->name, "cuda", 4) == 0;
+    if (g->tp_size <= 1 || g->dp_size > 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
+    /* NCCL refuses two ranks on one GPU: the host path stays for those. */
+    typedef struct {
+        char host[64], bus[32];
+    } Card;
+    Card mine, *all = xcalloc((size_t)g->tp_size, sizeof(Card));
+    memset(&mine, 0, sizeof mine);
+    gethostname(mine.host, sizeof mine.host - 1);
+    backend_cuda_pci_bus_id(be, mine.bus, sizeof mine.bus);
+    int rc = comm_all_gather(g->tp, all, &mine, sizeof mine, COMM_BYTE, NULL, err);
+    bool shared = false;
+    for (int a = 0; rc == 0 && a < g->tp_size; a++)
+        for (int b = a + 1; b < g->tp_size; b++)
+            shared |= !strcmp(all[a].host, all[b].host) && !strcmp(all[a].bus, all[b].bus);
+    free(all);
+    if (rc != 0 || shared) return rc;
+    CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = be->device, .timeout_s = timeout_s,
+                      .store = comm_store(world)};
+    if (comm_open(&g->nccl, env, &co, err) != 0) return COLT_ERR;
+    snprintf(how, how_size, "over NCCL, bf16 sums on the compute stream");
+    return COLT_OK;
+}
+
 TensorParallel tp_group_hooks(TpGroup *g) {
+    if (g->nccl)
+        return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = nccl_all_reduce,
+                                .all_gather = nccl_all_gather, .graph_safe = true, .ctx = g};
     return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = host_all_reduce,
                             .all_gather = host_all_gather, .graph_safe = false, .ctx = g};
 }
 
 void tp_group_close(TpGroup *g) {
+    if (g->nccl) comm_close(g->nccl);
     if (g->tp && g->owns_tp) comm_close(g->tp);
     if (g->dp) comm_close(g->dp);
     free(g->host);

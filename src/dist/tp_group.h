@@ -4,10 +4,12 @@
  * data-parallel one ([0,2,4,6] [1,3,5,7]), as vLLM and Megatron lay them out;
  * and the model's collectives (model.h TensorParallel) over the group.
  *
- * The collectives here go through the host: each downloads the buffer, runs
- * the fp32 collective on the group's communicator and uploads the result —
- * what CPU ranks need (MPI) and what GPU ranks sharing one GPU get (NCCL
- * refuses two ranks on one device). They are not graph-safe. */
+ * The collectives go over NCCL on the backend's compute stream when the
+ * group's ranks are on distinct GPUs (tp_group_use_nccl; bf16 sums like
+ * Megatron's; graph-safe), else through the host: each downloads the buffer,
+ * runs the fp32 collective on the group's communicator and uploads the result
+ * — what CPU ranks need (MPI) and what GPU ranks sharing one GPU get (NCCL
+ * refuses two ranks on one device); those are not graph-safe. */
 #ifndef COLT_DIST_TP_GROUP_H
 #define COLT_DIST_TP_GROUP_H
 
@@ -24,6 +26,7 @@ typedef struct TpGroup {
     Comm *dp;             /* the data-parallel group (NULL when dp_size is 1, or when tp_size is 1:
                            * then it is the world itself) */
     const Backend *be;
+    Comm *nccl;           /* the group over NCCL (tp_group_use_nccl), or NULL: through the host */
     float *host;          /* staging for the collectives, grown on demand */
     size_t host_n;
 } TpGroup;
@@ -32,6 +35,12 @@ typedef struct TpGroup {
  * consecutive ranks; an error when tp_size does not divide the world size.
  * world must outlive g. */
 int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err);
+/* After the backend opened (collective): the group's collectives over NCCL
+ * when be is a CUDA instance and every rank of the group has a GPU of its own
+ * and the group is the whole launch (groups split from a larger one stay on
+ * the host path for now); else nothing changes. how: a few words for the log. */
+int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backend *be, double timeout_s, char *how,
+                      size_t how_size, char *err);
 /* The model's hooks over g (which must outlive the model). */
 TensorParallel tp_group_hooks(TpGroup *g);
 void tp_group_close(TpGroup *g);

@@ -210,8 +210,9 @@ static void model_alloc_weights(Model *m) {
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
 }
 
-Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraConfig *lora) {
-    Model *m = model_alloc(cfg, be);
+Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraConfig *lora, int tp_size) {
+    TensorParallel tp = {.rank = 0, .size = tp_size}; /* a layout only: no collective ever runs on a shell */
+    Model *m = model_alloc_tp(cfg, be, tp_size > 1 ? &tp : NULL);
     if (lora) lora_plan(m, lora);
     return m;
 }

@@ -150,7 +150,8 @@ size_t model_weight_bytes(const Model *m);       /* device bytes of the weights 
  * loaded model on a backend of be's storage and logits_chunk_rows (be needs
  * nothing else). Nothing may run on it; model_free frees it. */
 struct LoraConfig;
-Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora);
+/* tp_size > 1: the layout of one rank's part under tensor parallelism. */
+Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora, int tp_size);
 /* transformers' Trainer exempts these from weight decay (biases, norms). */
 bool model_param_no_weight_decay(const char *name);
 

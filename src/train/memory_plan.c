@@ -22,7 +22,7 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     memset(p, 0, sizeof *p);
     Backend plan_be = {.name = in->gpu ? "cuda" : "cpu", .storage = in->storage,
                        .logits_chunk_rows = in->logits_chunk_rows};
-    Model *m = model_plan_shell(&in->model, &plan_be, in->lora);
+    Model *m = model_plan_shell(&in->model, &plan_be, in->lora, in->tensor_parallel_size);
     p->weights = model_weight_bytes(m);
     p->adapters = model_lora_bytes(m);
     size_t trainable = 0;

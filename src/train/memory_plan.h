@@ -26,7 +26,8 @@ typedef struct MemoryPlanInput {
     int logits_chunk_rows;  /* the backend's */
     bool gpu;               /* a CUDA device: its context and the backend's scratch count */
     size_t backend_scratch; /* the backend's own scratch when known (an open backend), else 0: estimated */
-    int world_size, zero_stage;
+    int world_size, zero_stage; /* world_size: data-parallel ranks (models side by side) */
+    int tensor_parallel_size;   /* ranks each model is cut across (0 or 1: whole) */
     bool offload;
     const LoraConfig *lora;  /* use_peft, or NULL */
     bool reference_model;    /* beta > 0 without LoRA: a second copy of the weights */

@@ -1223,7 +1223,6 @@ static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
 /* The model's tensor-parallel collectives, or NULL for whole models. */
 static const TensorParallel *tp_hooks(Trainer *t) {
     if (t->tp.tp_size <= 1) return NULL;
-    t->tp.be = t->be;
     t->tp_hooks = tp_group_hooks(&t->tp);
     return &t->tp_hooks;
 }
@@ -1326,6 +1325,7 @@ void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelCo
     in->storage = be ? be->storage : in->gpu ? DTYPE_BF16 : DTYPE_F32;
     in->logits_chunk_rows = be ? be->logits_chunk_rows : in->gpu ? 1024 : 64; /* without one: the cuda / cpu tables' */
     in->world_size = world_size;
+    in->tensor_parallel_size = c->tensor_parallel_size;
     in->zero_stage = c->zero_stage;
     in->offload = strcmp(c->offload_optimizer, "cpu") == 0;
     char err[ERR_LEN];
@@ -1458,6 +1458,12 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     if (choose_device(c, env, &device, err) != 0) return COLT_ERR;
     t->be = backend_open(c->device, device, err);
     if (!t->be) return COLT_ERR;
+    if (t->tp.tp_size > 1) {
+        char how[128];
+        if (tp_group_use_nccl(&t->tp, env, t->dist.all, t->be, c->ddp_timeout, how, sizeof how, err) != 0)
+            return COLT_ERR;
+        log_info0("tensor parallel collectives: %s", how);
+    }
     t->last_saved_step = -1;
     if (t->writer) {
         if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
@@ -1814,7 +1820,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             /* Save what the last completed step left (the model and optimizer have
              * not changed since), so no work is lost, then stop with the error. */
             char save_err[ERR_LEN];
-            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.tp.tp_size == 1 && t.global_step > t.last_saved_step &&
+            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.tp.tp_size <= 1 && t.global_step > t.last_saved_step &&
                 t.global_step > 0 && save_checkpoint(&t, step_start_state, save_err) != 0)
                 log_error("could not save a checkpoint after the error: %s", save_err);
             break;

@@ -191,8 +191,28 @@ static void check_broadcast(Comm *c) {
     }
 }
 
+/* comm_split into the even and odd ranks (keys reversed, so group ranks run
+ * backwards): each group's size and ranks, and a sum that stays in it. */
+static void check_split(Comm *c) {
+    char err[ERR_LEN] = "";
+    int rank = comm_rank(c), world = comm_world_size(c), color = rank % 2;
+    Comm *g = NULL;
+    CHECK(comm_split(c, color, -rank, &g, err) == COLT_OK, "split: %s", err);
+    if (!g) return;
+    int size = (world - color + 1) / 2, want_rank = size - 1 - rank / 2;
+    CHECK(comm_world_size(g) == size && comm_rank(g) == want_rank, "split: rank %d of %d, want %d of %d", comm_rank(g),
+          comm_world_size(g), want_rank, size);
+    double v = rank, want = 0;
+    for (int r = color; r < world; r += 2) want += r;
+    CHECK(comm_all_reduce(g, &v, 1, COMM_FLOAT64, NULL, err) == COLT_OK && v == want,
+          "all_reduce in the group of color %d: %g, want %g (%s)", color, v, want, err);
+    comm_close(g);
+    CHECK(comm_split(c, -1, 0, &g, err) == COLT_ERR && strstr(err, "colors are >= 0"), "negative color: %s", err);
+}
+
 static void check_all_ops(Comm *c) {
     char err[ERR_LEN] = "";
+    check_split(c);
     static const size_t sizes[] = {1, 7, 1000, 1u << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) check_all_reduce(c, sizes[i]);
     check_reduce(c, 1);

@@ -433,7 +433,8 @@ static double metrics_diff(const char *a, const char *b, char *worst, size_t wor
 }
 
 /* GRPO on the demo (stories260K), 3 steps: TP 2 and TP 4 against one process,
- * TP 2 x DP 2 against DP 2 (weights within fp32 rounding of the parts' sums;
+ * TP 2 x DP 2 against DP 2, under mpirun and (where Gloo is built) under colt's
+ * own launcher (weights within fp32 rounding of the parts' sums;
  * metrics within 2e-3 relative: the engine's log-probs now differ from the
  * trainer's by ~5e-7, which sampling_logp_difference reports), a TP 2 run
  * resumed from its checkpoint-2 equal to the straight run bit for bit, and the
@@ -451,8 +452,11 @@ static void check_train_cli(void) {
                 {2, "--tensor_parallel_size 2", "tp2"},
                 {4, "--tensor_parallel_size 4", "tp4"},
                 {2, "", "dp2"},
-                {4, "--tensor_parallel_size 2", "tp2dp2"}};
-    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+                {4, "--tensor_parallel_size 2", "tp2dp2"},
+                /* colt's own launcher: the ranks talk over Gloo, the groups split from its mesh */
+                {1, "--nproc_per_node 4 --tensor_parallel_size 2", "gloo_tp2dp2"}};
+    size_t n_runs = sizeof runs / sizeof runs[0] - (comm_built(COMM_GLOO) ? 0 : 1);
+    for (size_t r = 0; r < n_runs; r++) {
         char *log = NULL;
         int rc = train_run(runs[r].np, runs[r].extra, runs[r].name, &log);
         CHECK(rc == 0, "colt train %s on %d processes: exit %d: %s", runs[r].extra, runs[r].np, rc, log);
@@ -460,13 +464,14 @@ static void check_train_cli(void) {
     }
     struct {
         const char *a, *b;
-    } pairs[] = {{"tp1", "tp2"}, {"tp1", "tp4"}, {"dp2", "tp2dp2"}};
-    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+    } pairs[] = {{"tp1", "tp2"}, {"tp1", "tp4"}, {"dp2", "tp2dp2"}, {"dp2", "gloo_tp2dp2"}};
+    size_t n_pairs = sizeof pairs / sizeof pairs[0] - (comm_built(COMM_GLOO) ? 0 : 1);
+    for (size_t k = 0; k < n_pairs; k++) {
         char worst[256];
         double w = weights_diff(pairs[k].a, pairs[k].b), m = metrics_diff(pairs[k].a, pairs[k].b, worst, sizeof worst);
         CHECK(w <= 2e-5, "train %s vs %s: final weights differ by %.3g", pairs[k].a, pairs[k].b, w);
         CHECK(m <= 2e-3, "train %s vs %s: metrics differ by %.3g (%s)", pairs[k].a, pairs[k].b, m, worst);
-        printf("colt train %-6s vs %-6s (3 GRPO steps): weights max |diff| %.2g, metrics %.2g relative (%s)\n",
+        printf("colt train %-11s vs %-4s (3 GRPO steps): weights max |diff| %.2g, metrics %.2g relative (%s)\n",
                pairs[k].b, pairs[k].a, w, m, worst);
     }
     /* resume: a copy of tp2 from its checkpoint-2 */

@@ -10,7 +10,9 @@
 #               refuses prints its one-line reason.
 # Prints markdown tables with the card from nvidia-smi. Usage:
 #   bash bench/gpu/bench_tp.sh TOKENIZER_DIR GSM8K_PROMPTS_JSONL [preset]   (preset default qwen2.5-1.5b)
-#   PARTS="gen" or "train" runs one half; N_PROMPTS (32) sets the generation prompts.
+#   PARTS="gen" or "train" runs one half; N_PROMPTS (32) sets the generation prompts; GEN_TPS ("1 2") the
+#   generation's tensor_parallel_sizes; TRAIN_LAYOUTS ("label:GPUs:tensor_parallel_size:extra args;...") the
+#   GRPO rows, e.g. "TP 2 x DP 2:4:2:;DP 4 zero_stage 2:4:1:--zero_stage 2" on four GPUs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -40,7 +42,7 @@ PY
   echo
   echo "| generation | GPUs | sequences | tokens/s | decode tokens/s | steps | graph steps | s |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-  for tp in 1 2; do
+  for tp in ${GEN_TPS:-1 2}; do
     label="TP $tp"
     [ "$gpus" -lt "$tp" ] && label="$label (shared GPU)"
     if [ "$tp" = 1 ]; then out=$($COLT "${gen[@]}" 2> "$work/gen-$tp.log" | tail -1) || out=""
@@ -59,7 +61,8 @@ if [[ " $parts " == *" train "* ]]; then
   echo
   echo "| GRPO step | GPUs | s/step | generation s | training s | completion tokens/s/GPU | allocated peak GB (KV pool included) |"
   echo "|---|---:|---:|---:|---:|---:|---:|"
-  for layout in "TP 1:1:1:" "TP 2:2:2:" "DP 2:2:1:" "DP 2 zero_stage 2:2:1:--zero_stage 2"; do
+  IFS=';' read -ra layouts <<< "${TRAIN_LAYOUTS:-TP 1:1:1:;TP 2:2:2:;DP 2:2:1:;DP 2 zero_stage 2:2:1:--zero_stage 2}"
+  for layout in "${layouts[@]}"; do
     IFS=: read -r label n tp extra <<< "$layout"
     if [ "$gpus" -ge "$n" ]; then devices="[$(seq -s, 0 $((n - 1)))]"; else devices="[$(yes 0 | head -n "$n" | paste -sd,)]"; label="$label (shared GPU)"; fi
     run="$work/train-${label// /}"

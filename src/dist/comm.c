@@ -358,6 +358,7 @@ int comm_split(Comm *c, int color, int key, Comm **out, char *err) {
     child->timeout_s = c->timeout_s;
     child->gpu = c->gpu;
     child->cuda_device = c->cuda_device;
+    child->store = c->store; /* not owned: the parent's rendezvous (a Gloo split connects through it) */
     memcpy(child->host, c->host, sizeof child->host);
     if (after(c, c->ops->split(c, color, key, child, err)) != COLT_OK) {
         free(child);

@@ -78,8 +78,8 @@ int comm_broadcast(Comm *c, void *data, size_t count, CommDtype dtype, int root,
 
 /* A communicator of the ranks that pass the same color, ranked by key (ties
  * by rank): the groups of tensor and data parallelism. Collective over c;
- * same kind, timeout and device as c, closed on its own. Built for self and
- * mpi; nccl and gloo answer with an error (not yet). */
+ * same kind, timeout and device as c, closed on its own (after c's other
+ * users are done with c; c stays open). Built for every backend. */
 int comm_split(Comm *c, int color, int key, Comm **out, char *err);
 
 /* Returns once every rank called it. */

@@ -69,6 +69,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
 struct GlooImpl {
   std::shared_ptr<gloo::rendezvous::Context> context;
+  std::string hostname;  // the interface the mesh listens on (a split's mesh uses it too)
   uint32_t tag = 0;  // a fresh tag per op keeps consecutive ops' messages apart
   std::vector<char> scratch;
 };
@@ -214,11 +215,51 @@ void gloo_close(Comm* c) {
   c->impl = nullptr;
 }
 
+int gloo_split(Comm* c, int color, int key, Comm* child, char* err);
+
 const CommOps GLOO_OPS = {
     gloo_all_reduce, gloo_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast, gloo_barrier,
-    nullptr /* split: not yet */, nullptr, gloo_abort, nullptr,
+    gloo_split, nullptr, gloo_abort, nullptr,
     gloo_close,
 };
+
+/* A mesh of its own for the ranks of one color: each rank's (color, key)
+ * gathered first (bounded), then a new context connected through the store
+ * under keys of the split's number and the color. */
+int gloo_split(Comm* c, int color, int key, Comm* child, char* err) {
+  int64_t mine[2] = {color, key};
+  std::vector<int64_t> all(2 * (size_t)c->world_size);
+  if (gloo_all_gather(c, all.data(), mine, 2, COMM_INT64, nullptr, err) != COLT_OK) return COLT_ERR;
+  int rank = 0, size = 0;
+  for (int r = 0; r < c->world_size; r++) {
+    if (all[2 * r] != color) continue;
+    size++;
+    if (all[2 * r + 1] < key || (all[2 * r + 1] == key && r < c->rank)) rank++;
+  }
+  char counter[64];
+  snprintf(counter, sizeof counter, "gloo/splits/%d", c->rank);
+  int64_t nth = 0;
+  if (store_add(c->store, &nth, counter, 1, err) != COLT_OK) return COLT_ERR;
+  GlooImpl* g = new GlooImpl();
+  g->hostname = impl_of(c)->hostname;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = g->hostname;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    g->context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    g->context->setTimeout(timeout_of(c));
+    StoreAdapter store(c->store, "gloo/split/" + std::to_string(nth) + "/" + std::to_string(color) + "/");
+    g->context->connectFullMesh(store, device);
+  } catch (const std::exception& e) {
+    delete g;
+    return comm_fail(c, err, "connecting Gloo's mesh of a group of %d ranks failed: %s", size, first_line(e.what()).c_str());
+  }
+  child->rank = rank;
+  child->world_size = size;
+  child->impl = g;
+  child->ops = &GLOO_OPS;
+  return COLT_OK;
+}
 
 /* The address of this machine's interface toward host (the route a UDP
  * "connect" picks), so peers on other nodes can reach Gloo's listener. */
@@ -256,6 +297,7 @@ extern "C" int comm_gloo_open(Comm* c, const CommOptions* opt, char* err) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = local_address_toward(master, c->env->master_port);
+    g->hostname = attr.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     g->context = std::make_shared<gloo::rendezvous::Context>(c->rank, c->world_size);
     g->context->setTimeout(timeout_of(c));

@@ -205,6 +205,45 @@ static void nccl_close(Comm *c) {
     free(n);
 }
 
+static const CommOps NCCL_OPS;
+
+/* ncclCommSplit, non-blocking like the parent and its wait bounded the same way. */
+static int nccl_split(Comm *c, int color, int key, Comm *child, char *err) {
+    NcclImpl *n = c->impl, *s = xcalloc(1, sizeof *s);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommSplit(n->comm, color, key, &s->comm, &config);
+    char what[96];
+    snprintf(what, sizeof what, "NCCL's split of %d ranks into groups", c->world_size);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        free(s);
+        return comm_fail(c, err, "%s failed: %s", what, ncclGetErrorString(r));
+    }
+    /* Non-blocking: the parent carries the split's progress; the new handle exists once it is done. */
+    double deadline = comm_now() + c->timeout_s;
+    if (nccl_poll(c, n, NULL, what, deadline, err) != COLT_OK) {
+        free(s);
+        return COLT_ERR;
+    }
+    cudaError_t e = cudaSuccess;
+    if (!s->comm) {
+        free(s);
+        return comm_fail(c, err, "%s gave no communicator", what);
+    }
+    if (nccl_poll(c, s, NULL, what, deadline, err) != COLT_OK ||
+        (e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming)) != cudaSuccess) {
+        if (e != cudaSuccess) comm_fail(c, err, "cudaEventCreate failed: %s", cudaGetErrorString(e));
+        nccl_abort_comm(s);
+        free(s);
+        return COLT_ERR;
+    }
+    ncclCommUserRank(s->comm, &child->rank);
+    ncclCommCount(s->comm, &child->world_size);
+    child->impl = s;
+    child->ops = &NCCL_OPS;
+    return COLT_OK;
+}
+
 static const CommOps NCCL_OPS = {
     .all_reduce = nccl_all_reduce,
     .reduce = nccl_reduce,
@@ -212,6 +251,7 @@ static const CommOps NCCL_OPS = {
     .all_gather = nccl_all_gather,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
+    .split = nccl_split,
     .wait = nccl_wait,
     .abort = nccl_abort,
     .cancel = nccl_cancel,

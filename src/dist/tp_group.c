@@ -83,25 +83,33 @@ int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backe
     g->be = be;
     snprintf(how, how_size, "through the host");
     bool gpu = strncmp(be->name, "cuda", 4) == 0;
-    if (g->tp_size <= 1 || g->dp_size > 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
+    if (g->tp_size <= 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
     /* NCCL refuses two ranks on one GPU: the host path stays for those. */
     typedef struct {
         char host[64], bus[32];
     } Card;
-    Card mine, *all = xcalloc((size_t)g->tp_size, sizeof(Card));
+    int world_size = comm_world_size(world);
+    Card mine, *all = xcalloc((size_t)world_size, sizeof(Card));
     memset(&mine, 0, sizeof mine);
     gethostname(mine.host, sizeof mine.host - 1);
     backend_cuda_pci_bus_id(be, mine.bus, sizeof mine.bus);
-    int rc = comm_all_gather(g->tp, all, &mine, sizeof mine, COMM_BYTE, NULL, err);
+    int rc = comm_all_gather(world, all, &mine, sizeof mine, COMM_BYTE, NULL, err);
     bool shared = false;
-    for (int a = 0; rc == 0 && a < g->tp_size; a++)
-        for (int b = a + 1; b < g->tp_size; b++)
+    for (int a = 0; rc == 0 && a < world_size; a++)
+        for (int b = a + 1; b < world_size; b++)
             shared |= !strcmp(all[a].host, all[b].host) && !strcmp(all[a].bus, all[b].bus);
     free(all);
     if (rc != 0 || shared) return rc;
     CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = be->device, .timeout_s = timeout_s,
                       .store = comm_store(world)};
-    if (comm_open(&g->nccl, env, &co, err) != 0) return COLT_ERR;
+    Comm *launch = NULL;
+    if (comm_open(&launch, env, &co, err) != 0) return COLT_ERR;
+    if (g->dp_size == 1) {
+        g->nccl = launch;
+    } else {
+        g->nccl_world = launch;
+        if (comm_split(launch, g->dp_rank, g->tp_rank, &g->nccl, err) != 0) return COLT_ERR;
+    }
     snprintf(how, how_size, "over NCCL, bf16 sums on the compute stream");
     return COLT_OK;
 }
@@ -116,6 +124,7 @@ TensorParallel tp_group_hooks(TpGroup *g) {
 
 void tp_group_close(TpGroup *g) {
     if (g->nccl) comm_close(g->nccl);
+    if (g->nccl_world) comm_close(g->nccl_world);
     if (g->tp && g->owns_tp) comm_close(g->tp);
     if (g->dp) comm_close(g->dp);
     free(g->host);

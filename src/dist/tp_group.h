@@ -27,6 +27,7 @@ typedef struct TpGroup {
                            * then it is the world itself) */
     const Backend *be;
     Comm *nccl;           /* the group over NCCL (tp_group_use_nccl), or NULL: through the host */
+    Comm *nccl_world;     /* the launch over NCCL, split into nccl (several groups), or NULL */
     float *host;          /* staging for the collectives, grown on demand */
     size_t host_n;
 } TpGroup;
@@ -35,10 +36,10 @@ typedef struct TpGroup {
  * consecutive ranks; an error when tp_size does not divide the world size.
  * world must outlive g. */
 int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err);
-/* After the backend opened (collective): the group's collectives over NCCL
- * when be is a CUDA instance and every rank of the group has a GPU of its own
- * and the group is the whole launch (groups split from a larger one stay on
- * the host path for now); else nothing changes. how: a few words for the log. */
+/* After the backend opened (collective over world): the group's collectives
+ * over NCCL when be is a CUDA instance and every rank of the launch has a GPU
+ * of its own (an NCCL communicator over the launch, split into the groups
+ * when there are several); else nothing changes. how: a few words for the log. */
 int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backend *be, double timeout_s, char *how,
                       size_t how_size, char *err);
 /* The model's hooks over g (which must outlive the model). */

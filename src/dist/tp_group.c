@@ -114,6 +114,12 @@ int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backe
     return COLT_OK;
 }
 
+int tp_group_data_parallel_nccl(TpGroup *g, Comm **out, char *err) {
+    *out = NULL;
+    if (!g->nccl_world) return COLT_OK;
+    return comm_split(g->nccl_world, g->tp_rank, g->dp_rank, out, err);
+}
+
 TensorParallel tp_group_hooks(TpGroup *g) {
     if (g->nccl)
         return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = nccl_all_reduce,

@@ -42,6 +42,10 @@ int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char 
  * when there are several); else nothing changes. how: a few words for the log. */
 int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backend *be, double timeout_s, char *how,
                       size_t how_size, char *err);
+/* After tp_group_use_nccl set up several groups over NCCL: the data-parallel
+ * group over NCCL (the ranks at the same place in every group), the caller's
+ * to close; NULL (and COLT_OK) when the groups are not over NCCL. Collective. */
+int tp_group_data_parallel_nccl(TpGroup *g, Comm **out, char *err);
 /* The model's hooks over g (which must outlive the model). */
 TensorParallel tp_group_hooks(TpGroup *g);
 void tp_group_close(TpGroup *g);

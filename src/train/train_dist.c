@@ -55,15 +55,22 @@ int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend 
     /* The host communicator's store, where it has one (the NCCL id travels over MPI otherwise). */
     CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = device, .timeout_s = timeout_s,
                       .store = comm_store(d->comm)};
-    if (comm_open(&d->grad_comm, env, &co, err) != 0) return COLT_ERR;
+    Comm *grad_comm = NULL;
+    if (comm_open(&grad_comm, env, &co, err) != 0) return COLT_ERR;
+    train_dist_adopt_gradients(d, grad_comm, be, grads, n, bucket_bytes);
+    snprintf(how, how_size, "NCCL, all-reduced in buckets of %.0f MB during the backward pass",
+             (double)bucket_bytes / (1 << 20));
+    return COLT_OK;
+}
+
+void train_dist_adopt_gradients(TrainDist *d, Comm *grad_comm, const Backend *be, void *grads, size_t n,
+                                size_t bucket_bytes) {
+    d->grad_comm = grad_comm;
     d->be = be;
     d->grads = grads;
     d->grads_n = n;
     d->bucket_n = bucket_bytes / sizeof(float);
     if (d->bucket_n == 0) d->bucket_n = 1;
-    snprintf(how, how_size, "NCCL, all-reduced in buckets of %.0f MB during the backward pass",
-             (double)bucket_bytes / (1 << 20));
-    return COLT_OK;
 }
 
 bool train_dist_overlaps(const TrainDist *d) { return d->grad_comm != NULL; }

@@ -77,6 +77,11 @@ typedef struct TrainDist {
 int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend *be, int device, void *grads,
                               size_t n, size_t bucket_bytes, double timeout_s, char *how, size_t how_size, char *err);
 
+/* The overlap path over a given NCCL communicator of the data-parallel group
+ * (tensor parallelism's, split from the launch), which d then owns. */
+void train_dist_adopt_gradients(TrainDist *d, Comm *grad_comm, const Backend *be, void *grads, size_t n,
+                                size_t bucket_bytes);
+
 /* A GradsReadyFn (model_train.h) for the overlap path: ctx is the TrainDist.
  * Install it for the last backward of a step only (earlier micro-batches
  * still add to the gradients). */

@@ -1241,9 +1241,16 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
     void *grads = model_grads_flat(t->grads, &n_grads);
     char how[256];
     int rc = COLT_OK;
-    if (t->tp.tp_size > 1) /* the NCCL path would span the whole launch, not the data-parallel group */
-        snprintf(how, sizeof how, "%s", t->dist.world == 1 ? "one data-parallel group" : "summed on the host in rank order");
-    else
+    if (t->tp.tp_size > 1) { /* over the data-parallel group: NCCL when the groups are, else the host */
+        Comm *dp = NULL;
+        if (t->dist.world > 1) rc = tp_group_data_parallel_nccl(&t->tp, &dp, err);
+        if (dp)
+            train_dist_adopt_gradients(&t->dist, dp, t->be, grads, n_grads, (size_t)c->ddp_bucket_cap_mb << 20);
+        snprintf(how, sizeof how, "%s",
+                 t->dist.world == 1 ? "one data-parallel group"
+                 : dp              ? "NCCL across the tensor-parallel groups, all-reduced in buckets during the backward pass"
+                                   : "summed on the host in rank order");
+    } else
         rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
                                        (size_t)c->ddp_bucket_cap_mb << 20, c->ddp_timeout, how, sizeof how, err);
     if (train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;

@@ -760,7 +760,10 @@ static void shard_file_name(char *buf, size_t size, int rank, int world) {
  * Sharded (zero_stage >= 1): collective — rank 0 writes the model, every rank its
  * optimizer shard into the same temporary folder (output_dir must be shared
  * by the ranks' hosts, as for DeepSpeed), then rank 0 the manifest
- * (optimizer_shards.json), the trainer state and the rename. */
+ * (optimizer_shards.json), the trainer state and the rename.
+ * Tensor parallel: collective too — the first data-parallel group's ranks
+ * gather the whole weights for rank 0 and each writes its part's optimizer
+ * state (optimizer-tpNNNNN-of-NNNNN.safetensors) into the same folder. */
 static int save_checkpoint(Trainer *t, json_t *state, char *err) {
     bool sharded = optim_is_sharded(t->opt), tp = t->tp.tp_size > 1;
     if (!sharded && !tp && t->dist.rank != 0) return COLT_OK;
@@ -1248,8 +1251,8 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
             train_dist_adopt_gradients(&t->dist, dp, t->be, grads, n_grads, (size_t)c->ddp_bucket_cap_mb << 20);
         snprintf(how, sizeof how, "%s",
                  t->dist.world == 1 ? "one data-parallel group"
-                 : dp              ? "NCCL across the tensor-parallel groups, all-reduced in buckets during the backward pass"
-                                   : "summed on the host in rank order");
+                 : dp ? "NCCL across the tensor-parallel groups, all-reduced in buckets during the backward pass"
+                      : "summed on the host in rank order");
     } else
         rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
                                        (size_t)c->ddp_bucket_cap_mb << 20, c->ddp_timeout, how, sizeof how, err);
@@ -1827,8 +1830,9 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             /* Save what the last completed step left (the model and optimizer have
              * not changed since), so no work is lost, then stop with the error. */
             char save_err[ERR_LEN];
-            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.tp.tp_size <= 1 && t.global_step > t.last_saved_step &&
-                t.global_step > 0 && save_checkpoint(&t, step_start_state, save_err) != 0)
+            if (t.dist.rank == 0 && !optim_is_sharded(t.opt) && t.tp.tp_size <= 1 &&
+                t.global_step > t.last_saved_step && t.global_step > 0 &&
+                save_checkpoint(&t, step_start_state, save_err) != 0)
                 log_error("could not save a checkpoint after the error: %s", save_err);
             break;
         }

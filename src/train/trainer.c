@@ -744,12 +744,24 @@ static void optimizer_file_name(const Trainer *t, char *buf, size_t size) {
         snprintf(buf, size, "optimizer.safetensors");
 }
 
-/* The optimizer shard file of rank r in a checkpoint of a sharded run. */
-static void shard_file_name(char *buf, size_t size, int rank, int world) {
-    snprintf(buf, size, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
+/* The optimizer shard file of data-parallel rank r in a checkpoint of a
+ * sharded run (of this rank's part under tensor parallelism). */
+static void shard_file_name(const Trainer *t, char *buf, size_t size, int rank, int world) {
+    if (t->tp.tp_size > 1)
+        snprintf(buf, size, "optimizer-tp%05d-rank%05d-of-%05d.safetensors", t->tp.tp_rank, rank, world);
+    else
+        snprintf(buf, size, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
 }
 
 #define SHARD_MANIFEST "optimizer_shards.json"
+
+/* The list of a sharded run's shard files: one, or one per part under tensor parallelism. */
+static void manifest_name(const Trainer *t, char *buf, size_t size) {
+    if (t->tp.tp_size > 1)
+        snprintf(buf, size, "optimizer_shards-tp%05d-of-%05d.json", t->tp.tp_rank, t->tp.tp_size);
+    else
+        snprintf(buf, size, "%s", SHARD_MANIFEST);
+}
 
 /* Writes output_dir/checkpoint-N atomically: everything goes into a temporary
  * folder that is renamed into place at the end. state: trainer_state_json's.
@@ -821,7 +833,7 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
         rc = train_dist_agree(&t->dist, rc, err); /* the folder exists */
         if (rc == 0) {
             char file[64];
-            shard_file_name(file, sizeof file, t->dist.rank, t->dist.world);
+            shard_file_name(t, file, sizeof file, t->dist.rank, t->dist.world);
             char *path = path_join(dir, file);
             rc = train_dist_agree(&t->dist, optim_save_shard(t->opt, path, err), err);
             free(path);
@@ -833,15 +845,18 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
             json_object_set_new(m, "step", json_integer(step));
             for (int r = 0; r < t->dist.world; r++) {
                 char file[64];
-                shard_file_name(file, sizeof file, r, t->dist.world);
+                shard_file_name(t, file, sizeof file, r, t->dist.world);
                 json_array_append_new(files, json_string(file));
             }
             json_object_set_new(m, "files", files);
-            char *text = json_dumps(m, JSON_INDENT(1)), *path = path_join(dir, SHARD_MANIFEST);
+            char manifest[64];
+            manifest_name(t, manifest, sizeof manifest);
+            char *text = json_dumps(m, JSON_INDENT(1)), *path = path_join(dir, manifest);
             rc = file_write_atomic(path, text, strlen(text), err);
             free(text), free(path);
             json_decref(m);
         }
+        if (tp) rc = train_dist_agree(&t->dist, rc, err); /* every part's list is there before the rename */
     }
     if (rc == 0 && t->writer) {
         char *s = json_dumps(state, JSON_INDENT(1));
@@ -877,17 +892,15 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
  * optimizer.safetensors (an unsharded run's) or the shards listed in
  * optimizer_shards.json (a sharded run's, at any world size). */
 static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
-    char file[64];
+    char file[64], list[64];
     optimizer_file_name(t, file, sizeof file);
-    char *whole = path_join(ckpt, file), *manifest = path_join(ckpt, SHARD_MANIFEST);
+    manifest_name(t, list, sizeof list);
+    char *whole = path_join(ckpt, file), *manifest = path_join(ckpt, list);
     int rc = COLT_OK;
     if (file_exists(whole)) rc = optim_load(t->opt, whole, err);
-    else if (t->tp.tp_size > 1)
-        rc = errorf(err, "%s: no %s (this run has tensor_parallel_size %d: a checkpoint resumes at the "
-                         "tensor_parallel_size that saved it)",
-                    ckpt, file, t->tp.tp_size);
     else if (!file_exists(manifest))
-        rc = errorf(err, "%s: no optimizer state (neither optimizer.safetensors nor %s)", ckpt, SHARD_MANIFEST);
+        rc = errorf(err, "%s: no optimizer state (neither %s nor %s)%s", ckpt, file, list,
+                    t->tp.tp_size > 1 ? ": a checkpoint resumes at the tensor_parallel_size that saved it" : "");
     else {
         json_error_t jerr;
         json_t *m = json_load_file(manifest, 0, &jerr), *files = json_object_get(m, "files");

@@ -140,6 +140,24 @@ int main(void) {
               strstr(out, "gradient_checkpointing: true"),
           "7B on 80 GB without offload: exit %d: %s %s", code, out, err);
     free(out), free(err);
+    /* the same on 2 ranks: the plan also names the tensor_parallel_size that fits (28 heads, 4 KV heads: 2 or 4) */
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --device_memory_gb 80 --host_memory_gb 128 "
+             "--world_size 2", bench, model, g_tmp);
+    code = colt("", args, &out, &err);
+    CHECK(code == 1 && strstr(out, "- tensor_parallel_size: 4 (every layer cut across that many GPUs: "),
+          "7B on 2 x 80 GB: the tensor_parallel_size suggestion: exit %d: %s %s", code, out, err);
+    free(out), free(err);
+    /* ... and planned with it: one rank's part (weights 14.2 GB / 4) */
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 80 "
+             "--host_memory_gb 128 --world_size 4 --tensor_parallel_size 4", bench, model, g_tmp);
+    code = colt("", args, &out, &err);
+    json_t *tp_plan = json_loads(out, 0, NULL);
+    double tp_weights = json_number_value(json_object_get(json_object_get(tp_plan, "per_device_gb"), "weights"));
+    CHECK(code == 0 && tp_plan && json_is_true(json_object_get(tp_plan, "fits")) && tp_weights > 3.5 && tp_weights < 3.6,
+          "7B at tensor_parallel_size 4: exit %d, weights %.2f GB: %s %s", code, tp_weights, out, err);
+    printf("7B at tensor_parallel_size 4 on 4 x 80 GB: fits, %.2f GB of weights per device\n", tp_weights);
+    json_decref(tp_plan);
+    free(out), free(err);
     snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 80 "
              "--host_memory_gb 128 --offload_optimizer cpu --per_device_train_batch_size 32 "
              "--gradient_accumulation_steps 4", bench, model, g_tmp);

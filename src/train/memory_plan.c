@@ -18,6 +18,29 @@ static void suggest(MemoryPlan *p, const char *fmt, double a, double b) {
     snprintf(p->suggestions[p->n_suggestions++], sizeof p->suggestions[0], fmt, a, b);
 }
 
+/* The smallest tensor_parallel_size (2, 4 or 8, one the model's heads allow)
+ * whose plan fits, with zero_stage 1 at most and no offload (what tensor
+ * parallelism supports), over the same number of devices. */
+static void suggest_tensor_parallel(MemoryPlan *p, const MemoryPlanInput *in) {
+    if (in->tensor_parallel_size > 1 || in->lora) return;
+    for (int n = 2; n <= 8; n *= 2) {
+        char err[ERR_LEN];
+        if (model_tp_check(&in->model, n, err) != 0) continue;
+        MemoryPlanInput tin = *in;
+        tin.tensor_parallel_size = n;
+        tin.world_size = in->world_size / n > 1 ? in->world_size / n : 1;
+        tin.zero_stage = in->zero_stage > 1 ? 1 : in->zero_stage;
+        tin.offload = false;
+        tin.gen_seqs = in->gen_seqs * (in->world_size / tin.world_size > 0 ? in->world_size / tin.world_size : 1);
+        MemoryPlan tp;
+        memory_plan_compute(&tp, &tin);
+        if (!tp.fits) continue;
+        suggest(p, "tensor_parallel_size: %.0f (every layer cut across that many GPUs: %.1f GB per device)", (double)n,
+                tp.peak / GB);
+        return;
+    }
+}
+
 void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     memset(p, 0, sizeof *p);
     Backend plan_be = {.name = in->gpu ? "cuda" : "cpu", .storage = in->storage,
@@ -120,9 +143,10 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
                     p->weights / GB, (double)in->world_size);
         double whole = (double)(p->weights_gathered ? p->weights_gathered : p->weights);
         if (whole + (double)(p->backend + p->engine_scratch + p->kv_min + p->headroom) > room)
-            suggest(p, "generation needs the whole weights (%.1f GB) on each device, and they do not fit in %.1f GB "
-                       "(tensor parallelism, which splits them, is not there yet)",
+            suggest(p, "generation needs the whole weights (%.1f GB) on each device, and they do not fit in %.1f GB: "
+                       "tensor parallelism cuts them",
                     whole / GB, room / GB);
+        suggest_tensor_parallel(p, in);
     }
     if (!p->fits_host)
         suggest(p, "the offloaded optimizer state needs %.1f GB of host memory but the host has %.1f GB: more ranks "

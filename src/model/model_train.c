@@ -37,6 +37,11 @@ ModelParam model_param(const Model *m, int index) {
     return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_spec_numel(s)};
 }
 
+bool model_param_replicated(const Model *m, int index) {
+    COLT_ASSERT(index >= 0 && index < model_param_count(m));
+    return m->tp.size > 1 && !m->lora && m->tensors[index].split == TP_WHOLE;
+}
+
 size_t model_param_offset(const Model *m, int index) {
     COLT_ASSERT(index >= 0 && index < model_param_count(m));
     return m->lora ? m->lora->offsets[index] : m->offsets[index];
@@ -317,7 +322,7 @@ int model_grads_sum_squares(const Model *m, const ModelGrads *g, double *out, ch
     double mine = 0.0;
     for (int i = 0; i < g->n; i++) {
         double sq = be->sum_squares(be, g->bufs[i], g->numel[i]);
-        mine += m->tensors[i].split == TP_WHOLE ? sq / m->tp.size : sq; /* the same on every rank: once in the sum */
+        mine += model_param_replicated(m, i) ? sq / m->tp.size : sq; /* the same on every rank: once in the sum */
     }
     float v = (float)mine;
     void *buf = be->alloc_f32(be, 1);

@@ -31,6 +31,10 @@ typedef struct ModelParam {
     size_t numel;
 } ModelParam;
 ModelParam model_param(const Model *m, int index);
+/* Under tensor parallelism: whether every rank of the group holds parameter
+ * index whole (the norms), so its gradient is the same on each and counts
+ * once in the global norm. False for a whole model. */
+bool model_param_replicated(const Model *m, int index);
 /* Parameter index's element offset in model_params_flat's layout. */
 size_t model_param_offset(const Model *m, int index);
 /* The trainable parameters as one buffer (storage dtype; numel includes the

@@ -19,8 +19,7 @@ static void suggest(MemoryPlan *p, const char *fmt, double a, double b) {
 }
 
 /* The smallest tensor_parallel_size (2, 4 or 8, one the model's heads allow)
- * whose plan fits, with zero_stage 1 at most and no offload (what tensor
- * parallelism supports), over the same number of devices. */
+ * whose plan fits over the same number of devices, the other settings kept. */
 static void suggest_tensor_parallel(MemoryPlan *p, const MemoryPlanInput *in) {
     if (in->tensor_parallel_size > 1 || in->lora) return;
     for (int n = 2; n <= 8; n *= 2) {
@@ -29,8 +28,6 @@ static void suggest_tensor_parallel(MemoryPlan *p, const MemoryPlanInput *in) {
         MemoryPlanInput tin = *in;
         tin.tensor_parallel_size = n;
         tin.world_size = in->world_size / n > 1 ? in->world_size / n : 1;
-        tin.zero_stage = in->zero_stage > 1 ? 1 : in->zero_stage;
-        tin.offload = false;
         tin.gen_seqs = in->gen_seqs * (in->world_size / tin.world_size > 0 ? in->world_size / tin.world_size : 1);
         MemoryPlan tp;
         memory_plan_compute(&tp, &tin);

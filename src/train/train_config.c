@@ -1471,11 +1471,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "weights are not sharded; use zero_stage 0 or 1", c->zero_stage);
     if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
         return errorf(err, "settings: lora_target_modules is an empty list");
-    if (c->tensor_parallel_size > 1 && (c->use_peft || c->zero_stage > 1 || strcmp(c->offload_optimizer, "none") != 0))
-        return errorf(err, "settings: tensor_parallel_size %d with %s is not supported yet (tensor parallelism trains "
-                           "every weight, zero_stage 0 or 1, optimizer on the device)",
-                      c->tensor_parallel_size,
-                      c->use_peft ? "use_peft" : c->zero_stage > 1 ? "zero_stage > 1" : "offload_optimizer");
+    if (c->tensor_parallel_size > 1 && c->use_peft)
+        return errorf(err, "settings: tensor_parallel_size %d with use_peft is not supported yet (tensor parallelism "
+                           "trains every weight)",
+                      c->tensor_parallel_size);
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
     return COLT_OK;
 }

@@ -1236,6 +1236,28 @@ static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
     return COLT_OK;
 }
 
+/* zero_stage 2 or 3 under tensor parallelism: the global gradient norm from
+ * every rank's shard of its part's summed gradients, over the whole launch,
+ * a parameter each part holds whole (the norms) counted once. */
+static int zero2_norm_tp(Trainer *t, double *norm, char *err) {
+    size_t lo = 0, hi = 0;
+    optim_shard_range(t->opt, &lo, &hi);
+    const Backend *be = t->be;
+    const char *shard = train_dist_zero2_shard(&t->dist);
+    double mine = be->sum_squares(be, shard, hi - lo), replicated = 0;
+    for (int i = 0; i < model_param_count(t->model); i++) {
+        if (!model_param_replicated(t->model, i)) continue;
+        size_t a = model_param_offset(t->model, i), b = a + model_param(t->model, i).numel;
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (b > a) replicated += be->sum_squares(be, shard + (a - lo) * sizeof(float), b - a);
+    }
+    mine -= replicated * (1.0 - 1.0 / t->tp.tp_size);
+    int rc = comm_all_reduce(t->dist.all, &mine, 1, COMM_FLOAT64, NULL, err);
+    *norm = sqrt(mine);
+    return rc;
+}
+
 /* The model's tensor-parallel collectives, or NULL for whole models. */
 static const TensorParallel *tp_hooks(Trainer *t) {
     if (t->tp.tp_size <= 1) return NULL;
@@ -1853,7 +1875,10 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         double norm = 0;
         if (zero2) {
             /* The global norm from the ranks' shards; each clips its own. */
-            rc = train_dist_agree(&t.dist, train_dist_zero2_norm(&t.dist, &norm, err), err);
+            rc = train_dist_agree(&t.dist,
+                                  t.tp.tp_size > 1 ? zero2_norm_tp(&t, &norm, err)
+                                                   : train_dist_zero2_norm(&t.dist, &norm, err),
+                                  err);
             if (rc != 0) break;
             if (c->max_grad_norm > 0 && isfinite(norm) && c->max_grad_norm / (norm + 1e-6) < 1.0) {
                 size_t lo = 0, hi = 0;

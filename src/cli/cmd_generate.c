@@ -34,8 +34,8 @@ static const char *GENERATE_USAGE =
     "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n"
     "  --adapter DIR applies a LoRA adapter (PEFT's files) to the model.\n"
     "  --tensor_parallel_size N: the model cut across N processes (mpirun -np N colt generate ...), each holding\n"
-    "  1/N of every layer; rank 0 prints. Local rank r computes on GPU r (ranks beyond the visible GPUs share\n"
-    "  them); the collectives go through the host (MPI) for now.\n";
+    "  1/N of every layer; rank 0 prints. Local rank r computes on GPU r; ranks on GPUs of their own talk over\n"
+    "  NCCL, ranks beyond the visible GPUs share them and talk through the host.\n";
 
 typedef struct GenerateArgs {
     const char *model, *adapter, *prompt, *chat, *ids, *prompts_file, *device;
@@ -234,17 +234,6 @@ int cmd_generate(int argc, char **argv) {
                                         : "colt generate under a launcher needs --tensor_parallel_size equal to the "
                                           "number of processes");
     log_set_rank(env.rank);
-    Comm *world = NULL;
-    TpGroup group = {0};
-    if (env.world_size > 1) {
-        CommOptions co = {.kind = COMM_AUTO, .gpu = false}; /* host buffers: the hooks stage through the host */
-        if (comm_open(&world, &env, &co, err) != 0 ||
-            tp_group_open(&group, world, a.tensor_parallel_size, NULL, err) != 0) {
-            cli_fail("generate", err);
-            if (world) comm_abort(world, err);
-            return 1;
-        }
-    }
     SamplingParams sp = sampling_params_greedy();
     if (gen.present && gen.do_sample) {
         sp.temperature = gen.temperature;
@@ -271,6 +260,18 @@ int cmd_generate(int argc, char **argv) {
     if (have_tok && tokenizer_load(&tok, a.model, err) != 0) return cli_fail("generate", err);
     if (!tok && !a.json && !a.bench) {
         return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
+    }
+    /* every rank got this far with the same files and flags: the group, then its device */
+    Comm *world = NULL;
+    TpGroup group = {0};
+    if (env.world_size > 1) {
+        CommOptions co = {.kind = COMM_AUTO, .gpu = false}; /* host buffers: the hooks stage through the host */
+        if (comm_open(&world, &env, &co, err) != 0 ||
+            tp_group_open(&group, world, a.tensor_parallel_size, NULL, err) != 0) {
+            cli_fail("generate", err);
+            if (world) comm_abort(world, err);
+            return 1;
+        }
     }
     int n_gpus = backend_cuda_device_count();
     Backend *be = backend_open(a.device, n_gpus > 0 ? env.local_rank % n_gpus : 0, err);
@@ -394,10 +395,10 @@ int cmd_generate(int argc, char **argv) {
     free(prompt_lens);
     json_decref(a.chat_template_kwargs);
     model_free(m);
+    if (world && rc != 0) comm_abort(world, err); /* the others may wait in a collective */
+    tp_group_close(&group); /* its NCCL communicators before the device's backend */
     backend_close(be);
     tokenizer_free(tok);
-    if (world && rc != 0) comm_abort(world, err); /* the others may wait in a collective */
-    tp_group_close(&group);
     if (world) comm_close(world);
     return rc;
 }

@@ -32,7 +32,9 @@
 #include "model/model_train.h"
 #include "model/safetensors.h"
 
-static const char *MPIRUN = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1";
+static const char *MPIRUN = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x LSAN_OPTIONS";
+/* In sanitizer builds: Open MPI keeps what MPI_Init allocates until exit (every rank gets this through -x). */
+#define LSAN_OPTIONS_VALUE "suppressions=" COLT_SOURCE_DIR "/tests/lsan_openmpi.supp:fast_unwind_on_malloc=0"
 
 /* Tolerances: fp32 (the parts' sums are added in another order); a bf16
  * run (cuda-1.5b) rounds each part's output to bf16 before the sum, so its
@@ -169,13 +171,13 @@ static void check_engine(Model *whole, Model *part, TpGroup *g, const char *what
         CHECK(engine_generate(part, b.seqs, N_SEQS, &opt, NULL, NULL, err) == 0, "%s: %s", what, err);
         int same = 0;
         double worst = 0.0;
-        long long sum = 0;
+        uint64_t sum = 0; /* a hash of the completions */
         for (int i = 0; i < N_SEQS; i++) {
             const GenSequence *x = &a.seqs[i], *y = &b.seqs[i];
             bool eq = x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens);
             same += eq;
             if (eq) worst = fmax(worst, max_abs_diff(x->logprobs, y->logprobs, (size_t)x->n_tokens));
-            for (int k = 0; k < y->n_tokens; k++) sum = sum * 31 + y->tokens[k];
+            for (int k = 0; k < y->n_tokens; k++) sum = sum * 31 + (uint64_t)y->tokens[k];
         }
         CHECK(same == N_SEQS || !ENGINE_EXACT, "%s, %s: %d/%d sequences equal the whole model's", what,
               p ? "sampled" : "greedy", same, N_SEQS);
@@ -527,6 +529,7 @@ int main(int argc, char **argv) {
     }
     if (env.launcher == LAUNCHER_OPENMPI) return run_rank(&env, argc > 1 ? atoi(argv[1]) : 2, argc > 2 ? argv[2] : "cpu");
     check_errors();
+    setenv("LSAN_OPTIONS", LSAN_OPTIONS_VALUE, 0);
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
         printf("SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin); the in-process checks passed: %d "
                "failures\n", g_failures);

@@ -1,5 +1,5 @@
 /* tp_group.c — tensor- and data-parallel groups and the model's collectives
- * over the host (tp_group.h). */
+ * over them, through NCCL or the host (tp_group.h). */
 #include "dist/tp_group.h"
 
 #include <stdio.h>

@@ -128,11 +128,14 @@ int model_save_config(const ModelConfig *cfg, const char *dir, DType dtype, char
  * adapters are saved by model_lora_save, or merged in by model_save_merged
  * (lora.h). model_save_sharded: the same with another shard limit (0: the
  * default). */
+/* A tensor-parallel model's save is collective over its group: the group's
+ * rank 0 writes the whole tensors, gathered one at a time; the others take
+ * part in the gathers and write nothing. */
 #define MODEL_SAVE_SHARD_BYTES ((size_t)5000000000) /* transformers' 5GB */
 int model_save(const Model *m, const char *dir, DType dtype, char *err);
 int model_save_sharded(const Model *m, const char *dir, DType dtype, size_t max_shard_bytes, char *err);
 void model_free(Model *m);
-const ModelConfig *model_config(const Model *m);
+const ModelConfig *model_config(const Model *m); /* the whole model's, also on a tensor-parallel rank */
 const Backend *model_backend(const Model *m);
 const float *model_rope_table(const Model *m); /* model_rope_inv_freq of its config, [Dh / 2], host */
 

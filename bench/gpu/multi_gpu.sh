@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # multi_gpu.sh — colt on every GPU of one machine (issue 26): the machine's
 # record (GPUs, driver, NCCL, link topology), data-parallel scaling of
-# colocated GRPO, world size N against one process, and a rank killed mid-run.
+# colocated GRPO, world size N against one process, a rank killed mid-run, and
+# tensor parallelism (section 6: bench_tp.sh's TP sweep on the 7B shape).
 # Runs what the machine has (1, 2, 4 or 8 GPUs); parts whose code does not
 # exist yet say so. Prints markdown; raw logs stay under $WORK.
 # Usage: bash bench/gpu/multi_gpu.sh TOKENIZER_DIR PROMPTS_JSONL [presets]   (presets: qwen2.5-0.5b qwen2.5-1.5b)
 #   SECTIONS="2 3 4 5" (environment) runs only those sections (default: all; the machine record always).
+#   TP_PRESET (qwen2.5-7b) is section 6's shape.
 #   (scripts/pack_device.sh makes the tokenizer and prompts from ../shared/data)
 # The GRPO step is bench/gpu/grpo_bench.yaml's: 16 prompts x 8 completions x 256 tokens per GPU (weak
 # scaling: the global batch grows with the GPUs, per-GPU work stays), random-weight Qwen2.5 shapes.
@@ -20,7 +22,7 @@ work=${WORK:-/tmp/colt-multi-gpu}
 rm -rf "$work" && mkdir -p "$work"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 gpus=$(nvidia-smi -L | wc -l)
-sections=${SECTIONS:-1 2 3 4 5}
+sections=${SECTIONS:-1 2 3 4 5 6}
 want() { [[ " $sections " == *" $1 "* ]]; }
 
 echo "## Machine"
@@ -235,6 +237,25 @@ PY
 else
   echo "Not run: one GPU."
 fi
+fi
+
+if want 6; then
+  echo
+  echo "## 6. Tensor parallelism: TP 1 / 2 / 4 / 8 against data parallelism on the same GPUs"
+  echo
+  if [ "$gpus" -lt 2 ]; then
+    echo "Not run: one GPU."
+  else
+    tps="1" layouts="TP 1:1:1:"
+    for n in 2 4 8; do
+      [ "$n" -le "$gpus" ] || continue
+      tps="$tps $n"
+      layouts="$layouts;TP $n:$n:$n:;DP $n zero_stage 2:$n:1:--zero_stage 2"
+      [ "$n" -ge 4 ] && layouts="$layouts;TP 2 x DP $((n / 2)):$n:2:"
+    done
+    GEN_TPS="$tps" TRAIN_LAYOUTS="$layouts" COLT=$COLT WORK="$work/tp" STEPS=3 \
+      bash bench/gpu/bench_tp.sh "$tok" "$prompts" "${TP_PRESET:-qwen2.5-7b}" || echo "bench_tp.sh failed"
+  fi
 fi
 
 echo

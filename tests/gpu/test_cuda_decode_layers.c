@@ -116,7 +116,8 @@ static int run_step(Model *m, const int *lens, const int *seq_ids, int n, bool u
                  *dm = upload(be, slot, cnt);
             PagedBatch b = {.n = cnt, .n_logits = 0, .tokens = dt, .pos = dp, .seq = ds, .slot_mapping = dm,
                             .block_tables = d_tables, .max_blocks = max_blocks};
-            model_forward_paged(m, st, &pool, &b);
+            char fwd_err[ERR_LEN];
+            CHECK(model_forward_paged(m, st, &pool, &b, fwd_err) == 0, "prefill: %s", fwd_err);
             be->free(be, dt), be->free(be, dp), be->free(be, ds), be->free(be, dm);
             free(tok), free(pos), free(seq), free(slot);
         }
@@ -136,7 +137,8 @@ static int run_step(Model *m, const int *lens, const int *seq_ids, int n, bool u
     long before = kernel_calls ? cuda_decode_layers_calls(be) : 0;
     PagedBatch b = {.n = n, .n_logits = n, .tokens = dt, .pos = dp, .seq = ds, .slot_mapping = dm,
                     .block_tables = d_tables, .max_blocks = max_blocks, .decode_plan = plan};
-    model_forward_paged(m, st, &pool, &b);
+    char fwd_err[ERR_LEN];
+    CHECK(model_forward_paged(m, st, &pool, &b, fwd_err) == 0, "decode step: %s", fwd_err);
     if (kernel_calls) *kernel_calls = cuda_decode_layers_calls(be) - before;
     size_t V = (size_t)c->vocab_size;
     res->logits = malloc(sizeof(float) * n * V);

@@ -521,13 +521,8 @@ typedef struct SaveFill {
  * and before each gather tells the others which tensor comes next (index + 1;
  * 0: done) through a sum over the group where only it adds. */
 static int tp_announce(const Model *m, int mine, int *got, char *err) {
-    const Backend *be = m->be;
     float v = (float)mine; /* table indices are far below 2^24 */
-    void *buf = be->alloc_f32(be, 1);
-    be->upload_f32(be, buf, &v, 1);
-    int rc = m->tp.all_reduce(m->tp.ctx, buf, 1, true, err);
-    be->download_f32(be, &v, buf, 1);
-    be->free(be, buf);
+    int rc = model_tp_sum_host(m, &v, err);
     *got = (int)v;
     return rc;
 }
@@ -806,6 +801,16 @@ static const void *adapter_input(LoraInputFn fn, void *ctx, int l, LoraTarget t,
 }
 
 /* ---- tensor parallelism ---- */
+
+int model_tp_sum_host(const Model *m, float *v, char *err) {
+    const Backend *be = m->be;
+    void *buf = be->alloc_f32(be, 1);
+    be->upload_f32(be, buf, v, 1);
+    int rc = m->tp.all_reduce(m->tp.ctx, buf, 1, true, err);
+    be->download_f32(be, v, buf, 1);
+    be->free(be, buf);
+    return rc;
+}
 
 int model_tp_sum(const Model *m, void *x, size_t n, char *err) {
     if (m->tp.size <= 1) return COLT_OK;

@@ -162,6 +162,8 @@ int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int 
                         int max_len, LoraInputFn lora_input, void *ctx, char *err);
 
 /* ---- tensor parallelism's collectives (no-ops for a whole model) ---- */
+/* *v, a host number, summed over the group (through a one-element [f32] buffer). */
+int model_tp_sum_host(const Model *m, float *v, char *err);
 /* x[n] (storage dtype) summed over the group. */
 int model_tp_sum(const Model *m, void *x, size_t n, char *err);
 /* ids[i] = tokens[i] - vocab_lo inside this rank's vocabulary part, else -1 (copied when whole). */

@@ -325,11 +325,7 @@ int model_grads_sum_squares(const Model *m, const ModelGrads *g, double *out, ch
         mine += model_param_replicated(m, i) ? sq / m->tp.size : sq; /* the same on every rank: once in the sum */
     }
     float v = (float)mine;
-    void *buf = be->alloc_f32(be, 1);
-    be->upload_f32(be, buf, &v, 1);
-    int rc = m->tp.all_reduce(m->tp.ctx, buf, 1, true, err);
-    be->download_f32(be, &v, buf, 1);
-    be->free(be, buf);
+    int rc = model_tp_sum_host(m, &v, err);
     *out = v;
     return rc;
 }
@@ -547,12 +543,11 @@ static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
 static int tp_chunk_logprobs(const Model *m, TrainState *st, int r0, int cn, float *logprobs, float *entropy,
                              char *err) {
     const Backend *be = m->be;
-    int size = m->tp.size, C = st->chunk;
+    int size = m->tp.size;
     be->logits_shard_stats(be, st->chunk_stats, st->chunk_logits, st->chunk_targets, cn, m->local.vocab_size,
                            st->temperature);
     if (m->tp.all_gather(m->tp.ctx, st->stats_all, st->chunk_stats, (size_t)cn * 4, true, err) != 0) return COLT_ERR;
     be->download_f32(be, st->stats_host, st->stats_all, (size_t)size * cn * 4);
-    (void)C;
     for (int r = 0; r < cn; r++) {
         double mx = -INFINITY, sum = 0.0, sz = 0.0, zt = 0.0;
         for (int k = 0; k < size; k++) mx = fmax(mx, st->stats_host[((size_t)k * cn + r) * 4]);

@@ -845,50 +845,103 @@ int model_tp_gather_logits(const Model *m, void *full, const void *local, void *
     return COLT_OK;
 }
 
-int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
-                        int max_len, LoraInputFn lora_input, void *ctx, char *err) {
+/* q, k, v of layer l stored and attended: b->att (and b->lse) from b->xn_attn. */
+static void layer_attention(const Model *m, int l, const LayerBuffers *b, const LayerKv *kv, int n,
+                            LoraInputFn lora_input, void *ctx) {
     const ModelConfig *c = &m->local;
     const Backend *be = m->be;
-    int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
-        Dh = c->head_dim, QD = H * Dh, KVD = KVH * Dh;
-    size_t ND = (size_t)n * D;
+    const int D = c->hidden_size, H = c->num_attention_heads, KVH = c->num_key_value_heads, Dh = c->head_dim,
+              QD = H * Dh, KVD = KVH * Dh;
+    const LayerWeights *w = &m->layers[l];
+    const PagedBatch *pb = kv->paged;
+    void *lt = b->lora_t, *lu = b->lora_u;
+    /* One GEMM over q|k|v, rope and the K/V store in one kernel (and, for a
+     * decode step, the attention too): paged only; the fused kernels have no
+     * q/k norm, and the adapter terms need q, k and v apart. */
+    bool qkv_lora = model_lora_active(m, w, LORA_Q) || model_lora_active(m, w, LORA_K) ||
+                    model_lora_active(m, w, LORA_V);
+    if (pb && b->qkv && be->qkv_rope_store && !w->q_norm && !qkv_lora &&
+        model_qkv_back_to_back(w, c, dtype_size(be->storage))) {
+        be->linear(be, b->qkv, b->xn_attn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
+        if (pb->decode && be->paged_attention_rope) {
+            be->paged_attention_rope(be, b->att, b->q, kv->k, kv->v, b->qkv, pb->block_tables, pb->seq, pb->pos,
+                                     pb->slot_mapping, n, H, KVH, Dh, m->rope_inv_freq, kv->block_size, pb->max_blocks);
+            return;
+        }
+        be->qkv_rope_store(be, b->q, kv->k, kv->v, b->qkv, pb->pos, pb->slot_mapping, n, H, KVH, Dh, m->rope_inv_freq);
+    } else {
+        /* Qwen3 norms the projections per head (rows of Dh): from q_lin / k_lin when kept, else in place. */
+        void *q = w->q_norm && b->q_lin ? b->q_lin : b->q, *k = w->q_norm && b->k_lin ? b->k_lin : b->k;
+        be->linear(be, q, b->xn_attn, w->q_w, w->q_b, n, D, QD);
+        be->linear(be, k, b->xn_attn, w->k_w, w->k_b, n, D, KVD);
+        be->linear(be, b->v, b->xn_attn, w->v_w, w->v_b, n, D, KVD);
+        model_lora_add(m, w, LORA_Q, q, adapter_input(lora_input, ctx, l, LORA_Q, b->xn_attn), n, lt, lu);
+        model_lora_add(m, w, LORA_K, k, adapter_input(lora_input, ctx, l, LORA_K, b->xn_attn), n, lt, lu);
+        model_lora_add(m, w, LORA_V, b->v, adapter_input(lora_input, ctx, l, LORA_V, b->xn_attn), n, lt, lu);
+        if (w->q_norm) {
+            be->rmsnorm(be, b->q, q, w->q_norm, n * H, Dh, c->rms_norm_eps);
+            be->rmsnorm(be, b->k, k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
+        }
+        if (pb) {
+            be->rope_i32(be, b->q, pb->pos, n, H, Dh, m->rope_inv_freq);
+            be->rope_i32(be, b->k, pb->pos, n, KVH, Dh, m->rope_inv_freq);
+            be->paged_kv_store(be, kv->k, kv->v, b->k, b->v, pb->slot_mapping, n, KVD);
+        } else {
+            be->rope(be, b->q, kv->pos, n, H, Dh, m->rope_inv_freq);
+            be->rope(be, b->k, kv->pos, n, KVH, Dh, m->rope_inv_freq);
+            be->kv_store(be, kv->k, kv->v, b->k, b->v, kv->slot, kv->pos, n, KVD, kv->max_len);
+        }
+    }
+    if (pb)
+        be->paged_attention(be, b->att, b->q, kv->k, kv->v, pb->block_tables, pb->seq, pb->pos, n, H, KVH, Dh,
+                            kv->block_size, pb->max_blocks);
+    else
+        be->attention(be, b->att, b->lse, b->q, kv->k, kv->v, kv->slot, kv->pos, n, H, KVH, Dh, kv->max_len);
+}
+
+int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const LayerKv *kv, int n, LoraInputFn lora_input,
+                        void *ctx, char *err) {
+    const ModelConfig *c = &m->local;
+    const Backend *be = m->be;
+    const int D = c->hidden_size, F = c->intermediate_size, QD = c->num_attention_heads * c->head_dim;
+    const size_t ND = (size_t)n * D;
     const LayerWeights *w = &m->layers[l];
     void *lt = b->lora_t, *lu = b->lora_u;
-    be->rmsnorm(be, b->xn_attn, b->x_in, w->attn_norm, n, D, c->rms_norm_eps);
-    /* Qwen3 norms the projections per head (rows of Dh): from q_lin / k_lin when kept, else in place. */
-    void *q = w->q_norm && b->q_lin ? b->q_lin : b->q, *k = w->q_norm && b->k_lin ? b->k_lin : b->k;
-    be->linear(be, q, b->xn_attn, w->q_w, w->q_b, n, D, QD);
-    be->linear(be, k, b->xn_attn, w->k_w, w->k_b, n, D, KVD);
-    be->linear(be, b->v, b->xn_attn, w->v_w, w->v_b, n, D, KVD);
-    model_lora_add(m, w, LORA_Q, q, adapter_input(lora_input, ctx, l, LORA_Q, b->xn_attn), n, lt, lu);
-    model_lora_add(m, w, LORA_K, k, adapter_input(lora_input, ctx, l, LORA_K, b->xn_attn), n, lt, lu);
-    model_lora_add(m, w, LORA_V, b->v, adapter_input(lora_input, ctx, l, LORA_V, b->xn_attn), n, lt, lu);
-    if (w->q_norm) {
-        be->rmsnorm(be, b->q, q, w->q_norm, n * H, Dh, c->rms_norm_eps);
-        be->rmsnorm(be, b->k, k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
-    }
-    be->rope(be, b->q, pos, n, H, Dh, m->rope_inv_freq);
-    be->rope(be, b->k, pos, n, KVH, Dh, m->rope_inv_freq);
-    be->kv_store(be, b->k_cache, b->v_cache, b->k, b->v, slot, pos, n, KVD, max_len);
-    be->attention(be, b->att, b->lse, b->q, b->k_cache, b->v_cache, slot, pos, n, H, KVH, Dh, max_len);
+    /* one residual stream: adds fused with the norms after them (see model_internal.h) */
+    const bool fused_norms = be->add_rmsnorm && b->x_out && b->x_in == b->x_mid && b->x_mid == b->x_out;
+    if (l == 0 || !fused_norms) be->rmsnorm(be, b->xn_attn, b->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+    layer_attention(m, l, b, kv, n, lora_input, ctx);
     be->linear(be, b->proj, b->att, w->o_w, w->o_b, n, QD, D);
     model_lora_add(m, w, LORA_O, b->proj, adapter_input(lora_input, ctx, l, LORA_O, b->att), n, lt, lu);
     if (model_tp_sum(m, b->proj, ND, err) != 0) return COLT_ERR; /* row-parallel: the heads' parts */
-    be->add(be, b->x_mid, b->x_in, b->proj, ND);
-    be->rmsnorm(be, b->xn_mlp, b->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
-    be->linear(be, b->gate, b->xn_mlp, w->gate_w, NULL, n, D, F);
-    be->linear(be, b->up, b->xn_mlp, w->up_w, NULL, n, D, F);
-    model_lora_add(m, w, LORA_GATE, b->gate, adapter_input(lora_input, ctx, l, LORA_GATE, b->xn_mlp), n, lt, lu);
-    model_lora_add(m, w, LORA_UP, b->up, adapter_input(lora_input, ctx, l, LORA_UP, b->xn_mlp), n, lt, lu);
-    if (!b->x_out) return COLT_OK;
-    be->swiglu(be, b->h, b->gate, b->up, (size_t)n * F);
+    if (fused_norms) {
+        be->add_rmsnorm(be, b->x_mid, b->xn_mlp, b->proj, w->mlp_norm, n, D, c->rms_norm_eps);
+    } else {
+        be->add(be, b->x_mid, b->x_in, b->proj, ND);
+        be->rmsnorm(be, b->xn_mlp, b->x_mid, w->mlp_norm, n, D, c->rms_norm_eps);
+    }
+    bool gate_up_lora = model_lora_active(m, w, LORA_GATE) || model_lora_active(m, w, LORA_UP);
+    if (b->gate_up && b->x_out && be->swiglu_gate_up && !gate_up_lora &&
+        model_gate_up_back_to_back(w, c, dtype_size(be->storage))) {
+        be->linear(be, b->gate_up, b->xn_mlp, w->gate_w, NULL, n, D, 2 * F);
+        be->swiglu_gate_up(be, b->h, b->gate_up, n, F);
+    } else {
+        be->linear(be, b->gate, b->xn_mlp, w->gate_w, NULL, n, D, F);
+        be->linear(be, b->up, b->xn_mlp, w->up_w, NULL, n, D, F);
+        model_lora_add(m, w, LORA_GATE, b->gate, adapter_input(lora_input, ctx, l, LORA_GATE, b->xn_mlp), n, lt, lu);
+        model_lora_add(m, w, LORA_UP, b->up, adapter_input(lora_input, ctx, l, LORA_UP, b->xn_mlp), n, lt, lu);
+        if (!b->x_out) return COLT_OK;
+        be->swiglu(be, b->h, b->gate, b->up, (size_t)n * F);
+    }
     be->linear(be, b->proj, b->h, w->down_w, NULL, n, F, D);
     model_lora_add(m, w, LORA_DOWN, b->proj, adapter_input(lora_input, ctx, l, LORA_DOWN, b->h), n, lt, lu);
     if (model_tp_sum(m, b->proj, ND, err) != 0) return COLT_ERR;
-    be->add(be, b->x_out, b->x_mid, b->proj, ND);
+    if (fused_norms && l + 1 < c->num_hidden_layers)
+        be->add_rmsnorm(be, b->x_out, b->xn_attn, b->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
+    else
+        be->add(be, b->x_out, b->x_mid, b->proj, ND);
     return COLT_OK;
 }
-
 
 int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, const int *pos, int n,
                   const uint8_t *want_logits, float *logits, char *err) {
@@ -913,10 +966,11 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
     LayerBuffers lb = {.x_in = st->x, .xn_attn = st->xn, .q = st->q, .k = st->k, .v = st->v, .att = st->att,
                        .proj = st->proj, .x_mid = st->x, .xn_mlp = st->xn, .gate = st->gate, .up = st->up,
                        .h = st->gate, .x_out = st->x, .lora_t = st->lora_t, .lora_u = st->lora_u};
+    LayerKv kv = {.slot = slot, .pos = pos, .max_len = st->max_len};
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        lb.k_cache = st->k_cache[l];
-        lb.v_cache = st->v_cache[l];
-        if (model_layer_forward(m, l, &lb, slot, pos, n, st->max_len, NULL, NULL, err) != 0) return COLT_ERR;
+        kv.k = st->k_cache[l];
+        kv.v = st->v_cache[l];
+        if (model_layer_forward(m, l, &lb, &kv, n, NULL, NULL, err) != 0) return COLT_ERR;
     }
     if (n_want == 0) return COLT_OK;
     be->rmsnorm(be, st->xn, st->x, m->final_norm, n, D, c->rms_norm_eps);

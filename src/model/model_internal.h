@@ -132,20 +132,20 @@ struct Model {
 
 /* ---- one decoder layer, written once ----
  *
- * The inference forward (model_forward) and the training forward
- * (model_train.c) run model_layer_forward over a contiguous K/V cache
- * [S, L, KVD] indexed by (slot, pos); the engine's paged path is model_paged.c.
- * What differs is which buffers they pass: the training forward keeps every
- * activation its backward reads, the inference forward keeps nothing and
- * passes one residual stream as x_in, x_mid and x_out, one normed buffer as
- * xn_attn and xn_mlp, gate as h, and no q_lin / k_lin (q_norm / k_norm then
- * run in place). */
+ * Every forward runs model_layer_forward: the inference forward (model_forward)
+ * and the training forward (model_train.c) over a contiguous K/V cache
+ * [S, max_len, KVD] indexed by host (slot, pos), the engine (model_paged.c)
+ * over the paged pool. What differs is which buffers they pass: the training
+ * forward keeps every activation its backward reads; the inference forwards
+ * keep nothing and pass one residual stream as x_in, x_mid and x_out, one
+ * normed buffer as xn_attn and xn_mlp, gate as h, and no q_lin / k_lin
+ * (q_norm / k_norm then run in place). Tensor parallelism's collectives sit
+ * here once, after the row-parallel projections. */
 typedef struct LayerBuffers {
     void *x_in;              /* [N, D] the residual stream entering the layer */
     void *xn_attn;           /* [N, D] input_layernorm output */
     void *q_lin, *k_lin;     /* [N, QD], [N, KVD] projections before q_norm / k_norm; NULL: normed in place */
     void *q, *k, *v;         /* [N, QD], [N, KVD], [N, KVD]: q and k after rope */
-    void *k_cache, *v_cache; /* [S, L, KVD] */
     void *att, *lse;         /* [N, QD] attention output; [N, H] [f32] its log-sum-exp, or NULL */
     void *proj;              /* [N, D] o_proj / down_proj output */
     void *x_mid;             /* [N, D] residual after attention (may be x_in) */
@@ -153,13 +153,37 @@ typedef struct LayerBuffers {
     void *gate, *up, *h;     /* [N, F] gate, up; swiglu output (may be gate) */
     void *x_out;             /* [N, D] layer output (may be x_mid); NULL: stop once gate and up exist */
     void *lora_t, *lora_u;   /* LoRA scratch (model_lora_add) */
+    /* Optional scratch for one GEMM over weights the arena holds back to back
+     * (the engine's): [N, QD + 2 KVD] q|k|v (paged K/V only) and [N, 2F]
+     * gate|up; NULL: one GEMM per projection. */
+    void *qkv, *gate_up;
 } LayerBuffers;
+
+/* Where layer l's K/V go and how the tokens address them. */
+typedef struct LayerKv {
+    void *k, *v;           /* contiguous: the layer's caches [S, max_len, KVD]; paged: the pool's rows */
+    const int *slot, *pos; /* contiguous: host [n], token i in slot[i] at pos[i] */
+    int max_len;           /* contiguous: the caches' length */
+    const PagedBatch *paged; /* non-NULL: the paged pool, addressed by this batch's [i32] arrays */
+    int block_size;        /* paged */
+} LayerKv;
+
 /* What adapter t of layer l reads instead of its input x (lora_dropout), or x. */
 typedef const void *(*LoraInputFn)(void *ctx, int l, LoraTarget t, const void *x);
-/* Layer l over n tokens (token i in slot[i] at pos[i], caches max_len long);
- * lora_input NULL: the adapters read their inputs as they are. */
-int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const int *slot, const int *pos, int n,
-                        int max_len, LoraInputFn lora_input, void *ctx, char *err);
+/* Layer l over n tokens; lora_input NULL: the adapters read their inputs as
+ * they are. With one residual stream (x_in == x_mid == x_out) and a backend
+ * with add_rmsnorm, each residual add is fused with the norm after it, the
+ * last one with layer l + 1's input norm: such callers run layers 0..L-1 in
+ * order over the same buffers (layer l > 0 finds xn_attn ready). The fused
+ * ops are bit-identical to the sequences they replace. Fails only when a
+ * tensor-parallel collective does. */
+int model_layer_forward(const Model *m, int l, const LayerBuffers *b, const LayerKv *kv, int n, LoraInputFn lora_input,
+                        void *ctx, char *err);
+/* The layer's q|k|v weights (and biases, when present) lie back to back, so
+ * one GEMM can read them as a single [QD + 2 KVD, D] tensor; likewise gate|up
+ * as one [2F, D] tensor (es: the storage dtype's size). */
+bool model_qkv_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es);
+bool model_gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es);
 
 /* ---- tensor parallelism's collectives (no-ops for a whole model) ---- */
 /* *v, a host number, summed over the group (through a one-element [f32] buffer). */

@@ -1,5 +1,5 @@
-/* model_paged.c — the model's forward for the generation engine: the same op
- * sequence as model_forward (model.c), with the KV cache in a paged pool and
+/* model_paged.c — the model's forward for the generation engine: the same
+ * layer function as model_forward (model.c), with the KV cache in a paged pool and
  * every index array in [i32] device buffers, so a decode step is a fixed list
  * of ops a CUDA graph can record. Because the ops and their rounding points
  * are the trainer's, the engine's log-probs agree with the trainer's. */
@@ -129,9 +129,7 @@ static bool adjacent(const void *a, size_t n, size_t elem, const void *b) {
     return a && b && (const char *)a + n * elem == (const char *)b;
 }
 
-/* The layer's q|k|v weights (and biases, when present) lie back to back, so
- * one GEMM can read them as a single [QD + 2 KVD, D] tensor. */
-static bool qkv_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es) {
+bool model_qkv_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es) {
     size_t D = (size_t)c->hidden_size, QD = (size_t)c->num_attention_heads * c->head_dim,
            KVD = (size_t)c->num_key_value_heads * c->head_dim;
     bool weights = adjacent(w->q_w, QD * D, es, w->k_w) && adjacent(w->k_w, KVD * D, es, w->v_w);
@@ -139,8 +137,7 @@ static bool qkv_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t
     return weights && bias;
 }
 
-/* The layer's gate|up weights lie back to back: one [2F, D] tensor. */
-static bool gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es) {
+bool model_gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es) {
     return adjacent(w->gate_w, (size_t)c->intermediate_size * c->hidden_size, es, w->up_w);
 }
 
@@ -155,7 +152,7 @@ void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks)
     for (int l = 0; l < L && ok; l++) {
         const LayerWeights *w = &m->layers[l];
         size_t es = dtype_size(be->storage);
-        ok = qkv_back_to_back(w, c, es) && gate_up_back_to_back(w, c, es);
+        ok = model_qkv_back_to_back(w, c, es) && model_gate_up_back_to_back(w, c, es);
         layers[l] = (DecodeLayerWeights){.attn_norm = w->attn_norm, .qkv_w = w->q_w, .qkv_b = w->q_b,
                                          .o_w = w->o_w, .o_b = w->o_b, .mlp_norm = w->mlp_norm,
                                          .gate_up_w = w->gate_w, .down_w = w->down_w,
@@ -177,90 +174,29 @@ void model_decode_plan_free(const Model *m, void *plan) {
 int model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedBatch *b, char *err) {
     const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
-    const int n = b->n, L = c->num_hidden_layers;
-    const int D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
-              KVH = c->num_key_value_heads, Dh = c->head_dim;
-    const int QD = H * Dh, KVD = KVH * Dh;
-    const size_t ND = (size_t)n * D, es = dtype_size(be->storage);
-    const bool fused_ops = be->add_rmsnorm && be->qkv_rope_store && be->swiglu_gate_up;
-
-    /* Fewer, larger kernels per layer where the backend has the fused ops and
-     * the weights sit back to back: the same values as the unfused sequence
-     * (the fused ops are bit-identical to it; one GEMM over concatenated
-     * weights sums in the GEMM's own order, as any GEMM does). */
+    const int n = b->n, D = c->hidden_size;
     if (m->tp.size > 1) { /* vocabulary-parallel: this rank's rows, others' tokens zeros, summed */
         be->vocab_shard_ids_i32(be, st->ids, b->tokens, n, m->vocab_lo, m->vocab_lo + c->vocab_size);
         be->embedding_i32(be, st->x, m->embed, st->ids, n, D);
-        if (model_tp_sum(m, st->x, ND, err) != 0) return COLT_ERR;
+        if (model_tp_sum(m, st->x, (size_t)n * D, err) != 0) return COLT_ERR;
     } else {
         be->embedding_i32(be, st->x, m->embed, b->tokens, n, D);
     }
     bool one_launch = b->decode_plan && be->decode_layers(be, b->decode_plan, st->x, b->pos, b->seq, b->slot_mapping,
                                                           b->block_tables, n);
-    if (!one_launch) be->rmsnorm(be, st->xn, st->x, m->layers[0].attn_norm, n, D, c->rms_norm_eps);
-    for (int l = 0; l < L && !one_launch; l++) {
-        const LayerWeights *w = &m->layers[l];
-        bool attended = false;
-        /* the fused kernels have no q/k norm; the adapter term needs q, k and v apart */
-        bool qkv_lora = model_lora_active(m, w, LORA_Q) || model_lora_active(m, w, LORA_K) ||
-                        model_lora_active(m, w, LORA_V);
-        if (fused_ops && qkv_back_to_back(w, c, es) && !w->q_norm && !qkv_lora) {
-            be->linear(be, st->qkv, st->xn, w->q_w, w->q_b, n, D, QD + 2 * KVD);
-            if (b->decode && be->paged_attention_rope) { /* rope, K/V store and attention in one kernel */
-                be->paged_attention_rope(be, st->att, st->q, kv->k[l], kv->v[l], st->qkv, b->block_tables, b->seq, b->pos,
-                                         b->slot_mapping, n, H, KVH, Dh, m->rope_inv_freq, kv->block_size,
-                                         b->max_blocks);
-                attended = true;
-            } else {
-                be->qkv_rope_store(be, st->q, kv->k[l], kv->v[l], st->qkv, b->pos, b->slot_mapping, n, H, KVH, Dh,
-                                   m->rope_inv_freq);
-            }
-        } else {
-            be->linear(be, st->q, st->xn, w->q_w, w->q_b, n, D, QD);
-            be->linear(be, st->k, st->xn, w->k_w, w->k_b, n, D, KVD);
-            be->linear(be, st->v, st->xn, w->v_w, w->v_b, n, D, KVD);
-            model_lora_add(m, w, LORA_Q, st->q, st->xn, n, st->lora_t, st->lora_u);
-            model_lora_add(m, w, LORA_K, st->k, st->xn, n, st->lora_t, st->lora_u);
-            model_lora_add(m, w, LORA_V, st->v, st->xn, n, st->lora_t, st->lora_u);
-            if (w->q_norm) { /* per head, in place: rows of Dh */
-                be->rmsnorm(be, st->q, st->q, w->q_norm, n * H, Dh, c->rms_norm_eps);
-                be->rmsnorm(be, st->k, st->k, w->k_norm, n * KVH, Dh, c->rms_norm_eps);
-            }
-            be->rope_i32(be, st->q, b->pos, n, H, Dh, m->rope_inv_freq);
-            be->rope_i32(be, st->k, b->pos, n, KVH, Dh, m->rope_inv_freq);
-            be->paged_kv_store(be, kv->k[l], kv->v[l], st->k, st->v, b->slot_mapping, n, KVD);
-        }
-        if (!attended)
-            be->paged_attention(be, st->att, st->q, kv->k[l], kv->v[l], b->block_tables, b->seq, b->pos, n, H, KVH, Dh,
-                                kv->block_size, b->max_blocks);
-        be->linear(be, st->proj, st->att, w->o_w, w->o_b, n, QD, D);
-        model_lora_add(m, w, LORA_O, st->proj, st->att, n, st->lora_t, st->lora_u);
-        if (model_tp_sum(m, st->proj, ND, err) != 0) return COLT_ERR;
-        if (fused_ops) {
-            be->add_rmsnorm(be, st->x, st->xn, st->proj, w->mlp_norm, n, D, c->rms_norm_eps);
-        } else {
-            be->add(be, st->x, st->x, st->proj, ND);
-            be->rmsnorm(be, st->xn, st->x, w->mlp_norm, n, D, c->rms_norm_eps);
-        }
-        bool gate_up_lora = model_lora_active(m, w, LORA_GATE) || model_lora_active(m, w, LORA_UP);
-        if (fused_ops && gate_up_back_to_back(w, c, es) && !gate_up_lora) {
-            be->linear(be, st->gate_up, st->xn, w->gate_w, NULL, n, D, 2 * F);
-            be->swiglu_gate_up(be, st->gate, st->gate_up, n, F);
-        } else {
-            be->linear(be, st->gate, st->xn, w->gate_w, NULL, n, D, F);
-            be->linear(be, st->up, st->xn, w->up_w, NULL, n, D, F);
-            model_lora_add(m, w, LORA_GATE, st->gate, st->xn, n, st->lora_t, st->lora_u);
-            model_lora_add(m, w, LORA_UP, st->up, st->xn, n, st->lora_t, st->lora_u);
-            be->swiglu(be, st->gate, st->gate, st->up, (size_t)n * F);
-        }
-        be->linear(be, st->proj, st->gate, w->down_w, NULL, n, F, D);
-        model_lora_add(m, w, LORA_DOWN, st->proj, st->gate, n, st->lora_t, st->lora_u);
-        if (model_tp_sum(m, st->proj, ND, err) != 0) return COLT_ERR;
-        if (l + 1 < L && fused_ops) {
-            be->add_rmsnorm(be, st->x, st->xn, st->proj, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
-        } else {
-            be->add(be, st->x, st->x, st->proj, ND);
-            if (l + 1 < L) be->rmsnorm(be, st->xn, st->x, m->layers[l + 1].attn_norm, n, D, c->rms_norm_eps);
+    if (!one_launch) {
+        /* Nothing kept (one residual stream, gate as swiglu's output); the
+         * fused GEMMs' scratch: fewer, larger kernels per layer where the
+         * weights sit back to back. */
+        LayerBuffers lb = {.x_in = st->x, .xn_attn = st->xn, .q = st->q, .k = st->k, .v = st->v, .att = st->att,
+                           .proj = st->proj, .x_mid = st->x, .xn_mlp = st->xn, .gate = st->gate, .up = st->up,
+                           .h = st->gate, .x_out = st->x, .lora_t = st->lora_t, .lora_u = st->lora_u,
+                           .qkv = st->qkv, .gate_up = st->gate_up};
+        LayerKv lkv = {.paged = b, .block_size = kv->block_size};
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            lkv.k = kv->k[l];
+            lkv.v = kv->v[l];
+            if (model_layer_forward(m, l, &lb, &lkv, n, NULL, NULL, err) != 0) return COLT_ERR;
         }
     }
     if (b->n_logits == 0) return COLT_OK;

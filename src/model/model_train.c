@@ -596,11 +596,12 @@ static const void *lora_input(void *ctx, int l, LoraTarget t, const void *x) {
 static int layer_forward(Model *m, TrainState *st, int l, void *x_out, char *err) {
     LayerActivations *a = &st->act[l];
     LayerBuffers b = {.x_in = a->x_in, .xn_attn = a->xn_attn, .q_lin = a->q_lin, .k_lin = a->k_lin, .q = a->q,
-                      .k = st->k, .v = st->v, .k_cache = a->k_cache, .v_cache = a->v_cache, .att = a->att,
+                      .k = st->k, .v = st->v, .att = a->att,
                       .lse = a->lse, .proj = st->proj, .x_mid = a->x_mid, .xn_mlp = a->xn_mlp, .gate = a->gate,
                       .up = a->up, .h = st->h, .x_out = x_out, .lora_t = st->lora_t, .lora_u = st->lora_u};
+    LayerKv kv = {.k = a->k_cache, .v = a->v_cache, .slot = st->slot, .pos = st->pos, .max_len = st->max_len};
     st->model = m;
-    return model_layer_forward(m, l, &b, st->slot, st->pos, st->n, st->max_len, lora_input, st, err);
+    return model_layer_forward(m, l, &b, &kv, st->n, lora_input, st, err);
 }
 
 int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *slot, const int *pos,

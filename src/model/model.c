@@ -77,10 +77,10 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
         LAYER("input_layernorm.weight", D, 0, INIT_ONES, attn_norm, TP_WHOLE);
         LAYER("self_attn.q_proj.weight", QD, D, INIT_NORMAL, q_w, TP_ROWS);
         if (qkv_bias) LAYER("self_attn.q_proj.bias", QD, 0, INIT_ZEROS, q_b, TP_ROWS);
-        LAYER("self_attn.k_proj.weight", KVD, D, INIT_NORMAL, k_w, TP_ROWS);
-        if (qkv_bias) LAYER("self_attn.k_proj.bias", KVD, 0, INIT_ZEROS, k_b, TP_ROWS);
-        LAYER("self_attn.v_proj.weight", KVD, D, INIT_NORMAL, v_w, TP_ROWS);
-        if (qkv_bias) LAYER("self_attn.v_proj.bias", KVD, 0, INIT_ZEROS, v_b, TP_ROWS);
+        LAYER("self_attn.k_proj.weight", KVD, D, INIT_NORMAL, k_w, TP_KV_ROWS);
+        if (qkv_bias) LAYER("self_attn.k_proj.bias", KVD, 0, INIT_ZEROS, k_b, TP_KV_ROWS);
+        LAYER("self_attn.v_proj.weight", KVD, D, INIT_NORMAL, v_w, TP_KV_ROWS);
+        if (qkv_bias) LAYER("self_attn.v_proj.bias", KVD, 0, INIT_ZEROS, v_b, TP_KV_ROWS);
         LAYER("self_attn.o_proj.weight", D, QD, INIT_NORMAL, o_w, TP_COLS);
         if (o_bias) LAYER("self_attn.o_proj.bias", D, 0, INIT_ZEROS, o_b, TP_WHOLE);
         if (model_has_qk_norm(c)) {
@@ -135,16 +135,19 @@ int model_tp_check(const ModelConfig *c, int size, char *err) {
     if (size < 1) return errorf(err, "tensor_parallel_size %d must be >= 1", size);
     if (size == 1) return COLT_OK;
     struct { const char *name; int value; } dims[] = {{"num_attention_heads", c->num_attention_heads},
-                                                     {"num_key_value_heads", c->num_key_value_heads},
                                                      {"intermediate_size", c->intermediate_size},
                                                      {"vocab_size", c->vocab_size}};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i].value % size != 0)
-            return errorf(err, "tensor_parallel_size %d does not divide the model's %s (%d)%s", size, dims[i].name,
-                          dims[i].value,
-                          i == 1 ? ": key/value heads are not replicated across ranks (yet); choose a size that "
-                                   "divides them"
-                                 : "");
+            return errorf(err, "tensor_parallel_size %d does not divide the model's %s (%d)", size, dims[i].name,
+                          dims[i].value);
+    /* KV heads are cut while there are enough of them, then replicated */
+    int kvh = c->num_key_value_heads;
+    if (kvh % size != 0 && size % kvh != 0)
+        return errorf(err,
+                      "tensor_parallel_size %d and the model's num_key_value_heads (%d): one must divide the other "
+                      "(KV heads are cut across ranks, or each replicated on size / heads ranks)",
+                      size, kvh);
     if (c->arch != ARCH_QWEN2 && c->attention_bias)
         return errorf(err, "tensor_parallel_size %d: models with an o_proj bias (attention_bias) are not supported", size);
     return COLT_OK;
@@ -158,7 +161,7 @@ bool model_tp_graph_safe(const Model *m) { return m->tp.size <= 1 || m->tp.graph
 static ModelConfig local_config(const ModelConfig *cfg, const TensorParallel *tp) {
     ModelConfig c = *cfg;
     c.num_attention_heads /= tp->size;
-    c.num_key_value_heads /= tp->size;
+    c.num_key_value_heads = c.num_key_value_heads >= tp->size ? c.num_key_value_heads / tp->size : 1;
     c.intermediate_size /= tp->size;
     c.vocab_size /= tp->size;
     return c;
@@ -170,6 +173,7 @@ static Model *model_alloc_tp(const ModelConfig *cfg, const Backend *be, const Te
     m->tp = tp && tp->size > 1 ? *tp : (TensorParallel){.rank = 0, .size = 1};
     m->local = local_config(cfg, &m->tp);
     m->vocab_lo = m->tp.rank * m->local.vocab_size;
+    m->kv_copies = m->tp.size > cfg->num_key_value_heads ? m->tp.size / cfg->num_key_value_heads : 1;
     m->be = be;
     m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
     m->rope_inv_freq = xcalloc((size_t)cfg->head_dim / 2, sizeof(float));
@@ -182,17 +186,30 @@ static Model *model_alloc_tp(const ModelConfig *cfg, const Backend *be, const Te
 
 static Model *model_alloc(const ModelConfig *cfg, const Backend *be) { return model_alloc_tp(cfg, be, NULL); }
 
-/* The whole tensor's shape (the file's) of table entry s on a rank of a group of size. */
-static void whole_shape(const TensorSpec *s, int size, int64_t shape[2]) {
-    shape[0] = s->shape[0] * (s->split == TP_ROWS ? size : 1);
-    shape[1] = s->shape[1] * (s->split == TP_COLS ? size : 1);
+/* The blocks a group of size cuts table entry s into (1: kept whole). */
+static int tp_blocks(const Model *m, const TensorSpec *s) {
+    if (s->split == TP_WHOLE) return 1;
+    return s->split == TP_KV_ROWS ? m->tp.size / m->kv_copies : m->tp.size;
 }
 
-/* part = rank's part of whole (the whole tensor of table entry s, fp32 host). */
-static void tp_cut(const TensorSpec *s, int size, int rank, const float *whole, float *part) {
+/* The whole tensor's shape (the file's) of table entry s. */
+static void whole_shape(const Model *m, const TensorSpec *s, int64_t shape[2]) {
+    int blocks = tp_blocks(m, s);
+    shape[0] = s->shape[0] * (s->split == TP_COLS ? 1 : blocks);
+    shape[1] = s->shape[1] * (s->split == TP_COLS ? blocks : 1);
+}
+
+static size_t whole_numel(const Model *m, const TensorSpec *s) {
+    return tensor_spec_numel(s) * (size_t)tp_blocks(m, s);
+}
+
+/* part = this rank's part of whole (the whole tensor of table entry s, fp32 host). */
+static void tp_cut(const Model *m, const TensorSpec *s, const float *whole, float *part) {
     size_t numel = tensor_spec_numel(s);
+    int rank = m->tp.rank, size = m->tp.size;
     if (s->split != TP_COLS) { /* whole, or a block of consecutive rows */
-        memcpy(part, whole + (s->split == TP_ROWS ? (size_t)rank * numel : 0), numel * sizeof(float));
+        size_t block = s->split == TP_WHOLE ? 0 : (size_t)(s->split == TP_KV_ROWS ? rank / m->kv_copies : rank);
+        memcpy(part, whole + block * numel, numel * sizeof(float));
         return;
     }
     size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
@@ -271,7 +288,7 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
             goto error;
         }
         int64_t whole[2];
-        whole_shape(&t[i], size, whole);
+        whole_shape(m, &t[i], whole);
         if (st->ndim != t[i].ndim || st->shape[0] != whole[0] || (t[i].ndim == 2 && st->shape[1] != whole[1])) {
             char have[128], want[64];
             format_shape(have, sizeof(have), st->ndim, st->shape);
@@ -293,7 +310,7 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
             free(host);
             goto error;
         }
-        if (size > 1) tp_cut(&t[i], size, m->tp.rank, host, part);
+        if (size > 1) tp_cut(m, &t[i], host, part);
         be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
     if (part != host) free(part);
@@ -354,10 +371,10 @@ int model_create_random_tp(Model **out, const ModelConfig *cfg, uint64_t seed, c
     float *part = size > 1 ? xmalloc(max_numel * sizeof(float)) : host;
     model_alloc_weights(m);
     for (int i = 0; i < n; i++) {
-        size_t numel = tensor_spec_numel(&t[i]) * (t[i].split == TP_WHOLE ? 1 : (size_t)size);
+        size_t numel = whole_numel(m, &t[i]);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
-        if (size > 1) tp_cut(&t[i], size, m->tp.rank, host, part);
+        if (size > 1) tp_cut(m, &t[i], host, part);
         be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
     if (part != host) free(part);
@@ -541,6 +558,11 @@ static int tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, c
     void *all = be->alloc(be, numel * size);
     int rc = m->tp.all_gather(m->tp.ctx, all, *s->buf, numel, false, err);
     if (rc == 0 && s->split == TP_ROWS) be->download(be, whole, all, numel * size); /* blocks of rows in rank order */
+    if (rc == 0 && s->split == TP_KV_ROWS) { /* one copy of each block: the first of its kv_copies ranks' */
+        size_t es = dtype_size(be->storage), copies = (size_t)m->kv_copies;
+        for (size_t b = 0; b < size / copies; b++)
+            be->download(be, whole + b * numel, (const char *)all + b * copies * numel * es, numel);
+    }
     if (rc == 0 && s->split == TP_COLS) {
         float *parts = xmalloc(numel * size * sizeof(float));
         be->download(be, parts, all, numel * size);
@@ -645,7 +667,7 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
     char gather_err[ERR_LEN] = "";
     for (int i = 0; i < n; i++) {
         int64_t shape[2]; /* the whole tensor's (a tensor-parallel rank holds a part) */
-        whole_shape(&t[i], m->tp.size, shape);
+        whole_shape(m, &t[i], shape);
         size_t numel = (size_t)shape[0] * (size_t)(t[i].ndim == 2 ? shape[1] : 1);
         fills[i] = (SaveFill){.m = m, .spec = &t[i], .buf = t[i].buf, .numel = numel, .merge = merge, .index = i,
                               .err = gather_err, .failed = &gather_failed};

@@ -27,8 +27,11 @@ typedef struct LayerWeights {
 typedef enum { INIT_NORMAL = 0, INIT_ONES, INIT_ZEROS } TensorInit;
 
 /* How tensor parallelism cuts a tensor (model.h TensorParallel): not at all,
- * into consecutive blocks of rows, or of columns. */
-typedef enum { TP_WHOLE = 0, TP_ROWS, TP_COLS } TpSplit;
+ * into consecutive blocks of rows, or of columns; or by key/value heads:
+ * blocks of rows, one per rank while the group has no more ranks than the
+ * model has KV heads, else one KV head per rank, each held by
+ * Model.kv_copies consecutive ranks (KV-head replication). */
+typedef enum { TP_WHOLE = 0, TP_ROWS, TP_COLS, TP_KV_ROWS } TpSplit;
 
 typedef struct TensorSpec {
     char name[96];
@@ -108,6 +111,9 @@ struct Model {
     ModelConfig local;
     TensorParallel tp; /* size 1: the whole model */
     int vocab_lo;      /* this rank's first vocabulary row */
+    /* Ranks of the group holding the same KV heads: size / num_key_value_heads
+     * when the group is larger than the model's KV heads, else 1. */
+    int kv_copies;
     const Backend *be;
     void *embed;      /* [V, D] */
     void *final_norm; /* [D] */

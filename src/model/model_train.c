@@ -37,9 +37,11 @@ ModelParam model_param(const Model *m, int index) {
     return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_spec_numel(s)};
 }
 
-bool model_param_replicated(const Model *m, int index) {
+int model_param_copies(const Model *m, int index) {
     COLT_ASSERT(index >= 0 && index < model_param_count(m));
-    return m->tp.size > 1 && !m->lora && m->tensors[index].split == TP_WHOLE;
+    if (m->tp.size <= 1 || m->lora) return 1;
+    TpSplit split = m->tensors[index].split;
+    return split == TP_WHOLE ? m->tp.size : split == TP_KV_ROWS ? m->kv_copies : 1;
 }
 
 size_t model_param_offset(const Model *m, int index) {
@@ -286,6 +288,10 @@ struct TrainState {
     float *stats_host;                  /* host [size, C, 4]: the group's logits_shard_stats */
     void *chunk_stats, *stats_all;      /* [C, 4], [size, C, 4] [f32] */
     void *dqk_norm;                     /* [2, Dh] [f32]: the q/k norms' gradients of this rank's heads (Qwen3) */
+    /* KV heads replicated (Model.kv_copies > 1): [blocks, KV_GRADS] [f32], the
+     * k/v projections' gradients of this rank's query heads in its KV block's
+     * row, zeros elsewhere, summed over the group (kv_grads_sum) */
+    void *dkv_blocks;
     LayerActivations *act;              /* [n_layers] */
     void *x_final, *xn_final;           /* [N, D] */
     /* scratch (forward and backward) */
@@ -322,7 +328,7 @@ int model_grads_sum_squares(const Model *m, const ModelGrads *g, double *out, ch
     double mine = 0.0;
     for (int i = 0; i < g->n; i++) {
         double sq = be->sum_squares(be, g->bufs[i], g->numel[i]);
-        mine += model_param_replicated(m, i) ? sq / m->tp.size : sq; /* the same on every rank: once in the sum */
+        mine += sq / model_param_copies(m, i); /* the same on its copies' ranks: once in the sum */
     }
     float v = (float)mine;
     int rc = model_tp_sum_host(m, &v, err);
@@ -341,6 +347,15 @@ static int st_chunk_rows(const Backend *be, int max_tokens) {
     return rows < max_tokens ? rows : max_tokens;
 }
 
+/* KV-head replication: one KV block's k_proj, k bias, v_proj, v bias gradients. */
+static size_t kv_grads_numel(const Model *m) {
+    size_t KVD = (size_t)m->local.num_key_value_heads * m->local.head_dim, D = (size_t)m->local.hidden_size;
+    return 2 * (KVD * D + KVD);
+}
+static size_t kv_blocks_numel(const Model *m) {
+    return (size_t)(m->tp.size / m->kv_copies) * kv_grads_numel(m);
+}
+
 size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_tokens, bool recompute) {
     const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
@@ -353,7 +368,9 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
     if (m->lora && m->lora->cfg.dropout > 0.0f) lora += 2 * N * (size_t)lora_max_in_dim(m) * es;
-    size_t tp_stats = m->tp.size > 1 ? (size_t)(m->tp.size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) : 0;
+    size_t tp_stats = m->tp.size > 1 ? (size_t)(m->tp.size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) +
+                                           (m->kv_copies > 1 ? kv_blocks_numel(m) * 4 : 0)
+                                     : 0;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
                     2 * SL * KVD * 4 + qk_lin + lora + tp_stats;
     return layers + shared;
@@ -397,6 +414,7 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
         st->chunk_stats = backend_alloc_f32_counted(be, C * 4, &st->bytes);
         st->stats_all = backend_alloc_f32_counted(be, tp * C * 4, &st->bytes);
         if (model_has_qk_norm(c)) st->dqk_norm = backend_alloc_f32_counted(be, 2 * (size_t)c->head_dim, &st->bytes);
+        if (m->kv_copies > 1) st->dkv_blocks = backend_alloc_f32_counted(be, kv_blocks_numel(m), &st->bytes);
     }
     st->recompute = recompute;
     st->act = xcalloc((size_t)st->n_layers, sizeof(LayerActivations));
@@ -477,7 +495,7 @@ void train_state_free(TrainState *st) {
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
                     st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh,
                     st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd, st->chunk_stats, st->stats_all,
-                    st->dqk_norm};
+                    st->dqk_norm, st->dkv_blocks};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
@@ -702,6 +720,21 @@ static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeig
     be->add(be, dx, dx, st->lora_dxd, nx);
 }
 
+/* KV-head replication: a KV head's gradients are the sum of its copies'
+ * ranks' (each saw its own query heads' share): every rank put its share in
+ * its block of st->dkv_blocks (zeros elsewhere); after one sum over the group
+ * each block holds its KV head's whole gradient, added to gw's. */
+static int kv_grads_sum(const Model *m, TrainState *st, const LayerWeights *gw, const float *block, char *err) {
+    const Backend *be = m->be;
+    size_t KVD = (size_t)m->local.num_key_value_heads * m->local.head_dim, WN = KVD * (size_t)m->local.hidden_size;
+    if (m->tp.all_reduce(m->tp.ctx, st->dkv_blocks, kv_blocks_numel(m), true, err) != 0) return COLT_ERR;
+    be->add_f32(be, gw->k_w, block, WN);
+    be->add_f32(be, gw->v_w, block + WN + KVD, WN);
+    if (gw->k_b) be->add_f32(be, gw->k_b, block + WN, KVD);
+    if (gw->v_b) be->add_f32(be, gw->v_b, block + 2 * WN + KVD, KVD);
+    return COLT_OK;
+}
+
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
     if (!st->have_forward) return errorf(err, "model_train_backward: no successful model_train_forward to go back through");
     if (g->n != model_param_count(m) || g->lora != (m->lora != NULL))
@@ -808,10 +841,22 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         }
         be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, dq, a->xn_attn, w->q_w, n, D, QD, 0);
         lora_backward(m, st, l, w, gw, LORA_Q, st->dxn, dq, a->xn_attn);
-        be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
-        lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
-        be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
-        lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
+        if (m->kv_copies > 1 && gw->k_w) { /* into this rank's block of dkv_blocks, summed below */
+            size_t WN = (size_t)KVD * D;
+            float *block = (float *)st->dkv_blocks + (size_t)(m->tp.rank / m->kv_copies) * kv_grads_numel(m);
+            be->zero_f32(be, st->dkv_blocks, kv_blocks_numel(m));
+            be->linear_backward(be, st->dxn, block, gw->k_b ? block + WN : NULL, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
+            be->linear_backward(be, st->dxn, block + WN + KVD, gw->v_b ? block + 2 * WN + KVD : NULL, st->v,
+                                a->xn_attn, w->v_w, n, D, KVD, 1);
+            if (kv_grads_sum(m, st, gw, block, err) != 0) return COLT_ERR;
+            lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
+            lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
+        } else {
+            be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
+            lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
+            be->linear_backward(be, st->dxn, gw->v_w, gw->v_b, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
+            lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
+        }
         if (model_tp_sum(m, st->dxn, ND, err) != 0) return COLT_ERR;
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;

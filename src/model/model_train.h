@@ -31,10 +31,12 @@ typedef struct ModelParam {
     size_t numel;
 } ModelParam;
 ModelParam model_param(const Model *m, int index);
-/* Under tensor parallelism: whether every rank of the group holds parameter
- * index whole (the norms), so its gradient is the same on each and counts
- * once in the global norm. False for a whole model. */
-bool model_param_replicated(const Model *m, int index);
+/* Under tensor parallelism: how many ranks of the group hold the same values
+ * of parameter index — the group's size for a tensor each holds whole (the
+ * norms), Model.kv_copies for the k/v projections when KV heads are
+ * replicated, else 1 — so its gradient counts once in the global norm. 1 for
+ * a whole model. */
+int model_param_copies(const Model *m, int index);
 /* Parameter index's element offset in model_params_flat's layout. */
 size_t model_param_offset(const Model *m, int index);
 /* The trainable parameters as one buffer (storage dtype; numel includes the

@@ -1238,21 +1238,22 @@ static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
 
 /* zero_stage 2 or 3 under tensor parallelism: the global gradient norm from
  * every rank's shard of its part's summed gradients, over the whole launch,
- * a parameter each part holds whole (the norms) counted once. */
+ * a parameter several ranks of a group hold (the norms; replicated KV heads)
+ * counted once. */
 static int zero2_norm_tp(Trainer *t, double *norm, char *err) {
     size_t lo = 0, hi = 0;
     optim_shard_range(t->opt, &lo, &hi);
     const Backend *be = t->be;
     const char *shard = train_dist_zero2_shard(&t->dist);
-    double mine = be->sum_squares(be, shard, hi - lo), replicated = 0;
+    double mine = be->sum_squares(be, shard, hi - lo);
     for (int i = 0; i < model_param_count(t->model); i++) {
-        if (!model_param_replicated(t->model, i)) continue;
+        int copies = model_param_copies(t->model, i);
+        if (copies == 1) continue;
         size_t a = model_param_offset(t->model, i), b = a + model_param(t->model, i).numel;
         a = a > lo ? a : lo;
         b = b < hi ? b : hi;
-        if (b > a) replicated += be->sum_squares(be, shard + (a - lo) * sizeof(float), b - a);
+        if (b > a) mine -= be->sum_squares(be, shard + (a - lo) * sizeof(float), b - a) * (1.0 - 1.0 / copies);
     }
-    mine -= replicated * (1.0 - 1.0 / t->tp.tp_size);
     int rc = comm_all_reduce(t->dist.all, &mine, 1, COMM_FLOAT64, NULL, err);
     *norm = sqrt(mine);
     return rc;

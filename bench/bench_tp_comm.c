@@ -119,11 +119,13 @@ static double decode_comm_seconds(const TpShape *s, int tp, const TpAssumptions 
     return ALLREDUCE_CALLS_FORWARD * a->allreduce_latency_s + comm_seconds(bytes, a);
 }
 
-/* Why colt's first TP cannot split this shape tp ways (heads, kv heads and the vocabulary of lm_head and the
- * embedding must each divide evenly), written into `why`; NULL when it can. */
+/* Why colt's TP cannot split this shape tp ways (heads and the vocabulary of lm_head and the embedding must
+ * each divide evenly; kv heads and tp must divide one another: fewer kv heads than ranks are replicated),
+ * written into `why`; NULL when it can. The tables count 1/tp of every weight per rank: with replicated kv
+ * heads a rank holds a little more (its whole k/v head), under 2% of a layer for these shapes. */
 static const char *tp_unsupported_reason(const TpShape *s, int tp, char *why, size_t size) {
     if (s->heads % tp) snprintf(why, size, "n/a: %d heads %% %d", s->heads, tp);
-    else if (s->kv_heads % tp) snprintf(why, size, "n/a: %d kv heads %% %d", s->kv_heads, tp);
+    else if (s->kv_heads % tp && tp % s->kv_heads) snprintf(why, size, "n/a: %d kv heads, tp %d", s->kv_heads, tp);
     else if (s->vocab % tp) snprintf(why, size, "n/a: vocab %d %% %d", s->vocab, tp);
     else return NULL;
     return why;
@@ -267,7 +269,8 @@ int main(int argc, char **argv) {
     printf("- Verdict: gain when the all-reduce time is below the compute (training) or weight-read time (decode) "
            "that splitting the layer saves against TP 1. \"Layer speedup\" is one replica's layer time at TP 1 "
            "over its time at TP tp; \"per-GPU\" divides it by tp (against tp data-parallel replicas at TP 1).\n");
-    printf("- n/a: colt's first TP needs tp to divide the heads, the kv heads and the vocabulary.\n");
+    printf("- n/a: colt's TP needs tp to divide the heads and the vocabulary, and tp and the kv heads to divide one "
+           "another (fewer kv heads than ranks are replicated).\n");
     printf("- Whole-model bf16 weights:");
     for (size_t k = 0; k < sizeof TP_SHAPES / sizeof TP_SHAPES[0]; k++)
         printf(" %s %.1f GB%s", TP_SHAPES[k].name, model_weight_bytes(&TP_SHAPES[k]) / 1e9,

@@ -1,0 +1,201 @@
+/* weight_sync.c — see weight_sync.h. */
+#include "dist/weight_sync.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_instance.h"
+#include "core/error.h"
+#include "model/lora.h"
+#include "model/model_train.h"
+
+struct WeightSync {
+    Comm *comm;
+    const Backend *be;
+    bool nccl;          /* buffers are device memory */
+    int root;           /* the trainer: the last rank */
+    size_t bucket_bytes;
+    void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
+    void *device_small; /* NCCL: [8] int64 for the fingerprint exchange */
+    size_t last_bytes;
+    double last_seconds;
+};
+
+/* What both sides' layouts must agree on, in this order. */
+enum { FP_BYTES, FP_PARAMS, FP_NAMES, FP_DTYPE, FP_COUNT };
+static const char *const FP_WHAT[FP_COUNT] = {"weight bytes", "tensor count", "tensor names and sizes",
+                                              "storage dtype"};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) {
+    *out = NULL;
+    if (opt->world_size < 2 || opt->rank < 0 || opt->rank >= opt->world_size)
+        return errorf(err, "weight sync: rank %d of %d (the group needs a server rank and the trainer)", opt->rank,
+                      opt->world_size);
+    if (!opt->host || !opt->host[0] || opt->port <= 0 || opt->port > 65535)
+        return errorf(err, "weight sync: bad group address '%s:%d'", opt->host ? opt->host : "", opt->port);
+    bool gpu = strncmp(opt->be->name, "cuda", 4) == 0;
+    CommKind kind = opt->kind;
+    if (kind == COMM_AUTO) kind = gpu && opt->use_nccl ? COMM_NCCL : COMM_GLOO;
+    if (!comm_built(kind))
+        return errorf(err, "weight sync: this build has no %s (the trainer-to-server channel needs it)",
+                      comm_kind_name(kind));
+    LaunchEnv env = {.launcher = LAUNCHER_NONE, .rank = opt->rank, .world_size = opt->world_size,
+                     .local_rank = opt->rank, .local_world_size = opt->world_size, .node_rank = -1,
+                     .master_port = opt->port};
+    snprintf(env.master_addr, sizeof env.master_addr, "%s", opt->host);
+    snprintf(env.run_id, sizeof env.run_id, "weight-sync");
+    CommOptions co = {.kind = kind, .gpu = kind == COMM_NCCL, .cuda_device = opt->cuda_device,
+                      .timeout_s = opt->timeout_s};
+    Comm *comm = NULL;
+    if (comm_open(&comm, &env, &co, err) != 0) return COLT_ERR;
+    WeightSync *w = xcalloc(1, sizeof(WeightSync));
+    w->comm = comm;
+    w->be = opt->be;
+    w->nccl = kind == COMM_NCCL;
+    w->root = opt->world_size - 1;
+    w->bucket_bytes = opt->bucket_bytes ? opt->bucket_bytes : WEIGHT_SYNC_BUCKET_BYTES;
+    if (w->nccl) {
+        w->device_small = opt->be->alloc_f32(opt->be, 2 * FP_COUNT);
+    } else {
+        w->host_bucket = opt->be->alloc_host(opt->be, w->bucket_bytes);
+        if (!w->host_bucket) {
+            weight_sync_close(w);
+            return errorf(err, "weight sync: cannot allocate %zu bytes of host memory for the buckets",
+                          w->bucket_bytes);
+        }
+    }
+    *out = w;
+    return COLT_OK;
+}
+
+/* The layout's fingerprint (FP_*): a whole model's weights arena. */
+static int fingerprint(const Model *m, int64_t fp[FP_COUNT], char *err) {
+    if (model_tp_size(m) > 1)
+        return errorf(err, "weight sync: a tensor-parallel part (tensor_parallel_size %d) cannot be sent or received "
+                           "yet; the server and the trainer each need the whole model",
+                      model_tp_size(m));
+    if (model_has_lora(m))
+        return errorf(err, "weight sync: the model has LoRA adapters attached; merge them first (merge_lora)");
+    size_t numel = 0;
+    if (!model_params_flat(m, &numel))
+        return errorf(err, "weight sync: the weights are partitioned (zero_stage 3); gather them first");
+    const Backend *be = model_backend(m);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over names and sizes */
+    for (int i = 0; i < model_param_count(m); i++) {
+        ModelParam p = model_param(m, i);
+        for (const char *c = p.name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        h = (h ^ (uint64_t)p.numel) * 1099511628211ull;
+    }
+    fp[FP_BYTES] = (int64_t)(numel * dtype_size(be->storage));
+    fp[FP_PARAMS] = model_param_count(m);
+    fp[FP_NAMES] = (int64_t)(h >> 1); /* kept positive: it travels as an int64 */
+    fp[FP_DTYPE] = be->storage;
+    return COLT_OK;
+}
+
+/* vals[n] int64 through the group: broadcast from the root (sum: false) or summed (true). */
+static int exchange(WeightSync *w, int64_t *vals, size_t n, bool sum, char *err) {
+    void *buf = vals, *stream = NULL;
+    if (w->nccl) {
+        buf = w->device_small;
+        stream = backend_cuda_compute_stream(w->be);
+        w->be->copy_from_host(w->be, buf, vals, n * sizeof(int64_t));
+    }
+    int rc = sum ? comm_all_reduce(w->comm, buf, n, COMM_INT64, stream, err)
+                 : comm_broadcast(w->comm, buf, n, COMM_INT64, w->root, stream, err);
+    if (rc == 0 && w->nccl) rc = comm_wait(w->comm, stream, err);
+    if (rc == 0 && w->nccl) w->be->copy_to_host(w->be, vals, buf, n * sizeof(int64_t));
+    return rc;
+}
+
+/* Every member learns whether the layouts agree: the trainer's fingerprint
+ * goes out, each server rank counts the fields it disagrees on, the counts
+ * are summed. A member whose own model is unusable (mine_ok false) counts as
+ * disagreeing on everything, so the others fail too instead of waiting. */
+static int agree(WeightSync *w, const int64_t mine[FP_COUNT], bool mine_ok, char *err) {
+    int64_t theirs[FP_COUNT + 1] = {0};
+    memcpy(theirs, mine, sizeof(int64_t) * FP_COUNT);
+    theirs[FP_COUNT] = mine_ok;
+    char own_err[ERR_LEN];
+    if (exchange(w, theirs, FP_COUNT + 1, false, own_err) != 0) return errorf(err, "%s", own_err);
+    int64_t differ[FP_COUNT + 1] = {0};
+    bool root = comm_rank(w->comm) == w->root;
+    for (int k = 0; k < FP_COUNT && !root; k++) differ[k] = !mine_ok || !theirs[FP_COUNT] || mine[k] != theirs[k];
+    differ[FP_COUNT] = !mine_ok; /* members that failed on their own */
+    if (exchange(w, differ, FP_COUNT + 1, true, own_err) != 0) return errorf(err, "%s", own_err);
+    if (!mine_ok) return COLT_ERR; /* err already says why */
+    if (!theirs[FP_COUNT]) return errorf(err, "weight sync: the trainer could not send its weights (see its message)");
+    for (int k = 0; k < FP_COUNT && !root; k++)
+        if (mine[k] != theirs[k])
+            return errorf(err, "weight sync: the trainer's model has other %s than this server's (%lld against %lld)",
+                          FP_WHAT[k], (long long)theirs[k], (long long)mine[k]);
+    if (differ[FP_COUNT] > 0)
+        return errorf(err, "weight sync: %lld member%s of the group could not take part (see their messages)",
+                      (long long)differ[FP_COUNT], differ[FP_COUNT] == 1 ? "" : "s");
+    for (int k = 0; k < FP_COUNT; k++)
+        if (differ[k] > 0)
+            return errorf(err, "weight sync: %lld server rank%s hold%s a model of other %s than the trainer's",
+                          (long long)differ[k], differ[k] == 1 ? "" : "s", differ[k] == 1 ? "s" : "", FP_WHAT[k]);
+    return COLT_OK;
+}
+
+/* The arena's bytes [0, bytes) broadcast from the root in buckets. */
+static int broadcast_arena(WeightSync *w, void *arena, size_t bytes, char *err) {
+    bool root = comm_rank(w->comm) == w->root;
+    void *stream = w->nccl ? backend_cuda_compute_stream(w->be) : NULL;
+    for (size_t off = 0; off < bytes; off += w->bucket_bytes) {
+        size_t n = bytes - off < w->bucket_bytes ? bytes - off : w->bucket_bytes;
+        char *part = (char *)arena + off;
+        if (w->nccl) {
+            if (comm_broadcast(w->comm, part, n, COMM_BYTE, w->root, stream, err) != 0) return COLT_ERR;
+            continue;
+        }
+        if (root) w->be->copy_to_host(w->be, w->host_bucket, part, n);
+        if (comm_broadcast(w->comm, w->host_bucket, n, COMM_BYTE, w->root, NULL, err) != 0) return COLT_ERR;
+        if (!root) w->be->copy_from_host(w->be, part, w->host_bucket, n);
+    }
+    return w->nccl ? comm_wait(w->comm, stream, err) : COLT_OK;
+}
+
+static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
+    if ((comm_rank(w->comm) == w->root) != sending)
+        return errorf(err, "weight sync: rank %d %s, but the trainer (rank %d) sends and the server's ranks receive",
+                      comm_rank(w->comm), sending ? "sends" : "receives", w->root);
+    double t0 = now_s();
+    int64_t fp[FP_COUNT] = {0};
+    bool ok = fingerprint(m, fp, err) == 0;
+    if (agree(w, fp, ok, err) != 0) return COLT_ERR;
+    size_t numel = 0;
+    void *arena = model_params_flat(m, &numel);
+    if (broadcast_arena(w, arena, (size_t)fp[FP_BYTES], err) != 0) return COLT_ERR;
+    w->last_bytes = (size_t)fp[FP_BYTES];
+    w->last_seconds = now_s() - t0;
+    return COLT_OK;
+}
+
+int weight_sync_send(WeightSync *w, const Model *m, char *err) { return transfer(w, m, true, err); }
+int weight_sync_recv(WeightSync *w, Model *m, char *err) { return transfer(w, m, false, err); }
+
+void weight_sync_last(const WeightSync *w, size_t *bytes, double *seconds) {
+    *bytes = w->last_bytes;
+    *seconds = w->last_seconds;
+}
+
+CommKind weight_sync_kind(const WeightSync *w) { return comm_kind(w->comm); }
+
+void weight_sync_close(WeightSync *w) {
+    if (!w) return;
+    if (w->host_bucket) w->be->free_host(w->be, w->host_bucket);
+    if (w->device_small) w->be->free(w->be, w->device_small);
+    comm_close(w->comm);
+    free(w);
+}

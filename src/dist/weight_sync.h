@@ -1,0 +1,57 @@
+/* weight_sync.h — the channel a trainer pushes its new weights over to a
+ * generation server after each optimizer step (TRL's vllm_mode "server": the
+ * server's ranks and the trainer's rank 0 form one group through a TCP store
+ * on the server's host at vllm_group_port, and the trainer broadcasts).
+ *
+ * The group: the server's ranks are 0 .. world_size - 2 (its rank 0 serves
+ * the store), the trainer is the last rank. Over NCCL when every member has a
+ * GPU of its own (the weights go device to device in large buckets), else
+ * over Gloo through the host (CPU ranks, or a server and a trainer sharing one
+ * GPU): each bucket is copied to pinned host memory, broadcast, copied back.
+ *
+ * What goes over: the model's weights as laid out in its arena (every tensor,
+ * padding included), bucket by bucket, so a push is a handful of large
+ * broadcasts instead of one per tensor (TRL's per-parameter sync was its main
+ * cost, trl#5249). Both sides must hold the same layout — same config, same
+ * storage dtype, whole models (no tensor-parallel parts, no attached
+ * adapters): the first thing each push sends is the layout's fingerprint, and
+ * a mismatch fails on every member with one line saying what differs. */
+#ifndef COLT_DIST_WEIGHT_SYNC_H
+#define COLT_DIST_WEIGHT_SYNC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dist/comm.h"
+#include "model/model.h"
+
+#define WEIGHT_SYNC_BUCKET_BYTES ((size_t)256 << 20) /* >= 256 MB per broadcast */
+
+typedef struct WeightSyncOptions {
+    const char *host;   /* the server's host (its rank 0 serves the store there) */
+    int port;           /* vllm_group_port */
+    int rank;           /* server ranks 0 .. world_size - 2; the trainer world_size - 1 */
+    int world_size;     /* the server's ranks + 1 */
+    const Backend *be;  /* the backend the model computes on */
+    CommKind kind;      /* COMM_AUTO: NCCL when be is a GPU and use_nccl, else Gloo */
+    bool use_nccl;      /* every member has a GPU of its own (NCCL refuses two ranks on one GPU) */
+    int cuda_device;    /* NCCL: this member's device ordinal (be->device) */
+    double timeout_s;   /* bound on every wait (0: COMM_DEFAULT_TIMEOUT_S) */
+    size_t bucket_bytes; /* 0: WEIGHT_SYNC_BUCKET_BYTES */
+} WeightSyncOptions;
+
+typedef struct WeightSync WeightSync;
+
+/* Joins the group (collective over its members; bounded by the timeout). */
+int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err);
+/* The trainer (the last rank): broadcasts m's weights. */
+int weight_sync_send(WeightSync *w, const Model *m, char *err);
+/* A server rank: receives the trainer's weights into m (the caller then
+ * drops what was computed with the old ones, e.g. the engine's prefix cache). */
+int weight_sync_recv(WeightSync *w, Model *m, char *err);
+/* Bytes moved and seconds spent by the last send or recv. */
+void weight_sync_last(const WeightSync *w, size_t *bytes, double *seconds);
+CommKind weight_sync_kind(const WeightSync *w);
+void weight_sync_close(WeightSync *w);
+
+#endif

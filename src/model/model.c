@@ -182,14 +182,13 @@ static Model *model_alloc_tp(const ModelConfig *cfg, const Backend *be, const Te
 
 static Model *model_alloc(const ModelConfig *cfg, const Backend *be) { return model_alloc_tp(cfg, be, NULL); }
 
-/* The whole tensor's shape (the file's) of table entry s on a rank of a group of size. */
-static void whole_shape(const TensorSpec *s, int size, int64_t shape[2]) {
+/* Declared in model_internal.h (lora.c cuts and gathers the adapters the same way). */
+void model_tp_whole_shape(const TensorSpec *s, int size, int64_t shape[2]) {
     shape[0] = s->shape[0] * (s->split == TP_ROWS ? size : 1);
     shape[1] = s->shape[1] * (s->split == TP_COLS ? size : 1);
 }
 
-/* part = rank's part of whole (the whole tensor of table entry s, fp32 host). */
-static void tp_cut(const TensorSpec *s, int size, int rank, const float *whole, float *part) {
+void model_tp_cut(const TensorSpec *s, int size, int rank, const float *whole, float *part) {
     size_t numel = tensor_spec_numel(s);
     if (s->split != TP_COLS) { /* whole, or a block of consecutive rows */
         memcpy(part, whole + (s->split == TP_ROWS ? (size_t)rank * numel : 0), numel * sizeof(float));
@@ -271,7 +270,7 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
             goto error;
         }
         int64_t whole[2];
-        whole_shape(&t[i], size, whole);
+        model_tp_whole_shape(&t[i], size, whole);
         if (st->ndim != t[i].ndim || st->shape[0] != whole[0] || (t[i].ndim == 2 && st->shape[1] != whole[1])) {
             char have[128], want[64];
             format_shape(have, sizeof(have), st->ndim, st->shape);
@@ -293,7 +292,7 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
             free(host);
             goto error;
         }
-        if (size > 1) tp_cut(&t[i], size, m->tp.rank, host, part);
+        if (size > 1) model_tp_cut(&t[i], size, m->tp.rank, host, part);
         be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
     if (part != host) free(part);
@@ -357,7 +356,7 @@ int model_create_random_tp(Model **out, const ModelConfig *cfg, uint64_t seed, c
         size_t numel = tensor_spec_numel(&t[i]) * (t[i].split == TP_WHOLE ? 1 : (size_t)size);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
-        if (size > 1) tp_cut(&t[i], size, m->tp.rank, host, part);
+        if (size > 1) model_tp_cut(&t[i], size, m->tp.rank, host, part);
         be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
     if (part != host) free(part);
@@ -527,29 +526,37 @@ static int tp_announce(const Model *m, int mine, int *got, char *err) {
     return rc;
 }
 
-/* Tensor parallel: whole[] = the group's parts of table entry s side by side
- * (collective over the group; a tensor kept whole on every rank is this
- * rank's copy). Every rank of the group calls it for the same tensors in the
- * same order. */
-static int tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, char *err) {
+/* Declared in model_internal.h. Merging gathers in fp32, so a part's W +
+ * s B A is rounded once, to the file's dtype, as a whole model's merge is. */
+int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bool merge, char *err) {
     const Backend *be = m->be;
     size_t numel = tensor_spec_numel(s), size = (size_t)m->tp.size;
     if (s->split == TP_WHOLE) {
         be->download(be, whole, *s->buf, numel);
+        if (merge) lora_merge_into(m, s->buf, whole);
         return COLT_OK;
     }
-    void *all = be->alloc(be, numel * size);
-    int rc = m->tp.all_gather(m->tp.ctx, all, *s->buf, numel, false, err);
-    if (rc == 0 && s->split == TP_ROWS) be->download(be, whole, all, numel * size); /* blocks of rows in rank order */
+    void *mine = NULL, *all = merge ? be->alloc_f32(be, numel * size) : be->alloc(be, numel * size);
+    if (merge) { /* this rank's part with its adapters' parts folded in */
+        float *host = xmalloc(numel * sizeof(float));
+        be->download(be, host, *s->buf, numel);
+        lora_merge_into(m, s->buf, host);
+        mine = be->alloc_f32(be, numel);
+        be->upload_f32(be, mine, host, numel);
+        free(host);
+    }
+    int rc = m->tp.all_gather(m->tp.ctx, all, merge ? mine : *s->buf, numel, merge, err);
+    float *parts = s->split == TP_ROWS ? whole : xmalloc(numel * size * sizeof(float)); /* rows: blocks in rank order */
+    if (rc == 0 && merge) be->download_f32(be, parts, all, numel * size);
+    if (rc == 0 && !merge) be->download(be, parts, all, numel * size);
     if (rc == 0 && s->split == TP_COLS) {
-        float *parts = xmalloc(numel * size * sizeof(float));
-        be->download(be, parts, all, numel * size);
         size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
         for (size_t r = 0; r < size; r++)
             for (size_t i = 0; i < rows; i++)
                 memcpy(whole + i * cols * size + r * cols, parts + r * numel + i * cols, cols * sizeof(float));
-        free(parts);
     }
+    if (parts != whole) free(parts);
+    if (mine) be->free(be, mine);
     be->free(be, all);
     return rc;
 }
@@ -562,7 +569,7 @@ static void save_fill(float *dst, size_t start, size_t count, void *ctx) {
             f->whole = xcalloc(f->numel, sizeof(float));
             int next = 0;
             if (!*f->failed && (tp_announce(f->m, f->index + 1, &next, f->err) != 0 ||
-                                tp_gather_tensor(f->m, f->spec, f->whole, f->err) != 0))
+                                model_tp_gather_tensor(f->m, f->spec, f->whole, f->merge, f->err) != 0))
                 *f->failed = true;
         }
         memcpy(dst, f->whole + start, count * sizeof(float));
@@ -630,7 +637,7 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
         float *whole = xmalloc(max_numel * (size_t)m->tp.size * sizeof(float));
         int rc = COLT_OK, next = 0;
         while (rc == 0 && (rc = tp_announce(m, 0, &next, err)) == 0 && next > 0 && next <= n)
-            rc = tp_gather_tensor(m, &t[next - 1], whole, err);
+            rc = model_tp_gather_tensor(m, &t[next - 1], whole, merge, err);
         free(whole);
         free(t);
         return rc;
@@ -645,7 +652,7 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
     char gather_err[ERR_LEN] = "";
     for (int i = 0; i < n; i++) {
         int64_t shape[2]; /* the whole tensor's (a tensor-parallel rank holds a part) */
-        whole_shape(&t[i], m->tp.size, shape);
+        model_tp_whole_shape(&t[i], m->tp.size, shape);
         size_t numel = (size_t)shape[0] * (size_t)(t[i].ndim == 2 ? shape[1] : 1);
         fills[i] = (SaveFill){.m = m, .spec = &t[i], .buf = t[i].buf, .numel = numel, .merge = merge, .index = i,
                               .err = gather_err, .failed = &gather_failed};

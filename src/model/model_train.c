@@ -39,7 +39,8 @@ ModelParam model_param(const Model *m, int index) {
 
 bool model_param_replicated(const Model *m, int index) {
     COLT_ASSERT(index >= 0 && index < model_param_count(m));
-    return m->tp.size > 1 && !m->lora && m->tensors[index].split == TP_WHOLE;
+    const TensorSpec *s = m->lora ? &m->lora->tensors[index] : &m->tensors[index];
+    return m->tp.size > 1 && s->split == TP_WHOLE;
 }
 
 size_t model_param_offset(const Model *m, int index) {
@@ -301,8 +302,12 @@ struct TrainState {
     void *dq_lin, *dk_lin;              /* [N, QD], [N, KVD]: d q_proj / k_proj output (Qwen3; else NULL) */
     /* LoRA (NULL without adapters): [N, r] A x (scaled) and its gradient, [N, widest adapted output] B (A x) */
     void *lora_t, *lora_dt, *lora_u;
-    /* lora_dropout (NULL without): [N, widest adapted input] an adapter's dropped input and d of it */
+    /* lora_dropout (NULL without): [N, widest adapted input of the whole model] an adapter's dropped
+     * input and d of it (also the whole-width scratch of a row-parallel input's masks) */
     void *lora_xd, *lora_dxd;
+    /* tensor parallel LoRA: [adapted layer kinds, r * D] [f32] this rank's shares of the gradients of the
+     * adapter tensors every rank holds whole (lora_shared_grad), summed over the group once per layer */
+    void *lora_shared;
     int64_t dropout_key;                /* the forward's (model_lora_set_dropout_key), -1: none */
     const Model *model;                 /* the model of the pass running (lora_input's) */
     uint64_t dropout_seed;
@@ -341,6 +346,15 @@ static int st_chunk_rows(const Backend *be, int max_tokens) {
     return rows < max_tokens ? rows : max_tokens;
 }
 
+/* Tensor parallel LoRA: elements of lora_shared (one r * D slot per adapted
+ * layer kind), 0 for a whole model or without adapters. */
+static size_t lora_shared_numel(const Model *m) {
+    if (!m->lora || m->tp.size <= 1) return 0;
+    size_t kinds = 0;
+    for (int k = 0; k < LORA_N_TARGETS; k++) kinds += (m->lora->cfg.targets >> k) & 1u;
+    return kinds * (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
+}
+
 size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_tokens, bool recompute) {
     const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     size_t N = (size_t)max_tokens, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
@@ -353,6 +367,7 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
     if (m->lora && m->lora->cfg.dropout > 0.0f) lora += 2 * N * (size_t)lora_max_in_dim(m) * es;
+    lora += lora_shared_numel(m) * 4;
     size_t tp_stats = m->tp.size > 1 ? (size_t)(m->tp.size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) : 0;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
                     2 * SL * KVD * 4 + qk_lin + lora + tp_stats;
@@ -452,7 +467,11 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
         if (m->lora->cfg.dropout > 0.0f) {
             st->lora_xd = backend_alloc_counted(be, N * (size_t)lora_max_in_dim(m), &st->bytes);
             st->lora_dxd = backend_alloc_counted(be, N * (size_t)lora_max_in_dim(m), &st->bytes);
+            /* a row-parallel input's masks read the other ranks' columns too (values then unused): defined ones */
+            be->zero(be, st->lora_xd, N * (size_t)lora_max_in_dim(m));
+            be->zero(be, st->lora_dxd, N * (size_t)lora_max_in_dim(m));
         }
+        if (lora_shared_numel(m)) st->lora_shared = backend_alloc_f32_counted(be, lora_shared_numel(m), &st->bytes);
     }
     st->dgate = backend_alloc_counted(be, N * F, &st->bytes);
     st->dup = backend_alloc_counted(be, N * F, &st->bytes);
@@ -476,8 +495,8 @@ void train_state_free(TrainState *st) {
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
                     st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh,
-                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd, st->chunk_stats, st->stats_all,
-                    st->dqk_norm};
+                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd, st->lora_shared, st->chunk_stats,
+                    st->stats_all, st->dqk_norm};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
@@ -567,12 +586,31 @@ static int tp_chunk_logprobs(const Model *m, TrainState *st, int r0, int cn, flo
     return COLT_OK;
 }
 
-/* One decoder layer's forward from act[l].x_in. With x_out, the layer output
- * goes there; without (the recompute in the backward), it stops once every
- * activation the backward reads exists (gate, up). */
 /* lora_dropout: the masks of adapter t of layer l in the forward keyed key. */
 static uint64_t dropout_stream(int64_t key, int l, LoraTarget t) {
     return ((uint64_t)key << 16) ^ ((uint64_t)l << 3) ^ (uint64_t)t;
+}
+
+/* out[n, in] = lora_dropout of x[n, in], adapter t's input on this rank (out
+ * may be x). A mask element is keyed by its index in the whole model's input,
+ * so under tensor parallelism a row-parallel input (this rank's columns) is
+ * put in its place in wide [n, whole width], masked there and copied back: the
+ * masks one process draws, whatever the cut. */
+static void lora_dropout_apply(const Model *m, const TrainState *st, int l, LoraTarget t, void *out, const void *x,
+                               void *wide) {
+    const Backend *be = m->be;
+    int in_dim, whole_in, out_dim;
+    lora_target_dims(&m->local, t, &in_dim, &out_dim);
+    lora_target_dims(&m->cfg, t, &whole_in, &out_dim);
+    uint64_t stream = dropout_stream(st->dropout_key, l, t);
+    if (in_dim == whole_in) {
+        be->dropout(be, out, x, (size_t)st->n * in_dim, st->dropout_p, st->dropout_seed, stream);
+        return;
+    }
+    char *mine = (char *)wide + (size_t)m->tp.rank * in_dim * dtype_size(be->storage); /* this rank's columns */
+    be->copy_2d(be, mine, (size_t)whole_in, x, (size_t)in_dim, st->n, in_dim);
+    be->dropout(be, wide, wide, (size_t)st->n * whole_in, st->dropout_p, st->dropout_seed, stream);
+    be->copy_2d(be, out, (size_t)in_dim, mine, (size_t)whole_in, st->n, in_dim);
 }
 
 /* What adapter t of layer l reads: x, or in a training forward with
@@ -582,10 +620,7 @@ static const void *lora_input(void *ctx, int l, LoraTarget t, const void *x) {
     TrainState *st = ctx;
     const Model *m = st->model;
     if (st->dropout_key < 0 || !model_lora_active(m, &m->layers[l], t)) return x;
-    int in_dim, out_dim;
-    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
-    m->be->dropout(m->be, st->lora_xd, x, (size_t)st->n * in_dim, st->dropout_p, st->dropout_seed,
-                   dropout_stream(st->dropout_key, l, t));
+    lora_dropout_apply(m, st, l, t, st->lora_xd, x, st->lora_dxd);
     return st->lora_xd;
 }
 
@@ -672,33 +707,66 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
 
 /* ---------------------------------------------------------------- backward */
 
+/* Where target t's backward accumulates the gradient of its adapter tensor
+ * that every rank of the group holds whole (A of a column-parallel layer, B
+ * of a row-parallel one: [r, D] or [D, r]): each rank computes only its share
+ * of it (a column-parallel layer's dt = dy_part B_part is this rank's share of
+ * the whole dt; a row-parallel one's t = A_part x_part is this rank's share of
+ * the whole A x), so the shares go to t's slot of lora_shared and
+ * lora_sum_shared adds their sum over the group. */
+static void *lora_shared_grad(const Model *m, const TrainState *st, LoraTarget t) {
+    size_t slot = 0, rd = (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
+    for (int k = 0; k < (int)t; k++) slot += (m->lora->cfg.targets >> k) & 1u;
+    return (char *)st->lora_shared + slot * rd * sizeof(float);
+}
+
+/* After a layer's backward: the shares in lora_shared summed over the group
+ * (one all-reduce) and added to the layer's gradients gw. No-op without them. */
+static int lora_sum_shared(const Model *m, TrainState *st, const LayerWeights *gw, char *err) {
+    size_t numel = lora_shared_numel(m), rd = (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
+    if (!numel) return COLT_OK;
+    if (m->tp.all_reduce(m->tp.ctx, st->lora_shared, numel, true, err) != 0) return COLT_ERR;
+    for (int k = 0; k < LORA_N_TARGETS; k++) {
+        if (!gw->lora_a[k]) continue;
+        void *g = lora_target_row_parallel((LoraTarget)k) ? gw->lora_b[k] : gw->lora_a[k];
+        m->be->add_f32(m->be, g, lora_shared_grad(m, st, (LoraTarget)k), rd);
+    }
+    return COLT_OK;
+}
+
 /* Backward of the adapter term y += s B (A x) of target t of layer l
  * (model_lora_add), after the base layer's own backward: dB += dy^T (s A x),
  * dA += (s dy B)^T x, dx += (s dy B) A. A x is recomputed (one [N, r] GEMM)
  * rather than kept. With lora_dropout x is the dropped input (its mask
- * redrawn) and dx gets (s dy B) A through the same mask. */
+ * redrawn) and dx gets (s dy B) A through the same mask. Under tensor
+ * parallelism A, B, x, dx and dy are this rank's parts (lora.c): dx is this
+ * rank's share where the layer's input gradient is summed over the group
+ * next (column-parallel), and the tensor held whole gets its share in
+ * lora_shared (lora_shared_grad). */
 static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeights *w, const LayerWeights *gw,
                           LoraTarget t, void *dx, const void *dy, const void *x) {
     if (!gw->lora_a[t]) return;
     const Backend *be = m->be;
     int n = st->n, r = lora_rank(m), in_dim, out_dim;
     float s = m->lora->scaling;
-    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
+    lora_target_dims(&m->local, t, &in_dim, &out_dim);
+    void *ga = gw->lora_a[t], *gb = gw->lora_b[t];
+    if (st->lora_shared && lora_target_row_parallel(t)) gb = lora_shared_grad(m, st, t);
+    else if (st->lora_shared) ga = lora_shared_grad(m, st, t);
     st->model = m;
     const void *xa = lora_input(st, l, t, x);
     be->linear(be, st->lora_t, xa, w->lora_a[t], NULL, n, in_dim, r);
     be->mul_scalar(be, st->lora_t, st->lora_t, s, (size_t)n * r);
-    be->linear_backward(be, st->lora_dt, gw->lora_b[t], NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);
+    be->linear_backward(be, st->lora_dt, gb, NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);
     be->mul_scalar(be, st->lora_dt, st->lora_dt, s, (size_t)n * r);
     if (xa == x) {
-        be->linear_backward(be, dx, gw->lora_a[t], NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
+        be->linear_backward(be, dx, ga, NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
         return;
     }
-    size_t nx = (size_t)n * in_dim;
-    be->linear_backward(be, st->lora_dxd, gw->lora_a[t], NULL, st->lora_dt, xa, w->lora_a[t], n, in_dim, r, 0);
-    be->dropout(be, st->lora_dxd, st->lora_dxd, nx, st->dropout_p, st->dropout_seed,
-                dropout_stream(st->dropout_key, l, t));
-    be->add(be, dx, dx, st->lora_dxd, nx);
+    /* the dropped input (lora_xd) is no longer read: it is the masks' whole-width scratch now */
+    be->linear_backward(be, st->lora_dxd, ga, NULL, st->lora_dt, xa, w->lora_a[t], n, in_dim, r, 0);
+    lora_dropout_apply(m, st, l, t, st->lora_dxd, st->lora_dxd, st->lora_xd);
+    be->add(be, dx, dx, st->lora_dxd, (size_t)n * in_dim);
 }
 
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
@@ -767,6 +835,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];
         if (st->recompute && layer_forward(m, st, l, NULL, err) != 0) return COLT_ERR; /* this layer's activations, again */
+        if (st->lora_shared) be->zero_f32(be, st->lora_shared, lora_shared_numel(m));
         /* MLP */
         be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
@@ -813,6 +882,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
         if (model_tp_sum(m, st->dxn, ND, err) != 0) return COLT_ERR;
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+        if (lora_sum_shared(m, st, gw, err) != 0) return COLT_ERR;
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;
     }
     if (gm->embed) be->embedding_backward(be, gm->embed, st->dres, st->ids, n, D); /* frozen under LoRA */

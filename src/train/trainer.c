@@ -1446,9 +1446,10 @@ static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
         if (want.targets & (1u << k))
             snprintf(targets + strlen(targets), sizeof targets - strlen(targets), "%s%s", targets[0] ? " " : "",
                      lora_target_name((LoraTarget)k));
-    log_info0("LoRA: r %d, lora_alpha %g%s on %s of %d layers: %zu trainable parameters (%.2f%% of %zu frozen)",
+    log_info0("LoRA: r %d, lora_alpha %g%s on %s of %d layers: %zu trainable parameters (%.2f%% of %zu frozen)%s",
               want.r, (double)want.alpha, want.use_rslora ? " (rsLoRA)" : "", targets, mc->num_hidden_layers,
-              n_adapters, 100.0 * (double)n_adapters / (double)n_weights, n_weights);
+              n_adapters, 100.0 * (double)n_adapters / (double)n_weights, n_weights,
+              t->tp.tp_size > 1 ? " on each tensor-parallel rank (its part)" : "");
     return COLT_OK;
 }
 

@@ -135,8 +135,10 @@ static void check_training(Model *whole, Model *part, bool recompute, int passes
     float lpw[N], lpp[N], enw[N], enp[N];
     double dlp = 0.0, den = 0.0;
     for (int pass = 0; pass < passes; pass++) {
-        CHECK(model_train_forward(whole, tw, tokens, slot, pos, targets, N, 0.7f, lpw, enw, err) == 0, "%s: %s", what, err);
-        CHECK(model_train_forward(part, tp, tokens, slot, pos, targets, N, 0.7f, lpp, enp, err) == 0, "%s: %s", what, err);
+        CHECK(model_train_forward(whole, tw, tokens, slot, pos, targets, N, 0.7f, lpw, enw, err) == 0, "%s: %s", what,
+              err);
+        CHECK(model_train_forward(part, tp, tokens, slot, pos, targets, N, 0.7f, lpp, enp, err) == 0, "%s: %s", what,
+              err);
         dlp = fmax(dlp, max_abs_diff(lpw, lpp, N)), den = fmax(den, max_abs_diff(enw, enp, N));
         float dl[N];
         for (int i = 0; i < N; i++)
@@ -147,7 +149,8 @@ static void check_training(Model *whole, Model *part, bool recompute, int passes
     CHECK(dlp <= TOL_LOGPROB && den <= TOL_LOGPROB, "%s: log-probs differ by %.3g, entropies by %.3g", what, dlp, den);
     /* the global norm: every part's, a tensor every rank holds whole counted once */
     double sq_whole = 0.0, sq_part = 0.0;
-    CHECK(model_grads_sum_squares(whole, gw, &sq_whole, err) == 0 && model_grads_sum_squares(part, gp, &sq_part, err) == 0,
+    CHECK(model_grads_sum_squares(whole, gw, &sq_whole, err) == 0 &&
+              model_grads_sum_squares(part, gp, &sq_part, err) == 0,
           "%s: %s", what, err);
     double dnorm = fabs(sqrt(sq_part) - sqrt(sq_whole)) / fmax(sqrt(sq_whole), 1e-30);
     CHECK(sq_whole > 0.0 && dnorm <= TOL_GRAD, "%s: gradient norm %.9g, the whole model's %.9g", what, sqrt(sq_part),
@@ -296,7 +299,8 @@ static void check_lora(const ModelConfig *cfg, const Backend *be, const TensorPa
     }
     LoraConfig lc = {.r = 4, .alpha = 8.0f, .targets = LORA_ALL_TARGETS, .dropout = 0.25f};
     Model *whole = NULL, *part = NULL, *fresh = NULL;
-    CHECK(model_create_random(&whole, cfg, 7, be, err) == 0 && model_create_random_tp(&part, cfg, 7, be, hooks, err) == 0 &&
+    CHECK(model_create_random(&whole, cfg, 7, be, err) == 0 &&
+              model_create_random_tp(&part, cfg, 7, be, hooks, err) == 0 &&
               model_create_random_tp(&fresh, cfg, 7, be, hooks, err) == 0,
           "%s: %s", what, err);
     CHECK(model_lora_attach(whole, &lc, 11, err) == 0 && model_lora_attach(fresh, &lc, 11, err) == 0, "%s: %s", what,
@@ -744,8 +748,8 @@ static void check_train_lora_cli(void) {
         char da[300], db[300];
         snprintf(da, sizeof da, "%s/%s", g_tmp, pairs[k].a);
         snprintf(db, sizeof db, "%s/%s", g_tmp, pairs[k].b);
-        CHECK(w <= pairs[k].tol && mw <= pairs[k].tol, "LoRA train %s vs %s: adapters differ by %.3g, merged weights by %.3g", pairs[k].a,
-              pairs[k].b, w, mw);
+        CHECK(w <= pairs[k].tol && mw <= pairs[k].tol,
+              "LoRA train %s vs %s: adapters differ by %.3g, merged weights by %.3g", pairs[k].a, pairs[k].b, w, mw);
         CHECK(m <= 2e-3, "LoRA train %s vs %s: metrics differ by %.3g (%s)", pairs[k].a, pairs[k].b, m, worst);
         CHECK(same_file(da, db, "adapter_config.json"), "LoRA train %s vs %s: adapter_config.json differs", pairs[k].a,
               pairs[k].b);
@@ -770,7 +774,8 @@ static void check_train_lora_cli(void) {
     /* resume: a copy of tp2 from its checkpoint-2 (adapters cut on load, each part's optimizer file) */
     sh("cp -r %s/tp2 %s/tp2r", g_tmp, g_tmp);
     char extra[1024], *log = NULL, worst[256];
-    snprintf(extra, sizeof extra, LORA_ARGS " --lora_dropout 0 --tensor_parallel_size 2 --resume_from_checkpoint %s/tp2r/checkpoint-2",
+    snprintf(extra, sizeof extra,
+             LORA_ARGS " --lora_dropout 0 --tensor_parallel_size 2 --resume_from_checkpoint %s/tp2r/checkpoint-2",
              g_tmp);
     int rc = train_run(2, extra, "tp2r", &log);
     CHECK(rc == 0, "LoRA resume at TP 2: exit %d: %s", rc, log);
@@ -781,8 +786,9 @@ static void check_train_lora_cli(void) {
     /* colt generate with the trained adapters, cut across 1 and 2 processes */
     char *outs[2] = {NULL, NULL}, cmd[2048];
     for (int k = 0; k < 2; k++) {
-        snprintf(cmd, sizeof cmd, "%s%s%s generate --model " COLT_SOURCE_DIR "/models/stories260K --adapter %s/tp1 "
-                 "--prompt 'Once upon a time' --max_new_tokens 30 --n 3 --temperature 0.8 --seed 3 --device cpu --json%s",
+        snprintf(cmd, sizeof cmd,
+                 "%s%s%s generate --model " COLT_SOURCE_DIR "/models/stories260K --adapter %s/tp1 --prompt 'Once upon "
+                 "a time' --max_new_tokens 30 --n 3 --temperature 0.8 --seed 3 --device cpu --json%s",
                  k ? MPIRUN : "", k ? " -np 2 " : "", COLT_BINARY, g_tmp, k ? " --tensor_parallel_size 2" : "");
         FILE *p = popen(cmd, "r");
         char buf[65536];

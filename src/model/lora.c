@@ -157,7 +157,8 @@ int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err)
     for (int i = 0; i < ls->n_tensors; i++)
         if (tensor_spec_numel(&ls->tensors[i]) > max_numel) max_numel = tensor_spec_numel(&ls->tensors[i]);
     /* the whole tensor is drawn on every rank of a tensor-parallel group, which keeps its part */
-    float *host = xmalloc(max_numel * (size_t)size * sizeof(float)), *part = size > 1 ? xmalloc(max_numel * sizeof(float)) : host;
+    float *host = xmalloc(max_numel * (size_t)size * sizeof(float));
+    float *part = size > 1 ? xmalloc(max_numel * sizeof(float)) : host;
     for (int i = 0; i < ls->n_tensors; i++) {
         const TensorSpec *s = &ls->tensors[i];
         if (s->init == INIT_ZEROS) continue; /* B: the arena is zeroed */
@@ -387,9 +388,11 @@ int model_lora_save(const Model *m, const char *dir, const char *base_model, cha
     int rc = m->tp.rank == 0 ? write_adapters(m, dir, base_model, err) : write_adapters(m, NULL, NULL, err);
     float failed = m->tp.rank == 0 && rc != 0; /* rank 0's verdict, summed over the group */
     char sum_err[ERR_LEN];
-    if (model_tp_sum_host(m, &failed, sum_err) != 0)
-        return rc != 0 ? rc : errorf(err, "%s: waiting for the tensor-parallel group's rank 0 to write the adapters: %s",
-                                     dir, sum_err);
+    if (model_tp_sum_host(m, &failed, sum_err) != 0) {
+        if (rc != 0) return rc;
+        return errorf(err, "%s: waiting for the tensor-parallel group's rank 0 to write the adapters: %s", dir,
+                      sum_err);
+    }
     if (rc == 0 && failed != 0.0f)
         return errorf(err, "%s: the tensor-parallel group's rank 0 could not write the adapters", dir);
     return rc;
@@ -472,7 +475,8 @@ void lora_merge_into(const Model *m, void *const *buf, float *host) {
             const LayerWeights *w = &m->layers[l];
             if (*base_weight(w, (LoraTarget)k) != *buf || !w->lora_a[k]) continue;
             int in_dim, out_dim, r = ls->cfg.r;
-            lora_target_dims(&m->local, (LoraTarget)k, &in_dim, &out_dim); /* this rank's parts: W_part += s B A of them */
+            /* this rank's parts: W_part += s B A of them */
+            lora_target_dims(&m->local, (LoraTarget)k, &in_dim, &out_dim);
             float *a = xmalloc((size_t)r * in_dim * sizeof(float)), *b = xmalloc((size_t)out_dim * r * sizeof(float));
             m->be->download(m->be, a, w->lora_a[k], (size_t)r * in_dim);
             m->be->download(m->be, b, w->lora_b[k], (size_t)out_dim * r);

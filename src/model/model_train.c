@@ -723,8 +723,9 @@ static void *lora_shared_grad(const Model *m, const TrainState *st, LoraTarget t
 /* After a layer's backward: the shares in lora_shared summed over the group
  * (one all-reduce) and added to the layer's gradients gw. No-op without them. */
 static int lora_sum_shared(const Model *m, TrainState *st, const LayerWeights *gw, char *err) {
-    size_t numel = lora_shared_numel(m), rd = (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
+    size_t numel = lora_shared_numel(m);
     if (!numel) return COLT_OK;
+    size_t rd = (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
     if (m->tp.all_reduce(m->tp.ctx, st->lora_shared, numel, true, err) != 0) return COLT_ERR;
     for (int k = 0; k < LORA_N_TARGETS; k++) {
         if (!gw->lora_a[k]) continue;

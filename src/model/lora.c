@@ -464,33 +464,47 @@ static void *const *base_weight(const LayerWeights *w, LoraTarget t) {
     }
 }
 
+/* The layer and target of an adapted base weight whose buffer pointer is *buf; false when it is not adapted. */
+static bool adapted_weight(const Model *m, void *const *buf, int *layer, LoraTarget *target) {
+    if (!m->lora) return false;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int k = 0; k < LORA_N_TARGETS; k++)
+            if (*base_weight(&m->layers[l], (LoraTarget)k) == *buf && m->layers[l].lora_a[k]) {
+                *layer = l, *target = (LoraTarget)k;
+                return true;
+            }
+    return false;
+}
+
+bool lora_merges_into(const Model *m, void *const *buf) {
+    int l;
+    LoraTarget k;
+    return adapted_weight(m, buf, &l, &k);
+}
+
 /* Declared in model_internal.h: host[out, in] (base weight tensor `buf` in
  * fp32) += scaling * B A, when buf is an adapted weight (PEFT's merge:
  * delta = (B @ A) * scaling in fp32, then W += delta). */
 void lora_merge_into(const Model *m, void *const *buf, float *host) {
-    const LoraState *ls = m->lora;
-    if (!ls) return;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        for (int k = 0; k < LORA_N_TARGETS; k++) {
-            const LayerWeights *w = &m->layers[l];
-            if (*base_weight(w, (LoraTarget)k) != *buf || !w->lora_a[k]) continue;
-            int in_dim, out_dim, r = ls->cfg.r;
-            /* this rank's parts: W_part += s B A of them */
-            lora_target_dims(&m->local, (LoraTarget)k, &in_dim, &out_dim);
-            float *a = xmalloc((size_t)r * in_dim * sizeof(float)), *b = xmalloc((size_t)out_dim * r * sizeof(float));
-            m->be->download(m->be, a, w->lora_a[k], (size_t)r * in_dim);
-            m->be->download(m->be, b, w->lora_b[k], (size_t)out_dim * r);
+    int l;
+    LoraTarget k;
+    if (!adapted_weight(m, buf, &l, &k)) return;
+    const LayerWeights *w = &m->layers[l];
+    int in_dim, out_dim, r = m->lora->cfg.r;
+    lora_target_dims(&m->local, k, &in_dim, &out_dim); /* this rank's parts: W_part += s B A of them */
+    float *a = xmalloc((size_t)r * in_dim * sizeof(float)), *b = xmalloc((size_t)out_dim * r * sizeof(float));
+    m->be->download(m->be, a, w->lora_a[k], (size_t)r * in_dim);
+    m->be->download(m->be, b, w->lora_b[k], (size_t)out_dim * r);
+    float scaling = m->lora->scaling;
 #pragma omp parallel for schedule(static)
-            for (int o = 0; o < out_dim; o++)
-                for (int i = 0; i < in_dim; i++) {
-                    float s = 0.0f;
-                    for (int q = 0; q < r; q++) s += b[(size_t)o * r + q] * a[(size_t)q * in_dim + i];
-                    host[(size_t)o * in_dim + i] += s * ls->scaling;
-                }
-            free(a);
-            free(b);
-            return;
+    for (int o = 0; o < out_dim; o++)
+        for (int i = 0; i < in_dim; i++) {
+            float s = 0.0f;
+            for (int q = 0; q < r; q++) s += b[(size_t)o * r + q] * a[(size_t)q * in_dim + i];
+            host[(size_t)o * in_dim + i] += s * scaling;
         }
+    free(a);
+    free(b);
 }
 
 /* ---------------------------------------------------------------- the adapter term */

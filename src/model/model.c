@@ -526,8 +526,9 @@ static int tp_announce(const Model *m, int mine, int *got, char *err) {
     return rc;
 }
 
-/* Declared in model_internal.h. Merging gathers in fp32, so a part's W +
- * s B A is rounded once, to the file's dtype, as a whole model's merge is. */
+/* Declared in model_internal.h. An adapted weight being merged is gathered
+ * in fp32, so a part's W + s B A is rounded once, to the file's dtype, as a
+ * whole model's merge is. */
 int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bool merge, char *err) {
     const Backend *be = m->be;
     size_t numel = tensor_spec_numel(s), size = (size_t)m->tp.size;
@@ -536,8 +537,9 @@ int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bo
         if (merge) lora_merge_into(m, s->buf, whole);
         return COLT_OK;
     }
-    void *mine = NULL, *all = merge ? be->alloc_f32(be, numel * size) : be->alloc(be, numel * size);
-    if (merge) { /* this rank's part with its adapters' parts folded in */
+    bool f32 = merge && lora_merges_into(m, s->buf); /* the same on every rank: the adapters target the same layers */
+    void *mine = NULL, *all = f32 ? be->alloc_f32(be, numel * size) : be->alloc(be, numel * size);
+    if (f32) { /* this rank's part with its adapters' parts folded in */
         float *host = xmalloc(numel * sizeof(float));
         be->download(be, host, *s->buf, numel);
         lora_merge_into(m, s->buf, host);
@@ -545,10 +547,10 @@ int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bo
         be->upload_f32(be, mine, host, numel);
         free(host);
     }
-    int rc = m->tp.all_gather(m->tp.ctx, all, merge ? mine : *s->buf, numel, merge, err);
+    int rc = m->tp.all_gather(m->tp.ctx, all, f32 ? mine : *s->buf, numel, f32, err);
     float *parts = s->split == TP_ROWS ? whole : xmalloc(numel * size * sizeof(float)); /* rows: blocks in rank order */
-    if (rc == 0 && merge) be->download_f32(be, parts, all, numel * size);
-    if (rc == 0 && !merge) be->download(be, parts, all, numel * size);
+    if (rc == 0 && f32) be->download_f32(be, parts, all, numel * size);
+    if (rc == 0 && !f32) be->download(be, parts, all, numel * size);
     if (rc == 0 && s->split == TP_COLS) {
         size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
         for (size_t r = 0; r < size; r++)

@@ -230,5 +230,6 @@ void lora_plan(Model *m, const LoraConfig *cfg);
 /* host[out, in] (the fp32 values of the base weight whose device buffer is
  * *buf) += scaling * B A when that weight is adapted; else unchanged. */
 void lora_merge_into(const Model *m, void *const *buf, float *host);
+bool lora_merges_into(const Model *m, void *const *buf); /* whether that weight is adapted */
 
 #endif

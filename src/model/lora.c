@@ -6,6 +6,14 @@
  * optimizer and the gradient exchange see one flat buffer. The forward and
  * backward that use them are in model.c, model_paged.c and model_train.c.
  *
+ * Under tensor parallelism each adapter is cut along its base weight's cut
+ * (model.h): a column-parallel layer (q/k/v, gate/up: rows of W cut) keeps A
+ * whole and B's rows of its outputs, so B_part (A x) is its part of the
+ * output with no exchange; a row-parallel one (o_proj, down_proj: columns of
+ * W cut) keeps A's columns of its inputs and B whole, so B (A_part x_part) is
+ * its share of the output, summed by the all-reduce that already follows the
+ * layer. Files hold whole tensors: saving gathers them, loading cuts them.
+ *
  * Dimension legend: N tokens, r rank, in / out the adapted layer's widths. */
 #include <jansson.h>
 #include <math.h>
@@ -43,6 +51,8 @@ float lora_scaling(const LoraConfig *c) {
     return (float)(c->use_rslora ? (double)c->alpha / sqrt((double)c->r) : (double)c->alpha / (double)c->r);
 }
 
+bool lora_target_row_parallel(LoraTarget t) { return t == LORA_O || t == LORA_DOWN; }
+
 void lora_target_dims(const ModelConfig *c, LoraTarget t, int *in_dim, int *out_dim) {
     int D = c->hidden_size, F = c->intermediate_size, QD = c->num_attention_heads * c->head_dim,
         KVD = c->num_key_value_heads * c->head_dim;
@@ -60,7 +70,7 @@ void lora_target_dims(const ModelConfig *c, LoraTarget t, int *in_dim, int *out_
 /* ---------------------------------------------------------------- tensor table */
 
 TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's part of each tensor */
     TensorSpec *t = xcalloc((size_t)c->num_hidden_layers * 2 * LORA_N_TARGETS + 1, sizeof(TensorSpec));
     int n = 0;
     for (int l = 0; l < c->num_hidden_layers; l++)
@@ -76,6 +86,10 @@ TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count) {
                 s->shape[0] = ab ? out_dim : cfg->r;
                 s->shape[1] = ab ? cfg->r : in_dim;
                 s->init = ab ? INIT_ZEROS : INIT_NORMAL; /* A: the uniform draw of model_lora_attach */
+                /* cut along the base weight's cut: A's columns (inputs) or B's rows (outputs) */
+                bool row_parallel = lora_target_row_parallel((LoraTarget)k);
+                TpSplit rows = k == LORA_K || k == LORA_V ? TP_KV_ROWS : TP_ROWS; /* k/v: by KV heads, as k/v_proj */
+                s->split = ab ? (row_parallel ? TP_WHOLE : rows) : (row_parallel ? TP_COLS : TP_WHOLE);
                 s->buf = ab ? &m->layers[l].lora_b[k] : &m->layers[l].lora_a[k];
             }
         }
@@ -84,10 +98,7 @@ TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count) {
 }
 
 static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *where, char *err) {
-    const ModelConfig *c = &m->cfg;
-    if (m->tp.size > 1)
-        return errorf(err, "%s: LoRA adapters on a tensor-parallel model (tensor_parallel_size %d) are not supported yet",
-                      where, m->tp.size);
+    const ModelConfig *c = &m->cfg; /* the whole model's widths (r is the same on every part) */
     int smallest = c->hidden_size < c->intermediate_size ? c->hidden_size : c->intermediate_size;
     if (c->num_key_value_heads * c->head_dim < smallest) smallest = c->num_key_value_heads * c->head_dim;
     if (cfg->r <= 0 || cfg->r > smallest)
@@ -142,19 +153,26 @@ int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err)
     if (check_lora_config(m, cfg, "use_peft", err) != 0) return COLT_ERR;
     lora_alloc(m, cfg);
     LoraState *ls = m->lora;
+    const int size = m->tp.size;
     size_t max_numel = 0;
     for (int i = 0; i < ls->n_tensors; i++)
         if (tensor_spec_numel(&ls->tensors[i]) > max_numel) max_numel = tensor_spec_numel(&ls->tensors[i]);
-    float *host = xmalloc(max_numel * sizeof(float));
+    /* the whole tensor is drawn on every rank of a tensor-parallel group, which keeps its part */
+    float *host = xmalloc(max_numel * (size_t)size * sizeof(float));
+    float *part = size > 1 ? xmalloc(max_numel * sizeof(float)) : host;
     for (int i = 0; i < ls->n_tensors; i++) {
         const TensorSpec *s = &ls->tensors[i];
         if (s->init == INIT_ZEROS) continue; /* B: the arena is zeroed */
+        int64_t whole[2];
+        model_tp_whole_shape(m, s, whole);
         /* kaiming_uniform_(a=sqrt(5)) on [r, in]: bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / 6) */
-        float bound = (float)(1.0 / sqrt((double)s->shape[1]));
-        size_t numel = tensor_spec_numel(s);
+        float bound = (float)(1.0 / sqrt((double)whole[1]));
+        size_t numel = (size_t)whole[0] * (size_t)whole[1];
         for (size_t j = 0; j < numel; j++) host[j] = bound * (2.0f * rng_uniform(seed, (uint64_t)i, j) - 1.0f);
-        m->be->upload(m->be, *s->buf, host, numel);
+        if (size > 1) model_tp_cut(m, s, host, part);
+        m->be->upload(m->be, *s->buf, part, tensor_spec_numel(s));
     }
+    if (part != host) free(part);
     free(host);
     return COLT_OK;
 }
@@ -313,7 +331,7 @@ int model_lora_load(Model *m, const char *dir, char *err) {
             rc = errorf(err, "%s: tensor '%s' is not an adapter of the layers adapter_config.json names", weights_path,
                         name);
     }
-    float *host = NULL;
+    float *host = NULL, *part = NULL; /* the file's whole tensor; this rank's part under tensor parallelism */
     for (int i = 0; i < ls->n_tensors && rc == 0; i++) {
         const TensorSpec *s = &ls->tensors[i];
         const SafeTensor *st = safetensors_find(&set, s->name, NULL);
@@ -321,17 +339,24 @@ int model_lora_load(Model *m, const char *dir, char *err) {
             rc = errorf(err, "%s: missing tensor '%s'", weights_path, s->name);
             break;
         }
-        if (st->ndim != 2 || st->shape[0] != s->shape[0] || st->shape[1] != s->shape[1]) {
+        int64_t whole[2];
+        model_tp_whole_shape(m, s, whole);
+        if (st->ndim != 2 || st->shape[0] != whole[0] || st->shape[1] != whole[1]) {
             rc = errorf(err, "%s: tensor '%s' has shape [%lld,%lld], the model and r = %d want [%lld,%lld]",
                         weights_path, s->name, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
-                        cfg.r, (long long)s->shape[0], (long long)s->shape[1]);
+                        cfg.r, (long long)whole[0], (long long)whole[1]);
             break;
         }
-        host = xrealloc(host, tensor_spec_numel(s) * sizeof(float));
+        host = xrealloc(host, (size_t)whole[0] * (size_t)whole[1] * sizeof(float));
         rc = safetensors_to_f32_finite(host, st, weights_path, err);
-        if (rc == 0) m->be->upload(m->be, *s->buf, host, tensor_spec_numel(s));
+        if (rc == 0 && m->tp.size > 1) {
+            part = xrealloc(part, tensor_spec_numel(s) * sizeof(float));
+            model_tp_cut(m, s, host, part);
+        }
+        if (rc == 0) m->be->upload(m->be, *s->buf, m->tp.size > 1 ? part : host, tensor_spec_numel(s));
     }
     free(host);
+    free(part);
     if (rc != 0) lora_state_free(m);
 done:
     safetensors_set_free(&set);
@@ -353,23 +378,50 @@ static int write_json_file(const char *path, json_t *root, char *err) {
     return rc;
 }
 
+/* Tensor parallel: every rank of the group gathers the whole adapters (they
+ * are small), the group's rank 0 writes them, and the others wait for its
+ * verdict, so the folder exists (or the error is known) when any returns. */
+static int write_adapters(const Model *m, const char *dir, const char *base_model, char *err);
+
 int model_lora_save(const Model *m, const char *dir, const char *base_model, char *err) {
+    if (!m->lora) return errorf(err, "%s: the model has no LoRA adapters to save", dir);
+    if (m->tp.size <= 1) return write_adapters(m, dir, base_model, err);
+    int rc = m->tp.rank == 0 ? write_adapters(m, dir, base_model, err) : write_adapters(m, NULL, NULL, err);
+    float failed = m->tp.rank == 0 && rc != 0; /* rank 0's verdict, summed over the group */
+    char sum_err[ERR_LEN];
+    if (model_tp_sum_host(m, &failed, sum_err) != 0) {
+        if (rc != 0) return rc;
+        return errorf(err, "%s: waiting for the tensor-parallel group's rank 0 to write the adapters: %s", dir,
+                      sum_err);
+    }
+    if (rc == 0 && failed != 0.0f)
+        return errorf(err, "%s: the tensor-parallel group's rank 0 could not write the adapters", dir);
+    return rc;
+}
+
+/* dir NULL: a tensor-parallel rank other than 0, which only takes part in the gathers. */
+static int write_adapters(const Model *m, const char *dir, const char *base_model, char *err) {
     const LoraState *ls = m->lora;
-    if (!ls) return errorf(err, "%s: the model has no LoRA adapters to save", dir);
-    if (make_dirs(dir, err) != 0) return COLT_ERR;
     SafeTensorWrite *w = xcalloc((size_t)ls->n_tensors, sizeof(SafeTensorWrite));
+    int rc = COLT_OK;
     for (int i = 0; i < ls->n_tensors; i++) {
         const TensorSpec *s = &ls->tensors[i];
-        float *host = xmalloc(tensor_spec_numel(s) * sizeof(float));
-        m->be->download(m->be, host, *s->buf, tensor_spec_numel(s));
-        w[i] = (SafeTensorWrite){.name = s->name, .ndim = 2, .shape = {s->shape[0], s->shape[1]}, .data = host};
+        int64_t whole[2];
+        model_tp_whole_shape(m, s, whole);
+        float *host = xmalloc((size_t)whole[0] * (size_t)whole[1] * sizeof(float));
+        if (m->tp.size <= 1) m->be->download(m->be, host, *s->buf, tensor_spec_numel(s));
+        else if (rc == 0) rc = model_tp_gather_tensor(m, s, host, false, err);
+        w[i] = (SafeTensorWrite){.name = s->name, .ndim = 2, .shape = {whole[0], whole[1]}, .data = host};
     }
-    char *path = path_join(dir, "adapter_model.safetensors");
-    int rc = safetensors_write(path, w, ls->n_tensors, DTYPE_F32, err);
-    free(path);
+    if (rc == 0 && dir) rc = make_dirs(dir, err);
+    if (rc == 0 && dir) {
+        char *path = path_join(dir, "adapter_model.safetensors");
+        rc = safetensors_write(path, w, ls->n_tensors, DTYPE_F32, err);
+        free(path);
+    }
     for (int i = 0; i < ls->n_tensors; i++) free((void *)w[i].data);
     free(w);
-    if (rc != 0) return rc;
+    if (rc != 0 || !dir) return rc;
 
     json_t *root = json_object();
     json_object_set_new(root, "peft_type", json_string("LORA"));
@@ -413,32 +465,47 @@ static void *const *base_weight(const LayerWeights *w, LoraTarget t) {
     }
 }
 
+/* The layer and target of an adapted base weight whose buffer pointer is *buf; false when it is not adapted. */
+static bool adapted_weight(const Model *m, void *const *buf, int *layer, LoraTarget *target) {
+    if (!m->lora) return false;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int k = 0; k < LORA_N_TARGETS; k++)
+            if (*base_weight(&m->layers[l], (LoraTarget)k) == *buf && m->layers[l].lora_a[k]) {
+                *layer = l, *target = (LoraTarget)k;
+                return true;
+            }
+    return false;
+}
+
+bool lora_merges_into(const Model *m, void *const *buf) {
+    int l;
+    LoraTarget k;
+    return adapted_weight(m, buf, &l, &k);
+}
+
 /* Declared in model_internal.h: host[out, in] (base weight tensor `buf` in
  * fp32) += scaling * B A, when buf is an adapted weight (PEFT's merge:
  * delta = (B @ A) * scaling in fp32, then W += delta). */
 void lora_merge_into(const Model *m, void *const *buf, float *host) {
-    const LoraState *ls = m->lora;
-    if (!ls) return;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        for (int k = 0; k < LORA_N_TARGETS; k++) {
-            const LayerWeights *w = &m->layers[l];
-            if (*base_weight(w, (LoraTarget)k) != *buf || !w->lora_a[k]) continue;
-            int in_dim, out_dim, r = ls->cfg.r;
-            lora_target_dims(&m->cfg, (LoraTarget)k, &in_dim, &out_dim);
-            float *a = xmalloc((size_t)r * in_dim * sizeof(float)), *b = xmalloc((size_t)out_dim * r * sizeof(float));
-            m->be->download(m->be, a, w->lora_a[k], (size_t)r * in_dim);
-            m->be->download(m->be, b, w->lora_b[k], (size_t)out_dim * r);
+    int l;
+    LoraTarget k;
+    if (!adapted_weight(m, buf, &l, &k)) return;
+    const LayerWeights *w = &m->layers[l];
+    int in_dim, out_dim, r = m->lora->cfg.r;
+    lora_target_dims(&m->local, k, &in_dim, &out_dim); /* this rank's parts: W_part += s B A of them */
+    float *a = xmalloc((size_t)r * in_dim * sizeof(float)), *b = xmalloc((size_t)out_dim * r * sizeof(float));
+    m->be->download(m->be, a, w->lora_a[k], (size_t)r * in_dim);
+    m->be->download(m->be, b, w->lora_b[k], (size_t)out_dim * r);
+    float scaling = m->lora->scaling;
 #pragma omp parallel for schedule(static)
-            for (int o = 0; o < out_dim; o++)
-                for (int i = 0; i < in_dim; i++) {
-                    float s = 0.0f;
-                    for (int q = 0; q < r; q++) s += b[(size_t)o * r + q] * a[(size_t)q * in_dim + i];
-                    host[(size_t)o * in_dim + i] += s * ls->scaling;
-                }
-            free(a);
-            free(b);
-            return;
+    for (int o = 0; o < out_dim; o++)
+        for (int i = 0; i < in_dim; i++) {
+            float s = 0.0f;
+            for (int q = 0; q < r; q++) s += b[(size_t)o * r + q] * a[(size_t)q * in_dim + i];
+            host[(size_t)o * in_dim + i] += s * scaling;
         }
+    free(a);
+    free(b);
 }
 
 /* ---------------------------------------------------------------- the adapter term */
@@ -452,20 +519,23 @@ void model_lora_add(const Model *m, const LayerWeights *w, LoraTarget t, void *y
     if (n <= 0 || !model_lora_active(m, w, t)) return;
     const Backend *be = m->be;
     int in_dim, out_dim, r = m->lora->cfg.r;
-    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
+    lora_target_dims(&m->local, t, &in_dim, &out_dim);
     be->linear(be, t_buf, x, w->lora_a[t], NULL, n, in_dim, r);
     be->mul_scalar(be, t_buf, t_buf, m->lora->scaling, (size_t)n * r);
     be->linear(be, u_buf, t_buf, w->lora_b[t], NULL, n, r, out_dim);
     be->add(be, y, y, u_buf, (size_t)n * out_dim);
 }
 
-/* The widest input (inputs true) or output of the adapted layers, 0 without adapters. */
+/* The widest input (inputs true) or output of the adapted layers, 0 without
+ * adapters: the whole model's inputs (lora_dropout draws a row-parallel
+ * input's masks over its whole width), this rank's outputs. */
 static int widest_adapted(const Model *m, bool inputs) {
     if (!m->lora) return 0;
     int widest = 0;
     for (int k = 0; k < LORA_N_TARGETS; k++) {
-        int in_dim, out_dim;
-        lora_target_dims(&m->cfg, (LoraTarget)k, &in_dim, &out_dim);
+        int in_dim, out_dim, unused;
+        lora_target_dims(&m->cfg, (LoraTarget)k, &in_dim, &unused);
+        lora_target_dims(&m->local, (LoraTarget)k, &unused, &out_dim);
         int dim = inputs ? in_dim : out_dim;
         if ((m->lora->cfg.targets & (1u << k)) && dim > widest) widest = dim;
     }

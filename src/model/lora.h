@@ -13,7 +13,12 @@
  * Files are PEFT's: adapter_config.json + adapter_model.safetensors (tensor
  * names base_model.model.<module>.lora_A.weight), which
  * PeftModel.from_pretrained loads onto the base model. This is not the
- * training loop (train/) nor config parsing of use_peft (train_config.c). */
+ * training loop (train/) nor config parsing of use_peft (train_config.c).
+ *
+ * On a tensor-parallel model (model.h) each rank holds its part of every
+ * adapter, cut along the adapted layer's cut (lora.c); attach, load, save and
+ * merge deal in whole tensors, as the files hold them, and save and merge are
+ * collective over the group (its rank 0 writes). */
 #ifndef COLT_MODEL_LORA_H
 #define COLT_MODEL_LORA_H
 
@@ -49,10 +54,15 @@ int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err)
  * refused with the key named. */
 int model_lora_load(Model *m, const char *dir, char *err);
 /* Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (fp32),
- * each atomically; base_model names the base model in adapter_config.json. */
+ * each atomically; base_model names the base model in adapter_config.json.
+ * Tensor parallel: every rank of the group calls it; the whole tensors are
+ * gathered, its rank 0 writes, and each returns only once that is done (an
+ * error of rank 0's is every rank's). */
 int model_lora_save(const Model *m, const char *dir, const char *base_model, char *err);
 /* model_save of the merged weights W + scaling * B A (PEFT's merge_and_unload):
- * a plain Hugging Face checkpoint. */
+ * a plain Hugging Face checkpoint. Tensor parallel: each rank merges its parts
+ * (W_part += scaling * B_part A, or B A_part) and rank 0 writes the gathered
+ * whole (collective, as model_save). */
 int model_save_merged(const Model *m, const char *dir, DType dtype, char *err);
 
 bool model_has_lora(const Model *m);

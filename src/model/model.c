@@ -192,8 +192,8 @@ static int tp_blocks(const Model *m, const TensorSpec *s) {
     return s->split == TP_KV_ROWS ? m->tp.size / m->kv_copies : m->tp.size;
 }
 
-/* The whole tensor's shape (the file's) of table entry s. */
-static void whole_shape(const Model *m, const TensorSpec *s, int64_t shape[2]) {
+/* Declared in model_internal.h (lora.c cuts and gathers the adapters the same way). */
+void model_tp_whole_shape(const Model *m, const TensorSpec *s, int64_t shape[2]) {
     int blocks = tp_blocks(m, s);
     shape[0] = s->shape[0] * (s->split == TP_COLS ? 1 : blocks);
     shape[1] = s->shape[1] * (s->split == TP_COLS ? blocks : 1);
@@ -203,8 +203,7 @@ static size_t whole_numel(const Model *m, const TensorSpec *s) {
     return tensor_spec_numel(s) * (size_t)tp_blocks(m, s);
 }
 
-/* part = this rank's part of whole (the whole tensor of table entry s, fp32 host). */
-static void tp_cut(const Model *m, const TensorSpec *s, const float *whole, float *part) {
+void model_tp_cut(const Model *m, const TensorSpec *s, const float *whole, float *part) {
     size_t numel = tensor_spec_numel(s);
     int rank = m->tp.rank, size = m->tp.size;
     if (s->split != TP_COLS) { /* whole, or a block of consecutive rows */
@@ -288,7 +287,7 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
             goto error;
         }
         int64_t whole[2];
-        whole_shape(m, &t[i], whole);
+        model_tp_whole_shape(m, &t[i], whole);
         if (st->ndim != t[i].ndim || st->shape[0] != whole[0] || (t[i].ndim == 2 && st->shape[1] != whole[1])) {
             char have[128], want[64];
             format_shape(have, sizeof(have), st->ndim, st->shape);
@@ -310,7 +309,7 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
             free(host);
             goto error;
         }
-        if (size > 1) tp_cut(m, &t[i], host, part);
+        if (size > 1) model_tp_cut(m, &t[i], host, part);
         be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
     if (part != host) free(part);
@@ -374,7 +373,7 @@ int model_create_random_tp(Model **out, const ModelConfig *cfg, uint64_t seed, c
         size_t numel = whole_numel(m, &t[i]);
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < numel; j++) host[j] = random_init_value(t[i].init, seed, i, j);
-        if (size > 1) tp_cut(m, &t[i], host, part);
+        if (size > 1) model_tp_cut(m, &t[i], host, part);
         be->upload(be, *t[i].buf, part, tensor_spec_numel(&t[i]));
     }
     if (part != host) free(part);
@@ -544,34 +543,42 @@ static int tp_announce(const Model *m, int mine, int *got, char *err) {
     return rc;
 }
 
-/* Tensor parallel: whole[] = the group's parts of table entry s side by side
- * (collective over the group; a tensor kept whole on every rank is this
- * rank's copy). Every rank of the group calls it for the same tensors in the
- * same order. */
-static int tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, char *err) {
+/* Declared in model_internal.h. An adapted weight being merged is gathered
+ * in fp32, so a part's W + s B A is rounded once, to the file's dtype, as a
+ * whole model's merge is. */
+int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bool merge, char *err) {
     const Backend *be = m->be;
     size_t numel = tensor_spec_numel(s), size = (size_t)m->tp.size;
     if (s->split == TP_WHOLE) {
         be->download(be, whole, *s->buf, numel);
+        if (merge) lora_merge_into(m, s->buf, whole);
         return COLT_OK;
     }
-    void *all = be->alloc(be, numel * size);
-    int rc = m->tp.all_gather(m->tp.ctx, all, *s->buf, numel, false, err);
-    if (rc == 0 && s->split == TP_ROWS) be->download(be, whole, all, numel * size); /* blocks of rows in rank order */
-    if (rc == 0 && s->split == TP_KV_ROWS) { /* one copy of each block: the first of its kv_copies ranks' */
-        size_t es = dtype_size(be->storage), copies = (size_t)m->kv_copies;
-        for (size_t b = 0; b < size / copies; b++)
-            be->download(be, whole + b * numel, (const char *)all + b * copies * numel * es, numel);
+    bool f32 = merge && lora_merges_into(m, s->buf); /* the same on every rank: the adapters target the same layers */
+    void *mine = NULL, *all = f32 ? be->alloc_f32(be, numel * size) : be->alloc(be, numel * size);
+    if (f32) { /* this rank's part with its adapters' parts folded in */
+        float *host = xmalloc(numel * sizeof(float));
+        be->download(be, host, *s->buf, numel);
+        lora_merge_into(m, s->buf, host);
+        mine = be->alloc_f32(be, numel);
+        be->upload_f32(be, mine, host, numel);
+        free(host);
     }
+    int rc = m->tp.all_gather(m->tp.ctx, all, f32 ? mine : *s->buf, numel, f32, err);
+    float *parts = s->split == TP_ROWS ? whole : xmalloc(numel * size * sizeof(float)); /* rows: blocks in rank order */
+    if (rc == 0 && f32) be->download_f32(be, parts, all, numel * size);
+    if (rc == 0 && !f32) be->download(be, parts, all, numel * size);
+    if (rc == 0 && s->split == TP_KV_ROWS) /* one copy of each block: the first of its kv_copies ranks' */
+        for (size_t b = 0; b < size / (size_t)m->kv_copies; b++)
+            memcpy(whole + b * numel, parts + b * (size_t)m->kv_copies * numel, numel * sizeof(float));
     if (rc == 0 && s->split == TP_COLS) {
-        float *parts = xmalloc(numel * size * sizeof(float));
-        be->download(be, parts, all, numel * size);
         size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
         for (size_t r = 0; r < size; r++)
             for (size_t i = 0; i < rows; i++)
                 memcpy(whole + i * cols * size + r * cols, parts + r * numel + i * cols, cols * sizeof(float));
-        free(parts);
     }
+    if (parts != whole) free(parts);
+    if (mine) be->free(be, mine);
     be->free(be, all);
     return rc;
 }
@@ -584,7 +591,7 @@ static void save_fill(float *dst, size_t start, size_t count, void *ctx) {
             f->whole = xcalloc(f->numel, sizeof(float));
             int next = 0;
             if (!*f->failed && (tp_announce(f->m, f->index + 1, &next, f->err) != 0 ||
-                                tp_gather_tensor(f->m, f->spec, f->whole, f->err) != 0))
+                                model_tp_gather_tensor(f->m, f->spec, f->whole, f->merge, f->err) != 0))
                 *f->failed = true;
         }
         memcpy(dst, f->whole + start, count * sizeof(float));
@@ -652,7 +659,7 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
         float *whole = xmalloc(max_numel * (size_t)m->tp.size * sizeof(float));
         int rc = COLT_OK, next = 0;
         while (rc == 0 && (rc = tp_announce(m, 0, &next, err)) == 0 && next > 0 && next <= n)
-            rc = tp_gather_tensor(m, &t[next - 1], whole, err);
+            rc = model_tp_gather_tensor(m, &t[next - 1], whole, merge, err);
         free(whole);
         free(t);
         return rc;
@@ -667,7 +674,7 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
     char gather_err[ERR_LEN] = "";
     for (int i = 0; i < n; i++) {
         int64_t shape[2]; /* the whole tensor's (a tensor-parallel rank holds a part) */
-        whole_shape(m, &t[i], shape);
+        model_tp_whole_shape(m, &t[i], shape);
         size_t numel = (size_t)shape[0] * (size_t)(t[i].ndim == 2 ? shape[1] : 1);
         fills[i] = (SaveFill){.m = m, .spec = &t[i], .buf = t[i].buf, .numel = numel, .merge = merge, .index = i,
                               .err = gather_err, .failed = &gather_failed};

@@ -80,7 +80,9 @@ typedef struct Model Model;
  * the embedding and lm_head by rows; o_proj and down_proj by columns; norms
  * whole on every rank). A forward then sums o_proj's and down_proj's outputs
  * and the embedding rows over the group, and gathers logits; a training
- * backward sums the gradients at the inputs of q/k/v and gate/up. Every rank
+ * backward sums the gradients at the inputs of q/k/v and gate/up (and, with
+ * LoRA adapters, once per layer the gradients of the adapter tensors every
+ * rank holds whole: lora.h). Every rank
  * of the group runs the same calls on the same tokens. The hooks are the
  * caller's (the dist layer); buffers are the backend's. */
 typedef struct TensorParallel {

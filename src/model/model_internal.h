@@ -192,6 +192,16 @@ bool model_qkv_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t 
 bool model_gate_up_back_to_back(const LayerWeights *w, const ModelConfig *c, size_t es);
 
 /* ---- tensor parallelism's collectives (no-ops for a whole model) ---- */
+/* The whole tensor's shape (the file's) of m's table entry s (weights or adapters). */
+void model_tp_whole_shape(const Model *m, const TensorSpec *s, int64_t shape[2]);
+/* part = this rank's part of whole (the whole tensor of table entry s, fp32 host). */
+void model_tp_cut(const Model *m, const TensorSpec *s, const float *whole, float *part);
+/* whole[] = the group's parts of table entry s side by side, fp32 host
+ * (collective over the group; a tensor kept whole on every rank is this
+ * rank's copy). merge: each part with its LoRA adapters folded in first
+ * (lora_merge_into on the part, gathered in fp32). Every rank of the group
+ * calls it for the same tensors in the same order. */
+int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bool merge, char *err);
 /* *v, a host number, summed over the group (through a one-element [f32] buffer). */
 int model_tp_sum_host(const Model *m, float *v, char *err);
 /* x[n] (storage dtype) summed over the group. */
@@ -224,12 +234,18 @@ TensorSpec *model_tensor_table(Model *m, int *count);
 
 /* The adapters' tensor table for m's layers (m may be a gradient shadow). */
 TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count);
-/* Input and output width of a target's linear layer. */
+/* Input and output width of a target's linear layer (c: the whole model's
+ * config, or m->local for this rank's part). */
 void lora_target_dims(const ModelConfig *c, LoraTarget t, int *in_dim, int *out_dim);
-/* The widest output of an adapted layer (scratch of model_lora_add), 0 without adapters. */
+/* o_proj and down_proj: their inputs are cut under tensor parallelism (the
+ * adapter's A by columns, B whole); the others' outputs are (A whole, B by rows). */
+bool lora_target_row_parallel(LoraTarget t);
+/* The widest output of an adapted layer on this rank (scratch of model_lora_add), 0 without adapters. */
 int lora_max_out_dim(const Model *m);
 int lora_rank(const Model *m); /* r, 0 without adapters */
-/* The widest input of an adapted layer (lora_dropout's scratch), 0 without adapters. */
+/* The widest input of an adapted layer in the whole model (lora_dropout's
+ * scratch: a row-parallel input's masks are drawn over its whole width), 0
+ * without adapters. */
 int lora_max_in_dim(const Model *m);
 /* The lora_dropout probability in effect for a training forward now (0: none). */
 float lora_dropout_active(const Model *m);
@@ -244,5 +260,6 @@ void lora_plan(Model *m, const LoraConfig *cfg);
 /* host[out, in] (the fp32 values of the base weight whose device buffer is
  * *buf) += scaling * B A when that weight is adapted; else unchanged. */
 void lora_merge_into(const Model *m, void *const *buf, float *host);
+bool lora_merges_into(const Model *m, void *const *buf); /* whether that weight is adapted */
 
 #endif

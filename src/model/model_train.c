@@ -39,8 +39,8 @@ ModelParam model_param(const Model *m, int index) {
 
 int model_param_copies(const Model *m, int index) {
     COLT_ASSERT(index >= 0 && index < model_param_count(m));
-    if (m->tp.size <= 1 || m->lora) return 1;
-    TpSplit split = m->tensors[index].split;
+    if (m->tp.size <= 1) return 1;
+    TpSplit split = m->lora ? m->lora->tensors[index].split : m->tensors[index].split;
     return split == TP_WHOLE ? m->tp.size : split == TP_KV_ROWS ? m->kv_copies : 1;
 }
 
@@ -307,8 +307,12 @@ struct TrainState {
     void *dq_lin, *dk_lin;              /* [N, QD], [N, KVD]: d q_proj / k_proj output (Qwen3; else NULL) */
     /* LoRA (NULL without adapters): [N, r] A x (scaled) and its gradient, [N, widest adapted output] B (A x) */
     void *lora_t, *lora_dt, *lora_u;
-    /* lora_dropout (NULL without): [N, widest adapted input] an adapter's dropped input and d of it */
+    /* lora_dropout (NULL without): [N, widest adapted input of the whole model] an adapter's dropped
+     * input and d of it (also the whole-width scratch of a row-parallel input's masks) */
     void *lora_xd, *lora_dxd;
+    /* tensor parallel LoRA: [adapted layer kinds, r * D] [f32] this rank's shares of the gradients of the
+     * adapter tensors every rank holds whole (lora_shared_grad), summed over the group once per layer */
+    void *lora_shared;
     int64_t dropout_key;                /* the forward's (model_lora_set_dropout_key), -1: none */
     const Model *model;                 /* the model of the pass running (lora_input's) */
     uint64_t dropout_seed;
@@ -347,13 +351,24 @@ static int st_chunk_rows(const Backend *be, int max_tokens) {
     return rows < max_tokens ? rows : max_tokens;
 }
 
-/* KV-head replication: one KV block's k_proj, k bias, v_proj, v bias gradients. */
+/* KV-head replication: one KV block's gradients summed over its copies' ranks:
+ * k_proj, k bias, v_proj, v bias, and the k/v adapters' B (r columns each,
+ * when adapted). Frozen tensors (under LoRA) keep their slots, unused. */
 static size_t kv_grads_numel(const Model *m) {
     size_t KVD = (size_t)m->local.num_key_value_heads * m->local.head_dim, D = (size_t)m->local.hidden_size;
-    return 2 * (KVD * D + KVD);
+    return 2 * (KVD * D + KVD) + 2 * KVD * (size_t)lora_rank(m);
 }
 static size_t kv_blocks_numel(const Model *m) {
     return (size_t)(m->tp.size / m->kv_copies) * kv_grads_numel(m);
+}
+
+/* Tensor parallel LoRA: elements of lora_shared (one r * D slot per adapted
+ * layer kind), 0 for a whole model or without adapters. */
+static size_t lora_shared_numel(const Model *m) {
+    if (!m->lora || m->tp.size <= 1) return 0;
+    size_t kinds = 0;
+    for (int k = 0; k < LORA_N_TARGETS; k++) kinds += (m->lora->cfg.targets >> k) & 1u;
+    return kinds * (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
 }
 
 size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_tokens, bool recompute) {
@@ -368,6 +383,7 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t layers = (size_t)c->num_hidden_layers * N * D * es + (recompute ? 1 : (size_t)c->num_hidden_layers) * layer_rest;
     size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
     if (m->lora && m->lora->cfg.dropout > 0.0f) lora += 2 * N * (size_t)lora_max_in_dim(m) * es;
+    lora += lora_shared_numel(m) * 4;
     size_t tp_stats = m->tp.size > 1 ? (size_t)(m->tp.size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) +
                                            (m->kv_copies > 1 ? kv_blocks_numel(m) * 4 : 0)
                                      : 0;
@@ -470,7 +486,11 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
         if (m->lora->cfg.dropout > 0.0f) {
             st->lora_xd = backend_alloc_counted(be, N * (size_t)lora_max_in_dim(m), &st->bytes);
             st->lora_dxd = backend_alloc_counted(be, N * (size_t)lora_max_in_dim(m), &st->bytes);
+            /* a row-parallel input's masks read the other ranks' columns too (values then unused): defined ones */
+            be->zero(be, st->lora_xd, N * (size_t)lora_max_in_dim(m));
+            be->zero(be, st->lora_dxd, N * (size_t)lora_max_in_dim(m));
         }
+        if (lora_shared_numel(m)) st->lora_shared = backend_alloc_f32_counted(be, lora_shared_numel(m), &st->bytes);
     }
     st->dgate = backend_alloc_counted(be, N * F, &st->bytes);
     st->dup = backend_alloc_counted(be, N * F, &st->bytes);
@@ -494,8 +514,8 @@ void train_state_free(TrainState *st) {
     void *bufs[] = {st->x_final, st->xn_final, st->k, st->v, st->proj, st->h, st->chunk_rows, st->chunk_drows,
                     st->chunk_logits, st->chunk_lp, st->chunk_ent, st->dres, st->dxn, st->dq, st->datt,
                     st->dq_lin, st->dk_lin, st->dk_cache, st->dv_cache, st->dgate, st->dup, st->dh,
-                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd, st->chunk_stats, st->stats_all,
-                    st->dqk_norm, st->dkv_blocks};
+                    st->lora_t, st->lora_dt, st->lora_u, st->lora_xd, st->lora_dxd, st->lora_shared, st->chunk_stats,
+                    st->stats_all, st->dqk_norm, st->dkv_blocks};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(st->act);
@@ -585,12 +605,31 @@ static int tp_chunk_logprobs(const Model *m, TrainState *st, int r0, int cn, flo
     return COLT_OK;
 }
 
-/* One decoder layer's forward from act[l].x_in. With x_out, the layer output
- * goes there; without (the recompute in the backward), it stops once every
- * activation the backward reads exists (gate, up). */
 /* lora_dropout: the masks of adapter t of layer l in the forward keyed key. */
 static uint64_t dropout_stream(int64_t key, int l, LoraTarget t) {
     return ((uint64_t)key << 16) ^ ((uint64_t)l << 3) ^ (uint64_t)t;
+}
+
+/* out[n, in] = lora_dropout of x[n, in], adapter t's input on this rank (out
+ * may be x). A mask element is keyed by its index in the whole model's input,
+ * so under tensor parallelism a row-parallel input (this rank's columns) is
+ * put in its place in wide [n, whole width], masked there and copied back: the
+ * masks one process draws, whatever the cut. */
+static void lora_dropout_apply(const Model *m, const TrainState *st, int l, LoraTarget t, void *out, const void *x,
+                               void *wide) {
+    const Backend *be = m->be;
+    int in_dim, whole_in, out_dim;
+    lora_target_dims(&m->local, t, &in_dim, &out_dim);
+    lora_target_dims(&m->cfg, t, &whole_in, &out_dim);
+    uint64_t stream = dropout_stream(st->dropout_key, l, t);
+    if (in_dim == whole_in) {
+        be->dropout(be, out, x, (size_t)st->n * in_dim, st->dropout_p, st->dropout_seed, stream);
+        return;
+    }
+    char *mine = (char *)wide + (size_t)m->tp.rank * in_dim * dtype_size(be->storage); /* this rank's columns */
+    be->copy_2d(be, mine, (size_t)whole_in, x, (size_t)in_dim, st->n, in_dim);
+    be->dropout(be, wide, wide, (size_t)st->n * whole_in, st->dropout_p, st->dropout_seed, stream);
+    be->copy_2d(be, out, (size_t)in_dim, mine, (size_t)whole_in, st->n, in_dim);
 }
 
 /* What adapter t of layer l reads: x, or in a training forward with
@@ -600,10 +639,7 @@ static const void *lora_input(void *ctx, int l, LoraTarget t, const void *x) {
     TrainState *st = ctx;
     const Model *m = st->model;
     if (st->dropout_key < 0 || !model_lora_active(m, &m->layers[l], t)) return x;
-    int in_dim, out_dim;
-    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
-    m->be->dropout(m->be, st->lora_xd, x, (size_t)st->n * in_dim, st->dropout_p, st->dropout_seed,
-                   dropout_stream(st->dropout_key, l, t));
+    lora_dropout_apply(m, st, l, t, st->lora_xd, x, st->lora_dxd);
     return st->lora_xd;
 }
 
@@ -691,33 +727,73 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
 
 /* ---------------------------------------------------------------- backward */
 
+/* Where target t's backward accumulates the gradient of its adapter tensor
+ * that every rank of the group holds whole (A of a column-parallel layer, B
+ * of a row-parallel one: [r, D] or [D, r]): each rank computes only its share
+ * of it (a column-parallel layer's dt = dy_part B_part is this rank's share of
+ * the whole dt; a row-parallel one's t = A_part x_part is this rank's share of
+ * the whole A x), so the shares go to t's slot of lora_shared and
+ * lora_sum_shared adds their sum over the group. */
+static void *lora_shared_grad(const Model *m, const TrainState *st, LoraTarget t) {
+    size_t slot = 0, rd = (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
+    for (int k = 0; k < (int)t; k++) slot += (m->lora->cfg.targets >> k) & 1u;
+    return (char *)st->lora_shared + slot * rd * sizeof(float);
+}
+
+/* After a layer's backward: the shares in lora_shared summed over the group
+ * (one all-reduce) and added to the layer's gradients gw. No-op without them. */
+static int lora_sum_shared(const Model *m, TrainState *st, const LayerWeights *gw, char *err) {
+    size_t numel = lora_shared_numel(m);
+    if (!numel) return COLT_OK;
+    size_t rd = (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
+    if (m->tp.all_reduce(m->tp.ctx, st->lora_shared, numel, true, err) != 0) return COLT_ERR;
+    for (int k = 0; k < LORA_N_TARGETS; k++) {
+        if (!gw->lora_a[k]) continue;
+        void *g = lora_target_row_parallel((LoraTarget)k) ? gw->lora_b[k] : gw->lora_a[k];
+        m->be->add_f32(m->be, g, lora_shared_grad(m, st, (LoraTarget)k), rd);
+    }
+    return COLT_OK;
+}
+
 /* Backward of the adapter term y += s B (A x) of target t of layer l
  * (model_lora_add), after the base layer's own backward: dB += dy^T (s A x),
  * dA += (s dy B)^T x, dx += (s dy B) A. A x is recomputed (one [N, r] GEMM)
  * rather than kept. With lora_dropout x is the dropped input (its mask
- * redrawn) and dx gets (s dy B) A through the same mask. */
-static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeights *w, const LayerWeights *gw,
-                          LoraTarget t, void *dx, const void *dy, const void *x) {
+ * redrawn) and dx gets (s dy B) A through the same mask. Under tensor
+ * parallelism A, B, x, dx and dy are this rank's parts (lora.c): dx is this
+ * rank's share where the layer's input gradient is summed over the group
+ * next (column-parallel), and the tensor held whole gets its share in
+ * lora_shared (lora_shared_grad). */
+static void lora_backward_into(const Model *m, TrainState *st, int l, const LayerWeights *w, const LayerWeights *gw,
+                               LoraTarget t, void *dx, const void *dy, const void *x, void *gb_into) {
     if (!gw->lora_a[t]) return;
     const Backend *be = m->be;
     int n = st->n, r = lora_rank(m), in_dim, out_dim;
     float s = m->lora->scaling;
-    lora_target_dims(&m->cfg, t, &in_dim, &out_dim);
+    lora_target_dims(&m->local, t, &in_dim, &out_dim);
+    void *ga = gw->lora_a[t], *gb = gw->lora_b[t];
+    if (st->lora_shared && lora_target_row_parallel(t)) gb = lora_shared_grad(m, st, t);
+    else if (st->lora_shared) ga = lora_shared_grad(m, st, t);
+    if (gb_into) gb = gb_into;
     st->model = m;
     const void *xa = lora_input(st, l, t, x);
     be->linear(be, st->lora_t, xa, w->lora_a[t], NULL, n, in_dim, r);
     be->mul_scalar(be, st->lora_t, st->lora_t, s, (size_t)n * r);
-    be->linear_backward(be, st->lora_dt, gw->lora_b[t], NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);
+    be->linear_backward(be, st->lora_dt, gb, NULL, dy, st->lora_t, w->lora_b[t], n, r, out_dim, 0);
     be->mul_scalar(be, st->lora_dt, st->lora_dt, s, (size_t)n * r);
     if (xa == x) {
-        be->linear_backward(be, dx, gw->lora_a[t], NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
+        be->linear_backward(be, dx, ga, NULL, st->lora_dt, x, w->lora_a[t], n, in_dim, r, 1);
         return;
     }
-    size_t nx = (size_t)n * in_dim;
-    be->linear_backward(be, st->lora_dxd, gw->lora_a[t], NULL, st->lora_dt, xa, w->lora_a[t], n, in_dim, r, 0);
-    be->dropout(be, st->lora_dxd, st->lora_dxd, nx, st->dropout_p, st->dropout_seed,
-                dropout_stream(st->dropout_key, l, t));
-    be->add(be, dx, dx, st->lora_dxd, nx);
+    /* the dropped input (lora_xd) is no longer read: it is the masks' whole-width scratch now */
+    be->linear_backward(be, st->lora_dxd, ga, NULL, st->lora_dt, xa, w->lora_a[t], n, in_dim, r, 0);
+    lora_dropout_apply(m, st, l, t, st->lora_dxd, st->lora_dxd, st->lora_xd);
+    be->add(be, dx, dx, st->lora_dxd, (size_t)n * in_dim);
+}
+
+static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeights *w, const LayerWeights *gw,
+                          LoraTarget t, void *dx, const void *dy, const void *x) {
+    lora_backward_into(m, st, l, w, gw, t, dx, dy, x, NULL);
 }
 
 /* KV-head replication: a KV head's gradients are the sum of its copies'
@@ -726,12 +802,15 @@ static void lora_backward(const Model *m, TrainState *st, int l, const LayerWeig
  * each block holds its KV head's whole gradient, added to gw's. */
 static int kv_grads_sum(const Model *m, TrainState *st, const LayerWeights *gw, const float *block, char *err) {
     const Backend *be = m->be;
-    size_t KVD = (size_t)m->local.num_key_value_heads * m->local.head_dim, WN = KVD * (size_t)m->local.hidden_size;
+    size_t KVD = (size_t)m->local.num_key_value_heads * m->local.head_dim, WN = KVD * (size_t)m->local.hidden_size,
+           BN = KVD * (size_t)lora_rank(m);
     if (m->tp.all_reduce(m->tp.ctx, st->dkv_blocks, kv_blocks_numel(m), true, err) != 0) return COLT_ERR;
-    be->add_f32(be, gw->k_w, block, WN);
-    be->add_f32(be, gw->v_w, block + WN + KVD, WN);
+    if (gw->k_w) be->add_f32(be, gw->k_w, block, WN);
     if (gw->k_b) be->add_f32(be, gw->k_b, block + WN, KVD);
+    if (gw->v_w) be->add_f32(be, gw->v_w, block + WN + KVD, WN);
     if (gw->v_b) be->add_f32(be, gw->v_b, block + 2 * WN + KVD, KVD);
+    if (gw->lora_b[LORA_K]) be->add_f32(be, gw->lora_b[LORA_K], block + 2 * WN + 2 * KVD, BN);
+    if (gw->lora_b[LORA_V]) be->add_f32(be, gw->lora_b[LORA_V], block + 2 * WN + 2 * KVD + BN, BN);
     return COLT_OK;
 }
 
@@ -801,6 +880,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         const LayerWeights *gw = &gm->layers[l];
         LayerActivations *a = &st->act[l];
         if (st->recompute && layer_forward(m, st, l, NULL, err) != 0) return COLT_ERR; /* this layer's activations, again */
+        if (st->lora_shared) be->zero_f32(be, st->lora_shared, lora_shared_numel(m));
         /* MLP */
         be->swiglu(be, st->h, a->gate, a->up, (size_t)n * F);
         be->linear_backward(be, st->dh, gw->down_w, NULL, st->dres, st->h, w->down_w, n, F, D, 0);
@@ -841,16 +921,17 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         }
         be->linear_backward(be, st->dxn, gw->q_w, gw->q_b, dq, a->xn_attn, w->q_w, n, D, QD, 0);
         lora_backward(m, st, l, w, gw, LORA_Q, st->dxn, dq, a->xn_attn);
-        if (m->kv_copies > 1 && gw->k_w) { /* into this rank's block of dkv_blocks, summed below */
-            size_t WN = (size_t)KVD * D;
+        if (m->kv_copies > 1) { /* k/v gradients into this rank's block of dkv_blocks, summed over the copies */
+            size_t WN = (size_t)KVD * D, BN = (size_t)KVD * lora_rank(m);
             float *block = (float *)st->dkv_blocks + (size_t)(m->tp.rank / m->kv_copies) * kv_grads_numel(m);
+            float *kw = gw->k_w ? block : NULL, *kb = gw->k_b ? block + WN : NULL;
+            float *vw = gw->v_w ? block + WN + KVD : NULL, *vb = gw->v_b ? block + 2 * WN + KVD : NULL;
             be->zero_f32(be, st->dkv_blocks, kv_blocks_numel(m));
-            be->linear_backward(be, st->dxn, block, gw->k_b ? block + WN : NULL, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
-            be->linear_backward(be, st->dxn, block + WN + KVD, gw->v_b ? block + 2 * WN + KVD : NULL, st->v,
-                                a->xn_attn, w->v_w, n, D, KVD, 1);
+            be->linear_backward(be, st->dxn, kw, kb, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
+            lora_backward_into(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn, block + 2 * WN + 2 * KVD);
+            be->linear_backward(be, st->dxn, vw, vb, st->v, a->xn_attn, w->v_w, n, D, KVD, 1);
+            lora_backward_into(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn, block + 2 * WN + 2 * KVD + BN);
             if (kv_grads_sum(m, st, gw, block, err) != 0) return COLT_ERR;
-            lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
-            lora_backward(m, st, l, w, gw, LORA_V, st->dxn, st->v, a->xn_attn);
         } else {
             be->linear_backward(be, st->dxn, gw->k_w, gw->k_b, dk, a->xn_attn, w->k_w, n, D, KVD, 1);
             lora_backward(m, st, l, w, gw, LORA_K, st->dxn, dk, a->xn_attn);
@@ -859,6 +940,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         }
         if (model_tp_sum(m, st->dxn, ND, err) != 0) return COLT_ERR;
         be->rmsnorm_backward(be, st->dres, gw->attn_norm, st->dxn, a->x_in, w->attn_norm, n, D, c->rms_norm_eps);
+        if (lora_sum_shared(m, st, gw, err) != 0) return COLT_ERR;
         if (grads_announce(g, l + 1, err) != 0) return COLT_ERR;
     }
     if (gm->embed) be->embedding_backward(be, gm->embed, st->dres, st->ids, n, D); /* frozen under LoRA */

@@ -21,7 +21,7 @@ static void suggest(MemoryPlan *p, const char *fmt, double a, double b) {
 /* The smallest tensor_parallel_size (2, 4 or 8, one the model's heads allow)
  * whose plan fits over the same number of devices, the other settings kept. */
 static void suggest_tensor_parallel(MemoryPlan *p, const MemoryPlanInput *in) {
-    if (in->tensor_parallel_size > 1 || in->lora) return;
+    if (in->tensor_parallel_size > 1) return;
     for (int n = 2; n <= 8; n *= 2) {
         char err[ERR_LEN];
         if (model_tp_check(&in->model, n, err) != 0) continue;

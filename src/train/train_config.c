@@ -1471,10 +1471,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "weights are not sharded; use zero_stage 0 or 1", c->zero_stage);
     if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
         return errorf(err, "settings: lora_target_modules is an empty list");
-    if (c->tensor_parallel_size > 1 && c->use_peft)
-        return errorf(err, "settings: tensor_parallel_size %d with use_peft is not supported yet (tensor parallelism "
-                           "trains every weight)",
-                      c->tensor_parallel_size);
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
     return COLT_OK;
 }

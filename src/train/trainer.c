@@ -1447,19 +1447,22 @@ static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
         if (want.targets & (1u << k))
             snprintf(targets + strlen(targets), sizeof targets - strlen(targets), "%s%s", targets[0] ? " " : "",
                      lora_target_name((LoraTarget)k));
-    log_info0("LoRA: r %d, lora_alpha %g%s on %s of %d layers: %zu trainable parameters (%.2f%% of %zu frozen)",
+    log_info0("LoRA: r %d, lora_alpha %g%s on %s of %d layers: %zu trainable parameters (%.2f%% of %zu frozen)%s",
               want.r, (double)want.alpha, want.use_rslora ? " (rsLoRA)" : "", targets, mc->num_hidden_layers,
-              n_adapters, 100.0 * (double)n_adapters / (double)n_weights, n_weights);
+              n_adapters, 100.0 * (double)n_adapters / (double)n_weights, n_weights,
+              t->tp.tp_size > 1 ? " on each tensor-parallel rank (its part)" : "");
     return COLT_OK;
 }
 
 /* merge_lora: output_dir/merged, a plain checkpoint of the weights with the
- * adapters folded in (in the base model's dtype), with the tokenizer. */
+ * adapters folded in (in the base model's dtype), with the tokenizer. Under
+ * tensor parallelism the first group's ranks each merge their part and
+ * gather it for rank 0, which writes. */
 static int save_merged(const Trainer *t, char *err) {
     char *dir = path_join(t->cfg->output_dir, "merged");
     DType dtype = model_config(t->model)->torch_dtype == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32;
     int rc = model_save_merged(t->model, dir, dtype, err);
-    if (rc == 0) rc = tokenizer_copy_files(t->cfg->model, dir, err);
+    if (rc == 0 && t->writer) rc = tokenizer_copy_files(t->cfg->model, dir, err);
     if (rc == 0) log_info0("merged model (weights + adapters) saved to %s", dir);
     free(dir);
     return rc;
@@ -2029,7 +2032,7 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
              (t.writer && tokenizer_copy_files(c->model, c->output_dir, err) != 0)))
             rc = COLT_ERR;
         weights_release(&t);
-        if (rc == 0 && t.writer && c->merge_lora) rc = save_merged(&t, err);
+        if (rc == 0 && t.dist.rank == 0 && c->merge_lora) rc = save_merged(&t, err); /* the first group's ranks */
         if (rc == 0 && t.writer) {
             ReportSummary s = {.eval_reward_before = eval_before, .eval_reward_after = eval_after,
                                .steps = t.global_step, .seconds = time_now() - run_start};

@@ -263,7 +263,9 @@ static void check_greedy_and_seeded(const Server *s) {
         for (size_t k = 0; k <= at; k++) json_array_append(head, json_array_get(ids, k));
         json_t *before = json_array();
         for (size_t k = 0; k < at; k++) json_array_append(before, json_array_get(ids, k));
-        char *line = json_dumps(json_pack("{s:o}", "ids", before), JSON_COMPACT), path[300], dargs[600], *out;
+        json_t *wrapped = json_pack("{s:o}", "ids", before);
+        char *line = json_dumps(wrapped, JSON_COMPACT), path[300], dargs[600], *out;
+        json_decref(wrapped);
         snprintf(path, sizeof path, "%s/detok.jsonl", g_tmp);
         FILE *f = fopen(path, "w");
         fprintf(f, "%s\n", line);
@@ -450,7 +452,9 @@ static void check_streaming_and_logprobs(const Server *s) {
     json_t *prompt_ids = json_object_get(choice(whole, 0), "prompt_token_ids");
     json_t *all = json_deep_copy(prompt_ids);
     json_array_extend(all, ids);
-    char *line = json_dumps(json_pack("{s:O}", "ids", all), JSON_COMPACT), path[300], args[600];
+    json_t *wrapped = json_pack("{s:O}", "ids", all);
+    char *line = json_dumps(wrapped, JSON_COMPACT), path[300], args[600];
+    json_decref(wrapped);
     snprintf(path, sizeof path, "%s/score.jsonl", g_tmp);
     FILE *f = fopen(path, "w");
     fprintf(f, "%s\n", line);
@@ -458,7 +462,7 @@ static void check_streaming_and_logprobs(const Server *s) {
     snprintf(args, sizeof args, "score --device cpu --model %s < %s", MODEL, path);
     char *scored;
     run_colt(args, &scored);
-    json_t *sc = json_object_get(json_loads(scored, 0, NULL), "logprobs");
+    json_t *score = json_loads(scored, 0, NULL), *sc = json_object_get(score, "logprobs");
     size_t n_prompt = json_array_size(prompt_ids), n = json_array_size(ids);
     double worst = sc ? 0 : INFINITY;
     for (size_t k = 0; sc && k < n; k++) {
@@ -467,7 +471,7 @@ static void check_streaming_and_logprobs(const Server *s) {
     }
     printf("  greedy log-probs vs colt score: %zu tokens, worst |diff| %.2g\n", n, worst);
     CHECK(n > 0 && worst < 1e-4, "greedy log-probs differ from colt score by %.3g", worst);
-    free(line), free(scored), json_decref(all), json_decref(whole);
+    free(line), free(scored), json_decref(all), json_decref(whole), json_decref(score);
 }
 
 static void check_chat(void) {
@@ -547,8 +551,36 @@ static void check_chat(void) {
         free(out);
     }
     printf("  chat: %d/%zu bad requests answered 400 with the reason\n", n400, sizeof bad / sizeof bad[0]);
+
+    /* Two signals: the second cuts what is in flight; the stream ends with an error event and [DONE]. */
+    Buf b = {0};
+    const char *long_body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 400, "
+                            "\"n\": 8, \"ignore_eos\": true, \"stream\": true}";
+    CURLM *multi = curl_multi_init();
+    CURL *c = make_request(&s, "POST", "/v1/chat/completions", long_body, &b, REQUEST_TIMEOUT_MS, json_headers());
+    curl_multi_add_handle(multi, c);
+    int running = 1, signals = 0;
+    double deadline = now_s() + 60;
+    while (running > 0 && now_s() < deadline) {
+        curl_multi_perform(multi, &running);
+        if (signals < 2 && b.len > 0) {
+            kill(s.pid, SIGTERM);
+            signals++;
+            usleep(100 * 1000);
+        }
+        if (running > 0) curl_multi_poll(multi, NULL, 0, 50, NULL);
+    }
+    const char *tail = b.data ? b.data + (b.len > 300 ? b.len - 300 : 0) : "";
+    bool cut = b.data && strstr(tail, "the server is shutting down") && strstr(tail, "data: [DONE]");
     int code = server_stop(&s, SIGTERM, 30);
+    printf("  two SIGTERMs mid-stream: the stream %s; exit code %d\n",
+           cut ? "ends with an error event and [DONE]" : "DID NOT END CLEANLY", code);
+    CHECK(signals == 2 && cut, "a cut stream does not end with the error event and [DONE]: ...%s", tail);
     CHECK(code == 0, "chat server: exit %d after SIGTERM", code);
+    curl_multi_remove_handle(multi, c);
+    curl_easy_cleanup(c);
+    curl_multi_cleanup(multi);
+    free(b.data);
 }
 
 /* 50 clients at once, half streaming: each gets what it gets alone. */
@@ -827,7 +859,13 @@ static void check_sigterm_drain(Server *s) {
     CHECK(signalled, "the stream never started");
     CHECK(st.usage_completion == 1200 && st.n_done == 1 && !strcmp(st.finish[3], "length"),
           "the request in flight was not finished whole: %lld tokens", st.usage_completion);
-    CHECK(code == 0, "colt serve exited %d after SIGTERM", code);
+    if (code != 0) {
+        char *log = NULL;
+        size_t len;
+        file_read_all(s->log, &log, &len, NULL);
+        CHECK(0, "colt serve exited %d after SIGTERM; its log:\n%s", code, log ? log : "(none)");
+        free(log);
+    }
     free_stream(&st);
     curl_multi_remove_handle(multi, c);
     curl_easy_cleanup(c);

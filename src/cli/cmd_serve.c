@@ -118,6 +118,15 @@ int cmd_serve(int argc, char **argv) {
                                     .min_p = gen.min_p, .repetition_penalty = gen.repetition_penalty};
     if (sampling_params_validate(&defaults, err) != 0) return cli_fail("serve", err);
 
+    /* SIGTERM and SIGINT are taken by the main thread alone (sigtimedwait), blocked before any thread starts
+     * (OpenMP's, CUDA's, the server's inherit the mask); one that comes while loading waits for serving. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
     Tokenizer *tok = NULL;
     char *tok_path = path_join(a.model, "tokenizer.json");
     bool have_tok = file_exists(tok_path);
@@ -142,14 +151,6 @@ int cmd_serve(int argc, char **argv) {
                          .model_name = a.served_model_name ? a.served_model_name : a.model,
                          .max_model_len = a.max_model_len, .max_tokens_limit = a.max_tokens_limit,
                          .defaults = defaults, .eos_ids = eos, .n_eos = n_eos};
-
-    /* SIGTERM and SIGINT are taken by this thread alone (sigtimedwait); the threads started below inherit the mask. */
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     ServeLoopOptions lo = {.engine = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
                                       .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
@@ -178,14 +179,23 @@ int cmd_serve(int argc, char **argv) {
         http_server_quiesce(http);
         log_info0("colt serve: %s: draining %d sequences in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                   serve_loop_outstanding(loop));
+        /* Drained: every sequence finished and every answer sent (a stream's last events may still be on
+         * their way after its sequences finished). */
         double deadline = time_now() + a.drain_timeout;
-        while (serve_loop_outstanding(loop) > 0 && time_now() < deadline) {
+        while ((serve_loop_outstanding(loop) > 0 || http_server_requests_running(http) > 0) && time_now() < deadline) {
             if (wait_signal(&stop_signals, 0.05)) break; /* a second signal: stop waiting */
         }
+        /* Stopping now: more signals change nothing (ignoring them also drops pending ones, which
+         * could otherwise reach a thread without the mask, e.g. a sanitizer's at exit). */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
         int left = serve_loop_outstanding(loop);
         if (left > 0) {
             log_info0("colt serve: cutting %d sequences still in flight", left);
             serve_loop_abort_all(loop);
+            /* their answers end with an error event or a 500 before the connections close */
+            for (double until = time_now() + 5; http_server_requests_running(http) > 0 && time_now() < until;)
+                nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
         }
         http_server_stop(http);
         log_info0("colt serve: stopped");

@@ -518,6 +518,13 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
 
 int http_server_port(const HttpServer *s) { return s->port; }
 
+int http_server_requests_running(HttpServer *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = (int)s->c.requests_running;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void http_server_quiesce(HttpServer *s) {
     if (s->listen_fd < 0) return;
     MHD_socket fd = MHD_quiesce_daemon(s->daemon);

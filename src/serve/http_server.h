@@ -30,6 +30,8 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
 int http_server_port(const HttpServer *s);
 /* Whether host is an address http_server_start takes (checked before the model loads). */
 int http_server_check_host(const char *host, char *err);
+/* Generation requests being answered (their handlers still running). */
+int http_server_requests_running(HttpServer *s);
 /* Stops accepting connections (the listening socket closes); those open go on. */
 void http_server_quiesce(HttpServer *s);
 /* Closes every connection and joins their threads; their requests must be

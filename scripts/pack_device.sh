@@ -19,6 +19,7 @@ if [ ${#bins[@]} -eq 0 ]; then
   bins=("$build"/colt "$build"/test_cuda_* "$build"/bench_*)
 fi
 bash scripts/make_devlibs.sh "$build"/colt > /dev/null
+[ -x "$build"/bench_serve ] && bash scripts/make_devlibs.sh "$build"/bench_serve > /dev/null # libcurl
 rm -rf "$carry" && mkdir -p "$carry/data/qwen2.5-tokenizer" "$carry/data/gsm8k"
 cp "$shared"/gsm8k/*.jsonl "$carry/data/gsm8k/"
 cp "$shared"/qwen2.5-tokenizer/*.json "$carry/data/qwen2.5-tokenizer/"

@@ -45,6 +45,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Prints "colt CMD: MESSAGE" on stderr and returns 1 (or 2 for usage errors). */
 int cli_fail(const char *cmd, const char *msg);

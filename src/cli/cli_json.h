@@ -17,15 +17,4 @@ int cli_json_ids_from_array(int **ids, size_t *n, json_t *arr, int vocab_size, c
 int cli_json_read_ids(int **ids, size_t *n, const char *line, int vocab_size, const char *where, char *err);
 /* Appends {"KEY": [ids...]}\n. */
 void cli_json_append_ids(OutBuf *out, const char *key, const int *ids, size_t n);
-/* Renders a chat with the tokenizer's chat template (cmd_tokenize.c), as
- * apply_chat_template(messages, tools=tools, add_generation_prompt=...,
- * **chat_template_kwargs): messages a list of message objects, tools a list of
- * tool definitions or NULL, chat_template_kwargs an object of extra template
- * variables or NULL. */
-int cli_render_chat(char **out, const Tokenizer *tok, json_t *messages, json_t *tools, json_t *chat_template_kwargs,
-                    bool add_generation_prompt, const char *where, char *err);
-/* The optional "tools" (a list) and "chat_template_kwargs" (an object) of a
- * JSONL line, borrowed from obj (NULL when absent). */
-int cli_chat_options(json_t **tools, json_t **chat_template_kwargs, json_t *obj, const char *where, char *err);
-
 #endif

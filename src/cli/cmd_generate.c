@@ -20,7 +20,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
-#include "train/prompt.h"
+#include "data/prompt.h"
 
 static const char *GENERATE_USAGE =
     "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY | --prompts FILE) [options]\n"
@@ -47,39 +47,18 @@ typedef struct GenerateArgs {
     bool ignore_eos, json, enforce_eager, bench, deterministic, no_prefix_caching;
 } GenerateArgs;
 
-/* Token ids of one prompt given as text (BOS added when the tokenizer says so,
- * as HF's tokenizer(...) does), as chat messages (rendered with the chat
- * template, which puts in whatever it wants, with tools and chat_template_kwargs
- * when not NULL) or as a JSON array of ids; exactly one of the three is
- * non-NULL. Errors name `where`. */
+/* Token ids of one prompt given as text, as chat messages (with tools and
+ * chat_template_kwargs when not NULL) or as a JSON array of ids (data/prompt.h
+ * encodes the first two); exactly one of the three is non-NULL. Errors name `where`. */
 static int encode_prompt(int **ids, size_t *n_ids, const char *text, json_t *messages, json_t *tools,
                          json_t *chat_template_kwargs, json_t *id_array, const Tokenizer *tok, int vocab,
                          const char *where, char *err) {
     if (id_array) return cli_json_ids_from_array(ids, n_ids, id_array, vocab, where, err);
     if (!tok) return errorf(err, "%s: the model folder has no tokenizer.json, so text cannot be used (give ids)", where);
-    char *rendered = NULL;
-    if (messages && cli_render_chat(&rendered, tok, messages, tools, chat_template_kwargs, true, where, err) != 0)
-        return COLT_ERR;
-    const char *src = messages ? rendered : text;
-    int *body = NULL;
-    size_t n_body = 0;
-    int rc = tokenizer_encode(tok, src, strlen(src), &body, &n_body, err);
-    free(rendered);
-    if (rc != 0) return error_prefix(err, "%s", where);
-    bool add_bos = !messages && tokenizer_add_bos(tok) && tokenizer_bos_id(tok) >= 0;
-    *n_ids = n_body + (add_bos ? 1 : 0);
-    *ids = xmalloc(sizeof(int) * (*n_ids ? *n_ids : 1));
-    if (add_bos) (*ids)[0] = tokenizer_bos_id(tok);
-    if (n_body) memcpy(*ids + (add_bos ? 1 : 0), body, sizeof(int) * n_body);
-    free(body);
-    for (size_t i = 0; i < *n_ids; i++)
-        if ((*ids)[i] >= vocab) {
-            int bad = (*ids)[i];
-            free(*ids);
-            *ids = NULL;
-            return errorf(err, "%s: tokenizer gave id %d, outside the model's vocabulary (%d)", where, bad, vocab);
-        }
-    return COLT_OK;
+    int n = 0, rc = messages ? prompt_encode_chat(ids, &n, tok, messages, tools, chat_template_kwargs, vocab, where, err)
+                             : prompt_encode_text(ids, &n, tok, text, false, vocab, where, err);
+    *n_ids = (size_t)n;
+    return rc;
 }
 
 /* The prompt of --prompt / --chat / --ids. */
@@ -136,7 +115,7 @@ static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, cons
         } else if (chat && !(msgs = wrapped = json_pack("[{s:s,s:s}]", "role", "user", "content",
                                                          json_string_value(chat)))) {
             rc = errorf(err, "%s: \"chat\" could not be wrapped as a message", where);
-        } else if (cli_chat_options(&tools, &kwargs, o, where, err) != 0) {
+        } else if (prompt_chat_options(&tools, &kwargs, o, where, err) != 0) {
             rc = COLT_ERR;
         } else if ((tools || kwargs) && !msgs) {
             rc = errorf(err, "%s: \"tools\" and \"chat_template_kwargs\" apply to \"chat\" or \"messages\" only",

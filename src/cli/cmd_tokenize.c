@@ -11,37 +11,8 @@
 #include "cli/cli.h"
 #include "cli/cli_json.h"
 #include "core/error.h"
-#include "tokenizer/chat_template.h"
+#include "data/prompt.h"
 #include "tokenizer/tokenizer.h"
-
-/* Renders {"messages": [...]} with the tokenizer's chat template. */
-int cli_render_chat(char **out, const Tokenizer *tok, json_t *messages, json_t *tools, json_t *chat_template_kwargs,
-                    bool add_generation_prompt, const char *where, char *err) {
-    const char *tmpl = tokenizer_chat_template(tok);
-    if (!tmpl) return errorf(err, "%s: the tokenizer has no chat template (tokenizer_config.json's chat_template or "
-                                   "chat_template.jinja)", where);
-    if (!json_is_array(messages)) return errorf(err, "%s: \"messages\" must be a list", where);
-    ChatTemplateOptions opt = {.add_generation_prompt = add_generation_prompt,
-                               .bos_token = tokenizer_bos_token(tok),
-                               .eos_token = tokenizer_eos_token(tok),
-                               .tools = tools,
-                               .variables = chat_template_kwargs};
-    if (chat_template_render_json(out, tmpl, messages, &opt, err) != 0) return error_prefix(err, "%s", where);
-    return COLT_OK;
-}
-
-int cli_chat_options(json_t **tools, json_t **chat_template_kwargs, json_t *obj, const char *where, char *err) {
-    *tools = json_object_get(obj, "tools");
-    *chat_template_kwargs = json_object_get(obj, "chat_template_kwargs");
-    if (json_is_null(*tools)) *tools = NULL; /* tools=None */
-    if (json_is_null(*chat_template_kwargs)) *chat_template_kwargs = NULL;
-    if (*tools && !json_is_array(*tools))
-        return errorf(err, "%s: \"tools\" must be a list of tool definitions (JSON-schema objects)", where);
-    if (*chat_template_kwargs && !json_is_object(*chat_template_kwargs))
-        return errorf(err, "%s: \"chat_template_kwargs\" must be an object of template variables, e.g. "
-                           "{\"enable_thinking\": false}", where);
-    return COLT_OK;
-}
 
 static const char *TOKENIZE_USAGE =
     "usage: colt tokenize --model DIR < in.jsonl > out.jsonl\n"
@@ -83,8 +54,8 @@ int cmd_tokenize(int argc, char **argv) {
             if (agp && !json_is_boolean(agp)) {
                 errorf(err, "%s: \"add_generation_prompt\" must be true or false", where);
                 rc = 1;
-            } else if (cli_chat_options(&tools, &kwargs, obj, where, err) != 0 ||
-                       cli_render_chat(&rendered, tok, messages, tools, kwargs, agp && json_is_true(agp), where,
+            } else if (prompt_chat_options(&tools, &kwargs, obj, where, err) != 0 ||
+                       prompt_render_chat(&rendered, tok, messages, tools, kwargs, agp && json_is_true(agp), where,
                                        err) != 0) {
                 rc = 1;
             }

@@ -14,7 +14,7 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/memory_plan.h"
-#include "train/prompt.h"
+#include "data/prompt.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 

@@ -13,7 +13,8 @@ static const char *USAGE =
     "  generate     complete a prompt with a model\n"
     "  init         write a randomly initialised Hugging Face checkpoint\n"
     "  train        GRPO training (TRL's GRPOConfig settings, YAML/JSON config)\n"
-    "  eval         pass@1 / pass@k on a math benchmark (GSM8K, MATH-500)\n";
+    "  eval         pass@1 / pass@k on a math benchmark (GSM8K, MATH-500)\n"
+    "  serve        an OpenAI-style HTTP generation server (/v1/completions, /v1/chat/completions)\n";
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     struct { const char *name; int (*run)(int, char **); } commands[] = {
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"score", cmd_score},
         {"generate", cmd_generate}, {"init", cmd_init}, {"train", cmd_train}, {"eval", cmd_eval},
+        {"serve", cmd_serve},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 2, argv + 2);

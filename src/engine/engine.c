@@ -1,13 +1,16 @@
-/* engine.c — see engine.h. One Engine lives for one engine_generate call:
- * it takes the KV pool and scratch at the start and gives them back at the end.
+/* engine.c — see engine.h. An Engine holds the KV pool, the prefix cache,
+ * the step buffers and the CUDA graphs while awake, and the requests (queued
+ * and running) for its whole life; engine_generate makes one for one call.
  *
  * Step layout: the host schedules, writes the step's index arrays into one
  * host buffer and uploads it with one copy; the device runs the forward and
  * the sampler; the sampled tokens and log-probs come back with one
  * synchronisation. Pure decode steps (one token per running sequence) are
- * padded to a bucket size and replayed from a CUDA graph captured the second
- * time that bucket is seen (the first run is the warm-up that sizes
- * every lazily allocated buffer). */
+ * padded to a bucket size and their forward replayed from a CUDA graph
+ * captured the second time that bucket is seen (the first run is the warm-up
+ * that sizes every lazily allocated buffer). The sampler runs after the graph,
+ * once per group of rows with equal sampling settings: a graph records its
+ * kernels' arguments, and the settings differ from request to request. */
 #include "engine/engine.h"
 
 #include <stdlib.h>
@@ -21,6 +24,7 @@
 #define DEFAULT_MAX_BATCHED_TOKENS 4096
 /* Device memory left free beside the pool: cuBLAS, graphs, allocator slack. */
 #define DEVICE_HEADROOM_BYTES ((size_t)2 << 30)
+#define MAX_STREAM_ID 0x7fffffffu /* streams travel to the sampler as i32 */
 
 /* Decode batch sizes with a CUDA graph: a step of n sequences runs the graph
  * of the smallest bucket >= n, padding rows marked seq = -1. */
@@ -32,10 +36,14 @@ static const int GRAPH_BUCKETS[] = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 
 enum { SEG_TOKENS, SEG_POS, SEG_SEQ, SEG_SLOT_MAPPING, SEG_LOGIT_ROWS, SEG_ROW_SEQ, SEG_STREAMS, SEG_COUNTERS,
        N_SEGMENTS };
 
-enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+enum { SEQ_FREE, SEQ_WAITING, SEQ_RUNNING };
 
+/* One request: a sequence with its own settings. */
 typedef struct Seq {
-    GenSequence *g;
+    GenSequence *g;     /* the caller's */
+    uint64_t id;
+    GenerateOptions opt; /* the caller's, stop_ids pointing at stop */
+    int *stop;
     int state;
     int limit;          /* total length (prompt + completion) at which it stops */
     int slot;           /* its block-table row while running, else -1 */
@@ -43,6 +51,7 @@ typedef struct Seq {
     int n_cached;       /* leading tokens whose K/V are in the pool */
     int n_registered;   /* leading blocks of its row offered to the prefix cache */
     int scheduled;      /* tokens it runs in the current step */
+    int group;          /* its sampling group in the current step */
 } Seq;
 
 /* The prefix cache: every full block a sequence computes is registered under
@@ -66,40 +75,58 @@ typedef struct PrefixCache {
     int *scratch;      /* [block_size]: one block's tokens being looked up */
 } PrefixCache;
 
-typedef struct Engine {
+/* A queue of request indices; preempted requests go back to the front. */
+typedef struct IndexQueue {
+    int *items;
+    int cap, head, count;
+} IndexQueue;
+
+struct Engine {
     Model *m;
     const Backend *be;
     const ModelConfig *cfg;
-    const GenerateOptions *opt;
-    bool penalty;       /* repetition penalty on: the sampler needs histories */
+    EngineOptions eo;
     bool use_graphs;    /* decode steps replay CUDA graphs */
     bool deterministic; /* EngineOptions.deterministic: log-probs by log_softmax_target */
     int block_size, max_blocks, max_len, n_slots, max_tokens, max_rows;
+
+    /* Held while awake: device memory and what is sized by the pool. */
+    bool awake;
+    uint64_t weights_version; /* the model's, when the pool's K/V, the cache and the graphs were made */
     KvPool pool;
     void *decode_plan;  /* model_decode_plan_create: all layers of a decode step in one launch */
     PagedState *st;
     int *free_blocks, n_free, *refcount;
     PrefixCache cache;
-    int *h_tables;      /* [n_slots, max_blocks] */
     void *d_tables;
-    bool tables_dirty;
-    int *free_slots, n_free_slots;
-    void *d_hist, *d_hist_len; /* [n_slots, max_len], [n_slots] */
-    int *h_step;        /* [N_SEGMENTS * max_tokens] */
+    void *d_hist, *d_hist_len;   /* [n_slots, max_len], [n_slots]: the repetition penalty's histories */
+    bool history_wanted;         /* a request with a repetition penalty was added: keep d_hist */
     void *d_step;
     void *d_sampled;             /* sampler outputs: tokens [max_rows], then log-probs [max_rows] */
     void *d_tokens, *d_logprobs; /* its two halves */
     void *d_logits_kept;         /* deterministic: [max_rows, V] logits before the sampler clobbers them */
-    int *h_sampled, *h_tokens, *row_owner; /* h_sampled: d_sampled's host copy; h_tokens its first half */
-    float *h_logprobs;                     /* and its second */
-    Seq *seqs;
-    int n_seqs;
-    int *running, n_running; /* admission order: the last one is preempted first */
-    int *waiting, wait_head, wait_tail; /* queue; preempted sequences go back to the front */
     void *graphs[N_BUCKETS];
     bool bucket_seen[N_BUCKETS];
+
+    /* For the engine's life. */
+    int *h_tables;      /* [n_slots, max_blocks] */
+    bool tables_dirty;
+    int *free_slots, n_free_slots;
+    int *h_step;        /* [N_SEGMENTS * max_tokens] */
+    int *h_sampled, *h_tokens, *row_owner; /* h_sampled: d_sampled's host copy; h_tokens its first half */
+    float *h_logprobs;                     /* and its second */
+    Seq *seqs;          /* [seqs_cap]; SEQ_FREE entries are reused */
+    int seqs_cap, n_live;
+    int *running, n_running; /* admission order: the last one is preempted first */
+    int *order;         /* [n_slots] the running sequences grouped by sampling settings (the step's layout) */
+    IndexQueue waiting;
+    SamplingParams *group_params; /* [n_slots] the step's distinct sampling settings */
+    int *group_rows, n_groups;    /* rows of each group */
+    EngineEvent *events;
+    int n_events, events_cap;
+    bool events_delivered;        /* engine_step returned them: the next call starts a new list */
     EngineStats stats;
-} Engine;
+};
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 static int div_up(int a, int b) { return (a + b - 1) / b; }
@@ -107,6 +134,45 @@ static int div_up(int a, int b) { return (a + b - 1) / b; }
 static int known_tokens(const Seq *s) { return s->g->prompt_len + s->g->n_tokens; }
 static int token_at(const Seq *s, int p) {
     return p < s->g->prompt_len ? s->g->prompt[p] : s->g->tokens[p - s->g->prompt_len];
+}
+
+/* ---------------------------------------------------------------- the waiting queue */
+
+static void queue_grow(IndexQueue *q) {
+    int cap = q->cap ? 2 * q->cap : 16, *items = xmalloc(sizeof(int) * (size_t)cap);
+    for (int k = 0; k < q->count; k++) items[k] = q->items[(q->head + k) % q->cap];
+    free(q->items);
+    q->items = items;
+    q->cap = cap;
+    q->head = 0;
+}
+
+static void queue_push_back(IndexQueue *q, int v) {
+    if (q->count == q->cap) queue_grow(q);
+    q->items[(q->head + q->count++) % q->cap] = v;
+}
+
+static void queue_push_front(IndexQueue *q, int v) {
+    if (q->count == q->cap) queue_grow(q);
+    q->head = (q->head + q->cap - 1) % q->cap;
+    q->items[q->head] = v;
+    q->count++;
+}
+
+static int queue_front(const IndexQueue *q) { return q->items[q->head]; }
+
+static void queue_pop_front(IndexQueue *q) {
+    q->head = (q->head + 1) % q->cap;
+    q->count--;
+}
+
+static void queue_remove(IndexQueue *q, int v) {
+    int w = 0;
+    for (int k = 0; k < q->count; k++) {
+        int x = q->items[(q->head + k) % q->cap];
+        if (x != v) q->items[(q->head + w++) % q->cap] = x;
+    }
+    q->count = w;
 }
 
 /* ---------------------------------------------------------------- blocks, the prefix cache and slots */
@@ -238,6 +304,16 @@ static void block_release(Engine *e, int b) {
     else e->free_blocks[e->n_free++] = b;
 }
 
+/* Empties the prefix cache (nobody may hold a block): every cached block becomes free. */
+static void cache_drop_all(Engine *e) {
+    while (e->cache.n_lru > 0) {
+        int b = e->cache.lru_head;
+        lru_remove(&e->cache, b);
+        cache_unregister(e, b);
+        e->free_blocks[e->n_free++] = b;
+    }
+}
+
 /* Offers s's blocks that are full by the end of this step to the cache (the
  * forward stores every token's K/V before any attention reads, so a sequence
  * admitted later in the same step may already take them). */
@@ -283,17 +359,28 @@ static void running_remove(Engine *e, int idx) {
     e->n_running = w;
 }
 
-/* Evicts the latest-admitted running sequence; it will be recomputed from
- * its prompt and the tokens it already has (less what the cache still holds). */
-static void preempt_last(Engine *e) {
+/* Evicts the latest-admitted running sequence back to the front of the queue;
+ * it will be recomputed from its prompt and the tokens it already has (less
+ * what the cache still holds). */
+static void requeue_last(Engine *e) {
     int idx = e->running[e->n_running - 1];
     Seq *s = &e->seqs[idx];
     release_seq(e, s);
     s->state = SEQ_WAITING;
     s->scheduled = 0;
     e->n_running--;
-    e->waiting[--e->wait_head] = idx; /* wait_head > 0: the sequence was taken from this queue */
+    queue_push_front(&e->waiting, idx);
+}
+
+static void preempt_last(Engine *e) {
+    requeue_last(e);
     e->stats.preemptions++;
+}
+
+/* Every running sequence back to the queue, in admission order, ahead of the
+ * ones that were waiting (sleep, new weights: not counted as preemptions). */
+static void requeue_all(Engine *e) {
+    while (e->n_running > 0) requeue_last(e);
 }
 
 /* The cached blocks that hold s's first tokens, at most `max_blocks` of them,
@@ -312,12 +399,14 @@ static int cache_hits(const Engine *e, const Seq *s, int max_blocks, int *hits, 
     return n;
 }
 
+static bool has_penalty(const Seq *s) { return s->opt.sampling.repetition_penalty != 1.0f; }
+
 /* Puts the front waiting sequence in the pool with `budget` tokens to run, if
  * a slot and blocks are free. Its first blocks come from the prefix cache
  * where they are there (all but the last known token: its logits are needed). */
 static bool admit_front(Engine *e, int budget) {
-    if (e->wait_head == e->wait_tail || e->n_free_slots == 0 || budget <= 0) return false;
-    int idx = e->waiting[e->wait_head];
+    if (e->waiting.count == 0 || e->n_free_slots == 0 || budget <= 0) return false;
+    int idx = queue_front(&e->waiting);
     Seq *s = &e->seqs[idx];
     int *row = e->h_tables + (size_t)e->free_slots[e->n_free_slots - 1] * e->max_blocks;
     int from_lru, n_hits = cache_hits(e, s, (known_tokens(s) - 1) / e->block_size, row, &from_lru);
@@ -326,7 +415,7 @@ static bool admit_front(Engine *e, int budget) {
     int need = div_up(start + take, e->block_size) - n_hits;
     if (need > blocks_available(e) - from_lru) return false;
 
-    e->wait_head++;
+    queue_pop_front(&e->waiting);
     s->slot = e->free_slots[--e->n_free_slots];
     s->state = SEQ_RUNNING;
     for (int k = 0; k < n_hits; k++) block_share(e, row[k]);
@@ -339,7 +428,7 @@ static bool admit_front(Engine *e, int budget) {
     e->tables_dirty = true;
     e->running[e->n_running++] = idx;
     if (e->n_running > e->stats.peak_running) e->stats.peak_running = e->n_running;
-    if (e->penalty) { /* the sampler's history: every token the sequence has */
+    if (has_penalty(s)) { /* the sampler's history: every token the sequence has */
         int n = known_tokens(s);
         int *h = xmalloc(sizeof(int) * (size_t)n);
         for (int p = 0; p < n; p++) h[p] = token_at(s, p);
@@ -358,16 +447,71 @@ static int bucket_index(int n) {
     return -1;
 }
 
-/* The ops of one step: forward, then the sampler on the logits rows. */
-static int run_ops(Engine *e, const PagedBatch *b, const int *dev_step, int n_pad, char *err) {
+static bool same_sampling(const SamplingParams *a, const SamplingParams *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p &&
+           a->min_p == b->min_p && a->repetition_penalty == b->repetition_penalty && a->seed == b->seed;
+}
+
+/* Fills e->order with the running sequences grouped by sampling settings
+ * (groups in order of first appearance, admission order within a group), so
+ * that each group's logits rows are consecutive. One group: the running order. */
+static void group_running(Engine *e) {
+    e->n_groups = 0;
+    for (int r = 0; r < e->n_running; r++) {
+        Seq *s = &e->seqs[e->running[r]];
+        int g = 0;
+        while (g < e->n_groups && !same_sampling(&e->group_params[g], &s->opt.sampling)) g++;
+        if (g == e->n_groups) e->group_params[e->n_groups++] = s->opt.sampling;
+        s->group = g;
+    }
+    int k = 0;
+    for (int g = 0; g < e->n_groups; g++) {
+        e->group_rows[g] = 0;
+        for (int r = 0; r < e->n_running; r++)
+            if (e->seqs[e->running[r]].group == g) e->order[k++] = e->running[r];
+    }
+}
+
+/* The ops a CUDA graph may record: the forward (and, deterministic, a copy of
+ * the logits, which the sampler clobbers; the log-probs are taken from it). */
+static int run_forward(Engine *e, const PagedBatch *b, char *err) {
     if (model_forward_paged(e->m, e->st, &e->pool, b, err) != 0) return COLT_ERR; /* a tensor-parallel collective */
-    if (e->deterministic) /* the sampler clobbers them; the log-probs are taken after it (engine_step) */
+    if (e->deterministic)
         e->be->copy(e->be, e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)b->n_logits * e->cfg->vocab_size);
-    e->be->sample(e->be, e->d_tokens, e->d_logprobs, paged_state_logits(e->st), b->n_logits, e->cfg->vocab_size,
-                  &e->opt->sampling, dev_step + (size_t)SEG_ROW_SEQ * n_pad, dev_step + (size_t)SEG_STREAMS * n_pad,
-                  dev_step + (size_t)SEG_COUNTERS * n_pad, e->penalty ? e->d_hist : NULL,
-                  e->penalty ? e->d_hist_len : NULL, e->max_len);
     return COLT_OK;
+}
+
+/* The sampler over each group's rows (consecutive: group_running), with that group's settings. */
+static void sample_groups(Engine *e, const int *dev_step, int n_pad) {
+    const Backend *be = e->be;
+    size_t row_bytes = (size_t)e->cfg->vocab_size * dtype_size(be->storage);
+    char *logits = paged_state_logits(e->st);
+    for (int g = 0, lo = 0; g < e->n_groups; lo += e->group_rows[g++]) {
+        int n = e->group_rows[g];
+        if (n == 0) continue;
+        const SamplingParams *p = &e->group_params[g];
+        bool penalty = p->repetition_penalty != 1.0f;
+        be->sample(be, (int *)e->d_tokens + lo, (float *)e->d_logprobs + lo, logits + (size_t)lo * row_bytes, n,
+                   e->cfg->vocab_size, p, dev_step + (size_t)SEG_ROW_SEQ * n_pad + lo,
+                   dev_step + (size_t)SEG_STREAMS * n_pad + lo, dev_step + (size_t)SEG_COUNTERS * n_pad + lo,
+                   penalty ? e->d_hist : NULL, penalty ? e->d_hist_len : NULL, e->max_len);
+    }
+}
+
+/* Deterministic mode: the trainer's log-prob of each sampled token, by the
+ * trainer's op, at each group's temperature (1 when greedy). */
+static void trainer_logprobs(Engine *e, int n_rows) {
+    const Backend *be = e->be;
+    size_t row_bytes = (size_t)e->cfg->vocab_size * dtype_size(be->storage);
+    be->download_i32(be, e->h_tokens, e->d_tokens, (size_t)n_rows);
+    for (int g = 0, lo = 0; g < e->n_groups; lo += e->group_rows[g++]) {
+        int n = e->group_rows[g];
+        if (n == 0) continue;
+        float t = e->group_params[g].temperature > 0.0f ? e->group_params[g].temperature : 1.0f;
+        be->log_softmax_target(be, (float *)e->d_logprobs + lo, NULL, (char *)e->d_logits_kept + (size_t)lo * row_bytes,
+                               e->h_tokens + lo, n, e->cfg->vocab_size, t);
+    }
+    be->download_f32(be, e->h_logprobs, e->d_logprobs, (size_t)n_rows);
 }
 
 static bool is_stop(const GenerateOptions *opt, int token) {
@@ -377,8 +521,33 @@ static bool is_stop(const GenerateOptions *opt, int token) {
     return false;
 }
 
-/* Schedules, runs and applies one step; *idle = true when nothing is left. */
-static int engine_step(Engine *e, bool *idle, char *err) {
+static EngineEvent *event_push(Engine *e, uint64_t id) {
+    COLT_ASSERT(e->n_events < e->events_cap); /* reserved by engine_add_request */
+    EngineEvent *ev = &e->events[e->n_events++];
+    *ev = (EngineEvent){.id = id, .token = -1};
+    return ev;
+}
+
+/* The events of the last engine_step were read: start a new list. */
+static void events_reset_if_delivered(Engine *e) {
+    if (!e->events_delivered) return;
+    e->n_events = 0;
+    e->events_delivered = false;
+}
+
+static void seq_free(Engine *e, int idx) {
+    Seq *s = &e->seqs[idx];
+    free(s->stop);
+    memset(s, 0, sizeof *s);
+    s->state = SEQ_FREE;
+    s->slot = -1;
+    e->n_live--;
+}
+
+static void forget_weights(Engine *e);
+
+/* Schedules, runs and applies one step (nothing when no request is queued or running). */
+static int step_once(Engine *e, char *err) {
     const int budget = e->max_tokens, preemptions_before = e->stats.preemptions;
     int n_tok = 0;
     bool decode_only = true;
@@ -415,22 +584,22 @@ static int engine_step(Engine *e, bool *idle, char *err) {
         decode_only = false;
     }
     if (n_tok == 0) {
-        *idle = e->wait_head == e->wait_tail;
-        if (!*idle) return errorf(err, "engine: the waiting sequences cannot be scheduled (pool of %d blocks)",
-                                  e->pool.n_blocks);
+        if (e->waiting.count > 0)
+            return errorf(err, "engine: the waiting sequences cannot be scheduled (pool of %d blocks)",
+                          e->pool.n_blocks);
         return COLT_OK;
     }
-    *idle = false;
     double t_start = time_now();
 
-    /* The step's arrays; decode steps padded to a graph bucket. */
+    /* The step's arrays, the sequences grouped by sampling settings; decode steps padded to a graph bucket. */
+    group_running(e);
     int bucket = decode_only && e->use_graphs ? bucket_index(n_tok) : -1;
     int n_pad = bucket >= 0 ? GRAPH_BUCKETS[bucket] : n_tok;
     int *seg[N_SEGMENTS];
     for (int k = 0; k < N_SEGMENTS; k++) seg[k] = e->h_step + (size_t)k * n_pad;
     int t = 0, n_rows = 0;
     for (int r = 0; r < e->n_running; r++) {
-        Seq *s = &e->seqs[e->running[r]];
+        Seq *s = &e->seqs[e->order[r]];
         if (s->scheduled == 0) continue;
         const int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
         for (int k = 0; k < s->scheduled; k++, t++) {
@@ -448,7 +617,8 @@ static int engine_step(Engine *e, bool *idle, char *err) {
             seg[SEG_ROW_SEQ][n_rows] = s->slot;
             seg[SEG_STREAMS][n_rows] = (int)s->g->stream;
             seg[SEG_COUNTERS][n_rows] = s->g->n_tokens;
-            e->row_owner[n_rows++] = e->running[r];
+            e->group_rows[s->group]++;
+            e->row_owner[n_rows++] = e->order[r];
         }
     }
     for (; t < n_pad; t++) { /* padding rows: nothing stored, nothing sampled */
@@ -485,27 +655,23 @@ static int engine_step(Engine *e, bool *idle, char *err) {
         e->stats.graph_steps++;
     } else if (bucket >= 0 && e->bucket_seen[bucket]) {
         be->capture_begin(be);
-        int rc = run_ops(e, &b, d, n_pad, err);
+        int rc = run_forward(e, &b, err);
         e->graphs[bucket] = be->capture_end(be);
-        if (rc != 0) return COLT_ERR; /* engine_free frees the graph */
+        if (rc != 0) return COLT_ERR; /* engine_destroy frees the graph */
         be->graph_launch(be, e->graphs[bucket]);
         e->stats.graph_steps++;
     } else {
-        if (run_ops(e, &b, d, n_pad, err) != 0) return COLT_ERR;
+        if (run_forward(e, &b, err) != 0) return COLT_ERR;
         if (bucket >= 0) e->bucket_seen[bucket] = true;
     }
+    sample_groups(e, d, n_pad);
     e->stats.steps++;
 
     /* Apply the sampled tokens. */
     if (n_rows > 0) {
-        if (e->deterministic) { /* the trainer's log-prob of each sampled token, by the trainer's op */
-            be->download_i32(be, e->h_tokens, e->d_tokens, (size_t)n_rows);
-            float t = e->opt->sampling.temperature > 0.0f ? e->opt->sampling.temperature : 1.0f;
-            be->log_softmax_target(be, e->d_logprobs, NULL, e->d_logits_kept, e->h_tokens, n_rows, e->cfg->vocab_size, t);
-            be->download_f32(be, e->h_logprobs, e->d_logprobs, (size_t)n_rows);
-        } else { /* tokens and log-probs in one copy: one wait per step */
+        if (e->deterministic) trainer_logprobs(e, n_rows);
+        else /* tokens and log-probs in one copy: one wait per step */
             be->download_i32(be, e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
-        }
     }
     e->stats.decode_tokens += n_rows;
     if (decode_only) {
@@ -522,33 +688,36 @@ static int engine_step(Engine *e, bool *idle, char *err) {
         g->tokens[g->n_tokens] = token;
         g->logprobs[g->n_tokens] = e->h_logprobs[i];
         g->n_tokens++;
-        bool stop = is_stop(e->opt, token);
+        EngineEvent *ev = event_push(e, s->id);
+        ev->token = token;
+        ev->logprob = e->h_logprobs[i];
+        bool stop = is_stop(&s->opt, token);
         if (stop) g->finish = FINISH_STOP;
-        if (stop || g->n_tokens >= e->opt->max_new_tokens || known_tokens(s) >= s->limit) {
+        if (stop || g->n_tokens >= s->opt.max_new_tokens || known_tokens(s) >= s->limit) {
             release_seq(e, s);
-            s->state = SEQ_DONE;
             running_remove(e, idx);
+            ev->finished = true;
+            seq_free(e, idx);
         }
     }
     return COLT_OK;
 }
 
-/* ---------------------------------------------------------------- setup */
-
-static void engine_free(Engine *e) {
-    const Backend *be = e->be;
-    for (int k = 0; k < N_BUCKETS; k++)
-        if (e->graphs[k]) be->graph_free(be, e->graphs[k]);
-    model_decode_plan_free(e->m, e->decode_plan);
-    kv_pool_free(&e->pool);
-    paged_state_free(e->st);
-    void *dev[] = {e->d_tables, e->d_hist, e->d_hist_len, e->d_step, e->d_sampled, e->d_logits_kept};
-    for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
-        if (dev[k]) be->free(be, dev[k]);
-    prefix_cache_free(&e->cache);
-    free(e->free_blocks), free(e->refcount), free(e->h_tables), free(e->free_slots), free(e->h_step);
-    free(e->h_sampled), free(e->row_owner), free(e->seqs), free(e->running), free(e->waiting);
+int engine_step(Engine *e, const EngineEvent **events, int *n_events, char *err) {
+    events_reset_if_delivered(e);
+    *events = e->events;
+    *n_events = 0;
+    if (!e->awake) return errorf(err, "engine: asleep (engine_wake takes its memory again)");
+    if (model_weights_version(e->m) != e->weights_version) forget_weights(e);
+    double t0 = time_now();
+    int rc = step_once(e, err);
+    e->stats.seconds += time_now() - t0;
+    e->events_delivered = true;
+    *n_events = e->n_events;
+    return rc;
 }
+
+/* ---------------------------------------------------------------- memory: taken awake, given back asleep */
 
 /* Rows of logits (the padded decode batch) and tokens per forward call. */
 static void engine_step_sizes(int n_slots, bool graphs, const EngineOptions *eo, int *max_rows, int *max_tokens) {
@@ -558,6 +727,323 @@ static void engine_step_sizes(int n_slots, bool graphs, const EngineOptions *eo,
     *max_tokens = eo->max_num_batched_tokens > 0 ? eo->max_num_batched_tokens : DEFAULT_MAX_BATCHED_TOKENS;
     if (*max_tokens < *max_rows) *max_tokens = *max_rows;
 }
+
+static void free_graphs(Engine *e) {
+    for (int k = 0; k < N_BUCKETS; k++) {
+        if (e->graphs[k]) e->be->graph_free(e->be, e->graphs[k]);
+        e->graphs[k] = NULL;
+        e->bucket_seen[k] = false;
+    }
+}
+
+static void note_device_free(Engine *e) {
+    if (!e->be->memory_info) return;
+    size_t free_bytes, total_bytes;
+    e->be->memory_info(e->be, &free_bytes, &total_bytes);
+    if (e->stats.device_free_min == 0 || free_bytes < e->stats.device_free_min) e->stats.device_free_min = free_bytes;
+}
+
+static void alloc_history(Engine *e) {
+    e->d_hist = e->be->alloc_i32(e->be, (size_t)e->n_slots * e->max_len);
+    e->d_hist_len = e->be->alloc_i32(e->be, (size_t)e->n_slots);
+}
+
+/* Everything the awake engine holds on the device, and the host state sized by the pool. */
+static void give_memory(Engine *e) {
+    const Backend *be = e->be;
+    requeue_all(e);
+    free_graphs(e);
+    model_decode_plan_free(e->m, e->decode_plan);
+    e->decode_plan = NULL;
+    kv_pool_free(&e->pool);
+    paged_state_free(e->st);
+    e->st = NULL;
+    void **dev[] = {&e->d_tables, &e->d_hist, &e->d_hist_len, &e->d_step, &e->d_sampled, &e->d_logits_kept};
+    for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++) {
+        if (*dev[k]) be->free(be, *dev[k]);
+        *dev[k] = NULL;
+    }
+    e->d_tokens = e->d_logprobs = NULL;
+    prefix_cache_free(&e->cache);
+    free(e->free_blocks), free(e->refcount);
+    e->free_blocks = e->refcount = NULL;
+    e->n_free = 0;
+    e->awake = false;
+}
+
+/* Scratch first; the pool then takes what is left (capped by
+ * gpu_memory_utilization and max_pool_blocks), at most every slot at full length. */
+static int take_memory(Engine *e, char *err) {
+    const Backend *be = e->be;
+    const EngineOptions *eo = &e->eo;
+    if (paged_state_create(&e->st, e->m, e->max_tokens, e->max_rows, err) != 0) return COLT_ERR;
+    if (e->deterministic) e->d_logits_kept = be->alloc(be, (size_t)e->max_rows * e->cfg->vocab_size);
+    size_t block_bytes = kv_pool_block_bytes(e->m, e->block_size);
+    int64_t want = (int64_t)e->n_slots * e->max_blocks; /* every running sequence at full length */
+    if (be->memory_info) {
+        size_t free_bytes, total_bytes;
+        be->memory_info(be, &free_bytes, &total_bytes);
+        size_t avail = free_bytes > DEVICE_HEADROOM_BYTES ? free_bytes - DEVICE_HEADROOM_BYTES : 0;
+        if (eo->gpu_memory_utilization > 0) {
+            size_t cap = (size_t)(eo->gpu_memory_utilization * (double)total_bytes);
+            if (cap < avail) avail = cap;
+        }
+        if ((int64_t)(avail / block_bytes) < want) want = (int64_t)(avail / block_bytes);
+    }
+    if (eo->max_pool_blocks > 0 && want > eo->max_pool_blocks) want = eo->max_pool_blocks;
+    if (want < e->max_blocks) {
+        give_memory(e);
+        return errorf(err, "the KV pool fits %lld blocks of %d tokens but one sequence of %d tokens needs %d; free "
+                           "device memory or raise gpu_memory_utilization",
+                      (long long)want, e->block_size, e->max_len, e->max_blocks);
+    }
+    kv_pool_create(&e->pool, e->m, (int)want, e->block_size);
+    e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->max_blocks);
+
+    e->free_blocks = xmalloc(sizeof(int) * (size_t)want);
+    e->refcount = xcalloc((size_t)want, sizeof(int));
+    if (!eo->no_prefix_caching) prefix_cache_init(&e->cache, (int)want, e->block_size);
+    for (int k = 0; k < (int)want; k++) e->free_blocks[k] = (int)want - 1 - k; /* block 0 handed out first */
+    e->n_free = (int)want;
+    e->d_tables = be->alloc_i32(be, (size_t)e->n_slots * e->max_blocks);
+    e->tables_dirty = true;
+    if (e->history_wanted) alloc_history(e);
+    e->d_step = be->alloc_i32(be, (size_t)N_SEGMENTS * e->max_tokens);
+    e->d_sampled = be->alloc_i32(be, 2 * (size_t)e->max_rows);
+    e->d_tokens = e->d_sampled;
+    e->d_logprobs = (int *)e->d_sampled + e->max_rows;
+
+    e->stats.pool_bytes = e->pool.bytes;
+    e->stats.pool_blocks = e->pool.n_blocks;
+    e->stats.block_size = e->block_size;
+    note_device_free(e);
+    e->weights_version = model_weights_version(e->m);
+    e->awake = true;
+    return COLT_OK;
+}
+
+/* The weights changed: nothing computed from the old ones may be used again.
+ * Running sequences are recomputed (their tokens stay), the prefix cache is
+ * emptied, the graphs and the decode plan (which bind the weights' addresses)
+ * are made again. */
+static void forget_weights(Engine *e) {
+    requeue_all(e);
+    if (e->cache.on) cache_drop_all(e);
+    free_graphs(e);
+    model_decode_plan_free(e->m, e->decode_plan);
+    e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->max_blocks);
+    e->weights_version = model_weights_version(e->m);
+}
+
+/* ---------------------------------------------------------------- the persistent engine */
+
+int engine_create(Engine **out, Model *m, const EngineOptions *eo, int max_len, int max_seqs, char *err) {
+    static const EngineOptions defaults = {0};
+    *out = NULL;
+    Engine *e = xcalloc(1, sizeof *e);
+    e->m = m;
+    e->be = model_backend(m);
+    e->cfg = model_config(m);
+    e->eo = eo ? *eo : defaults;
+    eo = &e->eo;
+    const Backend *be = e->be;
+    if (!be->paged_attention || !be->sample) {
+        free(e);
+        return errorf(err, "backend %s has no generation engine ops", be->name);
+    }
+    if (eo->deterministic) {
+        if (!be->set_batch_invariant || !be->log_softmax_target) {
+            free(e);
+            return errorf(err, "backend %s has no deterministic mode", be->name);
+        }
+        be->set_batch_invariant(be, 1);
+        e->deterministic = true;
+    }
+    /* tensor parallel: only collectives that enqueue on the stream can be recorded */
+    e->use_graphs = be->capture_begin && !eo->enforce_eager && (model_tp_size(m) == 1 || model_tp_graph_safe(m));
+    e->block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
+    int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
+    e->max_len = min_int(max_len, e->cfg->max_position_embeddings);
+    e->n_slots = min_int(max_seqs, max_num_seqs);
+    if (e->block_size & (e->block_size - 1)) {
+        int block_size = e->block_size;
+        free(e);
+        return errorf(err, "block_size must be a power of two (got %d)", block_size);
+    }
+    if (e->max_len < 1 || e->n_slots < 1) {
+        free(e);
+        return errorf(err, "engine: max_len (%d) and max_seqs (%d) must be >= 1", max_len, max_seqs);
+    }
+    e->max_blocks = div_up(e->max_len, e->block_size);
+    engine_step_sizes(e->n_slots, e->use_graphs, eo, &e->max_rows, &e->max_tokens);
+
+    e->h_tables = xcalloc((size_t)e->n_slots * e->max_blocks, sizeof(int));
+    e->free_slots = xmalloc(sizeof(int) * (size_t)e->n_slots);
+    for (int k = 0; k < e->n_slots; k++) e->free_slots[k] = e->n_slots - 1 - k;
+    e->n_free_slots = e->n_slots;
+    e->h_step = xmalloc(sizeof(int) * (size_t)N_SEGMENTS * e->max_tokens);
+    e->h_sampled = xmalloc(sizeof(int) * 2 * (size_t)e->max_rows);
+    e->h_tokens = e->h_sampled;
+    e->h_logprobs = (float *)(e->h_sampled + e->max_rows);
+    e->row_owner = xmalloc(sizeof(int) * (size_t)e->max_rows);
+    e->running = xmalloc(sizeof(int) * (size_t)e->n_slots);
+    e->order = xmalloc(sizeof(int) * (size_t)e->n_slots);
+    e->group_params = xmalloc(sizeof(SamplingParams) * (size_t)e->n_slots);
+    e->group_rows = xcalloc((size_t)e->n_slots, sizeof(int));
+    if (take_memory(e, err) != 0) {
+        engine_destroy(e);
+        return COLT_ERR;
+    }
+    *out = e;
+    return COLT_OK;
+}
+
+void engine_destroy(Engine *e) {
+    if (!e) return;
+    if (e->awake) give_memory(e);
+    for (int i = 0; i < e->seqs_cap; i++) free(e->seqs[i].stop);
+    free(e->seqs), free(e->waiting.items), free(e->events);
+    free(e->h_tables), free(e->free_slots), free(e->h_step), free(e->h_sampled), free(e->row_owner);
+    free(e->running), free(e->order), free(e->group_params), free(e->group_rows);
+    free(e);
+}
+
+/* A free entry of the request table (grown when full). */
+static int seq_alloc(Engine *e) {
+    for (int i = 0; i < e->seqs_cap; i++)
+        if (e->seqs[i].state == SEQ_FREE) return i;
+    int old = e->seqs_cap, cap = old ? 2 * old : 16;
+    e->seqs = xrealloc(e->seqs, sizeof(Seq) * (size_t)cap);
+    memset(e->seqs + old, 0, sizeof(Seq) * (size_t)(cap - old));
+    for (int i = old; i < cap; i++) e->seqs[i].state = SEQ_FREE;
+    e->seqs_cap = cap;
+    return old;
+}
+
+static int find_live(const Engine *e, uint64_t id) {
+    for (int i = 0; i < e->seqs_cap; i++)
+        if (e->seqs[i].state != SEQ_FREE && e->seqs[i].id == id) return i;
+    return -1;
+}
+
+int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, uint64_t id, char *err) {
+    events_reset_if_delivered(e);
+    if (generate_check(e->m, g, 1, opt, err) != 0) return COLT_ERR;
+    if (g->prompt_len > e->max_len)
+        return errorf(err, "the prompt has %d tokens, more than the engine's max_len (%d)", g->prompt_len, e->max_len);
+    if (g->stream > MAX_STREAM_ID)
+        return errorf(err, "request %llu: stream id %llu above 2^31-1", (unsigned long long)id,
+                      (unsigned long long)g->stream);
+    if (find_live(e, id) >= 0) return errorf(err, "request id %llu is already in the engine", (unsigned long long)id);
+    int cap = opt->max_new_tokens > 0 ? opt->max_new_tokens : 1;
+    g->tokens = xmalloc(sizeof(int) * (size_t)cap);
+    g->logprobs = xmalloc(sizeof(float) * (size_t)cap);
+    g->n_tokens = 0;
+    g->finish = FINISH_LENGTH;
+    if (e->events_cap < e->n_events + 1 + e->max_rows) { /* what this add and the next step may report */
+        e->events_cap = 2 * (e->n_events + 1 + e->max_rows);
+        e->events = xrealloc(e->events, sizeof(EngineEvent) * (size_t)e->events_cap);
+    }
+    long long limit = (long long)g->prompt_len + opt->max_new_tokens;
+    if (limit > e->max_len) limit = e->max_len;
+    if (opt->max_new_tokens == 0 || g->prompt_len >= limit) { /* complete already */
+        event_push(e, id)->finished = true;
+        return COLT_OK;
+    }
+    int idx = seq_alloc(e);
+    Seq *s = &e->seqs[idx];
+    *s = (Seq){.g = g, .id = id, .opt = *opt, .state = SEQ_WAITING, .limit = (int)limit, .slot = -1};
+    s->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
+    if (opt->n_stop_ids > 0) memcpy(s->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
+    s->opt.stop_ids = s->stop;
+    e->n_live++;
+    queue_push_back(&e->waiting, idx);
+    if (has_penalty(s) && !e->history_wanted) {
+        e->history_wanted = true;
+        if (e->awake) alloc_history(e);
+    }
+    return COLT_OK;
+}
+
+bool engine_has_work(const Engine *e) { return e->n_live > 0 || (!e->events_delivered && e->n_events > 0); }
+
+int engine_abort(Engine *e, uint64_t id) {
+    int idx = find_live(e, id);
+    if (idx < 0) return COLT_ERR;
+    Seq *s = &e->seqs[idx];
+    if (s->state == SEQ_RUNNING) {
+        release_seq(e, s);
+        running_remove(e, idx);
+    } else {
+        queue_remove(&e->waiting, idx);
+    }
+    seq_free(e, idx);
+    return COLT_OK;
+}
+
+void engine_sleep(Engine *e) {
+    if (e->awake) give_memory(e);
+}
+
+int engine_wake(Engine *e, char *err) {
+    if (e->awake) return COLT_OK;
+    return take_memory(e, err);
+}
+
+bool engine_awake(const Engine *e) { return e->awake; }
+
+void engine_load(const Engine *e, EngineLoad *out) {
+    *out = (EngineLoad){.running = e->n_running, .waiting = e->waiting.count};
+    if (!e->awake) return;
+    out->pool_blocks = e->pool.n_blocks;
+    out->cached_blocks = e->cache.n_lru;
+    out->blocks_used = e->pool.n_blocks - blocks_available(e);
+}
+
+void engine_stats(const Engine *e, EngineStats *out) { *out = e->stats; }
+
+int engine_max_len(const Engine *e) { return e->max_len; }
+
+/* ---------------------------------------------------------------- engine_generate: the loop on top */
+
+int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,
+                    EngineStats *stats, char *err) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (generate_check(m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
+    if (n_seqs == 0) return COLT_OK;
+    for (int i = 0; i < n_seqs; i++) {
+        seqs[i].tokens = NULL;
+        seqs[i].logprobs = NULL;
+        seqs[i].n_tokens = 0;
+        seqs[i].finish = FINISH_LENGTH;
+    }
+    double t0 = time_now();
+    /* Sized for these sequences: the longest at full length, every one in the pool at once. */
+    int max_prompt = 0;
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i].prompt_len > max_prompt) max_prompt = seqs[i].prompt_len;
+    long long max_len = (long long)max_prompt + opt->max_new_tokens;
+    if (max_len > model_config(m)->max_position_embeddings) max_len = model_config(m)->max_position_embeddings;
+    Engine *e = NULL;
+    int rc = engine_create(&e, m, eo, (int)max_len, n_seqs, err);
+    for (int i = 0; rc == 0 && i < n_seqs; i++) rc = engine_add_request(e, &seqs[i], opt, (uint64_t)i, err);
+    while (rc == 0 && engine_has_work(e)) {
+        const EngineEvent *events;
+        int n_events;
+        rc = engine_step(e, &events, &n_events, err);
+    }
+    if (e) {
+        if (rc == 0) note_device_free(e); /* the pool is still taken: the peak of this call */
+        e->stats.seconds = time_now() - t0;
+        if (stats) *stats = e->stats;
+    }
+    engine_destroy(e);
+    if (rc != 0)
+        for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the memory plan */
 
 void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOptions *eo, size_t *scratch,
                         size_t *pool_min, size_t *pool_want, size_t *headroom) {
@@ -580,145 +1066,4 @@ size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const Engin
     size_t scratch, pool_min, pool_want, headroom;
     engine_memory_plan(m, n_seqs, max_len, eo, &scratch, &pool_min, &pool_want, &headroom);
     return pool_want + scratch + headroom;
-}
-
-/* Sizes everything from the requests and the free device memory. */
-static int engine_init(Engine *e, Model *m, GenSequence *gs, int n, const GenerateOptions *opt,
-                       const EngineOptions *eo, char *err) {
-    memset(e, 0, sizeof *e);
-    e->m = m;
-    e->be = model_backend(m);
-    e->cfg = model_config(m);
-    e->opt = opt;
-    const Backend *be = e->be;
-    if (!be->paged_attention || !be->sample)
-        return errorf(err, "backend %s has no generation engine ops", be->name);
-    if (eo->deterministic) {
-        if (!be->set_batch_invariant || !be->log_softmax_target)
-            return errorf(err, "backend %s has no deterministic mode", be->name);
-        be->set_batch_invariant(be, 1);
-        e->deterministic = true;
-    }
-    e->penalty = opt->sampling.repetition_penalty != 1.0f;
-    /* tensor parallel: only collectives that enqueue on the stream can be recorded */
-    e->use_graphs = be->capture_begin && !eo->enforce_eager && (model_tp_size(m) == 1 || model_tp_graph_safe(m));
-    e->block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
-    if (e->block_size & (e->block_size - 1))
-        return errorf(err, "block_size must be a power of two (got %d)", e->block_size);
-    int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
-
-    e->n_seqs = n;
-    e->seqs = xcalloc((size_t)n, sizeof(Seq));
-    int max_prompt = 0;
-    for (int i = 0; i < n; i++) {
-        Seq *s = &e->seqs[i];
-        s->g = &gs[i];
-        s->slot = -1;
-        s->limit = min_int(gs[i].prompt_len + opt->max_new_tokens, e->cfg->max_position_embeddings);
-        if (gs[i].prompt_len > max_prompt) max_prompt = gs[i].prompt_len;
-        if (gs[i].stream > 0x7fffffffu)
-            return errorf(err, "sequence %d: stream id %llu above 2^31-1", i, (unsigned long long)gs[i].stream);
-    }
-    e->max_len = min_int(max_prompt + opt->max_new_tokens, e->cfg->max_position_embeddings);
-    e->max_blocks = div_up(e->max_len, e->block_size);
-    e->n_slots = min_int(n, max_num_seqs);
-    engine_step_sizes(e->n_slots, e->use_graphs, eo, &e->max_rows, &e->max_tokens);
-
-    /* Scratch first; the pool then takes what is left. */
-    if (paged_state_create(&e->st, m, e->max_tokens, e->max_rows, err) != 0) return COLT_ERR;
-    if (e->deterministic) e->d_logits_kept = be->alloc(be, (size_t)e->max_rows * e->cfg->vocab_size);
-    size_t block_bytes = kv_pool_block_bytes(m, e->block_size);
-    int64_t want = (int64_t)e->n_slots * e->max_blocks; /* every running sequence at full length */
-    if (be->memory_info) {
-        size_t free_bytes, total_bytes;
-        be->memory_info(be, &free_bytes, &total_bytes);
-        size_t avail = free_bytes > DEVICE_HEADROOM_BYTES ? free_bytes - DEVICE_HEADROOM_BYTES : 0;
-        if (eo->gpu_memory_utilization > 0) {
-            size_t cap = (size_t)(eo->gpu_memory_utilization * (double)total_bytes);
-            if (cap < avail) avail = cap;
-        }
-        if ((int64_t)(avail / block_bytes) < want) want = (int64_t)(avail / block_bytes);
-    }
-    if (eo->max_pool_blocks > 0 && want > eo->max_pool_blocks) want = eo->max_pool_blocks;
-    if (want < e->max_blocks)
-        return errorf(err, "the KV pool fits %lld blocks of %d tokens but one sequence of %d tokens needs %d; free "
-                           "device memory or raise gpu_memory_utilization",
-                      (long long)want, e->block_size, e->max_len, e->max_blocks);
-    kv_pool_create(&e->pool, m, (int)want, e->block_size);
-    e->decode_plan = model_decode_plan_create(m, &e->pool, e->max_blocks);
-
-    e->free_blocks = xmalloc(sizeof(int) * (size_t)want);
-    e->refcount = xcalloc((size_t)want, sizeof(int));
-    if (!eo->no_prefix_caching) prefix_cache_init(&e->cache, (int)want, e->block_size);
-    for (int k = 0; k < (int)want; k++) e->free_blocks[k] = (int)want - 1 - k; /* block 0 handed out first */
-    e->n_free = (int)want;
-    e->h_tables = xcalloc((size_t)e->n_slots * e->max_blocks, sizeof(int));
-    e->d_tables = be->alloc_i32(be, (size_t)e->n_slots * e->max_blocks);
-    e->tables_dirty = true;
-    e->free_slots = xmalloc(sizeof(int) * (size_t)e->n_slots);
-    for (int k = 0; k < e->n_slots; k++) e->free_slots[k] = e->n_slots - 1 - k;
-    e->n_free_slots = e->n_slots;
-    if (e->penalty) {
-        e->d_hist = be->alloc_i32(be, (size_t)e->n_slots * e->max_len);
-        e->d_hist_len = be->alloc_i32(be, (size_t)e->n_slots);
-    }
-    e->h_step = xmalloc(sizeof(int) * (size_t)N_SEGMENTS * e->max_tokens);
-    e->d_step = be->alloc_i32(be, (size_t)N_SEGMENTS * e->max_tokens);
-    e->d_sampled = be->alloc_i32(be, 2 * (size_t)e->max_rows);
-    e->d_tokens = e->d_sampled;
-    e->d_logprobs = (int *)e->d_sampled + e->max_rows;
-    e->h_sampled = xmalloc(sizeof(int) * 2 * (size_t)e->max_rows);
-    e->h_tokens = e->h_sampled;
-    e->h_logprobs = (float *)(e->h_sampled + e->max_rows);
-    e->row_owner = xmalloc(sizeof(int) * (size_t)e->max_rows);
-    e->running = xmalloc(sizeof(int) * (size_t)e->n_slots);
-    e->waiting = xmalloc(sizeof(int) * (size_t)n);
-
-    e->stats.pool_bytes = e->pool.bytes;
-    e->stats.pool_blocks = e->pool.n_blocks;
-    e->stats.block_size = e->block_size;
-    if (be->memory_info) {
-        size_t free_bytes, total_bytes;
-        be->memory_info(be, &free_bytes, &total_bytes);
-        e->stats.device_free_min = free_bytes;
-    }
-    return COLT_OK;
-}
-
-int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,
-                    EngineStats *stats, char *err) {
-    static const EngineOptions defaults = {0};
-    if (!eo) eo = &defaults;
-    if (stats) memset(stats, 0, sizeof *stats);
-    if (generate_check(m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
-    int cap = opt->max_new_tokens > 0 ? opt->max_new_tokens : 1;
-    for (int i = 0; i < n_seqs; i++) {
-        seqs[i].tokens = xmalloc(sizeof(int) * (size_t)cap);
-        seqs[i].logprobs = xmalloc(sizeof(float) * (size_t)cap);
-        seqs[i].n_tokens = 0;
-        seqs[i].finish = FINISH_LENGTH;
-    }
-    if (n_seqs == 0) return COLT_OK;
-    double t0 = time_now();
-    Engine e;
-    int rc = engine_init(&e, m, seqs, n_seqs, opt, eo, err);
-    if (rc == 0) {
-        for (int i = 0; i < n_seqs; i++) {
-            Seq *s = &e.seqs[i];
-            if (opt->max_new_tokens == 0 || s->g->prompt_len >= s->limit) s->state = SEQ_DONE;
-            else e.waiting[e.wait_tail++] = i;
-        }
-        for (bool idle = false; rc == 0 && !idle;) rc = engine_step(&e, &idle, err);
-    }
-    if (e.be && e.be->memory_info && rc == 0) { /* the pool is still taken: the peak of this call */
-        size_t free_bytes, total_bytes;
-        e.be->memory_info(e.be, &free_bytes, &total_bytes);
-        if (free_bytes < e.stats.device_free_min) e.stats.device_free_min = free_bytes;
-    }
-    e.stats.seconds = time_now() - t0;
-    if (stats) *stats = e.stats;
-    engine_free(&e);
-    if (rc != 0)
-        for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);
-    return rc;
 }

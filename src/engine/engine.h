@@ -2,9 +2,19 @@
  * sampling on the device, CUDA graphs for decode steps.
  *
  * It computes with the model's own weights (the trainer's, in place: no copy,
- * no sync step) through the same ops as the trainer. The KV pool is taken when
- * engine_generate starts, from the memory free at that moment, and given back
- * when it returns, so training and generation take turns with the device.
+ * no sync step) through the same ops as the trainer.
+ *
+ * Two ways to use it:
+ * - engine_generate: complete a set of sequences and return (colt generate,
+ *   colt train, colt eval). The KV pool is taken when it starts, from the
+ *   memory free at that moment, and given back when it returns, so training
+ *   and generation take turns with the device.
+ * - A persistent engine (colt serve): engine_create, then requests added and
+ *   aborted at any time, engine_step run by the caller's loop reporting each
+ *   new token and each finished request. The pool, prefix cache and CUDA
+ *   graphs live across requests; engine_sleep gives the device memory back
+ *   (requests stay queued) and engine_wake takes it again.
+ *   engine_generate is create / add every sequence / step until done / destroy.
  *
  * - Pool: fixed-size blocks; a block table per sequence. Prefix caching:
  *   every full block is cached under its content (the tokens up to its end),
@@ -22,9 +32,18 @@
  *   recently admitted sequence (its blocks are freed; it is recomputed later
  *   from its prompt and the tokens it already has), so no request fails for
  *   lack of memory as long as one sequence fits.
+ * - Weights: every K/V in the pool, every cached block and every recorded graph
+ *   was made with the weights of one model_weights_version (model.h). A step
+ *   that finds the version moved first forgets them all: running sequences go
+ *   back to the queue to be recomputed with the new weights (the tokens they
+ *   already have stay), the prefix cache is emptied, the graphs are recorded
+ *   again. Whoever changes the weights bumps the version (the optimizer, LoRA,
+ *   ZeRO-3 gathers do), so no token is computed from stale weights.
  * - Results are those of generate() (generate.h): same options, same
  *   counter-based RNG keyed by (seed, stream, completion position), so a
- *   sequence's completion does not depend on what else shares its batch. */
+ *   sequence's completion does not depend on what else shares its batch.
+ *   Requests in one step may have different sampling settings: the sampler
+ *   runs once per group of rows with equal settings (rows laid out by group). */
 #ifndef COLT_ENGINE_ENGINE_H
 #define COLT_ENGINE_ENGINE_H
 
@@ -85,5 +104,71 @@ void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOpt
  * of generate(), a pool too small for one sequence, a stream id above 2^31-1. */
 int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,
                     EngineStats *stats, char *err);
+
+/* ---- the persistent engine ---- */
+
+typedef struct Engine Engine;
+
+/* An engine for sequences of up to max_len tokens (prompt + completion; capped
+ * at the model's max_position_embeddings), at most max_seqs of them in the pool
+ * at once (capped by eo->max_num_seqs); more wait in its queue. It starts
+ * awake: the pool and scratch are taken now. eo may be NULL. Errors: a pool
+ * too small for one sequence of max_len, a backend without the engine's ops. */
+int engine_create(Engine **out, Model *m, const EngineOptions *eo, int max_len, int max_seqs, char *err);
+void engine_destroy(Engine *e); /* NULL is fine; requests still queued are dropped */
+
+/* Queues one sequence to complete: g->prompt / prompt_len / stream as for
+ * engine_generate, opt its own settings (sampling, max_new_tokens, stop ids —
+ * copied; max_batch is ignored). The engine allocates g->tokens and
+ * g->logprobs (room for max_new_tokens) and fills them as it samples; g and
+ * g->prompt must stay valid until the request is reported finished or is
+ * aborted. id names it in events and engine_abort (unique among live
+ * requests). Errors, with nothing queued: those of generate_check, a prompt
+ * of max_len tokens or more, a stream id above 2^31-1, a duplicate id. */
+int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, uint64_t id, char *err);
+
+/* What one step (or an add) produced for a request. */
+typedef struct EngineEvent {
+    uint64_t id;
+    int token;           /* the token sampled this step (also in g->tokens), or -1: none */
+    float logprob;       /* its log-prob (g->logprobs) */
+    bool finished;       /* the request is complete (g->finish says why); the engine holds nothing of it */
+} EngineEvent;
+
+/* Runs one forward call over the running and admitted sequences and samples
+ * their next tokens; *events (engine-owned, valid until the next engine call)
+ * gets one event per sequence that sampled, and one for each request that
+ * was complete when added (max_new_tokens 0, no room left). With nothing to
+ * run it returns those alone (possibly none). Errors: asleep, a failed
+ * forward (the engine should then be destroyed). */
+int engine_step(Engine *e, const EngineEvent **events, int *n_events, char *err);
+
+/* Requests queued or running (engine_step has work). */
+bool engine_has_work(const Engine *e);
+
+/* Drops a live request: its blocks are freed (its cached full blocks stay
+ * cached), g keeps the tokens sampled so far, no event follows. Returns 0, or
+ * -1 when no live request has that id (already finished, or never added). */
+int engine_abort(Engine *e, uint64_t id);
+
+/* Gives the device memory back (KV pool, scratch, graphs, prefix cache);
+ * running requests go back to the front of the queue, in order, to be
+ * recomputed after engine_wake. engine_wake takes the memory again, sized from
+ * what is free then (error: not even one sequence fits; the engine stays
+ * asleep). Both are no-ops when already in that state. */
+void engine_sleep(Engine *e);
+int engine_wake(Engine *e, char *err);
+bool engine_awake(const Engine *e);
+
+/* What the engine holds now. */
+typedef struct EngineLoad {
+    int running, waiting;      /* sequences in the pool; queued */
+    int blocks_used, pool_blocks; /* blocks held by running sequences; the pool (0 asleep) */
+    int cached_blocks;         /* blocks in the prefix cache that nobody holds */
+} EngineLoad;
+void engine_load(const Engine *e, EngineLoad *out);
+/* Totals since engine_create (seconds: time spent in engine_step; peaks over the engine's life). */
+void engine_stats(const Engine *e, EngineStats *out);
+int engine_max_len(const Engine *e); /* the longest sequence it takes, prompt included */
 
 #endif

@@ -150,6 +150,7 @@ void lora_state_free(Model *m) {
 }
 
 int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err) {
+    model_weights_changed(m);
     if (check_lora_config(m, cfg, "use_peft", err) != 0) return COLT_ERR;
     lora_alloc(m, cfg);
     LoraState *ls = m->lora;
@@ -311,6 +312,7 @@ done:
 }
 
 int model_lora_load(Model *m, const char *dir, char *err) {
+    model_weights_changed(m);
     char *config_path = path_join(dir, "adapter_config.json"), *weights_path = path_join(dir, "adapter_model.safetensors");
     LoraConfig cfg;
     SafeTensorsSet set;
@@ -565,5 +567,8 @@ bool model_has_lora(const Model *m) { return m->lora != NULL; }
 const LoraConfig *model_lora_config(const Model *m) { return m->lora ? &m->lora->cfg : NULL; }
 size_t model_lora_bytes(const Model *m) { return m->lora ? m->lora->arena_numel * dtype_size(m->be->storage) : 0; }
 void model_lora_set_enabled(Model *m, bool enabled) {
-    if (m->lora) m->lora->enabled = enabled;
+    if (m->lora && m->lora->enabled != enabled) {
+        m->lora->enabled = enabled;
+        model_weights_changed(m);
+    }
 }

@@ -140,6 +140,13 @@ void model_free(Model *m);
 const ModelConfig *model_config(const Model *m); /* the whole model's, also on a tensor-parallel rank */
 const Backend *model_backend(const Model *m);
 const float *model_rope_table(const Model *m); /* model_rope_inv_freq of its config, [Dh / 2], host */
+/* A counter of changes to the weights the forward computes with. Whatever
+ * writes them (an optimizer step, LoRA adapters attached, loaded or switched,
+ * ZeRO-3's gathers, a weight update from outside) calls model_weights_changed;
+ * the engine compares the version at every step, so nothing it computed from
+ * older weights (K/V, cached prefix blocks, recorded graphs) is used again. */
+uint64_t model_weights_version(const Model *m);
+void model_weights_changed(Model *m);
 
 /* Per-run state: the KV cache (n_slots sequences of up to max_len tokens) and
  * scratch activations for up to max_tokens tokens per forward call. Everything

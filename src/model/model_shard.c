@@ -174,6 +174,7 @@ void *model_params_at(const Model *m, size_t off) {
 }
 
 void model_params_changed(Model *m) {
+    model_weights_changed(m);
     ModelPartition *p = m->part;
     if (!p) return;
     p->window_stage[0] = p->window_stage[1] = -1;
@@ -275,6 +276,7 @@ int model_params_gather_all(Model *m, char *err) {
     size_t es = dtype_size(be->storage);
     for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = (char *)m->arena + m->offsets[i] * es;
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
+    model_weights_changed(m); /* new addresses */
     return COLT_OK;
 }
 
@@ -285,4 +287,5 @@ void model_params_release_all(Model *m) {
     m->be->free(m->be, m->arena);
     m->arena = NULL;
     for (int i = 0; i < m->n_tensors; i++) *m->tensors[i].buf = NULL;
+    model_weights_changed(m);
 }

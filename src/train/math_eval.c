@@ -18,7 +18,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
-#include "train/prompt.h"
+#include "data/prompt.h"
 #include "train/train_config.h"
 
 /* ---------------------------------------------------------------- pass@k */

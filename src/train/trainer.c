@@ -44,7 +44,7 @@
 #include "train/grpo.h"
 #include "train/metrics.h"
 #include "train/optim.h"
-#include "train/prompt.h"
+#include "data/prompt.h"
 #include "train/report.h"
 #include "train/rollout.h"
 #include "train/memory_plan.h"

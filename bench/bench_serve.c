@@ -1,0 +1,206 @@
+/* bench_serve.c — load on a running `colt serve`: R streamed requests, C in
+ * flight at a time (a closed loop: a client sends its next request when its
+ * answer ended), over the prompts of a `colt generate --prompts` file
+ * ({"prompt": text} to /v1/completions, {"chat": text} or {"messages": [...]}
+ * to /v1/chat/completions), with libcurl. Prints one JSON line: requests/s,
+ * output tokens/s (the server's usage counts), time to first token and
+ * request latency p50 / p99, errors. bench/gpu/bench_serve.sh runs it against
+ * `colt generate` offline on the same prompts.
+ * Usage: bench_serve --url http://127.0.0.1:8000 --prompts FILE [--requests R]
+ *        [--concurrency C] [--max_tokens N] [--temperature T] [--ignore_eos] [--model NAME] */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct Client {
+    CURL *curl;
+    char *body;           /* the request */
+    char *data;           /* the answer so far */
+    size_t len;
+    double t_start, t_first;
+    int request;          /* index of the request it carries */
+} Client;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t on_data(char *p, size_t size, size_t n, void *ud) {
+    Client *c = ud;
+    if (c->t_first == 0 && memmem(p, size * n, "data: ", 6)) c->t_first = now_s(); /* the first event: the first token */
+    c->data = realloc(c->data, c->len + size * n + 1);
+    memcpy(c->data + c->len, p, size * n);
+    c->len += size * n;
+    c->data[c->len] = '\0';
+    return size * n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double percentile(double *v, int n, double q) {
+    if (n == 0) return 0;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    int k = (int)(q * (n - 1) + 0.5);
+    return v[k];
+}
+
+/* The completion tokens of a finished stream (its usage event), or -1 when it did not end well. */
+static long long stream_tokens(const char *data) {
+    if (!data || !strstr(data, "data: [DONE]") || strstr(data, "\"error\"")) return -1;
+    const char *u = strstr(data, "\"usage\":");
+    const char *k = u ? strstr(u, "\"completion_tokens\":") : NULL;
+    return k ? atoll(k + strlen("\"completion_tokens\":")) : -1;
+}
+
+int main(int argc, char **argv) {
+    const char *url = NULL, *prompts_path = NULL, *model = NULL;
+    int requests = 256, concurrency = 32, max_tokens = 256;
+    double temperature = 0.0;
+    int ignore_eos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--ignore_eos")) ignore_eos = 1;
+        else if (!v) {
+            fprintf(stderr, "bench_serve: %s needs a value\n", a);
+            return 2;
+        } else if (!strcmp(a, "--url")) url = v, i++;
+        else if (!strcmp(a, "--prompts")) prompts_path = v, i++;
+        else if (!strcmp(a, "--model")) model = v, i++;
+        else if (!strcmp(a, "--requests")) requests = atoi(v), i++;
+        else if (!strcmp(a, "--concurrency")) concurrency = atoi(v), i++;
+        else if (!strcmp(a, "--max_tokens")) max_tokens = atoi(v), i++;
+        else if (!strcmp(a, "--temperature")) temperature = atof(v), i++;
+        else {
+            fprintf(stderr, "bench_serve: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (!url || !prompts_path || requests < 1 || concurrency < 1 || max_tokens < 1) {
+        fprintf(stderr, "usage: bench_serve --url URL --prompts FILE [--requests R] [--concurrency C] [--max_tokens N] "
+                        "[--temperature T] [--ignore_eos] [--model NAME]\n");
+        return 2;
+    }
+    /* The request bodies, one per prompt line. */
+    FILE *f = fopen(prompts_path, "r");
+    if (!f) {
+        fprintf(stderr, "bench_serve: cannot open %s\n", prompts_path);
+        return 1;
+    }
+    char **bodies = NULL, **paths = NULL, line[1 << 16];
+    int n_prompts = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *o = json_loads(line, 0, NULL);
+        if (!json_is_object(o)) {
+            json_decref(o);
+            continue;
+        }
+        json_t *req = json_pack("{s:i,s:f,s:b,s:b,s:{s:b}}", "max_tokens", max_tokens, "temperature", temperature,
+                                "ignore_eos", ignore_eos, "stream", 1, "stream_options", "include_usage", 1);
+        if (model) json_object_set_new(req, "model", json_string(model));
+        const char *path = "/v1/completions";
+        json_t *p = json_object_get(o, "prompt"), *chat = json_object_get(o, "chat"), *msgs = json_object_get(o, "messages");
+        if (json_is_string(p)) json_object_set(req, "prompt", p);
+        else if (json_is_string(chat)) json_object_set_new(req, "messages", json_pack("[{s:s,s:O}]", "role", "user", "content", chat));
+        else if (json_is_array(msgs)) json_object_set(req, "messages", msgs);
+        else {
+            json_decref(req), json_decref(o);
+            continue;
+        }
+        if (!json_is_string(p)) path = "/v1/chat/completions";
+        bodies = realloc(bodies, sizeof(char *) * (size_t)(n_prompts + 1));
+        paths = realloc(paths, sizeof(char *) * (size_t)(n_prompts + 1));
+        bodies[n_prompts] = json_dumps(req, JSON_COMPACT);
+        paths[n_prompts++] = strdup(path);
+        json_decref(req), json_decref(o);
+    }
+    fclose(f);
+    if (n_prompts == 0) {
+        fprintf(stderr, "bench_serve: %s holds no {\"prompt\"}, {\"chat\"} or {\"messages\"} line\n", prompts_path);
+        return 1;
+    }
+
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    CURLM *multi = curl_multi_init();
+    struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (concurrency > requests) concurrency = requests;
+    Client *clients = calloc((size_t)concurrency, sizeof(Client));
+    double *ttft = calloc((size_t)requests, sizeof(double)), *latency = calloc((size_t)requests, sizeof(double));
+    int sent = 0, done = 0, errors = 0, n_ttft = 0;
+    long long tokens = 0;
+    double t0 = now_s();
+    for (int c = 0; c < concurrency; c++) { /* each client starts its first request */
+        Client *cl = &clients[c];
+        cl->curl = curl_easy_init();
+        cl->request = sent++;
+        char full[512];
+        snprintf(full, sizeof full, "%s%s", url, paths[cl->request % n_prompts]);
+        curl_easy_setopt(cl->curl, CURLOPT_URL, full);
+        curl_easy_setopt(cl->curl, CURLOPT_POSTFIELDS, bodies[cl->request % n_prompts]);
+        curl_easy_setopt(cl->curl, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(cl->curl, CURLOPT_WRITEFUNCTION, on_data);
+        curl_easy_setopt(cl->curl, CURLOPT_WRITEDATA, cl);
+        curl_easy_setopt(cl->curl, CURLOPT_TIMEOUT, 600L);
+        curl_easy_setopt(cl->curl, CURLOPT_PRIVATE, cl);
+        cl->t_start = now_s();
+        curl_multi_add_handle(multi, cl->curl);
+    }
+    int running = concurrency;
+    while (done < requests) {
+        curl_multi_perform(multi, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(multi, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            Client *cl;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&cl);
+            long status = 0;
+            curl_easy_getinfo(cl->curl, CURLINFO_RESPONSE_CODE, &status);
+            long long n = msg->data.result == CURLE_OK && status == 200 ? stream_tokens(cl->data) : -1;
+            double t = now_s();
+            if (n < 0) {
+                errors++;
+            } else {
+                tokens += n;
+                if (cl->t_first > 0) ttft[n_ttft++] = cl->t_first - cl->t_start;
+            }
+            latency[done++] = t - cl->t_start;
+            curl_multi_remove_handle(multi, cl->curl);
+            free(cl->data);
+            cl->data = NULL;
+            cl->len = 0;
+            cl->t_first = 0;
+            if (sent < requests) { /* the client's next request */
+                cl->request = sent++;
+                char full[512];
+                snprintf(full, sizeof full, "%s%s", url, paths[cl->request % n_prompts]);
+                curl_easy_setopt(cl->curl, CURLOPT_URL, full);
+                curl_easy_setopt(cl->curl, CURLOPT_POSTFIELDS, bodies[cl->request % n_prompts]);
+                cl->t_start = now_s();
+                curl_multi_add_handle(multi, cl->curl);
+            }
+        }
+        if (done < requests) curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    double seconds = now_s() - t0;
+    printf("{\"requests\": %d, \"concurrency\": %d, \"errors\": %d, \"seconds\": %.3f, \"requests_per_s\": %.2f, "
+           "\"output_tokens\": %lld, \"output_tokens_per_s\": %.1f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, "
+           "\"latency_p50_s\": %.3f, \"latency_p99_s\": %.3f}\n",
+           requests, concurrency, errors, seconds, requests / seconds, tokens, tokens / seconds,
+           1e3 * percentile(ttft, n_ttft, 0.5), 1e3 * percentile(ttft, n_ttft, 0.99), percentile(latency, done, 0.5),
+           percentile(latency, done, 0.99));
+    for (int c = 0; c < concurrency; c++) curl_easy_cleanup(clients[c].curl);
+    for (int i = 0; i < n_prompts; i++) free(bodies[i]), free(paths[i]);
+    free(bodies), free(paths), free(clients), free(ttft), free(latency);
+    curl_slist_free_all(headers);
+    curl_multi_cleanup(multi);
+    curl_global_cleanup();
+    return errors ? 1 : 0;
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# bench_serve.sh — `colt serve` under load against `colt generate` offline on
+# the same prompts: every prompt of a `colt generate --prompts` file once,
+# greedy, MAX_TOKENS new tokens each (ignore eos, so every request makes them
+# all), first offline in one `colt generate --prompts` call, then as streamed
+# HTTP requests from bench_serve with C clients in a closed loop, for each C.
+# Prints a markdown table: requests/s, output tokens/s, time to first token and
+# request latency p50 / p99. One server for all rows (after a warm-up round).
+# Usage: bash bench/gpu/bench_serve.sh MODEL_DIR PROMPTS_JSONL [concurrency ...]
+#   concurrency defaults to "1 16 64 256"; MAX_TOKENS (256), COLT (build-cuda/colt),
+#   BENCH (build-cuda/bench_serve), COLT_DEVICE (cuda). On the CPU, e.g.:
+#   COLT=build/colt BENCH=build/bench_serve COLT_DEVICE=cpu MAX_TOKENS=64 \
+#     bash bench/gpu/bench_serve.sh models/stories260K examples/data/demo_train.jsonl 1 8 32
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+COLT=${COLT:-build-cuda/colt}
+BENCH=${BENCH:-build-cuda/bench_serve}
+device=${COLT_DEVICE:-cuda}
+max_tokens=${MAX_TOKENS:-256}
+model=$1
+prompts=$2
+shift 2
+levels=${*:-1 16 64 256}
+n=$(grep -c . "$prompts")
+work=$(mktemp -d)
+pid=""
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid"; wait "$pid" || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+offline=$($COLT generate --model "$model" --prompts "$prompts" --max_new_tokens "$max_tokens" --ignore_eos \
+  --temperature 0 --bench --device "$device")
+
+$COLT serve --model "$model" --port 0 --device "$device" --max_queued_sequences 100000 > "$work/serve.log" 2>&1 &
+pid=$!
+port=""
+for _ in $(seq 1200); do # 120 s at most
+  port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$work/serve.log" | sed 's/.*://' || true)
+  [ -n "$port" ] && break
+  kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$port" ] || { echo "colt serve did not start" >&2; cat "$work/serve.log" >&2; exit 1; }
+url=http://127.0.0.1:$port
+$BENCH --url "$url" --prompts "$prompts" --requests 64 --concurrency 64 --max_tokens 16 --ignore_eos > /dev/null
+
+echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+python3 - "$offline" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+print(f"| colt generate (offline) | - | {r['sequences']} | {r['generated_tokens']} | {r['seconds']:.2f} | "
+      f"{r['sequences'] / r['seconds']:.2f} | {r['generated_tokens'] / r['seconds']:,.0f} | - | - | - | - |")
+PY
+for c in $levels; do
+  line=$($BENCH --url "$url" --prompts "$prompts" --requests "$n" --concurrency "$c" --max_tokens "$max_tokens" \
+    --ignore_eos)
+  python3 - "$line" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+err = f" ({r['errors']} errors)" if r["errors"] else ""
+print(f"| colt serve{err} | {r['concurrency']} | {r['requests']} | {r['output_tokens']} | {r['seconds']:.2f} | "
+      f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:,.0f} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
+      f"{r['latency_p50_s']:.3f} | {r['latency_p99_s']:.3f} |")
+PY
+done
+echo
+echo "Command: MAX_TOKENS=$max_tokens COLT_DEVICE=$device bash bench/gpu/bench_serve.sh $model $prompts $levels ($n prompts)"

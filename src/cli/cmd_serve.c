@@ -1,0 +1,208 @@
+/* cmd_serve.c — `colt serve`: an OpenAI-style HTTP generation server over a
+ * persistent engine. The model and engine belong to one engine thread
+ * (serve/serve_loop.h); HTTP connections (serve/http_server.h) submit
+ * requests to it, and requests of all clients are batched together. The main
+ * thread waits for SIGTERM / SIGINT: then no new connection is accepted, the
+ * requests in flight finish (at most --drain_timeout seconds, or until a
+ * second signal, after which they are cut), and the process exits 0.
+ * Not the weight-update channel or server mode of training (later). */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/log.h"
+#include "data/prompt.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "serve/http_server.h"
+#include "serve/openai.h"
+#include "serve/serve_loop.h"
+#include "tokenizer/tokenizer.h"
+
+static const char *SERVE_USAGE =
+    "usage: colt serve --model DIR [--host 127.0.0.1] [--port 8000] [options]\n"
+    "  OpenAI-style HTTP: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent\n"
+    "  events), GET /v1/models, /health, /metrics (Prometheus text). Binds 127.0.0.1 unless --host says\n"
+    "  otherwise (0.0.0.0: every interface). SIGTERM or Ctrl-C: finishes the requests in flight, then exits 0.\n"
+    "  Settings a request leaves out come from generation_config.json when it samples (do_sample), else\n"
+    "  OpenAI's defaults (temperature 1); a request without a seed gets a fresh one.\n";
+
+typedef struct ServeArgs {
+    const char *model, *adapter, *host, *device, *served_model_name;
+    int port, tensor_parallel_size, max_model_len, max_num_seqs, block_size, max_tokens_limit;
+    int max_queued_sequences, max_connections, max_body_kb, drain_timeout;
+    float gpu_memory_utilization;
+    bool enforce_eager, no_prefix_caching, deterministic;
+} ServeArgs;
+
+/* Waits for SIGTERM / SIGINT (blocked in every thread, taken here); returns the signal, or 0 after timeout_s. */
+static int wait_signal(const sigset_t *set, double timeout_s) {
+    struct timespec ts = {.tv_sec = (time_t)timeout_s, .tv_nsec = (long)((timeout_s - (time_t)timeout_s) * 1e9)};
+    int sig = sigtimedwait(set, NULL, &ts);
+    return sig > 0 ? sig : 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    char err[ERR_LEN];
+    ServeArgs a = {.host = "127.0.0.1", .port = 8000, .device = "auto", .tensor_parallel_size = 1,
+                   .max_queued_sequences = 4096, .max_connections = 512, .max_body_kb = 1024, .drain_timeout = 60};
+    CliOption opts[] = {
+        {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
+        {"host", OPT_STRING, &a.host, "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)", false},
+        {"port", OPT_INT, &a.port, "port (default 8000; 0: any free port, printed at start)", false},
+        {"served_model_name", OPT_STRING, &a.served_model_name,
+         "the name requests give as \"model\" (default: --model as given)", false},
+        {"adapter", OPT_STRING, &a.adapter, "a LoRA adapter folder (PEFT's files) applied to the model", false},
+        {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
+        {"tensor_parallel_size", OPT_INT, &a.tensor_parallel_size, "must be 1 for now", false},
+        {"max_model_len", OPT_INT, &a.max_model_len,
+         "prompt + completion tokens of one sequence (default: the model's max_position_embeddings)", false},
+        {"max_tokens_limit", OPT_INT, &a.max_tokens_limit,
+         "the most max_tokens a request may ask (default: max_model_len)", false},
+        {"max_num_seqs", OPT_INT, &a.max_num_seqs, "sequences in the KV pool at once (default 256)", false},
+        {"max_queued_sequences", OPT_INT, &a.max_queued_sequences,
+         "sequences accepted and not finished; more get 503 (default 4096)", false},
+        {"max_connections", OPT_INT, &a.max_connections, "open HTTP connections at most (default 512)", false},
+        {"max_body_kb", OPT_INT, &a.max_body_kb, "largest request body in KiB; larger get 413 (default 1024)", false},
+        {"drain_timeout", OPT_INT, &a.drain_timeout,
+         "seconds SIGTERM waits for requests in flight before cutting them (default 60)", false},
+        {"gpu_memory_utilization", OPT_FLOAT, &a.gpu_memory_utilization,
+         "cap of the KV cache as a fraction of device memory (default: what is free)", false},
+        {"block_size", OPT_INT, &a.block_size, "tokens per KV cache block (default 16)", false},
+        {"enforce_eager", OPT_FLAG, &a.enforce_eager, "no CUDA graphs for decode steps", false},
+        {"no_prefix_caching", OPT_FLAG, &a.no_prefix_caching, "recompute every prompt's KV", false},
+        {"deterministic", OPT_FLAG, &a.deterministic,
+         "batch-invariant kernels: a completion does not depend on the other requests in its batch", false},
+    };
+    const int n_opts = (int)(sizeof opts / sizeof opts[0]);
+    int prc = cli_parse(opts, n_opts, argc, argv, SERVE_USAGE, err);
+    if (prc == 1) return 0;
+    if (prc != 0) return cli_fail("serve", err);
+    if (!a.model) return cli_fail("serve", "--model DIR is required");
+    if (a.tensor_parallel_size != 1)
+        return cli_fail("serve", "--tensor_parallel_size above 1 is not supported by colt serve yet (every rank would "
+                                 "have to follow rank 0's schedule); serve on one device");
+    if (a.port < 0 || a.port > 65535) return cli_fail("serve", "--port must be in [0, 65535]");
+    if (http_server_check_host(a.host, err) != 0) return cli_fail("serve", err);
+    if (a.max_model_len < 0 || a.max_tokens_limit < 0 || a.max_num_seqs < 0)
+        return cli_fail("serve", "--max_model_len, --max_tokens_limit and --max_num_seqs must be >= 0");
+    if (a.max_queued_sequences < 1 || a.max_connections < 1 || a.max_body_kb < 1 || a.drain_timeout < 0)
+        return cli_fail("serve", "--max_queued_sequences, --max_connections and --max_body_kb must be >= 1, "
+                                 "--drain_timeout >= 0");
+    if (a.block_size < 0 || (a.block_size & (a.block_size - 1)))
+        return cli_fail("serve", "--block_size must be a power of two");
+    if (!(a.gpu_memory_utilization >= 0.0f && a.gpu_memory_utilization <= 1.0f))
+        return cli_fail("serve", "--gpu_memory_utilization must be in [0, 1]");
+
+    ModelConfig probe;
+    GenerationDefaults gen;
+    if (model_config_load(&probe, &gen, a.model, err) != 0) return cli_fail("serve", err);
+    if (a.max_model_len == 0 || a.max_model_len > probe.max_position_embeddings) {
+        if (a.max_model_len > probe.max_position_embeddings)
+            log_info0("colt serve: --max_model_len %d is above the model's max_position_embeddings; using %d",
+                      a.max_model_len, probe.max_position_embeddings);
+        a.max_model_len = probe.max_position_embeddings;
+    }
+    if (a.max_tokens_limit == 0 || a.max_tokens_limit > a.max_model_len) a.max_tokens_limit = a.max_model_len;
+    SamplingParams defaults = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    if (gen.present && gen.do_sample)
+        defaults = (SamplingParams){.temperature = gen.temperature, .top_p = gen.top_p, .top_k = gen.top_k,
+                                    .min_p = gen.min_p, .repetition_penalty = gen.repetition_penalty};
+    if (sampling_params_validate(&defaults, err) != 0) return cli_fail("serve", err);
+
+    /* SIGTERM and SIGINT are taken by the main thread alone (sigtimedwait), blocked before any thread starts
+     * (OpenMP's, CUDA's, the server's inherit the mask); one that comes while loading waits for serving. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    Tokenizer *tok = NULL;
+    char *tok_path = path_join(a.model, "tokenizer.json");
+    bool have_tok = file_exists(tok_path);
+    free(tok_path);
+    if (!have_tok) return cli_fail("serve", "the model folder has no tokenizer.json (colt serve answers in text)");
+    if (tokenizer_load(&tok, a.model, err) != 0) return cli_fail("serve", err);
+    Backend *be = backend_open(a.device, 0, err);
+    if (!be) {
+        tokenizer_free(tok);
+        return cli_fail("serve", err);
+    }
+    Model *m = NULL;
+    if (model_load(&m, a.model, be, err) != 0 || (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
+        model_free(m);
+        backend_close(be);
+        tokenizer_free(tok);
+        return cli_fail("serve", err);
+    }
+    int eos[MODEL_MAX_EOS + 1];
+    int n_eos = prompt_stop_ids(eos, model_config(m), tok);
+    OpenAIContext ctx = {.tok = tok, .vocab_size = model_config(m)->vocab_size,
+                         .model_name = a.served_model_name ? a.served_model_name : a.model,
+                         .max_model_len = a.max_model_len, .max_tokens_limit = a.max_tokens_limit,
+                         .defaults = defaults, .eos_ids = eos, .n_eos = n_eos};
+
+    ServeLoopOptions lo = {.engine = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
+                                      .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
+                                      .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic},
+                           .max_model_len = a.max_model_len, .max_queued_sequences = a.max_queued_sequences};
+    ServeLoop *loop = NULL;
+    HttpServer *http = NULL;
+    int rc = 0;
+    if (serve_loop_start(&loop, m, &lo, err) != 0) {
+        rc = cli_fail("serve", err);
+    } else {
+        ServeLoopStats st;
+        serve_loop_stats(loop, &st);
+        HttpServerOptions ho = {.host = a.host, .port = a.port, .max_body_bytes = (size_t)a.max_body_kb * 1024,
+                                .max_connections = a.max_connections};
+        log_info0("colt serve: %s on %s, max_model_len %d, KV pool of %d blocks (%.3f GB)", ctx.model_name, be->name,
+                  a.max_model_len, st.engine.pool_blocks, st.engine.pool_bytes / 1e9);
+        if (http_server_start(&http, &ho, loop, &ctx, err) != 0) rc = cli_fail("serve", err);
+    }
+    if (rc == 0) {
+        log_info0("colt serve: listening on http://%s%s%s:%d", strchr(a.host, ':') ? "[" : "", a.host,
+                  strchr(a.host, ':') ? "]" : "", http_server_port(http));
+        int sig = 0;
+        while (!(sig = wait_signal(&stop_signals, 1.0))) {}
+        serve_loop_drain(loop);
+        http_server_quiesce(http);
+        log_info0("colt serve: %s: draining %d sequences in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                  serve_loop_outstanding(loop));
+        /* Drained: every sequence finished and every answer sent (a stream's last events may still be on
+         * their way after its sequences finished). */
+        double deadline = time_now() + a.drain_timeout;
+        while ((serve_loop_outstanding(loop) > 0 || http_server_requests_running(http) > 0) && time_now() < deadline) {
+            if (wait_signal(&stop_signals, 0.05)) break; /* a second signal: stop waiting */
+        }
+        /* Stopping now: more signals change nothing (ignoring them also drops pending ones, which
+         * could otherwise reach a thread without the mask, e.g. a sanitizer's at exit). */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        int left = serve_loop_outstanding(loop);
+        if (left > 0) {
+            log_info0("colt serve: cutting %d sequences still in flight", left);
+            serve_loop_abort_all(loop);
+            /* their answers end with an error event or a 500 before the connections close */
+            for (double until = time_now() + 5; http_server_requests_running(http) > 0 && time_now() < until;)
+                nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+        }
+        http_server_stop(http);
+        log_info0("colt serve: stopped");
+    }
+    serve_loop_stop(loop);
+    model_free(m);
+    backend_close(be);
+    tokenizer_free(tok);
+    return rc;
+}

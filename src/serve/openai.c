@@ -1,0 +1,709 @@
+/* openai.c — see openai.h. The parameters colt serve reads, with the
+ * OpenAI / vLLM names: model, prompt (completions: a string, a list of ids,
+ * a list of strings, a list of lists of ids) or messages (chat), n,
+ * max_tokens (chat also max_completion_tokens), temperature, top_p, top_k,
+ * min_p, repetition_penalty, seed, stop, stop_token_ids, ignore_eos,
+ * logprobs (completions: 0; chat: true, top_logprobs 0), stream,
+ * stream_options.include_usage, return_token_ids, user; chat also tools,
+ * tool_choice "none"/"auto", chat_template_kwargs, response_format text.
+ * What colt cannot honour (echo, best_of != n, suffix, presence and frequency
+ * penalties, logit_bias, top log-probs) is refused with a 400 naming it, and
+ * so is any parameter not listed: a request is never half-understood. */
+#include "serve/openai.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "data/prompt.h"
+
+#define MAX_N 128
+#define MAX_PROMPTS 256
+#define MAX_CHOICES 1024
+#define MAX_STOP_STRINGS 16
+#define MAX_STOP_STRING_BYTES 256
+#define MAX_STOP_TOKEN_IDS 64
+
+static const char *COMPLETIONS_KEYS[] = {
+    "model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
+    "stop", "stop_token_ids", "ignore_eos", "logprobs", "stream", "stream_options", "return_token_ids", "user",
+    "echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "logit_bias", NULL};
+static const char *CHAT_KEYS[] = {
+    "model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "stream",
+    "stream_options", "return_token_ids", "user", "tools", "tool_choice", "parallel_tool_calls",
+    "chat_template_kwargs", "response_format", "presence_penalty", "frequency_penalty", "logit_bias", NULL};
+
+/* ---------------------------------------------------------------- typed reads (null counts as absent) */
+
+static json_t *field(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* An integer (a JSON integer, or a number with no fraction) in [lo, hi]. */
+static int read_int(json_t *o, const char *key, long long lo, long long hi, long long *out, bool *present,
+                    const char **param, char *err) {
+    json_t *v = field(o, key);
+    *present = v != NULL;
+    if (!v) return COLT_OK;
+    *param = key;
+    double d = json_is_real(v) ? json_real_value(v) : 0.5;
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+    } else if (json_is_real(v) && d == floor(d) && fabs(d) < 9e18) {
+        *out = (long long)d;
+    } else {
+        return errorf(err, "'%s' must be an integer", key);
+    }
+    if (*out < lo || *out > hi) return errorf(err, "'%s' must be in [%lld, %lld] (got %lld)", key, lo, hi, *out);
+    return COLT_OK;
+}
+
+static int read_number(json_t *o, const char *key, double *out, bool *present, const char **param, char *err) {
+    json_t *v = field(o, key);
+    *present = v != NULL;
+    if (!v) return COLT_OK;
+    *param = key;
+    if (!json_is_number(v)) return errorf(err, "'%s' must be a number", key);
+    *out = json_number_value(v);
+    if (!isfinite(*out)) return errorf(err, "'%s' must be finite", key);
+    return COLT_OK;
+}
+
+static int read_bool(json_t *o, const char *key, bool *out, const char **param, char *err) {
+    json_t *v = field(o, key);
+    if (!v) return COLT_OK;
+    if (!json_is_boolean(v)) {
+        *param = key;
+        return errorf(err, "'%s' must be true or false", key);
+    }
+    *out = json_is_true(v);
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- prompts */
+
+static void add_prompt(OpenAIRequest *r, int *ids, int n) {
+    r->prompts = xrealloc(r->prompts, sizeof(int *) * (size_t)(r->n_prompts + 1));
+    r->prompt_lens = xrealloc(r->prompt_lens, sizeof(int) * (size_t)(r->n_prompts + 1));
+    r->prompts[r->n_prompts] = ids;
+    r->prompt_lens[r->n_prompts++] = n;
+}
+
+static int ids_prompt(OpenAIRequest *r, json_t *arr, const char *where, int vocab, char *err) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return errorf(err, "%s is an empty list of token ids", where);
+    int *ids = xmalloc(sizeof(int) * n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+            free(ids);
+            return errorf(err, "%s[%zu] must be a token id in [0, %d)", where, i, vocab);
+        }
+        ids[i] = (int)json_integer_value(v);
+    }
+    add_prompt(r, ids, (int)n);
+    return COLT_OK;
+}
+
+static int text_prompt(OpenAIRequest *r, const char *text, const char *where, const OpenAIContext *ctx, char *err) {
+    int *ids = NULL, n = 0;
+    if (prompt_encode_text(&ids, &n, ctx->tok, text, false, ctx->vocab_size, where, err) != 0) return COLT_ERR;
+    if (n == 0) {
+        free(ids);
+        return errorf(err, "%s is empty: generation needs at least one token", where);
+    }
+    add_prompt(r, ids, n);
+    return COLT_OK;
+}
+
+/* prompt: a string, a list of ids, a list of strings or a list of lists of ids. */
+static int read_completion_prompts(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, const char **param,
+                                   char *err) {
+    json_t *p = field(body, "prompt");
+    *param = "prompt";
+    if (!p) return errorf(err, "'prompt' is required");
+    if (json_is_string(p)) return text_prompt(r, json_string_value(p), "'prompt'", ctx, err);
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return errorf(err, "'prompt' must be a string, a list of token ids, a list of strings or a list of lists of "
+                           "token ids (non-empty)");
+    json_t *first = json_array_get(p, 0);
+    if (json_is_integer(first)) return ids_prompt(r, p, "'prompt'", ctx->vocab_size, err);
+    if (json_array_size(p) > MAX_PROMPTS) return errorf(err, "'prompt' holds more than %d prompts", MAX_PROMPTS);
+    for (size_t i = 0; i < json_array_size(p); i++) {
+        json_t *e = json_array_get(p, i);
+        char where[64];
+        snprintf(where, sizeof where, "'prompt'[%zu]", i);
+        int rc;
+        if (json_is_string(first) && json_is_string(e)) rc = text_prompt(r, json_string_value(e), where, ctx, err);
+        else if (json_is_array(first) && json_is_array(e)) rc = ids_prompt(r, e, where, ctx->vocab_size, err);
+        else rc = errorf(err, "%s: a list of prompts must hold only strings or only lists of token ids", where);
+        if (rc != 0) return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
+/* messages: a non-empty list of {"role", "content"} (content a string, null, or
+ * a list of text parts, joined with newlines as vLLM does); rendered with the chat template. */
+static int read_chat_prompt(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, const char **param, char *err) {
+    static const char *ROLES[] = {"system", "developer", "user", "assistant", "tool", NULL};
+    json_t *msgs = field(body, "messages"), *tools = NULL, *kwargs = NULL;
+    *param = "messages";
+    if (!msgs) return errorf(err, "'messages' is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return errorf(err, "'messages' must be a non-empty list of {\"role\", \"content\"} objects");
+    json_t *copy = json_deep_copy(msgs);
+    int rc = COLT_OK;
+    for (size_t i = 0; rc == 0 && i < json_array_size(copy); i++) {
+        json_t *m = json_array_get(copy, i), *role = json_object_get(m, "role"), *content;
+        if (!json_is_object(m)) {
+            rc = errorf(err, "'messages'[%zu] must be an object", i);
+            break;
+        }
+        int k = 0;
+        while (json_is_string(role) && ROLES[k] && strcmp(ROLES[k], json_string_value(role)) != 0) k++;
+        if (!json_is_string(role) || !ROLES[k]) {
+            rc = errorf(err, "'messages'[%zu].role must be one of system, developer, user, assistant, tool", i);
+            break;
+        }
+        content = json_object_get(m, "content");
+        if (!content || json_is_null(content) || json_is_string(content)) continue;
+        if (!json_is_array(content)) {
+            rc = errorf(err, "'messages'[%zu].content must be a string, null or a list of text parts", i);
+            break;
+        }
+        size_t cap = 1, len = 0;
+        char *joined = xmalloc(cap);
+        joined[0] = '\0';
+        for (size_t j = 0; j < json_array_size(content); j++) {
+            json_t *part = json_array_get(content, j), *type = json_object_get(part, "type"),
+                   *text = json_object_get(part, "text");
+            if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 || !json_is_string(text)) {
+                rc = errorf(err, "'messages'[%zu].content[%zu] must be {\"type\": \"text\", \"text\": string} (only "
+                                 "text is supported)", i, j);
+                break;
+            }
+            size_t n = json_string_length(text);
+            joined = xrealloc(joined, cap = len + n + 2);
+            if (j > 0) joined[len++] = '\n';
+            memcpy(joined + len, json_string_value(text), n);
+            len += n;
+            joined[len] = '\0';
+        }
+        if (rc == 0) json_object_set_new(m, "content", json_stringn(joined, len));
+        free(joined);
+    }
+    int *ids = NULL, n = 0;
+    if (rc == 0 && prompt_chat_options(&tools, &kwargs, body, "request", err) != 0) {
+        json_t *t = field(body, "tools");
+        *param = t && !json_is_array(t) ? "tools" : "chat_template_kwargs";
+        rc = COLT_ERR;
+    }
+    if (rc == 0 && prompt_encode_chat(&ids, &n, ctx->tok, copy, tools, kwargs, ctx->vocab_size, "'messages'", err) != 0)
+        rc = COLT_ERR;
+    json_decref(copy);
+    if (rc != 0) return COLT_ERR;
+    if (n == 0) {
+        free(ids);
+        return errorf(err, "'messages' renders to an empty prompt");
+    }
+    add_prompt(r, ids, n);
+    return COLT_OK;
+}
+
+/* ---------------------------------------------------------------- the request */
+
+static int read_stop(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, const char **param, char *err) {
+    json_t *stop = field(body, "stop");
+    *param = "stop";
+    if (stop) {
+        json_t *list = json_is_string(stop) ? json_pack("[O]", stop) : json_incref(stop);
+        int rc = COLT_OK;
+        if (!json_is_array(list)) rc = errorf(err, "'stop' must be a string or a list of strings");
+        else if (json_array_size(list) > MAX_STOP_STRINGS)
+            rc = errorf(err, "'stop' holds more than %d strings", MAX_STOP_STRINGS);
+        for (size_t i = 0; rc == 0 && i < json_array_size(list); i++) {
+            json_t *s = json_array_get(list, i);
+            if (!json_is_string(s) || json_string_length(s) == 0 || json_string_length(s) > MAX_STOP_STRING_BYTES) {
+                rc = errorf(err, "'stop'[%zu] must be a non-empty string of at most %d bytes", i,
+                            MAX_STOP_STRING_BYTES);
+                break;
+            }
+            r->stop_strings = xrealloc(r->stop_strings, sizeof(char *) * (size_t)(r->n_stop_strings + 1));
+            r->stop_strings[r->n_stop_strings++] = xstrdup(json_string_value(s));
+        }
+        json_decref(list);
+        if (rc != 0) return COLT_ERR;
+    }
+    /* Stop ids: the model's end ids, then the request's stop_token_ids. */
+    json_t *ids = field(body, "stop_token_ids");
+    size_t n_extra = json_is_array(ids) ? json_array_size(ids) : 0;
+    *param = "stop_token_ids";
+    if (ids && (!json_is_array(ids) || n_extra > MAX_STOP_TOKEN_IDS))
+        return errorf(err, "'stop_token_ids' must be a list of at most %d token ids", MAX_STOP_TOKEN_IDS);
+    r->stop_ids = xmalloc(sizeof(int) * (size_t)(ctx->n_eos + n_extra + 1));
+    memcpy(r->stop_ids, ctx->eos_ids, sizeof(int) * (size_t)ctx->n_eos);
+    r->n_stop_ids = ctx->n_eos;
+    for (size_t i = 0; i < n_extra; i++) {
+        json_t *v = json_array_get(ids, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= ctx->vocab_size)
+            return errorf(err, "'stop_token_ids'[%zu] must be a token id in [0, %d)", i, ctx->vocab_size);
+        r->stop_ids[r->n_stop_ids++] = (int)json_integer_value(v);
+    }
+    return COLT_OK;
+}
+
+/* Settings colt does not have: refused unless they ask for nothing. */
+static int refuse_unsupported(json_t *body, OpenAIEndpoint ep, int n, const char **param, char *err) {
+    double d;
+    bool present;
+    const char *penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (int k = 0; k < 2; k++) {
+        if (read_number(body, penalties[k], &d, &present, param, err) != 0) return COLT_ERR;
+        if (present && d != 0.0)
+            return errorf(err, "'%s' is not supported (repetition_penalty is); leave it out or 0", penalties[k]);
+    }
+    json_t *bias = field(body, "logit_bias");
+    *param = "logit_bias";
+    if (bias && (!json_is_object(bias) || json_object_size(bias) > 0))
+        return errorf(err, "'logit_bias' is not supported; leave it out or empty");
+    if (ep == OPENAI_COMPLETIONS) {
+        bool echo = false;
+        if (read_bool(body, "echo", &echo, param, err) != 0) return COLT_ERR;
+        *param = "echo";
+        if (echo) return errorf(err, "'echo' is not supported");
+        long long best_of;
+        if (read_int(body, "best_of", 1, MAX_N, &best_of, &present, param, err) != 0) return COLT_ERR;
+        if (present && best_of != n) return errorf(err, "'best_of' other than n is not supported");
+        json_t *suffix = field(body, "suffix");
+        *param = "suffix";
+        if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+            return errorf(err, "'suffix' is not supported");
+    } else {
+        json_t *choice = field(body, "tool_choice");
+        *param = "tool_choice";
+        if (choice && !(json_is_string(choice) && (!strcmp(json_string_value(choice), "none") ||
+                                                   !strcmp(json_string_value(choice), "auto"))))
+            return errorf(err, "'tool_choice' must be \"none\" or \"auto\" (tool calls are not parsed out)");
+        bool parallel = true;
+        if (read_bool(body, "parallel_tool_calls", &parallel, param, err) != 0) return COLT_ERR;
+        json_t *format = field(body, "response_format"), *type = json_object_get(format, "type");
+        *param = "response_format";
+        if (format && !(json_is_object(format) && json_is_string(type) && !strcmp(json_string_value(type), "text")))
+            return errorf(err, "'response_format' other than {\"type\": \"text\"} is not supported");
+    }
+    json_t *user = field(body, "user");
+    *param = "user";
+    if (user && !json_is_string(user)) return errorf(err, "'user' must be a string");
+    return COLT_OK;
+}
+
+static int read_sampling(SamplingParams *sp, json_t *body, const OpenAIContext *ctx, uint64_t random_seed,
+                         const char **param, char *err) {
+    *sp = ctx->defaults;
+    sp->seed = random_seed;
+    double d;
+    long long k;
+    bool present;
+    if (read_number(body, "temperature", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->temperature = (float)d;
+    if (read_number(body, "top_p", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->top_p = (float)d;
+    if (read_number(body, "min_p", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->min_p = (float)d;
+    if (read_number(body, "repetition_penalty", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->repetition_penalty = (float)d;
+    if (read_int(body, "top_k", -1, 1 << 30, &k, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->top_k = k < 0 ? 0 : (int)k; /* vLLM's -1: off */
+    if (read_int(body, "seed", INT64_MIN, INT64_MAX, &k, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->seed = (uint64_t)k;
+    if (sampling_params_validate(sp, err) != 0) {
+        const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"};
+        *param = NULL;
+        for (int i = 0; i < 5; i++)
+            if (strncmp(err, names[i], strlen(names[i])) == 0) *param = names[i];
+        return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
+static bool known_key(const char *key, const char **keys) {
+    for (int i = 0; keys[i]; i++)
+        if (strcmp(key, keys[i]) == 0) return true;
+    return false;
+}
+
+int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *body_text, size_t len,
+                         const OpenAIContext *ctx, uint64_t random_seed, const char **param, char *err) {
+    memset(r, 0, sizeof *r);
+    r->endpoint = endpoint;
+    *param = NULL;
+    json_error_t jerr;
+    json_t *body = json_loadb(body_text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+    if (!body) return errorf(err, "the body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                             jerr.column);
+    int rc = COLT_OK;
+    const char *key;
+    json_t *value;
+    long long v;
+    bool present;
+    if (!json_is_object(body)) {
+        rc = errorf(err, "the body must be a JSON object");
+        goto done;
+    }
+    json_object_foreach(body, key, value) {
+        if (!known_key(key, endpoint == OPENAI_CHAT ? CHAT_KEYS : COMPLETIONS_KEYS)) {
+            *param = NULL;
+            rc = errorf(err, "unrecognized request argument: '%.100s'", key);
+            goto done;
+        }
+    }
+    json_t *model = field(body, "model");
+    *param = "model";
+    if (model && !json_is_string(model)) {
+        rc = errorf(err, "'model' must be a string");
+        goto done;
+    }
+    if (model && strcmp(json_string_value(model), ctx->model_name) != 0) {
+        rc = errorf(err, "the model '%.200s' does not exist; this server has '%s'", json_string_value(model),
+                    ctx->model_name);
+        goto done;
+    }
+    if (read_int(body, "n", 1, MAX_N, &v, &present, param, err) != 0) goto fail;
+    r->n = present ? (int)v : 1;
+    if ((endpoint == OPENAI_CHAT ? read_chat_prompt(r, body, ctx, param, err)
+                                 : read_completion_prompts(r, body, ctx, param, err)) != 0)
+        goto fail;
+    *param = "n";
+    if (r->n_prompts * r->n > MAX_CHOICES) {
+        rc = errorf(err, "%d prompts x n = %d completions, more than %d in one request", r->n_prompts, r->n,
+                    MAX_CHOICES);
+        goto done;
+    }
+    if (refuse_unsupported(body, endpoint, r->n, param, err) != 0) goto fail;
+    if (read_sampling(&r->opt.sampling, body, ctx, random_seed, param, err) != 0) goto fail;
+    if (read_stop(r, body, ctx, param, err) != 0) goto fail;
+    r->opt.stop_ids = r->stop_ids;
+    r->opt.n_stop_ids = r->n_stop_ids;
+    if (read_bool(body, "ignore_eos", &r->opt.ignore_eos, param, err) != 0) goto fail;
+    if (read_bool(body, "stream", &r->stream, param, err) != 0) goto fail;
+    if (read_bool(body, "return_token_ids", &r->return_token_ids, param, err) != 0) goto fail;
+    json_t *so = field(body, "stream_options");
+    *param = "stream_options";
+    if (so && !r->stream) {
+        rc = errorf(err, "'stream_options' is only allowed with \"stream\": true");
+        goto done;
+    }
+    if (so && !json_is_object(so)) {
+        rc = errorf(err, "'stream_options' must be an object such as {\"include_usage\": true}");
+        goto done;
+    }
+    if (so && read_bool(so, "include_usage", &r->include_usage, param, err) != 0) goto fail;
+    if (endpoint == OPENAI_COMPLETIONS) {
+        if (read_int(body, "logprobs", 0, 20, &v, &present, param, err) != 0) goto fail;
+        if (present && v > 0) {
+            rc = errorf(err, "'logprobs' above 0 is not supported: colt returns the sampled token's log-prob "
+                             "(logprobs: 0), not the top alternatives");
+            goto done;
+        }
+        r->logprobs = present;
+    } else {
+        if (read_bool(body, "logprobs", &r->logprobs, param, err) != 0) goto fail;
+        if (read_int(body, "top_logprobs", 0, 20, &v, &present, param, err) != 0) goto fail;
+        if (present && v > 0) {
+            rc = errorf(err, "'top_logprobs' above 0 is not supported: colt returns the sampled token's log-prob only");
+            goto done;
+        }
+    }
+
+    /* Lengths: max_tokens (chat: or max_completion_tokens) against the server's limit and the context. */
+    long long max_tokens = 0;
+    bool given = false;
+    const char *max_key = "max_tokens";
+    if (read_int(body, "max_tokens", 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
+    if (!given && endpoint == OPENAI_CHAT) {
+        max_key = "max_completion_tokens";
+        if (read_int(body, max_key, 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
+    }
+    int longest = 0;
+    for (int i = 0; i < r->n_prompts; i++)
+        if (r->prompt_lens[i] > longest) longest = r->prompt_lens[i];
+    *param = given ? max_key : "messages";
+    if (given && max_tokens > ctx->max_tokens_limit) {
+        rc = errorf(err, "'%s' is %lld, above this server's limit of %d", max_key, max_tokens, ctx->max_tokens_limit);
+        goto done;
+    }
+    if (!given) { /* completions: OpenAI's 16; chat: what the context has room for */
+        max_tokens = endpoint == OPENAI_COMPLETIONS ? 16 : ctx->max_model_len - longest;
+        if (max_tokens > ctx->max_tokens_limit) max_tokens = ctx->max_tokens_limit;
+    }
+    if (longest + max_tokens > ctx->max_model_len || max_tokens < 1) {
+        *param = endpoint == OPENAI_CHAT ? "messages" : "prompt";
+        rc = errorf(err, "this model's maximum context length is %d tokens; the request asks for %lld (%d in the "
+                         "prompt, %lld for the completion): shorten the prompt or max_tokens",
+                    ctx->max_model_len, longest + max_tokens, longest, max_tokens < 1 ? 1 : max_tokens);
+        goto done;
+    }
+    r->opt.max_new_tokens = (int)max_tokens;
+    goto done;
+fail:
+    rc = COLT_ERR;
+done:
+    json_decref(body);
+    if (rc != 0) openai_request_free(r);
+    return rc;
+}
+
+void openai_take_prompts(OpenAIRequest *r) { r->prompts = NULL; /* n_prompts and prompt_lens stay for the usage */ }
+
+void openai_request_free(OpenAIRequest *r) {
+    for (int i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i]);
+    free(r->prompts), free(r->prompt_lens), free(r->stop_ids);
+    for (int i = 0; i < r->n_stop_strings; i++) free(r->stop_strings[i]);
+    free(r->stop_strings);
+    memset(r, 0, sizeof *r);
+}
+
+char *openai_error_json(const char *message, const char *type, const char *param, int code) {
+    json_t *e = json_pack("{s:{s:s,s:s,s:o,s:i}}", "error", "message", message, "type", type, "param",
+                          param ? json_string(param) : json_null(), "code", code);
+    if (!e) e = json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", "(message not valid UTF-8)", "type", type,
+                          "param", "code", code);
+    char *s = json_dumps(e, JSON_COMPACT);
+    json_decref(e);
+    return s;
+}
+
+/* ---------------------------------------------------------------- a choice's text */
+
+int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgress *p, const OpenAIRequest *req,
+                       const Tokenizer *tok, bool *hit_stop_string, char *err) {
+    *hit_stop_string = false;
+    if (ct->finished || (p->n_ready == ct->n_tokens && !p->done && ct->text)) return COLT_OK;
+    if (!p->done && !req->stream && req->n_stop_strings == 0) { /* nobody reads the text before the end */
+        ct->n_tokens = p->n_ready;
+        return COLT_OK;
+    }
+    int n_text = p->n_ready - (p->done && p->finish == FINISH_STOP && p->n_ready > 0 ? 1 : 0);
+    char *text = NULL;
+    if (tokenizer_decode_generated(tok, g->tokens, (size_t)n_text, true, &text, err) != 0) return COLT_ERR;
+    ct->n_tokens = p->n_ready;
+    char *cut = NULL;
+    for (int i = 0; i < req->n_stop_strings; i++) {
+        char *at = strstr(text, req->stop_strings[i]);
+        if (at && (!cut || at < cut)) cut = at;
+    }
+    if (cut) {
+        *cut = '\0';
+        ct->finished = true;
+        ct->finish_reason = "stop";
+        *hit_stop_string = true;
+    } else if (p->done) {
+        ct->finished = true;
+        ct->finish_reason = p->finish == FINISH_STOP ? "stop" : "length";
+    }
+    free(ct->text);
+    ct->text = text;
+    if (ct->streamed > strlen(text)) ct->streamed = strlen(text); /* a stop string cut into what was held back */
+    return COLT_OK;
+}
+
+size_t choice_text_stream_end(const ChoiceText *ct, const OpenAIRequest *req) {
+    size_t len = ct->text ? strlen(ct->text) : 0;
+    if (ct->finished) return len;
+    size_t end = len;
+    while (end >= 3 && memcmp(ct->text + end - 3, "\xEF\xBF\xBD", 3) == 0) end -= 3; /* an incomplete character */
+    size_t hold = 0;
+    for (int i = 0; i < req->n_stop_strings; i++) { /* a tail that may be the start of a stop string */
+        size_t s_len = strlen(req->stop_strings[i]);
+        for (size_t k = s_len - 1; k > hold; k--)
+            if (k <= end && memcmp(ct->text + end - k, req->stop_strings[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    end -= hold;
+    return end > ct->streamed ? end : ct->streamed;
+}
+
+void choice_text_free(ChoiceText *ct) {
+    free(ct->text);
+    memset(ct, 0, sizeof *ct);
+}
+
+/* ---------------------------------------------------------------- responses */
+
+static json_t *text_value(const char *s, size_t n) {
+    json_t *v = json_stringn(s, n);
+    return v ? v : json_string("");
+}
+
+static json_t *logprob_value(float lp) { return json_real(isfinite(lp) ? lp : -9999.0); }
+
+static size_t utf8_chars(const char *s) {
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* The log-probs of tokens [from, to) of choice g, in the endpoint's shape.
+ * A token's text is what it adds to the completion's text (so " there", not
+ * "there", after "Once upon a time,"); a special token, which adds nothing,
+ * shows as itself. Offsets count characters of the completion's text. */
+static json_t *logprobs_json(const OpenAIRequest *req, const GenSequence *g, int from, int to, const Tokenizer *tok) {
+    json_t *tokens = json_array(), *lps = json_array(), *offsets = json_array(), *content = json_array();
+    char *prev = NULL;
+    if (tokenizer_decode_generated(tok, g->tokens, (size_t)from, true, &prev, NULL) != 0) prev = xstrdup("");
+    for (int k = from; k < to; k++) {
+        char *cur = NULL, *piece = NULL;
+        if (tokenizer_decode_generated(tok, g->tokens, (size_t)k + 1, true, &cur, NULL) != 0) cur = xstrdup("");
+        size_t n_prev = strlen(prev);
+        if (strncmp(cur, prev, n_prev) == 0 && cur[n_prev]) piece = xstrdup(cur + n_prev);
+        else if (tokenizer_decode(tok, &g->tokens[k], 1, false, &piece, NULL) != 0) piece = xstrdup("");
+        if (req->endpoint == OPENAI_COMPLETIONS) {
+            json_array_append_new(tokens, text_value(piece, strlen(piece)));
+            json_array_append_new(lps, logprob_value(g->logprobs[k]));
+            json_array_append_new(offsets, json_integer((json_int_t)utf8_chars(prev)));
+        } else {
+            json_t *bytes = json_array();
+            for (const unsigned char *b = (const unsigned char *)piece; *b; b++)
+                json_array_append_new(bytes, json_integer(*b));
+            json_array_append_new(content, json_pack("{s:o,s:o,s:o,s:[]}", "token", text_value(piece, strlen(piece)),
+                                                     "logprob", logprob_value(g->logprobs[k]), "bytes", bytes,
+                                                     "top_logprobs"));
+        }
+        free(piece);
+        free(prev);
+        prev = cur;
+    }
+    free(prev);
+    json_t *out;
+    if (req->endpoint == OPENAI_COMPLETIONS) {
+        out = json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", "text_offset",
+                        offsets);
+        json_decref(content);
+    } else {
+        out = json_pack("{s:o}", "content", content);
+        json_decref(tokens), json_decref(lps), json_decref(offsets);
+    }
+    return out;
+}
+
+static json_t *ids_json(const int *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *usage_json(const OpenAIRequest *req, ServeRequest *sr, const ChoiceText *texts) {
+    long long prompt = 0, completion = 0;
+    for (int i = 0; i < req->n_prompts; i++) prompt += req->prompt_lens[i];
+    for (int i = 0; i < serve_request_choices(sr); i++) completion += texts[i].n_tokens;
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                     (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
+}
+
+static const char *object_name(const OpenAIRequest *req, bool chunk) {
+    if (req->endpoint == OPENAI_COMPLETIONS) return "text_completion";
+    return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const ChoiceText *texts, const char *id,
+                           int64_t created, const OpenAIContext *ctx) {
+    json_t *choices = json_array();
+    for (int i = 0; i < serve_request_choices(sr); i++) {
+        const ChoiceText *ct = &texts[i];
+        const GenSequence *g = serve_request_sequence(sr, i);
+        json_t *c = json_object();
+        json_object_set_new(c, "index", json_integer(i));
+        json_t *text = text_value(ct->text ? ct->text : "", ct->text ? strlen(ct->text) : 0);
+        if (req->endpoint == OPENAI_COMPLETIONS) json_object_set_new(c, "text", text);
+        else json_object_set_new(c, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+        json_object_set_new(c, "logprobs",
+                            req->logprobs ? logprobs_json(req, g, 0, ct->n_tokens, ctx->tok) : json_null());
+        json_object_set_new(c, "finish_reason", json_string(ct->finish_reason ? ct->finish_reason : "length"));
+        if (req->return_token_ids) {
+            json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));
+            json_object_set_new(c, "prompt_token_ids", ids_json(g->prompt, g->prompt_len));
+        }
+        json_array_append_new(choices, c);
+    }
+    json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id, "object", object_name(req, false), "created",
+                          (json_int_t)created, "model", ctx->model_name, "choices", choices, "usage",
+                          usage_json(req, sr, texts));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+static void append_event(char **buf, size_t *len, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    size_t n = strlen(s);
+    *buf = xrealloc(*buf, *len + n + 9);
+    memcpy(*buf + *len, "data: ", 6);
+    memcpy(*buf + *len + 6, s, n);
+    memcpy(*buf + *len + 6 + n, "\n\n", 3);
+    *len += n + 8;
+    free(s);
+}
+
+void openai_stream_chunk(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, ChoiceText *ct, int i,
+                         size_t from, size_t to, bool first_chunk, const char *id, int64_t created,
+                         const OpenAIContext *ctx) {
+    const GenSequence *g = serve_request_sequence(sr, i);
+    bool last = ct->finished && to == strlen(ct->text ? ct->text : "");
+    json_t *c = json_object(), *delta = text_value(ct->text ? ct->text + from : "", to - from);
+    json_object_set_new(c, "index", json_integer(i));
+    if (req->endpoint == OPENAI_COMPLETIONS) {
+        json_object_set_new(c, "text", delta);
+    } else {
+        json_t *d = json_object();
+        if (first_chunk) json_object_set_new(d, "role", json_string("assistant"));
+        json_object_set_new(d, "content", delta);
+        json_object_set_new(c, "delta", d);
+    }
+    if (req->logprobs && ct->n_tokens > ct->n_logprobs_sent) {
+        json_object_set_new(c, "logprobs", logprobs_json(req, g, ct->n_logprobs_sent, ct->n_tokens, ctx->tok));
+        ct->n_logprobs_sent = ct->n_tokens;
+    } else {
+        json_object_set_new(c, "logprobs", json_null());
+    }
+    json_object_set_new(c, "finish_reason", last ? json_string(ct->finish_reason) : json_null());
+    if (last && req->return_token_ids) json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));
+    append_event(buf, len,
+                 json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id, "object", object_name(req, true), "created",
+                           (json_int_t)created, "model", ctx->model_name, "choices", c));
+}
+
+void openai_stream_usage(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, const ChoiceText *texts,
+                         const char *id, int64_t created, const OpenAIContext *ctx) {
+    append_event(buf, len,
+                 json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", id, "object", object_name(req, true), "created",
+                           (json_int_t)created, "model", ctx->model_name, "choices", "usage",
+                           usage_json(req, sr, texts)));
+}
+
+void openai_stream_done(char **buf, size_t *len) {
+    *buf = xrealloc(*buf, *len + 15);
+    memcpy(*buf + *len, "data: [DONE]\n\n", 15);
+    *len += 14;
+}
+
+void openai_stream_error(char **buf, size_t *len, const char *message) {
+    json_t *e = json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", message, "type", "server_error", "param",
+                          "code", 500);
+    if (e) append_event(buf, len, e);
+}
+
+char *openai_models_json(const OpenAIContext *ctx, int64_t created) {
+    json_t *o = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data", "id", ctx->model_name, "object",
+                          "model", "created", (json_int_t)created, "owned_by", "colt", "max_model_len",
+                          ctx->max_model_len);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}

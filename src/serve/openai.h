@@ -1,0 +1,98 @@
+/* openai.h — the OpenAI API's shapes for colt serve: a /v1/completions or
+ * /v1/chat/completions body read and checked into what the engine takes
+ * (prompt ids, n, sampling settings, stop ids and strings, limits), each
+ * choice's text followed as its tokens arrive (stop strings, what is safe to
+ * stream), and the JSON that goes back: whole responses, server-sent-event
+ * chunks, error objects. Pure functions over jansson and the tokenizer: no
+ * sockets (http_server.c), no threads (serve_loop.c). */
+#ifndef COLT_SERVE_OPENAI_H
+#define COLT_SERVE_OPENAI_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/generate.h"
+#include "model/model.h"
+#include "serve/serve_loop.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum { OPENAI_COMPLETIONS, OPENAI_CHAT } OpenAIEndpoint;
+
+/* What every request is checked against (the server's settings). */
+typedef struct OpenAIContext {
+    const Tokenizer *tok;
+    int vocab_size;
+    const char *model_name;      /* the only "model" accepted */
+    int max_model_len;           /* prompt + completion tokens */
+    int max_tokens_limit;        /* the most max_tokens a request may ask */
+    SamplingParams defaults;     /* for settings a request leaves out (seed: drawn per request) */
+    const int *eos_ids;          /* the model's and tokenizer's end ids (data/prompt.h prompt_stop_ids) */
+    int n_eos;
+} OpenAIContext;
+
+/* A checked request. */
+typedef struct OpenAIRequest {
+    OpenAIEndpoint endpoint;
+    int **prompts, *prompt_lens, n_prompts; /* owned until openai_take_prompts */
+    int n;                       /* completions per prompt */
+    GenerateOptions opt;         /* stop_ids -> stop_ids below */
+    int *stop_ids, n_stop_ids;
+    char **stop_strings;
+    int n_stop_strings;
+    bool stream, include_usage, logprobs, return_token_ids;
+} OpenAIRequest;
+
+/* Reads a request body. Returns 0, or -1 with err set to a message for an
+ * HTTP 400 and *param to the offending parameter (NULL when none is to
+ * blame). random_seed is used when the request gives no seed. */
+int openai_parse_request(OpenAIRequest *out, OpenAIEndpoint endpoint, const char *body, size_t len,
+                         const OpenAIContext *ctx, uint64_t random_seed, const char **param, char *err);
+void openai_request_free(OpenAIRequest *r);
+/* Hands the prompt arrays over (serve_request_create takes them); n_prompts and prompt_lens stay. */
+void openai_take_prompts(OpenAIRequest *r);
+
+/* An OpenAI error object {"error": {"message", "type", "param", "code"}} as text (malloc'd). */
+char *openai_error_json(const char *message, const char *type, const char *param, int code);
+
+/* One choice's text as its tokens arrive. */
+typedef struct ChoiceText {
+    char *text;          /* the completion's text so far; cut before a stop string once one is found */
+    size_t streamed;     /* bytes of it already sent */
+    int n_tokens;        /* tokens seen (ids of the sequence [0, n_tokens)) */
+    int n_logprobs_sent; /* tokens whose log-probs were streamed */
+    bool finished;
+    const char *finish_reason; /* "stop" or "length" once finished */
+} ChoiceText;
+
+/* Brings ct to progress p of sequence g (text decoded as colt generate does:
+ * a stop token left out, special tokens skipped). *hit_stop_string: a stop
+ * string appeared now (ct is finished; the caller cancels the choice). */
+int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgress *p, const OpenAIRequest *req,
+                       const Tokenizer *tok, bool *hit_stop_string, char *err);
+/* The bytes [ct->streamed, end) that may be sent now: not a trailing
+ * incomplete character, not a tail that may begin a stop string (all of it once finished). */
+size_t choice_text_stream_end(const ChoiceText *ct, const OpenAIRequest *req);
+void choice_text_free(ChoiceText *ct);
+
+/* The whole response of a finished request (malloc'd JSON). */
+char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const ChoiceText *texts, const char *id,
+                           int64_t created, const OpenAIContext *ctx);
+/* One server-sent event "data: {...}\n\n" for choice i: the text
+ * [from, to) of texts[i], the log-probs of its tokens not sent yet, its
+ * finish reason when finished (first_chunk: chat's role delta). Appended to *buf. */
+void openai_stream_chunk(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, ChoiceText *ct, int i,
+                         size_t from, size_t to, bool first_chunk, const char *id, int64_t created,
+                         const OpenAIContext *ctx);
+/* The usage chunk (stream_options.include_usage) and "data: [DONE]\n\n". */
+void openai_stream_usage(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, const ChoiceText *texts,
+                         const char *id, int64_t created, const OpenAIContext *ctx);
+void openai_stream_done(char **buf, size_t *len);
+/* An error inside a stream: "data: {"error": ...}\n\n". */
+void openai_stream_error(char **buf, size_t *len, const char *message);
+
+/* GET /v1/models (malloc'd JSON). */
+char *openai_models_json(const OpenAIContext *ctx, int64_t created);
+
+#endif

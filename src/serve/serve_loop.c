@@ -1,0 +1,519 @@
+/* serve_loop.c — see serve_loop.h.
+ *
+ * Locks: the loop's mutex guards what HTTP threads hand over (incoming
+ * requests, the drain and stop flags, counters); each request's mutex guards
+ * what the loop publishes to its waiter (progress, failure, cancel flags).
+ * The loop never holds both at once. A choice's tokens are written by the
+ * engine without a lock; the waiter reads only the first n_ready, which the
+ * loop sets under the request's mutex after the engine wrote them. */
+#include "serve/serve_loop.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+#define IDLE_WAIT_S 0.1 /* the loop's longest sleep with nothing to do */
+#define RATE_WINDOW_S 10
+
+typedef struct ServeChoice {
+    GenSequence seq;
+    int n_ready;
+    bool done;
+    FinishReason finish;
+    bool cancel;    /* the waiter gave it up */
+    bool in_engine; /* loop-private from here */
+    int slot;       /* its engine id while in the engine */
+} ServeChoice;
+
+struct ServeRequest {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    int **prompts, *prompt_lens, n_prompts, n;
+    GenerateOptions opt;
+    int *stop;
+    ServeChoice *choices;
+    int n_choices;
+    uint64_t version; /* bumped at every change a waiter may see */
+    bool failed;
+    char error[ERR_LEN];
+    bool cancel_pending;
+    double t_submit, t_first;
+    int in_engine; /* loop-private: choices still in the engine */
+};
+
+typedef struct Slot {
+    ServeRequest *r;
+    int choice;
+} Slot;
+
+struct ServeLoop {
+    Model *m;
+    ServeLoopOptions o;
+    Engine *engine;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* under mu */
+    ServeRequest **incoming;
+    int n_incoming, incoming_cap;
+    bool started, stop, draining, failed, wake, abort_all;
+    int start_rc;
+    char start_err[ERR_LEN], fail_msg[ERR_LEN];
+    int outstanding;
+    int64_t requests_submitted, requests_finished, sequences_finished;
+    EngineLoad load;
+    EngineStats engine_stats;
+    int64_t rate_tokens[RATE_WINDOW_S + 1];
+    int64_t rate_second[RATE_WINDOW_S + 1];
+    /* loop-private */
+    ServeRequest **active;
+    int n_active, active_cap;
+    Slot *slots;
+    int *free_slots, n_free_slots;
+};
+
+static void deadline_after(struct timespec *ts, double seconds) {
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    double s = (double)ts->tv_sec + 1e-9 * (double)ts->tv_nsec + seconds;
+    ts->tv_sec = (time_t)s;
+    ts->tv_nsec = (long)((s - (double)ts->tv_sec) * 1e9);
+}
+
+static void cond_init_monotonic(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_prompts, int n,
+                                   const GenerateOptions *opt) {
+    ServeRequest *r = xcalloc(1, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    cond_init_monotonic(&r->cv);
+    r->refs = 1;
+    r->prompts = prompts;
+    r->prompt_lens = xmalloc(sizeof(int) * (size_t)n_prompts);
+    memcpy(r->prompt_lens, prompt_lens, sizeof(int) * (size_t)n_prompts);
+    r->n_prompts = n_prompts;
+    r->n = n;
+    r->opt = *opt;
+    r->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
+    if (opt->n_stop_ids > 0) memcpy(r->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
+    r->opt.stop_ids = r->stop;
+    r->n_choices = n_prompts * n;
+    r->choices = xcalloc((size_t)r->n_choices, sizeof(ServeChoice));
+    for (int i = 0; i < r->n_choices; i++) {
+        ServeChoice *c = &r->choices[i];
+        c->seq = (GenSequence){.prompt = prompts[i / n], .prompt_len = prompt_lens[i / n], .stream = (uint64_t)i};
+        c->slot = -1;
+    }
+    return r;
+}
+
+void serve_request_release(ServeRequest *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0) return;
+    for (int i = 0; i < r->n_choices; i++) gen_sequence_free(&r->choices[i].seq);
+    for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
+    free(r->prompts), free(r->prompt_lens), free(r->stop), free(r->choices);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+int serve_request_choices(const ServeRequest *r) { return r->n_choices; }
+const GenSequence *serve_request_sequence(const ServeRequest *r, int choice) { return &r->choices[choice].seq; }
+
+int serve_request_wait(ServeRequest *r, ChoiceProgress *out, uint64_t *seen, double timeout_s, char *err) {
+    struct timespec deadline;
+    deadline_after(&deadline, timeout_s);
+    pthread_mutex_lock(&r->mu);
+    while (r->version == *seen && !r->failed)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline) == ETIMEDOUT) break;
+    int rc = r->version != *seen ? 1 : 0;
+    if (r->failed) {
+        errorf(err, "%s", r->error);
+        rc = -1;
+    }
+    for (int i = 0; i < r->n_choices; i++)
+        out[i] = (ChoiceProgress){.n_ready = r->choices[i].n_ready, .done = r->choices[i].done,
+                                  .finish = r->choices[i].finish};
+    *seen = r->version;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice) {
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_choices; i++) {
+        if (choice >= 0 && i != choice) continue;
+        ServeChoice *c = &r->choices[i];
+        if (c->done || c->cancel) continue;
+        c->cancel = c->done = true;
+        r->cancel_pending = true;
+    }
+    r->version++;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&l->mu);
+    l->wake = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+double serve_request_first_token_seconds(ServeRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    double s = r->t_first > 0 ? r->t_first - r->t_submit : 0.0;
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+static void request_fail(ServeRequest *r, const char *msg) {
+    pthread_mutex_lock(&r->mu);
+    if (!r->failed) {
+        r->failed = true;
+        snprintf(r->error, sizeof r->error, "%s", msg);
+    }
+    r->version++;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---------------------------------------------------------------- the loop's side */
+
+int serve_loop_submit(ServeLoop *l, ServeRequest *r, int *http_status, char *err) {
+    pthread_mutex_lock(&l->mu);
+    int rc = COLT_OK;
+    if (l->failed) {
+        *http_status = 500;
+        rc = errorf(err, "the engine failed: %s", l->fail_msg);
+    } else if (l->draining || l->stop) {
+        *http_status = 503;
+        rc = errorf(err, "the server is shutting down");
+    } else if (l->outstanding + r->n_choices > l->o.max_queued_sequences) {
+        *http_status = 503;
+        rc = errorf(err, "the server is busy: %d sequences in flight, this request adds %d (limit %d); retry later",
+                    l->outstanding, r->n_choices, l->o.max_queued_sequences);
+    } else {
+        if (l->n_incoming == l->incoming_cap) {
+            l->incoming_cap = l->incoming_cap ? 2 * l->incoming_cap : 64;
+            l->incoming = xrealloc(l->incoming, sizeof(ServeRequest *) * (size_t)l->incoming_cap);
+        }
+        pthread_mutex_lock(&r->mu);
+        r->refs++; /* the loop's */
+        r->t_submit = time_now();
+        pthread_mutex_unlock(&r->mu);
+        l->incoming[l->n_incoming++] = r;
+        l->outstanding += r->n_choices;
+        l->requests_submitted++;
+        l->wake = true;
+        pthread_cond_signal(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+void serve_loop_drain(ServeLoop *l) {
+    pthread_mutex_lock(&l->mu);
+    l->draining = true;
+    pthread_mutex_unlock(&l->mu);
+}
+
+void serve_loop_abort_all(ServeLoop *l) {
+    pthread_mutex_lock(&l->mu);
+    l->draining = l->abort_all = l->wake = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+int serve_loop_outstanding(ServeLoop *l) {
+    pthread_mutex_lock(&l->mu);
+    int n = l->outstanding;
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+bool serve_loop_healthy(ServeLoop *l) {
+    pthread_mutex_lock(&l->mu);
+    bool ok = !l->failed && !l->draining && !l->stop;
+    pthread_mutex_unlock(&l->mu);
+    return ok;
+}
+
+void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
+    pthread_mutex_lock(&l->mu);
+    *out = (ServeLoopStats){.load = l->load, .engine = l->engine_stats, .requests_submitted = l->requests_submitted,
+                            .requests_finished = l->requests_finished, .sequences_finished = l->sequences_finished,
+                            .outstanding = l->outstanding, .failed = l->failed, .draining = l->draining};
+    int64_t now = (int64_t)time_now(), tokens = 0;
+    for (int k = 0; k <= RATE_WINDOW_S; k++) /* the last RATE_WINDOW_S whole seconds */
+        if (l->rate_second[k] < now && l->rate_second[k] >= now - RATE_WINDOW_S) tokens += l->rate_tokens[k];
+    out->tokens_per_second = (double)tokens / RATE_WINDOW_S;
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* ---------------------------------------------------------------- the thread */
+
+/* Adds r's choices to the engine; *left counts those that never will be (an error fails r). */
+static void add_to_engine(ServeLoop *l, ServeRequest *r, int *left) {
+    char err[ERR_LEN];
+    if (l->n_active == l->active_cap) {
+        l->active_cap = l->active_cap ? 2 * l->active_cap : 64;
+        l->active = xrealloc(l->active, sizeof(ServeRequest *) * (size_t)l->active_cap);
+    }
+    l->active[l->n_active++] = r;
+    for (int i = 0; i < r->n_choices; i++) {
+        ServeChoice *c = &r->choices[i];
+        COLT_ASSERT(l->n_free_slots > 0); /* outstanding <= max_queued_sequences = slots */
+        int slot = l->free_slots[--l->n_free_slots];
+        if (engine_add_request(l->engine, &c->seq, &r->opt, (uint64_t)slot, err) != 0) {
+            l->free_slots[l->n_free_slots++] = slot;
+            request_fail(r, err); /* the choices already added are aborted with it (apply_cancels) */
+            *left += r->n_choices - i;
+            return;
+        }
+        l->slots[slot] = (Slot){r, i};
+        c->slot = slot;
+        c->in_engine = true;
+        r->in_engine++;
+    }
+}
+
+/* Takes choice c of r out of the engine (aborted, or finished by it). */
+static void leave_engine(ServeLoop *l, ServeRequest *r, ServeChoice *c, int *left) {
+    l->free_slots[l->n_free_slots++] = c->slot;
+    c->slot = -1;
+    c->in_engine = false;
+    r->in_engine--;
+    (*left)++;
+}
+
+/* Aborts the choices their waiters gave up, and every choice of a failed request. */
+static void apply_cancels(ServeLoop *l, int *left) {
+    for (int a = 0; a < l->n_active; a++) {
+        ServeRequest *r = l->active[a];
+        pthread_mutex_lock(&r->mu);
+        if (r->cancel_pending || r->failed) {
+            for (int i = 0; i < r->n_choices; i++) {
+                ServeChoice *c = &r->choices[i];
+                if (!c->in_engine || !(c->cancel || r->failed)) continue;
+                COLT_ASSERT(engine_abort(l->engine, (uint64_t)c->slot) == 0);
+                leave_engine(l, r, c, left);
+            }
+            r->cancel_pending = false;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* Hands each event to its request and wakes its waiter. */
+static void publish(ServeLoop *l, const EngineEvent *ev, int n_events, int *left) {
+    double now = time_now();
+    for (int k = 0; k < n_events; k++) {
+        Slot *s = &l->slots[ev[k].id];
+        ServeRequest *r = s->r;
+        ServeChoice *c = &r->choices[s->choice];
+        pthread_mutex_lock(&r->mu);
+        if (!c->cancel) {
+            c->n_ready = c->seq.n_tokens;
+            if (ev[k].token >= 0 && r->t_first == 0) r->t_first = now;
+            if (ev[k].finished) {
+                c->done = true;
+                c->finish = c->seq.finish;
+            }
+        }
+        if (ev[k].finished) leave_engine(l, r, c, left);
+        r->version++;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* Drops the requests with nothing left in the engine (the loop's reference). */
+static void drop_finished(ServeLoop *l, int64_t *requests_done) {
+    int w = 0;
+    for (int a = 0; a < l->n_active; a++) {
+        ServeRequest *r = l->active[a];
+        if (r->in_engine > 0) {
+            l->active[w++] = r;
+            continue;
+        }
+        (*requests_done)++;
+        serve_request_release(r);
+    }
+    l->n_active = w;
+}
+
+/* Every request in flight fails with msg; the engine forgets them. */
+static void fail_all(ServeLoop *l, const char *msg, int *left) {
+    for (int a = 0; a < l->n_active; a++) request_fail(l->active[a], msg);
+    apply_cancels(l, left);
+}
+
+static void *loop_main(void *arg) {
+    ServeLoop *l = arg;
+    char err[ERR_LEN] = "";
+    int rc = engine_create(&l->engine, l->m, &l->o.engine, l->o.max_model_len, l->o.max_queued_sequences, err);
+    pthread_mutex_lock(&l->mu);
+    if (rc == 0) {
+        engine_load(l->engine, &l->load);
+        engine_stats(l->engine, &l->engine_stats);
+    }
+    l->start_rc = rc;
+    snprintf(l->start_err, sizeof l->start_err, "%s", err);
+    l->started = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    if (rc != 0) return NULL;
+
+    ServeRequest **taken = NULL;
+    int taken_cap = 0;
+    for (;;) {
+        pthread_mutex_lock(&l->mu);
+        while (!l->stop && !l->wake && !engine_has_work(l->engine)) {
+            struct timespec deadline;
+            deadline_after(&deadline, IDLE_WAIT_S);
+            pthread_cond_timedwait(&l->cv, &l->mu, &deadline);
+        }
+        bool stop = l->stop, abort_all = l->abort_all;
+        l->abort_all = false;
+        int n_taken = l->n_incoming;
+        if (n_taken > taken_cap) {
+            taken_cap = n_taken;
+            taken = xrealloc(taken, sizeof(ServeRequest *) * (size_t)taken_cap);
+        }
+        if (n_taken) memcpy(taken, l->incoming, sizeof(ServeRequest *) * (size_t)n_taken);
+        l->n_incoming = 0;
+        l->wake = false;
+        pthread_mutex_unlock(&l->mu);
+        if (stop) {
+            for (int i = 0; i < n_taken; i++) {
+                request_fail(taken[i], "the server is shutting down");
+                serve_request_release(taken[i]);
+            }
+            break;
+        }
+
+        int left = 0; /* sequences that left the engine this turn */
+        int64_t requests_done = 0, sampled = 0;
+        for (int i = 0; i < n_taken; i++) add_to_engine(l, taken[i], &left);
+        if (abort_all) fail_all(l, "the server is shutting down", &left);
+        apply_cancels(l, &left);
+        bool step_failed = false;
+        if (engine_has_work(l->engine)) {
+            const EngineEvent *ev;
+            int n_events;
+            if (engine_step(l->engine, &ev, &n_events, err) != 0) {
+                step_failed = true;
+                log_error("colt serve: the engine failed: %s", err);
+                fail_all(l, err, &left);
+            } else {
+                publish(l, ev, n_events, &left);
+                for (int k = 0; k < n_events; k++) sampled += ev[k].token >= 0;
+            }
+        }
+        drop_finished(l, &requests_done);
+
+        pthread_mutex_lock(&l->mu);
+        if (step_failed) {
+            l->failed = true;
+            snprintf(l->fail_msg, sizeof l->fail_msg, "%s", err);
+        }
+        l->outstanding -= left;
+        l->sequences_finished += left;
+        l->requests_finished += requests_done;
+        engine_load(l->engine, &l->load);
+        engine_stats(l->engine, &l->engine_stats);
+        int64_t now = (int64_t)time_now();
+        int bucket = (int)(now % (RATE_WINDOW_S + 1));
+        if (l->rate_second[bucket] != now) l->rate_second[bucket] = now, l->rate_tokens[bucket] = 0;
+        l->rate_tokens[bucket] += sampled;
+        pthread_mutex_unlock(&l->mu);
+        if (step_failed) break; /* an engine whose step failed is not used again */
+    }
+    int left = 0;
+    fail_all(l, l->failed ? l->fail_msg : "the server is shutting down", &left);
+    int64_t done = 0;
+    drop_finished(l, &done);
+    if (l->failed) { /* keep answering: submissions are refused from now on, waiters already woken */
+        pthread_mutex_lock(&l->mu);
+        l->outstanding -= left;
+        while (!l->stop) {
+            for (int i = 0; i < l->n_incoming; i++) { /* raced with the failure */
+                request_fail(l->incoming[i], l->fail_msg);
+                l->outstanding -= l->incoming[i]->n_choices;
+                serve_request_release(l->incoming[i]);
+            }
+            l->n_incoming = 0;
+            struct timespec deadline;
+            deadline_after(&deadline, IDLE_WAIT_S);
+            pthread_cond_timedwait(&l->cv, &l->mu, &deadline);
+        }
+        pthread_mutex_unlock(&l->mu);
+    }
+    free(taken);
+    return NULL;
+}
+
+int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char *err) {
+    *out = NULL;
+    if (o->max_queued_sequences < 1) return errorf(err, "max_queued_sequences must be >= 1");
+    ServeLoop *l = xcalloc(1, sizeof *l);
+    l->m = m;
+    l->o = *o;
+    pthread_mutex_init(&l->mu, NULL);
+    cond_init_monotonic(&l->cv);
+    l->slots = xcalloc((size_t)o->max_queued_sequences, sizeof(Slot));
+    l->free_slots = xmalloc(sizeof(int) * (size_t)o->max_queued_sequences);
+    for (int k = 0; k < o->max_queued_sequences; k++) l->free_slots[k] = o->max_queued_sequences - 1 - k;
+    l->n_free_slots = o->max_queued_sequences;
+    if (pthread_create(&l->thread, NULL, loop_main, l) != 0) {
+        free(l->slots), free(l->free_slots), free(l);
+        return errorf(err, "could not start the engine thread");
+    }
+    pthread_mutex_lock(&l->mu);
+    while (!l->started) pthread_cond_wait(&l->cv, &l->mu); /* engine_create returns, with its error or not */
+    int rc = l->start_rc;
+    if (rc != 0) errorf(err, "%s", l->start_err);
+    pthread_mutex_unlock(&l->mu);
+    if (rc != 0) {
+        pthread_join(l->thread, NULL);
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        free(l->slots), free(l->free_slots), free(l);
+        return COLT_ERR;
+    }
+    *out = l;
+    return COLT_OK;
+}
+
+void serve_loop_stop(ServeLoop *l) {
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    for (int i = 0; i < l->n_incoming; i++) {
+        request_fail(l->incoming[i], "the server is shutting down");
+        serve_request_release(l->incoming[i]);
+    }
+    engine_destroy(l->engine);
+    free(l->incoming), free(l->active), free(l->slots), free(l->free_slots);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l);
+}

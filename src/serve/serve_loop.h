@@ -1,0 +1,87 @@
+/* serve_loop.h — the engine thread of colt serve. It alone touches the model
+ * and the persistent engine; HTTP threads submit requests (prompts x n
+ * completions, one set of options) and wait on them. Each turn the loop adds
+ * what was submitted, aborts what a waiter cancelled (a client gone, a stop
+ * string found), runs one engine step over everything in flight — requests of
+ * every client batched together — and publishes each new token to its
+ * request, waking the waiter. Every wait is bounded.
+ * Not the HTTP server (http_server.h) nor the OpenAI formats (openai.h). */
+#ifndef COLT_SERVE_SERVE_LOOP_H
+#define COLT_SERVE_SERVE_LOOP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+typedef struct ServeLoop ServeLoop;
+typedef struct ServeRequest ServeRequest;
+
+typedef struct ServeLoopOptions {
+    EngineOptions engine;     /* max_num_seqs: sequences in the pool at once */
+    int max_model_len;        /* prompt + completion tokens of one sequence */
+    int max_queued_sequences; /* sequences submitted and not finished; more are refused as busy */
+} ServeLoopOptions;
+
+/* Starts the thread; it creates the engine (the KV pool is taken now) and
+ * the call returns its error, if any. */
+int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char *err);
+/* Ends the thread; requests still in flight fail ("the server is shutting
+ * down"). Their waiters must still release them. */
+void serve_loop_stop(ServeLoop *l);
+
+/* A request: prompts[n_prompts] (taken: malloc'd arrays, freed with the
+ * request) completed n times each; completion j of prompt i is choice
+ * i * n + j and draws from RNG stream i * n + j (colt generate's numbering).
+ * opt's stop ids are copied. The caller holds one reference. */
+ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_prompts, int n,
+                                   const GenerateOptions *opt);
+void serve_request_release(ServeRequest *r);
+
+/* Hands the request to the loop (which takes its own reference). Refused
+ * with an HTTP status and a message: 503 when the queue is full or the server
+ * drains, 500 when the engine failed. */
+int serve_loop_submit(ServeLoop *l, ServeRequest *r, int *http_status, char *err);
+/* New requests are refused from now on (503); those in flight go on. */
+void serve_loop_drain(ServeLoop *l);
+/* Every request in flight fails now ("the server is shutting down"); the
+ * loop keeps running (refusing new ones) until serve_loop_stop. */
+void serve_loop_abort_all(ServeLoop *l);
+/* Sequences submitted and not finished. */
+int serve_loop_outstanding(ServeLoop *l);
+bool serve_loop_healthy(ServeLoop *l); /* the engine has not failed and the loop is not draining */
+
+/* What a waiter sees of one choice. Tokens [0, n_ready) of its sequence
+ * (serve_request_sequence) are final and may be read without a lock. */
+typedef struct ChoiceProgress {
+    int n_ready;
+    bool done;
+    FinishReason finish;
+} ChoiceProgress;
+
+int serve_request_choices(const ServeRequest *r);
+const GenSequence *serve_request_sequence(const ServeRequest *r, int choice);
+/* Waits until the request changed since *seen (0 at first) or timeout_s
+ * passed, then copies every choice's progress into out[] and updates *seen.
+ * Returns 1 when something changed, 0 on timeout, -1 when the request failed
+ * (err says why: the engine failed, the server stopped). */
+int serve_request_wait(ServeRequest *r, ChoiceProgress *out, uint64_t *seen, double timeout_s, char *err);
+/* The waiter gives up a choice (-1: all): the loop aborts it in the engine;
+ * it counts as done from now on. */
+void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice);
+/* Seconds from submission to its first token (0 until there is one). */
+double serve_request_first_token_seconds(ServeRequest *r);
+
+/* Numbers for /metrics. */
+typedef struct ServeLoopStats {
+    EngineLoad load;
+    EngineStats engine;      /* totals since start */
+    int64_t requests_submitted, requests_finished;
+    int64_t sequences_finished;
+    int outstanding;         /* sequences submitted, not finished */
+    double tokens_per_second; /* sampled tokens over the last 10 s */
+    bool failed, draining;
+} ServeLoopStats;
+void serve_loop_stats(ServeLoop *l, ServeLoopStats *out);
+
+#endif

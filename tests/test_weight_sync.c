@@ -1,8 +1,9 @@
 /* test_weight_sync.c — the trainer-to-server weight channel (dist/weight_sync.h)
  * between forked processes on 127.0.0.1, over Gloo through the host:
  * - 2 server ranks + the trainer, small buckets (many broadcasts): each server
- *   ends with the trainer's weights byte for byte and its logits; a second push
- *   of other weights replaces them (no stale weights);
+ *   ends with the trainer's weights byte for byte and its logits, and its
+ *   weights version moved (an engine then drops its prefix cache); a second
+ *   push of other weights replaces them (no stale weights);
  * - a server holding another shape: every member fails with one line naming
  *   what differs, none hangs;
  * - a trainer that never comes: the servers fail within the timeout.
@@ -137,10 +138,15 @@ static void member(int rank, int world, int port, int run) {
             m = ref;
             ref = NULL;
         }
+        uint64_t version = model_weights_version(m);
         rc = trainer ? weight_sync_send(w, m, err) : weight_sync_recv(w, m, err);
         if (rc != 0) {
             fprintf(stderr, "rank %d: push %d: %s\n", rank, push, err);
             finish(2);
+        }
+        if (!trainer && model_weights_version(m) == version) { /* an engine on m would keep its prefix cache */
+            fprintf(stderr, "rank %d: push %d: the weights version did not move\n", rank, push);
+            failures++;
         }
         size_t bytes = 0;
         double secs = 0;

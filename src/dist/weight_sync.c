@@ -183,7 +183,11 @@ static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
 }
 
 int weight_sync_send(WeightSync *w, const Model *m, char *err) { return transfer(w, m, true, err); }
-int weight_sync_recv(WeightSync *w, Model *m, char *err) { return transfer(w, m, false, err); }
+int weight_sync_recv(WeightSync *w, Model *m, char *err) {
+    int rc = transfer(w, m, false, err);
+    model_weights_changed(m); /* even after a failed transfer: part of the arena may be new */
+    return rc;
+}
 
 void weight_sync_last(const WeightSync *w, size_t *bytes, double *seconds) {
     *bytes = w->last_bytes;

@@ -46,8 +46,9 @@ typedef struct WeightSync WeightSync;
 int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err);
 /* The trainer (the last rank): broadcasts m's weights. */
 int weight_sync_send(WeightSync *w, const Model *m, char *err);
-/* A server rank: receives the trainer's weights into m (the caller then
- * drops what was computed with the old ones, e.g. the engine's prefix cache). */
+/* A server rank: receives the trainer's weights into m and bumps its weights
+ * version (model_weights_changed), so an engine computing with m drops what
+ * it computed with the old ones (its prefix cache) at its next step. */
 int weight_sync_recv(WeightSync *w, Model *m, char *err);
 /* Bytes moved and seconds spent by the last send or recv. */
 void weight_sync_last(const WeightSync *w, size_t *bytes, double *seconds);

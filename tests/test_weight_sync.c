@@ -123,8 +123,11 @@ static void member(int rank, int world, int port, int run) {
     if (run == RUN_MISMATCH) {
         rc = trainer ? weight_sync_send(w, m, err) : weight_sync_recv(w, m, err);
         printf("  mismatch, rank %d: %s\n", rank, err);
-        bool want = rank == 1 ? strstr(err, "the trainer's model has other weight bytes than this server's "
-                                            "(363264 against 314112)") != NULL
+        char sizes[96]; /* the two models' weight bytes: 4 per element in fp32, 2 in bf16 */
+        size_t es = dtype_size(be->storage);
+        snprintf(sizes, sizeof sizes, "(%zu against %zu)", 90816 * es, 78528 * es);
+        bool want = rank == 1 ? strstr(err, "the trainer's model has other weight bytes than this server's ") &&
+                                    strstr(err, sizes)
                               : strstr(err, "1 server rank holds a model of other weight bytes than the trainer's") != NULL;
         finish(rc != 0 && want ? 0 : 1);
     }

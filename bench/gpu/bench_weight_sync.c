@@ -103,7 +103,12 @@ static int run(const Shape *s, bool nccl, int pushes) {
 
 int main(int argc, char **argv) {
     int pushes = getenv("COLT_PUSHES") ? atoi(getenv("COLT_PUSHES")) : 3;
-    int gpus = backend_cuda_device_count();
+    /* counted in a child: CUDA initialised in this process would not work in the members forked later */
+    int gpus = 0;
+    pid_t probe = fork();
+    if (probe == 0) _exit(backend_cuda_device_count());
+    int status = 0;
+    if (probe > 0 && waitpid(probe, &status, 0) == probe && WIFEXITED(status)) gpus = WEXITSTATUS(status);
     if (gpus < 1) {
         printf("bench_weight_sync: no GPU\n");
         return 1;

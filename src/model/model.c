@@ -888,7 +888,9 @@ static void layer_attention(const Model *m, int l, const LayerBuffers *b, const 
     void *lt = b->lora_t, *lu = b->lora_u;
     /* One GEMM over q|k|v, rope and the K/V store in one kernel (and, for a
      * decode step, the attention too): paged only; the fused kernels have no
-     * q/k norm, and the adapter terms need q, k and v apart. */
+     * q/k norm, and the adapter terms need q, k and v apart. The fused kernels
+     * give the unfused sequence's bits; the one GEMM sums in its own order, as
+     * any GEMM does. */
     bool qkv_lora = model_lora_active(m, w, LORA_Q) || model_lora_active(m, w, LORA_K) ||
                     model_lora_active(m, w, LORA_V);
     if (pb && b->qkv && be->qkv_rope_store && !w->q_norm && !qkv_lora &&

@@ -50,7 +50,16 @@ typedef struct TrainConfig {
      * is accepted for TRL configs but changes nothing (kept, default true, so
      * the saved config says what ran). */
     bool use_vllm;
-    char *vllm_mode;                          /* "colocate" only: generation runs in-process */
+    char *vllm_mode;                          /* "colocate": in-process; "server": a colt serve generates */
+    /* vllm_mode server (TRL's names and defaults, host 127.0.0.1): where colt
+     * serve listens (base_url, when set, wins), how long to wait for it, and
+     * the weight channel's port. async_generation: the next round is
+     * generated while this one trains, at most max_staleness steps behind. */
+    char *vllm_server_host, *vllm_server_base_url;
+    int vllm_server_port, vllm_group_port;
+    double vllm_server_timeout;
+    bool async_generation;
+    int max_staleness;
     bool vllm_importance_sampling_correction; /* TRL default true */
     char *vllm_importance_sampling_mode;      /* token_truncate, token_mask, sequence_truncate, sequence_mask */
     /* NaN = None. clip_max defaults to 3; vllm_importance_sampling_cap (deprecated in

@@ -218,6 +218,10 @@ int cmd_train(int argc, char **argv) {
         train_config_free(&cfg);
         return rc;
     }
+    if (train_config_check_server_tp(&cfg, err) != 0) {
+        train_config_free(&cfg);
+        return cli_fail("train", err);
+    }
     /* No launcher: colt starts one process per GPU (or nproc_per_node) itself. */
     if (env.launcher == LAUNCHER_NONE && !local_launch_is_child()) {
         int nproc = cfg.nproc_per_node;

@@ -1412,9 +1412,7 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!one_of(c->vllm_mode, vllm_modes))
         return errorf(err, "settings: unknown vllm_mode '%s' (colocate, server)", c->vllm_mode ? c->vllm_mode : "null");
     bool server = strcmp(c->vllm_mode, "server") == 0;
-    if (server && c->tensor_parallel_size > 1)
-        return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1 (the weight channel pushes whole "
-                           "models; colt serve refuses tensor parallelism too)");
+    if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
     if (server && c->use_peft)
         return errorf(err, "settings: vllm_mode server with use_peft is not supported yet (the weight channel pushes "
                            "whole models, not adapters); use vllm_mode colocate");
@@ -1502,6 +1500,14 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "samples would be %d steps stale, more than max_staleness %d: make a round one optimizer step",
                       round_steps, c->steps_per_generation, c->num_iterations, c->gradient_accumulation_steps,
                       round_steps, c->max_staleness);
+    return COLT_OK;
+}
+
+int train_config_check_server_tp(const TrainConfig *c, char *err) {
+    if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0 && c->tensor_parallel_size > 1)
+        return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1, not %d (the weight channel pushes "
+                           "whole models; colt serve refuses tensor parallelism too)",
+                      c->tensor_parallel_size);
     return COLT_OK;
 }
 

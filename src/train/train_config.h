@@ -161,6 +161,9 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
  * (num_generations >= 2, divisibility of batch sizes, ranges, names). */
 int train_config_finalize(TrainConfig *c, char *err);
 
+/* vllm_mode server with tensor_parallel_size > 1 is refused (checked by
+ * finalize, and by colt train before it starts any process). */
+int train_config_check_server_tp(const TrainConfig *c, char *err);
 /* Optimizer steps of the run over n_prompts prompts (c finalized): max_steps
  * when > 0, else ceil(ceil(num_train_epochs x rounds per epoch) x
  * steps_per_generation x num_iterations / gradient_accumulation_steps), with

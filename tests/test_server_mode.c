@@ -1,0 +1,373 @@
+/* test_server_mode.c — `colt train` with vllm_mode server against a `colt
+ * serve` it starts (two processes on the CPU, the weights over the host
+ * channel: Gloo), on the demo config with the real stories260K:
+ * - synchronous server mode equals colocated GRPO: the same completions
+ *   (completions.jsonl byte for byte: every completion of every round), every metric within 1e-6 relative
+ *   (timings, the engine's own memory figures and the server's staleness /
+ *   weight-sync figures aside), byte-identical final weights — both sides
+ *   with deterministic mode on, so the server's sampler and log-probs are the
+ *   in-process engine's;
+ * - async_generation runs, logs staleness 0 then 1 at every later step, keeps
+ *   the loss finite, generates its first round as the synchronous run does,
+ *   and the server counts every push (/metrics);
+ * - bad input: no server (a bounded wait, one line naming host:port), a
+ *   server with another model (weight_sync's fingerprint, one line), server
+ *   mode with tensor_parallel_size 2, async_generation without a server;
+ * - a trainer that never joins the weight channel does not hang the server:
+ *   the open times out, the server logs it and keeps serving.
+ * Every server is killed by PID at the end (and dies with the test). */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+#include "harness.h"
+
+#define MODEL COLT_SOURCE_DIR "/models/stories260K"
+#define REL_TOL 1e-6
+
+/* Small, fast settings on top of the demo config; deterministic on both sides. */
+static const char *BASE =
+    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 --num_eval_prompts 8 "
+    "--logging_steps 1 --log_completions_count 16 --save_total_limit 0 --save_steps 0 --device cpu "
+    "--deterministic true";
+
+/* ---------------------------------------------------------------- processes */
+
+typedef struct Server {
+    pid_t pid;
+    int port;
+    char log[300];
+} Server;
+
+static Server g_servers[2];
+
+static void kill_servers(void) {
+    for (int i = 0; i < 2; i++)
+        if (g_servers[i].pid > 0) {
+            kill(g_servers[i].pid, SIGKILL);
+            waitpid(g_servers[i].pid, NULL, 0);
+            g_servers[i].pid = 0;
+        }
+}
+
+/* Starts `colt serve --model model --port 0 ...`, waits (60 s at most) for its "listening" line. */
+static bool server_start(Server *s, const char *name, const char *model) {
+    snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --device cpu --deterministic --port 0 > %s 2>&1", COLT_BINARY,
+             model, s->log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    s->pid = pid;
+    double deadline = now_s() + 60;
+    while (now_s() < deadline) {
+        char *text = NULL;
+        size_t len;
+        if (file_read_all(s->log, &text, &len, NULL) != 0) text = NULL;
+        const char *at = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
+        if (at) s->port = atoi(at + strlen("listening on http://127.0.0.1:"));
+        free(text);
+        if (s->port > 0) return true;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            s->pid = 0;
+            break;
+        }
+        usleep(50 * 1000);
+    }
+    CHECK(0, "colt serve --model %s did not start (log %s)", model, s->log);
+    return false;
+}
+
+/* A TCP port nobody listens on now (the kernel's pick, released). */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* colt train ARGS, bounded by `timeout`; stderr in *err_out. Returns the exit code (124: timed out). */
+static int run_train(const char *args, char **err_out) {
+    char cmd[4096], err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "timeout -s KILL 600 %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
+    int status = system(cmd);
+    size_t len;
+    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void expect_error(const char *name, const char *args, const char *needle, double max_seconds) {
+    char *err;
+    double t0 = now_s();
+    int code = run_train(args, &err);
+    double seconds = now_s() - t0;
+    /* progress lines go to stderr too: the error is the one line "colt train: ...", the last */
+    const char *line = strstr(err, "colt train: ");
+    CHECK(code != 0 && code < 124, "%s: exit %d", name, code);
+    CHECK(line && !strstr(line + 1, "colt train: ") && count_lines(line) == 1, "%s: not one error line: %s", name, err);
+    CHECK(line && strstr(line, needle) != NULL, "%s: '%s' lacks '%s'", name, err, needle);
+    CHECK(seconds < max_seconds, "%s: took %.1f s, bound %.0f s", name, seconds, max_seconds);
+    printf("  bad input %-28s -> exit %d in %.1f s: %s", name, code, seconds, line ? line : err);
+    free(err);
+}
+
+/* ---------------------------------------------------------------- HTTP (libcurl) */
+
+typedef struct Buf {
+    char *data;
+    size_t len;
+} Buf;
+
+static size_t on_data(char *p, size_t size, size_t n, void *user) {
+    Buf *b = user;
+    b->data = realloc(b->data, b->len + size * n + 1);
+    memcpy(b->data + b->len, p, size * n);
+    b->len += size * n;
+    b->data[b->len] = '\0';
+    return size * n;
+}
+
+/* GET (body NULL) or POST; returns the status (0: no answer), the body in *out (malloc'd). */
+static long http(int port, const char *path, const char *body, char **out) {
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    Buf b = {0};
+    CURL *h = curl_easy_init();
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    if (body) {
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    }
+    long status = 0;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hd);
+    curl_easy_cleanup(h);
+    if (out) *out = b.data ? b.data : strdup("");
+    else free(b.data);
+    return status;
+}
+
+/* The value of a /metrics line "name value", or -1. */
+static double server_metric(int port, const char *name) {
+    char *text = NULL, key[128];
+    http(port, "/metrics", NULL, &text);
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = text ? strstr(text, key) : NULL;
+    double v = at ? atof(at + strlen(key)) : -1;
+    free(text);
+    return v;
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+static json_t *load_metrics(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    json_t *rows = json_array();
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n"))
+        json_array_append_new(rows, json_loads(line, 0, NULL));
+    free(text);
+    return rows;
+}
+
+/* Figures one mode has and the other cannot: timings, the in-process engine's
+ * memory, the server's staleness and weight-sync figures. */
+static bool mode_specific(const char *key) {
+    return !strcmp(key, "step_time") || !strncmp(key, "time/", 5) || !strncmp(key, "engine/", 7) ||
+           !strncmp(key, "memory/", 7) || !strcmp(key, "staleness") || !strncmp(key, "weight_sync/", 12);
+}
+
+/* Every shared metric of every step within REL_TOL; returns the largest relative difference. */
+static double compare_metrics(json_t *a, json_t *b, int *compared) {
+    double worst = 0;
+    *compared = 0;
+    CHECK(json_array_size(a) == json_array_size(b) && json_array_size(a) > 0, "metrics rows: %zu vs %zu",
+          json_array_size(a), json_array_size(b));
+    for (size_t i = 0; i < json_array_size(a) && i < json_array_size(b); i++) {
+        json_t *ra = json_array_get(a, i), *rb = json_array_get(b, i);
+        const char *key;
+        json_t *vb;
+        json_object_foreach(rb, key, vb) {
+            if (mode_specific(key)) continue;
+            json_t *va = json_object_get(ra, key);
+            CHECK(va != NULL, "step %zu: server mode lacks metric %s", i + 1, key);
+            if (!va || !json_is_number(vb)) continue;
+            double x = json_number_value(va), y = json_number_value(vb);
+            double rel = fabs(x - y) / (1.0 + fabs(y));
+            if (rel > worst) worst = rel;
+            CHECK(rel <= REL_TOL, "step %zu: %s is %.9g in server mode, %.9g colocated", i + 1, key, x, y);
+            (*compared)++;
+        }
+    }
+    return worst;
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_server_mode_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    atexit(kill_servers);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    char args[4096], col_dir[300], srv_dir[300], async_dir[300], *err;
+    snprintf(col_dir, sizeof col_dir, "%s/colocate", g_tmp);
+    snprintf(srv_dir, sizeof srv_dir, "%s/server", g_tmp);
+    snprintf(async_dir, sizeof async_dir, "%s/async", g_tmp);
+
+    Server *srv = &g_servers[0];
+    if (!server_start(srv, "serve", MODEL)) goto done;
+
+    /* 1. synchronous server mode = colocated */
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s", BASE, col_dir);
+    int code = run_train(args, &err);
+    CHECK(code == 0, "colocated run: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --vllm_mode server --vllm_server_port %d "
+                                "--vllm_group_port %d --vllm_server_timeout 60",
+             BASE, srv_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "server-mode run: exit %d: %s", code, err);
+    free(err);
+    json_t *m_col = load_metrics(col_dir), *m_srv = load_metrics(srv_dir);
+    int compared = 0;
+    double worst = compare_metrics(m_srv, m_col, &compared);
+    char *completions = read_text(col_dir, "completions.jsonl");
+    CHECK(count_lines(completions) == 3 * 16, "colocated completions.jsonl has %d lines, want 48",
+          count_lines(completions));
+    free(completions);
+    bool same_completions = same_file(srv_dir, col_dir, "completions.jsonl");
+    bool same_weights = same_file(srv_dir, col_dir, "model.safetensors");
+    printf("sync server mode vs colocated, 3 steps: %d metric values compared, largest relative difference %.3g "
+           "(tolerance %.0e); completions.jsonl %s; model.safetensors %s\n",
+           compared, worst, REL_TOL, same_completions ? "identical" : "DIFFERENT",
+           same_weights ? "identical" : "DIFFERENT");
+    CHECK(compared >= 3 * 10, "only %d metric values compared", compared);
+    CHECK(same_completions, "completions differ between server mode and colocated");
+    CHECK(same_weights, "final weights differ between server mode and colocated");
+    for (size_t i = 0; i < json_array_size(m_srv); i++) {
+        json_t *row = json_array_get(m_srv, i);
+        CHECK(json_number_value(json_object_get(row, "staleness")) == 0 && json_object_get(row, "staleness"),
+              "sync step %zu: staleness is not 0", i + 1);
+        CHECK(json_number_value(json_object_get(row, "time/weight_sync")) > 0, "sync step %zu: no time/weight_sync",
+              i + 1);
+    }
+    double updates = server_metric(srv->port, "colt_weight_updates_total");
+    printf("the server received %.0f weight pushes (the first at connect + 3 steps)\n", updates);
+    CHECK(updates == 4, "colt_weight_updates_total %.0f, want 4", updates);
+
+    /* 2. async_generation: staleness 0 then 1; learns without diverging */
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --vllm_mode server --vllm_server_port %d "
+                                "--vllm_group_port %d --vllm_server_timeout 60 --async_generation true",
+             BASE, async_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "async run: exit %d: %s", code, err);
+    free(err);
+    json_t *m_async = load_metrics(async_dir);
+    CHECK(json_array_size(m_async) == 4, "async: %zu metrics rows, want 4", json_array_size(m_async));
+    printf("async_generation, 4 steps:");
+    for (size_t i = 0; i < json_array_size(m_async); i++) {
+        json_t *row = json_array_get(m_async, i);
+        double st = json_is_number(json_object_get(row, "staleness")) ? json_number_value(json_object_get(row, "staleness")) : -1;
+        double loss = json_is_number(json_object_get(row, "loss")) ? json_number_value(json_object_get(row, "loss")) : NAN;
+        double lpd = json_number_value(json_object_get(row, "sampling/sampling_logp_difference/mean"));
+        printf(" [step %zu: staleness %.0f, loss %.6g, sampling_logp_difference %.3g]", i + 1, st, loss, lpd);
+        CHECK(st == (i == 0 ? 0 : 1), "async step %zu: staleness %.0f, want %d", i + 1, st, i == 0 ? 0 : 1);
+        CHECK(isfinite(loss), "async step %zu: loss %g", i + 1, loss);
+    }
+    printf("\n");
+    /* The first round is generated with the starting weights in both modes. */
+    json_t *a1 = json_array_get(m_async, 0), *s1 = json_array_get(m_srv, 0);
+    CHECK(a1 && s1 && json_equal(json_object_get(a1, "reward"), json_object_get(s1, "reward")) &&
+              json_equal(json_object_get(a1, "completions/mean_length"), json_object_get(s1, "completions/mean_length")),
+          "async step 1 differs from the synchronous run's step 1");
+    /* A later round was generated one step behind: the trainer's log-probs moved from the server's. */
+    json_t *a4 = json_array_get(m_async, 3);
+    CHECK(a4 && json_number_value(json_object_get(a4, "sampling/sampling_logp_difference/mean")) > 0,
+          "async step 4: sampling_logp_difference is 0, so the round was not stale");
+    updates = server_metric(srv->port, "colt_weight_updates_total");
+    CHECK(updates == 4 + 5, "colt_weight_updates_total %.0f after the async run, want 9", updates);
+    json_decref(m_col), json_decref(m_srv), json_decref(m_async);
+
+    /* 3. a trainer that never joins the channel: the server times out, logs, serves on */
+    long st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
+    CHECK(st == 200, "init_weight_sync answered %ld", st);
+    st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
+    CHECK(st == 409, "a second init_weight_sync answered %ld, want 409", st);
+    double t0 = now_s();
+    while (server_metric(srv->port, "colt_weight_sync_failures_total") < 1 && now_s() - t0 < 30) usleep(100 * 1000);
+    double failures = server_metric(srv->port, "colt_weight_sync_failures_total");
+    printf("a trainer that never joins: the server gave up after %.1f s (failures %.0f)\n", now_s() - t0, failures);
+    CHECK(failures == 1, "colt_weight_sync_failures_total %.0f, want 1", failures);
+    char *body = NULL;
+    st = http(srv->port, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}", &body);
+    CHECK(st == 200 && strstr(body, "\"token_ids\""), "generate after the failed channel: %ld %s", st, body);
+    free(body);
+    st = http(srv->port, "/colt/update_weights", "{}", &body);
+    CHECK(st == 409 && strstr(body, "not open"), "update_weights without a channel: %ld %s", st, body);
+    free(body);
+    const char *bad[][2] = {{"{\"prompts\": [[1]], \"streams\": [1, 2]}", "one per prompt"},
+                            {"{\"prompts\": [[99999]], \"streams\": [1]}", "not a token id"},
+                            {"{\"prompts\": [[1]], \"streams\": [4294967296]}", "streams[0]"},
+                            {"{\"prompts\": [[1]], \"streams\": [1], \"temprature\": 1}", "unknown key 'temprature'"},
+                            {"{\"prompts\": [[1]], \"streams\": [1], \"max_tokens\": 100000}", "max_tokens"},
+                            {"not json", "not JSON"}};
+    for (int i = 0; i < 6; i++) {
+        st = http(srv->port, "/colt/generate", bad[i][0], &body);
+        CHECK(st == 400 && strstr(body, bad[i][1]), "bad /colt/generate %s: %ld %s", bad[i][0], st, body);
+        free(body);
+    }
+    CHECK(http(srv->port, "/health", NULL, NULL) == 200, "the server is not healthy after the bad requests");
+
+    /* 4. bad input */
+    int closed = free_port();
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/x --vllm_mode server --vllm_server_port %d "
+                                "--vllm_server_timeout 2",
+             BASE, g_tmp, closed);
+    char needle[128];
+    snprintf(needle, sizeof needle, "no colt serve answered at http://127.0.0.1:%d within 2 s", closed);
+    expect_error("no server", args, needle, 30);
+    /* a server with another model: tiny-llama-f32 (another shape) with the demo's tokenizer to serve text */
+    char other[300];
+    snprintf(other, sizeof other, "%s/other-model", g_tmp);
+    sh("mkdir -p %s && cp %s/tests/data/models/tiny-llama-f32/* %s/ && cp %s/tokenizer.json %s/", other,
+       COLT_SOURCE_DIR, other, MODEL, other);
+    Server *srv2 = &g_servers[1];
+    if (server_start(srv2, "serve-other", other)) {
+        snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/y --vllm_mode server --vllm_server_port %d "
+                                    "--vllm_group_port %d --vllm_server_timeout 30",
+                 BASE, g_tmp, srv2->port, free_port());
+        expect_error("another model on the server", args, "weight sync", 60);
+        CHECK(http(srv2->port, "/health", NULL, NULL) == 200, "the other server stopped serving after the mismatch");
+    }
+    snprintf(args, sizeof args, "%s --vllm_mode server --tensor_parallel_size 2 --output_dir %s/z", BASE, g_tmp);
+    expect_error("server + tensor_parallel_size 2", args, "vllm_mode server needs tensor_parallel_size 1", 30);
+    snprintf(args, sizeof args, "%s --async_generation true --output_dir %s/z", BASE, g_tmp);
+    expect_error("async without a server", args, "async_generation needs vllm_mode server", 30);
+
+done:
+    kill_servers();
+    curl_global_cleanup();
+    if (!getenv("KEEP_TMP")) sh("rm -rf %s", g_tmp);
+    printf("test_server_mode: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

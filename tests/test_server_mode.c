@@ -14,9 +14,13 @@
  *   server with another model (weight_sync's fingerprint, one line), server
  *   mode with tensor_parallel_size 2, async_generation without a server;
  * - a trainer that never joins the weight channel does not hang the server:
- *   the open times out, the server logs it and keeps serving.
+ *   the open times out, the server logs it and keeps serving;
+ * - the one-command form (server_devices: colt train starts colt serve
+ *   itself) gives the same run again, and leaves no server behind: not after
+ *   a clean end, not after an error, not after the trainer is SIGKILLed.
  * Every server is killed by PID at the end (and dies with the test). */
 #include <curl/curl.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -181,6 +185,31 @@ static double server_metric(int port, const char *name) {
     return v;
 }
 
+/* The pid of the colt serve a colt train started (its "started colt serve (pid N)" line), or 0. */
+static pid_t own_server_pid(const char *stderr_text) {
+    const char *at = stderr_text ? strstr(stderr_text, "started colt serve (pid ") : NULL;
+    return at ? (pid_t)atoi(at + strlen("started colt serve (pid ")) : 0;
+}
+
+/* True once pid is gone (waits up to timeout_s; a zombie counts as gone: its parent reaps it). */
+static bool process_gone(pid_t pid, double timeout_s) {
+    double deadline = now_s() + timeout_s;
+    for (;;) {
+        char path[64], *stat = NULL;
+        size_t len;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        bool alive = kill(pid, 0) == 0 || errno != ESRCH;
+        if (alive && file_read_all(path, &stat, &len, NULL) == 0) {
+            const char *state = strrchr(stat, ')');
+            alive = !(state && state[1] == ' ' && state[2] == 'Z');
+            free(stat);
+        }
+        if (!alive) return true;
+        if (now_s() > deadline) return false;
+        usleep(50 * 1000);
+    }
+}
+
 /* ---------------------------------------------------------------- metrics */
 
 static json_t *load_metrics(const char *dir) {
@@ -338,7 +367,60 @@ int main(void) {
     }
     CHECK(http(srv->port, "/health", NULL, NULL) == 200, "the server is not healthy after the bad requests");
 
-    /* 4. bad input */
+    /* 4. the one-command form: colt train starts its own colt serve (on the CPU here) */
+    char own_dir[300];
+    snprintf(own_dir, sizeof own_dir, "%s/own", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --server_devices [0]", BASE, own_dir);
+    code = run_train(args, &err);
+    CHECK(code == 0, "server_devices run: exit %d: %s", code, err);
+    pid_t own = own_server_pid(err);
+    free(err);
+    CHECK(own > 0, "server_devices: no 'started colt serve (pid N)' line");
+    CHECK(own > 0 && process_gone(own, 5), "server_devices: colt serve (pid %d) still runs after training", (int)own);
+    char *serve_log = read_text(own_dir, "serve.log");
+    CHECK(serve_log && strstr(serve_log, "weight channel open") && strstr(serve_log, "colt serve: stopped"),
+          "server_devices: serve.log lacks the channel or the stop: %s", serve_log ? serve_log : "(missing)");
+    free(serve_log);
+    json_t *m_own = load_metrics(own_dir);
+    m_col = load_metrics(col_dir);
+    worst = compare_metrics(m_own, m_col, &compared);
+    CHECK(same_file(own_dir, col_dir, "completions.jsonl"), "server_devices: completions differ from colocated");
+    printf("server_devices (colt serve started by colt train, pid %d): %d metric values, largest relative difference "
+           "%.3g; completions %s; the server stopped with the run\n",
+           (int)own, compared, worst, same_file(own_dir, col_dir, "completions.jsonl") ? "identical" : "DIFFERENT");
+    json_decref(m_own), json_decref(m_col);
+    /* an error after the server started: the server is stopped too */
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/own2 --server_devices [0] --dataset %s/none.jsonl",
+             BASE, g_tmp, g_tmp);
+    code = run_train(args, &err);
+    own = own_server_pid(err);
+    CHECK(code != 0 && own > 0 && process_gone(own, 5), "server_devices + an error: exit %d, server pid %d left: %s",
+          code, (int)own, err);
+    free(err);
+    /* the trainer SIGKILLed mid-run: its server dies with it */
+    char own3[300], pid_file[300], err_file[300];
+    snprintf(own3, sizeof own3, "%s/own3", g_tmp);
+    snprintf(pid_file, sizeof pid_file, "%s/train.pid", g_tmp);
+    snprintf(err_file, sizeof err_file, "%s/own3.err", g_tmp);
+    sh("%s train %s --max_steps 50 --output_dir %s --server_devices [0] > /dev/null 2> %s & echo $! > %s",
+       COLT_BINARY, BASE, own3, err_file, pid_file);
+    char *pid_text = read_text(g_tmp, "train.pid");
+    pid_t trainer = pid_text ? (pid_t)atoi(pid_text) : 0;
+    free(pid_text);
+    own = 0;
+    for (double t1 = now_s(); trainer > 0 && !own && now_s() - t1 < 60; usleep(50 * 1000)) {
+        char *e = read_text(g_tmp, "own3.err");
+        char *m = read_text(own3, "metrics.jsonl");
+        if (m && count_lines(m) >= 1) own = own_server_pid(e); /* training is under way */
+        free(e), free(m);
+    }
+    CHECK(trainer > 0 && own > 0, "the background trainer did not get to its first step");
+    if (trainer > 0) kill(trainer, SIGKILL);
+    CHECK(own > 0 && process_gone(own, 5), "colt serve (pid %d) outlived its SIGKILLed trainer", (int)own);
+    printf("server_devices: an error after the server started, and a SIGKILLed trainer, leave no server behind\n");
+    if (own > 0 && !process_gone(own, 0)) kill(own, SIGKILL);
+
+    /* 5. bad input */
     int closed = free_port();
     snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/x --vllm_mode server --vllm_server_port %d "
                                 "--vllm_server_timeout 2",

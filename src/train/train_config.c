@@ -135,6 +135,10 @@ static const ConfigKey KEYS[] = {
     K(async_generation, KEY_BOOL,
       "vllm_mode server: the server generates the next round while the trainer trains on this one (one-step "
       "off-policy; the importance-sampling correction applies; metrics log staleness)"),
+    K(server_devices, KEY_JSON_LIST,
+      "the one-command form of server mode: colt train starts colt serve itself on these GPUs (e.g. [7]; bound to "
+      "127.0.0.1, a free port), trains on the others (or on devices), and stops it at the end; sets vllm_mode "
+      "server. On the CPU the server runs on the CPU"),
     KI(max_staleness, 1, 1,
        "async_generation: optimizer steps a round's weights may lag the weights it trains (1: one round in flight)"),
     K(vllm_importance_sampling_correction, KEY_BOOL,
@@ -1411,6 +1415,20 @@ int train_config_finalize(TrainConfig *c, char *err) {
     static const char *const vllm_modes[] = {"colocate", "server", NULL};
     if (!one_of(c->vllm_mode, vllm_modes))
         return errorf(err, "settings: unknown vllm_mode '%s' (colocate, server)", c->vllm_mode ? c->vllm_mode : "null");
+    if (c->server_devices) {
+        if (json_array_size(c->server_devices) == 0)
+            return errorf(err, "settings: server_devices is an empty list (GPU indices for colt serve, e.g. [7])");
+        for (size_t i = 0; i < json_array_size(c->server_devices); i++) {
+            json_t *d = json_array_get(c->server_devices, i);
+            if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) > 1023)
+                return errorf(err, "settings: server_devices[%zu] is not a GPU index (0 .. 1023)", i);
+        }
+        if (c->vllm_server_base_url)
+            return errorf(err, "settings: server_devices starts its own server on 127.0.0.1: leave vllm_server_base_url "
+                               "out");
+        free(c->vllm_mode);
+        c->vllm_mode = xstrdup("server");
+    }
     bool server = strcmp(c->vllm_mode, "server") == 0;
     if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
     if (server && c->use_peft)

@@ -60,6 +60,9 @@ typedef struct TrainConfig {
     double vllm_server_timeout;
     bool async_generation;
     int max_staleness;
+    /* The one-command form: GPU indices colt train starts colt serve on
+     * itself (cli/cmd_train.c); NULL: none. Sets vllm_mode server. */
+    json_t *server_devices;
     bool vllm_importance_sampling_correction; /* TRL default true */
     char *vllm_importance_sampling_mode;      /* token_truncate, token_mask, sequence_truncate, sequence_mask */
     /* NaN = None. clip_max defaults to 3; vllm_importance_sampling_cap (deprecated in

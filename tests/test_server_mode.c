@@ -306,7 +306,7 @@ int main(void) {
 
     /* 2. async_generation: staleness 0 then 1; learns without diverging */
     snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --vllm_mode server --vllm_server_port %d "
-                                "--vllm_group_port %d --vllm_server_timeout 60 --async_generation true",
+                                "--vllm_group_port %d --vllm_server_timeout 60 --async_generation true --save_steps 2",
              BASE, async_dir, srv->port, free_port());
     code = run_train(args, &err);
     CHECK(code == 0, "async run: exit %d: %s", code, err);
@@ -335,6 +335,42 @@ int main(void) {
           "async step 4: sampling_logp_difference is 0, so the round was not stale");
     updates = server_metric(srv->port, "colt_weight_updates_total");
     CHECK(updates == 4 + 5, "colt_weight_updates_total %.0f after the async run, want 9", updates);
+    /* Resumed from step 2, an async run takes the same prompts for steps 3-4 (the round that was in flight
+     * when the checkpoint was written is not in it: its prompts are taken again, generated synchronously). */
+    char resumed_dir[300];
+    snprintf(resumed_dir, sizeof resumed_dir, "%s/async-resumed", g_tmp);
+    sh("cp -r %s %s && rm -f %s/completions.jsonl", async_dir, resumed_dir, resumed_dir);
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --resume_from_checkpoint %s/checkpoint-2 "
+                                "--vllm_mode server --vllm_server_port %d --vllm_group_port %d --async_generation true",
+             BASE, resumed_dir, resumed_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "async resume: exit %d: %s", code, err);
+    free(err);
+    char *all = read_text(async_dir, "completions.jsonl"), *later = read_text(resumed_dir, "completions.jsonl");
+    int same_prompts = 0, n_later = 0;
+    json_t *first = json_array();
+    for (char *line = all ? strtok(all, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        if (json_integer_value(json_object_get(o, "step")) >= 3) json_array_append(first, json_object_get(o, "prompt"));
+        json_decref(o);
+    }
+    for (char *line = later ? strtok(later, "\n") : NULL; line; line = strtok(NULL, "\n"), n_later++) {
+        json_t *o = json_loads(line, 0, NULL);
+        same_prompts += json_equal(json_object_get(o, "prompt"), json_array_get(first, (size_t)n_later));
+        json_decref(o);
+    }
+    printf("async resumed from checkpoint-2: %d of %d completions of steps 3-4 have the uninterrupted run's prompts\n",
+           same_prompts, n_later);
+    CHECK(n_later == 32 && same_prompts == n_later && (int)json_array_size(first) == n_later,
+          "async resume: %d of %d prompts as uninterrupted (%zu there)", same_prompts, n_later, json_array_size(first));
+    json_decref(first);
+    free(all), free(later);
+    json_t *m_resumed = load_metrics(resumed_dir);
+    json_t *r3 = json_array_get(m_resumed, 2);
+    CHECK(r3 && json_number_value(json_object_get(r3, "staleness")) == 0 &&
+              json_number_value(json_object_get(json_array_get(m_resumed, 3), "staleness")) == 1,
+          "async resume: staleness of steps 3-4 should be 0 (generated at resume) then 1");
+    json_decref(m_resumed);
     json_decref(m_col), json_decref(m_srv), json_decref(m_async);
 
     /* 3. a trainer that never joins the channel: the server times out, logs, serves on */

@@ -82,6 +82,8 @@ typedef struct PendingRound {
     int vocab_size;
     ServeClient *client;
     int64_t weights_step; /* the optimizer step of the weights it is generated with */
+    uint64_t epoch_before; /* the epoch position before its prompts were taken: what a checkpoint */
+    size_t epoch_pos_before; /* keeps, so a resumed run takes these prompts again */
     double seconds;       /* the request's own time */
     int rc;
     char err[ERR_LEN];
@@ -432,6 +434,8 @@ static int pending_launch(Trainer *t, char *err) {
     PendingRound *p = &t->next;
     COLT_ASSERT(!p->active);
     rollout_free(&p->ro);
+    p->epoch_before = t->epoch;
+    p->epoch_pos_before = t->epoch_pos;
     if (choose_prompts(t, &p->ro, err) != 0) return COLT_ERR;
     int lo, hi;
     local_range(t, t->cfg->generation_batch_size, &lo, &hi);
@@ -924,6 +928,10 @@ static RolloutShape rollout_shape(const Trainer *t) {
 static json_t *trainer_state_json(const Trainer *t) {
     TrainerProgress p = {.global_step = t->global_step, .round = t->round, .epoch = t->epoch,
                          .epoch_pos = t->epoch_pos, .num_tokens = t->num_tokens};
+    if (t->next.active) { /* async_generation: the round in flight is not saved; its prompts are taken again */
+        p.epoch = t->next.epoch_before;
+        p.epoch_pos = t->next.epoch_pos_before;
+    }
     bool in_round = t->ro.samples && t->ro.micro_done < t->cfg->steps_per_generation * t->cfg->num_iterations;
     return checkpoint_state_json(&p, &t->metrics, in_round ? &t->ro : NULL,
                                  t->cfg->per_device_train_batch_size * t->dist.world, &t->round_sampling,

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-#define MAX_COMPLETIONS 4096
+#define MAX_COMPLETIONS 65536 /* one trainer rank's share of a round */
 #define MAX_STOP_IDS 64
 #define MAX_STREAM ((1ull << 31) - 1)
 

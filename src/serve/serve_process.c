@@ -54,7 +54,7 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
     char mem[32], len[32];
     snprintf(mem, sizeof mem, "%g", o->gpu_memory_utilization);
     snprintf(len, sizeof len, "%d", o->max_model_len);
-    const char *argv[20];
+    const char *argv[24];
     int n = 0;
     argv[n++] = "colt";
     argv[n++] = "serve";
@@ -63,6 +63,9 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
     argv[n++] = "--host", argv[n++] = "127.0.0.1";
     argv[n++] = "--port", argv[n++] = "0";
     argv[n++] = "--drain_timeout", argv[n++] = "5";
+    /* a trainer's round in one request: room for large ones (colt serve's defaults suit chat clients) */
+    argv[n++] = "--max_queued_sequences", argv[n++] = "65536";
+    argv[n++] = "--max_body_kb", argv[n++] = "1048576";
     if (o->deterministic) argv[n++] = "--deterministic";
     if (o->gpu_memory_utilization > 0) argv[n++] = "--gpu_memory_utilization", argv[n++] = mem;
     if (o->max_model_len > 0) argv[n++] = "--max_model_len", argv[n++] = len;

@@ -573,6 +573,8 @@ static int new_rollout(Trainer *t, char *err) {
         p->seqs = NULL;
         p->active = false;
         weights_step = p->weights_step;
+        /* the server's time on the round, most of it hidden behind the last round's training */
+        metrics_add(&t->metrics, "time/server_generation", p->seconds);
         rc = p->rc;
         if (rc != 0) errorf(err, "%s", p->err);
     } else {

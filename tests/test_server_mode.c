@@ -373,8 +373,16 @@ int main(void) {
     json_decref(m_resumed);
     json_decref(m_col), json_decref(m_srv), json_decref(m_async);
 
+    long st;
+    char *info = NULL;
+    long st0 = http(srv->port, "/colt/info", NULL, &info);
+    CHECK(st0 == 200 && strstr(info, "\"device\":\"cpu\"") && strstr(info, "\"deterministic\":true") &&
+              strstr(info, "\"weight_updates\":12") /* 4 + 5 + the resumed run's 3 */,
+          "/colt/info: %ld %s", st0, info);
+    free(info);
+
     /* 3. a trainer that never joins the channel: the server times out, logs, serves on */
-    long st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
+    st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
     CHECK(st == 200, "init_weight_sync answered %ld", st);
     st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
     CHECK(st == 409, "a second init_weight_sync answered %ld, want 409", st);

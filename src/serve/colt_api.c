@@ -155,6 +155,14 @@ char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates) {
     return text;
 }
 
+char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx) {
+    json_t *o = json_pack("{s:s,s:b,s:i,s:I}", "device", st->device, "deterministic", st->deterministic,
+                          "max_model_len", ctx->max_model_len, "weight_updates", (json_int_t)st->weight_updates);
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return text;
+}
+
 int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, size_t len, const char *default_host,
                     char *err) {
     static const char *const where[] = {"/colt/init_weight_sync", "/colt/update_weights", "/colt/close_weight_sync"};

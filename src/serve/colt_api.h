@@ -7,6 +7,8 @@
  *   POST /colt/init_weight_sync   {"port": P, "timeout": s, "nccl": false}
  *   POST /colt/update_weights     {}
  *   POST /colt/close_weight_sync  {}
+ *   GET  /colt/info               {"device", "deterministic", "max_model_len", "weight_updates"}: what a
+ *                                 trainer checks before it uses the server
  * The bodies read and checked, and the JSON that goes back. Pure functions
  * over jansson: no sockets (http_server.c), no threads (serve_loop.c). */
 #ifndef COLT_SERVE_COLT_API_H
@@ -47,6 +49,9 @@ void colt_generate_free(ColtGenerateRequest *r);
  * "weight_updates": k} for a finished request (malloc'd JSON). Log-probs are
  * the engine's floats written exactly (null: not scored). */
 char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates);
+
+/* GET /colt/info's answer (malloc'd JSON). */
+char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx);
 
 /* A weight-channel body: {"port": P (init only), "timeout": seconds, "nccl":
  * bool}. default_host: where the group's store listens (the server's own address). */

@@ -428,7 +428,7 @@ static enum MHD_Result route(HttpServer *s, struct MHD_Connection *conn, const c
         {"/v1/completions", true}, {"/v1/chat/completions", true}, {"/v1/models", false},
         {"/health", false},        {"/metrics", false},
         {"/colt/generate", true},  {"/colt/init_weight_sync", true}, {"/colt/update_weights", true},
-        {"/colt/close_weight_sync", true},
+        {"/colt/close_weight_sync", true}, {"/colt/info", false},
     };
     int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
     while (k < n && strcmp(url, routes[k].path) != 0) k++;
@@ -436,7 +436,7 @@ static enum MHD_Result route(HttpServer *s, struct MHD_Connection *conn, const c
         char msg[400];
         snprintf(msg, sizeof msg, "no endpoint %.200s (there are /v1/completions, /v1/chat/completions, /v1/models, "
                                   "/health, /metrics, /colt/generate, /colt/init_weight_sync, /colt/update_weights, "
-                                  "/colt/close_weight_sync)", url);
+                                  "/colt/close_weight_sync, /colt/info)", url);
         return send_error(s, conn, 404, msg, NULL);
     }
     if (routes[k].post ? !post : !get) {
@@ -461,7 +461,12 @@ static enum MHD_Result route(HttpServer *s, struct MHD_Connection *conn, const c
     case 5: return handle_colt_generate(s, conn, x);
     case 6: return handle_colt_sync(s, conn, SERVE_SYNC_OPEN, x);
     case 7: return handle_colt_sync(s, conn, SERVE_SYNC_RECV, x);
-    default: return handle_colt_sync(s, conn, SERVE_SYNC_CLOSE, x);
+    case 8: return handle_colt_sync(s, conn, SERVE_SYNC_CLOSE, x);
+    default: {
+        ServeLoopStats st;
+        serve_loop_stats(s->loop, &st);
+        return send_body(s, conn, 200, colt_info_json(&st, &s->colt), "application/json");
+    }
     }
 }
 

@@ -139,6 +139,18 @@ int serve_client_post(ServeClient *c, const char *path, const char *json_body, c
     return rc;
 }
 
+int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *err) {
+    Body b;
+    *out = NULL;
+    long status = request(c, path, NULL, c->timeout_s, &b, err);
+    int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
+    if (rc == 0 && !(*out = json_loadb(b.data ? b.data : "", b.len, 0, NULL)))
+        rc = errorf(err, "colt serve at %s%s: the answer is not JSON (an older colt serve, or not colt serve?)", c->url,
+                    path);
+    free(b.data);
+    return rc;
+}
+
 static json_t *ints_json(const int *x, int n) {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(x[i]));

@@ -5,6 +5,7 @@
 #ifndef COLT_SERVE_SERVE_CLIENT_H
 #define COLT_SERVE_SERVE_CLIENT_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "engine/generate.h"
@@ -27,6 +28,9 @@ int serve_client_host(const ServeClient *c, char *host, size_t size, char *err);
  * the other calls, one call at a time per thread. */
 int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt, int vocab_size,
                           long long *weight_updates, char *err);
+
+/* GETs path and reads its JSON answer into *out (the caller decrefs). */
+int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *err);
 
 /* POSTs a JSON body to path (e.g. "/colt/update_weights"); an answer other
  * than 200 is an error carrying the server's message. */

@@ -279,6 +279,8 @@ void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
     out->weight_sync_failures = l->weight_sync_failures;
     out->last_update_seconds = l->last_update_seconds;
     out->last_update_bytes = l->last_update_bytes;
+    out->device = model_backend(l->m)->name;
+    out->deterministic = l->o.engine.deterministic;
     pthread_mutex_unlock(&l->mu);
 }
 

@@ -108,6 +108,8 @@ typedef struct ServeLoopStats {
     int64_t weight_updates;   /* pushes received */
     int64_t weight_sync_failures;
     double last_update_seconds, last_update_bytes;
+    const char *device;       /* the backend the model computes on ("cpu", "cuda") */
+    bool deterministic;       /* the engine's deterministic mode */
 } ServeLoopStats;
 void serve_loop_stats(ServeLoop *l, ServeLoopStats *out);
 

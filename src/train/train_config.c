@@ -139,6 +139,9 @@ static const ConfigKey KEYS[] = {
       "the one-command form of server mode: colt train starts colt serve itself on these GPUs (e.g. [7]; bound to "
       "127.0.0.1, a free port), trains on the others (or on devices), and stops it at the end; sets vllm_mode "
       "server. On the CPU the server runs on the CPU"),
+    K(weight_sync_backend, KEY_STRING,
+      "vllm_mode server: auto (NCCL when trainer and server are on different GPUs: another host, or server_devices "
+      "apart from the trainer's; else through the host), nccl, or gloo (through the host)"),
     KI(max_staleness, 1, 1,
        "async_generation: optimizer steps a round's weights may lag the weights it trains (1: one round in flight)"),
     K(vllm_importance_sampling_correction, KEY_BOOL,
@@ -518,6 +521,7 @@ void train_config_defaults(TrainConfig *c) {
     c->vllm_server_timeout = 240.0;
     c->vllm_group_port = 51216;
     c->max_staleness = 1;
+    c->weight_sync_backend = xstrdup("auto");
     c->vllm_importance_sampling_correction = true;
     c->vllm_importance_sampling_mode = xstrdup("sequence_mask");
     c->vllm_importance_sampling_clip_min = NAN;
@@ -1436,6 +1440,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "whole models, not adapters); use vllm_mode colocate");
     if (server && !c->vllm_server_base_url && (!c->vllm_server_host || !c->vllm_server_host[0]))
         return errorf(err, "settings: vllm_mode server needs vllm_server_host (or vllm_server_base_url)");
+    static const char *const sync_backends[] = {"auto", "nccl", "gloo", NULL};
+    if (!one_of(c->weight_sync_backend, sync_backends))
+        return errorf(err, "settings: unknown weight_sync_backend '%s' (auto, nccl, gloo)",
+                      c->weight_sync_backend ? c->weight_sync_backend : "null");
     if (c->async_generation && !server)
         return errorf(err, "settings: async_generation needs vllm_mode server (colocated generation shares the "
                            "devices with training, so there is nothing to overlap)");

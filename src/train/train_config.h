@@ -63,6 +63,10 @@ typedef struct TrainConfig {
     /* The one-command form: GPU indices colt train starts colt serve on
      * itself (cli/cmd_train.c); NULL: none. Sets vllm_mode server. */
     json_t *server_devices;
+    /* The weight channel: "nccl" (GPU to GPU), "gloo" (through the host) or
+     * "auto": NCCL when both sides are GPUs known to be different ones (the
+     * server on another host, or server_devices apart from the trainer's). */
+    char *weight_sync_backend;
     bool vllm_importance_sampling_correction; /* TRL default true */
     char *vllm_importance_sampling_mode;      /* token_truncate, token_mask, sequence_truncate, sequence_mask */
     /* NaN = None. clip_max defaults to 3; vllm_importance_sampling_cap (deprecated in

@@ -503,6 +503,40 @@ static int push_weights(Trainer *t, char *err) {
     return COLT_OK;
 }
 
+/* Rank 0: NCCL or the host for the weight channel (weight_sync_backend),
+ * from what the server says it runs on (/colt/info). NCCL refuses two ranks
+ * on one GPU, so auto takes it only when the GPUs are known to differ. */
+static int choose_weight_channel(Trainer *t, const char *host, bool *nccl, char *err) {
+    const TrainConfig *c = t->cfg;
+    json_t *info = NULL;
+    if (serve_client_get_json(t->server, "/colt/info", &info, err) != 0) return COLT_ERR;
+    const char *device = json_string_value(json_object_get(info, "device"));
+    bool server_gpu = device && strncmp(device, "cuda", 4) == 0, trainer_gpu = strncmp(t->be->name, "cuda", 4) == 0;
+    bool server_deterministic = json_is_true(json_object_get(info, "deterministic"));
+    if (server_deterministic != t->engine_opts.deterministic)
+        log_info0("server mode: deterministic mode is %s here and %s on the server: completions and log-probs may "
+                  "differ from a colocated run's (run both with or both without it)",
+                  t->engine_opts.deterministic ? "on" : "off", server_deterministic ? "on" : "off");
+    int rc = COLT_OK;
+    if (strcmp(c->weight_sync_backend, "nccl") == 0) {
+        if (!trainer_gpu || !server_gpu)
+            rc = errorf(err, "weight_sync_backend nccl needs a GPU on both sides: the trainer computes on %s, the "
+                             "server on %s",
+                        t->be->name, device ? device : "(unknown)");
+        *nccl = true;
+    } else if (strcmp(c->weight_sync_backend, "auto") == 0 && trainer_gpu && server_gpu) {
+        bool apart = strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0 && strcmp(host, "::1") != 0;
+        if (c->server_devices) {
+            apart = true;
+            for (size_t i = 0; i < json_array_size(c->server_devices); i++)
+                apart &= json_integer_value(json_array_get(c->server_devices, i)) != t->be->device;
+        }
+        *nccl = apart;
+    }
+    json_decref(info);
+    return rc;
+}
+
 /* vllm_mode server: every rank reaches the server (waiting for it up to
  * vllm_server_timeout), rank 0 opens the weight channel and pushes the
  * trainer's weights once. */
@@ -516,12 +550,15 @@ static int server_connect(Trainer *t, char *err) {
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc != 0) return COLT_ERR;
     if (t->dist.rank == 0) {
-        char host[256], body[128];
-        snprintf(body, sizeof body, "{\"port\": %d, \"timeout\": %.17g}", c->vllm_group_port, c->vllm_server_timeout);
+        char host[256], body[160];
+        bool nccl = false;
         rc = serve_client_host(t->server, host, sizeof host, err);
+        if (rc == 0) rc = choose_weight_channel(t, host, &nccl, err);
+        snprintf(body, sizeof body, "{\"port\": %d, \"timeout\": %.17g, \"nccl\": %s}", c->vllm_group_port,
+                 c->vllm_server_timeout, nccl ? "true" : "false");
         if (rc == 0) rc = serve_client_post(t->server, "/colt/init_weight_sync", body, err);
         WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = 1, .world_size = 2, .be = t->be,
-                               .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout};
+                               .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout};
         if (rc == 0) rc = weight_sync_open(&t->sync, &o, err);
         if (rc != 0) error_prefix(err, "server mode: the weight channel to %s (vllm_group_port %d)", url,
                                   c->vllm_group_port);

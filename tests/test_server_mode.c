@@ -39,11 +39,22 @@
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"
 #define REL_TOL 1e-6
 
+/* tests/gpu/test_server_mode_gpu.c includes this file with TEST_DEVICE "cuda": the server and the trainer
+ * then share one GPU (the server's KV pool capped at 30% of it), the weights going through the host. */
+#ifndef TEST_DEVICE
+#define TEST_DEVICE "cpu"
+#define SERVE_EXTRA ""
+#define OWN_SERVER_DEVICES "[0]"
+#else
+#define SERVE_EXTRA "--gpu_memory_utilization 0.3"
+#define OWN_SERVER_DEVICES "[0] --devices [0] --vllm_gpu_memory_utilization 0.3" /* one GPU, shared on purpose */
+#endif
+
 /* Small, fast settings on top of the demo config; deterministic on both sides. */
 static const char *BASE =
     "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 --num_eval_prompts 8 "
-    "--logging_steps 1 --log_completions_count 16 --save_total_limit 0 --save_steps 0 --device cpu "
-    "--deterministic true";
+    "--logging_steps 1 --log_completions_count 16 --save_total_limit 0 --save_steps 0 --device " TEST_DEVICE
+    " --deterministic true";
 
 /* ---------------------------------------------------------------- processes */
 
@@ -68,8 +79,8 @@ static void kill_servers(void) {
 static bool server_start(Server *s, const char *name, const char *model) {
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --device cpu --deterministic --port 0 > %s 2>&1", COLT_BINARY,
-             model, s->log);
+    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --device %s %s --deterministic --port 0 > %s 2>&1",
+             COLT_BINARY, model, TEST_DEVICE, SERVE_EXTRA, s->log);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
@@ -204,7 +215,8 @@ static double server_metric(int port, const char *name) {
 }
 
 /* The pid of the colt serve a colt train started (its "started colt serve (pid N)" line), or 0. */
-static pid_t own_server_pid(const char *stderr_text) {
+/* (not inlined: GCC 12 then sees a false dangling pointer through read_text) */
+__attribute__((noinline)) static pid_t own_server_pid(const char *stderr_text) {
     const char *at = stderr_text ? strstr(stderr_text, "started colt serve (pid ") : NULL;
     return at ? (pid_t)atoi(at + strlen("started colt serve (pid ")) : 0;
 }
@@ -394,7 +406,7 @@ int main(void) {
     long st;
     char *info = NULL;
     long st0 = http(srv->port, "/colt/info", NULL, &info);
-    CHECK(st0 == 200 && strstr(info, "\"device\":\"cpu\"") && strstr(info, "\"deterministic\":true") &&
+    CHECK(st0 == 200 && strstr(info, "\"device\":\"" TEST_DEVICE) && strstr(info, "\"deterministic\":true") &&
               strstr(info, "\"weight_updates\":12") /* 4 + 5 + the resumed run's 3 */,
           "/colt/info: %ld %s", st0, info);
     free(info);
@@ -432,7 +444,7 @@ int main(void) {
     /* 4. the one-command form: colt train starts its own colt serve (on the CPU here) */
     char own_dir[300];
     snprintf(own_dir, sizeof own_dir, "%s/own", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --server_devices [0]", BASE, own_dir);
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --server_devices " OWN_SERVER_DEVICES, BASE, own_dir);
     code = run_train(args, &err);
     CHECK(code == 0, "server_devices run: exit %d: %s", code, err);
     pid_t own = own_server_pid(err);
@@ -452,7 +464,7 @@ int main(void) {
            (int)own, compared, worst, same_file(own_dir, col_dir, "completions.jsonl") ? "identical" : "DIFFERENT");
     json_decref(m_own), json_decref(m_col);
     /* an error after the server started: the server is stopped too */
-    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/own2 --server_devices [0] --dataset %s/none.jsonl",
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/own2 --server_devices " OWN_SERVER_DEVICES " --dataset %s/none.jsonl",
              BASE, g_tmp, g_tmp);
     code = run_train(args, &err);
     own = own_server_pid(err);
@@ -464,7 +476,7 @@ int main(void) {
     snprintf(own3, sizeof own3, "%s/own3", g_tmp);
     snprintf(pid_file, sizeof pid_file, "%s/train.pid", g_tmp);
     snprintf(err_file, sizeof err_file, "%s/own3.err", g_tmp);
-    sh("%s train %s --max_steps 50 --output_dir %s --server_devices [0] > /dev/null 2> %s & echo $! > %s",
+    sh("%s train %s --max_steps 50 --output_dir %s --server_devices " OWN_SERVER_DEVICES " > /dev/null 2> %s & echo $! > %s",
        COLT_BINARY, BASE, own3, err_file, pid_file);
     char *pid_text = read_text(g_tmp, "train.pid");
     pid_t trainer = pid_text ? (pid_t)atoi(pid_text) : 0;

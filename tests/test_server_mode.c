@@ -64,10 +64,10 @@ typedef struct Server {
     char log[300];
 } Server;
 
-static Server g_servers[2];
+static Server g_servers[3];
 
 static void kill_servers(void) {
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (g_servers[i].pid > 0) {
             kill(g_servers[i].pid, SIGKILL);
             waitpid(g_servers[i].pid, NULL, 0);
@@ -148,15 +148,22 @@ static int run_train(const char *args, char **err_out) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+/* The error line colt train ends with: its last "colt train: " line (progress lines go to stderr too). */
+static const char *error_line(const char *err) {
+    const char *line = NULL;
+    for (const char *at = err; at && (at = strstr(at, "colt train: ")); at++)
+        if (at == err || at[-1] == '\n') line = at;
+    return line;
+}
+
 static void expect_error(const char *name, const char *args, const char *needle, double max_seconds) {
     char *err;
     double t0 = now_s();
     int code = run_train(args, &err);
     double seconds = now_s() - t0;
-    /* progress lines go to stderr too: the error is the one line "colt train: ...", the last */
-    const char *line = strstr(err, "colt train: ");
+    const char *line = error_line(err);
     CHECK(code != 0 && code < 124, "%s: exit %d", name, code);
-    CHECK(line && !strstr(line + 1, "colt train: ") && count_lines(line) == 1, "%s: not one error line: %s", name, err);
+    CHECK(line && count_lines(line) == 1, "%s: not one error line at the end: %s", name, err);
     CHECK(line && strstr(line, needle) != NULL, "%s: '%s' lacks '%s'", name, err, needle);
     CHECK(seconds < max_seconds, "%s: took %.1f s, bound %.0f s", name, seconds, max_seconds);
     printf("  bad input %-28s -> exit %d in %.1f s: %s", name, code, seconds, line ? line : err);
@@ -494,6 +501,42 @@ int main(void) {
     printf("server_devices: an error after the server started, and a SIGKILLed trainer, leave no server behind\n");
     if (own > 0 && !process_gone(own, 0)) kill(own, SIGKILL);
 
+    /* the server killed mid-run: the trainer stops within vllm_server_timeout, saying which server failed */
+    Server *srv3 = &g_servers[2];
+    if (server_start(srv3, "serve-killed", MODEL)) {
+        char dir3[300];
+        snprintf(dir3, sizeof dir3, "%s/server-killed", g_tmp);
+        snprintf(err_file, sizeof err_file, "%s/killed.err", g_tmp);
+        sh("%s train %s --max_steps 200 --output_dir %s --vllm_mode server --vllm_server_port %d --vllm_group_port %d "
+           "--vllm_server_timeout 10 > /dev/null 2> %s & echo $! > %s",
+           COLT_BINARY, BASE, dir3, srv3->port, free_port(), err_file, pid_file);
+        pid_text = read_text(g_tmp, "train.pid");
+        trainer = pid_text ? (pid_t)atoi(pid_text) : 0;
+        free(pid_text);
+        bool stepping = false;
+        for (double t1 = now_s(); trainer > 0 && !stepping && now_s() - t1 < 60; usleep(50 * 1000)) {
+            char *m = read_text(dir3, "metrics.jsonl");
+            stepping = m && count_lines(m) >= 1;
+            free(m);
+        }
+        CHECK(stepping, "the trainer against the server to kill did not get to its first step");
+        kill(srv3->pid, SIGKILL);
+        waitpid(srv3->pid, NULL, 0);
+        srv3->pid = 0;
+        double t1 = now_s();
+        bool gone = trainer > 0 && process_gone(trainer, 60);
+        char *e = read_text(g_tmp, "killed.err");
+        const char *line = e ? error_line(e) : NULL;
+        char url[64];
+        snprintf(url, sizeof url, "127.0.0.1:%d", srv3->port);
+        printf("the server SIGKILLed mid-run: the trainer stopped after %.1f s: %s", now_s() - t1, line ? line : "?\n");
+        CHECK(gone, "the trainer still runs 60 s after its server was killed");
+        CHECK(line && strstr(line, url) && count_lines(line) == 1, "the trainer's error does not name %s: %s", url,
+              e ? e : "(none)");
+        free(e);
+        if (trainer > 0 && !gone) kill(trainer, SIGKILL);
+    }
+
     /* 5. bad input */
     int closed = free_port();
     snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/x --vllm_mode server --vllm_server_port %d "
@@ -521,7 +564,7 @@ int main(void) {
     expect_error("async without a server", args, "async_generation needs vllm_mode server", 30);
 
 done:
-    for (int i = 0; i < 2; i++) { /* a clean stop, and no sanitizer report in the servers' logs either */
+    for (int i = 0; i < 2; i++) { /* a clean stop (the third server is killed on purpose below), and no sanitizer report in the servers' logs either */
         if (g_servers[i].pid > 0) {
             int code = server_stop(&g_servers[i], 30);
             CHECK(code == 0, "colt serve %s exited %d after SIGTERM", g_servers[i].log, code);

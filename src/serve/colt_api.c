@@ -101,7 +101,8 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
     if (read_float(o, "temperature", &sp->temperature, err) != 0 || read_float(o, "top_p", &sp->top_p, err) != 0 ||
         read_float(o, "min_p", &sp->min_p, err) != 0 ||
         read_float(o, "repetition_penalty", &sp->repetition_penalty, err) != 0 ||
-        read_int(o, "top_k", 0, ctx->vocab_size, &top_k, err) != 0 || read_int(o, "seed", 0, INT64_MAX, &seed, err) != 0)
+        read_int(o, "top_k", 0, ctx->vocab_size, &top_k, err) != 0 ||
+        read_int(o, "seed", 0, INT64_MAX, &seed, err) != 0)
         return COLT_ERR;
     sp->top_k = (int)top_k;
     sp->seed = (uint64_t)seed;

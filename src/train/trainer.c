@@ -395,7 +395,8 @@ static int choose_prompts(Trainer *t, Rollout *r, char *err) {
     r->prompt_text = xcalloc((size_t)P, sizeof(char *));
     next_prompt_rows(t, r->rows, P);
     for (int p = 0; p < P; p++)
-        if (prompt_ids_for_row(t, t->data, r->rows[p], &r->prompt_ids[p], &r->prompt_len[p], &r->prompt_text[p], err) != 0)
+        if (prompt_ids_for_row(t, t->data, r->rows[p], &r->prompt_ids[p], &r->prompt_len[p], &r->prompt_text[p],
+                               err) != 0)
             return COLT_ERR;
     return COLT_OK;
 }

@@ -77,6 +77,9 @@ static const IntRange INT_KEYS[] = {
     {"vllm_tensor_parallel_size", 1, 1024, false},
     {"lora_r", 1, 4096, false},
     {"seed", 0, INT64_MAX, false},
+    {"vllm_server_port", 1, 65535, false},
+    {"vllm_group_port", 1, 65535, false},
+    {"max_staleness", 1, 1, false},
 };
 
 typedef struct DoubleRange {
@@ -110,6 +113,7 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"num_train_epochs", 0, 1e6, true, false, false},
     {"lora_alpha", 0, 1e6, true, false, false},
     {"lora_dropout", 0, 1, false, true, false},
+    {"vllm_server_timeout", 0, 86400, true, false, false},
 };
 
 #define N_INT_KEYS (sizeof INT_KEYS / sizeof INT_KEYS[0])
@@ -963,7 +967,7 @@ static void test_trl_colocate_config(void) {
     CHECK(strcmp(c.loss_type, "dr_grpo") == 0 && strcmp(c.lr_scheduler_type, "cosine") == 0 &&
               strcmp(c.vllm_mode, "colocate") == 0 && c.use_vllm && c.gradient_checkpointing,
           "strings and flags");
-    const char *noticed[] = {"use_vllm",    "vllm_mode",             "bf16",
+    const char *noticed[] = {"use_vllm",                       "bf16",
                              "push_to_hub", "torch_dtype",           "remove_unused_columns",
                              "overwrite_output_dir", "dataloader_num_workers"};
     size_t n_noticed = sizeof noticed / sizeof noticed[0];
@@ -1131,6 +1135,51 @@ static void test_deepspeed_json(void) {
     printf("DeepSpeed JSON: %zu refusals checked\n", sizeof bad / sizeof bad[0]);
 }
 
+/* vllm_mode server and async_generation: accepted as TRL writes them, refused in one line where colt cannot. */
+static void test_server_mode_settings(void) {
+    static const struct {
+        const char *settings, *needle; /* NULL: finalizes */
+    } cases[] = {
+        {"vllm_mode: server\nvllm_server_host: 10.0.0.7\nvllm_server_port: 8001\nvllm_group_port: 51217\n"
+         "vllm_server_timeout: 30\n", NULL},
+        {"vllm_mode: server\nasync_generation: true\ngradient_accumulation_steps: 2\n", NULL},
+        {"vllm_mode: server\nuse_peft: true\n", "vllm_mode server with use_peft is not supported"},
+        {"vllm_mode: server\ntensor_parallel_size: 2\n", "vllm_mode server needs tensor_parallel_size 1, not 2"},
+        {"async_generation: true\n", "async_generation needs vllm_mode server"},
+        {"vllm_mode: server\nasync_generation: true\nsteps_per_generation: 2\n",
+         "samples would be 2 steps stale, more than max_staleness 1"},
+        {"vllm_mode: remote\n", "unknown vllm_mode 'remote' (colocate, server)"},
+        {"vllm_mode: server\nmax_staleness: 2\n", "max_staleness"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TrainConfig c;
+        char err[ERR_LEN] = "", text[512];
+        base_config(&c);
+        snprintf(text, sizeof text, "%s", cases[i].settings);
+        int rc = train_config_load_text(&c, text, strlen(text), TRAIN_CONFIG_YAML, "server.yaml", err);
+        if (rc == 0) rc = train_config_finalize(&c, err);
+        if (!cases[i].needle) {
+            CHECK(rc == 0, "server settings %zu: %s", i, err);
+            if (i == 0)
+                CHECK(rc == 0 && strcmp(c.vllm_server_host, "10.0.0.7") == 0 && c.vllm_server_port == 8001 &&
+                          c.vllm_group_port == 51217 && c.vllm_server_timeout == 30 && !c.async_generation,
+                      "server settings not stored");
+        } else {
+            CHECK(rc != 0 && strstr(err, cases[i].needle) && !strchr(err, '\n'), "server settings %zu: '%s' lacks '%s'",
+                  i, err, cases[i].needle);
+            printf("  server settings %zu -> %s\n", i, err);
+        }
+        train_config_free(&c);
+    }
+    TrainConfig d;
+    train_config_defaults(&d);
+    CHECK(strcmp(d.vllm_mode, "colocate") == 0 && strcmp(d.vllm_server_host, "127.0.0.1") == 0 &&
+              d.vllm_server_port == 8000 && d.vllm_group_port == 51216 && d.vllm_server_timeout == 240 &&
+              !d.async_generation && d.max_staleness == 1,
+          "server-mode defaults");
+    train_config_free(&d);
+}
+
 int main(void) {
     test_tables_cover_every_key();
     test_int_bounds();
@@ -1143,6 +1192,7 @@ int main(void) {
     test_trl_keys_classified();
     test_trl_messages();
     test_trl_colocate_config();
+    test_server_mode_settings();
     test_deepspeed_json();
     test_trl_doc();
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);

@@ -6,7 +6,9 @@
 
 #include "cli/cli.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "core/log.h"
+#include "serve/serve_process.h"
 #include "backend/backend.h"
 #include "dist/launch_env.h"
 #include "dist/local_launch.h"
@@ -27,6 +29,91 @@ static const char *TRAIN_USAGE =
     "  --dry_run prints the memory plan (from config.json alone) and exits 0 if it fits; with --json as\n"
     "  one JSON object; --device_memory_gb G, --host_memory_gb G and --world_size N plan for another machine.\n"
     "settings:\n";
+
+static int cmd_train_run(TrainConfig *cfg, const LaunchEnv *env, int argc, char **argv, char *const *extra_args,
+                         char *err);
+
+/* server_devices (the one-command form of server mode): starts colt serve on
+ * those GPUs and points the run at it; the training processes take the other
+ * GPUs unless devices lists them (a GPU listed in both is shared on purpose:
+ * the weights then go through the host). extra_args: what the processes colt
+ * starts itself must add to their arguments (the server's port, the devices),
+ * "--name value" pairs, NULL-terminated. */
+static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess *sp, char **extra_args, char *err) {
+    if (env->launcher != LAUNCHER_NONE)
+        return errorf(err, "server_devices: colt starts colt serve itself only when it also starts the training "
+                           "processes (no torchrun, srun or mpirun); under a launcher start colt serve yourself and "
+                           "set vllm_server_host / vllm_server_port");
+    bool gpu = strcmp(cfg->device, "cpu") != 0 && backend_cuda_device_count() > 0;
+    char visible[256] = "";
+    if (gpu) {
+        int count = backend_cuda_device_count();
+        const char *parent = getenv("CUDA_VISIBLE_DEVICES");
+        char ids[64][16];
+        int n_ids = 0;
+        if (parent && parent[0]) { /* our index i is the parent's i-th id */
+            char copy[512];
+            snprintf(copy, sizeof copy, "%s", parent);
+            for (char *t = strtok(copy, ","); t && n_ids < 64; t = strtok(NULL, ","))
+                snprintf(ids[n_ids++], sizeof ids[0], "%s", t);
+        }
+        bool taken[1024] = {false};
+        for (size_t i = 0; i < json_array_size(cfg->server_devices); i++) {
+            int d = (int)json_integer_value(json_array_get(cfg->server_devices, i));
+            if (d >= count)
+                return errorf(err, "server_devices[%zu] is GPU %d but this process sees %d GPU(s)", i, d, count);
+            taken[d] = true;
+            size_t len = strlen(visible);
+            if (n_ids > d) snprintf(visible + len, sizeof visible - len, "%s%s", len ? "," : "", ids[d]);
+            else snprintf(visible + len, sizeof visible - len, "%s%d", len ? "," : "", d);
+        }
+        if (!cfg->devices) {
+            json_t *rest = json_array();
+            for (int d = 0; d < count; d++)
+                if (!taken[d]) json_array_append_new(rest, json_integer(d));
+            if (json_array_size(rest) == 0) {
+                json_decref(rest);
+                return errorf(err, "server_devices takes every GPU of this machine (%d): none is left to train on; "
+                                   "list devices to share one with the server",
+                              count);
+            }
+            cfg->devices = rest;
+        }
+    }
+    /* a free port for the weight channel too: a fixed one could collide with another run's */
+    int group_port = local_launch_free_port(err);
+    if (group_port < 0) return COLT_ERR;
+    cfg->vllm_group_port = group_port;
+    if (make_dirs(cfg->output_dir, err) != 0) return COLT_ERR;
+    char *log_path = path_join(cfg->output_dir, "serve.log");
+    /* the trainer's own default: deterministic for bf16 weights (GPUs), not for fp32 */
+    ServeProcessOptions o = {.model = cfg->model, .device = gpu ? "cuda" : "cpu", .cuda_visible = gpu ? visible : NULL,
+                             .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
+                             .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
+                             .log_path = log_path, .timeout_s = cfg->vllm_server_timeout};
+    int rc = serve_process_start(sp, &o, err);
+    free(log_path);
+    if (rc != 0) return COLT_ERR;
+    free(cfg->vllm_server_host);
+    cfg->vllm_server_host = xstrdup("127.0.0.1");
+    cfg->vllm_server_port = sp->port;
+    int n = 0;
+    extra_args[n++] = xstrdup("--vllm_server_host");
+    extra_args[n++] = xstrdup("127.0.0.1");
+    extra_args[n++] = xstrdup("--vllm_server_port");
+    char port[16];
+    snprintf(port, sizeof port, "%d", sp->port);
+    extra_args[n++] = xstrdup(port);
+    extra_args[n++] = xstrdup("--vllm_group_port");
+    snprintf(port, sizeof port, "%d", group_port);
+    extra_args[n++] = xstrdup(port);
+    if (cfg->devices) {
+        extra_args[n++] = xstrdup("--devices");
+        extra_args[n++] = json_dumps(cfg->devices, JSON_COMPACT);
+    }
+    extra_args[n] = NULL;
+    return COLT_OK;
+}
 
 /* Flags of --dry_run (not settings): taken out of argv before the settings are read. */
 typedef struct DryRun {
@@ -218,36 +305,56 @@ int cmd_train(int argc, char **argv) {
         train_config_free(&cfg);
         return rc;
     }
+    if (train_config_check_server_tp(&cfg, err) != 0) {
+        train_config_free(&cfg);
+        return cli_fail("train", err);
+    }
+    ServeProcess own_server = {0};
+    char *extra_args[12] = {NULL};
+    if (cfg.server_devices && !local_launch_is_child() &&
+        start_own_server(&cfg, &env, &own_server, extra_args, err) != 0) {
+        train_config_free(&cfg);
+        return cli_fail("train", err);
+    }
+    int rc = cmd_train_run(&cfg, &env, argc, argv, extra_args, err);
+    serve_process_stop(&own_server, 10);
+    for (int i = 0; extra_args[i]; i++) free(extra_args[i]);
+    train_config_free(&cfg);
+    return rc;
+}
+
+/* The training processes: started here (no launcher, several GPUs) or this one. */
+static int cmd_train_run(TrainConfig *cfg, const LaunchEnv *env, int argc, char **argv, char *const *extra_args,
+                         char *err) {
     /* No launcher: colt starts one process per GPU (or nproc_per_node) itself. */
-    if (env.launcher == LAUNCHER_NONE && !local_launch_is_child()) {
-        int nproc = cfg.nproc_per_node;
-        if (nproc == 0 && strcmp(cfg.device, "cpu") != 0)
-            nproc = cfg.devices ? (int)json_array_size(cfg.devices) : backend_cuda_device_count();
+    if (env->launcher == LAUNCHER_NONE && !local_launch_is_child()) {
+        int nproc = cfg->nproc_per_node;
+        if (nproc == 0 && strcmp(cfg->device, "cpu") != 0)
+            nproc = cfg->devices ? (int)json_array_size(cfg->devices) : backend_cuda_device_count();
         if (nproc > 1) {
-            char **child_argv = xcalloc((size_t)argc + 3, sizeof(char *));
+            int n_extra = 0;
+            while (extra_args[n_extra]) n_extra++;
+            char **child_argv = xcalloc((size_t)argc + (size_t)n_extra + 3, sizeof(char *));
             child_argv[0] = "colt";
             child_argv[1] = "train";
             for (int i = 0; i < argc; i++) child_argv[i + 2] = argv[i];
+            for (int i = 0; i < n_extra; i++) child_argv[argc + 2 + i] = extra_args[i];
             fprintf(stderr, "colt train: starting %d processes on this node (nproc_per_node)\n", nproc);
             int status = local_launch_run(nproc, child_argv, err);
             free(child_argv);
-            train_config_free(&cfg);
             return status < 0 ? cli_fail("train", err) : status;
         }
     }
-    int tp = cfg.tensor_parallel_size;
-    if (env.world_size % tp != 0) {
+    int tp = cfg->tensor_parallel_size;
+    if (env->world_size % tp != 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "tensor_parallel_size %d needs a multiple of %d processes (one per part; mpirun -np or "
-                                  "torchrun --nproc_per_node), and this launch has %d", tp, tp, env.world_size);
-        train_config_free(&cfg);
+                                  "torchrun --nproc_per_node), and this launch has %d", tp, tp, env->world_size);
         return cli_fail("train", msg);
     }
-    cfg.world_size = env.world_size / tp; /* the data-parallel size: each group of tp processes trains one model */
-    int rc = 0;
-    if (train_config_finalize(&cfg, err) != 0) rc = cli_fail("train", err);
-    if (rc == 0) train_config_print_notices(&cfg); /* here: once, by rank 0 of the processes that train */
-    if (rc == 0 && trainer_run(&cfg, &env, err) != 0) rc = cli_fail("train", err);
-    train_config_free(&cfg);
-    return rc;
+    cfg->world_size = env->world_size / tp; /* the data-parallel size: each group of tp processes trains one model */
+    if (train_config_finalize(cfg, err) != 0) return cli_fail("train", err);
+    train_config_print_notices(cfg); /* here: once, by rank 0 of the processes that train */
+    if (trainer_run(cfg, env, err) != 0) return cli_fail("train", err);
+    return 0;
 }

@@ -22,8 +22,7 @@
 
 int local_launch_is_child(void) { return getenv(CHILD_MARK) != NULL; }
 
-/* A port on 127.0.0.1 that was free a moment ago (rank 0 binds it next). */
-static int free_port(char *err) {
+int local_launch_free_port(char *err) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return errorf(err, "cannot open a socket: %s", strerror(errno));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -52,7 +51,7 @@ static void set_env_int(const char *name, int value) {
 }
 
 int local_launch_run(int nproc, char *const *argv, char *err) {
-    int port = free_port(err);
+    int port = local_launch_free_port(err);
     if (port < 0) return COLT_ERR;
     /* The signals the children must see arrive here first; forward them. */
     struct sigaction sa = {0}, old_int, old_term;

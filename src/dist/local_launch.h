@@ -18,6 +18,10 @@
  * the processes could not be started. */
 int local_launch_run(int nproc, char *const *argv, char *err);
 
+/* A port on 127.0.0.1 that was free a moment ago (whoever needs it binds it
+ * next), or -1 with err set. */
+int local_launch_free_port(char *err);
+
 /* True in a process that local_launch_run started (it must not launch again). */
 int local_launch_is_child(void);
 

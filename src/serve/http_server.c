@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/colt_api.h"
 
 #define WAIT_SLICE_S 0.1
 #define STREAM_BLOCK_BYTES (16 * 1024)
@@ -41,6 +42,7 @@ struct HttpServer {
     HttpServerOptions o;
     ServeLoop *loop;
     const OpenAIContext *ctx;
+    ColtApiContext colt; /* /colt/generate's limits, from ctx */
     pthread_mutex_t mu; /* counters */
     Counters c;
     uint64_t sequence; /* ids and seeds: atomic */
@@ -295,6 +297,71 @@ static enum MHD_Result handle_generation(HttpServer *s, struct MHD_Connection *c
     return send_body(s, conn, 200, body, "application/json");
 }
 
+/* ---------------------------------------------------------------- colt's endpoints (colt_api.h) */
+
+/* /colt/generate: the whole answer at once; the client gone aborts it. */
+static enum MHD_Result handle_colt_generate(HttpServer *s, struct MHD_Connection *conn, const Exchange *x) {
+    char err[ERR_LEN];
+    ColtGenerateRequest q;
+    if (colt_generate_parse(&q, x->body ? x->body : "", x->len, &s->colt, err) != 0)
+        return send_error(s, conn, 400, err, NULL);
+    ServeRequest *sr = serve_request_create(q.prompts, q.prompt_lens, q.n_prompts, 1, &q.opt);
+    q.prompts = NULL; /* the request took them */
+    serve_request_set_streams(sr, q.streams);
+    colt_generate_free(&q);
+    pthread_mutex_lock(&s->mu);
+    s->c.requests_running++;
+    pthread_mutex_unlock(&s->mu);
+    int n = serve_request_choices(sr), status = 500;
+    ChoiceProgress *progress = xcalloc((size_t)n, sizeof(ChoiceProgress));
+    uint64_t seen = 0;
+    enum MHD_Result result;
+    if (serve_loop_submit(s->loop, sr, &status, err) != 0) {
+        result = send_error(s, conn, status, err, NULL);
+    } else {
+        int rc = 0;
+        for (;;) {
+            rc = serve_request_wait(sr, progress, &seen, WAIT_SLICE_S, err);
+            if (rc < 0) break;
+            bool all = true;
+            for (int i = 0; i < n; i++) all &= progress[i].done;
+            if (all) break;
+            if (client_gone(conn)) {
+                rc = -2;
+                break;
+            }
+        }
+        if (rc == -2) {
+            serve_request_cancel(s->loop, sr, -1);
+            result = MHD_NO; /* closes the connection */
+        } else if (rc < 0) {
+            result = send_error(s, conn, 500, err, NULL);
+        } else {
+            ServeLoopStats st;
+            serve_loop_stats(s->loop, &st);
+            result = send_body(s, conn, 200, colt_generate_response_json(sr, st.weight_updates), "application/json");
+        }
+    }
+    free(progress);
+    serve_request_release(sr);
+    pthread_mutex_lock(&s->mu);
+    s->c.requests_running--;
+    pthread_mutex_unlock(&s->mu);
+    return result;
+}
+
+/* The weight channel: queued for the engine thread; the answer comes at once. */
+static enum MHD_Result handle_colt_sync(HttpServer *s, struct MHD_Connection *conn, ServeSyncOp op,
+                                        const Exchange *x) {
+    char err[ERR_LEN];
+    ServeSyncRequest q;
+    int status = 400;
+    if (colt_sync_parse(&q, op, x->body ? x->body : "", x->len, s->o.host, err) != 0 ||
+        serve_loop_weight_sync(s->loop, &q, &status, err) != 0)
+        return send_error(s, conn, status, err, NULL);
+    return send_body(s, conn, 200, xstrdup("{}"), "application/json");
+}
+
 /* ---------------------------------------------------------------- other endpoints */
 
 static char *metrics_text(HttpServer *s) {
@@ -343,6 +410,10 @@ static char *metrics_text(HttpServer *s) {
     METRIC("request_seconds", "summary", "From submission to the whole answer.",
            "colt_request_seconds_sum %.6f\ncolt_request_seconds_count %lld\n", c.latency_sum,
            (long long)c.latency_count);
+    METRIC("weight_updates_total", "counter", "Weight pushes received from a trainer (/colt/update_weights).",
+           "colt_weight_updates_total %lld\n", (long long)st.weight_updates);
+    METRIC("weight_sync_failures_total", "counter", "Weight-channel operations that failed (the channel then closes).",
+           "colt_weight_sync_failures_total %lld\n", (long long)st.weight_sync_failures);
     METRIC("engine_failed", "gauge", "1 when the engine failed (the server then answers 500).",
            "colt_engine_failed %d\n", st.failed ? 1 : 0);
 #undef METRIC
@@ -356,13 +427,16 @@ static enum MHD_Result route(HttpServer *s, struct MHD_Connection *conn, const c
     struct { const char *path; bool post; } routes[] = {
         {"/v1/completions", true}, {"/v1/chat/completions", true}, {"/v1/models", false},
         {"/health", false},        {"/metrics", false},
+        {"/colt/generate", true},  {"/colt/init_weight_sync", true}, {"/colt/update_weights", true},
+        {"/colt/close_weight_sync", true}, {"/colt/info", false},
     };
     int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
     while (k < n && strcmp(url, routes[k].path) != 0) k++;
     if (k == n) {
-        char msg[300];
+        char msg[400];
         snprintf(msg, sizeof msg, "no endpoint %.200s (there are /v1/completions, /v1/chat/completions, /v1/models, "
-                                  "/health, /metrics)", url);
+                                  "/health, /metrics, /colt/generate, /colt/init_weight_sync, /colt/update_weights, "
+                                  "/colt/close_weight_sync, /colt/info)", url);
         return send_error(s, conn, 404, msg, NULL);
     }
     if (routes[k].post ? !post : !get) {
@@ -383,7 +457,16 @@ static enum MHD_Result route(HttpServer *s, struct MHD_Connection *conn, const c
     case 3:
         if (!serve_loop_healthy(s->loop)) return send_error(s, conn, 503, "not serving: draining or the engine failed", NULL);
         return send_body(s, conn, 200, xstrdup(""), "text/plain");
-    default: return send_body(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
+    case 4: return send_body(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
+    case 5: return handle_colt_generate(s, conn, x);
+    case 6: return handle_colt_sync(s, conn, SERVE_SYNC_OPEN, x);
+    case 7: return handle_colt_sync(s, conn, SERVE_SYNC_RECV, x);
+    case 8: return handle_colt_sync(s, conn, SERVE_SYNC_CLOSE, x);
+    default: {
+        ServeLoopStats st;
+        serve_loop_stats(s->loop, &st);
+        return send_body(s, conn, 200, colt_info_json(&st, &s->colt), "application/json");
+    }
     }
 }
 
@@ -492,6 +575,9 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
     s->o = *o;
     s->loop = loop;
     s->ctx = ctx;
+    s->colt = (ColtApiContext){.vocab_size = ctx->vocab_size, .max_model_len = ctx->max_model_len,
+                               .max_tokens_limit = ctx->max_tokens_limit, .eos_ids = ctx->eos_ids,
+                               .n_eos = ctx->n_eos};
     s->started = (int64_t)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     bool ipv6 = false;

@@ -17,9 +17,11 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/weight_sync.h"
 
 #define IDLE_WAIT_S 0.1 /* the loop's longest sleep with nothing to do */
 #define RATE_WINDOW_S 10
+#define SYNC_QUEUE 8 /* weight-channel operations waiting for the engine thread */
 
 typedef struct ServeChoice {
     GenSequence seq;
@@ -72,7 +74,13 @@ struct ServeLoop {
     EngineStats engine_stats;
     int64_t rate_tokens[RATE_WINDOW_S + 1];
     int64_t rate_second[RATE_WINDOW_S + 1];
+    ServeSyncRequest sync_queue[SYNC_QUEUE];
+    int n_sync;
+    bool sync_open; /* open, or its OPEN queued: what the next operation is checked against */
+    int64_t weight_updates, weight_sync_failures;
+    double last_update_seconds, last_update_bytes;
     /* loop-private */
+    WeightSync *sync;
     ServeRequest **active;
     int n_active, active_cap;
     Slot *slots;
@@ -133,6 +141,10 @@ void serve_request_release(ServeRequest *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
+}
+
+void serve_request_set_streams(ServeRequest *r, const uint64_t *streams) {
+    for (int i = 0; i < r->n_choices; i++) r->choices[i].seq.stream = streams[i];
 }
 
 int serve_request_choices(const ServeRequest *r) { return r->n_choices; }
@@ -262,9 +274,44 @@ void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
     for (int k = 0; k <= RATE_WINDOW_S; k++) /* the last RATE_WINDOW_S whole seconds */
         if (l->rate_second[k] < now && l->rate_second[k] >= now - RATE_WINDOW_S) tokens += l->rate_tokens[k];
     out->tokens_per_second = (double)tokens / RATE_WINDOW_S;
+    out->sync_open = l->sync_open;
+    out->weight_updates = l->weight_updates;
+    out->weight_sync_failures = l->weight_sync_failures;
+    out->last_update_seconds = l->last_update_seconds;
+    out->last_update_bytes = l->last_update_bytes;
+    out->device = model_backend(l->m)->name;
+    out->deterministic = l->o.engine.deterministic;
     pthread_mutex_unlock(&l->mu);
 }
 
+int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err) {
+    static const char *const names[] = {"init_weight_sync", "update_weights", "close_weight_sync"};
+    pthread_mutex_lock(&l->mu);
+    int rc = COLT_OK;
+    *http_status = 200;
+    if (l->failed || l->stop) {
+        *http_status = 503;
+        rc = errorf(err, "%s: the server is not serving (%s)", names[q->op],
+                    l->failed ? "the engine failed" : "shutting down");
+    } else if (q->op == SERVE_SYNC_OPEN && l->sync_open) {
+        *http_status = 409;
+        rc = errorf(err, "init_weight_sync: the weight channel is already open (close_weight_sync first)");
+    } else if (q->op != SERVE_SYNC_OPEN && !l->sync_open) {
+        *http_status = 409;
+        rc = errorf(err, "%s: the weight channel is not open (init_weight_sync first, or it failed: see the "
+                         "server's log)", names[q->op]);
+    } else if (l->n_sync == SYNC_QUEUE) {
+        *http_status = 503;
+        rc = errorf(err, "%s: %d weight-channel operations are already waiting", names[q->op], SYNC_QUEUE);
+    } else {
+        l->sync_queue[l->n_sync++] = *q;
+        l->sync_open = q->op != SERVE_SYNC_CLOSE;
+        l->wake = true;
+        pthread_cond_signal(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
 /* ---------------------------------------------------------------- the thread */
 
 /* Adds r's choices to the engine; *left counts those that never will be (an error fails r). */
@@ -363,6 +410,52 @@ static void fail_all(ServeLoop *l, const char *msg, int *left) {
     apply_cancels(l, left);
 }
 
+/* One weight-channel operation, on the engine thread between steps. A
+ * failure closes the channel: the trainer's side fails too (its collective
+ * times out or sees the error) and says so; this side logs and serves on. */
+static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
+    char err[ERR_LEN] = "";
+    int rc = COLT_OK;
+    size_t bytes = 0;
+    double seconds = 0;
+    if (q->op == SERVE_SYNC_OPEN) {
+        const Backend *be = model_backend(l->m);
+        WeightSyncOptions o = {.host = q->host, .port = q->port, .rank = 0, .world_size = 2, .be = be,
+                               .use_nccl = q->use_nccl, .cuda_device = be->device, .timeout_s = q->timeout_s};
+        log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host, q->port,
+                  q->timeout_s);
+        rc = weight_sync_open(&l->sync, &o, err);
+        if (rc == 0)
+            log_info0("colt serve: weight channel open (%s)", comm_kind_name(weight_sync_kind(l->sync)));
+    } else if (q->op == SERVE_SYNC_RECV) {
+        if (!l->sync) rc = errorf(err, "update_weights: the weight channel is not open");
+        else rc = weight_sync_recv(l->sync, l->m, err);
+        if (rc == 0) weight_sync_last(l->sync, &bytes, &seconds);
+    } else {
+        weight_sync_close(l->sync);
+        l->sync = NULL;
+        log_info0("colt serve: weight channel closed");
+    }
+    if (rc != 0) {
+        log_error("colt serve: weight channel: %s; the channel is closed, serving goes on with the weights held", err);
+        weight_sync_close(l->sync);
+        l->sync = NULL;
+    }
+    pthread_mutex_lock(&l->mu);
+    if (rc != 0) {
+        l->weight_sync_failures++;
+        /* operations queued behind the failed one find the channel closed */
+        bool reopened = false;
+        for (int k = 0; k < l->n_sync; k++) reopened |= l->sync_queue[k].op == SERVE_SYNC_OPEN;
+        if (!reopened) l->sync_open = false;
+    } else if (q->op == SERVE_SYNC_RECV) {
+        l->weight_updates++;
+        l->last_update_bytes = (double)bytes;
+        l->last_update_seconds = seconds;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
 static void *loop_main(void *arg) {
     ServeLoop *l = arg;
     char err[ERR_LEN] = "";
@@ -398,7 +491,13 @@ static void *loop_main(void *arg) {
         if (n_taken) memcpy(taken, l->incoming, sizeof(ServeRequest *) * (size_t)n_taken);
         l->n_incoming = 0;
         l->wake = false;
+        ServeSyncRequest ops[SYNC_QUEUE];
+        int n_ops = stop ? 0 : l->n_sync;
+        memcpy(ops, l->sync_queue, sizeof(ServeSyncRequest) * (size_t)n_ops);
+        if (!stop) l->n_sync = 0;
         pthread_mutex_unlock(&l->mu);
+        /* Between engine steps: requests taken from here on compute with what they bring. */
+        for (int k = 0; k < n_ops; k++) run_sync_op(l, &ops[k]);
         if (stop) {
             for (int i = 0; i < n_taken; i++) {
                 request_fail(taken[i], "the server is shutting down");
@@ -511,6 +610,7 @@ void serve_loop_stop(ServeLoop *l) {
         request_fail(l->incoming[i], "the server is shutting down");
         serve_request_release(l->incoming[i]);
     }
+    weight_sync_close(l->sync);
     engine_destroy(l->engine);
     free(l->incoming), free(l->active), free(l->slots), free(l->free_slots);
     pthread_mutex_destroy(&l->mu);

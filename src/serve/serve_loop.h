@@ -37,6 +37,9 @@ void serve_loop_stop(ServeLoop *l);
 ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_prompts, int n,
                                    const GenerateOptions *opt);
 void serve_request_release(ServeRequest *r);
+/* Gives choice i RNG stream streams[i] instead (colt's /colt/generate: the
+ * trainer numbers its completions itself); before serve_loop_submit. */
+void serve_request_set_streams(ServeRequest *r, const uint64_t *streams);
 
 /* Hands the request to the loop (which takes its own reference). Refused
  * with an HTTP status and a message: 503 when the queue is full or the server
@@ -72,6 +75,26 @@ void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice);
 /* Seconds from submission to its first token (0 until there is one). */
 double serve_request_first_token_seconds(ServeRequest *r);
 
+/* The weight-update channel (dist/weight_sync.h), run by the engine thread
+ * between engine steps in the order asked: OPEN joins the group as server
+ * rank 0 of 2 (serving its store on host:port) and waits for the trainer;
+ * RECV receives one push into the model (the weights version moves, so the
+ * engine recomputes what it holds and empties its prefix cache; requests
+ * still running finish with the new weights); CLOSE leaves the group. Each
+ * is bounded by timeout_s; a failure is logged, closes the channel and the
+ * server keeps serving with the weights it has. Returns at once (the caller
+ * then does its side of the collective); refused (409) when the operation
+ * does not follow (RECV or CLOSE without OPEN, OPEN twice) or too many wait. */
+typedef enum { SERVE_SYNC_OPEN, SERVE_SYNC_RECV, SERVE_SYNC_CLOSE } ServeSyncOp;
+typedef struct ServeSyncRequest {
+    ServeSyncOp op;
+    char host[256];
+    int port;
+    bool use_nccl;    /* the trainer has a GPU of its own (else Gloo through the host) */
+    double timeout_s;
+} ServeSyncRequest;
+int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err);
+
 /* Numbers for /metrics. */
 typedef struct ServeLoopStats {
     EngineLoad load;
@@ -81,6 +104,12 @@ typedef struct ServeLoopStats {
     int outstanding;         /* sequences submitted, not finished */
     double tokens_per_second; /* sampled tokens over the last 10 s */
     bool failed, draining;
+    bool sync_open;           /* the weight channel is open (or its OPEN is queued) */
+    int64_t weight_updates;   /* pushes received */
+    int64_t weight_sync_failures;
+    double last_update_seconds, last_update_bytes;
+    const char *device;       /* the backend the model computes on ("cpu", "cuda") */
+    bool deterministic;       /* the engine's deterministic mode */
 } ServeLoopStats;
 void serve_loop_stats(ServeLoop *l, ServeLoopStats *out);
 

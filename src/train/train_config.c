@@ -121,9 +121,29 @@ static const ConfigKey KEYS[] = {
     {.name = "use_vllm", .type = KEY_BOOL, .offset = offsetof(TrainConfig, use_vllm),
      .help = "accepted for TRL configs; colt always generates with its in-process engine",
      .notice = "colt always generates with its own in-process engine on the trainer's weights (vLLM is not used)"},
-    {.name = "vllm_mode", .type = KEY_STRING, .offset = offsetof(TrainConfig, vllm_mode),
-     .help = "colocate (the only mode: colt generates in-process, there is no server)",
-     .notice = "colt always generates in-process on the trainer's weights, as colocate does (server is refused)"},
+    K(vllm_mode, KEY_STRING,
+      "colocate (generation in-process on the trainer's weights) or server (a running colt serve generates; the "
+      "trainer pushes its weights to it after every optimizer step: docs/training.md)"),
+    K(vllm_server_host, KEY_STRING, "vllm_mode server: the colt serve host (ignored when vllm_server_base_url is set)"),
+    KI(vllm_server_port, 1, 65535, "vllm_mode server: the colt serve port"),
+    K(vllm_server_base_url, KEY_STRING,
+      "vllm_mode server: the colt serve URL, e.g. http://10.0.0.7:8000 (overrides host and port)"),
+    KD(vllm_server_timeout, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 86400,
+       "vllm_mode server: seconds to wait for the server to come up, and the bound on every wait for it after"),
+    KI(vllm_group_port, 1, 65535,
+       "vllm_mode server: the port of the weight channel's group (its store listens on the server's host)"),
+    K(async_generation, KEY_BOOL,
+      "vllm_mode server: the server generates the next round while the trainer trains on this one (one-step "
+      "off-policy; the importance-sampling correction applies; metrics log staleness)"),
+    K(server_devices, KEY_JSON_LIST,
+      "the one-command form of server mode: colt train starts colt serve itself on these GPUs (e.g. [7]; bound to "
+      "127.0.0.1, a free port), trains on the others (or on devices), and stops it at the end; sets vllm_mode "
+      "server. On the CPU the server runs on the CPU"),
+    K(weight_sync_backend, KEY_STRING,
+      "vllm_mode server: auto (NCCL when trainer and server are on different GPUs: another host, or server_devices "
+      "apart from the trainer's; else through the host), nccl, or gloo (through the host)"),
+    KI(max_staleness, 1, 1,
+       "async_generation: optimizer steps a round's weights may lag the weights it trains (1: one round in flight)"),
     K(vllm_importance_sampling_correction, KEY_BOOL,
       "weight the loss by exp(trainer old log-prob - sampler log-prob), bounded per vllm_importance_sampling_mode"),
     K(vllm_importance_sampling_mode, KEY_STRING, "token_truncate, token_mask, sequence_truncate or sequence_mask"),
@@ -243,7 +263,6 @@ typedef struct TrlKey {
 #define T_SHARDING \
     "DeepSpeed, FSDP and sharding are not supported (yet): colt runs data-parallel with a full copy of the weights " \
     "and optimizer state on each GPU; remove the setting"
-#define T_SERVER "used only with vllm_mode server: colt generates in-process with the trainer's weights"
 #define T_PEFT_ONLY "colt's LoRA adapts the linear layers of every decoder block (lora_target_modules)"
 #define T_QUANT "quantized loading (bitsandbytes) is not supported: colt trains the model's full-precision weights"
 #define T_BNB "used only with load_in_4bit or load_in_8bit, which colt does not support"
@@ -384,11 +403,6 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("vllm_enable_sleep_mode",
               "colt's engine borrows the trainer's weights and gives its KV cache back before every training phase"),
     ONLY("vllm_structured_outputs_regex", "null", "regex-guided generation is not supported"),
-    NOOP("vllm_server_base_url", T_SERVER),
-    NOOP("vllm_server_host", T_SERVER),
-    NOOP("vllm_server_port", T_SERVER),
-    NOOP("vllm_server_timeout", T_SERVER),
-    NOOP("vllm_group_port", T_SERVER),
     NOOP("vllm_max_model_length", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
     NOOP("sapo_temperature_neg", T_LOSS_VARIANT),
     NOOP("sapo_temperature_pos", T_LOSS_VARIANT),
@@ -502,6 +516,12 @@ void train_config_defaults(TrainConfig *c) {
     c->num_iterations = 1;
     c->use_vllm = true;
     c->vllm_mode = xstrdup("colocate");
+    c->vllm_server_host = xstrdup("127.0.0.1");
+    c->vllm_server_port = 8000; /* TRL's defaults */
+    c->vllm_server_timeout = 240.0;
+    c->vllm_group_port = 51216;
+    c->max_staleness = 1;
+    c->weight_sync_backend = xstrdup("auto");
     c->vllm_importance_sampling_correction = true;
     c->vllm_importance_sampling_mode = xstrdup("sequence_mask");
     c->vllm_importance_sampling_clip_min = NAN;
@@ -1396,12 +1416,37 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!one_of(c->scale_rewards, scales))
         return errorf(err, "settings: unknown scale_rewards '%s' (group, batch, none)",
                       c->scale_rewards ? c->scale_rewards : "null");
-    if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0)
-        return errorf(err, "settings: vllm_mode 'server' is not supported: colt runs generation in-process with the "
-                           "trainer's weights (use colocate)");
-    static const char *const vllm_modes[] = {"colocate", NULL};
+    static const char *const vllm_modes[] = {"colocate", "server", NULL};
     if (!one_of(c->vllm_mode, vllm_modes))
-        return errorf(err, "settings: unknown vllm_mode '%s' (colocate)", c->vllm_mode ? c->vllm_mode : "null");
+        return errorf(err, "settings: unknown vllm_mode '%s' (colocate, server)", c->vllm_mode ? c->vllm_mode : "null");
+    if (c->server_devices) {
+        if (json_array_size(c->server_devices) == 0)
+            return errorf(err, "settings: server_devices is an empty list (GPU indices for colt serve, e.g. [7])");
+        for (size_t i = 0; i < json_array_size(c->server_devices); i++) {
+            json_t *d = json_array_get(c->server_devices, i);
+            if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) > 1023)
+                return errorf(err, "settings: server_devices[%zu] is not a GPU index (0 .. 1023)", i);
+        }
+        if (c->vllm_server_base_url)
+            return errorf(err, "settings: server_devices starts its own server on 127.0.0.1: leave vllm_server_base_url "
+                               "out");
+        free(c->vllm_mode);
+        c->vllm_mode = xstrdup("server");
+    }
+    bool server = strcmp(c->vllm_mode, "server") == 0;
+    if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
+    if (server && c->use_peft)
+        return errorf(err, "settings: vllm_mode server with use_peft is not supported yet (the weight channel pushes "
+                           "whole models, not adapters); use vllm_mode colocate");
+    if (server && !c->vllm_server_base_url && (!c->vllm_server_host || !c->vllm_server_host[0]))
+        return errorf(err, "settings: vllm_mode server needs vllm_server_host (or vllm_server_base_url)");
+    static const char *const sync_backends[] = {"auto", "nccl", "gloo", NULL};
+    if (!one_of(c->weight_sync_backend, sync_backends))
+        return errorf(err, "settings: unknown weight_sync_backend '%s' (auto, nccl, gloo)",
+                      c->weight_sync_backend ? c->weight_sync_backend : "null");
+    if (c->async_generation && !server)
+        return errorf(err, "settings: async_generation needs vllm_mode server (colocated generation shares the "
+                           "devices with training, so there is nothing to overlap)");
     static const char *const is_modes[] = {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask", NULL};
     if (!one_of(c->vllm_importance_sampling_mode, is_modes))
         return errorf(err,
@@ -1472,6 +1517,23 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (c->lora_target_modules && json_array_size(c->lora_target_modules) == 0)
         return errorf(err, "settings: lora_target_modules is an empty list");
     if (c->max_steps == 0) return errorf(err, "settings: max_steps must be > 0, or -1 to use num_train_epochs");
+    /* async: a round is generated with the weights of the step before the round it follows was trained from */
+    int round_steps = (c->steps_per_generation * c->num_iterations + c->gradient_accumulation_steps - 1) /
+                      c->gradient_accumulation_steps;
+    if (c->async_generation && round_steps > c->max_staleness)
+        return errorf(err, "settings: async_generation: a generation round lasts %d optimizer steps "
+                           "(steps_per_generation %d x num_iterations %d / gradient_accumulation_steps %d), so its "
+                           "samples would be %d steps stale, more than max_staleness %d: make a round one optimizer step",
+                      round_steps, c->steps_per_generation, c->num_iterations, c->gradient_accumulation_steps,
+                      round_steps, c->max_staleness);
+    return COLT_OK;
+}
+
+int train_config_check_server_tp(const TrainConfig *c, char *err) {
+    if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0 && c->tensor_parallel_size > 1)
+        return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1, not %d (the weight channel pushes "
+                           "whole models; colt serve refuses tensor parallelism too)",
+                      c->tensor_parallel_size);
     return COLT_OK;
 }
 

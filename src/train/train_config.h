@@ -50,7 +50,23 @@ typedef struct TrainConfig {
      * is accepted for TRL configs but changes nothing (kept, default true, so
      * the saved config says what ran). */
     bool use_vllm;
-    char *vllm_mode;                          /* "colocate" only: generation runs in-process */
+    char *vllm_mode;                          /* "colocate": in-process; "server": a colt serve generates */
+    /* vllm_mode server (TRL's names and defaults, host 127.0.0.1): where colt
+     * serve listens (base_url, when set, wins), how long to wait for it, and
+     * the weight channel's port. async_generation: the next round is
+     * generated while this one trains, at most max_staleness steps behind. */
+    char *vllm_server_host, *vllm_server_base_url;
+    int vllm_server_port, vllm_group_port;
+    double vllm_server_timeout;
+    bool async_generation;
+    int max_staleness;
+    /* The one-command form: GPU indices colt train starts colt serve on
+     * itself (cli/cmd_train.c); NULL: none. Sets vllm_mode server. */
+    json_t *server_devices;
+    /* The weight channel: "nccl" (GPU to GPU), "gloo" (through the host) or
+     * "auto": NCCL when both sides are GPUs known to be different ones (the
+     * server on another host, or server_devices apart from the trainer's). */
+    char *weight_sync_backend;
     bool vllm_importance_sampling_correction; /* TRL default true */
     char *vllm_importance_sampling_mode;      /* token_truncate, token_mask, sequence_truncate, sequence_mask */
     /* NaN = None. clip_max defaults to 3; vllm_importance_sampling_cap (deprecated in
@@ -152,6 +168,9 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
  * (num_generations >= 2, divisibility of batch sizes, ranges, names). */
 int train_config_finalize(TrainConfig *c, char *err);
 
+/* vllm_mode server with tensor_parallel_size > 1 is refused (checked by
+ * finalize, and by colt train before it starts any process). */
+int train_config_check_server_tp(const TrainConfig *c, char *err);
 /* Optimizer steps of the run over n_prompts prompts (c finalized): max_steps
  * when > 0, else ceil(ceil(num_train_epochs x rounds per epoch) x
  * steps_per_generation x num_iterations / gradient_accumulation_steps), with

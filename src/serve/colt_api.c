@@ -1,0 +1,201 @@
+/* colt_api.c — see colt_api.h. Every key is checked; a key not listed is
+ * refused, so a request is never half-understood. */
+#include "serve/colt_api.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define MAX_COMPLETIONS 65536 /* one trainer rank's share of a round */
+#define MAX_STOP_IDS 64
+#define MAX_STREAM ((1ull << 31) - 1)
+
+static const char *GENERATE_KEYS[] = {"prompts", "streams", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+                                      "repetition_penalty", "seed", "stop_token_ids", NULL};
+static const char *SYNC_KEYS[] = {"port", "timeout", "nccl", "host", NULL};
+
+static int check_keys(json_t *o, const char *const *keys, const char *where, char *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        int k = 0;
+        while (keys[k] && strcmp(keys[k], key) != 0) k++;
+        if (!keys[k]) return errorf(err, "%s: unknown key '%.100s'", where, key);
+    }
+    return COLT_OK;
+}
+
+/* An integer in [lo, hi]; absent: *out unchanged. */
+static int read_int(json_t *o, const char *key, long long lo, long long hi, long long *out, char *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return COLT_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return errorf(err, "/colt/generate: '%s' must be an integer in [%lld, %lld]", key, lo, hi);
+    *out = json_integer_value(v);
+    return COLT_OK;
+}
+
+static int read_float(json_t *o, const char *key, float *out, char *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return COLT_OK;
+    if (!json_is_number(v) || !isfinite((float)json_number_value(v)))
+        return errorf(err, "/colt/generate: '%s' must be a finite number", key);
+    *out = (float)json_number_value(v);
+    return COLT_OK;
+}
+
+/* An array of n_min .. n_max integers in [0, below). */
+static int read_ids(json_t *a, int **out, int *n, int n_min, int n_max, long long below, const char *what, char *err) {
+    if (!json_is_array(a) || json_array_size(a) < (size_t)n_min || json_array_size(a) > (size_t)n_max)
+        return errorf(err, "/colt/generate: %s must be an array of %d .. %d token ids", what, n_min, n_max);
+    *n = (int)json_array_size(a);
+    *out = xmalloc(sizeof(int) * (size_t)(*n > 0 ? *n : 1));
+    for (int i = 0; i < *n; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= below)
+            return errorf(err, "/colt/generate: %s[%d] is not a token id below %lld", what, i, below);
+        (*out)[i] = (int)json_integer_value(v);
+    }
+    return COLT_OK;
+}
+
+static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContext *ctx, char *err) {
+    if (!json_is_object(o)) return errorf(err, "/colt/generate: the body must be a JSON object");
+    if (check_keys(o, GENERATE_KEYS, "/colt/generate", err) != 0) return COLT_ERR;
+    json_t *prompts = json_object_get(o, "prompts"), *streams = json_object_get(o, "streams");
+    if (!json_is_array(prompts) || json_array_size(prompts) < 1 || json_array_size(prompts) > MAX_COMPLETIONS)
+        return errorf(err, "/colt/generate: 'prompts' must be an array of 1 .. %d prompts (arrays of token ids)",
+                      MAX_COMPLETIONS);
+    int n = (int)json_array_size(prompts);
+    if (!json_is_array(streams) || json_array_size(streams) != (size_t)n)
+        return errorf(err, "/colt/generate: 'streams' must be an array of %d RNG stream ids, one per prompt", n);
+    long long max_tokens = 16;
+    if (read_int(o, "max_tokens", 1, ctx->max_tokens_limit, &max_tokens, err) != 0) return COLT_ERR;
+    r->opt.max_new_tokens = (int)max_tokens;
+    r->prompts = xcalloc((size_t)n, sizeof(int *));
+    r->prompt_lens = xcalloc((size_t)n, sizeof(int));
+    r->streams = xcalloc((size_t)n, sizeof(uint64_t));
+    r->n_prompts = n;
+    for (int i = 0; i < n; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "prompts[%d]", i);
+        if (read_ids(json_array_get(prompts, (size_t)i), &r->prompts[i], &r->prompt_lens[i], 1, ctx->max_model_len,
+                     ctx->vocab_size, what, err) != 0)
+            return COLT_ERR;
+        if (r->prompt_lens[i] + r->opt.max_new_tokens > ctx->max_model_len)
+            return errorf(err, "/colt/generate: prompts[%d] has %d tokens; with max_tokens %d that is more than the "
+                               "server's max_model_len %d",
+                          i, r->prompt_lens[i], r->opt.max_new_tokens, ctx->max_model_len);
+        json_t *s = json_array_get(streams, (size_t)i);
+        if (!json_is_integer(s) || json_integer_value(s) < 0 || (uint64_t)json_integer_value(s) > MAX_STREAM)
+            return errorf(err, "/colt/generate: streams[%d] must be an integer in [0, 2^31-1]", i);
+        r->streams[i] = (uint64_t)json_integer_value(s);
+    }
+    SamplingParams *sp = &r->opt.sampling;
+    *sp = (SamplingParams){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    long long top_k = 0, seed = 0;
+    if (read_float(o, "temperature", &sp->temperature, err) != 0 || read_float(o, "top_p", &sp->top_p, err) != 0 ||
+        read_float(o, "min_p", &sp->min_p, err) != 0 ||
+        read_float(o, "repetition_penalty", &sp->repetition_penalty, err) != 0 ||
+        read_int(o, "top_k", 0, ctx->vocab_size, &top_k, err) != 0 ||
+        read_int(o, "seed", 0, INT64_MAX, &seed, err) != 0)
+        return COLT_ERR;
+    sp->top_k = (int)top_k;
+    sp->seed = (uint64_t)seed;
+    if (sampling_params_validate(sp, err) != 0) return error_prefix(err, "/colt/generate");
+    json_t *stop = json_object_get(o, "stop_token_ids");
+    if (stop && !json_is_null(stop)) {
+        if (read_ids(stop, &r->stop_ids, &r->opt.n_stop_ids, 0, MAX_STOP_IDS, ctx->vocab_size, "stop_token_ids",
+                     err) != 0)
+            return COLT_ERR;
+    } else {
+        r->opt.n_stop_ids = ctx->n_eos;
+        r->stop_ids = xmalloc(sizeof(int) * (size_t)(ctx->n_eos > 0 ? ctx->n_eos : 1));
+        memcpy(r->stop_ids, ctx->eos_ids, sizeof(int) * (size_t)ctx->n_eos);
+    }
+    r->opt.stop_ids = r->stop_ids;
+    return COLT_OK;
+}
+
+int colt_generate_parse(ColtGenerateRequest *out, const char *body, size_t len, const ColtApiContext *ctx, char *err) {
+    memset(out, 0, sizeof *out);
+    json_error_t je;
+    json_t *o = json_loadb(body, len, 0, &je);
+    if (!o) return errorf(err, "/colt/generate: the body is not JSON: %s (line %d)", je.text, je.line);
+    int rc = parse_generate(out, o, ctx, err);
+    json_decref(o);
+    if (rc != 0) colt_generate_free(out);
+    return rc;
+}
+
+void colt_generate_free(ColtGenerateRequest *r) {
+    for (int i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i]);
+    free(r->prompts), free(r->prompt_lens), free(r->streams), free(r->stop_ids);
+    memset(r, 0, sizeof *r);
+}
+
+char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates) {
+    json_t *list = json_array();
+    for (int i = 0; i < serve_request_choices(sr); i++) {
+        const GenSequence *g = serve_request_sequence(sr, i);
+        json_t *ids = json_array(), *lp = json_array();
+        for (int k = 0; k < g->n_tokens; k++) {
+            json_array_append_new(ids, json_integer(g->tokens[k]));
+            json_array_append_new(lp, isfinite(g->logprobs[k]) ? json_real(g->logprobs[k]) : json_null());
+        }
+        json_array_append_new(list, json_pack("{s:o,s:o,s:s}", "token_ids", ids, "logprobs", lp, "finish_reason",
+                                               g->finish == FINISH_STOP ? "stop" : "length"));
+    }
+    json_t *o = json_pack("{s:o,s:I}", "completions", list, "weight_updates", (json_int_t)weight_updates);
+    char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    return text;
+}
+
+char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx) {
+    json_t *o = json_pack("{s:s,s:b,s:i,s:I}", "device", st->device, "deterministic", st->deterministic,
+                          "max_model_len", ctx->max_model_len, "weight_updates", (json_int_t)st->weight_updates);
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return text;
+}
+
+int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, size_t len, const char *default_host,
+                    char *err) {
+    static const char *const where[] = {"/colt/init_weight_sync", "/colt/update_weights", "/colt/close_weight_sync"};
+    *out = (ServeSyncRequest){.op = op, .timeout_s = 240};
+    snprintf(out->host, sizeof out->host, "%s", default_host);
+    json_t *o = len > 0 ? json_loadb(body, len, 0, NULL) : json_object();
+    int rc = COLT_OK;
+    if (!json_is_object(o)) {
+        rc = errorf(err, "%s: the body must be a JSON object", where[op]);
+    } else if (check_keys(o, SYNC_KEYS, where[op], err) != 0) {
+        rc = COLT_ERR;
+    } else {
+        json_t *port = json_object_get(o, "port"), *timeout = json_object_get(o, "timeout");
+        json_t *nccl = json_object_get(o, "nccl"), *host = json_object_get(o, "host");
+        if (op == SERVE_SYNC_OPEN &&
+            (!json_is_integer(port) || json_integer_value(port) < 1 || json_integer_value(port) > 65535))
+            rc = errorf(err, "%s: 'port' must be an integer in [1, 65535] (the group's port, vllm_group_port)",
+                        where[op]);
+        else if (timeout && !(json_is_number(timeout) && json_number_value(timeout) > 0 &&
+                              json_number_value(timeout) <= 86400))
+            rc = errorf(err, "%s: 'timeout' must be a number of seconds in (0, 86400]", where[op]);
+        else if (nccl && !json_is_boolean(nccl))
+            rc = errorf(err, "%s: 'nccl' must be true or false", where[op]);
+        else if (host && (!json_is_string(host) || json_string_length(host) >= sizeof out->host))
+            rc = errorf(err, "%s: 'host' must be a host name or address", where[op]);
+        else {
+            if (port) out->port = (int)json_integer_value(port);
+            if (timeout) out->timeout_s = json_number_value(timeout);
+            out->use_nccl = json_is_true(nccl);
+            if (host) snprintf(out->host, sizeof out->host, "%s", json_string_value(host));
+        }
+    }
+    json_decref(o);
+    return rc;
+}

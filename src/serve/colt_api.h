@@ -1,0 +1,61 @@
+/* colt_api.h — colt's own endpoints of colt serve, for colt train in server
+ * mode (TRL's vllm_serve has /generate/, /init_communicator/,
+ * /update_named_param/ likewise):
+ *   POST /colt/generate           token-id prompts, one RNG stream each, one
+ *                                 set of sampling settings -> each
+ *                                 completion's token ids, log-probs, finish reason
+ *   POST /colt/init_weight_sync   {"port": P, "timeout": s, "nccl": false}
+ *   POST /colt/update_weights     {}
+ *   POST /colt/close_weight_sync  {}
+ *   GET  /colt/info               {"device", "deterministic", "max_model_len", "weight_updates"}: what a
+ *                                 trainer checks before it uses the server
+ * The bodies read and checked, and the JSON that goes back. Pure functions
+ * over jansson: no sockets (http_server.c), no threads (serve_loop.c). */
+#ifndef COLT_SERVE_COLT_API_H
+#define COLT_SERVE_COLT_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/generate.h"
+#include "serve/serve_loop.h"
+
+/* What /colt/generate requests are checked against. */
+typedef struct ColtApiContext {
+    int vocab_size;
+    int max_model_len;      /* prompt + completion tokens */
+    int max_tokens_limit;
+    const int *eos_ids;     /* stop ids when the request gives none */
+    int n_eos;
+} ColtApiContext;
+
+/* A checked /colt/generate body: {"prompts": [[ids]...], "streams": [s...],
+ * "max_tokens": L, "temperature", "top_k", "top_p", "min_p",
+ * "repetition_penalty", "seed", "stop_token_ids": [...]} (sampling settings
+ * absent: greedy off, i.e. temperature 1 and every filter off). Completion i
+ * completes prompts[i] with RNG stream streams[i] (below 2^31). */
+typedef struct ColtGenerateRequest {
+    int **prompts, *prompt_lens, n_prompts; /* owned until handed to serve_request_create */
+    uint64_t *streams;
+    GenerateOptions opt;
+    int *stop_ids;
+} ColtGenerateRequest;
+
+/* Returns 0, or -1 with err set to a message for an HTTP 400. */
+int colt_generate_parse(ColtGenerateRequest *out, const char *body, size_t len, const ColtApiContext *ctx, char *err);
+void colt_generate_free(ColtGenerateRequest *r);
+
+/* {"completions": [{"token_ids": [...], "logprobs": [...], "finish_reason": "stop"|"length"}...],
+ * "weight_updates": k} for a finished request (malloc'd JSON). Log-probs are
+ * the engine's floats written exactly (null: not scored). */
+char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates);
+
+/* GET /colt/info's answer (malloc'd JSON). */
+char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx);
+
+/* A weight-channel body: {"port": P (init only), "timeout": seconds, "nccl":
+ * bool}. default_host: where the group's store listens (the server's own address). */
+int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, size_t len, const char *default_host,
+                    char *err);
+
+#endif

@@ -1,0 +1,220 @@
+/* serve_client.c — see serve_client.h. One curl easy handle per call, so the
+ * background generation thread of async_generation and the trainer's own
+ * calls never share one. */
+#include "serve/serve_client.h"
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+struct ServeClient {
+    char *url;
+    double timeout_s;
+};
+
+typedef struct Body {
+    char *data;
+    size_t len;
+} Body;
+
+static size_t on_data(char *ptr, size_t size, size_t n, void *user) {
+    Body *b = user;
+    b->data = xrealloc(b->data, b->len + size * n + 1);
+    memcpy(b->data + b->len, ptr, size * n);
+    b->len += size * n;
+    b->data[b->len] = '\0';
+    return size * n;
+}
+
+/* One request (POST when json_body, else GET) bounded by timeout_s. Returns
+ * the HTTP status (0 with err set when no answer came) and the body in *out. */
+static long request(const ServeClient *c, const char *path, const char *json_body, double timeout_s, Body *out,
+                    char *err) {
+    *out = (Body){0};
+    CURL *h = curl_easy_init();
+    if (!h) return errorf(err, "libcurl: cannot create a handle"), 0;
+    char *url = xmalloc(strlen(c->url) + strlen(path) + 1);
+    strcpy(url, c->url);
+    strcat(url, path);
+    struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_s * 1000));
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    if (json_body) {
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, json_body);
+    }
+    CURLcode rc = curl_easy_perform(h);
+    long status = 0;
+    if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    else errorf(err, "%s: %s", url, curl_easy_strerror(rc));
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(h);
+    free(url);
+    return status;
+}
+
+/* The server's error message from an OpenAI error object, else the body's start. */
+static int answer_error(long status, const Body *b, const char *url, const char *path, char *err) {
+    json_t *o = b->data ? json_loads(b->data, 0, NULL) : NULL;
+    const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+    errorf(err, "colt serve at %s%s answered %ld: %.300s", url, path, status, msg ? msg : b->data ? b->data : "");
+    json_decref(o);
+    return COLT_ERR;
+}
+
+int serve_client_open(ServeClient **out, const char *base_url, double timeout_s, char *err) {
+    *out = NULL;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    ServeClient *c = xcalloc(1, sizeof *c);
+    c->url = xstrdup(base_url);
+    size_t n = strlen(c->url);
+    while (n > 0 && c->url[n - 1] == '/') c->url[--n] = '\0';
+    c->timeout_s = timeout_s;
+    double deadline = time_now() + timeout_s;
+    char last[ERR_LEN] = "no answer";
+    bool told = false;
+    for (;;) {
+        Body b;
+        double left = deadline - time_now();
+        long status = request(c, "/health", NULL, left < 5 ? (left > 0.1 ? left : 0.1) : 5, &b, last);
+        if (status == 200) {
+            free(b.data);
+            *out = c;
+            return COLT_OK;
+        }
+        if (status != 0) snprintf(last, sizeof last, "/health answered %ld", status);
+        free(b.data);
+        if (time_now() >= deadline) break;
+        if (!told) log_info0("waiting for colt serve at %s (at most %.0f s, vllm_server_timeout)", c->url, timeout_s);
+        told = true;
+        nanosleep(&(struct timespec){.tv_nsec = 200000000}, NULL);
+    }
+    errorf(err, "no colt serve answered at %s within %.0f s (vllm_server_timeout; last: %s): start one with colt "
+                "serve --model ... --port ..., or fix vllm_server_host / vllm_server_port",
+           c->url, timeout_s, last);
+    serve_client_close(c);
+    return COLT_ERR;
+}
+
+void serve_client_close(ServeClient *c) {
+    if (!c) return;
+    free(c->url);
+    free(c);
+    curl_global_cleanup();
+}
+
+const char *serve_client_url(const ServeClient *c) { return c->url; }
+
+int serve_client_host(const ServeClient *c, char *host, size_t size, char *err) {
+    CURLU *u = curl_url();
+    char *h = NULL;
+    int rc = COLT_OK;
+    if (curl_url_set(u, CURLUPART_URL, c->url, 0) != CURLUE_OK || curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK)
+        rc = errorf(err, "server mode: cannot read the host of %s", c->url);
+    else if (h[0] == '[') /* an IPv6 literal: the store wants it bare */
+        snprintf(host, size, "%.*s", (int)strlen(h) - 2, h + 1);
+    else
+        snprintf(host, size, "%s", h);
+    curl_free(h);
+    curl_url_cleanup(u);
+    return rc;
+}
+
+int serve_client_post(ServeClient *c, const char *path, const char *json_body, char *err) {
+    Body b;
+    long status = request(c, path, json_body, c->timeout_s, &b, err);
+    int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
+    free(b.data);
+    return rc;
+}
+
+int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *err) {
+    Body b;
+    *out = NULL;
+    long status = request(c, path, NULL, c->timeout_s, &b, err);
+    int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
+    if (rc == 0 && !(*out = json_loadb(b.data ? b.data : "", b.len, 0, NULL)))
+        rc = errorf(err, "colt serve at %s%s: the answer is not JSON (an older colt serve, or not colt serve?)", c->url,
+                    path);
+    free(b.data);
+    return rc;
+}
+
+static json_t *ints_json(const int *x, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(x[i]));
+    return a;
+}
+
+/* Reads completion i of the answer into g. */
+static int read_completion(GenSequence *g, json_t *o, int i, int max_tokens, int vocab_size, const char *url,
+                           char *err) {
+    json_t *ids = json_object_get(o, "token_ids"), *lp = json_object_get(o, "logprobs");
+    const char *finish = json_string_value(json_object_get(o, "finish_reason"));
+    size_t n = json_array_size(ids);
+    if (!json_is_array(ids) || n < 1 || n > (size_t)max_tokens || !json_is_array(lp) || json_array_size(lp) != n ||
+        !finish)
+        return errorf(err, "colt serve at %s: completion %d of the answer is malformed", url, i);
+    g->tokens = xmalloc(sizeof(int) * n);
+    g->logprobs = xmalloc(sizeof(float) * n);
+    g->n_tokens = (int)n;
+    for (size_t k = 0; k < n; k++) {
+        json_t *v = json_array_get(lp, k);
+        json_t *id = json_array_get(ids, k);
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= vocab_size)
+            return errorf(err, "colt serve at %s: completion %d has token %zu out of the vocabulary (%d): a server "
+                               "with another model?", url, i, k, vocab_size);
+        g->tokens[k] = (int)json_integer_value(id);
+        g->logprobs[k] = json_is_number(v) ? (float)json_number_value(v) : NAN;
+    }
+    g->finish = strcmp(finish, "stop") == 0 ? FINISH_STOP : FINISH_LENGTH;
+    return COLT_OK;
+}
+
+int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt, int vocab_size,
+                          long long *weight_updates, char *err) {
+    if (n == 0) return COLT_OK;
+    const SamplingParams *sp = &opt->sampling;
+    if (sp->seed > (uint64_t)INT64_MAX) return errorf(err, "server mode: seed %llu is above 2^63-1",
+                                                      (unsigned long long)sp->seed);
+    json_t *prompts = json_array(), *streams = json_array();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(prompts, ints_json(seqs[i].prompt, seqs[i].prompt_len));
+        json_array_append_new(streams, json_integer((json_int_t)seqs[i].stream));
+    }
+    json_t *q = json_pack("{s:o,s:o,s:i,s:f,s:i,s:f,s:f,s:f,s:I,s:o}", "prompts", prompts, "streams", streams,
+                          "max_tokens", opt->max_new_tokens, "temperature", (double)sp->temperature, "top_k", sp->top_k,
+                          "top_p", (double)sp->top_p, "min_p", (double)sp->min_p, "repetition_penalty",
+                          (double)sp->repetition_penalty, "seed", (json_int_t)sp->seed, "stop_token_ids",
+                          ints_json(opt->stop_ids, opt->n_stop_ids));
+    char *text = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(q);
+    Body b;
+    long status = request(c, "/colt/generate", text, c->timeout_s, &b, err);
+    free(text);
+    int rc = COLT_OK;
+    if (status == 0) rc = error_prefix(err, "server mode: generation (vllm_server_timeout %.0f s)", c->timeout_s);
+    else if (status != 200) rc = answer_error(status, &b, c->url, "/colt/generate", err);
+    json_t *o = rc == 0 ? json_loadb(b.data ? b.data : "", b.len, 0, NULL) : NULL;
+    json_t *list = json_object_get(o, "completions");
+    if (rc == 0 && (!json_is_array(list) || json_array_size(list) != (size_t)n))
+        rc = errorf(err, "colt serve at %s: /colt/generate answered without %d completions", c->url, n);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = read_completion(&seqs[i], json_array_get(list, (size_t)i), i, opt->max_new_tokens, vocab_size, c->url,
+                             err);
+    if (rc == 0 && weight_updates) *weight_updates = json_integer_value(json_object_get(o, "weight_updates"));
+    json_decref(o);
+    free(b.data);
+    return rc;
+}

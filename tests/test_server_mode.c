@@ -1,0 +1,581 @@
+/* test_server_mode.c — `colt train` with vllm_mode server against a `colt
+ * serve` it starts (two processes on the CPU, the weights over the host
+ * channel: Gloo), on the demo config with the real stories260K:
+ * - synchronous server mode equals colocated GRPO: the same completions
+ *   (completions.jsonl byte for byte: every completion of every round), every metric within 1e-6 relative
+ *   (timings, the engine's own memory figures and the server's staleness /
+ *   weight-sync figures aside), byte-identical final weights — both sides
+ *   with deterministic mode on, so the server's sampler and log-probs are the
+ *   in-process engine's;
+ * - async_generation runs, logs staleness 0 then 1 at every later step, keeps
+ *   the loss finite, generates its first round as the synchronous run does,
+ *   and the server counts every push (/metrics);
+ * - bad input: no server (a bounded wait, one line naming host:port), a
+ *   server with another model (weight_sync's fingerprint, one line), server
+ *   mode with tensor_parallel_size 2, async_generation without a server;
+ * - a trainer that never joins the weight channel does not hang the server:
+ *   the open times out, the server logs it and keeps serving;
+ * - the one-command form (server_devices: colt train starts colt serve
+ *   itself) gives the same run again, and leaves no server behind: not after
+ *   a clean end, not after an error, not after the trainer is SIGKILLed.
+ * Every server is killed by PID at the end (and dies with the test). */
+#include <curl/curl.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+#include "harness.h"
+
+#define MODEL COLT_SOURCE_DIR "/models/stories260K"
+#define REL_TOL 1e-6
+
+/* tests/gpu/test_server_mode_gpu.c includes this file with TEST_DEVICE "cuda": the server and the trainer
+ * then share one GPU (the server's KV pool capped at 30% of it), the weights going through the host. */
+#ifndef TEST_DEVICE
+#define TEST_DEVICE "cpu"
+#define SERVE_EXTRA ""
+#define OWN_SERVER_DEVICES "[0]"
+#else
+#define SERVE_EXTRA "--gpu_memory_utilization 0.3"
+#define OWN_SERVER_DEVICES "[0] --devices [0] --vllm_gpu_memory_utilization 0.3" /* one GPU, shared on purpose */
+#endif
+
+/* Small, fast settings on top of the demo config; deterministic on both sides. */
+static const char *BASE =
+    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 --num_eval_prompts 8 "
+    "--logging_steps 1 --log_completions_count 16 --save_total_limit 0 --save_steps 0 --device " TEST_DEVICE
+    " --deterministic true";
+
+/* ---------------------------------------------------------------- processes */
+
+typedef struct Server {
+    pid_t pid;
+    int port;
+    char log[300];
+} Server;
+
+static Server g_servers[3];
+
+static void kill_servers(void) {
+    for (int i = 0; i < 3; i++)
+        if (g_servers[i].pid > 0) {
+            kill(g_servers[i].pid, SIGKILL);
+            waitpid(g_servers[i].pid, NULL, 0);
+            g_servers[i].pid = 0;
+        }
+}
+
+/* Starts `colt serve --model model --port 0 ...`, waits (60 s at most) for its "listening" line. */
+static bool server_start(Server *s, const char *name, const char *model) {
+    snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --device %s %s --deterministic --port 0 > %s 2>&1",
+             COLT_BINARY, model, TEST_DEVICE, SERVE_EXTRA, s->log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    s->pid = pid;
+    double deadline = now_s() + 60;
+    while (now_s() < deadline) {
+        char *text = NULL;
+        size_t len;
+        if (file_read_all(s->log, &text, &len, NULL) != 0) text = NULL;
+        const char *at = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
+        if (at) s->port = atoi(at + strlen("listening on http://127.0.0.1:"));
+        free(text);
+        if (s->port > 0) return true;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            s->pid = 0;
+            break;
+        }
+        usleep(50 * 1000);
+    }
+    CHECK(0, "colt serve --model %s did not start (log %s)", model, s->log);
+    return false;
+}
+
+/* SIGTERM, then (after timeout_s) SIGKILL; returns the exit status, or -1 when it had to be killed. */
+static int server_stop(Server *s, double timeout_s) {
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int status = 0;
+    for (double deadline = now_s() + timeout_s; now_s() < deadline; usleep(20 * 1000))
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = 0;
+    return -1;
+}
+
+/* A TCP port nobody listens on now (the kernel's pick, released). */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* colt train ARGS, bounded by `timeout`; stderr in *err_out. Returns the exit code (124: timed out). */
+static int run_train(const char *args, char **err_out) {
+    char cmd[4096], err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    snprintf(cmd, sizeof cmd, "timeout -s KILL 600 %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
+    int status = system(cmd);
+    size_t len;
+    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    /* under the sanitizers (build-asan), a report from colt train fails the test */
+    CHECK(!strstr(*err_out, "Sanitizer") && !strstr(*err_out, "runtime error:"), "colt train %s: %s", args, *err_out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* The error line colt train ends with: its last "colt train: " line (progress lines go to stderr too). */
+static const char *error_line(const char *err) {
+    const char *line = NULL;
+    for (const char *at = err; at && (at = strstr(at, "colt train: ")); at++)
+        if (at == err || at[-1] == '\n') line = at;
+    return line;
+}
+
+static void expect_error(const char *name, const char *args, const char *needle, double max_seconds) {
+    char *err;
+    double t0 = now_s();
+    int code = run_train(args, &err);
+    double seconds = now_s() - t0;
+    const char *line = error_line(err);
+    CHECK(code != 0 && code < 124, "%s: exit %d", name, code);
+    CHECK(line && count_lines(line) == 1, "%s: not one error line at the end: %s", name, err);
+    CHECK(line && strstr(line, needle) != NULL, "%s: '%s' lacks '%s'", name, err, needle);
+    CHECK(seconds < max_seconds, "%s: took %.1f s, bound %.0f s", name, seconds, max_seconds);
+    printf("  bad input %-28s -> exit %d in %.1f s: %s", name, code, seconds, line ? line : err);
+    free(err);
+}
+
+/* ---------------------------------------------------------------- HTTP (libcurl) */
+
+typedef struct Buf {
+    char *data;
+    size_t len;
+} Buf;
+
+static size_t on_data(char *p, size_t size, size_t n, void *user) {
+    Buf *b = user;
+    b->data = realloc(b->data, b->len + size * n + 1);
+    memcpy(b->data + b->len, p, size * n);
+    b->len += size * n;
+    b->data[b->len] = '\0';
+    return size * n;
+}
+
+/* GET (body NULL) or POST; returns the status (0: no answer), the body in *out (malloc'd). */
+static long http(int port, const char *path, const char *body, char **out) {
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    Buf b = {0};
+    CURL *h = curl_easy_init();
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    if (body) {
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    }
+    long status = 0;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hd);
+    curl_easy_cleanup(h);
+    if (out) *out = b.data ? b.data : strdup("");
+    else free(b.data);
+    return status;
+}
+
+/* The value of a /metrics line "name value", or -1. */
+static double server_metric(int port, const char *name) {
+    char *text = NULL, key[128];
+    http(port, "/metrics", NULL, &text);
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = text ? strstr(text, key) : NULL;
+    double v = at ? atof(at + strlen(key)) : -1;
+    free(text);
+    return v;
+}
+
+/* The pid of the colt serve a colt train started (its "started colt serve (pid N)" line), or 0. */
+/* (not inlined: GCC 12 then sees a false dangling pointer through read_text) */
+__attribute__((noinline)) static pid_t own_server_pid(const char *stderr_text) {
+    const char *at = stderr_text ? strstr(stderr_text, "started colt serve (pid ") : NULL;
+    return at ? (pid_t)atoi(at + strlen("started colt serve (pid ")) : 0;
+}
+
+/* True once pid is gone (waits up to timeout_s; a zombie counts as gone: its parent reaps it). */
+static bool process_gone(pid_t pid, double timeout_s) {
+    double deadline = now_s() + timeout_s;
+    for (;;) {
+        char path[64], *stat = NULL;
+        size_t len;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        bool alive = kill(pid, 0) == 0 || errno != ESRCH;
+        if (alive && file_read_all(path, &stat, &len, NULL) == 0) {
+            const char *state = strrchr(stat, ')');
+            alive = !(state && state[1] == ' ' && state[2] == 'Z');
+            free(stat);
+        }
+        if (!alive) return true;
+        if (now_s() > deadline) return false;
+        usleep(50 * 1000);
+    }
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+static json_t *load_metrics(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    json_t *rows = json_array();
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n"))
+        json_array_append_new(rows, json_loads(line, 0, NULL));
+    free(text);
+    return rows;
+}
+
+/* Figures one mode has and the other cannot: timings, the in-process engine's
+ * memory, the server's staleness and weight-sync figures. */
+static bool mode_specific(const char *key) {
+    return !strcmp(key, "step_time") || !strncmp(key, "time/", 5) || !strncmp(key, "engine/", 7) ||
+           !strncmp(key, "memory/", 7) || !strcmp(key, "staleness") || !strncmp(key, "weight_sync/", 12);
+}
+
+/* Every shared metric of every step within REL_TOL; returns the largest relative difference. */
+static double compare_metrics(json_t *a, json_t *b, int *compared) {
+    double worst = 0;
+    *compared = 0;
+    CHECK(json_array_size(a) == json_array_size(b) && json_array_size(a) > 0, "metrics rows: %zu vs %zu",
+          json_array_size(a), json_array_size(b));
+    for (size_t i = 0; i < json_array_size(a) && i < json_array_size(b); i++) {
+        json_t *ra = json_array_get(a, i), *rb = json_array_get(b, i);
+        const char *key;
+        json_t *vb;
+        json_object_foreach(rb, key, vb) {
+            if (mode_specific(key)) continue;
+            json_t *va = json_object_get(ra, key);
+            CHECK(va != NULL, "step %zu: server mode lacks metric %s", i + 1, key);
+            if (!va || !json_is_number(vb)) continue;
+            double x = json_number_value(va), y = json_number_value(vb);
+            double rel = fabs(x - y) / (1.0 + fabs(y));
+            if (rel > worst) worst = rel;
+            CHECK(rel <= REL_TOL, "step %zu: %s is %.9g in server mode, %.9g colocated", i + 1, key, x, y);
+            (*compared)++;
+        }
+    }
+    return worst;
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_server_mode_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    atexit(kill_servers);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    char args[4096], col_dir[300], srv_dir[300], async_dir[300], *err;
+    snprintf(col_dir, sizeof col_dir, "%s/colocate", g_tmp);
+    snprintf(srv_dir, sizeof srv_dir, "%s/server", g_tmp);
+    snprintf(async_dir, sizeof async_dir, "%s/async", g_tmp);
+
+    Server *srv = &g_servers[0];
+    if (!server_start(srv, "serve", MODEL)) goto done;
+
+    /* 1. synchronous server mode = colocated */
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s", BASE, col_dir);
+    int code = run_train(args, &err);
+    CHECK(code == 0, "colocated run: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --vllm_mode server --vllm_server_port %d "
+                                "--vllm_group_port %d --vllm_server_timeout 60",
+             BASE, srv_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "server-mode run: exit %d: %s", code, err);
+    free(err);
+    json_t *m_col = load_metrics(col_dir), *m_srv = load_metrics(srv_dir);
+    int compared = 0;
+    double worst = compare_metrics(m_srv, m_col, &compared);
+    char *completions = read_text(col_dir, "completions.jsonl");
+    CHECK(count_lines(completions) == 3 * 16, "colocated completions.jsonl has %d lines, want 48",
+          count_lines(completions));
+    free(completions);
+    bool same_completions = same_file(srv_dir, col_dir, "completions.jsonl");
+    bool same_weights = same_file(srv_dir, col_dir, "model.safetensors");
+    printf("sync server mode vs colocated, 3 steps: %d metric values compared, largest relative difference %.3g "
+           "(tolerance %.0e); completions.jsonl %s; model.safetensors %s\n",
+           compared, worst, REL_TOL, same_completions ? "identical" : "DIFFERENT",
+           same_weights ? "identical" : "DIFFERENT");
+    CHECK(compared >= 3 * 10, "only %d metric values compared", compared);
+    CHECK(same_completions, "completions differ between server mode and colocated");
+    CHECK(same_weights, "final weights differ between server mode and colocated");
+    for (size_t i = 0; i < json_array_size(m_srv); i++) {
+        json_t *row = json_array_get(m_srv, i);
+        CHECK(json_number_value(json_object_get(row, "staleness")) == 0 && json_object_get(row, "staleness"),
+              "sync step %zu: staleness is not 0", i + 1);
+        CHECK(json_number_value(json_object_get(row, "time/weight_sync")) > 0, "sync step %zu: no time/weight_sync",
+              i + 1);
+    }
+    double updates = server_metric(srv->port, "colt_weight_updates_total");
+    printf("the server received %.0f weight pushes (the first at connect + 3 steps)\n", updates);
+    CHECK(updates == 4, "colt_weight_updates_total %.0f, want 4", updates);
+
+    /* 2. async_generation: staleness 0 then 1; learns without diverging */
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --vllm_mode server --vllm_server_port %d "
+                                "--vllm_group_port %d --vllm_server_timeout 60 --async_generation true --save_steps 2",
+             BASE, async_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "async run: exit %d: %s", code, err);
+    free(err);
+    json_t *m_async = load_metrics(async_dir);
+    CHECK(json_array_size(m_async) == 4, "async: %zu metrics rows, want 4", json_array_size(m_async));
+    printf("async_generation, 4 steps:");
+    for (size_t i = 0; i < json_array_size(m_async); i++) {
+        json_t *row = json_array_get(m_async, i);
+        double st = json_is_number(json_object_get(row, "staleness")) ? json_number_value(json_object_get(row, "staleness")) : -1;
+        double loss = json_is_number(json_object_get(row, "loss")) ? json_number_value(json_object_get(row, "loss")) : NAN;
+        double lpd = json_number_value(json_object_get(row, "sampling/sampling_logp_difference/mean"));
+        printf(" [step %zu: staleness %.0f, loss %.6g, sampling_logp_difference %.3g]", i + 1, st, loss, lpd);
+        CHECK(st == (i == 0 ? 0 : 1), "async step %zu: staleness %.0f, want %d", i + 1, st, i == 0 ? 0 : 1);
+        CHECK(isfinite(loss), "async step %zu: loss %g", i + 1, loss);
+    }
+    printf("\n");
+    /* The first round is generated with the starting weights in both modes. */
+    json_t *a1 = json_array_get(m_async, 0), *s1 = json_array_get(m_srv, 0);
+    CHECK(a1 && s1 && json_equal(json_object_get(a1, "reward"), json_object_get(s1, "reward")) &&
+              json_equal(json_object_get(a1, "completions/mean_length"), json_object_get(s1, "completions/mean_length")),
+          "async step 1 differs from the synchronous run's step 1");
+    /* A later round was generated one step behind: the trainer's log-probs moved from the server's. */
+    json_t *a4 = json_array_get(m_async, 3);
+    CHECK(a4 && json_number_value(json_object_get(a4, "sampling/sampling_logp_difference/mean")) > 0,
+          "async step 4: sampling_logp_difference is 0, so the round was not stale");
+    updates = server_metric(srv->port, "colt_weight_updates_total");
+    CHECK(updates == 4 + 5, "colt_weight_updates_total %.0f after the async run, want 9", updates);
+    /* Resumed from step 2, an async run takes the same prompts for steps 3-4 (the round that was in flight
+     * when the checkpoint was written is not in it: its prompts are taken again, generated synchronously). */
+    char resumed_dir[300];
+    snprintf(resumed_dir, sizeof resumed_dir, "%s/async-resumed", g_tmp);
+    sh("cp -r %s %s && rm -f %s/completions.jsonl", async_dir, resumed_dir, resumed_dir);
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --resume_from_checkpoint %s/checkpoint-2 "
+                                "--vllm_mode server --vllm_server_port %d --vllm_group_port %d --async_generation true",
+             BASE, resumed_dir, resumed_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "async resume: exit %d: %s", code, err);
+    free(err);
+    char *all = read_text(async_dir, "completions.jsonl"), *later = read_text(resumed_dir, "completions.jsonl");
+    int same_prompts = 0, n_later = 0;
+    json_t *first = json_array();
+    for (char *line = all ? strtok(all, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        if (json_integer_value(json_object_get(o, "step")) >= 3) json_array_append(first, json_object_get(o, "prompt"));
+        json_decref(o);
+    }
+    for (char *line = later ? strtok(later, "\n") : NULL; line; line = strtok(NULL, "\n"), n_later++) {
+        json_t *o = json_loads(line, 0, NULL);
+        same_prompts += json_equal(json_object_get(o, "prompt"), json_array_get(first, (size_t)n_later));
+        json_decref(o);
+    }
+    printf("async resumed from checkpoint-2: %d of %d completions of steps 3-4 have the uninterrupted run's prompts\n",
+           same_prompts, n_later);
+    CHECK(n_later == 32 && same_prompts == n_later && (int)json_array_size(first) == n_later,
+          "async resume: %d of %d prompts as uninterrupted (%zu there)", same_prompts, n_later, json_array_size(first));
+    json_decref(first);
+    free(all), free(later);
+    json_t *m_resumed = load_metrics(resumed_dir);
+    json_t *r3 = json_array_get(m_resumed, 2);
+    CHECK(r3 && json_number_value(json_object_get(r3, "staleness")) == 0 &&
+              json_number_value(json_object_get(json_array_get(m_resumed, 3), "staleness")) == 1,
+          "async resume: staleness of steps 3-4 should be 0 (generated at resume) then 1");
+    json_decref(m_resumed);
+    json_decref(m_col), json_decref(m_srv), json_decref(m_async);
+
+    long st;
+    char *info = NULL;
+    long st0 = http(srv->port, "/colt/info", NULL, &info);
+    CHECK(st0 == 200 && strstr(info, "\"device\":\"" TEST_DEVICE) && strstr(info, "\"deterministic\":true") &&
+              strstr(info, "\"weight_updates\":12") /* 4 + 5 + the resumed run's 3 */,
+          "/colt/info: %ld %s", st0, info);
+    free(info);
+
+    /* 3. a trainer that never joins the channel: the server times out, logs, serves on */
+    st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
+    CHECK(st == 200, "init_weight_sync answered %ld", st);
+    st = http(srv->port, "/colt/init_weight_sync", "{\"port\": 1, \"timeout\": 2}", NULL);
+    CHECK(st == 409, "a second init_weight_sync answered %ld, want 409", st);
+    double t0 = now_s();
+    while (server_metric(srv->port, "colt_weight_sync_failures_total") < 1 && now_s() - t0 < 30) usleep(100 * 1000);
+    double failures = server_metric(srv->port, "colt_weight_sync_failures_total");
+    printf("a trainer that never joins: the server gave up after %.1f s (failures %.0f)\n", now_s() - t0, failures);
+    CHECK(failures == 1, "colt_weight_sync_failures_total %.0f, want 1", failures);
+    char *body = NULL;
+    st = http(srv->port, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}", &body);
+    CHECK(st == 200 && strstr(body, "\"token_ids\""), "generate after the failed channel: %ld %s", st, body);
+    free(body);
+    st = http(srv->port, "/colt/update_weights", "{}", &body);
+    CHECK(st == 409 && strstr(body, "not open"), "update_weights without a channel: %ld %s", st, body);
+    free(body);
+    const char *bad[][2] = {{"{\"prompts\": [[1]], \"streams\": [1, 2]}", "one per prompt"},
+                            {"{\"prompts\": [[99999]], \"streams\": [1]}", "not a token id"},
+                            {"{\"prompts\": [[1]], \"streams\": [4294967296]}", "streams[0]"},
+                            {"{\"prompts\": [[1]], \"streams\": [1], \"temprature\": 1}", "unknown key 'temprature'"},
+                            {"{\"prompts\": [[1]], \"streams\": [1], \"max_tokens\": 100000}", "max_tokens"},
+                            {"not json", "not JSON"}};
+    for (int i = 0; i < 6; i++) {
+        st = http(srv->port, "/colt/generate", bad[i][0], &body);
+        CHECK(st == 400 && strstr(body, bad[i][1]), "bad /colt/generate %s: %ld %s", bad[i][0], st, body);
+        free(body);
+    }
+    CHECK(http(srv->port, "/health", NULL, NULL) == 200, "the server is not healthy after the bad requests");
+
+    /* 4. the one-command form: colt train starts its own colt serve (on the CPU here) */
+    char own_dir[300];
+    snprintf(own_dir, sizeof own_dir, "%s/own", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --server_devices " OWN_SERVER_DEVICES, BASE, own_dir);
+    code = run_train(args, &err);
+    CHECK(code == 0, "server_devices run: exit %d: %s", code, err);
+    pid_t own = own_server_pid(err);
+    free(err);
+    CHECK(own > 0, "server_devices: no 'started colt serve (pid N)' line");
+    CHECK(own > 0 && process_gone(own, 5), "server_devices: colt serve (pid %d) still runs after training", (int)own);
+    char *serve_log = read_text(own_dir, "serve.log");
+    CHECK(serve_log && strstr(serve_log, "weight channel open") && strstr(serve_log, "colt serve: stopped"),
+          "server_devices: serve.log lacks the channel or the stop: %s", serve_log ? serve_log : "(missing)");
+    free(serve_log);
+    json_t *m_own = load_metrics(own_dir);
+    m_col = load_metrics(col_dir);
+    worst = compare_metrics(m_own, m_col, &compared);
+    CHECK(same_file(own_dir, col_dir, "completions.jsonl"), "server_devices: completions differ from colocated");
+    printf("server_devices (colt serve started by colt train, pid %d): %d metric values, largest relative difference "
+           "%.3g; completions %s; the server stopped with the run\n",
+           (int)own, compared, worst, same_file(own_dir, col_dir, "completions.jsonl") ? "identical" : "DIFFERENT");
+    json_decref(m_own), json_decref(m_col);
+    /* an error after the server started: the server is stopped too */
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/own2 --server_devices " OWN_SERVER_DEVICES " --dataset %s/none.jsonl",
+             BASE, g_tmp, g_tmp);
+    code = run_train(args, &err);
+    own = own_server_pid(err);
+    CHECK(code != 0 && own > 0 && process_gone(own, 5), "server_devices + an error: exit %d, server pid %d left: %s",
+          code, (int)own, err);
+    free(err);
+    /* the trainer SIGKILLed mid-run: its server dies with it */
+    char own3[300], pid_file[300], err_file[300];
+    snprintf(own3, sizeof own3, "%s/own3", g_tmp);
+    snprintf(pid_file, sizeof pid_file, "%s/train.pid", g_tmp);
+    snprintf(err_file, sizeof err_file, "%s/own3.err", g_tmp);
+    sh("%s train %s --max_steps 50 --output_dir %s --server_devices " OWN_SERVER_DEVICES " > /dev/null 2> %s & echo $! > %s",
+       COLT_BINARY, BASE, own3, err_file, pid_file);
+    char *pid_text = read_text(g_tmp, "train.pid");
+    pid_t trainer = pid_text ? (pid_t)atoi(pid_text) : 0;
+    free(pid_text);
+    own = 0;
+    for (double t1 = now_s(); trainer > 0 && !own && now_s() - t1 < 60; usleep(50 * 1000)) {
+        char *e = read_text(g_tmp, "own3.err");
+        char *m = read_text(own3, "metrics.jsonl");
+        if (m && count_lines(m) >= 1) own = own_server_pid(e); /* training is under way */
+        free(e), free(m);
+    }
+    CHECK(trainer > 0 && own > 0, "the background trainer did not get to its first step");
+    if (trainer > 0) kill(trainer, SIGKILL);
+    CHECK(own > 0 && process_gone(own, 5), "colt serve (pid %d) outlived its SIGKILLed trainer", (int)own);
+    printf("server_devices: an error after the server started, and a SIGKILLed trainer, leave no server behind\n");
+    if (own > 0 && !process_gone(own, 0)) kill(own, SIGKILL);
+
+    /* the server killed mid-run: the trainer stops within vllm_server_timeout, saying which server failed */
+    Server *srv3 = &g_servers[2];
+    if (server_start(srv3, "serve-killed", MODEL)) {
+        char dir3[300];
+        snprintf(dir3, sizeof dir3, "%s/server-killed", g_tmp);
+        snprintf(err_file, sizeof err_file, "%s/killed.err", g_tmp);
+        sh("%s train %s --max_steps 200 --output_dir %s --vllm_mode server --vllm_server_port %d --vllm_group_port %d "
+           "--vllm_server_timeout 10 > /dev/null 2> %s & echo $! > %s",
+           COLT_BINARY, BASE, dir3, srv3->port, free_port(), err_file, pid_file);
+        pid_text = read_text(g_tmp, "train.pid");
+        trainer = pid_text ? (pid_t)atoi(pid_text) : 0;
+        free(pid_text);
+        bool stepping = false;
+        for (double t1 = now_s(); trainer > 0 && !stepping && now_s() - t1 < 60; usleep(50 * 1000)) {
+            char *m = read_text(dir3, "metrics.jsonl");
+            stepping = m && count_lines(m) >= 1;
+            free(m);
+        }
+        CHECK(stepping, "the trainer against the server to kill did not get to its first step");
+        kill(srv3->pid, SIGKILL);
+        waitpid(srv3->pid, NULL, 0);
+        srv3->pid = 0;
+        double t1 = now_s();
+        bool gone = trainer > 0 && process_gone(trainer, 60);
+        char *e = read_text(g_tmp, "killed.err");
+        const char *line = e ? error_line(e) : NULL;
+        char url[64];
+        snprintf(url, sizeof url, "127.0.0.1:%d", srv3->port);
+        printf("the server SIGKILLed mid-run: the trainer stopped after %.1f s: %s", now_s() - t1, line ? line : "?\n");
+        CHECK(gone, "the trainer still runs 60 s after its server was killed");
+        CHECK(line && strstr(line, url) && count_lines(line) == 1, "the trainer's error does not name %s: %s", url,
+              e ? e : "(none)");
+        free(e);
+        if (trainer > 0 && !gone) kill(trainer, SIGKILL);
+    }
+
+    /* 5. bad input */
+    int closed = free_port();
+    snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/x --vllm_mode server --vllm_server_port %d "
+                                "--vllm_server_timeout 2",
+             BASE, g_tmp, closed);
+    char needle[128];
+    snprintf(needle, sizeof needle, "no colt serve answered at http://127.0.0.1:%d within 2 s", closed);
+    expect_error("no server", args, needle, 30);
+    /* a server with another model: tiny-llama-f32 (another shape) with the demo's tokenizer to serve text */
+    char other[300];
+    snprintf(other, sizeof other, "%s/other-model", g_tmp);
+    sh("mkdir -p %s && cp %s/tests/data/models/tiny-llama-f32/* %s/ && cp %s/tokenizer.json %s/", other,
+       COLT_SOURCE_DIR, other, MODEL, other);
+    Server *srv2 = &g_servers[1];
+    if (server_start(srv2, "serve-other", other)) {
+        snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s/y --vllm_mode server --vllm_server_port %d "
+                                    "--vllm_group_port %d --vllm_server_timeout 30",
+                 BASE, g_tmp, srv2->port, free_port());
+        expect_error("another model on the server", args, "weight sync", 60);
+        CHECK(http(srv2->port, "/health", NULL, NULL) == 200, "the other server stopped serving after the mismatch");
+    }
+    snprintf(args, sizeof args, "%s --vllm_mode server --tensor_parallel_size 2 --output_dir %s/z", BASE, g_tmp);
+    expect_error("server + tensor_parallel_size 2", args, "vllm_mode server needs tensor_parallel_size 1", 30);
+    snprintf(args, sizeof args, "%s --async_generation true --output_dir %s/z", BASE, g_tmp);
+    expect_error("async without a server", args, "async_generation needs vllm_mode server", 30);
+
+done:
+    for (int i = 0; i < 2; i++) { /* a clean stop (the third server is killed on purpose below), and no sanitizer report in the servers' logs either */
+        if (g_servers[i].pid > 0) {
+            int code = server_stop(&g_servers[i], 30);
+            CHECK(code == 0, "colt serve %s exited %d after SIGTERM", g_servers[i].log, code);
+        }
+        char *log = g_servers[i].log[0] ? read_text("/", g_servers[i].log) : NULL;
+        CHECK(!log || (!strstr(log, "Sanitizer") && !strstr(log, "runtime error:")), "%s: %s", g_servers[i].log, log);
+        free(log);
+    }
+    kill_servers();
+    curl_global_cleanup();
+    if (!getenv("KEEP_TMP")) sh("rm -rf %s", g_tmp);
+    printf("test_server_mode: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

@@ -12,6 +12,9 @@
 #include "model/lora.h"
 #include "model/model_train.h"
 
+/* What both sides' layouts must agree on, in this order. */
+enum { FP_BYTES, FP_PARAMS, FP_NAMES, FP_DTYPE, FP_COUNT };
+
 struct WeightSync {
     Comm *comm;
     const Backend *be;
@@ -19,13 +22,11 @@ struct WeightSync {
     int root;           /* the trainer: the last rank */
     size_t bucket_bytes;
     void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
-    void *device_small; /* NCCL: [8] int64 for the fingerprint exchange */
+    void *device_small; /* NCCL: [FP_COUNT + 1] int64 for the fingerprint exchange */
     size_t last_bytes;
     double last_seconds;
 };
 
-/* What both sides' layouts must agree on, in this order. */
-enum { FP_BYTES, FP_PARAMS, FP_NAMES, FP_DTYPE, FP_COUNT };
 static const char *const FP_WHAT[FP_COUNT] = {"weight bytes", "tensor count", "tensor names and sizes",
                                               "storage dtype"};
 
@@ -64,7 +65,8 @@ int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) 
     w->root = opt->world_size - 1;
     w->bucket_bytes = opt->bucket_bytes ? opt->bucket_bytes : WEIGHT_SYNC_BUCKET_BYTES;
     if (w->nccl) {
-        w->device_small = opt->be->alloc_f32(opt->be, 2 * FP_COUNT);
+        /* exchange() sends FP_COUNT + 1 int64s: two f32 slots each */
+        w->device_small = opt->be->alloc_f32(opt->be, 2 * (FP_COUNT + 1));
     } else {
         w->host_bucket = opt->be->alloc_host(opt->be, w->bucket_bytes);
         if (!w->host_bucket) {

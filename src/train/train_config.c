@@ -1435,9 +1435,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
     }
     bool server = strcmp(c->vllm_mode, "server") == 0;
     if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
-    if (server && c->use_peft)
-        return errorf(err, "settings: vllm_mode server with use_peft is not supported yet (the weight channel pushes "
-                           "whole models, not adapters); use vllm_mode colocate");
     if (server && !c->vllm_server_base_url && (!c->vllm_server_host || !c->vllm_server_host[0]))
         return errorf(err, "settings: vllm_mode server needs vllm_server_host (or vllm_server_base_url)");
     static const char *const sync_backends[] = {"auto", "nccl", "gloo", NULL};

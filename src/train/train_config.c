@@ -123,7 +123,8 @@ static const ConfigKey KEYS[] = {
      .notice = "colt always generates with its own in-process engine on the trainer's weights (vLLM is not used)"},
     K(vllm_mode, KEY_STRING,
       "colocate (generation in-process on the trainer's weights) or server (a running colt serve generates; the "
-      "trainer pushes its weights to it after every optimizer step: docs/training.md)"),
+      "trainer pushes its weights to it after every optimizer step, with use_peft the adapters alone: "
+      "docs/training.md)"),
     K(vllm_server_host, KEY_STRING, "vllm_mode server: the colt serve host (ignored when vllm_server_base_url is set)"),
     KI(vllm_server_port, 1, 65535, "vllm_mode server: the colt serve port"),
     K(vllm_server_base_url, KEY_STRING,

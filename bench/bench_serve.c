@@ -4,10 +4,12 @@
  * ({"prompt": text} to /v1/completions, {"chat": text} or {"messages": [...]}
  * to /v1/chat/completions), with libcurl. Prints one JSON line: requests/s,
  * output tokens/s (the server's usage counts), time to first token and
- * request latency p50 / p99, errors. bench/gpu/bench_serve.sh runs it against
+ * request latency p50 / p99, errors. --no_stream asks for whole answers
+ * instead (no time to first token then): the client's own per-event work,
+ * one thread for every stream, is then out of the measurement. bench/gpu/bench_serve.sh runs it against
  * `colt generate` offline on the same prompts.
  * Usage: bench_serve --url http://127.0.0.1:8000 --prompts FILE [--requests R]
- *        [--concurrency C] [--max_tokens N] [--temperature T] [--ignore_eos] [--model NAME] */
+ *        [--concurrency C] [--max_tokens N] [--temperature T] [--ignore_eos] [--no_stream] [--model NAME] */
 #include <curl/curl.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -19,7 +21,7 @@ typedef struct Client {
     CURL *curl;
     char *body;           /* the request */
     char *data;           /* the answer so far */
-    size_t len;
+    size_t len, cap;
     double t_start, t_first;
     int request;          /* index of the request it carries */
 } Client;
@@ -33,7 +35,10 @@ static double now_s(void) {
 static size_t on_data(char *p, size_t size, size_t n, void *ud) {
     Client *c = ud;
     if (c->t_first == 0 && memmem(p, size * n, "data: ", 6)) c->t_first = now_s(); /* the first event: the first token */
-    c->data = realloc(c->data, c->len + size * n + 1);
+    if (c->len + size * n + 1 > c->cap) { /* doubling: a stream's thousands of small events stay linear */
+        c->cap = 2 * (c->len + size * n + 1);
+        c->data = realloc(c->data, c->cap);
+    }
     memcpy(c->data + c->len, p, size * n);
     c->len += size * n;
     c->data[c->len] = '\0';
@@ -52,9 +57,10 @@ static double percentile(double *v, int n, double q) {
     return v[k];
 }
 
-/* The completion tokens of a finished stream (its usage event), or -1 when it did not end well. */
-static long long stream_tokens(const char *data) {
-    if (!data || !strstr(data, "data: [DONE]") || strstr(data, "\"error\"")) return -1;
+/* The completion tokens of a finished answer (a stream's usage event, or the whole
+ * answer's usage), or -1 when it did not end well. */
+static long long answer_tokens(const char *data, int stream) {
+    if (!data || (stream && !strstr(data, "data: [DONE]")) || strstr(data, "\"error\"")) return -1;
     const char *u = strstr(data, "\"usage\":");
     const char *k = u ? strstr(u, "\"completion_tokens\":") : NULL;
     return k ? atoll(k + strlen("\"completion_tokens\":")) : -1;
@@ -64,10 +70,11 @@ int main(int argc, char **argv) {
     const char *url = NULL, *prompts_path = NULL, *model = NULL;
     int requests = 256, concurrency = 32, max_tokens = 256;
     double temperature = 0.0;
-    int ignore_eos = 0;
+    int ignore_eos = 0, stream = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ignore_eos")) ignore_eos = 1;
+        else if (!strcmp(a, "--no_stream")) stream = 0;
         else if (!v) {
             fprintf(stderr, "bench_serve: %s needs a value\n", a);
             return 2;
@@ -85,7 +92,7 @@ int main(int argc, char **argv) {
     }
     if (!url || !prompts_path || requests < 1 || concurrency < 1 || max_tokens < 1) {
         fprintf(stderr, "usage: bench_serve --url URL --prompts FILE [--requests R] [--concurrency C] [--max_tokens N] "
-                        "[--temperature T] [--ignore_eos] [--model NAME]\n");
+                        "[--temperature T] [--ignore_eos] [--no_stream] [--model NAME]\n");
         return 2;
     }
     /* The request bodies, one per prompt line. */
@@ -103,7 +110,8 @@ int main(int argc, char **argv) {
             continue;
         }
         json_t *req = json_pack("{s:i,s:f,s:b,s:b,s:{s:b}}", "max_tokens", max_tokens, "temperature", temperature,
-                                "ignore_eos", ignore_eos, "stream", 1, "stream_options", "include_usage", 1);
+                                "ignore_eos", ignore_eos, "stream", stream, "stream_options", "include_usage", 1);
+        if (!stream) json_object_del(req, "stream_options");
         if (model) json_object_set_new(req, "model", json_string(model));
         const char *path = "/v1/completions";
         json_t *p = json_object_get(o, "prompt"), *chat = json_object_get(o, "chat"), *msgs = json_object_get(o, "messages");
@@ -163,19 +171,19 @@ int main(int argc, char **argv) {
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&cl);
             long status = 0;
             curl_easy_getinfo(cl->curl, CURLINFO_RESPONSE_CODE, &status);
-            long long n = msg->data.result == CURLE_OK && status == 200 ? stream_tokens(cl->data) : -1;
+            long long n = msg->data.result == CURLE_OK && status == 200 ? answer_tokens(cl->data, stream) : -1;
             double t = now_s();
             if (n < 0) {
                 errors++;
             } else {
                 tokens += n;
-                if (cl->t_first > 0) ttft[n_ttft++] = cl->t_first - cl->t_start;
+                if (stream && cl->t_first > 0) ttft[n_ttft++] = cl->t_first - cl->t_start;
             }
             latency[done++] = t - cl->t_start;
             curl_multi_remove_handle(multi, cl->curl);
             free(cl->data);
             cl->data = NULL;
-            cl->len = 0;
+            cl->len = cl->cap = 0;
             cl->t_first = 0;
             if (sent < requests) { /* the client's next request */
                 cl->request = sent++;
@@ -190,10 +198,10 @@ int main(int argc, char **argv) {
         if (done < requests) curl_multi_poll(multi, NULL, 0, 100, NULL);
     }
     double seconds = now_s() - t0;
-    printf("{\"requests\": %d, \"concurrency\": %d, \"errors\": %d, \"seconds\": %.3f, \"requests_per_s\": %.2f, "
+    printf("{\"stream\": %s, \"requests\": %d, \"concurrency\": %d, \"errors\": %d, \"seconds\": %.3f, \"requests_per_s\": %.2f, "
            "\"output_tokens\": %lld, \"output_tokens_per_s\": %.1f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, "
            "\"latency_p50_s\": %.3f, \"latency_p99_s\": %.3f}\n",
-           requests, concurrency, errors, seconds, requests / seconds, tokens, tokens / seconds,
+           stream ? "true" : "false", requests, concurrency, errors, seconds, requests / seconds, tokens, tokens / seconds,
            1e3 * percentile(ttft, n_ttft, 0.5), 1e3 * percentile(ttft, n_ttft, 0.99), percentile(latency, done, 0.5),
            percentile(latency, done, 0.99));
     for (int c = 0; c < concurrency; c++) curl_easy_cleanup(clients[c].curl);

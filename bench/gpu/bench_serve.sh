@@ -5,7 +5,10 @@
 # all), first offline in one `colt generate --prompts` call, then as streamed
 # HTTP requests from bench_serve with C clients in a closed loop, for each C.
 # Prints a markdown table: requests/s, output tokens/s, time to first token and
-# request latency p50 / p99. One server for all rows (after a warm-up round).
+# request latency p50 / p99, streamed and as whole answers (STREAM_MODES), and
+# the server's side of each row from /metrics: time inside engine steps, steps
+# and CUDA-graph steps, the decode steps' token rate. One server for all rows
+# (after a warm-up round).
 # Usage: bash bench/gpu/bench_serve.sh MODEL_DIR PROMPTS_JSONL [concurrency ...]
 #   concurrency defaults to "1 16 64 256"; MAX_TOKENS (256), COLT (build-cuda/colt),
 #   BENCH (build-cuda/bench_serve), COLT_DEVICE (cuda). On the CPU, e.g.:
@@ -46,25 +49,41 @@ done
 url=http://127.0.0.1:$port
 $BENCH --url "$url" --prompts "$prompts" --requests 64 --concurrency 64 --max_tokens 16 --ignore_eos > /dev/null
 
-echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+metrics() { curl -s "$url/metrics" | awk '/^colt_engine_(seconds|steps|graph_steps|decode_seconds|decode_step_tokens)_total /{printf "%s=%s ", $1, $2}'; }
+echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s | engine busy s | engine steps (graph) | engine decode tok/s |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 python3 - "$offline" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
 print(f"| colt generate (offline) | - | {r['sequences']} | {r['generated_tokens']} | {r['seconds']:.2f} | "
-      f"{r['sequences'] / r['seconds']:.2f} | {r['generated_tokens'] / r['seconds']:,.0f} | - | - | - | - |")
+      f"{r['sequences'] / r['seconds']:.2f} | {r['generated_tokens'] / r['seconds']:,.0f} | - | - | - | - | - | - | - |")
 PY
 for c in $levels; do
-  line=$($BENCH --url "$url" --prompts "$prompts" --requests "$n" --concurrency "$c" --max_tokens "$max_tokens" \
-    --ignore_eos)
-  python3 - "$line" <<'PY'
+  for mode in ${STREAM_MODES:-stream no_stream}; do
+    flag=""
+    [ "$mode" = no_stream ] && flag=--no_stream
+    before=$(metrics)
+    line=$($BENCH --url "$url" --prompts "$prompts" --requests "$n" --concurrency "$c" --max_tokens "$max_tokens" \
+      --ignore_eos $flag)
+    after=$(metrics)
+    # The server's side of the same interval: time inside engine steps, steps (of them CUDA-graph replays), and the
+    # pure decode steps' token rate. Engine busy well under the client's seconds: the time went outside the engine.
+    python3 - "$line" "$before" "$after" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
+kv = lambda s: {k: float(v) for k, v in (p.split("=") for p in s.split())}
+b, a = kv(sys.argv[2]), kv(sys.argv[3])
+d = lambda k: a.get("colt_engine_" + k + "_total", 0) - b.get("colt_engine_" + k + "_total", 0)
 err = f" ({r['errors']} errors)" if r["errors"] else ""
-print(f"| colt serve{err} | {r['concurrency']} | {r['requests']} | {r['output_tokens']} | {r['seconds']:.2f} | "
-      f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:,.0f} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
-      f"{r['latency_p50_s']:.3f} | {r['latency_p99_s']:.3f} |")
+mode = "streamed" if r["stream"] else "whole answers"
+dec = d("decode_step_tokens") / d("decode_seconds") if d("decode_seconds") > 0 else 0
+ttft = (f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f}") if r["stream"] else "- | -"
+print(f"| colt serve, {mode}{err} | {r['concurrency']} | {r['requests']} | {r['output_tokens']} | {r['seconds']:.2f} | "
+      f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:,.0f} | {ttft} | "
+      f"{r['latency_p50_s']:.3f} | {r['latency_p99_s']:.3f} | {d('seconds'):.2f} | {d('steps'):.0f} ({d('graph_steps'):.0f}) | "
+      f"{dec:,.0f} |")
 PY
+  done
 done
 echo
 echo "Command: MAX_TOKENS=$max_tokens COLT_DEVICE=$device bash bench/gpu/bench_serve.sh $model $prompts $levels ($n prompts)"

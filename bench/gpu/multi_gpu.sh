@@ -7,7 +7,8 @@
 # exist yet say so. Prints markdown; raw logs stay under $WORK.
 # Usage: bash bench/gpu/multi_gpu.sh TOKENIZER_DIR PROMPTS_JSONL [presets]   (presets: qwen2.5-0.5b qwen2.5-1.5b)
 #   SECTIONS="2 3 4 5" (environment) runs only those sections (default: all; the machine record always).
-#   TP_PRESET (qwen2.5-7b) is section 6's shape.
+#   TP_PRESET (qwen2.5-7b) is section 6's shape. Section 1: PRESETS1 (qwen2.5-1.5b), BATCH_SCALES (1),
+#   STEPS1 (5), EXTRA1 (more colt train arguments for its runs, e.g. "--zero_stage 3" for qwen2.5-7b).
 #   (scripts/pack_device.sh makes the tokenizer and prompts from ../shared/data)
 # The GRPO step is bench/gpu/grpo_bench.yaml's: 16 prompts x 8 completions x 256 tokens per GPU (weak
 # scaling: the global batch grows with the GPUs, per-GPU work stays), random-weight Qwen2.5 shapes.
@@ -55,7 +56,63 @@ if want 1; then
 echo
 echo "## 1. Colocate vs server mode (the write-up's experiments)"
 echo
-echo "Not run: colt's server mode does not exist yet (issue 23)."
+# Colocated: every GPU trains and generates its share. Server mode: colt train starts colt serve on the last GPU
+# (server_devices) and trains on the others, the weights pushed over NCCL after every step; synchronous, then with
+# async_generation (the server generates round k+1 while round k trains). The same global batch in all three:
+# B = 16 N (N-1) j completions (j = round(8 / (N-1)) x BATCH_SCALE: about 128 per GPU at scale 1), micro-batches of
+# 16, one optimizer step per round. Throughput counts every GPU of the machine, the server's included; the
+# write-up's normalisation (server mode's throughput x N/(N-1), as if its generation GPU trained too) is its own column.
+if [ "$gpus" -ge 2 ]; then
+  echo "| model | layout | global batch | s/step | completion tokens/s | per GPU (all $gpus) | x N/(N-1) | generation | weight push | training | colocated / this |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  j0=$(( (8 + (gpus - 1) / 2) / (gpus - 1) ))
+  [ "$j0" -ge 1 ] || j0=1
+  for p in ${PRESETS1:-qwen2.5-1.5b}; do
+    [ -f "$work/$p/config.json" ] || $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null
+    for scale in ${BATCH_SCALES:-1}; do
+      B=$(( 16 * gpus * (gpus - 1) * j0 * scale ))
+      common=(--config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" --device cuda
+              --per_device_train_batch_size 16 --max_steps "${STEPS1:-5}" ${EXTRA1:-})
+      colocated=""
+      for layout in colocate server async; do
+        out="$work/s1-$p-$scale-$layout"
+        if [ "$layout" = colocate ]; then
+          args=(--nproc_per_node "$gpus" --gradient_accumulation_steps $(( B / (16 * gpus) )))
+        else
+          args=(--nproc_per_node $(( gpus - 1 )) --gradient_accumulation_steps $(( B / (16 * (gpus - 1)) ))
+                --vllm_mode server --server_devices "[$(( gpus - 1 ))]")
+          [ "$layout" = async ] && args+=(--async_generation true)
+        fi
+        if $COLT train "${common[@]}" "${args[@]}" --output_dir "$out" > "$out.log" 2>&1; then
+          line=$(python3 - "$out/metrics.jsonl" "$p" "$layout" "$B" "$gpus" "$colocated" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "step_time" in r][1:]  # the first step captures graphs and picks cuBLAS plans
+mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
+B, n, layout = int(sys.argv[4]), int(sys.argv[5]), sys.argv[3]
+tok = mean("completions/mean_length") * B / mean("step_time")
+names = {"colocate": f"colocated on {n}", "server": f"server mode {n-1}+1", "async": f"server mode {n-1}+1, async"}
+norm = f"{tok * n / (n - 1) / n:,.0f}" if layout != "colocate" else "-"
+ratio = f"{float(sys.argv[6]) / mean('step_time'):.2f}" if sys.argv[6] else "1.00"
+print(f"{mean('step_time'):.4f}|| {sys.argv[2]} | {names[layout]} | {B} | {mean('step_time'):.3f} | {tok:,.0f} | "
+      f"{tok / n:,.0f} | {norm} | {mean('time/generation'):.3f} | {mean('time/weight_sync'):.3f} | "
+      f"{mean('time/training'):.3f} | {ratio} |")
+PY
+)
+          [ "$layout" = colocate ] && colocated=${line%%||*}
+          echo "${line#*||}"
+        else
+          echo "| $p | $layout | $B | failed: $(tail -1 "$out.log") |"
+        fi
+      done
+    done
+  done
+  echo
+  echo "colocated / this: the colocated step time over this layout's (above 1: this layout is faster). The write-up's"
+  echo "TRL figures (colocate over server, 8 H100s): 1.43x (1.5B), 1.35x (7B), 1.73x (7B with TP). Server logs: $work/s1-*/serve.log."
+else
+  echo "Not run: one GPU (server mode on its own GPU needs two)."
+fi
 fi
 
 if want 2; then

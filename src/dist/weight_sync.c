@@ -12,19 +12,6 @@
 #include "model/lora.h"
 #include "model/model_train.h"
 
-struct WeightSync {
-    Comm *comm;
-    const Backend *be;
-    bool nccl;          /* buffers are device memory */
-    int root;           /* the trainer: the last rank */
-    size_t bucket_bytes;
-    void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
-    void *device_small; /* NCCL: [8] int64 for the fingerprint exchange */
-    bool weights_sent;  /* the trainer: the weights' arena went over once (the base under LoRA) */
-    size_t last_bytes;
-    double last_seconds;
-};
-
 /* What a push carries (FP_SECTIONS, the trainer's choice): the weights'
  * arena, and the adapters' when LoRA adapters are attached. */
 enum { SECTION_WEIGHTS = 1, SECTION_ADAPTERS = 2 };
@@ -37,6 +24,19 @@ enum { FP_BYTES, FP_PARAMS, FP_NAMES, FP_DTYPE, FP_LORA_BYTES, FP_LORA_NAMES, FP
 static const char *const FP_WHAT[FP_COMPARED] = {
     "weight bytes", "tensor count", "tensor names and sizes", "storage dtype", "LoRA adapter bytes",
     "LoRA adapters (rank, target modules)", "LoRA scaling (lora_alpha, use_rslora)"};
+
+struct WeightSync {
+    Comm *comm;
+    const Backend *be;
+    bool nccl;          /* buffers are device memory */
+    int root;           /* the trainer: the last rank */
+    size_t bucket_bytes;
+    void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
+    void *device_small; /* NCCL: [FP_COUNT + 1] int64 for the fingerprint exchange */
+    bool weights_sent;  /* the trainer: the weights' arena went over once (the base under LoRA) */
+    size_t last_bytes;
+    double last_seconds;
+};
 
 static double now_s(void) {
     struct timespec t;
@@ -73,7 +73,8 @@ int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) 
     w->root = opt->world_size - 1;
     w->bucket_bytes = opt->bucket_bytes ? opt->bucket_bytes : WEIGHT_SYNC_BUCKET_BYTES;
     if (w->nccl) {
-        w->device_small = opt->be->alloc_f32(opt->be, 2 * FP_COUNT);
+        /* exchange() sends FP_COUNT + 1 int64s: two f32 slots each */
+        w->device_small = opt->be->alloc_f32(opt->be, 2 * (FP_COUNT + 1));
     } else {
         w->host_bucket = opt->be->alloc_host(opt->be, w->bucket_bytes);
         if (!w->host_bucket) {

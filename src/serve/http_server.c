@@ -404,6 +404,16 @@ static char *metrics_text(HttpServer *s) {
            "colt_preemptions_total %d\n", st.engine.preemptions);
     METRIC("engine_steps_total", "counter", "Forward calls of the engine.", "colt_engine_steps_total %d\n",
            st.engine.steps);
+    METRIC("engine_graph_steps_total", "counter", "Engine steps replayed from a CUDA graph (pure decode steps).",
+           "colt_engine_graph_steps_total %d\n", st.engine.graph_steps);
+    METRIC("engine_seconds_total", "counter", "Wall time inside engine steps (forward, sampling, bookkeeping).",
+           "colt_engine_seconds_total %.6f\n", st.engine.seconds);
+    METRIC("engine_decode_seconds_total", "counter", "Of it, the pure decode steps (one token per running sequence).",
+           "colt_engine_decode_seconds_total %.6f\n", st.engine.decode_seconds);
+    METRIC("engine_decode_step_tokens_total", "counter", "Tokens sampled in pure decode steps.",
+           "colt_engine_decode_step_tokens_total %lld\n", (long long)st.engine.decode_step_tokens);
+    METRIC("engine_prefill_tokens_total", "counter", "Prompt (and recomputed) tokens run by the engine.",
+           "colt_engine_prefill_tokens_total %lld\n", (long long)st.engine.prefill_tokens);
     METRIC("time_to_first_token_seconds", "summary", "From submission to the first sampled token.",
            "colt_time_to_first_token_seconds_sum %.6f\ncolt_time_to_first_token_seconds_count %lld\n", c.ttft_sum,
            (long long)c.ttft_count);

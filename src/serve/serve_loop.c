@@ -445,8 +445,9 @@ static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
         const Backend *be = model_backend(l->m);
         WeightSyncOptions o = {.host = q->host, .port = q->port, .rank = 0, .world_size = 2, .be = be,
                                .use_nccl = q->use_nccl, .cuda_device = be->device, .timeout_s = q->timeout_s};
-        log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host, q->port,
-                  q->timeout_s);
+        if (rc == 0)
+            log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host,
+                      q->port, q->timeout_s);
         if (rc == 0) rc = weight_sync_open(&l->sync, &o, err);
         if (rc == 0)
             log_info0("colt serve: weight channel open (%s)", comm_kind_name(weight_sync_kind(l->sync)));

@@ -7,6 +7,14 @@
  *   weight-sync figures aside), byte-identical final weights — both sides
  *   with deterministic mode on, so the server's sampler and log-probs are the
  *   in-process engine's;
+ * - LoRA (use_peft) in server mode equals colocated LoRA: the server, started
+ *   from other base weights (the final norm zeroed), attaches the trainer's
+ *   adapters at init_weight_sync and gets the base once with the first push;
+ *   the same completions byte for byte, every metric within 1e-6,
+ *   byte-identical adapter_model.safetensors; every later push is the
+ *   adapters' bytes alone (the trainer's weight_sync/mb and the server's
+ *   colt_weight_update_bytes); async_generation with LoRA runs; the plain
+ *   server-mode run that follows takes the adapters off the server;
  * - async_generation runs, logs staleness 0 then 1 at every later step, keeps
  *   the loss finite, generates its first round as the synchronous run does,
  *   and the server counts every push (/metrics);
@@ -45,9 +53,11 @@
 #define TEST_DEVICE "cpu"
 #define SERVE_EXTRA ""
 #define OWN_SERVER_DEVICES "[0]"
+#define ELEM_BYTES 4 /* the weights' storage: fp32 */
 #else
 #define SERVE_EXTRA "--gpu_memory_utilization 0.3"
 #define OWN_SERVER_DEVICES "[0] --devices [0] --vllm_gpu_memory_utilization 0.3" /* one GPU, shared on purpose */
+#define ELEM_BYTES 2 /* bf16 */
 #endif
 
 /* Small, fast settings on top of the demo config; deterministic on both sides. */
@@ -247,6 +257,35 @@ static bool process_gone(pid_t pid, double timeout_s) {
     }
 }
 
+/* Bytes the adapters of DIR/adapter_model.safetensors take in the model's
+ * arena: each tensor padded to 64 elements (ARENA_ALIGN), elem_bytes each. */
+static double adapter_arena_bytes(const char *dir, int elem_bytes) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    uint64_t n = 0;
+    char *header = NULL;
+    if (f && fread(&n, 8, 1, f) == 1 && n < (1u << 24)) {
+        header = calloc(n + 1, 1);
+        if (fread(header, 1, n, f) != n) header[0] = '\0';
+    }
+    if (f) fclose(f);
+    json_t *h = header ? json_loads(header, 0, NULL) : NULL;
+    free(header);
+    double bytes = 0;
+    const char *key;
+    json_t *t;
+    json_object_foreach(h, key, t) {
+        json_t *shape = json_object_get(t, "shape");
+        if (!shape) continue; /* __metadata__ */
+        size_t numel = 1;
+        for (size_t i = 0; i < json_array_size(shape); i++) numel *= (size_t)json_integer_value(json_array_get(shape, i));
+        bytes += (double)((numel + 63) / 64 * 64) * elem_bytes;
+    }
+    json_decref(h);
+    return bytes;
+}
+
 /* ---------------------------------------------------------------- metrics */
 
 static json_t *load_metrics(const char *dir) {
@@ -300,12 +339,92 @@ int main(void) {
     snprintf(srv_dir, sizeof srv_dir, "%s/server", g_tmp);
     snprintf(async_dir, sizeof async_dir, "%s/async", g_tmp);
 
+    /* The server starts from other base weights: stories260K with its final norm zeroed (the file's last 256
+     * bytes), so its logits are 0 and every sampled token has log-prob -log(512) until a push brings the
+     * trainer's base. */
+    char other_base[300];
+    snprintf(other_base, sizeof other_base, "%s/other-base", g_tmp);
+    sh("mkdir -p %s && cp %s/* %s/ && f=%s/model.safetensors && dd if=/dev/zero of=$f bs=1 count=256 "
+       "seek=$(( $(stat -c %%s $f) - 256 )) conv=notrunc 2>/dev/null",
+       other_base, MODEL, other_base, other_base);
     Server *srv = &g_servers[0];
-    if (!server_start(srv, "serve", MODEL)) goto done;
+    if (!server_start(srv, "serve", other_base)) goto done;
+    char *body = NULL;
+    long st = http(srv->port, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}",
+                   &body);
+    json_t *gen = json_loads(body, 0, NULL), *lps = json_object_get(json_array_get(json_object_get(gen, "completions"), 0), "logprobs");
+    int uniform = 0;
+    for (size_t i = 0; i < json_array_size(lps); i++) uniform += fabs(json_number_value(json_array_get(lps, i)) + log(512.0)) < 1e-3;
+    printf("the server starts from other base weights: %d of 4 sampled tokens at log-prob -log(512)\n", uniform);
+    CHECK(st == 200 && json_array_size(lps) == 4 && uniform == 4, "the zeroed-norm server: %ld %s", st, body);
+    json_decref(gen);
+    free(body);
 
-    /* 1. synchronous server mode = colocated */
-    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s", BASE, col_dir);
+    /* 0. LoRA: server mode = colocated, the adapters alone pushed after the first push */
+    char col_lora[300], srv_lora[300], async_lora[300];
+    snprintf(col_lora, sizeof col_lora, "%s/colocate-lora", g_tmp);
+    snprintf(srv_lora, sizeof srv_lora, "%s/server-lora", g_tmp);
+    snprintf(async_lora, sizeof async_lora, "%s/async-lora", g_tmp);
+    snprintf(args, sizeof args, "%s --use_peft true --max_steps 3 --output_dir %s", BASE, col_lora);
     int code = run_train(args, &err);
+    CHECK(code == 0, "colocated LoRA run: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s --use_peft true --max_steps 3 --output_dir %s --vllm_mode server "
+                                "--vllm_server_port %d --vllm_group_port %d --vllm_server_timeout 60",
+             BASE, srv_lora, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "server-mode LoRA run: exit %d: %s", code, err);
+    const char *first_push = strstr(err, "the first push sent the base weights and the LoRA adapters");
+    CHECK(first_push != NULL, "server-mode LoRA run: no line about the first push: %s", err);
+    if (first_push)
+        printf("LoRA, %.*s", (int)(strchr(first_push, '\n') ? strchr(first_push, '\n') - first_push + 1 : (long)strlen(first_push)),
+               first_push);
+    free(err);
+    json_t *m_col = load_metrics(col_lora), *m_srv = load_metrics(srv_lora);
+    int compared = 0;
+    double worst = compare_metrics(m_srv, m_col, &compared);
+    double adapter_bytes = adapter_arena_bytes(col_lora, ELEM_BYTES), pushed = server_metric(srv->port, "colt_weight_update_bytes");
+    bool same_completions = same_file(srv_lora, col_lora, "completions.jsonl");
+    bool same_adapters = same_file(srv_lora, col_lora, "adapter_model.safetensors");
+    printf("LoRA sync server mode vs colocated, 3 steps: %d metric values compared, largest relative difference %.3g; "
+           "completions.jsonl %s; adapter_model.safetensors %s; each step pushed %.0f bytes (the adapters: %.0f)\n",
+           compared, worst, same_completions ? "identical" : "DIFFERENT", same_adapters ? "identical" : "DIFFERENT",
+           pushed, adapter_bytes);
+    CHECK(compared >= 3 * 10, "LoRA: only %d metric values compared", compared);
+    CHECK(same_completions, "LoRA: completions differ between server mode and colocated");
+    CHECK(same_adapters, "LoRA: final adapters differ between server mode and colocated");
+    CHECK(adapter_bytes > 0 && pushed == adapter_bytes, "LoRA: the server's last push was %.0f bytes, the adapters are %.0f",
+          pushed, adapter_bytes);
+    for (size_t i = 0; i < json_array_size(m_srv); i++) {
+        double mb = json_number_value(json_object_get(json_array_get(m_srv, i), "weight_sync/mb"));
+        CHECK(fabs(mb * 1e6 - adapter_bytes) < 1, "LoRA step %zu: weight_sync/mb %.6f, the adapters are %.0f bytes",
+              i + 1, mb, adapter_bytes);
+    }
+    json_decref(m_col), json_decref(m_srv);
+    snprintf(args, sizeof args, "%s --use_peft true --max_steps 3 --output_dir %s --vllm_mode server "
+                                "--vllm_server_port %d --vllm_group_port %d --vllm_server_timeout 60 --async_generation true",
+             BASE, async_lora, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "async LoRA run: exit %d: %s", code, err);
+    free(err);
+    json_t *m_alora = load_metrics(async_lora);
+    CHECK(json_array_size(m_alora) == 3, "async LoRA: %zu metrics rows, want 3", json_array_size(m_alora));
+    printf("async_generation with LoRA, 3 steps:");
+    for (size_t i = 0; i < json_array_size(m_alora); i++) {
+        json_t *row = json_array_get(m_alora, i);
+        double stale = json_number_value(json_object_get(row, "staleness")), loss = json_number_value(json_object_get(row, "loss"));
+        printf(" [step %zu: staleness %.0f, loss %.6g]", i + 1, stale, loss);
+        CHECK(json_object_get(row, "staleness") && stale == (i == 0 ? 0 : 1), "async LoRA step %zu: staleness %.0f",
+              i + 1, stale);
+        CHECK(json_is_number(json_object_get(row, "loss")) && isfinite(loss), "async LoRA step %zu: loss", i + 1);
+    }
+    printf("\n");
+    json_decref(m_alora);
+    const int lora_pushes = 4 + 4; /* each run: the first push + one per step */
+
+    /* 1. synchronous server mode = colocated (the server had the LoRA runs' adapters: they come off) */
+    snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s", BASE, col_dir);
+    code = run_train(args, &err);
     CHECK(code == 0, "colocated run: exit %d: %s", code, err);
     free(err);
     snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --vllm_mode server --vllm_server_port %d "
@@ -314,14 +433,13 @@ int main(void) {
     code = run_train(args, &err);
     CHECK(code == 0, "server-mode run: exit %d: %s", code, err);
     free(err);
-    json_t *m_col = load_metrics(col_dir), *m_srv = load_metrics(srv_dir);
-    int compared = 0;
-    double worst = compare_metrics(m_srv, m_col, &compared);
+    m_col = load_metrics(col_dir), m_srv = load_metrics(srv_dir);
+    worst = compare_metrics(m_srv, m_col, &compared);
     char *completions = read_text(col_dir, "completions.jsonl");
     CHECK(count_lines(completions) == 3 * 16, "colocated completions.jsonl has %d lines, want 48",
           count_lines(completions));
     free(completions);
-    bool same_completions = same_file(srv_dir, col_dir, "completions.jsonl");
+    same_completions = same_file(srv_dir, col_dir, "completions.jsonl");
     bool same_weights = same_file(srv_dir, col_dir, "model.safetensors");
     printf("sync server mode vs colocated, 3 steps: %d metric values compared, largest relative difference %.3g "
            "(tolerance %.0e); completions.jsonl %s; model.safetensors %s\n",
@@ -338,8 +456,13 @@ int main(void) {
               i + 1);
     }
     double updates = server_metric(srv->port, "colt_weight_updates_total");
-    printf("the server received %.0f weight pushes (the first at connect + 3 steps)\n", updates);
-    CHECK(updates == 4, "colt_weight_updates_total %.0f, want 4", updates);
+    printf("the server received %.0f weight pushes (the LoRA runs' %d, then the first at connect + 3 steps)\n", updates,
+           lora_pushes);
+    CHECK(updates == lora_pushes + 4, "colt_weight_updates_total %.0f, want %d", updates, lora_pushes + 4);
+    char *lora_log = read_text("/", srv->log);
+    CHECK(lora_log && strstr(lora_log, "LoRA adapters attached (r 16") && strstr(lora_log, "LoRA adapters (r 16) taken off"),
+          "the server's log lacks the LoRA attach or detach: %s", lora_log ? lora_log : "(missing)");
+    free(lora_log);
 
     /* 2. async_generation: staleness 0 then 1; learns without diverging */
     snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --vllm_mode server --vllm_server_port %d "
@@ -371,7 +494,8 @@ int main(void) {
     CHECK(a4 && json_number_value(json_object_get(a4, "sampling/sampling_logp_difference/mean")) > 0,
           "async step 4: sampling_logp_difference is 0, so the round was not stale");
     updates = server_metric(srv->port, "colt_weight_updates_total");
-    CHECK(updates == 4 + 5, "colt_weight_updates_total %.0f after the async run, want 9", updates);
+    CHECK(updates == lora_pushes + 4 + 5, "colt_weight_updates_total %.0f after the async run, want %d", updates,
+          lora_pushes + 9);
     /* Resumed from step 2, an async run takes the same prompts for steps 3-4 (the round that was in flight
      * when the checkpoint was written is not in it: its prompts are taken again, generated synchronously). */
     char resumed_dir[300];
@@ -410,11 +534,10 @@ int main(void) {
     json_decref(m_resumed);
     json_decref(m_col), json_decref(m_srv), json_decref(m_async);
 
-    long st;
     char *info = NULL;
     long st0 = http(srv->port, "/colt/info", NULL, &info);
     CHECK(st0 == 200 && strstr(info, "\"device\":\"" TEST_DEVICE) && strstr(info, "\"deterministic\":true") &&
-              strstr(info, "\"weight_updates\":12") /* 4 + 5 + the resumed run's 3 */,
+              strstr(info, "\"weight_updates\":20") /* the LoRA runs' 8 + 4 + 5 + the resumed run's 3 */,
           "/colt/info: %ld %s", st0, info);
     free(info);
 
@@ -428,13 +551,26 @@ int main(void) {
     double failures = server_metric(srv->port, "colt_weight_sync_failures_total");
     printf("a trainer that never joins: the server gave up after %.1f s (failures %.0f)\n", now_s() - t0, failures);
     CHECK(failures == 1, "colt_weight_sync_failures_total %.0f, want 1", failures);
-    char *body = NULL;
     st = http(srv->port, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}", &body);
     CHECK(st == 200 && strstr(body, "\"token_ids\""), "generate after the failed channel: %ld %s", st, body);
     free(body);
     st = http(srv->port, "/colt/update_weights", "{}", &body);
     CHECK(st == 409 && strstr(body, "not open"), "update_weights without a channel: %ld %s", st, body);
     free(body);
+    const char *bad_lora[][2] = {
+        {"{\"port\": 1, \"lora\": {\"r\": 0, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}}", "'r' must be"},
+        {"{\"port\": 1, \"lora\": {\"r\": 4096, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}}",
+         "LoRA rank r = 4096 must be in 1..32"},
+        {"{\"port\": 1, \"lora\": {\"r\": 4, \"lora_alpha\": 16, \"target_modules\": [\"lm_head\"]}}",
+         "target_modules[0] is not a layer colt adapts"},
+        {"{\"port\": 1, \"lora\": {\"r\": 4, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], \"use_dora\": true}}",
+         "unknown key 'use_dora'"},
+        {"{\"port\": 1, \"lora\": 8}", "'lora' must be an object"}};
+    for (int i = 0; i < 5; i++) {
+        st = http(srv->port, "/colt/init_weight_sync", bad_lora[i][0], &body);
+        CHECK(st == 400 && strstr(body, bad_lora[i][1]), "bad init_weight_sync %s: %ld %s", bad_lora[i][0], st, body);
+        free(body);
+    }
     const char *bad[][2] = {{"{\"prompts\": [[1]], \"streams\": [1, 2]}", "one per prompt"},
                             {"{\"prompts\": [[99999]], \"streams\": [1]}", "not a token id"},
                             {"{\"prompts\": [[1]], \"streams\": [4294967296]}", "streams[0]"},

@@ -1143,7 +1143,7 @@ static void test_server_mode_settings(void) {
         {"vllm_mode: server\nvllm_server_host: 10.0.0.7\nvllm_server_port: 8001\nvllm_group_port: 51217\n"
          "vllm_server_timeout: 30\n", NULL},
         {"vllm_mode: server\nasync_generation: true\ngradient_accumulation_steps: 2\n", NULL},
-        {"vllm_mode: server\nuse_peft: true\n", "vllm_mode server with use_peft is not supported"},
+        {"vllm_mode: server\nuse_peft: true\nasync_generation: true\n", NULL}, /* the adapters alone are pushed */
         {"vllm_mode: server\ntensor_parallel_size: 2\n", "vllm_mode server needs tensor_parallel_size 1, not 2"},
         {"async_generation: true\n", "async_generation needs vllm_mode server"},
         {"vllm_mode: server\nasync_generation: true\nsteps_per_generation: 2\n",

@@ -6,7 +6,13 @@
  *   push of other weights replaces them (no stale weights);
  * - a server holding another shape: every member fails with one line naming
  *   what differs, none hangs;
- * - a trainer that never comes: the servers fail within the timeout.
+ * - a trainer that never comes: the servers fail within the timeout;
+ * - LoRA adapters attached on every side (the servers from other base
+ *   weights): the first push carries the base and the adapters, the second
+ *   the adapters alone (their arena's bytes); each server ends with the
+ *   trainer's base and adapters byte for byte and its logits;
+ * - a server rank whose adapters have another lora_alpha: every member fails
+ *   with one line naming the LoRA scaling.
  * `test_weight_sync cuda` runs the same on the CUDA backend (processes sharing
  * GPU 0: the host path, as a server and a trainer on one device do). */
 #include <math.h>
@@ -23,8 +29,10 @@
 #include <sys/socket.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "dist/weight_sync.h"
 #include "harness.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
 
@@ -79,13 +87,126 @@ static char *weight_bytes(const Model *m, size_t *bytes) {
     return host;
 }
 
-enum { RUN_PUSH, RUN_MISMATCH, RUN_NO_TRAINER };
+/* The raw bytes of m's base weights (host copy), adapters attached or not. */
+static char *base_bytes(const Model *m, size_t *bytes) {
+    size_t numel = 0;
+    void *flat = model_weights_flat(m, &numel);
+    const Backend *be = model_backend(m);
+    *bytes = numel * dtype_size(be->storage);
+    char *host = malloc(*bytes);
+    be->copy_to_host(be, host, flat, *bytes);
+    return host;
+}
+
+enum { RUN_PUSH, RUN_MISMATCH, RUN_NO_TRAINER, RUN_LORA, RUN_LORA_MISMATCH };
 
 /* A member's end: _exit skips stdio's buffers, so flush them first. */
 static void finish(int status) {
     fflush(stdout);
     fflush(stderr);
     _exit(status);
+}
+
+static const LoraConfig LORA = {.r = 4, .alpha = 8, .targets = (1u << LORA_Q) | (1u << LORA_V) | (1u << LORA_DOWN)};
+
+/* Adapters with values of seed (B non-zero too, so they change the logits). */
+static void fill_adapters(Model *m, uint64_t seed) {
+    const Backend *be = model_backend(m);
+    for (int i = 0; i < model_param_count(m); i++) {
+        ModelParam p = model_param(m, i);
+        float *host = malloc(sizeof(float) * p.numel);
+        for (size_t j = 0; j < p.numel; j++) host[j] = 0.2f * (rng_uniform(seed, (uint64_t)i, j) - 0.5f);
+        be->upload(be, p.data, host, p.numel);
+        free(host);
+    }
+}
+
+/* The trainer's model at push k of the LoRA run: base of seed 1, adapters of seed 10 + k. */
+static Model *lora_model(const ModelConfig *cfg, uint64_t base_seed, const LoraConfig *lc, uint64_t adapter_seed,
+                         const Backend *be) {
+    char err[ERR_LEN];
+    Model *m = NULL;
+    if (model_create_random(&m, cfg, base_seed, be, err) != 0 || model_lora_attach(m, lc, 0, err) != 0) {
+        fprintf(stderr, "lora model: %s\n", err);
+        finish(2);
+    }
+    fill_adapters(m, adapter_seed);
+    return m;
+}
+
+/* A LoRA member: two pushes (RUN_LORA), or a server rank with another lora_alpha (RUN_LORA_MISMATCH). */
+static void member_lora(int rank, int world, int port, int run, const Backend *be) {
+    char err[ERR_LEN] = "";
+    bool trainer = rank == world - 1;
+    ModelConfig cfg = small_config(128);
+    LoraConfig lc = LORA;
+    if (run == RUN_LORA_MISMATCH && rank == 1) lc.alpha = 16;
+    /* the servers start from other base weights and other adapters */
+    Model *m = lora_model(&cfg, trainer ? 1 : 100 + (uint64_t)rank, &lc, trainer ? 10 : 50, be);
+    WeightSyncOptions o = {.host = "127.0.0.1", .port = port, .rank = rank, .world_size = world, .be = be,
+                           .timeout_s = 60.0, .bucket_bytes = 4096};
+    WeightSync *w = NULL;
+    if (weight_sync_open(&w, &o, err) != 0) {
+        fprintf(stderr, "rank %d: open: %s\n", rank, err);
+        finish(2);
+    }
+    if (run == RUN_LORA_MISMATCH) {
+        int rc = trainer ? weight_sync_send(w, m, err) : weight_sync_recv(w, m, err);
+        printf("  LoRA mismatch, rank %d: %s\n", rank, err);
+        bool want = rank == 1 ? strstr(err, "the trainer's model has other LoRA scaling (lora_alpha, use_rslora) than "
+                                            "this server's") != NULL
+                              : strstr(err, "1 server rank holds a model of other LoRA scaling") != NULL;
+        finish(rc != 0 && want && !strchr(err, '\n') ? 0 : 1);
+    }
+    int failures = 0;
+    for (int push = 0; push < 2; push++) {
+        Model *ref = lora_model(&cfg, 1, &lc, 10 + (uint64_t)push, be); /* what the trainer holds at this push */
+        if (trainer && push == 1) fill_adapters(m, 11);
+        uint64_t version = model_weights_version(m);
+        int rc = trainer ? weight_sync_send(w, m, err) : weight_sync_recv(w, m, err);
+        if (rc != 0) {
+            fprintf(stderr, "rank %d: LoRA push %d: %s\n", rank, push, err);
+            finish(2);
+        }
+        size_t bytes = 0, base = 0, adapters = model_lora_bytes(m);
+        double secs = 0;
+        weight_sync_last(w, &bytes, &secs);
+        free(base_bytes(m, &base));
+        size_t want_bytes = push == 0 ? base + adapters : adapters; /* the base once, then the adapters alone */
+        if (bytes != want_bytes) {
+            fprintf(stderr, "rank %d: LoRA push %d moved %zu bytes, want %zu\n", rank, push, bytes, want_bytes);
+            failures++;
+        }
+        if (trainer) {
+            printf("  LoRA push %d: %zu bytes (%s; the adapters are %zu, the base %zu)\n", push, bytes,
+                   push == 0 ? "base + adapters" : "adapters alone", adapters, base);
+        } else {
+            if (model_weights_version(m) == version) {
+                fprintf(stderr, "rank %d: LoRA push %d: the weights version did not move\n", rank, push);
+                failures++;
+            }
+            size_t nb, nr, ab, ar;
+            char *got = base_bytes(m, &nb), *want = base_bytes(ref, &nr);
+            char *got_a = weight_bytes(m, &ab), *want_a = weight_bytes(ref, &ar); /* model_params_flat: the adapters */
+            float *lg = logits_of(m), *lr = logits_of(ref);
+            bool same_base = nb == nr && !memcmp(got, want, nb), same_adapters = ab == ar && !memcmp(got_a, want_a, ab);
+            bool same_logits = lg && lr && !memcmp(lg, lr, sizeof(float) * 6 * (size_t)cfg.vocab_size);
+            if (!same_base || !same_adapters || !same_logits) {
+                fprintf(stderr, "rank %d: LoRA push %d: base, adapters or logits differ from the trainer's\n", rank,
+                        push);
+                failures++;
+            }
+            printf("  LoRA push %d, server rank %d: base %s, adapters (%zu bytes) %s, logits %s\n", push, rank,
+                   same_base ? "identical" : "DIFFERENT", ab, same_adapters ? "identical" : "DIFFERENT",
+                   same_logits ? "identical" : "differ");
+            free(got), free(want), free(got_a), free(want_a), free(lg), free(lr);
+        }
+        model_free(ref);
+        fflush(stdout);
+    }
+    weight_sync_close(w);
+    model_free(m);
+    finish(failures ? 1 : 0);
 }
 
 /* One member; exits 0 when it saw what it should. */
@@ -97,6 +218,7 @@ static void member(int rank, int world, int port, int run) {
         fprintf(stderr, "rank %d: %s\n", rank, err);
         finish(2);
     }
+    if (run == RUN_LORA || run == RUN_LORA_MISMATCH) member_lora(rank, world, port, run, be);
     if (run == RUN_NO_TRAINER && trainer) {
         sleep(30); /* never joins; the parent kills it */
         finish(0);
@@ -230,6 +352,10 @@ int main(int argc, char **argv) {
     CHECK(run_group(3, RUN_PUSH, 120, "2 server ranks + trainer, two pushes") == 3, "push: a member failed");
     CHECK(run_group(3, RUN_MISMATCH, 60, "server rank 1 holds another shape") == 3, "mismatch: a member did not fail as it should");
     CHECK(run_group(3, RUN_NO_TRAINER, 30, "the trainer never joins (timeout 3 s)") == 2, "no trainer: a server did not time out");
+    CHECK(run_group(3, RUN_LORA, 120, "LoRA: 2 server ranks + trainer, base once then adapters") == 3,
+          "LoRA push: a member failed");
+    CHECK(run_group(3, RUN_LORA_MISMATCH, 60, "LoRA: server rank 1 has another lora_alpha") == 3,
+          "LoRA mismatch: a member did not fail as it should");
     printf("test_weight_sync%s: %d checks, %d failures\n", g_cuda ? " cuda" : "", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -12,8 +12,18 @@
 #include "model/lora.h"
 #include "model/model_train.h"
 
-/* What both sides' layouts must agree on, in this order. */
-enum { FP_BYTES, FP_PARAMS, FP_NAMES, FP_DTYPE, FP_COUNT };
+/* What a push carries (FP_SECTIONS, the trainer's choice): the weights'
+ * arena, and the adapters' when LoRA adapters are attached. */
+enum { SECTION_WEIGHTS = 1, SECTION_ADAPTERS = 2 };
+
+/* What both sides' layouts must agree on, in this order (FP_SECTIONS aside:
+ * only the trainer's counts, it tells the servers what follows). The LoRA
+ * fields are 0 without adapters. */
+enum { FP_BYTES, FP_PARAMS, FP_NAMES, FP_DTYPE, FP_LORA_BYTES, FP_LORA_NAMES, FP_LORA_SCALING, FP_SECTIONS, FP_COUNT };
+#define FP_COMPARED FP_SECTIONS
+static const char *const FP_WHAT[FP_COMPARED] = {
+    "weight bytes", "tensor count", "tensor names and sizes", "storage dtype", "LoRA adapter bytes",
+    "LoRA adapters (rank, target modules)", "LoRA scaling (lora_alpha, use_rslora)"};
 
 struct WeightSync {
     Comm *comm;
@@ -23,12 +33,10 @@ struct WeightSync {
     size_t bucket_bytes;
     void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
     void *device_small; /* NCCL: [FP_COUNT + 1] int64 for the fingerprint exchange */
+    bool weights_sent;  /* the trainer: the weights' arena went over once (the base under LoRA) */
     size_t last_bytes;
     double last_seconds;
 };
-
-static const char *const FP_WHAT[FP_COUNT] = {"weight bytes", "tensor count", "tensor names and sizes",
-                                              "storage dtype"};
 
 static double now_s(void) {
     struct timespec t;
@@ -79,28 +87,40 @@ int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) 
     return COLT_OK;
 }
 
-/* The layout's fingerprint (FP_*): a whole model's weights arena. */
+/* FNV-1a over tensors' names and sizes (kept positive: it travels as an int64). */
+static int64_t hash_tensors(const Model *m, int count, ModelParam (*get)(const Model *, int)) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < count; i++) {
+        ModelParam p = get(m, i);
+        for (const char *c = p.name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        h = (h ^ (uint64_t)p.numel) * 1099511628211ull;
+    }
+    return (int64_t)(h >> 1);
+}
+
+/* The layout's fingerprint (FP_*): a whole model's weights arena, and its
+ * adapters' when attached. */
 static int fingerprint(const Model *m, int64_t fp[FP_COUNT], char *err) {
     if (model_tp_size(m) > 1)
         return errorf(err, "weight sync: a tensor-parallel part (tensor_parallel_size %d) cannot be sent or received "
                            "yet; the server and the trainer each need the whole model",
                       model_tp_size(m));
-    if (model_has_lora(m))
-        return errorf(err, "weight sync: the model has LoRA adapters attached; merge them first (merge_lora)");
     size_t numel = 0;
-    if (!model_params_flat(m, &numel))
+    if (!model_weights_flat(m, &numel))
         return errorf(err, "weight sync: the weights are partitioned (zero_stage 3); gather them first");
     const Backend *be = model_backend(m);
-    uint64_t h = 1469598103934665603ull; /* FNV-1a over names and sizes */
-    for (int i = 0; i < model_param_count(m); i++) {
-        ModelParam p = model_param(m, i);
-        for (const char *c = p.name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
-        h = (h ^ (uint64_t)p.numel) * 1099511628211ull;
-    }
     fp[FP_BYTES] = (int64_t)(numel * dtype_size(be->storage));
-    fp[FP_PARAMS] = model_param_count(m);
-    fp[FP_NAMES] = (int64_t)(h >> 1); /* kept positive: it travels as an int64 */
+    fp[FP_PARAMS] = model_weight_count(m);
+    fp[FP_NAMES] = hash_tensors(m, model_weight_count(m), model_weight);
     fp[FP_DTYPE] = be->storage;
+    if (model_has_lora(m)) {
+        float scaling = lora_scaling(model_lora_config(m));
+        uint32_t bits;
+        memcpy(&bits, &scaling, sizeof bits);
+        fp[FP_LORA_BYTES] = (int64_t)model_lora_bytes(m);
+        fp[FP_LORA_NAMES] = hash_tensors(m, model_param_count(m), model_param); /* the adapters, while attached */
+        fp[FP_LORA_SCALING] = bits;
+    }
     return COLT_OK;
 }
 
@@ -119,31 +139,49 @@ static int exchange(WeightSync *w, int64_t *vals, size_t n, bool sum, char *err)
     return rc;
 }
 
+/* A fingerprint field as a message shows it: the scaling as the number it is. */
+static void field_text(char *out, size_t size, int k, int64_t v) {
+    if (k == FP_LORA_SCALING && v != 0) {
+        uint32_t bits = (uint32_t)v;
+        float scaling;
+        memcpy(&scaling, &bits, sizeof scaling);
+        snprintf(out, size, "%g", (double)scaling);
+    } else {
+        snprintf(out, size, "%lld", (long long)v);
+    }
+}
+
 /* Every member learns whether the layouts agree: the trainer's fingerprint
  * goes out, each server rank counts the fields it disagrees on, the counts
  * are summed. A member whose own model is unusable (mine_ok false) counts as
- * disagreeing on everything, so the others fail too instead of waiting. */
-static int agree(WeightSync *w, const int64_t mine[FP_COUNT], bool mine_ok, char *err) {
+ * disagreeing on everything, so the others fail too instead of waiting.
+ * *sections: what the trainer's push carries (SECTION_*). */
+static int agree(WeightSync *w, const int64_t mine[FP_COUNT], bool mine_ok, int64_t *sections, char *err) {
     int64_t theirs[FP_COUNT + 1] = {0};
     memcpy(theirs, mine, sizeof(int64_t) * FP_COUNT);
     theirs[FP_COUNT] = mine_ok;
     char own_err[ERR_LEN];
     if (exchange(w, theirs, FP_COUNT + 1, false, own_err) != 0) return errorf(err, "%s", own_err);
+    *sections = theirs[FP_SECTIONS];
     int64_t differ[FP_COUNT + 1] = {0};
     bool root = comm_rank(w->comm) == w->root;
-    for (int k = 0; k < FP_COUNT && !root; k++) differ[k] = !mine_ok || !theirs[FP_COUNT] || mine[k] != theirs[k];
+    for (int k = 0; k < FP_COMPARED && !root; k++) differ[k] = !mine_ok || !theirs[FP_COUNT] || mine[k] != theirs[k];
     differ[FP_COUNT] = !mine_ok; /* members that failed on their own */
     if (exchange(w, differ, FP_COUNT + 1, true, own_err) != 0) return errorf(err, "%s", own_err);
     if (!mine_ok) return COLT_ERR; /* err already says why */
     if (!theirs[FP_COUNT]) return errorf(err, "weight sync: the trainer could not send its weights (see its message)");
-    for (int k = 0; k < FP_COUNT && !root; k++)
-        if (mine[k] != theirs[k])
-            return errorf(err, "weight sync: the trainer's model has other %s than this server's (%lld against %lld)",
-                          FP_WHAT[k], (long long)theirs[k], (long long)mine[k]);
+    for (int k = 0; k < FP_COMPARED && !root; k++)
+        if (mine[k] != theirs[k]) {
+            char a[40], b[40];
+            field_text(a, sizeof a, k, theirs[k]);
+            field_text(b, sizeof b, k, mine[k]);
+            return errorf(err, "weight sync: the trainer's model has other %s than this server's (%s against %s)",
+                          FP_WHAT[k], a, b);
+        }
     if (differ[FP_COUNT] > 0)
         return errorf(err, "weight sync: %lld member%s of the group could not take part (see their messages)",
                       (long long)differ[FP_COUNT], differ[FP_COUNT] == 1 ? "" : "s");
-    for (int k = 0; k < FP_COUNT; k++)
+    for (int k = 0; k < FP_COMPARED; k++)
         if (differ[k] > 0)
             return errorf(err, "weight sync: %lld server rank%s hold%s a model of other %s than the trainer's",
                           (long long)differ[k], differ[k] == 1 ? "" : "s", differ[k] == 1 ? "s" : "", FP_WHAT[k]);
@@ -168,6 +206,10 @@ static int broadcast_arena(WeightSync *w, void *arena, size_t bytes, char *err) 
     return w->nccl ? comm_wait(w->comm, stream, err) : COLT_OK;
 }
 
+/* The trainer sends the weights' arena at its first push over the channel
+ * and whenever no adapters are attached (then they are what trains), the
+ * adapters' whenever they are: with LoRA every later push is the adapters
+ * alone, the base being frozen. The servers learn which from FP_SECTIONS. */
 static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
     if ((comm_rank(w->comm) == w->root) != sending)
         return errorf(err, "weight sync: rank %d %s, but the trainer (rank %d) sends and the server's ranks receive",
@@ -175,11 +217,22 @@ static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
     double t0 = now_s();
     int64_t fp[FP_COUNT] = {0};
     bool ok = fingerprint(m, fp, err) == 0;
-    if (agree(w, fp, ok, err) != 0) return COLT_ERR;
-    size_t numel = 0;
-    void *arena = model_params_flat(m, &numel);
-    if (broadcast_arena(w, arena, (size_t)fp[FP_BYTES], err) != 0) return COLT_ERR;
-    w->last_bytes = (size_t)fp[FP_BYTES];
+    if (sending && ok)
+        fp[FP_SECTIONS] = (!w->weights_sent || !model_has_lora(m) ? SECTION_WEIGHTS : 0) |
+                          (model_has_lora(m) ? SECTION_ADAPTERS : 0);
+    int64_t sections = 0;
+    if (agree(w, fp, ok, &sections, err) != 0) return COLT_ERR;
+    size_t numel = 0, bytes = 0;
+    if (sections & SECTION_WEIGHTS) {
+        if (broadcast_arena(w, model_weights_flat(m, &numel), (size_t)fp[FP_BYTES], err) != 0) return COLT_ERR;
+        bytes += (size_t)fp[FP_BYTES];
+        w->weights_sent = true;
+    }
+    if (sections & SECTION_ADAPTERS) {
+        if (broadcast_arena(w, model_params_flat(m, &numel), (size_t)fp[FP_LORA_BYTES], err) != 0) return COLT_ERR;
+        bytes += (size_t)fp[FP_LORA_BYTES];
+    }
+    w->last_bytes = bytes;
     w->last_seconds = now_s() - t0;
     return COLT_OK;
 }

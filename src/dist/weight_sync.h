@@ -12,10 +12,14 @@
  * What goes over: the model's weights as laid out in its arena (every tensor,
  * padding included), bucket by bucket, so a push is a handful of large
  * broadcasts instead of one per tensor (TRL's per-parameter sync was its main
- * cost, trl#5249). Both sides must hold the same layout — same config, same
- * storage dtype, whole models (no tensor-parallel parts, no attached
- * adapters): the first thing each push sends is the layout's fingerprint, and
- * a mismatch fails on every member with one line saying what differs. */
+ * cost, trl#5249). With LoRA adapters attached (lora.h) the first push over a
+ * channel sends the base weights and the adapters, every later one the
+ * adapters' arena alone (the base is frozen): a few MB instead of the model,
+ * where TRL merges the adapters and pushes every weight. Both sides must hold
+ * the same layout — same config, same storage dtype, the same adapters (rank,
+ * target modules, scaling) or none, whole models (no tensor-parallel parts):
+ * the first thing each push sends is the layout's fingerprint, and a mismatch
+ * fails on every member with one line saying what differs. */
 #ifndef COLT_DIST_WEIGHT_SYNC_H
 #define COLT_DIST_WEIGHT_SYNC_H
 
@@ -44,7 +48,8 @@ typedef struct WeightSync WeightSync;
 
 /* Joins the group (collective over its members; bounded by the timeout). */
 int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err);
-/* The trainer (the last rank): broadcasts m's weights. */
+/* The trainer (the last rank): broadcasts m's weights (with adapters
+ * attached: the base too at the channel's first push, else the adapters). */
 int weight_sync_send(WeightSync *w, const Model *m, char *err);
 /* A server rank: receives the trainer's weights into m and bumps its weights
  * version (model_weights_changed), so an engine computing with m drops what

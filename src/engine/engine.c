@@ -825,11 +825,17 @@ static int take_memory(Engine *e, char *err) {
 /* The weights changed: nothing computed from the old ones may be used again.
  * Running sequences are recomputed (their tokens stay), the prefix cache is
  * emptied, the graphs and the decode plan (which bind the weights' addresses)
- * are made again. */
+ * are made again, and so is the scratch when LoRA adapters it has no room for
+ * were attached meanwhile (colt serve's weight channel attaches a trainer's). */
 static void forget_weights(Engine *e) {
     requeue_all(e);
     if (e->cache.on) cache_drop_all(e);
     free_graphs(e);
+    if (!paged_state_fits(e->st, e->m)) {
+        char err[ERR_LEN];
+        paged_state_free(e->st);
+        COLT_ASSERT(paged_state_create(&e->st, e->m, e->max_tokens, e->max_rows, err) == 0); /* sizes made it once */
+    }
     model_decode_plan_free(e->m, e->decode_plan);
     e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->max_blocks);
     e->weights_version = model_weights_version(e->m);

@@ -97,7 +97,7 @@ TensorSpec *lora_tensor_table(Model *m, const LoraConfig *cfg, int *count) {
     return t;
 }
 
-static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *where, char *err) {
+int model_lora_check(const Model *m, const LoraConfig *cfg, const char *where, char *err) {
     const ModelConfig *c = &m->cfg; /* the whole model's widths (r is the same on every part) */
     int smallest = c->hidden_size < c->intermediate_size ? c->hidden_size : c->intermediate_size;
     if (c->num_key_value_heads * c->head_dim < smallest) smallest = c->num_key_value_heads * c->head_dim;
@@ -111,8 +111,17 @@ static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *
     if (cfg->targets == 0 || (cfg->targets & ~LORA_ALL_TARGETS))
         return errorf(err, "%s: LoRA needs at least one target module (q_proj, k_proj, v_proj, o_proj, gate_proj, "
                            "up_proj, down_proj)", where);
+    return COLT_OK;
+}
+
+static int check_lora_config(const Model *m, const LoraConfig *cfg, const char *where, char *err) {
+    if (model_lora_check(m, cfg, where, err) != 0) return COLT_ERR;
     if (m->lora) return errorf(err, "%s: the model already has LoRA adapters", where);
     return COLT_OK;
+}
+
+bool lora_config_same(const LoraConfig *a, const LoraConfig *b) {
+    return a->r == b->r && a->alpha == b->alpha && a->use_rslora == b->use_rslora && a->targets == b->targets;
 }
 
 /* The adapters' layout without their buffers (a planning model's, or lora_alloc's start). */
@@ -147,6 +156,12 @@ void lora_state_free(Model *m) {
     free(ls->offsets);
     free(ls);
     m->lora = NULL;
+}
+
+void model_lora_detach(Model *m) {
+    if (!m->lora) return;
+    lora_state_free(m);
+    model_weights_changed(m);
 }
 
 int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err) {

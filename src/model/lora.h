@@ -48,6 +48,17 @@ float lora_scaling(const LoraConfig *c);
  * +-1/sqrt(in) (kaiming_uniform with a = sqrt(5)), B zero, so the model's
  * output is unchanged until the first update. Draws depend only on seed. */
 int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err);
+/* Whether model_lora_attach would take cfg on m (r within the adapted
+ * layers' widths, alpha, dropout, targets), adapters already attached aside;
+ * where starts the message. Reads only m's config. */
+int model_lora_check(const Model *m, const LoraConfig *cfg, const char *where, char *err);
+/* Takes the adapters off (the model is its base weights again, and its
+ * trainable parameters those weights); nothing without adapters. Moves the
+ * weights version (model_weights_changed). */
+void model_lora_detach(Model *m);
+/* Whether a and b adapt a model the same way at inference: r, alpha,
+ * use_rslora and the target modules (dropout, a training setting, aside). */
+bool lora_config_same(const LoraConfig *a, const LoraConfig *b);
 /* Reads DIR/adapter_config.json and DIR/adapter_model.safetensors (PEFT's
  * format) and attaches them. Configurations colt does not implement (DoRA,
  * bias training, rank/alpha patterns, modules_to_save, layer subsets) are

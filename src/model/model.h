@@ -222,6 +222,9 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
 void paged_state_free(PagedState *st);
 size_t paged_state_bytes(const PagedState *st);
 size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows); /* what create would take */
+/* Whether st's LoRA scratch is enough for the adapters m has now (they may
+ * have been attached after st was made: colt serve's weight channel). */
+bool paged_state_fits(const PagedState *st, const Model *m);
 /* The logits of the last call: [n_logits, V] in the storage dtype, on the device. */
 void *paged_state_logits(PagedState *st);
 /* Runs the batch; issues ops only (no host-side checks, no synchronisation),

@@ -15,6 +15,7 @@ struct PagedState {
     void *qkv;    /* [max_tokens, QD + 2 KVD]: one GEMM's q | k | v (fused path) */
     void *gate_up; /* [max_tokens, 2F]: one GEMM's gate | up (fused path) */
     void *lora_t, *lora_u; /* [max_tokens, r], [max_tokens, widest adapted output]: LoRA scratch, else NULL */
+    int lora_r, lora_out;  /* the r and widest adapted output that scratch was sized for (0: none) */
     void *rows;   /* [max_logit_rows, D] final-norm rows that want logits */
     void *logits; /* [max_logit_rows, V] */
     /* tensor parallel: [max_tokens] [i32] ids into this rank's vocabulary part;
@@ -83,8 +84,9 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
     st->qkv = backend_alloc_counted(be, N * (QD + 2 * KVD), &st->bytes);
     st->gate_up = backend_alloc_counted(be, N * 2 * F, &st->bytes);
     if (m->lora) {
-        st->lora_t = backend_alloc_counted(be, N * (size_t)lora_rank(m), &st->bytes);
-        st->lora_u = backend_alloc_counted(be, N * (size_t)lora_max_out_dim(m), &st->bytes);
+        st->lora_r = lora_rank(m), st->lora_out = lora_max_out_dim(m);
+        st->lora_t = backend_alloc_counted(be, N * (size_t)st->lora_r, &st->bytes);
+        st->lora_u = backend_alloc_counted(be, N * (size_t)st->lora_out, &st->bytes);
     }
     st->rows = backend_alloc_counted(be, (size_t)max_logit_rows * D, &st->bytes);
     size_t V = (size_t)m->cfg.vocab_size;
@@ -118,6 +120,10 @@ void paged_state_free(PagedState *st) {
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i]) st->be->free(st->be, bufs[i]);
     free(st);
+}
+
+bool paged_state_fits(const PagedState *st, const Model *m) {
+    return !m->lora || (lora_rank(m) <= st->lora_r && lora_max_out_dim(m) <= st->lora_out);
 }
 
 size_t paged_state_bytes(const PagedState *st) { return st ? st->bytes : 0; }

@@ -54,6 +54,19 @@ void *model_params_flat(const Model *m, size_t *numel) {
     return m->lora ? m->lora->arena : m->arena;
 }
 
+void *model_weights_flat(const Model *m, size_t *numel) {
+    *numel = m->arena_numel;
+    return m->arena;
+}
+
+int model_weight_count(const Model *m) { return m->n_tensors; }
+
+ModelParam model_weight(const Model *m, int index) {
+    COLT_ASSERT(index >= 0 && index < m->n_tensors);
+    const TensorSpec *s = &m->tensors[index];
+    return (ModelParam){.name = s->name, .data = *s->buf, .numel = tensor_spec_numel(s)};
+}
+
 size_t model_params_no_decay_start(const Model *m) {
     if (!m->lora) return model_weights_no_decay_start(m);
     size_t start = m->lora->arena_numel; /* lora_A / lora_B are all decayed, as the Trainer groups them */

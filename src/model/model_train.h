@@ -45,6 +45,14 @@ size_t model_param_offset(const Model *m, int index);
  * first; those transformers' Trainer exempts (biases, norms) start at
  * model_params_no_decay_start. */
 void *model_params_flat(const Model *m, size_t *numel);
+/* The model's own weights whatever is trainable: the weights' arena and its
+ * tensors, also while LoRA adapters are attached (when model_param* and
+ * model_params_flat are the adapters and these the frozen base). A weight
+ * channel sends them once so that a server's base is the trainer's. The
+ * arena is NULL while the weights are partitioned (zero_stage 3). */
+void *model_weights_flat(const Model *m, size_t *numel);
+int model_weight_count(const Model *m);
+ModelParam model_weight(const Model *m, int index);
 size_t model_params_no_decay_start(const Model *m);
 
 /* fp32 gradients, one backend buffer per parameter tensor, same order. */

@@ -16,7 +16,8 @@
 
 static const char *GENERATE_KEYS[] = {"prompts", "streams", "max_tokens", "temperature", "top_k", "top_p", "min_p",
                                       "repetition_penalty", "seed", "stop_token_ids", NULL};
-static const char *SYNC_KEYS[] = {"port", "timeout", "nccl", "host", NULL};
+static const char *SYNC_KEYS[] = {"port", "timeout", "nccl", "host", "lora", NULL};
+static const char *LORA_KEYS[] = {"r", "lora_alpha", "use_rslora", "target_modules", NULL};
 
 static int check_keys(json_t *o, const char *const *keys, const char *where, char *err) {
     const char *key;
@@ -164,6 +165,52 @@ char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx) {
     return text;
 }
 
+/* The "lora" object of /colt/init_weight_sync: PEFT's names, colt's modules. */
+static int parse_lora(LoraConfig *out, json_t *o, const char *where, char *err) {
+    if (!json_is_object(o)) return errorf(err, "%s: 'lora' must be an object (r, lora_alpha, use_rslora, target_modules) "
+                                               "or null", where);
+    char lora_where[64];
+    snprintf(lora_where, sizeof lora_where, "%s: lora", where);
+    if (check_keys(o, LORA_KEYS, lora_where, err) != 0) return COLT_ERR;
+    json_t *r = json_object_get(o, "r"), *alpha = json_object_get(o, "lora_alpha"),
+           *rslora = json_object_get(o, "use_rslora"), *targets = json_object_get(o, "target_modules");
+    *out = (LoraConfig){0};
+    if (!json_is_integer(r) || json_integer_value(r) < 1 || json_integer_value(r) > 65536)
+        return errorf(err, "%s: lora: 'r' must be an integer in [1, 65536]", where);
+    if (!json_is_number(alpha) || !(json_number_value(alpha) > 0) || !isfinite(json_number_value(alpha)))
+        return errorf(err, "%s: lora: 'lora_alpha' must be a positive number", where);
+    if (rslora && !json_is_boolean(rslora)) return errorf(err, "%s: lora: 'use_rslora' must be true or false", where);
+    if (!json_is_array(targets) || json_array_size(targets) == 0)
+        return errorf(err, "%s: lora: 'target_modules' must be a non-empty array of module names", where);
+    size_t i;
+    json_t *v;
+    json_array_foreach(targets, i, v) {
+        LoraTarget t;
+        if (!json_is_string(v) || lora_target_parse(json_string_value(v), &t) != 0)
+            return errorf(err, "%s: lora: target_modules[%zu] is not a layer colt adapts (q_proj, k_proj, v_proj, "
+                               "o_proj, gate_proj, up_proj, down_proj)", where, i);
+        out->targets |= 1u << t;
+    }
+    out->r = (int)json_integer_value(r);
+    out->alpha = (float)json_number_value(alpha);
+    out->use_rslora = json_is_true(rslora);
+    return COLT_OK;
+}
+
+char *colt_sync_init_json(int port, double timeout_s, bool nccl, const LoraConfig *lora) {
+    json_t *o = json_pack("{s:i,s:f,s:b}", "port", port, "timeout", timeout_s, "nccl", nccl);
+    if (lora) {
+        json_t *targets = json_array();
+        for (int k = 0; k < LORA_N_TARGETS; k++)
+            if (lora->targets & (1u << k)) json_array_append_new(targets, json_string(lora_target_name((LoraTarget)k)));
+        json_object_set_new(o, "lora", json_pack("{s:i,s:f,s:b,s:o}", "r", lora->r, "lora_alpha", (double)lora->alpha,
+                                                 "use_rslora", lora->use_rslora, "target_modules", targets));
+    }
+    char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    return text;
+}
+
 int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, size_t len, const char *default_host,
                     char *err) {
     static const char *const where[] = {"/colt/init_weight_sync", "/colt/update_weights", "/colt/close_weight_sync"};
@@ -177,7 +224,7 @@ int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, siz
         rc = COLT_ERR;
     } else {
         json_t *port = json_object_get(o, "port"), *timeout = json_object_get(o, "timeout");
-        json_t *nccl = json_object_get(o, "nccl"), *host = json_object_get(o, "host");
+        json_t *nccl = json_object_get(o, "nccl"), *host = json_object_get(o, "host"), *lora = json_object_get(o, "lora");
         if (op == SERVE_SYNC_OPEN &&
             (!json_is_integer(port) || json_integer_value(port) < 1 || json_integer_value(port) > 65535))
             rc = errorf(err, "%s: 'port' must be an integer in [1, 65535] (the group's port, vllm_group_port)",
@@ -189,7 +236,12 @@ int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, siz
             rc = errorf(err, "%s: 'nccl' must be true or false", where[op]);
         else if (host && (!json_is_string(host) || json_string_length(host) >= sizeof out->host))
             rc = errorf(err, "%s: 'host' must be a host name or address", where[op]);
+        else if (lora && !json_is_null(lora) && op != SERVE_SYNC_OPEN)
+            rc = errorf(err, "%s: 'lora' belongs to /colt/init_weight_sync", where[op]);
+        else if (lora && !json_is_null(lora) && parse_lora(&out->lora, lora, where[op], err) != 0)
+            rc = COLT_ERR;
         else {
+            out->has_lora = lora && !json_is_null(lora);
             if (port) out->port = (int)json_integer_value(port);
             if (timeout) out->timeout_s = json_number_value(timeout);
             out->use_nccl = json_is_true(nccl);

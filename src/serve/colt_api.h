@@ -4,7 +4,8 @@
  *   POST /colt/generate           token-id prompts, one RNG stream each, one
  *                                 set of sampling settings -> each
  *                                 completion's token ids, log-probs, finish reason
- *   POST /colt/init_weight_sync   {"port": P, "timeout": s, "nccl": false}
+ *   POST /colt/init_weight_sync   {"port": P, "timeout": s, "nccl": false, "lora": {"r": 8, "lora_alpha": 16,
+ *                                 "use_rslora": false, "target_modules": ["q_proj", ...]} or null}
  *   POST /colt/update_weights     {}
  *   POST /colt/close_weight_sync  {}
  *   GET  /colt/info               {"device", "deterministic", "max_model_len", "weight_updates"}: what a
@@ -14,6 +15,7 @@
 #ifndef COLT_SERVE_COLT_API_H
 #define COLT_SERVE_COLT_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,8 +56,12 @@ char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates);
 char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx);
 
 /* A weight-channel body: {"port": P (init only), "timeout": seconds, "nccl":
- * bool}. default_host: where the group's store listens (the server's own address). */
+ * bool, "lora": the trainer's adapters' config (init only; absent or null:
+ * none)}. default_host: where the group's store listens (the server's own
+ * address). Whether r suits the model is the loop's check (serve_loop_weight_sync). */
 int colt_sync_parse(ServeSyncRequest *out, ServeSyncOp op, const char *body, size_t len, const char *default_host,
                     char *err);
+/* The trainer's /colt/init_weight_sync body (malloc'd JSON); lora NULL: no adapters. */
+char *colt_sync_init_json(int port, double timeout_s, bool nccl, const LoraConfig *lora);
 
 #endif

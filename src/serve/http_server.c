@@ -422,6 +422,8 @@ static char *metrics_text(HttpServer *s) {
            (long long)c.latency_count);
     METRIC("weight_updates_total", "counter", "Weight pushes received from a trainer (/colt/update_weights).",
            "colt_weight_updates_total %lld\n", (long long)st.weight_updates);
+    METRIC("weight_update_bytes", "gauge", "Bytes of the last weight push (with LoRA: the adapters alone after the first).",
+           "colt_weight_update_bytes %.0f\n", st.last_update_bytes);
     METRIC("weight_sync_failures_total", "counter", "Weight-channel operations that failed (the channel then closes).",
            "colt_weight_sync_failures_total %lld\n", (long long)st.weight_sync_failures);
     METRIC("engine_failed", "gauge", "1 when the engine failed (the server then answers 500).",

@@ -286,6 +286,9 @@ void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
 
 int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err) {
     static const char *const names[] = {"init_weight_sync", "update_weights", "close_weight_sync"};
+    *http_status = 400; /* the trainer's adapters must fit this model (reads its config only) */
+    if (q->op == SERVE_SYNC_OPEN && q->has_lora && model_lora_check(l->m, &q->lora, "init_weight_sync", err) != 0)
+        return COLT_ERR;
     pthread_mutex_lock(&l->mu);
     int rc = COLT_OK;
     *http_status = 200;
@@ -410,6 +413,25 @@ static void fail_all(ServeLoop *l, const char *msg, int *left) {
     apply_cancels(l, left);
 }
 
+/* The model's adapters made the trainer's (OPEN): its LoRA config attached
+ * (values come with the first push), adapters of another config replaced,
+ * none when the trainer has none. The weights version moves with each
+ * change, so the engine drops its prefix cache and resizes its scratch. */
+static int match_adapters(Model *m, const ServeSyncRequest *q, char *err) {
+    const LoraConfig *have = model_lora_config(m);
+    if (have && q->has_lora && lora_config_same(have, &q->lora)) return COLT_OK;
+    if (have) {
+        log_info0("colt serve: weight channel: LoRA adapters (r %d) taken off%s", have->r,
+                  q->has_lora ? ", to attach the trainer's" : ": the trainer trains every weight");
+        model_lora_detach(m);
+    }
+    if (!q->has_lora) return COLT_OK;
+    if (model_lora_attach(m, &q->lora, 0, err) != 0) return error_prefix(err, "init_weight_sync");
+    log_info0("colt serve: weight channel: LoRA adapters attached (r %d, lora_alpha %g%s); each push carries the "
+              "adapters alone after the first", q->lora.r, (double)q->lora.alpha, q->lora.use_rslora ? ", rsLoRA" : "");
+    return COLT_OK;
+}
+
 /* One weight-channel operation, on the engine thread between steps. A
  * failure closes the channel: the trainer's side fails too (its collective
  * times out or sees the error) and says so; this side logs and serves on. */
@@ -419,12 +441,14 @@ static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
     size_t bytes = 0;
     double seconds = 0;
     if (q->op == SERVE_SYNC_OPEN) {
+        rc = match_adapters(l->m, q, err);
         const Backend *be = model_backend(l->m);
         WeightSyncOptions o = {.host = q->host, .port = q->port, .rank = 0, .world_size = 2, .be = be,
                                .use_nccl = q->use_nccl, .cuda_device = be->device, .timeout_s = q->timeout_s};
-        log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host, q->port,
-                  q->timeout_s);
-        rc = weight_sync_open(&l->sync, &o, err);
+        if (rc == 0)
+            log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host,
+                      q->port, q->timeout_s);
+        if (rc == 0) rc = weight_sync_open(&l->sync, &o, err);
         if (rc == 0)
             log_info0("colt serve: weight channel open (%s)", comm_kind_name(weight_sync_kind(l->sync)));
     } else if (q->op == SERVE_SYNC_RECV) {

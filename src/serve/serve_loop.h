@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "model/lora.h"
 
 typedef struct ServeLoop ServeLoop;
 typedef struct ServeRequest ServeRequest;
@@ -76,7 +77,10 @@ void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice);
 double serve_request_first_token_seconds(ServeRequest *r);
 
 /* The weight-update channel (dist/weight_sync.h), run by the engine thread
- * between engine steps in the order asked: OPEN joins the group as server
+ * between engine steps in the order asked: OPEN first gives the model the
+ * trainer's LoRA adapters (attached with its config, replacing adapters of
+ * another config; taken off when the trainer has none: the pushes then hold
+ * whole weights), then joins the group as server
  * rank 0 of 2 (serving its store on host:port) and waits for the trainer;
  * RECV receives one push into the model (the weights version moves, so the
  * engine recomputes what it holds and empties its prefix cache; requests
@@ -84,7 +88,8 @@ double serve_request_first_token_seconds(ServeRequest *r);
  * is bounded by timeout_s; a failure is logged, closes the channel and the
  * server keeps serving with the weights it has. Returns at once (the caller
  * then does its side of the collective); refused (409) when the operation
- * does not follow (RECV or CLOSE without OPEN, OPEN twice) or too many wait. */
+ * does not follow (RECV or CLOSE without OPEN, OPEN twice) or too many wait,
+ * (400) when the trainer's adapters do not suit this model (r too large). */
 typedef enum { SERVE_SYNC_OPEN, SERVE_SYNC_RECV, SERVE_SYNC_CLOSE } ServeSyncOp;
 typedef struct ServeSyncRequest {
     ServeSyncOp op;
@@ -92,6 +97,8 @@ typedef struct ServeSyncRequest {
     int port;
     bool use_nccl;    /* the trainer has a GPU of its own (else Gloo through the host) */
     double timeout_s;
+    bool has_lora;    /* OPEN: the trainer trains LoRA adapters of config lora (its dropout 0: inference) */
+    LoraConfig lora;
 } ServeSyncRequest;
 int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err);
 

@@ -123,7 +123,8 @@ static const ConfigKey KEYS[] = {
      .notice = "colt always generates with its own in-process engine on the trainer's weights (vLLM is not used)"},
     K(vllm_mode, KEY_STRING,
       "colocate (generation in-process on the trainer's weights) or server (a running colt serve generates; the "
-      "trainer pushes its weights to it after every optimizer step: docs/training.md)"),
+      "trainer pushes its weights to it after every optimizer step, with use_peft the adapters alone: "
+      "docs/training.md)"),
     K(vllm_server_host, KEY_STRING, "vllm_mode server: the colt serve host (ignored when vllm_server_base_url is set)"),
     KI(vllm_server_port, 1, 65535, "vllm_mode server: the colt serve port"),
     K(vllm_server_base_url, KEY_STRING,
@@ -1435,9 +1436,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
     }
     bool server = strcmp(c->vllm_mode, "server") == 0;
     if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
-    if (server && c->use_peft)
-        return errorf(err, "settings: vllm_mode server with use_peft is not supported yet (the weight channel pushes "
-                           "whole models, not adapters); use vllm_mode colocate");
     if (server && !c->vllm_server_base_url && (!c->vllm_server_host || !c->vllm_server_host[0]))
         return errorf(err, "settings: vllm_mode server needs vllm_server_host (or vllm_server_base_url)");
     static const char *const sync_backends[] = {"auto", "nccl", "gloo", NULL};

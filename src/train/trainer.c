@@ -52,6 +52,7 @@
 #include "train/memory_plan.h"
 #include "train/tensorboard.h"
 #include "train/train_dist.h"
+#include "serve/colt_api.h"
 #include "serve/serve_client.h"
 
 /* RNG streams: keep sampling of training, eval and shuffles apart. The
@@ -479,9 +480,11 @@ static void pending_discard(Trainer *t) {
 /* vllm_mode server: after every optimizer step (and once at the start, so
  * the server computes with exactly the trainer's weights: a resumed run's,
  * say) rank 0 announces a push and sends the whole weights over the
- * channel; every rank waits for it, so the next round is generated with
- * them. async_generation: the round in flight is generated first (with the
- * weights it was asked with), so a round never mixes two versions. */
+ * channel — with use_peft the adapters alone, after a first push that also
+ * carries the frozen base (weight_sync.h); every rank waits for it, so the
+ * next round is generated with them. async_generation: the round in flight
+ * is generated first (with the weights it was asked with), so a round never
+ * mixes two versions. */
 static int push_weights(Trainer *t, char *err) {
     if (!t->server) return COLT_OK;
     pending_join(t);
@@ -500,7 +503,10 @@ static int push_weights(Trainer *t, char *err) {
     if (rc != 0) return COLT_ERR;
     t->server_weights_step = t->global_step;
     metrics_add(&t->metrics, "time/weight_sync", time_now() - t0);
-    if (t->sync) metrics_add(&t->metrics, "weight_sync/gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+    if (t->sync) {
+        metrics_add(&t->metrics, "weight_sync/gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+        metrics_add(&t->metrics, "weight_sync/mb", bytes / 1e6);
+    }
     return COLT_OK;
 }
 
@@ -551,13 +557,15 @@ static int server_connect(Trainer *t, char *err) {
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc != 0) return COLT_ERR;
     if (t->dist.rank == 0) {
-        char host[256], body[160];
+        char host[256];
         bool nccl = false;
         rc = serve_client_host(t->server, host, sizeof host, err);
         if (rc == 0) rc = choose_weight_channel(t, host, &nccl, err);
-        snprintf(body, sizeof body, "{\"port\": %d, \"timeout\": %.17g, \"nccl\": %s}", c->vllm_group_port,
-                 c->vllm_server_timeout, nccl ? "true" : "false");
+        /* with use_peft the server attaches adapters of this config; the pushes then carry them alone */
+        char *body = colt_sync_init_json(c->vllm_group_port, c->vllm_server_timeout, nccl,
+                                         model_lora_config(t->model));
         if (rc == 0) rc = serve_client_post(t->server, "/colt/init_weight_sync", body, err);
+        free(body);
         WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = 1, .world_size = 2, .be = t->be,
                                .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout};
         if (rc == 0) rc = weight_sync_open(&t->sync, &o, err);
@@ -569,6 +577,15 @@ static int server_connect(Trainer *t, char *err) {
     }
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = push_weights(t, err);
+    if (rc == 0 && t->sync) {
+        size_t bytes;
+        double seconds;
+        weight_sync_last(t->sync, &bytes, &seconds);
+        if (model_has_lora(t->model))
+            log_info0("server mode: the first push sent the base weights and the LoRA adapters (%.2f MB in %.2f s); "
+                      "each step's push sends the adapters alone (%.2f MB)",
+                      bytes / 1e6, seconds, model_lora_bytes(t->model) / 1e6);
+    }
     json_decref(metrics_flush(&t->metrics)); /* the first push is not a step's */
     return rc;
 }

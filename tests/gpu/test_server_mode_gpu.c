@@ -3,7 +3,8 @@
  * the weights over the host path), the same checks as on the CPU: server mode
  * equals colocated GRPO (completions, metrics within 1e-6 relative, final
  * weights), async staleness 0 then 1, server_devices leaves no server behind,
- * bad input in one line. Exit 77 when no GPU. */
+ * bad input in one line, and LoRA server mode equal to colocated LoRA with the
+ * adapters alone pushed after the first push. Exit 77 when no GPU. */
 #define TEST_DEVICE "cuda"
 #include "backend/backend.h"
 

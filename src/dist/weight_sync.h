@@ -13,9 +13,13 @@
  * padding included), bucket by bucket, so a push is a handful of large
  * broadcasts instead of one per tensor (TRL's per-parameter sync was its main
  * cost, trl#5249). Both sides must hold the same layout — same config, same
- * storage dtype, whole models (no tensor-parallel parts, no attached
- * adapters): the first thing each push sends is the layout's fingerprint, and
- * a mismatch fails on every member with one line saying what differs. */
+ * storage dtype, no attached adapters: the first thing each push sends is
+ * the layout's fingerprint, and a mismatch fails on every member with one
+ * line saying what differs. The trainer sends a whole model; a server rank
+ * may hold a tensor-parallel part of it (a tensor-parallel colt serve: every
+ * rank of its group is a member): it answers with the whole model's
+ * fingerprint, receives the whole arena bucket by bucket through host memory
+ * and keeps its part of each tensor (model.h model_part_receiver_*). */
 #ifndef COLT_DIST_WEIGHT_SYNC_H
 #define COLT_DIST_WEIGHT_SYNC_H
 

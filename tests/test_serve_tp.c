@@ -10,12 +10,17 @@
  *   trainer pushes its whole model, every server rank keeps its part; the
  *   completions equal a colocated run's, the final weights within float
  *   rounding (the parts' sums are added in another order);
+ * - the one-command form: colt train with server_devices [0, 1] (on the CPU:
+ *   two server processes) starts `colt serve --tensor_parallel_size 2`, which
+ *   starts its two processes itself (no mpirun): the same completions again,
+ *   and no server process left after the run, nor after the trainer is
+ *   SIGKILLed mid-run;
  * - SIGTERM to rank 0 while a request streams: it finishes whole, then every
  *   rank exits and mpirun exits 0;
  * - TP 4: greedy equals colt generate; a follower killed with SIGKILL ends the
  *   whole job, non-zero, within a bounded time (no hang);
- * - one-line errors: no launcher, a size that does not divide the model, an
- *   adapter with TP.
+ * - one-line errors: a launch of another size, a size that does not divide
+ *   the model, an adapter with TP.
  * Skips (exit 77) without mpirun. Every process is killed by PID at the end. */
 #include <curl/curl.h>
 #include <dirent.h>
@@ -391,11 +396,37 @@ static double max_weight_diff(const char *a_path, const char *b_path, size_t *n_
     return worst;
 }
 
+#define TRAIN_BASE                                                                                            \
+    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "                 \
+    "--num_eval_prompts 0 --logging_steps 1 --log_completions_count 16 --save_total_limit 0 --save_steps 0 "    \
+    "--device cpu --deterministic true"
+
+/* True once pid is gone (a zombie counts: its parent reaps it), waiting up to timeout_s. */
+static bool process_gone(pid_t pid, double timeout_s) {
+    for (double deadline = now_s() + timeout_s;; usleep(50 * 1000)) {
+        char path[64], *stat = NULL;
+        size_t len;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        bool alive = file_read_all(path, &stat, &len, NULL) == 0;
+        if (alive) {
+            const char *state = strrchr(stat, ')');
+            alive = !(state && state[1] == ' ' && state[2] == 'Z');
+            free(stat);
+        }
+        if (!alive) return true;
+        if (now_s() > deadline) return false;
+    }
+}
+
+/* A number after `key` in text, or 0. */
+static int number_after(const char *text, const char *key) {
+    const char *at = text ? strstr(text, key) : NULL;
+    return at ? atoi(at + strlen(key)) : 0;
+}
+
 /* colt train vllm_mode server (synchronous) against the TP-2 server = colocated. */
 static void check_weight_push(const Server *s) {
-    const char *base = "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
-                       "--num_eval_prompts 0 --logging_steps 1 --log_completions_count 16 --save_total_limit 0 "
-                       "--save_steps 0 --device cpu --deterministic true --max_steps 2";
+    const char *base = TRAIN_BASE " --max_steps 2";
     char args[2048], col[300], srv[300];
     snprintf(col, sizeof col, "%s/colocate", g_tmp);
     snprintf(srv, sizeof srv, "%s/server", g_tmp);
@@ -422,6 +453,68 @@ static void check_weight_push(const Server *s) {
     CHECK(same_completions, "server mode against TP 2: completions differ from colocated");
     CHECK(n > 0 && worst < 1e-4, "server mode against TP 2: final weights differ by %g from colocated", worst);
     CHECK(updates == 3, "colt_weight_updates_total %d, want 3 (at connect + 2 steps)", updates);
+
+    /* the one-command form: colt train starts colt serve --tensor_parallel_size 2 itself */
+    char own[300];
+    snprintf(own, sizeof own, "%s/own", g_tmp);
+    snprintf(args, sizeof args, "%s --output_dir %s --server_devices [0,1]", base, own);
+    if (run_train(args, "own") != 0) return;
+    char *serve_log = read_text(own, "serve.log"), *train_err = read_text(g_tmp, "own.err");
+    pid_t launcher = number_after(train_err, "started colt serve (pid "), rank0 = number_after(serve_log, "rank 0: pid ");
+    bool same = same_file(own, col, "completions.jsonl");
+    bool gone = launcher > 0 && rank0 > 0 && process_gone(launcher, 5) && process_gone(rank0, 5);
+    printf("  server_devices [0,1] (colt serve --tensor_parallel_size 2 started by colt train, 2 processes it "
+           "started itself): completions.jsonl %s to colocated; server processes %s after the run\n",
+           same ? "identical" : "DIFFERENT", gone ? "gone" : "STILL RUNNING");
+    CHECK(serve_log && strstr(serve_log, "tensor parallel over 2 processes") && strstr(serve_log, "weight channel open") &&
+              strstr(serve_log, "colt serve: stopped"),
+          "server_devices [0,1]: serve.log lacks the TP line, the channel or the stop: %s", serve_log);
+    CHECK(same, "server_devices [0,1]: completions differ from colocated");
+    CHECK(gone, "server_devices [0,1]: colt serve (launcher %d, rank 0 %d) still runs after training", (int)launcher,
+          (int)rank0);
+    free(serve_log), free(train_err);
+
+    /* the trainer SIGKILLed mid-run: every server process dies with it */
+    char own2[300];
+    snprintf(own2, sizeof own2, "%s/own2", g_tmp);
+    sh("%s train " TRAIN_BASE " --max_steps 50 --output_dir %s --server_devices [0,1] > /dev/null 2> %s/own2.err & "
+       "echo $! > %s/train.pid",
+       COLT_BINARY, own2, g_tmp, g_tmp);
+    char *pid_text = read_text(g_tmp, "train.pid");
+    pid_t trainer = pid_text ? (pid_t)atoi(pid_text) : 0;
+    free(pid_text);
+    rank0 = 0;
+    for (double t1 = now_s(); trainer > 0 && now_s() - t1 < 60; usleep(50 * 1000)) {
+        char *m = read_text(own2, "metrics.jsonl");
+        bool started = m && count_lines(m) >= 1; /* training is under way */
+        free(m);
+        if (!started) continue;
+        char *log = read_text(own2, "serve.log");
+        rank0 = number_after(log, "rank 0: pid ");
+        free(log);
+        break;
+    }
+    pid_t ranks[2] = {rank0, 0};
+    char *err2 = read_text(g_tmp, "own2.err");
+    launcher = number_after(err2, "started colt serve (pid ");
+    free(err2);
+    char children[64];
+    snprintf(children, sizeof children, "/proc/%d/task/%d/children", (int)launcher, (int)launcher);
+    FILE *f = launcher > 0 ? fopen(children, "r") : NULL;
+    if (f) { /* the follower: the launcher's other child */
+        int a = 0, b = 0;
+        if (fscanf(f, "%d %d", &a, &b) == 2) ranks[1] = a == rank0 ? b : a;
+        fclose(f);
+    }
+    CHECK(trainer > 0 && rank0 > 0 && ranks[1] > 0, "the background trainer did not get to its first step");
+    if (trainer > 0) kill(trainer, SIGKILL);
+    bool all_gone = rank0 > 0 && ranks[1] > 0 && process_gone(launcher, 5) && process_gone(rank0, 5) &&
+                    process_gone(ranks[1], 5);
+    printf("  a SIGKILLed trainer: its TP server's launcher and both ranks %s\n", all_gone ? "gone" : "NOT gone");
+    CHECK(all_gone, "colt serve's processes (%d, %d, %d) outlived their SIGKILLed trainer", (int)launcher, (int)rank0,
+          (int)ranks[1]);
+    for (int k = 0; k < 2; k++)
+        if (ranks[k] > 0 && !process_gone(ranks[k], 0)) kill(ranks[k], SIGKILL);
 }
 
 /* SIGTERM to rank 0 while a request streams: it finishes whole; every rank exits, mpirun with 0. */
@@ -479,15 +572,16 @@ static void check_follower_killed(Server *s) {
 
 static void check_errors(void) {
     struct {
-        const char *args, *needle;
+        const char *env, *args, *needle;
     } bad[] = {
-        {"serve --model " MODEL " --device cpu --tensor_parallel_size 2", "start it with mpirun -np N"},
-        {"serve --model " MODEL " --device cpu --tensor_parallel_size 3", "does not divide"},
-        {"serve --model " MODEL " --device cpu --tensor_parallel_size 2 --adapter /nonexistent", "--adapter"},
+        {"WORLD_SIZE=3 RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=1",
+         "serve --model " MODEL " --device cpu --tensor_parallel_size 2", "equal to the number of processes"},
+        {"", "serve --model " MODEL " --device cpu --tensor_parallel_size 3", "does not divide"},
+        {"", "serve --model " MODEL " --device cpu --tensor_parallel_size 2 --adapter /nonexistent", "--adapter"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         char cmd[1024];
-        snprintf(cmd, sizeof cmd, "%s %s > /dev/null 2> %s/flag_err", COLT_BINARY, bad[k].args, g_tmp);
+        snprintf(cmd, sizeof cmd, "%s %s %s > /dev/null 2> %s/flag_err", bad[k].env, COLT_BINARY, bad[k].args, g_tmp);
         int status = system(cmd), code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
         char *err = read_text(g_tmp, "flag_err");
         CHECK(code != 0 && code < 128 && err && count_lines(err) == 1 && strstr(err, bad[k].needle),

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include "core/log.h"
 #include "data/prompt.h"
 #include "dist/launch_env.h"
+#include "dist/local_launch.h"
 #include "dist/tp_group.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -42,8 +44,9 @@ static const char *SERVE_USAGE =
     "  otherwise (0.0.0.0: every interface). SIGTERM or Ctrl-C: finishes the requests in flight, then exits 0.\n"
     "  Settings a request leaves out come from generation_config.json when it samples (do_sample), else\n"
     "  OpenAI's defaults (temperature 1); a request without a seed gets a fresh one.\n"
-    "  --tensor_parallel_size N: the model cut across N processes (mpirun -np N colt serve ...); rank 0 serves\n"
-    "  HTTP and the others follow its engine; SIGTERM to rank 0 (its pid is printed) stops them all.\n";
+    "  --tensor_parallel_size N: the model cut across N processes, one per GPU (colt starts them, or run it under\n"
+    "  mpirun -np N / torchrun --nproc_per_node N); rank 0 serves HTTP and the others follow its engine. SIGTERM\n"
+    "  to colt (or to rank 0, whose pid is printed) drains the requests, then every process exits 0.\n";
 
 /* Tensor parallel: the longest a follower waits for rank 0's next turn (it
  * sends one every 0.1 s) or a rank for the others in a collective; past it
@@ -78,7 +81,7 @@ int cmd_serve(int argc, char **argv) {
         {"adapter", OPT_STRING, &a.adapter, "a LoRA adapter folder (PEFT's files) applied to the model", false},
         {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
         {"tensor_parallel_size", OPT_INT, &a.tensor_parallel_size,
-         "processes the model is cut across (default 1; run under mpirun -np N)", false},
+         "processes the model is cut across (default 1; colt starts them, or a launcher does)", false},
         {"max_model_len", OPT_INT, &a.max_model_len,
          "prompt + completion tokens of one sequence (default: the model's max_position_embeddings)", false},
         {"max_tokens_limit", OPT_INT, &a.max_tokens_limit,
@@ -126,13 +129,31 @@ int cmd_serve(int argc, char **argv) {
     /* Tensor parallel: one process per part, the launch's world exactly one group. */
     LaunchEnv env;
     if (launch_env_from_process(&env, err) != 0) return cli_fail("serve", err);
+    if (a.tensor_parallel_size > 1 && env.launcher == LAUNCHER_NONE && !local_launch_is_child()) {
+        /* no launcher: colt starts the N processes itself (as colt train does); a signal to this one
+         * reaches them all (rank 0 drains, the others follow it to the end) */
+        char **child_argv = xcalloc((size_t)argc + 3, sizeof(char *));
+        child_argv[0] = "colt";
+        child_argv[1] = "serve";
+        for (int i = 0; i < argc; i++) child_argv[i + 2] = argv[i];
+        fprintf(stderr, "colt serve: starting %d processes on this node (tensor_parallel_size)\n",
+                a.tensor_parallel_size);
+        int status = local_launch_run(a.tensor_parallel_size, child_argv, err);
+        free(child_argv);
+        return status < 0 ? cli_fail("serve", err) : status;
+    }
+    if (local_launch_is_child()) { /* the processes colt started end with it: no server left behind */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1) return 1; /* it ended before prctl */
+    }
     if (env.world_size != a.tensor_parallel_size)
-        return cli_fail("serve", env.world_size == 1
-                                     ? "--tensor_parallel_size > 1 runs one process per part: start it with "
-                                       "mpirun -np N (or torchrun --nproc_per_node N)"
-                                     : "colt serve under a launcher needs --tensor_parallel_size equal to the number "
-                                       "of processes");
+        return cli_fail("serve", "colt serve under a launcher needs --tensor_parallel_size equal to the number of "
+                                 "processes");
     log_set_rank(env.rank);
+    if (env.rank > 0) { /* a follower stops when rank 0 says so; a launcher's SIGTERM to every rank is for rank 0 */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+    }
     if (a.max_model_len == 0 || a.max_model_len > probe.max_position_embeddings) {
         if (a.max_model_len > probe.max_position_embeddings)
             log_info0("colt serve: --max_model_len %d is above the model's max_position_embeddings; using %d",
@@ -220,8 +241,6 @@ int cmd_serve(int argc, char **argv) {
             cli_fail("serve", err);
             comm_abort(world, err);
         }
-        signal(SIGTERM, SIG_IGN); /* drops the signals mpirun passed on meanwhile: rank 0 decided */
-        signal(SIGINT, SIG_IGN);
     } else if (serve_loop_start(&loop, m, &lo, err) != 0) {
         rc = cli_fail("serve", err);
     } else {

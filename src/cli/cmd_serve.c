@@ -5,9 +5,10 @@
  * thread waits for SIGTERM / SIGINT: then no new connection is accepted, the
  * requests in flight finish (at most --drain_timeout seconds, or until a
  * second signal, after which they are cut), and the process exits 0.
- * Tensor parallel (--tensor_parallel_size N under mpirun -np N): every
- * process loads its part of the model; rank 0 serves HTTP and runs the loop,
- * the others follow its engine calls turn by turn (serve/serve_turn.h).
+ * Tensor parallel (--tensor_parallel_size N: colt starts N processes
+ * itself, or runs as one of mpirun's / torchrun's N): every process loads
+ * its part of the model; rank 0 serves HTTP and runs the loop, the others
+ * follow its engine calls turn by turn (serve/serve_turn.h).
  * Not the weight channel (serve_loop.c, dist/weight_sync.c) nor the HTTP
  * protocol (http_server.c, openai.c, colt_api.c). */
 #include <errno.h>

@@ -880,7 +880,7 @@ static void check_sigterm_drain(Server *s) {
 static void check_bad_flags(void) {
     struct { const char *args, *needle; } bad[] = {
         {"serve", "--model DIR is required"},
-        {"serve --model " MODEL " --tensor_parallel_size 2", "tensor_parallel_size"},
+        {"serve --model " MODEL " --tensor_parallel_size 0", "--tensor_parallel_size must be >= 1"},
         {"serve --model " MODEL " --host example.com --port 0", "numeric IP address"},
         {"serve --model " MODEL " --port 70000", "--port must be in"},
         {"serve --model /nonexistent/model", "config.json"},

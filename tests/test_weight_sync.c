@@ -13,6 +13,10 @@
  *   trainer's base and adapters byte for byte and its logits;
  * - a server rank whose adapters have another lora_alpha: every member fails
  *   with one line naming the LoRA scaling.
+ * - a tensor-parallel server (2 ranks, each a part; one KV head, so it is
+ *   replicated): the trainer pushes its whole model, each rank ends with
+ *   its part of it byte for byte (what model_create_random_tp cuts from the
+ *   same whole), buckets of 4100 bytes cutting tensors and elements anywhere.
  * `test_weight_sync cuda` runs the same on the CUDA backend (processes sharing
  * GPU 0: the host path, as a server and a trainer on one device do). */
 #include <math.h>
@@ -98,7 +102,7 @@ static char *base_bytes(const Model *m, size_t *bytes) {
     return host;
 }
 
-enum { RUN_PUSH, RUN_MISMATCH, RUN_NO_TRAINER, RUN_LORA, RUN_LORA_MISMATCH };
+enum { RUN_PUSH, RUN_MISMATCH, RUN_NO_TRAINER, RUN_LORA, RUN_LORA_MISMATCH, RUN_PUSH_TP };
 
 /* A member's end: _exit skips stdio's buffers, so flush them first. */
 static void finish(int status) {
@@ -225,13 +229,17 @@ static void member(int rank, int world, int port, int run) {
     }
     int inter = run == RUN_MISMATCH && rank == 1 ? 96 : 128;
     ModelConfig cfg = small_config(inter);
+    if (run == RUN_PUSH_TP) cfg.num_key_value_heads = 1;
+    TensorParallel part = {.rank = rank, .size = world - 1}; /* a layout only: nothing here runs a forward */
     Model *m = NULL;
-    if (model_create_random(&m, &cfg, trainer ? 1 : 100 + (uint64_t)rank, be, err) != 0) {
+    if (model_create_random_tp(&m, &cfg, trainer ? 1 : 100 + (uint64_t)rank, be,
+                               run == RUN_PUSH_TP && !trainer ? &part : NULL, err) != 0) {
         fprintf(stderr, "rank %d: %s\n", rank, err);
         finish(2);
     }
     WeightSyncOptions o = {.host = "127.0.0.1", .port = port, .rank = rank, .world_size = world, .be = be,
-                           .timeout_s = run == RUN_NO_TRAINER ? 3.0 : 60.0, .bucket_bytes = 4096};
+                           .timeout_s = run == RUN_NO_TRAINER ? 3.0 : 60.0,
+                           .bucket_bytes = run == RUN_PUSH_TP ? 4100 : 4096};
     WeightSync *w = NULL;
     int rc = weight_sync_open(&w, &o, err);
     if (run == RUN_NO_TRAINER) { /* the open itself waits for the trainer and gives up */
@@ -252,6 +260,28 @@ static void member(int rank, int world, int port, int run) {
                                     strstr(err, sizes)
                               : strstr(err, "1 server rank holds a model of other weight bytes than the trainer's") != NULL;
         finish(rc != 0 && want ? 0 : 1);
+    }
+    if (run == RUN_PUSH_TP) { /* one push; each rank should then hold its part of the trainer's seed-1 model */
+        rc = trainer ? weight_sync_send(w, m, err) : weight_sync_recv(w, m, err);
+        if (rc != 0) {
+            fprintf(stderr, "rank %d: push: %s\n", rank, err);
+            finish(2);
+        }
+        bool same = true;
+        if (!trainer) {
+            Model *ref = NULL;
+            if (model_create_random_tp(&ref, &cfg, 1, be, &part, err) != 0) finish(2);
+            size_t nb = 0, nr = 0;
+            char *got = weight_bytes(m, &nb), *want = weight_bytes(ref, &nr);
+            same = nb == nr && !memcmp(got, want, nb);
+            printf("  tensor-parallel server rank %d of 2: its %zu bytes %s its part of the trainer's whole model\n",
+                   rank, nb, same ? "identical to" : "DIFFER from");
+            free(got), free(want);
+            model_free(ref);
+        }
+        weight_sync_close(w);
+        model_free(m);
+        finish(same ? 0 : 1);
     }
     /* two pushes: the trainer's seed-1 weights, then its seed-2 weights */
     int failures = 0;
@@ -356,6 +386,8 @@ int main(int argc, char **argv) {
           "LoRA push: a member failed");
     CHECK(run_group(3, RUN_LORA_MISMATCH, 60, "LoRA: server rank 1 has another lora_alpha") == 3,
           "LoRA mismatch: a member did not fail as it should");
+    CHECK(run_group(3, RUN_PUSH_TP, 60, "a tensor-parallel server (2 parts) + trainer") == 3,
+          "tensor-parallel push: a member failed");
     printf("test_weight_sync%s: %d checks, %d failures\n", g_cuda ? " cuda" : "", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

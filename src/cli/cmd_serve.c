@@ -5,14 +5,21 @@
  * thread waits for SIGTERM / SIGINT: then no new connection is accepted, the
  * requests in flight finish (at most --drain_timeout seconds, or until a
  * second signal, after which they are cut), and the process exits 0.
- * Not the weight-update channel or server mode of training (later). */
+ * Tensor parallel (--tensor_parallel_size N: colt starts N processes
+ * itself, or runs as one of mpirun's / torchrun's N): every process loads
+ * its part of the model; rank 0 serves HTTP and runs the loop, the others
+ * follow its engine calls turn by turn (serve/serve_turn.h).
+ * Not the weight channel (serve_loop.c, dist/weight_sync.c) nor the HTTP
+ * protocol (http_server.c, openai.c, colt_api.c). */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli/cli.h"
@@ -20,11 +27,15 @@
 #include "core/fileio.h"
 #include "core/log.h"
 #include "data/prompt.h"
+#include "dist/launch_env.h"
+#include "dist/local_launch.h"
+#include "dist/tp_group.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "serve/http_server.h"
 #include "serve/openai.h"
 #include "serve/serve_loop.h"
+#include "serve/serve_turn.h"
 #include "tokenizer/tokenizer.h"
 
 static const char *SERVE_USAGE =
@@ -33,7 +44,15 @@ static const char *SERVE_USAGE =
     "  events), GET /v1/models, /health, /metrics (Prometheus text). Binds 127.0.0.1 unless --host says\n"
     "  otherwise (0.0.0.0: every interface). SIGTERM or Ctrl-C: finishes the requests in flight, then exits 0.\n"
     "  Settings a request leaves out come from generation_config.json when it samples (do_sample), else\n"
-    "  OpenAI's defaults (temperature 1); a request without a seed gets a fresh one.\n";
+    "  OpenAI's defaults (temperature 1); a request without a seed gets a fresh one.\n"
+    "  --tensor_parallel_size N: the model cut across N processes, one per GPU (colt starts them, or run it under\n"
+    "  mpirun -np N / torchrun --nproc_per_node N); rank 0 serves HTTP and the others follow its engine. SIGTERM\n"
+    "  to colt (or to rank 0, whose pid is printed) drains the requests, then every process exits 0.\n";
+
+/* Tensor parallel: the longest a follower waits for rank 0's next turn (it
+ * sends one every 0.1 s) or a rank for the others in a collective; past it
+ * every rank ends with the reason. */
+#define SERVE_TP_TIMEOUT_S 60.0
 
 typedef struct ServeArgs {
     const char *model, *adapter, *host, *device, *served_model_name;
@@ -62,7 +81,8 @@ int cmd_serve(int argc, char **argv) {
          "the name requests give as \"model\" (default: --model as given)", false},
         {"adapter", OPT_STRING, &a.adapter, "a LoRA adapter folder (PEFT's files) applied to the model", false},
         {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
-        {"tensor_parallel_size", OPT_INT, &a.tensor_parallel_size, "must be 1 for now", false},
+        {"tensor_parallel_size", OPT_INT, &a.tensor_parallel_size,
+         "processes the model is cut across (default 1; colt starts them, or a launcher does)", false},
         {"max_model_len", OPT_INT, &a.max_model_len,
          "prompt + completion tokens of one sequence (default: the model's max_position_embeddings)", false},
         {"max_tokens_limit", OPT_INT, &a.max_tokens_limit,
@@ -87,9 +107,10 @@ int cmd_serve(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("serve", err);
     if (!a.model) return cli_fail("serve", "--model DIR is required");
-    if (a.tensor_parallel_size != 1)
-        return cli_fail("serve", "--tensor_parallel_size above 1 is not supported by colt serve yet (every rank would "
-                                 "have to follow rank 0's schedule); serve on one device");
+    if (a.tensor_parallel_size < 1) return cli_fail("serve", "--tensor_parallel_size must be >= 1");
+    if (a.tensor_parallel_size > 1 && a.adapter)
+        return cli_fail("serve", "--adapter with --tensor_parallel_size above 1 is not supported yet; merge the "
+                                 "adapter into the model (colt train's merge_lora) or serve on one process");
     if (a.port < 0 || a.port > 65535) return cli_fail("serve", "--port must be in [0, 65535]");
     if (http_server_check_host(a.host, err) != 0) return cli_fail("serve", err);
     if (a.max_model_len < 0 || a.max_tokens_limit < 0 || a.max_num_seqs < 0)
@@ -105,6 +126,35 @@ int cmd_serve(int argc, char **argv) {
     ModelConfig probe;
     GenerationDefaults gen;
     if (model_config_load(&probe, &gen, a.model, err) != 0) return cli_fail("serve", err);
+    if (model_tp_check(&probe, a.tensor_parallel_size, err) != 0) return cli_fail("serve", err);
+    /* Tensor parallel: one process per part, the launch's world exactly one group. */
+    LaunchEnv env;
+    if (launch_env_from_process(&env, err) != 0) return cli_fail("serve", err);
+    if (a.tensor_parallel_size > 1 && env.launcher == LAUNCHER_NONE && !local_launch_is_child()) {
+        /* no launcher: colt starts the N processes itself (as colt train does); a signal to this one
+         * reaches them all (rank 0 drains, the others follow it to the end) */
+        char **child_argv = xcalloc((size_t)argc + 3, sizeof(char *));
+        child_argv[0] = "colt";
+        child_argv[1] = "serve";
+        for (int i = 0; i < argc; i++) child_argv[i + 2] = argv[i];
+        fprintf(stderr, "colt serve: starting %d processes on this node (tensor_parallel_size)\n",
+                a.tensor_parallel_size);
+        int status = local_launch_run(a.tensor_parallel_size, child_argv, err);
+        free(child_argv);
+        return status < 0 ? cli_fail("serve", err) : status;
+    }
+    if (local_launch_is_child()) { /* the processes colt started end with it: no server left behind */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1) return 1; /* it ended before prctl */
+    }
+    if (env.world_size != a.tensor_parallel_size)
+        return cli_fail("serve", "colt serve under a launcher needs --tensor_parallel_size equal to the number of "
+                                 "processes");
+    log_set_rank(env.rank);
+    if (env.rank > 0) { /* a follower stops when rank 0 says so; a launcher's SIGTERM to every rank is for rank 0 */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+    }
     if (a.max_model_len == 0 || a.max_model_len > probe.max_position_embeddings) {
         if (a.max_model_len > probe.max_position_embeddings)
             log_info0("colt serve: --max_model_len %d is above the model's max_position_embeddings; using %d",
@@ -133,17 +183,44 @@ int cmd_serve(int argc, char **argv) {
     free(tok_path);
     if (!have_tok) return cli_fail("serve", "the model folder has no tokenizer.json (colt serve answers in text)");
     if (tokenizer_load(&tok, a.model, err) != 0) return cli_fail("serve", err);
-    Backend *be = backend_open(a.device, 0, err);
+    /* every rank got this far with the same files and flags: the group, then its device */
+    Comm *world = NULL;
+    TpGroup group = {0};
+    if (env.world_size > 1) {
+        /* host buffers (the hooks stage through the host); a bound on every wait of a follower for rank 0 */
+        CommOptions co = {.kind = COMM_AUTO, .gpu = false, .timeout_s = SERVE_TP_TIMEOUT_S};
+        if (comm_open(&world, &env, &co, err) != 0 ||
+            tp_group_open(&group, world, a.tensor_parallel_size, NULL, err) != 0) {
+            cli_fail("serve", err);
+            if (world) comm_abort(world, err);
+            tokenizer_free(tok);
+            return 1;
+        }
+    }
+    int n_gpus = backend_cuda_device_count();
+    Backend *be = backend_open(a.device, n_gpus > 0 ? env.local_rank % n_gpus : 0, err);
     if (!be) {
         tokenizer_free(tok);
-        return cli_fail("serve", err);
+        cli_fail("serve", err);
+        if (world) comm_abort(world, err);
+        return 1;
     }
+    char how[128] = "";
+    if (world && tp_group_use_nccl(&group, &env, world, be, SERVE_TP_TIMEOUT_S, how, sizeof how, err) != 0) {
+        cli_fail("serve", err);
+        comm_abort(world, err);
+    }
+    group.be = be;
+    TensorParallel hooks = tp_group_hooks(&group);
     Model *m = NULL;
-    if (model_load(&m, a.model, be, err) != 0 || (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
+    if (model_load_tp(&m, a.model, be, world ? &hooks : NULL, err) != 0 ||
+        (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
         model_free(m);
         backend_close(be);
         tokenizer_free(tok);
-        return cli_fail("serve", err);
+        cli_fail("serve", err);
+        if (world) comm_abort(world, err);
+        return 1;
     }
     int eos[MODEL_MAX_EOS + 1];
     int n_eos = prompt_stop_ids(eos, model_config(m), tok);
@@ -155,11 +232,17 @@ int cmd_serve(int argc, char **argv) {
     ServeLoopOptions lo = {.engine = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
                                       .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
                                       .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic},
-                           .max_model_len = a.max_model_len, .max_queued_sequences = a.max_queued_sequences};
+                           .max_model_len = a.max_model_len, .max_queued_sequences = a.max_queued_sequences,
+                           .tp = group.tp};
     ServeLoop *loop = NULL;
     HttpServer *http = NULL;
     int rc = 0;
-    if (serve_loop_start(&loop, m, &lo, err) != 0) {
+    if (env.rank > 0) { /* a follower: rank 0's engine calls, until it says stop */
+        if (serve_follow(m, &lo, group.tp, err) != 0) {
+            cli_fail("serve", err);
+            comm_abort(world, err);
+        }
+    } else if (serve_loop_start(&loop, m, &lo, err) != 0) {
         rc = cli_fail("serve", err);
     } else {
         ServeLoopStats st;
@@ -168,11 +251,16 @@ int cmd_serve(int argc, char **argv) {
                                 .max_connections = a.max_connections};
         log_info0("colt serve: %s on %s, max_model_len %d, KV pool of %d blocks (%.3f GB)", ctx.model_name, be->name,
                   a.max_model_len, st.engine.pool_blocks, st.engine.pool_bytes / 1e9);
+        if (world)
+            log_info0("colt serve: tensor parallel over %d processes (collectives: %s)", a.tensor_parallel_size,
+                      how[0] ? how : "through the host");
         if (http_server_start(&http, &ho, loop, &ctx, err) != 0) rc = cli_fail("serve", err);
     }
-    if (rc == 0) {
-        log_info0("colt serve: listening on http://%s%s%s:%d", strchr(a.host, ':') ? "[" : "", a.host,
-                  strchr(a.host, ':') ? "]" : "", http_server_port(http));
+    if (rc == 0 && env.rank == 0) {
+        char pid_note[96] = "";
+        if (world) snprintf(pid_note, sizeof pid_note, " (rank 0: pid %d; SIGTERM it to stop)", (int)getpid());
+        log_info0("colt serve: listening on http://%s%s%s:%d%s", strchr(a.host, ':') ? "[" : "", a.host,
+                  strchr(a.host, ':') ? "]" : "", http_server_port(http), pid_note);
         int sig = 0;
         while (!(sig = wait_signal(&stop_signals, 1.0))) {}
         serve_loop_drain(loop);
@@ -200,9 +288,11 @@ int cmd_serve(int argc, char **argv) {
         http_server_stop(http);
         log_info0("colt serve: stopped");
     }
-    serve_loop_stop(loop);
+    serve_loop_stop(loop); /* tensor parallel: the followers' "stop" turn */
     model_free(m);
+    tp_group_close(&group); /* its NCCL communicators before the device's backend */
     backend_close(be);
     tokenizer_free(tok);
+    if (world) comm_close(world);
     return rc;
 }

@@ -90,7 +90,9 @@ static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess
     ServeProcessOptions o = {.model = cfg->model, .device = gpu ? "cuda" : "cpu", .cuda_visible = gpu ? visible : NULL,
                              .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
                              .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
-                             .log_path = log_path, .timeout_s = cfg->vllm_server_timeout};
+                             .log_path = log_path, .timeout_s = cfg->vllm_server_timeout,
+                             /* one process per server GPU: the model cut across them */
+                             .tensor_parallel_size = (int)json_array_size(cfg->server_devices)};
     int rc = serve_process_start(sp, &o, err);
     free(log_path);
     if (rc != 0) return COLT_ERR;

@@ -33,6 +33,7 @@ struct WeightSync {
     size_t bucket_bytes;
     void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
     void *device_small; /* NCCL: [FP_COUNT + 1] int64 for the fingerprint exchange */
+    void *device_bucket; /* NCCL into a tensor-parallel part: [bucket_bytes] device staging (host_bucket too) */
     bool weights_sent;  /* the trainer: the weights' arena went over once (the base under LoRA) */
     size_t last_bytes;
     double last_seconds;
@@ -99,20 +100,31 @@ static int64_t hash_tensors(const Model *m, int count, ModelParam (*get)(const M
 }
 
 /* The layout's fingerprint (FP_*): a whole model's weights arena, and its
- * adapters' when attached. */
-static int fingerprint(const Model *m, int64_t fp[FP_COUNT], char *err) {
-    if (model_tp_size(m) > 1)
-        return errorf(err, "weight sync: a tensor-parallel part (tensor_parallel_size %d) cannot be sent or received "
-                           "yet; the server and the trainer each need the whole model",
+ * adapters' when attached. A tensor-parallel part (a server rank; sending
+ * one is refused) answers for the whole model it is a part of: the whole
+ * tensors' names and sizes, the whole arena's bytes — what the trainer's
+ * whole model has. */
+static int fingerprint(const Model *m, bool sending, int64_t fp[FP_COUNT], char *err) {
+    if (model_tp_size(m) > 1 && sending)
+        return errorf(err, "weight sync: a tensor-parallel part (tensor_parallel_size %d) cannot be sent; the "
+                           "trainer needs the whole model",
+                      model_tp_size(m));
+    if (model_tp_size(m) > 1 && model_has_lora(m))
+        return errorf(err, "weight sync: a tensor-parallel server (tensor_parallel_size %d) cannot take LoRA adapters "
+                           "yet; serve with tensor_parallel_size 1 for a use_peft trainer",
                       model_tp_size(m));
     size_t numel = 0;
     if (!model_weights_flat(m, &numel))
         return errorf(err, "weight sync: the weights are partitioned (zero_stage 3); gather them first");
     const Backend *be = model_backend(m);
+    Model *whole = model_tp_size(m) > 1 ? model_plan_shell(model_config(m), be, NULL, 1) : NULL;
+    const Model *layout = whole ? whole : m;
+    model_weights_flat(layout, &numel);
     fp[FP_BYTES] = (int64_t)(numel * dtype_size(be->storage));
-    fp[FP_PARAMS] = model_weight_count(m);
-    fp[FP_NAMES] = hash_tensors(m, model_weight_count(m), model_weight);
+    fp[FP_PARAMS] = model_weight_count(layout);
+    fp[FP_NAMES] = hash_tensors(layout, model_weight_count(layout), model_weight);
     fp[FP_DTYPE] = be->storage;
+    model_free(whole);
     if (model_has_lora(m)) {
         float scaling = lora_scaling(model_lora_config(m));
         uint32_t bits;
@@ -206,6 +218,39 @@ static int broadcast_arena(WeightSync *w, void *arena, size_t bytes, char *err) 
     return w->nccl ? comm_wait(w->comm, stream, err) : COLT_OK;
 }
 
+/* A tensor-parallel part receives the whole arena the same way, bucket by
+ * bucket through host memory (over NCCL: into a device bucket, then down),
+ * and keeps its part of each tensor (model_part_receiver). */
+static int receive_into_part(WeightSync *w, Model *m, size_t bytes, char *err) {
+    size_t whole_bytes = 0;
+    ModelPartReceiver *r = model_part_receiver_create(m, &whole_bytes);
+    COLT_ASSERT(whole_bytes == bytes); /* the fingerprints agreed */
+    void *stream = w->nccl ? backend_cuda_compute_stream(w->be) : NULL;
+    if (!w->host_bucket) w->host_bucket = w->be->alloc_host(w->be, w->bucket_bytes);
+    if (w->nccl && !w->device_bucket) {
+        size_t es = dtype_size(w->be->storage);
+        w->device_bucket = w->be->alloc(w->be, (w->bucket_bytes + es - 1) / es);
+    }
+    int rc = COLT_OK;
+    if (!w->host_bucket || (w->nccl && !w->device_bucket))
+        rc = errorf(err, "weight sync: cannot allocate %zu bytes of staging for a tensor-parallel part",
+                    w->bucket_bytes);
+    for (size_t off = 0; rc == 0 && off < bytes; off += w->bucket_bytes) {
+        size_t n = bytes - off < w->bucket_bytes ? bytes - off : w->bucket_bytes;
+        if (w->nccl) {
+            rc = comm_broadcast(w->comm, w->device_bucket, n, COMM_BYTE, w->root, stream, err);
+            if (rc == 0) rc = comm_wait(w->comm, stream, err);
+            if (rc == 0) w->be->copy_to_host(w->be, w->host_bucket, w->device_bucket, n);
+        } else {
+            rc = comm_broadcast(w->comm, w->host_bucket, n, COMM_BYTE, w->root, NULL, err);
+        }
+        if (rc == 0) model_part_receiver_put(r, w->host_bucket, n);
+    }
+    if (rc == 0) COLT_ASSERT(model_part_receiver_done(r));
+    model_part_receiver_free(r);
+    return rc;
+}
+
 /* The trainer sends the weights' arena at its first push over the channel
  * and whenever no adapters are attached (then they are what trains), the
  * adapters' whenever they are: with LoRA every later push is the adapters
@@ -216,7 +261,7 @@ static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
                       comm_rank(w->comm), sending ? "sends" : "receives", w->root);
     double t0 = now_s();
     int64_t fp[FP_COUNT] = {0};
-    bool ok = fingerprint(m, fp, err) == 0;
+    bool ok = fingerprint(m, sending, fp, err) == 0;
     if (sending && ok)
         fp[FP_SECTIONS] = (!w->weights_sent || !model_has_lora(m) ? SECTION_WEIGHTS : 0) |
                           (model_has_lora(m) ? SECTION_ADAPTERS : 0);
@@ -224,7 +269,9 @@ static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
     if (agree(w, fp, ok, &sections, err) != 0) return COLT_ERR;
     size_t numel = 0, bytes = 0;
     if (sections & SECTION_WEIGHTS) {
-        if (broadcast_arena(w, model_weights_flat(m, &numel), (size_t)fp[FP_BYTES], err) != 0) return COLT_ERR;
+        int rc = model_tp_size(m) > 1 ? receive_into_part(w, (Model *)m, (size_t)fp[FP_BYTES], err)
+                                       : broadcast_arena(w, model_weights_flat(m, &numel), (size_t)fp[FP_BYTES], err);
+        if (rc != 0) return COLT_ERR;
         bytes += (size_t)fp[FP_BYTES];
         w->weights_sent = true;
     }
@@ -255,6 +302,7 @@ void weight_sync_close(WeightSync *w) {
     if (!w) return;
     if (w->host_bucket) w->be->free_host(w->be, w->host_bucket);
     if (w->device_small) w->be->free(w->be, w->device_small);
+    if (w->device_bucket) w->be->free(w->be, w->device_bucket);
     comm_close(w->comm);
     free(w);
 }

@@ -17,9 +17,14 @@
  * adapters' arena alone (the base is frozen): a few MB instead of the model,
  * where TRL merges the adapters and pushes every weight. Both sides must hold
  * the same layout — same config, same storage dtype, the same adapters (rank,
- * target modules, scaling) or none, whole models (no tensor-parallel parts):
- * the first thing each push sends is the layout's fingerprint, and a mismatch
- * fails on every member with one line saying what differs. */
+ * target modules, scaling) or none: the first thing each push sends is the
+ * layout's fingerprint, and a mismatch fails on every member with one line
+ * saying what differs. The trainer sends a whole model; a server rank may
+ * hold a tensor-parallel part of it (a tensor-parallel colt serve: every rank
+ * of its group is a member): it answers with the whole model's fingerprint,
+ * receives the whole arena bucket by bucket through host memory and keeps its
+ * part of each tensor (model.h model_part_receiver_*). Adapters on a
+ * tensor-parallel part are refused for now. */
 #ifndef COLT_DIST_WEIGHT_SYNC_H
 #define COLT_DIST_WEIGHT_SYNC_H
 

@@ -203,17 +203,91 @@ static size_t whole_numel(const Model *m, const TensorSpec *s) {
     return tensor_spec_numel(s) * (size_t)tp_blocks(m, s);
 }
 
-void model_tp_cut(const Model *m, const TensorSpec *s, const float *whole, float *part) {
+/* model_tp_cut over elements of es bytes (fp32 on the host, or the storage dtype's raw bytes). */
+static void tp_cut_bytes(const Model *m, const TensorSpec *s, const char *whole, char *part, size_t es) {
     size_t numel = tensor_spec_numel(s);
     int rank = m->tp.rank, size = m->tp.size;
     if (s->split != TP_COLS) { /* whole, or a block of consecutive rows */
         size_t block = s->split == TP_WHOLE ? 0 : (size_t)(s->split == TP_KV_ROWS ? rank / m->kv_copies : rank);
-        memcpy(part, whole + block * numel, numel * sizeof(float));
+        memcpy(part, whole + block * numel * es, numel * es);
         return;
     }
     size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1];
     for (size_t r = 0; r < rows; r++)
-        memcpy(part + r * cols, whole + r * cols * size + (size_t)rank * cols, cols * sizeof(float));
+        memcpy(part + r * cols * es, whole + (r * cols * size + (size_t)rank * cols) * es, cols * es);
+}
+
+void model_tp_cut(const Model *m, const TensorSpec *s, const float *whole, float *part) {
+    tp_cut_bytes(m, s, (const char *)whole, (char *)part, sizeof(float));
+}
+
+/* ---------------------------------------------------------------- a whole arena into a part */
+
+/* The whole model's arena (as a whole model of m's config lays it out on a
+ * backend of m's storage dtype: what a trainer sends) taken as a byte stream;
+ * each tensor is staged whole on the host, then m's part of it is cut out and
+ * copied to the device. */
+struct ModelPartReceiver {
+    Model *m, *whole;   /* the part; a shell with the whole layout */
+    int *order;         /* the whole table's entries by arena offset */
+    int next;           /* order[next]: the tensor being staged */
+    size_t pos, bytes;  /* bytes of the stream seen; its length */
+    char *stage, *part; /* host: one whole tensor, its part */
+};
+
+ModelPartReceiver *model_part_receiver_create(Model *m, size_t *whole_bytes) {
+    ModelPartReceiver *r = xcalloc(1, sizeof *r);
+    r->m = m;
+    r->whole = model_plan_shell(&m->cfg, m->be, NULL, 1);
+    size_t es = dtype_size(m->be->storage), max_numel = 0;
+    COLT_ASSERT(r->whole->n_tensors == m->n_tensors);
+    r->order = xmalloc(sizeof(int) * (size_t)r->whole->n_tensors);
+    for (int i = 0; i < r->whole->n_tensors; i++) {
+        COLT_ASSERT(strcmp(r->whole->tensors[i].name, m->tensors[i].name) == 0); /* one table, two layouts */
+        r->order[i] = i;
+        if (tensor_spec_numel(&r->whole->tensors[i]) > max_numel) max_numel = tensor_spec_numel(&r->whole->tensors[i]);
+    }
+    /* by offset (insertion sort: a few hundred tensors) */
+    for (int i = 1; i < r->whole->n_tensors; i++)
+        for (int j = i; j > 0 && r->whole->offsets[r->order[j]] < r->whole->offsets[r->order[j - 1]]; j--) {
+            int t = r->order[j];
+            r->order[j] = r->order[j - 1];
+            r->order[j - 1] = t;
+        }
+    r->stage = xmalloc(max_numel * es);
+    r->part = xmalloc(max_numel * es);
+    r->bytes = r->whole->arena_numel * es;
+    *whole_bytes = r->bytes;
+    return r;
+}
+
+void model_part_receiver_put(ModelPartReceiver *r, const void *bytes, size_t n) {
+    const size_t es = dtype_size(r->m->be->storage);
+    const char *src = bytes;
+    size_t lo = r->pos, hi = r->pos + n;
+    while (r->next < r->whole->n_tensors) {
+        int i = r->order[r->next];
+        const TensorSpec *w = &r->whole->tensors[i], *s = &r->m->tensors[i];
+        size_t t_lo = r->whole->offsets[i] * es, t_hi = t_lo + tensor_spec_numel(w) * es;
+        if (t_lo >= hi) break; /* starts in a later piece */
+        size_t a = t_lo > lo ? t_lo : lo, b = t_hi < hi ? t_hi : hi;
+        if (b > a) memcpy(r->stage + (a - t_lo), src + (a - lo), b - a);
+        if (t_hi > hi) break; /* the rest comes in the next piece */
+        tp_cut_bytes(r->m, s, r->stage, r->part, es);
+        r->m->be->copy_from_host(r->m->be, *s->buf, r->part, tensor_spec_numel(s) * es);
+        r->next++;
+    }
+    r->pos = hi;
+}
+
+bool model_part_receiver_done(const ModelPartReceiver *r) {
+    return r->next == r->whole->n_tensors && r->pos == r->bytes;
+}
+
+void model_part_receiver_free(ModelPartReceiver *r) {
+    if (!r) return;
+    model_free(r->whole);
+    free(r->order), free(r->stage), free(r->part), free(r);
 }
 
 /* The one allocation of the weights; every tensor pointer is a view into it. */

@@ -164,6 +164,18 @@ size_t model_weight_bytes(const Model *m);       /* device bytes of the weights 
 struct LoraConfig;
 /* tp_size > 1: the layout of one rank's part under tensor parallelism. */
 Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora, int tp_size);
+/* A whole model's weights into a tensor-parallel part (the weight channel of
+ * a tensor-parallel colt serve, dist/weight_sync.c): the whole model's arena
+ * — as a whole model of m's config lays it out on a backend of m's storage
+ * dtype, padding included — given in pieces in order from its first byte
+ * (host memory); each tensor, once complete, has m's part cut out of it
+ * (model_tp_cut's rule, replicated KV heads included) and copied into m.
+ * *whole_bytes: the stream's length. Host memory: two of the largest tensor. */
+typedef struct ModelPartReceiver ModelPartReceiver;
+ModelPartReceiver *model_part_receiver_create(Model *m, size_t *whole_bytes);
+void model_part_receiver_put(ModelPartReceiver *r, const void *bytes, size_t n);
+bool model_part_receiver_done(const ModelPartReceiver *r); /* every byte came */
+void model_part_receiver_free(ModelPartReceiver *r);
 /* transformers' Trainer exempts these from weight decay (biases, norms). */
 bool model_param_no_weight_decay(const char *name);
 

@@ -158,8 +158,10 @@ char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates) {
 }
 
 char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx) {
-    json_t *o = json_pack("{s:s,s:b,s:i,s:I}", "device", st->device, "deterministic", st->deterministic,
-                          "max_model_len", ctx->max_model_len, "weight_updates", (json_int_t)st->weight_updates);
+    json_t *o = json_pack("{s:s,s:b,s:i,s:I,s:i,s:i}", "device", st->device, "deterministic", st->deterministic,
+                          "max_model_len", ctx->max_model_len, "weight_updates", (json_int_t)st->weight_updates,
+                          "tensor_parallel_size", st->tensor_parallel_size, "weight_sync_world_size",
+                          st->tensor_parallel_size + 1);
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return text;

@@ -8,8 +8,10 @@
  *                                 "use_rslora": false, "target_modules": ["q_proj", ...]} or null}
  *   POST /colt/update_weights     {}
  *   POST /colt/close_weight_sync  {}
- *   GET  /colt/info               {"device", "deterministic", "max_model_len", "weight_updates"}: what a
- *                                 trainer checks before it uses the server
+ *   GET  /colt/info               {"device", "deterministic", "max_model_len", "weight_updates",
+ *                                 "tensor_parallel_size", "weight_sync_world_size"}: what a trainer
+ *                                 checks before it uses the server (the weight channel's group is
+ *                                 the server's processes and the trainer, last)
  * The bodies read and checked, and the JSON that goes back. Pure functions
  * over jansson: no sockets (http_server.c), no threads (serve_loop.c). */
 #ifndef COLT_SERVE_COLT_API_H

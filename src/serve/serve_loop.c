@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/weight_sync.h"
+#include "serve/serve_turn.h"
 
 #define IDLE_WAIT_S 0.1 /* the loop's longest sleep with nothing to do */
 #define RATE_WINDOW_S 10
@@ -81,6 +82,7 @@ struct ServeLoop {
     double last_update_seconds, last_update_bytes;
     /* loop-private */
     WeightSync *sync;
+    ServeTurn turn; /* tensor parallel: this turn's engine calls, for the other ranks (serve_turn.h) */
     ServeRequest **active;
     int n_active, active_cap;
     Slot *slots;
@@ -281,12 +283,17 @@ void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
     out->last_update_bytes = l->last_update_bytes;
     out->device = model_backend(l->m)->name;
     out->deterministic = l->o.engine.deterministic;
+    out->tensor_parallel_size = l->o.tp ? comm_world_size(l->o.tp) : 1;
     pthread_mutex_unlock(&l->mu);
 }
 
 int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err) {
     static const char *const names[] = {"init_weight_sync", "update_weights", "close_weight_sync"};
     *http_status = 400; /* the trainer's adapters must fit this model (reads its config only) */
+    if (q->op == SERVE_SYNC_OPEN && q->has_lora && l->o.tp)
+        return errorf(err, "init_weight_sync: this colt serve is tensor parallel (%d processes) and cannot take a "
+                           "use_peft trainer's LoRA adapters yet; serve it with --tensor_parallel_size 1",
+                      comm_world_size(l->o.tp));
     if (q->op == SERVE_SYNC_OPEN && q->has_lora && model_lora_check(l->m, &q->lora, "init_weight_sync", err) != 0)
         return COLT_ERR;
     pthread_mutex_lock(&l->mu);
@@ -335,6 +342,7 @@ static void add_to_engine(ServeLoop *l, ServeRequest *r, int *left) {
             *left += r->n_choices - i;
             return;
         }
+        if (l->o.tp) serve_turn_add(&l->turn, (uint64_t)slot, &c->seq, &r->opt);
         l->slots[slot] = (Slot){r, i};
         c->slot = slot;
         c->in_engine = true;
@@ -361,6 +369,7 @@ static void apply_cancels(ServeLoop *l, int *left) {
                 ServeChoice *c = &r->choices[i];
                 if (!c->in_engine || !(c->cancel || r->failed)) continue;
                 COLT_ASSERT(engine_abort(l->engine, (uint64_t)c->slot) == 0);
+                if (l->o.tp) serve_turn_abort(&l->turn, (uint64_t)c->slot);
                 leave_engine(l, r, c, left);
             }
             r->cancel_pending = false;
@@ -432,6 +441,16 @@ static int match_adapters(Model *m, const ServeSyncRequest *q, char *err) {
     return COLT_OK;
 }
 
+/* Tensor parallel: this turn to the other ranks. A failure (a rank gone)
+ * ends the group: every rank exits with the reason. */
+static void send_turn(ServeLoop *l) {
+    char err[ERR_LEN];
+    if (serve_turn_send(&l->turn, l->o.tp, err) != 0) {
+        error_prefix(err, "colt serve: the tensor-parallel group stopped following rank 0");
+        comm_abort(l->o.tp, err);
+    }
+}
+
 /* One weight-channel operation, on the engine thread between steps. A
  * failure closes the channel: the trainer's side fails too (its collective
  * times out or sees the error) and says so; this side logs and serves on. */
@@ -440,31 +459,18 @@ static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
     int rc = COLT_OK;
     size_t bytes = 0;
     double seconds = 0;
-    if (q->op == SERVE_SYNC_OPEN) {
-        rc = match_adapters(l->m, q, err);
-        const Backend *be = model_backend(l->m);
-        WeightSyncOptions o = {.host = q->host, .port = q->port, .rank = 0, .world_size = 2, .be = be,
-                               .use_nccl = q->use_nccl, .cuda_device = be->device, .timeout_s = q->timeout_s};
-        if (rc == 0)
-            log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host,
-                      q->port, q->timeout_s);
-        if (rc == 0) rc = weight_sync_open(&l->sync, &o, err);
-        if (rc == 0)
-            log_info0("colt serve: weight channel open (%s)", comm_kind_name(weight_sync_kind(l->sync)));
-    } else if (q->op == SERVE_SYNC_RECV) {
-        if (!l->sync) rc = errorf(err, "update_weights: the weight channel is not open");
-        else rc = weight_sync_recv(l->sync, l->m, err);
-        if (rc == 0) weight_sync_last(l->sync, &bytes, &seconds);
-    } else {
-        weight_sync_close(l->sync);
-        l->sync = NULL;
-        log_info0("colt serve: weight channel closed");
-    }
-    if (rc != 0) {
+    int n_server_ranks = l->o.tp ? comm_world_size(l->o.tp) : 1;
+    if (q->op == SERVE_SYNC_OPEN) rc = match_adapters(l->m, q, err);
+    if (rc == 0 && q->op == SERVE_SYNC_OPEN)
+        log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host, q->port,
+                  q->timeout_s);
+    if (rc == 0) rc = serve_sync_run(&l->sync, l->m, q, 0, n_server_ranks, &bytes, &seconds, err);
+    if (rc != 0)
         log_error("colt serve: weight channel: %s; the channel is closed, serving goes on with the weights held", err);
-        weight_sync_close(l->sync);
-        l->sync = NULL;
-    }
+    else if (q->op == SERVE_SYNC_OPEN)
+        log_info0("colt serve: weight channel open (%s)", comm_kind_name(weight_sync_kind(l->sync)));
+    else if (q->op == SERVE_SYNC_CLOSE)
+        log_info0("colt serve: weight channel closed");
     pthread_mutex_lock(&l->mu);
     if (rc != 0) {
         l->weight_sync_failures++;
@@ -483,7 +489,8 @@ static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
 static void *loop_main(void *arg) {
     ServeLoop *l = arg;
     char err[ERR_LEN] = "";
-    int rc = engine_create(&l->engine, l->m, &l->o.engine, l->o.max_model_len, l->o.max_queued_sequences, err);
+    int rc = serve_engine_create(&l->engine, l->m, &l->o.engine, l->o.max_model_len, l->o.max_queued_sequences,
+                                 l->o.tp, err);
     pthread_mutex_lock(&l->mu);
     if (rc == 0) {
         engine_load(l->engine, &l->load);
@@ -503,7 +510,7 @@ static void *loop_main(void *arg) {
         while (!l->stop && !l->wake && !engine_has_work(l->engine)) {
             struct timespec deadline;
             deadline_after(&deadline, IDLE_WAIT_S);
-            pthread_cond_timedwait(&l->cv, &l->mu, &deadline);
+            if (pthread_cond_timedwait(&l->cv, &l->mu, &deadline) == ETIMEDOUT && l->o.tp) break; /* heartbeat */
         }
         bool stop = l->stop, abort_all = l->abort_all;
         l->abort_all = false;
@@ -520,9 +527,18 @@ static void *loop_main(void *arg) {
         memcpy(ops, l->sync_queue, sizeof(ServeSyncRequest) * (size_t)n_ops);
         if (!stop) l->n_sync = 0;
         pthread_mutex_unlock(&l->mu);
-        /* Between engine steps: requests taken from here on compute with what they bring. */
+        /* Between engine steps: requests taken from here on compute with what they bring. Tensor
+         * parallel: the other ranks learn of the operations first (each is collective over them too). */
+        if (l->o.tp && n_ops > 0) {
+            for (int k = 0; k < n_ops; k++) serve_turn_sync(&l->turn, &ops[k]);
+            send_turn(l);
+        }
         for (int k = 0; k < n_ops; k++) run_sync_op(l, &ops[k]);
         if (stop) {
+            if (l->o.tp) {
+                serve_turn_stop(&l->turn);
+                send_turn(l);
+            }
             for (int i = 0; i < n_taken; i++) {
                 request_fail(taken[i], "the server is shutting down");
                 serve_request_release(taken[i]);
@@ -535,11 +551,18 @@ static void *loop_main(void *arg) {
         for (int i = 0; i < n_taken; i++) add_to_engine(l, taken[i], &left);
         if (abort_all) fail_all(l, "the server is shutting down", &left);
         apply_cancels(l, &left);
-        bool step_failed = false;
-        if (engine_has_work(l->engine)) {
+        bool step_failed = false, step = engine_has_work(l->engine);
+        if (l->o.tp) { /* this turn's adds and aborts, and whether a step follows (else a heartbeat) */
+            if (step) serve_turn_step(&l->turn);
+            send_turn(l);
+        }
+        if (step) {
             const EngineEvent *ev;
             int n_events;
             if (engine_step(l->engine, &ev, &n_events, err) != 0) {
+                /* tensor parallel: a collective failed (a rank died?) or a rank's forward did; the
+                 * group cannot go on together */
+                if (l->o.tp) comm_abort(l->o.tp, err);
                 step_failed = true;
                 log_error("colt serve: the engine failed: %s", err);
                 fail_all(l, err, &left);
@@ -636,6 +659,7 @@ void serve_loop_stop(ServeLoop *l) {
     }
     weight_sync_close(l->sync);
     engine_destroy(l->engine);
+    serve_turn_free(&l->turn);
     free(l->incoming), free(l->active), free(l->slots), free(l->free_slots);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dist/comm.h"
 #include "engine/engine.h"
 #include "model/lora.h"
 
@@ -22,6 +23,8 @@ typedef struct ServeLoopOptions {
     EngineOptions engine;     /* max_num_seqs: sequences in the pool at once */
     int max_model_len;        /* prompt + completion tokens of one sequence */
     int max_queued_sequences; /* sequences submitted and not finished; more are refused as busy */
+    Comm *tp;                 /* tensor parallel: the group's host communicator, this process its rank 0, the
+                               * others following (serve_turn.h); NULL: one process */
 } ServeLoopOptions;
 
 /* Starts the thread; it creates the engine (the KV pool is taken now) and
@@ -80,8 +83,10 @@ double serve_request_first_token_seconds(ServeRequest *r);
  * between engine steps in the order asked: OPEN first gives the model the
  * trainer's LoRA adapters (attached with its config, replacing adapters of
  * another config; taken off when the trainer has none: the pushes then hold
- * whole weights), then joins the group as server
- * rank 0 of 2 (serving its store on host:port) and waits for the trainer;
+ * whole weights; refused on a tensor-parallel server), then joins the group
+ * as server rank 0 (serving its store on host:port; a tensor-parallel
+ * server's other ranks join as ranks 1 .. N-1, the trainer is rank N) and
+ * waits for the trainer;
  * RECV receives one push into the model (the weights version moves, so the
  * engine recomputes what it holds and empties its prefix cache; requests
  * still running finish with the new weights); CLOSE leaves the group. Each
@@ -117,6 +122,7 @@ typedef struct ServeLoopStats {
     double last_update_seconds, last_update_bytes;
     const char *device;       /* the backend the model computes on ("cpu", "cuda") */
     bool deterministic;       /* the engine's deterministic mode */
+    int tensor_parallel_size; /* the server's processes (the weight channel's group: these + the trainer) */
 } ServeLoopStats;
 void serve_loop_stats(ServeLoop *l, ServeLoopStats *out);
 

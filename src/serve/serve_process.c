@@ -51,10 +51,10 @@ static int listening_port(const char *path) {
 
 int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err) {
     *p = (ServeProcess){0};
-    char mem[32], len[32];
+    char mem[32], len[32], tp[16];
     snprintf(mem, sizeof mem, "%g", o->gpu_memory_utilization);
     snprintf(len, sizeof len, "%d", o->max_model_len);
-    const char *argv[24];
+    const char *argv[32];
     int n = 0;
     argv[n++] = "colt";
     argv[n++] = "serve";
@@ -69,6 +69,8 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
     if (o->deterministic) argv[n++] = "--deterministic";
     if (o->gpu_memory_utilization > 0) argv[n++] = "--gpu_memory_utilization", argv[n++] = mem;
     if (o->max_model_len > 0) argv[n++] = "--max_model_len", argv[n++] = len;
+    snprintf(tp, sizeof tp, "%d", o->tensor_parallel_size);
+    if (o->tensor_parallel_size > 1) argv[n++] = "--tensor_parallel_size", argv[n++] = tp;
     argv[n] = NULL;
     /* the environment: ours, CUDA_VISIBLE_DEVICES replaced */
     size_t n_env = 0;

@@ -139,7 +139,8 @@ static const ConfigKey KEYS[] = {
     K(server_devices, KEY_JSON_LIST,
       "the one-command form of server mode: colt train starts colt serve itself on these GPUs (e.g. [7]; bound to "
       "127.0.0.1, a free port), trains on the others (or on devices), and stops it at the end; sets vllm_mode "
-      "server. On the CPU the server runs on the CPU"),
+      "server. Several GPUs: the model is cut across them (colt serve --tensor_parallel_size, one process per GPU). "
+      "On the CPU the server runs on the CPU, one process per entry"),
     K(weight_sync_backend, KEY_STRING,
       "vllm_mode server: auto (NCCL when trainer and server are on different GPUs: another host, or server_devices "
       "apart from the trainer's; else through the host), nccl, or gloo (through the host)"),
@@ -1529,8 +1530,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
 
 int train_config_check_server_tp(const TrainConfig *c, char *err) {
     if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0 && c->tensor_parallel_size > 1)
-        return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1, not %d (the weight channel pushes "
-                           "whole models; colt serve refuses tensor parallelism too)",
+        return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1, not %d (the trainer pushes its "
+                           "whole model over the weight channel; the server may be tensor parallel: several "
+                           "server_devices, or colt serve --tensor_parallel_size)",
                       c->tensor_parallel_size);
     return COLT_OK;
 }

@@ -513,10 +513,14 @@ static int push_weights(Trainer *t, char *err) {
 /* Rank 0: NCCL or the host for the weight channel (weight_sync_backend),
  * from what the server says it runs on (/colt/info). NCCL refuses two ranks
  * on one GPU, so auto takes it only when the GPUs are known to differ. */
-static int choose_weight_channel(Trainer *t, const char *host, bool *nccl, char *err) {
+static int choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *group_size, char *err) {
     const TrainConfig *c = t->cfg;
     json_t *info = NULL;
     if (serve_client_get_json(t->server, "/colt/info", &info, err) != 0) return COLT_ERR;
+    /* the server's processes (tensor parallel: each holds a part) and this rank; absent: an older colt serve */
+    json_t *ws = json_object_get(info, "weight_sync_world_size");
+    *group_size = json_is_integer(ws) && json_integer_value(ws) >= 2 && json_integer_value(ws) <= 4096
+                      ? (int)json_integer_value(ws) : 2;
     const char *device = json_string_value(json_object_get(info, "device"));
     bool server_gpu = device && strncmp(device, "cuda", 4) == 0, trainer_gpu = strncmp(t->be->name, "cuda", 4) == 0;
     bool server_deterministic = json_is_true(json_object_get(info, "deterministic"));
@@ -559,14 +563,16 @@ static int server_connect(Trainer *t, char *err) {
     if (t->dist.rank == 0) {
         char host[256];
         bool nccl = false;
+        int group_size = 2;
         rc = serve_client_host(t->server, host, sizeof host, err);
-        if (rc == 0) rc = choose_weight_channel(t, host, &nccl, err);
+        if (rc == 0) rc = choose_weight_channel(t, host, &nccl, &group_size, err);
         /* with use_peft the server attaches adapters of this config; the pushes then carry them alone */
         char *body = colt_sync_init_json(c->vllm_group_port, c->vllm_server_timeout, nccl,
                                          model_lora_config(t->model));
         if (rc == 0) rc = serve_client_post(t->server, "/colt/init_weight_sync", body, err);
         free(body);
-        WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = 1, .world_size = 2, .be = t->be,
+        WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = group_size - 1,
+                               .world_size = group_size, .be = t->be,
                                .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout};
         if (rc == 0) rc = weight_sync_open(&t->sync, &o, err);
         if (rc != 0) error_prefix(err, "server mode: the weight channel to %s (vllm_group_port %d)", url,

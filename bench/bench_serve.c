@@ -60,7 +60,8 @@ static double percentile(double *v, int n, double q) {
 /* The completion tokens of a finished answer (a stream's usage event, or the whole
  * answer's usage), or -1 when it did not end well. */
 static long long answer_tokens(const char *data, int stream) {
-    if (!data || (stream && !strstr(data, "data: [DONE]")) || strstr(data, "\"error\"")) return -1;
+    /* an error object opens with {"error" (a completion's text saying "error" comes escaped, or as a "text" value) */
+    if (!data || (stream && !strstr(data, "data: [DONE]")) || strstr(data, "{\"error\"")) return -1;
     const char *u = strstr(data, "\"usage\":");
     const char *k = u ? strstr(u, "\"completion_tokens\":") : NULL;
     return k ? atoll(k + strlen("\"completion_tokens\":")) : -1;

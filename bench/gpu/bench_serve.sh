@@ -10,7 +10,7 @@
 # and CUDA-graph steps, the decode steps' token rate. One server for all rows
 # (after a warm-up round).
 # Usage: bash bench/gpu/bench_serve.sh MODEL_DIR PROMPTS_JSONL [concurrency ...]
-#   concurrency defaults to "1 16 64 256"; MAX_TOKENS (256), COLT (build-cuda/colt),
+#   concurrency defaults to "1 16 64 256"; MAX_TOKENS (256), TEMPERATURE (0: greedy; the offline row stays greedy), COLT (build-cuda/colt),
 #   BENCH (build-cuda/bench_serve), COLT_DEVICE (cuda). On the CPU, e.g.:
 #   COLT=build/colt BENCH=build/bench_serve COLT_DEVICE=cpu MAX_TOKENS=64 \
 #     bash bench/gpu/bench_serve.sh models/stories260K examples/data/demo_train.jsonl 1 8 32
@@ -49,7 +49,11 @@ done
 url=http://127.0.0.1:$port
 $BENCH --url "$url" --prompts "$prompts" --requests 64 --concurrency 64 --max_tokens 16 --ignore_eos > /dev/null
 
-metrics() { curl -s "$url/metrics" | awk '/^colt_engine_(seconds|steps|graph_steps|decode_seconds|decode_step_tokens)_total /{printf "%s=%s ", $1, $2}'; }
+# (python, not curl: a curl binary may not load beside the libcurl bench_serve was packed with)
+metrics() {
+  python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1] + '/metrics', timeout=10).read().decode())" "$url" |
+    awk '/^colt_engine_(seconds|steps|graph_steps|decode_seconds|decode_step_tokens)_total /{printf "%s=%s ", $1, $2}'
+}
 echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s | engine busy s | engine steps (graph) | engine decode tok/s |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 python3 - "$offline" <<'PY'
@@ -64,7 +68,7 @@ for c in $levels; do
     [ "$mode" = no_stream ] && flag=--no_stream
     before=$(metrics)
     line=$($BENCH --url "$url" --prompts "$prompts" --requests "$n" --concurrency "$c" --max_tokens "$max_tokens" \
-      --ignore_eos $flag)
+      --ignore_eos --temperature "${TEMPERATURE:-0}" $flag)
     after=$(metrics)
     # The server's side of the same interval: time inside engine steps, steps (of them CUDA-graph replays), and the
     # pure decode steps' token rate. Engine busy well under the client's seconds: the time went outside the engine.

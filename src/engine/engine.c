@@ -447,7 +447,10 @@ static int bucket_index(int n) {
     return -1;
 }
 
+/* Rows that sample alike share one sampler call. Greedy rows take the argmax
+ * and the unfiltered log-prob: their filters and seed do not matter. */
 static bool same_sampling(const SamplingParams *a, const SamplingParams *b) {
+    if (a->temperature == 0.0f && b->temperature == 0.0f) return a->repetition_penalty == b->repetition_penalty;
     return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p &&
            a->min_p == b->min_p && a->repetition_penalty == b->repetition_penalty && a->seed == b->seed;
 }

@@ -45,7 +45,9 @@ struct HttpServer {
     ColtApiContext colt; /* /colt/generate's limits, from ctx */
     pthread_mutex_t mu; /* counters */
     Counters c;
-    uint64_t sequence; /* ids and seeds: atomic */
+    uint64_t sequence; /* ids: atomic */
+    uint64_t unseeded_seed;   /* the seed of every request that gives none (chosen at start) */
+    uint64_t unseeded_stream; /* the next RNG stream for their choices: atomic */
     int64_t started;
 };
 
@@ -248,11 +250,20 @@ static enum MHD_Result handle_generation(HttpServer *s, struct MHD_Connection *c
     pthread_mutex_lock(&s->mu);
     s->c.requests_running++;
     pthread_mutex_unlock(&s->mu);
-    if (openai_parse_request(&g->req, ep, x->body ? x->body : "", x->len, s->ctx, next_unique(s), &param, err) != 0) {
+    if (openai_parse_request(&g->req, ep, x->body ? x->body : "", x->len, s->ctx, s->unseeded_seed, &param, err) !=
+        0) {
         generation_free(g);
         return send_error(s, conn, 400, err, param);
     }
     g->sr = serve_request_create(g->req.prompts, g->req.prompt_lens, g->req.n_prompts, g->req.n, &g->req.opt);
+    if (!g->req.seeded) { /* streams of their own under the shared seed (the engine's streams are 31-bit) */
+        int n = serve_request_choices(g->sr);
+        uint64_t *streams = xmalloc(sizeof(uint64_t) * (size_t)n);
+        uint64_t base = __atomic_fetch_add(&s->unseeded_stream, (uint64_t)n, __ATOMIC_RELAXED);
+        for (int i = 0; i < n; i++) streams[i] = (base + (uint64_t)i) & 0x7fffffffu;
+        serve_request_set_streams(g->sr, streams);
+        free(streams);
+    }
     openai_take_prompts(&g->req);
     g->n_choices = serve_request_choices(g->sr);
     g->texts = xcalloc((size_t)g->n_choices, sizeof(ChoiceText));
@@ -559,14 +570,18 @@ int http_server_check_host(const char *host, char *err) {
     return parse_address(&addr, &len, &ipv6, host, 0, err);
 }
 
-static int open_listener(const char *host, int port, int *fd_out, int *bound_port, bool *ipv6, char *err) {
+/* backlog: connections the kernel queues before they are accepted. A burst of
+ * clients past it has its SYNs dropped and retried a second later (TCP's
+ * first retransmission), so it is the connection limit, not a small default. */
+static int open_listener(const char *host, int port, int backlog, int *fd_out, int *bound_port, bool *ipv6,
+                         char *err) {
     struct sockaddr_storage addr;
     socklen_t addr_len;
     if (parse_address(&addr, &addr_len, ipv6, host, port, err) != 0) return COLT_ERR;
     int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     if (fd < 0) return errorf(err, "socket: %s", strerror(errno));
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&addr, addr_len) != 0 || listen(fd, 128) != 0) {
+    if (bind(fd, (struct sockaddr *)&addr, addr_len) != 0 || listen(fd, backlog) != 0) {
         int e = errno;
         close(fd);
         return errorf(err, "cannot listen on %s port %d: %s", host, port, strerror(e));
@@ -587,13 +602,14 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
     s->o = *o;
     s->loop = loop;
     s->ctx = ctx;
+    s->unseeded_seed = next_unique(s);
     s->colt = (ColtApiContext){.vocab_size = ctx->vocab_size, .max_model_len = ctx->max_model_len,
                                .max_tokens_limit = ctx->max_tokens_limit, .eos_ids = ctx->eos_ids,
                                .n_eos = ctx->n_eos};
     s->started = (int64_t)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     bool ipv6 = false;
-    if (open_listener(o->host, o->port, &s->listen_fd, &s->port, &ipv6, err) != 0) {
+    if (open_listener(o->host, o->port, o->max_connections, &s->listen_fd, &s->port, &ipv6, err) != 0) {
         pthread_mutex_destroy(&s->mu);
         free(s);
         return COLT_ERR;

@@ -301,8 +301,8 @@ static int refuse_unsupported(json_t *body, OpenAIEndpoint ep, int n, const char
     return COLT_OK;
 }
 
-static int read_sampling(SamplingParams *sp, json_t *body, const OpenAIContext *ctx, uint64_t random_seed,
-                         const char **param, char *err) {
+static int read_sampling(SamplingParams *sp, bool *seeded, json_t *body, const OpenAIContext *ctx,
+                         uint64_t random_seed, const char **param, char *err) {
     *sp = ctx->defaults;
     sp->seed = random_seed;
     double d;
@@ -320,6 +320,7 @@ static int read_sampling(SamplingParams *sp, json_t *body, const OpenAIContext *
     if (present) sp->top_k = k < 0 ? 0 : (int)k; /* vLLM's -1: off */
     if (read_int(body, "seed", INT64_MIN, INT64_MAX, &k, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->seed = (uint64_t)k;
+    *seeded = present;
     if (sampling_params_validate(sp, err) != 0) {
         const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"};
         *param = NULL;
@@ -384,7 +385,7 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
         goto done;
     }
     if (refuse_unsupported(body, endpoint, r->n, param, err) != 0) goto fail;
-    if (read_sampling(&r->opt.sampling, body, ctx, random_seed, param, err) != 0) goto fail;
+    if (read_sampling(&r->opt.sampling, &r->seeded, body, ctx, random_seed, param, err) != 0) goto fail;
     if (read_stop(r, body, ctx, param, err) != 0) goto fail;
     r->opt.stop_ids = r->stop_ids;
     r->opt.n_stop_ids = r->n_stop_ids;

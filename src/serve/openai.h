@@ -42,11 +42,14 @@ typedef struct OpenAIRequest {
     char **stop_strings;
     int n_stop_strings;
     bool stream, include_usage, logprobs, return_token_ids;
+    bool seeded;                 /* the request gave a seed (else random_seed, and the caller picks its streams) */
 } OpenAIRequest;
 
 /* Reads a request body. Returns 0, or -1 with err set to a message for an
  * HTTP 400 and *param to the offending parameter (NULL when none is to
- * blame). random_seed is used when the request gives no seed. */
+ * blame). random_seed is used when the request gives no seed: the server
+ * then gives its choices RNG streams of their own, so unseeded requests share
+ * one seed and one sampler call per step, yet draw independently. */
 int openai_parse_request(OpenAIRequest *out, OpenAIEndpoint endpoint, const char *body, size_t len,
                          const OpenAIContext *ctx, uint64_t random_seed, const char **param, char *err);
 void openai_request_free(OpenAIRequest *r);

@@ -5,7 +5,8 @@
  * - greedy /v1/completions equals colt generate token for token, one prompt
  *   or several per request, to the end of the story (stop id) or a length;
  * - sampled with a seed (n completions, top-k / top-p / min-p / penalty)
- *   equals colt generate --seed with the same settings;
+ *   equals colt generate --seed with the same settings; without a seed, the
+ *   completions of two requests and of one request's choices all differ;
  * - stop strings cut the text where colt generate's text has them;
  * - streaming (server-sent events) gives the same text and log-probs, and the
  *   log-probs are colt score's for greedy tokens;
@@ -340,6 +341,24 @@ static void check_greedy_and_seeded(const Server *s) {
     CHECK(usage && json_integer_value(json_object_get(usage, "completion_tokens")) == completion,
           "usage.completion_tokens is not the sum of the choices' tokens (%lld)", completion);
     json_decref(resp), json_decref(ref), json_decref(list), free(prompts);
+
+    /* Without a seed: the server's one seed, RNG streams no other request uses. The same unseeded request
+     * twice, and the 4 choices of one, all differ (stories260K samples 32 tokens at temperature 1). */
+    const char *unseeded = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 32, \"temperature\": 1.0, \"n\": 4, "
+                           "\"return_token_ids\": true}";
+    json_t *a = post_json(s, "/v1/completions", unseeded), *b = post_json(s, "/v1/completions", unseeded);
+    int distinct = 0, pairs = 0;
+    for (int i = 0; i < 8; i++)
+        for (int j = i + 1; j < 8; j++) {
+            json_t *ci = json_object_get(choice(i < 4 ? a : b, i % 4), "token_ids");
+            json_t *cj = json_object_get(choice(j < 4 ? a : b, j % 4), "token_ids");
+            pairs++;
+            distinct += ci && cj && !json_equal(ci, cj);
+        }
+    printf("  unseeded, 2 requests x n=4 at temperature 1: %d/%d pairs of completions differ\n", distinct, pairs);
+    CHECK(a && b && distinct == pairs, "unseeded requests: %d/%d pairs of completions differ (streams shared?)",
+          distinct, pairs);
+    json_decref(a), json_decref(b);
 }
 
 static void check_stop_strings(const Server *s) {

@@ -8,7 +8,8 @@
 # Usage: bash bench/gpu/multi_gpu.sh TOKENIZER_DIR PROMPTS_JSONL [presets]   (presets: qwen2.5-0.5b qwen2.5-1.5b)
 #   SECTIONS="2 3 4 5" (environment) runs only those sections (default: all; the machine record always).
 #   TP_PRESET (qwen2.5-7b) is section 6's shape. Section 1: PRESETS1 (qwen2.5-1.5b), BATCH_SCALES (1),
-#   STEPS1 (5), EXTRA1 (more colt train arguments for its runs, e.g. "--zero_stage 3" for qwen2.5-7b).
+#   STEPS1 (5), EXTRA1 (more colt train arguments for its runs, e.g. "--zero_stage 3" for qwen2.5-7b),
+#   SERVER_GPUS (1; e.g. "1 2": a tensor-parallel server on the last 2).
 #   (scripts/pack_device.sh makes the tokenizer and prompts from ../shared/data)
 # The GRPO step is bench/gpu/grpo_bench.yaml's: 16 prompts x 8 completions x 256 tokens per GPU (weak
 # scaling: the global batch grows with the GPUs, per-GPU work stays), random-weight Qwen2.5 shapes.
@@ -61,9 +62,11 @@ echo
 # async_generation (the server generates round k+1 while round k trains). The same global batch in all three:
 # B = 16 N (N-1) j completions (j = round(8 / (N-1)) x BATCH_SCALE: about 128 per GPU at scale 1), micro-batches of
 # 16, one optimizer step per round. Throughput counts every GPU of the machine, the server's included; the
-# write-up's normalisation (server mode's throughput x N/(N-1), as if its generation GPU trained too) is its own column.
+# write-up's normalisation (server mode's throughput x N/(N-k) for k server GPUs, as if they trained too) is its
+# own column. SERVER_GPUS (default 1): the server's GPU counts to run, e.g. "1 2" (k > 1: colt serve tensor
+# parallel over the last k GPUs; a count whose training share does not divide the batch is left out).
 if [ "$gpus" -ge 2 ]; then
-  echo "| model | layout | global batch | s/step | completion tokens/s | per GPU (all $gpus) | x N/(N-1) | generation | weight push | training | colocated / this |"
+  echo "| model | layout | global batch | s/step | completion tokens/s | per GPU (all $gpus) | x N/(N-k) | generation | weight push | training | colocated / this |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   j0=$(( (8 + (gpus - 1) / 2) / (gpus - 1) ))
   [ "$j0" -ge 1 ] || j0=1
@@ -74,14 +77,21 @@ if [ "$gpus" -ge 2 ]; then
       common=(--config bench/gpu/grpo_bench.yaml --model "$work/$p" --dataset "$prompts" --device cuda
               --per_device_train_batch_size 16 --max_steps "${STEPS1:-5}" ${EXTRA1:-})
       colocated=""
-      for layout in colocate server async; do
-        out="$work/s1-$p-$scale-$layout"
+      layouts="colocate"
+      for k in ${SERVER_GPUS:-1}; do
+        # k server GPUs (a tensor-parallel colt serve when k > 1) and the batch split evenly over the rest
+        [ "$k" -lt "$gpus" ] && [ $(( B % (16 * (gpus - k)) )) -eq 0 ] && layouts="$layouts server:$k async:$k"
+      done
+      for layout in $layouts; do
+        k=${layout#*:}
+        out="$work/s1-$p-$scale-${layout/:/}"
         if [ "$layout" = colocate ]; then
           args=(--nproc_per_node "$gpus" --gradient_accumulation_steps $(( B / (16 * gpus) )))
         else
-          args=(--nproc_per_node $(( gpus - 1 )) --gradient_accumulation_steps $(( B / (16 * (gpus - 1)) ))
-                --vllm_mode server --server_devices "[$(( gpus - 1 ))]")
-          [ "$layout" = async ] && args+=(--async_generation true)
+          devs=$(seq -s, $(( gpus - k )) $(( gpus - 1 )))
+          args=(--nproc_per_node $(( gpus - k )) --gradient_accumulation_steps $(( B / (16 * (gpus - k)) ))
+                --vllm_mode server --server_devices "[$devs]")
+          [ "${layout%%:*}" = async ] && args+=(--async_generation true)
         fi
         if $COLT train "${common[@]}" "${args[@]}" --output_dir "$out" > "$out.log" 2>&1; then
           line=$(python3 - "$out/metrics.jsonl" "$p" "$layout" "$B" "$gpus" "$colocated" <<'PY'
@@ -89,10 +99,14 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if "step_time" in r][1:]  # the first step captures graphs and picks cuBLAS plans
 mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
-B, n, layout = int(sys.argv[4]), int(sys.argv[5]), sys.argv[3]
+B, n = int(sys.argv[4]), int(sys.argv[5])
+layout, k = (sys.argv[3].split(":") + ["0"])[:2]
+k = int(k)
 tok = mean("completions/mean_length") * B / mean("step_time")
-names = {"colocate": f"colocated on {n}", "server": f"server mode {n-1}+1", "async": f"server mode {n-1}+1, async"}
-norm = f"{tok * n / (n - 1) / n:,.0f}" if layout != "colocate" else "-"
+tp = f" (TP {k})" if k > 1 else ""
+names = {"colocate": f"colocated on {n}", "server": f"server mode {n-k}+{k}{tp}",
+         "async": f"server mode {n-k}+{k}{tp}, async"}
+norm = f"{tok * n / (n - k) / n:,.0f}" if layout != "colocate" else "-"
 ratio = f"{float(sys.argv[6]) / mean('step_time'):.2f}" if sys.argv[6] else "1.00"
 print(f"{mean('step_time'):.4f}|| {sys.argv[2]} | {names[layout]} | {B} | {mean('step_time'):.3f} | {tok:,.0f} | "
       f"{tok / n:,.0f} | {norm} | {mean('time/generation'):.3f} | {mean('time/weight_sync'):.3f} | "

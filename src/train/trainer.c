@@ -487,7 +487,9 @@ static void pending_discard(Trainer *t) {
  * mixes two versions. */
 static int push_weights(Trainer *t, char *err) {
     if (!t->server) return COLT_OK;
+    double wait0 = time_now();
     pending_join(t);
+    t->time_generation += time_now() - wait0; /* async: waiting for the round in flight is generation's time */
     double t0 = time_now();
     int rc = weights_gather(t, err); /* zero_stage 3: the whole weights (collective) */
     size_t bytes = 0;

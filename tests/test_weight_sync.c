@@ -16,7 +16,8 @@
  * - a tensor-parallel server (2 ranks, each a part; one KV head, so it is
  *   replicated): the trainer pushes its whole model, each rank ends with
  *   its part of it byte for byte (what model_create_random_tp cuts from the
- *   same whole), buckets of 4100 bytes cutting tensors and elements anywhere.
+ *   same whole), buckets of 4104 bytes cutting tensors anywhere (a bucket holds whole
+ *   elements: weight_sync rounds its size down to a multiple of 8).
  * `test_weight_sync cuda` runs the same on the CUDA backend (processes sharing
  * GPU 0: the host path, as a server and a trainer on one device do). */
 #include <math.h>
@@ -239,7 +240,7 @@ static void member(int rank, int world, int port, int run) {
     }
     WeightSyncOptions o = {.host = "127.0.0.1", .port = port, .rank = rank, .world_size = world, .be = be,
                            .timeout_s = run == RUN_NO_TRAINER ? 3.0 : 60.0,
-                           .bucket_bytes = run == RUN_PUSH_TP ? 4100 : 4096};
+                           .bucket_bytes = run == RUN_PUSH_TP ? 4104 : 4096};
     WeightSync *w = NULL;
     int rc = weight_sync_open(&w, &o, err);
     if (run == RUN_NO_TRAINER) { /* the open itself waits for the trainer and gives up */

@@ -33,7 +33,7 @@ struct WeightSync {
     size_t bucket_bytes;
     void *host_bucket;  /* Gloo: [bucket_bytes] pinned host staging */
     void *device_small; /* NCCL: [FP_COUNT + 1] int64 for the fingerprint exchange */
-    void *device_bucket; /* NCCL into a tensor-parallel part: [bucket_bytes] device staging (host_bucket too) */
+    void *device_bucket; /* a tensor-parallel part: [bucket_bytes] device staging (over Gloo after host_bucket) */
     bool weights_sent;  /* the trainer: the weights' arena went over once (the base under LoRA) */
     size_t last_bytes;
     double last_seconds;
@@ -73,6 +73,7 @@ int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) 
     w->nccl = kind == COMM_NCCL;
     w->root = opt->world_size - 1;
     w->bucket_bytes = opt->bucket_bytes ? opt->bucket_bytes : WEIGHT_SYNC_BUCKET_BYTES;
+    if (w->bucket_bytes >= 16) w->bucket_bytes &= ~(size_t)7; /* whole elements per bucket (a TP part cuts them on the device) */
     if (w->nccl) {
         /* exchange() sends FP_COUNT + 1 int64s: two f32 slots each */
         w->device_small = opt->be->alloc_f32(opt->be, 2 * (FP_COUNT + 1));
@@ -219,33 +220,33 @@ static int broadcast_arena(WeightSync *w, void *arena, size_t bytes, char *err) 
 }
 
 /* A tensor-parallel part receives the whole arena the same way, bucket by
- * bucket through host memory (over NCCL: into a device bucket, then down),
- * and keeps its part of each tensor (model_part_receiver). */
+ * bucket into device memory (over Gloo: through the host bucket first), and
+ * keeps its part of each tensor, cut on the device (model_part_receiver). */
 static int receive_into_part(WeightSync *w, Model *m, size_t bytes, char *err) {
     size_t whole_bytes = 0;
     ModelPartReceiver *r = model_part_receiver_create(m, &whole_bytes);
     COLT_ASSERT(whole_bytes == bytes); /* the fingerprints agreed */
     void *stream = w->nccl ? backend_cuda_compute_stream(w->be) : NULL;
-    if (!w->host_bucket) w->host_bucket = w->be->alloc_host(w->be, w->bucket_bytes);
-    if (w->nccl && !w->device_bucket) {
+    if (!w->device_bucket) {
         size_t es = dtype_size(w->be->storage);
         w->device_bucket = w->be->alloc(w->be, (w->bucket_bytes + es - 1) / es);
     }
     int rc = COLT_OK;
-    if (!w->host_bucket || (w->nccl && !w->device_bucket))
-        rc = errorf(err, "weight sync: cannot allocate %zu bytes of staging for a tensor-parallel part",
+    if (!w->device_bucket)
+        rc = errorf(err, "weight sync: cannot allocate %zu bytes of device staging for a tensor-parallel part",
                     w->bucket_bytes);
     for (size_t off = 0; rc == 0 && off < bytes; off += w->bucket_bytes) {
         size_t n = bytes - off < w->bucket_bytes ? bytes - off : w->bucket_bytes;
+        /* the same stream orders this bucket's arrival after the last one's cuts */
         if (w->nccl) {
             rc = comm_broadcast(w->comm, w->device_bucket, n, COMM_BYTE, w->root, stream, err);
-            if (rc == 0) rc = comm_wait(w->comm, stream, err);
-            if (rc == 0) w->be->copy_to_host(w->be, w->host_bucket, w->device_bucket, n);
         } else {
             rc = comm_broadcast(w->comm, w->host_bucket, n, COMM_BYTE, w->root, NULL, err);
+            if (rc == 0) w->be->copy_from_host(w->be, w->device_bucket, w->host_bucket, n);
         }
-        if (rc == 0) model_part_receiver_put(r, w->host_bucket, n);
+        if (rc == 0) model_part_receiver_put(r, w->device_bucket, n);
     }
+    if (rc == 0 && w->nccl) rc = comm_wait(w->comm, stream, err);
     if (rc == 0) COLT_ASSERT(model_part_receiver_done(r));
     model_part_receiver_free(r);
     return rc;

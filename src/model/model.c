@@ -224,28 +224,31 @@ void model_tp_cut(const Model *m, const TensorSpec *s, const float *whole, float
 /* ---------------------------------------------------------------- a whole arena into a part */
 
 /* The whole model's arena (as a whole model of m's config lays it out on a
- * backend of m's storage dtype: what a trainer sends) taken as a byte stream;
- * each tensor is staged whole on the host, then m's part of it is cut out and
- * copied to the device. */
+ * backend of m's storage dtype: what a trainer sends) taken as a stream of
+ * pieces in m's backend memory, cut on the device: the bytes of a piece that
+ * fall in a tensor's part go straight to it (a whole tensor, or a block of
+ * consecutive rows: one range); a column-cut tensor is staged whole (the
+ * largest such, once) and its columns taken with copy_2d when complete. */
 struct ModelPartReceiver {
     Model *m, *whole;   /* the part; a shell with the whole layout */
     int *order;         /* the whole table's entries by arena offset */
-    int next;           /* order[next]: the tensor being staged */
+    int next;           /* order[next]: the tensor being received */
     size_t pos, bytes;  /* bytes of the stream seen; its length */
-    char *stage, *part; /* host: one whole tensor, its part */
+    void *stage;        /* backend: one whole column-cut tensor */
 };
 
 ModelPartReceiver *model_part_receiver_create(Model *m, size_t *whole_bytes) {
     ModelPartReceiver *r = xcalloc(1, sizeof *r);
     r->m = m;
     r->whole = model_plan_shell(&m->cfg, m->be, NULL, 1);
-    size_t es = dtype_size(m->be->storage), max_numel = 0;
+    size_t es = dtype_size(m->be->storage), max_cols = 0;
     COLT_ASSERT(r->whole->n_tensors == m->n_tensors);
     r->order = xmalloc(sizeof(int) * (size_t)r->whole->n_tensors);
     for (int i = 0; i < r->whole->n_tensors; i++) {
         COLT_ASSERT(strcmp(r->whole->tensors[i].name, m->tensors[i].name) == 0); /* one table, two layouts */
         r->order[i] = i;
-        if (tensor_spec_numel(&r->whole->tensors[i]) > max_numel) max_numel = tensor_spec_numel(&r->whole->tensors[i]);
+        size_t numel = tensor_spec_numel(&r->whole->tensors[i]);
+        if (m->tensors[i].split == TP_COLS && numel > max_cols) max_cols = numel;
     }
     /* by offset (insertion sort: a few hundred tensors) */
     for (int i = 1; i < r->whole->n_tensors; i++)
@@ -254,27 +257,39 @@ ModelPartReceiver *model_part_receiver_create(Model *m, size_t *whole_bytes) {
             r->order[j] = r->order[j - 1];
             r->order[j - 1] = t;
         }
-    r->stage = xmalloc(max_numel * es);
-    r->part = xmalloc(max_numel * es);
+    if (max_cols) r->stage = m->be->alloc(m->be, max_cols);
     r->bytes = r->whole->arena_numel * es;
     *whole_bytes = r->bytes;
     return r;
 }
 
-void model_part_receiver_put(ModelPartReceiver *r, const void *bytes, size_t n) {
-    const size_t es = dtype_size(r->m->be->storage);
-    const char *src = bytes;
+void model_part_receiver_put(ModelPartReceiver *r, const void *piece, size_t n) {
+    const Backend *be = r->m->be;
+    const size_t es = dtype_size(be->storage);
+    const int rank = r->m->tp.rank, size = r->m->tp.size;
     size_t lo = r->pos, hi = r->pos + n;
+    COLT_ASSERT(lo % es == 0 && n % es == 0); /* pieces of whole elements (weight_sync's buckets are) */
     while (r->next < r->whole->n_tensors) {
         int i = r->order[r->next];
         const TensorSpec *w = &r->whole->tensors[i], *s = &r->m->tensors[i];
         size_t t_lo = r->whole->offsets[i] * es, t_hi = t_lo + tensor_spec_numel(w) * es;
         if (t_lo >= hi) break; /* starts in a later piece */
         size_t a = t_lo > lo ? t_lo : lo, b = t_hi < hi ? t_hi : hi;
-        if (b > a) memcpy(r->stage + (a - t_lo), src + (a - lo), b - a);
+        if (b > a && s->split == TP_COLS) {
+            be->copy(be, r->stage, (a - t_lo) / es, piece, (a - lo) / es, (b - a) / es);
+        } else if (b > a) { /* the part is one range of the whole (model_tp_cut's block) */
+            size_t numel = tensor_spec_numel(s);
+            size_t block = s->split == TP_WHOLE ? 0 : (size_t)(s->split == TP_KV_ROWS ? rank / r->m->kv_copies : rank);
+            size_t p_lo = t_lo + block * numel * es, p_hi = p_lo + numel * es;
+            size_t x = a > p_lo ? a : p_lo, y = b < p_hi ? b : p_hi;
+            if (y > x) be->copy(be, *s->buf, (x - p_lo) / es, piece, (x - lo) / es, (y - x) / es);
+        }
         if (t_hi > hi) break; /* the rest comes in the next piece */
-        tp_cut_bytes(r->m, s, r->stage, r->part, es);
-        r->m->be->copy_from_host(r->m->be, *s->buf, r->part, tensor_spec_numel(s) * es);
+        if (s->split == TP_COLS) {
+            int rows = s->shape[0], cols = s->shape[1];
+            be->copy_2d(be, *s->buf, (size_t)cols, (const char *)r->stage + (size_t)rank * (size_t)cols * es,
+                        (size_t)cols * (size_t)size, rows, cols);
+        }
         r->next++;
     }
     r->pos = hi;
@@ -286,8 +301,9 @@ bool model_part_receiver_done(const ModelPartReceiver *r) {
 
 void model_part_receiver_free(ModelPartReceiver *r) {
     if (!r) return;
+    if (r->stage) r->m->be->free(r->m->be, r->stage);
     model_free(r->whole);
-    free(r->order), free(r->stage), free(r->part), free(r);
+    free(r->order), free(r);
 }
 
 /* The one allocation of the weights; every tensor pointer is a view into it. */

@@ -167,10 +167,12 @@ Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct 
 /* A whole model's weights into a tensor-parallel part (the weight channel of
  * a tensor-parallel colt serve, dist/weight_sync.c): the whole model's arena
  * — as a whole model of m's config lays it out on a backend of m's storage
- * dtype, padding included — given in pieces in order from its first byte
- * (host memory); each tensor, once complete, has m's part cut out of it
- * (model_tp_cut's rule, replicated KV heads included) and copied into m.
- * *whole_bytes: the stream's length. Host memory: two of the largest tensor. */
+ * dtype, padding included — given in pieces in order from its first byte,
+ * each in m's backend memory and a whole number of storage elements; m's part
+ * of each tensor (model_tp_cut's rule, replicated KV heads included) is copied
+ * out of them on the device, as they come (a column-cut tensor once complete,
+ * from a staged copy). *whole_bytes: the stream's length. Backend memory: one
+ * of the largest column-cut tensor. */
 typedef struct ModelPartReceiver ModelPartReceiver;
 ModelPartReceiver *model_part_receiver_create(Model *m, size_t *whole_bytes);
 void model_part_receiver_put(ModelPartReceiver *r, const void *bytes, size_t n);

@@ -348,6 +348,15 @@ static void check_bad_requests_and_info(const Server *s) {
           "/colt/info: %ld %s", st, info);
     printf("  /colt/info: %s\n", info);
     free(info);
+    /* a use_peft trainer's adapters: not on a tensor-parallel server yet (one line, 400, before any group forms) */
+    char *lora;
+    st = http(s, "/colt/init_weight_sync",
+              "{\"port\": 1, \"timeout\": 5, \"lora\": {\"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}}",
+              &lora);
+    CHECK(st == 400 && strstr(lora, "tensor parallel") && strstr(lora, "LoRA"), "LoRA init on a TP server: %ld %s",
+          st, lora);
+    printf("  init_weight_sync with LoRA on the TP server: %ld\n", st);
+    free(lora);
 }
 
 static int free_port(void) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # multi_gpu.sh — colt on every GPU of one machine (issue 26): the machine's
-# record (GPUs, driver, NCCL, link topology), data-parallel scaling of
-# colocated GRPO, world size N against one process, a rank killed mid-run, and
-# tensor parallelism (section 6: bench_tp.sh's TP sweep on the 7B shape).
+# record (GPUs, driver, NCCL, link topology), colocated GRPO against server
+# mode and async server mode on the same GPUs (section 1), data-parallel
+# scaling of colocated GRPO (2), 7B ZeRO-3 (3), the largest model (4), world
+# size N against one process and a rank killed mid-run (5), and tensor
+# parallelism (6: bench_tp.sh's TP sweep on the 7B shape).
 # Runs what the machine has (1, 2, 4 or 8 GPUs); parts whose code does not
 # exist yet say so. Prints markdown; raw logs stay under $WORK.
 # Usage: bash bench/gpu/multi_gpu.sh TOKENIZER_DIR PROMPTS_JSONL [presets]   (presets: qwen2.5-0.5b qwen2.5-1.5b)
@@ -108,7 +110,7 @@ names = {"colocate": f"colocated on {n}", "server": f"server mode {n-k}+{k}{tp}"
          "async": f"server mode {n-k}+{k}{tp}, async"}
 norm = f"{tok * n / (n - k) / n:,.0f}" if layout != "colocate" else "-"
 ratio = f"{float(sys.argv[6]) / mean('step_time'):.2f}" if sys.argv[6] else "1.00"
-print(f"{mean('step_time'):.4f}|| {sys.argv[2]} | {names[layout]} | {B} | {mean('step_time'):.3f} | {tok:,.0f} | "
+print(f"{mean('step_time'):.4f}||| {sys.argv[2]} | {names[layout]} | {B} | {mean('step_time'):.3f} | {tok:,.0f} | "
       f"{tok / n:,.0f} | {norm} | {mean('time/generation'):.3f} | {mean('time/weight_sync'):.3f} | "
       f"{mean('time/training'):.3f} | {ratio} |")
 PY

@@ -22,7 +22,7 @@
  * saying what differs. The trainer sends a whole model; a server rank may
  * hold a tensor-parallel part of it (a tensor-parallel colt serve: every rank
  * of its group is a member): it answers with the whole model's fingerprint,
- * receives the whole arena bucket by bucket through host memory and keeps its
+ * receives the whole arena bucket by bucket into device memory and cuts its
  * part of each tensor (model.h model_part_receiver_*). Adapters on a
  * tensor-parallel part are refused for now. */
 #ifndef COLT_DIST_WEIGHT_SYNC_H

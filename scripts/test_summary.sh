@@ -46,7 +46,7 @@ ctest_line() {
   [ -n "$skipped_names" ] && line+=" ($skipped_names)"
   line+=", $bad failed"
   [ -n "$failed_names" ] && line+=" ($failed_names)"
-  [ "$parts" -gt 0 ] && line+="; $parts parts skipped without ../shared/data"
+  [ "$parts" -gt 0 ] && line+="; $parts parts skipped (listed above)"
   line+="; build: $(count_warnings "$log") warnings"
   echo "$line"
   total_tests=$((total_tests + n)) total_passed=$((total_passed + passed))
@@ -57,7 +57,7 @@ ctest_line() {
 # Tests that skipped part of their checks say so; list each once (the Release run's words).
 if [ -f build/Testing/Temporary/LastTest.log ] && grep -q '^SKIPPED: ' build/Testing/Temporary/LastTest.log; then
   echo
-  echo "Parts skipped (see docs/testing.md for ../shared/data):"
+  echo "Parts skipped (a missing ../shared/data or optional Python package; docs/testing.md):"
   grep '^SKIPPED: ' build/Testing/Temporary/LastTest.log | sort -u | sed 's/^/  /'
 fi
 

@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "model/hub_cache.h"
 
 /* true/false/yes/no/1/0 (any case) as a flag's value; -1 for other text. */
 static int bool_text(const char *text) {
@@ -157,4 +158,13 @@ int cli_fail(const char *cmd, const char *msg) {
     if (log_rank() != 0 && !says_rank) fprintf(stderr, "colt %s: rank %d: %s\n", cmd, log_rank(), msg);
     else fprintf(stderr, "colt %s: %s\n", cmd, msg);
     return 1;
+}
+
+int cli_model_folder(char *folder, size_t size, const char *cmd, const char *model, const char *revision) {
+    char err[ERR_LEN], *found = NULL;
+    if (hub_cache_model_folder(&found, model, revision, err) != 0) return cli_fail(cmd, err);
+    int n = snprintf(folder, size, "%s", found);
+    free(found);
+    if (n < 0 || (size_t)n >= size) return cli_fail(cmd, "the model folder's path is too long");
+    return 0;
 }

@@ -50,4 +50,9 @@ int cmd_serve(int argc, char **argv);
 /* Prints "colt CMD: MESSAGE" on stderr and returns 1 (or 2 for usage errors). */
 int cli_fail(const char *cmd, const char *msg);
 
+/* --model as a folder into folder[size]: the folder given, or a Hub name's ("Qwen/Qwen2.5-0.5B-Instruct")
+ * snapshot of revision (NULL: main) in the local Hugging Face cache (model/hub_cache.h). Returns 0, or
+ * 1 after printing the error. */
+int cli_model_folder(char *folder, size_t size, const char *cmd, const char *model, const char *revision);
+
 #endif

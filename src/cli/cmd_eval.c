@@ -92,6 +92,9 @@ int cmd_eval(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("eval", err);
     if (!o.model || !o.dataset) return cli_fail("eval", "--model DIR and --dataset FILE are required");
+    char model_folder[4096];
+    if (cli_model_folder(model_folder, sizeof model_folder, "eval", o.model, NULL) != 0) return 1;
+    o.model = model_folder;
     if (o.n < 1) return cli_fail("eval", "--n must be >= 1");
     bool k_given = false, temperature_given = false;
     for (int i = 0; i < n_opts; i++) {

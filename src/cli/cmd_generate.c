@@ -185,6 +185,9 @@ int cmd_generate(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("generate", err);
     if (!a.model) return cli_fail("generate", "--model DIR is required");
+    char model_folder[4096];
+    if (cli_model_folder(model_folder, sizeof model_folder, "generate", a.model, NULL) != 0) return 1;
+    a.model = model_folder;
     if ((a.prompt != NULL) + (a.chat != NULL) + (a.ids != NULL) + (a.prompts_file != NULL) != 1)
         return cli_fail("generate", "give exactly one of --prompt, --chat, --ids or --prompts");
     if (a.chat_template_kwargs_text && !a.chat && !a.prompts_file)

@@ -46,6 +46,9 @@ int cmd_score(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("score", err);
     if (!model_dir) return cli_fail("score", "--model DIR is required");
+    char model_folder[4096];
+    if (cli_model_folder(model_folder, sizeof model_folder, "score", model_dir, NULL) != 0) return 1;
+    model_dir = model_folder;
 
     Backend *be = backend_open(device, 0, err);
     if (!be) return cli_fail("score", err);

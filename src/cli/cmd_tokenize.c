@@ -29,6 +29,9 @@ int cmd_tokenize(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("tokenize", err);
     if (!model_dir) return cli_fail("tokenize", "--model DIR is required");
+    char model_folder[4096];
+    if (cli_model_folder(model_folder, sizeof model_folder, "tokenize", model_dir, NULL) != 0) return 1;
+    model_dir = model_folder;
     Tokenizer *tok = NULL;
     if (tokenizer_load(&tok, model_dir, err) != 0) return cli_fail("tokenize", err);
     char **lines = NULL;
@@ -97,6 +100,9 @@ int cmd_detokenize(int argc, char **argv) {
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("detokenize", err);
     if (!model_dir) return cli_fail("detokenize", "--model DIR is required");
+    char model_folder[4096];
+    if (cli_model_folder(model_folder, sizeof model_folder, "detokenize", model_dir, NULL) != 0) return 1;
+    model_dir = model_folder;
     Tokenizer *tok = NULL;
     if (tokenizer_load(&tok, model_dir, err) != 0) return cli_fail("detokenize", err);
     char **lines = NULL;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "model/hub_cache.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
@@ -282,6 +283,16 @@ int cmd_train(int argc, char **argv) {
             train_config_free(&cfg);
             return cli_fail("train", err);
         }
+    }
+    /* A Hub name as model ("Qwen/Qwen2.5-0.5B-Instruct") is the local Hugging Face cache's folder. */
+    if (cfg.model) {
+        char *folder = NULL;
+        if (hub_cache_model_folder(&folder, cfg.model, cfg.model_revision, err) != 0) {
+            train_config_free(&cfg);
+            return cli_fail("train", err);
+        }
+        free(cfg.model);
+        cfg.model = folder;
     }
     /* Under torchrun, srun or mpirun this process is one rank of the launch. */
     LaunchEnv env;

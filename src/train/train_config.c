@@ -64,7 +64,11 @@ typedef struct ConfigKey {
  * and repetition_penalty stop at 1e-3 and adam_epsilon at 1e-30 because the
  * float a smaller value becomes divides logits or updates (0 would give inf). */
 static const ConfigKey KEYS[] = {
-    K(model, KEY_STRING, "Hugging Face model folder to train"),
+    K(model, KEY_STRING,
+      "Hugging Face model folder to train, or a Hub name (Qwen/Qwen2.5-0.5B-Instruct) read from the local Hugging Face "
+      "cache, as transformers does offline"),
+    K(model_revision, KEY_STRING,
+      "with a Hub name as model: the revision in the local cache (a branch, tag or commit; null: main)"),
     K(dataset, KEY_STRING, "prompts: .jsonl (or .json: JSON Lines or an array) of objects with a prompt column"),
     K(dataset_prompt_column, KEY_STRING,
       "the dataset column holding the prompt (a string, or a list of {role, content} messages)"),
@@ -440,9 +444,6 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("use_transformers_paged", T_GENERATE_HF),
     /* TRL's ModelConfig */
     ALIAS("model_name_or_path", "model"),
-    ONLY("model_revision", "main null",
-         "colt loads a local folder: download the revision (hf download REPO_ID --revision REV --local-dir DIR) and "
-         "set model to DIR"),
     ONLY("dtype", "auto bfloat16 bf16 float32 fp32 null", T_FP16),
     NOOP("attn_implementation", "colt computes attention with its own kernels (FlashAttention-style on a GPU)"),
     ONLY("lora_target_parameters", "null []", T_PEFT_ONLY "; adapting parameters directly is not supported"),

@@ -22,6 +22,7 @@
 typedef struct TrainConfig {
     /* what to train */
     char *model, *dataset, *eval_dataset, *output_dir;
+    char *model_revision; /* with a Hub name as model: the cache revision (NULL: main) */
     char *dataset_prompt_column; /* the column holding the prompt (default "prompt") */
     json_t *chat_template_kwargs; /* extra chat template variables (an object), or NULL */
     json_t *reward_funcs;    /* list of reward specs (see data/rewards.h) */

@@ -1797,7 +1797,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     }
     t->last_saved_step = -1;
     if (t->writer) {
-        if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
+        if (make_dirs(c->output_dir, err) != 0 || report_check_output_dir(c->output_dir, err) != 0) return COLT_ERR;
         int stale = checkpoint_remove_stale_temporaries(c->output_dir);
         if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
     }

@@ -25,8 +25,8 @@ typedef struct ReportSummary {
 int report_write(const char *output_dir, const ReportSummary *s, json_t *config, char *err);
 
 /* Refuses, in one line, an output_dir whose files a run writes (metrics.jsonl,
- * completions.jsonl, eval_*.jsonl, summary.json, the SVGs, the final weights and
- * config) include a device, FIFO, socket or directory, or a link to one
+ * completions.jsonl, eval_*.jsonl, summary.json, the SVGs, the final weights,
+ * adapters, config and tokenizer files) include a device, FIFO, socket or directory, or a link to one
  * (core/fileio.h's rule), so a bad path stops the run at setup, not after it. */
 int report_check_output_dir(const char *output_dir, char *err);
 

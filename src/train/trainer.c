@@ -1836,8 +1836,10 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         log_info0("tensor parallel collectives: %s", how);
     }
     t->last_saved_step = -1;
+    /* a FIFO or device where an output goes stops the run now, not at its end */
+    if (t->writer && report_check_output_dir(c->output_dir, err) != 0) return COLT_ERR;
     if (t->writer) {
-        if (make_dirs(c->output_dir, err) != 0 || report_check_output_dir(c->output_dir, err) != 0) return COLT_ERR;
+        if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
         int stale = checkpoint_remove_stale_temporaries(c->output_dir);
         if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
     }

@@ -125,6 +125,17 @@ static void test_fileio_outputs(void) {
         CHECK(false, "the FIFO refusals failed: the /dev/null checks were not run");
     }
 
+    /* /proc's links: /dev/stdout on a pipe reads as "pipe:[N]", which names
+     * no file; the kernel's answer (a FIFO) is refused. Checked, not written. */
+    int pfd[2];
+    COLT_ASSERT(pipe(pfd) == 0);
+    char proc_link[64];
+    snprintf(proc_link, sizeof proc_link, "/proc/self/fd/%d", pfd[1]);
+    int prc = file_check_output(proc_link, err);
+    CHECK(prc != 0 && strstr(err, "leads to a FIFO"), "%s (a pipe): rc %d '%s'", proc_link, prc, err);
+    printf("  %-22s -> refused: %s\n", "/proc/self/fd/N (pipe)", err);
+    close(pfd[0]), close(pfd[1]);
+
     /* Written through: a relative chain link2 -> link1 -> target.txt, and an
      * absolute link; the links stay links and the target gets the bytes. */
     char *target = scratch("target.txt"), *l1 = scratch("link1"), *l2 = scratch("link2"), *la = scratch("link_abs");

@@ -163,8 +163,17 @@ static char *output_target(const char *path, char *err) {
     for (int hops = 0;; hops++) {
         struct stat st;
         if (lstat(cur, &st) != 0) {
-            if (errno == ENOENT) return cur;
-            errorf(err, "%s: cannot write: %s", path, strerror(errno));
+            if (errno != ENOENT) {
+                errorf(err, "%s: cannot write: %s", path, strerror(errno));
+                break;
+            }
+            /* Missing: a new file, or a dangling link's target to create,
+             * unless the kernel reaches something where our reading of the
+             * links finds nothing: /proc's links (/dev/stdout to "pipe:[N]") */
+            struct stat real;
+            if (hops == 0 || stat(path, &real) != 0) return cur;
+            errorf(err, "%s: leads to %s; colt writes only regular files: give another path", path,
+                   S_ISREG(real.st_mode) ? "a file it cannot name" : file_kind(real.st_mode));
             break;
         }
         if (S_ISREG(st.st_mode)) return cur;

@@ -213,6 +213,30 @@ static void check_sharded(Tensors *t) {
         write_file(dir, "model-00002-of-00002.safetensors", bytes, n_bytes);
         free(bytes);
     }
+    /* Index paths that leave the model folder: refused in one line naming the
+     * key and the path (the key used to be printed after json_decref freed it,
+     * which ASan reports as a use-after-free). Then a "a..b" name that stays
+     * inside is still a file name, not a refusal. */
+    {
+        const char *name0 = t->w[0].name;
+        const char *outside[] = {"../model-00001-of-00002.safetensors", "/etc/passwd", "sub/../../x.safetensors"};
+        for (int i = 0; i < 3; i++) {
+            json_object_set_new(map, name0, json_string(outside[i]));
+            char *bad = json_dumps(root, JSON_INDENT(2)), label[64], needle[300];
+            write_file(dir, "model.safetensors.index.json", bad, strlen(bad));
+            snprintf(label, sizeof label, "index path %s", outside[i]);
+            snprintf(needle, sizeof needle, "weight_map['%s'] is '%s', which leaves the model folder", name0,
+                     outside[i]);
+            expect_load_error(label, dir, needle, "model.safetensors.index.json");
+            free(bad);
+        }
+        json_object_set_new(map, name0, json_string("a..b.safetensors"));
+        char *odd = json_dumps(root, JSON_INDENT(2));
+        write_file(dir, "model.safetensors.index.json", odd, strlen(odd));
+        expect_load_error("index path a..b (inside)", dir, "a..b.safetensors: cannot open", NULL);
+        free(odd);
+        json_object_set_new(map, name0, json_string("model-00001-of-00002.safetensors"));
+    }
     /* The index names a tensor its shard lacks. */
     json_object_set_new(map, "model.extra.weight", json_string("model-00001-of-00002.safetensors"));
     free(text);

@@ -69,6 +69,7 @@ static const IntRange INT_KEYS[] = {
     {"eval_steps", 0, 1000000000, false},
     {"num_eval_prompts", 0, 1048576, false},
     {"log_completions_count", 0, 1048576, false},
+    {"max_rounds_without_reward", 0, 1000000000, false},
     {"ddp_timeout", 1, 604800, false},
     {"ddp_bucket_cap_mb", 1, 65536, false},
     {"zero_stage", 0, 3, false},

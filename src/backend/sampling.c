@@ -7,6 +7,7 @@
  * number per step: the order a GPU scans in without sorting. */
 #include "backend/sampling.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -22,6 +23,9 @@ SamplingParams sampling_params_greedy(void) {
 }
 
 int sampling_params_validate(const SamplingParams *p, char *err) {
+    /* inf here is a larger number rounded to a float (1e308): say so, not "got inf" */
+    if (isinf(p->temperature) && p->temperature > 0)
+        return errorf(err, "temperature is out of range (a 32-bit float holds at most %g)", (double)FLT_MAX);
     if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
         return errorf(err, "temperature must be >= 0 (got %g)", p->temperature);
     if (p->top_k < 0) return errorf(err, "top_k must be >= 0 (got %d)", p->top_k);

@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 #include "core/log.h"
 
+#include <float.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +46,11 @@ static int parse_value(CliOption *o, const char *text, char *err) {
     }
     case OPT_FLOAT: {
         double v = strtod(text, &end);
+        /* strtod's ERANGE is also an overflow: 1e308 fits a double, not a float;
+         * say so with the value as written, not the float's inf */
+        if (end != text && !*end && (errno == ERANGE || (isfinite(v) && fabs(v) > FLT_MAX)) && fabs(v) > 1)
+            return errorf(err, "--%s: %s is out of range (a 32-bit float holds at most %g)", o->name, text,
+                          (double)FLT_MAX);
         if (errno || end == text || *end || !isfinite(v))
             return errorf(err, "--%s: '%s' is not a number", o->name, text);
         *(float *)o->value = (float)v;

@@ -123,12 +123,19 @@ int cmd_eval(int argc, char **argv) {
     o.engine = (EngineOptions){.gpu_memory_utilization = gpu_memory_utilization, .max_num_seqs = max_num_seqs,
                                .deterministic = deterministic, .enforce_eager = enforce_eager};
 
+    /* A bad output path is refused before the evaluation, not after it */
+    char *path = output ? xstrdup(output) : default_output(o.dataset);
+    if (file_check_output(path, err) != 0 || (o.completions_path && file_check_output(o.completions_path, err) != 0)) {
+        free(path);
+        return cli_fail("eval", err);
+    }
     json_t *template_kwargs = NULL;
     if (template_kwargs_text) {
         json_error_t jerr;
         template_kwargs = json_loads(template_kwargs_text, JSON_REJECT_DUPLICATES, &jerr);
         if (!json_is_object(template_kwargs)) {
             json_decref(template_kwargs);
+            free(path);
             return cli_fail("eval", "--chat_template_kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
         }
         o.chat_template_kwargs = template_kwargs;
@@ -137,8 +144,10 @@ int cmd_eval(int argc, char **argv) {
     MathEvalScore score;
     int run_rc = math_eval_run(&summary, &score, &o, err);
     json_decref(template_kwargs);
-    if (run_rc != 0) return cli_fail("eval", err);
-    char *path = output ? xstrdup(output) : default_output(o.dataset);
+    if (run_rc != 0) {
+        free(path);
+        return cli_fail("eval", err);
+    }
     char *text = json_dumps(summary, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
     int rc = text ? file_write_atomic(path, text, strlen(text), err) : errorf(err, "%s: cannot encode", path);
     if (rc == 0) {

@@ -20,6 +20,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "train/train_config.h"
 #include "data/prompt.h"
 
 static const char *GENERATE_USAGE =
@@ -192,7 +193,11 @@ int cmd_generate(int argc, char **argv) {
         return cli_fail("generate", "give exactly one of --prompt, --chat, --ids or --prompts");
     if (a.chat_template_kwargs_text && !a.chat && !a.prompts_file)
         return cli_fail("generate", "--chat_template_kwargs applies to --chat and --prompts only");
-    if (a.n < 1) return cli_fail("generate", "--n must be >= 1");
+    /* bounded before anything is allocated: --n 1000000000 asked for 48 GB of sequences */
+    if (a.n < 1 || a.n > TRAIN_CONFIG_MAX_COMPLETIONS) {
+        snprintf(err, ERR_LEN, "--n %d is out of range: 1 to %d completions", a.n, TRAIN_CONFIG_MAX_COMPLETIONS);
+        return cli_fail("generate", err);
+    }
     if (a.max_new_tokens < 0) return cli_fail("generate", "--max_new_tokens must be >= 0");
     if (a.max_num_seqs < 0) return cli_fail("generate", "--max_num_seqs must be >= 0");
     if (a.block_size < 0 || (a.block_size & (a.block_size - 1)))
@@ -301,13 +306,18 @@ int cmd_generate(int argc, char **argv) {
         if (build_prompt(&prompts[0], &prompt_lens[0], &a, tok, cfg->vocab_size, err) != 0) rc = 1;
         else n_prompts = 1;
     }
+    if (rc == 0 && (int64_t)n_prompts * a.n > TRAIN_CONFIG_MAX_COMPLETIONS) {
+        errorf(err, "%d prompts x --n %d is more than the %d completions generated at once: lower --n or split %s",
+               n_prompts, a.n, TRAIN_CONFIG_MAX_COMPLETIONS, a.prompts_file ? a.prompts_file : "the prompts");
+        rc = 1;
+    }
 
     /* Stop ids: the model's eos ids, plus the tokenizer's eos (as colt train stops). */
     int stop_ids[MODEL_MAX_EOS + 1];
     int n_stop = prompt_stop_ids(stop_ids, cfg, tok);
 
     /* Completion j of prompt i is sequence i * n + j, RNG stream i * n + j. */
-    int n_seqs = n_prompts * a.n;
+    int n_seqs = rc == 0 ? n_prompts * a.n : 0;
     GenSequence *seqs = xcalloc((size_t)(n_seqs > 0 ? n_seqs : 1), sizeof(GenSequence));
     OutBuf out = {0};
     if (rc == 0) {

@@ -53,15 +53,29 @@ int file_open_regular(const char *path, size_t *size, char *err) {
     return fd;
 }
 
+static char *output_target(const char *path, char *err);
+
 FILE *file_open_append(const char *path, char *err) {
+    /* Checked before open: opening a device can have effects of its own (a
+     * tape rewinds, a terminal becomes ours), and a FIFO without a reader fails
+     * with ENXIO, which says nothing useful. */
+    char *target = output_target(path, err);
+    if (!target) return NULL;
+    free(target);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0) {
         errorf(err, "%s: cannot open for appending: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        errorf(err, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    if (fstat(fd, &st) != 0) {
+        errorf(err, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) { /* replaced between the check and open */
+        errorf(err, "%s: not a regular file (%s); colt writes only regular files: give another path", path,
+               file_kind(st.st_mode));
         close(fd);
         return NULL;
     }
@@ -137,18 +151,96 @@ void file_unmap(MappedFile *mf) {
     mf->size = 0;
 }
 
+/* Where a write to path lands. A missing path or a regular file: path itself.
+ * A symbolic link: its final target (relative links resolved against the
+ * link's folder), so the link survives and its target gets the new contents
+ * (a missing target is created, as the shell's `>` does). Anything else there,
+ * or at the end of the links (device, FIFO, socket, directory), is refused:
+ * renaming over it would replace /dev/null or someone's pipe with a file.
+ * Returns a malloc'd path, or NULL with err set. */
+static char *output_target(const char *path, char *err) {
+    char *cur = xstrdup(path);
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) != 0) {
+            if (errno != ENOENT) {
+                errorf(err, "%s: cannot write: %s", path, strerror(errno));
+                break;
+            }
+            /* Missing: a new file, or a dangling link's target to create,
+             * unless the kernel reaches something where our reading of the
+             * links finds nothing: /proc's links (/dev/stdout to "pipe:[N]") */
+            struct stat real;
+            if (hops == 0 || stat(path, &real) != 0) return cur;
+            errorf(err, "%s: leads to %s; colt writes only regular files: give another path", path,
+                   S_ISREG(real.st_mode) ? "a file it cannot name" : file_kind(real.st_mode));
+            break;
+        }
+        if (S_ISREG(st.st_mode)) return cur;
+        if (!S_ISLNK(st.st_mode)) {
+            if (strcmp(cur, path) == 0)
+                errorf(err, "%s: not a regular file (%s); colt writes only regular files: give another path", path,
+                       file_kind(st.st_mode));
+            else
+                errorf(err, "%s: a link to %s, which is not a regular file (%s); colt writes only regular files: "
+                            "give another path", path, cur, file_kind(st.st_mode));
+            break;
+        }
+        if (hops == 40) {
+            errorf(err, "%s: cannot write: %s", path, strerror(ELOOP));
+            break;
+        }
+        size_t cap = (size_t)st.st_size + 2; /* st_size is the link's length; +1 detects growth */
+        char *link = xmalloc(cap);
+        ssize_t n = readlink(cur, link, cap);
+        if (n < 0 || (size_t)n >= cap) {
+            errorf(err, "%s: cannot read the link %s: %s", path, cur, n < 0 ? strerror(errno) : "it changed");
+            free(link);
+            break;
+        }
+        link[n] = '\0';
+        char *next;
+        const char *slash = strrchr(cur, '/');
+        if (link[0] == '/' || !slash) {
+            next = link;
+        } else {
+            size_t d = (size_t)(slash - cur) + 1;
+            next = xmalloc(d + (size_t)n + 1);
+            memcpy(next, cur, d);
+            memcpy(next + d, link, (size_t)n + 1);
+            free(link);
+        }
+        free(cur);
+        cur = next;
+    }
+    free(cur);
+    return NULL;
+}
+
+int file_check_output(const char *path, char *err) {
+    char *target = output_target(path, err);
+    free(target);
+    return target ? COLT_OK : COLT_ERR;
+}
+
 int atomic_open(AtomicFile *af, const char *path, char *err) {
-    af->path = xstrdup(path);
+    af->fp = NULL;
+    af->path = af->target = af->tmp_path = NULL;
     af->error = 0;
-    size_t n = strlen(path) + 32;
+    char *target = output_target(path, err);
+    if (!target) return COLT_ERR;
+    af->path = xstrdup(path);
+    af->target = target;
+    size_t n = strlen(target) + 32;
     af->tmp_path = xmalloc(n);
-    snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(af->tmp_path, n, "%s.tmp.%ld", target, (long)getpid());
     af->fp = fopen(af->tmp_path, "wb");
     if (!af->fp) {
         int e = errno;
         free(af->path);
+        free(af->target);
         free(af->tmp_path);
-        af->path = af->tmp_path = NULL;
+        af->path = af->target = af->tmp_path = NULL;
         return errorf(err, "%s: cannot write: %s", path, strerror(e));
     }
     return COLT_OK;
@@ -173,16 +265,25 @@ int atomic_commit(AtomicFile *af, char *err) {
     if (fclose(af->fp) != 0 && !e) e = errno, what = "close failed";
     af->fp = NULL;
     int rc = COLT_OK;
+    char *target = NULL;
     if (e) {
         rc = errorf(err, "%s: %s: %s", af->path, what, strerror(e));
         remove(af->tmp_path);
-    } else if (rename(af->tmp_path, af->path) != 0) {
+    } else if (!(target = output_target(af->path, err)) || strcmp(target, af->target) != 0) {
+        /* what is at the path changed while we wrote (a FIFO or a link put
+         * there since atomic_open): do not rename over it */
+        if (target) errorf(err, "%s: changed while being written (now leads to %s); not replaced", af->path, target);
+        rc = COLT_ERR;
+        remove(af->tmp_path);
+    } else if (rename(af->tmp_path, af->target) != 0) {
         rc = errorf(err, "%s: cannot rename into place: %s", af->path, strerror(errno));
         remove(af->tmp_path);
     }
+    free(target);
     free(af->path);
+    free(af->target);
     free(af->tmp_path);
-    af->path = af->tmp_path = NULL;
+    af->path = af->target = af->tmp_path = NULL;
     return rc;
 }
 
@@ -190,9 +291,10 @@ void atomic_abort(AtomicFile *af) {
     if (af->fp) fclose(af->fp);
     if (af->tmp_path) remove(af->tmp_path);
     free(af->path);
+    free(af->target);
     free(af->tmp_path);
     af->fp = NULL;
-    af->path = af->tmp_path = NULL;
+    af->path = af->target = af->tmp_path = NULL;
 }
 
 int file_write_atomic(const char *path, const void *data, size_t len, char *err) {

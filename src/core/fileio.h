@@ -5,7 +5,12 @@
  * fail, not hang). Every file colt writes goes through file_write_atomic or
  * AtomicFile: data goes to "<path>.tmp.<pid>", is flushed and fsynced, then
  * renamed over <path>, so a crash or an error never leaves a half-written file.
- * Errors carry the path and the system's reason (strerror). */
+ * Every output path must be missing, a regular file, or a symbolic link: a link
+ * is written through (its final target gets the new contents and the link
+ * stays), and a device, FIFO, socket or directory — at the path or at the end of
+ * its links — is refused in one line ("X: not a regular file (a FIFO); ..."),
+ * never replaced: `--output /dev/null` as root must not swap /dev/null for a
+ * file. Errors carry the path and the system's reason (strerror). */
 #ifndef COLT_CORE_FILEIO_H
 #define COLT_CORE_FILEIO_H
 
@@ -34,6 +39,10 @@ typedef struct MappedFile {
 int file_map(MappedFile *mf, const char *path, char *err);
 void file_unmap(MappedFile *mf);
 
+/* The output-path check of atomic_open without opening anything, for callers
+ * that want to refuse a bad path before hours of work (colt eval --output). */
+int file_check_output(const char *path, char *err);
+
 /* Writes len bytes to path atomically. */
 int file_write_atomic(const char *path, const void *data, size_t len, char *err);
 
@@ -41,8 +50,9 @@ int file_write_atomic(const char *path, const void *data, size_t len, char *err)
  * (rename) or abort (remove the temporary file). */
 typedef struct AtomicFile {
     FILE *fp;
-    char *path;
-    char *tmp_path;
+    char *path;     /* as the caller gave it (for messages) */
+    char *target;   /* where it lands: path, or the end of its symbolic links */
+    char *tmp_path; /* "<target>.tmp.<pid>", beside the target so rename stays in one file system */
     int error;      /* errno of the first failed atomic_write, 0 if none */
 } AtomicFile;
 int atomic_open(AtomicFile *af, const char *path, char *err);
@@ -60,8 +70,9 @@ void atomic_abort(AtomicFile *af);
  * is for logs written every step. */
 int file_append_line(FILE *fp, const char *path, const char *line, char *err);
 
-/* Opens a log for appending (created if missing); a FIFO or device is refused
- * without blocking, as for reads. NULL with err set on failure. */
+/* Opens a log for appending (created if missing, written through a symbolic
+ * link); a FIFO, device or socket is refused before opening, as for atomic
+ * writes. NULL with err set on failure. */
 FILE *file_open_append(const char *path, char *err);
 
 /* Returns a newly allocated "dir/name". */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -60,6 +61,7 @@ int local_launch_run(int nproc, char *const *argv, char *err) {
     sigaction(SIGTERM, &sa, &old_term);
     pid_t *pids = xcalloc((size_t)nproc, sizeof(pid_t));
     int started = 0, rc = COLT_OK;
+    const pid_t launcher = getpid();
     for (int r = 0; r < nproc; r++) {
         pid_t pid = fork();
         if (pid < 0) {
@@ -67,6 +69,12 @@ int local_launch_run(int nproc, char *const *argv, char *err) {
             break;
         }
         if (pid == 0) {
+            /* A rank dies with its launcher (kill -9 of `colt train` must not
+             * leave ranks training and writing output_dir); the check after
+             * prctl catches a launcher that died before it took effect. As
+             * colt serve's children do (serve_process.c). */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != launcher) _exit(1);
             sigaction(SIGINT, &old_int, NULL);
             sigaction(SIGTERM, &old_term, NULL);
             set_env_int("RANK", r);

@@ -7,8 +7,9 @@
  * port) and rank 0 serves the rendezvous store there. The parent forwards
  * SIGINT/SIGTERM to every child and waits; when one child fails, the others
  * are stopped (SIGTERM, then SIGKILL after a grace period) and the parent exits
- * with the first failure's status. Not a general process manager: one node,
- * no restarts. */
+ * with the first failure's status. The children die with the parent (a
+ * SIGKILL from the kernel when it exits, even by kill -9), so no rank trains on
+ * alone. Not a general process manager: one node, no restarts. */
 #ifndef COLT_DIST_LOCAL_LAUNCH_H
 #define COLT_DIST_LOCAL_LAUNCH_H
 

@@ -338,6 +338,20 @@ static const SafeTensor *header_find(const SafeTensorsHeader *h, const char *nam
 }
 
 /* Opens the shards listed in DIR/model.safetensors.index.json's weight_map. */
+/* True when an index's shard name stays inside the model folder: relative,
+ * with no ".." component ("a..b.safetensors" is a fine name; "../x" and
+ * "sub/../../x" are not). */
+static bool shard_name_inside(const char *name) {
+    if (name[0] == '/') return false;
+    for (const char *p = name; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.') return false;
+        p += n;
+        while (*p == '/') p++;
+    }
+    return true;
+}
+
 static int open_sharded(SafeTensorsSet *set, const char *dir, const char *index_path, char *err) {
     char *text = NULL;
     size_t len = 0;
@@ -354,9 +368,17 @@ static int open_sharded(SafeTensorsSet *set, const char *dir, const char *index_
     const char *key;
     json_t *val;
     json_object_foreach(map, key, val) {
-        if (!json_is_string(val) || strstr(json_string_value(val), "..") || json_string_value(val)[0] == '/') {
+        /* key and val belong to root: format the message before json_decref */
+        if (!json_is_string(val) || json_string_value(val)[0] == '\0') {
+            errorf(err, "%s: weight_map['%s'] is not a file name in the model folder", index_path, key);
             json_decref(root);
-            return errorf(err, "%s: weight_map['%s'] is not a file name in the checkpoint folder", index_path, key);
+            return COLT_ERR;
+        }
+        if (!shard_name_inside(json_string_value(val))) {
+            errorf(err, "%s: weight_map['%s'] is '%s', which leaves the model folder (an absolute path or a '..' "
+                        "part); shards must be files inside %s", index_path, key, json_string_value(val), dir);
+            json_decref(root);
+            return COLT_ERR;
         }
         char *path = path_join(dir, json_string_value(val));
         int fi = -1;

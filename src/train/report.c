@@ -12,6 +12,21 @@
 #include "core/error.h"
 #include "core/fileio.h"
 
+int report_check_output_dir(const char *output_dir, char *err) {
+    static const char *const names[] = {
+        "metrics.jsonl",     "completions.jsonl",         "eval_before.jsonl",   "eval_after.jsonl",
+        "eval_latest.jsonl", "summary.json",              "reward_curve.svg",    "training_curves.svg",
+        "model.safetensors", "config.json",               "generation_config.json", "tokenizer.json",
+        "tokenizer_config.json", "adapter_model.safetensors", "adapter_config.json"};
+    int rc = COLT_OK;
+    for (size_t i = 0; rc == COLT_OK && i < sizeof names / sizeof names[0]; i++) {
+        char *p = path_join(output_dir, names[i]);
+        rc = file_check_output(p, err);
+        free(p);
+    }
+    return rc;
+}
+
 static json_t *num_or_null(double x) { return isnan(x) ? json_null() : json_real(x); }
 
 /* The points of metrics.jsonl: (step, reward) of every training line and

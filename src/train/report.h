@@ -24,6 +24,12 @@ typedef struct ReportSummary {
  * "step") are drawn as eval points, beside the before/after values of s. */
 int report_write(const char *output_dir, const ReportSummary *s, json_t *config, char *err);
 
+/* Refuses, in one line, an output_dir whose files a run writes (metrics.jsonl,
+ * completions.jsonl, eval_*.jsonl, summary.json, the SVGs, the final weights,
+ * adapters, config and tokenizer files) include a device, FIFO, socket or directory, or a link to one
+ * (core/fileio.h's rule), so a bad path stops the run at setup, not after it. */
+int report_check_output_dir(const char *output_dir, char *err);
+
 /* The ticks of one plot axis: count values first + i * step, i = 0 .. count-1. */
 typedef struct AxisTicks {
     double step;   /* 1, 2 or 5 x 10^k; at least 1 on an integer axis */

@@ -169,6 +169,7 @@ int tensorboard_open(TensorboardWriter **out, const char *log_dir, char *err) {
 int tensorboard_open_file(TensorboardWriter **out, const char *path, double wall_time_fixed, char *err) {
     *out = NULL;
     if (!tensorboard_available()) return unavailable(err);
+    if (file_check_output(path, err) != 0) return COLT_ERR; /* no truncating a device or a FIFO */
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return errorf(err, "%s: cannot create: %s", path, strerror(errno));
     return writer_start(out, fd, path, wall_time_fixed, err);

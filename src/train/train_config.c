@@ -79,6 +79,9 @@ static const ConfigKey KEYS[] = {
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python, ...} or "
                                    "\"rewards.py:FUNCTION\"; docs/rewards.md)"),
     K(reward_weights, KEY_JSON_LIST, "one weight per reward function (default 1 each; each within +-1e6)"),
+    KI(max_rounds_without_reward, 0, STEPS,
+       "stop with an error after N generation rounds in a row in which no completion got a usable reward (every "
+       "reward function gave NaN/None, so nothing trains); each such round also warns (0 = warn, never stop)"),
     KD(learning_rate, KEY_DOUBLE, 0, RANGE_CLOSED, 100, "AdamW learning rate"),
     K(lr_scheduler_type, KEY_STRING, "constant, constant_with_warmup, linear or cosine"),
     KD(warmup_ratio, KEY_DOUBLE, 0, RANGE_CLOSED, 1, "fraction of steps for linear warmup"),
@@ -536,6 +539,7 @@ void train_config_defaults(TrainConfig *c) {
     c->max_steps = -1;
     c->num_train_epochs = 3.0;
     c->logging_steps = 10;
+    c->max_rounds_without_reward = 3;
     c->save_steps = 500;
     c->eval_steps = 0;
     c->log_completions_count = 2;

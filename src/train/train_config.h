@@ -27,6 +27,7 @@ typedef struct TrainConfig {
     json_t *chat_template_kwargs; /* extra chat template variables (an object), or NULL */
     json_t *reward_funcs;    /* list of reward specs (see data/rewards.h) */
     json_t *reward_weights;  /* list of numbers or null */
+    int max_rounds_without_reward; /* stop after this many rounds in a row where no completion got a reward (0 = never) */
     /* optimisation */
     double learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     char *lr_scheduler_type;

@@ -121,6 +121,7 @@ typedef struct Trainer {
     GrpoSamplingMetrics round_sampling; /* engine vs trainer log-probs over the round's first pass */
     /* progress */
     int64_t global_step, total_steps, round;
+    int rounds_without_reward; /* rounds in a row in which no completion got a usable reward */
     int micro_in_step; /* the micro-batch of the optimizer step being trained, 0 .. gradient_accumulation_steps - 1 */
     uint64_t epoch;
     size_t epoch_pos, *epoch_order;
@@ -612,6 +613,36 @@ static void server_disconnect(Trainer *t) {
     t->server = NULL;
 }
 
+/* A round in which some completions got no usable reward (every function gave
+ * NaN/None) trains nothing on them, and one in which none did trains nothing
+ * at all: warn each such round, naming the functions, as TRL warns; stop after
+ * max_rounds_without_reward such whole rounds in a row. Every rank holds every
+ * reward, so every rank decides alike. */
+static int check_usable_rewards(Trainer *t, const float *rewards, int n, char *err) {
+    int unscored = 0;
+    for (int i = 0; i < n; i++) unscored += isnan(rewards[i]);
+    t->rounds_without_reward = unscored == n ? t->rounds_without_reward + 1 : 0;
+    if (unscored == 0) return COLT_OK;
+    char names[400] = "";
+    size_t len = 0;
+    for (int k = 0; k < t->n_rewards && len < sizeof names; k++) {
+        int none = 0;
+        for (int i = 0; i < n; i++) none += isnan(t->ro.per_func[(size_t)i * t->n_rewards + k]);
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s' gave none for %d", k ? ", " : "",
+                                reward_name(t->rewards[k]), none);
+    }
+    const int limit = t->cfg->max_rounds_without_reward;
+    if (unscored == n && limit > 0 && t->rounds_without_reward >= limit)
+        return errorf(err, "step %lld: no completion got a usable reward in %d rounds in a row (%s of %d; every reward "
+                           "function gave NaN/None), so training changes nothing: fix the reward functions "
+                           "(max_rounds_without_reward: %d)",
+                      (long long)t->global_step + 1, t->rounds_without_reward, names, n, limit);
+    log_info0("warning: step %lld: %d of %d completions got no usable reward (%s of %d; every reward function gave "
+              "NaN/None) and add nothing to the loss",
+              (long long)t->global_step + 1, unscored, n, names, n);
+    return COLT_OK;
+}
+
 /* One generation round: completions, rewards, advantages, old/ref log-probs. */
 static int new_rollout(Trainer *t, char *err) {
     TrainConfig *c = t->cfg;
@@ -754,6 +785,10 @@ static int new_rollout(Trainer *t, char *err) {
                                "rewards or reward_weights down",
                           i);
         }
+    if (check_usable_rewards(t, rewards, N, err) != 0) {
+        free(rewards), free(adv), free(group_std);
+        return COLT_ERR;
+    }
     GrpoScaleRewards scale;
     COLT_ASSERT(grpo_scale_rewards_parse(&scale, c->scale_rewards, err) == 0);
     grpo_advantages(adv, group_std, rewards, N, G, scale);
@@ -1400,9 +1435,14 @@ static int log_step(Trainer *t, double elapsed, int64_t steps_this_run, char *er
     format_duration(eta, sizeof eta, per_step * (double)(t->total_steps - t->global_step));
     json_t *reward = json_object_get(line, "reward"), *loss = json_object_get(line, "loss");
     json_t *len = json_object_get(line, "completions/mean_length");
-    log_info0("step %lld/%lld | reward %.4f | loss %.5f | mean length %.1f | %.2f s/step | ETA %s",
-              (long long)t->global_step, (long long)t->total_steps, json_number_value(reward),
-              json_number_value(loss), json_number_value(len), per_step, eta);
+    /* A step that starts no round has no reward or length (null or absent in
+     * metrics.jsonl), and a round without a usable reward has none: "-", not 0 */
+    char reward_s[32] = "-", loss_s[32] = "-", len_s[32] = "-";
+    if (json_is_number(reward)) snprintf(reward_s, sizeof reward_s, "%.4f", json_number_value(reward));
+    if (json_is_number(loss)) snprintf(loss_s, sizeof loss_s, "%.5f", json_number_value(loss));
+    if (json_is_number(len)) snprintf(len_s, sizeof len_s, "%.1f", json_number_value(len));
+    log_info0("step %lld/%lld | reward %s | loss %s | mean length %s | %.2f s/step | ETA %s",
+              (long long)t->global_step, (long long)t->total_steps, reward_s, loss_s, len_s, per_step, eta);
     json_decref(line);
 
     /* Sample completions of the current round, printed and saved. */
@@ -1796,6 +1836,8 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
         log_info0("tensor parallel collectives: %s", how);
     }
     t->last_saved_step = -1;
+    /* a FIFO or device where an output goes stops the run now, not at its end */
+    if (t->writer && report_check_output_dir(c->output_dir, err) != 0) return COLT_ERR;
     if (t->writer) {
         if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
         int stale = checkpoint_remove_stale_temporaries(c->output_dir);

@@ -377,6 +377,39 @@ int main(void) {
     snprintf(args, sizeof args, "generate --model %s --prompts %s --prompt hi", stories, prompts_path);
     expect_error("--prompts and --prompt", args, NULL, "exactly one");
 
+    /* TRL's rows, as colt train reads them: a conversational "prompt" (a list of messages) is the same
+     * chat as a "messages" row, and other columns are ignored */
+    {
+        const char *chat_model = COLT_SOURCE_DIR "/tests/data/models/tiny-llama3-f32";
+        char *out_trl = NULL, *out_msgs = NULL;
+        pf = fopen(prompts_path, "w");
+        if (pf) {
+            fprintf(pf, "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"answer\": \"4\"}\n");
+            fclose(pf);
+        }
+        snprintf(args, sizeof args, "generate --model %s --prompts %s --max_new_tokens 6 --json", chat_model, prompts_path);
+        int code_trl = run(args, NULL, &out_trl, &err);
+        free(err);
+        pf = fopen(prompts_path, "w");
+        if (pf) {
+            fprintf(pf, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}]}\n");
+            fclose(pf);
+        }
+        int code_msgs = run(args, NULL, &out_msgs, &err);
+        free(err);
+        CHECK(code_trl == 0 && code_msgs == 0 && strstr(out_trl, "\"ids\"") && strcmp(out_trl, out_msgs) == 0,
+              "generate --prompts: a TRL conversational prompt row (exit %d) gives '%s', the messages row (exit %d) '%s'",
+              code_trl, out_trl, code_msgs, out_msgs);
+        free(out_trl), free(out_msgs);
+        snprintf(args, sizeof args, "generate --model %s --prompts %s/examples/data/demo_train.jsonl --max_new_tokens 4 --json",
+                 stories, COLT_SOURCE_DIR);
+        code = run(args, NULL, &out, &err);
+        CHECK(code == 0 && count_lines(out) == 128, "generate --prompts on colt train's dataset: exit %d, %d lines: %s",
+              code, count_lines(out), err);
+        printf("generate --prompts: a TRL conversational row = its messages row; colt train's dataset file works as is\n");
+        free(out); free(err);
+    }
+
     /* seeded sampling: reproducible, and completion 0 does not depend on --n */
     char *out_a, *out_b, *out_c;
     snprintf(args, sizeof args,

@@ -27,7 +27,8 @@ static const char *GENERATE_USAGE =
     "usage: colt generate --model DIR (--prompt TEXT | --chat TEXT | --ids JSON_ARRAY | --prompts FILE) [options]\n"
     "  prints each completion's text, or with --json one line {\"ids\": [...], \"text\": ...} per completion\n"
     "  (ids of the completion only). Sampling defaults: generation_config.json if it samples, else greedy.\n"
-    "  --prompts FILE: one JSON object per line with one of \"prompt\" (text), \"chat\" (a user message),\n"
+    "  --prompts FILE: one JSON object per line with one of \"prompt\" (text, or a list of messages as in a\n"
+    "  colt train / TRL dataset row; other columns are ignored), \"chat\" (a user message),\n"
     "  \"messages\" (a chat) or \"ids\"; all are generated together (--n completions each, in file order;\n"
     "  --json lines then carry \"prompt_index\"). Prompts that start alike share their cached KV blocks.\n"
     "  A chat line may carry \"tools\" (a list) and \"chat_template_kwargs\" (an object, instead of the flag's).\n"
@@ -82,7 +83,9 @@ static int build_prompt(int **ids, size_t *n_ids, const GenerateArgs *a, const T
 }
 
 /* The prompts of --prompts FILE: one JSON object per line with exactly one of
- * "prompt" (text), "chat" (a user message), "messages" (a chat) or "ids"; a chat
+ * "prompt" (text, or a list of messages as in TRL's conversational rows: the
+ * file colt train reads works here), "chat" (a user message), "messages" (a
+ * chat) or "ids"; other columns are ignored; a chat
  * may carry "tools" and "chat_template_kwargs" (else chat_template_kwargs, the
  * flag's). */
 static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, const char *path, const Tokenizer *tok,
@@ -108,11 +111,17 @@ static int read_prompts_file(int ***prompts, size_t **lens, int *n_prompts, cons
         json_t *text = json_object_get(o, "prompt"), *chat = json_object_get(o, "chat"),
                *msgs = json_object_get(o, "messages"), *ids = json_object_get(o, "ids");
         json_t *wrapped = NULL, *tools = NULL, *kwargs = NULL;
-        if ((text != NULL) + (chat != NULL) + (msgs != NULL) + (ids != NULL) != 1) {
+        /* TRL's rows, as colt train reads them: "prompt" is text, or a list of messages (a chat) */
+        json_t *prompt_chat = json_is_array(text) ? text : NULL;
+        if (prompt_chat) text = NULL;
+        int given = (text != NULL) + (prompt_chat != NULL) + (chat != NULL) + (msgs != NULL) + (ids != NULL);
+        if (given == 1 && prompt_chat) msgs = prompt_chat;
+        if (given != 1) {
             rc = errorf(err, "%s: give exactly one of \"prompt\", \"chat\", \"messages\" or \"ids\"", where);
         } else if ((text && !json_is_string(text)) || (chat && !json_is_string(chat)) ||
                    (msgs && !json_is_array(msgs)) || (ids && !json_is_array(ids))) {
-            rc = errorf(err, "%s: \"prompt\" and \"chat\" take a string, \"messages\" and \"ids\" an array", where);
+            rc = errorf(err, "%s: \"prompt\" takes a string or a list of messages, \"chat\" a string, \"messages\" and "
+                             "\"ids\" an array", where);
         } else if (chat && !(msgs = wrapped = json_pack("[{s:s,s:s}]", "role", "user", "content",
                                                          json_string_value(chat)))) {
             rc = errorf(err, "%s: \"chat\" could not be wrapped as a message", where);

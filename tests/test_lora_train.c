@@ -4,7 +4,8 @@
  *   1. the run saves PEFT's files (adapter_config.json, adapter_model.safetensors,
  *      no model.safetensors) in output_dir and in each checkpoint, and with
  *      merge_lora a plain merged checkpoint in output_dir/merged that colt loads;
- *      `colt generate --adapter output_dir` and `colt eval --adapter` apply the adapters to the base model;
+ *      `colt generate --adapter output_dir`, `colt eval --adapter` and `colt score --adapter` apply the adapters
+ *      to the base model (score: log-probs within 1e-4 of the merged checkpoint's);
  *   2. resuming from a checkpoint ends with the same adapters, byte for byte, and
  *      the same metrics as the uninterrupted run (lora_dropout at TRL's default
  *      0.05: the masks are keyed by the step, so the resumed run draws the same);
@@ -96,6 +97,41 @@ int main(void) {
     char *summary = read_text(g_tmp, "eval.json");
     CHECK(summary && strstr(summary, "\"adapter\""), "colt eval --adapter: the summary does not name the adapter");
     free(summary);
+    /* colt score --adapter: the base model with the run's adapters scores as the merged checkpoint does
+     * (fp32: the adapter's term added beside the base product, against W + scale * B A summed first) */
+    const char *ids = "{\"ids\": [1, 403, 407, 261, 378, 300, 5, 40, 77, 12]}";
+    snprintf(cmd, sizeof cmd, "echo '%s' | %s score --model models/stories260K --adapter %s > %s/score_adapter.jsonl",
+             ids, COLT_BINARY, ref, g_tmp);
+    int rc_adapter = system(cmd);
+    snprintf(cmd, sizeof cmd, "echo '%s' | %s score --model %s > %s/score_merged.jsonl", ids, COLT_BINARY, merged, g_tmp);
+    int rc_merged = system(cmd);
+    snprintf(cmd, sizeof cmd, "echo '%s' | %s score --model models/stories260K > %s/score_base.jsonl", ids, COLT_BINARY,
+             g_tmp);
+    int rc_base = system(cmd);
+    double d_merged = -1, d_base = -1;
+    {
+        char *ta = read_text(g_tmp, "score_adapter.jsonl"), *tm = read_text(g_tmp, "score_merged.jsonl"),
+             *tb = read_text(g_tmp, "score_base.jsonl");
+        json_t *a = ta ? json_loads(ta, 0, NULL) : NULL, *mj = tm ? json_loads(tm, 0, NULL) : NULL,
+               *b = tb ? json_loads(tb, 0, NULL) : NULL;
+        json_t *la = json_object_get(a, "logprobs"), *lm = json_object_get(mj, "logprobs"),
+               *lb = json_object_get(b, "logprobs");
+        if (json_array_size(la) == 9 && json_array_size(lm) == 9 && json_array_size(lb) == 9) {
+            d_merged = d_base = 0;
+            for (size_t i = 0; i < 9; i++) {
+                double x = json_number_value(json_array_get(la, i));
+                d_merged = fmax(d_merged, fabs(x - json_number_value(json_array_get(lm, i))));
+                d_base = fmax(d_base, fabs(x - json_number_value(json_array_get(lb, i))));
+            }
+        }
+        json_decref(a), json_decref(mj), json_decref(b);
+        free(ta), free(tm), free(tb);
+    }
+    printf("colt score --adapter: log-probs within %.2g of the merged checkpoint's, %.2g from the base model's\n",
+           d_merged, d_base);
+    CHECK(rc_adapter == 0 && rc_merged == 0 && rc_base == 0 && d_merged >= 0 && d_merged <= 1e-4 && d_base > 1e-3,
+          "colt score --adapter (exit %d / merged %d / base %d): %.3g from merged, %.3g from base", rc_adapter, rc_merged,
+          rc_base, d_merged, d_base);
     char *cfg = read_text(ref, "adapter_config.json");
     CHECK(cfg && strstr(cfg, "\"r\": 8") && strstr(cfg, "\"peft_type\": \"LORA\"") && strstr(cfg, "models/stories260K"),
           "adapter_config.json: %s", cfg ? cfg : "(missing)");

@@ -11,14 +11,16 @@
 #include "cli/cli_json.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 /* Tokens per forward call: bounds the logits buffer (chunk x V floats). */
 #define SCORE_CHUNK 128
 
 static const char *SCORE_USAGE =
-    "usage: colt score --model DIR < in.jsonl > out.jsonl\n"
-    "  each input line {\"ids\": [...]}, each output line {\"logprobs\": [...]} with len(ids)-1 values\n";
+    "usage: colt score --model DIR [--adapter DIR] < in.jsonl > out.jsonl\n"
+    "  each input line {\"ids\": [...]}, each output line {\"logprobs\": [...]} with len(ids)-1 values\n"
+    "  --adapter DIR scores with a LoRA adapter (PEFT's files) applied to the model.\n";
 
 /* logprobs[t-1] = log p(ids[t] | ids[<t]) for t in 1..n-1. */
 static int score_ids(Model *m, ModelState *st, const int *ids, int n, double *logprobs, float *logits, char *err) {
@@ -39,10 +41,13 @@ static int score_ids(Model *m, ModelState *st, const int *ids, int n, double *lo
 
 int cmd_score(int argc, char **argv) {
     char err[ERR_LEN];
-    const char *model_dir = NULL, *device = "auto";
+    const char *model_dir = NULL, *device = "auto", *adapter = NULL;
     CliOption opts[] = {{"model", OPT_STRING, &model_dir, "Hugging Face model folder", false},
+                        {"adapter", OPT_STRING, &adapter,
+                         "a LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors, e.g. a "
+                         "use_peft run's output_dir)", false},
                         {"device", OPT_STRING, &device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false}};
-    int prc = cli_parse(opts, 2, argc, argv, SCORE_USAGE, err);
+    int prc = cli_parse(opts, 3, argc, argv, SCORE_USAGE, err);
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("score", err);
     if (!model_dir) return cli_fail("score", "--model DIR is required");
@@ -53,7 +58,8 @@ int cmd_score(int argc, char **argv) {
     Backend *be = backend_open(device, 0, err);
     if (!be) return cli_fail("score", err);
     Model *m = NULL;
-    if (model_load(&m, model_dir, be, err) != 0) {
+    if (model_load(&m, model_dir, be, err) != 0 || (adapter && model_lora_load(m, adapter, err) != 0)) {
+        model_free(m);
         backend_close(be);
         return cli_fail("score", err);
     }

@@ -18,7 +18,18 @@
  *      file and the system's reason;
  *   7. kill -9 at random moments (mid-step, mid-checkpoint), resuming each
  *      time from the newest checkpoint: the same metrics and final weights as
- *      an uninterrupted run, bit for bit. */
+ *      an uninterrupted run, bit for bit;
+ *   8. checkpoint integrity: the file manifest (size + XXH64 in
+ *      trainer_state.json) against files swapped in from another checkpoint,
+ *      truncated or missing, a rollout deleted, the state edited, an older
+ *      checkpoint without a manifest, a tensor-parallel checkpoint resumed in
+ *      one process — each a one-line error naming the file or the setting,
+ *      the checkpoint left as it was;
+ *   9. kill -9 inside checkpoint replacement (COLT_TEST_REPLACE_PAUSE_MS
+ *      widens the moments with the old copy aside), resuming each time from
+ *      the checkpoint being replaced: every checkpoint survives, and the
+ *      metrics, final weights and every checkpoint's weights and optimizer
+ *      state equal the uninterrupted run's. */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -37,7 +48,9 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "core/hash.h"
 #include "harness.h"
+#include "train/checkpoint.h"
 
 /* Rounds of two optimizer steps (steps_per_generation 2), a reference model
  * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. */
@@ -250,6 +263,41 @@ static void poke_tensor(const char *path, const char *tensor, float value) {
     free(data);
 }
 
+/* Rewrites dir's trainer_state.json's "files" and "state_xxh64" for the files
+ * now there, as colt would have: a checkpoint edited this way passes the
+ * manifest, so the checks behind it are tested. strip: remove them instead
+ * (a checkpoint of an older colt). */
+static void reseal(const char *dir, bool strip) {
+    char *p = path_join(dir, "trainer_state.json"), err[512] = "";
+    json_t *s = json_load_file(p, 0, NULL);
+    bool ok = s != NULL;
+    if (ok) {
+        json_object_del(s, "files");
+        json_object_del(s, "state_xxh64");
+        if (!strip) ok = checkpoint_state_seal(s, dir, err) == 0;
+    }
+    char *text = ok ? json_dumps(s, JSON_INDENT(1)) : NULL;
+    ok = ok && text && file_write_atomic(p, text, strlen(text), err) == 0;
+    CHECK(ok, "could not reseal %s: %s", dir, err);
+    free(text), free(p);
+    json_decref(s);
+}
+
+/* dir's entries with their sizes and contents' hashes, one a line (to see that nothing changed). */
+static char *listing(const char *dir) {
+    char cmd[600], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cd %s && for f in $(ls -A); do printf '%%s ' $f; cksum < $f; done 2>&1", dir);
+    FILE *fp = popen(cmd, "r");
+    size_t len = 0;
+    FILE *mem = open_memstream(&out, &len);
+    char buf[4096];
+    size_t n;
+    while (fp && (n = fread(buf, 1, sizeof buf, fp)) > 0) fwrite(buf, 1, n, mem);
+    if (fp) pclose(fp);
+    fclose(mem);
+    return out;
+}
+
 /* ---------------------------------------------------------------- 7. kill -9 */
 
 /* The newest complete checkpoint-N in dir (-1 if none). */
@@ -292,7 +340,7 @@ static bool has_temporaries(const char *dir) {
     if (!d) return false;
     bool found = false;
     struct dirent *e;
-    while ((e = readdir(d))) found |= strstr(e->d_name, ".tmp.") != NULL;
+    while ((e = readdir(d))) found |= strstr(e->d_name, ".tmp.") != NULL || strstr(e->d_name, ".old.") != NULL;
     closedir(d);
     return found;
 }
@@ -307,6 +355,30 @@ static pid_t start_colt(const char *args) {
         _exit(127);
     }
     return pid;
+}
+
+/* As start_colt, with an environment variable set (NAME=VALUE) and stderr into log. */
+static pid_t start_colt_env(const char *env, const char *args, const char *log) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "exec env %s %s train %s", env, COLT_BINARY, args);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout) || !freopen(log, "w", stderr)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* dir's entry whose name starts with prefix (malloc'd), or NULL. */
+static char *entry_with_prefix(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    char *found = NULL;
+    struct dirent *e;
+    while (d && !found && (e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) found = strdup(e->d_name);
+    if (d) closedir(d);
+    return found;
 }
 
 static int count_metric_lines(const char *dir) {
@@ -378,6 +450,92 @@ static void kill_loop(const char *u_dir) {
     CHECK(same_metrics, "kill loop metrics differ:\n--- uninterrupted\n%s--- killed and resumed\n%s", mu, mk);
     CHECK(same_weights, "kill loop final weights differ");
     free(mu), free(mk);
+}
+
+/* 9. Kills land with checkpoint-N's old copy aside: either before the new
+ * copy is renamed in (no checkpoint-N at all: the next start must restore
+ * it) or after (the old copy is still to be deleted). Each next run resumes
+ * from that very checkpoint-N. */
+static void replace_loop(const char *u_dir) {
+    char r_dir[300], args[4096], log[400];
+    snprintf(r_dir, sizeof r_dir, "%s/replaced", g_tmp);
+    snprintf(log, sizeof log, "%s/replace.log", g_tmp);
+    sh("rm -rf %s && cp -r %s %s", r_dir, u_dir, r_dir); /* checkpoints 1..12 there: every save replaces one */
+    int from = 2, landed_before = 0, landed_after = 0, restored = 0, kills = 0;
+    bool restore_expected = false;
+    for (int i = 0; i < 6; i++, from++) {
+        snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s --resume_from_checkpoint "
+                 "%s/checkpoint-%d", BASE, r_dir, r_dir, from);
+        bool before_rename = i % 2 == 0;
+        pid_t pid = start_colt_env("COLT_TEST_REPLACE_PAUSE_MS=500", args, log);
+        char final_name[64], aside_prefix[64];
+        snprintf(final_name, sizeof final_name, "checkpoint-%d", from + 1);
+        snprintf(aside_prefix, sizeof aside_prefix, "checkpoint-%d.old.", from + 1);
+        int status = 0;
+        bool exited = false, fire = false;
+        double start = now_s();
+        while (!exited && !fire && now_s() - start < 60) {
+            exited = waitpid(pid, &status, WNOHANG) == pid;
+            char *aside = exited ? NULL : entry_with_prefix(r_dir, aside_prefix);
+            fire = aside && exists_in(r_dir, final_name) != before_rename;
+            free(aside);
+            if (!fire && !exited) usleep(2000);
+        }
+        if (!exited) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+        CHECK(fire, "replacement loop run %d: the kill did not land inside the replacement of %s", i, final_name);
+        kills += fire;
+        char *log_text = read_text(g_tmp, "replace.log");
+        if (restore_expected) restored += log_text && strstr(log_text, "restored ") != NULL;
+        free(log_text);
+        /* what the kill left: the old copy aside, and the new one under its temporary name or in place */
+        char tmp_prefix[64];
+        snprintf(tmp_prefix, sizeof tmp_prefix, "checkpoint-%d.tmp.", from + 1);
+        char *tmp = entry_with_prefix(r_dir, tmp_prefix), *aside = entry_with_prefix(r_dir, aside_prefix);
+        if (before_rename && fire) {
+            char *tmp_dir = tmp ? path_join(r_dir, tmp) : NULL;
+            bool tmp_whole = tmp_dir && exists_in(tmp_dir, "trainer_state.json");
+            landed_before += !exists_in(r_dir, final_name) && tmp_whole && aside;
+            free(tmp_dir);
+        } else if (fire)
+            landed_after += exists_in(r_dir, final_name) && !tmp && aside;
+        free(tmp), free(aside);
+        restore_expected = before_rename;
+    }
+    /* The last run starts from the checkpoint whose replacement was killed, then finishes. */
+    snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s --resume_from_checkpoint "
+             "%s/checkpoint-%d", BASE, r_dir, r_dir, from);
+    pid_t pid = start_colt_env("COLT_TEST_REPLACE_PAUSE_MS=0", args, log);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *log_text = read_text(g_tmp, "replace.log");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "replacement loop: the last run failed: %s",
+          log_text ? log_text : "");
+    free(log_text);
+    int same_checkpoints = 0;
+    for (int s = 1; s <= 12; s++) {
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint-%d", s);
+        char *a = path_join(u_dir, name), *b = path_join(r_dir, name);
+        same_checkpoints += same_file(a, b, "model.safetensors") && same_file(a, b, "optimizer.safetensors");
+        free(a), free(b);
+    }
+    char *mu = metrics_without_timing(u_dir), *mr = metrics_without_timing(r_dir);
+    bool same_metrics = strcmp(mu, mr) == 0 && count_lines(mu) == 12;
+    bool same_weights = same_file(u_dir, r_dir, "model.safetensors");
+    printf("kill -9 inside checkpoint replacement: %d kills, %d with no checkpoint-N but its new copy whole and the "
+           "old aside, %d with the new copy in place and the old aside; %d of 3 next starts restored it; checkpoints "
+           "1-12 with the uninterrupted run's weights and optimizer: %d; metrics equal: %s, final weights identical: "
+           "%s; leftovers: %s\n",
+           kills, landed_before, landed_after, restored, same_checkpoints, same_metrics ? "yes" : "NO",
+           same_weights ? "yes" : "NO", has_temporaries(r_dir) ? "YES" : "none");
+    CHECK(kills == 6 && landed_before == 3 && landed_after == 3, "replacement kills landed %d/%d/%d, want 6/3/3",
+          kills, landed_before, landed_after);
+    CHECK(restored == 3, "%d of 3 starts after a kill before the rename restored the checkpoint", restored);
+    CHECK(same_checkpoints == 12, "only %d of 12 checkpoints equal the uninterrupted run's", same_checkpoints);
+    CHECK(same_metrics, "replacement loop metrics differ:\n--- uninterrupted\n%s--- killed and resumed\n%s", mu, mr);
+    CHECK(same_weights, "replacement loop final weights differ");
+    CHECK(!has_temporaries(r_dir), "leftovers of killed runs remain in %s", r_dir);
+    free(mu), free(mr);
 }
 
 int main(void) {
@@ -528,14 +686,73 @@ int main(void) {
        "%s/trainer_state.json",
        edited, ck3, edited, edited);
     expect_refused("a duplicate key", args, out, "duplicate");
+    /* resealed (the manifest updated as colt would): the checks behind the manifest still hold */
     sh("rm -rf %s && cp -r %s %s && cp %s/checkpoint-1/optimizer.safetensors %s/", edited, ck3, edited, ref, edited);
-    expect_refused("optimizer of checkpoint-1", args, out, "optimizer is at step 1");
+    reseal(edited, false);
+    expect_refused("optimizer of checkpoint-1, resealed", args, out, "optimizer is at step 1");
     sh("rm -rf %s && cp -r %s %s", edited, ck3, edited);
     poke_nan(edited, "optimizer.safetensors", 8);
-    expect_refused("NaN in optimizer moments", args, out, "nan");
+    reseal(edited, false);
+    expect_refused("NaN in optimizer moments, resealed", args, out, "nan");
     sh("rm -rf %s && cp -r %s %s && rm %s/trainer_state.json && mkfifo %s/trainer_state.json", edited, ck3, edited,
        edited, edited);
     expect_refused("trainer_state.json a FIFO", args, out, "regular file");
+
+    /* 8. the file manifest: a copy of checkpoint-1 or -3 damaged one way, refused in one line naming what is
+     * wrong, and left as it was (same files, same bytes) */
+    printf("checkpoint integrity:\n");
+    struct {
+        const char *name, *src, *damage, *needle, *needle2;
+        bool reseal;
+    } damages[] = {
+        {"model.safetensors of checkpoint-3 in checkpoint-1", "checkpoint-1",
+         "cp %s/checkpoint-3/model.safetensors %s/", "model.safetensors does not match", NULL, false},
+        {"optimizer.safetensors of checkpoint-1 in checkpoint-3", "checkpoint-3",
+         "cp %s/checkpoint-1/optimizer.safetensors %s/", "optimizer.safetensors does not match", NULL, false},
+        {"optimizer.safetensors truncated", "checkpoint-3", "#%s\ntruncate -s 1000 %s/optimizer.safetensors",
+         "optimizer.safetensors is 1000 bytes", NULL, false},
+        {"tokenizer.json deleted", "checkpoint-3", "#%s\nrm %s/tokenizer.json", "tokenizer.json is missing", NULL,
+         false},
+        {"rollout deleted from trainer_state.json", "checkpoint-3",
+         "#%s\nsed -i 's/\"rollout\": {/\"rollout_deleted\": {/' %s/trainer_state.json", "'rollout'", "missing",
+         false},
+        {"rollout and in_round deleted", "checkpoint-3",
+         "#%s\nsed -i -e 's/\"rollout\": {/\"rollout_deleted\": {/' -e 's/\"in_round\": true/\"x\": 1/' "
+         "%s/trainer_state.json", "changed after it was saved", NULL, false},
+        {"tensor parallel (2) resumed in one process", "checkpoint-3",
+         "#%s\ncd %s && mv optimizer.safetensors optimizer-tp00000-of-00002.safetensors && "
+         "cp optimizer-tp00000-of-00002.safetensors optimizer-tp00001-of-00002.safetensors",
+         "no optimizer state for tensor_parallel_size 1: the checkpoint was saved with tensor_parallel_size 2",
+         "--tensor_parallel_size 2", true},
+    };
+    char damaged[300];
+    snprintf(damaged, sizeof damaged, "%s/damaged", g_tmp);
+    for (size_t i = 0; i < sizeof damages / sizeof damages[0]; i++) {
+        sh("rm -rf %s && cp -r %s/%s %s", damaged, ref, damages[i].src, damaged);
+        sh(damages[i].damage, ref, damaged);
+        if (damages[i].reseal) reseal(damaged, false);
+        char *before = listing(damaged);
+        sh("rm -rf %s", out);
+        snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s", BASE, out, damaged);
+        expect_refused(damages[i].name, args, out, damages[i].needle);
+        char *after = listing(damaged), *said = read_text(g_tmp, "stderr");
+        CHECK(!damages[i].needle2 || (said && strstr(said, damages[i].needle2)), "%s: the error lacks '%s'",
+              damages[i].name, damages[i].needle2);
+        free(said);
+        CHECK(before && after && strcmp(before, after) == 0 && count_lines(before) >= 7,
+              "%s: the refused resume changed the checkpoint:\n%s---\n%s", damages[i].name, before, after);
+        free(before), free(after);
+    }
+    /* an older colt's checkpoint (no manifest): taken, with one line saying its files are not checked */
+    sh("rm -rf %s %s && cp -r %s %s", damaged, out, ck3, damaged);
+    reseal(damaged, true);
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --resume_from_checkpoint %s", BASE, out, damaged);
+    code = run(args, &err);
+    CHECK(code == 0 && strstr(err, "lists no files (saved by an older colt)"),
+          "a checkpoint without a manifest: exit %d: %s", code, err);
+    printf("  %-40s -> exit %d, noted: %s\n", "no manifest (an older colt's)", code,
+           strstr(err, "lists no files") ? "yes" : "NO");
+    free(err);
 
     /* 3. divergence. Settings cannot cause it any more (learning_rate is bounded), so the state does: an
      * optimizer whose first moment is 1e38 with a second moment of 0 makes the next update Inf; a model whose
@@ -548,6 +765,7 @@ int main(void) {
     poke_tensor(opt_path, "model.norm.weight.exp_avg", 1e38f);
     poke_tensor(opt_path, "model.norm.weight.exp_avg_sq", 0.0f);
     free(opt_path);
+    reseal(blown, false);
     snprintf(huge, sizeof huge, "%s/huge_model", g_tmp);
     sh("rm -rf %s && cp -r models/stories260K %s", huge, huge);
     char *huge_weights = path_join(huge, "model.safetensors");
@@ -651,6 +869,7 @@ int main(void) {
     CHECK(code == 0, "uninterrupted run: exit %d: %s", code, err);
     free(err);
     kill_loop(u_dir);
+    replace_loop(u_dir);
 
     free(state_before);
     sh("rm -rf %s", g_tmp);

@@ -355,7 +355,14 @@ static int parse_state(CheckpointState *st, json_t *o, const StateLimits *lim, c
                       name, (long long)(p->round - 1));
     if (json_is_false(in_round) && st->rollout.samples)
         return errorf(err, "%s: a 'rollout' is there but in_round is false; resume from another checkpoint", name);
-    /* Last, so an edit that breaks a field is named as such. Absent with "files" in an older colt's state. */
+    if (st->rollout.samples) {
+        if (st->rollout.round != p->round - 1)
+            return errorf(err, "%s: the rollout is of round %lld, but round %lld was the last one started", name,
+                          (long long)st->rollout.round, (long long)(p->round - 1));
+        if (parse_round_sampling(&st->round_sampling, json_object_get(o, "round_sampling"), name, err) != 0)
+            return COLT_ERR;
+    }
+    /* Last, so an edit that breaks a field is named as such. An older colt wrote neither "files" nor this. */
     const char *sealed = json_string_value(json_object_get(o, "state_xxh64"));
     char hex[17];
     if (json_object_get(o, "files") && !sealed)
@@ -366,13 +373,6 @@ static int parse_state(CheckpointState *st, json_t *o, const StateLimits *lim, c
         return errorf(err, "%s: the state was changed after it was saved (xxh64 %s, recorded state_xxh64 %s); "
                            "resume from another checkpoint",
                       name, hex, sealed);
-    if (st->rollout.samples) {
-        if (st->rollout.round != p->round - 1)
-            return errorf(err, "%s: the rollout is of round %lld, but round %lld was the last one started", name,
-                          (long long)st->rollout.round, (long long)(p->round - 1));
-        if (parse_round_sampling(&st->round_sampling, json_object_get(o, "round_sampling"), name, err) != 0)
-            return COLT_ERR;
-    }
     return COLT_OK;
 }
 

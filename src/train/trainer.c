@@ -1183,13 +1183,14 @@ static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
     int rc = COLT_OK;
     if (file_exists(whole)) rc = optim_load(t->opt, whole, err);
     else if (!file_exists(manifest)) {
-        int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt);
-        if (saved_tp > 0 && saved_tp != t->tp.tp_size)
+        int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt), tp_size = t->tp.tp_size > 1 ? t->tp.tp_size : 1;
+        if (saved_tp > 0 && saved_tp != tp_size)
             rc = errorf(err, "%s: no optimizer state for tensor_parallel_size %d: the checkpoint was saved with "
                              "tensor_parallel_size %d (optimizer-tp*-of-%05d files); resume it with "
-                             "--tensor_parallel_size %d (that many processes per data-parallel rank, e.g. "
-                             "--nproc_per_node %d), or start a new run with --model %s (weights only)",
-                        ckpt, t->tp.tp_size, saved_tp, saved_tp, saved_tp, saved_tp, ckpt);
+                             "--tensor_parallel_size %d in a launch of a multiple of %d processes (e.g. "
+                             "--nproc_per_node %d, or mpirun -np %d), or start a new run from its weights with "
+                             "--model %s",
+                        ckpt, tp_size, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, ckpt);
         else
             rc = errorf(err, "%s: no optimizer state (neither %s nor %s)%s", ckpt, file, list,
                         t->tp.tp_size > 1 ? ": a checkpoint resumes at the tensor_parallel_size that saved it" : "");

@@ -480,10 +480,14 @@ void checkpoint_keeper_saved(CheckpointKeeper *k, int64_t step) {
         if (!found[i].deletable) continue;
         char name[64];
         snprintf(name, sizeof name, "checkpoint-%lld", (long long)found[i].step);
-        char *path = path_join(k->output_dir, name);
-        remove_tree(path);
-        if (file_exists(path)) log_error("save_total_limit: could not delete %s", path);
-        free(path);
+        char *path = path_join(k->output_dir, name), doomed_name[96];
+        /* renamed first, so a kill mid-delete leaves no half checkpoint under its name, only a temporary */
+        snprintf(doomed_name, sizeof doomed_name, "%s.pruned.tmp.%ld", name, (long)getpid());
+        char *doomed = path_join(k->output_dir, doomed_name);
+        if (rename(path, doomed) == 0) remove_tree(doomed);
+        else remove_tree(path);
+        if (file_exists(path) || file_exists(doomed)) log_error("save_total_limit: could not delete %s", path);
+        free(path), free(doomed);
     }
     free(found);
 }

@@ -13,9 +13,15 @@
 static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
 static uint64_t read64(const unsigned char *p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v; /* one load; the byte loop below is not always turned into one */
+    memcpy(&v, p, 8);
+    return v;
+#else
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
+#endif
 }
 
 static uint64_t read32(const unsigned char *p) {

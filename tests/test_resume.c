@@ -13,7 +13,8 @@
  *   4. save_total_limit after resuming from an early checkpoint of a folder
  *      with later ones: the stale later ones stay, the resume source stays,
  *      the new run's own newest ones stay;
- *   5. temporaries of killed runs are removed at start (a live writer's are not);
+ *   5. temporaries of killed runs are removed at start (a live writer's are not),
+ *      after a complete copy a killed replacement left is put back in place;
  *   6. metrics.jsonl / completions.jsonl write failures stop the run naming the
  *      file and the system's reason;
  *   7. kill -9 at random moments (mid-step, mid-checkpoint), resuming each
@@ -840,8 +841,22 @@ int main(void) {
     sh("mkdir -p %s/checkpoint-9.tmp.%d %s/checkpoint-8.tmp.%d && touch %s/metrics.jsonl.tmp.%d "
        "%s/checkpoint-9.tmp.%d/model.safetensors",
        tmp_dir, (int)dead, tmp_dir, (int)getpid(), tmp_dir, (int)dead, tmp_dir, (int)dead);
+    /* what a replacement killed half-way left: checkpoint-3 with a few small files beside its complete new
+     * copy (an older colt deleted the old folder before the rename), and checkpoint-4 only aside */
+    sh("mkdir -p %s/checkpoint-3 && cp %s/checkpoint-3/config.json %s/checkpoint-3/tokenizer.json %s/checkpoint-3/ && "
+       "cp -r %s/checkpoint-3 %s/checkpoint-3.tmp.%d && cp -r %s/checkpoint-4 %s/checkpoint-4.old.%d",
+       tmp_dir, ref, ref, tmp_dir, ref, tmp_dir, (int)dead, ref, tmp_dir, (int)dead);
     snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s", BASE, tmp_dir);
     code = run(args, &err);
+    char *r3 = path_join(ref, "checkpoint-3"), *t3 = path_join(tmp_dir, "checkpoint-3"),
+         *r4 = path_join(ref, "checkpoint-4"), *t4 = path_join(tmp_dir, "checkpoint-4");
+    bool got3 = same_file(r3, t3, "model.safetensors") && same_file(r3, t3, "trainer_state.json") &&
+                same_file(r3, t3, "optimizer.safetensors");
+    bool got4 = same_file(r4, t4, "model.safetensors") && same_file(r4, t4, "trainer_state.json");
+    printf("a killed replacement's leftovers: checkpoint-3 (a few files) restored from its complete .tmp copy: %s, "
+           "checkpoint-4 (missing) from its .old copy: %s\n", got3 ? "yes" : "NO", got4 ? "yes" : "NO");
+    CHECK(got3 && got4 && strstr(err, "restored"), "the start did not restore the complete copies: %s", err);
+    free(r3), free(t3), free(r4), free(t4);
     char dead_ck[64], dead_metrics[64], live_ck[64];
     snprintf(dead_ck, sizeof dead_ck, "checkpoint-9.tmp.%d", (int)dead);
     snprintf(dead_metrics, sizeof dead_metrics, "metrics.jsonl.tmp.%d", (int)dead);

@@ -725,19 +725,27 @@ static bool process_gone(long pid) {
     return pid > INT_MAX || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
 }
 
+static bool exists_in_dir(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    bool e = file_exists(p);
+    free(p);
+    return e;
+}
+
 /* A checkpoint folder whose trainer_state.json is there and whose files match
- * its manifest (one without a manifest, from an older colt: its
- * trainer_state.json and model are there). */
+ * its manifest. One without a manifest (an older colt's, which wrote
+ * trainer_state.json and train_config.json last) must hold those, weights
+ * and an optimizer file. */
 static bool checkpoint_complete(const char *dir) {
     char err[ERR_LEN];
     bool has_manifest = false;
     if (checkpoint_verify_files(dir, &has_manifest, err) != 0) return false;
     if (has_manifest) return true;
-    char *model = path_join(dir, "model.safetensors"), *index = path_join(dir, "model.safetensors.index.json"),
-         *adapters = path_join(dir, "adapter_model.safetensors");
-    bool ok = file_exists(model) || file_exists(index) || file_exists(adapters);
-    free(model), free(index), free(adapters);
-    return ok;
+    return exists_in_dir(dir, "train_config.json") &&
+           (exists_in_dir(dir, "model.safetensors") || exists_in_dir(dir, "model.safetensors.index.json") ||
+            exists_in_dir(dir, "adapter_model.safetensors")) &&
+           (exists_in_dir(dir, "optimizer.safetensors") || exists_in_dir(dir, "optimizer_shards.json") ||
+            checkpoint_saved_tensor_parallel_size(dir) > 0);
 }
 
 /* Of a dead run's leftover: its path, and whether its base name is a checkpoint. */

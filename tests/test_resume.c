@@ -13,12 +13,24 @@
  *   4. save_total_limit after resuming from an early checkpoint of a folder
  *      with later ones: the stale later ones stay, the resume source stays,
  *      the new run's own newest ones stay;
- *   5. temporaries of killed runs are removed at start (a live writer's are not);
+ *   5. temporaries of killed runs are removed at start (a live writer's are not),
+ *      after a complete copy a killed replacement left is put back in place;
  *   6. metrics.jsonl / completions.jsonl write failures stop the run naming the
  *      file and the system's reason;
  *   7. kill -9 at random moments (mid-step, mid-checkpoint), resuming each
  *      time from the newest checkpoint: the same metrics and final weights as
- *      an uninterrupted run, bit for bit. */
+ *      an uninterrupted run, bit for bit;
+ *   8. checkpoint integrity: the file manifest (size + XXH64 in
+ *      trainer_state.json) against files swapped in from another checkpoint,
+ *      truncated or missing, a rollout deleted, the state edited, an older
+ *      checkpoint without a manifest, a tensor-parallel checkpoint resumed in
+ *      one process — each a one-line error naming the file or the setting,
+ *      the checkpoint left as it was;
+ *   9. kill -9 inside checkpoint replacement (COLT_TEST_REPLACE_PAUSE_MS
+ *      widens the moments with the old copy aside), resuming each time from
+ *      the checkpoint being replaced: every checkpoint survives, and the
+ *      metrics, final weights and every checkpoint's weights and optimizer
+ *      state equal the uninterrupted run's. */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -37,7 +49,9 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "core/hash.h"
 #include "harness.h"
+#include "train/checkpoint.h"
 
 /* Rounds of two optimizer steps (steps_per_generation 2), a reference model
  * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. */
@@ -250,6 +264,41 @@ static void poke_tensor(const char *path, const char *tensor, float value) {
     free(data);
 }
 
+/* Rewrites dir's trainer_state.json's "files" and "state_xxh64" for the files
+ * now there, as colt would have: a checkpoint edited this way passes the
+ * manifest, so the checks behind it are tested. strip: remove them instead
+ * (a checkpoint of an older colt). */
+static void reseal(const char *dir, bool strip) {
+    char *p = path_join(dir, "trainer_state.json"), err[512] = "";
+    json_t *s = json_load_file(p, 0, NULL);
+    bool ok = s != NULL;
+    if (ok) {
+        json_object_del(s, "files");
+        json_object_del(s, "state_xxh64");
+        if (!strip) ok = checkpoint_state_seal(s, dir, err) == 0;
+    }
+    char *text = ok ? json_dumps(s, JSON_INDENT(1)) : NULL;
+    ok = ok && text && file_write_atomic(p, text, strlen(text), err) == 0;
+    CHECK(ok, "could not reseal %s: %s", dir, err);
+    free(text), free(p);
+    json_decref(s);
+}
+
+/* dir's entries with their sizes and contents' hashes, one a line (to see that nothing changed). */
+static char *listing(const char *dir) {
+    char cmd[600], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cd %s && for f in $(ls -A); do printf '%%s ' $f; cksum < $f; done 2>&1", dir);
+    FILE *fp = popen(cmd, "r");
+    size_t len = 0;
+    FILE *mem = open_memstream(&out, &len);
+    char buf[4096];
+    size_t n;
+    while (fp && (n = fread(buf, 1, sizeof buf, fp)) > 0) fwrite(buf, 1, n, mem);
+    if (fp) pclose(fp);
+    fclose(mem);
+    return out;
+}
+
 /* ---------------------------------------------------------------- 7. kill -9 */
 
 /* The newest complete checkpoint-N in dir (-1 if none). */
@@ -292,7 +341,7 @@ static bool has_temporaries(const char *dir) {
     if (!d) return false;
     bool found = false;
     struct dirent *e;
-    while ((e = readdir(d))) found |= strstr(e->d_name, ".tmp.") != NULL;
+    while ((e = readdir(d))) found |= strstr(e->d_name, ".tmp.") != NULL || strstr(e->d_name, ".old.") != NULL;
     closedir(d);
     return found;
 }
@@ -307,6 +356,30 @@ static pid_t start_colt(const char *args) {
         _exit(127);
     }
     return pid;
+}
+
+/* As start_colt, with an environment variable set (NAME=VALUE) and stderr into log. */
+static pid_t start_colt_env(const char *env, const char *args, const char *log) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "exec env %s %s train %s", env, COLT_BINARY, args);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout) || !freopen(log, "w", stderr)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* dir's entry whose name starts with prefix (malloc'd), or NULL. */
+static char *entry_with_prefix(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    char *found = NULL;
+    struct dirent *e;
+    while (d && !found && (e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) found = strdup(e->d_name);
+    if (d) closedir(d);
+    return found;
 }
 
 static int count_metric_lines(const char *dir) {
@@ -380,10 +453,116 @@ static void kill_loop(const char *u_dir) {
     free(mu), free(mk);
 }
 
+/* 9. Kills land with checkpoint-N's old copy aside: either before the new
+ * copy is renamed in (no checkpoint-N at all: the next start must restore
+ * it) or after (the old copy is still to be deleted). Each next run resumes
+ * from that very checkpoint-N. */
+static void replace_loop(const char *u_dir) {
+    char r_dir[300], args[4096], log[400];
+    snprintf(r_dir, sizeof r_dir, "%s/replaced", g_tmp);
+    snprintf(log, sizeof log, "%s/replace.log", g_tmp);
+    sh("rm -rf %s && cp -r %s %s", r_dir, u_dir, r_dir); /* checkpoints 1..12 there: every save replaces one */
+    int from = 2, landed_before = 0, landed_after = 0, restored = 0, kills = 0;
+    bool restore_expected = false;
+    for (int i = 0; i < 6; i++, from++) {
+        snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s --resume_from_checkpoint "
+                 "%s/checkpoint-%d", BASE, r_dir, r_dir, from);
+        bool before_rename = i % 2 == 0;
+        pid_t pid = start_colt_env("COLT_TEST_REPLACE_PAUSE_MS=500", args, log);
+        char final_name[64], aside_prefix[64];
+        snprintf(final_name, sizeof final_name, "checkpoint-%d", from + 1);
+        snprintf(aside_prefix, sizeof aside_prefix, "checkpoint-%d.old.", from + 1);
+        int status = 0;
+        bool exited = false, fire = false;
+        double start = now_s();
+        while (!exited && !fire && now_s() - start < 60) {
+            exited = waitpid(pid, &status, WNOHANG) == pid;
+            char *aside = exited ? NULL : entry_with_prefix(r_dir, aside_prefix);
+            fire = aside && exists_in(r_dir, final_name) != before_rename;
+            free(aside);
+            if (!fire && !exited) usleep(2000);
+        }
+        if (!exited) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+        CHECK(fire, "replacement loop run %d: the kill did not land inside the replacement of %s", i, final_name);
+        kills += fire;
+        char *log_text = read_text(g_tmp, "replace.log");
+        if (restore_expected) restored += log_text && strstr(log_text, "restored ") != NULL;
+        free(log_text);
+        /* what the kill left: the old copy aside, and the new one under its temporary name or in place */
+        char tmp_prefix[64];
+        snprintf(tmp_prefix, sizeof tmp_prefix, "checkpoint-%d.tmp.", from + 1);
+        char *tmp = entry_with_prefix(r_dir, tmp_prefix), *aside = entry_with_prefix(r_dir, aside_prefix);
+        if (before_rename && fire) {
+            char *tmp_dir = tmp ? path_join(r_dir, tmp) : NULL;
+            bool tmp_whole = tmp_dir && exists_in(tmp_dir, "trainer_state.json");
+            landed_before += !exists_in(r_dir, final_name) && tmp_whole && aside;
+            free(tmp_dir);
+        } else if (fire)
+            landed_after += exists_in(r_dir, final_name) && !tmp && aside;
+        free(tmp), free(aside);
+        restore_expected = before_rename;
+    }
+    /* The last run starts from the checkpoint whose replacement was killed, then finishes. */
+    snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s --resume_from_checkpoint "
+             "%s/checkpoint-%d", BASE, r_dir, r_dir, from);
+    pid_t pid = start_colt_env("COLT_TEST_REPLACE_PAUSE_MS=0", args, log);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *log_text = read_text(g_tmp, "replace.log");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "replacement loop: the last run failed: %s",
+          log_text ? log_text : "");
+    free(log_text);
+    int same_checkpoints = 0;
+    for (int s = 1; s <= 12; s++) {
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint-%d", s);
+        char *a = path_join(u_dir, name), *b = path_join(r_dir, name);
+        same_checkpoints += same_file(a, b, "model.safetensors") && same_file(a, b, "optimizer.safetensors");
+        free(a), free(b);
+    }
+    char *mu = metrics_without_timing(u_dir), *mr = metrics_without_timing(r_dir);
+    bool same_metrics = strcmp(mu, mr) == 0 && count_lines(mu) == 12;
+    bool same_weights = same_file(u_dir, r_dir, "model.safetensors");
+    printf("kill -9 inside checkpoint replacement: %d kills, %d with no checkpoint-N but its new copy whole and the "
+           "old aside, %d with the new copy in place and the old aside; %d of 3 next starts restored it; checkpoints "
+           "1-12 with the uninterrupted run's weights and optimizer: %d; metrics equal: %s, final weights identical: "
+           "%s; leftovers: %s\n",
+           kills, landed_before, landed_after, restored, same_checkpoints, same_metrics ? "yes" : "NO",
+           same_weights ? "yes" : "NO", has_temporaries(r_dir) ? "YES" : "none");
+    CHECK(kills == 6 && landed_before == 3 && landed_after == 3, "replacement kills landed %d/%d/%d, want 6/3/3",
+          kills, landed_before, landed_after);
+    CHECK(restored == 3, "%d of 3 starts after a kill before the rename restored the checkpoint", restored);
+    CHECK(same_checkpoints == 12, "only %d of 12 checkpoints equal the uninterrupted run's", same_checkpoints);
+    CHECK(same_metrics, "replacement loop metrics differ:\n--- uninterrupted\n%s--- killed and resumed\n%s", mu, mr);
+    CHECK(same_weights, "replacement loop final weights differ");
+    CHECK(!has_temporaries(r_dir), "leftovers of killed runs remain in %s", r_dir);
+    free(mu), free(mr);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_resume_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
     setvbuf(stdout, NULL, _IOLBF, 0); /* nothing buffered is duplicated into forked children */
+
+    /* 0. XXH64, the manifest's hash: the reference's test vectors, and any split of the input into updates */
+    char a33[33], big[1000];
+    memset(a33, 'a', sizeof a33);
+    for (int i = 0; i < 1000; i++) big[i] = (char)(i * 7 + 3);
+    bool split_same = true;
+    for (size_t step = 1; step <= 100; step += 9) {
+        Xxh64 h;
+        xxh64_init(&h, 0);
+        for (size_t i = 0; i < sizeof big; i += step) xxh64_update(&h, big + i, i + step > sizeof big ? sizeof big - i : step);
+        split_same &= xxh64_digest(&h) == xxh64(big, sizeof big, 0);
+    }
+    bool vectors = xxh64("", 0, 0) == 0xEF46DB3751D8E999ull && xxh64("a", 1, 0) == 0xD24EC4F1A98C6E5Bull &&
+                   xxh64("abc", 3, 0) == 0x44BC2CF5AD770999ull && xxh64("Hello, World!", 13, 0) == 0xC49AACF8080FE47Full &&
+                   xxh64("Hello, World!", 13, 42) == 0xC2E0FE28B2512846ull && xxh64(a33, 32, 0) == 0x856E843298F99AD7ull &&
+                   xxh64(a33, 33, 0) == 0x18F3FF0C21E3B24Bull;
+    printf("XXH64: 7 reference vectors equal: %s; 12 splits into updates equal the one-call hash: %s\n",
+           vectors ? "yes" : "NO", split_same ? "yes" : "NO");
+    CHECK(vectors, "XXH64 differs from the reference vectors");
+    CHECK(split_same, "XXH64 depends on how the input is split into updates");
     char args[8192], ref[300], out[300], ck3[400], *err;
 
     /* The reference run: 6 steps, a checkpoint every step (3 and 5 fall inside a round). */
@@ -528,14 +707,73 @@ int main(void) {
        "%s/trainer_state.json",
        edited, ck3, edited, edited);
     expect_refused("a duplicate key", args, out, "duplicate");
+    /* resealed (the manifest updated as colt would): the checks behind the manifest still hold */
     sh("rm -rf %s && cp -r %s %s && cp %s/checkpoint-1/optimizer.safetensors %s/", edited, ck3, edited, ref, edited);
-    expect_refused("optimizer of checkpoint-1", args, out, "optimizer is at step 1");
+    reseal(edited, false);
+    expect_refused("optimizer of checkpoint-1, resealed", args, out, "optimizer is at step 1");
     sh("rm -rf %s && cp -r %s %s", edited, ck3, edited);
     poke_nan(edited, "optimizer.safetensors", 8);
-    expect_refused("NaN in optimizer moments", args, out, "nan");
+    reseal(edited, false);
+    expect_refused("NaN in optimizer moments, resealed", args, out, "nan");
     sh("rm -rf %s && cp -r %s %s && rm %s/trainer_state.json && mkfifo %s/trainer_state.json", edited, ck3, edited,
        edited, edited);
     expect_refused("trainer_state.json a FIFO", args, out, "regular file");
+
+    /* 8. the file manifest: a copy of checkpoint-1 or -3 damaged one way, refused in one line naming what is
+     * wrong, and left as it was (same files, same bytes) */
+    printf("checkpoint integrity:\n");
+    struct {
+        const char *name, *src, *damage, *needle, *needle2;
+        bool reseal;
+    } damages[] = {
+        {"model.safetensors of checkpoint-3 in checkpoint-1", "checkpoint-1",
+         "cp %s/checkpoint-3/model.safetensors %s/", "model.safetensors does not match", NULL, false},
+        {"optimizer.safetensors of checkpoint-1 in checkpoint-3", "checkpoint-3",
+         "cp %s/checkpoint-1/optimizer.safetensors %s/", "optimizer.safetensors does not match", NULL, false},
+        {"optimizer.safetensors truncated", "checkpoint-3", "#%s\ntruncate -s 1000 %s/optimizer.safetensors",
+         "optimizer.safetensors is 1000 bytes", NULL, false},
+        {"tokenizer.json deleted", "checkpoint-3", "#%s\nrm %s/tokenizer.json", "tokenizer.json is missing", NULL,
+         false},
+        {"rollout deleted from trainer_state.json", "checkpoint-3",
+         "#%s\nsed -i 's/\"rollout\": {/\"rollout_deleted\": {/' %s/trainer_state.json", "'rollout'", "missing",
+         false},
+        {"rollout and in_round deleted", "checkpoint-3",
+         "#%s\nsed -i -e 's/\"rollout\": {/\"rollout_deleted\": {/' -e 's/\"in_round\": true/\"x\": 1/' "
+         "%s/trainer_state.json", "changed after it was saved", NULL, false},
+        {"tensor parallel (2) resumed in one process", "checkpoint-3",
+         "#%s\ncd %s && mv optimizer.safetensors optimizer-tp00000-of-00002.safetensors && "
+         "cp optimizer-tp00000-of-00002.safetensors optimizer-tp00001-of-00002.safetensors",
+         "no optimizer state for tensor_parallel_size 1: the checkpoint was saved with tensor_parallel_size 2",
+         "--tensor_parallel_size 2", true},
+    };
+    char damaged[300];
+    snprintf(damaged, sizeof damaged, "%s/damaged", g_tmp);
+    for (size_t i = 0; i < sizeof damages / sizeof damages[0]; i++) {
+        sh("rm -rf %s && cp -r %s/%s %s", damaged, ref, damages[i].src, damaged);
+        sh(damages[i].damage, ref, damaged);
+        if (damages[i].reseal) reseal(damaged, false);
+        char *before = listing(damaged);
+        sh("rm -rf %s", out);
+        snprintf(args, sizeof args, "%s --max_steps 6 --output_dir %s --resume_from_checkpoint %s", BASE, out, damaged);
+        expect_refused(damages[i].name, args, out, damages[i].needle);
+        char *after = listing(damaged), *said = read_text(g_tmp, "stderr");
+        CHECK(!damages[i].needle2 || (said && strstr(said, damages[i].needle2)), "%s: the error lacks '%s'",
+              damages[i].name, damages[i].needle2);
+        free(said);
+        CHECK(before && after && strcmp(before, after) == 0 && count_lines(before) >= 7,
+              "%s: the refused resume changed the checkpoint:\n%s---\n%s", damages[i].name, before, after);
+        free(before), free(after);
+    }
+    /* an older colt's checkpoint (no manifest): taken, with one line saying its files are not checked */
+    sh("rm -rf %s %s && cp -r %s %s", damaged, out, ck3, damaged);
+    reseal(damaged, true);
+    snprintf(args, sizeof args, "%s --max_steps 4 --output_dir %s --resume_from_checkpoint %s", BASE, out, damaged);
+    code = run(args, &err);
+    CHECK(code == 0 && strstr(err, "lists no files (saved by an older colt)"),
+          "a checkpoint without a manifest: exit %d: %s", code, err);
+    printf("  %-40s -> exit %d, noted: %s\n", "no manifest (an older colt's)", code,
+           strstr(err, "lists no files") ? "yes" : "NO");
+    free(err);
 
     /* 3. divergence. Settings cannot cause it any more (learning_rate is bounded), so the state does: an
      * optimizer whose first moment is 1e38 with a second moment of 0 makes the next update Inf; a model whose
@@ -548,6 +786,7 @@ int main(void) {
     poke_tensor(opt_path, "model.norm.weight.exp_avg", 1e38f);
     poke_tensor(opt_path, "model.norm.weight.exp_avg_sq", 0.0f);
     free(opt_path);
+    reseal(blown, false);
     snprintf(huge, sizeof huge, "%s/huge_model", g_tmp);
     sh("rm -rf %s && cp -r models/stories260K %s", huge, huge);
     char *huge_weights = path_join(huge, "model.safetensors");
@@ -602,8 +841,22 @@ int main(void) {
     sh("mkdir -p %s/checkpoint-9.tmp.%d %s/checkpoint-8.tmp.%d && touch %s/metrics.jsonl.tmp.%d "
        "%s/checkpoint-9.tmp.%d/model.safetensors",
        tmp_dir, (int)dead, tmp_dir, (int)getpid(), tmp_dir, (int)dead, tmp_dir, (int)dead);
+    /* what a replacement killed half-way left: checkpoint-3 with a few small files beside its complete new
+     * copy (an older colt deleted the old folder before the rename), and checkpoint-4 only aside */
+    sh("mkdir -p %s/checkpoint-3 && cp %s/checkpoint-3/config.json %s/checkpoint-3/tokenizer.json %s/checkpoint-3/ && "
+       "cp -r %s/checkpoint-3 %s/checkpoint-3.tmp.%d && cp -r %s/checkpoint-4 %s/checkpoint-4.old.%d",
+       tmp_dir, ref, ref, tmp_dir, ref, tmp_dir, (int)dead, ref, tmp_dir, (int)dead);
     snprintf(args, sizeof args, "%s --max_steps 1 --output_dir %s", BASE, tmp_dir);
     code = run(args, &err);
+    char *r3 = path_join(ref, "checkpoint-3"), *t3 = path_join(tmp_dir, "checkpoint-3"),
+         *r4 = path_join(ref, "checkpoint-4"), *t4 = path_join(tmp_dir, "checkpoint-4");
+    bool got3 = same_file(r3, t3, "model.safetensors") && same_file(r3, t3, "trainer_state.json") &&
+                same_file(r3, t3, "optimizer.safetensors");
+    bool got4 = same_file(r4, t4, "model.safetensors") && same_file(r4, t4, "trainer_state.json");
+    printf("a killed replacement's leftovers: checkpoint-3 (a few files) restored from its complete .tmp copy: %s, "
+           "checkpoint-4 (missing) from its .old copy: %s\n", got3 ? "yes" : "NO", got4 ? "yes" : "NO");
+    CHECK(got3 && got4 && strstr(err, "restored"), "the start did not restore the complete copies: %s", err);
+    free(r3), free(t3), free(r4), free(t4);
     char dead_ck[64], dead_metrics[64], live_ck[64];
     snprintf(dead_ck, sizeof dead_ck, "checkpoint-9.tmp.%d", (int)dead);
     snprintf(dead_metrics, sizeof dead_metrics, "metrics.jsonl.tmp.%d", (int)dead);
@@ -651,6 +904,7 @@ int main(void) {
     CHECK(code == 0, "uninterrupted run: exit %d: %s", code, err);
     free(err);
     kill_loop(u_dir);
+    replace_loop(u_dir);
 
     free(state_before);
     sh("rm -rf %s", g_tmp);

@@ -759,7 +759,10 @@ static void check_train_cli(void) {
     printf("colt train TP 2 resumed from checkpoint-2: weights max |diff| %.2g, metrics %.2g from the straight run\n", w, m);
     snprintf(extra, sizeof extra, "--resume_from_checkpoint %s/tp2r/checkpoint-2", g_tmp);
     rc = train_run(1, extra, "tp2r1", &log);
-    CHECK(rc != 0 && strstr(log, "optimizer.safetensors"), "resume of a TP 2 checkpoint at TP 1: %s", log);
+    CHECK(rc != 0 && strstr(log, "the checkpoint was saved with tensor_parallel_size 2") &&
+              strstr(log, "resume it with --tensor_parallel_size 2"),
+          "resume of a TP 2 checkpoint at TP 1: %s", log);
+    printf("colt train TP 2 checkpoint resumed at TP 1: exit %d, %s", rc, strstr(log, "tensor_parallel_size 2") ? "names tensor_parallel_size 2\n" : log);
     free(log);
     /* refused settings */
     struct {

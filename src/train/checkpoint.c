@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
 #include <math.h>
@@ -10,10 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/hash.h"
 #include "core/log.h"
 
 /* Counters far beyond any real run (2^40 steps) but far inside int64 arithmetic. */
@@ -246,6 +250,8 @@ json_t *checkpoint_state_json(const TrainerProgress *p, const Metrics *m, const 
     json_object_set_new(o, "epoch_pos", json_integer((json_int_t)p->epoch_pos));
     json_object_set_new(o, "num_tokens", json_integer(p->num_tokens));
     json_object_set_new(o, "metrics", metrics_to_json(m));
+    /* in_round says a rollout must be there: a state whose rollout was deleted is refused, not replayed */
+    json_object_set_new(o, "in_round", json_boolean(in_round != NULL));
     json_object_set_new(o, "rollout", in_round ? rollout_to_json(in_round, micro_batch_samples) : json_null());
     if (in_round) /* the round's sampling metrics so far, logged at its first pass's end */
         json_object_set_new(o, "round_sampling",
@@ -258,6 +264,20 @@ json_t *checkpoint_state_json(const TrainerProgress *p, const Metrics *m, const 
                                       (json_int_t)sm->is_ratio_count));
     json_object_set(o, "resume_record", (json_t *)resume_record);
     return o;
+}
+
+/* XXH64 of a state's content but "files" and "state_xxh64", as compact JSON
+ * with sorted keys: the same for the state saved and the state read back
+ * (numbers print as they parse), whatever the file's layout. */
+static void state_digest(char hex[17], const json_t *state) {
+    json_t *c = json_copy((json_t *)state);
+    json_object_del(c, "files");
+    json_object_del(c, "state_xxh64");
+    char *text = json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS);
+    COLT_ASSERT(text);
+    snprintf(hex, 17, "%016llx", (unsigned long long)xxh64(text, strlen(text), 0));
+    free(text);
+    json_decref(c);
 }
 
 static int state_int(int64_t *out, json_t *o, const char *key, int64_t lo, int64_t hi, const char *name, char *err) {
@@ -327,6 +347,14 @@ static int parse_state(CheckpointState *st, json_t *o, const StateLimits *lim, c
                       name, (long long)p->global_step, (long long)lim->total_steps);
     if (metrics_from_json(&st->metrics, json_object_get(o, "metrics"), name, err) != 0) return COLT_ERR;
     if (rollout_from_json(&st->rollout, json_object_get(o, "rollout"), &lim->rollout, name, err) != 0) return COLT_ERR;
+    json_t *in_round = json_object_get(o, "in_round"); /* absent in an older colt's state */
+    if (in_round && !json_is_boolean(in_round)) return errorf(err, "%s: in_round must be true or false", name);
+    if (json_is_true(in_round) && !st->rollout.samples)
+        return errorf(err, "%s: the checkpoint falls inside round %lld (in_round is true) but its 'rollout' (the "
+                           "round's samples) is missing; resume from another checkpoint",
+                      name, (long long)(p->round - 1));
+    if (json_is_false(in_round) && st->rollout.samples)
+        return errorf(err, "%s: a 'rollout' is there but in_round is false; resume from another checkpoint", name);
     if (st->rollout.samples) {
         if (st->rollout.round != p->round - 1)
             return errorf(err, "%s: the rollout is of round %lld, but round %lld was the last one started", name,
@@ -334,6 +362,17 @@ static int parse_state(CheckpointState *st, json_t *o, const StateLimits *lim, c
         if (parse_round_sampling(&st->round_sampling, json_object_get(o, "round_sampling"), name, err) != 0)
             return COLT_ERR;
     }
+    /* Last, so an edit that breaks a field is named as such. An older colt wrote neither "files" nor this. */
+    const char *sealed = json_string_value(json_object_get(o, "state_xxh64"));
+    char hex[17];
+    if (json_object_get(o, "files") && !sealed)
+        return errorf(err, "%s: 'state_xxh64' is missing (the state was edited after it was saved); resume from "
+                           "another checkpoint",
+                      name);
+    if (sealed && (state_digest(hex, o), strcmp(hex, sealed) != 0))
+        return errorf(err, "%s: the state was changed after it was saved (xxh64 %s, recorded state_xxh64 %s); "
+                           "resume from another checkpoint",
+                      name, hex, sealed);
     return COLT_OK;
 }
 
@@ -441,41 +480,343 @@ void checkpoint_keeper_saved(CheckpointKeeper *k, int64_t step) {
         if (!found[i].deletable) continue;
         char name[64];
         snprintf(name, sizeof name, "checkpoint-%lld", (long long)found[i].step);
-        char *path = path_join(k->output_dir, name);
-        remove_tree(path);
-        if (file_exists(path)) log_error("save_total_limit: could not delete %s", path);
-        free(path);
+        char *path = path_join(k->output_dir, name), doomed_name[96];
+        /* renamed first, so a kill mid-delete leaves no half checkpoint under its name, only a temporary */
+        snprintf(doomed_name, sizeof doomed_name, "%s.pruned.tmp.%ld", name, (long)getpid());
+        char *doomed = path_join(k->output_dir, doomed_name);
+        if (rename(path, doomed) == 0) remove_tree(doomed);
+        else remove_tree(path);
+        if (file_exists(path) || file_exists(doomed)) log_error("save_total_limit: could not delete %s", path);
+        free(path), free(doomed);
     }
     free(found);
 }
 
-/* A "<name>.tmp.<pid>" entry: the pid, else 0. */
-static long temporary_pid(const char *name) {
-    const char *t = strstr(name, ".tmp.");
-    while (t) {
-        const char *digits = t + 5;
-        char *end = NULL;
-        long pid = *digits >= '1' && *digits <= '9' ? strtol(digits, &end, 10) : 0;
-        if (pid > 0 && end && *end == '\0') return pid;
-        t = strstr(t + 1, ".tmp.");
+/* ---------------------------------------------------------------- the file manifest */
+
+#define STATE_FILE "trainer_state.json"
+
+/* A regular file's size and XXH64, read in 4 MB chunks. */
+static int hash_file(const char *path, uint64_t *size, uint64_t *hash, char *err) {
+    size_t file_size = 0;
+    int fd = file_open_regular(path, &file_size, err);
+    if (fd < 0) return COLT_ERR;
+    enum { CHUNK = 4 << 20 };
+    char *buf = xmalloc(CHUNK);
+    Xxh64 h;
+    xxh64_init(&h, 0);
+    uint64_t total = 0;
+    int rc = COLT_OK;
+    for (;;) {
+        ssize_t got = read(fd, buf, CHUNK);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) rc = errorf(err, "%s: read failed: %s", path, strerror(errno));
+        if (got <= 0) break;
+        xxh64_update(&h, buf, (size_t)got);
+        total += (uint64_t)got;
     }
-    return 0;
+    free(buf);
+    close(fd);
+    *size = total;
+    *hash = xxh64_digest(&h);
+    return rc;
 }
 
-int checkpoint_remove_stale_temporaries(const char *output_dir) {
-    DIR *d = opendir(output_dir);
-    if (!d) return 0;
-    int removed = 0;
+int checkpoint_files_manifest(json_t **out, const char *dir, char *err) {
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return errorf(err, "%s: cannot list the checkpoint's files: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        long pid = temporary_pid(e->d_name);
-        if (pid <= 0 || pid == (long)getpid()) continue;
-        if (pid <= INT_MAX && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* its writer may be alive */
-        char *path = path_join(output_dir, e->d_name);
-        remove_tree(path);
-        if (!file_exists(path)) removed++;
-        free(path);
+        if (e->d_name[0] == '.' || strcmp(e->d_name, STATE_FILE) == 0) continue;
+        char *p = path_join(dir, e->d_name);
+        struct stat st;
+        bool regular = lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+        free(p);
+        if (!regular) continue;
+        if (n == cap) cap = cap ? 2 * cap : 32, names = xrealloc(names, sizeof(char *) * cap);
+        names[n++] = xstrdup(e->d_name);
     }
     closedir(d);
+    if (n) qsort(names, n, sizeof(char *), compare_strings);
+    json_t *files = json_object();
+    int rc = COLT_OK;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char *p = path_join(dir, names[i]), hex[17];
+        uint64_t size = 0, hash = 0;
+        rc = hash_file(p, &size, &hash, err);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+        if (rc == 0)
+            json_object_set_new(files, names[i], json_pack("{s:I,s:s}", "size", (json_int_t)size, "xxh64", hex));
+        free(p);
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (rc != 0) json_decref(files);
+    else *out = files;
+    return rc;
+}
+
+int checkpoint_state_seal(json_t *state, const char *dir, char *err) {
+    json_t *files = NULL;
+    if (checkpoint_files_manifest(&files, dir, err) != 0) return COLT_ERR;
+    char hex[17];
+    state_digest(hex, state);
+    json_object_set_new(state, "files", files);
+    json_object_set_new(state, "state_xxh64", json_string(hex));
+    return COLT_OK;
+}
+
+/* Checks ckpt's files against the manifest object files (who: the message's
+ * start, "resume from DIR"). */
+static int verify_manifest(const json_t *files, const char *ckpt, const char *who, char *err) {
+    if (!json_is_object(files) || json_object_size(files) == 0)
+        return errorf(err, "%s: trainer_state.json's 'files' must list the checkpoint's files", who);
+    const char *name;
+    json_t *v;
+    json_object_foreach((json_t *)files, name, v) {
+        json_t *js = json_object_get(v, "size");
+        const char *want_hash = json_string_value(json_object_get(v, "xxh64"));
+        if (!name[0] || strchr(name, '/') || strcmp(name, "..") == 0 || strcmp(name, ".") == 0 ||
+            !json_is_integer(js) || json_integer_value(js) < 0 || !want_hash || strlen(want_hash) != 16)
+            return errorf(err, "%s: trainer_state.json's files entry '%s' must be a file name with a size and an "
+                               "xxh64 of 16 hex digits",
+                          who, name);
+        uint64_t want_size = (uint64_t)json_integer_value(js), size = 0, hash = 0;
+        char *p = path_join(ckpt, name), hex[17];
+        struct stat st;
+        int rc = COLT_OK;
+        if (lstat(p, &st) != 0)
+            rc = errorf(err, "%s: %s is missing (trainer_state.json lists it): the checkpoint is incomplete; resume "
+                             "from another checkpoint",
+                        who, name);
+        else if (!S_ISREG(st.st_mode))
+            rc = errorf(err, "%s: %s is not a regular file (trainer_state.json lists a file); resume from another "
+                             "checkpoint",
+                        who, name);
+        else if ((uint64_t)st.st_size != want_size)
+            rc = errorf(err, "%s: %s is %llu bytes but the checkpoint recorded %llu (truncated or replaced); resume "
+                             "from another checkpoint",
+                        who, name, (unsigned long long)st.st_size, (unsigned long long)want_size);
+        else if ((rc = hash_file(p, &size, &hash, err)) == 0) {
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+            if (size != want_size || strcmp(hex, want_hash) != 0)
+                rc = errorf(err, "%s: %s does not match the checkpoint's record (xxh64 %s, recorded %s): it was "
+                                 "changed or copied in from another checkpoint; resume from another checkpoint",
+                            who, name, hex, want_hash);
+        }
+        free(p);
+        if (rc != 0) return rc;
+    }
+    return COLT_OK;
+}
+
+int checkpoint_verify_files(const char *ckpt, bool *has_manifest, char *err) {
+    *has_manifest = false;
+    char *path = path_join(ckpt, STATE_FILE), *text = NULL, who[PATH_MAX + 16];
+    snprintf(who, sizeof who, "resume from %s", ckpt);
+    size_t len = 0;
+    int rc = file_read_all(path, &text, &len, err);
+    json_t *o = NULL;
+    if (rc == 0) {
+        json_error_t jerr;
+        o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!o) rc = errorf(err, "%s: not valid JSON: %s (line %d)", path, jerr.text, jerr.line);
+    }
+    json_t *files = json_object_get(o, "files");
+    if (rc == 0 && files) {
+        *has_manifest = true;
+        rc = verify_manifest(files, ckpt, who, err);
+    }
+    json_decref(o);
+    free(text), free(path);
+    return rc;
+}
+
+int checkpoint_saved_tensor_parallel_size(const char *ckpt) {
+    DIR *d = opendir(ckpt);
+    if (!d) return 0;
+    int size = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && size == 0) {
+        int part = 0, n = 0;
+        if ((sscanf(e->d_name, "optimizer-tp%d-of-%d", &part, &n) == 2 ||
+             sscanf(e->d_name, "optimizer_shards-tp%d-of-%d", &part, &n) == 2) &&
+            n > 0)
+            size = n;
+    }
+    closedir(d);
+    return size;
+}
+
+/* ---------------------------------------------------------------- replacing a folder */
+
+/* fsync of a folder: its entries (files renamed in or out) reach the disk. */
+static void sync_folder(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    (void)fsync(fd); /* some file systems refuse a folder's fsync; the renames are still atomic */
+    close(fd);
+}
+
+void checkpoint_sync_folder(const char *path) { sync_folder(path); }
+
+/* Tests only: COLT_TEST_REPLACE_PAUSE_MS widens the moments between the steps
+ * of a replacement so a kill -9 can land there. */
+static void test_pause(void) {
+    const char *ms = getenv("COLT_TEST_REPLACE_PAUSE_MS");
+    long v = ms ? strtol(ms, NULL, 10) : 0;
+    if (v <= 0 || v > 60000) return;
+    struct timespec ts = {.tv_sec = v / 1000, .tv_nsec = (v % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int checkpoint_install(const char *output_dir, const char *tmp_name, const char *name, char *err) {
+    char aside_name[PATH_MAX];
+    snprintf(aside_name, sizeof aside_name, "%s.old.%ld", name, (long)getpid());
+    char *tmp = path_join(output_dir, tmp_name), *final = path_join(output_dir, name),
+         *aside = path_join(output_dir, aside_name);
+    int rc = COLT_OK;
+    sync_folder(tmp); /* the copy's files were fsynced as written; now its entries */
+    struct stat st;
+    bool replacing = lstat(final, &st) == 0;
+    if (replacing) {
+        remove_tree(aside);
+        if (rename(final, aside) != 0)
+            rc = errorf(err, "%s: cannot move the old checkpoint aside: %s", final, strerror(errno));
+        test_pause(); /* old copy aside, new copy complete under its temporary name, no final */
+    }
+    if (rc == 0 && rename(tmp, final) != 0) {
+        rc = errorf(err, "%s: cannot rename the checkpoint into place: %s", final, strerror(errno));
+        if (replacing) (void)rename(aside, final); /* put the old one back */
+    }
+    sync_folder(output_dir);
+    if (rc == 0 && replacing) {
+        test_pause(); /* new copy in place, old one aside */
+        remove_tree(aside);
+    }
+    free(tmp), free(final), free(aside);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- what killed runs left */
+
+/* A "<base>.tmp.<pid>" or "<base>.old.<pid>" entry: the pid (else 0), *aside
+ * for .old, base_len the length of <base>. */
+static long leftover_pid(const char *name, bool *aside, size_t *base_len) {
+    const char *best = NULL;
+    for (const char *t = strchr(name, '.'); t; t = strchr(t + 1, '.'))
+        if (strncmp(t, ".tmp.", 5) == 0 || strncmp(t, ".old.", 5) == 0) {
+            const char *digits = t + 5;
+            char *end = NULL;
+            long pid = *digits >= '1' && *digits <= '9' ? strtol(digits, &end, 10) : 0;
+            if (pid > 0 && end && *end == '\0') best = t;
+        }
+    if (!best) return 0;
+    *aside = strncmp(best, ".old.", 5) == 0;
+    *base_len = (size_t)(best - name);
+    return strtol(best + 5, NULL, 10);
+}
+
+static bool process_gone(long pid) {
+    if (pid == (long)getpid()) return false;
+    return pid > INT_MAX || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+}
+
+static bool exists_in_dir(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    bool e = file_exists(p);
+    free(p);
+    return e;
+}
+
+/* A checkpoint folder whose trainer_state.json is there and whose files match
+ * its manifest. One without a manifest (an older colt's, which wrote
+ * trainer_state.json and train_config.json last) must hold those, weights
+ * and an optimizer file. */
+static bool checkpoint_complete(const char *dir) {
+    char err[ERR_LEN];
+    bool has_manifest = false;
+    if (checkpoint_verify_files(dir, &has_manifest, err) != 0) return false;
+    if (has_manifest) return true;
+    return exists_in_dir(dir, "train_config.json") &&
+           (exists_in_dir(dir, "model.safetensors") || exists_in_dir(dir, "model.safetensors.index.json") ||
+            exists_in_dir(dir, "adapter_model.safetensors")) &&
+           (exists_in_dir(dir, "optimizer.safetensors") || exists_in_dir(dir, "optimizer_shards.json") ||
+            checkpoint_saved_tensor_parallel_size(dir) > 0);
+}
+
+/* Of a dead run's leftover: its path, and whether its base name is a checkpoint. */
+typedef struct Leftover {
+    char *name, *base;
+    bool aside, is_checkpoint;
+} Leftover;
+
+int checkpoint_recover_leftovers(const char *output_dir, int *restored) {
+    *restored = 0;
+    DIR *d = opendir(output_dir);
+    if (!d) return 0;
+    Leftover *l = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        bool aside = false;
+        size_t base_len = 0;
+        long pid = leftover_pid(e->d_name, &aside, &base_len);
+        if (pid <= 0 || !process_gone(pid)) continue; /* its writer may be alive */
+        if (n == cap) cap = cap ? 2 * cap : 16, l = xrealloc(l, sizeof(Leftover) * cap);
+        int64_t step;
+        char *base = strndup(e->d_name, base_len);
+        COLT_ASSERT(base);
+        l[n++] = (Leftover){.name = xstrdup(e->d_name), .base = base, .aside = aside,
+                            .is_checkpoint = checkpoint_step_of(base, &step)};
+    }
+    closedir(d);
+    /* A checkpoint with no complete copy under its own name takes a complete
+     * leftover: the new copy (.tmp) before the old one (.old), which returns
+     * whatever its state when nothing else can. A final folder
+     * that is complete stays; one that is not (a replacement by an older colt
+     * killed half-way) gives way to a complete leftover. */
+    for (size_t i = 0; i < n; i++) {
+        if (!l[i].is_checkpoint) continue;
+        char *final = path_join(output_dir, l[i].base);
+        struct stat st;
+        bool has_final = lstat(final, &st) == 0;
+        if (!has_final || !checkpoint_complete(final)) {
+            for (int pass = 0; pass < 2; pass++)
+                for (size_t j = 0; j < n; j++) {
+                    if (strcmp(l[j].base, l[i].base) != 0 || l[j].aside != (pass == 1)) continue;
+                    char *p = path_join(output_dir, l[j].name);
+                    if (!has_final || !checkpoint_complete(final)) {
+                        /* the old copy comes back even unverified: it is what the folder held */
+                        if (checkpoint_complete(p) || (!has_final && l[j].aside)) {
+                            if (has_final) remove_tree(final);
+                            if (rename(p, final) == 0) {
+                                has_final = true;
+                                (*restored)++;
+                                log_info0("restored %s from %s, a complete copy left by a run that was killed",
+                                          final, p);
+                            }
+                        }
+                    }
+                    free(p);
+                }
+            sync_folder(output_dir);
+        }
+        free(final);
+    }
+    int removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        char *p = path_join(output_dir, l[i].name);
+        struct stat st;
+        if (lstat(p, &st) == 0) { /* not restored */
+            remove_tree(p);
+            if (!file_exists(p)) removed++;
+        }
+        free(p), free(l[i].name), free(l[i].base);
+    }
+    free(l);
     return removed;
 }

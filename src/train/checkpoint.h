@@ -10,9 +10,17 @@
  * (naming the setting and both values), and checks every count, index and
  * number in trainer_state.json before using it.
  *
- * Folders are written under a temporary name and renamed into place; a run
- * prunes only what it may (see CheckpointKeeper) and removes the temporaries
- * that killed runs left behind. */
+ * trainer_state.json also lists every other file of the folder with its size
+ * and XXH64 ("files"), and the hash of its own content ("state_xxh64"); a
+ * resume refuses a folder whose files differ, naming the file. trainer_state.json is written last, so a folder whose files match
+ * it is complete.
+ *
+ * Folders are written under a temporary name ("checkpoint-N.tmp.PID"); one
+ * that replaces an existing checkpoint moves the old one aside
+ * ("checkpoint-N.old.PID") before the rename and deletes it after, so a whole
+ * copy exists under a recognised name at every instant. A run prunes only what
+ * it may (see CheckpointKeeper) and, at start, puts back a complete copy that
+ * a killed run left under one of those names, then removes the rest. */
 #ifndef COLT_TRAIN_CHECKPOINT_H
 #define COLT_TRAIN_CHECKPOINT_H
 
@@ -113,9 +121,41 @@ void checkpoint_keeper_free(CheckpointKeeper *k);
  * allows. A folder that cannot be deleted is logged, not an error. */
 void checkpoint_keeper_saved(CheckpointKeeper *k, int64_t step);
 
-/* Removes output_dir's "<name>.tmp.<pid>" files and folders whose process is
- * gone (left by a run that was killed while writing). Returns how many. */
-int checkpoint_remove_stale_temporaries(const char *output_dir);
+/* trainer_state.json's "files": {name: {"size": bytes, "xxh64": "16 hex digits"}}
+ * of dir's regular files but trainer_state.json, in name order. */
+int checkpoint_files_manifest(json_t **out, const char *dir, char *err);
+
+/* Adds "files" (checkpoint_files_manifest of dir) and "state_xxh64" (the hash
+ * of the rest of state) to state, the last thing done before writing it as
+ * dir's trainer_state.json. checkpoint_state_parse checks state_xxh64. */
+int checkpoint_state_seal(json_t *state, const char *dir, char *err);
+
+/* Checks ckpt's files against the "files" of its trainer_state.json; err names
+ * the first file missing, of another size or another content ("resume from
+ * DIR: model.safetensors does not match ..."). A trainer_state.json without
+ * "files" (an older colt's) passes with *has_manifest false. */
+int checkpoint_verify_files(const char *ckpt, bool *has_manifest, char *err);
+
+/* The tensor_parallel_size checkpoint ckpt was saved with, from its
+ * optimizer files' names (optimizer-tpNNNNN-of-NNNNN...); 0 if none says. */
+int checkpoint_saved_tensor_parallel_size(const char *ckpt);
+
+/* Puts the complete folder output_dir/tmp_name in place as output_dir/name.
+ * An existing name is first renamed to "<name>.old.<pid>" and deleted after,
+ * so at every instant a complete copy is under name, tmp_name or the aside
+ * name (what checkpoint_recover_leftovers recognises). Tests may set
+ * COLT_TEST_REPLACE_PAUSE_MS to sleep between the steps. */
+int checkpoint_install(const char *output_dir, const char *tmp_name, const char *name, char *err);
+
+/* fsync of a folder, so files renamed into it are there after a crash. */
+void checkpoint_sync_folder(const char *path);
+
+/* Cleans output_dir of what runs that were killed left ("<name>.tmp.<pid>"
+ * and "<name>.old.<pid>" whose process is gone): a checkpoint-N missing, or
+ * not complete, takes back a complete copy (the new one first, else the old
+ * one), counted in *restored; everything else is removed. Returns how many
+ * were removed. Never removes the last complete copy of a checkpoint. */
+int checkpoint_recover_leftovers(const char *output_dir, int *restored);
 
 /* Deletes a folder and everything in it (no error when it does not exist). */
 void remove_tree(const char *path);

@@ -1081,7 +1081,9 @@ static void manifest_name(const Trainer *t, char *buf, size_t size) {
 }
 
 /* Writes output_dir/checkpoint-N atomically: everything goes into a temporary
- * folder that is renamed into place at the end. state: trainer_state_json's.
+ * folder, trainer_state.json last with every other file's size and hash, and
+ * the folder replaces an existing checkpoint-N by checkpoint_install (the old
+ * one moved aside, then deleted). state: trainer_state_json's.
  * Weights or optimizer moments that are not finite are never saved: a run that
  * diverged must not replace a good checkpoint.
  *
@@ -1176,22 +1178,22 @@ static int save_checkpoint(Trainer *t, json_t *state, char *err) {
         if (tp) rc = train_dist_agree(&t->dist, rc, err); /* every part's list is there before the rename */
     }
     if (rc == 0 && t->writer) {
-        char *s = json_dumps(state, JSON_INDENT(1));
-        rc = s ? file_write_atomic(state_path, s, strlen(s), err) : errorf(err, "%s: cannot encode", state_path);
-        free(s);
-    }
-    if (rc == 0 && t->writer) {
         json_t *cj = train_config_to_json(t->cfg);
         char *s = json_dumps(cj, JSON_INDENT(2));
         rc = file_write_atomic(cfg_path, s, strlen(s), err);
         free(s);
         json_decref(cj);
     }
+    /* trainer_state.json last, with every other file's size and hash: a folder whose files match it is complete */
     if (rc == 0 && t->writer) {
-        remove_tree(final_dir);
-        if (rename(dir, final_dir) != 0)
-            rc = errorf(err, "%s: cannot rename the checkpoint into place: %s", final_dir, strerror(errno));
+        json_t *sealed = json_copy(state); /* state may be saved again (after an error) */
+        rc = checkpoint_state_seal(sealed, dir, err);
+        char *s = rc == 0 ? json_dumps(sealed, JSON_INDENT(1)) : NULL;
+        if (rc == 0) rc = s ? file_write_atomic(state_path, s, strlen(s), err) : errorf(err, "%s: cannot encode", state_path);
+        free(s);
+        json_decref(sealed);
     }
+    if (rc == 0 && t->writer) rc = checkpoint_install(t->cfg->output_dir, tmp_name, name, err);
     if (rc != 0 && t->writer) remove_tree(dir);
     if (sharded || tp) rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) {
@@ -1215,10 +1217,19 @@ static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
     char *whole = path_join(ckpt, file), *manifest = path_join(ckpt, list);
     int rc = COLT_OK;
     if (file_exists(whole)) rc = optim_load(t->opt, whole, err);
-    else if (!file_exists(manifest))
-        rc = errorf(err, "%s: no optimizer state (neither %s nor %s)%s", ckpt, file, list,
-                    t->tp.tp_size > 1 ? ": a checkpoint resumes at the tensor_parallel_size that saved it" : "");
-    else {
+    else if (!file_exists(manifest)) {
+        int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt), tp_size = t->tp.tp_size > 1 ? t->tp.tp_size : 1;
+        if (saved_tp > 0 && saved_tp != tp_size)
+            rc = errorf(err, "%s: no optimizer state for tensor_parallel_size %d: the checkpoint was saved with "
+                             "tensor_parallel_size %d (optimizer-tp*-of-%05d files); resume it with "
+                             "--tensor_parallel_size %d in a launch of a multiple of %d processes (e.g. "
+                             "--nproc_per_node %d, or mpirun -np %d), or start a new run from its weights with "
+                             "--model %s",
+                        ckpt, tp_size, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, ckpt);
+        else
+            rc = errorf(err, "%s: no optimizer state (neither %s nor %s)%s", ckpt, file, list,
+                        t->tp.tp_size > 1 ? ": a checkpoint resumes at the tensor_parallel_size that saved it" : "");
+    } else {
         json_error_t jerr;
         json_t *m = json_load_file(manifest, 0, &jerr), *files = json_object_get(m, "files");
         size_t n = json_array_size(files);
@@ -1840,8 +1851,15 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     if (t->writer && report_check_output_dir(c->output_dir, err) != 0) return COLT_ERR;
     if (t->writer) {
         if (make_dirs(c->output_dir, err) != 0) return COLT_ERR;
-        int stale = checkpoint_remove_stale_temporaries(c->output_dir);
+        int restored = 0, stale = checkpoint_recover_leftovers(c->output_dir, &restored);
         if (stale > 0) log_info0("removed %d temporary file(s) left in %s by a run that was killed", stale, c->output_dir);
+    }
+    if (c->resume_from_checkpoint) { /* before anything is read from it */
+        bool has_manifest = false;
+        if (checkpoint_verify_files(c->resume_from_checkpoint, &has_manifest, err) != 0) return COLT_ERR;
+        if (!has_manifest)
+            log_info0("%s: trainer_state.json lists no files (saved by an older colt): its files are not checked",
+                      c->resume_from_checkpoint);
     }
     if (tokenizer_load(&t->tok, c->model, err) != 0) return COLT_ERR;
     /* The model's shape first: the prompts are checked and the memory planned
@@ -2358,6 +2376,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
             (save_trained(&t, c->output_dir, err) != 0 ||
              (t.writer && tokenizer_copy_files(c->model, c->output_dir, err) != 0)))
             rc = COLT_ERR;
+        /* each file replaced an old one by renaming a complete, fsynced copy over it; now the renames */
+        if (rc == 0 && t.writer) checkpoint_sync_folder(c->output_dir);
         weights_release(&t);
         if (rc == 0 && t.dist.rank == 0 && c->merge_lora) rc = save_merged(&t, err); /* the first group's ranks */
         if (rc == 0 && t.writer) {

@@ -5,7 +5,7 @@ set -euo pipefail
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-dev libomp-dev
           libjansson-dev libpcre2-dev libutf8proc-dev libopenblas-dev libyaml-dev python3
           libopenmpi-dev openmpi-bin libgloo-dev libprotobuf-c-dev protobuf-c-compiler
-          libmicrohttpd-dev libcurl4-openssl-dev)
+          libmicrohttpd-dev libcurl4-openssl-dev libxxhash-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

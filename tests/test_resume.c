@@ -49,7 +49,6 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-#include "core/hash.h"
 #include "harness.h"
 #include "train/checkpoint.h"
 
@@ -544,25 +543,6 @@ int main(void) {
     if (!mkdtemp(g_tmp)) return 1;
     setvbuf(stdout, NULL, _IOLBF, 0); /* nothing buffered is duplicated into forked children */
 
-    /* 0. XXH64, the manifest's hash: the reference's test vectors, and any split of the input into updates */
-    char a33[33], big[1000];
-    memset(a33, 'a', sizeof a33);
-    for (int i = 0; i < 1000; i++) big[i] = (char)(i * 7 + 3);
-    bool split_same = true;
-    for (size_t step = 1; step <= 100; step += 9) {
-        Xxh64 h;
-        xxh64_init(&h, 0);
-        for (size_t i = 0; i < sizeof big; i += step) xxh64_update(&h, big + i, i + step > sizeof big ? sizeof big - i : step);
-        split_same &= xxh64_digest(&h) == xxh64(big, sizeof big, 0);
-    }
-    bool vectors = xxh64("", 0, 0) == 0xEF46DB3751D8E999ull && xxh64("a", 1, 0) == 0xD24EC4F1A98C6E5Bull &&
-                   xxh64("abc", 3, 0) == 0x44BC2CF5AD770999ull && xxh64("Hello, World!", 13, 0) == 0xC49AACF8080FE47Full &&
-                   xxh64("Hello, World!", 13, 42) == 0xC2E0FE28B2512846ull && xxh64(a33, 32, 0) == 0x856E843298F99AD7ull &&
-                   xxh64(a33, 33, 0) == 0x18F3FF0C21E3B24Bull;
-    printf("XXH64: 7 reference vectors equal: %s; 12 splits into updates equal the one-call hash: %s\n",
-           vectors ? "yes" : "NO", split_same ? "yes" : "NO");
-    CHECK(vectors, "XXH64 differs from the reference vectors");
-    CHECK(split_same, "XXH64 depends on how the input is split into updates");
     char args[8192], ref[300], out[300], ck3[400], *err;
 
     /* The reference run: 6 steps, a checkpoint every step (3 and 5 fall inside a round). */

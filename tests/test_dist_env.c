@@ -45,6 +45,17 @@ static const Case CASES[] = {
     {"SLURM_NTASKS alone is an sbatch script, not a launch", {"SLURM_NTASKS=8", "SLURM_JOB_ID=7"}, NULL,
      LAUNCHER_NONE, 0, 1, 0, 1, 0, "", 0, 0, 0, 0},
     {"COLT_STORE_PORT", {"COLT_STORE_PORT=31000"}, NULL, LAUNCHER_NONE, 0, 1, 0, 1, 0, "", 0, 0, 0, 31000},
+    /* accelerate launch's simple launcher (prepare_simple_launcher_cmd_env): one process, no rank; MASTER_* only
+     * when several were asked for */
+    {"accelerate launch --cpu, one process", {"ACCELERATE_USE_CPU=True", "ACCELERATE_MIXED_PRECISION=no",
+      "OMP_NUM_THREADS=2"}, NULL, LAUNCHER_NONE, 0, 1, 0, 1, 0, "", 0, 0, 0, 0},
+    {"accelerate launch --cpu --num_processes 2", {"ACCELERATE_USE_CPU=True", "MASTER_ADDR=127.0.0.1",
+      "MASTER_PORT=29500"}, .error = "launch environment: accelerate launch started one process for a launch of several "
+      "(its --cpu mode starts CPU processes only through mpirun): add --mpirun_hostfile FILE to accelerate launch, or use "
+      "colt train --nproc_per_node N, or mpirun -np N"},
+    {"accelerate launch --mpirun_hostfile: Open MPI's ranks", {"ACCELERATE_USE_CPU=True", "MASTER_ADDR=127.0.0.1",
+      "MASTER_PORT=29500", "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_RANK=1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE=2"}, NULL, LAUNCHER_OPENMPI, 1, 2, 1, 2, -1, "127.0.0.1", 29500, 0, 0, 0},
 
     /* ---- torchrun */
     {"torchrun one node", {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",

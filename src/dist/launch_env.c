@@ -312,6 +312,12 @@ int launch_env_read(LaunchEnv *out, EnvLookup lookup, void *ctx, char *err) {
         rc = read_openmpi(&e, &env, err);
     else if (env_get(&env, "SLURM_PROCID"))
         rc = read_slurm(&e, &env, err);
+    else if (env_get(&env, "ACCELERATE_USE_CPU") && env_get(&env, "MASTER_ADDR"))
+        /* accelerate's simple launcher (its --cpu mode) sets MASTER_* only when asked for several processes,
+         * but starts one and gives it no rank: running on would be a silent run of one rank */
+        rc = errorf(err, ERR_PREFIX "accelerate launch started one process for a launch of several (its --cpu mode "
+                                    "starts CPU processes only through mpirun): add --mpirun_hostfile FILE to accelerate "
+                                    "launch, or use colt train --nproc_per_node N, or mpirun -np N");
     else {
         e.launcher = LAUNCHER_NONE;
         e.world_size = 1;

@@ -266,7 +266,7 @@ static void get_exact(int fd, void *p, size_t n) {
 static void test_wire_format(void) {
     StoreServer *srv = NULL;
     char err[ERR_LEN];
-    CHECK(store_server_start(&srv, 0, err) == COLT_OK, "server: %s", err);
+    CHECK(store_server_start(&srv, NULL, 0, NULL, err) == COLT_OK, "server: %s", err);
     if (!srv) return;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)store_server_port(srv)),

@@ -1,6 +1,8 @@
 /* weight_sync.c — see weight_sync.h. */
 #include "dist/weight_sync.h"
 
+#include "dist/store.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,7 @@ static const char *const FP_WHAT[FP_COMPARED] = {
     "LoRA adapters (rank, target modules)", "LoRA scaling (lora_alpha, use_rslora)"};
 
 struct WeightSync {
+    Store *store; /* the group's rendezvous (rank 0 serves it), kept while comm lives */
     Comm *comm;
     const Backend *be;
     bool nccl;          /* buffers are device memory */
@@ -63,11 +66,26 @@ int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) 
                      .master_port = opt->port};
     snprintf(env.master_addr, sizeof env.master_addr, "%s", opt->host);
     snprintf(env.run_id, sizeof env.run_id, "weight-sync");
+    /* Every member meets at the store first (the only wait for the others, and a cancellable one), so
+     * NCCL or Gloo open their own connections only once all have shown the token. */
+    StoreOptions so = {.host = opt->host, .port = opt->port, .serve = opt->rank == 0, .rank = opt->rank,
+                       .world_size = opt->world_size, .timeout_s = opt->timeout_s, .key_prefix = "/colt/weight-sync/",
+                       .bind_host = opt->bind_host, .token = opt->token, .cancel = opt->cancel};
+    Store *store = NULL;
+    if (store_open(&store, &so, err) != 0) return error_prefix(err, "weight sync");
+    if (store_barrier(store, "joined", err) != 0) {
+        store_close(store);
+        return error_prefix(err, "weight sync: waiting for every member");
+    }
     CommOptions co = {.kind = kind, .gpu = kind == COMM_NCCL, .cuda_device = opt->cuda_device,
-                      .timeout_s = opt->timeout_s};
+                      .timeout_s = opt->timeout_s, .store = store};
     Comm *comm = NULL;
-    if (comm_open(&comm, &env, &co, err) != 0) return COLT_ERR;
+    if (comm_open(&comm, &env, &co, err) != 0) {
+        store_close(store);
+        return COLT_ERR;
+    }
     WeightSync *w = xcalloc(1, sizeof(WeightSync));
+    w->store = store;
     w->comm = comm;
     w->be = opt->be;
     w->nccl = kind == COMM_NCCL;
@@ -305,5 +323,6 @@ void weight_sync_close(WeightSync *w) {
     if (w->device_small) w->be->free(w->be, w->device_small);
     if (w->device_bucket) w->be->free(w->be, w->device_bucket);
     comm_close(w->comm);
+    store_close(w->store);
     free(w);
 }

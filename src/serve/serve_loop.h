@@ -80,7 +80,10 @@ void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice);
 double serve_request_first_token_seconds(ServeRequest *r);
 
 /* The weight-update channel (dist/weight_sync.h), run by the engine thread
- * between engine steps in the order asked: OPEN first gives the model the
+ * between engine steps in the order asked (one process: OPEN's wait for the
+ * trainer runs on a thread of its own, so generation goes on meanwhile and
+ * the operations after it wait; serve_loop_stop cuts that wait short): OPEN
+ * first gives the model the
  * trainer's LoRA adapters (attached with its config, replacing adapters of
  * another config; taken off when the trainer has none: the pushes then hold
  * whole weights; refused on a tensor-parallel server), then joins the group
@@ -104,6 +107,8 @@ typedef struct ServeSyncRequest {
     double timeout_s;
     bool has_lora;    /* OPEN: the trainer trains LoRA adapters of config lora (its dropout 0: inference) */
     LoraConfig lora;
+    char bind_host[256]; /* OPEN: where rank 0's store listens (the server's own address, not the client's) */
+    char token[256];     /* OPEN: what every member shows the store to join (the server's API key) */
 } ServeSyncRequest;
 int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err);
 

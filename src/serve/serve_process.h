@@ -22,6 +22,7 @@ typedef struct ServeProcessOptions {
                                   * on the visible GPUs in order) */
     const char *log_path;
     double timeout_s;            /* bound on the wait for its "listening" line */
+    const char *api_key;         /* handed to the child as COLT_API_KEY (its environment: ps shows argv) */
 } ServeProcessOptions;
 
 typedef struct ServeProcess {

@@ -19,7 +19,9 @@
  *   connections; a huge Content-Length gets one 413;
  * - colt train --vllm_mode server with the right key (vllm_server_api_key)
  *   trains and pushes; with a wrong one it stops with one line about the
- *   key, pushes nothing, and no key is written into its output folder. */
+ *   key, pushes nothing, and no key is written into its output folder;
+ * - SIGTERM while the server receives a push its trainer stopped sending:
+ *   it exits after its grace (5 s), saying so. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -547,6 +549,38 @@ static void check_train(Server *s, const char *reference) {
     (void)reference;
 }
 
+/* 5. SIGTERM while a push is being received and the trainer stopped sending: the server exits anyway. */
+static void check_stalled_push(Server *s) {
+    int port = free_port();
+    char sync[128], *body = NULL, err[ERR_LEN] = "";
+    snprintf(sync, sizeof sync, "{\"port\": %d, \"timeout\": 30}", port);
+    long st = http(s, "/colt/init_weight_sync", sync, JSON_KEY, &body);
+    CHECK(st == 200, "init_weight_sync: %ld %s", st, body);
+    free(body);
+    Backend *be = backend_open("cpu", 0, err);
+    WeightSync *w = NULL;
+    int rc = -1;
+    if (be) {
+        WeightSyncOptions o = {.host = "127.0.0.1", .port = port, .rank = 1, .world_size = 2, .be = be,
+                               .timeout_s = 30, .token = KEY};
+        rc = weight_sync_open(&w, &o, err);
+    }
+    CHECK(rc == 0, "a trainer with the right key could not join: %s", err);
+    st = http(s, "/colt/update_weights", "{}", JSON_KEY, &body); /* the server waits for a push that never comes */
+    CHECK(st == 200, "update_weights: %ld %s", st, body);
+    free(body);
+    usleep(300 * 1000);
+    double seconds = 0;
+    int code = server_stop(s, SIGTERM, 20, &seconds);
+    char *log = read_text(g_tmp, strrchr(s->log, '/') + 1);
+    CHECK(code >= 0 && seconds < 8 && log && strstr(log, "exiting without it"),
+          "SIGTERM while a push stalls: exit %d after %.2f s: %s", code, seconds, log ? log : "(no log)");
+    printf("  SIGTERM while receiving a push the trainer never sends: exit %d after %.2f s\n", code, seconds);
+    free(log);
+    weight_sync_close(w);
+    if (be) backend_close(be);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_serve_security_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
@@ -574,7 +608,11 @@ int main(void) {
 
     printf("colt train --vllm_mode server against --api_key\n");
     Server *trained = &g_servers[3];
-    if (server_start(trained, "train", "127.0.0.1", "--api_key " KEY, NULL)) check_train(trained, reference);
+    if (server_start(trained, "train", "127.0.0.1", "--api_key " KEY, NULL)) {
+        check_train(trained, reference);
+        printf("a push that stalls\n");
+        check_stalled_push(trained);
+    }
 
     for (int i = 0; i < 4; i++)
         if (g_servers[i].pid > 0) {

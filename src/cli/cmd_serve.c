@@ -59,6 +59,8 @@ static const char *SERVE_USAGE =
  * sends one every 0.1 s) or a rank for the others in a collective; past it
  * every rank ends with the reason. */
 #define SERVE_TP_TIMEOUT_S 60.0
+/* SIGTERM: the longest the engine thread may take to stop after the requests are done or cut. */
+#define SERVE_STOP_GRACE_S 5.0
 
 typedef struct ServeArgs {
     const char *model, *adapter, *host, *device, *served_model_name, *api_key;
@@ -314,7 +316,14 @@ int cmd_serve(int argc, char **argv) {
         http_server_stop(http);
         log_info0("colt serve: stopped");
     }
-    serve_loop_stop(loop); /* tensor parallel: the followers' "stop" turn */
+    /* tensor parallel: the followers' "stop" turn */
+    if (serve_loop_stop(loop, SERVE_STOP_GRACE_S) != 0) {
+        /* the engine thread is inside a weight push whose trainer stopped sending: do not wait for it */
+        log_error("colt serve: the engine thread is still receiving a weight push after %.0f s; exiting without it",
+                  SERVE_STOP_GRACE_S);
+        fflush(NULL);
+        _exit(1);
+    }
     model_free(m);
     tp_group_close(&group); /* its NCCL communicators before the device's backend */
     backend_close(be);

@@ -709,14 +709,17 @@ int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char 
     return COLT_OK;
 }
 
-void serve_loop_stop(ServeLoop *l) {
-    if (!l) return;
+int serve_loop_stop(ServeLoop *l, double grace_s) {
+    if (!l) return COLT_OK;
     atomic_store(&l->cancel_sync, true); /* a wait for the trainer (on the opener or the engine thread) ends */
     pthread_mutex_lock(&l->mu);
     l->stop = true;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    pthread_join(l->thread, NULL);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)grace_s;
+    if (pthread_timedjoin_np(l->thread, NULL, &until) != 0) return COLT_ERR;
     if (l->opening) {
         pthread_join(l->opener, NULL);
         weight_sync_close(l->opened);
@@ -732,4 +735,5 @@ void serve_loop_stop(ServeLoop *l) {
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);
+    return COLT_OK;
 }

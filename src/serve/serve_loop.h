@@ -31,8 +31,12 @@ typedef struct ServeLoopOptions {
  * the call returns its error, if any. */
 int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char *err);
 /* Ends the thread; requests still in flight fail ("the server is shutting
- * down"). Their waiters must still release them. */
-void serve_loop_stop(ServeLoop *l);
+ * down"). Their waiters must still release them. A wait for a trainer that
+ * has not joined the weight channel ends at once; a push being received may
+ * hold the engine thread until the channel's timeout: past grace_s this
+ * returns COLT_ERR and leaves the loop as it is (not freed, its thread
+ * running), and the caller exits without it. */
+int serve_loop_stop(ServeLoop *l, double grace_s);
 
 /* A request: prompts[n_prompts] (taken: malloc'd arrays, freed with the
  * request) completed n times each; completion j of prompt i is choice

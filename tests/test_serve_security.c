@@ -4,7 +4,8 @@
  * - without a key: every trainer endpoint (/colt/...) answers 403 saying how
  *   to start with a key, and no weight-channel store ever listens; greedy
  *   output is the same before and after; POST bodies not sent as
- *   application/json get 415, a foreign Origin 403 (same origin: 200);
+ *   application/json get 415, a foreign Origin 403 (same origin: 200), a
+ *   Host that is a DNS name other than localhost (DNS rebinding) 403;
  * - with a key (COLT_API_KEY): every endpoint but /health answers 401
  *   (OpenAI's error object) without it or with a wrong one, 200 with it;
  *   the weight channel's store listens on 127.0.0.1 only, drops a client
@@ -327,8 +328,18 @@ static void check_without_key(Server *s, const char *reference) {
     free(body);
     long st_same = http(s, "/v1/completions", GREEDY, same, NULL);
     CHECK(st_same == 200, "same-origin Origin: %ld", st_same);
-    printf("  browsers: text/plain %ld, no Content-Type %ld, foreign Origin %ld, same origin %ld\n", st_plain, st_none,
-           st_foreign, st_same);
+    /* DNS rebinding: a page's own name pointed at 127.0.0.1, so its origin is "the server" */
+    const char *const rebound[] = {"Content-Type: application/json", "Host: evil.example:80",
+                                   "Origin: http://evil.example:80", NULL};
+    long st_rebound = http(s, "/v1/completions", GREEDY, rebound, &body);
+    CHECK(st_rebound == 403 && error_says(body, 403, "DNS names other than localhost"), "a rebound Host: %ld %s",
+          st_rebound, body);
+    free(body);
+    const char *const local[] = {"Content-Type: application/json", "Host: localhost", NULL};
+    long st_local = http(s, "/v1/completions", GREEDY, local, NULL);
+    CHECK(st_local == 200, "Host: localhost: %ld", st_local);
+    printf("  browsers: text/plain %ld, no Content-Type %ld, foreign Origin %ld, same origin %ld, a rebound DNS name "
+           "%ld, Host localhost %ld\n", st_plain, st_none, st_foreign, st_same, st_rebound, st_local);
     char *after = greedy(s, JSON);
     CHECK(after && reference && strcmp(after, reference) == 0, "greedy changed: '%s' then '%s'", reference, after);
     double updates = metric(s, NULL, "colt_weight_updates_total");

@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/store.h"
 #include "serve/colt_api.h"
 
 #define WAIT_SLICE_S 0.1
@@ -489,12 +490,34 @@ static bool same_origin(const char *origin, const char *host) {
     return at && host && strcasecmp(at + 3, host) == 0;
 }
 
+/* Whether a Host header names a loopback address (port aside): what a client
+ * of a loopback-bound server sends, unless a page's DNS name was rebound to
+ * 127.0.0.1 to make the browser call this server as that name's origin. */
+static bool loopback_host_header(const char *host) {
+    char name[256];
+    if (!host) return true; /* HTTP/1.0 */
+    const char *end = host[0] == '[' ? strchr(host, ']') : strchr(host, ':');
+    size_t n = end ? (size_t)(end - host) : strlen(host);
+    if (host[0] == '[') host++, n = n > 0 ? n - 1 : 0;
+    if (n >= sizeof name) return false;
+    memcpy(name, host, n);
+    name[n] = '\0';
+    return store_host_is_loopback(name);
+}
+
 /* Decides from the headers alone whether a request may go on; 0, or the
- * status it gets with msg. Browsers are the reason for the last two: a page
+ * status it gets with msg. Browsers are the reason for the last three: a page
  * may send a "simple" cross-origin POST (text/plain, no preflight) to any
- * address this machine reaches, 127.0.0.1 included. */
+ * address this machine reaches, 127.0.0.1 included, or rebind its own DNS
+ * name to 127.0.0.1 and call this server as its own origin. */
 static int gate(HttpServer *s, struct MHD_Connection *conn, const char *url, bool post, char *msg, size_t size) {
     if (strcmp(url, "/health") == 0) return 0;
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (store_host_is_loopback(s->o.host) && !loopback_host_header(host)) {
+        snprintf(msg, size, "Host %.100s is not this server (it listens on %s): DNS names other than localhost are "
+                            "refused on a loopback address", host, s->o.host);
+        return 403;
+    }
     if (!s->o.api_key && strncmp(url, "/colt/", 6) == 0) {
         snprintf(msg, size, "%.100s is off: colt's trainer endpoints (/colt/*: generation by token ids, the weight "
                             "channel) need an API key; start colt serve with --api_key KEY (or COLT_API_KEY=KEY) "

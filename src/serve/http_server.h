@@ -4,7 +4,8 @@
  * /colt/... (the trainer's). Before any handler runs a request passes the gate:
  * with an API key every endpoint but /health wants "Authorization: Bearer
  * KEY" (401); without one /colt/... is off (403); a POST must be
- * application/json (415) from no foreign Origin (403); a connection must send
+ * application/json (415) from no foreign Origin (403); a server on loopback
+ * takes no Host but a loopback one (DNS rebinding: 403); a connection must send
  * its whole request within request_timeout_s, and one address may hold
  * max_connections_per_ip of them. Handler threads parse
  * and check a request (openai.h), submit it to the engine thread

@@ -392,8 +392,8 @@ static int listen_on(int *fd_out, int *port_out, const char *host, int port, cha
     }
     freeaddrinfo(res);
     if (fd < 0 && e == EADDRINUSE)
-        return errorf(err, "cannot host the store on %s port %d: it is in use (another job or a leftover process?); "
-                           "choose a free port", host, port);
+        return errorf(err, "cannot host the store on port %d: it is in use (another job or a leftover process?); "
+                           "choose a free MASTER_PORT", port);
     if (fd < 0) return errorf(err, "cannot host the store on %s port %d: %s", host, port, strerror(e));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;

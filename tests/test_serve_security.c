@@ -630,6 +630,17 @@ int main(void) {
             int code = server_stop(&g_servers[i], SIGTERM, 30, NULL);
             CHECK(code == 0, "colt serve %s exited %d after SIGTERM", g_servers[i].log, code);
         }
+    /* under the sanitizers (build-asan), a report from any colt process fails the test */
+    const char *logs[] = {"nokey.log", "key.log", "wide.log", "train.log", "train-right.err", "train-wrong.err"};
+    int reports = 0;
+    for (int i = 0; i < 6; i++) {
+        char *text = read_text(g_tmp, logs[i]);
+        bool report = text && (strstr(text, "Sanitizer") || strstr(text, "runtime error:"));
+        CHECK(!report, "%s has a sanitizer report:\n%s", logs[i], text);
+        reports += report;
+        free(text);
+    }
+    printf("sanitizer reports in the 6 logs of colt processes: %d\n", reports);
     free(reference);
     curl_global_cleanup();
     sh("rm -rf %s", g_tmp);

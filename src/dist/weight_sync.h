@@ -60,8 +60,16 @@ typedef struct WeightSyncOptions {
 
 typedef struct WeightSync WeightSync;
 
-/* Joins the group (collective over its members; bounded by the timeout). */
+/* Joins the group (collective over its members; bounded by the timeout):
+ * weight_sync_meet, then weight_sync_open_met. */
 int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err);
+/* Its two halves, for a member that waits for the others on another thread
+ * than the one that uses the channel: meeting at the store (every member
+ * present; the only long wait, ended early by opt->cancel) touches no device
+ * and no model; opening the communicator and buffers (quick, the others are
+ * there) takes the store over (closed on failure). */
+int weight_sync_meet(Store **store, const WeightSyncOptions *opt, char *err);
+int weight_sync_open_met(WeightSync **out, Store *store, const WeightSyncOptions *opt, char *err);
 /* The trainer (the last rank): broadcasts m's weights (with adapters
  * attached: the base too at the channel's first push, else the adapters). */
 int weight_sync_send(WeightSync *w, const Model *m, char *err);

@@ -8,9 +8,11 @@
  * loop sets under the request's mutex after the engine wrote them.
  *
  * The weight channel's OPEN waits for a trainer that may never come (or
- * comes late): on one process that wait runs on a thread of its own (the
- * opener) while the engine thread goes on generating; operations queued
- * behind it wait for it to end. serve_loop_stop cancels the wait. */
+ * comes late): on one process that wait (weight_sync_meet: the store alone,
+ * no device, no model) runs on a thread of its own (the opener) while the
+ * engine thread goes on generating; the engine thread then opens the
+ * communicator itself. Operations queued behind the OPEN wait for it.
+ * serve_loop_stop cancels the wait. */
 #include "serve/serve_loop.h"
 
 #include <errno.h>
@@ -92,7 +94,7 @@ struct ServeLoop {
     bool opening;
     atomic_bool opener_done;
     ServeSyncRequest open_q;
-    WeightSync *opened;
+    Store *met; /* the group met at its store: the engine thread opens the channel on it */
     int open_rc;
     char open_err[ERR_LEN];
     /* loop-private */
@@ -495,9 +497,8 @@ static void sync_op_done(ServeLoop *l, const ServeSyncRequest *q, int rc, const 
 /* The opener thread: OPEN's wait for the trainer (one process). */
 static void *opener_main(void *arg) {
     ServeLoop *l = arg;
-    size_t bytes;
-    double seconds;
-    l->open_rc = serve_sync_run(&l->opened, l->m, &l->open_q, 0, 1, &l->cancel_sync, &bytes, &seconds, l->open_err);
+    WeightSyncOptions o = serve_sync_options(l->m, &l->open_q, 0, 1, &l->cancel_sync);
+    l->open_rc = weight_sync_meet(&l->met, &o, l->open_err);
     atomic_store(&l->opener_done, true);
     pthread_mutex_lock(&l->mu);
     l->wake = true;
@@ -506,12 +507,15 @@ static void *opener_main(void *arg) {
     return NULL;
 }
 
-/* The opener ended: its channel becomes the loop's (or its failure is counted). */
+/* The opener ended: the channel opens on the store where the group met (or its failure is counted). */
 static void opener_join(ServeLoop *l) {
     pthread_join(l->opener, NULL);
     l->opening = false;
-    l->sync = l->opened;
-    l->opened = NULL;
+    if (l->open_rc == 0) {
+        WeightSyncOptions o = serve_sync_options(l->m, &l->open_q, 0, 1, &l->cancel_sync);
+        l->open_rc = weight_sync_open_met(&l->sync, l->met, &o, l->open_err);
+        l->met = NULL;
+    }
     sync_op_done(l, &l->open_q, l->open_rc, l->open_err, 0, 0);
 }
 
@@ -722,7 +726,7 @@ int serve_loop_stop(ServeLoop *l, double grace_s) {
     if (pthread_timedjoin_np(l->thread, NULL, &until) != 0) return COLT_ERR;
     if (l->opening) {
         pthread_join(l->opener, NULL);
-        weight_sync_close(l->opened);
+        store_close(l->met);
     }
     for (int i = 0; i < l->n_incoming; i++) {
         request_fail(l->incoming[i], "the server is shutting down");

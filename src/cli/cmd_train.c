@@ -36,7 +36,8 @@ static int cmd_train_run(TrainConfig *cfg, const LaunchEnv *env, int argc, char 
                          char *err);
 
 /* server_devices (the one-command form of server mode): starts colt serve on
- * those GPUs and points the run at it; the training processes take the other
+ * those GPUs with a random API key (unless one is set) and points the run at
+ * it; the training processes take the other
  * GPUs unless devices lists them (a GPU listed in both is shared on purpose:
  * the weights then go through the host). extra_args: what the processes colt
  * starts itself must add to their arguments (the server's port, the devices),

@@ -8,6 +8,7 @@
  * instead (no time to first token then): the client's own per-event work,
  * one thread for every stream, is then out of the measurement. bench/gpu/bench_serve.sh runs it against
  * `colt generate` offline on the same prompts.
+ * A server with a key: COLT_API_KEY in the environment (sent as a Bearer token).
  * Usage: bench_serve --url http://127.0.0.1:8000 --prompts FILE [--requests R]
  *        [--concurrency C] [--max_tokens N] [--temperature T] [--ignore_eos] [--no_stream] [--model NAME] */
 #include <curl/curl.h>
@@ -139,6 +140,12 @@ int main(int argc, char **argv) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     CURLM *multi = curl_multi_init();
     struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    char auth[300];
+    const char *key = getenv("COLT_API_KEY"); /* a server started with a key */
+    if (key && key[0]) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %.255s", key);
+        headers = curl_slist_append(headers, auth);
+    }
     if (concurrency > requests) concurrency = requests;
     Client *clients = calloc((size_t)concurrency, sizeof(Client));
     double *ttft = calloc((size_t)requests, sizeof(double)), *latency = calloc((size_t)requests, sizeof(double));

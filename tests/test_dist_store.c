@@ -3,10 +3,14 @@
  * and a barrier that time out with the right message; a port already in use;
  * an address nobody listens on; a listener that does not speak the protocol;
  * a serving rank that dies while another waits; the server's wire format
- * byte by byte as PyTorch's c10d client writes it; and the world-of-one store.
+ * byte by byte as PyTorch's c10d client writes it; the world-of-one store;
+ * a store with a token (its members get in, a client without it or with
+ * another is dropped in one line), bound to 127.0.0.1 alone, and a wait ended
+ * at once by the cancel flag.
  * --torch-peer and --serve are the colt halves of tests/dist_torch_store.sh,
  * which checks the same against PyTorch's own TCPStore where torch is installed. */
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -266,7 +270,7 @@ static void get_exact(int fd, void *p, size_t n) {
 static void test_wire_format(void) {
     StoreServer *srv = NULL;
     char err[ERR_LEN];
-    CHECK(store_server_start(&srv, 0, err) == COLT_OK, "server: %s", err);
+    CHECK(store_server_start(&srv, NULL, 0, NULL, err) == COLT_OK, "server: %s", err);
     if (!srv) return;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)store_server_port(srv)),
@@ -421,6 +425,73 @@ static int serve_for_torch(int port) {
     return failures ? 1 : 0;
 }
 
+/* The weight channel's store: a token, loopback only, a cancellable wait. */
+static void test_token_bind_cancel(void) {
+    int port = free_port();
+    char err[ERR_LEN] = "";
+    Store *server = NULL, *member = NULL, *stranger = NULL, *wrong = NULL;
+    StoreOptions o = opts(0, 2, port, 5.0);
+    o.token = "s3cret";
+    CHECK(store_open(&server, &o, err) == COLT_OK, "a store with a token: %s", err);
+    StoreOptions m = opts(1, 2, port, 5.0);
+    m.token = "s3cret";
+    CHECK(store_open(&member, &m, err) == COLT_OK, "a member with the token: %s", err);
+    void *v = NULL;
+    size_t n = 0;
+    if (server && member) {
+        CHECK(store_set(server, "k", "v1", 2, err) == COLT_OK && store_get(member, &v, &n, "k", err) == COLT_OK &&
+                  n == 2 && !memcmp(v, "v1", 2),
+              "a member reads a key: %s", err);
+        free(v);
+    }
+    m.token = NULL;
+    CHECK(store_open(&stranger, &m, err) == COLT_ERR && strstr(err, "lost the connection"),
+          "a client without the token: %s", err);
+    m.token = "guess";
+    CHECK(store_open(&wrong, &m, err) == COLT_ERR && strstr(err, "it wants another key"),
+          "a client with another token: %s", err);
+    printf("  token: a member gets in; without it: \"%s\"\n", err);
+    /* bound to 127.0.0.1 alone: this machine's other addresses find nothing there */
+    struct ifaddrs *list = NULL;
+    int outside_tried = 0, outside_refused = 0;
+    if (getifaddrs(&list) == 0) {
+        for (struct ifaddrs *i = list; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+            struct sockaddr_in a = *(struct sockaddr_in *)i->ifa_addr;
+            if ((ntohl(a.sin_addr.s_addr) >> 24) == 127) continue;
+            a.sin_port = htons((uint16_t)port);
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            outside_tried++;
+            outside_refused += connect(fd, (struct sockaddr *)&a, sizeof a) != 0;
+            close(fd);
+        }
+        freeifaddrs(list);
+    }
+    CHECK(outside_refused == outside_tried, "the 127.0.0.1 store answered on %d of %d other addresses",
+          outside_tried - outside_refused, outside_tried);
+    printf("  bound to 127.0.0.1: %d other address(es) of this machine refused\n", outside_tried);
+    /* the cancel flag ends a wait at once (a 30 s timeout otherwise) */
+    atomic_bool cancel;
+    atomic_init(&cancel, false);
+    Store *waiter = NULL;
+    StoreOptions w = opts(1, 2, port, 30.0);
+    w.token = "s3cret";
+    w.cancel = &cancel;
+    CHECK(store_open(&waiter, &w, err) == COLT_OK, "a cancellable member: %s", err);
+    if (waiter) {
+        atomic_store(&cancel, true);
+        double t0 = now_s();
+        int rc = store_get(waiter, &v, &n, "never", err);
+        double took = now_s() - t0;
+        CHECK(rc == COLT_ERR && took < 1.0, "a cancelled wait: rc %d after %.2f s: %s", rc, took, err);
+        printf("  a cancelled wait ended after %.3f s\n", took);
+        store_close(waiter);
+    }
+    store_close(member);
+    store_close(server);
+    fflush(stdout); /* the ranks forked next must not print it again */
+}
+
 int main(int argc, char **argv) {
     gethostname(self, sizeof self);
     self[sizeof self - 1] = '\0';
@@ -441,6 +512,7 @@ int main(int argc, char **argv) {
     test_unreachable();
     test_not_a_store();
     test_server_dies();
+    test_token_bind_cancel();
     test_two_ranks();
     printf("test_dist_store: %d checks in this process, %d failures (%.1f s)\n", checks, failures, now_s() - t0);
     return failures ? 1 : 0;

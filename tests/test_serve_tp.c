@@ -21,6 +21,7 @@
  *   whole job, non-zero, within a bounded time (no hang);
  * - one-line errors: a launch of another size, a size that does not divide
  *   the model, an adapter with TP.
+ * Every server and trainer gets its API key from COLT_API_KEY (set here).
  * Skips (exit 77) without mpirun. Every process is killed by PID at the end. */
 #include <curl/curl.h>
 #include <dirent.h>
@@ -39,7 +40,10 @@
 #include "harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"
-#define MPIRUN "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK
+#define MPIRUN                                                                                                  \
+    "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK \
+    " -x COLT_API_KEY"
+#define TEST_API_KEY "colt-test-key" /* every colt serve and colt train here reads it from COLT_API_KEY */
 #define REQUEST_TIMEOUT_MS 120000L
 
 static const char *PROMPTS[] = {"Once upon a time", "Tom and Lily went to the park", "The little dog was sad because",
@@ -169,7 +173,8 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
 
 static struct curl_slist *json_headers(void) {
     static struct curl_slist *h = NULL;
-    if (!h) h = curl_slist_append(h, "Content-Type: application/json");
+    if (!h) h = curl_slist_append(curl_slist_append(h, "Content-Type: application/json"),
+                                  "Authorization: Bearer " TEST_API_KEY);
     return h;
 }
 
@@ -615,6 +620,7 @@ int main(void) {
      * in sanitizer builds (NO_LEAK_CHECK, harness.h) */
     setenv("LSAN_OPTIONS", "detect_leaks=0", 0);
     setenv("OMP_WAIT_POLICY", "passive", 0);
+    setenv("COLT_API_KEY", TEST_API_KEY, 1);
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
         printf("SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin); %d failures before\n", g_failures);
         return g_failures ? 1 : 77;

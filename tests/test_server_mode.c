@@ -24,8 +24,11 @@
  * - a trainer that never joins the weight channel does not hang the server:
  *   the open times out, the server logs it and keeps serving;
  * - the one-command form (server_devices: colt train starts colt serve
- *   itself) gives the same run again, and leaves no server behind: not after
- *   a clean end, not after an error, not after the trainer is SIGKILLed.
+ *   itself, with a random API key of its own) gives the same run again, and
+ *   leaves no server behind: not after a clean end, not after an error, not
+ *   after the trainer is SIGKILLed.
+ * Every server and trainer gets the API key from COLT_API_KEY (set here),
+ * but server_devices, which draws its own.
  * Every server is killed by PID at the end (and dies with the test). */
 #include <curl/curl.h>
 #include <errno.h>
@@ -45,6 +48,7 @@
 #include "harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"
+#define TEST_API_KEY "colt-test-key"
 #define REL_TOL 1e-6
 
 /* tests/gpu/test_server_mode_gpu.c includes this file with TEST_DEVICE "cuda": the server and the trainer
@@ -203,14 +207,13 @@ static long http(int port, const char *path, const char *body, char **out) {
     Buf b = {0};
     CURL *h = curl_easy_init();
     struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    hd = curl_slist_append(hd, "Authorization: Bearer " TEST_API_KEY);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    if (body) {
-        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     long status = 0;
     if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(hd);
@@ -333,6 +336,7 @@ int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_server_mode_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
     atexit(kill_servers);
+    setenv("COLT_API_KEY", TEST_API_KEY, 1); /* every colt serve and colt train started here */
     curl_global_init(CURL_GLOBAL_DEFAULT);
     char args[4096], col_dir[300], srv_dir[300], async_dir[300], *err;
     snprintf(col_dir, sizeof col_dir, "%s/colocate", g_tmp);
@@ -588,15 +592,18 @@ int main(void) {
     char own_dir[300];
     snprintf(own_dir, sizeof own_dir, "%s/own", g_tmp);
     snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --server_devices " OWN_SERVER_DEVICES, BASE, own_dir);
+    unsetenv("COLT_API_KEY"); /* the trainer draws a key for its server */
     code = run_train(args, &err);
+    setenv("COLT_API_KEY", TEST_API_KEY, 1);
     CHECK(code == 0, "server_devices run: exit %d: %s", code, err);
     pid_t own = own_server_pid(err);
     free(err);
     CHECK(own > 0, "server_devices: no 'started colt serve (pid N)' line");
     CHECK(own > 0 && process_gone(own, 5), "server_devices: colt serve (pid %d) still runs after training", (int)own);
     char *serve_log = read_text(own_dir, "serve.log");
-    CHECK(serve_log && strstr(serve_log, "weight channel open") && strstr(serve_log, "colt serve: stopped"),
-          "server_devices: serve.log lacks the channel or the stop: %s", serve_log ? serve_log : "(missing)");
+    CHECK(serve_log && strstr(serve_log, "weight channel open") && strstr(serve_log, "colt serve: stopped") &&
+              strstr(serve_log, "API key set"),
+          "server_devices: serve.log lacks the key, the channel or the stop: %s", serve_log ? serve_log : "(missing)");
     free(serve_log);
     json_t *m_own = load_metrics(own_dir);
     m_col = load_metrics(col_dir);

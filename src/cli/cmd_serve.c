@@ -9,6 +9,8 @@
  * itself, or runs as one of mpirun's / torchrun's N): every process loads
  * its part of the model; rank 0 serves HTTP and runs the loop, the others
  * follow its engine calls turn by turn (serve/serve_turn.h).
+ * The key (--api_key or COLT_API_KEY) is read here once and handed to the
+ * HTTP gate; a --host other than loopback without one gets a warning.
  * Not the weight channel (serve_loop.c, dist/weight_sync.c) nor the HTTP
  * protocol (http_server.c, openai.c, colt_api.c). */
 #include <errno.h>
@@ -29,6 +31,7 @@
 #include "data/prompt.h"
 #include "dist/launch_env.h"
 #include "dist/local_launch.h"
+#include "dist/store.h"
 #include "dist/tp_group.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -47,17 +50,22 @@ static const char *SERVE_USAGE =
     "  OpenAI's defaults (temperature 1); a request without a seed gets a fresh one.\n"
     "  --tensor_parallel_size N: the model cut across N processes, one per GPU (colt starts them, or run it under\n"
     "  mpirun -np N / torchrun --nproc_per_node N); rank 0 serves HTTP and the others follow its engine. SIGTERM\n"
-    "  to colt (or to rank 0, whose pid is printed) drains the requests, then every process exits 0.\n";
+    "  to colt (or to rank 0, whose pid is printed) drains the requests, then every process exits 0.\n"
+    "  Security: --api_key KEY (or COLT_API_KEY=KEY, which ps does not show): every endpoint but /health wants\n"
+    "  'Authorization: Bearer KEY'. Without a key the trainer's endpoints (/colt/*, the weight channel) are off.\n"
+    "  POST bodies must be application/json; there is no TLS: put a TLS proxy in front beyond this machine.\n";
 
 /* Tensor parallel: the longest a follower waits for rank 0's next turn (it
  * sends one every 0.1 s) or a rank for the others in a collective; past it
  * every rank ends with the reason. */
 #define SERVE_TP_TIMEOUT_S 60.0
+/* SIGTERM: the longest the engine thread may take to stop after the requests are done or cut. */
+#define SERVE_STOP_GRACE_S 5.0
 
 typedef struct ServeArgs {
-    const char *model, *adapter, *host, *device, *served_model_name;
+    const char *model, *adapter, *host, *device, *served_model_name, *api_key;
     int port, tensor_parallel_size, max_model_len, max_num_seqs, block_size, max_tokens_limit;
-    int max_queued_sequences, max_connections, max_body_kb, drain_timeout;
+    int max_queued_sequences, max_connections, max_connections_per_ip, max_body_kb, drain_timeout, request_timeout;
     float gpu_memory_utilization;
     bool enforce_eager, no_prefix_caching, deterministic;
 } ServeArgs;
@@ -72,7 +80,8 @@ static int wait_signal(const sigset_t *set, double timeout_s) {
 int cmd_serve(int argc, char **argv) {
     char err[ERR_LEN];
     ServeArgs a = {.host = "127.0.0.1", .port = 8000, .device = "auto", .tensor_parallel_size = 1,
-                   .max_queued_sequences = 4096, .max_connections = 512, .max_body_kb = 1024, .drain_timeout = 60};
+                   .max_queued_sequences = 4096, .max_connections = 512, .max_body_kb = 1024, .drain_timeout = 60,
+                   .request_timeout = 60};
     CliOption opts[] = {
         {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
         {"host", OPT_STRING, &a.host, "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)", false},
@@ -90,7 +99,14 @@ int cmd_serve(int argc, char **argv) {
         {"max_num_seqs", OPT_INT, &a.max_num_seqs, "sequences in the KV pool at once (default 256)", false},
         {"max_queued_sequences", OPT_INT, &a.max_queued_sequences,
          "sequences accepted and not finished; more get 503 (default 4096)", false},
+        {"api_key", OPT_STRING, &a.api_key,
+         "the key every endpoint but /health wants as 'Authorization: Bearer KEY' (default: COLT_API_KEY; none: "
+         "/colt/* is off)", false},
         {"max_connections", OPT_INT, &a.max_connections, "open HTTP connections at most (default 512)", false},
+        {"max_connections_per_ip", OPT_INT, &a.max_connections_per_ip,
+         "open HTTP connections of one client address at most (default: half of max_connections)", false},
+        {"request_timeout", OPT_INT, &a.request_timeout,
+         "seconds a connection has to send a whole request, headers and body (default 60)", false},
         {"max_body_kb", OPT_INT, &a.max_body_kb, "largest request body in KiB; larger get 413 (default 1024)", false},
         {"drain_timeout", OPT_INT, &a.drain_timeout,
          "seconds SIGTERM waits for requests in flight before cutting them (default 60)", false},
@@ -115,9 +131,13 @@ int cmd_serve(int argc, char **argv) {
     if (http_server_check_host(a.host, err) != 0) return cli_fail("serve", err);
     if (a.max_model_len < 0 || a.max_tokens_limit < 0 || a.max_num_seqs < 0)
         return cli_fail("serve", "--max_model_len, --max_tokens_limit and --max_num_seqs must be >= 0");
-    if (a.max_queued_sequences < 1 || a.max_connections < 1 || a.max_body_kb < 1 || a.drain_timeout < 0)
-        return cli_fail("serve", "--max_queued_sequences, --max_connections and --max_body_kb must be >= 1, "
-                                 "--drain_timeout >= 0");
+    if (a.max_queued_sequences < 1 || a.max_connections < 1 || a.max_body_kb < 1 || a.drain_timeout < 0 ||
+        a.request_timeout < 1 || a.max_connections_per_ip < 0)
+        return cli_fail("serve", "--max_queued_sequences, --max_connections, --max_body_kb and --request_timeout "
+                                 "must be >= 1, --drain_timeout and --max_connections_per_ip >= 0");
+    if (!a.api_key && getenv("COLT_API_KEY") && getenv("COLT_API_KEY")[0]) a.api_key = getenv("COLT_API_KEY");
+    if (a.api_key && (!a.api_key[0] || strlen(a.api_key) > 255 || strpbrk(a.api_key, " \t\r\n")))
+        return cli_fail("serve", "--api_key (or COLT_API_KEY) must be 1 to 255 characters without spaces");
     if (a.block_size < 0 || (a.block_size & (a.block_size - 1)))
         return cli_fail("serve", "--block_size must be a power of two");
     if (!(a.gpu_memory_utilization >= 0.0f && a.gpu_memory_utilization <= 1.0f))
@@ -248,7 +268,9 @@ int cmd_serve(int argc, char **argv) {
         ServeLoopStats st;
         serve_loop_stats(loop, &st);
         HttpServerOptions ho = {.host = a.host, .port = a.port, .max_body_bytes = (size_t)a.max_body_kb * 1024,
-                                .max_connections = a.max_connections};
+                                .max_connections = a.max_connections,
+                                .max_connections_per_ip = a.max_connections_per_ip,
+                                .request_timeout_s = a.request_timeout, .api_key = a.api_key};
         log_info0("colt serve: %s on %s, max_model_len %d, KV pool of %d blocks (%.3f GB)", ctx.model_name, be->name,
                   a.max_model_len, st.engine.pool_blocks, st.engine.pool_bytes / 1e9);
         if (world)
@@ -259,6 +281,12 @@ int cmd_serve(int argc, char **argv) {
     if (rc == 0 && env.rank == 0) {
         char pid_note[96] = "";
         if (world) snprintf(pid_note, sizeof pid_note, " (rank 0: pid %d; SIGTERM it to stop)", (int)getpid());
+        if (!store_host_is_loopback(a.host) && !a.api_key)
+            log_info0("colt serve: warning: --host %s without an API key: anyone who reaches this address may "
+                      "generate (the trainer's endpoints stay off); set --api_key or COLT_API_KEY, and put a TLS "
+                      "proxy in front beyond this machine", a.host);
+        log_info0("colt serve: %s", a.api_key ? "API key set: every endpoint but /health wants it"
+                                               : "no API key: /colt/* (trainer endpoints, weight channel) is off");
         log_info0("colt serve: listening on http://%s%s%s:%d%s", strchr(a.host, ':') ? "[" : "", a.host,
                   strchr(a.host, ':') ? "]" : "", http_server_port(http), pid_note);
         int sig = 0;
@@ -288,7 +316,14 @@ int cmd_serve(int argc, char **argv) {
         http_server_stop(http);
         log_info0("colt serve: stopped");
     }
-    serve_loop_stop(loop); /* tensor parallel: the followers' "stop" turn */
+    /* tensor parallel: the followers' "stop" turn */
+    if (serve_loop_stop(loop, SERVE_STOP_GRACE_S) != 0) {
+        /* the engine thread is inside a weight push whose trainer stopped sending: do not wait for it */
+        log_error("colt serve: the engine thread is still receiving a weight push after %.0f s; exiting without it",
+                  SERVE_STOP_GRACE_S);
+        fflush(NULL);
+        _exit(1);
+    }
     model_free(m);
     tp_group_close(&group); /* its NCCL communicators before the device's backend */
     backend_close(be);

@@ -1,8 +1,10 @@
 /* cmd_train.c — `colt train`: GRPO training from a YAML/JSON config and/or
  * flags named as TRL's GRPOConfig (flags override the file). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "cli/cli.h"
 #include "model/hub_cache.h"
@@ -35,7 +37,8 @@ static int cmd_train_run(TrainConfig *cfg, const LaunchEnv *env, int argc, char 
                          char *err);
 
 /* server_devices (the one-command form of server mode): starts colt serve on
- * those GPUs and points the run at it; the training processes take the other
+ * those GPUs with a random API key (unless one is set) and points the run at
+ * it; the training processes take the other
  * GPUs unless devices lists them (a GPU listed in both is shared on purpose:
  * the weights then go through the host). extra_args: what the processes colt
  * starts itself must add to their arguments (the server's port, the devices),
@@ -86,12 +89,24 @@ static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess
     if (group_port < 0) return COLT_ERR;
     cfg->vllm_group_port = group_port;
     if (make_dirs(cfg->output_dir, err) != 0) return COLT_ERR;
+    if (!cfg->vllm_server_api_key) { /* a key of its own: no other program on this machine may push weights */
+        unsigned char bytes[32];
+        if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
+            return errorf(err, "server_devices: cannot draw a random API key for colt serve: %s", strerror(errno));
+        char hex[2 * sizeof bytes + 1];
+        for (size_t i = 0; i < sizeof bytes; i++) snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+        cfg->vllm_server_api_key = xstrdup(hex);
+    }
+    /* the training processes colt starts read it from their environment (ps shows argv, not this) */
+    if (setenv("COLT_API_KEY", cfg->vllm_server_api_key, 1) != 0)
+        return errorf(err, "server_devices: cannot hand the API key to the training processes: %s", strerror(errno));
     char *log_path = path_join(cfg->output_dir, "serve.log");
     /* the trainer's own default: deterministic for bf16 weights (GPUs), not for fp32 */
     ServeProcessOptions o = {.model = cfg->model, .device = gpu ? "cuda" : "cpu", .cuda_visible = gpu ? visible : NULL,
                              .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
                              .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
                              .log_path = log_path, .timeout_s = cfg->vllm_server_timeout,
+                             .api_key = cfg->vllm_server_api_key,
                              /* one process per server GPU: the model cut across them */
                              .tensor_parallel_size = (int)json_array_size(cfg->server_devices)};
     int rc = serve_process_start(sp, &o, err);

@@ -3,6 +3,7 @@
  * server half is store_server.c. Not thread-safe: one thread per Store. */
 #include "dist/store.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -35,7 +36,10 @@ struct Store {
     unsigned long long barriers; /* barrier generation: every call is a new barrier */
     bool broken;                 /* a wait was cut off mid-reply: the stream is out of step */
     StoreServer *server;
+    const atomic_bool *cancel;   /* NULL: never */
 };
+
+static bool cancelled(const Store *s) { return s->cancel && atomic_load(s->cancel); }
 
 static double now_s(void) {
     struct timespec ts;
@@ -61,13 +65,18 @@ static int store_fail(const Store *s, char *err, const char *fmt, ...) {
 
 /* ------------------------------------------------------------------ socket I/O */
 
-/* Polls fd for events until deadline: 1 ready, 0 timed out, -1 error. */
-static int wait_fd(int fd, short events, double deadline) {
+/* Polls fd for events until deadline: 1 ready, 0 timed out, -1 error (errno
+ * ECANCELED: s's cancel flag was set; it is looked at every 0.1 s). */
+static int wait_fd(const Store *s, int fd, short events, double deadline) {
     for (;;) {
+        if (cancelled(s)) {
+            errno = ECANCELED;
+            return -1;
+        }
         double left = deadline - now_s();
         if (left <= 0) return 0;
         struct pollfd p = {fd, events, 0};
-        int ms = left > 1.0 ? 1000 : (int)(left * 1000) + 1;
+        int ms = left > 0.1 ? 100 : (int)(left * 1000) + 1;
         int rc = poll(&p, 1, ms);
         if (rc < 0 && errno == EINTR) continue;
         if (rc < 0) return -1;
@@ -91,7 +100,7 @@ static int send_by(Store *s, const void *buf, size_t n, double deadline, const c
         }
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = wait_fd(s->fd, POLLOUT, deadline);
+            int rc = wait_fd(s, s->fd, POLLOUT, deadline);
             if (rc > 0) continue;
             if (rc == 0) {
                 s->broken = true;
@@ -121,7 +130,7 @@ static int recv_by(Store *s, void *buf, size_t n, double deadline, const char *d
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(s->fd, POLLIN, deadline);
+            int rc = wait_fd(s, s->fd, POLLIN, deadline);
             if (rc > 0) continue;
             if (rc == 0) return STORE_TIMED_OUT;
         }
@@ -305,6 +314,14 @@ int store_port(const Store *s) { return s->port; }
 
 /* ------------------------------------------------------------------ open / close */
 
+bool store_host_is_loopback(const char *host) {
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcmp(host, "localhost") == 0) return true;
+    if (inet_pton(AF_INET, host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    return inet_pton(AF_INET6, host, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+}
+
 /* Connects to host:port, retrying (the serving rank may not listen yet) until
  * deadline. The socket is left non-blocking. */
 static int connect_by(Store *s, double deadline, char *err) {
@@ -326,7 +343,7 @@ static int connect_by(Store *s, double deadline, char *err) {
                 e = errno;
                 if (e == EINPROGRESS) {
                     double attempt = now_s() + 5.0;
-                    int rc = wait_fd(fd, POLLOUT, attempt < deadline ? attempt : deadline);
+                    int rc = wait_fd(s, fd, POLLOUT, attempt < deadline ? attempt : deadline);
                     socklen_t sl = sizeof e;
                     if (rc > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl);
                     else e = rc == 0 ? ETIMEDOUT : errno;
@@ -343,7 +360,7 @@ static int connect_by(Store *s, double deadline, char *err) {
             close(fd);
         }
         if (res) freeaddrinfo(res);
-        if (now_s() + pause > deadline) break;
+        if (now_s() + pause > deadline || cancelled(s)) break;
         sleep_s(pause);
         pause = pause * 2 > 1.0 ? 1.0 : pause * 2;
     }
@@ -360,12 +377,15 @@ int store_open(Store **out, const StoreOptions *opt, char *err) {
     snprintf(s->host, sizeof s->host, "%s", opt->host ? opt->host : "127.0.0.1");
     s->port = opt->port;
     s->prefix = xstrdup(opt->key_prefix ? opt->key_prefix : "");
+    s->cancel = opt->cancel;
     if (gethostname(s->self, sizeof s->self) != 0) snprintf(s->self, sizeof s->self, "?");
     s->self[sizeof s->self - 1] = '\0';
     double deadline = now_s() + s->timeout_s;
     if (opt->serve) {
         char sub[ERR_LEN];
-        if (store_server_start(&s->server, opt->port, sub) != COLT_OK) {
+        /* a store on a loopback address is for this machine alone: nothing else may reach it */
+        const char *bind_host = opt->bind_host ? opt->bind_host : store_host_is_loopback(s->host) ? s->host : NULL;
+        if (store_server_start(&s->server, bind_host, opt->port, opt->token, sub) != COLT_OK) {
             errorf(err, "rank %d: %s", s->rank, sub);
             goto fail;
         }
@@ -377,6 +397,13 @@ int store_open(Store **out, const StoreOptions *opt, char *err) {
     uint32_t magic = STORE_MAGIC;
     buf_u8(&b, STORE_Q_VALIDATE);
     buf_put(&b, &magic, sizeof magic);
+    if (opt->token) { /* colt's own store of a channel that must not let strangers in (store.h) */
+        buf_u8(&b, STORE_Q_SET);
+        buf_u64(&b, strlen(STORE_TOKEN_KEY));
+        buf_put(&b, STORE_TOKEN_KEY, strlen(STORE_TOKEN_KEY));
+        buf_u64(&b, strlen(opt->token));
+        buf_put(&b, opt->token, strlen(opt->token));
+    }
     buf_u8(&b, STORE_Q_CHECK);
     buf_u64(&b, 1);
     buf_key(&b, s, "colt_probe", err);
@@ -388,6 +415,11 @@ int store_open(Store **out, const StoreOptions *opt, char *err) {
     if (rc == STORE_TIMED_OUT || (rc == COLT_OK && reply > STORE_CHECK_NOT_READY)) {
         store_fail(s, err, "%s:%d accepted a connection but did not answer as a c10d TCPStore (an older PyTorch "
                    "speaks another protocol; set COLT_STORE_PORT to a free port to use colt's own store)", s->host, s->port);
+        goto fail;
+    }
+    if (rc != COLT_OK && opt->token && !cancelled(s)) {
+        errorf(err, "rank %d: the store at %s:%d closed the connection at the greeting: it wants another key (the "
+                    "server's API key: vllm_server_api_key or COLT_API_KEY)", s->rank, s->host, s->port);
         goto fail;
     }
     if (rc != COLT_OK) goto fail;
@@ -439,7 +471,7 @@ void store_close(Store *s) {
     if (s->server) {
         /* Others may still be reading keys: wait for their connections to close. */
         double deadline = now_s() + s->timeout_s;
-        while (store_server_clients(s->server) > 0 && now_s() < deadline) sleep_s(0.01);
+        while (store_server_clients(s->server) > 0 && now_s() < deadline && !cancelled(s)) sleep_s(0.01);
         store_server_stop(s->server);
     }
     free(s->prefix);

@@ -13,6 +13,13 @@
  * older PyTorch whose server does not expect VALIDATE is refused with an error
  * at open (set COLT_STORE_PORT to use colt's own store then).
  *
+ * colt's server may want a token: its clients then send a SET of the key
+ * STORE_TOKEN_KEY with the token right after VALIDATE, and a client that
+ * sends anything else, or another token, is dropped (the weight channel of
+ * colt serve, which must not let strangers in). It binds loopback when the
+ * store's address is loopback, so a job on one machine is not reachable from
+ * others.
+ *
  * Every wait is bounded by the store's timeout: connecting (with retries),
  * waiting for a key, a barrier. Errors say which rank on which host waited for
  * what. A Store is used by one thread at a time. Not a database: values live in
@@ -21,6 +28,9 @@
 #ifndef COLT_DIST_STORE_H
 #define COLT_DIST_STORE_H
 
+#ifndef __cplusplus
+#include <stdatomic.h>
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +40,7 @@
 #define STORE_DEFAULT_TIMEOUT_S 600.0
 #define STORE_MAX_VALUE (16u << 20)
 #define STORE_MAX_KEY 4096
+#define STORE_TOKEN_KEY "\x01colt/token" /* no key of a job starts with \x01 */
 
 typedef struct Store Store;
 
@@ -40,6 +51,15 @@ typedef struct StoreOptions {
     int rank, world_size;   /* who this is, for barriers and messages */
     double timeout_s;       /* bound on every wait; 0 means STORE_DEFAULT_TIMEOUT_S */
     const char *key_prefix; /* prepended to every key; NULL for none */
+    const char *bind_host;  /* serve: the address to listen on; NULL: host when it is loopback (only this
+                             * machine may join), else every interface */
+    const char *token;      /* serve: clients must show it before any query (colt's own extension, sent
+                             * right after VALIDATE); a client: shows it; NULL: none */
+#ifdef __cplusplus
+    const void *cancel; /* C++ units (Gloo's) only pass Stores around */
+#else
+    const atomic_bool *cancel; /* set by another thread: every wait ends now with an error; NULL: never */
+#endif
 } StoreOptions;
 
 /* Connects to (and with serve, first starts) the store. Returns COLT_OK, or
@@ -70,6 +90,9 @@ int store_add(Store *s, int64_t *value, const char *key, int64_t delta, char *er
  * call with the same name is a new barrier), or an error after the timeout that
  * says how many ranks arrived. */
 int store_barrier(Store *s, const char *name, char *err);
+
+/* Whether host is a loopback address (127.0.0.0/8, ::1, localhost): only this machine reaches it. */
+bool store_host_is_loopback(const char *host);
 
 /* The port the store listens on (useful after serving on port 0). */
 int store_port(const Store *s);

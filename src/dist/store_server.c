@@ -6,11 +6,14 @@
  * caller only starts it, reads the client count (atomic) and stops it through
  * a pipe. Keys are a flat array searched linearly: a job sets a few keys per
  * rank. Not a general server: COMPARE_SET, APPEND and the MULTI_* queries,
- * which colt does not send, close the connection. */
+ * which colt does not send, close the connection. With a token, a client's
+ * first query after VALIDATE must be the SET of STORE_TOKEN_KEY to it
+ * (compared in constant time), or it is dropped. */
 #include "dist/store_server.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -42,7 +45,7 @@ typedef struct {
 
 typedef struct {
     int fd;
-    bool validated;
+    bool validated, admitted; /* admitted: showed the token (or none is wanted) */
     uint8_t *in;
     size_t in_len, in_cap;
     /* Keys this client's WAIT still waits for (copies); n_waiting > 0 while waiting. */
@@ -54,6 +57,7 @@ struct StoreServer {
     int listen_fd;
     int wake[2]; /* writing a byte to wake[1] stops the thread */
     int port;
+    char *token; /* NULL: none wanted */
     pthread_t thread;
     atomic_int n_clients;
     Client *clients;
@@ -183,6 +187,7 @@ static int serve_one(StoreServer *srv, Client *cl) {
     uint8_t q;
     if (!rd_bytes(&r, &q, 1)) return 0;
     if (!cl->validated && q != STORE_Q_VALIDATE) return -1; /* c10d: VALIDATE comes first */
+    if (cl->validated && !cl->admitted && q != STORE_Q_SET) return -1; /* the token comes next */
     const uint8_t *key = NULL, *value = NULL;
     size_t key_len = 0, len = 0;
     int rc = 0;
@@ -192,10 +197,19 @@ static int serve_one(StoreServer *srv, Client *cl) {
         if (!rd_bytes(&r, &magic, sizeof magic)) break;
         if (magic != STORE_MAGIC) return -1;
         cl->validated = true;
+        cl->admitted = srv->token == NULL;
         break;
     }
     case STORE_Q_SET:
         if (!rd_str(&r, &key, &key_len, STORE_MAX_KEY) || !rd_str(&r, &value, &len, STORE_MAX_VALUE)) break;
+        if (!cl->admitted) { /* the token, and nothing else */
+            size_t n = strlen(srv->token);
+            unsigned char diff = (unsigned char)(key_len != strlen(STORE_TOKEN_KEY) || len != n);
+            for (size_t i = 0; i < n; i++) diff |= (unsigned char)((i < len ? value[i] : 0) ^ (uint8_t)srv->token[i]);
+            if (diff || memcmp(key, STORE_TOKEN_KEY, key_len) != 0) return -1;
+            cl->admitted = true;
+            break;
+        }
         entry_set(srv, key, key_len, value, len);
         break;
     case STORE_Q_GET: {
@@ -355,6 +369,40 @@ static void *serve_loop(void *arg) {
 
 /* ------------------------------------------------------------------ lifetime */
 
+/* Binds host:port (the first of its addresses that binds). */
+static int listen_on(int *fd_out, int *port_out, const char *host, int port, char *err) {
+    char service[8];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai) return errorf(err, "cannot host the store on %s: %s", host, gai_strerror(gai));
+    int fd = -1, e = 0, one = 1;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+            e = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0 && e == EADDRINUSE)
+        return errorf(err, "cannot host the store on port %d: it is in use (another job or a leftover process?); "
+                           "choose a free MASTER_PORT", port);
+    if (fd < 0) return errorf(err, "cannot host the store on %s port %d: %s", host, port, strerror(e));
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return COLT_OK;
+}
+
 /* Binds [::]:port (IPv4 too) or, where IPv6 is off, 0.0.0.0:port. */
 static int listen_any(int *fd_out, int *port_out, int port, char *err) {
     int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -397,15 +445,18 @@ in_use:
                        "choose a free MASTER_PORT", port);
 }
 
-int store_server_start(StoreServer **out, int port, char *err) {
+int store_server_start(StoreServer **out, const char *bind_host, int port, const char *token, char *err) {
     StoreServer *srv = xcalloc(1, sizeof *srv);
     srv->wake[0] = srv->wake[1] = -1;
-    if (listen_any(&srv->listen_fd, &srv->port, port, err) != COLT_OK) {
+    if ((bind_host ? listen_on(&srv->listen_fd, &srv->port, bind_host, port, err)
+                   : listen_any(&srv->listen_fd, &srv->port, port, err)) != COLT_OK) {
         free(srv);
         return COLT_ERR;
     }
+    srv->token = token ? xstrdup(token) : NULL;
     if (pipe2(srv->wake, O_CLOEXEC) != 0) {
         close(srv->listen_fd);
+        free(srv->token);
         free(srv);
         return errorf(err, "cannot create the store's wake-up pipe: %s", strerror(errno));
     }
@@ -415,6 +466,7 @@ int store_server_start(StoreServer **out, int port, char *err) {
         close(srv->listen_fd);
         close(srv->wake[0]);
         close(srv->wake[1]);
+        free(srv->token);
         free(srv);
         return errorf(err, "cannot start the store's thread: %s", strerror(rc));
     }
@@ -438,5 +490,6 @@ void store_server_stop(StoreServer *srv) {
     close(srv->listen_fd);
     close(srv->wake[0]);
     close(srv->wake[1]);
+    free(srv->token);
     free(srv);
 }

@@ -27,9 +27,10 @@ enum { STORE_WAIT_STOP_WAITING = 0, STORE_WAIT_CANCELED = 1 };
 
 typedef struct StoreServer StoreServer;
 
-/* Listens on every interface at port (0: a free one) and starts the serving
- * thread. COLT_OK, or COLT_ERR with err saying why (port in use, ...). */
-int store_server_start(StoreServer **out, int port, char *err);
+/* Listens on bind_host (NULL: every interface) at port (0: a free one) and
+ * starts the serving thread; with a token, clients must show it first
+ * (store.h). COLT_OK, or COLT_ERR with err saying why (port in use, ...). */
+int store_server_start(StoreServer **out, const char *bind_host, int port, const char *token, char *err);
 
 int store_server_port(const StoreServer *srv);
 

@@ -1,6 +1,8 @@
 /* weight_sync.c — see weight_sync.h. */
 #include "dist/weight_sync.h"
 
+#include "dist/store.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,7 @@ static const char *const FP_WHAT[FP_COMPARED] = {
     "LoRA adapters (rank, target modules)", "LoRA scaling (lora_alpha, use_rslora)"};
 
 struct WeightSync {
+    Store *store; /* the group's rendezvous (rank 0 serves it), kept while comm lives */
     Comm *comm;
     const Backend *be;
     bool nccl;          /* buffers are device memory */
@@ -45,29 +48,68 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) {
-    *out = NULL;
+/* The options checked; *kind: the communicator the group uses. */
+static int check_options(const WeightSyncOptions *opt, CommKind *kind, char *err) {
     if (opt->world_size < 2 || opt->rank < 0 || opt->rank >= opt->world_size)
         return errorf(err, "weight sync: rank %d of %d (the group needs a server rank and the trainer)", opt->rank,
                       opt->world_size);
     if (!opt->host || !opt->host[0] || opt->port <= 0 || opt->port > 65535)
         return errorf(err, "weight sync: bad group address '%s:%d'", opt->host ? opt->host : "", opt->port);
     bool gpu = strncmp(opt->be->name, "cuda", 4) == 0;
-    CommKind kind = opt->kind;
-    if (kind == COMM_AUTO) kind = gpu && opt->use_nccl ? COMM_NCCL : COMM_GLOO;
-    if (!comm_built(kind))
+    *kind = opt->kind;
+    if (*kind == COMM_AUTO) *kind = gpu && opt->use_nccl ? COMM_NCCL : COMM_GLOO;
+    if (!comm_built(*kind))
         return errorf(err, "weight sync: this build has no %s (the trainer-to-server channel needs it)",
-                      comm_kind_name(kind));
+                      comm_kind_name(*kind));
+    return COLT_OK;
+}
+
+int weight_sync_meet(Store **out, const WeightSyncOptions *opt, char *err) {
+    *out = NULL;
+    CommKind kind;
+    if (check_options(opt, &kind, err) != 0) return COLT_ERR;
+    /* NCCL or Gloo open their own connections only once every member has shown the token here */
+    StoreOptions so = {.host = opt->host, .port = opt->port, .serve = opt->rank == 0, .rank = opt->rank,
+                       .world_size = opt->world_size, .timeout_s = opt->timeout_s, .key_prefix = "/colt/weight-sync/",
+                       .bind_host = opt->bind_host, .token = opt->token, .cancel = opt->cancel};
+    Store *store = NULL;
+    if (store_open(&store, &so, err) != 0) return error_prefix(err, "weight sync");
+    if (store_barrier(store, "joined", err) != 0) {
+        store_close(store);
+        return error_prefix(err, "weight sync: waiting for every member");
+    }
+    *out = store;
+    return COLT_OK;
+}
+
+int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err) {
+    Store *store = NULL;
+    *out = NULL;
+    if (weight_sync_meet(&store, opt, err) != 0) return COLT_ERR;
+    return weight_sync_open_met(out, store, opt, err);
+}
+
+int weight_sync_open_met(WeightSync **out, Store *store, const WeightSyncOptions *opt, char *err) {
+    *out = NULL;
+    CommKind kind;
+    if (check_options(opt, &kind, err) != 0) {
+        store_close(store);
+        return COLT_ERR;
+    }
     LaunchEnv env = {.launcher = LAUNCHER_NONE, .rank = opt->rank, .world_size = opt->world_size,
                      .local_rank = opt->rank, .local_world_size = opt->world_size, .node_rank = -1,
                      .master_port = opt->port};
     snprintf(env.master_addr, sizeof env.master_addr, "%s", opt->host);
     snprintf(env.run_id, sizeof env.run_id, "weight-sync");
     CommOptions co = {.kind = kind, .gpu = kind == COMM_NCCL, .cuda_device = opt->cuda_device,
-                      .timeout_s = opt->timeout_s};
+                      .timeout_s = opt->timeout_s, .store = store};
     Comm *comm = NULL;
-    if (comm_open(&comm, &env, &co, err) != 0) return COLT_ERR;
+    if (comm_open(&comm, &env, &co, err) != 0) {
+        store_close(store);
+        return COLT_ERR;
+    }
     WeightSync *w = xcalloc(1, sizeof(WeightSync));
+    w->store = store;
     w->comm = comm;
     w->be = opt->be;
     w->nccl = kind == COMM_NCCL;
@@ -305,5 +347,6 @@ void weight_sync_close(WeightSync *w) {
     if (w->device_small) w->be->free(w->be, w->device_small);
     if (w->device_bucket) w->be->free(w->be, w->device_bucket);
     comm_close(w->comm);
+    store_close(w->store);
     free(w);
 }

@@ -24,10 +24,16 @@
  * of its group is a member): it answers with the whole model's fingerprint,
  * receives the whole arena bucket by bucket into device memory and cuts its
  * part of each tensor (model.h model_part_receiver_*). Adapters on a
- * tensor-parallel part are refused for now. */
+ * tensor-parallel part are refused for now.
+ *
+ * Joining: rank 0's store listens on bind_host (the server's own address),
+ * admits only members that show the token, and every member waits there
+ * (cancellable) until all have arrived, before NCCL or Gloo open their own
+ * connections. */
 #ifndef COLT_DIST_WEIGHT_SYNC_H
 #define COLT_DIST_WEIGHT_SYNC_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -47,12 +53,23 @@ typedef struct WeightSyncOptions {
     int cuda_device;    /* NCCL: this member's device ordinal (be->device) */
     double timeout_s;   /* bound on every wait (0: COMM_DEFAULT_TIMEOUT_S) */
     size_t bucket_bytes; /* 0: WEIGHT_SYNC_BUCKET_BYTES */
+    const char *bind_host; /* rank 0: the address its store listens on (NULL: host when it is loopback, else any) */
+    const char *token;  /* the store admits only members that show it (colt serve's API key); NULL: anyone */
+    const atomic_bool *cancel; /* set: the wait for the other members ends now with an error (NULL: never) */
 } WeightSyncOptions;
 
 typedef struct WeightSync WeightSync;
 
-/* Joins the group (collective over its members; bounded by the timeout). */
+/* Joins the group (collective over its members; bounded by the timeout):
+ * weight_sync_meet, then weight_sync_open_met. */
 int weight_sync_open(WeightSync **out, const WeightSyncOptions *opt, char *err);
+/* Its two halves, for a member that waits for the others on another thread
+ * than the one that uses the channel: meeting at the store (every member
+ * present; the only long wait, ended early by opt->cancel) touches no device
+ * and no model; opening the communicator and buffers (quick, the others are
+ * there) takes the store over (closed on failure). */
+int weight_sync_meet(Store **store, const WeightSyncOptions *opt, char *err);
+int weight_sync_open_met(WeightSync **out, Store *store, const WeightSyncOptions *opt, char *err);
 /* The trainer (the last rank): broadcasts m's weights (with adapters
  * attached: the base too at the channel's first push, else the adapters). */
 int weight_sync_send(WeightSync *w, const Model *m, char *err);

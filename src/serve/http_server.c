@@ -2,7 +2,11 @@
  * connection, so a handler may block: it waits on its request in slices of
  * WAIT_SLICE_S and between slices looks at its socket; a client gone (the
  * peer closed or reset) aborts the request's sequences. The listening socket
- * is colt's own (bind errors say what failed), handed to the daemon. */
+ * is colt's own (bind errors say what failed), handed to the daemon.
+ * libmicrohttpd's timeout is an idle timer that restarts on every byte, so a
+ * peer sending a byte a second would hold its connection forever: a watchdog
+ * thread shuts down each connection whose request (headers and body) has not
+ * arrived within request_timeout_s. */
 #include "serve/http_server.h"
 
 #include <arpa/inet.h>
@@ -14,17 +18,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/store.h"
 #include "serve/colt_api.h"
 
 #define WAIT_SLICE_S 0.1
 #define STREAM_BLOCK_BYTES (16 * 1024)
 #define CONNECTION_IDLE_TIMEOUT_S 300 /* a connection that sends nothing for this long is closed */
+#define DEFAULT_REQUEST_TIMEOUT_S 60.0
+#define WATCHDOG_PERIOD_S 0.25
 
 typedef struct Counters {
     int64_t responses[6];    /* by status class: [2] 2xx, [4] 4xx, [5] 5xx */
@@ -49,13 +57,29 @@ struct HttpServer {
     uint64_t unseeded_seed;   /* the seed of every request that gives none (chosen at start) */
     uint64_t unseeded_stream; /* the next RNG stream for their choices: atomic */
     int64_t started;
+    /* the watchdog (under mu): connections, their request's deadline */
+    struct ConnTrack *conns;
+    pthread_t watchdog;
+    pthread_cond_t watchdog_cv;
+    bool watchdog_stop, watchdog_running;
+    int64_t deadline_closes; /* connections cut by the watchdog */
 };
+
+/* One connection, from accept to close: whether it is receiving a request
+ * and since when (a request fully received is the handler's: no deadline). */
+typedef struct ConnTrack {
+    int fd;
+    double since;
+    bool receiving, cut;
+    struct ConnTrack *prev, *next;
+} ConnTrack;
 
 /* One HTTP request on a connection: its body as it arrives. */
 typedef struct Exchange {
     char *body;
     size_t len, cap;
     bool too_large;
+    bool answered; /* refused at the headers: the body is read and dropped */
 } Exchange;
 
 /* ---------------------------------------------------------------- helpers */
@@ -93,7 +117,9 @@ static enum MHD_Result send_body(HttpServer *s, struct MHD_Connection *conn, int
 
 static const char *error_type(int status) {
     switch (status) {
-    case 400: case 413: return "invalid_request_error";
+    case 400: case 413: case 415: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
     case 404: return "not_found_error";
     case 405: return "method_not_allowed";
     case 503: return "service_unavailable";
@@ -367,9 +393,13 @@ static enum MHD_Result handle_colt_sync(HttpServer *s, struct MHD_Connection *co
     char err[ERR_LEN];
     ServeSyncRequest q;
     int status = 400;
-    if (colt_sync_parse(&q, op, x->body ? x->body : "", x->len, s->o.host, err) != 0 ||
-        serve_loop_weight_sync(s->loop, &q, &status, err) != 0)
+    if (colt_sync_parse(&q, op, x->body ? x->body : "", x->len, s->o.host, err) != 0)
         return send_error(s, conn, status, err, NULL);
+    /* the channel's store listens where this server does, and its members need the key too */
+    snprintf(q.bind_host, sizeof q.bind_host, "%s", s->o.host);
+    COLT_ASSERT(s->o.api_key && strlen(s->o.api_key) < sizeof q.token); /* the gate let no keyless /colt/ through */
+    snprintf(q.token, sizeof q.token, "%s", s->o.api_key);
+    if (serve_loop_weight_sync(s->loop, &q, &status, err) != 0) return send_error(s, conn, status, err, NULL);
     return send_body(s, conn, 200, xstrdup("{}"), "application/json");
 }
 
@@ -444,6 +474,145 @@ static char *metrics_text(HttpServer *s) {
     return out;
 }
 
+/* ---------------------------------------------------------------- the gate */
+
+/* Whether given equals secret, in time that depends on secret's length alone. */
+static bool http_secret_equal(const char *given, const char *secret) {
+    size_t n = strlen(secret), m = strlen(given);
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)((i < m ? given[i] : 0) ^ secret[i]);
+    return diff == 0;
+}
+
+/* Whether an Origin header names this server: its authority (after "scheme://") equals the Host header. */
+static bool same_origin(const char *origin, const char *host) {
+    const char *at = strstr(origin, "://");
+    return at && host && strcasecmp(at + 3, host) == 0;
+}
+
+/* Whether a Host header names a loopback address (port aside): what a client
+ * of a loopback-bound server sends, unless a page's DNS name was rebound to
+ * 127.0.0.1 to make the browser call this server as that name's origin. */
+static bool loopback_host_header(const char *host) {
+    char name[256];
+    if (!host) return true; /* HTTP/1.0 */
+    const char *end = host[0] == '[' ? strchr(host, ']') : strchr(host, ':');
+    size_t n = end ? (size_t)(end - host) : strlen(host);
+    if (host[0] == '[') host++, n = n > 0 ? n - 1 : 0;
+    if (n >= sizeof name) return false;
+    memcpy(name, host, n);
+    name[n] = '\0';
+    return store_host_is_loopback(name);
+}
+
+/* Decides from the headers alone whether a request may go on; 0, or the
+ * status it gets with msg. Browsers are the reason for the last three: a page
+ * may send a "simple" cross-origin POST (text/plain, no preflight) to any
+ * address this machine reaches, 127.0.0.1 included, or rebind its own DNS
+ * name to 127.0.0.1 and call this server as its own origin. */
+static int gate(HttpServer *s, struct MHD_Connection *conn, const char *url, bool post, char *msg, size_t size) {
+    if (strcmp(url, "/health") == 0) return 0;
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (store_host_is_loopback(s->o.host) && !loopback_host_header(host)) {
+        snprintf(msg, size, "Host %.100s is not this server (it listens on %s): DNS names other than localhost are "
+                            "refused on a loopback address", host, s->o.host);
+        return 403;
+    }
+    if (!s->o.api_key && strncmp(url, "/colt/", 6) == 0) {
+        snprintf(msg, size, "%.100s is off: colt's trainer endpoints (/colt/*: generation by token ids, the weight "
+                            "channel) need an API key; start colt serve with --api_key KEY (or COLT_API_KEY=KEY) "
+                            "and give the trainer the same key (vllm_server_api_key)", url);
+        return 403;
+    }
+    if (s->o.api_key) {
+        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!auth || strncasecmp(auth, "Bearer ", 7) != 0 || !http_secret_equal(auth + 7, s->o.api_key)) {
+            snprintf(msg, size, "%s API key: send the header 'Authorization: Bearer KEY' with the key colt serve was "
+                                "started with (--api_key or COLT_API_KEY)", auth ? "wrong" : "no");
+            return 401;
+        }
+    }
+    if (!post) return 0;
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    if (origin && !same_origin(origin, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))) {
+        snprintf(msg, size, "cross-origin requests are refused (Origin %.100s is not this server)", origin);
+        return 403;
+    }
+    const char *type = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    size_t n = strlen("application/json");
+    if (!type || strncasecmp(type, "application/json", n) != 0 || (type[n] && type[n] != ';' && type[n] != ' ')) {
+        snprintf(msg, size, "the body must be JSON sent as 'Content-Type: application/json' (got %.60s)",
+                 type ? type : "none");
+        return 415;
+    }
+    return 0;
+}
+
+/* The watchdog's record of conn (NULL when it has none). */
+static ConnTrack *conn_track(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? (ConnTrack *)info->socket_context : NULL;
+}
+
+static void track_receiving(HttpServer *s, struct MHD_Connection *conn, bool receiving) {
+    ConnTrack *t = conn_track(conn);
+    if (!t) return;
+    pthread_mutex_lock(&s->mu);
+    t->receiving = receiving;
+    t->since = time_now();
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    HttpServer *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        ConnTrack *t = xcalloc(1, sizeof *t);
+        t->fd = info ? info->connect_fd : -1;
+        t->since = time_now();
+        t->receiving = true;
+        pthread_mutex_lock(&s->mu);
+        t->next = s->conns;
+        if (s->conns) s->conns->prev = t;
+        s->conns = t;
+        pthread_mutex_unlock(&s->mu);
+        *socket_context = t;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        ConnTrack *t = *socket_context; /* unlinked before the daemon closes its socket */
+        pthread_mutex_lock(&s->mu);
+        if (t->prev) t->prev->next = t->next;
+        else s->conns = t->next;
+        if (t->next) t->next->prev = t->prev;
+        pthread_mutex_unlock(&s->mu);
+        free(t);
+        *socket_context = NULL;
+    }
+}
+
+/* Cuts every connection whose request is late: shutting its socket down ends
+ * its thread's read, and the daemon closes it. */
+static void *watchdog_main(void *arg) {
+    HttpServer *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->watchdog_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(WATCHDOG_PERIOD_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->watchdog_cv, &s->mu, &ts);
+        double now = time_now();
+        for (ConnTrack *t = s->conns; t; t = t->next)
+            if (t->receiving && !t->cut && t->fd >= 0 && now - t->since > s->o.request_timeout_s) {
+                shutdown(t->fd, SHUT_RDWR);
+                t->cut = true;
+                s->deadline_closes++;
+            }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
 static enum MHD_Result route(HttpServer *s, struct MHD_Connection *conn, const char *url, const char *method,
                              const Exchange *x) {
     bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
@@ -499,14 +668,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     HttpServer *s = cls;
     (void)version;
     Exchange *x = *con_cls;
-    if (!x) { /* the headers: a body announced as too large is refused before it is read */
+    if (!x) { /* the headers: a request the gate refuses, or a body announced as too large, is answered now */
         x = xcalloc(1, sizeof *x);
         *con_cls = x;
+        char msg[512];
+        int status = gate(s, conn, url, strcmp(method, "POST") == 0, msg, sizeof msg);
+        if (status) {
+            x->answered = true;
+            return send_error(s, conn, status, msg, NULL);
+        }
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
-            x->too_large = true;
+            x->too_large = x->answered = true;
             return route(s, conn, url, method, x);
         }
+        return MHD_YES;
+    }
+    if (x->answered) { /* what follows a refused request's headers is dropped */
+        *upload_data_size = 0;
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
@@ -528,11 +707,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0;
         return MHD_YES;
     }
+    track_receiving(s, conn, false); /* the whole request is here: no deadline while it is answered */
     return route(s, conn, url, method, x);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)conn, (void)toe;
+    (void)toe;
+    track_receiving(cls, conn, true); /* a kept-alive connection's next request has its own deadline */
     Exchange *x = *con_cls;
     if (x) free(x->body), free(x);
     *con_cls = NULL;
@@ -600,6 +781,8 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
     *out = NULL;
     HttpServer *s = xcalloc(1, sizeof *s);
     s->o = *o;
+    if (s->o.request_timeout_s <= 0) s->o.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
+    if (s->o.max_connections_per_ip <= 0) s->o.max_connections_per_ip = o->max_connections > 1 ? o->max_connections / 2 : 1;
     s->loop = loop;
     s->ctx = ctx;
     s->unseeded_seed = next_unique(s);
@@ -608,9 +791,11 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
                                .n_eos = ctx->n_eos};
     s->started = (int64_t)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->watchdog_cv, NULL);
     bool ipv6 = false;
     if (open_listener(o->host, o->port, o->max_connections, &s->listen_fd, &s->port, &ipv6, err) != 0) {
         pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->watchdog_cv);
         free(s);
         return COLT_ERR;
     }
@@ -618,11 +803,16 @@ int http_server_start(HttpServer **out, const HttpServerOptions *o, ServeLoop *l
     if (ipv6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_connections_per_ip,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_IDLE_TIMEOUT_S,
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
-    if (!s->daemon) {
+    if (s->daemon && pthread_create(&s->watchdog, NULL, watchdog_main, s) == 0) s->watchdog_running = true;
+    if (!s->daemon || !s->watchdog_running) {
+        if (s->daemon) MHD_stop_daemon(s->daemon);
         close(s->listen_fd);
         pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->watchdog_cv);
         free(s);
         return errorf(err, "libmicrohttpd could not start on %s port %d", o->host, o->port);
     }
@@ -648,8 +838,14 @@ void http_server_quiesce(HttpServer *s) {
 
 void http_server_stop(HttpServer *s) {
     if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->watchdog_stop = true;
+    pthread_cond_signal(&s->watchdog_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->watchdog, NULL);
     MHD_stop_daemon(s->daemon);
     if (s->listen_fd >= 0) close(s->listen_fd);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->watchdog_cv);
     free(s);
 }

@@ -16,6 +16,7 @@
 
 struct ServeClient {
     char *url;
+    char *auth; /* "Authorization: Bearer KEY", or NULL */
     double timeout_s;
 };
 
@@ -44,16 +45,15 @@ static long request(const ServeClient *c, const char *path, const char *json_bod
     strcpy(url, c->url);
     strcat(url, path);
     struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (c->auth) headers = curl_slist_append(headers, c->auth);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_s * 1000));
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
-    if (json_body) {
-        curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, json_body);
-    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+    if (json_body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, json_body);
     CURLcode rc = curl_easy_perform(h);
     long status = 0;
     if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
@@ -73,11 +73,15 @@ static int answer_error(long status, const Body *b, const char *url, const char 
     return COLT_ERR;
 }
 
-int serve_client_open(ServeClient **out, const char *base_url, double timeout_s, char *err) {
+int serve_client_open(ServeClient **out, const char *base_url, const char *api_key, double timeout_s, char *err) {
     *out = NULL;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     ServeClient *c = xcalloc(1, sizeof *c);
     c->url = xstrdup(base_url);
+    if (api_key) {
+        c->auth = xmalloc(strlen(api_key) + 32);
+        sprintf(c->auth, "Authorization: Bearer %s", api_key);
+    }
     size_t n = strlen(c->url);
     while (n > 0 && c->url[n - 1] == '/') c->url[--n] = '\0';
     c->timeout_s = timeout_s;
@@ -110,6 +114,7 @@ int serve_client_open(ServeClient **out, const char *base_url, double timeout_s,
 void serve_client_close(ServeClient *c) {
     if (!c) return;
     free(c->url);
+    free(c->auth);
     free(c);
     curl_global_cleanup();
 }

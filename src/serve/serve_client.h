@@ -12,10 +12,11 @@
 
 typedef struct ServeClient ServeClient;
 
-/* A client of base_url ("http://host:port"). Waits until GET /health answers
- * 200, at most timeout_s (error: "no colt serve answered at URL within N s").
- * timeout_s also bounds every later call. */
-int serve_client_open(ServeClient **out, const char *base_url, double timeout_s, char *err);
+/* A client of base_url ("http://host:port") that sends api_key (NULL: none)
+ * as "Authorization: Bearer KEY" on every request. Waits until GET /health
+ * answers 200, at most timeout_s (error: "no colt serve answered at URL
+ * within N s"). timeout_s also bounds every later call. */
+int serve_client_open(ServeClient **out, const char *base_url, const char *api_key, double timeout_s, char *err);
 void serve_client_close(ServeClient *c);
 const char *serve_client_url(const ServeClient *c);
 /* The host part of the URL (where the weight channel's store listens). */

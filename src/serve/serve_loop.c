@@ -5,11 +5,19 @@
  * what the loop publishes to its waiter (progress, failure, cancel flags).
  * The loop never holds both at once. A choice's tokens are written by the
  * engine without a lock; the waiter reads only the first n_ready, which the
- * loop sets under the request's mutex after the engine wrote them. */
+ * loop sets under the request's mutex after the engine wrote them.
+ *
+ * The weight channel's OPEN waits for a trainer that may never come (or
+ * comes late): on one process that wait (weight_sync_meet: the store alone,
+ * no device, no model) runs on a thread of its own (the opener) while the
+ * engine thread goes on generating; the engine thread then opens the
+ * communicator itself. Operations queued behind the OPEN wait for it.
+ * serve_loop_stop cancels the wait. */
 #include "serve/serve_loop.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +88,15 @@ struct ServeLoop {
     bool sync_open; /* open, or its OPEN queued: what the next operation is checked against */
     int64_t weight_updates, weight_sync_failures;
     double last_update_seconds, last_update_bytes;
+    atomic_bool cancel_sync; /* stopping: a wait for the trainer ends now */
+    /* the opener (loop-private, but for opener_done and what the opener fills before setting it) */
+    pthread_t opener;
+    bool opening;
+    atomic_bool opener_done;
+    ServeSyncRequest open_q;
+    Store *met; /* the group met at its store: the engine thread opens the channel on it */
+    int open_rc;
+    char open_err[ERR_LEN];
     /* loop-private */
     WeightSync *sync;
     ServeTurn turn; /* tensor parallel: this turn's engine calls, for the other ranks (serve_turn.h) */
@@ -454,17 +471,8 @@ static void send_turn(ServeLoop *l) {
 /* One weight-channel operation, on the engine thread between steps. A
  * failure closes the channel: the trainer's side fails too (its collective
  * times out or sees the error) and says so; this side logs and serves on. */
-static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
-    char err[ERR_LEN] = "";
-    int rc = COLT_OK;
-    size_t bytes = 0;
-    double seconds = 0;
-    int n_server_ranks = l->o.tp ? comm_world_size(l->o.tp) : 1;
-    if (q->op == SERVE_SYNC_OPEN) rc = match_adapters(l->m, q, err);
-    if (rc == 0 && q->op == SERVE_SYNC_OPEN)
-        log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host, q->port,
-                  q->timeout_s);
-    if (rc == 0) rc = serve_sync_run(&l->sync, l->m, q, 0, n_server_ranks, &bytes, &seconds, err);
+static void sync_op_done(ServeLoop *l, const ServeSyncRequest *q, int rc, const char *err, size_t bytes,
+                         double seconds) {
     if (rc != 0)
         log_error("colt serve: weight channel: %s; the channel is closed, serving goes on with the weights held", err);
     else if (q->op == SERVE_SYNC_OPEN)
@@ -484,6 +492,56 @@ static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
         l->last_update_seconds = seconds;
     }
     pthread_mutex_unlock(&l->mu);
+}
+
+/* The opener thread: OPEN's wait for the trainer (one process). */
+static void *opener_main(void *arg) {
+    ServeLoop *l = arg;
+    WeightSyncOptions o = serve_sync_options(l->m, &l->open_q, 0, 1, &l->cancel_sync);
+    l->open_rc = weight_sync_meet(&l->met, &o, l->open_err);
+    atomic_store(&l->opener_done, true);
+    pthread_mutex_lock(&l->mu);
+    l->wake = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* The opener ended: the channel opens on the store where the group met (or its failure is counted). */
+static void opener_join(ServeLoop *l) {
+    pthread_join(l->opener, NULL);
+    l->opening = false;
+    if (l->open_rc == 0) {
+        WeightSyncOptions o = serve_sync_options(l->m, &l->open_q, 0, 1, &l->cancel_sync);
+        l->open_rc = weight_sync_open_met(&l->sync, l->met, &o, l->open_err);
+        l->met = NULL;
+    }
+    sync_op_done(l, &l->open_q, l->open_rc, l->open_err, 0, 0);
+}
+
+static void run_sync_op(ServeLoop *l, const ServeSyncRequest *q) {
+    char err[ERR_LEN] = "";
+    int rc = COLT_OK;
+    size_t bytes = 0;
+    double seconds = 0;
+    int n_server_ranks = l->o.tp ? comm_world_size(l->o.tp) : 1;
+    if (q->op == SERVE_SYNC_OPEN) rc = match_adapters(l->m, q, err);
+    if (rc == 0 && q->op == SERVE_SYNC_OPEN)
+        log_info0("colt serve: weight channel: waiting for the trainer on %s:%d (at most %.0f s)", q->host, q->port,
+                  q->timeout_s);
+    if (rc == 0 && q->op == SERVE_SYNC_OPEN && !l->o.tp) { /* the wait goes on beside the engine */
+        l->open_q = *q;
+        l->open_rc = 0;
+        l->open_err[0] = '\0';
+        atomic_store(&l->opener_done, false);
+        if (pthread_create(&l->opener, NULL, opener_main, l) == 0) {
+            l->opening = true;
+            return;
+        }
+        rc = errorf(err, "init_weight_sync: cannot start a thread to wait for the trainer");
+    }
+    if (rc == 0) rc = serve_sync_run(&l->sync, l->m, q, 0, n_server_ranks, &l->cancel_sync, &bytes, &seconds, err);
+    sync_op_done(l, q, rc, err, bytes, seconds);
 }
 
 static void *loop_main(void *arg) {
@@ -522,10 +580,19 @@ static void *loop_main(void *arg) {
         if (n_taken) memcpy(taken, l->incoming, sizeof(ServeRequest *) * (size_t)n_taken);
         l->n_incoming = 0;
         l->wake = false;
+        if (l->opening && atomic_load(&l->opener_done)) {
+            pthread_mutex_unlock(&l->mu);
+            opener_join(l);
+            pthread_mutex_lock(&l->mu);
+        }
+        /* Operations in order; one process: up to an OPEN, whose wait holds the rest back. */
         ServeSyncRequest ops[SYNC_QUEUE];
-        int n_ops = stop ? 0 : l->n_sync;
+        int n_ops = stop || l->opening ? 0 : l->n_sync;
+        for (int k = 0; !l->o.tp && k < n_ops; k++)
+            if (l->sync_queue[k].op == SERVE_SYNC_OPEN) n_ops = k + 1;
         memcpy(ops, l->sync_queue, sizeof(ServeSyncRequest) * (size_t)n_ops);
-        if (!stop) l->n_sync = 0;
+        l->n_sync -= n_ops;
+        memmove(l->sync_queue, l->sync_queue + n_ops, sizeof(ServeSyncRequest) * (size_t)l->n_sync);
         pthread_mutex_unlock(&l->mu);
         /* Between engine steps: requests taken from here on compute with what they bring. Tensor
          * parallel: the other ranks learn of the operations first (each is collective over them too). */
@@ -646,13 +713,21 @@ int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char 
     return COLT_OK;
 }
 
-void serve_loop_stop(ServeLoop *l) {
-    if (!l) return;
+int serve_loop_stop(ServeLoop *l, double grace_s) {
+    if (!l) return COLT_OK;
+    atomic_store(&l->cancel_sync, true); /* a wait for the trainer (on the opener or the engine thread) ends */
     pthread_mutex_lock(&l->mu);
     l->stop = true;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    pthread_join(l->thread, NULL);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)grace_s;
+    if (pthread_timedjoin_np(l->thread, NULL, &until) != 0) return COLT_ERR;
+    if (l->opening) {
+        pthread_join(l->opener, NULL);
+        store_close(l->met);
+    }
     for (int i = 0; i < l->n_incoming; i++) {
         request_fail(l->incoming[i], "the server is shutting down");
         serve_request_release(l->incoming[i]);
@@ -664,4 +739,5 @@ void serve_loop_stop(ServeLoop *l) {
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);
+    return COLT_OK;
 }

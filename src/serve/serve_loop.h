@@ -31,8 +31,12 @@ typedef struct ServeLoopOptions {
  * the call returns its error, if any. */
 int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char *err);
 /* Ends the thread; requests still in flight fail ("the server is shutting
- * down"). Their waiters must still release them. */
-void serve_loop_stop(ServeLoop *l);
+ * down"). Their waiters must still release them. A wait for a trainer that
+ * has not joined the weight channel ends at once; a push being received may
+ * hold the engine thread until the channel's timeout: past grace_s this
+ * returns COLT_ERR and leaves the loop as it is (not freed, its thread
+ * running), and the caller exits without it. */
+int serve_loop_stop(ServeLoop *l, double grace_s);
 
 /* A request: prompts[n_prompts] (taken: malloc'd arrays, freed with the
  * request) completed n times each; completion j of prompt i is choice
@@ -80,7 +84,10 @@ void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice);
 double serve_request_first_token_seconds(ServeRequest *r);
 
 /* The weight-update channel (dist/weight_sync.h), run by the engine thread
- * between engine steps in the order asked: OPEN first gives the model the
+ * between engine steps in the order asked (one process: OPEN's wait for the
+ * trainer runs on a thread of its own, so generation goes on meanwhile and
+ * the operations after it wait; serve_loop_stop cuts that wait short): OPEN
+ * first gives the model the
  * trainer's LoRA adapters (attached with its config, replacing adapters of
  * another config; taken off when the trainer has none: the pushes then hold
  * whole weights; refused on a tensor-parallel server), then joins the group
@@ -104,6 +111,8 @@ typedef struct ServeSyncRequest {
     double timeout_s;
     bool has_lora;    /* OPEN: the trainer trains LoRA adapters of config lora (its dropout 0: inference) */
     LoraConfig lora;
+    char bind_host[256]; /* OPEN: where rank 0's store listens (the server's own address, not the client's) */
+    char token[256];     /* OPEN: what every member shows the store to join (the server's API key) */
 } ServeSyncRequest;
 int serve_loop_weight_sync(ServeLoop *l, const ServeSyncRequest *q, int *http_status, char *err);
 

@@ -75,10 +75,18 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
     /* the environment: ours, CUDA_VISIBLE_DEVICES replaced */
     size_t n_env = 0;
     while (environ[n_env]) n_env++;
-    char **envp = xcalloc(n_env + 2, sizeof(char *));
+    char **envp = xcalloc(n_env + 3, sizeof(char *));
     size_t k = 0;
     for (size_t i = 0; i < n_env; i++)
-        if (!o->cuda_visible || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) != 0) envp[k++] = environ[i];
+        if ((!o->cuda_visible || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) != 0) &&
+            (!o->api_key || strncmp(environ[i], "COLT_API_KEY=", 13) != 0))
+            envp[k++] = environ[i];
+    char *key = NULL;
+    if (o->api_key) {
+        key = xmalloc(strlen(o->api_key) + 16);
+        sprintf(key, "COLT_API_KEY=%s", o->api_key);
+        envp[k++] = key;
+    }
     char *visible = NULL;
     if (o->cuda_visible) {
         visible = xmalloc(strlen(o->cuda_visible) + 32);
@@ -88,7 +96,7 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
     envp[k] = NULL;
     int fd = open(o->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        free(envp), free(visible);
+        free(envp), free(visible), free(key);
         return errorf(err, "server_devices: cannot write colt serve's log %s: %s", o->log_path, strerror(errno));
     }
     pid_t parent = getpid();
@@ -103,7 +111,7 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
         _exit(127);
     }
     close(fd);
-    free(envp), free(visible);
+    free(envp), free(visible), free(key);
     if (pid < 0) return errorf(err, "server_devices: cannot start colt serve: %s", strerror(errno));
     p->pid = pid;
     log_info0("server_devices: started colt serve (pid %d) on %s%s%s; its log: %s", (int)pid, o->device,

@@ -1,7 +1,8 @@
 /* serve_process.h — `colt serve` started by `colt train` itself (the
  * one-command form of server mode, server_devices): this same executable as
- * a child process on chosen GPUs, bound to 127.0.0.1 on a free port, its
- * output in a log file, stopped when training ends. The child has its own
+ * a child process on chosen GPUs, bound to 127.0.0.1 on a free port, with
+ * the trainer's API key in its environment, its output in a log file,
+ * stopped when training ends. The child has its own
  * process group (a Ctrl-C meant for the trainer does not drain it mid-step)
  * and dies with the trainer (PR_SET_PDEATHSIG): no orphan server.
  * Not the server itself (cli/cmd_serve.c), not the client (serve_client.h). */
@@ -22,6 +23,7 @@ typedef struct ServeProcessOptions {
                                   * on the visible GPUs in order) */
     const char *log_path;
     double timeout_s;            /* bound on the wait for its "listening" line */
+    const char *api_key;         /* handed to the child as COLT_API_KEY (its environment: ps shows argv) */
 } ServeProcessOptions;
 
 typedef struct ServeProcess {

@@ -109,15 +109,22 @@ int serve_engine_create(Engine **out, Model *m, const EngineOptions *eo, int max
     return rc;
 }
 
+WeightSyncOptions serve_sync_options(const Model *m, const ServeSyncRequest *q, int rank, int n_server_ranks,
+                                     const atomic_bool *cancel) {
+    const Backend *be = model_backend(m);
+    return (WeightSyncOptions){.host = q->host, .port = q->port, .rank = rank, .world_size = n_server_ranks + 1,
+                               .be = be, .use_nccl = q->use_nccl, .cuda_device = be->device, .timeout_s = q->timeout_s,
+                               .bind_host = q->bind_host[0] ? q->bind_host : NULL,
+                               .token = q->token[0] ? q->token : NULL, .cancel = cancel};
+}
+
 int serve_sync_run(WeightSync **sync, Model *m, const ServeSyncRequest *q, int rank, int n_server_ranks,
-                   size_t *bytes, double *seconds, char *err) {
+                   const atomic_bool *cancel, size_t *bytes, double *seconds, char *err) {
     int rc = COLT_OK;
     *bytes = 0;
     *seconds = 0;
     if (q->op == SERVE_SYNC_OPEN) {
-        const Backend *be = model_backend(m);
-        WeightSyncOptions o = {.host = q->host, .port = q->port, .rank = rank, .world_size = n_server_ranks + 1,
-                               .be = be, .use_nccl = q->use_nccl, .cuda_device = be->device, .timeout_s = q->timeout_s};
+        WeightSyncOptions o = serve_sync_options(m, q, rank, n_server_ranks, cancel);
         rc = weight_sync_open(sync, &o, err);
     } else if (q->op == SERVE_SYNC_RECV) {
         if (!*sync) rc = errorf(err, "update_weights: the weight channel is not open");
@@ -218,7 +225,7 @@ static int replay(Engine *e, Model *m, FollowSlot *slots, int n_slots, WeightSyn
             double seconds;
             char serr[ERR_LEN];
             /* as on rank 0: a failure closes the channel, serving goes on */
-            if (serve_sync_run(sync, m, &q, comm_rank(tp), comm_world_size(tp), &bytes, &seconds, serr) != 0)
+            if (serve_sync_run(sync, m, &q, comm_rank(tp), comm_world_size(tp), NULL, &bytes, &seconds, serr) != 0)
                 log_error("colt serve: weight channel: %s; the channel is closed", serr);
         } else if (op == TURN_STEP) {
             if (!engine_has_work(e)) return errorf(err, "out of step with rank 0: it stepped an engine with work");

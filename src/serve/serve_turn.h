@@ -57,9 +57,13 @@ int serve_engine_create(Engine **out, Model *m, const EngineOptions *eo, int max
 /* One weight-channel operation as server rank `rank` of a server of
  * n_server_ranks processes (the group: those and the trainer, last). On a
  * failure the channel is closed (*sync NULL). *bytes, *seconds: the push
- * received (RECV). */
+ * received (RECV). cancel (NULL: never): set by another thread, OPEN's wait
+ * for the trainer ends at once. */
 int serve_sync_run(WeightSync **sync, Model *m, const ServeSyncRequest *q, int rank, int n_server_ranks,
-                   size_t *bytes, double *seconds, char *err);
+                   const atomic_bool *cancel, size_t *bytes, double *seconds, char *err);
+/* The channel's options for q (OPEN) as server rank `rank` of n_server_ranks. */
+WeightSyncOptions serve_sync_options(const Model *m, const ServeSyncRequest *q, int rank, int n_server_ranks,
+                                     const atomic_bool *cancel);
 
 /* A follower (rank > 0 of tp): creates its engine, then replays rank 0's
  * turns until the "stop" turn (returns 0) or a failure (err says what; the

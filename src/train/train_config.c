@@ -47,6 +47,7 @@ typedef struct ConfigKey {
     bool nullable;      /* KEY_INT: null (TRL's None) sets 0 */
     const char *notice; /* set for a key kept for TRL configs whose value changes nothing in colt: why (one
                          * notice line when the key is given, see add_notice) */
+    bool secret;        /* never written out (saved configs, help): a key */
 } ConfigKey;
 
 #define STEPS TRAIN_CONFIG_MAX_STEPS
@@ -136,6 +137,10 @@ static const ConfigKey KEYS[] = {
     KI(vllm_server_port, 1, 65535, "vllm_mode server: the colt serve port"),
     K(vllm_server_base_url, KEY_STRING,
       "vllm_mode server: the colt serve URL, e.g. http://10.0.0.7:8000 (overrides host and port)"),
+    {.name = "vllm_server_api_key", .type = KEY_STRING, .offset = offsetof(TrainConfig, vllm_server_api_key),
+     .secret = true,
+     .help = "vllm_mode server: colt serve's --api_key, sent on every request and to join the weight channel "
+             "(default: the environment's COLT_API_KEY, which ps does not show; never saved)"},
     KD(vllm_server_timeout, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 86400,
        "vllm_mode server: seconds to wait for the server to come up, and the bound on every wait for it after"),
     KI(vllm_group_port, 1, 65535,
@@ -1444,6 +1449,8 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
     if (server && !c->vllm_server_base_url && (!c->vllm_server_host || !c->vllm_server_host[0]))
         return errorf(err, "settings: vllm_mode server needs vllm_server_host (or vllm_server_base_url)");
+    const char *env_key = getenv("COLT_API_KEY");
+    if (server && !c->vllm_server_api_key && env_key && env_key[0]) c->vllm_server_api_key = xstrdup(env_key);
     static const char *const sync_backends[] = {"auto", "nccl", "gloo", NULL};
     if (!one_of(c->weight_sync_backend, sync_backends))
         return errorf(err, "settings: unknown weight_sync_backend '%s' (auto, nccl, gloo)",
@@ -1584,6 +1591,7 @@ int train_config_total_steps(int64_t *total_steps, const TrainConfig *c, size_t 
 
 static json_t *key_to_json(const TrainConfig *c, const ConfigKey *k) {
     const void *p = (const char *)c + k->offset;
+    if (k->secret) return json_null();
     switch (k->type) {
     case KEY_DOUBLE: return json_real(*(const double *)p);
     case KEY_DOUBLE_OR_NULL: return isnan(*(const double *)p) ? json_null() : json_real(*(const double *)p);

@@ -58,6 +58,7 @@ typedef struct TrainConfig {
      * the weight channel's port. async_generation: the next round is
      * generated while this one trains, at most max_staleness steps behind. */
     char *vllm_server_host, *vllm_server_base_url;
+    char *vllm_server_api_key; /* colt serve's --api_key (default: COLT_API_KEY); never saved */
     int vllm_server_port, vllm_group_port;
     double vllm_server_timeout;
     bool async_generation;

@@ -560,7 +560,7 @@ static int server_connect(Trainer *t, char *err) {
     if (c->vllm_server_base_url) snprintf(url, sizeof url, "%s", c->vllm_server_base_url);
     else snprintf(url, sizeof url, strchr(c->vllm_server_host, ':') ? "http://[%s]:%d" : "http://%s:%d",
                   c->vllm_server_host, c->vllm_server_port);
-    int rc = serve_client_open(&t->server, url, c->vllm_server_timeout, err);
+    int rc = serve_client_open(&t->server, url, c->vllm_server_api_key, c->vllm_server_timeout, err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc != 0) return COLT_ERR;
     if (t->dist.rank == 0) {
@@ -576,7 +576,8 @@ static int server_connect(Trainer *t, char *err) {
         free(body);
         WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = group_size - 1,
                                .world_size = group_size, .be = t->be,
-                               .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout};
+                               .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout,
+                               .token = c->vllm_server_api_key};
         if (rc == 0) rc = weight_sync_open(&t->sync, &o, err);
         if (rc != 0) error_prefix(err, "server mode: the weight channel to %s (vllm_group_port %d)", url,
                                   c->vllm_group_port);

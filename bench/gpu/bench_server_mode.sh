@@ -47,6 +47,8 @@ PY
 
 echo "| model, mode | s/step | generation | weight push s | push GB/s | training | logp diff mean | staleness |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+# the server's /colt/ endpoints and weight channel need a key; colt serve and colt train both read this one
+export COLT_API_KEY=${COLT_API_KEY:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 for p in $presets; do
   if [ ! -f "$work/$p/config.json" ]; then
     $COLT init --arch qwen2 --preset "$p" --tokenizer "$tok" --out "$work/$p" 2>/dev/null

@@ -1,8 +1,10 @@
 /* test_grpo_loss.c — grpo.c against TRL's own code (tests/data/grpo_goldens.json
- * from tests/ref/make_grpo_goldens.py): for every loss_type x importance level x
+ * from tests/ref/make_grpo_goldens.py): for every loss_type (TRL 1.16's eight:
+ * grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo) x importance level x
  * beta x old log-probs present/absent x gradient accumulation (and delta on or
- * off), the loss within 1e-6 relative, d loss / d logp within 1e-6 relative +
- * 1e-9 absolute, and the clip / kl metrics; then reward aggregation and
+ * off, and the sampling correction's weights), the loss within 1e-6 relative
+ * (+ 1e-12), d loss / d logp within 1e-6 relative + 1e-9 absolute, and the clip
+ * (mean, low_min, high_max), cispo, vespo and kl metrics; then reward aggregation and
  * advantages for every scale_rewards, NaN rewards and reward weights; then the
  * option parsers.
  * Then TRL's vLLM importance-sampling correction (tests/data/is_goldens.json
@@ -24,7 +26,7 @@
 #include "train/grpo.h"
 #include "train/train_config.h"
 
-#define N_LOSS_CASES 66
+#define N_LOSS_CASES 103
 #define N_ADV_CASES 12
 #define N_IS_CASES 148
 #define N_IS_METRIC_CASES 24
@@ -73,6 +75,8 @@ static int test_loss_cases(const json_t *root) {
     read_floats(ref_logp, MAX_BT, json_object_get(root, "ref_logp"));
     read_floats(mask, MAX_BT, json_object_get(root, "mask"));
     read_floats(adv, MAX_BT, json_object_get(root, "advantages"));
+    float is_ratio[MAX_BT];
+    read_floats(is_ratio, MAX_BT, json_object_get(root, "is_ratio"));
 
     const json_t *cases = json_object_get(root, "loss_cases");
     if (json_array_size(cases) != N_LOSS_CASES) {
@@ -86,12 +90,18 @@ static int test_loss_cases(const json_t *root) {
         const char *name = json_string_value(json_object_get(cs, "name"));
         GrpoLossConfig cfg = {
             .epsilon_low = (float)num(root, "epsilon_low"),
-            .epsilon_high = (float)num(root, "epsilon_high"),
+            .epsilon_high = (float)num(cs, "epsilon_high"),
             .delta = (float)num(cs, "delta"),
             .beta = (float)num(cs, "beta"),
             .max_completion_length = (int)json_integer_value(json_object_get(root, "max_completion_length")),
             .gradient_accumulation_steps = (int)json_integer_value(json_object_get(cs, "gas")),
             .num_items_in_batch = (float)num(cs, "num_items_in_batch"),
+            .sapo_temperature_neg = (float)num(root, "sapo_temperature_neg"),
+            .sapo_temperature_pos = (float)num(root, "sapo_temperature_pos"),
+            .vespo_k_pos = (float)num(root, "vespo_k_pos"),
+            .vespo_lambda_pos = (float)num(root, "vespo_lambda_pos"),
+            .vespo_k_neg = (float)num(root, "vespo_k_neg"),
+            .vespo_lambda_neg = (float)num(root, "vespo_lambda_neg"),
         };
         char err[ERR_LEN];
         if (grpo_loss_type_parse(&cfg.loss_type, json_string_value(json_object_get(cs, "loss_type")), err) ||
@@ -104,15 +114,17 @@ static int test_loss_cases(const json_t *root) {
         bool with_old = json_is_true(json_object_get(cs, "with_old"));
         float loss;
         GrpoLossMetrics met;
-        if (grpo_loss(&loss, dlogp, &met, &cfg, logp, with_old ? old_logp : NULL, cfg.beta != 0.0f ? ref_logp : NULL,
-                      mask, adv, B, T, err)) {
+        bool with_is = json_is_true(json_object_get(cs, "with_is"));
+        if (grpo_loss_with_is_weight(&loss, dlogp, &met, &cfg, logp, with_old ? old_logp : NULL,
+                                     cfg.beta != 0.0f ? ref_logp : NULL, with_is ? is_ratio : NULL, mask, adv, B, T,
+                                     err)) {
             fprintf(stderr, "FAIL %s: %s\n", name, err);
             failures++;
             continue;
         }
         double want_loss = num(cs, "loss");
         double loss_diff = fabs(loss - want_loss);
-        int ok = loss_diff <= 1e-6 * fabs(want_loss);
+        int ok = loss_diff <= 1e-6 * fabs(want_loss) + 1e-12; /* float rounding of a double sum */
         double grad_diff = 0.0;
         const json_t *jg = json_object_get(cs, "dlogp");
         for (int i = 0; i < B * T; i++) {
@@ -125,7 +137,15 @@ static int test_loss_cases(const json_t *root) {
                                        fabs(met.clip_ratio_high - num(cs, "clip_ratio_high"))),
                                   fmax(fabs(met.clip_ratio_region - num(cs, "clip_ratio_region")),
                                        fabs(met.kl - num(cs, "kl"))));
-        if (metric_diff > 1e-6) ok = 0;
+        /* the newer metrics: clip_ratio/low_min and high_max where TRL logs them (null elsewhere), cispo's
+         * and vespo's own */
+        const json_t *jmin = json_object_get(cs, "clip_ratio_low_min"), *jmax = json_object_get(cs, "clip_ratio_high_max");
+        double newer[4] = {json_is_number(jmin) ? fabs(met.clip_ratio_low_min - json_number_value(jmin)) : 0.0,
+                           json_is_number(jmax) ? fabs(met.clip_ratio_high_max - json_number_value(jmax)) : 0.0,
+                           fabs(met.cispo_clip_ratio - num(cs, "cispo_clip_ratio")),
+                           fabs(met.vespo_phi_seq_mean - num(cs, "vespo_phi_seq_mean"))};
+        for (int k = 0; k < 4; k++) metric_diff = newer[k] > metric_diff || isnan(newer[k]) ? newer[k] : metric_diff;
+        if (!(metric_diff <= 1e-6)) ok = 0; /* NaN fails too */
         if (loss_diff > worst_loss) worst_loss = loss_diff;
         if (grad_diff > worst_grad) worst_grad = grad_diff;
         printf("%s %s: loss %.6g (TRL %.6g) diff %.2g, grad max diff %.2g, clip low/high/region %.4g/%.4g/%.4g kl %.4g "

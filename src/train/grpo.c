@@ -26,9 +26,16 @@
  *    ratio is exp of the *sum* (not the mean) of old - sampling over a row in the
  *    sequence modes; NaN differences become 0 (weight 1) after the mask is
  *    applied, so a NaN on a padded token is harmless too.
- * Not implemented (TRL options off by default): cispo/sapo/vespo/luspo losses,
- * use_bias_correction_kl = False, off_policy_mask_threshold, top_entropy_quantile < 1,
- * multi_objective_aggregation = "normalize_then_sum", the entropy bonus. */
+ *  - cispo and vespo weigh -A * logp by a detached coefficient (clamp(coef_1,
+ *    max=epsilon_high), or the gamma weight of the sequence's summed log ratio):
+ *    their gradient is the coefficient alone, none flows through the ratio; vespo
+ *    folds the sampling correction into that weight instead of multiplying the
+ *    loss by it; sapo replaces the clip by 4/tau * sigmoid(tau * (coef_1 - 1));
+ *    luspo is grpo's clipped loss summed over each row's tokens, then averaged
+ *    over rows.
+ * Not implemented (TRL options off by default): use_bias_correction_kl = False,
+ * off_policy_mask_threshold, top_entropy_quantile < 1, multi_objective_aggregation =
+ * "normalize_then_sum", the entropy bonus. */
 #include "train/grpo.h"
 
 #include <float.h>
@@ -43,13 +50,14 @@
 /* ---------------------------------------------------------------- parsing */
 
 int grpo_loss_type_parse(GrpoLossType *out, const char *s, char *err) {
-    static const char *names[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
-    for (int i = 0; i < 4; i++)
+    static const char *names[] = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (s && strcmp(s, names[i]) == 0) {
             *out = (GrpoLossType)i;
             return 0;
         }
-    return errorf(err, "loss_type '%s' is not supported; use one of grpo, bnpo, dr_grpo, dapo", s ? s : "(null)");
+    return errorf(err, "loss_type '%s' is not supported; use one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo",
+                  s ? s : "(null)");
 }
 
 /* GRPOConfig.__post_init__ maps True -> "group" and False -> "none". */
@@ -290,6 +298,41 @@ static double ratio_loss(double *dloss_dlogw, double *capped, double log_w, doub
     return loss;
 }
 
+/* sapo's soft gate for one ratio: -4/tau * sigmoid(tau * (coef_1 - 1)) * A, tau by A's sign, and its
+ * derivative with respect to log_w (d coef_1 / d log_w = coef_1). */
+static double sapo_loss(double *dloss_dlogw, double log_w, double adv, double tau_neg, double tau_pos) {
+    double tau = adv > 0 ? tau_pos : tau_neg, coef1 = exp(log_w);
+    double sig = 1.0 / (1.0 + exp(-tau * (coef1 - 1.0)));
+    *dloss_dlogw = -adv * 4.0 * sig * (1.0 - sig) * coef1;
+    return -sig * 4.0 / tau * adv;
+}
+
+/* vespo's gamma weight of one row (TRL's get_gamma_weights): phi(w) = e^lambda w^k e^(-lambda w), w the
+ * row's summed log ratio (each token's clamped to [-20, 20]) plus the sampling correction's summed log
+ * weights (every position, clamped to [log 1e-8, 20]), itself clamped to [log 1e-8, 20]; NaN or an
+ * infinity becomes 0. No gradient flows through it. */
+static double vespo_weight(const float *lp, const float *old, const float *isw, const float *m, int T, double adv,
+                           const GrpoLossConfig *cfg) {
+    const double lower = log(1e-8);
+    double seq = 0.0;
+    for (int t = 0; t < T; t++) {
+        double lr = old ? (double)lp[t] - old[t] : 0.0;
+        seq += (lr < -20.0 ? -20.0 : lr > 20.0 ? 20.0 : lr) * m[t];
+    }
+    if (isw)
+        for (int t = 0; t < T; t++) {
+            double l = log((double)isw[t]);
+            seq += l < lower ? lower : l > 20.0 ? 20.0 : l;
+        }
+    double log_w = seq < lower ? lower : seq > 20.0 ? 20.0 : seq;
+    bool nonneg = adv >= 0;
+    double k = nonneg ? float_as_decimal(cfg->vespo_k_pos) : float_as_decimal(cfg->vespo_k_neg);
+    double lambda = nonneg ? float_as_decimal(cfg->vespo_lambda_pos) : float_as_decimal(cfg->vespo_lambda_neg);
+    if (lambda < 1e-4) lambda = 1e-4;
+    double phi = exp(lambda + k * log_w - lambda * exp(log_w));
+    return isfinite(phi) ? phi : 0.0;
+}
+
 int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg, const float *logp,
               const float *old_logp, const float *ref_logp, const float *mask, const float *advantages, int B,
               int T, char *err) {
@@ -321,8 +364,16 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
     double mask_total = 0.0;
     for (size_t i = 0; i < (size_t)B * T; i++) mask_total += mask[i];
 
+    /* cispo clamps coef_1 at epsilon_high itself (not 1 + epsilon_high) */
+    const double eps_high_raw = float_as_decimal(cfg->epsilon_high);
+    const double sapo_neg = float_as_decimal(cfg->sapo_temperature_neg), sapo_pos = float_as_decimal(cfg->sapo_temperature_pos);
+    if (cfg->loss_type == LOSS_SAPO && !(sapo_neg > 0.0 && sapo_pos > 0.0))
+        return errorf(err, "grpo_loss: sapo needs positive temperatures (got %g, %g)", sapo_neg, sapo_pos);
+
     double total = 0.0;
-    double kl_sum = 0.0, low_sum = 0.0, high_sum = 0.0, region_sum = 0.0;
+    double kl_sum = 0.0, low_sum = 0.0, high_sum = 0.0, region_sum = 0.0, cispo_sum = 0.0, phi_sum = 0.0;
+    double low_min = NAN, high_max = NAN;
+    bool seq_counted = false;
     for (int b = 0; b < B; b++) {
         const float *lp = logp + (size_t)b * T, *m = mask + (size_t)b * T;
         const float *old = old_logp ? old_logp + (size_t)b * T : NULL;
@@ -337,16 +388,25 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
         /* w = d loss / d per_token_loss[b, t] / mask[b, t]: the loss_type's normaliser. */
         double w;
         switch (cfg->loss_type) {
-        case LOSS_GRPO: w = 1.0 / row_mask_clamped / B / gas; break;
+        case LOSS_GRPO:
+        case LOSS_SAPO: w = 1.0 / row_mask_clamped / B / gas; break;
         case LOSS_BNPO: w = 1.0 / (mask_total < 1.0 ? 1.0 : mask_total) / gas; break;
         case LOSS_DR_GRPO: w = 1.0 / ((double)B * cfg->max_completion_length) / gas; break;
-        case LOSS_DAPO: {
+        case LOSS_DAPO:
+        case LOSS_CISPO:
+        case LOSS_VESPO: {
             double items = cfg->num_items_in_batch;
             w = 1.0 / (items > 0.0 ? items : 1.0); /* an all-masked batch: the loss is 0 whatever the normaliser */
             break;
         }
+        case LOSS_LUSPO: w = 1.0 / B / gas; break; /* each row's tokens summed, then the mean over rows */
         default: return errorf(err, "grpo_loss: unknown loss_type %d", (int)cfg->loss_type);
         }
+        const bool clipped = cfg->loss_type <= LOSS_DAPO || cfg->loss_type == LOSS_LUSPO; /* the two-sided clip */
+        const bool detached = cfg->loss_type == LOSS_CISPO || cfg->loss_type == LOSS_VESPO; /* -c * A * logp */
+        const double phi = cfg->loss_type == LOSS_VESPO ? vespo_weight(lp, old, isw, m, T, adv, cfg) : 0.0;
+        phi_sum += phi;
+        double row_low = 0.0, row_high = 0.0; /* this row's clipped tokens (or the row itself at sequence level) */
 
         /* Sequence level: one ratio coef_1 = exp(lw) per row, lw = sum_t(log_ratio * mask) /
          * clamp(sum_t mask, 1), so d lw / d logp[b, t] = mask[b, t] / clamp(sum_t mask, 1). */
@@ -356,39 +416,57 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
                 for (int t = 0; t < T; t++) seq_lw += ((double)lp[t] - old[t]) * m[t];
             seq_lw /= row_mask_clamped;
             seq_coef = exp(seq_lw);
-            double capped;
-            double seq_loss = ratio_loss(&seq_dloss_dlogw, &capped, seq_lw, adv, lo, hi, delta);
-            /* the row's loss is broadcast over its T tokens, each weighted by w * mask
-             * and by its sampling-correction weight */
-            double row_weight = 0.0;
-            for (int t = 0; t < T; t++) row_weight += isw ? (double)isw[t] * m[t] : m[t];
-            total += w * row_weight * seq_loss;
-            seq_dloss_dlogw *= w * row_weight;
+            if (!detached) {
+                double capped = seq_coef, seq_loss;
+                if (clipped) seq_loss = ratio_loss(&seq_dloss_dlogw, &capped, seq_lw, adv, lo, hi, delta);
+                else seq_loss = sapo_loss(&seq_dloss_dlogw, seq_lw, adv, sapo_neg, sapo_pos);
+                /* the row's loss is broadcast over its T tokens, each weighted by w * mask
+                 * and by its sampling-correction weight */
+                double row_weight = 0.0;
+                for (int t = 0; t < T; t++) row_weight += isw ? (double)isw[t] * m[t] : m[t];
+                total += w * row_weight * seq_loss;
+                seq_dloss_dlogw *= w * row_weight;
+                if (clipped) {
+                    row_low = capped < lo && adv < 0;
+                    row_high = capped > hi && adv > 0;
+                }
+            }
             if (beta != 0.0) /* the KL term's path through the row's coef_1 */
                 for (int t = 0; t < T; t++) {
                     double diff = (double)ref[t] - lp[t];
                     seq_dloss_dlogw += w * m[t] * beta * (exp(diff) - diff - 1.0) * seq_coef;
                 }
-            int is_low = capped < lo && adv < 0, is_high = capped > hi && adv > 0;
-            low_sum += is_low;
-            high_sum += is_high;
-            region_sum += is_low || is_high;
+            if (cfg->loss_type == LOSS_CISPO) cispo_sum += seq_coef > eps_high_raw && adv > 0;
+            low_sum += row_low;
+            high_sum += row_high;
+            region_sum += row_low || row_high;
         }
         for (int t = 0; t < T; t++) {
             double grad = sequence ? seq_dloss_dlogw * m[t] / row_mask_clamped : 0.0;
             double coef = seq_coef; /* coef_1 before the delta cap, as the KL term uses it */
-            if (!sequence) {
-                double dloss_dlogw, capped;
-                double lw = old ? (double)lp[t] - old[t] : 0.0; /* no old: logp - logp.detach() */
-                double l = ratio_loss(&dloss_dlogw, &capped, lw, adv, lo, hi, delta);
-                double weight = isw ? isw[t] : 1.0; /* TRL: per_token_loss * is_ratio, before the KL term */
+            double lw = old ? (double)lp[t] - old[t] : 0.0; /* no old: logp - logp.detach() */
+            if (!sequence) coef = exp(lw);
+            double weight = isw && cfg->loss_type != LOSS_VESPO ? isw[t] : 1.0; /* TRL: per_token_loss * is_ratio */
+            if (detached) {
+                /* the coefficient is detached: the loss is -c * A * logp, its gradient -c * A */
+                double c = cfg->loss_type == LOSS_VESPO ? phi : (coef < eps_high_raw ? coef : eps_high_raw);
+                total += w * m[t] * (-c * adv * lp[t]) * weight;
+                grad += w * m[t] * (-c * adv) * weight;
+                if (cfg->loss_type == LOSS_CISPO && !sequence) cispo_sum += m[t] * (coef > eps_high_raw && adv > 0);
+            } else if (!sequence) {
+                double dloss_dlogw, capped = coef, l;
+                if (clipped) l = ratio_loss(&dloss_dlogw, &capped, lw, adv, lo, hi, delta);
+                else l = sapo_loss(&dloss_dlogw, lw, adv, sapo_neg, sapo_pos);
                 total += w * m[t] * l * weight;
                 grad += w * m[t] * dloss_dlogw * weight;
-                coef = exp(lw);
-                int is_low = capped < lo && adv < 0, is_high = capped > hi && adv > 0;
-                low_sum += m[t] * is_low;
-                high_sum += m[t] * is_high;
-                region_sum += m[t] * (is_low || is_high);
+                if (clipped) {
+                    int is_low = capped < lo && adv < 0, is_high = capped > hi && adv > 0;
+                    low_sum += m[t] * is_low;
+                    high_sum += m[t] * is_high;
+                    region_sum += m[t] * (is_low || is_high);
+                    row_low += m[t] * is_low;
+                    row_high += m[t] * is_high;
+                }
             }
             if (beta != 0.0) {
                 /* k3 = exp(ref - logp) - (ref - logp) - 1, times coef_1 (TRL's default
@@ -404,6 +482,14 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
             }
             dl[t] = (float)grad;
         }
+        /* TRL's clip_ratio/low_min and high_max: per-sequence means (a row without tokens is NaN and
+         * left out at token level; at sequence level every row counts, as its one value) */
+        if (clipped && (sequence || row_mask > 0.0)) {
+            double l = sequence ? row_low : row_low / row_mask, h = sequence ? row_high : row_high / row_mask;
+            if (!seq_counted || l < low_min) low_min = l;
+            if (!seq_counted || h > high_max) high_max = h;
+            seq_counted = true;
+        }
     }
     *loss = (float)total;
     if (metrics) {
@@ -413,6 +499,10 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
         metrics->clip_ratio_high = high_sum / count;
         metrics->clip_ratio_region = region_sum / count;
         metrics->kl = beta != 0.0 ? kl_sum / tokens : 0.0;
+        metrics->clip_ratio_low_min = low_min;
+        metrics->clip_ratio_high_max = high_max;
+        metrics->cispo_clip_ratio = cispo_sum / count;
+        metrics->vespo_phi_seq_mean = phi_sum / B;
     }
     return 0;
 }

@@ -11,7 +11,8 @@
 
 #include <stdbool.h>
 
-typedef enum { LOSS_GRPO = 0, LOSS_BNPO, LOSS_DR_GRPO, LOSS_DAPO } GrpoLossType;
+/* TRL 1.16's loss_type values, in its order of introduction (grpo_loss_type_parse's names). */
+typedef enum { LOSS_GRPO = 0, LOSS_BNPO, LOSS_DR_GRPO, LOSS_DAPO, LOSS_CISPO, LOSS_SAPO, LOSS_LUSPO, LOSS_VESPO } GrpoLossType;
 typedef enum { SCALE_GROUP = 0, SCALE_BATCH, SCALE_NONE } GrpoScaleRewards;
 typedef enum { IS_LEVEL_TOKEN = 0, IS_LEVEL_SEQUENCE } GrpoImportanceLevel;
 
@@ -47,12 +48,22 @@ typedef struct GrpoLossConfig {
     /* dapo: number of completion tokens in the whole accumulated batch divided by the
      * number of processes (TRL's num_items_in_batch / num_processes). */
     float num_items_in_batch;
+    /* sapo: the sigmoid's temperature for negative / positive advantages (TRL: 1.05 / 1.0) */
+    float sapo_temperature_neg, sapo_temperature_pos;
+    /* vespo: the gamma weighting's k and lambda for advantages >= 0 / < 0 (TRL: 2, 3 / 3, 2) */
+    float vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;
 } GrpoLossConfig;
 
 typedef struct GrpoLossMetrics {
     /* TRL's clip_ratio/low_mean, high_mean, region_mean over this call's tokens
      * (masked means), and the mean k3 KL (when beta > 0). */
     double clip_ratio_low, clip_ratio_high, clip_ratio_region, kl;
+    /* clip_ratio/low_min and high_max: the smallest / largest per-sequence share of
+     * clipped tokens (sequences without tokens left out; NAN when none is left) */
+    double clip_ratio_low_min, clip_ratio_high_max;
+    /* cispo: cispo_clip_ratio (tokens whose ratio exceeds epsilon_high, A > 0);
+     * vespo: vespo/phi_seq_mean (the mean gamma weight over sequences) */
+    double cispo_clip_ratio, vespo_phi_seq_mean;
 } GrpoLossMetrics;
 
 /* ------------------------------------------------ sampler / trainer mismatch

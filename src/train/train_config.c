@@ -106,7 +106,13 @@ static const ConfigKey KEYS[] = {
     KD(epsilon, KEY_DOUBLE, 0, RANGE_CLOSED, 1000, "lower clipping epsilon"),
     KD(epsilon_high, KEY_DOUBLE_OR_NULL, 0, RANGE_CLOSED, 1000, "upper clipping epsilon (default: epsilon)"),
     KD(delta, KEY_DOUBLE_OR_NULL, 1, RANGE_OPEN_MIN, 1e9, "cap on the importance ratio (two-sided clipping; null = off)"),
-    K(loss_type, KEY_STRING, "grpo, bnpo, dr_grpo or dapo"),
+    K(loss_type, KEY_STRING, "grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (TRL's losses)"),
+    KD(sapo_temperature_neg, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1e6, "sapo: the gate's temperature for advantages <= 0"),
+    KD(sapo_temperature_pos, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1e6, "sapo: the gate's temperature for advantages > 0"),
+    KD(vespo_k_pos, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's power for advantages >= 0"),
+    KD(vespo_lambda_pos, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's decay for advantages >= 0"),
+    KD(vespo_k_neg, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's power for advantages < 0"),
+    KD(vespo_lambda_neg, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's decay for advantages < 0"),
     K(importance_sampling_level, KEY_STRING, "token or sequence (GSPO)"),
     K(scale_rewards, KEY_STRING, "group, batch or none"),
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
@@ -285,7 +291,6 @@ typedef struct TrlKey {
     "colt writes every completion to output_dir/completions.jsonl and prints log_completions_count of them at each " \
     "logging step"
 #define T_GENERATE_HF "used only when use_vllm is false; colt's engine batches continuously over a paged KV cache"
-#define T_LOSS_VARIANT "used only by loss_type sapo or vespo; colt has grpo, bnpo, dr_grpo and dapo"
 #define T_ENTROPY "the entropy bonus is not supported yet"
 #define T_DATASET \
     "colt reads a local .jsonl or .json file: set dataset to it (export a hub dataset with " \
@@ -418,12 +423,6 @@ static const TrlKey TRL_KEYS[] = {
               "colt's engine borrows the trainer's weights and gives its KV cache back before every training phase"),
     ONLY("vllm_structured_outputs_regex", "null", "regex-guided generation is not supported"),
     NOOP("vllm_max_model_length", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
-    NOOP("sapo_temperature_neg", T_LOSS_VARIANT),
-    NOOP("sapo_temperature_pos", T_LOSS_VARIANT),
-    NOOP("vespo_k_pos", T_LOSS_VARIANT),
-    NOOP("vespo_lambda_pos", T_LOSS_VARIANT),
-    NOOP("vespo_k_neg", T_LOSS_VARIANT),
-    NOOP("vespo_lambda_neg", T_LOSS_VARIANT),
     ONLY("multi_objective_aggregation", "sum_then_normalize",
          "colt sums the weighted rewards, then normalises (sum_then_normalize); normalize_then_sum is not "
          "supported yet"),
@@ -517,6 +516,8 @@ void train_config_defaults(TrainConfig *c) {
     c->beta = 0.0;
     c->epsilon = 0.2;
     c->epsilon_high = NAN;
+    c->sapo_temperature_neg = 1.05, c->sapo_temperature_pos = 1.0; /* TRL 1.16's defaults */
+    c->vespo_k_pos = 2.0, c->vespo_lambda_pos = 3.0, c->vespo_k_neg = 3.0, c->vespo_lambda_neg = 2.0;
     c->delta = NAN;
     c->loss_type = xstrdup("dapo");
     c->importance_sampling_level = xstrdup("token");
@@ -1409,10 +1410,16 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine)",
                       c->lr_scheduler_type ? c->lr_scheduler_type : "null");
     if (isnan(c->epsilon_high)) c->epsilon_high = c->epsilon;
-    static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo", NULL};
+    static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo", NULL};
     if (!one_of(c->loss_type, losses))
-        return errorf(err, "settings: unknown loss_type '%s' (grpo, bnpo, dr_grpo, dapo)",
+        return errorf(err, "settings: unknown loss_type '%s' (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo)",
                       c->loss_type ? c->loss_type : "null");
+    /* TRL refuses vespo with a sequence-level sampling correction (its weight is built per token) */
+    if (!strcmp(c->loss_type, "vespo") && c->vllm_importance_sampling_correction && c->vllm_importance_sampling_mode &&
+        strcmp(c->vllm_importance_sampling_mode, "token_truncate") != 0 &&
+        strcmp(c->vllm_importance_sampling_mode, "token_mask") != 0)
+        return errorf(err, "settings: loss_type vespo needs vllm_importance_sampling_mode token_truncate or token_mask "
+                           "(got %s), as TRL", c->vllm_importance_sampling_mode);
     static const char *const levels[] = {"token", "sequence", NULL};
     if (!one_of(c->importance_sampling_level, levels))
         return errorf(err, "settings: unknown importance_sampling_level '%s' (token, sequence)",

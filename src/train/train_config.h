@@ -37,6 +37,8 @@ typedef struct TrainConfig {
     double temperature, top_p, min_p, repetition_penalty;
     /* GRPO loss */
     double beta, epsilon, epsilon_high, delta;  /* epsilon_high, delta: NaN = unset */
+    double sapo_temperature_neg, sapo_temperature_pos;                          /* loss_type sapo */
+    double vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;        /* loss_type vespo */
     char *loss_type, *importance_sampling_level, *scale_rewards;
     int num_iterations;
     bool mask_truncated_completions;

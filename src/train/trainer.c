@@ -1955,6 +1955,9 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
     lc->epsilon_high = (float)c->epsilon_high;
     lc->delta = isnan(c->delta) ? 0.0f : (float)c->delta;
     lc->beta = (float)c->beta;
+    lc->sapo_temperature_neg = (float)c->sapo_temperature_neg, lc->sapo_temperature_pos = (float)c->sapo_temperature_pos;
+    lc->vespo_k_pos = (float)c->vespo_k_pos, lc->vespo_lambda_pos = (float)c->vespo_lambda_pos;
+    lc->vespo_k_neg = (float)c->vespo_k_neg, lc->vespo_lambda_neg = (float)c->vespo_lambda_neg;
     lc->max_completion_length = c->max_completion_length;
     /* Each rank's loss carries 1 / world and the ranks' gradients are summed:
      * the sum equals one process accumulating the ranks' micro-batches. */

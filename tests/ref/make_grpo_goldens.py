@@ -93,14 +93,30 @@ class Accel:
         return x
 
 
-def run_trl(loss_type, level, beta, with_old, gas, delta, num_processes=1, steps_per_generation=None):
+# The newer losses' own settings (TRL's defaults but sapo's, moved so that both signs matter) and
+# cispo's epsilon_high: cispo clamps coef_1 itself at epsilon_high, so a value near 1 splits the
+# tokens into clamped and free ones (at TRL's 0.28 every one would be clamped).
+SAPO = dict(sapo_temperature_neg=1.05, sapo_temperature_pos=0.7)
+VESPO = dict(vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+CISPO_EPS_HIGH = 1.1
+# a sampling-correction weight per token (1 on padding, as TRL's importance_sampling_ratio is there),
+# one entry 0 (token_mask's drop) and one above 1
+gen = torch.Generator().manual_seed(1)  # its own stream: the cases made before it keep their inputs
+is_ratio = f32(torch.exp((torch.rand(B, T, dtype=DT, generator=gen) - 0.5) * 0.3)) * mask + (1 - mask)
+is_ratio[0, 2] = 0.0
+is_ratio[2, 1] = 1.7
+
+
+def run_trl(loss_type, level, beta, with_old, gas, delta, num_processes=1, steps_per_generation=None,
+            with_is=False):
     if steps_per_generation is None:
         steps_per_generation = gas  # TRL's default: steps_per_generation = gradient_accumulation_steps
     tr = object.__new__(GRPOTrainer)
-    tr.args = SimpleNamespace(delta=delta, use_bias_correction_kl=True, steps_per_generation=steps_per_generation)
+    tr.args = SimpleNamespace(delta=delta, use_bias_correction_kl=True, steps_per_generation=steps_per_generation,
+                              **SAPO, **VESPO)
     tr.beta = beta
     tr.epsilon_low = EPS_LOW
-    tr.epsilon_high = EPS_HIGH
+    tr.epsilon_high = CISPO_EPS_HIGH if loss_type == "cispo" else EPS_HIGH
     tr.loss_type = loss_type
     tr.importance_sampling_level = level
     tr.max_completion_length = MAX_COMPLETION_LENGTH
@@ -110,8 +126,8 @@ def run_trl(loss_type, level, beta, with_old, gas, delta, num_processes=1, steps
     tr.model = SimpleNamespace(training=True)
     tr.top_entropy_quantile = 1.0
     tr.off_policy_mask_threshold = None
-    tr.use_vllm = False
-    tr.vllm_importance_sampling_correction = False
+    tr.use_vllm = with_is
+    tr.vllm_importance_sampling_correction = with_is
     tr.aux_loss_enabled = False
     tr._entropy_bonus_enabled = False
 
@@ -134,6 +150,8 @@ def run_trl(loss_type, level, beta, with_old, gas, delta, num_processes=1, steps
         inputs["old_per_token_logps"] = old_logp.clone()
     if beta != 0.0:
         inputs["ref_per_token_logps"] = ref_logp.clone()
+    if with_is:
+        inputs["importance_sampling_ratio"] = is_ratio.clone()
     loss = GRPOTrainer._compute_loss(tr, None, inputs)
     loss.backward()
     m = tr._metrics["train"]
@@ -142,7 +160,8 @@ def run_trl(loss_type, level, beta, with_old, gas, delta, num_processes=1, steps
     return {
         "name": f"{loss_type}/{level}/beta={beta:g}/{'old' if with_old else 'noold'}/gas={gas}"
         + (f"/delta={delta:g}" if delta is not None else "")
-        + (f"/nproc={num_processes}/spg={steps_per_generation}" if num_processes != 1 else ""),
+        + (f"/nproc={num_processes}/spg={steps_per_generation}" if num_processes != 1 else "")
+        + ("/is" if with_is else ""),
         "loss_type": loss_type,
         "level": level,
         "beta": beta,
@@ -152,9 +171,15 @@ def run_trl(loss_type, level, beta, with_old, gas, delta, num_processes=1, steps
         "num_items_in_batch": dapo_norm,
         "loss": float(loss.detach()),
         "dlogp": as_list(lp.grad),
-        "clip_ratio_low": m["clip_ratio/low_mean"][0],
-        "clip_ratio_high": m["clip_ratio/high_mean"][0],
-        "clip_ratio_region": m["clip_ratio/region_mean"][0],
+        "with_is": with_is,
+        "epsilon_high": tr.epsilon_high,
+        "clip_ratio_low": m["clip_ratio/low_mean"][0] if "clip_ratio/low_mean" in m else 0.0,
+        "clip_ratio_high": m["clip_ratio/high_mean"][0] if "clip_ratio/high_mean" in m else 0.0,
+        "clip_ratio_region": m["clip_ratio/region_mean"][0] if "clip_ratio/region_mean" in m else 0.0,
+        "clip_ratio_low_min": m["clip_ratio/low_min"][0] if "clip_ratio/low_min" in m else None,
+        "clip_ratio_high_max": m["clip_ratio/high_max"][0] if "clip_ratio/high_max" in m else None,
+        "cispo_clip_ratio": m["cispo_clip_ratio"][0] if "cispo_clip_ratio" in m else 0.0,
+        "vespo_phi_seq_mean": m["vespo/phi_seq_mean"][0] if "vespo/phi_seq_mean" in m else 0.0,
         "kl": m["kl"][0] if beta != 0.0 else 0.0,
     }
 
@@ -170,6 +195,21 @@ for li, loss_type in enumerate(["grpo", "bnpo", "dr_grpo", "dapo"]):
 # dapo's normaliser with several processes and steps_per_generation != gradient_accumulation_steps
 loss_cases.append(run_trl("dapo", "token", 0.04, True, 2, DELTA, num_processes=2, steps_per_generation=4))
 loss_cases.append(run_trl("dapo", "sequence", 0.0, True, 2, None, num_processes=2, steps_per_generation=4))
+
+# TRL 1.16's newer losses, each level, beta and old/no old; and with the sampling correction
+# (which vespo folds into its gamma weight instead of multiplying the loss by it)
+for li, loss_type in enumerate(["cispo", "sapo", "luspo", "vespo"]):
+    for vi, level in enumerate(["token", "sequence"]):
+        for bi, beta in enumerate([0.0, 0.04]):
+            for oi, with_old in enumerate([False, True]):
+                gas = 1 + (li + vi + bi + oi) % 2
+                delta = DELTA if loss_type == "luspo" and (vi + bi) % 2 == 0 else None
+                loss_cases.append(run_trl(loss_type, level, beta, with_old, gas, delta))
+    loss_cases.append(run_trl(loss_type, "token", 0.04, True, 2, None, with_is=True))
+loss_cases.append(run_trl("grpo", "token", 0.0, True, 1, None, with_is=True))
+# the new losses' own metrics must see both outcomes
+assert 0 < max(c["cispo_clip_ratio"] for c in loss_cases if c["loss_type"] == "cispo") < 1
+assert len({round(c["vespo_phi_seq_mean"], 6) for c in loss_cases if c["loss_type"] == "vespo"}) > 2
 
 # Every clip region must be exercised somewhere, or the metric checks are vacuous.
 assert any(c["clip_ratio_low"] > 0 for c in loss_cases)
@@ -251,7 +291,8 @@ out = {
     "B": B, "T": T, "epsilon_low": EPS_LOW, "epsilon_high": EPS_HIGH,
     "max_completion_length": MAX_COMPLETION_LENGTH,
     "logp": as_list(logp), "old_logp": as_list(old_logp), "ref_logp": as_list(ref_logp),
-    "mask": as_list(mask), "advantages": as_list(advantages),
+    "mask": as_list(mask), "advantages": as_list(advantages), "is_ratio": as_list(is_ratio),
+    **SAPO, **VESPO,
     "loss_cases": loss_cases,
     "advantage_cases": adv_cases,
 }

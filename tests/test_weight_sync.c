@@ -1,4 +1,4 @@
-/* test_weight_sync.c — the trainer-to-server weight channel (dist/weight_sync.h)
+/* test_weight_sync.c — the trainer-to-server weight channel (parallel/weight_sync.h)
  * between forked processes on 127.0.0.1, over Gloo through the host:
  * - 2 server ranks + the trainer, small buckets (many broadcasts): each server
  *   ends with the trainer's weights byte for byte and its logits, and its
@@ -35,7 +35,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 #include "harness.h"
 #include "model/lora.h"
 #include "model/model.h"

@@ -165,7 +165,7 @@ struct LoraConfig;
 /* tp_size > 1: the layout of one rank's part under tensor parallelism. */
 Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora, int tp_size);
 /* A whole model's weights into a tensor-parallel part (the weight channel of
- * a tensor-parallel colt serve, dist/weight_sync.c): the whole model's arena
+ * a tensor-parallel colt serve, parallel/weight_sync.c): the whole model's arena
  * — as a whole model of m's config lays it out on a backend of m's storage
  * dtype, padding included — given in pieces in order from its first byte,
  * each in m's backend memory and a whole number of storage elements; m's part

@@ -13,10 +13,11 @@ int mesh_check_tensor_parallel_size(int tensor_parallel_size, const LaunchEnv *e
     int tp = tensor_parallel_size, world = env->world_size;
     if (tp < 1) return errorf(err, "tensor_parallel_size %d must be >= 1", tp);
     if (one_group && world != tp)
-        return errorf(err, "%s", world == 1 ? "--tensor_parallel_size > 1 runs one process per part: start it with "
-                                              "mpirun -np N (or torchrun --nproc_per_node N)"
-                                            : "under a launcher --tensor_parallel_size must equal the number of "
-                                              "processes");
+        return world == 1 ? errorf(err, "--tensor_parallel_size > 1 runs one process per part: start it with mpirun "
+                                        "-np N (or torchrun --nproc_per_node N)")
+                          : errorf(err, "under a launcher --tensor_parallel_size (%d) must be equal to the number of "
+                                        "processes (%d)",
+                                   tp, world);
     if (world == 1 && tp > 1)
         return errorf(err, "tensor_parallel_size %d runs one process per part: start %d (or a multiple) with mpirun "
                            "-np or torchrun --nproc_per_node",

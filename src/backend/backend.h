@@ -408,6 +408,10 @@ Backend *backend_cuda_open(int device, DType storage, char *err);
 void backend_cuda_close(Backend *be);
 /* GPUs this process sees (0 without CUDA or without a GPU); creates no context. */
 int backend_cuda_device_count(void);
+/* GPUs this process sees, whatever backend drives them (0 without one, or in
+ * a build without a GPU backend); creates no context. What code outside
+ * src/backend asks, instead of a backend's own count. */
+int backend_gpu_count(void);
 /* Whether a --device name (as backend_open takes it, or as another colt
  * reports its instance's name) computes on a GPU: "cuda", "cuda_f32". */
 bool backend_kind_is_gpu(const char *kind);

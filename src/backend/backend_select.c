@@ -35,6 +35,8 @@ Backend *backend_open(const char *kind, int device, char *err) {
     return NULL;
 }
 
+int backend_gpu_count(void) { return backend_cuda_device_count(); }
+
 bool backend_kind_is_gpu(const char *kind) { return kind && strncmp(kind, "cuda", 4) == 0; }
 
 void backend_close(Backend *be) {

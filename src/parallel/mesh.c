@@ -31,7 +31,7 @@ int mesh_choose_device(int *device, const MeshOptions *o, const LaunchEnv *env, 
     *device = 0;
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     if (o->device && strcmp(o->device, "cpu") == 0) return COLT_OK; /* CPU ranks, on purpose */
-    int n_gpus = backend_cuda_device_count();
+    int n_gpus = backend_gpu_count();
     if (o->share_gpus && !o->devices) {
         *device = n_gpus > 0 ? env->local_rank % n_gpus : 0;
         return COLT_OK;

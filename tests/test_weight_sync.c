@@ -231,7 +231,7 @@ static void member(int rank, int world, int port, int run) {
     int inter = run == RUN_MISMATCH && rank == 1 ? 96 : 128;
     ModelConfig cfg = small_config(inter);
     if (run == RUN_PUSH_TP) cfg.num_key_value_heads = 1;
-    TensorParallel part = {.rank = rank, .size = world - 1}; /* a layout only: nothing here runs a forward */
+    TensorParallel part = {.rank = rank, .tensor_parallel_size = world - 1}; /* a layout only: nothing here runs a forward */
     Model *m = NULL;
     if (model_create_random_tp(&m, &cfg, trainer ? 1 : 100 + (uint64_t)rank, be,
                                run == RUN_PUSH_TP && !trainer ? &part : NULL, err) != 0) {

@@ -86,10 +86,11 @@ typedef struct Model Model;
  * of the group runs the same calls on the same tokens. The hooks are the
  * caller's (the dist layer); buffers are the backend's. */
 typedef struct TensorParallel {
-    int rank, size;
+    int rank;                 /* this rank in the group */
+    int tensor_parallel_size; /* the group's size: the setting's own name, from the config to here */
     /* x[n] summed over the group, in place (storage dtype, or [f32] when f32). */
     int (*all_reduce)(void *ctx, void *x, size_t n, bool f32, char *err);
-    /* out[size * n] = every rank's in[n], in rank order. */
+    /* out[tensor_parallel_size * n] = every rank's in[n], in rank order. */
     int (*all_gather)(void *ctx, void *out, const void *in, size_t n, bool f32, char *err);
     /* The hooks only enqueue work on the backend's stream: a CUDA graph can record them. */
     bool graph_safe;

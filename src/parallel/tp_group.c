@@ -109,9 +109,9 @@ int tp_group_data_parallel_nccl(TpGroup *g, Comm **out, char *err) {
 
 TensorParallel tp_group_hooks(TpGroup *g) {
     if (g->nccl)
-        return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = nccl_all_reduce,
+        return (TensorParallel){.rank = g->tp_rank, .tensor_parallel_size = g->tp_size, .all_reduce = nccl_all_reduce,
                                 .all_gather = nccl_all_gather, .graph_safe = true, .ctx = g};
-    return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = host_all_reduce,
+    return (TensorParallel){.rank = g->tp_rank, .tensor_parallel_size = g->tp_size, .all_reduce = host_all_reduce,
                             .all_gather = host_all_gather, .graph_safe = false, .ctx = g};
 }
 

@@ -1649,6 +1649,8 @@ static int choose_device(const TrainConfig *c, const LaunchEnv *env, int *device
     return rc;
 }
 
+/* Ranks on one host must see the same GPUs (mesh.h), compared over t->dist's
+ * ranks: under tensor parallelism the data-parallel group, as before. */
 static int check_visible_devices(Trainer *t, char *err) {
     return mesh_check_visible_devices(t->dist.world > 1 ? t->dist.comm : NULL, t->dist.rank, err);
 }

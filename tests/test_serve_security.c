@@ -41,7 +41,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 #include "harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"

@@ -24,7 +24,7 @@
 
 #include "core/error.h"
 #include "dist/launch_env.h"
-#include "dist/tp_group.h"
+#include "parallel/tp_group.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine_requests.h"

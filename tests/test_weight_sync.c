@@ -1,4 +1,4 @@
-/* test_weight_sync.c — the trainer-to-server weight channel (dist/weight_sync.h)
+/* test_weight_sync.c — the trainer-to-server weight channel (parallel/weight_sync.h)
  * between forked processes on 127.0.0.1, over Gloo through the host:
  * - 2 server ranks + the trainer, small buckets (many broadcasts): each server
  *   ends with the trainer's weights byte for byte and its logits, and its
@@ -35,7 +35,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 #include "harness.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -231,7 +231,7 @@ static void member(int rank, int world, int port, int run) {
     int inter = run == RUN_MISMATCH && rank == 1 ? 96 : 128;
     ModelConfig cfg = small_config(inter);
     if (run == RUN_PUSH_TP) cfg.num_key_value_heads = 1;
-    TensorParallel part = {.rank = rank, .size = world - 1}; /* a layout only: nothing here runs a forward */
+    TensorParallel part = {.rank = rank, .tensor_parallel_size = world - 1}; /* a layout only: nothing here runs a forward */
     Model *m = NULL;
     if (model_create_random_tp(&m, &cfg, trainer ? 1 : 100 + (uint64_t)rank, be,
                                run == RUN_PUSH_TP && !trainer ? &part : NULL, err) != 0) {

@@ -1,4 +1,4 @@
-/* bench_weight_sync.c — the trainer-to-server weight push (dist/weight_sync.h)
+/* bench_weight_sync.c — the trainer-to-server weight push (parallel/weight_sync.h)
  * on Qwen2.5 shapes in bf16: seconds per push and GB/s, against the path's
  * limit. Two processes: the trainer and one server rank.
  * - host path (Gloo through pinned buckets): both on GPU 0, what a server and a
@@ -20,7 +20,7 @@
 
 #include "bench_gpu_shapes.h"
 #include "core/error.h"
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

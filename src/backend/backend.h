@@ -20,6 +20,10 @@
 
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
 
+/* What kind of device an instance computes on: code outside src/backend asks
+ * this (and the capabilities below) instead of reading the backend's name. */
+typedef enum { BACKEND_DEVICE_CPU = 0, BACKEND_DEVICE_GPU = 1 } BackendDeviceKind;
+
 struct SamplingParams; /* backend/sampling.h */
 typedef struct Backend Backend;
 
@@ -45,6 +49,11 @@ struct Backend {
      * (streams, GEMM plans, scratch, options), private to the backend. Every op
      * receives its instance as the first argument; nothing is process-wide. */
     int device;
+    BackendDeviceKind device_kind;
+    /* Buffers live in device memory that NCCL reaches, with streams to order
+     * collectives against the ops: collectives may go over NCCL (when it is
+     * built, and every rank of the group has a device of its own). */
+    bool nccl_capable;
     void *ctx;
     void (*close_instance)(Backend *be); /* frees ctx and the instance (backend_close calls it) */
     /* Storage dtype of alloc() buffers: weights and activations (CPU: F32; CUDA:
@@ -329,7 +338,39 @@ struct Backend {
     void *(*capture_end)(const Backend *be);
     void (*graph_launch)(const Backend *be, void *graph);
     void (*graph_free)(const Backend *be, void *graph);
+
+    /* ---- identity and streams for code that runs collectives beside the ops
+     * (NULL on the CPU: no streams; use the backend_* wrappers below) ---- */
+    /* A name of the physical device that is the same in every process on a
+     * host, whatever CUDA_VISIBLE_DEVICES says (a GPU's PCI bus id): ranks
+     * compare it to find two of them on one device. */
+    void (*device_id)(const Backend *be, char *out, size_t size);
+    /* The stream every op runs on, and the instance's own stream for
+     * collectives (cudaStream_t on a GPU), as void *. */
+    void *(*compute_stream)(const Backend *be);
+    void *(*comm_stream)(const Backend *be);
+    /* Orders the communication stream after everything enqueued so far on the
+     * compute stream (an event): a collective enqueued next sees the results
+     * of the ops before it, while later ops overlap it. */
+    void (*comm_after_compute)(const Backend *be);
+    /* Device bytes the instance holds for itself outside alloc'd buffers
+     * (workspaces, staging, scratch): what the memory plan adds as "backend
+     * scratch". */
+    size_t (*reserved_bytes)(const Backend *be);
 };
+
+/* The capabilities above, with the CPU's answers where a backend has no such thing. */
+static inline bool backend_is_gpu(const Backend *be) { return be->device_kind == BACKEND_DEVICE_GPU; }
+static inline void backend_device_id(const Backend *be, char *out, size_t size) {
+    if (be->device_id) be->device_id(be, out, size);
+    else if (size) out[0] = 0;
+}
+static inline void *backend_compute_stream(const Backend *be) { return be->compute_stream ? be->compute_stream(be) : NULL; }
+static inline void *backend_comm_stream(const Backend *be) { return be->comm_stream ? be->comm_stream(be) : NULL; }
+static inline void backend_comm_after_compute(const Backend *be) {
+    if (be->comm_after_compute) be->comm_after_compute(be);
+}
+static inline size_t backend_reserved_bytes(const Backend *be) { return be->reserved_bytes ? be->reserved_bytes(be) : 0; }
 
 /* Bytes per element of a dtype. */
 static inline size_t dtype_size(DType t) { return t == DTYPE_F32 ? 4 : 2; }
@@ -367,5 +408,12 @@ Backend *backend_cuda_open(int device, DType storage, char *err);
 void backend_cuda_close(Backend *be);
 /* GPUs this process sees (0 without CUDA or without a GPU); creates no context. */
 int backend_cuda_device_count(void);
+/* GPUs this process sees, whatever backend drives them (0 without one, or in
+ * a build without a GPU backend); creates no context. What code outside
+ * src/backend asks, instead of a backend's own count. */
+int backend_gpu_count(void);
+/* Whether a --device name (as backend_open takes it, or as another colt
+ * reports its instance's name) computes on a GPU: "cuda", "cuda_f32". */
+bool backend_kind_is_gpu(const char *kind);
 
 #endif

@@ -35,6 +35,10 @@ Backend *backend_open(const char *kind, int device, char *err) {
     return NULL;
 }
 
+int backend_gpu_count(void) { return backend_cuda_device_count(); }
+
+bool backend_kind_is_gpu(const char *kind) { return kind && strncmp(kind, "cuda", 4) == 0; }
+
 void backend_close(Backend *be) {
     if (be && be->close_instance) be->close_instance(be);
 }

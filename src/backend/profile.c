@@ -322,6 +322,28 @@ static void prof_swiglu_gate_up(const Backend *be, void *out, const void *gate_u
     op_end(prof, OP_swiglu_gate_up, t0);
 }
 
+/* Identity and streams are the inner instance's: its ctx, not the wrapper's. */
+static void prof_device_id(const Backend *be, char *out, size_t size) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->device_id(in, out, size);
+}
+static void *prof_compute_stream(const Backend *be) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    return in->compute_stream(in);
+}
+static void *prof_comm_stream(const Backend *be) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    return in->comm_stream(in);
+}
+static void prof_comm_after_compute(const Backend *be) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->comm_after_compute(in);
+}
+static size_t prof_reserved_bytes(const Backend *be) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    return in->reserved_bytes(in);
+}
+
 Backend *backend_profile_wrap(const Backend *inner) {
     Backend *w = xmalloc(sizeof *w);
     ProfileContext *p = xcalloc(1, sizeof *p);
@@ -329,6 +351,11 @@ Backend *backend_profile_wrap(const Backend *inner) {
     *w = *inner;
     w->name = "profiled";
     w->ctx = p;
+    if (inner->device_id) w->device_id = prof_device_id;
+    if (inner->compute_stream) w->compute_stream = prof_compute_stream;
+    if (inner->comm_stream) w->comm_stream = prof_comm_stream;
+    if (inner->comm_after_compute) w->comm_after_compute = prof_comm_after_compute;
+    if (inner->reserved_bytes) w->reserved_bytes = prof_reserved_bytes;
     if (inner->alloc) w->alloc = prof_alloc;
     if (inner->alloc_f32) w->alloc_f32 = prof_alloc_f32;
     if (inner->free) w->free = prof_free;

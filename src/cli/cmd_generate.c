@@ -15,7 +15,7 @@
 #include "core/fileio.h"
 #include "core/log.h"
 #include "dist/launch_env.h"
-#include "dist/tp_group.h"
+#include "parallel/mesh.h"
 #include "engine/engine.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -223,12 +223,7 @@ int cmd_generate(int argc, char **argv) {
     /* Tensor parallel: one process per part, the launch's world exactly one group. */
     LaunchEnv env;
     if (launch_env_from_process(&env, err) != 0) return cli_fail("generate", err);
-    if (env.world_size != a.tensor_parallel_size)
-        return cli_fail("generate", env.world_size == 1
-                                        ? "--tensor_parallel_size > 1 runs one process per part: start it with "
-                                          "mpirun -np N (or torchrun --nproc_per_node N)"
-                                        : "colt generate under a launcher needs --tensor_parallel_size equal to the "
-                                          "number of processes");
+    if (mesh_check_tensor_parallel_size(a.tensor_parallel_size, &env, true, err) != 0) return cli_fail("generate", err);
     log_set_rank(env.rank);
     SamplingParams sp = sampling_params_greedy();
     if (gen.present && gen.do_sample) {
@@ -258,42 +253,22 @@ int cmd_generate(int argc, char **argv) {
         return cli_fail("generate", "the model folder has no tokenizer.json, so text cannot be printed (use --json)");
     }
     /* every rank got this far with the same files and flags: the group, then its device */
-    Comm *world = NULL;
-    TpGroup group = {0};
-    if (env.world_size > 1) {
-        CommOptions co = {.kind = COMM_AUTO, .gpu = false}; /* host buffers: the hooks stage through the host */
-        if (comm_open(&world, &env, &co, err) != 0 ||
-            tp_group_open(&group, world, a.tensor_parallel_size, NULL, err) != 0) {
-            cli_fail("generate", err);
-            if (world) comm_abort(world, err);
-            return 1;
-        }
-    }
-    int n_gpus = backend_cuda_device_count();
-    Backend *be = backend_open(a.device, n_gpus > 0 ? env.local_rank % n_gpus : 0, err);
-    if (!be) {
-        tokenizer_free(tok);
-        cli_fail("generate", err);
-        if (world) comm_abort(world, err);
-        return 1;
-    }
-    char how[128];
-    if (world && tp_group_use_nccl(&group, &env, world, be, COMM_DEFAULT_TIMEOUT_S, how, sizeof how, err) != 0) {
-        cli_fail("generate", err);
-        comm_abort(world, err);
-    }
-    group.be = be;
-    TensorParallel hooks = tp_group_hooks(&group);
+    Mesh mesh;
+    MeshOptions mo = {.device = a.device, .share_gpus = true, .tensor_parallel_size = a.tensor_parallel_size,
+                      .one_group = true};
+    TensorParallel hooks;
     Model *m = NULL;
-    if (model_load_tp(&m, a.model, be, world ? &hooks : NULL, err) != 0 ||
+    if (mesh_open(&mesh, &env, &mo, err) != 0 ||
+        model_load_tp(&m, a.model, mesh.be, mesh_tensor_parallel(&mesh, &hooks), err) != 0 ||
         (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
         model_free(m);
         tokenizer_free(tok);
-        backend_close(be);
         cli_fail("generate", err);
-        if (world) comm_abort(world, err);
+        mesh_abort(&mesh, err); /* the others may wait in a collective */
+        mesh_close(&mesh);
         return 1;
     }
+    const Backend *be = mesh.be;
     const ModelConfig *cfg = model_config(m);
     int **prompts = NULL, n_prompts = 0, rc = 0;
     size_t *prompt_lens = NULL;
@@ -396,10 +371,8 @@ int cmd_generate(int argc, char **argv) {
     free(prompt_lens);
     json_decref(a.chat_template_kwargs);
     model_free(m);
-    if (world && rc != 0) comm_abort(world, err); /* the others may wait in a collective */
-    tp_group_close(&group); /* its NCCL communicators before the device's backend */
-    backend_close(be);
+    if (rc != 0) mesh_abort(&mesh, err); /* the others may wait in a collective */
+    mesh_close(&mesh);
     tokenizer_free(tok);
-    if (world) comm_close(world);
     return rc;
 }

@@ -11,7 +11,7 @@
  * follow its engine calls turn by turn (serve/serve_turn.h).
  * The key (--api_key or COLT_API_KEY) is read here once and handed to the
  * HTTP gate; a --host other than loopback without one gets a warning.
- * Not the weight channel (serve_loop.c, dist/weight_sync.c) nor the HTTP
+ * Not the weight channel (serve_loop.c, parallel/weight_sync.c) nor the HTTP
  * protocol (http_server.c, openai.c, colt_api.c). */
 #include <errno.h>
 #include <pthread.h>
@@ -32,7 +32,7 @@
 #include "dist/launch_env.h"
 #include "dist/local_launch.h"
 #include "dist/store.h"
-#include "dist/tp_group.h"
+#include "parallel/mesh.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "serve/http_server.h"
@@ -167,9 +167,7 @@ int cmd_serve(int argc, char **argv) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() == 1) return 1; /* it ended before prctl */
     }
-    if (env.world_size != a.tensor_parallel_size)
-        return cli_fail("serve", "colt serve under a launcher needs --tensor_parallel_size equal to the number of "
-                                 "processes");
+    if (mesh_check_tensor_parallel_size(a.tensor_parallel_size, &env, true, err) != 0) return cli_fail("serve", err);
     log_set_rank(env.rank);
     if (env.rank > 0) { /* a follower stops when rank 0 says so; a launcher's SIGTERM to every rank is for rank 0 */
         signal(SIGTERM, SIG_IGN);
@@ -203,45 +201,25 @@ int cmd_serve(int argc, char **argv) {
     free(tok_path);
     if (!have_tok) return cli_fail("serve", "the model folder has no tokenizer.json (colt serve answers in text)");
     if (tokenizer_load(&tok, a.model, err) != 0) return cli_fail("serve", err);
-    /* every rank got this far with the same files and flags: the group, then its device */
-    Comm *world = NULL;
-    TpGroup group = {0};
-    if (env.world_size > 1) {
-        /* host buffers (the hooks stage through the host); a bound on every wait of a follower for rank 0 */
-        CommOptions co = {.kind = COMM_AUTO, .gpu = false, .timeout_s = SERVE_TP_TIMEOUT_S};
-        if (comm_open(&world, &env, &co, err) != 0 ||
-            tp_group_open(&group, world, a.tensor_parallel_size, NULL, err) != 0) {
-            cli_fail("serve", err);
-            if (world) comm_abort(world, err);
-            tokenizer_free(tok);
-            return 1;
-        }
-    }
-    int n_gpus = backend_cuda_device_count();
-    Backend *be = backend_open(a.device, n_gpus > 0 ? env.local_rank % n_gpus : 0, err);
-    if (!be) {
-        tokenizer_free(tok);
-        cli_fail("serve", err);
-        if (world) comm_abort(world, err);
-        return 1;
-    }
-    char how[128] = "";
-    if (world && tp_group_use_nccl(&group, &env, world, be, SERVE_TP_TIMEOUT_S, how, sizeof how, err) != 0) {
-        cli_fail("serve", err);
-        comm_abort(world, err);
-    }
-    group.be = be;
-    TensorParallel hooks = tp_group_hooks(&group);
+    /* every rank got this far with the same files and flags: the group, then its device; a bound on every
+     * wait of a follower for rank 0 */
+    Mesh mesh;
+    MeshOptions mo = {.device = a.device, .share_gpus = true, .tensor_parallel_size = a.tensor_parallel_size,
+                      .one_group = true, .timeout_s = SERVE_TP_TIMEOUT_S};
+    TensorParallel hooks;
     Model *m = NULL;
-    if (model_load_tp(&m, a.model, be, world ? &hooks : NULL, err) != 0 ||
+    if (mesh_open(&mesh, &env, &mo, err) != 0 ||
+        model_load_tp(&m, a.model, mesh.be, mesh_tensor_parallel(&mesh, &hooks), err) != 0 ||
         (a.adapter && model_lora_load(m, a.adapter, err) != 0)) {
         model_free(m);
-        backend_close(be);
         tokenizer_free(tok);
         cli_fail("serve", err);
-        if (world) comm_abort(world, err);
+        mesh_abort(&mesh, err);
+        mesh_close(&mesh);
         return 1;
     }
+    const Backend *be = mesh.be;
+    Comm *world = mesh.world;
     int eos[MODEL_MAX_EOS + 1];
     int n_eos = prompt_stop_ids(eos, model_config(m), tok);
     OpenAIContext ctx = {.tok = tok, .vocab_size = model_config(m)->vocab_size,
@@ -253,12 +231,12 @@ int cmd_serve(int argc, char **argv) {
                                       .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
                                       .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic},
                            .max_model_len = a.max_model_len, .max_queued_sequences = a.max_queued_sequences,
-                           .tp = group.tp};
+                           .tp = mesh.groups.tp};
     ServeLoop *loop = NULL;
     HttpServer *http = NULL;
     int rc = 0;
     if (env.rank > 0) { /* a follower: rank 0's engine calls, until it says stop */
-        if (serve_follow(m, &lo, group.tp, err) != 0) {
+        if (serve_follow(m, &lo, mesh.groups.tp, err) != 0) {
             cli_fail("serve", err);
             comm_abort(world, err);
         }
@@ -275,7 +253,7 @@ int cmd_serve(int argc, char **argv) {
                   a.max_model_len, st.engine.pool_blocks, st.engine.pool_bytes / 1e9);
         if (world)
             log_info0("colt serve: tensor parallel over %d processes (collectives: %s)", a.tensor_parallel_size,
-                      how[0] ? how : "through the host");
+                      mesh.collectives);
         if (http_server_start(&http, &ho, loop, &ctx, err) != 0) rc = cli_fail("serve", err);
     }
     if (rc == 0 && env.rank == 0) {
@@ -325,9 +303,7 @@ int cmd_serve(int argc, char **argv) {
         _exit(1);
     }
     model_free(m);
-    tp_group_close(&group); /* its NCCL communicators before the device's backend */
-    backend_close(be);
+    mesh_close(&mesh);
     tokenizer_free(tok);
-    if (world) comm_close(world);
     return rc;
 }

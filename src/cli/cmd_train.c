@@ -48,10 +48,10 @@ static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess
         return errorf(err, "server_devices: colt starts colt serve itself only when it also starts the training "
                            "processes (no torchrun, srun or mpirun); under a launcher start colt serve yourself and "
                            "set vllm_server_host / vllm_server_port");
-    bool gpu = strcmp(cfg->device, "cpu") != 0 && backend_cuda_device_count() > 0;
+    bool gpu = strcmp(cfg->device, "cpu") != 0 && backend_gpu_count() > 0;
     char visible[256] = "";
     if (gpu) {
-        int count = backend_cuda_device_count();
+        int count = backend_gpu_count();
         const char *parent = getenv("CUDA_VISIBLE_DEVICES");
         char ids[64][16];
         int n_ids = 0;
@@ -217,7 +217,7 @@ static int dry_run(const TrainConfig *cfg, const DryRun *d, int world_size) {
     if (d->device_gb > 0) in.device_bytes = in.device_free = d->device_gb * 1073741824.0;
     else if (!in.gpu) in.device_bytes = in.device_free = in.host_bytes;
     else {
-        Backend *be = backend_cuda_device_count() > 0 ? backend_open("cuda", 0, err) : NULL;
+        Backend *be = backend_gpu_count() > 0 ? backend_open("cuda", 0, err) : NULL;
         size_t free_b = 0, total_b = 0;
         if (be && be->memory_info) be->memory_info(be, &free_b, &total_b);
         if (be) backend_close(be);
@@ -324,7 +324,7 @@ int cmd_train(int argc, char **argv) {
             if (world == 0)
                 world = strcmp(cfg.device, "cpu") == 0 ? 1
                         : cfg.devices                   ? (int)json_array_size(cfg.devices)
-                                                        : backend_cuda_device_count();
+                                                        : backend_gpu_count();
             if (world < 1) world = 1;
         }
         cfg.world_size = (dry.world_size ? dry.world_size : world) / cfg.tensor_parallel_size;
@@ -358,7 +358,7 @@ static int cmd_train_run(TrainConfig *cfg, const LaunchEnv *env, int argc, char 
     if (env->launcher == LAUNCHER_NONE && !local_launch_is_child()) {
         int nproc = cfg->nproc_per_node;
         if (nproc == 0 && strcmp(cfg->device, "cpu") != 0)
-            nproc = cfg->devices ? (int)json_array_size(cfg->devices) : backend_cuda_device_count();
+            nproc = cfg->devices ? (int)json_array_size(cfg->devices) : backend_gpu_count();
         if (nproc > 1) {
             int n_extra = 0;
             while (extra_args[n_extra]) n_extra++;

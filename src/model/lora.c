@@ -169,7 +169,7 @@ int model_lora_attach(Model *m, const LoraConfig *cfg, uint64_t seed, char *err)
     if (check_lora_config(m, cfg, "use_peft", err) != 0) return COLT_ERR;
     lora_alloc(m, cfg);
     LoraState *ls = m->lora;
-    const int size = m->tp.size;
+    const int size = m->tp.tensor_parallel_size;
     size_t max_numel = 0;
     for (int i = 0; i < ls->n_tensors; i++)
         if (tensor_spec_numel(&ls->tensors[i]) > max_numel) max_numel = tensor_spec_numel(&ls->tensors[i]);
@@ -366,11 +366,11 @@ int model_lora_load(Model *m, const char *dir, char *err) {
         }
         host = xrealloc(host, (size_t)whole[0] * (size_t)whole[1] * sizeof(float));
         rc = safetensors_to_f32_finite(host, st, weights_path, err);
-        if (rc == 0 && m->tp.size > 1) {
+        if (rc == 0 && m->tp.tensor_parallel_size > 1) {
             part = xrealloc(part, tensor_spec_numel(s) * sizeof(float));
             model_tp_cut(m, s, host, part);
         }
-        if (rc == 0) m->be->upload(m->be, *s->buf, m->tp.size > 1 ? part : host, tensor_spec_numel(s));
+        if (rc == 0) m->be->upload(m->be, *s->buf, m->tp.tensor_parallel_size > 1 ? part : host, tensor_spec_numel(s));
     }
     free(host);
     free(part);
@@ -402,7 +402,7 @@ static int write_adapters(const Model *m, const char *dir, const char *base_mode
 
 int model_lora_save(const Model *m, const char *dir, const char *base_model, char *err) {
     if (!m->lora) return errorf(err, "%s: the model has no LoRA adapters to save", dir);
-    if (m->tp.size <= 1) return write_adapters(m, dir, base_model, err);
+    if (m->tp.tensor_parallel_size <= 1) return write_adapters(m, dir, base_model, err);
     int rc = m->tp.rank == 0 ? write_adapters(m, dir, base_model, err) : write_adapters(m, NULL, NULL, err);
     float failed = m->tp.rank == 0 && rc != 0; /* rank 0's verdict, summed over the group */
     char sum_err[ERR_LEN];
@@ -426,7 +426,7 @@ static int write_adapters(const Model *m, const char *dir, const char *base_mode
         int64_t whole[2];
         model_tp_whole_shape(m, s, whole);
         float *host = xmalloc((size_t)whole[0] * (size_t)whole[1] * sizeof(float));
-        if (m->tp.size <= 1) m->be->download(m->be, host, *s->buf, tensor_spec_numel(s));
+        if (m->tp.tensor_parallel_size <= 1) m->be->download(m->be, host, *s->buf, tensor_spec_numel(s));
         else if (rc == 0) rc = model_tp_gather_tensor(m, s, host, false, err);
         w[i] = (SafeTensorWrite){.name = s->name, .ndim = 2, .shape = {whole[0], whole[1]}, .data = host};
     }

@@ -153,27 +153,27 @@ int model_tp_check(const ModelConfig *c, int size, char *err) {
     return COLT_OK;
 }
 
-int model_tp_size(const Model *m) { return m->tp.size; }
+int model_tp_size(const Model *m) { return m->tp.tensor_parallel_size; }
 int model_tp_rank(const Model *m) { return m->tp.rank; }
-bool model_tp_graph_safe(const Model *m) { return m->tp.size <= 1 || m->tp.graph_safe; }
+bool model_tp_graph_safe(const Model *m) { return m->tp.tensor_parallel_size <= 1 || m->tp.graph_safe; }
 
-/* cfg's dimensions on one rank of a group of tp->size. */
+/* cfg's dimensions on one rank of a group of tp->tensor_parallel_size. */
 static ModelConfig local_config(const ModelConfig *cfg, const TensorParallel *tp) {
     ModelConfig c = *cfg;
-    c.num_attention_heads /= tp->size;
-    c.num_key_value_heads = c.num_key_value_heads >= tp->size ? c.num_key_value_heads / tp->size : 1;
-    c.intermediate_size /= tp->size;
-    c.vocab_size /= tp->size;
+    c.num_attention_heads /= tp->tensor_parallel_size;
+    c.num_key_value_heads = c.num_key_value_heads >= tp->tensor_parallel_size ? c.num_key_value_heads / tp->tensor_parallel_size : 1;
+    c.intermediate_size /= tp->tensor_parallel_size;
+    c.vocab_size /= tp->tensor_parallel_size;
     return c;
 }
 
 static Model *model_alloc_tp(const ModelConfig *cfg, const Backend *be, const TensorParallel *tp) {
     Model *m = xcalloc(1, sizeof(Model));
     m->cfg = *cfg;
-    m->tp = tp && tp->size > 1 ? *tp : (TensorParallel){.rank = 0, .size = 1};
+    m->tp = tp && tp->tensor_parallel_size > 1 ? *tp : (TensorParallel){.rank = 0, .tensor_parallel_size = 1};
     m->local = local_config(cfg, &m->tp);
     m->vocab_lo = m->tp.rank * m->local.vocab_size;
-    m->kv_copies = m->tp.size > cfg->num_key_value_heads ? m->tp.size / cfg->num_key_value_heads : 1;
+    m->kv_copies = m->tp.tensor_parallel_size > cfg->num_key_value_heads ? m->tp.tensor_parallel_size / cfg->num_key_value_heads : 1;
     m->be = be;
     m->layers = xcalloc((size_t)cfg->num_hidden_layers, sizeof(LayerWeights));
     m->rope_inv_freq = xcalloc((size_t)cfg->head_dim / 2, sizeof(float));
@@ -189,7 +189,7 @@ static Model *model_alloc(const ModelConfig *cfg, const Backend *be) { return mo
 /* The blocks a group of size cuts table entry s into (1: kept whole). */
 static int tp_blocks(const Model *m, const TensorSpec *s) {
     if (s->split == TP_WHOLE) return 1;
-    return s->split == TP_KV_ROWS ? m->tp.size / m->kv_copies : m->tp.size;
+    return s->split == TP_KV_ROWS ? m->tp.tensor_parallel_size / m->kv_copies : m->tp.tensor_parallel_size;
 }
 
 /* Declared in model_internal.h (lora.c cuts and gathers the adapters the same way). */
@@ -206,7 +206,7 @@ static size_t whole_numel(const Model *m, const TensorSpec *s) {
 /* model_tp_cut over elements of es bytes (fp32 on the host, or the storage dtype's raw bytes). */
 static void tp_cut_bytes(const Model *m, const TensorSpec *s, const char *whole, char *part, size_t es) {
     size_t numel = tensor_spec_numel(s);
-    int rank = m->tp.rank, size = m->tp.size;
+    int rank = m->tp.rank, size = m->tp.tensor_parallel_size;
     if (s->split != TP_COLS) { /* whole, or a block of consecutive rows */
         size_t block = s->split == TP_WHOLE ? 0 : (size_t)(s->split == TP_KV_ROWS ? rank / m->kv_copies : rank);
         memcpy(part, whole + block * numel * es, numel * es);
@@ -266,7 +266,7 @@ ModelPartReceiver *model_part_receiver_create(Model *m, size_t *whole_bytes) {
 void model_part_receiver_put(ModelPartReceiver *r, const void *piece, size_t n) {
     const Backend *be = r->m->be;
     const size_t es = dtype_size(be->storage);
-    const int rank = r->m->tp.rank, size = r->m->tp.size;
+    const int rank = r->m->tp.rank, size = r->m->tp.tensor_parallel_size;
     size_t lo = r->pos, hi = r->pos + n;
     COLT_ASSERT(lo % es == 0 && n % es == 0); /* pieces of whole elements (weight_sync's buckets are) */
     while (r->next < r->whole->n_tensors) {
@@ -317,7 +317,7 @@ static void model_alloc_weights(Model *m) {
 }
 
 Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraConfig *lora, int tp_size) {
-    TensorParallel tp = {.rank = 0, .size = tp_size}; /* a layout only: no collective ever runs on a shell */
+    TensorParallel tp = {.rank = 0, .tensor_parallel_size = tp_size}; /* a layout only: no collective ever runs on a shell */
     Model *m = model_alloc_tp(cfg, be, tp_size > 1 ? &tp : NULL);
     if (lora) lora_plan(m, lora);
     return m;
@@ -362,11 +362,11 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
     *out = NULL;
     ModelConfig cfg;
     if (model_config_load(&cfg, NULL, dir, err) != 0) return COLT_ERR;
-    if (tp && model_tp_check(&cfg, tp->size, err) != 0) return COLT_ERR;
+    if (tp && model_tp_check(&cfg, tp->tensor_parallel_size, err) != 0) return COLT_ERR;
     SafeTensorsSet set;
     if (safetensors_open_dir(&set, dir, err) != 0) return COLT_ERR;
     Model *m = model_alloc_tp(&cfg, be, tp);
-    const int size = m->tp.size;
+    const int size = m->tp.tensor_parallel_size;
     int n = 0;
     TensorSpec *t = model_tensor_table(m, &n);
     char *where = set.n_files == 1 ? xstrdup(set.paths[0]) : path_join(dir, "model.safetensors.index.json");
@@ -450,9 +450,9 @@ int model_create_random_tp(Model **out, const ModelConfig *cfg, uint64_t seed, c
                            const TensorParallel *tp, char *err) {
     *out = NULL;
     if (check_random_config(cfg, err) != 0) return COLT_ERR;
-    if (tp && model_tp_check(cfg, tp->size, err) != 0) return COLT_ERR;
+    if (tp && model_tp_check(cfg, tp->tensor_parallel_size, err) != 0) return COLT_ERR;
     Model *m = model_alloc_tp(cfg, be, tp);
-    const int size = m->tp.size;
+    const int size = m->tp.tensor_parallel_size;
     int n = 0;
     TensorSpec *t = model_tensor_table(m, &n);
     size_t max_numel = 0;
@@ -640,7 +640,7 @@ static int tp_announce(const Model *m, int mine, int *got, char *err) {
  * whole model's merge is. */
 int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bool merge, char *err) {
     const Backend *be = m->be;
-    size_t numel = tensor_spec_numel(s), size = (size_t)m->tp.size;
+    size_t numel = tensor_spec_numel(s), size = (size_t)m->tp.tensor_parallel_size;
     if (s->split == TP_WHOLE) {
         be->download(be, whole, *s->buf, numel);
         if (merge) lora_merge_into(m, s->buf, whole);
@@ -678,7 +678,7 @@ int model_tp_gather_tensor(const Model *m, const TensorSpec *s, float *whole, bo
 static void save_fill(float *dst, size_t start, size_t count, void *ctx) {
     SaveFill *f = ctx;
     const Backend *be = f->m->be;
-    if (f->m->tp.size > 1) {
+    if (f->m->tp.tensor_parallel_size > 1) {
         if (start == 0) {
             f->whole = xcalloc(f->numel, sizeof(float));
             int next = 0;
@@ -742,13 +742,13 @@ static void remove_other_layout(const char *dir, bool sharded) {
 static int save_weights(const Model *m, const char *dir, DType dtype, bool merge, size_t max_shard_bytes, char *err) {
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
         return errorf(err, "%s: model_save writes F32 or BF16 only", dir);
-    if (m->tp.size > 1 && m->tp.rank != 0) { /* the group's rank 0 writes: take part in its gathers */
+    if (m->tp.tensor_parallel_size > 1 && m->tp.rank != 0) { /* the group's rank 0 writes: take part in its gathers */
         int n = 0;
         TensorSpec *t = model_tensor_table((Model *)m, &n);
         size_t max_numel = 0;
         for (int i = 0; i < n; i++)
             if (tensor_spec_numel(&t[i]) > max_numel) max_numel = tensor_spec_numel(&t[i]);
-        float *whole = xmalloc(max_numel * (size_t)m->tp.size * sizeof(float));
+        float *whole = xmalloc(max_numel * (size_t)m->tp.tensor_parallel_size * sizeof(float));
         int rc = COLT_OK, next = 0;
         while (rc == 0 && (rc = tp_announce(m, 0, &next, err)) == 0 && next > 0 && next <= n)
             rc = model_tp_gather_tensor(m, &t[next - 1], whole, merge, err);
@@ -816,7 +816,7 @@ static int save_weights(const Model *m, const char *dir, DType dtype, bool merge
         } else json_decref(map);
     }
     int done = 0; /* the others stop waiting for tensors, also after a failed write */
-    if (m->tp.size > 1 && !gather_failed && tp_announce(m, 0, &done, gather_err) != 0) gather_failed = true;
+    if (m->tp.tensor_parallel_size > 1 && !gather_failed && tp_announce(m, 0, &done, gather_err) != 0) gather_failed = true;
     if (rc == 0 && gather_failed) rc = errorf(err, "%s: gathering the tensor-parallel parts: %s", dir, gather_err);
     if (rc == 0) rc = save_configs(&m->cfg, dir, dtype, err);
     for (int i = 0; i < n; i++) free(fills[i].whole);
@@ -880,7 +880,7 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
     st->want_rows = xmalloc(N * sizeof(int));
     st->ids = xmalloc(N * sizeof(int));
     st->logits = backend_alloc_counted(be, N * (size_t)m->cfg.vocab_size, &st->bytes);
-    if (m->tp.size > 1) {
+    if (m->tp.tensor_parallel_size > 1) {
         st->logits_part = backend_alloc_counted(be, N * (size_t)c->vocab_size, &st->bytes);
         st->logits_gathered = backend_alloc_counted(be, N * (size_t)m->cfg.vocab_size, &st->bytes);
     }
@@ -934,7 +934,7 @@ int model_tp_sum_host(const Model *m, float *v, char *err) {
 }
 
 int model_tp_sum(const Model *m, void *x, size_t n, char *err) {
-    if (m->tp.size <= 1) return COLT_OK;
+    if (m->tp.tensor_parallel_size <= 1) return COLT_OK;
     return m->tp.all_reduce(m->tp.ctx, x, n, false, err);
 }
 
@@ -946,7 +946,7 @@ void model_tp_local_ids(const Model *m, int *ids, const int *tokens, int n) {
 int model_embed(const Model *m, void *x, const int *tokens, int *ids, int n, char *err) {
     const Backend *be = m->be;
     int D = m->local.hidden_size;
-    if (m->tp.size <= 1) {
+    if (m->tp.tensor_parallel_size <= 1) {
         be->embedding(be, x, m->embed, tokens, n, D);
         return COLT_OK;
     }
@@ -956,11 +956,11 @@ int model_embed(const Model *m, void *x, const int *tokens, int *ids, int n, cha
 }
 
 int model_tp_gather_logits(const Model *m, void *full, const void *local, void *gathered, int k, char *err) {
-    if (m->tp.size <= 1) return COLT_OK;
+    if (m->tp.tensor_parallel_size <= 1) return COLT_OK;
     size_t Vp = (size_t)m->local.vocab_size, V = (size_t)m->cfg.vocab_size;
     if (m->tp.all_gather(m->tp.ctx, gathered, local, (size_t)k * Vp, false, err) != 0) return COLT_ERR;
     size_t es = dtype_size(m->be->storage);
-    for (int r = 0; r < m->tp.size; r++) /* rank r's [k, V'] block: columns [r V', (r + 1) V') of full */
+    for (int r = 0; r < m->tp.tensor_parallel_size; r++) /* rank r's [k, V'] block: columns [r V', (r + 1) V') of full */
         m->be->copy_2d(m->be, (char *)full + (size_t)r * Vp * es, V, (const char *)gathered + (size_t)r * k * Vp * es,
                        Vp, k, (int)Vp);
     return COLT_OK;
@@ -1104,7 +1104,7 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->gather_rows(be, st->rows, st->xn, st->want_rows, n_want, D);
         rows = st->rows;
     }
-    if (m->tp.size > 1) { /* this rank's vocabulary columns, then the group's side by side */
+    if (m->tp.tensor_parallel_size > 1) { /* this rank's vocabulary columns, then the group's side by side */
         be->linear(be, st->logits_part, rows, m->lm_head, NULL, n_want, D, c->vocab_size);
         if (model_tp_gather_logits(m, st->logits, st->logits_part, st->logits_gathered, n_want, err) != 0)
             return COLT_ERR;

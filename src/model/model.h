@@ -86,10 +86,11 @@ typedef struct Model Model;
  * of the group runs the same calls on the same tokens. The hooks are the
  * caller's (the dist layer); buffers are the backend's. */
 typedef struct TensorParallel {
-    int rank, size;
+    int rank;                 /* this rank in the group */
+    int tensor_parallel_size; /* the group's size: the setting's own name, from the config to here */
     /* x[n] summed over the group, in place (storage dtype, or [f32] when f32). */
     int (*all_reduce)(void *ctx, void *x, size_t n, bool f32, char *err);
-    /* out[size * n] = every rank's in[n], in rank order. */
+    /* out[tensor_parallel_size * n] = every rank's in[n], in rank order. */
     int (*all_gather)(void *ctx, void *out, const void *in, size_t n, bool f32, char *err);
     /* The hooks only enqueue work on the backend's stream: a CUDA graph can record them. */
     bool graph_safe;
@@ -165,7 +166,7 @@ struct LoraConfig;
 /* tp_size > 1: the layout of one rank's part under tensor parallelism. */
 Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora, int tp_size);
 /* A whole model's weights into a tensor-parallel part (the weight channel of
- * a tensor-parallel colt serve, dist/weight_sync.c): the whole model's arena
+ * a tensor-parallel colt serve, parallel/weight_sync.c): the whole model's arena
  * — as a whole model of m's config lays it out on a backend of m's storage
  * dtype, padding included — given in pieces in order from its first byte,
  * each in m's backend memory and a whole number of storage elements; m's part

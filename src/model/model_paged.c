@@ -91,7 +91,7 @@ int paged_state_create(PagedState **out, const Model *m, int max_tokens, int max
     st->rows = backend_alloc_counted(be, (size_t)max_logit_rows * D, &st->bytes);
     size_t V = (size_t)m->cfg.vocab_size;
     st->logits = backend_alloc_counted(be, (size_t)max_logit_rows * V, &st->bytes);
-    if (m->tp.size > 1) {
+    if (m->tp.tensor_parallel_size > 1) {
         st->ids = be->alloc_i32(be, N);
         st->bytes += N * sizeof(int);
         st->logits_part = backend_alloc_counted(be, (size_t)max_logit_rows * (size_t)c->vocab_size, &st->bytes);
@@ -106,10 +106,10 @@ size_t paged_state_plan_bytes(const Model *m, int max_tokens, int max_logit_rows
     size_t N = (size_t)max_tokens, R = (size_t)max_logit_rows, D = (size_t)c->hidden_size,
            F = (size_t)c->intermediate_size, QD = (size_t)c->num_attention_heads * c->head_dim,
            KVD = (size_t)c->num_key_value_heads * c->head_dim;
-    size_t V = (size_t)m->cfg.vocab_size, tp_logits = m->tp.size > 1 ? R * ((size_t)c->vocab_size + V) : 0;
+    size_t V = (size_t)m->cfg.vocab_size, tp_logits = m->tp.tensor_parallel_size > 1 ? R * ((size_t)c->vocab_size + V) : 0;
     size_t elems = N * (3 * D + 2 * QD + 2 * KVD + 2 * F + (QD + 2 * KVD) + 2 * F) + R * D + R * V + tp_logits +
                    N * ((size_t)lora_rank(m) + (size_t)lora_max_out_dim(m));
-    return elems * dtype_size(m->be->storage) + (m->tp.size > 1 ? N * sizeof(int) : 0);
+    return elems * dtype_size(m->be->storage) + (m->tp.tensor_parallel_size > 1 ? N * sizeof(int) : 0);
 }
 
 void paged_state_free(PagedState *st) {
@@ -151,7 +151,7 @@ void *model_decode_plan_create(const Model *m, const KvPool *kv, int max_blocks)
     const Backend *be = m->be;
     const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     /* the kernel has no q/k norm, no adapter term and no collectives */
-    if (!be->decode_layers_create || model_has_qk_norm(c) || m->lora || m->tp.size > 1) return NULL;
+    if (!be->decode_layers_create || model_has_qk_norm(c) || m->lora || m->tp.tensor_parallel_size > 1) return NULL;
     int L = c->num_hidden_layers;
     DecodeLayerWeights *layers = xcalloc((size_t)L, sizeof(DecodeLayerWeights));
     bool ok = true;
@@ -181,7 +181,7 @@ int model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedB
     const ModelConfig *c = &m->local; /* this rank's part under tensor parallelism */
     const Backend *be = m->be;
     const int n = b->n, D = c->hidden_size;
-    if (m->tp.size > 1) { /* vocabulary-parallel: this rank's rows, others' tokens zeros, summed */
+    if (m->tp.tensor_parallel_size > 1) { /* vocabulary-parallel: this rank's rows, others' tokens zeros, summed */
         be->vocab_shard_ids_i32(be, st->ids, b->tokens, n, m->vocab_lo, m->vocab_lo + c->vocab_size);
         be->embedding_i32(be, st->x, m->embed, st->ids, n, D);
         if (model_tp_sum(m, st->x, (size_t)n * D, err) != 0) return COLT_ERR;
@@ -213,7 +213,7 @@ int model_forward_paged(Model *m, PagedState *st, const KvPool *kv, const PagedB
         rows = st->rows;
     }
     be->rmsnorm(be, st->xn, rows, m->final_norm, b->n_logits, D, c->rms_norm_eps);
-    if (m->tp.size <= 1) {
+    if (m->tp.tensor_parallel_size <= 1) {
         be->linear(be, st->logits, st->xn, m->lm_head, NULL, b->n_logits, D, c->vocab_size);
         return COLT_OK;
     }

@@ -39,9 +39,9 @@ ModelParam model_param(const Model *m, int index) {
 
 int model_param_copies(const Model *m, int index) {
     COLT_ASSERT(index >= 0 && index < model_param_count(m));
-    if (m->tp.size <= 1) return 1;
+    if (m->tp.tensor_parallel_size <= 1) return 1;
     TpSplit split = m->lora ? m->lora->tensors[index].split : m->tensors[index].split;
-    return split == TP_WHOLE ? m->tp.size : split == TP_KV_ROWS ? m->kv_copies : 1;
+    return split == TP_WHOLE ? m->tp.tensor_parallel_size : split == TP_KV_ROWS ? m->kv_copies : 1;
 }
 
 size_t model_param_offset(const Model *m, int index) {
@@ -338,7 +338,7 @@ size_t train_state_bytes(const TrainState *st) { return st ? st->bytes : 0; }
 
 int model_grads_sum_squares(const Model *m, const ModelGrads *g, double *out, char *err) {
     const Backend *be = m->be;
-    if (m->tp.size <= 1) {
+    if (m->tp.tensor_parallel_size <= 1) {
         *out = be->sum_squares(be, g->flat, g->flat_numel); /* padding is 0 */
         return COLT_OK;
     }
@@ -372,13 +372,13 @@ static size_t kv_grads_numel(const Model *m) {
     return 2 * (KVD * D + KVD) + 2 * KVD * (size_t)lora_rank(m);
 }
 static size_t kv_blocks_numel(const Model *m) {
-    return (size_t)(m->tp.size / m->kv_copies) * kv_grads_numel(m);
+    return (size_t)(m->tp.tensor_parallel_size / m->kv_copies) * kv_grads_numel(m);
 }
 
 /* Tensor parallel LoRA: elements of lora_shared (one r * D slot per adapted
  * layer kind), 0 for a whole model or without adapters. */
 static size_t lora_shared_numel(const Model *m) {
-    if (!m->lora || m->tp.size <= 1) return 0;
+    if (!m->lora || m->tp.tensor_parallel_size <= 1) return 0;
     size_t kinds = 0;
     for (int k = 0; k < LORA_N_TARGETS; k++) kinds += (m->lora->cfg.targets >> k) & 1u;
     return kinds * (size_t)m->lora->cfg.r * (size_t)m->local.hidden_size;
@@ -397,7 +397,7 @@ size_t train_state_plan_bytes(const Model *m, int n_slots, int max_len, int max_
     size_t lora = (2 * N * (size_t)lora_rank(m) + N * (size_t)lora_max_out_dim(m)) * es;
     if (m->lora && m->lora->cfg.dropout > 0.0f) lora += 2 * N * (size_t)lora_max_in_dim(m) * es;
     lora += lora_shared_numel(m) * 4;
-    size_t tp_stats = m->tp.size > 1 ? (size_t)(m->tp.size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) +
+    size_t tp_stats = m->tp.tensor_parallel_size > 1 ? (size_t)(m->tp.tensor_parallel_size + 1) * C * 4 * 4 + (qk_lin ? 2 * (size_t)c->head_dim * 4 : 0) +
                                            (m->kv_copies > 1 ? kv_blocks_numel(m) * 4 : 0)
                                      : 0;
     size_t shared = (5 * N * D + 2 * N * KVD + 2 * N * QD + 4 * N * F + 2 * C * D + C * V) * es + 2 * C * 4 +
@@ -436,8 +436,8 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
     st->chunk_targets = xmalloc(C * sizeof(int));
     st->chunk_host = xmalloc(C * sizeof(float));
     st->ids = xmalloc(N * sizeof(int));
-    if (m->tp.size > 1) {
-        size_t tp = (size_t)m->tp.size;
+    if (m->tp.tensor_parallel_size > 1) {
+        size_t tp = (size_t)m->tp.tensor_parallel_size;
         st->row_lse = xmalloc(N * sizeof(float));
         st->stats_host = xmalloc(tp * C * 4 * sizeof(float));
         st->chunk_stats = backend_alloc_f32_counted(be, C * 4, &st->bytes);
@@ -584,7 +584,7 @@ static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
     int D = m->local.hidden_size;
     be->gather_rows(be, st->chunk_rows, st->xn_final, st->rows + r0, c, D);
     for (int r = 0; r < c; r++) st->chunk_targets[r] = st->targets[st->rows[r0 + r]];
-    if (m->tp.size > 1) model_tp_local_ids(m, st->chunk_targets, st->chunk_targets, c); /* -1: another rank's */
+    if (m->tp.tensor_parallel_size > 1) model_tp_local_ids(m, st->chunk_targets, st->chunk_targets, c); /* -1: another rank's */
     be->linear(be, st->chunk_logits, st->chunk_rows, m->lm_head, NULL, c, D, m->local.vocab_size);
 }
 
@@ -594,7 +594,7 @@ static void lm_head_chunk(const Model *m, TrainState *st, int r0, int c) {
 static int tp_chunk_logprobs(const Model *m, TrainState *st, int r0, int cn, float *logprobs, float *entropy,
                              char *err) {
     const Backend *be = m->be;
-    int size = m->tp.size;
+    int size = m->tp.tensor_parallel_size;
     be->logits_shard_stats(be, st->chunk_stats, st->chunk_logits, st->chunk_targets, cn, m->local.vocab_size,
                            st->temperature);
     if (m->tp.all_gather(m->tp.ctx, st->stats_all, st->chunk_stats, (size_t)cn * 4, true, err) != 0) return COLT_ERR;
@@ -721,7 +721,7 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
     for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
         int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
-        if (m->tp.size > 1) {
+        if (m->tp.tensor_parallel_size > 1) {
             if (tp_chunk_logprobs(m, st, r0, cn, logprobs, entropy, err) != 0) return COLT_ERR;
             continue;
         }
@@ -867,7 +867,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
         lm_head_chunk(m, st, r0, cn);
         for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
         be->upload_f32(be, st->chunk_lp, st->chunk_host, (size_t)cn);
-        if (m->tp.size > 1) { /* the whole row's log-sum-exp from the forward */
+        if (m->tp.tensor_parallel_size > 1) { /* the whole row's log-sum-exp from the forward */
             for (int r = 0; r < cn; r++) st->chunk_host[r] = st->row_lse[st->rows[r0 + r]];
             be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
             be->log_softmax_shard_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp,
@@ -920,7 +920,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
             be->zero(be, st->dq_lin, (size_t)n * QD);
             be->zero(be, st->dk_lin, (size_t)n * KVD);
             /* under tensor parallelism each rank sees its heads only: the norms' gradients are summed over the group */
-            bool tp = m->tp.size > 1 && gw->q_norm;
+            bool tp = m->tp.tensor_parallel_size > 1 && gw->q_norm;
             void *dqn = tp ? st->dqk_norm : gw->q_norm, *dkn = tp ? (float *)st->dqk_norm + Dh : gw->k_norm;
             if (tp) be->zero_f32(be, st->dqk_norm, 2 * (size_t)Dh);
             be->rmsnorm_backward(be, st->dq_lin, dqn, st->dq, a->q_lin, w->q_norm, n * H, Dh, c->rms_norm_eps);

@@ -1,7 +1,7 @@
 /* serve_client.h — colt train's side of server mode: an HTTP client (libcurl)
  * of a running colt serve's colt endpoints (serve/colt_api.h). Every call is
  * bounded by the client's timeout; errors name the server's address.
- * Not the weight channel itself (dist/weight_sync.h), not the trainer loop. */
+ * Not the weight channel itself (parallel/weight_sync.h), not the trainer loop. */
 #ifndef COLT_SERVE_SERVE_CLIENT_H
 #define COLT_SERVE_SERVE_CLIENT_H
 

@@ -25,7 +25,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 #include "serve/serve_turn.h"
 
 #define IDLE_WAIT_S 0.1 /* the loop's longest sleep with nothing to do */

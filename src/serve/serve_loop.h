@@ -83,7 +83,7 @@ void serve_request_cancel(ServeLoop *l, ServeRequest *r, int choice);
 /* Seconds from submission to its first token (0 until there is one). */
 double serve_request_first_token_seconds(ServeRequest *r);
 
-/* The weight-update channel (dist/weight_sync.h), run by the engine thread
+/* The weight-update channel (parallel/weight_sync.h), run by the engine thread
  * between engine steps in the order asked (one process: OPEN's wait for the
  * trainer runs on a thread of its own, so generation goes on meanwhile and
  * the operations after it wait; serve_loop_stop cuts that wait short): OPEN

@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "dist/comm.h"
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 #include "engine/engine.h"
 #include "serve/serve_loop.h"
 

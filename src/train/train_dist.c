@@ -7,10 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <unistd.h>
 
-#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
+#include "parallel/mesh.h"
 #include "train/optim.h"
 
 int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_each, char *err) {
@@ -26,32 +25,15 @@ int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_ea
 int train_dist_open_gradients(TrainDist *d, const LaunchEnv *env, const Backend *be, int device, void *grads,
                               size_t n, size_t bucket_bytes, double timeout_s, char *how, size_t how_size, char *err) {
     snprintf(how, how_size, "%s", d->world == 1 ? "one process" : "summed on the host in rank order");
-    bool gpu = strncmp(be->name, "cuda", 4) == 0; /* a CUDA instance (cuda, cuda_f32) */
-    if (d->world == 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
+    if (d->world == 1 || !be->nccl_capable || !comm_built(COMM_NCCL)) return COLT_OK;
     /* NCCL refuses two ranks on one GPU: those keep the host path. */
-    typedef struct {
-        char host[64], bus[32];
-    } Card;
-    Card mine;
-    memset(&mine, 0, sizeof mine);
-    gethostname(mine.host, sizeof mine.host - 1);
-    backend_cuda_pci_bus_id(be, mine.bus, sizeof mine.bus);
-    Card *all = xcalloc((size_t)d->world, sizeof(Card));
-    if (train_dist_gather(d, all, &mine, sizeof mine, err) != 0) {
-        free(all);
-        return COLT_ERR;
-    }
-    int shared_a = -1, shared_b = -1;
-    for (int a = 0; a < d->world && shared_a < 0; a++)
-        for (int b = a + 1; b < d->world && shared_a < 0; b++)
-            if (!strcmp(all[a].host, all[b].host) && !strcmp(all[a].bus, all[b].bus)) shared_a = a, shared_b = b;
-    if (shared_a >= 0) {
-        snprintf(how, how_size, "summed on the host in rank order: ranks %d and %d share GPU %s, which NCCL refuses",
-                 shared_a, shared_b, all[shared_a].bus);
-        free(all);
+    bool own = false;
+    char why[128];
+    if (mesh_ranks_own_devices(&own, why, sizeof why, d->comm, be, err) != 0) return COLT_ERR;
+    if (!own) {
+        snprintf(how, how_size, "summed on the host in rank order: %s, which NCCL refuses", why);
         return COLT_OK;
     }
-    free(all);
     /* The host communicator's store, where it has one (the NCCL id travels over MPI otherwise). */
     CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = device, .timeout_s = timeout_s,
                       .store = comm_store(d->comm)};
@@ -79,8 +61,8 @@ bool train_dist_overlaps(const TrainDist *d) { return d->grad_comm != NULL; }
  * everything the compute stream has been given so far. */
 static int launch_bucket(TrainDist *d, char *err) {
     if (d->n_pending == 0) return COLT_OK;
-    backend_cuda_comm_after_compute(d->be);
-    void *stream = backend_cuda_comm_stream(d->be);
+    backend_comm_after_compute(d->be);
+    void *stream = backend_comm_stream(d->be);
     d->in_flight = true;
     for (int i = 0; i < d->n_pending; i++)
         if (comm_all_reduce(d->grad_comm, d->grads + d->pending[i][0], d->pending[i][1] - d->pending[i][0],
@@ -117,7 +99,7 @@ static int overlap_finish(TrainDist *d, char *err) {
         d->n_pending = 1;
     } else COLT_ASSERT(d->announced_n == d->grads_n);
     int rc = launch_bucket(d, err);
-    if (rc == 0) rc = comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err);
+    if (rc == 0) rc = comm_wait(d->grad_comm, backend_comm_stream(d->be), err);
     if (rc == 0) d->in_flight = false;
     d->announced_n = 0;
     d->n_pending = 0;
@@ -162,8 +144,8 @@ int train_dist_gather_shards(TrainDist *d, const Backend *be, void *buf, size_t 
     if (d->world == 1 || numel == 0) return COLT_OK;
     size_t es = dtype_size(be->storage), lo, hi;
     if (d->grad_comm) {
-        backend_cuda_comm_after_compute(be);
-        void *stream = backend_cuda_comm_stream(be);
+        backend_comm_after_compute(be);
+        void *stream = backend_comm_stream(be);
         d->in_flight = true;
         for (int r = 0; r < d->world; r++) {
             optim_shard_bounds(numel, d->world, r, &lo, &hi);
@@ -228,7 +210,7 @@ static void zero2_add(TrainDist *d, const void *data, size_t lo, size_t hi) {
 
 int train_dist_zero2_finish_backward(TrainDist *d, char *err) {
     if (!d->z2_pending) return COLT_OK;
-    if (comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err) != 0) return COLT_ERR;
+    if (comm_wait(d->grad_comm, backend_comm_stream(d->be), err) != 0) return COLT_ERR;
     d->in_flight = false;
     d->z2_pending = false;
     zero2_add(d, d->z2_pdata, d->z2_plo, d->z2_phi);
@@ -248,7 +230,7 @@ int train_dist_zero2_ready(void *ctx, size_t lo, size_t hi, char *err) {
         /* The stage before this one is summed by now (or soon): add it, then
          * send this one; it overlaps the next layer's backward. */
         if (train_dist_zero2_finish_backward(d, err) != 0) return COLT_ERR;
-        backend_cuda_comm_after_compute(d->be);
+        backend_comm_after_compute(d->be);
         d->in_flight = true;
         /* each rank's part of the stage reduced to it alone: half an all_reduce's traffic */
         size_t numel = 0, a, b;
@@ -256,7 +238,7 @@ int train_dist_zero2_ready(void *ctx, size_t lo, size_t hi, char *err) {
         for (int r = 0; r < d->world; r++) {
             rank_piece(numel, d->world, r, lo, hi, &a, &b);
             if (a < b && comm_reduce(d->grad_comm, (char *)data + (a - lo) * sizeof(float), b - a, COMM_FLOAT32, r,
-                                     backend_cuda_comm_stream(d->be), err) != 0)
+                                     backend_comm_stream(d->be), err) != 0)
                 return COLT_ERR;
         }
         d->z2_pending = true;
@@ -351,8 +333,8 @@ static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, const void *s
          * window's last user); NCCL then broadcasts each piece from its rank */
         if (b > a) be->copy(be, dst, a - lo, shard, a - my_lo, b - a);
         if (d->world == 1) return COLT_OK;
-        backend_cuda_comm_after_compute(be);
-        void *stream = backend_cuda_comm_stream(be);
+        backend_comm_after_compute(be);
+        void *stream = backend_comm_stream(be);
         d->in_flight = true;
         for (int r = 0; r < d->world; r++) {
             zero3_piece(d, r, lo, hi, &a, &b);
@@ -372,7 +354,7 @@ static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, const void *s
 static int zero3_wait(void *ctx, char *err) {
     TrainDist *d = ctx;
     if (!d->grad_comm || !d->in_flight) return COLT_OK;
-    if (comm_wait(d->grad_comm, backend_cuda_comm_stream(d->be), err) != 0) return COLT_ERR;
+    if (comm_wait(d->grad_comm, backend_comm_stream(d->be), err) != 0) return COLT_ERR;
     d->in_flight = false;
     return COLT_OK;
 }

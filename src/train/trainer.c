@@ -27,15 +27,15 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "data/rewards.h"
-#include "dist/tp_group.h"
-#include "dist/weight_sync.h"
+#include "parallel/mesh.h"
+#include "parallel/tp_group.h"
+#include "parallel/weight_sync.h"
 #include "engine/engine.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -525,7 +525,7 @@ static int choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *
     *group_size = json_is_integer(ws) && json_integer_value(ws) >= 2 && json_integer_value(ws) <= 4096
                       ? (int)json_integer_value(ws) : 2;
     const char *device = json_string_value(json_object_get(info, "device"));
-    bool server_gpu = device && strncmp(device, "cuda", 4) == 0, trainer_gpu = strncmp(t->be->name, "cuda", 4) == 0;
+    bool server_gpu = backend_kind_is_gpu(device), trainer_gpu = backend_is_gpu(t->be);
     bool server_deterministic = json_is_true(json_object_get(info, "deterministic"));
     if (server_deterministic != t->engine_opts.deterministic)
         log_info0("server mode: deterministic mode is %s here and %s on the server: completions and log-probs may "
@@ -1539,10 +1539,7 @@ static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
     t->writer = env->rank == 0;
     log_set_rank(env->rank);
     int tp = t->cfg->tensor_parallel_size;
-    if (env->world_size == 1 && tp > 1)
-        return errorf(err, "tensor_parallel_size %d runs one process per part: start %d (or a multiple) with mpirun "
-                           "-np or torchrun --nproc_per_node",
-                      tp, tp);
+    if (mesh_check_tensor_parallel_size(tp, env, false, err) != 0) return COLT_ERR;
     if (env->world_size == 1) return COLT_OK;
     /* Collectives here run on host buffers (gradients are staged through the
      * host), so CPU transports serve GPU ranks too. */
@@ -1643,56 +1640,19 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
 /* The GPU this rank computes on: local rank r takes devices[r], or GPU r. It
  * never touches another (no context is created on any other device). */
 static int choose_device(const TrainConfig *c, const LaunchEnv *env, int *device, char *err) {
-    *device = 0;
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-    if (strcmp(c->device, "cpu") == 0) return COLT_OK; /* CPU ranks, on purpose */
-    int n_gpus = backend_cuda_device_count();
-    if (n_gpus == 0) {
-        if (strcmp(c->device, "auto") == 0 && env->world_size > 1)
-            return errorf(err, "no GPU is visible to this process (CUDA_VISIBLE_DEVICES=%s) but %d processes were "
-                               "launched: pass --device cpu to run CPU ranks on purpose",
-                          cvd ? cvd : "unset", env->world_size);
-        return COLT_OK; /* auto: the CPU; cuda: backend_open says there is no GPU */
-    }
-    if (c->devices) {
-        size_t n = json_array_size(c->devices);
-        if ((size_t)env->local_rank >= n)
-            return errorf(err, "local rank %d has no entry in devices (%zu listed for %d processes on this node)",
-                          env->local_rank, n, env->local_world_size);
-        *device = (int)json_integer_value(json_array_get(c->devices, (size_t)env->local_rank));
-        if (*device >= n_gpus)
-            return errorf(err, "devices[%d] is GPU %d, but this process sees %d (CUDA_VISIBLE_DEVICES=%s)",
-                          env->local_rank, *device, n_gpus, cvd ? cvd : "unset");
-        return COLT_OK;
-    }
-    if (env->local_rank >= n_gpus)
-        return errorf(err, "local rank %d of %d on this node has no GPU of its own: %d visible (CUDA_VISIBLE_DEVICES=%s); "
-                           "start at most %d processes per node, or list devices to share GPUs on purpose",
-                      env->local_rank, env->local_world_size, n_gpus, cvd ? cvd : "unset", n_gpus);
-    *device = env->local_rank;
-    return COLT_OK;
+    size_t n = json_array_size(c->devices);
+    int *listed = xcalloc(n ? n : 1, sizeof(int));
+    for (size_t i = 0; i < n; i++) listed[i] = (int)json_integer_value(json_array_get(c->devices, i));
+    MeshOptions o = {.device = c->device, .devices = c->devices ? listed : NULL, .n_devices = (int)n};
+    int rc = mesh_choose_device(device, &o, env, err);
+    free(listed);
+    return rc;
 }
 
-/* Ranks on one host must see the same GPUs, or "local rank r takes GPU r" means
- * different cards to different ranks. */
+/* Ranks on one host must see the same GPUs (mesh.h), compared over t->dist's
+ * ranks: under tensor parallelism the data-parallel group, as before. */
 static int check_visible_devices(Trainer *t, char *err) {
-    if (t->dist.world == 1) return COLT_OK;
-    typedef struct {
-        char host[64], visible[192];
-    } Seen;
-    Seen mine;
-    memset(&mine, 0, sizeof mine);
-    gethostname(mine.host, sizeof mine.host - 1);
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-    snprintf(mine.visible, sizeof mine.visible, "%s", cvd ? cvd : "(unset)");
-    Seen *all = xcalloc((size_t)t->dist.world, sizeof(Seen));
-    int rc = train_dist_gather(&t->dist, all, &mine, sizeof mine, err);
-    for (int r = 0; rc == 0 && r < t->dist.world; r++)
-        if (strcmp(all[r].host, mine.host) == 0 && strcmp(all[r].visible, mine.visible) != 0)
-            rc = errorf(err, "CUDA_VISIBLE_DEVICES differs between ranks on host %s: rank %d has %s, rank %d has %s",
-                        mine.host, r, all[r].visible, t->dist.rank, mine.visible);
-    free(all);
-    return rc;
+    return mesh_check_visible_devices(t->dist.world > 1 ? t->dist.comm : NULL, t->dist.rank, err);
 }
 
 /* The inputs of this run's memory plan (memory_plan.h): the settings, the
@@ -1701,7 +1661,7 @@ void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelCo
                         int world_size, int max_prompt_tokens, LoraConfig *lora_out) {
     memset(in, 0, sizeof *in);
     in->model = *mc;
-    in->gpu = be ? strncmp(be->name, "cuda", 4) == 0 : strcmp(c->device, "cpu") != 0;
+    in->gpu = be ? backend_is_gpu(be) : strcmp(c->device, "cpu") != 0;
     in->storage = be ? be->storage : in->gpu ? DTYPE_BF16 : DTYPE_F32;
     in->logits_chunk_rows = be ? be->logits_chunk_rows : in->gpu ? 1024 : 64; /* without one: the cuda / cpu tables' */
     in->world_size = world_size;
@@ -1727,7 +1687,7 @@ static int plan_memory(Trainer *t, const TrainConfig *c, const ModelConfig *mc, 
     trainer_plan_input(&in, c, mc, t->be, t->dist.world, t->max_prompt_tokens, &lora);
     size_t free_bytes = 0, total_bytes = 0;
     if (t->be->memory_info) t->be->memory_info(t->be, &free_bytes, &total_bytes);
-    if (in.gpu) in.backend_scratch = backend_cuda_reserved_bytes(t->be);
+    if (in.gpu) in.backend_scratch = backend_reserved_bytes(t->be);
     in.device_bytes = total_bytes ? (double)total_bytes : in.host_bytes;
     in.device_free = total_bytes ? (double)free_bytes : in.host_bytes;
     if (in.device_free <= 0) return COLT_OK; /* nothing known to plan against */
@@ -2083,7 +2043,7 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
            gr = model_grads_bytes(t->grads);
     size_t act = train_state_bytes(t->ts), ref = t->ref_model ? model_weight_bytes(t->ref_model) : 0;
     /* the CUDA backend's own scratch (cuBLASLt workspace, staging, attention and sampling partials) */
-    size_t scratch = strncmp(t->be->name, "cuda", 4) == 0 ? backend_cuda_reserved_bytes(t->be) : 0;
+    size_t scratch = backend_reserved_bytes(t->be);
     log_info0("memory plan (%s): weights %.3f GB, reference model %.3f GB, optimizer state %.3f GB, gradients "
               "%.3f GB, training activations %.3f GB, backend scratch %.3f GB; total %.3f GB, plus the generation "
               "KV cache while generating%s",

@@ -669,6 +669,7 @@ static void cpu_close_instance(Backend *be);
 /* The op table every CPU instance copies. */
 static const Backend CPU_OPS = {
     .name = "cpu",
+    .device_kind = BACKEND_DEVICE_CPU, /* no streams, no NCCL: the capability pointers stay NULL */
     .close_instance = cpu_close_instance,
     .storage = DTYPE_F32,
     .logits_chunk_rows = 64,

@@ -521,6 +521,13 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->graph_launch = cuda_graph_launch;
     b->graph_free = cuda_graph_free;
     b->set_batch_invariant = cuda_set_batch_invariant;
+    b->device_kind = BACKEND_DEVICE_GPU;
+    b->nccl_capable = true;
+    b->device_id = backend_cuda_pci_bus_id;
+    b->compute_stream = backend_cuda_compute_stream;
+    b->comm_stream = backend_cuda_comm_stream;
+    b->comm_after_compute = backend_cuda_comm_after_compute;
+    b->reserved_bytes = backend_cuda_reserved_bytes;
 }
 
 /* ---------------------------------------------------------------- open and close */

@@ -30,8 +30,8 @@
  * admits only members that show the token, and every member waits there
  * (cancellable) until all have arrived, before NCCL or Gloo open their own
  * connections. */
-#ifndef COLT_DIST_WEIGHT_SYNC_H
-#define COLT_DIST_WEIGHT_SYNC_H
+#ifndef COLT_PARALLEL_WEIGHT_SYNC_H
+#define COLT_PARALLEL_WEIGHT_SYNC_H
 
 #include <stdatomic.h>
 #include <stdbool.h>

@@ -1,5 +1,5 @@
 /* weight_sync.c — see weight_sync.h. */
-#include "dist/weight_sync.h"
+#include "parallel/weight_sync.h"
 
 #include "dist/store.h"
 
@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "model/lora.h"
 #include "model/model_train.h"
@@ -55,7 +54,7 @@ static int check_options(const WeightSyncOptions *opt, CommKind *kind, char *err
                       opt->world_size);
     if (!opt->host || !opt->host[0] || opt->port <= 0 || opt->port > 65535)
         return errorf(err, "weight sync: bad group address '%s:%d'", opt->host ? opt->host : "", opt->port);
-    bool gpu = strncmp(opt->be->name, "cuda", 4) == 0;
+    bool gpu = opt->be->nccl_capable;
     *kind = opt->kind;
     if (*kind == COMM_AUTO) *kind = gpu && opt->use_nccl ? COMM_NCCL : COMM_GLOO;
     if (!comm_built(*kind))
@@ -184,7 +183,7 @@ static int exchange(WeightSync *w, int64_t *vals, size_t n, bool sum, char *err)
     void *buf = vals, *stream = NULL;
     if (w->nccl) {
         buf = w->device_small;
-        stream = backend_cuda_compute_stream(w->be);
+        stream = backend_compute_stream(w->be);
         w->be->copy_from_host(w->be, buf, vals, n * sizeof(int64_t));
     }
     int rc = sum ? comm_all_reduce(w->comm, buf, n, COMM_INT64, stream, err)
@@ -246,7 +245,7 @@ static int agree(WeightSync *w, const int64_t mine[FP_COUNT], bool mine_ok, int6
 /* The arena's bytes [0, bytes) broadcast from the root in buckets. */
 static int broadcast_arena(WeightSync *w, void *arena, size_t bytes, char *err) {
     bool root = comm_rank(w->comm) == w->root;
-    void *stream = w->nccl ? backend_cuda_compute_stream(w->be) : NULL;
+    void *stream = w->nccl ? backend_compute_stream(w->be) : NULL;
     for (size_t off = 0; off < bytes; off += w->bucket_bytes) {
         size_t n = bytes - off < w->bucket_bytes ? bytes - off : w->bucket_bytes;
         char *part = (char *)arena + off;
@@ -268,7 +267,7 @@ static int receive_into_part(WeightSync *w, Model *m, size_t bytes, char *err) {
     size_t whole_bytes = 0;
     ModelPartReceiver *r = model_part_receiver_create(m, &whole_bytes);
     COLT_ASSERT(whole_bytes == bytes); /* the fingerprints agreed */
-    void *stream = w->nccl ? backend_cuda_compute_stream(w->be) : NULL;
+    void *stream = w->nccl ? backend_compute_stream(w->be) : NULL;
     if (!w->device_bucket) {
         size_t es = dtype_size(w->be->storage);
         w->device_bucket = w->be->alloc(w->be, (w->bucket_bytes + es - 1) / es);

@@ -1,14 +1,13 @@
 /* tp_group.c — tensor- and data-parallel groups and the model's collectives
  * over them, through NCCL or the host (tp_group.h). */
-#include "dist/tp_group.h"
+#include "parallel/tp_group.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
+#include "parallel/mesh.h"
 
 int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err) {
     memset(g, 0, sizeof *g);
@@ -70,36 +69,24 @@ static CommDtype elements(const TpGroup *g, bool f32) {
 
 static int nccl_all_reduce(void *ctx, void *x, size_t n, bool f32, char *err) {
     TpGroup *g = ctx;
-    return comm_all_reduce(g->nccl, x, n, elements(g, f32), backend_cuda_compute_stream(g->be), err);
+    return comm_all_reduce(g->nccl, x, n, elements(g, f32), backend_compute_stream(g->be), err);
 }
 
 static int nccl_all_gather(void *ctx, void *out, const void *in, size_t n, bool f32, char *err) {
     TpGroup *g = ctx;
-    return comm_all_gather(g->nccl, out, in, n, elements(g, f32), backend_cuda_compute_stream(g->be), err);
+    return comm_all_gather(g->nccl, out, in, n, elements(g, f32), backend_compute_stream(g->be), err);
 }
 
 int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backend *be, double timeout_s, char *how,
                       size_t how_size, char *err) {
     g->be = be;
     snprintf(how, how_size, "through the host");
-    bool gpu = strncmp(be->name, "cuda", 4) == 0;
-    if (g->tp_size <= 1 || !gpu || !comm_built(COMM_NCCL)) return COLT_OK;
+    if (g->tp_size <= 1 || !be->nccl_capable || !comm_built(COMM_NCCL)) return COLT_OK;
     /* NCCL refuses two ranks on one GPU: the host path stays for those. */
-    typedef struct {
-        char host[64], bus[32];
-    } Card;
-    int world_size = comm_world_size(world);
-    Card mine, *all = xcalloc((size_t)world_size, sizeof(Card));
-    memset(&mine, 0, sizeof mine);
-    gethostname(mine.host, sizeof mine.host - 1);
-    backend_cuda_pci_bus_id(be, mine.bus, sizeof mine.bus);
-    int rc = comm_all_gather(world, all, &mine, sizeof mine, COMM_BYTE, NULL, err);
-    bool shared = false;
-    for (int a = 0; rc == 0 && a < world_size; a++)
-        for (int b = a + 1; b < world_size; b++)
-            shared |= !strcmp(all[a].host, all[b].host) && !strcmp(all[a].bus, all[b].bus);
-    free(all);
-    if (rc != 0 || shared) return rc;
+    bool own = false;
+    char why[128];
+    if (mesh_ranks_own_devices(&own, why, sizeof why, world, be, err) != 0) return COLT_ERR;
+    if (!own) return COLT_OK;
     CommOptions co = {.kind = COMM_NCCL, .gpu = true, .cuda_device = be->device, .timeout_s = timeout_s,
                       .store = comm_store(world)};
     Comm *launch = NULL;
@@ -122,9 +109,9 @@ int tp_group_data_parallel_nccl(TpGroup *g, Comm **out, char *err) {
 
 TensorParallel tp_group_hooks(TpGroup *g) {
     if (g->nccl)
-        return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = nccl_all_reduce,
+        return (TensorParallel){.rank = g->tp_rank, .tensor_parallel_size = g->tp_size, .all_reduce = nccl_all_reduce,
                                 .all_gather = nccl_all_gather, .graph_safe = true, .ctx = g};
-    return (TensorParallel){.rank = g->tp_rank, .size = g->tp_size, .all_reduce = host_all_reduce,
+    return (TensorParallel){.rank = g->tp_rank, .tensor_parallel_size = g->tp_size, .all_reduce = host_all_reduce,
                             .all_gather = host_all_gather, .graph_safe = false, .ctx = g};
 }
 

@@ -10,8 +10,8 @@
  * runs the fp32 collective on the group's communicator and uploads the result
  * — what CPU ranks need (MPI) and what GPU ranks sharing one GPU get (NCCL
  * refuses two ranks on one device); those are not graph-safe. */
-#ifndef COLT_DIST_TP_GROUP_H
-#define COLT_DIST_TP_GROUP_H
+#ifndef COLT_PARALLEL_TP_GROUP_H
+#define COLT_PARALLEL_TP_GROUP_H
 
 #include "backend/backend.h"
 #include "dist/comm.h"

@@ -105,14 +105,6 @@ int trainer_ensure_activations(Trainer *t, char *err) {
     return rc;
 }
 
-/* zero_stage 3: the bytes the whole weights take when gathered (0 otherwise). */
-static size_t whole_weights_to_gather(const Trainer *t) {
-    if (!model_params_partitioned(t->model)) return 0;
-    size_t numel = 0;
-    model_params_flat(t->model, &numel);
-    return numel * dtype_size(t->be->storage);
-}
-
 void trainer_make_room_for_generation(Trainer *t, int n_seqs) {
     if (!t->ts) return;
     bool release = true;
@@ -120,22 +112,29 @@ void trainer_make_room_for_generation(Trainer *t, int n_seqs) {
         size_t free_bytes, total_bytes;
         t->be->memory_info(t->be, &free_bytes, &total_bytes);
         release = free_bytes < engine_memory_wanted(t->model, n_seqs, t->max_seq, &t->engine_opts) +
-                                   whole_weights_to_gather(t);
+                                   dist_optimizer_gathered_bytes(&t->optimizer);
     }
     if (release) trainer_release_activations(t);
 }
 
-/* zero_stage 3: every rank gathers the whole weights (collective) for the
- * engine or for saving; trainer_weights_release gives them back. Nothing otherwise. */
+/* The whole weights for the engine or for saving (gathered under zero_stage 3,
+ * collective; already whole otherwise); trainer_weights_release gives them back. */
 int trainer_weights_gather(Trainer *t, char *err) {
-    if (!model_params_partitioned(t->model)) return COLT_OK;
     trainer_alloc_label(t, "the whole weights, gathered (zero_stage 3)", t->plan.weights_gathered);
-    int rc = model_params_gather_all(t->model, err);
+    int rc = dist_optimizer_gather_weights(&t->optimizer, err);
     trainer_alloc_label(t, NULL, 0);
-    return train_dist_agree(&t->dist, rc, err);
+    return rc;
 }
 
-void trainer_weights_release(Trainer *t) { model_params_release_all(t->model); }
+void trainer_weights_release(Trainer *t) { dist_optimizer_release_weights(&t->optimizer); }
+
+/* Before saving: the whole weights, in the memory the activations give back
+ * when they must be gathered (zero_stage 3: rank 0 saves the whole weights). */
+int trainer_weights_gather_for_saving(Trainer *t, char *err) {
+    if (!dist_optimizer_weights_partitioned(&t->optimizer)) return COLT_OK;
+    trainer_release_activations(t);
+    return trainer_weights_gather(t, err);
+}
 
 /* Rank 0: NCCL or the host for the weight channel (weight_sync_backend),
  * from what the server says it runs on (/colt/info). NCCL refuses two ranks
@@ -213,29 +212,6 @@ static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
     return COLT_OK;
 }
 
-/* zero_stage 2 or 3 under tensor parallelism: the global gradient norm from
- * every rank's shard of its part's summed gradients, over the whole launch,
- * a parameter several ranks of a group hold (the norms; replicated KV heads)
- * counted once. */
-static int zero2_norm_tp(Trainer *t, double *norm, char *err) {
-    size_t lo = 0, hi = 0;
-    optim_shard_range(t->opt, &lo, &hi);
-    const Backend *be = t->be;
-    const char *shard = train_dist_zero2_shard(&t->dist);
-    double mine = be->sum_squares(be, shard, hi - lo);
-    for (int i = 0; i < model_param_count(t->model); i++) {
-        int copies = model_param_copies(t->model, i);
-        if (copies == 1) continue;
-        size_t a = model_param_offset(t->model, i), b = a + model_param(t->model, i).numel;
-        a = a > lo ? a : lo;
-        b = b < hi ? b : hi;
-        if (b > a) mine -= be->sum_squares(be, shard + (a - lo) * sizeof(float), b - a) * (1.0 - 1.0 / copies);
-    }
-    int rc = comm_all_reduce(t->dist.all, &mine, 1, COMM_FLOAT64, NULL, err);
-    *norm = sqrt(mine);
-    return rc;
-}
-
 /* The model's tensor-parallel collectives, or NULL for whole models. */
 static const TensorParallel *tp_hooks(Trainer *t) {
     if (t->tp.tp_size <= 1) return NULL;
@@ -253,34 +229,7 @@ static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char 
     if (train_dist_agree(&t->dist, check_visible_devices(t, err), err) != 0) return COLT_ERR;
     if (train_dist_agree(&t->dist, trainer_setup_local(t, c, env, err), err) != 0) return COLT_ERR;
     /* Last: the gradient path gathers from every rank, so all must have got here. */
-    size_t n_grads = 0;
-    void *grads = model_grads_flat(t->grads, &n_grads);
-    char how[256];
-    int rc = COLT_OK;
-    if (t->tp.tp_size > 1) { /* over the data-parallel group: NCCL when the groups are, else the host */
-        Comm *dp = NULL;
-        if (t->dist.world > 1) rc = tp_group_data_parallel_nccl(&t->tp, &dp, err);
-        if (dp)
-            train_dist_adopt_gradients(&t->dist, dp, t->be, grads, n_grads, (size_t)c->ddp_bucket_cap_mb << 20);
-        snprintf(how, sizeof how, "%s",
-                 t->dist.world == 1 ? "one data-parallel group"
-                 : dp ? "NCCL across the tensor-parallel groups, all-reduced in buckets during the backward pass"
-                      : "summed on the host in rank order");
-    } else
-        rc = train_dist_open_gradients(&t->dist, env, t->be, t->be->device, grads, n_grads,
-                                       (size_t)c->ddp_bucket_cap_mb << 20, c->ddp_timeout, how, sizeof how, err);
-    if (train_dist_agree(&t->dist, rc, err) != 0) return COLT_ERR;
-    if (c->zero_stage >= 2) {
-        size_t lo = 0, hi = 0;
-        optim_shard_range(t->opt, &lo, &hi);
-        if (train_dist_agree(&t->dist, train_dist_zero2_open(&t->dist, t->be, t->grads, lo, hi, err), err) != 0)
-            return COLT_ERR;
-        snprintf(how, sizeof how, "zero_stage %d: each layer's gradients %s as the backward finishes it; this rank "
-                                  "keeps its shard of the sum",
-                 c->zero_stage, t->dist.world == 1 ? "added to the shard" : t->dist.grad_comm ? "reduced over NCCL, each part to the rank keeping it," : "summed on the host in rank order");
-    }
-    if (t->dist.world > 1 || c->zero_stage >= 2) log_info0("gradients: %s", how);
-    return COLT_OK;
+    return dist_optimizer_open_gradients(&t->optimizer, env, err);
 }
 
 /* The GPU this rank computes on: local rank r takes devices[r], or GPU r. It
@@ -445,25 +394,6 @@ static int save_merged(const Trainer *t, char *err) {
     return rc;
 }
 
-/* zero_stage 3: m keeps only this rank's part of its weights (the optimizer
- * shard's range), loaded whole just before; a layer is gathered while a pass
- * uses it, the whole weights for generation and saving (model_train.h). The
- * gathers run over t->dist, whose NCCL path opens later: none happens here. */
-static int partition_weights(Trainer *t, Model *m, char *err) {
-    if (t->cfg->zero_stage < 3) return COLT_OK;
-    size_t lo = 0, hi = 0, numel = 0;
-    model_params_flat(m, &numel);
-    optim_shard_bounds(numel, t->dist.world, t->dist.rank, &lo, &hi);
-    ParamsGather pg;
-    train_dist_zero3_gather(&t->dist, t->be, numel, &pg);
-    if (model_params_partition(m, lo, hi, &pg, err) != 0) return COLT_ERR;
-    if (m == t->model)
-        log_info0("weights: zero_stage 3 over %d rank(s): this rank keeps parameters %zu .. %zu of %zu; each layer is "
-                  "gathered while a pass uses it, the whole weights for generation and saving",
-                  t->dist.world, lo, hi, numel);
-    return COLT_OK;
-}
-
 /* Ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise,
  * each takes its share for OpenMP (the CPU backend's ops, the offloaded
  * AdamW), where each would otherwise start a thread per core (torchrun sets
@@ -551,11 +481,15 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     }
     if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
-    if (load_trained_model(t, c, err) != 0 || partition_weights(t, t->model, err) != 0) return COLT_ERR;
+    if (load_trained_model(t, c, err) != 0) return COLT_ERR;
+    DistOptimizerOptions oo = {.zero_stage = c->zero_stage, .offload = strcmp(c->offload_optimizer, "cpu") == 0,
+                               .bucket_bytes = (size_t)c->ddp_bucket_cap_mb << 20, .timeout_s = c->ddp_timeout};
+    dist_optimizer_init(&t->optimizer, t->model, t->be, &t->dist, &t->tp, &oo);
+    if (dist_optimizer_partition(&t->optimizer, t->model, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the reference model's weights", t->plan.reference);
     if (c->beta > 0 && !c->use_peft &&
         (model_load_tp(&t->ref_model, c->model, t->be, tp_hooks(t), err) != 0 ||
-         partition_weights(t, t->ref_model, err) != 0))
+         dist_optimizer_partition(&t->optimizer, t->ref_model, err) != 0))
         return COLT_ERR;
     trainer_alloc_label(t, NULL, 0);
     t->ref_is_base = c->beta > 0 && c->use_peft;
@@ -616,7 +550,7 @@ static int configure_loss_and_sampling(Trainer *t, const TrainConfig *c, char *e
     return COLT_OK;
 }
 
-/* The schedule, the optimizer state and the gradients. */
+/* The schedule, the optimizer state and the gradients (dist_optimizer.h). */
 static int create_optimizer(Trainer *t, const TrainConfig *c, size_t n_prompts, char *err) {
     if (lr_scheduler_parse(&t->scheduler, c->lr_scheduler_type, err) != 0) return COLT_ERR;
     if (train_config_total_steps(&t->total_steps, c, n_prompts, err) != 0) return COLT_ERR;
@@ -624,28 +558,11 @@ static int create_optimizer(Trainer *t, const TrainConfig *c, size_t n_prompts, 
 
     AdamWConfig ac = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_epsilon,
                       .weight_decay = (float)c->weight_decay};
-    /* zero_stage >= 1: each rank keeps its shard of the optimizer state (and
-     * updates that shard of the weights); offload: that state in host memory. */
-    OptimShardOptions so = {.rank = c->zero_stage >= 1 ? t->dist.rank : 0,
-                            .world = c->zero_stage >= 1 ? t->dist.world : 1,
-                            .offload = strcmp(c->offload_optimizer, "cpu") == 0};
     trainer_alloc_label(t, "the optimizer state", t->plan.optimizer);
-    if (optim_create_sharded(&t->opt, t->model, &ac, t->be, &so, err) != 0) return COLT_ERR;
-    trainer_alloc_label(t, NULL, 0);
-    if (so.world > 1 || so.offload) {
-        size_t lo = 0, hi = 0;
-        optim_shard_range(t->opt, &lo, &hi);
-        log_info0("optimizer: zero_stage %d over %d rank(s) (this rank: parameters %zu .. %zu of the flat layout), "
-                  "state on the %s",
-                  c->zero_stage, so.world, lo, hi, so.offload ? "host (offload_optimizer cpu)" : "device");
-    }
-    /* zero_stage 2: the gradients of a layer exist only while they are handed over (train_dist.h). */
+    if (dist_optimizer_create_state(&t->optimizer, &ac, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the gradients", t->plan.gradients);
-    if ((c->zero_stage >= 2 ? model_grads_create_windowed(&t->grads, t->model, err)
-                            : model_grads_create(&t->grads, t->model, err)) != 0)
-        return COLT_ERR;
+    if (dist_optimizer_create_gradients(&t->optimizer, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, NULL, 0);
-
     return COLT_OK;
 }
 
@@ -737,8 +654,8 @@ static int open_run_files(Trainer *t, const TrainConfig *c, char *err) {
 /* The memory plan: every lifetime's buffers are allocated above, once. */
 static void log_memory_plan(const Trainer *t) {
     double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
-    size_t w = model_weight_bytes(t->model) + model_lora_bytes(t->model), o = optim_state_bytes(t->opt),
-           gr = model_grads_bytes(t->grads);
+    size_t w = model_weight_bytes(t->model) + model_lora_bytes(t->model), o = optim_state_bytes(t->optimizer.opt),
+           gr = model_grads_bytes(t->optimizer.grads);
     size_t act = train_state_bytes(t->ts), ref = t->ref_model ? model_weight_bytes(t->ref_model) : 0;
     /* the CUDA backend's own scratch (cuBLASLt workspace, staging, attention and sampling partials) */
     size_t scratch = strncmp(t->be->name, "cuda", 4) == 0 ? backend_cuda_reserved_bytes(t->be) : 0;
@@ -746,9 +663,9 @@ static void log_memory_plan(const Trainer *t) {
               "%.3f GB, training activations %.3f GB, backend scratch %.3f GB; total %.3f GB, plus the generation "
               "KV cache while generating%s",
               t->be->name, w * gb, ref * gb, o * gb, gr * gb, act * gb, scratch * gb,
-              (w + ref + o + gr + act + scratch) * gb, optim_state_host_bytes(t->opt) ? "; in host memory:" : "");
-    if (optim_state_host_bytes(t->opt))
-        log_info0("memory plan (host): optimizer state and staging %.3f GB", optim_state_host_bytes(t->opt) * gb);
+              (w + ref + o + gr + act + scratch) * gb, optim_state_host_bytes(t->optimizer.opt) ? "; in host memory:" : "");
+    if (optim_state_host_bytes(t->optimizer.opt))
+        log_info0("memory plan (host): optimizer state and staging %.3f GB", optim_state_host_bytes(t->optimizer.opt) * gb);
 }
 
 /* Everything setup does on this rank. Only rank 0 touches output_dir. */
@@ -801,8 +718,7 @@ static void trainer_teardown(Trainer *t) {
     free(t->reward_weights);
     free(t->epoch_order);
     train_state_free(t->ts);
-    model_grads_free(t->grads);
-    optim_free(t->opt);
+    dist_optimizer_free(&t->optimizer);
     free(t->tok_ids), free(t->tok_slot), free(t->tok_pos), free(t->tok_target);
     free(t->tok_logp), free(t->tok_entropy), free(t->tok_dlogp);
     free(t->mb_logp), free(t->mb_old), free(t->mb_ref), free(t->mb_mask), free(t->mb_dlogp), free(t->mb_adv);
@@ -825,112 +741,39 @@ float trainer_learning_rate(const Trainer *t) {
 }
 
 /* gradient_accumulation_steps micro-batches (a new round whenever the last one
- * is used up), then the ranks' gradients summed: every rank then holds the
- * same. The loss of the step is added to *step_loss. */
+ * is used up), then the ranks' gradients summed: every rank then holds what
+ * it steps. The loss of the step is added to *step_loss. */
 static int accumulate_gradients(Trainer *t, double *step_loss, char *err) {
     const TrainConfig *c = t->cfg;
     const int micro_per_round = c->steps_per_generation * c->num_iterations;
-    const bool zero2 = c->zero_stage >= 2;
     int rc = COLT_OK;
-    model_grads_zero(t->grads);
-    if (zero2) train_dist_zero2_begin_step(&t->dist);
+    dist_optimizer_begin_step(&t->optimizer);
     for (int a = 0; a < c->gradient_accumulation_steps && rc == 0; a++) {
         if (!t->ro.samples || t->ro.micro_done >= micro_per_round) {
             rc = trainer_new_rollout(t, err);
             if (rc != 0) break;
         }
-        /* The last backward of the step hands its finished gradients to
-         * the all-reduce as it goes (GPU ranks over NCCL). */
-        bool overlap = !zero2 && a == c->gradient_accumulation_steps - 1 && train_dist_overlaps(&t->dist);
-        if (overlap) model_grads_on_ready(t->grads, train_dist_gradients_ready, &t->dist);
-        /* zero_stage 2: every backward hands its gradients over as it goes */
-        if (zero2) model_grads_on_ready(t->grads, train_dist_zero2_ready, &t->dist);
+        dist_optimizer_backward_begin(&t->optimizer, a == c->gradient_accumulation_steps - 1);
         t->micro_in_step = a;
         rc = trainer_micro_batch(t, step_loss, err);
-        if (rc == 0 && zero2) rc = train_dist_zero2_finish_backward(&t->dist, err);
-        if (overlap || zero2) model_grads_on_ready(t->grads, NULL, NULL);
+        rc = dist_optimizer_backward_end(&t->optimizer, rc, err);
     }
     if (rc != 0) return rc;
-    size_t n_grads = 0;
-    void *grads = model_grads_flat(t->grads, &n_grads);
-    /* Time the exchange, not the backward still running on the GPU: the
-     * host would wait for it here anyway. */
-    if (t->dist.world > 1 && t->be->synchronize) t->be->synchronize(t->be);
-    double s0 = time_now();
-    rc = train_dist_agree(&t->dist,
-                          zero2 ? train_dist_zero2_finish_step(&t->dist, err)
-                                : train_dist_sum_gradients(&t->dist, t->be, grads, n_grads, err),
-                          err);
-    if (t->dist.world > 1) metrics_add(&t->metrics, "time/gradient_sync", time_now() - s0);
+    double seconds = 0;
+    rc = dist_optimizer_finish(&t->optimizer, &seconds, err);
+    if (seconds >= 0) metrics_add(&t->metrics, "time/gradient_sync", seconds);
     return rc;
 }
 
-/* The global gradient norm, and the gradients clipped to max_grad_norm. */
-static int clip_gradients(Trainer *t, double *norm_out, char *err) {
-    const TrainConfig *c = t->cfg;
-    double norm = 0;
-    if (c->zero_stage >= 2) {
-        /* The global norm from the ranks' shards; each clips its own. */
-        if (train_dist_agree(&t->dist,
-                             t->tp.tp_size > 1 ? zero2_norm_tp(t, &norm, err)
-                                               : train_dist_zero2_norm(&t->dist, &norm, err),
-                             err) != 0)
-            return COLT_ERR;
-        if (c->max_grad_norm > 0 && isfinite(norm) && c->max_grad_norm / (norm + 1e-6) < 1.0) {
-            size_t lo = 0, hi = 0;
-            optim_shard_range(t->opt, &lo, &hi);
-            t->be->scale(t->be, train_dist_zero2_shard(&t->dist), (float)(c->max_grad_norm / (norm + 1e-6)), hi - lo);
-        }
-    } else if (t->tp.tp_size > 1) {
-        /* every part's gradients: the norm over the group, each rank clips its part */
-        double sq = 0;
-        if (train_dist_agree(&t->dist, model_grads_sum_squares(t->model, t->grads, &sq, err), err) != 0)
-            return COLT_ERR;
-        norm = sqrt(sq);
-        size_t n_grads = 0;
-        void *grads = model_grads_flat(t->grads, &n_grads);
-        if (c->max_grad_norm > 0 && isfinite(norm) && c->max_grad_norm / (norm + 1e-6) < 1.0)
-            t->be->scale(t->be, grads, (float)(c->max_grad_norm / (norm + 1e-6)), n_grads);
-    } else norm = optim_clip_grad_norm(t->model, t->grads, c->max_grad_norm, t->be);
-    *norm_out = norm;
-    return COLT_OK;
-}
-
-/* One AdamW update at learning rate lr, and every rank's weights made whole
- * and alike again. */
+/* One AdamW update at learning rate lr, every rank's weights whole and alike
+ * again after it. */
 static int update_weights(Trainer *t, float lr, char *err) {
-    const TrainConfig *c = t->cfg;
     double o0 = time_now();
-    if (c->zero_stage >= 2) optim_step_shard(t->opt, train_dist_zero2_shard(&t->dist), lr);
-    else optim_step(t->opt, t->grads, lr);
-    if (model_params_partitioned(t->model)) model_params_changed(t->model); /* zero_stage 3: gathered per use */
-    else if (optim_is_sharded(t->opt)) {
-        /* Each rank updated its shard of the weights: exchange them. */
-        size_t n_weights = 0;
-        void *weights = model_params_flat(t->model, &n_weights);
-        if (train_dist_agree(&t->dist, train_dist_gather_shards(&t->dist, t->be, weights, n_weights, err), err) != 0)
-            return COLT_ERR;
-    }
-    if (t->be->synchronize) t->be->synchronize(t->be);
+    if (dist_optimizer_step(&t->optimizer, lr, err) != 0) return COLT_ERR;
     metrics_add(&t->metrics, "time/optimizer", time_now() - o0);
-    if (strcmp(c->offload_optimizer, "cpu") == 0)
-        metrics_add(&t->metrics, "time/optimizer_host_adamw", optim_last_host_seconds(t->opt));
+    double host_seconds = dist_optimizer_host_seconds(&t->optimizer);
+    if (host_seconds >= 0) metrics_add(&t->metrics, "time/optimizer_host_adamw", host_seconds);
     return COLT_OK;
-}
-
-/* Unsharded ranks hold whole states that must agree; sharded ones hold
- * different shards, and every rank's weights come from the same gather. */
-static int check_ranks_agree(Trainer *t, char *err) {
-    if (t->dist.world == 1 || optim_is_sharded(t->opt)) return COLT_OK;
-    /* Every rank applied the same sum of gradients: the weights must
-     * be the same bits everywhere. Two passes over the state, cheap
-     * beside a step; a rank that drifted stops the job here. */
-    double fingerprint[2];
-    optim_fingerprint(t->opt, fingerprint);
-    int rc = train_dist_agree(&t->dist, train_dist_check_same(&t->dist, fingerprint, 2, "weights and first moments", err),
-                              err);
-    if (rc != 0) error_prefix(err, "after step %lld", (long long)t->global_step);
-    return rc;
 }
 
 /* One optimizer step: micro-batches, gradients summed and clipped, AdamW,
@@ -944,7 +787,7 @@ static int train_step(Trainer *t, double *loss, double *norm, char *err) {
         /* Save what the last completed step left (the model and optimizer have
          * not changed since), so no work is lost, then stop with the error. */
         char save_err[ERR_LEN];
-        if (t->dist.rank == 0 && !optim_is_sharded(t->opt) && t->tp.tp_size <= 1 &&
+        if (t->dist.rank == 0 && dist_optimizer_state_on_rank0(&t->optimizer) &&
             t->global_step > t->last_saved_step && t->global_step > 0 &&
             trainer_save_checkpoint(t, step_start_state, save_err) != 0)
             log_error("could not save a checkpoint after the error: %s", save_err);
@@ -952,7 +795,7 @@ static int train_step(Trainer *t, double *loss, double *norm, char *err) {
         return rc;
     }
     json_decref(step_start_state);
-    if (clip_gradients(t, norm, err) != 0) return COLT_ERR;
+    if (dist_optimizer_clip(&t->optimizer, c->max_grad_norm, norm, err) != 0) return COLT_ERR;
     if (!isfinite(*loss) || !isfinite(*norm)) {
         /* Diverged: stop before the update, and save nothing (a checkpoint of
          * this state would replace a good one). */
@@ -964,7 +807,8 @@ static int train_step(Trainer *t, double *loss, double *norm, char *err) {
     }
     if (update_weights(t, trainer_learning_rate(t), err) != 0) return COLT_ERR;
     t->global_step++;
-    if (check_ranks_agree(t, err) != 0) return COLT_ERR;
+    if (dist_optimizer_check_replicas(&t->optimizer, err) != 0)
+        return error_prefix(err, "after step %lld", (long long)t->global_step);
     return trainer_push_weights(t, err);
 }
 
@@ -1026,8 +870,7 @@ static int trainer_after_step(Trainer *t, const StepClock *clock, double loss, b
 static int save_final_model(Trainer *t, char *err) {
     const TrainConfig *c = t->cfg;
     int rc = COLT_OK;
-    bool finite = optim_is_sharded(t->opt) || t->dist.rank == 0 ? optim_state_finite(t->opt) : true;
-    if (optim_is_sharded(t->opt) || t->tp.tp_size > 1) finite = !train_dist_any(&t->dist, !finite);
+    bool finite = dist_optimizer_state_finite(&t->optimizer);
     if (t->dist.rank == 0 && !finite) {
         char last[512];
         trainer_last_checkpoint_text(t, last, sizeof last);
@@ -1035,10 +878,7 @@ static int save_final_model(Trainer *t, char *err) {
                          "learning_rate %g): the final model is not saved, %s",
                     (long long)t->global_step, c->learning_rate, last);
     }
-    if (rc == 0 && model_params_partitioned(t->model)) { /* zero_stage 3: rank 0 saves the whole weights */
-        trainer_release_activations(t);
-        rc = trainer_weights_gather(t, err);
-    }
+    if (rc == 0) rc = trainer_weights_gather_for_saving(t, err);
     /* tensor parallel: the first group's ranks gather the weights for rank 0 */
     if (rc == 0 && t->dist.rank == 0 &&
         (trainer_save_trained(t, c->output_dir, err) != 0 ||

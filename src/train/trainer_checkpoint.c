@@ -113,7 +113,7 @@ static int save_optimizer_shards(Trainer *t, const char *dir, int64_t step, int 
         char file[64];
         shard_file_name(t, file, sizeof file, t->dist.rank, t->dist.world);
         char *path = path_join(dir, file);
-        rc = train_dist_agree(&t->dist, optim_save_shard(t->opt, path, err), err);
+        rc = train_dist_agree(&t->dist, optim_save_shard(t->optimizer.opt, path, err), err);
         free(path);
     }
     if (rc == 0 && t->dist.rank == 0) {
@@ -178,11 +178,11 @@ static int seal_and_install(Trainer *t, json_t *state, const char *dir, const ch
  * gather the whole weights for rank 0 and each writes its part's optimizer
  * state (optimizer-tpNNNNN-of-NNNNN.safetensors) into the same folder. */
 int trainer_save_checkpoint(Trainer *t, json_t *state, char *err) {
-    bool sharded = optim_is_sharded(t->opt), tp = t->tp.tp_size > 1;
+    bool sharded = optim_is_sharded(t->optimizer.opt), tp = t->tp.tp_size > 1;
     if (!sharded && !tp && t->dist.rank != 0) return COLT_OK;
     int64_t step = json_integer_value(json_object_get(state, "global_step"));
     int rc = state ? COLT_OK : errorf(err, "checkpoint: the trainer state could not be written as JSON");
-    if (rc == 0 && !optim_state_finite(t->opt)) {
+    if (rc == 0 && !optim_state_finite(t->optimizer.opt)) {
         char last[512];
         trainer_last_checkpoint_text(t, last, sizeof last);
         rc = errorf(err, "step %lld: the weights or optimizer moments hold NaN or Inf (training diverged; "
@@ -193,10 +193,7 @@ int trainer_save_checkpoint(Trainer *t, json_t *state, char *err) {
     if (rc != 0) return rc;
     long pid = 0;
     if ((rc = folder_pid(t, sharded, tp, &pid, err)) != 0) return rc;
-    if (model_params_partitioned(t->model)) { /* zero_stage 3: rank 0 saves the whole weights */
-        trainer_release_activations(t);
-        if ((rc = trainer_weights_gather(t, err)) != 0) return rc;
-    }
+    if ((rc = trainer_weights_gather_for_saving(t, err)) != 0) return rc;
     char name[64], tmp_name[96];
     snprintf(name, sizeof name, "checkpoint-%lld", (long long)step);
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp.%ld", name, pid);
@@ -209,7 +206,7 @@ int trainer_save_checkpoint(Trainer *t, json_t *state, char *err) {
             char file[64];
             optimizer_file_name(t, file, sizeof file);
             char *opt_path = path_join(dir, file);
-            rc = optim_save(t->opt, opt_path, err);
+            rc = optim_save(t->optimizer.opt, opt_path, err);
             free(opt_path);
         }
     }
@@ -239,7 +236,7 @@ static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
     manifest_name(t, list, sizeof list);
     char *whole = path_join(ckpt, file), *manifest = path_join(ckpt, list);
     int rc = COLT_OK;
-    if (file_exists(whole)) rc = optim_load(t->opt, whole, err);
+    if (file_exists(whole)) rc = optim_load(t->optimizer.opt, whole, err);
     else if (!file_exists(manifest)) {
         int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt), tp_size = t->tp.tp_size > 1 ? t->tp.tp_size : 1;
         if (saved_tp > 0 && saved_tp != tp_size)
@@ -271,7 +268,7 @@ static int load_optimizer(Trainer *t, const char *ckpt, char *err) {
                                 ckpt, f, n);
             }
         }
-        if (rc == 0) rc = optim_load_shards(t->opt, (const char *const *)paths, (int)n, err);
+        if (rc == 0) rc = optim_load_shards(t->optimizer.opt, (const char *const *)paths, (int)n, err);
         for (size_t i = 0; i < n; i++) free(paths[i]);
         free(paths);
         json_decref(m);
@@ -311,10 +308,10 @@ int trainer_load_state(Trainer *t, const char *ckpt, char *err) {
     if (rc == 0) rc = check_checkpoint_config(model_config(t->model), &base, ckpt, err);
     if (rc == 0) {
         rc = load_optimizer(t, ckpt, err);
-        if (rc == 0 && optim_step_count(t->opt) != st.progress.global_step)
+        if (rc == 0 && optim_step_count(t->optimizer.opt) != st.progress.global_step)
             rc = errorf(err, "%s: the optimizer is at step %lld but trainer_state.json at step %lld (files from "
                              "two checkpoints?)",
-                        ckpt, (long long)optim_step_count(t->opt), (long long)st.progress.global_step);
+                        ckpt, (long long)optim_step_count(t->optimizer.opt), (long long)st.progress.global_step);
     }
     if (rc == 0) {
         t->global_step = st.progress.global_step;

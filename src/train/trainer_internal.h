@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/model_train.h"
+#include "parallel/dist_optimizer.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/grpo.h"
@@ -87,8 +88,7 @@ typedef struct Trainer {
     RewardFunc **rewards;
     int n_rewards;
     float *reward_weights;
-    Optimizer *opt;
-    ModelGrads *grads;
+    DistOptimizer optimizer;  /* AdamW over the ranks: ZeRO stage, tensor parallel, offload (dist_optimizer.h) */
     TrainState *ts;
     int stop_ids[MODEL_MAX_EOS + 1], n_stop;
     GrpoLossConfig loss_cfg;
@@ -144,6 +144,8 @@ void trainer_make_room_for_generation(Trainer *t, int n_seqs);
 /* zero_stage 3: the whole weights gathered for the engine or for saving (collective); nothing otherwise. */
 int trainer_weights_gather(Trainer *t, char *err);
 void trainer_weights_release(Trainer *t);
+/* Before saving: the whole weights (activations given back first when they must be gathered). */
+int trainer_weights_gather_for_saving(Trainer *t, char *err);
 /* server mode: NCCL or the host for the weight channel (trainer.c keeps it beside the device setup). */
 int trainer_choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *group_size, char *err);
 

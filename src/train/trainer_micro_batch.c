@@ -94,7 +94,7 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
         for (int j = 0; j < s->len; j++) t->tok_dlogp[off + plen - 1 + j] = t->mb_dlogp[(size_t)b * T + j];
         off += plen + s->len - 1;
     }
-    if (model_train_backward(t->model, t->ts, t->tok_dlogp, t->grads, err) != 0) return COLT_ERR;
+    if (model_train_backward(t->model, t->ts, t->tok_dlogp, t->optimizer.grads, err) != 0) return COLT_ERR;
 
     *part_out = part;
     double v[6] = {ent_count > 0 ? ent_sum / ent_count : NAN, lm.clip_ratio_low, lm.clip_ratio_high,

@@ -35,6 +35,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend/backend.h"
 #include "dist/launch_env.h"
@@ -122,6 +123,23 @@ bool dist_optimizer_state_on_rank0(const DistOptimizer *o);
 /* Whether the state holds only finite values on every rank: collective when
  * the state is split over ranks; otherwise rank 0's answer (true elsewhere). */
 bool dist_optimizer_state_finite(DistOptimizer *o);
+
+/* ---------------------------------------------------------------- checkpoints (dist_optimizer_files.c) */
+
+/* The process id of rank 0, on every rank that writes into a checkpoint's
+ * temporary folder (collective unless state_on_rank0): the folder carries it,
+ * so a stale one is recognised as such. */
+int dist_optimizer_rank0_pid(DistOptimizer *o, long *pid, char *err);
+
+/* The state into checkpoint folder dir (of step `step`): rank 0 one file, or
+ * one per tensor-parallel part; sharded, every rank its shard and rank 0 the
+ * list of them. Collective unless state_on_rank0; rc: the folder's outcome so
+ * far (nothing is written after a failure, the ranks still agree). */
+int dist_optimizer_save(DistOptimizer *o, const char *dir, int64_t step, int rc, char *err);
+
+/* The state from checkpoint ckpt: its whole file, or the shards of any world
+ * size its list names. */
+int dist_optimizer_load(DistOptimizer *o, const char *ckpt, char *err);
 
 void dist_optimizer_free(DistOptimizer *o);
 

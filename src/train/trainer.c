@@ -22,14 +22,12 @@
 #include "train/trainer_internal.h"
 
 #include <errno.h>
-#include <stddef.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -37,12 +35,8 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
-#include "core/rng.h"
 #include "data/dataset.h"
-#include "data/rewards.h"
 #include "dist/tp_group.h"
-#include "dist/weight_sync.h"
-#include "engine/engine.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
@@ -50,16 +44,12 @@
 #include "tokenizer/tokenizer_files.h"
 #include "train/checkpoint.h"
 #include "train/grpo.h"
-#include "train/metrics.h"
 #include "train/optim.h"
 #include "data/prompt.h"
 #include "train/report.h"
-#include "train/rollout.h"
 #include "train/memory_plan.h"
 #include "train/tensorboard.h"
 #include "train/train_dist.h"
-#include "serve/colt_api.h"
-#include "serve/serve_client.h"
 
 static volatile sig_atomic_t g_stop_requested = 0;
 static void on_stop_signal(int sig) {

@@ -583,21 +583,21 @@ static int create_buffers(Trainer *t, const TrainConfig *c, char *err) {
     }
     if (trainer_ensure_activations(t, err) != 0) return COLT_ERR;
     size_t nt = (size_t)t->max_batch_tokens, bt = (size_t)bs * (size_t)c->max_completion_length;
-    t->tok_ids = xmalloc(nt * sizeof(int));
-    t->tok_slot = xmalloc(nt * sizeof(int));
-    t->tok_pos = xmalloc(nt * sizeof(int));
-    t->tok_target = xmalloc(nt * sizeof(int));
-    t->tok_logp = xmalloc(nt * sizeof(float));
-    t->tok_entropy = xmalloc(nt * sizeof(float));
-    t->tok_dlogp = xmalloc(nt * sizeof(float));
-    t->mb_logp = xmalloc(bt * sizeof(float));
-    t->mb_old = xmalloc(bt * sizeof(float));
-    t->mb_ref = xmalloc(bt * sizeof(float));
-    t->mb_mask = xmalloc(bt * sizeof(float));
-    t->mb_dlogp = xmalloc(bt * sizeof(float));
-    t->mb_sampling = xmalloc(bt * sizeof(float));
-    t->mb_isw = xmalloc(bt * sizeof(float));
-    t->mb_adv = xmalloc((size_t)bs * sizeof(float));
+    t->buf.tok_ids = xmalloc(nt * sizeof(int));
+    t->buf.tok_slot = xmalloc(nt * sizeof(int));
+    t->buf.tok_pos = xmalloc(nt * sizeof(int));
+    t->buf.tok_target = xmalloc(nt * sizeof(int));
+    t->buf.tok_logp = xmalloc(nt * sizeof(float));
+    t->buf.tok_entropy = xmalloc(nt * sizeof(float));
+    t->buf.tok_dlogp = xmalloc(nt * sizeof(float));
+    t->buf.mb_logp = xmalloc(bt * sizeof(float));
+    t->buf.mb_old = xmalloc(bt * sizeof(float));
+    t->buf.mb_ref = xmalloc(bt * sizeof(float));
+    t->buf.mb_mask = xmalloc(bt * sizeof(float));
+    t->buf.mb_dlogp = xmalloc(bt * sizeof(float));
+    t->buf.mb_sampling = xmalloc(bt * sizeof(float));
+    t->buf.mb_isw = xmalloc(bt * sizeof(float));
+    t->buf.mb_adv = xmalloc((size_t)bs * sizeof(float));
 
     return COLT_OK;
 }
@@ -709,10 +709,10 @@ static void trainer_teardown(Trainer *t) {
     free(t->epoch_order);
     train_state_free(t->ts);
     dist_optimizer_free(&t->optimizer);
-    free(t->tok_ids), free(t->tok_slot), free(t->tok_pos), free(t->tok_target);
-    free(t->tok_logp), free(t->tok_entropy), free(t->tok_dlogp);
-    free(t->mb_logp), free(t->mb_old), free(t->mb_ref), free(t->mb_mask), free(t->mb_dlogp), free(t->mb_adv);
-    free(t->mb_sampling), free(t->mb_isw);
+    free(t->buf.tok_ids), free(t->buf.tok_slot), free(t->buf.tok_pos), free(t->buf.tok_target);
+    free(t->buf.tok_logp), free(t->buf.tok_entropy), free(t->buf.tok_dlogp);
+    free(t->buf.mb_logp), free(t->buf.mb_old), free(t->buf.mb_ref), free(t->buf.mb_mask), free(t->buf.mb_dlogp), free(t->buf.mb_adv);
+    free(t->buf.mb_sampling), free(t->buf.mb_isw);
     dataset_free(t->data);
     dataset_free(t->eval_data);
     model_free(t->ref_model);

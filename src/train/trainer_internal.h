@@ -64,6 +64,17 @@ typedef struct PendingRound {
     char err[ERR_LEN];
 } PendingRound;
 
+/* A micro-batch's buffers, sized once (per_device_train_batch_size B, its
+ * longest sequence S = max prompt + max_completion_length, completions of at
+ * most T = max_completion_length tokens). */
+typedef struct MicroBatchBuffers {
+    /* packed tokens [B * S]: prompt + completion[:-1] of each sample in turn */
+    int *tok_ids, *tok_slot, *tok_pos, *tok_target;
+    float *tok_logp, *tok_entropy, *tok_dlogp;
+    /* the loss's padded matrices [B, T] (mb_adv: [B]) */
+    float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
+} MicroBatchBuffers;
+
 /* Seconds spent so far, by phase (a step's share is the difference over it). */
 typedef struct TrainerTimes {
     double generation, scoring, logprobs;
@@ -111,11 +122,9 @@ typedef struct Trainer {
     EngineOptions engine_opts;
     bool recompute;    /* activation recompute (gradient checkpointing) */
     MemoryPlan plan;   /* the memory plan (zeroed when there was nothing to plan against) */
-    /* buffers sized once */
+    /* sizes of the buffers, fixed at setup */
     int max_prompt_tokens, max_seq, max_batch_tokens;
-    int *tok_ids, *tok_slot, *tok_pos, *tok_target;
-    float *tok_logp, *tok_entropy, *tok_dlogp;
-    float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
+    MicroBatchBuffers buf;
     FILE *metrics_fp;
     TensorboardWriter *tb;    /* report_to tensorboard: rank 0's event file, else NULL */
     char *metrics_path;

@@ -35,17 +35,17 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
     /* lora_dropout in this forward and its backward only; the masks keyed by the optimizer step and the
      * micro-batch in it, so a resumed run draws what the uninterrupted one drew */
     model_lora_set_dropout_key(t->model, c->seed, t->global_step * TRAIN_CONFIG_MAX_BATCH + t->micro_in_step);
-    int frc = model_train_forward(t->model, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
-                                  (float)c->temperature, t->tok_logp, t->tok_entropy, err);
+    int frc = model_train_forward(t->model, t->ts, t->buf.tok_ids, t->buf.tok_slot, t->buf.tok_pos, t->buf.tok_target, n,
+                                  (float)c->temperature, t->buf.tok_logp, t->buf.tok_entropy, err);
     model_lora_set_dropout_key(t->model, c->seed, -1);
     if (frc != 0) return COLT_ERR;
     /* Gather into padded [B, T] matrices. */
     size_t BT = (size_t)B * T;
-    memset(t->mb_logp, 0, BT * sizeof(float));
-    memset(t->mb_old, 0, BT * sizeof(float));
-    memset(t->mb_ref, 0, BT * sizeof(float));
-    memset(t->mb_mask, 0, BT * sizeof(float));
-    memset(t->mb_sampling, 0, BT * sizeof(float));
+    memset(t->buf.mb_logp, 0, BT * sizeof(float));
+    memset(t->buf.mb_old, 0, BT * sizeof(float));
+    memset(t->buf.mb_ref, 0, BT * sizeof(float));
+    memset(t->buf.mb_mask, 0, BT * sizeof(float));
+    memset(t->buf.mb_sampling, 0, BT * sizeof(float));
     double ent_sum = 0, ent_count = 0;
     int off = 0;
     for (int b = 0; b < B; b++) {
@@ -54,14 +54,14 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
         bool counted = !(c->mask_truncated_completions && !s->terminated);
         for (int j = 0; j < s->len; j++) {
             int tok = off + plen - 1 + j;
-            t->mb_logp[(size_t)b * T + j] = t->tok_logp[tok];
-            if (s->old_logp) t->mb_old[(size_t)b * T + j] = s->old_logp[j];
-            if (s->ref_logp) t->mb_ref[(size_t)b * T + j] = s->ref_logp[j];
-            t->mb_sampling[(size_t)b * T + j] = s->sampling_logp ? s->sampling_logp[j] : NAN;
-            t->mb_mask[(size_t)b * T + j] = counted ? 1.0f : 0.0f;
-            if (counted) ent_sum += t->tok_entropy[tok], ent_count += 1;
+            t->buf.mb_logp[(size_t)b * T + j] = t->buf.tok_logp[tok];
+            if (s->old_logp) t->buf.mb_old[(size_t)b * T + j] = s->old_logp[j];
+            if (s->ref_logp) t->buf.mb_ref[(size_t)b * T + j] = s->ref_logp[j];
+            t->buf.mb_sampling[(size_t)b * T + j] = s->sampling_logp ? s->sampling_logp[j] : NAN;
+            t->buf.mb_mask[(size_t)b * T + j] = counted ? 1.0f : 0.0f;
+            if (counted) ent_sum += t->buf.tok_entropy[tok], ent_count += 1;
         }
-        t->mb_adv[b] = s->advantage;
+        t->buf.mb_adv[b] = s->advantage;
         off += plen + s->len - 1;
     }
     GrpoLossConfig lc = t->loss_cfg;
@@ -74,27 +74,27 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
      * have not moved since generation, so this forward's own (detached)
      * log-probs are the old ones. */
     GrpoSamplingMetrics part;
-    if (grpo_sampling_is_weights(t->mb_isw, &part, t->need_old_logp ? t->mb_old : t->mb_logp, t->mb_sampling,
-                                 t->mb_mask, B, T, t->is_mode, c->vllm_importance_sampling_clip_min,
+    if (grpo_sampling_is_weights(t->buf.mb_isw, &part, t->need_old_logp ? t->buf.mb_old : t->buf.mb_logp, t->buf.mb_sampling,
+                                 t->buf.mb_mask, B, T, t->is_mode, c->vllm_importance_sampling_clip_min,
                                  c->vllm_importance_sampling_clip_max, err) != 0)
         return COLT_ERR;
     float loss = 0;
     GrpoLossMetrics lm;
-    if (grpo_loss_with_is_weight(&loss, t->mb_dlogp, &lm, &lc, t->mb_logp, t->need_old_logp ? t->mb_old : NULL,
-                                 trainer_has_reference(t) ? t->mb_ref : NULL,
-                                 c->vllm_importance_sampling_correction ? t->mb_isw : NULL, t->mb_mask, t->mb_adv,
+    if (grpo_loss_with_is_weight(&loss, t->buf.mb_dlogp, &lm, &lc, t->buf.mb_logp, t->need_old_logp ? t->buf.mb_old : NULL,
+                                 trainer_has_reference(t) ? t->buf.mb_ref : NULL,
+                                 c->vllm_importance_sampling_correction ? t->buf.mb_isw : NULL, t->buf.mb_mask, t->buf.mb_adv,
                                  B, T, err) != 0)
         return COLT_ERR;
     /* Back to the packed token layout. */
-    memset(t->tok_dlogp, 0, sizeof(float) * (size_t)n);
+    memset(t->buf.tok_dlogp, 0, sizeof(float) * (size_t)n);
     off = 0;
     for (int b = 0; b < B; b++) {
         Sample *s = &r->samples[idx[b]];
         int plen = r->prompt_len[s->prompt];
-        for (int j = 0; j < s->len; j++) t->tok_dlogp[off + plen - 1 + j] = t->mb_dlogp[(size_t)b * T + j];
+        for (int j = 0; j < s->len; j++) t->buf.tok_dlogp[off + plen - 1 + j] = t->buf.mb_dlogp[(size_t)b * T + j];
         off += plen + s->len - 1;
     }
-    if (model_train_backward(t->model, t->ts, t->tok_dlogp, t->optimizer.grads, err) != 0) return COLT_ERR;
+    if (model_train_backward(t->model, t->ts, t->buf.tok_dlogp, t->optimizer.grads, err) != 0) return COLT_ERR;
 
     *part_out = part;
     double v[6] = {ent_count > 0 ? ent_sum / ent_count : NAN, lm.clip_ratio_low, lm.clip_ratio_high,

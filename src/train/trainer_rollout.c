@@ -58,10 +58,10 @@ int trainer_pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
         /* prompt + completion[:-1]: position plen-1+j predicts completion[j]. */
         int total = plen + s->len - 1;
         for (int k = 0; k < total; k++) {
-            t->tok_ids[n] = k < plen ? p[k] : s->completion[k - plen];
-            t->tok_slot[n] = b;
-            t->tok_pos[n] = k;
-            t->tok_target[n] = k >= plen - 1 ? s->completion[k - plen + 1] : -1;
+            t->buf.tok_ids[n] = k < plen ? p[k] : s->completion[k - plen];
+            t->buf.tok_slot[n] = b;
+            t->buf.tok_pos[n] = k;
+            t->buf.tok_target[n] = k >= plen - 1 ? s->completion[k - plen + 1] : -1;
             n++;
         }
     }
@@ -84,8 +84,8 @@ static int completion_logprobs(Trainer *t, Model *m, Rollout *r, int lo, int hi,
         for (int b = 0; b < B; b++) idx[b] = start + b;
         int n = trainer_pack_batch(t, r, idx, B);
         if (trainer_ensure_activations(t, err) != 0 ||
-            model_train_forward(m, t->ts, t->tok_ids, t->tok_slot, t->tok_pos, t->tok_target, n,
-                                (float)t->cfg->temperature, t->tok_logp, NULL, err) != 0) {
+            model_train_forward(m, t->ts, t->buf.tok_ids, t->buf.tok_slot, t->buf.tok_pos, t->buf.tok_target, n,
+                                (float)t->cfg->temperature, t->buf.tok_logp, NULL, err) != 0) {
             rc = COLT_ERR;
             break;
         }
@@ -94,7 +94,7 @@ static int completion_logprobs(Trainer *t, Model *m, Rollout *r, int lo, int hi,
             Sample *s = &r->samples[start + b];
             int plen = r->prompt_len[s->prompt];
             float *lp = xmalloc(sizeof(float) * (size_t)s->len);
-            for (int j = 0; j < s->len; j++) lp[j] = t->tok_logp[k + plen - 1 + j];
+            for (int j = 0; j < s->len; j++) lp[j] = t->buf.tok_logp[k + plen - 1 + j];
             k += plen + s->len - 1;
             out[start + b - lo] = lp;
         }

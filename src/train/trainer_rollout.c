@@ -1,0 +1,526 @@
+/* trainer_rollout.c — one GRPO round (trainer_internal.h): this rank's share of the
+ * completions generated with the live weights (colocated) or by the server,
+ * shared with every rank, scored, turned into group advantages, with old and
+ * reference log-probs when the loss needs them, then shuffled into
+ * micro-batches. Not the rollout's file format (rollout.c) nor the loss
+ * (trainer_micro_batch.c). */
+#include "train/trainer_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "data/prompt.h"
+#include "model/lora.h"
+#include "core/error.h"
+#include "core/log.h"
+
+/* Prompt ids of dataset row i, as colt eval encodes them too (prompt.h). */
+int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
+    return prompt_encode_row(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs, t->cfg->max_prompt_length,
+                             t->cfg->dataset, err);
+}
+
+/* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
+int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
+                             const char *const *prompts, const char *const *completions, const int *const *ids,
+                             const int *id_lens, int n, char *err) {
+    json_t **rows = xmalloc(sizeof(json_t *) * (size_t)n);
+    float *values = xmalloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) rows[i] = dataset_row(d, rows_of_sample[i]);
+    int rc = COLT_OK;
+    for (int k = 0; k < t->n_rewards && rc == 0; k++) {
+        if (reward_compute(t->rewards[k], values, prompts, completions, ids, id_lens, rows, n, err) != 0) {
+            char prefix[128];
+            snprintf(prefix, sizeof prefix, "reward '%s'", reward_name(t->rewards[k]));
+            rc = strncmp(err, prefix, strlen(prefix)) == 0 ? COLT_ERR : error_prefix(err, "%s", prefix);
+            break;
+        }
+        for (int i = 0; i < n; i++) per_func[(size_t)i * t->n_rewards + k] = values[i];
+    }
+    free(values);
+    free(rows);
+    return rc;
+}
+
+/* Packs samples[idx[0..B)] into the token arrays; returns the token count. */
+int trainer_pack_batch(Trainer *t, Rollout *r, const int *idx, int B) {
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        Sample *s = &r->samples[idx[b]];
+        int plen = r->prompt_len[s->prompt];
+        const int *p = r->prompt_ids[s->prompt];
+        /* prompt + completion[:-1]: position plen-1+j predicts completion[j]. */
+        int total = plen + s->len - 1;
+        for (int k = 0; k < total; k++) {
+            t->buf.tok_ids[n] = k < plen ? p[k] : s->completion[k - plen];
+            t->buf.tok_slot[n] = b;
+            t->buf.tok_pos[n] = k;
+            t->buf.tok_target[n] = k >= plen - 1 ? s->completion[k - plen + 1] : -1;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* beta > 0: reference log-probs enter the loss. */
+bool trainer_has_reference(const Trainer *t) { return t->ref_model || t->ref_is_base; }
+
+/* Log-probs of samples [lo, hi)'s completions under model m (old or
+ * reference), in micro-batches of per_device_train_batch_size; out[i - lo]
+ * gets a malloc'd [len] array. */
+
+static int completion_logprobs(Trainer *t, Model *m, Rollout *r, int lo, int hi, float **out, char *err) {
+    int bs = t->cfg->per_device_train_batch_size;
+    int *idx = xmalloc(sizeof(int) * (size_t)bs);
+    int rc = COLT_OK;
+    for (int start = lo; start < hi; start += bs) {
+        int B = hi - start < bs ? hi - start : bs;
+        for (int b = 0; b < B; b++) idx[b] = start + b;
+        int n = trainer_pack_batch(t, r, idx, B);
+        if (trainer_ensure_activations(t, err) != 0 ||
+            model_train_forward(m, t->ts, t->buf.tok_ids, t->buf.tok_slot, t->buf.tok_pos, t->buf.tok_target, n,
+                                (float)t->cfg->temperature, t->buf.tok_logp, NULL, err) != 0) {
+            rc = COLT_ERR;
+            break;
+        }
+        int k = 0;
+        for (int b = 0; b < B; b++) {
+            Sample *s = &r->samples[start + b];
+            int plen = r->prompt_len[s->prompt];
+            float *lp = xmalloc(sizeof(float) * (size_t)s->len);
+            for (int j = 0; j < s->len; j++) lp[j] = t->buf.tok_logp[k + plen - 1 + j];
+            k += plen + s->len - 1;
+            out[start + b - lo] = lp;
+        }
+    }
+    free(idx);
+    return rc;
+}
+
+/* This rank's share of a round's N samples: [lo, hi). N is a multiple of the
+ * world's micro-batch, so every rank gets the same count. */
+void trainer_local_range(const Trainer *t, int N, int *lo, int *hi) {
+    *lo = (int)((int64_t)N * t->dist.rank / t->dist.world);
+    *hi = (int)((int64_t)N * (t->dist.rank + 1) / t->dist.world);
+}
+
+/* Gathers per-token values of samples [lo, hi) from every rank into each
+ * sample's field (old_logp, ref_logp or sampling_logp): mine[i - lo] are this
+ * rank's arrays (taken over). */
+static int gather_token_values(Trainer *t, Rollout *r, float **mine, int lo, int hi, size_t field, char *err) {
+    const int L = t->cfg->max_completion_length, n_local = hi - lo, N = r->n_samples;
+    float *send = xcalloc((size_t)n_local * L, sizeof(float)), *all = xcalloc((size_t)N * L, sizeof(float));
+    for (int i = 0; i < n_local; i++) {
+        if (mine[i]) memcpy(send + (size_t)i * L, mine[i], sizeof(float) * (size_t)r->samples[lo + i].len);
+        else for (int j = 0; j < L; j++) send[(size_t)i * L + j] = NAN;
+        free(mine[i]);
+        mine[i] = NULL;
+    }
+    int rc = train_dist_gather(&t->dist, all, send, sizeof(float) * (size_t)n_local * L, err);
+    for (int i = 0; rc == 0 && i < N; i++) {
+        Sample *s = &r->samples[i];
+        float **dst = (float **)((char *)s + field);
+        free(*dst);
+        *dst = xmalloc(sizeof(float) * (size_t)s->len);
+        memcpy(*dst, all + (size_t)i * L, sizeof(float) * (size_t)s->len);
+    }
+    free(send);
+    free(all);
+    return rc;
+}
+
+double trainer_nanmean(const float *x, int n, int stride) {
+    double s = 0;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[(size_t)i * stride])) s += x[(size_t)i * stride], c++;
+    return c ? s / c : NAN;
+}
+
+/* torch's unbiased std over the non-NaN values (TRL's nanstd). */
+static double nanstd(const float *x, int n, int stride) {
+    double mean = trainer_nanmean(x, n, stride), s = 0;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[(size_t)i * stride])) s += (x[(size_t)i * stride] - mean) * (x[(size_t)i * stride] - mean), c++;
+    return c > 1 ? sqrt(s / (c - 1)) : NAN;
+}
+
+/* Takes the next P prompts in epoch order (a new epoch when too few remain). */
+static void next_prompt_rows(Trainer *t, size_t *rows, int P) {
+    size_t n = dataset_size(t->data);
+    for (int i = 0; i < P; i++) {
+        if (t->epoch_pos >= n || (i == 0 && n - t->epoch_pos < (size_t)P && (size_t)P <= n)) {
+            t->epoch++;
+            t->epoch_pos = 0;
+            dataset_epoch_order(t->epoch_order, n, t->cfg->seed, t->epoch);
+        }
+        rows[i] = t->epoch_order[t->epoch_pos++ % n];
+    }
+}
+
+/* The engine's memory per round (colt's names; TRL has none for these). */
+static void log_engine_stats(Trainer *t, const EngineStats *es) {
+    const double gb = 1.0 / (1024.0 * 1024.0 * 1024.0);
+    metrics_add(&t->metrics, "engine/kv_pool_gb", es->pool_bytes * gb);
+    metrics_add(&t->metrics, "engine/sequences_held", es->peak_running);
+    metrics_add(&t->metrics, "engine/kv_blocks_used", es->peak_blocks_used);
+    metrics_add(&t->metrics, "engine/preemptions", es->preemptions);
+    /* vLLM's prefix cache hit rate: prompt tokens found in the cache over those looked up */
+    int64_t looked_up = es->shared_tokens + es->prefill_tokens;
+    metrics_add(&t->metrics, "engine/prefix_cache_hit_rate", looked_up ? (double)es->shared_tokens / looked_up : 0.0);
+    metrics_add(&t->metrics, "engine/activations_released", t->ts == NULL);
+    if (t->be->memory_info) {
+        size_t free_bytes, total_bytes;
+        t->be->memory_info(t->be, &free_bytes, &total_bytes);
+        metrics_add(&t->metrics, "engine/peak_memory_gb", (total_bytes - es->device_free_min) * gb);
+    }
+}
+
+/* A round's prompts: the next P rows in epoch order, encoded. */
+int trainer_choose_prompts(Trainer *t, Rollout *r, char *err) {
+    const int P = t->cfg->generation_batch_size / t->cfg->num_generations;
+    r->n_prompts = P;
+    r->rows = xcalloc((size_t)P, sizeof(size_t));
+    r->prompt_ids = xcalloc((size_t)P, sizeof(int *));
+    r->prompt_len = xcalloc((size_t)P, sizeof(int));
+    r->prompt_text = xcalloc((size_t)P, sizeof(char *));
+    next_prompt_rows(t, r->rows, P);
+    for (int p = 0; p < P; p++)
+        if (trainer_prompt_ids(t, t->data, r->rows[p], &r->prompt_ids[p], &r->prompt_len[p], &r->prompt_text[p],
+                               err) != 0)
+            return COLT_ERR;
+    return COLT_OK;
+}
+
+/* This rank's sequences of round `round` (prompts from r). Sample i draws
+ * from RNG stream round * N + i whatever rank (or server) makes it, so the
+ * completions depend neither on the world size nor on where they are made. */
+GenSequence *trainer_local_sequences(const Trainer *t, const Rollout *r, int64_t round, int lo, int hi) {
+    const int G = t->cfg->num_generations, N = t->cfg->generation_batch_size;
+    GenSequence *seqs = xcalloc((size_t)(hi - lo > 0 ? hi - lo : 1), sizeof(GenSequence));
+    for (int j = 0; j < hi - lo; j++) {
+        int i = lo + j;
+        seqs[j].prompt = r->prompt_ids[i / G];
+        seqs[j].prompt_len = r->prompt_len[i / G];
+        seqs[j].stream = ((uint64_t)round * (uint64_t)N + (uint64_t)i) % STREAM_EVAL_BASE;
+    }
+    return seqs;
+}
+
+GenerateOptions trainer_generate_options(const Trainer *t) {
+    return (GenerateOptions){.sampling = t->sampling, .max_new_tokens = t->cfg->max_completion_length,
+                             .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
+}
+
+/* A round in which some completions got no usable reward (every function gave
+ * NaN/None) trains nothing on them, and one in which none did trains nothing
+ * at all: warn each such round, naming the functions, as TRL warns; stop after
+ * max_rounds_without_reward such whole rounds in a row. Every rank holds every
+ * reward, so every rank decides alike. */
+static int check_usable_rewards(Trainer *t, const float *rewards, int n, char *err) {
+    int unscored = 0;
+    for (int i = 0; i < n; i++) unscored += isnan(rewards[i]);
+    t->rounds_without_reward = unscored == n ? t->rounds_without_reward + 1 : 0;
+    if (unscored == 0) return COLT_OK;
+    char names[400] = "";
+    size_t len = 0;
+    for (int k = 0; k < t->n_rewards && len < sizeof names; k++) {
+        int none = 0;
+        for (int i = 0; i < n; i++) none += isnan(t->ro.per_func[(size_t)i * t->n_rewards + k]);
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s' gave none for %d", k ? ", " : "",
+                                reward_name(t->rewards[k]), none);
+    }
+    const int limit = t->cfg->max_rounds_without_reward;
+    if (unscored == n && limit > 0 && t->rounds_without_reward >= limit)
+        return errorf(err, "step %lld: no completion got a usable reward in %d rounds in a row (%s of %d; every reward "
+                           "function gave NaN/None), so training changes nothing: fix the reward functions "
+                           "(max_rounds_without_reward: %d)",
+                      (long long)t->global_step + 1, t->rounds_without_reward, names, n, limit);
+    log_info0("warning: step %lld: %d of %d completions got no usable reward (%s of %d; every reward function gave "
+              "NaN/None) and add nothing to the loss",
+              (long long)t->global_step + 1, unscored, n, names, n);
+    return COLT_OK;
+}
+
+/* This rank's share of the round's completions, made with the live weights:
+ * colocated, in the memory the training activations give back (they are
+ * re-created for the next forward); in server mode by the server, which holds
+ * the weights of the last push; with async_generation the round asked for
+ * while the last one trained. Sets the round's prompts in r; *seqs_out gets
+ * the [hi - lo] sequences (also on error, for the caller to free). */
+static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo, int hi, char *err) {
+    const TrainConfig *c = t->cfg;
+    const int n_local = hi - lo;
+    GenSequence *seqs = NULL;
+    int64_t weights_step = t->global_step; /* of the weights that generate this round */
+    int rc = COLT_OK;
+    bool from_pending = t->next.active;
+    if (from_pending) {
+        trainer_pending_join(t);
+        PendingRound *p = &t->next;
+        *r = p->ro;
+        memset(&p->ro, 0, sizeof p->ro);
+        seqs = p->seqs;
+        p->seqs = NULL;
+        p->active = false;
+        weights_step = p->weights_step;
+        /* the server's time on the round, most of it hidden behind the last round's training */
+        metrics_add(&t->metrics, "time/server_generation", p->seconds);
+        rc = p->rc;
+        if (rc != 0) errorf(err, "%s", p->err);
+    } else {
+        if (trainer_choose_prompts(t, r, err) != 0) return COLT_ERR;
+        seqs = trainer_local_sequences(t, r, t->round, lo, hi);
+    }
+    *seqs_out = seqs;
+    GenerateOptions go = trainer_generate_options(t);
+    if (t->server && !from_pending) {
+        weights_step = t->server_weights_step;
+        if (n_local > 0)
+            rc = serve_client_generate(t->server, seqs, n_local, &go, model_config(t->model)->vocab_size, NULL, err);
+    }
+    /* async_generation: the next round is asked for now, so the server
+     * generates it while this one is scored and trained. */
+    const int64_t micro_per_round = (int64_t)c->steps_per_generation * c->num_iterations;
+    if (rc == 0 && c->async_generation &&
+        (t->round + 1) * micro_per_round < t->total_steps * c->gradient_accumulation_steps)
+        rc = trainer_pending_launch(t, err);
+    if (!t->server) {
+        trainer_make_room_for_generation(t, n_local);
+        EngineStats es;
+        rc = trainer_weights_gather(t, err);
+        trainer_alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
+        if (rc == 0) rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+        trainer_alloc_label(t, NULL, 0);
+        trainer_weights_release(t);
+        if (rc == 0) log_engine_stats(t, &es);
+    }
+    /* optimizer steps between the weights that generated this round and those it trains first */
+    if (t->server) metrics_add(&t->metrics, "staleness", (double)(t->global_step - weights_step));
+    return rc;
+}
+
+/* Every rank gets every completion: ids, lengths, stop flags, text and the
+ * engine's log-probs, from each rank's seqs[hi - lo] (freed here). rc: the
+ * generation's outcome on this rank, agreed on first. */
+static int share_completions(Trainer *t, Rollout *r, GenSequence *seqs, int lo, int hi, int rc, char *err) {
+    const int G = t->cfg->num_generations, N = r->n_samples, L = t->cfg->max_completion_length, n_local = hi - lo;
+    int *send = xcalloc((size_t)n_local * (L + 2), sizeof(int)), *all = xcalloc((size_t)N * (L + 2), sizeof(int));
+    float **sampling = xcalloc((size_t)n_local, sizeof(float *));
+    for (int j = 0; rc == 0 && j < n_local; j++) {
+        int *row = send + (size_t)j * (L + 2);
+        row[0] = seqs[j].n_tokens;
+        row[1] = seqs[j].finish == FINISH_STOP;
+        memcpy(row + 2, seqs[j].tokens, sizeof(int) * (size_t)seqs[j].n_tokens);
+        sampling[j] = seqs[j].logprobs;
+        seqs[j].logprobs = NULL;
+    }
+    for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
+    free(seqs);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0) rc = train_dist_gather(&t->dist, all, send, sizeof(int) * (size_t)n_local * (L + 2), err);
+    for (int i = 0; rc == 0 && i < N; i++) {
+        const int *row = all + (size_t)i * (L + 2);
+        Sample *s = &r->samples[i];
+        s->prompt = i / G;
+        s->len = row[0];
+        s->terminated = row[1];
+        s->completion = xmalloc(sizeof(int) * (size_t)(s->len > 0 ? s->len : 1));
+        memcpy(s->completion, row + 2, sizeof(int) * (size_t)s->len);
+        int n_text = s->len - (s->terminated ? 1 : 0);
+        rc = tokenizer_decode_generated(t->tok, s->completion, (size_t)n_text, true, &s->text, err);
+    }
+    if (rc == 0) rc = gather_token_values(t, r, sampling, lo, hi, offsetof(Sample, sampling_logp), err);
+    for (int j = 0; j < n_local; j++) free(sampling[j]);
+    free(sampling);
+    free(send);
+    free(all);
+    return rc;
+}
+
+/* Each rank scores its own share (a reward program runs once per completion),
+ * then every rank gets every reward (r->per_func). */
+static int score_share(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+    const int G = t->cfg->num_generations, n_local = hi - lo;
+    const char **prompts = xmalloc(sizeof(char *) * (size_t)n_local);
+    const char **completions = xmalloc(sizeof(char *) * (size_t)n_local);
+    size_t *rows = xmalloc(sizeof(size_t) * (size_t)n_local);
+    float *mine = xcalloc((size_t)n_local * (size_t)t->n_rewards + 1, sizeof(float));
+    const int **ids = xmalloc(sizeof(int *) * (size_t)n_local);
+    int *id_lens = xmalloc(sizeof(int) * (size_t)n_local);
+    for (int j = 0; j < n_local; j++) {
+        prompts[j] = r->prompt_text[(lo + j) / G];
+        completions[j] = r->samples[lo + j].text;
+        rows[j] = r->rows[(lo + j) / G];
+        ids[j] = r->samples[lo + j].completion;
+        id_lens[j] = r->samples[lo + j].len;
+    }
+    int rc = trainer_score_completions(t, mine, t->data, rows, prompts, completions, ids, id_lens, n_local, err);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0)
+        rc = train_dist_gather(&t->dist, r->per_func, mine, sizeof(float) * (size_t)n_local * (size_t)t->n_rewards, err);
+    free(prompts);
+    free(completions);
+    free(rows);
+    free(mine);
+    free(ids);
+    free(id_lens);
+    return rc;
+}
+
+/* The weighted rewards and the group advantages of every sample, and the
+ * round's reward metrics (TRL's names). */
+static int compute_advantages(Trainer *t, Rollout *r, char *err) {
+    const TrainConfig *c = t->cfg;
+    const int G = c->num_generations, N = r->n_samples, P = r->n_prompts;
+    float *rewards = xmalloc(sizeof(float) * (size_t)N), *adv = xmalloc(sizeof(float) * (size_t)N);
+    float *group_std = xmalloc(sizeof(float) * (size_t)P);
+    grpo_combine_rewards(rewards, r->per_func, t->reward_weights, N, t->n_rewards);
+    for (int i = 0; i < N; i++)
+        if (isinf(rewards[i])) {
+            free(rewards), free(adv), free(group_std);
+            return errorf(err, "completion %d: the weighted sum of its rewards overflows a 32-bit float; scale the "
+                               "rewards or reward_weights down",
+                          i);
+        }
+    if (check_usable_rewards(t, rewards, N, err) != 0) {
+        free(rewards), free(adv), free(group_std);
+        return COLT_ERR;
+    }
+    GrpoScaleRewards scale;
+    COLT_ASSERT(grpo_scale_rewards_parse(&scale, c->scale_rewards, err) == 0);
+    grpo_advantages(adv, group_std, rewards, N, G, scale);
+    for (int i = 0; i < N; i++) {
+        r->samples[i].reward = rewards[i];
+        r->samples[i].advantage = isnan(adv[i]) ? 0.0f : adv[i];
+    }
+    for (int k = 0; k < t->n_rewards; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "rewards/%s/mean", reward_name(t->rewards[k]));
+        metrics_add(&t->metrics, name, trainer_nanmean(r->per_func + k, N, t->n_rewards));
+        snprintf(name, sizeof name, "rewards/%s/std", reward_name(t->rewards[k]));
+        metrics_add(&t->metrics, name, nanstd(r->per_func + k, N, t->n_rewards));
+    }
+    metrics_add(&t->metrics, "reward", trainer_nanmean(rewards, N, 1));
+    metrics_add(&t->metrics, "reward_std", nanstd(rewards, N, 1));
+    int zero_std = 0;
+    for (int p = 0; p < P; p++) zero_std += fabsf(group_std[p]) <= 1e-8f;
+    metrics_add(&t->metrics, "frac_reward_zero_std", (double)zero_std / P);
+    free(rewards);
+    free(adv);
+    free(group_std);
+    return COLT_OK;
+}
+
+/* The round's completion lengths (TRL's metrics), its tokens, and the tokens
+ * the loss counts (r->num_items). */
+static void count_completions(Trainer *t, Rollout *r) {
+    const int N = r->n_samples;
+    double sum_len = 0, sum_term = 0;
+    int min_len = 1 << 30, max_len = 0, n_term = 0, min_term = 1 << 30, max_term = 0;
+    int64_t tokens = 0;
+    r->num_items = 0;
+    for (int i = 0; i < N; i++) {
+        Sample *s = &r->samples[i];
+        sum_len += s->len;
+        if (s->len < min_len) min_len = s->len;
+        if (s->len > max_len) max_len = s->len;
+        if (s->terminated) {
+            n_term++;
+            sum_term += s->len;
+            if (s->len < min_term) min_term = s->len;
+            if (s->len > max_term) max_term = s->len;
+        }
+        tokens += r->prompt_len[s->prompt] + s->len;
+        if (!(t->cfg->mask_truncated_completions && !s->terminated)) r->num_items += s->len;
+    }
+    t->num_tokens += tokens;
+    metrics_add(&t->metrics, "completions/mean_length", sum_len / N);
+    metrics_add(&t->metrics, "completions/min_length", min_len);
+    metrics_add(&t->metrics, "completions/max_length", max_len);
+    metrics_add(&t->metrics, "completions/clipped_ratio", (double)(N - n_term) / N);
+    metrics_add(&t->metrics, "completions/mean_terminated_length", n_term ? sum_term / n_term : 0.0);
+    metrics_add(&t->metrics, "completions/min_terminated_length", n_term ? min_term : 0);
+    metrics_add(&t->metrics, "completions/max_terminated_length", n_term ? max_term : 0);
+}
+
+/* Old and reference log-probs (TRL computes them before any update of the
+ * round): each rank its share, then every rank all of them. */
+static int old_and_reference_logprobs(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+    const int n_local = hi - lo;
+    int rc = COLT_OK;
+    float **lp = xcalloc((size_t)n_local, sizeof(float *));
+    if (t->need_old_logp) {
+        rc = train_dist_agree(&t->dist, completion_logprobs(t, t->model, r, lo, hi, lp, err), err);
+        if (rc == 0) rc = gather_token_values(t, r, lp, lo, hi, offsetof(Sample, old_logp), err);
+    }
+    if (rc == 0 && trainer_has_reference(t)) {
+        if (t->ref_is_base) model_lora_set_enabled(t->model, false);
+        rc = completion_logprobs(t, t->ref_is_base ? t->model : t->ref_model, r, lo, hi, lp, err);
+        if (t->ref_is_base) model_lora_set_enabled(t->model, true);
+        rc = train_dist_agree(&t->dist, rc, err);
+        if (rc == 0) rc = gather_token_values(t, r, lp, lo, hi, offsetof(Sample, ref_logp), err);
+    }
+    for (int j = 0; j < n_local; j++) free(lp[j]);
+    free(lp);
+    return rc;
+}
+
+/* Shuffles the samples (TRL's shuffle_sequence_dict), keyed by the round. */
+static void shuffle_samples(const Trainer *t, Rollout *r) {
+    const int N = r->n_samples;
+    for (int i = 0; i < N; i++) r->order[i] = i;
+    for (int i = N - 1; i > 0; i--) {
+        uint32_t w[4];
+        rng_philox(w, t->cfg->seed, STREAM_SHUFFLE, (uint64_t)t->round * (uint64_t)N + (uint64_t)i);
+        int j = (int)(w[0] % (uint32_t)(i + 1));
+        int tmp = r->order[i];
+        r->order[i] = r->order[j];
+        r->order[j] = tmp;
+    }
+}
+
+/* One generation round: completions, rewards, advantages, old/ref log-probs. */
+int trainer_new_rollout(Trainer *t, char *err) {
+    const TrainConfig *c = t->cfg;
+    rollout_free(&t->ro);
+    Rollout *r = &t->ro;
+    const int N = c->generation_batch_size;
+    double t0 = time_now();
+    int lo, hi;
+    trainer_local_range(t, N, &lo, &hi);
+    GenSequence *seqs = NULL;
+    int rc = generate_share(t, r, &seqs, lo, hi, err);
+    if (!seqs) return rc; /* no prompts: nothing was asked */
+    r->round = t->round;
+    r->n_samples = N;
+    r->n_prompts = N / c->num_generations;
+    r->n_funcs = t->n_rewards;
+    r->samples = xcalloc((size_t)N, sizeof(Sample));
+    r->per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float));
+    r->order = xcalloc((size_t)N, sizeof(int));
+    if (share_completions(t, r, seqs, lo, hi, rc, err) != 0) return COLT_ERR;
+    double t1 = time_now();
+    t->times.generation += t1 - t0;
+
+    /* A completion of zero tokens cannot be scored by the loss; generate() always
+     * gives at least one token when max_completion_length >= 1. */
+    if (score_share(t, r, lo, hi, err) != 0 || compute_advantages(t, r, err) != 0) return COLT_ERR;
+    count_completions(t, r);
+    double t_lp = time_now();
+    rc = old_and_reference_logprobs(t, r, lo, hi, err);
+    double lp_seconds = time_now() - t_lp;
+    t->times.logprobs += lp_seconds;
+    shuffle_samples(t, r);
+    r->micro_done = 0;
+    t->round++;
+    t->times.scoring += time_now() - t1 - lp_seconds;
+    return rc;
+}

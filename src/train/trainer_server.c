@@ -1,0 +1,171 @@
+/* trainer_server.c — vllm_mode server, the trainer's side: reaching colt serve,
+ * pushing the weights after each step over the weight channel, and
+ * async_generation's round in flight (a thread that waits for the server's
+ * answer). Not the server (src/serve) nor the channel (dist/weight_sync.c). */
+#include "train/trainer_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <pthread.h>
+#include "serve/colt_api.h"
+#include "model/lora.h"
+#include "core/error.h"
+#include "core/log.h"
+
+static void *pending_main(void *arg) {
+    PendingRound *p = arg;
+    double t0 = time_now();
+    p->rc = serve_client_generate(p->client, p->seqs, p->n, &p->go, p->vocab_size, NULL, p->err);
+    p->seconds = time_now() - t0;
+    return NULL;
+}
+
+/* async_generation: asks the server for round t->round + 1 now (its prompts
+ * are chosen now, in the order a synchronous run takes them). */
+int trainer_pending_launch(Trainer *t, char *err) {
+    PendingRound *p = &t->next;
+    COLT_ASSERT(!p->active);
+    rollout_free(&p->ro);
+    p->epoch_before = t->epoch;
+    p->epoch_pos_before = t->epoch_pos;
+    if (trainer_choose_prompts(t, &p->ro, err) != 0) return COLT_ERR;
+    int lo, hi;
+    trainer_local_range(t, t->cfg->generation_batch_size, &lo, &hi);
+    p->seqs = trainer_local_sequences(t, &p->ro, t->round + 1, lo, hi);
+    p->n = hi - lo;
+    p->go = trainer_generate_options(t);
+    p->vocab_size = model_config(t->model)->vocab_size;
+    p->client = t->server;
+    p->weights_step = t->server_weights_step;
+    p->rc = COLT_OK;
+    p->joined = false;
+    if (pthread_create(&p->thread, NULL, pending_main, p) != 0) {
+        free(p->seqs);
+        p->seqs = NULL;
+        return errorf(err, "async_generation: cannot start the generation thread");
+    }
+    p->active = true;
+    return COLT_OK;
+}
+
+/* Waits for the pending round's answer (bounded: the client's timeout). */
+void trainer_pending_join(Trainer *t) {
+    PendingRound *p = &t->next;
+    if (!p->active || p->joined) return;
+    pthread_join(p->thread, NULL);
+    p->joined = true;
+}
+
+/* Drops the pending round (an error, the end of the run). */
+void trainer_pending_discard(Trainer *t) {
+    PendingRound *p = &t->next;
+    trainer_pending_join(t);
+    for (int j = 0; p->seqs && j < p->n; j++) gen_sequence_free(&p->seqs[j]);
+    free(p->seqs);
+    p->seqs = NULL;
+    rollout_free(&p->ro);
+    p->active = false;
+}
+
+/* vllm_mode server: after every optimizer step (and once at the start, so
+ * the server computes with exactly the trainer's weights: a resumed run's,
+ * say) rank 0 announces a push and sends the whole weights over the
+ * channel — with use_peft the adapters alone, after a first push that also
+ * carries the frozen base (weight_sync.h); every rank waits for it, so the
+ * next round is generated with them. async_generation: the round in flight
+ * is generated first (with the weights it was asked with), so a round never
+ * mixes two versions. */
+int trainer_push_weights(Trainer *t, char *err) {
+    if (!t->server) return COLT_OK;
+    double wait0 = time_now();
+    trainer_pending_join(t);
+    t->times.generation += time_now() - wait0; /* async: waiting for the round in flight is generation's time */
+    double t0 = time_now();
+    int rc = trainer_weights_gather(t, err); /* zero_stage 3: the whole weights (collective) */
+    size_t bytes = 0;
+    double seconds = 0;
+    if (rc == 0 && t->sync) {
+        rc = serve_client_post(t->server, "/colt/update_weights", "{}", err);
+        if (rc == 0) rc = weight_sync_send(t->sync, t->model, err);
+        if (rc == 0) weight_sync_last(t->sync, &bytes, &seconds);
+        if (rc != 0) error_prefix(err, "server mode: pushing the weights to %s", serve_client_url(t->server));
+    }
+    trainer_weights_release(t);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc != 0) return COLT_ERR;
+    t->server_weights_step = t->global_step;
+    metrics_add(&t->metrics, "time/weight_sync", time_now() - t0);
+    if (t->sync) {
+        metrics_add(&t->metrics, "weight_sync/gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+        metrics_add(&t->metrics, "weight_sync/mb", bytes / 1e6);
+    }
+    return COLT_OK;
+}
+
+/* vllm_mode server: every rank reaches the server (waiting for it up to
+ * vllm_server_timeout), rank 0 opens the weight channel and pushes the
+ * trainer's weights once. */
+int trainer_server_connect(Trainer *t, char *err) {
+    TrainConfig *c = t->cfg;
+    char url[600];
+    if (c->vllm_server_base_url) snprintf(url, sizeof url, "%s", c->vllm_server_base_url);
+    else snprintf(url, sizeof url, strchr(c->vllm_server_host, ':') ? "http://[%s]:%d" : "http://%s:%d",
+                  c->vllm_server_host, c->vllm_server_port);
+    int rc = serve_client_open(&t->server, url, c->vllm_server_api_key, c->vllm_server_timeout, err);
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc != 0) return COLT_ERR;
+    if (t->dist.rank == 0) {
+        char host[256];
+        bool nccl = false;
+        int group_size = 2;
+        rc = serve_client_host(t->server, host, sizeof host, err);
+        if (rc == 0) rc = trainer_choose_weight_channel(t, host, &nccl, &group_size, err);
+        /* with use_peft the server attaches adapters of this config; the pushes then carry them alone */
+        char *body = colt_sync_init_json(c->vllm_group_port, c->vllm_server_timeout, nccl,
+                                         model_lora_config(t->model));
+        if (rc == 0) rc = serve_client_post(t->server, "/colt/init_weight_sync", body, err);
+        free(body);
+        WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = group_size - 1,
+                               .world_size = group_size, .be = t->be,
+                               .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout,
+                               .token = c->vllm_server_api_key};
+        if (rc == 0) rc = weight_sync_open(&t->sync, &o, err);
+        if (rc != 0) error_prefix(err, "server mode: the weight channel to %s (vllm_group_port %d)", url,
+                                  c->vllm_group_port);
+        else log_info0("server mode: generation by colt serve at %s; weights pushed over %s after every step%s", url,
+                       comm_kind_name(weight_sync_kind(t->sync)),
+                       c->async_generation ? "; async_generation: the next round generates while this one trains" : "");
+    }
+    rc = train_dist_agree(&t->dist, rc, err);
+    if (rc == 0) rc = trainer_push_weights(t, err);
+    if (rc == 0 && t->sync) {
+        size_t bytes;
+        double seconds;
+        weight_sync_last(t->sync, &bytes, &seconds);
+        if (model_has_lora(t->model))
+            log_info0("server mode: the first push sent the base weights and the LoRA adapters (%.2f MB in %.2f s); "
+                      "each step's push sends the adapters alone (%.2f MB)",
+                      bytes / 1e6, seconds, model_lora_bytes(t->model) / 1e6);
+    }
+    json_decref(metrics_flush(&t->metrics)); /* the first push is not a step's */
+    return rc;
+}
+
+/* Leaves the server as it was: the channel closed (best effort: the server
+ * closes its side anyway when a push times out). */
+void trainer_server_disconnect(Trainer *t) {
+    trainer_pending_discard(t);
+    if (t->sync) {
+        char err[ERR_LEN]; /* the server has closed its side already after a failed push: nothing to say */
+        (void)serve_client_post(t->server, "/colt/close_weight_sync", "{}", err);
+        weight_sync_close(t->sync);
+        t->sync = NULL;
+    }
+    serve_client_close(t->server);
+    t->server = NULL;
+}

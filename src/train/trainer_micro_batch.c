@@ -18,7 +18,11 @@
 /* One micro-batch: forward, GRPO loss, backward (gradients accumulate). */
 /* This rank's part of a micro-batch: forward, GRPO loss, backward (gradients
  * accumulate). Fills the values the ranks then share. */
-static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double values[6], char *err) {
+/* A micro-batch's values gathered from every rank: entropy, clip_ratio low / high / region, kl, loss,
+ * clip_ratio low_min / high_max, cispo_clip_ratio, vespo's phi mean. */
+#define N_MB_VALUES 10
+
+static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double values[N_MB_VALUES], char *err) {
     TrainConfig *c = t->cfg;
     Rollout *r = &t->ro;
     const int bs = c->per_device_train_batch_size;
@@ -97,10 +101,35 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
     if (model_train_backward(t->model, t->ts, t->buf.tok_dlogp, t->optimizer.grads, err) != 0) return COLT_ERR;
 
     *part_out = part;
-    double v[6] = {ent_count > 0 ? ent_sum / ent_count : NAN, lm.clip_ratio_low, lm.clip_ratio_high,
-                   lm.clip_ratio_region, lm.kl, loss};
+    double v[N_MB_VALUES] = {ent_count > 0 ? ent_sum / ent_count : NAN, lm.clip_ratio_low, lm.clip_ratio_high,
+                             lm.clip_ratio_region, lm.kl, loss, lm.clip_ratio_low_min, lm.clip_ratio_high_max,
+                             lm.cispo_clip_ratio, lm.vespo_phi_seq_mean};
     memcpy(values, v, sizeof v);
     return COLT_OK;
+}
+
+/* The loss metrics TRL logs for each loss_type: the clip ratios for the clipped losses, cispo's and
+ * vespo's own for theirs, none for sapo. */
+static void add_loss_metrics(Trainer *t, const double *all) {
+    const char *type = t->cfg->loss_type;
+    bool clipped = strcmp(type, "cispo") != 0 && strcmp(type, "sapo") != 0 && strcmp(type, "vespo") != 0;
+    double low_min = NAN, high_max = NAN; /* over the world's sequences, as TRL's gathered nanmin / nanmax */
+    for (int q = 0; q < t->dist.world; q++) {
+        const double *v = all + (size_t)q * N_MB_VALUES;
+        if (clipped) {
+            metrics_add(&t->metrics, "clip_ratio/low_mean", v[1]);
+            metrics_add(&t->metrics, "clip_ratio/high_mean", v[2]);
+            metrics_add(&t->metrics, "clip_ratio/region_mean", v[3]);
+            if (!isnan(v[6]) && !(v[6] >= low_min)) low_min = v[6];
+            if (!isnan(v[7]) && !(v[7] <= high_max)) high_max = v[7];
+        } else if (!strcmp(type, "cispo")) {
+            metrics_add(&t->metrics, "cispo_clip_ratio", v[8]);
+        } else if (!strcmp(type, "vespo")) {
+            metrics_add(&t->metrics, "vespo/phi_seq_mean", v[9]);
+        }
+    }
+    if (!isnan(low_min)) metrics_add(&t->metrics, "clip_ratio/low_min", low_min);
+    if (!isnan(high_max)) metrics_add(&t->metrics, "clip_ratio/high_max", high_max);
 }
 
 /* One micro-batch of the world: every rank its slice, then the ranks' metrics
@@ -111,7 +140,7 @@ int trainer_micro_batch(Trainer *t, double *loss_out, char *err) {
     Rollout *r = &t->ro;
     GrpoSamplingMetrics part;
     memset(&part, 0, sizeof part);
-    double mine[6] = {0};
+    double mine[N_MB_VALUES] = {0};
     if (train_dist_agree(&t->dist, micro_batch_local(t, &part, mine, err), err) != 0) return COLT_ERR;
     if (r->micro_done < c->steps_per_generation) { /* TRL logs these once per round */
         /* every rank's part, merged in rank order (as one process merges its micro-batches) */
@@ -133,17 +162,15 @@ int trainer_micro_batch(Trainer *t, double *loss_out, char *err) {
         }
     }
     /* TRL logs the loss summed over the accumulation window (the Trainer's tr_loss). */
-    double *all = xcalloc((size_t)t->dist.world * 6, sizeof(double));
+    double *all = xcalloc((size_t)t->dist.world * N_MB_VALUES, sizeof(double));
     int rc = train_dist_gather(&t->dist, all, mine, sizeof mine, err);
     for (int q = 0; rc == 0 && q < t->dist.world; q++) {
-        const double *v = all + (size_t)q * 6;
+        const double *v = all + (size_t)q * N_MB_VALUES;
         metrics_add(&t->metrics, "entropy", v[0]);
-        metrics_add(&t->metrics, "clip_ratio/low_mean", v[1]);
-        metrics_add(&t->metrics, "clip_ratio/high_mean", v[2]);
-        metrics_add(&t->metrics, "clip_ratio/region_mean", v[3]);
         if (c->beta > 0) metrics_add(&t->metrics, "kl", v[4]);
         *loss_out += v[5];
     }
+    if (rc == 0) add_loss_metrics(t, all);
     free(all);
     r->micro_done++;
     return rc;

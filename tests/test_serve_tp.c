@@ -8,8 +8,10 @@
  *   the server keeps serving; /colt/info says the weight channel's group size;
  * - colt train vllm_mode server (synchronous) against the TP-2 server: the
  *   trainer pushes its whole model, every server rank keeps its part; the
- *   completions equal a colocated run's, the final weights within float
- *   rounding (the parts' sums are added in another order);
+ *   completions equal a colocated run's (warmup_steps 0, so step 2 is
+ *   generated with the weights step 1 moved and pushed), the final weights
+ *   within a learning rate (the server's log-probs, its parts' sums added in
+ *   another order, enter the loss);
  * - the one-command form: colt train with server_devices [0, 1] (on the CPU:
  *   two server processes) starts `colt serve --tensor_parallel_size 2`, which
  *   starts its two processes itself (no mpirun): the same completions again,
@@ -417,8 +419,8 @@ static double max_weight_diff(const char *a_path, const char *b_path, size_t *n_
 
 #define TRAIN_BASE                                                                                            \
     "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "                 \
-    "--num_eval_prompts 0 --logging_steps 1 --log_completions_count 16 --save_total_limit 0 --save_steps 0 "    \
-    "--device cpu --deterministic true"
+    "--num_eval_prompts 0 --warmup_steps 0 --logging_steps 1 --log_completions_count 16 --save_total_limit 0 "  \
+    "--save_steps 0 --device cpu --deterministic true"
 
 /* True once pid is gone (a zombie counts: its parent reaps it), waiting up to timeout_s. */
 static bool process_gone(pid_t pid, double timeout_s) {
@@ -470,7 +472,10 @@ static void check_weight_push(const Server *s) {
            "largest difference %.3g over %zu values; the server received %d pushes\n",
            same_completions ? "identical" : "DIFFERENT", worst, n, updates);
     CHECK(same_completions, "server mode against TP 2: completions differ from colocated");
-    CHECK(n > 0 && worst < 1e-4, "server mode against TP 2: final weights differ by %g from colocated", worst);
+    /* The server's log-probs (the parts' sums in another order) enter the loss through the importance-sampling
+     * correction; AdamW turns that rounding into up to a step of the learning rate (5e-4) on elements whose
+     * gradient is near zero. A wrong push shows in the completions above. */
+    CHECK(n > 0 && worst < 5e-4, "server mode against TP 2: final weights differ by %g from colocated", worst);
     CHECK(updates == 3, "colt_weight_updates_total %d, want 3 (at connect + 2 steps)", updates);
 
     /* the one-command form: colt train starts colt serve --tensor_parallel_size 2 itself */

@@ -46,6 +46,7 @@
 
 #include "core/fileio.h"
 #include "harness.h"
+#include "serve_harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"
 #define TEST_API_KEY "colt-test-key"
@@ -72,83 +73,15 @@ static const char *BASE =
 
 /* ---------------------------------------------------------------- processes */
 
-typedef struct Server {
-    pid_t pid;
-    int port;
-    char log[300];
-} Server;
-
 static Server g_servers[3];
-
-static void kill_servers(void) {
-    for (int i = 0; i < 3; i++)
-        if (g_servers[i].pid > 0) {
-            kill(g_servers[i].pid, SIGKILL);
-            waitpid(g_servers[i].pid, NULL, 0);
-            g_servers[i].pid = 0;
-        }
-}
 
 /* Starts `colt serve --model model --port 0 ...`, waits (60 s at most) for its "listening" line. */
 static bool server_start(Server *s, const char *name, const char *model) {
-    snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --device %s %s --deterministic --port 0 > %s 2>&1",
-             COLT_BINARY, model, TEST_DEVICE, SERVE_EXTRA, s->log);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    s->pid = pid;
-    double deadline = now_s() + 60;
-    while (now_s() < deadline) {
-        char *text = NULL;
-        size_t len;
-        if (file_read_all(s->log, &text, &len, NULL) != 0) text = NULL;
-        const char *at = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
-        if (at) s->port = atoi(at + strlen("listening on http://127.0.0.1:"));
-        free(text);
-        if (s->port > 0) return true;
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            s->pid = 0;
-            break;
-        }
-        usleep(50 * 1000);
-    }
-    CHECK(0, "colt serve --model %s did not start (log %s)", model, s->log);
-    return false;
+    snprintf(cmd, sizeof cmd, "%s serve --model %s --device %s %s --deterministic --port 0", COLT_BINARY, model,
+             TEST_DEVICE, SERVE_EXTRA);
+    return serve_start(s, name, cmd, 60, false);
 }
-
-/* SIGTERM, then (after timeout_s) SIGKILL; returns the exit status, or -1 when it had to be killed. */
-static int server_stop(Server *s, double timeout_s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int status = 0;
-    for (double deadline = now_s() + timeout_s; now_s() < deadline; usleep(20 * 1000))
-        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    s->pid = 0;
-    return -1;
-}
-
-/* A TCP port nobody listens on now (the kernel's pick, released). */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 /* colt train ARGS, bounded by `timeout`; stderr in *err_out. Returns the exit code (124: timed out). */
 static int run_train(const char *args, char **err_out) {
     char cmd[4096], err_path[300];
@@ -186,43 +119,10 @@ static void expect_error(const char *name, const char *args, const char *needle,
 
 /* ---------------------------------------------------------------- HTTP (libcurl) */
 
-typedef struct Buf {
-    char *data;
-    size_t len;
-} Buf;
-
-static size_t on_data(char *p, size_t size, size_t n, void *user) {
-    Buf *b = user;
-    b->data = realloc(b->data, b->len + size * n + 1);
-    memcpy(b->data + b->len, p, size * n);
-    b->len += size * n;
-    b->data[b->len] = '\0';
-    return size * n;
-}
-
 /* GET (body NULL) or POST; returns the status (0: no answer), the body in *out (malloc'd). */
 static long http(int port, const char *path, const char *body, char **out) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    Buf b = {0};
-    CURL *h = curl_easy_init();
-    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
-    hd = curl_slist_append(hd, "Authorization: Bearer " TEST_API_KEY);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-    if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    long status = 0;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(hd);
-    curl_easy_cleanup(h);
-    if (out) *out = b.data ? b.data : strdup("");
-    else free(b.data);
-    return status;
+    return serve_http(port, path, body, 60000L, out);
 }
-
 /* The value of a /metrics line "name value", or -1. */
 static double server_metric(int port, const char *name) {
     char *text = NULL, key[128];
@@ -239,25 +139,6 @@ static double server_metric(int port, const char *name) {
 __attribute__((noinline)) static pid_t own_server_pid(const char *stderr_text) {
     const char *at = stderr_text ? strstr(stderr_text, "started colt serve (pid ") : NULL;
     return at ? (pid_t)atoi(at + strlen("started colt serve (pid ")) : 0;
-}
-
-/* True once pid is gone (waits up to timeout_s; a zombie counts as gone: its parent reaps it). */
-static bool process_gone(pid_t pid, double timeout_s) {
-    double deadline = now_s() + timeout_s;
-    for (;;) {
-        char path[64], *stat = NULL;
-        size_t len;
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        bool alive = kill(pid, 0) == 0 || errno != ESRCH;
-        if (alive && file_read_all(path, &stat, &len, NULL) == 0) {
-            const char *state = strrchr(stat, ')');
-            alive = !(state && state[1] == ' ' && state[2] == 'Z');
-            free(stat);
-        }
-        if (!alive) return true;
-        if (now_s() > deadline) return false;
-        usleep(50 * 1000);
-    }
 }
 
 /* Bytes the adapters of DIR/adapter_model.safetensors take in the model's
@@ -335,7 +216,7 @@ static double compare_metrics(json_t *a, json_t *b, int *compared) {
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_server_mode_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
-    atexit(kill_servers);
+    atexit(serve_kill_all);
     setenv("COLT_API_KEY", TEST_API_KEY, 1); /* every colt serve and colt train started here */
     curl_global_init(CURL_GLOBAL_DEFAULT);
     char args[4096], col_dir[300], srv_dir[300], async_dir[300], *err;
@@ -715,14 +596,14 @@ int main(void) {
 done:
     for (int i = 0; i < 2; i++) { /* a clean stop (the third server is killed on purpose below), and no sanitizer report in the servers' logs either */
         if (g_servers[i].pid > 0) {
-            int code = server_stop(&g_servers[i], 30);
+            int code = serve_stop(&g_servers[i], SIGTERM, 30);
             CHECK(code == 0, "colt serve %s exited %d after SIGTERM", g_servers[i].log, code);
         }
         char *log = g_servers[i].log[0] ? read_text("/", g_servers[i].log) : NULL;
         CHECK(!log || (!strstr(log, "Sanitizer") && !strstr(log, "runtime error:")), "%s: %s", g_servers[i].log, log);
         free(log);
     }
-    kill_servers();
+    serve_kill_all();
     curl_global_cleanup();
     if (!getenv("KEEP_TMP")) sh("rm -rf %s", g_tmp);
     printf("test_server_mode: %d checks, %d failures\n", g_checks, g_failures);

@@ -41,7 +41,7 @@ static inline void serve_kill_all(void) {
 }
 
 /* Runs `exec COMMAND > g_tmp/NAME.log 2>&1` (COMMAND ends in --port 0) and waits (timeout_s at most) for
- * the "listening on http://127.0.0.1:PORT" line, and for "rank 0: pid N" too when want_rank0. The server
+ * the "listening on http://HOST:PORT" line, and for "rank 0: pid N" too when want_rank0. The server
  * dies with the test (PR_SET_PDEATHSIG). False, after a failed check naming the log, when it did not start. */
 static inline bool serve_start(Server *s, const char *name, const char *command, double timeout_s, bool want_rank0) {
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
@@ -59,13 +59,18 @@ static inline bool serve_start(Server *s, const char *name, const char *command,
             g_started_servers[i] = s;
             break;
         }
-    const char *listening = "listening on http://127.0.0.1:", *rank0 = "rank 0: pid ";
+    const char *listening = "listening on http://", *rank0 = "rank 0: pid ";
     for (double deadline = now_s() + timeout_s; now_s() < deadline; usleep(50 * 1000)) {
         char *text = NULL; /* file_read_all, not read_text: GCC 12 sees a false dangling pointer through it */
         size_t len;
         if (file_read_all(s->log, &text, &len, NULL) != 0) text = NULL;
         const char *at = text ? strstr(text, listening) : NULL, *r = at ? strstr(at, rank0) : NULL;
-        if (at) s->port = atoi(at + strlen(listening));
+        if (at) { /* the port: after the last ':' of HOST:PORT (an IPv6 host has its own) */
+            const char *end = at + strlen(listening), *colon = NULL;
+            for (; *end && *end != '/' && *end != ' ' && *end != '\n'; end++)
+                if (*end == ':') colon = end;
+            if (colon) s->port = atoi(colon + 1);
+        }
         if (r) s->rank0 = (pid_t)atoi(r + strlen(rank0));
         free(text);
         if (s->port > 0 && (!want_rank0 || s->rank0 > 0)) return true;

@@ -83,6 +83,13 @@ static inline bool serve_start(Server *s, const char *name, const char *command,
     return false;
 }
 
+/* A server that has exited leaves the list serve_kill_all reads (it may live on the caller's stack). */
+static inline void serve_forget(Server *s) {
+    s->pid = 0;
+    for (int i = 0; i < SERVE_MAX_SERVERS; i++)
+        if (g_started_servers[i] == s) g_started_servers[i] = NULL;
+}
+
 /* Waits (timeout_s at most) for the server to exit: its exit code (128 + signal when killed), or -1 when
  * it had to be killed. */
 static inline int serve_wait_exit(Server *s, double timeout_s) {
@@ -90,12 +97,12 @@ static inline int serve_wait_exit(Server *s, double timeout_s) {
     int status = 0;
     for (double deadline = now_s() + timeout_s; now_s() < deadline; usleep(20 * 1000))
         if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            s->pid = 0;
+            serve_forget(s);
             return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
-    s->pid = 0;
+    serve_forget(s);
     return -1;
 }
 

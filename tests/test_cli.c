@@ -16,20 +16,9 @@
 
 #include "core/fileio.h"
 #include "shared_data.h"
+#include "harness.h"
 
-static int g_failures = 0, g_checks = 0;
 static char g_tmp[256];
-
-#define CHECK(cond, ...)                                   \
-    do {                                                   \
-        g_checks++;                                        \
-        if (!(cond)) {                                     \
-            g_failures++;                                  \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                  \
-            fputc('\n', stderr);                           \
-        }                                                  \
-    } while (0)
 
 /* Runs `colt ARGS < stdin_text`; returns the exit code, fills stdout/stderr. */
 static int run(const char *args, const char *stdin_text, char **out, char **errout) {
@@ -47,12 +36,6 @@ static int run(const char *args, const char *stdin_text, char **out, char **erro
     if (file_read_all(out_path, out, &len, NULL) != 0) *out = strdup("");
     if (file_read_all(err_path, errout, &len, NULL) != 0) *errout = strdup("");
     return code;
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
 }
 
 /* Expects failure: non-zero exit, empty stdout, exactly one stderr line containing `needle`. */

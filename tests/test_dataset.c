@@ -16,21 +16,10 @@
 #include "data/dataset.h"
 #include "tokenizer/tokenizer.h"
 #include "shared_data.h"
+#include "harness.h"
 
 #define FIXTURES COLT_SOURCE_DIR "/tests/data/datasets/"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                      \
-    do {                                                      \
-        checks++;                                             \
-        if (!(cond)) {                                        \
-            failures++;                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                     \
-            fprintf(stderr, "\n");                            \
-        }                                                     \
-    } while (0)
 
 static void print_escaped(FILE *f, const char *s) {
     for (; *s; s++) fputs(*s == '\n' ? "\\n" : (char[2]){*s, 0}, f);
@@ -428,6 +417,6 @@ int main(void) {
     else shared_data_skipped("chat_template_kwargs with Qwen3's template (the Qwen2.5 tokenizer's files)");
     test_epoch_order();
     tokenizer_free(tok);
-    printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
-    return failures ? 1 : 0;
+    printf("%s: %d g_checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

@@ -4,7 +4,7 @@
  * int64), all_gather (fp32, bytes), broadcast (bytes, fp64, from the first and
  * the last rank), barrier.
  *
- * Run plainly it checks the world-of-one communicator, argument errors, the
+ * Run plainly it g_checks the world-of-one communicator, argument errors, the
  * backend policy (comm_choose_kind) and, where Gloo is built, forks 2 and 4
  * ranks on 127.0.0.1 as torchrun would and runs the same ops over Gloo, then a
  * rank that exits early and a rank that hangs: the others must fail within the
@@ -29,6 +29,7 @@
 
 #include "core/error.h"
 #include "dist/comm.h"
+#include "harness.h"
 
 #ifdef COLT_HAVE_MPI
 #define COMM_HAS_MPI 1
@@ -46,25 +47,7 @@
 #define COMM_HAS_NCCL 0
 #endif
 
-static int failures = 0, checks = 0;
 static const char *who = "test"; /* "rank 2 (gloo, 4 ranks)" in ranks, for messages */
-
-#define CHECK(cond, ...)                                                 \
-    do {                                                                 \
-        checks++;                                                        \
-        if (!(cond)) {                                                   \
-            fprintf(stderr, "FAIL %s:%d [%s]: ", __FILE__, __LINE__, who); \
-            fprintf(stderr, __VA_ARGS__);                                \
-            fprintf(stderr, "\n");                                       \
-            failures++;                                                  \
-        }                                                                \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---------------------------------------------------------------- the ops */
 
@@ -342,7 +325,7 @@ static void gloo_rank(int rank, int world, int port, int fail, double timeout) {
         CHECK(comm_kind(c) == COMM_GLOO, "torchrun CPU ranks got %s", comm_kind_name(comm_kind(c)));
         check_all_ops(c);
         comm_close(c);
-        exit(failures ? 1 : 0); /* exit, not _exit: an ASan build checks this rank for leaks */
+        exit(g_failures ? 1 : 0); /* exit, not _exit: an ASan build g_checks this rank for leaks */
     }
     /* Every other rank says it is past the barrier before rank 1 fails: else
      * rank 0 could see rank 1 gone, abort and take the store it serves down
@@ -447,8 +430,8 @@ static int run_mpi(const LaunchEnv *env, const char *fail, double timeout) {
         double t0 = now_s();
         check_all_ops(c);
         comm_close(c);
-        printf("[%s] %d checks, %d failures (%.1f s)\n", who, checks, failures, now_s() - t0);
-        return failures ? 1 : 0;
+        printf("[%s] %d g_checks, %d g_failures (%.1f s)\n", who, g_checks, g_failures, now_s() - t0);
+        return g_failures ? 1 : 0;
     }
     if (env->rank == 1) {
         if (!strcmp(fail, "exit")) exit(0); /* without MPI_Finalize: mpirun ends the job */
@@ -513,6 +496,6 @@ int main(int argc, char **argv) {
 #else
     printf("gloo: not built (libgloo-dev missing), forked-rank tests skipped; MPI runs are in tests/dist_comm.sh\n");
 #endif
-    printf("test_dist_comm: %d checks in this process, %d failures (%.1f s)\n", checks, failures, now_s() - t0);
-    return failures ? 1 : 0;
+    printf("test_dist_comm: %d g_checks in this process, %d g_failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
+    return g_failures ? 1 : 0;
 }

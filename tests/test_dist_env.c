@@ -8,19 +8,8 @@
 
 #include "core/error.h"
 #include "dist/launch_env.h"
+#include "harness.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                             \
-    do {                                                             \
-        checks++;                                                    \
-        if (!(cond)) {                                               \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
-            fprintf(stderr, __VA_ARGS__);                            \
-            fprintf(stderr, "\n");                                   \
-            failures++;                                              \
-        }                                                            \
-    } while (0)
 
 #define MAX_VARS 24
 typedef struct {
@@ -268,6 +257,6 @@ int main(void) {
     char err[ERR_LEN] = "";
     int rc = launch_env_from_process(&e, err);
     CHECK(rc == COLT_OK || err[0], "launch_env_from_process failed without a message");
-    printf("test_dist_env: %zu environments, %d checks, %d failures\n", n, checks, failures);
-    return failures ? 1 : 0;
+    printf("test_dist_env: %zu environments, %d g_checks, %d g_failures\n", n, g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

@@ -32,19 +32,8 @@ int main(void) {
 
 #include "core/error.h"
 #include "dist/comm.h"
+#include "harness.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                             \
-    do {                                                             \
-        checks++;                                                    \
-        if (!(cond)) {                                               \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
-            fprintf(stderr, __VA_ARGS__);                            \
-            fprintf(stderr, "\n");                                   \
-            failures++;                                              \
-        }                                                            \
-    } while (0)
 
 static double now_s(void) {
     struct timespec ts;
@@ -184,7 +173,7 @@ static void nccl_rank(int rank, int port, const char *mode) {
         for (size_t k = 0; k < n; k++) bad += back[k] != 3.0f + 1.0f * (float)(k % 4096);
     }
     CHECK(!bad, "rank %d: %zu results wrong over two GPUs", rank, bad);
-    if (failures) _exit(3);
+    if (g_failures) _exit(3);
     printf("nccl, two GPUs, rank %d: sums, reduce, gathers, broadcast and barrier right\n", rank);
     fflush(stdout);
     if (store_barrier(store, "ops-done", err) != COLT_OK) goto setup_failed;
@@ -335,7 +324,7 @@ int main(void) {
 
     int version = 0;
     ncclGetVersion(&version);
-    printf("test_dist_nccl: NCCL %d, %d checks, %d failures (%.1f s)\n", version, checks, failures, now_s() - t0);
-    return failures ? 1 : 0;
+    printf("test_dist_nccl: NCCL %d, %d g_checks, %d g_failures (%.1f s)\n", version, g_checks, g_failures, now_s() - t0);
+    return g_failures ? 1 : 0;
 }
 #endif

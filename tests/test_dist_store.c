@@ -8,7 +8,7 @@
  * another is dropped in one line), bound to 127.0.0.1 alone, and a wait ended
  * at once by the cancel flag.
  * --torch-peer and --serve are the colt halves of tests/dist_torch_store.sh,
- * which checks the same against PyTorch's own TCPStore where torch is installed. */
+ * which g_checks the same against PyTorch's own TCPStore where torch is installed. */
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -24,26 +24,9 @@
 #include "core/error.h"
 #include "dist/store.h"
 #include "dist/store_server.h"
+#include "harness.h"
 
-static int failures = 0, checks = 0;
 static char self[64];
-
-#define CHECK(cond, ...)                                             \
-    do {                                                             \
-        checks++;                                                    \
-        if (!(cond)) {                                               \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
-            fprintf(stderr, __VA_ARGS__);                            \
-            fprintf(stderr, "\n");                                   \
-            failures++;                                              \
-        }                                                            \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* A port nobody listens on right now (the kernel's pick for port 0). */
 static int free_port(void) {
@@ -161,7 +144,7 @@ static void rank_main(int rank, int port) {
     }
     CHECK(store_barrier(s, "end", err) == COLT_OK, "end barrier: %s", err);
     store_close(s);
-    exit(failures ? 1 : 0); /* exit, not _exit: an ASan build checks this rank for leaks */
+    exit(g_failures ? 1 : 0); /* exit, not _exit: an ASan build g_checks this rank for leaks */
 }
 
 static void test_two_ranks(void) {
@@ -174,7 +157,7 @@ static void test_two_ranks(void) {
     wait_ranks(pids, 2, 30.0, "two ranks");
 }
 
-/* ---------------------------------------------------------------- failures */
+/* ---------------------------------------------------------------- g_failures */
 
 static void test_port_in_use(void) {
     int port = 0, fd = listen_silent(&port);
@@ -399,8 +382,8 @@ static int torch_peer(int port) {
     }
     CHECK(store_barrier(s, "b", err) == COLT_OK, "barrier with torch: %s", err);
     store_close(s);
-    printf("torch-peer: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("torch-peer: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }
 
 /* tests/dist_torch_store.sh: colt's server on port, with a torch client as the
@@ -421,8 +404,8 @@ static int serve_for_torch(int port) {
     CHECK(store_get(s, &v, &n, "done", err) == COLT_OK, "get done: %s", err);
     free(v);
     store_close(s);
-    printf("serve-for-torch: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("serve-for-torch: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }
 
 /* The weight channel's store: a token, loopback only, a cancellable wait. */
@@ -514,6 +497,6 @@ int main(int argc, char **argv) {
     test_server_dies();
     test_token_bind_cancel();
     test_two_ranks();
-    printf("test_dist_store: %d checks in this process, %d failures (%.1f s)\n", checks, failures, now_s() - t0);
-    return failures ? 1 : 0;
+    printf("test_dist_store: %d g_checks in this process, %d g_failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
+    return g_failures ? 1 : 0;
 }

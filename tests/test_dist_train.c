@@ -21,6 +21,11 @@
  *   - a rank killed mid-run: the job ends, non-zero, within the bound;
  *   - bad launches: inconsistent variables, a batch the world cannot split, a
  *     MASTER_PORT another process holds, a MASTER_ADDR nobody answers.
+ * Each run is two steps, a checkpoint after each: step 1 starts from fresh
+ * optimizer state, step 2 uses the moments and the weights step 1 changed
+ * (checked to move them, so no identity below holds for want of training),
+ * and a resume from checkpoint-1 redoes step 2. Kept that short for the
+ * test's budget under ASan on 2 cores (docs/testing.md).
  * Skips (exit 77) when mpirun is not installed. */
 #include <dirent.h>
 #include <jansson.h>
@@ -232,26 +237,32 @@ int main(void) {
     /* 1. world size 2 against one process, 16 samples a step (4 prompts x 8 completions a round) */
     snprintf(one, sizeof one, "%s/one", g_tmp);
     snprintf(two, sizeof two, "%s/two", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
              "--gradient_accumulation_steps 2 --output_dir %s", BASE, one);
     code = run("", args, &err);
     CHECK(code == 0, "one process: exit %d: %s", code, err);
     free(err);
     snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
              "--gradient_accumulation_steps 1 --output_dir %s", BASE, two);
     code = run(prefix, args, &err);
     CHECK(code == 0, "mpirun -np 2: exit %d: %s", code, err);
     CHECK(strstr(err, "data parallel: 2 processes") != NULL, "mpirun -np 2 did not run as 2 ranks: %s", err);
     free(err);
     compare_runs("world size 2", one, two, 1e-4, 1e-5);
+    char two_step1[320];
+    snprintf(two_step1, sizeof two_step1, "%s/checkpoint-1", two);
+    double step2_moved = weights_difference(two_step1, two);
+    printf("world size 2: step 2 moved the weights by up to %g\n", step2_moved);
+    CHECK(step2_moved > 0 && isfinite(step2_moved), "world size 2: step 2 left the weights as they were (%g): the identities "
+          "below would hold without training", step2_moved);
     CHECK(unexpected_files(two) == 0, "world size 2 wrote unexpected files");
 
     /* 1b. the same 2-rank run started by colt itself (torchrun's variables, the store and Gloo instead of MPI):
      * the same bits as under mpirun */
     char self2[300];
     snprintf(self2, sizeof self2, "%s/self2", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
              "--gradient_accumulation_steps 1 --nproc_per_node 2 --output_dir %s", BASE, self2);
     code = run("env " NO_LEAK_CHECK, args, &err);
     CHECK(code == 0, "--nproc_per_node 2: exit %d: %s", code, err);
@@ -265,25 +276,25 @@ int main(void) {
     char one4[300], four[300];
     snprintf(one4, sizeof one4, "%s/one4", g_tmp);
     snprintf(four, sizeof four, "%s/four", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 3 --per_device_train_batch_size 8 --gradient_accumulation_steps 4 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --per_device_train_batch_size 8 --gradient_accumulation_steps 4 "
              "--output_dir %s", BASE, one4);
     code = run("", args, &err);
     CHECK(code == 0, "one process (4 micro-batches): exit %d: %s", code, err);
     free(err);
     snprintf(prefix, sizeof prefix, "%s -np 4", MPIRUN);
-    snprintf(args, sizeof args, "%s --max_steps 3 --per_device_train_batch_size 8 --gradient_accumulation_steps 1 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --per_device_train_batch_size 8 --gradient_accumulation_steps 1 "
              "--output_dir %s", BASE, four);
     code = run(prefix, args, &err);
     CHECK(code == 0, "mpirun -np 4: exit %d: %s", code, err);
     free(err);
     compare_runs("world size 4", one4, four, 1e-4, 1e-5);
 
-    /* 3. resume: checkpoint-2 of the 2-rank run, at world size 2 (exact) and at world size 1 */
+    /* 3. resume: checkpoint-1 of the 2-rank run, at world size 2 (exact) and at world size 1 */
     char resumed[300];
     snprintf(resumed, sizeof resumed, "%s/resumed2", g_tmp);
     snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
-             "--gradient_accumulation_steps 1 --output_dir %s --resume_from_checkpoint %s/checkpoint-2", BASE,
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 1 --output_dir %s --resume_from_checkpoint %s/checkpoint-1", BASE,
              resumed, two);
     code = run(prefix, args, &err);
     CHECK(code == 0, "resume at world size 2: exit %d: %s", code, err);
@@ -292,8 +303,8 @@ int main(void) {
     printf("resume of a 2-rank checkpoint at world size 2: final weights identical: %s\n", exact ? "yes" : "NO");
     CHECK(exact, "resuming at world size 2 changed the result");
     snprintf(resumed, sizeof resumed, "%s/resumed1", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
-             "--gradient_accumulation_steps 2 --output_dir %s --resume_from_checkpoint %s/checkpoint-2", BASE,
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
+             "--gradient_accumulation_steps 2 --output_dir %s --resume_from_checkpoint %s/checkpoint-1", BASE,
              resumed, two);
     code = run("", args, &err);
     double w = weights_difference(two, resumed);
@@ -317,7 +328,7 @@ int main(void) {
         if (k == 0) snprintf(z1, sizeof z1, "%s", dir);
         if (k == 5) snprintf(z3, sizeof z3, "%s", dir);
         snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
-        snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+        snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
                  "--gradient_accumulation_steps 1 %s --output_dir %s", BASE, zero_cases[k][1], dir);
         code = run(prefix, args, &err);
         CHECK(code == 0, "mpirun -np 2 %s: exit %d: %s", zero_cases[k][1], code, err);
@@ -325,7 +336,7 @@ int main(void) {
         if (k == 4) { /* clipping on: against zero_stage 0 with the same clipping */
             char ref[300];
             snprintf(ref, sizeof ref, "%s/two_clipped", g_tmp);
-            snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+            snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
                      "--gradient_accumulation_steps 1 --max_grad_norm 0.01 --output_dir %s", BASE, ref);
             code = run(prefix, args, &err);
             CHECK(code == 0, "mpirun -np 2 --max_grad_norm 0.01: exit %d: %s", code, err);
@@ -353,7 +364,7 @@ int main(void) {
         snprintf(dir, sizeof dir, "%s/z3_%s", g_tmp, z3_cases[k].name);
         snprintf(prefix, sizeof prefix, "%s -np %d", MPIRUN, z3_cases[k].np);
         for (int z = 0; z < 2; z++) {
-            snprintf(args, sizeof args, "%s --max_steps 3 --per_device_train_batch_size %d "
+            snprintf(args, sizeof args, "%s --max_steps 2 --per_device_train_batch_size %d "
                      "--gradient_accumulation_steps 1 %s --zero_stage %d --output_dir %s", BASE, z3_cases[k].batch,
                      z3_cases[k].extra, z ? 3 : 0, z ? dir : ref);
             code = run(prefix, args, &err);
@@ -370,9 +381,9 @@ int main(void) {
         char dir[300];
         snprintf(dir, sizeof dir, "%s/z3_resumed%d", g_tmp, np);
         snprintf(prefix, sizeof prefix, "%s -np %d", MPIRUN, np);
-        snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size %d "
+        snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size %d "
                  "--gradient_accumulation_steps 1 --zero_stage 3 --output_dir %s --resume_from_checkpoint "
-                 "%s/checkpoint-2", BASE, 16 / np, dir, z3);
+                 "%s/checkpoint-1", BASE, 16 / np, dir, z3);
         code = run(prefix, args, &err);
         double wd = weights_difference(z3, dir);
         printf("zero_stage 3 checkpoint of 2 ranks resumed at world size %d: exit %d, final weights within %g\n", np,
@@ -385,19 +396,19 @@ int main(void) {
      * after it (the unsharded run accumulates them inside the backward's ops): float rounding apart */
     char one_z2[300];
     snprintf(one_z2, sizeof one_z2, "%s/one_z2", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
              "--gradient_accumulation_steps 2 --zero_stage 2 --output_dir %s", BASE, one_z2);
     code = run("", args, &err);
     CHECK(code == 0, "one process, zero_stage 2: exit %d: %s", code, err);
     free(err);
     compare_runs("one process, zero_stage 2, 2 micro-batches", one, one_z2, 1e-4, 1e-5);
     char ck_shard[400];
-    snprintf(ck_shard, sizeof ck_shard, "%s/checkpoint-2/optimizer-rank00001-of-00002.safetensors", z1);
+    snprintf(ck_shard, sizeof ck_shard, "%s/checkpoint-1/optimizer-rank00001-of-00002.safetensors", z1);
     CHECK(file_exists(ck_shard), "zero_stage 1 checkpoint has no shard file %s", ck_shard);
     /* one process with the optimizer offloaded: the same bits as without */
     char one_off[300];
     snprintf(one_off, sizeof one_off, "%s/one_offload", g_tmp);
-    snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size 8 "
+    snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
              "--gradient_accumulation_steps 2 --offload_optimizer cpu --output_dir %s", BASE, one_off);
     code = run("", args, &err);
     CHECK(code == 0, "one process, offload_optimizer cpu: exit %d: %s", code, err);
@@ -415,9 +426,9 @@ int main(void) {
         char dir[300];
         snprintf(dir, sizeof dir, "%s/z1_resumed%d", g_tmp, resume_cases[k].np);
         snprintf(prefix, sizeof prefix, "%s -np %d", MPIRUN, resume_cases[k].np);
-        snprintf(args, sizeof args, "%s --max_steps 4 --save_steps 2 --per_device_train_batch_size %d "
+        snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size %d "
                  "--gradient_accumulation_steps %d --zero_stage 1 --output_dir %s --resume_from_checkpoint "
-                 "%s/checkpoint-2", BASE, resume_cases[k].batch, resume_cases[k].accum, dir, z1);
+                 "%s/checkpoint-1", BASE, resume_cases[k].batch, resume_cases[k].accum, dir, z1);
         code = run(resume_cases[k].np > 1 ? prefix : "", args, &err);
         double wd = weights_difference(z1, dir);
         printf("zero_stage 1 checkpoint of 2 ranks resumed at world size %d: exit %d, final weights within %g\n",
@@ -430,8 +441,8 @@ int main(void) {
     char moved[420];
     snprintf(moved, sizeof moved, "%s.away", ck_shard);
     CHECK(rename(ck_shard, moved) == 0, "cannot move %s", ck_shard);
-    snprintf(args, sizeof args, "%s --max_steps 4 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
-             "--zero_stage 1 --output_dir %s/z1_lost --resume_from_checkpoint %s/checkpoint-2", BASE, g_tmp, z1);
+    snprintf(args, sizeof args, "%s --max_steps 2 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+             "--zero_stage 1 --output_dir %s/z1_lost --resume_from_checkpoint %s/checkpoint-1", BASE, g_tmp, z1);
     code = run("", args, &err);
     printf("resume with a shard file missing: exit %d: %s", code, err);
     CHECK(code != 0 && strstr(err, "optimizer-rank00001-of-00002.safetensors is missing"),

@@ -18,19 +18,9 @@
 #include "model/model.h"
 
 #include "engine_requests.h"
+#include "harness.h"
 
-static int failures = 0, checks = 0;
 static int min_i(int a, int b) { return a < b ? a : b; }
-#define CHECK(cond, ...)                                 \
-    do {                                                 \
-        checks++;                                        \
-        if (!(cond)) {                                   \
-            failures++;                                  \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                \
-            fprintf(stderr, "\n");                       \
-        }                                                \
-    } while (0)
 
 
 /* The model in `dir` on the CPU backend, or NULL (a failed check). */
@@ -295,6 +285,6 @@ int main(void) {
     run_deterministic(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_deterministic(COLT_SOURCE_DIR "/models/stories260K");
     run_prefix_cache(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
-    printf("test_engine: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("test_engine: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

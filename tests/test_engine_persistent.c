@@ -22,18 +22,7 @@
 #include "model/model.h"
 #include "model/model_train.h"
 #include "train/optim.h"
-
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        checks++;                                                \
-        if (!(cond)) {                                           \
-            failures++;                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
+#include "harness.h"
 
 #define N_REQ 8
 #define MAX_PROMPT 40
@@ -448,6 +437,6 @@ int main(void) {
         run_weight_update(dirs[d]);
     }
     backend_cpu()->set_batch_invariant(backend_cpu(), 0);
-    printf("test_engine_persistent: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("test_engine_persistent: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

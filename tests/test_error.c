@@ -11,24 +11,13 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "harness.h"
 
 /* Under AddressSanitizer a huge malloc would be reported as a bug instead of
  * returning NULL, which is what these cases need to reach colt's handler. */
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
-static int g_checks = 0, g_failures = 0;
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
 
 enum { CASE_MALLOC, CASE_CALLOC_PRODUCT, CASE_CALLOC_OVERFLOW, CASE_REALLOC };
 

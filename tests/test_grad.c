@@ -28,18 +28,8 @@
 #include "model/model.h"
 #include "model/model_train.h"
 #include "shared_data.h"
+#include "harness.h"
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            g_failures++;                               \
-        }                                               \
-    } while (0)
 
 /* A packed batch: the golden sequences concatenated, sequence s in slot s. */
 typedef struct Batch {

@@ -21,18 +21,8 @@
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "harness.h"
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            g_failures++;                               \
-        }                                               \
-    } while (0)
 
 #define DIR_REL "tests/data/models/tiny-llama3-f32"
 #define MODEL_DIR COLT_SOURCE_DIR "/" DIR_REL

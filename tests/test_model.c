@@ -22,18 +22,8 @@
 #include "model/model.h"
 #include "model/model_train.h"
 #include "shared_data.h"
+#include "harness.h"
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                           \
-    do {                                           \
-        if (!(cond)) {                             \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                   \
-            printf("\n");                          \
-            g_failures++;                          \
-        }                                          \
-    } while (0)
 
 static int *json_ints(const json_t *a, int *n) {
     *n = (int)json_array_size(a);

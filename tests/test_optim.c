@@ -17,6 +17,7 @@
 #include "core/floats.h"
 #include "model/model_train.h"
 #include "train/optim.h"
+#include "harness.h"
 
 #define N_RUNS 6
 #define N_LR_TABLES 7
@@ -27,17 +28,6 @@
  * of 0.01 (1 ulp = 9e-10); 1e-8 allows ~10 of them over 6 steps. */
 #define PARAM_ABS_TOL 1e-8
 
-static int failures = 0;
-
-#define CHECK(cond, ...)                              \
-    do {                                              \
-        if (!(cond)) {                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);             \
-            fprintf(stderr, "\n");                    \
-            failures++;                               \
-        }                                             \
-    } while (0)
 
 static const ModelConfig TINY = {
     .arch = ARCH_LLAMA, .hidden_size = 4, .intermediate_size = 4, .num_hidden_layers = 1,
@@ -165,7 +155,7 @@ static void test_runs(const json_t *root, Model *m, ModelGrads *g, const Backend
         printf("%s %s: %s/warmup=%d: %d steps, params max |diff| %.2g (%.2g of the tolerance), lr rel %.2g, grad norm rel %.2g\n", ok ? "ok  " : "FAIL",
                label, name, warm, steps, worst_abs, worst_param, worst_lr, worst_norm);
         if (ok) passed++;
-        else failures++;
+        else g_failures++;
         optim_free(o);
     }
     printf("optimizer (%s): %d/%d runs match torch.optim.AdamW + transformers schedules\n", label, passed, N_RUNS);
@@ -435,10 +425,10 @@ int main(void) {
     model_grads_free(g);
     model_free(m);
     json_decref(root);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (g_failures) {
+        fprintf(stderr, "%d failure(s)\n", g_failures);
         return 1;
     }
-    printf("all optimizer checks pass\n");
+    printf("all optimizer g_checks pass\n");
     return 0;
 }

@@ -15,19 +15,8 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "train/report.h"
+#include "harness.h"
 
-static int g_checks = 0, g_failures = 0;
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        g_checks++;                                              \
-        if (!(cond)) {                                           \
-            g_failures++;                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-        }                                                        \
-    } while (0)
 
 /* The ticks as text, "0 0.2 0.4" (each printed with the axis' decimals). */
 static void ticks_text(char *buf, size_t cap, AxisTicks t) {
@@ -91,7 +80,8 @@ static void test_ticks(void) {
     expect_ticks(0.31, 0.69, 3, false, false, "0.4 0.5 0.6");
 }
 
-static char *read_text(const char *path) {
+/* path's contents, or NULL after a failed check naming why. */
+static char *read_checked(const char *path) {
     char *data = NULL, err[ERR_LEN];
     size_t len;
     if (file_read_all(path, &data, &len, err) != 0) {
@@ -127,7 +117,7 @@ static void run_report(const char *dir, const char *metrics, double before, doub
     json_t *config = json_pack("{s:i}", "max_steps", (int)steps);
     CHECK(report_write(dir, &s, config, err) == 0, "report_write: %s", err);
     snprintf(path, sizeof path, "%s/reward_curve.svg", dir);
-    *svg = read_text(path);
+    *svg = read_checked(path);
     snprintf(path, sizeof path, "%s/summary.json", dir);
     *summary = json_load_file(path, 0, NULL);
 }
@@ -228,7 +218,7 @@ static void test_training_curves(void) {
                NAN, NAN, 4, &svg, &sum);
     free(svg), json_decref(sum);
     snprintf(path, sizeof path, "%s/training_curves.svg", dir);
-    svg = read_text(path);
+    svg = read_checked(path);
     const char *titles[] = {"loss", "KL to the reference model", "entropy (nats per token)",
                             "mean completion length (tokens)"};
     if (svg) {
@@ -268,7 +258,7 @@ static void test_training_curves(void) {
     run_report(dir, "{\"step\": 1, \"reward\": 0.5, \"loss\": 0.0, \"entropy\": 3.0, \"completions/mean_length\": 8}\n",
                NAN, NAN, 1, &svg, &sum);
     free(svg), json_decref(sum);
-    svg = read_text(path);
+    svg = read_checked(path);
     if (svg) {
         CHECK(count(svg, "<g class=\"panel\">") == 3 && !strstr(svg, titles[1]) && count(svg, "<circle") == 3 &&
                   count(svg, "<polyline") == 0,
@@ -280,7 +270,7 @@ static void test_training_curves(void) {
     /* no metrics: panels say so */
     run_report(dir, "", NAN, NAN, 0, &svg, &sum);
     free(svg), json_decref(sum);
-    svg = read_text(path);
+    svg = read_checked(path);
     if (svg) CHECK(count(svg, "not logged") == 3 && !strstr(svg, "<polyline"), "no metrics: 3 'not logged' panels");
     free(svg);
     char cmd[600];

@@ -28,25 +28,8 @@
 #include "data/dataset.h"
 #include "data/rewards.h"
 #include "shared_data.h"
+#include "harness.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        checks++;                                                \
-        if (!(cond)) {                                           \
-            failures++;                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Builds a reward from JSON text; NULL (with the message in err) on error. */
 static RewardFunc *make(const char *spec_text, char *err) {
@@ -382,7 +365,7 @@ static void test_math_math500(void) {
 
 static void test_example_program(void) {
     if (system("command -v python3 >/dev/null 2>&1") != 0) {
-        printf("SKIP examples/reward_example.py: python3 not found (the shell-program checks still run)\n");
+        printf("SKIP examples/reward_example.py: python3 not found (the shell-program g_checks still run)\n");
         return;
     }
     char err[ERR_LEN];
@@ -1273,7 +1256,7 @@ static void test_python_worker_failures(void) {
         reward_free(slow);
         CHECK(now_s() - t1 < 2.0, "freeing a killed worker took %.2f s", now_s() - t1);
     }
-    check_no_children("python worker failures");
+    check_no_children("python worker g_failures");
 }
 
 static void test_python(void) {
@@ -1312,6 +1295,6 @@ int main(void) {
     test_bad_programs();
     test_python();
     test_reliability();
-    printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
-    return failures ? 1 : 0;
+    printf("%s: %d g_checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

@@ -16,18 +16,8 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "model/model.h"
+#include "harness.h"
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            g_failures++;                               \
-        }                                               \
-    } while (0)
 
 /* Distance in representable fp32 values (both finite, same sign here). */
 static long ulp_distance(float a, float b) {

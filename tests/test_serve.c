@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "serve_harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"
 #define REQUEST_TIMEOUT_MS 120000L
@@ -41,78 +42,15 @@ static const char *PROMPTS[] = {"Once upon a time", "Tom and Lily went to the pa
 
 /* ---------------------------------------------------------------- the server process */
 
-typedef struct Server {
-    pid_t pid;
-    int port;
-    char log[300];
-} Server;
-
-static Server *g_servers[4];
-
-static void kill_servers(void) {
-    for (int i = 0; i < 4; i++)
-        if (g_servers[i] && g_servers[i]->pid > 0) {
-            kill(g_servers[i]->pid, SIGKILL);
-            waitpid(g_servers[i]->pid, NULL, 0);
-            g_servers[i]->pid = 0;
-        }
-}
-
 /* Starts `colt serve ARGS --port 0`, waits (60 s at most) for its "listening" line. */
 static bool server_start(Server *s, const char *name, const char *args) {
-    snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "exec %s serve %s --port 0 > %s 2>&1", COLT_BINARY, args, s->log);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    s->pid = pid;
-    s->port = 0;
-    for (int i = 0; i < 4; i++)
-        if (!g_servers[i]) {
-            g_servers[i] = s;
-            break;
-        }
-    double deadline = now_s() + 60;
-    while (now_s() < deadline) {
-        char *text = NULL;
-        size_t text_len;
-        if (file_read_all(s->log, &text, &text_len, NULL) != 0) text = NULL;
-        const char *at = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
-        if (at) s->port = atoi(at + strlen("listening on http://127.0.0.1:"));
-        free(text);
-        if (s->port > 0) return true;
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            s->pid = 0;
-            break;
-        }
-        usleep(50 * 1000);
-    }
-    CHECK(0, "colt serve %s did not start (log %s)", args, s->log);
-    return false;
+    snprintf(cmd, sizeof cmd, "%s serve %s --port 0", COLT_BINARY, args);
+    return serve_start(s, name, cmd, 60, false);
 }
 
 /* Sends sig and waits (timeout_s at most) for the exit; returns the exit code, or -1 (then it is killed). */
-static int server_stop(Server *s, int sig, double timeout_s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, sig);
-    double deadline = now_s() + timeout_s;
-    int status = 0;
-    while (now_s() < deadline) {
-        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        }
-        usleep(20 * 1000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    s->pid = 0;
-    return -1;
-}
+static int server_stop(Server *s, int sig, double timeout_s) { return serve_stop(s, sig, timeout_s); }
 
 /* ---------------------------------------------------------------- HTTP */
 
@@ -923,7 +861,7 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
-    atexit(kill_servers);
+    atexit(serve_kill_all);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     setenv("OMP_WAIT_POLICY", "passive", 0); /* the server and colt generate share the machine's cores */
     printf("bad flags\n");
@@ -942,7 +880,7 @@ int main(void) {
     }
     printf("chat\n");
     check_chat();
-    kill_servers();
+    serve_kill_all();
     curl_global_cleanup();
     sh("rm -rf %s", g_tmp);
     printf("test_serve: %d checks, %d failures\n", g_checks, g_failures);

@@ -43,6 +43,7 @@
 #include "core/error.h"
 #include "parallel/weight_sync.h"
 #include "harness.h"
+#include "serve_harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/models/stories260K"
 #define KEY "test-key-0123456789abcdef"
@@ -50,107 +51,39 @@
 
 /* ---------------------------------------------------------------- processes */
 
-typedef struct Server {
-    pid_t pid;
-    int port;
-    char log[300];
-} Server;
-
 static Server g_servers[4];
-
-static void kill_servers(void) {
-    for (int i = 0; i < 4; i++)
-        if (g_servers[i].pid > 0) {
-            kill(g_servers[i].pid, SIGKILL);
-            waitpid(g_servers[i].pid, NULL, 0);
-            g_servers[i].pid = 0;
-        }
-}
 
 /* `colt serve --model MODEL ARGS --port 0` (COLT_API_KEY=env_key when given), waits for its "listening on
  * http://HOST:" line. */
 static bool server_start(Server *s, const char *name, const char *host, const char *args, const char *env_key) {
-    snprintf(s->log, sizeof s->log, "%s/%s.log", g_tmp, name);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --host %s %s --port 0 > %s 2>&1", COLT_BINARY, MODEL, host,
-             args, s->log);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (env_key) setenv("COLT_API_KEY", env_key, 1);
-        else unsetenv("COLT_API_KEY");
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    s->pid = pid;
-    s->port = 0;
-    char needle[128];
-    snprintf(needle, sizeof needle, "listening on http://%s:", host);
-    for (double t0 = now_s(); now_s() - t0 < 60; usleep(50 * 1000)) {
-        char *text = NULL;
-        size_t len;
-        if (file_read_all(s->log, &text, &len, NULL) == 0) {
-            const char *at = strstr(text, needle);
-            if (at) s->port = atoi(at + strlen(needle));
-        }
-        free(text);
-        if (s->port > 0) return true;
-        if (waitpid(pid, NULL, WNOHANG) == pid) break;
-    }
-    s->pid = 0;
-    CHECK(0, "colt serve %s did not start (log %s)", args, s->log);
-    return false;
+    snprintf(cmd, sizeof cmd, "env %s%s %s serve --model %s --host %s %s --port 0", env_key ? "COLT_API_KEY=" : "-u COLT_API_KEY",
+             env_key ? env_key : "", COLT_BINARY, MODEL, host, args);
+    return serve_start(s, name, cmd, 60, false);
 }
 
 /* Sends sig; the exit code, or -1 after timeout_s (then it is killed). *seconds: how long it took. */
 static int server_stop(Server *s, int sig, double timeout_s, double *seconds) {
-    if (s->pid <= 0) return -1;
     double t0 = now_s();
-    kill(s->pid, sig);
-    int status = 0;
-    while (now_s() - t0 < timeout_s) {
-        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            s->pid = 0;
-            if (seconds) *seconds = now_s() - t0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        }
-        usleep(20 * 1000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    s->pid = 0;
+    int code = serve_stop(s, sig, timeout_s);
     if (seconds) *seconds = now_s() - t0;
-    return -1;
+    return code;
 }
 
 /* ---------------------------------------------------------------- HTTP */
-
-typedef struct Buf {
-    char *data;
-    size_t len;
-} Buf;
-
-static size_t on_data(char *p, size_t size, size_t n, void *ud) {
-    Buf *b = ud;
-    b->data = realloc(b->data, b->len + size * n + 1);
-    memcpy(b->data + b->len, p, size * n);
-    b->len += size * n;
-    b->data[b->len] = '\0';
-    return size * n;
-}
 
 /* One request (POST when body); headers: NULL-terminated extra header lines. Returns the status; *out the
  * body (malloc'd) when out. */
 static long http(const Server *s, const char *path, const char *body, const char *const *headers, char **out) {
     char url[256];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    Buf b = {0};
+    HttpBuf b = {0};
     CURL *h = curl_easy_init();
     struct curl_slist *hd = NULL;
     for (int i = 0; headers && headers[i]; i++) hd = curl_slist_append(hd, headers[i]);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     if (hd) curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
@@ -204,17 +137,6 @@ static double metric(const Server *s, const char *const *headers, const char *na
 }
 
 /* ---------------------------------------------------------------- sockets */
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 
 /* A TCP connection to addr:port (network order address), or -1. */
 static int connect_to(uint32_t addr, int port) {
@@ -595,7 +517,7 @@ static void check_stalled_push(Server *s) {
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_serve_security_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
-    atexit(kill_servers);
+    atexit(serve_kill_all);
     signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     double t_start = now_s();

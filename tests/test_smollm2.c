@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "harness.h"
 
 /* Why 5e-4: transformers and colt run the same bf16 weights upcast to fp32, so the log-probs differ only by
  * fp32 rounding in different summation orders (BLAS blocking, attention and softmax loops), ~1e-7 relative
@@ -39,17 +40,6 @@
 #define EOS_ID 2    /* <|im_end|> */
 #define SKIP_CODE 77 /* SKIP_RETURN_CODE in CMakeLists.txt: CTest reports the test as skipped */
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            g_failures++;                               \
-        }                                               \
-    } while (0)
 
 static int *json_ints(const json_t *a, int *n) {
     *n = (int)json_array_size(a);

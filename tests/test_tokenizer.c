@@ -19,20 +19,8 @@ options the three real files do not use). Then the
 #include "core/fileio.h"
 #include "tokenizer/tokenizer.h"
 #include "shared_data.h"
+#include "harness.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        checks++;                                               \
-        if (!(cond)) {                                          \
-            failures++;                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                       \
-            fprintf(stderr, "\n");                              \
-        }                                                       \
-    } while (0)
 
 static Tokenizer *load_or_die(const char *dir) {
     Tokenizer *t;
@@ -261,7 +249,7 @@ static void expect_load_error(const char *json, const char *needle) {
 }
 
 static void test_errors(const Tokenizer *qwen) {
-    int before = failures;
+    int before = g_failures;
     expect_load_error("this is not json", "not valid JSON");
     expect_load_error("[1,2,3]", "not a JSON object");
     expect_load_error("{\"version\": \"1.0\"}", "model");
@@ -309,7 +297,7 @@ static void test_errors(const Tokenizer *qwen) {
               text ? text : "(null)");
         free(text);
     }
-    printf("errors: %s\n", failures == before ? "all error cases report a message" : "FAILED");
+    printf("errors: %s\n", g_failures == before ? "all error cases report a message" : "FAILED");
 }
 
 static void test_config(const Tokenizer *qwen, const Tokenizer *stories) {
@@ -388,8 +376,8 @@ int main(void) {
     tokenizer_free(qwen25);
     tokenizer_free(qwen2);
     tokenizer_free(stories);
-    printf("%d checks, %d failures\n", checks, failures);
-    if (failures) {
+    printf("%d g_checks, %d g_failures\n", g_checks, g_failures);
+    if (g_failures) {
         printf("test_tokenizer: FAILED\n");
         return 1;
     }

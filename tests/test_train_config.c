@@ -29,19 +29,8 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "train/train_config.h"
+#include "harness.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        checks++;                                                \
-        if (!(cond)) {                                           \
-            failures++;                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
 
 /* ---------------------------------------------------------------- the ranges, restated */
 
@@ -242,7 +231,7 @@ static void test_tables_cover_every_key(void) {
 
 static void test_int_bounds(void) {
     char text[64], shown[80];
-    int before = checks;
+    int before = g_checks;
     for (size_t i = 0; i < N_INT_KEYS; i++) {
         const IntRange *r = &INT_KEYS[i];
         for (int via = 0; via < N_VIA; via++) {
@@ -267,13 +256,13 @@ static void test_int_bounds(void) {
             else expect_reject(via, r->name, "null", "integer", NULL);
         }
     }
-    printf("int bounds: %zu keys x {min, max, min-1, max+1, 2.5, null} x flag/yaml/json: %d checks\n", N_INT_KEYS,
-           checks - before);
+    printf("int bounds: %zu keys x {min, max, min-1, max+1, 2.5, null} x flag/yaml/json: %d g_checks\n", N_INT_KEYS,
+           g_checks - before);
 }
 
 static void test_double_bounds(void) {
     char text[64];
-    int before = checks;
+    int before = g_checks;
     for (size_t i = 0; i < N_DOUBLE_KEYS; i++) {
         const DoubleRange *r = &DOUBLE_KEYS[i];
         /* at each end, and the next double outward and inward */
@@ -294,14 +283,14 @@ static void test_double_bounds(void) {
             else expect_reject(via, r->name, "null", "must be a number", NULL);
         }
     }
-    printf("double bounds: %zu keys x {min, max, next inward, next outward, null} x flag/yaml/json: %d checks\n",
-           N_DOUBLE_KEYS, checks - before);
+    printf("double bounds: %zu keys x {min, max, next inward, next outward, null} x flag/yaml/json: %d g_checks\n",
+           N_DOUBLE_KEYS, g_checks - before);
 }
 
 /* Text no int or double of the key can hold, from a flag, YAML, and JSON (as
  * a string where JSON has no such number). */
 static void test_overflow_text(void) {
-    int before = checks;
+    int before = g_checks;
     static const char *int_texts[] = {"2147483647",  "2147483648", "-2147483649", "4294967296",
                                       "9223372036854775807", "-9223372036854775808", "99999999999999999999",
                                       "-99999999999999999999"};
@@ -358,7 +347,7 @@ static void test_overflow_text(void) {
     CHECK(train_config_load_text(&c, j, strlen(j), TRAIN_CONFIG_JSON, "t.json", err) != 0 && strstr(err, "t.json line 2"),
           "JSON 1e400: %s", err);
     train_config_free(&c);
-    printf("overflow and non-number text: %d checks\n", checks - before);
+    printf("overflow and non-number text: %d g_checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- products and steps */
@@ -376,7 +365,7 @@ static int finalize_with(const char *const *kv, char *err) {
 
 static void test_products(void) {
     char err[ERR_LEN];
-    int before = checks;
+    int before = g_checks;
     /* defaults finalize: batch 8, G 8, steps_per_generation 1 */
     const char *none[] = {NULL};
     CHECK(finalize_with(none, err) == 0, "defaults: %s", err);
@@ -437,7 +426,7 @@ static void test_products(void) {
     CHECK(train_config_finalize(&c, err) != 0 && strstr(err, "temperature: nan is not a number"), "direct nan: %s",
           err);
     train_config_free(&c);
-    printf("products: %d checks\n", checks - before);
+    printf("products: %d g_checks\n", g_checks - before);
 }
 
 /* total steps for settings kv over n prompts; -1 on error (err set). */
@@ -456,7 +445,7 @@ static long long steps_for(const char *const *kv, size_t n_prompts, char *err) {
 
 static void test_total_steps(void) {
     char err[ERR_LEN];
-    int before = checks;
+    int before = g_checks;
     /* demo-like: batch 32, G 8 -> 4 prompts a round; 128 prompts -> 32 rounds an epoch */
     const char *demo[] = {"per_device_train_batch_size", "32", "num_train_epochs", "3", NULL};
     long long s = steps_for(demo, 128, err);
@@ -491,7 +480,7 @@ static void test_total_steps(void) {
     /* 10^6 x 2^32 rounds is below 2^53, but x 2^26 micro-batches a round is past int64 */
     CHECK(steps_for(most_acc, (size_t)1 << 48, err) == -1 && strstr(err, "more than"), "past int64: %s", err);
     CHECK(steps_for(one, 0, err) == -1 && strstr(err, "fewer than"), "no prompts: %s", err);
-    printf("total steps: %d checks\n", checks - before);
+    printf("total steps: %d g_checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- files */
@@ -515,7 +504,7 @@ static void expect_load_error(const char *text, TrainConfigFormat f, const char 
 }
 
 static void test_duplicates_and_empty(void) {
-    int before = checks;
+    int before = g_checks;
     expect_load_error("max_steps: 5\nlogging_steps: 1\nmax_steps: 6\n", TRAIN_CONFIG_YAML, "dup.yaml",
                       "line 3: duplicate key 'max_steps'", "first on line 1");
     expect_load_error("{\"max_steps\": 5,\n \"logging_steps\": 1,\n \"max_steps\": 6}", TRAIN_CONFIG_JSON, "dup.json",
@@ -592,11 +581,11 @@ static void test_duplicates_and_empty(void) {
         unlink(path);
     }
     rmdir(dir);
-    printf("duplicates, empty and malformed files: %d checks\n", checks - before);
+    printf("duplicates, empty and malformed files: %d g_checks\n", g_checks - before);
 }
 
 static void test_demo_loads(void) {
-    int before = checks;
+    int before = g_checks;
     TrainConfig c;
     char err[ERR_LEN];
     train_config_defaults(&c);
@@ -641,7 +630,7 @@ static void test_demo_loads(void) {
     free(text);
     train_config_free(&d);
     train_config_free(&c);
-    printf("examples/demo.yaml: %d checks\n", checks - before);
+    printf("examples/demo.yaml: %d g_checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- TRL keys */
@@ -685,7 +674,7 @@ static const char *notice_of(const TrainConfig *c, const char *key) {
  * "unknown setting" from a file or a flag; each value a key accepts loads with
  * one notice naming it, and another value is refused as a known key. */
 static void test_trl_keys_classified(void) {
-    int before = checks;
+    int before = g_checks;
     char header[256], text[1024], err[ERR_LEN];
     json_t *keys = read_trl_keys(header, sizeof header);
     CHECK(strncmp(header, "# trl ", 6) == 0, "%s: header '%s' does not name the trl version", TRL_KEY_LIST, header);
@@ -752,7 +741,7 @@ static void test_trl_keys_classified(void) {
            header, json_array_size(keys), counts[TRAIN_KEY_HONOURED], counts[TRAIN_KEY_ALIAS], counts[TRAIN_KEY_NOOP],
            counts[TRAIN_KEY_LIMITED], values_tried);
     json_decref(keys);
-    printf("TRL keys classified: %d checks\n", checks - before);
+    printf("TRL keys classified: %d g_checks\n", g_checks - before);
 }
 
 /* Loads text (YAML) into a fresh config; the caller frees it. */
@@ -775,7 +764,7 @@ static void expect_trl_refusal(const char *text, const char *needle1, const char
 }
 
 static void test_trl_messages(void) {
-    int before = checks;
+    int before = g_checks;
     TrainConfig c;
     char err[ERR_LEN];
 
@@ -911,7 +900,7 @@ static void test_trl_messages(void) {
     CHECK(train_config_set(&c, "gradient_checkpointing", "0", "command line", err) == 0 && !c.gradient_checkpointing,
           "--gradient_checkpointing 0: %s", err);
     train_config_free(&c);
-    printf("TRL messages: %d checks\n", checks - before);
+    printf("TRL messages: %d g_checks\n", g_checks - before);
 }
 
 /* The GRPOConfig of TRL's colocate write-up (Qwen2.5-0.5B-Instruct, vLLM in
@@ -919,7 +908,7 @@ static void test_trl_messages(void) {
  * the stand-in model: loads with a notice for each key that changes nothing,
  * finalizes, and every honoured value is the one given. */
 static void test_trl_colocate_config(void) {
-    int before = checks;
+    int before = g_checks;
     const char *yaml = "# TRL's colocate example, as a colt config\n"
                        "model_name_or_path: models/stories260K   # stands in for Qwen/Qwen2.5-0.5B-Instruct\n"
                        "dataset: examples/data/demo_train.jsonl\n"
@@ -991,13 +980,13 @@ static void test_trl_colocate_config(void) {
     CHECK(train_config_total_steps(&steps, &c, 128, err) == 0 && steps == 32, "1 epoch of 128 prompts: %lld steps",
           (long long)steps);
     train_config_free(&c);
-    printf("TRL colocate config: %d checks\n", checks - before);
+    printf("TRL colocate config: %d g_checks\n", g_checks - before);
 }
 
 /* docs/trl_config.md has a row for every key of the list, and each row is the
  * one the tables give now (COLT_UPDATE_DOCS=1 rewrites the table). */
 static void test_trl_doc(void) {
-    int before = checks;
+    int before = g_checks;
     char header[256], text[1024];
     json_t *keys = read_trl_keys(header, sizeof header);
     char *table = NULL;
@@ -1046,7 +1035,7 @@ static void test_trl_doc(void) {
     free(doc);
     free(table);
     json_decref(keys);
-    printf("docs/trl_config.md: %d checks\n", checks - before);
+    printf("docs/trl_config.md: %d g_checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- DeepSpeed JSON */
@@ -1202,6 +1191,6 @@ int main(void) {
     test_server_mode_settings();
     test_deepspeed_json();
     test_trl_doc();
-    printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "OK", checks, failures);
-    return failures ? 1 : 0;
+    printf("%s: %d g_checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

@@ -24,23 +24,12 @@
 
 #include "../engine_requests.h"
 #include "backend/cuda/cuda_instance.h"
+#include "../harness.h"
 
 /* cuda_decode_layers.cu, on an instance: calls of up to `tokens` tokens take the kernel (-1: as opened);
  * its launches so far. */
 void cuda_decode_layers_set_tokens(const Backend *be, int tokens);
 long cuda_decode_layers_calls(const Backend *be);
-
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        checks++;                                                 \
-        if (!(cond)) {                                            \
-            failures++;                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                         \
-            fprintf(stderr, "\n");                                \
-        }                                                         \
-    } while (0)
 
 typedef struct Case {
     const char *name;
@@ -321,6 +310,6 @@ int main(void) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    printf("test_cuda_decode_layers: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("test_cuda_decode_layers: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

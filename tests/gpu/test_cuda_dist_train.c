@@ -22,19 +22,9 @@
 
 #include "backend/backend.h"
 #include "core/fileio.h"
+#include "../harness.h"
 
 #define STEPS 4
-static int g_failures = 0;
-
-#define CHECK(cond, ...)             \
-    do {                             \
-        if (!(cond)) {               \
-            printf("FAIL: ");        \
-            printf(__VA_ARGS__);     \
-            printf("\n");            \
-            g_failures++;            \
-        }                            \
-    } while (0)
 
 static int train(const char *extra, const char *out_dir) {
     char cmd[2048];
@@ -80,15 +70,6 @@ static bool log_says(const char *dir, const char *text) {
     bool found = file_read_all(path, &data, &len, NULL) == 0 && strstr(data, text);
     free(data);
     return found;
-}
-
-static bool same_file(const char *a_dir, const char *b_dir, const char *name) {
-    char *a = path_join(a_dir, name), *b = path_join(b_dir, name), *da = NULL, *db = NULL;
-    size_t la = 0, lb = 0;
-    bool same = file_read_all(a, &da, &la, NULL) == 0 && file_read_all(b, &db, &lb, NULL) == 0 && la == lb &&
-                memcmp(da, db, la) == 0;
-    free(a), free(b), free(da), free(db);
-    return same;
 }
 
 static void compare(const char *label, const char *dir, json_t *want, const char *want_dir) {

@@ -33,18 +33,7 @@
 #include "model/model_train.h"
 
 #include "../engine_requests.h"
-
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        checks++;                                                 \
-        if (!(cond)) {                                            \
-            failures++;                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                         \
-            fprintf(stderr, "\n");                                \
-        }                                                         \
-    } while (0)
+#include "../harness.h"
 
 #define NEW_TOKENS 32
 
@@ -236,6 +225,6 @@ int main(void) {
     run_deterministic("tests/data/models/tiny-qwen2-f32", NULL);
     run_deterministic("models/stories260K", NULL);
     run_deterministic("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
-    printf("test_cuda_engine: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("test_cuda_engine: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }

@@ -20,23 +20,12 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "../harness.h"
 
 /* Test hooks on an instance. cuda_invariant.cu: -1 automatic, 0..2 a bf16 tile shape; cuda_gemm.cu: -1 the
  * fastest, else split-K-free candidate k. */
 void cuda_invariant_force_shape(const Backend *be, int shape);
 void cuda_gemm_force_candidate(const Backend *be, int k);
-
-static int g_checks = 0, g_failures = 0;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        g_checks++;                                               \
-        if (!(cond)) {                                            \
-            g_failures++;                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                         \
-            fprintf(stderr, "\n");                                \
-        }                                                         \
-    } while (0)
 
 static void fill(float *x, size_t n, uint64_t seed, float scale) {
     for (size_t i = 0; i < n; i++) {

@@ -27,8 +27,8 @@
 #include "model/model_train.h"
 #include "train/optim.h"
 #include "../rope_table.h"
+#include "../harness.h"
 
-static int g_failures = 0, g_checks = 0;
 #define CHECKED(cond, ...)                                \
     do {                                                  \
         g_checks++;                                       \

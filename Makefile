@@ -29,13 +29,16 @@ test-asan: deps
 # CI has no GPU: it compiles and links the CUDA backend (when nvcc is there) and runs the CPU tests.
 # Each suite runs whatever the one before did, its output teed to build/test-logs/; the last lines
 # are one per suite and a total (scripts/test_summary.sh), and the exit status is non-zero when any
-# suite failed.
+# suite failed. Each suite's time goes to <suite>.seconds and onto its summary line.
 TEST_LOGS = build/test-logs
 test:
-	@mkdir -p $(TEST_LOGS) && rm -f $(TEST_LOGS)/*.rc $(TEST_LOGS)/*.log
-	@{ $(MAKE) --no-print-directory test-fast; echo $$? > $(TEST_LOGS)/release.rc; } 2>&1 | tee $(TEST_LOGS)/release.log
-	@{ $(MAKE) --no-print-directory test-asan; echo $$? > $(TEST_LOGS)/asan.rc; } 2>&1 | tee $(TEST_LOGS)/asan.log
-	@{ $(MAKE) --no-print-directory build-cuda; echo $$? > $(TEST_LOGS)/cuda.rc; } 2>&1 | tee $(TEST_LOGS)/cuda.log
+	@mkdir -p $(TEST_LOGS) && rm -f $(TEST_LOGS)/*.rc $(TEST_LOGS)/*.log $(TEST_LOGS)/*.seconds
+	@{ t0=$$(date +%s); $(MAKE) --no-print-directory test-fast; echo $$? > $(TEST_LOGS)/release.rc; \
+	   echo $$(( $$(date +%s) - t0 )) > $(TEST_LOGS)/release.seconds; } 2>&1 | tee $(TEST_LOGS)/release.log
+	@{ t0=$$(date +%s); $(MAKE) --no-print-directory test-asan; echo $$? > $(TEST_LOGS)/asan.rc; \
+	   echo $$(( $$(date +%s) - t0 )) > $(TEST_LOGS)/asan.seconds; } 2>&1 | tee $(TEST_LOGS)/asan.log
+	@{ t0=$$(date +%s); $(MAKE) --no-print-directory build-cuda; echo $$? > $(TEST_LOGS)/cuda.rc; \
+	   echo $$(( $$(date +%s) - t0 )) > $(TEST_LOGS)/cuda.seconds; } 2>&1 | tee $(TEST_LOGS)/cuda.log
 	@bash scripts/test_summary.sh $(TEST_LOGS)
 
 NVCC ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)

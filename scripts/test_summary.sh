@@ -21,6 +21,12 @@ count_warnings() {
 }
 
 # Prints the summary line of one ctest suite; $1 name, $2 log stem, $3 build folder.
+# "; N min S s" from LOG_DIR/<suite>.seconds (the Makefile times each suite), or nothing.
+took() {
+  local s; s=$(cat "$logs/$1.seconds" 2>/dev/null) || return 0
+  printf '; %d min %02d s' $((s / 60)) $((s % 60))
+}
+
 ctest_line() {
   local name=$1 log="$logs/$2.log" rcfile="$logs/$2.rc" build=$3
   local rc; rc=$(cat "$rcfile" 2>/dev/null || echo missing)
@@ -48,6 +54,7 @@ ctest_line() {
   [ -n "$failed_names" ] && line+=" ($failed_names)"
   [ "$parts" -gt 0 ] && line+="; $parts parts skipped (listed above)"
   line+="; build: $(count_warnings "$log") warnings"
+  line+="$(took "$2")"
   echo "$line"
   total_tests=$((total_tests + n)) total_passed=$((total_passed + passed))
   total_skipped=$((total_skipped + skipped)) total_failed=$((total_failed + bad))
@@ -79,7 +86,7 @@ else
   cuda="FAILED (exit $rc; see $logs/cuda.log)"
   failed=1
 fi
-printf '%-12s %s\n' "CUDA build" "$cuda"
+printf '%-12s %s%s\n' "CUDA build" "$cuda" "$(took cuda)"
 
 verdict=OK
 [ "$failed" = 0 ] || verdict=FAILED

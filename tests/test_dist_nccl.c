@@ -34,13 +34,6 @@ int main(void) {
 #include "dist/comm.h"
 #include "harness.h"
 
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void on_alarm(int sig) {
     (void)sig;
     static const char msg[] = "test_dist_nccl: still running after 180 s: a wait is not bounded\n";

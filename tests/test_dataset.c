@@ -417,6 +417,6 @@ int main(void) {
     else shared_data_skipped("chat_template_kwargs with Qwen3's template (the Qwen2.5 tokenizer's files)");
     test_epoch_order();
     tokenizer_free(tok);
-    printf("%s: %d g_checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
+    printf("%s: %d checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -430,7 +430,7 @@ static int run_mpi(const LaunchEnv *env, const char *fail, double timeout) {
         double t0 = now_s();
         check_all_ops(c);
         comm_close(c);
-        printf("[%s] %d g_checks, %d g_failures (%.1f s)\n", who, g_checks, g_failures, now_s() - t0);
+        printf("[%s] %d checks, %d failures (%.1f s)\n", who, g_checks, g_failures, now_s() - t0);
         return g_failures ? 1 : 0;
     }
     if (env->rank == 1) {
@@ -496,6 +496,6 @@ int main(int argc, char **argv) {
 #else
     printf("gloo: not built (libgloo-dev missing), forked-rank tests skipped; MPI runs are in tests/dist_comm.sh\n");
 #endif
-    printf("test_dist_comm: %d g_checks in this process, %d g_failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
+    printf("test_dist_comm: %d checks in this process, %d failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;
 }

@@ -257,6 +257,6 @@ int main(void) {
     char err[ERR_LEN] = "";
     int rc = launch_env_from_process(&e, err);
     CHECK(rc == COLT_OK || err[0], "launch_env_from_process failed without a message");
-    printf("test_dist_env: %zu environments, %d g_checks, %d g_failures\n", n, g_checks, g_failures);
+    printf("test_dist_env: %zu environments, %d checks, %d failures\n", n, g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -317,7 +317,7 @@ int main(void) {
 
     int version = 0;
     ncclGetVersion(&version);
-    printf("test_dist_nccl: NCCL %d, %d g_checks, %d g_failures (%.1f s)\n", version, g_checks, g_failures, now_s() - t0);
+    printf("test_dist_nccl: NCCL %d, %d checks, %d failures (%.1f s)\n", version, g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;
 }
 #endif

@@ -382,7 +382,7 @@ static int torch_peer(int port) {
     }
     CHECK(store_barrier(s, "b", err) == COLT_OK, "barrier with torch: %s", err);
     store_close(s);
-    printf("torch-peer: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("torch-peer: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }
 
@@ -404,7 +404,7 @@ static int serve_for_torch(int port) {
     CHECK(store_get(s, &v, &n, "done", err) == COLT_OK, "get done: %s", err);
     free(v);
     store_close(s);
-    printf("serve-for-torch: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("serve-for-torch: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }
 
@@ -497,6 +497,6 @@ int main(int argc, char **argv) {
     test_server_dies();
     test_token_bind_cancel();
     test_two_ranks();
-    printf("test_dist_store: %d g_checks in this process, %d g_failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
+    printf("test_dist_store: %d checks in this process, %d failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;
 }

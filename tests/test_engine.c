@@ -285,6 +285,6 @@ int main(void) {
     run_deterministic(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
     run_deterministic(COLT_SOURCE_DIR "/models/stories260K");
     run_prefix_cache(COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32");
-    printf("test_engine: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("test_engine: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

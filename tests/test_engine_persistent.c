@@ -437,6 +437,6 @@ int main(void) {
         run_weight_update(dirs[d]);
     }
     backend_cpu()->set_batch_invariant(backend_cpu(), 0);
-    printf("test_engine_persistent: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("test_engine_persistent: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

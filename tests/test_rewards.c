@@ -1295,6 +1295,6 @@ int main(void) {
     test_bad_programs();
     test_python();
     test_reliability();
-    printf("%s: %d g_checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
+    printf("%s: %d checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -376,7 +376,7 @@ int main(void) {
     tokenizer_free(qwen25);
     tokenizer_free(qwen2);
     tokenizer_free(stories);
-    printf("%d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("%d checks, %d failures\n", g_checks, g_failures);
     if (g_failures) {
         printf("test_tokenizer: FAILED\n");
         return 1;

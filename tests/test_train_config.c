@@ -256,7 +256,7 @@ static void test_int_bounds(void) {
             else expect_reject(via, r->name, "null", "integer", NULL);
         }
     }
-    printf("int bounds: %zu keys x {min, max, min-1, max+1, 2.5, null} x flag/yaml/json: %d g_checks\n", N_INT_KEYS,
+    printf("int bounds: %zu keys x {min, max, min-1, max+1, 2.5, null} x flag/yaml/json: %d checks\n", N_INT_KEYS,
            g_checks - before);
 }
 
@@ -283,7 +283,7 @@ static void test_double_bounds(void) {
             else expect_reject(via, r->name, "null", "must be a number", NULL);
         }
     }
-    printf("double bounds: %zu keys x {min, max, next inward, next outward, null} x flag/yaml/json: %d g_checks\n",
+    printf("double bounds: %zu keys x {min, max, next inward, next outward, null} x flag/yaml/json: %d checks\n",
            N_DOUBLE_KEYS, g_checks - before);
 }
 
@@ -347,7 +347,7 @@ static void test_overflow_text(void) {
     CHECK(train_config_load_text(&c, j, strlen(j), TRAIN_CONFIG_JSON, "t.json", err) != 0 && strstr(err, "t.json line 2"),
           "JSON 1e400: %s", err);
     train_config_free(&c);
-    printf("overflow and non-number text: %d g_checks\n", g_checks - before);
+    printf("overflow and non-number text: %d checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- products and steps */
@@ -426,7 +426,7 @@ static void test_products(void) {
     CHECK(train_config_finalize(&c, err) != 0 && strstr(err, "temperature: nan is not a number"), "direct nan: %s",
           err);
     train_config_free(&c);
-    printf("products: %d g_checks\n", g_checks - before);
+    printf("products: %d checks\n", g_checks - before);
 }
 
 /* total steps for settings kv over n prompts; -1 on error (err set). */
@@ -480,7 +480,7 @@ static void test_total_steps(void) {
     /* 10^6 x 2^32 rounds is below 2^53, but x 2^26 micro-batches a round is past int64 */
     CHECK(steps_for(most_acc, (size_t)1 << 48, err) == -1 && strstr(err, "more than"), "past int64: %s", err);
     CHECK(steps_for(one, 0, err) == -1 && strstr(err, "fewer than"), "no prompts: %s", err);
-    printf("total steps: %d g_checks\n", g_checks - before);
+    printf("total steps: %d checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- files */
@@ -581,7 +581,7 @@ static void test_duplicates_and_empty(void) {
         unlink(path);
     }
     rmdir(dir);
-    printf("duplicates, empty and malformed files: %d g_checks\n", g_checks - before);
+    printf("duplicates, empty and malformed files: %d checks\n", g_checks - before);
 }
 
 static void test_demo_loads(void) {
@@ -630,7 +630,7 @@ static void test_demo_loads(void) {
     free(text);
     train_config_free(&d);
     train_config_free(&c);
-    printf("examples/demo.yaml: %d g_checks\n", g_checks - before);
+    printf("examples/demo.yaml: %d checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- TRL keys */
@@ -741,7 +741,7 @@ static void test_trl_keys_classified(void) {
            header, json_array_size(keys), counts[TRAIN_KEY_HONOURED], counts[TRAIN_KEY_ALIAS], counts[TRAIN_KEY_NOOP],
            counts[TRAIN_KEY_LIMITED], values_tried);
     json_decref(keys);
-    printf("TRL keys classified: %d g_checks\n", g_checks - before);
+    printf("TRL keys classified: %d checks\n", g_checks - before);
 }
 
 /* Loads text (YAML) into a fresh config; the caller frees it. */
@@ -900,7 +900,7 @@ static void test_trl_messages(void) {
     CHECK(train_config_set(&c, "gradient_checkpointing", "0", "command line", err) == 0 && !c.gradient_checkpointing,
           "--gradient_checkpointing 0: %s", err);
     train_config_free(&c);
-    printf("TRL messages: %d g_checks\n", g_checks - before);
+    printf("TRL messages: %d checks\n", g_checks - before);
 }
 
 /* The GRPOConfig of TRL's colocate write-up (Qwen2.5-0.5B-Instruct, vLLM in
@@ -980,7 +980,7 @@ static void test_trl_colocate_config(void) {
     CHECK(train_config_total_steps(&steps, &c, 128, err) == 0 && steps == 32, "1 epoch of 128 prompts: %lld steps",
           (long long)steps);
     train_config_free(&c);
-    printf("TRL colocate config: %d g_checks\n", g_checks - before);
+    printf("TRL colocate config: %d checks\n", g_checks - before);
 }
 
 /* docs/trl_config.md has a row for every key of the list, and each row is the
@@ -1035,7 +1035,7 @@ static void test_trl_doc(void) {
     free(doc);
     free(table);
     json_decref(keys);
-    printf("docs/trl_config.md: %d g_checks\n", g_checks - before);
+    printf("docs/trl_config.md: %d checks\n", g_checks - before);
 }
 
 /* ---------------------------------------------------------------- DeepSpeed JSON */
@@ -1191,6 +1191,6 @@ int main(void) {
     test_server_mode_settings();
     test_deepspeed_json();
     test_trl_doc();
-    printf("%s: %d g_checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
+    printf("%s: %d checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

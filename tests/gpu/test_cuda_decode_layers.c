@@ -310,6 +310,6 @@ int main(void) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    printf("test_cuda_decode_layers: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("test_cuda_decode_layers: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -225,6 +225,6 @@ int main(void) {
     run_deterministic("tests/data/models/tiny-qwen2-f32", NULL);
     run_deterministic("models/stories260K", NULL);
     run_deterministic("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
-    printf("test_cuda_engine: %d g_checks, %d g_failures\n", g_checks, g_failures);
+    printf("test_cuda_engine: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

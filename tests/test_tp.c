@@ -171,7 +171,7 @@ static void check_training(Model *whole, Model *part, bool recompute, int passes
               *b = malloc(pp.numel * sizeof(float));
         be->download_f32(be, a, model_grad(gw, i), pw.numel);
         be->download_f32(be, b, model_grad(gp, i), pp.numel);
-        part_of(a, pw.numel, cut, pp.numel, pw.name, model_tp_rank(part), model_tp_size(part), c->hidden_size,
+        part_of(a, pw.numel, cut, pp.numel, pw.name, model_tensor_parallel_rank(part), model_tensor_parallel_size(part), c->hidden_size,
                 lora ? lora->r : 0);
         double scale = 1e-30;
         for (size_t k = 0; k < pp.numel; k++) scale = fmax(scale, fabs(cut[k]));
@@ -219,9 +219,9 @@ static void check_engine(Model *whole, Model *part, TpGroup *g, const char *what
               p ? "sampled" : "greedy", same, N_SEQS);
         CHECK(worst <= TOL_LOGPROB, "%s: sampled tokens' log-probs differ by %.3g", what, worst);
         /* the same completions on every rank of the group */
-        double mine = (double)(sum & 0xffffffffffff), *all = calloc((size_t)g->tp_size, sizeof(double));
+        double mine = (double)(sum & 0xffffffffffff), *all = calloc((size_t)g->tensor_parallel_size, sizeof(double));
         CHECK(comm_all_gather(g->tp, all, &mine, 1, COMM_FLOAT64, NULL, err) == 0, "%s: %s", what, err);
-        for (int r = 1; r < g->tp_size; r++) CHECK(all[r] == all[0], "%s: rank %d of the group generated others", what, r);
+        for (int r = 1; r < g->tensor_parallel_size; r++) CHECK(all[r] == all[0], "%s: rank %d of the group generated others", what, r);
         free(all);
         printf("  %-34s engine %s: %d/%d sequences equal, log-probs %.2g\n", what, p ? "sampled" : "greedy", same,
                N_SEQS, worst);
@@ -235,9 +235,9 @@ static void check_engine(Model *whole, Model *part, TpGroup *g, const char *what
 static void check_save(Model *whole, Model *part, const TpGroup *g, int shape_index, const char *what) {
     char err[ERR_LEN], dir[256];
     /* one folder per group: the ranks of a launch share mpirun's pid */
-    snprintf(dir, sizeof dir, "/tmp/colt_test_tp_%d_%d_%d", (int)getppid(), g->dp_rank, shape_index);
+    snprintf(dir, sizeof dir, "/tmp/colt_test_tp_%d_%d_%d", (int)getppid(), g->data_parallel_rank, shape_index);
     CHECK(model_save(part, dir, DTYPE_F32, err) == 0, "%s: save: %s", what, err);
-    if (g->tp_rank != 0) return;
+    if (g->tensor_parallel_rank != 0) return;
     Model *back = NULL;
     CHECK(model_load(&back, dir, model_backend(whole), err) == 0, "%s: load the saved folder: %s", what, err);
     const Backend *be = model_backend(whole);
@@ -307,7 +307,7 @@ static int lora_parts_differ(Model *whole, Model *part, const char *what) {
               *b = malloc(pp.numel * sizeof(float));
         be->download(be, a, pw.data, pw.numel);
         be->download(be, b, pp.data, pp.numel);
-        part_of(a, pw.numel, cut, pp.numel, pw.name, model_tp_rank(part), model_tp_size(part), c->hidden_size,
+        part_of(a, pw.numel, cut, pp.numel, pw.name, model_tensor_parallel_rank(part), model_tensor_parallel_size(part), c->hidden_size,
                 model_lora_config(part)->r);
         if (strcmp(pw.name, pp.name) || memcmp(cut, b, pp.numel * sizeof(float))) {
             bad++;
@@ -377,7 +377,7 @@ static void check_lora(const ModelConfig *cfg, const Backend *be, const TensorPa
     snprintf(path_p, sizeof path_p, "%s/part_merged", dir);
     CHECK(model_save_merged(whole, path_w, DTYPE_F32, err) == 0 && model_save_merged(part, path_p, DTYPE_F32, err) == 0,
           "%s: %s", what, err);
-    if (g->tp_rank == 0) {
+    if (g->tensor_parallel_rank == 0) {
         char a[400], b[400];
         snprintf(a, sizeof a, "%s/whole", dir);
         snprintf(b, sizeof b, "%s/part", dir);
@@ -398,7 +398,7 @@ static void check_lora(const ModelConfig *cfg, const Backend *be, const TensorPa
 
 /* device: "cpu", or "cuda-f32" (the CUDA backend's fp32 table: the same
  * tolerances; the ranks share GPU 0 and talk over MPI through the host). */
-static int run_rank(const LaunchEnv *env, int tp_size, const char *device) {
+static int run_rank(const LaunchEnv *env, int tensor_parallel_size, const char *device) {
     char err[ERR_LEN];
     CommOptions co = {.kind = COMM_MPI, .timeout_s = 60};
     Comm *world = NULL;
@@ -419,7 +419,7 @@ static int run_rank(const LaunchEnv *env, int tp_size, const char *device) {
         be = gpu;
     }
     TpGroup g;
-    if (tp_group_open(&g, world, tp_size, be, err) != 0) {
+    if (tp_group_open(&g, world, tensor_parallel_size, be, err) != 0) {
         fprintf(stderr, "rank %d: %s\n", env->rank, err);
         comm_abort(world, err);
     }
@@ -453,11 +453,11 @@ static int run_rank(const LaunchEnv *env, int tp_size, const char *device) {
     for (size_t s = 0; s < n_shapes; s++) {
         Model *whole = NULL, *part = NULL;
         char what[96];
-        snprintf(what, sizeof what, "TP %d rank %d: %s", tp_size, g.tp_rank, shapes[s].name);
+        snprintf(what, sizeof what, "TP %d rank %d: %s", tensor_parallel_size, g.tensor_parallel_rank, shapes[s].name);
         CHECK(model_create_random(&whole, &shapes[s].cfg, 7, be, err) == 0, "%s: %s", what, err);
         CHECK(model_create_random_tp(&part, &shapes[s].cfg, 7, be, &hooks, err) == 0, "%s: %s", what, err);
         if (!whole || !part) comm_abort(world, err);
-        if (env->rank >= tp_size) {
+        if (env->rank >= tensor_parallel_size) {
             /* another data-parallel group: the same checks, printed once */
             freopen("/dev/null", "w", stdout);
         }
@@ -476,7 +476,7 @@ static int run_rank(const LaunchEnv *env, int tp_size, const char *device) {
     double total = 0;
     for (int r = 0; r < comm_world_size(world); r++) total += all[r];
     free(all);
-    if (env->rank == 0) printf("TP %d on %d ranks: %d checks on rank 0, %.0f failures on all ranks\n", tp_size,
+    if (env->rank == 0) printf("TP %d on %d ranks: %d checks on rank 0, %.0f failures on all ranks\n", tensor_parallel_size,
                                env->world_size, g_checks, total);
     tp_group_close(&g);
     if (gpu) backend_cuda_close(gpu);

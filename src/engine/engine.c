@@ -869,7 +869,7 @@ int engine_create(Engine **out, Model *m, const EngineOptions *eo, int max_len, 
         e->deterministic = true;
     }
     /* tensor parallel: only collectives that enqueue on the stream can be recorded */
-    e->use_graphs = be->capture_begin && !eo->enforce_eager && (model_tp_size(m) == 1 || model_tp_graph_safe(m));
+    e->use_graphs = be->capture_begin && !eo->enforce_eager && (model_tensor_parallel_size(m) == 1 || model_tp_graph_safe(m));
     e->block_size = eo->block_size > 0 ? eo->block_size : DEFAULT_BLOCK_SIZE;
     int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
     e->max_len = min_int(max_len, e->cfg->max_position_embeddings);

@@ -153,8 +153,8 @@ int model_tp_check(const ModelConfig *c, int size, char *err) {
     return COLT_OK;
 }
 
-int model_tp_size(const Model *m) { return m->tp.tensor_parallel_size; }
-int model_tp_rank(const Model *m) { return m->tp.rank; }
+int model_tensor_parallel_size(const Model *m) { return m->tp.tensor_parallel_size; }
+int model_tensor_parallel_rank(const Model *m) { return m->tp.rank; }
 bool model_tp_graph_safe(const Model *m) { return m->tp.tensor_parallel_size <= 1 || m->tp.graph_safe; }
 
 /* cfg's dimensions on one rank of a group of tp->tensor_parallel_size. */
@@ -316,9 +316,9 @@ static void model_alloc_weights(Model *m) {
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
 }
 
-Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraConfig *lora, int tp_size) {
-    TensorParallel tp = {.rank = 0, .tensor_parallel_size = tp_size}; /* a layout only: no collective ever runs on a shell */
-    Model *m = model_alloc_tp(cfg, be, tp_size > 1 ? &tp : NULL);
+Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const LoraConfig *lora, int tensor_parallel_size) {
+    TensorParallel tp = {.rank = 0, .tensor_parallel_size = tensor_parallel_size}; /* a layout only: no collective ever runs on a shell */
+    Model *m = model_alloc_tp(cfg, be, tensor_parallel_size > 1 ? &tp : NULL);
     if (lora) lora_plan(m, lora);
     return m;
 }

@@ -102,8 +102,8 @@ typedef struct TensorParallel {
  * naming what does not divide. */
 int model_tp_check(const ModelConfig *cfg, int size, char *err);
 /* The group's size (1: the whole model) and this rank in it. */
-int model_tp_size(const Model *m);
-int model_tp_rank(const Model *m);
+int model_tensor_parallel_size(const Model *m);
+int model_tensor_parallel_rank(const Model *m);
 bool model_tp_graph_safe(const Model *m); /* the hooks can be recorded in a CUDA graph */
 
 /* Loads DIR (config.json + model.safetensors or sharded with
@@ -163,8 +163,8 @@ size_t model_weight_bytes(const Model *m);       /* device bytes of the weights 
  * loaded model on a backend of be's storage and logits_chunk_rows (be needs
  * nothing else). Nothing may run on it; model_free frees it. */
 struct LoraConfig;
-/* tp_size > 1: the layout of one rank's part under tensor parallelism. */
-Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora, int tp_size);
+/* tensor_parallel_size > 1: the layout of one rank's part under tensor parallelism. */
+Model *model_plan_shell(const ModelConfig *cfg, const Backend *be, const struct LoraConfig *lora, int tensor_parallel_size);
 /* A whole model's weights into a tensor-parallel part (the weight channel of
  * a tensor-parallel colt serve, parallel/weight_sync.c): the whole model's arena
  * — as a whole model of m's config lays it out on a backend of m's storage

@@ -1,6 +1,6 @@
 /* dist_optimizer.c — ZeRO 0-3 x tensor parallel x offload behind one
  * interface (dist_optimizer.h). Every choice between stages and layouts is
- * made here, from opts.zero_stage and tp->tp_size; the collectives are
+ * made here, from opts.zero_stage and tp->tensor_parallel_size; the collectives are
  * train_dist.h's. Not the loop that calls it (train/trainer.c). */
 #include "parallel/dist_optimizer.h"
 
@@ -12,7 +12,7 @@
 #include "core/log.h"
 
 static bool zero2(const DistOptimizer *o) { return o->opts.zero_stage >= 2; }
-static bool tensor_parallel(const DistOptimizer *o) { return o->tp && o->tp->tp_size > 1; }
+static bool tensor_parallel(const DistOptimizer *o) { return o->tp && o->tp->tensor_parallel_size > 1; }
 
 void dist_optimizer_init(DistOptimizer *o, Model *model, const Backend *be, TrainDist *dist, TpGroup *tp,
                          const DistOptimizerOptions *opts) {

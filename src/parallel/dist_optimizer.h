@@ -57,7 +57,7 @@ typedef struct DistOptimizer {
     Model *model;         /* the trained model (borrowed) */
     const Backend *be;
     TrainDist *dist;      /* the data-parallel group; dist->all the launch under TP (borrowed) */
-    TpGroup *tp;          /* tp_size 1: no tensor parallelism (borrowed) */
+    TpGroup *tp;          /* tensor_parallel_size 1: no tensor parallelism (borrowed) */
     Optimizer *opt;       /* this rank's AdamW state: whole, a shard, or its part's (checkpoints read it) */
     ModelGrads *grads;    /* the gradients backward accumulates into */
     bool overlap;         /* this backward hands its gradients over as it goes */

@@ -14,13 +14,13 @@
 #include "core/fileio.h"
 #include "train/checkpoint.h"
 
-static bool tensor_parallel(const DistOptimizer *o) { return o->tp && o->tp->tp_size > 1; }
+static bool tensor_parallel(const DistOptimizer *o) { return o->tp && o->tp->tensor_parallel_size > 1; }
 
 /* An unsharded optimizer's file: one, or one per part under tensor parallelism
  * (a checkpoint resumes at the same tensor_parallel_size). */
 static void optimizer_file_name(const DistOptimizer *o, char *buf, size_t size) {
     if (tensor_parallel(o))
-        snprintf(buf, size, "optimizer-tp%05d-of-%05d.safetensors", o->tp->tp_rank, o->tp->tp_size);
+        snprintf(buf, size, "optimizer-tp%05d-of-%05d.safetensors", o->tp->tensor_parallel_rank, o->tp->tensor_parallel_size);
     else
         snprintf(buf, size, "optimizer.safetensors");
 }
@@ -29,7 +29,7 @@ static void optimizer_file_name(const DistOptimizer *o, char *buf, size_t size) 
  * sharded run (of this rank's part under tensor parallelism). */
 static void shard_file_name(const DistOptimizer *o, char *buf, size_t size, int rank, int world) {
     if (tensor_parallel(o))
-        snprintf(buf, size, "optimizer-tp%05d-rank%05d-of-%05d.safetensors", o->tp->tp_rank, rank, world);
+        snprintf(buf, size, "optimizer-tp%05d-rank%05d-of-%05d.safetensors", o->tp->tensor_parallel_rank, rank, world);
     else
         snprintf(buf, size, "optimizer-rank%05d-of-%05d.safetensors", rank, world);
 }
@@ -37,7 +37,7 @@ static void shard_file_name(const DistOptimizer *o, char *buf, size_t size, int 
 /* The list of a sharded run's shard files: one, or one per part under tensor parallelism. */
 static void manifest_name(const DistOptimizer *o, char *buf, size_t size) {
     if (tensor_parallel(o))
-        snprintf(buf, size, "optimizer_shards-tp%05d-of-%05d.json", o->tp->tp_rank, o->tp->tp_size);
+        snprintf(buf, size, "optimizer_shards-tp%05d-of-%05d.json", o->tp->tensor_parallel_rank, o->tp->tensor_parallel_size);
     else
         snprintf(buf, size, "optimizer_shards.json");
 }
@@ -123,14 +123,14 @@ int dist_optimizer_load(DistOptimizer *o, const char *ckpt, char *err) {
     int rc = COLT_OK;
     if (file_exists(whole)) rc = optim_load(o->opt, whole, err);
     else if (!file_exists(manifest)) {
-        int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt), tp_size = tensor_parallel(o) ? o->tp->tp_size : 1;
-        if (saved_tp > 0 && saved_tp != tp_size)
+        int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt), tensor_parallel_size = tensor_parallel(o) ? o->tp->tensor_parallel_size : 1;
+        if (saved_tp > 0 && saved_tp != tensor_parallel_size)
             rc = errorf(err, "%s: no optimizer state for tensor_parallel_size %d: the checkpoint was saved with "
                              "tensor_parallel_size %d (optimizer-tp*-of-%05d files); resume it with "
                              "--tensor_parallel_size %d in a launch of a multiple of %d processes (e.g. "
                              "--nproc_per_node %d, or mpirun -np %d), or start a new run from its weights with "
                              "--model %s",
-                        ckpt, tp_size, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, ckpt);
+                        ckpt, tensor_parallel_size, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, saved_tp, ckpt);
         else
             rc = errorf(err, "%s: no optimizer state (neither %s nor %s)%s", ckpt, file, list,
                         tensor_parallel(o) ? ": a checkpoint resumes at the tensor_parallel_size that saved it" : "");

@@ -115,34 +115,43 @@ int mesh_ranks_own_devices(bool *own, char *why, size_t why_size, Comm *group, c
     return COLT_OK;
 }
 
-int mesh_open(Mesh *m, const LaunchEnv *env, const MeshOptions *o, char *err) {
+int mesh_open_world(Mesh *m, const LaunchEnv *env, const MeshOptions *o, char *err) {
     memset(m, 0, sizeof *m);
     m->env = *env;
     snprintf(m->collectives, sizeof m->collectives, "through the host");
     if (mesh_check_tensor_parallel_size(o->tensor_parallel_size, env, o->one_group, err) != 0) return COLT_ERR;
     log_set_rank(env->rank);
-    if (env->world_size > 1) {
-        /* Host buffers: what the world carries itself (agreements, the host
-         * path of the hooks) is staged through the host, so a CPU transport
-         * serves GPU ranks too. */
-        CommOptions co = {.kind = COMM_AUTO, .gpu = false, .cuda_device = -1, .timeout_s = o->timeout_s};
-        if (comm_open(&m->world, env, &co, err) != 0 ||
-            tp_group_open(&m->groups, m->world, o->tensor_parallel_size, NULL, err) != 0)
-            return COLT_ERR;
-    }
+    /* A world of one: the groups say so (sizes 1, no communicators). */
+    if (env->world_size == 1) return tp_group_open(&m->groups, NULL, o->tensor_parallel_size, NULL, err);
+    /* Host buffers: what the world carries itself (agreements, the host
+     * path of the hooks) is staged through the host, so a CPU transport
+     * serves GPU ranks too. */
+    CommOptions co = {.kind = COMM_AUTO, .gpu = false, .cuda_device = -1, .timeout_s = o->timeout_s};
+    if (comm_open(&m->world, env, &co, err) != 0) return COLT_ERR;
+    return tp_group_open(&m->groups, m->world, o->tensor_parallel_size, NULL, err);
+}
+
+int mesh_open_device(Mesh *m, const MeshOptions *o, char *err) {
     int device = 0;
-    if (mesh_choose_device(&device, o, env, err) != 0) return COLT_ERR;
+    if (mesh_check_visible_devices(m->world, m->env.rank, err) != 0 ||
+        mesh_choose_device(&device, o, &m->env, err) != 0)
+        return COLT_ERR;
     m->be = backend_open(o->device, device, err);
     if (!m->be) return COLT_ERR;
     m->groups.be = m->be;
-    if (m->world && tp_group_use_nccl(&m->groups, env, m->world, m->be, o->timeout_s, m->collectives,
+    if (m->world && tp_group_use_nccl(&m->groups, &m->env, m->world, m->be, o->timeout_s, m->collectives,
                                       sizeof m->collectives, err) != 0)
         return COLT_ERR;
     return COLT_OK;
 }
 
+int mesh_open(Mesh *m, const LaunchEnv *env, const MeshOptions *o, char *err) {
+    if (mesh_open_world(m, env, o, err) != 0) return COLT_ERR;
+    return mesh_open_device(m, o, err);
+}
+
 const TensorParallel *mesh_tensor_parallel(Mesh *m, TensorParallel *hooks) {
-    if (!m->world) return NULL;
+    if (!m->world || m->groups.tensor_parallel_size <= 1) return NULL;
     *hooks = tp_group_hooks(&m->groups);
     return hooks;
 }

@@ -73,7 +73,14 @@ int mesh_ranks_own_devices(bool *own, char *why, size_t why_size, Comm *group, c
  * open so that the caller, having printed err, can stop the others with
  * mesh_abort; mesh_close frees what was opened either way. */
 int mesh_open(Mesh *m, const LaunchEnv *env, const MeshOptions *o, char *err);
-/* The model's hooks over the tensor-parallel group, or NULL for a world of one. */
+/* mesh_open in its two halves, for a caller with work between them (the
+ * trainer agrees on errors over the world before it touches a device):
+ * the world and its groups (m->be still NULL; a world of one gets groups of
+ * size 1 and no communicator); then the visible-devices check, the backend
+ * and the groups' NCCL variants. Both collective. */
+int mesh_open_world(Mesh *m, const LaunchEnv *env, const MeshOptions *o, char *err);
+int mesh_open_device(Mesh *m, const MeshOptions *o, char *err);
+/* The model's hooks over the tensor-parallel group, or NULL without tensor parallelism. */
 const TensorParallel *mesh_tensor_parallel(Mesh *m, TensorParallel *hooks);
 /* Stops every rank (comm_abort) when there are others; returns when there are none. */
 void mesh_abort(Mesh *m, const char *reason);

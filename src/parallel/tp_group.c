@@ -9,23 +9,23 @@
 #include "core/error.h"
 #include "parallel/mesh.h"
 
-int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err) {
+int tp_group_open(TpGroup *g, Comm *world, int tensor_parallel_size, const Backend *be, char *err) {
     memset(g, 0, sizeof *g);
     int rank = world ? comm_rank(world) : 0, size = world ? comm_world_size(world) : 1;
-    if (tp_size < 1 || size % tp_size != 0)
-        return errorf(err, "tensor_parallel_size %d does not divide the number of ranks (%d)", tp_size, size);
+    if (tensor_parallel_size < 1 || size % tensor_parallel_size != 0)
+        return errorf(err, "tensor_parallel_size %d does not divide the number of ranks (%d)", tensor_parallel_size, size);
     g->be = be;
-    g->tp_size = tp_size;
-    g->tp_rank = rank % tp_size;
-    g->dp_size = size / tp_size;
-    g->dp_rank = rank / tp_size;
-    if (tp_size > 1 && g->dp_size == 1) {
+    g->tensor_parallel_size = tensor_parallel_size;
+    g->tensor_parallel_rank = rank % tensor_parallel_size;
+    g->data_parallel_size = size / tensor_parallel_size;
+    g->data_parallel_rank = rank / tensor_parallel_size;
+    if (tensor_parallel_size > 1 && g->data_parallel_size == 1) {
         g->tp = world; /* one group: the world itself */
-    } else if (tp_size > 1 && comm_split(world, g->dp_rank, g->tp_rank, &g->tp, err) != 0) {
+    } else if (tensor_parallel_size > 1 && comm_split(world, g->data_parallel_rank, g->tensor_parallel_rank, &g->tp, err) != 0) {
         return COLT_ERR;
     }
-    g->owns_tp = tp_size > 1 && g->dp_size > 1;
-    if (g->dp_size > 1 && tp_size > 1 && comm_split(world, g->tp_rank, g->dp_rank, &g->dp, err) != 0) {
+    g->owns_tp = tensor_parallel_size > 1 && g->data_parallel_size > 1;
+    if (g->data_parallel_size > 1 && tensor_parallel_size > 1 && comm_split(world, g->tensor_parallel_rank, g->data_parallel_rank, &g->dp, err) != 0) {
         tp_group_close(g);
         return COLT_ERR;
     }
@@ -54,7 +54,7 @@ static int host_all_reduce(void *ctx, void *x, size_t n, bool f32, char *err) {
 static int host_all_gather(void *ctx, void *out, const void *in, size_t n, bool f32, char *err) {
     TpGroup *g = ctx;
     const Backend *be = g->be;
-    size_t total = n * (size_t)g->tp_size;
+    size_t total = n * (size_t)g->tensor_parallel_size;
     float *h = staging(g, total + n);
     (f32 ? be->download_f32 : be->download)(be, h + total, in, n);
     if (comm_all_gather(g->tp, h, h + total, n, COMM_FLOAT32, NULL, err) != 0) return COLT_ERR;
@@ -81,7 +81,7 @@ int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backe
                       size_t how_size, char *err) {
     g->be = be;
     snprintf(how, how_size, "through the host");
-    if (g->tp_size <= 1 || !be->nccl_capable || !comm_built(COMM_NCCL)) return COLT_OK;
+    if (g->tensor_parallel_size <= 1 || !be->nccl_capable || !comm_built(COMM_NCCL)) return COLT_OK;
     /* NCCL refuses two ranks on one GPU: the host path stays for those. */
     bool own = false;
     char why[128];
@@ -91,11 +91,11 @@ int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backe
                       .store = comm_store(world)};
     Comm *launch = NULL;
     if (comm_open(&launch, env, &co, err) != 0) return COLT_ERR;
-    if (g->dp_size == 1) {
+    if (g->data_parallel_size == 1) {
         g->nccl = launch;
     } else {
         g->nccl_world = launch;
-        if (comm_split(launch, g->dp_rank, g->tp_rank, &g->nccl, err) != 0) return COLT_ERR;
+        if (comm_split(launch, g->data_parallel_rank, g->tensor_parallel_rank, &g->nccl, err) != 0) return COLT_ERR;
     }
     snprintf(how, how_size, "over NCCL, bf16 sums on the compute stream");
     return COLT_OK;
@@ -104,14 +104,14 @@ int tp_group_use_nccl(TpGroup *g, const LaunchEnv *env, Comm *world, const Backe
 int tp_group_data_parallel_nccl(TpGroup *g, Comm **out, char *err) {
     *out = NULL;
     if (!g->nccl_world) return COLT_OK;
-    return comm_split(g->nccl_world, g->tp_rank, g->dp_rank, out, err);
+    return comm_split(g->nccl_world, g->tensor_parallel_rank, g->data_parallel_rank, out, err);
 }
 
 TensorParallel tp_group_hooks(TpGroup *g) {
     if (g->nccl)
-        return (TensorParallel){.rank = g->tp_rank, .tensor_parallel_size = g->tp_size, .all_reduce = nccl_all_reduce,
+        return (TensorParallel){.rank = g->tensor_parallel_rank, .tensor_parallel_size = g->tensor_parallel_size, .all_reduce = nccl_all_reduce,
                                 .all_gather = nccl_all_gather, .graph_safe = true, .ctx = g};
-    return (TensorParallel){.rank = g->tp_rank, .tensor_parallel_size = g->tp_size, .all_reduce = host_all_reduce,
+    return (TensorParallel){.rank = g->tensor_parallel_rank, .tensor_parallel_size = g->tensor_parallel_size, .all_reduce = host_all_reduce,
                             .all_gather = host_all_gather, .graph_safe = false, .ctx = g};
 }
 

@@ -18,13 +18,13 @@
 #include "model/model.h"
 
 typedef struct TpGroup {
-    int tp_size, tp_rank; /* the group's size, this rank in it */
-    int dp_size, dp_rank; /* the data-parallel groups' */
-    Comm *tp;             /* this rank's tensor-parallel group (NULL when tp_size is 1; the world
-                           * itself when there is one group) */
+    int tensor_parallel_size, tensor_parallel_rank; /* the group's size, this rank in it */
+    int data_parallel_size, data_parallel_rank;     /* the data-parallel groups' */
+    Comm *tp;   /* this rank's tensor-parallel group (NULL when tensor_parallel_size is 1; the
+                 * world itself when there is one group) */
     bool owns_tp;
-    Comm *dp;             /* the data-parallel group (NULL when dp_size is 1, or when tp_size is 1:
-                           * then it is the world itself) */
+    Comm *dp;   /* the data-parallel group (NULL when data_parallel_size is 1, or when
+                 * tensor_parallel_size is 1: then it is the world itself) */
     const Backend *be;
     Comm *nccl;           /* the group over NCCL (tp_group_use_nccl), or NULL: through the host */
     Comm *nccl_world;     /* the launch over NCCL, split into nccl (several groups), or NULL */
@@ -32,10 +32,10 @@ typedef struct TpGroup {
     size_t host_n;
 } TpGroup;
 
-/* Splits world (collective; NULL: a world of one) into groups of tp_size
- * consecutive ranks; an error when tp_size does not divide the world size.
+/* Splits world (collective; NULL: a world of one) into groups of tensor_parallel_size
+ * consecutive ranks; an error when tensor_parallel_size does not divide the world size.
  * world must outlive g. */
-int tp_group_open(TpGroup *g, Comm *world, int tp_size, const Backend *be, char *err);
+int tp_group_open(TpGroup *g, Comm *world, int tensor_parallel_size, const Backend *be, char *err);
 /* After the backend opened (collective over world): the group's collectives
  * over NCCL when be is a CUDA instance and every rank of the launch has a GPU
  * of its own (an NCCL communicator over the launch, split into the groups

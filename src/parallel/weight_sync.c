@@ -147,19 +147,19 @@ static int64_t hash_tensors(const Model *m, int count, ModelParam (*get)(const M
  * tensors' names and sizes, the whole arena's bytes — what the trainer's
  * whole model has. */
 static int fingerprint(const Model *m, bool sending, int64_t fp[FP_COUNT], char *err) {
-    if (model_tp_size(m) > 1 && sending)
+    if (model_tensor_parallel_size(m) > 1 && sending)
         return errorf(err, "weight sync: a tensor-parallel part (tensor_parallel_size %d) cannot be sent; the "
                            "trainer needs the whole model",
-                      model_tp_size(m));
-    if (model_tp_size(m) > 1 && model_has_lora(m))
+                      model_tensor_parallel_size(m));
+    if (model_tensor_parallel_size(m) > 1 && model_has_lora(m))
         return errorf(err, "weight sync: a tensor-parallel server (tensor_parallel_size %d) cannot take LoRA adapters "
                            "yet; serve with tensor_parallel_size 1 for a use_peft trainer",
-                      model_tp_size(m));
+                      model_tensor_parallel_size(m));
     size_t numel = 0;
     if (!model_weights_flat(m, &numel))
         return errorf(err, "weight sync: the weights are partitioned (zero_stage 3); gather them first");
     const Backend *be = model_backend(m);
-    Model *whole = model_tp_size(m) > 1 ? model_plan_shell(model_config(m), be, NULL, 1) : NULL;
+    Model *whole = model_tensor_parallel_size(m) > 1 ? model_plan_shell(model_config(m), be, NULL, 1) : NULL;
     const Model *layout = whole ? whole : m;
     model_weights_flat(layout, &numel);
     fp[FP_BYTES] = (int64_t)(numel * dtype_size(be->storage));
@@ -311,7 +311,7 @@ static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
     if (agree(w, fp, ok, &sections, err) != 0) return COLT_ERR;
     size_t numel = 0, bytes = 0;
     if (sections & SECTION_WEIGHTS) {
-        int rc = model_tp_size(m) > 1 ? receive_into_part(w, (Model *)m, (size_t)fp[FP_BYTES], err)
+        int rc = model_tensor_parallel_size(m) > 1 ? receive_into_part(w, (Model *)m, (size_t)fp[FP_BYTES], err)
                                        : broadcast_arena(w, model_weights_flat(m, &numel), (size_t)fp[FP_BYTES], err);
         if (rc != 0) return COLT_ERR;
         bytes += (size_t)fp[FP_BYTES];

@@ -422,8 +422,6 @@ void train_dist_free(TrainDist *d) {
     free(d->z2_stage);
     free(d->z3_host);
     if (d->grad_comm) comm_close(d->grad_comm);
-    if (d->comm && d->owns_comm) comm_close(d->comm);
-    if (d->all) comm_close(d->all);
     free(d->staging);
     memset(d, 0, sizeof *d);
 }

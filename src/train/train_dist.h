@@ -35,12 +35,11 @@
 
 typedef struct TrainDist {
     int rank, world;  /* in the data-parallel group */
-    Comm *comm;       /* host collectives; NULL for a world of one */
-    bool owns_comm;   /* train_dist_free closes comm (not a tensor-parallel layout's) */
+    Comm *comm;       /* host collectives; NULL for a world of one (borrowed: the mesh's) */
     /* Tensor parallelism (parallel/tp_group.h): the launch's world, when larger
      * than the data-parallel group. Agreements (train_dist_agree, _any) go
      * over it, so a failure on any rank of any group stops every rank. */
-    Comm *all;
+    Comm *all;        /* borrowed: the mesh's world */
     int all_rank, all_world;
     float *staging;   /* host copy of the gradients (host path) */
     size_t staging_n;

@@ -164,77 +164,54 @@ static int choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *
     return rc;
 }
 
-/* The communicator first, so that a rank failing anywhere in setup can tell the others. */
+/* The mesh's options from the settings: the launch's groups for `colt train`
+ * (data parallel across tensor-parallel groups); listed[] holds devices. */
+static MeshOptions mesh_options(const TrainConfig *c, int *listed) {
+    size_t n = json_array_size(c->devices);
+    for (size_t i = 0; i < n; i++) listed[i] = (int)json_integer_value(json_array_get(c->devices, i));
+    return (MeshOptions){.device = c->device, .devices = c->devices ? listed : NULL, .n_devices = (int)n,
+                         .tensor_parallel_size = c->tensor_parallel_size, .timeout_s = c->ddp_timeout};
+}
+
+/* The world and its groups first, so that a rank failing anywhere in setup
+ * can tell the others. Rounds and gradients go over the data-parallel group
+ * (t->dist), agreements over the whole launch. */
 static int open_world(Trainer *t, const LaunchEnv *env, char *err) {
-    t->dist.rank = env->rank;
-    t->dist.world = env->world_size;
     t->writer = env->rank == 0;
-    log_set_rank(env->rank);
-    int tp = t->cfg->tensor_parallel_size;
-    if (mesh_check_tensor_parallel_size(tp, env, false, err) != 0) return COLT_ERR;
-    if (env->world_size == 1) return COLT_OK;
-    /* Collectives here run on host buffers (gradients are staged through the
-     * host), so CPU transports serve GPU ranks too. */
-    CommOptions co = {.kind = COMM_AUTO, .gpu = false, .cuda_device = -1, .timeout_s = t->cfg->ddp_timeout};
-    Comm *world = NULL;
-    if (comm_open(&world, env, &co, err) != 0) return COLT_ERR;
-    if (tp == 1) {
-        t->dist.comm = world;
-        t->dist.owns_comm = true;
+    t->dist.world = 1;
+    int *listed = xcalloc(json_array_size(t->cfg->devices) + 1, sizeof(int));
+    MeshOptions o = mesh_options(t->cfg, listed);
+    int rc = mesh_open_world(&t->mesh, env, &o, err);
+    free(listed);
+    if (rc != 0 || !t->mesh.world) return rc;
+    const TpGroup *g = &t->mesh.groups;
+    t->dist.rank = g->data_parallel_rank;
+    t->dist.world = g->data_parallel_size;
+    if (g->tensor_parallel_size == 1) {
+        t->dist.comm = t->mesh.world;
         log_info0("data parallel: %d processes (%s, %s)", env->world_size, launcher_name(env->launcher),
-                  comm_kind_name(comm_kind(world)));
+                  comm_kind_name(comm_kind(t->mesh.world)));
         return COLT_OK;
     }
-    /* Tensor parallel: gradients and rounds over the data-parallel group,
-     * agreements over the world. */
-    t->dist.all = world;
+    t->dist.comm = g->data_parallel_size > 1 ? g->dp : NULL;
+    t->dist.all = t->mesh.world;
     t->dist.all_rank = env->rank;
     t->dist.all_world = env->world_size;
-    if (tp_group_open(&t->tp, world, tp, NULL, err) != 0) return COLT_ERR;
-    t->dist.rank = t->tp.dp_rank;
-    t->dist.world = t->tp.dp_size;
-    t->dist.comm = t->tp.dp_size > 1 ? t->tp.dp : NULL;
-    log_info0("tensor parallel: %d group(s) of %d processes, data parallel across them (%s, %s)", t->tp.dp_size, tp,
-              launcher_name(env->launcher), comm_kind_name(comm_kind(world)));
+    log_info0("tensor parallel: %d group(s) of %d processes, data parallel across them (%s, %s)",
+              g->data_parallel_size, g->tensor_parallel_size, launcher_name(env->launcher),
+              comm_kind_name(comm_kind(t->mesh.world)));
     return COLT_OK;
 }
 
-/* The model's tensor-parallel collectives, or NULL for whole models. */
-static const TensorParallel *tp_hooks(Trainer *t) {
-    if (t->tp.tp_size <= 1) return NULL;
-    t->tp_hooks = tp_group_hooks(&t->tp);
-    return &t->tp_hooks;
-}
-
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err);
-static int check_visible_devices(Trainer *t, char *err);
 
 static int trainer_setup(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
     memset(t, 0, sizeof *t);
     t->cfg = c;
     if (open_world(t, env, err) != 0) return COLT_ERR;
-    if (train_dist_agree(&t->dist, check_visible_devices(t, err), err) != 0) return COLT_ERR;
     if (train_dist_agree(&t->dist, trainer_setup_local(t, c, env, err), err) != 0) return COLT_ERR;
     /* Last: the gradient path gathers from every rank, so all must have got here. */
     return dist_optimizer_open_gradients(&t->optimizer, env, err);
-}
-
-/* The GPU this rank computes on: local rank r takes devices[r], or GPU r. It
- * never touches another (no context is created on any other device). */
-static int choose_device(const TrainConfig *c, const LaunchEnv *env, int *device, char *err) {
-    size_t n = json_array_size(c->devices);
-    int *listed = xcalloc(n ? n : 1, sizeof(int));
-    for (size_t i = 0; i < n; i++) listed[i] = (int)json_integer_value(json_array_get(c->devices, i));
-    MeshOptions o = {.device = c->device, .devices = c->devices ? listed : NULL, .n_devices = (int)n};
-    int rc = mesh_choose_device(device, &o, env, err);
-    free(listed);
-    return rc;
-}
-
-/* Ranks on one host must see the same GPUs (mesh.h), compared over t->dist's
- * ranks: under tensor parallelism the data-parallel group, as before. */
-static int check_visible_devices(Trainer *t, char *err) {
-    return mesh_check_visible_devices(t->dist.world > 1 ? t->dist.comm : NULL, t->dist.rank, err);
 }
 
 /* The inputs of this run's memory plan (memory_plan.h): the settings, the
@@ -298,7 +275,7 @@ static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
         if (lora_ckpt)
             return errorf(err, "resume from %s: it holds LoRA adapters (adapter_config.json): set use_peft: true", ckpt);
     }
-    if (model_load_tp(&t->model, ckpt && !c->use_peft ? ckpt : c->model, t->be, tp_hooks(t), err) != 0) return COLT_ERR;
+    if (model_load_tp(&t->model, ckpt && !c->use_peft ? ckpt : c->model, t->be, mesh_tensor_parallel(&t->mesh, &t->tp_hooks), err) != 0) return COLT_ERR;
     if (!c->use_peft) return COLT_OK;
     LoraConfig want;
     if (train_config_lora(c, &want, err) != 0) return COLT_ERR;
@@ -326,7 +303,7 @@ static int load_trained_model(Trainer *t, const TrainConfig *c, char *err) {
     log_info0("LoRA: r %d, lora_alpha %g%s on %s of %d layers: %zu trainable parameters (%.2f%% of %zu frozen)%s",
               want.r, (double)want.alpha, want.use_rslora ? " (rsLoRA)" : "", targets, mc->num_hidden_layers,
               n_adapters, 100.0 * (double)n_adapters / (double)n_weights, n_weights,
-              t->tp.tp_size > 1 ? " on each tensor-parallel rank (its part)" : "");
+              t->mesh.groups.tensor_parallel_size > 1 ? " on each tensor-parallel rank (its part)" : "");
     return COLT_OK;
 }
 
@@ -434,11 +411,11 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;
     DistOptimizerOptions oo = {.zero_stage = c->zero_stage, .offload = strcmp(c->offload_optimizer, "cpu") == 0,
                                .bucket_bytes = (size_t)c->ddp_bucket_cap_mb << 20, .timeout_s = c->ddp_timeout};
-    dist_optimizer_init(&t->optimizer, t->model, t->be, &t->dist, &t->tp, &oo);
+    dist_optimizer_init(&t->optimizer, t->model, t->be, &t->dist, &t->mesh.groups, &oo);
     if (dist_optimizer_partition(&t->optimizer, t->model, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the reference model's weights", t->plan.reference);
     if (c->beta > 0 && !c->use_peft &&
-        (model_load_tp(&t->ref_model, c->model, t->be, tp_hooks(t), err) != 0 ||
+        (model_load_tp(&t->ref_model, c->model, t->be, mesh_tensor_parallel(&t->mesh, &t->tp_hooks), err) != 0 ||
          dist_optimizer_partition(&t->optimizer, t->ref_model, err) != 0))
         return COLT_ERR;
     trainer_alloc_label(t, NULL, 0);
@@ -624,16 +601,13 @@ static void log_memory_plan(const Trainer *t) {
 /* Everything setup does on this rank. Only rank 0 touches output_dir. */
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
     share_host_cores(env);
-    int device = 0;
-    if (choose_device(c, env, &device, err) != 0) return COLT_ERR;
-    t->be = backend_open(c->device, device, err);
-    if (!t->be) return COLT_ERR;
-    if (t->tp.tp_size > 1) {
-        char how[128];
-        if (tp_group_use_nccl(&t->tp, env, t->dist.all, t->be, c->ddp_timeout, how, sizeof how, err) != 0)
-            return COLT_ERR;
-        log_info0("tensor parallel collectives: %s", how);
-    }
+    int *listed = xcalloc(json_array_size(c->devices) + 1, sizeof(int));
+    MeshOptions o = mesh_options(c, listed);
+    int rc = mesh_open_device(&t->mesh, &o, err);
+    free(listed);
+    if (rc != 0) return COLT_ERR;
+    t->be = t->mesh.be;
+    if (t->mesh.groups.tensor_parallel_size > 1) log_info0("tensor parallel collectives: %s", t->mesh.collectives);
     if (prepare_output_dir(t, c, err) != 0 || load_data_and_models(t, c, err) != 0) return COLT_ERR;
     size_t n_prompts = dataset_size(t->data);
     int P = c->generation_batch_size / c->num_generations;
@@ -680,9 +654,8 @@ static void trainer_teardown(Trainer *t) {
     dataset_free(t->eval_data);
     model_free(t->ref_model);
     model_free(t->model);
-    tp_group_close(&t->tp);    /* its groups before the world (dist.all) */
-    train_dist_free(&t->dist); /* before its backend: the communicators use the device */
-    backend_close(t->be);
+    train_dist_free(&t->dist); /* before the backend: its NCCL communicators use the device */
+    mesh_close(&t->mesh);      /* the groups, the backend, the world */
     tokenizer_free(t->tok);
 }
 

@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/rewards.h"
-#include "parallel/tp_group.h"
+#include "parallel/mesh.h"
 #include "parallel/weight_sync.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -83,12 +83,10 @@ typedef struct TrainerTimes {
 
 typedef struct Trainer {
     TrainConfig *cfg;
-    Backend *be;              /* this process's instance, opened on its device */
-    TrainDist dist;           /* data-parallel rank, world size and communicator (a world of one: none) */
-    /* tensor_parallel_size > 1: this rank's groups (dist is then the
-     * data-parallel one) and the model's collectives over its group */
-    TpGroup tp;
-    TensorParallel tp_hooks;
+    Mesh mesh;                /* the launch: world, tensor- and data-parallel groups, this rank's backend */
+    Backend *be;              /* mesh.be: this process's instance, opened on its device */
+    TrainDist dist;           /* the data-parallel group's collectives (a world of one: none) */
+    TensorParallel tp_hooks;  /* the model's collectives over the tensor-parallel group */
     bool writer;              /* writes the run's files and logs: the launch's rank 0 */
     Model *model, *ref_model;
     /* With use_peft and beta > 0 the reference model is the base model: the

@@ -1,4 +1,4 @@
-/* bench_host_adamw.c — the offloaded optimizer's host AdamW (train/host_adamw.h)
+/* bench_host_adamw.c — the offloaded optimizer's host AdamW (parallel/host_adamw.h)
  * against the host's memory bandwidth, for 1 thread up to every core.
  *
  * One update of n parameters reads the gradient, the fp32 master weight and
@@ -15,7 +15,7 @@
 
 #include "bench_common.h"
 #include "core/log.h"
-#include "train/host_adamw.h"
+#include "parallel/host_adamw.h"
 
 static double copy_time(float *dst, const float *src, size_t n, int threads) {
     double t0 = time_now();

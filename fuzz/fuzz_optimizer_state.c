@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/model_train.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 
 static Model *g_model;
 static Optimizer *g_opt;

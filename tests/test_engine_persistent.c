@@ -21,7 +21,7 @@
 #include "engine/generate.h"
 #include "model/model.h"
 #include "model/model_train.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 #include "harness.h"
 
 #define N_REQ 8

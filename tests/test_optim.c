@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/floats.h"
 #include "model/model_train.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 #include "harness.h"
 
 #define N_RUNS 6

@@ -20,7 +20,7 @@
 #include "core/log.h"
 #include "model/model.h"
 #include "model/model_train.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 
 #include "bench_gpu_shapes.h"
 

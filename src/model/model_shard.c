@@ -2,7 +2,7 @@
  * gradient windows of model_train.c) and ZeRO-3's partitioned weights: each
  * rank keeps a part of the arena and gathers a layer into a window while a
  * pass uses it (model_train.h). The gathers themselves are the caller's
- * (train/train_dist.c): this file decides what is gathered when and where it
+ * (parallel/train_dist.c): this file decides what is gathered when and where it
  * goes, never how ranks talk.
  *
  * Dimension legend: L decoder layers; stage 0 the embedding, 1..L the layers,

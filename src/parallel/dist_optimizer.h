@@ -26,9 +26,9 @@
  *   dist_optimizer_step(o, lr, err);             AdamW, weights in sync
  *   dist_optimizer_check_replicas(o, err);
  *
- * It is not the communication itself (train/train_dist.h: the gradient
+ * It is not the communication itself (parallel/train_dist.h: the gradient
  * paths, ZeRO-2's reduce and ZeRO-3's gathers), nor AdamW's arithmetic
- * (train/optim.h), nor the groups (taken as they are: the data-parallel
+ * (parallel/optim.h), nor the groups (taken as they are: the data-parallel
  * TrainDist and the TpGroup; the mesh will own them). */
 #ifndef COLT_PARALLEL_DIST_OPTIMIZER_H
 #define COLT_PARALLEL_DIST_OPTIMIZER_H
@@ -42,8 +42,8 @@
 #include "parallel/tp_group.h"
 #include "model/model.h"
 #include "model/model_train.h"
-#include "train/optim.h"
-#include "train/train_dist.h"
+#include "parallel/optim.h"
+#include "parallel/train_dist.h"
 
 typedef struct DistOptimizerOptions {
     int zero_stage;       /* 0 .. 3 */
@@ -138,8 +138,9 @@ int dist_optimizer_rank0_pid(DistOptimizer *o, long *pid, char *err);
 int dist_optimizer_save(DistOptimizer *o, const char *dir, int64_t step, int rc, char *err);
 
 /* The state from checkpoint ckpt: its whole file, or the shards of any world
- * size its list names. */
-int dist_optimizer_load(DistOptimizer *o, const char *ckpt, char *err);
+ * size its list names. saved_tensor_parallel_size: what the checkpoint says it
+ * was saved with (0: unknown), to name it when this run's differs. */
+int dist_optimizer_load(DistOptimizer *o, const char *ckpt, int saved_tensor_parallel_size, char *err);
 
 void dist_optimizer_free(DistOptimizer *o);
 

@@ -5,6 +5,7 @@
  * checkpoint (train/trainer_checkpoint.c) nor the tensors' format (optim.c). */
 #include "parallel/dist_optimizer.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,6 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
-#include "train/checkpoint.h"
 
 static bool tensor_parallel(const DistOptimizer *o) { return o->tp && o->tp->tensor_parallel_size > 1; }
 
@@ -115,7 +115,7 @@ int dist_optimizer_save(DistOptimizer *o, const char *dir, int64_t step, int rc,
 /* Loads the optimizer state of checkpoint ckpt into this rank's optimizer:
  * optimizer.safetensors (an unsharded run's) or the shards listed in
  * optimizer_shards.json (a sharded run's, at any world size). */
-int dist_optimizer_load(DistOptimizer *o, const char *ckpt, char *err) {
+int dist_optimizer_load(DistOptimizer *o, const char *ckpt, int saved_tensor_parallel_size, char *err) {
     char file[64], list[64];
     optimizer_file_name(o, file, sizeof file);
     manifest_name(o, list, sizeof list);
@@ -123,7 +123,8 @@ int dist_optimizer_load(DistOptimizer *o, const char *ckpt, char *err) {
     int rc = COLT_OK;
     if (file_exists(whole)) rc = optim_load(o->opt, whole, err);
     else if (!file_exists(manifest)) {
-        int saved_tp = checkpoint_saved_tensor_parallel_size(ckpt), tensor_parallel_size = tensor_parallel(o) ? o->tp->tensor_parallel_size : 1;
+        int saved_tp = saved_tensor_parallel_size,
+            tensor_parallel_size = tensor_parallel(o) ? o->tp->tensor_parallel_size : 1;
         if (saved_tp > 0 && saved_tp != tensor_parallel_size)
             rc = errorf(err, "%s: no optimizer state for tensor_parallel_size %d: the checkpoint was saved with "
                              "tensor_parallel_size %d (optimizer-tp*-of-%05d files); resume it with "

@@ -10,7 +10,7 @@
  * on one device).
  *
  * Not here: the transport (dist/comm.h), the model's collectives
- * (parallel/tp_group.c), the gradient path and ZeRO (train/train_dist.h),
+ * (parallel/tp_group.c), the gradient path and ZeRO (parallel/train_dist.h),
  * whether the model can be cut tensor_parallel_size ways (model_tp_check). */
 #ifndef COLT_PARALLEL_MESH_H
 #define COLT_PARALLEL_MESH_H

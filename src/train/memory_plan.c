@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/model_train.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 
 #define GB (1024.0 * 1024.0 * 1024.0)
 #define TRAIN_HEADROOM MEMORY_PLAN_TRAIN_HEADROOM

@@ -44,12 +44,12 @@
 #include "tokenizer/tokenizer_files.h"
 #include "train/checkpoint.h"
 #include "train/grpo.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 #include "data/prompt.h"
 #include "train/report.h"
 #include "train/memory_plan.h"
 #include "train/tensorboard.h"
-#include "train/train_dist.h"
+#include "parallel/train_dist.h"
 
 static volatile sig_atomic_t g_stop_requested = 0;
 static void on_stop_signal(int sig) {

@@ -169,7 +169,7 @@ int trainer_load_state(Trainer *t, const char *ckpt, char *err) {
     if (rc == 0) rc = model_config_load(&base, NULL, t->cfg->model, err);
     if (rc == 0) rc = check_checkpoint_config(model_config(t->model), &base, ckpt, err);
     if (rc == 0) {
-        rc = dist_optimizer_load(&t->optimizer, ckpt, err);
+        rc = dist_optimizer_load(&t->optimizer, ckpt, checkpoint_saved_tensor_parallel_size(ckpt), err);
         if (rc == 0 && optim_step_count(t->optimizer.opt) != st.progress.global_step)
             rc = errorf(err, "%s: the optimizer is at step %lld but trainer_state.json at step %lld (files from "
                              "two checkpoints?)",

@@ -27,11 +27,11 @@
 #include "train/grpo.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 #include "train/rollout.h"
 #include "train/tensorboard.h"
 #include "train/train_config.h"
-#include "train/train_dist.h"
+#include "parallel/train_dist.h"
 #include "train/trainer.h"
 #include "serve/serve_client.h"
 

@@ -25,7 +25,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 #include "../rope_table.h"
 #include "../harness.h"
 

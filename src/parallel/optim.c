@@ -6,7 +6,7 @@
  * taken as 0.999, as Python has it) and rounded to float only when handed to
  * the backend, so bias corrections and schedules match torch/transformers to
  * float rounding. This is not the trainer loop and not the GRPO loss. */
-#include "train/optim.h"
+#include "parallel/optim.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -21,7 +21,7 @@
 #include "core/fileio.h"
 #include "core/log.h"
 #include "model/safetensors.h"
-#include "train/host_adamw.h"
+#include "parallel/host_adamw.h"
 
 
 /* ---------------------------------------------------------------- schedules */

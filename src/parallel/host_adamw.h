@@ -5,8 +5,8 @@
  * operation (no FMA contraction, IEEE sqrt and division), so an offloaded step
  * gives the same bits as one on the device; vectorised per CPU (AVX-512, AVX2
  * or baseline, chosen at load) and spread over OpenMP threads. */
-#ifndef COLT_TRAIN_HOST_ADAMW_H
-#define COLT_TRAIN_HOST_ADAMW_H
+#ifndef COLT_PARALLEL_HOST_ADAMW_H
+#define COLT_PARALLEL_HOST_ADAMW_H
 
 #include <stddef.h>
 

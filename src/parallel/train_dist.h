@@ -18,8 +18,8 @@
  *            below, as PyTorch DDP does. The sum's order is NCCL's, so the
  *            result matches the host path within float rounding; every rank
  *            gets the same bits. */
-#ifndef COLT_TRAIN_TRAIN_DIST_H
-#define COLT_TRAIN_TRAIN_DIST_H
+#ifndef COLT_PARALLEL_TRAIN_DIST_H
+#define COLT_PARALLEL_TRAIN_DIST_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* train_dist.c — see train_dist.h. */
-#include "train/train_dist.h"
+#include "parallel/train_dist.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "parallel/mesh.h"
-#include "train/optim.h"
+#include "parallel/optim.h"
 
 int train_dist_gather(TrainDist *d, void *out, const void *mine, size_t bytes_each, char *err) {
     if (d->world == 1) {

@@ -2,7 +2,7 @@
  * that sqrtf vectorises: the only errno case, sqrt of a negative, cannot
  * happen for v >= 0. The project compiles as ISO C11, where GCC does not
  * contract a * b + c into an FMA, so each operation rounds as the reference's. */
-#include "train/host_adamw.h"
+#include "parallel/host_adamw.h"
 
 #include <math.h>
 #include <omp.h>

@@ -4,8 +4,8 @@
  *   norm = optim_clip_grad_norm(model, grads, max_grad_norm, backend);
  *   optim_step(opt, grads, lr_schedule_value(...));
  * Not the GRPO loss (grpo.h) and not the trainer loop. */
-#ifndef COLT_TRAIN_OPTIM_H
-#define COLT_TRAIN_OPTIM_H
+#ifndef COLT_PARALLEL_OPTIM_H
+#define COLT_PARALLEL_OPTIM_H
 
 #include <stdbool.h>
 #include <stdint.h>

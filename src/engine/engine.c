@@ -619,7 +619,7 @@ static int step_once(Engine *e, char *err) {
             seg[SEG_LOGIT_ROWS][n_rows] = t - 1;
             seg[SEG_ROW_SEQ][n_rows] = s->slot;
             seg[SEG_STREAMS][n_rows] = (int)s->g->stream;
-            seg[SEG_COUNTERS][n_rows] = s->g->n_tokens;
+            seg[SEG_COUNTERS][n_rows] = s->g->first_position + s->g->n_tokens;
             e->group_rows[s->group]++;
             e->row_owner[n_rows++] = e->order[r];
         }

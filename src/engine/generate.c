@@ -95,7 +95,7 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
             memcpy(history + s->prompt_len, s->tokens, sizeof(int) * (size_t)s->n_tokens);
             float lp = 0.0f;
             int t = sampler_sample(&sampler, logits + (size_t)w * V, &opt->sampling, history, n_hist,
-                                   s->stream, (uint64_t)s->n_tokens, &lp);
+                                   s->stream, (uint64_t)(s->first_position + s->n_tokens), &lp);
             s->tokens[s->n_tokens] = t;
             s->logprobs[s->n_tokens] = lp;
             s->n_tokens++;

@@ -20,6 +20,8 @@ typedef struct GenSequence {
     const int *prompt;
     int prompt_len;
     uint64_t stream;      /* RNG stream: the sequence's id (e.g. completion index) */
+    int first_position;   /* the RNG position of its first sampled token: 0, or for a conversation's later
+                           * turn the completion's length so far, so no two turns draw the same numbers */
     int *tokens;          /* [n_tokens] completion ids, the stop token included */
     float *logprobs;      /* [n_tokens] log p of each sampled token, under the distribution drawn from (sampling.h) */
     int n_tokens;

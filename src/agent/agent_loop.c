@@ -1,0 +1,147 @@
+/* agent_loop.c — conversations over the persistent engine (agent_loop.h). */
+#include "agent/agent_loop.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/model.h"
+
+enum { CONV_RUNNING, CONV_WAITING, CONV_DONE };
+
+void agent_conversation_free(AgentConversation *c) {
+    free(c->tokens), free(c->logprobs), free(c->model_mask), free(c->context);
+    gen_sequence_free(&c->turn);
+    c->tokens = NULL, c->logprobs = NULL, c->model_mask = NULL, c->context = NULL;
+    c->n_tokens = 0;
+}
+
+/* Queues conversation i's next turn: its whole context (prompt, completion
+ * so far) as the request's prompt, the RNG positions going on from there. */
+static int start_turn(Engine *e, AgentConversation *c, int i, const GenerateOptions *opt, char *err) {
+    int n_context = c->prompt_len + c->n_tokens;
+    c->context = xrealloc(c->context, sizeof(int) * (size_t)n_context);
+    memcpy(c->context, c->prompt, sizeof(int) * (size_t)c->prompt_len);
+    memcpy(c->context + c->prompt_len, c->tokens, sizeof(int) * (size_t)c->n_tokens);
+    c->turn = (GenSequence){.prompt = c->context, .prompt_len = n_context, .stream = c->stream,
+                            .first_position = c->n_tokens};
+    GenerateOptions o = *opt;
+    o.max_new_tokens = opt->max_new_tokens - c->n_tokens;
+    c->state = CONV_RUNNING;
+    return engine_add_request(e, &c->turn, &o, (uint64_t)i, err);
+}
+
+static void append(AgentConversation *c, const int *ids, const float *logprobs, int n, uint8_t model) {
+    for (int k = 0; k < n; k++) {
+        c->tokens[c->n_tokens] = ids[k];
+        c->logprobs[c->n_tokens] = logprobs ? logprobs[k] : 0.0f;
+        c->model_mask[c->n_tokens] = model;
+        c->n_tokens++;
+    }
+}
+
+/* A turn finished: its tokens join the conversation; the tools say whether
+ * it goes on. */
+static int end_turn(AgentConversation *c, int i, const AgentTools *tools, const AgentLoopOptions *lo, char *err) {
+    append(c, c->turn.tokens, c->turn.logprobs, c->turn.n_tokens, 1);
+    c->finish = c->turn.finish;
+    bool called = false;
+    int rc = COLT_OK;
+    bool may_call = lo->max_tool_calling_iterations < 0 || c->tool_rounds < lo->max_tool_calling_iterations;
+    if (tools && may_call) rc = tools->turn_ended(tools->ctx, i, c->turn.tokens, c->turn.n_tokens, c->finish, &called, err);
+    gen_sequence_free(&c->turn);
+    c->state = called ? CONV_WAITING : CONV_DONE;
+    return rc;
+}
+
+/* Results for conversation i: appended and the next turn queued, or dropped
+ * when they do not fit (TRL: past max_completion_length, or reaching the
+ * model's length). */
+static int take_results(Engine *e, AgentConversation *c, int i, const AgentToolResult *r, const GenerateOptions *opt,
+                        int max_positions, const AgentTools *tools, char *err) {
+    if (c->state != CONV_WAITING)
+        return errorf(err, "agent loop: tool results for conversation %d, which is not waiting for any", i);
+    if (c->n_tokens + r->n > opt->max_new_tokens || c->prompt_len + c->n_tokens + r->n >= max_positions) {
+        c->results_dropped = true;
+        c->state = CONV_DONE;
+        if (tools->results_dropped) tools->results_dropped(tools->ctx, i);
+        return COLT_OK;
+    }
+    append(c, r->ids, NULL, r->n, 0);
+    c->tool_rounds++;
+    if (c->n_tokens == opt->max_new_tokens) { /* nothing left for another turn */
+        c->finish = FINISH_LENGTH;
+        c->state = CONV_DONE;
+        return COLT_OK;
+    }
+    return start_turn(e, c, i, opt, err);
+}
+
+int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
+                   const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err) {
+    static const AgentLoopOptions defaults = {.max_tool_calling_iterations = -1};
+    if (!lo) lo = &defaults;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (n == 0) return COLT_OK;
+    int max_positions = model_config(m)->max_position_embeddings, max_prompt = 0;
+    for (int i = 0; i < n; i++) {
+        AgentConversation *c = &convs[i];
+        c->n_tokens = 0, c->tool_rounds = 0, c->results_dropped = false, c->finish = FINISH_LENGTH;
+        c->context = NULL, c->turn = (GenSequence){0};
+        size_t cap = (size_t)(opt->max_new_tokens > 0 ? opt->max_new_tokens : 1);
+        c->tokens = xmalloc(sizeof(int) * cap);
+        c->logprobs = xmalloc(sizeof(float) * cap);
+        c->model_mask = xmalloc(cap);
+        if (c->prompt_len > max_prompt) max_prompt = c->prompt_len;
+    }
+    /* Every turn's context fits: prompt + completion, the completion bounded. */
+    long long max_len = (long long)max_prompt + opt->max_new_tokens;
+    if (max_len > max_positions) max_len = max_positions;
+    double t0 = time_now();
+    Engine *e = NULL;
+    int rc = engine_create(&e, m, eo, (int)max_len, n, err);
+    for (int i = 0; rc == 0 && i < n; i++) rc = start_turn(e, &convs[i], i, opt, err);
+    int waiting = 0, done = 0;
+    double idle_wait = lo->idle_wait_s > 0 ? lo->idle_wait_s : 0.05;
+    while (rc == 0 && done < n) {
+        if (engine_has_work(e)) {
+            const EngineEvent *events;
+            int n_events;
+            rc = engine_step(e, &events, &n_events, err);
+            for (int k = 0; rc == 0 && k < n_events; k++) {
+                if (!events[k].finished) continue;
+                int i = (int)events[k].id;
+                rc = end_turn(&convs[i], i, tools, lo, err);
+                if (convs[i].state == CONV_WAITING) waiting++;
+                else done++;
+            }
+        }
+        if (rc != 0 || waiting == 0) continue;
+        /* Tools run while the engine decodes: take what is ready without
+         * waiting, and wait only when there is nothing else to do. */
+        const AgentToolResult *ready = NULL;
+        int n_ready = 0;
+        rc = tools->poll(tools->ctx, engine_has_work(e) ? 0.0 : idle_wait, &ready, &n_ready, err);
+        for (int k = 0; rc == 0 && k < n_ready; k++) {
+            int i = ready[k].conversation;
+            if (i < 0 || i >= n) {
+                rc = errorf(err, "agent loop: tool results for conversation %d of %d", i, n);
+                break;
+            }
+            waiting--;
+            rc = take_results(e, &convs[i], i, &ready[k], opt, max_positions, tools, err);
+            if (convs[i].state == CONV_DONE) done++;
+        }
+    }
+    if (e && stats) {
+        engine_stats(e, stats);
+        stats->seconds = time_now() - t0;
+    }
+    engine_destroy(e);
+    if (rc != 0)
+        for (int i = 0; i < n; i++) agent_conversation_free(&convs[i]);
+    else
+        for (int i = 0; i < n; i++) free(convs[i].context), convs[i].context = NULL;
+    return rc;
+}

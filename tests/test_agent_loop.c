@@ -1,0 +1,203 @@
+/* test_agent_loop.c — multi-turn generation (agent/agent_loop.h) on the CPU
+ * backend with a scripted tool handler: which turns "call tools", what their
+ * results are (fixed token ids) and the order and delay in which they come
+ * back are chosen here, so every property is checked without a model that
+ * really calls tools (test_tool_calls covers parsing and running tools).
+ *
+ * Checked: each later turn is what generate() (the plain loop) produces for
+ * the same context and RNG positions; the masks and log-probs of tool-result
+ * tokens; the per-conversation bound on tool rounds; the completion budget
+ * (results that do not fit are dropped, a later turn is cut); the prefix
+ * cache giving a resumed conversation its K/V back; and that the tokens do
+ * not depend on the order in which results arrive. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_loop.h"
+#include "core/error.h"
+#include "engine/generate.h"
+#include "model/model.h"
+
+#include "harness.h"
+
+#define N_CONV 6
+#define BUDGET 64     /* max_completion_length */
+#define N_STOP 16     /* stop ids: every 16th token id, so a turn ends after ~16 tokens */
+#define MAX_ROUNDS 2  /* max_tool_calling_iterations */
+#define SUFFIX_LEN 5
+
+/* The scripted tools: conversations 0-3 call tools after every turn (4 and 5
+ * never do); conversation 3's results are longer than the budget allows, so
+ * they are dropped. Results come back `delay` polls after the call, in the
+ * order given by `reverse`. */
+typedef struct Script {
+    int delay;
+    bool reverse;
+    int due[N_CONV];      /* poll count at which the results are ready; -1: none pending */
+    int polls;
+    int calls[N_CONV], dropped[N_CONV];
+    int ids[N_CONV][BUDGET + 8];
+    AgentToolResult ready[N_CONV];
+    int vocab;
+    int stop[N_STOP];
+} Script;
+
+static int result_len(int c) { return c == 3 ? BUDGET : SUFFIX_LEN; }
+
+static int turn_ended(void *ctx, int c, const int *turn, int n, FinishReason finish, bool *called, char *err) {
+    (void)turn, (void)finish, (void)err;
+    Script *s = ctx;
+    CHECK(n > 0, "conversation %d: a turn of %d tokens", c, n);
+    *called = c < 4;
+    if (*called) {
+        s->calls[c]++;
+        s->due[c] = s->polls + s->delay;
+        for (int k = 0; k < result_len(c); k++) s->ids[c][k] = (7 + 13 * c + 5 * k + s->calls[c]) % s->vocab;
+    }
+    return COLT_OK;
+}
+
+static int poll_results(void *ctx, double wait_s, const AgentToolResult **ready, int *n_ready, char *err) {
+    (void)wait_s, (void)err;
+    Script *s = ctx;
+    s->polls++;
+    int n = 0;
+    for (int j = 0; j < N_CONV; j++) {
+        int c = s->reverse ? N_CONV - 1 - j : j;
+        if (s->due[c] < 0 || s->due[c] > s->polls) continue;
+        s->ready[n++] = (AgentToolResult){.conversation = c, .ids = s->ids[c], .n = result_len(c)};
+        s->due[c] = -1;
+    }
+    *ready = s->ready;
+    *n_ready = n;
+    return COLT_OK;
+}
+
+static void results_dropped(void *ctx, int c) { ((Script *)ctx)->dropped[c]++; }
+
+/* Runs the loop; convs get the prompts. */
+static int run(Model *m, AgentConversation *convs, int prompts[N_CONV][12], Script *s, EngineStats *st, char *err) {
+    for (int c = 0; c < N_CONV; c++) {
+        convs[c] = (AgentConversation){.prompt = prompts[c], .prompt_len = 6 + c, .stream = (uint64_t)c};
+        s->due[c] = -1;
+    }
+    AgentTools tools = {.ctx = s, .turn_ended = turn_ended, .poll = poll_results, .results_dropped = results_dropped};
+    GenerateOptions go = {.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 11},
+                          .max_new_tokens = BUDGET};
+    go.stop_ids = s->stop, go.n_stop_ids = N_STOP;
+    AgentLoopOptions lo = {.max_tool_calling_iterations = MAX_ROUNDS, .idle_wait_s = 0.001};
+    return agent_generate(m, convs, N_CONV, &go, NULL, &tools, &lo, st, err);
+}
+
+/* generate() on the context a turn saw: its tokens and log-probs. */
+static int plain_turn(Model *m, const AgentConversation *c, int from, const int *stop, GenSequence *out, char *err) {
+    int *context = malloc(sizeof(int) * (size_t)(c->prompt_len + from));
+    memcpy(context, c->prompt, sizeof(int) * (size_t)c->prompt_len);
+    memcpy(context + c->prompt_len, c->tokens, sizeof(int) * (size_t)from);
+    *out = (GenSequence){.prompt = context, .prompt_len = c->prompt_len + from, .stream = c->stream,
+                         .first_position = from};
+    GenerateOptions go = {.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 11},
+                          .max_new_tokens = BUDGET - from, .stop_ids = stop, .n_stop_ids = N_STOP};
+    int rc = generate(m, out, 1, &go, err);
+    free(context);
+    return rc;
+}
+
+int main(void) {
+    char err[ERR_LEN];
+    Model *m = NULL;
+    if (model_load(&m, COLT_SOURCE_DIR "/tests/data/models/tiny-llama-f32", backend_cpu(), err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    int vocab = model_config(m)->vocab_size;
+    int prompts[N_CONV][12];
+    for (int c = 0; c < N_CONV; c++)
+        for (int k = 0; k < 12; k++) prompts[c][k] = (1 + 31 * c + 17 * k) % vocab;
+
+    Script a = {.delay = 1, .vocab = vocab}, b = {.delay = 3, .reverse = true, .vocab = vocab};
+    for (int k = 0; k < N_STOP; k++) a.stop[k] = b.stop[k] = (16 * k + 2) % vocab;
+    AgentConversation ca[N_CONV], cb[N_CONV];
+    EngineStats st;
+    int rc = run(m, ca, prompts, &a, &st, err);
+    CHECK(rc == 0, "agent_generate: %s", err);
+    if (rc != 0) return 1;
+
+    int64_t shared_lower_bound = 0;
+    int block = st.block_size, same_turns = 0, turns_compared = 0;
+    for (int c = 0; c < N_CONV; c++) {
+        AgentConversation *cv = &ca[c];
+        CHECK(cv->n_tokens <= BUDGET, "conversation %d: %d tokens, budget %d", c, cv->n_tokens, BUDGET);
+        int tool_tokens = 0;
+        for (int k = 0; k < cv->n_tokens; k++) {
+            tool_tokens += cv->model_mask[k] == 0;
+            if (cv->model_mask[k] == 0) CHECK(cv->logprobs[k] == 0.0f, "conversation %d token %d: tool log-prob %g", c, k, (double)cv->logprobs[k]);
+            else CHECK(cv->logprobs[k] <= 0.0f && isfinite(cv->logprobs[k]), "conversation %d token %d: log-prob %g", c, k, (double)cv->logprobs[k]);
+        }
+        CHECK(tool_tokens == cv->tool_rounds * SUFFIX_LEN, "conversation %d: %d tool tokens for %d rounds", c,
+              tool_tokens, cv->tool_rounds);
+        if (c >= 4) CHECK(cv->tool_rounds == 0 && a.calls[c] == 0, "conversation %d called no tool", c);
+        if (c == 3) CHECK(cv->tool_rounds == 0 && a.dropped[3] == 1 && cv->results_dropped,
+                          "conversation 3: results longer than the budget are dropped (rounds %d, dropped %d)",
+                          cv->tool_rounds, a.dropped[3]);
+        if (c < 3) {
+            CHECK(a.calls[c] <= MAX_ROUNDS, "conversation %d: %d tool rounds, at most %d", c, a.calls[c], MAX_ROUNDS);
+            CHECK(cv->tool_rounds == a.calls[c] || cv->n_tokens + SUFFIX_LEN > BUDGET,
+                  "conversation %d: %d calls, %d rounds appended", c, a.calls[c], cv->tool_rounds);
+        }
+        /* every turn after the first: generate() on the same context */
+        int k = 0;
+        while (k < cv->n_tokens) {
+            int start = k;
+            while (k < cv->n_tokens && cv->model_mask[k]) k++;
+            if (start > 0) {
+                GenSequence ref;
+                turns_compared++;
+                if (plain_turn(m, cv, start, a.stop, &ref, err) != 0) {
+                    CHECK(0, "generate: %s", err);
+                } else {
+                    bool same = ref.n_tokens == k - start &&
+                                memcmp(ref.tokens, cv->tokens + start, sizeof(int) * (size_t)(k - start)) == 0;
+                    same_turns += same;
+                    double worst = 0;
+                    for (int j = 0; same && j < ref.n_tokens; j++)
+                        worst = fmax(worst, fabs((double)ref.logprobs[j] - cv->logprobs[start + j]));
+                    CHECK(worst < 1e-4, "conversation %d turn at %d: log-probs differ from generate() by %.2e", c,
+                          start, worst);
+                    /* the K/V of every full block before the turn's last known token came from the cache */
+                    int known = cv->prompt_len + start, computed_before = cv->prompt_len + start - SUFFIX_LEN - 1;
+                    int blocks = (known - 1) / block, cached = computed_before / block;
+                    shared_lower_bound += (int64_t)(blocks < cached ? blocks : cached) * block;
+                    gen_sequence_free(&ref);
+                }
+            }
+            while (k < cv->n_tokens && !cv->model_mask[k]) k++;
+        }
+    }
+    printf("%d later turns compared with generate(): %d token-identical; %lld tokens shared from the cache "
+           "(at least %lld from resumed conversations), block %d\n",
+           turns_compared, same_turns, (long long)st.shared_tokens, (long long)shared_lower_bound, block);
+    CHECK(turns_compared >= 3, "only %d later turns: the script should give at least 3", turns_compared);
+    CHECK(same_turns >= turns_compared - 1, "%d of %d later turns match generate()", same_turns, turns_compared);
+    CHECK(st.shared_tokens >= shared_lower_bound, "prefix cache: %lld tokens shared, resumed turns alone %lld",
+          (long long)st.shared_tokens, (long long)shared_lower_bound);
+
+    /* Other delays, results in reverse order: the same conversations. */
+    rc = run(m, cb, prompts, &b, NULL, err);
+    CHECK(rc == 0, "agent_generate (reversed): %s", err);
+    int identical = 0;
+    for (int c = 0; rc == 0 && c < N_CONV; c++)
+        identical += ca[c].n_tokens == cb[c].n_tokens &&
+                     memcmp(ca[c].tokens, cb[c].tokens, sizeof(int) * (size_t)ca[c].n_tokens) == 0 &&
+                     memcmp(ca[c].model_mask, cb[c].model_mask, (size_t)ca[c].n_tokens) == 0;
+    printf("results in another order and delay: %d of %d conversations identical\n", identical, N_CONV);
+    CHECK(identical >= N_CONV - 1, "only %d of %d conversations identical when results come in another order",
+          identical, N_CONV);
+
+    for (int c = 0; c < N_CONV; c++) agent_conversation_free(&ca[c]), agent_conversation_free(&cb[c]);
+    model_free(m);
+    printf("test_agent_loop: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "model/model.h"
+#include "train/rollout.h"
 
 #include "harness.h"
 
@@ -103,6 +104,68 @@ static int plain_turn(Model *m, const AgentConversation *c, int from, const int 
     int rc = generate(m, out, 1, &go, err);
     free(context);
     return rc;
+}
+
+/* A round of these conversations as a checkpoint keeps it (rollout.h): the
+ * masks and tool counts come back, a bad mask is refused in one line. */
+static void check_saved_round(const AgentConversation *convs, int prompts[N_CONV][12], int vocab) {
+    Rollout r = {.n_samples = N_CONV, .n_prompts = N_CONV, .n_funcs = 0};
+    r.rows = calloc(N_CONV, sizeof(size_t));
+    r.prompt_ids = calloc(N_CONV, sizeof(int *));
+    r.prompt_len = calloc(N_CONV, sizeof(int));
+    r.prompt_text = calloc(N_CONV, sizeof(char *));
+    r.samples = calloc(N_CONV, sizeof(Sample));
+    r.per_func = calloc(1, sizeof(float));
+    r.order = calloc(N_CONV, sizeof(int));
+    for (int c = 0; c < N_CONV; c++) {
+        r.rows[c] = (size_t)c, r.order[c] = N_CONV - 1 - c;
+        r.prompt_len[c] = convs[c].prompt_len;
+        r.prompt_ids[c] = malloc(sizeof(int) * 12);
+        memcpy(r.prompt_ids[c], prompts[c], sizeof(int) * 12);
+        r.prompt_text[c] = strdup("p");
+        Sample *s = &r.samples[c];
+        s->prompt = c, s->len = convs[c].n_tokens, s->text = strdup("t"), s->advantage = 0.5f;
+        s->completion = malloc(sizeof(int) * (size_t)s->len);
+        memcpy(s->completion, convs[c].tokens, sizeof(int) * (size_t)s->len);
+        if (convs[c].tool_rounds > 0) {
+            s->model_mask = malloc((size_t)s->len);
+            memcpy(s->model_mask, convs[c].model_mask, (size_t)s->len);
+            s->tool_calls = convs[c].tool_rounds, s->tool_failures = 1;
+        }
+    }
+    RolloutShape shape = {.n_samples = N_CONV, .group_size = 1, .max_prompt_len = 12, .max_completion_len = BUDGET,
+                          .vocab_size = vocab, .dataset_rows = N_CONV, .micro_per_round = 1, .micro_batch_samples = 1};
+    json_t *o = rollout_to_json(&r, 1);
+    Rollout back = {0};
+    char err[ERR_LEN];
+    int rc = rollout_from_json(&back, o, &shape, "trainer_state.json", err);
+    CHECK(rc == 0, "saved round: %s", err);
+    int same = 0, with_mask = 0;
+    for (int c = 0; rc == 0 && c < N_CONV; c++) {
+        const Sample *a = &r.samples[c], *b = &back.samples[c];
+        with_mask += a->model_mask != NULL;
+        same += b->len == a->len && (a->model_mask == NULL) == (b->model_mask == NULL) &&
+                (!a->model_mask || memcmp(a->model_mask, b->model_mask, (size_t)a->len) == 0) &&
+                a->tool_calls == b->tool_calls && a->tool_failures == b->tool_failures;
+    }
+    CHECK(with_mask >= 1 && same == N_CONV, "saved round: %d of %d samples back as saved (%d with a mask)", same, N_CONV,
+          with_mask);
+    rollout_free(&back);
+    /* a mask of the wrong length, and a 2 in it */
+    for (int c = 0; c < N_CONV; c++) {
+        json_t *so = json_array_get(json_object_get(o, "samples"), (size_t)c), *mask = json_object_get(so, "model_mask");
+        if (!mask) continue;
+        json_array_append_new(mask, json_integer(1));
+        CHECK(rollout_from_json(&back, o, &shape, "ckpt", err) != 0 && strstr(err, "model_mask must be an array of"),
+              "a mask one too long: %s", err);
+        json_array_remove(mask, json_array_size(mask) - 1);
+        json_array_set_new(mask, 1, json_integer(2));
+        CHECK(rollout_from_json(&back, o, &shape, "ckpt", err) != 0 && strstr(err, "model_mask[1] must be 0 or 1"),
+              "a 2 in the mask: %s", err);
+        break;
+    }
+    json_decref(o);
+    rollout_free(&r);
 }
 
 int main(void) {
@@ -196,6 +259,7 @@ int main(void) {
     CHECK(identical >= N_CONV - 1, "only %d of %d conversations identical when results come in another order",
           identical, N_CONV);
 
+    check_saved_round(ca, prompts, vocab);
     for (int c = 0; c < N_CONV; c++) agent_conversation_free(&ca[c]), agent_conversation_free(&cb[c]);
     model_free(m);
     printf("test_agent_loop: %d checks, %d failures\n", g_checks, g_failures);

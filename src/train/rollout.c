@@ -15,6 +15,7 @@ void rollout_free(Rollout *r) {
         free(r->samples[i].old_logp);
         free(r->samples[i].sampling_logp);
         free(r->samples[i].ref_logp);
+        free(r->samples[i].model_mask);
         free(r->samples[i].text);
     }
     for (int i = 0; i < r->n_prompts; i++) {
@@ -68,6 +69,13 @@ json_t *rollout_to_json(const Rollout *r, int micro_batch_samples) {
         if (s->old_logp) json_object_set_new(so, "old_logp", floats_json(s->old_logp, s->len));
         if (s->sampling_logp) json_object_set_new(so, "sampling_logp", floats_json(s->sampling_logp, s->len));
         if (s->ref_logp) json_object_set_new(so, "ref_logp", floats_json(s->ref_logp, s->len));
+        if (s->model_mask) {
+            json_t *mask = json_array();
+            for (int k = 0; k < s->len; k++) json_array_append_new(mask, json_integer(s->model_mask[k]));
+            json_object_set_new(so, "model_mask", mask);
+            json_object_set_new(so, "tool_calls", json_integer(s->tool_calls));
+            json_object_set_new(so, "tool_failures", json_integer(s->tool_failures));
+        }
         json_array_append_new(samples, so);
     }
     json_object_set_new(o, "samples", samples);
@@ -153,6 +161,32 @@ static int checked_logp(float **out, json_t *so, const char *key, bool wanted, b
     return checked_floats(*out, a, len, allow_null, where, what, err);
 }
 
+/* A multi-turn sample's mask (0 or 1 per token; the first token is always
+ * the model's) and tool-call counts; absent for a single-turn one. */
+static int read_model_mask(Sample *s, json_t *so, const char *where, const char *ctx, char *err) {
+    json_t *a = json_object_get(so, "model_mask");
+    if (!a) return COLT_OK;
+    if (!json_is_array(a) || json_array_size(a) != (size_t)s->len)
+        return errorf(err, "%s: %s: model_mask must be an array of %d zeros and ones", where, ctx, s->len);
+    s->model_mask = xmalloc((size_t)s->len);
+    for (int k = 0; k < s->len; k++) {
+        json_t *v = json_array_get(a, (size_t)k);
+        json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (x != 0 && x != 1) return errorf(err, "%s: %s: model_mask[%d] must be 0 or 1", where, ctx, k);
+        s->model_mask[k] = (uint8_t)x;
+    }
+    if (s->model_mask[0] != 1) return errorf(err, "%s: %s: model_mask[0] must be 1 (a completion starts with the model's token)", where, ctx);
+    int64_t v;
+    char what[96];
+    snprintf(what, sizeof what, "%s: tool_calls", ctx);
+    if (checked_int(&v, json_object_get(so, "tool_calls"), 0, INT32_MAX, where, what, err) != 0) return COLT_ERR;
+    s->tool_calls = (int)v;
+    snprintf(what, sizeof what, "%s: tool_failures", ctx);
+    if (checked_int(&v, json_object_get(so, "tool_failures"), 0, s->tool_calls, where, what, err) != 0) return COLT_ERR;
+    s->tool_failures = (int)v;
+    return COLT_OK;
+}
+
 static int read_sample(Rollout *r, int i, json_t *so, const RolloutShape *shape, const char *where, char *err) {
     Sample *s = &r->samples[i];
     char ctx[64];
@@ -187,7 +221,7 @@ static int read_sample(Rollout *r, int i, json_t *so, const RolloutShape *shape,
         checked_logp(&s->sampling_logp, so, "sampling_logp", true, true, true, s->len, where, ctx, err) != 0 ||
         checked_logp(&s->ref_logp, so, "ref_logp", shape->has_ref_logp, false, false, s->len, where, ctx, err) != 0)
         return COLT_ERR;
-    return COLT_OK;
+    return read_model_mask(s, so, where, ctx, err);
 }
 
 static int read_rollout(Rollout *r, json_t *o, const RolloutShape *shape, const char *where, char *err) {

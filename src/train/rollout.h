@@ -22,6 +22,11 @@ typedef struct Sample {
     float *old_logp;      /* [len] or NULL */
     float *sampling_logp; /* [len] the engine's log-prob of each sampled token, or NULL */
     float *ref_logp;      /* [len] or NULL */
+    /* Multi-turn (tools): [len] 1 for a token the model sampled, 0 for a tool
+     * result's (context, never trained on: TRL's tool_mask); NULL when every
+     * token is the model's. */
+    uint8_t *model_mask;
+    int tool_calls, tool_failures; /* tool calls the completion made; of them, failed */
     char *text;
 } Sample;
 

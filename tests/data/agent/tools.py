@@ -1,0 +1,60 @@
+"""Tools for tests/test_tool_calls.c and tests/ref/make_tool_goldens.py: what a
+TRL user passes as GRPOTrainer(tools=[...]), with type hints and Google-style
+docstrings (transformers.utils.get_json_schema reads both)."""
+import asyncio
+import time
+
+
+def calculator(a: float, b: float, op: str = "+") -> float:
+    """Applies an arithmetic operator to two numbers.
+
+    Args:
+        a: The left operand.
+        b: The right operand.
+        op: One of +, -, * and /.
+    """
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a / b
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def lookup(keys: list[str], upper: bool = False) -> dict:
+    """Looks words up in a tiny dictionary.
+
+    Args:
+        keys: The words to look up.
+        upper: Whether to upper-case the answers.
+    """
+    table = {"cat": "a small feline", "dog": "a loyal canine"}
+    return {k: (table.get(k, "?").upper() if upper else table.get(k, "?")) for k in keys}
+
+
+async def weather(city: str) -> str:
+    """Gets the weather of a city.
+
+    Args:
+        city: The city's name.
+    """
+    await asyncio.sleep(0.01)
+    return f"Sunny in {city}, 21 degrees"
+
+
+def sleepy(seconds: float) -> str:
+    """Sleeps, then says so.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return "woke up"
+
+
+def no_args() -> int:
+    """Returns the answer."""
+    return 42

@@ -18,10 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "agent/tool_calls.h"
-/*WORKER*/
+#include "agent/tool_worker.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 #include "harness.h"
@@ -188,6 +189,222 @@ static void test_suffix(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama
 }
 
 /* ---------------------------------------------------------------------------
+ * the tool worker
+ * ------------------------------------------------------------------------- */
+
+#define AGENT COLT_SOURCE_DIR "/tests/data/agent"
+
+static bool is_error_text(const char *content) { return strncmp(content, "{'error': ", 10) == 0; }
+
+/* Each golden call: the text TRL gives the model, and whether TRL counts a failure. */
+static void check_calls(ToolWorker *w, const json_t *calls, long env, const char *what) {
+    size_t i, equal = 0;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        const json_t *fn = json_object_get(json_object_get(c, "call"), "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        const char *expected = json_string_value(json_object_get(c, "content"));
+        char *content = NULL, err[ERR_LEN];
+        bool failed = false;
+        int rc = tool_worker_call(w, &content, &failed, name, json_object_get(fn, "arguments"), env, 10, err);
+        CHECK(rc == 0, "%s call %s: %s", what, name, err);
+        if (rc != 0) continue;
+        bool same = strcmp(content, expected) == 0 && failed == is_error_text(expected);
+        equal += same;
+        CHECK(same, "%s call %s: colt \"%s\" (failed %d), TRL \"%s\"", what, name, content, failed, expected);
+        free(content);
+    }
+    printf("worker: %zu/%zu %s calls give TRL's text\n", equal, json_array_size(calls), what);
+}
+
+/* A tool that holds the whole worker (the interpreter lock, in C code): colt
+ * kills it past the limit and its grace, answers the call with the timeout
+ * text, and the next call runs on a new worker, without the environments. */
+static void test_worker_killed(ToolWorker *w) {
+    char err[ERR_LEN], *content = NULL;
+    int pid = tool_worker_pid(w);
+    bool failed = false;
+    double t0 = now_s();
+    CHECK(tool_worker_call(w, &content, &failed, "freeze", NULL, -1, 0.5, err) == 0 && content &&
+              !strcmp(content, "{'error': 'Tool freeze timed out after 0.5 s'}") && failed,
+          "freeze with a 0.5 s limit: %s", content ? content : err);
+    double took = now_s() - t0;
+    free(content);
+    CHECK(took > 0.9 && took < 3, "killed after %.2f s (limit 0.5 s + grace 0.5 s)", took);
+    CHECK(tool_worker_pid(w) == 0 && kill(pid, 0) != 0, "the stuck worker (pid %d) is gone", pid);
+    json_t *args = json_pack("{s:i, s:i, s:s}", "a", 6, "b", 7, "op", "*");
+    CHECK(tool_worker_call(w, &content, &failed, "calculator", args, -1, 5, err) == 0 && content &&
+              !strcmp(content, "42") && !failed, "a call after the kill runs on a new worker: %s", content ? content : err);
+    CHECK(tool_worker_pid(w) > 0 && tool_worker_pid(w) != pid, "a new worker runs");
+    printf("worker: a tool that held the worker was cut off after %.2f s; the next call ran on a new worker\n", took);
+    free(content);
+    json_decref(args);
+    CHECK(tool_worker_call(w, &content, &failed, "total_so_far", NULL, 0, 5, err) != 0 &&
+              strstr(err, "environment 0 does not exist"), "the environments died with the worker: %s", err);
+    free(content);
+}
+
+static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama) {
+    const json_t *golden = json_object_get(goldens, "worker"), *env_golden = json_object_get(golden, "environment");
+    const char *tools[] = {AGENT "/tools.py:calculator", AGENT "/tools.py:lookup", AGENT "/tools.py:weather",
+                           AGENT "/tools.py:sleepy", AGENT "/tools.py:no_args", AGENT "/tools.py:freeze"};
+    char err[ERR_LEN];
+    ToolWorker *w = NULL;
+    ToolWorkerOptions options = {.kill_grace_s = 0.5};
+    double t0 = now_s();
+    if (tool_worker_start(&w, tools, 6, AGENT "/envs.py:MathEnv", &options, err) != 0) {
+        CHECK(false, "tool_worker_start: %s", err);
+        return;
+    }
+    printf("worker: started in %.2f s\n", now_s() - t0);
+
+    /* schemas: transformers' get_json_schema, tools then the environment's methods */
+    const json_t *schemas = tool_worker_schemas(w), *tool_schemas = json_object_get(golden, "schemas"),
+                 *env_schemas = json_object_get(env_golden, "schemas");
+    size_t n_tools = json_array_size(tool_schemas); /* freeze comes after them */
+    CHECK(json_array_size(schemas) == n_tools + 1 + json_array_size(env_schemas), "%zu schemas",
+          json_array_size(schemas));
+    for (size_t i = 0; i < json_array_size(schemas); i++) {
+        if (i == n_tools) continue;
+        const json_t *want = i < n_tools ? json_array_get(tool_schemas, i) : json_array_get(env_schemas, i - n_tools - 1);
+        CHECK(json_equal(json_array_get(schemas, i), (json_t *)want), "schema %zu differs from get_json_schema's", i);
+    }
+    json_t *tools_only = json_array(), *tools_and_methods = json_array();
+    for (size_t i = 0; i < json_array_size(schemas); i++) {
+        if (i < n_tools) json_array_append(tools_only, json_array_get(schemas, i));
+        if (i != n_tools) json_array_append(tools_and_methods, json_array_get(schemas, i));
+    }
+    CHECK(tool_worker_environment_name(w) && !strcmp(tool_worker_environment_name(w), "MathEnv") &&
+              tool_worker_environment_has_reward(w), "environment MathEnv with get_reward");
+
+    check_calls(w, json_object_get(golden, "calls"), -1, "tool");
+
+    /* an environment: reset(**row), its methods as tools, get_reward */
+    json_t *observation = NULL;
+    CHECK(tool_worker_reset(w, &observation, 0, json_object_get(env_golden, "row"), err) == 0, "reset: %s", err);
+    CHECK(observation && json_equal(observation, json_object_get(env_golden, "observation")),
+          "reset's observation differs from TRL's");
+    json_decref(observation);
+    check_calls(w, json_object_get(env_golden, "calls"), 0, "environment");
+    double reward = -1;
+    bool has = false;
+    CHECK(tool_worker_reward(w, &reward, &has, 0, err) == 0 && has &&
+              reward == json_number_value(json_object_get(env_golden, "reward")),
+          "get_reward: %g (%s)", reward, has ? "" : err);
+    /* a second instance is independent of the first */
+    json_t *row = json_pack("{s:i, s:i}", "start", 100, "target", 1);
+    CHECK(tool_worker_reset(w, &observation, 1, row, err) == 0, "reset 1: %s", err);
+    json_decref(observation);
+    json_decref(row);
+    char *content = NULL;
+    bool failed = false;
+    CHECK(tool_worker_call(w, &content, &failed, "total_so_far", NULL, 1, 5, err) == 0 && content &&
+              !strcmp(content, "total=100"), "environment 1: %s", content ? content : err);
+    free(content);
+    CHECK(tool_worker_call(w, &content, &failed, "total_so_far", NULL, 0, 5, err) == 0 && content &&
+              !strcmp(content, "total=7"), "environment 0 after 1's reset: %s", content ? content : err);
+    free(content);
+    CHECK(tool_worker_call(w, &content, &failed, "add", NULL, 7, 5, err) != 0 && strstr(err, "environment 7"),
+          "a call on an environment never reset should fail naming it (%s)", err);
+    free(content);
+
+    /* answers in the order they finish: a slow call submitted first comes back last */
+    long slow = 0, fast = 0, got = 0;
+    json_t *args = json_pack("{s:f}", "seconds", 0.4), *answer = NULL;
+    CHECK(tool_worker_submit_call(w, &slow, "sleepy", args, -1, 5, err) == 0, "submit: %s", err);
+    json_decref(args);
+    args = json_pack("{s:i, s:i}", "a", 20, "b", 22);
+    CHECK(tool_worker_submit_call(w, &fast, "calculator", args, -1, 5, err) == 0, "submit: %s", err);
+    json_decref(args);
+    CHECK(tool_worker_in_flight(w) == 2, "%zu requests in flight", tool_worker_in_flight(w));
+    CHECK(tool_worker_poll(w, &got, &answer, 5, err) == 1 && got == fast &&
+              !strcmp(json_string_value(json_object_get(answer, "content")), "42"),
+          "the fast call should answer first (got request %ld)", got);
+    json_decref(answer);
+    CHECK(tool_worker_poll(w, &got, &answer, 5, err) == 1 && got == slow &&
+              !strcmp(json_string_value(json_object_get(answer, "content")), "woke up"),
+          "then the slow one (got request %ld)", got);
+    json_decref(answer);
+    CHECK(tool_worker_poll(w, &got, &answer, 0.05, err) == 0, "nothing left to answer");
+
+    /* a hanging tool: the worker answers at the limit with an error text, and goes on */
+    args = json_pack("{s:i}", "seconds", 30);
+    t0 = now_s();
+    CHECK(tool_worker_call(w, &content, &failed, "sleepy", args, -1, 1.0, err) == 0 && content &&
+              !strcmp(content, "{'error': 'Tool sleepy timed out after 1 s'}") && failed,
+          "sleepy(30) with a 1 s limit: %s", content ? content : err);
+    double took = now_s() - t0;
+    CHECK(took > 0.9 && took < 2.5, "the 1 s limit answered after %.2f s", took);
+    printf("worker: a tool hanging 30 s answered at its 1 s limit after %.2f s\n", took);
+    free(content);
+    json_decref(args);
+    CHECK(tool_worker_call(w, &content, &failed, "total_so_far", NULL, 0, 5, err) == 0 && content &&
+              !strcmp(content, "total=7"), "the environments survive a timed-out call: %s", content ? content : err);
+    free(content);
+
+    if (qwen && llama) {
+        /* prompts rendered with the worker's schemas equal TRL's with tools=[callables] */
+        const json_t *rows = json_object_get(goldens, "prompt");
+        size_t i, equal = 0;
+        json_t *r;
+        json_array_foreach(rows, i, r) {
+            const char *setup = json_string_value(json_object_get(r, "setup"));
+            Tokenizer *tok = format_of_setup(setup) == TOOL_FORMAT_LLAMA3 ? llama : qwen;
+            char *tmpl = template_of(setup, qwen);
+            int *ids = NULL;
+            size_t n = 0;
+            int rc = tool_calls_prompt_ids(&ids, &n, tok, tmpl, json_object_get(r, "messages"),
+                                           strstr(setup, "_env") ? tools_and_methods : tools_only, NULL, err);
+            CHECK(rc == 0, "prompt %s: %s", setup, err);
+            bool same = rc == 0 && same_ids(ids, n, json_object_get(r, "expected"));
+            equal += same;
+            CHECK(rc != 0 || same, "prompt %s: %zu ids, TRL %zu", setup, n,
+                  json_array_size(json_object_get(r, "expected")));
+            free(ids);
+            free(tmpl);
+        }
+        printf("prompt: %zu/%zu prompts with the worker's schemas equal TRL's ids\n", equal, json_array_size(rows));
+    }
+    json_decref(tools_only);
+    json_decref(tools_and_methods);
+    test_worker_killed(w);
+    tool_worker_free(w);
+}
+/* ---------------------------------------------------------------------------
+ * errors: one line that names what is wrong
+ * ------------------------------------------------------------------------- */
+
+static void test_errors(void) {
+    char err[ERR_LEN];
+    ToolWorker *w = NULL;
+    const char *bad_name[] = {"calculator"};
+    CHECK(tool_worker_start(&w, bad_name, 1, NULL, NULL, err) != 0 && strstr(err, "\"calculator\"") &&
+              strstr(err, "PATH.py:NAME"), "a bare name: %s", err);
+    const char *missing_file[] = {"no_such_dir/tools.py:f"};
+    CHECK(tool_worker_start(&w, missing_file, 1, NULL, NULL, err) != 0 && strstr(err, "not found"),
+          "a missing file: %s", err);
+    const char *missing_function[] = {AGENT "/tools.py:nope"};
+    CHECK(tool_worker_start(&w, missing_function, 1, NULL, NULL, err) != 0 && strstr(err, "no function 'nope'"),
+          "a missing function: %s", err);
+    const char *no_docstring[] = {AGENT "/envs.py:MathEnv"}; /* a class is callable, but has no Args docstring */
+    CHECK(tool_worker_start(&w, no_docstring, 1, NULL, NULL, err) != 0 && strstr(err, "JSON schema"),
+          "a tool without a docstring: %s", err);
+    const char *tools[] = {AGENT "/tools.py:no_args"};
+    CHECK(tool_worker_start(&w, tools, 1, AGENT "/tools.py:no_args", NULL, err) != 0 && strstr(err, "reset"),
+          "an environment without reset: %s", err);
+    CHECK(tool_worker_start(&w, NULL, 0, NULL, NULL, err) != 0 && strstr(err, "at least one tool"), "nothing: %s", err);
+    CHECK(strchr(err, '\n') == NULL, "errors are one line");
+
+    json_t *message = NULL;
+    CHECK(tool_calls_parse(&message, TOOL_FORMAT_HERMES, "", "x", "x", NULL, json_string("no"), err) != 0 &&
+              strstr(err, "tools"), "tools not a list: %s", err);
+    ToolCallFormat f;
+    CHECK(tool_calls_format_of_template(&f, "{{ messages }}", err) != 0 && strstr(err, "no tool calls"),
+          "a template without tool calls: %s", err);
+    CHECK(tool_calls_format_of_template(&f, "<function=x>", err) != 0 && strstr(err, "XML"), "Qwen3.5: %s", err);
+}
+
+/* ---------------------------------------------------------------------------
  * main
  * ------------------------------------------------------------------------- */
 
@@ -210,6 +427,8 @@ int main(void) {
     test_parse(goldens, qwen, llama);
     if (qwen && llama) test_suffix(goldens, qwen, llama);
     else shared_data_skipped("tool suffix ids and prompts with tools (they need the Qwen2.5 tokenizer)");
+    test_worker(goldens, qwen, llama);
+    test_errors();
 
     tokenizer_free(qwen);
     tokenizer_free(llama);

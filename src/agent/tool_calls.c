@@ -577,16 +577,30 @@ done:
  * ------------------------------------------------------------------------- */
 
 static int render_ids(int **ids, size_t *n, const Tokenizer *tok, const char *template_source, const json_t *messages,
-                      bool add_generation_prompt, const json_t *variables, char *err) {
+                      const json_t *tools, bool add_generation_prompt, const json_t *variables, char *err) {
     ChatTemplateOptions opt = {.add_generation_prompt = add_generation_prompt,
                                .bos_token = tokenizer_bos_token(tok),
                                .eos_token = tokenizer_eos_token(tok),
+                               .tools = tools,
                                .variables = variables};
     char *text = NULL;
     if (chat_template_render_json(&text, template_source, messages, &opt, err) != 0) return COLT_ERR;
     int rc = tokenizer_encode(tok, text, strlen(text), ids, n, err); /* apply_chat_template adds no special tokens */
     free(text);
     return rc;
+}
+
+int tool_calls_prompt_ids(int **ids, size_t *n_ids, const Tokenizer *tok, const char *template_source,
+                          const json_t *messages, const json_t *tools, const json_t *variables, char *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (!template_source) return errorf(err, "prompt with tools: the tokenizer has no chat template");
+    if (tools && !json_is_array(tools)) return errorf(err, "prompt with tools: \"tools\" must be a list of schemas");
+    /* TRL passes tools=self.tools or None: an empty list renders as no tools (Llama would add boilerplate). */
+    if (tools && json_array_size(tools) == 0) tools = NULL;
+    if (render_ids(ids, n_ids, tok, template_source, messages, tools, true, variables, err) != 0)
+        return error_prefix(err, "prompt with tools");
+    return 0;
 }
 
 int tool_calls_suffix_ids(int **ids, size_t *n_ids, const Tokenizer *tok, const char *template_source,
@@ -608,8 +622,8 @@ int tool_calls_suffix_ids(int **ids, size_t *n_ids, const Tokenizer *tok, const 
     int *prefix = NULL, *all = NULL;
     size_t n_prefix = 0, n_all = 0;
     int rc = COLT_ERR;
-    if (render_ids(&prefix, &n_prefix, tok, template_source, dummy, false, variables, err) != 0 ||
-        render_ids(&all, &n_all, tok, template_source, full, true, variables, err) != 0) {
+    if (render_ids(&prefix, &n_prefix, tok, template_source, dummy, NULL, false, variables, err) != 0 ||
+        render_ids(&all, &n_all, tok, template_source, full, NULL, true, variables, err) != 0) {
         error_prefix(err, "tool suffix");
         goto done;
     }

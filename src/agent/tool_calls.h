@@ -62,6 +62,14 @@ int tool_calls_parse(json_t **message, ToolCallFormat format, const char *prefix
 int tool_calls_parse_ids(json_t **message, ToolCallFormat format, const Tokenizer *tok, const int *prefix_ids,
                          size_t n_prefix, const int *ids, size_t n_ids, const json_t *tools, char *err);
 
+/* The ids of a prompt rendered with the tools' schemas, as TRL's
+ * _tokenize_prompts does: apply_chat_template(messages, tools=tools or None,
+ * add_generation_prompt=True, tokenize=True) with template_source (TRL's
+ * choice: the training variant for Qwen3) and variables (chat_template_kwargs,
+ * or NULL). tools: the schemas (tool_worker_schemas). *ids malloc'd. */
+int tool_calls_prompt_ids(int **ids, size_t *n_ids, const Tokenizer *tok, const char *template_source,
+                          const json_t *messages, const json_t *tools, const json_t *variables, char *err);
+
 /* TRL's _get_tool_suffix_ids: the ids that follow a completion when
  * tool_messages (a list of {"role": "tool", "name": ..., "content": ...}) are
  * appended and the model is asked to go on. Rendered as TRL does: the

@@ -58,3 +58,13 @@ def sleepy(seconds: float) -> str:
 def no_args() -> int:
     """Returns the answer."""
     return 42
+
+
+
+def freeze() -> str:
+    """Runs a regular expression that backtracks for ages inside the re module's C code, which holds the
+    interpreter lock all along: no other thread of the worker runs, as with a tool stuck in C code."""
+    import re
+
+    re.match(r"(a+)+$", "a" * 64 + "b")
+    return "never"

@@ -225,12 +225,12 @@ static void test_worker_killed(ToolWorker *w) {
     int pid = tool_worker_pid(w);
     bool failed = false;
     double t0 = now_s();
-    CHECK(tool_worker_call(w, &content, &failed, "freeze", NULL, -1, 0.5, err) == 0 && content &&
-              !strcmp(content, "{'error': 'Tool freeze timed out after 0.5 s'}") && failed,
-          "freeze with a 0.5 s limit: %s", content ? content : err);
+    CHECK(tool_worker_call(w, &content, &failed, "freeze", NULL, -1, 0.3, err) == 0 && content &&
+              !strcmp(content, "{'error': 'Tool freeze timed out after 0.3 s'}") && failed,
+          "freeze with a 0.3 s limit: %s", content ? content : err);
     double took = now_s() - t0;
     free(content);
-    CHECK(took > 0.9 && took < 3, "killed after %.2f s (limit 0.5 s + grace 0.5 s)", took);
+    CHECK(took > 0.55 && took < 3, "killed after %.2f s (limit 0.3 s + grace 0.3 s)", took);
     CHECK(tool_worker_pid(w) == 0 && kill(pid, 0) != 0, "the stuck worker (pid %d) is gone", pid);
     json_t *args = json_pack("{s:i, s:i, s:s}", "a", 6, "b", 7, "op", "*");
     CHECK(tool_worker_call(w, &content, &failed, "calculator", args, -1, 5, err) == 0 && content &&
@@ -250,9 +250,11 @@ static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama
                            AGENT "/tools.py:sleepy", AGENT "/tools.py:no_args", AGENT "/tools.py:freeze"};
     char err[ERR_LEN];
     ToolWorker *w = NULL;
-    ToolWorkerOptions options = {.kill_grace_s = 0.5};
+    ToolWorkerOptions options = {.kill_grace_s = 0.3};
     double t0 = now_s();
-    if (tool_worker_start(&w, tools, 6, AGENT "/envs.py:MathEnv", &options, err) != 0) {
+    /* the environment named as a module ("envs.MathEnv", importable from PYTHONPATH), the tools as files */
+    setenv("PYTHONPATH", AGENT, 1);
+    if (tool_worker_start(&w, tools, 6, "envs.MathEnv", &options, err) != 0) {
         CHECK(false, "tool_worker_start: %s", err);
         return;
     }
@@ -310,7 +312,7 @@ static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama
 
     /* answers in the order they finish: a slow call submitted first comes back last */
     long slow = 0, fast = 0, got = 0;
-    json_t *args = json_pack("{s:f}", "seconds", 0.4), *answer = NULL;
+    json_t *args = json_pack("{s:f}", "seconds", 0.2), *answer = NULL;
     CHECK(tool_worker_submit_call(w, &slow, "sleepy", args, -1, 5, err) == 0, "submit: %s", err);
     json_decref(args);
     args = json_pack("{s:i, s:i}", "a", 20, "b", 22);
@@ -423,6 +425,7 @@ int main(void) {
         CHECK(tokenizer_load(&qwen, COLT_SHARED_DATA "/qwen2.5-tokenizer", err) == 0, "qwen2.5 tokenizer: %s", err);
         llama = llama_tokenizer(json_object_get(goldens, "llama_added_tokens"), err);
         CHECK(llama != NULL, "llama-on-qwen tokenizer: %s", err);
+        printf("tokenizers: Qwen2.5 and Llama-on-Qwen loaded in %.2f s\n", now_s() - t0);
     }
     test_parse(goldens, qwen, llama);
     if (qwen && llama) test_suffix(goldens, qwen, llama);

@@ -223,7 +223,13 @@ class Worker:
             timer.start()
 
         def done(result, failed):
-            # TRL: content = result if isinstance(result, list) else str(result)
+            # TRL: content = result if isinstance(result, list) else str(result). A list colt cannot send as
+            # JSON (images, objects) goes as its str().
+            if isinstance(result, list):
+                try:
+                    json.dumps(result, allow_nan=False)
+                except (TypeError, ValueError):
+                    result = str(result)
             self.answer(rid, {"content": result if isinstance(result, list) else str(result), "failed": failed})
 
         sync_tools, async_tools = self.tool_dicts(env)

@@ -42,6 +42,8 @@ async def weather(city: str) -> str:
         city: The city's name.
     """
     await asyncio.sleep(0.01)
+    if not city.strip():
+        raise ValueError("no such city")
     return f"Sunny in {city}, 21 degrees"
 
 

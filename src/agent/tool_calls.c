@@ -35,7 +35,8 @@ typedef enum { TRANSFORM_NONE, TRANSFORM_FUNCTION_IS_CONTENT, TRANSFORM_NAME_AND
 
 typedef struct FieldSpec {
     const char *name;
-    const char *open;  /* a regex (literals escaped), or NULL: the implicit region */
+    const char *open;  /* where the region opens, or NULL: the implicit region */
+    bool open_is_regex; /* else open is a literal */
     const char *close; /* a regex, or NULL */
     ContentKind content;
     bool repeats;
@@ -50,17 +51,17 @@ typedef struct TemplateSpec {
 
 static const TemplateSpec HERMES_SPEC = {
     "<|im_start|>assistant\n",
-    {{"reasoning_content", "<think>", "</think>\\s*", CONTENT_TEXT, false, TRANSFORM_NONE},
-     {"tool_calls", "<tool_call>", "</tool_call>\\s*", CONTENT_JSON, true, TRANSFORM_FUNCTION_IS_CONTENT},
-     {"content", NULL, "<\\|im_end\\|>\\s*", CONTENT_TEXT, false, TRANSFORM_NONE}},
+    {{"reasoning_content", "<think>", false, "</think>\\s*", CONTENT_TEXT, false, TRANSFORM_NONE},
+     {"tool_calls", "<tool_call>", false, "</tool_call>\\s*", CONTENT_JSON, true, TRANSFORM_FUNCTION_IS_CONTENT},
+     {"content", NULL, false, "<\\|im_end\\|>\\s*", CONTENT_TEXT, false, TRANSFORM_NONE}},
     3,
 };
 
 static const TemplateSpec LLAMA3_SPEC = {
     "<|start_header_id|>assistant<|end_header_id|>\n\n",
-    {{"tool_calls", "\\{\"name\":\\s*\"(?P<name>[^\"]+)\",\\s*\"parameters\":\\s*", "\\}<\\|eot_id\\|>\\s*",
-      CONTENT_JSON, true, TRANSFORM_NAME_AND_ARGUMENTS},
-     {"content", NULL, "<\\|eot_id\\|>\\s*", CONTENT_TEXT, false, TRANSFORM_NONE}},
+    {{"tool_calls", "\\{\"name\":\\s*\"(?P<name>[^\"]+)\",\\s*\"parameters\":\\s*", true,
+      "\\}<\\|eot_id\\|>\\s*", CONTENT_JSON, true, TRANSFORM_NAME_AND_ARGUMENTS},
+     {"content", NULL, false, "<\\|eot_id\\|>\\s*", CONTENT_TEXT, false, TRANSFORM_NONE}},
     2,
 };
 
@@ -464,6 +465,40 @@ static bool is_empty(const json_t *v) {
            (json_is_array(v) && json_array_size(v) == 0) || (json_is_object(v) && json_object_size(v) == 0);
 }
 
+/* The scan over the whole text: regions open and close at the earliest
+ * match, text between goes to the current region, the end closes it. */
+static void parser_run(Parser *p) {
+    reset_to_implicit(p);
+    pcre2_match_data *md = pcre2_match_data_create(8, NULL);
+    size_t pos = 0;
+    while (!p->failed) {
+        size_t start = 0, end = 0;
+        int field = 0;
+        bool is_open = false;
+        if (!scan(p, md, pos, &start, &end, &field, &is_open)) {
+            accumulate(p, pos, p->len);
+            close_current(p);
+            break;
+        }
+        accumulate(p, pos, start);
+        pos = end;
+        if (is_open) {
+            char *name = p->capture_name; /* the new region's, not the one closing */
+            p->capture_name = NULL;
+            close_current(p);
+            p->current = field;
+            p->opened = true;
+            p->body.len = 0;
+            p->capture_name = name;
+        } else {
+            bool had_content = p->opened;
+            close_current(p);
+            if (!had_content && start == end) break; /* an empty match would fire forever */
+        }
+    }
+    pcre2_match_data_free(md);
+}
+
 int tool_calls_parse(json_t **message, ToolCallFormat format, const char *prefix, const char *text,
                      const char *text_skip_special, const char *eos_token, const json_t *tools, char *err) {
     *message = NULL;
@@ -483,43 +518,12 @@ int tool_calls_parse(json_t **message, ToolCallFormat format, const char *prefix
     Parser p = {.spec = spec, .text = all.s, .len = all.len, .tools = tools, .implicit = -1};
     for (int i = 0; i < spec->n_fields; i++) {
         const FieldSpec *f = &spec->fields[i];
-        /* A plain literal opening ("<think>") is escaped; the Llama one is a regex. */
-        bool literal = f->open && !strchr(f->open, '\\');
-        p.open_re[i] = f->open ? compile(f->open, literal) : NULL;
+        p.open_re[i] = f->open ? compile(f->open, !f->open_is_regex) : NULL;
         p.close_re[i] = f->close ? compile(f->close, false) : NULL;
         if (!f->open) p.implicit = i;
     }
     p.output = json_pack("{s:s}", "role", "assistant");
-    reset_to_implicit(&p);
-    pcre2_match_data *md = pcre2_match_data_create(8, NULL);
-    size_t pos = 0;
-    while (!p.failed) {
-        size_t start = 0, end = 0;
-        int field = 0;
-        bool is_open = false;
-        if (!scan(&p, md, pos, &start, &end, &field, &is_open)) {
-            accumulate(&p, pos, p.len);
-            pos = p.len;
-            close_current(&p);
-            break;
-        }
-        accumulate(&p, pos, start);
-        pos = end;
-        if (is_open) {
-            char *name = p.capture_name;
-            p.capture_name = NULL;
-            close_current(&p);
-            p.current = field;
-            p.opened = true;
-            p.body.len = 0;
-            p.capture_name = name;
-        } else {
-            bool had_content = p.opened;
-            close_current(&p);
-            if (!had_content && start == end) break;
-        }
-    }
-    pcre2_match_data_free(md);
+    parser_run(&p);
     for (int i = 0; i < spec->n_fields; i++) {
         pcre2_code_free(p.open_re[i]);
         pcre2_code_free(p.close_re[i]);

@@ -54,24 +54,33 @@ static char *dumps(const json_t *v) { return json_dumps(v, JSON_SORT_KEYS | JSON
  * the goldens' ids, and Llama's bos/eos: the script's stand-in for a Llama 3.1
  * tokenizer (the same vocabulary, so only the template and specials differ). */
 static Tokenizer *llama_tokenizer(const json_t *added, char *err) {
-    json_error_t jerr;
-    json_t *tj = json_load_file(COLT_SHARED_DATA "/qwen2.5-tokenizer/tokenizer.json", 0, &jerr);
-    if (!tj) return NULL;
-    json_t *list = json_object_get(tj, "added_tokens");
+    /* Spliced into the file's text: parsing and re-writing 11 MB of JSON would double the load time. */
+    char *text = read_text(COLT_SHARED_DATA "/qwen2.5-tokenizer", "tokenizer.json");
+    char *list = text ? strstr(text, "\"added_tokens\"") : NULL;
+    char *bracket = list ? strchr(list, '[') : NULL;
+    if (!bracket) {
+        snprintf(err, ERR_LEN, "qwen2.5-tokenizer/tokenizer.json has no added_tokens list");
+        free(text);
+        return NULL;
+    }
+    size_t head = (size_t)(bracket + 1 - text), cap = strlen(text) + 4096, n = head;
+    char *spliced = malloc(cap);
+    memcpy(spliced, text, head);
     size_t i;
     json_t *t;
-    json_array_foreach(added, i, t) json_array_append_new(
-        list, json_pack("{s:O, s:O, s:b, s:b, s:b, s:b, s:b}", "id", json_object_get(t, "id"), "content",
-                        json_object_get(t, "content"), "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
-                        "special", 1));
-    char *text = json_dumps(tj, JSON_COMPACT);
-    json_decref(tj);
+    json_array_foreach(added, i, t) n += (size_t)snprintf(
+        spliced + n, cap - n,
+        "{\"id\": %d, \"content\": \"%s\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+        "\"normalized\": false, \"special\": true},",
+        (int)json_integer_value(json_object_get(t, "id")), json_string_value(json_object_get(t, "content")));
+    snprintf(spliced + n, cap - n, "%s", text + head);
+    free(text);
     const char *config = "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\", "
                          "\"add_bos_token\": false}";
     Tokenizer *tok = NULL;
-    if (tokenizer_load_from_memory(&tok, text, strlen(text), config, strlen(config), "llama-on-qwen", err) != 0)
+    if (tokenizer_load_from_memory(&tok, spliced, strlen(spliced), config, strlen(config), "llama-on-qwen", err) != 0)
         tok = NULL;
-    free(text);
+    free(spliced);
     return tok;
 }
 

@@ -23,7 +23,13 @@
  * error, and starts a new worker at the next request: environments are then
  * lost (a call naming one answers an error until it is reset again).
  *
- * Not here: the multi-turn loop (the engine's), parsing calls (tool_calls.h). */
+ * Threads: a ToolWorker is used from one thread, and that thread must live as
+ * long as the worker (the trainer's main thread): the worker process is tied
+ * to the thread that forks it (PR_SET_PDEATHSIG, see data/reward_process.c),
+ * and a restart after a kill forks from the thread that submits.
+ *
+ * Not here: the multi-turn loop (the engine's), parsing calls (tool_calls.h),
+ * TRL's dict of environments (environment_factory={"name": cls, ...}). */
 #ifndef COLT_AGENT_TOOL_WORKER_H
 #define COLT_AGENT_TOOL_WORKER_H
 

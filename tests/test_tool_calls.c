@@ -288,6 +288,9 @@ static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama
     CHECK(tool_worker_environment_name(w) && !strcmp(tool_worker_environment_name(w), "MathEnv") &&
               tool_worker_environment_has_reward(w), "environment MathEnv with get_reward");
 
+    CHECK(tool_worker_is_async(w, "weather", false) && !tool_worker_is_async(w, "calculator", true) &&
+              !tool_worker_is_async(w, "add", true) && !tool_worker_is_async(w, "teleport", false),
+          "async tools: weather only");
     check_calls(w, json_object_get(golden, "calls"), -1, "tool");
 
     /* an environment: reset(**row), its methods as tools, get_reward */

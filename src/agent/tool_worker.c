@@ -39,6 +39,7 @@ struct ToolWorker {
     json_t *setup; /* sent as the first line at every start */
     RewardProcess *process; /* NULL after a kill or crash, until the next request */
     json_t *schemas;
+    json_t *async_tools, *async_methods, *methods; /* names */
     char *environment_name;
     bool environment_reward;
     long next_id;
@@ -156,8 +157,11 @@ static int launch(ToolWorker *w, char *err) {
     }
     if (!w->schemas) {
         w->schemas = json_deep_copy(json_object_get(reply, "tools"));
+        w->async_tools = json_deep_copy(json_object_get(reply, "async_tools"));
         const json_t *env = json_object_get(reply, "environment");
         if (json_is_object(env)) {
+            w->methods = json_deep_copy(json_object_get(env, "methods"));
+            w->async_methods = json_deep_copy(json_object_get(env, "async_methods"));
             json_array_extend(w->schemas, json_object_get(env, "schemas"));
             w->environment_name = xstrdup(json_string_value(json_object_get(env, "class")));
             w->environment_reward = json_is_true(json_object_get(env, "has_reward"));
@@ -211,6 +215,9 @@ void tool_worker_free(ToolWorker *w) {
     free(w->ready);
     json_decref(w->setup);
     json_decref(w->schemas);
+    json_decref(w->async_tools);
+    json_decref(w->async_methods);
+    json_decref(w->methods);
     free(w->environment_name);
     free(w->python);
     free(w);
@@ -219,6 +226,18 @@ void tool_worker_free(ToolWorker *w) {
 const json_t *tool_worker_schemas(const ToolWorker *w) { return w->schemas; }
 const char *tool_worker_environment_name(const ToolWorker *w) { return w->environment_name; }
 bool tool_worker_environment_has_reward(const ToolWorker *w) { return w->environment_reward; }
+static bool has_name(const json_t *names, const char *name) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(names, i, v) if (json_is_string(v) && !strcmp(json_string_value(v), name)) return true;
+    return false;
+}
+
+bool tool_worker_is_async(const ToolWorker *w, const char *name, bool with_environment) {
+    if (with_environment && has_name(w->methods, name)) return has_name(w->async_methods, name);
+    return has_name(w->async_tools, name);
+}
+
 int tool_worker_pid(const ToolWorker *w) { return w->process ? (int)reward_process_pid(w->process) : 0; }
 size_t tool_worker_in_flight(const ToolWorker *w) { return w->n_pending; }
 

@@ -60,6 +60,12 @@ const json_t *tool_worker_schemas(const ToolWorker *w);
 /* The environment's class name, or NULL without one; whether it has get_reward. */
 const char *tool_worker_environment_name(const ToolWorker *w);
 bool tool_worker_environment_has_reward(const ToolWorker *w);
+/* Whether the tool `name` is async (an environment's method of that name, with
+ * with_environment, wins over a standalone tool, as in TRL's tool dicts;
+ * unknown: false). TRL gives the model one completion's results in this
+ * order: the sync calls' (and errors') in call order, then the async ones',
+ * gathered; the loop keeps that order for parity. */
+bool tool_worker_is_async(const ToolWorker *w, const char *name, bool with_environment);
 /* The worker's pid (0 while none runs). For tests. */
 int tool_worker_pid(const ToolWorker *w);
 

@@ -17,8 +17,9 @@ type hints and a Google-style docstring), probes one environment instance as
 TRL does (it must define reset; its public functions other than reset and
 get_reward, found on the class in name order, are tools), and answers
 
-    {"ok": true, "python": "3.11.7", "tools": [schema, ...],
-     "environment": {"class": NAME, "methods": [NAME, ...], "schemas": [schema, ...], "has_reward": bool} or null}
+    {"ok": true, "python": "3.11.7", "tools": [schema, ...], "async_tools": [NAME, ...],
+     "environment": {"class": NAME, "methods": [NAME, ...], "async_methods": [NAME, ...], "schemas": [schema, ...],
+                     "has_reward": bool} or null}
     or {"error": "..."}
 
 Then it serves one JSON line per request until stdin closes. Every request
@@ -153,6 +154,7 @@ class Worker:
             methods = environment_methods(probe)
             self.free_envs.append(probe)
             self.environment = {"class": type(probe).__name__, "methods": [m.__name__ for m in methods],
+                                "async_methods": [m.__name__ for m in methods if inspect.iscoroutinefunction(m)],
                                 "has_reward": "get_reward" in members}
 
         from transformers.utils import get_json_schema  # apply_chat_template's own conversion
@@ -350,6 +352,7 @@ def main(setup):
         answer_line(json.dumps({"error": "loading the tools failed: " + report(exc, "loading the tools")}))
         return
     answer_line(json.dumps({"ok": True, "python": sys.version.split()[0], "tools": worker.schemas,
+                            "async_tools": [t.__name__ for t in worker.tools if inspect.iscoroutinefunction(t)],
                             "environment": worker.environment}))
     for line in proto_in:
         worker.serve(line)

@@ -318,6 +318,19 @@ static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama
     CHECK(tool_worker_call(w, &content, &failed, "total_so_far", NULL, 0, 5, err) == 0 && content &&
               !strcmp(content, "total=7"), "environment 0 after 1's reset: %s", content ? content : err);
     free(content);
+    /* a reward function that reads the environments, as TRL passes them */
+    double rewards[3] = {0};
+    bool has_reward[3] = {0};
+    long env_ids[3] = {1, -1, 0};
+    json_t *kwargs = json_pack("{s:[s,s,s]}", "completions", "a", "b", "c");
+    CHECK(tool_worker_reward_function(w, rewards, has_reward, 3, AGENT "/envs.py:total_reward", kwargs, env_ids, 5,
+                                      err) == 0 && has_reward[0] && rewards[0] == 100 && !has_reward[1] &&
+              has_reward[2] && rewards[2] == 7,
+          "a reward over environments [1, none, 0]: %g %g %g (%s)", rewards[0], rewards[1], rewards[2], err);
+    long two_envs[2] = {0, 0};
+    CHECK(tool_worker_reward_function(w, rewards, has_reward, 2, AGENT "/envs.py:nope", kwargs, two_envs, 5, err) !=
+              0 && strstr(err, "nope"), "a missing reward function: %s", err);
+    json_decref(kwargs);
     CHECK(tool_worker_call(w, &content, &failed, "add", NULL, 7, 5, err) != 0 && strstr(err, "environment 7"),
           "a call on an environment never reset should fail naming it (%s)", err);
     free(content);

@@ -510,3 +510,40 @@ int tool_worker_reward(ToolWorker *w, double *reward, bool *has, long env, char 
     json_decref(answer);
     return 0;
 }
+
+int tool_worker_reward_function(ToolWorker *w, double *rewards, bool *has, size_t n, const char *function,
+                                const json_t *kwargs, const long *envs, double timeout_s, char *err) {
+    json_t *spec = NULL;
+    if (!function || spec_from_text(&spec, function, "function", "reward", err) != 0) {
+        if (!function) errorf(err, "reward: the function is missing");
+        return COLT_ERR;
+    }
+    if (kwargs && !json_is_object(kwargs)) {
+        json_decref(spec);
+        return errorf(err, "reward '%s': kwargs must be an object of columns", function);
+    }
+    json_t *env_ids = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(env_ids, envs[i] >= 0 ? json_integer(envs[i]) : json_null());
+    json_t *req = json_pack("{s:s, s:o, s:O, s:o}", "op", "reward", "function", spec, "kwargs",
+                            kwargs ? kwargs : json_object(), "envs", env_ids);
+    long id;
+    json_t *answer = NULL;
+    /* the reward gets the hard limit of a call: a worker that does not answer is killed */
+    char name[160];
+    snprintf(name, sizeof name, "reward %s", function);
+    if (submit(w, &id, req, name, timeout_s, -1, err) != 0 || wait_for(w, &answer, id, err) != 0) return COLT_ERR;
+    const json_t *list = json_object_get(answer, "rewards"), *error = json_object_get(answer, "error");
+    if (!json_is_array(list) || json_array_size(list) != n) {
+        errorf(err, "%s", json_is_string(error) ? json_string_value(error) : json_is_string(json_object_get(answer, "content"))
+                              ? json_string_value(json_object_get(answer, "content")) : "the worker answered no rewards");
+        json_decref(answer);
+        return COLT_ERR;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(list, i);
+        has[i] = json_is_number(v);
+        rewards[i] = has[i] ? json_number_value(v) : 0;
+    }
+    json_decref(answer);
+    return 0;
+}

@@ -105,4 +105,14 @@ int tool_worker_reset(ToolWorker *w, json_t **observation, long env, const json_
 /* get_reward() of environment env: *has false when it returned None. */
 int tool_worker_reward(ToolWorker *w, double *reward, bool *has, long env, char *err);
 
+/* A Python reward function ("rewards.py:f" or "module.f") run in the tool
+ * worker, as TRL calls reward functions when there are environments: with its
+ * columns (kwargs: prompts, completions, completion_ids, dataset columns) and
+ * environments=[the instances of envs[0..n), None where envs[i] < 0]. Fills
+ * rewards[n] and has[n] (false: None or NaN, TRL's "no reward"). Errors: the
+ * function is missing, raised (its last line), returned the wrong length;
+ * timeout_s as a call's (past it and the grace, the worker is killed). */
+int tool_worker_reward_function(ToolWorker *w, double *rewards, bool *has, size_t n, const char *function,
+                                const json_t *kwargs, const long *envs, double timeout_s, char *err);
+
 #endif

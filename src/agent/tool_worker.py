@@ -33,6 +33,11 @@ and async get_reward on one event loop thread, as TRL runs them).
         -> {"id": 2, "observation": null or "text" or [...]}
     {"id": 3, "op": "env_reward", "env": 3}  -> {"id": 3, "reward": 1.0 or null}
     {"id": 4, "op": "env_free", "env": 3}    -> {"id": 4, "ok": true}   (the instance goes back to the pool)
+    {"id": 5, "op": "reward", "function": {"file": ..., "module": ..., "function": NAME, "display": TEXT},
+     "kwargs": {"prompts": [...], "completions": [...], ...}, "envs": [3, 4, null]}
+        -> {"id": 5, "rewards": [1.0, null, 0.5]}   (TRL passes environments=[instances] to every reward
+           function when there are environments; so such rewards run here, beside the instances. NaN, inf
+           and None are null, TRL's "no reward")
     any op that cannot be done -> {"id": N, "error": "..."}
 
 A call is TRL's _tool_call_loop: the tools are the standalone ones plus, with
@@ -313,6 +318,39 @@ class Worker:
 
         threading.Thread(target=run, daemon=True).start()
 
+    def reward(self, request):
+        """A reward function called as TRL calls it when environments exist: its
+        columns plus environments=[the rollouts' instances]."""
+        rid = request["id"]
+        try:
+            spec = request["function"]
+            func = find(load_module(spec), spec, spec["function"], "function")
+            envs = [self.envs[e] if e is not None and e in self.envs else None for e in request.get("envs", [])]
+        except BaseException as exc:
+            self.answer(rid, {"error": str(exc) if isinstance(exc, SetupError) else report(exc, "loading a reward")})
+            return
+
+        def run():
+            try:
+                result = func(**request.get("kwargs", {}), environments=envs)
+                if inspect.isawaitable(result):
+                    async def wait():
+                        return await result
+                    result = asyncio.run_coroutine_threadsafe(wait(), self.event_loop()).result()
+                values = list(result)
+                if len(values) != len(envs):
+                    raise ValueError("returned %d rewards for %d completions" % (len(values), len(envs)))
+                rewards = []
+                for v in values:
+                    f = None if v is None else float(v)
+                    rewards.append(None if f is None or f != f or f in (float("inf"), float("-inf")) else f)
+                self.answer(rid, {"rewards": rewards})
+            except BaseException as exc:
+                self.answer(rid, {"error": "reward function '%s' raised %s" % (
+                    request["function"]["function"], report(exc, "reward function raised"))})
+
+        threading.Thread(target=run, daemon=True).start()
+
     def serve(self, line):
         request = json.loads(line)
         rid = request.get("id")
@@ -323,6 +361,8 @@ class Worker:
             self.call(request)
         elif op in ("env_reset", "env_reward", "env_free"):
             self.env_op(request)
+        elif op == "reward":
+            self.reward(request)
         else:
             self.answer(rid, {"error": "unknown op %r" % (op,)})
 

@@ -221,15 +221,20 @@ class Worker:
                                        "none)" % env})
             return
         timeout = request.get("timeout")
+        timer, running = None, {}
         if timeout:
             def expire():
                 text = str({"error": f"Tool {name} timed out after {timeout:g} s"})
                 self.answer(rid, {"content": text, "failed": True, "timed_out": True})
+                if "future" in running:  # an async tool can be cancelled; a thread cannot
+                    running["future"].cancel()
             timer = threading.Timer(timeout, expire)
             timer.daemon = True
             timer.start()
 
         def done(result, failed):
+            if timer is not None:
+                timer.cancel()
             # TRL: content = result if isinstance(result, list) else str(result). A list colt cannot send as
             # JSON (images, objects) goes as its str().
             if isinstance(result, list):
@@ -260,6 +265,7 @@ class Worker:
                     return (await asyncio.gather(coroutine, return_exceptions=True))[0]
 
                 future = asyncio.run_coroutine_threadsafe(gather(), self.event_loop())
+                running["future"] = future
 
                 def finished(f):
                     try:

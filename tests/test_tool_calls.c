@@ -422,9 +422,10 @@ static void test_errors(void) {
     CHECK(tool_worker_start(&w, NULL, 0, NULL, NULL, err) != 0 && strstr(err, "at least one tool"), "nothing: %s", err);
     CHECK(strchr(err, '\n') == NULL, "errors are one line");
 
-    json_t *message = NULL;
-    CHECK(tool_calls_parse(&message, TOOL_FORMAT_HERMES, "", "x", "x", NULL, json_string("no"), err) != 0 &&
+    json_t *message = NULL, *not_a_list = json_string("no");
+    CHECK(tool_calls_parse(&message, TOOL_FORMAT_HERMES, "", "x", "x", NULL, not_a_list, err) != 0 &&
               strstr(err, "tools"), "tools not a list: %s", err);
+    json_decref(not_a_list);
     ToolCallFormat f;
     CHECK(tool_calls_format_of_template(&f, "{{ messages }}", err) != 0 && strstr(err, "no tool calls"),
           "a template without tool calls: %s", err);

@@ -525,6 +525,70 @@ int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request,
     return 0;
 }
 
+/* ---------------------------------------------------------------------------
+ * Out-of-order exchanges: send now, receive answers as they come
+ * ------------------------------------------------------------------------- */
+
+int reward_process_send(RewardProcess *p, const json_t *request, double timeout_s, char *err) {
+    if (p->pid <= 0) return errorf(err, "%s is no longer running (it failed earlier)", p->subject);
+    char *line = json_dumps(request, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (!line) return errorf(err, "%s: the request could not be written as JSON", p->subject);
+    size_t len = strlen(line);
+    line = xrealloc(line, len + 2);
+    line[len++] = '\n';
+    line[len] = '\0';
+    int w = write_all(p, line, len, now_s() + timeout_s);
+    int write_errno = errno;
+    free(line);
+    if (w == 0) return 0;
+    char how[128], note[sizeof p->last_err + 48];
+    if (write_errno == ETIMEDOUT) {
+        kill_and_reap(p);
+        return errorf(err, "%s did not read its input within %g s (timeout); killed it%s", p->subject, timeout_s,
+                      stderr_note(p, note, sizeof note));
+    }
+    reap_and_describe(p, 2000, how, sizeof how);
+    if (write_errno == EPIPE || write_errno == ECHILD)
+        return errorf(err, "%s %s before reading its input%s", p->subject, how, stderr_note(p, note, sizeof note));
+    return errorf(err, "%s: writing its input failed: %s", p->subject, strerror(write_errno));
+}
+
+int reward_process_receive(RewardProcess *p, json_t **reply, double wait_s, char *err) {
+    *reply = NULL;
+    if (p->pid <= 0) return errorf(err, "%s is no longer running (it failed earlier)", p->subject);
+    long n = read_line(p, now_s() + (wait_s > 0.001 ? wait_s : 0.001)); /* at least one look at the pipe */
+    char how[128], note[sizeof p->last_err + 48];
+    if (n < 0) {
+        int e = errno;
+        if (e == ETIMEDOUT) return 0;
+        if (e != 0) {
+            kill_and_reap(p);
+            return errorf(err, "%s: reading its output failed: %s", p->subject, strerror(e));
+        }
+        reap_and_describe(p, 2000, how, sizeof how);
+        return errorf(err, "%s %s without answering%s", p->subject, how, stderr_note(p, note, sizeof note));
+    }
+    json_error_t jerr;
+    json_t *v = json_loadb(p->buf, (size_t)n, 0, &jerr);
+    if (!v) {
+        errorf(err, "%s wrote a line that is not valid JSON (%s): \"%.*s%s\"", p->subject, jerr.text,
+               (int)(n > 60 ? 60 : n), p->buf, n > 60 ? "..." : "");
+        for (char *c = err; c && *c; c++)
+            if ((unsigned char)*c < 0x20) *c = ' ';
+        kill_and_reap(p);
+        return COLT_ERR;
+    }
+    p->buf_len -= (size_t)n + 1;
+    memmove(p->buf, p->buf + n + 1, p->buf_len);
+    p->answered++;
+    *reply = v;
+    return 0;
+}
+
+void reward_process_kill(RewardProcess *p) {
+    if (p) kill_and_reap(p);
+}
+
 void reward_process_stop(RewardProcess *p) {
     if (!p) return;
     if (p->to_child >= 0) close(p->to_child); /* EOF tells a well-behaved program to exit */

@@ -26,6 +26,22 @@ int reward_process_start(RewardProcess **out, const char *command, const char *s
  * program is gone and later calls fail. */
 int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, double timeout_s, char *err);
 
+/* For programs that answer requests out of order (colt's tool worker, whose
+ * answers carry the request's id): writes `request` as one line within
+ * timeout_s (else kills the program) and returns without reading. Errors as
+ * reward_process_call's. */
+int reward_process_send(RewardProcess *p, const json_t *request, double timeout_s, char *err);
+
+/* Reads the next line the program wrote, waiting up to wait_s: 0 with *reply
+ * (caller decrefs), or 0 with *reply NULL when none came in time (the program
+ * keeps running: a slow answer is not an error here). Errors as
+ * reward_process_call's (exited, killed, not JSON); after one the program is gone. */
+int reward_process_receive(RewardProcess *p, json_t **reply, double wait_s, char *err);
+
+/* Kills the program's process group now and reaps it; later calls fail.
+ * For a program that stopped answering. reward_process_stop still frees it. */
+void reward_process_kill(RewardProcess *p);
+
 /* The program's pid (the shell's, also its process group id); 0 once it is
  * gone. For tests. */
 pid_t reward_process_pid(const RewardProcess *p);

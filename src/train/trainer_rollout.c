@@ -26,6 +26,15 @@ int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, ch
                              t->cfg->dataset, err);
 }
 
+/* A reward model runs whole on the trainer's backend, beside the policy: under
+ * tensor parallelism or ZeRO-3 every rank holds a whole copy (not cut like
+ * the policy). */
+int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err) {
+    RewardContext ctx = {.be = t->be, .prompt_column = t->cfg->dataset_prompt_column,
+                         .chat_template_kwargs = t->cfg->chat_template_kwargs};
+    return reward_create_ctx(out, spec, &ctx, err);
+}
+
 /* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
                              const char *const *prompts, const char *const *completions, const int *const *ids,

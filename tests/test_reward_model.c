@@ -172,6 +172,9 @@ static void test_errors(const Backend *be) {
     spec = json_string(COLT_SOURCE_DIR "/tests/data/models/no-such-rm");
     expect_error("a missing folder", reward_create_ctx(&r, spec, &ctx, err), err, "no-such-rm");
     json_decref(spec);
+    spec = json_string("rewards/check.py");
+    expect_error("a .py file, no function", reward_create_ctx(&r, spec, &ctx, err), err, "\"PATH.py:FUNCTION\"");
+    json_decref(spec);
     Model *m = NULL;
     expect_error("a reward model as policy", model_load(&m, rm, be, err), err, "sequence classifier (a reward model)");
     CHECK(r == NULL && m == NULL, "a failed create left an object");

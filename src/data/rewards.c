@@ -687,7 +687,7 @@ static int spec_from_text(json_t **out, const char *text, char *err) {
         return COLT_OK;
     }
     if (python_spec_from_text(out, text, err) == 0) return COLT_OK;
-    if (!strchr(text, '/') || strchr(text, ':')) return COLT_ERR;
+    if (!strchr(text, '/') || strchr(text, ':') || ends_with(text, ".py")) return COLT_ERR; /* python's message */
     *out = json_pack("{s:s, s:s}", "type", "model", "path", text);
     return COLT_OK;
 }

@@ -49,7 +49,7 @@ static int *ids_of(json_t *arr, int *len) {
 static void test_ids(json_t *entry, const char *dir, const Backend *be) {
     char err[ERR_LEN];
     Model *m = NULL;
-    if (model_load_classifier(&m, dir, be, err) != 0) {
+    if (model_load_classifier(&m, dir, be, NULL, err) != 0) {
         CHECK(0, "model_load_classifier(%s): %s", dir, err);
         return;
     }
@@ -180,32 +180,41 @@ static void test_errors(const Backend *be) {
     CHECK(r == NULL && m == NULL, "a failed create left an object");
 }
 
-/* colt train ARGS; its stderr in *err_out (malloc'd), its exit code returned. */
-static int run_train(const char *args, char **err_out) {
+/* [launcher] colt train ARGS; its output in *err_out (malloc'd), its exit code returned. */
+static int run_train(const char *launcher, const char *args, char **err_out) {
     char cmd[8192], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
+    snprintf(err_path, sizeof err_path, "%s/output", g_tmp);
+    snprintf(cmd, sizeof cmd, "%s %s train %s > %s 2>&1", launcher, COLT_BINARY, args, err_path);
     int status = system(cmd);
     size_t len;
     if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-/* Two steps of GRPO with the reward model as the only reward (TRL's text form). */
-static void test_train(const Backend *be) {
+/* Two steps of GRPO with the reward model as the only reward (TRL's text form); tp > 1: under mpirun with
+ * tensor_parallel_size tp, the reward model cut like the policy. */
+static void test_train(const Backend *be, int tp) {
     const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
-    char args[4096], dir[300], *err = NULL;
-    snprintf(dir, sizeof dir, "%s/run", g_tmp);
+    char args[4096], dir[300], launcher[256] = "", *err = NULL;
+    snprintf(dir, sizeof dir, "%s/run_tp%d", g_tmp, tp);
+    if (tp > 1)
+        snprintf(launcher, sizeof launcher,
+                 "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK
+                 " -np %d",
+                 tp);
     snprintf(args, sizeof args,
              "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
              "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --eval_dataset null --max_steps 2 "
-             "--per_device_train_batch_size 16 --max_completion_length 16 --logging_steps 1 "
-             "--log_completions_count 16 --save_total_limit 0 --reward_funcs '[\"%s\"]' --output_dir %s",
-             rm, dir);
+             "--per_device_train_batch_size 16 --max_completion_length 16 --logging_steps 1 --device cpu "
+             "--log_completions_count 16 --save_total_limit 0 --reward_funcs '[\"%s\"]' --output_dir %s%s",
+             rm, dir, tp > 1 ? " --tensor_parallel_size 2 --ddp_timeout 60" : "");
     double t0 = now_s();
-    int rc = run_train(args, &err);
-    printf("colt train, 2 steps with the reward model: exit %d in %.1f s\n", rc, now_s() - t0);
-    CHECK(rc == 0, "colt train with a reward model: exit %d: %s", rc, err);
+    int rc = run_train(launcher, args, &err);
+    printf("colt train%s, 2 steps with the reward model: exit %d in %.1f s\n", tp > 1 ? " (mpirun, TP 2)" : "", rc,
+           now_s() - t0);
+    CHECK(rc == 0, "colt train with a reward model (TP %d): exit %d: %s", tp, rc, err);
+    const char *how = tp > 1 ? "cut across the 2 ranks of the tensor-parallel group" : ", whole, ";
+    CHECK(err && strstr(err, how), "the run's log does not say the reward model is held '%s'", how);
     free(err);
     if (rc != 0) return;
     /* Every logged completion's reward is the model's score of prompt + completion. */
@@ -269,7 +278,11 @@ int main(void) {
     printf("scores: max |colt - reference| %.2e (tolerance %.0e + %.0e |ref|), %.2f s\n", g_max_diff, ATOL, RTOL,
            now_s() - t0);
     test_errors(be);
-    test_train(be);
+    test_train(be, 1);
+    if (system("command -v mpirun > /dev/null 2>&1") == 0)
+        test_train(be, 2);
+    else
+        printf("SKIPPED: colt train with the reward model under tensor parallelism (no mpirun)\n");
     json_decref(goldens);
     backend_close(be);
     sh("rm -rf %s", g_tmp);

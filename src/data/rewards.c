@@ -607,7 +607,15 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
                            "lends its rewards", r->name);
     char *folder = NULL;
     if (hub_cache_model_folder(&folder, path, NULL, err) != 0) return error_prefix(err, "model reward '%s'", r->name);
-    int rc = model_load_classifier(&r->model, folder, ctx->be, err);
+    /* Cut like the policy when the shape allows; else whole on every rank (it still fits where the policy's
+     * part does when it is smaller than the policy, the usual case). */
+    const TensorParallel *tp = ctx->tp && ctx->tp->tensor_parallel_size > 1 ? ctx->tp : NULL;
+    char why_whole[ERR_LEN] = "";
+    ModelConfig shape;
+    if (tp && (model_config_load(&shape, NULL, folder, why_whole) != 0 ||
+               model_tp_check(&shape, tp->tensor_parallel_size, why_whole) != 0))
+        tp = NULL;
+    int rc = model_load_classifier(&r->model, folder, ctx->be, tp, err);
     if (rc == 0) rc = tokenizer_load(&r->tok, folder, err);
     if (rc != 0) {
         free(folder);
@@ -622,10 +630,15 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
     else if (tokenizer_vocab_size(r->tok) > mc->vocab_size)
         rc = errorf(err, "model reward '%s': %s: the tokenizer has %d tokens but the model only %d", r->name, folder,
                     tokenizer_vocab_size(r->tok), mc->vocab_size);
-    if (rc == 0)
-        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %.1f MB of weights on "
-                  "the training device",
-                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, model_weight_bytes(r->model) / 1e6);
+    if (rc == 0) {
+        char where[ERR_LEN + 64] = "whole";
+        if (tp) snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group", tp->tensor_parallel_size);
+        else if (why_whole[0]) snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
+        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.1f MB of "
+                  "weights on the training device",
+                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, where,
+                  model_weight_bytes(r->model) / 1e6);
+    }
     free(folder);
     if (rc != 0) return COLT_ERR;
     r->prompt_column = xstrdup(ctx->prompt_column ? ctx->prompt_column : "prompt");

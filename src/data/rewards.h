@@ -45,8 +45,8 @@
  * with the reward model's tokenizer without added special tokens; the score is
  * label 0 of the score head (logits[:, 0]) at the last token that is not the
  * pad id, the pad id being the tokenizer's pad token, else its eos (as TRL sets
- * config.pad_token_id). The model runs whole on the device it is given, never
- * cut by tensor parallelism or ZeRO-3.
+ * config.pad_token_id). The model runs on the device it is given, cut across
+ * the tensor-parallel group it is given; never partitioned by ZeRO-3.
  * Unknown types or keys are errors. Create and free rewards on one thread. */
 #ifndef COLT_DATA_REWARDS_H
 #define COLT_DATA_REWARDS_H
@@ -54,7 +54,7 @@
 #include <jansson.h>
 #include <sys/types.h>
 
-#include "backend/backend.h"
+#include "model/model.h" /* Backend, TensorParallel */
 
 typedef struct RewardFunc RewardFunc;
 
@@ -64,6 +64,12 @@ typedef struct RewardContext {
     const Backend *be;                  /* the device the reward model runs on (the policy's: colocated) */
     const char *prompt_column;          /* the dataset column of the prompt (NULL: "prompt") */
     json_t *chat_template_kwargs;       /* the chat template's extra variables, or NULL */
+    /* The policy's tensor-parallel group (NULL: none): a reward model is cut
+     * across it like the policy when its shape allows (model_tp_check), else
+     * held whole on every rank. Its scoring is then collective: every rank of
+     * the group computes the same rewards in the same order (the trainer's
+     * ranks of a group share their completions). */
+    const TensorParallel *tp;
 } RewardContext;
 
 /* reward_create_ctx with no context: a model reward is refused (it has no device). */

@@ -94,7 +94,7 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
 #undef LAYER
     }
     spec_add(t, &n, "model.norm.weight", D, 0, INIT_ONES, &m->final_norm, TP_WHOLE);
-    if (c->num_labels > 0) /* a classifier's head (no bias); classifiers are never cut (model_load_classifier) */
+    if (c->num_labels > 0) /* a classifier's head (no bias), whole on every rank: its rows are labels, not vocabulary */
         spec_add(t, &n, "score.weight", c->num_labels, D, INIT_NORMAL, &m->lm_head, TP_WHOLE);
     else if (!c->tie_word_embeddings)
         spec_add(t, &n, "lm_head.weight", c->vocab_size, D, INIT_NORMAL, &m->lm_head, TP_ROWS);
@@ -370,8 +370,8 @@ int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorP
     return load_checkpoint(out, dir, be, tp, false, err);
 }
 
-int model_load_classifier(Model **out, const char *dir, const Backend *be, char *err) {
-    return load_checkpoint(out, dir, be, NULL, true, err);
+int model_load_classifier(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err) {
+    return load_checkpoint(out, dir, be, tp, true, err);
 }
 
 /* A causal LM (classifier false) or a *ForSequenceClassification (true); the
@@ -1132,7 +1132,7 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->gather_rows(be, st->rows, st->xn, st->want_rows, n_want, D);
         rows = st->rows;
     }
-    if (m->tp.tensor_parallel_size > 1) { /* this rank's vocabulary columns, then the group's side by side */
+    if (m->tp.tensor_parallel_size > 1 && c->num_labels == 0) { /* this rank's vocabulary columns, then the group's */
         be->linear(be, st->logits_part, rows, m->lm_head, NULL, n_want, D, c->vocab_size);
         if (model_tp_gather_logits(m, st->logits, st->logits_part, st->logits_gathered, n_want, err) != 0)
             return COLT_ERR;

@@ -116,11 +116,13 @@ bool model_tp_graph_safe(const Model *m); /* the hooks can be recorded in a CUDA
  * model.safetensors.index.json); weights converted to the backend's storage. */
 int model_load(Model **out, const char *dir, const Backend *be, char *err);
 /* A *ForSequenceClassification checkpoint (Llama, Qwen2, Qwen3: the decoder's
- * model.* tensors and score.weight [num_labels, D], no bias), whole on this
- * backend (no tensor parallelism). Its forward's "logits" are the score head's
- * [num_labels] per token. model_load refuses such a folder, and this function a
- * causal LM, each with a line saying what the folder is. */
-int model_load_classifier(Model **out, const char *dir, const Backend *be, char *err);
+ * model.* tensors and score.weight [num_labels, D], no bias) on this backend:
+ * whole (tp NULL or of size 1), or this rank's part of the decoder cut as a
+ * causal LM's is (model_tp_check), the score head whole on every rank (the
+ * final hidden state is whole there: no gather). Its forward's "logits" are
+ * the score head's [num_labels] per token. model_load refuses such a folder,
+ * and this function a causal LM, each with a line saying what the folder is. */
+int model_load_classifier(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err);
 /* scores[i * num_labels + k] = label k of the score head on the final hidden
  * state of sequence i's last token whose id is not pad_id, as transformers'
  * *ForSequenceClassification.forward picks it in a right-padded batch (the
@@ -129,7 +131,9 @@ int model_load_classifier(Model **out, const char *dir, const Backend *be, char 
  * token, which gives the padded batch's numbers: the causal mask hides the
  * padding from every real token. ids[i][0..lens[i]), lens[i] >= 1. Several
  * sequences share a forward call (one cache slot each); the state is made and
- * freed here, so nothing stays allocated between calls. */
+ * freed here, so nothing stays allocated between calls. A tensor-parallel
+ * classifier's call is collective: every rank of its group passes the same
+ * sequences. */
 int model_score_sequences(Model *m, float *scores, const int *const *ids, const int *lens, int n, int pad_id,
                           char *err);
 /* A randomly initialised model (normal(0, 0.02) weights, norms = 1, biases = 0). */

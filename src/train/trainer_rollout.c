@@ -26,12 +26,13 @@ int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, ch
                              t->cfg->dataset, err);
 }
 
-/* A reward model runs whole on the trainer's backend, beside the policy: under
- * tensor parallelism or ZeRO-3 every rank holds a whole copy (not cut like
- * the policy). */
+/* A reward model runs on the trainer's backend, beside the policy, cut across
+ * the policy's tensor-parallel group (whose ranks score the same completions:
+ * dist is the data-parallel group); under ZeRO-3 every rank holds it whole. */
 int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err) {
     RewardContext ctx = {.be = t->be, .prompt_column = t->cfg->dataset_prompt_column,
-                         .chat_template_kwargs = t->cfg->chat_template_kwargs};
+                         .chat_template_kwargs = t->cfg->chat_template_kwargs,
+                         .tp = t->tp.tp_size > 1 ? &t->tp_hooks : NULL}; /* tp_hooks: set when the policy loaded */
     return reward_create_ctx(out, spec, &ctx, err);
 }
 

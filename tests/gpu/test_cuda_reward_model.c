@@ -38,7 +38,7 @@ static void score_on(const char *device, double atol, double rtol, json_t *model
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", COLT_SOURCE_DIR, json_string_value(json_object_get(entry, "dir")));
         Model *m = NULL;
-        if (model_load_classifier(&m, dir, be, err) != 0) {
+        if (model_load_classifier(&m, dir, be, NULL, err) != 0) {
             CHECK(0, "%s: %s", dir, err);
             continue;
         }

@@ -191,30 +191,34 @@ static int run_train(const char *launcher, const char *args, char **err_out) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-/* Two steps of GRPO with the reward model as the only reward (TRL's text form); tp > 1: under mpirun with
- * tensor_parallel_size tp, the reward model cut like the policy. */
-static void test_train(const Backend *be, int tp) {
+typedef enum { ONE_PROCESS, TP_2, ZERO3_DP_2 } Layout;
+
+/* Two steps of GRPO with the reward model as the only reward (TRL's text form): in one process; under
+ * mpirun with tensor_parallel_size 2 (the reward model cut like the policy); or under mpirun as two
+ * data-parallel ranks at zero_stage 3 (the policy partitioned, the reward model whole on each rank). */
+static void test_train(const Backend *be, Layout layout) {
     const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
+    static const char *const names[] = {"", " (mpirun, TP 2)", " (mpirun, DP 2, zero_stage 3)"};
+    static const char *const extra[] = {"", " --tensor_parallel_size 2 --ddp_timeout 60",
+                                        " --zero_stage 3 --per_device_train_batch_size 8 --ddp_timeout 60"};
+    static const char *const held[] = {", whole, ", "cut across the 2 ranks of the tensor-parallel group", ", whole, "};
     char args[4096], dir[300], launcher[256] = "", *err = NULL;
-    snprintf(dir, sizeof dir, "%s/run_tp%d", g_tmp, tp);
-    if (tp > 1)
+    snprintf(dir, sizeof dir, "%s/run_%d", g_tmp, (int)layout);
+    if (layout != ONE_PROCESS)
         snprintf(launcher, sizeof launcher,
                  "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK
-                 " -np %d",
-                 tp);
+                 " -np 2");
     snprintf(args, sizeof args,
              "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
              "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --eval_dataset null --max_steps 2 "
              "--per_device_train_batch_size 16 --max_completion_length 16 --logging_steps 1 --device cpu "
              "--log_completions_count 16 --save_total_limit 0 --reward_funcs '[\"%s\"]' --output_dir %s%s",
-             rm, dir, tp > 1 ? " --tensor_parallel_size 2 --ddp_timeout 60" : "");
+             rm, dir, extra[layout]);
     double t0 = now_s();
     int rc = run_train(launcher, args, &err);
-    printf("colt train%s, 2 steps with the reward model: exit %d in %.1f s\n", tp > 1 ? " (mpirun, TP 2)" : "", rc,
-           now_s() - t0);
-    CHECK(rc == 0, "colt train with a reward model (TP %d): exit %d: %s", tp, rc, err);
-    const char *how = tp > 1 ? "cut across the 2 ranks of the tensor-parallel group" : ", whole, ";
-    CHECK(err && strstr(err, how), "the run's log does not say the reward model is held '%s'", how);
+    printf("colt train%s, 2 steps with the reward model: exit %d in %.1f s\n", names[layout], rc, now_s() - t0);
+    CHECK(rc == 0, "colt train%s with a reward model: exit %d: %s", names[layout], rc, err);
+    CHECK(err && strstr(err, held[layout]), "the run's log does not say the reward model is held '%s'", held[layout]);
     free(err);
     if (rc != 0) return;
     /* Every logged completion's reward is the model's score of prompt + completion. */
@@ -278,11 +282,13 @@ int main(void) {
     printf("scores: max |colt - reference| %.2e (tolerance %.0e + %.0e |ref|), %.2f s\n", g_max_diff, ATOL, RTOL,
            now_s() - t0);
     test_errors(be);
-    test_train(be, 1);
-    if (system("command -v mpirun > /dev/null 2>&1") == 0)
-        test_train(be, 2);
-    else
-        printf("SKIPPED: colt train with the reward model under tensor parallelism (no mpirun)\n");
+    test_train(be, ONE_PROCESS);
+    if (system("command -v mpirun > /dev/null 2>&1") == 0) {
+        test_train(be, TP_2);
+        test_train(be, ZERO3_DP_2);
+    } else {
+        printf("SKIPPED: colt train with the reward model under TP 2 and ZeRO-3 (no mpirun)\n");
+    }
     json_decref(goldens);
     backend_close(be);
     sh("rm -rf %s", g_tmp);

@@ -295,15 +295,6 @@ int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, cons
         cfg->bos_token_id = (int)json_integer_value(bos);
     }
     if (add_eos_ids(cfg, json_object_get(root, "eos_token_id"), name, err) != 0) goto done;
-    cfg->pad_token_id = -1;
-    json_t *pad = json_object_get(root, "pad_token_id");
-    if (pad && !json_is_null(pad)) {
-        if (!json_is_integer(pad) || json_integer_value(pad) < 0 || json_integer_value(pad) > CONFIG_MAX_VOCAB) {
-            errorf(err, "%s: key 'pad_token_id' must be a non-negative integer or null", name);
-            goto done;
-        }
-        cfg->pad_token_id = (int)json_integer_value(pad);
-    }
     /* A classifier has no lm_head: its score head is never tied to the embedding. */
     if (cfg->num_labels > 0) cfg->tie_word_embeddings = false;
     if (parse_dtype(cfg, root, name, err) != 0) goto done;

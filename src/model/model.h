@@ -43,7 +43,6 @@ typedef struct ModelConfig {
     bool tie_word_embeddings;
     bool attention_bias;      /* q/k/v biases (Qwen2: always true); Llama and Qwen3: o_proj's too */
     int bos_token_id;         /* -1 when absent */
-    int pad_token_id;         /* -1 when absent (null) */
     /* *ForSequenceClassification (a reward model): the rows of its score head
      * [num_labels, D], which replaces lm_head; 0 for a causal LM. */
     int num_labels;

@@ -74,8 +74,8 @@ static void test_ids(json_t *entry, const char *dir, const Backend *be) {
         CHECK(good, "%s ids case %d (%d tokens): colt %.6f (alone %.6f), transformers %.6f", dir, i, lens[i],
               batch[i], alone, want);
     }
-    printf("%-14s ids: %d/%d sequences score as transformers' right-padded batch (pad id %d)\n", json_string_value(json_object_get(entry, "name")),
-           ok, n, pad);
+    printf("%-14s ids: %d/%d sequences score as transformers' right-padded batch (pad id %d)\n",
+           json_string_value(json_object_get(entry, "name")), ok, n, pad);
     /* Not vacuous: sequence 1 ends with pad ids, and its last token scores differently. */
     float last = NAN;
     CHECK(model_score_sequences(m, &last, (const int *const *)&ids[1], &lens[1], 1, -1, err) == 0, "%s", err);
@@ -119,7 +119,8 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
             rows[i] = json_pack("{s:O, s:s}", "prompt", prompt, "other", "column");
             prompts[i] = json_is_string(prompt) ? json_string_value(prompt) : "(rendered by the policy's template)";
             completions[i] = json_string_value(json_object_get(c, "completion"));
-            /* colt's tokenizer on TRL's text gives TRL's ids (a mismatch below is then the rendering's or the model's) */
+            /* colt's tokenizer on TRL's text gives TRL's ids (a score mismatch is then the rendering's or the
+             * model's) */
             const char *text = json_string_value(json_object_get(c, "text"));
             int *got = NULL, want_len = 0, *want = ids_of(json_object_get(c, "ids"), &want_len);
             size_t got_len = 0;
@@ -137,7 +138,8 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
         }
         CHECK(same_ids == n, "%s %s: %d/%d texts tokenize to TRL's ids", dir, kinds[k], same_ids, n);
         printf("%-14s %s reward (%s): %d/%d completions score as TRL, %d/%d texts tokenize to TRL's ids\n",
-               json_string_value(json_object_get(entry, "name")), as_text ? "text" : "spec", kinds[k], ok, n, same_ids, n);
+               json_string_value(json_object_get(entry, "name")), as_text ? "text" : "spec", kinds[k], ok, n, same_ids,
+               n);
         for (int i = 0; i < n; i++) json_decref(rows[i]);
         free(prompts), free(completions), free(rows), free(rewards);
     }
@@ -233,13 +235,15 @@ static void test_train(const Backend *be, Layout layout) {
     double lo = INFINITY, hi = -INFINITY;
     for (char *line = text && r ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
         json_t *o = json_loads(line, 0, NULL), *row = json_pack("{s:O}", "prompt", json_object_get(o, "prompt"));
-        const char *p = json_string_value(json_object_get(o, "prompt")), *c = json_string_value(json_object_get(o, "completion"));
+        const char *p = json_string_value(json_object_get(o, "prompt"));
+        const char *c = json_string_value(json_object_get(o, "completion"));
         double logged = json_number_value(json_object_get(o, "reward"));
         float want = NAN;
         if (p && c && reward_compute(r, &want, &p, &c, NULL, NULL, &row, 1, e) == 0) {
             bool good = close_to(logged, want);
             ok += good;
-            CHECK(good, "completions.jsonl line %d: logged reward %.6f, the model scores %.6f", lines + 1, logged, want);
+            CHECK(good, "completions.jsonl line %d: logged reward %.6f, the model scores %.6f", lines + 1, logged,
+                  want);
             lo = fmin(lo, want), hi = fmax(hi, want);
         } else {
             CHECK(0, "completions.jsonl line %d: cannot rescore: %s", lines + 1, e);
@@ -253,7 +257,8 @@ static void test_train(const Backend *be, Layout layout) {
     free(text);
     reward_free(r);
     char *metrics = read_text(dir, "metrics.jsonl");
-    CHECK(metrics && strstr(metrics, "\"rewards/tiny-llama-rm/mean\""), "metrics.jsonl lacks rewards/tiny-llama-rm/mean");
+    CHECK(metrics && strstr(metrics, "\"rewards/tiny-llama-rm/mean\""),
+          "metrics.jsonl lacks rewards/tiny-llama-rm/mean");
     free(metrics);
 }
 

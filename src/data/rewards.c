@@ -607,8 +607,7 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
                            "lends its rewards", r->name);
     char *folder = NULL;
     if (hub_cache_model_folder(&folder, path, NULL, err) != 0) return error_prefix(err, "model reward '%s'", r->name);
-    /* Cut like the policy when the shape allows; else whole on every rank (it still fits where the policy's
-     * part does when it is smaller than the policy, the usual case). */
+    /* Cut like the policy when its shape allows; else whole on every rank, and the log says why. */
     const TensorParallel *tp = ctx->tp && ctx->tp->tensor_parallel_size > 1 ? ctx->tp : NULL;
     char why_whole[ERR_LEN] = "";
     ModelConfig shape;
@@ -632,7 +631,9 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
                     tokenizer_vocab_size(r->tok), mc->vocab_size);
     if (rc == 0) {
         char where[ERR_LEN + 64] = "whole";
-        if (tp) snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group", tp->tensor_parallel_size);
+        if (tp)
+            snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group",
+                     tp->tensor_parallel_size);
         else if (why_whole[0]) snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
         log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.1f MB of "
                   "weights on the training device",
@@ -685,7 +686,8 @@ static int compute_model(RewardFunc *r, float *rewards, const char *const *promp
     float *scores = xmalloc(sizeof(float) * (size_t)n * (size_t)K);
     if (rc == 0 && model_score_sequences(r->model, scores, (const int *const *)ids, lens, n, r->pad_id, err) != 0)
         rc = error_prefix(err, "reward '%s'", r->name);
-    for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, scores[(size_t)i * K], err); /* logits[:, 0] */
+    /* TRL's logits[:, 0] */
+    for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, scores[(size_t)i * K], err);
     for (int i = 0; i < n; i++) free(ids[i]);
     free(ids), free(lens), free(scores);
     return rc;

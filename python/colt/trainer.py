@@ -212,7 +212,8 @@ class GRPOTrainer:
         if optimizers is not None and any(o is not None for o in optimizers):
             raise NotImplementedError("optimizers: colt uses its own AdamW and schedule (set them in GRPOConfig)")
         if reward_processing_classes is not None:
-            raise NotImplementedError("reward_processing_classes: colt takes reward functions, not reward models")
+            raise NotImplementedError("reward_processing_classes: colt scores each reward model (a folder in reward_funcs) "
+                                      "with the tokenizer saved in its folder")
         if train_dataset is None:
             raise ValueError("train_dataset is required")
         self.model = _model_path(model)

@@ -25,6 +25,10 @@
  * started once per file and interpreter: the rewards that name functions of one
  * file share that process, so the file is imported once. colt links no Python.
  *
+ * model: a sequence-classification reward model (model.h
+ * model_load_classifier) loaded once on the caller's backend with its own
+ * tokenizer, scoring the texts TRL builds (rewards.h).
+ *
  * The process plumbing is in reward_process.c. */
 #include "data/rewards.h"
 
@@ -38,10 +42,15 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "data/prompt.h"
 #include "data/reward_process.h"
+#include "model/hub_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
 #include "reward_worker_py.h" /* REWARD_WORKER_SOURCE: src/data/reward_worker.py, embedded at build time */
 
-typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON } RewardType;
+typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON, REWARD_MODEL } RewardType;
 
 enum {
     COMMAND_TIMEOUT_S = 30, /* default seconds per call of a command reward */
@@ -74,6 +83,11 @@ struct RewardFunc {
     PythonWorker *worker;   /* python */
     char *function;         /* python: the function's name in its file or module */
     char *source;           /* python: the file or module as written, for messages */
+    Model *model;           /* model: the sequence classifier */
+    Tokenizer *tok;         /* model: its own tokenizer */
+    int pad_id;             /* model: the tokenizer's pad id, else its eos id (TRL's config.pad_token_id) */
+    char *prompt_column;    /* model: the dataset column holding the prompt */
+    json_t *template_kwargs; /* model: the chat template's extra variables (a reference), or NULL */
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -406,8 +420,8 @@ static int python_spec_from_text(json_t **out, const char *text, char *err) {
         return 0;
     }
     return errorf(err, "reward \"%.100s\": a reward given as text must be \"PATH.py:FUNCTION\" (a function in a "
-                       "Python file) or \"module.function\" (an importable one); built-in rewards are objects "
-                       "({type: length|regex|math|command|python, ...})",
+                       "Python file), \"module.function\" (an importable one) or a reward model's folder; "
+                       "built-in rewards are objects ({type: length|regex|math|command|python|model, ...})",
                   text);
 }
 
@@ -559,13 +573,149 @@ static int create_python(RewardFunc *r, const json_t *spec, const json_t *name_v
     return 0;
 }
 
-int reward_create(RewardFunc **out, json_t *spec, char *err) {
+/* ---------------------------------------------------------------------------
+ * Reward models
+ * ------------------------------------------------------------------------- */
+
+static int is_directory(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* TRL names a model reward by its config's name_or_path's last component: the folder's name. */
+static char *model_default_name(const char *path) {
+    char *name = xstrdup(path);
+    for (size_t n = strlen(name); n > 1 && name[n - 1] == '/'; n--) name[n - 1] = '\0';
+    const char *slash = strrchr(name, '/');
+    if (slash && slash[1]) memmove(name, slash + 1, strlen(slash + 1) + 1);
+    return name;
+}
+
+/* Loads the classifier and its tokenizer on ctx's backend. */
+static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v, const RewardContext *ctx, char *err) {
+    static const char *const keys[] = {"type", "name", "path", NULL};
+    if (check_keys(spec, "model", keys, err) != 0) return COLT_ERR;
+    json_t *path_v = json_object_get(spec, "path");
+    if (!json_is_string(path_v) || json_string_length(path_v) == 0)
+        return errorf(err, "model reward: \"path\" must be the folder of a sequence-classification checkpoint "
+                           "(or its Hub name in the local cache)");
+    const char *path = json_string_value(path_v);
+    r->type = REWARD_MODEL;
+    r->name = name_v ? xstrdup(json_string_value(name_v)) : model_default_name(path);
+    if (!ctx || !ctx->be)
+        return errorf(err, "model reward '%s': a reward model needs a device to run on, which only colt train "
+                           "lends its rewards", r->name);
+    char *folder = NULL;
+    if (hub_cache_model_folder(&folder, path, NULL, err) != 0) return error_prefix(err, "model reward '%s'", r->name);
+    /* Cut like the policy when its shape allows; else whole on every rank, and the log says why. */
+    const TensorParallel *tp = ctx->tp && ctx->tp->tensor_parallel_size > 1 ? ctx->tp : NULL;
+    char why_whole[ERR_LEN] = "";
+    ModelConfig shape;
+    if (tp && (model_config_load(&shape, NULL, folder, why_whole) != 0 ||
+               model_tp_check(&shape, tp->tensor_parallel_size, why_whole) != 0))
+        tp = NULL;
+    int rc = model_load_classifier(&r->model, folder, ctx->be, tp, err);
+    if (rc == 0) rc = tokenizer_load(&r->tok, folder, err);
+    if (rc != 0) {
+        free(folder);
+        return error_prefix(err, "model reward '%s'", r->name);
+    }
+    const ModelConfig *mc = model_config(r->model);
+    r->pad_id = tokenizer_pad_id(r->tok) >= 0 ? tokenizer_pad_id(r->tok) : tokenizer_eos_id(r->tok);
+    if (r->pad_id < 0)
+        rc = errorf(err, "model reward '%s': %s's tokenizer has neither a pad nor an eos token, so the scored "
+                         "token cannot be found as TRL finds it (set pad_token in tokenizer_config.json)",
+                    r->name, folder);
+    else if (tokenizer_vocab_size(r->tok) > mc->vocab_size)
+        rc = errorf(err, "model reward '%s': %s: the tokenizer has %d tokens but the model only %d", r->name, folder,
+                    tokenizer_vocab_size(r->tok), mc->vocab_size);
+    if (rc == 0) {
+        char where[ERR_LEN + 64] = "whole";
+        if (tp)
+            snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group",
+                     tp->tensor_parallel_size);
+        else if (why_whole[0]) snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
+        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.1f MB of "
+                  "weights on the training device",
+                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, where,
+                  model_weight_bytes(r->model) / 1e6);
+    }
+    free(folder);
+    if (rc != 0) return COLT_ERR;
+    r->prompt_column = xstrdup(ctx->prompt_column ? ctx->prompt_column : "prompt");
+    r->template_kwargs = ctx->chat_template_kwargs ? json_incref(ctx->chat_template_kwargs) : NULL;
+    return COLT_OK;
+}
+
+/* The text TRL scores for completion i: the conversation rendered with the
+ * reward model's chat template (the prompt's messages and the completion as
+ * the assistant's), or the plain prompt followed by the completion. */
+static int model_text(char **out, RewardFunc *r, const char *prompt, const char *completion, json_t *row, int i,
+                      char *err) {
+    json_t *column = row ? json_object_get(row, r->prompt_column) : NULL;
+    if (json_is_array(column)) {
+        json_t *messages = json_copy(column); /* shallow: the messages stay the row's */
+        json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "assistant", "content", completion));
+        char where[160];
+        snprintf(where, sizeof where, "reward '%s': completion %d", r->name, i);
+        int rc = prompt_render_chat(out, r->tok, messages, NULL, r->template_kwargs, false, where, err);
+        json_decref(messages);
+        return rc;
+    }
+    const char *p = json_is_string(column) ? json_string_value(column) : prompt ? prompt : "";
+    size_t a = strlen(p), b = strlen(completion);
+    *out = xmalloc(a + b + 1);
+    memcpy(*out, p, a);
+    memcpy(*out + a, completion, b + 1);
+    return COLT_OK;
+}
+
+static int compute_model(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
+                         json_t *const *rows, int n, char *err) {
+    int **ids = xcalloc((size_t)n, sizeof(int *)), *lens = xcalloc((size_t)n, sizeof(int)), rc = COLT_OK;
+    for (int i = 0; i < n && rc == 0; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        rc = model_text(&text, r, prompts ? prompts[i] : NULL, completions[i], rows ? rows[i] : NULL, i, err);
+        if (rc == 0 && tokenizer_encode(r->tok, text, strlen(text), &ids[i], &len, err) != 0)
+            rc = error_prefix(err, "reward '%s': completion %d", r->name, i);
+        lens[i] = (int)len;
+        free(text);
+    }
+    const int K = model_config(r->model)->num_labels;
+    float *scores = xmalloc(sizeof(float) * (size_t)n * (size_t)K);
+    if (rc == 0 && model_score_sequences(r->model, scores, (const int *const *)ids, lens, n, r->pad_id, err) != 0)
+        rc = error_prefix(err, "reward '%s'", r->name);
+    /* TRL's logits[:, 0] */
+    for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, scores[(size_t)i * K], err);
+    for (int i = 0; i < n; i++) free(ids[i]);
+    free(ids), free(lens), free(scores);
+    return rc;
+}
+
+/* A reward given as text: a folder (TRL's reward_funcs="path/to/reward-model"),
+ * a Python form, or else, when it has a '/', a Hub name for the local cache
+ * (or a missing folder, which the loader then names). */
+static int spec_from_text(json_t **out, const char *text, char *err) {
+    if (is_directory(text)) {
+        *out = json_pack("{s:s, s:s}", "type", "model", "path", text);
+        return COLT_OK;
+    }
+    if (python_spec_from_text(out, text, err) == 0) return COLT_OK;
+    if (!strchr(text, '/') || strchr(text, ':') || ends_with(text, ".py")) return COLT_ERR; /* python's message */
+    *out = json_pack("{s:s, s:s}", "type", "model", "path", text);
+    return COLT_OK;
+}
+
+int reward_create(RewardFunc **out, json_t *spec, char *err) { return reward_create_ctx(out, spec, NULL, err); }
+
+int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, char *err) {
     *out = NULL;
     if (json_is_string(spec)) {
         json_t *object = NULL;
-        if (python_spec_from_text(&object, json_string_value(spec), err) != 0) return COLT_ERR;
+        if (spec_from_text(&object, json_string_value(spec), err) != 0) return COLT_ERR;
         COLT_ASSERT(object != NULL); /* parts of a JSON string split at ASCII stay valid UTF-8 */
-        int rc = reward_create(out, object, err);
+        int rc = reward_create_ctx(out, object, ctx, err);
         json_decref(object);
         return rc;
     }
@@ -574,7 +724,7 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
                       json_type_name(spec));
     json_t *type_v = json_object_get(spec, "type");
     if (!json_is_string(type_v))
-        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command or python)%s",
+        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command, python or model)%s",
                       type_v ? "" : "; none was given");
     const char *type = json_string_value(type_v);
     json_t *name_v = json_object_get(spec, "name");
@@ -680,8 +830,10 @@ int reward_create(RewardFunc **out, json_t *spec, char *err) {
         if (reward_process_start(&r->process, json_string_value(command), subject, r->name, 1, err) != 0) goto error;
     } else if (strcmp(type, "python") == 0) {
         if (create_python(r, spec, name_v, err) != 0) goto error;
+    } else if (strcmp(type, "model") == 0) {
+        if (create_model(r, spec, name_v, ctx, err) != 0) goto error;
     } else {
-        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python)", type);
+        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python, model)", type);
         goto error;
     }
     if (!r->name) r->name = xstrdup(name_v ? json_string_value(name_v) : default_name);
@@ -701,6 +853,10 @@ void reward_free(RewardFunc *r) {
     free(r->command);
     free(r->function);
     free(r->source);
+    model_free(r->model);
+    tokenizer_free(r->tok);
+    free(r->prompt_column);
+    json_decref(r->template_kwargs);
     free(r->name);
     free(r);
 }
@@ -947,6 +1103,7 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
         return compute_command(r, rewards, prompts, completions, completion_ids, completion_lens, rows, n, err);
     case REWARD_PYTHON:
         return compute_python(r, rewards, prompts, completions, completion_ids, completion_lens, rows, n, err);
+    case REWARD_MODEL: return compute_model(r, rewards, prompts, completions, rows, n, err);
     }
     return errorf(err, "reward '%s': unknown type", r->name);
 }

@@ -25,8 +25,28 @@
  *                                                     from the current directory; "python" defaults to
  *                                                     $COLT_PYTHON, else python3 from PATH
  *   "rewards.py:reward_len", "my_rewards.reward_len"  text forms of the two above
+ *   {"type": "model", "path": "DIR"}                  a reward model: DIR (or a Hub name in the local
+ *                                                     cache) holds a Llama/Qwen2/Qwen3
+ *                                                     ForSequenceClassification checkpoint and its
+ *                                                     tokenizer; scored as TRL's GRPOTrainer scores one
+ *                                                     (below), on the caller's device (RewardContext)
+ *   "DIR"                                             text form of the above (TRL's reward_funcs="DIR"):
+ *                                                     a folder, or a text with a '/' that is not a
+ *                                                     Python form
  * plus an optional "name" (metrics use rewards/<name>/mean; defaults: length,
- * regex, math, the command's program name, the Python function's __name__).
+ * regex, math, the command's program name, the Python function's __name__, the
+ * model folder's last component).
+ *
+ * A model reward does what TRL 1.16's _calculate_rewards does for a model:
+ * the text is the dataset row's prompt + the completion for a plain prompt,
+ * or the prompt's messages + {"role": "assistant", "content": completion}
+ * rendered with the reward model's own chat template (no generation prompt,
+ * the caller's chat_template_kwargs) for a conversational one; it is tokenized
+ * with the reward model's tokenizer without added special tokens; the score is
+ * label 0 of the score head (logits[:, 0]) at the last token that is not the
+ * pad id, the pad id being the tokenizer's pad token, else its eos (as TRL sets
+ * config.pad_token_id). The model runs on the device it is given, cut across
+ * the tensor-parallel group it is given; never partitioned by ZeRO-3.
  * Unknown types or keys are errors. Create and free rewards on one thread. */
 #ifndef COLT_DATA_REWARDS_H
 #define COLT_DATA_REWARDS_H
@@ -34,9 +54,27 @@
 #include <jansson.h>
 #include <sys/types.h>
 
+#include "model/model.h" /* Backend, TensorParallel */
+
 typedef struct RewardFunc RewardFunc;
 
+/* What the caller lends a reward that runs a model (all borrowed; the
+ * backend and the kwargs must outlive the reward). */
+typedef struct RewardContext {
+    const Backend *be;                  /* the device the reward model runs on (the policy's: colocated) */
+    const char *prompt_column;          /* the dataset column of the prompt (NULL: "prompt") */
+    json_t *chat_template_kwargs;       /* the chat template's extra variables, or NULL */
+    /* The policy's tensor-parallel group (NULL: none): a reward model is cut
+     * across it like the policy when its shape allows (model_tp_check), else
+     * held whole on every rank. Its scoring is then collective: every rank of
+     * the group computes the same rewards in the same order (the trainer's
+     * ranks of a group share their completions). */
+    const TensorParallel *tp;
+} RewardContext;
+
+/* reward_create_ctx with no context: a model reward is refused (it has no device). */
 int reward_create(RewardFunc **out, json_t *spec, char *err);
+int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, char *err);
 void reward_free(RewardFunc *r);  /* stops an external program */
 const char *reward_name(const RewardFunc *r);
 
@@ -56,7 +94,8 @@ pid_t reward_command_pid(const RewardFunc *r);
  * that says which (quoting the program's last stderr line when it wrote one).
  * Its stderr lines reach ours prefixed "[reward <name>] ". A python reward's
  * exception is an error "reward 'f' (rewards.py): <the traceback's last
- * line>", its full traceback on stderr. */
+ * line>", its full traceback on stderr. A model reward reads the prompt
+ * column of rows[i] (prompts[i] when the row has none). */
 int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                    const int *const *completion_ids, const int *completion_lens, json_t *const *rows, int n,
                    char *err);

@@ -1,6 +1,7 @@
 /* config.c — config.json and generation_config.json of LlamaForCausalLM,
- * Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints, parsed with jansson and
- * validated.
+ * Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints (and of their
+ * *ForSequenceClassification reward models: the same decoder, a score head),
+ * parsed with jansson and validated.
  *
  * Defaults follow transformers 5 (LlamaConfig / Qwen2Config / Qwen3Config). Both the legacy
  * top-level rope_theta / rope_scaling and transformers 5's rope_parameters are
@@ -161,19 +162,38 @@ static int parse_rope(ModelConfig *cfg, const json_t *root, const char *name, ch
     return COLT_OK;
 }
 
+/* A *ForSequenceClassification's label count, as transformers' PretrainedConfig
+ * derives it: "num_labels" when written, else the size of id2label (what
+ * save_pretrained writes), else its default 2. */
+static int parse_num_labels(ModelConfig *cfg, const json_t *root, const char *name, char *err) {
+    cfg->num_labels = 2;
+    json_t *id2label = json_object_get(root, "id2label");
+    if (json_is_object(id2label) && json_object_size(id2label) > 0) cfg->num_labels = (int)json_object_size(id2label);
+    return get_positive_int(root, "num_labels", &cfg->num_labels, 0, CONFIG_MAX_VOCAB, name, err);
+}
+
 static int parse_arch(ModelConfig *cfg, const json_t *root, const char *name, char *err) {
     json_t *archs = json_object_get(root, "architectures");
     if (archs && !json_is_null(archs)) {
         json_t *a0 = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
         if (!json_is_string(a0)) return errorf(err, "%s: key 'architectures' must be a list of strings", name);
         const char *s = json_string_value(a0);
-        if (strcmp(s, "LlamaForCausalLM") == 0) cfg->arch = ARCH_LLAMA;
-        else if (strcmp(s, "Qwen2ForCausalLM") == 0) cfg->arch = ARCH_QWEN2;
-        else if (strcmp(s, "Qwen3ForCausalLM") == 0) cfg->arch = ARCH_QWEN3;
-        else
-            return errorf(err, "%s: key 'architectures': unsupported architecture '%.64s' (colt supports "
-                               "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", name, s);
-        return COLT_OK;
+        static const struct { const char *name; ModelArch arch; bool classifier; } known[] = {
+            {"LlamaForCausalLM", ARCH_LLAMA, false},
+            {"Qwen2ForCausalLM", ARCH_QWEN2, false},
+            {"Qwen3ForCausalLM", ARCH_QWEN3, false},
+            {"LlamaForSequenceClassification", ARCH_LLAMA, true},
+            {"Qwen2ForSequenceClassification", ARCH_QWEN2, true},
+            {"Qwen3ForSequenceClassification", ARCH_QWEN3, true},
+        };
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            if (strcmp(s, known[i].name) == 0) {
+                cfg->arch = known[i].arch;
+                return known[i].classifier ? parse_num_labels(cfg, root, name, err) : COLT_OK;
+            }
+        return errorf(err, "%s: key 'architectures': unsupported architecture '%.64s' (colt supports "
+                           "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and their "
+                           "*ForSequenceClassification reward models)", name, s);
     }
     json_t *mt = json_object_get(root, "model_type");
     const char *s = json_is_string(mt) ? json_string_value(mt) : NULL;
@@ -275,6 +295,8 @@ int model_config_parse(ModelConfig *cfg, const char *json_text, size_t len, cons
         cfg->bos_token_id = (int)json_integer_value(bos);
     }
     if (add_eos_ids(cfg, json_object_get(root, "eos_token_id"), name, err) != 0) goto done;
+    /* A classifier has no lm_head: its score head is never tied to the embedding. */
+    if (cfg->num_labels > 0) cfg->tie_word_embeddings = false;
     if (parse_dtype(cfg, root, name, err) != 0) goto done;
     rc = COLT_OK;
 done:

@@ -94,7 +94,9 @@ TensorSpec *model_tensor_table(Model *m, int *count) {
 #undef LAYER
     }
     spec_add(t, &n, "model.norm.weight", D, 0, INIT_ONES, &m->final_norm, TP_WHOLE);
-    if (!c->tie_word_embeddings)
+    if (c->num_labels > 0) /* a classifier's head (no bias), whole on every rank: its rows are labels, not vocabulary */
+        spec_add(t, &n, "score.weight", c->num_labels, D, INIT_NORMAL, &m->lm_head, TP_WHOLE);
+    else if (!c->tie_word_embeddings)
         spec_add(t, &n, "lm_head.weight", c->vocab_size, D, INIT_NORMAL, &m->lm_head, TP_ROWS);
     *count = n;
     return t;
@@ -358,10 +360,36 @@ int model_load(Model **out, const char *dir, const Backend *be, char *err) {
     return model_load_tp(out, dir, be, NULL, err);
 }
 
+/* The rows of the head after the final norm: lm_head's vocabulary, or a classifier's labels. */
+static int head_rows(const ModelConfig *c) { return c->num_labels > 0 ? c->num_labels : c->vocab_size; }
+
+static int load_checkpoint(Model **out, const char *dir, const Backend *be, const TensorParallel *tp,
+                           bool classifier, char *err);
+
 int model_load_tp(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err) {
+    return load_checkpoint(out, dir, be, tp, false, err);
+}
+
+int model_load_classifier(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err) {
+    return load_checkpoint(out, dir, be, tp, true, err);
+}
+
+/* A causal LM (classifier false) or a *ForSequenceClassification (true); the
+ * other kind is refused by name, so a reward model never reaches the engine or
+ * the trainer, whose logits are vocabulary-wide. */
+static int load_checkpoint(Model **out, const char *dir, const Backend *be, const TensorParallel *tp,
+                           bool classifier, char *err) {
     *out = NULL;
     ModelConfig cfg;
     if (model_config_load(&cfg, NULL, dir, err) != 0) return COLT_ERR;
+    if (!classifier && cfg.num_labels > 0)
+        return errorf(err, "%s is a %s sequence classifier (a reward model): it scores text and cannot generate or "
+                           "be trained here; give it as a reward ({type: model, path: %s})",
+                      dir, model_arch_name(cfg.arch), dir);
+    if (classifier && cfg.num_labels == 0)
+        return errorf(err, "%s/config.json: not a sequence-classification checkpoint (architectures must be "
+                           "LlamaForSequenceClassification, Qwen2ForSequenceClassification or "
+                           "Qwen3ForSequenceClassification)", dir);
     if (tp && model_tp_check(&cfg, tp->tensor_parallel_size, err) != 0) return COLT_ERR;
     SafeTensorsSet set;
     if (safetensors_open_dir(&set, dir, err) != 0) return COLT_ERR;
@@ -879,7 +907,7 @@ int model_state_create(ModelState **out, const Model *m, int n_slots, int max_le
     }
     st->want_rows = xmalloc(N * sizeof(int));
     st->ids = xmalloc(N * sizeof(int));
-    st->logits = backend_alloc_counted(be, N * (size_t)m->cfg.vocab_size, &st->bytes);
+    st->logits = backend_alloc_counted(be, N * (size_t)head_rows(&m->cfg), &st->bytes);
     if (m->tp.tensor_parallel_size > 1) {
         st->logits_part = backend_alloc_counted(be, N * (size_t)c->vocab_size, &st->bytes);
         st->logits_gathered = backend_alloc_counted(be, N * (size_t)m->cfg.vocab_size, &st->bytes);
@@ -1083,7 +1111,7 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         n_want += !want_logits || want_logits[i];
     }
     if (n == 0) return COLT_OK;
-    int D = c->hidden_size, V = m->cfg.vocab_size;
+    int D = c->hidden_size, V = head_rows(&m->cfg); /* a classifier's "logits" are its labels' scores */
     if (model_embed(m, st->x, tokens, st->ids, n, err) != 0) return COLT_ERR;
     /* nothing kept: one residual stream, one normed buffer, q_norm in place */
     LayerBuffers lb = {.x_in = st->x, .xn_attn = st->xn, .q = st->q, .k = st->k, .v = st->v, .att = st->att,
@@ -1104,7 +1132,7 @@ int model_forward(Model *m, ModelState *st, const int *tokens, const int *slot, 
         be->gather_rows(be, st->rows, st->xn, st->want_rows, n_want, D);
         rows = st->rows;
     }
-    if (m->tp.tensor_parallel_size > 1) { /* this rank's vocabulary columns, then the group's side by side */
+    if (m->tp.tensor_parallel_size > 1 && c->num_labels == 0) { /* this rank's vocabulary columns, then the group's */
         be->linear(be, st->logits_part, rows, m->lm_head, NULL, n_want, D, c->vocab_size);
         if (model_tp_gather_logits(m, st->logits, st->logits_part, st->logits_gathered, n_want, err) != 0)
             return COLT_ERR;

@@ -1,5 +1,7 @@
 /* model.h — a Hugging Face causal LM (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM):
- * config, weights, forward pass with a KV cache, save.
+ * config, weights, forward pass with a KV cache, save; and the same decoder
+ * with a score head (*ForSequenceClassification, a reward model), loaded and
+ * run by model_load_classifier / model_score_sequences.
  *
  * Written once against the op table (backend/backend.h); it never branches on
  * the device. This is not the generation loop (engine/) nor the tokenizer. */
@@ -41,6 +43,9 @@ typedef struct ModelConfig {
     bool tie_word_embeddings;
     bool attention_bias;      /* q/k/v biases (Qwen2: always true); Llama and Qwen3: o_proj's too */
     int bos_token_id;         /* -1 when absent */
+    /* *ForSequenceClassification (a reward model): the rows of its score head
+     * [num_labels, D], which replaces lm_head; 0 for a causal LM. */
+    int num_labels;
     int eos_token_ids[MODEL_MAX_EOS]; /* config.json's, then generation_config.json's */
     int n_eos;
     DType torch_dtype;
@@ -109,6 +114,27 @@ bool model_tp_graph_safe(const Model *m); /* the hooks can be recorded in a CUDA
 /* Loads DIR (config.json + model.safetensors or sharded with
  * model.safetensors.index.json); weights converted to the backend's storage. */
 int model_load(Model **out, const char *dir, const Backend *be, char *err);
+/* A *ForSequenceClassification checkpoint (Llama, Qwen2, Qwen3: the decoder's
+ * model.* tensors and score.weight [num_labels, D], no bias) on this backend:
+ * whole (tp NULL or of size 1), or this rank's part of the decoder cut as a
+ * causal LM's is (model_tp_check), the score head whole on every rank (the
+ * final hidden state is whole there: no gather). Its forward's "logits" are
+ * the score head's [num_labels] per token. model_load refuses such a folder,
+ * and this function a causal LM, each with a line saying what the folder is. */
+int model_load_classifier(Model **out, const char *dir, const Backend *be, const TensorParallel *tp, char *err);
+/* scores[i * num_labels + k] = label k of the score head on the final hidden
+ * state of sequence i's last token whose id is not pad_id, as transformers'
+ * *ForSequenceClassification.forward picks it in a right-padded batch (the
+ * last non-pad position; position 0 when every token is pad_id; the last
+ * token when pad_id < 0). Each sequence is run unpadded and only up to that
+ * token, which gives the padded batch's numbers: the causal mask hides the
+ * padding from every real token. ids[i][0..lens[i]), lens[i] >= 1. Several
+ * sequences share a forward call (one cache slot each); the state is made and
+ * freed here, so nothing stays allocated between calls. A tensor-parallel
+ * classifier's call is collective: every rank of its group passes the same
+ * sequences. */
+int model_score_sequences(Model *m, float *scores, const int *const *ids, const int *lens, int n, int pad_id,
+                          char *err);
 /* A randomly initialised model (normal(0, 0.02) weights, norms = 1, biases = 0). */
 int model_create_random(Model **out, const ModelConfig *cfg, uint64_t seed, const Backend *be, char *err);
 /* The same, keeping this rank's part (tp NULL or of size 1: the whole model).

@@ -77,8 +77,8 @@ static const ConfigKey KEYS[] = {
       "extra variables of the chat template for conversational prompts, e.g. {enable_thinking: false} (Qwen3)"),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
-    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python, ...} or "
-                                   "\"rewards.py:FUNCTION\"; docs/rewards.md)"),
+    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model, ...}, "
+                                   "\"rewards.py:FUNCTION\" or a reward model's folder; docs/rewards.md)"),
     K(reward_weights, KEY_JSON_LIST, "one weight per reward function (default 1 each; each within +-1e6)"),
     KI(max_rounds_without_reward, 0, STEPS,
        "stop with an error after N generation rounds in a row in which no completion got a usable reward (every "

@@ -430,7 +430,7 @@ static int create_rewards(Trainer *t, const TrainConfig *c, char *err) {
     t->rewards = xcalloc((size_t)t->n_rewards, sizeof(RewardFunc *));
     t->reward_weights = xcalloc((size_t)t->n_rewards, sizeof(float));
     for (int k = 0; k < t->n_rewards; k++) {
-        if (reward_create(&t->rewards[k], json_array_get(c->reward_funcs, (size_t)k), err) != 0)
+        if (trainer_create_reward(t, &t->rewards[k], json_array_get(c->reward_funcs, (size_t)k), err) != 0)
             return error_prefix(err, "reward_funcs[%d]", k);
         t->reward_weights[k] =
             c->reward_weights ? (float)json_number_value(json_array_get(c->reward_weights, (size_t)k)) : 1.0f;

@@ -162,6 +162,8 @@ float trainer_learning_rate(const Trainer *t);
 /* ---------------------------------------------------------------- trainer_rollout.c */
 
 int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err);
+/* reward_funcs[k] made with what a reward model borrows from the trainer (its backend: colocated). */
+int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err);
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
                               const char *const *prompts, const char *const *completions, const int *const *ids,
                               const int *id_lens, int n, char *err);

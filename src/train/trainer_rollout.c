@@ -26,6 +26,16 @@ int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, ch
                              t->cfg->dataset, err);
 }
 
+/* A reward model runs on the trainer's backend, beside the policy, cut across
+ * the policy's tensor-parallel group (whose ranks score the same completions:
+ * dist is the data-parallel group); under ZeRO-3 every rank holds it whole. */
+int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err) {
+    RewardContext ctx = {.be = t->be, .prompt_column = t->cfg->dataset_prompt_column,
+                         .chat_template_kwargs = t->cfg->chat_template_kwargs,
+                         .tp = mesh_tensor_parallel(&t->mesh, &t->tp_hooks)};
+    return reward_create_ctx(out, spec, &ctx, err);
+}
+
 /* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
                              const char *const *prompts, const char *const *completions, const int *const *ids,

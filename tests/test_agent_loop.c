@@ -47,11 +47,14 @@ typedef struct Script {
 
 static int result_len(int c) { return c == 3 ? BUDGET : SUFFIX_LEN; }
 
-static int turn_ended(void *ctx, int c, const int *turn, int n, FinishReason finish, bool *called, char *err) {
+static int turn_ended(void *ctx, int c, const int *context, int n_context, const int *turn, int n, FinishReason finish,
+                      bool may_call, bool *called, char *err) {
     (void)turn, (void)finish, (void)err;
+    CHECK(n_context >= 6 + c, "conversation %d: a context of %d tokens", c, n_context);
+    (void)context;
     Script *s = ctx;
     CHECK(n > 0, "conversation %d: a turn of %d tokens", c, n);
-    *called = c < 4;
+    *called = c < 4 && may_call;
     if (*called) {
         s->calls[c]++;
         s->due[c] = s->polls + s->delay;

@@ -49,7 +49,10 @@ static int end_turn(AgentConversation *c, int i, const AgentTools *tools, const 
     bool called = false;
     int rc = COLT_OK;
     bool may_call = lo->max_tool_calling_iterations < 0 || c->tool_rounds < lo->max_tool_calling_iterations;
-    if (tools && may_call) rc = tools->turn_ended(tools->ctx, i, c->turn.tokens, c->turn.n_tokens, c->finish, &called, err);
+    if (tools)
+        rc = tools->turn_ended(tools->ctx, i, c->turn.prompt, c->turn.prompt_len, c->turn.tokens, c->turn.n_tokens,
+                               c->finish, may_call, &called, err);
+    called = called && may_call;
     gen_sequence_free(&c->turn);
     c->state = called ? CONV_WAITING : CONV_DONE;
     return rc;

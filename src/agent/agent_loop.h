@@ -62,10 +62,15 @@ typedef struct AgentToolResult {
  * worker; tests make their own). Called from the loop's thread only. */
 typedef struct AgentTools {
     void *ctx;
-    /* A model turn of conversation c ended (finish: why), its tokens
-     * turn[n] (stop token included). Sets *called when the turn called tools:
-     * their results are then due from poll; else the conversation is done. */
-    int (*turn_ended)(void *ctx, int c, const int *turn, int n, FinishReason finish, bool *called, char *err);
+    /* A model turn of conversation c ended (finish: why): context[n_context]
+     * is what it followed (the prompt and the completion so far), turn[n] its
+     * tokens (stop token included). may_call: the conversation may have
+     * another tool round (max_tool_calling_iterations); when it may and the
+     * turn called tools, set *called: their results are then due from poll.
+     * Otherwise the conversation is done (the handler still sees the turn,
+     * for the conversation's messages). */
+    int (*turn_ended)(void *ctx, int c, const int *context, int n_context, const int *turn, int n, FinishReason finish,
+                      bool may_call, bool *called, char *err);
     /* The results ready now (waiting up to wait_s when none is): *ready
      * (handler-owned, valid until the next poll) gets *n_ready of them, each
      * conversation at most once per round it called. */

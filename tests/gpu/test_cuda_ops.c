@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "backend_op_cases.h"
 #include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "core/floats.h"
@@ -210,128 +211,6 @@ static void test_memory(const Dev *d) {
     d->be->free(d->be, buf), d->be->free(d->be, buf2), d->be->free(d->be, dst), d->be->free(d->be, f);
 }
 
-/* ---------------------------------------------------------------- linear */
-
-static void test_linear(const Dev *d, int n, int in, int out, int with_bias) {
-    char name[128];
-    snprintf(name, sizeof name, "linear%s [%d,%d]x[%d,%d]^T", with_bias ? " +bias" : "", n, in, out, in);
-    float *x = rand_floats((size_t)n * in, 1.0f), *w = rand_floats((size_t)out * in, 1.0f / sqrtf((float)in)),
-          *b = rand_floats(out, 0.5f);
-    void *gx = dev_in(d, x, (size_t)n * in), *gw = dev_in(d, w, (size_t)out * in), *gb = dev_in(d, b, out);
-    void *go = d->be->alloc(d->be, (size_t)n * out);
-    void *cx = cpu_in(x, (size_t)n * in), *cw = cpu_in(w, (size_t)out * in), *cb = cpu_in(b, out);
-    void *co = CPU->alloc(CPU, (size_t)n * out);
-    d->be->linear(d->be, go, gx, gw, with_bias ? gb : NULL, n, in, out);
-    CPU->linear(CPU, co, cx, cw, with_bias ? cb : NULL, n, in, out);
-    float *got = dev_out(d, go, (size_t)n * out), *ref = cpu_out(co, (size_t)n * out);
-    check(d, name, got, ref, (size_t)n * out, (Tol){2e-5, 2e-3, 1.5});
-    free(x), free(w), free(b), free(got), free(ref);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
-    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
-}
-
-static void test_linear_backward(const Dev *d, int n, int in, int out, int with_dx, int acc_dx, int with_db) {
-    char name[160];
-    size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
-    float *x = rand_floats(nx, 1.0f), *w = rand_floats(nw, 1.0f / sqrtf((float)in)), *dy = rand_floats(ny, 1.0f);
-    float *dx0 = rand_floats(nx, 1.0f), *dw0 = rand_floats(nw, 1.0f), *db0 = rand_floats(out, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gdy = dev_in(d, dy, ny), *gdx = dev_in(d, dx0, nx);
-    void *gdw = dev_in_f32(d, dw0, nw), *gdb = dev_in_f32(d, db0, out);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cdy = cpu_in(dy, ny), *cdx = cpu_in(dx0, nx);
-    void *cdw = cpu_in(dw0, nw), *cdb = cpu_in(db0, out);
-    d->be->linear_backward(d->be, with_dx ? gdx : NULL, gdw, with_db ? gdb : NULL, gdy, gx, gw, n, in, out, acc_dx);
-    CPU->linear_backward(CPU, with_dx ? cdx : NULL, cdw, with_db ? cdb : NULL, cdy, cx, cw, n, in, out, acc_dx);
-    if (with_dx) {
-        float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
-        snprintf(name, sizeof name, "linear_backward dx%s [%d,%d] w[%d,%d]", acc_dx ? " (+=)" : " (=)", n, out, out, in);
-        check(d, name, got, ref, nx, (Tol){2e-5, 2e-3, 1.5});
-        free(got), free(ref);
-    }
-    {
-        float *got = dev_out_f32(d, gdw, nw), *ref = cpu_out(cdw, nw);
-        snprintf(name, sizeof name, "linear_backward dw [f32] += [%d,%d] (N=%d)", out, in, n);
-        check(d, name, got, ref, nw, (Tol){2e-5, 5e-5, 0});
-        free(got), free(ref);
-    }
-    if (with_db) {
-        float *got = dev_out_f32(d, gdb, out), *ref = cpu_out(cdb, out);
-        snprintf(name, sizeof name, "linear_backward db [f32] += [%d] (N=%d)", out, n);
-        check(d, name, got, ref, out, (Tol){2e-5, 5e-5, 0});
-        free(got), free(ref);
-    }
-    free(x), free(w), free(dy), free(dx0), free(dw0), free(db0);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gdy), d->be->free(d->be, gdx), d->be->free(d->be, gdw), d->be->free(d->be, gdb);
-    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cdy), CPU->free(CPU, cdx), CPU->free(CPU, cdw), CPU->free(CPU, cdb);
-}
-
-/* ---------------------------------------------------------------- rmsnorm */
-
-/* in_place: out = x (Qwen3's per-head q/k norm in the engine). */
-static void test_rmsnorm(const Dev *d, int n, int dim, int in_place) {
-    char name[128];
-    float eps = 1e-6f;
-    size_t nx = (size_t)n * dim;
-    float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *go = d->be->alloc(d->be, nx);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *co = CPU->alloc(CPU, nx);
-    d->be->rmsnorm(d->be, in_place ? gx : go, gx, gw, n, dim, eps);
-    CPU->rmsnorm(CPU, in_place ? cx : co, cx, cw, n, dim, eps);
-    float *got = dev_out(d, in_place ? gx : go, nx), *ref = cpu_out(in_place ? cx : co, nx);
-    snprintf(name, sizeof name, "rmsnorm%s [%d,%d]", in_place ? " in place" : "", n, dim);
-    check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
-    free(x), free(w), free(got), free(ref);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, go), CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, co);
-}
-
-/* with_dw 0: a frozen norm (dw NULL), dx only. */
-static void test_rmsnorm_backward(const Dev *d, int n, int dim, int with_dw) {
-    char name[128];
-    float eps = 1e-5f;
-    size_t nx = (size_t)n * dim;
-    float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f), *dy = rand_floats(nx, 1.0f);
-    float *dx0 = rand_floats(nx, 0.1f), *dw0 = rand_floats(dim, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *gdy = dev_in(d, dy, nx), *gdx = dev_in(d, dx0, nx);
-    void *gdw = dev_in_f32(d, dw0, dim);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *cdy = cpu_in(dy, nx), *cdx = cpu_in(dx0, nx), *cdw = cpu_in(dw0, dim);
-    d->be->rmsnorm_backward(d->be, gdx, with_dw ? gdw : NULL, gdy, gx, gw, n, dim, eps);
-    CPU->rmsnorm_backward(CPU, cdx, with_dw ? cdw : NULL, cdy, cx, cw, n, dim, eps);
-    float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
-    snprintf(name, sizeof name, "rmsnorm_backward dx (+=)%s [%d,%d]", with_dw ? "" : ", dw NULL", n, dim);
-    check(d, name, got, ref, nx, (Tol){1e-5, 1e-3, 1.5});
-    free(got), free(ref);
-    got = dev_out_f32(d, gdw, dim), ref = cpu_out(cdw, dim);
-    snprintf(name, sizeof name, "rmsnorm_backward dw [f32] %s [%d]", with_dw ? "+=" : "untouched (NULL)", dim);
-    check(d, name, got, ref, dim, (Tol){1e-5, 5e-5, 0});
-    free(got), free(ref);
-    free(x), free(w), free(dy), free(dx0), free(dw0);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gdy), d->be->free(d->be, gdx), d->be->free(d->be, gdw);
-    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cdy), CPU->free(CPU, cdx), CPU->free(CPU, cdw);
-}
-
-/* ---------------------------------------------------------------- rope */
-
-static void test_rope(const Dev *d, int n, int heads, int head_dim, float theta, int max_pos, int backward) {
-    char name[128];
-    size_t nx = (size_t)n * heads * head_dim;
-    float *x = rand_floats(nx, 1.0f);
-    int *pos = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
-    void *gx = dev_in(d, x, nx), *cx = cpu_in(x, nx);
-    if (backward) {
-        d->be->rope_backward(d->be, gx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-        CPU->rope_backward(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-    } else {
-        d->be->rope(d->be, gx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-        CPU->rope(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-    }
-    float *got = dev_out(d, gx, nx), *ref = cpu_out(cx, nx);
-    snprintf(name, sizeof name, "%s [%d,%d,%d] theta %g pos<=%d", backward ? "rope_backward" : "rope", n, heads,
-             head_dim, theta, max_pos);
-    check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
-    free(x), free(pos), free(got), free(ref);
-    d->be->free(d->be, gx), CPU->free(CPU, cx);
-}
-
 /* ---------------------------------------------------------------- kv cache and attention */
 
 /* A batch of n tokens over S slots of the given lengths: each slot's last
@@ -345,46 +224,6 @@ static void make_tokens(int *slot, int *pos, int n, int n_slots, const int *lens
         for (int j = 0; j < k; j++) dup |= slot[j] == s && pos[j] == p;
         if (!dup) slot[k] = s, pos[k] = p, k++;
     }
-}
-
-static void test_kv(const Dev *d, int n_slots, int max_len, int kv_dim, int n) {
-    char name[128];
-    int lens[8];
-    for (int s = 0; s < n_slots; s++) lens[s] = max_len - 3 * s;
-    int *slot = malloc((size_t)n * sizeof(int)), *pos = malloc((size_t)n * sizeof(int));
-    make_tokens(slot, pos, n, n_slots, lens);
-    size_t nc = (size_t)n_slots * max_len * kv_dim, nt = (size_t)n * kv_dim;
-    float *kc = rand_floats(nc, 1.0f), *vc = rand_floats(nc, 1.0f), *k = rand_floats(nt, 1.0f), *v = rand_floats(nt, 1.0f);
-    void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gk = dev_in(d, k, nt), *gv = dev_in(d, v, nt);
-    void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *ck = cpu_in(k, nt), *cv = cpu_in(v, nt);
-    d->be->kv_store(d->be, gkc, gvc, gk, gv, slot, pos, n, kv_dim, max_len);
-    CPU->kv_store(CPU, ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
-    float *got = dev_out(d, gkc, nc), *ref = cpu_out(ckc, nc);
-    snprintf(name, sizeof name, "kv_store k_cache [%d,%d,%d] N=%d (exact)", n_slots, max_len, kv_dim, n);
-    check(d, name, got, ref, nc, (Tol){0, 0, 0});
-    free(got), free(ref);
-    got = dev_out(d, gvc, nc), ref = cpu_out(cvc, nc);
-    snprintf(name, sizeof name, "kv_store v_cache [%d,%d,%d] N=%d (exact)", n_slots, max_len, kv_dim, n);
-    check(d, name, got, ref, nc, (Tol){0, 0, 0});
-    free(got), free(ref);
-
-    /* gather from [f32] caches into storage rows */
-    float *fk = rand_floats(nc, 1.0f), *fv = rand_floats(nc, 1.0f);
-    void *gfk = dev_in_f32(d, fk, nc), *gfv = dev_in_f32(d, fv, nc), *cfk = cpu_in(fk, nc), *cfv = cpu_in(fv, nc);
-    d->be->kv_gather(d->be, gk, gv, gfk, gfv, slot, pos, n, kv_dim, max_len);
-    CPU->kv_gather(CPU, ck, cv, cfk, cfv, slot, pos, n, kv_dim, max_len);
-    got = dev_out(d, gk, nt), ref = cpu_out(ck, nt);
-    snprintf(name, sizeof name, "kv_gather k [%d,%d] from [f32] cache", n, kv_dim);
-    check(d, name, got, ref, nt, (Tol){0, 0, 1.0});
-    free(got), free(ref);
-    got = dev_out(d, gv, nt), ref = cpu_out(cv, nt);
-    snprintf(name, sizeof name, "kv_gather v [%d,%d] from [f32] cache", n, kv_dim);
-    check(d, name, got, ref, nt, (Tol){0, 0, 1.0});
-    free(got), free(ref);
-
-    free(slot), free(pos), free(kc), free(vc), free(k), free(v), free(fk), free(fv);
-    d->be->free(d->be, gkc), d->be->free(d->be, gvc), d->be->free(d->be, gk), d->be->free(d->be, gv), d->be->free(d->be, gfk), d->be->free(d->be, gfv);
-    CPU->free(CPU, ckc), CPU->free(CPU, cvc), CPU->free(CPU, ck), CPU->free(CPU, cv), CPU->free(CPU, cfk), CPU->free(CPU, cfv);
 }
 
 /* bf16 round to nearest even (as __float2bfloat16_rn) */
@@ -623,128 +462,6 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
     d->be->free(d->be, gdk), d->be->free(d->be, gdv), d->be->free(d->be, glse);
     CPU->free(CPU, ckc), CPU->free(CPU, cvc), CPU->free(CPU, cq), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdq), CPU->free(CPU, cdk),
         CPU->free(CPU, cdv), CPU->free(CPU, clse);
-}
-
-/* ---------------------------------------------------------------- elementwise, embedding */
-
-static void test_elementwise(const Dev *d, size_t n) {
-    char name[128];
-    float *g = rand_floats(n, 3.0f), *u = rand_floats(n, 1.0f), *dout = rand_floats(n, 1.0f);
-    void *gg = dev_in(d, g, n), *gu = dev_in(d, u, n), *gdo = dev_in(d, dout, n), *go = d->be->alloc(d->be, n),
-         *go2 = d->be->alloc(d->be, n);
-    void *cg = cpu_in(g, n), *cu = cpu_in(u, n), *cdo = cpu_in(dout, n), *co = CPU->alloc(CPU, n), *co2 = CPU->alloc(CPU, n);
-
-    d->be->swiglu(d->be, go, gg, gu, n);
-    CPU->swiglu(CPU, co, cg, cu, n);
-    float *got = dev_out(d, go, n), *ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "swiglu [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-
-    d->be->swiglu_backward(d->be, go, go2, gdo, gg, gu, n);
-    CPU->swiglu_backward(CPU, co, co2, cdo, cg, cu, n);
-    got = dev_out(d, go, n), ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "swiglu_backward dgate [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-    got = dev_out(d, go2, n), ref = cpu_out(co2, n);
-    snprintf(name, sizeof name, "swiglu_backward dup [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-
-    d->be->add(d->be, go, gg, gu, n);
-    CPU->add(CPU, co, cg, cu, n);
-    got = dev_out(d, go, n), ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "add [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-    d->be->add(d->be, gg, gg, gu, n); /* out aliases a */
-    CPU->add(CPU, cg, cg, cu, n);
-    got = dev_out(d, gg, n), ref = cpu_out(cg, n);
-    snprintf(name, sizeof name, "add in place (out = a) [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-
-    d->be->mul_scalar(d->be, go, gu, 0.3711f, n);
-    CPU->mul_scalar(CPU, co, cu, 0.3711f, n);
-    got = dev_out(d, go, n), ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "mul_scalar [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-    d->be->mul_scalar(d->be, gu, gu, 2.5f, n); /* in place */
-    CPU->mul_scalar(CPU, cu, cu, 2.5f, n);
-    got = dev_out(d, gu, n), ref = cpu_out(cu, n);
-    snprintf(name, sizeof name, "mul_scalar in place [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-
-    free(g), free(u), free(dout);
-    d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
-    CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
-}
-
-/* swiglu, swiglu_backward and add on pointers `off` elements into their buffers
- * (off = 1: misaligned for 16-byte vectors, the scalar path; n odd: a tail). */
-static void test_elementwise_offset(const Dev *d, size_t n, size_t off) {
-    char name[128];
-    size_t nb = n + off, es = dtype_size(d->be->storage);
-    float *g = rand_floats(nb, 3.0f), *u = rand_floats(nb, 1.0f), *dout = rand_floats(nb, 1.0f);
-    void *gg = dev_in(d, g, nb), *gu = dev_in(d, u, nb), *gdo = dev_in(d, dout, nb), *go = d->be->alloc(d->be, nb),
-         *go2 = d->be->alloc(d->be, nb);
-    void *cg = cpu_in(g, nb), *cu = cpu_in(u, nb), *cdo = cpu_in(dout, nb), *co = CPU->alloc(CPU, nb), *co2 = CPU->alloc(CPU, nb);
-#define DOFF(p) ((void *)((char *)(p) + off * es))
-#define COFF(p) ((void *)((float *)(p) + off))
-    d->be->swiglu(d->be, DOFF(go), DOFF(gg), DOFF(gu), n);
-    CPU->swiglu(CPU, COFF(co), COFF(cg), COFF(cu), n);
-    float *got = dev_out(d, go, nb), *ref = cpu_out(co, nb);
-    snprintf(name, sizeof name, "swiglu offset %zu [%zu]", off, n);
-    check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-    d->be->swiglu_backward(d->be, DOFF(go), DOFF(go2), DOFF(gdo), DOFF(gg), DOFF(gu), n);
-    CPU->swiglu_backward(CPU, COFF(co), COFF(co2), COFF(cdo), COFF(cg), COFF(cu), n);
-    got = dev_out(d, go2, nb), ref = cpu_out(co2, nb);
-    snprintf(name, sizeof name, "swiglu_backward dup offset %zu [%zu]", off, n);
-    check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-    d->be->add(d->be, DOFF(go), DOFF(gg), DOFF(gu), n);
-    CPU->add(CPU, COFF(co), COFF(cg), COFF(cu), n);
-    got = dev_out(d, go, nb), ref = cpu_out(co, nb);
-    snprintf(name, sizeof name, "add offset %zu [%zu]", off, n);
-    check(d, name, got + off, ref + off, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-#undef DOFF
-#undef COFF
-    free(g), free(u), free(dout);
-    d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
-    CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
-}
-
-static void test_embedding(const Dev *d, int vocab, int dim, int n) {
-    char name[128];
-    size_t nt = (size_t)vocab * dim, no = (size_t)n * dim;
-    int *ids = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) ids[i] = i % 3 == 2 ? ids[i - 1] : rand_int(0, vocab - 1); /* repeats */
-    ids[0] = vocab - 1;
-    float *t = rand_floats(nt, 1.0f), *dout = rand_floats(no, 1.0f), *dt0 = rand_floats(nt, 0.1f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
-    d->be->embedding(d->be, go, gt, ids, n, dim);
-    CPU->embedding(CPU, co, ct, ids, n, dim);
-    float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
-    snprintf(name, sizeof name, "embedding V=%d D=%d N=%d (exact)", vocab, dim, n);
-    check(d, name, got, ref, no, (Tol){0, 0, 0});
-    free(got), free(ref);
-
-    void *gdo = dev_in(d, dout, no), *gdt = dev_in_f32(d, dt0, nt), *cdo = cpu_in(dout, no), *cdt = cpu_in(dt0, nt);
-    d->be->embedding_backward(d->be, gdt, gdo, ids, n, dim);
-    CPU->embedding_backward(CPU, cdt, cdo, ids, n, dim);
-    got = dev_out_f32(d, gdt, nt), ref = cpu_out(cdt, nt);
-    snprintf(name, sizeof name, "embedding_backward dtable [f32] += V=%d D=%d N=%d", vocab, dim, n);
-    check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
-    free(got), free(ref);
-
-    free(ids), free(t), free(dout), free(dt0);
-    d->be->free(d->be, gt), d->be->free(d->be, go), d->be->free(d->be, gdo), d->be->free(d->be, gdt);
-    CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
 }
 
 /* Tensor parallelism's vocabulary-parallel embedding: rows [lo, hi) of the
@@ -1265,43 +982,9 @@ done:
 static void run_ops(const Dev *d) {
     printf("---- %s (storage %s) ----\n", d->tag, d->bf16 ? "bf16" : "fp32");
     test_memory(d);
-
-    test_linear(d, 37, 96, 80, 1);
-    test_linear(d, 37, 96, 80, 0);
-    test_linear(d, 129, 136, 1000, 1);
-    test_linear(d, 64, 172, 64, 0); /* stories260K's F = 172 */
-    test_linear(d, 300, 896, 200, 1);
-    test_linear(d, 5, 64, 1003, 0);
-    test_linear(d, 33, 97, 45, 1); /* odd leading dimensions */
-
-    test_linear_backward(d, 37, 96, 80, 1, 0, 1);
-    test_linear_backward(d, 129, 136, 1000, 1, 1, 1);
-    test_linear_backward(d, 64, 172, 64, 1, 0, 0);
-    test_linear_backward(d, 20, 64, 33, 0, 0, 1);
-    test_linear_backward(d, 300, 896, 200, 1, 1, 0);
-
-    test_rmsnorm(d, 9, 72, 0);
-    test_rmsnorm(d, 33, 896, 0);
-    test_rmsnorm(d, 5, 200, 0);
-    test_rmsnorm(d, 3, 8960, 0);
-    test_rmsnorm(d, 7, 75, 0); /* dim % 8 != 0: the block-per-row path */
-    test_rmsnorm(d, 7 * 16, 128, 1); /* Qwen3's q norm: rows of head_dim, in place */
-    test_rmsnorm(d, 5 * 4, 24, 1);
-    test_rmsnorm_backward(d, 9, 72, 1);
-    test_rmsnorm_backward(d, 33, 896, 1);
-    test_rmsnorm_backward(d, 17, 200, 1);
-    test_rmsnorm_backward(d, 5, 75, 1); /* dim % 8 != 0: the block-per-row dx path */
-    test_rmsnorm_backward(d, 33, 896, 0); /* frozen norm (LoRA) */
-    test_rmsnorm_backward(d, 9 * 16, 128, 1); /* Qwen3's q/k norm: many rows of head_dim */
-
-    for (int b = 0; b < 2; b++) {
-        test_rope(d, 50, 4, 64, 10000.0f, 300, b);
-        test_rope(d, 20, 2, 128, 1000000.0f, 300, b);
-        test_rope(d, 10, 3, 8, 10000.0f, 100, b);
-    }
-
-    test_kv(d, 3, 40, 128, 30);
-    test_kv(d, 2, 17, 144, 20);
+    /* the op-case table (backend_op_cases.c): linear, linear_backward, rmsnorm, rmsnorm_backward, rope,
+     * elementwise, copy, gather/scatter, embedding, kv cache */
+    g_failures += op_cases_check_backend(d->be, d->tag, CPU, &g_checks);
 
     {
         int lens_a[3] = {301, 120, 17}, lens_b[2] = {257, 33}, lens_c[2] = {50, 9}, lens_d[2] = {70, 5};
@@ -1325,13 +1008,6 @@ static void run_ops(const Dev *d) {
         g_attn_run_starts = NULL;
     }
 
-    test_elementwise(d, 1031);
-    test_elementwise(d, (size_t)3 * 4864 + 5);
-    test_elementwise(d, (size_t)1 << 20);
-    test_elementwise_offset(d, 1037, 1);
-    test_elementwise_offset(d, 4099, 8);
-    test_embedding(d, 1000, 72, 50);
-    test_embedding(d, 1003, 200, 9);
     test_embedding_vocab_part(d, 1000, 72, 50, 250, 500);
     test_embedding_vocab_part(d, 1003, 75, 9, 0, 334); /* rows of 75: element copies in embedding_i32 */
     test_embedding_vocab_part(d, 151936, 128, 64, 3 * 37984, 151936); /* 16-byte chunks */

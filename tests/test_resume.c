@@ -59,38 +59,18 @@ static const char *BASE =
     "--logging_steps 1 --log_completions_count 0 --save_total_limit 0 --eval_dataset null "
     "--steps_per_generation 2";
 
-/* Runs `colt train ARGS` (through sh, prefix before it); stderr into *err_out. */
+/* Runs `colt train ARGS` (through sh, prefix before it: environment
+ * assignments), at most 600 s; stderr into *err_out. */
 static int run_with(const char *prefix, const char *args, char **err_out) {
-    char cmd[16384], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s timeout 600 %s train %s > /dev/null 2> %s", prefix, COLT_BINARY, args, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return run_colt_with(&(ColtRun){.env = prefix, .subcommand = "train", .timeout_s = 600}, args, err_out);
 }
 
 static int run(const char *args, char **err_out) { return run_with("", args, err_out); }
 
-/* As run, with files limited to max_file_bytes (SIGXFSZ ignored, so a write
- * past the limit fails with EFBIG as on a full disk). */
+/* As run, with files limited to max_file_bytes (a write past the limit fails
+ * with EFBIG as on a full disk). */
 static int run_file_limited(const char *args, long max_file_bytes, char **err_out) {
-    char cmd[16384], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "exec %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
-    pid_t pid = fork();
-    if (pid == 0) {
-        struct rlimit rl = {.rlim_cur = (rlim_t)max_file_bytes, .rlim_max = (rlim_t)max_file_bytes};
-        signal(SIGXFSZ, SIG_IGN);
-        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return run_colt_with(&(ColtRun){.subcommand = "train", .max_file_bytes = max_file_bytes}, args, err_out);
 }
 
 static const char *last_line(const char *s) {
@@ -348,26 +328,14 @@ static bool has_temporaries(const char *dir) {
 static pid_t start_colt(const char *args) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "exec %s train %s", COLT_BINARY, args);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_command(cmd, NULL, NULL);
 }
 
 /* As start_colt, with an environment variable set (NAME=VALUE) and stderr into log. */
 static pid_t start_colt_env(const char *env, const char *args, const char *log) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "exec env %s %s train %s", env, COLT_BINARY, args);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout) || !freopen(log, "w", stderr)) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_command(cmd, NULL, log);
 }
 
 /* dir's entry whose name starts with prefix (malloc'd), or NULL. */

@@ -32,13 +32,16 @@ static void *track_host(OpRun *r, void *p) {
     return p;
 }
 
-static void *op_in_kind(OpRun *r, size_t n, float scale, const float **host, bool f32) {
+/* values NULL: drawn N(0, scale^2). */
+static void *op_in_kind(OpRun *r, size_t n, float scale, const float **host, bool f32, const float *values) {
     COLT_ASSERT(r->n_in < OP_MAX_TENSORS);
     int k = r->n_in++;
     float *x = malloc((n ? n : 1) * sizeof(float));
     if (r->replay) { /* the other backend's values, as it stored them */
         COLT_ASSERT(k < r->replay->n_in && r->replay->in_n[k] == n);
         memcpy(x, r->replay->in[k], n * sizeof(float));
+    } else if (values) {
+        memcpy(x, values, n * sizeof(float));
     } else {
         for (size_t i = 0; i < n; i++) x[i] = scale * rng_normal(11, r->key * OP_MAX_TENSORS + (uint64_t)k, i);
     }
@@ -55,8 +58,18 @@ static void *op_in_kind(OpRun *r, size_t n, float scale, const float **host, boo
     return buf;
 }
 
-void *op_in(OpRun *r, size_t n, float scale, const float **host) { return op_in_kind(r, n, scale, host, false); }
-void *op_in_f32(OpRun *r, size_t n, float scale, const float **host) { return op_in_kind(r, n, scale, host, true); }
+void *op_in(OpRun *r, size_t n, float scale, const float **host) { return op_in_kind(r, n, scale, host, false, NULL); }
+void *op_in_f32(OpRun *r, size_t n, float scale, const float **host) {
+    return op_in_kind(r, n, scale, host, true, NULL);
+}
+void *op_in_f32_values(OpRun *r, const float *values, size_t n) { return op_in_kind(r, n, 0, NULL, true, values); }
+
+float *op_draw(OpRun *r, size_t n, float scale) {
+    float *x = track_host(r, malloc((n ? n : 1) * sizeof(float)));
+    uint64_t stream = r->key * OP_MAX_TENSORS + r->draws++;
+    for (size_t i = 0; i < n; i++) x[i] = scale * rng_normal(17, stream, i);
+    return x;
+}
 
 const float *op_input(const OpRun *r, int k) {
     COLT_ASSERT(k >= 0 && k < r->n_in);
@@ -199,8 +212,13 @@ static double **references(const OpRun *r, OpRefs *refs, double **scratch) {
 
 int op_cases_check_reference(const Backend *be, OpRefs *refs, int *checks) {
     int failures = 0;
+    int device_only = 0;
     for (int key = 0; key < OP_CASE_COUNT; key++) {
         if (!family_selected(OP_CASES[key].family)) continue;
+        if (OP_CASES[key].device_only) {
+            device_only++;
+            continue;
+        }
         OpRun r;
         op_run(&r, be, key, NULL);
         double *scratch[OP_MAX_TENSORS], **ref = references(&r, refs, scratch);
@@ -219,6 +237,7 @@ int op_cases_check_reference(const Backend *be, OpRefs *refs, int *checks) {
         }
         op_run_free(&r);
     }
+    if (device_only) printf("(%d cases of device paths only, not run against the double reference)\n", device_only);
     return failures;
 }
 
@@ -658,24 +677,157 @@ static void ref_kv(const OpRun *r, double **ref) {
     }
 }
 
+/* ================================================================ log-softmax
+ * i: N, V; f: temperature, logits scale; list: the targets (NULL: drawn, every fifth row from the fourth
+ * without one: -1). log_softmax_target's log-probs and entropies [f32] (0 in a row without target), again
+ * with entropy NULL; its backward with dlogprobs [f32], out of place and in place (dlogits = logits). */
+
+static void run_log_softmax(OpRun *r) {
+    const OpCase *c = r->c;
+    int n = c->i[0], vocab = c->i[1];
+    float temp = c->f[0];
+    size_t nl = (size_t)n * vocab;
+    const Backend *be = r->be;
+    int *tg = op_ints(r, (size_t)n);
+    for (int i = 0; i < n; i++) tg[i] = c->list ? c->list[i] : i % 5 == 3 ? -1 : op_rand_int(r, 0, vocab - 1);
+    void *lg = op_in(r, nl, c->f[1], NULL), *dlp = op_in_f32(r, (size_t)n, 1.0f, NULL);
+    void *lp = op_alloc_f32(r, (size_t)n), *ent = op_alloc_f32(r, (size_t)n), *dl = op_alloc(r, nl);
+    OpTol stat_tol = {1e-5, 1e-5, 2e-5, 0}, grad_tol = {1e-6, 1e-5, 1e-4, 1.5};
+    be->log_softmax_target(be, lp, ent, lg, tg, n, vocab, temp);
+    op_out_f32(r, stat_tol, lp, (size_t)n, "log_softmax_target logprobs N=%d V=%d T=%g", n, vocab, temp);
+    op_out_f32(r, stat_tol, ent, (size_t)n, "log_softmax_target entropy N=%d V=%d T=%g", n, vocab, temp);
+    be->log_softmax_target(be, lp, NULL, lg, tg, n, vocab, temp);
+    op_out_f32(r, stat_tol, lp, (size_t)n, "log_softmax_target (entropy NULL) N=%d V=%d", n, vocab);
+    be->log_softmax_target_backward(be, dl, lg, tg, dlp, n, vocab, temp);
+    op_out(r, grad_tol, dl, nl, "log_softmax_target_backward N=%d V=%d T=%g", n, vocab, temp);
+    be->log_softmax_target_backward(be, lg, lg, tg, dlp, n, vocab, temp);
+    op_out(r, grad_tol, lg, nl, "log_softmax_target_backward in place N=%d V=%d", n, vocab);
+}
+
+/* log p(target) of row at temperature T, and its entropy when asked. */
+static double logprob_ref(const double *row, int vocab, int target, double temp, double *entropy) {
+    double mx = -INFINITY, sum = 0, pz = 0;
+    for (int v = 0; v < vocab; v++) mx = fmax(mx, row[v] / temp);
+    for (int v = 0; v < vocab; v++) sum += exp(row[v] / temp - mx);
+    double lse = mx + log(sum);
+    if (entropy) {
+        for (int v = 0; v < vocab; v++) pz += exp(row[v] / temp - lse) * (row[v] / temp);
+        *entropy = lse - pz;
+    }
+    return row[target] / temp - lse;
+}
+
+/* The gradient by central finite differences of logprob_ref (h = 1e-5) up to V = 300, independent of the
+ * kernel's formula; above, the formula dlp (onehot - softmax) / T (finite differences cost V^2 a row). */
+static void ref_log_softmax(const OpRun *r, double **ref) {
+    int n = r->c->i[0], vocab = r->c->i[1];
+    double temp = r->c->f[0], h = 1e-5;
+    const int *tg = r->ints[0];
+    const float *lg = op_input(r, 0), *dlp = op_input(r, 1);
+    double *row = malloc((size_t)vocab * sizeof(double));
+    for (int i = 0; i < n; i++) {
+        if (tg[i] < 0) continue; /* no log-prob, no entropy, no gradient: 0 */
+        for (int v = 0; v < vocab; v++) row[v] = lg[(size_t)i * vocab + v];
+        ref[0][i] = ref[2][i] = logprob_ref(row, vocab, tg[i], temp, &ref[1][i]);
+        double *dl = ref[3] + (size_t)i * vocab;
+        if (vocab <= 300) {
+            for (int v = 0; v < vocab; v++) {
+                double keep = row[v];
+                row[v] = keep + h;
+                double lp = logprob_ref(row, vocab, tg[i], temp, NULL);
+                row[v] = keep - h;
+                double lm = logprob_ref(row, vocab, tg[i], temp, NULL);
+                row[v] = keep;
+                dl[v] = dlp[i] * (lp - lm) / (2 * h);
+            }
+        } else {
+            double lse = ref[0][i] - row[tg[i]] / temp; /* -lse */
+            for (int v = 0; v < vocab; v++) dl[v] = dlp[i] * ((v == tg[i]) - exp(row[v] / temp + lse)) / temp;
+        }
+        memcpy(ref[4] + (size_t)i * vocab, dl, (size_t)vocab * sizeof(double));
+    }
+    free(row);
+}
+
+/* ================================================================ optimizer
+ * i: n, first step, steps; f: weight decay, m and sqrt(v) scale, gradient scale. AdamW (lr 1e-3, betas 0.9
+ * and 0.999, eps 1e-8) over `steps` steps from `first` (bias corrections of each step), a fresh [f32]
+ * gradient a step. At bf16 storage the update goes to an fp32 master (the starting weights) and the param
+ * gets bf16(master); at fp32 storage to the param itself: "fp32 weights" is the master or that param. */
+
+static void run_adamw(OpRun *r) {
+    const OpCase *c = r->c;
+    size_t n = (size_t)c->i[0];
+    int first = c->i[1], steps = c->i[2];
+    const Backend *be = r->be;
+    float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = c->f[0];
+    const float *p;
+    void *p32 = op_in_f32(r, n, 1.0f, &p), *param = op_alloc(r, n);
+    be->upload(be, param, p, n); /* bf16: rounded once, the master keeps p */
+    bool master = be->storage != DTYPE_F32;
+    float *v0 = op_draw(r, n, c->f[1]);
+    for (size_t i = 0; i < n; i++) v0[i] = v0[i] * v0[i];
+    void *m = op_in_f32(r, n, c->f[1], NULL), *v = op_in_f32_values(r, v0, n);
+    for (int step = first; step < first + steps; step++) {
+        void *g = op_in_f32(r, n, c->f[2], NULL);
+        float bc1 = (float)(1.0 - pow(b1, step)), bc2 = (float)(1.0 - pow(b2, step));
+        be->adamw(be, param, master ? p32 : NULL, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    }
+    OpTol tol = {1e-6 * steps, 1e-6, 1e-6, 0}; /* against double: one fp32 rounding of each step's update */
+    if (master)
+        op_out_f32(r, tol, p32, n, "adamw fp32 weights (master) (%d steps) [%zu]", steps, n);
+    else
+        op_out(r, tol, param, n, "adamw fp32 weights (param) (%d steps) [%zu]", steps, n);
+    op_out(r, (OpTol){1e-6 * steps, 1e-6, 1e-6, 1.0}, param, n, "adamw param (%d steps) [%zu]", steps, n);
+    op_out_f32(r, tol, m, n, "adamw m [f32] [%zu]", n);
+    op_out_f32(r, tol, v, n, "adamw v [f32] [%zu]", n);
+}
+
+/* The formula in backend.h, in double. */
+static void ref_adamw(const OpRun *r, double **ref) {
+    const OpCase *c = r->c;
+    size_t n = (size_t)c->i[0];
+    int first = c->i[1], steps = c->i[2];
+    double lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = c->f[0];
+    const float *p = op_input(r, 0), *m0 = op_input(r, 1), *v0 = op_input(r, 2);
+    for (size_t i = 0; i < n; i++) {
+        double pp = p[i], m = m0[i], v = v0[i];
+        for (int s = 0; s < steps; s++) {
+            int step = first + s;
+            double g = op_input(r, 3 + s)[i];
+            float bc1 = (float)(1.0 - pow((float)b1, step)), bc2 = (float)(1.0 - pow((float)b2, step));
+            pp *= 1.0 - lr * wd;
+            m = b1 * m + (1.0 - b1) * g;
+            v = b2 * v + (1.0 - b2) * g * g;
+            pp -= (lr / bc1) * m / (sqrt(v) / sqrt((double)bc2) + eps);
+        }
+        ref[0][i] = ref[1][i] = pp, ref[2][i] = m, ref[3][i] = v;
+    }
+}
+
 /* ================================================================ the table */
 
 static const int ROPE_POS_A[6] = {0, 1, 7, 63, 100, 255}, ROPE_POS_B[4] = {0, 3, 50, 127};
 static const int EMBED_IDS_A[7] = {0, 49, 3, 3, 17, 1, 48}, EMBED_IDS_B[6] = {3, 19, 3, 0, 7, 3};
 static const int GATHER_ROWS[6] = {19, 0, 7, 3, 12, 8};
+static const int LOGSOFTMAX_TARGETS[5] = {0, 299, -1, 17, 17}; /* first and last column, none, a repeat */
 
-#define LINEAR(n, in, out, bias, ws, bs) {"linear", run_linear, ref_linear, {n, in, out, bias}, {ws, bs}, NULL}
+#define LINEAR(n, in, out, bias, ws, bs) {"linear", run_linear, ref_linear, {n, in, out, bias}, {ws, bs}, NULL, 0}
 #define LINEAR_BACKWARD(n, in, out, dx, acc, db, ws) \
-    {"linear_backward", run_linear_backward, ref_linear_backward, {n, in, out, dx, acc, db}, {ws}, NULL}
-#define RMSNORM(n, d, in_place, eps) {"rmsnorm", run_rmsnorm, ref_rmsnorm, {n, d, in_place}, {eps, 3.0f}, NULL}
+    {"linear_backward", run_linear_backward, ref_linear_backward, {n, in, out, dx, acc, db}, {ws}, NULL, 0}
+#define RMSNORM(n, d, in_place, eps) {"rmsnorm", run_rmsnorm, ref_rmsnorm, {n, d, in_place}, {eps, 3.0f}, NULL, 0}
 #define RMSNORM_BACKWARD(n, d, with_dw, xs, dxs) \
-    {"rmsnorm_backward", run_rmsnorm_backward, ref_rmsnorm_backward, {n, d, with_dw}, {1e-5f, xs, dxs}, NULL}
+    {"rmsnorm_backward", run_rmsnorm_backward, ref_rmsnorm_backward, {n, d, with_dw}, {1e-5f, xs, dxs}, NULL, 0}
 #define ROPE(n, h, dh, max_pos, backward, theta, list) \
-    {"rope", run_rope, ref_rope, {n, h, dh, max_pos, backward}, {theta}, list}
-#define ELEMENTWISE(n, gs) {"elementwise", run_elementwise, ref_elementwise, {n}, {gs}, NULL}
+    {"rope", run_rope, ref_rope, {n, h, dh, max_pos, backward}, {theta}, list, 0}
+#define ELEMENTWISE(n, gs) {"elementwise", run_elementwise, ref_elementwise, {n}, {gs}, NULL, 0}
 #define ELEMENTWISE_OFFSET(n, off) \
-    {"elementwise", run_elementwise_offset, ref_elementwise_offset, {n, off}, {0}, NULL}
-#define EMBEDDING(v, d, n, dts, list) {"embedding", run_embedding, ref_embedding, {v, d, n}, {dts}, list}
+    {"elementwise", run_elementwise_offset, ref_elementwise_offset, {n, off}, {0}, NULL, 0}
+#define EMBEDDING(v, d, n, dts, list) {"embedding", run_embedding, ref_embedding, {v, d, n}, {dts}, list, 0}
+#define LOG_SOFTMAX(n, v, temp, scale, list) \
+    {"log_softmax", run_log_softmax, ref_log_softmax, {n, v}, {temp, scale}, list, 0}
+#define ADAMW(n, first, steps, wd, mv_scale, g_scale) \
+    {"adamw", run_adamw, ref_adamw, {n, first, steps}, {wd, mv_scale, g_scale}, NULL, 0}
 
 const OpCase OP_CASES[] = {
     /* linear: small random weights (0.1) and 1/sqrt(in) ones; stories260K's F = 172; odd leading dims */
@@ -727,16 +879,26 @@ const OpCase OP_CASES[] = {
     ELEMENTWISE(1 << 20, 3.0f),
     ELEMENTWISE_OFFSET(1037, 1),
     ELEMENTWISE_OFFSET(4099, 8),
-    {"copy", run_copy, ref_copy, {1000, 100, 300, 200}, {0}, NULL},
-    {"copy", run_copy, ref_copy, {1000, 5, 11, 37}, {0}, NULL},
-    {"gather_scatter", run_gather_scatter, ref_gather_scatter, {20, 24, 6}, {0}, GATHER_ROWS},
+    {"copy", run_copy, ref_copy, {1000, 100, 300, 200}, {0}, NULL, 0},
+    {"copy", run_copy, ref_copy, {1000, 5, 11, 37}, {0}, NULL, 0},
+    {"gather_scatter", run_gather_scatter, ref_gather_scatter, {20, 24, 6}, {0}, GATHER_ROWS, 0},
     /* embedding: fixed ids (first and last row, repeats), drawn ones */
     EMBEDDING(50, 24, 7, 1.0f, EMBED_IDS_A),
     EMBEDDING(20, 12, 6, 1.0f, EMBED_IDS_B),
     EMBEDDING(1000, 72, 50, 0.1f, NULL),
     EMBEDDING(1003, 200, 9, 0.1f, NULL),
     /* kv cache */
-    {"kv", run_kv, ref_kv, {3, 40, 128, 30}, {0}, NULL},
-    {"kv", run_kv, ref_kv, {2, 17, 144, 20}, {0}, NULL},
+    {"kv", run_kv, ref_kv, {3, 40, 128, 30}, {0}, NULL, 0},
+    {"kv", run_kv, ref_kv, {2, 17, 144, 20}, {0}, NULL, 0},
+    /* log-softmax of the logits: Qwen's vocabulary (151936), more rows than SMs (blocks walk rows) */
+    LOG_SOFTMAX(5, 300, 0.7f, 3.0f, LOGSOFTMAX_TARGETS),
+    LOG_SOFTMAX(37, 1000, 0.7f, 3.0f, NULL),
+    LOG_SOFTMAX(9, 1003, 1.0f, 1.0f, NULL),
+    LOG_SOFTMAX(4, 151936, 1.0f, 4.0f, NULL),
+    {"log_softmax", run_log_softmax, ref_log_softmax, {300, 151936}, {1.0f, 4.0f}, NULL, .device_only = 1},
+    /* AdamW: one update at step 3's bias corrections; three steps from the first */
+    ADAMW(777, 3, 1, 0.1f, 0.1f, 1.0f),
+    ADAMW(1003 * 7, 1, 3, 0.01f, 0.01f, 0.1f),
+    ADAMW((1 << 16) + 3, 1, 3, 0.01f, 0.01f, 0.1f),
 };
 const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);

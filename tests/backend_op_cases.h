@@ -32,6 +32,8 @@ typedef struct OpCase {
     int i[8];          /* shape and switches, as the family reads them */
     float f[4];        /* scales, eps, temperature, ... */
     const int *list;   /* a fixed int list (positions, ids), or NULL to draw one */
+    int device_only;   /* a shape for a device's paths only (more rows than SMs, ...): the CPU runs it as
+                        * the reference of the device, not against the double reference */
 } OpCase;
 
 #define OP_MAX_TENSORS 32
@@ -43,7 +45,7 @@ struct OpRun {
     const OpCase *c;
     uint64_t key;        /* the case's index: inputs are drawn by (key, input index), the same on every backend */
     const OpRun *replay; /* when set, inputs are this run's values (the device's rounded copies), not drawn */
-    uint64_t int_draws;
+    uint64_t int_draws, draws;
     int n_in, n_ints, n_out, n_bufs, n_host;
     float *in[OP_MAX_TENSORS];
     size_t in_n[OP_MAX_TENSORS];
@@ -62,6 +64,10 @@ struct OpRun {
 void *op_in(OpRun *r, size_t n, float scale, const float **host);
 /* The same for an [f32] buffer (no rounding). */
 void *op_in_f32(OpRun *r, size_t n, float scale, const float **host);
+/* An [f32] input of the given values (a case's own function of op_draw's values). */
+void *op_in_f32_values(OpRun *r, const float *values, size_t n);
+/* n values drawn N(0, scale^2), the same on every backend, freed with the run: for inputs made from them. */
+float *op_draw(OpRun *r, size_t n, float scale);
 /* Input k's values as the backend stored them (for the references). */
 const float *op_input(const OpRun *r, int k);
 /* n zeroed ints, freed with the run; the k-th call's array is r->ints[k] (for the references). */

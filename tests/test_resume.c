@@ -53,9 +53,12 @@
 #include "train/checkpoint.h"
 
 /* Rounds of two optimizer steps (steps_per_generation 2), a reference model
- * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. */
+ * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. The
+ * smallest batch that holds a group (8 = num_generations: one prompt a step,
+ * two a round) and short completions: the checks are about what is saved and
+ * resumed, not about learning. */
 static const char *BASE =
-    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+    "--config examples/demo.yaml --per_device_train_batch_size 8 --max_completion_length 12 "
     "--logging_steps 1 --log_completions_count 0 --save_total_limit 0 --eval_dataset null "
     "--steps_per_generation 2";
 
@@ -356,7 +359,8 @@ static int count_metric_lines(const char *dir) {
     return n;
 }
 
-static void kill_loop(const char *u_dir) {
+/* step_s: the time of one step (with its checkpoint) of the uninterrupted run. */
+static void kill_loop(const char *u_dir, double step_s) {
     char k_dir[300], args[4096];
     snprintf(k_dir, sizeof k_dir, "%s/killed", g_tmp);
     const char *cfg = "--max_steps 12 --save_steps 1";
@@ -371,10 +375,12 @@ static void kill_loop(const char *u_dir) {
         pid_t pid = start_colt(args);
         lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
         /* Odd kills land the moment a temporary appears (a checkpoint or file being
-         * written); even ones at a random moment 0 .. 400 ms after the run's first
-         * new metrics line (so every run gets somewhere, however slow the machine). */
+         * written); even ones at a random moment within one step after the run's
+         * first new metrics line (so every run gets somewhere, however slow the
+         * machine, and the ten kills land before the 12 steps are done, however
+         * fast). */
         bool at_write = kills % 2 == 1;
-        double extra = 0.4 * (double)(lcg >> 11) / 9007199254740992.0, progress_at = -1;
+        double extra = step_s * (double)(lcg >> 11) / 9007199254740992.0, progress_at = -1;
         int lines_at_start = count_metric_lines(k_dir);
         int status = 0;
         bool exited = false, fire = false;
@@ -531,7 +537,7 @@ int main(void) {
     } changes[] = {
         {"--num_generations 4", "num_generations"},
         {"--generation_batch_size 64", "generation_batch_size"},
-        {"--steps_per_generation 4 --per_device_train_batch_size 8", "samples per optimizer step"},
+        {"--steps_per_generation 4 --per_device_train_batch_size 4", "samples per optimizer step"},
         {"--steps_per_generation 1", "generation_batch_size"},
         {"--num_iterations 2", "num_iterations"},
         {"--gradient_accumulation_steps 2", "samples per optimizer step"},
@@ -585,11 +591,11 @@ int main(void) {
     expect_refused("--dataset (rows removed)", args, out, "dataset differs");
     /* and what may change: the learning rate, max_steps, and how a step's samples are split into micro-batches */
     sh("rm -rf %s", out);
-    snprintf(args, sizeof args, "%s --max_steps 6 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+    snprintf(args, sizeof args, "%s --max_steps 6 --per_device_train_batch_size 4 --gradient_accumulation_steps 2 "
              "--steps_per_generation 4 --output_dir %s --resume_from_checkpoint %s", BASE, out, ck3);
     code = run(args, &err);
-    CHECK(code == 0, "resume with micro-batches of 8 x 2 instead of 16 x 1: exit %d: %s", code, err);
-    printf("  resume with micro-batches of 8 x 2 instead of 16 x 1 -> exit %d\n", code);
+    CHECK(code == 0, "resume with micro-batches of 4 x 2 instead of 8 x 1: exit %d: %s", code, err);
+    printf("  resume with micro-batches of 4 x 2 instead of 8 x 1 -> exit %d\n", code);
     free(err);
     /* and what may change: the learning rate, max_steps */
     sh("rm -rf %s", out);
@@ -848,10 +854,13 @@ int main(void) {
     char u_dir[300];
     snprintf(u_dir, sizeof u_dir, "%s/uninterrupted", g_tmp);
     snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s", BASE, u_dir);
+    double started = now_s();
     code = run(args, &err);
+    double step_s = (now_s() - started) / 12;
     CHECK(code == 0, "uninterrupted run: exit %d: %s", code, err);
     free(err);
-    kill_loop(u_dir);
+    printf("uninterrupted run: 12 steps, %.3f s a step (start included)\n", step_s);
+    kill_loop(u_dir, step_s);
     replace_loop(u_dir);
 
     free(state_before);

@@ -111,21 +111,26 @@ static void out_add(OpRun *r, OpTol tol, float *x, size_t n, const char *fmt, va
     r->out_name[k] = strdup(name), r->out[k] = x, r->out_n[k] = n, r->out_tol[k] = tol;
 }
 
-void op_out(OpRun *r, OpTol tol, const void *buf, size_t n, const char *fmt, ...) {
+static void out_download(OpRun *r, OpTol tol, const void *buf, size_t n, bool f32, const char *fmt, va_list ap) {
     float *x = malloc((n ? n : 1) * sizeof(float));
-    r->be->download(r->be, x, buf, n);
+    if (f32)
+        r->be->download_f32(r->be, x, buf, n);
+    else
+        r->be->download(r->be, x, buf, n);
+    out_add(r, tol, x, n, fmt, ap);
+}
+
+void op_out(OpRun *r, OpTol tol, const void *buf, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    out_add(r, tol, x, n, fmt, ap);
+    out_download(r, tol, buf, n, false, fmt, ap);
     va_end(ap);
 }
 
 void op_out_f32(OpRun *r, OpTol tol, const void *buf, size_t n, const char *fmt, ...) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    r->be->download_f32(r->be, x, buf, n);
     va_list ap;
     va_start(ap, fmt);
-    out_add(r, tol, x, n, fmt, ap);
+    out_download(r, tol, buf, n, true, fmt, ap);
     va_end(ap);
 }
 
@@ -161,6 +166,39 @@ static bool family_selected(const char *family) {
     for (const char *p = sel; (p = strstr(p, family)) != NULL; p += len)
         if ((p == sel || p[-1] == ',') && (p[len] == '\0' || p[len] == ',')) return true;
     return false;
+}
+
+/* ================================================================ buffers of tests that drive ops themselves */
+
+void *op_upload(const Backend *be, float *x, size_t n) {
+    void *buf = be->alloc(be, n);
+    be->upload(be, buf, x, n);
+    be->download(be, x, buf, n);
+    return buf;
+}
+
+void *op_upload_f32(const Backend *be, const float *x, size_t n) {
+    void *buf = be->alloc_f32(be, n);
+    be->upload_f32(be, buf, x, n);
+    return buf;
+}
+
+void *op_upload_i32(const Backend *be, const int *x, size_t n) {
+    void *buf = be->alloc_i32(be, n);
+    be->upload_i32(be, buf, x, n);
+    return buf;
+}
+
+float *op_fetch(const Backend *be, const void *buf, size_t n) {
+    float *x = xmalloc((n ? n : 1) * sizeof(float));
+    be->download(be, x, buf, n);
+    return x;
+}
+
+float *op_fetch_f32(const Backend *be, const void *buf, size_t n) {
+    float *x = xmalloc((n ? n : 1) * sizeof(float));
+    be->download_f32(be, x, buf, n);
+    return x;
 }
 
 /* ================================================================ the two checks */
@@ -241,9 +279,8 @@ int op_cases_check_reference(const Backend *be, OpRefs *refs, int *checks) {
     return failures;
 }
 
-/* got (device) against ref (CPU) under t for a device of bf16 storage or not; one line. */
-static bool check_against(const char *tag, bool bf16, const char *what, const float *got, const float *ref, size_t n,
-                          OpTol t) {
+bool op_check_against(const char *tag, bool bf16, const char *what, const float *got, const float *ref, size_t n,
+                      OpTol t) {
     double maxref = 0.0;
     for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
     double atol = bf16 ? t.bf16_abs * maxref : t.f32_rel * maxref;
@@ -282,7 +319,7 @@ int op_cases_check_backend(const Backend *dev, const char *tag, const Backend *c
         for (int k = 0; k < d.n_out; k++) {
             COLT_ASSERT(c.out_n[k] == d.out_n[k]);
             (*checks)++;
-            failures += !check_against(tag, bf16, d.out_name[k], d.out[k], c.out[k], d.out_n[k], d.out_tol[k]);
+            failures += !op_check_against(tag, bf16, d.out_name[k], d.out[k], c.out[k], d.out_n[k], d.out_tol[k]);
         }
         op_run_free(&d);
         op_run_free(&c);

@@ -11,6 +11,7 @@
 #ifndef COLT_TESTS_BACKEND_OP_CASES_H
 #define COLT_TESTS_BACKEND_OP_CASES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,6 +89,20 @@ void op_out_host(OpRun *r, OpTol tol, const float *x, size_t n, const char *fmt,
     __attribute__((format(printf, 5, 6)));
 
 /* ---- for the tests */
+/* Buffers of a test that drives ops itself (malloc'd host copies; free them, and the buffers with be->free):
+ * a storage input uploaded and read back into x (x then holds what the op sees: bf16-rounded on a bf16
+ * backend), an [f32] or [i32] input, and the host copy of a storage or [f32] buffer. */
+void *op_upload(const Backend *be, float *x, size_t n);
+void *op_upload_f32(const Backend *be, const float *x, size_t n);
+void *op_upload_i32(const Backend *be, const int *x, size_t n);
+float *op_fetch(const Backend *be, const void *buf, size_t n);
+float *op_fetch_f32(const Backend *be, const void *buf, size_t n);
+
+/* got (a device's) against ref (the CPU's) under t, for a device of bf16 storage or not; prints one line
+ * (tag names the device) and says whether every element is within. */
+bool op_check_against(const char *tag, bool bf16, const char *what, const float *got, const float *ref, size_t n,
+                      OpTol t);
+
 extern const OpCase OP_CASES[];
 extern const int OP_CASE_COUNT;
 

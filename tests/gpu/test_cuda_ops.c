@@ -70,44 +70,6 @@ static int rand_int(int lo, int hi) { /* inclusive */
     return v > hi ? hi : v;
 }
 
-/* Storage input: upload, then read the device copy back into x (bf16 rounding). */
-static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(d->be, n);
-    d->be->upload(d->be, buf, x, n);
-    d->be->download(d->be, x, buf, n);
-    return buf;
-}
-
-static void *dev_in_f32(const Dev *d, const float *x, size_t n) {
-    void *buf = d->be->alloc_f32(d->be, n);
-    d->be->upload_f32(d->be, buf, x, n);
-    return buf;
-}
-
-static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(CPU, n);
-    CPU->upload(CPU, buf, x, n);
-    return buf;
-}
-
-static float *dev_out(const Dev *d, const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download(d->be, x, buf, n);
-    return x;
-}
-
-static float *dev_out_f32(const Dev *d, const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download_f32(d->be, x, buf, n);
-    return x;
-}
-
-static float *cpu_out(const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    CPU->download(CPU, x, buf, n);
-    return x;
-}
-
 static float *dup_floats(const float *x, size_t n) {
     float *y = malloc((n ? n : 1) * sizeof(float));
     memcpy(y, x, n * sizeof(float));
@@ -116,31 +78,9 @@ static float *dup_floats(const float *x, size_t n) {
 
 /* Compares got (CUDA) with ref (CPU) under t, prints one line, counts failures. */
 static void check(const Dev *d, const char *what, const float *got, const float *ref, size_t n, Tol t) {
-    double maxref = 0.0;
-    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
-    double atol = d->bf16 ? t.bf16_abs * maxref : t.f32_rel * maxref;
-    double k = d->bf16 ? t.bf16_k / 256.0 : 0.0;
-    double worst_abs = 0.0, worst_rel = 0.0, worst_ratio = -1.0;
-    size_t worst_i = 0, n_bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double r = ref[i], g = got[i];
-        double err = fabs(g - r);
-        if (isnan(g) || isinf(g)) err = INFINITY;
-        double tol = atol + fabs(r) * k;
-        if (err > worst_abs) worst_abs = err;
-        if (fabs(r) > 1e-3 * maxref && err / fabs(r) > worst_rel) worst_rel = err / fabs(r);
-        double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
-        if (ratio > worst_ratio) worst_ratio = ratio, worst_i = i;
-        if (!(err <= tol)) n_bad++;
-    }
-    int ok = n > 0 && n_bad == 0;
     g_checks++;
-    if (!ok) g_failures++;
-    printf("%s %-9s %-58s max|err| %.3e  max rel %.3e  tol %.1e + |ref|*%.2g  (max|ref| %.3g, n %zu)\n",
-           ok ? "ok  " : "FAIL", d->tag, what, worst_abs, worst_rel, atol, k, maxref, n);
-    if (!ok && n > 0)
-        printf("     %zu elements out of tolerance; worst at [%zu]: cuda %.9g cpu %.9g\n", n_bad, worst_i,
-               (double)got[worst_i], (double)ref[worst_i]);
+    if (!op_check_against(d->tag, d->bf16, what, got, ref, n, (OpTol){0, t.f32_rel, t.bf16_abs, t.bf16_k}))
+        g_failures++;
 }
 
 /* ---------------------------------------------------------------- memory ops */
@@ -150,31 +90,31 @@ static void test_memory(const Dev *d) {
     float *x = rand_floats(n, 2.0f);
     void *buf = d->be->alloc(d->be, n);
     d->be->upload(d->be, buf, x, n);
-    float *back = dev_out(d, buf, n);
+    float *back = op_fetch(d->be, buf, n);
     check(d, "upload/download round trip [1000]", back, x, n, (Tol){0.0, 0.0, 1.0});
 
     /* copy with element offsets: dst[5..42) = src[11..48) */
     float *y = rand_floats(60, 1.0f);
-    void *dst = dev_in(d, y, 60);
+    void *dst = op_upload(d->be, y, 60);
     float *src_host = dup_floats(back, n);
     d->be->copy(d->be, dst, 5, buf, 11, 37);
     memcpy(y + 5, src_host + 11, 37 * sizeof(float));
-    float *got = dev_out(d, dst, 60);
+    float *got = op_fetch(d->be, dst, 60);
     check(d, "copy (dst off 5, src off 11, 37 elems)", got, y, 60, (Tol){0, 0, 0});
     free(got);
 
     d->be->zero(d->be, dst, 60);
-    got = dev_out(d, dst, 60);
+    got = op_fetch(d->be, dst, 60);
     float zeros[60] = {0};
     check(d, "zero [60]", got, zeros, 60, (Tol){0, 0, 0});
     free(got);
 
-    void *f = dev_in_f32(d, x, n);
-    got = dev_out_f32(d, f, n);
+    void *f = op_upload_f32(d->be, x, n);
+    got = op_fetch_f32(d->be, f, n);
     check(d, "upload_f32/download_f32 round trip [1000] (exact)", got, x, n, (Tol){0, 0, 0});
     free(got);
     d->be->zero_f32(d->be, f, 60);
-    got = dev_out_f32(d, f, n);
+    got = op_fetch_f32(d->be, f, n);
     float *expect = dup_floats(x, n);
     memset(expect, 0, 60 * sizeof(float));
     check(d, "zero_f32 [first 60 of 1000]", got, expect, n, (Tol){0, 0, 0});
@@ -187,7 +127,7 @@ static void test_memory(const Dev *d) {
     d->be->copy_to_host(d->be, pinned, buf, bytes);
     void *buf2 = d->be->alloc(d->be, n);
     d->be->copy_from_host(d->be, buf2, pinned, bytes);
-    got = dev_out(d, buf2, n);
+    got = op_fetch(d->be, buf2, n);
     check(d, "copy_to_host / copy_from_host (pinned) round trip [1000] (exact)", got, back, n, (Tol){0, 0, 0});
     free(got);
     d->be->copy_to_host(d->be, plain, buf, bytes);
@@ -355,30 +295,34 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
              n_slots, max_len, lens[0], lens[n_slots - 1]);
     float *kc = rand_floats(nc, 1.0f), *vc = rand_floats(nc, 1.0f), *q = rand_floats(nq, q_scale);
     float *dout = rand_floats(nq, 1.0f), *dk0 = rand_floats(nc, 0.1f), *dv0 = rand_floats(nc, 0.1f);
-    void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gq = dev_in(d, q, nq), *go = d->be->alloc(d->be, nq);
-    void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *cq = cpu_in(q, nq), *co = CPU->alloc(CPU, nq);
+    void *gkc = op_upload(d->be, kc, nc), *gvc = op_upload(d->be, vc, nc), *gq = op_upload(d->be, q, nq),
+         *go = d->be->alloc(d->be, nq);
+    void *ckc = op_upload(CPU, kc, nc), *cvc = op_upload(CPU, vc, nc), *cq = op_upload(CPU, q, nq),
+         *co = CPU->alloc(CPU, nq);
     size_t nl = (size_t)n * heads;
     void *glse = d->be->alloc_f32(d->be, nl), *clse = CPU->alloc_f32(CPU, nl);
 
     d->be->attention(d->be, go, glse, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
     CPU->attention(CPU, co, clse, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
-    float *got = dev_out(d, go, nq), *ref = cpu_out(co, nq);
+    float *got = op_fetch(d->be, go, nq), *ref = op_fetch(CPU, co, nq);
     snprintf(name, sizeof name, "attention %s", shape);
     check(d, name, got, ref, nq, (Tol){1e-5, 2e-3, 2.0});
     free(got), free(ref);
-    got = dev_out_f32(d, glse, nl), ref = malloc(nl * sizeof(float));
+    got = op_fetch_f32(d->be, glse, nl), ref = malloc(nl * sizeof(float));
     CPU->download_f32(CPU, ref, clse, nl);
     snprintf(name, sizeof name, "attention lse [f32] %s", shape);
     check(d, name, got, ref, nl, (Tol){1e-6, 1e-6, 0});
     free(got), free(ref);
 
-    void *gdo = dev_in(d, dout, nq), *gdq = d->be->alloc(d->be, nq), *gdk = dev_in_f32(d, dk0, nc), *gdv = dev_in_f32(d, dv0, nc);
-    void *cdo = cpu_in(dout, nq), *cdq = CPU->alloc(CPU, nq), *cdk = cpu_in(dk0, nc), *cdv = cpu_in(dv0, nc);
+    void *gdo = op_upload(d->be, dout, nq), *gdq = d->be->alloc(d->be, nq), *gdk = op_upload_f32(d->be, dk0, nc),
+         *gdv = op_upload_f32(d->be, dv0, nc);
+    void *cdo = op_upload(CPU, dout, nq), *cdq = CPU->alloc(CPU, nq), *cdk = op_upload(CPU, dk0, nc),
+         *cdv = op_upload(CPU, dv0, nc);
     d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                               n_slots, max_len);
     CPU->attention_backward(CPU, cdq, cdk, cdv, cdo, cq, co, clse, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim,
                             n_slots, max_len);
-    float *ref_dq = cpu_out(cdq, nq), *ref_dk = cpu_out(cdk, nc), *ref_dv = cpu_out(cdv, nc);
+    float *ref_dq = op_fetch(CPU, cdq, nq), *ref_dk = op_fetch(CPU, cdk, nc), *ref_dv = op_fetch(CPU, cdv, nc);
     /* The bf16 tensor-core tiles (bf16 storage, runs of positions, Dh 64 or 128) round P and dS to bf16 for
      * the gradient products, as FlashAttention-2 does (cuda_attention.cu, "Rounding"): their bound is the tight
      * one plus twice the error of that rounding alone (a CPU reference that rounds the same way); with
@@ -402,13 +346,14 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
             const char *how = hows[variant];
             if (variant > 0) {
                 d->be->free(d->be, gdk), d->be->free(d->be, gdv);
-                gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+                gdk = op_upload_f32(d->be, dk0, nc), gdv = op_upload_f32(d->be, dv0, nc);
                 if (variant == 2) opt->fa_ds_max_mb = 0;
                 d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, variant == 1 ? NULL : go, variant == 1 ? NULL : glse,
                                           gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots, max_len);
                 *opt = opened;
             }
-            float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
+            float *gq_out = op_fetch(d->be, gdq, nq), *gk_out = op_fetch_f32(d->be, gdk, nc),
+                  *gv_out = op_fetch_f32(d->be, gdv, nc);
             snprintf(name, sizeof name, "attention_backward dq (%s) %s", how, shape);
             check_attn_allow(d, name, gq_out, ref_dq, nq, (Tol){2e-5, 3e-3, 2.0}, e_dq);
             snprintf(name, sizeof name, "attention_backward dk [f32] += (%s) %s", how, shape);
@@ -424,10 +369,11 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         }
         /* determinism: (a) again on fresh accumulators, bit for bit */
         d->be->free(d->be, gdk), d->be->free(d->be, gdv);
-        gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+        gdk = op_upload_f32(d->be, dk0, nc), gdv = op_upload_f32(d->be, dv0, nc);
         d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
-        float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
+        float *gq_out = op_fetch(d->be, gdq, nq), *gk_out = op_fetch_f32(d->be, gdk, nc),
+              *gv_out = op_fetch_f32(d->be, gdv, nc);
         int same = !memcmp(gq_out, dq_a, nq * sizeof(float)) && !memcmp(gk_out, dk_a, nc * sizeof(float)) &&
                    !memcmp(gv_out, dv_a, nc * sizeof(float));
         g_checks++;
@@ -437,22 +383,22 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         free(gq_out), free(gk_out), free(gv_out), free(dq_a), free(dk_a), free(dv_a);
         /* the precise mode on fresh accumulators */
         d->be->free(d->be, gdk), d->be->free(d->be, gdv);
-        gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+        gdk = op_upload_f32(d->be, dk0, nc), gdv = op_upload_f32(d->be, dv0, nc);
         opt->fa_precise = 1;
         d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
         *opt = opened;
     }
     const char *mode = fa2 ? " COLT_FA_PRECISE=1" : "";
-    got = dev_out(d, gdq, nq);
+    got = op_fetch(d->be, gdq, nq);
     snprintf(name, sizeof name, "attention_backward dq%s %s", mode, shape);
     check(d, name, got, ref_dq, nq, (Tol){2e-5, 3e-3, 2.0});
     free(got);
-    got = dev_out_f32(d, gdk, nc);
+    got = op_fetch_f32(d->be, gdk, nc);
     snprintf(name, sizeof name, "attention_backward dk [f32] +=%s %s", mode, shape);
     check(d, name, got, ref_dk, nc, (Tol){2e-5, 2e-4, 0});
     free(got);
-    got = dev_out_f32(d, gdv, nc);
+    got = op_fetch_f32(d->be, gdv, nc);
     snprintf(name, sizeof name, "attention_backward dv [f32] +=%s %s", mode, shape);
     check(d, name, got, ref_dv, nc, (Tol){2e-5, 2e-4, 0});
     free(got), free(ref_dq), free(ref_dk), free(ref_dv);
@@ -491,26 +437,28 @@ static void test_embedding_vocab_part(const Dev *d, int vocab, int dim, int n, i
 
     float *t = rand_floats(nt, 1.0f), *stale = rand_floats(no, 1.0f), *dout = rand_floats(no, 1.0f),
           *dt0 = rand_floats(nt, 0.1f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
+    void *gt = op_upload(d->be, t, nt), *go = d->be->alloc(d->be, no), *ct = op_upload(CPU, t, nt),
+         *co = CPU->alloc(CPU, no);
     CPU->embedding(CPU, co, ct, want, n, dim);
-    float *ref = cpu_out(co, no);
+    float *ref = op_fetch(CPU, co, no);
     d->be->upload(d->be, go, stale, no); /* a skipped row would keep these */
     d->be->embedding(d->be, go, gt, want, n, dim);
-    float *got = dev_out(d, go, no);
+    float *got = op_fetch(d->be, go, no);
     snprintf(name, sizeof name, "embedding part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(got);
     d->be->upload(d->be, go, stale, no);
     d->be->embedding_i32(d->be, go, gt, gpids, n, dim);
-    got = dev_out(d, go, no);
+    got = op_fetch(d->be, go, no);
     snprintf(name, sizeof name, "embedding_i32 part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(got), free(ref);
 
-    void *gdo = dev_in(d, dout, no), *gdt = dev_in_f32(d, dt0, nt), *cdo = cpu_in(dout, no), *cdt = cpu_in(dt0, nt);
+    void *gdo = op_upload(d->be, dout, no), *gdt = op_upload_f32(d->be, dt0, nt), *cdo = op_upload(CPU, dout, no),
+         *cdt = op_upload(CPU, dt0, nt);
     d->be->embedding_backward(d->be, gdt, gdo, want, n, dim);
     CPU->embedding_backward(CPU, cdt, cdo, want, n, dim);
-    got = dev_out_f32(d, gdt, nt), ref = cpu_out(cdt, nt);
+    got = op_fetch_f32(d->be, gdt, nt), ref = op_fetch(CPU, cdt, nt);
     snprintf(name, sizeof name, "embedding_backward part [%d,%d) D=%d N=%d, ids<0 skipped", lo, hi, dim, n);
     check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
     free(got), free(ref);
@@ -550,8 +498,8 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
     int *tg = malloc((size_t)n * sizeof(int)), *tq = malloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) tg[i] = i % 5 == 3 ? -1 : rand_int(0, vocab - 1);
     float *lg = rand_floats(nl, scale), *dlp = rand_floats(n, 1.0f);
-    void *gl = dev_in(d, lg, nl), *cl = cpu_in(lg, nl);
-    void *gdlp = dev_in_f32(d, dlp, n), *cdlp = cpu_in(dlp, n);
+    void *gl = op_upload(d->be, lg, nl), *cl = op_upload(CPU, lg, nl);
+    void *gdlp = op_upload_f32(d->be, dlp, n), *cdlp = op_upload(CPU, dlp, n);
     void *glse = d->be->alloc_f32(d->be, n), *clse = CPU->alloc(CPU, n);
     void *gstats = d->be->alloc_f32(d->be, (size_t)n * 4), *cstats = CPU->alloc(CPU, (size_t)n * 4);
     void *gwhole = d->be->alloc(d->be, nl), *cwhole = CPU->alloc(CPU, nl);       /* reassembled dlogits */
@@ -573,7 +521,7 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
         gpart[p] = d->be->alloc(d->be, np), cpart[p] = CPU->alloc(CPU, np);
         d->be->copy_2d(d->be, gpart[p], vp, (char *)gl + lo * es, vocab, n, vp);
         CPU->copy_2d(CPU, cpart[p], vp, (float *)cl + lo, vocab, n, vp);
-        float *a = dev_out(d, gpart[p], np), *b = cpu_out(cpart[p], np);
+        float *a = op_fetch(d->be, gpart[p], np), *b = op_fetch(CPU, cpart[p], np);
         for (int i = 0; i < n; i++)
             for (int v = 0; v < vp; v++) {
                 cut[(size_t)i * vocab + lo + v] = a[(size_t)i * vp + v];
@@ -583,7 +531,7 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
         for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
         d->be->logits_shard_stats(d->be, gstats, gpart[p], tq, n, vp, temperature);
         CPU->logits_shard_stats(CPU, cstats, cpart[p], tq, n, vp, temperature);
-        float *st[2] = {dev_out_f32(d, gstats, (size_t)n * 4), cpu_out(cstats, (size_t)n * 4)};
+        float *st[2] = {op_fetch_f32(d->be, gstats, (size_t)n * 4), op_fetch(CPU, cstats, (size_t)n * 4)};
         for (int b = 0; b < 2; b++) {
             for (int i = 0; i < n; i++)
                 for (int k = 0; k < 4; k++) fields[b][k][(size_t)p * n + i] = st[b][4 * i + k];
@@ -638,11 +586,11 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
         CPU->copy_2d(CPU, (float *)cwhole_ip + lo, vocab, cpart[p], vp, n, vp);
         d->be->free(d->be, gd), CPU->free(CPU, cd);
     }
-    float *got = dev_out(d, gwhole, nl), *ref = cpu_out(cwhole, nl);
+    float *got = op_fetch(d->be, gwhole, nl), *ref = op_fetch(CPU, cwhole, nl);
     snprintf(name, sizeof name, "log_softmax_shard_backward N=%d V=%d/%d T=%g", n, vocab, parts, temperature);
     check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
     free(got), free(ref);
-    got = dev_out(d, gwhole_ip, nl), ref = cpu_out(cwhole_ip, nl);
+    got = op_fetch(d->be, gwhole_ip, nl), ref = op_fetch(CPU, cwhole_ip, nl);
     snprintf(name, sizeof name, "log_softmax_shard_backward in place N=%d V=%d/%d", n, vocab, parts);
     check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
     free(got), free(ref);
@@ -665,7 +613,7 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
 static void test_reductions(const Dev *d, size_t n) {
     char name[128];
     float *x = rand_floats(n, 1.0f);
-    void *gx = dev_in_f32(d, x, n), *cx = cpu_in(x, n);
+    void *gx = op_upload_f32(d->be, x, n), *cx = op_upload(CPU, x, n);
     double got = d->be->sum_squares(d->be, gx, n), ref = CPU->sum_squares(CPU, cx, n);
     /* both sum in double, in different orders: agreement to ~1e-15 relative */
     double err = fabs(got - ref), tol = 1e-12 * fabs(ref);
@@ -677,18 +625,18 @@ static void test_reductions(const Dev *d, size_t n) {
            err / fabs(ref), tol);
     d->be->scale(d->be, gx, 0.37f, n);
     CPU->scale(CPU, cx, 0.37f, n);
-    float *g = dev_out_f32(d, gx, n), *r = cpu_out(cx, n);
+    float *g = op_fetch_f32(d->be, gx, n), *r = op_fetch(CPU, cx, n);
     snprintf(name, sizeof name, "scale [f32] x0.37 [%zu] (exact)", n);
     check(d, name, g, r, n, (Tol){0, 0, 0});
     free(g), free(r);
     /* add_f32 (ZeRO-2's shard accumulation), also at an odd offset (the scalar tail) */
     float *y = rand_floats(n, 1.0f);
-    void *gy = dev_in_f32(d, y, n), *cy = cpu_in(y, n);
+    void *gy = op_upload_f32(d->be, y, n), *cy = op_upload(CPU, y, n);
     d->be->add_f32(d->be, gy, gx, n);
     CPU->add_f32(CPU, cy, cx, n);
     d->be->add_f32(d->be, (float *)gy + 3, (float *)gx + 5, n - 7);
     CPU->add_f32(CPU, (float *)cy + 3, (float *)cx + 5, n - 7);
-    g = dev_out_f32(d, gy, n), r = cpu_out(cy, n);
+    g = op_fetch_f32(d->be, gy, n), r = op_fetch(CPU, cy, n);
     snprintf(name, sizeof name, "add_f32 [%zu], then at offsets 3 / 5 (exact)", n);
     check(d, name, g, r, n, (Tol){0, 0, 0});
     free(g), free(r), free(x), free(y);
@@ -700,10 +648,10 @@ static void test_reductions(const Dev *d, size_t n) {
 static void test_dropout(const Dev *d, size_t n) {
     char name[128];
     float *x = rand_floats(n, 2.0f);
-    void *gx = dev_in(d, x, n), *cx = cpu_in(x, n); /* x now holds the storage's values */
+    void *gx = op_upload(d->be, x, n), *cx = op_upload(CPU, x, n); /* x now holds the storage's values */
     d->be->dropout(d->be, gx, gx, n, 0.3f, 99, 12345);
     CPU->dropout(CPU, cx, cx, n, 0.3f, 99, 12345);
-    float *g = dev_out(d, gx, n), *r = cpu_out(cx, n);
+    float *g = op_fetch(d->be, gx, n), *r = op_fetch(CPU, cx, n);
     size_t mask_differs = 0;
     for (size_t i = 0; i < n; i++) {
         mask_differs += (g[i] == 0.0f) != (r[i] == 0.0f) && x[i] != 0.0f;

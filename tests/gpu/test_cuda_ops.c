@@ -842,7 +842,7 @@ static void run_ops(const Dev *d) {
     printf("---- %s (storage %s) ----\n", d->tag, d->bf16 ? "bf16" : "fp32");
     test_memory(d);
     /* the op-case table (backend_op_cases.c): linear, linear_backward, rmsnorm, rmsnorm_backward, rope,
-     * elementwise, copy, gather/scatter, embedding, kv cache, log_softmax_target (+ backward), adamw */
+     * elementwise, copy, copy_2d, gather/scatter, embedding, kv cache, log_softmax_target (+ backward), adamw */
     g_failures += op_cases_check_backend(d->be, d->tag, CPU, &g_checks);
 
     {

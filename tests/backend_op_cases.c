@@ -683,6 +683,52 @@ static void ref_embedding(const OpRun *r, double **ref) {
         for (int j = 0; j < dim; j++) ref[1][(size_t)ids[i] * dim + j] += dout[(size_t)i * dim + j];
 }
 
+/* Tensor parallelism's vocabulary-parallel embedding — i: V, D, N, lo, hi: rows [lo, hi) of the table on
+ * this "rank". vocab_shard_ids_i32 of drawn ids (both ends of the part and one just outside), exact; then
+ * with those ids embedding and embedding_i32 (zero rows for ids < 0, written over stale contents) and
+ * embedding_backward into an [f32] part (ids < 0 skipped). */
+static void run_embedding_part(OpRun *r) {
+    const OpCase *c = r->c;
+    int vocab = c->i[0], dim = c->i[1], n = c->i[2], lo = c->i[3], hi = c->i[4], vp = hi - lo;
+    size_t nt = (size_t)vp * dim, no = (size_t)n * dim;
+    const Backend *be = r->be;
+    int *ids = op_ints(r, (size_t)n), *part_ids = op_ints(r, (size_t)n);
+    for (int i = 0; i < n; i++) ids[i] = op_rand_int(r, 0, vocab - 1);
+    ids[0] = lo, ids[n - 1] = hi - 1;
+    if (n > 2) ids[1] = lo > 0 ? lo - 1 : hi;
+    void *gids = track_buf(r, op_upload_i32(be, ids, (size_t)n)), *gpart = track_buf(r, be->alloc_i32(be, (size_t)n));
+    be->vocab_shard_ids_i32(be, gpart, gids, n, lo, hi);
+    be->download_i32(be, part_ids, gpart, (size_t)n);
+    float *as_float = track_host(r, malloc((size_t)n * sizeof(float)));
+    for (int i = 0; i < n; i++) as_float[i] = (float)part_ids[i];
+    OpTol exact = {0, 0, 0, 0};
+    op_out_host(r, exact, as_float, (size_t)n, "vocab_shard_ids_i32 [%d,%d) of V=%d N=%d", lo, hi, vocab, n);
+    void *t = op_in(r, nt, 1.0f, NULL), *o = op_in(r, no, 1.0f, NULL), *o_i32 = op_in(r, no, 1.0f, NULL);
+    be->embedding(be, o, t, part_ids, n, dim);
+    op_out(r, exact, o, no, "embedding part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
+    be->embedding_i32(be, o_i32, t, gpart, n, dim);
+    op_out(r, exact, o_i32, no, "embedding_i32 part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
+    void *dout = op_in(r, no, 1.0f, NULL), *dt = op_in_f32(r, nt, 0.1f, NULL);
+    be->embedding_backward(be, dt, dout, part_ids, n, dim);
+    op_out_f32(r, (OpTol){1e-6, 1e-6, 1e-6, 0}, dt, nt, "embedding_backward part [%d,%d) D=%d N=%d, ids<0 skipped",
+               lo, hi, dim, n);
+}
+
+static void ref_embedding_part(const OpRun *r, double **ref) {
+    int dim = r->c->i[1], n = r->c->i[2], lo = r->c->i[3], hi = r->c->i[4], vp = hi - lo;
+    const int *ids = r->ints[0];
+    const float *t = op_input(r, 0), *dout = op_input(r, 3), *dt0 = op_input(r, 4);
+    for (size_t e = 0; e < (size_t)vp * dim; e++) ref[3][e] = dt0[e];
+    for (int i = 0; i < n; i++) {
+        int p = ids[i] >= lo && ids[i] < hi ? ids[i] - lo : -1;
+        ref[0][i] = p;
+        for (int j = 0; j < dim; j++) {
+            ref[1][(size_t)i * dim + j] = ref[2][(size_t)i * dim + j] = p < 0 ? 0.0 : t[(size_t)p * dim + j];
+            if (p >= 0) ref[3][(size_t)p * dim + j] += dout[(size_t)i * dim + j];
+        }
+    }
+}
+
 /* ================================================================ kv cache
  * i: S, L, kv_dim, N. kv_store of N tokens over S slots (slot s holds L - 3s positions; each slot's last
  * position, the rest drawn, no (slot, pos) twice so the store is well defined), exact; then kv_gather of
@@ -953,6 +999,10 @@ const OpCase OP_CASES[] = {
     EMBEDDING(20, 12, 6, 1.0f, EMBED_IDS_B),
     EMBEDDING(1000, 72, 50, 0.1f, NULL),
     EMBEDDING(1003, 200, 9, 0.1f, NULL),
+    /* a vocabulary part: rows of 75 (element copies in embedding_i32); Qwen's last quarter (16-byte chunks) */
+    {"embedding_part", run_embedding_part, ref_embedding_part, {1000, 72, 50, 250, 500}, {0}, NULL, 0},
+    {"embedding_part", run_embedding_part, ref_embedding_part, {1003, 75, 9, 0, 334}, {0}, NULL, 0},
+    {"embedding_part", run_embedding_part, ref_embedding_part, {151936, 128, 64, 3 * 37984, 151936}, {0}, NULL, 1},
     /* kv cache */
     {"kv", run_kv, ref_kv, {3, 40, 128, 30}, {0}, NULL, 0},
     {"kv", run_kv, ref_kv, {2, 17, 144, 20}, {0}, NULL, 0},

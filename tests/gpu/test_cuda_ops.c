@@ -410,65 +410,6 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         CPU->free(CPU, cdv), CPU->free(CPU, clse);
 }
 
-/* Tensor parallelism's vocabulary-parallel embedding: rows [lo, hi) of the
- * table on this "rank". vocab_shard_ids_i32 (exact vs the CPU op), then
- * embedding, embedding_i32 (both zero rows for ids < 0, written over stale
- * contents) and embedding_backward (ids < 0 skipped) with those ids vs the CPU. */
-static void test_embedding_vocab_part(const Dev *d, int vocab, int dim, int n, int lo, int hi) {
-    char name[160];
-    int vp = hi - lo;
-    size_t nt = (size_t)vp * dim, no = (size_t)n * dim;
-    int *ids = malloc((size_t)n * sizeof(int)), *want = malloc((size_t)n * sizeof(int)),
-        *got_ids = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) ids[i] = rand_int(0, vocab - 1);
-    ids[0] = lo, ids[n - 1] = hi - 1; /* both ends of the part; and one just outside */
-    if (n > 2) ids[1] = lo > 0 ? lo - 1 : hi;
-    void *gids = d->be->alloc_i32(d->be, (size_t)n), *gpids = d->be->alloc_i32(d->be, (size_t)n);
-    d->be->upload_i32(d->be, gids, ids, (size_t)n);
-    d->be->vocab_shard_ids_i32(d->be, gpids, gids, n, lo, hi);
-    d->be->download_i32(d->be, got_ids, gpids, (size_t)n);
-    CPU->vocab_shard_ids_i32(CPU, want, ids, n, lo, hi); /* the CPU's [i32] buffers are host arrays */
-    int wrong = 0, inside = 0;
-    for (int i = 0; i < n; i++) wrong += got_ids[i] != want[i], inside += want[i] >= 0;
-    g_checks++;
-    if (wrong) g_failures++;
-    printf("%s %-9s vocab_shard_ids_i32 [%d,%d) of V=%d N=%d: %d wrong (%d inside)\n", wrong ? "FAIL" : "ok  ",
-           d->tag, lo, hi, vocab, n, wrong, inside);
-
-    float *t = rand_floats(nt, 1.0f), *stale = rand_floats(no, 1.0f), *dout = rand_floats(no, 1.0f),
-          *dt0 = rand_floats(nt, 0.1f);
-    void *gt = op_upload(d->be, t, nt), *go = d->be->alloc(d->be, no), *ct = op_upload(CPU, t, nt),
-         *co = CPU->alloc(CPU, no);
-    CPU->embedding(CPU, co, ct, want, n, dim);
-    float *ref = op_fetch(CPU, co, no);
-    d->be->upload(d->be, go, stale, no); /* a skipped row would keep these */
-    d->be->embedding(d->be, go, gt, want, n, dim);
-    float *got = op_fetch(d->be, go, no);
-    snprintf(name, sizeof name, "embedding part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
-    check(d, name, got, ref, no, (Tol){0, 0, 0});
-    free(got);
-    d->be->upload(d->be, go, stale, no);
-    d->be->embedding_i32(d->be, go, gt, gpids, n, dim);
-    got = op_fetch(d->be, go, no);
-    snprintf(name, sizeof name, "embedding_i32 part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
-    check(d, name, got, ref, no, (Tol){0, 0, 0});
-    free(got), free(ref);
-
-    void *gdo = op_upload(d->be, dout, no), *gdt = op_upload_f32(d->be, dt0, nt), *cdo = op_upload(CPU, dout, no),
-         *cdt = op_upload(CPU, dt0, nt);
-    d->be->embedding_backward(d->be, gdt, gdo, want, n, dim);
-    CPU->embedding_backward(CPU, cdt, cdo, want, n, dim);
-    got = op_fetch_f32(d->be, gdt, nt), ref = op_fetch(CPU, cdt, nt);
-    snprintf(name, sizeof name, "embedding_backward part [%d,%d) D=%d N=%d, ids<0 skipped", lo, hi, dim, n);
-    check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
-    free(got), free(ref);
-
-    free(ids), free(want), free(got_ids), free(t), free(stale), free(dout), free(dt0);
-    d->be->free(d->be, gids), d->be->free(d->be, gpids), d->be->free(d->be, gt), d->be->free(d->be, go);
-    d->be->free(d->be, gdo), d->be->free(d->be, gdt);
-    CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
-}
-
 /* ---------------------------------------------------------------- log-softmax */
 
 /* One part's stats[N, 4] folded into acc[N, 4] = {M, S, T, z[target]} as the
@@ -842,7 +783,8 @@ static void run_ops(const Dev *d) {
     printf("---- %s (storage %s) ----\n", d->tag, d->bf16 ? "bf16" : "fp32");
     test_memory(d);
     /* the op-case table (backend_op_cases.c): linear, linear_backward, rmsnorm, rmsnorm_backward, rope,
-     * elementwise, copy, copy_2d, gather/scatter, embedding, kv cache, log_softmax_target (+ backward), adamw */
+     * elementwise, copy, copy_2d, gather/scatter, embedding (+ a vocabulary part), kv cache, log_softmax_target
+     * (+ backward), adamw */
     g_failures += op_cases_check_backend(d->be, d->tag, CPU, &g_checks);
 
     {
@@ -867,9 +809,6 @@ static void run_ops(const Dev *d) {
         g_attn_run_starts = NULL;
     }
 
-    test_embedding_vocab_part(d, 1000, 72, 50, 250, 500);
-    test_embedding_vocab_part(d, 1003, 75, 9, 0, 334); /* rows of 75: element copies in embedding_i32 */
-    test_embedding_vocab_part(d, 151936, 128, 64, 3 * 37984, 151936); /* 16-byte chunks */
 
     test_log_softmax_shards(d, 4, 151936, 4, 1.0f, 4.0f); /* Qwen's vocabulary over 4 ranks: 37984 columns */
     test_log_softmax_shards(d, 33, 151936, 4, 0.7f, 4.0f);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/floats.h"
 #include "core/rng.h"
 #include "rope_table.h"
 
@@ -281,6 +282,16 @@ int op_cases_check_reference(const Backend *be, OpRefs *refs, int *checks) {
 
 bool op_check_against(const char *tag, bool bf16, const char *what, const float *got, const float *ref, size_t n,
                       OpTol t) {
+    if (bf16 && t.bf16_k == OP_BF16_ROUNDED) { /* the CPU's values rounded as the device stores them, then exact */
+        float *rounded = xmalloc((n ? n : 1) * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)float_to_bf16(ref[i]) << 16;
+            memcpy(&rounded[i], &u, sizeof u);
+        }
+        bool ok = op_check_against(tag, false, what, got, rounded, n, (OpTol){0, 0, 0, 0});
+        free(rounded);
+        return ok;
+    }
     double maxref = 0.0;
     for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
     double atol = bf16 ? t.bf16_abs * maxref : t.f32_rel * maxref;
@@ -910,6 +921,37 @@ static void ref_adamw(const OpRun *r, double **ref) {
     }
 }
 
+/* ================================================================ dropout
+ * i: n, seed, stream; f: p, x scale. In place: kept exactly where rng_uniform(seed, stream, i) >= p, as
+ * x / (1 - p) in storage (a bf16 device rounds it once), 0 elsewhere; and the kept fraction (about 1 - p:
+ * within 5 sigma against double). */
+
+static void run_dropout(OpRun *r) {
+    const OpCase *c = r->c;
+    size_t n = (size_t)c->i[0];
+    float p = c->f[0];
+    void *x = op_in(r, n, c->f[1], NULL);
+    r->be->dropout(r->be, x, x, n, p, (uint64_t)c->i[1], (uint64_t)c->i[2]);
+    float *got = op_download(r, x, n);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) kept += got[i] != 0.0f || op_input(r, 0)[i] == 0.0f;
+    float frac = (float)kept / (float)n;
+    double sigma = sqrt(p * (1.0 - p) / (double)n);
+    op_out(r, (OpTol){0, 0, 0, OP_BF16_ROUNDED}, x, n, "dropout p %g [%zu] in place (exact)", p, n);
+    op_out_host(r, (OpTol){5 * sigma, 0, 0, 0}, &frac, 1, "dropout p %g [%zu]: fraction kept (5 sigma %.4f)", p, n,
+                5 * sigma);
+}
+
+static void ref_dropout(const OpRun *r, double **ref) {
+    const OpCase *c = r->c;
+    size_t n = (size_t)c->i[0];
+    float p = c->f[0], scale = 1.0f / (1.0f - p);
+    const float *x = op_input(r, 0);
+    for (size_t i = 0; i < n; i++) /* fp32 x * (1 / (1 - p)), as the CPU computes it: exact */
+        ref[0][i] = rng_uniform((uint64_t)c->i[1], (uint64_t)c->i[2], i) >= p ? (double)(x[i] * scale) : 0.0;
+    ref[1][0] = 1.0 - p;
+}
+
 /* ================================================================ the table */
 
 static const int ROPE_POS_A[6] = {0, 1, 7, 63, 100, 255}, ROPE_POS_B[4] = {0, 3, 50, 127};
@@ -1012,6 +1054,10 @@ const OpCase OP_CASES[] = {
     LOG_SOFTMAX(9, 1003, 1.0f, 1.0f, NULL),
     LOG_SOFTMAX(4, 151936, 1.0f, 4.0f, NULL),
     {"log_softmax", run_log_softmax, ref_log_softmax, {300, 151936}, {1.0f, 4.0f}, NULL, .device_only = 1},
+    /* dropout (LoRA's lora_dropout): an odd length */
+    {"dropout", run_dropout, ref_dropout, {100000, 42, 7}, {0.25f, 2.0f}, NULL, 0},
+    {"dropout", run_dropout, ref_dropout, {1000003, 99, 12345}, {0.3f, 2.0f}, NULL, 0},
+    {"dropout", run_dropout, ref_dropout, {37, 99, 12345}, {0.3f, 2.0f}, NULL, 0},
     /* AdamW: one update at step 3's bias corrections; three steps from the first */
     ADAMW(777, 3, 1, 0.1f, 0.1f, 1.0f),
     ADAMW(1003 * 7, 1, 3, 0.01f, 0.01f, 0.1f),

@@ -18,10 +18,12 @@
 #include "backend/backend.h"
 
 /* One output's bounds. Against the double reference (CPU): max |err| <= ref_abs. Against the CPU: fp32
- * storage |err| <= f32_rel * max|cpu|; bf16 storage |err| <= bf16_abs * max|cpu| + |cpu| * bf16_k * 2^-8. */
+ * storage |err| <= f32_rel * max|cpu|; bf16 storage |err| <= bf16_abs * max|cpu| + |cpu| * bf16_k * 2^-8,
+ * or, with bf16_k = OP_BF16_ROUNDED, exactly the CPU's value rounded once to bf16. */
 typedef struct OpTol {
     double ref_abs, f32_rel, bf16_abs, bf16_k;
 } OpTol;
+#define OP_BF16_ROUNDED (-1.0)
 
 typedef struct OpRun OpRun;
 

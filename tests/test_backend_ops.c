@@ -460,8 +460,9 @@ int main(void) {
     int rows = 0;
     for (const char *c = report; *c; c++) rows += *c == '\n';
     printf("profile report: %d lines (linear row present: %s)\n", rows, strstr(report, "| linear |") ? "yes" : "no");
+    const char *only = getenv("COLT_OP_CASES"); /* a filtered run calls fewer ops: the report is shorter */
     g_checks++;
-    if (rows < 20 || !strstr(report, "| linear |")) g_failures++;
+    if ((!only || !*only) && (rows < 20 || !strstr(report, "| linear |"))) g_failures++;
     free(report);
     printf("%s: %d checks, %d failures\n", g_failures ? "FAILED" : "OK", g_checks, g_failures);
     return g_failures ? 1 : 0;

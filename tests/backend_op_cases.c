@@ -865,6 +865,142 @@ static void ref_log_softmax(const OpRun *r, double **ref) {
     free(row);
 }
 
+/* Vocabulary-parallel log-softmax — i: N, V, parts; f: temperature, logits scale; list: the targets (NULL:
+ * drawn as log_softmax's). The logits [N, V] cut into `parts` column parts (uneven when V is not a multiple)
+ * with copy_2d (exact); per part logits_shard_stats {max z, sum e^(z-max), sum e^(z-max) z, z[target]}
+ * (z = logit / T; 0 for a part without the target), field by field over the parts; the parts' stats
+ * combined on the host as the ranks do (lse, log-prob of rows with a target, entropy); then
+ * log_softmax_shard_backward of each part with one lse (the stored logits' own, in double: the same input
+ * on every backend), out of place and in place, put back into [N, V] with copy_2d. */
+
+static void shard_bounds(int vocab, int parts, int p, int *lo, int *hi) {
+    *lo = (int)((long)vocab * p / parts), *hi = (int)((long)vocab * (p + 1) / parts);
+}
+
+static void run_log_softmax_shards(OpRun *r) {
+    const OpCase *c = r->c;
+    int n = c->i[0], vocab = c->i[1], parts = c->i[2];
+    float temp = c->f[0];
+    size_t nl = (size_t)n * vocab, es = dtype_size(r->be->storage);
+    const Backend *be = r->be;
+    int *tg = op_ints(r, (size_t)n);
+    for (int i = 0; i < n; i++) tg[i] = c->list ? c->list[i] : i % 5 == 3 ? -1 : op_rand_int(r, 0, vocab - 1);
+    void *lg = op_in(r, nl, c->f[1], NULL), *dlp = op_in_f32(r, (size_t)n, 1.0f, NULL);
+    const float *x = op_input(r, 0);
+    /* bounds of one fp32 rounding of each stat against double: |z| <= zmax, sums <= the widest part */
+    double zmax = 0, inv_t = 1.0 / (double)temp;
+    for (size_t e = 0; e < nl; e++) zmax = fmax(zmax, fabs(x[e] * inv_t));
+    double ulp = ldexp(1.0, -23), widest = ceil((double)vocab / parts);
+    float *cut = track_host(r, malloc(nl * sizeof(float)));
+    float *fields = track_host(r, malloc((size_t)4 * parts * n * sizeof(float)));
+    double *acc = track_host(r, malloc((size_t)4 * n * sizeof(double))); /* {M, S, T, z[target]} */
+    for (int i = 0; i < n; i++) acc[4 * i] = -INFINITY, acc[4 * i + 1] = acc[4 * i + 2] = acc[4 * i + 3] = 0;
+    void **part = track_host(r, malloc((size_t)parts * sizeof(void *)));
+    int **tq = track_host(r, malloc((size_t)parts * sizeof(int *)));
+    for (int p = 0; p < parts; p++) {
+        int lo, hi;
+        shard_bounds(vocab, parts, p, &lo, &hi);
+        int vp = hi - lo;
+        part[p] = op_alloc(r, (size_t)n * vp);
+        be->copy_2d(be, part[p], (size_t)vp, (char *)lg + (size_t)lo * es, (size_t)vocab, n, vp);
+        float *a = op_download(r, part[p], (size_t)n * vp);
+        for (int i = 0; i < n; i++) memcpy(cut + (size_t)i * vocab + lo, a + (size_t)i * vp, (size_t)vp * sizeof(float));
+        tq[p] = op_ints(r, (size_t)n);
+        for (int i = 0; i < n; i++) tq[p][i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
+        void *stats = op_alloc_f32(r, (size_t)4 * n);
+        be->logits_shard_stats(be, stats, part[p], tq[p], n, vp, temp);
+        float *st = op_download_f32(r, stats, (size_t)4 * n);
+        for (int i = 0; i < n; i++) {
+            double *a4 = acc + 4 * i, m = st[4 * i], M = fmax(a4[0], m); /* from M = -inf: exp(-inf) = 0 */
+            a4[1] = a4[1] * exp(a4[0] - M) + st[4 * i + 1] * exp(m - M);
+            a4[2] = a4[2] * exp(a4[0] - M) + st[4 * i + 2] * exp(m - M);
+            a4[0] = M, a4[3] += st[4 * i + 3];
+            for (int k = 0; k < 4; k++) fields[(size_t)k * parts * n + (size_t)p * n + i] = st[4 * i + k];
+        }
+    }
+    op_out_host(r, (OpTol){0, 0, 0, 0}, cut, nl, "copy_2d %d column parts out of [%d,%d] (exact)", parts, n, vocab);
+    static const char *stat_names[4] = {"max z", "sum e^(z-max)", "sum e^(z-max) z", "z[target]"};
+    double stat_bound[4] = {ulp * zmax, ulp * widest, ulp * widest * zmax, ulp * zmax};
+    for (int k = 0; k < 4; k++)
+        op_out_host(r, (OpTol){stat_bound[k], 1e-5, 2e-5, 0}, fields + (size_t)k * parts * n, (size_t)parts * n,
+                    "logits_shard_stats %s N=%d V=%d/%d T=%g", stat_names[k], n, vocab, parts, temp);
+    float *comb = track_host(r, malloc((size_t)3 * n * sizeof(float))); /* lse, log-prob, entropy */
+    int with_target = 0;
+    for (int i = 0; i < n; i++) {
+        const double *a4 = acc + 4 * i;
+        double lse = a4[0] + log(a4[1]);
+        comb[i] = (float)lse, comb[2 * n + i] = (float)(lse - a4[2] / a4[1]);
+        if (tg[i] >= 0) comb[n + with_target++] = (float)(a4[3] - lse);
+    }
+    static const char *comb_names[3] = {"lse", "logprobs", "entropy"};
+    for (int q = 0; q < 3; q++)
+        op_out_host(r, (OpTol){1e-5, 1e-5, 2e-5, 0}, comb + (size_t)q * n, q == 1 ? (size_t)with_target : (size_t)n,
+                    "shard stats combined: %s N=%d V=%d/%d T=%g", comb_names[q], n, vocab, parts, temp);
+
+    float *lse_host = op_draw(r, (size_t)n, 0.0f); /* a run-owned array, filled here */
+    for (int i = 0; i < n; i++) {
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < vocab; v++) mx = fmax(mx, x[(size_t)i * vocab + v] * inv_t);
+        for (int v = 0; v < vocab; v++) s += exp(x[(size_t)i * vocab + v] * inv_t - mx);
+        lse_host[i] = (float)(mx + log(s));
+    }
+    void *lse = op_in_f32_values(r, lse_host, (size_t)n);
+    void *whole = op_alloc(r, nl), *whole_ip = op_alloc(r, nl);
+    for (int p = 0; p < parts; p++) {
+        int lo, hi;
+        shard_bounds(vocab, parts, p, &lo, &hi);
+        int vp = hi - lo;
+        void *d = op_alloc(r, (size_t)n * vp);
+        be->log_softmax_shard_backward(be, d, part[p], tq[p], dlp, lse, n, vp, temp);
+        be->copy_2d(be, (char *)whole + (size_t)lo * es, (size_t)vocab, d, (size_t)vp, n, vp);
+        be->log_softmax_shard_backward(be, part[p], part[p], tq[p], dlp, lse, n, vp, temp); /* in place */
+        be->copy_2d(be, (char *)whole_ip + (size_t)lo * es, (size_t)vocab, part[p], (size_t)vp, n, vp);
+    }
+    OpTol grad_tol = {1e-6, 1e-5, 1e-4, 1.5};
+    op_out(r, grad_tol, whole, nl, "log_softmax_shard_backward N=%d V=%d/%d T=%g", n, vocab, parts, temp);
+    op_out(r, grad_tol, whole_ip, nl, "log_softmax_shard_backward in place N=%d V=%d/%d", n, vocab, parts);
+}
+
+static void ref_log_softmax_shards(const OpRun *r, double **ref) {
+    const OpCase *c = r->c;
+    int n = c->i[0], vocab = c->i[1], parts = c->i[2];
+    double inv_t = 1.0 / (double)c->f[0];
+    const int *tg = r->ints[0];
+    const float *x = op_input(r, 0), *dlp = op_input(r, 1), *lse_in = op_input(r, 2);
+    size_t nl = (size_t)n * vocab;
+    for (size_t e = 0; e < nl; e++) ref[0][e] = x[e];
+    int with_target = 0;
+    for (int i = 0; i < n; i++) {
+        const float *row = x + (size_t)i * vocab;
+        double mx = -INFINITY, s = 0, t = 0;
+        for (int p = 0; p < parts; p++) {
+            int lo, hi;
+            shard_bounds(vocab, parts, p, &lo, &hi);
+            double m = -INFINITY, sp = 0, tp = 0;
+            for (int v = lo; v < hi; v++) m = fmax(m, row[v] * inv_t);
+            for (int v = lo; v < hi; v++) {
+                double z = row[v] * inv_t, e = exp(z - m);
+                sp += e, tp += e * z;
+            }
+            size_t at = (size_t)p * n + i;
+            ref[1][at] = m, ref[2][at] = sp, ref[3][at] = tp;
+            ref[4][at] = tg[i] >= lo && tg[i] < hi ? row[tg[i]] * inv_t : 0.0;
+        }
+        for (int v = 0; v < vocab; v++) mx = fmax(mx, row[v] * inv_t);
+        for (int v = 0; v < vocab; v++) {
+            double z = row[v] * inv_t, e = exp(z - mx);
+            s += e, t += e * z;
+        }
+        double lse = mx + log(s);
+        ref[5][i] = lse, ref[7][i] = lse - t / s;
+        if (tg[i] >= 0) ref[6][with_target++] = row[tg[i]] * inv_t - lse;
+        double g = (double)dlp[i] * inv_t; /* the op's formula, with the lse it was given */
+        for (int v = 0; v < vocab; v++)
+            ref[8][(size_t)i * vocab + v] = ref[9][(size_t)i * vocab + v] =
+                -g * exp(row[v] * inv_t - (double)lse_in[i]) + (v == tg[i] ? g : 0.0);
+    }
+}
+
 /* ================================================================ optimizer
  * i: n, first step, steps; f: weight decay, m and sqrt(v) scale, gradient scale. AdamW (lr 1e-3, betas 0.9
  * and 0.999, eps 1e-8) over `steps` steps from `first` (bias corrections of each step), a fresh [f32]
@@ -958,6 +1094,7 @@ static const int ROPE_POS_A[6] = {0, 1, 7, 63, 100, 255}, ROPE_POS_B[4] = {0, 3,
 static const int EMBED_IDS_A[7] = {0, 49, 3, 3, 17, 1, 48}, EMBED_IDS_B[6] = {3, 19, 3, 0, 7, 3};
 static const int GATHER_ROWS[6] = {19, 0, 7, 3, 12, 8};
 static const int LOGSOFTMAX_TARGETS[5] = {0, 299, -1, 17, 17}; /* first and last column, none, a repeat */
+static const int SHARD_TARGETS[5] = {0, 36, -1, 12, 23}; /* first and last column, none, both sides of a boundary */
 
 #define LINEAR(n, in, out, bias, ws, bs) {"linear", run_linear, ref_linear, {n, in, out, bias}, {ws, bs}, NULL, 0}
 #define LINEAR_BACKWARD(n, in, out, dx, acc, db, ws) \
@@ -1054,6 +1191,15 @@ const OpCase OP_CASES[] = {
     LOG_SOFTMAX(9, 1003, 1.0f, 1.0f, NULL),
     LOG_SOFTMAX(4, 151936, 1.0f, 4.0f, NULL),
     {"log_softmax", run_log_softmax, ref_log_softmax, {300, 151936}, {1.0f, 4.0f}, NULL, .device_only = 1},
+    /* vocabulary-parallel log-softmax: Qwen's vocabulary over 4 ranks (37984 columns), odd parts (rows not
+     * 16-byte aligned), parts narrower than a block, parts of 4 and 5 (no vector body), one row */
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {5, 37, 3}, {0.7f, 3.0f}, SHARD_TARGETS, 0},
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {4, 151936, 4}, {1.0f, 4.0f}, NULL, 0},
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {33, 151936, 4}, {0.7f, 4.0f}, NULL, 1},
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {37, 1003, 3}, {0.7f, 3.0f}, NULL, 0},
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {9, 75, 2}, {1.0f, 1.0f}, NULL, 0},
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {5, 13, 3}, {1.0f, 2.0f}, NULL, 0},
+    {"log_softmax_shards", run_log_softmax_shards, ref_log_softmax_shards, {1, 517, 2}, {1.0f, 2.0f}, NULL, 0},
     /* dropout (LoRA's lora_dropout): an odd length */
     {"dropout", run_dropout, ref_dropout, {100000, 42, 7}, {0.25f, 2.0f}, NULL, 0},
     {"dropout", run_dropout, ref_dropout, {1000003, 99, 12345}, {0.3f, 2.0f}, NULL, 0},

@@ -410,145 +410,6 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         CPU->free(CPU, cdv), CPU->free(CPU, clse);
 }
 
-/* ---------------------------------------------------------------- log-softmax */
-
-/* One part's stats[N, 4] folded into acc[N, 4] = {M, S, T, z[target]} as the
- * ranks combine them: M = max m, S = sum s e^(m-M), T = sum t e^(m-M), z[target]
- * summed (0 from the parts without it). acc starts at {-inf, 0, 0, 0}. */
-static void shard_stats_fold(double *acc, const float *st, int n) {
-    for (int i = 0; i < n; i++) {
-        double *a = acc + 4 * i, m = st[4 * i], M = fmax(a[0], m);
-        a[1] = a[1] * exp(a[0] - M) + st[4 * i + 1] * exp(m - M);
-        a[2] = a[2] * exp(a[0] - M) + st[4 * i + 2] * exp(m - M);
-        a[0] = M, a[3] += st[4 * i + 3];
-    }
-}
-
-/* Vocabulary-parallel log-softmax: logits [N, V] split into `parts` column
- * parts (uneven when V is not a multiple), each cut out with copy_2d (exact vs
- * the CPU's cut). Per part: logits_shard_stats vs the CPU op, field by field;
- * then the parts' stats combined on the host as the ranks do, the device's vs
- * the CPU's (lse, log-prob, entropy; test_backend_ops checks the CPU's
- * combination against log_softmax_target on whole rows). Then
- * log_softmax_shard_backward on each part with the CPU's combined lse (the same
- * input to both), out of place and in place, reassembled into [N, V] with
- * copy_2d, vs the CPU's reassembly. Tolerances as log_softmax_target's. */
-static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, float temperature, float scale) {
-    char name[160];
-    size_t nl = (size_t)n * vocab, es = dtype_size(d->be->storage);
-    int *tg = malloc((size_t)n * sizeof(int)), *tq = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) tg[i] = i % 5 == 3 ? -1 : rand_int(0, vocab - 1);
-    float *lg = rand_floats(nl, scale), *dlp = rand_floats(n, 1.0f);
-    void *gl = op_upload(d->be, lg, nl), *cl = op_upload(CPU, lg, nl);
-    void *gdlp = op_upload_f32(d->be, dlp, n), *cdlp = op_upload(CPU, dlp, n);
-    void *glse = d->be->alloc_f32(d->be, n), *clse = CPU->alloc(CPU, n);
-    void *gstats = d->be->alloc_f32(d->be, (size_t)n * 4), *cstats = CPU->alloc(CPU, (size_t)n * 4);
-    void *gwhole = d->be->alloc(d->be, nl), *cwhole = CPU->alloc(CPU, nl);       /* reassembled dlogits */
-    void *gwhole_ip = d->be->alloc(d->be, nl), *cwhole_ip = CPU->alloc(CPU, nl); /* ... computed in place */
-    float *cut = malloc(nl * sizeof(float)), *cut_ref = malloc(nl * sizeof(float)); /* the parts, as [N, V] */
-    float *fields[2][4]; /* [device, cpu][stat] over parts x rows */
-    for (int b = 0; b < 2; b++)
-        for (int k = 0; k < 4; k++) fields[b][k] = malloc((size_t)parts * n * sizeof(float));
-    double *acc[2]; /* [device, cpu]: shard_stats_fold's [N, 4] */
-    for (int b = 0; b < 2; b++) {
-        acc[b] = calloc((size_t)n * 4, sizeof(double));
-        for (int i = 0; i < n; i++) acc[b][4 * i] = -INFINITY;
-    }
-    void **gpart = malloc((size_t)parts * sizeof(void *)), **cpart = malloc((size_t)parts * sizeof(void *));
-
-    for (int p = 0; p < parts; p++) {
-        int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
-        size_t np = (size_t)n * vp;
-        gpart[p] = d->be->alloc(d->be, np), cpart[p] = CPU->alloc(CPU, np);
-        d->be->copy_2d(d->be, gpart[p], vp, (char *)gl + lo * es, vocab, n, vp);
-        CPU->copy_2d(CPU, cpart[p], vp, (float *)cl + lo, vocab, n, vp);
-        float *a = op_fetch(d->be, gpart[p], np), *b = op_fetch(CPU, cpart[p], np);
-        for (int i = 0; i < n; i++)
-            for (int v = 0; v < vp; v++) {
-                cut[(size_t)i * vocab + lo + v] = a[(size_t)i * vp + v];
-                cut_ref[(size_t)i * vocab + lo + v] = b[(size_t)i * vp + v];
-            }
-        free(a), free(b);
-        for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
-        d->be->logits_shard_stats(d->be, gstats, gpart[p], tq, n, vp, temperature);
-        CPU->logits_shard_stats(CPU, cstats, cpart[p], tq, n, vp, temperature);
-        float *st[2] = {op_fetch_f32(d->be, gstats, (size_t)n * 4), op_fetch(CPU, cstats, (size_t)n * 4)};
-        for (int b = 0; b < 2; b++) {
-            for (int i = 0; i < n; i++)
-                for (int k = 0; k < 4; k++) fields[b][k][(size_t)p * n + i] = st[b][4 * i + k];
-            shard_stats_fold(acc[b], st[b], n);
-            free(st[b]);
-        }
-    }
-    snprintf(name, sizeof name, "copy_2d %d column parts out of [%d,%d] (exact)", parts, n, vocab);
-    check(d, name, cut, cut_ref, nl, (Tol){0, 0, 0});
-    static const char *stat_names[4] = {"max z", "sum e^(z-max)", "sum e^(z-max) z", "z[target]"};
-    for (int k = 0; k < 4; k++) {
-        snprintf(name, sizeof name, "logits_shard_stats %s N=%d V=%d/%d T=%g", stat_names[k], n, vocab, parts,
-                 temperature);
-        check(d, name, fields[0][k], fields[1][k], (size_t)parts * n, (Tol){1e-5, 2e-5, 0});
-    }
-
-    /* combined: [device, cpu][lse, log-prob (rows with a target), entropy] */
-    float *comb[2][3];
-    int with_target = 0;
-    for (int b = 0; b < 2; b++) {
-        with_target = 0;
-        for (int q = 0; q < 3; q++) comb[b][q] = malloc((size_t)n * sizeof(float));
-        for (int i = 0; i < n; i++) {
-            const double *a = acc[b] + 4 * i;
-            double lse = a[0] + log(a[1]);
-            comb[b][0][i] = (float)lse, comb[b][2][i] = (float)(lse - a[2] / a[1]);
-            if (tg[i] >= 0) comb[b][1][with_target++] = (float)(a[3] - lse);
-        }
-    }
-    static const char *comb_names[3] = {"lse", "logprobs", "entropy"};
-    for (int q = 0; q < 3; q++) {
-        snprintf(name, sizeof name, "shard stats combined: %s N=%d V=%d/%d T=%g", comb_names[q], n, vocab, parts,
-                 temperature);
-        check(d, name, comb[0][q], comb[1][q], q == 1 ? (size_t)with_target : (size_t)n, (Tol){1e-5, 2e-5, 0});
-    }
-
-    d->be->upload_f32(d->be, glse, comb[1][0], n);
-    CPU->upload(CPU, clse, comb[1][0], n);
-    for (int p = 0; p < parts; p++) {
-        int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
-        size_t np = (size_t)n * vp;
-        for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
-        void *gd = d->be->alloc(d->be, np), *cd = CPU->alloc(CPU, np);
-        d->be->log_softmax_shard_backward(d->be, gd, gpart[p], tq, gdlp, glse, n, vp, temperature);
-        CPU->log_softmax_shard_backward(CPU, cd, cpart[p], tq, cdlp, clse, n, vp, temperature);
-        d->be->copy_2d(d->be, (char *)gwhole + lo * es, vocab, gd, vp, n, vp);
-        CPU->copy_2d(CPU, (float *)cwhole + lo, vocab, cd, vp, n, vp);
-        /* in place: dlogits aliases the part's logits */
-        d->be->log_softmax_shard_backward(d->be, gpart[p], gpart[p], tq, gdlp, glse, n, vp, temperature);
-        CPU->log_softmax_shard_backward(CPU, cpart[p], cpart[p], tq, cdlp, clse, n, vp, temperature);
-        d->be->copy_2d(d->be, (char *)gwhole_ip + lo * es, vocab, gpart[p], vp, n, vp);
-        CPU->copy_2d(CPU, (float *)cwhole_ip + lo, vocab, cpart[p], vp, n, vp);
-        d->be->free(d->be, gd), CPU->free(CPU, cd);
-    }
-    float *got = op_fetch(d->be, gwhole, nl), *ref = op_fetch(CPU, cwhole, nl);
-    snprintf(name, sizeof name, "log_softmax_shard_backward N=%d V=%d/%d T=%g", n, vocab, parts, temperature);
-    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
-    free(got), free(ref);
-    got = op_fetch(d->be, gwhole_ip, nl), ref = op_fetch(CPU, cwhole_ip, nl);
-    snprintf(name, sizeof name, "log_softmax_shard_backward in place N=%d V=%d/%d", n, vocab, parts);
-    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
-    free(got), free(ref);
-
-    for (int p = 0; p < parts; p++) d->be->free(d->be, gpart[p]), CPU->free(CPU, cpart[p]);
-    for (int b = 0; b < 2; b++) {
-        for (int k = 0; k < 4; k++) free(fields[b][k]);
-        for (int q = 0; q < 3; q++) free(comb[b][q]);
-        free(acc[b]);
-    }
-    free(gpart), free(cpart), free(tg), free(tq), free(lg), free(dlp), free(cut), free(cut_ref);
-    d->be->free(d->be, gl), d->be->free(d->be, gdlp), d->be->free(d->be, glse), d->be->free(d->be, gstats);
-    d->be->free(d->be, gwhole), d->be->free(d->be, gwhole_ip);
-    CPU->free(CPU, cl), CPU->free(CPU, cdlp), CPU->free(CPU, clse), CPU->free(CPU, cstats), CPU->free(CPU, cwhole),
-        CPU->free(CPU, cwhole_ip);
-}
-
 /* ---------------------------------------------------------------- optimizer, reductions */
 
 static void test_reductions(const Dev *d, size_t n) {
@@ -760,7 +621,8 @@ static void run_ops(const Dev *d) {
     test_memory(d);
     /* the op-case table (backend_op_cases.c): linear, linear_backward, rmsnorm, rmsnorm_backward, rope,
      * elementwise, copy, copy_2d, gather/scatter, embedding (+ a vocabulary part), kv cache, log_softmax_target
-     * (+ backward), dropout, adamw */
+     * (+ backward), vocabulary-parallel log-softmax (logits_shard_stats, log_softmax_shard_backward), dropout,
+     * adamw */
     g_failures += op_cases_check_backend(d->be, d->tag, CPU, &g_checks);
 
     {
@@ -786,12 +648,6 @@ static void run_ops(const Dev *d) {
     }
 
 
-    test_log_softmax_shards(d, 4, 151936, 4, 1.0f, 4.0f); /* Qwen's vocabulary over 4 ranks: 37984 columns */
-    test_log_softmax_shards(d, 33, 151936, 4, 0.7f, 4.0f);
-    test_log_softmax_shards(d, 37, 1003, 3, 0.7f, 3.0f);   /* odd parts: rows not 16-byte aligned */
-    test_log_softmax_shards(d, 9, 75, 2, 1.0f, 1.0f);      /* parts narrower than a block */
-    test_log_softmax_shards(d, 5, 13, 3, 1.0f, 2.0f);      /* parts of 4 and 5: no vector body */
-    test_log_softmax_shards(d, 1, 517, 2, 1.0f, 2.0f);     /* one row: copy_2d's plain copy */
 
     test_reductions(d, 1000003);
     test_reductions(d, 37);

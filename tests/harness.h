@@ -1,5 +1,5 @@
-/* harness.h — what the tests that run the colt binary share: check counting,
- * shell commands, reading an output folder, comparing runs. Include it once,
+/* harness.h — what the tests share: check counting, running the colt binary
+ * (run_colt), shell commands, reading an output folder, comparing runs. Include it once,
  * from one test file; every test file is its own program, so the counters and
  * the scratch folder are per test. Unused helpers cost nothing (static inline). */
 #ifndef COLT_TESTS_HARNESS_H
@@ -12,8 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/fileio.h"
 
@@ -55,6 +59,83 @@ static inline void sh(const char *fmt, ...) {
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
     if (system(cmd) != 0) fprintf(stderr, "command failed: %s\n", cmd);
+}
+
+/* How run_colt_with runs colt; zero (or NULL) for each: nothing before the binary, no standard input,
+ * standard output to g_tmp/stdout, no time limit, no file-size limit. */
+typedef struct ColtRun {
+    const char *env;        /* shell words first: VAR=value assignments, `cd DIR &&` */
+    const char *launcher;   /* words right before the binary, inside the time limit: `mpirun -np 2` */
+    const char *subcommand; /* words right after the binary, before ARGS: "train" */
+    const char *stdin_text; /* standard input (through g_tmp/stdin) */
+    int timeout_s;          /* > 0: killed (SIGKILL) after that many seconds: exit 137 */
+    long max_file_bytes;    /* > 0: files limited to that size, SIGXFSZ ignored, so a write past it fails
+                             * with EFBIG as on a full disk */
+    char **out;             /* when set: standard output (malloc'd, "" when unreadable) */
+} ColtRun;
+
+#ifdef COLT_BINARY
+/* Runs `[env] [timeout] [launcher] colt [subcommand] ARGS` through sh (ARGS may quote and redirect), standard error
+ * into g_tmp/stderr and *err (malloc'd, "" when unreadable; err may be NULL). Returns colt's exit
+ * status, or 128 when the shell itself was killed by a signal. */
+static inline int run_colt_with(const ColtRun *opt, const char *args, char **err) {
+    static const ColtRun none = {0};
+    if (!opt) opt = &none;
+    if (!g_tmp[0]) {
+        fprintf(stderr, "run_colt: the test has no scratch folder (g_tmp) for colt's output\n");
+        exit(1);
+    }
+    char in_path[300], out_path[300], err_path[300], timeout[48] = "", stdin_redirect[320] = "";
+    snprintf(in_path, sizeof in_path, "%s/stdin", g_tmp);
+    snprintf(out_path, sizeof out_path, "%s/stdout", g_tmp);
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
+    if (opt->stdin_text) {
+        FILE *fp = fopen(in_path, "wb");
+        if (fp) fputs(opt->stdin_text, fp), fclose(fp);
+        snprintf(stdin_redirect, sizeof stdin_redirect, "< %s", in_path);
+    }
+    if (opt->timeout_s > 0) snprintf(timeout, sizeof timeout, "timeout -s KILL %d", opt->timeout_s);
+    size_t cap = strlen(args) + 2048;
+    char *cmd = malloc(cap);
+    snprintf(cmd, cap, "%s %s %s %s %s %s %s > %s 2> %s", opt->env ? opt->env : "", timeout,
+             opt->launcher ? opt->launcher : "", COLT_BINARY, opt->subcommand ? opt->subcommand : "", args,
+             stdin_redirect, out_path, err_path);
+    fflush(NULL); /* the child must not repeat this process's buffered output */
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (opt->max_file_bytes > 0) {
+            struct rlimit rl = {.rlim_cur = (rlim_t)opt->max_file_bytes, .rlim_max = (rlim_t)opt->max_file_bytes};
+            signal(SIGXFSZ, SIG_IGN);
+            if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(126);
+        }
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) status = -1;
+    free(cmd);
+    if (opt->out && file_read_all(out_path, opt->out, NULL, NULL) != 0) *opt->out = strdup("");
+    if (err && file_read_all(err_path, err, NULL, NULL) != 0) *err = strdup("");
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* `colt ARGS` with run_colt_with's defaults. */
+static inline int run_colt(const char *args, char **err) { return run_colt_with(NULL, args, err); }
+#endif
+
+/* Starts `sh -c CMD` in the background (CMD starting with `exec` makes the pid colt's own, for signals),
+ * standard output and error into the files named, /dev/null for NULL. Returns its pid. */
+static inline pid_t start_command(const char *cmd, const char *out_path, const char *err_path) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(out_path ? out_path : "/dev/null", "w", stdout) ||
+            !freopen(err_path ? err_path : "/dev/null", "w", stderr))
+            _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
 }
 
 /* dir/name's contents (malloc'd, NUL-terminated), or NULL. */

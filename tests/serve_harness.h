@@ -9,6 +9,7 @@
 #define COLT_TESTS_SERVE_HARNESS_H
 
 #include <curl/curl.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -147,6 +148,7 @@ static inline bool process_gone(pid_t pid, double timeout_s) {
 typedef struct HttpBuf {
     char *data;
     size_t len;
+    size_t abort_after; /* > 0: the client hangs up once this many bytes arrived */
 } HttpBuf;
 
 static inline size_t http_on_data(char *p, size_t size, size_t n, void *user) {
@@ -155,6 +157,7 @@ static inline size_t http_on_data(char *p, size_t size, size_t n, void *user) {
     memcpy(b->data + b->len, p, size * n);
     b->len += size * n;
     b->data[b->len] = '\0';
+    if (b->abort_after > 0 && b->len >= b->abort_after) return 0; /* curl aborts the transfer */
     return size * n;
 }
 
@@ -173,29 +176,88 @@ static inline struct curl_slist *http_json_headers(void) {
     return headers;
 }
 
-/* GET (body NULL) or POST of JSON to 127.0.0.1:port/path, bounded by timeout_ms. Returns the HTTP status
- * (0: no answer) and, when out is not NULL, the body in *out (malloc'd, "" when none). */
-static inline long serve_http(int port, const char *path, const char *body, long timeout_ms, char **out) {
+/* A request to 127.0.0.1:port/path, made but not performed (curl_easy_perform or a multi handle runs it):
+ * method NULL for GET, or POST when there is a body; the answer's body into *out; headers as given (NULL:
+ * none of ours), bounded by timeout_ms. */
+static inline CURL *serve_request(int port, const char *method, const char *path, const char *body, HttpBuf *out,
+                                  long timeout_ms, struct curl_slist *headers) {
     char url[256];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    HttpBuf b = {0};
     CURL *h = curl_easy_init();
     curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, http_json_headers());
+    if (method) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     if (body) {
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     }
+    if (headers) curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    return h;
+}
+
+/* Performs and frees a serve_request; the HTTP status (0: no answer), the body in *out (malloc'd, "" when
+ * none) or dropped when out is NULL. */
+static inline long serve_perform(CURL *h, HttpBuf *b, char **out) {
     long status = 0;
     if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(h);
-    if (out) *out = b.data ? b.data : strdup("");
-    else free(b.data);
+    if (out) *out = b->data ? b->data : strdup("");
+    else free(b->data);
+    b->data = NULL, b->len = 0;
     return status;
+}
+
+/* One request with these extra header lines (NULL-terminated; NULL: none, curl's defaults): method NULL
+ * for GET (POST when body). Returns the HTTP status (0: no answer), the body as serve_perform. */
+static inline long serve_http_with(int port, const char *method, const char *path, const char *body,
+                                   const char *const *header_lines, long timeout_ms, char **out) {
+    struct curl_slist *headers = NULL;
+    for (int i = 0; header_lines && header_lines[i]; i++) headers = curl_slist_append(headers, header_lines[i]);
+    HttpBuf b = {0};
+    long status = serve_perform(serve_request(port, method, path, body, &b, timeout_ms, headers), &b, out);
+    curl_slist_free_all(headers);
+    return status;
+}
+
+/* GET (body NULL) or POST of JSON (http_json_headers) to 127.0.0.1:port/path, bounded by timeout_ms.
+ * Returns the HTTP status (0: no answer) and, when out is not NULL, the body in *out (malloc'd, "" when none). */
+static inline long serve_http(int port, const char *path, const char *body, long timeout_ms, char **out) {
+    HttpBuf b = {0};
+    return serve_perform(serve_request(port, NULL, path, body, &b, timeout_ms, http_json_headers()), &b, out);
+}
+
+/* POSTs body to path and parses the JSON answer: NULL, after a failed check, unless 200. */
+static inline json_t *serve_post_json(int port, const char *path, const char *body, long timeout_ms) {
+    char *out;
+    long status = serve_http(port, path, body, timeout_ms, &out);
+    json_t *o = status == 200 ? json_loads(out, 0, NULL) : NULL;
+    CHECK(o != NULL, "POST %s %s: status %ld, %.300s", path, body, status, out);
+    free(out);
+    return o;
+}
+
+/* The value of a /metrics line "name value" (header_lines as serve_http_with; NULL: http_json_headers),
+ * or -1 when there is none or no 200. */
+static inline double serve_metric(int port, const char *const *header_lines, const char *name) {
+    char *text = NULL, key[128];
+    long status = header_lines ? serve_http_with(port, NULL, "/metrics", NULL, header_lines, 60000L, &text)
+                               : serve_http(port, "/metrics", NULL, 60000L, &text);
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = status == 200 ? strstr(text, key) : NULL;
+    double v = at ? atof(at + strlen(key)) : -1;
+    free(text);
+    return v;
+}
+
+/* s as a JSON string literal, quotes and escapes included (malloc'd): for request bodies. */
+static inline char *json_quoted(const char *s) {
+    json_t *j = json_string(s);
+    char *q = json_dumps(j, JSON_ENCODE_ANY);
+    json_decref(j);
+    return q;
 }
 
 #endif

@@ -18,24 +18,9 @@
 #include "shared_data.h"
 #include "harness.h"
 
-static char g_tmp[256];
-
 /* Runs `colt ARGS < stdin_text`; returns the exit code, fills stdout/stderr. */
 static int run(const char *args, const char *stdin_text, char **out, char **errout) {
-    char in_path[300], out_path[300], err_path[300], cmd[8192];
-    snprintf(in_path, sizeof in_path, "%s/in", g_tmp);
-    snprintf(out_path, sizeof out_path, "%s/out", g_tmp);
-    snprintf(err_path, sizeof err_path, "%s/err", g_tmp);
-    FILE *fp = fopen(in_path, "wb");
-    if (stdin_text) fputs(stdin_text, fp);
-    fclose(fp);
-    snprintf(cmd, sizeof cmd, "%s %s < %s > %s 2> %s", COLT_BINARY, args, in_path, out_path, err_path);
-    int status = system(cmd);
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    size_t len;
-    if (file_read_all(out_path, out, &len, NULL) != 0) *out = strdup("");
-    if (file_read_all(err_path, errout, &len, NULL) != 0) *errout = strdup("");
-    return code;
+    return run_colt_with(&(ColtRun){.stdin_text = stdin_text ? stdin_text : "", .out = out}, args, errout);
 }
 
 /* Expects failure: non-zero exit, empty stdout, exactly one stderr line containing `needle`. */

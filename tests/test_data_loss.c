@@ -36,17 +36,6 @@ static const char *BASE =
     "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
     "--num_eval_prompts 8 --logging_steps 1 --log_completions_count 0 --save_total_limit 0";
 
-/* Runs `colt ARGS` (stdout to a file in the scratch folder); returns the exit
- * status and stderr (malloc'd). */
-static int run_colt(const char *args, char **err_out) {
-    char cmd[8192], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s %s > %s/stdout 2> %s", COLT_BINARY, args, g_tmp, err_path);
-    int status = system(cmd);
-    if (file_read_all(err_path, err_out, NULL, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 static mode_t kind_of(const char *path) {
     struct stat st;
     return lstat(path, &st) == 0 ? st.st_mode & S_IFMT : 0;
@@ -321,11 +310,7 @@ static void test_launcher_kill(void) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "exec %s train %s --eval_dataset null --max_steps 400 --save_steps 0 --device cpu "
                               "--nproc_per_node 2 --output_dir %s > %s 2>&1", COLT_BINARY, BASE, out_dir, log_path);
-    pid_t launcher = fork();
-    if (launcher == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
+    pid_t launcher = start_command(cmd, NULL, NULL);
     /* wait until both ranks train (the first progress line), at most 60 s */
     pid_t ranks[8];
     int n = 0;

@@ -175,17 +175,6 @@ static int unexpected_files(const char *dir) {
     return n;
 }
 
-/* Starts sh -c cmd with its output thrown away; returns its pid. */
-static pid_t start_quiet(const char *cmd) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
 static int count_metric_lines(const char *dir) {
     char *text = read_text(dir, "metrics.jsonl");
     int n = 0;
@@ -455,7 +444,7 @@ int main(void) {
     snprintf(sig_dir, sizeof sig_dir, "%s/sigint", g_tmp);
     snprintf(cmd, sizeof cmd, "exec env OMP_NUM_THREADS=1 %s %s -np 2 %s train %s --max_steps 40 --save_steps 0 "
              "--per_device_train_batch_size 8 --output_dir %s", LSAN_ENV, MPIRUN, COLT_BINARY, BASE, sig_dir);
-    pid_t launcher = start_quiet(cmd);
+    pid_t launcher = start_command(cmd, NULL, NULL);
     wait_for_metric_lines(sig_dir, 2, 120);
     pid_t rank_pid = child_colt(launcher);
     CHECK(rank_pid > 0, "no colt rank found under mpirun");
@@ -473,7 +462,7 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "exec env OMP_NUM_THREADS=1 %s %s -np 2 %s train %s --max_steps 40 --save_steps 0 "
              "--per_device_train_batch_size 8 --ddp_timeout 30 --output_dir %s", LSAN_ENV, MPIRUN, COLT_BINARY, BASE,
              sig_dir);
-    launcher = start_quiet(cmd);
+    launcher = start_command(cmd, NULL, NULL);
     wait_for_metric_lines(sig_dir, 1, 120);
     rank_pid = child_colt(launcher);
     double killed_at = now_s();

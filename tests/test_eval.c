@@ -147,16 +147,7 @@ static void test_score(void) {
 /* ---------------------------------------------------------------- end to end */
 
 static int run(const char *args, char **out, char **errout) {
-    char out_path[300], err_path[300], cmd[8192];
-    snprintf(out_path, sizeof out_path, "%s/out", g_tmp);
-    snprintf(err_path, sizeof err_path, "%s/err", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s", COLT_BINARY, args, out_path, err_path);
-    int status = system(cmd);
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    size_t len;
-    if (file_read_all(out_path, out, &len, NULL) != 0) *out = strdup("");
-    if (file_read_all(err_path, errout, &len, NULL) != 0) *errout = strdup("");
-    return code;
+    return run_colt_with(&(ColtRun){.out = out}, args, errout);
 }
 
 /* The first n lines of src into dst. */

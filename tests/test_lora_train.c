@@ -30,13 +30,7 @@ static const char *BASE =
 
 /* `colt train ARGS`; stderr into *err_out. */
 static int run(const char *args, char **err_out) {
-    char cmd[8192], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "timeout 600 %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return run_colt_with(&(ColtRun){.subcommand = "train", .timeout_s = 600}, args, err_out);
 }
 
 static void expect_refused(const char *what, const char *args, const char *needle) {

@@ -30,16 +30,9 @@
 
 /* Runs "colt train ARGS" (through sh, with prefix); stdout into *out, stderr into *err. */
 static int colt(const char *prefix, const char *args, char **out, char **err) {
-    char cmd[8192], out_path[300], err_path[300];
-    snprintf(out_path, sizeof out_path, "%s/stdout", g_tmp);
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive %s %s %s train %s > %s 2> %s", LSAN_ENV,
-             prefix, COLT_BINARY, args, out_path, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(out_path, out, &len, NULL) != 0) *out = strdup("");
-    if (file_read_all(err_path, err, &len, NULL) != 0) *err = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    ColtRun how = {.env = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive " LSAN_ENV, .launcher = prefix,
+                   .subcommand = "train", .out = out};
+    return run_colt_with(&how, args, err);
 }
 
 static double part(json_t *plan, const char *name) {

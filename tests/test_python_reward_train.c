@@ -42,13 +42,10 @@ static const char *ARGS =
 
 /* Runs colt train in g_tmp with ARGS and extra; its stderr in *err_out. */
 static int run(const char *extra, char **err_out) {
-    char cmd[4096], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "cd %s && %s train %s %s > /dev/null 2> %s", g_tmp, COLT_BINARY, ARGS, extra, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    char cd[300], args[4096];
+    snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
+    snprintf(args, sizeof args, "%s %s", ARGS, extra);
+    return run_colt_with(&(ColtRun){.env = cd, .subcommand = "train"}, args, err_out);
 }
 
 /* Code points, as Python's len(str). */

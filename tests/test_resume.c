@@ -53,44 +53,27 @@
 #include "train/checkpoint.h"
 
 /* Rounds of two optimizer steps (steps_per_generation 2), a reference model
- * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. */
+ * (the demo's beta 0.1) and old log-probs: every part of a saved rollout. The
+ * smallest batch that holds a group (8 = num_generations: one prompt a step,
+ * two a round) and short completions: the checks are about what is saved and
+ * resumed, not about learning. */
 static const char *BASE =
-    "--config examples/demo.yaml --per_device_train_batch_size 16 --max_completion_length 24 "
+    "--config examples/demo.yaml --per_device_train_batch_size 8 --max_completion_length 12 "
     "--logging_steps 1 --log_completions_count 0 --save_total_limit 0 --eval_dataset null "
     "--steps_per_generation 2";
 
-/* Runs `colt train ARGS` (through sh, prefix before it); stderr into *err_out. */
+/* Runs `colt train ARGS` (through sh, prefix before it: environment
+ * assignments), at most 600 s; stderr into *err_out. */
 static int run_with(const char *prefix, const char *args, char **err_out) {
-    char cmd[16384], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s timeout 600 %s train %s > /dev/null 2> %s", prefix, COLT_BINARY, args, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return run_colt_with(&(ColtRun){.env = prefix, .subcommand = "train", .timeout_s = 600}, args, err_out);
 }
 
 static int run(const char *args, char **err_out) { return run_with("", args, err_out); }
 
-/* As run, with files limited to max_file_bytes (SIGXFSZ ignored, so a write
- * past the limit fails with EFBIG as on a full disk). */
+/* As run, with files limited to max_file_bytes (a write past the limit fails
+ * with EFBIG as on a full disk). */
 static int run_file_limited(const char *args, long max_file_bytes, char **err_out) {
-    char cmd[16384], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "exec %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
-    pid_t pid = fork();
-    if (pid == 0) {
-        struct rlimit rl = {.rlim_cur = (rlim_t)max_file_bytes, .rlim_max = (rlim_t)max_file_bytes};
-        signal(SIGXFSZ, SIG_IGN);
-        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return run_colt_with(&(ColtRun){.subcommand = "train", .max_file_bytes = max_file_bytes}, args, err_out);
 }
 
 static const char *last_line(const char *s) {
@@ -348,26 +331,14 @@ static bool has_temporaries(const char *dir) {
 static pid_t start_colt(const char *args) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "exec %s train %s", COLT_BINARY, args);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_command(cmd, NULL, NULL);
 }
 
 /* As start_colt, with an environment variable set (NAME=VALUE) and stderr into log. */
 static pid_t start_colt_env(const char *env, const char *args, const char *log) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "exec env %s %s train %s", env, COLT_BINARY, args);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout) || !freopen(log, "w", stderr)) _exit(126);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_command(cmd, NULL, log);
 }
 
 /* dir's entry whose name starts with prefix (malloc'd), or NULL. */
@@ -388,7 +359,8 @@ static int count_metric_lines(const char *dir) {
     return n;
 }
 
-static void kill_loop(const char *u_dir) {
+/* step_s: the time of one step (with its checkpoint) of the uninterrupted run. */
+static void kill_loop(const char *u_dir, double step_s) {
     char k_dir[300], args[4096];
     snprintf(k_dir, sizeof k_dir, "%s/killed", g_tmp);
     const char *cfg = "--max_steps 12 --save_steps 1";
@@ -403,10 +375,12 @@ static void kill_loop(const char *u_dir) {
         pid_t pid = start_colt(args);
         lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
         /* Odd kills land the moment a temporary appears (a checkpoint or file being
-         * written); even ones at a random moment 0 .. 400 ms after the run's first
-         * new metrics line (so every run gets somewhere, however slow the machine). */
+         * written); even ones at a random moment within one step after the run's
+         * first new metrics line (so every run gets somewhere, however slow the
+         * machine, and the ten kills land before the 12 steps are done, however
+         * fast). */
         bool at_write = kills % 2 == 1;
-        double extra = 0.4 * (double)(lcg >> 11) / 9007199254740992.0, progress_at = -1;
+        double extra = step_s * (double)(lcg >> 11) / 9007199254740992.0, progress_at = -1;
         int lines_at_start = count_metric_lines(k_dir);
         int status = 0;
         bool exited = false, fire = false;
@@ -563,7 +537,7 @@ int main(void) {
     } changes[] = {
         {"--num_generations 4", "num_generations"},
         {"--generation_batch_size 64", "generation_batch_size"},
-        {"--steps_per_generation 4 --per_device_train_batch_size 8", "samples per optimizer step"},
+        {"--steps_per_generation 4 --per_device_train_batch_size 4", "samples per optimizer step"},
         {"--steps_per_generation 1", "generation_batch_size"},
         {"--num_iterations 2", "num_iterations"},
         {"--gradient_accumulation_steps 2", "samples per optimizer step"},
@@ -617,11 +591,11 @@ int main(void) {
     expect_refused("--dataset (rows removed)", args, out, "dataset differs");
     /* and what may change: the learning rate, max_steps, and how a step's samples are split into micro-batches */
     sh("rm -rf %s", out);
-    snprintf(args, sizeof args, "%s --max_steps 6 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+    snprintf(args, sizeof args, "%s --max_steps 6 --per_device_train_batch_size 4 --gradient_accumulation_steps 2 "
              "--steps_per_generation 4 --output_dir %s --resume_from_checkpoint %s", BASE, out, ck3);
     code = run(args, &err);
-    CHECK(code == 0, "resume with micro-batches of 8 x 2 instead of 16 x 1: exit %d: %s", code, err);
-    printf("  resume with micro-batches of 8 x 2 instead of 16 x 1 -> exit %d\n", code);
+    CHECK(code == 0, "resume with micro-batches of 4 x 2 instead of 8 x 1: exit %d: %s", code, err);
+    printf("  resume with micro-batches of 4 x 2 instead of 8 x 1 -> exit %d\n", code);
     free(err);
     /* and what may change: the learning rate, max_steps */
     sh("rm -rf %s", out);
@@ -880,10 +854,13 @@ int main(void) {
     char u_dir[300];
     snprintf(u_dir, sizeof u_dir, "%s/uninterrupted", g_tmp);
     snprintf(args, sizeof args, "%s --max_steps 12 --save_steps 1 --output_dir %s", BASE, u_dir);
+    double started = now_s();
     code = run(args, &err);
+    double step_s = (now_s() - started) / 12;
     CHECK(code == 0, "uninterrupted run: exit %d: %s", code, err);
     free(err);
-    kill_loop(u_dir);
+    printf("uninterrupted run: 12 steps, %.3f s a step (start included)\n", step_s);
+    kill_loop(u_dir, step_s);
     replace_loop(u_dir);
 
     free(state_before);

@@ -54,66 +54,15 @@ static int server_stop(Server *s, int sig, double timeout_s) { return serve_stop
 
 /* ---------------------------------------------------------------- HTTP */
 
-typedef struct Buf {
-    char *data;
-    size_t len;
-    int abort_after; /* > 0: the client hangs up once this many bytes arrived */
-} Buf;
-
-static size_t on_data(char *p, size_t size, size_t n, void *ud) {
-    Buf *b = ud;
-    b->data = realloc(b->data, b->len + size * n + 1);
-    memcpy(b->data + b->len, p, size * n);
-    b->len += size * n;
-    b->data[b->len] = '\0';
-    if (b->abort_after > 0 && b->len >= (size_t)b->abort_after) return 0; /* curl aborts the transfer */
-    return size * n;
-}
-
-static CURL *make_request(const Server *s, const char *method, const char *path, const char *body, Buf *out,
-                          long timeout_ms, struct curl_slist *headers) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    CURL *c = curl_easy_init();
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    return c;
-}
-
-static struct curl_slist *json_headers(void) {
-    static struct curl_slist *h = NULL;
-    if (!h) h = curl_slist_append(h, "Content-Type: application/json");
-    return h;
-}
-
-/* One request; returns the HTTP status (-1: no answer), *out the body (malloc'd). */
+/* One request (JSON headers); returns the HTTP status (0: no answer), *out the body (malloc'd). */
 static long http(const Server *s, const char *method, const char *path, const char *body, char **out) {
-    Buf b = {0};
-    CURL *c = make_request(s, method, path, body, &b, REQUEST_TIMEOUT_MS, json_headers());
-    long status = -1;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    *out = b.data ? b.data : strdup("");
-    return status;
+    HttpBuf b = {0};
+    return serve_perform(serve_request(s->port, method, path, body, &b, REQUEST_TIMEOUT_MS, http_json_headers()), &b,
+                         out);
 }
 
-/* POSTs body to path and parses the JSON answer (NULL, a failed check, unless 200). */
 static json_t *post_json(const Server *s, const char *path, const char *body) {
-    char *out;
-    long status = http(s, "POST", path, body, &out);
-    json_t *o = status == 200 ? json_loads(out, 0, NULL) : NULL;
-    CHECK(o != NULL, "POST %s %s: status %ld, %.300s", path, body, status, out);
-    free(out);
-    return o;
+    return serve_post_json(s->port, path, body, REQUEST_TIMEOUT_MS);
 }
 
 /* A completion's choices[i] fields. */
@@ -126,22 +75,11 @@ static const char *choice_text(json_t *resp, int i, bool chat) {
 
 /* ---------------------------------------------------------------- colt generate / score: the references */
 
-/* Runs `colt ARGS` with stdout to a file; returns its exit code, *out stdout. */
-static int run_colt(const char *args, char **out) {
-    char path[300], cmd[8192];
-    snprintf(path, sizeof path, "%s/colt_out", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s/colt_err", COLT_BINARY, args, path, g_tmp);
-    int status = system(cmd);
-    *out = read_text(g_tmp, "colt_out");
-    if (!*out) *out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 /* colt generate --json ARGS: one {"ids", "text"} per completion. */
 static json_t *generate_ref(const char *args) {
     char full[4096], *out;
     snprintf(full, sizeof full, "generate --json --device cpu %s", args);
-    int rc = run_colt(full, &out);
+    int rc = run_colt_with(&(ColtRun){.out = &out}, full, NULL);
     CHECK(rc == 0, "colt %s: exit %d", full, rc);
     json_t *list = json_array();
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) json_array_append_new(list, json_loads(line, 0, NULL));
@@ -159,20 +97,13 @@ static bool matches(json_t *resp, int i, json_t *ref, bool chat) {
     return same_ids(ids, json_object_get(r, "ids")) && ref_text && strcmp(ref_text, choice_text(resp, i, chat)) == 0;
 }
 
-static char *quoted(const char *s) {
-    json_t *j = json_string(s);
-    char *q = json_dumps(j, JSON_ENCODE_ANY);
-    json_decref(j);
-    return q;
-}
-
 /* ---------------------------------------------------------------- the checks */
 
 static void check_greedy_and_seeded(const Server *s) {
     int same = 0, total = 0;
     for (int p = 0; p < N_PROMPTS; p++) { /* greedy, to a length */
         int max_tokens = p == 0 ? 300 : 40;
-        char *q = quoted(PROMPTS[p]), body[1024], args[1024];
+        char *q = json_quoted(PROMPTS[p]), body[1024], args[1024];
         snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"return_token_ids\": true}",
                  q, max_tokens);
         snprintf(args, sizeof args, "--model %s --prompt %s --max_new_tokens %d", MODEL, q, max_tokens);
@@ -210,7 +141,7 @@ static void check_greedy_and_seeded(const Server *s) {
         fprintf(f, "%s\n", line);
         fclose(f);
         snprintf(dargs, sizeof dargs, "detokenize --model %s < %s", MODEL, path);
-        run_colt(dargs, &out);
+        run_colt_with(&(ColtRun){.out = &out}, dargs, NULL);
         json_t *d = json_loads(out, 0, NULL);
         const char *want = json_string_value(json_object_get(d, "text"));
         bool ok = resp && json_equal(json_object_get(choice(resp, 0), "token_ids"), head) && want &&
@@ -234,7 +165,7 @@ static void check_greedy_and_seeded(const Server *s) {
     };
     same = total = 0;
     for (int k = 0; k < 3; k++) {
-        char *q = quoted(PROMPTS[k]), body[1024], args[1024];
+        char *q = json_quoted(PROMPTS[k]), body[1024], args[1024];
         snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 48, %s, \"seed\": %d, \"n\": 3, "
                  "\"return_token_ids\": true}", q, settings[k][0], 1000 + k);
         snprintf(args, sizeof args, "--model %s --prompt %s --max_new_tokens 48 %s --seed %d --n 3", MODEL, q,
@@ -257,7 +188,7 @@ static void check_greedy_and_seeded(const Server *s) {
     FILE *f = fopen(path, "w");
     json_t *list = json_array();
     for (int p = 0; p < 3; p++) {
-        char *q = quoted(PROMPTS[p]);
+        char *q = json_quoted(PROMPTS[p]);
         fprintf(f, "{\"prompt\": %s}\n", q);
         free(q);
         json_array_append_new(list, json_string(PROMPTS[p]));
@@ -418,7 +349,7 @@ static void check_streaming_and_logprobs(const Server *s) {
     fclose(f);
     snprintf(args, sizeof args, "score --device cpu --model %s < %s", MODEL, path);
     char *scored;
-    run_colt(args, &scored);
+    run_colt_with(&(ColtRun){.out = &scored}, args, NULL);
     json_t *score = json_loads(scored, 0, NULL), *sc = json_object_get(score, "logprobs");
     size_t n_prompt = json_array_size(prompt_ids), n = json_array_size(ids);
     double worst = sc ? 0 : INFINITY;
@@ -510,11 +441,12 @@ static void check_chat(void) {
     printf("  chat: %d/%zu bad requests answered 400 with the reason\n", n400, sizeof bad / sizeof bad[0]);
 
     /* Two signals: the second cuts what is in flight; the stream ends with an error event and [DONE]. */
-    Buf b = {0};
+    HttpBuf b = {0};
     const char *long_body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 400, "
                             "\"n\": 8, \"ignore_eos\": true, \"stream\": true}";
     CURLM *multi = curl_multi_init();
-    CURL *c = make_request(&s, "POST", "/v1/chat/completions", long_body, &b, REQUEST_TIMEOUT_MS, json_headers());
+    CURL *c = serve_request(s.port, "POST", "/v1/chat/completions", long_body, &b, REQUEST_TIMEOUT_MS,
+                            http_json_headers());
     curl_multi_add_handle(multi, c);
     int running = 1, signals = 0;
     double deadline = now_s() + 60;
@@ -546,7 +478,7 @@ static void check_concurrent(const Server *s) {
     char bodies[N_CLIENTS][600];
     json_t *alone[N_CLIENTS];
     for (int i = 0; i < N_CLIENTS; i++) {
-        char *q = quoted(PROMPTS[i % N_PROMPTS]);
+        char *q = json_quoted(PROMPTS[i % N_PROMPTS]);
         snprintf(bodies[i], sizeof bodies[i],
                  "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": %s, \"top_k\": %d, \"seed\": %d, \"n\": %d, "
                  "\"return_token_ids\": true%s}",
@@ -556,7 +488,7 @@ static void check_concurrent(const Server *s) {
         alone[i] = post_json(s, "/v1/completions", bodies[i]); /* the answer alone */
     }
     CURLM *multi = curl_multi_init();
-    Buf bufs[N_CLIENTS] = {0};
+    HttpBuf bufs[N_CLIENTS] = {0};
     CURL *handles[N_CLIENTS];
     char stream_bodies[N_CLIENTS][700];
     for (int i = 0; i < N_CLIENTS; i++) {
@@ -566,7 +498,8 @@ static void check_concurrent(const Server *s) {
                      bodies[i]);
             body = stream_bodies[i];
         }
-        handles[i] = make_request(s, "POST", "/v1/completions", body, &bufs[i], REQUEST_TIMEOUT_MS, json_headers());
+        handles[i] = serve_request(s->port, "POST", "/v1/completions", body, &bufs[i], REQUEST_TIMEOUT_MS,
+                                   http_json_headers());
         curl_multi_add_handle(multi, handles[i]);
     }
     double t0 = now_s(), deadline = t0 + 180;
@@ -613,20 +546,7 @@ static void check_concurrent(const Server *s) {
 }
 
 /* The value of metric `name` (a line "name value"), or -1. */
-static double metric(const Server *s, const char *name) {
-    char *out;
-    if (http(s, "GET", "/metrics", NULL, &out) != 200) {
-        free(out);
-        return -1;
-    }
-    double v = -1;
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *at = strstr(out, key);
-    if (at) v = atof(at + strlen(key));
-    free(out);
-    return v;
-}
+static double metric(const Server *s, const char *name) { return serve_metric(s->port, NULL, name); }
 
 /* A client that hangs up frees its sequences: none left in flight, far fewer tokens sampled than asked. */
 static void check_disconnect(const Server *s) {
@@ -636,9 +556,9 @@ static void check_disconnect(const Server *s) {
                                       "\"ignore_eos\": true, \"stream\": true}"
                                     : "{\"prompt\": \"Once upon a time\", \"max_tokens\": 400, \"n\": 8, "
                                       "\"ignore_eos\": true}";
-        Buf b = {.abort_after = streamed ? 200 : 0};
-        CURL *c = make_request(s, "POST", "/v1/completions", body, &b, streamed ? REQUEST_TIMEOUT_MS : 300,
-                               json_headers());
+        HttpBuf b = {.abort_after = streamed ? 200 : 0};
+        CURL *c = serve_request(s->port, "POST", "/v1/completions", body, &b, streamed ? REQUEST_TIMEOUT_MS : 300,
+                               http_json_headers());
         CURLcode rc = curl_easy_perform(c); /* ends early: the write callback or the 300 ms timeout */
         curl_easy_cleanup(c);
         free(b.data);
@@ -791,11 +711,11 @@ static void check_metrics(const Server *s) {
 
 /* SIGTERM while a request streams: it finishes whole, then the server exits 0 and refuses connections. */
 static void check_sigterm_drain(Server *s) {
-    Buf b = {0};
+    HttpBuf b = {0};
     const char *body = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 300, \"n\": 4, \"ignore_eos\": true, "
                        "\"stream\": true, \"stream_options\": {\"include_usage\": true}}";
     CURLM *multi = curl_multi_init();
-    CURL *c = make_request(s, "POST", "/v1/completions", body, &b, REQUEST_TIMEOUT_MS, json_headers());
+    CURL *c = serve_request(s->port, "POST", "/v1/completions", body, &b, REQUEST_TIMEOUT_MS, http_json_headers());
     curl_multi_add_handle(multi, c);
     int running = 1;
     bool signalled = false;
@@ -830,7 +750,7 @@ static void check_sigterm_drain(Server *s) {
     free(b.data);
     char *out;
     Server gone = {.port = s->port};
-    CHECK(http(&gone, "GET", "/health", NULL, &out) == -1, "the port still answers after the server exited");
+    CHECK(http(&gone, "GET", "/health", NULL, &out) == 0, "the port still answers after the server exited");
     free(out);
 }
 

@@ -75,26 +75,7 @@ static int server_stop(Server *s, int sig, double timeout_s, double *seconds) {
 /* One request (POST when body); headers: NULL-terminated extra header lines. Returns the status; *out the
  * body (malloc'd) when out. */
 static long http(const Server *s, const char *path, const char *body, const char *const *headers, char **out) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    HttpBuf b = {0};
-    CURL *h = curl_easy_init();
-    struct curl_slist *hd = NULL;
-    for (int i = 0; headers && headers[i]; i++) hd = curl_slist_append(hd, headers[i]);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    if (hd) curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-    if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    long status = 0;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(hd);
-    curl_easy_cleanup(h);
-    if (out) *out = b.data ? b.data : strdup("");
-    else free(b.data);
-    return status;
+    return serve_http_with(s->port, NULL, path, body, headers, 60000L, out);
 }
 
 static const char *const JSON[] = {"Content-Type: application/json", NULL};
@@ -123,17 +104,10 @@ static bool error_says(const char *body, long code, const char *needle) {
     return ok;
 }
 
+/* headers NULL: none at all (not the JSON ones serve_metric would add). */
 static double metric(const Server *s, const char *const *headers, const char *name) {
-    char *text = NULL, key[128];
-    if (http(s, "/metrics", NULL, headers, &text) != 200) {
-        free(text);
-        return -1;
-    }
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *at = strstr(text, key);
-    double v = at ? atof(at + strlen(key)) : -1;
-    free(text);
-    return v;
+    static const char *const none[] = {NULL};
+    return serve_metric(s->port, headers ? headers : none, name);
 }
 
 /* ---------------------------------------------------------------- sockets */

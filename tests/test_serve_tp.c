@@ -102,57 +102,25 @@ static void check_no_sanitizer_report(const char *what, const char *log) {
 
 /* ---------------------------------------------------------------- HTTP */
 
-static CURL *make_request(const Server *s, const char *path, const char *body, HttpBuf *out) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    CURL *c = curl_easy_init();
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, http_json_headers());
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, REQUEST_TIMEOUT_MS);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    return c;
-}
-
 /* One request (GET when body is NULL); the HTTP status (0: no answer), *out the body. */
 static long http(const Server *s, const char *path, const char *body, char **out) {
     return serve_http(s->port, path, body, REQUEST_TIMEOUT_MS, out);
 }
 
 static json_t *post_json(const Server *s, const char *body) {
-    char *out;
-    long status = http(s, "/v1/completions", body, &out);
-    json_t *o = status == 200 ? json_loads(out, 0, NULL) : NULL;
-    CHECK(o != NULL, "POST /v1/completions %s: status %ld, %.300s", body, status, out);
-    free(out);
-    return o;
+    return serve_post_json(s->port, "/v1/completions", body, REQUEST_TIMEOUT_MS);
 }
 
 static json_t *choice_ids(json_t *resp, int i) {
     return json_object_get(json_array_get(json_object_get(resp, "choices"), (size_t)i), "token_ids");
 }
 
-static char *quoted(const char *s) {
-    json_t *j = json_string(s);
-    char *q = json_dumps(j, JSON_ENCODE_ANY);
-    json_decref(j);
-    return q;
-}
-
 /* colt generate --json (one process) ARGS: the ids of each completion. */
 static json_t *generate_ref(const char *args) {
-    char cmd[4096], path[300];
-    snprintf(path, sizeof path, "%s/gen_out", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s generate --json --device cpu --model %s %s > %s 2> %s/gen_err", COLT_BINARY, MODEL,
-             args, path, g_tmp);
-    int rc = system(cmd);
+    char full[4096], *out = NULL;
+    snprintf(full, sizeof full, "generate --json --device cpu --model %s %s", MODEL, args);
+    int rc = run_colt_with(&(ColtRun){.out = &out}, full, NULL);
     CHECK(rc == 0, "colt generate %s: exit %d", args, rc);
-    char *out = read_text(g_tmp, "gen_out");
     json_t *list = json_array();
     for (char *line = out ? strtok(out, "\n") : NULL; line; line = strtok(NULL, "\n")) {
         json_t *o = json_loads(line, 0, NULL);
@@ -169,7 +137,7 @@ static void check_greedy(const Server *s, int n_prompts, const char *extra_gener
     int same = 0;
     for (int p = 0; p < n_prompts; p++) {
         int max_tokens = p == 0 ? 200 : 40;
-        char *q = quoted(PROMPTS[p]), body[1024], args[1024];
+        char *q = json_quoted(PROMPTS[p]), body[1024], args[1024];
         snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"return_token_ids\": true}",
                  q, max_tokens);
         snprintf(args, sizeof args, "--prompt %s --max_new_tokens %d %s", q, max_tokens, extra_generate);
@@ -190,7 +158,7 @@ static void check_seeded(const Server *s, const char *extra_generate) {
     };
     int same = 0, total = 0;
     for (int k = 0; k < 2; k++) {
-        char *q = quoted(PROMPTS[k + 1]), body[1024], args[1024];
+        char *q = json_quoted(PROMPTS[k + 1]), body[1024], args[1024];
         snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 48, %s, \"seed\": %d, \"n\": 3, "
                  "\"return_token_ids\": true}", q, settings[k][0], 1000 + k);
         snprintf(args, sizeof args, "--prompt %s --max_new_tokens 48 %s --seed %d --n 3 %s", q, settings[k][1],
@@ -211,7 +179,7 @@ static void check_concurrent(const Server *s) {
     char bodies[N_CLIENTS][600];
     json_t *alone[N_CLIENTS];
     for (int i = 0; i < N_CLIENTS; i++) {
-        char *q = quoted(PROMPTS[i % 4]);
+        char *q = json_quoted(PROMPTS[i % 4]);
         snprintf(bodies[i], sizeof bodies[i],
                  "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": %s, \"seed\": %d, \"n\": %d, "
                  "\"return_token_ids\": true}",
@@ -223,7 +191,8 @@ static void check_concurrent(const Server *s) {
     HttpBuf bufs[N_CLIENTS] = {0};
     CURL *handles[N_CLIENTS];
     for (int i = 0; i < N_CLIENTS; i++) {
-        handles[i] = make_request(s, "/v1/completions", bodies[i], &bufs[i]);
+        handles[i] = serve_request(s->port, NULL, "/v1/completions", bodies[i], &bufs[i], REQUEST_TIMEOUT_MS,
+                                   http_json_headers());
         curl_multi_add_handle(multi, handles[i]);
     }
     int running = N_CLIENTS;
@@ -436,7 +405,7 @@ static void check_sigterm(Server *s) {
     const char *body = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 200, \"n\": 2, \"ignore_eos\": true, "
                        "\"stream\": true, \"stream_options\": {\"include_usage\": true}}";
     CURLM *multi = curl_multi_init();
-    CURL *c = make_request(s, "/v1/completions", body, &b);
+    CURL *c = serve_request(s->port, NULL, "/v1/completions", body, &b, REQUEST_TIMEOUT_MS, http_json_headers());
     curl_multi_add_handle(multi, c);
     int running = 1;
     bool signalled = false;

@@ -84,15 +84,10 @@ static bool server_start(Server *s, const char *name, const char *model) {
 }
 /* colt train ARGS, bounded by `timeout`; stderr in *err_out. Returns the exit code (124: timed out). */
 static int run_train(const char *args, char **err_out) {
-    char cmd[4096], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "timeout -s KILL 600 %s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
+    int code = run_colt_with(&(ColtRun){.subcommand = "train", .timeout_s = 600}, args, err_out);
     /* under the sanitizers (build-asan), a report from colt train fails the test */
     CHECK(!strstr(*err_out, "Sanitizer") && !strstr(*err_out, "runtime error:"), "colt train %s: %s", args, *err_out);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return code;
 }
 
 /* The error line colt train ends with: its last "colt train: " line (progress lines go to stderr too). */
@@ -124,15 +119,7 @@ static long http(int port, const char *path, const char *body, char **out) {
     return serve_http(port, path, body, 60000L, out);
 }
 /* The value of a /metrics line "name value", or -1. */
-static double server_metric(int port, const char *name) {
-    char *text = NULL, key[128];
-    http(port, "/metrics", NULL, &text);
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *at = text ? strstr(text, key) : NULL;
-    double v = at ? atof(at + strlen(key)) : -1;
-    free(text);
-    return v;
-}
+static double server_metric(int port, const char *name) { return serve_metric(port, NULL, name); }
 
 /* The pid of the colt serve a colt train started (its "started colt serve (pid N)" line), or 0. */
 /* (not inlined: GCC 12 then sees a false dangling pointer through read_text) */

@@ -29,13 +29,7 @@ static const char *BASE =
     "--num_eval_prompts 8 --logging_steps 1 --log_completions_count 0 --save_total_limit 0";
 
 static int run(const char *args, char **err_out) {
-    char cmd[4096], err_path[300];
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s train %s > /dev/null 2> %s", COLT_BINARY, args, err_path);
-    int status = system(cmd);
-    size_t len;
-    if (file_read_all(err_path, err_out, &len, NULL) != 0) *err_out = strdup("");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return run_colt_with(&(ColtRun){.subcommand = "train"}, args, err_out);
 }
 
 static double summary_value(const char *dir, const char *key) {
@@ -146,13 +140,7 @@ int main(void) {
     char cmd[4096];
     /* exec: the signal must reach colt itself, not a shell around it. */
     snprintf(cmd, sizeof cmd, "exec %s train %s %s --output_dir %s", COLT_BINARY, BASE, resume_cfg, i_dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        freopen("/dev/null", "w", stdout);
-        freopen("/dev/null", "w", stderr);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
+    pid_t pid = start_command(cmd, NULL, NULL);
     /* Interrupt once three steps are logged (an odd step: mid-round). */
     char *mpath = path_join(i_dir, "metrics.jsonl");
     for (int waited = 0; waited < 6000; waited++) {

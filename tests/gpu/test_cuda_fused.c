@@ -30,10 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../rope_table.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
+#include "backend_op_cases.h"
 #include "core/error.h"
-#include "../rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
 static uint64_t g_random_state = 0x9e3779b97f4a7c15ull;
@@ -76,38 +77,6 @@ static int rand_int(int lo, int hi) { /* inclusive */
     return lo + (int)(next_random() % (uint64_t)(hi - lo + 1));
 }
 
-/* Storage input: upload, then read the device copy back into x (bf16 rounding). */
-static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(d->be, n);
-    d->be->upload(d->be, buf, x, n);
-    d->be->download(d->be, x, buf, n);
-    return buf;
-}
-
-static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(CPU, n);
-    CPU->upload(CPU, buf, x, n);
-    return buf;
-}
-
-static float *dev_out(const Dev *d, const void *buf, size_t n) {
-    float *x = xmalloc((n ? n : 1) * sizeof(float));
-    d->be->download(d->be, x, buf, n);
-    return x;
-}
-
-static float *cpu_out(const void *buf, size_t n) {
-    float *x = xmalloc((n ? n : 1) * sizeof(float));
-    CPU->download(CPU, x, buf, n);
-    return x;
-}
-
-static void *i32_in(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(be, n);
-    be->upload_i32(be, buf, src, n);
-    return buf;
-}
-
 /* `off` elements into a device buffer (off = 1: not 16-byte aligned). */
 static void *dev_at(const Dev *d, void *buf, size_t off) {
     return (char *)buf + off * dtype_size(d->be->storage);
@@ -120,29 +89,7 @@ static void count_check(int ok) {
 
 /* Compares got (CUDA) with ref (CPU) under t, prints one line, counts failures. */
 static void check(const Dev *d, const char *what, const float *got, const float *ref, size_t n, Tol t) {
-    double maxref = 0.0;
-    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
-    double atol = d->bf16 ? t.bf16_abs * maxref : t.f32_rel * maxref;
-    double k = d->bf16 ? t.bf16_k / 256.0 : 0.0;
-    double worst_abs = 0.0, worst_ratio = -1.0;
-    size_t worst_i = 0, n_bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double r = ref[i], g = got[i];
-        double err = fabs(g - r);
-        if (isnan(g) || isinf(g)) err = INFINITY;
-        double tol = atol + fabs(r) * k;
-        if (err > worst_abs) worst_abs = err;
-        double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
-        if (ratio > worst_ratio) worst_ratio = ratio, worst_i = i;
-        if (!(err <= tol)) n_bad++;
-    }
-    int ok = n > 0 && n_bad == 0;
-    count_check(ok);
-    printf("%s %-9s %-72s max|err| %.3e  tol %.1e + |ref|*%.2g  (max|ref| %.3g, n %zu)\n", ok ? "ok  " : "FAIL",
-           d->tag, what, worst_abs, atol, k, maxref, n);
-    if (!ok && n > 0)
-        printf("     %zu elements out of tolerance; worst at [%zu]: cuda %.9g cpu %.9g\n", n_bad, worst_i,
-               (double)got[worst_i], (double)ref[worst_i]);
+    count_check(op_check_against(d->tag, d->bf16, what, got, ref, n, (OpTol){0, t.f32_rel, t.bf16_abs, t.bf16_k}));
 }
 
 /* Bitwise equality of two downloads of the same table (fp32 holds bf16 exactly). */
@@ -159,7 +106,7 @@ static void check_identical(const Dev *d, const char *what, const float *a, cons
 /* Downloads two device buffers of one table and compares them bitwise. */
 static void check_identical_buffers(const Dev *d, const char *what, const void *fused, const void *unfused,
                                     size_t n) {
-    float *a = dev_out(d, fused, n), *b = dev_out(d, unfused, n);
+    float *a = op_fetch(d->be, fused, n), *b = op_fetch(d->be, unfused, n);
     check_identical(d, what, a, b, n);
     free(a), free(b);
 }
@@ -174,9 +121,11 @@ static void test_add_rmsnorm(const Dev *d, int n, int dim, size_t off, size_t de
     float eps = 1e-6f;
     size_t nx = (size_t)n * dim;
     float *x = rand_floats(nx + off, 3.0f), *delta = rand_floats(nx + delta_off, 1.0f), *w = rand_floats(dim, 1.0f);
-    void *g_x = dev_in(d, x, nx + off), *g_x2 = dev_in(d, x, nx + off), *g_delta = dev_in(d, delta, nx + delta_off);
-    void *g_w = dev_in(d, w, dim), *g_xn = d->be->alloc(d->be, nx + off), *g_xn2 = d->be->alloc(d->be, nx + off);
-    void *c_x = cpu_in(x + off, nx), *c_delta = cpu_in(delta + delta_off, nx), *c_w = cpu_in(w, dim);
+    void *g_x = op_upload(d->be, x, nx + off), *g_x2 = op_upload(d->be, x, nx + off),
+         *g_delta = op_upload(d->be, delta, nx + delta_off);
+    void *g_w = op_upload(d->be, w, dim), *g_xn = d->be->alloc(d->be, nx + off), *g_xn2 = d->be->alloc(d->be, nx + off);
+    void *c_x = op_upload(CPU, x + off, nx), *c_delta = op_upload(CPU, delta + delta_off, nx),
+         *c_w = op_upload(CPU, w, dim);
     void *c_xn = CPU->alloc(CPU, nx);
 
     d->be->add_rmsnorm(d->be, dev_at(d, g_x, off), dev_at(d, g_xn, off), dev_at(d, g_delta, delta_off), g_w, n, dim, eps);
@@ -184,9 +133,9 @@ static void test_add_rmsnorm(const Dev *d, int n, int dim, size_t off, size_t de
     d->be->rmsnorm(d->be, dev_at(d, g_xn2, off), dev_at(d, g_x2, off), g_w, n, dim, eps);
     CPU->add_rmsnorm(CPU, c_x, c_xn, c_delta, c_w, n, dim, eps);
 
-    float *fx = dev_out(d, g_x, nx + off), *ux = dev_out(d, g_x2, nx + off);
-    float *fxn = dev_out(d, g_xn, nx + off), *uxn = dev_out(d, g_xn2, nx + off);
-    float *rx = cpu_out(c_x, nx), *rxn = cpu_out(c_xn, nx);
+    float *fx = op_fetch(d->be, g_x, nx + off), *ux = op_fetch(d->be, g_x2, nx + off);
+    float *fxn = op_fetch(d->be, g_xn, nx + off), *uxn = op_fetch(d->be, g_xn2, nx + off);
+    float *rx = op_fetch(CPU, c_x, nx), *rxn = op_fetch(CPU, c_xn, nx);
     char shape[80];
     snprintf(shape, sizeof shape, "[%d,%d]%s%s", n, dim, off ? " x/xn misaligned" : "",
              delta_off ? " delta misaligned" : "");
@@ -233,12 +182,14 @@ static void test_qkv_rope_store(const Dev *d, int n, int heads, int kv_heads, in
     make_tokens(pos, slots, n, pool_rows);
     float *qkv = rand_floats(n_qkv + off, 1.0f), *kp = rand_floats(n_pool, 1.0f), *vp = rand_floats(n_pool, 1.0f);
     const Backend *be = d->be;
-    void *g_qkv = dev_in(d, qkv, n_qkv + off), *g_pos = i32_in(be, pos, (size_t)n), *g_slots = i32_in(be, slots, (size_t)n);
-    void *g_q = be->alloc(be, n_q), *g_kp = dev_in(d, kp, n_pool), *g_vp = dev_in(d, vp, n_pool);
-    void *u_q = be->alloc(be, n_q), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
+    void *g_qkv = op_upload(d->be, qkv, n_qkv + off), *g_pos = op_upload_i32(be, pos, (size_t)n),
+         *g_slots = op_upload_i32(be, slots, (size_t)n);
+    void *g_q = be->alloc(be, n_q), *g_kp = op_upload(d->be, kp, n_pool), *g_vp = op_upload(d->be, vp, n_pool);
+    void *u_q = be->alloc(be, n_q), *u_kp = op_upload(d->be, kp, n_pool), *u_vp = op_upload(d->be, vp, n_pool);
     void *u_k = be->alloc(be, (size_t)n * kv_dim), *u_v = be->alloc(be, (size_t)n * kv_dim);
-    void *c_qkv = cpu_in(qkv + off, n_qkv), *c_q = CPU->alloc(CPU, n_q), *c_kp = cpu_in(kp, n_pool), *c_vp = cpu_in(vp, n_pool);
-    void *c_pos = i32_in(CPU, pos, (size_t)n), *c_slots = i32_in(CPU, slots, (size_t)n);
+    void *c_qkv = op_upload(CPU, qkv + off, n_qkv), *c_q = CPU->alloc(CPU, n_q), *c_kp = op_upload(CPU, kp, n_pool),
+         *c_vp = op_upload(CPU, vp, n_pool);
+    void *c_pos = op_upload_i32(CPU, pos, (size_t)n), *c_slots = op_upload_i32(CPU, slots, (size_t)n);
 
     be->qkv_rope_store(be, g_q, g_kp, g_vp, dev_at(d, g_qkv, off), g_pos, g_slots, n, heads, kv_heads, head_dim,
                        rope_table(head_dim, theta));
@@ -261,8 +212,8 @@ static void test_qkv_rope_store(const Dev *d, int n, int heads, int kv_heads, in
     const char *part[3] = {"q", "k pool", "v pool"};
     const Tol tol[3] = {ROPE_TOL, ROPE_TOL, EXACT};
     for (int p = 0; p < 3; p++) {
-        float *got = dev_out(d, fused[p], count[p]), *same = dev_out(d, unfused[p], count[p]);
-        float *ref = cpu_out(cpu[p], count[p]);
+        float *got = op_fetch(d->be, fused[p], count[p]), *same = op_fetch(d->be, unfused[p], count[p]);
+        float *ref = op_fetch(CPU, cpu[p], count[p]);
         snprintf(name, sizeof name, "qkv_rope_store %s: %s (bit-identical)", what, part[p]);
         check_identical(d, name, got, same, count[p]);
         snprintf(name, sizeof name, "qkv_rope_store %s: %s vs cpu", what, part[p]);
@@ -303,10 +254,12 @@ static void test_paged_attention_rope(const Dev *d, int n, int heads, int kv_hea
     size_t n_qkv = (size_t)n * row, n_out = (size_t)n * q_dim, n_pool = (size_t)pool_rows * kv_dim;
     float *qkv = rand_floats(n_qkv, 1.0f), *kp = rand_floats(n_pool, 1.0f), *vp = rand_floats(n_pool, 1.0f);
     float *out0 = rand_floats(n_out, 1.0f);
-    void *g_qkv = dev_in(d, qkv, n_qkv), *g_pos = i32_in(be, pos, n), *g_seq = i32_in(be, seq, n);
-    void *g_slots = i32_in(be, slots, n), *g_tables = i32_in(be, tables, (size_t)n * max_blocks);
-    void *f_out = dev_in(d, out0, n_out), *f_q = be->alloc(be, n_out), *f_kp = dev_in(d, kp, n_pool), *f_vp = dev_in(d, vp, n_pool);
-    void *u_out = dev_in(d, out0, n_out), *u_q = be->alloc(be, n_out), *u_kp = dev_in(d, kp, n_pool), *u_vp = dev_in(d, vp, n_pool);
+    void *g_qkv = op_upload(d->be, qkv, n_qkv), *g_pos = op_upload_i32(be, pos, n), *g_seq = op_upload_i32(be, seq, n);
+    void *g_slots = op_upload_i32(be, slots, n), *g_tables = op_upload_i32(be, tables, (size_t)n * max_blocks);
+    void *f_out = op_upload(d->be, out0, n_out), *f_q = be->alloc(be, n_out), *f_kp = op_upload(d->be, kp, n_pool),
+         *f_vp = op_upload(d->be, vp, n_pool);
+    void *u_out = op_upload(d->be, out0, n_out), *u_q = be->alloc(be, n_out), *u_kp = op_upload(d->be, kp, n_pool),
+         *u_vp = op_upload(d->be, vp, n_pool);
     be->paged_attention_rope(be, f_out, f_q, f_kp, f_vp, g_qkv, g_tables, g_seq, g_pos, g_slots, n, heads, kv_heads,
                              head_dim, rope_table(head_dim, 1000000.0f), bs, max_blocks);
     be->qkv_rope_store(be, u_q, u_kp, u_vp, g_qkv, g_pos, g_slots, n, heads, kv_heads, head_dim,
@@ -333,9 +286,9 @@ static void test_swiglu_gate_up(const Dev *d, int n, int f, size_t off) {
     size_t no = (size_t)n * f;
     const Backend *be = d->be;
     float *gate_up = rand_floats(2 * no + off, 3.0f);
-    void *g_gate_up = dev_in(d, gate_up, 2 * no + off), *g_out = be->alloc(be, no), *u_out = be->alloc(be, no);
+    void *g_gate_up = op_upload(d->be, gate_up, 2 * no + off), *g_out = be->alloc(be, no), *u_out = be->alloc(be, no);
     void *u_gate = be->alloc(be, no), *u_up = be->alloc(be, no);
-    void *c_gate_up = cpu_in(gate_up + off, 2 * no), *c_out = CPU->alloc(CPU, no);
+    void *c_gate_up = op_upload(CPU, gate_up + off, 2 * no), *c_out = CPU->alloc(CPU, no);
 
     be->swiglu_gate_up(be, g_out, dev_at(d, g_gate_up, off), n, f);
     for (int i = 0; i < n; i++) {
@@ -345,7 +298,7 @@ static void test_swiglu_gate_up(const Dev *d, int n, int f, size_t off) {
     be->swiglu(be, u_out, u_gate, u_up, no);
     CPU->swiglu_gate_up(CPU, c_out, c_gate_up, n, f);
 
-    float *got = dev_out(d, g_out, no), *same = dev_out(d, u_out, no), *ref = cpu_out(c_out, no);
+    float *got = op_fetch(d->be, g_out, no), *same = op_fetch(d->be, u_out, no), *ref = op_fetch(CPU, c_out, no);
     snprintf(name, sizeof name, "swiglu_gate_up [%d,2*%d]%s: == swiglu (bit-identical)", n, f,
              off ? " misaligned" : "");
     check_identical(d, name, got, same, no);

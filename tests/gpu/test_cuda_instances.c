@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_instance.h"
 #include "backend/sampling.h"
+#include "backend_op_cases.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
@@ -64,38 +65,6 @@ static float *rand_floats(size_t n, float scale) {
     return x;
 }
 
-/* Storage input: upload, then read the device copy back into x (bf16 rounding). */
-static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(d->be, n);
-    d->be->upload(d->be, buf, x, n);
-    d->be->download(d->be, x, buf, n);
-    return buf;
-}
-
-static void *ints_in(const Backend *be, const int *x, size_t n) {
-    void *buf = be->alloc_i32(be, n);
-    be->upload_i32(be, buf, x, n);
-    return buf;
-}
-
-static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(CPU, n);
-    CPU->upload(CPU, buf, x, n);
-    return buf;
-}
-
-static float *dev_out(const Dev *d, const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download(d->be, x, buf, n);
-    return x;
-}
-
-static float *cpu_out(const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    CPU->download(CPU, x, buf, n);
-    return x;
-}
-
 static void record(int ok) {
     g_checks++;
     if (!ok) g_failures++;
@@ -103,27 +72,7 @@ static void record(int ok) {
 
 /* Compares got (an instance) with ref (CPU) under t, prints one line, counts failures. */
 static void check(const Dev *d, const char *what, const float *got, const float *ref, size_t n, Tol t) {
-    double maxref = 0.0;
-    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
-    double atol = t.bf16_abs * maxref, k = t.bf16_k / 256.0;
-    double worst_abs = 0.0, worst_ratio = -1.0;
-    size_t worst_i = 0, n_bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double r = ref[i], g = got[i], err = fabs(g - r);
-        if (isnan(g) || isinf(g)) err = INFINITY;
-        double tol = atol + fabs(r) * k;
-        if (err > worst_abs) worst_abs = err;
-        double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
-        if (ratio > worst_ratio) worst_ratio = ratio, worst_i = i;
-        if (!(err <= tol)) n_bad++;
-    }
-    int ok = n > 0 && n_bad == 0;
-    record(ok);
-    printf("%s %-2s %-58s max|err| %.3e  tol %.1e + |ref|*%.2g  (max|ref| %.3g, n %zu)\n", ok ? "ok  " : "FAIL",
-           d->tag, what, worst_abs, atol, k, maxref, n);
-    if (!ok && n > 0)
-        printf("     %zu elements out of tolerance; worst at [%zu]: cuda %.9g cpu %.9g\n", n_bad, worst_i,
-               (double)got[worst_i], (double)ref[worst_i]);
+    record(op_check_against(d->tag, true, what, got, ref, n, (OpTol){0, 0, t.bf16_abs, t.bf16_k}));
 }
 
 /* A yes/no check with its line. */
@@ -144,7 +93,7 @@ static void linear_both(const Dev dev[2], void *const gx[2], void *const gw[2], 
     for (int k = 0; k < 2; k++) before[k] = cuda_skinny_call_count(dev[k].be);
     for (int k = 0; k < 2; k++) dev[k].be->linear(dev[k].be, go[k], gx[k], gw[k], gb[k], n, in_dim, out_dim);
     for (int k = 0; k < 2; k++) {
-        got[k] = dev_out(&dev[k], go[k], (size_t)n * out_dim);
+        got[k] = op_fetch(dev[k].be, go[k], (size_t)n * out_dim);
         skinny[k] = cuda_skinny_call_count(dev[k].be) - before[k];
     }
 }
@@ -156,13 +105,15 @@ static void test_linear_and_modes(const Dev dev[2], int in_dim, int out_dim) {
     float *x = rand_floats(nx, 1.0f), *w = rand_floats(nw, 1.0f / sqrtf((float)in_dim)), *b = rand_floats(out_dim, 0.5f);
     void *gx[2], *gw[2], *gb[2], *go[2];
     for (int k = 0; k < 2; k++) { /* both bf16: the second upload rounds nothing further */
-        gx[k] = dev_in(&dev[k], x, nx), gw[k] = dev_in(&dev[k], w, nw), gb[k] = dev_in(&dev[k], b, out_dim);
+        gx[k] = op_upload(dev[k].be, x, nx), gw[k] = op_upload(dev[k].be, w, nw),
+        gb[k] = op_upload(dev[k].be, b, out_dim);
         go[k] = dev[k].be->alloc(dev[k].be, ny);
         cuda_skinny_set_enabled(dev[k].be, 2); /* every shape it takes, whatever COLT_NO_SKINNY says */
     }
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim), *co = CPU->alloc(CPU, ny);
+    void *cx = op_upload(CPU, x, nx), *cw = op_upload(CPU, w, nw), *cb = op_upload(CPU, b, out_dim),
+         *co = CPU->alloc(CPU, ny);
     CPU->linear(CPU, co, cx, cw, cb, n_big, in_dim, out_dim);
-    float *ref = cpu_out(co, ny);
+    float *ref = op_fetch(CPU, co, ny);
 
     /* A deterministic, B not. */
     float *big[2], *small[2], *small_again[2], *small_swapped[2];
@@ -231,13 +182,14 @@ static void test_rmsnorm(const Dev dev[2], int n, int dim) {
     float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
     void *gx[2], *gw[2], *go[2];
     for (int k = 0; k < 2; k++)
-        gx[k] = dev_in(&dev[k], x, nx), gw[k] = dev_in(&dev[k], w, dim), go[k] = dev[k].be->alloc(dev[k].be, nx);
+        gx[k] = op_upload(dev[k].be, x, nx), gw[k] = op_upload(dev[k].be, w, dim),
+        go[k] = dev[k].be->alloc(dev[k].be, nx);
     for (int k = 0; k < 2; k++) dev[k].be->rmsnorm(dev[k].be, go[k], gx[k], gw[k], n, dim, eps);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *co = CPU->alloc(CPU, nx);
+    void *cx = op_upload(CPU, x, nx), *cw = op_upload(CPU, w, dim), *co = CPU->alloc(CPU, nx);
     CPU->rmsnorm(CPU, co, cx, cw, n, dim, eps);
-    float *ref = cpu_out(co, nx);
+    float *ref = op_fetch(CPU, co, nx);
     for (int k = 0; k < 2; k++) {
-        float *got = dev_out(&dev[k], go[k], nx);
+        float *got = op_fetch(dev[k].be, go[k], nx);
         snprintf(name, sizeof name, "rmsnorm [%d,%d]", n, dim);
         check(&dev[k], name, got, ref, nx, (Tol){1e-4, 1.5});
         free(got);
@@ -265,20 +217,23 @@ static void test_paged_attention(const Dev dev[2], int heads, int kv_heads, int 
     float *q = rand_floats(nq, 1.0f), *kp = rand_floats(pool, 1.0f), *vp = rand_floats(pool, 1.0f);
     void *gq[2], *gk[2], *gv[2], *go[2], *gt[2], *gs[2], *gp[2];
     for (int k = 0; k < 2; k++) {
-        gq[k] = dev_in(&dev[k], q, nq), gk[k] = dev_in(&dev[k], kp, pool), gv[k] = dev_in(&dev[k], vp, pool);
+        gq[k] = op_upload(dev[k].be, q, nq), gk[k] = op_upload(dev[k].be, kp, pool),
+        gv[k] = op_upload(dev[k].be, vp, pool);
         go[k] = dev[k].be->alloc(dev[k].be, nq);
-        gt[k] = ints_in(dev[k].be, tables, SEQS * MAX_BLOCKS), gs[k] = ints_in(dev[k].be, seq, N);
-        gp[k] = ints_in(dev[k].be, pos, N);
+        gt[k] = op_upload_i32(dev[k].be, tables, SEQS * MAX_BLOCKS), gs[k] = op_upload_i32(dev[k].be, seq, N);
+        gp[k] = op_upload_i32(dev[k].be, pos, N);
     }
     for (int k = 0; k < 2; k++)
         dev[k].be->paged_attention(dev[k].be, go[k], gq[k], gk[k], gv[k], gt[k], gs[k], gp[k], N, heads, kv_heads,
                                    head_dim, BLOCK, MAX_BLOCKS);
-    void *cq = cpu_in(q, nq), *ck = cpu_in(kp, pool), *cv = cpu_in(vp, pool), *co = CPU->alloc(CPU, nq);
-    void *ct = ints_in(CPU, tables, SEQS * MAX_BLOCKS), *cs = ints_in(CPU, seq, N), *cp = ints_in(CPU, pos, N);
+    void *cq = op_upload(CPU, q, nq), *ck = op_upload(CPU, kp, pool), *cv = op_upload(CPU, vp, pool),
+         *co = CPU->alloc(CPU, nq);
+    void *ct = op_upload_i32(CPU, tables, SEQS * MAX_BLOCKS), *cs = op_upload_i32(CPU, seq, N),
+         *cp = op_upload_i32(CPU, pos, N);
     CPU->paged_attention(CPU, co, cq, ck, cv, ct, cs, cp, N, heads, kv_heads, head_dim, BLOCK, MAX_BLOCKS);
-    float *ref = cpu_out(co, nq);
+    float *ref = op_fetch(CPU, co, nq);
     for (int k = 0; k < 2; k++) {
-        float *got = dev_out(&dev[k], go[k], nq);
+        float *got = op_fetch(dev[k].be, go[k], nq);
         snprintf(name, sizeof name, "paged_attention H=%d KVH=%d Dh=%d, lens 100/37/5 + padding", heads, kv_heads,
                  head_dim);
         check(&dev[k], name, got, ref, n_real, (Tol){2e-3, 2.0}); /* the padding row is unspecified */
@@ -303,18 +258,19 @@ static void test_sample(const Dev dev[2], int n, int vocab) {
     for (int i = 0; i < n; i++) seq[i] = i, streams[i] = 100 + i, counters[i] = 3 * i;
     void *gl[2], *gtok[2], *glp[2], *gseq[2], *gstr[2], *gcnt[2];
     for (int k = 0; k < 2; k++) {
-        gl[k] = dev_in(&dev[k], x, nl); /* x now holds the bf16 values */
+        gl[k] = op_upload(dev[k].be, x, nl); /* x now holds the bf16 values */
         gtok[k] = dev[k].be->alloc_i32(dev[k].be, n), glp[k] = dev[k].be->alloc_f32(dev[k].be, n);
-        gseq[k] = ints_in(dev[k].be, seq, n), gstr[k] = ints_in(dev[k].be, streams, n);
-        gcnt[k] = ints_in(dev[k].be, counters, n);
+        gseq[k] = op_upload_i32(dev[k].be, seq, n), gstr[k] = op_upload_i32(dev[k].be, streams, n);
+        gcnt[k] = op_upload_i32(dev[k].be, counters, n);
     }
     SamplingParams greedy = sampling_params_greedy();
     SamplingParams drawn = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
                             .repetition_penalty = 1.0f, .seed = 7};
     int cpu_tok[8], got_tok[2][8], drawn_tok[2][8];
     float cpu_lp[8], got_lp[2][8], drawn_lp[2][8];
-    void *cl = cpu_in(x, nl), *ctok = CPU->alloc_i32(CPU, n), *clp = CPU->alloc_f32(CPU, n);
-    void *cseq = ints_in(CPU, seq, n), *cstr = ints_in(CPU, streams, n), *ccnt = ints_in(CPU, counters, n);
+    void *cl = op_upload(CPU, x, nl), *ctok = CPU->alloc_i32(CPU, n), *clp = CPU->alloc_f32(CPU, n);
+    void *cseq = op_upload_i32(CPU, seq, n), *cstr = op_upload_i32(CPU, streams, n),
+         *ccnt = op_upload_i32(CPU, counters, n);
     CPU->sample(CPU, ctok, clp, cl, n, vocab, &greedy, cseq, cstr, ccnt, NULL, NULL, 0);
     CPU->download_i32(CPU, cpu_tok, ctok, n);
     CPU->download_f32(CPU, cpu_lp, clp, n);

@@ -19,8 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
 #include "../harness.h"
+#include "backend/backend.h"
+#include "backend_op_cases.h"
 
 /* Test hooks on an instance. cuda_invariant.cu: -1 automatic, 0..2 a bf16 tile shape; cuda_gemm.cu: -1 the
  * fastest, else split-K-free candidate k. */
@@ -35,14 +36,6 @@ static void fill(float *x, size_t n, uint64_t seed, float scale) {
         z ^= z >> 31;
         x[i] = scale * ((float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
     }
-}
-
-/* Upload x to be, then read the device copy back into x (the storage rounding). */
-static void *dev_in(const Backend *be, float *x, size_t n) {
-    void *buf = be->alloc(be, n);
-    be->upload(be, buf, x, n);
-    be->download(be, x, buf, n);
-    return buf;
 }
 
 static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
@@ -60,7 +53,7 @@ static void test_linear(const Backend *be, int in_dim, int out_dim, int with_bia
     fill(x, nx, 1, 1.0f);
     fill(w, nw, 2, 1.0f / sqrtf((float)in_dim));
     fill(b, out_dim, 3, 0.5f);
-    void *dx = dev_in(be, x, nx), *dw = dev_in(be, w, nw), *db = with_bias ? dev_in(be, b, out_dim) : NULL;
+    void *dx = op_upload(be, x, nx), *dw = op_upload(be, w, nw), *db = with_bias ? op_upload(be, b, out_dim) : NULL;
     void *dout = be->alloc(be, no);
 
     /* CPU reference (its default sgemm) on the storage-rounded inputs */
@@ -167,7 +160,7 @@ static void test_attention(const Backend *be, int n_heads, int n_kv_heads, int h
     float *q = malloc(nq * sizeof(float)), *k = malloc(nkv * sizeof(float)), *v = malloc(nkv * sizeof(float));
     float *ref = malloc(nq * sizeof(float)), *train = malloc(nq * sizeof(float)), *paged = malloc(nq * sizeof(float));
     fill(q, nq, 4, 1.0f), fill(k, nkv, 5, 1.0f), fill(v, nkv, 6, 1.0f);
-    void *dq = dev_in(be, q, nq), *dk = dev_in(be, k, nkv), *dv = dev_in(be, v, nkv);
+    void *dq = op_upload(be, q, nq), *dk = op_upload(be, k, nkv), *dv = op_upload(be, v, nkv);
     void *kc = be->alloc(be, ncache), *vc = be->alloc(be, ncache), *kp = be->alloc(be, npool), *vp = be->alloc(be, npool);
     void *out = be->alloc(be, nq);
     be->zero(be, kc, ncache), be->zero(be, vc, ncache), be->zero(be, kp, npool), be->zero(be, vp, npool);

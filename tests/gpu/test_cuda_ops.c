@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "backend_op_cases.h"
 #include "backend/cuda/cuda_instance.h"
 #include "core/error.h"
 #include "core/floats.h"
@@ -69,44 +70,6 @@ static int rand_int(int lo, int hi) { /* inclusive */
     return v > hi ? hi : v;
 }
 
-/* Storage input: upload, then read the device copy back into x (bf16 rounding). */
-static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(d->be, n);
-    d->be->upload(d->be, buf, x, n);
-    d->be->download(d->be, x, buf, n);
-    return buf;
-}
-
-static void *dev_in_f32(const Dev *d, const float *x, size_t n) {
-    void *buf = d->be->alloc_f32(d->be, n);
-    d->be->upload_f32(d->be, buf, x, n);
-    return buf;
-}
-
-static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(CPU, n);
-    CPU->upload(CPU, buf, x, n);
-    return buf;
-}
-
-static float *dev_out(const Dev *d, const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download(d->be, x, buf, n);
-    return x;
-}
-
-static float *dev_out_f32(const Dev *d, const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    d->be->download_f32(d->be, x, buf, n);
-    return x;
-}
-
-static float *cpu_out(const void *buf, size_t n) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    CPU->download(CPU, x, buf, n);
-    return x;
-}
-
 static float *dup_floats(const float *x, size_t n) {
     float *y = malloc((n ? n : 1) * sizeof(float));
     memcpy(y, x, n * sizeof(float));
@@ -115,31 +78,9 @@ static float *dup_floats(const float *x, size_t n) {
 
 /* Compares got (CUDA) with ref (CPU) under t, prints one line, counts failures. */
 static void check(const Dev *d, const char *what, const float *got, const float *ref, size_t n, Tol t) {
-    double maxref = 0.0;
-    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
-    double atol = d->bf16 ? t.bf16_abs * maxref : t.f32_rel * maxref;
-    double k = d->bf16 ? t.bf16_k / 256.0 : 0.0;
-    double worst_abs = 0.0, worst_rel = 0.0, worst_ratio = -1.0;
-    size_t worst_i = 0, n_bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double r = ref[i], g = got[i];
-        double err = fabs(g - r);
-        if (isnan(g) || isinf(g)) err = INFINITY;
-        double tol = atol + fabs(r) * k;
-        if (err > worst_abs) worst_abs = err;
-        if (fabs(r) > 1e-3 * maxref && err / fabs(r) > worst_rel) worst_rel = err / fabs(r);
-        double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
-        if (ratio > worst_ratio) worst_ratio = ratio, worst_i = i;
-        if (!(err <= tol)) n_bad++;
-    }
-    int ok = n > 0 && n_bad == 0;
     g_checks++;
-    if (!ok) g_failures++;
-    printf("%s %-9s %-58s max|err| %.3e  max rel %.3e  tol %.1e + |ref|*%.2g  (max|ref| %.3g, n %zu)\n",
-           ok ? "ok  " : "FAIL", d->tag, what, worst_abs, worst_rel, atol, k, maxref, n);
-    if (!ok && n > 0)
-        printf("     %zu elements out of tolerance; worst at [%zu]: cuda %.9g cpu %.9g\n", n_bad, worst_i,
-               (double)got[worst_i], (double)ref[worst_i]);
+    if (!op_check_against(d->tag, d->bf16, what, got, ref, n, (OpTol){0, t.f32_rel, t.bf16_abs, t.bf16_k}))
+        g_failures++;
 }
 
 /* ---------------------------------------------------------------- memory ops */
@@ -149,31 +90,31 @@ static void test_memory(const Dev *d) {
     float *x = rand_floats(n, 2.0f);
     void *buf = d->be->alloc(d->be, n);
     d->be->upload(d->be, buf, x, n);
-    float *back = dev_out(d, buf, n);
+    float *back = op_fetch(d->be, buf, n);
     check(d, "upload/download round trip [1000]", back, x, n, (Tol){0.0, 0.0, 1.0});
 
     /* copy with element offsets: dst[5..42) = src[11..48) */
     float *y = rand_floats(60, 1.0f);
-    void *dst = dev_in(d, y, 60);
+    void *dst = op_upload(d->be, y, 60);
     float *src_host = dup_floats(back, n);
     d->be->copy(d->be, dst, 5, buf, 11, 37);
     memcpy(y + 5, src_host + 11, 37 * sizeof(float));
-    float *got = dev_out(d, dst, 60);
+    float *got = op_fetch(d->be, dst, 60);
     check(d, "copy (dst off 5, src off 11, 37 elems)", got, y, 60, (Tol){0, 0, 0});
     free(got);
 
     d->be->zero(d->be, dst, 60);
-    got = dev_out(d, dst, 60);
+    got = op_fetch(d->be, dst, 60);
     float zeros[60] = {0};
     check(d, "zero [60]", got, zeros, 60, (Tol){0, 0, 0});
     free(got);
 
-    void *f = dev_in_f32(d, x, n);
-    got = dev_out_f32(d, f, n);
+    void *f = op_upload_f32(d->be, x, n);
+    got = op_fetch_f32(d->be, f, n);
     check(d, "upload_f32/download_f32 round trip [1000] (exact)", got, x, n, (Tol){0, 0, 0});
     free(got);
     d->be->zero_f32(d->be, f, 60);
-    got = dev_out_f32(d, f, n);
+    got = op_fetch_f32(d->be, f, n);
     float *expect = dup_floats(x, n);
     memset(expect, 0, 60 * sizeof(float));
     check(d, "zero_f32 [first 60 of 1000]", got, expect, n, (Tol){0, 0, 0});
@@ -186,7 +127,7 @@ static void test_memory(const Dev *d) {
     d->be->copy_to_host(d->be, pinned, buf, bytes);
     void *buf2 = d->be->alloc(d->be, n);
     d->be->copy_from_host(d->be, buf2, pinned, bytes);
-    got = dev_out(d, buf2, n);
+    got = op_fetch(d->be, buf2, n);
     check(d, "copy_to_host / copy_from_host (pinned) round trip [1000] (exact)", got, back, n, (Tol){0, 0, 0});
     free(got);
     d->be->copy_to_host(d->be, plain, buf, bytes);
@@ -210,128 +151,6 @@ static void test_memory(const Dev *d) {
     d->be->free(d->be, buf), d->be->free(d->be, buf2), d->be->free(d->be, dst), d->be->free(d->be, f);
 }
 
-/* ---------------------------------------------------------------- linear */
-
-static void test_linear(const Dev *d, int n, int in, int out, int with_bias) {
-    char name[128];
-    snprintf(name, sizeof name, "linear%s [%d,%d]x[%d,%d]^T", with_bias ? " +bias" : "", n, in, out, in);
-    float *x = rand_floats((size_t)n * in, 1.0f), *w = rand_floats((size_t)out * in, 1.0f / sqrtf((float)in)),
-          *b = rand_floats(out, 0.5f);
-    void *gx = dev_in(d, x, (size_t)n * in), *gw = dev_in(d, w, (size_t)out * in), *gb = dev_in(d, b, out);
-    void *go = d->be->alloc(d->be, (size_t)n * out);
-    void *cx = cpu_in(x, (size_t)n * in), *cw = cpu_in(w, (size_t)out * in), *cb = cpu_in(b, out);
-    void *co = CPU->alloc(CPU, (size_t)n * out);
-    d->be->linear(d->be, go, gx, gw, with_bias ? gb : NULL, n, in, out);
-    CPU->linear(CPU, co, cx, cw, with_bias ? cb : NULL, n, in, out);
-    float *got = dev_out(d, go, (size_t)n * out), *ref = cpu_out(co, (size_t)n * out);
-    check(d, name, got, ref, (size_t)n * out, (Tol){2e-5, 2e-3, 1.5});
-    free(x), free(w), free(b), free(got), free(ref);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gb), d->be->free(d->be, go);
-    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cb), CPU->free(CPU, co);
-}
-
-static void test_linear_backward(const Dev *d, int n, int in, int out, int with_dx, int acc_dx, int with_db) {
-    char name[160];
-    size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
-    float *x = rand_floats(nx, 1.0f), *w = rand_floats(nw, 1.0f / sqrtf((float)in)), *dy = rand_floats(ny, 1.0f);
-    float *dx0 = rand_floats(nx, 1.0f), *dw0 = rand_floats(nw, 1.0f), *db0 = rand_floats(out, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gdy = dev_in(d, dy, ny), *gdx = dev_in(d, dx0, nx);
-    void *gdw = dev_in_f32(d, dw0, nw), *gdb = dev_in_f32(d, db0, out);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cdy = cpu_in(dy, ny), *cdx = cpu_in(dx0, nx);
-    void *cdw = cpu_in(dw0, nw), *cdb = cpu_in(db0, out);
-    d->be->linear_backward(d->be, with_dx ? gdx : NULL, gdw, with_db ? gdb : NULL, gdy, gx, gw, n, in, out, acc_dx);
-    CPU->linear_backward(CPU, with_dx ? cdx : NULL, cdw, with_db ? cdb : NULL, cdy, cx, cw, n, in, out, acc_dx);
-    if (with_dx) {
-        float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
-        snprintf(name, sizeof name, "linear_backward dx%s [%d,%d] w[%d,%d]", acc_dx ? " (+=)" : " (=)", n, out, out, in);
-        check(d, name, got, ref, nx, (Tol){2e-5, 2e-3, 1.5});
-        free(got), free(ref);
-    }
-    {
-        float *got = dev_out_f32(d, gdw, nw), *ref = cpu_out(cdw, nw);
-        snprintf(name, sizeof name, "linear_backward dw [f32] += [%d,%d] (N=%d)", out, in, n);
-        check(d, name, got, ref, nw, (Tol){2e-5, 5e-5, 0});
-        free(got), free(ref);
-    }
-    if (with_db) {
-        float *got = dev_out_f32(d, gdb, out), *ref = cpu_out(cdb, out);
-        snprintf(name, sizeof name, "linear_backward db [f32] += [%d] (N=%d)", out, n);
-        check(d, name, got, ref, out, (Tol){2e-5, 5e-5, 0});
-        free(got), free(ref);
-    }
-    free(x), free(w), free(dy), free(dx0), free(dw0), free(db0);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gdy), d->be->free(d->be, gdx), d->be->free(d->be, gdw), d->be->free(d->be, gdb);
-    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cdy), CPU->free(CPU, cdx), CPU->free(CPU, cdw), CPU->free(CPU, cdb);
-}
-
-/* ---------------------------------------------------------------- rmsnorm */
-
-/* in_place: out = x (Qwen3's per-head q/k norm in the engine). */
-static void test_rmsnorm(const Dev *d, int n, int dim, int in_place) {
-    char name[128];
-    float eps = 1e-6f;
-    size_t nx = (size_t)n * dim;
-    float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *go = d->be->alloc(d->be, nx);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *co = CPU->alloc(CPU, nx);
-    d->be->rmsnorm(d->be, in_place ? gx : go, gx, gw, n, dim, eps);
-    CPU->rmsnorm(CPU, in_place ? cx : co, cx, cw, n, dim, eps);
-    float *got = dev_out(d, in_place ? gx : go, nx), *ref = cpu_out(in_place ? cx : co, nx);
-    snprintf(name, sizeof name, "rmsnorm%s [%d,%d]", in_place ? " in place" : "", n, dim);
-    check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
-    free(x), free(w), free(got), free(ref);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, go), CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, co);
-}
-
-/* with_dw 0: a frozen norm (dw NULL), dx only. */
-static void test_rmsnorm_backward(const Dev *d, int n, int dim, int with_dw) {
-    char name[128];
-    float eps = 1e-5f;
-    size_t nx = (size_t)n * dim;
-    float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f), *dy = rand_floats(nx, 1.0f);
-    float *dx0 = rand_floats(nx, 0.1f), *dw0 = rand_floats(dim, 1.0f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, dim), *gdy = dev_in(d, dy, nx), *gdx = dev_in(d, dx0, nx);
-    void *gdw = dev_in_f32(d, dw0, dim);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, dim), *cdy = cpu_in(dy, nx), *cdx = cpu_in(dx0, nx), *cdw = cpu_in(dw0, dim);
-    d->be->rmsnorm_backward(d->be, gdx, with_dw ? gdw : NULL, gdy, gx, gw, n, dim, eps);
-    CPU->rmsnorm_backward(CPU, cdx, with_dw ? cdw : NULL, cdy, cx, cw, n, dim, eps);
-    float *got = dev_out(d, gdx, nx), *ref = cpu_out(cdx, nx);
-    snprintf(name, sizeof name, "rmsnorm_backward dx (+=)%s [%d,%d]", with_dw ? "" : ", dw NULL", n, dim);
-    check(d, name, got, ref, nx, (Tol){1e-5, 1e-3, 1.5});
-    free(got), free(ref);
-    got = dev_out_f32(d, gdw, dim), ref = cpu_out(cdw, dim);
-    snprintf(name, sizeof name, "rmsnorm_backward dw [f32] %s [%d]", with_dw ? "+=" : "untouched (NULL)", dim);
-    check(d, name, got, ref, dim, (Tol){1e-5, 5e-5, 0});
-    free(got), free(ref);
-    free(x), free(w), free(dy), free(dx0), free(dw0);
-    d->be->free(d->be, gx), d->be->free(d->be, gw), d->be->free(d->be, gdy), d->be->free(d->be, gdx), d->be->free(d->be, gdw);
-    CPU->free(CPU, cx), CPU->free(CPU, cw), CPU->free(CPU, cdy), CPU->free(CPU, cdx), CPU->free(CPU, cdw);
-}
-
-/* ---------------------------------------------------------------- rope */
-
-static void test_rope(const Dev *d, int n, int heads, int head_dim, float theta, int max_pos, int backward) {
-    char name[128];
-    size_t nx = (size_t)n * heads * head_dim;
-    float *x = rand_floats(nx, 1.0f);
-    int *pos = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
-    void *gx = dev_in(d, x, nx), *cx = cpu_in(x, nx);
-    if (backward) {
-        d->be->rope_backward(d->be, gx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-        CPU->rope_backward(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-    } else {
-        d->be->rope(d->be, gx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-        CPU->rope(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-    }
-    float *got = dev_out(d, gx, nx), *ref = cpu_out(cx, nx);
-    snprintf(name, sizeof name, "%s [%d,%d,%d] theta %g pos<=%d", backward ? "rope_backward" : "rope", n, heads,
-             head_dim, theta, max_pos);
-    check(d, name, got, ref, nx, (Tol){1e-5, 1e-4, 1.5});
-    free(x), free(pos), free(got), free(ref);
-    d->be->free(d->be, gx), CPU->free(CPU, cx);
-}
-
 /* ---------------------------------------------------------------- kv cache and attention */
 
 /* A batch of n tokens over S slots of the given lengths: each slot's last
@@ -345,46 +164,6 @@ static void make_tokens(int *slot, int *pos, int n, int n_slots, const int *lens
         for (int j = 0; j < k; j++) dup |= slot[j] == s && pos[j] == p;
         if (!dup) slot[k] = s, pos[k] = p, k++;
     }
-}
-
-static void test_kv(const Dev *d, int n_slots, int max_len, int kv_dim, int n) {
-    char name[128];
-    int lens[8];
-    for (int s = 0; s < n_slots; s++) lens[s] = max_len - 3 * s;
-    int *slot = malloc((size_t)n * sizeof(int)), *pos = malloc((size_t)n * sizeof(int));
-    make_tokens(slot, pos, n, n_slots, lens);
-    size_t nc = (size_t)n_slots * max_len * kv_dim, nt = (size_t)n * kv_dim;
-    float *kc = rand_floats(nc, 1.0f), *vc = rand_floats(nc, 1.0f), *k = rand_floats(nt, 1.0f), *v = rand_floats(nt, 1.0f);
-    void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gk = dev_in(d, k, nt), *gv = dev_in(d, v, nt);
-    void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *ck = cpu_in(k, nt), *cv = cpu_in(v, nt);
-    d->be->kv_store(d->be, gkc, gvc, gk, gv, slot, pos, n, kv_dim, max_len);
-    CPU->kv_store(CPU, ckc, cvc, ck, cv, slot, pos, n, kv_dim, max_len);
-    float *got = dev_out(d, gkc, nc), *ref = cpu_out(ckc, nc);
-    snprintf(name, sizeof name, "kv_store k_cache [%d,%d,%d] N=%d (exact)", n_slots, max_len, kv_dim, n);
-    check(d, name, got, ref, nc, (Tol){0, 0, 0});
-    free(got), free(ref);
-    got = dev_out(d, gvc, nc), ref = cpu_out(cvc, nc);
-    snprintf(name, sizeof name, "kv_store v_cache [%d,%d,%d] N=%d (exact)", n_slots, max_len, kv_dim, n);
-    check(d, name, got, ref, nc, (Tol){0, 0, 0});
-    free(got), free(ref);
-
-    /* gather from [f32] caches into storage rows */
-    float *fk = rand_floats(nc, 1.0f), *fv = rand_floats(nc, 1.0f);
-    void *gfk = dev_in_f32(d, fk, nc), *gfv = dev_in_f32(d, fv, nc), *cfk = cpu_in(fk, nc), *cfv = cpu_in(fv, nc);
-    d->be->kv_gather(d->be, gk, gv, gfk, gfv, slot, pos, n, kv_dim, max_len);
-    CPU->kv_gather(CPU, ck, cv, cfk, cfv, slot, pos, n, kv_dim, max_len);
-    got = dev_out(d, gk, nt), ref = cpu_out(ck, nt);
-    snprintf(name, sizeof name, "kv_gather k [%d,%d] from [f32] cache", n, kv_dim);
-    check(d, name, got, ref, nt, (Tol){0, 0, 1.0});
-    free(got), free(ref);
-    got = dev_out(d, gv, nt), ref = cpu_out(cv, nt);
-    snprintf(name, sizeof name, "kv_gather v [%d,%d] from [f32] cache", n, kv_dim);
-    check(d, name, got, ref, nt, (Tol){0, 0, 1.0});
-    free(got), free(ref);
-
-    free(slot), free(pos), free(kc), free(vc), free(k), free(v), free(fk), free(fv);
-    d->be->free(d->be, gkc), d->be->free(d->be, gvc), d->be->free(d->be, gk), d->be->free(d->be, gv), d->be->free(d->be, gfk), d->be->free(d->be, gfv);
-    CPU->free(CPU, ckc), CPU->free(CPU, cvc), CPU->free(CPU, ck), CPU->free(CPU, cv), CPU->free(CPU, cfk), CPU->free(CPU, cfv);
 }
 
 /* bf16 round to nearest even (as __float2bfloat16_rn) */
@@ -516,30 +295,34 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
              n_slots, max_len, lens[0], lens[n_slots - 1]);
     float *kc = rand_floats(nc, 1.0f), *vc = rand_floats(nc, 1.0f), *q = rand_floats(nq, q_scale);
     float *dout = rand_floats(nq, 1.0f), *dk0 = rand_floats(nc, 0.1f), *dv0 = rand_floats(nc, 0.1f);
-    void *gkc = dev_in(d, kc, nc), *gvc = dev_in(d, vc, nc), *gq = dev_in(d, q, nq), *go = d->be->alloc(d->be, nq);
-    void *ckc = cpu_in(kc, nc), *cvc = cpu_in(vc, nc), *cq = cpu_in(q, nq), *co = CPU->alloc(CPU, nq);
+    void *gkc = op_upload(d->be, kc, nc), *gvc = op_upload(d->be, vc, nc), *gq = op_upload(d->be, q, nq),
+         *go = d->be->alloc(d->be, nq);
+    void *ckc = op_upload(CPU, kc, nc), *cvc = op_upload(CPU, vc, nc), *cq = op_upload(CPU, q, nq),
+         *co = CPU->alloc(CPU, nq);
     size_t nl = (size_t)n * heads;
     void *glse = d->be->alloc_f32(d->be, nl), *clse = CPU->alloc_f32(CPU, nl);
 
     d->be->attention(d->be, go, glse, gq, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
     CPU->attention(CPU, co, clse, cq, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim, max_len);
-    float *got = dev_out(d, go, nq), *ref = cpu_out(co, nq);
+    float *got = op_fetch(d->be, go, nq), *ref = op_fetch(CPU, co, nq);
     snprintf(name, sizeof name, "attention %s", shape);
     check(d, name, got, ref, nq, (Tol){1e-5, 2e-3, 2.0});
     free(got), free(ref);
-    got = dev_out_f32(d, glse, nl), ref = malloc(nl * sizeof(float));
+    got = op_fetch_f32(d->be, glse, nl), ref = malloc(nl * sizeof(float));
     CPU->download_f32(CPU, ref, clse, nl);
     snprintf(name, sizeof name, "attention lse [f32] %s", shape);
     check(d, name, got, ref, nl, (Tol){1e-6, 1e-6, 0});
     free(got), free(ref);
 
-    void *gdo = dev_in(d, dout, nq), *gdq = d->be->alloc(d->be, nq), *gdk = dev_in_f32(d, dk0, nc), *gdv = dev_in_f32(d, dv0, nc);
-    void *cdo = cpu_in(dout, nq), *cdq = CPU->alloc(CPU, nq), *cdk = cpu_in(dk0, nc), *cdv = cpu_in(dv0, nc);
+    void *gdo = op_upload(d->be, dout, nq), *gdq = d->be->alloc(d->be, nq), *gdk = op_upload_f32(d->be, dk0, nc),
+         *gdv = op_upload_f32(d->be, dv0, nc);
+    void *cdo = op_upload(CPU, dout, nq), *cdq = CPU->alloc(CPU, nq), *cdk = op_upload(CPU, dk0, nc),
+         *cdv = op_upload(CPU, dv0, nc);
     d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                               n_slots, max_len);
     CPU->attention_backward(CPU, cdq, cdk, cdv, cdo, cq, co, clse, ckc, cvc, slot, pos, n, heads, kv_heads, head_dim,
                             n_slots, max_len);
-    float *ref_dq = cpu_out(cdq, nq), *ref_dk = cpu_out(cdk, nc), *ref_dv = cpu_out(cdv, nc);
+    float *ref_dq = op_fetch(CPU, cdq, nq), *ref_dk = op_fetch(CPU, cdk, nc), *ref_dv = op_fetch(CPU, cdv, nc);
     /* The bf16 tensor-core tiles (bf16 storage, runs of positions, Dh 64 or 128) round P and dS to bf16 for
      * the gradient products, as FlashAttention-2 does (cuda_attention.cu, "Rounding"): their bound is the tight
      * one plus twice the error of that rounding alone (a CPU reference that rounds the same way); with
@@ -563,13 +346,14 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
             const char *how = hows[variant];
             if (variant > 0) {
                 d->be->free(d->be, gdk), d->be->free(d->be, gdv);
-                gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+                gdk = op_upload_f32(d->be, dk0, nc), gdv = op_upload_f32(d->be, dv0, nc);
                 if (variant == 2) opt->fa_ds_max_mb = 0;
                 d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, variant == 1 ? NULL : go, variant == 1 ? NULL : glse,
                                           gkc, gvc, slot, pos, n, heads, kv_heads, head_dim, n_slots, max_len);
                 *opt = opened;
             }
-            float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
+            float *gq_out = op_fetch(d->be, gdq, nq), *gk_out = op_fetch_f32(d->be, gdk, nc),
+                  *gv_out = op_fetch_f32(d->be, gdv, nc);
             snprintf(name, sizeof name, "attention_backward dq (%s) %s", how, shape);
             check_attn_allow(d, name, gq_out, ref_dq, nq, (Tol){2e-5, 3e-3, 2.0}, e_dq);
             snprintf(name, sizeof name, "attention_backward dk [f32] += (%s) %s", how, shape);
@@ -585,10 +369,11 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         }
         /* determinism: (a) again on fresh accumulators, bit for bit */
         d->be->free(d->be, gdk), d->be->free(d->be, gdv);
-        gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+        gdk = op_upload_f32(d->be, dk0, nc), gdv = op_upload_f32(d->be, dv0, nc);
         d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
-        float *gq_out = dev_out(d, gdq, nq), *gk_out = dev_out_f32(d, gdk, nc), *gv_out = dev_out_f32(d, gdv, nc);
+        float *gq_out = op_fetch(d->be, gdq, nq), *gk_out = op_fetch_f32(d->be, gdk, nc),
+              *gv_out = op_fetch_f32(d->be, gdv, nc);
         int same = !memcmp(gq_out, dq_a, nq * sizeof(float)) && !memcmp(gk_out, dk_a, nc * sizeof(float)) &&
                    !memcmp(gv_out, dv_a, nc * sizeof(float));
         g_checks++;
@@ -598,22 +383,22 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         free(gq_out), free(gk_out), free(gv_out), free(dq_a), free(dk_a), free(dv_a);
         /* the precise mode on fresh accumulators */
         d->be->free(d->be, gdk), d->be->free(d->be, gdv);
-        gdk = dev_in_f32(d, dk0, nc), gdv = dev_in_f32(d, dv0, nc);
+        gdk = op_upload_f32(d->be, dk0, nc), gdv = op_upload_f32(d->be, dv0, nc);
         opt->fa_precise = 1;
         d->be->attention_backward(d->be, gdq, gdk, gdv, gdo, gq, go, glse, gkc, gvc, slot, pos, n, heads, kv_heads, head_dim,
                                   n_slots, max_len);
         *opt = opened;
     }
     const char *mode = fa2 ? " COLT_FA_PRECISE=1" : "";
-    got = dev_out(d, gdq, nq);
+    got = op_fetch(d->be, gdq, nq);
     snprintf(name, sizeof name, "attention_backward dq%s %s", mode, shape);
     check(d, name, got, ref_dq, nq, (Tol){2e-5, 3e-3, 2.0});
     free(got);
-    got = dev_out_f32(d, gdk, nc);
+    got = op_fetch_f32(d->be, gdk, nc);
     snprintf(name, sizeof name, "attention_backward dk [f32] +=%s %s", mode, shape);
     check(d, name, got, ref_dk, nc, (Tol){2e-5, 2e-4, 0});
     free(got);
-    got = dev_out_f32(d, gdv, nc);
+    got = op_fetch_f32(d->be, gdv, nc);
     snprintf(name, sizeof name, "attention_backward dv [f32] +=%s %s", mode, shape);
     check(d, name, got, ref_dv, nc, (Tol){2e-5, 2e-4, 0});
     free(got), free(ref_dq), free(ref_dk), free(ref_dv);
@@ -625,419 +410,12 @@ static void test_attention(const Dev *d, int n_slots, const int *lens, int max_l
         CPU->free(CPU, cdv), CPU->free(CPU, clse);
 }
 
-/* ---------------------------------------------------------------- elementwise, embedding */
-
-static void test_elementwise(const Dev *d, size_t n) {
-    char name[128];
-    float *g = rand_floats(n, 3.0f), *u = rand_floats(n, 1.0f), *dout = rand_floats(n, 1.0f);
-    void *gg = dev_in(d, g, n), *gu = dev_in(d, u, n), *gdo = dev_in(d, dout, n), *go = d->be->alloc(d->be, n),
-         *go2 = d->be->alloc(d->be, n);
-    void *cg = cpu_in(g, n), *cu = cpu_in(u, n), *cdo = cpu_in(dout, n), *co = CPU->alloc(CPU, n), *co2 = CPU->alloc(CPU, n);
-
-    d->be->swiglu(d->be, go, gg, gu, n);
-    CPU->swiglu(CPU, co, cg, cu, n);
-    float *got = dev_out(d, go, n), *ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "swiglu [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-
-    d->be->swiglu_backward(d->be, go, go2, gdo, gg, gu, n);
-    CPU->swiglu_backward(CPU, co, co2, cdo, cg, cu, n);
-    got = dev_out(d, go, n), ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "swiglu_backward dgate [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-    got = dev_out(d, go2, n), ref = cpu_out(co2, n);
-    snprintf(name, sizeof name, "swiglu_backward dup [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-
-    d->be->add(d->be, go, gg, gu, n);
-    CPU->add(CPU, co, cg, cu, n);
-    got = dev_out(d, go, n), ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "add [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-    d->be->add(d->be, gg, gg, gu, n); /* out aliases a */
-    CPU->add(CPU, cg, cg, cu, n);
-    got = dev_out(d, gg, n), ref = cpu_out(cg, n);
-    snprintf(name, sizeof name, "add in place (out = a) [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-
-    d->be->mul_scalar(d->be, go, gu, 0.3711f, n);
-    CPU->mul_scalar(CPU, co, cu, 0.3711f, n);
-    got = dev_out(d, go, n), ref = cpu_out(co, n);
-    snprintf(name, sizeof name, "mul_scalar [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-    d->be->mul_scalar(d->be, gu, gu, 2.5f, n); /* in place */
-    CPU->mul_scalar(CPU, cu, cu, 2.5f, n);
-    got = dev_out(d, gu, n), ref = cpu_out(cu, n);
-    snprintf(name, sizeof name, "mul_scalar in place [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-
-    free(g), free(u), free(dout);
-    d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
-    CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
-}
-
-/* swiglu, swiglu_backward and add on pointers `off` elements into their buffers
- * (off = 1: misaligned for 16-byte vectors, the scalar path; n odd: a tail). */
-static void test_elementwise_offset(const Dev *d, size_t n, size_t off) {
-    char name[128];
-    size_t nb = n + off, es = dtype_size(d->be->storage);
-    float *g = rand_floats(nb, 3.0f), *u = rand_floats(nb, 1.0f), *dout = rand_floats(nb, 1.0f);
-    void *gg = dev_in(d, g, nb), *gu = dev_in(d, u, nb), *gdo = dev_in(d, dout, nb), *go = d->be->alloc(d->be, nb),
-         *go2 = d->be->alloc(d->be, nb);
-    void *cg = cpu_in(g, nb), *cu = cpu_in(u, nb), *cdo = cpu_in(dout, nb), *co = CPU->alloc(CPU, nb), *co2 = CPU->alloc(CPU, nb);
-#define DOFF(p) ((void *)((char *)(p) + off * es))
-#define COFF(p) ((void *)((float *)(p) + off))
-    d->be->swiglu(d->be, DOFF(go), DOFF(gg), DOFF(gu), n);
-    CPU->swiglu(CPU, COFF(co), COFF(cg), COFF(cu), n);
-    float *got = dev_out(d, go, nb), *ref = cpu_out(co, nb);
-    snprintf(name, sizeof name, "swiglu offset %zu [%zu]", off, n);
-    check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-    d->be->swiglu_backward(d->be, DOFF(go), DOFF(go2), DOFF(gdo), DOFF(gg), DOFF(gu), n);
-    CPU->swiglu_backward(CPU, COFF(co), COFF(co2), COFF(cdo), COFF(cg), COFF(cu), n);
-    got = dev_out(d, go2, nb), ref = cpu_out(co2, nb);
-    snprintf(name, sizeof name, "swiglu_backward dup offset %zu [%zu]", off, n);
-    check(d, name, got + off, ref + off, n, (Tol){1e-5, 1e-5, 1.5});
-    free(got), free(ref);
-    d->be->add(d->be, DOFF(go), DOFF(gg), DOFF(gu), n);
-    CPU->add(CPU, COFF(co), COFF(cg), COFF(cu), n);
-    got = dev_out(d, go, nb), ref = cpu_out(co, nb);
-    snprintf(name, sizeof name, "add offset %zu [%zu]", off, n);
-    check(d, name, got + off, ref + off, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-#undef DOFF
-#undef COFF
-    free(g), free(u), free(dout);
-    d->be->free(d->be, gg), d->be->free(d->be, gu), d->be->free(d->be, gdo), d->be->free(d->be, go), d->be->free(d->be, go2);
-    CPU->free(CPU, cg), CPU->free(CPU, cu), CPU->free(CPU, cdo), CPU->free(CPU, co), CPU->free(CPU, co2);
-}
-
-static void test_embedding(const Dev *d, int vocab, int dim, int n) {
-    char name[128];
-    size_t nt = (size_t)vocab * dim, no = (size_t)n * dim;
-    int *ids = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) ids[i] = i % 3 == 2 ? ids[i - 1] : rand_int(0, vocab - 1); /* repeats */
-    ids[0] = vocab - 1;
-    float *t = rand_floats(nt, 1.0f), *dout = rand_floats(no, 1.0f), *dt0 = rand_floats(nt, 0.1f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
-    d->be->embedding(d->be, go, gt, ids, n, dim);
-    CPU->embedding(CPU, co, ct, ids, n, dim);
-    float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
-    snprintf(name, sizeof name, "embedding V=%d D=%d N=%d (exact)", vocab, dim, n);
-    check(d, name, got, ref, no, (Tol){0, 0, 0});
-    free(got), free(ref);
-
-    void *gdo = dev_in(d, dout, no), *gdt = dev_in_f32(d, dt0, nt), *cdo = cpu_in(dout, no), *cdt = cpu_in(dt0, nt);
-    d->be->embedding_backward(d->be, gdt, gdo, ids, n, dim);
-    CPU->embedding_backward(CPU, cdt, cdo, ids, n, dim);
-    got = dev_out_f32(d, gdt, nt), ref = cpu_out(cdt, nt);
-    snprintf(name, sizeof name, "embedding_backward dtable [f32] += V=%d D=%d N=%d", vocab, dim, n);
-    check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
-    free(got), free(ref);
-
-    free(ids), free(t), free(dout), free(dt0);
-    d->be->free(d->be, gt), d->be->free(d->be, go), d->be->free(d->be, gdo), d->be->free(d->be, gdt);
-    CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
-}
-
-/* Tensor parallelism's vocabulary-parallel embedding: rows [lo, hi) of the
- * table on this "rank". vocab_shard_ids_i32 (exact vs the CPU op), then
- * embedding, embedding_i32 (both zero rows for ids < 0, written over stale
- * contents) and embedding_backward (ids < 0 skipped) with those ids vs the CPU. */
-static void test_embedding_vocab_part(const Dev *d, int vocab, int dim, int n, int lo, int hi) {
-    char name[160];
-    int vp = hi - lo;
-    size_t nt = (size_t)vp * dim, no = (size_t)n * dim;
-    int *ids = malloc((size_t)n * sizeof(int)), *want = malloc((size_t)n * sizeof(int)),
-        *got_ids = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) ids[i] = rand_int(0, vocab - 1);
-    ids[0] = lo, ids[n - 1] = hi - 1; /* both ends of the part; and one just outside */
-    if (n > 2) ids[1] = lo > 0 ? lo - 1 : hi;
-    void *gids = d->be->alloc_i32(d->be, (size_t)n), *gpids = d->be->alloc_i32(d->be, (size_t)n);
-    d->be->upload_i32(d->be, gids, ids, (size_t)n);
-    d->be->vocab_shard_ids_i32(d->be, gpids, gids, n, lo, hi);
-    d->be->download_i32(d->be, got_ids, gpids, (size_t)n);
-    CPU->vocab_shard_ids_i32(CPU, want, ids, n, lo, hi); /* the CPU's [i32] buffers are host arrays */
-    int wrong = 0, inside = 0;
-    for (int i = 0; i < n; i++) wrong += got_ids[i] != want[i], inside += want[i] >= 0;
-    g_checks++;
-    if (wrong) g_failures++;
-    printf("%s %-9s vocab_shard_ids_i32 [%d,%d) of V=%d N=%d: %d wrong (%d inside)\n", wrong ? "FAIL" : "ok  ",
-           d->tag, lo, hi, vocab, n, wrong, inside);
-
-    float *t = rand_floats(nt, 1.0f), *stale = rand_floats(no, 1.0f), *dout = rand_floats(no, 1.0f),
-          *dt0 = rand_floats(nt, 0.1f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
-    CPU->embedding(CPU, co, ct, want, n, dim);
-    float *ref = cpu_out(co, no);
-    d->be->upload(d->be, go, stale, no); /* a skipped row would keep these */
-    d->be->embedding(d->be, go, gt, want, n, dim);
-    float *got = dev_out(d, go, no);
-    snprintf(name, sizeof name, "embedding part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
-    check(d, name, got, ref, no, (Tol){0, 0, 0});
-    free(got);
-    d->be->upload(d->be, go, stale, no);
-    d->be->embedding_i32(d->be, go, gt, gpids, n, dim);
-    got = dev_out(d, go, no);
-    snprintf(name, sizeof name, "embedding_i32 part [%d,%d) D=%d N=%d, ids<0 zero (exact)", lo, hi, dim, n);
-    check(d, name, got, ref, no, (Tol){0, 0, 0});
-    free(got), free(ref);
-
-    void *gdo = dev_in(d, dout, no), *gdt = dev_in_f32(d, dt0, nt), *cdo = cpu_in(dout, no), *cdt = cpu_in(dt0, nt);
-    d->be->embedding_backward(d->be, gdt, gdo, want, n, dim);
-    CPU->embedding_backward(CPU, cdt, cdo, want, n, dim);
-    got = dev_out_f32(d, gdt, nt), ref = cpu_out(cdt, nt);
-    snprintf(name, sizeof name, "embedding_backward part [%d,%d) D=%d N=%d, ids<0 skipped", lo, hi, dim, n);
-    check(d, name, got, ref, nt, (Tol){1e-6, 1e-6, 0});
-    free(got), free(ref);
-
-    free(ids), free(want), free(got_ids), free(t), free(stale), free(dout), free(dt0);
-    d->be->free(d->be, gids), d->be->free(d->be, gpids), d->be->free(d->be, gt), d->be->free(d->be, go);
-    d->be->free(d->be, gdo), d->be->free(d->be, gdt);
-    CPU->free(CPU, ct), CPU->free(CPU, co), CPU->free(CPU, cdo), CPU->free(CPU, cdt);
-}
-
-/* ---------------------------------------------------------------- log-softmax */
-
-static void test_log_softmax(const Dev *d, int n, int vocab, float temperature, float scale) {
-    char name[128];
-    size_t nl = (size_t)n * vocab;
-    int *tg = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) tg[i] = i % 5 == 3 ? -1 : rand_int(0, vocab - 1);
-    float *lg = rand_floats(nl, scale), *dlp = rand_floats(n, 1.0f);
-    void *gl = dev_in(d, lg, nl), *glp = d->be->alloc_f32(d->be, n), *gent = d->be->alloc_f32(d->be, n);
-    void *cl = cpu_in(lg, nl), *clp = CPU->alloc(CPU, n), *cent = CPU->alloc(CPU, n);
-    d->be->log_softmax_target(d->be, glp, gent, gl, tg, n, vocab, temperature);
-    CPU->log_softmax_target(CPU, clp, cent, cl, tg, n, vocab, temperature);
-    float *got = dev_out_f32(d, glp, n), *ref = cpu_out(clp, n);
-    snprintf(name, sizeof name, "log_softmax_target logprobs N=%d V=%d T=%g", n, vocab, temperature);
-    check(d, name, got, ref, n, (Tol){1e-5, 2e-5, 0});
-    free(got), free(ref);
-    got = dev_out_f32(d, gent, n), ref = cpu_out(cent, n);
-    snprintf(name, sizeof name, "log_softmax_target entropy N=%d V=%d T=%g", n, vocab, temperature);
-    check(d, name, got, ref, n, (Tol){1e-5, 2e-5, 0});
-    free(got), free(ref);
-    /* entropy may be NULL */
-    d->be->log_softmax_target(d->be, glp, NULL, gl, tg, n, vocab, temperature);
-    got = dev_out_f32(d, glp, n), ref = cpu_out(clp, n);
-    snprintf(name, sizeof name, "log_softmax_target (entropy NULL) N=%d V=%d", n, vocab);
-    check(d, name, got, ref, n, (Tol){1e-5, 2e-5, 0});
-    free(got), free(ref);
-
-    void *gdlp = dev_in_f32(d, dlp, n), *gdl = d->be->alloc(d->be, nl), *cdlp = cpu_in(dlp, n), *cdl = CPU->alloc(CPU, nl);
-    d->be->log_softmax_target_backward(d->be, gdl, gl, tg, gdlp, n, vocab, temperature);
-    CPU->log_softmax_target_backward(CPU, cdl, cl, tg, cdlp, n, vocab, temperature);
-    got = dev_out(d, gdl, nl), ref = cpu_out(cdl, nl);
-    snprintf(name, sizeof name, "log_softmax_target_backward N=%d V=%d T=%g", n, vocab, temperature);
-    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
-    free(got), free(ref);
-    /* in place: dlogits aliases logits */
-    d->be->log_softmax_target_backward(d->be, gl, gl, tg, gdlp, n, vocab, temperature);
-    CPU->log_softmax_target_backward(CPU, cl, cl, tg, cdlp, n, vocab, temperature);
-    got = dev_out(d, gl, nl), ref = cpu_out(cl, nl);
-    snprintf(name, sizeof name, "log_softmax_target_backward in place N=%d V=%d", n, vocab);
-    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
-    free(got), free(ref);
-
-    free(tg), free(lg), free(dlp);
-    d->be->free(d->be, gl), d->be->free(d->be, glp), d->be->free(d->be, gent), d->be->free(d->be, gdlp), d->be->free(d->be, gdl);
-    CPU->free(CPU, cl), CPU->free(CPU, clp), CPU->free(CPU, cent), CPU->free(CPU, cdlp), CPU->free(CPU, cdl);
-}
-
-/* One part's stats[N, 4] folded into acc[N, 4] = {M, S, T, z[target]} as the
- * ranks combine them: M = max m, S = sum s e^(m-M), T = sum t e^(m-M), z[target]
- * summed (0 from the parts without it). acc starts at {-inf, 0, 0, 0}. */
-static void shard_stats_fold(double *acc, const float *st, int n) {
-    for (int i = 0; i < n; i++) {
-        double *a = acc + 4 * i, m = st[4 * i], M = fmax(a[0], m);
-        a[1] = a[1] * exp(a[0] - M) + st[4 * i + 1] * exp(m - M);
-        a[2] = a[2] * exp(a[0] - M) + st[4 * i + 2] * exp(m - M);
-        a[0] = M, a[3] += st[4 * i + 3];
-    }
-}
-
-/* Vocabulary-parallel log-softmax: logits [N, V] split into `parts` column
- * parts (uneven when V is not a multiple), each cut out with copy_2d (exact vs
- * the CPU's cut). Per part: logits_shard_stats vs the CPU op, field by field;
- * then the parts' stats combined on the host as the ranks do, the device's vs
- * the CPU's (lse, log-prob, entropy; test_backend_ops checks the CPU's
- * combination against log_softmax_target on whole rows). Then
- * log_softmax_shard_backward on each part with the CPU's combined lse (the same
- * input to both), out of place and in place, reassembled into [N, V] with
- * copy_2d, vs the CPU's reassembly. Tolerances as log_softmax_target's. */
-static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, float temperature, float scale) {
-    char name[160];
-    size_t nl = (size_t)n * vocab, es = dtype_size(d->be->storage);
-    int *tg = malloc((size_t)n * sizeof(int)), *tq = malloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) tg[i] = i % 5 == 3 ? -1 : rand_int(0, vocab - 1);
-    float *lg = rand_floats(nl, scale), *dlp = rand_floats(n, 1.0f);
-    void *gl = dev_in(d, lg, nl), *cl = cpu_in(lg, nl);
-    void *gdlp = dev_in_f32(d, dlp, n), *cdlp = cpu_in(dlp, n);
-    void *glse = d->be->alloc_f32(d->be, n), *clse = CPU->alloc(CPU, n);
-    void *gstats = d->be->alloc_f32(d->be, (size_t)n * 4), *cstats = CPU->alloc(CPU, (size_t)n * 4);
-    void *gwhole = d->be->alloc(d->be, nl), *cwhole = CPU->alloc(CPU, nl);       /* reassembled dlogits */
-    void *gwhole_ip = d->be->alloc(d->be, nl), *cwhole_ip = CPU->alloc(CPU, nl); /* ... computed in place */
-    float *cut = malloc(nl * sizeof(float)), *cut_ref = malloc(nl * sizeof(float)); /* the parts, as [N, V] */
-    float *fields[2][4]; /* [device, cpu][stat] over parts x rows */
-    for (int b = 0; b < 2; b++)
-        for (int k = 0; k < 4; k++) fields[b][k] = malloc((size_t)parts * n * sizeof(float));
-    double *acc[2]; /* [device, cpu]: shard_stats_fold's [N, 4] */
-    for (int b = 0; b < 2; b++) {
-        acc[b] = calloc((size_t)n * 4, sizeof(double));
-        for (int i = 0; i < n; i++) acc[b][4 * i] = -INFINITY;
-    }
-    void **gpart = malloc((size_t)parts * sizeof(void *)), **cpart = malloc((size_t)parts * sizeof(void *));
-
-    for (int p = 0; p < parts; p++) {
-        int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
-        size_t np = (size_t)n * vp;
-        gpart[p] = d->be->alloc(d->be, np), cpart[p] = CPU->alloc(CPU, np);
-        d->be->copy_2d(d->be, gpart[p], vp, (char *)gl + lo * es, vocab, n, vp);
-        CPU->copy_2d(CPU, cpart[p], vp, (float *)cl + lo, vocab, n, vp);
-        float *a = dev_out(d, gpart[p], np), *b = cpu_out(cpart[p], np);
-        for (int i = 0; i < n; i++)
-            for (int v = 0; v < vp; v++) {
-                cut[(size_t)i * vocab + lo + v] = a[(size_t)i * vp + v];
-                cut_ref[(size_t)i * vocab + lo + v] = b[(size_t)i * vp + v];
-            }
-        free(a), free(b);
-        for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
-        d->be->logits_shard_stats(d->be, gstats, gpart[p], tq, n, vp, temperature);
-        CPU->logits_shard_stats(CPU, cstats, cpart[p], tq, n, vp, temperature);
-        float *st[2] = {dev_out_f32(d, gstats, (size_t)n * 4), cpu_out(cstats, (size_t)n * 4)};
-        for (int b = 0; b < 2; b++) {
-            for (int i = 0; i < n; i++)
-                for (int k = 0; k < 4; k++) fields[b][k][(size_t)p * n + i] = st[b][4 * i + k];
-            shard_stats_fold(acc[b], st[b], n);
-            free(st[b]);
-        }
-    }
-    snprintf(name, sizeof name, "copy_2d %d column parts out of [%d,%d] (exact)", parts, n, vocab);
-    check(d, name, cut, cut_ref, nl, (Tol){0, 0, 0});
-    static const char *stat_names[4] = {"max z", "sum e^(z-max)", "sum e^(z-max) z", "z[target]"};
-    for (int k = 0; k < 4; k++) {
-        snprintf(name, sizeof name, "logits_shard_stats %s N=%d V=%d/%d T=%g", stat_names[k], n, vocab, parts,
-                 temperature);
-        check(d, name, fields[0][k], fields[1][k], (size_t)parts * n, (Tol){1e-5, 2e-5, 0});
-    }
-
-    /* combined: [device, cpu][lse, log-prob (rows with a target), entropy] */
-    float *comb[2][3];
-    int with_target = 0;
-    for (int b = 0; b < 2; b++) {
-        with_target = 0;
-        for (int q = 0; q < 3; q++) comb[b][q] = malloc((size_t)n * sizeof(float));
-        for (int i = 0; i < n; i++) {
-            const double *a = acc[b] + 4 * i;
-            double lse = a[0] + log(a[1]);
-            comb[b][0][i] = (float)lse, comb[b][2][i] = (float)(lse - a[2] / a[1]);
-            if (tg[i] >= 0) comb[b][1][with_target++] = (float)(a[3] - lse);
-        }
-    }
-    static const char *comb_names[3] = {"lse", "logprobs", "entropy"};
-    for (int q = 0; q < 3; q++) {
-        snprintf(name, sizeof name, "shard stats combined: %s N=%d V=%d/%d T=%g", comb_names[q], n, vocab, parts,
-                 temperature);
-        check(d, name, comb[0][q], comb[1][q], q == 1 ? (size_t)with_target : (size_t)n, (Tol){1e-5, 2e-5, 0});
-    }
-
-    d->be->upload_f32(d->be, glse, comb[1][0], n);
-    CPU->upload(CPU, clse, comb[1][0], n);
-    for (int p = 0; p < parts; p++) {
-        int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
-        size_t np = (size_t)n * vp;
-        for (int i = 0; i < n; i++) tq[i] = tg[i] >= lo && tg[i] < hi ? tg[i] - lo : -1;
-        void *gd = d->be->alloc(d->be, np), *cd = CPU->alloc(CPU, np);
-        d->be->log_softmax_shard_backward(d->be, gd, gpart[p], tq, gdlp, glse, n, vp, temperature);
-        CPU->log_softmax_shard_backward(CPU, cd, cpart[p], tq, cdlp, clse, n, vp, temperature);
-        d->be->copy_2d(d->be, (char *)gwhole + lo * es, vocab, gd, vp, n, vp);
-        CPU->copy_2d(CPU, (float *)cwhole + lo, vocab, cd, vp, n, vp);
-        /* in place: dlogits aliases the part's logits */
-        d->be->log_softmax_shard_backward(d->be, gpart[p], gpart[p], tq, gdlp, glse, n, vp, temperature);
-        CPU->log_softmax_shard_backward(CPU, cpart[p], cpart[p], tq, cdlp, clse, n, vp, temperature);
-        d->be->copy_2d(d->be, (char *)gwhole_ip + lo * es, vocab, gpart[p], vp, n, vp);
-        CPU->copy_2d(CPU, (float *)cwhole_ip + lo, vocab, cpart[p], vp, n, vp);
-        d->be->free(d->be, gd), CPU->free(CPU, cd);
-    }
-    float *got = dev_out(d, gwhole, nl), *ref = cpu_out(cwhole, nl);
-    snprintf(name, sizeof name, "log_softmax_shard_backward N=%d V=%d/%d T=%g", n, vocab, parts, temperature);
-    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
-    free(got), free(ref);
-    got = dev_out(d, gwhole_ip, nl), ref = cpu_out(cwhole_ip, nl);
-    snprintf(name, sizeof name, "log_softmax_shard_backward in place N=%d V=%d/%d", n, vocab, parts);
-    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
-    free(got), free(ref);
-
-    for (int p = 0; p < parts; p++) d->be->free(d->be, gpart[p]), CPU->free(CPU, cpart[p]);
-    for (int b = 0; b < 2; b++) {
-        for (int k = 0; k < 4; k++) free(fields[b][k]);
-        for (int q = 0; q < 3; q++) free(comb[b][q]);
-        free(acc[b]);
-    }
-    free(gpart), free(cpart), free(tg), free(tq), free(lg), free(dlp), free(cut), free(cut_ref);
-    d->be->free(d->be, gl), d->be->free(d->be, gdlp), d->be->free(d->be, glse), d->be->free(d->be, gstats);
-    d->be->free(d->be, gwhole), d->be->free(d->be, gwhole_ip);
-    CPU->free(CPU, cl), CPU->free(CPU, cdlp), CPU->free(CPU, clse), CPU->free(CPU, cstats), CPU->free(CPU, cwhole),
-        CPU->free(CPU, cwhole_ip);
-}
-
 /* ---------------------------------------------------------------- optimizer, reductions */
-
-/* Three AdamW steps. fp32 storage updates param directly; bf16 storage updates
- * an fp32 master (compared with the CPU's fp32 param) and writes param = bf16(master). */
-static void test_adamw(const Dev *d, size_t n) {
-    char name[128];
-    float *p = rand_floats(n, 1.0f), *m0 = rand_floats(n, 0.01f), *v0 = rand_floats(n, 0.01f);
-    for (size_t i = 0; i < n; i++) v0[i] = v0[i] * v0[i];
-    void *cp = cpu_in(p, n), *cm = cpu_in(m0, n), *cv = cpu_in(v0, n), *cg = CPU->alloc(CPU, n);
-    void *gm = dev_in_f32(d, m0, n), *gv = dev_in_f32(d, v0, n), *gg = d->be->alloc_f32(d->be, n);
-    void *gmaster = d->bf16 ? dev_in_f32(d, p, n) : NULL;
-    float *pp = dup_floats(p, n);
-    void *gp = d->bf16 ? dev_in(d, pp, n) : dev_in(d, p, n);
-    float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
-    for (int step = 1; step <= 3; step++) {
-        float *g = rand_floats(n, 0.1f);
-        CPU->upload(CPU, cg, g, n);
-        d->be->upload_f32(d->be, gg, g, n);
-        float bc1 = (float)(1.0 - pow(b1, step)), bc2 = (float)(1.0 - pow(b2, step));
-        d->be->adamw(d->be, gp, gmaster, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2);
-        CPU->adamw(CPU, cp, NULL, cg, cm, cv, n, lr, b1, b2, eps, wd, bc1, bc2);
-        free(g);
-    }
-    float *ref = cpu_out(cp, n), *got;
-    if (d->bf16) {
-        got = dev_out_f32(d, gmaster, n);
-        snprintf(name, sizeof name, "adamw master [f32] (3 steps) [%zu]", n);
-        check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 0});
-        free(got);
-    }
-    got = dev_out(d, gp, n);
-    snprintf(name, sizeof name, "adamw param (3 steps) [%zu]", n);
-    check(d, name, got, ref, n, (Tol){1e-6, 1e-6, 1.0});
-    free(got), free(ref);
-    got = dev_out_f32(d, gm, n), ref = cpu_out(cm, n);
-    check(d, "adamw m [f32]", got, ref, n, (Tol){1e-6, 1e-6, 0});
-    free(got), free(ref);
-    got = dev_out_f32(d, gv, n), ref = cpu_out(cv, n);
-    check(d, "adamw v [f32]", got, ref, n, (Tol){1e-6, 1e-6, 0});
-    free(got), free(ref);
-    free(p), free(m0), free(v0), free(pp);
-    CPU->free(CPU, cp), CPU->free(CPU, cm), CPU->free(CPU, cv), CPU->free(CPU, cg);
-    d->be->free(d->be, gm), d->be->free(d->be, gv), d->be->free(d->be, gg), d->be->free(d->be, gp);
-    if (gmaster) d->be->free(d->be, gmaster);
-}
 
 static void test_reductions(const Dev *d, size_t n) {
     char name[128];
     float *x = rand_floats(n, 1.0f);
-    void *gx = dev_in_f32(d, x, n), *cx = cpu_in(x, n);
+    void *gx = op_upload_f32(d->be, x, n), *cx = op_upload(CPU, x, n);
     double got = d->be->sum_squares(d->be, gx, n), ref = CPU->sum_squares(CPU, cx, n);
     /* both sum in double, in different orders: agreement to ~1e-15 relative */
     double err = fabs(got - ref), tol = 1e-12 * fabs(ref);
@@ -1049,46 +427,22 @@ static void test_reductions(const Dev *d, size_t n) {
            err / fabs(ref), tol);
     d->be->scale(d->be, gx, 0.37f, n);
     CPU->scale(CPU, cx, 0.37f, n);
-    float *g = dev_out_f32(d, gx, n), *r = cpu_out(cx, n);
+    float *g = op_fetch_f32(d->be, gx, n), *r = op_fetch(CPU, cx, n);
     snprintf(name, sizeof name, "scale [f32] x0.37 [%zu] (exact)", n);
     check(d, name, g, r, n, (Tol){0, 0, 0});
     free(g), free(r);
     /* add_f32 (ZeRO-2's shard accumulation), also at an odd offset (the scalar tail) */
     float *y = rand_floats(n, 1.0f);
-    void *gy = dev_in_f32(d, y, n), *cy = cpu_in(y, n);
+    void *gy = op_upload_f32(d->be, y, n), *cy = op_upload(CPU, y, n);
     d->be->add_f32(d->be, gy, gx, n);
     CPU->add_f32(CPU, cy, cx, n);
     d->be->add_f32(d->be, (float *)gy + 3, (float *)gx + 5, n - 7);
     CPU->add_f32(CPU, (float *)cy + 3, (float *)cx + 5, n - 7);
-    g = dev_out_f32(d, gy, n), r = cpu_out(cy, n);
+    g = op_fetch_f32(d->be, gy, n), r = op_fetch(CPU, cy, n);
     snprintf(name, sizeof name, "add_f32 [%zu], then at offsets 3 / 5 (exact)", n);
     check(d, name, g, r, n, (Tol){0, 0, 0});
     free(g), free(r), free(x), free(y);
     d->be->free(d->be, gx), CPU->free(CPU, cx), d->be->free(d->be, gy), CPU->free(CPU, cy);
-}
-
-/* dropout (LoRA's lora_dropout): the CPU's mask bit for bit, the kept values x / (1 - p) in storage;
- * also in place and at an odd length. */
-static void test_dropout(const Dev *d, size_t n) {
-    char name[128];
-    float *x = rand_floats(n, 2.0f);
-    void *gx = dev_in(d, x, n), *cx = cpu_in(x, n); /* x now holds the storage's values */
-    d->be->dropout(d->be, gx, gx, n, 0.3f, 99, 12345);
-    CPU->dropout(CPU, cx, cx, n, 0.3f, 99, 12345);
-    float *g = dev_out(d, gx, n), *r = cpu_out(cx, n);
-    size_t mask_differs = 0;
-    for (size_t i = 0; i < n; i++) {
-        mask_differs += (g[i] == 0.0f) != (r[i] == 0.0f) && x[i] != 0.0f;
-        if (d->bf16) { /* the device rounds x / (1 - p) once */
-            uint32_t u = (uint32_t)float_to_bf16(r[i]) << 16;
-            memcpy(&r[i], &u, 4);
-        }
-    }
-    snprintf(name, sizeof name, "dropout p 0.3 [%zu] in place (exact; %zu mask differences)", n, mask_differs);
-    if (mask_differs) g_failures++;
-    check(d, name, g, r, n, (Tol){0, 0, 0});
-    free(g), free(r), free(x);
-    d->be->free(d->be, gx), CPU->free(CPU, cx);
 }
 
 /* ---------------------------------------------------------------- model level */
@@ -1265,43 +619,11 @@ done:
 static void run_ops(const Dev *d) {
     printf("---- %s (storage %s) ----\n", d->tag, d->bf16 ? "bf16" : "fp32");
     test_memory(d);
-
-    test_linear(d, 37, 96, 80, 1);
-    test_linear(d, 37, 96, 80, 0);
-    test_linear(d, 129, 136, 1000, 1);
-    test_linear(d, 64, 172, 64, 0); /* stories260K's F = 172 */
-    test_linear(d, 300, 896, 200, 1);
-    test_linear(d, 5, 64, 1003, 0);
-    test_linear(d, 33, 97, 45, 1); /* odd leading dimensions */
-
-    test_linear_backward(d, 37, 96, 80, 1, 0, 1);
-    test_linear_backward(d, 129, 136, 1000, 1, 1, 1);
-    test_linear_backward(d, 64, 172, 64, 1, 0, 0);
-    test_linear_backward(d, 20, 64, 33, 0, 0, 1);
-    test_linear_backward(d, 300, 896, 200, 1, 1, 0);
-
-    test_rmsnorm(d, 9, 72, 0);
-    test_rmsnorm(d, 33, 896, 0);
-    test_rmsnorm(d, 5, 200, 0);
-    test_rmsnorm(d, 3, 8960, 0);
-    test_rmsnorm(d, 7, 75, 0); /* dim % 8 != 0: the block-per-row path */
-    test_rmsnorm(d, 7 * 16, 128, 1); /* Qwen3's q norm: rows of head_dim, in place */
-    test_rmsnorm(d, 5 * 4, 24, 1);
-    test_rmsnorm_backward(d, 9, 72, 1);
-    test_rmsnorm_backward(d, 33, 896, 1);
-    test_rmsnorm_backward(d, 17, 200, 1);
-    test_rmsnorm_backward(d, 5, 75, 1); /* dim % 8 != 0: the block-per-row dx path */
-    test_rmsnorm_backward(d, 33, 896, 0); /* frozen norm (LoRA) */
-    test_rmsnorm_backward(d, 9 * 16, 128, 1); /* Qwen3's q/k norm: many rows of head_dim */
-
-    for (int b = 0; b < 2; b++) {
-        test_rope(d, 50, 4, 64, 10000.0f, 300, b);
-        test_rope(d, 20, 2, 128, 1000000.0f, 300, b);
-        test_rope(d, 10, 3, 8, 10000.0f, 100, b);
-    }
-
-    test_kv(d, 3, 40, 128, 30);
-    test_kv(d, 2, 17, 144, 20);
+    /* the op-case table (backend_op_cases.c): linear, linear_backward, rmsnorm, rmsnorm_backward, rope,
+     * elementwise, copy, copy_2d, gather/scatter, embedding (+ a vocabulary part), kv cache, log_softmax_target
+     * (+ backward), vocabulary-parallel log-softmax (logits_shard_stats, log_softmax_shard_backward), dropout,
+     * adamw */
+    g_failures += op_cases_check_backend(d->be, d->tag, CPU, &g_checks);
 
     {
         int lens_a[3] = {301, 120, 17}, lens_b[2] = {257, 33}, lens_c[2] = {50, 9}, lens_d[2] = {70, 5};
@@ -1325,34 +647,10 @@ static void run_ops(const Dev *d) {
         g_attn_run_starts = NULL;
     }
 
-    test_elementwise(d, 1031);
-    test_elementwise(d, (size_t)3 * 4864 + 5);
-    test_elementwise(d, (size_t)1 << 20);
-    test_elementwise_offset(d, 1037, 1);
-    test_elementwise_offset(d, 4099, 8);
-    test_embedding(d, 1000, 72, 50);
-    test_embedding(d, 1003, 200, 9);
-    test_embedding_vocab_part(d, 1000, 72, 50, 250, 500);
-    test_embedding_vocab_part(d, 1003, 75, 9, 0, 334); /* rows of 75: element copies in embedding_i32 */
-    test_embedding_vocab_part(d, 151936, 128, 64, 3 * 37984, 151936); /* 16-byte chunks */
 
-    test_log_softmax(d, 37, 1000, 0.7f, 3.0f);
-    test_log_softmax(d, 9, 1003, 1.0f, 1.0f);
-    test_log_softmax(d, 4, 151936, 1.0f, 4.0f);
-    test_log_softmax(d, 300, 151936, 1.0f, 4.0f); /* more rows than SMs: blocks walk rows */
-    test_log_softmax_shards(d, 4, 151936, 4, 1.0f, 4.0f); /* Qwen's vocabulary over 4 ranks: 37984 columns */
-    test_log_softmax_shards(d, 33, 151936, 4, 0.7f, 4.0f);
-    test_log_softmax_shards(d, 37, 1003, 3, 0.7f, 3.0f);   /* odd parts: rows not 16-byte aligned */
-    test_log_softmax_shards(d, 9, 75, 2, 1.0f, 1.0f);      /* parts narrower than a block */
-    test_log_softmax_shards(d, 5, 13, 3, 1.0f, 2.0f);      /* parts of 4 and 5: no vector body */
-    test_log_softmax_shards(d, 1, 517, 2, 1.0f, 2.0f);     /* one row: copy_2d's plain copy */
 
-    test_adamw(d, (size_t)1003 * 7);
-    test_adamw(d, ((size_t)1 << 16) + 3);
     test_reductions(d, 1000003);
     test_reductions(d, 37);
-    test_dropout(d, 1000003);
-    test_dropout(d, 37);
     test_reductions(d, (size_t)1 << 24);
 }
 

@@ -21,11 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../rope_table.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_instance.h"
+#include "backend_op_cases.h"
 #include "core/error.h"
-#include "../rope_table.h"
 
 static int g_failures = 0, g_checks = 0;
 static uint64_t g_random_state = 0x2545f4914f6cdd1dull;
@@ -70,38 +71,6 @@ static void shuffle_ints(int *a, int n) {
     }
 }
 
-/* Storage input: upload, then read the device copy back into x (bf16 rounding). */
-static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(d->be, n);
-    d->be->upload(d->be, buf, x, n);
-    d->be->download(d->be, x, buf, n);
-    return buf;
-}
-
-static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(CPU, n);
-    CPU->upload(CPU, buf, x, n);
-    return buf;
-}
-
-static float *dev_out(const Dev *d, const void *buf, size_t n) {
-    float *x = xmalloc((n ? n : 1) * sizeof(float));
-    d->be->download(d->be, x, buf, n);
-    return x;
-}
-
-static float *cpu_out(const void *buf, size_t n) {
-    float *x = xmalloc((n ? n : 1) * sizeof(float));
-    CPU->download(CPU, x, buf, n);
-    return x;
-}
-
-static void *i32_in(const Backend *be, const int *src, size_t n) {
-    void *buf = be->alloc_i32(be, n);
-    be->upload_i32(be, buf, src, n);
-    return buf;
-}
-
 static void count_check(int ok) {
     g_checks++;
     if (!ok) g_failures++;
@@ -109,29 +78,7 @@ static void count_check(int ok) {
 
 /* Compares got (CUDA) with ref (CPU) under t, prints one line, counts failures. */
 static void check(const Dev *d, const char *what, const float *got, const float *ref, size_t n, Tol t) {
-    double maxref = 0.0;
-    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)ref[i]));
-    double atol = d->bf16 ? t.bf16_abs * maxref : t.f32_rel * maxref;
-    double k = d->bf16 ? t.bf16_k / 256.0 : 0.0;
-    double worst_abs = 0.0, worst_ratio = -1.0;
-    size_t worst_i = 0, n_bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double r = ref[i], g = got[i];
-        double err = fabs(g - r);
-        if (isnan(g) || isinf(g)) err = INFINITY;
-        double tol = atol + fabs(r) * k;
-        if (err > worst_abs) worst_abs = err;
-        double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
-        if (ratio > worst_ratio) worst_ratio = ratio, worst_i = i;
-        if (!(err <= tol)) n_bad++;
-    }
-    int ok = n > 0 && n_bad == 0;
-    count_check(ok);
-    printf("%s %-9s %-78s max|err| %.3e  tol %.1e + |ref|*%.2g  (max|ref| %.3g, n %zu)\n", ok ? "ok  " : "FAIL",
-           d->tag, what, worst_abs, atol, k, maxref, n);
-    if (!ok && n > 0)
-        printf("     %zu elements out of tolerance; worst at [%zu]: cuda %.9g cpu %.9g\n", n_bad, worst_i,
-               (double)got[worst_i], (double)ref[worst_i]);
+    count_check(op_check_against(d->tag, d->bf16, what, got, ref, n, (OpTol){0, t.f32_rel, t.bf16_abs, t.bf16_k}));
 }
 
 /* Bitwise equality of two downloads of the same table (fp32 holds bf16 exactly). */
@@ -169,11 +116,12 @@ static void test_embedding_i32(const Dev *d, int vocab, int dim, int n) {
     for (int i = 0; i < n; i++) ids[i] = i % 3 == 2 ? ids[i - 1] : rand_int(0, vocab - 1); /* repeats */
     ids[0] = vocab - 1;
     float *t = rand_floats(nt, 1.0f);
-    void *gt = dev_in(d, t, nt), *go = d->be->alloc(d->be, no), *ct = cpu_in(t, nt), *co = CPU->alloc(CPU, no);
-    void *gids = i32_in(d->be, ids, (size_t)n);
+    void *gt = op_upload(d->be, t, nt), *go = d->be->alloc(d->be, no), *ct = op_upload(CPU, t, nt),
+         *co = CPU->alloc(CPU, no);
+    void *gids = op_upload_i32(d->be, ids, (size_t)n);
     d->be->embedding_i32(d->be, go, gt, gids, n, dim);
     CPU->embedding(CPU, co, ct, ids, n, dim);
-    float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
+    float *got = op_fetch(d->be, go, no), *ref = op_fetch(CPU, co, no);
     snprintf(name, sizeof name, "embedding_i32 V=%d D=%d N=%d (exact)", vocab, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(ids), free(t), free(got), free(ref);
@@ -186,11 +134,12 @@ static void test_gather_rows_i32(const Dev *d, int src_rows, int dim, int n) {
     int *rows = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) rows[i] = rand_int(0, src_rows - 1);
     float *s = rand_floats(ns, 1.0f);
-    void *gs = dev_in(d, s, ns), *go = d->be->alloc(d->be, no), *cs = cpu_in(s, ns), *co = CPU->alloc(CPU, no);
-    void *grows = i32_in(d->be, rows, (size_t)n);
+    void *gs = op_upload(d->be, s, ns), *go = d->be->alloc(d->be, no), *cs = op_upload(CPU, s, ns),
+         *co = CPU->alloc(CPU, no);
+    void *grows = op_upload_i32(d->be, rows, (size_t)n);
     d->be->gather_rows_i32(d->be, go, gs, grows, n, dim);
     CPU->gather_rows(CPU, co, cs, rows, n, dim);
-    float *got = dev_out(d, go, no), *ref = cpu_out(co, no);
+    float *got = op_fetch(d->be, go, no), *ref = op_fetch(CPU, co, no);
     snprintf(name, sizeof name, "gather_rows_i32 [%d,%d] N=%d (exact)", src_rows, dim, n);
     check(d, name, got, ref, no, (Tol){0, 0, 0});
     free(rows), free(s), free(got), free(ref);
@@ -204,12 +153,12 @@ static void test_rope_i32(const Dev *d, int n, int heads, int head_dim, float th
     float *x = rand_floats(nx, 1.0f);
     int *pos = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : rand_int(0, max_pos);
-    void *g_plain = dev_in(d, x, nx), *g_i32 = dev_in(d, x, nx), *cx = cpu_in(x, nx);
-    void *gpos = i32_in(d->be, pos, (size_t)n);
+    void *g_plain = op_upload(d->be, x, nx), *g_i32 = op_upload(d->be, x, nx), *cx = op_upload(CPU, x, nx);
+    void *gpos = op_upload_i32(d->be, pos, (size_t)n);
     d->be->rope(d->be, g_plain, pos, n, heads, head_dim, rope_table(head_dim, theta));
     d->be->rope_i32(d->be, g_i32, gpos, n, heads, head_dim, rope_table(head_dim, theta));
     CPU->rope(CPU, cx, pos, n, heads, head_dim, rope_table(head_dim, theta));
-    float *plain = dev_out(d, g_plain, nx), *got = dev_out(d, g_i32, nx), *ref = cpu_out(cx, nx);
+    float *plain = op_fetch(d->be, g_plain, nx), *got = op_fetch(d->be, g_i32, nx), *ref = op_fetch(CPU, cx, nx);
     snprintf(name, sizeof name, "rope_i32 == rope [%d,%d,%d] theta %g pos<=%d (bit-identical)", n, heads, head_dim,
              theta, max_pos);
     check_identical(d, name, got, plain, nx);
@@ -227,13 +176,15 @@ static void test_paged_kv_store(const Dev *d, int pool_rows, int kv_dim, int n) 
     shuffle_ints(rows, pool_rows);
     for (int i = 0; i < n; i++) slots[i] = i % 5 == 3 ? -1 : rows[i]; /* distinct rows, some padding */
     float *kp = rand_floats(np, 1.0f), *vp = rand_floats(np, 1.0f), *k = rand_floats(nt, 1.0f), *v = rand_floats(nt, 1.0f);
-    void *gkp = dev_in(d, kp, np), *gvp = dev_in(d, vp, np), *gk = dev_in(d, k, nt), *gv = dev_in(d, v, nt);
-    void *ckp = cpu_in(kp, np), *cvp = cpu_in(vp, np), *ck = cpu_in(k, nt), *cv = cpu_in(v, nt);
-    void *gslots = i32_in(d->be, slots, (size_t)n), *cslots = i32_in(CPU, slots, (size_t)n);
+    void *gkp = op_upload(d->be, kp, np), *gvp = op_upload(d->be, vp, np), *gk = op_upload(d->be, k, nt),
+         *gv = op_upload(d->be, v, nt);
+    void *ckp = op_upload(CPU, kp, np), *cvp = op_upload(CPU, vp, np), *ck = op_upload(CPU, k, nt),
+         *cv = op_upload(CPU, v, nt);
+    void *gslots = op_upload_i32(d->be, slots, (size_t)n), *cslots = op_upload_i32(CPU, slots, (size_t)n);
     d->be->paged_kv_store(d->be, gkp, gvp, gk, gv, gslots, n, kv_dim);
     CPU->paged_kv_store(CPU, ckp, cvp, ck, cv, cslots, n, kv_dim);
     for (int which = 0; which < 2; which++) {
-        float *got = dev_out(d, which ? gvp : gkp, np), *ref = cpu_out(which ? cvp : ckp, np);
+        float *got = op_fetch(d->be, which ? gvp : gkp, np), *ref = op_fetch(CPU, which ? cvp : ckp, np);
         snprintf(name, sizeof name, "paged_kv_store %s pool [%d,%d] N=%d, 1 in 5 padding (exact)", which ? "v" : "k",
                  pool_rows, kv_dim, n);
         check(d, name, got, ref, np, (Tol){0, 0, 0});
@@ -348,12 +299,12 @@ static void problem_init(PagedProblem *pr, const Dev *d, const TestBatch *b, int
     size_t nq = (size_t)b->n * heads * head_dim, np = (size_t)b->n_blocks * b->block_size * kv_heads * head_dim;
     size_t nt = (size_t)b->n_seqs * b->max_blocks;
     float *q = rand_floats(nq, q_scale), *k = rand_floats(np, 1.0f), *v = rand_floats(np, 1.0f);
-    pr->g_q = dev_in(d, q, nq), pr->g_k = dev_in(d, k, np), pr->g_v = dev_in(d, v, np);
-    pr->c_q = cpu_in(q, nq), pr->c_k = cpu_in(k, np), pr->c_v = cpu_in(v, np);
+    pr->g_q = op_upload(d->be, q, nq), pr->g_k = op_upload(d->be, k, np), pr->g_v = op_upload(d->be, v, np);
+    pr->c_q = op_upload(CPU, q, nq), pr->c_k = op_upload(CPU, k, np), pr->c_v = op_upload(CPU, v, np);
     pr->g_out = d->be->alloc(d->be, nq), pr->c_out = CPU->alloc(CPU, nq);
-    pr->g_tables = i32_in(d->be, b->tables, nt), pr->c_tables = i32_in(CPU, b->tables, nt);
-    pr->g_seq = i32_in(d->be, b->seq, (size_t)b->n), pr->c_seq = i32_in(CPU, b->seq, (size_t)b->n);
-    pr->g_pos = i32_in(d->be, b->pos, (size_t)b->n), pr->c_pos = i32_in(CPU, b->pos, (size_t)b->n);
+    pr->g_tables = op_upload_i32(d->be, b->tables, nt), pr->c_tables = op_upload_i32(CPU, b->tables, nt);
+    pr->g_seq = op_upload_i32(d->be, b->seq, (size_t)b->n), pr->c_seq = op_upload_i32(CPU, b->seq, (size_t)b->n);
+    pr->g_pos = op_upload_i32(d->be, b->pos, (size_t)b->n), pr->c_pos = op_upload_i32(CPU, b->pos, (size_t)b->n);
     free(q), free(k), free(v);
 }
 
@@ -373,14 +324,14 @@ static void problem_run(const Backend *be, void *out, void *q, void *k, void *v,
 static float *problem_reference(const PagedProblem *pr, size_t *count) {
     size_t row = (size_t)pr->n_heads * pr->head_dim, nq = (size_t)pr->b->n * row;
     problem_run(CPU, pr->c_out, pr->c_q, pr->c_k, pr->c_v, pr->c_tables, pr->c_seq, pr->c_pos, pr);
-    float *all = cpu_out(pr->c_out, nq), *ref = real_rows(all, pr->b->seq, pr->b->n, row, count);
+    float *all = op_fetch(CPU, pr->c_out, nq), *ref = real_rows(all, pr->b->seq, pr->b->n, row, count);
     free(all);
     return ref;
 }
 
 static float *problem_device_result(const PagedProblem *pr, const Dev *d, size_t *count) {
     size_t row = (size_t)pr->n_heads * pr->head_dim, nq = (size_t)pr->b->n * row;
-    float *all = dev_out(d, pr->g_out, nq), *got = real_rows(all, pr->b->seq, pr->b->n, row, count);
+    float *all = op_fetch(d->be, pr->g_out, nq), *got = real_rows(all, pr->b->seq, pr->b->n, row, count);
     free(all);
     return got;
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend_op_cases.h"
 
 /* cuda_skinny.cu (CUDA builds, C linkage): switch the path of an instance (1 on, 0 off, -1 as opened)
  * and count the calls it served. */
@@ -62,20 +63,6 @@ static void fill_uniform(float *x, size_t n, uint64_t seed, float scale) {
         z ^= z >> 31;
         x[i] = scale * ((float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
     }
-}
-
-/* Storage input: upload, then read the device copy back into x (bf16 rounding). */
-static void *dev_in(const Dev *d, float *x, size_t n) {
-    void *buf = d->be->alloc(d->be, n);
-    d->be->upload(d->be, buf, x, n);
-    d->be->download(d->be, x, buf, n);
-    return buf;
-}
-
-static void *cpu_in(const float *x, size_t n) {
-    void *buf = CPU->alloc(CPU, n);
-    CPU->upload(CPU, buf, x, n);
-    return buf;
 }
 
 /* Largest err / (atol + |ref| * rel) over count values; NaN or Inf counts as infinitely far. */
@@ -119,8 +106,8 @@ static void test_shape(const Dev *d, const char *name, int in_dim, int out_dim) 
     fill_uniform(x, nx, 1, 1.0f);
     fill_uniform(w, nw, 2, 1.0f / sqrtf((float)in_dim));
     fill_uniform(b, out_dim, 3, 0.5f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim);
+    void *gx = op_upload(d->be, x, nx), *gw = op_upload(d->be, w, nw), *gb = op_upload(d->be, b, out_dim);
+    void *cx = op_upload(CPU, x, nx), *cw = op_upload(CPU, w, nw), *cb = op_upload(CPU, b, out_dim);
     free(w); /* the CPU backend holds its own copy */
     void *go = d->be->alloc(d->be, ny), *co = CPU->alloc(CPU, ny), *gx_rev = d->be->alloc(d->be, nx);
     float *ref = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float));
@@ -237,8 +224,10 @@ static void test_fallback(const Dev *d) {
     float *x = xmalloc(nx * sizeof(float)), *w = xmalloc(nw * sizeof(float)), *b = xmalloc(out_dim * sizeof(float));
     float *got = xmalloc(ny * sizeof(float)), *ref = xmalloc(ny * sizeof(float));
     fill_uniform(x, nx, 4, 1.0f), fill_uniform(w, nw, 5, 1.0f / 30.0f), fill_uniform(b, out_dim, 6, 0.5f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(d->be, ny);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim), *co = CPU->alloc(CPU, ny);
+    void *gx = op_upload(d->be, x, nx), *gw = op_upload(d->be, w, nw), *gb = op_upload(d->be, b, out_dim),
+         *go = d->be->alloc(d->be, ny);
+    void *cx = op_upload(CPU, x, nx), *cw = op_upload(CPU, w, nw), *cb = op_upload(CPU, b, out_dim),
+         *co = CPU->alloc(CPU, ny);
     long before = cuda_skinny_call_count(d->be);
     d->be->linear(d->be, go, gx, gw, gb, n, in_dim, out_dim);
     int fell_back = cuda_skinny_call_count(d->be) == before;
@@ -267,7 +256,8 @@ static void test_views(const Dev *d) {
     float *x = xmalloc(nx * sizeof(float)), *w = xmalloc(nw * sizeof(float)), *b = xmalloc(out_dim * sizeof(float));
     float *plain = xmalloc(ny * sizeof(float)), *viewed = xmalloc(ny * sizeof(float));
     fill_uniform(x, nx, 7, 1.0f), fill_uniform(w, nw, 8, 1.0f / 22.0f), fill_uniform(b, out_dim, 9, 0.5f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim), *go = d->be->alloc(d->be, ny);
+    void *gx = op_upload(d->be, x, nx), *gw = op_upload(d->be, w, nw), *gb = op_upload(d->be, b, out_dim),
+         *go = d->be->alloc(d->be, ny);
     void *gx_big = d->be->alloc(d->be, nx + off), *gw_big = d->be->alloc(d->be, nw + off), *go_big = d->be->alloc(d->be, ny + 1);
     d->be->copy(d->be, gx_big, off, gx, 0, nx);
     d->be->copy(d->be, gw_big, off, gw, 0, nw);
@@ -302,8 +292,8 @@ static void test_gemv(const Dev *d, const char *name, int in_dim, int out_dim) {
     fill_uniform(x, nx, 11, 1.0f);
     fill_uniform(w, nw, 12, 1.0f / sqrtf((float)in_dim));
     fill_uniform(b, out_dim, 13, 0.5f);
-    void *gx = dev_in(d, x, nx), *gw = dev_in(d, w, nw), *gb = dev_in(d, b, out_dim);
-    void *cx = cpu_in(x, nx), *cw = cpu_in(w, nw), *cb = cpu_in(b, out_dim);
+    void *gx = op_upload(d->be, x, nx), *gw = op_upload(d->be, w, nw), *gb = op_upload(d->be, b, out_dim);
+    void *cx = op_upload(CPU, x, nx), *cw = op_upload(CPU, w, nw), *cb = op_upload(CPU, b, out_dim);
     free(w);
     void *go = d->be->alloc(d->be, ny), *co = CPU->alloc(CPU, ny);
     float *ref = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float)), *first = xmalloc(ny * sizeof(float));

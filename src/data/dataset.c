@@ -288,6 +288,11 @@ int dataset_is_conversational(const Dataset *d, size_t i) {
 
 int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, const json_t *template_kwargs,
                         char *err) {
+    return dataset_prompt_text_tools(text, d, i, tok, template_kwargs, NULL, err);
+}
+
+int dataset_prompt_text_tools(char **text, const Dataset *d, size_t i, const Tokenizer *tok,
+                              const json_t *template_kwargs, const json_t *tools, char *err) {
     *text = NULL;
     COLT_ASSERT(d->prompt_column); /* not a dataset_load_rows one */
     json_t *prompt = json_object_get(dataset_row(d, i), d->prompt_column);
@@ -316,7 +321,8 @@ int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer
     ChatTemplateOptions options = {.add_generation_prompt = !continue_final,
                                    .bos_token = tokenizer_bos_token(tok),
                                    .eos_token = tokenizer_eos_token(tok),
-                                   .variables = template_kwargs};
+                                   .variables = template_kwargs,
+                                   .tools = tools};
     int rc = chat_template_render_json(&rendered, template_source, messages, &options, err);
     json_decref(messages);
     if (rc != 0) return error_prefix(err, "row %zu", i);

@@ -45,6 +45,10 @@ int dataset_is_conversational(const Dataset *d, size_t i);
  * {"enable_thinking": false}), or NULL. */
 int dataset_prompt_text(char **text, const Dataset *d, size_t i, const Tokenizer *tok, const json_t *template_kwargs,
                         char *err);
+/* dataset_prompt_text with the tools' JSON schemas given to the chat template
+ * (its tools variable, as apply_chat_template(tools=...)); NULL: none. */
+int dataset_prompt_text_tools(char **text, const Dataset *d, size_t i, const Tokenizer *tok,
+                              const json_t *template_kwargs, const json_t *tools, char *err);
 
 /* The row order of epoch `epoch`: a permutation of 0..n-1 from a seeded
  * Fisher-Yates shuffle keyed by (seed, epoch) with the counter-based RNG, so

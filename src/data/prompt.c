@@ -79,7 +79,14 @@ int prompt_chat_options(json_t **tools, json_t **chat_template_kwargs, json_t *o
  * defaults). */
 int prompt_encode_row(int **ids, int *n, char **text, const Dataset *d, size_t row, const Tokenizer *tok,
                       const json_t *template_kwargs, int max_prompt_length, const char *dataset_name, char *err) {
-    if (dataset_prompt_text(text, d, row, tok, template_kwargs, err) != 0) return COLT_ERR;
+    return prompt_encode_row_tools(ids, n, text, d, row, tok, template_kwargs, NULL, max_prompt_length, dataset_name,
+                                   err);
+}
+
+int prompt_encode_row_tools(int **ids, int *n, char **text, const Dataset *d, size_t row, const Tokenizer *tok,
+                            const json_t *template_kwargs, const json_t *tools, int max_prompt_length,
+                            const char *dataset_name, char *err) {
+    if (dataset_prompt_text_tools(text, d, row, tok, template_kwargs, tools, err) != 0) return COLT_ERR;
     char where[300];
     snprintf(where, sizeof where, "%s row %zu", dataset_name, row);
     int *all = NULL, total = 0;

@@ -45,6 +45,12 @@ int prompt_chat_options(json_t **tools, json_t **chat_template_kwargs, json_t *o
  * template_kwargs: the chat template's extra variables (dataset_prompt_text), or NULL. */
 int prompt_encode_row(int **ids, int *n_ids, char **text, const Dataset *d, size_t row, const Tokenizer *tok,
                       const json_t *template_kwargs, int max_prompt_length, const char *dataset_name, char *err);
+/* prompt_encode_row with the tools' JSON schemas rendered into conversational
+ * prompts (apply_chat_template(tools=...), as TRL renders prompts for tool
+ * calling); NULL: none. */
+int prompt_encode_row_tools(int **ids, int *n_ids, char **text, const Dataset *d, size_t row, const Tokenizer *tok,
+                            const json_t *template_kwargs, const json_t *tools, int max_prompt_length,
+                            const char *dataset_name, char *err);
 
 /* Fills stop_ids (room for MODEL_MAX_EOS + 1) with the model's eos ids and the
  * tokenizer's eos (tok may be NULL); returns how many. */

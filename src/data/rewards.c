@@ -1000,8 +1000,8 @@ static int build_request(json_t **out, const RewardFunc *r, const char *const *p
  * list per other column (all but prompt, completion and completion_ids, as
  * TRL; prompts and completions would collide with the arguments). */
 static int build_python_kwargs(json_t **out, const RewardFunc *r, const char *const *prompts,
-                               const char *const *completions, const int *const *ids, const int *id_lens,
-                               json_t *const *rows, int n, char *err) {
+                               const char *const *completions, json_t *const *messages, const int *const *ids,
+                               const int *id_lens, json_t *const *rows, int n, char *err) {
     json_t *kw = json_object(), *p = json_array(), *c = json_array();
     json_object_set_new(kw, "prompts", p);
     json_object_set_new(kw, "completions", c);
@@ -1019,6 +1019,11 @@ static int build_python_kwargs(json_t **out, const RewardFunc *r, const char *co
                           prompt ? "completion" : "prompt", i);
         }
         json_array_append_new(p, prompt);
+        if (messages && messages[i]) { /* a multi-turn completion: its messages, as TRL passes them */
+            json_decref(text);
+            json_array_append(c, messages[i]);
+            continue;
+        }
         json_array_append_new(c, json_is_array(prompt) ? json_pack("[{s:s, s:o}]", "role", "assistant", "content", text)
                                                        : text);
     }
@@ -1065,9 +1070,11 @@ static int compute_command(RewardFunc *r, float *rewards, const char *const *pro
 }
 
 static int compute_python(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
-                          const int *const *ids, const int *id_lens, json_t *const *rows, int n, char *err) {
+                          json_t *const *messages, const int *const *ids, const int *id_lens, json_t *const *rows,
+                          int n, char *err) {
     json_t *kwargs = NULL, *reply = NULL;
-    if (build_python_kwargs(&kwargs, r, prompts, completions, ids, id_lens, rows, n, err) != 0) return COLT_ERR;
+    if (build_python_kwargs(&kwargs, r, prompts, completions, messages, ids, id_lens, rows, n, err) != 0)
+        return COLT_ERR;
     json_t *req = json_pack("{s:s, s:s, s:o}", "op", "call", "function", r->function, "kwargs", kwargs);
     char who[300];
     snprintf(who, sizeof who, "reward '%.100s' (%.150s)", r->name, r->source);
@@ -1090,6 +1097,13 @@ static int compute_python(RewardFunc *r, float *rewards, const char *const *prom
 int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                    const int *const *completion_ids, const int *completion_lens, json_t *const *rows, int n,
                    char *err) {
+    return reward_compute_messages(r, rewards, prompts, completions, NULL, completion_ids, completion_lens, rows, n,
+                                   err);
+}
+
+int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
+                            json_t *const *messages, const int *const *completion_ids, const int *completion_lens,
+                            json_t *const *rows, int n, char *err) {
     if (n <= 0) return 0;
     switch (r->type) {
     case REWARD_LENGTH:
@@ -1102,7 +1116,8 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
     case REWARD_COMMAND:
         return compute_command(r, rewards, prompts, completions, completion_ids, completion_lens, rows, n, err);
     case REWARD_PYTHON:
-        return compute_python(r, rewards, prompts, completions, completion_ids, completion_lens, rows, n, err);
+        return compute_python(r, rewards, prompts, completions, messages, completion_ids, completion_lens, rows, n,
+                              err);
     case REWARD_MODEL: return compute_model(r, rewards, prompts, completions, rows, n, err);
     }
     return errorf(err, "reward '%s': unknown type", r->name);

@@ -99,6 +99,14 @@ pid_t reward_command_pid(const RewardFunc *r);
 int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                    const int *const *completion_ids, const int *completion_lens, json_t *const *rows, int n,
                    char *err);
+/* reward_compute for multi-turn completions (tool calling): messages[i] is
+ * completion i as a list of messages (the model's turns and the tool results
+ * between them), or NULL for a plain one. Python rewards get the list as
+ * their completion, as TRL passes it; the others score completions[i], the
+ * completion's whole text. messages may be NULL. */
+int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
+                            json_t *const *messages, const int *const *completion_ids, const int *completion_lens,
+                            json_t *const *rows, int n, char *err);
 
 /* Helpers exposed for tests: the answer extracted from text (GSM8K "#### N",
  * else the last \boxed{...}, else the last number), normalised (commas and $

@@ -79,6 +79,14 @@ static const ConfigKey KEYS[] = {
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model, ...}, "
                                    "\"rewards.py:FUNCTION\" or a reward model's folder; docs/rewards.md)"),
+    K(tools, KEY_JSON_LIST,
+      "Python functions the model may call (TRL's tools=[...]): \"tools.py:calculator\" or \"module.function\"; "
+      "their JSON schemas come from type hints and docstrings, the prompt is rendered with them, a completion's "
+      "calls run in a Python worker and their results are appended for the model to go on (never trained on)"),
+    KI_NULL(max_tool_calling_iterations, -1, 1000000,
+            "rounds of tool calls per completion (null or -1: no bound, as TRL's None)"),
+    KD(tool_timeout, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 86400,
+       "seconds one tool call may run; past it the model gets an error text, as for a tool that raised"),
     K(reward_weights, KEY_JSON_LIST, "one weight per reward function (default 1 each; each within +-1e6)"),
     KI(max_rounds_without_reward, 0, STEPS,
        "stop with an error after N generation rounds in a row in which no completion got a usable reward (every "
@@ -437,7 +445,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("entropy_coef_max", T_ENTROPY),
     NOOP("entropy_coef_delta", T_ENTROPY),
     NOOP("entropy_target", T_ENTROPY),
-    ONLY("max_tool_calling_iterations", "null", "tool calls during generation are not supported"),
     ONLY("off_policy_mask_threshold", "null", "off-policy sequence masking is not supported yet"),
     ONLY("use_bias_correction_kl", "true",
          "colt's KL term is TRL's bias-corrected one (k3 x importance ratio); plain k3 is not supported"),
@@ -546,6 +553,8 @@ void train_config_defaults(TrainConfig *c) {
     c->num_train_epochs = 3.0;
     c->logging_steps = 10;
     c->max_rounds_without_reward = 3;
+    c->max_tool_calling_iterations = -1;
+    c->tool_timeout = 60.0;
     c->save_steps = 500;
     c->eval_steps = 0;
     c->log_completions_count = 2;
@@ -1394,6 +1403,13 @@ int train_config_finalize(TrainConfig *c, char *err) {
             return errorf(err, "settings: devices[%zu] must be a GPU index (0 .. 1023)", i);
     }
     if (c->devices && json_array_size(c->devices) == 0) return errorf(err, "settings: devices is an empty list");
+    for (size_t i = 0; c->tools && i < json_array_size(c->tools); i++)
+        if (!json_is_string(json_array_get(c->tools, i)))
+            return errorf(err, "settings: tools[%zu] must name a Python function (\"tools.py:calculator\" or "
+                               "\"module.function\")", i);
+    if (c->tools && json_array_size(c->tools) > 0 && c->vllm_mode && strcmp(c->vllm_mode, "server") == 0)
+        return errorf(err, "settings: tools run in colt's colocated engine; vllm_mode server does not carry "
+                           "multi-turn rollouts yet (remove vllm_mode server)");
     if (c->reward_weights && json_array_size(c->reward_weights) != json_array_size(c->reward_funcs))
         return errorf(err, "settings: reward_weights has %zu values for %zu reward functions",
                       json_array_size(c->reward_weights), json_array_size(c->reward_funcs));

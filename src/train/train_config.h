@@ -26,6 +26,12 @@ typedef struct TrainConfig {
     char *dataset_prompt_column; /* the column holding the prompt (default "prompt") */
     json_t *chat_template_kwargs; /* extra chat template variables (an object), or NULL */
     json_t *reward_funcs;    /* list of reward specs (see data/rewards.h) */
+    /* tool calling (agent/agent_tools.h): Python tools ("tools.py:f" or
+     * "module.f"), rounds of calls per completion (-1: no bound, TRL's None),
+     * seconds a call may run */
+    json_t *tools;
+    int max_tool_calling_iterations;
+    double tool_timeout;
     json_t *reward_weights;  /* list of numbers or null */
     int max_rounds_without_reward; /* stop after this many rounds in a row where no completion got a reward (0 = never) */
     /* optimisation */

@@ -386,6 +386,8 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
                           c->eval_dataset, rows, c->num_generations, TRAIN_CONFIG_MAX_COMPLETIONS);
     }
 
+    if (trainer_tools_start(t, err) != 0) return COLT_ERR; /* prompts are rendered with the tools' schemas */
+
     /* Every prompt must fit with a full completion: check all of them now,
      * before any work that could be lost. */
     Dataset *sets[2] = {t->data, t->eval_data};
@@ -640,6 +642,7 @@ static void trainer_teardown(Trainer *t) {
     checkpoint_keeper_free(&t->keeper);
     free(t->last_checkpoint);
     free(t->metrics_path);
+    trainer_tools_stop(t);
     for (int k = 0; k < t->n_rewards; k++) reward_free(t->rewards[k]);
     free(t->rewards);
     free(t->reward_weights);

@@ -92,7 +92,7 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
     int *completion_lens = xcalloc((size_t)chunk + 1, sizeof(int));
     for (int j = 0; j < n_local && rc == 0; j++) completion_ids[j] = seqs[j].tokens, completion_lens[j] = seqs[j].n_tokens;
     if (rc == 0 && n_local > 0)
-        rc = trainer_score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, completion_ids,
+        rc = trainer_score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, NULL, completion_ids,
                                completion_lens, n_local, err);
     free(completion_ids), free(completion_lens);
     rc = train_dist_agree(&t->dist, rc, err);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "agent/agent_tools.h"
 #include "backend/backend.h"
 #include "core/error.h"
 #include "data/dataset.h"
@@ -75,6 +76,15 @@ typedef struct MicroBatchBuffers {
     float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
 } MicroBatchBuffers;
 
+/* With tools: this rank's share of a round's conversations, from generation
+ * to scoring (trainer_agent.c). */
+typedef struct AgentShare {
+    int n;
+    uint8_t **masks;    /* [n][the completion's tokens] 1: the model's, 0: a tool result */
+    int *calls, *failures;
+    json_t **messages;  /* [n] each completion as messages (what Python rewards get) */
+} AgentShare;
+
 /* Seconds spent so far, by phase (a step's share is the difference over it). */
 typedef struct TrainerTimes {
     double generation, scoring, logprobs;
@@ -137,6 +147,11 @@ typedef struct Trainer {
     WeightSync *sync;             /* rank 0 */
     int64_t server_weights_step;  /* the optimizer step of the weights the server holds */
     PendingRound next;            /* async_generation */
+    /* tools: the Python worker that runs them (NULL: no tools), the calls'
+     * format in this model's chat template, this rank's conversations */
+    ToolWorker *tool_worker;
+    ToolCallFormat tool_format;
+    AgentShare agent;
 } Trainer;
 
 /* ---------------------------------------------------------------- trainer.c: memory */
@@ -164,9 +179,11 @@ float trainer_learning_rate(const Trainer *t);
 int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err);
 /* reward_funcs[k] made with what a reward model borrows from the trainer (its backend: colocated). */
 int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err);
+/* Rewards of n completions; messages[i]: completion i as messages (tool
+ * calling), or messages NULL. */
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
-                              const char *const *prompts, const char *const *completions, const int *const *ids,
-                              const int *id_lens, int n, char *err);
+                              const char *const *prompts, const char *const *completions, json_t *const *messages,
+                              const int *const *ids, const int *id_lens, int n, char *err);
 int trainer_pack_batch(Trainer *t, Rollout *r, const int *idx, int B);
 bool trainer_has_reference(const Trainer *t);
 void trainer_local_range(const Trainer *t, int N, int *lo, int *hi);
@@ -221,5 +238,21 @@ void trainer_add_step_metrics(Trainer *t, StepClock *clock, double loss, double 
 /* The metrics line on logging steps (rank 0), the live progress line between them. */
 int trainer_log_progress(Trainer *t, const StepClock *clock, double loss, bool last, char *err);
 int trainer_log_eval(Trainer *t, double reward, bool during_training, char *err);
+
+/* ---------------------------------------------------------------- trainer_agent.c: tools */
+
+/* Starts the tool worker when the settings give tools (after the tokenizer
+ * loaded): their schemas, the calls' format in the chat template, a check
+ * that the template renders tool results prefix-preservingly. */
+int trainer_tools_start(Trainer *t, char *err);
+void trainer_tools_stop(Trainer *t);
+/* The tools' JSON schemas for the chat template, or NULL without tools. */
+const json_t *trainer_tool_schemas(const Trainer *t);
+/* Multi-turn generation of seqs[n] (agent_loop.h): their tokens, log-probs and
+ * finish as engine_generate fills them, and t->agent the masks, counts and
+ * messages. */
+int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
+                           char *err);
+void trainer_agent_share_free(Trainer *t);
 
 #endif

@@ -62,8 +62,10 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
             if (s->old_logp) t->buf.mb_old[(size_t)b * T + j] = s->old_logp[j];
             if (s->ref_logp) t->buf.mb_ref[(size_t)b * T + j] = s->ref_logp[j];
             t->buf.mb_sampling[(size_t)b * T + j] = s->sampling_logp ? s->sampling_logp[j] : NAN;
-            t->buf.mb_mask[(size_t)b * T + j] = counted ? 1.0f : 0.0f;
-            if (counted) ent_sum += t->buf.tok_entropy[tok], ent_count += 1;
+            /* tool results are context: TRL's completion_mask * tool_mask */
+            bool in_loss = counted && (!s->model_mask || s->model_mask[j]);
+            t->buf.mb_mask[(size_t)b * T + j] = in_loss ? 1.0f : 0.0f;
+            if (in_loss) ent_sum += t->buf.tok_entropy[tok], ent_count += 1;
         }
         t->buf.mb_adv[b] = s->advantage;
         off += plen + s->len - 1;

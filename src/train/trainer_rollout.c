@@ -22,8 +22,8 @@
 
 /* Prompt ids of dataset row i, as colt eval encodes them too (prompt.h). */
 int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
-    return prompt_encode_row(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs, t->cfg->max_prompt_length,
-                             t->cfg->dataset, err);
+    return prompt_encode_row_tools(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs, trainer_tool_schemas(t),
+                                   t->cfg->max_prompt_length, t->cfg->dataset, err);
 }
 
 /* A reward model runs on the trainer's backend, beside the policy, cut across
@@ -38,14 +38,15 @@ int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err)
 
 /* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
-                             const char *const *prompts, const char *const *completions, const int *const *ids,
-                             const int *id_lens, int n, char *err) {
+                             const char *const *prompts, const char *const *completions, json_t *const *messages,
+                             const int *const *ids, const int *id_lens, int n, char *err) {
     json_t **rows = xmalloc(sizeof(json_t *) * (size_t)n);
     float *values = xmalloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++) rows[i] = dataset_row(d, rows_of_sample[i]);
     int rc = COLT_OK;
     for (int k = 0; k < t->n_rewards && rc == 0; k++) {
-        if (reward_compute(t->rewards[k], values, prompts, completions, ids, id_lens, rows, n, err) != 0) {
+        if (reward_compute_messages(t->rewards[k], values, prompts, completions, messages, ids, id_lens, rows, n, err) !=
+            0) {
             char prefix[128];
             snprintf(prefix, sizeof prefix, "reward '%s'", reward_name(t->rewards[k]));
             rc = strncmp(err, prefix, strlen(prefix)) == 0 ? COLT_ERR : error_prefix(err, "%s", prefix);
@@ -307,7 +308,9 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         EngineStats es;
         rc = trainer_weights_gather(t, err);
         trainer_alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
-        if (rc == 0) rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+        if (rc == 0)
+            rc = t->tool_worker ? trainer_agent_generate(t, seqs, n_local, &go, &es, err)
+                                : engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
         trainer_alloc_label(t, NULL, 0);
         trainer_weights_release(t);
         if (rc == 0) log_engine_stats(t, &es);
@@ -318,32 +321,47 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
 }
 
 /* Every rank gets every completion: ids, lengths, stop flags, text and the
- * engine's log-probs, from each rank's seqs[hi - lo] (freed here). rc: the
- * generation's outcome on this rank, agreed on first. */
+ * engine's log-probs, from each rank's seqs[hi - lo] (freed here); with tools
+ * also each completion's model mask and tool-call counts. rc: the
+ * generation's outcome on this rank, agreed on first. A row holds
+ * [len, terminated, ids[L]] and with tools [mask[L], calls, failures] after. */
 static int share_completions(Trainer *t, Rollout *r, GenSequence *seqs, int lo, int hi, int rc, char *err) {
     const int G = t->cfg->num_generations, N = r->n_samples, L = t->cfg->max_completion_length, n_local = hi - lo;
-    int *send = xcalloc((size_t)n_local * (L + 2), sizeof(int)), *all = xcalloc((size_t)N * (L + 2), sizeof(int));
+    const bool tools = t->tool_worker != NULL;
+    const size_t W = (size_t)(L + 2) + (tools ? (size_t)(L + 2) : 0);
+    int *send = xcalloc((size_t)n_local * W, sizeof(int)), *all = xcalloc((size_t)N * W, sizeof(int));
     float **sampling = xcalloc((size_t)n_local, sizeof(float *));
     for (int j = 0; rc == 0 && j < n_local; j++) {
-        int *row = send + (size_t)j * (L + 2);
+        int *row = send + (size_t)j * W;
         row[0] = seqs[j].n_tokens;
         row[1] = seqs[j].finish == FINISH_STOP;
         memcpy(row + 2, seqs[j].tokens, sizeof(int) * (size_t)seqs[j].n_tokens);
+        if (tools) {
+            for (int k = 0; k < seqs[j].n_tokens; k++) row[2 + L + k] = t->agent.masks[j][k];
+            row[2 + 2 * L] = t->agent.calls[j];
+            row[3 + 2 * L] = t->agent.failures[j];
+        }
         sampling[j] = seqs[j].logprobs;
         seqs[j].logprobs = NULL;
     }
     for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
     free(seqs);
     rc = train_dist_agree(&t->dist, rc, err);
-    if (rc == 0) rc = train_dist_gather(&t->dist, all, send, sizeof(int) * (size_t)n_local * (L + 2), err);
+    if (rc == 0) rc = train_dist_gather(&t->dist, all, send, sizeof(int) * (size_t)n_local * W, err);
     for (int i = 0; rc == 0 && i < N; i++) {
-        const int *row = all + (size_t)i * (L + 2);
+        const int *row = all + (size_t)i * W;
         Sample *s = &r->samples[i];
         s->prompt = i / G;
         s->len = row[0];
         s->terminated = row[1];
         s->completion = xmalloc(sizeof(int) * (size_t)(s->len > 0 ? s->len : 1));
         memcpy(s->completion, row + 2, sizeof(int) * (size_t)s->len);
+        if (tools) {
+            s->model_mask = xmalloc((size_t)(s->len > 0 ? s->len : 1));
+            for (int k = 0; k < s->len; k++) s->model_mask[k] = (uint8_t)row[2 + L + k];
+            s->tool_calls = row[2 + 2 * L];
+            s->tool_failures = row[3 + 2 * L];
+        }
         int n_text = s->len - (s->terminated ? 1 : 0);
         rc = tokenizer_decode_generated(t->tok, s->completion, (size_t)n_text, true, &s->text, err);
     }
@@ -372,7 +390,9 @@ static int score_share(Trainer *t, Rollout *r, int lo, int hi, char *err) {
         ids[j] = r->samples[lo + j].completion;
         id_lens[j] = r->samples[lo + j].len;
     }
-    int rc = trainer_score_completions(t, mine, t->data, rows, prompts, completions, ids, id_lens, n_local, err);
+    json_t *const *messages = t->agent.n == n_local && n_local > 0 ? t->agent.messages : NULL;
+    int rc = trainer_score_completions(t, mine, t->data, rows, prompts, completions, messages, ids, id_lens, n_local,
+                                       err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0)
         rc = train_dist_gather(&t->dist, r->per_func, mine, sizeof(float) * (size_t)n_local * (size_t)t->n_rewards, err);
@@ -429,27 +449,40 @@ static int compute_advantages(Trainer *t, Rollout *r, char *err) {
     return COLT_OK;
 }
 
-/* The round's completion lengths (TRL's metrics), its tokens, and the tokens
- * the loss counts (r->num_items). */
+/* The tokens of a completion the model sampled (TRL counts only those when
+ * tool results are in it). */
+static int model_tokens(const Sample *s) {
+    if (!s->model_mask) return s->len;
+    int n = 0;
+    for (int j = 0; j < s->len; j++) n += s->model_mask[j];
+    return n;
+}
+
+/* The round's completion lengths (TRL's metrics: the model's tokens), its
+ * tokens, the tokens the loss counts (r->num_items), and with tools TRL's
+ * tools/call_frequency (calls per completion) and tools/failure_frequency
+ * (failed calls per call). */
 static void count_completions(Trainer *t, Rollout *r) {
     const int N = r->n_samples;
     double sum_len = 0, sum_term = 0;
     int min_len = 1 << 30, max_len = 0, n_term = 0, min_term = 1 << 30, max_term = 0;
-    int64_t tokens = 0;
+    int64_t tokens = 0, calls = 0, failures = 0;
     r->num_items = 0;
     for (int i = 0; i < N; i++) {
         Sample *s = &r->samples[i];
-        sum_len += s->len;
-        if (s->len < min_len) min_len = s->len;
-        if (s->len > max_len) max_len = s->len;
+        int len = model_tokens(s);
+        sum_len += len;
+        if (len < min_len) min_len = len;
+        if (len > max_len) max_len = len;
         if (s->terminated) {
             n_term++;
-            sum_term += s->len;
-            if (s->len < min_term) min_term = s->len;
-            if (s->len > max_term) max_term = s->len;
+            sum_term += len;
+            if (len < min_term) min_term = len;
+            if (len > max_term) max_term = len;
         }
         tokens += r->prompt_len[s->prompt] + s->len;
-        if (!(t->cfg->mask_truncated_completions && !s->terminated)) r->num_items += s->len;
+        if (!(t->cfg->mask_truncated_completions && !s->terminated)) r->num_items += len;
+        calls += s->tool_calls, failures += s->tool_failures;
     }
     t->num_tokens += tokens;
     metrics_add(&t->metrics, "completions/mean_length", sum_len / N);
@@ -459,6 +492,10 @@ static void count_completions(Trainer *t, Rollout *r) {
     metrics_add(&t->metrics, "completions/mean_terminated_length", n_term ? sum_term / n_term : 0.0);
     metrics_add(&t->metrics, "completions/min_terminated_length", n_term ? min_term : 0);
     metrics_add(&t->metrics, "completions/max_terminated_length", n_term ? max_term : 0);
+    if (t->tool_worker) {
+        metrics_add(&t->metrics, "tools/call_frequency", (double)calls / N);
+        metrics_add(&t->metrics, "tools/failure_frequency", calls ? (double)failures / (double)calls : 0.0);
+    }
 }
 
 /* Old and reference log-probs (TRL computes them before any update of the

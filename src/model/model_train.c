@@ -828,6 +828,17 @@ static int kv_grads_sum(const Model *m, TrainState *st, const LayerWeights *gw, 
 }
 
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
+    return model_train_backward_entropy(m, st, dlogprobs, NULL, g, err);
+}
+
+int model_train_backward_entropy(Model *m, TrainState *st, const float *dlogprobs, const float *dentropy,
+                                 ModelGrads *g, char *err) {
+    if (dentropy && m->tp.tensor_parallel_size > 1)
+        return errorf(err, "model_train_backward: the entropy's gradient (entropy_coef, use_adaptive_entropy) is not "
+                           "supported with tensor_parallel_size > 1 yet");
+    if (dentropy && !m->be->log_softmax_entropy_backward)
+        return errorf(err, "model_train_backward: backend %s has no log_softmax_entropy_backward (the entropy bonus)",
+                      m->be->name);
     if (!st->have_forward) return errorf(err, "model_train_backward: no successful model_train_forward to go back through");
     if (g->n != model_param_count(m) || g->lora != (m->lora != NULL))
         return errorf(err, "model_train_backward: gradients were made for another model");
@@ -861,7 +872,7 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     be->zero(be, st->dxn, ND);
     int n_rows = 0;
     for (int i = 0; i < n; i++)
-        if (st->targets[i] >= 0 && dlogprobs[i] != 0.0f) st->rows[n_rows++] = i;
+        if (st->targets[i] >= 0 && (dlogprobs[i] != 0.0f || (dentropy && dentropy[i] != 0.0f))) st->rows[n_rows++] = i;
     for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
         int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
@@ -872,6 +883,11 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
             be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
             be->log_softmax_shard_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp,
                                            st->chunk_ent, cn, V, st->temperature);
+        } else if (dentropy) { /* chunk_ent is free here (the TP path's lse): d entropy */
+            for (int r = 0; r < cn; r++) st->chunk_host[r] = dentropy[st->rows[r0 + r]];
+            be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
+            be->log_softmax_entropy_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp,
+                                             st->chunk_ent, cn, V, st->temperature);
         } else {
             be->log_softmax_target_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn,
                                             V, st->temperature);

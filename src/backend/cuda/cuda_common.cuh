@@ -360,6 +360,10 @@ template <typename T>
 void cuda_log_softmax_target_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                       const void *dlogprobs, int n, int vocab, float temperature);
 template <typename T>
+void cuda_log_softmax_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                       const void *dlogprobs, const void *dentropy, int n, int vocab,
+                                       float temperature);
+template <typename T>
 void cuda_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n, int vocab,
                              float temperature);
 template <typename T>

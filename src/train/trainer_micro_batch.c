@@ -152,9 +152,13 @@ static int micro_batch_local(Trainer *t, GrpoSamplingMetrics *part_out, double v
         return COLT_ERR;
 
     *part_out = part;
+    /* TRL's policy_loss is each process's own loss: grpo_loss_compute undoes the division by the accumulation
+     * steps (here x world); dapo's normaliser here counts the whole world's tokens, TRL's one process's share */
+    bool world_tokens = lc.loss_type == LOSS_DAPO || lc.loss_type == LOSS_CISPO || lc.loss_type == LOSS_VESPO;
+    double policy_loss = lm.policy_loss * (world_tokens ? t->dist.world : 1);
     double v[N_MB_VALUES] = {ent_count > 0 ? ent_sum / ent_count : NAN, lm.clip_ratio_low, lm.clip_ratio_high,
                              lm.clip_ratio_region, lm.kl, loss, lm.clip_ratio_low_min, lm.clip_ratio_high_max,
-                             lm.cispo_clip_ratio, lm.vespo_phi_seq_mean, lm.policy_loss, lm.bonus_entropy_sum,
+                             lm.cispo_clip_ratio, lm.vespo_phi_seq_mean, policy_loss, lm.bonus_entropy_sum,
                              lm.bonus_token_count};
     memcpy(values, v, sizeof v);
     return COLT_OK;

@@ -838,6 +838,24 @@ static void test_log_softmax(const Dev *d, int n, int vocab, float temperature, 
     snprintf(name, sizeof name, "log_softmax_target_backward N=%d V=%d T=%g", n, vocab, temperature);
     check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
     free(got), free(ref);
+    /* with the entropy's gradient (TRL's entropy bonus), out of place */
+    float *dh = rand_floats(n, 1.0f);
+    void *gdh = dev_in_f32(d, dh, n), *cdh = cpu_in(dh, n);
+    d->be->log_softmax_entropy_backward(d->be, gdl, gl, tg, gdlp, gdh, n, vocab, temperature);
+    CPU->log_softmax_entropy_backward(CPU, cdl, cl, tg, cdlp, cdh, n, vocab, temperature);
+    got = dev_out(d, gdl, nl), ref = cpu_out(cdl, nl);
+    snprintf(name, sizeof name, "log_softmax_entropy_backward N=%d V=%d T=%g", n, vocab, temperature);
+    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
+    free(got), free(ref);
+    /* in place, on copies of the logits (the plain backward's in-place check below needs them) */
+    void *gl2 = dev_in(d, lg, nl), *cl2 = cpu_in(lg, nl);
+    d->be->log_softmax_entropy_backward(d->be, gl2, gl2, tg, gdlp, gdh, n, vocab, temperature);
+    CPU->log_softmax_entropy_backward(CPU, cl2, cl2, tg, cdlp, cdh, n, vocab, temperature);
+    got = dev_out(d, gl2, nl), ref = cpu_out(cl2, nl);
+    snprintf(name, sizeof name, "log_softmax_entropy_backward in place N=%d V=%d", n, vocab);
+    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
+    free(got), free(ref), free(dh);
+    d->be->free(d->be, gdh), d->be->free(d->be, gl2), CPU->free(CPU, cdh), CPU->free(CPU, cl2);
     /* in place: dlogits aliases logits */
     d->be->log_softmax_target_backward(d->be, gl, gl, tg, gdlp, n, vocab, temperature);
     CPU->log_softmax_target_backward(CPU, cl, cl, tg, cdlp, n, vocab, temperature);

@@ -845,6 +845,49 @@ static void test_is_config(void) {
     train_config_free(&c);
 }
 
+/* TRL 1.16's mask and entropy keys: TRL's defaults, every key parsed, the errors (one line each). */
+static void test_mask_config(void) {
+    char err[ERR_LEN];
+    TrainConfig c;
+    check(load_config(&c, "", err) == 0 && c.top_entropy_quantile == 1.0 && isnan(c.off_policy_mask_threshold) &&
+              c.use_bias_correction_kl && c.entropy_coef == 0.0 && !c.use_adaptive_entropy &&
+              c.entropy_coef_min == 0.0 && c.entropy_coef_max == 1.0 && c.entropy_coef_delta == 0.005 &&
+              c.entropy_target == 0.2,
+          "mask and entropy defaults are TRL 1.16's");
+    train_config_free(&c);
+    check(load_config(&c,
+                      "top_entropy_quantile: 0.2\noff_policy_mask_threshold: 0.5\nuse_bias_correction_kl: false\n"
+                      "entropy_coef: 0.01\nuse_adaptive_entropy: true\nentropy_coef_min: 0.001\n"
+                      "entropy_coef_max: 0.1\nentropy_coef_delta: 0.002\nentropy_target: 1.5\n",
+                      err) == 0 &&
+              c.top_entropy_quantile == 0.2 && c.off_policy_mask_threshold == 0.5 && !c.use_bias_correction_kl &&
+              c.entropy_coef == 0.01 && c.use_adaptive_entropy && c.entropy_coef_min == 0.001 &&
+              c.entropy_coef_max == 0.1 && c.entropy_coef_delta == 0.002 && c.entropy_target == 1.5,
+          "every mask and entropy key parsed");
+    train_config_free(&c);
+    check(load_config(&c, "off_policy_mask_threshold: null\n", err) == 0 && isnan(c.off_policy_mask_threshold),
+          "off_policy_mask_threshold null = off");
+    train_config_free(&c);
+    check(load_config(&c, "top_entropy_quantile: 1.5\n", err) < 0 && strstr(err, "top_entropy_quantile") &&
+              !strchr(err, '\n'),
+          "top_entropy_quantile above 1 is a one-line error");
+    printf("bad quantile: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "use_adaptive_entropy: true\nentropy_coef_min: 0.5\nentropy_coef_max: 0.1\n", err) < 0 &&
+              strstr(err, "entropy_coef_min") && strstr(err, "entropy_coef_max"),
+          "entropy_coef_min above entropy_coef_max is an error with use_adaptive_entropy");
+    printf("bad bounds: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "entropy_coef: 0.01\ntensor_parallel_size: 2\n", err) < 0 && strstr(err, "tensor_parallel_size"),
+          "the entropy bonus under tensor parallelism is refused before any work");
+    printf("bonus under TP: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "top_entropy_quantile: 0.2\noff_policy_mask_threshold: 0.1\ntensor_parallel_size: 2\n",
+                      err) == 0,
+          "the masks under tensor parallelism are accepted");
+    train_config_free(&c);
+}
+
 int main(void) {
     json_error_t jerr;
     json_t *root = json_load_file(COLT_SOURCE_DIR "/tests/data/grpo_goldens.json", 0, &jerr);
@@ -861,6 +904,7 @@ int main(void) {
     test_is_goldens();
     test_is_errors();
     test_is_config();
+    test_mask_config();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
         return 1;

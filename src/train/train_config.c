@@ -1423,6 +1423,11 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine)",
                       c->lr_scheduler_type ? c->lr_scheduler_type : "null");
     if (isnan(c->epsilon_high)) c->epsilon_high = c->epsilon;
+    if ((c->entropy_coef != 0.0 || c->use_adaptive_entropy) && c->tensor_parallel_size > 1)
+        return errorf(err, "settings: the entropy bonus (entropy_coef %g, use_adaptive_entropy %s) is not supported with "
+                           "tensor_parallel_size %d yet: set entropy_coef 0 and use_adaptive_entropy false, or "
+                           "tensor_parallel_size 1", c->entropy_coef, c->use_adaptive_entropy ? "true" : "false",
+                      c->tensor_parallel_size);
     if (c->use_adaptive_entropy && c->entropy_coef_min > c->entropy_coef_max)
         return errorf(err, "settings: entropy_coef_min (%g) must not exceed entropy_coef_max (%g) with "
                            "use_adaptive_entropy", c->entropy_coef_min, c->entropy_coef_max);

@@ -569,7 +569,7 @@ static int create_buffers(Trainer *t, const TrainConfig *c, char *err) {
     t->buf.mb_entropy_mask = xmalloc(bt * sizeof(float));
     t->buf.mb_dentropy = xmalloc(bt * sizeof(float));
     t->buf.tok_dentropy = xmalloc(nt * sizeof(float));
-    t->buf.entropy_pool = xmalloc((size_t)t->dist.world * (1 + bt) * sizeof(float));
+    t->buf.entropy_pool = xmalloc((size_t)(t->dist.world + 1) * (1 + bt) * sizeof(float));
 
     return COLT_OK;
 }

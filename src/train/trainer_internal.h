@@ -74,7 +74,8 @@ typedef struct MicroBatchBuffers {
     /* the loss's padded matrices [B, T] (mb_adv: [B]) */
     float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
     /* TRL's entropy mask and bonus: entropies, the mask, d loss / d entropy [B, T] (tok_dentropy: packed);
-     * entropy_pool [world * (1 + B * T)]: each rank's count and counted entropies, gathered */
+     * entropy_pool [(world + 1) * (1 + B * T)]: each rank's count and counted entropies, gathered, and this
+     * rank's own in the last slot */
     float *mb_entropy, *mb_entropy_mask, *mb_dentropy, *tok_dentropy, *entropy_pool;
 } MicroBatchBuffers;
 

@@ -30,18 +30,17 @@
  * order), and this rank's mask from it. */
 static int high_entropy_mask(Trainer *t, int B, int T, char *err) {
     const size_t each = 1 + (size_t)t->cfg->per_device_train_batch_size * t->cfg->max_completion_length;
-    float *mine = xmalloc(each * sizeof(float));
-    size_t n = 0;
+    float *mine = t->buf.entropy_pool + (size_t)t->dist.world * each; /* the pool's last slot: this rank's */
+    uint32_t n = 0;
     for (size_t i = 0; i < (size_t)B * T; i++)
         if (t->buf.mb_mask[i] != 0.0f) mine[1 + n++] = t->buf.mb_entropy[i];
-    mine[0] = (float)n;
-    int rc = train_dist_gather(&t->dist, t->buf.entropy_pool, mine, each * sizeof(float), err);
-    free(mine);
-    if (rc != 0) return COLT_ERR;
+    memcpy(&mine[0], &n, sizeof n); /* the count's bits in the first float */
+    if (train_dist_gather(&t->dist, t->buf.entropy_pool, mine, each * sizeof(float), err) != 0) return COLT_ERR;
     size_t total = 0; /* packed in place: every rank's entropies one after the other */
     for (int q = 0; q < t->dist.world; q++) {
         const float *part = t->buf.entropy_pool + (size_t)q * each;
-        size_t count = (size_t)part[0];
+        uint32_t count;
+        memcpy(&count, &part[0], sizeof count);
         memmove(t->buf.entropy_pool + total, part + 1, count * sizeof(float));
         total += count;
     }

@@ -123,7 +123,7 @@ static const ConfigKey KEYS[] = {
       "with beta > 0: multiply the KL term by the importance ratio (the unbiased reverse-KL gradient; false: plain k3)"),
     KD(entropy_coef, KEY_DOUBLE, -1e6, RANGE_CLOSED, 1e6,
        "entropy bonus: loss -= entropy_coef x the mean per-token entropy (0 = off; with use_adaptive_entropy, its "
-       "starting value)"),
+       "starting value; not with tensor_parallel_size > 1 yet)"),
     K(use_adaptive_entropy, KEY_BOOL,
       "adaptive entropy control (Skywork-OR1): each optimizer step moves entropy_coef by entropy_coef_delta toward "
       "keeping the entropy above entropy_target, and applies it only while the entropy is at or below the target"),

@@ -674,6 +674,30 @@ static void test_logits_shard(const Backend *be) {
     double *ref_dl = to_double(whole_dl, (size_t)N * V);
     report("log_softmax_shard_backward 3 parts (last in place) [5,37]", got_dl, ref_dl, (size_t)N * V, 1e-6);
 
+    /* with the entropy's gradient: the parts (the whole row's lse and sum p z given) vs the whole op; the
+     * row without a target gets no gradient from the whole op, so its dlogprob and dentropy are 0 here */
+    float dh[N] = {0.7f, -1.1f, 0.0f, 0.4f, -0.3f}, pz[N]; /* fixed: the random stream of later tests stays */
+    for (int i = 0; i < N; i++) pz[i] = (float)(Tz[i] / S[i]);
+    void *gdh = be->alloc_f32(be, N), *gpz = be->alloc_f32(be, N);
+    be->upload_f32(be, gdh, dh, N);
+    be->upload_f32(be, gpz, pz, N);
+    be->log_softmax_entropy_backward(be, gdl, glg, targets, gdlp, gdh, N, V, temp);
+    for (int p = 0; p < SHARD_PARTS; p++) {
+        int lo = SHARD_LO[p], vp = SHARD_LO[p + 1] - lo;
+        void *plg = be->alloc(be, (size_t)N * vp);
+        be->copy_2d(be, plg, vp, at_elem(be, glg, lo), V, N, vp);
+        void *pdl = p == 1 ? plg : be->alloc(be, (size_t)N * vp); /* the middle part in place */
+        be->log_softmax_shard_entropy_backward(be, pdl, plg, tq[p], gdlp, gdh, glse, gpz, N, vp, temp);
+        be->copy_2d(be, at_elem(be, gparts, lo), V, pdl, vp, N, vp);
+        if (pdl != plg) be->free(be, pdl);
+        be->free(be, plg);
+    }
+    float *got_edl = from_device(be, gparts, (size_t)N * V), *whole_edl = from_device(be, gdl, (size_t)N * V);
+    double *ref_edl = to_double(whole_edl, (size_t)N * V);
+    report("log_softmax_shard_entropy_backward 3 parts [5,37]", got_edl, ref_edl, (size_t)N * V, 1e-6);
+    free(got_edl), free(whole_edl), free(ref_edl);
+    be->free(be, gdh), be->free(be, gpz);
+
     free(lg), free(dlp), free(got_dl), free(whole_dl), free(ref_dl);
     for (int p = 0; p < SHARD_PARTS; p++) be->free(be, part_lg[p]);
     be->free(be, glg), be->free(be, glp), be->free(be, gent), be->free(be, gdlp), be->free(be, glse), be->free(be, gdl),

@@ -123,7 +123,7 @@ static const ConfigKey KEYS[] = {
       "with beta > 0: multiply the KL term by the importance ratio (the unbiased reverse-KL gradient; false: plain k3)"),
     KD(entropy_coef, KEY_DOUBLE, -1e6, RANGE_CLOSED, 1e6,
        "entropy bonus: loss -= entropy_coef x the mean per-token entropy (0 = off; with use_adaptive_entropy, its "
-       "starting value; not with tensor_parallel_size > 1 yet)"),
+       "starting value)"),
     K(use_adaptive_entropy, KEY_BOOL,
       "adaptive entropy control (Skywork-OR1): each optimizer step moves entropy_coef by entropy_coef_delta toward "
       "keeping the entropy above entropy_target, and applies it only while the entropy is at or below the target"),
@@ -1423,11 +1423,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine)",
                       c->lr_scheduler_type ? c->lr_scheduler_type : "null");
     if (isnan(c->epsilon_high)) c->epsilon_high = c->epsilon;
-    if ((c->entropy_coef != 0.0 || c->use_adaptive_entropy) && c->tensor_parallel_size > 1)
-        return errorf(err, "settings: the entropy bonus (entropy_coef %g, use_adaptive_entropy %s) is not supported with "
-                           "tensor_parallel_size %d yet: set entropy_coef 0 and use_adaptive_entropy false, or "
-                           "tensor_parallel_size 1", c->entropy_coef, c->use_adaptive_entropy ? "true" : "false",
-                      c->tensor_parallel_size);
     if (c->use_adaptive_entropy && c->entropy_coef_min > c->entropy_coef_max)
         return errorf(err, "settings: entropy_coef_min (%g) must not exceed entropy_coef_max (%g) with "
                            "use_adaptive_entropy", c->entropy_coef_min, c->entropy_coef_max);

@@ -557,6 +557,25 @@ static void cpu_log_softmax_entropy_backward(const Backend *be, void *dlogits, c
     }
 }
 
+static void cpu_log_softmax_shard_entropy_backward(const Backend *be, void *dlogits, const void *logits,
+                                                   const int *targets, const void *dlogprobs, const void *dentropy,
+                                                   const void *lse, const void *pz, int n, int vocab,
+                                                   float temperature) {
+    float *dl = dlogits;
+    const float *lg = logits, *dlp = dlogprobs, *dh = dentropy, *ls = lse, *pzs = pz;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * vocab;
+        float *drow = dl + (size_t)i * vocab;
+        double g = (double)dlp[i] * inv_t, gh = (double)dh[i] * inv_t;
+        for (int v = 0; v < vocab; v++) { /* in place: row[v] is read before drow[v] is written */
+            double z = row[v] * inv_t, p = exp(z - (double)ls[i]);
+            drow[v] = (float)(-g * p - gh * p * (z - (double)pzs[i]) + (v == targets[i] ? g : 0.0));
+        }
+    }
+}
+
 static void cpu_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n,
                                    int vocab, float temperature) {
     float *out = stats;
@@ -743,6 +762,7 @@ static const Backend CPU_OPS = {
     .log_softmax_entropy_backward = cpu_log_softmax_entropy_backward,
     .logits_shard_stats = cpu_logits_shard_stats,
     .log_softmax_shard_backward = cpu_log_softmax_shard_backward,
+    .log_softmax_shard_entropy_backward = cpu_log_softmax_shard_entropy_backward,
     .copy_2d = cpu_copy_2d,
     .vocab_shard_ids_i32 = cpu_vocab_shard_ids_i32,
     .alloc_i32 = cpu_alloc_i32,

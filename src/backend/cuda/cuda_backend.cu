@@ -490,6 +490,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->log_softmax_entropy_backward = cuda_log_softmax_entropy_backward<T>;
     b->logits_shard_stats = cuda_logits_shard_stats<T>;
     b->log_softmax_shard_backward = cuda_log_softmax_shard_backward<T>;
+    b->log_softmax_shard_entropy_backward = cuda_log_softmax_shard_entropy_backward<T>;
     b->copy_2d = cuda_copy_2d<T>;
     b->adamw = cuda_adamw<T>;
     b->sum_squares = cuda_sum_squares;

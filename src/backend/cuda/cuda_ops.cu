@@ -976,6 +976,41 @@ void cuda_log_softmax_shard_backward(const Backend *be, void *dlogits, const voi
     LAUNCH_CHECK(cs);
 }
 
+/* log_softmax_shard_entropy_backward: the entropy kernel's gradient pass on a part of the vocabulary, the
+ * whole row's lse and sum p z given (no stats pass): one block per row, scalar, front to back; the onehot
+ * term only where the target is in this part. In place is safe: each thread rewrites only what it reads. */
+template <typename T>
+__global__ void __launch_bounds__(LSM_THREADS)
+    log_softmax_shard_entropy_backward_kernel(T *dlogits, const T *logits, const int *targets, const float *dlogprobs,
+                                              const float *dentropy, const float *lse, const float *pz, int vocab,
+                                              float inv_t) {
+    const int i = blockIdx.x, tgt = targets[i];
+    T *drow = dlogits + (size_t)i * vocab;
+    const T *row = logits + (size_t)i * vocab;
+    float g = dlogprobs[i] * inv_t, gh = dentropy[i] * inv_t, lse_f = lse[i], pz_f = pz[i];
+    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+        float z = to_float(row[v]) * inv_t, p = expf(z - lse_f);
+        float d = -g * p - gh * p * (z - pz_f);
+        if (v == tgt) d += g;
+        drow[v] = from_float<T>(d);
+    }
+}
+
+template <typename T>
+void cuda_log_softmax_shard_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                             const void *dlogprobs, const void *dentropy, const void *lse,
+                                             const void *pz, int n, int vocab, float temperature) {
+    if (n <= 0 || vocab <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    log_softmax_shard_entropy_backward_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>(
+        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, (const float *)dentropy, (const float *)lse,
+        (const float *)pz, vocab, inv_t);
+    LAUNCH_CHECK(cs);
+}
+
 /* ---------------------------------------------------------------- optimizer */
 
 /* The CPU's adamw line by line, with explicitly rounded fp32 operations (no
@@ -1226,6 +1261,9 @@ void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n) {
     template void cuda_logits_shard_stats<T>(const Backend *, void *, const void *, const int *, int, int, float);  \
     template void cuda_log_softmax_shard_backward<T>(const Backend *, void *, const void *, const int *,           \
                                                      const void *, const void *, int, int, float);                 \
+    template void cuda_log_softmax_shard_entropy_backward<T>(const Backend *, void *, const void *, const int *,   \
+                                                             const void *, const void *, const void *,             \
+                                                             const void *, int, int, float);                       \
     template void cuda_adamw<T>(const Backend *, void *, void *, const void *, void *, void *, size_t, float, float, \
                                 float, float, float, float, float);
 INSTANTIATE(float)

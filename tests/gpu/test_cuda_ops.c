@@ -968,6 +968,11 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
 
     d->be->upload_f32(d->be, glse, comb[1][0], n);
     CPU->upload(CPU, clse, comb[1][0], n);
+    /* the entropy bonus's shard backward: the CPU's combined sum p z, a d entropy per row */
+    float *pz = malloc((size_t)n * sizeof(float)), *dh = rand_floats(n, 1.0f);
+    for (int i = 0; i < n; i++) pz[i] = (float)(acc[1][4 * i + 2] / acc[1][4 * i + 1]);
+    void *gpz = dev_in_f32(d, pz, n), *cpz = cpu_in(pz, n), *gdh = dev_in_f32(d, dh, n), *cdh = cpu_in(dh, n);
+    void *gwhole_e = d->be->alloc(d->be, nl), *cwhole_e = CPU->alloc(CPU, nl);
     for (int p = 0; p < parts; p++) {
         int lo = (int)((long)vocab * p / parts), hi = (int)((long)vocab * (p + 1) / parts), vp = hi - lo;
         size_t np = (size_t)n * vp;
@@ -977,6 +982,10 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
         CPU->log_softmax_shard_backward(CPU, cd, cpart[p], tq, cdlp, clse, n, vp, temperature);
         d->be->copy_2d(d->be, (char *)gwhole + lo * es, vocab, gd, vp, n, vp);
         CPU->copy_2d(CPU, (float *)cwhole + lo, vocab, cd, vp, n, vp);
+        d->be->log_softmax_shard_entropy_backward(d->be, gd, gpart[p], tq, gdlp, gdh, glse, gpz, n, vp, temperature);
+        CPU->log_softmax_shard_entropy_backward(CPU, cd, cpart[p], tq, cdlp, cdh, clse, cpz, n, vp, temperature);
+        d->be->copy_2d(d->be, (char *)gwhole_e + lo * es, vocab, gd, vp, n, vp);
+        CPU->copy_2d(CPU, (float *)cwhole_e + lo, vocab, cd, vp, n, vp);
         /* in place: dlogits aliases the part's logits */
         d->be->log_softmax_shard_backward(d->be, gpart[p], gpart[p], tq, gdlp, glse, n, vp, temperature);
         CPU->log_softmax_shard_backward(CPU, cpart[p], cpart[p], tq, cdlp, clse, n, vp, temperature);
@@ -992,6 +1001,12 @@ static void test_log_softmax_shards(const Dev *d, int n, int vocab, int parts, f
     snprintf(name, sizeof name, "log_softmax_shard_backward in place N=%d V=%d/%d", n, vocab, parts);
     check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
     free(got), free(ref);
+    got = dev_out(d, gwhole_e, nl), ref = cpu_out(cwhole_e, nl);
+    snprintf(name, sizeof name, "log_softmax_shard_entropy_backward N=%d V=%d/%d T=%g", n, vocab, parts, temperature);
+    check(d, name, got, ref, nl, (Tol){1e-5, 1e-4, 1.5});
+    free(got), free(ref), free(pz), free(dh);
+    d->be->free(d->be, gpz), d->be->free(d->be, gdh), d->be->free(d->be, gwhole_e);
+    CPU->free(CPU, cpz), CPU->free(CPU, cdh), CPU->free(CPU, cwhole_e);
 
     for (int p = 0; p < parts; p++) d->be->free(d->be, gpart[p]), CPU->free(CPU, cpart[p]);
     for (int b = 0; b < 2; b++) {

@@ -796,7 +796,8 @@ static void ref_kv(const OpRun *r, double **ref) {
 /* ================================================================ log-softmax
  * i: N, V; f: temperature, logits scale; list: the targets (NULL: drawn, every fifth row from the fourth
  * without one: -1). log_softmax_target's log-probs and entropies [f32] (0 in a row without target), again
- * with entropy NULL; its backward with dlogprobs [f32], out of place and in place (dlogits = logits). */
+ * with entropy NULL; its backward with dlogprobs [f32], with the entropy's gradient as well
+ * (log_softmax_entropy_backward, dentropy [f32]), and out of place and in place (dlogits = logits). */
 
 static void run_log_softmax(OpRun *r) {
     const OpCase *c = r->c;
@@ -816,8 +817,22 @@ static void run_log_softmax(OpRun *r) {
     op_out_f32(r, stat_tol, lp, (size_t)n, "log_softmax_target (entropy NULL) N=%d V=%d", n, vocab);
     be->log_softmax_target_backward(be, dl, lg, tg, dlp, n, vocab, temp);
     op_out(r, grad_tol, dl, nl, "log_softmax_target_backward N=%d V=%d T=%g", n, vocab, temp);
+    /* with the entropy's gradient too (TRL's entropy bonus): d/dlogits of dlp * logprob + dh * entropy */
+    void *dh = op_in_f32(r, (size_t)n, 1.0f, NULL), *dle = op_alloc(r, nl);
+    be->log_softmax_entropy_backward(be, dle, lg, tg, dlp, dh, n, vocab, temp);
+    op_out(r, grad_tol, dle, nl, "log_softmax_entropy_backward N=%d V=%d T=%g", n, vocab, temp);
     be->log_softmax_target_backward(be, lg, lg, tg, dlp, n, vocab, temp);
     op_out(r, grad_tol, lg, nl, "log_softmax_target_backward in place N=%d V=%d", n, vocab);
+}
+
+/* entropy of row at temperature T (logprob_ref's, alone). */
+static double entropy_ref(const double *row, int vocab, double temp) {
+    double mx = -INFINITY, sum = 0, pz = 0;
+    for (int v = 0; v < vocab; v++) mx = fmax(mx, row[v] / temp);
+    for (int v = 0; v < vocab; v++) sum += exp(row[v] / temp - mx);
+    double lse = mx + log(sum);
+    for (int v = 0; v < vocab; v++) pz += exp(row[v] / temp - lse) * (row[v] / temp);
+    return lse - pz;
 }
 
 /* log p(target) of row at temperature T, and its entropy when asked. */
@@ -839,7 +854,7 @@ static void ref_log_softmax(const OpRun *r, double **ref) {
     int n = r->c->i[0], vocab = r->c->i[1];
     double temp = r->c->f[0], h = 1e-5;
     const int *tg = r->ints[0];
-    const float *lg = op_input(r, 0), *dlp = op_input(r, 1);
+    const float *lg = op_input(r, 0), *dlp = op_input(r, 1), *dhs = op_input(r, 2);
     double *row = malloc((size_t)vocab * sizeof(double));
     for (int i = 0; i < n; i++) {
         if (tg[i] < 0) continue; /* no log-prob, no entropy, no gradient: 0 */
@@ -860,7 +875,27 @@ static void ref_log_softmax(const OpRun *r, double **ref) {
             double lse = ref[0][i] - row[tg[i]] / temp; /* -lse */
             for (int v = 0; v < vocab; v++) dl[v] = dlp[i] * ((v == tg[i]) - exp(row[v] / temp + lse)) / temp;
         }
-        memcpy(ref[4] + (size_t)i * vocab, dl, (size_t)vocab * sizeof(double));
+        /* the entropy's gradient: dh (p (H - (z/T - ... ))) by central differences up to V = 300, else
+         * d H / d z_v = -p_v (z_v / T - sum_u p_u z_u / T + ... ) written out: -p_v (log p_v + H) / T */
+        double *dle = ref[4] + (size_t)i * vocab, dh = dhs[i];
+        if (vocab <= 300) {
+            for (int v = 0; v < vocab; v++) {
+                double keep = row[v];
+                row[v] = keep + h;
+                double ep = entropy_ref(row, vocab, temp);
+                row[v] = keep - h;
+                double em = entropy_ref(row, vocab, temp);
+                row[v] = keep;
+                dle[v] = dl[v] + dh * (ep - em) / (2 * h);
+            }
+        } else {
+            double lse = row[tg[i]] / temp - ref[0][i], H = ref[1][i];
+            for (int v = 0; v < vocab; v++) {
+                double logp = row[v] / temp - lse;
+                dle[v] = dl[v] - dh * exp(logp) * (logp + H) / temp;
+            }
+        }
+        memcpy(ref[5] + (size_t)i * vocab, dl, (size_t)vocab * sizeof(double));
     }
     free(row);
 }

@@ -215,6 +215,50 @@ static double logprob_ref(const double *row, int V, int target, double temp, dou
     return row[target] / temp - lse;
 }
 
+/* log_softmax_entropy_backward against central differences of dlogprobs * logprob + dentropy * entropy,
+ * out of place and in place; with dentropy = 0 it must equal log_softmax_target_backward. */
+static void test_log_softmax_entropy_backward(const Backend *be) {
+    int n = 5, V = 300;
+    float temp = 0.7f;
+    int targets[5] = {3, 299, -1, 17, 17};
+    float *lg = rand_floats((size_t)n * V, 3.0f), *dlp = rand_floats(n, 1.0f), *dh = rand_floats(n, 1.0f);
+    float zeros[5] = {0};
+    void *glg = to_device(be, lg, (size_t)n * V), *gdlp = to_device(be, dlp, n), *gdh = to_device(be, dh, n),
+         *gzero = to_device(be, zeros, n), *gdl = be->alloc(be, (size_t)n * V);
+    double *ref_dl = calloc((size_t)n * V, sizeof(double)), *row = malloc(V * sizeof(double)), h = 1e-5;
+    for (int i = 0; i < n; i++) {
+        if (targets[i] < 0) continue;
+        for (int v = 0; v < V; v++) row[v] = lg[i * V + v];
+        for (int v = 0; v < V; v++) {
+            double keep = row[v], ep, em;
+            row[v] = keep + h;
+            double lp = logprob_ref(row, V, targets[i], temp, &ep);
+            row[v] = keep - h;
+            double lm = logprob_ref(row, V, targets[i], temp, &em);
+            row[v] = keep;
+            ref_dl[i * V + v] = (dlp[i] * (lp - lm) + dh[i] * (ep - em)) / (2 * h);
+        }
+    }
+    be->log_softmax_entropy_backward(be, gdl, glg, targets, gdlp, gdh, n, V, temp);
+    float *got = from_device(be, gdl, (size_t)n * V);
+    report("log_softmax_entropy_backward [5,300] T=0.7 vs fd", got, ref_dl, (size_t)n * V, 1e-6);
+    /* dentropy = 0: the plain backward's values */
+    be->log_softmax_target_backward(be, gdl, glg, targets, gdlp, n, V, temp);
+    float *plain = from_device(be, gdl, (size_t)n * V);
+    double *plain_ref = malloc((size_t)n * V * sizeof(double));
+    for (size_t k = 0; k < (size_t)n * V; k++) plain_ref[k] = plain[k];
+    be->log_softmax_entropy_backward(be, gdl, glg, targets, gdlp, gzero, n, V, temp);
+    float *no_entropy = from_device(be, gdl, (size_t)n * V);
+    report("log_softmax_entropy_backward dentropy=0 vs log_softmax_target_backward", no_entropy, plain_ref,
+           (size_t)n * V, 1e-6);
+    be->log_softmax_entropy_backward(be, glg, glg, targets, gdlp, gdh, n, V, temp); /* in place */
+    float *in_place = from_device(be, glg, (size_t)n * V);
+    report("log_softmax_entropy_backward in place", in_place, ref_dl, (size_t)n * V, 1e-6);
+    free(lg), free(dlp), free(dh), free(ref_dl), free(row), free(got), free(plain), free(plain_ref), free(no_entropy),
+        free(in_place);
+    be->free(be, glg), be->free(be, gdlp), be->free(be, gdh), be->free(be, gzero), be->free(be, gdl);
+}
+
 /* ================================================================ vocabulary parallelism
  * A [N, V] matrix split into column parts, one per (pretend) rank: each part's
  * op output, combined on the host or reassembled with copy_2d, must equal the
@@ -314,6 +358,30 @@ static void test_logits_shard(const Backend *be) {
     float *got_dl = from_device(be, gparts, (size_t)N * V), *whole_dl = from_device(be, gdl, (size_t)N * V);
     double *ref_dl = to_double(whole_dl, (size_t)N * V);
     report("log_softmax_shard_backward 3 parts (last in place) [5,37]", got_dl, ref_dl, (size_t)N * V, 1e-6);
+
+    /* with the entropy's gradient: the parts (the whole row's lse and sum p z given) vs the whole op; the
+     * row without a target gets no gradient from the whole op, so its dlogprob and dentropy are 0 here */
+    float dh[N] = {0.7f, -1.1f, 0.0f, 0.4f, -0.3f}, pz[N]; /* fixed: the random stream of later tests stays */
+    for (int i = 0; i < N; i++) pz[i] = (float)(Tz[i] / S[i]);
+    void *gdh = be->alloc_f32(be, N), *gpz = be->alloc_f32(be, N);
+    be->upload_f32(be, gdh, dh, N);
+    be->upload_f32(be, gpz, pz, N);
+    be->log_softmax_entropy_backward(be, gdl, glg, targets, gdlp, gdh, N, V, temp);
+    for (int p = 0; p < SHARD_PARTS; p++) {
+        int lo = SHARD_LO[p], vp = SHARD_LO[p + 1] - lo;
+        void *plg = be->alloc(be, (size_t)N * vp);
+        be->copy_2d(be, plg, vp, at_elem(be, glg, lo), V, N, vp);
+        void *pdl = p == 1 ? plg : be->alloc(be, (size_t)N * vp); /* the middle part in place */
+        be->log_softmax_shard_entropy_backward(be, pdl, plg, tq[p], gdlp, gdh, glse, gpz, N, vp, temp);
+        be->copy_2d(be, at_elem(be, gparts, lo), V, pdl, vp, N, vp);
+        if (pdl != plg) be->free(be, pdl);
+        be->free(be, plg);
+    }
+    float *got_edl = from_device(be, gparts, (size_t)N * V), *whole_edl = from_device(be, gdl, (size_t)N * V);
+    double *ref_edl = to_double(whole_edl, (size_t)N * V);
+    report("log_softmax_shard_entropy_backward 3 parts [5,37]", got_edl, ref_edl, (size_t)N * V, 1e-6);
+    free(got_edl), free(whole_edl), free(ref_edl);
+    be->free(be, gdh), be->free(be, gpz);
 
     free(lg), free(dlp), free(got_dl), free(whole_dl), free(ref_dl);
     for (int p = 0; p < SHARD_PARTS; p++) be->free(be, part_lg[p]);
@@ -429,6 +497,7 @@ static void run_all(const Backend *be, OpRefs *refs) {
     g_failures += op_cases_check_reference(be, refs, &g_checks);
     test_attention(be);
     test_attention_backward(be);
+    test_log_softmax_entropy_backward(be);
     test_logits_shard(be);
     test_vocab_shard_embedding(be);
     test_optimizer_ops(be);

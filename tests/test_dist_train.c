@@ -19,6 +19,8 @@
  *     size 2 exactly and at 4 and 1 (resharded) to float rounding; a lost
  *     shard file is named;
  *   - a rank killed mid-run: the job ends, non-zero, within the bound;
+ *   - TRL's entropy mask (top_entropy_quantile) pooled over the ranks' micro-batch: 2 ranks of 8 samples
+ *     as one process's micro-batch of 16, with the adaptive entropy controller;
  *   - bad launches: inconsistent variables, a batch the world cannot split, a
  *     MASTER_PORT another process holds, a MASTER_ADDR nobody answers.
  * Each run is two steps, a checkpoint after each: step 1 starts from fresh
@@ -212,6 +214,47 @@ static int newest_checkpoint(const char *dir) {
     return best;
 }
 
+/* TRL's entropy mask takes its quantile over the micro-batch of every process: two ranks of 8 samples
+ * must mask what one process masks in its micro-batch of the same 16 (dapo: the same sums either way),
+ * and the adaptive entropy controller, fed the world's token-weighted window, must follow the same
+ * course. A per-rank quantile would differ. entropy_target 0 keeps the bonus itself off: TRL's bonus is
+ * each process's own token mean, which two ranks average and one process does not (by design). */
+static void test_entropy_mask_over_ranks(void) {
+    const char *opts = "--max_steps 2 --save_steps 0 --top_entropy_quantile 0.3 --off_policy_mask_threshold 0 "
+                       "--use_adaptive_entropy true --entropy_coef 0.01 --entropy_target 0";
+    char one[300], two[300], args[8192], prefix[512], *err;
+    snprintf(one, sizeof one, "%s/entropy_one", g_tmp);
+    snprintf(two, sizeof two, "%s/entropy_two", g_tmp);
+    snprintf(args, sizeof args, "%s %s --per_device_train_batch_size 16 --output_dir %s", BASE, opts, one);
+    int code = run("", args, &err);
+    CHECK(code == 0, "entropy mask, one process: exit %d: %s", code, err);
+    free(err);
+    snprintf(prefix, sizeof prefix, "%s -np 2", MPIRUN);
+    snprintf(args, sizeof args, "%s %s --per_device_train_batch_size 8 --output_dir %s", BASE, opts, two);
+    code = run(prefix, args, &err);
+    CHECK(code == 0, "entropy mask, mpirun -np 2: exit %d: %s", code, err);
+    free(err);
+    int na = 0, nb = 0;
+    json_t **a = metric_lines(one, &na), **b = metric_lines(two, &nb);
+    char worst[300] = "-";
+    double d = 0;
+    for (int i = 0; i < na && i < nb; i++) {
+        char w[256];
+        double di = metrics_difference(a[i], b[i], w, sizeof w);
+        if (di > d || isnan(di)) d = di, snprintf(worst, sizeof worst, "step %d: %s", i + 1, w);
+    }
+    double coef = na == 2 ? json_number_value(json_object_get(a[1], "entropy_coef")) : NAN;
+    bool logged = na == 2 && json_is_number(json_object_get(a[0], "policy_loss"));
+    printf("entropy mask over 2 ranks vs one process's micro-batch: metrics within %g (%s), entropy_coef %g after "
+           "2 steps\n", d, worst, coef);
+    CHECK(na == 2 && nb == 2 && d <= 1e-4, "entropy mask over ranks: %d and %d steps, metrics differ by %g: %s", na, nb,
+          d, worst);
+    CHECK(logged && coef == 0.0, /* 0.01, above the target twice: 0.005, then the floor entropy_coef_min 0 */ "entropy mask over ranks: policy_loss logged %d, entropy_coef %g",
+          logged, coef);
+    free_lines(a, na);
+    free_lines(b, nb);
+}
+
 int main(void) {
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
         printf("SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)\n");
@@ -246,6 +289,7 @@ int main(void) {
     CHECK(step2_moved > 0 && isfinite(step2_moved), "world size 2: step 2 left the weights as they were (%g): the identities "
           "below would hold without training", step2_moved);
     CHECK(unexpected_files(two) == 0, "world size 2 wrote unexpected files");
+    test_entropy_mask_over_ranks();
 
     /* 1b. the same 2-rank run started by colt itself (torchrun's variables, the store and Gloo instead of MPI):
      * the same bits as under mpirun */

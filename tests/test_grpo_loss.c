@@ -6,7 +6,12 @@
  * (+ 1e-12), d loss / d logp within 1e-6 relative + 1e-9 absolute, and the clip
  * (mean, low_min, high_max), cispo, vespo and kl metrics; then reward aggregation and
  * advantages for every scale_rewards, NaN rewards and reward weights; then the
- * option parsers.
+ * option parsers. Then TRL 1.16's masks (same goldens): the off-policy sequence
+ * mask for every loss_type and level (engine log-probs with a NaN, old ones, none),
+ * the entropy mask at several quantiles (the pool over one and two processes),
+ * use_bias_correction_kl = false, the entropy bonus (d loss / d entropy and
+ * policy_loss), and the adaptive entropy controller's state over five optimizer
+ * steps, all at the tolerances above.
  * Then TRL's vLLM importance-sampling correction (tests/data/is_goldens.json
  * from tests/ref/make_is_goldens.py): for every vllm_importance_sampling_mode x
  * clip bounds x loss_type x importance level x beta, the IS weights (1e-6
@@ -255,6 +260,264 @@ static void test_parsers_and_errors(void) {
     check(grpo_loss(&loss, dl, NULL, &cfg, logp, NULL, NULL, mask, adv, 1, 2, err) < 0 &&
               strstr(err, "max_completion_length"),
           "dr_grpo without max_completion_length is an error");
+}
+
+/* ---------------------------------------------------------------- masks and the entropy bonus */
+
+#define N_MASK_CASES 49
+#define N_ADAPTIVE_CALLS 10
+
+/* The worst |got - want| over n values against a golden array (relative 1e-6 + abs 1e-9 passes). */
+static double golden_diff(const float *got, const json_t *arr, int n, int *ok) {
+    double worst = 0.0;
+    if ((int)json_array_size(arr) != n) {
+        *ok = 0;
+        return INFINITY;
+    }
+    for (int i = 0; i < n; i++) {
+        double want = json_number_value(json_array_get(arr, (size_t)i));
+        double d = fabs((double)got[i] - want);
+        if (!(d <= worst)) worst = d;
+        if (!(d <= 1e-6 * fabs(want) + 1e-9)) *ok = 0;
+    }
+    return worst;
+}
+
+typedef struct MaskInputs {
+    int B, T;
+    float logp[MAX_BT], old_logp[MAX_BT], ref_logp[MAX_BT], mask[MAX_BT], adv[MAX_BT];
+    float entropy[MAX_BT], sampling[MAX_BT], other[MAX_BT], is_ratio[MAX_BT];
+    int n_other;
+} MaskInputs;
+
+static GrpoLossConfig mask_case_config(const json_t *root, const json_t *cs) {
+    GrpoLossConfig cfg = {
+        .epsilon_low = (float)num(root, "epsilon_low"),
+        .epsilon_high = (float)num(cs, "epsilon_high"),
+        .beta = (float)num(cs, "beta"),
+        .max_completion_length = (int)json_integer_value(json_object_get(root, "max_completion_length")),
+        .gradient_accumulation_steps = (int)json_integer_value(json_object_get(cs, "gas")),
+        .num_items_in_batch = (float)num(cs, "num_items_in_batch"),
+        .sapo_temperature_neg = (float)num(root, "sapo_temperature_neg"),
+        .sapo_temperature_pos = (float)num(root, "sapo_temperature_pos"),
+        .vespo_k_pos = (float)num(root, "vespo_k_pos"),
+        .vespo_lambda_pos = (float)num(root, "vespo_lambda_pos"),
+        .vespo_k_neg = (float)num(root, "vespo_k_neg"),
+        .vespo_lambda_neg = (float)num(root, "vespo_lambda_neg"),
+        .kl_without_bias_correction = json_is_false(json_object_get(cs, "bias_kl")),
+        .off_policy_mask = json_is_number(json_object_get(cs, "off_policy")),
+        .off_policy_mask_threshold = (float)num(cs, "off_policy"),
+        .entropy_bonus = num(cs, "entropy_coef") != 0.0,
+        .entropy_coef_applied = num(cs, "entropy_coef"),
+    };
+    return cfg;
+}
+
+/* The entropy mask as the trainer makes it: this process's counted entropies, plus the other process's
+ * when the case spans two, into the quantile's pool. */
+static int mask_case_entropy_mask(float *emask, const MaskInputs *in, double top_q, bool with_other, char *err) {
+    float pool[2 * MAX_BT];
+    size_t n = 0;
+    for (int i = 0; i < in->B * in->T; i++)
+        if (in->mask[i] != 0.0f) pool[n++] = in->entropy[i];
+    if (with_other)
+        for (int i = 0; i < in->n_other; i++) pool[n++] = in->other[i];
+    return grpo_high_entropy_mask(emask, NULL, in->entropy, in->mask, in->B, in->T, pool, n, 1.0 - top_q, err);
+}
+
+static void test_mask_cases(const json_t *root, const MaskInputs *in) {
+    const int B = in->B, T = in->T;
+    const json_t *cases = json_object_get(root, "mask_cases");
+    if (json_array_size(cases) != N_MASK_CASES) {
+        fprintf(stderr, "FAIL expected %d mask cases, the goldens have %zu\n", N_MASK_CASES, json_array_size(cases));
+        failures++;
+        return;
+    }
+    int passed = 0, dropped_rows = 0, masked_tokens = 0;
+    double worst_loss = 0.0, worst_grad = 0.0, worst_dent = 0.0;
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        const json_t *cs = json_array_get(cases, c);
+        const char *name = json_string_value(json_object_get(cs, "name"));
+        GrpoLossConfig cfg = mask_case_config(root, cs);
+        char err[ERR_LEN];
+        if (grpo_loss_type_parse(&cfg.loss_type, json_string_value(json_object_get(cs, "loss_type")), err) ||
+            grpo_importance_level_parse(&cfg.importance_sampling_level,
+                                        json_string_value(json_object_get(cs, "level")), err)) {
+            fprintf(stderr, "FAIL %s: %s\n", name, err);
+            failures++;
+            continue;
+        }
+        int ok = 1;
+        double top_q = num(cs, "top_entropy_quantile");
+        float emask[MAX_BT], dlogp[MAX_BT], dent[MAX_BT], loss;
+        double emask_diff = 0.0;
+        if (top_q < 1.0) {
+            if (mask_case_entropy_mask(emask, in, top_q, json_is_true(json_object_get(cs, "with_other")), err)) {
+                fprintf(stderr, "FAIL %s: %s\n", name, err);
+                failures++;
+                continue;
+            }
+            emask_diff = golden_diff(emask, json_object_get(cs, "entropy_mask"), B * T, &ok);
+        }
+        GrpoLossInputs li = {
+            .is_weight = json_is_true(json_object_get(cs, "with_is")) ? in->is_ratio : NULL,
+            .sampling_logp = json_is_true(json_object_get(cs, "with_sampling")) ? in->sampling : NULL,
+            .entropy = in->entropy,
+            .entropy_mask = top_q < 1.0 ? emask : NULL,
+            .dentropy = dent,
+        };
+        GrpoLossMetrics met;
+        bool with_old = json_is_true(json_object_get(cs, "with_old"));
+        if (grpo_loss_compute(&loss, dlogp, &met, &cfg, in->logp, with_old ? in->old_logp : NULL,
+                              cfg.beta != 0.0f ? in->ref_logp : NULL, &li, in->mask, in->adv, B, T, err)) {
+            fprintf(stderr, "FAIL %s: %s\n", name, err);
+            failures++;
+            continue;
+        }
+        double want_loss = num(cs, "loss"), loss_diff = fabs(loss - want_loss);
+        if (!(loss_diff <= 1e-6 * fabs(want_loss) + 1e-12)) ok = 0;
+        double grad_diff = golden_diff(dlogp, json_object_get(cs, "dlogp"), B * T, &ok);
+        double dent_diff = golden_diff(dent, json_object_get(cs, "dentropy"), B * T, &ok);
+        static const char *keys[] = {"clip_ratio_low", "clip_ratio_high", "clip_ratio_region", "kl",
+                                     "cispo_clip_ratio", "vespo_phi_seq_mean"};
+        const double got[] = {met.clip_ratio_low, met.clip_ratio_high, met.clip_ratio_region, met.kl,
+                              met.cispo_clip_ratio, met.vespo_phi_seq_mean};
+        double metric_diff = 0.0;
+        for (int k = 0; k < 6; k++) {
+            double d = fabs(got[k] - num(cs, keys[k]));
+            if (!(d <= metric_diff)) metric_diff = d;
+        }
+        const json_t *jpl = json_object_get(cs, "policy_loss"); /* logged by TRL with the bonus only */
+        if (json_is_number(jpl) != cfg.entropy_bonus) ok = 0;
+        if (json_is_number(jpl)) {
+            double d = fabs(met.policy_loss - json_number_value(jpl)) / fmax(1.0, fabs(json_number_value(jpl)));
+            if (!(d <= metric_diff)) metric_diff = d;
+        }
+        if (!(metric_diff <= 1e-6)) ok = 0;
+        dropped_rows += met.off_policy_masked_tokens > 0;
+        masked_tokens += met.entropy_masked_tokens > 0;
+        worst_loss = fmax(worst_loss, loss_diff), worst_grad = fmax(worst_grad, grad_diff);
+        worst_dent = fmax(worst_dent, dent_diff);
+        printf("%s mask %s: loss %.6g (TRL %.6g) diff %.2g, grad diff %.2g, d entropy diff %.2g, entropy mask diff "
+               "%.2g, metric diff %.2g, off-policy dropped %g tokens, entropy mask dropped %g\n",
+               ok ? "ok  " : "FAIL", name, (double)loss, want_loss, loss_diff, grad_diff, dent_diff, emask_diff,
+               metric_diff, met.off_policy_masked_tokens, met.entropy_masked_tokens);
+        if (ok) passed++;
+        else failures++;
+    }
+    if (dropped_rows == 0 || masked_tokens == 0) {
+        fprintf(stderr, "FAIL the off-policy mask dropped no row (%d cases) or the entropy mask no token (%d cases): "
+                        "the mask cases test nothing\n", dropped_rows, masked_tokens);
+        failures++;
+    }
+    printf("masks: %d/%d cases match TRL (worst loss diff %.2g, grad diff %.2g, d entropy diff %.2g)\n", passed,
+           N_MASK_CASES, worst_loss, worst_grad, worst_dent);
+}
+
+/* TRL's adaptive controller over optimizer steps of two micro-batches: each call's loss and gradients
+ * with the coefficient the controller applies, the window's statistics summed, the state updated at
+ * each step's end as TRL's is. */
+static void test_adaptive_entropy(const json_t *root, const MaskInputs *in) {
+    const int B = in->B, T = in->T;
+    const json_t *ad = json_object_get(root, "adaptive"), *calls = json_object_get(ad, "calls");
+    if (json_array_size(calls) != N_ADAPTIVE_CALLS) {
+        fprintf(stderr, "FAIL expected %d adaptive calls, the goldens have %zu\n", N_ADAPTIVE_CALLS,
+                json_array_size(calls));
+        failures++;
+        return;
+    }
+    const double target = num(ad, "target"), delta = num(ad, "delta"), cmin = num(ad, "min"), cmax = num(ad, "max");
+    GrpoEntropyControl ctl = {.coef = num(ad, "entropy_coef"), .last_world_entropy = INFINITY};
+    double window_sum = 0.0, window_count = 0.0;
+    int passed = 0, applied_zero = 0;
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        const json_t *cs = json_array_get(calls, k);
+        float ent[MAX_BT], dlogp[MAX_BT], dent[MAX_BT], loss;
+        float sc = (float)num(cs, "scale");
+        for (int i = 0; i < B * T; i++) ent[i] = (float)((double)in->entropy[i] * sc); /* f32(entropies * scale) */
+        GrpoLossConfig cfg = {.loss_type = LOSS_GRPO, .epsilon_low = (float)num(root, "epsilon_low"),
+                              .epsilon_high = (float)num(root, "epsilon_high"),
+                              .gradient_accumulation_steps = (int)num(ad, "gas"), .entropy_bonus = true,
+                              .entropy_coef_applied = grpo_entropy_coef_applied(&ctl, true, target)};
+        applied_zero += cfg.entropy_coef_applied == 0.0;
+        GrpoLossInputs li = {.sampling_logp = in->sampling, .entropy = ent, .dentropy = dent};
+        GrpoLossMetrics met;
+        char err[ERR_LEN];
+        int ok = grpo_loss_compute(&loss, dlogp, &met, &cfg, in->logp, in->old_logp, NULL, &li, in->mask, in->adv, B,
+                                   T, err) == 0;
+        window_sum += met.bonus_entropy_sum, window_count += met.bonus_token_count;
+        if (json_is_true(json_object_get(cs, "sync"))) {
+            grpo_entropy_control_update(&ctl, window_sum, window_count, target, delta, cmin, cmax);
+            window_sum = window_count = 0.0;
+        }
+        double want_loss = num(cs, "loss"), loss_diff = fabs(loss - want_loss);
+        ok &= loss_diff <= 1e-6 * fabs(want_loss) + 1e-12;
+        double grad_diff = golden_diff(dlogp, json_object_get(cs, "dlogp"), B * T, &ok);
+        double dent_diff = golden_diff(dent, json_object_get(cs, "dentropy"), B * T, &ok);
+        double coef_diff = fabs(ctl.coef - num(cs, "coef_after"));
+        double want_last = num(cs, "last_world_entropy_after"); /* null: TRL's initial inf */
+        const json_t *jl = json_object_get(cs, "last_world_entropy_after");
+        bool last_ok = json_is_number(jl) ? fabs(ctl.last_world_entropy - want_last) <= 1e-6 * fabs(want_last)
+                                          : isinf(ctl.last_world_entropy);
+        ok &= coef_diff <= 1e-12 && last_ok;
+        printf("%s adaptive call %zu (scale %.2g%s): applied coef %.4g, loss diff %.2g, grad diff %.2g, d entropy diff "
+               "%.2g, coef after %.4g (TRL %.4g), last world entropy %.6g\n",
+               ok ? "ok  " : "FAIL", k, (double)sc, json_is_true(json_object_get(cs, "sync")) ? ", step end" : "",
+               cfg.entropy_coef_applied, loss_diff, grad_diff, dent_diff, ctl.coef, num(cs, "coef_after"),
+               ctl.last_world_entropy);
+        if (ok) passed++;
+        else failures++;
+    }
+    if (applied_zero == 0 || applied_zero == N_ADAPTIVE_CALLS) {
+        fprintf(stderr, "FAIL the controller's gate never (or always) held the bonus back\n");
+        failures++;
+    }
+    printf("adaptive entropy: %d/%d calls match TRL\n", passed, N_ADAPTIVE_CALLS);
+}
+
+static void test_mask_goldens(const json_t *root) {
+    static MaskInputs in;
+    in.B = (int)json_integer_value(json_object_get(root, "B"));
+    in.T = (int)json_integer_value(json_object_get(root, "T"));
+    int BT = in.B * in.T;
+    read_floats(in.logp, MAX_BT, json_object_get(root, "logp"));
+    read_floats(in.old_logp, MAX_BT, json_object_get(root, "old_logp"));
+    read_floats(in.ref_logp, MAX_BT, json_object_get(root, "ref_logp"));
+    read_floats(in.mask, MAX_BT, json_object_get(root, "mask"));
+    in.n_other = read_floats(in.other, MAX_BT, json_object_get(root, "other_entropies"));
+    if (read_floats(in.adv, MAX_BT, json_object_get(root, "mask_advantages")) != in.B ||
+        read_floats(in.entropy, MAX_BT, json_object_get(root, "entropies")) != BT ||
+        read_floats(in.sampling, MAX_BT, json_object_get(root, "sampling_logp")) != BT ||
+        read_floats(in.is_ratio, MAX_BT, json_object_get(root, "mask_is_ratio")) != BT || in.n_other < 1) {
+        fprintf(stderr, "FAIL bad mask golden shapes\n");
+        failures++;
+        return;
+    }
+    test_mask_cases(root, &in);
+    test_adaptive_entropy(root, &in);
+}
+
+static void test_mask_errors(void) {
+    char err[ERR_LEN];
+    float e[2] = {0.5f, 1.5f}, m[2] = {1, 1}, pool[2] = {0.5f, 1.5f}, em[2], dl[2], loss;
+    float logp[2] = {-1, -2}, adv[1] = {1};
+    double thr;
+    check(grpo_high_entropy_mask(em, &thr, e, m, 1, 2, pool, 2, 1.5, err) < 0 && strstr(err, "quantile"),
+          "a quantile outside [0, 1] is an error");
+    check(grpo_high_entropy_mask(em, &thr, e, m, 1, 2, pool, 0, 0.5, err) == 0 && em[0] == 0.0f && em[1] == 0.0f &&
+              isnan(thr),
+          "an empty pool masks every token (TRL: zeros_like)");
+    GrpoLossConfig cfg = {.loss_type = LOSS_GRPO, .epsilon_low = 0.2f, .epsilon_high = 0.2f,
+                          .gradient_accumulation_steps = 1, .entropy_bonus = true, .entropy_coef_applied = 0.1};
+    GrpoLossInputs li = {0};
+    check(grpo_loss_compute(&loss, dl, NULL, &cfg, logp, NULL, NULL, &li, m, adv, 1, 2, err) < 0 &&
+              strstr(err, "entrop"),
+          "the entropy bonus without entropies is an error");
+    GrpoEntropyControl ctl = {.coef = 0.5, .last_world_entropy = INFINITY};
+    check(grpo_entropy_coef_applied(&ctl, true, 0.2) == 0.0 && grpo_entropy_coef_applied(&ctl, false, 0.2) == 0.5,
+          "no bonus before the first measurement (adaptive); the static coefficient always");
+    grpo_entropy_control_update(&ctl, 0.0, 0.0, 0.2, 0.1, 0.0, 0.55);
+    check(ctl.coef == 0.55 && ctl.last_world_entropy == 0.0, "an empty window measures 0 (count clamped to 1)");
 }
 
 /* ---------------------------------------------------------------- sampling correction */
@@ -582,6 +845,45 @@ static void test_is_config(void) {
     train_config_free(&c);
 }
 
+/* TRL 1.16's mask and entropy keys: TRL's defaults, every key parsed, the errors (one line each). */
+static void test_mask_config(void) {
+    char err[ERR_LEN];
+    TrainConfig c;
+    check(load_config(&c, "", err) == 0 && c.top_entropy_quantile == 1.0 && isnan(c.off_policy_mask_threshold) &&
+              c.use_bias_correction_kl && c.entropy_coef == 0.0 && !c.use_adaptive_entropy &&
+              c.entropy_coef_min == 0.0 && c.entropy_coef_max == 1.0 && c.entropy_coef_delta == 0.005 &&
+              c.entropy_target == 0.2,
+          "mask and entropy defaults are TRL 1.16's");
+    train_config_free(&c);
+    check(load_config(&c,
+                      "top_entropy_quantile: 0.2\noff_policy_mask_threshold: 0.5\nuse_bias_correction_kl: false\n"
+                      "entropy_coef: 0.01\nuse_adaptive_entropy: true\nentropy_coef_min: 0.001\n"
+                      "entropy_coef_max: 0.1\nentropy_coef_delta: 0.002\nentropy_target: 1.5\n",
+                      err) == 0 &&
+              c.top_entropy_quantile == 0.2 && c.off_policy_mask_threshold == 0.5 && !c.use_bias_correction_kl &&
+              c.entropy_coef == 0.01 && c.use_adaptive_entropy && c.entropy_coef_min == 0.001 &&
+              c.entropy_coef_max == 0.1 && c.entropy_coef_delta == 0.002 && c.entropy_target == 1.5,
+          "every mask and entropy key parsed");
+    train_config_free(&c);
+    check(load_config(&c, "off_policy_mask_threshold: null\n", err) == 0 && isnan(c.off_policy_mask_threshold),
+          "off_policy_mask_threshold null = off");
+    train_config_free(&c);
+    check(load_config(&c, "top_entropy_quantile: 1.5\n", err) < 0 && strstr(err, "top_entropy_quantile") &&
+              !strchr(err, '\n'),
+          "top_entropy_quantile above 1 is a one-line error");
+    printf("bad quantile: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "use_adaptive_entropy: true\nentropy_coef_min: 0.5\nentropy_coef_max: 0.1\n", err) < 0 &&
+              strstr(err, "entropy_coef_min") && strstr(err, "entropy_coef_max"),
+          "entropy_coef_min above entropy_coef_max is an error with use_adaptive_entropy");
+    printf("bad bounds: %s\n", err);
+    train_config_free(&c);
+    check(load_config(&c, "top_entropy_quantile: 0.2\noff_policy_mask_threshold: 0.1\nentropy_coef: 0.01\n"
+                          "tensor_parallel_size: 2\n", err) == 0,
+          "the masks and the entropy bonus under tensor parallelism are accepted");
+    train_config_free(&c);
+}
+
 int main(void) {
     json_error_t jerr;
     json_t *root = json_load_file(COLT_SOURCE_DIR "/tests/data/grpo_goldens.json", 0, &jerr);
@@ -592,16 +894,19 @@ int main(void) {
     printf("goldens from TRL %s\n", json_string_value(json_object_get(root, "trl_version")));
     if (test_loss_cases(root) || test_advantage_cases(root)) failures++;
     test_parsers_and_errors();
+    test_mask_goldens(root);
+    test_mask_errors();
     json_decref(root);
     test_is_goldens();
     test_is_errors();
     test_is_config();
+    test_mask_config();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
         return 1;
     }
-    printf("all %d loss cases, %d advantage cases, %d IS cases, %d IS metric cases, the parser and config checks "
-           "pass\n",
-           N_LOSS_CASES, N_ADV_CASES, N_IS_CASES, N_IS_METRIC_CASES);
+    printf("all %d loss cases, %d mask cases, %d adaptive-entropy calls, %d advantage cases, %d IS cases, %d IS "
+           "metric cases, the parser and config checks pass\n",
+           N_LOSS_CASES, N_MASK_CASES, N_ADAPTIVE_CALLS, N_ADV_CASES, N_IS_CASES, N_IS_METRIC_CASES);
     return 0;
 }

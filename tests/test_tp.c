@@ -684,8 +684,11 @@ static bool make_kv2_model(void) {
  * metrics within 2e-3 by metric_difference (relative; the loss, a
  * cancellation of O(1) terms, against a floor of 1): the engine's log-probs
  * now differ from the trainer's by ~5e-7, which sampling_logp_difference reports), a TP 2 run
- * resumed from its checkpoint-1 equal to the straight run bit for bit, and the
- * settings tensor parallelism refuses. */
+ * resumed from its checkpoint-1 equal to the straight run bit for bit, TRL's entropy bonus and entropy
+ * mask at TP 2 against one process (the bonus moves the weights by ~1.4e-4 at step 2, 7e-8 apart), and
+ * the settings tensor parallelism refuses. */
+#define ENTROPY_BONUS \
+    "--top_entropy_quantile 0.5 --use_adaptive_entropy true --entropy_coef 0.05 --entropy_target 10"
 static void check_train_cli(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_tp_XXXXXX");
     if (!mkdtemp(g_tmp)) {
@@ -705,6 +708,10 @@ static void check_train_cli(void) {
                 /* 2 KV heads at TP 4: each replicated on 2 ranks (make_kv2_model) */
                 {1, "--model KV2", "kv2_tp1"},
                 {4, "--model KV2 --tensor_parallel_size 4", "kv2_tp4"},
+                /* TRL's entropy bonus (applied at step 2: the controller's first measurement is step 1's) and
+                 * entropy mask: the entropy's gradient through each rank's vocabulary part */
+                {1, ENTROPY_BONUS, "entropy_tp1"},
+                {2, "--tensor_parallel_size 2 " ENTROPY_BONUS, "entropy_tp2"},
                 /* colt's own launcher: the ranks talk over Gloo, the groups split from its mesh */
                 {1, "--nproc_per_node 4 --tensor_parallel_size 2", "gloo_tp2dp2"}};
     bool kv2 = make_kv2_model();
@@ -731,7 +738,8 @@ static void check_train_cli(void) {
     char worst_z[256];
     struct {
         const char *a, *b;
-    } pairs[] = {{"tp1", "tp2"}, {"tp1", "tp4"}, {"dp2", "tp2dp2"}, {"kv2_tp1", "kv2_tp4"}, {"dp2", "gloo_tp2dp2"}};
+    } pairs[] = {{"tp1", "tp2"},         {"tp1", "tp4"},       {"dp2", "tp2dp2"}, {"kv2_tp1", "kv2_tp4"},
+                 {"entropy_tp1", "entropy_tp2"}, {"dp2", "gloo_tp2dp2"}};
     size_t n_pairs = sizeof pairs / sizeof pairs[0] - (comm_built(COMM_GLOO) ? 0 : 1);
     for (size_t k = 0; k < n_pairs; k++) {
         char worst[256];

@@ -8,6 +8,10 @@
  *     (rounds span two optimizer steps, so the checkpoint falls mid-round);
  *   - a reward program that crashes stops training with a clear error after a
  *     checkpoint is saved;
+ *   - TRL 1.16's entropy mask, off-policy mask, plain-k3 KL and adaptive
+ *     entropy bonus in one short run: the controller's entropy_coef per step,
+ *     the bonus equal to the saved world entropy, the mask's effect, and a
+ *     resume that restores the controller (entropy_ctrl_state.json);
  *   - bad settings and data give one-line errors before any work. */
 #include <jansson.h>
 #include <math.h>
@@ -49,6 +53,88 @@ static void expect_error(const char *name, const char *args, const char *needle)
     CHECK(strstr(err, needle) != NULL, "%s: '%s' lacks '%s'", name, err, needle);
     printf("  bad input %-34s -> exit %d: %s", name, code, err);
     free(err);
+}
+
+/* metrics.jsonl's value of key at each step (1-based; NAN where absent), n steps at most. */
+static void metric_by_step(double *out, int n, const char *dir, const char *key) {
+    for (int i = 0; i < n; i++) out[i] = NAN;
+    char *text = read_text(dir, "metrics.jsonl");
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        int step = (int)json_integer_value(json_object_get(o, "step"));
+        if (step >= 1 && step <= n && json_is_number(json_object_get(o, key)))
+            out[step - 1] = json_number_value(json_object_get(o, key));
+        json_decref(o);
+    }
+    free(text);
+}
+
+/* The demo model's entropies are far below entropy_target 10 (at most log 512 = 6.24 nats), so TRL's
+ * controller raises entropy_coef by entropy_coef_delta every step and applies the previous step's value
+ * from step 2 on; with one micro-batch per step the bonus is then exactly that coefficient times the
+ * step's mean entropy over the top half of the tokens, which is the world entropy the controller saves. */
+static void test_masks_and_entropy_bonus(void) {
+    char m_dir[300], plain_dir[300], r_dir[300], args[4096], *err;
+    const char *opts = "--max_steps 3 --save_steps 2 --eval_dataset null --top_entropy_quantile 0.5 "
+                       "--use_bias_correction_kl false --use_adaptive_entropy true --entropy_coef 0.01 "
+                       "--entropy_coef_delta 0.005 --entropy_target 10";
+    snprintf(m_dir, sizeof m_dir, "%s/masks", g_tmp);
+    snprintf(plain_dir, sizeof plain_dir, "%s/masks_no_off_policy", g_tmp);
+    snprintf(r_dir, sizeof r_dir, "%s/masks_resumed", g_tmp);
+    snprintf(args, sizeof args, "%s %s --off_policy_mask_threshold 0 --output_dir %s", BASE, opts, m_dir);
+    int code = run(args, &err);
+    CHECK(code == 0, "masks run: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s %s --output_dir %s", BASE, opts, plain_dir);
+    code = run(args, &err);
+    CHECK(code == 0, "masks run without the off-policy mask: exit %d: %s", code, err);
+    free(err);
+    double coef[3], loss[3], policy[3], entropy[3], kl[3], plain_policy[3];
+    metric_by_step(coef, 3, m_dir, "entropy_coef");
+    metric_by_step(loss, 3, m_dir, "loss");
+    metric_by_step(policy, 3, m_dir, "policy_loss");
+    metric_by_step(entropy, 3, m_dir, "entropy");
+    metric_by_step(kl, 3, m_dir, "kl");
+    metric_by_step(plain_policy, 3, plain_dir, "policy_loss");
+    for (int k = 0; k < 3; k++) {
+        CHECK(fabs(coef[k] - (0.01 + 0.005 * (k + 1))) < 1e-9, "step %d: entropy_coef %g, want %g", k + 1, coef[k],
+              0.01 + 0.005 * (k + 1));
+        CHECK(isfinite(policy[k]) && isfinite(loss[k]) && kl[k] >= 0.0, "step %d: policy_loss %g loss %g kl %g",
+              k + 1, policy[k], loss[k], kl[k]);
+    }
+    /* step 1: no measurement yet, no bonus; step 2: the bonus is 0.015 x the window's entropy */
+    CHECK(fabs(loss[0] - policy[0]) <= 1e-6 * fabs(policy[0]) + 1e-9, "step 1: loss %g != policy_loss %g (no bonus "
+          "before the first measurement)", loss[0], policy[0]);
+    double bonus_entropy = (policy[1] - loss[1]) / 0.015;
+    char *state = read_text(m_dir, "checkpoint-2/entropy_ctrl_state.json");
+    json_t *st = state ? json_loads(state, 0, NULL) : NULL;
+    double saved_coef = json_number_value(json_object_get(st, "entropy_coef"));
+    double saved_entropy = json_number_value(json_object_get(st, "last_world_entropy"));
+    printf("masks: entropy_coef %.3f %.3f %.3f; step 2's bonus entropy %.5f (saved world entropy %.5f, mean entropy "
+           "of every token %.5f); policy_loss at step 1 %.6g, %.6g without the off-policy mask\n",
+           coef[0], coef[1], coef[2], bonus_entropy, saved_entropy, entropy[1], policy[0], plain_policy[0]);
+    CHECK(st && fabs(saved_coef - 0.02) < 1e-12, "checkpoint-2/entropy_ctrl_state.json: %s", state ? state : "missing");
+    CHECK(fabs(bonus_entropy - saved_entropy) <= 1e-4 * saved_entropy, "step 2's bonus entropy %g != the saved "
+          "world entropy %g", bonus_entropy, saved_entropy);
+    /* the entropy mask keeps the high-entropy half: its mean is above every token's mean */
+    CHECK(saved_entropy > entropy[1] && saved_entropy <= log(512.0), "masked entropy %g vs all tokens' %g",
+          saved_entropy, entropy[1]);
+    CHECK(plain_policy[0] != policy[0], "the off-policy mask (threshold 0) changed nothing at step 1");
+    json_decref(st);
+    free(state);
+
+    snprintf(args, sizeof args, "%s %s --off_policy_mask_threshold 0 --output_dir %s --resume_from_checkpoint "
+             "%s/checkpoint-2", BASE, opts, r_dir, m_dir);
+    code = run(args, &err);
+    CHECK(code == 0, "masks resume: exit %d: %s", code, err);
+    free(err);
+    char *mu = metrics_without_timing(m_dir), *mr = metrics_without_timing(r_dir);
+    char *tail = mu;
+    for (int k = 0; k < 2 && tail; k++) tail = strchr(tail, '\n') ? strchr(tail, '\n') + 1 : NULL;
+    bool same = tail && mr && strcmp(tail, mr) == 0 && count_lines(mr) == 1;
+    printf("masks: resumed from checkpoint-2, step 3 equal to the uninterrupted run's: %s\n", same ? "yes" : "NO");
+    CHECK(same, "resumed step 3 differs:\n--- uninterrupted\n%s--- resumed\n%s", tail ? tail : "", mr ? mr : "");
+    free(mu), free(mr);
 }
 
 int main(void) {
@@ -216,6 +302,10 @@ int main(void) {
     CHECK(strstr(err, "reward") != NULL, "reward crash error does not say so: %s", err);
     free(ck1);
     free(err);
+
+    /* 4b. TRL 1.16's entropy mask, off-policy mask, plain-k3 KL and adaptive entropy bonus together; then
+     * resumed from a checkpoint the controller's state was saved in. */
+    test_masks_and_entropy_bonus();
 
     /* 5. bad input */
     char bad_dir[300];

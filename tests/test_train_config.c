@@ -103,6 +103,13 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"vespo_lambda_pos", 0, 1e6, false, false, false},
     {"vespo_k_neg", 0, 1e6, false, false, false},
     {"vespo_lambda_neg", 0, 1e6, false, false, false},
+    {"top_entropy_quantile", 0, 1, false, false, false},
+    {"off_policy_mask_threshold", -1e9, 1e9, false, false, true},
+    {"entropy_coef", -1e6, 1e6, false, false, false},
+    {"entropy_coef_min", -1e6, 1e6, false, false, false},
+    {"entropy_coef_max", -1e6, 1e6, false, false, false},
+    {"entropy_coef_delta", 0, 1e6, false, false, false},
+    {"entropy_target", 0, 1e6, false, false, false},
     {"vllm_importance_sampling_clip_min", 0, 1e9, false, false, true},
     {"vllm_importance_sampling_clip_max", 0, 1e9, true, false, true},
     {"vllm_importance_sampling_cap", 0, 1e9, true, false, true},
@@ -224,7 +231,8 @@ static void test_tables_cover_every_key(void) {
             CHECK(listed, "numeric setting %s has no range in this test's tables", key);
         }
     }
-    CHECK(numeric == (int)(N_INT_KEYS + N_DOUBLE_KEYS) - 4 /* null by default: delta, epsilon_high, clip_min, cap */,
+    CHECK(numeric == (int)(N_INT_KEYS + N_DOUBLE_KEYS) - 5 /* null by default: delta, epsilon_high, clip_min, cap,
+                                                              off_policy_mask_threshold */,
           "%d numeric settings in the dump, tables list %zu", numeric, N_INT_KEYS + N_DOUBLE_KEYS);
     json_decref(all);
     train_config_free(&c);

@@ -189,6 +189,12 @@ struct Backend {
      * rows with targets[i] < 0). dlogits may alias logits (in place). */
     void (*log_softmax_target_backward)(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                         const void *dlogprobs, int n, int vocab, float temperature);
+    /* log_softmax_target_backward with the entropy's gradient added (TRL's entropy bonus): dlogits[N, V] =
+     * (dlogprobs[i] [f32] * (onehot(targets[i]) - p) - dentropy[i] [f32] * p * (z - sum_v p_v z_v)) /
+     * temperature, p = softmax(z) (0 for rows with targets[i] < 0). dlogits may alias logits. */
+    void (*log_softmax_entropy_backward)(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                         const void *dlogprobs, const void *dentropy, int n, int vocab,
+                                         float temperature);
     /* Tensor parallelism's vocabulary-parallel log-softmax: each rank holds
      * logits[N, V'] for its part of the vocabulary. logits_shard_stats gives per
      * row, with z = logits / temperature, stats[N, 4] [f32] = {max z, sum
@@ -203,6 +209,13 @@ struct Backend {
                                float temperature);
     void (*log_softmax_shard_backward)(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                        const void *dlogprobs, const void *lse, int n, int vocab, float temperature);
+    /* log_softmax_shard_backward with the entropy's gradient (log_softmax_entropy_backward on the part), given
+     * the whole row's lse[N] and pz[N] = sum_v p_v z_v [f32]: dlogits = (dlogprobs[i] * (onehot - p) -
+     * dentropy[i] * p * (z - pz[i])) / temperature, the onehot term only where targets[i] >= 0. dlogits may
+     * alias logits. */
+    void (*log_softmax_shard_entropy_backward)(const Backend *be, void *dlogits, const void *logits,
+                                               const int *targets, const void *dlogprobs, const void *dentropy,
+                                               const void *lse, const void *pz, int n, int vocab, float temperature);
     /* dst[r * dst_stride + j] = src[r * src_stride + j] for r < rows, j < cols
      * (storage elements): a rank's columns of gathered vocabulary-parallel logits. */
     void (*copy_2d)(const Backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, int rows,

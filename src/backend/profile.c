@@ -11,9 +11,9 @@
 #include "core/log.h"
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward"};
 
 typedef struct ProfileContext {
     const Backend *inner;
@@ -237,6 +237,27 @@ static void prof_log_softmax_target_backward(const Backend *be, void *dlogits, c
     op_end(prof, OP_log_softmax_target_backward, t0);
 }
 
+static void prof_log_softmax_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                              const void *dlogprobs, const void *dentropy, int n, int vocab,
+                                              float temperature) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->log_softmax_entropy_backward(prof->inner, dlogits, logits, targets, dlogprobs, dentropy, n, vocab,
+                                              temperature);
+    op_end(prof, OP_log_softmax_entropy_backward, t0);
+}
+
+static void prof_log_softmax_shard_entropy_backward(const Backend *be, void *dlogits, const void *logits,
+                                                    const int *targets, const void *dlogprobs, const void *dentropy,
+                                                    const void *lse, const void *pz, int n, int vocab,
+                                                    float temperature) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->log_softmax_shard_entropy_backward(prof->inner, dlogits, logits, targets, dlogprobs, dentropy, lse, pz,
+                                                    n, vocab, temperature);
+    op_end(prof, OP_log_softmax_shard_entropy_backward, t0);
+}
+
 static void prof_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2) {
     ProfileContext *prof = be->ctx;
     double t0 = op_begin(prof);
@@ -385,6 +406,9 @@ Backend *backend_profile_wrap(const Backend *inner) {
     if (inner->embedding_backward) w->embedding_backward = prof_embedding_backward;
     if (inner->log_softmax_target) w->log_softmax_target = prof_log_softmax_target;
     if (inner->log_softmax_target_backward) w->log_softmax_target_backward = prof_log_softmax_target_backward;
+    if (inner->log_softmax_entropy_backward) w->log_softmax_entropy_backward = prof_log_softmax_entropy_backward;
+    if (inner->log_softmax_shard_entropy_backward)
+        w->log_softmax_shard_entropy_backward = prof_log_softmax_shard_entropy_backward;
     if (inner->adamw) w->adamw = prof_adamw;
     if (inner->sum_squares) w->sum_squares = prof_sum_squares;
     if (inner->scale) w->scale = prof_scale;

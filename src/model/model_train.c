@@ -298,6 +298,7 @@ struct TrainState {
     /* tensor parallel (vocabulary-parallel log-softmax; NULL otherwise) */
     int *ids;                           /* host [N]: tokens in this rank's vocabulary part, else -1 */
     float *row_lse;                     /* host [N]: each target row's log-sum-exp (the backward's) */
+    float *row_pz;                      /* host [N]: each target row's sum p z (the entropy's backward) */
     float *stats_host;                  /* host [size, C, 4]: the group's logits_shard_stats */
     void *chunk_stats, *stats_all;      /* [C, 4], [size, C, 4] [f32] */
     void *dqk_norm;                     /* [2, Dh] [f32]: the q/k norms' gradients of this rank's heads (Qwen3) */
@@ -439,6 +440,7 @@ int train_state_create_recompute(TrainState **out, const Model *m, int n_slots, 
     if (m->tp.tensor_parallel_size > 1) {
         size_t tp = (size_t)m->tp.tensor_parallel_size;
         st->row_lse = xmalloc(N * sizeof(float));
+        st->row_pz = xmalloc(N * sizeof(float));
         st->stats_host = xmalloc(tp * C * 4 * sizeof(float));
         st->chunk_stats = backend_alloc_f32_counted(be, C * 4, &st->bytes);
         st->stats_all = backend_alloc_f32_counted(be, tp * C * 4, &st->bytes);
@@ -542,6 +544,7 @@ void train_state_free(TrainState *st) {
     free(st->chunk_host);
     free(st->ids);
     free(st->row_lse);
+    free(st->row_pz);
     free(st->stats_host);
     free(st);
 }
@@ -612,6 +615,7 @@ static int tp_chunk_logprobs(const Model *m, TrainState *st, int r0, int cn, flo
         double lse = mx + log(sum);
         int i = st->rows[r0 + r];
         st->row_lse[i] = (float)lse;
+        st->row_pz[i] = (float)(sz / sum);
         logprobs[i] = (float)(zt - lse);
         if (entropy) entropy[i] = (float)(lse - sz / sum);
     }
@@ -828,6 +832,16 @@ static int kv_grads_sum(const Model *m, TrainState *st, const LayerWeights *gw, 
 }
 
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err) {
+    return model_train_backward_entropy(m, st, dlogprobs, NULL, g, err);
+}
+
+int model_train_backward_entropy(Model *m, TrainState *st, const float *dlogprobs, const float *dentropy,
+                                 ModelGrads *g, char *err) {
+    bool has_entropy_op = m->tp.tensor_parallel_size > 1 ? m->be->log_softmax_shard_entropy_backward != NULL
+                                                         : m->be->log_softmax_entropy_backward != NULL;
+    if (dentropy && !has_entropy_op)
+        return errorf(err, "model_train_backward: backend %s cannot take the entropy's gradient (the entropy bonus)",
+                      m->be->name);
     if (!st->have_forward) return errorf(err, "model_train_backward: no successful model_train_forward to go back through");
     if (g->n != model_param_count(m) || g->lora != (m->lora != NULL))
         return errorf(err, "model_train_backward: gradients were made for another model");
@@ -861,17 +875,35 @@ int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, Model
     be->zero(be, st->dxn, ND);
     int n_rows = 0;
     for (int i = 0; i < n; i++)
-        if (st->targets[i] >= 0 && dlogprobs[i] != 0.0f) st->rows[n_rows++] = i;
+        if (st->targets[i] >= 0 && (dlogprobs[i] != 0.0f || (dentropy && dentropy[i] != 0.0f))) st->rows[n_rows++] = i;
     for (int r0 = 0; r0 < n_rows; r0 += st->chunk) {
         int cn = n_rows - r0 < st->chunk ? n_rows - r0 : st->chunk;
         lm_head_chunk(m, st, r0, cn);
         for (int r = 0; r < cn; r++) st->chunk_host[r] = dlogprobs[st->rows[r0 + r]];
         be->upload_f32(be, st->chunk_lp, st->chunk_host, (size_t)cn);
-        if (m->tp.tensor_parallel_size > 1) { /* the whole row's log-sum-exp from the forward */
+        if (m->tp.tensor_parallel_size > 1 && dentropy) {
+            /* the whole row's lse and sum p z from the forward, and d entropy, in chunk_stats ([C, 4], free in
+             * the backward) */
+            float *dent_dev = (float *)st->chunk_stats, *pz_dev = dent_dev + st->chunk;
+            for (int r = 0; r < cn; r++) st->chunk_host[r] = st->row_lse[st->rows[r0 + r]];
+            be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
+            for (int r = 0; r < cn; r++) st->chunk_host[r] = st->row_pz[st->rows[r0 + r]];
+            be->upload_f32(be, pz_dev, st->chunk_host, (size_t)cn);
+            for (int r = 0; r < cn; r++) st->chunk_host[r] = dentropy[st->rows[r0 + r]];
+            be->upload_f32(be, dent_dev, st->chunk_host, (size_t)cn);
+            be->log_softmax_shard_entropy_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets,
+                                                   st->chunk_lp, dent_dev, st->chunk_ent, pz_dev, cn, V,
+                                                   st->temperature);
+        } else if (m->tp.tensor_parallel_size > 1) { /* the whole row's log-sum-exp from the forward */
             for (int r = 0; r < cn; r++) st->chunk_host[r] = st->row_lse[st->rows[r0 + r]];
             be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
             be->log_softmax_shard_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp,
                                            st->chunk_ent, cn, V, st->temperature);
+        } else if (dentropy) { /* chunk_ent is free here (the TP path's lse): d entropy */
+            for (int r = 0; r < cn; r++) st->chunk_host[r] = dentropy[st->rows[r0 + r]];
+            be->upload_f32(be, st->chunk_ent, st->chunk_host, (size_t)cn);
+            be->log_softmax_entropy_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp,
+                                             st->chunk_ent, cn, V, st->temperature);
         } else {
             be->log_softmax_target_backward(be, st->chunk_logits, st->chunk_logits, st->chunk_targets, st->chunk_lp, cn,
                                             V, st->temperature);

@@ -170,4 +170,9 @@ int model_train_forward(Model *m, TrainState *st, const int *tokens, const int *
  * parameter's gradient into g (+=). */
 int model_train_backward(Model *m, TrainState *st, const float *dlogprobs, ModelGrads *g, char *err);
 
+/* model_train_backward with d loss / d entropy[N] as well (host array; the entropies of the forward; NULL:
+ * none, exactly model_train_backward), for TRL's entropy bonus. */
+int model_train_backward_entropy(Model *m, TrainState *st, const float *dlogprobs, const float *dentropy,
+                                 ModelGrads *g, char *err);
+
 #endif

@@ -17,7 +17,8 @@
  *    steps_per_generation == gradient_accumulation_steps it is num_items / nproc);
  *  - with beta > 0 the KL term is beta * k3 * coef_1 (TRL's use_bias_correction_kl,
  *    True by default), and the gradient flows through coef_1 too, even on-policy
- *    where coef_1 = 1; the logged kl is the masked mean of k3 * coef_1;
+ *    where coef_1 = 1; the logged kl is the masked mean of k3 * coef_1 (with
+ *    use_bias_correction_kl = false: k3 alone, no gradient through coef_1);
  *  - rewards: a completion whose reward functions are all NaN is "unscorable":
  *    its reward is NaN (not nansum's 0), it is left out of the group's mean and
  *    std (nanmean / nanstd), and its advantage is 0 (nan_to_num).
@@ -33,9 +34,15 @@
  *    loss by it; sapo replaces the clip by 4/tau * sigmoid(tau * (coef_1 - 1));
  *    luspo is grpo's clipped loss summed over each row's tokens, then averaged
  *    over rows.
- * Not implemented (TRL options off by default): use_bias_correction_kl = False,
- * off_policy_mask_threshold, top_entropy_quantile < 1, multi_objective_aggregation =
- * "normalize_then_sum", the entropy bonus. */
+ *  - the off-policy mask compares the engine's log-probs (vLLM's) with this forward's, detached, as a
+ *    per-row mean over the counted tokens; only rows with A < 0 can be dropped; it multiplies the policy
+ *    term only (not the KL), like the entropy mask;
+ *  - the entropy mask's quantile is over the micro-batch's counted tokens gathered from every process (not
+ *    the generation batch), recomputed on every micro-batch;
+ *  - the entropy bonus is the mean entropy over mask x entropy mask divided by the accumulation steps,
+ *    for every loss_type (dapo's normaliser does not apply to it); the adaptive controller's coefficient
+ *    is applied from the previous step's measurement (none before the first: last entropy = +inf).
+ * Not implemented (TRL options off by default): multi_objective_aggregation = "normalize_then_sum". */
 #include "train/grpo.h"
 
 #include <float.h>
@@ -343,6 +350,32 @@ int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLos
 int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg,
                              const float *logp, const float *old_logp, const float *ref_logp, const float *is_weight,
                              const float *mask, const float *advantages, int B, int T, char *err) {
+    GrpoLossInputs in = {.is_weight = is_weight};
+    return grpo_loss_compute(loss, dlogp, metrics, cfg, logp, old_logp, ref_logp, &in, mask, advantages, B, T, err);
+}
+
+/* TRL's get_off_policy_mask for one row: 1 (keep) when the advantage is >= 0 or the row's mean of
+ * nan_to_num(sampling - logp) over its counted tokens is <= the threshold, else 0. */
+static double off_policy_keep(const float *lp, const float *smp, const float *m, int T, double adv,
+                              double threshold) {
+    if (adv >= 0) return 1.0;
+    double sum = 0.0, count = 0.0;
+    for (int t = 0; t < T; t++) {
+        double d = (double)smp[t] - lp[t];
+        if (isnan(d)) d = 0.0; /* a token the engine did not score gives no evidence */
+        else if (isinf(d)) d = d > 0 ? FLT_MAX : -FLT_MAX;
+        sum += d * m[t];
+        count += m[t];
+    }
+    return sum / (count < 1.0 ? 1.0 : count) <= threshold ? 1.0 : 0.0;
+}
+
+int grpo_loss_compute(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg,
+                      const float *logp, const float *old_logp, const float *ref_logp, const GrpoLossInputs *in,
+                      const float *mask, const float *advantages, int B, int T, char *err) {
+    static const GrpoLossInputs none = {0};
+    if (!in) in = &none;
+    const float *is_weight = in->is_weight;
     if (B <= 0 || T <= 0) return errorf(err, "grpo_loss: empty batch (B=%d, T=%d)", B, T);
     if (cfg->gradient_accumulation_steps < 1)
         return errorf(err, "grpo_loss: gradient_accumulation_steps must be >= 1 (got %d)",
@@ -354,6 +387,10 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
     if (cfg->epsilon_low < 0.0f || cfg->epsilon_high < 0.0f)
         return errorf(err, "grpo_loss: epsilon must be >= 0 (got %g, %g)", (double)cfg->epsilon_low,
                       (double)cfg->epsilon_high);
+    if (cfg->entropy_bonus && !in->entropy)
+        return errorf(err, "grpo_loss: the entropy bonus needs the per-token entropies");
+    const bool bias_corrected_kl = !cfg->kl_without_bias_correction;
+    const double off_policy_threshold = float_as_decimal(cfg->off_policy_mask_threshold);
 
     const double lo = 1.0 - float_as_decimal(cfg->epsilon_low), hi = 1.0 + float_as_decimal(cfg->epsilon_high);
     const double delta = cfg->delta > 0.0f ? float_as_decimal(cfg->delta) : 0.0;
@@ -373,17 +410,29 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
     double total = 0.0;
     double kl_sum = 0.0, low_sum = 0.0, high_sum = 0.0, region_sum = 0.0, cispo_sum = 0.0, phi_sum = 0.0;
     double low_min = NAN, high_max = NAN;
+    double off_policy_dropped = 0.0, entropy_dropped = 0.0;
     bool seq_counted = false;
     for (int b = 0; b < B; b++) {
         const float *lp = logp + (size_t)b * T, *m = mask + (size_t)b * T;
         const float *old = old_logp ? old_logp + (size_t)b * T : NULL;
         const float *ref = ref_logp ? ref_logp + (size_t)b * T : NULL;
         const float *isw = is_weight ? is_weight + (size_t)b * T : NULL;
+        const float *em = in->entropy_mask ? in->entropy_mask + (size_t)b * T : NULL;
         float *dl = dlogp + (size_t)b * T;
         double adv = advantages[b];
         double row_mask = 0.0;
         for (int t = 0; t < T; t++) row_mask += m[t];
         double row_mask_clamped = row_mask < 1.0 ? 1.0 : row_mask;
+        /* TRL compares the engine's log-probs when it has them (vLLM), else the old ones, else this
+         * forward's own (detached: a difference of 0, every row kept) */
+        double keep = 1.0;
+        if (cfg->off_policy_mask) {
+            const float *smp = in->sampling_logp ? in->sampling_logp + (size_t)b * T : old ? old : lp;
+            keep = off_policy_keep(lp, smp, m, T, adv, off_policy_threshold);
+            off_policy_dropped += (1.0 - keep) * row_mask;
+        }
+        if (em)
+            for (int t = 0; t < T; t++) entropy_dropped += m[t] * (1.0 - em[t]);
 
         /* w = d loss / d per_token_loss[b, t] / mask[b, t]: the loss_type's normaliser. */
         double w;
@@ -423,7 +472,9 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
                 /* the row's loss is broadcast over its T tokens, each weighted by w * mask
                  * and by its sampling-correction weight */
                 double row_weight = 0.0;
-                for (int t = 0; t < T; t++) row_weight += isw ? (double)isw[t] * m[t] : m[t];
+                for (int t = 0; t < T; t++)
+                    row_weight += (isw ? (double)isw[t] : 1.0) * (em ? em[t] : 1.0) * m[t];
+                row_weight *= keep;
                 total += w * row_weight * seq_loss;
                 seq_dloss_dlogw *= w * row_weight;
                 if (clipped) {
@@ -431,7 +482,7 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
                     row_high = capped > hi && adv > 0;
                 }
             }
-            if (beta != 0.0) /* the KL term's path through the row's coef_1 */
+            if (beta != 0.0 && bias_corrected_kl) /* the KL term's path through the row's coef_1 */
                 for (int t = 0; t < T; t++) {
                     double diff = (double)ref[t] - lp[t];
                     seq_dloss_dlogw += w * m[t] * beta * (exp(diff) - diff - 1.0) * seq_coef;
@@ -446,7 +497,8 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
             double coef = seq_coef; /* coef_1 before the delta cap, as the KL term uses it */
             double lw = old ? (double)lp[t] - old[t] : 0.0; /* no old: logp - logp.detach() */
             if (!sequence) coef = exp(lw);
-            double weight = isw && cfg->loss_type != LOSS_VESPO ? isw[t] : 1.0; /* TRL: per_token_loss * is_ratio */
+            /* TRL: per_token_loss * off_policy_mask * entropy_mask * is_ratio (vespo: no is_ratio) */
+            double weight = (isw && cfg->loss_type != LOSS_VESPO ? isw[t] : 1.0) * keep * (em ? em[t] : 1.0);
             if (detached) {
                 /* the coefficient is detached: the loss is -c * A * logp, its gradient -c * A */
                 double c = cfg->loss_type == LOSS_VESPO ? phi : (coef < eps_high_raw ? coef : eps_high_raw);
@@ -474,10 +526,11 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
                  * d k3 / d logp = 1 - exp(ref - logp); d coef_1 / d lw = coef_1. */
                 double diff = (double)ref[t] - lp[t];
                 double k3 = exp(diff) - diff - 1.0;
-                double kl = k3 * coef;
+                double c = bias_corrected_kl ? coef : 1.0; /* use_bias_correction_kl = false: plain k3 */
+                double kl = k3 * c;
                 total += w * m[t] * beta * kl;
-                grad += w * m[t] * beta * (1.0 - exp(diff)) * coef;
-                if (!sequence) grad += w * m[t] * beta * kl;
+                grad += w * m[t] * beta * (1.0 - exp(diff)) * c;
+                if (!sequence && bias_corrected_kl) grad += w * m[t] * beta * kl;
                 kl_sum += m[t] * kl;
             }
             dl[t] = (float)grad;
@@ -491,8 +544,33 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
             seq_counted = true;
         }
     }
+    /* policy_loss as TRL logs it: before the bonus and before the division by the accumulation steps */
+    const bool divides_by_gas = cfg->loss_type != LOSS_DAPO && cfg->loss_type != LOSS_CISPO && cfg->loss_type != LOSS_VESPO;
+    double policy_loss = divides_by_gas ? total * gas : total;
+    /* The entropy bonus: the mean entropy over the tokens in the policy loss (mask x entropy mask), scaled
+     * for accumulation only, whatever the loss_type's normaliser. */
+    double bonus_sum = 0.0, bonus_count = 0.0;
+    if (cfg->entropy_bonus) {
+        for (size_t i = 0; i < (size_t)B * T; i++) {
+            double e = (double)mask[i] * (in->entropy_mask ? in->entropy_mask[i] : 1.0);
+            bonus_sum += e * in->entropy[i];
+            bonus_count += e;
+        }
+        double scale = cfg->entropy_coef_applied / (bonus_count < 1.0 ? 1.0 : bonus_count) / gas;
+        total -= scale * bonus_sum;
+        if (in->dentropy)
+            for (size_t i = 0; i < (size_t)B * T; i++)
+                in->dentropy[i] = (float)(-scale * mask[i] * (in->entropy_mask ? in->entropy_mask[i] : 1.0));
+    } else if (in->dentropy) {
+        memset(in->dentropy, 0, sizeof(float) * (size_t)B * T);
+    }
     *loss = (float)total;
     if (metrics) {
+        metrics->policy_loss = policy_loss;
+        metrics->bonus_entropy_sum = bonus_sum;
+        metrics->bonus_token_count = bonus_count;
+        metrics->off_policy_masked_tokens = off_policy_dropped;
+        metrics->entropy_masked_tokens = entropy_dropped;
         double tokens = mask_total < 1.0 ? 1.0 : mask_total;
         double count = sequence ? (double)B : tokens;
         metrics->clip_ratio_low = low_sum / count;
@@ -505,4 +583,48 @@ int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics
         metrics->vespo_phi_seq_mean = phi_sum / B;
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------- entropy */
+
+static int compare_floats(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* torch.quantile's default ("linear"): sorted x, position q * (n - 1), interpolated between its floor and
+ * ceiling, in float32 as TRL's tensor is (entropies .float()); torch's lerp form. */
+int grpo_high_entropy_mask(float *entropy_mask, double *threshold, const float *entropy, const float *mask, int B,
+                           int T, float *pool, size_t n_pool, double q, char *err) {
+    if (!(q >= 0.0 && q <= 1.0)) return errorf(err, "grpo_high_entropy_mask: quantile %g is outside [0, 1]", q);
+    if (n_pool == 0) {
+        memset(entropy_mask, 0, sizeof(float) * (size_t)B * T);
+        if (threshold) *threshold = NAN;
+        return 0;
+    }
+    qsort(pool, n_pool, sizeof(float), compare_floats);
+    float pos = (float)q * (float)(n_pool - 1);
+    size_t lo = (size_t)floorf(pos), hi = (size_t)ceilf(pos);
+    if (hi >= n_pool) hi = n_pool - 1; /* float rounding of q * (n - 1) */
+    if (lo > hi) lo = hi;
+    float weight = pos - (float)lo, a = pool[lo], b = pool[hi];
+    /* torch's lerp: a + w (b - a) for w < 0.5, b - (b - a)(1 - w) otherwise */
+    float thr = weight < 0.5f ? a + weight * (b - a) : b - (b - a) * (1.0f - weight);
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        entropy_mask[i] = mask[i] != 0.0f && entropy[i] * mask[i] >= thr ? 1.0f : 0.0f;
+    if (threshold) *threshold = thr;
+    return 0;
+}
+
+double grpo_entropy_coef_applied(const GrpoEntropyControl *ctl, bool adaptive, double target) {
+    if (!adaptive) return ctl->coef;
+    return ctl->last_world_entropy <= target ? ctl->coef : 0.0;
+}
+
+void grpo_entropy_control_update(GrpoEntropyControl *ctl, double entropy_sum, double token_count, double target,
+                                 double delta, double coef_min, double coef_max) {
+    double world = entropy_sum / (token_count < 1.0 ? 1.0 : token_count);
+    if (world <= target) ctl->coef = ctl->coef + delta < coef_max ? ctl->coef + delta : coef_max;
+    else ctl->coef = ctl->coef - delta > coef_min ? ctl->coef - delta : coef_min;
+    ctl->last_world_entropy = world;
 }

@@ -10,6 +10,7 @@
 #define COLT_TRAIN_GRPO_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* TRL 1.16's loss_type values, in its order of introduction (grpo_loss_type_parse's names). */
 typedef enum { LOSS_GRPO = 0, LOSS_BNPO, LOSS_DR_GRPO, LOSS_DAPO, LOSS_CISPO, LOSS_SAPO, LOSS_LUSPO, LOSS_VESPO } GrpoLossType;
@@ -52,6 +53,18 @@ typedef struct GrpoLossConfig {
     float sapo_temperature_neg, sapo_temperature_pos;
     /* vespo: the gamma weighting's k and lambda for advantages >= 0 / < 0 (TRL: 2, 3 / 3, 2) */
     float vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;
+    /* use_bias_correction_kl = false: the KL term is the plain k3, not k3 * coef_1 (TRL's default, True,
+     * is this flag's zero) */
+    bool kl_without_bias_correction;
+    /* off_policy_mask_threshold (TRL's None = off_policy_mask false): a sequence with a negative advantage
+     * whose mean (sampling - current) log-prob difference exceeds the threshold leaves the policy loss */
+    bool off_policy_mask;
+    float off_policy_mask_threshold;
+    /* the entropy bonus (TRL: entropy_coef != 0 or use_adaptive_entropy): loss -= entropy_coef_applied *
+     * the mean entropy over the tokens in the loss / gradient_accumulation_steps; entropy_coef_applied is
+     * what TRL's apply_coef is this step (grpo_entropy_coef_applied) */
+    bool entropy_bonus;
+    double entropy_coef_applied;
 } GrpoLossConfig;
 
 typedef struct GrpoLossMetrics {
@@ -64,6 +77,12 @@ typedef struct GrpoLossMetrics {
     /* cispo: cispo_clip_ratio (tokens whose ratio exceeds epsilon_high, A > 0);
      * vespo: vespo/phi_seq_mean (the mean gamma weight over sequences) */
     double cispo_clip_ratio, vespo_phi_seq_mean;
+    /* with the entropy bonus: TRL's policy_loss (the loss before the bonus, not divided by
+     * gradient_accumulation_steps for the loss types that divide), and the sum of the entropies and the
+     * count of the tokens the bonus acts on (the adaptive controller's window statistics) */
+    double policy_loss, bonus_entropy_sum, bonus_token_count;
+    /* the tokens the off-policy mask and the entropy mask dropped (of the counted ones) */
+    double off_policy_masked_tokens, entropy_masked_tokens;
 } GrpoLossMetrics;
 
 /* ------------------------------------------------ sampler / trainer mismatch
@@ -144,5 +163,50 @@ int grpo_loss(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLos
 int grpo_loss_with_is_weight(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg,
                              const float *logp, const float *old_logp, const float *ref_logp, const float *is_weight,
                              const float *mask, const float *advantages, int B, int T, char *err);
+
+/* What grpo_loss_compute takes beyond grpo_loss's arguments; every pointer may be NULL (the feature
+ * off). All [B, T]. */
+typedef struct GrpoLossInputs {
+    const float *is_weight;     /* grpo_sampling_is_weights' weights (see grpo_loss_with_is_weight) */
+    /* the engine's log-probs for the off-policy mask (NaN = not scored: no evidence, a difference of 0);
+     * NULL = TRL without vLLM: the old log-probs (or this forward's own when those are NULL too) */
+    const float *sampling_logp;
+    const float *entropy;       /* this forward's per-token entropies: needed by the entropy bonus */
+    const float *entropy_mask;  /* 1 = a high-entropy token (grpo_high_entropy_mask), 0 = out of the policy loss */
+    float *dentropy;            /* out: d loss / d entropy (the bonus's gradient; 0 without it) */
+} GrpoLossInputs;
+
+/* The general loss: grpo_loss_with_is_weight plus TRL's off-policy sequence mask, entropy mask, entropy
+ * bonus and use_bias_correction_kl = false, in _compute_loss's order: per-token policy loss x off-policy
+ * mask x entropy mask x IS weight, + beta * KL, normalised by loss_type, - the bonus. Returns 0, or -1
+ * with err. */
+int grpo_loss_compute(float *loss, float *dlogp, GrpoLossMetrics *metrics, const GrpoLossConfig *cfg,
+                      const float *logp, const float *old_logp, const float *ref_logp, const GrpoLossInputs *in,
+                      const float *mask, const float *advantages, int B, int T, char *err);
+
+/* ------------------------------------------------ entropy masking and control
+ * TRL's top_entropy_quantile < 1 (get_high_entropy_mask): the threshold is torch.quantile (linear
+ * interpolation) at q = 1 - top_entropy_quantile of the entropies of every counted token of the
+ * micro-batch on every process (pool[n_pool], gathered in any order); entropy_mask[B, T] = 1 where
+ * mask != 0 and entropy >= the threshold, else 0; all 0 when the pool is empty. *threshold gets it (NaN
+ * when empty; may be NULL). pool is sorted in place. Returns 0, or -1 with err (q outside [0, 1]). */
+int grpo_high_entropy_mask(float *entropy_mask, double *threshold, const float *entropy, const float *mask, int B,
+                           int T, float *pool, size_t n_pool, double q, char *err);
+
+/* TRL's adaptive entropy controller (use_adaptive_entropy), state across optimizer steps (saved in
+ * checkpoints): coef starts at entropy_coef, last_world_entropy at +inf (no bonus until a measurement). */
+typedef struct GrpoEntropyControl {
+    double coef;
+    double last_world_entropy;
+} GrpoEntropyControl;
+
+/* The coefficient every micro-batch of this accumulation window applies: entropy_coef itself without
+ * adaptive control; with it, coef when last_world_entropy <= target, else 0. */
+double grpo_entropy_coef_applied(const GrpoEntropyControl *ctl, bool adaptive, double target);
+/* At an optimizer step's end, with the window's entropy sum and token count summed over every rank and
+ * micro-batch: the world entropy sum / max(count, 1); coef += delta (capped at coef_max) when it is <=
+ * target, else coef -= delta (floored at coef_min); last_world_entropy = it. */
+void grpo_entropy_control_update(GrpoEntropyControl *ctl, double entropy_sum, double token_count, double target,
+                                 double delta, double coef_min, double coef_max);
 
 #endif

@@ -121,6 +121,25 @@ static const ConfigKey KEYS[] = {
     KD(vespo_lambda_pos, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's decay for advantages >= 0"),
     KD(vespo_k_neg, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's power for advantages < 0"),
     KD(vespo_lambda_neg, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "vespo: the gamma weight's decay for advantages < 0"),
+    KD(top_entropy_quantile, KEY_DOUBLE, 0, RANGE_CLOSED, 1,
+       "keep in the policy loss only the top quantile of tokens by entropy, over each micro-batch of every process "
+       "(1 = every token; 0 = the highest-entropy token alone)"),
+    KD(off_policy_mask_threshold, KEY_DOUBLE_OR_NULL, -1e9, RANGE_CLOSED, 1e9,
+       "drop from the policy loss each sequence with a negative advantage whose mean log-prob gap (engine minus "
+       "trainer) exceeds this (DeepSeek-V3.2's off-policy sequence mask; null = off)"),
+    K(use_bias_correction_kl, KEY_BOOL,
+      "with beta > 0: multiply the KL term by the importance ratio (the unbiased reverse-KL gradient; false: plain k3)"),
+    KD(entropy_coef, KEY_DOUBLE, -1e6, RANGE_CLOSED, 1e6,
+       "entropy bonus: loss -= entropy_coef x the mean per-token entropy (0 = off; with use_adaptive_entropy, its "
+       "starting value)"),
+    K(use_adaptive_entropy, KEY_BOOL,
+      "adaptive entropy control (Skywork-OR1): each optimizer step moves entropy_coef by entropy_coef_delta toward "
+      "keeping the entropy above entropy_target, and applies it only while the entropy is at or below the target"),
+    KD(entropy_coef_min, KEY_DOUBLE, -1e6, RANGE_CLOSED, 1e6, "use_adaptive_entropy: lower bound of entropy_coef"),
+    KD(entropy_coef_max, KEY_DOUBLE, -1e6, RANGE_CLOSED, 1e6, "use_adaptive_entropy: upper bound of entropy_coef"),
+    KD(entropy_coef_delta, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6, "use_adaptive_entropy: entropy_coef's step"),
+    KD(entropy_target, KEY_DOUBLE, 0, RANGE_CLOSED, 1e6,
+       "use_adaptive_entropy: target mean per-token entropy (nats), over the tokens in the loss"),
     K(importance_sampling_level, KEY_STRING, "token or sequence (GSPO)"),
     K(scale_rewards, KEY_STRING, "group, batch or none"),
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
@@ -299,7 +318,6 @@ typedef struct TrlKey {
     "colt writes every completion to output_dir/completions.jsonl and prints log_completions_count of them at each " \
     "logging step"
 #define T_GENERATE_HF "used only when use_vllm is false; colt's engine batches continuously over a paged KV cache"
-#define T_ENTROPY "the entropy bonus is not supported yet"
 #define T_DATASET \
     "colt reads a local .jsonl or .json file: set dataset to it (export a hub dataset with " \
     "datasets.load_dataset(NAME, split=SPLIT).to_json(\"x.jsonl\"))"
@@ -438,16 +456,6 @@ static const TrlKey TRL_KEYS[] = {
          "colt's reference model (beta > 0) is the frozen initial model; syncing it (TR-DPO) is not supported"),
     NOOP("ref_model_mixup_alpha", "used only with sync_ref_model, which colt does not support"),
     NOOP("ref_model_sync_steps", "used only with sync_ref_model, which colt does not support"),
-    ONLY("top_entropy_quantile", "1", "colt keeps every token in the loss; entropy masking is not supported yet"),
-    ONLY("entropy_coef", "0", T_ENTROPY),
-    ONLY("use_adaptive_entropy", "false", T_ENTROPY),
-    NOOP("entropy_coef_min", T_ENTROPY),
-    NOOP("entropy_coef_max", T_ENTROPY),
-    NOOP("entropy_coef_delta", T_ENTROPY),
-    NOOP("entropy_target", T_ENTROPY),
-    ONLY("off_policy_mask_threshold", "null", "off-policy sequence masking is not supported yet"),
-    ONLY("use_bias_correction_kl", "true",
-         "colt's KL term is TRL's bias-corrected one (k3 x importance ratio); plain k3 is not supported"),
     BOOL_NOOP("log_completions", T_COMPLETIONS),
     BOOL_NOOP("log_multimodal", "colt trains text-only models"),
     NOOP("num_completions_to_print", T_COMPLETIONS),
@@ -526,6 +534,11 @@ void train_config_defaults(TrainConfig *c) {
     c->sapo_temperature_neg = 1.05, c->sapo_temperature_pos = 1.0; /* TRL 1.16's defaults */
     c->vespo_k_pos = 2.0, c->vespo_lambda_pos = 3.0, c->vespo_k_neg = 3.0, c->vespo_lambda_neg = 2.0;
     c->delta = NAN;
+    c->top_entropy_quantile = 1.0; /* TRL 1.16's defaults */
+    c->off_policy_mask_threshold = NAN;
+    c->use_bias_correction_kl = true;
+    c->entropy_coef = 0.0, c->use_adaptive_entropy = false;
+    c->entropy_coef_min = 0.0, c->entropy_coef_max = 1.0, c->entropy_coef_delta = 0.005, c->entropy_target = 0.2;
     c->loss_type = xstrdup("dapo");
     c->importance_sampling_level = xstrdup("token");
     c->scale_rewards = xstrdup("group");
@@ -1426,6 +1439,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine)",
                       c->lr_scheduler_type ? c->lr_scheduler_type : "null");
     if (isnan(c->epsilon_high)) c->epsilon_high = c->epsilon;
+    if (c->use_adaptive_entropy && c->entropy_coef_min > c->entropy_coef_max)
+        return errorf(err, "settings: entropy_coef_min (%g) must not exceed entropy_coef_max (%g) with "
+                           "use_adaptive_entropy", c->entropy_coef_min, c->entropy_coef_max);
     static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo", NULL};
     if (!one_of(c->loss_type, losses))
         return errorf(err, "settings: unknown loss_type '%s' (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo)",

@@ -45,6 +45,12 @@ typedef struct TrainConfig {
     double beta, epsilon, epsilon_high, delta;  /* epsilon_high, delta: NaN = unset */
     double sapo_temperature_neg, sapo_temperature_pos;                          /* loss_type sapo */
     double vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;        /* loss_type vespo */
+    /* TRL 1.16's masks and entropy terms (train/grpo.h says what each does): top_entropy_quantile 1 keeps
+     * every token; off_policy_mask_threshold NaN = None (off); use_bias_correction_kl TRL's default true;
+     * entropy_coef 0 and use_adaptive_entropy false: no entropy bonus. */
+    double top_entropy_quantile, off_policy_mask_threshold;
+    bool use_bias_correction_kl, use_adaptive_entropy;
+    double entropy_coef, entropy_coef_min, entropy_coef_max, entropy_coef_delta, entropy_target;
     char *loss_type, *importance_sampling_level, *scale_rewards;
     int num_iterations;
     bool mask_truncated_completions;

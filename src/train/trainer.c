@@ -463,6 +463,10 @@ static int configure_loss_and_sampling(Trainer *t, const TrainConfig *c, char *e
     lc->vespo_k_pos = (float)c->vespo_k_pos, lc->vespo_lambda_pos = (float)c->vespo_lambda_pos;
     lc->vespo_k_neg = (float)c->vespo_k_neg, lc->vespo_lambda_neg = (float)c->vespo_lambda_neg;
     lc->max_completion_length = c->max_completion_length;
+    lc->kl_without_bias_correction = !c->use_bias_correction_kl;
+    lc->off_policy_mask = !isnan(c->off_policy_mask_threshold);
+    lc->off_policy_mask_threshold = lc->off_policy_mask ? (float)c->off_policy_mask_threshold : 0.0f;
+    lc->entropy_bonus = c->entropy_coef != 0.0 || c->use_adaptive_entropy; /* TRL's _entropy_bonus_enabled */
     /* Each rank's loss carries 1 / world and the ranks' gradients are summed:
      * the sum equals one process accumulating the ranks' micro-batches. */
     lc->gradient_accumulation_steps = c->gradient_accumulation_steps * t->dist.world;
@@ -540,6 +544,11 @@ static int create_buffers(Trainer *t, const TrainConfig *c, char *err) {
     t->buf.mb_sampling = xmalloc(bt * sizeof(float));
     t->buf.mb_isw = xmalloc(bt * sizeof(float));
     t->buf.mb_adv = xmalloc((size_t)bs * sizeof(float));
+    t->buf.mb_entropy = xmalloc(bt * sizeof(float));
+    t->buf.mb_entropy_mask = xmalloc(bt * sizeof(float));
+    t->buf.mb_dentropy = xmalloc(bt * sizeof(float));
+    t->buf.tok_dentropy = xmalloc(nt * sizeof(float));
+    t->buf.entropy_pool = xmalloc((size_t)(t->dist.world + 1) * (1 + bt) * sizeof(float));
 
     return COLT_OK;
 }
@@ -653,6 +662,8 @@ static void trainer_teardown(Trainer *t) {
     free(t->buf.tok_logp), free(t->buf.tok_entropy), free(t->buf.tok_dlogp);
     free(t->buf.mb_logp), free(t->buf.mb_old), free(t->buf.mb_ref), free(t->buf.mb_mask), free(t->buf.mb_dlogp), free(t->buf.mb_adv);
     free(t->buf.mb_sampling), free(t->buf.mb_isw);
+    free(t->buf.mb_entropy), free(t->buf.mb_entropy_mask), free(t->buf.mb_dentropy), free(t->buf.tok_dentropy);
+    free(t->buf.entropy_pool);
     dataset_free(t->data);
     dataset_free(t->eval_data);
     model_free(t->ref_model);

@@ -58,6 +58,48 @@ int trainer_save_trained(const Trainer *t, const char *dir, char *err) {
     return model_save(t->model, dir, t->be->storage == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32, err);
 }
 
+/* use_adaptive_entropy: the controller's state in TRL's file and keys (entropy_ctrl_state.json:
+ * entropy_coef, last_world_entropy), so TRL and colt resume each other's. Before the first step's
+ * measurement last_world_entropy is +inf, which JSON cannot hold: written as null (TRL writes Infinity). */
+static int save_entropy_control(const Trainer *t, const char *dir, char *err) {
+    if (!t->cfg->use_adaptive_entropy) return COLT_OK;
+    const GrpoEntropyControl *ctl = &t->entropy_ctl;
+    double coef = t->entropy_ctl_set ? ctl->coef : t->cfg->entropy_coef;
+    double last = t->entropy_ctl_set ? ctl->last_world_entropy : INFINITY;
+    json_t *o = json_pack("{s:f, s:o}", "entropy_coef", coef, "last_world_entropy",
+                          isfinite(last) ? json_real(last) : json_null());
+    char *text = json_dumps(o, JSON_REAL_PRECISION(17));
+    char *path = path_join(dir, "entropy_ctrl_state.json");
+    int rc = file_write_atomic(path, text, strlen(text), err);
+    free(text), free(path);
+    json_decref(o);
+    return rc;
+}
+
+/* TRL's _load_optimizer_and_scheduler: a checkpoint without the file keeps the configured start. */
+static int load_entropy_control(Trainer *t, const char *ckpt, char *err) {
+    if (!t->cfg->use_adaptive_entropy) return COLT_OK;
+    char *path = path_join(ckpt, "entropy_ctrl_state.json");
+    int rc = COLT_OK;
+    if (file_exists(path)) {
+        json_error_t jerr;
+        json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+        json_t *coef = o ? json_object_get(o, "entropy_coef") : NULL, *last = o ? json_object_get(o, "last_world_entropy") : NULL;
+        if (!o) rc = errorf(err, "%s: %s (line %d)", path, jerr.text, jerr.line);
+        else if (!json_is_number(coef) || !(json_is_number(last) || json_is_null(last)))
+            rc = errorf(err, "%s: needs numbers entropy_coef and last_world_entropy (null = not measured yet)", path);
+        else {
+            t->entropy_ctl = (GrpoEntropyControl){.coef = json_number_value(coef),
+                                                  .last_world_entropy = json_is_null(last) ? INFINITY
+                                                                                           : json_number_value(last)};
+            t->entropy_ctl_set = true;
+        }
+        json_decref(o);
+    }
+    free(path);
+    return rc;
+}
+
 /* Rank 0: train_config.json, then trainer_state.json last with every other
  * file's size and hash (a folder whose files match it is complete), then the
  * folder in place of checkpoint-N. */
@@ -120,7 +162,8 @@ int trainer_save_checkpoint(Trainer *t, json_t *state, char *err) {
     char *final_dir = path_join(t->cfg->output_dir, name), *dir = path_join(t->cfg->output_dir, tmp_name);
     if (t->dist.rank == 0) { /* tensor parallel: the first group's ranks, which gather the weights for rank 0 */
         if (t->writer) remove_tree(dir);
-        if (trainer_save_trained(t, dir, err) != 0 || (t->writer && tokenizer_copy_files(t->cfg->model, dir, err) != 0))
+        if (trainer_save_trained(t, dir, err) != 0 || (t->writer && tokenizer_copy_files(t->cfg->model, dir, err) != 0) ||
+            (t->writer && save_entropy_control(t, dir, err) != 0))
             rc = COLT_ERR;
     }
     trainer_weights_release(t);
@@ -187,6 +230,7 @@ int trainer_load_state(Trainer *t, const char *ckpt, char *err) {
         t->ro = st.rollout;
         memset(&st.rollout, 0, sizeof st.rollout);
         t->round_sampling = st.round_sampling;
+        rc = load_entropy_control(t, ckpt, err);
     }
     checkpoint_state_free(&st);
     free(text);

@@ -74,6 +74,10 @@ typedef struct MicroBatchBuffers {
     float *tok_logp, *tok_entropy, *tok_dlogp;
     /* the loss's padded matrices [B, T] (mb_adv: [B]) */
     float *mb_logp, *mb_old, *mb_ref, *mb_mask, *mb_adv, *mb_dlogp, *mb_sampling, *mb_isw;
+    /* TRL's entropy mask and bonus: entropies, the mask, d loss / d entropy [B, T] (tok_dentropy: packed);
+     * entropy_pool [(world + 1) * (1 + B * T)]: each rank's count and counted entropies, gathered, and this
+     * rank's own in the last slot */
+    float *mb_entropy, *mb_entropy_mask, *mb_dentropy, *tok_dentropy, *entropy_pool;
 } MicroBatchBuffers;
 
 /* With tools: this rank's share of a round's conversations, from generation
@@ -117,6 +121,12 @@ typedef struct Trainer {
     bool need_old_logp;
     GrpoSamplingIsMode is_mode;
     GrpoSamplingMetrics round_sampling; /* engine vs trainer log-probs over the round's first pass */
+    /* use_adaptive_entropy: the controller (saved in checkpoints as TRL's entropy_ctrl_state.json) and this
+     * accumulation window's entropy sum and token count over every rank; entropy_ctl_set: initialised (from
+     * entropy_coef at the first micro-batch, or by a resume) */
+    GrpoEntropyControl entropy_ctl;
+    bool entropy_ctl_set;
+    double entropy_window_sum, entropy_window_count;
     /* progress */
     int64_t global_step, total_steps, round;
     int rounds_without_reward; /* rounds in a row in which no completion got a usable reward */

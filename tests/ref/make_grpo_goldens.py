@@ -14,6 +14,15 @@ generates, so it cannot be called alone), using TRL's own nanstd; the script
 checks at start-up that the block it mirrors is still the one in the installed
 TRL.
 
+Mask cases (TRL 1.16's off_policy_mask_threshold, top_entropy_quantile,
+use_bias_correction_kl = False, entropy_coef) call _compute_loss the same way,
+with the stub's entropies requiring grad too (d loss / d entropy is the entropy
+bonus's gradient) and its get_high_entropy_mask TRL's own; a stub accelerator
+whose gather appends a second process's entropies makes the quantile's pool
+span two processes. The adaptive-entropy case calls _compute_loss over three
+optimizer steps of two micro-batches and records TRL's controller state
+(entropy_coef, _last_world_entropy) after each call.
+
 Run: python3 tests/ref/make_grpo_goldens.py  (pip trl 1.16.0, torch)
 """
 import inspect
@@ -218,6 +227,186 @@ assert any(c["clip_ratio_low"] > 0 for c in loss_cases if c["level"] == "sequenc
 assert any(c["clip_ratio_high"] > 0 for c in loss_cases if c["level"] == "sequence")
 
 
+# ---------------------------------------------------------------- masks and the entropy bonus
+# Inputs of their own (a generator of their own: the cases above keep theirs). Advantages with two
+# negative counted rows, so that the off-policy mask drops one (row 1: mean KL 0.26 from the old
+# log-probs, 0.3 from the engine's) and keeps the other (row 2: 0.017 / 0.05, one token unscored = NaN).
+gen_m = torch.Generator().manual_seed(2)
+m_adv = f32(torch.tensor([0.9, -1.3, -0.45, -0.7], dtype=DT))
+entropies = f32(torch.rand(B, T, dtype=DT, generator=gen_m) * 2.5 + 0.01)
+sampling_logp = f32(logp + (torch.rand(B, T, dtype=DT, generator=gen_m) - 0.5) * 0.02)
+sampling_logp[0] = f32(logp[0] + 0.8)  # A > 0: kept whatever its KL
+sampling_logp[1, :5] = f32(logp[1, :5] + 0.3)
+sampling_logp[2, :3] = f32(logp[2, :3] + 0.05)
+sampling_logp[2, 1] = float("nan")
+OFF_POLICY_THRESHOLD = 0.1
+# a second process's counted entropies: the quantile's pool spans both processes
+other_entropies = f32(torch.rand(11, dtype=DT, generator=gen_m) * 2.5 + 0.01)
+m_is_ratio = f32(torch.exp((torch.rand(B, T, dtype=DT, generator=gen_m) - 0.5) * 0.3)) * mask + (1 - mask)
+
+
+class PoolAccel(Accel):
+    """gather() of the padded entropies (and only of them) appends the other process's, padded with
+    TRL's sentinel; everything else is this process's alone."""
+
+    def __init__(self, num_processes, other):
+        super().__init__(num_processes)
+        self.other = other
+        self.padded = None
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        n = max(x.numel(), 0 if self.other is None else self.other.numel())
+        self.padded = torch.cat([x, torch.full((n - x.numel(),), float(pad_index), dtype=x.dtype)])
+        return self.padded
+
+    def gather(self, x):
+        if x is self.padded and self.other is not None:
+            o = self.other.to(x.dtype)
+            n = x.numel()
+            o = torch.cat([o, torch.full((n - o.numel(),), -1e9, dtype=x.dtype)]) if o.numel() < n else o
+            return torch.cat([x, o])
+        return x
+
+
+def make_mask_trainer(loss_type, level, beta, gas, *, off_policy=None, top_q=1.0, bias_kl=True, coef=0.0,
+                      adaptive=None, with_is=False, other=None):
+    tr = object.__new__(GRPOTrainer)
+    ad = adaptive or {}
+    tr.args = SimpleNamespace(delta=None, use_bias_correction_kl=bias_kl, steps_per_generation=gas,
+                              entropy_target=ad.get("target", 0.2), entropy_coef_delta=ad.get("delta", 0.005),
+                              entropy_coef_min=ad.get("min", 0.0), entropy_coef_max=ad.get("max", 1.0),
+                              **SAPO, **VESPO)
+    tr.beta = beta
+    tr.epsilon_low = EPS_LOW
+    tr.epsilon_high = CISPO_EPS_HIGH if loss_type == "cispo" else EPS_HIGH
+    tr.loss_type = loss_type
+    tr.importance_sampling_level = level
+    tr.max_completion_length = MAX_COMPLETION_LENGTH
+    tr.current_gradient_accumulation_steps = gas
+    tr.accelerator = PoolAccel(1, other)
+    tr._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    tr.model = SimpleNamespace(training=True)
+    tr.top_entropy_quantile = top_q
+    tr.off_policy_mask_threshold = off_policy
+    tr.use_vllm = with_is
+    tr.vllm_importance_sampling_correction = with_is
+    tr.aux_loss_enabled = False
+    tr.entropy_coef = coef
+    tr.use_adaptive_entropy = adaptive is not None
+    tr._entropy_bonus_enabled = coef != 0.0 or adaptive is not None
+    tr._last_world_entropy = float("inf")
+    tr._entropy_window_stats = None
+    return tr
+
+
+def call_trl(tr, ent, *, with_old=True, with_sampling=True, with_is=False, adv=None):
+    lp = logp.clone().requires_grad_(True)
+    en = ent.clone().requires_grad_(True)
+    tr._get_per_token_logps_and_entropies = lambda *a, **kw: (lp, en, None)
+    inputs = {
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask.clone(),
+        "advantages": (m_adv if adv is None else adv).clone(),
+        "num_items_in_batch": mask.sum(),
+    }
+    if with_old:
+        inputs["old_per_token_logps"] = old_logp.clone()
+    if with_sampling:
+        inputs["sampling_per_token_logps"] = sampling_logp.clone()
+    if tr.beta != 0.0:
+        inputs["ref_per_token_logps"] = ref_logp.clone()
+    if with_is:
+        inputs["importance_sampling_ratio"] = m_is_ratio.clone()
+    loss = GRPOTrainer._compute_loss(tr, None, inputs)
+    loss.backward()
+    m = tr._metrics["train"]
+    ent_mask = None
+    if tr.top_entropy_quantile < 1.0:
+        ent_mask = GRPOTrainer.get_high_entropy_mask(tr, ent, mask, 1 - tr.top_entropy_quantile).to(DT)
+
+    def last(key):
+        return m[key][-1] if key in m else None
+
+    return {
+        "loss": float(loss.detach()),
+        "dlogp": as_list(lp.grad),
+        "dentropy": as_list(en.grad) if en.grad is not None else [0.0] * (B * T),
+        "entropy_mask": as_list(ent_mask) if ent_mask is not None else None,
+        "clip_ratio_low": last("clip_ratio/low_mean") or 0.0,
+        "clip_ratio_high": last("clip_ratio/high_mean") or 0.0,
+        "clip_ratio_region": last("clip_ratio/region_mean") or 0.0,
+        "cispo_clip_ratio": last("cispo_clip_ratio") or 0.0,
+        "vespo_phi_seq_mean": last("vespo/phi_seq_mean") or 0.0,
+        "kl": last("kl") or 0.0,
+        "entropy": last("entropy"),
+        "policy_loss": last("policy_loss"),
+        "entropy_coef": last("entropy_coef"),
+    }
+
+
+mask_cases = []
+
+
+def mask_case(name, loss_type, level, beta, gas, *, with_old=True, with_sampling=True, with_is=False, other=None,
+              **kw):
+    tr = make_mask_trainer(loss_type, level, beta, gas, with_is=with_is, other=other, **kw)
+    r = call_trl(tr, entropies, with_old=with_old, with_sampling=with_sampling, with_is=with_is)
+    num_items = float(mask.sum().clamp(min=1.0))  # one process, steps_per_generation = gas
+    r.update({"name": name, "loss_type": loss_type, "level": level, "beta": beta, "gas": gas,
+              "with_old": with_old, "with_sampling": with_sampling, "with_is": with_is,
+              "with_other": other is not None, "epsilon_high": tr.epsilon_high, "num_items_in_batch": num_items,
+              "off_policy": kw.get("off_policy"), "top_entropy_quantile": kw.get("top_q", 1.0),
+              "bias_kl": kw.get("bias_kl", True), "entropy_coef": kw.get("coef", 0.0)})
+    mask_cases.append(r)
+
+
+ALL_LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+for li, lt in enumerate(ALL_LOSSES):
+    for level in ["token", "sequence"]:
+        mask_case(f"off_policy/{lt}/{level}", lt, level, 0.04, 1 + li % 2, off_policy=OFF_POLICY_THRESHOLD)
+# the old log-probs as TRL's fallback (no engine log-probs), and none at all (every row kept)
+mask_case("off_policy/grpo/token/old", "grpo", "token", 0.0, 1, with_sampling=False, off_policy=OFF_POLICY_THRESHOLD)
+mask_case("off_policy/grpo/token/noold", "grpo", "token", 0.0, 1, with_old=False, with_sampling=False,
+          off_policy=OFF_POLICY_THRESHOLD)
+mask_case("off_policy/dapo/token/is", "dapo", "token", 0.04, 2, with_is=True, off_policy=OFF_POLICY_THRESHOLD)
+for q in [0.0, 0.2, 0.5]:
+    for lt in ["grpo", "dapo", "cispo"]:
+        mask_case(f"entropy_mask/q={q:g}/{lt}", lt, "token", 0.04, 2, top_q=q)
+    mask_case(f"entropy_mask/q={q:g}/grpo/sequence/2proc", "grpo", "sequence", 0.0, 1, top_q=q,
+              other=other_entropies)
+mask_case("entropy_mask/q=0.3/luspo/is/off_policy", "luspo", "token", 0.04, 1, top_q=0.3, with_is=True,
+          off_policy=OFF_POLICY_THRESHOLD)
+for level in ["token", "sequence"]:
+    for lt in ["grpo", "dapo", "cispo"]:
+        for with_old in [False, True]:
+            mask_case(f"kl_no_bias_correction/{lt}/{level}/{'old' if with_old else 'noold'}", lt, level, 0.04,
+                      2, with_old=with_old, bias_kl=False)
+for lt in ["grpo", "bnpo", "dapo", "vespo"]:
+    mask_case(f"entropy_bonus/{lt}", lt, "token", 0.04, 2, coef=0.03)
+mask_case("entropy_bonus/grpo/entropy_mask/2proc", "grpo", "token", 0.0, 2, coef=0.03, top_q=0.4,
+          other=other_entropies)
+assert any(c["entropy_mask"] and 0 < sum(c["entropy_mask"]) < float(mask.sum()) for c in mask_cases)
+# the off-policy mask must drop something (row 1) and keep a negative row (row 2)
+ref_grpo = run_trl("grpo", "token", 0.04, True, 1, None)
+assert mask_cases[0]["loss"] != ref_grpo["loss"]
+
+# The adaptive controller over five optimizer steps of two micro-batches: the entropies scaled per call
+# so that the window's world entropy crosses the target both ways.
+ADAPTIVE = dict(target=1.0, delta=0.015, min=0.01, max=0.05)
+adaptive_scales = [0.5, 0.6, 0.5, 0.6, 1.2, 1.1, 1.2, 1.3, 0.4, 0.3]
+tr = make_mask_trainer("grpo", "token", 0.0, 2, coef=0.03, adaptive=ADAPTIVE)
+adaptive_calls = []
+for k, sc in enumerate(adaptive_scales):
+    tr.accelerator.sync_gradients = k % 2 == 1
+    r = call_trl(tr, f32(entropies * sc))
+    r.update({"scale": sc, "sync": k % 2 == 1, "coef_after": tr.entropy_coef,
+              # JSON has no infinity: null = TRL's initial inf
+              "last_world_entropy_after": None if math.isinf(tr._last_world_entropy) else tr._last_world_entropy})
+    adaptive_calls.append(r)
+assert len({round(c["coef_after"], 9) for c in adaptive_calls}) >= 4  # moved both ways, and hit the cap
+
 # ---------------------------------------------------------------- advantages
 # The mirrored block, checked against the installed source.
 src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
@@ -294,9 +483,16 @@ out = {
     "mask": as_list(mask), "advantages": as_list(advantages), "is_ratio": as_list(is_ratio),
     **SAPO, **VESPO,
     "loss_cases": loss_cases,
+    "mask_advantages": as_list(m_adv), "entropies": as_list(entropies),
+    "sampling_logp": [None if math.isnan(x) else x for x in as_list(sampling_logp)],
+    "other_entropies": as_list(other_entropies), "mask_is_ratio": as_list(m_is_ratio),
+    "off_policy_mask_threshold": OFF_POLICY_THRESHOLD,
+    "mask_cases": mask_cases,
+    "adaptive": {**ADAPTIVE, "entropy_coef": 0.03, "gas": 2, "calls": adaptive_calls},
     "advantage_cases": adv_cases,
 }
 with open(OUT, "w") as f:
     json.dump(out, f, separators=(",", ":"))
     f.write("\n")
-print(f"wrote {len(loss_cases)} loss cases and {len(adv_cases)} advantage cases to {OUT}")
+print(f"wrote {len(loss_cases)} loss cases, {len(mask_cases)} mask cases, {len(adaptive_calls)} adaptive calls and "
+      f"{len(adv_cases)} advantage cases to {OUT}")

@@ -531,6 +531,51 @@ static void cpu_log_softmax_target_backward(const Backend *be, void *dlogits, co
     }
 }
 
+/* The entropy's part: d H / d z_v = -p_v (z_v - sum_u p_u z_u), H = -sum p log p. */
+static void cpu_log_softmax_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                             const void *dlogprobs, const void *dentropy, int n, int vocab,
+                                             float temperature) {
+    float *dl = dlogits;
+    const float *lg = logits, *dlp = dlogprobs, *dh = dentropy;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * vocab;
+        float *drow = dl + (size_t)i * vocab;
+        if (targets[i] < 0) {
+            memset(drow, 0, (size_t)vocab * sizeof(float));
+            continue;
+        }
+        double mx, lse, pz;
+        row_softmax_stats(row, vocab, inv_t, &mx, &lse, &pz);
+        double g = (double)dlp[i] * inv_t, gh = (double)dh[i] * inv_t;
+        int tgt = targets[i];
+        for (int v = 0; v < vocab; v++) { /* in place: row[v] is read before drow[v] is written */
+            double z = row[v] * inv_t, p = exp(z - lse);
+            drow[v] = (float)(-g * p - gh * p * (z - pz) + (v == tgt ? g : 0.0));
+        }
+    }
+}
+
+static void cpu_log_softmax_shard_entropy_backward(const Backend *be, void *dlogits, const void *logits,
+                                                   const int *targets, const void *dlogprobs, const void *dentropy,
+                                                   const void *lse, const void *pz, int n, int vocab,
+                                                   float temperature) {
+    float *dl = dlogits;
+    const float *lg = logits, *dlp = dlogprobs, *dh = dentropy, *ls = lse, *pzs = pz;
+    double inv_t = 1.0 / (double)temperature;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * vocab;
+        float *drow = dl + (size_t)i * vocab;
+        double g = (double)dlp[i] * inv_t, gh = (double)dh[i] * inv_t;
+        for (int v = 0; v < vocab; v++) { /* in place: row[v] is read before drow[v] is written */
+            double z = row[v] * inv_t, p = exp(z - (double)ls[i]);
+            drow[v] = (float)(-g * p - gh * p * (z - (double)pzs[i]) + (v == targets[i] ? g : 0.0));
+        }
+    }
+}
+
 static void cpu_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n,
                                    int vocab, float temperature) {
     float *out = stats;
@@ -714,8 +759,10 @@ static const Backend CPU_OPS = {
     .embedding_backward = cpu_embedding_backward,
     .log_softmax_target = cpu_log_softmax_target,
     .log_softmax_target_backward = cpu_log_softmax_target_backward,
+    .log_softmax_entropy_backward = cpu_log_softmax_entropy_backward,
     .logits_shard_stats = cpu_logits_shard_stats,
     .log_softmax_shard_backward = cpu_log_softmax_shard_backward,
+    .log_softmax_shard_entropy_backward = cpu_log_softmax_shard_entropy_backward,
     .copy_2d = cpu_copy_2d,
     .vocab_shard_ids_i32 = cpu_vocab_shard_ids_i32,
     .alloc_i32 = cpu_alloc_i32,

@@ -487,8 +487,10 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->embedding_backward = cuda_embedding_backward<T>;
     b->log_softmax_target = cuda_log_softmax_target<T>;
     b->log_softmax_target_backward = cuda_log_softmax_target_backward<T>;
+    b->log_softmax_entropy_backward = cuda_log_softmax_entropy_backward<T>;
     b->logits_shard_stats = cuda_logits_shard_stats<T>;
     b->log_softmax_shard_backward = cuda_log_softmax_shard_backward<T>;
+    b->log_softmax_shard_entropy_backward = cuda_log_softmax_shard_entropy_backward<T>;
     b->copy_2d = cuda_copy_2d<T>;
     b->adamw = cuda_adamw<T>;
     b->sum_squares = cuda_sum_squares;

@@ -360,11 +360,19 @@ template <typename T>
 void cuda_log_softmax_target_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                       const void *dlogprobs, int n, int vocab, float temperature);
 template <typename T>
+void cuda_log_softmax_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                       const void *dlogprobs, const void *dentropy, int n, int vocab,
+                                       float temperature);
+template <typename T>
 void cuda_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n, int vocab,
                              float temperature);
 template <typename T>
 void cuda_log_softmax_shard_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
                                      const void *dlogprobs, const void *lse, int n, int vocab, float temperature);
+template <typename T>
+void cuda_log_softmax_shard_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                             const void *dlogprobs, const void *dentropy, const void *lse,
+                                             const void *pz, int n, int vocab, float temperature);
 template <typename T>
 void cuda_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr,
                 float beta1, float beta2, float eps, float weight_decay, float bias_correction1,

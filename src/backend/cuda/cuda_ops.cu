@@ -831,6 +831,51 @@ void cuda_log_softmax_target_backward(const Backend *be, void *dlogits, const vo
     LAUNCH_CHECK(cs);
 }
 
+/* log_softmax_entropy_backward: the log-prob's gradient plus the entropy's, d H / d z_v = -p_v (z_v - sum_u
+ * p_u z_u), for TRL's entropy bonus (off by default, so a plain kernel: one block per row, the stats pass
+ * with the sum of p z, then the gradient pass front to back, scalar loads). In place is safe: the stats
+ * end with a barrier, then each thread rewrites only what it reads. Tolerance as the backward above (the
+ * stats in double, each element in fp32). */
+template <typename T>
+__global__ void __launch_bounds__(LSM_THREADS)
+    log_softmax_entropy_backward_kernel(T *dlogits, const T *logits, const int *targets, const float *dlogprobs,
+                                        const float *dentropy, int vocab, float inv_t) {
+    const int i = blockIdx.x, bs = blockDim.x, tgt = targets[i];
+    T *drow = dlogits + (size_t)i * vocab;
+    const T *row = logits + (size_t)i * vocab;
+    if (tgt < 0) {
+        for (int v = threadIdx.x; v < vocab; v += bs) drow[v] = from_float<T>(0.0f);
+        return;
+    }
+    float m, s, t;
+    row_online_stats<T, true>(row, vocab, inv_t, row_head(row, vocab, true), m, s, t);
+    float M;
+    double S, Tz;
+    block_combine(m, s, t, &M, &S, &Tz);
+    float lse_f = (float)((double)M + log(S)), pz = (float)(Tz / S);
+    float g = dlogprobs[i] * inv_t, gh = dentropy[i] * inv_t;
+    for (int v = threadIdx.x; v < vocab; v += bs) {
+        float z = to_float(row[v]) * inv_t, p = expf(z - lse_f);
+        float d = -g * p - gh * p * (z - pz);
+        if (v == tgt) d += g;
+        drow[v] = from_float<T>(d);
+    }
+}
+
+template <typename T>
+void cuda_log_softmax_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                       const void *dlogprobs, const void *dentropy, int n, int vocab,
+                                       float temperature) {
+    if (n <= 0 || vocab <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    log_softmax_entropy_backward_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>(
+        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, (const float *)dentropy, vocab, inv_t);
+    LAUNCH_CHECK(cs);
+}
+
 /* ---------------------------------------------------------------- vocabulary-parallel log-softmax */
 
 /* logits_shard_stats: the forward kernel's pass and combine over this rank's
@@ -928,6 +973,41 @@ void cuda_log_softmax_shard_backward(const Backend *be, void *dlogits, const voi
     int vec = (((uintptr_t)dlogits - (uintptr_t)logits) & 15u) == 0;
     log_softmax_shard_backward_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>(
         (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, (const float *)lse, vocab, inv_t, vec);
+    LAUNCH_CHECK(cs);
+}
+
+/* log_softmax_shard_entropy_backward: the entropy kernel's gradient pass on a part of the vocabulary, the
+ * whole row's lse and sum p z given (no stats pass): one block per row, scalar, front to back; the onehot
+ * term only where the target is in this part. In place is safe: each thread rewrites only what it reads. */
+template <typename T>
+__global__ void __launch_bounds__(LSM_THREADS)
+    log_softmax_shard_entropy_backward_kernel(T *dlogits, const T *logits, const int *targets, const float *dlogprobs,
+                                              const float *dentropy, const float *lse, const float *pz, int vocab,
+                                              float inv_t) {
+    const int i = blockIdx.x, tgt = targets[i];
+    T *drow = dlogits + (size_t)i * vocab;
+    const T *row = logits + (size_t)i * vocab;
+    float g = dlogprobs[i] * inv_t, gh = dentropy[i] * inv_t, lse_f = lse[i], pz_f = pz[i];
+    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+        float z = to_float(row[v]) * inv_t, p = expf(z - lse_f);
+        float d = -g * p - gh * p * (z - pz_f);
+        if (v == tgt) d += g;
+        drow[v] = from_float<T>(d);
+    }
+}
+
+template <typename T>
+void cuda_log_softmax_shard_entropy_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                             const void *dlogprobs, const void *dentropy, const void *lse,
+                                             const void *pz, int n, int vocab, float temperature) {
+    if (n <= 0 || vocab <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    const int *host[1] = {targets};
+    int *d = cuda_upload_indices(cs, host, 1, n);
+    float inv_t = (float)(1.0 / (double)temperature);
+    log_softmax_shard_entropy_backward_kernel<T><<<n, LSM_THREADS, 0, cs->stream>>>(
+        (T *)dlogits, (const T *)logits, d, (const float *)dlogprobs, (const float *)dentropy, (const float *)lse,
+        (const float *)pz, vocab, inv_t);
     LAUNCH_CHECK(cs);
 }
 
@@ -1176,9 +1256,14 @@ void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n) {
                                              float);                                                               \
     template void cuda_log_softmax_target_backward<T>(const Backend *, void *, const void *, const int *,          \
                                                       const void *, int, int, float);                              \
+    template void cuda_log_softmax_entropy_backward<T>(const Backend *, void *, const void *, const int *,         \
+                                                       const void *, const void *, int, int, float);               \
     template void cuda_logits_shard_stats<T>(const Backend *, void *, const void *, const int *, int, int, float);  \
     template void cuda_log_softmax_shard_backward<T>(const Backend *, void *, const void *, const int *,           \
                                                      const void *, const void *, int, int, float);                 \
+    template void cuda_log_softmax_shard_entropy_backward<T>(const Backend *, void *, const void *, const int *,   \
+                                                             const void *, const void *, const void *,             \
+                                                             const void *, int, int, float);                       \
     template void cuda_adamw<T>(const Backend *, void *, void *, const void *, void *, void *, size_t, float, float, \
                                 float, float, float, float, float);
 INSTANTIATE(float)

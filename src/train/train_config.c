@@ -964,7 +964,11 @@ static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const
 /* A value as messages show it: a string as written, anything else as compact
  * JSON, cut to a readable length. */
 static void value_text(char *out, size_t n, const json_t *v) {
-    char *s = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (json_is_real(v)) { /* 0.6, not 0.59999999999999998 */
+        real_text(out, n, json_real_value(v));
+        return;
+    }
+    char *s = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10));
     const char *t = json_is_string(v) ? json_string_value(v) : s ? s : "?";
     snprintf(out, n, "%.60s%s", t, strlen(t) > 60 ? "..." : "");
     free(s);

@@ -1243,6 +1243,120 @@ static void test_deepspeed_json(void) {
     printf("DeepSpeed JSON: %zu refusals checked\n", sizeof bad / sizeof bad[0]);
 }
 
+/* TRL's settings colt translates (issue 38): each YAML (on a minimal config)
+ * finalizes with key holding want (JSON), or is refused in one line holding
+ * needle. The values are TRL's meanings (transformers' docs and TRL's
+ * __post_init__), restated. */
+static void test_trl_translations(void) {
+    static const struct {
+        const char *yaml, *needle, *key, *want;
+    } cases[] = {
+        {"save_strategy: \"no\"\nsave_steps: 500\n", NULL, "save_steps", "0"},
+        {"save_strategy: steps\nsave_steps: 7\n", NULL, "save_steps", "7"},
+        {"save_strategy: best\n", "save_strategy 'best' is not supported", NULL, NULL},
+        {"use_cpu: true\n", NULL, "device", "\"cpu\""},
+        {"use_cpu: true\ndevice: cuda\n", "use_cpu: true asks for the CPU but device is cuda", NULL, NULL},
+        {"bf16: false\ndevice: cuda_f32\n", NULL, "device", "\"cuda_f32\""},
+        {"bf16: false\ndevice: cuda\n", "bf16: false asks for fp32 weights", NULL, NULL},
+        {"bf16: null\n", NULL, "bf16", "true"},
+        {"bf16: false\nuse_cpu: true\n", NULL, "device", "\"cpu\""},
+        {"cast_lm_head_to_fp32: true\ndevice: cuda\n", "cast_lm_head_to_fp32: true is not supported with bf16", NULL,
+         NULL},
+        {"cast_lm_head_to_fp32: true\ndevice: cuda_f32\n", NULL, "cast_lm_head_to_fp32", "true"},
+        {"shuffle_dataset: null\n", NULL, "shuffle_dataset", "true"},
+        {"min_p: null\n", NULL, "min_p", "0"},
+        {"ddp_bucket_cap_mb: null\n", NULL, "ddp_bucket_cap_mb", "25"},
+        {"num_generations_eval: null\n", NULL, "num_generations_eval", "0"},
+        /* generation_kwargs win over the settings, as TRL passes them last */
+        {"temperature: 0.5\ngeneration_kwargs: {temperature: 0.9, top_p: 0.8}\n", NULL, "temperature", "0.9"},
+        {"generation_kwargs: {temperature: 0.9, top_p: 0.8}\ntemperature: 0.5\n", NULL, "top_p", "0.8"},
+        {"generation_kwargs: {max_new_tokens: 33}\n", NULL, "max_completion_length", "33"},
+        {"generation_kwargs: {min_p: 0.05, repetition_penalty: 1.1, top_k: 20}\n", NULL, "repetition_penalty", "1.1"},
+        {"generation_kwargs: {top_p: 2}\n", "generation_kwargs: top_p: 2 is out of range", NULL, NULL},
+        {"generation_kwargs: {do_sample: false}\n", "generation_kwargs.do_sample: false is not supported", NULL, NULL},
+        {"generation_kwargs: {n: 2}\n", "generation_kwargs.n: 2 is not supported", NULL, NULL},
+        /* cosine_with_min_lr's kwargs, as transformers reads them */
+        {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-7}\n", NULL, "lr_scheduler_type",
+         "\"cosine_with_min_lr\""},
+        {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-7, min_lr_rate: 0.1}\n",
+         "give min_lr_rate or min_lr, not both", NULL, NULL},
+        {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 1.5}\n", "outside [0, 1]", NULL,
+         NULL},
+        {"lr_scheduler_type: linear\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n",
+         "lr_scheduler_kwargs.min_lr_rate: 0.1 is not supported with lr_scheduler_type linear", NULL, NULL},
+        {"lr_scheduler_type: cosine\nlr_scheduler_kwargs: {num_cycles: 0.5}\n", NULL, "lr_scheduler_type",
+         "\"cosine\""},
+        {"lr_scheduler_type: cosine\nlr_scheduler_kwargs: {num_cycles: 2}\n", "only num_cycles: 0.5", NULL, NULL},
+        {"lr_scheduler_type: cosine_with_restarts\n", "unknown lr_scheduler_type 'cosine_with_restarts'", NULL, NULL},
+        /* both names, both batch sizes: fine when they agree */
+        {"gradient_checkpointing: true\nactivation_checkpointing: true\n", NULL, "gradient_checkpointing", "true"},
+        {"gradient_checkpointing: false\nactivation_checkpointing: true\n", "name the same setting with different",
+         NULL, NULL},
+        {"generation_batch_size: 16\nsteps_per_generation: 2\n", NULL, "generation_batch_size", "16"},
+        {"generation_batch_size: 16\nsteps_per_generation: 1\n",
+         "generation_batch_size 16 and steps_per_generation 1 disagree", NULL, NULL},
+        /* trl grpo's dataset keys and reward names */
+        {"datasets: [{path: json, data_files: x.jsonl, split: train}]\n", NULL, "dataset", "\"x.jsonl\""},
+        {"datasets: [{path: y.jsonl}]\n", NULL, "dataset", "\"y.jsonl\""},
+        {"datasets: [{path: json, data_files: {train: z.json}}]\n", NULL, "dataset", "\"z.json\""},
+        {"datasets: [{path: trl-lib/tldr}]\n", "path 'trl-lib/tldr' is not a local JSON file", NULL, NULL},
+        {"datasets: [{path: json, data_files: x.jsonl, columns: [prompt]}]\n", "datasets[0].columns", NULL, NULL},
+        {"datasets: [{path: json, data_files: x.parquet}]\n", "not a local JSON file", NULL, NULL},
+        {"dataset_name: local.jsonl\n", NULL, "dataset", "\"local.jsonl\""},
+        {"dataset_name: trl-lib/DeepMath-103K\n", NULL, "dataset", "\"d.jsonl\""},
+        {"reward_funcs: [think_format_reward, accuracy_reward, rewards.py:f]\n", NULL, "reward_funcs",
+         "[{\"type\": \"regex\", \"name\": \"think_format_reward\", \"pattern\": "
+         "\"^<think>(?!.*<think>)(.*?)</think>.*$\", \"flags\": \"s\"}, {\"type\": \"math\", \"name\": "
+         "\"accuracy_reward\", \"column\": \"solution\"}, \"rewards.py:f\"]"},
+        {"reward_funcs: [reasoning_accuracy_reward]\n", "trl.rewards.reasoning_accuracy_reward", NULL, NULL},
+        {"accelerator_config: {split_batches: false, dispatch_batches: null, even_batches: true, "
+         "use_seedable_sampler: true, non_blocking: false, gradient_accumulation_kwargs: null}\n",
+         NULL, "model", "\"m\""},
+        {"accelerator_config: {even_batches: false}\n", "accelerator_config.even_batches: false is not supported",
+         NULL, NULL},
+        {"reward_model_name_or_path: some/rm\n", "reward models are not supported yet", NULL, NULL},
+        {"fsdp: full_shard auto_wrap\n", "colt shards with ZeRO instead", NULL, NULL},
+    };
+    int before = g_checks;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TrainConfig c;
+        char err[ERR_LEN] = "";
+        base_config(&c);
+        int rc = train_config_load_text(&c, cases[i].yaml, strlen(cases[i].yaml), TRAIN_CONFIG_YAML, "t.yaml", err);
+        if (rc == 0) rc = train_config_finalize(&c, err);
+        if (cases[i].needle) {
+            CHECK(rc != 0 && strstr(err, cases[i].needle) && !strchr(err, '\n'), "'%s': rc %d, '%s' lacks '%s'",
+                  cases[i].yaml, rc, err, cases[i].needle);
+        } else {
+            json_t *want = json_loads(cases[i].want, JSON_DECODE_ANY, NULL), *got = rc == 0 ? value_of(&c, cases[i].key)
+                                                                                         : NULL;
+            char *g = got ? json_dumps(got, JSON_ENCODE_ANY) : NULL;
+            CHECK(rc == 0 && want && got &&
+                      (json_equal(want, got) || (json_is_number(want) && json_is_number(got) &&
+                                                 json_number_value(want) == json_number_value(got))),
+                  "'%s': rc %d (%s): %s is %s, want %s", cases[i].yaml, rc, err, cases[i].key, g ? g : "-",
+                  cases[i].want);
+            free(g);
+            json_decref(want), json_decref(got);
+        }
+        train_config_free(&c);
+    }
+    /* the rate min_lr gives, and a flag in trl grpo's form */
+    TrainConfig c;
+    char err[ERR_LEN] = "";
+    base_config(&c);
+    const char *yaml = "learning_rate: 2.0e-5\nlr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-6}\n";
+    int rc = train_config_load_text(&c, yaml, strlen(yaml), TRAIN_CONFIG_YAML, "t.yaml", err);
+    rc = rc ? rc : train_config_finalize(&c, err);
+    CHECK(rc == 0 && c.min_lr_rate == 1e-6 / 2e-5, "min_lr 1e-6 of 2e-5: min_lr_rate %.17g (%s)", c.min_lr_rate, err);
+    CHECK(train_config_set(&c, "reward_funcs", "think_format_reward", "command line", err) == 0 &&
+              json_array_size(c.reward_funcs) == 1 &&
+              !strcmp(json_string_value(json_object_get(json_array_get(c.reward_funcs, 0), "type")), "regex"),
+          "--reward_funcs think_format_reward: %s", err);
+    train_config_free(&c);
+    printf("TRL translations: %zu cases, %d checks\n", sizeof cases / sizeof cases[0], g_checks - before);
+}
+
 /* vllm_mode server and async_generation: accepted as TRL writes them, refused in one line where colt cannot. */
 static void test_server_mode_settings(void) {
     static const struct {
@@ -1301,6 +1415,7 @@ int main(void) {
     test_trl_messages();
     test_trl_colocate_config();
     test_server_mode_settings();
+    test_trl_translations();
     test_deepspeed_json();
     test_trl_doc();
     printf("%s: %d checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);

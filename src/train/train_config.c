@@ -1344,8 +1344,11 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
     } else if (k->type == KEY_JSON_LIST) {
         json_error_t jerr;
         v = json_loads(value, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
-        /* --report_to tensorboard, as transformers' parser takes it */
-        if (!v && k->offset == offsetof(TrainConfig, report_to) && value[0] != '[') v = scalar_to_json(value, false);
+        /* --report_to tensorboard, as transformers' parser takes it; --reward_funcs think_format_reward or
+         * rewards.py:f, as trl grpo's */
+        if (!v && (k->offset == offsetof(TrainConfig, report_to) || k->offset == offsetof(TrainConfig, reward_funcs)) &&
+            value[0] != '[' && value[0] != '{')
+            v = scalar_to_json(value, false);
         if (!v) return errorf(err, "%s: '%s' must be JSON (a list): %s", where, key, jerr.text);
     } else if (k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
         v = json_string(value); /* set_number reads the text itself, so errors quote it as typed ("1e18") */

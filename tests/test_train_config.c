@@ -1253,6 +1253,7 @@ static void test_trl_translations(void) {
     } cases[] = {
         {"save_strategy: \"no\"\nsave_steps: 500\n", NULL, "save_steps", "0"},
         {"save_strategy: steps\nsave_steps: 7\n", NULL, "save_steps", "7"},
+        {"save_strategy: no\nsave_steps: 500\n", NULL, "save_steps", "0"}, /* unquoted: YAML's false */
         {"save_strategy: best\n", "save_strategy 'best' is not supported", NULL, NULL},
         {"use_cpu: true\n", NULL, "device", "\"cpu\""},
         {"use_cpu: true\ndevice: cuda\n", "use_cpu: true asks for the CPU but device is cuda", NULL, NULL},

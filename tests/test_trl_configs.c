@@ -259,6 +259,28 @@ static void test_train_dumps(void) {
         json_decref(rows), json_decref(cfg);
         free(err);
     }
+    /* On a GPU machine: bf16: false alone trains with fp32 weights on the GPU (cuda_f32), and
+     * cast_lm_head_to_fp32 is refused where the weights would be bf16 (device auto) */
+    if (backend_gpu_count() > 0) {
+        char args[2048], dir[400], *err = NULL;
+        snprintf(dir, sizeof dir, "%s/dump_gpu", g_tmp);
+        snprintf(args, sizeof args, "--config " DATA "/grpo_config_bf16_false.json " TRAINER_ARGS " --output_dir dump_gpu");
+        int rc = colt_train(g_tmp, args, &err);
+        json_t *cfg = rc == 0 ? summary_config(dir) : NULL;
+        CHECK(rc == 0 && !strcmp(json_string_value(json_object_get(cfg, "device")), "cuda_f32"),
+              "bf16: false on a GPU: exit %d, device %s: %s", rc, json_string_value(json_object_get(cfg, "device")),
+              err ? err : "");
+        printf("  GPU: colt train --config grpo_config_bf16_false.json: exit %d, device %s\n", rc,
+               json_string_value(json_object_get(cfg, "device")));
+        json_decref(cfg), free(err);
+        rc = colt_train(g_tmp, "--config " DATA "/grpo_config_use_cpu.json " TRAINER_ARGS " --use_cpu false "
+                        "--cast_lm_head_to_fp32 true --output_dir dump_gpu2", &err);
+        CHECK(rc != 0 && err && strstr(err, "cast_lm_head_to_fp32: true is not supported with bf16 weights"),
+              "cast_lm_head_to_fp32 on bf16 GPU weights: exit %d: %s", rc, err ? err : "");
+        free(err);
+    } else {
+        printf("  no GPU: bf16: false -> cuda_f32 checked on GPU machines only\n");
+    }
     printf("GRPOConfig dumps train: %d checks\n", g_checks - before);
 }
 

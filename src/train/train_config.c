@@ -1681,7 +1681,9 @@ static int resolve_trl_switches(TrainConfig *c, char *err) {
         if (setting && set_from_json(c, find_key(setting), v, "settings: generation_kwargs", err) != 0)
             return COLT_ERR;
     }
-    if (c->save_strategy && strcmp(c->save_strategy, "no") == 0) c->save_steps = 0;
+    /* "no" unquoted is YAML's false: the same wish */
+    if (c->save_strategy && (strcmp(c->save_strategy, "no") == 0 || strcmp(c->save_strategy, "false") == 0))
+        c->save_steps = 0;
     else if (!c->save_strategy || strcmp(c->save_strategy, "steps") != 0)
         return errorf(err, "settings: save_strategy '%s' is not supported: use steps (a checkpoint every save_steps) "
                            "or no (none; the model is saved at the end)",

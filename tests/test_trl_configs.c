@@ -235,8 +235,10 @@ static void test_train_dumps(void) {
         char args[2048], dir[400], *err = NULL;
         snprintf(dir, sizeof dir, "%s/dump%d", g_tmp, i);
         /* use_cpu: true alone picks the CPU; bf16: false would take cuda_f32 on a GPU machine, so CI names the CPU */
+        /* the first also evaluates 3 prompts with num_generations_eval 2 (8 would be num_generations') */
         snprintf(args, sizeof args, "--config " DATA "/%s " TRAINER_ARGS " --output_dir dump%d%s", dumps[i], i,
-                 i == 1 ? " --device cpu" : "");
+                 i == 1 ? " --device cpu"
+                        : " --eval_dataset " DATA "/prompts.jsonl --num_eval_prompts 3 --num_generations_eval 2");
         double t0 = now_s();
         int rc = colt_train(g_tmp, args, &err);
         CHECK(rc == 0, "colt train --config %s: exit %d: %s", dumps[i], rc, err ? err : "");
@@ -253,6 +255,13 @@ static void test_train_dumps(void) {
                   json_integer_value(json_object_get(cfg, "save_steps")) == 500 &&
                   json_is_true(json_object_get(cfg, "gradient_checkpointing")),
               "%s: the run's config", dumps[i]);
+        if (i == 0) {
+            char *before_text = read_text(dir, "eval_before.jsonl"), *after_text = read_text(dir, "eval_after.jsonl");
+            CHECK(before_text && after_text && count_lines(before_text) == 6 && count_lines(after_text) == 6,
+                  "num_generations_eval 2 x 3 prompts: eval files of %d and %d lines, want 6",
+                  before_text ? count_lines(before_text) : -1, after_text ? count_lines(after_text) : -1);
+            free(before_text), free(after_text);
+        }
         printf("  colt train --config %s: exit %d, %.1f s, step 2 reward_std %.3g grad_norm %.3g\n", dumps[i], rc,
                now_s() - t0, json_number_value(json_object_get(last, "reward_std")),
                json_number_value(json_object_get(last, "grad_norm")));

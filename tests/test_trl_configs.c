@@ -11,6 +11,9 @@
  *     "no", generation_kwargs, shuffle_dataset false, null defaults) trains two
  *     steps: steps 1 and 2 logged, the learning rates transformers logs, the
  *     prompts in file order, no checkpoint, the sampling settings applied;
+ *   - the same YAML resumed from checkpoint-1 gives step 2's completions
+ *     again (the file order is rebuilt on resume); shuffle_dataset is in the
+ *     resume record (a change is refused; an older record resumes shuffled);
  *   - cosine_with_min_lr's learning rates against transformers' scheduler
  *     (min_lr_rate and min_lr), and think_format_reward against trl's function.
  * Not test_train_config (every key and range): this is whole files of TRL's. */
@@ -27,6 +30,7 @@
 #include "core/fileio.h"
 #include "data/dataset.h"
 #include "data/rewards.h"
+#include "train/checkpoint.h"
 #include "train/optim.h"
 #include "train/train_config.h"
 #include "harness.h"
@@ -371,6 +375,69 @@ static void test_train_trl_grpo_yaml(void) {
     printf("trl grpo YAML trains: %d checks\n", g_checks - before);
 }
 
+/* The completions of a step in dir's completions.jsonl, one per line, in file order. */
+static char *step_completions(const char *dir, long long step) {
+    char *text = read_text(dir, "completions.jsonl"), *out = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&out, &len);
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        json_t *row = json_loads(line, 0, NULL);
+        if (json_integer_value(json_object_get(row, "step")) == step) fprintf(mem, "%s\n", line);
+        json_decref(row);
+    }
+    fclose(mem);
+    free(text);
+    return out;
+}
+
+/* shuffle_dataset false survives a resume (the file order is rebuilt, not the
+ * seeded shuffle), and is part of the resume record: a resume that changes it
+ * is refused; a record from before the setting (no entry) resumes as shuffled. */
+static void test_resume_file_order(void) {
+    int before = g_checks;
+    char args[1536], *err = NULL;
+    const char *base = "--config tests/data/trl_configs/trl_grpo.yaml --model models/stories260K --log_completions_count 8";
+    snprintf(args, sizeof args, "%s --save_strategy steps --save_steps 1 --output_dir %s/r1", base, g_tmp);
+    int rc = colt_train(COLT_SOURCE_DIR, args, &err);
+    CHECK(rc == 0, "run with checkpoints: exit %d: %s", rc, err ? err : "");
+    free(err);
+    snprintf(args, sizeof args, "%s --resume_from_checkpoint %s/r1/checkpoint-1 --output_dir %s/r2", base, g_tmp, g_tmp);
+    rc = colt_train(COLT_SOURCE_DIR, args, &err);
+    CHECK(rc == 0, "resume: exit %d: %s", rc, err ? err : "");
+    free(err);
+    char dir1[400], dir2[400];
+    snprintf(dir1, sizeof dir1, "%s/r1", g_tmp);
+    snprintf(dir2, sizeof dir2, "%s/r2", g_tmp);
+    char *a = step_completions(dir1, 2), *b = step_completions(dir2, 2);
+    CHECK(a && b && count_lines(a) == 8 && strcmp(a, b) == 0, "step 2 after a resume: %d completions, %s the run's",
+          b ? count_lines(b) : -1, a && b && !strcmp(a, b) ? "equal to" : "unlike");
+    free(a), free(b);
+    snprintf(args, sizeof args, "%s --shuffle_dataset true --resume_from_checkpoint %s/r1/checkpoint-1 --output_dir %s/r3",
+             base, g_tmp, g_tmp);
+    rc = colt_train(COLT_SOURCE_DIR, args, &err);
+    CHECK(rc != 0 && err && strstr(err, "shuffle_dataset was false there, true here"),
+          "resume with shuffle_dataset changed: exit %d: %s", rc, err ? err : "");
+    free(err);
+    /* a record written before shuffle_dataset was recorded: resumes as shuffled, not as file order */
+    char *state = read_text(dir1, "checkpoint-1/trainer_state.json");
+    json_t *s = state ? json_loads(state, 0, NULL) : NULL, *record = json_object_get(s, "resume_record");
+    CHECK(record && json_object_get(json_object_get(record, "settings"), "shuffle_dataset"),
+          "checkpoint-1's resume record has no shuffle_dataset");
+    json_t *current = json_deep_copy(record), *old = json_deep_copy(record);
+    json_object_del(json_object_get(old, "settings"), "shuffle_dataset");
+    json_object_set_new(json_object_get(current, "settings"), "shuffle_dataset", json_true());
+    char cerr[ERR_LEN] = "";
+    CHECK(record && checkpoint_check_resume_record(old, current, "old", cerr) == 0, "older record, shuffled: %s", cerr);
+    json_object_set_new(json_object_get(current, "settings"), "shuffle_dataset", json_false());
+    CHECK(record && checkpoint_check_resume_record(old, current, "old", cerr) != 0 &&
+              strstr(cerr, "shuffle_dataset was (not recorded) there, false here"),
+          "older record, file order: %s", cerr);
+    printf("  resume keeps the file order (step 2 equal); a changed shuffle_dataset refused (%s)\n", cerr);
+    json_decref(s), json_decref(current), json_decref(old);
+    free(state);
+    printf("resume with shuffle_dataset false: %d checks\n", g_checks - before);
+}
+
 int main(void) {
     double t0 = now_s();
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_trl_configs_XXXXXX");
@@ -383,6 +450,7 @@ int main(void) {
     test_think_format();
     test_train_dumps();
     test_train_trl_grpo_yaml();
+    test_resume_file_order();
     if (!g_failures) sh("rm -rf %s", g_tmp);
     printf("%s: %d checks, %d failed (%.1f s)\n", g_failures ? "FAIL" : "OK", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;

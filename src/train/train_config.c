@@ -300,7 +300,7 @@ struct TrlKey {
 
 #define T_PRECISION                                                                                                  \
     "colt's precision follows device: on a GPU bf16 weights and compute with fp32 master weights, gradients and " \
-    "AdamW moments (device cuda_f32: fp32 throughout), on the CPU fp32"
+    "AdamW moments (bf16: false or device cuda_f32: fp32 throughout), on the CPU fp32"
 #define T_FP16 T_PRECISION "; fp16 is not supported: use bf16"
 #define T_COMPILE \
     "colt runs its own compiled C/CUDA kernels (fused where it pays): there is nothing to compile or swap in"
@@ -320,7 +320,9 @@ struct TrlKey {
 #define T_PEFT_ONLY "colt's LoRA adapts the linear layers of every decoder block (lora_target_modules)"
 #define T_QUANT "quantized loading (bitsandbytes) is not supported: colt trains the model's full-precision weights"
 #define T_BNB "used only with load_in_4bit or load_in_8bit, which colt does not support"
-#define T_SHUFFLE "colt shuffles the prompts every epoch with seed"
+#define T_SAMPLER \
+    "TRL's GRPO sampler (RepeatSampler) ignores it: it shuffles the prompts with seed when shuffle_dataset is true, " \
+    "as colt does"
 #define T_COMPLETIONS \
     "colt writes every completion to output_dir/completions.jsonl and prints log_completions_count of them at each " \
     "logging step"
@@ -504,7 +506,7 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("restore_callback_states_from_checkpoint", "colt has no callbacks"),
     ONLY("full_determinism", "false",
          "for reproducible runs colt has seed and deterministic (batch-invariant kernels, on by default for bf16)"),
-    ONLY("data_seed", "null", T_SHUFFLE),
+    NOOP("data_seed", T_SAMPLER),
     APPLY("accelerator_config", apply_accelerator_config,
           "accepted: null, {} or Accelerate's default object (what GRPOConfig().to_dict() holds), with a notice: colt "
           "launches and synchronises its processes itself; other values are refused"),
@@ -519,8 +521,8 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("remove_unused_columns",
               "colt passes every dataset column to the reward functions (TRL's default false)"),
     ONLY("label_names", "null []", "GRPO has no labels"),
-    ONLY("train_sampling_strategy", "random", T_SHUFFLE),
-    NOOP("length_column_name", T_SHUFFLE),
+    NOOP("train_sampling_strategy", T_SAMPLER),
+    NOOP("length_column_name", T_SAMPLER),
     BOOL_NOOP("ddp_find_unused_parameters", T_DIST),
     BOOL_NOOP("ddp_broadcast_buffers", T_DIST),
     BOOL_NOOP("ddp_static_graph", T_DIST),
@@ -599,7 +601,7 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
     ONLY("evaluation_strategy", "no steps", T_EVAL),
-    ONLY("group_by_length", "false", T_SHUFFLE),
+    BOOL_NOOP("group_by_length", T_SAMPLER),
     ONLY("no_cuda", "false", "choose the device with device: cpu"),
     ONLY("use_mps_device", "false", "colt runs on NVIDIA GPUs (device cuda) or on the CPU"),
     ONLY("save_safetensors", "true null", "colt saves safetensors"),

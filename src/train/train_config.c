@@ -276,6 +276,8 @@ static const ConfigKey KEYS[] = {
  *     load with one notice line saying why; any other value is refused as a
  *     known setting colt does not support (yet). The text serves both: what
  *     colt does, and what to do instead.
+ *   - translated (apply): a function turns the value into colt's settings
+ *     (datasets -> dataset), adds a notice, or refuses it in one line.
  * Values are YAML scalars (true, null, 1, none) compared as loaded (numbers by
  * value, strings ignoring case), or [] and {} (empty), or [x] (a list of x),
  * or "" (the empty string). test_train_config checks that every key of the

@@ -3,12 +3,15 @@
  * Defaults are TRL 1.x's. An unknown key, a key given twice in one file, and a
  * value outside its key's range are errors naming the key. The other keys of
  * TRL's GRPOConfig, transformers' TrainingArguments and TRL's ModelConfig are
- * known too (docs/trl_config.md): a TRL name for a colt setting sets it
- * (model_name_or_path), a value that changes nothing in colt is accepted with
- * one notice line, any other value is refused saying what to do instead. Derived values
- * (epsilon_high, steps_per_generation, generation_batch_size) are resolved
- * and checked by train_config_finalize. Not the trainer: nothing here opens a
- * model or a dataset. */
+ * known too, and those of the `trl grpo` command (docs/trl_config.md): a TRL
+ * name for a colt setting sets it (model_name_or_path), a TRL key colt
+ * translates sets colt's settings (bf16: false -> cuda_f32, datasets ->
+ * dataset, reward names -> reward specs), a value that changes nothing in colt
+ * is accepted with one notice line, any other value is refused saying what to
+ * do instead; TRL's null (None) means the default where TRL allows it. Derived values (epsilon_high,
+ * steps_per_generation, generation_batch_size, device, min_lr_rate) are
+ * resolved and checked by train_config_finalize. Not the trainer: nothing here
+ * opens a model or a dataset. */
 #ifndef COLT_TRAIN_TRAIN_CONFIG_H
 #define COLT_TRAIN_TRAIN_CONFIG_H
 

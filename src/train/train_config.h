@@ -8,10 +8,10 @@
  * translates sets colt's settings (bf16: false -> cuda_f32, datasets ->
  * dataset, reward names -> reward specs), a value that changes nothing in colt
  * is accepted with one notice line, any other value is refused saying what to
- * do instead; TRL's null (None) means the default where TRL allows it. Derived values (epsilon_high,
- * steps_per_generation, generation_batch_size, device, min_lr_rate) are
- * resolved and checked by train_config_finalize. Not the trainer: nothing here
- * opens a model or a dataset. */
+ * do instead; TRL's null (None) means the default where TRL allows it.
+ * Derived values (epsilon_high, steps_per_generation, generation_batch_size,
+ * device, min_lr_rate) are resolved and checked by train_config_finalize. Not
+ * the trainer: nothing here opens a model or a dataset. */
 #ifndef COLT_TRAIN_TRAIN_CONFIG_H
 #define COLT_TRAIN_TRAIN_CONFIG_H
 

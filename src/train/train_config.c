@@ -63,7 +63,8 @@ typedef struct ConfigKey {
 #define KD_NULL(key, lo, e, hi, h)                                                                                   \
     {.name = #key, .type = KEY_DOUBLE, .offset = offsetof(TrainConfig, key), .help = h, .min = lo, .max = hi,    \
      .ends = e, .nullable = true}
-#define KB_NULL(key, h) {.name = #key, .type = KEY_BOOL, .offset = offsetof(TrainConfig, key), .help = h, .nullable = true}
+#define KB_NULL(key, h) \
+    {.name = #key, .type = KEY_BOOL, .offset = offsetof(TrainConfig, key), .help = h, .nullable = true}
 /* Ranges: the meaningful interval where there is one (betas, probabilities,
  * fractions); elsewhere a cap no run meets that keeps the value finite as a
  * float and every product of train_config.h's list inside int. Temperature
@@ -351,8 +352,9 @@ static bool is_json_file_name(const char *path) {
 static int apply_accelerator_config(TrainConfig *c, const TrlKey *t, const json_t *v, const char *where, char *err) {
     static const struct {
         const char *key, *value; /* the default, as JSON */
-    } defaults[] = {{"split_batches", "false"},         {"dispatch_batches", "null"}, {"even_batches", "true"},
-                    {"use_seedable_sampler", "true"},   {"non_blocking", "false"},   {"gradient_accumulation_kwargs", "null"},
+    } defaults[] = {{"split_batches", "false"},       {"dispatch_batches", "null"},
+                    {"even_batches", "true"},         {"use_seedable_sampler", "true"},
+                    {"non_blocking", "false"},        {"gradient_accumulation_kwargs", "null"},
                     {"use_configured_state", "false"}};
     if (!json_is_null(v) && !json_is_object(v))
         return errorf(err, "%s: accelerator_config must be a mapping (Accelerate's options) or null", where);
@@ -406,11 +408,11 @@ static int apply_datasets(TrainConfig *c, const TrlKey *t, const json_t *v, cons
     const char *key;
     json_t *value;
     json_object_foreach((json_t *)d, key, value) {
+        bool is_train = json_is_string(value) && !strcmp(json_string_value(value), "train");
         bool harmless = !strcmp(key, "path") || !strcmp(key, "data_files") || !strcmp(key, "fraction") ||
                         ((!strcmp(key, "name") || !strcmp(key, "data_dir") || !strcmp(key, "columns")) &&
                          json_is_null(value)) ||
-                        (!strcmp(key, "split") && (json_is_null(value) || (json_is_string(value) &&
-                                                                           !strcmp(json_string_value(value), "train"))));
+                        (!strcmp(key, "split") && (json_is_null(value) || is_train));
         if (!harmless) {
             char text[80];
             value_text(text, sizeof text, value);
@@ -1088,8 +1090,9 @@ static int translate_trl_rewards(TrainConfig *c, const char *where, char *err) {
             json_decref(c->reward_funcs);
             c->reward_funcs = NULL;
             return errorf(err, "%s: reward_funcs: %s is not built into colt: %s", where, s,
-                          s[0] == 'r' ? "run TRL's own function through Python with trl.rewards.reasoning_accuracy_reward"
-                                      : "write it as a Python reward function (rewards.py:FUNCTION, docs/rewards.md)");
+                          s[0] == 'r'
+                              ? "run TRL's own function through Python with trl.rewards.reasoning_accuracy_reward"
+                              : "write it as a Python reward function (rewards.py:FUNCTION, docs/rewards.md)");
         }
         if (spec) json_array_set_new(c->reward_funcs, i, spec);
     }

@@ -1255,6 +1255,11 @@ static void test_trl_translations(void) {
         {"save_strategy: steps\nsave_steps: 7\n", NULL, "save_steps", "7"},
         {"save_strategy: no\nsave_steps: 500\n", NULL, "save_steps", "0"}, /* unquoted: YAML's false */
         {"save_strategy: best\n", "save_strategy 'best' is not supported", NULL, NULL},
+        {"eval_strategy: steps\nlogging_steps: 4\neval_steps: null\n", NULL, "eval_steps", "4"},
+        {"eval_strategy: steps\nlogging_steps: 4\neval_steps: 6\n", NULL, "eval_steps", "6"},
+        {"eval_strategy: no\nlogging_steps: 4\n", NULL, "eval_steps", "0"},
+        {"evaluation_strategy: steps\nlogging_steps: 3\n", NULL, "eval_steps", "3"},
+        {"eval_strategy: epoch\n", "eval_strategy 'epoch' is not supported", NULL, NULL},
         {"use_cpu: true\n", NULL, "device", "\"cpu\""},
         {"use_cpu: true\ndevice: cuda\n", "use_cpu: true asks for the CPU but device is cuda", NULL, NULL},
         {"bf16: false\ndevice: cuda_f32\n", NULL, "device", "\"cuda_f32\""},

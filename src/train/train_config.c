@@ -212,6 +212,9 @@ static const ConfigKey KEYS[] = {
                                  "saved at the end either way"),
     KI_NULL(save_total_limit, 0, STEPS, "keep at most N checkpoints (0 = all)"),
     KI_NULL(eval_steps, 0, STEPS, "evaluate on eval_dataset every N steps (0 or null = only before and after)"),
+    K(eval_strategy, KEY_STRING,
+      "no, or steps (transformers': with eval_steps 0 or null, every logging_steps steps); eval_dataset is scored "
+      "before and after training either way"),
     KI(num_eval_prompts, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "eval prompts used (0 = all)"),
     KI(log_completions_count, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "sample completions printed and saved per logging step"),
     K(report_to, KEY_JSON_LIST,
@@ -480,7 +483,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("trackio_space_id", T_TRACKERS),
     NOOP("trackio_bucket_id", T_TRACKERS),
     NOOP("trackio_static_space_id", T_TRACKERS),
-    ONLY("eval_strategy", "no steps", T_EVAL),
     ONLY("eval_delay", "0", T_EVAL),
     NOOP("per_device_eval_batch_size",
          "colt's evaluation generates in batches of its own; the score does not depend on them"),
@@ -604,7 +606,7 @@ static const TrlKey TRL_KEYS[] = {
     ONLY("vllm_guided_decoding_regex", "null", "regex-guided generation is not supported"),
     NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
-    ONLY("evaluation_strategy", "no steps", T_EVAL),
+    ALIAS("evaluation_strategy", "eval_strategy"),
     BOOL_NOOP("group_by_length", T_SAMPLER),
     ONLY("no_cuda", "false", "choose the device with device: cpu"),
     ONLY("use_mps_device", "false", "colt runs on NVIDIA GPUs (device cuda) or on the CPU"),
@@ -698,6 +700,7 @@ void train_config_defaults(TrainConfig *c) {
     c->device = xstrdup("auto");
     c->bf16 = true;
     c->save_strategy = xstrdup("steps");
+    c->eval_strategy = xstrdup("no");
     c->ddp_timeout = 600;
     c->ddp_bucket_cap_mb = 25;
     c->tensor_parallel_size = 1;
@@ -1695,6 +1698,13 @@ static int resolve_trl_switches(TrainConfig *c, char *err) {
         return errorf(err, "settings: save_strategy '%s' is not supported: use steps (a checkpoint every save_steps) "
                            "or no (none; the model is saved at the end)",
                       c->save_strategy ? c->save_strategy : "null");
+    /* "no" unquoted is YAML's false */
+    bool eval_no = c->eval_strategy && (!strcmp(c->eval_strategy, "no") || !strcmp(c->eval_strategy, "false"));
+    if (c->eval_strategy && !strcmp(c->eval_strategy, "steps")) {
+        if (c->eval_steps == 0) c->eval_steps = c->logging_steps;
+    } else if (!eval_no)
+        return errorf(err, "settings: eval_strategy '%s' is not supported: use steps (eval_steps) or no",
+                      c->eval_strategy ? c->eval_strategy : "null");
     const char *dev = c->device ? c->device : "auto";
     if (c->use_cpu) {
         if (strcmp(dev, "cpu") != 0 && strcmp(dev, "auto") != 0)

@@ -1257,7 +1257,8 @@ static void test_trl_translations(void) {
         {"save_strategy: best\n", "save_strategy 'best' is not supported", NULL, NULL},
         {"eval_strategy: steps\nlogging_steps: 4\neval_steps: null\n", NULL, "eval_steps", "4"},
         {"eval_strategy: steps\nlogging_steps: 4\neval_steps: 6\n", NULL, "eval_steps", "6"},
-        {"eval_strategy: no\nlogging_steps: 4\n", NULL, "eval_steps", "0"},
+        {"eval_strategy: no\nlogging_steps: 4\neval_steps: 5\n", NULL, "eval_steps", "0"},
+        {"eval_steps: 5\n", NULL, "eval_steps", "5"}, /* colt's own configs: eval_strategy unset */
         {"evaluation_strategy: steps\nlogging_steps: 3\n", NULL, "eval_steps", "3"},
         {"eval_strategy: epoch\n", "eval_strategy 'epoch' is not supported", NULL, NULL},
         {"use_cpu: true\n", NULL, "device", "\"cpu\""},

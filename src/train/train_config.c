@@ -213,7 +213,8 @@ static const ConfigKey KEYS[] = {
     KI_NULL(save_total_limit, 0, STEPS, "keep at most N checkpoints (0 = all)"),
     KI_NULL(eval_steps, 0, STEPS, "evaluate on eval_dataset every N steps (0 or null = only before and after)"),
     K(eval_strategy, KEY_STRING,
-      "no, or steps (transformers': with eval_steps 0 or null, every logging_steps steps); eval_dataset is scored "
+      "transformers' switch: steps (with eval_steps 0 or null: every logging_steps steps) or no (no scoring "
+      "between the first and last: eval_steps 0); unset (null): eval_steps alone decides. eval_dataset is scored "
       "before and after training either way"),
     KI(num_eval_prompts, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "eval prompts used (0 = all)"),
     KI(log_completions_count, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "sample completions printed and saved per logging step"),
@@ -700,7 +701,6 @@ void train_config_defaults(TrainConfig *c) {
     c->device = xstrdup("auto");
     c->bf16 = true;
     c->save_strategy = xstrdup("steps");
-    c->eval_strategy = xstrdup("no");
     c->ddp_timeout = 600;
     c->ddp_bucket_cap_mb = 25;
     c->tensor_parallel_size = 1;
@@ -1698,13 +1698,15 @@ static int resolve_trl_switches(TrainConfig *c, char *err) {
         return errorf(err, "settings: save_strategy '%s' is not supported: use steps (a checkpoint every save_steps) "
                            "or no (none; the model is saved at the end)",
                       c->save_strategy ? c->save_strategy : "null");
-    /* "no" unquoted is YAML's false */
-    bool eval_no = c->eval_strategy && (!strcmp(c->eval_strategy, "no") || !strcmp(c->eval_strategy, "false"));
+    /* eval_strategy as transformers reads it ("no" unquoted is YAML's false); unset, colt's eval_steps decides */
     if (c->eval_strategy && !strcmp(c->eval_strategy, "steps")) {
         if (c->eval_steps == 0) c->eval_steps = c->logging_steps;
-    } else if (!eval_no)
+    } else if (c->eval_strategy && (!strcmp(c->eval_strategy, "no") || !strcmp(c->eval_strategy, "false"))) {
+        c->eval_steps = 0;
+    } else if (c->eval_strategy) {
         return errorf(err, "settings: eval_strategy '%s' is not supported: use steps (eval_steps) or no",
-                      c->eval_strategy ? c->eval_strategy : "null");
+                      c->eval_strategy);
+    }
     const char *dev = c->device ? c->device : "auto";
     if (c->use_cpu) {
         if (strcmp(dev, "cpu") != 0 && strcmp(dev, "auto") != 0)

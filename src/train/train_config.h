@@ -145,7 +145,7 @@ typedef struct TrainConfig {
      * weights are bf16. */
     bool bf16, use_cpu, cast_lm_head_to_fp32;
     char *save_strategy;     /* "steps", or "no": save_steps becomes 0 */
-    char *eval_strategy;     /* "no", or "steps": eval_steps 0 becomes logging_steps (transformers') */
+    char *eval_strategy;     /* NULL; "no": eval_steps 0; "steps": eval_steps 0 becomes logging_steps (transformers') */
     /* Not a setting: the `trl grpo` dataset_name when it is not a local file
      * (a Hub name), for train_config_finalize's message or notice. */
     char *dataset_name;

@@ -1262,6 +1262,7 @@ static void test_trl_translations(void) {
         {"evaluation_strategy: steps\nlogging_steps: 3\n", NULL, "eval_steps", "3"},
         {"eval_strategy: epoch\n", "eval_strategy 'epoch' is not supported", NULL, NULL},
         {"use_cpu: true\n", NULL, "device", "\"cpu\""},
+        {"no_cuda: true\n", NULL, "device", "\"cpu\""},
         {"use_cpu: true\ndevice: cuda\n", "use_cpu: true asks for the CPU but device is cuda", NULL, NULL},
         {"bf16: false\ndevice: cuda_f32\n", NULL, "device", "\"cuda_f32\""},
         {"bf16: false\ndevice: cuda\n", "bf16: false asks for fp32 weights", NULL, NULL},

@@ -609,7 +609,7 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
     ALIAS("evaluation_strategy", "eval_strategy"),
     BOOL_NOOP("group_by_length", T_SAMPLER),
-    ONLY("no_cuda", "false", "choose the device with device: cpu"),
+    ALIAS("no_cuda", "use_cpu"), /* transformers' older name */
     ONLY("use_mps_device", "false", "colt runs on NVIDIA GPUs (device cuda) or on the CPU"),
     ONLY("save_safetensors", "true null", "colt saves safetensors"),
     BOOL_NOOP("use_liger_loss", T_COMPILE),

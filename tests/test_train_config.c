@@ -1283,6 +1283,8 @@ static void test_trl_translations(void) {
         {"generation_kwargs: {top_p: 2}\n", "generation_kwargs: top_p: 2 is out of range", NULL, NULL},
         {"generation_kwargs: {do_sample: false}\n", "generation_kwargs.do_sample: false is not supported", NULL, NULL},
         {"generation_kwargs: {n: 2}\n", "generation_kwargs.n: 2 is not supported", NULL, NULL},
+        {"generation_kwargs: {num_beams: 4}\n", "generation_kwargs.num_beams: 4 is not supported", NULL, NULL},
+        {"generation_kwargs: {num_beams: 1, use_cache: true, logprobs: 0, top_k: 7}\n", NULL, "top_k", "7"},
         /* cosine_with_min_lr's kwargs, as transformers reads them */
         {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-7}\n", NULL, "lr_scheduler_type",
          "\"cosine_with_min_lr\""},

@@ -115,8 +115,9 @@ static const ConfigKey KEYS[] = {
     KD(repetition_penalty, KEY_DOUBLE, 1e-3, RANGE_CLOSED, 100, "repetition penalty (1 = off)"),
     K(generation_kwargs, KEY_JSON_OBJECT,
       "TRL's sampling arguments, which override the settings above: temperature, top_p, top_k, min_p, "
-      "repetition_penalty, max_tokens or max_new_tokens (max_completion_length); do_sample: true and "
-      "skip_special_tokens: true change nothing; other keys are refused"),
+      "repetition_penalty, max_tokens or max_new_tokens (max_completion_length); do_sample: true, num_beams: 1, "
+      "skip_special_tokens: true and output options (logprobs, use_cache, ...) change nothing; other keys are "
+      "refused"),
     KD(beta, KEY_DOUBLE, 0, RANGE_CLOSED, 1000,
        "KL coefficient against the frozen initial model (0 = no reference model)"),
     KD(epsilon, KEY_DOUBLE, 0, RANGE_CLOSED, 1000, "lower clipping epsilon"),
@@ -1113,18 +1114,30 @@ static const char *generation_kwarg_setting(const char *key) {
 }
 
 /* generation_kwargs: a key colt's sampler has, or one whose value changes
- * nothing (do_sample: true, skip_special_tokens: true: what colt does). Any
- * other would change the completions, so it is refused; a refused object
- * leaves the key unset. */
+ * nothing in the completions (what colt does anyway: sampling, no beams,
+ * special tokens dropped from the text; or output options of HF's generate and
+ * vLLM that do not touch the tokens drawn). Any other would change the
+ * completions, so it is refused; a refused object leaves the key unset. */
 static int check_generation_kwargs(TrainConfig *c, const char *where, char *err) {
+    static const struct {
+        const char *key, *value; /* the value that changes nothing, as JSON; NULL: any */
+    } harmless[] = {{"do_sample", "true"},   {"skip_special_tokens", "true"}, {"detokenize", "true"},
+                    {"num_beams", "1"},      {"use_cache", NULL},             {"logprobs", NULL},
+                    {"output_scores", NULL}, {"output_logits", NULL},         {"return_dict_in_generate", NULL}};
     const char *key;
     json_t *v;
     json_object_foreach(c->generation_kwargs, key, v) {
         if (generation_kwarg_setting(key)) continue;
-        if ((strcmp(key, "do_sample") == 0 || strcmp(key, "skip_special_tokens") == 0) && json_is_true(v)) {
+        size_t h = 0, n = sizeof harmless / sizeof harmless[0];
+        while (h < n && strcmp(harmless[h].key, key) != 0) h++;
+        json_t *want = h < n && harmless[h].value ? json_loads(harmless[h].value, JSON_DECODE_ANY, NULL) : NULL;
+        bool noop = h < n && (!harmless[h].value || (want && json_equal(want, v)));
+        json_decref(want);
+        if (noop) {
             char name[96];
             snprintf(name, sizeof name, "generation_kwargs.%s", key);
-            add_notice(c, name, v, "colt samples, and decodes completions without special tokens", where);
+            add_notice(c, name, v, "colt samples one token at a time (no beams) and decodes completions without "
+                                   "special tokens; output options do not change what is drawn", where);
             continue;
         }
         char text[80];

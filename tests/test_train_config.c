@@ -1351,6 +1351,17 @@ static void test_trl_translations(void) {
         }
         train_config_free(&c);
     }
+    /* use_cpu: true sets device cpu when read, before finalize (colt train counts its processes from device) */
+    {
+        TrainConfig u;
+        char uerr[ERR_LEN] = "";
+        train_config_defaults(&u);
+        const char *text = "use_cpu: true\ndevice: auto\n";
+        CHECK(train_config_load_text(&u, text, strlen(text), TRAIN_CONFIG_YAML, "t.yaml", uerr) == 0 &&
+                  !strcmp(u.device, "cpu"),
+              "use_cpu: true, device: auto: device %s before finalize (%s)", u.device, uerr);
+        train_config_free(&u);
+    }
     /* the rate min_lr gives, and a flag in trl grpo's form */
     TrainConfig c;
     char err[ERR_LEN] = "";

@@ -1216,6 +1216,13 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, deterministic)) c->deterministic_set = true;
+    /* use_cpu: true picks the CPU as soon as it is read (with device auto): colt train counts the processes to
+     * start from device before it finalizes */
+    if (rc == COLT_OK && c->use_cpu && c->device && strcmp(c->device, "auto") == 0 &&
+        (k->offset == offsetof(TrainConfig, use_cpu) || k->offset == offsetof(TrainConfig, device))) {
+        free(c->device);
+        c->device = xstrdup("cpu");
+    }
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, zero_stage)) c->zero_stage_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, offload_optimizer)) c->offload_set = true;
     if (rc == COLT_OK && k->notice) add_notice(c, k->name, v, k->notice, where);

@@ -11,6 +11,8 @@
  *     "no", generation_kwargs, shuffle_dataset false, null defaults) trains two
  *     steps: steps 1 and 2 logged, the learning rates transformers logs, the
  *     prompts in file order, no checkpoint, the sampling settings applied;
+ *   - `trl grpo`'s command line (dataset_name, several reward names after one
+ *     flag, a bare --use_cpu) trains a step;
  *   - the same YAML resumed from checkpoint-1 gives step 2's completions
  *     again (the file order is rebuilt on resume); shuffle_dataset is in the
  *     resume record (a change is refused; an older record resumes shuffled);
@@ -375,6 +377,33 @@ static void test_train_trl_grpo_yaml(void) {
     printf("trl grpo YAML trains: %d checks\n", g_checks - before);
 }
 
+/* The `trl grpo` command line as TRL's docs write it (model_name_or_path,
+ * dataset_name, reward_funcs with several names after one flag, use_cpu
+ * alone meaning true), on colt train. */
+static void test_trl_grpo_flags(void) {
+    int before = g_checks;
+    char args[1024], dir[400], *err = NULL;
+    snprintf(dir, sizeof dir, "%s/flags", g_tmp);
+    snprintf(args, sizeof args, "--model_name_or_path models/stories260K --dataset_name tests/data/trl_configs/prompts.jsonl "
+                                "--reward_funcs think_format_reward accuracy_reward --output_dir %s --use_cpu "
+                                "--max_steps 1 --max_completion_length 8 --per_device_train_batch_size 4 "
+                                "--num_generations 4 --logging_steps 1", dir);
+    int rc = colt_train(COLT_SOURCE_DIR, args, &err);
+    CHECK(rc == 0, "colt train with trl grpo's flags: exit %d: %s", rc, err ? err : "");
+    json_t *cfg = rc == 0 ? summary_config(dir) : NULL, *funcs = json_object_get(cfg, "reward_funcs");
+    CHECK(json_array_size(funcs) == 2 &&
+              !strcmp(json_string_value(json_object_get(json_array_get(funcs, 0), "name")), "think_format_reward") &&
+              !strcmp(json_string_value(json_object_get(json_array_get(funcs, 1), "name")), "accuracy_reward") &&
+              !strcmp(json_string_value(json_object_get(cfg, "device")), "cpu") &&
+              !strcmp(json_string_value(json_object_get(cfg, "dataset")), "tests/data/trl_configs/prompts.jsonl"),
+          "trl grpo's flags: reward_funcs, device, dataset as given");
+    printf("  colt train --model_name_or_path ... --dataset_name ... --reward_funcs think_format_reward "
+           "accuracy_reward --use_cpu: exit %d, %zu reward functions\n", rc, json_array_size(funcs));
+    json_decref(cfg);
+    free(err);
+    printf("trl grpo flags: %d checks\n", g_checks - before);
+}
+
 /* The completions of a step in dir's completions.jsonl, one per line, in file order. */
 static char *step_completions(const char *dir, long long step) {
     char *text = read_text(dir, "completions.jsonl"), *out = NULL;
@@ -450,6 +479,7 @@ int main(void) {
     test_think_format();
     test_train_dumps();
     test_train_trl_grpo_yaml();
+    test_trl_grpo_flags();
     test_resume_file_order();
     if (!g_failures) sh("rm -rf %s", g_tmp);
     printf("%s: %d checks, %d failed (%.1f s)\n", g_failures ? "FAIL" : "OK", g_checks, g_failures, now_s() - t0);

@@ -1346,6 +1346,13 @@ bool train_config_key_is_bool(const char *key) {
     return is_bool;
 }
 
+bool train_config_key_is_list(const char *key) {
+    const TrlKey *t = find_trl_key(key);
+    if (t && t->alias) key = t->alias;
+    const ConfigKey *k = find_key(key);
+    return k && k->type == KEY_JSON_LIST;
+}
+
 void train_config_print_notices(const TrainConfig *c) {
     const char *key;
     json_t *line;

@@ -241,4 +241,9 @@ TrainKeyClass train_config_describe_key(char *text, size_t n, const char *key);
  * means true (as transformers' HfArgumentParser reads it). */
 bool train_config_key_is_bool(const char *key);
 
+/* True when a key takes a list (reward_funcs, report_to, ...), so that
+ * `--key a b` on the command line means [a, b] (HfArgumentParser's nargs, as
+ * `trl grpo --reward_funcs accuracy_reward think_format_reward` writes it). */
+bool train_config_key_is_list(const char *key);
+
 #endif

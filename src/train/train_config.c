@@ -518,7 +518,9 @@ static const TrlKey TRL_KEYS[] = {
     APPLY("accelerator_config", apply_accelerator_config,
           "accepted: null, {} or Accelerate's default object (what GRPOConfig().to_dict() holds), with a notice: colt "
           "launches and synchronises its processes itself; other values are refused"),
-    ONLY("parallelism_config", "null", T_SHARDING),
+    ONLY("parallelism_config", "null",
+         "Accelerate's ParallelismConfig is not read: colt's parallelism is tensor_parallel_size, zero_stage and the "
+         "processes it starts (one per GPU); remove the setting and set those"),
     BOOL_NOOP("dataloader_drop_last", "colt, as TRL's sampler, uses whole generation rounds only"),
     NOOP("dataloader_num_workers", T_LOADER),
     BOOL_NOOP("dataloader_pin_memory", T_LOADER),

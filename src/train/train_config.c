@@ -2035,8 +2035,10 @@ void train_config_print_help(void *fp) {
     fprintf(fp, "  (ranges keep every batch and length product far inside 32-bit arithmetic; batch x (prompt + "
                 "completion length) and generation_batch_size x (prompt + completion length) are at most %d tokens)\n",
             TRAIN_CONFIG_MAX_TOKENS);
-    fprintf(fp, "  (the other keys of TRL's GRPOConfig, transformers' TrainingArguments and TRL's ModelConfig are known: "
-                "model_name_or_path sets model, a value that changes nothing in colt loads with a notice, others are "
-                "refused saying what to do instead; docs/trl_config.md lists them)\n");
+    fprintf(fp, "  (the other keys of TRL's GRPOConfig, transformers' TrainingArguments, TRL's ModelConfig and the trl "
+                "grpo command are known: model_name_or_path sets model, datasets and dataset_name a local file set "
+                "dataset, a value that changes nothing in colt loads with a notice, others are refused saying what to "
+                "do instead; TRL's null is the default; a list setting takes several words (--reward_funcs a b); "
+                "docs/trl_config.md lists them)\n");
     train_config_free(&d);
 }

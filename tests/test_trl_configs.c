@@ -5,7 +5,8 @@
  *     the bf16=False dump load as they are: every honoured key holds the
  *     dump's value (null: colt's default, as TRL's None), every alias sets its
  *     target, every other key leaves one notice line; then two training steps
- *     on stories260K from each dump;
+ *     on stories260K from each dump; TRL's paper-index recipes (DAPO, Dr.
+ *     GRPO, GSPO) load the same way, GSPO's trains;
  *   - a `trl grpo --config` YAML (datasets, reward_funcs short names,
  *     logging_first_step, cosine_with_min_lr with min_lr_rate, save_strategy
  *     "no", generation_kwargs, shuffle_dataset false, null defaults) trains two
@@ -58,8 +59,9 @@ static bool same_value(const json_t *a, const json_t *b) {
 /* ---------------------------------------------------------------- the dumps load */
 
 /* Loads a dump the way `colt train --config FILE` does, with TRL's trainer
- * arguments as flags, and checks every key of it (dump: the same file's JSON). */
-static void check_dump(const char *file, const json_t *dump, const char *device_want) {
+ * arguments as flags, and checks every key of it (dump: the same file's JSON);
+ * trl_defaults: the dump is GRPOConfig's defaults, whose derived values are known. */
+static void check_dump(const char *file, const json_t *dump, const char *device_want, bool trl_defaults) {
     TrainConfig c, d;
     char err[ERR_LEN] = "";
     train_config_defaults(&c);
@@ -101,9 +103,10 @@ static void check_dump(const char *file, const json_t *dump, const char *device_
     for (int i = 0; i < 3 && rc == 0; i++) rc = train_config_set(&c, flags[i][0], flags[i][1], "command line", err);
     rc = rc ? rc : train_config_finalize(&c, err);
     CHECK(rc == 0, "%s finalize: %s", file, err);
-    CHECK(rc != 0 || (strcmp(c.device, device_want) == 0 && c.generation_batch_size == 8 &&
-                      c.steps_per_generation == 1 && c.max_completion_length == 512 && c.eval_steps == 0 &&
-                      c.ddp_bucket_cap_mb == 25 && c.min_p == 0 && c.epsilon_high == 0.2 && c.gradient_checkpointing),
+    CHECK(rc != 0 || (strcmp(c.device, device_want) == 0 &&
+                      (!trl_defaults || (c.generation_batch_size == 8 && c.steps_per_generation == 1 &&
+                                     c.max_completion_length == 512 && c.eval_steps == 0 && c.ddp_bucket_cap_mb == 25 &&
+                                     c.min_p == 0 && c.epsilon_high == 0.2 && c.gradient_checkpointing))),
           "%s: device %s (want %s), generation_batch_size %d, steps_per_generation %d, max_completion_length %d", file,
           c.device, device_want, c.generation_batch_size, c.steps_per_generation, c.max_completion_length);
     printf("  %s: %zu keys: %d honoured, %d aliases, %d with a notice; device %s\n", file + strlen(DATA) + 1,
@@ -117,11 +120,20 @@ static void test_dumps_load(void) {
     json_t *use_cpu = load_json(DATA "/grpo_config_use_cpu.json"), *bf16 = load_json(DATA "/grpo_config_bf16_false.json");
     CHECK(json_object_size(use_cpu) >= 190 && json_is_true(json_object_get(use_cpu, "use_cpu")),
           "grpo_config_use_cpu.json: %zu keys", json_object_size(use_cpu));
-    check_dump(DATA "/grpo_config_use_cpu.json", use_cpu, "cpu");
-    check_dump(DATA "/grpo_config_use_cpu.yaml", use_cpu, "cpu"); /* the YAML of the same dict */
+    check_dump(DATA "/grpo_config_use_cpu.json", use_cpu, "cpu", true);
+    check_dump(DATA "/grpo_config_use_cpu.yaml", use_cpu, "cpu", true); /* the YAML of the same dict */
     /* bf16: false: fp32 weights, on a GPU the cuda_f32 backend */
-    check_dump(DATA "/grpo_config_bf16_false.json", bf16, backend_gpu_count() > 0 ? "cuda_f32" : "cpu");
+    check_dump(DATA "/grpo_config_bf16_false.json", bf16, backend_gpu_count() > 0 ? "cuda_f32" : "cpu", true);
     json_decref(use_cpu), json_decref(bf16);
+    /* the recipes of TRL's paper index: their values reach colt's settings (check_dump), and derive as TRL's */
+    const char *papers[] = {"grpo_config_dapo.json", "grpo_config_dr_grpo.json", "grpo_config_gspo.json"};
+    for (int p = 0; p < 3; p++) {
+        char path[512];
+        snprintf(path, sizeof path, DATA "/%s", papers[p]);
+        json_t *dump = load_json(path);
+        check_dump(path, dump, "cpu", false);
+        json_decref(dump);
+    }
     printf("GRPOConfig().to_dict() dumps load: %d checks\n", g_checks - before);
 }
 
@@ -236,15 +248,16 @@ static json_t *summary_config(const char *dir) {
 
 static void test_train_dumps(void) {
     int before = g_checks;
-    const char *dumps[] = {"grpo_config_use_cpu.json", "grpo_config_bf16_false.json"};
-    for (int i = 0; i < 2; i++) {
+    const char *dumps[] = {"grpo_config_use_cpu.json", "grpo_config_bf16_false.json", "grpo_config_gspo.json"};
+    for (int i = 0; i < 3; i++) {
         char args[2048], dir[400], *err = NULL;
         snprintf(dir, sizeof dir, "%s/dump%d", g_tmp, i);
         /* use_cpu: true alone picks the CPU; bf16: false would take cuda_f32 on a GPU machine, so CI names the CPU */
         /* the first also evaluates 3 prompts with num_generations_eval 2 (8 would be num_generations') */
         snprintf(args, sizeof args, "--config " DATA "/%s " TRAINER_ARGS " --output_dir dump%d%s", dumps[i], i,
-                 i == 1 ? " --device cpu"
-                        : " --eval_dataset " DATA "/prompts.jsonl --num_eval_prompts 3 --num_generations_eval 2");
+                 i == 1   ? " --device cpu"
+                 : i == 0 ? " --eval_dataset " DATA "/prompts.jsonl --num_eval_prompts 3 --num_generations_eval 2"
+                          : "");
         double t0 = now_s();
         int rc = colt_train(g_tmp, args, &err);
         CHECK(rc == 0, "colt train --config %s: exit %d: %s", dumps[i], rc, err ? err : "");
@@ -261,6 +274,12 @@ static void test_train_dumps(void) {
                   json_integer_value(json_object_get(cfg, "save_steps")) == 500 &&
                   json_is_true(json_object_get(cfg, "gradient_checkpointing")),
               "%s: the run's config", dumps[i]);
+        if (i == 2) /* GSPO: sequence-level ratios, 4 micro-batches per round of 32 completions */
+            CHECK(!strcmp(json_string_value(json_object_get(cfg, "importance_sampling_level")), "sequence") &&
+                      json_integer_value(json_object_get(cfg, "generation_batch_size")) == 32 &&
+                      json_integer_value(json_object_get(cfg, "steps_per_generation")) == 4 &&
+                      json_number_value(json_object_get(cfg, "epsilon_high")) == 4e-4,
+                  "GSPO's recipe as run");
         if (i == 0) {
             char *before_text = read_text(dir, "eval_before.jsonl"), *after_text = read_text(dir, "eval_after.jsonl");
             CHECK(before_text && after_text && count_lines(before_text) == 6 && count_lines(after_text) == 6,

@@ -5,8 +5,8 @@
  *     the bf16=False dump load as they are: every honoured key holds the
  *     dump's value (null: colt's default, as TRL's None), every alias sets its
  *     target, every other key leaves one notice line; then two training steps
- *     on stories260K from each dump; TRL's paper-index recipes (DAPO, Dr.
- *     GRPO, GSPO) load the same way, GSPO's trains;
+ *     on stories260K from each dump; the DAPO, Dr. GRPO and GSPO recipes
+ *     (GRPOConfig's help, TRL's paper index) load the same way, GSPO's trains;
  *   - a `trl grpo --config` YAML (datasets, reward_funcs short names,
  *     logging_first_step, cosine_with_min_lr with min_lr_rate, save_strategy
  *     "no", generation_kwargs, shuffle_dataset false, null defaults) trains two
@@ -125,7 +125,7 @@ static void test_dumps_load(void) {
     /* bf16: false: fp32 weights, on a GPU the cuda_f32 backend */
     check_dump(DATA "/grpo_config_bf16_false.json", bf16, backend_gpu_count() > 0 ? "cuda_f32" : "cpu", true);
     json_decref(use_cpu), json_decref(bf16);
-    /* the recipes of TRL's paper index: their values reach colt's settings (check_dump), and derive as TRL's */
+    /* the DAPO, Dr. GRPO and GSPO recipes: their values reach colt's settings (check_dump) */
     const char *papers[] = {"grpo_config_dapo.json", "grpo_config_dr_grpo.json", "grpo_config_gspo.json"};
     for (int p = 0; p < 3; p++) {
         char path[512];

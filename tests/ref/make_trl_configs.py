@@ -7,9 +7,11 @@ the installed trl itself, that test_trl_configs loads unchanged and trains on.
   and as yaml.safe_dump writes it;
 - grpo_config_bf16_false.json: the same with bf16=False, the other CPU form
   TRL accepts on a machine without a GPU;
-- grpo_config_dapo.json, grpo_config_dr_grpo.json, grpo_config_gspo.json: the
-  GRPOConfig arguments TRL's paper index gives for DAPO, Dr. GRPO and GSPO
-  (use_cpu=True added), dumped the same way;
+- grpo_config_dapo.json, grpo_config_dr_grpo.json, grpo_config_gspo.json:
+  the recipes GRPOConfig's own help recommends for DAPO (epsilon_high 0.28)
+  and Dr. GRPO (loss dr_grpo, scale_rewards none), and GSPO's sequence-level
+  ratios with epsilon 3e-4 / 4e-4 as TRL's paper index writes it (use_cpu=True
+  added), dumped the same way;
 - trl_grpo.yaml: a `trl grpo --config` file in the form of TRL's CLI docs
   (model_name_or_path, datasets, reward_funcs short names, output_dir) with the
   keys TRL users copy from recipes (logging_first_step, cosine_with_min_lr with
@@ -114,7 +116,7 @@ def main():
     dumps = {
         "grpo_config_use_cpu": dict(use_cpu=True),
         "grpo_config_bf16_false": dict(bf16=False),
-        # TRL's paper index (docs/source/paper_index.md): the settings each paper's recipe changes
+        # the settings each paper's recipe changes (GRPOConfig's help; TRL's docs/source/paper_index.md for GSPO)
         "grpo_config_dapo": dict(use_cpu=True, loss_type="dapo", epsilon_high=0.28, mask_truncated_completions=True,
                                  beta=0.0),
         "grpo_config_dr_grpo": dict(use_cpu=True, loss_type="dr_grpo", scale_rewards="none", beta=0.0),

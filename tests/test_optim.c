@@ -133,7 +133,7 @@ static void test_runs(const json_t *root, Model *m, ModelGrads *g, const Backend
             read_floats(grads, total, json_array_get(json_object_get(root, "grads"), (size_t)s));
             upload_grads(m, g, be, grads);
             double norm = optim_clip_grad_norm(m, g, max_norm, be);
-            float lr = lr_schedule_value(type, base_lr, s, steps, warm);
+            float lr = lr_schedule_value(type, base_lr, s, steps, warm, 0.0);
             optim_step(o, g, lr);
             worst_norm = fmax(worst_norm, rel_diff(norm, json_number_value(json_array_get(json_object_get(cs, "grad_norm"), (size_t)s))));
             double want_lr = json_number_value(json_array_get(json_object_get(cs, "lr"), (size_t)s));
@@ -179,7 +179,7 @@ static void test_schedules(const json_t *root) {
         const json_t *lr = json_object_get(t, "lr");
         for (size_t s = 0; s < json_array_size(lr); s++) {
             double want = json_number_value(json_array_get(lr, s));
-            float got = lr_schedule_value(type, base, (int)s, total, warm);
+            float got = lr_schedule_value(type, base, (int)s, total, warm, 0.0);
             double d = want == 0.0 ? fabs(got) : rel_diff(got, want);
             worst = fmax(worst, d);
             CHECK(d <= REL_TOL, "%s total=%d warmup=%d step %zu: lr %.9g, transformers %.9g",

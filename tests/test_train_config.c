@@ -37,12 +37,13 @@
 typedef struct IntRange {
     const char *name;
     long long min, max;
-    bool nullable; /* null sets 0 */
+    bool nullable; /* null (TRL's None) sets the default */
 } IntRange;
 
 static const IntRange INT_KEYS[] = {
     {"warmup_steps", 0, 1000000000, false},
     {"num_generations", 2, 65536, false},
+    {"num_generations_eval", 0, 65536, true},
     {"max_completion_length", 1, 1048576, false},
     {"max_prompt_length", 1, 1048576, false},
     {"top_k", 0, 16777216, true},
@@ -55,13 +56,13 @@ static const IntRange INT_KEYS[] = {
     {"logging_steps", 1, 1000000000, false},
     {"save_steps", 0, 1000000000, false},
     {"save_total_limit", 0, 1000000000, true},
-    {"eval_steps", 0, 1000000000, false},
+    {"eval_steps", 0, 1000000000, true},
     {"num_eval_prompts", 0, 1048576, false},
     {"log_completions_count", 0, 1048576, false},
     {"max_rounds_without_reward", 0, 1000000000, false},
     {"max_tool_calling_iterations", -1, 1000000, true},
     {"ddp_timeout", 1, 604800, false},
-    {"ddp_bucket_cap_mb", 1, 65536, false},
+    {"ddp_bucket_cap_mb", 1, 65536, true},
     {"zero_stage", 0, 3, false},
     {"nproc_per_node", 0, 1024, false},
     {"tensor_parallel_size", 1, 1024, false},
@@ -77,7 +78,7 @@ typedef struct DoubleRange {
     const char *name;
     double min, max;
     bool min_open, max_open;
-    bool nullable; /* null = unset */
+    int nullable; /* 1: null = unset (TRL's None), 2: null = the default */
 } DoubleRange;
 
 static const DoubleRange DOUBLE_KEYS[] = {
@@ -91,7 +92,7 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"temperature", 1e-3, 100, false, false, false},
     {"top_p", 0, 1, true, false, false},
     {"tool_timeout", 0, 86400, true, false, false},
-    {"min_p", 0, 1, false, false, false},
+    {"min_p", 0, 1, false, false, 2},
     {"repetition_penalty", 1e-3, 100, false, false, false},
     {"beta", 0, 1000, false, false, false},
     {"epsilon", 0, 1000, false, false, false},
@@ -168,6 +169,15 @@ static void base_config(TrainConfig *c) {
         fprintf(stderr, "base config: %s\n", err);
         exit(1);
     }
+}
+
+/* key's default as the dump shows it (null where it is unset). */
+static json_t *default_of(const char *key) {
+    TrainConfig d;
+    train_config_defaults(&d);
+    json_t *v = value_of(&d, key);
+    train_config_free(&d);
+    return v;
 }
 
 /* Expects text for key to be accepted and stored as want (a JSON value). */
@@ -262,7 +272,7 @@ static void test_int_bounds(void) {
             }
             snprintf(text, sizeof text, "%lld .. %lld", r->min, r->max);
             expect_reject(via, r->name, "2.5", "integer", text);
-            if (r->nullable) expect_accept(via, r->name, "null", json_integer(0));
+            if (r->nullable) expect_accept(via, r->name, "null", default_of(r->name));
             else expect_reject(via, r->name, "null", "integer", NULL);
         }
     }
@@ -289,7 +299,7 @@ static void test_double_bounds(void) {
                 shortest(text, sizeof text, out[e]);
                 expect_reject(via, r->name, text, text, "out of range");
             }
-            if (r->nullable) expect_accept(via, r->name, "null", json_null());
+            if (r->nullable) expect_accept(via, r->name, "null", r->nullable == 2 ? default_of(r->name) : json_null());
             else expect_reject(via, r->name, "null", "must be a number", NULL);
         }
     }
@@ -665,7 +675,7 @@ static json_t *read_trl_keys(char *header, size_t n) {
     return keys;
 }
 
-static const char *CLASS_NAME[] = {"unknown", "honoured", "alias", "no-op", "no-op for some values"};
+static const char *CLASS_NAME[] = {"unknown", "honoured", "alias", "no-op", "no-op for some values", "translated"};
 
 /* One key from a one-line YAML file "key: value". */
 static int load_one(TrainConfig *c, const char *key, const char *value, char *err) {
@@ -690,7 +700,7 @@ static void test_trl_keys_classified(void) {
     CHECK(strncmp(header, "# trl ", 6) == 0, "%s: header '%s' does not name the trl version", TRL_KEY_LIST, header);
     CHECK(json_array_size(keys) >= 200, "%s: %zu keys, GRPOConfig + ModelConfig have over 200", TRL_KEY_LIST,
           json_array_size(keys));
-    int counts[5] = {0}, values_tried = 0;
+    int counts[6] = {0}, values_tried = 0;
     size_t i;
     json_t *jk;
     json_array_foreach(keys, i, jk) {
@@ -746,10 +756,10 @@ static void test_trl_keys_classified(void) {
             train_config_free(&c);
         }
     }
-    printf("TRL keys (%s): %zu keys: %d honoured, %d aliases, %d no-ops, %d no-op for some values; %d accepted "
-           "values load with a notice\n",
+    printf("TRL keys (%s): %zu keys: %d honoured, %d aliases, %d no-ops, %d no-op for some values, %d translated; %d "
+           "accepted values load with a notice\n",
            header, json_array_size(keys), counts[TRAIN_KEY_HONOURED], counts[TRAIN_KEY_ALIAS], counts[TRAIN_KEY_NOOP],
-           counts[TRAIN_KEY_LIMITED], values_tried);
+           counts[TRAIN_KEY_LIMITED], counts[TRAIN_KEY_MAPPED], values_tried);
     json_decref(keys);
     printf("TRL keys classified: %d checks\n", g_checks - before);
 }
@@ -786,16 +796,16 @@ static void test_trl_messages(void) {
           "notice '%s'", notice_of(&c, "push_to_hub"));
     printf("  notice: %s\n", notice_of(&c, "push_to_hub"));
     train_config_free(&c);
-    CHECK(load_yaml(&c, "report_to: []\nuse_vllm: true\nbf16: true\n", err) == 0, "%s", err);
+    CHECK(load_yaml(&c, "report_to: []\nuse_vllm: true\ntf32: true\n", err) == 0, "%s", err);
     CHECK(json_object_size(c.notices) == 2 && strstr(notice_of(&c, "use_vllm"), "in-process engine") &&
-              strstr(notice_of(&c, "bf16"), "bf16: true changes nothing"),
-          "notices use_vllm '%s' bf16 '%s'", notice_of(&c, "use_vllm"), notice_of(&c, "bf16"));
+              strstr(notice_of(&c, "tf32"), "tf32: true changes nothing"),
+          "notices use_vllm '%s' tf32 '%s'", notice_of(&c, "use_vllm"), notice_of(&c, "tf32"));
     CHECK(c.use_vllm, "use_vllm kept (it is in the saved config)");
     /* given again as a flag: still one line, the flag's */
-    CHECK(train_config_set(&c, "bf16", "true", "command line", err) == 0, "--bf16 true: %s", err);
+    CHECK(train_config_set(&c, "tf32", "true", "command line", err) == 0, "--tf32 true: %s", err);
     CHECK(json_object_size(c.notices) == 2 &&
-              strstr(notice_of(&c, "bf16"), "command line: bf16: true changes nothing") == notice_of(&c, "bf16"),
-          "a key given twice keeps one notice: %s", notice_of(&c, "bf16"));
+              strstr(notice_of(&c, "tf32"), "command line: tf32: true changes nothing") == notice_of(&c, "tf32"),
+          "a key given twice keeps one notice: %s", notice_of(&c, "tf32"));
     train_config_free(&c);
 
     /* report_to and logging_dir are honoured (TensorBoard event files): no notice; tensorboard as a word, a list
@@ -840,7 +850,6 @@ static void test_trl_messages(void) {
     expect_trl_refusal("lora_target_modules: [q_proj, c_attn]\n", "lora_target_modules: 'c_attn' is not a layer colt adapts",
                        "all-linear");
     expect_trl_refusal("fp16: true\n", "fp16: true is a known", "use bf16");
-    expect_trl_refusal("bf16: false\n", "bf16: false is a known", "cuda_f32");
     expect_trl_refusal("report_to: wandb\n", "trl.yaml: report_to: wandb is not supported: colt reports to tensorboard",
                        "metrics.jsonl");
     expect_trl_refusal("report_to: [wandb, tensorboard]\n", "report_to: [\"wandb\",\"tensorboard\"] is not supported",
@@ -849,7 +858,8 @@ static void test_trl_messages(void) {
     expect_trl_refusal("torch_dtype: float16\n", "torch_dtype: float16 is a known", "use bf16");
     expect_trl_refusal("optim: adafactor\n", "optim: adafactor is a known", "AdamW");
     expect_trl_refusal("load_in_4bit: true\n", "load_in_4bit: true is a known", "quantized");
-    expect_trl_refusal("model: a\nmodel_name_or_path: b\n", "model and model_name_or_path name the same setting", NULL);
+    expect_trl_refusal("model: a\nmodel_name_or_path: b\n",
+                       "model and model_name_or_path name the same setting with different values", NULL);
     CHECK(load_yaml(&c, "vllm_tensor_parallel_size: 2\n", err) == 0 && c.tensor_parallel_size == 2,
           "TRL's vllm_tensor_parallel_size sets tensor_parallel_size: %s", err);
     train_config_free(&c);
@@ -973,8 +983,7 @@ static void test_trl_colocate_config(void) {
     CHECK(strcmp(c.loss_type, "dr_grpo") == 0 && strcmp(c.lr_scheduler_type, "cosine") == 0 &&
               strcmp(c.vllm_mode, "colocate") == 0 && c.use_vllm && c.gradient_checkpointing,
           "strings and flags");
-    const char *noticed[] = {"use_vllm",                       "bf16",
-                             "push_to_hub", "torch_dtype",           "remove_unused_columns",
+    const char *noticed[] = {"use_vllm", "push_to_hub", "torch_dtype", "remove_unused_columns",
                              "overwrite_output_dir", "dataloader_num_workers"};
     size_t n_noticed = sizeof noticed / sizeof noticed[0];
     for (size_t i = 0; i < n_noticed; i++)
@@ -993,8 +1002,125 @@ static void test_trl_colocate_config(void) {
     printf("TRL colocate config: %d checks\n", g_checks - before);
 }
 
+/* Compares the block of docs/trl_config.md from the line starting `begin` to
+ * `end_line` (both included) with generated; with COLT_UPDATE_DOCS=1 rewrites
+ * it. Returns whether they are (now) the same. */
+static bool doc_block_matches(const char *begin, const char *end_line, const char *generated, size_t len) {
+    char *doc = NULL, ferr[ERR_LEN];
+    size_t doc_len = 0;
+    int rc = file_read_all(TRL_DOC, &doc, &doc_len, ferr);
+    CHECK(rc == 0, "%s", ferr);
+    const char *start = rc == 0 ? strstr(doc, begin) : NULL;
+    const char *end = start ? strstr(start, end_line) : NULL;
+    bool same = end && (size_t)(end + strlen(end_line) - start) == len && memcmp(start, generated, len) == 0;
+    const char *update = getenv("COLT_UPDATE_DOCS");
+    if (!same && update && strcmp(update, "1") == 0 && start && end) {
+        FILE *fp = fopen(TRL_DOC, "w");
+        fwrite(doc, 1, (size_t)(start - doc), fp);
+        fwrite(generated, 1, len, fp);
+        const char *rest = end + strlen(end_line);
+        fwrite(rest, 1, strlen(rest), fp);
+        fclose(fp);
+        printf("  %s: %.30s... block rewritten\n", TRL_DOC, begin);
+        same = true;
+    }
+    CHECK(same, "%s: the block '%s' differs from what train_config.c gives now; run COLT_UPDATE_DOCS=1 "
+                "build/test_train_config", TRL_DOC, begin);
+    free(doc);
+    return same;
+}
+
+/* What a few settings of TRL users do in colt, found by loading them (on top
+ * of a minimal config) and finalizing: the error, or the settings that changed
+ * and the notices. None depends on the machine (no GPU-dependent device). */
+static void write_doc_examples(FILE *mem) {
+    static const char *const examples[] = {
+        "use_peft: true",
+        "push_to_hub: false",
+        "push_to_hub: true",
+        "fp16: true",
+        "use_cpu: true",
+        "device: cpu\nbf16: false",
+        "device: cuda\nbf16: false",
+        "device: cpu\ncast_lm_head_to_fp32: true",
+        "save_strategy: \"no\"",
+        "save_strategy: epoch",
+        "min_p: null\neval_steps: null\nddp_bucket_cap_mb: null",
+        "logging_first_step: true",
+        "lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}",
+        "lr_scheduler_type: cosine_with_min_lr",
+        "generation_kwargs: {top_k: 50, max_tokens: 64, do_sample: true}",
+        "generation_kwargs: {stop: [\"###\"]}",
+        "shuffle_dataset: false",
+        "num_generations_eval: 4",
+        "gradient_checkpointing: true\nactivation_checkpointing: true",
+        "generation_batch_size: 8\nsteps_per_generation: 1",
+        "accelerator_config: {split_batches: false, dispatch_batches: null, even_batches: true}",
+        "accelerator_config: {split_batches: true}",
+        "reward_funcs: [think_format_reward]",
+        "reward_funcs: [accuracy_reward]",
+        "reward_funcs: [get_soft_overlong_punishment]",
+        "reward_model_name_or_path: Skywork/Skywork-Reward-V2-Qwen3-0.6B",
+        "datasets: [{path: json, data_files: prompts.jsonl}]",
+        "datasets: [{path: trl-lib/DeepMath-103K}, {path: x.jsonl}]",
+        "dataset_name: trl-lib/DeepMath-103K",
+        "fsdp: full_shard",
+        "vllm_mode: server",
+    };
+    static const char base[] = "model: m\ndataset: d.jsonl\noutput_dir: out\n", rewards[] = "reward_funcs: [{type: length}]\n";
+    TrainConfig c;
+    char err[ERR_LEN], doc[512];
+    train_config_defaults(&c);
+    snprintf(doc, sizeof doc, "%s%s", base, rewards);
+    int rc = train_config_load_text(&c, doc, strlen(doc), TRAIN_CONFIG_YAML, "x.yaml", err);
+    rc = rc ? rc : train_config_finalize(&c, err);
+    CHECK(rc == 0, "the base config: %s", err);
+    json_t *before = train_config_to_json(&c);
+    train_config_free(&c);
+    fprintf(mem, "<!-- examples: made by test_train_config (COLT_UPDATE_DOCS=1 rewrites it) -->\n");
+    fprintf(mem, "| settings | colt |\n|---|---|\n");
+    for (size_t e = 0; e < sizeof examples / sizeof examples[0]; e++) {
+        train_config_defaults(&c);
+        snprintf(doc, sizeof doc, "%s%s%s\n", base, strstr(examples[e], "reward_funcs") ? "" : rewards, examples[e]);
+        err[0] = '\0';
+        rc = train_config_load_text(&c, doc, strlen(doc), TRAIN_CONFIG_YAML, "x.yaml", err);
+        rc = rc ? rc : train_config_finalize(&c, err);
+        CHECK(rc == 0 || (!strchr(err, '\n') && err[0]), "example '%s': error '%s'", examples[e], err);
+        fputs("| `", mem);
+        for (const char *p = examples[e]; *p; p++) fputs(*p == '\n' ? "`<br>`" : *p == '|' ? "/" : (char[2]){*p, 0}, mem);
+        fputs("` | ", mem);
+        if (rc != 0) {
+            fprintf(mem, "refused: %s", strncmp(err, "x.yaml: ", 8) == 0 ? err + 8 : err);
+        } else {
+            json_t *after = train_config_to_json(&c);
+            const char *key;
+            json_t *v;
+            int n = 0;
+            json_object_foreach(after, key, v) {
+                if (json_equal(v, json_object_get(before, key)) || !strcmp(key, "dataset")) continue;
+                char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10));
+                fprintf(mem, "%s`%s: %s`", n++ ? ", " : "loads: sets ", key, text);
+                free(text);
+            }
+            if (!strncmp(examples[e], "datasets", 8) && c.dataset)
+                fprintf(mem, "%s`dataset: %s`", n++ ? ", " : "loads: sets ", c.dataset);
+            if (n == 0) fputs("loads", mem);
+            json_object_foreach(c.notices, key, v) {
+                const char *line = json_string_value(v);
+                fprintf(mem, "; notice: %s", strncmp(line, "x.yaml: ", 8) == 0 ? line + 8 : line);
+            }
+            json_decref(after);
+        }
+        fputs(" |\n", mem);
+        train_config_free(&c);
+    }
+    fprintf(mem, "<!-- end of examples -->\n");
+    json_decref(before);
+}
+
 /* docs/trl_config.md has a row for every key of the list, and each row is the
- * one the tables give now (COLT_UPDATE_DOCS=1 rewrites the table). */
+ * one the tables give now; its examples are what loading them gives now
+ * (COLT_UPDATE_DOCS=1 rewrites both). */
 static void test_trl_doc(void) {
     int before = g_checks;
     char header[256], text[1024];
@@ -1016,34 +1142,20 @@ static void test_trl_doc(void) {
     }
     fprintf(mem, "<!-- end of table -->\n");
     fclose(mem);
-    char *doc = NULL, ferr[ERR_LEN];
-    size_t doc_len = 0;
-    int rc = file_read_all(TRL_DOC, &doc, &doc_len, ferr);
-    CHECK(rc == 0, "%s", ferr);
-    const char *start = rc == 0 ? strstr(doc, "<!-- table:") : NULL;
-    const char *end = start ? strstr(start, "<!-- end of table -->\n") : NULL;
-    bool same = end && (size_t)(end + strlen("<!-- end of table -->\n") - start) == table_len &&
-                memcmp(start, table, table_len) == 0;
-    const char *update = getenv("COLT_UPDATE_DOCS");
-    if (!same && update && strcmp(update, "1") == 0 && start && end) {
-        FILE *fp = fopen(TRL_DOC, "w");
-        fwrite(doc, 1, (size_t)(start - doc), fp);
-        fwrite(table, 1, table_len, fp);
-        const char *rest = end + strlen("<!-- end of table -->\n");
-        fwrite(rest, 1, strlen(rest), fp);
-        fclose(fp);
-        printf("  %s: table rewritten\n", TRL_DOC);
-        same = true;
-    }
-    CHECK(same, "%s: its table differs from the tables of train_config.c; run COLT_UPDATE_DOCS=1 test_train_config",
-          TRL_DOC);
+    bool same = doc_block_matches("<!-- table:", "<!-- end of table -->\n", table, table_len);
     json_array_foreach(keys, i, jk) {
         char row[160];
         snprintf(row, sizeof row, "| `%s` |", json_string_value(jk));
         CHECK(same && strstr(table, row), "%s has no row for %s", TRL_DOC, json_string_value(jk));
     }
-    free(doc);
+    char *examples = NULL;
+    size_t examples_len = 0;
+    mem = open_memstream(&examples, &examples_len);
+    write_doc_examples(mem);
+    fclose(mem);
+    doc_block_matches("<!-- examples:", "<!-- end of examples -->\n", examples, examples_len);
     free(table);
+    free(examples);
     json_decref(keys);
     printf("docs/trl_config.md: %d checks\n", g_checks - before);
 }
@@ -1141,6 +1253,141 @@ static void test_deepspeed_json(void) {
     printf("DeepSpeed JSON: %zu refusals checked\n", sizeof bad / sizeof bad[0]);
 }
 
+/* TRL's settings colt translates (issue 38): each YAML (on a minimal config)
+ * finalizes with key holding want (JSON), or is refused in one line holding
+ * needle. The values are TRL's meanings (transformers' docs and TRL's
+ * __post_init__), restated. */
+static void test_trl_translations(void) {
+    static const struct {
+        const char *yaml, *needle, *key, *want;
+    } cases[] = {
+        {"save_strategy: \"no\"\nsave_steps: 500\n", NULL, "save_steps", "0"},
+        {"save_strategy: steps\nsave_steps: 7\n", NULL, "save_steps", "7"},
+        {"save_strategy: no\nsave_steps: 500\n", NULL, "save_steps", "0"}, /* unquoted: YAML's false */
+        {"save_strategy: best\n", "save_strategy 'best' is not supported", NULL, NULL},
+        {"eval_strategy: steps\nlogging_steps: 4\neval_steps: null\n", NULL, "eval_steps", "4"},
+        {"eval_strategy: steps\nlogging_steps: 4\neval_steps: 6\n", NULL, "eval_steps", "6"},
+        {"eval_strategy: no\nlogging_steps: 4\neval_steps: 5\n", NULL, "eval_steps", "0"},
+        {"eval_steps: 5\n", NULL, "eval_steps", "5"}, /* colt's own configs: eval_strategy unset */
+        {"evaluation_strategy: steps\nlogging_steps: 3\n", NULL, "eval_steps", "3"},
+        {"eval_strategy: epoch\n", "eval_strategy 'epoch' is not supported", NULL, NULL},
+        {"use_cpu: true\n", NULL, "device", "\"cpu\""},
+        {"no_cuda: true\n", NULL, "device", "\"cpu\""},
+        {"use_cpu: true\ndevice: cuda\n", "use_cpu: true asks for the CPU but device is cuda", NULL, NULL},
+        {"bf16: false\ndevice: cuda_f32\n", NULL, "device", "\"cuda_f32\""},
+        {"bf16: false\ndevice: cuda\n", "bf16: false asks for fp32 weights", NULL, NULL},
+        {"bf16: null\n", NULL, "bf16", "true"},
+        {"bf16: false\nuse_cpu: true\n", NULL, "device", "\"cpu\""},
+        {"cast_lm_head_to_fp32: true\ndevice: cuda\n", "cast_lm_head_to_fp32: true is not supported with bf16", NULL,
+         NULL},
+        {"cast_lm_head_to_fp32: true\ndevice: cuda_f32\n", NULL, "cast_lm_head_to_fp32", "true"},
+        {"shuffle_dataset: null\n", NULL, "shuffle_dataset", "true"},
+        {"min_p: null\n", NULL, "min_p", "0"},
+        {"ddp_bucket_cap_mb: null\n", NULL, "ddp_bucket_cap_mb", "25"},
+        {"num_generations_eval: null\n", NULL, "num_generations_eval", "0"},
+        /* generation_kwargs win over the settings, as TRL passes them last */
+        {"temperature: 0.5\ngeneration_kwargs: {temperature: 0.9, top_p: 0.8}\n", NULL, "temperature", "0.9"},
+        {"generation_kwargs: {temperature: 0.9, top_p: 0.8}\ntemperature: 0.5\n", NULL, "top_p", "0.8"},
+        {"generation_kwargs: {max_new_tokens: 33}\n", NULL, "max_completion_length", "33"},
+        {"generation_kwargs: {min_p: 0.05, repetition_penalty: 1.1, top_k: 20}\n", NULL, "repetition_penalty", "1.1"},
+        {"generation_kwargs: {top_p: 2}\n", "generation_kwargs: top_p: 2 is out of range", NULL, NULL},
+        {"generation_kwargs: {do_sample: false}\n", "generation_kwargs.do_sample: false is not supported", NULL, NULL},
+        {"generation_kwargs: {n: 2}\n", "generation_kwargs.n: 2 is not supported", NULL, NULL},
+        {"generation_kwargs: {num_beams: 4}\n", "generation_kwargs.num_beams: 4 is not supported", NULL, NULL},
+        {"generation_kwargs: {num_beams: 1, use_cache: true, logprobs: 0, top_k: 7}\n", NULL, "top_k", "7"},
+        /* cosine_with_min_lr's kwargs, as transformers reads them */
+        {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-7}\n", NULL, "lr_scheduler_type",
+         "\"cosine_with_min_lr\""},
+        {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-7, min_lr_rate: 0.1}\n",
+         "give min_lr_rate or min_lr, not both", NULL, NULL},
+        {"lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 1.5}\n", "outside [0, 1]", NULL,
+         NULL},
+        {"lr_scheduler_type: linear\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n",
+         "lr_scheduler_kwargs.min_lr_rate: 0.1 is not supported with lr_scheduler_type linear", NULL, NULL},
+        {"lr_scheduler_type: cosine\nlr_scheduler_kwargs: {num_cycles: 0.5}\n", NULL, "lr_scheduler_type",
+         "\"cosine\""},
+        {"lr_scheduler_type: cosine\nlr_scheduler_kwargs: {num_cycles: 2}\n", "only num_cycles: 0.5", NULL, NULL},
+        {"lr_scheduler_type: cosine_with_restarts\n", "unknown lr_scheduler_type 'cosine_with_restarts'", NULL, NULL},
+        /* both names, both batch sizes: fine when they agree */
+        {"gradient_checkpointing: true\nactivation_checkpointing: true\n", NULL, "gradient_checkpointing", "true"},
+        {"gradient_checkpointing: false\nactivation_checkpointing: true\n", "name the same setting with different",
+         NULL, NULL},
+        {"generation_batch_size: 16\nsteps_per_generation: 2\n", NULL, "generation_batch_size", "16"},
+        {"generation_batch_size: 16\nsteps_per_generation: 1\n",
+         "generation_batch_size 16 and steps_per_generation 1 disagree", NULL, NULL},
+        /* trl grpo's dataset keys and reward names */
+        {"datasets: [{path: json, data_files: x.jsonl, split: train}]\n", NULL, "dataset", "\"x.jsonl\""},
+        {"datasets: [{path: y.jsonl}]\n", NULL, "dataset", "\"y.jsonl\""},
+        {"datasets: [{path: json, data_files: {train: z.json}}]\n", NULL, "dataset", "\"z.json\""},
+        {"datasets: [{path: trl-lib/tldr}]\n", "path 'trl-lib/tldr' is not a local JSON file", NULL, NULL},
+        {"datasets: [{path: json, data_files: x.jsonl, columns: [prompt]}]\n", "datasets[0].columns", NULL, NULL},
+        {"datasets: [{path: json, data_files: x.parquet}]\n", "not a local JSON file", NULL, NULL},
+        {"dataset_name: local.jsonl\n", NULL, "dataset", "\"local.jsonl\""},
+        {"dataset_name: trl-lib/DeepMath-103K\n", NULL, "dataset", "\"d.jsonl\""},
+        {"reward_funcs: [think_format_reward, accuracy_reward, rewards.py:f]\n", NULL, "reward_funcs",
+         "[{\"type\": \"regex\", \"name\": \"think_format_reward\", \"pattern\": "
+         "\"^<think>(?!.*<think>)(.*?)</think>.*$\", \"flags\": \"s\"}, {\"type\": \"math\", \"name\": "
+         "\"accuracy_reward\", \"column\": \"solution\"}, \"rewards.py:f\"]"},
+        {"reward_funcs: [reasoning_accuracy_reward]\n", "trl.rewards.reasoning_accuracy_reward", NULL, NULL},
+        {"accelerator_config: {split_batches: false, dispatch_batches: null, even_batches: true, "
+         "use_seedable_sampler: true, non_blocking: false, gradient_accumulation_kwargs: null}\n",
+         NULL, "model", "\"m\""},
+        {"accelerator_config: {even_batches: false}\n", "accelerator_config.even_batches: false is not supported",
+         NULL, NULL},
+        {"reward_model_name_or_path: some/rm\n", "reward models are not supported yet", NULL, NULL},
+        {"fsdp: full_shard auto_wrap\n", "colt shards with ZeRO instead", NULL, NULL},
+    };
+    int before = g_checks;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TrainConfig c;
+        char err[ERR_LEN] = "";
+        base_config(&c);
+        int rc = train_config_load_text(&c, cases[i].yaml, strlen(cases[i].yaml), TRAIN_CONFIG_YAML, "t.yaml", err);
+        if (rc == 0) rc = train_config_finalize(&c, err);
+        if (cases[i].needle) {
+            CHECK(rc != 0 && strstr(err, cases[i].needle) && !strchr(err, '\n'), "'%s': rc %d, '%s' lacks '%s'",
+                  cases[i].yaml, rc, err, cases[i].needle);
+        } else {
+            json_t *want = json_loads(cases[i].want, JSON_DECODE_ANY, NULL), *got = rc == 0 ? value_of(&c, cases[i].key)
+                                                                                         : NULL;
+            char *g = got ? json_dumps(got, JSON_ENCODE_ANY) : NULL;
+            CHECK(rc == 0 && want && got &&
+                      (json_equal(want, got) || (json_is_number(want) && json_is_number(got) &&
+                                                 json_number_value(want) == json_number_value(got))),
+                  "'%s': rc %d (%s): %s is %s, want %s", cases[i].yaml, rc, err, cases[i].key, g ? g : "-",
+                  cases[i].want);
+            free(g);
+            json_decref(want), json_decref(got);
+        }
+        train_config_free(&c);
+    }
+    /* use_cpu: true sets device cpu when read, before finalize (colt train counts its processes from device) */
+    {
+        TrainConfig u;
+        char uerr[ERR_LEN] = "";
+        train_config_defaults(&u);
+        const char *text = "use_cpu: true\ndevice: auto\n";
+        CHECK(train_config_load_text(&u, text, strlen(text), TRAIN_CONFIG_YAML, "t.yaml", uerr) == 0 &&
+                  !strcmp(u.device, "cpu"),
+              "use_cpu: true, device: auto: device %s before finalize (%s)", u.device, uerr);
+        train_config_free(&u);
+    }
+    /* the rate min_lr gives, and a flag in trl grpo's form */
+    TrainConfig c;
+    char err[ERR_LEN] = "";
+    base_config(&c);
+    const char *yaml = "learning_rate: 2.0e-5\nlr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-6}\n";
+    int rc = train_config_load_text(&c, yaml, strlen(yaml), TRAIN_CONFIG_YAML, "t.yaml", err);
+    rc = rc ? rc : train_config_finalize(&c, err);
+    CHECK(rc == 0 && c.min_lr_rate == 1e-6 / 2e-5, "min_lr 1e-6 of 2e-5: min_lr_rate %.17g (%s)", c.min_lr_rate, err);
+    CHECK(train_config_set(&c, "reward_funcs", "think_format_reward", "command line", err) == 0 &&
+              json_array_size(c.reward_funcs) == 1 &&
+              !strcmp(json_string_value(json_object_get(json_array_get(c.reward_funcs, 0), "type")), "regex"),
+          "--reward_funcs think_format_reward: %s", err);
+    train_config_free(&c);
+    printf("TRL translations: %zu cases, %d checks\n", sizeof cases / sizeof cases[0], g_checks - before);
+}
+
 /* vllm_mode server and async_generation: accepted as TRL writes them, refused in one line where colt cannot. */
 static void test_server_mode_settings(void) {
     static const struct {
@@ -1199,6 +1446,7 @@ int main(void) {
     test_trl_messages();
     test_trl_colocate_config();
     test_server_mode_settings();
+    test_trl_translations();
     test_deepspeed_json();
     test_trl_doc();
     printf("%s: %d checks, %d failed\n", g_failures ? "FAIL" : "OK", g_checks, g_failures);

@@ -294,7 +294,20 @@ int cmd_train(int argc, char **argv) {
             return cli_fail("train", err);
         }
         if (strcmp(key, "config") == 0) continue;
-        if (train_config_set(&cfg, key, value, "command line", err) != 0) {
+        /* `--reward_funcs a b` (trl grpo's form, HfArgumentParser's nargs): the words up to the next option are
+         * one list */
+        char *list = NULL;
+        if (!eq && next_is_value && train_config_key_is_list(key) && i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
+            json_t *words = json_array();
+            json_array_append_new(words, json_string(value));
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) json_array_append_new(words, json_string(argv[++i]));
+            list = json_dumps(words, JSON_COMPACT);
+            json_decref(words);
+            value = list;
+        }
+        int set_rc = train_config_set(&cfg, key, value, "command line", err);
+        free(list);
+        if (set_rc != 0) {
             train_config_free(&cfg);
             return cli_fail("train", err);
         }

@@ -27,20 +27,23 @@
 /* ---------------------------------------------------------------- schedules */
 
 int lr_scheduler_parse(LrSchedulerType *out, const char *s, char *err) {
-    static const char *names[] = {"constant", "constant_with_warmup", "linear", "cosine"};
-    for (int i = 0; i < 4; i++)
+    static const char *names[] = {"constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"};
+    for (int i = 0; i < 5; i++)
         if (s && strcmp(s, names[i]) == 0) {
             *out = (LrSchedulerType)i;
             return 0;
         }
-    return errorf(err, "lr_scheduler_type '%s' is not supported; use constant, constant_with_warmup, linear or cosine",
+    return errorf(err, "lr_scheduler_type '%s' is not supported; use constant, constant_with_warmup, linear, cosine or "
+                       "cosine_with_min_lr",
                   s ? s : "(null)");
 }
 
-/* transformers.optimization's lr lambdas (cosine with num_cycles = 0.5,
- * min_lr_rate = 0), times base_lr as LambdaLR does, in double. Note: plain
- * "constant" has no warmup at all in transformers, whatever warmup_steps is. */
-float lr_schedule_value(LrSchedulerType type, float base_lr, int step, int total_steps, int warmup_steps) {
+/* transformers.optimization's lr lambdas (cosine with num_cycles = 0.5;
+ * cosine_with_min_lr's factor f * (1 - min_lr_rate) + min_lr_rate), times
+ * base_lr as LambdaLR does, in double. Note: plain "constant" has no warmup at
+ * all in transformers, whatever warmup_steps is. */
+float lr_schedule_value(LrSchedulerType type, float base_lr, int step, int total_steps, int warmup_steps,
+                        double min_lr_rate) {
     double factor = 1.0;
     switch (type) {
     case LR_CONSTANT: factor = 1.0; break;
@@ -55,11 +58,14 @@ float lr_schedule_value(LrSchedulerType type, float base_lr, int step, int total
         }
         break;
     case LR_COSINE:
+    case LR_COSINE_WITH_MIN_LR:
         if (step < warmup_steps) factor = (double)step / (double)(warmup_steps > 1 ? warmup_steps : 1);
         else {
             int span = total_steps - warmup_steps;
             double progress = (double)(step - warmup_steps) / (double)(span > 1 ? span : 1);
-            factor = fmax(0.0, 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress)));
+            factor = 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress));
+            if (type == LR_COSINE_WITH_MIN_LR) factor = factor * (1.0 - min_lr_rate) + min_lr_rate;
+            factor = fmax(0.0, factor);
         }
         break;
     }

@@ -13,15 +13,18 @@
 #include "model/model.h"
 #include "model/model_train.h"
 
-typedef enum { LR_CONSTANT = 0, LR_CONSTANT_WITH_WARMUP, LR_LINEAR, LR_COSINE } LrSchedulerType;
+typedef enum { LR_CONSTANT = 0, LR_CONSTANT_WITH_WARMUP, LR_LINEAR, LR_COSINE, LR_COSINE_WITH_MIN_LR } LrSchedulerType;
 
-/* Parses transformers' names: "constant", "constant_with_warmup", "linear", "cosine". */
+/* Parses transformers' names: "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr". */
 int lr_scheduler_parse(LrSchedulerType *out, const char *s, char *err);
 
 /* The learning rate for optimizer step `step` (0-based: the lr used by the
  * (step+1)-th update, as transformers' LambdaLR gives it) of total_steps, with
- * warmup_steps of linear warmup. Matches transformers exactly. */
-float lr_schedule_value(LrSchedulerType type, float base_lr, int step, int total_steps, int warmup_steps);
+ * warmup_steps of linear warmup. min_lr_rate: where cosine_with_min_lr ends,
+ * as a fraction of base_lr (the other schedules ignore it). Matches
+ * transformers exactly. */
+float lr_schedule_value(LrSchedulerType type, float base_lr, int step, int total_steps, int warmup_steps,
+                        double min_lr_rate);
 
 /* transformers' warmup: warmup_steps if > 0, else ceil(warmup_ratio * total_steps). */
 int lr_warmup_steps(int total_steps, float warmup_ratio, int warmup_steps);

@@ -159,7 +159,7 @@ int fingerprint_file(Fingerprint out, const char *path, char *err) {
 static const char *RECORD_SETTINGS[] = {
     "num_generations", "generation_batch_size", "samples_per_step", "num_iterations", "max_completion_length",
     "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
-    "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights",
+    "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
 };
 /* Derived entries, and how a message names them. The world size itself may
  * change: what the saved state depends on is how many samples a step takes. */
@@ -229,6 +229,8 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
     for (size_t i = 0; i < N_RECORD_SETTINGS; i++) {
         const json_t *a = json_object_get(sa, RECORD_SETTINGS[i]), *b = json_object_get(sb, RECORD_SETTINGS[i]);
         if (a && b && json_equal((json_t *)a, (json_t *)b)) continue;
+        /* recorded since shuffle_dataset became a setting: older runs always shuffled */
+        if (!a && !strcmp(RECORD_SETTINGS[i], "shuffle_dataset") && json_is_true(b)) continue;
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "backend/backend.h"
 #include "model/lora.h"
 #include "train/deepspeed_config.h"
 #include "train/tensorboard.h"
@@ -44,7 +45,7 @@ typedef struct ConfigKey {
     int64_t imin, imax; /* KEY_INT, KEY_U64: allowed values, both included */
     double min, max;    /* KEY_DOUBLE, KEY_DOUBLE_OR_NULL: finite bounds, ends per `ends` */
     RangeEnds ends;
-    bool nullable;      /* KEY_INT: null (TRL's None) sets 0 */
+    bool nullable;      /* KEY_INT, KEY_DOUBLE, KEY_BOOL: null (TRL's None) sets the default */
     const char *notice; /* set for a key kept for TRL configs whose value changes nothing in colt: why (one
                          * notice line when the key is given, see add_notice) */
     bool secret;        /* never written out (saved configs, help): a key */
@@ -59,6 +60,11 @@ typedef struct ConfigKey {
      .nullable = true}
 #define KD(key, t, lo, e, hi, h) \
     {.name = #key, .type = t, .offset = offsetof(TrainConfig, key), .help = h, .min = lo, .max = hi, .ends = e}
+#define KD_NULL(key, lo, e, hi, h)                                                                                   \
+    {.name = #key, .type = KEY_DOUBLE, .offset = offsetof(TrainConfig, key), .help = h, .min = lo, .max = hi,    \
+     .ends = e, .nullable = true}
+#define KB_NULL(key, h) \
+    {.name = #key, .type = KEY_BOOL, .offset = offsetof(TrainConfig, key), .help = h, .nullable = true}
 /* Ranges: the meaningful interval where there is one (betas, probabilities,
  * fractions); elsewhere a cap no run meets that keeps the value finite as a
  * float and every product of train_config.h's list inside int. Temperature
@@ -78,7 +84,8 @@ static const ConfigKey KEYS[] = {
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model, ...}, "
-                                   "\"rewards.py:FUNCTION\" or a reward model's folder; docs/rewards.md)"),
+                                   "\"rewards.py:FUNCTION\", a reward model's folder, or TRL's think_format_reward / "
+                                   "accuracy_reward; docs/rewards.md)"),
     K(tools, KEY_JSON_LIST,
       "Python functions the model may call (TRL's tools=[...]): \"tools.py:calculator\" or \"module.function\"; "
       "their JSON schemas come from type hints and docstrings, the prompt is rendered with them, a completion's "
@@ -92,7 +99,10 @@ static const ConfigKey KEYS[] = {
        "stop with an error after N generation rounds in a row in which no completion got a usable reward (every "
        "reward function gave NaN/None, so nothing trains); each such round also warns (0 = warn, never stop)"),
     KD(learning_rate, KEY_DOUBLE, 0, RANGE_CLOSED, 100, "AdamW learning rate"),
-    K(lr_scheduler_type, KEY_STRING, "constant, constant_with_warmup, linear or cosine"),
+    K(lr_scheduler_type, KEY_STRING, "constant, constant_with_warmup, linear, cosine or cosine_with_min_lr"),
+    K(lr_scheduler_kwargs, KEY_JSON_OBJECT,
+      "transformers' schedule arguments: with cosine_with_min_lr {min_lr_rate: R} (the cosine ends at R x "
+      "learning_rate) or {min_lr: LR}; the other schedules take none"),
     KD(warmup_ratio, KEY_DOUBLE, 0, RANGE_CLOSED, 1, "fraction of steps for linear warmup"),
     KI(warmup_steps, 0, STEPS, "warmup steps (overrides warmup_ratio when > 0)"),
     KD(weight_decay, KEY_DOUBLE, 0, RANGE_CLOSED, 100, "AdamW decoupled weight decay"),
@@ -101,14 +111,21 @@ static const ConfigKey KEYS[] = {
     KD(adam_epsilon, KEY_DOUBLE, 1e-30, RANGE_CLOSED, 1, "AdamW epsilon"),
     KD(max_grad_norm, KEY_DOUBLE, 0, RANGE_CLOSED, 1e9, "clip the global gradient norm to this (0 = off)"),
     KI(num_generations, 2, TRAIN_CONFIG_MAX_BATCH, "completions per prompt (G; GRPO compares them, so >= 2)"),
+    KI_NULL(num_generations_eval, 0, TRAIN_CONFIG_MAX_BATCH,
+            "completions per eval_dataset prompt (0 or null: num_generations)"),
     KI(max_completion_length, 1, TRAIN_CONFIG_MAX_LENGTH, "tokens per completion at most"),
     KI(max_prompt_length, 1, TRAIN_CONFIG_MAX_LENGTH,
        "prompt tokens kept (longer prompts lose their left part, as TRL)"),
     KD(temperature, KEY_DOUBLE, 1e-3, RANGE_CLOSED, 100, "sampling temperature (also divides the logits when scoring)"),
     KD(top_p, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1, "nucleus sampling"),
     KI_NULL(top_k, 0, TRAIN_CONFIG_MAX_TOP_K, "top-k sampling (0 = off)"),
-    KD(min_p, KEY_DOUBLE, 0, RANGE_CLOSED, 1, "min-p sampling (0 = off)"),
+    KD_NULL(min_p, 0, RANGE_CLOSED, 1, "min-p sampling (0 or null = off)"),
     KD(repetition_penalty, KEY_DOUBLE, 1e-3, RANGE_CLOSED, 100, "repetition penalty (1 = off)"),
+    K(generation_kwargs, KEY_JSON_OBJECT,
+      "TRL's sampling arguments, which override the settings above: temperature, top_p, top_k, min_p, "
+      "repetition_penalty, max_tokens or max_new_tokens (max_completion_length); do_sample: true, num_beams: 1, "
+      "skip_special_tokens: true and output options (logprobs, use_cache, ...) change nothing; other keys are "
+      "refused"),
     KD(beta, KEY_DOUBLE, 0, RANGE_CLOSED, 1000,
        "KL coefficient against the frozen initial model (0 = no reference model)"),
     KD(epsilon, KEY_DOUBLE, 0, RANGE_CLOSED, 1000, "lower clipping epsilon"),
@@ -217,9 +234,16 @@ static const ConfigKey KEYS[] = {
     KD(num_train_epochs, KEY_DOUBLE, 0, RANGE_OPEN_MIN, TRAIN_CONFIG_MAX_EPOCHS,
        "passes over the prompts when max_steps is -1"),
     KI(logging_steps, 1, STEPS, "log metrics every N optimizer steps"),
+    K(logging_first_step, KEY_BOOL, "also log the first optimizer step (transformers')"),
     KI(save_steps, 0, STEPS, "save a checkpoint every N optimizer steps (0 = only at the end)"),
+    K(save_strategy, KEY_STRING, "steps (checkpoints every save_steps), or no (none: save_steps 0); the model is "
+                                 "saved at the end either way"),
     KI_NULL(save_total_limit, 0, STEPS, "keep at most N checkpoints (0 = all)"),
-    KI(eval_steps, 0, STEPS, "evaluate on eval_dataset every N steps (0 = only before and after)"),
+    KI_NULL(eval_steps, 0, STEPS, "evaluate on eval_dataset every N steps (0 or null = only before and after)"),
+    K(eval_strategy, KEY_STRING,
+      "transformers' switch: steps (with eval_steps 0 or null: every logging_steps steps) or no (no scoring "
+      "between the first and last: eval_steps 0); unset (null): eval_steps alone decides. eval_dataset is scored "
+      "before and after training either way"),
     KI(num_eval_prompts, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "eval prompts used (0 = all)"),
     KI(log_completions_count, 0, TRAIN_CONFIG_MAX_COMPLETIONS, "sample completions printed and saved per logging step"),
     K(report_to, KEY_JSON_LIST,
@@ -230,8 +254,16 @@ static const ConfigKey KEYS[] = {
       "output_dir/runs/<Mon DD_HH-MM-SS>_<host>, as transformers)"),
     {.name = "seed", .type = KEY_U64, .offset = offsetof(TrainConfig, seed), .help = "seed for shuffling and sampling",
      .imin = 0, .imax = INT64_MAX},
+    KB_NULL(shuffle_dataset, "shuffle the prompts every epoch with seed (false: file order, as TRL)"),
     K(resume_from_checkpoint, KEY_STRING, "checkpoint folder to continue from"),
-    K(device, KEY_STRING, "cpu, cuda or auto (cuda when a GPU is usable)"),
+    K(device, KEY_STRING,
+      "cpu, cuda (bf16 weights), cuda_f32 (fp32 weights) or auto (cuda when a GPU is usable, else cpu)"),
+    KB_NULL(bf16, "transformers' switch: true (default) keeps bf16 weights on a GPU; false asks for fp32 weights "
+                  "(device auto picks cuda_f32 on a GPU; the CPU computes in fp32 either way)"),
+    K(use_cpu, KEY_BOOL, "transformers' switch: true trains on the CPU (device cpu)"),
+    K(cast_lm_head_to_fp32, KEY_BOOL,
+      "TRL's fp32 lm_head: where the weights are fp32 (cpu, cuda_f32) lm_head already is; refused on bf16 weights "
+      "(set bf16: false instead)"),
     K(devices, KEY_JSON_LIST,
       "GPU indices this node's processes use, local rank r taking the r-th (default: 0, 1, ...; list one twice to "
       "share a GPU on purpose)"),
@@ -246,9 +278,9 @@ static const ConfigKey KEYS[] = {
        "devices; 1 = this process alone)"),
     KI(ddp_timeout, 1, 604800,
        "seconds any rank waits for the others in a collective before the job stops with an error (several processes)"),
-    KI(ddp_bucket_cap_mb, 1, 65536,
-       "MB of gradients per all-reduce bucket: GPU ranks reduce a bucket over NCCL as soon as the backward pass "
-       "finished its layers (several processes)"),
+    KI_NULL(ddp_bucket_cap_mb, 1, 65536,
+       "MB of gradients per all-reduce bucket (null: 25): GPU ranks reduce a bucket over NCCL as soon as the "
+       "backward pass finished its layers (several processes)"),
     KI(zero_stage, 0, 3,
        "ZeRO stage (DeepSpeed's meaning): 0 = full optimizer state on every rank, 1 = optimizer state sharded over "
        "the ranks, 2 = gradients sharded too, 3 = weights sharded too (each layer gathered while a pass uses it)"),
@@ -262,6 +294,8 @@ static const ConfigKey KEYS[] = {
 #undef KI
 #undef KI_NULL
 #undef KD
+#undef KD_NULL
+#undef KB_NULL
 #undef STEPS
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -275,25 +309,33 @@ static const ConfigKey KEYS[] = {
  *     load with one notice line saying why; any other value is refused as a
  *     known setting colt does not support (yet). The text serves both: what
  *     colt does, and what to do instead.
+ *   - translated (apply): a function turns the value into colt's settings
+ *     (datasets -> dataset), adds a notice, or refuses it in one line.
  * Values are YAML scalars (true, null, 1, none) compared as loaded (numbers by
  * value, strings ignoring case), or [] and {} (empty), or [x] (a list of x),
  * or "" (the empty string). test_train_config checks that every key of the
  * list is here or in KEYS, and docs/trl_config.md is made from both tables. */
-typedef struct TrlKey {
+typedef struct TrlKey TrlKey;
+/* A key whose values colt translates (datasets -> dataset): sets c, or adds a
+ * notice, or fills err with one line. */
+typedef int (*TrlKeyApply)(TrainConfig *c, const TrlKey *t, const json_t *v, const char *where, char *err);
+struct TrlKey {
     const char *name;
     const char *alias;    /* the colt key it sets, or NULL */
     const char *accepted; /* space-separated values that change nothing in colt ("*": any) */
-    const char *text;     /* what colt does instead */
-} TrlKey;
+    const char *text;     /* what colt does instead (for apply: what it does with the key) */
+    TrlKeyApply apply;    /* set for a translated key (TRAIN_KEY_MAPPED) */
+};
 
 #define ALIAS(n, target) {.name = n, .alias = target}
 #define NOOP(n, t) {.name = n, .accepted = "*", .text = t}
 #define ONLY(n, values, t) {.name = n, .accepted = values, .text = t}
 #define BOOL_NOOP(n, t) ONLY(n, "true false null", t) /* a bool (or None) that changes nothing */
+#define APPLY(n, fn, t) {.name = n, .apply = fn, .text = t}
 
 #define T_PRECISION                                                                                                  \
     "colt's precision follows device: on a GPU bf16 weights and compute with fp32 master weights, gradients and " \
-    "AdamW moments (device cuda_f32: fp32 throughout), on the CPU fp32"
+    "AdamW moments (bf16: false or device cuda_f32: fp32 throughout), on the CPU fp32"
 #define T_FP16 T_PRECISION "; fp16 is not supported: use bf16"
 #define T_COMPILE \
     "colt runs its own compiled C/CUDA kernels (fused where it pays): there is nothing to compile or swap in"
@@ -308,12 +350,14 @@ typedef struct TrlKey {
 #define T_DIST \
     "colt's data parallelism (one process per GPU, every gradient all-reduced in buckets) has no such switch"
 #define T_SHARDING \
-    "DeepSpeed, FSDP and sharding are not supported (yet): colt runs data-parallel with a full copy of the weights " \
-    "and optimizer state on each GPU; remove the setting"
+    "FSDP is not supported: colt shards with ZeRO instead (zero_stage 1-3, offload_optimizer, or a DeepSpeed " \
+    "config in deepspeed) and cuts models with tensor_parallel_size; remove the setting"
 #define T_PEFT_ONLY "colt's LoRA adapts the linear layers of every decoder block (lora_target_modules)"
 #define T_QUANT "quantized loading (bitsandbytes) is not supported: colt trains the model's full-precision weights"
 #define T_BNB "used only with load_in_4bit or load_in_8bit, which colt does not support"
-#define T_SHUFFLE "colt shuffles the prompts every epoch with seed"
+#define T_SAMPLER \
+    "TRL's GRPO sampler (RepeatSampler) ignores it: it shuffles the prompts with seed when shuffle_dataset is true, " \
+    "as colt does"
 #define T_COMPLETIONS \
     "colt writes every completion to output_dir/completions.jsonl and prints log_completions_count of them at each " \
     "logging step"
@@ -322,11 +366,113 @@ typedef struct TrlKey {
     "colt reads a local .jsonl or .json file: set dataset to it (export a hub dataset with " \
     "datasets.load_dataset(NAME, split=SPLIT).to_json(\"x.jsonl\"))"
 
+static const ConfigKey *find_key(const char *name);
+static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err);
+static void add_notice(TrainConfig *c, const char *key, const json_t *v, const char *why, const char *where);
+static void value_text(char *out, size_t n, const json_t *v);
+
+/* Whether path names a JSON Lines or JSON file by its extension (what dataset reads). */
+static bool is_json_file_name(const char *path) {
+    size_t n = strlen(path);
+    return (n > 6 && strcmp(path + n - 6, ".jsonl") == 0) || (n > 5 && strcmp(path + n - 5, ".json") == 0);
+}
+
+/* accelerator_config: Accelerate's options change nothing in colt at their
+ * defaults (the object GRPOConfig().to_dict() writes); another value would
+ * ask for a behaviour colt does not have, so it is refused. */
+static int apply_accelerator_config(TrainConfig *c, const TrlKey *t, const json_t *v, const char *where, char *err) {
+    static const struct {
+        const char *key, *value; /* the default, as JSON */
+    } defaults[] = {{"split_batches", "false"},       {"dispatch_batches", "null"},
+                    {"even_batches", "true"},         {"use_seedable_sampler", "true"},
+                    {"non_blocking", "false"},        {"gradient_accumulation_kwargs", "null"},
+                    {"use_configured_state", "false"}};
+    if (!json_is_null(v) && !json_is_object(v))
+        return errorf(err, "%s: accelerator_config must be a mapping (Accelerate's options) or null", where);
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)v, key, value) {
+        size_t i = 0, n = sizeof defaults / sizeof defaults[0];
+        while (i < n && strcmp(defaults[i].key, key) != 0) i++;
+        json_t *want = i < n ? json_loads(defaults[i].value, JSON_DECODE_ANY, NULL) : NULL;
+        bool same = want && json_equal(want, value);
+        json_decref(want);
+        if (!same) {
+            char text[80];
+            value_text(text, sizeof text, value);
+            return errorf(err, "%s: accelerator_config.%s: %s is not supported: colt does not run on Accelerate (it "
+                               "launches and synchronises its processes itself); leave Accelerate's default%s",
+                          where, key, text, i < n ? "" : " keys only");
+        }
+    }
+    add_notice(c, t->name, v, "colt does not run on Accelerate: it launches and synchronises its processes itself",
+               where);
+    return COLT_OK;
+}
+
+/* dataset_name (TRL's scripts): a local .jsonl / .json file is colt's dataset;
+ * a Hub name is kept for train_config_finalize (usable only beside dataset). */
+static int apply_dataset_name(TrainConfig *c, const TrlKey *t, const json_t *v, const char *where, char *err) {
+    (void)t;
+    if (json_is_null(v)) return COLT_OK;
+    if (!json_is_string(v)) return errorf(err, "%s: dataset_name must be a string (a local .jsonl file)", where);
+    const char *name = json_string_value(v);
+    if (is_json_file_name(name)) return set_from_json(c, find_key("dataset"), (json_t *)v, where, err);
+    free(c->dataset_name);
+    c->dataset_name = xstrdup(name);
+    return COLT_OK;
+}
+
+/* datasets (`trl grpo`'s DatasetMixtureConfig): one entry naming a local
+ * JSON Lines / JSON file, as datasets.load_dataset reads it, is colt's
+ * dataset. Anything that would select, mix or fetch rows is refused. */
+static int apply_datasets(TrainConfig *c, const TrlKey *t, const json_t *v, const char *where, char *err) {
+    (void)t;
+    if (json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) return COLT_OK;
+    const json_t *d = json_is_array(v) && json_array_size(v) == 1 ? json_array_get(v, 0) : v;
+    if (json_is_array(v) && json_array_size(v) > 1)
+        return errorf(err, "%s: datasets: %zu datasets: mixtures are not supported; concatenate them into one .jsonl "
+                           "file and set dataset", where, json_array_size(v));
+    if (!json_is_object(d) || !json_is_string(json_object_get(d, "path")))
+        return errorf(err, "%s: datasets: each entry must be a mapping with a path (e.g. {path: json, data_files: "
+                           "prompts.jsonl})", where);
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)d, key, value) {
+        bool is_train = json_is_string(value) && !strcmp(json_string_value(value), "train");
+        bool harmless = !strcmp(key, "path") || !strcmp(key, "data_files") || !strcmp(key, "fraction") ||
+                        ((!strcmp(key, "name") || !strcmp(key, "data_dir") || !strcmp(key, "columns")) &&
+                         json_is_null(value)) ||
+                        (!strcmp(key, "split") && (json_is_null(value) || is_train));
+        if (!harmless) {
+            char text[80];
+            value_text(text, sizeof text, value);
+            return errorf(err, "%s: datasets[0].%s: %s is not supported: colt reads every row of one local file "
+                               "(datasets: [{path: json, data_files: prompts.jsonl}], or dataset: prompts.jsonl)",
+                          where, key, text);
+        }
+    }
+    const char *path = json_string_value(json_object_get(d, "path"));
+    const json_t *files = json_object_get(d, "data_files");
+    if (json_is_array(files) && json_array_size(files) == 1) files = json_array_get(files, 0);
+    else if (json_is_object(files) && json_object_size(files) == 1) files = json_object_get(files, "train");
+    const char *file = NULL;
+    if ((!strcmp(path, "json") || is_json_file_name(path)) && json_is_string(files) &&
+        is_json_file_name(json_string_value(files)))
+        file = json_string_value(files);
+    else if (is_json_file_name(path) && (!files || json_is_null(files)))
+        file = path;
+    if (!file)
+        return errorf(err, "%s: datasets[0]: path '%s' is not a local JSON file colt can read: " T_DATASET
+                           " and set datasets: [{path: json, data_files: x.jsonl}]", where, path);
+    json_t *f = json_string(file);
+    int rc = set_from_json(c, find_key("dataset"), f, where, err);
+    json_decref(f);
+    return rc;
+}
+
 static const TrlKey TRL_KEYS[] = {
     /* transformers' TrainingArguments */
-    ONLY("lr_scheduler_kwargs", "null {}",
-         "colt's schedules (constant, constant_with_warmup, linear, cosine) take no arguments; use warmup_steps or "
-         "warmup_ratio"),
     ONLY("optim", "adamw_torch adamw_torch_fused",
          "colt's optimizer is AdamW with decoupled weight decay, as adamw_torch; others are not supported"),
     ONLY("optim_args", "null \"\"", "colt's AdamW takes adam_beta1, adam_beta2, adam_epsilon and weight_decay"),
@@ -334,7 +480,6 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("average_tokens_across_devices",
               "colt normalises the GRPO loss as loss_type says, over every process, as TRL does"),
     ONLY("label_smoothing_factor", "0", "GRPO's loss has no labels to smooth"),
-    ONLY("bf16", "true null", T_PRECISION),
     ONLY("fp16", "false", T_FP16),
     BOOL_NOOP("bf16_full_eval", "colt evaluates with the weights and precision it trains with"),
     ONLY("fp16_full_eval", "false", T_FP16),
@@ -355,7 +500,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("torch_empty_cache_steps", "colt plans and allocates its memory once: there is no allocator cache to empty"),
     ONLY("auto_find_batch_size", "false", "colt does not search for a batch size: set per_device_train_batch_size"),
     ONLY("logging_strategy", "steps", "colt logs every logging_steps optimizer steps and at the last step"),
-    ONLY("logging_first_step", "false", "colt logs every logging_steps optimizer steps and at the last step"),
     BOOL_NOOP("log_on_each_node", T_LOG),
     BOOL_NOOP("logging_nan_inf_filter", "a non-finite loss or gradient norm stops colt's run, without saving"),
     ONLY("include_num_input_tokens_seen", "no false", T_LOG),
@@ -367,7 +511,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("trackio_space_id", T_TRACKERS),
     NOOP("trackio_bucket_id", T_TRACKERS),
     NOOP("trackio_static_space_id", T_TRACKERS),
-    ONLY("eval_strategy", "no steps", T_EVAL),
     ONLY("eval_delay", "0", T_EVAL),
     NOOP("per_device_eval_batch_size",
          "colt's evaluation generates in batches of its own; the score does not depend on them"),
@@ -380,7 +523,6 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("batch_eval_metrics", T_EVAL),
     ONLY("save_only_model", "false",
          "colt's checkpoints hold the model, the optimizer state and the data position so that a run resumes exactly"),
-    ONLY("save_strategy", "steps", "colt saves a checkpoint every save_steps steps (0: none) and the model at the end"),
     ONLY("save_on_each_node", "false", "rank 0 alone writes checkpoints"),
     BOOL_NOOP("enable_jit_checkpoint", "colt always finishes the step and saves a checkpoint on SIGINT or SIGTERM"),
     ONLY("push_to_hub", "false", T_HUB),
@@ -398,11 +540,13 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("restore_callback_states_from_checkpoint", "colt has no callbacks"),
     ONLY("full_determinism", "false",
          "for reproducible runs colt has seed and deterministic (batch-invariant kernels, on by default for bf16)"),
-    ONLY("data_seed", "null", T_SHUFFLE),
-    ONLY("use_cpu", "false", "choose the device with device: cpu"),
-    ONLY("accelerator_config", "null {}",
-         "colt does not run on Accelerate: it launches and synchronises its processes itself"),
-    ONLY("parallelism_config", "null", T_SHARDING),
+    NOOP("data_seed", T_SAMPLER),
+    APPLY("accelerator_config", apply_accelerator_config,
+          "accepted: null, {} or Accelerate's default object (what GRPOConfig().to_dict() holds), with a notice: colt "
+          "launches and synchronises its processes itself; other values are refused"),
+    ONLY("parallelism_config", "null",
+         "Accelerate's ParallelismConfig is not read: colt's parallelism is tensor_parallel_size, zero_stage and the "
+         "processes it starts (one per GPU); remove the setting and set those"),
     BOOL_NOOP("dataloader_drop_last", "colt, as TRL's sampler, uses whole generation rounds only"),
     NOOP("dataloader_num_workers", T_LOADER),
     BOOL_NOOP("dataloader_pin_memory", T_LOADER),
@@ -413,8 +557,8 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("remove_unused_columns",
               "colt passes every dataset column to the reward functions (TRL's default false)"),
     ONLY("label_names", "null []", "GRPO has no labels"),
-    ONLY("train_sampling_strategy", "random", T_SHUFFLE),
-    NOOP("length_column_name", T_SHUFFLE),
+    NOOP("train_sampling_strategy", T_SAMPLER),
+    NOOP("length_column_name", T_SAMPLER),
     BOOL_NOOP("ddp_find_unused_parameters", T_DIST),
     BOOL_NOOP("ddp_broadcast_buffers", T_DIST),
     BOOL_NOOP("ddp_static_graph", T_DIST),
@@ -435,14 +579,8 @@ static const TrlKey TRL_KEYS[] = {
               "colt runs no code from a model folder: it implements the llama, qwen2 and qwen3 architectures"),
     NOOP("router_aux_loss_coef", "applies to mixture-of-experts models, which colt does not load"),
     BOOL_NOOP("disable_dropout", "colt applies no dropout, as disable_dropout: true"),
-    ONLY("cast_lm_head_to_fp32", "false",
-         "colt computes lm_head as every other layer (on a GPU, bf16 with fp32 accumulation)"),
-    ONLY("num_generations_eval", "null", "colt's evaluation draws num_generations completions per prompt"),
     BOOL_NOOP("ds3_gather_for_generation", "DeepSpeed only: colt generates with the very weights it trains"),
-    ONLY("shuffle_dataset", "true null", T_SHUFFLE),
     NOOP("pad_to_multiple_of", "colt does not pad sequences to a multiple: its results do not depend on it"),
-    ONLY("generation_kwargs", "null {}",
-         "colt samples with temperature, top_p, top_k, min_p and repetition_penalty: set those"),
     NOOP("cache_implementation", T_GENERATE_HF),
     NOOP("vllm_model_impl", "colt generates with its own engine"),
     BOOL_NOOP("vllm_enable_sleep_mode",
@@ -487,22 +625,34 @@ static const TrlKey TRL_KEYS[] = {
     ONLY("vllm_guided_decoding_regex", "null", "regex-guided generation is not supported"),
     NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
-    ONLY("evaluation_strategy", "no steps", T_EVAL),
-    ONLY("group_by_length", "false", T_SHUFFLE),
-    ONLY("no_cuda", "false", "choose the device with device: cpu"),
+    ALIAS("evaluation_strategy", "eval_strategy"),
+    BOOL_NOOP("group_by_length", T_SAMPLER),
+    ALIAS("no_cuda", "use_cpu"), /* transformers' older name */
     ONLY("use_mps_device", "false", "colt runs on NVIDIA GPUs (device cuda) or on the CPU"),
     ONLY("save_safetensors", "true null", "colt saves safetensors"),
     BOOL_NOOP("use_liger_loss", T_COMPILE),
-    ONLY("dataset_name", "null", T_DATASET),
+    APPLY("dataset_name", apply_dataset_name,
+          "a local .jsonl or .json file sets dataset; a Hub name loads only beside dataset (a notice says dataset is "
+          "used), alone it is refused: " T_DATASET),
     NOOP("dataset_config", T_DATASET),
     NOOP("dataset_train_split", T_DATASET),
     NOOP("dataset_test_split", "colt reads held-out prompts from eval_dataset, a local .jsonl or .json file"),
     ONLY("dataset_streaming", "false", T_DATASET),
+    /* the `trl grpo` command's own keys (trl/scripts/grpo.py's GRPOScriptArguments, DatasetMixtureConfig) */
+    APPLY("datasets", apply_datasets,
+          "one entry naming a local file ({path: x.jsonl}, or {path: json, data_files: x.jsonl}) sets dataset; "
+          "mixtures, Hub datasets and column selections are refused: " T_DATASET),
+    ONLY("streaming", "false null", T_DATASET),
+    ONLY("test_split_size", "null 0", "colt reads held-out prompts from eval_dataset"),
+    BOOL_NOOP("ignore_bias_buffers", "colt's models have no buffers to ignore"),
+    ONLY("reward_model_name_or_path", "null \"\"",
+         "reward models are not supported yet: score with reward_funcs (regex, math, a Python function, a program)"),
 };
 #undef ALIAS
 #undef NOOP
 #undef ONLY
 #undef BOOL_NOOP
+#undef APPLY
 #define N_TRL_KEYS (sizeof TRL_KEYS / sizeof TRL_KEYS[0])
 
 /* Reward weights are applied as floats; a cap keeps them (and their sums) finite. */
@@ -521,7 +671,7 @@ void train_config_defaults(TrainConfig *c) {
     c->adam_epsilon = 1e-8;
     c->max_grad_norm = 1.0;
     c->num_generations = 8;
-    c->max_completion_length = 256;
+    c->max_completion_length = 512; /* TRL 1.16's */
     c->max_prompt_length = 512;
     c->temperature = 1.0;
     c->top_p = 1.0;
@@ -572,7 +722,10 @@ void train_config_defaults(TrainConfig *c) {
     c->eval_steps = 0;
     c->log_completions_count = 2;
     c->seed = 42;
+    c->shuffle_dataset = true;
     c->device = xstrdup("auto");
+    c->bf16 = true;
+    c->save_strategy = xstrdup("steps");
     c->ddp_timeout = 600;
     c->ddp_bucket_cap_mb = 25;
     c->tensor_parallel_size = 1;
@@ -592,6 +745,8 @@ void train_config_free(TrainConfig *c) {
     }
     json_decref(c->notices);
     c->notices = NULL;
+    free(c->dataset_name);
+    c->dataset_name = NULL;
 }
 
 /* ---------------------------------------------------------------- closest key */
@@ -796,6 +951,18 @@ static void number_from_json(Number *n, const json_t *v) {
     }
 }
 
+/* A nullable key given null (TRL's None): its default, as TRL's None means. */
+static void set_default(TrainConfig *c, const ConfigKey *k) {
+    TrainConfig d;
+    train_config_defaults(&d);
+    size_t size = k->type == KEY_BOOL ? sizeof(bool) : k->type == KEY_INT ? sizeof(int) : k->type == KEY_U64
+                                                                                          ? sizeof(uint64_t)
+                                                                                          : sizeof(double);
+    COLT_ASSERT(k->type == KEY_BOOL || k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE);
+    memcpy((char *)c + k->offset, (const char *)&d + k->offset, size);
+    train_config_free(&d);
+}
+
 /* Sets a numeric key (int, u64, double) after its range check; on error the
  * setting keeps its value. */
 static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const char *where, char *err) {
@@ -804,6 +971,10 @@ static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const
     number_from_json(&n, v);
     char range[128];
     range_text(range, sizeof range, k);
+    if (n.kind == NUM_NULL && k->nullable) {
+        set_default(c, k);
+        return COLT_OK;
+    }
     if (k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
         if (n.kind == NUM_NULL && k->type == KEY_DOUBLE_OR_NULL) {
             *(double *)p = NAN;
@@ -813,10 +984,6 @@ static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const
             return errorf(err, "%s: %s must be a number (%s), not %s", where, k->name, range, n.text);
         if (!double_in_range(k, n.d)) return range_error(k, n.text, isnan(n.d), where, err);
         *(double *)p = n.d;
-        return COLT_OK;
-    }
-    if (n.kind == NUM_NULL && k->nullable) {
-        *(int *)p = 0;
         return COLT_OK;
     }
     if (n.kind == NUM_BIG_INT || (n.kind == NUM_INT && (n.i < k->imin || n.i > k->imax)))
@@ -831,7 +998,11 @@ static int set_number(TrainConfig *c, const ConfigKey *k, const json_t *v, const
 /* A value as messages show it: a string as written, anything else as compact
  * JSON, cut to a readable length. */
 static void value_text(char *out, size_t n, const json_t *v) {
-    char *s = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (json_is_real(v)) { /* 0.6, not 0.59999999999999998 */
+        real_text(out, n, json_real_value(v));
+        return;
+    }
+    char *s = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10));
     const char *t = json_is_string(v) ? json_string_value(v) : s ? s : "?";
     snprintf(out, n, "%.60s%s", t, strlen(t) > 60 ? "..." : "");
     free(s);
@@ -922,6 +1093,89 @@ bool train_config_reports_to(const TrainConfig *c, const char *integration) {
     return false;
 }
 
+/* TRL's reward function names (`trl grpo --reward_funcs`, trl/rewards) as
+ * colt's reward specs where colt computes the same reward; the others are
+ * refused saying how to run TRL's own function. A refused entry leaves
+ * reward_funcs unset. */
+static int translate_trl_rewards(TrainConfig *c, const char *where, char *err) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(c->reward_funcs, i, v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        json_t *spec = NULL;
+        if (strcmp(s, "think_format_reward") == 0) {
+            /* trl.rewards.think_format_reward: re.match with DOTALL, so only the start anchors (flags s, not m) */
+            spec = json_pack("{s:s,s:s,s:s,s:s}", "type", "regex", "name", s, "pattern",
+                             "^<think>(?!.*<think>)(.*?)</think>.*$", "flags", "s");
+        } else if (strcmp(s, "accuracy_reward") == 0) {
+            spec = json_pack("{s:s,s:s,s:s}", "type", "math", "name", s, "column", "solution");
+            char line[ERR_LEN];
+            snprintf(line, sizeof line, "%s: reward_funcs: accuracy_reward is colt's math reward against the solution "
+                                        "column (numbers and normalised answers, not math_verify's symbolic check; "
+                                        "trl.rewards.accuracy_reward runs TRL's own through Python)", where);
+            train_config_notice(c, "reward_funcs.accuracy_reward", line);
+        } else if (strcmp(s, "reasoning_accuracy_reward") == 0 || strcmp(s, "get_soft_overlong_punishment") == 0) {
+            json_decref(c->reward_funcs);
+            c->reward_funcs = NULL;
+            return errorf(err, "%s: reward_funcs: %s is not built into colt: %s", where, s,
+                          s[0] == 'r'
+                              ? "run TRL's own function through Python with trl.rewards.reasoning_accuracy_reward"
+                              : "write it as a Python reward function (rewards.py:FUNCTION, docs/rewards.md)");
+        }
+        if (spec) json_array_set_new(c->reward_funcs, i, spec);
+    }
+    return COLT_OK;
+}
+
+/* generation_kwargs' keys colt has (applied by train_config_finalize, over
+ * the settings of the same name, as TRL passes them last to the sampler). */
+static const char *generation_kwarg_setting(const char *key) {
+    static const char *const same[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", NULL};
+    for (const char *const *p = same; *p; p++)
+        if (strcmp(key, *p) == 0) return *p;
+    if (strcmp(key, "max_tokens") == 0 || strcmp(key, "max_new_tokens") == 0) return "max_completion_length";
+    return NULL;
+}
+
+/* generation_kwargs: a key colt's sampler has, or one whose value changes
+ * nothing in the completions (what colt does anyway: sampling, no beams,
+ * special tokens dropped from the text; or output options of HF's generate and
+ * vLLM that do not touch the tokens drawn). Any other would change the
+ * completions, so it is refused; a refused object leaves the key unset. */
+static int check_generation_kwargs(TrainConfig *c, const char *where, char *err) {
+    static const struct {
+        const char *key, *value; /* the value that changes nothing, as JSON; NULL: any */
+    } harmless[] = {{"do_sample", "true"},   {"skip_special_tokens", "true"}, {"detokenize", "true"},
+                    {"num_beams", "1"},      {"use_cache", NULL},             {"logprobs", NULL},
+                    {"output_scores", NULL}, {"output_logits", NULL},         {"return_dict_in_generate", NULL}};
+    const char *key;
+    json_t *v;
+    json_object_foreach(c->generation_kwargs, key, v) {
+        if (generation_kwarg_setting(key)) continue;
+        size_t h = 0, n = sizeof harmless / sizeof harmless[0];
+        while (h < n && strcmp(harmless[h].key, key) != 0) h++;
+        json_t *want = h < n && harmless[h].value ? json_loads(harmless[h].value, JSON_DECODE_ANY, NULL) : NULL;
+        bool noop = h < n && (!harmless[h].value || (want && json_equal(want, v)));
+        json_decref(want);
+        if (noop) {
+            char name[96];
+            snprintf(name, sizeof name, "generation_kwargs.%s", key);
+            add_notice(c, name, v, "colt samples one token at a time (no beams) and decodes completions without "
+                                   "special tokens; output options do not change what is drawn", where);
+            continue;
+        }
+        char text[80];
+        value_text(text, sizeof text, v);
+        errorf(err, "%s: generation_kwargs.%s: %s is not supported: it would change the completions; colt samples "
+                    "with temperature, top_p, top_k, min_p, repetition_penalty and max_tokens",
+               where, key, text);
+        json_decref(c->generation_kwargs);
+        c->generation_kwargs = NULL;
+        return COLT_ERR;
+    }
+    return COLT_OK;
+}
+
 static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err) {
     void *p = (char *)c + k->offset;
     int rc = COLT_OK;
@@ -936,6 +1190,7 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         /* "true" given as a string (a quoted YAML value, a flag) is accepted */
         json_t *b = json_is_string(v) ? scalar_to_json(json_string_value(v), false) : json_incref(v);
         if (json_is_boolean(b)) *(bool *)p = json_is_true(b);
+        else if (json_is_null(b) && k->nullable) set_default(c, k);
         else rc = errorf(err, "%s: '%s' must be true or false", where, k->name);
         json_decref(b);
         break;
@@ -978,10 +1233,20 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, report_to)) rc = check_report_to(c, v, where, err);
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, lora_target_modules))
         rc = check_lora_targets(c, where, err);
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, reward_funcs)) rc = translate_trl_rewards(c, where, err);
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, generation_kwargs))
+        rc = check_generation_kwargs(c, where, err);
     /* either name of the KV pool cap: remember that the user chose it */
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, gpu_memory_utilization))
         c->gpu_memory_utilization_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, deterministic)) c->deterministic_set = true;
+    /* use_cpu: true picks the CPU as soon as it is read (with device auto): colt train counts the processes to
+     * start from device before it finalizes */
+    if (rc == COLT_OK && c->use_cpu && c->device && strcmp(c->device, "auto") == 0 &&
+        (k->offset == offsetof(TrainConfig, use_cpu) || k->offset == offsetof(TrainConfig, device))) {
+        free(c->device);
+        c->device = xstrdup("cpu");
+    }
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, zero_stage)) c->zero_stage_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, offload_optimizer)) c->offload_set = true;
     if (rc == COLT_OK && k->notice) add_notice(c, k->name, v, k->notice, where);
@@ -1046,6 +1311,7 @@ static void accepted_text(char *out, size_t n, const TrlKey *t) {
  * with a notice when its value changes nothing in colt, else refused. */
 static int set_trl_key(TrainConfig *c, const TrlKey *t, json_t *v, const char *where, char *err) {
     if (t->alias) return json_is_null(v) ? COLT_OK : set_from_json(c, find_key(t->alias), v, where, err);
+    if (t->apply) return t->apply(c, t, v, where, err);
     if (trl_value_accepted(t, v)) {
         add_notice(c, t->name, v, t->text, where);
         return COLT_OK;
@@ -1077,6 +1343,10 @@ TrainKeyClass train_config_describe_key(char *text, size_t n, const char *key) {
         snprintf(text, n, "sets `%s`: %s", t->alias, find_key(t->alias)->help);
         return TRAIN_KEY_ALIAS;
     }
+    if (t->apply) {
+        snprintf(text, n, "%s", t->text);
+        return TRAIN_KEY_MAPPED;
+    }
     if (strcmp(t->accepted, "*") == 0) {
         snprintf(text, n, "%s", t->text);
         return TRAIN_KEY_NOOP;
@@ -1092,12 +1362,19 @@ bool train_config_key_is_bool(const char *key) {
     if (t && t->alias) key = t->alias;
     const ConfigKey *k = find_key(key);
     if (k) return k->type == KEY_BOOL;
-    if (!t) return false;
+    if (!t || t->apply) return false;
     json_t *yes = json_true(), *no = json_false();
     bool is_bool = strcmp(t->accepted, "*") != 0 && (trl_value_accepted(t, yes) || trl_value_accepted(t, no));
     json_decref(yes);
     json_decref(no);
     return is_bool;
+}
+
+bool train_config_key_is_list(const char *key) {
+    const TrlKey *t = find_trl_key(key);
+    if (t && t->alias) key = t->alias;
+    const ConfigKey *k = find_key(key);
+    return k && k->type == KEY_JSON_LIST;
 }
 
 void train_config_print_notices(const TrainConfig *c) {
@@ -1128,8 +1405,11 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
     } else if (k->type == KEY_JSON_LIST) {
         json_error_t jerr;
         v = json_loads(value, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
-        /* --report_to tensorboard, as transformers' parser takes it */
-        if (!v && k->offset == offsetof(TrainConfig, report_to) && value[0] != '[') v = scalar_to_json(value, false);
+        /* --report_to tensorboard, as transformers' parser takes it; --reward_funcs think_format_reward or
+         * rewards.py:f, as trl grpo's */
+        if (!v && (k->offset == offsetof(TrainConfig, report_to) || k->offset == offsetof(TrainConfig, reward_funcs)) &&
+            value[0] != '[' && value[0] != '{')
+            v = scalar_to_json(value, false);
         if (!v) return errorf(err, "%s: '%s' must be JSON (a list): %s", where, key, jerr.text);
     } else if (k->type == KEY_INT || k->type == KEY_U64 || k->type == KEY_DOUBLE || k->type == KEY_DOUBLE_OR_NULL) {
         v = json_string(value); /* set_number reads the text itself, so errors quote it as typed ("1e18") */
@@ -1344,8 +1624,10 @@ int train_config_load_text(TrainConfig *c, const char *text, size_t len, TrainCo
     json_object_foreach(root, key, v) {
         const ConfigKey *k = find_key(key);
         const TrlKey *t = k ? NULL : find_trl_key(key);
-        if (t && t->alias && json_object_get(root, t->alias)) {
-            rc = errorf(err, "%s: %s and %s name the same setting; give one of them", name, t->alias, key);
+        /* both names at once: fine when they agree (GRPOConfig().to_dict() writes both) */
+        if (t && t->alias && json_object_get(root, t->alias) && !json_equal(json_object_get(root, t->alias), v)) {
+            rc = errorf(err, "%s: %s and %s name the same setting with different values; give one of them", name,
+                        t->alias, key);
             break;
         }
         if (k ? set_from_json(c, k, v, name, err) != 0 : t ? set_trl_key(c, t, v, name, err) != 0
@@ -1402,6 +1684,116 @@ static int check_products(const TrainConfig *c, char *err) {
     return COLT_OK;
 }
 
+/* lr_scheduler_kwargs as transformers' get_scheduler takes them: with
+ * cosine_with_min_lr one of min_lr_rate and min_lr (a fraction of
+ * learning_rate, as transformers computes it); num_cycles only at its default
+ * 0.5 (the half cosine colt computes); the other schedules take none. */
+static int resolve_schedule(TrainConfig *c, char *err) {
+    static const char *const schedulers[] = {"constant", "constant_with_warmup", "linear", "cosine",
+                                             "cosine_with_min_lr", NULL};
+    if (!one_of(c->lr_scheduler_type, schedulers))
+        return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine, "
+                           "cosine_with_min_lr)",
+                      c->lr_scheduler_type ? c->lr_scheduler_type : "null");
+    bool with_min = strcmp(c->lr_scheduler_type, "cosine_with_min_lr") == 0;
+    bool cosine = with_min || strcmp(c->lr_scheduler_type, "cosine") == 0;
+    json_t *rate = NULL, *min_lr = NULL;
+    const char *key;
+    json_t *v;
+    json_object_foreach(c->lr_scheduler_kwargs, key, v) {
+        if (with_min && strcmp(key, "min_lr_rate") == 0) rate = v;
+        else if (with_min && strcmp(key, "min_lr") == 0) min_lr = v;
+        else if (!(cosine && strcmp(key, "num_cycles") == 0 && json_is_number(v) && json_number_value(v) == 0.5)) {
+            char text[80];
+            value_text(text, sizeof text, v);
+            return errorf(err, "settings: lr_scheduler_kwargs.%s: %s is not supported with lr_scheduler_type %s (%s)",
+                          key, text, c->lr_scheduler_type,
+                          with_min ? "it takes min_lr_rate or min_lr" : cosine ? "only num_cycles: 0.5"
+                                                                             : "it takes no arguments");
+        }
+    }
+    c->min_lr_rate = 0.0;
+    if (!with_min) return COLT_OK;
+    if (rate && min_lr) return errorf(err, "settings: lr_scheduler_kwargs: give min_lr_rate or min_lr, not both");
+    if (!rate && !min_lr)
+        return errorf(err, "settings: lr_scheduler_type cosine_with_min_lr needs lr_scheduler_kwargs {min_lr_rate: R} "
+                           "or {min_lr: LR}");
+    json_t *given = rate ? rate : min_lr;
+    if (!json_is_number(given))
+        return errorf(err, "settings: lr_scheduler_kwargs.%s must be a number", rate ? "min_lr_rate" : "min_lr");
+    double r = rate ? json_number_value(rate) : c->learning_rate > 0 ? json_number_value(min_lr) / c->learning_rate
+                                                                     : NAN;
+    if (!(r >= 0 && r <= 1))
+        return errorf(err, "settings: lr_scheduler_kwargs: %s %g is outside [0, 1] of learning_rate %g",
+                      rate ? "min_lr_rate" : "min_lr / learning_rate =", r, c->learning_rate);
+    c->min_lr_rate = r;
+    return COLT_OK;
+}
+
+/* transformers' and TRL's switches as colt's settings: generation_kwargs
+ * over the sampling settings, save_strategy, use_cpu / bf16 /
+ * cast_lm_head_to_fp32 into device, a Hub dataset_name. The GPU count is
+ * asked only when device auto must become cuda_f32 or cpu. */
+static int resolve_trl_switches(TrainConfig *c, char *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(c->generation_kwargs, key, v) {
+        const char *setting = generation_kwarg_setting(key);
+        if (setting && set_from_json(c, find_key(setting), v, "settings: generation_kwargs", err) != 0)
+            return COLT_ERR;
+    }
+    /* "no" unquoted is YAML's false: the same wish */
+    if (c->save_strategy && (strcmp(c->save_strategy, "no") == 0 || strcmp(c->save_strategy, "false") == 0))
+        c->save_steps = 0;
+    else if (!c->save_strategy || strcmp(c->save_strategy, "steps") != 0)
+        return errorf(err, "settings: save_strategy '%s' is not supported: use steps (a checkpoint every save_steps) "
+                           "or no (none; the model is saved at the end)",
+                      c->save_strategy ? c->save_strategy : "null");
+    /* eval_strategy as transformers reads it ("no" unquoted is YAML's false); unset, colt's eval_steps decides */
+    if (c->eval_strategy && !strcmp(c->eval_strategy, "steps")) {
+        if (c->eval_steps == 0) c->eval_steps = c->logging_steps;
+    } else if (c->eval_strategy && (!strcmp(c->eval_strategy, "no") || !strcmp(c->eval_strategy, "false"))) {
+        c->eval_steps = 0;
+    } else if (c->eval_strategy) {
+        return errorf(err, "settings: eval_strategy '%s' is not supported: use steps (eval_steps) or no",
+                      c->eval_strategy);
+    }
+    const char *dev = c->device ? c->device : "auto";
+    if (c->use_cpu) {
+        if (strcmp(dev, "cpu") != 0 && strcmp(dev, "auto") != 0)
+            return errorf(err, "settings: use_cpu: true asks for the CPU but device is %s; give one of them", dev);
+        dev = "cpu";
+    }
+    bool gpu_auto = strcmp(dev, "auto") == 0 && (!c->bf16 || c->cast_lm_head_to_fp32) && backend_gpu_count() > 0;
+    if (!c->bf16) {
+        if (strcmp(dev, "cuda") == 0)
+            return errorf(err, "settings: bf16: false asks for fp32 weights but device cuda keeps bf16 weights: use "
+                               "device cuda_f32 (or auto)");
+        if (strcmp(dev, "auto") == 0) dev = gpu_auto ? "cuda_f32" : "cpu";
+    }
+    if (c->cast_lm_head_to_fp32 && (strcmp(dev, "cuda") == 0 || (strcmp(dev, "auto") == 0 && gpu_auto)))
+        return errorf(err, "settings: cast_lm_head_to_fp32: true is not supported with bf16 weights on a GPU: set "
+                           "bf16: false (fp32 weights, lm_head included: device cuda_f32)");
+    if (c->cast_lm_head_to_fp32) {
+        json_t *yes = json_true();
+        add_notice(c, "cast_lm_head_to_fp32", yes, "the weights are fp32 here, lm_head included", "settings");
+        json_decref(yes);
+    }
+    if (strcmp(dev, c->device ? c->device : "auto") != 0) {
+        free(c->device);
+        c->device = xstrdup(dev);
+    }
+    if (c->dataset_name && !c->dataset)
+        return errorf(err, "settings: dataset_name '%s' is a Hub dataset; " T_DATASET, c->dataset_name);
+    if (c->dataset_name) {
+        char line[ERR_LEN];
+        snprintf(line, sizeof line, "settings: dataset_name: %s is not read: colt trains on dataset %s",
+                 c->dataset_name, c->dataset);
+        train_config_notice(c, "dataset_name", line);
+    }
+    return COLT_OK;
+}
+
 int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->model) return errorf(err, "settings: 'model' is required (a Hugging Face model folder)");
     if (!c->dataset) return errorf(err, "settings: 'dataset' is required (a .jsonl or .json file of prompts)");
@@ -1433,11 +1825,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
             return errorf(err, "settings: reward_weights[%zu]: %g is out of range (-%g .. %g)", i, json_number_value(w),
                           MAX_REWARD_WEIGHT, MAX_REWARD_WEIGHT);
     }
+    if (resolve_trl_switches(c, err) != 0) return COLT_ERR;
     if (check_ranges(c, "settings", err) != 0) return COLT_ERR;
-    static const char *const schedulers[] = {"constant", "constant_with_warmup", "linear", "cosine", NULL};
-    if (!one_of(c->lr_scheduler_type, schedulers))
-        return errorf(err, "settings: unknown lr_scheduler_type '%s' (constant, constant_with_warmup, linear, cosine)",
-                      c->lr_scheduler_type ? c->lr_scheduler_type : "null");
+    if (resolve_schedule(c, err) != 0) return COLT_ERR;
     if (isnan(c->epsilon_high)) c->epsilon_high = c->epsilon;
     if (c->use_adaptive_entropy && c->entropy_coef_min > c->entropy_coef_max)
         return errorf(err, "settings: entropy_coef_min (%g) must not exceed entropy_coef_max (%g) with "
@@ -1516,11 +1906,19 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: vllm_importance_sampling_mode %s needs vllm_importance_sampling_clip_min or "
                            "vllm_importance_sampling_clip_max",
                       c->vllm_importance_sampling_mode);
-    /* TRL: generation_batch_size and steps_per_generation are alternatives. */
-    if (c->generation_batch_size > 0 && c->steps_per_generation > 0)
-        return errorf(err, "settings: set generation_batch_size or steps_per_generation, not both");
     if (c->world_size < 1 || c->world_size > TRAIN_CONFIG_MAX_BATCH)
         return errorf(err, "settings: world size %d is out of range (1 .. %d)", c->world_size, TRAIN_CONFIG_MAX_BATCH);
+    /* TRL: generation_batch_size and steps_per_generation are alternatives;
+     * both (GRPOConfig().to_dict() writes both, resolved) load when they agree. */
+    if (c->generation_batch_size > 0 && c->steps_per_generation > 0) {
+        int64_t implied = (int64_t)c->per_device_train_batch_size * c->world_size * c->steps_per_generation;
+        if (implied != c->generation_batch_size)
+            return errorf(err, "settings: generation_batch_size %d and steps_per_generation %d disagree "
+                               "(per_device_train_batch_size %d x %d processes x %d = %lld); set one of them",
+                          c->generation_batch_size, c->steps_per_generation, c->per_device_train_batch_size,
+                          c->world_size, c->steps_per_generation, (long long)implied);
+        c->steps_per_generation = 0; /* derived again below from generation_batch_size */
+    }
     /* A micro-batch spans the world: per_device_train_batch_size on each process. */
     int64_t global_batch = (int64_t)c->per_device_train_batch_size * c->world_size;
     if (global_batch > TRAIN_CONFIG_MAX_COMPLETIONS)
@@ -1669,8 +2067,10 @@ void train_config_print_help(void *fp) {
     fprintf(fp, "  (ranges keep every batch and length product far inside 32-bit arithmetic; batch x (prompt + "
                 "completion length) and generation_batch_size x (prompt + completion length) are at most %d tokens)\n",
             TRAIN_CONFIG_MAX_TOKENS);
-    fprintf(fp, "  (the other keys of TRL's GRPOConfig, transformers' TrainingArguments and TRL's ModelConfig are known: "
-                "model_name_or_path sets model, a value that changes nothing in colt loads with a notice, others are "
-                "refused saying what to do instead; docs/trl_config.md lists them)\n");
+    fprintf(fp, "  (the other keys of TRL's GRPOConfig, transformers' TrainingArguments, TRL's ModelConfig and the trl "
+                "grpo command are known: model_name_or_path sets model, datasets and dataset_name a local file set "
+                "dataset, a value that changes nothing in colt loads with a notice, others are refused saying what to "
+                "do instead; TRL's null is the default; a list setting takes several words (--reward_funcs a b); "
+                "docs/trl_config.md lists them)\n");
     train_config_free(&d);
 }

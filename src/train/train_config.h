@@ -3,12 +3,15 @@
  * Defaults are TRL 1.x's. An unknown key, a key given twice in one file, and a
  * value outside its key's range are errors naming the key. The other keys of
  * TRL's GRPOConfig, transformers' TrainingArguments and TRL's ModelConfig are
- * known too (docs/trl_config.md): a TRL name for a colt setting sets it
- * (model_name_or_path), a value that changes nothing in colt is accepted with
- * one notice line, any other value is refused saying what to do instead. Derived values
- * (epsilon_high, steps_per_generation, generation_batch_size) are resolved
- * and checked by train_config_finalize. Not the trainer: nothing here opens a
- * model or a dataset. */
+ * known too, and those of the `trl grpo` command (docs/trl_config.md): a TRL
+ * name for a colt setting sets it (model_name_or_path), a TRL key colt
+ * translates sets colt's settings (bf16: false -> cuda_f32, datasets ->
+ * dataset, reward names -> reward specs), a value that changes nothing in colt
+ * is accepted with one notice line, any other value is refused saying what to
+ * do instead; TRL's null (None) means the default where TRL allows it.
+ * Derived values (epsilon_high, steps_per_generation, generation_batch_size,
+ * device, min_lr_rate) are resolved and checked by train_config_finalize. Not
+ * the trainer: nothing here opens a model or a dataset. */
 #ifndef COLT_TRAIN_TRAIN_CONFIG_H
 #define COLT_TRAIN_TRAIN_CONFIG_H
 
@@ -38,9 +41,19 @@ typedef struct TrainConfig {
     double learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     char *lr_scheduler_type;
     int warmup_steps;
+    /* transformers' lr_scheduler_kwargs (an object, or NULL), read by
+     * train_config_finalize: cosine_with_min_lr's min_lr_rate (or min_lr, as a
+     * fraction of learning_rate) becomes min_lr_rate (0 for the other schedules). */
+    json_t *lr_scheduler_kwargs;
+    double min_lr_rate;
     /* generation */
     int num_generations, max_completion_length, max_prompt_length, top_k;
     double temperature, top_p, min_p, repetition_penalty;
+    /* TRL's generation_kwargs (an object, or NULL): its sampling keys override
+     * the settings above in train_config_finalize, as TRL passes them last. */
+    json_t *generation_kwargs;
+    int num_generations_eval;  /* completions per eval prompt (0: num_generations) */
+    bool shuffle_dataset;      /* false: prompts in file order every epoch */
     /* GRPO loss */
     double beta, epsilon, epsilon_high, delta;  /* epsilon_high, delta: NaN = unset */
     double sapo_temperature_neg, sapo_temperature_pos;                          /* loss_type sapo */
@@ -137,7 +150,18 @@ typedef struct TrainConfig {
     char *logging_dir;       /* TensorBoard's folder (NULL: $TENSORBOARD_LOGGING_DIR, else output_dir/runs/...) */
     uint64_t seed;
     char *resume_from_checkpoint;
-    char *device;            /* cpu, cuda or auto */
+    char *device;            /* cpu, cuda, cuda_f32 or auto */
+    /* transformers' precision and device switches, resolved into device by
+     * train_config_finalize: bf16 false asks for fp32 weights (cuda_f32 on a
+     * GPU), use_cpu true for the CPU; cast_lm_head_to_fp32 is refused where the
+     * weights are bf16. */
+    bool bf16, use_cpu, cast_lm_head_to_fp32;
+    char *save_strategy;     /* "steps", or "no": save_steps becomes 0 */
+    char *eval_strategy;     /* NULL; "no": eval_steps 0; "steps": eval_steps 0 becomes logging_steps (transformers') */
+    /* Not a setting: the `trl grpo` dataset_name when it is not a local file
+     * (a Hub name), for train_config_finalize's message or notice. */
+    char *dataset_name;
+    bool logging_first_step; /* also log the first optimizer step (transformers') */
     /* Not a setting: one line per key given whose value changes nothing in
      * colt ({key: line}, or NULL), printed by train_config_print_notices. */
     json_t *notices;
@@ -218,6 +242,7 @@ typedef enum {
     TRAIN_KEY_ALIAS,    /* TRL's name for a colt setting (model_name_or_path: model) */
     TRAIN_KEY_NOOP,     /* accepted whatever its value, with a notice: it changes nothing in colt */
     TRAIN_KEY_LIMITED,  /* accepted with a notice for the values that change nothing in colt; others refused */
+    TRAIN_KEY_MAPPED,   /* TRL's key whose values colt translates into its settings (bf16: false -> cuda_f32) */
 } TrainKeyClass;
 
 /* The class of a key name, and in text (n bytes) one line (markdown) saying
@@ -227,5 +252,10 @@ TrainKeyClass train_config_describe_key(char *text, size_t n, const char *key);
 /* True when a key takes true/false, so that `--key` alone on the command line
  * means true (as transformers' HfArgumentParser reads it). */
 bool train_config_key_is_bool(const char *key);
+
+/* True when a key takes a list (reward_funcs, report_to, ...), so that
+ * `--key a b` on the command line means [a, b] (HfArgumentParser's nargs, as
+ * `trl grpo --reward_funcs accuracy_reward think_format_reward` writes it). */
+bool train_config_key_is_list(const char *key);
 
 #endif

@@ -677,7 +677,7 @@ static void trainer_teardown(Trainer *t) {
 
 float trainer_learning_rate(const Trainer *t) {
     return lr_schedule_value(t->scheduler, (float)t->cfg->learning_rate, (int)t->global_step, (int)t->total_steps,
-                             t->warmup_steps);
+                             t->warmup_steps, t->cfg->min_lr_rate);
 }
 
 /* gradient_accumulation_steps micro-batches (a new round whenever the last one

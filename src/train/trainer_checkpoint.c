@@ -224,7 +224,10 @@ int trainer_load_state(Trainer *t, const char *ckpt, char *err) {
         t->epoch = st.progress.epoch;
         t->epoch_pos = st.progress.epoch_pos;
         t->num_tokens = st.progress.num_tokens;
-        if (t->epoch > 0) dataset_epoch_order(t->epoch_order, dataset_size(t->data), t->cfg->seed, t->epoch);
+        if (t->epoch > 0 && t->cfg->shuffle_dataset)
+            dataset_epoch_order(t->epoch_order, dataset_size(t->data), t->cfg->seed, t->epoch);
+        else if (t->epoch > 0) /* shuffle_dataset false: file order (as trainer_rollout.c's next_prompt_rows) */
+            for (size_t r = 0; r < dataset_size(t->data); r++) t->epoch_order[r] = r;
         t->metrics = st.metrics;
         rollout_free(&t->ro);
         t->ro = st.rollout;

@@ -1,5 +1,5 @@
-/* trainer_eval.c — evaluation on the held-out prompts: num_generations
- * completions per prompt with fixed RNG streams, scored, their mean reward, and
+/* trainer_eval.c — evaluation on the held-out prompts: num_generations_eval
+ * (default num_generations) completions per prompt with fixed RNG streams, scored, their mean reward, and
  * eval_<tag>.jsonl written by rank 0. Not colt eval's benchmarks (math_eval.c). */
 #include "train/trainer_internal.h"
 
@@ -38,14 +38,19 @@ static int write_eval_file(const Trainer *t, const char *tag, const char *const 
     return rc;
 }
 
-/* Mean combined reward of num_generations sampled completions per held-out
+/* Mean combined reward of num_generations_eval sampled completions per held-out
  * prompt, with fixed RNG streams so before/after are comparable. Writes the
  * completions to output_dir/eval_<tag>.jsonl. */
 int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err) {
     TrainConfig *c = t->cfg;
     size_t n_rows = dataset_size(t->eval_data);
     if (c->num_eval_prompts > 0 && (size_t)c->num_eval_prompts < n_rows) n_rows = (size_t)c->num_eval_prompts;
-    const int G = c->num_generations, L = c->max_completion_length, F = t->n_rewards, W = t->dist.world;
+    const int G = c->num_generations_eval > 0 ? c->num_generations_eval : c->num_generations;
+    const int L = c->max_completion_length, F = t->n_rewards, W = t->dist.world;
+    if (n_rows > TRAIN_CONFIG_MAX_COMPLETIONS / (size_t)G)
+        return errorf(err, "%s: %zu eval prompts x num_generations_eval %d is more than the %d completions evaluated "
+                           "at once: set num_eval_prompts",
+                      c->eval_dataset, n_rows, G, TRAIN_CONFIG_MAX_COMPLETIONS);
     const int N = (int)(n_rows * (size_t)G);
     /* Each rank generates and scores a slice of `chunk` completions (the last
      * ones may be short), then every rank gets every completion and reward. */

@@ -134,7 +134,9 @@ void trainer_add_step_metrics(Trainer *t, StepClock *clock, double loss, double 
 
 int trainer_log_progress(Trainer *t, const StepClock *clock, double loss, bool last, char *err) {
     const bool live_progress = isatty(STDERR_FILENO);
-    bool logging = t->global_step % t->cfg->logging_steps == 0 || last;
+    /* logging_first_step: transformers logs global step 1 as well */
+    bool logging = t->global_step % t->cfg->logging_steps == 0 || last ||
+                   (t->cfg->logging_first_step && t->global_step == 1);
     double elapsed = clock->step_end - clock->loop_start;
     int64_t steps_this_run = t->global_step - clock->run_first_step;
     if (live_progress && !logging) {

@@ -170,7 +170,8 @@ static void next_prompt_rows(Trainer *t, size_t *rows, int P) {
         if (t->epoch_pos >= n || (i == 0 && n - t->epoch_pos < (size_t)P && (size_t)P <= n)) {
             t->epoch++;
             t->epoch_pos = 0;
-            dataset_epoch_order(t->epoch_order, n, t->cfg->seed, t->epoch);
+            if (t->cfg->shuffle_dataset) dataset_epoch_order(t->epoch_order, n, t->cfg->seed, t->epoch);
+            else for (size_t r = 0; r < n; r++) t->epoch_order[r] = r; /* shuffle_dataset false: file order, as TRL */
         }
         rows[i] = t->epoch_order[t->epoch_pos++ % n];
     }

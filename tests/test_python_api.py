@@ -184,6 +184,13 @@ def errors(tmp):
         check(isinstance(got, kind) and words in str(got), "%s: got %r" % (what, got))
     print("refused: %s" % ", ".join(r[0] for r in refused))
 
+    # tools reach colt's settings by the name its tool worker imports them by
+    import json as json_module
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=divide, args=GRPOConfig(output_dir=tmp), train_dataset=PROMPTS,
+                          tools=[json_module.dumps, "tools.py:add"])
+    tools = trainer._settings(tmp).get("tools")
+    check(tools == ["json.dumps", "tools.py:add"], "tools in the settings: %r" % (tools,))
+
 
 def lora_and_save(tmp):
     from colt import GRPOConfig, GRPOTrainer

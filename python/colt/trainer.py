@@ -191,6 +191,23 @@ def _progress_bar(enabled):
     return tqdm(total=0, unit="step", dynamic_ncols=True)
 
 
+def _tool_spec(tool, i):
+    """colt's name for a tool: a string as given ("tools.py:add", "module.add"); a function by the module it
+    is imported from, which colt's tool worker imports again (its schema comes from its type hints and
+    docstring there, as TRL's get_json_schema reads them)."""
+    if isinstance(tool, str):
+        return tool
+    if not callable(tool):
+        raise TypeError("tools[%d] is a %s: give functions or \"file.py:function\" names" % (i, type(tool).__name__))
+    module, name = getattr(tool, "__module__", None), getattr(tool, "__qualname__", "")
+    if not module or module == "__main__" or "." in name or "<" in name:
+        raise NotImplementedError(
+            "tools[%d] (%s): colt runs tools in its own Python worker, which imports them: define the function at "
+            "the top level of a module (not the script you run) and pass it, or pass \"file.py:%s\""
+            % (i, name or repr(tool), getattr(tool, "__name__", "function")))
+    return "%s.%s" % (module, name)
+
+
 class GRPOTrainer:
     """GRPOTrainer(model, reward_funcs, args=None, train_dataset=None, eval_dataset=None,
     processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
@@ -205,10 +222,10 @@ class GRPOTrainer:
     def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
                  reward_processing_classes=None, callbacks=None, optimizers=(None, None), peft_config=None,
                  tools=None, rollout_func=None, environment_factory=None):
-        for name, value in [("tools", tools), ("rollout_func", rollout_func),
-                            ("environment_factory", environment_factory)]:
+        for name, value in [("rollout_func", rollout_func), ("environment_factory", environment_factory)]:
             if value:
-                raise NotImplementedError("%s: colt does not run tools, environments or rollout functions yet" % name)
+                raise NotImplementedError("%s: colt does not run environments or rollout functions yet" % name)
+        self.tools = [_tool_spec(t, i) for i, t in enumerate(tools or [])]
         if optimizers is not None and any(o is not None for o in optimizers):
             raise NotImplementedError("optimizers: colt uses its own AdamW and schedule (set them in GRPOConfig)")
         if reward_processing_classes is not None:
@@ -259,6 +276,8 @@ class GRPOTrainer:
         if self.peft_config is not None:
             settings.update(_peft_settings(self.peft_config))
         settings["output_dir"] = os.path.abspath(settings["output_dir"])
+        if self.tools:
+            settings["tools"] = self.tools
         return settings
 
     def _call_callbacks(self, event, **kwargs):

@@ -278,15 +278,20 @@ static void print_command(int argc, char **argv) {
     printf("`\n");
 }
 
+/* zero_wall: the same mode's wall time with no tool latency (< 0: not run);
+ * the difference is what the latency cost (parked, ideally 0; lockstep, about
+ * rounds x latency). */
 static void print_row(const char *model, const Setup *s, int latency_ms, const char *mode, const Result *r,
-                      double single_tps, double scan_s) {
+                      double single_tps, double zero_wall, double scan_s) {
     double tps = r->seconds > 0 ? r->model_tokens / r->seconds : 0;
     double ideal = single_tps > 0 ? r->model_tokens / single_tps : 0;
     double naive = ideal + r->max_rounds * latency_ms * 1e-3;
-    printf("| %s | %d | %d | %s | %lld | %lld | %d | %.2f | %.0f | %lld / %lld | %.2f | %.2f | %.2f | %.0f%% |\n", model,
-           s->n_convs, latency_ms, mode, (long long)r->model_tokens, (long long)r->tool_tokens, r->max_rounds,
-           r->seconds, tps, (long long)r->st.shared_tokens, (long long)r->st.prefill_tokens, scan_s, ideal, naive,
-           r->seconds > 0 ? 100 * ideal / r->seconds : 0);
+    char cost[32] = "–";
+    if (zero_wall >= 0) snprintf(cost, sizeof cost, "%+.2f", r->seconds - zero_wall);
+    printf("| %s | %d | %d | %s | %lld | %lld | %d | %.2f | %s | %.0f | %d | %lld / %lld | %.2f | %.2f | %.2f | %.0f%% |\n",
+           model, s->n_convs, latency_ms, mode, (long long)r->model_tokens, (long long)r->tool_tokens, r->max_rounds,
+           r->seconds, cost, tps, r->st.steps, (long long)r->st.shared_tokens, (long long)r->st.prefill_tokens, scan_s,
+           ideal, naive, r->seconds > 0 ? 100 * ideal / r->seconds : 0);
     fflush(stdout);
 }
 
@@ -307,10 +312,11 @@ static void bench_n(Model *m, const char *model, Setup *s, const int *latencies,
         return;
     }
     double single_tps = single.seconds > 0 ? single.model_tokens / single.seconds : 0;
-    printf("| %s | %d | – | single-turn (%d each) | %lld | 0 | 0 | %.2f | %.0f | %lld / %lld | – | %.2f | %.2f | 100%% |\n",
-           model, s->n_convs, max_new, (long long)single.model_tokens, single.seconds, single_tps,
+    printf("| %s | %d | – | single-turn (%d each) | %lld | 0 | 0 | %.2f | – | %.0f | %d | %lld / %lld | – | %.2f | %.2f | 100%% |\n",
+           model, s->n_convs, max_new, (long long)single.model_tokens, single.seconds, single_tps, single.st.steps,
            (long long)single.st.shared_tokens, (long long)single.st.prefill_tokens, single.seconds, single.seconds);
-    for (int mode = 0; mode < (lockstep ? 2 : 1); mode++)
+    for (int mode = 0; mode < (lockstep ? 2 : 1); mode++) {
+        double zero_wall = mode == 0 ? base.seconds : -1;
         for (int li = 0; li < n_lat; li++) {
             Result r;
             if (mode == 0 && latencies[li] == 0) r = base;
@@ -318,9 +324,11 @@ static void bench_n(Model *m, const char *model, Setup *s, const int *latencies,
                 printf("| %s | %d | %d | error: %s |\n", model, s->n_convs, latencies[li], err);
                 continue;
             }
-            print_row(model, s, latencies[li], mode ? "lockstep" : "parked", &r, single_tps,
+            if (latencies[li] == 0 && zero_wall < 0) zero_wall = r.seconds;
+            print_row(model, s, latencies[li], mode ? "lockstep" : "parked", &r, single_tps, zero_wall,
                       stop_scan_seconds(s, r.model_tokens, vocab));
         }
+    }
 }
 
 int main(int argc, char **argv) {
@@ -354,9 +362,9 @@ int main(int argc, char **argv) {
            "completion budget %d.\n\n",
            cpu ? "CPU backend (sanity check)" : "bf16, CUDA graphs", base.prompt_len, base.turn_tokens,
            base.turn_tokens, base.result_tokens, base.rounds, base.budget);
-    printf("| model | N | tool ms | mode | model tokens | tool tokens | rounds | wall s | model tok/s | "
-           "shared / prefill tokens | stop scan s | ideal s | naive s | ideal / wall |\n"
-           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| model | N | tool ms | mode | model tokens | tool tokens | rounds | wall s | latency cost s | model tok/s | "
+           "steps | shared / prefill tokens | stop scan s | ideal s | naive s | ideal / wall |\n"
+           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
         const Shape *shape = strcmp(want[w], "tiny") == 0 ? &TINY : shape_by_name(want[w]);
@@ -398,7 +406,7 @@ int main(int argc, char **argv) {
     printf("\n");
     print_command(argc, argv);
     printf("Hardware: %s\n", hw);
-    printf("model tok/s: sampled tokens / wall s. shared / prefill: tokens whose K/V came from the prefix cache / "
+    printf("latency cost: wall s - the same mode's wall s at 0 ms (list 0 first). model tok/s: sampled tokens / wall s. steps: forward calls. shared / prefill: tokens whose K/V came from the prefix cache / "
            "tokens computed as prompt (EngineStats). ideal: the row's model tokens at the single-turn rate; naive: "
            "ideal + rounds x tool latency (the batch waits for its tools once a round).\n");
     return 0;

@@ -17,11 +17,14 @@
  * - lockstep: results are held until no conversation is generating, then all
  *   come back LATENCY later — TRL's loop, where the whole batch waits for its
  *   slowest turn and then for the tools, round after round.
- * Single-turn: engine_generate over the same prompts, max_new_tokens = the
- * parked L=0 run's mean model tokens per conversation, eos ignored. The
- * bounds for a row: ideal = the row's model tokens at the single-turn rate
- * (tool latency fully hidden, turns free); naive = ideal + rounds x latency
- * (every round the whole batch waits for the tools once).
+ * Single-turn, two baselines over the same prompts, eos ignored:
+ * engine_generate with max_new_tokens = the parked L=0 run's mean model
+ * tokens per conversation (the same tokens, equal lengths), and the
+ * persistent engine with each sequence's max_new_tokens = its conversation's
+ * model tokens ("own lengths": the same tokens and the same length tail, no
+ * turns). The bounds for a row: ideal = the row's model tokens at the
+ * own-lengths rate (tool latency fully hidden, turns free); naive = ideal +
+ * rounds x latency (every round the whole batch waits for the tools once).
  * Turn lengths depend only on the RNG (seed, stream, position), so the rows
  * of one N generate the same tokens up to the bf16 GEMMs' batch dependence.
  *
@@ -170,7 +173,8 @@ typedef struct Result {
 
 static const SamplingParams SAMPLING = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 1};
 
-static int run_agent(Model *m, const Setup *s, double latency_s, bool lockstep, Result *r, char *err) {
+/* lens (NULL: not wanted) gets each conversation's model tokens. */
+static int run_agent(Model *m, const Setup *s, double latency_s, bool lockstep, int *lens, Result *r, char *err) {
     const int n = s->n_convs;
     Tools t = {.setup = s, .latency_s = latency_s, .lockstep = lockstep, .vocab = model_config(m)->vocab_size,
                .generating = n, .barrier_at = -1};
@@ -200,6 +204,10 @@ static int run_agent(Model *m, const Setup *s, double latency_s, bool lockstep, 
             r->tool_tokens += !convs[c].model_mask[k];
         }
         if (convs[c].tool_rounds > r->max_rounds) r->max_rounds = convs[c].tool_rounds;
+        if (lens) {
+            lens[c] = 0;
+            for (int k = 0; k < convs[c].n_tokens; k++) lens[c] += convs[c].model_mask[k];
+        }
         agent_conversation_free(&convs[c]);
     }
     free(convs);
@@ -227,13 +235,54 @@ static int run_single(Model *m, const Setup *s, int max_new, Result *r, char *er
     return rc;
 }
 
-/* COLT_REPEATS runs of one kind (max_new < 0: agent_generate, else
- * engine_generate), the fastest kept: the device's run-to-run spread. */
-static int run_best(Model *m, const Setup *s, int max_new, double latency_s, bool lockstep, Result *r, char *err) {
+/* Single-turn with each sequence's own length, lens[i] tokens (eos ignored),
+ * through the persistent engine (engine_generate takes one max_new_tokens
+ * for all): the conversations' tokens without turns or tools. */
+static int run_matched(Model *m, const Setup *s, const int *lens, Result *r, char *err) {
+    const int n = s->n_convs;
+    int longest = 1;
+    for (int i = 0; i < n; i++) longest = lens[i] > longest ? lens[i] : longest;
+    GenSequence *seqs = calloc((size_t)n, sizeof(GenSequence));
+    EngineOptions eo = {.max_num_seqs = n};
+    Engine *e = NULL;
+    double t0 = time_now();
+    int rc = engine_create(&e, m, &eo, s->prompt_len + longest, n, err);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        seqs[i] = (GenSequence){.prompt = s->prompts + (size_t)i * s->prompt_len, .prompt_len = s->prompt_len,
+                                .stream = (uint64_t)i};
+        GenerateOptions go = {.sampling = SAMPLING, .max_new_tokens = lens[i] > 0 ? lens[i] : 1, .ignore_eos = true};
+        rc = engine_add_request(e, &seqs[i], &go, (uint64_t)i, err);
+    }
+    while (rc == 0 && engine_has_work(e)) {
+        const EngineEvent *events;
+        int n_events;
+        rc = engine_step(e, &events, &n_events, err);
+    }
+    if (e) engine_stats(e, &r->st);
+    engine_destroy(e);
+    r->seconds = time_now() - t0;
+    r->model_tokens = 0, r->tool_tokens = 0, r->max_rounds = 0;
+    for (int i = 0; i < n; i++) {
+        if (rc == 0) r->model_tokens += seqs[i].n_tokens;
+        gen_sequence_free(&seqs[i]);
+    }
+    free(seqs);
+    return rc;
+}
+
+typedef enum { RUN_PARKED, RUN_LOCKSTEP, RUN_SINGLE, RUN_MATCHED } RunKind;
+
+/* COLT_REPEATS runs of one kind, the fastest kept (the device's run-to-run
+ * spread). max_new: RUN_SINGLE's length; lens: RUN_MATCHED's lengths, or
+ * where the agent runs put each conversation's model tokens (may be NULL). */
+static int run_best(Model *m, const Setup *s, RunKind kind, double latency_s, int max_new, int *lens, Result *r,
+                    char *err) {
     int repeats = env_int("COLT_REPEATS", 1);
     for (int k = 0; k < repeats; k++) {
         Result one;
-        int rc = max_new < 0 ? run_agent(m, s, latency_s, lockstep, &one, err) : run_single(m, s, max_new, &one, err);
+        int rc = kind == RUN_SINGLE    ? run_single(m, s, max_new, &one, err)
+                 : kind == RUN_MATCHED ? run_matched(m, s, lens, &one, err)
+                                       : run_agent(m, s, latency_s, kind == RUN_LOCKSTEP, lens, &one, err);
         if (rc != 0) return rc;
         if (k == 0 || one.seconds < r->seconds) *r = one;
     }
@@ -291,13 +340,14 @@ static void print_command(int argc, char **argv) {
     printf("`\n");
 }
 
-/* zero_wall: the same mode's wall time with no tool latency (< 0: not run);
+/* matched_tps: the single-turn rate with the conversations' own lengths.
+ * zero_wall: the same mode's wall time with no tool latency (< 0: not run);
  * the difference is what the latency cost (parked, ideally 0; lockstep, about
  * rounds x latency). */
 static void print_row(const char *model, const Setup *s, int latency_ms, const char *mode, const Result *r,
-                      double single_tps, double zero_wall, double scan_s) {
+                      double matched_tps, double zero_wall, double scan_s) {
     double tps = r->seconds > 0 ? r->model_tokens / r->seconds : 0;
-    double ideal = single_tps > 0 ? r->model_tokens / single_tps : 0;
+    double ideal = matched_tps > 0 ? r->model_tokens / matched_tps : 0;
     double naive = ideal + r->max_rounds * latency_ms * 1e-3;
     char cost[32] = "–";
     if (zero_wall >= 0) snprintf(cost, sizeof cost, "%+.2f", r->seconds - zero_wall);
@@ -308,37 +358,52 @@ static void print_row(const char *model, const Setup *s, int latency_ms, const c
     fflush(stdout);
 }
 
-/* Every row of one model and N: parked L=0, the single-turn run sized from
+static void print_single(const char *model, const Setup *s, const char *mode, const Result *r) {
+    printf("| %s | %d | – | %s | %lld | 0 | 0 | %.2f | – | %.0f | %d | %lld / %lld | – | – | – | – |\n", model,
+           s->n_convs, mode, (long long)r->model_tokens, r->seconds, r->seconds > 0 ? r->model_tokens / r->seconds : 0,
+           r->st.steps, (long long)r->st.shared_tokens, (long long)r->st.prefill_tokens);
+}
+
+/* Every row of one model and N: parked L=0, the single-turn runs sized from
  * it, then the other latencies parked and (unless COLT_LOCKSTEP=0) lockstep. */
 static void bench_n(Model *m, const char *model, Setup *s, const int *latencies, int n_lat, bool lockstep) {
     char err[ERR_LEN];
     const int vocab = model_config(m)->vocab_size;
-    Result base, single;
-    if (run_best(m, s, -1, 0, false, &base, err) != 0) {
+    Result base, single, matched;
+    int *lens = malloc(sizeof(int) * (size_t)s->n_convs);
+    if (run_best(m, s, RUN_PARKED, 0, 0, lens, &base, err) != 0) {
         printf("| %s | %d | error: %s |\n", model, s->n_convs, err);
+        free(lens);
         return;
     }
     int max_new = (int)((base.model_tokens + s->n_convs / 2) / s->n_convs);
     if (max_new < 1) max_new = 1;
-    if (run_best(m, s, max_new, 0, false, &single, err) != 0) {
+    char mode[64];
+    if (run_best(m, s, RUN_SINGLE, 0, max_new, NULL, &single, err) != 0) {
         printf("| %s | %d | single-turn error: %s |\n", model, s->n_convs, err);
-        return;
+    } else {
+        snprintf(mode, sizeof mode, "single-turn, %d each", max_new);
+        print_single(model, s, mode, &single);
     }
-    double single_tps = single.seconds > 0 ? single.model_tokens / single.seconds : 0;
-    printf("| %s | %d | – | single-turn (%d each) | %lld | 0 | 0 | %.2f | – | %.0f | %d | %lld / %lld | – | %.2f | %.2f | 100%% |\n",
-           model, s->n_convs, max_new, (long long)single.model_tokens, single.seconds, single_tps, single.st.steps,
-           (long long)single.st.shared_tokens, (long long)single.st.prefill_tokens, single.seconds, single.seconds);
-    for (int mode = 0; mode < (lockstep ? 2 : 1); mode++) {
-        double zero_wall = mode == 0 ? base.seconds : -1;
+    double matched_tps = 0;
+    if (run_best(m, s, RUN_MATCHED, 0, 0, lens, &matched, err) != 0) {
+        printf("| %s | %d | single-turn (own lengths) error: %s |\n", model, s->n_convs, err);
+    } else {
+        print_single(model, s, "single-turn, own lengths", &matched);
+        matched_tps = matched.seconds > 0 ? matched.model_tokens / matched.seconds : 0;
+    }
+    free(lens);
+    for (int mode_k = 0; mode_k < (lockstep ? 2 : 1); mode_k++) {
+        double zero_wall = mode_k == 0 ? base.seconds : -1;
         for (int li = 0; li < n_lat; li++) {
             Result r;
-            if (mode == 0 && latencies[li] == 0) r = base;
-            else if (run_best(m, s, -1, latencies[li] * 1e-3, mode == 1, &r, err) != 0) {
+            if (mode_k == 0 && latencies[li] == 0) r = base;
+            else if (run_best(m, s, mode_k ? RUN_LOCKSTEP : RUN_PARKED, latencies[li] * 1e-3, 0, NULL, &r, err) != 0) {
                 printf("| %s | %d | %d | error: %s |\n", model, s->n_convs, latencies[li], err);
                 continue;
             }
             if (latencies[li] == 0 && zero_wall < 0) zero_wall = r.seconds;
-            print_row(model, s, latencies[li], mode ? "lockstep" : "parked", &r, single_tps, zero_wall,
+            print_row(model, s, latencies[li], mode_k ? "lockstep" : "parked", &r, matched_tps, zero_wall,
                       stop_scan_seconds(s, r.model_tokens, vocab));
         }
     }
@@ -420,7 +485,7 @@ int main(int argc, char **argv) {
     print_command(argc, argv);
     printf("Hardware: %s\n", hw);
     printf("latency cost: wall s - the same mode's wall s at 0 ms (list 0 first). model tok/s: sampled tokens / wall s. steps: forward calls. shared / prefill: tokens whose K/V came from the prefix cache / "
-           "tokens computed as prompt (EngineStats). ideal: the row's model tokens at the single-turn rate; naive: "
+           "tokens computed as prompt (EngineStats). ideal: the row's model tokens at the single-turn own-lengths rate; naive: "
            "ideal + rounds x tool latency (the batch waits for its tools once a round).\n");
     return 0;
 }

@@ -35,7 +35,8 @@
  * multi-turn rows, not the single-turn run, which ignores eos).
  *
  * Usage: bench_agent [--cpu] [preset ...]   (GPU: 0.5b 1.5b 7b, default 0.5b;
- *        --cpu: the CPU backend, preset tiny, a sanity check)
+ *        --cpu: the CPU backend, preset tiny, a sanity check; CPU builds have it too;
+ *        OMP_NUM_THREADS=1 on a shared machine, where OpenMP's spinning threads make it 50x slower)
  * COLT_CONVS="64 256" (CPU "8 32"), COLT_LATENCIES_MS="0 50 200", COLT_ROUNDS=3,
  * COLT_TURN_TOKENS=64, COLT_RESULT_TOKENS=24, COLT_PROMPT_LEN=128,
  * COLT_BUDGET (default 2 x ((ROUNDS+1) x TURN_TOKENS + ROUNDS x RESULT_TOKENS)),

@@ -1370,6 +1370,9 @@ static void test_trl_translations(void) {
         CHECK(train_config_load_text(&u, text, strlen(text), TRAIN_CONFIG_YAML, "t.yaml", uerr) == 0 &&
                   !strcmp(u.device, "cpu"),
               "use_cpu: true, device: auto: device %s before finalize (%s)", u.device, uerr);
+        /* the command line's use_cpu false over the file's true gives the device back (auto) */
+        CHECK(train_config_set(&u, "use_cpu", "false", "command line", uerr) == 0 && !strcmp(u.device, "auto"),
+              "use_cpu: true then --use_cpu false: device %s (%s)", u.device, uerr);
         train_config_free(&u);
     }
     /* the rate min_lr gives, and a flag in trl grpo's form */

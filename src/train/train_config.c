@@ -1246,7 +1246,15 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         (k->offset == offsetof(TrainConfig, use_cpu) || k->offset == offsetof(TrainConfig, device))) {
         free(c->device);
         c->device = xstrdup("cpu");
+        c->device_from_use_cpu = true;
     }
+    /* a later use_cpu: false (the command line over a config file) gives back what use_cpu took */
+    if (rc == COLT_OK && !c->use_cpu && c->device_from_use_cpu && k->offset == offsetof(TrainConfig, use_cpu)) {
+        free(c->device);
+        c->device = xstrdup("auto");
+        c->device_from_use_cpu = false;
+    }
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, device) && !c->use_cpu) c->device_from_use_cpu = false;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, zero_stage)) c->zero_stage_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, offload_optimizer)) c->offload_set = true;
     if (rc == COLT_OK && k->notice) add_notice(c, k->name, v, k->notice, where);

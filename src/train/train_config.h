@@ -162,6 +162,8 @@ typedef struct TrainConfig {
      * (a Hub name), for train_config_finalize's message or notice. */
     char *dataset_name;
     bool logging_first_step; /* also log the first optimizer step (transformers') */
+    /* Not a setting: device was "auto" until use_cpu: true made it "cpu" (a later use_cpu: false undoes it). */
+    bool device_from_use_cpu;
     /* Not a setting: one line per key given whose value changes nothing in
      * colt ({key: line}, or NULL), printed by train_config_print_notices. */
     json_t *notices;

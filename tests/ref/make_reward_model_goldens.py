@@ -19,6 +19,7 @@ Then tests/data/models/reward_model_goldens.json:
 
 Usage: python3 tests/ref/make_reward_model_goldens.py
 """
+import copy
 import json
 import os
 
@@ -130,8 +131,12 @@ def main():
         model, tok = load_as_trl(path)
         pad = tok.pad_token_id
         seqs = id_sequences(pad, seed)
+        # score_bf16: the same model with bf16 weights and compute (transformers' own bf16 error is the
+        # yardstick of a bf16 device's scores: tests/gpu/test_cuda_reward_model.c)
+        bf16_scores = padded_scores(copy.deepcopy(model).to(torch.bfloat16), pad, seqs)
         entry = {"name": name, "dir": f"tests/data/models/{name}", "pad_token_id": pad,
-                 "ids": [{"ids": s, "score": x} for s, x in zip(seqs, padded_scores(model, pad, seqs))]}
+                 "ids": [{"ids": s, "score": x, "score_bf16": y}
+                         for s, x, y in zip(seqs, padded_scores(model, pad, seqs), bf16_scores)]}
         for kind, prompts, completions in (("plain", PLAIN_PROMPTS, PLAIN_COMPLETIONS),
                                            ("conversational", CHAT_PROMPTS, CHAT_COMPLETIONS)):
             texts, ids, scores = trl_scores(model, tok, prompts, completions)

@@ -160,6 +160,7 @@ static const char *RECORD_SETTINGS[] = {
     "num_generations", "generation_batch_size", "samples_per_step", "num_iterations", "max_completion_length",
     "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
     "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
+    "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
 };
 /* Derived entries, and how a message names them. The world size itself may
  * change: what the saved state depends on is how many samples a step takes. */
@@ -231,6 +232,11 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
         if (a && b && json_equal((json_t *)a, (json_t *)b)) continue;
         /* recorded since shuffle_dataset became a setting: older runs always shuffled */
         if (!a && !strcmp(RECORD_SETTINGS[i], "shuffle_dataset") && json_is_true(b)) continue;
+        /* recorded since sync_ref_model became a setting (older runs never synced); the mix's settings
+         * matter only while it is on */
+        bool syncs = json_is_true(json_object_get(sb, "sync_ref_model"));
+        if (!strcmp(RECORD_SETTINGS[i], "sync_ref_model") && !a && !syncs) continue;
+        if (!strncmp(RECORD_SETTINGS[i], "ref_model_", 10) && !syncs) continue;
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);

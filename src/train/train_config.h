@@ -56,6 +56,11 @@ typedef struct TrainConfig {
     bool shuffle_dataset;      /* false: prompts in file order every epoch */
     /* GRPO loss */
     double beta, epsilon, epsilon_high, delta;  /* epsilon_high, delta: NaN = unset */
+    /* TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps the reference model
+     * becomes ref_model_mixup_alpha x policy + (1 - alpha) x reference. Needs beta > 0, not with use_peft. */
+    bool sync_ref_model;
+    double ref_model_mixup_alpha;
+    int ref_model_sync_steps;
     double sapo_temperature_neg, sapo_temperature_pos;                          /* loss_type sapo */
     double vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;        /* loss_type vespo */
     /* TRL 1.16's masks and entropy terms (train/grpo.h says what each does): top_entropy_quantile 1 keeps

@@ -61,6 +61,7 @@ static const IntRange INT_KEYS[] = {
     {"log_completions_count", 0, 1048576, false},
     {"max_rounds_without_reward", 0, 1000000000, false},
     {"ref_model_sync_steps", 1, 1000000000, false},
+    {"max_num_gen_batches", 0, 1000000, false},
     {"max_tool_calling_iterations", -1, 1000000, true},
     {"ddp_timeout", 1, 604800, false},
     {"ddp_bucket_cap_mb", 1, 65536, true},

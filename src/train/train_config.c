@@ -168,6 +168,13 @@ static const ConfigKey KEYS[] = {
     K(scale_rewards, KEY_STRING, "group, batch or none"),
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
+    K(dynamic_sampling, KEY_BOOL,
+      "DAPO's dynamic sampling (veRL's filter_groups; beyond TRL): a group whose rewards all agree (std 0: no "
+      "signal) is dropped and more generation batches are made until the round has generation_batch_size "
+      "completions of groups that differ; logs num_gen_batches and num_dropped_groups"),
+    KI(max_num_gen_batches, 0, 1000000,
+       "dynamic_sampling: generation batches a round may take; past it the run stops with an error, as veRL's "
+       "(0: no bound)"),
     K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
     K(use_peft, KEY_BOOL,
       "train LoRA adapters on the frozen model instead of every weight (saved in PEFT's format: "
@@ -688,6 +695,7 @@ void train_config_defaults(TrainConfig *c) {
     c->vespo_k_pos = 2.0, c->vespo_lambda_pos = 3.0, c->vespo_k_neg = 3.0, c->vespo_lambda_neg = 2.0;
     c->delta = NAN;
     c->ref_model_mixup_alpha = 0.6, c->ref_model_sync_steps = 512; /* TRL's defaults */
+    c->max_num_gen_batches = 10; /* DAPO's recipe (veRL's own default 0 never stops a run whose groups all agree) */
     c->top_entropy_quantile = 1.0; /* TRL 1.16's defaults */
     c->off_policy_mask_threshold = NAN;
     c->use_bias_correction_kl = true;
@@ -1959,6 +1967,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
                       c->generation_batch_size, c->num_generations);
     if (check_products(c, err) != 0) return COLT_ERR;
     if (c->merge_lora && !c->use_peft) return errorf(err, "settings: merge_lora needs use_peft: true");
+    if (c->dynamic_sampling && c->async_generation)
+        return errorf(err, "settings: dynamic_sampling with async_generation: a round's size is known only once its "
+                           "groups are scored, so the next one cannot be asked for in advance; turn one off");
     if (c->sync_ref_model && c->beta == 0)
         return errorf(err, "settings: sync_ref_model needs a reference model, which beta 0 does not load: set beta > 0 "
                            "or sync_ref_model: false (as TRL)");

@@ -72,6 +72,10 @@ typedef struct TrainConfig {
     char *loss_type, *importance_sampling_level, *scale_rewards;
     int num_iterations;
     bool mask_truncated_completions;
+    /* DAPO's dynamic sampling (veRL's algorithm.filter_groups, beyond TRL): groups whose rewards all agree are
+     * dropped and more generation batches fill the round, at most max_num_gen_batches of them (0: no bound). */
+    bool dynamic_sampling;
+    int max_num_gen_batches;
     bool gradient_checkpointing;  /* recompute activations in the backward (transformers' name) */
     /* LoRA (TRL's ModelConfig names): adapters trained on the frozen model (model/lora.h) */
     bool use_peft, use_rslora, merge_lora;

@@ -7,7 +7,8 @@
  *     halfway to the policy);
  *   - a resume from checkpoint-3 (mid-round: rounds are 2 steps) loads the synced reference and reproduces
  *     the uninterrupted run's step 4, final weights and last reference bit for bit;
- *   - sync_ref_model without a reference model (beta 0) or with use_peft: one-line errors, as TRL's. */
+ *   - sync_ref_model without a reference model (beta 0) or with use_peft: one-line errors, as TRL's.
+ * `test_sync_ref cuda` runs the same on a GPU with bf16 weights (the bound: two bf16 roundings). */
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -28,8 +29,13 @@ static const char *BASE =
     "--max_steps 4 --save_steps 1 --warmup_steps 0 --reward_funcs '[{\"type\": \"regex\", \"pattern\": \"\\\\bthe\\\\b\"}]'";
 static const char *SYNC = "--sync_ref_model true --ref_model_sync_steps 2 --ref_model_mixup_alpha 0.5";
 
+static const char *g_device = "cpu";
+static double g_eps = FLT_EPSILON; /* the storage dtype's epsilon: fp32 on the CPU, bf16 on a GPU */
+
 static int run(const char *args, char **err_out) {
-    return run_colt_with(&(ColtRun){.subcommand = "train"}, args, err_out);
+    char full[4096];
+    snprintf(full, sizeof full, "%s --device %s", args, g_device);
+    return run_colt_with(&(ColtRun){.subcommand = "train"}, full, err_out);
 }
 
 static void expect_error(const char *name, const char *args, const char *needle) {
@@ -79,10 +85,12 @@ static float *tensor_f32(const Weights *w, const char *name, size_t *n) {
     return x;
 }
 
-/* Compares after against the mix of policy and before (mix) or against before alone (!mix), over every
- * tensor of after. Returns the largest error in units of the bound; *moved: max |policy - before|. */
+/* Compares after against the mix of policy and before (mix) or against before alone (!mix: equal, or within
+ * `rounding` relative when before is fp32 and after was rounded to storage once), over every tensor of
+ * after. Returns the largest error in units of the bound; *moved: max |policy - before|. */
 static double check_reference(const char *what, const char *after_dir, const char *policy_dir,
-                              const char *before_dir, bool mix, double *moved, size_t *exact, size_t *total) {
+                              const char *before_dir, bool mix, double rounding, double *moved, size_t *exact,
+                              size_t *total) {
     Weights a = weights_open(after_dir), p = weights_open(policy_dir), b = weights_open(before_dir);
     double worst = 0;
     *moved = 0, *exact = 0, *total = 0;
@@ -95,8 +103,9 @@ static double check_reference(const char *what, const char *after_dir, const cha
             CHECK(xa && xp && xb && na == np && na == nb, "%s: tensor %s missing or of another size", what, name);
             for (size_t k = 0; xa && xp && xb && na == np && na == nb && k < na; k++) {
                 double want = mix ? ALPHA * xp[k] + (1.0 - ALPHA) * xb[k] : xb[k];
-                /* two roundings to fp32 (torch's mul_ then add_): each within half an ulp of its result */
-                double bound = mix ? FLT_EPSILON * (fabs((1.0 - ALPHA) * xb[k]) + fabs(want)) + 1e-30 : 1e-30;
+                /* two roundings to storage (torch's mul_ then add_): each within half an ulp of its result */
+                double bound = mix ? g_eps * (fabs((1.0 - ALPHA) * xb[k]) + fabs(want)) + 1e-30
+                                   : rounding * fabs(want) + 1e-30;
                 double e = fabs(xa[k] - want) / bound;
                 if (e > worst) worst = e;
                 *exact += (double)xa[k] == want;
@@ -113,8 +122,9 @@ static double check_reference(const char *what, const char *after_dir, const cha
     return worst;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     double t0 = now_s();
+    if (argc > 1) g_device = argv[1], g_eps = strcmp(argv[1], "cpu") == 0 ? FLT_EPSILON : 1.0 / 128;
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_sync_ref_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
     char args[4096], s_dir[300], n_dir[300], r_dir[300], *err;
@@ -142,8 +152,10 @@ int main(void) {
         snprintf(what, sizeof what, "step %d", step);
         double moved = 0;
         size_t exact = 0, total = 0;
-        double worst = check_reference(what, after, policy, before, mix, &moved, &exact, &total);
-        printf("step %d: reference %s: max error %.3g of the bound (two fp32 roundings), %zu of %zu elements equal "
+        /* the initial model's file is fp32: a GPU's reference is its bf16 rounding */
+        double rounding = step == 1 && strcmp(g_device, "cpu") != 0 ? g_eps / 2 : 0;
+        double worst = check_reference(what, after, policy, before, mix, rounding, &moved, &exact, &total);
+        printf("step %d: reference %s: max error %.3g of the bound (two roundings to storage), %zu of %zu elements equal "
                "to the double mix; policy moved up to %.3g from the previous reference\n",
                step, mix ? "= 0.5 policy + 0.5 previous reference" : "unchanged", worst, exact, total, moved);
         CHECK(worst <= 1.0, "step %d: the reference is off the %s by %.3g of the bound", step,

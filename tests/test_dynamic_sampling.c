@@ -5,7 +5,8 @@
  *   - rounds are refilled: no trained group is uniform (every logged completion of every round, its group's
  *     rewards compared), no easy prompt is trained on, frac_reward_zero_std is 0, num_gen_batches > 1 in some
  *     round, and num_dropped_groups accounts for the extra batches;
- *   - the same seed gives the same run (metrics and final weights byte for byte);
+ *   - the same seed gives the same run (metrics and final weights byte for byte), and a resume from
+ *     checkpoint-2 goes on as the uninterrupted run (the extra batches' prompts and RNG streams included);
  *   - when every group agrees, the run stops after max_num_gen_batches with one error line (veRL raises);
  *   - dynamic_sampling with async_generation is refused.
  * Exits 77 (skipped) without python3. */
@@ -103,11 +104,11 @@ int main(void) {
     snprintf(g_args, sizeof g_args,
              "--config examples/demo.yaml --dataset %s --eval_dataset null --num_generations %d "
              "--per_device_train_batch_size %d --max_completion_length 16 --max_steps %d --logging_steps 1 "
-             "--log_completions_count %d --save_steps 0 --save_total_limit 0 --warmup_steps 0 --dynamic_sampling true",
+             "--log_completions_count %d --save_steps 2 --save_total_limit 0 --warmup_steps 0 --dynamic_sampling true",
              data, G, G * P, STEPS, G * P);
 
     /* 1. refilled rounds */
-    char a_dir[300], b_dir[300], extra[1024], *err;
+    char a_dir[300], b_dir[300], extra[2048], *err;
     snprintf(a_dir, sizeof a_dir, "%s/a", g_tmp);
     snprintf(b_dir, sizeof b_dir, "%s/b", g_tmp);
     char reward_arg[512];
@@ -152,6 +153,22 @@ int main(void) {
            same_model ? "yes" : "NO");
     CHECK(same_metrics && same_model, "runs differ:\n--- a\n%s--- b\n%s", ma, mb);
     free(ma), free(mb);
+    char r_dir[300];
+    snprintf(r_dir, sizeof r_dir, "%s/resumed", g_tmp);
+    snprintf(extra, sizeof extra, "%s --output_dir %s --resume_from_checkpoint %s/checkpoint-2", reward_arg, r_dir,
+             a_dir);
+    code = run(extra, &err);
+    CHECK(code == 0, "resume: exit %d: %s", code, err);
+    free(err);
+    char *mu = metrics_without_timing(a_dir), *mr = metrics_without_timing(r_dir), *tail = mu;
+    for (int k = 0; k < 2 && tail; k++) tail = strchr(tail, '\n') ? strchr(tail, '\n') + 1 : NULL;
+    bool same_tail = tail && strcmp(tail, mr) == 0 && count_lines(mr) == 2;
+    bool same_final = same_file(a_dir, r_dir, "model.safetensors");
+    printf("resume from checkpoint-2: steps 3-4 equal: %s, final weights identical: %s\n", same_tail ? "yes" : "NO",
+           same_final ? "yes" : "NO");
+    CHECK(same_tail && same_final, "resumed run differs:\n--- uninterrupted\n%s--- resumed\n%s", tail ? tail : "",
+          mr);
+    free(mu), free(mr);
 
     /* 3. every group agrees: the bound stops the run */
     char c_dir[300];

@@ -7,6 +7,7 @@
  *     halfway to the policy);
  *   - a resume from checkpoint-3 (mid-round: rounds are 2 steps) loads the synced reference and reproduces
  *     the uninterrupted run's step 4, final weights and last reference bit for bit;
+ *   - a changed file of the saved reference is refused at resume (it is in the checkpoint's manifest);
  *   - sync_ref_model without a reference model (beta 0) or with use_peft: one-line errors, as TRL's.
  * `test_sync_ref cuda` runs the same on a GPU with bf16 weights (the bound: two bf16 roundings). */
 #include <float.h>
@@ -197,9 +198,19 @@ int main(int argc, char **argv) {
     CHECK(same_model && same_ref, "resumed weights differ (model %d, reference %d)", same_model, same_ref);
     free(mu), free(mr);
 
-    /* 4. resuming a synced run without the setting (and its reference) is refused */
-    char bad_dir[300];
+    /* 4. the reference's files are in the checkpoint's manifest: a changed one is refused; resuming a synced
+     * run without the setting (and its reference) is refused */
+    char bad_dir[300], *state = read_text(s_dir, "checkpoint-3/trainer_state.json");
+    CHECK(state && strstr(state, "\"ref_model/model.safetensors\"") && strstr(state, "\"ref_model/config.json\""),
+          "checkpoint-3/trainer_state.json does not list ref_model/'s files");
+    free(state);
     snprintf(bad_dir, sizeof bad_dir, "%s/bad", g_tmp);
+    sh("cp -r %s/checkpoint-3 %s/tampered && printf 'x' | dd of=%s/tampered/ref_model/model.safetensors bs=1 "
+       "seek=$(($(stat -c %%s %s/tampered/ref_model/model.safetensors) - 1)) conv=notrunc 2>/dev/null",
+       s_dir, g_tmp, g_tmp, g_tmp);
+    snprintf(args, sizeof args, "%s %s --output_dir %s --resume_from_checkpoint %s/tampered", BASE, SYNC, bad_dir,
+             g_tmp);
+    expect_error("changed ref_model/ file", args, "ref_model/model.safetensors does not match");
     snprintf(args, sizeof args, "%s --output_dir %s --resume_from_checkpoint %s/checkpoint-3", BASE, bad_dir, s_dir);
     expect_error("resume without sync_ref_model", args, "sync_ref_model");
     snprintf(args, sizeof args, "%s %s --output_dir %s --beta 0", BASE, SYNC, bad_dir);

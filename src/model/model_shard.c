@@ -183,13 +183,13 @@ int model_weights_mix(Model *target, const Model *source, float alpha, char *err
                            "(%zu vs %zu elements)", target->arena_numel, source->arena_numel);
     /* zero_stage 3: this rank's part, or the whole weights while gathered (the part's buffers are given back
      * then, and every rank mixes the same whole arena) */
+    if (target->arena && !source->arena)
+        return errorf(err, "reference sync: the reference model's weights are gathered, the trained model's are not");
     const Backend *be = target->be;
     size_t es = dtype_size(be->storage), n = target->arena ? target->arena_numel : pt->hi - pt->lo;
     void *dst = target->arena ? target->arena : pt->shard;
     const void *src = source->arena ? (const char *)source->arena + (target->arena || !ps ? 0 : ps->lo * es)
                                     : ps->shard;
-    if (target->arena && !source->arena)
-        return errorf(err, "reference sync: the reference model's weights are gathered, the trained model's are not");
     be->mul_scalar(be, dst, dst, 1.0f - alpha, n);
     be->add_scaled(be, dst, dst, src, alpha, n);
     model_params_changed(target);

@@ -173,7 +173,7 @@ void *model_params_at(const Model *m, size_t off) {
     return (char *)m->part->shard + (off - m->part->lo) * es;
 }
 
-int model_weights_mix(Model *target, const Model *source, float alpha, char *err) {
+int model_weights_mix(Model *target, const Model *source, double alpha, char *err) {
     if (target->lora || source->lora)
         return errorf(err, "reference sync: the models carry LoRA adapters (the reference of use_peft is the base model)");
     const ModelPartition *pt = target->part, *ps = source->part;
@@ -190,8 +190,8 @@ int model_weights_mix(Model *target, const Model *source, float alpha, char *err
     void *dst = target->arena ? target->arena : pt->shard;
     const void *src = source->arena ? (const char *)source->arena + (target->arena || !ps ? 0 : ps->lo * es)
                                     : ps->shard;
-    be->mul_scalar(be, dst, dst, 1.0f - alpha, n);
-    be->add_scaled(be, dst, dst, src, alpha, n);
+    be->mul_scalar(be, dst, dst, (float)(1.0 - alpha), n);
+    be->add_scaled(be, dst, dst, src, (float)alpha, n);
     model_params_changed(target);
     return COLT_OK;
 }

@@ -754,7 +754,7 @@ static int update_weights(Trainer *t, float lr, char *err) {
 static int sync_reference(Trainer *t, char *err) {
     const TrainConfig *c = t->cfg;
     if (!c->sync_ref_model || !t->ref_model || t->global_step % c->ref_model_sync_steps != 0) return COLT_OK;
-    if (model_weights_mix(t->ref_model, t->model, (float)c->ref_model_mixup_alpha, err) != 0) return COLT_ERR;
+    if (model_weights_mix(t->ref_model, t->model, c->ref_model_mixup_alpha, err) != 0) return COLT_ERR;
     log_info0("step %lld: reference model synced (ref = %g x policy + %g x ref)", (long long)t->global_step,
               c->ref_model_mixup_alpha, 1.0 - c->ref_model_mixup_alpha);
     return COLT_OK;

@@ -530,7 +530,8 @@ static void ref_rope(const OpRun *r, double **ref) {
 }
 
 /* ================================================================ elementwise
- * i: n; f: gate scale. swiglu, swiglu_backward, add (and in place: out = a), mul_scalar (and in place). */
+ * i: n; f: gate scale. swiglu, swiglu_backward, add (and in place: out = a), mul_scalar (and in place), add_scaled
+ * (and in place after mul_scalar: the reference model's sync). */
 
 static void run_elementwise(OpRun *r) {
     const OpCase *c = r->c;
@@ -552,6 +553,12 @@ static void run_elementwise(OpRun *r) {
     op_out(r, add_tol, o, n, "mul_scalar [%zu]", n);
     be->mul_scalar(be, u, u, 2.5f, n);
     op_out(r, add_tol, u, n, "mul_scalar in place [%zu]", n);
+    void *x = op_in(r, n, 1.0f, NULL), *y = op_in(r, n, 1.0f, NULL);
+    be->add_scaled(be, o, x, y, 0.6f, n);
+    op_out(r, add_tol, o, n, "add_scaled [%zu]", n);
+    be->mul_scalar(be, x, x, 1.0f - 0.6f, n); /* the reference model's sync: ref = (1 - a) ref, then += a policy */
+    be->add_scaled(be, x, x, y, 0.6f, n);
+    op_out(r, add_tol, x, n, "add_scaled in place (out = a) [%zu]", n);
 }
 
 static void swiglu_ref(double *out, double *dgate, double *dup, const float *g, const float *u, const float *dout,
@@ -572,6 +579,11 @@ static void ref_elementwise(const OpRun *r, double **ref) {
         ref[3][i] = ref[4][i] = (double)g[i] + u[i];
         ref[5][i] = (double)u[i] * 0.3711f;
         ref[6][i] = (double)u[i] * 2.5;
+    }
+    const float *x = op_input(r, 3), *y = op_input(r, 4);
+    for (size_t i = 0; i < n; i++) {
+        ref[7][i] = (double)x[i] + 0.6 * y[i];
+        ref[8][i] = (double)x[i] * (1.0 - 0.6) + 0.6 * y[i];
     }
 }
 

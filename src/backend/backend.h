@@ -128,6 +128,9 @@ struct Backend {
     void (*add)(const Backend *be, void *out, const void *a, const void *b, size_t n);
     /* out[i] = s * x[i] over n storage elements (out may alias x): LoRA's scaling. */
     void (*mul_scalar)(const Backend *be, void *out, const void *x, float s, size_t n);
+    /* out[i] = a[i] + s * b[i] over n storage elements, one fused multiply-add in fp32 rounded once to storage
+     * (torch's a.add_(b, alpha=s)); out may alias a. The reference model's sync (TR-DPO) mixes weights with it. */
+    void (*add_scaled)(const Backend *be, void *out, const void *a, const void *b, float s, size_t n);
     /* out[N, D] = table[ids[i], :]; a row whose ids[i] < 0 is zeros (a token
      * outside this rank's part of a vocabulary-parallel table). */
     void (*embedding)(const Backend *be, void *out, const void *table, const int *ids, int n, int dim);

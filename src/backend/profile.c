@@ -11,9 +11,9 @@
 #include "core/log.h"
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_add_scaled, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward", "add_scaled"};
 
 typedef struct ProfileContext {
     const Backend *inner;
@@ -151,6 +151,13 @@ static void prof_add(const Backend *be, void *out, const void *a, const void *b,
     double t0 = op_begin(prof);
     prof->inner->add(prof->inner, out, a, b, n);
     op_end(prof, OP_add, t0);
+}
+
+static void prof_add_scaled(const Backend *be, void *out, const void *a, const void *b, float s, size_t n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->add_scaled(prof->inner, out, a, b, s, n);
+    op_end(prof, OP_add_scaled, t0);
 }
 
 static void prof_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim) {
@@ -394,6 +401,7 @@ Backend *backend_profile_wrap(const Backend *inner) {
     if (inner->attention) w->attention = prof_attention;
     if (inner->swiglu) w->swiglu = prof_swiglu;
     if (inner->add) w->add = prof_add;
+    if (inner->add_scaled) w->add_scaled = prof_add_scaled;
     if (inner->embedding) w->embedding = prof_embedding;
     if (inner->zero) w->zero = prof_zero;
     if (inner->zero_f32) w->zero_f32 = prof_zero_f32;

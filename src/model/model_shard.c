@@ -173,6 +173,29 @@ void *model_params_at(const Model *m, size_t off) {
     return (char *)m->part->shard + (off - m->part->lo) * es;
 }
 
+int model_weights_mix(Model *target, const Model *source, double alpha, char *err) {
+    if (target->lora || source->lora)
+        return errorf(err, "reference sync: the models carry LoRA adapters (the reference of use_peft is the base model)");
+    const ModelPartition *pt = target->part, *ps = source->part;
+    if (target->arena_numel != source->arena_numel || (pt != NULL) != (ps != NULL) ||
+        (pt && (pt->lo != ps->lo || pt->hi != ps->hi)) || target->be != source->be)
+        return errorf(err, "reference sync: the reference and trained models hold different parts of the weights "
+                           "(%zu vs %zu elements)", target->arena_numel, source->arena_numel);
+    /* zero_stage 3: this rank's part, or the whole weights while gathered (the part's buffers are given back
+     * then, and every rank mixes the same whole arena) */
+    if (target->arena && !source->arena)
+        return errorf(err, "reference sync: the reference model's weights are gathered, the trained model's are not");
+    const Backend *be = target->be;
+    size_t es = dtype_size(be->storage), n = target->arena ? target->arena_numel : pt->hi - pt->lo;
+    void *dst = target->arena ? target->arena : pt->shard;
+    const void *src = source->arena ? (const char *)source->arena + (target->arena || !ps ? 0 : ps->lo * es)
+                                    : ps->shard;
+    be->mul_scalar(be, dst, dst, (float)(1.0 - alpha), n);
+    be->add_scaled(be, dst, dst, src, (float)alpha, n);
+    model_params_changed(target);
+    return COLT_OK;
+}
+
 void model_params_changed(Model *m) {
     model_weights_changed(m);
     ModelPartition *p = m->part;

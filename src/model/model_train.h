@@ -130,6 +130,14 @@ int model_params_gather_all(Model *m, char *err);
 void model_params_release_all(Model *m);
 /* This rank's part changed (an optimizer step): gathered copies are stale. */
 void model_params_changed(Model *m);
+/* TR-DPO's reference sync (TRL's SyncRefModelCallback): target = alpha x source + (1 - alpha) x target over
+ * the weights this rank holds — the whole arena, its tensor-parallel part, or under zero_stage 3 its part
+ * [lo, hi) of the flat weights — in torch's order: target *= 1 - alpha, then target += alpha x source (two
+ * roundings to storage, as torch's mul_ and add_ on bf16 weights; each factor rounded to fp32 from the double,
+ * as torch takes Python's 1 - alpha and alpha). Both models must be cut alike (same config,
+ * tensor-parallel rank and partition) and carry no LoRA adapters; each rank mixes its own part, which is
+ * the mix of the whole weights. Local: no collective. */
+int model_weights_mix(Model *target, const Model *source, double alpha, char *err);
 /* Trainable parameter element off of model_params_flat's layout: in the
  * adapters' arena with LoRA attached, else in the weights' arena, or in this
  * rank's part (which must hold it) when partitioned. */

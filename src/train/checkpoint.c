@@ -160,6 +160,7 @@ static const char *RECORD_SETTINGS[] = {
     "num_generations", "generation_batch_size", "samples_per_step", "num_iterations", "max_completion_length",
     "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
     "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
+    "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
 };
 /* Derived entries, and how a message names them. The world size itself may
  * change: what the saved state depends on is how many samples a step takes. */
@@ -231,6 +232,11 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
         if (a && b && json_equal((json_t *)a, (json_t *)b)) continue;
         /* recorded since shuffle_dataset became a setting: older runs always shuffled */
         if (!a && !strcmp(RECORD_SETTINGS[i], "shuffle_dataset") && json_is_true(b)) continue;
+        /* recorded since sync_ref_model became a setting (older runs never synced); the mix's settings
+         * matter only while it is on */
+        bool syncs = json_is_true(json_object_get(sb, "sync_ref_model"));
+        if (!strcmp(RECORD_SETTINGS[i], "sync_ref_model") && !a && !syncs) continue;
+        if (!strncmp(RECORD_SETTINGS[i], "ref_model_", 10) && !syncs) continue;
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);
@@ -526,24 +532,48 @@ static int hash_file(const char *path, uint64_t *size, uint64_t *hash, char *err
     return rc;
 }
 
-int checkpoint_files_manifest(json_t **out, const char *dir, char *err) {
-    *out = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return errorf(err, "%s: cannot list the checkpoint's files: %s", dir, strerror(errno));
-    char **names = NULL;
-    size_t n = 0, cap = 0;
+/* The one subfolder a checkpoint's manifest covers: sync_ref_model's reference model. */
+#define REF_MODEL_DIR "ref_model"
+
+/* Appends the regular files of dir/sub (sub NULL: dir itself; its files named "sub/NAME") to names. */
+static int list_regular_files(char ***names, size_t *n, size_t *cap, const char *dir, const char *sub, char *err) {
+    char *folder = sub ? path_join(dir, sub) : xstrdup(dir);
+    DIR *d = opendir(folder);
+    if (!d) {
+        int rc = errorf(err, "%s: cannot list the checkpoint's files: %s", folder, strerror(errno));
+        free(folder);
+        return rc;
+    }
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (e->d_name[0] == '.' || strcmp(e->d_name, STATE_FILE) == 0) continue;
-        char *p = path_join(dir, e->d_name);
+        if (e->d_name[0] == '.' || (!sub && strcmp(e->d_name, STATE_FILE) == 0)) continue;
+        char *p = path_join(folder, e->d_name);
         struct stat st;
         bool regular = lstat(p, &st) == 0 && S_ISREG(st.st_mode);
         free(p);
         if (!regular) continue;
-        if (n == cap) cap = cap ? 2 * cap : 32, names = xrealloc(names, sizeof(char *) * cap);
-        names[n++] = xstrdup(e->d_name);
+        if (*n == *cap) *cap = *cap ? 2 * *cap : 32, *names = xrealloc(*names, sizeof(char *) * *cap);
+        (*names)[(*n)++] = sub ? path_join(sub, e->d_name) : xstrdup(e->d_name);
     }
     closedir(d);
+    free(folder);
+    return COLT_OK;
+}
+
+int checkpoint_files_manifest(json_t **out, const char *dir, char *err) {
+    *out = NULL;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    char *ref = path_join(dir, REF_MODEL_DIR);
+    struct stat st;
+    bool has_ref = lstat(ref, &st) == 0 && S_ISDIR(st.st_mode);
+    free(ref);
+    if (list_regular_files(&names, &n, &cap, dir, NULL, err) != 0 ||
+        (has_ref && list_regular_files(&names, &n, &cap, dir, REF_MODEL_DIR, err) != 0)) {
+        for (size_t i = 0; i < n; i++) free(names[i]);
+        free(names);
+        return COLT_ERR;
+    }
     if (n) qsort(names, n, sizeof(char *), compare_strings);
     json_t *files = json_object();
     int rc = COLT_OK;
@@ -583,7 +613,10 @@ static int verify_manifest(const json_t *files, const char *ckpt, const char *wh
     json_object_foreach((json_t *)files, name, v) {
         json_t *js = json_object_get(v, "size");
         const char *want_hash = json_string_value(json_object_get(v, "xxh64"));
-        if (!name[0] || strchr(name, '/') || strcmp(name, "..") == 0 || strcmp(name, ".") == 0 ||
+        /* a file name, or one in ref_model/ (nothing else may climb or descend) */
+        const char *base = strncmp(name, REF_MODEL_DIR "/", sizeof REF_MODEL_DIR) == 0 ? name + sizeof REF_MODEL_DIR
+                                                                                       : name;
+        if (!base[0] || strchr(base, '/') || strcmp(base, "..") == 0 || strcmp(base, ".") == 0 ||
             !json_is_integer(js) || json_integer_value(js) < 0 || !want_hash || strlen(want_hash) != 16)
             return errorf(err, "%s: trainer_state.json's files entry '%s' must be a file name with a size and an "
                                "xxh64 of 16 hex digits",

@@ -127,7 +127,14 @@ static const ConfigKey KEYS[] = {
       "skip_special_tokens: true and output options (logprobs, use_cache, ...) change nothing; other keys are "
       "refused"),
     KD(beta, KEY_DOUBLE, 0, RANGE_CLOSED, 1000,
-       "KL coefficient against the frozen initial model (0 = no reference model)"),
+       "KL coefficient against the reference model: the initial model, frozen unless sync_ref_model (0 = no "
+       "reference model)"),
+    K(sync_ref_model, KEY_BOOL,
+      "TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps the reference model becomes "
+      "ref_model_mixup_alpha x the policy + (1 - ref_model_mixup_alpha) x the reference (needs beta > 0; not with "
+      "use_peft, as TRL); checkpoints then hold the reference model (ref_model/)"),
+    KD(ref_model_mixup_alpha, KEY_DOUBLE, 0, RANGE_CLOSED, 1, "sync_ref_model: the policy's share alpha of the mix"),
+    KI(ref_model_sync_steps, 1, STEPS, "sync_ref_model: optimizer steps between two syncs (at global_step % N == 0)"),
     KD(epsilon, KEY_DOUBLE, 0, RANGE_CLOSED, 1000, "lower clipping epsilon"),
     KD(epsilon_high, KEY_DOUBLE_OR_NULL, 0, RANGE_CLOSED, 1000, "upper clipping epsilon (default: epsilon)"),
     KD(delta, KEY_DOUBLE_OR_NULL, 1, RANGE_OPEN_MIN, 1e9, "cap on the importance ratio (two-sided clipping; null = off)"),
@@ -161,6 +168,13 @@ static const ConfigKey KEYS[] = {
     K(scale_rewards, KEY_STRING, "group, batch or none"),
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
+    K(dynamic_sampling, KEY_BOOL,
+      "DAPO's dynamic sampling (veRL's filter_groups; beyond TRL): a group whose rewards all agree (std 0: no "
+      "signal) is dropped and more generation batches are made until the round has generation_batch_size "
+      "completions of groups that differ; logs num_gen_batches and num_dropped_groups"),
+    KI(max_num_gen_batches, 0, 1000000,
+       "dynamic_sampling: generation batches a round may take; past it the run stops with an error, as veRL's "
+       "(0: no bound)"),
     K(gradient_checkpointing, KEY_BOOL, "recompute activations in the backward: ~1 more forward, far less memory"),
     K(use_peft, KEY_BOOL,
       "train LoRA adapters on the frozen model instead of every weight (saved in PEFT's format: "
@@ -590,10 +604,6 @@ static const TrlKey TRL_KEYS[] = {
     ONLY("multi_objective_aggregation", "sum_then_normalize",
          "colt sums the weighted rewards, then normalises (sum_then_normalize); normalize_then_sum is not "
          "supported yet"),
-    ONLY("sync_ref_model", "false",
-         "colt's reference model (beta > 0) is the frozen initial model; syncing it (TR-DPO) is not supported"),
-    NOOP("ref_model_mixup_alpha", "used only with sync_ref_model, which colt does not support"),
-    NOOP("ref_model_sync_steps", "used only with sync_ref_model, which colt does not support"),
     BOOL_NOOP("log_completions", T_COMPLETIONS),
     BOOL_NOOP("log_multimodal", "colt trains text-only models"),
     NOOP("num_completions_to_print", T_COMPLETIONS),
@@ -684,6 +694,8 @@ void train_config_defaults(TrainConfig *c) {
     c->sapo_temperature_neg = 1.05, c->sapo_temperature_pos = 1.0; /* TRL 1.16's defaults */
     c->vespo_k_pos = 2.0, c->vespo_lambda_pos = 3.0, c->vespo_k_neg = 3.0, c->vespo_lambda_neg = 2.0;
     c->delta = NAN;
+    c->ref_model_mixup_alpha = 0.6, c->ref_model_sync_steps = 512; /* TRL's defaults */
+    c->max_num_gen_batches = 10; /* DAPO's recipe (veRL's own default 0 never stops a run whose groups all agree) */
     c->top_entropy_quantile = 1.0; /* TRL 1.16's defaults */
     c->off_policy_mask_threshold = NAN;
     c->use_bias_correction_kl = true;
@@ -1963,6 +1975,16 @@ int train_config_finalize(TrainConfig *c, char *err) {
                       c->generation_batch_size, c->num_generations);
     if (check_products(c, err) != 0) return COLT_ERR;
     if (c->merge_lora && !c->use_peft) return errorf(err, "settings: merge_lora needs use_peft: true");
+    if (c->dynamic_sampling && c->async_generation)
+        return errorf(err, "settings: dynamic_sampling with async_generation: a round's size is known only once its "
+                           "groups are scored, so the next one cannot be asked for in advance; turn one off");
+    if (c->sync_ref_model && c->beta == 0)
+        return errorf(err, "settings: sync_ref_model needs a reference model, which beta 0 does not load: set beta > 0 "
+                           "or sync_ref_model: false (as TRL)");
+    if (c->sync_ref_model && c->use_peft)
+        return errorf(err, "settings: sync_ref_model with use_peft: the reference model is the base model with the "
+                           "adapters off, there is no separate one to sync (TRL refuses it too); use full fine-tuning or "
+                           "sync_ref_model: false");
     if (c->deepspeed && deepspeed_config_apply(c, c->deepspeed, err) != 0) return COLT_ERR;
     if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)
         return errorf(err, "settings: offload_optimizer '%s': use none or cpu%s", c->offload_optimizer,

@@ -56,6 +56,11 @@ typedef struct TrainConfig {
     bool shuffle_dataset;      /* false: prompts in file order every epoch */
     /* GRPO loss */
     double beta, epsilon, epsilon_high, delta;  /* epsilon_high, delta: NaN = unset */
+    /* TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps the reference model
+     * becomes ref_model_mixup_alpha x policy + (1 - alpha) x reference. Needs beta > 0, not with use_peft. */
+    bool sync_ref_model;
+    double ref_model_mixup_alpha;
+    int ref_model_sync_steps;
     double sapo_temperature_neg, sapo_temperature_pos;                          /* loss_type sapo */
     double vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;        /* loss_type vespo */
     /* TRL 1.16's masks and entropy terms (train/grpo.h says what each does): top_entropy_quantile 1 keeps
@@ -67,6 +72,10 @@ typedef struct TrainConfig {
     char *loss_type, *importance_sampling_level, *scale_rewards;
     int num_iterations;
     bool mask_truncated_completions;
+    /* DAPO's dynamic sampling (veRL's algorithm.filter_groups, beyond TRL): groups whose rewards all agree are
+     * dropped and more generation batches fill the round, at most max_num_gen_batches of them (0: no bound). */
+    bool dynamic_sampling;
+    int max_num_gen_batches;
     bool gradient_checkpointing;  /* recompute activations in the backward (transformers' name) */
     /* LoRA (TRL's ModelConfig names): adapters trained on the frozen model (model/lora.h) */
     bool use_peft, use_rslora, merge_lora;

@@ -355,6 +355,29 @@ static int prepare_output_dir(Trainer *t, const TrainConfig *c, char *err) {
     return COLT_OK;
 }
 
+/* Where the reference model's weights come from: the base model, or with
+ * sync_ref_model and a resume the checkpoint's ref_model/ (the reference as
+ * the syncs left it; trainer_checkpoint.c saves it). *dir: allocated. */
+static int reference_dir(const TrainConfig *c, char **dir, char *err) {
+    *dir = NULL;
+    if (!c->sync_ref_model || !c->resume_from_checkpoint) {
+        *dir = xstrdup(c->model);
+        return COLT_OK;
+    }
+    char *ref_dir = path_join(c->resume_from_checkpoint, "ref_model"), *config = path_join(ref_dir, "config.json");
+    bool present = file_exists(config);
+    free(config);
+    if (!present) {
+        free(ref_dir);
+        return errorf(err, "resume from %s: it holds no ref_model/ folder, which a run with sync_ref_model saves "
+                           "(the checkpoint of a run without it?): resume with sync_ref_model: false, or start a new "
+                           "run",
+                      c->resume_from_checkpoint);
+    }
+    *dir = ref_dir;
+    return COLT_OK;
+}
+
 /* The tokenizer, the datasets (every prompt checked to fit with a full
  * completion), the memory plan, then the weights: the trained model and the
  * reference model. */
@@ -416,10 +439,15 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     dist_optimizer_init(&t->optimizer, t->model, t->be, &t->dist, &t->mesh.groups, &oo);
     if (dist_optimizer_partition(&t->optimizer, t->model, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the reference model's weights", t->plan.reference);
+    char *ref_dir = NULL;
+    if (reference_dir(c, &ref_dir, err) != 0) return COLT_ERR;
     if (c->beta > 0 && !c->use_peft &&
-        (model_load_tp(&t->ref_model, c->model, t->be, mesh_tensor_parallel(&t->mesh, &t->tp_hooks), err) != 0 ||
-         dist_optimizer_partition(&t->optimizer, t->ref_model, err) != 0))
+        (model_load_tp(&t->ref_model, ref_dir, t->be, mesh_tensor_parallel(&t->mesh, &t->tp_hooks), err) != 0 ||
+         dist_optimizer_partition(&t->optimizer, t->ref_model, err) != 0)) {
+        free(ref_dir);
         return COLT_ERR;
+    }
+    free(ref_dir);
     trainer_alloc_label(t, NULL, 0);
     t->ref_is_base = c->beta > 0 && c->use_peft;
 
@@ -716,6 +744,22 @@ static int update_weights(Trainer *t, float lr, char *err) {
     return COLT_OK;
 }
 
+/* sync_ref_model (TR-DPO): TRL's SyncRefModelCallback.on_step_end, which runs
+ * after the optimizer step and before logging and saving, when global_step %
+ * ref_model_sync_steps == 0: ref = alpha x policy + (1 - alpha) x ref. Every
+ * rank mixes the part of the weights it holds (tensor parallel: its cut;
+ * zero_stage 3: its partition, the reference being partitioned alike), so no
+ * rank talks to another. TRL's ZeRO-3 path gathers both models and mixes on
+ * rank 0; the result is the same mix. */
+static int sync_reference(Trainer *t, char *err) {
+    const TrainConfig *c = t->cfg;
+    if (!c->sync_ref_model || !t->ref_model || t->global_step % c->ref_model_sync_steps != 0) return COLT_OK;
+    if (model_weights_mix(t->ref_model, t->model, c->ref_model_mixup_alpha, err) != 0) return COLT_ERR;
+    log_info0("step %lld: reference model synced (ref = %g x policy + %g x ref)", (long long)t->global_step,
+              c->ref_model_mixup_alpha, 1.0 - c->ref_model_mixup_alpha);
+    return COLT_OK;
+}
+
 /* One optimizer step: micro-batches, gradients summed and clipped, AdamW,
  * the weights to the server in server mode. *loss and *norm: the step's. */
 static int train_step(Trainer *t, double *loss, double *norm, char *err) {
@@ -749,6 +793,7 @@ static int train_step(Trainer *t, double *loss, double *norm, char *err) {
     t->global_step++;
     if (dist_optimizer_check_replicas(&t->optimizer, err) != 0)
         return error_prefix(err, "after step %lld", (long long)t->global_step);
+    if (sync_reference(t, err) != 0) return COLT_ERR;
     return trainer_push_weights(t, err);
 }
 

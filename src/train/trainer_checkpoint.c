@@ -100,6 +100,39 @@ static int load_entropy_control(Trainer *t, const char *ckpt, char *err) {
     return rc;
 }
 
+/* sync_ref_model: the reference model changes during the run, so a checkpoint
+ * holds it — ref_model/, a Hugging Face folder in the storage dtype (bf16
+ * values on a GPU are saved exactly) — and a resume loads it from there
+ * (trainer.c). Called by every rank that reaches the trained model's save:
+ * under zero_stage 3 the reference's parts are gathered first (collective),
+ * under tensor parallelism the first group's ranks gather it for rank 0.
+ * rc: the save's status so far (passed on; a failed save still gathers). */
+static int save_reference(Trainer *t, const char *dir, int rc, char *err) {
+    if (!t->cfg->sync_ref_model || !t->ref_model) return rc;
+    bool partitioned = model_params_partitioned(t->ref_model);
+    if (partitioned) {
+        char gather_err[ERR_LEN] = "";
+        trainer_alloc_label(t, "the reference model's whole weights, gathered to save them (zero_stage 3)",
+                            t->plan.weights_gathered);
+        int g = model_params_gather_all(t->ref_model, gather_err);
+        trainer_alloc_label(t, NULL, 0);
+        g = train_dist_agree(&t->dist, g, gather_err);
+        if (g != 0) {
+            model_params_release_all(t->ref_model);
+            if (rc == 0) snprintf(err, ERR_LEN, "%s", gather_err);
+            return COLT_ERR;
+        }
+    }
+    if (rc == 0 && t->dist.rank == 0) {
+        char *ref_dir = path_join(dir, "ref_model");
+        rc = model_save(t->ref_model, ref_dir, t->be->storage == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32, err);
+        if (rc != 0) error_prefix(err, "the reference model (sync_ref_model)");
+        free(ref_dir);
+    }
+    if (partitioned) model_params_release_all(t->ref_model);
+    return rc;
+}
+
 /* Rank 0: train_config.json, then trainer_state.json last with every other
  * file's size and hash (a folder whose files match it is complete), then the
  * folder in place of checkpoint-N. */
@@ -167,6 +200,7 @@ int trainer_save_checkpoint(Trainer *t, json_t *state, char *err) {
             rc = COLT_ERR;
     }
     trainer_weights_release(t);
+    rc = save_reference(t, dir, rc, err);
     rc = dist_optimizer_save(&t->optimizer, dir, step, rc, err); /* collective unless rank 0 holds it all */
     if (rc == 0 && t->writer) rc = seal_and_install(t, state, dir, tmp_name, name, err);
     if (rc != 0 && t->writer) remove_tree(dir);

@@ -535,15 +535,13 @@ static void shuffle_samples(const Trainer *t, Rollout *r) {
     }
 }
 
-/* One generation round: completions, rewards, advantages, old/ref log-probs. */
-int trainer_new_rollout(Trainer *t, char *err) {
+/* One generation batch of N = generation_batch_size completions into r (its
+ * prompts the next ones in epoch order, its RNG streams t->round's), shared
+ * with every rank and scored: r->per_func on every rank. */
+static int generate_and_score(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     const TrainConfig *c = t->cfg;
-    rollout_free(&t->ro);
-    Rollout *r = &t->ro;
     const int N = c->generation_batch_size;
     double t0 = time_now();
-    int lo, hi;
-    trainer_local_range(t, N, &lo, &hi);
     GenSequence *seqs = NULL;
     int rc = generate_share(t, r, &seqs, lo, hi, err);
     if (!seqs) return rc; /* no prompts: nothing was asked */
@@ -557,10 +555,112 @@ int trainer_new_rollout(Trainer *t, char *err) {
     if (share_completions(t, r, seqs, lo, hi, rc, err) != 0) return COLT_ERR;
     double t1 = time_now();
     t->times.generation += t1 - t0;
-
     /* A completion of zero tokens cannot be scored by the loss; generate() always
      * gives at least one token when max_completion_length >= 1. */
-    if (score_share(t, r, lo, hi, err) != 0 || compute_advantages(t, r, err) != 0) return COLT_ERR;
+    rc = score_share(t, r, lo, hi, err);
+    t->times.scoring += time_now() - t1;
+    return rc;
+}
+
+/* dynamic_sampling: whether group p of r carries no signal — the weighted
+ * rewards of its completions all agree (DAPO's std 0; NaN, no reward, left
+ * out: a group with fewer than two rewards has none to compare either). */
+static bool group_is_uniform(const Trainer *t, const Rollout *r, int p, float *rewards) {
+    const int G = t->cfg->num_generations;
+    grpo_combine_rewards(rewards, r->per_func + (size_t)p * G * t->n_rewards, t->reward_weights, G, t->n_rewards);
+    int scored = 0;
+    float first = NAN;
+    for (int g = 0; g < G; g++) {
+        if (isnan(rewards[g])) continue;
+        if (scored++ == 0) first = rewards[g];
+        else if (rewards[g] != first) return false;
+    }
+    return true;
+}
+
+/* Moves group src_p of src (its prompt and its G completions with their
+ * rewards) to group dst_p of dst; src keeps empty slots (rollout_free skips them). */
+static void move_group(Rollout *dst, int dst_p, Rollout *src, int src_p, int G) {
+    dst->rows[dst_p] = src->rows[src_p];
+    dst->prompt_ids[dst_p] = src->prompt_ids[src_p];
+    dst->prompt_len[dst_p] = src->prompt_len[src_p];
+    dst->prompt_text[dst_p] = src->prompt_text[src_p];
+    src->prompt_ids[src_p] = NULL;
+    src->prompt_text[src_p] = NULL;
+    for (int g = 0; g < G; g++) {
+        size_t i = (size_t)dst_p * G + g, j = (size_t)src_p * G + g;
+        dst->samples[i] = src->samples[j];
+        dst->samples[i].prompt = dst_p;
+        memset(&src->samples[j], 0, sizeof src->samples[j]);
+        memcpy(dst->per_func + i * dst->n_funcs, src->per_func + j * src->n_funcs, sizeof(float) * (size_t)dst->n_funcs);
+    }
+}
+
+/* DAPO's dynamic sampling (veRL's algorithm.filter_groups): generation batches
+ * of generation_batch_size completions, each scored, each group whose rewards
+ * all agree dropped, the others kept in order until P = generation_batch_size /
+ * num_generations groups are kept (the rest of the last batch is left out, as
+ * veRL's batch[:traj_bsz]). Each extra batch takes the next prompts and the
+ * next round's RNG streams (t->round), so a run is the same for a seed, and a
+ * resume (which saves t->round) goes on alike. Every rank holds every reward,
+ * so every rank keeps the same groups. After max_num_gen_batches batches (0:
+ * no bound) without P groups the run stops with an error, as veRL's does.
+ * Logs num_gen_batches (veRL's train/num_gen_batches) and
+ * num_dropped_groups. */
+static int fill_informative_groups(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+    const TrainConfig *c = t->cfg;
+    const int G = c->num_generations, N = c->generation_batch_size, P = N / G, bound = c->max_num_gen_batches;
+    r->n_samples = N, r->n_prompts = P, r->n_funcs = t->n_rewards;
+    r->rows = xcalloc((size_t)P, sizeof(size_t));
+    r->prompt_ids = xcalloc((size_t)P, sizeof(int *));
+    r->prompt_len = xcalloc((size_t)P, sizeof(int));
+    r->prompt_text = xcalloc((size_t)P, sizeof(char *));
+    r->samples = xcalloc((size_t)N, sizeof(Sample));
+    r->per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float));
+    r->order = xcalloc((size_t)N, sizeof(int));
+    float *rewards = xmalloc(sizeof(float) * (size_t)G);
+    int kept = 0, dropped = 0, batches = 0, rc = COLT_OK;
+    for (;;) {
+        Rollout batch;
+        memset(&batch, 0, sizeof batch);
+        rc = generate_and_score(t, &batch, lo, hi, err);
+        batches++;
+        for (int p = 0; rc == 0 && p < P; p++) {
+            if (group_is_uniform(t, &batch, p, rewards)) dropped++;
+            else if (kept < P) move_group(r, kept++, &batch, p, G);
+        }
+        rollout_free(&batch);
+        if (rc != 0 || kept == P) break;
+        if (bound > 0 && batches >= bound) {
+            rc = errorf(err, "step %lld: dynamic_sampling kept %d of the %d groups a round needs after %d generation "
+                             "batches (max_num_gen_batches; %d groups had rewards that all agree): the prompts are "
+                             "too easy or too hard for the model, or the rewards cannot tell completions apart; raise "
+                             "max_num_gen_batches (0: no bound) or turn dynamic_sampling off",
+                        (long long)t->global_step + 1, kept, P, batches, dropped);
+            break;
+        }
+        t->round++; /* the next batch: the next round's RNG streams */
+    }
+    free(rewards);
+    r->round = t->round;
+    metrics_add(&t->metrics, "num_gen_batches", batches);
+    metrics_add(&t->metrics, "num_dropped_groups", dropped);
+    return rc;
+}
+
+/* One generation round: completions, rewards (dynamic_sampling: until every
+ * group's rewards differ), advantages, old/ref log-probs. */
+int trainer_new_rollout(Trainer *t, char *err) {
+    const TrainConfig *c = t->cfg;
+    rollout_free(&t->ro);
+    Rollout *r = &t->ro;
+    const int N = c->generation_batch_size;
+    int lo, hi;
+    trainer_local_range(t, N, &lo, &hi);
+    int rc = c->dynamic_sampling ? fill_informative_groups(t, r, lo, hi, err) : generate_and_score(t, r, lo, hi, err);
+    if (rc != 0 || !r->samples) return rc;
+    double t1 = time_now();
+    if (compute_advantages(t, r, err) != 0) return COLT_ERR;
     count_completions(t, r);
     double t_lp = time_now();
     rc = old_and_reference_logprobs(t, r, lo, hi, err);

@@ -279,6 +279,13 @@ static void cpu_mul_scalar(const Backend *be, void *out, const void *x, float s,
     for (size_t i = 0; i < n; i++) o[i] = s * xs[i];
 }
 
+static void cpu_add_scaled(const Backend *be, void *out, const void *a, const void *b, float s, size_t n) {
+    float *o = out;
+    const float *x = a, *y = b;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) o[i] = fmaf(s, y[i], x[i]); /* fused, as the CUDA kernel: the same bits */
+}
+
 static void cpu_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim) {
     float *o = out;
     const float *t = table;
@@ -742,6 +749,7 @@ static const Backend CPU_OPS = {
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .mul_scalar = cpu_mul_scalar,
+    .add_scaled = cpu_add_scaled,
     .embedding = cpu_embedding,
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,

@@ -475,6 +475,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->swiglu = cuda_swiglu<T>;
     b->add = cuda_add<T>;
     b->mul_scalar = cuda_mul_scalar<T>;
+    b->add_scaled = cuda_add_scaled<T>;
     b->embedding = cuda_embedding<T>;
     b->zero = cuda_zero<T>;
     b->zero_f32 = cuda_zero<float>;

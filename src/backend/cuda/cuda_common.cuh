@@ -346,6 +346,8 @@ void cuda_swiglu_backward(const Backend *be, void *dgate, void *dup, const void 
 template <typename T> void cuda_add(const Backend *be, void *out, const void *a, const void *b, size_t n);
 template <typename T> void cuda_mul_scalar(const Backend *be, void *out, const void *x, float s, size_t n);
 template <typename T>
+void cuda_add_scaled(const Backend *be, void *out, const void *a, const void *b, float s, size_t n);
+template <typename T>
 void cuda_embedding(const Backend *be, void *out, const void *table, const int *ids, int n, int dim);
 template <typename T>
 void cuda_gather_rows(const Backend *be, void *dst, const void *src, const int *rows, int n, int dim);

@@ -562,6 +562,21 @@ template <typename T> void cuda_mul_scalar(const Backend *be, void *out, const v
     LAUNCH_CHECK(cs);
 }
 
+/* out = a + s * b elementwise, one fmaf in fp32 rounded once (the CPU's fmaf: the same bits on fp32 storage);
+ * out may alias a: each thread reads a[i] and b[i] before writing out[i]. Grid-stride over the weights. */
+template <typename T> __global__ void add_scaled_kernel(T *out, const T *a, const T *b, float s, size_t n) {
+    GRID_STRIDE(i, n) out[i] = from_float<T>(__fmaf_rn(s, to_float(b[i]), to_float(a[i])));
+}
+
+template <typename T>
+void cuda_add_scaled(const Backend *be, void *out, const void *a, const void *b, float s, size_t n) {
+    if (!n) return;
+    CudaState *cs = cuda_enter(be);
+    add_scaled_kernel<T><<<flat_blocks(cs, n), CUDA_THREADS, 0, cs->stream>>>((T *)out, (const T *)a, (const T *)b,
+                                                                              s, n);
+    LAUNCH_CHECK(cs);
+}
+
 /* ---------------------------------------------------------------- embedding */
 
 /* A negative id (a token outside this rank's part of the vocabulary) gives a
@@ -1250,6 +1265,7 @@ void cuda_add_f32(const Backend *be, void *y, const void *x, size_t n) {
                                           size_t);                                                                 \
     template void cuda_add<T>(const Backend *, void *, const void *, const void *, size_t);                        \
     template void cuda_mul_scalar<T>(const Backend *, void *, const void *, float, size_t);                       \
+    template void cuda_add_scaled<T>(const Backend *, void *, const void *, const void *, float, size_t);         \
     template void cuda_embedding<T>(const Backend *, void *, const void *, const int *, int, int);                 \
     template void cuda_embedding_backward<T>(const Backend *, void *, const void *, const int *, int, int);        \
     template void cuda_log_softmax_target<T>(const Backend *, void *, void *, const void *, const int *, int, int,  \

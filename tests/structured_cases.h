@@ -48,7 +48,7 @@ static inline bool structured_full_match(const char *pattern, const char *text) 
 static inline int structured_check(const char *what, const Requests *r, TokenRegex *re, const Tokenizer *tok,
                                    const GenerateOptions *opt) {
     char err[ERR_LEN];
-    int ok = 0, forced = 0;
+    int ok = 0, forced = 0, total = 0;
     uint32_t *mask = xmalloc(sizeof(uint32_t) * (size_t)token_regex_mask_words(re));
     for (int i = 0; i < N_SEQS; i++) {
         const GenSequence *g = &r->seqs[i];
@@ -60,6 +60,7 @@ static inline int structured_check(const char *what, const Requests *r, TokenReg
             continue;
         }
         bool match = structured_full_match(token_regex_pattern(re), text);
+        total += g->n_tokens;
         bool logp_ok = true;
         for (int k = 0; k < g->n_tokens; k++) {
             int n_allowed = token_regex_mask(re, mask, g->tokens, k, opt->stop_ids, opt->n_stop_ids);
@@ -77,7 +78,8 @@ static inline int structured_check(const char *what, const Requests *r, TokenReg
         free(text);
     }
     free(mask);
-    printf("    %-34s %2d/%d full matches (%d forced tokens with log-prob 0)\n", what, ok, N_SEQS, forced);
+    printf("    %-34s %2d/%d full matches, %4.1f tokens each (%d forced tokens with log-prob 0)\n", what, ok, N_SEQS,
+           (double)total / N_SEQS, forced);
     return ok;
 }
 
@@ -92,8 +94,8 @@ static inline int structured_same_tokens(const Requests *a, const Requests *b) {
 
 /* The regexes on backend be: greedy through the engine and generate(), sampled with n_seeds seeds through
  * the engine (the first seed through generate() too). min_same: sequences of each engine run that must
- * be token-identical to generate()'s. */
-static inline void structured_run_backend(const Backend *be, int n_seeds, int min_same) {
+ * be token-identical to generate()'s. eo: the engine's options (NULL: defaults). */
+static inline void structured_run_backend(const Backend *be, const EngineOptions *eo, int n_seeds, int min_same) {
     char err[ERR_LEN];
     Tokenizer *tok = NULL;
     Model *m = NULL;
@@ -123,7 +125,7 @@ static inline void structured_run_backend(const Backend *be, int n_seeds, int mi
             if (s > 0) snprintf(what, sizeof what, "seed %d engine", s);
             Requests eng;
             make_requests(&eng, c->vocab_size);
-            if (engine_generate(m, eng.seqs, N_SEQS, &opt, NULL, NULL, err) != 0) {
+            if (engine_generate(m, eng.seqs, N_SEQS, &opt, eo, NULL, err) != 0) {
                 CHECK(0, "%s: %s", what, err);
                 continue;
             }

@@ -193,7 +193,12 @@ int main(void) {
     test_small_vocab();
     test_generation_errors();
     printf("tiny-llama3 on the CPU: engine and generate() under each regex\n");
-    structured_run_backend(backend_cpu(), 6, N_SEQS);
+    structured_run_backend(backend_cpu(), NULL, 6, N_SEQS);
+    /* deterministic mode: the log-probs by the trainer's op, on the masked logits too */
+    printf("tiny-llama3 on the CPU, deterministic mode\n");
+    EngineOptions det = {.deterministic = true};
+    structured_run_backend(backend_cpu(), &det, 1, N_SEQS);
+    backend_cpu()->set_batch_invariant(backend_cpu(), 0);
     test_qwen_vocab();
     printf("%d checks, %d failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;

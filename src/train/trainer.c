@@ -450,6 +450,9 @@ static int configure_loss_and_sampling(Trainer *t, const TrainConfig *c, char *e
                                    .min_p = (float)c->min_p, .repetition_penalty = (float)c->repetition_penalty,
                                    .seed = c->seed};
     t->n_stop = prompt_stop_ids(t->stop_ids, mc, t->tok);
+    if (c->vllm_structured_outputs_regex &&
+        prompt_regex_constraint(&t->regex, t->tok, mc->vocab_size, c->vllm_structured_outputs_regex, err) != 0)
+        return error_prefix(err, "vllm_structured_outputs_regex");
 
     GrpoLossConfig *lc = &t->loss_cfg;
     if (grpo_loss_type_parse(&lc->loss_type, c->loss_type, err) != 0 ||
@@ -670,6 +673,7 @@ static void trainer_teardown(Trainer *t) {
     model_free(t->model);
     train_dist_free(&t->dist); /* before the backend: its NCCL communicators use the device */
     mesh_close(&t->mesh);      /* the groups, the backend, the world */
+    token_regex_free(t->regex);
     tokenizer_free(t->tok);
 }
 

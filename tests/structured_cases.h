@@ -66,7 +66,7 @@ static inline int structured_check(const char *what, const Requests *r, TokenReg
             int n_allowed = token_regex_mask(re, mask, g->tokens, k, opt->stop_ids, opt->n_stop_ids);
             bool allowed = mask[g->tokens[k] >> 5] >> (g->tokens[k] & 31) & 1u;
             if (!allowed) logp_ok = false;
-            if (n_allowed == 1) {
+            if (n_allowed == 1 && !opt->policy_logprobs) {
                 forced++;
                 if (fabsf(g->logprobs[k]) > 1e-5f) logp_ok = false;
             }
@@ -144,6 +144,36 @@ static inline void structured_run_backend(const Backend *be, const EngineOptions
                     printf("    %-34s %2d/%d token-identical to the engine's\n", "", same, N_SEQS);
                 }
                 free_requests(&ref);
+            }
+            if (s == 1) { /* the policy's log-probs (colt train's): same draws, lower log-probs */
+                GenerateOptions po = opt;
+                po.policy_logprobs = true;
+                Requests pol, polref;
+                make_requests(&pol, c->vocab_size);
+                make_requests(&polref, c->vocab_size);
+                if (engine_generate(m, pol.seqs, N_SEQS, &po, eo, NULL, err) != 0 ||
+                    generate(m, polref.seqs, N_SEQS, &po, err) != 0) {
+                    CHECK(0, "policy log-probs: %s", err);
+                } else {
+                    int same = structured_same_tokens(&pol, &eng), below = 0, tokens = 0;
+                    double worst = 0;
+                    for (int i = 0; i < N_SEQS; i++) {
+                        const GenSequence *a = &pol.seqs[i], *b = &eng.seqs[i], *r = &polref.seqs[i];
+                        for (int k = 0; k < a->n_tokens && k < b->n_tokens; k++, tokens++)
+                            below += a->logprobs[k] <= b->logprobs[k] + 1e-5f;
+                        for (int k = 0; k < a->n_tokens && k < r->n_tokens && a->tokens[k] == r->tokens[k]; k++)
+                            if (fabs((double)a->logprobs[k] - r->logprobs[k]) > worst)
+                                worst = fabs((double)a->logprobs[k] - r->logprobs[k]);
+                    }
+                    CHECK(same == N_SEQS && below == tokens,
+                          "policy log-probs: %d/%d sequences drew the same tokens, %d/%d log-probs <= the masked ones",
+                          same, N_SEQS, below, tokens);
+                    CHECK(worst <= 2e-2, "policy log-probs: engine and generate() differ by %.3g", worst);
+                    printf("    %-34s %2d/%d same draws, %d/%d log-probs <= masked, engine vs generate() %.2g\n",
+                           "policy log-probs (colt train)", same, N_SEQS, below, tokens, worst);
+                }
+                free_requests(&pol);
+                free_requests(&polref);
             }
             free_requests(&eng);
         }

@@ -119,6 +119,7 @@ struct Engine {
     bool mask_wanted;   /* a request with a regex was added: keep d_mask */
     int mask_words;     /* (V + 31) / 32 */
     uint32_t *h_mask;   /* [max_rows, mask_words] */
+    float *h_sampled_lp; /* [max_rows] the sampler's log-probs, kept while the policy's are computed */
     Seq *seqs;          /* [seqs_cap]; SEQ_FREE entries are reused */
     int seqs_cap, n_live;
     int *running, n_running; /* admission order: the last one is preempted first */
@@ -523,12 +524,19 @@ static void trainer_logprobs(Engine *e, int n_rows) {
 
 /* Structured outputs: each row's allowed tokens, worked out on the host from
  * its completion so far (structured.h), become -inf on its logits before the
- * sampler draws (rows without a regex allow every id); in deterministic mode
- * on the kept copy too, so the log-probs are the masked distribution's in
- * both modes. */
-static int apply_token_masks(Engine *e, int n_rows, char *err) {
+ * sampler draws (rows without a regex allow every id). The log-probs are then
+ * the masked distribution's (in deterministic mode the kept copy is masked
+ * too), unless a request asks for the policy's (policy_logprobs): the kept
+ * copy then stays unmasked (taken here outside deterministic mode), and
+ * *policy says the step's log-probs come from it. */
+static int apply_token_masks(Engine *e, int n_rows, bool *policy, char *err) {
     bool any = false;
-    for (int i = 0; i < n_rows && !any; i++) any = e->seqs[e->row_owner[i]].opt.regex != NULL;
+    *policy = false;
+    for (int i = 0; i < n_rows; i++) {
+        const GenerateOptions *o = &e->seqs[e->row_owner[i]].opt;
+        any |= o->regex != NULL;
+        *policy |= o->regex != NULL && o->policy_logprobs;
+    }
     if (!any) return COLT_OK;
     const size_t W = (size_t)e->mask_words;
     for (int i = 0; i < n_rows; i++) {
@@ -543,8 +551,11 @@ static int apply_token_masks(Engine *e, int n_rows, char *err) {
     }
     const Backend *be = e->be;
     be->upload_i32(be, e->d_mask, (const int *)e->h_mask, (size_t)n_rows * W);
+    if (*policy && !e->deterministic)
+        be->copy(be, e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)n_rows * e->cfg->vocab_size);
     be->apply_token_bitmask(be, paged_state_logits(e->st), e->d_mask, n_rows, e->cfg->vocab_size);
-    if (e->deterministic) be->apply_token_bitmask(be, e->d_logits_kept, e->d_mask, n_rows, e->cfg->vocab_size);
+    if (e->deterministic && !*policy)
+        be->apply_token_bitmask(be, e->d_logits_kept, e->d_mask, n_rows, e->cfg->vocab_size);
     return COLT_OK;
 }
 
@@ -698,15 +709,25 @@ static int step_once(Engine *e, char *err) {
         if (run_forward(e, &b, err) != 0) return COLT_ERR;
         if (bucket >= 0) e->bucket_seen[bucket] = true;
     }
-    if (apply_token_masks(e, n_rows, err) != 0) return COLT_ERR;
+    bool policy = false;
+    if (apply_token_masks(e, n_rows, &policy, err) != 0) return COLT_ERR;
     sample_groups(e, d, n_pad);
     e->stats.steps++;
 
     /* Apply the sampled tokens. */
     if (n_rows > 0) {
-        if (e->deterministic) trainer_logprobs(e, n_rows);
-        else /* tokens and log-probs in one copy: one wait per step */
+        if (e->deterministic) {
+            trainer_logprobs(e, n_rows);
+        } else if (policy) { /* the policy's log-probs where asked for, the sampler's elsewhere */
             be->download_i32(be, e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
+            float *sampler_lp = e->h_sampled_lp;
+            memcpy(sampler_lp, e->h_logprobs, sizeof(float) * (size_t)n_rows);
+            trainer_logprobs(e, n_rows);
+            for (int i = 0; i < n_rows; i++)
+                if (!e->seqs[e->row_owner[i]].opt.policy_logprobs) e->h_logprobs[i] = sampler_lp[i];
+        } else { /* tokens and log-probs in one copy: one wait per step */
+            be->download_i32(be, e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
+        }
     }
     e->stats.decode_tokens += n_rows;
     if (decode_only) {
@@ -843,7 +864,10 @@ static int take_memory(Engine *e, char *err) {
     e->d_tables = be->alloc_i32(be, (size_t)e->n_slots * e->max_blocks);
     e->tables_dirty = true;
     if (e->history_wanted) alloc_history(e);
-    if (e->mask_wanted) e->d_mask = be->alloc_i32(be, (size_t)e->max_rows * e->mask_words);
+    if (e->mask_wanted) {
+        e->d_mask = be->alloc_i32(be, (size_t)e->max_rows * e->mask_words);
+        if (!e->d_logits_kept) e->d_logits_kept = be->alloc(be, (size_t)e->max_rows * e->cfg->vocab_size);
+    }
     e->d_step = be->alloc_i32(be, (size_t)N_SEGMENTS * e->max_tokens);
     e->d_sampled = be->alloc_i32(be, 2 * (size_t)e->max_rows);
     e->d_tokens = e->d_sampled;
@@ -946,7 +970,7 @@ void engine_destroy(Engine *e) {
     for (int i = 0; i < e->seqs_cap; i++) free(e->seqs[i].stop);
     free(e->seqs), free(e->waiting.items), free(e->events);
     free(e->h_tables), free(e->free_slots), free(e->h_step), free(e->h_sampled), free(e->row_owner);
-    free(e->running), free(e->order), free(e->group_params), free(e->group_rows), free(e->h_mask);
+    free(e->running), free(e->order), free(e->group_params), free(e->group_rows), free(e->h_mask), free(e->h_sampled_lp);
     free(e);
 }
 
@@ -1010,7 +1034,11 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
         e->mask_wanted = true;
         e->mask_words = (e->cfg->vocab_size + 31) / 32;
         e->h_mask = xmalloc(sizeof(uint32_t) * (size_t)e->max_rows * (size_t)e->mask_words);
-        if (e->awake) e->d_mask = e->be->alloc_i32(e->be, (size_t)e->max_rows * e->mask_words);
+        e->h_sampled_lp = xmalloc(sizeof(float) * (size_t)e->max_rows);
+        if (e->awake) {
+            e->d_mask = e->be->alloc_i32(e->be, (size_t)e->max_rows * e->mask_words);
+            if (!e->d_logits_kept) e->d_logits_kept = e->be->alloc(e->be, (size_t)e->max_rows * e->cfg->vocab_size);
+        }
     }
     return COLT_OK;
 }

@@ -54,6 +54,8 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
     int *cur_len = xcalloc((size_t)n, sizeof(int));  /* tokens in the cache per sequence */
     bool *done = xcalloc((size_t)n, sizeof(bool));
     uint32_t *mask = opt->regex ? xmalloc(sizeof(uint32_t) * (size_t)token_regex_mask_words(opt->regex)) : NULL;
+    float *policy = opt->regex && opt->policy_logprobs ? xmalloc(sizeof(float) * (size_t)V) : NULL; /* z = logits / T */
+    const float policy_t = opt->sampling.temperature > 0.0f ? opt->sampling.temperature : 1.0f;
     Sampler sampler;
     sampler_init(&sampler, V);
     int rc = COLT_OK;
@@ -106,10 +108,13 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
                     rc = regex_dead_end(opt->regex, i, s->n_tokens, err);
                     break;
                 }
+                if (policy)
+                    for (int v = 0; v < V; v++) policy[v] = logits[(size_t)w * V + v] / policy_t;
                 token_mask_apply(logits + (size_t)w * V, mask, V);
             }
             int t = sampler_sample(&sampler, logits + (size_t)w * V, &opt->sampling, history, n_hist,
                                    s->stream, (uint64_t)(s->first_position + s->n_tokens), &lp);
+            if (policy) lp = (float)logsoftmax_at(policy, V, t);
             s->tokens[s->n_tokens] = t;
             s->logprobs[s->n_tokens] = lp;
             s->n_tokens++;
@@ -125,6 +130,7 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
 
     sampler_free(&sampler);
     free(mask);
+    free(policy);
     free(done);
     free(cur_len);
     free(history);

@@ -42,6 +42,12 @@ typedef struct GenerateOptions {
      * from (vLLM's, whose grammar bitmask is applied to the logits before its
      * sampler). Not owned; used by one generation call at a time. */
     TokenRegex *regex;
+    /* With a regex: report the policy's log-probs instead, log_softmax(logits /
+     * temperature) of the sampled token before the mask (temperature 1 when
+     * greedy; no top-k/top-p/min-p, no repetition penalty): the trainer's
+     * definition, so that its importance-sampling ratio against them measures
+     * engine/trainer mismatch, not the mask's mass (colt train sets it). */
+    bool policy_logprobs;
 } GenerateOptions;
 
 /* Completes every sequence. Errors: a prompt longer than the model allows, an

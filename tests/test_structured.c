@@ -187,6 +187,75 @@ static void test_qwen_vocab(void) {
     tokenizer_free(tok);
 }
 
+/* colt train with vllm_structured_outputs_regex: every logged completion is a full match, and the
+ * importance-sampling ratio stays at 1 (the engine reports the policy's log-probs, not the mask's mass);
+ * the settings it cannot honour are refused; colt generate --regex and a bad --regex. */
+static void test_train_and_cli(void) {
+    char *err = NULL, *out = NULL, args[1024], path[300];
+    snprintf(path, sizeof path, "%s/t.yaml", g_tmp);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "model: %s\ndataset: %s/examples/data/demo_train.jsonl\nreward_funcs: [{type: regex, pattern: \"yes\"}]\n"
+               "output_dir: %s/out\nper_device_train_batch_size: 8\nnum_generations: 4\nmax_prompt_length: 64\n"
+               "max_completion_length: 16\nmax_steps: 1\ndevice: cpu\nreport_to: none\nlog_completions: true\n"
+               "vllm_guided_decoding_regex: \"(yes|no)\"\n",
+            STRUCTURED_MODEL, COLT_SOURCE_DIR, g_tmp);
+    fclose(f);
+    snprintf(args, sizeof args, "train --config %s", path);
+    int code = run_colt(args, &err);
+    CHECK(code == 0, "train with a regex: exit %d: %s", code, err);
+    free(err);
+    snprintf(path, sizeof path, "%s/out/metrics.jsonl", g_tmp);
+    json_error_t jerr;
+    json_t *m = json_load_file(path, JSON_DISABLE_EOF_CHECK, &jerr);
+    double ratio = m ? json_number_value(json_object_get(m, "sampling/importance_sampling_ratio/mean")) : 0;
+    double diff = m ? json_number_value(json_object_get(m, "sampling/sampling_logp_difference/max")) : 1;
+    CHECK(m && fabs(ratio - 1) < 1e-3 && diff < 1e-3, "train: importance-sampling ratio %g, logp difference %g", ratio,
+          diff);
+    json_decref(m);
+    snprintf(path, sizeof path, "%s/out/completions.jsonl", g_tmp);
+    FILE *cf = fopen(path, "r");
+    int n = 0, matched = 0;
+    char line[4096];
+    while (cf && fgets(line, sizeof line, cf)) {
+        json_t *o = json_loads(line, 0, &jerr);
+        const char *text = o ? json_string_value(json_object_get(o, "completion")) : NULL;
+        n++;
+        matched += text && structured_full_match("(yes|no)", text);
+        json_decref(o);
+    }
+    if (cf) fclose(cf);
+    CHECK(n > 0 && matched == n, "train: %d/%d logged completions match (yes|no)", matched, n);
+    printf("  colt train: %d/%d logged completions match, importance-sampling ratio %.6f\n", matched, n, ratio);
+
+    snprintf(args, sizeof args, "train --config %s/t.yaml --vllm_mode server", g_tmp);
+    code = run_colt(args, &err);
+    CHECK(code != 0 && strstr(err, "vllm_structured_outputs_regex"), "regex with vllm_mode server: exit %d: %s", code,
+          err);
+    free(err);
+
+    ColtRun r = {.out = &out};
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --n 6 --temperature 1 --regex '[a-c]{2}x' --device cpu",
+             STRUCTURED_MODEL);
+    code = run_colt_with(&r, args, &err);
+    int lines = 0, ok = 0;
+    for (char *p = out, *nl; code == 0 && p && *p; p = nl + 1) {
+        nl = strchr(p, '\n');
+        if (!nl) break;
+        *nl = 0;
+        lines++;
+        ok += structured_full_match("[a-c]{2}x", p);
+    }
+    CHECK(code == 0 && lines == 6 && ok == 6, "generate --regex: exit %d, %d/%d lines match: %s", code, ok, lines, err);
+    printf("  colt generate --regex: %d/%d completions match\n", ok, lines);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --regex 'a[b' --device cpu", STRUCTURED_MODEL);
+    code = run_colt(args, &err);
+    CHECK(code != 0 && strstr(err, "missing terminating ] for character class at offset 3"),
+          "generate with a bad --regex: exit %d: %s", code, err);
+    free(err);
+}
+
 int main(void) {
     double t0 = now_s();
     printf("masks on a hand-made vocabulary, errors\n");
@@ -200,6 +269,11 @@ int main(void) {
     structured_run_backend(backend_cpu(), &det, 1, N_SEQS);
     backend_cpu()->set_batch_invariant(backend_cpu(), 0);
     test_qwen_vocab();
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_structured_XXXXXX");
+    if (!mkdtemp(g_tmp)) return 1;
+    printf("colt train and colt generate with a regex\n");
+    test_train_and_cli();
+    sh("rm -rf %s", g_tmp);
     printf("%d checks, %d failures (%.1f s)\n", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;
 }

@@ -157,10 +157,14 @@ static inline void structured_run_backend(const Backend *be, const EngineOptions
                 } else {
                     int same = structured_same_tokens(&pol, &eng), below = 0, tokens = 0;
                     double worst = 0;
+                    /* the sampler's and the trainer's op round apart: bf16 logits give them ~1e-3 */
+                    const bool bf16 = be->storage != DTYPE_F32;
+                    const float below_tol = bf16 ? 1e-2f : 1e-5f;
+                    const double worst_tol = bf16 ? 0.25 : 2e-2;
                     for (int i = 0; i < N_SEQS; i++) {
                         const GenSequence *a = &pol.seqs[i], *b = &eng.seqs[i], *r = &polref.seqs[i];
                         for (int k = 0; k < a->n_tokens && k < b->n_tokens; k++, tokens++)
-                            below += a->logprobs[k] <= b->logprobs[k] + 1e-5f;
+                            below += a->logprobs[k] <= b->logprobs[k] + below_tol;
                         for (int k = 0; k < a->n_tokens && k < r->n_tokens && a->tokens[k] == r->tokens[k]; k++)
                             if (fabs((double)a->logprobs[k] - r->logprobs[k]) > worst)
                                 worst = fabs((double)a->logprobs[k] - r->logprobs[k]);
@@ -168,7 +172,8 @@ static inline void structured_run_backend(const Backend *be, const EngineOptions
                     CHECK(same == N_SEQS && below == tokens,
                           "policy log-probs: %d/%d sequences drew the same tokens, %d/%d log-probs <= the masked ones",
                           same, N_SEQS, below, tokens);
-                    CHECK(worst <= 2e-2, "policy log-probs: engine and generate() differ by %.3g", worst);
+                    CHECK(worst <= worst_tol, "policy log-probs: engine and generate() differ by %.3g (limit %.2g)", worst,
+                          worst_tol);
                     printf("    %-34s %2d/%d same draws, %d/%d log-probs <= masked, engine vs generate() %.2g\n",
                            "policy log-probs (colt train)", same, N_SEQS, below, tokens, worst);
                 }

@@ -26,6 +26,8 @@
 /* One thread's share of a walk. */
 typedef struct Walker {
     pcre2_match_data *md;
+    pcre2_match_context *mc;  /* with its own JIT stack (up to 8 MB: long texts under nested repeats) */
+    pcre2_jit_stack *jit_stack;
     char *buf;          /* the text, then the prefix under test */
     size_t cap;
     uint32_t *mask;     /* [mask_words] the ids it allowed */
@@ -97,13 +99,13 @@ static void walker_reserve(Walker *w, size_t n) {
 static bool viable(const TokenRegex *r, Walker *w, size_t len) {
     if (len == 0) return r->empty_viable;
     w->matches++;
-    int rc = pcre2_match(r->code, (PCRE2_SPTR)w->buf, len, 0, PCRE2_PARTIAL_HARD, w->md, NULL);
-    return rc >= 0 || rc == PCRE2_ERROR_PARTIAL;
+    int rc = pcre2_match(r->code, (PCRE2_SPTR)w->buf, len, 0, PCRE2_PARTIAL_HARD, w->md, w->mc);
+    return rc >= 0 || rc == PCRE2_ERROR_PARTIAL; /* a resource limit counts as no: a dead end is an error */
 }
 
 static bool full_match(TokenRegex *r, const char *text, size_t len) {
     r->walkers[0].matches++;
-    return pcre2_match(r->code, (PCRE2_SPTR)text, len, 0, 0, r->walkers[0].md, NULL) >= 0;
+    return pcre2_match(r->code, (PCRE2_SPTR)text, len, 0, 0, r->walkers[0].md, r->walkers[0].mc) >= 0;
 }
 
 bool token_regex_full_match(TokenRegex *r, const char *text, size_t len) { return full_match(r, text, len); }
@@ -198,6 +200,9 @@ int token_regex_create(TokenRegex **out, const char *pattern, const char *const 
     r->walkers = xcalloc((size_t)r->n_walkers, sizeof(Walker));
     for (int t = 0; t < r->n_walkers; t++) {
         r->walkers[t].md = pcre2_match_data_create_from_pattern(code, NULL);
+        r->walkers[t].mc = pcre2_match_context_create(NULL);
+        r->walkers[t].jit_stack = pcre2_jit_stack_create(32 << 10, 8 << 20, NULL);
+        if (r->walkers[t].jit_stack) pcre2_jit_stack_assign(r->walkers[t].mc, NULL, r->walkers[t].jit_stack);
         r->walkers[t].mask = xmalloc(sizeof(uint32_t) * (size_t)((vocab_size + 31) / 32 > 0 ? (vocab_size + 31) / 32 : 1));
     }
     r->group_lo = xmalloc(sizeof(int) * 257);
@@ -261,6 +266,8 @@ void token_regex_free(TokenRegex *r) {
     for (int k = 0; k < CACHE_ENTRIES; k++) free(r->cache[k].text), free(r->cache[k].words);
     for (int t = 0; t < r->n_walkers; t++) {
         pcre2_match_data_free(r->walkers[t].md);
+        pcre2_match_context_free(r->walkers[t].mc);
+        pcre2_jit_stack_free(r->walkers[t].jit_stack);
         free(r->walkers[t].buf), free(r->walkers[t].mask);
     }
     free(r->walkers), free(r->group_lo), free(r->group_hi);

@@ -1131,8 +1131,10 @@ void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOpt
     int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
     int n_slots = min_int(n_seqs, max_num_seqs), max_rows, max_tokens;
     engine_step_sizes(n_slots, !eo->enforce_eager, eo, &max_rows, &max_tokens);
-    size_t kept = eo->deterministic ? (size_t)max_rows * model_config(m)->vocab_size * dtype_size(model_backend(m)->storage)
-                                    : 0;
+    const size_t V = (size_t)model_config(m)->vocab_size;
+    size_t kept = eo->deterministic || eo->structured_outputs ? (size_t)max_rows * V * dtype_size(model_backend(m)->storage)
+                                                              : 0;
+    if (eo->structured_outputs) kept += (size_t)max_rows * ((V + 31) / 32) * sizeof(int); /* the masks */
     size_t block_bytes = kv_pool_block_bytes(m, block_size), blocks = (size_t)div_up(max_len, block_size);
     *scratch = paged_state_plan_bytes(m, max_tokens, max_rows) + kept;
     *pool_min = blocks * block_bytes;

@@ -1135,6 +1135,47 @@ static void ref_dropout(const OpRun *r, double **ref) {
     ref[1][0] = 1.0 - p;
 }
 
+/* ================================================================ apply_token_bitmask
+ * i: n rows, vocab V. Structured outputs' mask: logits[i, v] = -inf where bit v % 32 of word v / 32 of row
+ * i's mask is clear, else unchanged (exact). Compared with -inf written as -1000 (the inputs are N(0, 1)),
+ * and the count of -inf against the mask's clear bits. */
+
+static uint32_t bitmask_word(int row, int w) { /* about half the bits set, the same on every backend */
+    uint32_t words[4];
+    rng_philox(words, 77, (uint64_t)row, (uint64_t)w);
+    return words[0] & words[1] ? words[0] | words[2] : words[0];
+}
+
+static void run_apply_token_bitmask(OpRun *r) {
+    const OpCase *c = r->c;
+    const int n = c->i[0], V = c->i[1], W = (V + 31) / 32;
+    void *logits = op_in(r, (size_t)n * V, 1.0f, NULL);
+    int *mask = op_ints(r, (size_t)n * W);
+    for (int i = 0; i < n; i++)
+        for (int w = 0; w < W; w++) mask[(size_t)i * W + w] = (int)bitmask_word(i, w);
+    void *dmask = track_buf(r, op_upload_i32(r->be, mask, (size_t)n * W));
+    r->be->apply_token_bitmask(r->be, logits, dmask, n, V);
+    float *got = op_download(r, logits, (size_t)n * V);
+    float n_inf = 0;
+    for (size_t k = 0; k < (size_t)n * V; k++)
+        if (isinf(got[k]) && got[k] < 0) got[k] = -1000.0f, n_inf++;
+    op_out_host(r, (OpTol){0, 0, 0, OP_BF16_ROUNDED}, got, (size_t)n * V, "apply_token_bitmask [%d, %d] (exact)", n, V);
+    op_out_host(r, (OpTol){0, 0, 0, 0}, &n_inf, 1, "apply_token_bitmask [%d, %d]: logits masked", n, V);
+}
+
+static void ref_apply_token_bitmask(const OpRun *r, double **ref) {
+    const OpCase *c = r->c;
+    const int n = c->i[0], V = c->i[1];
+    const float *x = op_input(r, 0);
+    ref[1][0] = 0;
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < V; v++) {
+            bool keep = bitmask_word(i, v / 32) >> (v % 32) & 1u;
+            ref[0][(size_t)i * V + v] = keep ? (double)x[(size_t)i * V + v] : -1000.0;
+            ref[1][0] += !keep;
+        }
+}
+
 /* ================================================================ the table */
 
 static const int ROPE_POS_A[6] = {0, 1, 7, 63, 100, 255}, ROPE_POS_B[4] = {0, 3, 50, 127};
@@ -1251,6 +1292,10 @@ const OpCase OP_CASES[] = {
     {"dropout", run_dropout, ref_dropout, {100000, 42, 7}, {0.25f, 2.0f}, NULL, 0},
     {"dropout", run_dropout, ref_dropout, {1000003, 99, 12345}, {0.3f, 2.0f}, NULL, 0},
     {"dropout", run_dropout, ref_dropout, {37, 99, 12345}, {0.3f, 2.0f}, NULL, 0},
+    /* apply_token_bitmask (structured outputs): a vocabulary not a multiple of 32, one word, Qwen2.5's */
+    {"apply_token_bitmask", run_apply_token_bitmask, ref_apply_token_bitmask, {3, 1000}, {0}, NULL, 0},
+    {"apply_token_bitmask", run_apply_token_bitmask, ref_apply_token_bitmask, {2, 33}, {0}, NULL, 0},
+    {"apply_token_bitmask", run_apply_token_bitmask, ref_apply_token_bitmask, {5, 151936}, {0}, NULL, 0},
     /* AdamW: one update at step 3's bias corrections; three steps from the first */
     ADAMW(777, 3, 1, 0.1f, 0.1f, 1.0f),
     ADAMW(1003 * 7, 1, 3, 0.01f, 0.01f, 0.1f),

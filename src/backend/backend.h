@@ -296,6 +296,10 @@ struct Backend {
     void (*sample)(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                    const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                    int history_stride);
+    /* Structured outputs (engine/structured.h), before sample: logits[i, v] = -inf (storage dtype) where
+     * bit v % 32 of bitmask[i * W + v / 32] is clear, W = (vocab + 31) / 32, for rows i < n (bitmask
+     * [i32] [n, W]: vLLM's apply_token_bitmask_inplace); the other logits are unchanged. In place. */
+    void (*apply_token_bitmask)(const Backend *be, void *logits, const void *bitmask, int n, int vocab);
     /* Fused ops of the decode step (fewer kernels per layer). Each gives results
      * bit-identical to the op sequence it replaces, on the same backend. */
     /* x[N, D] += delta[N, D] in place (rounded to storage as add does), then

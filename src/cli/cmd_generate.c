@@ -35,12 +35,15 @@ static const char *GENERATE_USAGE =
     "  --chat_template_kwargs JSON: extra chat template variables, e.g. '{\"enable_thinking\": false}' (Qwen3).\n"
     "  --bench prints one line of engine statistics (throughput, steps, KV pool) instead of the completions.\n"
     "  --adapter DIR applies a LoRA adapter (PEFT's files) to the model.\n"
+    "  --regex RE: structured outputs: every completion that ends on eos is a full match of RE (PCRE2 on bytes;\n"
+    "  tokens that cannot continue a match are masked, eos only after a full match; log-probs are the masked\n"
+    "  distribution's). Needs a byte-level BPE tokenizer (Qwen, Llama 3); set --max_new_tokens to room for a match.\n"
     "  --tensor_parallel_size N: the model cut across N processes (mpirun -np N colt generate ...), each holding\n"
     "  1/N of every layer; rank 0 prints. Local rank r computes on GPU r; ranks on GPUs of their own talk over\n"
     "  NCCL, ranks beyond the visible GPUs share them and talk through the host.\n";
 
 typedef struct GenerateArgs {
-    const char *model, *adapter, *prompt, *chat, *ids, *prompts_file, *device;
+    const char *model, *adapter, *prompt, *chat, *ids, *prompts_file, *device, *regex;
     const char *chat_template_kwargs_text; /* --chat_template_kwargs */
     json_t *chat_template_kwargs;          /* ... parsed; NULL when not given */
     int max_new_tokens, top_k, n, block_size, max_num_seqs, tensor_parallel_size;
@@ -174,6 +177,7 @@ int cmd_generate(int argc, char **argv) {
         {"seed", OPT_U64, &a.seed, "random seed (default 0)", false},
         {"n", OPT_INT, &a.n, "completions of the prompt (default 1)", false},
         {"ignore_eos", OPT_FLAG, &a.ignore_eos, "do not stop at end-of-sequence tokens", false},
+        {"regex", OPT_STRING, &a.regex, "constrain every completion to a full match of this regex (PCRE2)", false},
         {"json", OPT_FLAG, &a.json, "print one JSON line per completion", false},
         {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
         {"gpu_memory_utilization", OPT_FLOAT, &a.gpu_memory_utilization,
@@ -300,6 +304,12 @@ int cmd_generate(int argc, char **argv) {
     int stop_ids[MODEL_MAX_EOS + 1];
     int n_stop = prompt_stop_ids(stop_ids, cfg, tok);
 
+    TokenRegex *regex = NULL;
+    if (rc == 0 && a.regex) {
+        if (!tok) rc = 1, errorf(err, "--regex: the model folder has no tokenizer.json, whose tokens the regex reads");
+        else if (prompt_regex_constraint(&regex, tok, cfg->vocab_size, a.regex, err) != 0) rc = 1;
+    }
+
     /* Completion j of prompt i is sequence i * n + j, RNG stream i * n + j. */
     int n_seqs = rc == 0 ? n_prompts * a.n : 0;
     GenSequence *seqs = xcalloc((size_t)(n_seqs > 0 ? n_seqs : 1), sizeof(GenSequence));
@@ -313,7 +323,7 @@ int cmd_generate(int argc, char **argv) {
             prompt_tokens += prompt_lens[i / a.n];
         }
         GenerateOptions opt = {.sampling = sp, .max_new_tokens = a.max_new_tokens, .stop_ids = stop_ids,
-                               .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos};
+                               .n_stop_ids = n_stop, .ignore_eos = a.ignore_eos, .regex = regex};
         EngineOptions eo = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
                             .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
                             .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic};
@@ -370,6 +380,7 @@ int cmd_generate(int argc, char **argv) {
     free(prompts);
     free(prompt_lens);
     json_decref(a.chat_template_kwargs);
+    token_regex_free(regex);
     model_free(m);
     if (rc != 0) mesh_abort(&mesh, err); /* the others may wait in a collective */
     mesh_close(&mesh);

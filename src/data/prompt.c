@@ -115,3 +115,22 @@ int prompt_stop_ids(int *stop_ids, const ModelConfig *mc, const Tokenizer *tok) 
     if (tok && tokenizer_eos_id(tok) >= 0) stop_ids[n++] = tokenizer_eos_id(tok);
     return n;
 }
+
+int prompt_regex_constraint(TokenRegex **out, const Tokenizer *tok, int vocab_size, const char *pattern, char *err) {
+    *out = NULL;
+    if (!tokenizer_byte_level(tok))
+        return errorf(err, "regex '%s': structured outputs need a byte-level BPE tokenizer (GPT-2 style: Qwen, "
+                           "Llama 3), whose tokens stand for fixed bytes; this model's tokenizer is not one",
+                      pattern);
+    const char **bytes = xcalloc((size_t)(vocab_size > 0 ? vocab_size : 1), sizeof(char *));
+    uint32_t *lens = xcalloc((size_t)(vocab_size > 0 ? vocab_size : 1), sizeof(uint32_t));
+    for (int v = 0; v < vocab_size; v++) {
+        size_t len;
+        bytes[v] = tokenizer_token_bytes(tok, v, &len);
+        lens[v] = (uint32_t)len;
+    }
+    int rc = token_regex_create(out, pattern, bytes, lens, vocab_size, err);
+    free(bytes);
+    free(lens);
+    return rc;
+}

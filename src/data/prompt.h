@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "data/dataset.h"
+#include "engine/structured.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -55,5 +56,12 @@ int prompt_encode_row_tools(int **ids, int *n_ids, char **text, const Dataset *d
 /* Fills stop_ids (room for MODEL_MAX_EOS + 1) with the model's eos ids and the
  * tokenizer's eos (tok may be NULL); returns how many. */
 int prompt_stop_ids(int *stop_ids, const ModelConfig *mc, const Tokenizer *tok);
+
+/* Structured outputs (engine/structured.h): pattern compiled over the model's
+ * vocab_size ids, each token standing for its bytes in the tokenizer's decoded
+ * text (special tokens and ids the tokenizer lacks: never generated but as a
+ * stop id). Errors: those of token_regex_create, a tokenizer that is not
+ * byte-level BPE. It points at tok's bytes: tok must outlive it. */
+int prompt_regex_constraint(TokenRegex **out, const Tokenizer *tok, int vocab_size, const char *pattern, char *err);
 
 #endif

@@ -105,6 +105,7 @@ struct Engine {
     void *d_sampled;             /* sampler outputs: tokens [max_rows], then log-probs [max_rows] */
     void *d_tokens, *d_logprobs; /* its two halves */
     void *d_logits_kept;         /* deterministic: [max_rows, V] logits before the sampler clobbers them */
+    void *d_mask;                /* [max_rows, mask_words] structured outputs' allowed tokens (mask_wanted) */
     void *graphs[N_BUCKETS];
     bool bucket_seen[N_BUCKETS];
 
@@ -115,6 +116,10 @@ struct Engine {
     int *h_step;        /* [N_SEGMENTS * max_tokens] */
     int *h_sampled, *h_tokens, *row_owner; /* h_sampled: d_sampled's host copy; h_tokens its first half */
     float *h_logprobs;                     /* and its second */
+    bool mask_wanted;   /* a request with a regex was added: keep d_mask */
+    int mask_words;     /* (V + 31) / 32 */
+    uint32_t *h_mask;   /* [max_rows, mask_words] */
+    float *h_sampled_lp; /* [max_rows] the sampler's log-probs, kept while the policy's are computed */
     Seq *seqs;          /* [seqs_cap]; SEQ_FREE entries are reused */
     int seqs_cap, n_live;
     int *running, n_running; /* admission order: the last one is preempted first */
@@ -517,6 +522,43 @@ static void trainer_logprobs(Engine *e, int n_rows) {
     be->download_f32(be, e->h_logprobs, e->d_logprobs, (size_t)n_rows);
 }
 
+/* Structured outputs: each row's allowed tokens, worked out on the host from
+ * its completion so far (structured.h), become -inf on its logits before the
+ * sampler draws (rows without a regex allow every id). The log-probs are then
+ * the masked distribution's (in deterministic mode the kept copy is masked
+ * too), unless a request asks for the policy's (policy_logprobs): the kept
+ * copy then stays unmasked (taken here outside deterministic mode), and
+ * *policy says the step's log-probs come from it. */
+static int apply_token_masks(Engine *e, int n_rows, bool *policy, char *err) {
+    bool any = false;
+    *policy = false;
+    for (int i = 0; i < n_rows; i++) {
+        const GenerateOptions *o = &e->seqs[e->row_owner[i]].opt;
+        any |= o->regex != NULL;
+        *policy |= o->regex != NULL && o->policy_logprobs;
+    }
+    if (!any) return COLT_OK;
+    const size_t W = (size_t)e->mask_words;
+    for (int i = 0; i < n_rows; i++) {
+        const Seq *s = &e->seqs[e->row_owner[i]];
+        uint32_t *mask = e->h_mask + (size_t)i * W;
+        if (!s->opt.regex) {
+            memset(mask, 0xff, sizeof(uint32_t) * W);
+            continue;
+        }
+        if (token_regex_mask(s->opt.regex, mask, s->g->tokens, s->g->n_tokens, s->opt.stop_ids, s->opt.n_stop_ids) == 0)
+            return regex_dead_end(s->opt.regex, (int)s->g->stream, s->g->n_tokens, err);
+    }
+    const Backend *be = e->be;
+    be->upload_i32(be, e->d_mask, (const int *)e->h_mask, (size_t)n_rows * W);
+    if (*policy && !e->deterministic)
+        be->copy(be, e->d_logits_kept, 0, paged_state_logits(e->st), 0, (size_t)n_rows * e->cfg->vocab_size);
+    be->apply_token_bitmask(be, paged_state_logits(e->st), e->d_mask, n_rows, e->cfg->vocab_size);
+    if (e->deterministic && !*policy)
+        be->apply_token_bitmask(be, e->d_logits_kept, e->d_mask, n_rows, e->cfg->vocab_size);
+    return COLT_OK;
+}
+
 static bool is_stop(const GenerateOptions *opt, int token) {
     if (opt->ignore_eos) return false;
     for (int i = 0; i < opt->n_stop_ids; i++)
@@ -667,14 +709,25 @@ static int step_once(Engine *e, char *err) {
         if (run_forward(e, &b, err) != 0) return COLT_ERR;
         if (bucket >= 0) e->bucket_seen[bucket] = true;
     }
+    bool policy = false;
+    if (apply_token_masks(e, n_rows, &policy, err) != 0) return COLT_ERR;
     sample_groups(e, d, n_pad);
     e->stats.steps++;
 
     /* Apply the sampled tokens. */
     if (n_rows > 0) {
-        if (e->deterministic) trainer_logprobs(e, n_rows);
-        else /* tokens and log-probs in one copy: one wait per step */
+        if (e->deterministic) {
+            trainer_logprobs(e, n_rows);
+        } else if (policy) { /* the policy's log-probs where asked for, the sampler's elsewhere */
             be->download_i32(be, e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
+            float *sampler_lp = e->h_sampled_lp;
+            memcpy(sampler_lp, e->h_logprobs, sizeof(float) * (size_t)n_rows);
+            trainer_logprobs(e, n_rows);
+            for (int i = 0; i < n_rows; i++)
+                if (!e->seqs[e->row_owner[i]].opt.policy_logprobs) e->h_logprobs[i] = sampler_lp[i];
+        } else { /* tokens and log-probs in one copy: one wait per step */
+            be->download_i32(be, e->h_sampled, e->d_sampled, (size_t)e->max_rows + (size_t)n_rows);
+        }
     }
     e->stats.decode_tokens += n_rows;
     if (decode_only) {
@@ -761,7 +814,7 @@ static void give_memory(Engine *e) {
     kv_pool_free(&e->pool);
     paged_state_free(e->st);
     e->st = NULL;
-    void **dev[] = {&e->d_tables, &e->d_hist, &e->d_hist_len, &e->d_step, &e->d_sampled, &e->d_logits_kept};
+    void **dev[] = {&e->d_tables, &e->d_hist, &e->d_hist_len, &e->d_step, &e->d_sampled, &e->d_logits_kept, &e->d_mask};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++) {
         if (*dev[k]) be->free(be, *dev[k]);
         *dev[k] = NULL;
@@ -811,6 +864,10 @@ static int take_memory(Engine *e, char *err) {
     e->d_tables = be->alloc_i32(be, (size_t)e->n_slots * e->max_blocks);
     e->tables_dirty = true;
     if (e->history_wanted) alloc_history(e);
+    if (e->mask_wanted) {
+        e->d_mask = be->alloc_i32(be, (size_t)e->max_rows * e->mask_words);
+        if (!e->d_logits_kept) e->d_logits_kept = be->alloc(be, (size_t)e->max_rows * e->cfg->vocab_size);
+    }
     e->d_step = be->alloc_i32(be, (size_t)N_SEGMENTS * e->max_tokens);
     e->d_sampled = be->alloc_i32(be, 2 * (size_t)e->max_rows);
     e->d_tokens = e->d_sampled;
@@ -913,7 +970,7 @@ void engine_destroy(Engine *e) {
     for (int i = 0; i < e->seqs_cap; i++) free(e->seqs[i].stop);
     free(e->seqs), free(e->waiting.items), free(e->events);
     free(e->h_tables), free(e->free_slots), free(e->h_step), free(e->h_sampled), free(e->row_owner);
-    free(e->running), free(e->order), free(e->group_params), free(e->group_rows);
+    free(e->running), free(e->order), free(e->group_params), free(e->group_rows), free(e->h_mask), free(e->h_sampled_lp);
     free(e);
 }
 
@@ -944,6 +1001,8 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
         return errorf(err, "request %llu: stream id %llu above 2^31-1", (unsigned long long)id,
                       (unsigned long long)g->stream);
     if (find_live(e, id) >= 0) return errorf(err, "request id %llu is already in the engine", (unsigned long long)id);
+    if (opt->regex && !e->be->apply_token_bitmask)
+        return errorf(err, "backend %s has no structured outputs (apply_token_bitmask)", e->be->name);
     int cap = opt->max_new_tokens > 0 ? opt->max_new_tokens : 1;
     g->tokens = xmalloc(sizeof(int) * (size_t)cap);
     g->logprobs = xmalloc(sizeof(float) * (size_t)cap);
@@ -970,6 +1029,16 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
     if (has_penalty(s) && !e->history_wanted) {
         e->history_wanted = true;
         if (e->awake) alloc_history(e);
+    }
+    if (opt->regex && !e->mask_wanted) {
+        e->mask_wanted = true;
+        e->mask_words = (e->cfg->vocab_size + 31) / 32;
+        e->h_mask = xmalloc(sizeof(uint32_t) * (size_t)e->max_rows * (size_t)e->mask_words);
+        e->h_sampled_lp = xmalloc(sizeof(float) * (size_t)e->max_rows);
+        if (e->awake) {
+            e->d_mask = e->be->alloc_i32(e->be, (size_t)e->max_rows * e->mask_words);
+            if (!e->d_logits_kept) e->d_logits_kept = e->be->alloc(e->be, (size_t)e->max_rows * e->cfg->vocab_size);
+        }
     }
     return COLT_OK;
 }
@@ -1062,8 +1131,10 @@ void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOpt
     int max_num_seqs = eo->max_num_seqs > 0 ? eo->max_num_seqs : DEFAULT_MAX_NUM_SEQS;
     int n_slots = min_int(n_seqs, max_num_seqs), max_rows, max_tokens;
     engine_step_sizes(n_slots, !eo->enforce_eager, eo, &max_rows, &max_tokens);
-    size_t kept = eo->deterministic ? (size_t)max_rows * model_config(m)->vocab_size * dtype_size(model_backend(m)->storage)
-                                    : 0;
+    const size_t V = (size_t)model_config(m)->vocab_size;
+    size_t kept = eo->deterministic || eo->structured_outputs ? (size_t)max_rows * V * dtype_size(model_backend(m)->storage)
+                                                              : 0;
+    if (eo->structured_outputs) kept += (size_t)max_rows * ((V + 31) / 32) * sizeof(int); /* the masks */
     size_t block_bytes = kv_pool_block_bytes(m, block_size), blocks = (size_t)div_up(max_len, block_size);
     *scratch = paged_state_plan_bytes(m, max_tokens, max_rows) + kept;
     *pool_min = blocks * block_bytes;

@@ -69,6 +69,9 @@ typedef struct EngineOptions {
      * op (temperature 1 when greedy; no top-k/top-p/min-p renormalisation, no
      * repetition penalty) — bit-identical to model_train_forward's in that mode. */
     bool deterministic;
+    /* Requests will carry a regex (GenerateOptions.regex): engine_memory_plan counts the masks and the
+     * logits kept for the policy's log-probs (the engine allocates them with the first such request). */
+    bool structured_outputs;
 } EngineOptions;
 
 typedef struct EngineStats {

@@ -26,6 +26,12 @@ static bool is_stop(const GenerateOptions *opt, int token) {
     return false;
 }
 
+int regex_dead_end(const TokenRegex *r, int seq, int n_tokens, char *err) {
+    return errorf(err, "regex '%s': sequence %d's completion (%d tokens) is a prefix of a match that no token of the "
+                       "vocabulary continues",
+                  token_regex_pattern(r), seq, n_tokens);
+}
+
 static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOptions *opt, char *err) {
     const ModelConfig *cfg = model_config(m);
     const int V = cfg->vocab_size;
@@ -47,6 +53,9 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
     int *history = xmalloc(sizeof(int) * (size_t)max_len);
     int *cur_len = xcalloc((size_t)n, sizeof(int));  /* tokens in the cache per sequence */
     bool *done = xcalloc((size_t)n, sizeof(bool));
+    uint32_t *mask = opt->regex ? xmalloc(sizeof(uint32_t) * (size_t)token_regex_mask_words(opt->regex)) : NULL;
+    float *policy = opt->regex && opt->policy_logprobs ? xmalloc(sizeof(float) * (size_t)V) : NULL; /* z = logits / T */
+    const float policy_t = opt->sampling.temperature > 0.0f ? opt->sampling.temperature : 1.0f;
     Sampler sampler;
     sampler_init(&sampler, V);
     int rc = COLT_OK;
@@ -94,8 +103,18 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
             memcpy(history, s->prompt, sizeof(int) * (size_t)s->prompt_len);
             memcpy(history + s->prompt_len, s->tokens, sizeof(int) * (size_t)s->n_tokens);
             float lp = 0.0f;
+            if (opt->regex) {
+                if (token_regex_mask(opt->regex, mask, s->tokens, s->n_tokens, opt->stop_ids, opt->n_stop_ids) == 0) {
+                    rc = regex_dead_end(opt->regex, i, s->n_tokens, err);
+                    break;
+                }
+                if (policy)
+                    for (int v = 0; v < V; v++) policy[v] = logits[(size_t)w * V + v] / policy_t;
+                token_mask_apply(logits + (size_t)w * V, mask, V);
+            }
             int t = sampler_sample(&sampler, logits + (size_t)w * V, &opt->sampling, history, n_hist,
                                    s->stream, (uint64_t)(s->first_position + s->n_tokens), &lp);
+            if (policy) lp = (float)logsoftmax_at(policy, V, t);
             s->tokens[s->n_tokens] = t;
             s->logprobs[s->n_tokens] = lp;
             s->n_tokens++;
@@ -106,9 +125,12 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
                 done[i] = true;
             }
         }
+        if (rc != COLT_OK) break;
     }
 
     sampler_free(&sampler);
+    free(mask);
+    free(policy);
     free(done);
     free(cur_len);
     free(history);
@@ -126,6 +148,12 @@ int generate_check(const Model *m, const GenSequence *seqs, int n_seqs, const Ge
     const ModelConfig *cfg = model_config(m);
     if (sampling_params_validate(&opt->sampling, err) != 0) return COLT_ERR;
     if (opt->max_new_tokens < 0) return errorf(err, "max_new_tokens must be >= 0 (got %d)", opt->max_new_tokens);
+    if (opt->regex && token_regex_vocab_size(opt->regex) != cfg->vocab_size)
+        return errorf(err, "regex '%s' was compiled over %d token ids, the model has %d", token_regex_pattern(opt->regex),
+                      token_regex_vocab_size(opt->regex), cfg->vocab_size);
+    if (opt->regex && opt->n_stop_ids == 0)
+        return errorf(err, "regex '%s': structured outputs need a stop id (eos) to end a completion that matches",
+                      token_regex_pattern(opt->regex));
     for (int i = 0; i < n_seqs; i++) {
         const GenSequence *s = &seqs[i];
         if (s->prompt_len <= 0) return errorf(err, "prompt %d is empty: generation needs at least one token", i);

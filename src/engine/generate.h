@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "engine/sampler.h"
+#include "engine/structured.h"
 #include "model/model.h"
 
 typedef enum { FINISH_LENGTH = 0, FINISH_STOP = 1 } FinishReason;
@@ -35,14 +36,30 @@ typedef struct GenerateOptions {
     int n_stop_ids;
     bool ignore_eos;      /* never stop on stop_ids */
     int max_batch;        /* sequences decoded together (0 = all) */
+    /* Structured outputs (structured.h), or NULL: each completion's text is
+     * kept a prefix of a match, and a stop id is drawn only after a full
+     * match. The log-probs are then those of the masked distribution drawn
+     * from (vLLM's, whose grammar bitmask is applied to the logits before its
+     * sampler). Not owned; used by one generation call at a time. */
+    TokenRegex *regex;
+    /* With a regex: report the policy's log-probs instead, log_softmax(logits /
+     * temperature) of the sampled token before the mask (temperature 1 when
+     * greedy; no top-k/top-p/min-p, no repetition penalty): the trainer's
+     * definition, so that its importance-sampling ratio against them measures
+     * engine/trainer mismatch, not the mask's mass (colt train sets it). */
+    bool policy_logprobs;
 } GenerateOptions;
 
 /* Completes every sequence. Errors: a prompt longer than the model allows, an
- * empty prompt, bad sampling settings, a token id out of range. Generation that
+ * empty prompt, bad sampling settings, a token id out of range, a regex over
+ * another vocabulary or without a stop id, a completion the regex lets no
+ * token continue. Generation that
  * reaches max_position_embeddings stops there with FINISH_LENGTH. */
 int generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err);
 void gen_sequence_free(GenSequence *s);
 /* The checks generate() starts with (shared with the engine). */
 int generate_check(const Model *m, const GenSequence *seqs, int n_seqs, const GenerateOptions *opt, char *err);
+/* The error when a regex lets no token continue sequence seq after n_tokens (shared with the engine). */
+int regex_dead_end(const TokenRegex *r, int seq, int n_tokens, char *err);
 
 #endif

@@ -1597,6 +1597,15 @@ static void byte_level_precompute(Tokenizer *t) {
     t->token_bytes = arena.data;
 }
 
+bool tokenizer_byte_level(const Tokenizer *t) { return t->token_bytes != NULL; }
+
+const char *tokenizer_token_bytes(const Tokenizer *t, int id, size_t *len) {
+    *len = 0;
+    if (!t->token_bytes || id < 0 || id >= t->n_ids || !t->tokens[id] || t->is_special[id]) return NULL;
+    *len = t->token_byte_len[id];
+    return t->token_bytes + t->token_byte_off[id];
+}
+
 int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text, char *err) {
     *text = NULL;
     if (t->token_bytes) { /* lone ByteLevel: the tokens' bytes, then one lossy UTF-8 pass */

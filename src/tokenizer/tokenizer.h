@@ -41,5 +41,12 @@ const char *tokenizer_bos_token(const Tokenizer *t); /* "" if none */
 const char *tokenizer_eos_token(const Tokenizer *t); /* "" if none */
 bool tokenizer_add_bos(const Tokenizer *t);       /* tokenizer_config add_bos_token */
 const char *tokenizer_chat_template(const Tokenizer *t); /* NULL if none */
+/* The bytes id adds to decoded text (*len of them; not NUL-terminated) for a
+ * lone ByteLevel decoder (GPT-2 style: Qwen, Llama 3), where a token's bytes do
+ * not depend on its neighbours; NULL for special tokens, ids out of range and
+ * other decoders (tokenizer_byte_level says which). Structured outputs test
+ * tokens by these bytes (engine/structured.h). */
+const char *tokenizer_token_bytes(const Tokenizer *t, int id, size_t *len);
+bool tokenizer_byte_level(const Tokenizer *t);
 
 #endif

@@ -222,6 +222,9 @@ static const ConfigKey KEYS[] = {
       "apart from the trainer's; else through the host), nccl, or gloo (through the host)"),
     KI(max_staleness, 1, 1,
        "async_generation: optimizer steps a round's weights may lag the weights it trains (1: one round in flight)"),
+    K(vllm_structured_outputs_regex, KEY_STRING,
+      "every completion is generated as a full match of this regex (PCRE2, on bytes; structured outputs: the "
+      "engine masks the tokens that cannot continue a match, eos only after a full match); null: none"),
     K(vllm_importance_sampling_correction, KEY_BOOL,
       "weight the loss by exp(trainer old log-prob - sampler log-prob), bounded per vllm_importance_sampling_mode"),
     K(vllm_importance_sampling_mode, KEY_STRING, "token_truncate, token_mask, sequence_truncate or sequence_mask"),
@@ -599,7 +602,6 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("vllm_model_impl", "colt generates with its own engine"),
     BOOL_NOOP("vllm_enable_sleep_mode",
               "colt's engine borrows the trainer's weights and gives its KV cache back before every training phase"),
-    ONLY("vllm_structured_outputs_regex", "null", "regex-guided generation is not supported"),
     NOOP("vllm_max_model_length", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
     ONLY("multi_objective_aggregation", "sum_then_normalize",
          "colt sums the weighted rewards, then normalises (sum_then_normalize); normalize_then_sum is not "
@@ -632,7 +634,7 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("vllm_dtype", T_PRECISION),
     BOOL_NOOP("vllm_enable_prefix_caching",
               "colt's engine shares each prompt's KV cache among its num_generations completions"),
-    ONLY("vllm_guided_decoding_regex", "null", "regex-guided generation is not supported"),
+    ALIAS("vllm_guided_decoding_regex", "vllm_structured_outputs_regex"), /* TRL's name before 0.24 */
     NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
     ALIAS("evaluation_strategy", "eval_strategy"),
@@ -1835,6 +1837,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (c->tools && json_array_size(c->tools) > 0 && c->vllm_mode && strcmp(c->vllm_mode, "server") == 0)
         return errorf(err, "settings: tools run in colt's colocated engine; vllm_mode server does not carry "
                            "multi-turn rollouts yet (remove vllm_mode server)");
+    if (c->vllm_structured_outputs_regex && c->tools && json_array_size(c->tools) > 0)
+        return errorf(err, "settings: vllm_structured_outputs_regex with tools is not supported (a regex over a "
+                           "multi-turn completion and its tool results)");
     if (c->reward_weights && json_array_size(c->reward_weights) != json_array_size(c->reward_funcs))
         return errorf(err, "settings: reward_weights has %zu values for %zu reward functions",
                       json_array_size(c->reward_weights), json_array_size(c->reward_funcs));
@@ -1895,6 +1900,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
         c->vllm_mode = xstrdup("server");
     }
     bool server = strcmp(c->vllm_mode, "server") == 0;
+    if (c->vllm_structured_outputs_regex && server)
+        return errorf(err, "settings: vllm_structured_outputs_regex runs in colt's colocated engine; vllm_mode server "
+                           "does not carry it yet (remove vllm_mode server)");
     if (train_config_check_server_tp(c, err) != 0) return COLT_ERR;
     if (server && !c->vllm_server_base_url && (!c->vllm_server_host || !c->vllm_server_host[0]))
         return errorf(err, "settings: vllm_mode server needs vllm_server_host (or vllm_server_base_url)");

@@ -106,6 +106,9 @@ typedef struct TrainConfig {
      * "auto": NCCL when both sides are GPUs known to be different ones (the
      * server on another host, or server_devices apart from the trainer's). */
     char *weight_sync_backend;
+    /* Structured outputs: every completion a full match of this regex (PCRE2 on
+     * bytes, engine/structured.h); NULL: none. TRL's vllm_structured_outputs_regex. */
+    char *vllm_structured_outputs_regex;
     bool vllm_importance_sampling_correction; /* TRL default true */
     char *vllm_importance_sampling_mode;      /* token_truncate, token_mask, sequence_truncate, sequence_mask */
     /* NaN = None. clip_max defaults to 3; vllm_importance_sampling_cap (deprecated in

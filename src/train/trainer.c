@@ -478,6 +478,9 @@ static int configure_loss_and_sampling(Trainer *t, const TrainConfig *c, char *e
                                    .min_p = (float)c->min_p, .repetition_penalty = (float)c->repetition_penalty,
                                    .seed = c->seed};
     t->n_stop = prompt_stop_ids(t->stop_ids, mc, t->tok);
+    if (c->vllm_structured_outputs_regex &&
+        prompt_regex_constraint(&t->regex, t->tok, mc->vocab_size, c->vllm_structured_outputs_regex, err) != 0)
+        return error_prefix(err, "vllm_structured_outputs_regex");
 
     GrpoLossConfig *lc = &t->loss_cfg;
     if (grpo_loss_type_parse(&lc->loss_type, c->loss_type, err) != 0 ||
@@ -502,6 +505,7 @@ static int configure_loss_and_sampling(Trainer *t, const TrainConfig *c, char *e
     t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
     if (grpo_sampling_is_mode_parse(&t->is_mode, c->vllm_importance_sampling_mode, err) != 0) return COLT_ERR;
     t->engine_opts.gpu_memory_utilization = c->gpu_memory_utilization;
+    t->engine_opts.structured_outputs = t->regex != NULL; /* the memory plan counts the masks' buffers */
     /* unset: on for bf16 storage, where the default kernels' engine/trainer log-probs differ by ~1e-2 */
     bool deterministic = c->deterministic_set ? c->deterministic
                                               : t->be->storage == DTYPE_BF16 && t->be->set_batch_invariant != NULL;
@@ -698,6 +702,7 @@ static void trainer_teardown(Trainer *t) {
     model_free(t->model);
     train_dist_free(&t->dist); /* before the backend: its NCCL communicators use the device */
     mesh_close(&t->mesh);      /* the groups, the backend, the world */
+    token_regex_free(t->regex);
     tokenizer_free(t->tok);
 }
 

@@ -76,7 +76,7 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
             seqs[j].stream = STREAM_EVAL_BASE + (uint64_t)(lo + j);
         }
         GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
-                              .n_stop_ids = t->n_stop};
+                              .n_stop_ids = t->n_stop, .regex = t->regex};
         trainer_make_room_for_generation(t, n_local);
         rc = trainer_weights_gather(t, err);
         if (rc == 0 && n_local > 0) rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, NULL, err);

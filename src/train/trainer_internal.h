@@ -114,6 +114,7 @@ typedef struct Trainer {
     DistOptimizer optimizer;  /* AdamW over the ranks: ZeRO stage, tensor parallel, offload (dist_optimizer.h) */
     TrainState *ts;
     int stop_ids[MODEL_MAX_EOS + 1], n_stop;
+    TokenRegex *regex;        /* vllm_structured_outputs_regex over the model's vocabulary, or NULL */
     GrpoLossConfig loss_cfg;
     SamplingParams sampling;
     LrSchedulerType scheduler;

@@ -228,7 +228,8 @@ GenSequence *trainer_local_sequences(const Trainer *t, const Rollout *r, int64_t
 
 GenerateOptions trainer_generate_options(const Trainer *t) {
     return (GenerateOptions){.sampling = t->sampling, .max_new_tokens = t->cfg->max_completion_length,
-                             .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop};
+                             .stop_ids = t->stop_ids, .n_stop_ids = t->n_stop, .regex = t->regex,
+                             .policy_logprobs = true};
 }
 
 /* A round in which some completions got no usable reward (every function gave

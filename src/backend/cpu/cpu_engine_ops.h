@@ -19,6 +19,7 @@ void cpu_attend_row(float *out_row, const float *q_row, const float *k, const fl
 void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);
+void cpu_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab);
 /* cpu_fused.c: the decode step's fused ops. */
 void cpu_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);
 void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, const void *qkv, const void *pos,

@@ -1,10 +1,11 @@
-/* cpu_sample.c — the sample op of the CPU reference backend (backend.h,
+/* cpu_sample.c — the sample and apply_token_bitmask ops of the CPU reference backend (backend.h,
  * "generation engine"): the host sampler (backend/sampling.h) run on each row.
  *
  * logits are [n, V] fp32 and clobbered; [i32] arguments are host int arrays.
  * Rows run in parallel (one Sampler scratch per OpenMP thread), so two rows
  * must not belong to the same sequence: each appends to its own history.
  * Not a fast path: a filtered row sorts its whole vocabulary. */
+#include <math.h>
 #include <stdint.h>
 
 #include "backend/cpu/cpu_engine_ops.h"
@@ -35,5 +36,18 @@ void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, i
             if (hist && hist_len[s] < history_stride) seq_history[hist_len[s]++] = token;
         }
         sampler_free(&sampler);
+    }
+}
+
+void cpu_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab) {
+    (void)be;
+    float *rows = logits;
+    const uint32_t *words = bitmask;
+    const size_t W = ((size_t)vocab + 31) / 32;
+    for (int i = 0; i < n; i++) {
+        float *row = rows + (size_t)i * vocab;
+        const uint32_t *mask = words + (size_t)i * W;
+        for (int v = 0; v < vocab; v++)
+            if (!(mask[v >> 5] >> (v & 31) & 1u)) row[v] = -INFINITY;
     }
 }

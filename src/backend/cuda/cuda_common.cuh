@@ -434,6 +434,10 @@ void cuda_sample(const Backend *be, void *tokens, void *logprobs, void *logits, 
                  const struct SamplingParams *p, const void *seq, const void *streams, const void *counters,
                  void *history, void *history_len, int history_stride);
 
+/* cuda_sample.cu: structured outputs' apply_token_bitmask op (backend.h). */
+template <typename T>
+void cuda_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab);
+
 /* cuda_sample.cu (beside the Philox it shares): the dropout op (backend.h). */
 template <typename T>
 void cuda_dropout(const Backend *be, void *out, const void *x, size_t n, float p, uint64_t seed, uint64_t stream);

@@ -868,3 +868,30 @@ void cuda_dropout(const Backend *be, void *out, const void *x, size_t n, float p
 
 template void cuda_dropout<float>(const Backend *, void *, const void *, size_t, float, uint64_t, uint64_t);
 template void cuda_dropout<__nv_bfloat16>(const Backend *, void *, const void *, size_t, float, uint64_t, uint64_t);
+
+/* ---------------------------------------------------------------- apply_token_bitmask (backend.h) */
+
+/* Structured outputs' mask: one thread per logit of the [n, vocab] rows (grid-stride), reading its row's
+ * 32-bit word; a clear bit writes -inf (exact: nothing else changes). Layout: bitmask [n, (vocab + 31) / 32]. */
+template <typename T>
+__global__ void apply_token_bitmask_kernel(T *logits, const uint32_t *bitmask, int n, int vocab) {
+    const size_t total = (size_t)n * vocab, words = ((size_t)vocab + 31) / 32;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < total; k += (size_t)gridDim.x * blockDim.x) {
+        size_t row = k / (size_t)vocab, v = k % (size_t)vocab;
+        if (!(bitmask[row * words + v / 32] >> (v % 32) & 1u)) logits[k] = from_float<T>(-INFINITY);
+    }
+}
+
+template <typename T>
+void cuda_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab) {
+    if (n <= 0 || vocab <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    size_t blocks = ((size_t)n * vocab + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    apply_token_bitmask_kernel<T><<<(unsigned)blocks, 256, 0, cs->stream>>>((T *)logits, (const uint32_t *)bitmask, n,
+                                                                            vocab);
+    LAUNCH_CHECK(cs);
+}
+
+template void cuda_apply_token_bitmask<float>(const Backend *, void *, const void *, int, int);
+template void cuda_apply_token_bitmask<__nv_bfloat16>(const Backend *, void *, const void *, int, int);

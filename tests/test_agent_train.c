@@ -14,7 +14,8 @@
  *      result, failures are counted (tools/failure_frequency) and each case's messages are TRL's:
  *      {'error': ...} for the raising, unknown and hanging tools (tool_timeout 1: the run is not held
  *      up), plain content and no call for broken JSON, the results dropped and the conversation ended
- *      for the result that does not fit max_completion_length. The loss is finite.
+ *      for the result that does not fit max_completion_length. The loss is finite. The evals before and
+ *      after training (eval_dataset) call the tools as well, their rewards read the same way.
  *   3. Resuming from the run's checkpoint-1 ends at step 2 with tools called again.
  * Exits 77 (skipped) without python3 and transformers (the tool worker needs them). */
 #include <jansson.h>
@@ -198,9 +199,10 @@ static char *between(const char *s, const char *after, const char *until) {
     return b ? strndup(a, (size_t)(b - a)) : NULL;
 }
 
-/* completions.jsonl: the reward is 1 exactly when the text after the last tool response is that response. */
-static int check_completions(const char *dir, int *with_results) {
-    char *path = path_join(dir, "completions.jsonl"), *text = NULL;
+/* completions.jsonl or eval_*.jsonl: the reward is 1 exactly when the text after the last tool response is
+ * that response. */
+static int check_completions(const char *dir, const char *name, int *with_results) {
+    char *path = path_join(dir, name), *text = NULL;
     size_t len;
     int lines = 0, consistent = 0, rewarded = 0;
     *with_results = 0;
@@ -218,15 +220,15 @@ static int check_completions(const char *dir, int *with_results) {
             const char *answer = tail ? strstr(tail, "assistant\n") : NULL;
             double want = result && answer && strcmp(answer + strlen("assistant\n"), result) == 0 ? 1.0 : 0.0;
             lines++, consistent += reward == want, rewarded += reward == 1.0, *with_results += result != NULL;
-            CHECK(reward == want, "completions.jsonl line %d: reward %g, want %g: %s", lines, reward, want, completion);
+            CHECK(reward == want, "%s line %d: reward %g, want %g: %s", name, lines, reward, want, completion);
             free(result);
             json_decref(o);
         }
     }
-    printf("completions.jsonl: %d completions, %d with tool results, %d rewarded 1, reward = [answer == tool result] "
-           "in %d\n", lines, *with_results, rewarded, consistent);
-    CHECK(lines > 0 && rewarded > 0 && *with_results > rewarded, "completions.jsonl: %d lines, %d rewarded, %d with "
-          "results: want some rewarded and some not", lines, rewarded, *with_results);
+    printf("%-18s %d completions, %d with tool results, %d rewarded 1, reward = [answer == tool result] in %d\n",
+           name, lines, *with_results, rewarded, consistent);
+    CHECK(lines > 0 && rewarded > 0 && *with_results > rewarded, "%s: %d lines, %d rewarded, %d with results: want "
+          "some rewarded and some not", name, lines, rewarded, *with_results);
     free(text), free(path);
     return lines;
 }
@@ -317,11 +319,12 @@ static int check_metrics(const char *dir, int want_steps) {
 static void test_train(void) {
     char *err = NULL;
     double t0 = now_s();
-    int rc = run_train("--output_dir run --max_steps 2", &err);
+    int rc = run_train("--output_dir run --max_steps 2 --eval_dataset " AGENT "/tool_prompts.jsonl", &err);
     double seconds = now_s() - t0;
     CHECK(rc == 0, "colt train with tools exited %d: %s", rc, err);
-    /* slow hangs for 30 s in each of 2 rounds; tool_timeout 1 answers it in about 1 s */
-    CHECK(seconds < 25, "colt train with a hanging tool took %.1f s", seconds);
+    /* slow hangs for 30 s in each of 4 generation rounds (eval before, 2 steps, eval after): >= 120 s without
+     * tool_timeout, which answers each in about 1 s */
+    CHECK(seconds < 60, "colt train with a hanging tool took %.1f s", seconds);
     printf("colt train, 2 steps with tools: %.1f s\n", seconds);
     free(err);
     if (rc != 0) return;
@@ -329,7 +332,10 @@ static void test_train(void) {
     snprintf(dir, sizeof dir, "%s/run", g_tmp);
     check_metrics(dir, 2);
     int with_results = 0;
-    check_completions(dir, &with_results);
+    check_completions(dir, "completions.jsonl", &with_results);
+    /* the evals before and after training call the tools too (TRL's _generate in eval mode) */
+    check_completions(dir, "eval_before.jsonl", &with_results);
+    check_completions(dir, "eval_after.jsonl", &with_results);
     check_messages();
 
     /* 3. resume: checkpoint-1 to step 2 */

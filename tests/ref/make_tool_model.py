@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """make_tool_model.py — a tiny checkpoint that really calls tools, and TRL's tokens for one of its conversations.
 
-Writes tests/data/models/tiny-tool-f32/ (a Qwen2ForCausalLM in f32, ~0.5 MB) and
+Writes tests/data/models/tiny-tool-f32/ (a 3-layer Qwen2ForCausalLM in f32: 0.65 MB of weights, 0.78 MB in all) and
 tests/data/agent/tool_model_goldens.json. Not a test by itself: tests/test_agent_train.c trains on it with colt.
 
-The tokenizer is a byte-level BPE (digits split one by one, no split between words), trained here on the conversations below, with
-Qwen2.5's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>, eos <|im_end|>), <tool_call> and friends as
-added tokens, and Qwen2.5's chat template verbatim (hermes tool calls, prefix-preserving). The model is
-supervised (fixed seed, one CPU thread, ~2 minutes) on conversations rendered the way GRPOTrainer builds them
-(prompt ids from apply_chat_template(tools=...), completion ids, TRL's _get_tool_suffix_ids, the next turn),
-the loss on the model's turns only. The user says "OP A B" (A, B in 0..99) and the system part lists the tools
+The tokenizer is a byte-level BPE (digits split one by one, no split between words) trained here on the
+conversations below: 799 ids, Qwen2.5's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>, eos <|im_end|>),
+<tool_call> and friends as added tokens, Qwen2.5's chat template verbatim (hermes tool calls, prefix-preserving);
+the model has 800 embedding rows, so it can sample an id the tokenizer does not have, as Qwen2.5 can. The model is
+supervised (fixed seed, one CPU thread, 800 steps, 2-3 minutes) on conversations rendered the way GRPOTrainer
+builds them (prompt ids from apply_chat_template(tools=...), completion ids, TRL's _get_tool_suffix_ids, the next
+turn), the loss on the model's turns only. The user says "OP A B" (A, B in 0..99) and the system part lists the tools
 of tests/data/agent/calc_tools.py (add, div, slow, big):
   add  -> calls add(a, b); after the result, repeats it            (the tool works)
   div  -> calls div(a, b), b often 0; repeats the result or says "error" (a tool that raises)
@@ -19,9 +20,9 @@ of tests/data/agent/calc_tools.py (add, div, slow, big):
   big  -> calls big(a, b), whose 600-character result fits no completion (results dropped)
 After a result starting with {'error' the model says "error", otherwise it repeats the result.
 
-The goldens: for "add 12 30", the prompt ids, TRL's tool suffix ids for the result, and a greedy rollout as
-TRL's _tool_call_loop makes it with transformers' generate (completion ids and tool_mask), so colt's loop can be
-compared token for token. The script prints the sha256 of model.safetensors; a rerun must print the same.
+The goldens: TRL's tool suffix ids for one result, and for 7 prompts (every case but slow, which would sleep
+30 s here) the prompt ids and a greedy rollout as TRL's _tool_call_loop makes it with transformers' generate
+(completion ids, tool_mask, the completion's messages), so colt's loop can be compared token for token. The script prints the sha256 of model.safetensors; a rerun must print the same.
 
 Usage: HF_HUB_OFFLINE=1 python3 tests/ref/make_tool_model.py     (torch 2.x CPU, transformers 5.24, trl 1.16)
 """

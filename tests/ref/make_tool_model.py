@@ -22,7 +22,8 @@ After a result starting with {'error' the model says "error", otherwise it repea
 
 The goldens: TRL's tool suffix ids for one result, and for 7 prompts (every case but slow, which would sleep
 30 s here) the prompt ids and a greedy rollout as TRL's _tool_call_loop makes it with transformers' generate
-(completion ids, tool_mask, the completion's messages), so colt's loop can be compared token for token. The script prints the sha256 of model.safetensors; a rerun must print the same.
+(completion ids, tool_mask, the completion's messages), so colt's loop can be compared token for token. The script prints the sha256 of model.safetensors and whether it is the committed
+one (EXPECTED_SHA256; two runs on 2026-11-29, torch 2.15 CPU, gave it).
 
 Usage: HF_HUB_OFFLINE=1 python3 tests/ref/make_tool_model.py     (torch 2.x CPU, transformers 5.24, trl 1.16)
 """
@@ -51,6 +52,7 @@ TOOLS_PY = os.path.join(ROOT, "tests", "data", "agent", "calc_tools.py")
 
 VOCAB = 800
 SEED = 1234
+EXPECTED_SHA256 = "a913f71b9ffa0e81a2be2195f7edb85d072b3f7b322b29b421ed9c467c0de0cb"
 STEPS = int(os.environ.get("TOOL_MODEL_STEPS", "800"))
 BATCH = 32
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -296,7 +298,8 @@ def main():
     with open(os.path.join(OUT, "model.safetensors"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     size = sum(os.path.getsize(os.path.join(OUT, n)) for n in os.listdir(OUT))
-    print(f"wrote {OUT} ({size} bytes), model.safetensors sha256 {digest}")
+    print(f"wrote {OUT} ({size} bytes), model.safetensors sha256 {digest} "
+          f"({'the committed one' if digest == EXPECTED_SHA256 else 'NOT the committed ' + EXPECTED_SHA256})")
     print(f"wrote {GOLDENS}; add rollouts right: {ok}/2")
 
 

@@ -22,8 +22,9 @@ After a result starting with {'error' the model says "error", otherwise it repea
 
 The goldens: TRL's tool suffix ids for one result, and for 7 prompts (every case but slow, which would sleep
 30 s here) the prompt ids and a greedy rollout as TRL's _tool_call_loop makes it with transformers' generate
-(completion ids, tool_mask, the completion's messages), so colt's loop can be compared token for token. The script prints the sha256 of model.safetensors and whether it is the committed
-one (EXPECTED_SHA256; two runs on 2026-11-29, torch 2.15 CPU, gave it).
+(completion ids, tool_mask, the completion's messages), so colt's loop can be compared token for token.
+The script prints the sha256 of model.safetensors and whether it is the committed one (EXPECTED_SHA256; two
+runs on 2026-11-29, torch 2.15 CPU, gave it).
 
 Usage: HF_HUB_OFFLINE=1 python3 tests/ref/make_tool_model.py     (torch 2.x CPU, transformers 5.24, trl 1.16)
 """

@@ -123,7 +123,8 @@ static void test_parity(void) {
     for (int i = 0; rc == 0 && i < n; i++) {
         const json_t *g = json_array_get(rollouts, i);
         const char *user = json_string_value(json_object_get(g, "user"));
-        json_t *ids = int_array(convs[i].tokens, convs[i].n_tokens), *mask = byte_array(convs[i].model_mask, convs[i].n_tokens);
+        json_t *ids = int_array(convs[i].tokens, convs[i].n_tokens);
+        json_t *mask = byte_array(convs[i].model_mask, convs[i].n_tokens);
         bool ids_ok = json_equal(ids, json_object_get(g, "completion_ids"));
         bool mask_ok = json_equal(mask, json_object_get(g, "tool_mask"));
         bool messages_ok = json_equal(agent_tool_runner_messages(runner, i), json_object_get(g, "messages"));
@@ -158,7 +159,8 @@ static void test_parity(void) {
     rc = tool_calls_parse_ids(&parsed, format, tok, prompts[0], (size_t)convs[0].prompt_len, turn, (size_t)n_turn,
                               tool_worker_schemas(w), err);
     json_t *want0 = json_array_get(json_object_get(g0, "messages"), 0);
-    CHECK(rc == 0 && json_equal(parsed, want0), "a turn holding padded id %d: %s", padded, rc ? err : "parsed otherwise");
+    CHECK(rc == 0 && json_equal(parsed, want0), "a turn holding padded id %d: %s", padded,
+          rc ? err : "parsed otherwise");
     json_decref(parsed), parsed = NULL;
     int hash[3] = {padded, tokenizer_token_id(tok, "#"), padded};
     rc = tool_calls_parse_ids(&parsed, format, tok, NULL, 0, hash, 3, tool_worker_schemas(w), err);
@@ -183,7 +185,8 @@ static const char *ARGS =
     "--model " MODEL " --dataset " AGENT "/tool_prompts.jsonl --tools '[\"" AGENT "/calc_tools.py:add\", \"" AGENT
     "/calc_tools.py:div\", \"" AGENT "/calc_tools.py:slow\", \"" AGENT "/calc_tools.py:big\"]' "
     "--tool_timeout 1 --max_tool_calling_iterations 2 "
-    "--reward_funcs '[\"" AGENT "/tool_rewards.py:repeats_tool_result\", \"" AGENT "/tool_rewards.py:record_messages\"]' "
+    "--reward_funcs '[\"" AGENT "/tool_rewards.py:repeats_tool_result\", \"" AGENT
+    "/tool_rewards.py:record_messages\"]' "
     "--reward_weights '[1, 0]' --num_generations 4 --per_device_train_batch_size 36 --max_completion_length 64 "
     "--max_prompt_length 128 --temperature 1.0 --learning_rate 1e-3 --beta 0 --logging_steps 1 "
     "--log_completions_count 36 --save_steps 1 --seed 7 --report_to none";
@@ -413,7 +416,8 @@ static void test_train(void) {
     char run_dir[300];
     snprintf(run_dir, sizeof run_dir, "%s/run", g_tmp);
     json_t *a = step_metrics(run_dir, 2), *b = step_metrics(dir, 2);
-    const char *keys[] = {"reward", "loss", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length"};
+    const char *keys[] = {"reward", "loss", "tools/call_frequency", "tools/failure_frequency",
+                          "completions/mean_length"};
     int same = 0;
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         double x = json_number_value(json_object_get(a, keys[k])), y = json_number_value(json_object_get(b, keys[k]));

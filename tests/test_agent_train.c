@@ -63,6 +63,8 @@ static json_t *byte_array(const uint8_t *v, int n) {
 
 /* ---------------------------------------------------------------- 1. parity with TRL's loop */
 
+static void test_order(Tokenizer *tok, ToolCallFormat format);
+
 static void test_parity(void) {
     char err[ERR_LEN];
     json_error_t jerr;
@@ -169,6 +171,7 @@ static void test_parity(void) {
     printf("padded id %d (model rows %d) in a turn: left out when parsing, as TRL: %s\n", padded,
            model_config(m)->vocab_size, rc == 0 && json_equal(parsed, want_hash) ? "yes" : "NO");
     json_decref(parsed), json_decref(want_hash);
+    test_order(tok, format);
     for (int i = 0; i < n; i++) agent_conversation_free(&convs[i]), free(prompts[i]);
     free(convs), free(prompts);
     agent_tool_runner_free(runner);
@@ -177,6 +180,64 @@ done:
     tokenizer_free(tok);
     model_free(m);
     json_decref(goldens);
+}
+
+/* TRL's order of one turn's tool messages: sync results and errors raised when calling, in call order, then
+ * what the async tools gave when awaited (_tool_call_loop: tool_call_results, then async_results). The turn
+ * calls async weather with a wrong argument (raises TypeError when called), async weather that raises when
+ * awaited, and sync calculator. colt put the first error after calculator's result. */
+static void test_order(Tokenizer *tok, ToolCallFormat format) {
+    char err[ERR_LEN];
+    const char *tools[] = {AGENT "/tools.py:calculator", AGENT "/tools.py:weather"};
+    ToolWorker *w = NULL;
+    if (tool_worker_start(&w, tools, 2, NULL, NULL, err) != 0) {
+        CHECK(false, "tool_worker_start: %s", err);
+        return;
+    }
+    const char *text = "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"town\": \"Paris\"}}\n</tool_call>\n"
+                       "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \" \"}}\n</tool_call>\n"
+                       "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"a\": 3, \"b\": 4, \"op\": \"*\"}}\n"
+                       "</tool_call><|im_end|>";
+    const char *prefix_text = "<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n";
+    int *turn = NULL, *prefix = NULL;
+    size_t n_turn = 0, n_prefix = 0;
+    CHECK(tokenizer_encode(tok, text, strlen(text), &turn, &n_turn, err) == 0 &&
+              tokenizer_encode(tok, prefix_text, strlen(prefix_text), &prefix, &n_prefix, err) == 0,
+          "encode: %s", err);
+    AgentToolsOptions to = {.tok = tok, .template_source = tokenizer_chat_template(tok), .format = format,
+                            .worker = w, .timeout_s = 10};
+    AgentToolRunner *runner = agent_tool_runner_create(&to, 1);
+    AgentTools h = agent_tool_runner_handler(runner);
+    bool called = false;
+    int rc = h.turn_ended(h.ctx, 0, prefix, (int)n_prefix, turn, (int)n_turn, FINISH_STOP, true, &called, err);
+    CHECK(rc == 0 && called, "turn_ended: %s", rc ? err : "no call");
+    int n_ready = 0;
+    double t0 = now_s();
+    while (rc == 0 && called && n_ready == 0 && now_s() - t0 < 20) {
+        const AgentToolResult *ready = NULL;
+        rc = h.poll(h.ctx, 0.2, &ready, &n_ready, err);
+    }
+    CHECK(rc == 0 && n_ready == 1, "poll: %s", rc ? err : "no results");
+    json_t *want = json_pack("[{s:s, s:s, s:s}, {s:s, s:s, s:s}, {s:s, s:s, s:s}]",
+                             "role", "tool", "name", "weather", "content",
+                             "{'error': \"weather() got an unexpected keyword argument 'town'\"}",
+                             "role", "tool", "name", "calculator", "content", "12",
+                             "role", "tool", "name", "weather", "content", "{'error': 'no such city'}");
+    const json_t *messages = agent_tool_runner_messages(runner, 0);
+    json_t *got = json_array();
+    for (size_t k = 1; k < json_array_size(messages); k++) json_array_append(got, json_array_get(messages, k));
+    char *dump = json_dumps(got, JSON_COMPACT);
+    CHECK(json_equal(got, want), "tool messages in TRL's order: got %s", dump);
+    int calls = 0, failures = 0;
+    agent_tool_runner_counts(runner, 0, &calls, &failures);
+    CHECK(calls == 3 && failures == 2, "calls %d, failures %d: want 3 and 2", calls, failures);
+    printf("order of one turn's tool messages (async raising when called, async raising when awaited, sync): %s\n",
+           dump);
+    free(dump);
+    json_decref(got), json_decref(want);
+    agent_tool_runner_free(runner);
+    free(turn), free(prefix);
+    tool_worker_free(w);
 }
 
 /* ---------------------------------------------------------------- 2. colt train */

@@ -191,6 +191,9 @@ static int poll_results(void *ctx, double wait_s, const AgentToolResult **ready,
         Conversation *c = &r->convs[i];
         const char *content = json_string_value(json_object_get(ans, "content"));
         const char *error = json_string_value(json_object_get(ans, "error"));
+        /* an async tool that raised when called (wrong arguments): TRL appends that error in call order with
+         * the sync results, not with the awaited ones */
+        if (json_is_true(json_object_get(ans, "raised_on_call"))) c->round[k].async = false;
         if (content) answer(c, &c->round[k], xstrdup(content), json_is_true(json_object_get(ans, "failed")));
         else answer(c, &c->round[k], error_text(error), true);
         json_decref(ans);

@@ -4,8 +4,9 @@
  * assistant message TRL appends; its calls submitted to the Python tool
  * worker (tool_worker.h), all at once and answered in any order, while the
  * engine decodes other conversations; once a turn's calls are all answered,
- * the tool messages in TRL's order (the sync tools' results and every error
- * in call order, then the async tools') rendered into the ids that follow
+ * the tool messages in TRL's order (the sync tools' results and the errors
+ * raised when calling, in call order, then what the async tools gave when
+ * awaited) rendered into the ids that follow
  * the completion (tool_calls_suffix_ids). It keeps each conversation's
  * completion messages (what TRL gives reward functions and logs) and its
  * tool-call and failure counts (TRL's tools/call_frequency and

@@ -562,9 +562,11 @@ int tool_calls_parse_ids(json_t **message, ToolCallFormat format, const Tokenize
     *message = NULL;
     char *prefix = NULL, *text = NULL, *plain = NULL;
     int rc = COLT_ERR;
-    if (tokenizer_decode(tok, prefix_ids, n_prefix, false, &prefix, err) != 0 ||
-        tokenizer_decode(tok, ids, n_ids, false, &text, err) != 0 ||
-        tokenizer_decode(tok, ids, n_ids, true, &plain, err) != 0) {
+    /* the model may sample its padded embedding rows (ids past the tokenizer's vocabulary): left out, as
+     * transformers' decode leaves them, not an error that would stop the run */
+    if (tokenizer_decode_generated(tok, prefix_ids, n_prefix, false, &prefix, err) != 0 ||
+        tokenizer_decode_generated(tok, ids, n_ids, false, &text, err) != 0 ||
+        tokenizer_decode_generated(tok, ids, n_ids, true, &plain, err) != 0) {
         error_prefix(err, "tool calls");
         goto done;
     }

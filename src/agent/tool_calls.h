@@ -58,7 +58,8 @@ int tool_calls_format_of_template(ToolCallFormat *out, const char *template_sour
 int tool_calls_parse(json_t **message, ToolCallFormat format, const char *prefix, const char *text,
                      const char *text_skip_special, const char *eos_token, const json_t *tools, char *err);
 
-/* tool_calls_parse on token ids, decoded with tok as TRL decodes them. */
+/* tool_calls_parse on token ids, decoded with tok as TRL decodes them (ids past the tokenizer's
+ * vocabulary, a model's padded rows, left out). */
 int tool_calls_parse_ids(json_t **message, ToolCallFormat format, const Tokenizer *tok, const int *prefix_ids,
                          size_t n_prefix, const int *ids, size_t n_ids, const json_t *tools, char *err);
 

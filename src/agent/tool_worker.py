@@ -49,7 +49,9 @@ limit): a call still running after "timeout" seconds is answered
 str({"error": f"Tool {name} timed out after {timeout:g} s"}), "failed" and
 "timed_out" true, and its thread is abandoned (Python cannot stop it); colt
 kills the whole worker if even that answer does not come (a tool that holds
-the interpreter).
+the interpreter). An async tool that raises when called, before it is
+awaited (wrong arguments), is answered with "raised_on_call" true: TRL puts
+that error among the sync tools' results, not after them.
 
 stdout carries only the protocol: the user's print() and anything written to
 file descriptor 1 go to stderr, and file descriptor 0 reads /dev/null.
@@ -232,7 +234,7 @@ class Worker:
             timer.daemon = True
             timer.start()
 
-        def done(result, failed):
+        def done(result, failed, raised_on_call=False):
             if timer is not None:
                 timer.cancel()
             # TRL: content = result if isinstance(result, list) else str(result). A list colt cannot send as
@@ -242,7 +244,10 @@ class Worker:
                     json.dumps(result, allow_nan=False)
                 except (TypeError, ValueError):
                     result = str(result)
-            self.answer(rid, {"content": result if isinstance(result, list) else str(result), "failed": failed})
+            answer = {"content": result if isinstance(result, list) else str(result), "failed": failed}
+            if raised_on_call:
+                answer["raised_on_call"] = True
+            self.answer(rid, answer)
 
         sync_tools, async_tools = self.tool_dicts(env)
         arguments = request.get("arguments")
@@ -259,7 +264,11 @@ class Worker:
 
                 threading.Thread(target=run, daemon=True).start()
             elif name in async_tools:
-                coroutine = async_tools[name](**arguments)
+                try:
+                    coroutine = async_tools[name](**arguments)
+                except Exception as e:  # TRL: caught in the call loop, appended with the sync results
+                    done({"error": str(e)}, True, raised_on_call=True)
+                    return
 
                 async def gather():  # TRL: asyncio.gather(*coros, return_exceptions=True)
                     return (await asyncio.gather(coroutine, return_exceptions=True))[0]

@@ -67,6 +67,9 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
     int *mine_ids = xcalloc((size_t)chunk * (L + 1) + 1, sizeof(int)), *all_ids = xcalloc((size_t)W * chunk * (L + 1) + 1, sizeof(int));
     char **outs = xcalloc((size_t)N + 1, sizeof(char *));
     int rc = COLT_OK;
+    /* a training round's conversations (not scored yet with async_generation) stay as they are */
+    AgentShare training_round = t->agent;
+    memset(&t->agent, 0, sizeof t->agent);
     for (size_t i = 0; i < n_rows && rc == 0; i++)
         rc = trainer_prompt_ids(t, t->eval_data, i, &ids[i], &lens[i], &texts[i], err);
     if (rc == 0) {
@@ -79,7 +82,10 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
                               .n_stop_ids = t->n_stop, .regex = t->regex};
         trainer_make_room_for_generation(t, n_local);
         rc = trainer_weights_gather(t, err);
-        if (rc == 0 && n_local > 0) rc = engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, NULL, err);
+        /* with tools an eval rollout calls them as a training one does (TRL's _generate in eval mode) */
+        if (rc == 0 && n_local > 0)
+            rc = t->tool_worker ? trainer_agent_generate(t, seqs, n_local, &go, NULL, err)
+                                : engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, NULL, err);
         trainer_weights_release(t);
     }
     for (int j = 0; j < n_local && rc == 0; j++) {
@@ -96,9 +102,10 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
     const int **completion_ids = xcalloc((size_t)chunk + 1, sizeof(int *));
     int *completion_lens = xcalloc((size_t)chunk + 1, sizeof(int));
     for (int j = 0; j < n_local && rc == 0; j++) completion_ids[j] = seqs[j].tokens, completion_lens[j] = seqs[j].n_tokens;
+    json_t *const *messages = t->tool_worker && t->agent.n == n_local && n_local > 0 ? t->agent.messages : NULL;
     if (rc == 0 && n_local > 0)
-        rc = trainer_score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, NULL, completion_ids,
-                               completion_lens, n_local, err);
+        rc = trainer_score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, messages,
+                                       completion_ids, completion_lens, n_local, err);
     free(completion_ids), free(completion_lens);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = train_dist_gather(&t->dist, per_func, mine_rewards, sizeof(float) * (size_t)chunk * F, err);
@@ -120,6 +127,8 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
         if (rc == 0) rc = write_eval_file(t, tag, prompts, completions, rewards, N, err);
     }
     rc = train_dist_agree(&t->dist, rc, err);
+    trainer_agent_share_free(t);
+    t->agent = training_round;
     for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
     for (int i = 0; i < N; i++) free(outs[i]);
     for (size_t i = 0; i < n_rows; i++) free(ids[i]), free(texts[i]);

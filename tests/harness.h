@@ -201,6 +201,20 @@ static inline char *metrics_without_timing(const char *dir) {
     return out;
 }
 
+/* metrics.jsonl's value of key at each step (1-based; NAN where absent), n steps at most. */
+static inline void metric_by_step(double *out, int n, const char *dir, const char *key) {
+    for (int i = 0; i < n; i++) out[i] = NAN;
+    char *text = read_text(dir, "metrics.jsonl");
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        int step = (int)json_integer_value(json_object_get(o, "step"));
+        if (step >= 1 && step <= n && json_is_number(json_object_get(o, key)))
+            out[step - 1] = json_number_value(json_object_get(o, key));
+        json_decref(o);
+    }
+    free(text);
+}
+
 /* Comparing the metrics of two runs that did the same work in another order (another
  * world size, TP degree, thread count or BLAS): a relative difference means
  * something only for a value of the size of the terms it sums. The GRPO loss is a

@@ -37,20 +37,6 @@ static int run(const char *extra, char **err_out) {
     return run_colt_with(&(ColtRun){.subcommand = "train"}, args, err_out);
 }
 
-/* metrics.jsonl's value of key at each step (1-based; NAN where absent). */
-static void metric_by_step(double *out, int n, const char *dir, const char *key) {
-    for (int i = 0; i < n; i++) out[i] = NAN;
-    char *text = read_text(dir, "metrics.jsonl");
-    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        int step = (int)json_integer_value(json_object_get(o, "step"));
-        if (step >= 1 && step <= n && json_is_number(json_object_get(o, key)))
-            out[step - 1] = json_number_value(json_object_get(o, key));
-        json_decref(o);
-    }
-    free(text);
-}
-
 /* completions.jsonl holds every completion of each round (log_completions_count = the round's size), a group
  * being G consecutive lines of one prompt: counts the lines, the groups whose rewards all agree and the
  * completions of easy prompts. */

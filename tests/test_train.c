@@ -55,20 +55,6 @@ static void expect_error(const char *name, const char *args, const char *needle)
     free(err);
 }
 
-/* metrics.jsonl's value of key at each step (1-based; NAN where absent), n steps at most. */
-static void metric_by_step(double *out, int n, const char *dir, const char *key) {
-    for (int i = 0; i < n; i++) out[i] = NAN;
-    char *text = read_text(dir, "metrics.jsonl");
-    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        int step = (int)json_integer_value(json_object_get(o, "step"));
-        if (step >= 1 && step <= n && json_is_number(json_object_get(o, key)))
-            out[step - 1] = json_number_value(json_object_get(o, key));
-        json_decref(o);
-    }
-    free(text);
-}
-
 /* The demo model's entropies are far below entropy_target 10 (at most log 512 = 6.24 nats), so TRL's
  * controller raises entropy_coef by entropy_coef_delta every step and applies the previous step's value
  * from step 2 on; with one micro-batch per step the bonus is then exactly that coefficient times the

@@ -3,6 +3,8 @@
 #   make test  — install dependencies, build, run every test (plus an ASan+UBSan pass), then a summary
 # OMP_WAIT_POLICY=passive for the tests: colt's OpenMP threads otherwise spin while OpenBLAS's own
 # threads work on the same cores (2x slower on a 2-core machine, more with tests run side by side).
+# The ASan pass runs one OpenMP and one OpenBLAS thread per process: its tests run two at a time and the
+# multi-rank ones start 2-4 ranks each, so more threads only oversubscribe the cores.
 JOBS ?= $(shell nproc)
 
 .PHONY: deps build build-cuda demo test test-fast test-asan test-gpu bench fuzz clean
@@ -23,7 +25,7 @@ test-fast: build
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCOLT_SANITIZE=ON
 	cmake --build build-asan -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=passive \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 # CI has no GPU: it compiles and links the CUDA backend (when nvcc is there) and runs the CPU tests.

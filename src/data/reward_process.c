@@ -455,6 +455,28 @@ static int check_no_extra_output(RewardProcess *p, int ms, char *err) {
                   p->hints ? "; it must print exactly one JSON line per request, anything else to stderr" : "");
 }
 
+/* The answer line buf[0..n), parsed and taken out of the buffer. Not JSON: an error quoting it (hint: the
+ * stdout advice for programs that print debugging output there) and the process killed. */
+static int take_json_line(RewardProcess *p, long n, int hint, json_t **reply, char *err) {
+    json_error_t jerr;
+    json_t *v = json_loadb(p->buf, (size_t)n, 0, &jerr);
+    if (!v) {
+        errorf(err, "%s wrote a line that is not valid JSON (%s): \"%.*s%s\"%s", p->subject, jerr.text,
+               (int)(n > 60 ? 60 : n), p->buf, n > 60 ? "..." : "",
+               hint ? " (print debugging output to stderr, not stdout)" : "");
+        /* Strip control characters the excerpt may carry. */
+        for (char *c = err; c && *c; c++)
+            if ((unsigned char)*c < 0x20) *c = ' ';
+        kill_and_reap(p);
+        return COLT_ERR;
+    }
+    p->buf_len -= (size_t)n + 1;
+    memmove(p->buf, p->buf + n + 1, p->buf_len);
+    p->answered++;
+    *reply = v;
+    return 0;
+}
+
 int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request, double timeout_s, char *err) {
     *reply = NULL;
     if (p->pid <= 0) return errorf(err, "%s is no longer running (it failed earlier)", p->subject);
@@ -502,21 +524,8 @@ int reward_process_call(RewardProcess *p, json_t **reply, const json_t *request,
         return errorf(err, "%s %s without answering%s%s", p->subject, how,
                       p->hints ? " (it must print one JSON line per request)" : "", stderr_note(p, note, sizeof note));
     }
-    json_error_t jerr;
-    json_t *v = json_loadb(p->buf, (size_t)n, 0, &jerr);
-    if (!v) {
-        errorf(err, "%s wrote a line that is not valid JSON (%s): \"%.*s%s\"%s", p->subject, jerr.text,
-               (int)(n > 60 ? 60 : n), p->buf, n > 60 ? "..." : "",
-               p->hints ? " (print debugging output to stderr, not stdout)" : "");
-        /* Strip control characters the excerpt may carry. */
-        for (char *c = err; c && *c; c++)
-            if ((unsigned char)*c < 0x20) *c = ' ';
-        kill_and_reap(p);
-        return COLT_ERR;
-    }
-    p->buf_len -= (size_t)n + 1;
-    memmove(p->buf, p->buf + n + 1, p->buf_len);
-    p->answered++;
+    json_t *v = NULL;
+    if (take_json_line(p, n, p->hints, &v, err) != 0) return COLT_ERR;
     if (check_no_extra_output(p, AFTER_ANSWER_MS, err) != 0) {
         json_decref(v);
         return COLT_ERR;
@@ -568,21 +577,7 @@ int reward_process_receive(RewardProcess *p, json_t **reply, double wait_s, char
         reap_and_describe(p, 2000, how, sizeof how);
         return errorf(err, "%s %s without answering%s", p->subject, how, stderr_note(p, note, sizeof note));
     }
-    json_error_t jerr;
-    json_t *v = json_loadb(p->buf, (size_t)n, 0, &jerr);
-    if (!v) {
-        errorf(err, "%s wrote a line that is not valid JSON (%s): \"%.*s%s\"", p->subject, jerr.text,
-               (int)(n > 60 ? 60 : n), p->buf, n > 60 ? "..." : "");
-        for (char *c = err; c && *c; c++)
-            if ((unsigned char)*c < 0x20) *c = ' ';
-        kill_and_reap(p);
-        return COLT_ERR;
-    }
-    p->buf_len -= (size_t)n + 1;
-    memmove(p->buf, p->buf + n + 1, p->buf_len);
-    p->answered++;
-    *reply = v;
-    return 0;
+    return take_json_line(p, n, 0, reply, err);
 }
 
 void reward_process_kill(RewardProcess *p) {

@@ -15,6 +15,11 @@
  *   adapters' bytes alone (the trainer's weight_sync/mb and the server's
  *   colt_weight_update_bytes); async_generation with LoRA runs; the plain
  *   server-mode run that follows takes the adapters off the server;
+ * - tool calling (tests/data/models/tiny-tool-f32, which calls tools, and tests/data/agent's tools) in
+ *   server mode equals colocated: the trainer runs the tools, colt serve each turn of every conversation
+ *   (its later turns with their own budgets and RNG positions); the same completions byte for byte
+ *   (the whole conversations), every metric within 1e-6, tools called in both (skipped without python3
+ *   and transformers, which the tool worker needs); async_generation with tools is refused;
  * - async_generation runs, logs staleness 0 then 1 at every later step, keeps
  *   the loss finite, generates its first round as the synchronous run does,
  *   and the server counts every push (/metrics);
@@ -73,7 +78,7 @@ static const char *BASE =
 
 /* ---------------------------------------------------------------- processes */
 
-static Server g_servers[3];
+static Server g_servers[4];
 
 /* Starts `colt serve --model model --port 0 ...`, waits (60 s at most) for its "listening" line. */
 static bool server_start(Server *s, const char *name, const char *model) {
@@ -198,6 +203,57 @@ static double compare_metrics(json_t *a, json_t *b, int *compared) {
         }
     }
     return worst;
+}
+
+/* Tool calling: server mode against colocated, on the tool-calling model. */
+#define AGENT "tests/data/agent"
+static const char *TOOLS_ARGS =
+    "--model tests/data/models/tiny-tool-f32 --dataset " AGENT "/tool_prompts.jsonl --tools '[\"" AGENT
+    "/calc_tools.py:add\", \"" AGENT "/calc_tools.py:div\", \"" AGENT "/calc_tools.py:big\"]' --tool_timeout 10 "
+    "--max_tool_calling_iterations 2 --reward_funcs '[\"" AGENT "/tool_rewards.py:repeats_tool_result\"]' "
+    "--num_generations 4 --per_device_train_batch_size 36 --max_completion_length 64 --max_prompt_length 128 "
+    "--temperature 1.0 --learning_rate 1e-3 --beta 0.04 --logging_steps 1 --log_completions_count 36 --save_steps 0 "
+    "--seed 7 --report_to none --max_steps 2 --device " TEST_DEVICE " --deterministic true";
+
+static void check_tools(Server *srv) {
+    if (system("python3 -c 'import transformers' > /dev/null 2>&1") != 0) {
+        printf("tools in server mode: skipped (no python3 with transformers for the tool worker)\n");
+        return;
+    }
+    if (!server_start(srv, "serve-tools", COLT_SOURCE_DIR "/tests/data/models/tiny-tool-f32")) return;
+    char args[4096], col[300], srv_dir[300], *err;
+    snprintf(col, sizeof col, "%s/tools-colocate", g_tmp);
+    snprintf(srv_dir, sizeof srv_dir, "%s/tools-server", g_tmp);
+    snprintf(args, sizeof args, "%s --output_dir %s", TOOLS_ARGS, col);
+    int code = run_train(args, &err);
+    CHECK(code == 0, "colocated run with tools: exit %d: %s", code, err);
+    free(err);
+    snprintf(args, sizeof args, "%s --output_dir %s --vllm_mode server --vllm_server_port %d --vllm_group_port %d "
+                                "--vllm_server_timeout 60",
+             TOOLS_ARGS, srv_dir, srv->port, free_port());
+    code = run_train(args, &err);
+    CHECK(code == 0, "server-mode run with tools: exit %d: %s", code, err);
+    free(err);
+    json_t *m_col = load_metrics(col), *m_srv = load_metrics(srv_dir);
+    int compared = 0;
+    double worst = compare_metrics(m_srv, m_col, &compared);
+    bool same = same_file(srv_dir, col, "completions.jsonl");
+    double calls = 0;
+    for (size_t i = 0; i < json_array_size(m_srv); i++)
+        calls += json_number_value(json_object_get(json_array_get(m_srv, i), "tools/call_frequency"));
+    printf("tools, server mode vs colocated, 2 steps: %d metric values compared, largest relative difference %.3g; "
+           "completions.jsonl (whole conversations) %s; tools/call_frequency summed over the steps %.3f\n",
+           compared, worst, same ? "identical" : "DIFFERENT", calls);
+    CHECK(compared >= 2 * 10, "tools: only %d metric values compared", compared);
+    CHECK(same, "tools: the conversations differ between server mode and colocated");
+    CHECK(calls > 0, "tools: no tool was called in server mode");
+    json_decref(m_col), json_decref(m_srv);
+    snprintf(args, sizeof args, "%s --output_dir %s/tools-async --vllm_mode server --vllm_server_port %d "
+                                "--async_generation true",
+             TOOLS_ARGS, g_tmp, srv->port);
+    expect_error("tools + async_generation", args, "tools with async_generation", 30);
+    code = serve_stop(srv, SIGTERM, 30);
+    CHECK(code == 0, "colt serve %s exited %d after SIGTERM", srv->log, code);
 }
 
 int main(void) {
@@ -341,6 +397,9 @@ int main(void) {
     CHECK(lora_log && strstr(lora_log, "LoRA adapters attached (r 16") && strstr(lora_log, "LoRA adapters (r 16) taken off"),
           "the server's log lacks the LoRA attach or detach: %s", lora_log ? lora_log : "(missing)");
     free(lora_log);
+
+    /* 1b. tools: the trainer runs them, the server each turn */
+    check_tools(&g_servers[3]);
 
     /* 2. async_generation: staleness 0 then 1; learns without diverging */
     snprintf(args, sizeof args, "%s --max_steps 3 --output_dir %s --vllm_mode server --vllm_server_port %d "

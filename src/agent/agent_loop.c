@@ -19,7 +19,7 @@ void agent_conversation_free(AgentConversation *c) {
 
 /* Queues conversation i's next turn: its whole context (prompt, completion
  * so far) as the request's prompt, the RNG positions going on from there. */
-static int start_turn(Engine *e, AgentConversation *c, int i, const GenerateOptions *opt, char *err) {
+static int start_turn(const AgentGenerator *g, AgentConversation *c, int i, const GenerateOptions *opt, char *err) {
     int n_context = c->prompt_len + c->n_tokens;
     c->context = xrealloc(c->context, sizeof(int) * (size_t)n_context);
     memcpy(c->context, c->prompt, sizeof(int) * (size_t)c->prompt_len);
@@ -29,7 +29,7 @@ static int start_turn(Engine *e, AgentConversation *c, int i, const GenerateOpti
     GenerateOptions o = *opt;
     o.max_new_tokens = opt->max_new_tokens - c->n_tokens;
     c->state = CONV_RUNNING;
-    return engine_add_request(e, &c->turn, &o, (uint64_t)i, err);
+    return g->add(g->ctx, &c->turn, &o, (uint64_t)i, err);
 }
 
 static void append(AgentConversation *c, const int *ids, const float *logprobs, int n, uint8_t model) {
@@ -61,11 +61,11 @@ static int end_turn(AgentConversation *c, int i, const AgentTools *tools, const 
 /* Results for conversation i: appended and the next turn queued, or dropped
  * when they do not fit (TRL: past max_completion_length, or reaching the
  * model's length). */
-static int take_results(Engine *e, AgentConversation *c, int i, const AgentToolResult *r, const GenerateOptions *opt,
-                        int max_positions, const AgentTools *tools, char *err) {
+static int take_results(const AgentGenerator *g, AgentConversation *c, int i, const AgentToolResult *r,
+                        const GenerateOptions *opt, const AgentTools *tools, char *err) {
     if (c->state != CONV_WAITING)
         return errorf(err, "agent loop: tool results for conversation %d, which is not waiting for any", i);
-    if (c->n_tokens + r->n > opt->max_new_tokens || c->prompt_len + c->n_tokens + r->n >= max_positions) {
+    if (c->n_tokens + r->n > opt->max_new_tokens || c->prompt_len + c->n_tokens + r->n >= g->max_positions) {
         c->results_dropped = true;
         c->state = CONV_DONE;
         if (tools->results_dropped) tools->results_dropped(tools->ctx, i);
@@ -78,16 +78,13 @@ static int take_results(Engine *e, AgentConversation *c, int i, const AgentToolR
         c->state = CONV_DONE;
         return COLT_OK;
     }
-    return start_turn(e, c, i, opt, err);
+    return start_turn(g, c, i, opt, err);
 }
 
-int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
-                   const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err) {
+int agent_generate_with(const AgentGenerator *g, AgentConversation *convs, int n, const GenerateOptions *opt,
+                        const AgentTools *tools, const AgentLoopOptions *lo, char *err) {
     static const AgentLoopOptions defaults = {.max_tool_calling_iterations = -1};
     if (!lo) lo = &defaults;
-    if (stats) memset(stats, 0, sizeof *stats);
-    if (n == 0) return COLT_OK;
-    int max_positions = model_config(m)->max_position_embeddings, max_prompt = 0;
     for (int i = 0; i < n; i++) {
         AgentConversation *c = &convs[i];
         c->n_tokens = 0, c->tool_rounds = 0, c->results_dropped = false, c->finish = FINISH_LENGTH;
@@ -96,25 +93,18 @@ int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOpti
         c->tokens = xmalloc(sizeof(int) * cap);
         c->logprobs = xmalloc(sizeof(float) * cap);
         c->model_mask = xmalloc(cap);
-        if (c->prompt_len > max_prompt) max_prompt = c->prompt_len;
     }
-    /* Every turn's context fits: prompt + completion, the completion bounded. */
-    long long max_len = (long long)max_prompt + opt->max_new_tokens;
-    if (max_len > max_positions) max_len = max_positions;
-    double t0 = time_now();
-    Engine *e = NULL;
-    int rc = engine_create(&e, m, eo, (int)max_len, n, err);
-    for (int i = 0; rc == 0 && i < n; i++) rc = start_turn(e, &convs[i], i, opt, err);
+    int rc = COLT_OK;
+    for (int i = 0; rc == 0 && i < n; i++) rc = start_turn(g, &convs[i], i, opt, err);
     int waiting = 0, done = 0;
     double idle_wait = lo->idle_wait_s > 0 ? lo->idle_wait_s : 0.05;
     while (rc == 0 && done < n) {
-        if (engine_has_work(e)) {
-            const EngineEvent *events;
-            int n_events;
-            rc = engine_step(e, &events, &n_events, err);
-            for (int k = 0; rc == 0 && k < n_events; k++) {
-                if (!events[k].finished) continue;
-                int i = (int)events[k].id;
+        if (g->has_work(g->ctx)) {
+            const uint64_t *finished;
+            int n_finished;
+            rc = g->step(g->ctx, &finished, &n_finished, err);
+            for (int k = 0; rc == 0 && k < n_finished; k++) {
+                int i = (int)finished[k];
                 rc = end_turn(&convs[i], i, tools, lo, err);
                 if (convs[i].state == CONV_WAITING) waiting++;
                 else done++;
@@ -125,7 +115,7 @@ int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOpti
          * waiting, and wait only when there is nothing else to do. */
         const AgentToolResult *ready = NULL;
         int n_ready = 0;
-        rc = tools->poll(tools->ctx, engine_has_work(e) ? 0.0 : idle_wait, &ready, &n_ready, err);
+        rc = tools->poll(tools->ctx, g->has_work(g->ctx) ? 0.0 : idle_wait, &ready, &n_ready, err);
         for (int k = 0; rc == 0 && k < n_ready; k++) {
             int i = ready[k].conversation;
             if (i < 0 || i >= n) {
@@ -133,18 +123,62 @@ int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOpti
                 break;
             }
             waiting--;
-            rc = take_results(e, &convs[i], i, &ready[k], opt, max_positions, tools, err);
+            rc = take_results(g, &convs[i], i, &ready[k], opt, tools, err);
             if (convs[i].state == CONV_DONE) done++;
         }
     }
-    if (e && stats) {
-        engine_stats(e, stats);
-        stats->seconds = time_now() - t0;
-    }
-    engine_destroy(e);
     if (rc != 0)
         for (int i = 0; i < n; i++) agent_conversation_free(&convs[i]);
     else
         for (int i = 0; i < n; i++) free(convs[i].context), convs[i].context = NULL;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- this process's engine */
+
+typedef struct EngineGenerator {
+    Engine *engine;
+    uint64_t *finished; /* [n]: the ids a step ended */
+} EngineGenerator;
+
+static int engine_gen_add(void *ctx, GenSequence *turn, const GenerateOptions *opt, uint64_t id, char *err) {
+    return engine_add_request(((EngineGenerator *)ctx)->engine, turn, opt, id, err);
+}
+
+static bool engine_gen_has_work(void *ctx) { return engine_has_work(((EngineGenerator *)ctx)->engine); }
+
+static int engine_gen_step(void *ctx, const uint64_t **finished, int *n_finished, char *err) {
+    EngineGenerator *eg = ctx;
+    const EngineEvent *events;
+    int n_events;
+    *finished = eg->finished, *n_finished = 0;
+    if (engine_step(eg->engine, &events, &n_events, err) != 0) return COLT_ERR;
+    for (int k = 0; k < n_events; k++)
+        if (events[k].finished) eg->finished[(*n_finished)++] = events[k].id;
+    return COLT_OK;
+}
+
+int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
+                   const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (n == 0) return COLT_OK;
+    int max_positions = model_config(m)->max_position_embeddings, max_prompt = 0;
+    for (int i = 0; i < n; i++)
+        if (convs[i].prompt_len > max_prompt) max_prompt = convs[i].prompt_len;
+    /* Every turn's context fits: prompt + completion, the completion bounded. */
+    long long max_len = (long long)max_prompt + opt->max_new_tokens;
+    if (max_len > max_positions) max_len = max_positions;
+    double t0 = time_now();
+    EngineGenerator eg = {.finished = xmalloc(sizeof(uint64_t) * (size_t)n)};
+    int rc = engine_create(&eg.engine, m, eo, (int)max_len, n, err);
+    AgentGenerator g = {.ctx = &eg, .max_positions = max_positions, .add = engine_gen_add,
+                        .has_work = engine_gen_has_work, .step = engine_gen_step};
+    if (rc == 0) rc = agent_generate_with(&g, convs, n, opt, tools, lo, err);
+    if (eg.engine && stats) {
+        engine_stats(eg.engine, stats);
+        stats->seconds = time_now() - t0;
+    }
+    engine_destroy(eg.engine);
+    free(eg.finished);
     return rc;
 }

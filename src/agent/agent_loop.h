@@ -88,9 +88,29 @@ typedef struct AgentLoopOptions {
 /* Completes every conversation: turn after turn, tools called through tools
  * (NULL: one turn each, as engine_generate). opt: sampling, stop ids and
  * max_new_tokens (the whole completion's budget). stats may be NULL. On error
- * every conversation's output is freed. */
+ * every conversation's output is freed. Turns run on this process's
+ * persistent engine over m. */
 int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
                    const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err);
+
+/* Where turns are generated when not on this process's engine (colt train in
+ * server mode: a colt serve). A turn is a GenSequence whose prompt is the
+ * conversation's whole context and whose first_position goes on from the
+ * turns before; it is complete (tokens, logprobs, finish filled in as the
+ * engine fills them) when step reports its id. */
+typedef struct AgentGenerator {
+    void *ctx;
+    int max_positions; /* the model's max_position_embeddings */
+    /* Queues a turn with its own options (max_new_tokens: what is left of the completion's budget). */
+    int (*add)(void *ctx, GenSequence *turn, const GenerateOptions *opt, uint64_t id, char *err);
+    bool (*has_work)(void *ctx);
+    /* Generates; *finished (the generator's, valid until its next call) gets the ids of the turns that ended. */
+    int (*step)(void *ctx, const uint64_t **finished, int *n_finished, char *err);
+} AgentGenerator;
+
+/* agent_generate over another generator. */
+int agent_generate_with(const AgentGenerator *g, AgentConversation *convs, int n, const GenerateOptions *opt,
+                        const AgentTools *tools, const AgentLoopOptions *lo, char *err);
 
 void agent_conversation_free(AgentConversation *c);
 

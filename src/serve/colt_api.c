@@ -15,7 +15,7 @@
 #define MAX_STREAM ((1ull << 31) - 1)
 
 static const char *GENERATE_KEYS[] = {"prompts", "streams", "max_tokens", "temperature", "top_k", "top_p", "min_p",
-                                      "repetition_penalty", "seed", "stop_token_ids", NULL};
+                                      "repetition_penalty", "seed", "stop_token_ids", "first_positions", NULL};
 static const char *SYNC_KEYS[] = {"port", "timeout", "nccl", "host", "lora", NULL};
 static const char *LORA_KEYS[] = {"r", "lora_alpha", "use_rslora", "target_modules", NULL};
 
@@ -74,23 +74,53 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
     int n = (int)json_array_size(prompts);
     if (!json_is_array(streams) || json_array_size(streams) != (size_t)n)
         return errorf(err, "/colt/generate: 'streams' must be an array of %d RNG stream ids, one per prompt", n);
-    long long max_tokens = 16;
-    if (read_int(o, "max_tokens", 1, ctx->max_tokens_limit, &max_tokens, err) != 0) return COLT_ERR;
-    r->opt.max_new_tokens = (int)max_tokens;
     r->prompts = xcalloc((size_t)n, sizeof(int *));
     r->prompt_lens = xcalloc((size_t)n, sizeof(int));
     r->streams = xcalloc((size_t)n, sizeof(uint64_t));
     r->n_prompts = n;
+    long long max_tokens = 16;
+    json_t *budgets = json_object_get(o, "max_tokens"), *positions = json_object_get(o, "first_positions");
+    if (json_is_array(budgets)) { /* one per prompt; the request's own is the largest */
+        if (json_array_size(budgets) != (size_t)n)
+            return errorf(err, "/colt/generate: 'max_tokens' as an array must have %d budgets, one per prompt", n);
+        r->max_tokens_each = xcalloc((size_t)n, sizeof(int));
+        max_tokens = 1;
+        for (int i = 0; i < n; i++) {
+            json_t *v = json_array_get(budgets, (size_t)i);
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > ctx->max_tokens_limit)
+                return errorf(err, "/colt/generate: max_tokens[%d] must be an integer in [1, %d]", i,
+                              ctx->max_tokens_limit);
+            r->max_tokens_each[i] = (int)json_integer_value(v);
+            if (r->max_tokens_each[i] > max_tokens) max_tokens = r->max_tokens_each[i];
+        }
+    } else if (read_int(o, "max_tokens", 1, ctx->max_tokens_limit, &max_tokens, err) != 0) {
+        return COLT_ERR;
+    }
+    r->opt.max_new_tokens = (int)max_tokens;
+    if (positions && !json_is_null(positions)) {
+        if (!json_is_array(positions) || json_array_size(positions) != (size_t)n)
+            return errorf(err, "/colt/generate: 'first_positions' must be an array of %d RNG positions, one per prompt",
+                          n);
+        r->first_positions = xcalloc((size_t)n, sizeof(int));
+        for (int i = 0; i < n; i++) {
+            json_t *v = json_array_get(positions, (size_t)i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > ctx->max_model_len)
+                return errorf(err, "/colt/generate: first_positions[%d] must be an integer in [0, %d]", i,
+                              ctx->max_model_len);
+            r->first_positions[i] = (int)json_integer_value(v);
+        }
+    }
     for (int i = 0; i < n; i++) {
         char what[48];
         snprintf(what, sizeof what, "prompts[%d]", i);
         if (read_ids(json_array_get(prompts, (size_t)i), &r->prompts[i], &r->prompt_lens[i], 1, ctx->max_model_len,
                      ctx->vocab_size, what, err) != 0)
             return COLT_ERR;
-        if (r->prompt_lens[i] + r->opt.max_new_tokens > ctx->max_model_len)
+        int budget = r->max_tokens_each ? r->max_tokens_each[i] : r->opt.max_new_tokens;
+        if (r->prompt_lens[i] + budget > ctx->max_model_len)
             return errorf(err, "/colt/generate: prompts[%d] has %d tokens; with max_tokens %d that is more than the "
                                "server's max_model_len %d",
-                          i, r->prompt_lens[i], r->opt.max_new_tokens, ctx->max_model_len);
+                          i, r->prompt_lens[i], budget, ctx->max_model_len);
         json_t *s = json_array_get(streams, (size_t)i);
         if (!json_is_integer(s) || json_integer_value(s) < 0 || (uint64_t)json_integer_value(s) > MAX_STREAM)
             return errorf(err, "/colt/generate: streams[%d] must be an integer in [0, 2^31-1]", i);
@@ -136,6 +166,7 @@ int colt_generate_parse(ColtGenerateRequest *out, const char *body, size_t len, 
 void colt_generate_free(ColtGenerateRequest *r) {
     for (int i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i]);
     free(r->prompts), free(r->prompt_lens), free(r->streams), free(r->stop_ids);
+    free(r->first_positions), free(r->max_tokens_each);
     memset(r, 0, sizeof *r);
 }
 

@@ -37,10 +37,16 @@ typedef struct ColtApiContext {
  * "max_tokens": L, "temperature", "top_k", "top_p", "min_p",
  * "repetition_penalty", "seed", "stop_token_ids": [...]} (sampling settings
  * absent: greedy off, i.e. temperature 1 and every filter off). Completion i
- * completes prompts[i] with RNG stream streams[i] (below 2^31). */
+ * completes prompts[i] with RNG stream streams[i] (below 2^31).
+ * A conversation's later turn (the trainer's tool calling): "max_tokens" may
+ * be an array, one budget per prompt, and "first_positions": [p...] gives
+ * each completion the RNG position of its first token (GenSequence's
+ * first_position; absent: 0). */
 typedef struct ColtGenerateRequest {
     int **prompts, *prompt_lens, n_prompts; /* owned until handed to serve_request_create */
     uint64_t *streams;
+    int *first_positions; /* [n_prompts], or NULL: all 0 */
+    int *max_tokens_each; /* [n_prompts], or NULL: opt.max_new_tokens for every one (then the largest) */
     GenerateOptions opt;
     int *stop_ids;
 } ColtGenerateRequest;

@@ -345,6 +345,7 @@ static enum MHD_Result handle_colt_generate(HttpServer *s, struct MHD_Connection
     ServeRequest *sr = serve_request_create(q.prompts, q.prompt_lens, q.n_prompts, 1, &q.opt);
     q.prompts = NULL; /* the request took them */
     serve_request_set_streams(sr, q.streams);
+    serve_request_set_turns(sr, q.first_positions, q.max_tokens_each);
     colt_generate_free(&q);
     pthread_mutex_lock(&s->mu);
     s->c.requests_running++;

@@ -6,6 +6,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,11 @@ static int read_completion(GenSequence *g, json_t *o, int i, int max_tokens, int
 
 int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt, int vocab_size,
                           long long *weight_updates, char *err) {
+    return serve_client_generate_turns(c, seqs, n, opt, NULL, vocab_size, weight_updates, err);
+}
+
+int serve_client_generate_turns(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt,
+                                const int *max_new_tokens, int vocab_size, long long *weight_updates, char *err) {
     if (n == 0) return COLT_OK;
     const SamplingParams *sp = &opt->sampling;
     if (sp->seed > (uint64_t)INT64_MAX) return errorf(err, "server mode: seed %llu is above 2^63-1",
@@ -203,6 +209,14 @@ int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const Genera
                           "top_p", (double)sp->top_p, "min_p", (double)sp->min_p, "repetition_penalty",
                           (double)sp->repetition_penalty, "seed", (json_int_t)sp->seed, "stop_token_ids",
                           ints_json(opt->stop_ids, opt->n_stop_ids));
+    bool later_turns = false;
+    for (int i = 0; i < n; i++) later_turns = later_turns || seqs[i].first_position != 0;
+    if (later_turns) {
+        json_t *positions = json_array();
+        for (int i = 0; i < n; i++) json_array_append_new(positions, json_integer(seqs[i].first_position));
+        json_object_set_new(q, "first_positions", positions);
+    }
+    if (max_new_tokens) json_object_set_new(q, "max_tokens", ints_json(max_new_tokens, n));
     char *text = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
     json_decref(q);
     Body b;
@@ -216,8 +230,8 @@ int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const Genera
     if (rc == 0 && (!json_is_array(list) || json_array_size(list) != (size_t)n))
         rc = errorf(err, "colt serve at %s: /colt/generate answered without %d completions", c->url, n);
     for (int i = 0; rc == 0 && i < n; i++)
-        rc = read_completion(&seqs[i], json_array_get(list, (size_t)i), i, opt->max_new_tokens, vocab_size, c->url,
-                             err);
+        rc = read_completion(&seqs[i], json_array_get(list, (size_t)i), i,
+                             max_new_tokens ? max_new_tokens[i] : opt->max_new_tokens, vocab_size, c->url, err);
     if (rc == 0 && weight_updates) *weight_updates = json_integer_value(json_object_get(o, "weight_updates"));
     json_decref(o);
     free(b.data);

@@ -29,6 +29,10 @@ int serve_client_host(const ServeClient *c, char *host, size_t size, char *err);
  * the other calls, one call at a time per thread. */
 int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt, int vocab_size,
                           long long *weight_updates, char *err);
+/* serve_client_generate for conversations' turns: seqs[i].first_position is sent (the RNG positions go on
+ * from the conversation's earlier turns) and max_new_tokens[i] is turn i's own budget (NULL: opt's). */
+int serve_client_generate_turns(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt,
+                                const int *max_new_tokens, int vocab_size, long long *weight_updates, char *err);
 
 /* GETs path and reads its JSON answer into *out (the caller decrefs). */
 int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *err);

@@ -34,6 +34,7 @@
 
 typedef struct ServeChoice {
     GenSequence seq;
+    int max_new_tokens; /* its budget: the request's, or its own (serve_request_set_turns) */
     int n_ready;
     bool done;
     FinishReason finish;
@@ -143,6 +144,7 @@ ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_
     for (int i = 0; i < r->n_choices; i++) {
         ServeChoice *c = &r->choices[i];
         c->seq = (GenSequence){.prompt = prompts[i / n], .prompt_len = prompt_lens[i / n], .stream = (uint64_t)i};
+        c->max_new_tokens = opt->max_new_tokens;
         c->slot = -1;
     }
     return r;
@@ -164,6 +166,13 @@ void serve_request_release(ServeRequest *r) {
 
 void serve_request_set_streams(ServeRequest *r, const uint64_t *streams) {
     for (int i = 0; i < r->n_choices; i++) r->choices[i].seq.stream = streams[i];
+}
+
+void serve_request_set_turns(ServeRequest *r, const int *first_positions, const int *max_new_tokens) {
+    for (int i = 0; i < r->n_choices; i++) {
+        if (first_positions) r->choices[i].seq.first_position = first_positions[i];
+        if (max_new_tokens) r->choices[i].max_new_tokens = max_new_tokens[i];
+    }
 }
 
 int serve_request_choices(const ServeRequest *r) { return r->n_choices; }
@@ -353,13 +362,15 @@ static void add_to_engine(ServeLoop *l, ServeRequest *r, int *left) {
         ServeChoice *c = &r->choices[i];
         COLT_ASSERT(l->n_free_slots > 0); /* outstanding <= max_queued_sequences = slots */
         int slot = l->free_slots[--l->n_free_slots];
-        if (engine_add_request(l->engine, &c->seq, &r->opt, (uint64_t)slot, err) != 0) {
+        GenerateOptions opt = r->opt;
+        opt.max_new_tokens = c->max_new_tokens;
+        if (engine_add_request(l->engine, &c->seq, &opt, (uint64_t)slot, err) != 0) {
             l->free_slots[l->n_free_slots++] = slot;
             request_fail(r, err); /* the choices already added are aborted with it (apply_cancels) */
             *left += r->n_choices - i;
             return;
         }
-        if (l->o.tp) serve_turn_add(&l->turn, (uint64_t)slot, &c->seq, &r->opt);
+        if (l->o.tp) serve_turn_add(&l->turn, (uint64_t)slot, &c->seq, &opt);
         l->slots[slot] = (Slot){r, i};
         c->slot = slot;
         c->in_engine = true;

@@ -48,6 +48,9 @@ void serve_request_release(ServeRequest *r);
 /* Gives choice i RNG stream streams[i] instead (colt's /colt/generate: the
  * trainer numbers its completions itself); before serve_loop_submit. */
 void serve_request_set_streams(ServeRequest *r, const uint64_t *streams);
+/* A conversation's later turns: choice i's first RNG position first_positions[i] and its own budget
+ * max_new_tokens[i] (at most the request's); either may be NULL (unchanged). Before serve_loop_submit. */
+void serve_request_set_turns(ServeRequest *r, const int *first_positions, const int *max_new_tokens);
 
 /* Hands the request to the loop (which takes its own reference). Refused
  * with an HTTP status and a message: 503 when the queue is full or the server

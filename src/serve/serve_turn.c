@@ -30,6 +30,7 @@ void serve_turn_add(ServeTurn *t, uint64_t id, const GenSequence *g, const Gener
     put_op(t, TURN_ADD);
     put(t, &id, sizeof id);
     put(t, &g->stream, sizeof g->stream);
+    put(t, &g->first_position, sizeof g->first_position);
     put(t, &g->prompt_len, sizeof g->prompt_len);
     put(t, opt, sizeof *opt); /* its stop_ids pointer is replaced on the other side */
     put(t, g->prompt, sizeof(int) * (size_t)g->prompt_len);
@@ -189,10 +190,11 @@ static int replay(Engine *e, Model *m, FollowSlot *slots, int n_slots, WeightSyn
         uint8_t op = *(const uint8_t *)take(&r, 1);
         if (op == TURN_ADD) {
             uint64_t id, stream;
-            int prompt_len;
+            int prompt_len, first_position;
             GenerateOptions opt;
             memcpy(&id, take(&r, sizeof id), sizeof id);
             memcpy(&stream, take(&r, sizeof stream), sizeof stream);
+            memcpy(&first_position, take(&r, sizeof first_position), sizeof first_position);
             memcpy(&prompt_len, take(&r, sizeof prompt_len), sizeof prompt_len);
             memcpy(&opt, take(&r, sizeof opt), sizeof opt);
             COLT_ASSERT(id < (uint64_t)n_slots && !slots[id].live && prompt_len > 0 && opt.n_stop_ids >= 0);
@@ -202,7 +204,8 @@ static int replay(Engine *e, Model *m, FollowSlot *slots, int n_slots, WeightSyn
             int *stop_ids = xmalloc(sizeof(int) * (size_t)(opt.n_stop_ids > 0 ? opt.n_stop_ids : 1));
             memcpy(stop_ids, take(&r, sizeof(int) * (size_t)opt.n_stop_ids), sizeof(int) * (size_t)opt.n_stop_ids);
             opt.stop_ids = stop_ids;
-            s->g = (GenSequence){.prompt = s->prompt, .prompt_len = prompt_len, .stream = stream};
+            s->g = (GenSequence){.prompt = s->prompt, .prompt_len = prompt_len, .stream = stream,
+                                 .first_position = first_position};
             int rc = engine_add_request(e, &s->g, &opt, id, err); /* copies the stop ids */
             free(stop_ids);
             if (rc != 0) {

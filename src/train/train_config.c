@@ -1834,9 +1834,9 @@ int train_config_finalize(TrainConfig *c, char *err) {
         if (!json_is_string(json_array_get(c->tools, i)))
             return errorf(err, "settings: tools[%zu] must name a Python function (\"tools.py:calculator\" or "
                                "\"module.function\")", i);
-    if (c->tools && json_array_size(c->tools) > 0 && c->vllm_mode && strcmp(c->vllm_mode, "server") == 0)
-        return errorf(err, "settings: tools run in colt's colocated engine; vllm_mode server does not carry "
-                           "multi-turn rollouts yet (remove vllm_mode server)");
+    if (c->tools && json_array_size(c->tools) > 0 && c->async_generation)
+        return errorf(err, "settings: tools with async_generation: the next round's conversations would call tools "
+                           "while this round trains, which colt does not do yet (set async_generation false)");
     if (c->vllm_structured_outputs_regex && c->tools && json_array_size(c->tools) > 0)
         return errorf(err, "settings: vllm_structured_outputs_regex with tools is not supported (a regex over a "
                            "multi-turn completion and its tool results)");

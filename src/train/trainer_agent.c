@@ -1,13 +1,15 @@
 /* trainer_agent.c — tool calling in the trainer (TRL 1.16's tools=[...] and
  * max_tool_calling_iterations): the tool worker's life, prompts rendered with
  * the tools' schemas, and a round's multi-turn generation
- * (agent/agent_loop.h over agent/agent_tools.h). The loss side is one mask:
+ * (agent/agent_loop.h over agent/agent_tools.h) on this process's engine or,
+ * in server mode, on colt serve. The loss side is one mask:
  * Sample.model_mask (trainer_micro_batch.c). Not here: environments. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "agent/agent_loop.h"
+#include "serve/serve_client.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "train/trainer_internal.h"
@@ -58,6 +60,56 @@ const json_t *trainer_tool_schemas(const Trainer *t) {
     return t->tool_worker ? tool_worker_schemas(t->tool_worker) : NULL;
 }
 
+/* ---------------------------------------------------------------- server mode's turns
+ * The turns go to colt serve in waves: every turn queued since the last wave in one /colt/generate
+ * call (the server batches them; its prefix cache keeps each conversation's K/V between its turns, so a
+ * later turn computes only the tool results and what follows). Tools keep running in the worker while a
+ * wave is out. */
+typedef struct ServerTurns {
+    ServeClient *client;
+    int vocab_size;
+    GenerateOptions opt;  /* sampling and stop ids, the same for every turn */
+    GenSequence **queued; /* [n_queued] the loop's turns, filled in when their wave comes back */
+    int *budgets;         /* [n_queued] each turn's max_new_tokens */
+    uint64_t *ids, *finished;
+    GenSequence *wave;
+    int n_queued;
+} ServerTurns;
+
+static int server_turns_add(void *ctx, GenSequence *turn, const GenerateOptions *opt, uint64_t id, char *err) {
+    (void)err;
+    ServerTurns *s = ctx;
+    s->queued[s->n_queued] = turn, s->budgets[s->n_queued] = opt->max_new_tokens, s->ids[s->n_queued] = id;
+    s->n_queued++;
+    return COLT_OK;
+}
+
+static bool server_turns_has_work(void *ctx) { return ((ServerTurns *)ctx)->n_queued > 0; }
+
+static int server_turns_step(void *ctx, const uint64_t **finished, int *n_finished, char *err) {
+    ServerTurns *s = ctx;
+    int n = s->n_queued;
+    *finished = s->finished, *n_finished = 0;
+    s->n_queued = 0;
+    for (int k = 0; k < n; k++) {
+        const GenSequence *q = s->queued[k];
+        s->wave[k] = (GenSequence){.prompt = q->prompt, .prompt_len = q->prompt_len, .stream = q->stream,
+                                   .first_position = q->first_position};
+    }
+    int rc = serve_client_generate_turns(s->client, s->wave, n, &s->opt, s->budgets, s->vocab_size, NULL, err);
+    for (int k = 0; k < n; k++) {
+        if (rc != 0) {
+            gen_sequence_free(&s->wave[k]);
+            continue;
+        }
+        GenSequence *q = s->queued[k]; /* the completion's arrays become the turn's */
+        q->tokens = s->wave[k].tokens, q->logprobs = s->wave[k].logprobs;
+        q->n_tokens = s->wave[k].n_tokens, q->finish = s->wave[k].finish;
+        s->finished[(*n_finished)++] = s->ids[k];
+    }
+    return rc;
+}
+
 void trainer_agent_share_free(Trainer *t) {
     AgentShare *a = &t->agent;
     for (int i = 0; i < a->n; i++) {
@@ -81,7 +133,20 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
     AgentToolRunner *runner = agent_tool_runner_create(&to, n);
     AgentTools handler = agent_tool_runner_handler(runner);
     AgentLoopOptions lo = {.max_tool_calling_iterations = t->cfg->max_tool_calling_iterations};
-    int rc = agent_generate(t->model, convs, n, go, &t->engine_opts, &handler, &lo, es, err);
+    int rc;
+    if (t->server) {
+        size_t each = (size_t)(n > 0 ? n : 1);
+        ServerTurns s = {.client = t->server, .vocab_size = model_config(t->model)->vocab_size, .opt = *go,
+                         .queued = xcalloc(each, sizeof(GenSequence *)), .budgets = xcalloc(each, sizeof(int)),
+                         .ids = xcalloc(each, sizeof(uint64_t)), .finished = xcalloc(each, sizeof(uint64_t)),
+                         .wave = xcalloc(each, sizeof(GenSequence))};
+        AgentGenerator g = {.ctx = &s, .max_positions = model_config(t->model)->max_position_embeddings,
+                            .add = server_turns_add, .has_work = server_turns_has_work, .step = server_turns_step};
+        rc = agent_generate_with(&g, convs, n, go, &handler, &lo, err);
+        free(s.queued), free(s.budgets), free(s.ids), free(s.finished), free(s.wave);
+    } else {
+        rc = agent_generate(t->model, convs, n, go, &t->engine_opts, &handler, &lo, es, err);
+    }
     AgentShare *a = &t->agent;
     if (rc == 0) {
         a->n = n;

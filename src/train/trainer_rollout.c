@@ -296,7 +296,9 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
     GenerateOptions go = trainer_generate_options(t);
     if (t->server && !from_pending) {
         weights_step = t->server_weights_step;
-        if (n_local > 0)
+        if (t->tool_worker) /* multi-turn: the trainer runs the tools, the server each turn */
+            rc = trainer_agent_generate(t, seqs, n_local, &go, NULL, err);
+        else if (n_local > 0)
             rc = serve_client_generate(t->server, seqs, n_local, &go, model_config(t->model)->vocab_size, NULL, err);
     }
     /* async_generation: the next round is asked for now, so the server

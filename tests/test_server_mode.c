@@ -513,8 +513,10 @@ int main(void) {
                             {"{\"prompts\": [[1]], \"streams\": [4294967296]}", "streams[0]"},
                             {"{\"prompts\": [[1]], \"streams\": [1], \"temprature\": 1}", "unknown key 'temprature'"},
                             {"{\"prompts\": [[1]], \"streams\": [1], \"max_tokens\": 100000}", "max_tokens"},
+                            {"{\"prompts\": [[1]], \"streams\": [1], \"max_tokens\": [4, 4]}", "one budget per prompt (1)"},
+                            {"{\"prompts\": [[1]], \"streams\": [1], \"first_positions\": [-1]}", "first_positions[0]"},
                             {"not json", "not JSON"}};
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 8; i++) {
         st = http(srv->port, "/colt/generate", bad[i][0], &body);
         CHECK(st == 400 && strstr(body, bad[i][1]), "bad /colt/generate %s: %ld %s", bad[i][0], st, body);
         free(body);

@@ -82,7 +82,7 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
     json_t *budgets = json_object_get(o, "max_tokens"), *positions = json_object_get(o, "first_positions");
     if (json_is_array(budgets)) { /* one per prompt; the request's own is the largest */
         if (json_array_size(budgets) != (size_t)n)
-            return errorf(err, "/colt/generate: 'max_tokens' as an array must have %d budgets, one per prompt", n);
+            return errorf(err, "/colt/generate: 'max_tokens' as an array needs one budget per prompt (%d)", n);
         r->max_tokens_each = xcalloc((size_t)n, sizeof(int));
         max_tokens = 1;
         for (int i = 0; i < n; i++) {

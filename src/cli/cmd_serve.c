@@ -226,6 +226,11 @@ int cmd_serve(int argc, char **argv) {
                          .model_name = a.served_model_name ? a.served_model_name : a.model,
                          .max_model_len = a.max_model_len, .max_tokens_limit = a.max_tokens_limit,
                          .defaults = defaults, .eos_ids = eos, .n_eos = n_eos};
+    /* chat requests with tools get their calls read out when colt knows how the template writes them */
+    const char *template_source = tokenizer_chat_template(tok);
+    char no_calls[ERR_LEN];
+    ctx.reads_tool_calls = template_source && tool_calls_format_of_template(&ctx.tool_format, template_source,
+                                                                            no_calls) == 0;
 
     ServeLoopOptions lo = {.engine = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
                                       .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,

@@ -6,6 +6,10 @@
  * logprobs (completions: 0; chat: true, top_logprobs 0), stream,
  * stream_options.include_usage, return_token_ids, user; chat also tools,
  * tool_choice "none"/"auto", chat_template_kwargs, response_format text.
+ * With tools (and tool_choice "auto"), a chat answer's tool calls are read
+ * out of its text in the chat template's format, as vLLM's tool parsers do:
+ * message.tool_calls (arguments as a JSON string), finish_reason "tool_calls"
+ * (not while streaming: the deltas carry the text as it comes).
  * What colt cannot honour (echo, best_of != n, suffix, presence and frequency
  * penalties, logit_bias, top log-probs) is refused with a 400 naming it, and
  * so is any parameter not listed: a request is never half-understood. */
@@ -169,6 +173,15 @@ static int read_chat_prompt(OpenAIRequest *r, json_t *body, const OpenAIContext 
             rc = errorf(err, "'messages'[%zu].role must be one of system, developer, user, assistant, tool", i);
             break;
         }
+        /* an assistant's earlier calls come back with their arguments as JSON text (the OpenAI form); the
+         * template renders them as the object they were (vLLM parses them back the same way) */
+        json_t *calls = json_object_get(m, "tool_calls");
+        for (size_t k = 0; json_is_array(calls) && k < json_array_size(calls); k++) {
+            json_t *fn = json_object_get(json_array_get(calls, k), "function"), *args = json_object_get(fn, "arguments");
+            json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), JSON_DECODE_ANY, NULL) : NULL;
+            if (json_is_object(parsed)) json_object_set(fn, "arguments", parsed);
+            json_decref(parsed);
+        }
         content = json_object_get(m, "content");
         if (!content || json_is_null(content) || json_is_string(content)) continue;
         if (!json_is_array(content)) {
@@ -204,6 +217,10 @@ static int read_chat_prompt(OpenAIRequest *r, json_t *body, const OpenAIContext 
     }
     if (rc == 0 && prompt_encode_chat(&ids, &n, ctx->tok, copy, tools, kwargs, ctx->vocab_size, "'messages'", err) != 0)
         rc = COLT_ERR;
+    json_t *choice = field(body, "tool_choice");
+    bool calls_allowed = !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
+    if (rc == 0 && tools && json_array_size(tools) > 0 && calls_allowed && ctx->reads_tool_calls)
+        r->tools = json_incref(tools);
     json_decref(copy);
     if (rc != 0) return COLT_ERR;
     if (n == 0) {
@@ -287,7 +304,7 @@ static int refuse_unsupported(json_t *body, OpenAIEndpoint ep, int n, const char
         *param = "tool_choice";
         if (choice && !(json_is_string(choice) && (!strcmp(json_string_value(choice), "none") ||
                                                    !strcmp(json_string_value(choice), "auto"))))
-            return errorf(err, "'tool_choice' must be \"none\" or \"auto\" (tool calls are not parsed out)");
+            return errorf(err, "'tool_choice' must be \"none\" or \"auto\" (a named or required tool is not supported)");
         bool parallel = true;
         if (read_bool(body, "parallel_tool_calls", &parallel, param, err) != 0) return COLT_ERR;
         json_t *format = field(body, "response_format"), *type = json_object_get(format, "type");
@@ -465,6 +482,7 @@ void openai_request_free(OpenAIRequest *r) {
     free(r->prompts), free(r->prompt_lens), free(r->stop_ids);
     for (int i = 0; i < r->n_stop_strings; i++) free(r->stop_strings[i]);
     free(r->stop_strings);
+    json_decref(r->tools);
     memset(r, 0, sizeof *r);
 }
 
@@ -607,6 +625,41 @@ static json_t *usage_json(const OpenAIRequest *req, ServeRequest *sr, const Choi
                      (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
 }
 
+/* A chat answer's message. With the request's tools, the calls in its text
+ * are read in the chat template's format (agent/tool_calls.h, TRL's and
+ * transformers' reading) and written as vLLM's tool parsers write them:
+ * content (null when empty), tool_calls [{id, type "function", function
+ * {name, arguments: the arguments as JSON text}}], and *finish "tool_calls".
+ * Text that holds no well-formed call stays plain content. */
+static json_t *chat_message(const OpenAIRequest *req, const char *text, const OpenAIContext *ctx, const char *id,
+                            int choice, const char **finish) {
+    json_t *parsed = NULL, *calls = NULL;
+    char err[ERR_LEN];
+    if (req->tools && tool_calls_parse(&parsed, ctx->tool_format, "", text, text, NULL, req->tools, err) == 0)
+        calls = json_object_get(parsed, "tool_calls");
+    if (json_array_size(calls) == 0) {
+        json_decref(parsed);
+        return json_pack("{s:s,s:o}", "role", "assistant", "content", text_value(text, strlen(text)));
+    }
+    json_t *out = json_array();
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        json_t *fn = json_object_get(json_array_get(calls, k), "function"), *args = json_object_get(fn, "arguments");
+        char *args_text = json_is_string(args) ? xstrdup(json_string_value(args)) : json_dumps(args, JSON_ENCODE_ANY);
+        char call_id[128];
+        snprintf(call_id, sizeof call_id, "call_%s_%d_%zu", id, choice, k);
+        json_array_append_new(out, json_pack("{s:s,s:s,s:{s:O,s:s}}", "id", call_id, "type", "function", "function",
+                                             "name", json_object_get(fn, "name"), "arguments", args_text));
+        free(args_text);
+    }
+    json_t *content = json_object_get(parsed, "content");
+    json_t *m = json_pack("{s:s,s:O,s:o}", "role", "assistant", "content",
+                          json_is_string(content) && json_string_length(content) > 0 ? content : json_null(),
+                          "tool_calls", out);
+    json_decref(parsed);
+    *finish = "tool_calls";
+    return m;
+}
+
 static const char *object_name(const OpenAIRequest *req, bool chunk) {
     if (req->endpoint == OPENAI_COMPLETIONS) return "text_completion";
     return chunk ? "chat.completion.chunk" : "chat.completion";
@@ -620,12 +673,14 @@ char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const Cho
         const GenSequence *g = serve_request_sequence(sr, i);
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(i));
-        json_t *text = text_value(ct->text ? ct->text : "", ct->text ? strlen(ct->text) : 0);
-        if (req->endpoint == OPENAI_COMPLETIONS) json_object_set_new(c, "text", text);
-        else json_object_set_new(c, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+        const char *finish = ct->finish_reason ? ct->finish_reason : "length";
+        if (req->endpoint == OPENAI_COMPLETIONS)
+            json_object_set_new(c, "text", text_value(ct->text ? ct->text : "", ct->text ? strlen(ct->text) : 0));
+        else
+            json_object_set_new(c, "message", chat_message(req, ct->text ? ct->text : "", ctx, id, i, &finish));
         json_object_set_new(c, "logprobs",
                             req->logprobs ? logprobs_json(req, g, 0, ct->n_tokens, ctx->tok) : json_null());
-        json_object_set_new(c, "finish_reason", json_string(ct->finish_reason ? ct->finish_reason : "length"));
+        json_object_set_new(c, "finish_reason", json_string(finish));
         if (req->return_token_ids) {
             json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));
             json_object_set_new(c, "prompt_token_ids", ids_json(g->prompt, g->prompt_len));

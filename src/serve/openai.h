@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "agent/tool_calls.h"
 #include "engine/generate.h"
 #include "model/model.h"
 #include "serve/serve_loop.h"
@@ -30,6 +31,10 @@ typedef struct OpenAIContext {
     SamplingParams defaults;     /* for settings a request leaves out (seed: drawn per request) */
     const int *eos_ids;          /* the model's and tokenizer's end ids (data/prompt.h prompt_stop_ids) */
     int n_eos;
+    /* how the chat template writes tool calls (agent/tool_calls.h), for chat requests with tools; false when
+     * colt reads no calls in its format (tools are then still rendered, the calls left in the text) */
+    bool reads_tool_calls;
+    ToolCallFormat tool_format;
 } OpenAIContext;
 
 /* A checked request. */
@@ -43,6 +48,7 @@ typedef struct OpenAIRequest {
     int n_stop_strings;
     bool stream, include_usage, logprobs, return_token_ids;
     bool seeded;                 /* the request gave a seed (else random_seed, and the caller picks its streams) */
+    json_t *tools;               /* chat: the request's tools when calls are read out of its answers (else NULL) */
 } OpenAIRequest;
 
 /* Reads a request body. Returns 0, or -1 with err set to a message for an

@@ -17,7 +17,7 @@ static const char *INIT_USAGE =
     "usage: colt init [--arch qwen2|qwen3|llama] --preset PRESET --out DIR [--tokenizer DIR] [--seed S] [--dtype bf16|fp32]\n"
     "                 [--vocab_size V] [--config_only]\n"
     "  presets: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b (--arch qwen2, qwen3 or llama),\n"
-    "           qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (qwen3),\n"
+    "           qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-32b (qwen3),\n"
     "           llama3.2-1b, llama3.2-3b, llama3.1-8b (llama, with Llama 3's RoPE scaling)\n";
 
 typedef struct Preset {
@@ -29,7 +29,7 @@ typedef struct Preset {
 } Preset;
 
 /* Shapes of the public configs: Qwen/Qwen2.5-*-Instruct, Qwen/Qwen3-0.6B, -1.7B, -4B, -8B and
- * meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B (config.json). */
+ * -32B and meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B (config.json). */
 static const Preset PRESETS[] = {
     {"tiny", 64, 128, 2, 4, 2, 0, 512, 2048, true, NULL, 0.0f},
     {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 0, 151936, 32768, true, NULL, 0.0f},
@@ -41,6 +41,7 @@ static const Preset PRESETS[] = {
     {"qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
     {"qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, 40960, true, "qwen3", 0.0f},
     {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, 40960, false, "qwen3", 0.0f},
+    {"qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, 40960, false, "qwen3", 0.0f},
     {"llama3.2-1b", 2048, 8192, 16, 32, 8, 0, 128256, 131072, true, "llama", 32.0f},
     {"llama3.2-3b", 3072, 8192, 28, 24, 8, 0, 128256, 131072, true, "llama", 32.0f},
     {"llama3.1-8b", 4096, 14336, 32, 32, 8, 0, 128256, 131072, false, "llama", 8.0f},
@@ -55,7 +56,7 @@ int cmd_init(int argc, char **argv) {
     CliOption opts[] = {
         {"arch", OPT_STRING, &arch, "qwen2, qwen3 or llama (required unless the preset names one)", false},
         {"preset", OPT_STRING, &preset_name,
-         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, "
+         "tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-32b, llama3.2-1b, "
          "llama3.2-3b or llama3.1-8b (required)", false},
         {"tokenizer", OPT_STRING, &tokenizer_dir, "copy this folder's tokenizer files in; tiny takes its vocab size", false},
         {"out", OPT_STRING, &out, "output folder (required)", false},
@@ -75,7 +76,7 @@ int cmd_init(int argc, char **argv) {
         if (strcmp(PRESETS[i].name, preset_name) == 0) p = &PRESETS[i];
     if (!p) {
         errorf(err, "--preset: unknown preset '%s' (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen3-0.6b, "
-                    "qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3.2-3b, llama3.1-8b)", preset_name);
+                    "qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-32b, llama3.2-1b, llama3.2-3b, llama3.1-8b)", preset_name);
         return cli_fail("init", err);
     }
     if (p->arch && arch && strcmp(arch, p->arch) != 0) {

@@ -5,10 +5,10 @@
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu_check.sh [part ...]
-#   parts: tests cli decode floor grpo grpo-fast train gemm fewshot (default: all but floor and fewshot)
+#   parts: tests cli decode floor grpo grpo-fast train gemm agent fewshot (default: all but floor and fewshot)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-tests cli decode grpo grpo-fast train gemm}
+parts=${*:-tests cli decode grpo grpo-fast train gemm agent}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 [ -f .devcarry/bundle.tar.xz ] && tar xf .devcarry/bundle.tar.xz
@@ -65,6 +65,26 @@ for part in $parts; do
         tee "$out/bench_fewshot.md" ;;
     train) echo "== bench_gpu_train_step"; build-cuda/bench_gpu_train_step 2>&1 | tee "$out/bench_gpu_train_step.md" ;;
     gemm) echo "== bench_gemm"; build-cuda/bench_gemm 20 2>&1 | tee "$out/bench_gemm.md" ;;
+    agent)
+      echo "== multi-turn tool calling on the GPU, deterministic mode: engine and trainer log-probs equal"
+      a=tests/data/agent
+      for dev in cuda cuda_f32; do
+        build-cuda/colt train --model tests/data/models/tiny-tool-f32 --dataset $a/tool_prompts.jsonl \
+          --tools "[\"$a/calc_tools.py:add\",\"$a/calc_tools.py:div\",\"$a/calc_tools.py:big\"]" --tool_timeout 5 \
+          --max_tool_calling_iterations 2 --reward_funcs "[\"$a/tool_rewards.py:repeats_tool_result\"]" \
+          --num_generations 4 --per_device_train_batch_size 36 --max_completion_length 64 --max_prompt_length 128 \
+          --beta 0.04 --learning_rate 1e-3 --logging_steps 1 --log_completions_count 0 --save_steps 0 --seed 7 \
+          --report_to none --max_steps 3 --deterministic true --device $dev --output_dir "$out/agent_$dev" \
+          > "$out/agent_$dev.log" 2>&1 || { echo "   colt train with tools on $dev failed"; status=1; continue; }
+        python3 - "$out/agent_$dev/metrics.jsonl" "$dev" <<'PY' || status=1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+diff = max(r["sampling/sampling_logp_difference/max"] for r in rows)
+calls = [r["tools/call_frequency"] for r in rows]
+print(f"   {sys.argv[2]}: {len(rows)} steps, tools/call_frequency {calls}, largest engine/trainer log-prob difference {diff}")
+sys.exit(0 if diff == 0 and min(calls) > 0 else 1)
+PY
+      done ;;
   esac
 done
 exit $status

@@ -489,6 +489,64 @@ static void test_train(void) {
     json_decref(a), json_decref(b);
 }
 
+/* ---------------------------------------------------------------- 3b. two ranks, LoRA */
+
+/* Step 1 of `mpirun -np 2` with LoRA against the one-process full-weight run's step 1: the round is
+ * generated before any update and LoRA starts as the base model (B = 0), so each rank's tool calls (its half
+ * of the round, its own tool worker) and the metrics TRL aggregates over the processes (tools/call_frequency:
+ * all calls over all completions; tools/failure_frequency: all failures over all calls) equal one process's. */
+static void test_data_parallel_lora(void) {
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("SKIPPED: two ranks with tools (no mpirun)\n");
+        return;
+    }
+    char *err = NULL;
+    double t0 = now_s();
+    char cd[300], args[4096];
+    snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
+    snprintf(args, sizeof args, "%s --device cpu --use_peft true --per_device_train_batch_size 18 --max_steps 1 "
+                                "--output_dir dp_lora",
+             ARGS);
+    int rc = run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 180,
+                                      .launcher = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x "
+                                                  "OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK " -np 2"},
+                           args, &err);
+    CHECK(rc == 0, "mpirun -np 2 colt train with tools and LoRA exited %d: %s", rc, err);
+    free(err);
+    printf("mpirun -np 2, tools and LoRA, 1 step: %.1f s\n", now_s() - t0);
+    if (rc != 0) return;
+    char run_dir[300], dp_dir[300];
+    snprintf(run_dir, sizeof run_dir, "%s/run", g_tmp);
+    snprintf(dp_dir, sizeof dp_dir, "%s/dp_lora", g_tmp);
+    json_t *a = step_metrics(run_dir, 1), *b = step_metrics(dp_dir, 1);
+    const char *keys[] = {"reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length",
+                          "loss"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        double x = json_number_value(json_object_get(a, keys[k])), y = json_number_value(json_object_get(b, keys[k]));
+        /* the loss sums the two ranks' halves in another order: fp32 rounding */
+        bool same = k < 4 ? x == y : fabs(x - y) <= 1e-6 + 1e-4 * fabs(x);
+        CHECK(a && b && same, "step 1 %s: %g one process, %g two ranks with LoRA", keys[k], x, y);
+    }
+    printf("two ranks with LoRA, step 1: reward %.4f, tools/call_frequency %.4f, tools/failure_frequency %.4f, loss "
+           "%.5f (one process: %.5f)\n",
+           json_number_value(json_object_get(b, "reward")), json_number_value(json_object_get(b, "tools/call_frequency")),
+           json_number_value(json_object_get(b, "tools/failure_frequency")), json_number_value(json_object_get(b, "loss")),
+           json_number_value(json_object_get(a, "loss")));
+    json_decref(a), json_decref(b);
+    /* completions.jsonl holds the round in sample order: rank 0 made the first 18, rank 1 the others */
+    char *path = path_join(dp_dir, "completions.jsonl"), *text = NULL;
+    size_t len;
+    int line_no = 0, results[2] = {0, 0};
+    if (file_read_all(path, &text, &len, NULL) == 0)
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), line_no++)
+            results[line_no < 18 ? 0 : 1] += strstr(line, "<tool_response>") != NULL;
+    CHECK(line_no == 36 && results[0] > 9 && results[1] > 9,
+          "completions.jsonl: %d lines, tool results in %d of rank 0's 18 and %d of rank 1's", line_no, results[0],
+          results[1]);
+    printf("tool results in %d of rank 0's 18 completions and %d of rank 1's\n", results[0], results[1]);
+    free(text), free(path);
+}
+
 /* ---------------------------------------------------------------- 4. environment_factory */
 
 #define ENV_DIR COLT_SOURCE_DIR "/examples/environments"
@@ -625,6 +683,7 @@ int main(void) {
     test_parity();
     printf("parity: %.1f s\n", now_s() - t0);
     test_train();
+    test_data_parallel_lora();
     test_environments();
     if (g_failures == 0) sh("rm -rf %s", g_tmp);
     else fprintf(stderr, "kept %s\n", g_tmp);

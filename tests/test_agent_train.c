@@ -21,7 +21,13 @@
  *      message, in order. The evals before and after training (eval_dataset) call the tools as well,
  *      their rewards read the same way.
  *   3. Resuming from the run's checkpoint-1 ends at step 2 with tools called again, its reward, loss and
- *      tools metrics equal to the uninterrupted run's step 2.
+ *      tools metrics equal to the uninterrupted run's step 2. The same run under mpirun -np 2 with LoRA: step
+ *      1's reward and tools metrics (summed over the ranks, as TRL) equal one process's, both ranks calling.
+ *   4. environment_factory (examples/environments/writer.py): colt's greedy round, saved inside the round in
+ *      checkpoint-1, equals TRL's own _generate_and_score_completions (tests/ref/make_env_goldens.py) sample
+ *      for sample: per-sample prompt ids (reset's text appended), completion ids, tool mask, both rewards
+ *      (one reading environments=[...], the environment's get_reward); a resume from that checkpoint gives
+ *      the uninterrupted run's steps 2-4.
  * Exits 77 (skipped) without python3 and transformers (the tool worker needs them). */
 #include <jansson.h>
 #include <math.h>

@@ -645,6 +645,15 @@ static void test_environments(void) {
     CHECK(rc2 == 0, "resume with environment_factory exited %d: %s", rc2, err);
     free(err);
     printf("resumed from checkpoint-1 to step 4: %.1f s\n", now_s() - t0);
+    /* the saved round's prompts and rewards came from the environments: another class is refused */
+    err = NULL;
+    snprintf(extra, sizeof extra, "--output_dir env_other --top_k 1 --shuffle_dataset false --environment_factory "
+                                  AGENT "/envs.py:MathEnv --resume_from_checkpoint %s/env_run/checkpoint-1", g_tmp);
+    int rc3 = run_env_train(extra, &err);
+    CHECK(rc3 != 0 && err && strstr(err, "environment_factory was \"" ENV_DIR "/writer.py:WriterEnv\" there"),
+          "resume with another environment_factory: exit %d, %s", rc3, err ? err : "");
+    printf("resume with another environment class: %s", err ? err : "\n");
+    free(err);
     if (rc != 0 || rc2 != 0) return;
     char run_dir[300], resumed_dir[300];
     snprintf(run_dir, sizeof run_dir, "%s/env_run", g_tmp);

@@ -39,7 +39,9 @@ and async get_reward on one event loop thread, as TRL runs them).
         -> {"id": 5, "rewards": [1.0, null, 0.5]}   (TRL passes environments=[instances] to every reward
            function when there are environments; so such rewards run here, beside the instances. NaN, inf
            and None are null, TRL's "no reward")
-    any op that cannot be done -> {"id": N, "error": "..."}
+    any op that cannot be done -> {"id": N, "error": "..."}; env_reward of an environment that does not exist
+    (lost with a killed worker) also carries "worker_lost": true, as colt's own answers for requests a killed
+    worker held do
 
 A call is TRL's _tool_call_loop: the tools are the standalone ones plus, with
 "env", that environment's methods, by __name__; the result the model sees is
@@ -307,8 +309,8 @@ class Worker:
                 self.free_envs.append(instance)
             self.answer(rid, {"ok": True})
             return
-        if op == "env_reward" and env not in self.envs:
-            self.answer(rid, {"error": "environment %s does not exist (reset it first)" % env})
+        if op == "env_reward" and env not in self.envs:  # never reset, or lost with a killed worker
+            self.answer(rid, {"error": "environment %s does not exist (reset it first)" % env, "worker_lost": True})
             return
 
         if op == "env_reset" and env not in self.envs:

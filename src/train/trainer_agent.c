@@ -235,14 +235,22 @@ int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
     int rc = COLT_OK;
     for (int j = 0; j < n && rc == 0; j++) rc = tool_worker_submit_reward(t->tool_worker, &requests[j], j, err);
     if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
+    int lost = 0;
     for (int j = 0; j < n && rc == 0; j++) {
         const json_t *error = json_object_get(answers[j], "error"), *v = json_object_get(answers[j], "reward");
-        if (error) rc = errorf(err, "completion %d: %s", j, json_string_value(error));
+        /* a tool that held the worker past its limit got it killed, and the environments with it (beyond TRL,
+         * which has no limit): those completions get no reward, as for a None */
+        if (error && json_is_true(json_object_get(answers[j], "worker_lost"))) values[j] = NAN, lost++;
+        else if (error) rc = errorf(err, "completion %d: %s", j, json_string_value(error));
         else if (json_is_number(v) && !isfinite((float)json_number_value(v)))
             rc = errorf(err, "completion %d: %s.get_reward() returned %g, which a 32-bit float cannot hold", j,
                         tool_worker_environment_name(t->tool_worker), json_number_value(v));
         else values[j] = json_is_number(v) ? (float)json_number_value(v) : NAN;
     }
+    if (lost > 0)
+        log_error("warning: %d of %d completions' environments were lost with a killed tool worker: %s.get_reward() "
+                  "gives them no reward",
+                  lost, n, tool_worker_environment_name(t->tool_worker));
     for (int j = 0; j < n; j++) json_decref(answers[j]);
     free(answers);
     free(requests);

@@ -21,7 +21,13 @@
  *      message, in order. The evals before and after training (eval_dataset) call the tools as well,
  *      their rewards read the same way.
  *   3. Resuming from the run's checkpoint-1 ends at step 2 with tools called again, its reward, loss and
- *      tools metrics equal to the uninterrupted run's step 2.
+ *      tools metrics equal to the uninterrupted run's step 2. The same run under mpirun -np 2 with LoRA: step
+ *      1's reward and tools metrics (summed over the ranks, as TRL) equal one process's, both ranks calling.
+ *   4. environment_factory (examples/environments/writer.py): colt's greedy round, saved inside the round in
+ *      checkpoint-1, equals TRL's own _generate_and_score_completions (tests/ref/make_env_goldens.py) sample
+ *      for sample: per-sample prompt ids (reset's text appended), completion ids, tool mask, both rewards
+ *      (one reading environments=[...], the environment's get_reward); a resume from that checkpoint gives
+ *      the uninterrupted run's steps 2-4.
  * Exits 77 (skipped) without python3 and transformers (the tool worker needs them). */
 #include <jansson.h>
 #include <math.h>
@@ -489,6 +495,198 @@ static void test_train(void) {
     json_decref(a), json_decref(b);
 }
 
+/* ---------------------------------------------------------------- 3b. two ranks, LoRA */
+
+/* Step 1 of `mpirun -np 2` with LoRA against the one-process full-weight run's step 1: the round is
+ * generated before any update and LoRA starts as the base model (B = 0), so each rank's tool calls (its half
+ * of the round, its own tool worker) and the metrics TRL aggregates over the processes (tools/call_frequency:
+ * all calls over all completions; tools/failure_frequency: all failures over all calls) equal one process's. */
+static void test_data_parallel_lora(void) {
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("SKIPPED: two ranks with tools (no mpirun)\n");
+        return;
+    }
+    char *err = NULL;
+    double t0 = now_s();
+    char cd[300], args[4096];
+    snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
+    snprintf(args, sizeof args, "%s --device cpu --use_peft true --per_device_train_batch_size 18 --max_steps 1 "
+                                "--output_dir dp_lora",
+             ARGS);
+    int rc = run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 180,
+                                      .launcher = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x "
+                                                  "OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK " -np 2"},
+                           args, &err);
+    CHECK(rc == 0, "mpirun -np 2 colt train with tools and LoRA exited %d: %s", rc, err);
+    free(err);
+    printf("mpirun -np 2, tools and LoRA, 1 step: %.1f s\n", now_s() - t0);
+    if (rc != 0) return;
+    char run_dir[300], dp_dir[300];
+    snprintf(run_dir, sizeof run_dir, "%s/run", g_tmp);
+    snprintf(dp_dir, sizeof dp_dir, "%s/dp_lora", g_tmp);
+    json_t *a = step_metrics(run_dir, 1), *b = step_metrics(dp_dir, 1);
+    const char *keys[] = {"reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length",
+                          "loss"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        double x = json_number_value(json_object_get(a, keys[k])), y = json_number_value(json_object_get(b, keys[k]));
+        /* the loss sums the two ranks' halves in another order: fp32 rounding */
+        bool same = k < 4 ? x == y : fabs(x - y) <= 1e-6 + 1e-4 * fabs(x);
+        CHECK(a && b && same, "step 1 %s: %g one process, %g two ranks with LoRA", keys[k], x, y);
+    }
+    printf("two ranks with LoRA, step 1: reward %.4f, tools/call_frequency %.4f, tools/failure_frequency %.4f, loss "
+           "%.5f (one process: %.5f)\n",
+           json_number_value(json_object_get(b, "reward")), json_number_value(json_object_get(b, "tools/call_frequency")),
+           json_number_value(json_object_get(b, "tools/failure_frequency")), json_number_value(json_object_get(b, "loss")),
+           json_number_value(json_object_get(a, "loss")));
+    json_decref(a), json_decref(b);
+    /* completions.jsonl holds the round in sample order: rank 0 made the first 18, rank 1 the others */
+    char *path = path_join(dp_dir, "completions.jsonl"), *text = NULL;
+    size_t len;
+    int line_no = 0, results[2] = {0, 0};
+    if (file_read_all(path, &text, &len, NULL) == 0)
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), line_no++)
+            results[line_no < 18 ? 0 : 1] += strstr(line, "<tool_response>") != NULL;
+    CHECK(line_no == 36 && results[0] > 9 && results[1] > 9,
+          "completions.jsonl: %d lines, tool results in %d of rank 0's 18 and %d of rank 1's", line_no, results[0],
+          results[1]);
+    printf("tool results in %d of rank 0's 18 completions and %d of rank 1's\n", results[0], results[1]);
+    free(text), free(path);
+}
+
+/* ---------------------------------------------------------------- 4. environment_factory */
+
+#define ENV_DIR COLT_SOURCE_DIR "/examples/environments"
+#define ENV_ARGS "--config " ENV_DIR "/writer.yaml --model " MODEL " --dataset " ENV_DIR "/writer.jsonl " \
+    "--environment_factory " ENV_DIR "/writer.py:WriterEnv --reward_funcs " ENV_DIR "/writer.py:says_the_sum " \
+    "--tools '[\"" AGENT "/calc_tools.py:add\", \"" AGENT "/calc_tools.py:div\", \"" AGENT "/calc_tools.py:slow\"]' " \
+    "--output_dir env --report_to none "
+
+static int run_env_train(const char *extra, char **err) {
+    char cd[300], args[4096];
+    snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
+    snprintf(args, sizeof args, "%s %s", ENV_ARGS, extra);
+    return run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 120}, args, err);
+}
+
+static json_t *load_json(const char *dir, const char *name) {
+    char *path = path_join(dir, name);
+    json_t *o = json_load_file(path, 0, NULL);
+    free(path);
+    return o;
+}
+
+static bool same_ints(const json_t *a, const json_t *b) {
+    if (json_array_size(a) != json_array_size(b) || !json_is_array(a)) return false;
+    for (size_t i = 0; i < json_array_size(a); i++)
+        if (json_integer_value(json_array_get(a, i)) != json_integer_value(json_array_get(b, i))) return false;
+    return true;
+}
+
+/* The round saved inside checkpoint-1 (steps_per_generation 2: mid-round) against TRL's own
+ * _generate_and_score_completions (tests/ref/make_env_goldens.py), greedy (top_k 1) on both sides: each
+ * sample's prompt ids (its environment's reset appended its numbers), completion ids, tool mask and its
+ * two rewards (says_the_sum, which reads environments=[...], and the environment's get_reward). */
+static void check_env_parity(const char *dir) {
+    json_t *golden = json_load_file(AGENT "/env_goldens.json", 0, NULL);
+    json_t *state = load_json(dir, "checkpoint-1/trainer_state.json");
+    json_t *ro = json_object_get(state, "rollout"), *samples = json_object_get(ro, "samples");
+    json_t *prompts = json_object_get(ro, "prompts"), *want = json_object_get(golden, "samples");
+    CHECK(golden && json_array_size(want) == 10, "tests/data/agent/env_goldens.json: 10 samples");
+    CHECK(json_is_true(json_object_get(ro, "prompt_per_sample")), "checkpoint-1's rollout has a prompt per sample");
+    CHECK(json_array_size(samples) == json_array_size(want), "checkpoint-1's rollout: %zu samples, TRL %zu",
+          json_array_size(samples), json_array_size(want));
+    int equal = 0, differ_in_group = 0;
+    for (size_t i = 0; i < json_array_size(want) && i < json_array_size(samples); i++) {
+        json_t *s = json_array_get(samples, i), *w = json_array_get(want, i);
+        json_t *p = json_array_get(prompts, (size_t)json_integer_value(json_object_get(s, "prompt")));
+        bool prompt = same_ints(json_object_get(p, "ids"), json_object_get(w, "prompt_ids"));
+        bool completion = same_ints(json_object_get(s, "completion"), json_object_get(w, "completion_ids"));
+        bool mask = same_ints(json_object_get(s, "model_mask"), json_object_get(w, "tool_mask"));
+        json_t *per_func = json_object_get(s, "per_func"), *rewards = json_object_get(w, "rewards");
+        bool rewards_equal = json_array_size(per_func) == 2 &&
+            json_real_value(json_array_get(per_func, 0)) == json_number_value(json_object_get(rewards, "says_the_sum")) &&
+            json_real_value(json_array_get(per_func, 1)) == json_number_value(json_object_get(rewards, "WriterEnv"));
+        CHECK(prompt && completion && mask && rewards_equal,
+              "environment sample %zu: prompt ids %s, completion ids %s, tool mask %s, rewards %s TRL's", i,
+              prompt ? "=" : "!=", completion ? "=" : "!=", mask ? "=" : "!=", rewards_equal ? "=" : "!=");
+        equal += prompt && completion && mask && rewards_equal;
+        if (i % 2 == 1) {
+            json_t *q = json_array_get(prompts, (size_t)json_integer_value(json_object_get(json_array_get(samples, i - 1), "prompt")));
+            differ_in_group += !same_ints(json_object_get(p, "ids"), json_object_get(q, "ids"));
+        }
+    }
+    /* each instance shifts its b by its number: the two completions of a prompt read different prompts */
+    CHECK(differ_in_group >= 4, "only %d of 5 groups had a prompt per completion", differ_in_group);
+    printf("environment_factory: %d of %zu greedy rollouts (prompt ids, completion ids, tool mask, both rewards) "
+           "equal TRL's; %d of 5 groups with two prompts\n", equal, json_array_size(want), differ_in_group);
+    json_decref(golden), json_decref(state);
+}
+
+static void test_environments(void) {
+    /* greedy (top_k 1, as the goldens), 4 steps (2 rounds of 2 steps), a checkpoint every step */
+    char *err = NULL;
+    double t0 = now_s();
+    int rc = run_env_train("--output_dir env_run --top_k 1 --shuffle_dataset false --max_steps 4 --save_steps 1", &err);
+    CHECK(rc == 0, "colt train with environment_factory exited %d: %s", rc, err);
+    free(err);
+    printf("colt train with environment_factory, 4 steps: %.1f s\n", now_s() - t0);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/env_run", g_tmp);
+    if (rc == 0) check_env_parity(dir);
+
+    /* resumed from checkpoint-1, inside round 1 (its saved conversations, per-sample prompts and masks); round
+     * 2 then resets the environments of a new worker */
+    err = NULL;
+    char extra[600];
+    snprintf(extra, sizeof extra, "--output_dir env_resumed --top_k 1 --shuffle_dataset false --max_steps 4 "
+                                  "--save_steps 1 --resume_from_checkpoint %s/env_run/checkpoint-1", g_tmp);
+    t0 = now_s();
+    int rc2 = run_env_train(extra, &err);
+    CHECK(rc2 == 0, "resume with environment_factory exited %d: %s", rc2, err);
+    free(err);
+    printf("resumed from checkpoint-1 to step 4: %.1f s\n", now_s() - t0);
+    /* the saved round's prompts and rewards came from the environments: another class is refused */
+    err = NULL;
+    snprintf(extra, sizeof extra, "--output_dir env_other --top_k 1 --shuffle_dataset false --environment_factory "
+                                  AGENT "/envs.py:MathEnv --resume_from_checkpoint %s/env_run/checkpoint-1", g_tmp);
+    int rc3 = run_env_train(extra, &err);
+    CHECK(rc3 != 0 && err && strstr(err, "environment_factory was \"" ENV_DIR "/writer.py:WriterEnv\" there"),
+          "resume with another environment_factory: exit %d, %s", rc3, err ? err : "");
+    printf("resume with another environment class: %s", err ? err : "\n");
+    free(err);
+    if (rc != 0 || rc2 != 0) return;
+    char run_dir[300], resumed_dir[300];
+    snprintf(run_dir, sizeof run_dir, "%s/env_run", g_tmp);
+    snprintf(resumed_dir, sizeof resumed_dir, "%s/env_resumed", g_tmp);
+    const char *keys[] = {"reward", "loss", "rewards/says_the_sum/mean", "rewards/WriterEnv/mean",
+                          "tools/call_frequency", "tools/failure_frequency", "completions/mean_length", "grad_norm"};
+    int same = 0, compared = 0, moved = 0;
+    for (int step = 1; step <= 4; step++) {
+        json_t *a = step_metrics(run_dir, step), *b = step < 2 ? NULL : step_metrics(resumed_dir, step);
+        CHECK(a != NULL, "env_run: no metrics for step %d", step);
+        moved += a && json_number_value(json_object_get(a, "loss")) != 0;
+        if (step % 2 == 1) /* a round's first step: its tools were called and the environment rewarded */
+            CHECK(json_number_value(json_object_get(a, "tools/call_frequency")) > 0.5 &&
+                      json_is_number(json_object_get(a, "rewards/WriterEnv/mean")),
+                  "step %d: tools/call_frequency %g, rewards/WriterEnv/mean %s", step,
+                  json_number_value(json_object_get(a, "tools/call_frequency")),
+                  json_object_get(a, "rewards/WriterEnv/mean") ? "logged" : "missing");
+        for (size_t k = 0; step >= 2 && k < sizeof keys / sizeof *keys; k++) {
+            json_t *x = json_object_get(a, keys[k]), *y = json_object_get(b, keys[k]);
+            if (!x && !y) continue; /* a round's second step logs no rollout metrics */
+            compared++;
+            CHECK(x && y && json_number_value(x) == json_number_value(y), "step %d %s: %g uninterrupted, %g resumed",
+                  step, keys[k], json_number_value(x), json_number_value(y));
+            same += x && y && json_number_value(x) == json_number_value(y);
+        }
+        json_decref(a), json_decref(b);
+    }
+    CHECK(compared >= 12 && same == compared, "resumed steps 2-4: %d of %d metrics equal", same, compared);
+    CHECK(moved > 0, "no step with a non-zero loss: every group's rewards were equal");
+    printf("environment_factory resumed mid-round from checkpoint-1: steps 2-4 equal the uninterrupted run in %d "
+           "of %d metrics; %d of 4 steps with a non-zero loss\n", same, compared, moved);
+}
+
 int main(void) {
     if (system("python3 -c 'import transformers' >/dev/null 2>&1") != 0) {
         printf("SKIP: python3 with transformers is needed for the tool worker\n");
@@ -500,6 +698,8 @@ int main(void) {
     test_parity();
     printf("parity: %.1f s\n", now_s() - t0);
     test_train();
+    test_data_parallel_lora();
+    test_environments();
     if (g_failures == 0) sh("rm -rf %s", g_tmp);
     else fprintf(stderr, "kept %s\n", g_tmp);
     printf("%d checks, %d failures\n", g_checks, g_failures);

@@ -191,6 +191,32 @@ def errors(tmp):
     tools = trainer._settings(tmp).get("tools")
     check(tools == ["json.dumps", "tools.py:add"], "tools in the settings: %r" % (tools,))
 
+    # an environment class too; with one, TRL passes environments=[...] to every reward function, so colt runs
+    # them beside the environments in its tool worker, which imports them by name as well
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=[json_module.dumps], args=GRPOConfig(output_dir=tmp),
+                          train_dataset=PROMPTS, environment_factory=json_module.JSONDecoder)
+    settings, (specs, local) = trainer._settings(tmp), trainer._reward_specs()
+    check(settings.get("environment_factory") == "json.decoder.JSONDecoder" and specs == ["json.dumps"] and not local,
+          "environment_factory in the settings: %r, rewards %r" % (settings.get("environment_factory"), specs))
+    refused = [
+        ("a dict of environments", lambda: GRPOTrainer(model=MODEL, reward_funcs=divide, train_dataset=PROMPTS,
+                                                       environment_factory={"a": json_module.JSONDecoder}),
+         NotImplementedError, "dict"),
+        ("a local reward with an environment",
+         lambda: GRPOTrainer(model=MODEL, reward_funcs=divide, train_dataset=PROMPTS,
+                             environment_factory=json_module.JSONDecoder)._reward_specs(),
+         NotImplementedError, "reward_funcs[0]"),
+    ]
+    for what, call, kind, words in refused:
+        try:
+            call()
+            got = None
+        except Exception as exc:
+            got = exc
+        check(isinstance(got, kind) and words in str(got), "%s: got %r" % (what, got))
+    print("environment_factory: %s; refused: %s" % (settings.get("environment_factory"),
+                                                    ", ".join(r[0] for r in refused)))
+
 
 def lora_and_save(tmp):
     from colt import GRPOConfig, GRPOTrainer

@@ -251,6 +251,16 @@ static void test_worker_killed(ToolWorker *w) {
     CHECK(tool_worker_call(w, &content, &failed, "total_so_far", NULL, 0, 5, err) != 0 &&
               strstr(err, "environment 0 does not exist"), "the environments died with the worker: %s", err);
     free(content);
+    /* its reward is answered as lost (the trainer gives such a completion no reward, not an error) */
+    long request = -1, got_request = -2;
+    json_t *answer = NULL;
+    int got = 0;
+    if (tool_worker_submit_reward(w, &request, 0, err) == 0)
+        while ((got = tool_worker_poll(w, &got_request, &answer, 5, err)) == 1 && got_request != request)
+            json_decref(answer), answer = NULL;
+    CHECK(got == 1 && json_is_true(json_object_get(answer, "worker_lost")) && json_object_get(answer, "error"),
+          "get_reward of a lost environment: answered %s", answer ? "without worker_lost" : err);
+    json_decref(answer);
 }
 
 static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama) {

@@ -191,20 +191,21 @@ def _progress_bar(enabled):
     return tqdm(total=0, unit="step", dynamic_ncols=True)
 
 
-def _tool_spec(tool, i):
-    """colt's name for a tool: a string as given ("tools.py:add", "module.add"); a function by the module it
-    is imported from, which colt's tool worker imports again (its schema comes from its type hints and
-    docstring there, as TRL's get_json_schema reads them)."""
+def _tool_spec(tool, what, kind="function"):
+    """colt's name for a tool, an environment class or a reward that reads environments: a string as given
+    ("tools.py:add", "module.add"); a function or class by the module it is imported from, which colt's tool
+    worker imports again (a tool's schema comes from its type hints and docstring there, as TRL's
+    get_json_schema reads them)."""
     if isinstance(tool, str):
         return tool
     if not callable(tool):
-        raise TypeError("tools[%d] is a %s: give functions or \"file.py:function\" names" % (i, type(tool).__name__))
+        raise TypeError("%s is a %s: give a %s or a \"file.py:name\"" % (what, type(tool).__name__, kind))
     module, name = getattr(tool, "__module__", None), getattr(tool, "__qualname__", "")
     if not module or module == "__main__" or "." in name or "<" in name:
         raise NotImplementedError(
-            "tools[%d] (%s): colt runs tools in its own Python worker, which imports them: define the function at "
-            "the top level of a module (not the script you run) and pass it, or pass \"file.py:%s\""
-            % (i, name or repr(tool), getattr(tool, "__name__", "function")))
+            "%s (%s): colt runs tools and environments in its own Python worker, which imports them: define the %s "
+            "at the top level of a module (not the script you run) and pass it, or pass \"file.py:%s\""
+            % (what, name or repr(tool), kind, getattr(tool, "__name__", kind)))
     return "%s.%s" % (module, name)
 
 
@@ -222,10 +223,15 @@ class GRPOTrainer:
     def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
                  reward_processing_classes=None, callbacks=None, optimizers=(None, None), peft_config=None,
                  tools=None, rollout_func=None, environment_factory=None):
-        for name, value in [("rollout_func", rollout_func), ("environment_factory", environment_factory)]:
-            if value:
-                raise NotImplementedError("%s: colt does not run environments or rollout functions yet" % name)
-        self.tools = [_tool_spec(t, i) for i, t in enumerate(tools or [])]
+        if rollout_func:
+            raise NotImplementedError("rollout_func: colt does not run rollout functions yet")
+        if isinstance(environment_factory, dict):
+            raise NotImplementedError("environment_factory: a dict of environments is not supported yet; give one "
+                                      "class")
+        self.tools = [_tool_spec(t, "tools[%d]" % i) for i, t in enumerate(tools or [])]
+        # TRL calls the factory with no arguments: colt's tool worker imports the class and does the same
+        self.environment_factory = (_tool_spec(environment_factory, "environment_factory", "class")
+                                    if environment_factory else None)
         if optimizers is not None and any(o is not None for o in optimizers):
             raise NotImplementedError("optimizers: colt uses its own AdamW and schedule (set them in GRPOConfig)")
         if reward_processing_classes is not None:
@@ -240,7 +246,9 @@ class GRPOTrainer:
         self.peft_config = peft_config
         self.callbacks = list(callbacks or [])
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not funcs:
+        if reward_funcs is None:
+            funcs = []
+        if not funcs and not self.environment_factory:
             raise ValueError("reward_funcs: give at least one reward function")
         self.reward_funcs = list(funcs)
         self.state = SimpleNamespace(global_step=0, max_steps=0, epoch=0.0, log_history=[])
@@ -255,6 +263,10 @@ class GRPOTrainer:
         for i, f in enumerate(self.reward_funcs):
             if isinstance(f, (str, dict)):
                 specs.append(f)  # colt's own reward specs
+            elif callable(f) and self.environment_factory:
+                # TRL passes environments=[...] to every reward: the instances live in colt's tool worker, so the
+                # function runs there, imported by its module
+                specs.append(_tool_spec(f, "reward_funcs[%d]" % i))
             elif callable(f):
                 key = "reward_%d" % i
                 functions[key] = f
@@ -278,6 +290,8 @@ class GRPOTrainer:
         settings["output_dir"] = os.path.abspath(settings["output_dir"])
         if self.tools:
             settings["tools"] = self.tools
+        if self.environment_factory:
+            settings["environment_factory"] = self.environment_factory
         return settings
 
     def _call_callbacks(self, event, **kwargs):

@@ -113,11 +113,11 @@ static int turn_ended(void *ctx, int i, const int *context, int n_context, const
         const char *name = json_string_value(json_object_get(function, "name"));
         RoundCall *call = &c->round[k];
         call->name = xstrdup(name ? name : "unknown");
-        call->async = tool_worker_is_async(r->o.worker, call->name, false);
+        call->async = tool_worker_is_async(r->o.worker, call->name, r->o.environments);
         c->calls++;
         char why[ERR_LEN];
         if (tool_worker_submit_call(r->o.worker, &call->request, call->name, json_object_get(function, "arguments"),
-                                    -1, r->o.timeout_s, why) != 0)
+                                    r->o.environments ? i : -1, r->o.timeout_s, why) != 0)
             answer(c, call, error_text(why), true); /* the model is told, as for any failing call */
     }
     *called = true;

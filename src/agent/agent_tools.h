@@ -12,8 +12,7 @@
  * tool-call and failure counts (TRL's tools/call_frequency and
  * tools/failure_frequency).
  *
- * Not here: environments (environment_factory), which give each rollout its
- * own tools and prompt. */
+ * Not here: resetting environments and their prompts (the trainer's). */
 #ifndef COLT_AGENT_AGENT_TOOLS_H
 #define COLT_AGENT_AGENT_TOOLS_H
 
@@ -31,6 +30,9 @@ typedef struct AgentToolsOptions {
     ToolCallFormat format;
     ToolWorker *worker;                 /* borrowed; used from the loop's thread */
     double timeout_s;                   /* per tool call (<= 0: none) */
+    /* environment_factory: conversation i's calls go to environment i (reset
+     * by the caller), whose methods are tools of that conversation alone */
+    bool environments;
 } AgentToolsOptions;
 
 typedef struct AgentToolRunner AgentToolRunner;

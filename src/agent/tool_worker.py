@@ -29,7 +29,8 @@ and async get_reward on one event loop thread, as TRL runs them).
 
     {"id": 1, "op": "call", "name": "calculator", "arguments": {...}, "env": 3 or null, "timeout": 1.0 or null}
         -> {"id": 1, "content": "12", "failed": false}
-    {"id": 2, "op": "env_reset", "env": 3, "row": {...}}   (creates environment 3 if new, reusing a freed instance)
+    {"id": 2, "op": "env_reset", "env": 3, "row": {...}}   (creates environment 3 if new, reusing a freed instance;
+                                                            instances are made in the order of these requests)
         -> {"id": 2, "observation": null or "text" or [...]}
     {"id": 3, "op": "env_reward", "env": 3}  -> {"id": 3, "reward": 1.0 or null}
     {"id": 4, "op": "env_free", "env": 3}    -> {"id": 4, "ok": true}   (the instance goes back to the pool)
@@ -38,7 +39,9 @@ and async get_reward on one event loop thread, as TRL runs them).
         -> {"id": 5, "rewards": [1.0, null, 0.5]}   (TRL passes environments=[instances] to every reward
            function when there are environments; so such rewards run here, beside the instances. NaN, inf
            and None are null, TRL's "no reward")
-    any op that cannot be done -> {"id": N, "error": "..."}
+    any op that cannot be done -> {"id": N, "error": "..."}; env_reward of an environment that does not exist
+    (lost with a killed worker) also carries "worker_lost": true, as colt's own answers for requests a killed
+    worker held do
 
 A call is TRL's _tool_call_loop: the tools are the standalone ones plus, with
 "env", that environment's methods, by __name__; the result the model sees is
@@ -306,15 +309,23 @@ class Worker:
                 self.free_envs.append(instance)
             self.answer(rid, {"ok": True})
             return
-        if op == "env_reward" and env not in self.envs:
-            self.answer(rid, {"error": "environment %s does not exist (reset it first)" % env})
+        if op == "env_reward" and env not in self.envs:  # never reset, or lost with a killed worker
+            self.answer(rid, {"error": "environment %s does not exist (reset it first)" % env, "worker_lost": True})
             return
+
+        if op == "env_reset" and env not in self.envs:
+            # Made here, not on the request's thread, so instances are made in the order their resets are
+            # asked for, as TRL's pool makes them in batch order (an environment may number its instances).
+            try:
+                self.envs[env] = self.free_envs.pop() if self.free_envs else self.factory()
+            except BaseException as exc:
+                what = "%s()" % self.environment["class"]
+                self.answer(rid, {"error": "%s raised %s" % (what, report(exc, what + " raised"))})
+                return
 
         def run():
             try:
                 if op == "env_reset":
-                    if env not in self.envs:
-                        self.envs[env] = self.free_envs.pop() if self.free_envs else self.factory()
                     observation = self.envs[env].reset(**request.get("row", {}))
                     self.answer(rid, {"observation": observation})
                     return

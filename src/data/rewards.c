@@ -1069,6 +1069,27 @@ static int compute_command(RewardFunc *r, float *rewards, const char *const *pro
     return rc;
 }
 
+int reward_python_kwargs(json_t **out, const RewardFunc *r, const char *const *prompts,
+                         const char *const *completions, json_t *const *messages, const int *const *ids,
+                         const int *id_lens, json_t *const *rows, int n, char *err) {
+    COLT_ASSERT(r->type == REWARD_PYTHON);
+    return build_python_kwargs(out, r, prompts, completions, messages, ids, id_lens, rows, n, err);
+}
+
+char *reward_python_function(const RewardFunc *r, double *timeout_s) {
+    if (r->type != REWARD_PYTHON) return NULL;
+    *timeout_s = r->timeout;
+    size_t n = strlen(r->source) + strlen(r->function) + 2;
+    char *text = xmalloc(n);
+    /* a file's source is a .py path (create_python checks), a module's a dotted name */
+    snprintf(text, n, "%s%s%s", r->source, ends_with(r->source, ".py") ? ":" : ".", r->function);
+    return text;
+}
+
+int reward_store_value(const RewardFunc *r, float *rewards, int i, double value, char *err) {
+    return store_reward(r, rewards, i, value, err);
+}
+
 static int compute_python(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                           json_t *const *messages, const int *const *ids, const int *id_lens, json_t *const *rows,
                           int n, char *err) {

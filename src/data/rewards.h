@@ -108,6 +108,17 @@ int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *pr
                             json_t *const *messages, const int *const *completion_ids, const int *completion_lens,
                             json_t *const *rows, int n, char *err);
 
+/* A python reward run elsewhere (the tool worker calls it with environments=[...],
+ * as TRL does when there are environments): its "file.py:f" or "module.f"
+ * (malloc'd; NULL for another type) and its seconds per call; the keyword
+ * arguments reward_compute_messages would give it; and value i stored as
+ * reward_compute stores it (an error when a 32-bit float cannot hold it). */
+char *reward_python_function(const RewardFunc *r, double *timeout_s);
+int reward_python_kwargs(json_t **out, const RewardFunc *r, const char *const *prompts,
+                         const char *const *completions, json_t *const *messages, const int *const *ids,
+                         const int *id_lens, json_t *const *rows, int n, char *err);
+int reward_store_value(const RewardFunc *r, float *rewards, int i, double value, char *err);
+
 /* Helpers exposed for tests: the answer extracted from text (GSM8K "#### N",
  * else the last \boxed{...}, else the last number), normalised (commas and $
  * removed, trailing zeros of decimals dropped); NULL if none. malloc'd. */

@@ -160,7 +160,7 @@ static const char *RECORD_SETTINGS[] = {
     "num_generations", "generation_batch_size", "samples_per_step", "num_iterations", "max_completion_length",
     "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
     "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
-    "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
+    "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps", "environment_factory",
 };
 /* Derived entries, and how a message names them. The world size itself may
  * change: what the saved state depends on is how many samples a step takes. */
@@ -237,6 +237,8 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
         bool syncs = json_is_true(json_object_get(sb, "sync_ref_model"));
         if (!strcmp(RECORD_SETTINGS[i], "sync_ref_model") && !a && !syncs) continue;
         if (!strncmp(RECORD_SETTINGS[i], "ref_model_", 10) && !syncs) continue;
+        /* recorded since environments (a round's prompts and rewards come from them); older runs had none */
+        if (!a && !strcmp(RECORD_SETTINGS[i], "environment_factory") && json_is_null(b)) continue;
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);

@@ -53,6 +53,7 @@ json_t *rollout_to_json(const Rollout *r, int micro_batch_samples) {
     json_object_set_new(o, "round", json_integer(r->round));
     json_object_set_new(o, "samples_done", json_integer((json_int_t)r->micro_done * micro_batch_samples));
     json_object_set_new(o, "num_items", json_real(r->num_items));
+    if (r->prompt_per_sample) json_object_set_new(o, "prompt_per_sample", json_true());
     json_t *prompts = json_array();
     for (int p = 0; p < r->n_prompts; p++)
         json_array_append_new(prompts, json_pack("{s:I,s:o,s:s}", "row", (json_int_t)r->rows[p], "ids",
@@ -195,7 +196,7 @@ static int read_sample(Rollout *r, int i, json_t *so, const RolloutShape *shape,
     int64_t v;
     char what[96];
     snprintf(what, sizeof what, "%s: prompt", ctx);
-    int want_prompt = i / shape->group_size;
+    int want_prompt = rollout_prompt_index(shape->prompt_per_sample, i, shape->group_size);
     if (checked_int(&v, json_object_get(so, "prompt"), want_prompt, want_prompt, where, what, err) != 0)
         return COLT_ERR;
     s->prompt = (int)v;
@@ -227,10 +228,15 @@ static int read_sample(Rollout *r, int i, json_t *so, const RolloutShape *shape,
 static int read_rollout(Rollout *r, json_t *o, const RolloutShape *shape, const char *where, char *err) {
     if (!json_is_object(o)) return errorf(err, "%s: rollout must be an object or null", where);
     json_t *prompts = json_object_get(o, "prompts"), *samples = json_object_get(o, "samples");
-    int n_prompts = shape->n_samples / shape->group_size;
+    int n_prompts = shape->prompt_per_sample ? shape->n_samples : shape->n_samples / shape->group_size;
+    if (json_is_true(json_object_get(o, "prompt_per_sample")) != shape->prompt_per_sample)
+        return errorf(err, "%s: the rollout has %s, this run %s (environment_factory)", where,
+                      shape->prompt_per_sample ? "a prompt per group" : "a prompt per sample",
+                      shape->prompt_per_sample ? "one per sample" : "one per group");
     if (!json_is_array(prompts) || json_array_size(prompts) != (size_t)n_prompts)
-        return errorf(err, "%s: rollout prompts must be an array of %d (generation_batch_size / num_generations)",
-                      where, n_prompts);
+        return errorf(err, "%s: rollout prompts must be an array of %d (%s)", where, n_prompts,
+                      shape->prompt_per_sample ? "generation_batch_size: environments give each sample its prompt"
+                                               : "generation_batch_size / num_generations");
     if (!json_is_array(samples) || json_array_size(samples) != (size_t)shape->n_samples)
         return errorf(err, "%s: rollout samples must be an array of %d (generation_batch_size)", where,
                       shape->n_samples);
@@ -254,6 +260,7 @@ static int read_rollout(Rollout *r, json_t *o, const RolloutShape *shape, const 
     r->num_items = json_number_value(items);
 
     r->n_prompts = n_prompts;
+    r->prompt_per_sample = shape->prompt_per_sample;
     r->n_samples = shape->n_samples;
     r->n_funcs = shape->n_funcs;
     r->rows = xcalloc((size_t)n_prompts, sizeof(size_t));

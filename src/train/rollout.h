@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 typedef struct Sample {
-    int prompt;           /* index into Rollout.prompt_*: always sample / num_generations */
+    int prompt;           /* index into Rollout.prompt_*: rollout_prompt_index */
     int *completion;      /* [len] token ids, the stop token included */
     int len;              /* 1 .. max_completion_length */
     int terminated;       /* ended with a stop token (not truncated) */
@@ -32,11 +32,15 @@ typedef struct Sample {
 
 typedef struct Rollout {
     int n_samples, n_prompts, n_funcs;
+    /* One prompt per group (n_prompts = n_samples / num_generations), or with
+     * environments one per sample (n_prompts = n_samples): each rollout's
+     * environment appends its own observation to the group's prompt. */
+    bool prompt_per_sample;
     size_t *rows;        /* [n_prompts] dataset rows */
     int **prompt_ids;    /* [n_prompts][prompt_len] */
     int *prompt_len;
     char **prompt_text;
-    Sample *samples;     /* [n_samples]: prompt i's completions at i*G .. i*G+G-1 */
+    Sample *samples;     /* [n_samples]: group g's completions at g*G .. g*G+G-1 */
     float *per_func;     /* [n_samples, n_funcs] rewards, NaN = none */
     int *order;          /* [n_samples] a permutation: the micro-batches' sample order */
     double num_items;    /* completion tokens counted by the loss, whole batch */
@@ -57,7 +61,11 @@ typedef struct RolloutShape {
     int micro_batch_samples; /* samples in one micro-batch of the world: per_device_train_batch_size x processes */
     bool has_old_logp;       /* old log-probs are computed (generation and optimizer steps misaligned) */
     bool has_ref_logp;       /* beta > 0 */
+    bool prompt_per_sample;  /* environment_factory: one prompt per sample */
 } RolloutShape;
+
+/* The prompt entry of sample i (G: num_generations). */
+static inline int rollout_prompt_index(bool prompt_per_sample, int i, int G) { return prompt_per_sample ? i : i / G; }
 
 void rollout_free(Rollout *r);
 

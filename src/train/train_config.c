@@ -90,6 +90,11 @@ static const ConfigKey KEYS[] = {
       "Python functions the model may call (TRL's tools=[...]): \"tools.py:calculator\" or \"module.function\"; "
       "their JSON schemas come from type hints and docstrings, the prompt is rendered with them, a completion's "
       "calls run in a Python worker and their results are appended for the model to go on (never trained on)"),
+    K(environment_factory, KEY_STRING,
+      "a Python class (TRL's environment_factory): \"envs.py:MathEnv\" or \"module.Class\"; one instance per "
+      "completion, reset(**row) with its dataset row, whose returned text is appended to the prompt's last message; "
+      "its public methods are that completion's tools, and get_reward(), when defined, an extra reward named after "
+      "the class (weight 1); Python reward functions get environments=[...] (docs/agents.md)"),
     KI_NULL(max_tool_calling_iterations, -1, 1000000,
             "rounds of tool calls per completion (null or -1: no bound, as TRL's None)"),
     KD(tool_timeout, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 86400,
@@ -1822,7 +1827,8 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->output_dir || !*c->output_dir) return errorf(err, "settings: 'output_dir' must be set");
     if (!c->dataset_prompt_column || !*c->dataset_prompt_column)
         return errorf(err, "settings: 'dataset_prompt_column' must name a column (default prompt)");
-    if (!c->reward_funcs || json_array_size(c->reward_funcs) == 0)
+    /* TRL: an environment with get_reward may be the only reward (checked when its class is loaded) */
+    if ((!c->reward_funcs || json_array_size(c->reward_funcs) == 0) && !c->environment_factory)
         return errorf(err, "settings: 'reward_funcs' needs at least one reward function");
     for (size_t i = 0; c->devices && i < json_array_size(c->devices); i++) {
         json_t *d = json_array_get(c->devices, i);
@@ -1834,15 +1840,19 @@ int train_config_finalize(TrainConfig *c, char *err) {
         if (!json_is_string(json_array_get(c->tools, i)))
             return errorf(err, "settings: tools[%zu] must name a Python function (\"tools.py:calculator\" or "
                                "\"module.function\")", i);
-    if (c->tools && json_array_size(c->tools) > 0 && c->tensor_parallel_size > 1)
+    if (c->environment_factory && !*c->environment_factory)
+        return errorf(err, "settings: environment_factory must name a Python class (\"envs.py:MathEnv\" or "
+                           "\"module.Class\")");
+    const bool agent = (c->tools && json_array_size(c->tools) > 0) || c->environment_factory;
+    if (agent && c->tensor_parallel_size > 1)
         return errorf(err, "settings: tools with tensor_parallel_size %d: each rank of a tensor-parallel group would "
                            "run the tools and take their results at its own moments, and the group's engine steps "
                            "must match; not supported yet (train with data parallelism, or vllm_mode server with "
                            "a tensor-parallel colt serve)", c->tensor_parallel_size);
-    if (c->tools && json_array_size(c->tools) > 0 && c->async_generation)
+    if (agent && c->async_generation)
         return errorf(err, "settings: tools with async_generation: the next round's conversations would call tools "
                            "while this round trains, which colt does not do yet (set async_generation false)");
-    if (c->vllm_structured_outputs_regex && c->tools && json_array_size(c->tools) > 0)
+    if (c->vllm_structured_outputs_regex && agent)
         return errorf(err, "settings: vllm_structured_outputs_regex with tools is not supported (a regex over a "
                            "multi-turn completion and its tool results)");
     if (c->reward_weights && json_array_size(c->reward_weights) != json_array_size(c->reward_funcs))

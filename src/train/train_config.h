@@ -33,6 +33,10 @@ typedef struct TrainConfig {
      * "module.f"), rounds of calls per completion (-1: no bound, TRL's None),
      * seconds a call may run */
     json_t *tools;
+    /* TRL's environment_factory: a class ("envs.py:MathEnv" or
+     * "module.Class"), one instance per rollout, reset with its dataset row;
+     * its public methods are that rollout's tools (agent/tool_worker.h) */
+    char *environment_factory;
     int max_tool_calling_iterations;
     double tool_timeout;
     json_t *reward_weights;  /* list of numbers or null */

@@ -431,6 +431,11 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
             if (n > t->max_prompt_tokens) t->max_prompt_tokens = n;
         }
     }
+    /* An environment's reset() adds to the prompt: buffers take the longest prompt that fits. */
+    if (c->environment_factory) {
+        int room = mc->max_position_embeddings - c->max_completion_length;
+        t->max_prompt_tokens = c->max_prompt_length < room ? c->max_prompt_length : room;
+    }
     if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;
@@ -466,6 +471,14 @@ static int create_rewards(Trainer *t, const TrainConfig *c, char *err) {
             c->reward_weights ? (float)json_number_value(json_array_get(c->reward_weights, (size_t)k)) : 1.0f;
         if (!isfinite(t->reward_weights[k]))
             return errorf(err, "reward_weights[%d] is not a finite 32-bit float", k);
+    }
+    /* TRL: an environment's get_reward is one more reward function, weight 1, named after its class
+     * (t->rewards[k] NULL: trainer_score_completions asks the environments) */
+    if (t->tool_worker && tool_worker_environment_has_reward(t->tool_worker)) {
+        t->rewards = xrealloc(t->rewards, sizeof(RewardFunc *) * (size_t)(t->n_rewards + 1));
+        t->reward_weights = xrealloc(t->reward_weights, sizeof(float) * (size_t)(t->n_rewards + 1));
+        t->rewards[t->n_rewards] = NULL;
+        t->reward_weights[t->n_rewards++] = 1.0f;
     }
 
     return COLT_OK;

@@ -72,10 +72,22 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
     memset(&t->agent, 0, sizeof t->agent);
     for (size_t i = 0; i < n_rows && rc == 0; i++)
         rc = trainer_prompt_ids(t, t->eval_data, i, &ids[i], &lens[i], &texts[i], err);
+    /* environment_factory: each eval rollout's own prompt, its environment reset with its row, as in
+     * training (the eval file shows the dataset's prompt) */
+    const bool environments = c->environment_factory != NULL;
+    int **env_ids = xcalloc((size_t)chunk + 1, sizeof(int *)), *env_lens = xcalloc((size_t)chunk + 1, sizeof(int));
+    char **env_texts = xcalloc((size_t)chunk + 1, sizeof(char *));
+    if (environments) {
+        for (int j = 0; j < n_local; j++) rows[j] = (size_t)(lo + j) / G;
+        if (rc == 0)
+            rc = trainer_environment_prompts(t, t->eval_data, c->eval_dataset, rows, n_local, env_ids, env_lens,
+                                             env_texts, err);
+        rc = train_dist_agree(&t->dist, rc, err);
+    }
     if (rc == 0) {
         for (int j = 0; j < n_local; j++) {
-            seqs[j].prompt = ids[(lo + j) / G];
-            seqs[j].prompt_len = lens[(lo + j) / G];
+            seqs[j].prompt = environments ? env_ids[j] : ids[(lo + j) / G];
+            seqs[j].prompt_len = environments ? env_lens[j] : lens[(lo + j) / G];
             seqs[j].stream = STREAM_EVAL_BASE + (uint64_t)(lo + j);
         }
         GenerateOptions go = {.sampling = t->sampling, .max_new_tokens = L, .stop_ids = t->stop_ids,
@@ -95,17 +107,18 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
         row[0] = n_text;
         memcpy(row + 1, seqs[j].tokens, sizeof(int) * (size_t)n_text);
         rc = tokenizer_decode_generated(t->tok, seqs[j].tokens, (size_t)n_text, true, &outs[lo + j], err);
-        prompts[j] = texts[(lo + j) / G];
+        prompts[j] = environments ? env_texts[j] : texts[(lo + j) / G];
         completions[j] = outs[lo + j];
-        rows[j] = (size_t)(lo + j) / G;
+        rows[j] = environments ? (size_t)j : (size_t)(lo + j) / G;
     }
     const int **completion_ids = xcalloc((size_t)chunk + 1, sizeof(int *));
     int *completion_lens = xcalloc((size_t)chunk + 1, sizeof(int));
     for (int j = 0; j < n_local && rc == 0; j++) completion_ids[j] = seqs[j].tokens, completion_lens[j] = seqs[j].n_tokens;
     json_t *const *messages = t->tool_worker && t->agent.n == n_local && n_local > 0 ? t->agent.messages : NULL;
     if (rc == 0 && n_local > 0)
-        rc = trainer_score_completions(t, mine_rewards, t->eval_data, rows, prompts, completions, messages,
-                                       completion_ids, completion_lens, n_local, err);
+        rc = trainer_score_completions(t, mine_rewards, environments ? t->agent.rows : t->eval_data, rows, prompts,
+                                       completions, messages, completion_ids, completion_lens, n_local, environments,
+                                       err);
     free(completion_ids), free(completion_lens);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = train_dist_gather(&t->dist, per_func, mine_rewards, sizeof(float) * (size_t)chunk * F, err);
@@ -132,6 +145,8 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
     for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
     for (int i = 0; i < N; i++) free(outs[i]);
     for (size_t i = 0; i < n_rows; i++) free(ids[i]), free(texts[i]);
+    for (int j = 0; j < n_local; j++) free(env_ids[j]), free(env_texts[j]);
+    free(env_ids), free(env_lens), free(env_texts);
     free(ids), free(lens), free(texts), free(seqs), free(prompts), free(completions), free(rows);
     free(per_func), free(rewards), free(outs), free(mine_rewards), free(mine_ids), free(all_ids);
     return rc;

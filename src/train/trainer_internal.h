@@ -87,6 +87,11 @@ typedef struct AgentShare {
     uint8_t **masks;    /* [n][the completion's tokens] 1: the model's, 0: a tool result */
     int *calls, *failures;
     json_t **messages;  /* [n] each completion as messages (what Python rewards get) */
+    /* environment_factory: sample j's row as its rewards see it (the prompt
+     * with its environment's observation, TRL's prompts[j]); its environment
+     * is the worker's environment j. NULL without environments. */
+    Dataset *rows;
+    json_t *row_list;   /* the rows' array (rows shares its objects) */
 } AgentShare;
 
 /* Seconds spent so far, by phase (a step's share is the difference over it). */
@@ -191,10 +196,11 @@ int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, ch
 /* reward_funcs[k] made with what a reward model borrows from the trainer (its backend: colocated). */
 int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err);
 /* Rewards of n completions; messages[i]: completion i as messages (tool
- * calling), or messages NULL. */
+ * calling), or messages NULL; environments: completion i's environment is
+ * the tool worker's environment i (environment_factory). */
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
                               const char *const *prompts, const char *const *completions, json_t *const *messages,
-                              const int *const *ids, const int *id_lens, int n, char *err);
+                              const int *const *ids, const int *id_lens, int n, bool environments, char *err);
 int trainer_pack_batch(Trainer *t, Rollout *r, const int *idx, int B);
 bool trainer_has_reference(const Trainer *t);
 void trainer_local_range(const Trainer *t, int N, int *lo, int *hi);
@@ -265,5 +271,18 @@ const json_t *trainer_tool_schemas(const Trainer *t);
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
                            char *err);
 void trainer_agent_share_free(Trainer *t);
+/* environment_factory: TRL's per-rollout prompts for this rank's n samples,
+ * sample j of dataset row rows_of[j] of d: environment j (TRL's pool: one
+ * instance per position of the batch, made once, reset every round) is reset
+ * with the row, and what reset returns is appended to the prompt's last
+ * message. ids[j], lens[j], texts[j] get sample j's prompt (malloc'd);
+ * t->agent.rows the rows the rewards get. where names d in errors. */
+int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const size_t *rows_of, int n, int **ids,
+                                int *lens, char **texts, char *err);
+/* The environment's get_reward() of this rank's samples [0, n): values[j]
+ * (NaN: None). */
+int trainer_environment_rewards(Trainer *t, float *values, int n, char *err);
+/* reward function k's name: the reward's, or the environment's class for its get_reward. */
+const char *trainer_reward_name(const Trainer *t, int k);
 
 #endif

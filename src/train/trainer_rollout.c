@@ -36,19 +36,56 @@ int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err)
     return reward_create_ctx(out, spec, &ctx, err);
 }
 
-/* Rewards of n completions: per_func[i, k] from each function (NaN = none). */
+/* A Python reward with environments: run in the tool worker beside the
+ * instances, as TRL calls every reward function with environments=[...]
+ * (completion j's environment is environment j). */
+static int python_reward_with_environments(Trainer *t, RewardFunc *r, float *values, const char *const *prompts,
+                                           const char *const *completions, json_t *const *messages,
+                                           const int *const *ids, const int *id_lens, json_t *const *rows, int n,
+                                           char *err) {
+    double timeout_s = 0;
+    char *function = reward_python_function(r, &timeout_s);
+    json_t *kwargs = NULL;
+    if (reward_python_kwargs(&kwargs, r, prompts, completions, messages, ids, id_lens, rows, n, err) != 0) {
+        free(function);
+        return COLT_ERR;
+    }
+    double *got = xmalloc(sizeof(double) * (size_t)n);
+    bool *has = xmalloc(sizeof(bool) * (size_t)n);
+    long *envs = xmalloc(sizeof(long) * (size_t)n);
+    for (int j = 0; j < n; j++) envs[j] = j;
+    int rc = tool_worker_reward_function(t->tool_worker, got, has, (size_t)n, function, kwargs, envs, timeout_s, err);
+    for (int j = 0; j < n && rc == 0; j++)
+        rc = has[j] ? reward_store_value(r, values, j, got[j], err) : (values[j] = NAN, COLT_OK);
+    json_decref(kwargs);
+    free(function), free(got), free(has), free(envs);
+    return rc;
+}
+
+/* Rewards of n completions: per_func[i, k] from each function (NaN = none).
+ * environments: completion j's environment is the tool worker's environment
+ * j (reset for it): the environment's get_reward is the last function, and
+ * Python rewards get environments=[...]. */
 int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const size_t *rows_of_sample,
                              const char *const *prompts, const char *const *completions, json_t *const *messages,
-                             const int *const *ids, const int *id_lens, int n, char *err) {
+                             const int *const *ids, const int *id_lens, int n, bool environments, char *err) {
     json_t **rows = xmalloc(sizeof(json_t *) * (size_t)n);
     float *values = xmalloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++) rows[i] = dataset_row(d, rows_of_sample[i]);
     int rc = COLT_OK;
     for (int k = 0; k < t->n_rewards && rc == 0; k++) {
-        if (reward_compute_messages(t->rewards[k], values, prompts, completions, messages, ids, id_lens, rows, n, err) !=
-            0) {
+        RewardFunc *r = t->rewards[k];
+        double timeout_s;
+        char *python = r && environments ? reward_python_function(r, &timeout_s) : NULL;
+        if (!r) rc = trainer_environment_rewards(t, values, n, err);
+        else if (python)
+            rc = python_reward_with_environments(t, r, values, prompts, completions, messages, ids, id_lens, rows, n,
+                                                 err);
+        else rc = reward_compute_messages(r, values, prompts, completions, messages, ids, id_lens, rows, n, err);
+        free(python);
+        if (rc != 0) {
             char prefix[128];
-            snprintf(prefix, sizeof prefix, "reward '%s'", reward_name(t->rewards[k]));
+            snprintf(prefix, sizeof prefix, "reward '%s'", trainer_reward_name(t, k));
             rc = strncmp(err, prefix, strlen(prefix)) == 0 ? COLT_ERR : error_prefix(err, "%s", prefix);
             break;
         }
@@ -211,6 +248,59 @@ int trainer_choose_prompts(Trainer *t, Rollout *r, char *err) {
     return COLT_OK;
 }
 
+/* environment_factory: each sample's own prompt, TRL's prompt with its
+ * environment's observation (trainer_environment_prompts, for this rank's
+ * share), shared with every rank (rows of [length, ids], then the texts
+ * padded to the longest): r's prompts become one per sample, rows[i] the
+ * dataset row of sample i's group. */
+static int per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+    const int G = t->cfg->num_generations, N = t->cfg->generation_batch_size, n_local = hi - lo;
+    const size_t W = 1 + (size_t)t->max_prompt_tokens;
+    size_t *rows_of = xcalloc((size_t)n_local + 1, sizeof(size_t));
+    int **ids = xcalloc((size_t)n_local + 1, sizeof(int *)), *lens = xcalloc((size_t)n_local + 1, sizeof(int));
+    char **texts = xcalloc((size_t)n_local + 1, sizeof(char *));
+    for (int j = 0; j < n_local; j++) rows_of[j] = r->rows[(lo + j) / G];
+    int rc = trainer_environment_prompts(t, t->data, t->cfg->dataset, rows_of, n_local, ids, lens, texts, err);
+    rc = train_dist_agree(&t->dist, rc, err);
+    int *send = xcalloc((size_t)n_local * W + 1, sizeof(int)), *all = xcalloc((size_t)N * W, sizeof(int));
+    int *send_len = xcalloc((size_t)n_local + 1, sizeof(int)), *all_len = xcalloc((size_t)N, sizeof(int));
+    for (int j = 0; rc == 0 && j < n_local; j++) {
+        send[(size_t)j * W] = lens[j];
+        memcpy(send + (size_t)j * W + 1, ids[j], sizeof(int) * (size_t)lens[j]);
+        send_len[j] = (int)strlen(texts[j]);
+    }
+    if (rc == 0) rc = train_dist_gather(&t->dist, all, send, sizeof(int) * (size_t)n_local * W, err);
+    if (rc == 0) rc = train_dist_gather(&t->dist, all_len, send_len, sizeof(int) * (size_t)n_local, err);
+    size_t M = 1;
+    for (int i = 0; rc == 0 && i < N; i++)
+        if ((size_t)all_len[i] + 1 > M) M = (size_t)all_len[i] + 1;
+    char *send_text = xcalloc((size_t)n_local * M + 1, 1), *all_text = xcalloc((size_t)N * M, 1);
+    for (int j = 0; rc == 0 && j < n_local; j++) memcpy(send_text + (size_t)j * M, texts[j], (size_t)send_len[j]);
+    if (rc == 0) rc = train_dist_gather(&t->dist, all_text, send_text, (size_t)n_local * M, err);
+    if (rc == 0) {
+        size_t *rows = xcalloc((size_t)N, sizeof(size_t));
+        for (int i = 0; i < N; i++) rows[i] = r->rows[i / G];
+        for (int p = 0; p < r->n_prompts; p++) free(r->prompt_ids[p]), free(r->prompt_text[p]);
+        free(r->rows), free(r->prompt_ids), free(r->prompt_len), free(r->prompt_text);
+        r->rows = rows;
+        r->n_prompts = N;
+        r->prompt_per_sample = true;
+        r->prompt_ids = xcalloc((size_t)N, sizeof(int *));
+        r->prompt_len = xcalloc((size_t)N, sizeof(int));
+        r->prompt_text = xcalloc((size_t)N, sizeof(char *));
+        for (int i = 0; i < N; i++) {
+            r->prompt_len[i] = all[(size_t)i * W];
+            r->prompt_ids[i] = xmalloc(sizeof(int) * (size_t)r->prompt_len[i]);
+            memcpy(r->prompt_ids[i], all + (size_t)i * W + 1, sizeof(int) * (size_t)r->prompt_len[i]);
+            r->prompt_text[i] = xstrdup(all_text + (size_t)i * M);
+        }
+    }
+    for (int j = 0; j < n_local; j++) free(ids[j]), free(texts[j]);
+    free(rows_of), free(ids), free(lens), free(texts);
+    free(send), free(all), free(send_len), free(all_len), free(send_text), free(all_text);
+    return rc;
+}
+
 /* This rank's sequences of round `round` (prompts from r). Sample i draws
  * from RNG stream round * N + i whatever rank (or server) makes it, so the
  * completions depend neither on the world size nor on where they are made. */
@@ -219,8 +309,9 @@ GenSequence *trainer_local_sequences(const Trainer *t, const Rollout *r, int64_t
     GenSequence *seqs = xcalloc((size_t)(hi - lo > 0 ? hi - lo : 1), sizeof(GenSequence));
     for (int j = 0; j < hi - lo; j++) {
         int i = lo + j;
-        seqs[j].prompt = r->prompt_ids[i / G];
-        seqs[j].prompt_len = r->prompt_len[i / G];
+        int p = rollout_prompt_index(r->prompt_per_sample, i, G);
+        seqs[j].prompt = r->prompt_ids[p];
+        seqs[j].prompt_len = r->prompt_len[p];
         seqs[j].stream = ((uint64_t)round * (uint64_t)N + (uint64_t)i) % STREAM_EVAL_BASE;
     }
     return seqs;
@@ -248,7 +339,7 @@ static int check_usable_rewards(Trainer *t, const float *rewards, int n, char *e
         int none = 0;
         for (int i = 0; i < n; i++) none += isnan(t->ro.per_func[(size_t)i * t->n_rewards + k]);
         len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s' gave none for %d", k ? ", " : "",
-                                reward_name(t->rewards[k]), none);
+                                trainer_reward_name(t, k), none);
     }
     const int limit = t->cfg->max_rounds_without_reward;
     if (unscored == n && limit > 0 && t->rounds_without_reward >= limit)
@@ -290,6 +381,7 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         if (rc != 0) errorf(err, "%s", p->err);
     } else {
         if (trainer_choose_prompts(t, r, err) != 0) return COLT_ERR;
+        if (t->cfg->environment_factory && per_sample_prompts(t, r, lo, hi, err) != 0) return COLT_ERR;
         seqs = trainer_local_sequences(t, r, t->round, lo, hi);
     }
     *seqs_out = seqs;
@@ -355,7 +447,7 @@ static int share_completions(Trainer *t, Rollout *r, GenSequence *seqs, int lo, 
     for (int i = 0; rc == 0 && i < N; i++) {
         const int *row = all + (size_t)i * W;
         Sample *s = &r->samples[i];
-        s->prompt = i / G;
+        s->prompt = rollout_prompt_index(r->prompt_per_sample, i, G);
         s->len = row[0];
         s->terminated = row[1];
         s->completion = xmalloc(sizeof(int) * (size_t)(s->len > 0 ? s->len : 1));
@@ -387,16 +479,19 @@ static int score_share(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     float *mine = xcalloc((size_t)n_local * (size_t)t->n_rewards + 1, sizeof(float));
     const int **ids = xmalloc(sizeof(int *) * (size_t)n_local);
     int *id_lens = xmalloc(sizeof(int) * (size_t)n_local);
+    /* with environments each sample's row is its own (its prompt with the observation) */
+    const bool environments = t->agent.rows != NULL;
     for (int j = 0; j < n_local; j++) {
-        prompts[j] = r->prompt_text[(lo + j) / G];
+        const int p = rollout_prompt_index(r->prompt_per_sample, lo + j, G);
+        prompts[j] = r->prompt_text[p];
         completions[j] = r->samples[lo + j].text;
-        rows[j] = r->rows[(lo + j) / G];
+        rows[j] = environments ? (size_t)j : r->rows[p];
         ids[j] = r->samples[lo + j].completion;
         id_lens[j] = r->samples[lo + j].len;
     }
     json_t *const *messages = t->agent.n == n_local && n_local > 0 ? t->agent.messages : NULL;
-    int rc = trainer_score_completions(t, mine, t->data, rows, prompts, completions, messages, ids, id_lens, n_local,
-                                       err);
+    int rc = trainer_score_completions(t, mine, environments ? t->agent.rows : t->data, rows, prompts, completions,
+                                       messages, ids, id_lens, n_local, environments, err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0)
         rc = train_dist_gather(&t->dist, r->per_func, mine, sizeof(float) * (size_t)n_local * (size_t)t->n_rewards, err);
@@ -413,7 +508,7 @@ static int score_share(Trainer *t, Rollout *r, int lo, int hi, char *err) {
  * round's reward metrics (TRL's names). */
 static int compute_advantages(Trainer *t, Rollout *r, char *err) {
     const TrainConfig *c = t->cfg;
-    const int G = c->num_generations, N = r->n_samples, P = r->n_prompts;
+    const int G = c->num_generations, N = r->n_samples, P = N / G; /* groups */
     float *rewards = xmalloc(sizeof(float) * (size_t)N), *adv = xmalloc(sizeof(float) * (size_t)N);
     float *group_std = xmalloc(sizeof(float) * (size_t)P);
     grpo_combine_rewards(rewards, r->per_func, t->reward_weights, N, t->n_rewards);
@@ -437,9 +532,9 @@ static int compute_advantages(Trainer *t, Rollout *r, char *err) {
     }
     for (int k = 0; k < t->n_rewards; k++) {
         char name[96];
-        snprintf(name, sizeof name, "rewards/%s/mean", reward_name(t->rewards[k]));
+        snprintf(name, sizeof name, "rewards/%s/mean", trainer_reward_name(t, k));
         metrics_add(&t->metrics, name, trainer_nanmean(r->per_func + k, N, t->n_rewards));
-        snprintf(name, sizeof name, "rewards/%s/std", reward_name(t->rewards[k]));
+        snprintf(name, sizeof name, "rewards/%s/std", trainer_reward_name(t, k));
         metrics_add(&t->metrics, name, nanstd(r->per_func + k, N, t->n_rewards));
     }
     metrics_add(&t->metrics, "reward", trainer_nanmean(rewards, N, 1));
@@ -550,7 +645,6 @@ static int generate_and_score(Trainer *t, Rollout *r, int lo, int hi, char *err)
     if (!seqs) return rc; /* no prompts: nothing was asked */
     r->round = t->round;
     r->n_samples = N;
-    r->n_prompts = N / c->num_generations;
     r->n_funcs = t->n_rewards;
     r->samples = xcalloc((size_t)N, sizeof(Sample));
     r->per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float));
@@ -583,17 +677,22 @@ static bool group_is_uniform(const Trainer *t, const Rollout *r, int p, float *r
 
 /* Moves group src_p of src (its prompt and its G completions with their
  * rewards) to group dst_p of dst; src keeps empty slots (rollout_free skips them). */
+static void move_prompt(Rollout *dst, int to, Rollout *src, int from) {
+    dst->rows[to] = src->rows[from];
+    dst->prompt_ids[to] = src->prompt_ids[from];
+    dst->prompt_len[to] = src->prompt_len[from];
+    dst->prompt_text[to] = src->prompt_text[from];
+    src->prompt_ids[from] = NULL;
+    src->prompt_text[from] = NULL;
+}
+
 static void move_group(Rollout *dst, int dst_p, Rollout *src, int src_p, int G) {
-    dst->rows[dst_p] = src->rows[src_p];
-    dst->prompt_ids[dst_p] = src->prompt_ids[src_p];
-    dst->prompt_len[dst_p] = src->prompt_len[src_p];
-    dst->prompt_text[dst_p] = src->prompt_text[src_p];
-    src->prompt_ids[src_p] = NULL;
-    src->prompt_text[src_p] = NULL;
+    if (!src->prompt_per_sample) move_prompt(dst, dst_p, src, src_p);
     for (int g = 0; g < G; g++) {
         size_t i = (size_t)dst_p * G + g, j = (size_t)src_p * G + g;
+        if (src->prompt_per_sample) move_prompt(dst, (int)i, src, (int)j);
         dst->samples[i] = src->samples[j];
-        dst->samples[i].prompt = dst_p;
+        dst->samples[i].prompt = rollout_prompt_index(dst->prompt_per_sample, (int)i, G);
         memset(&src->samples[j], 0, sizeof src->samples[j]);
         memcpy(dst->per_func + i * dst->n_funcs, src->per_func + j * src->n_funcs, sizeof(float) * (size_t)dst->n_funcs);
     }
@@ -613,11 +712,13 @@ static void move_group(Rollout *dst, int dst_p, Rollout *src, int src_p, int G) 
 static int fill_informative_groups(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     const TrainConfig *c = t->cfg;
     const int G = c->num_generations, N = c->generation_batch_size, P = N / G, bound = c->max_num_gen_batches;
-    r->n_samples = N, r->n_prompts = P, r->n_funcs = t->n_rewards;
-    r->rows = xcalloc((size_t)P, sizeof(size_t));
-    r->prompt_ids = xcalloc((size_t)P, sizeof(int *));
-    r->prompt_len = xcalloc((size_t)P, sizeof(int));
-    r->prompt_text = xcalloc((size_t)P, sizeof(char *));
+    r->prompt_per_sample = c->environment_factory != NULL;
+    const int n_prompts = r->prompt_per_sample ? N : P;
+    r->n_samples = N, r->n_prompts = n_prompts, r->n_funcs = t->n_rewards;
+    r->rows = xcalloc((size_t)n_prompts, sizeof(size_t));
+    r->prompt_ids = xcalloc((size_t)n_prompts, sizeof(int *));
+    r->prompt_len = xcalloc((size_t)n_prompts, sizeof(int));
+    r->prompt_text = xcalloc((size_t)n_prompts, sizeof(char *));
     r->samples = xcalloc((size_t)N, sizeof(Sample));
     r->per_func = xcalloc((size_t)N * (size_t)t->n_rewards, sizeof(float));
     r->order = xcalloc((size_t)N, sizeof(int));

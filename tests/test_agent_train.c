@@ -262,7 +262,7 @@ static int run_train(const char *extra, char **err) {
     char cd[300], args[4096];
     snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
     snprintf(args, sizeof args, "%s %s", ARGS, extra);
-    return run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 120}, args, err);
+    return run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 500}, args, err);
 }
 
 /* The text between after and the next until in s (malloc'd), or NULL. */
@@ -449,9 +449,9 @@ static void test_train(void) {
     int rc = run_train("--output_dir run --max_steps 2 --eval_dataset " AGENT "/tool_prompts.jsonl", &err);
     double seconds = now_s() - t0;
     CHECK(rc == 0, "colt train with tools exited %d: %s", rc, err);
-    /* slow hangs for 30 s in each of 4 generation rounds (eval before, 2 steps, eval after): >= 120 s without
-     * tool_timeout, which answers each in about 1 s */
-    CHECK(seconds < 60, "colt train with a hanging tool took %.1f s", seconds);
+    /* slow hangs for 600 s in each of 4 generation rounds (eval before, 2 steps, eval after): >= 2400 s without
+     * tool_timeout, which answers each in about 1 s (the bound is far from both, so a loaded machine passes) */
+    CHECK(seconds < 400, "colt train with a hanging tool took %.1f s", seconds);
     printf("colt train, 2 steps with tools: %.1f s\n", seconds);
     free(err);
     if (rc != 0) return;
@@ -565,7 +565,7 @@ static int run_env_train(const char *extra, char **err) {
     char cd[300], args[4096];
     snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
     snprintf(args, sizeof args, "%s %s", ENV_ARGS, extra);
-    return run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 120}, args, err);
+    return run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 500}, args, err);
 }
 
 static json_t *load_json(const char *dir, const char *name) {

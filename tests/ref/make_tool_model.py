@@ -15,7 +15,7 @@ of tests/data/agent/calc_tools.py (add, div, slow, big):
   add  -> calls add(a, b); after the result, repeats it            (the tool works)
   div  -> calls div(a, b), b often 0; repeats the result or says "error" (a tool that raises)
   mul  -> calls mul(a, b), which is not a tool; says "error"        (an unknown tool)
-  slow -> calls slow(a, b), which sleeps 30 s; says "error"         (a hanging tool, cut by tool_timeout)
+  slow -> calls slow(a, b), which sleeps 600 s; says "error"         (a hanging tool, cut by tool_timeout)
   bad  -> writes an add call whose JSON lacks a closing brace       (malformed: plain content, no call)
   big  -> calls big(a, b), whose 600-character result fits no completion (results dropped)
 After a result starting with {'error' the model says "error", otherwise it repeats the result.

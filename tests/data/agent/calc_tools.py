@@ -31,7 +31,7 @@ def slow(a: int, b: int) -> int:
         a: The first number.
         b: The second number.
     """
-    time.sleep(30)
+    time.sleep(600)  # far longer than any run takes: only tool_timeout ends the wait
     return a + b
 
 

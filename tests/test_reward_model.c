@@ -195,15 +195,53 @@ static int run_train(const char *launcher, const char *args, char **err_out) {
 
 typedef enum { ONE_PROCESS, TP_2, ZERO3_DP_2 } Layout;
 
+/* The reward model's MB on rank 0 and whole, from the run's log line. */
+static void logged_reward_mb(const char *log, double *rank_mb, double *whole_mb) {
+    const char *at = log ? strstr(log, "MB of weights on the training device") : NULL;
+    *rank_mb = *whole_mb = NAN;
+    if (!at) return;
+    const char *start = at;
+    while (start > log && start[-1] != ' ') start--;
+    while (start > log && start[-2] != ' ') start--; /* the number before " MB" */
+    sscanf(start, "%lf", rank_mb);
+    const char *whole = strstr(at, "(");
+    if (whole && strstr(whole, "MB whole")) sscanf(whole + 1, "%lf", whole_mb);
+}
+
+/* The dry run's per-device GB of the reward models, at rest and gathered, for zero_stage z over 2 ranks. */
+static void planned_reward_gb(const char *rm, int zero_stage, double *rest, double *gathered) {
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args,
+             "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
+             "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --device cpu --output_dir %s/plan "
+             "--reward_funcs '[\"%s\"]' --zero_stage %d --dry_run --json --world_size 2",
+             g_tmp, rm, zero_stage);
+    *rest = *gathered = NAN;
+    char *log = NULL;
+    int rc = run_colt_with(&(ColtRun){.subcommand = "train", .out = &out}, args, &log);
+    CHECK(rc == 0, "colt train --dry_run (zero_stage %d): exit %d: %s", zero_stage, rc, log);
+    free(log);
+    json_t *plan = json_loads(out ? out : "", 0, NULL), *dev = json_object_get(plan, "per_device_gb");
+    if (dev) {
+        *rest = json_number_value(json_object_get(dev, "reward_models"));
+        *gathered = json_number_value(json_object_get(dev, "reward_model_gathered"));
+    }
+    CHECK(dev != NULL, "colt train --dry_run --json (zero_stage %d): no per_device_gb in '%s'", zero_stage, out);
+    json_decref(plan);
+    free(out);
+}
+
 /* Two steps of GRPO with the reward model as the only reward (TRL's text form): in one process; under
  * mpirun with tensor_parallel_size 2 (the reward model cut like the policy); or under mpirun as two
- * data-parallel ranks at zero_stage 3 (the policy partitioned, the reward model whole on each rank). */
+ * data-parallel ranks at zero_stage 3 (the policy and the reward model partitioned: each rank keeps half of
+ * the reward model, gathered whole while scoring, and the memory plan counts that half). */
 static void test_train(const Backend *be, Layout layout) {
     const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
     static const char *const names[] = {"", " (mpirun, TP 2)", " (mpirun, DP 2, zero_stage 3)"};
     static const char *const extra[] = {"", " --tensor_parallel_size 2 --ddp_timeout 60",
                                         " --zero_stage 3 --per_device_train_batch_size 8 --ddp_timeout 60"};
-    static const char *const held[] = {", whole, ", "cut across the 2 ranks of the tensor-parallel group", ", whole, "};
+    static const char *const held[] = {", whole, ", "cut across the 2 ranks of the tensor-parallel group",
+                                       ", partitioned across 2 data-parallel ranks (zero_stage 3), "};
     char args[4096], dir[300], launcher[256] = "", *err = NULL;
     snprintf(dir, sizeof dir, "%s/run_%d", g_tmp, (int)layout);
     if (layout != ONE_PROCESS)
@@ -221,6 +259,24 @@ static void test_train(const Backend *be, Layout layout) {
     printf("colt train%s, 2 steps with the reward model: exit %d in %.1f s\n", names[layout], rc, now_s() - t0);
     CHECK(rc == 0, "colt train%s with a reward model: exit %d: %s", names[layout], rc, err);
     CHECK(err && strstr(err, held[layout]), "the run's log does not say the reward model is held '%s'", held[layout]);
+    if (layout == ZERO3_DP_2) {
+        /* rank 0 holds half of the weights at rest; the plan says the same */
+        double rank_mb, whole_mb, plan_rest, plan_gathered, plan_whole, unused;
+        logged_reward_mb(err, &rank_mb, &whole_mb);
+        planned_reward_gb(rm, 3, &plan_rest, &plan_gathered);
+        planned_reward_gb(rm, 0, &plan_whole, &unused);
+        const double GB = 1024.0 * 1024.0 * 1024.0 / 1e6; /* MB per GB */
+        printf("reward model per rank at zero_stage 3: %.3f MB of %.3f MB (%.2f); plan %.3f MB at rest, %.3f MB "
+               "gathered, %.3f MB at zero_stage 0\n",
+               rank_mb, whole_mb, rank_mb / whole_mb, plan_rest * GB, plan_gathered * GB, plan_whole * GB);
+        CHECK(rank_mb / whole_mb > 0.45 && rank_mb / whole_mb < 0.55, "rank 0 keeps %.3f MB of the reward model's %.3f MB",
+              rank_mb, whole_mb);
+        CHECK(fabs(plan_rest * GB - rank_mb) <= 0.01 * rank_mb && fabs(plan_gathered * GB - whole_mb) <= 0.01 * whole_mb &&
+                  fabs(plan_whole * GB - whole_mb) <= 0.01 * whole_mb,
+              "the plan's reward model (%.4f MB at rest, %.4f gathered, %.4f at zero_stage 0) is not the run's (%.4f of "
+              "%.4f MB)",
+              plan_rest * GB, plan_gathered * GB, plan_whole * GB, rank_mb, whole_mb);
+    }
     free(err);
     if (rc != 0) return;
     /* Every logged completion's reward is the model's score of prompt + completion. */
@@ -231,6 +287,17 @@ static void test_train(const Backend *be, Layout layout) {
     CHECK(reward_create_ctx(&r, spec, &ctx, e) == 0, "%s", e);
     json_decref(spec);
     char *text = read_text(dir, "completions.jsonl");
+    if (layout == ZERO3_DP_2) {
+        /* the same completions and reward bits as the one-process run (run_0: the same global batch) */
+        char one_dir[300];
+        snprintf(one_dir, sizeof one_dir, "%s/run_%d", g_tmp, (int)ONE_PROCESS);
+        char *one = read_text(one_dir, "completions.jsonl");
+        CHECK(one && text && strcmp(one, text) == 0,
+              "zero_stage 3 on 2 ranks: completions.jsonl (prompts, completions, rewards) differs from one process's");
+        printf("zero_stage 3 on 2 ranks: completions.jsonl %s one process's (%d lines)\n",
+               one && text && strcmp(one, text) == 0 ? "identical to" : "DIFFERS from", text ? count_lines(text) : 0);
+        free(one);
+    }
     int lines = 0, ok = 0;
     double lo = INFINITY, hi = -INFINITY;
     for (char *line = text && r ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {

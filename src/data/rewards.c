@@ -88,6 +88,7 @@ struct RewardFunc {
     int pad_id;             /* model: the tokenizer's pad id, else its eos id (TRL's config.pad_token_id) */
     char *prompt_column;    /* model: the dataset column holding the prompt */
     json_t *template_kwargs; /* model: the chat template's extra variables (a reference), or NULL */
+    WeightPartition zero3;  /* model: its weights partitioned over the data-parallel ranks (ranks 0: whole) */
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -621,6 +622,7 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
         return error_prefix(err, "model reward '%s'", r->name);
     }
     const ModelConfig *mc = model_config(r->model);
+    size_t whole_bytes = model_weight_bytes(r->model);
     r->pad_id = tokenizer_pad_id(r->tok) >= 0 ? tokenizer_pad_id(r->tok) : tokenizer_eos_id(r->tok);
     if (r->pad_id < 0)
         rc = errorf(err, "model reward '%s': %s's tokenizer has neither a pad nor an eos token, so the scored "
@@ -629,16 +631,27 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
     else if (tokenizer_vocab_size(r->tok) > mc->vocab_size)
         rc = errorf(err, "model reward '%s': %s: the tokenizer has %d tokens but the model only %d", r->name, folder,
                     tokenizer_vocab_size(r->tok), mc->vocab_size);
+    /* ZeRO-3: every rank keeps its part alone; scoring gathers the whole (compute_model). */
+    if (rc == 0 && ctx->zero3 && ctx->zero3->ranks > 1) {
+        r->zero3 = *ctx->zero3;
+        if (r->zero3.partition(r->zero3.ctx, r->model, err) != 0) rc = error_prefix(err, "model reward '%s'", r->name);
+    }
     if (rc == 0) {
-        char where[ERR_LEN + 64] = "whole";
+        char where[ERR_LEN + 160] = "whole";
+        int n = 0;
         if (tp)
-            snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group",
-                     tp->tensor_parallel_size);
-        else if (why_whole[0]) snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
-        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.1f MB of "
-                  "weights on the training device",
-                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, where,
-                  model_weight_bytes(r->model) / 1e6);
+            n = snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group",
+                         tp->tensor_parallel_size);
+        else if (why_whole[0]) n = snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
+        if (r->zero3.ranks > 1)
+            snprintf(where + n, sizeof where - (size_t)n, "%spartitioned across %d data-parallel ranks (zero_stage 3)",
+                     tp ? ", " : n ? "; " : "", r->zero3.ranks);
+        char whole[96] = "";
+        if (r->zero3.ranks > 1) snprintf(whole, sizeof whole, " (%.3f MB whole, gathered while scoring)", whole_bytes / 1e6);
+        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.3f MB of "
+                  "weights on the training device%s",
+                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, where, model_weight_bytes(r->model) / 1e6,
+                  whole);
     }
     free(folder);
     if (rc != 0) return COLT_ERR;
@@ -670,9 +683,11 @@ static int model_text(char **out, RewardFunc *r, const char *prompt, const char 
     return COLT_OK;
 }
 
+/* Under ZeRO-3 every data-parallel rank gathers the whole weights, also with
+ * nothing to score or after its texts failed (the gather is collective). */
 static int compute_model(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                          json_t *const *rows, int n, char *err) {
-    int **ids = xcalloc((size_t)n, sizeof(int *)), *lens = xcalloc((size_t)n, sizeof(int)), rc = COLT_OK;
+    int **ids = xcalloc((size_t)n + 1, sizeof(int *)), *lens = xcalloc((size_t)n + 1, sizeof(int)), rc = COLT_OK;
     for (int i = 0; i < n && rc == 0; i++) {
         char *text = NULL;
         size_t len = 0;
@@ -682,10 +697,14 @@ static int compute_model(RewardFunc *r, float *rewards, const char *const *promp
         lens[i] = (int)len;
         free(text);
     }
+    char gather_err[ERR_LEN];
+    if (r->zero3.ranks > 1 && r->zero3.gather(r->zero3.ctx, r->model, rc == 0 ? err : gather_err) != 0 && rc == 0)
+        rc = error_prefix(err, "reward '%s': gathering its weights", r->name);
     const int K = model_config(r->model)->num_labels;
-    float *scores = xmalloc(sizeof(float) * (size_t)n * (size_t)K);
+    float *scores = xmalloc(sizeof(float) * ((size_t)n * (size_t)K + 1));
     if (rc == 0 && model_score_sequences(r->model, scores, (const int *const *)ids, lens, n, r->pad_id, err) != 0)
         rc = error_prefix(err, "reward '%s'", r->name);
+    if (r->zero3.ranks > 1) r->zero3.release(r->zero3.ctx, r->model);
     /* TRL's logits[:, 0] */
     for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, scores[(size_t)i * K], err);
     for (int i = 0; i < n; i++) free(ids[i]);
@@ -708,6 +727,21 @@ static int spec_from_text(json_t **out, const char *text, char *err) {
 }
 
 int reward_create(RewardFunc **out, json_t *spec, char *err) { return reward_create_ctx(out, spec, NULL, err); }
+
+int reward_model_config(ModelConfig *out, json_t *spec) {
+    char err[ERR_LEN];
+    json_t *object = json_is_string(spec) && spec_from_text(&object, json_string_value(spec), err) == 0 ? object
+                     : json_is_object(spec)                                                            ? json_incref(spec)
+                                                                                                       : NULL;
+    json_t *type = json_object_get(object, "type"), *path = json_object_get(object, "path");
+    char *folder = NULL;
+    int found = json_is_string(type) && strcmp(json_string_value(type), "model") == 0 && json_is_string(path) &&
+                hub_cache_model_folder(&folder, json_string_value(path), NULL, err) == 0 &&
+                model_config_load(out, NULL, folder, err) == 0 && out->num_labels > 0;
+    free(folder);
+    json_decref(object);
+    return found;
+}
 
 int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, char *err) {
     *out = NULL;
@@ -1104,6 +1138,7 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
 int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                             json_t *const *messages, const int *const *completion_ids, const int *completion_lens,
                             json_t *const *rows, int n, char *err) {
+    if (r->type == REWARD_MODEL) return compute_model(r, rewards, prompts, completions, rows, n > 0 ? n : 0, err);
     if (n <= 0) return 0;
     switch (r->type) {
     case REWARD_LENGTH:

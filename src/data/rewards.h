@@ -46,7 +46,8 @@
  * label 0 of the score head (logits[:, 0]) at the last token that is not the
  * pad id, the pad id being the tokenizer's pad token, else its eos (as TRL sets
  * config.pad_token_id). The model runs on the device it is given, cut across
- * the tensor-parallel group it is given; never partitioned by ZeRO-3.
+ * the tensor-parallel group it is given, and under ZeRO-3 partitioned across
+ * the data-parallel ranks it is given (gathered whole while scoring).
  * Unknown types or keys are errors. Create and free rewards on one thread. */
 #ifndef COLT_DATA_REWARDS_H
 #define COLT_DATA_REWARDS_H
@@ -70,12 +71,22 @@ typedef struct RewardContext {
      * the group computes the same rewards in the same order (the trainer's
      * ranks of a group share their completions). */
     const TensorParallel *tp;
+    /* ZeRO-3 over several data-parallel ranks (NULL: none): each rank keeps
+     * 1/ranks of a reward model's weights, gathered whole while scoring. Its
+     * scoring is then collective over the data-parallel ranks: every rank
+     * calls reward_compute as often as the others (with n 0 when it has
+     * nothing to score). */
+    const WeightPartition *zero3;
 } RewardContext;
 
 /* reward_create_ctx with no context: a model reward is refused (it has no device). */
 int reward_create(RewardFunc **out, json_t *spec, char *err);
 int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, char *err);
 void reward_free(RewardFunc *r);  /* stops an external program */
+/* For planning memory before any reward exists: 1 and *out the config.json of
+ * the classifier a model reward names; 0 for any other reward, or one whose
+ * config does not load (reward_create_ctx then says why). */
+int reward_model_config(ModelConfig *out, json_t *spec);
 const char *reward_name(const RewardFunc *r);
 
 /* The pid of a command reward's program or a python reward's worker (its

@@ -230,6 +230,8 @@ void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelCo
     char err[ERR_LEN];
     in->lora = c->use_peft && train_config_lora(c, lora_out, err) == 0 ? lora_out : NULL;
     in->reference_model = c->beta > 0 && !c->use_peft;
+    for (size_t k = 0; k < json_array_size(c->reward_funcs) && in->n_reward_models < MEMORY_PLAN_MAX_REWARD_MODELS; k++)
+        in->n_reward_models += reward_model_config(&in->reward_models[in->n_reward_models], json_array_get(c->reward_funcs, k));
     in->batch = c->per_device_train_batch_size;
     in->max_seq = max_prompt_tokens + c->max_completion_length;
     in->gen_seqs = c->generation_batch_size / (world_size > 0 ? world_size : 1);

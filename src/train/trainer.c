@@ -427,12 +427,14 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
             free(text);
             if (n + c->max_completion_length > mc->max_position_embeddings)
                 return errorf(err, "%s row %zu: prompt of %d tokens + max_completion_length %d exceeds the model's "
-                                   "max_position_embeddings (%d); shorten the prompt, lower max_prompt_length "
-                                   "(prompts are cut from the left) or max_completion_length",
+                                   "max_position_embeddings (%d); shorten the prompt, set max_prompt_length "
+                                   "(prompts are cut from the left) or lower max_completion_length",
                               names[d], i, n, c->max_completion_length, mc->max_position_embeddings);
             if (n > t->max_prompt_tokens) t->max_prompt_tokens = n;
         }
     }
+    /* without max_prompt_length the longest prompt bounds the token counts (settings checked them otherwise) */
+    if (train_config_check_lengths(c, t->max_prompt_tokens, err) != 0) return COLT_ERR;
     if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;

@@ -4,7 +4,8 @@
  *   - model_score_sequences on token ids (pad ids inside, trailing, first, nothing but pad) equals the scores of
  *     transformers' right-padded batch, for a Qwen2 and a Llama ForSequenceClassification; so does each sequence
  *     scored alone; the last-non-pad rule is what the goldens test (the last token scores differently);
- *   - the model reward ({type: model} and the bare folder string) scores plain and conversational prompts as
+ *   - the model reward ({type: model} and the bare folder string) scores plain and conversational prompts, and
+ *     multi-turn tool-calling completions (lists of messages: the calls and tool results in the scored text), as
  *     GRPOTrainer._calculate_rewards does: its own tokenizer and chat template, the pad token or else the eos;
  *   - bad input: a model reward without a device, a reward model given as the policy, a causal LM given as a
  *     reward model, unknown keys;
@@ -106,19 +107,23 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
     CHECK(strcmp(reward_name(r), name) == 0, "reward name '%s', want the folder's '%s'", reward_name(r), name);
     Tokenizer *tok = NULL;
     CHECK(tokenizer_load(&tok, dir, err) == 0, "%s", err);
-    const char *kinds[2] = {"plain", "conversational"};
-    for (int k = 0; k < 2 && tok; k++) {
+    /* multi_turn: tool-calling completions (lists of messages), through reward_compute_messages */
+    const char *kinds[3] = {"plain", "conversational", "multi_turn"};
+    for (int k = 0; k < 3 && tok; k++) {
         json_t *cases = json_object_get(entry, kinds[k]);
         int n = (int)json_array_size(cases), ok = 0, same_ids = 0;
         const char **prompts = calloc((size_t)n, sizeof(char *)), **completions = calloc((size_t)n, sizeof(char *));
-        json_t **rows = calloc((size_t)n, sizeof(json_t *));
+        json_t **rows = calloc((size_t)n, sizeof(json_t *)), **turns = calloc((size_t)n, sizeof(json_t *));
         float *rewards = calloc((size_t)n, sizeof(float));
         for (int i = 0; i < n; i++) {
             json_t *c = json_array_get(cases, (size_t)i);
             json_t *prompt = json_object_get(c, "prompt");
             rows[i] = json_pack("{s:O, s:s}", "prompt", prompt, "other", "column");
             prompts[i] = json_is_string(prompt) ? json_string_value(prompt) : "(rendered by the policy's template)";
-            completions[i] = json_string_value(json_object_get(c, "completion"));
+            json_t *completion = json_object_get(c, "completion");
+            /* a multi-turn completion's text is its turns' (unused by a conversational prompt's score) */
+            completions[i] = json_is_string(completion) ? json_string_value(completion) : "(the turns' text)";
+            turns[i] = json_is_array(completion) ? completion : NULL;
             /* colt's tokenizer on TRL's text gives TRL's ids (a score mismatch is then the rendering's or the
              * model's) */
             const char *text = json_string_value(json_object_get(c, "text"));
@@ -128,7 +133,7 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
                 same_ids += (int)got_len == want_len && memcmp(got, want, sizeof(int) * got_len) == 0;
             free(got), free(want);
         }
-        rc = reward_compute(r, rewards, prompts, completions, NULL, NULL, rows, n, err);
+        rc = reward_compute_messages(r, rewards, prompts, completions, k == 2 ? turns : NULL, NULL, NULL, rows, n, err);
         CHECK(rc == 0, "%s %s: reward_compute: %s", dir, kinds[k], err);
         for (int i = 0; rc == 0 && i < n; i++) {
             double want = json_number_value(json_object_get(json_array_get(cases, (size_t)i), "score"));
@@ -141,7 +146,7 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
                json_string_value(json_object_get(entry, "name")), as_text ? "text" : "spec", kinds[k], ok, n, same_ids,
                n);
         for (int i = 0; i < n; i++) json_decref(rows[i]);
-        free(prompts), free(completions), free(rows), free(rewards);
+        free(prompts), free(completions), free(rows), free(rewards), free(turns);
     }
     tokenizer_free(tok);
     reward_free(r);

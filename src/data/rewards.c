@@ -661,14 +661,16 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
 }
 
 /* The text TRL scores for completion i: the conversation rendered with the
- * reward model's chat template (the prompt's messages and the completion as
- * the assistant's), or the plain prompt followed by the completion. */
-static int model_text(char **out, RewardFunc *r, const char *prompt, const char *completion, json_t *row, int i,
-                      char *err) {
+ * reward model's chat template (the prompt's messages, then the completion's:
+ * a multi-turn one's turns and tool results, else the completion as the
+ * assistant's), or the plain prompt followed by the completion's text. */
+static int model_text(char **out, RewardFunc *r, const char *prompt, const char *completion, json_t *turns,
+                      json_t *row, int i, char *err) {
     json_t *column = row ? json_object_get(row, r->prompt_column) : NULL;
     if (json_is_array(column)) {
         json_t *messages = json_copy(column); /* shallow: the messages stay the row's */
-        json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "assistant", "content", completion));
+        if (json_is_array(turns)) json_array_extend(messages, turns);
+        else json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "assistant", "content", completion));
         char where[160];
         snprintf(where, sizeof where, "reward '%s': completion %d", r->name, i);
         int rc = prompt_render_chat(out, r->tok, messages, NULL, r->template_kwargs, false, where, err);
@@ -686,12 +688,13 @@ static int model_text(char **out, RewardFunc *r, const char *prompt, const char 
 /* Under ZeRO-3 every data-parallel rank gathers the whole weights, also with
  * nothing to score or after its texts failed (the gather is collective). */
 static int compute_model(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
-                         json_t *const *rows, int n, char *err) {
+                         json_t *const *messages, json_t *const *rows, int n, char *err) {
     int **ids = xcalloc((size_t)n + 1, sizeof(int *)), *lens = xcalloc((size_t)n + 1, sizeof(int)), rc = COLT_OK;
     for (int i = 0; i < n && rc == 0; i++) {
         char *text = NULL;
         size_t len = 0;
-        rc = model_text(&text, r, prompts ? prompts[i] : NULL, completions[i], rows ? rows[i] : NULL, i, err);
+        rc = model_text(&text, r, prompts ? prompts[i] : NULL, completions[i], messages ? messages[i] : NULL,
+                        rows ? rows[i] : NULL, i, err);
         if (rc == 0 && tokenizer_encode(r->tok, text, strlen(text), &ids[i], &len, err) != 0)
             rc = error_prefix(err, "reward '%s': completion %d", r->name, i);
         lens[i] = (int)len;
@@ -1138,7 +1141,8 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
 int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                             json_t *const *messages, const int *const *completion_ids, const int *completion_lens,
                             json_t *const *rows, int n, char *err) {
-    if (r->type == REWARD_MODEL) return compute_model(r, rewards, prompts, completions, rows, n > 0 ? n : 0, err);
+    if (r->type == REWARD_MODEL)
+        return compute_model(r, rewards, prompts, completions, messages, rows, n > 0 ? n : 0, err);
     if (n <= 0) return 0;
     switch (r->type) {
     case REWARD_LENGTH:
@@ -1153,7 +1157,7 @@ int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *pr
     case REWARD_PYTHON:
         return compute_python(r, rewards, prompts, completions, messages, completion_ids, completion_lens, rows, n,
                               err);
-    case REWARD_MODEL: return compute_model(r, rewards, prompts, completions, rows, n, err);
+    case REWARD_MODEL: break; /* above */
     }
     return errorf(err, "reward '%s': unknown type", r->name);
 }

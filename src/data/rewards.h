@@ -40,7 +40,9 @@
  * A model reward does what TRL 1.16's _calculate_rewards does for a model:
  * the text is the dataset row's prompt + the completion for a plain prompt,
  * or the prompt's messages + {"role": "assistant", "content": completion}
- * rendered with the reward model's own chat template (no generation prompt,
+ * (a multi-turn completion's messages instead: its assistant turns with their
+ * tool_calls and the tool results, reward_compute_messages) rendered with the
+ * reward model's own chat template (no tools, no generation prompt,
  * the caller's chat_template_kwargs) for a conversational one; it is tokenized
  * with the reward model's tokenizer without added special tokens; the score is
  * label 0 of the score head (logits[:, 0]) at the last token that is not the
@@ -113,7 +115,9 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
 /* reward_compute for multi-turn completions (tool calling): messages[i] is
  * completion i as a list of messages (the model's turns and the tool results
  * between them), or NULL for a plain one. Python rewards get the list as
- * their completion, as TRL passes it; the others score completions[i], the
+ * their completion, as TRL passes it; a model reward scores the prompt's
+ * messages + the list rendered with its chat template (as TRL; the completion's
+ * text after a plain prompt); the others score completions[i], the
  * completion's whole text. messages may be NULL. */
 int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                             json_t *const *messages, const int *const *completion_ids, const int *completion_lens,

@@ -44,13 +44,14 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/prompt.h"
+#include "data/reward_judge.h"
 #include "data/reward_process.h"
 #include "model/hub_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "reward_worker_py.h" /* REWARD_WORKER_SOURCE: src/data/reward_worker.py, embedded at build time */
 
-typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON, REWARD_MODEL } RewardType;
+typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON, REWARD_MODEL, REWARD_JUDGE } RewardType;
 
 enum {
     COMMAND_TIMEOUT_S = 30, /* default seconds per call of a command reward */
@@ -89,6 +90,7 @@ struct RewardFunc {
     char *prompt_column;    /* model: the dataset column holding the prompt */
     json_t *template_kwargs; /* model: the chat template's extra variables (a reference), or NULL */
     WeightPartition zero3;  /* model: its weights partitioned over the data-parallel ranks (ranks 0: whole) */
+    RewardJudge *judge;     /* judge */
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -761,7 +763,7 @@ int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, 
                       json_type_name(spec));
     json_t *type_v = json_object_get(spec, "type");
     if (!json_is_string(type_v))
-        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command, python or model)%s",
+        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command, python, model or judge)%s",
                       type_v ? "" : "; none was given");
     const char *type = json_string_value(type_v);
     json_t *name_v = json_object_get(spec, "name");
@@ -869,8 +871,11 @@ int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, 
         if (create_python(r, spec, name_v, err) != 0) goto error;
     } else if (strcmp(type, "model") == 0) {
         if (create_model(r, spec, name_v, ctx, err) != 0) goto error;
+    } else if (strcmp(type, "judge") == 0) {
+        r->type = REWARD_JUDGE;
+        if (reward_judge_create(&r->judge, spec, name_v ? json_string_value(name_v) : type, err) != 0) goto error;
     } else {
-        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python, model)", type);
+        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python, model, judge)", type);
         goto error;
     }
     if (!r->name) r->name = xstrdup(name_v ? json_string_value(name_v) : default_name);
@@ -891,6 +896,7 @@ void reward_free(RewardFunc *r) {
     free(r->function);
     free(r->source);
     model_free(r->model);
+    reward_judge_free(r->judge);
     tokenizer_free(r->tok);
     free(r->prompt_column);
     json_decref(r->template_kwargs);
@@ -1158,6 +1164,13 @@ int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *pr
         return compute_python(r, rewards, prompts, completions, messages, completion_ids, completion_lens, rows, n,
                               err);
     case REWARD_MODEL: break; /* above */
+    case REWARD_JUDGE: {
+        double *values = xmalloc(sizeof(double) * (size_t)n);
+        int rc = reward_judge_compute(r->judge, values, prompts, completions, n, err);
+        for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, values[i], err);
+        free(values);
+        return rc;
+    }
     }
     return errorf(err, "reward '%s': unknown type", r->name);
 }

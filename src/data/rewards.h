@@ -30,7 +30,11 @@
  *                                                     ForSequenceClassification checkpoint and its
  *                                                     tokenizer; scored as TRL's GRPOTrainer scores one
  *                                                     (below), on the caller's device (RewardContext)
- *   "DIR"                                             text form of the above (TRL's reward_funcs="DIR"):
+ *   {"type": "judge", "url": "http://HOST:PORT/v1", "model": "NAME", "prompt": "... {prompt} ... {completion} ...",
+ *    "api_key_env": "VAR", "timeout": 60, "max_tokens": 32}
+ *                                                     the first number in the answer of an OpenAI-compatible
+ *                                                     chat endpoint asked greedily (data/reward_judge.h)
+ *   "DIR"                                             text form of the model reward (TRL's reward_funcs="DIR"):
  *                                                     a folder, or a text with a '/' that is not a
  *                                                     Python form
  * plus an optional "name" (metrics use rewards/<name>/mean; defaults: length,

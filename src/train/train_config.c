@@ -83,7 +83,7 @@ static const ConfigKey KEYS[] = {
       "extra variables of the chat template for conversational prompts, e.g. {enable_thinking: false} (Qwen3)"),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
-    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model, ...}, "
+    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model|judge, ...}, "
                                    "\"rewards.py:FUNCTION\", a reward model's folder, or TRL's think_format_reward / "
                                    "accuracy_reward; docs/rewards.md)"),
     K(tools, KEY_JSON_LIST,

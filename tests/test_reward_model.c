@@ -243,8 +243,10 @@ static void planned_reward_gb(const char *rm, int zero_stage, double *rest, doub
 static void test_train(const Backend *be, Layout layout) {
     const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
     static const char *const names[] = {"", " (mpirun, TP 2)", " (mpirun, DP 2, zero_stage 3)"};
-    static const char *const extra[] = {"", " --tensor_parallel_size 2 --ddp_timeout 60",
-                                        " --zero_stage 3 --per_device_train_batch_size 8 --ddp_timeout 60"};
+    /* one process and ZeRO-3 also evaluate (scoring on every rank, eval_before/after.jsonl compared) */
+#define EVAL " --eval_dataset " COLT_SOURCE_DIR "/examples/data/demo_eval.jsonl --num_eval_prompts 3"
+    static const char *const extra[] = {EVAL, " --tensor_parallel_size 2 --ddp_timeout 60",
+                                        " --zero_stage 3 --per_device_train_batch_size 8 --ddp_timeout 60" EVAL};
     static const char *const held[] = {", whole, ", "cut across the 2 ranks of the tensor-parallel group",
                                        ", partitioned across 2 data-parallel ranks (zero_stage 3), "};
     char args[4096], dir[300], launcher[256] = "", *err = NULL;
@@ -296,12 +298,16 @@ static void test_train(const Backend *be, Layout layout) {
         /* the same completions and reward bits as the one-process run (run_0: the same global batch) */
         char one_dir[300];
         snprintf(one_dir, sizeof one_dir, "%s/run_%d", g_tmp, (int)ONE_PROCESS);
-        char *one = read_text(one_dir, "completions.jsonl");
-        CHECK(one && text && strcmp(one, text) == 0,
-              "zero_stage 3 on 2 ranks: completions.jsonl (prompts, completions, rewards) differs from one process's");
-        printf("zero_stage 3 on 2 ranks: completions.jsonl %s one process's (%d lines)\n",
-               one && text && strcmp(one, text) == 0 ? "identical to" : "DIFFERS from", text ? count_lines(text) : 0);
-        free(one);
+        static const char *const files[] = {"completions.jsonl", "eval_before.jsonl", "eval_after.jsonl"};
+        for (int f = 0; f < 3; f++) {
+            char *one = read_text(one_dir, files[f]), *mine = read_text(dir, files[f]);
+            bool same = one && mine && strcmp(one, mine) == 0;
+            CHECK(same, "zero_stage 3 on 2 ranks: %s (prompts, completions, rewards) differs from one process's",
+                  files[f]);
+            printf("zero_stage 3 on 2 ranks: %s %s one process's (%d lines)\n", files[f],
+                   same ? "identical to" : "DIFFERS from", mine ? count_lines(mine) : 0);
+            free(one), free(mine);
+        }
     }
     int lines = 0, ok = 0;
     double lo = INFINITY, hi = -INFINITY;

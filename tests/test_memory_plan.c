@@ -233,6 +233,47 @@ int main(void) {
         printf("%s: exit %d: %s", bad[i].flags, code, err);
         free(out), free(err);
     }
+    /* 4. max_prompt_length not set (TRL 1.16 has none): whole prompts. A 750-token prompt (the old default cut
+     * it to 512) sizes the plan whole, and training refuses it in one line naming the row, since it cannot fit
+     * stories260K's 512 positions; max_prompt_length 64 cuts it. Without the dataset the dry run needs the key. */
+    char data[300];
+    snprintf(data, sizeof data, "%s/long.jsonl", g_tmp);
+    FILE *f = fopen(data, "w");
+    if (f) {
+        fprintf(f, "{\"prompt\": \"Once upon a time.\"}\n{\"prompt\": \"");
+        for (int i = 0; i < 50; i++) fprintf(f, "%sOnce upon a time, there was a little girl named Tim.", i ? " " : "");
+        fprintf(f, "\"}\n");
+        fclose(f);
+    }
+    const char *base = "--config examples/demo.yaml --eval_dataset null --device cpu --max_steps 1";
+    int longest = -1, cut = -1;
+    snprintf(args, sizeof args, "%s --dataset %s --output_dir %s/o --dry_run", base, data, g_tmp);
+    code = colt("", args, &out, &err);
+    const char *at = strstr(out, "longest prompt: ");
+    if (at) sscanf(at, "longest prompt: %d", &longest);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --dataset %s --output_dir %s/o --dry_run --max_prompt_length 64", base, data, g_tmp);
+    code = colt("", args, &out, &err);
+    at = strstr(out, "longest prompt: ");
+    if (at) sscanf(at, "longest prompt: %d", &cut);
+    free(out), free(err);
+    printf("a 750-token prompt: the dry run plans %d tokens by default, %d with max_prompt_length 64\n", longest, cut);
+    CHECK(longest >= 750 && longest <= 751 && cut == 64, "longest prompt %d (want 750, or 751 with a bos), cut %d", longest,
+          cut);
+    snprintf(args, sizeof args, "%s --dataset %s --output_dir %s/o", base, data, g_tmp);
+    code = colt("", args, &out, &err);
+    char want[128];
+    snprintf(want, sizeof want, "row 1: prompt of %d tokens + max_completion_length", longest);
+    printf("training on it: exit %d: %s", code, err);
+    CHECK(code != 0 && strstr(err, want) && strstr(err, "max_position_embeddings (512)") && count_lines(err) == 1,
+          "a prompt too long for the model: exit %d: %s", code, err);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --dataset none.jsonl --output_dir %s/o --dry_run", base, g_tmp);
+    code = colt("", args, &out, &err);
+    printf("a dry run without the dataset or max_prompt_length: exit %d: %s", code, err);
+    CHECK(code != 0 && strstr(err, "set max_prompt_length") && count_lines(err) == 1, "exit %d: %s", code, err);
+    free(out), free(err);
+
     sh("rm -rf %s", g_tmp);
     printf("%d checks, %d failed\n", g_checks, g_failures);
     return g_failures ? 1 : 0;

@@ -4,7 +4,8 @@
  *   - model_score_sequences on token ids (pad ids inside, trailing, first, nothing but pad) equals the scores of
  *     transformers' right-padded batch, for a Qwen2 and a Llama ForSequenceClassification; so does each sequence
  *     scored alone; the last-non-pad rule is what the goldens test (the last token scores differently);
- *   - the model reward ({type: model} and the bare folder string) scores plain and conversational prompts as
+ *   - the model reward ({type: model} and the bare folder string) scores plain and conversational prompts, and
+ *     multi-turn tool-calling completions (lists of messages: the calls and tool results in the scored text), as
  *     GRPOTrainer._calculate_rewards does: its own tokenizer and chat template, the pad token or else the eos;
  *   - bad input: a model reward without a device, a reward model given as the policy, a causal LM given as a
  *     reward model, unknown keys;
@@ -106,19 +107,23 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
     CHECK(strcmp(reward_name(r), name) == 0, "reward name '%s', want the folder's '%s'", reward_name(r), name);
     Tokenizer *tok = NULL;
     CHECK(tokenizer_load(&tok, dir, err) == 0, "%s", err);
-    const char *kinds[2] = {"plain", "conversational"};
-    for (int k = 0; k < 2 && tok; k++) {
+    /* multi_turn: tool-calling completions (lists of messages), through reward_compute_messages */
+    const char *kinds[3] = {"plain", "conversational", "multi_turn"};
+    for (int k = 0; k < 3 && tok; k++) {
         json_t *cases = json_object_get(entry, kinds[k]);
         int n = (int)json_array_size(cases), ok = 0, same_ids = 0;
         const char **prompts = calloc((size_t)n, sizeof(char *)), **completions = calloc((size_t)n, sizeof(char *));
-        json_t **rows = calloc((size_t)n, sizeof(json_t *));
+        json_t **rows = calloc((size_t)n, sizeof(json_t *)), **turns = calloc((size_t)n, sizeof(json_t *));
         float *rewards = calloc((size_t)n, sizeof(float));
         for (int i = 0; i < n; i++) {
             json_t *c = json_array_get(cases, (size_t)i);
             json_t *prompt = json_object_get(c, "prompt");
             rows[i] = json_pack("{s:O, s:s}", "prompt", prompt, "other", "column");
             prompts[i] = json_is_string(prompt) ? json_string_value(prompt) : "(rendered by the policy's template)";
-            completions[i] = json_string_value(json_object_get(c, "completion"));
+            json_t *completion = json_object_get(c, "completion");
+            /* a multi-turn completion's text is its turns' (unused by a conversational prompt's score) */
+            completions[i] = json_is_string(completion) ? json_string_value(completion) : "(the turns' text)";
+            turns[i] = json_is_array(completion) ? completion : NULL;
             /* colt's tokenizer on TRL's text gives TRL's ids (a score mismatch is then the rendering's or the
              * model's) */
             const char *text = json_string_value(json_object_get(c, "text"));
@@ -128,7 +133,7 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
                 same_ids += (int)got_len == want_len && memcmp(got, want, sizeof(int) * got_len) == 0;
             free(got), free(want);
         }
-        rc = reward_compute(r, rewards, prompts, completions, NULL, NULL, rows, n, err);
+        rc = reward_compute_messages(r, rewards, prompts, completions, k == 2 ? turns : NULL, NULL, NULL, rows, n, err);
         CHECK(rc == 0, "%s %s: reward_compute: %s", dir, kinds[k], err);
         for (int i = 0; rc == 0 && i < n; i++) {
             double want = json_number_value(json_object_get(json_array_get(cases, (size_t)i), "score"));
@@ -141,7 +146,7 @@ static void test_reward(json_t *entry, const char *dir, const Backend *be, bool 
                json_string_value(json_object_get(entry, "name")), as_text ? "text" : "spec", kinds[k], ok, n, same_ids,
                n);
         for (int i = 0; i < n; i++) json_decref(rows[i]);
-        free(prompts), free(completions), free(rows), free(rewards);
+        free(prompts), free(completions), free(rows), free(rewards), free(turns);
     }
     tokenizer_free(tok);
     reward_free(r);
@@ -195,15 +200,55 @@ static int run_train(const char *launcher, const char *args, char **err_out) {
 
 typedef enum { ONE_PROCESS, TP_2, ZERO3_DP_2 } Layout;
 
+/* The reward model's MB on rank 0 and whole, from the run's log line. */
+static void logged_reward_mb(const char *log, double *rank_mb, double *whole_mb) {
+    const char *at = log ? strstr(log, "MB of weights on the training device") : NULL;
+    *rank_mb = *whole_mb = NAN;
+    if (!at) return;
+    const char *start = at;
+    while (start > log && start[-1] != ' ') start--;
+    while (start > log && start[-2] != ' ') start--; /* the number before " MB" */
+    sscanf(start, "%lf", rank_mb);
+    const char *whole = strstr(at, "(");
+    if (whole && strstr(whole, "MB whole")) sscanf(whole + 1, "%lf", whole_mb);
+}
+
+/* The dry run's per-device GB of the reward models, at rest and gathered, for zero_stage z over 2 ranks. */
+static void planned_reward_gb(const char *rm, int zero_stage, double *rest, double *gathered) {
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args,
+             "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
+             "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --device cpu --output_dir %s/plan "
+             "--reward_funcs '[\"%s\"]' --zero_stage %d --dry_run --json --world_size 2",
+             g_tmp, rm, zero_stage);
+    *rest = *gathered = NAN;
+    char *log = NULL;
+    int rc = run_colt_with(&(ColtRun){.subcommand = "train", .out = &out}, args, &log);
+    CHECK(rc == 0, "colt train --dry_run (zero_stage %d): exit %d: %s", zero_stage, rc, log);
+    free(log);
+    json_t *plan = json_loads(out ? out : "", 0, NULL), *dev = json_object_get(plan, "per_device_gb");
+    if (dev) {
+        *rest = json_number_value(json_object_get(dev, "reward_models"));
+        *gathered = json_number_value(json_object_get(dev, "reward_model_gathered"));
+    }
+    CHECK(dev != NULL, "colt train --dry_run --json (zero_stage %d): no per_device_gb in '%s'", zero_stage, out);
+    json_decref(plan);
+    free(out);
+}
+
 /* Two steps of GRPO with the reward model as the only reward (TRL's text form): in one process; under
  * mpirun with tensor_parallel_size 2 (the reward model cut like the policy); or under mpirun as two
- * data-parallel ranks at zero_stage 3 (the policy partitioned, the reward model whole on each rank). */
+ * data-parallel ranks at zero_stage 3 (the policy and the reward model partitioned: each rank keeps half of
+ * the reward model, gathered whole while scoring, and the memory plan counts that half). */
 static void test_train(const Backend *be, Layout layout) {
     const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
     static const char *const names[] = {"", " (mpirun, TP 2)", " (mpirun, DP 2, zero_stage 3)"};
-    static const char *const extra[] = {"", " --tensor_parallel_size 2 --ddp_timeout 60",
-                                        " --zero_stage 3 --per_device_train_batch_size 8 --ddp_timeout 60"};
-    static const char *const held[] = {", whole, ", "cut across the 2 ranks of the tensor-parallel group", ", whole, "};
+    /* one process and ZeRO-3 also evaluate (scoring on every rank, eval_before/after.jsonl compared) */
+#define EVAL " --eval_dataset " COLT_SOURCE_DIR "/examples/data/demo_eval.jsonl --num_eval_prompts 3"
+    static const char *const extra[] = {EVAL, " --tensor_parallel_size 2 --ddp_timeout 60",
+                                        " --zero_stage 3 --per_device_train_batch_size 8 --ddp_timeout 60" EVAL};
+    static const char *const held[] = {", whole, ", "cut across the 2 ranks of the tensor-parallel group",
+                                       ", partitioned across 2 data-parallel ranks (zero_stage 3), "};
     char args[4096], dir[300], launcher[256] = "", *err = NULL;
     snprintf(dir, sizeof dir, "%s/run_%d", g_tmp, (int)layout);
     if (layout != ONE_PROCESS)
@@ -221,6 +266,24 @@ static void test_train(const Backend *be, Layout layout) {
     printf("colt train%s, 2 steps with the reward model: exit %d in %.1f s\n", names[layout], rc, now_s() - t0);
     CHECK(rc == 0, "colt train%s with a reward model: exit %d: %s", names[layout], rc, err);
     CHECK(err && strstr(err, held[layout]), "the run's log does not say the reward model is held '%s'", held[layout]);
+    if (layout == ZERO3_DP_2) {
+        /* rank 0 holds half of the weights at rest; the plan says the same */
+        double rank_mb, whole_mb, plan_rest, plan_gathered, plan_whole, unused;
+        logged_reward_mb(err, &rank_mb, &whole_mb);
+        planned_reward_gb(rm, 3, &plan_rest, &plan_gathered);
+        planned_reward_gb(rm, 0, &plan_whole, &unused);
+        const double GB = 1024.0 * 1024.0 * 1024.0 / 1e6; /* MB per GB */
+        printf("reward model per rank at zero_stage 3: %.3f MB of %.3f MB (%.2f); plan %.3f MB at rest, %.3f MB "
+               "gathered, %.3f MB at zero_stage 0\n",
+               rank_mb, whole_mb, rank_mb / whole_mb, plan_rest * GB, plan_gathered * GB, plan_whole * GB);
+        CHECK(rank_mb / whole_mb > 0.45 && rank_mb / whole_mb < 0.55, "rank 0 keeps %.3f MB of the reward model's %.3f MB",
+              rank_mb, whole_mb);
+        CHECK(fabs(plan_rest * GB - rank_mb) <= 0.01 * rank_mb && fabs(plan_gathered * GB - whole_mb) <= 0.01 * whole_mb &&
+                  fabs(plan_whole * GB - whole_mb) <= 0.01 * whole_mb,
+              "the plan's reward model (%.4f MB at rest, %.4f gathered, %.4f at zero_stage 0) is not the run's (%.4f of "
+              "%.4f MB)",
+              plan_rest * GB, plan_gathered * GB, plan_whole * GB, rank_mb, whole_mb);
+    }
     free(err);
     if (rc != 0) return;
     /* Every logged completion's reward is the model's score of prompt + completion. */
@@ -231,6 +294,21 @@ static void test_train(const Backend *be, Layout layout) {
     CHECK(reward_create_ctx(&r, spec, &ctx, e) == 0, "%s", e);
     json_decref(spec);
     char *text = read_text(dir, "completions.jsonl");
+    if (layout == ZERO3_DP_2) {
+        /* the same completions and reward bits as the one-process run (run_0: the same global batch) */
+        char one_dir[300];
+        snprintf(one_dir, sizeof one_dir, "%s/run_%d", g_tmp, (int)ONE_PROCESS);
+        static const char *const files[] = {"completions.jsonl", "eval_before.jsonl", "eval_after.jsonl"};
+        for (int f = 0; f < 3; f++) {
+            char *one = read_text(one_dir, files[f]), *mine = read_text(dir, files[f]);
+            bool same = one && mine && strcmp(one, mine) == 0;
+            CHECK(same, "zero_stage 3 on 2 ranks: %s (prompts, completions, rewards) differs from one process's",
+                  files[f]);
+            printf("zero_stage 3 on 2 ranks: %s %s one process's (%d lines)\n", files[f],
+                   same ? "identical to" : "DIFFERS from", mine ? count_lines(mine) : 0);
+            free(one), free(mine);
+        }
+    }
     int lines = 0, ok = 0;
     double lo = INFINITY, hi = -INFINITY;
     for (char *line = text && r ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {

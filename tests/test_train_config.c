@@ -45,7 +45,7 @@ static const IntRange INT_KEYS[] = {
     {"num_generations", 2, 65536, false},
     {"num_generations_eval", 0, 65536, true},
     {"max_completion_length", 1, 1048576, false},
-    {"max_prompt_length", 1, 1048576, false},
+    {"max_prompt_length", 0, 1048576, true},
     {"top_k", 0, 16777216, true},
     {"num_iterations", 1, 1024, false},
     {"per_device_train_batch_size", 1, 65536, false},

@@ -200,8 +200,8 @@ static int longest_prompt(const TrainConfig *cfg) {
 
 /* --dry_run: the memory plan from config.json and the settings, no weights
  * loaded; exit 0 when it fits, 1 when not (the plan says why). The longest
- * prompt is the dataset's when the tokenizer and the dataset are here, else
- * max_prompt_length (prompts are cut to it). */
+ * prompt is the dataset's when the tokenizer and the dataset are here (cut to
+ * max_prompt_length when set), else max_prompt_length, which must then be set. */
 static int dry_run(const TrainConfig *cfg, const DryRun *d, int world_size) {
     char err[ERR_LEN];
     ModelConfig mc;
@@ -209,10 +209,17 @@ static int dry_run(const TrainConfig *cfg, const DryRun *d, int world_size) {
     MemoryPlanInput in;
     LoraConfig lora;
     int longest = longest_prompt(cfg);
+    bool longest_prompt_known = longest >= 0;
+    if (longest < 0 && cfg->max_prompt_length == 0)
+        return cli_fail("train", "--dry_run: the longest prompt is unknown (the tokenizer or the dataset is not here) "
+                                 "and max_prompt_length is not set: set max_prompt_length to plan for prompts of that "
+                                 "many tokens");
+    if (longest < 0) longest = cfg->max_prompt_length;
+    if (train_config_check_lengths(cfg, longest, err) != 0) return cli_fail("train", err);
     if (!d->json)
-        printf("longest prompt: %d tokens (%s)\n", longest >= 0 ? longest : cfg->max_prompt_length,
-               longest >= 0 ? "the dataset's" : "max_prompt_length: the tokenizer or the dataset is not here");
-    trainer_plan_input(&in, cfg, &mc, NULL, world_size, longest >= 0 ? longest : cfg->max_prompt_length, &lora);
+        printf("longest prompt: %d tokens (%s)\n", longest,
+               longest_prompt_known ? "the dataset's" : "max_prompt_length: the tokenizer or the dataset is not here");
+    trainer_plan_input(&in, cfg, &mc, NULL, world_size, longest, &lora);
     if (d->host_gb > 0) in.host_bytes = d->host_gb * 1073741824.0;
     if (d->device_gb > 0) in.device_bytes = in.device_free = d->device_gb * 1073741824.0;
     else if (!in.gpu) in.device_bytes = in.device_free = in.host_bytes;

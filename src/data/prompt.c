@@ -95,7 +95,7 @@ int prompt_encode_row_tools(int **ids, int *n, char **text, const Dataset *d, si
         *text = NULL;
         return COLT_ERR;
     }
-    int keep = total < max_prompt_length ? total : max_prompt_length;
+    int keep = max_prompt_length > 0 && total > max_prompt_length ? max_prompt_length : total; /* 0: no cut */
     if (keep == 0) {
         free(all);
         *ids = NULL;

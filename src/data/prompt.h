@@ -41,7 +41,7 @@ int prompt_chat_options(json_t **tools, json_t **chat_template_kwargs, json_t *o
 /* The ids of dataset row `row`'s prompt (*ids malloc'd, *n_ids >= 1) and the
  * text the model sees (*text malloc'd, for rewards and logs): the chat template
  * for conversational rows, else the text (prompt_encode_text). Longer than
- * max_prompt_length: the left part is dropped, as TRL does. Errors name
+ * max_prompt_length (> 0; 0: no cut): the left part is dropped. Errors name
  * dataset_name and the row; an empty prompt after tokenization is an error.
  * template_kwargs: the chat template's extra variables (dataset_prompt_text), or NULL. */
 int prompt_encode_row(int **ids, int *n_ids, char **text, const Dataset *d, size_t row, const Tokenizer *tok,

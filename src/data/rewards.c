@@ -44,13 +44,14 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/prompt.h"
+#include "data/reward_judge.h"
 #include "data/reward_process.h"
 #include "model/hub_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "reward_worker_py.h" /* REWARD_WORKER_SOURCE: src/data/reward_worker.py, embedded at build time */
 
-typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON, REWARD_MODEL } RewardType;
+typedef enum { REWARD_LENGTH, REWARD_REGEX, REWARD_MATH, REWARD_COMMAND, REWARD_PYTHON, REWARD_MODEL, REWARD_JUDGE } RewardType;
 
 enum {
     COMMAND_TIMEOUT_S = 30, /* default seconds per call of a command reward */
@@ -88,6 +89,8 @@ struct RewardFunc {
     int pad_id;             /* model: the tokenizer's pad id, else its eos id (TRL's config.pad_token_id) */
     char *prompt_column;    /* model: the dataset column holding the prompt */
     json_t *template_kwargs; /* model: the chat template's extra variables (a reference), or NULL */
+    WeightPartition zero3;  /* model: its weights partitioned over the data-parallel ranks (ranks 0: whole) */
+    RewardJudge *judge;     /* judge */
 };
 
 static const char *json_type_name(const json_t *v) {
@@ -621,6 +624,7 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
         return error_prefix(err, "model reward '%s'", r->name);
     }
     const ModelConfig *mc = model_config(r->model);
+    size_t whole_bytes = model_weight_bytes(r->model);
     r->pad_id = tokenizer_pad_id(r->tok) >= 0 ? tokenizer_pad_id(r->tok) : tokenizer_eos_id(r->tok);
     if (r->pad_id < 0)
         rc = errorf(err, "model reward '%s': %s's tokenizer has neither a pad nor an eos token, so the scored "
@@ -629,16 +633,27 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
     else if (tokenizer_vocab_size(r->tok) > mc->vocab_size)
         rc = errorf(err, "model reward '%s': %s: the tokenizer has %d tokens but the model only %d", r->name, folder,
                     tokenizer_vocab_size(r->tok), mc->vocab_size);
+    /* ZeRO-3: every rank keeps its part alone; scoring gathers the whole (compute_model). */
+    if (rc == 0 && ctx->zero3 && ctx->zero3->ranks > 1) {
+        r->zero3 = *ctx->zero3;
+        if (r->zero3.partition(r->zero3.ctx, r->model, err) != 0) rc = error_prefix(err, "model reward '%s'", r->name);
+    }
     if (rc == 0) {
-        char where[ERR_LEN + 64] = "whole";
+        char where[ERR_LEN + 160] = "whole";
+        int n = 0;
         if (tp)
-            snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group",
-                     tp->tensor_parallel_size);
-        else if (why_whole[0]) snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
-        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.1f MB of "
-                  "weights on the training device",
-                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, where,
-                  model_weight_bytes(r->model) / 1e6);
+            n = snprintf(where, sizeof where, "cut across the %d ranks of the tensor-parallel group",
+                         tp->tensor_parallel_size);
+        else if (why_whole[0]) n = snprintf(where, sizeof where, "whole on every rank (%s)", why_whole);
+        if (r->zero3.ranks > 1)
+            snprintf(where + n, sizeof where - (size_t)n, "%spartitioned across %d data-parallel ranks (zero_stage 3)",
+                     tp ? ", " : n ? "; " : "", r->zero3.ranks);
+        char whole[96] = "";
+        if (r->zero3.ranks > 1) snprintf(whole, sizeof whole, " (%.3f MB whole, gathered while scoring)", whole_bytes / 1e6);
+        log_info0("reward '%s': %s sequence classifier (num_labels %d, label 0 scores) from %s, %s, %.3f MB of "
+                  "weights on the training device%s",
+                  r->name, model_arch_name(mc->arch), mc->num_labels, folder, where, model_weight_bytes(r->model) / 1e6,
+                  whole);
     }
     free(folder);
     if (rc != 0) return COLT_ERR;
@@ -648,14 +663,16 @@ static int create_model(RewardFunc *r, const json_t *spec, const json_t *name_v,
 }
 
 /* The text TRL scores for completion i: the conversation rendered with the
- * reward model's chat template (the prompt's messages and the completion as
- * the assistant's), or the plain prompt followed by the completion. */
-static int model_text(char **out, RewardFunc *r, const char *prompt, const char *completion, json_t *row, int i,
-                      char *err) {
+ * reward model's chat template (the prompt's messages, then the completion's:
+ * a multi-turn one's turns and tool results, else the completion as the
+ * assistant's), or the plain prompt followed by the completion's text. */
+static int model_text(char **out, RewardFunc *r, const char *prompt, const char *completion, json_t *turns,
+                      json_t *row, int i, char *err) {
     json_t *column = row ? json_object_get(row, r->prompt_column) : NULL;
     if (json_is_array(column)) {
         json_t *messages = json_copy(column); /* shallow: the messages stay the row's */
-        json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "assistant", "content", completion));
+        if (json_is_array(turns)) json_array_extend(messages, turns);
+        else json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "assistant", "content", completion));
         char where[160];
         snprintf(where, sizeof where, "reward '%s': completion %d", r->name, i);
         int rc = prompt_render_chat(out, r->tok, messages, NULL, r->template_kwargs, false, where, err);
@@ -670,22 +687,29 @@ static int model_text(char **out, RewardFunc *r, const char *prompt, const char 
     return COLT_OK;
 }
 
+/* Under ZeRO-3 every data-parallel rank gathers the whole weights, also with
+ * nothing to score or after its texts failed (the gather is collective). */
 static int compute_model(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
-                         json_t *const *rows, int n, char *err) {
-    int **ids = xcalloc((size_t)n, sizeof(int *)), *lens = xcalloc((size_t)n, sizeof(int)), rc = COLT_OK;
+                         json_t *const *messages, json_t *const *rows, int n, char *err) {
+    int **ids = xcalloc((size_t)n + 1, sizeof(int *)), *lens = xcalloc((size_t)n + 1, sizeof(int)), rc = COLT_OK;
     for (int i = 0; i < n && rc == 0; i++) {
         char *text = NULL;
         size_t len = 0;
-        rc = model_text(&text, r, prompts ? prompts[i] : NULL, completions[i], rows ? rows[i] : NULL, i, err);
+        rc = model_text(&text, r, prompts ? prompts[i] : NULL, completions[i], messages ? messages[i] : NULL,
+                        rows ? rows[i] : NULL, i, err);
         if (rc == 0 && tokenizer_encode(r->tok, text, strlen(text), &ids[i], &len, err) != 0)
             rc = error_prefix(err, "reward '%s': completion %d", r->name, i);
         lens[i] = (int)len;
         free(text);
     }
+    char gather_err[ERR_LEN];
+    if (r->zero3.ranks > 1 && r->zero3.gather(r->zero3.ctx, r->model, rc == 0 ? err : gather_err) != 0 && rc == 0)
+        rc = error_prefix(err, "reward '%s': gathering its weights", r->name);
     const int K = model_config(r->model)->num_labels;
-    float *scores = xmalloc(sizeof(float) * (size_t)n * (size_t)K);
+    float *scores = xmalloc(sizeof(float) * ((size_t)n * (size_t)K + 1));
     if (rc == 0 && model_score_sequences(r->model, scores, (const int *const *)ids, lens, n, r->pad_id, err) != 0)
         rc = error_prefix(err, "reward '%s'", r->name);
+    if (r->zero3.ranks > 1) r->zero3.release(r->zero3.ctx, r->model);
     /* TRL's logits[:, 0] */
     for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, scores[(size_t)i * K], err);
     for (int i = 0; i < n; i++) free(ids[i]);
@@ -709,6 +733,21 @@ static int spec_from_text(json_t **out, const char *text, char *err) {
 
 int reward_create(RewardFunc **out, json_t *spec, char *err) { return reward_create_ctx(out, spec, NULL, err); }
 
+int reward_model_config(ModelConfig *out, json_t *spec) {
+    char err[ERR_LEN];
+    json_t *object = json_is_string(spec) && spec_from_text(&object, json_string_value(spec), err) == 0 ? object
+                     : json_is_object(spec)                                                            ? json_incref(spec)
+                                                                                                       : NULL;
+    json_t *type = json_object_get(object, "type"), *path = json_object_get(object, "path");
+    char *folder = NULL;
+    int found = json_is_string(type) && strcmp(json_string_value(type), "model") == 0 && json_is_string(path) &&
+                hub_cache_model_folder(&folder, json_string_value(path), NULL, err) == 0 &&
+                model_config_load(out, NULL, folder, err) == 0 && out->num_labels > 0;
+    free(folder);
+    json_decref(object);
+    return found;
+}
+
 int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, char *err) {
     *out = NULL;
     if (json_is_string(spec)) {
@@ -724,7 +763,7 @@ int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, 
                       json_type_name(spec));
     json_t *type_v = json_object_get(spec, "type");
     if (!json_is_string(type_v))
-        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command, python or model)%s",
+        return errorf(err, "a reward needs a \"type\" string (length, regex, math, command, python, model or judge)%s",
                       type_v ? "" : "; none was given");
     const char *type = json_string_value(type_v);
     json_t *name_v = json_object_get(spec, "name");
@@ -832,8 +871,11 @@ int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, 
         if (create_python(r, spec, name_v, err) != 0) goto error;
     } else if (strcmp(type, "model") == 0) {
         if (create_model(r, spec, name_v, ctx, err) != 0) goto error;
+    } else if (strcmp(type, "judge") == 0) {
+        r->type = REWARD_JUDGE;
+        if (reward_judge_create(&r->judge, spec, name_v ? json_string_value(name_v) : type, err) != 0) goto error;
     } else {
-        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python, model)", type);
+        errorf(err, "unknown reward type \"%s\" (known: length, regex, math, command, python, model, judge)", type);
         goto error;
     }
     if (!r->name) r->name = xstrdup(name_v ? json_string_value(name_v) : default_name);
@@ -854,6 +896,7 @@ void reward_free(RewardFunc *r) {
     free(r->function);
     free(r->source);
     model_free(r->model);
+    reward_judge_free(r->judge);
     tokenizer_free(r->tok);
     free(r->prompt_column);
     json_decref(r->template_kwargs);
@@ -1125,6 +1168,8 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
 int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                             json_t *const *messages, const int *const *completion_ids, const int *completion_lens,
                             json_t *const *rows, int n, char *err) {
+    if (r->type == REWARD_MODEL)
+        return compute_model(r, rewards, prompts, completions, messages, rows, n > 0 ? n : 0, err);
     if (n <= 0) return 0;
     switch (r->type) {
     case REWARD_LENGTH:
@@ -1139,7 +1184,14 @@ int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *pr
     case REWARD_PYTHON:
         return compute_python(r, rewards, prompts, completions, messages, completion_ids, completion_lens, rows, n,
                               err);
-    case REWARD_MODEL: return compute_model(r, rewards, prompts, completions, rows, n, err);
+    case REWARD_MODEL: break; /* above */
+    case REWARD_JUDGE: {
+        double *values = xmalloc(sizeof(double) * (size_t)n);
+        int rc = reward_judge_compute(r->judge, values, prompts, completions, n, err);
+        for (int i = 0; i < n && rc == 0; i++) rc = store_reward(r, rewards, i, values[i], err);
+        free(values);
+        return rc;
+    }
     }
     return errorf(err, "reward '%s': unknown type", r->name);
 }

@@ -30,7 +30,11 @@
  *                                                     ForSequenceClassification checkpoint and its
  *                                                     tokenizer; scored as TRL's GRPOTrainer scores one
  *                                                     (below), on the caller's device (RewardContext)
- *   "DIR"                                             text form of the above (TRL's reward_funcs="DIR"):
+ *   {"type": "judge", "url": "http://HOST:PORT/v1", "model": "NAME", "prompt": "... {prompt} ... {completion} ...",
+ *    "api_key_env": "VAR", "timeout": 60, "max_tokens": 32}
+ *                                                     the first number in the answer of an OpenAI-compatible
+ *                                                     chat endpoint asked greedily (data/reward_judge.h)
+ *   "DIR"                                             text form of the model reward (TRL's reward_funcs="DIR"):
  *                                                     a folder, or a text with a '/' that is not a
  *                                                     Python form
  * plus an optional "name" (metrics use rewards/<name>/mean; defaults: length,
@@ -40,13 +44,16 @@
  * A model reward does what TRL 1.16's _calculate_rewards does for a model:
  * the text is the dataset row's prompt + the completion for a plain prompt,
  * or the prompt's messages + {"role": "assistant", "content": completion}
- * rendered with the reward model's own chat template (no generation prompt,
+ * (a multi-turn completion's messages instead: its assistant turns with their
+ * tool_calls and the tool results, reward_compute_messages) rendered with the
+ * reward model's own chat template (no tools, no generation prompt,
  * the caller's chat_template_kwargs) for a conversational one; it is tokenized
  * with the reward model's tokenizer without added special tokens; the score is
  * label 0 of the score head (logits[:, 0]) at the last token that is not the
  * pad id, the pad id being the tokenizer's pad token, else its eos (as TRL sets
  * config.pad_token_id). The model runs on the device it is given, cut across
- * the tensor-parallel group it is given; never partitioned by ZeRO-3.
+ * the tensor-parallel group it is given, and under ZeRO-3 partitioned across
+ * the data-parallel ranks it is given (gathered whole while scoring).
  * Unknown types or keys are errors. Create and free rewards on one thread. */
 #ifndef COLT_DATA_REWARDS_H
 #define COLT_DATA_REWARDS_H
@@ -70,12 +77,22 @@ typedef struct RewardContext {
      * the group computes the same rewards in the same order (the trainer's
      * ranks of a group share their completions). */
     const TensorParallel *tp;
+    /* ZeRO-3 over several data-parallel ranks (NULL: none): each rank keeps
+     * 1/ranks of a reward model's weights, gathered whole while scoring. Its
+     * scoring is then collective over the data-parallel ranks: every rank
+     * calls reward_compute as often as the others (with n 0 when it has
+     * nothing to score). */
+    const WeightPartition *zero3;
 } RewardContext;
 
 /* reward_create_ctx with no context: a model reward is refused (it has no device). */
 int reward_create(RewardFunc **out, json_t *spec, char *err);
 int reward_create_ctx(RewardFunc **out, json_t *spec, const RewardContext *ctx, char *err);
 void reward_free(RewardFunc *r);  /* stops an external program */
+/* For planning memory before any reward exists: 1 and *out the config.json of
+ * the classifier a model reward names; 0 for any other reward, or one whose
+ * config does not load (reward_create_ctx then says why). */
+int reward_model_config(ModelConfig *out, json_t *spec);
 const char *reward_name(const RewardFunc *r);
 
 /* The pid of a command reward's program or a python reward's worker (its
@@ -102,7 +119,9 @@ int reward_compute(RewardFunc *r, float *rewards, const char *const *prompts, co
 /* reward_compute for multi-turn completions (tool calling): messages[i] is
  * completion i as a list of messages (the model's turns and the tool results
  * between them), or NULL for a plain one. Python rewards get the list as
- * their completion, as TRL passes it; the others score completions[i], the
+ * their completion, as TRL passes it; a model reward scores the prompt's
+ * messages + the list rendered with its chat template (as TRL; the completion's
+ * text after a plain prompt); the others score completions[i], the
  * completion's whole text. messages may be NULL. */
 int reward_compute_messages(RewardFunc *r, float *rewards, const char *const *prompts, const char *const *completions,
                             json_t *const *messages, const int *const *completion_ids, const int *completion_lens,

@@ -921,7 +921,7 @@ size_t model_state_bytes(const ModelState *st) { return st ? st->bytes : 0; }
 size_t model_weight_bytes(const Model *m) {
     size_t es = dtype_size(m->be->storage);
     if (!m->part || m->arena) return m->arena_numel * es; /* whole (zero_stage 3 gives its part back meanwhile) */
-    return model_params_partition_plan_bytes(m, m->part->hi - m->part->lo);
+    return model_params_partition_plan_bytes(m, m->part->hi - m->part->lo, m->part->per_layer);
 }
 
 void model_state_free(ModelState *st) {

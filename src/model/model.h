@@ -102,6 +102,20 @@ typedef struct TensorParallel {
     void *ctx;
 } TensorParallel;
 
+/* ZeRO-3 for a model that only runs forward passes (a reward model): the
+ * data-parallel layer's hooks, as TensorParallel's are the dist layer's.
+ * partition keeps this rank's 1/ranks of m's weights and nothing else at rest
+ * (the rest given back); gather makes them whole for a pass (collective over
+ * the data-parallel ranks, its outcome agreed: every rank calls it, also with
+ * nothing to compute); release gives the whole back. */
+typedef struct WeightPartition {
+    int ranks; /* the data-parallel ranks the weights are cut across */
+    int (*partition)(void *ctx, Model *m, char *err);
+    int (*gather)(void *ctx, Model *m, char *err);
+    void (*release)(void *ctx, Model *m);
+    void *ctx;
+} WeightPartition;
+
 /* Whether cfg can be cut into `size` parts (heads, KV heads, intermediate
  * size and vocabulary divisible by it; no o_proj bias), else a one-line error
  * naming what does not divide. */
@@ -182,7 +196,7 @@ typedef struct ModelState ModelState;
 int model_state_create(ModelState **out, const Model *m, int n_slots, int max_len, int max_tokens, char *err);
 void model_state_free(ModelState *st);
 size_t model_state_bytes(const ModelState *st);  /* device bytes: KV cache + scratch */
-size_t model_weight_bytes(const Model *m);       /* device bytes of the weights */
+size_t model_weight_bytes(const Model *m);       /* device bytes of the weights this rank holds now (zero_stage 3: its part) */
 /* A model for planning memory (train/memory_plan.h): the layout of cfg's
  * weights (and of LoRA adapters when lora is not NULL) with no buffers, so the
  * size functions here, in model_train.h and in engine.h answer as for a

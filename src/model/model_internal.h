@@ -86,6 +86,7 @@ bool stage_is_edge(const StageLayout *sl, int stage);
  * windows the others' are gathered into while a pass uses them. */
 typedef struct ModelPartition {
     size_t lo, hi;            /* this rank's part of the arena */
+    size_t numel;             /* the whole arena's elements (how the ranks' parts are cut) */
     void *shard;              /* [hi - lo] storage dtype */
     ParamsGather gather;
     StageLayout sl;
@@ -94,6 +95,7 @@ typedef struct ModelPartition {
     void *edges;              /* [edge_numel] the embedding, final norm and lm_head, kept between passes */
     bool edges_valid;
     int in_flight;            /* the window whose gather was started and not waited for, -1 none */
+    bool per_layer;           /* windows and edges exist (false: only whole gathers, model_params_gather_all) */
 } ModelPartition;
 
 /* Makes stage s's weights present (gathering them when the model is

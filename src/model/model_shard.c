@@ -80,28 +80,35 @@ void stage_layout_free(StageLayout *sl) {
 
 bool model_params_partitioned(const Model *m) { return m->part != NULL; }
 
-/* A partition's device bytes: its part, two layer windows, the edges (as partition_alloc takes them). */
-static size_t partition_bytes(const Model *m, const StageLayout *sl, size_t part_numel) {
-    size_t numel = (part_numel ? part_numel : 1) + 2 * (sl->window_numel ? sl->window_numel : 1) +
-                   (sl->edge_numel ? sl->edge_numel : 1);
+/* A partition's device bytes: its part, and per_layer two layer windows and the edges (as partition_alloc
+ * takes them). */
+static size_t partition_bytes(const Model *m, const StageLayout *sl, size_t part_numel, bool per_layer) {
+    size_t numel = part_numel ? part_numel : 1;
+    if (per_layer) numel += 2 * (sl->window_numel ? sl->window_numel : 1) + (sl->edge_numel ? sl->edge_numel : 1);
     return numel * dtype_size(m->be->storage);
 }
 
-size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel) {
-    if (m->part) return partition_bytes(m, &m->part->sl, part_numel);
+size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel, bool per_layer) {
+    if (m->part) return partition_bytes(m, &m->part->sl, part_numel, per_layer);
     StageLayout sl;
     stage_layout_build(&sl, m, m->tensors, m->n_tensors, m->offsets, m->arena_numel);
-    size_t bytes = partition_bytes(m, &sl, part_numel);
+    size_t bytes = partition_bytes(m, &sl, part_numel, per_layer);
     stage_layout_free(&sl);
     return bytes;
 }
 
-/* The part, the two layer windows and the edge buffer. */
+/* The part, and per_layer the two layer windows and the edge buffer. */
 static void partition_alloc(Model *m) {
     ModelPartition *p = m->part;
     const Backend *be = m->be;
     be->set_alloc_label(be, "zero_stage 3: this rank's part of the weights");
     p->shard = be->alloc(be, p->hi > p->lo ? p->hi - p->lo : 1);
+    p->window_stage[0] = p->window_stage[1] = -1;
+    p->edges_valid = false;
+    if (!p->per_layer) {
+        be->set_alloc_label(be, NULL);
+        return;
+    }
     be->set_alloc_label(be, "zero_stage 3: gathered layer windows and embedding / lm_head");
     for (int w = 0; w < 2; w++) {
         p->window[w] = be->alloc(be, p->sl.window_numel ? p->sl.window_numel : 1);
@@ -127,6 +134,7 @@ static void partition_fill_from_arena(Model *m) {
     ModelPartition *p = m->part;
     const Backend *be = m->be;
     if (p->hi > p->lo) be->copy(be, p->shard, 0, m->arena, p->lo, p->hi - p->lo);
+    if (!p->per_layer) return;
     int edges[2] = {0, p->sl.n_stages - 1};
     for (int e = 0; e < 2; e++)
         for (int grp = 0; grp < 2; grp++) {
@@ -136,7 +144,7 @@ static void partition_fill_from_arena(Model *m) {
     p->edges_valid = true;
 }
 
-int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, char *err) {
+int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, bool per_layer, char *err) {
     if (m->lora) return errorf(err, "zero_stage 3: the weights of a model with LoRA adapters are not partitioned");
     if (m->part) return errorf(err, "zero_stage 3: the model is partitioned already");
     if (lo > hi || hi > m->arena_numel)
@@ -146,6 +154,8 @@ int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g
     p->hi = hi;
     p->gather = *g;
     p->in_flight = -1;
+    p->per_layer = per_layer;
+    p->numel = m->arena_numel;
     stage_layout_build(&p->sl, m, m->tensors, m->n_tensors, m->offsets, m->arena_numel);
     m->part = p;
     partition_alloc(m);
@@ -209,7 +219,7 @@ static int gather_stage(ModelPartition *p, int s, void *dst, size_t es, char *er
     size_t at = 0;
     for (int grp = 0; grp < 2; grp++) {
         const size_t *r = p->sl.range[s][grp];
-        if (r[1] > r[0] && p->gather.start(p->gather.ctx, (char *)dst + at * es, r[0], r[1], p->shard, err) != 0)
+        if (r[1] > r[0] && p->gather.start(p->gather.ctx, (char *)dst + at * es, r[0], r[1], p->numel, p->shard, err) != 0)
             return COLT_ERR;
         at += r[1] - r[0];
     }
@@ -240,6 +250,9 @@ static void point_stage(Model *m, int s, void *base) {
 int model_params_use(Model *m, int stage, int next, char *err) {
     ModelPartition *p = m->part;
     if (!p || m->arena) return COLT_OK; /* whole weights: nothing to gather */
+    if (!p->per_layer)
+        return errorf(err, "zero_stage 3: this model's weights are gathered whole for a forward pass (model_params_gather_all), "
+                           "not per layer");
     size_t es = dtype_size(m->be->storage);
     int w = stage & 1;
     if (stage_is_edge(&p->sl, stage)) {
@@ -289,7 +302,7 @@ int model_params_gather_all(Model *m, char *err) {
     be->set_alloc_label(be, "zero_stage 3: the whole weights, gathered for generation or saving");
     m->arena = be->alloc(be, m->arena_numel);
     be->set_alloc_label(be, NULL);
-    if (p->gather.start(p->gather.ctx, m->arena, 0, m->arena_numel, p->shard, err) != 0 ||
+    if (p->gather.start(p->gather.ctx, m->arena, 0, m->arena_numel, m->arena_numel, p->shard, err) != 0 ||
         p->gather.wait(p->gather.ctx, err) != 0) {
         be->free(be, m->arena);
         m->arena = NULL;

@@ -108,21 +108,28 @@ size_t model_grads_plan_bytes(const Model *m, bool windowed);
  * and kept. Whole weights (the engine, model_forward, saving) exist only
  * between model_params_gather_all and model_params_release_all.
  *
+ * A model that only runs model_forward (a reward model) is partitioned
+ * without layer windows (per_layer false): at rest it keeps its part alone,
+ * and is used only between model_params_gather_all and
+ * model_params_release_all.
+ *
  * The gathers are the caller's (the data-parallel layer): start fills
- * dst[hi - lo] (storage dtype) with flat elements [lo, hi), this rank's part
+ * dst[hi - lo] (storage dtype) with flat elements [lo, hi) of the numel flat
+ * weights (the ranks' parts cut from numel), this rank's part
  * of them from shard (flat elements [part lo, part hi)) and the others' from
  * their ranks; it may return before the data is there, and wait blocks until
  * every started gather completed. Collective: every rank calls them with the
  * same ranges in the same order, which the model guarantees as long as every
  * rank makes the same passes (also over no tokens). */
 typedef struct ParamsGather {
-    int (*start)(void *ctx, void *dst, size_t lo, size_t hi, const void *shard, char *err);
+    int (*start)(void *ctx, void *dst, size_t lo, size_t hi, size_t numel, const void *shard, char *err);
     int (*wait)(void *ctx, char *err);
     void *ctx;
 } ParamsGather;
 /* Keeps [lo, hi) of the weights (copied from the whole arena, which is
- * freed) and allocates the windows. Not with LoRA adapters attached. */
-int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, char *err);
+ * freed) and, per_layer, allocates the windows and edges. Not with LoRA
+ * adapters attached. */
+int model_params_partition(Model *m, size_t lo, size_t hi, const ParamsGather *g, bool per_layer, char *err);
 bool model_params_partitioned(const Model *m);
 /* Whole weights in the arena (allocated and gathered; collective), until
  * model_params_release_all frees them. Nothing for a whole model. */
@@ -142,8 +149,8 @@ int model_weights_mix(Model *target, const Model *source, double alpha, char *er
  * adapters' arena with LoRA attached, else in the weights' arena, or in this
  * rank's part (which must hold it) when partitioned. */
 void *model_params_at(const Model *m, size_t off);
-/* The device bytes a partition takes: the part plus the windows and edges. */
-size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel);
+/* The device bytes a partition takes: the part, plus the windows and edges when per_layer. */
+size_t model_params_partition_plan_bytes(const Model *m, size_t part_numel, bool per_layer);
 
 /* ---- training forward / backward ---- */
 

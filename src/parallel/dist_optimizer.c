@@ -26,21 +26,48 @@ void dist_optimizer_init(DistOptimizer *o, Model *model, const Backend *be, Trai
 
 /* ---------------------------------------------------------------- setup */
 
-/* The gathers run over o->dist, whose NCCL path opens later
- * (dist_optimizer_open_gradients): none happens here. */
+/* m keeps this rank's part of its flat weights (per_layer: with the layer
+ * windows a training pass gathers into). The gathers run over o->dist, whose
+ * NCCL path opens later (dist_optimizer_open_gradients): none happens here. */
+static int partition_model(DistOptimizer *o, Model *m, bool per_layer, char *err) {
+    size_t lo = 0, hi = 0, numel = 0;
+    model_params_flat(m, &numel);
+    optim_shard_bounds(numel, o->dist->world, o->dist->rank, &lo, &hi);
+    ParamsGather pg;
+    train_dist_zero3_gather(o->dist, o->be, &pg);
+    return model_params_partition(m, lo, hi, &pg, per_layer, err);
+}
+
+/* m's whole weights gathered, the outcome agreed over the launch. */
+static int gather_model(DistOptimizer *o, Model *m, char *err) {
+    return train_dist_agree(o->dist, model_params_gather_all(m, err), err);
+}
+
 int dist_optimizer_partition(DistOptimizer *o, Model *m, char *err) {
     if (o->opts.zero_stage < 3) return COLT_OK;
     size_t lo = 0, hi = 0, numel = 0;
     model_params_flat(m, &numel);
     optim_shard_bounds(numel, o->dist->world, o->dist->rank, &lo, &hi);
-    ParamsGather pg;
-    train_dist_zero3_gather(o->dist, o->be, numel, &pg);
-    if (model_params_partition(m, lo, hi, &pg, err) != 0) return COLT_ERR;
+    if (partition_model(o, m, true, err) != 0) return COLT_ERR;
     if (m == o->model)
         log_info0("weights: zero_stage 3 over %d rank(s): this rank keeps parameters %zu .. %zu of %zu; each layer is "
                   "gathered while a pass uses it, the whole weights for generation and saving",
                   o->dist->world, lo, hi, numel);
     return COLT_OK;
+}
+
+static int forward_partition(void *ctx, Model *m, char *err) { return partition_model(ctx, m, false, err); }
+static int forward_gather(void *ctx, Model *m, char *err) { return gather_model(ctx, m, err); }
+static void forward_release(void *ctx, Model *m) {
+    (void)ctx;
+    model_params_release_all(m);
+}
+
+bool dist_optimizer_forward_partition(DistOptimizer *o, WeightPartition *out) {
+    if (o->opts.zero_stage < 3 || o->dist->world < 2) return false;
+    *out = (WeightPartition){.ranks = o->dist->world, .partition = forward_partition, .gather = forward_gather,
+                             .release = forward_release, .ctx = o};
+    return true;
 }
 
 int dist_optimizer_create_state(DistOptimizer *o, const AdamWConfig *adamw, char *err) {
@@ -237,8 +264,7 @@ size_t dist_optimizer_gathered_bytes(const DistOptimizer *o) {
 
 int dist_optimizer_gather_weights(DistOptimizer *o, char *err) {
     if (!model_params_partitioned(o->model)) return COLT_OK;
-    int rc = model_params_gather_all(o->model, err);
-    return train_dist_agree(o->dist, rc, err);
+    return gather_model(o, o->model, err);
 }
 
 void dist_optimizer_release_weights(DistOptimizer *o) { model_params_release_all(o->model); }

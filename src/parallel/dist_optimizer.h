@@ -72,6 +72,13 @@ void dist_optimizer_init(DistOptimizer *o, Model *model, const Backend *be, Trai
  * over dist. Nothing at other stages. */
 int dist_optimizer_partition(DistOptimizer *o, Model *m, char *err);
 
+/* zero_stage 3 over several ranks: hooks (model.h) that partition a model
+ * which only runs forward passes (a reward model) over the same ranks, its
+ * part alone kept at rest, gathered whole per use as the trained model is for
+ * generation. Returns false (nothing filled) otherwise: such a model stays
+ * whole. */
+bool dist_optimizer_forward_partition(DistOptimizer *o, WeightPartition *out);
+
 /* The AdamW state (this rank's shard at zero_stage >= 1, on the host with
  * offload), then the gradients (per-layer windows at zero_stage >= 2). */
 int dist_optimizer_create_state(DistOptimizer *o, const AdamWConfig *adamw, char *err);

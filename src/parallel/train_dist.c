@@ -290,17 +290,18 @@ int train_dist_zero2_norm(TrainDist *d, double *norm, char *err) {
 #define ZERO3_HOST_CHUNK ((size_t)32 << 20)
 
 /* The part of the weights' range [lo, hi) that rank r keeps. */
-static void zero3_piece(const TrainDist *d, int r, size_t lo, size_t hi, size_t *a, size_t *b) {
-    rank_piece(d->z3_numel, d->world, r, lo, hi, a, b);
+static void zero3_piece(const TrainDist *d, size_t numel, int r, size_t lo, size_t hi, size_t *a, size_t *b) {
+    rank_piece(numel, d->world, r, lo, hi, a, b);
 }
 
 /* Host path, one chunk: every rank's piece of [lo, hi) (each padded to the
  * largest) gathered, then laid out in rank order and copied to dst. */
-static int zero3_host_chunk(TrainDist *d, void *dst, size_t lo, size_t hi, const void *shard, char *err) {
+static int zero3_host_chunk(TrainDist *d, void *dst, size_t lo, size_t hi, size_t numel, const void *shard,
+                            char *err) {
     const Backend *be = d->be;
     size_t es = dtype_size(be->storage), piece = 0, a, b, my_lo, my_hi;
     for (int r = 0; r < d->world; r++) {
-        zero3_piece(d, r, lo, hi, &a, &b);
+        zero3_piece(d, numel, r, lo, hi, &a, &b);
         if (b > a && b - a > piece) piece = b - a;
     }
     size_t need = (piece * ((size_t)d->world + 1) + (hi - lo)) * es + 1;
@@ -310,24 +311,24 @@ static int zero3_host_chunk(TrainDist *d, void *dst, size_t lo, size_t hi, const
         d->z3_host_n = need;
     }
     uint8_t *mine = d->z3_host, *all = mine + piece * es, *out = all + piece * (size_t)d->world * es;
-    optim_shard_bounds(d->z3_numel, d->world, d->rank, &my_lo, &my_hi);
-    zero3_piece(d, d->rank, lo, hi, &a, &b);
+    optim_shard_bounds(numel, d->world, d->rank, &my_lo, &my_hi);
+    zero3_piece(d, numel, d->rank, lo, hi, &a, &b);
     if (b > a) be->copy_to_host(be, mine, (const char *)shard + (a - my_lo) * es, (b - a) * es);
     if (comm_all_gather(d->comm, all, mine, piece * es, COMM_BYTE, NULL, err) != 0) return COLT_ERR;
     for (int r = 0; r < d->world; r++) {
-        zero3_piece(d, r, lo, hi, &a, &b);
+        zero3_piece(d, numel, r, lo, hi, &a, &b);
         if (b > a) memcpy(out + (a - lo) * es, all + (size_t)r * piece * es, (b - a) * es);
     }
     be->copy_from_host(be, dst, out, (hi - lo) * es);
     return COLT_OK;
 }
 
-static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, const void *shard, char *err) {
+static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, size_t numel, const void *shard, char *err) {
     TrainDist *d = ctx;
     const Backend *be = d->be;
     size_t es = dtype_size(be->storage), a, b, my_lo, my_hi;
-    optim_shard_bounds(d->z3_numel, d->world, d->rank, &my_lo, &my_hi);
-    zero3_piece(d, d->rank, lo, hi, &a, &b);
+    optim_shard_bounds(numel, d->world, d->rank, &my_lo, &my_hi);
+    zero3_piece(d, numel, d->rank, lo, hi, &a, &b);
     if (d->world == 1 || d->grad_comm) {
         /* this rank's piece in place (on the compute stream, after the
          * window's last user); NCCL then broadcasts each piece from its rank */
@@ -337,7 +338,7 @@ static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, const void *s
         void *stream = backend_comm_stream(be);
         d->in_flight = true;
         for (int r = 0; r < d->world; r++) {
-            zero3_piece(d, r, lo, hi, &a, &b);
+            zero3_piece(d, numel, r, lo, hi, &a, &b);
             if (b > a && comm_broadcast(d->grad_comm, (char *)dst + (a - lo) * es, (b - a) * es, COMM_BYTE, r, stream,
                                         err) != 0)
                 return COLT_ERR;
@@ -346,7 +347,7 @@ static int zero3_start(void *ctx, void *dst, size_t lo, size_t hi, const void *s
     }
     for (size_t c = lo; c < hi; c += ZERO3_HOST_CHUNK) {
         size_t e = hi - c < ZERO3_HOST_CHUNK ? hi : c + ZERO3_HOST_CHUNK;
-        if (zero3_host_chunk(d, (char *)dst + (c - lo) * es, c, e, shard, err) != 0) return COLT_ERR;
+        if (zero3_host_chunk(d, (char *)dst + (c - lo) * es, c, e, numel, shard, err) != 0) return COLT_ERR;
     }
     return COLT_OK;
 }
@@ -359,9 +360,8 @@ static int zero3_wait(void *ctx, char *err) {
     return COLT_OK;
 }
 
-void train_dist_zero3_gather(TrainDist *d, const Backend *be, size_t numel, ParamsGather *out) {
+void train_dist_zero3_gather(TrainDist *d, const Backend *be, ParamsGather *out) {
     d->be = be;
-    d->z3_numel = numel;
     *out = (ParamsGather){.start = zero3_start, .wait = zero3_wait, .ctx = d};
 }
 

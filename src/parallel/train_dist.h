@@ -64,7 +64,6 @@ typedef struct TrainDist {
     size_t z2_plo, z2_phi;
     void *z2_pdata;
     /* ZeRO-3 (train_dist_zero3_gather) */
-    size_t z3_numel;     /* the flat weights' elements */
     uint8_t *z3_host;    /* host path: this rank's piece, every rank's, the assembled range */
     size_t z3_host_n;
 } TrainDist;
@@ -130,13 +129,13 @@ int train_dist_zero2_norm(TrainDist *d, double *norm, char *err);
 void *train_dist_zero2_shard(const TrainDist *d);
 
 /* ZeRO-3 (zero_stage 3): the gathers of model_params_partition (model_train.h)
- * over this TrainDist, for flat weights of numel elements cut into ranks'
- * parts by optim_shard_bounds. Overlap path: each rank's piece of a range
+ * over this TrainDist, for flat weights cut into ranks' parts by
+ * optim_shard_bounds (any number of models, each its own numel). Overlap path: each rank's piece of a range
  * broadcast by it over NCCL on the communication stream, after the compute
  * enqueued so far (so a window is refilled only once its last user ran); wait
  * blocks, bounded, until they completed. Host path: the pieces gathered
  * through the host, in chunks, done when start returns. */
-void train_dist_zero3_gather(TrainDist *d, const Backend *be, size_t numel, ParamsGather *out);
+void train_dist_zero3_gather(TrainDist *d, const Backend *be, ParamsGather *out);
 
 /* After an error (the ranks may not all have enqueued the same collectives,
  * so some may never complete): drops the overlap path's in-flight ones and

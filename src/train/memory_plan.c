@@ -53,9 +53,23 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     if (in->zero_stage >= 3 && !in->lora) {
         /* this rank's part, two layer windows and the edges; the whole weights only while generating */
         p->weights_gathered = p->weights;
-        p->weights = model_params_partition_plan_bytes(m, shard);
+        p->weights = model_params_partition_plan_bytes(m, shard, true);
     }
     p->reference = in->reference_model ? p->weights : 0;
+    for (int k = 0; k < in->n_reward_models; k++) {
+        /* as rewards.c holds them: cut like the policy when the shape allows; a part alone under zero_stage 3 */
+        char why[ERR_LEN];
+        int tp = in->tensor_parallel_size > 1 && model_tp_check(&in->reward_models[k], in->tensor_parallel_size, why) == 0
+                     ? in->tensor_parallel_size : 1;
+        Model *rm = model_plan_shell(&in->reward_models[k], &plan_be, NULL, tp);
+        size_t whole = model_weight_bytes(rm), numel = 0;
+        model_params_flat(rm, &numel);
+        if (in->zero_stage >= 3 && in->world_size > 1) {
+            p->reward_models += model_params_partition_plan_bytes(rm, optim_shard_elements(numel, in->world_size), false);
+            if (whole > p->reward_model_gathered) p->reward_model_gathered = whole;
+        } else p->reward_models += whole;
+        model_free(rm);
+    }
     /* zero_stage 2: two layers' windows and the edge stages, plus this rank's shard of the sum */
     p->gradients = in->zero_stage >= 2 ? model_grads_plan_bytes(m, true) : trainable * 4;
     int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
@@ -71,7 +85,8 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     model_free(m);
     p->backend = in->gpu ? (in->backend_scratch ? in->backend_scratch : MEMORY_PLAN_CUDA_OVERHEAD) : 0;
 
-    size_t persistent = p->weights + p->adapters + p->reference + p->gradients + p->optimizer + p->backend;
+    size_t persistent =
+        p->weights + p->adapters + p->reference + p->reward_models + p->gradients + p->optimizer + p->backend;
     double room = in->device_free;
     p->recompute = in->recompute;
     if (!p->recompute && (double)(persistent + p->activations_full + TRAIN_HEADROOM) > room &&
@@ -91,6 +106,8 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     }
     p->generate_peak = gen_persistent + p->engine_scratch + p->kv_min;
     if (gather_peak > p->generate_peak) p->generate_peak = gather_peak;
+    /* scoring under zero_stage 3: a reward model whole beside its part (as gathered), the engine asleep */
+    if (persistent + p->reward_model_gathered > p->generate_peak) p->generate_peak = persistent + p->reward_model_gathered;
     p->peak = p->train_peak > p->generate_peak ? p->train_peak : p->generate_peak;
     double engine_wants = (double)(p->engine_scratch + p->kv_want + p->headroom);
     size_t beside = p->train_peak + (gen_persistent - persistent) + p->engine_scratch + p->kv_want;
@@ -152,12 +169,12 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
 }
 
 int memory_plan_error(const MemoryPlan *p, const MemoryPlanInput *in, char *err) {
-    char parts[ERR_LEN / 2], tips[ERR_LEN / 2] = "";
+    char parts[ERR_LEN], tips[ERR_LEN / 2] = "";
     snprintf(parts, sizeof parts,
-             "weights %.1f GB%s%s, gradients %.1f GB, optimizer state %.1f GB%s, activations %.1f GB%s, KV cache %.1f GB "
+             "weights %.1f GB%s%s, reward models %.1f GB, gradients %.1f GB, optimizer state %.1f GB%s, activations %.1f GB%s, KV cache %.1f GB "
              "(one sequence) + engine scratch %.1f GB, CUDA/backend %.1f GB",
              (p->weights + p->adapters) / GB, p->reference ? " (+ reference model)" : "",
-             p->weights_gathered ? " (+ the whole weights while generating)" : "", p->gradients / GB,
+             p->weights_gathered ? " (+ the whole weights while generating)" : "", p->reward_models / GB, p->gradients / GB,
              p->optimizer / GB, in->offload ? " (offloaded)" : "", p->activations / GB,
              p->recompute ? " (with recompute)" : "", p->kv_min / GB, p->engine_scratch / GB, p->backend / GB);
     size_t used = 0;
@@ -185,6 +202,10 @@ void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp)
     if (p->weights_gathered) row(fp, "weights gathered whole", p->weights_gathered, "zero_stage 3: while generating");
     if (p->adapters) row(fp, "LoRA adapters", p->adapters, NULL);
     if (p->reference) row(fp, "reference model", p->reference, "beta > 0");
+    if (in->n_reward_models)
+        row(fp, "reward models", p->reward_models, p->reward_model_gathered ? "zero_stage 3: this rank's parts" : NULL);
+    if (p->reward_model_gathered)
+        row(fp, "reward model gathered whole", p->reward_model_gathered, "zero_stage 3: while it scores");
     row(fp, "gradients (fp32)", p->gradients, NULL);
     row(fp, "optimizer state", p->optimizer, in->offload ? "offloaded to the host" : NULL);
     row(fp, "training activations", p->activations,
@@ -215,6 +236,8 @@ json_t *memory_plan_json(const MemoryPlan *p, const MemoryPlanInput *in) {
     json_object_set_new(dev, "weights", gb(p->weights + p->adapters));
     json_object_set_new(dev, "weights_gathered", gb(p->weights_gathered));
     json_object_set_new(dev, "reference_model", gb(p->reference));
+    json_object_set_new(dev, "reward_models", gb(p->reward_models));
+    json_object_set_new(dev, "reward_model_gathered", gb(p->reward_model_gathered));
     json_object_set_new(dev, "gradients", gb(p->gradients));
     json_object_set_new(dev, "optimizer_state", gb(p->optimizer));
     json_object_set_new(dev, "activations", gb(p->activations));

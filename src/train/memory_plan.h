@@ -20,6 +20,8 @@
 #include "model/lora.h"
 #include "model/model.h"
 
+#define MEMORY_PLAN_MAX_REWARD_MODELS 8
+
 typedef struct MemoryPlanInput {
     ModelConfig model;
     DType storage;          /* the backend's storage dtype (cuda: BF16, cpu: F32) */
@@ -31,6 +33,10 @@ typedef struct MemoryPlanInput {
     bool offload;
     const LoraConfig *lora;  /* use_peft, or NULL */
     bool reference_model;    /* beta > 0 without LoRA: a second copy of the weights */
+    /* Reward models ({type: model}): each cut across the tensor-parallel group when its shape allows, else
+     * whole; at zero_stage 3 over several ranks partitioned (its 1/world_size at rest, whole while scoring). */
+    ModelConfig reward_models[MEMORY_PLAN_MAX_REWARD_MODELS];
+    int n_reward_models;
     int batch;               /* per_device_train_batch_size */
     int max_seq;             /* longest prompt + max_completion_length */
     int gen_seqs;            /* completions this rank generates per round */
@@ -45,6 +51,8 @@ typedef struct MemoryPlanInput {
 typedef struct MemoryPlan {
     size_t weights, adapters, reference, gradients, optimizer;
     size_t weights_gathered; /* zero_stage 3: the whole weights, gathered while generating (0 otherwise) */
+    size_t reward_models;    /* the reward models' weights at rest (zero_stage 3: this rank's parts) */
+    size_t reward_model_gathered; /* zero_stage 3: the largest reward model whole, while it scores (0 otherwise) */
     size_t activations_full, activations_recompute, activations; /* the chosen one */
     size_t engine_scratch, kv_min, kv_want, headroom, backend;
     size_t host_optimizer; /* offloaded state and staging */

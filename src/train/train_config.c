@@ -83,7 +83,7 @@ static const ConfigKey KEYS[] = {
       "extra variables of the chat template for conversational prompts, e.g. {enable_thinking: false} (Qwen3)"),
     K(eval_dataset, KEY_STRING, "held-out prompts, scored before and after training"),
     K(output_dir, KEY_STRING, "where metrics, checkpoints and the final model go"),
-    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model, ...}, "
+    K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model|judge, ...}, "
                                    "\"rewards.py:FUNCTION\", a reward model's folder, or TRL's think_format_reward / "
                                    "accuracy_reward; docs/rewards.md)"),
     K(tools, KEY_JSON_LIST,
@@ -119,8 +119,9 @@ static const ConfigKey KEYS[] = {
     KI_NULL(num_generations_eval, 0, TRAIN_CONFIG_MAX_BATCH,
             "completions per eval_dataset prompt (0 or null: num_generations)"),
     KI(max_completion_length, 1, TRAIN_CONFIG_MAX_LENGTH, "tokens per completion at most"),
-    KI(max_prompt_length, 1, TRAIN_CONFIG_MAX_LENGTH,
-       "prompt tokens kept (longer prompts lose their left part, as TRL)"),
+    KI_NULL(max_prompt_length, 0, TRAIN_CONFIG_MAX_LENGTH,
+            "prompt tokens kept (longer prompts lose their left part); null or 0 (the default): whole prompts, as "
+            "TRL 1.16, which has no such setting (engine and memory plan sized from the dataset's longest prompt)"),
     KD(temperature, KEY_DOUBLE, 1e-3, RANGE_CLOSED, 100, "sampling temperature (also divides the logits when scoring)"),
     KD(top_p, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 1, "nucleus sampling"),
     KI_NULL(top_k, 0, TRAIN_CONFIG_MAX_TOP_K, "top-k sampling (0 = off)"),
@@ -607,7 +608,7 @@ static const TrlKey TRL_KEYS[] = {
     NOOP("vllm_model_impl", "colt generates with its own engine"),
     BOOL_NOOP("vllm_enable_sleep_mode",
               "colt's engine borrows the trainer's weights and gives its KV cache back before every training phase"),
-    NOOP("vllm_max_model_length", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
+    NOOP("vllm_max_model_length", "colt's engine sizes sequences from the longest prompt + max_completion_length"),
     ONLY("multi_objective_aggregation", "sum_then_normalize",
          "colt sums the weighted rewards, then normalises (sum_then_normalize); normalize_then_sum is not "
          "supported yet"),
@@ -640,7 +641,7 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("vllm_enable_prefix_caching",
               "colt's engine shares each prompt's KV cache among its num_generations completions"),
     ALIAS("vllm_guided_decoding_regex", "vllm_structured_outputs_regex"), /* TRL's name before 0.24 */
-    NOOP("vllm_max_model_len", "colt's engine sizes sequences from max_prompt_length + max_completion_length"),
+    NOOP("vllm_max_model_len", "colt's engine sizes sequences from the longest prompt + max_completion_length"),
     BOOL_NOOP("overwrite_output_dir", "colt writes into output_dir whether or not it exists"),
     ALIAS("evaluation_strategy", "eval_strategy"),
     BOOL_NOOP("group_by_length", T_SAMPLER),
@@ -689,7 +690,7 @@ void train_config_defaults(TrainConfig *c) {
     c->max_grad_norm = 1.0;
     c->num_generations = 8;
     c->max_completion_length = 512; /* TRL 1.16's */
-    c->max_prompt_length = 512;
+    c->max_prompt_length = 0; /* no cut: TRL 1.16 has no max_prompt_length */
     c->temperature = 1.0;
     c->top_p = 1.0;
     c->top_k = 0;
@@ -1687,21 +1688,29 @@ static bool one_of(const char *s, const char *const *names) {
 }
 
 /* The batch and length products the trainer forms, in 64 bits (each factor is
- * already within its key's range). */
-static int check_products(const TrainConfig *c, char *err) {
-    int64_t seq = (int64_t)c->max_prompt_length + c->max_completion_length;
+ * already within its key's range), for prompts of prompt_tokens at most:
+ * max_prompt_length when set; the dataset's longest once known (the trainer
+ * checks again then, train_config_check_lengths). */
+int train_config_check_lengths(const TrainConfig *c, int prompt_tokens, char *err) {
+    const char *what = c->max_prompt_length > 0 ? "max_prompt_length" : "the longest prompt";
+    int64_t seq = (int64_t)prompt_tokens + c->max_completion_length;
     int64_t micro_tokens = (int64_t)c->per_device_train_batch_size * seq;
     if (micro_tokens > TRAIN_CONFIG_MAX_TOKENS)
-        return errorf(err, "settings: per_device_train_batch_size %d x (max_prompt_length %d + max_completion_length %d) "
+        return errorf(err, "settings: per_device_train_batch_size %d x (%s %d + max_completion_length %d) "
                            "= %lld tokens per micro-batch, more than the %d allowed: lower one of them",
-                      c->per_device_train_batch_size, c->max_prompt_length, c->max_completion_length,
+                      c->per_device_train_batch_size, what, prompt_tokens, c->max_completion_length,
                       (long long)micro_tokens, TRAIN_CONFIG_MAX_TOKENS);
     int64_t round_tokens = (int64_t)c->generation_batch_size * seq;
     if (round_tokens > TRAIN_CONFIG_MAX_TOKENS)
-        return errorf(err, "settings: generation_batch_size %d x (max_prompt_length %d + max_completion_length %d) = "
+        return errorf(err, "settings: generation_batch_size %d x (%s %d + max_completion_length %d) = "
                            "%lld tokens per generation round, more than the %d allowed: lower one of them",
-                      c->generation_batch_size, c->max_prompt_length, c->max_completion_length,
+                      c->generation_batch_size, what, prompt_tokens, c->max_completion_length,
                       (long long)round_tokens, TRAIN_CONFIG_MAX_TOKENS);
+    return COLT_OK;
+}
+
+static int check_products(const TrainConfig *c, char *err) {
+    if (train_config_check_lengths(c, c->max_prompt_length, err) != 0) return COLT_ERR;
     int64_t eval_completions = (int64_t)c->num_eval_prompts * c->num_generations;
     if (eval_completions > TRAIN_CONFIG_MAX_COMPLETIONS)
         return errorf(err, "settings: num_eval_prompts %d x num_generations %d = %lld eval completions, more than the %d "

@@ -192,6 +192,8 @@ typedef struct TrainConfig {
  * 64 bits:
  *   per_device_train_batch_size x (max_prompt_length + max_completion_length) <= MAX_TOKENS
  *   generation_batch_size x (max_prompt_length + max_completion_length)       <= MAX_TOKENS
+ * (without max_prompt_length, the default, the trainer checks both again with
+ * the dataset's longest prompt: train_config_check_lengths)
  *   generation_batch_size (given or batch x steps_per_generation)             <= MAX_COMPLETIONS
  *   steps_per_generation (given or generation_batch_size / batch)             <= MAX_BATCH
  *   num_eval_prompts x num_generations                                        <= MAX_COMPLETIONS
@@ -226,6 +228,9 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
 /* Resolves defaults that depend on other settings and checks every value
  * (num_generations >= 2, divisibility of batch sizes, ranges, names). */
 int train_config_finalize(TrainConfig *c, char *err);
+/* The token products above for prompts of prompt_tokens at most (the
+ * dataset's longest, once tokenized): a one-line error naming the settings. */
+int train_config_check_lengths(const TrainConfig *c, int prompt_tokens, char *err);
 
 /* vllm_mode server with tensor_parallel_size > 1 is refused (checked by
  * finalize, and by colt train before it starts any process). */

@@ -230,6 +230,8 @@ void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelCo
     char err[ERR_LEN];
     in->lora = c->use_peft && train_config_lora(c, lora_out, err) == 0 ? lora_out : NULL;
     in->reference_model = c->beta > 0 && !c->use_peft;
+    for (size_t k = 0; k < json_array_size(c->reward_funcs) && in->n_reward_models < MEMORY_PLAN_MAX_REWARD_MODELS; k++)
+        in->n_reward_models += reward_model_config(&in->reward_models[in->n_reward_models], json_array_get(c->reward_funcs, k));
     in->batch = c->per_device_train_batch_size;
     in->max_seq = max_prompt_tokens + c->max_completion_length;
     in->gen_seqs = c->generation_batch_size / (world_size > 0 ? world_size : 1);
@@ -425,17 +427,20 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
             free(text);
             if (n + c->max_completion_length > mc->max_position_embeddings)
                 return errorf(err, "%s row %zu: prompt of %d tokens + max_completion_length %d exceeds the model's "
-                                   "max_position_embeddings (%d); shorten the prompt, lower max_prompt_length "
-                                   "(prompts are cut from the left) or max_completion_length",
+                                   "max_position_embeddings (%d); shorten the prompt, set max_prompt_length "
+                                   "(prompts are cut from the left) or lower max_completion_length",
                               names[d], i, n, c->max_completion_length, mc->max_position_embeddings);
             if (n > t->max_prompt_tokens) t->max_prompt_tokens = n;
         }
     }
-    /* An environment's reset() adds to the prompt: buffers take the longest prompt that fits. */
+    /* An environment's reset() adds to the prompt by an amount known only then: buffers take the longest
+     * prompt that fits (max_prompt_length, when set, bounds it; a plan that does not fit says to set it). */
     if (c->environment_factory) {
         int room = mc->max_position_embeddings - c->max_completion_length;
-        t->max_prompt_tokens = c->max_prompt_length < room ? c->max_prompt_length : room;
+        t->max_prompt_tokens = c->max_prompt_length > 0 && c->max_prompt_length < room ? c->max_prompt_length : room;
     }
+    /* without max_prompt_length the longest prompt bounds the token counts (settings checked them otherwise) */
+    if (train_config_check_lengths(c, t->max_prompt_tokens, err) != 0) return COLT_ERR;
     if (plan_memory(t, c, mc, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;

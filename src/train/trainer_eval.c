@@ -115,10 +115,15 @@ int trainer_evaluate(Trainer *t, const char *tag, double *mean_reward, char *err
     int *completion_lens = xcalloc((size_t)chunk + 1, sizeof(int));
     for (int j = 0; j < n_local && rc == 0; j++) completion_ids[j] = seqs[j].tokens, completion_lens[j] = seqs[j].n_tokens;
     json_t *const *messages = t->tool_worker && t->agent.n == n_local && n_local > 0 ? t->agent.messages : NULL;
-    if (rc == 0 && n_local > 0)
-        rc = trainer_score_completions(t, mine_rewards, environments ? t->agent.rows : t->eval_data, rows, prompts,
-                                       completions, messages, completion_ids, completion_lens, n_local, environments,
-                                       err);
+    /* every rank, also with none: a reward model's scoring may be collective (trainer_score_completions) */
+    char score_err[ERR_LEN];
+    if (trainer_score_completions(t, mine_rewards, environments ? t->agent.rows : t->eval_data, rows, prompts,
+                                  completions, messages, completion_ids, completion_lens, rc == 0 ? n_local : 0,
+                                  environments, score_err) != 0 &&
+        rc == 0) {
+        snprintf(err, ERR_LEN, "%s", score_err);
+        rc = COLT_ERR;
+    }
     free(completion_ids), free(completion_lens);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = train_dist_gather(&t->dist, per_func, mine_rewards, sizeof(float) * (size_t)chunk * F, err);

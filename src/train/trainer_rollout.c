@@ -28,11 +28,15 @@ int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, ch
 
 /* A reward model runs on the trainer's backend, beside the policy, cut across
  * the policy's tensor-parallel group (whose ranks score the same completions:
- * dist is the data-parallel group); under ZeRO-3 every rank holds it whole. */
+ * dist is the data-parallel group) and, under ZeRO-3, partitioned across the
+ * data-parallel ranks like the policy (trainer_score_completions then calls
+ * every reward on every rank). */
 int trainer_create_reward(Trainer *t, RewardFunc **out, json_t *spec, char *err) {
+    WeightPartition zero3;
     RewardContext ctx = {.be = t->be, .prompt_column = t->cfg->dataset_prompt_column,
                          .chat_template_kwargs = t->cfg->chat_template_kwargs,
-                         .tp = mesh_tensor_parallel(&t->mesh, &t->tp_hooks)};
+                         .tp = mesh_tensor_parallel(&t->mesh, &t->tp_hooks),
+                         .zero3 = dist_optimizer_forward_partition(&t->optimizer, &zero3) ? &zero3 : NULL};
     return reward_create_ctx(out, spec, &ctx, err);
 }
 
@@ -73,23 +77,30 @@ int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const siz
     float *values = xmalloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++) rows[i] = dataset_row(d, rows_of_sample[i]);
     int rc = COLT_OK;
-    for (int k = 0; k < t->n_rewards && rc == 0; k++) {
+    /* Every reward is called on every rank, also with nothing to score or after
+     * a failure (then with none): a reward model's scoring under ZeRO-3 gathers
+     * its weights from every data-parallel rank. The environments' rewards and
+     * Python rewards given environments are this rank's alone. */
+    for (int k = 0; k < t->n_rewards; k++) {
         RewardFunc *r = t->rewards[k];
+        char reward_err[ERR_LEN];
         double timeout_s;
         char *python = r && environments ? reward_python_function(r, &timeout_s) : NULL;
-        if (!r) rc = trainer_environment_rewards(t, values, n, err);
+        int m = rc == 0 ? n : 0, krc = COLT_OK;
+        if (!r) krc = m > 0 ? trainer_environment_rewards(t, values, m, reward_err) : COLT_OK;
         else if (python)
-            rc = python_reward_with_environments(t, r, values, prompts, completions, messages, ids, id_lens, rows, n,
-                                                 err);
-        else rc = reward_compute_messages(r, values, prompts, completions, messages, ids, id_lens, rows, n, err);
+            krc = m > 0 ? python_reward_with_environments(t, r, values, prompts, completions, messages, ids, id_lens,
+                                                          rows, m, reward_err)
+                        : COLT_OK;
+        else krc = reward_compute_messages(r, values, prompts, completions, messages, ids, id_lens, rows, m, reward_err);
         free(python);
-        if (rc != 0) {
+        if (krc != 0 && rc == 0) {
             char prefix[128];
             snprintf(prefix, sizeof prefix, "reward '%s'", trainer_reward_name(t, k));
+            snprintf(err, ERR_LEN, "%s", reward_err);
             rc = strncmp(err, prefix, strlen(prefix)) == 0 ? COLT_ERR : error_prefix(err, "%s", prefix);
-            break;
         }
-        for (int i = 0; i < n; i++) per_func[(size_t)i * t->n_rewards + k] = values[i];
+        for (int i = 0; i < n && rc == 0; i++) per_func[(size_t)i * t->n_rewards + k] = values[i];
     }
     free(values);
     free(rows);

@@ -12,10 +12,14 @@ tests/data/models/tiny-llama3-f32 (its Llama 3 chat template ends every message 
 Then tests/data/models/reward_model_goldens.json:
   - "ids": token sequences (some with pad ids inside and at the end) scored by the model in one right-padded
     batch with its attention mask, config.pad_token_id set as TRL sets it: logits[:, 0];
-  - "plain" and "conversational": prompts and completions scored exactly as TRL 1.16's
+  - "plain", "conversational" and "multi_turn": prompts and completions scored exactly as TRL 1.16's
     GRPOTrainer._calculate_rewards scores a model reward (trl.data_utils.apply_chat_template with the reward
     model's own tokenizer for conversational prompts, prompt + completion for plain ones; the tokenizer called
-    with padding=True, padding_side="right", add_special_tokens=False), with the texts and ids for diagnosis.
+    with padding=True, padding_side="right", add_special_tokens=False), with the texts and ids for diagnosis;
+    "multi_turn" completions are lists of messages as a tool-calling rollout makes them (assistant turns with
+    tool_calls, tool results), the conversation prompt + completion rendered with the reward model's template.
+The reward models' chat template is the base one plus each assistant turn's tool calls (name and arguments), so
+a conversation's calls reach the scored text.
 
 Usage: python3 tests/ref/make_reward_model_goldens.py
 """
@@ -42,6 +46,39 @@ CHAT_PROMPTS = [
     [{"role": "user", "content": "Once upon a time"}],
 ]
 CHAT_COMPLETIONS = ["The answer is four.", "four", "there was a small model that answered questions."]
+TOOL_PROMPTS = [
+    [{"role": "user", "content": "What is 12 times 7?"}],
+    [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Weather in Paris?"}],
+    [{"role": "user", "content": "Add 2 and 3, then double it."}],
+]
+TOOL_COMPLETIONS = [
+    [{"role": "assistant", "content": "",
+      "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"a": 12, "b": 7}}}]},
+     {"role": "tool", "name": "multiply", "content": "84"},
+     {"role": "assistant", "content": "12 times 7 is 84."}],
+    [{"role": "assistant", "content": "Let me look.",
+      "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "name": "weather", "content": "sunny, 21 C"},
+     {"role": "assistant", "content": "It is sunny in Paris."}],
+    [{"role": "assistant", "content": "",
+      "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+     {"role": "tool", "name": "add", "content": "5"},
+     {"role": "assistant", "content": "",
+      "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"a": 5, "b": 2}}}]},
+     {"role": "tool", "name": "multiply", "content": "10"},
+     {"role": "assistant", "content": "The answer is 10."}],
+]
+# The base template with each assistant turn's tool calls rendered (names and arguments in a fixed order, no
+# dict-to-JSON filter whose spacing could differ between template engines).
+RM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim }}"
+    "{% if message['tool_calls'] is defined %}{% for call in message['tool_calls'] %}"
+    "<call>{{ call['function']['name'] }}"
+    "{% for key, value in call['function']['arguments'].items() %} {{ key }}={{ value }}{% endfor %}</call>"
+    "{% endfor %}{% endif %}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
 
 
 def make_rm(arch, seed):
@@ -82,9 +119,11 @@ def load_as_trl(path):
 
 
 def trl_scores(model, tok, prompts, completions):
-    """GRPOTrainer._calculate_rewards' branch for a model reward (TRL 1.16), verbatim but for the device moves."""
+    """GRPOTrainer._calculate_rewards' branch for a model reward (TRL 1.16), verbatim but for the device moves.
+    Conversational completions are lists of messages, as TRL makes them (one assistant turn, or a tool-calling
+    rollout's turns)."""
     if is_conversational({"prompt": prompts[0]}):
-        completions = [[{"role": "assistant", "content": c}] for c in completions]
+        completions = [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
         messages = [{"messages": p + c} for p, c in zip(prompts, completions, strict=True)]
         texts = [apply_chat_template(x, tok)["text"] for x in messages]
     else:
@@ -127,6 +166,7 @@ def main():
         tok = AutoTokenizer.from_pretrained(TOKENIZER)
         if pad_token:
             tok.pad_token = pad_token
+        tok.chat_template = RM_TEMPLATE
         tok.save_pretrained(path)
         model, tok = load_as_trl(path)
         pad = tok.pad_token_id
@@ -138,14 +178,16 @@ def main():
                  "ids": [{"ids": s, "score": x, "score_bf16": y}
                          for s, x, y in zip(seqs, padded_scores(model, pad, seqs), bf16_scores)]}
         for kind, prompts, completions in (("plain", PLAIN_PROMPTS, PLAIN_COMPLETIONS),
-                                           ("conversational", CHAT_PROMPTS, CHAT_COMPLETIONS)):
+                                           ("conversational", CHAT_PROMPTS, CHAT_COMPLETIONS),
+                                           ("multi_turn", TOOL_PROMPTS, TOOL_COMPLETIONS)):
             texts, ids, scores = trl_scores(model, tok, prompts, completions)
             entry[kind] = [{"prompt": p, "completion": c, "text": t, "ids": i, "score": s}
                            for p, c, t, i, s in zip(prompts, completions, texts, ids, scores)]
         # The chat ends with the eos: when it is the pad id, the token before it is scored, else the eos itself.
         last = entry["conversational"][0]["ids"][-1]
         print(f"{name}: pad id {pad}, a chat ends with id {last} ({tok.convert_ids_to_tokens(last)}); scores "
-              + " ".join(f"{e['score']:.4f}" for e in entry["plain"] + entry["conversational"]))
+              + " ".join(f"{e['score']:.4f}" for e in entry["plain"] + entry["conversational"] + entry["multi_turn"]))
+        assert all("<call>" in e["text"] for e in entry["multi_turn"])  # the calls reach the scored text
         scores = [e["score"] for e in entry["plain"] + entry["conversational"] + entry["ids"]]
         assert max(scores) - min(scores) > 0.1, scores  # scores that differ: a test that can fail
         goldens["models"].append(entry)

@@ -3,11 +3,15 @@
  * a list of strings, a list of lists of ids) or messages (chat), n,
  * max_tokens (chat also max_completion_tokens), temperature, top_p, top_k,
  * min_p, repetition_penalty, seed, stop, stop_token_ids, ignore_eos,
- * logprobs (completions: 0; chat: true, top_logprobs 0), stream,
- * stream_options.include_usage, return_token_ids, user; chat also tools,
- * tool_choice "none"/"auto", chat_template_kwargs, response_format text.
- * What colt cannot honour (echo, best_of != n, suffix, presence and frequency
- * penalties, logit_bias, top log-probs) is refused with a 400 naming it, and
+ * logprobs (completions: 0-20 alternatives; chat: true, top_logprobs 0-20),
+ * echo (completions; with max_tokens 0 too: lm-eval's log-likelihoods),
+ * stream, stream_options.include_usage, return_token_ids, user; chat also
+ * tools, tool_choice "none"/"auto", chat_template_kwargs, response_format text.
+ * Top alternatives and the prompt's log-probs come from a scoring forward
+ * after the completion (serve_request_want_scores): the model's raw
+ * log-softmax, vLLM's default logprobs_mode. What colt cannot honour
+ * (best_of != n, suffix, presence and frequency penalties, logit_bias, echo
+ * or top alternatives while streaming) is refused with a 400 naming it, and
  * so is any parameter not listed: a request is never half-understood. */
 #include "serve/openai.h"
 
@@ -86,9 +90,11 @@ static int read_bool(json_t *o, const char *key, bool *out, const char **param, 
 
 /* ---------------------------------------------------------------- prompts */
 
-static void add_prompt(OpenAIRequest *r, int *ids, int n) {
+static void add_prompt(OpenAIRequest *r, int *ids, int n, const char *text) {
     r->prompts = xrealloc(r->prompts, sizeof(int *) * (size_t)(r->n_prompts + 1));
     r->prompt_lens = xrealloc(r->prompt_lens, sizeof(int) * (size_t)(r->n_prompts + 1));
+    r->prompt_texts = xrealloc(r->prompt_texts, sizeof(char *) * (size_t)(r->n_prompts + 1));
+    r->prompt_texts[r->n_prompts] = text ? xstrdup(text) : NULL;
     r->prompts[r->n_prompts] = ids;
     r->prompt_lens[r->n_prompts++] = n;
 }
@@ -105,7 +111,7 @@ static int ids_prompt(OpenAIRequest *r, json_t *arr, const char *where, int voca
         }
         ids[i] = (int)json_integer_value(v);
     }
-    add_prompt(r, ids, (int)n);
+    add_prompt(r, ids, (int)n, NULL);
     return COLT_OK;
 }
 
@@ -116,7 +122,7 @@ static int text_prompt(OpenAIRequest *r, const char *text, const char *where, co
         free(ids);
         return errorf(err, "%s is empty: generation needs at least one token", where);
     }
-    add_prompt(r, ids, n);
+    add_prompt(r, ids, n, text);
     return COLT_OK;
 }
 
@@ -210,7 +216,7 @@ static int read_chat_prompt(OpenAIRequest *r, json_t *body, const OpenAIContext 
         free(ids);
         return errorf(err, "'messages' renders to an empty prompt");
     }
-    add_prompt(r, ids, n);
+    add_prompt(r, ids, n, NULL);
     return COLT_OK;
 }
 
@@ -271,10 +277,6 @@ static int refuse_unsupported(json_t *body, OpenAIEndpoint ep, int n, const char
     if (bias && (!json_is_object(bias) || json_object_size(bias) > 0))
         return errorf(err, "'logit_bias' is not supported; leave it out or empty");
     if (ep == OPENAI_COMPLETIONS) {
-        bool echo = false;
-        if (read_bool(body, "echo", &echo, param, err) != 0) return COLT_ERR;
-        *param = "echo";
-        if (echo) return errorf(err, "'echo' is not supported");
         long long best_of;
         if (read_int(body, "best_of", 1, MAX_N, &best_of, &present, param, err) != 0) return COLT_ERR;
         if (present && best_of != n) return errorf(err, "'best_of' other than n is not supported");
@@ -405,26 +407,40 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
     if (so && read_bool(so, "include_usage", &r->include_usage, param, err) != 0) goto fail;
     if (endpoint == OPENAI_COMPLETIONS) {
         if (read_int(body, "logprobs", 0, 20, &v, &present, param, err) != 0) goto fail;
-        if (present && v > 0) {
-            rc = errorf(err, "'logprobs' above 0 is not supported: colt returns the sampled token's log-prob "
-                             "(logprobs: 0), not the top alternatives");
-            goto done;
-        }
         r->logprobs = present;
+        r->top_logprobs = present ? (int)v : 0;
+        if (read_bool(body, "echo", &r->echo, param, err) != 0) goto fail;
     } else {
         if (read_bool(body, "logprobs", &r->logprobs, param, err) != 0) goto fail;
         if (read_int(body, "top_logprobs", 0, 20, &v, &present, param, err) != 0) goto fail;
-        if (present && v > 0) {
-            rc = errorf(err, "'top_logprobs' above 0 is not supported: colt returns the sampled token's log-prob only");
+        if (present && v > 0 && !r->logprobs) {
+            rc = errorf(err, "'top_logprobs' needs \"logprobs\": true");
             goto done;
         }
+        r->top_logprobs = present ? (int)v : 0;
+    }
+    r->scores = r->logprobs && (r->echo || r->top_logprobs > 0);
+    *param = r->echo ? "echo" : endpoint == OPENAI_CHAT ? "top_logprobs" : "logprobs";
+    if (r->scores && r->stream) {
+        rc = errorf(err, "'%s' is not supported with \"stream\": true (ask without streaming)", *param);
+        goto done;
+    }
+    if (r->echo && r->stream) {
+        rc = errorf(err, "'echo' is not supported with \"stream\": true (ask without streaming)");
+        goto done;
+    }
+    if (r->scores && !ctx->can_score) {
+        rc = errorf(err, "'%s' needs the prompt scored, which a tensor-parallel colt serve does not do yet; "
+                         "serve with --tensor_parallel_size 1", *param);
+        goto done;
     }
 
     /* Lengths: max_tokens (chat: or max_completion_tokens) against the server's limit and the context. */
     long long max_tokens = 0;
     bool given = false;
     const char *max_key = "max_tokens";
-    if (read_int(body, "max_tokens", 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
+    /* max_tokens 0 with echo: the prompt's log-probs alone (vLLM's, lm-eval's log-likelihoods) */
+    if (read_int(body, "max_tokens", r->echo ? 0 : 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
     if (!given && endpoint == OPENAI_CHAT) {
         max_key = "max_completion_tokens";
         if (read_int(body, max_key, 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
@@ -441,7 +457,7 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
         max_tokens = endpoint == OPENAI_COMPLETIONS ? 16 : ctx->max_model_len - longest;
         if (max_tokens > ctx->max_tokens_limit) max_tokens = ctx->max_tokens_limit;
     }
-    if (longest + max_tokens > ctx->max_model_len || max_tokens < 1) {
+    if (longest + (max_tokens < 1 ? 1 : max_tokens) > ctx->max_model_len || (max_tokens < 1 && !r->echo)) {
         *param = endpoint == OPENAI_CHAT ? "messages" : "prompt";
         rc = errorf(err, "this model's maximum context length is %d tokens; the request asks for %lld (%d in the "
                          "prompt, %lld for the completion): shorten the prompt or max_tokens",
@@ -462,7 +478,8 @@ void openai_take_prompts(OpenAIRequest *r) { r->prompts = NULL; /* n_prompts and
 
 void openai_request_free(OpenAIRequest *r) {
     for (int i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i]);
-    free(r->prompts), free(r->prompt_lens), free(r->stop_ids);
+    for (int i = 0; r->prompt_texts && i < r->n_prompts; i++) free(r->prompt_texts[i]);
+    free(r->prompts), free(r->prompt_lens), free(r->stop_ids), free(r->prompt_texts);
     for (int i = 0; i < r->n_stop_strings; i++) free(r->stop_strings[i]);
     free(r->stop_strings);
     memset(r, 0, sizeof *r);
@@ -593,6 +610,110 @@ static json_t *logprobs_json(const OpenAIRequest *req, const GenSequence *g, int
     return out;
 }
 
+/* Each token's text, as what it adds to the text of the ids before it,
+ * decoded over a window of the WINDOW ids before it (a token's text may
+ * depend on its neighbours: byte-level pieces of one character, sentencepiece
+ * spaces); a token that adds nothing shows as itself. pieces[n], malloc'd. */
+#define WINDOW 6
+static char **token_pieces(const Tokenizer *tok, const int *ids, int n, bool skip_special) {
+    char **pieces = xmalloc(sizeof(char *) * (size_t)(n > 0 ? n : 1));
+    for (int t = 0; t < n; t++) {
+        int from = t > WINDOW ? t - WINDOW : 0;
+        char *before = NULL, *with = NULL, *piece = NULL;
+        if (tokenizer_decode_generated(tok, ids + from, (size_t)(t - from), skip_special, &before, NULL) != 0)
+            before = xstrdup("");
+        if (tokenizer_decode_generated(tok, ids + from, (size_t)(t - from + 1), skip_special, &with, NULL) != 0)
+            with = xstrdup("");
+        size_t n_before = strlen(before);
+        if (strncmp(with, before, n_before) == 0 && with[n_before]) piece = xstrdup(with + n_before);
+        else if (tokenizer_decode_generated(tok, &ids[t], 1, false, &piece, NULL) != 0) piece = xstrdup("");
+        free(before), free(with);
+        pieces[t] = piece;
+    }
+    return pieces;
+}
+
+static char *one_token_text(const Tokenizer *tok, int id) {
+    char *s = NULL;
+    if (tokenizer_decode_generated(tok, &id, 1, false, &s, NULL) != 0) s = xstrdup("");
+    return s;
+}
+
+static json_t *bytes_json(const char *s) {
+    json_t *bytes = json_array();
+    for (const unsigned char *b = (const unsigned char *)s; *b; b++) json_array_append_new(bytes, json_integer(*b));
+    return bytes;
+}
+
+/* Log-probs from the scoring forward (ts: the prompt's and the completion's
+ * tokens), positions [from, to) of the prompt + completion ids. Completions:
+ * vLLM's shape — each position's top_logprobs a dict of its own token and the
+ * k most likely (k + 1 entries at most), text_offset in characters from the
+ * first position shown; the first prompt token (echo) has null log-probs.
+ * Chat: OpenAI's, the k most likely per token. */
+static json_t *scored_logprobs_json(const OpenAIRequest *req, const GenSequence *g, const TokenScores *ts, int from,
+                                    int to, const Tokenizer *tok) {
+    int n = g->prompt_len + (to - g->prompt_len);
+    int *ids = xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    memcpy(ids, g->prompt, sizeof(int) * (size_t)g->prompt_len);
+    if (to > g->prompt_len) memcpy(ids + g->prompt_len, g->tokens, sizeof(int) * (size_t)(to - g->prompt_len));
+    /* the prompt's pieces as its text shows them (specials included); the completion's as its text (skipped) */
+    char **prompt_pieces = token_pieces(tok, ids, g->prompt_len, false);
+    char **completion_pieces = token_pieces(tok, g->tokens, to - g->prompt_len, true);
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array(),
+           *content = json_array();
+    size_t offset = 0;
+    for (int t = from; t < to; t++) {
+        const char *piece = t < g->prompt_len ? prompt_pieces[t] : completion_pieces[t - g->prompt_len];
+        const int *best = ts->top_ids + (size_t)t * ts->k;
+        const float *best_lp = ts->top_logprobs + (size_t)t * ts->k;
+        if (req->endpoint == OPENAI_COMPLETIONS) {
+            json_array_append_new(tokens, text_value(piece, strlen(piece)));
+            json_array_append_new(offsets, json_integer((json_int_t)offset));
+            if (t == 0) {
+                json_array_append_new(lps, json_null());
+                json_array_append_new(tops, json_null());
+            } else {
+                json_array_append_new(lps, logprob_value(ts->logprob[t]));
+                json_t *d = json_object();
+                json_object_set_new(d, piece, logprob_value(ts->logprob[t]));
+                for (int q = 0; q < ts->k; q++) {
+                    if (best[q] == ids[t]) continue;
+                    char *s = one_token_text(tok, best[q]);
+                    json_object_set_new(d, s, logprob_value(best_lp[q]));
+                    free(s);
+                }
+                json_array_append_new(tops, d);
+            }
+        } else {
+            json_t *alts = json_array();
+            for (int q = 0; q < ts->k; q++) {
+                char *s = one_token_text(tok, best[q]);
+                json_array_append_new(alts, json_pack("{s:o,s:o,s:o}", "token", text_value(s, strlen(s)), "logprob",
+                                                      logprob_value(best_lp[q]), "bytes", bytes_json(s)));
+                free(s);
+            }
+            json_array_append_new(content, json_pack("{s:o,s:o,s:o,s:o}", "token", text_value(piece, strlen(piece)),
+                                                     "logprob", logprob_value(ts->logprob[t]), "bytes",
+                                                     bytes_json(piece), "top_logprobs", alts));
+        }
+        offset += utf8_chars(piece);
+    }
+    for (int t = 0; t < g->prompt_len; t++) free(prompt_pieces[t]);
+    for (int t = 0; t < to - g->prompt_len; t++) free(completion_pieces[t]);
+    free(prompt_pieces), free(completion_pieces), free(ids);
+    json_t *out;
+    if (req->endpoint == OPENAI_COMPLETIONS) {
+        out = json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                        "text_offset", offsets);
+        json_decref(content);
+    } else {
+        out = json_pack("{s:o}", "content", content);
+        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offsets);
+    }
+    return out;
+}
+
 static json_t *ids_json(const int *ids, int n) {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
@@ -620,11 +741,29 @@ char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const Cho
         const GenSequence *g = serve_request_sequence(sr, i);
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(i));
-        json_t *text = text_value(ct->text ? ct->text : "", ct->text ? strlen(ct->text) : 0);
+        char *echo = NULL;
+        if (req->echo) { /* the prompt as given, or its ids' text */
+            const char *given = req->prompt_texts[i / req->n];
+            if (given) echo = xstrdup(given);
+            else if (tokenizer_decode_generated(ctx->tok, g->prompt, (size_t)g->prompt_len, false, &echo, NULL) != 0)
+                echo = xstrdup("");
+        }
+        const char *completion = ct->text ? ct->text : "";
+        size_t n_echo = echo ? strlen(echo) : 0, n_text = n_echo + strlen(completion);
+        char *full = xmalloc(n_text + 1);
+        memcpy(full, echo ? echo : "", n_echo);
+        memcpy(full + n_echo, completion, n_text - n_echo + 1);
+        json_t *text = text_value(full, n_text);
+        free(full), free(echo);
         if (req->endpoint == OPENAI_COMPLETIONS) json_object_set_new(c, "text", text);
         else json_object_set_new(c, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
-        json_object_set_new(c, "logprobs",
-                            req->logprobs ? logprobs_json(req, g, 0, ct->n_tokens, ctx->tok) : json_null());
+        const TokenScores *ts = serve_request_scores(sr, i);
+        json_t *lp = json_null();
+        if (req->logprobs && req->scores && ts)
+            lp = scored_logprobs_json(req, g, ts, req->echo ? 0 : g->prompt_len, g->prompt_len + ct->n_tokens,
+                                      ctx->tok);
+        else if (req->logprobs) lp = logprobs_json(req, g, 0, ct->n_tokens, ctx->tok);
+        json_object_set_new(c, "logprobs", lp);
         json_object_set_new(c, "finish_reason", json_string(ct->finish_reason ? ct->finish_reason : "length"));
         if (req->return_token_ids) {
             json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));

@@ -30,6 +30,7 @@ typedef struct OpenAIContext {
     SamplingParams defaults;     /* for settings a request leaves out (seed: drawn per request) */
     const int *eos_ids;          /* the model's and tokenizer's end ids (data/prompt.h prompt_stop_ids) */
     int n_eos;
+    bool can_score;              /* the server scores prompts (echo with logprobs, top log-probs): one process */
 } OpenAIContext;
 
 /* A checked request. */
@@ -41,7 +42,12 @@ typedef struct OpenAIRequest {
     int *stop_ids, n_stop_ids;
     char **stop_strings;
     int n_stop_strings;
+    char **prompt_texts;         /* [n_prompts] the text of a text prompt (echo), NULL for ids */
     bool stream, include_usage, logprobs, return_token_ids;
+    bool echo;                   /* completions: the prompt's text (and, with logprobs, its tokens') first */
+    int top_logprobs;            /* alternatives per position (completions' logprobs: k; chat's top_logprobs) */
+    bool scores;                 /* logprobs come from the scoring forward (serve_request_want_scores): echo or
+                                  * top_logprobs > 0 */
     bool seeded;                 /* the request gave a seed (else random_seed, and the caller picks its streams) */
 } OpenAIRequest;
 

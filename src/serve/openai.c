@@ -2,7 +2,8 @@
  * OpenAI / vLLM names: model, prompt (completions: a string, a list of ids,
  * a list of strings, a list of lists of ids) or messages (chat), n,
  * max_tokens (chat also max_completion_tokens), temperature, top_p, top_k,
- * min_p, repetition_penalty, seed, stop, stop_token_ids, ignore_eos,
+ * min_p, repetition_penalty, presence_penalty, frequency_penalty,
+ * logit_bias (vLLM's semantics: sampler_apply_penalties), seed, stop, stop_token_ids, ignore_eos,
  * logprobs (completions: 0-20 alternatives; chat: true, top_logprobs 0-20),
  * echo (completions; with max_tokens 0 too: lm-eval's log-likelihoods),
  * stream, stream_options.include_usage, return_token_ids, user; chat also
@@ -10,8 +11,7 @@
  * Top alternatives and the prompt's log-probs come from a scoring forward
  * after the completion (serve_request_want_scores): the model's raw
  * log-softmax, vLLM's default logprobs_mode. What colt cannot honour
- * (best_of != n, suffix, presence and frequency penalties, logit_bias, echo
- * or top alternatives while streaming) is refused with a 400 naming it, and
+ * (best_of != n, suffix, echo or top alternatives while streaming) is refused with a 400 naming it, and
  * so is any parameter not listed: a request is never half-understood. */
 #include "serve/openai.h"
 
@@ -262,20 +262,38 @@ static int read_stop(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, c
     return COLT_OK;
 }
 
+/* logit_bias: {"token id": bias, ...} (OpenAI's and vLLM's), each bias clamped
+ * to [-100, 100] as vLLM does; ids in the vocabulary, each once. */
+static int read_logit_bias(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, const char **param, char *err) {
+    json_t *bias = field(body, "logit_bias");
+    if (!bias) return COLT_OK;
+    *param = "logit_bias";
+    if (!json_is_object(bias)) return errorf(err, "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(bias);
+    if (n > MAX_LOGIT_BIAS) return errorf(err, "'logit_bias' holds %zu tokens, at most %d", n, MAX_LOGIT_BIAS);
+    r->bias_ids = xmalloc(sizeof(int) * (n + 1));
+    r->bias_values = xmalloc(sizeof(float) * (n + 1));
+    const char *key;
+    json_t *value;
+    json_object_foreach(bias, key, value) {
+        char *end = NULL;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || id < 0 || id >= ctx->vocab_size)
+            return errorf(err, "'logit_bias' key '%.40s' must be a token id in [0, %d)", key, ctx->vocab_size);
+        if (!json_is_number(value) || !isfinite(json_number_value(value)))
+            return errorf(err, "'logit_bias'['%s'] must be a number", key);
+        for (int k = 0; k < r->n_bias; k++)
+            if (r->bias_ids[k] == (int)id) return errorf(err, "'logit_bias' names token %ld twice", id);
+        double b = json_number_value(value);
+        r->bias_ids[r->n_bias] = (int)id;
+        r->bias_values[r->n_bias++] = (float)(b < -100.0 ? -100.0 : b > 100.0 ? 100.0 : b);
+    }
+    return COLT_OK;
+}
+
 /* Settings colt does not have: refused unless they ask for nothing. */
 static int refuse_unsupported(json_t *body, OpenAIEndpoint ep, int n, const char **param, char *err) {
-    double d;
     bool present;
-    const char *penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (int k = 0; k < 2; k++) {
-        if (read_number(body, penalties[k], &d, &present, param, err) != 0) return COLT_ERR;
-        if (present && d != 0.0)
-            return errorf(err, "'%s' is not supported (repetition_penalty is); leave it out or 0", penalties[k]);
-    }
-    json_t *bias = field(body, "logit_bias");
-    *param = "logit_bias";
-    if (bias && (!json_is_object(bias) || json_object_size(bias) > 0))
-        return errorf(err, "'logit_bias' is not supported; leave it out or empty");
     if (ep == OPENAI_COMPLETIONS) {
         long long best_of;
         if (read_int(body, "best_of", 1, MAX_N, &best_of, &present, param, err) != 0) return COLT_ERR;
@@ -318,15 +336,20 @@ static int read_sampling(SamplingParams *sp, bool *seeded, json_t *body, const O
     if (present) sp->min_p = (float)d;
     if (read_number(body, "repetition_penalty", &d, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->repetition_penalty = (float)d;
+    if (read_number(body, "presence_penalty", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->presence_penalty = (float)d;
+    if (read_number(body, "frequency_penalty", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->frequency_penalty = (float)d;
     if (read_int(body, "top_k", -1, 1 << 30, &k, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->top_k = k < 0 ? 0 : (int)k; /* vLLM's -1: off */
     if (read_int(body, "seed", INT64_MIN, INT64_MAX, &k, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->seed = (uint64_t)k;
     *seeded = present;
     if (sampling_params_validate(sp, err) != 0) {
-        const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"};
+        const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                               "frequency_penalty"};
         *param = NULL;
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 7; i++)
             if (strncmp(err, names[i], strlen(names[i])) == 0) *param = names[i];
         return COLT_ERR;
     }
@@ -391,6 +414,10 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
     if (read_stop(r, body, ctx, param, err) != 0) goto fail;
     r->opt.stop_ids = r->stop_ids;
     r->opt.n_stop_ids = r->n_stop_ids;
+    if (read_logit_bias(r, body, ctx, param, err) != 0) goto fail;
+    r->opt.logit_bias_ids = r->bias_ids;
+    r->opt.logit_bias_values = r->bias_values;
+    r->opt.n_logit_bias = r->n_bias;
     if (read_bool(body, "ignore_eos", &r->opt.ignore_eos, param, err) != 0) goto fail;
     if (read_bool(body, "stream", &r->stream, param, err) != 0) goto fail;
     if (read_bool(body, "return_token_ids", &r->return_token_ids, param, err) != 0) goto fail;
@@ -480,6 +507,7 @@ void openai_request_free(OpenAIRequest *r) {
     for (int i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i]);
     for (int i = 0; r->prompt_texts && i < r->n_prompts; i++) free(r->prompt_texts[i]);
     free(r->prompts), free(r->prompt_lens), free(r->stop_ids), free(r->prompt_texts);
+    free(r->bias_ids), free(r->bias_values);
     for (int i = 0; i < r->n_stop_strings; i++) free(r->stop_strings[i]);
     free(r->stop_strings);
     memset(r, 0, sizeof *r);

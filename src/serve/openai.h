@@ -40,6 +40,8 @@ typedef struct OpenAIRequest {
     int n;                       /* completions per prompt */
     GenerateOptions opt;         /* stop_ids -> stop_ids below */
     int *stop_ids, n_stop_ids;
+    int *bias_ids, n_bias;       /* logit_bias -> opt */
+    float *bias_values;
     char **stop_strings;
     int n_stop_strings;
     char **prompt_texts;         /* [n_prompts] the text of a text prompt (echo), NULL for ids */

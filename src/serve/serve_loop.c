@@ -55,6 +55,8 @@ struct ServeRequest {
     int **prompts, *prompt_lens, n_prompts, n;
     GenerateOptions opt;
     int *stop;
+    int *bias_ids;     /* opt's logit bias, copied */
+    float *bias_values;
     ServeChoice *choices;
     int n_choices;
     uint64_t version; /* bumped at every change a waiter may see */
@@ -147,6 +149,15 @@ ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_
     r->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
     if (opt->n_stop_ids > 0) memcpy(r->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
     r->opt.stop_ids = r->stop;
+    int n_bias = opt->n_logit_bias > 0 ? opt->n_logit_bias : 0;
+    r->bias_ids = xmalloc(sizeof(int) * (size_t)(n_bias + 1));
+    r->bias_values = xmalloc(sizeof(float) * (size_t)(n_bias + 1));
+    if (n_bias > 0) {
+        memcpy(r->bias_ids, opt->logit_bias_ids, sizeof(int) * (size_t)n_bias);
+        memcpy(r->bias_values, opt->logit_bias_values, sizeof(float) * (size_t)n_bias);
+    }
+    r->opt.logit_bias_ids = r->bias_ids;
+    r->opt.logit_bias_values = r->bias_values;
     r->n_choices = n_prompts * n;
     r->score_k = -1;
     r->choices = xcalloc((size_t)r->n_choices, sizeof(ServeChoice));
@@ -170,7 +181,7 @@ void serve_request_release(ServeRequest *r) {
         free(ts->logprob), free(ts->top_ids), free(ts->top_logprobs);
     }
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
-    free(r->prompts), free(r->prompt_lens), free(r->stop), free(r->choices);
+    free(r->prompts), free(r->prompt_lens), free(r->stop), free(r->choices), free(r->bias_ids), free(r->bias_values);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

@@ -41,7 +41,7 @@ int serve_loop_stop(ServeLoop *l, double grace_s);
 /* A request: prompts[n_prompts] (taken: malloc'd arrays, freed with the
  * request) completed n times each; completion j of prompt i is choice
  * i * n + j and draws from RNG stream i * n + j (colt generate's numbering).
- * opt's stop ids are copied. The caller holds one reference. */
+ * opt's stop ids and logit bias are copied. The caller holds one reference. */
 ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_prompts, int n,
                                    const GenerateOptions *opt);
 void serve_request_release(ServeRequest *r);

@@ -11,6 +11,8 @@ transformers' log_softmax and top-3 at every position of prompt + greedy continu
   - lm-eval's log-likelihood request (echo, max_tokens 1, logprobs 1) read by lm-eval's own
     parse_logprobs when lm_eval is installed;
   - chat with logprobs true and top_logprobs 3;
+  - greedy with logit_bias, repetition, frequency and presence penalties equal to transformers' greedy
+    with the same processors in vLLM's order;
   - a stop string with echo and log-probs; refused combinations (400).
 Exits 1 on a failure, 77 when the binary or the openai package is missing.
 """
@@ -205,10 +207,27 @@ def main():
         check(len(lp.tokens) > len(c["prompt_ids"]) and all(v is not None for v in lp.token_logprobs[1:]),
               "stop string: the completion's tokens have no log-probs")
 
+        # vLLM's penalties and logit bias: greedy equal to transformers with the same processors
+        c = gold["penalised"]
+        r = client.completions.create(model="stories", prompt=c["prompt"], max_tokens=c["max_tokens"], temperature=0,
+                                      frequency_penalty=c["frequency_penalty"], presence_penalty=c["presence_penalty"],
+                                      logit_bias=c["logit_bias"],
+                                      extra_body={"repetition_penalty": c["repetition_penalty"],
+                                                  "return_token_ids": True})
+        got = (r.choices[0].model_extra or {}).get("token_ids")
+        check(got == c["completion_ids"], f"penalised greedy: ids {got}, transformers {c['completion_ids']}")
+        check(c["completion_ids"] != c["unpenalised_ids"], "the penalties change nothing in the golden")
+        print(f"  greedy with logit_bias, repetition, frequency and presence penalties: {len(got or [])} tokens, "
+              f"{'equal to' if got == c['completion_ids'] else 'DIFFERENT from'} transformers' (the unpenalised "
+              f"completion differs from token {next(i for i, (a, b) in enumerate(zip(c['completion_ids'], c['unpenalised_ids'])) if a != b)})")
+
         # refused combinations: one 400 naming the parameter each
         refused = [dict(prompt="Hi", echo=True, logprobs=1, stream=True),
                    dict(prompt="Hi", max_tokens=0),
-                   dict(prompt="Hi", logprobs=21)]
+                   dict(prompt="Hi", logprobs=21),
+                   dict(prompt="Hi", presence_penalty=2.5),
+                   dict(prompt="Hi", logit_bias={"99999": 1}),
+                   dict(prompt="Hi", logit_bias={"x": 1})]
         for body in refused:
             try:
                 client.completions.create(model="stories", **body)

@@ -4,7 +4,8 @@ transformers on models/stories260K (fp32, CPU): for each prompt, the greedy cont
 do_sample=False) and, at every position of prompt + continuation, log_softmax(logits) of the token
 there and the K most likely tokens with their log-probs: what vLLM's OpenAI server returns with
 echo and logprobs K (raw_logprobs, its default logprobs_mode). The chat case renders its messages
-with a chat template through the tokenizer's apply_chat_template.
+with a chat template through the tokenizer's apply_chat_template. One more greedy case runs with vLLM's
+logit bias, repetition, frequency and presence penalties (transformers' processors in vLLM's order).
 
     python3 tests/ref/make_serve_logprob_goldens.py   # writes tests/data/serve_logprob_goldens.json
 """
@@ -12,7 +13,8 @@ import json
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "stories260K")
@@ -46,6 +48,43 @@ def case(model, prompt_ids, max_new=MAX_NEW):
             "top_logprobs": top_lp}
 
 
+class CompletionPenalties(LogitsProcessor):
+    """vLLM's frequency and presence penalties over the completion's tokens (vllm/model_executor/layers/utils.py
+    apply_penalties: logits -= frequency * output_bin_counts; logits -= presence * output_mask)."""
+
+    def __init__(self, n_prompt, frequency, presence):
+        self.n_prompt, self.frequency, self.presence = n_prompt, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        output = input_ids[:, self.n_prompt:]
+        if output.shape[1]:
+            counts.scatter_add_(1, output, torch.ones_like(output, dtype=scores.dtype))
+        scores = scores - self.frequency * counts
+        return scores - self.presence * (counts > 0).to(scores.dtype)
+
+
+PENALISED = dict(prompt="Once upon a time", max_tokens=40, repetition_penalty=1.2, frequency_penalty=0.8,
+                 presence_penalty=0.6, logit_bias={"400": 3.0, "261": -2.0})
+
+
+def penalised_case(model, tok):
+    """Greedy with vLLM's logit bias, repetition, frequency and presence penalties, in vLLM's order."""
+    c = dict(PENALISED)
+    ids = tok(c["prompt"])["input_ids"]
+    processors = LogitsProcessorList([
+        SequenceBiasLogitsProcessor({(int(t),): b for t, b in c["logit_bias"].items()}),
+        RepetitionPenaltyLogitsProcessor(c["repetition_penalty"]),
+        CompletionPenalties(len(ids), c["frequency_penalty"], c["presence_penalty"])])
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=c["max_tokens"],
+                         logits_processor=processors, eos_token_id=model.config.eos_token_id, pad_token_id=0)
+    c["completion_ids"] = out[0, len(ids):].tolist()
+    plain = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=c["max_tokens"],
+                           eos_token_id=model.config.eos_token_id, pad_token_id=0)
+    c["unpenalised_ids"] = plain[0, len(ids):].tolist()
+    return c
+
+
 def main():
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(MODEL)
@@ -62,7 +101,8 @@ def main():
     chat["messages"] = CHAT_MESSAGES
     with open(OUT, "w") as f:
         json.dump({"model": "models/stories260K", "k": K, "max_new_tokens": MAX_NEW, "completions": cases,
-                   "chat_template": CHAT_TEMPLATE, "chat": chat}, f, indent=1)
+                   "chat_template": CHAT_TEMPLATE, "chat": chat, "penalised": penalised_case(model, tok)}, f,
+                  indent=1)
         f.write("\n")
     print(f"wrote {OUT}: {len(cases)} completion cases and one chat case")
 

@@ -15,7 +15,7 @@
  * - 50 concurrent clients (a bounded loop) get the answers they get alone;
  * - a client that disconnects has its sequences freed (in flight back to 0,
  *   far fewer tokens sampled than asked);
- * - 73 kinds of bad request get 400 with an OpenAI error object naming the
+ * - 78 kinds of bad request get 400 with an OpenAI error object naming the
  *   problem, others 404 / 405 / 413, and the server keeps serving;
  * - /metrics counts what happened; SIGTERM lets a request in flight finish,
  *   then the server exits 0; bad flags are one-line errors. */
@@ -637,9 +637,13 @@ static void check_bad_requests(const Server *s) {
         {"{\"prompt\": \"a\", \"echo\": 1}", "'echo' must be true or false"},
         {"{\"prompt\": \"a\", \"best_of\": 3}", "'best_of' other than n"},
         {"{\"prompt\": \"a\", \"suffix\": \"x\"}", "'suffix' is not supported"},
-        {"{\"prompt\": \"a\", \"presence_penalty\": 0.5}", "'presence_penalty' is not supported"},
+        {"{\"prompt\": \"a\", \"presence_penalty\": 2.5}", "presence_penalty must be in [-2, 2]"},
+        {"{\"prompt\": \"a\", \"frequency_penalty\": -3}", "frequency_penalty must be in [-2, 2]"},
         {"{\"prompt\": \"a\", \"frequency_penalty\": \"a\"}", "'frequency_penalty' must be a number"},
-        {"{\"prompt\": \"a\", \"logit_bias\": {\"5\": 10}}", "'logit_bias' is not supported"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {\"99999\": 10}}", "'logit_bias' key '99999' must be a token id"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {\"05\": 1, \"5\": 2}}", "'logit_bias' names token 5 twice"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {\"5\": \"x\"}}", "'logit_bias'['5'] must be a number"},
+        {"{\"prompt\": \"a\", \"logit_bias\": [5]}", "'logit_bias' must be an object"},
         {"{\"model\": \"gpt-4\", \"prompt\": \"a\"}", "does not exist"},
         {"{\"model\": 5, \"prompt\": \"a\"}", "'model' must be a string"},
         {"{\"prompt\": \"a\", \"foo\": 1}", "unrecognized request argument: 'foo'"},

@@ -114,6 +114,7 @@ struct ServeLoop {
     Slot *slots;
     int *free_slots, n_free_slots;
     ModelState *score_state; /* the scoring forward's cache and scratch, made at the first scored request */
+    int score_len;           /* the longest sequence it holds */
     float *score_logits;     /* [SCORE_CHUNK, V] */
 };
 
@@ -458,10 +459,19 @@ static void publish(ServeLoop *l, const EngineEvent *ev, int n_events, int *left
  * by insertion (k <= 20). On the engine thread, between engine steps. */
 static int score_ids(ServeLoop *l, const int *ids, int n, int k, TokenScores *ts, char *err) {
     const int V = model_config(l->m)->vocab_size;
-    if (!l->score_state) {
-        if (model_state_create(&l->score_state, l->m, 1, l->o.max_model_len, SCORE_CHUNK, err) != 0)
+    if (!l->score_state || l->score_len < n) {
+        /* sized to the longest sequence scored so far (a power of two from 256), not to max_model_len: the
+         * engine's pool took the device memory, and scored prompts are usually far shorter */
+        int len = 256;
+        while (len < n) len *= 2;
+        if (len > l->o.max_model_len) len = l->o.max_model_len;
+        model_state_free(l->score_state);
+        l->score_state = NULL;
+        l->score_len = 0;
+        if (model_state_create(&l->score_state, l->m, 1, len, SCORE_CHUNK, err) != 0)
             return error_prefix(err, "scoring the tokens");
-        l->score_logits = xmalloc(sizeof(float) * SCORE_CHUNK * (size_t)V);
+        l->score_len = len;
+        if (!l->score_logits) l->score_logits = xmalloc(sizeof(float) * SCORE_CHUNK * (size_t)V);
     }
     ts->n = n, ts->k = k;
     ts->logprob = xmalloc(sizeof(float) * (size_t)n);

@@ -63,7 +63,10 @@ def start_server(model_dir):
     if port is None:
         proc.kill()
         sys.exit("colt serve did not start:\n" + "".join(lines))
-    threading.Thread(target=lambda: proc.stdout.read(), daemon=True).start()  # keep its pipe drained
+    log = list(lines)
+    drain = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)  # keep its pipe drained
+    drain.start()
+    proc.log, proc.drain = log, drain
     return proc, port
 
 
@@ -245,9 +248,14 @@ def main():
         if proc:
             proc.terminate()
             try:
-                proc.wait(timeout=30)
+                code = proc.wait(timeout=60)
+                proc.drain.join(timeout=10)
+                text = "".join(proc.log)
+                report = any(w in text for w in ("AddressSanitizer", "LeakSanitizer", "runtime error:"))
+                check(code == 0 and not report, f"colt serve exited {code} after SIGTERM; its log:\n{text[-4000:]}")
             except subprocess.TimeoutExpired:
                 proc.kill()
+                check(False, "colt serve did not exit within 60 s of SIGTERM")
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"test_serve_logprobs: {checks - failures}/{checks} checks passed")
     return 1 if failures else 0

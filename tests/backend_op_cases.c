@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/sampling.h"
 #include "core/error.h"
 #include "core/floats.h"
 #include "core/rng.h"
@@ -1177,6 +1178,72 @@ static void ref_apply_token_bitmask(const OpRun *r, double **ref) {
         }
 }
 
+/* ================================================================ apply_penalties
+ * i: n rows, vocab V, history length L (sequence s holds L - s tokens, the first P its prompt's), B logit
+ * biases per sequence; f: repetition, frequency, presence penalties. Row i is sequence n - 1 - i and the
+ * last row is padding (seq -1, left alone). History tokens come from the first 40 ids, so they repeat.
+ * vLLM's order (sampler_apply_penalties): bias, then per distinct history token the repetition penalty,
+ * then - frequency * count - presence over the completion part. The reference in double; fp32 backends
+ * exact against the CPU, bf16 ones the CPU's fp32 value rounded once. */
+
+static void run_apply_penalties(OpRun *r) {
+    const OpCase *c = r->c;
+    const int n = c->i[0], V = c->i[1], L = c->i[2], P = c->i[3], B = c->i[4];
+    SamplingParams p = sampling_params_greedy();
+    p.repetition_penalty = c->f[0], p.frequency_penalty = c->f[1], p.presence_penalty = c->f[2];
+    void *logits = op_in(r, (size_t)n * V, 2.0f, NULL);
+    int *seq = op_ints(r, (size_t)n), *hist = op_ints(r, (size_t)n * L), *hist_len = op_ints(r, (size_t)n);
+    int *prompt_len = op_ints(r, (size_t)n), *bias_ids = op_ints(r, (size_t)n * (B > 0 ? B : 1));
+    int *bias_len = op_ints(r, (size_t)n);
+    for (int i = 0; i < n; i++) seq[i] = i == n - 1 ? -1 : n - 1 - i;
+    for (int s = 0; s < n; s++) {
+        hist_len[s] = L - s > 0 ? L - s : 0;
+        prompt_len[s] = P;
+        bias_len[s] = B - s % 2;
+        for (int k = 0; k < L; k++) hist[(size_t)s * L + k] = op_rand_int(r, 0, 39 < V - 1 ? 39 : V - 1);
+        for (int j = 0; j < B; j++) bias_ids[(size_t)s * B + j] = (j * 7 + s) % V; /* distinct: 7 B < V */
+    }
+    float *bias_draw = op_draw(r, (size_t)n * (B > 0 ? B : 1), 5.0f);
+    void *d_bias_values = op_in_f32_values(r, bias_draw, (size_t)n * (B > 0 ? B : 1));
+    void *d_seq = track_buf(r, op_upload_i32(r->be, seq, (size_t)n));
+    void *d_hist = track_buf(r, op_upload_i32(r->be, hist, (size_t)n * L));
+    void *d_hist_len = track_buf(r, op_upload_i32(r->be, hist_len, (size_t)n));
+    void *d_prompt_len = track_buf(r, op_upload_i32(r->be, prompt_len, (size_t)n));
+    void *d_bias_ids = track_buf(r, op_upload_i32(r->be, bias_ids, (size_t)n * (B > 0 ? B : 1)));
+    void *d_bias_len = track_buf(r, op_upload_i32(r->be, bias_len, (size_t)n));
+    r->be->apply_penalties(r->be, logits, n, V, &p, d_seq, d_hist, d_hist_len, d_prompt_len, L,
+                           B > 0 ? d_bias_ids : NULL, d_bias_values, d_bias_len, B);
+    op_out(r, (OpTol){1e-5, 0, 0, OP_BF16_ROUNDED}, logits, (size_t)n * V, "apply_penalties [%d, %d], history %d "
+           "(prompt %d), bias %d, penalties %g/%g/%g", n, V, L, P, B, c->f[0], c->f[1], c->f[2]);
+}
+
+static void ref_apply_penalties(const OpRun *r, double **ref) {
+    const OpCase *c = r->c;
+    const int n = c->i[0], V = c->i[1], L = c->i[2], P = c->i[3], B = c->i[4];
+    const float *x = op_input(r, 0), *bias_values = op_input(r, 1);
+    const int *seq = r->ints[0], *hist = r->ints[1], *hist_len = r->ints[2], *bias_ids = r->ints[4];
+    const int *bias_len = r->ints[5];
+    for (int i = 0; i < n; i++) {
+        double *y = ref[0] + (size_t)i * V;
+        for (int v = 0; v < V; v++) y[v] = x[(size_t)i * V + v];
+        int s = seq[i];
+        if (s < 0) continue;
+        for (int j = 0; j < (B > 0 ? bias_len[s] : 0); j++) y[bias_ids[(size_t)s * B + j]] += bias_values[(size_t)s * B + j];
+        const int *h = hist + (size_t)s * L;
+        for (int k = 0; k < hist_len[s]; k++) {
+            bool first = true; /* each distinct token once */
+            for (int q = 0; q < k; q++) first &= h[q] != h[k];
+            if (!first) continue;
+            int count = 0;
+            for (int q = P; q < hist_len[s]; q++) count += h[q] == h[k];
+            double l = y[h[k]];
+            if (c->f[0] != 1.0f) l = l > 0 ? l / c->f[0] : l * c->f[0];
+            if (count > 0) l -= (double)c->f[1] * count + (double)c->f[2];
+            y[h[k]] = l;
+        }
+    }
+}
+
 /* ================================================================ the table */
 
 static const int ROPE_POS_A[6] = {0, 1, 7, 63, 100, 255}, ROPE_POS_B[4] = {0, 3, 50, 127};
@@ -1297,6 +1364,12 @@ const OpCase OP_CASES[] = {
     {"apply_token_bitmask", run_apply_token_bitmask, ref_apply_token_bitmask, {3, 1000}, {0}, NULL, 0},
     {"apply_token_bitmask", run_apply_token_bitmask, ref_apply_token_bitmask, {2, 33}, {0}, NULL, 0},
     {"apply_token_bitmask", run_apply_token_bitmask, ref_apply_token_bitmask, {5, 151936}, {0}, NULL, 0},
+    /* apply_penalties (vLLM's penalties and logit bias): every setting, the bias alone, the penalties
+     * alone; Qwen2.5's vocabulary with a long history */
+    {"apply_penalties", run_apply_penalties, ref_apply_penalties, {4, 1000, 30, 10, 6}, {1.3f, 0.5f, 0.7f}, NULL, 0},
+    {"apply_penalties", run_apply_penalties, ref_apply_penalties, {3, 333, 1, 1, 3}, {1.0f, 0.0f, 0.0f}, NULL, 0},
+    {"apply_penalties", run_apply_penalties, ref_apply_penalties, {3, 64, 20, 0, 0}, {0.8f, -1.5f, 2.0f}, NULL, 0},
+    {"apply_penalties", run_apply_penalties, ref_apply_penalties, {5, 151936, 600, 200, 40}, {1.1f, 1.0f, 0.5f}, NULL, 0},
     /* AdamW: one update at step 3's bias corrections; three steps from the first */
     ADAMW(777, 3, 1, 0.1f, 0.1f, 1.0f),
     ADAMW(1003 * 7, 1, 3, 0.01f, 0.01f, 0.1f),

@@ -106,7 +106,71 @@ static void test_cpu_sample_op(const float *base, int V) {
     if (!ok) failures++;
 }
 
+/* vLLM's logit bias and penalties (sampler_apply_penalties) against tests/data/penalty_goldens.json
+ * (tests/ref/make_penalty_goldens.py: transformers' SequenceBias and RepetitionPenalty processors, vLLM's
+ * frequency and presence lines); the CPU op equals the host function bit for bit, its scratch stays zero. */
+static void test_penalties(void) {
+    json_error_t jerr;
+    json_t *cases = json_load_file(COLT_SOURCE_DIR "/tests/data/penalty_goldens.json", 0, &jerr);
+    if (!cases || json_array_size(cases) != 14) {
+        fprintf(stderr, "FAIL: cannot read 14 cases from penalty_goldens.json\n");
+        failures++;
+        json_decref(cases);
+        return;
+    }
+    enum { V = 64 };
+    const Backend *cpu = backend_cpu();
+    int scratch[V] = {0}, n_equal = 0, n_moved = 0, op_same = 1, scratch_zero = 1;
+    double worst = 0.0;
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        json_t *cs = json_array_get(cases, c);
+        SamplingParams p = sampling_params_greedy();
+        p.repetition_penalty = (float)json_number_value(json_object_get(cs, "repetition_penalty"));
+        p.frequency_penalty = (float)json_number_value(json_object_get(cs, "frequency_penalty"));
+        p.presence_penalty = (float)json_number_value(json_object_get(cs, "presence_penalty"));
+        json_t *jl = json_object_get(cs, "logits"), *jh = json_object_get(cs, "history"),
+               *jw = json_object_get(cs, "penalised"), *ji = json_object_get(cs, "bias_ids"),
+               *jv = json_object_get(cs, "bias_values");
+        int n_hist = (int)json_array_size(jh), n_prompt = (int)json_integer_value(json_object_get(cs, "n_prompt"));
+        int n_bias = (int)json_array_size(ji), history[64], bias_ids[8];
+        float logits[V], by_op[V], bias_values[8];
+        for (int i = 0; i < V; i++) logits[i] = by_op[i] = (float)json_number_value(json_array_get(jl, (size_t)i));
+        for (int i = 0; i < n_hist; i++) history[i] = (int)json_integer_value(json_array_get(jh, (size_t)i));
+        for (int j = 0; j < n_bias; j++) {
+            bias_ids[j] = (int)json_integer_value(json_array_get(ji, (size_t)j));
+            bias_values[j] = (float)json_number_value(json_array_get(jv, (size_t)j));
+        }
+        sampler_apply_penalties(logits, V, &p, history, n_hist, n_prompt, bias_ids, bias_values, n_bias, scratch);
+        double max_diff = 0.0;
+        int moved = 0;
+        for (int i = 0; i < V; i++) {
+            double want = json_number_value(json_array_get(jw, (size_t)i));
+            max_diff = fmax(max_diff, fabs(want - logits[i]));
+            moved |= want != json_number_value(json_array_get(jl, (size_t)i));
+            scratch_zero &= scratch[i] == 0;
+        }
+        worst = fmax(worst, max_diff);
+        n_equal += max_diff <= 1e-6;
+        n_moved += moved;
+        if (max_diff > 1e-6)
+            fprintf(stderr, "FAIL penalty case %zu (rep %g freq %g pres %g, %d biases): max |diff| %.3g\n", c,
+                    p.repetition_penalty, p.frequency_penalty, p.presence_penalty, n_bias, max_diff);
+        /* the backend op, one row of sequence 0 */
+        int seq = 0, len = n_hist, stride = n_hist;
+        cpu->apply_penalties(cpu, by_op, 1, V, &p, &seq, history, &len, &n_prompt, stride, n_bias ? bias_ids : NULL,
+                             bias_values, &n_bias, n_bias);
+        op_same &= memcmp(by_op, logits, sizeof logits) == 0;
+    }
+    printf("penalties and logit bias vs transformers' processors and vLLM's lines: %d/%zu cases within 1e-6 "
+           "(worst %.2g; %d cases changed some logit), cpu op bit-identical: %s, scratch left zero: %s\n",
+           n_equal, json_array_size(cases), worst, n_moved, op_same ? "yes" : "NO", scratch_zero ? "yes" : "NO");
+    if (n_equal != (int)json_array_size(cases) || n_moved != (int)json_array_size(cases) || !op_same || !scratch_zero)
+        failures++;
+    json_decref(cases);
+}
+
 int main(void) {
+    test_penalties();
     json_error_t jerr;
     json_t *cases = json_load_file(COLT_SOURCE_DIR "/tests/data/sampler_goldens.json", 0, &jerr);
     if (!cases || json_array_size(cases) != 27) {

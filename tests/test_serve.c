@@ -15,7 +15,7 @@
  * - 50 concurrent clients (a bounded loop) get the answers they get alone;
  * - a client that disconnects has its sequences freed (in flight back to 0,
  *   far fewer tokens sampled than asked);
- * - 70 kinds of bad request get 400 with an OpenAI error object naming the
+ * - 78 kinds of bad request get 400 with an OpenAI error object naming the
  *   problem, others 404 / 405 / 413, and the server keeps serving;
  * - /metrics counts what happened; SIGTERM lets a request in flight finish,
  *   then the server exits 0; bad flags are one-line errors. */
@@ -418,7 +418,8 @@ static void check_chat(void) {
         {"{\"messages\": [{\"content\": \"hi\"}]}", "role must be one of"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "content must be"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}", "only text"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, \"top_logprobs\": 5}", "top_logprobs"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 5}", "'top_logprobs' needs"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, \"top_logprobs\": 21}", "'top_logprobs' must be in [0, 20]"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tool_choice\": \"required\"}", "tool_choice"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_object\"}}", "response_format"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": 0}", "max_completion_tokens"},
@@ -629,14 +630,20 @@ static void check_bad_requests(const Server *s) {
         {"{\"prompt\": \"a\", \"stream\": \"true\"}", "'stream' must be true or false"},
         {"{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": true}}", "only allowed with"},
         {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": 3}", "'stream_options' must be an object"},
-        {"{\"prompt\": \"a\", \"logprobs\": 5}", "'logprobs' above 0 is not supported"},
+        {"{\"prompt\": \"a\", \"logprobs\": 21}", "'logprobs' must be in [0, 20]"},
+        {"{\"prompt\": \"a\", \"logprobs\": 2, \"stream\": true}", "'logprobs' is not supported with"},
         {"{\"prompt\": \"a\", \"logprobs\": true}", "'logprobs' must be an integer"},
-        {"{\"prompt\": \"a\", \"echo\": true}", "'echo' is not supported"},
+        {"{\"prompt\": \"a\", \"echo\": true, \"stream\": true}", "'echo' is not supported with"},
+        {"{\"prompt\": \"a\", \"echo\": 1}", "'echo' must be true or false"},
         {"{\"prompt\": \"a\", \"best_of\": 3}", "'best_of' other than n"},
         {"{\"prompt\": \"a\", \"suffix\": \"x\"}", "'suffix' is not supported"},
-        {"{\"prompt\": \"a\", \"presence_penalty\": 0.5}", "'presence_penalty' is not supported"},
+        {"{\"prompt\": \"a\", \"presence_penalty\": 2.5}", "presence_penalty must be in [-2, 2]"},
+        {"{\"prompt\": \"a\", \"frequency_penalty\": -3}", "frequency_penalty must be in [-2, 2]"},
         {"{\"prompt\": \"a\", \"frequency_penalty\": \"a\"}", "'frequency_penalty' must be a number"},
-        {"{\"prompt\": \"a\", \"logit_bias\": {\"5\": 10}}", "'logit_bias' is not supported"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {\"99999\": 10}}", "'logit_bias' key '99999' must be a token id"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {\"05\": 1, \"5\": 2}}", "'logit_bias' names token 5 twice"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {\"5\": \"x\"}}", "'logit_bias'['5'] must be a number"},
+        {"{\"prompt\": \"a\", \"logit_bias\": [5]}", "'logit_bias' must be an object"},
         {"{\"model\": \"gpt-4\", \"prompt\": \"a\"}", "does not exist"},
         {"{\"model\": 5, \"prompt\": \"a\"}", "'model' must be a string"},
         {"{\"prompt\": \"a\", \"foo\": 1}", "unrecognized request argument: 'foo'"},

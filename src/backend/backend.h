@@ -296,6 +296,18 @@ struct Backend {
     void (*sample)(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                    const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                    int history_stride);
+    /* vLLM's logit bias and penalties, before sample (which is then given a repetition penalty of 1): row
+     * i < n of logits[n, vocab] (storage dtype, in place) belongs to sequence s = seq[i] [i32] (< 0: a
+     * padding row, left alone), and gets what sampler_apply_penalties (backend/sampling.h) does with
+     * p's repetition, frequency and presence penalties over history [i32] [n_seqs, history_stride] (s's
+     * first history_len[s] tokens [i32] [n_seqs], of which the first prompt_len[s] [i32] [n_seqs] are
+     * its prompt's) and its logit bias: bias_ids [i32] / bias_values [f32] [n_seqs, bias_stride], the
+     * first bias_len[s] [i32] [n_seqs] entries (distinct ids). history and bias may be NULL (none).
+     * Each logit changed is computed in fp32 and rounded to storage once. */
+    void (*apply_penalties)(const Backend *be, void *logits, int n, int vocab, const struct SamplingParams *p,
+                            const void *seq, const void *history, const void *history_len, const void *prompt_len,
+                            int history_stride, const void *bias_ids, const void *bias_values, const void *bias_len,
+                            int bias_stride);
     /* Structured outputs (engine/structured.h), before sample: logits[i, v] = -inf (storage dtype) where
      * bit v % 32 of bitmask[i * W + v / 32] is clear, W = (vocab + 31) / 32, for rows i < n (bitmask
      * [i32] [n, W]: vLLM's apply_token_bitmask_inplace); the other logits are unchanged. In place. */

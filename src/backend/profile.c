@@ -11,9 +11,9 @@
 #include "core/log.h"
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_add_scaled, OP_apply_token_bitmask, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_add_scaled, OP_apply_token_bitmask, OP_apply_penalties, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward", "add_scaled", "apply_token_bitmask"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward", "add_scaled", "apply_token_bitmask", "apply_penalties"};
 
 typedef struct ProfileContext {
     const Backend *inner;
@@ -329,6 +329,17 @@ static void prof_sample(const Backend *be, void *tokens, void *logprobs, void *l
     op_end(prof, OP_sample, t0);
 }
 
+static void prof_apply_penalties(const Backend *be, void *logits, int n, int vocab, const struct SamplingParams *p,
+                                 const void *seq, const void *history, const void *history_len, const void *prompt_len,
+                                 int history_stride, const void *bias_ids, const void *bias_values,
+                                 const void *bias_len, int bias_stride) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->apply_penalties(prof->inner, logits, n, vocab, p, seq, history, history_len, prompt_len,
+                                 history_stride, bias_ids, bias_values, bias_len, bias_stride);
+    op_end(prof, OP_apply_penalties, t0);
+}
+
 static void prof_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab) {
     ProfileContext *prof = be->ctx;
     double t0 = op_begin(prof);
@@ -434,6 +445,7 @@ Backend *backend_profile_wrap(const Backend *inner) {
     if (inner->paged_attention) w->paged_attention = prof_paged_attention;
     if (inner->sample) w->sample = prof_sample;
     if (inner->apply_token_bitmask) w->apply_token_bitmask = prof_apply_token_bitmask;
+    if (inner->apply_penalties) w->apply_penalties = prof_apply_penalties;
     if (inner->add_rmsnorm) w->add_rmsnorm = prof_add_rmsnorm;
     if (inner->qkv_rope_store) w->qkv_rope_store = prof_qkv_rope_store;
     if (inner->swiglu_gate_up) w->swiglu_gate_up = prof_swiglu_gate_up;

@@ -33,6 +33,11 @@ int sampling_params_validate(const SamplingParams *p, char *err) {
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return errorf(err, "min_p must be in [0, 1] (got %g)", p->min_p);
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
         return errorf(err, "repetition_penalty must be > 0 (got %g)", p->repetition_penalty);
+    /* vLLM's ranges (SamplingParams._verify_args) */
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return errorf(err, "presence_penalty must be in [-2, 2] (got %g)", p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return errorf(err, "frequency_penalty must be in [-2, 2] (got %g)", p->frequency_penalty);
     return COLT_OK;
 }
 
@@ -47,6 +52,33 @@ void sampler_free(Sampler *s) {
     free(s->order);
     s->probs = NULL;
     s->order = NULL;
+}
+
+/* scratch[t] while applying: bit 30 = in the prompt, the low bits = times in the completion. */
+#define IN_PROMPT (1 << 30)
+
+void sampler_apply_penalties(float *logits, int vocab, const SamplingParams *p, const int *history, int n_history,
+                             int n_prompt, const int *bias_ids, const float *bias_values, int n_bias, int *scratch) {
+    for (int j = 0; j < n_bias; j++) logits[bias_ids[j]] += bias_values[j];
+    for (int i = 0; i < n_history; i++) {
+        int t = history[i];
+        if (t < 0 || t >= vocab) continue;
+        if (i < n_prompt) scratch[t] |= IN_PROMPT;
+        else scratch[t]++;
+    }
+    for (int i = 0; i < n_history; i++) { /* each distinct token once: its entry is cleared when done */
+        int t = history[i];
+        if (t < 0 || t >= vocab || scratch[t] == 0) continue;
+        int count = scratch[t] & ~IN_PROMPT;
+        scratch[t] = 0;
+        float l = logits[t];
+        if (p->repetition_penalty != 1.0f) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+        if (count > 0) {
+            l -= p->frequency_penalty * (float)count;
+            l -= p->presence_penalty;
+        }
+        logits[t] = l;
+    }
 }
 
 double logsoftmax_at(const float *logits, int vocab_size, int token) {

@@ -12,6 +12,7 @@
 #ifndef COLT_BACKEND_SAMPLING_H
 #define COLT_BACKEND_SAMPLING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct SamplingParams {
@@ -20,6 +21,9 @@ typedef struct SamplingParams {
     float top_p;              /* 1 = off */
     float min_p;              /* 0 = off */
     float repetition_penalty; /* 1 = off; > 1 discourages tokens already present */
+    /* vLLM's (OpenAI's) penalties over the completion's tokens (sampler_apply_penalties): */
+    float presence_penalty;   /* 0 = off; subtracted once from each token the completion holds */
+    float frequency_penalty;  /* 0 = off; subtracted once per time the completion holds the token */
     uint64_t seed;
 } SamplingParams;
 
@@ -54,6 +58,24 @@ int sampler_sample(Sampler *s, float *logits, const SamplingParams *p, const int
  * For tests against transformers' logits processors. */
 void sampler_distribution(Sampler *s, float *logits, const SamplingParams *p, const int *history, int n_history,
                           float *probs_out);
+
+/* The request asks for vLLM's penalties or a logit bias (sampler_apply_penalties / the backend's
+ * apply_penalties op, which then also take the repetition penalty, before the sampler). */
+static inline bool sampling_has_vllm_penalties(const SamplingParams *p, int n_logit_bias) {
+    return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f || n_logit_bias > 0;
+}
+
+/* vLLM's logit bias and penalties on logits[V], in place, in its order
+ * (vllm/v1/sample: the logit-bias processor, then apply_all_penalties):
+ * logits[bias_ids[j]] += bias_values[j]; then, for each distinct token of
+ * history[n_history] (the prompt's n_prompt tokens, then the completion's),
+ * the repetition penalty (positive logits divided by it, others multiplied),
+ * then logit -= frequency_penalty * (times in the completion), then
+ * logit -= presence_penalty when the completion holds it. bias_ids are
+ * distinct. scratch [V] ints, all 0, left all 0. The sampler then runs with a
+ * repetition penalty of 1 (it is applied here). */
+void sampler_apply_penalties(float *logits, int vocab, const SamplingParams *p, const int *history, int n_history,
+                             int n_prompt, const int *bias_ids, const float *bias_values, int n_bias, int *scratch);
 
 /* log-softmax of logits[V] at index token, computed in double. */
 double logsoftmax_at(const float *logits, int vocab_size, int token);

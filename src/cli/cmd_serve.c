@@ -225,7 +225,8 @@ int cmd_serve(int argc, char **argv) {
     OpenAIContext ctx = {.tok = tok, .vocab_size = model_config(m)->vocab_size,
                          .model_name = a.served_model_name ? a.served_model_name : a.model,
                          .max_model_len = a.max_model_len, .max_tokens_limit = a.max_tokens_limit,
-                         .defaults = defaults, .eos_ids = eos, .n_eos = n_eos};
+                         .defaults = defaults, .eos_ids = eos, .n_eos = n_eos,
+                         .can_score = mesh.groups.tp == NULL};
     /* chat requests with tools get their calls read out when colt knows how the template writes them */
     const char *template_source = tokenizer_chat_template(tok);
     char no_calls[ERR_LEN];

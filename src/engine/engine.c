@@ -44,6 +44,8 @@ typedef struct Seq {
     uint64_t id;
     GenerateOptions opt; /* the caller's, stop_ids pointing at stop */
     int *stop;
+    int *bias_ids;      /* its logit bias (opt's, copied), or NULL */
+    float *bias_values;
     int state;
     int limit;          /* total length (prompt + completion) at which it stops */
     int slot;           /* its block-table row while running, else -1 */
@@ -99,8 +101,11 @@ struct Engine {
     int *free_blocks, n_free, *refcount;
     PrefixCache cache;
     void *d_tables;
-    void *d_hist, *d_hist_len;   /* [n_slots, max_len], [n_slots]: the repetition penalty's histories */
-    bool history_wanted;         /* a request with a repetition penalty was added: keep d_hist */
+    void *d_hist, *d_hist_len;   /* [n_slots, max_len], [n_slots]: the penalties' histories */
+    void *d_prompt_len;          /* [n_slots]: how much of each history is the prompt (vLLM's penalties) */
+    bool history_wanted;         /* a request with a penalty was added: keep d_hist */
+    void *d_bias_ids, *d_bias_values, *d_bias_len; /* [n_slots, MAX_LOGIT_BIAS] x2, [n_slots]: logit biases */
+    bool bias_wanted;            /* a request with a logit bias was added: keep d_bias_* */
     void *d_step;
     void *d_sampled;             /* sampler outputs: tokens [max_rows], then log-probs [max_rows] */
     void *d_tokens, *d_logprobs; /* its two halves */
@@ -126,6 +131,7 @@ struct Engine {
     int *order;         /* [n_slots] the running sequences grouped by sampling settings (the step's layout) */
     IndexQueue waiting;
     SamplingParams *group_params; /* [n_slots] the step's distinct sampling settings */
+    bool *group_bias;             /* [n_slots] whether the group's requests have a logit bias */
     int *group_rows, n_groups;    /* rows of each group */
     EngineEvent *events;
     int n_events, events_cap;
@@ -404,7 +410,11 @@ static int cache_hits(const Engine *e, const Seq *s, int max_blocks, int *hits, 
     return n;
 }
 
-static bool has_penalty(const Seq *s) { return s->opt.sampling.repetition_penalty != 1.0f; }
+/* The sampler needs the sequence's history (a penalty over its tokens). */
+static bool has_penalty(const Seq *s) {
+    const SamplingParams *p = &s->opt.sampling;
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
 
 /* Puts the front waiting sequence in the pool with `budget` tokens to run, if
  * a slot and blocks are free. Its first blocks come from the prefix cache
@@ -439,7 +449,17 @@ static bool admit_front(Engine *e, int budget) {
         for (int p = 0; p < n; p++) h[p] = token_at(s, p);
         e->be->upload_i32(e->be, (int *)e->d_hist + (size_t)s->slot * e->max_len, h, (size_t)n);
         e->be->upload_i32(e->be, (int *)e->d_hist_len + s->slot, &n, 1);
+        e->be->upload_i32(e->be, (int *)e->d_prompt_len + s->slot, &s->g->prompt_len, 1);
         free(h); /* uploads from pageable memory have read it when they return */
+    }
+    if (e->bias_wanted) { /* every admission sets its slot's bias (none: 0 entries) */
+        int n = s->opt.n_logit_bias;
+        if (n > 0) {
+            e->be->upload_i32(e->be, (int *)e->d_bias_ids + (size_t)s->slot * MAX_LOGIT_BIAS, s->bias_ids, (size_t)n);
+            e->be->upload_i32(e->be, (int *)e->d_bias_values + (size_t)s->slot * MAX_LOGIT_BIAS,
+                              (const int *)s->bias_values, (size_t)n); /* f32 bits through the i32 upload */
+        }
+        e->be->upload_i32(e->be, (int *)e->d_bias_len + s->slot, &n, 1);
     }
     return true;
 }
@@ -452,12 +472,16 @@ static int bucket_index(int n) {
     return -1;
 }
 
-/* Rows that sample alike share one sampler call. Greedy rows take the argmax
+/* Rows that sample alike share one sampler call (and one apply_penalties call:
+ * the logit biases themselves are per sequence). Greedy rows take the argmax
  * and the unfiltered log-prob: their filters and seed do not matter. */
-static bool same_sampling(const SamplingParams *a, const SamplingParams *b) {
-    if (a->temperature == 0.0f && b->temperature == 0.0f) return a->repetition_penalty == b->repetition_penalty;
+static bool same_sampling(const SamplingParams *a, bool a_bias, const SamplingParams *b, bool b_bias) {
+    if (a->repetition_penalty != b->repetition_penalty || a->presence_penalty != b->presence_penalty ||
+        a->frequency_penalty != b->frequency_penalty || a_bias != b_bias)
+        return false;
+    if (a->temperature == 0.0f && b->temperature == 0.0f) return true;
     return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p &&
-           a->min_p == b->min_p && a->repetition_penalty == b->repetition_penalty && a->seed == b->seed;
+           a->min_p == b->min_p && a->seed == b->seed;
 }
 
 /* Fills e->order with the running sequences grouped by sampling settings
@@ -468,8 +492,12 @@ static void group_running(Engine *e) {
     for (int r = 0; r < e->n_running; r++) {
         Seq *s = &e->seqs[e->running[r]];
         int g = 0;
-        while (g < e->n_groups && !same_sampling(&e->group_params[g], &s->opt.sampling)) g++;
-        if (g == e->n_groups) e->group_params[e->n_groups++] = s->opt.sampling;
+        bool bias = s->opt.n_logit_bias > 0;
+        while (g < e->n_groups && !same_sampling(&e->group_params[g], e->group_bias[g], &s->opt.sampling, bias)) g++;
+        if (g == e->n_groups) {
+            e->group_bias[e->n_groups] = bias;
+            e->group_params[e->n_groups++] = s->opt.sampling;
+        }
         s->group = g;
     }
     int k = 0;
@@ -498,9 +526,18 @@ static void sample_groups(Engine *e, const int *dev_step, int n_pad) {
         int n = e->group_rows[g];
         if (n == 0) continue;
         const SamplingParams *p = &e->group_params[g];
-        bool penalty = p->repetition_penalty != 1.0f;
+        const void *row_seq = dev_step + (size_t)SEG_ROW_SEQ * n_pad + lo;
+        bool penalty = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+        SamplingParams sp = *p;
+        if (sampling_has_vllm_penalties(p, e->group_bias[g])) { /* vLLM's order: bias and penalties, then the sampler */
+            be->apply_penalties(be, logits + (size_t)lo * row_bytes, n, e->cfg->vocab_size, p, row_seq,
+                                penalty ? e->d_hist : NULL, e->d_hist_len, e->d_prompt_len, e->max_len,
+                                e->group_bias[g] ? e->d_bias_ids : NULL, e->d_bias_values, e->d_bias_len,
+                                MAX_LOGIT_BIAS);
+            sp.repetition_penalty = 1.0f; /* applied */
+        }
         be->sample(be, (int *)e->d_tokens + lo, (float *)e->d_logprobs + lo, logits + (size_t)lo * row_bytes, n,
-                   e->cfg->vocab_size, p, dev_step + (size_t)SEG_ROW_SEQ * n_pad + lo,
+                   e->cfg->vocab_size, &sp, row_seq,
                    dev_step + (size_t)SEG_STREAMS * n_pad + lo, dev_step + (size_t)SEG_COUNTERS * n_pad + lo,
                    penalty ? e->d_hist : NULL, penalty ? e->d_hist_len : NULL, e->max_len);
     }
@@ -582,7 +619,7 @@ static void events_reset_if_delivered(Engine *e) {
 
 static void seq_free(Engine *e, int idx) {
     Seq *s = &e->seqs[idx];
-    free(s->stop);
+    free(s->stop), free(s->bias_ids), free(s->bias_values);
     memset(s, 0, sizeof *s);
     s->state = SEQ_FREE;
     s->slot = -1;
@@ -802,6 +839,17 @@ static void note_device_free(Engine *e) {
 static void alloc_history(Engine *e) {
     e->d_hist = e->be->alloc_i32(e->be, (size_t)e->n_slots * e->max_len);
     e->d_hist_len = e->be->alloc_i32(e->be, (size_t)e->n_slots);
+    e->d_prompt_len = e->be->alloc_i32(e->be, (size_t)e->n_slots);
+}
+
+/* The logit-bias tables; every slot starts with none (a sequence admitted before still reads 0 entries). */
+static void alloc_bias(Engine *e) {
+    e->d_bias_ids = e->be->alloc_i32(e->be, (size_t)e->n_slots * MAX_LOGIT_BIAS);
+    e->d_bias_values = e->be->alloc_i32(e->be, (size_t)e->n_slots * MAX_LOGIT_BIAS);
+    e->d_bias_len = e->be->alloc_i32(e->be, (size_t)e->n_slots);
+    int *zeros = xcalloc((size_t)e->n_slots, sizeof(int));
+    e->be->upload_i32(e->be, e->d_bias_len, zeros, (size_t)e->n_slots);
+    free(zeros);
 }
 
 /* Everything the awake engine holds on the device, and the host state sized by the pool. */
@@ -814,7 +862,8 @@ static void give_memory(Engine *e) {
     kv_pool_free(&e->pool);
     paged_state_free(e->st);
     e->st = NULL;
-    void **dev[] = {&e->d_tables, &e->d_hist, &e->d_hist_len, &e->d_step, &e->d_sampled, &e->d_logits_kept, &e->d_mask};
+    void **dev[] = {&e->d_tables, &e->d_hist, &e->d_hist_len, &e->d_prompt_len, &e->d_bias_ids, &e->d_bias_values,
+                    &e->d_bias_len, &e->d_step, &e->d_sampled, &e->d_logits_kept, &e->d_mask};
     for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++) {
         if (*dev[k]) be->free(be, *dev[k]);
         *dev[k] = NULL;
@@ -864,6 +913,7 @@ static int take_memory(Engine *e, char *err) {
     e->d_tables = be->alloc_i32(be, (size_t)e->n_slots * e->max_blocks);
     e->tables_dirty = true;
     if (e->history_wanted) alloc_history(e);
+    if (e->bias_wanted) alloc_bias(e);
     if (e->mask_wanted) {
         e->d_mask = be->alloc_i32(be, (size_t)e->max_rows * e->mask_words);
         if (!e->d_logits_kept) e->d_logits_kept = be->alloc(be, (size_t)e->max_rows * e->cfg->vocab_size);
@@ -955,6 +1005,7 @@ int engine_create(Engine **out, Model *m, const EngineOptions *eo, int max_len, 
     e->running = xmalloc(sizeof(int) * (size_t)e->n_slots);
     e->order = xmalloc(sizeof(int) * (size_t)e->n_slots);
     e->group_params = xmalloc(sizeof(SamplingParams) * (size_t)e->n_slots);
+    e->group_bias = xcalloc((size_t)e->n_slots, sizeof(bool));
     e->group_rows = xcalloc((size_t)e->n_slots, sizeof(int));
     if (take_memory(e, err) != 0) {
         engine_destroy(e);
@@ -967,10 +1018,10 @@ int engine_create(Engine **out, Model *m, const EngineOptions *eo, int max_len, 
 void engine_destroy(Engine *e) {
     if (!e) return;
     if (e->awake) give_memory(e);
-    for (int i = 0; i < e->seqs_cap; i++) free(e->seqs[i].stop);
+    for (int i = 0; i < e->seqs_cap; i++) free(e->seqs[i].stop), free(e->seqs[i].bias_ids), free(e->seqs[i].bias_values);
     free(e->seqs), free(e->waiting.items), free(e->events);
     free(e->h_tables), free(e->free_slots), free(e->h_step), free(e->h_sampled), free(e->row_owner);
-    free(e->running), free(e->order), free(e->group_params), free(e->group_rows), free(e->h_mask), free(e->h_sampled_lp);
+    free(e->running), free(e->order), free(e->group_params), free(e->group_bias), free(e->group_rows), free(e->h_mask), free(e->h_sampled_lp);
     free(e);
 }
 
@@ -1003,6 +1054,9 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
     if (find_live(e, id) >= 0) return errorf(err, "request id %llu is already in the engine", (unsigned long long)id);
     if (opt->regex && !e->be->apply_token_bitmask)
         return errorf(err, "backend %s has no structured outputs (apply_token_bitmask)", e->be->name);
+    if (sampling_has_vllm_penalties(&opt->sampling, opt->n_logit_bias) && !e->be->apply_penalties)
+        return errorf(err, "backend %s has no presence / frequency penalties or logit bias (apply_penalties)",
+                      e->be->name);
     int cap = opt->max_new_tokens > 0 ? opt->max_new_tokens : 1;
     g->tokens = xmalloc(sizeof(int) * (size_t)cap);
     g->logprobs = xmalloc(sizeof(float) * (size_t)cap);
@@ -1024,11 +1078,23 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
     s->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
     if (opt->n_stop_ids > 0) memcpy(s->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
     s->opt.stop_ids = s->stop;
+    if (opt->n_logit_bias > 0) {
+        s->bias_ids = xmalloc(sizeof(int) * (size_t)opt->n_logit_bias);
+        s->bias_values = xmalloc(sizeof(float) * (size_t)opt->n_logit_bias);
+        memcpy(s->bias_ids, opt->logit_bias_ids, sizeof(int) * (size_t)opt->n_logit_bias);
+        memcpy(s->bias_values, opt->logit_bias_values, sizeof(float) * (size_t)opt->n_logit_bias);
+    }
+    s->opt.logit_bias_ids = s->bias_ids;
+    s->opt.logit_bias_values = s->bias_values;
     e->n_live++;
     queue_push_back(&e->waiting, idx);
     if (has_penalty(s) && !e->history_wanted) {
         e->history_wanted = true;
         if (e->awake) alloc_history(e);
+    }
+    if (opt->n_logit_bias > 0 && !e->bias_wanted) {
+        e->bias_wanted = true;
+        if (e->awake) alloc_bias(e);
     }
     if (opt->regex && !e->mask_wanted) {
         e->mask_wanted = true;

@@ -3,6 +3,8 @@
  * up front, so nothing allocates inside the decode loop. */
 #include "engine/generate.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +60,11 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
     const float policy_t = opt->sampling.temperature > 0.0f ? opt->sampling.temperature : 1.0f;
     Sampler sampler;
     sampler_init(&sampler, V);
+    /* vLLM's penalties and logit bias before the sampler, which then leaves the repetition penalty to them */
+    const bool vllm_penalties = sampling_has_vllm_penalties(&opt->sampling, opt->n_logit_bias);
+    SamplingParams sampling = opt->sampling;
+    if (vllm_penalties) sampling.repetition_penalty = 1.0f;
+    int *penalty_scratch = vllm_penalties ? xcalloc((size_t)V, sizeof(int)) : NULL;
     int rc = COLT_OK;
 
     for (int i = 0; i < n; i++) {
@@ -112,7 +119,11 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
                     for (int v = 0; v < V; v++) policy[v] = logits[(size_t)w * V + v] / policy_t;
                 token_mask_apply(logits + (size_t)w * V, mask, V);
             }
-            int t = sampler_sample(&sampler, logits + (size_t)w * V, &opt->sampling, history, n_hist,
+            if (vllm_penalties)
+                sampler_apply_penalties(logits + (size_t)w * V, V, &opt->sampling, history, n_hist, s->prompt_len,
+                                        opt->logit_bias_ids, opt->logit_bias_values, opt->n_logit_bias,
+                                        penalty_scratch);
+            int t = sampler_sample(&sampler, logits + (size_t)w * V, &sampling, history, n_hist,
                                    s->stream, (uint64_t)(s->first_position + s->n_tokens), &lp);
             if (policy) lp = (float)logsoftmax_at(policy, V, t);
             s->tokens[s->n_tokens] = t;
@@ -129,6 +140,7 @@ static int generate_group(Model *m, GenSequence *seqs, int n, const GenerateOpti
     }
 
     sampler_free(&sampler);
+    free(penalty_scratch);
     free(mask);
     free(policy);
     free(done);
@@ -148,6 +160,18 @@ int generate_check(const Model *m, const GenSequence *seqs, int n_seqs, const Ge
     const ModelConfig *cfg = model_config(m);
     if (sampling_params_validate(&opt->sampling, err) != 0) return COLT_ERR;
     if (opt->max_new_tokens < 0) return errorf(err, "max_new_tokens must be >= 0 (got %d)", opt->max_new_tokens);
+    if (opt->n_logit_bias < 0 || opt->n_logit_bias > MAX_LOGIT_BIAS)
+        return errorf(err, "logit_bias: %d entries, at most %d", opt->n_logit_bias, MAX_LOGIT_BIAS);
+    for (int j = 0; j < opt->n_logit_bias; j++) {
+        if (opt->logit_bias_ids[j] < 0 || opt->logit_bias_ids[j] >= cfg->vocab_size)
+            return errorf(err, "logit_bias: token id %d out of range (vocab %d)", opt->logit_bias_ids[j],
+                          cfg->vocab_size);
+        if (!isfinite(opt->logit_bias_values[j]))
+            return errorf(err, "logit_bias: the bias of token %d is not finite", opt->logit_bias_ids[j]);
+        for (int k = 0; k < j; k++)
+            if (opt->logit_bias_ids[k] == opt->logit_bias_ids[j])
+                return errorf(err, "logit_bias: token id %d appears twice", opt->logit_bias_ids[j]);
+    }
     if (opt->regex && token_regex_vocab_size(opt->regex) != cfg->vocab_size)
         return errorf(err, "regex '%s' was compiled over %d token ids, the model has %d", token_regex_pattern(opt->regex),
                       token_regex_vocab_size(opt->regex), cfg->vocab_size);

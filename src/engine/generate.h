@@ -15,6 +15,8 @@
 
 typedef enum { FINISH_LENGTH = 0, FINISH_STOP = 1 } FinishReason;
 
+#define MAX_LOGIT_BIAS 1024 /* logit_bias entries one request may give (the engine's per-slot tables) */
+
 /* One sequence to complete. The caller fills prompt/prompt_len/stream; the
  * engine fills the rest (tokens and logprobs are malloc'd, caller frees). */
 typedef struct GenSequence {
@@ -35,6 +37,11 @@ typedef struct GenerateOptions {
     const int *stop_ids;  /* eos ids and extra stop ids */
     int n_stop_ids;
     bool ignore_eos;      /* never stop on stop_ids */
+    /* vLLM's logit_bias: logit_bias_values[j] added to the logit of the distinct
+     * ids logit_bias_ids[j], j < n_logit_bias (sampler_apply_penalties). */
+    const int *logit_bias_ids;
+    const float *logit_bias_values;
+    int n_logit_bias;
     int max_batch;        /* sequences decoded together (0 = all) */
     /* Structured outputs (structured.h), or NULL: each completion's text is
      * kept a prefix of a match, and a stop id is drawn only after a full

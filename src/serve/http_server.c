@@ -196,7 +196,7 @@ static int generation_advance(Generation *g, char *err) {
                                g->s->ctx->tok, &hit, err) != 0)
             return -1;
         if (hit) serve_request_cancel(g->s->loop, g->sr, i);
-        all &= g->texts[i].finished;
+        all &= g->texts[i].finished && (!g->req.scores || g->progress[i].scored);
     }
     return all ? 1 : 0;
 }
@@ -282,6 +282,7 @@ static enum MHD_Result handle_generation(HttpServer *s, struct MHD_Connection *c
         return send_error(s, conn, 400, err, param);
     }
     g->sr = serve_request_create(g->req.prompts, g->req.prompt_lens, g->req.n_prompts, g->req.n, &g->req.opt);
+    if (g->req.scores) serve_request_want_scores(g->sr, g->req.top_logprobs);
     if (!g->req.seeded) { /* streams of their own under the shared seed (the engine's streams are 31-bit) */
         int n = serve_request_choices(g->sr);
         uint64_t *streams = xmalloc(sizeof(uint64_t) * (size_t)n);

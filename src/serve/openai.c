@@ -2,16 +2,20 @@
  * OpenAI / vLLM names: model, prompt (completions: a string, a list of ids,
  * a list of strings, a list of lists of ids) or messages (chat), n,
  * max_tokens (chat also max_completion_tokens), temperature, top_p, top_k,
- * min_p, repetition_penalty, seed, stop, stop_token_ids, ignore_eos,
- * logprobs (completions: 0; chat: true, top_logprobs 0), stream,
- * stream_options.include_usage, return_token_ids, user; chat also tools,
- * tool_choice "none"/"auto", chat_template_kwargs, response_format text.
+ * min_p, repetition_penalty, presence_penalty, frequency_penalty,
+ * logit_bias (vLLM's semantics: sampler_apply_penalties), seed, stop, stop_token_ids, ignore_eos,
+ * logprobs (completions: 0-20 alternatives; chat: true, top_logprobs 0-20),
+ * echo (completions; with max_tokens 0 too: lm-eval's log-likelihoods),
+ * stream, stream_options.include_usage, return_token_ids, user; chat also
+ * tools, tool_choice "none"/"auto", chat_template_kwargs, response_format text.
  * With tools (and tool_choice "auto"), a chat answer's tool calls are read
  * out of its text in the chat template's format, as vLLM's tool parsers do:
  * message.tool_calls (arguments as a JSON string), finish_reason "tool_calls"
  * (not while streaming: the deltas carry the text as it comes).
- * What colt cannot honour (echo, best_of != n, suffix, presence and frequency
- * penalties, logit_bias, top log-probs) is refused with a 400 naming it, and
+ * Top alternatives and the prompt's log-probs come from a scoring forward
+ * after the completion (serve_request_want_scores): the model's raw
+ * log-softmax, vLLM's default logprobs_mode. What colt cannot honour
+ * (best_of != n, suffix, echo or top alternatives while streaming) is refused with a 400 naming it, and
  * so is any parameter not listed: a request is never half-understood. */
 #include "serve/openai.h"
 
@@ -90,9 +94,11 @@ static int read_bool(json_t *o, const char *key, bool *out, const char **param, 
 
 /* ---------------------------------------------------------------- prompts */
 
-static void add_prompt(OpenAIRequest *r, int *ids, int n) {
+static void add_prompt(OpenAIRequest *r, int *ids, int n, const char *text) {
     r->prompts = xrealloc(r->prompts, sizeof(int *) * (size_t)(r->n_prompts + 1));
     r->prompt_lens = xrealloc(r->prompt_lens, sizeof(int) * (size_t)(r->n_prompts + 1));
+    r->prompt_texts = xrealloc(r->prompt_texts, sizeof(char *) * (size_t)(r->n_prompts + 1));
+    r->prompt_texts[r->n_prompts] = text ? xstrdup(text) : NULL;
     r->prompts[r->n_prompts] = ids;
     r->prompt_lens[r->n_prompts++] = n;
 }
@@ -109,7 +115,7 @@ static int ids_prompt(OpenAIRequest *r, json_t *arr, const char *where, int voca
         }
         ids[i] = (int)json_integer_value(v);
     }
-    add_prompt(r, ids, (int)n);
+    add_prompt(r, ids, (int)n, NULL);
     return COLT_OK;
 }
 
@@ -120,7 +126,7 @@ static int text_prompt(OpenAIRequest *r, const char *text, const char *where, co
         free(ids);
         return errorf(err, "%s is empty: generation needs at least one token", where);
     }
-    add_prompt(r, ids, n);
+    add_prompt(r, ids, n, text);
     return COLT_OK;
 }
 
@@ -227,7 +233,7 @@ static int read_chat_prompt(OpenAIRequest *r, json_t *body, const OpenAIContext 
         free(ids);
         return errorf(err, "'messages' renders to an empty prompt");
     }
-    add_prompt(r, ids, n);
+    add_prompt(r, ids, n, NULL);
     return COLT_OK;
 }
 
@@ -273,25 +279,39 @@ static int read_stop(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, c
     return COLT_OK;
 }
 
+/* logit_bias: {"token id": bias, ...} (OpenAI's and vLLM's), each bias clamped
+ * to [-100, 100] as vLLM does; ids in the vocabulary, each once. */
+static int read_logit_bias(OpenAIRequest *r, json_t *body, const OpenAIContext *ctx, const char **param, char *err) {
+    json_t *bias = field(body, "logit_bias");
+    if (!bias) return COLT_OK;
+    *param = "logit_bias";
+    if (!json_is_object(bias)) return errorf(err, "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(bias);
+    if (n > MAX_LOGIT_BIAS) return errorf(err, "'logit_bias' holds %zu tokens, at most %d", n, MAX_LOGIT_BIAS);
+    r->bias_ids = xmalloc(sizeof(int) * (n + 1));
+    r->bias_values = xmalloc(sizeof(float) * (n + 1));
+    const char *key;
+    json_t *value;
+    json_object_foreach(bias, key, value) {
+        char *end = NULL;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || id < 0 || id >= ctx->vocab_size)
+            return errorf(err, "'logit_bias' key '%.40s' must be a token id in [0, %d)", key, ctx->vocab_size);
+        if (!json_is_number(value) || !isfinite(json_number_value(value)))
+            return errorf(err, "'logit_bias'['%s'] must be a number", key);
+        for (int k = 0; k < r->n_bias; k++)
+            if (r->bias_ids[k] == (int)id) return errorf(err, "'logit_bias' names token %ld twice", id);
+        double b = json_number_value(value);
+        r->bias_ids[r->n_bias] = (int)id;
+        r->bias_values[r->n_bias++] = (float)(b < -100.0 ? -100.0 : b > 100.0 ? 100.0 : b);
+    }
+    return COLT_OK;
+}
+
 /* Settings colt does not have: refused unless they ask for nothing. */
 static int refuse_unsupported(json_t *body, OpenAIEndpoint ep, int n, const char **param, char *err) {
-    double d;
     bool present;
-    const char *penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (int k = 0; k < 2; k++) {
-        if (read_number(body, penalties[k], &d, &present, param, err) != 0) return COLT_ERR;
-        if (present && d != 0.0)
-            return errorf(err, "'%s' is not supported (repetition_penalty is); leave it out or 0", penalties[k]);
-    }
-    json_t *bias = field(body, "logit_bias");
-    *param = "logit_bias";
-    if (bias && (!json_is_object(bias) || json_object_size(bias) > 0))
-        return errorf(err, "'logit_bias' is not supported; leave it out or empty");
     if (ep == OPENAI_COMPLETIONS) {
-        bool echo = false;
-        if (read_bool(body, "echo", &echo, param, err) != 0) return COLT_ERR;
-        *param = "echo";
-        if (echo) return errorf(err, "'echo' is not supported");
         long long best_of;
         if (read_int(body, "best_of", 1, MAX_N, &best_of, &present, param, err) != 0) return COLT_ERR;
         if (present && best_of != n) return errorf(err, "'best_of' other than n is not supported");
@@ -333,15 +353,20 @@ static int read_sampling(SamplingParams *sp, bool *seeded, json_t *body, const O
     if (present) sp->min_p = (float)d;
     if (read_number(body, "repetition_penalty", &d, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->repetition_penalty = (float)d;
+    if (read_number(body, "presence_penalty", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->presence_penalty = (float)d;
+    if (read_number(body, "frequency_penalty", &d, &present, param, err) != 0) return COLT_ERR;
+    if (present) sp->frequency_penalty = (float)d;
     if (read_int(body, "top_k", -1, 1 << 30, &k, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->top_k = k < 0 ? 0 : (int)k; /* vLLM's -1: off */
     if (read_int(body, "seed", INT64_MIN, INT64_MAX, &k, &present, param, err) != 0) return COLT_ERR;
     if (present) sp->seed = (uint64_t)k;
     *seeded = present;
     if (sampling_params_validate(sp, err) != 0) {
-        const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"};
+        const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                               "frequency_penalty"};
         *param = NULL;
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 7; i++)
             if (strncmp(err, names[i], strlen(names[i])) == 0) *param = names[i];
         return COLT_ERR;
     }
@@ -406,6 +431,10 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
     if (read_stop(r, body, ctx, param, err) != 0) goto fail;
     r->opt.stop_ids = r->stop_ids;
     r->opt.n_stop_ids = r->n_stop_ids;
+    if (read_logit_bias(r, body, ctx, param, err) != 0) goto fail;
+    r->opt.logit_bias_ids = r->bias_ids;
+    r->opt.logit_bias_values = r->bias_values;
+    r->opt.n_logit_bias = r->n_bias;
     if (read_bool(body, "ignore_eos", &r->opt.ignore_eos, param, err) != 0) goto fail;
     if (read_bool(body, "stream", &r->stream, param, err) != 0) goto fail;
     if (read_bool(body, "return_token_ids", &r->return_token_ids, param, err) != 0) goto fail;
@@ -422,26 +451,40 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
     if (so && read_bool(so, "include_usage", &r->include_usage, param, err) != 0) goto fail;
     if (endpoint == OPENAI_COMPLETIONS) {
         if (read_int(body, "logprobs", 0, 20, &v, &present, param, err) != 0) goto fail;
-        if (present && v > 0) {
-            rc = errorf(err, "'logprobs' above 0 is not supported: colt returns the sampled token's log-prob "
-                             "(logprobs: 0), not the top alternatives");
-            goto done;
-        }
         r->logprobs = present;
+        r->top_logprobs = present ? (int)v : 0;
+        if (read_bool(body, "echo", &r->echo, param, err) != 0) goto fail;
     } else {
         if (read_bool(body, "logprobs", &r->logprobs, param, err) != 0) goto fail;
         if (read_int(body, "top_logprobs", 0, 20, &v, &present, param, err) != 0) goto fail;
-        if (present && v > 0) {
-            rc = errorf(err, "'top_logprobs' above 0 is not supported: colt returns the sampled token's log-prob only");
+        if (present && v > 0 && !r->logprobs) {
+            rc = errorf(err, "'top_logprobs' needs \"logprobs\": true");
             goto done;
         }
+        r->top_logprobs = present ? (int)v : 0;
+    }
+    r->scores = r->logprobs && (r->echo || r->top_logprobs > 0);
+    *param = r->echo ? "echo" : endpoint == OPENAI_CHAT ? "top_logprobs" : "logprobs";
+    if (r->scores && r->stream) {
+        rc = errorf(err, "'%s' is not supported with \"stream\": true (ask without streaming)", *param);
+        goto done;
+    }
+    if (r->echo && r->stream) {
+        rc = errorf(err, "'echo' is not supported with \"stream\": true (ask without streaming)");
+        goto done;
+    }
+    if (r->scores && !ctx->can_score) {
+        rc = errorf(err, "'%s' needs the prompt scored, which a tensor-parallel colt serve does not do yet; "
+                         "serve with --tensor_parallel_size 1", *param);
+        goto done;
     }
 
     /* Lengths: max_tokens (chat: or max_completion_tokens) against the server's limit and the context. */
     long long max_tokens = 0;
     bool given = false;
     const char *max_key = "max_tokens";
-    if (read_int(body, "max_tokens", 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
+    /* max_tokens 0 with echo: the prompt's log-probs alone (vLLM's, lm-eval's log-likelihoods) */
+    if (read_int(body, "max_tokens", r->echo ? 0 : 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
     if (!given && endpoint == OPENAI_CHAT) {
         max_key = "max_completion_tokens";
         if (read_int(body, max_key, 1, INT32_MAX, &max_tokens, &given, param, err) != 0) goto fail;
@@ -458,7 +501,7 @@ int openai_parse_request(OpenAIRequest *r, OpenAIEndpoint endpoint, const char *
         max_tokens = endpoint == OPENAI_COMPLETIONS ? 16 : ctx->max_model_len - longest;
         if (max_tokens > ctx->max_tokens_limit) max_tokens = ctx->max_tokens_limit;
     }
-    if (longest + max_tokens > ctx->max_model_len || max_tokens < 1) {
+    if (longest + (max_tokens < 1 ? 1 : max_tokens) > ctx->max_model_len || (max_tokens < 1 && !r->echo)) {
         *param = endpoint == OPENAI_CHAT ? "messages" : "prompt";
         rc = errorf(err, "this model's maximum context length is %d tokens; the request asks for %lld (%d in the "
                          "prompt, %lld for the completion): shorten the prompt or max_tokens",
@@ -479,7 +522,9 @@ void openai_take_prompts(OpenAIRequest *r) { r->prompts = NULL; /* n_prompts and
 
 void openai_request_free(OpenAIRequest *r) {
     for (int i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i]);
-    free(r->prompts), free(r->prompt_lens), free(r->stop_ids);
+    for (int i = 0; r->prompt_texts && i < r->n_prompts; i++) free(r->prompt_texts[i]);
+    free(r->prompts), free(r->prompt_lens), free(r->stop_ids), free(r->prompt_texts);
+    free(r->bias_ids), free(r->bias_values);
     for (int i = 0; i < r->n_stop_strings; i++) free(r->stop_strings[i]);
     free(r->stop_strings);
     json_decref(r->tools);
@@ -611,6 +656,110 @@ static json_t *logprobs_json(const OpenAIRequest *req, const GenSequence *g, int
     return out;
 }
 
+/* Each token's text, as what it adds to the text of the ids before it,
+ * decoded over a window of the WINDOW ids before it (a token's text may
+ * depend on its neighbours: byte-level pieces of one character, sentencepiece
+ * spaces); a token that adds nothing shows as itself. pieces[n], malloc'd. */
+#define WINDOW 6
+static char **token_pieces(const Tokenizer *tok, const int *ids, int n, bool skip_special) {
+    char **pieces = xmalloc(sizeof(char *) * (size_t)(n > 0 ? n : 1));
+    for (int t = 0; t < n; t++) {
+        int from = t > WINDOW ? t - WINDOW : 0;
+        char *before = NULL, *with = NULL, *piece = NULL;
+        if (tokenizer_decode_generated(tok, ids + from, (size_t)(t - from), skip_special, &before, NULL) != 0)
+            before = xstrdup("");
+        if (tokenizer_decode_generated(tok, ids + from, (size_t)(t - from + 1), skip_special, &with, NULL) != 0)
+            with = xstrdup("");
+        size_t n_before = strlen(before);
+        if (strncmp(with, before, n_before) == 0 && with[n_before]) piece = xstrdup(with + n_before);
+        else if (tokenizer_decode_generated(tok, &ids[t], 1, false, &piece, NULL) != 0) piece = xstrdup("");
+        free(before), free(with);
+        pieces[t] = piece;
+    }
+    return pieces;
+}
+
+static char *one_token_text(const Tokenizer *tok, int id) {
+    char *s = NULL;
+    if (tokenizer_decode_generated(tok, &id, 1, false, &s, NULL) != 0) s = xstrdup("");
+    return s;
+}
+
+static json_t *bytes_json(const char *s) {
+    json_t *bytes = json_array();
+    for (const unsigned char *b = (const unsigned char *)s; *b; b++) json_array_append_new(bytes, json_integer(*b));
+    return bytes;
+}
+
+/* Log-probs from the scoring forward (ts: the prompt's and the completion's
+ * tokens), positions [from, to) of the prompt + completion ids. Completions:
+ * vLLM's shape — each position's top_logprobs a dict of its own token and the
+ * k most likely (k + 1 entries at most), text_offset in characters from the
+ * first position shown; the first prompt token (echo) has null log-probs.
+ * Chat: OpenAI's, the k most likely per token. */
+static json_t *scored_logprobs_json(const OpenAIRequest *req, const GenSequence *g, const TokenScores *ts, int from,
+                                    int to, const Tokenizer *tok) {
+    int n = g->prompt_len + (to - g->prompt_len);
+    int *ids = xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    memcpy(ids, g->prompt, sizeof(int) * (size_t)g->prompt_len);
+    if (to > g->prompt_len) memcpy(ids + g->prompt_len, g->tokens, sizeof(int) * (size_t)(to - g->prompt_len));
+    /* the prompt's pieces as its text shows them (specials included); the completion's as its text (skipped) */
+    char **prompt_pieces = token_pieces(tok, ids, g->prompt_len, false);
+    char **completion_pieces = token_pieces(tok, g->tokens, to - g->prompt_len, true);
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array(),
+           *content = json_array();
+    size_t offset = 0;
+    for (int t = from; t < to; t++) {
+        const char *piece = t < g->prompt_len ? prompt_pieces[t] : completion_pieces[t - g->prompt_len];
+        const int *best = ts->top_ids + (size_t)t * ts->k;
+        const float *best_lp = ts->top_logprobs + (size_t)t * ts->k;
+        if (req->endpoint == OPENAI_COMPLETIONS) {
+            json_array_append_new(tokens, text_value(piece, strlen(piece)));
+            json_array_append_new(offsets, json_integer((json_int_t)offset));
+            if (t == 0) {
+                json_array_append_new(lps, json_null());
+                json_array_append_new(tops, json_null());
+            } else {
+                json_array_append_new(lps, logprob_value(ts->logprob[t]));
+                json_t *d = json_object();
+                json_object_set_new(d, piece, logprob_value(ts->logprob[t]));
+                for (int q = 0; q < ts->k; q++) {
+                    if (best[q] == ids[t]) continue;
+                    char *s = one_token_text(tok, best[q]);
+                    json_object_set_new(d, s, logprob_value(best_lp[q]));
+                    free(s);
+                }
+                json_array_append_new(tops, d);
+            }
+        } else {
+            json_t *alts = json_array();
+            for (int q = 0; q < ts->k; q++) {
+                char *s = one_token_text(tok, best[q]);
+                json_array_append_new(alts, json_pack("{s:o,s:o,s:o}", "token", text_value(s, strlen(s)), "logprob",
+                                                      logprob_value(best_lp[q]), "bytes", bytes_json(s)));
+                free(s);
+            }
+            json_array_append_new(content, json_pack("{s:o,s:o,s:o,s:o}", "token", text_value(piece, strlen(piece)),
+                                                     "logprob", logprob_value(ts->logprob[t]), "bytes",
+                                                     bytes_json(piece), "top_logprobs", alts));
+        }
+        offset += utf8_chars(piece);
+    }
+    for (int t = 0; t < g->prompt_len; t++) free(prompt_pieces[t]);
+    for (int t = 0; t < to - g->prompt_len; t++) free(completion_pieces[t]);
+    free(prompt_pieces), free(completion_pieces), free(ids);
+    json_t *out;
+    if (req->endpoint == OPENAI_COMPLETIONS) {
+        out = json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                        "text_offset", offsets);
+        json_decref(content);
+    } else {
+        out = json_pack("{s:o}", "content", content);
+        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offsets);
+    }
+    return out;
+}
+
 static json_t *ids_json(const int *ids, int n) {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
@@ -674,12 +823,32 @@ char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const Cho
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(i));
         const char *finish = ct->finish_reason ? ct->finish_reason : "length";
-        if (req->endpoint == OPENAI_COMPLETIONS)
-            json_object_set_new(c, "text", text_value(ct->text ? ct->text : "", ct->text ? strlen(ct->text) : 0));
-        else
-            json_object_set_new(c, "message", chat_message(req, ct->text ? ct->text : "", ctx, id, i, &finish));
-        json_object_set_new(c, "logprobs",
-                            req->logprobs ? logprobs_json(req, g, 0, ct->n_tokens, ctx->tok) : json_null());
+        char *echo = NULL;
+        if (req->echo) { /* the prompt as given, or its ids' text */
+            const char *given = req->prompt_texts[i / req->n];
+            if (given) echo = xstrdup(given);
+            else if (tokenizer_decode_generated(ctx->tok, g->prompt, (size_t)g->prompt_len, false, &echo, NULL) != 0)
+                echo = xstrdup("");
+        }
+        const char *completion = ct->text ? ct->text : "";
+        size_t n_echo = echo ? strlen(echo) : 0, n_text = n_echo + strlen(completion);
+        char *full = xmalloc(n_text + 1);
+        memcpy(full, echo ? echo : "", n_echo);
+        memcpy(full + n_echo, completion, n_text - n_echo + 1);
+        json_t *text = text_value(full, n_text);
+        free(full), free(echo);
+        if (req->endpoint == OPENAI_COMPLETIONS) json_object_set_new(c, "text", text);
+        else { /* chat has no echo: text is the completion's */
+            json_decref(text);
+            json_object_set_new(c, "message", chat_message(req, completion, ctx, id, i, &finish));
+        }
+        const TokenScores *ts = serve_request_scores(sr, i);
+        json_t *lp = json_null();
+        if (req->logprobs && req->scores && ts)
+            lp = scored_logprobs_json(req, g, ts, req->echo ? 0 : g->prompt_len, g->prompt_len + ct->n_tokens,
+                                      ctx->tok);
+        else if (req->logprobs) lp = logprobs_json(req, g, 0, ct->n_tokens, ctx->tok);
+        json_object_set_new(c, "logprobs", lp);
         json_object_set_new(c, "finish_reason", json_string(finish));
         if (req->return_token_ids) {
             json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));

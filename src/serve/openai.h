@@ -35,6 +35,7 @@ typedef struct OpenAIContext {
      * colt reads no calls in its format (tools are then still rendered, the calls left in the text) */
     bool reads_tool_calls;
     ToolCallFormat tool_format;
+    bool can_score;              /* the server scores prompts (echo with logprobs, top log-probs): one process */
 } OpenAIContext;
 
 /* A checked request. */
@@ -44,9 +45,16 @@ typedef struct OpenAIRequest {
     int n;                       /* completions per prompt */
     GenerateOptions opt;         /* stop_ids -> stop_ids below */
     int *stop_ids, n_stop_ids;
+    int *bias_ids, n_bias;       /* logit_bias -> opt */
+    float *bias_values;
     char **stop_strings;
     int n_stop_strings;
+    char **prompt_texts;         /* [n_prompts] the text of a text prompt (echo), NULL for ids */
     bool stream, include_usage, logprobs, return_token_ids;
+    bool echo;                   /* completions: the prompt's text (and, with logprobs, its tokens') first */
+    int top_logprobs;            /* alternatives per position (completions' logprobs: k; chat's top_logprobs) */
+    bool scores;                 /* logprobs come from the scoring forward (serve_request_want_scores): echo or
+                                  * top_logprobs > 0 */
     bool seeded;                 /* the request gave a seed (else random_seed, and the caller picks its streams) */
     json_t *tools;               /* chat: the request's tools when calls are read out of its answers (else NULL) */
 } OpenAIRequest;

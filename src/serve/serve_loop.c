@@ -16,6 +16,7 @@
 #include "serve/serve_loop.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,6 +32,8 @@
 #define IDLE_WAIT_S 0.1 /* the loop's longest sleep with nothing to do */
 #define RATE_WINDOW_S 10
 #define SYNC_QUEUE 8 /* weight-channel operations waiting for the engine thread */
+#define SCORE_CHUNK 64 /* positions per scoring forward call */
+#define MAX_SCORE_K 20
 
 typedef struct ServeChoice {
     GenSequence seq;
@@ -39,7 +42,10 @@ typedef struct ServeChoice {
     bool done;
     FinishReason finish;
     bool cancel;    /* the waiter gave it up */
+    bool scored;    /* scores ready (under the request's mutex) */
+    TokenScores scores;
     bool in_engine; /* loop-private from here */
+    bool to_score;  /* left the engine, scores wanted, not computed yet */
     int slot;       /* its engine id while in the engine */
 } ServeChoice;
 
@@ -50,6 +56,8 @@ struct ServeRequest {
     int **prompts, *prompt_lens, n_prompts, n;
     GenerateOptions opt;
     int *stop;
+    int *bias_ids;     /* opt's logit bias, copied */
+    float *bias_values;
     ServeChoice *choices;
     int n_choices;
     uint64_t version; /* bumped at every change a waiter may see */
@@ -57,6 +65,7 @@ struct ServeRequest {
     char error[ERR_LEN];
     bool cancel_pending;
     double t_submit, t_first;
+    int score_k;   /* alternatives per scored position; -1: no scores (serve_request_want_scores) */
     int in_engine; /* loop-private: choices still in the engine */
 };
 
@@ -105,6 +114,9 @@ struct ServeLoop {
     int n_active, active_cap;
     Slot *slots;
     int *free_slots, n_free_slots;
+    ModelState *score_state; /* the scoring forward's cache and scratch, made at the first scored request */
+    int score_len;           /* the longest sequence it holds */
+    float *score_logits;     /* [SCORE_CHUNK, V] */
 };
 
 static void deadline_after(struct timespec *ts, double seconds) {
@@ -139,7 +151,17 @@ ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_
     r->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
     if (opt->n_stop_ids > 0) memcpy(r->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
     r->opt.stop_ids = r->stop;
+    int n_bias = opt->n_logit_bias > 0 ? opt->n_logit_bias : 0;
+    r->bias_ids = xmalloc(sizeof(int) * (size_t)(n_bias + 1));
+    r->bias_values = xmalloc(sizeof(float) * (size_t)(n_bias + 1));
+    if (n_bias > 0) {
+        memcpy(r->bias_ids, opt->logit_bias_ids, sizeof(int) * (size_t)n_bias);
+        memcpy(r->bias_values, opt->logit_bias_values, sizeof(float) * (size_t)n_bias);
+    }
+    r->opt.logit_bias_ids = r->bias_ids;
+    r->opt.logit_bias_values = r->bias_values;
     r->n_choices = n_prompts * n;
+    r->score_k = -1;
     r->choices = xcalloc((size_t)r->n_choices, sizeof(ServeChoice));
     for (int i = 0; i < r->n_choices; i++) {
         ServeChoice *c = &r->choices[i];
@@ -156,9 +178,13 @@ void serve_request_release(ServeRequest *r) {
     int left = --r->refs;
     pthread_mutex_unlock(&r->mu);
     if (left > 0) return;
-    for (int i = 0; i < r->n_choices; i++) gen_sequence_free(&r->choices[i].seq);
+    for (int i = 0; i < r->n_choices; i++) {
+        gen_sequence_free(&r->choices[i].seq);
+        TokenScores *ts = &r->choices[i].scores;
+        free(ts->logprob), free(ts->top_ids), free(ts->top_logprobs);
+    }
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
-    free(r->prompts), free(r->prompt_lens), free(r->stop), free(r->choices);
+    free(r->prompts), free(r->prompt_lens), free(r->stop), free(r->choices), free(r->bias_ids), free(r->bias_values);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -173,6 +199,15 @@ void serve_request_set_turns(ServeRequest *r, const int *first_positions, const 
         if (first_positions) r->choices[i].seq.first_position = first_positions[i];
         if (max_new_tokens) r->choices[i].max_new_tokens = max_new_tokens[i];
     }
+}
+
+void serve_request_want_scores(ServeRequest *r, int k) {
+    COLT_ASSERT(k >= 0 && k <= MAX_SCORE_K);
+    r->score_k = k;
+}
+
+const TokenScores *serve_request_scores(const ServeRequest *r, int choice) {
+    return r->score_k >= 0 ? &r->choices[choice].scores : NULL;
 }
 
 int serve_request_choices(const ServeRequest *r) { return r->n_choices; }
@@ -191,7 +226,7 @@ int serve_request_wait(ServeRequest *r, ChoiceProgress *out, uint64_t *seen, dou
     }
     for (int i = 0; i < r->n_choices; i++)
         out[i] = (ChoiceProgress){.n_ready = r->choices[i].n_ready, .done = r->choices[i].done,
-                                  .finish = r->choices[i].finish};
+                                  .scored = r->choices[i].scored, .finish = r->choices[i].finish};
     *seen = r->version;
     pthread_mutex_unlock(&r->mu);
     return rc;
@@ -383,6 +418,7 @@ static void leave_engine(ServeLoop *l, ServeRequest *r, ServeChoice *c, int *lef
     l->free_slots[l->n_free_slots++] = c->slot;
     c->slot = -1;
     c->in_engine = false;
+    c->to_score = r->score_k >= 0 && !r->failed;
     r->in_engine--;
     (*left)++;
 }
@@ -426,6 +462,90 @@ static void publish(ServeLoop *l, const EngineEvent *ev, int n_events, int *left
         r->version++;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* ts for ids[n] (TokenScores in serve_loop.h): the model's forward over the
+ * ids in chunks, each row's log-softmax in double (cmd_score's), its k best
+ * by insertion (k <= 20). On the engine thread, between engine steps. */
+static int score_ids(ServeLoop *l, const int *ids, int n, int k, TokenScores *ts, char *err) {
+    const int V = model_config(l->m)->vocab_size;
+    if (!l->score_state || l->score_len < n) {
+        /* sized to the longest sequence scored so far (a power of two from 256), not to max_model_len: the
+         * engine's pool took the device memory, and scored prompts are usually far shorter */
+        int len = 256;
+        while (len < n) len *= 2;
+        if (len > l->o.max_model_len) len = l->o.max_model_len;
+        model_state_free(l->score_state);
+        l->score_state = NULL;
+        l->score_len = 0;
+        if (model_state_create(&l->score_state, l->m, 1, len, SCORE_CHUNK, err) != 0)
+            return error_prefix(err, "scoring the tokens");
+        l->score_len = len;
+        if (!l->score_logits) l->score_logits = xmalloc(sizeof(float) * SCORE_CHUNK * (size_t)V);
+    }
+    ts->n = n, ts->k = k;
+    ts->logprob = xmalloc(sizeof(float) * (size_t)n);
+    ts->top_ids = xmalloc(sizeof(int) * (size_t)n * (size_t)(k > 0 ? k : 1));
+    ts->top_logprobs = xmalloc(sizeof(float) * (size_t)n * (size_t)(k > 0 ? k : 1));
+    ts->logprob[0] = NAN;
+    int slot[SCORE_CHUNK], pos[SCORE_CHUNK];
+    for (int start = 0; start < n - 1; start += SCORE_CHUNK) {
+        int len = n - 1 - start < SCORE_CHUNK ? n - 1 - start : SCORE_CHUNK;
+        for (int j = 0; j < len; j++) slot[j] = 0, pos[j] = start + j;
+        if (model_forward(l->m, l->score_state, ids + start, slot, pos, len, NULL, l->score_logits, err) != 0)
+            return error_prefix(err, "scoring the tokens");
+        for (int j = 0; j < len; j++) {
+            const float *row = l->score_logits + (size_t)j * V;
+            int t = start + j + 1; /* the position this row predicts */
+            double max = row[0], sum = 0.0;
+            for (int v = 1; v < V; v++) max = row[v] > max ? row[v] : max;
+            for (int v = 0; v < V; v++) sum += exp((double)row[v] - max);
+            double norm = max + log(sum);
+            ts->logprob[t] = (float)((double)row[ids[t]] - norm);
+            int *best = ts->top_ids + (size_t)t * k;
+            int have = 0;
+            for (int v = 0; k > 0 && v < V; v++) { /* keep the k largest, larger first, lower id first on ties */
+                if (have == k && !(row[v] > row[best[k - 1]])) continue;
+                int at = have < k ? have++ : k - 1;
+                while (at > 0 && row[v] > row[best[at - 1]]) best[at] = best[at - 1], at--;
+                best[at] = v;
+            }
+            for (int q = 0; q < k; q++) ts->top_logprobs[(size_t)t * k + q] = (float)((double)row[best[q]] - norm);
+        }
+    }
+    return COLT_OK;
+}
+
+/* Scores the choices that left the engine this turn (serve_request_want_scores). */
+static void score_left(ServeLoop *l) {
+    char err[ERR_LEN];
+    for (int a = 0; a < l->n_active; a++) {
+        ServeRequest *r = l->active[a];
+        for (int i = 0; i < r->n_choices; i++) {
+            ServeChoice *c = &r->choices[i];
+            if (!c->to_score) continue;
+            c->to_score = false;
+            int n = c->seq.prompt_len + c->seq.n_tokens;
+            int *ids = xmalloc(sizeof(int) * (size_t)n);
+            memcpy(ids, c->seq.prompt, sizeof(int) * (size_t)c->seq.prompt_len);
+            if (c->seq.n_tokens > 0) memcpy(ids + c->seq.prompt_len, c->seq.tokens, sizeof(int) * (size_t)c->seq.n_tokens);
+            TokenScores ts = {0};
+            int rc = score_ids(l, ids, n, r->score_k, &ts, err);
+            free(ids);
+            if (rc != 0) {
+                free(ts.logprob), free(ts.top_ids), free(ts.top_logprobs);
+                request_fail(r, err);
+                for (int j = i + 1; j < r->n_choices; j++) r->choices[j].to_score = false;
+                break;
+            }
+            pthread_mutex_lock(&r->mu);
+            c->scores = ts;
+            c->scored = true;
+            r->version++;
+            pthread_cond_broadcast(&r->cv);
+            pthread_mutex_unlock(&r->mu);
+        }
     }
 }
 
@@ -649,6 +769,7 @@ static void *loop_main(void *arg) {
                 for (int k = 0; k < n_events; k++) sampled += ev[k].token >= 0;
             }
         }
+        score_left(l);
         drop_finished(l, &requests_done);
 
         pthread_mutex_lock(&l->mu);
@@ -745,6 +866,8 @@ int serve_loop_stop(ServeLoop *l, double grace_s) {
     }
     weight_sync_close(l->sync);
     engine_destroy(l->engine);
+    model_state_free(l->score_state);
+    free(l->score_logits);
     serve_turn_free(&l->turn);
     free(l->incoming), free(l->active), free(l->slots), free(l->free_slots);
     pthread_mutex_destroy(&l->mu);

@@ -41,7 +41,7 @@ int serve_loop_stop(ServeLoop *l, double grace_s);
 /* A request: prompts[n_prompts] (taken: malloc'd arrays, freed with the
  * request) completed n times each; completion j of prompt i is choice
  * i * n + j and draws from RNG stream i * n + j (colt generate's numbering).
- * opt's stop ids are copied. The caller holds one reference. */
+ * opt's stop ids and logit bias are copied. The caller holds one reference. */
 ServeRequest *serve_request_create(int **prompts, const int *prompt_lens, int n_prompts, int n,
                                    const GenerateOptions *opt);
 void serve_request_release(ServeRequest *r);
@@ -70,8 +70,30 @@ bool serve_loop_healthy(ServeLoop *l); /* the engine has not failed and the loop
 typedef struct ChoiceProgress {
     int n_ready;
     bool done;
+    bool scored; /* its TokenScores are ready (requests with serve_request_want_scores) */
     FinishReason finish;
 } ChoiceProgress;
+
+/* Scores of a choice's tokens by the model's own forward over prompt +
+ * completion (the echo and top-log-prob answers of the OpenAI API): for each
+ * position t of the n = prompt_len + n_tokens ids, log p(id_t | ids_<t) under
+ * log_softmax(logits) (no temperature, no filters: vLLM's raw_logprobs) and
+ * the k most likely ids there, most likely first (lower id first on ties).
+ * Position 0 has nothing before it: logprob NaN, no alternatives. */
+typedef struct TokenScores {
+    int n, k;
+    float *logprob;      /* [n] */
+    int *top_ids;        /* [n, k] */
+    float *top_logprobs; /* [n, k] */
+} TokenScores;
+/* Before serve_loop_submit: every choice is scored (with k alternatives,
+ * 0..20) when it leaves the engine (finished, or cancelled by its waiter at a
+ * stop string: then over the tokens it had). The loop scores on the engine
+ * thread, one process only (a tensor-parallel server refuses: the caller
+ * checks). */
+void serve_request_want_scores(ServeRequest *r, int k);
+/* Choice i's scores once its progress says scored; NULL when not asked for. */
+const TokenScores *serve_request_scores(const ServeRequest *r, int choice);
 
 int serve_request_choices(const ServeRequest *r);
 const GenSequence *serve_request_sequence(const ServeRequest *r, int choice);

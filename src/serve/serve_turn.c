@@ -32,9 +32,11 @@ void serve_turn_add(ServeTurn *t, uint64_t id, const GenSequence *g, const Gener
     put(t, &g->stream, sizeof g->stream);
     put(t, &g->first_position, sizeof g->first_position);
     put(t, &g->prompt_len, sizeof g->prompt_len);
-    put(t, opt, sizeof *opt); /* its stop_ids pointer is replaced on the other side */
+    put(t, opt, sizeof *opt); /* its stop_ids and logit_bias pointers are replaced on the other side */
     put(t, g->prompt, sizeof(int) * (size_t)g->prompt_len);
     put(t, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
+    put(t, opt->logit_bias_ids, sizeof(int) * (size_t)opt->n_logit_bias);
+    put(t, opt->logit_bias_values, sizeof(float) * (size_t)opt->n_logit_bias);
 }
 
 void serve_turn_abort(ServeTurn *t, uint64_t id) {
@@ -197,17 +199,24 @@ static int replay(Engine *e, Model *m, FollowSlot *slots, int n_slots, WeightSyn
             memcpy(&first_position, take(&r, sizeof first_position), sizeof first_position);
             memcpy(&prompt_len, take(&r, sizeof prompt_len), sizeof prompt_len);
             memcpy(&opt, take(&r, sizeof opt), sizeof opt);
-            COLT_ASSERT(id < (uint64_t)n_slots && !slots[id].live && prompt_len > 0 && opt.n_stop_ids >= 0);
+            COLT_ASSERT(id < (uint64_t)n_slots && !slots[id].live && prompt_len > 0 && opt.n_stop_ids >= 0 &&
+                        opt.n_logit_bias >= 0 && opt.n_logit_bias <= MAX_LOGIT_BIAS);
             FollowSlot *s = &slots[id];
             s->prompt = xmalloc(sizeof(int) * (size_t)prompt_len);
             memcpy(s->prompt, take(&r, sizeof(int) * (size_t)prompt_len), sizeof(int) * (size_t)prompt_len);
             int *stop_ids = xmalloc(sizeof(int) * (size_t)(opt.n_stop_ids > 0 ? opt.n_stop_ids : 1));
             memcpy(stop_ids, take(&r, sizeof(int) * (size_t)opt.n_stop_ids), sizeof(int) * (size_t)opt.n_stop_ids);
             opt.stop_ids = stop_ids;
+            size_t bias_bytes = sizeof(int) * (size_t)opt.n_logit_bias; /* ids and values: 4 bytes each */
+            int *bias_ids = xmalloc(bias_bytes + 4), *bias_values = xmalloc(bias_bytes + 4);
+            memcpy(bias_ids, take(&r, bias_bytes), bias_bytes);
+            memcpy(bias_values, take(&r, bias_bytes), bias_bytes);
+            opt.logit_bias_ids = bias_ids;
+            opt.logit_bias_values = (const float *)bias_values;
             s->g = (GenSequence){.prompt = s->prompt, .prompt_len = prompt_len, .stream = stream,
                                  .first_position = first_position};
-            int rc = engine_add_request(e, &s->g, &opt, id, err); /* copies the stop ids */
-            free(stop_ids);
+            int rc = engine_add_request(e, &s->g, &opt, id, err); /* copies the stop ids and the bias */
+            free(stop_ids), free(bias_ids), free(bias_values);
             if (rc != 0) {
                 slot_release(s);
                 return error_prefix(err, "out of step with rank 0 (it added this request)");

@@ -782,6 +782,7 @@ static const Backend CPU_OPS = {
     .paged_kv_store = cpu_paged_kv_store,
     .paged_attention = cpu_paged_attention,
     .sample = cpu_sample,
+    .apply_penalties = cpu_apply_penalties,
     .apply_token_bitmask = cpu_apply_token_bitmask,
     .add_rmsnorm = cpu_add_rmsnorm,
     .qkv_rope_store = cpu_qkv_rope_store,

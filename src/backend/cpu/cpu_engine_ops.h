@@ -19,6 +19,10 @@ void cpu_attend_row(float *out_row, const float *q_row, const float *k, const fl
 void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);
+void cpu_apply_penalties(const Backend *be, void *logits, int n, int vocab, const struct SamplingParams *p,
+                         const void *seq, const void *history, const void *history_len, const void *prompt_len,
+                         int history_stride, const void *bias_ids, const void *bias_values, const void *bias_len,
+                         int bias_stride);
 void cpu_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab);
 /* cpu_fused.c: the decode step's fused ops. */
 void cpu_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps);

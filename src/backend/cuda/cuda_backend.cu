@@ -510,6 +510,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->paged_attention_rope = cuda_paged_attention_rope<T>;
     b->sample = cuda_sample<T>;
     b->apply_token_bitmask = cuda_apply_token_bitmask<T>;
+    b->apply_penalties = cuda_apply_penalties<T>;
     b->add_rmsnorm = cuda_add_rmsnorm<T>;
     b->qkv_rope_store = cuda_qkv_rope_store<T>;
     b->swiglu_gate_up = cuda_swiglu_gate_up<T>;

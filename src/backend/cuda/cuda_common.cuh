@@ -434,9 +434,14 @@ void cuda_sample(const Backend *be, void *tokens, void *logprobs, void *logits, 
                  const struct SamplingParams *p, const void *seq, const void *streams, const void *counters,
                  void *history, void *history_len, int history_stride);
 
-/* cuda_sample.cu: structured outputs' apply_token_bitmask op (backend.h). */
+/* cuda_sample.cu: structured outputs' apply_token_bitmask op and the apply_penalties op (backend.h). */
 template <typename T>
 void cuda_apply_token_bitmask(const Backend *be, void *logits, const void *bitmask, int n, int vocab);
+template <typename T>
+void cuda_apply_penalties(const Backend *be, void *logits, int n, int vocab, const struct SamplingParams *p,
+                          const void *seq, const void *history, const void *history_len, const void *prompt_len,
+                          int history_stride, const void *bias_ids, const void *bias_values, const void *bias_len,
+                          int bias_stride);
 
 /* cuda_sample.cu (beside the Philox it shares): the dropout op (backend.h). */
 template <typename T>

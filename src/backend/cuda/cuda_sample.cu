@@ -895,3 +895,78 @@ void cuda_apply_token_bitmask(const Backend *be, void *logits, const void *bitma
 
 template void cuda_apply_token_bitmask<float>(const Backend *, void *, const void *, int, int);
 template void cuda_apply_token_bitmask<__nv_bfloat16>(const Backend *, void *, const void *, int, int);
+
+/* ---------------------------------------------------------------- apply_penalties (backend.h) */
+
+#define PENALTY_THREADS 256
+
+/* vLLM's logit bias and penalties (sampler_apply_penalties): one block per row. Each distinct token of
+ * the row's history is claimed by one thread (an atomicOr on a shared bitmap of the vocabulary, V bits),
+ * which counts the token's completion occurrences (a scan of the history: O(history) per distinct token),
+ * adds its bias, applies the repetition penalty and subtracts frequency * count and presence, in fp32 with
+ * the host's roundings (no FMA), and stores once. Then the bias ids outside the history get their bias.
+ * Exact against the host on fp32 storage; one bf16 rounding of the host's fp32 value on bf16 storage. */
+template <typename T>
+__global__ void apply_penalties_kernel(T *logits, int vocab, float repetition, float frequency, float presence,
+                                       const int *seq, const int *history, const int *history_len,
+                                       const int *prompt_len, int history_stride, const int *bias_ids,
+                                       const float *bias_values, const int *bias_len, int bias_stride) {
+    extern __shared__ unsigned claimed[];
+    const int row = blockIdx.x, s = seq[row];
+    if (s < 0) return;
+    T *x = logits + (size_t)row * vocab;
+    const int *h = history ? history + (size_t)s * history_stride : NULL;
+    const int n_h = h ? min(history_len[s], history_stride) : 0, n_p = h ? min(prompt_len[s], n_h) : 0;
+    const int *b_ids = bias_ids ? bias_ids + (size_t)s * bias_stride : NULL;
+    const float *b_values = bias_values ? bias_values + (size_t)s * bias_stride : NULL;
+    const int n_b = b_ids ? min(bias_len[s], bias_stride) : 0;
+    const int words = (vocab + 31) / 32;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) claimed[w] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_h; i += blockDim.x) {
+        int t = h[i];
+        if (t < 0 || t >= vocab) continue;
+        unsigned bit = 1u << (t & 31);
+        if (atomicOr(&claimed[t >> 5], bit) & bit) continue; /* another thread has this token */
+        int count = 0;
+        for (int j = n_p; j < n_h; j++) count += h[j] == t;
+        float l = to_float(x[t]);
+        for (int j = 0; j < n_b; j++)
+            if (b_ids[j] == t) l = __fadd_rn(l, b_values[j]);
+        if (repetition != 1.0f) l = l > 0.0f ? __fdiv_rn(l, repetition) : __fmul_rn(l, repetition);
+        if (count > 0) {
+            l = __fsub_rn(l, __fmul_rn(frequency, (float)count));
+            l = __fsub_rn(l, presence);
+        }
+        x[t] = from_float<T>(l);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n_b; j += blockDim.x) {
+        int t = b_ids[j];
+        if (t < 0 || t >= vocab || (claimed[t >> 5] >> (t & 31) & 1u)) continue;
+        x[t] = from_float<T>(__fadd_rn(to_float(x[t]), b_values[j]));
+    }
+}
+
+template <typename T>
+void cuda_apply_penalties(const Backend *be, void *logits, int n, int vocab, const struct SamplingParams *p,
+                          const void *seq, const void *history, const void *history_len, const void *prompt_len,
+                          int history_stride, const void *bias_ids, const void *bias_values, const void *bias_len,
+                          int bias_stride) {
+    if (n <= 0 || vocab <= 0) return;
+    CudaState *cs = cuda_enter(be);
+    size_t bitmap_bytes = (size_t)((vocab + 31) / 32) * sizeof(unsigned);
+    CUDA_ASSERT_HOST(bitmap_bytes <= SAMPLE_MAX_BITMAP_BYTES); /* vocab <= 327680 */
+    apply_penalties_kernel<T><<<n, PENALTY_THREADS, bitmap_bytes, cs->stream>>>(
+        (T *)logits, vocab, p->repetition_penalty, p->frequency_penalty, p->presence_penalty, (const int *)seq,
+        (const int *)history, (const int *)history_len, (const int *)prompt_len, history_stride,
+        (const int *)bias_ids, (const float *)bias_values, (const int *)bias_len, bias_stride);
+    LAUNCH_CHECK(cs);
+}
+
+template void cuda_apply_penalties<float>(const Backend *, void *, int, int, const struct SamplingParams *,
+                                          const void *, const void *, const void *, const void *, int, const void *,
+                                          const void *, const void *, int);
+template void cuda_apply_penalties<__nv_bfloat16>(const Backend *, void *, int, int, const struct SamplingParams *,
+                                                  const void *, const void *, const void *, const void *, int,
+                                                  const void *, const void *, const void *, int);

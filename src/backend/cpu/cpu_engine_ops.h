@@ -1,4 +1,5 @@
-/* cpu_engine_ops.h — the CPU backend's generation-engine ops (backend.h,
+/* cpu_engine_ops.h — the CPU backend's instance state (CpuContext, the
+ * OpenMP team an op runs on) and its generation-engine ops (backend.h,
  * "generation engine"), defined in cpu_paged.c, cpu_sample.c and cpu_fused.c
  * and put in the table by cpu_backend.c. On the CPU, [i32] buffers are plain
  * host int arrays. */
@@ -6,6 +7,33 @@
 #define COLT_BACKEND_CPU_ENGINE_OPS_H
 
 #include "backend/backend.h"
+
+/* The instance's state (cpu_backend.c): deterministic mode (backend.h
+ * set_batch_invariant; attention needs nothing: cpu_attention and
+ * cpu_paged_attention share their arithmetic, per token), the threads its ops
+ * compute with (set_threads), and the memory accounting (memory_stats). */
+typedef struct CpuContext {
+    int batch_invariant;
+    int threads;
+    size_t in_use, peak; /* bytes of alloc / alloc_f32 buffers */
+    char alloc_label[160];
+} CpuContext;
+
+/* Scalar operations one more thread must get before it is worth waking:
+ * an OpenMP fork/join costs a few microseconds (tens when the threads sleep),
+ * and a 260K-parameter model's decode ops are a few thousand operations each. */
+#define CPU_WORK_PER_THREAD 32768.0
+
+/* The OpenMP team for an op of about `work` scalar operations: the instance's
+ * threads, fewer for small work (1: no fork at all). Only for ops whose
+ * results do not depend on the team's size (each output written by one
+ * iteration, in the same order whatever the team). */
+static inline int cpu_team(const Backend *be, double work) {
+    int threads = ((const CpuContext *)be->ctx)->threads;
+    double fit = work / CPU_WORK_PER_THREAD;
+    if (fit < threads) threads = fit < 1.0 ? 1 : (int)fit;
+    return threads;
+}
 
 void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
                         int kv_dim);

@@ -24,7 +24,7 @@ void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const voi
     float *kp = k_pool, *vp = v_pool;
     const float *ks = k, *vs = v;
     const int *slots = slot_mapping;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 2.0 * n * kv_dim))
     for (int i = 0; i < n; i++) {
         if (slots[i] < 0) continue;
         size_t row = (size_t)slots[i] * kv_dim;
@@ -75,7 +75,10 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
     COLT_ASSERT(block_size > 0);
-#pragma omp parallel for collapse(2) schedule(dynamic, 4)
+    int max_pos = 0; /* the longest row sizes the team */
+    for (int i = 0; i < n; i++)
+        if (positions[i] > max_pos) max_pos = positions[i];
+#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(cpu_team(be, (double)n * n_heads * (max_pos + 1) * (4.0 * head_dim + 40.0)))
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < n_heads; h++) {
             if (seqs[i] < 0) continue;

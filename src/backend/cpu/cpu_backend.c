@@ -254,34 +254,20 @@ static void cpu_kv_store(const Backend *be, void *k_cache, void *v_cache, const 
 /* out[N, H*Dh]: token i, head h attends to cache rows 0..pos[i] of slot[i],
  * KV head h / (H/KVH): cpu_attend_row (cpu_paged.c, in double), the arithmetic
  * of paged_attention. One (token, head) pair per OpenMP iteration. lse, when
- * asked for, is a second pass over the scores in double (cpu_attend_row keeps
- * its statistics to itself, and the engine shares it bit for bit). */
+ * asked for, is the row's running max and sum as cpu_attend_row ends them
+ * (the very sums a second pass over the scores would make, in the same order). */
 static void cpu_attention(const Backend *be, void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
                           const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int max_len) {
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    double scale = 1.0 / sqrt((double)head_dim);
     COLT_ASSERT(head_dim <= CPU_MAX_HEAD_DIM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(cpu_team(be, (double)n * n_heads * (n > 0 ? pos[n - 1] + 1 : 0) * (4.0 * head_dim + 40.0)))
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < n_heads; h++) {
             size_t qo = ((size_t)i * n_heads + h) * head_dim, head_offset = (size_t)(h / group) * head_dim;
-            const float *qi = (const float *)q + qo;
-            cpu_attend_row((float *)out + qo, qi, k_cache, v_cache, NULL, 1, (size_t)slot[i] * max_len, pos[i],
-                           head_dim, kv_dim, head_offset);
-            if (!lse) continue;
-            const float *kbase = (const float *)k_cache + (size_t)slot[i] * max_len * kv_dim + head_offset;
-            double m = -INFINITY, l = 0.0;
-            for (int t = 0; t <= pos[i]; t++) {
-                const float *kt = kbase + (size_t)t * kv_dim;
-                double sc = 0.0;
-                for (int d = 0; d < head_dim; d++) sc += (double)qi[d] * kt[d];
-                sc *= scale;
-                if (sc > m) l *= exp(m - sc), m = sc;
-                l += exp(sc - m);
-            }
-            ((float *)lse)[(size_t)i * n_heads + h] = (float)(m + log(l));
+            cpu_attend_row((float *)out + qo, (const float *)q + qo, k_cache, v_cache, NULL, 1, (size_t)slot[i] * max_len,
+                           pos[i], head_dim, kv_dim, head_offset, lse ? (float *)lse + (size_t)i * n_heads + h : NULL);
         }
     }
 }

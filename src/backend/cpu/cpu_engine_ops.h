@@ -43,7 +43,8 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
 /* cpu_paged.c: the attention of one query row, shared by cpu_attention (table NULL: position t at
  * row base_row + t) and cpu_paged_attention (position t through the block table). */
 void cpu_attend_row(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
-                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset);
+                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
+                    float *lse);
 void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);

@@ -36,11 +36,13 @@ void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const voi
 /* One query row attends to positions 0..last: out_row[Dh] = softmax(q . k_t /
  * sqrt(Dh)) . v_t, position t at pool row table[t / block_size] * block_size +
  * t % block_size, or at row base_row + t when table is NULL (a contiguous cache).
- * Scores, the running max/sum (online softmax) and the weighted sum in double.
+ * Scores, the running max/sum (online softmax) and the weighted sum in double;
+ * *lse (when not NULL) = max + log(sum), the row's log-sum-exp.
  * cpu_attention and cpu_paged_attention both run this, so a token's attention
  * is the same bits in the trainer and in the engine. */
 void cpu_attend_row(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
-                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset) {
+                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
+                    float *lse) {
     double acc[CPU_PAGED_MAX_HEAD_DIM];
     double scale = 1.0 / sqrt((double)head_dim);
     COLT_ASSERT(head_dim <= CPU_PAGED_MAX_HEAD_DIM);
@@ -63,6 +65,7 @@ void cpu_attend_row(float *out_row, const float *q_row, const float *k, const fl
         for (int d = 0; d < head_dim; d++) acc[d] += p * vt[d];
     }
     for (int d = 0; d < head_dim; d++) out_row[d] = (float)(acc[d] / l);
+    if (lse) *lse = (float)(m + log(l));
 }
 
 /* out[N, H*Dh]: token i (sequence seq[i], position pos[i]), head h attends to
@@ -85,7 +88,7 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
             size_t qo = ((size_t)i * n_heads + h) * head_dim;
             cpu_attend_row((float *)out + qo, (const float *)q + qo, k_pool, v_pool,
                            tables + (size_t)seqs[i] * max_blocks, block_size, 0, positions[i], head_dim, kv_dim,
-                           (size_t)(h / group) * head_dim);
+                           (size_t)(h / group) * head_dim, NULL);
         }
     }
 }

@@ -252,8 +252,8 @@ static void cpu_kv_store(const Backend *be, void *k_cache, void *v_cache, const 
 }
 
 /* out[N, H*Dh]: token i, head h attends to cache rows 0..pos[i] of slot[i],
- * KV head h / (H/KVH): cpu_attend_row (cpu_paged.c, in double), the arithmetic
- * of paged_attention. One (token, head) pair per OpenMP iteration. lse, when
+ * KV head h / (H/KVH): cpu_attend_row (cpu_paged.c, in double) in deterministic
+ * mode, else cpu_attend_row_fast (fp32): the arithmetic of paged_attention. One (token, head) pair per OpenMP iteration. lse, when
  * asked for, is the row's running max and sum as cpu_attend_row ends them
  * (the very sums a second pass over the scores would make, in the same order). */
 static void cpu_attention(const Backend *be, void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
@@ -261,13 +261,14 @@ static void cpu_attention(const Backend *be, void *out, void *lse, const void *q
                           int max_len) {
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    CpuAttendRow attend_row = cpu_attend_row_for(be);
     COLT_ASSERT(head_dim <= CPU_MAX_HEAD_DIM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(cpu_team(be, (double)n * n_heads * (n > 0 ? pos[n - 1] + 1 : 0) * (4.0 * head_dim + 40.0)))
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < n_heads; h++) {
             size_t qo = ((size_t)i * n_heads + h) * head_dim, head_offset = (size_t)(h / group) * head_dim;
-            cpu_attend_row((float *)out + qo, (const float *)q + qo, k_cache, v_cache, NULL, 1, (size_t)slot[i] * max_len,
-                           pos[i], head_dim, kv_dim, head_offset, lse ? (float *)lse + (size_t)i * n_heads + h : NULL);
+            attend_row((float *)out + qo, (const float *)q + qo, k_cache, v_cache, NULL, 1, (size_t)slot[i] * max_len,
+                       pos[i], head_dim, kv_dim, head_offset, lse ? (float *)lse + (size_t)i * n_heads + h : NULL);
         }
     }
 }
@@ -412,7 +413,12 @@ static void cpu_attention_backward(const Backend *be, void *dq, void *dk_cache, 
                                    const void *out, const void *lse, const void *k_cache, const void *v_cache,
                                    const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                                    int n_slots, int max_len) {
-    (void)out, (void)lse; /* the reference recomputes the statistics in double */
+    if (!((const CpuContext *)be->ctx)->batch_invariant && out && lse) { /* the fast path, from the forward's statistics */
+        cpu_attention_backward_fast(be, dq, dk_cache, dv_cache, dout, q, out, lse, k_cache, v_cache, slot, pos, n, n_heads,
+                                    n_kv_heads, head_dim, n_slots, max_len);
+        return;
+    }
+    /* the reference recomputes the statistics in double */
     float *dqs = dq, *dkc = dk_cache, *dvc = dv_cache;
     const float *dos = dout, *qs = q, *kc = k_cache, *vc = v_cache;
     int group = n_heads / n_kv_heads;

@@ -45,6 +45,23 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
 void cpu_attend_row(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
                     int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
                     float *lse);
+/* cpu_attention_fast.c: the same row in fp32 with a vectorised exp, what attention and paged_attention run
+ * while deterministic mode is off (cpu_attend_row then). */
+void cpu_attend_row_fast(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
+                         int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
+                         float *lse);
+/* attention_backward from the forward's out and lse (cpu_attention_fast.c), while deterministic mode is off. */
+void cpu_attention_backward_fast(const Backend *be, float *dq, float *dk_cache, float *dv_cache, const float *dout,
+                                 const float *q, const float *out, const float *lse, const float *k_cache,
+                                 const float *v_cache, const int *slot, const int *pos, int n, int n_heads,
+                                 int n_kv_heads, int head_dim, int n_slots, int max_len);
+typedef void (*CpuAttendRow)(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
+                             int block_size, size_t base_row, int last, int head_dim, size_t kv_dim,
+                             size_t head_offset, float *lse);
+/* The row attention and paged_attention run: the reference in deterministic mode, else the fast one. */
+static inline CpuAttendRow cpu_attend_row_for(const Backend *be) {
+    return ((const CpuContext *)be->ctx)->batch_invariant ? cpu_attend_row : cpu_attend_row_fast;
+}
 void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);

@@ -77,6 +77,7 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
     const int *tables = block_tables, *seqs = seq, *positions = pos;
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    CpuAttendRow attend_row = cpu_attend_row_for(be);
     COLT_ASSERT(block_size > 0);
     int max_pos = 0; /* the longest row sizes the team */
     for (int i = 0; i < n; i++)
@@ -86,9 +87,8 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
         for (int h = 0; h < n_heads; h++) {
             if (seqs[i] < 0) continue;
             size_t qo = ((size_t)i * n_heads + h) * head_dim;
-            cpu_attend_row((float *)out + qo, (const float *)q + qo, k_pool, v_pool,
-                           tables + (size_t)seqs[i] * max_blocks, block_size, 0, positions[i], head_dim, kv_dim,
-                           (size_t)(h / group) * head_dim, NULL);
+            attend_row((float *)out + qo, (const float *)q + qo, k_pool, v_pool, tables + (size_t)seqs[i] * max_blocks,
+                       block_size, 0, positions[i], head_dim, kv_dim, (size_t)(h / group) * head_dim, NULL);
         }
     }
 }

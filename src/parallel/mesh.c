@@ -140,12 +140,8 @@ int mesh_open_device(Mesh *m, const MeshOptions *o, char *err) {
     m->be = backend_open(o->device, device, err);
     if (!m->be) return COLT_ERR;
     /* Ranks on one host divide its cores: each computes on its share. */
-    const char *why = "";
-    m->host_threads = cpu_threads_for_rank(m->env.local_rank, m->env.local_world_size, &why);
-    if (m->be->set_threads) {
-        m->be->set_threads(m->be, m->host_threads);
-        log_info0("CPU threads: %d per rank (%s)", m->host_threads, why);
-    }
+    m->host_threads = cpu_threads_for_rank(m->env.local_rank, m->env.local_world_size, &m->host_threads_why);
+    if (m->be->set_threads) m->be->set_threads(m->be, m->host_threads);
     m->groups.be = m->be;
     if (m->world && tp_group_use_nccl(&m->groups, &m->env, m->world, m->be, o->timeout_s, m->collectives,
                                       sizeof m->collectives, err) != 0)

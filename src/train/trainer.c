@@ -902,6 +902,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
               c->generation_batch_size / c->num_generations, c->num_generations);
     log_info0("deterministic mode %s (%s)", t.engine_opts.deterministic ? "on" : "off",
               c->deterministic_set ? "as configured" : "default: on for bf16 weights, off for fp32");
+    if (t.be->set_threads)
+        log_info0("CPU threads: %d per rank (%s)", t.mesh.host_threads, t.mesh.host_threads_why);
     struct sigaction sa = {0};
     sa.sa_handler = on_stop_signal;
     sigaction(SIGINT, &sa, NULL);

@@ -69,7 +69,7 @@ config = GRPOConfig(
     num_generations=completions, per_device_train_batch_size=prompts_per_step * completions,
     gradient_accumulation_steps=1, max_completion_length=tokens, temperature=1.0, learning_rate=5e-4,
     lr_scheduler_type="constant_with_warmup", warmup_steps=5, max_grad_norm=1.0, loss_type="dapo", beta=0.1,
-    epsilon=0.2, max_steps=steps, logging_steps=5, save_strategy="no", report_to=[], seed=seed,
+    epsilon=0.2, max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], seed=seed,
     dataloader_num_workers=0)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -73,9 +73,10 @@ CLONES void cpu_attend_row_fast(float *out_row, const float *q_row, const float 
     for (int t0 = 0; t0 <= last; t0 += CPU_FAST_WINDOW) {
         int len = last + 1 - t0 < CPU_FAST_WINDOW ? last + 1 - t0 : CPU_FAST_WINDOW;
         float window_max = -INFINITY;
+        int block = table ? t0 / block_size : 0, in_block = table ? t0 % block_size : 0;
         for (int j = 0; j < len; j++) {
-            int t = t0 + j;
-            size_t row = table ? (size_t)table[t / block_size] * block_size + (size_t)(t % block_size) : base_row + t;
+            size_t row = table ? (size_t)table[block] * block_size + (size_t)in_block : base_row + t0 + j;
+            if (table && ++in_block == block_size) block++, in_block = 0;
             krow[j] = k + row * kv_dim + head_offset;
             vrow[j] = v + row * kv_dim + head_offset;
             float dot = 0.0f;
@@ -83,13 +84,14 @@ CLONES void cpu_attend_row_fast(float *out_row, const float *q_row, const float 
             s[j] = dot * scale;
             window_max = s[j] > window_max ? s[j] : window_max;
         }
+        for (int j = len; j < CPU_FAST_WINDOW; j++) s[j] = -INFINITY; /* a whole window's exps: one vector */
         if (window_max > m) { /* rescale what was summed under the old max (nothing, the first time) */
             float c = m == -INFINITY ? 0.0f : fast_expf_nonpositive(m - window_max);
             l *= c;
             for (int d = 0; d < head_dim; d++) acc[d] *= c;
             m = window_max;
         }
-        for (int j = 0; j < len; j++) s[j] = fast_expf_nonpositive(s[j] - m);
+        for (int j = 0; j < CPU_FAST_WINDOW; j++) s[j] = fast_expf_nonpositive(s[j] - m);
         for (int j = 0; j < len; j++) {
             l += s[j];
             for (int d = 0; d < head_dim; d++) acc[d] += s[j] * vrow[j][d];
@@ -120,7 +122,8 @@ CLONES static void attend_row_backward_fast(float *dq, float *dkbase, float *dvb
             for (int d = 0; d < head_dim; d++) dot += q[d] * kt[d];
             s[j] = dot * scale - lse;
         }
-        for (int j = 0; j < len; j++) s[j] = fast_expf_nonpositive(s[j]);
+        for (int j = len; j < CPU_FAST_WINDOW; j++) s[j] = -INFINITY;
+        for (int j = 0; j < CPU_FAST_WINDOW; j++) s[j] = fast_expf_nonpositive(s[j]);
         for (int j = 0; j < len; j++) {
             size_t row = (size_t)(t0 + j) * kv_dim;
             const float *kt = kbase + row, *vt = vbase + row;

@@ -651,9 +651,43 @@ static void cpu_copy_2d(const Backend *be, void *dst, size_t dst_stride, const v
                (size_t)cols * sizeof(float));
 }
 
+/* The AdamW element loop, one clone per instruction set (resolved when the
+ * program loads), as parallel/host_adamw.c's: the two forms of the first
+ * moment (which one depends on w1 alone) are separate loops, so each
+ * vectorises (sqrtf without errno: CMakeLists.txt). Every element's
+ * expressions are cpu_adamw's reference order, so the bits do not change. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_CLONES
+#endif
+
+CPU_CLONES static void adamw_block(float *restrict p, float *restrict ms, float *restrict vs, const float *restrict g,
+                                   size_t n, float decay, float w1, float w2, float beta2, float step_size,
+                                   float bc2_sqrt, float eps) {
+    if (w1 < 0.5f) {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i], pi = p[i] * decay, mi = ms[i] + w1 * (gi - ms[i]);
+            float vi = vs[i] * beta2 + w2 * (gi * gi);
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = pi + -step_size * (mi / denom);
+            ms[i] = mi, vs[i] = vi;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i], pi = p[i] * decay, mi = gi - (gi - ms[i]) * (1.0f - w1);
+            float vi = vs[i] * beta2 + w2 * (gi * gi);
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = pi + -step_size * (mi / denom);
+            ms[i] = mi, vs[i] = vi;
+        }
+    }
+}
+
 /* torch.optim.AdamW (single-tensor path): the first moment uses lerp as torch
  * does (m + w (g - m), w = 1 - beta1, for w < 0.5), the rest in torch's order;
- * scalars folded in double then rounded to fp32 like torch's python scalars. */
+ * scalars folded in double then rounded to fp32 like torch's python scalars.
+ * Blocks of 8192 elements spread over the team. */
 static void cpu_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bias_correction1, float bias_correction2) {
     COLT_ASSERT(master == NULL);  /* fp32 storage: the optimizer updates param itself */
@@ -664,14 +698,11 @@ static void cpu_adamw(const Backend *be, void *param, void *master, const void *
     float w1 = (float)(1.0 - float_as_decimal(beta1)), w2 = (float)(1.0 - float_as_decimal(beta2));
     float step_size = (float)((double)lr / bias_correction1);
     float bc2_sqrt = (float)sqrt((double)bias_correction2);
+    const size_t block = 8192, blocks = (n + block - 1) / block;
 #pragma omp parallel for schedule(static) num_threads(cpu_team(be, 10.0 * n))
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
-        p[i] *= decay;
-        ms[i] = w1 < 0.5f ? ms[i] + w1 * (gi - ms[i]) : gi - (gi - ms[i]) * (1.0f - w1);
-        vs[i] = vs[i] * beta2 + w2 * (gi * gi);
-        float denom = sqrtf(vs[i]) / bc2_sqrt + eps;
-        p[i] += -step_size * (ms[i] / denom);
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * block, len = n - i0 < block ? n - i0 : block;
+        adamw_block(p + i0, ms + i0, vs + i0, g + i0, len, decay, w1, w2, beta2, step_size, bc2_sqrt, eps);
     }
 }
 

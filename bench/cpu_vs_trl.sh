@@ -10,6 +10,8 @@
 #   bash bench/cpu_vs_trl.sh                     # 60 steps, seeds 1 2 3
 #   STEPS=20 SEEDS="1" bash bench/cpu_vs_trl.sh  # shorter
 #   SMOLLM2_STEPS=6 ...                          # SmolLM2's steps (default 8)
+#   TRL_ENV="OMP_WAIT_POLICY=passive" ...        # environment words for TRL's process only (torch's OpenMP
+#                                                # spins by default: on a busy machine passive is its best)
 #
 # Needs build/colt (make build) and python3 with torch, transformers and trl. Timings move with whatever
 # else runs: look at `uptime` before, and compare rows of one session only.
@@ -19,11 +21,12 @@ STEPS=${STEPS:-60}
 SEEDS=${SEEDS:-1 2 3}
 SMOLLM2_STEPS=${SMOLLM2_STEPS:-8}
 SMOLLM2=${COLT_SMOLLM2_DIR:-models/smollm2-135m-instruct}
+TRL_ENV=${TRL_ENV:-}
 OUT=$(mktemp -d /tmp/colt-cpu-vs-trl.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores usable; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "colt: $(git rev-parse --short HEAD 2>/dev/null || echo '?'); TRL $(python3 -c 'import trl; print(trl.__version__)'), torch $(python3 -c 'import torch; print(torch.__version__)')"
+echo "colt: $(git rev-parse --short HEAD 2>/dev/null || echo '?'); TRL $(python3 -c 'import trl; print(trl.__version__)'), torch $(python3 -c 'import torch; print(torch.__version__)')${TRL_ENV:+; TRL run with $TRL_ENV}"
 echo
 
 # median of the numbers on stdin
@@ -72,7 +75,7 @@ run_pair() {
     printf '| colt | %s | %.1f | %s | %s |\n' "$seed" "$(echo "$t1 - $t0" | bc)" "$(echo "$split" | sed 's/ / | /g')" "$reward"
 
     t0=$(date +%s.%N)
-    python3 bench/cpu_trl_grpo.py "$model" examples/data/demo_train.jsonl "$steps" "$g" "$tokens" "$prompts" "$seed" \
+    env $TRL_ENV python3 bench/cpu_trl_grpo.py "$model" examples/data/demo_train.jsonl "$steps" "$g" "$tokens" "$prompts" "$seed" \
       > "$OUT/trl-$name-$seed.json" 2> "$OUT/trl-$name-$seed.log"
     t1=$(date +%s.%N)
     split=$(trl_split "$OUT/trl-$name-$seed.json")

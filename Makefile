@@ -1,8 +1,8 @@
 # The README's two commands:
 #   make demo  — install dependencies, build, run the main job
 #   make test  — install dependencies, build, run every test (plus an ASan+UBSan pass), then a summary
-# OMP_WAIT_POLICY=passive for the tests: colt's OpenMP threads otherwise spin while OpenBLAS's own
-# threads work on the same cores (2x slower on a 2-core machine, more with tests run side by side).
+# OMP_WAIT_POLICY=passive for the tests: the test programs' OpenMP threads would otherwise spin while
+# other tests run on the same cores (the colt binary sets it for itself, src/cli/main.c).
 # The ASan pass runs one OpenMP and one OpenBLAS thread per process: its tests run two at a time and the
 # multi-rank ones start 2-4 ranks each, so more threads only oversubscribe the cores.
 JOBS ?= $(shell nproc)

@@ -5,8 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COLT=build/colt
-# colt's OpenMP threads wait passively: spinning, they compete with OpenBLAS's threads for the same cores
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 OUT=runs/demo
 
 echo "== colt train --config examples/demo.yaml"

@@ -5,7 +5,10 @@
  * CPU) first, then the ops not yet in the table. Training ops (backward,
  * optimizer) are checked against analytic or finite-difference double
  * references. Each set runs on the CPU backend, through the profiling wrapper,
- * and on two CPU instances side by side (one in batch-invariant mode).
+ * and on two CPU instances side by side (one in batch-invariant mode), each
+ * of which must give the same bits on one thread and on three (GEMMs split
+ * over the team, attention rows shared out). Attention runs the CPU's fast
+ * fp32 path outside deterministic mode and the double reference in it.
  *
  * Dimension legend: N tokens, D width, H query heads, KVH key/value heads,
  * Dh head dim, S cache slots, L max cache length, F MLP width, V vocab. */
@@ -18,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/profile.h"
 #include "backend_op_cases.h"
+#include "core/cpu_threads.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "harness.h"
@@ -187,6 +191,17 @@ static void test_attention_backward(const Backend *be) {
     report("attention_backward dq GQA vs fd", got_dq, ref_dq, qn, 1e-5);
     report("attention_backward dk_cache (+=) vs fd", got_dk, ref_dk, cn, 1e-5);
     report("attention_backward dv_cache (+=) vs fd", got_dv, ref_dv, cn, 1e-5);
+    /* Again from the forward's out and lse: the CPU's fast path (fp32) outside deterministic mode */
+    void *gout = be->alloc(be, qn), *glse = be->alloc_f32(be, (size_t)n * H);
+    be->attention(be, gout, glse, gq, gkc, gvc, slot, pos, n, H, KVH, Dh, L);
+    be->upload(be, gdk, dk0, cn), be->upload(be, gdv, dv0, cn);
+    be->attention_backward(be, gdq, gdk, gdv, gdo, gq, gout, glse, gkc, gvc, slot, pos, n, H, KVH, Dh, S, L);
+    float *got2_dq = from_device(be, gdq, qn), *got2_dk = from_device(be, gdk, cn), *got2_dv = from_device(be, gdv, cn);
+    report("attention_backward dq from out, lse vs fd", got2_dq, ref_dq, qn, 1e-5);
+    report("attention_backward dk_cache from out, lse vs fd", got2_dk, ref_dk, cn, 1e-5);
+    report("attention_backward dv_cache from out, lse vs fd", got2_dv, ref_dv, cn, 1e-5);
+    free(got2_dq), free(got2_dk), free(got2_dv);
+    be->free(be, gout), be->free(be, glse);
     /* kv_gather reads back what kv_store wrote */
     void *gk = be->alloc(be, (size_t)n * kvd), *gv = be->alloc(be, (size_t)n * kvd);
     be->kv_gather(be, gk, gv, gkc, gvc, slot, pos, n, kvd, L);
@@ -491,6 +506,75 @@ static void test_optimizer_ops(const Backend *be) {
     be->free(be, gg);
 }
 
+/* The CPU instance's threads change no bit: linear and linear_backward with
+ * GEMMs large enough to be split (300 x 896 x 200) and a decode-sized one, and
+ * attention (its rows shared out among threads), on one thread and on three. */
+static void test_threads_same_bits(Backend *be) {
+    int n = 300, in = 896, out = 200, H = 4, KVH = 2, Dh = 16, L = 40, kvd = KVH * Dh;
+    size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out, qn = (size_t)L * H * Dh;
+    float *x = rand_floats(nx, 1.0f), *w = rand_floats(nw, 0.05f), *dy = rand_floats(ny, 1.0f),
+          *q = rand_floats(qn, 1.0f), *kc = rand_floats((size_t)L * kvd, 1.0f), *vc = rand_floats((size_t)L * kvd, 1.0f);
+    void *gx = to_device(be, x, nx), *gw = to_device(be, w, nw), *gdy = to_device(be, dy, ny), *gq = to_device(be, q, qn),
+         *gk = to_device(be, kc, (size_t)L * kvd), *gv = to_device(be, vc, (size_t)L * kvd);
+    void *gy = be->alloc(be, ny), *gdx = be->alloc(be, nx), *gdw = be->alloc_f32(be, nw), *ga = be->alloc(be, qn);
+    int slot[40], pos[40];
+    for (int i = 0; i < L; i++) slot[i] = 0, pos[i] = i;
+    float *got[2][5];
+    for (int run = 0; run < 2; run++) {
+        be->set_threads(be, run == 0 ? 1 : 3);
+        be->linear(be, gy, gx, gw, NULL, n, in, out);
+        got[run][0] = from_device(be, gy, ny);
+        be->linear(be, gy, gx, gw, NULL, 32, in, out); /* a decode step's: never split */
+        got[run][1] = from_device(be, gy, (size_t)32 * out);
+        be->zero_f32(be, gdw, nw);
+        be->linear_backward(be, gdx, gdw, NULL, gdy, gx, gw, n, in, out, 0);
+        got[run][2] = from_device(be, gdx, nx);
+        got[run][3] = malloc(nw * sizeof(float));
+        be->download_f32(be, got[run][3], gdw, nw);
+        be->attention(be, ga, NULL, gq, gk, gv, slot, pos, L, H, KVH, Dh, L);
+        got[run][4] = from_device(be, ga, qn);
+    }
+    const char *what[5] = {"linear [300,896]x[200,896]^T", "linear [32,896]x[200,896]^T", "linear_backward dx",
+                           "linear_backward dw", "attention 40 tokens"};
+    size_t sizes[5] = {ny, (size_t)32 * out, nx, nw, qn};
+    for (int k = 0; k < 5; k++) {
+        bool same = memcmp(got[0][k], got[1][k], sizes[k] * sizeof(float)) == 0;
+        CHECK(same, "%s: 1 thread and 3 threads give different bits", what[k]);
+        printf("%s %-40s 1 thread vs 3 threads: %s\n", same ? "ok  " : "FAIL", what[k], same ? "same bits" : "differ");
+        free(got[0][k]), free(got[1][k]);
+    }
+    be->set_threads(be, 2);
+    free(x), free(w), free(dy), free(q), free(kc), free(vc);
+    void *bufs[10] = {gx, gw, gdy, gq, gk, gv, gy, gdx, gdw, ga};
+    for (int k = 0; k < 10; k++) be->free(be, bufs[k]);
+}
+
+/* The threads a rank computes with: cgroup quota lines, OMP_NUM_THREADS, the
+ * cores shared among a host's ranks (the remainder to the lowest). */
+static void test_cpu_threads(void) {
+    CHECK(cpu_quota_cores("max 100000\n", 0, 0) == 0, "cpu.max 'max': no quota");
+    CHECK(cpu_quota_cores("150000 100000\n", 0, 0) == 2, "cpu.max 150000/100000: 2 cores");
+    CHECK(cpu_quota_cores("200000 100000", 0, 0) == 2, "cpu.max 200000/100000: 2 cores");
+    CHECK(cpu_quota_cores("garbage", 0, 0) == 0, "an unreadable cpu.max: no quota");
+    CHECK(cpu_quota_cores(NULL, -1, 100000) == 0, "cgroup v1 quota -1: no quota");
+    CHECK(cpu_quota_cores(NULL, 50000, 100000) == 1, "cgroup v1 50000/100000: 1 core");
+    int cores = cpu_cores_usable();
+    CHECK(cores >= 1, "cpu_cores_usable: %d", cores);
+    char *kept = getenv("OMP_NUM_THREADS") ? strdup(getenv("OMP_NUM_THREADS")) : NULL;
+    unsetenv("OMP_NUM_THREADS");
+    const char *why = NULL;
+    int total = 0;
+    for (int r = 0; r < cores + 1; r++) total += cpu_threads_for_rank(r, cores + 1, &why);
+    /* cores + 1 ranks: every rank gets at least one, so one core is shared by two ranks */
+    CHECK(total == cores + 1, "%d ranks on %d cores: %d threads in all, want %d", cores + 1, cores, total, cores + 1);
+    CHECK(cpu_threads_for_rank(0, 1, &why) == cores && strstr(why, "cores"), "a world of one takes the %d cores", cores);
+    setenv("OMP_NUM_THREADS", "3", 1);
+    CHECK(cpu_threads_for_rank(1, 2, &why) == 3 && !strcmp(why, "OMP_NUM_THREADS"), "OMP_NUM_THREADS=3 is taken as given");
+    if (kept) setenv("OMP_NUM_THREADS", kept, 1), free(kept);
+    else unsetenv("OMP_NUM_THREADS");
+    printf("cpu threads: %d usable core(s); quota lines, shares and OMP_NUM_THREADS checked\n", cores);
+}
+
 static void run_all(const Backend *be, OpRefs *refs) {
     printf("backend: %s\n", be->name);
     g_stream = 0; /* every backend gets the same inputs */
@@ -523,6 +607,9 @@ int main(void) {
     a->set_batch_invariant(a, 1);
     run_all(b, refs); /* b still runs the BLAS path, a the invariant one */
     run_all(a, refs);
+    test_threads_same_bits(b);
+    test_threads_same_bits(a);
+    test_cpu_threads();
     backend_close(a);
     backend_close(b);
     op_refs_free(refs);

@@ -326,7 +326,9 @@ static void check_streaming_and_logprobs(const Server *s) {
     printf("  streamed: %d events, text %s the whole response's, log-probs %s, finish %s, usage %lld tokens, %d [DONE]\n",
            st.n_events, same_text ? "equal to" : "DIFFERENT from", json_equal(lp, st.logprobs[0]) ? "equal" : "DIFFER",
            st.finish[0], st.usage_completion, st.n_done);
-    CHECK(status == 200 && st.n_events > 10, "stream: status %ld, %d events", status, st.n_events);
+    /* Each event carries what the engine made since the last read: with stories260K's decode at a few
+     * ms for the 50 tokens, they may all come in one content event (then the usage chunk). */
+    CHECK(status == 200 && st.n_events >= 2, "stream: status %ld, %d events", status, st.n_events);
     CHECK(same_text, "streamed text '%s' != '%s'", st.text[0], whole ? choice_text(whole, 0, false) : "-");
     CHECK(json_equal(lp, st.logprobs[0]), "streamed log-probs differ from the whole response's");
     CHECK(!strcmp(st.finish[0], json_string_value(json_object_get(choice(whole, 0), "finish_reason"))),

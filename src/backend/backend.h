@@ -359,6 +359,13 @@ struct Backend {
      * alone or in any batch. Slower: no cuBLAS on the GPU, no BLAS on the CPU. */
     void (*set_batch_invariant)(const Backend *be, int on);
 
+    /* Host threads (NULL where the host does not compute, e.g. CUDA): the
+     * threads this instance's ops compute with, the process's share of the
+     * cores (core/cpu_threads.h; the mesh sets it from the launch). An op whose
+     * work is too small to pay for waking them runs on fewer. Results do not
+     * depend on it, except sum_squares' partial sums (one per thread). */
+    void (*set_threads)(const Backend *be, int threads);
+
     /* ---- device control (NULL where the backend has no such thing, e.g. the CPU) ---- */
     /* Free and total device memory in bytes (what the KV pool is sized from). */
     void (*memory_info)(const Backend *be, size_t *free_bytes, size_t *total_bytes);

@@ -390,6 +390,12 @@ static size_t prof_reserved_bytes(const Backend *be) {
     return in->reserved_bytes(in);
 }
 
+/* Settings go to the inner instance: its context is the one they change. */
+static void prof_set_threads(const Backend *be, int threads) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->set_threads(in, threads);
+}
+
 Backend *backend_profile_wrap(const Backend *inner) {
     Backend *w = xmalloc(sizeof *w);
     ProfileContext *p = xcalloc(1, sizeof *p);
@@ -397,6 +403,7 @@ Backend *backend_profile_wrap(const Backend *inner) {
     *w = *inner;
     w->name = "profiled";
     w->ctx = p;
+    if (inner->set_threads) w->set_threads = prof_set_threads;
     if (inner->device_id) w->device_id = prof_device_id;
     if (inner->compute_stream) w->compute_stream = prof_compute_stream;
     if (inner->comm_stream) w->comm_stream = prof_comm_stream;

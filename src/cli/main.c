@@ -1,6 +1,8 @@
 /* main.c — the `colt` command: dispatches to the subcommands in cli/. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -16,7 +18,22 @@ static const char *USAGE =
     "  eval         pass@1 / pass@k on a math benchmark (GSM8K, MATH-500)\n"
     "  serve        an OpenAI-style HTTP generation server (/v1/completions, /v1/chat/completions)\n";
 
+/* OpenMP's threads wait passively between parallel regions unless the user
+ * chose otherwise. libgomp reads its wait policy from OMP_WAIT_POLICY once,
+ * when it loads, before main: the one way a program sets it is to set the
+ * variable and start itself again (the same process, the same arguments).
+ * Spinning threads take the cores from anything else that runs: on a shared
+ * or busy machine a step was 4-5x slower with libgomp's default (2 cores,
+ * load ~10), and with OpenBLAS's threads beside them 2.5x slower on an idle
+ * one. Where the exec cannot happen, colt runs on with the default. */
+static void wait_passively(char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
+    wait_passively(argv);
     if (argc < 2) {
         fputs(USAGE, stderr);
         return 2;

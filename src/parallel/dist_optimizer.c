@@ -75,7 +75,7 @@ int dist_optimizer_create_state(DistOptimizer *o, const AdamWConfig *adamw, char
      * updates that shard of the weights); offload: that state in host memory. */
     const int stage = o->opts.zero_stage;
     OptimShardOptions so = {.rank = stage >= 1 ? o->dist->rank : 0, .world = stage >= 1 ? o->dist->world : 1,
-                            .offload = o->opts.offload};
+                            .offload = o->opts.offload, .host_threads = o->opts.host_threads};
     if (optim_create_sharded(&o->opt, o->model, adamw, o->be, &so, err) != 0) return COLT_ERR;
     if (so.world > 1 || so.offload) {
         size_t lo = 0, hi = 0;

@@ -50,6 +50,7 @@ typedef struct DistOptimizerOptions {
     bool offload;         /* offload_optimizer cpu */
     size_t bucket_bytes;  /* gradient all-reduce buckets (ddp_bucket_cap_mb) */
     double timeout_s;     /* bounded waits of the gradient exchange (ddp_timeout) */
+    int host_threads;     /* the offloaded AdamW's threads (Mesh.host_threads; 0: OpenMP's default) */
 } DistOptimizerOptions;
 
 typedef struct DistOptimizer {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/cpu_threads.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -138,6 +139,9 @@ int mesh_open_device(Mesh *m, const MeshOptions *o, char *err) {
         return COLT_ERR;
     m->be = backend_open(o->device, device, err);
     if (!m->be) return COLT_ERR;
+    /* Ranks on one host divide its cores: each computes on its share. */
+    m->host_threads = cpu_threads_for_rank(m->env.local_rank, m->env.local_world_size, &m->host_threads_why);
+    if (m->be->set_threads) m->be->set_threads(m->be, m->host_threads);
     m->groups.be = m->be;
     if (m->world && tp_group_use_nccl(&m->groups, &m->env, m->world, m->be, o->timeout_s, m->collectives,
                                       sizeof m->collectives, err) != 0)

@@ -43,6 +43,8 @@ typedef struct Mesh {
     Comm *world;      /* the launch over the host transport (NULL: a world of one) */
     TpGroup groups;   /* tensor- and data-parallel groups, over NCCL where they can be */
     Backend *be;      /* this rank's instance */
+    int host_threads; /* the threads this rank computes with on the host (its share of the cores, core/cpu_threads.h) */
+    const char *host_threads_why; /* where that number came from, for the log */
     char collectives[128]; /* how the tensor-parallel collectives run, for the log */
 } Mesh;
 

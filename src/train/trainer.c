@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -323,19 +322,6 @@ static int save_merged(const Trainer *t, char *err) {
     return rc;
 }
 
-/* Ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise,
- * each takes its share for OpenMP (the CPU backend's ops, the offloaded
- * AdamW), where each would otherwise start a thread per core (torchrun sets
- * OMP_NUM_THREADS for its ranks for the same reason). */
-static void share_host_cores(const LaunchEnv *env) {
-    if (env->local_world_size <= 1 || getenv("OMP_NUM_THREADS")) return;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int share = cores > env->local_world_size ? (int)(cores / env->local_world_size) : 1;
-    omp_set_num_threads(share);
-    log_info0("OpenMP: %d thread(s) per rank (%ld cores shared by the %d ranks on this host; OMP_NUM_THREADS "
-              "overrides)", share, cores, env->local_world_size);
-}
-
 /* output_dir made (rank 0), with what a killed run left there cleared; a
  * checkpoint to resume from checked before anything is read from it. */
 static int prepare_output_dir(Trainer *t, const TrainConfig *c, char *err) {
@@ -445,7 +431,8 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     trainer_alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;
     DistOptimizerOptions oo = {.zero_stage = c->zero_stage, .offload = strcmp(c->offload_optimizer, "cpu") == 0,
-                               .bucket_bytes = (size_t)c->ddp_bucket_cap_mb << 20, .timeout_s = c->ddp_timeout};
+                               .bucket_bytes = (size_t)c->ddp_bucket_cap_mb << 20, .timeout_s = c->ddp_timeout,
+                               .host_threads = t->mesh.host_threads};
     dist_optimizer_init(&t->optimizer, t->model, t->be, &t->dist, &t->mesh.groups, &oo);
     if (dist_optimizer_partition(&t->optimizer, t->model, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the reference model's weights", t->plan.reference);
@@ -661,7 +648,6 @@ static void log_memory_plan(const Trainer *t) {
 
 /* Everything setup does on this rank. Only rank 0 touches output_dir. */
 static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env, char *err) {
-    share_host_cores(env);
     int *listed = xcalloc(json_array_size(c->devices) + 1, sizeof(int));
     MeshOptions o = mesh_options(c, listed);
     int rc = mesh_open_device(&t->mesh, &o, err);
@@ -934,6 +920,8 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
               c->generation_batch_size / c->num_generations, c->num_generations);
     log_info0("deterministic mode %s (%s)", t.engine_opts.deterministic ? "on" : "off",
               c->deterministic_set ? "as configured" : "default: on for bf16 weights, off for fp32");
+    if (t.be->set_threads)
+        log_info0("CPU threads: %d per rank (%s)", t.mesh.host_threads, t.mesh.host_threads_why);
     struct sigaction sa = {0};
     sa.sa_handler = on_stop_signal;
     sigaction(SIGINT, &sa, NULL);

@@ -1,7 +1,9 @@
 /* cpu_backend.c — the fp32 CPU reference backend: the definition of every op.
  *
- * Buffers are plain host float arrays. linear goes through OpenBLAS sgemm;
- * everything else is an OpenMP loop. Attention accumulates in double (online
+ * Buffers are plain host float arrays. linear goes through OpenBLAS sgemm
+ * (one BLAS thread per call, split over the instance's OpenMP team);
+ * everything else is an OpenMP loop on a team sized to the op's work
+ * (cpu_team: none at all for the decode step's tiny ops). Attention accumulates in double (online
  * softmax), so it matches transformers' fp32 eager attention to ~1e-6.
  * The training section (backward ops, AdamW) keeps the same rules: sums in
  * double, gradients "+=" where backend.h says so, deterministic order.
@@ -11,11 +13,13 @@
  * key/value heads, Dh head dim, S cache slots, L max cache length per slot. */
 #include <cblas.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_engine_ops.h"
+#include "core/cpu_threads.h"
 #include "core/floats.h"
 #include "core/rng.h"
 #include "core/error.h"
@@ -23,15 +27,6 @@
 #define CPU_MAX_HEAD_DIM 1024
 
 /* ---------------------------------------------------------------- memory */
-
-/* The instance's state: deterministic mode (backend.h set_batch_invariant;
- * attention needs nothing: cpu_attention and cpu_paged_attention share their
- * arithmetic, per token) and the memory accounting (memory_stats). */
-typedef struct CpuContext {
-    int batch_invariant;
-    size_t in_use, peak; /* bytes of alloc / alloc_f32 buffers */
-    char alloc_label[160];
-} CpuContext;
 
 /* Every buffer starts CPU_HEADER bytes into its block; the header keeps the
  * size (and whether memory_stats counts it), so free can subtract it. */
@@ -112,12 +107,14 @@ static void cpu_copy(const Backend *be, void *dst, size_t dst_offset, const void
 
 static void cpu_set_batch_invariant(const Backend *be, int on) { ((CpuContext *)be->ctx)->batch_invariant = on != 0; }
 
+static void cpu_set_threads(const Backend *be, int threads) { ((CpuContext *)be->ctx)->threads = threads > 0 ? threads : 1; }
+
 /* linear with one summation order per output, whatever n: 8 interleaved
  * partial sums over k (lane k % 8), added as a fixed tree, then the bias.
  * sgemm's blocking, and so its rounding, changes with the shape. */
-static void cpu_linear_invariant(float *o, const float *x, const float *w, const float *bias, int n, int in_dim,
+static void cpu_linear_invariant(const Backend *be, float *o, const float *x, const float *w, const float *bias, int n, int in_dim,
                                  int out_dim) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(cpu_team(be, 2.0 * n * out_dim * in_dim))
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < out_dim; j++) {
             const float *xi = x + (size_t)i * in_dim, *wj = w + (size_t)j * in_dim;
@@ -132,6 +129,43 @@ static void cpu_linear_invariant(float *o, const float *x, const float *w, const
     }
 }
 
+/* Multiply-adds a thread's part of a split GEMM must have: above OpenBLAS's
+ * own small-size paths (its "small matrix" kernels below 100^3 and the
+ * direct sgemm below 28 * 512^2 on AVX-512), which sum in another order, so
+ * every part runs the blocked kernel the whole GEMM would, and the split's
+ * bits are the unsplit call's. Smaller GEMMs are not worth a second thread. */
+#define CPU_GEMM_SPLIT_MNK 8388608.0
+
+/* C[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta C (row-major): OpenBLAS on
+ * one thread per call (the instance sets OpenBLAS to one thread), split over
+ * the instance's team by C's columns, or by its rows when it has fewer
+ * columns than rows, in blocks of 16. Every element's sum over K is then the
+ * one a single call computes (test_backend_ops compares the two bit for bit). */
+static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                     int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+    int team = ((const CpuContext *)be->ctx)->threads;
+    double parts = (double)m * n * k / CPU_GEMM_SPLIT_MNK;
+    if (parts < team) team = (int)parts;
+    if (team <= 1) {
+        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    bool by_columns = n >= m;
+    int len = by_columns ? n : m, chunk = ((len + team - 1) / team + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        int lo = t * chunk, part = len - lo < chunk ? len - lo : chunk;
+        if (part <= 0) continue;
+        if (by_columns)
+            cblas_sgemm(CblasRowMajor, ta, tb, m, part, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo, ldb,
+                        beta, c + lo, ldc);
+        else
+            cblas_sgemm(CblasRowMajor, ta, tb, part, n, k, alpha, trans_a ? a + lo : a + (size_t)lo * lda, lda, b, ldb,
+                        beta, c + (size_t)lo * ldc, ldc);
+    }
+}
+
 /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias): one sgemm,
  * with the bias broadcast into out first and beta = 1. */
 static void cpu_linear(const Backend *be, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,
@@ -140,7 +174,7 @@ static void cpu_linear(const Backend *be, void *out, const void *x, const void *
     float beta = 0.0f;
     if (n <= 0 || out_dim <= 0) return;
     if (((const CpuContext *)be->ctx)->batch_invariant) {
-        cpu_linear_invariant(o, x, w, bias, n, in_dim, out_dim);
+        cpu_linear_invariant(be, o, x, w, bias, n, in_dim, out_dim);
         return;
     }
     if (bias) {
@@ -148,8 +182,7 @@ static void cpu_linear(const Backend *be, void *out, const void *x, const void *
         for (int i = 0; i < n; i++) memcpy(o + (size_t)i * out_dim, b, (size_t)out_dim * sizeof(float));
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out_dim, in_dim, 1.0f, x, in_dim, w, in_dim, beta,
-                o, out_dim);
+    cpu_gemm(be, false, true, n, out_dim, in_dim, 1.0f, x, in_dim, w, in_dim, beta, o, out_dim);
 }
 
 /* ---------------------------------------------------------------- norms */
@@ -159,7 +192,7 @@ static void cpu_linear(const Backend *be, void *out, const void *x, const void *
 static void cpu_rmsnorm(const Backend *be, void *out, const void *x, const void *w, int n, int dim, float eps) {
     float *o = out;
     const float *xs = x, *ws = w;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 4.0 * n * dim))
     for (int i = 0; i < n; i++) {
         const float *xi = xs + (size_t)i * dim;
         float *oi = o + (size_t)i * dim;
@@ -177,11 +210,11 @@ static void cpu_rmsnorm(const Backend *be, void *out, const void *x, const void 
  * fp32 like transformers' rope (the table is the model's, model_rope_inv_freq).
  * direction +1 is rope, -1 its transpose (the backward). The sign goes on sin,
  * which is exact, so both directions use the very same angles. */
-static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_dim, const float *inv_freq,
+static void rope_rotate(const Backend *be, float *xs, const int *pos, int n, int n_heads, int head_dim, const float *inv_freq,
                         float direction) {
     int half = head_dim / 2;
     COLT_ASSERT(head_dim % 2 == 0 && head_dim <= CPU_MAX_HEAD_DIM);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n * (3.0 * n_heads * head_dim + 40.0 * half)))
     for (int i = 0; i < n; i++) {
         float cos_t[CPU_MAX_HEAD_DIM / 2], sin_t[CPU_MAX_HEAD_DIM / 2];
         for (int j = 0; j < half; j++) {
@@ -202,7 +235,7 @@ static void rope_rotate(float *xs, const int *pos, int n, int n_heads, int head_
 
 static void cpu_rope(const Backend *be, void *x, const int *pos, int n, int n_heads, int head_dim,
                      const float *inv_freq) {
-    rope_rotate(x, pos, n, n_heads, head_dim, inv_freq, 1.0f);
+    rope_rotate(be, x, pos, n, n_heads, head_dim, inv_freq, 1.0f);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -219,36 +252,23 @@ static void cpu_kv_store(const Backend *be, void *k_cache, void *v_cache, const 
 }
 
 /* out[N, H*Dh]: token i, head h attends to cache rows 0..pos[i] of slot[i],
- * KV head h / (H/KVH): cpu_attend_row (cpu_paged.c, in double), the arithmetic
- * of paged_attention. One (token, head) pair per OpenMP iteration. lse, when
- * asked for, is a second pass over the scores in double (cpu_attend_row keeps
- * its statistics to itself, and the engine shares it bit for bit). */
+ * KV head h / (H/KVH): cpu_attend_row (cpu_paged.c, in double) in deterministic
+ * mode, else cpu_attend_row_fast (fp32): the arithmetic of paged_attention. One (token, head) pair per OpenMP iteration. lse, when
+ * asked for, is the row's running max and sum as cpu_attend_row ends them
+ * (the very sums a second pass over the scores would make, in the same order). */
 static void cpu_attention(const Backend *be, void *out, void *lse, const void *q, const void *k_cache, const void *v_cache,
                           const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                           int max_len) {
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    double scale = 1.0 / sqrt((double)head_dim);
+    CpuAttendRow attend_row = cpu_attend_row_for(be);
     COLT_ASSERT(head_dim <= CPU_MAX_HEAD_DIM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 4)
+#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(cpu_team(be, (double)n * n_heads * (n > 0 ? pos[n - 1] + 1 : 0) * (4.0 * head_dim + 40.0)))
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < n_heads; h++) {
             size_t qo = ((size_t)i * n_heads + h) * head_dim, head_offset = (size_t)(h / group) * head_dim;
-            const float *qi = (const float *)q + qo;
-            cpu_attend_row((float *)out + qo, qi, k_cache, v_cache, NULL, 1, (size_t)slot[i] * max_len, pos[i],
-                           head_dim, kv_dim, head_offset);
-            if (!lse) continue;
-            const float *kbase = (const float *)k_cache + (size_t)slot[i] * max_len * kv_dim + head_offset;
-            double m = -INFINITY, l = 0.0;
-            for (int t = 0; t <= pos[i]; t++) {
-                const float *kt = kbase + (size_t)t * kv_dim;
-                double sc = 0.0;
-                for (int d = 0; d < head_dim; d++) sc += (double)qi[d] * kt[d];
-                sc *= scale;
-                if (sc > m) l *= exp(m - sc), m = sc;
-                l += exp(sc - m);
-            }
-            ((float *)lse)[(size_t)i * n_heads + h] = (float)(m + log(l));
+            attend_row((float *)out + qo, (const float *)q + qo, k_cache, v_cache, NULL, 1, (size_t)slot[i] * max_len,
+                       pos[i], head_dim, kv_dim, head_offset, lse ? (float *)lse + (size_t)i * n_heads + h : NULL);
         }
     }
 }
@@ -258,7 +278,7 @@ static void cpu_attention(const Backend *be, void *out, void *lse, const void *q
 static void cpu_swiglu(const Backend *be, void *out, const void *gate, const void *up, size_t n) {
     float *o = out;
     const float *g = gate, *u = up;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n))
     for (size_t i = 0; i < n; i++) {
         float s = g[i] / (1.0f + expf(-g[i]));
         o[i] = s * u[i];
@@ -268,21 +288,21 @@ static void cpu_swiglu(const Backend *be, void *out, const void *gate, const voi
 static void cpu_add(const Backend *be, void *out, const void *a, const void *b, size_t n) {
     float *o = out;
     const float *x = a, *y = b;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n))
     for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
 }
 
 static void cpu_mul_scalar(const Backend *be, void *out, const void *x, float s, size_t n) {
     float *o = out;
     const float *xs = x;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n))
     for (size_t i = 0; i < n; i++) o[i] = s * xs[i];
 }
 
 static void cpu_add_scaled(const Backend *be, void *out, const void *a, const void *b, float s, size_t n) {
     float *o = out;
     const float *x = a, *y = b;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n))
     for (size_t i = 0; i < n; i++) o[i] = fmaf(s, y[i], x[i]); /* fused, as the CUDA kernel: the same bits */
 }
 
@@ -311,15 +331,14 @@ static void cpu_linear_backward(const Backend *be, void *dx, void *dw, void *db,
                                 int in_dim, int out_dim, int accumulate_dx) {
     if (n <= 0 || out_dim <= 0 || in_dim <= 0) return;
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in_dim, out_dim, 1.0f, dy, out_dim, w, in_dim,
-                    accumulate_dx ? 1.0f : 0.0f, dx, in_dim);
+        cpu_gemm(be, false, false, n, in_dim, out_dim, 1.0f, dy, out_dim, w, in_dim, accumulate_dx ? 1.0f : 0.0f, dx,
+                 in_dim);
     if (dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_dim, in_dim, n, 1.0f, dy, out_dim, x, in_dim, 1.0f,
-                    dw, in_dim);
+        cpu_gemm(be, true, false, out_dim, in_dim, n, 1.0f, dy, out_dim, x, in_dim, 1.0f, dw, in_dim);
     if (db) {
         float *b = db;
         const float *g = dy;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n * out_dim))
         for (int o = 0; o < out_dim; o++) {
             double s = 0.0;
             for (int i = 0; i < n; i++) s += g[(size_t)i * out_dim + o];
@@ -334,7 +353,7 @@ static void cpu_rmsnorm_backward(const Backend *be, void *dx, void *dw, const vo
                                  float eps) {
     float *dxs = dx, *dws = dw;
     const float *dys = dy, *xs = x, *ws = w;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 8.0 * n * dim))
     for (int i = 0; i < n; i++) {
         const float *xi = xs + (size_t)i * dim, *gi = dys + (size_t)i * dim;
         float *di = dxs + (size_t)i * dim;
@@ -360,7 +379,7 @@ static void cpu_rmsnorm_backward(const Backend *be, void *dx, void *dw, const vo
 /* The transpose of rope's rotation is the rotation by -angle. */
 static void cpu_rope_backward(const Backend *be, void *dx, const int *pos, int n, int n_heads, int head_dim,
                               const float *inv_freq) {
-    rope_rotate(dx, pos, n, n_heads, head_dim, inv_freq, -1.0f);
+    rope_rotate(be, dx, pos, n, n_heads, head_dim, inv_freq, -1.0f);
 }
 
 static void cpu_kv_gather(const Backend *be, void *k, void *v, const void *k_cache, const void *v_cache, const int *slot,
@@ -394,14 +413,19 @@ static void cpu_attention_backward(const Backend *be, void *dq, void *dk_cache, 
                                    const void *out, const void *lse, const void *k_cache, const void *v_cache,
                                    const int *slot, const int *pos, int n, int n_heads, int n_kv_heads, int head_dim,
                                    int n_slots, int max_len) {
-    (void)out, (void)lse; /* the reference recomputes the statistics in double */
+    if (!((const CpuContext *)be->ctx)->batch_invariant && out && lse) { /* the fast path, from the forward's statistics */
+        cpu_attention_backward_fast(be, dq, dk_cache, dv_cache, dout, q, out, lse, k_cache, v_cache, slot, pos, n, n_heads,
+                                    n_kv_heads, head_dim, n_slots, max_len);
+        return;
+    }
+    /* the reference recomputes the statistics in double */
     float *dqs = dq, *dkc = dk_cache, *dvc = dv_cache;
     const float *dos = dout, *qs = q, *kc = k_cache, *vc = v_cache;
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
     double scale = 1.0 / sqrt((double)head_dim);
     COLT_ASSERT(head_dim <= CPU_MAX_HEAD_DIM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(cpu_team(be, (double)n * n_heads * (n > 0 ? pos[n - 1] + 1 : 0) * (8.0 * head_dim + 40.0)))
     for (int s = 0; s < n_slots; s++) {
         for (int g = 0; g < n_kv_heads; g++) {
             double acc[CPU_MAX_HEAD_DIM], e_buf[ATTN_BWD_CACHE], dp_buf[ATTN_BWD_CACHE];
@@ -460,7 +484,7 @@ static void cpu_swiglu_backward(const Backend *be, void *dgate, void *dup, const
                                 size_t n) {
     float *dg = dgate, *du = dup;
     const float *go = dout, *g = gate, *u = up;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 40.0 * n))
     for (size_t i = 0; i < n; i++) {
         double x = g[i], sig = 1.0 / (1.0 + exp(-x));
         double o = go[i];
@@ -502,7 +526,7 @@ static void cpu_log_softmax_target(const Backend *be, void *logprobs, void *entr
     float *lp = logprobs, *ent = entropy;
     const float *lg = logits;
     double inv_t = 1.0 / (double)temperature;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * vocab))
     for (int i = 0; i < n; i++) {
         if (targets[i] < 0) {
             lp[i] = 0.0f;
@@ -522,7 +546,7 @@ static void cpu_log_softmax_target_backward(const Backend *be, void *dlogits, co
     float *dl = dlogits;
     const float *lg = logits, *dlp = dlogprobs;
     double inv_t = 1.0 / (double)temperature;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * vocab))
     for (int i = 0; i < n; i++) {
         const float *row = lg + (size_t)i * vocab;
         float *drow = dl + (size_t)i * vocab;
@@ -545,7 +569,7 @@ static void cpu_log_softmax_entropy_backward(const Backend *be, void *dlogits, c
     float *dl = dlogits;
     const float *lg = logits, *dlp = dlogprobs, *dh = dentropy;
     double inv_t = 1.0 / (double)temperature;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * vocab))
     for (int i = 0; i < n; i++) {
         const float *row = lg + (size_t)i * vocab;
         float *drow = dl + (size_t)i * vocab;
@@ -571,7 +595,7 @@ static void cpu_log_softmax_shard_entropy_backward(const Backend *be, void *dlog
     float *dl = dlogits;
     const float *lg = logits, *dlp = dlogprobs, *dh = dentropy, *ls = lse, *pzs = pz;
     double inv_t = 1.0 / (double)temperature;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * vocab))
     for (int i = 0; i < n; i++) {
         const float *row = lg + (size_t)i * vocab;
         float *drow = dl + (size_t)i * vocab;
@@ -588,7 +612,7 @@ static void cpu_logits_shard_stats(const Backend *be, void *stats, const void *l
     float *out = stats;
     const float *lg = logits;
     double inv_t = 1.0 / (double)temperature;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * vocab))
     for (int i = 0; i < n; i++) {
         const float *row = lg + (size_t)i * vocab;
         double mx = -INFINITY, sum = 0.0, sz = 0.0;
@@ -610,7 +634,7 @@ static void cpu_log_softmax_shard_backward(const Backend *be, void *dlogits, con
     float *dl = dlogits;
     const float *lg = logits, *dlp = dlogprobs, *ls = lse;
     double inv_t = 1.0 / (double)temperature;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * vocab))
     for (int i = 0; i < n; i++) {
         const float *row = lg + (size_t)i * vocab;
         float *drow = dl + (size_t)i * vocab;
@@ -627,9 +651,43 @@ static void cpu_copy_2d(const Backend *be, void *dst, size_t dst_stride, const v
                (size_t)cols * sizeof(float));
 }
 
+/* The AdamW element loop, one clone per instruction set (resolved when the
+ * program loads), as parallel/host_adamw.c's: the two forms of the first
+ * moment (which one depends on w1 alone) are separate loops, so each
+ * vectorises (sqrtf without errno: CMakeLists.txt). Every element's
+ * expressions are cpu_adamw's reference order, so the bits do not change. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_CLONES
+#endif
+
+CPU_CLONES static void adamw_block(float *restrict p, float *restrict ms, float *restrict vs, const float *restrict g,
+                                   size_t n, float decay, float w1, float w2, float beta2, float step_size,
+                                   float bc2_sqrt, float eps) {
+    if (w1 < 0.5f) {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i], pi = p[i] * decay, mi = ms[i] + w1 * (gi - ms[i]);
+            float vi = vs[i] * beta2 + w2 * (gi * gi);
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = pi + -step_size * (mi / denom);
+            ms[i] = mi, vs[i] = vi;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i], pi = p[i] * decay, mi = gi - (gi - ms[i]) * (1.0f - w1);
+            float vi = vs[i] * beta2 + w2 * (gi * gi);
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = pi + -step_size * (mi / denom);
+            ms[i] = mi, vs[i] = vi;
+        }
+    }
+}
+
 /* torch.optim.AdamW (single-tensor path): the first moment uses lerp as torch
  * does (m + w (g - m), w = 1 - beta1, for w < 0.5), the rest in torch's order;
- * scalars folded in double then rounded to fp32 like torch's python scalars. */
+ * scalars folded in double then rounded to fp32 like torch's python scalars.
+ * Blocks of 8192 elements spread over the team. */
 static void cpu_adamw(const Backend *be, void *param, void *master, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bias_correction1, float bias_correction2) {
     COLT_ASSERT(master == NULL);  /* fp32 storage: the optimizer updates param itself */
@@ -640,35 +698,32 @@ static void cpu_adamw(const Backend *be, void *param, void *master, const void *
     float w1 = (float)(1.0 - float_as_decimal(beta1)), w2 = (float)(1.0 - float_as_decimal(beta2));
     float step_size = (float)((double)lr / bias_correction1);
     float bc2_sqrt = (float)sqrt((double)bias_correction2);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
-        p[i] *= decay;
-        ms[i] = w1 < 0.5f ? ms[i] + w1 * (gi - ms[i]) : gi - (gi - ms[i]) * (1.0f - w1);
-        vs[i] = vs[i] * beta2 + w2 * (gi * gi);
-        float denom = sqrtf(vs[i]) / bc2_sqrt + eps;
-        p[i] += -step_size * (ms[i] / denom);
+    const size_t block = 8192, blocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 10.0 * n))
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * block, len = n - i0 < block ? n - i0 : block;
+        adamw_block(p + i0, ms + i0, vs + i0, g + i0, len, decay, w1, w2, beta2, step_size, bc2_sqrt, eps);
     }
 }
 
 static double cpu_sum_squares(const Backend *be, const void *x, size_t n) {
     const float *xs = x;
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
+#pragma omp parallel for reduction(+ : s) schedule(static) num_threads(((const CpuContext *)be->ctx)->threads)
     for (size_t i = 0; i < n; i++) s += (double)xs[i] * xs[i];
     return s;
 }
 
 static void cpu_scale(const Backend *be, void *x, float s, size_t n) {
     float *xs = x;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n))
     for (size_t i = 0; i < n; i++) xs[i] *= s;
 }
 
 static void cpu_add_f32(const Backend *be, void *y, const void *x, size_t n) {
     float *ys = y;
     const float *xs = x;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n))
     for (size_t i = 0; i < n; i++) ys[i] += xs[i];
 }
 
@@ -676,7 +731,7 @@ static void cpu_dropout(const Backend *be, void *out, const void *x, size_t n, f
     (void)be;
     float *o = out, scale = 1.0f / (1.0f - p);
     const float *xs = x;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n))
     for (size_t i = 0; i < n; i++) o[i] = rng_uniform(seed, stream, i) >= p ? xs[i] * scale : 0.0f;
 }
 
@@ -788,13 +843,22 @@ static const Backend CPU_OPS = {
     .qkv_rope_store = cpu_qkv_rope_store,
     .swiglu_gate_up = cpu_swiglu_gate_up,
     .set_batch_invariant = cpu_set_batch_invariant,
+    .set_threads = cpu_set_threads,
 };
+
+/* OpenBLAS's thread count is the library's one global (0.3.21 has no
+ * per-call count): one thread, so that the instance's OpenMP team is the only
+ * set of threads computing, and no BLAS thread spins beside it. */
+static void cpu_blas_one_thread(void) { openblas_set_num_threads(1); }
 
 Backend *backend_cpu_open(void) {
     Backend *be = xmalloc(sizeof *be);
     *be = CPU_OPS;
     be->device = 0;
-    be->ctx = xcalloc(1, sizeof(CpuContext));
+    CpuContext *cx = xcalloc(1, sizeof(CpuContext));
+    cx->threads = cpu_threads_for_rank(0, 1, NULL); /* a world of one until the mesh says otherwise */
+    be->ctx = cx;
+    cpu_blas_one_thread();
     return be;
 }
 
@@ -811,6 +875,8 @@ const Backend *backend_cpu(void) {
         shared = CPU_OPS;
         shared.ctx = &shared_ctx;
         shared.close_instance = NULL; /* not closable */
+        shared_ctx.threads = cpu_threads_for_rank(0, 1, NULL);
+        cpu_blas_one_thread();
     }
     return &shared;
 }

@@ -1,4 +1,5 @@
-/* cpu_engine_ops.h — the CPU backend's generation-engine ops (backend.h,
+/* cpu_engine_ops.h — the CPU backend's instance state (CpuContext, the
+ * OpenMP team an op runs on) and its generation-engine ops (backend.h,
  * "generation engine"), defined in cpu_paged.c, cpu_sample.c and cpu_fused.c
  * and put in the table by cpu_backend.c. On the CPU, [i32] buffers are plain
  * host int arrays. */
@@ -6,6 +7,33 @@
 #define COLT_BACKEND_CPU_ENGINE_OPS_H
 
 #include "backend/backend.h"
+
+/* The instance's state (cpu_backend.c): deterministic mode (backend.h
+ * set_batch_invariant; attention needs nothing: cpu_attention and
+ * cpu_paged_attention share their arithmetic, per token), the threads its ops
+ * compute with (set_threads), and the memory accounting (memory_stats). */
+typedef struct CpuContext {
+    int batch_invariant;
+    int threads;
+    size_t in_use, peak; /* bytes of alloc / alloc_f32 buffers */
+    char alloc_label[160];
+} CpuContext;
+
+/* Scalar operations one more thread must get before it is worth waking:
+ * an OpenMP fork/join costs a few microseconds (tens when the threads sleep),
+ * and a 260K-parameter model's decode ops are a few thousand operations each. */
+#define CPU_WORK_PER_THREAD 32768.0
+
+/* The OpenMP team for an op of about `work` scalar operations: the instance's
+ * threads, fewer for small work (1: no fork at all). Only for ops whose
+ * results do not depend on the team's size (each output written by one
+ * iteration, in the same order whatever the team). */
+static inline int cpu_team(const Backend *be, double work) {
+    int threads = ((const CpuContext *)be->ctx)->threads;
+    double fit = work / CPU_WORK_PER_THREAD;
+    if (fit < threads) threads = fit < 1.0 ? 1 : (int)fit;
+    return threads;
+}
 
 void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const void *k, const void *v, const void *slot_mapping, int n,
                         int kv_dim);
@@ -15,7 +43,25 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
 /* cpu_paged.c: the attention of one query row, shared by cpu_attention (table NULL: position t at
  * row base_row + t) and cpu_paged_attention (position t through the block table). */
 void cpu_attend_row(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
-                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset);
+                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
+                    float *lse);
+/* cpu_attention_fast.c: the same row in fp32 with a vectorised exp, what attention and paged_attention run
+ * while deterministic mode is off (cpu_attend_row then). */
+void cpu_attend_row_fast(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
+                         int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
+                         float *lse);
+/* attention_backward from the forward's out and lse (cpu_attention_fast.c), while deterministic mode is off. */
+void cpu_attention_backward_fast(const Backend *be, float *dq, float *dk_cache, float *dv_cache, const float *dout,
+                                 const float *q, const float *out, const float *lse, const float *k_cache,
+                                 const float *v_cache, const int *slot, const int *pos, int n, int n_heads,
+                                 int n_kv_heads, int head_dim, int n_slots, int max_len);
+typedef void (*CpuAttendRow)(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
+                             int block_size, size_t base_row, int last, int head_dim, size_t kv_dim,
+                             size_t head_offset, float *lse);
+/* The row attention and paged_attention run: the reference in deterministic mode, else the fast one. */
+static inline CpuAttendRow cpu_attend_row_for(const Backend *be) {
+    return ((const CpuContext *)be->ctx)->batch_invariant ? cpu_attend_row : cpu_attend_row_fast;
+}
 void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, int n, int vocab, const struct SamplingParams *p,
                 const void *seq, const void *streams, const void *counters, void *history, void *history_len,
                 int history_stride);

@@ -24,7 +24,7 @@
 void cpu_add_rmsnorm(const Backend *be, void *x, void *xn, const void *delta, const void *w, int n, int dim, float eps) {
     float *xs = x, *o = xn;
     const float *ds = delta, *ws = w;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 5.0 * n * dim))
     for (int i = 0; i < n; i++) {
         float *xi = xs + (size_t)i * dim, *oi = o + (size_t)i * dim;
         const float *di = ds + (size_t)i * dim;
@@ -58,7 +58,7 @@ void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, 
     int half = head_dim / 2;
     size_t q_dim = (size_t)n_heads * head_dim, kv_dim = (size_t)n_kv_heads * head_dim, row = q_dim + 2 * kv_dim;
     COLT_ASSERT(head_dim % 2 == 0 && head_dim <= CPU_FUSED_MAX_HEAD_DIM);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, (double)n * (3.0 * (n_heads + n_kv_heads) * head_dim + 40.0 * half)))
     for (int i = 0; i < n; i++) {
         float cos_t[CPU_FUSED_MAX_HEAD_DIM / 2], sin_t[CPU_FUSED_MAX_HEAD_DIM / 2];
         for (int j = 0; j < half; j++) {
@@ -81,7 +81,7 @@ void cpu_qkv_rope_store(const Backend *be, void *q, void *k_pool, void *v_pool, 
 void cpu_swiglu_gate_up(const Backend *be, void *out, const void *gate_up, int n, int f) {
     float *o = out;
     const float *gu = gate_up;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 20.0 * n * f))
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f;
         float *oi = o + (size_t)i * f;

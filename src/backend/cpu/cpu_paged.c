@@ -24,7 +24,7 @@ void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const voi
     float *kp = k_pool, *vp = v_pool;
     const float *ks = k, *vs = v;
     const int *slots = slot_mapping;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team(be, 2.0 * n * kv_dim))
     for (int i = 0; i < n; i++) {
         if (slots[i] < 0) continue;
         size_t row = (size_t)slots[i] * kv_dim;
@@ -36,11 +36,13 @@ void cpu_paged_kv_store(const Backend *be, void *k_pool, void *v_pool, const voi
 /* One query row attends to positions 0..last: out_row[Dh] = softmax(q . k_t /
  * sqrt(Dh)) . v_t, position t at pool row table[t / block_size] * block_size +
  * t % block_size, or at row base_row + t when table is NULL (a contiguous cache).
- * Scores, the running max/sum (online softmax) and the weighted sum in double.
+ * Scores, the running max/sum (online softmax) and the weighted sum in double;
+ * *lse (when not NULL) = max + log(sum), the row's log-sum-exp.
  * cpu_attention and cpu_paged_attention both run this, so a token's attention
  * is the same bits in the trainer and in the engine. */
 void cpu_attend_row(float *out_row, const float *q_row, const float *k, const float *v, const int *table,
-                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset) {
+                    int block_size, size_t base_row, int last, int head_dim, size_t kv_dim, size_t head_offset,
+                    float *lse) {
     double acc[CPU_PAGED_MAX_HEAD_DIM];
     double scale = 1.0 / sqrt((double)head_dim);
     COLT_ASSERT(head_dim <= CPU_PAGED_MAX_HEAD_DIM);
@@ -63,6 +65,7 @@ void cpu_attend_row(float *out_row, const float *q_row, const float *k, const fl
         for (int d = 0; d < head_dim; d++) acc[d] += p * vt[d];
     }
     for (int d = 0; d < head_dim; d++) out_row[d] = (float)(acc[d] / l);
+    if (lse) *lse = (float)(m + log(l));
 }
 
 /* out[N, H*Dh]: token i (sequence seq[i], position pos[i]), head h attends to
@@ -74,15 +77,18 @@ void cpu_paged_attention(const Backend *be, void *out, const void *q, const void
     const int *tables = block_tables, *seqs = seq, *positions = pos;
     int group = n_heads / n_kv_heads;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    CpuAttendRow attend_row = cpu_attend_row_for(be);
     COLT_ASSERT(block_size > 0);
-#pragma omp parallel for collapse(2) schedule(dynamic, 4)
+    int max_pos = 0; /* the longest row sizes the team */
+    for (int i = 0; i < n; i++)
+        if (positions[i] > max_pos) max_pos = positions[i];
+#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(cpu_team(be, (double)n * n_heads * (max_pos + 1) * (4.0 * head_dim + 40.0)))
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < n_heads; h++) {
             if (seqs[i] < 0) continue;
             size_t qo = ((size_t)i * n_heads + h) * head_dim;
-            cpu_attend_row((float *)out + qo, (const float *)q + qo, k_pool, v_pool,
-                           tables + (size_t)seqs[i] * max_blocks, block_size, 0, positions[i], head_dim, kv_dim,
-                           (size_t)(h / group) * head_dim);
+            attend_row((float *)out + qo, (const float *)q + qo, k_pool, v_pool, tables + (size_t)seqs[i] * max_blocks,
+                       block_size, 0, positions[i], head_dim, kv_dim, (size_t)(h / group) * head_dim, NULL);
         }
     }
 }

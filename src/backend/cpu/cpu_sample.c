@@ -19,7 +19,7 @@ void cpu_sample(const Backend *be, void *tokens, void *logprobs, void *logits, i
     int *out_tokens = tokens, *hist = history, *hist_len = history_len;
     float *out_logprobs = logprobs, *rows = logits;
     const int *seqs = seq, *stream_ids = streams, *counter_ids = counters;
-#pragma omp parallel
+#pragma omp parallel num_threads(cpu_team(be, 20.0 * n * vocab))
     {
         Sampler sampler;
         sampler_init(&sampler, vocab);

@@ -9,10 +9,11 @@ Writes OUTPUT_DIR/metrics.jsonl (one line per step: step, wall_s, step_time, rew
 rewards/<f>/mean, completions/mean_length, loss, ...; TRL's names as its logs carry them) and the final
 model (save_model: a Hugging Face folder colt eval loads).
 
-Wall clock: wall_s is measured from the callback's on_train_begin (after the model, tokenizer, dataset and
-trainer are built: loading is left out, as colt's step_time sums leave out its loading) to each step's end,
-the GPU synchronised first. The seconds of a step are its own (on_step_begin -> on_step_end), generation
-included, as colt's step_time is.
+Wall clock: step_time is each optimizer step's own seconds (on_step_begin -> on_step_end, the GPU
+synchronised first), generation included, as colt's step_time is; bench/learning/summarize.py takes the
+running sum of step_time as the seconds since training started on both sides, so model loading, the trainer's
+set-up and the logging between steps are left out alike. wall_s (on_train_begin -> the step's end) is kept
+as a check.
 
 Generation: --generation generate (default) is plain HF generate; the model is loaded in fp32 and bf16 runs
 under autocast, so AdamW updates fp32 master weights, as colt's do. --generation cb turns on TRL 1.16's
@@ -66,11 +67,11 @@ class RaceLog(TrainerCallback):
         # logging_steps 1: transformers logs each step's metrics after on_step_end of that step
         if not self.pending or logs is None or "reward" not in logs:
             return
-        line = dict(self.pending)
+        line = {}
         for k, v in logs.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
-                line[k] = v
-        line["step"] = self.pending["step"]
+                line["trl/step_time" if k == "step_time" else k] = v  # TRL 1.16 logs its own step_time
+        line.update(self.pending)
         self.fp.write(json.dumps(line) + "\n")
         self.fp.flush()
         self.pending = {}

@@ -40,7 +40,12 @@ if [ "${1:-}" = --unpack ]; then
   grep ' part-' SHA256SUMS | sha256sum --check --quiet || { say "a part is damaged or missing"; exit 1; }
   cat part-* | xz -d | tar x
   python3 -m venv --system-site-packages venv
-  venv/bin/python -m pip install -q --no-index --find-links wheels trl==1.16.0 datasets gguf
+  if ! venv/bin/python -m pip install -q --no-index --find-links wheels trl==1.16.0 datasets gguf; then
+    say "pip could not resolve trl's and datasets' requirements against this machine's packages from the wheels;"
+    say "installing them without dependency checks (trl, datasets 5.2.0, dill, xxhash, multiprocess, gguf)"
+    venv/bin/python -m pip install -q --no-index --no-deps --find-links wheels trl==1.16.0 datasets==5.2.0 dill \
+      xxhash multiprocess gguf requests
+  fi
   venv/bin/python -c "import trl, datasets, gguf, transformers, torch; print('trl', trl.__version__, 'datasets', datasets.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
   venv/bin/python "$OLDPWD/scripts/smollm2_from_gguf.py" SmolLM2-135M-Instruct.Q4_1.gguf smollm2-135m-instruct > convert.log 2>&1 ||
     { tail -3 convert.log; say "conversion failed (convert.log)"; exit 1; }
@@ -62,8 +67,11 @@ gguf=${COLT_SMOLLM2_CACHE:-$HOME/.cache/colt-smollm2}/SmolLM2-135M-Instruct.Q4_1
 rm -rf "$carry" && mkdir -p "$carry/stage/wheels"
 # --no-deps, one by one: the machine has torch, transformers, accelerate, numpy, pandas, pyarrow, pyyaml,
 # tqdm, filelock, huggingface_hub, jinja2, psutil, packaging; pip on the device installs what is missing.
-for w in trl==1.16.0 datasets==5.2.0 dill xxhash multiprocess fsspec gguf==0.19.0 requests urllib3 idna \
-  charset-normalizer certifi; do
+# Two datasets: 5.2.0 wants pyarrow >= 24 and huggingface_hub >= 1.31; where the machine's are older, pip
+# falls back to 5.0.0 (pyarrow >= 21 as TRL, hub >= 0.25, fsspec[http] <= 2026.4.0: aiohttp and its parts).
+for w in trl==1.16.0 datasets==5.2.0 datasets==5.0.0 dill==0.4.1 xxhash multiprocess==0.70.19 fsspec==2026.9.0 \
+  fsspec==2026.4.0 aiohttp aiosignal frozenlist multidict yarl propcache aiohappyeyeballs attrs \
+  gguf==0.19.0 requests urllib3 idna charset-normalizer certifi; do
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --implementation cp --no-deps \
     -d "$carry/stage/wheels" "$w"

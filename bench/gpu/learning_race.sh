@@ -11,13 +11,15 @@
 #            use_transformers_continuous_batching; it casts the policy to bf16 in place, see trl_grpo.py)
 #   SEEDS    ["1 2 3"]            HP     shared hyperparameters [bench/learning/race.yaml]
 #   COLT     [build-cuda/colt]   DEVICE cuda or cpu [cuda]   PYTHON [python3]   TRL_GEN generate|cb [generate]
-#   OUT      results [$OUT, else race-results]   WORK  models and logs of the runs [/tmp/learning-race]
+#   RESULTS  results [$OUT, else race-results]; when it is not $OUT, the script copies it into $OUT at the end:
+#            RESULTS=/tmp/race/results in both calls of a split race gathers both in one table
+#   WORK     models and logs of the runs [/tmp/learning-race]
 #   HELDOUT_LIMIT  held-out problems scored [100]   MAX_STEPS  overrides max_steps on both sides
 #   SERVER_MEM     colt serve's --gpu_memory_utilization on the shared GPU [0.3]
 # Results under $OUT: logs/<system>_s<seed>.metrics.jsonl (colt's metrics.jsonl; TRL's from its callback),
 # logs/*.log, eval/base.json and eval/<system>_s<seed>.json (colt eval), eval/hf_<system>_s<seed>.json
 # (transformers), then race.csv, race.md and race_*.png from bench/learning/summarize.py. A second call with
-# other RUNS adds to the same $OUT (summarize.py reads everything there), so the race can be split in two.
+# other RUNS and the same RESULTS adds to it (summarize.py reads everything there), so the race can be split.
 #
 # The task: bench/learning/make_task.py's add2 (two 2-digit numbers added, word problems; train 2000,
 # held-out 100, seed 0), made into $WORK/data. Rewards: bench/learning/rewards.py correct + answer_format,
@@ -44,7 +46,7 @@ HP=${HP:-bench/learning/race.yaml}
 RUNS=${RUNS:-colt colt_server colt_async trl}
 SEEDS=${SEEDS:-1 2 3}
 TRL_GEN=${TRL_GEN:-generate}
-RESULTS=${OUT:-race-results}
+RESULTS=${RESULTS:-${OUT:-race-results}}
 WORK=${WORK:-/tmp/learning-race}
 HELDOUT_LIMIT=${HELDOUT_LIMIT:-100}
 SERVER_MEM=${SERVER_MEM:-0.3}
@@ -169,3 +171,6 @@ done
 stop_server
 "$PYTHON" bench/learning/summarize.py "$RESULTS" > "$RESULTS/logs/summarize.log" 2>&1 &&
   cat "$RESULTS/race.md" || log "summarize failed: $(tail -3 "$RESULTS/logs/summarize.log")"
+if [ -n "${OUT:-}" ] && [ "$(cd "$OUT" && pwd)" != "$RESULTS" ]; then
+  cp -r "$RESULTS"/. "$OUT"/
+fi

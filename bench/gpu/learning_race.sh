@@ -25,14 +25,16 @@
 # held-out 100, seed 0), made into $WORK/data. Rewards: bench/learning/rewards.py correct + answer_format,
 # the same file on both sides.
 #
-# GPU time, estimated for one H200 with race.yaml (50 steps of 16 prompts x 8 completions x <= 96 tokens):
-#   TRL, HF generate: ~2.5-3.5 s/step (96 decode steps of a 30-layer model, overhead-bound at ~25-35 ms each,
-#     plus ~0.3 s for the old log-probs, forward and backward) -> 125-175 s + ~30 s import, load and eval
-#     per seed: 3 seeds ~8 min (at most ~10). Run it in a call of its own: RUNS=trl.
-#   colt colocated ~0.3-0.5 s/step -> ~25 s + eval per seed; server and async ~2x (two processes on one
-#     GPU, weights through the host each step) -> colt's three systems x 3 seeds ~5 min: RUNS="colt
-#     colt_server colt_async" in the other call.
-#   Base model eval and the transformers check: under a minute. Total ~13-15 min.
+# GPU time, estimated for one H200 with race.yaml (40 steps of 16 prompts x 8 completions x <= 96 tokens;
+# the base model's completions average 64 tokens and 29% reach 96, so every HF generate call runs all 96):
+#   TRL, HF generate: ~2.5-3.5 s/step (96 decode steps of a 30-layer model, overhead-bound at ~25-35 ms
+#     each, plus ~0.3-0.5 s for the forward and backward of 128 x ~180 tokens) -> 100-140 s + ~25 s
+#     import, load and save + ~10 s eval per seed: 3 seeds ~7-8 min. Run it in a call of its own, RUNS=trl
+#     (if the first seed shows more than ~4 s/step in logs/trl_s1.log, split: SEEDS="1 2", then SEEDS=3).
+#   colt colocated ~0.3-0.5 s/step -> ~20 s + ~10 s load and eval per seed; server and async ~2x (two
+#     processes on one GPU, weights through the host each step) -> colt's three systems x 3 seeds ~3-4 min:
+#     RUNS="colt colt_server colt_async" in the other call, with the base model's eval and the transformers
+#     check (under a minute). Total ~11-13 min.
 #   CPU smoke test (docs/learning.md): HP=bench/learning/race_tiny.yaml DEVICE=cpu COLT=build/colt SEEDS=1
 #     HELDOUT_LIMIT=4, every system, 2 steps.
 set -uo pipefail
@@ -98,12 +100,14 @@ start_server() {  # one colt serve for the server-mode runs (each run pushes its
   [ -n "$server_pid" ] && return 0
   local mem=()
   [ "$DEVICE" = cpu ] || mem=(--gpu_memory_utilization "$SERVER_MEM")
+  local serve_log
+  serve_log=$RESULTS/logs/serve_$(date -u +%H%M%S).log
   "$COLT" serve --model "$MODEL" --device "$DEVICE" "${det[@]}" --port 0 --max_model_len 1024 "${mem[@]}" \
-    > "$RESULTS/logs/serve_$(date -u +%H%M%S).log" 2>&1 &
+    > "$serve_log" 2>&1 &
   server_pid=$!
   port=
   for _ in $(seq 1800); do  # 180 s at most
-    port=$(grep -ho 'listening on http://127.0.0.1:[0-9]*' "$RESULTS"/logs/serve_*.log 2> /dev/null | tail -1 | sed 's/.*://') || true
+    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$serve_log" | head -1 | sed 's/.*://') || true
     [ -n "$port" ] && kill -0 "$server_pid" 2> /dev/null && return 0
     kill -0 "$server_pid" 2> /dev/null || break
     sleep 0.1

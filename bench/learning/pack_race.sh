@@ -17,14 +17,14 @@
 # On the device (each step one `run` call; /tmp/race persists while the machine stays warm, 30 min at most,
 # so do the calls back to back; the repository's copy keeps its ignored build outputs between calls):
 #   call 1, carry [".racecarry/part-aa", ".devcarry"]:
-#       mkdir -p /tmp/race && cp .racecarry/part-* /tmp/race/ && tar xf .devcarry/bundle.tar.xz && ls -la /tmp/race
+#       mkdir -p /tmp/race && cp .racecarry/part-* /tmp/race/ && tar xf .devcarry/bundle.tar.xz -C /tmp/race && ls -la /tmp/race
 #   call 2, carry [".racecarry/part-ab"]:   mkdir -p /tmp/race && cp .racecarry/part-* /tmp/race/
 #   call 3, carry [".racecarry/part-ac", ".racecarry/SHA256SUMS"]:
 #       cp .racecarry/part-* .racecarry/SHA256SUMS /tmp/race/ && bash bench/learning/pack_race.sh --unpack /tmp/race &&
-#       export LD_LIBRARY_PATH=$PWD/.devlibs PYTHON=/tmp/race/venv/bin/python MODEL=/tmp/race/smollm2-135m-instruct &&
+#       export COLT=/tmp/race/build-cuda/colt LD_LIBRARY_PATH=/tmp/race/.devlibs PYTHON=/tmp/race/venv/bin/python MODEL=/tmp/race/smollm2-135m-instruct &&
 #       RESULTS=/tmp/race/results RUNS="colt colt_server colt_async" bash bench/gpu/learning_race.sh
 #   call 4 (no carry):
-#       export LD_LIBRARY_PATH=$PWD/.devlibs PYTHON=/tmp/race/venv/bin/python MODEL=/tmp/race/smollm2-135m-instruct &&
+#       export COLT=/tmp/race/build-cuda/colt LD_LIBRARY_PATH=/tmp/race/.devlibs PYTHON=/tmp/race/venv/bin/python MODEL=/tmp/race/smollm2-135m-instruct &&
 #       RESULTS=/tmp/race/results RUNS=trl bash bench/gpu/learning_race.sh
 #   (Both calls gather in /tmp/race/results, copied to each call's $OUT at its end: call 4's race.md is the
 #   whole table. Should the machine be lost between the calls, merge the two $OUT folders' logs/ and eval/

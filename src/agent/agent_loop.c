@@ -1,4 +1,4 @@
-/* agent_loop.c — conversations over the persistent engine (agent_loop.h). */
+/* agent_loop.c — conversations over a turn generator: this process's persistent engine, or another (agent_loop.h). */
 #include "agent/agent_loop.h"
 
 #include <stdlib.h>

@@ -819,11 +819,14 @@ static void test_setsid_grandchild(void) {
         dup2(err_pipe[1], STDERR_FILENO);
         close(err_pipe[0]);
         close(err_pipe[1]);
-        char err[ERR_LEN], command[256];
+        char err[ERR_LEN], command[512];
         snprintf(command, sizeof command,
                  "setsid sh -c 'echo $$ > %s/daemon.pid; exec sleep 300' & "
+                 /* answers only once the grandchild has left the process group (its pid written): else the
+                  * end of the call could kill it before it detached, a race of this test, not of colt's */
+                 "while [ ! -s %s/daemon.pid ]; do sleep 0.01; done; "
                  "echo started >&2; while read -r l; do echo '{\"rewards\": [1, 2]}'; done",
-                 tmp_dir);
+                 tmp_dir, tmp_dir);
         RewardFunc *r = make_command(command, 10, "daemon", err);
         if (!r) {
             fprintf(stderr, "create: %s\n", err);

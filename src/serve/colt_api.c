@@ -64,6 +64,18 @@ static int read_ids(json_t *a, int **out, int *n, int n_min, int n_max, long lon
     return COLT_OK;
 }
 
+/* *out = the n integers of array a (its size checked by the caller), each in [lo, hi]; key names them. */
+static int read_int_each(json_t *a, const char *key, int n, long long lo, long long hi, int **out, char *err) {
+    *out = xcalloc((size_t)n, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+            return errorf(err, "/colt/generate: %s[%d] must be an integer in [%lld, %lld]", key, i, lo, hi);
+        (*out)[i] = (int)json_integer_value(v);
+    }
+    return COLT_OK;
+}
+
 static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContext *ctx, char *err) {
     if (!json_is_object(o)) return errorf(err, "/colt/generate: the body must be a JSON object");
     if (check_keys(o, GENERATE_KEYS, "/colt/generate", err) != 0) return COLT_ERR;
@@ -83,16 +95,11 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
     if (json_is_array(budgets)) { /* one per prompt; the request's own is the largest */
         if (json_array_size(budgets) != (size_t)n)
             return errorf(err, "/colt/generate: 'max_tokens' as an array needs one budget per prompt (%d)", n);
-        r->max_tokens_each = xcalloc((size_t)n, sizeof(int));
+        if (read_int_each(budgets, "max_tokens", n, 1, ctx->max_tokens_limit, &r->max_tokens_each, err) != 0)
+            return COLT_ERR;
         max_tokens = 1;
-        for (int i = 0; i < n; i++) {
-            json_t *v = json_array_get(budgets, (size_t)i);
-            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > ctx->max_tokens_limit)
-                return errorf(err, "/colt/generate: max_tokens[%d] must be an integer in [1, %d]", i,
-                              ctx->max_tokens_limit);
-            r->max_tokens_each[i] = (int)json_integer_value(v);
+        for (int i = 0; i < n; i++)
             if (r->max_tokens_each[i] > max_tokens) max_tokens = r->max_tokens_each[i];
-        }
     } else if (read_int(o, "max_tokens", 1, ctx->max_tokens_limit, &max_tokens, err) != 0) {
         return COLT_ERR;
     }
@@ -101,14 +108,8 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
         if (!json_is_array(positions) || json_array_size(positions) != (size_t)n)
             return errorf(err, "/colt/generate: 'first_positions' must be an array of %d RNG positions, one per prompt",
                           n);
-        r->first_positions = xcalloc((size_t)n, sizeof(int));
-        for (int i = 0; i < n; i++) {
-            json_t *v = json_array_get(positions, (size_t)i);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > ctx->max_model_len)
-                return errorf(err, "/colt/generate: first_positions[%d] must be an integer in [0, %d]", i,
-                              ctx->max_model_len);
-            r->first_positions[i] = (int)json_integer_value(v);
-        }
+        if (read_int_each(positions, "first_positions", n, 0, ctx->max_model_len, &r->first_positions, err) != 0)
+            return COLT_ERR;
     }
     for (int i = 0; i < n; i++) {
         char what[48];

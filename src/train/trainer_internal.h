@@ -98,6 +98,9 @@ typedef struct AgentShare {
 typedef struct TrainerTimes {
     double generation, scoring, logprobs;
     double memory; /* giving activations back and taking them again (inside the other times) */
+    /* inside generation: this rank's engine run (colocated), and the round's
+     * exchange with the other ranks (the wait for the slowest one included) */
+    double engine, exchange;
 } TrainerTimes;
 
 typedef struct Trainer {

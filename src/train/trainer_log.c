@@ -121,6 +121,8 @@ void trainer_add_step_metrics(Trainer *t, StepClock *clock, double loss, double 
     metrics_add(&t->metrics, "time/scoring", t1->scoring - t0->scoring);
     metrics_add(&t->metrics, "time/logprobs", t1->logprobs - t0->logprobs);
     metrics_add(&t->metrics, "time/activation_memory", t1->memory - t0->memory);
+    if (!t->server) metrics_add(&t->metrics, "time/generation_engine", t1->engine - t0->engine);
+    if (t->dist.world > 1) metrics_add(&t->metrics, "time/generation_exchange", t1->exchange - t0->exchange);
     if (t->be->memory_stats) {
         /* colt's own buffers (weights, state, activations, KV pool): what the plan sizes */
         size_t in_use = 0, peak = 0;

@@ -415,9 +415,11 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         EngineStats es;
         rc = trainer_weights_gather(t, err);
         trainer_alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
+        double e0 = time_now();
         if (rc == 0)
             rc = t->tool_worker ? trainer_agent_generate(t, seqs, n_local, &go, &es, err)
                                 : engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+        t->times.engine += time_now() - e0;
         trainer_alloc_label(t, NULL, 0);
         trainer_weights_release(t);
         if (rc == 0) log_engine_stats(t, &es);
@@ -453,8 +455,10 @@ static int share_completions(Trainer *t, Rollout *r, GenSequence *seqs, int lo, 
     }
     for (int j = 0; j < n_local; j++) gen_sequence_free(&seqs[j]);
     free(seqs);
+    double x0 = time_now();
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = train_dist_gather(&t->dist, all, send, sizeof(int) * (size_t)n_local * W, err);
+    t->times.exchange += time_now() - x0;
     for (int i = 0; rc == 0 && i < N; i++) {
         const int *row = all + (size_t)i * W;
         Sample *s = &r->samples[i];
@@ -472,7 +476,9 @@ static int share_completions(Trainer *t, Rollout *r, GenSequence *seqs, int lo, 
         int n_text = s->len - (s->terminated ? 1 : 0);
         rc = tokenizer_decode_generated(t->tok, s->completion, (size_t)n_text, true, &s->text, err);
     }
+    x0 = time_now();
     if (rc == 0) rc = gather_token_values(t, r, sampling, lo, hi, offsetof(Sample, sampling_logp), err);
+    t->times.exchange += time_now() - x0;
     for (int j = 0; j < n_local; j++) free(sampling[j]);
     free(sampling);
     free(send);

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# bench_dp_probe.sh — where data parallelism's cost per GPU comes from: the GRPO benchmark's 1.5B step
+# (bench/gpu/grpo_bench.yaml) alone on GPU 0, alone on GPU 1, as two independent runs at once, alone with a
+# rank's share of the host threads, and as --nproc_per_node 2; prints step, generation, engine
+# (time/generation_engine) and training means over steps 2-6 for each. Needs 2 GPUs.
+# Usage: bash bench/gpu/bench_dp_probe.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset default qwen2.5-1.5b)
+set -u
+cd "$(dirname "$0")/../.."
+COLT=${COLT:-build-cuda/colt}
+tok=$1
+prompts=$2
+preset=${3:-qwen2.5-1.5b}
+W=${WORK:-/tmp/colt-dp-probe}
+mkdir -p "$W"
+[ -f "$W/$preset/config.json" ] || $COLT init --arch qwen2 --preset "$preset" --tokenizer "$tok" --out "$W/$preset" 2>/dev/null
+run() { # GPU label [colt train arguments...]
+  local gpu=$1 label=$2
+  shift 2
+  rm -rf "${W:?}/$label"
+  CUDA_VISIBLE_DEVICES=$gpu $COLT train --config bench/gpu/grpo_bench.yaml --model "$W/$preset" --dataset "$prompts" \
+    --device cuda --max_steps 6 --output_dir "$W/$label" "$@" > "$W/$label.log" 2>&1 || echo "$label failed: $(tail -1 "$W/$label.log")"
+}
+row() { # description label...
+  python3 - "$W" "$@" <<'PY'
+import json, sys
+work, what, labels = sys.argv[1], sys.argv[2], sys.argv[3:]
+means = []
+for label in labels:
+    rows = [json.loads(l) for l in open(f"{work}/{label}/metrics.jsonl") if l.strip()][1:]
+    means.append(lambda k, rows=rows: sum(r.get(k, 0) for r in rows) / len(rows))
+cell = lambda k: " / ".join(f"{m(k):.3f}" for m in means)
+print(f"| {what} | {cell('step_time')} | {cell('time/generation')} | {cell('time/generation_engine')} | {cell('time/training')} |")
+PY
+}
+echo "| run | step s | generation s | engine s | training s |"
+echo "|---|---:|---:|---:|---:|"
+run 0 alone0 && row "alone on GPU 0" alone0
+run 1 alone1 && row "alone on GPU 1" alone1
+run 0 pair0 & run 1 pair1 & wait
+row "two independent runs at once (GPU 0 / GPU 1)" pair0 pair1
+OMP_NUM_THREADS=$(( $(nproc) / 2 )) run 0 half && row "alone on GPU 0, OMP_NUM_THREADS=nproc/2" half
+run 0,1 dp2 --nproc_per_node 2 && row "--nproc_per_node 2 (rank 0)" dp2
+echo
+echo "Command: bash bench/gpu/bench_dp_probe.sh $tok $prompts $preset ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) host cores)"

@@ -287,6 +287,7 @@ static void fill_share(Trainer *t, GenSequence *seqs, RolloutFuncSample *s, int 
     a->masks = xcalloc((size_t)n + 1, sizeof(uint8_t *));
     a->calls = xcalloc((size_t)n + 1, sizeof(int));
     a->failures = xcalloc((size_t)n + 1, sizeof(int));
+    a->messages = xcalloc((size_t)n + 1, sizeof(json_t *)); /* none: TRL decodes a rollout's completion as one text */
     for (int j = 0; j < n; j++) {
         const int L = s[j].completion_len, last = s[j].completion_ids[L - 1];
         bool stop = false;

@@ -116,6 +116,16 @@ def _plain(ids):
     return [int(i) for i in ids]
 
 
+class Encoding(dict):
+    """transformers' BatchEncoding as far as rollout functions read it: enc["input_ids"] or enc.input_ids."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class Tokenizer:
     """trainer.processing_class: colt's tokenizer and chat template, as the few tokenizer calls rollout
     functions make (apply_chat_template, encode, decode, batch_decode, __call__)."""
@@ -126,7 +136,8 @@ class Tokenizer:
             setattr(self, key, value)
 
     def apply_chat_template(self, conversation, tools=None, add_generation_prompt=False, tokenize=True,
-                            return_dict=False, continue_final_message=False, **kwargs):
+                            return_dict=True, continue_final_message=False, **kwargs):
+        """transformers 5's: text with tokenize=False, else the ids, in an Encoding unless return_dict=False."""
         batched = bool(conversation) and isinstance(conversation[0], (list, tuple))
         conversations = [list(c) for c in conversation] if batched else [list(conversation)]
         if continue_final_message:
@@ -139,9 +150,8 @@ class Tokenizer:
             return texts if batched else texts[0]
         ids = self._channel.ask("encode", texts=texts, add_special_tokens=False)["ids"]
         if return_dict:
-            out = {"input_ids": ids if batched else ids[0]}
-            out["attention_mask"] = [[1] * len(i) for i in ids] if batched else [1] * len(ids[0])
-            return out
+            return Encoding(input_ids=ids if batched else ids[0],
+                            attention_mask=[[1] * len(i) for i in ids] if batched else [1] * len(ids[0]))
         return ids if batched else ids[0]
 
     def encode(self, text, add_special_tokens=True, **kwargs):
@@ -151,8 +161,8 @@ class Tokenizer:
         batched = isinstance(text, (list, tuple))
         ids = self._channel.ask("encode", texts=list(text) if batched else [text],
                                 add_special_tokens=bool(add_special_tokens))["ids"]
-        return {"input_ids": ids if batched else ids[0],
-                "attention_mask": [[1] * len(i) for i in ids] if batched else [1] * len(ids[0])}
+        return Encoding(input_ids=ids if batched else ids[0],
+                        attention_mask=[[1] * len(i) for i in ids] if batched else [1] * len(ids[0]))
 
     def batch_decode(self, sequences, skip_special_tokens=False, **kwargs):
         return self._channel.ask("decode", ids=[_plain(s) for s in sequences],
@@ -213,7 +223,8 @@ class Trainer:
             as_chat = isinstance(prompts[0], (list, tuple))
         tok = self.processing_class
         if as_chat:
-            ids = tok.apply_chat_template([list(p) for p in prompts], add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template([list(p) for p in prompts], add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
         else:
             ids = self._channel.ask("encode", texts=list(prompts), add_special_tokens=True)["ids"]
         out = self.generate(ids, n=1, streams=streams, **kw)

@@ -6,7 +6,8 @@
  *      inside checkpoint-1 equals TRL's own _generate_and_score_completions with the same function
  *      (tests/ref/make_rollout_func_goldens.py) sample for sample: prompt ids, completion ids, tool mask,
  *      the reward that reads the extra fields beside a dataset column, the advantage; its sampling
- *      log-probs are the function's. A resume from checkpoint-1 gives the uninterrupted run's step 2.
+ *      log-probs are the function's. A resume from checkpoint-1 gives the uninterrupted run's step 2. Under
+ *      mpirun -np 2 each rank calls the function on its half and the shared round is TRL's all the same.
  *   2. A two-turn game that generates with colt's engine (game_rollouts.py:two_turn: TRL's
  *      generate_rollout_completions, then trainer.generate on given streams) trains on stories260K, and the
  *      ids of both turns of round 0 equal `colt generate` on the same prompts and streams; the async
@@ -128,6 +129,29 @@ static void test_parity(void) {
           "step 2: loss %g / grad_norm %g uninterrupted, %g / %g resumed", a[1], ga[1], b[1], gb[1]);
     printf("resumed from checkpoint-1 (inside the round): step 2 loss %.6g and grad_norm %.6g equal the "
            "uninterrupted run's\n", b[1], gb[1]);
+}
+
+/* Data parallel: two ranks each call the function on their 6 prompts (TRL's per-process slice); the round
+ * they share, saved in checkpoint-1, is TRL's still. */
+static void test_data_parallel(void) {
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("SKIPPED: two ranks (no mpirun)\n");
+        return;
+    }
+    char *err = NULL, cd[300];
+    snprintf(cd, sizeof cd, "cd %s &&", g_tmp);
+    double t0 = now_s();
+    int rc = run_colt_with(&(ColtRun){.env = cd, .subcommand = "train", .timeout_s = 180,
+                                      .launcher = "mpirun --oversubscribe --allow-run-as-root --bind-to none -x "
+                                                  "OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK " -np 2"},
+                           PARITY_ARGS "--device cpu --per_device_train_batch_size 3 --max_steps 1 --output_dir dp",
+                           &err);
+    CHECK(rc == 0, "mpirun -np 2 colt train with rollout_func exited %d: %s", rc, err);
+    free(err);
+    printf("mpirun -np 2, fixed_game, 1 step: %.1f s\n", now_s() - t0);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/dp", g_tmp);
+    if (rc == 0) check_parity(dir);
 }
 
 /* ---------------------------------------------------------------- 2. generation through colt's engine */
@@ -273,6 +297,7 @@ int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_rollout_func_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
     test_parity();
+    test_data_parallel();
     test_game();
     test_errors();
     if (g_failures == 0) sh("rm -rf %s", g_tmp);

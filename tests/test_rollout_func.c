@@ -15,7 +15,7 @@
  *   3. Errors, each one line naming what is wrong: keys missing, a function that raises, one completion
  *      short, an id outside the vocabulary, a completion longer than max_completion_length, an env_mask of
  *      the wrong length, a generate ask past max_completion_length, a function that does not return within
- *      rollout_func_timeout, a function that does not exist.
+ *      rollout_func_timeout, a function that does not exist; settings it cannot go with (zero_stage 3, tools).
  * Exits 77 (skipped) without python3. */
 #include <jansson.h>
 #include <math.h>
@@ -287,6 +287,8 @@ static void test_errors(void) {
     expect_error("too_many_tokens", "", "raised RuntimeError: colt: generate: n must be >= 1");
     expect_error("slow", "--rollout_func_timeout 1", "did not return within 1 s (rollout_func_timeout)");
     expect_error("nope", "", "has no function 'nope'");
+    expect_error("two_turn", "--zero_stage 3", "settings: rollout_func with zero_stage 3");
+    expect_error("two_turn", "--tools '[\"" DATA "/rollout_rewards.py:turn_count\"]'", "settings: rollout_func with tools");
 }
 
 int main(void) {

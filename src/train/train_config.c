@@ -1870,10 +1870,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
             return errorf(err, "settings: rollout_func with %s: the rollout function makes the completions itself "
                                "(call tools or environments inside it)",
                           c->environment_factory ? "environment_factory" : "tools");
-        if (c->tensor_parallel_size > 1 || c->zero_stage == 3)
-            return errorf(err, "settings: rollout_func with %s: each rank asks its engine when its function does, "
-                               "and those engine calls would have to be collective; not supported yet",
-                          c->tensor_parallel_size > 1 ? "tensor_parallel_size > 1" : "zero_stage 3");
+        if (c->tensor_parallel_size > 1)
+            return errorf(err, "settings: rollout_func with tensor_parallel_size > 1: each rank asks its engine when "
+                               "its function does, and those engine calls would have to be collective; not "
+                               "supported yet");
         if (c->async_generation || c->dynamic_sampling)
             return errorf(err, "settings: rollout_func with %s is not supported yet",
                           c->async_generation ? "async_generation" : "dynamic_sampling");
@@ -2050,6 +2050,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "adapters off, there is no separate one to sync (TRL refuses it too); use full fine-tuning or "
                            "sync_ref_model: false");
     if (c->deepspeed && deepspeed_config_apply(c, c->deepspeed, err) != 0) return COLT_ERR;
+    if (c->rollout_func && c->zero_stage == 3) /* after the DeepSpeed file, which may set the stage */
+        return errorf(err, "settings: rollout_func with zero_stage 3: each rank's engine would gather the weights "
+                           "when its function asks, and those gathers are collective; not supported yet (zero_stage "
+                           "0-2)");
     if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)
         return errorf(err, "settings: offload_optimizer '%s': use none or cpu%s", c->offload_optimizer,
                       strcmp(c->offload_optimizer, "nvme") == 0 ? " (NVMe offload is not supported)" : "");

@@ -11,7 +11,8 @@
  *   2. A two-turn game that generates with colt's engine (game_rollouts.py:two_turn: TRL's
  *      generate_rollout_completions, then trainer.generate on given streams) trains on stories260K, and the
  *      ids of both turns of round 0 equal `colt generate` on the same prompts and streams; the async
- *      variant trains too.
+ *      variant trains too. In server mode (a colt serve it starts) both turns of both rounds equal the
+ *      colocated run's: the asks go to the server, and the weights pushed after step 1 reach round 1.
  *   3. Errors, each one line naming what is wrong: keys missing, a function that raises, one completion
  *      short, an id outside the vocabulary, a completion longer than max_completion_length, an env_mask of
  *      the wrong length, a generate ask past max_completion_length, a function that does not return within
@@ -25,7 +26,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-#include "harness.h"
+#include "serve_harness.h"
 
 #define DATA COLT_SOURCE_DIR "/tests/data/rollout"
 #define TINY COLT_SOURCE_DIR "/tests/data/models/tiny-tool-f32"
@@ -257,6 +258,50 @@ static void test_game(void) {
     printf("two_turn_async (a coroutine) trains: rewards/turn_count/mean %g\n", async_turns[0]);
 }
 
+/* Server mode: the function's generate asks go to a colt serve, as the trainer's own generation does; the
+ * weights are pushed after step 1, so both rounds' turns equal the colocated game's (game_log.jsonl). */
+static void test_server_mode(void) {
+    setenv("COLT_API_KEY", "rollout-func-test-key-0123456789", 1); /* the trainer endpoints of colt serve */
+    Server srv;
+    if (!serve_start(&srv, "serve", COLT_BINARY " serve --model " STORIES " --device cpu --port 0", 60, false)) {
+        CHECK(false, "colt serve did not start (%s)", srv.log);
+        return;
+    }
+    char args[4096], *err = NULL;
+    snprintf(args, sizeof args, "cd %s && mkdir -p srv && cd srv && rm -f game_log.jsonl &&", g_tmp);
+    char train_args[4096];
+    snprintf(train_args, sizeof train_args, GAME_ARGS "--rollout_func " DATA "/game_rollouts.py:two_turn --output_dir "
+             "out --vllm_mode server --vllm_server_port %d --vllm_group_port %d --vllm_server_timeout 60",
+             srv.port, 20000 + (int)(getpid() % 20000));
+    double t0 = now_s();
+    int rc = run_colt_with(&(ColtRun){.env = args, .subcommand = "train", .timeout_s = 120}, train_args, &err);
+    CHECK(rc == 0, "colt train with rollout_func in server mode exited %d: %s", rc, err);
+    free(err);
+    serve_stop(&srv, SIGTERM, 30);
+    printf("two_turn in server mode, 2 steps: %.1f s\n", now_s() - t0);
+    if (rc != 0) return;
+    char srv_dir[300];
+    snprintf(srv_dir, sizeof srv_dir, "%s/srv", g_tmp);
+    char *a = read_text(srv_dir, "game_log.jsonl"), *b = read_text(g_tmp, "game_log.jsonl");
+    int equal = 0, compared = 0;
+    char *sa = NULL, *sb = NULL;
+    for (char *la = a ? strtok_r(a, "\n", &sa) : NULL, *lb = b ? strtok_r(b, "\n", &sb) : NULL; la && lb;
+         la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb)) {
+        json_t *x = json_loads(la, 0, NULL), *y = json_loads(lb, 0, NULL);
+        for (int turn = 1; turn <= 2; turn++) {
+            json_t *tx = json_object_get(x, turn == 1 ? "turn1" : "turn2"), *ty = json_object_get(y, turn == 1 ? "turn1" : "turn2");
+            for (size_t i = 0; i < json_array_size(tx); i++, compared++)
+                equal += same_ints(json_array_get(tx, i), json_array_get(ty, i));
+        }
+        json_decref(x), json_decref(y);
+    }
+    CHECK(compared == 32 && equal == compared, "server mode: %d of %d completions (2 rounds x 2 turns x 8) equal the "
+          "colocated game's", equal, compared);
+    printf("server mode: %d of %d completions (2 rounds x 2 turns x 8, round 1 after a weight push) equal the "
+           "colocated run's\n", equal, compared);
+    free(a), free(b);
+}
+
 /* ---------------------------------------------------------------- 3. errors */
 
 static void expect_error(const char *function, const char *extra, const char *want) {
@@ -298,9 +343,11 @@ int main(void) {
     }
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_rollout_func_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
+    atexit(serve_kill_all);
     test_parity();
     test_data_parallel();
     test_game();
+    test_server_mode();
     test_errors();
     if (g_failures == 0) sh("rm -rf %s", g_tmp);
     else fprintf(stderr, "kept %s\n", g_tmp);

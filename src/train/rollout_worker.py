@@ -39,6 +39,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import traceback
 from types import SimpleNamespace
 
@@ -90,20 +91,23 @@ class Channel:
 
     def __init__(self, proto_in, proto_out):
         self.proto_in, self.proto_out, self.next = proto_in, proto_out, 0
+        self.lock = threading.Lock()  # a function's threads ask one at a time: an answer is the next line
 
     def send(self, obj):
         self.proto_out.write(json.dumps(obj, ensure_ascii=True, allow_nan=False).encode("ascii") + b"\n")
         self.proto_out.flush()
 
     def ask(self, op, **fields):
-        self.next += 1
-        self.send({"ask": self.next, "op": op, **fields})
-        line = self.proto_in.readline()
+        with self.lock:
+            self.next += 1
+            ask_id = self.next
+            self.send({"ask": ask_id, "op": op, **fields})
+            line = self.proto_in.readline()
         if not line:
             raise RuntimeError("colt closed the channel")
         answer = json.loads(line)
-        if answer.get("ask") != self.next:
-            raise RuntimeError("colt answered ask %r, expected %d" % (answer.get("ask"), self.next))
+        if answer.get("ask") != ask_id:
+            raise RuntimeError("colt answered ask %r, expected %d" % (answer.get("ask"), ask_id))
         if "error" in answer:
             raise RuntimeError("colt: %s" % answer["error"])
         return answer

@@ -20,14 +20,23 @@
 
 /* What trainer.args shows: the settings rollout functions read (TRL's names). */
 static json_t *trainer_args_json(const TrainConfig *c) {
-    return json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:i, s:f, s:f, s:i, s:i, s:s, s:f, s:I, s:s}",
-                     "num_generations", c->num_generations, "max_completion_length", c->max_completion_length,
-                     "max_prompt_length", c->max_prompt_length, "generation_batch_size", c->generation_batch_size,
-                     "temperature", c->temperature, "top_p", c->top_p, "top_k", c->top_k, "min_p", c->min_p,
-                     "repetition_penalty", c->repetition_penalty, "per_device_train_batch_size",
-                     c->per_device_train_batch_size, "steps_per_generation", c->steps_per_generation, "vllm_mode",
-                     c->vllm_mode ? c->vllm_mode : "colocate", "beta", c->beta, "seed", (json_int_t)c->seed,
-                     "output_dir", c->output_dir);
+    json_t *args = json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:i, s:f, s:f, s:i, s:i, s:s, s:f, s:I, s:s}",
+                             "num_generations", c->num_generations, "max_completion_length", c->max_completion_length,
+                             "max_prompt_length", c->max_prompt_length, "generation_batch_size",
+                             c->generation_batch_size, "temperature", c->temperature, "top_p", c->top_p, "top_k",
+                             c->top_k, "min_p", c->min_p, "repetition_penalty", c->repetition_penalty,
+                             "per_device_train_batch_size", c->per_device_train_batch_size, "steps_per_generation",
+                             c->steps_per_generation, "vllm_mode", c->vllm_mode ? c->vllm_mode : "colocate", "beta",
+                             c->beta, "seed", (json_int_t)c->seed, "output_dir", c->output_dir);
+    json_object_set_new(args, "num_iterations", json_integer(c->num_iterations));
+    json_object_set_new(args, "gradient_accumulation_steps", json_integer(c->gradient_accumulation_steps));
+    json_object_set_new(args, "max_steps", json_integer(c->max_steps));
+    json_object_set_new(args, "learning_rate", json_real(c->learning_rate));
+    json_object_set_new(args, "loss_type", json_string(c->loss_type ? c->loss_type : ""));
+    json_object_set_new(args, "use_vllm", json_true()); /* colt's engine plays vLLM's part */
+    json_object_set_new(args, "generation_kwargs", c->generation_kwargs ? json_deep_copy(c->generation_kwargs)
+                                                                        : json_null());
+    return args;
 }
 
 static json_t *id_or_null(int id) { return id >= 0 ? json_integer(id) : json_null(); }

@@ -253,6 +253,15 @@ def no_nan(value):
     return value
 
 
+def scalar(value):
+    """json.dumps's default=: NumPy and torch scalars and arrays as plain numbers and lists."""
+    if hasattr(value, "tolist"):
+        return no_nan(value.tolist())
+    if hasattr(value, "item"):
+        return no_nan(value.item())
+    raise TypeError("a value of type %s cannot be sent as JSON" % type(value).__name__)
+
+
 def plain_result(output):
     """The function's dict as JSON: lists of lists of numbers (tensors and tuples too), other keys as given."""
     if not isinstance(output, dict):
@@ -316,7 +325,7 @@ def main(setup):
             channel.send({"id": rid, "error": "raised " + report(exc, "rollout_func raised")})
             continue
         try:
-            line = json.dumps({"id": rid, "result": result}, ensure_ascii=True, allow_nan=False)
+            line = json.dumps({"id": rid, "result": result}, ensure_ascii=True, allow_nan=False, default=scalar)
         except (TypeError, ValueError) as exc:
             line = json.dumps({"id": rid, "error": "returned what cannot be sent as JSON: "
                                                    + exception_line(exc)})

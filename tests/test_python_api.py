@@ -12,7 +12,8 @@ CTest runs it with PYTHONPATH=python and COLT_BINARY=<the build's colt> (CMakeLi
     run early with a checkpoint;
   - a reward function that raises: train() raises with the exception's line, the run stops;
   - peft_config (PEFT's LoraConfig, or a stand-in of its fields without peft): PEFT files saved;
-  - save_model(dir) copies the model and not the run's logs; refused arguments are one-line errors.
+  - save_model(dir) copies the model and not the run's logs; refused arguments are one-line errors;
+  - rollout_func as a file's function: it trains, its extra field reaches a reward running here.
 Exits 1 on any failure, 77 when the built binary is missing.
 """
 import json
@@ -218,6 +219,39 @@ def errors(tmp):
                                                     ", ".join(r[0] for r in refused)))
 
 
+def rollout_func(tmp):
+    """rollout_func: a function in a file (TRL's rollout_func(prompts, trainer)) runs in colt's rollout worker;
+    its extra field reaches a reward function that runs here; a function colt's worker cannot import is refused."""
+    from colt import GRPOConfig, GRPOTrainer, generate_rollout_completions
+    seen = []
+
+    def turns_reward(completions, turns, **kwargs):
+        seen.extend(turns)
+        return [float(t) for t in turns]
+
+    game = os.path.join(ROOT, "tests", "data", "rollout", "game_rollouts.py") + ":two_turn"
+    args = GRPOConfig(output_dir=os.path.join(tmp, "rollout"), **dict(SMALL, max_steps=1, max_completion_length=16))
+    GRPOTrainer(model=MODEL, reward_funcs=turns_reward, args=args, train_dataset=PROMPTS, rollout_func=game).train()
+    logged = metrics(os.path.join(tmp, "rollout"))
+    check(seen == [2] * 8 and logged and logged[0].get("rewards/turns_reward/mean") == 2.0,
+          "rollout_func's extra field 'turns' in a local reward: %r, logged %r" % (
+              seen, logged[0].get("rewards/turns_reward/mean") if logged else None))
+    try:
+        GRPOTrainer(model=MODEL, reward_funcs=turns_reward, train_dataset=PROMPTS, rollout_func=lambda p, t: {})
+        got = None
+    except Exception as exc:
+        got = exc
+    check(isinstance(got, NotImplementedError) and "rollout_func" in str(got), "a lambda rollout_func: %r" % got)
+    try:
+        generate_rollout_completions(object(), ["x"])
+        got = None
+    except Exception as exc:
+        got = exc
+    check(isinstance(got, TypeError), "generate_rollout_completions outside a rollout: %r" % got)
+    print("rollout_func: %s trained one step, its extra field reached a local reward (%d completions); a lambda "
+          "is refused" % (game.rsplit("/", 1)[-1], len(seen)))
+
+
 def lora_and_save(tmp):
     from colt import GRPOConfig, GRPOTrainer
     try:
@@ -261,6 +295,7 @@ def main():
         quickstart(tmp)
         notebook(tmp)
         errors(tmp)
+        rollout_func(tmp)
         lora_and_save(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

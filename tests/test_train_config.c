@@ -94,6 +94,7 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"temperature", 1e-3, 100, false, false, false},
     {"top_p", 0, 1, true, false, false},
     {"tool_timeout", 0, 86400, true, false, false},
+    {"rollout_func_timeout", 0, 604800, false, false, false},
     {"min_p", 0, 1, false, false, 2},
     {"repetition_penalty", 1e-3, 100, false, false, false},
     {"beta", 0, 1000, false, false, false},

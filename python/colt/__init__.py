@@ -9,6 +9,7 @@ stateful objects work), the metrics come back to callbacks and a progress bar.
 Nothing is reimplemented in Python; docs/python.md says what maps to what.
 """
 from .config import GRPOConfig
+from .rollout import generate_rollout_completions
 from .trainer import GRPOTrainer, colt_binary
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "colt_binary"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "colt_binary", "generate_rollout_completions"]

@@ -223,8 +223,8 @@ class GRPOTrainer:
     def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
                  reward_processing_classes=None, callbacks=None, optimizers=(None, None), peft_config=None,
                  tools=None, rollout_func=None, environment_factory=None):
-        if rollout_func:
-            raise NotImplementedError("rollout_func: colt does not run rollout functions yet")
+        # TRL calls rollout_func(prompts, trainer): colt's rollout worker imports it by name and does the same
+        self.rollout_func = _tool_spec(rollout_func, "rollout_func") if rollout_func else None
         if isinstance(environment_factory, dict):
             raise NotImplementedError("environment_factory: a dict of environments is not supported yet; give one "
                                       "class")
@@ -292,6 +292,8 @@ class GRPOTrainer:
             settings["tools"] = self.tools
         if self.environment_factory:
             settings["environment_factory"] = self.environment_factory
+        if self.rollout_func:
+            settings["rollout_func"] = self.rollout_func
         return settings
 
     def _call_callbacks(self, event, **kwargs):
@@ -319,6 +321,7 @@ class GRPOTrainer:
             if functions:
                 server = _RewardServer(functions, folder)
                 env["COLT_REWARD_SOCKET"] = server.path
+            if functions or self.rollout_func:  # colt's workers import this package (a rollout file may too)
                 package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                 env["PYTHONPATH"] = os.pathsep.join(p for p in [package_parent, env.get("PYTHONPATH")] if p)
             try:

@@ -547,3 +547,7 @@ int tool_worker_reward_function(ToolWorker *w, double *rewards, bool *has, size_
     json_decref(answer);
     return 0;
 }
+
+int tool_worker_python_spec(json_t **out, const char *text, const char *key, const char *what, char *err) {
+    return spec_from_text(out, text, key, what, err);
+}

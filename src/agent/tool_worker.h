@@ -115,4 +115,10 @@ int tool_worker_reward(ToolWorker *w, double *reward, bool *has, long env, char 
 int tool_worker_reward_function(ToolWorker *w, double *rewards, bool *has, size_t n, const char *function,
                                 const json_t *kwargs, const long *envs, double timeout_s, char *err);
 
+/* A Python function or class named as tools are ("file.py:NAME", relative to
+ * the current directory, or "module.NAME") as the workers' spec: {"file":
+ * absolute path or null, "module": name or null, key: NAME, "display": text}.
+ * Errors start with `what` (rollout_func's worker names its function so too). */
+int tool_worker_python_spec(json_t **out, const char *text, const char *key, const char *what, char *err);
+
 #endif

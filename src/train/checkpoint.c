@@ -161,6 +161,7 @@ static const char *RECORD_SETTINGS[] = {
     "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
     "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
     "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps", "environment_factory",
+    "rollout_func",
 };
 /* Derived entries, and how a message names them. The world size itself may
  * change: what the saved state depends on is how many samples a step takes. */
@@ -239,6 +240,7 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
         if (!strncmp(RECORD_SETTINGS[i], "ref_model_", 10) && !syncs) continue;
         /* recorded since environments (a round's prompts and rewards come from them); older runs had none */
         if (!a && !strcmp(RECORD_SETTINGS[i], "environment_factory") && json_is_null(b)) continue;
+        if (!a && !strcmp(RECORD_SETTINGS[i], "rollout_func") && json_is_null(b)) continue; /* recorded since it came */
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);

@@ -95,6 +95,14 @@ static const ConfigKey KEYS[] = {
       "completion, reset(**row) with its dataset row, whose returned text is appended to the prompt's last message; "
       "its public methods are that completion's tools, and get_reward(), when defined, an extra reward named after "
       "the class (weight 1); Python reward functions get environments=[...] (docs/agents.md)"),
+    K(rollout_func, KEY_STRING,
+      "a Python function that makes each round's completions (TRL's rollout_func): \"rollouts.py:my_rollout\" or "
+      "\"module.function\"; called with this process's prompts (each repeated num_generations times) and a trainer "
+      "object (args, processing_class, generate on colt's engine), it returns prompt_ids, completion_ids, logprobs, "
+      "optionally env_mask (0: not the model's token, not trained on) and extra fields for the rewards "
+      "(docs/agents.md)"),
+    KD(rollout_func_timeout, KEY_DOUBLE, 0, RANGE_CLOSED, 604800,
+       "seconds one rollout_func call may run, its generation included; past it the run stops (0: no limit)"),
     KI_NULL(max_tool_calling_iterations, -1, 1000000,
             "rounds of tool calls per completion (null or -1: no bound, as TRL's None)"),
     KD(tool_timeout, KEY_DOUBLE, 0, RANGE_OPEN_MIN, 86400,
@@ -738,6 +746,7 @@ void train_config_defaults(TrainConfig *c) {
     c->max_rounds_without_reward = 3;
     c->max_tool_calling_iterations = -1;
     c->tool_timeout = 60.0;
+    c->rollout_func_timeout = 3600.0;
     c->save_steps = 500;
     c->eval_steps = 0;
     c->log_completions_count = 2;
@@ -1852,6 +1861,29 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (c->environment_factory && !*c->environment_factory)
         return errorf(err, "settings: environment_factory must name a Python class (\"envs.py:MathEnv\" or "
                            "\"module.Class\")");
+    if (c->rollout_func) {
+        if (!*c->rollout_func)
+            return errorf(err, "settings: rollout_func must name a Python function (\"rollouts.py:my_rollout\" or "
+                               "\"module.function\")");
+        /* TRL hands generation to the rollout function instead of its own (tool) loop */
+        if ((c->tools && json_array_size(c->tools) > 0) || c->environment_factory)
+            return errorf(err, "settings: rollout_func with %s: the rollout function makes the completions itself "
+                               "(call tools or environments inside it)",
+                          c->environment_factory ? "environment_factory" : "tools");
+        if (c->tensor_parallel_size > 1)
+            return errorf(err, "settings: rollout_func with tensor_parallel_size > 1: each rank asks its engine when "
+                               "its function does, and those engine calls would have to be collective; not "
+                               "supported yet");
+        if (c->async_generation || c->dynamic_sampling)
+            return errorf(err, "settings: rollout_func with %s is not supported yet",
+                          c->async_generation ? "async_generation" : "dynamic_sampling");
+        if (c->eval_dataset)
+            return errorf(err, "settings: rollout_func with eval_dataset: evaluation would not go through the "
+                               "rollout function (as TRL's does); not supported yet");
+        if (c->vllm_structured_outputs_regex)
+            return errorf(err, "settings: rollout_func with vllm_structured_outputs_regex is not supported (the "
+                               "function's completions are its own)");
+    }
     const bool agent = (c->tools && json_array_size(c->tools) > 0) || c->environment_factory;
     if (agent && c->tensor_parallel_size > 1)
         return errorf(err, "settings: tools with tensor_parallel_size %d: each rank of a tensor-parallel group would "
@@ -2018,6 +2050,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
                            "adapters off, there is no separate one to sync (TRL refuses it too); use full fine-tuning or "
                            "sync_ref_model: false");
     if (c->deepspeed && deepspeed_config_apply(c, c->deepspeed, err) != 0) return COLT_ERR;
+    if (c->rollout_func && c->zero_stage == 3) /* after the DeepSpeed file, which may set the stage */
+        return errorf(err, "settings: rollout_func with zero_stage 3: each rank's engine would gather the weights "
+                           "when its function asks, and those gathers are collective; not supported yet (zero_stage "
+                           "0-2)");
     if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)
         return errorf(err, "settings: offload_optimizer '%s': use none or cpu%s", c->offload_optimizer,
                       strcmp(c->offload_optimizer, "nvme") == 0 ? " (NVMe offload is not supported)" : "");

@@ -37,6 +37,11 @@ typedef struct TrainConfig {
      * "module.Class"), one instance per rollout, reset with its dataset row;
      * its public methods are that rollout's tools (agent/tool_worker.h) */
     char *environment_factory;
+    /* TRL's rollout_func: a function ("rollouts.py:f" or "module.f") that
+     * makes a round's completions (train/rollout_func.h); seconds one call may
+     * run (0: no limit) */
+    char *rollout_func;
+    double rollout_func_timeout;
     int max_tool_calling_iterations;
     double tool_timeout;
     json_t *reward_weights;  /* list of numbers or null */

@@ -398,6 +398,7 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     }
 
     if (trainer_tools_start(t, err) != 0) return COLT_ERR; /* prompts are rendered with the tools' schemas */
+    if (trainer_rollout_func_start(t, err) != 0) return COLT_ERR;
 
     /* Every prompt must fit with a full completion: check all of them now,
      * before any work that could be lost. */
@@ -421,7 +422,7 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     }
     /* An environment's reset() adds to the prompt by an amount known only then: buffers take the longest
      * prompt that fits (max_prompt_length, when set, bounds it; a plan that does not fit says to set it). */
-    if (c->environment_factory) {
+    if (c->environment_factory || c->rollout_func) { /* rollout_func: its prompts are its own */
         int room = mc->max_position_embeddings - c->max_completion_length;
         t->max_prompt_tokens = c->max_prompt_length > 0 && c->max_prompt_length < room ? c->max_prompt_length : room;
     }
@@ -688,6 +689,7 @@ static void trainer_teardown(Trainer *t) {
     free(t->last_checkpoint);
     free(t->metrics_path);
     trainer_tools_stop(t);
+    trainer_rollout_func_stop(t);
     for (int k = 0; k < t->n_rewards; k++) reward_free(t->rewards[k]);
     free(t->rewards);
     free(t->reward_weights);

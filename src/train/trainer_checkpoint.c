@@ -28,7 +28,7 @@ static RolloutShape rollout_shape(const Trainer *t) {
                           .micro_per_round = c->steps_per_generation * c->num_iterations,
                           .micro_batch_samples = c->per_device_train_batch_size * t->dist.world,
                           .has_old_logp = t->need_old_logp, .has_ref_logp = trainer_has_reference(t),
-                          .prompt_per_sample = c->environment_factory != NULL};
+                          .prompt_per_sample = c->environment_factory != NULL || c->rollout_func != NULL};
 }
 
 /* trainer_state.json's content now (NULL if a sample cannot be written as JSON). */

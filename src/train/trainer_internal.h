@@ -30,6 +30,7 @@
 #include "train/metrics.h"
 #include "parallel/optim.h"
 #include "train/rollout.h"
+#include "train/rollout_func.h"
 #include "train/tensorboard.h"
 #include "train/train_config.h"
 #include "parallel/train_dist.h"
@@ -171,6 +172,9 @@ typedef struct Trainer {
     ToolWorker *tool_worker;
     ToolCallFormat tool_format;
     AgentShare agent;
+    /* rollout_func: its Python worker (NULL: none); a round's completions come
+     * from it, their masks and rows in agent (trainer_rollout_func.c) */
+    RolloutFuncWorker *rollout_func;
 } Trainer;
 
 /* ---------------------------------------------------------------- trainer.c: memory */
@@ -285,6 +289,22 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
 /* The environment's get_reward() of this rank's samples [0, n): values[j]
  * (NaN: None). */
 int trainer_environment_rewards(Trainer *t, float *values, int n, char *err);
+/* Each sample's own prompt shared with every rank (trainer_rollout.c): ids,
+ * lens, texts this rank's samples [lo, hi), rc their outcome here. */
+int trainer_share_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, int **ids, const int *lens, char **texts,
+                                 int rc, char *err);
+
+/* ---------------------------------------------------------------- trainer_rollout_func.c */
+
+/* Starts the rollout_func worker when the settings name one. */
+int trainer_rollout_func_start(Trainer *t, char *err);
+void trainer_rollout_func_stop(Trainer *t);
+/* A round's prompts and this rank's share [lo, hi) of its completions from
+ * the rollout function: r's prompts one per sample (every rank's), *seqs_out
+ * [hi - lo] as the engine fills them, t->agent the env_mask masks and the
+ * rows the rewards get (the dataset's with the function's extra fields). */
+int trainer_rollout_func_generate(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo, int hi, char *err);
+
 /* reward function k's name: the reward's, or the environment's class for its get_reward. */
 const char *trainer_reward_name(const Trainer *t, int k);
 

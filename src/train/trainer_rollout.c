@@ -259,19 +259,15 @@ int trainer_choose_prompts(Trainer *t, Rollout *r, char *err) {
     return COLT_OK;
 }
 
-/* environment_factory: each sample's own prompt, TRL's prompt with its
- * environment's observation (trainer_environment_prompts, for this rank's
- * share), shared with every rank (rows of [length, ids], then the texts
- * padded to the longest): r's prompts become one per sample, rows[i] the
- * dataset row of sample i's group. */
-static int per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+/* Each sample's own prompt (environments, rollout_func), shared with every
+ * rank (rows of [length, ids], then the texts padded to the longest): ids[j],
+ * lens[j], texts[j] are this rank's samples [lo, hi) (the caller frees them),
+ * rc their outcome on this rank, agreed on first. r's prompts become one per
+ * sample, rows[i] the dataset row of sample i's group. */
+int trainer_share_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, int **ids, const int *lens, char **texts,
+                                 int rc, char *err) {
     const int G = t->cfg->num_generations, N = t->cfg->generation_batch_size, n_local = hi - lo;
     const size_t W = 1 + (size_t)t->max_prompt_tokens;
-    size_t *rows_of = xcalloc((size_t)n_local + 1, sizeof(size_t));
-    int **ids = xcalloc((size_t)n_local + 1, sizeof(int *)), *lens = xcalloc((size_t)n_local + 1, sizeof(int));
-    char **texts = xcalloc((size_t)n_local + 1, sizeof(char *));
-    for (int j = 0; j < n_local; j++) rows_of[j] = r->rows[(lo + j) / G];
-    int rc = trainer_environment_prompts(t, t->data, t->cfg->dataset, rows_of, n_local, ids, lens, texts, err);
     rc = train_dist_agree(&t->dist, rc, err);
     int *send = xcalloc((size_t)n_local * W + 1, sizeof(int)), *all = xcalloc((size_t)N * W, sizeof(int));
     int *send_len = xcalloc((size_t)n_local + 1, sizeof(int)), *all_len = xcalloc((size_t)N, sizeof(int));
@@ -306,9 +302,23 @@ static int per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err)
             r->prompt_text[i] = xstrdup(all_text + (size_t)i * M);
         }
     }
+    free(send), free(all), free(send_len), free(all_len), free(send_text), free(all_text);
+    return rc;
+}
+
+/* environment_factory: each sample's own prompt, TRL's prompt with its
+ * environment's observation (trainer_environment_prompts, for this rank's
+ * share), shared with every rank. */
+static int per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+    const int G = t->cfg->num_generations, n_local = hi - lo;
+    size_t *rows_of = xcalloc((size_t)n_local + 1, sizeof(size_t));
+    int **ids = xcalloc((size_t)n_local + 1, sizeof(int *)), *lens = xcalloc((size_t)n_local + 1, sizeof(int));
+    char **texts = xcalloc((size_t)n_local + 1, sizeof(char *));
+    for (int j = 0; j < n_local; j++) rows_of[j] = r->rows[(lo + j) / G];
+    int rc = trainer_environment_prompts(t, t->data, t->cfg->dataset, rows_of, n_local, ids, lens, texts, err);
+    rc = trainer_share_sample_prompts(t, r, lo, hi, ids, lens, texts, rc, err);
     for (int j = 0; j < n_local; j++) free(ids[j]), free(texts[j]);
     free(rows_of), free(ids), free(lens), free(texts);
-    free(send), free(all), free(send_len), free(all_len), free(send_text), free(all_text);
     return rc;
 }
 
@@ -376,6 +386,7 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
     GenSequence *seqs = NULL;
     int64_t weights_step = t->global_step; /* of the weights that generate this round */
     int rc = COLT_OK;
+    if (t->rollout_func) return trainer_rollout_func_generate(t, r, seqs_out, lo, hi, err);
     bool from_pending = t->next.active;
     if (from_pending) {
         trainer_pending_join(t);
@@ -436,7 +447,7 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
  * [len, terminated, ids[L]] and with tools [mask[L], calls, failures] after. */
 static int share_completions(Trainer *t, Rollout *r, GenSequence *seqs, int lo, int hi, int rc, char *err) {
     const int G = t->cfg->num_generations, N = r->n_samples, L = t->cfg->max_completion_length, n_local = hi - lo;
-    const bool tools = t->tool_worker != NULL;
+    const bool tools = t->tool_worker != NULL || t->rollout_func != NULL; /* rollout_func: env_mask */
     const size_t W = (size_t)(L + 2) + (tools ? (size_t)(L + 2) : 0);
     int *send = xcalloc((size_t)n_local * W, sizeof(int)), *all = xcalloc((size_t)N * W, sizeof(int));
     float **sampling = xcalloc((size_t)n_local, sizeof(float *));
@@ -496,18 +507,19 @@ static int score_share(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     float *mine = xcalloc((size_t)n_local * (size_t)t->n_rewards + 1, sizeof(float));
     const int **ids = xmalloc(sizeof(int *) * (size_t)n_local);
     int *id_lens = xmalloc(sizeof(int) * (size_t)n_local);
-    /* with environments each sample's row is its own (its prompt with the observation) */
-    const bool environments = t->agent.rows != NULL;
+    /* with environments each sample's row is its own (its prompt with the observation), with rollout_func
+     * too (the dataset row with the function's extra fields) */
+    const bool own_rows = t->agent.rows != NULL, environments = own_rows && t->cfg->environment_factory;
     for (int j = 0; j < n_local; j++) {
         const int p = rollout_prompt_index(r->prompt_per_sample, lo + j, G);
         prompts[j] = r->prompt_text[p];
         completions[j] = r->samples[lo + j].text;
-        rows[j] = environments ? (size_t)j : r->rows[p];
+        rows[j] = own_rows ? (size_t)j : r->rows[p];
         ids[j] = r->samples[lo + j].completion;
         id_lens[j] = r->samples[lo + j].len;
     }
     json_t *const *messages = t->agent.n == n_local && n_local > 0 ? t->agent.messages : NULL;
-    int rc = trainer_score_completions(t, mine, environments ? t->agent.rows : t->data, rows, prompts, completions,
+    int rc = trainer_score_completions(t, mine, own_rows ? t->agent.rows : t->data, rows, prompts, completions,
                                        messages, ids, id_lens, n_local, environments, err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0)
@@ -729,7 +741,7 @@ static void move_group(Rollout *dst, int dst_p, Rollout *src, int src_p, int G) 
 static int fill_informative_groups(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     const TrainConfig *c = t->cfg;
     const int G = c->num_generations, N = c->generation_batch_size, P = N / G, bound = c->max_num_gen_batches;
-    r->prompt_per_sample = c->environment_factory != NULL;
+    r->prompt_per_sample = c->environment_factory != NULL || c->rollout_func != NULL;
     const int n_prompts = r->prompt_per_sample ? N : P;
     r->n_samples = N, r->n_prompts = n_prompts, r->n_funcs = t->n_rewards;
     r->rows = xcalloc((size_t)n_prompts, sizeof(size_t));

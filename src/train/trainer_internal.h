@@ -270,6 +270,12 @@ const json_t *trainer_tool_schemas(const Trainer *t);
  * messages. */
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
                            char *err);
+/* The same with the tools of worker, turns on server (NULL: this process's
+ * engine) and the conversations into a: async_generation's round in flight,
+ * on its thread (t is only read: tokenizer, settings). */
+int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
+                                GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err);
+void trainer_agent_conversations_free(AgentShare *a);
 void trainer_agent_share_free(Trainer *t);
 /* environment_factory: TRL's per-rollout prompts for this rank's n samples,
  * sample j of dataset row rows_of[j] of d: environment j (TRL's pool: one
@@ -282,6 +288,11 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
 /* The environment's get_reward() of this rank's samples [0, n): values[j]
  * (NaN: None). */
 int trainer_environment_rewards(Trainer *t, float *values, int n, char *err);
+/* A Python reward given environments=[...], run in the tool worker
+ * (tool_worker_reward_function); under tensor parallelism by the group's
+ * first rank, its rewards shared with the others. */
+int trainer_tool_reward_function(Trainer *t, double *rewards, bool *has, int n, const char *function,
+                                 const json_t *kwargs, const long *envs, double timeout_s, char *err);
 /* reward function k's name: the reward's, or the environment's class for its get_reward. */
 const char *trainer_reward_name(const Trainer *t, int k);
 

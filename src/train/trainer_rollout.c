@@ -58,7 +58,7 @@ static int python_reward_with_environments(Trainer *t, RewardFunc *r, float *val
     bool *has = xmalloc(sizeof(bool) * (size_t)n);
     long *envs = xmalloc(sizeof(long) * (size_t)n);
     for (int j = 0; j < n; j++) envs[j] = j;
-    int rc = tool_worker_reward_function(t->tool_worker, got, has, (size_t)n, function, kwargs, envs, timeout_s, err);
+    int rc = trainer_tool_reward_function(t, got, has, n, function, kwargs, envs, timeout_s, err);
     for (int j = 0; j < n && rc == 0; j++)
         rc = has[j] ? reward_store_value(r, values, j, got[j], err) : (values[j] = NAN, COLT_OK);
     json_decref(kwargs);

@@ -1853,9 +1853,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
         return errorf(err, "settings: environment_factory must name a Python class (\"envs.py:MathEnv\" or "
                            "\"module.Class\")");
     const bool agent = (c->tools && json_array_size(c->tools) > 0) || c->environment_factory;
-    if (agent && c->async_generation)
-        return errorf(err, "settings: tools with async_generation: the next round's conversations would call tools "
-                           "while this round trains, which colt does not do yet (set async_generation false)");
     if (c->vllm_structured_outputs_regex && agent)
         return errorf(err, "settings: vllm_structured_outputs_regex with tools is not supported (a regex over a "
                            "multi-turn completion and its tool results)");

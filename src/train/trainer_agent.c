@@ -70,7 +70,7 @@ static int group_share_json(Trainer *t, json_t **value, int rc, char *err) {
 }
 
 /* The worker: started by the leader, described to the others. */
-static int start_worker(Trainer *t, char *err) {
+static int start_worker(ToolWorker **out, Trainer *t, char *err) {
     const TrainConfig *c = t->cfg;
     size_t n = json_array_size(c->tools);
     int rc = COLT_OK;
@@ -78,12 +78,12 @@ static int start_worker(Trainer *t, char *err) {
     if (runs_tools(t)) {
         const char **names = xcalloc(n + 1, sizeof(char *));
         for (size_t i = 0; i < n; i++) names[i] = json_string_value(json_array_get(c->tools, i));
-        rc = tool_worker_start(&t->tool_worker, names, n, c->environment_factory, NULL, err);
+        rc = tool_worker_start(out, names, n, c->environment_factory, NULL, err);
         free(names);
-        if (rc == 0) description = tool_worker_description(t->tool_worker);
+        if (rc == 0) description = tool_worker_description(*out);
     }
     rc = group_share_json(t, &description, rc, err);
-    if (rc == 0 && !runs_tools(t)) rc = tool_worker_from_description(&t->tool_worker, description, err);
+    if (rc == 0 && !runs_tools(t)) rc = tool_worker_from_description(out, description, err);
     json_decref(description);
     return rc;
 }
@@ -96,7 +96,9 @@ int trainer_tools_start(Trainer *t, char *err) {
     if (!template_source) return errorf(err, "tools: %s's tokenizer has no chat template to render tools with", c->model);
     if (tool_calls_format_of_template(&t->tool_format, template_source, err) != 0)
         return error_prefix(err, "tools: %s's chat template", c->model);
-    int rc = start_worker(t, err);
+    int rc = start_worker(&t->tool_worker, t, err);
+    /* async_generation: the round in flight calls its own worker (trainer_server.c) */
+    if (rc == 0 && c->async_generation) rc = start_worker(&t->async_tool_worker, t, err);
     if (rc != 0) return error_prefix(err, "tools");
     if (json_array_size(tool_worker_schemas(t->tool_worker)) == 0)
         return errorf(err, "environment_factory: %s has no public method for the model to call (its tools), and no "
@@ -130,13 +132,20 @@ int trainer_tools_start(Trainer *t, char *err) {
     log_info0("tools: %zu (%s), rounds of calls per completion: %s, %g s per call", json_array_size(schemas),
               t->tool_format == TOOL_FORMAT_HERMES ? "<tool_call> JSON" : "Llama 3 JSON",
               c->max_tool_calling_iterations < 0 ? "no bound" : rounds, c->tool_timeout);
+    if (t->async_tool_worker)
+        log_info0("tools with async_generation: a second tool worker for the round generated while another trains "
+                  "(rounds alternate between the two, each with its own environment instances)");
+    if (tensor_parallel(t))
+        log_info0("tools with tensor parallelism: the first rank of each tensor-parallel group runs them and shares "
+                  "their results with its group");
     return COLT_OK;
 }
 
 void trainer_tools_stop(Trainer *t) {
     trainer_agent_share_free(t);
     tool_worker_free(t->tool_worker);
-    t->tool_worker = NULL;
+    tool_worker_free(t->async_tool_worker);
+    t->tool_worker = NULL, t->async_tool_worker = NULL;
 }
 
 const json_t *trainer_tool_schemas(const Trainer *t) {
@@ -204,13 +213,14 @@ void trainer_agent_conversations_free(AgentShare *a) {
     a->n = 0;
 }
 
-void trainer_agent_share_free(Trainer *t) {
-    AgentShare *a = &t->agent;
+void trainer_agent_share_clear(AgentShare *a) {
     trainer_agent_conversations_free(a);
     dataset_free(a->rows);
     json_decref(a->row_list);
     memset(a, 0, sizeof *a);
 }
+
+void trainer_agent_share_free(Trainer *t) { trainer_agent_share_clear(&t->agent); }
 
 int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
                                 GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {

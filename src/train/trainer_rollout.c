@@ -264,7 +264,7 @@ int trainer_choose_prompts(Trainer *t, Rollout *r, char *err) {
  * share), shared with every rank (rows of [length, ids], then the texts
  * padded to the longest): r's prompts become one per sample, rows[i] the
  * dataset row of sample i's group. */
-static int per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+int trainer_per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     const int G = t->cfg->num_generations, N = t->cfg->generation_batch_size, n_local = hi - lo;
     const size_t W = 1 + (size_t)t->max_prompt_tokens;
     size_t *rows_of = xcalloc((size_t)n_local + 1, sizeof(size_t));
@@ -386,13 +386,21 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         p->seqs = NULL;
         p->active = false;
         weights_step = p->weights_step;
+        if (p->worker) { /* tools: its conversations and worker become the round's, scored with them */
+            trainer_agent_share_free(t);
+            t->agent = p->agent;
+            memset(&p->agent, 0, sizeof p->agent);
+            t->async_tool_worker = t->tool_worker;
+            t->tool_worker = p->worker;
+            p->worker = NULL;
+        }
         /* the server's time on the round, most of it hidden behind the last round's training */
         metrics_add(&t->metrics, "time/server_generation", p->seconds);
         rc = p->rc;
         if (rc != 0) errorf(err, "%s", p->err);
     } else {
         if (trainer_choose_prompts(t, r, err) != 0) return COLT_ERR;
-        if (t->cfg->environment_factory && per_sample_prompts(t, r, lo, hi, err) != 0) return COLT_ERR;
+        if (t->cfg->environment_factory && trainer_per_sample_prompts(t, r, lo, hi, err) != 0) return COLT_ERR;
         seqs = trainer_local_sequences(t, r, t->round, lo, hi);
     }
     *seqs_out = seqs;

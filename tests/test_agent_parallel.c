@@ -280,17 +280,17 @@ static void test_async(Server *srv) {
         check_same_completions("one", "tools_async", 1, 1);
         compare_steps("one", "tools_async", 1, 1, 1e-6);
     }
-    json_t *m3 = step_metrics("tools_async", 2);
-    double lag = json_number_value(json_object_get(m3, "sampling/sampling_logp_difference/mean"));
-    CHECK(json_number_value(json_object_get(m3, "staleness")) == 1 && lag > 0 &&
-              json_number_value(json_object_get(m3, "tools/call_frequency")) > 0.5,
+    json_t *m2 = step_metrics("tools_async", 2);
+    double lag = json_number_value(json_object_get(m2, "sampling/sampling_logp_difference/mean"));
+    CHECK(json_number_value(json_object_get(m2, "staleness")) == 1 && lag > 0 &&
+              json_number_value(json_object_get(m2, "tools/call_frequency")) > 0.5,
           "tools_async step 2: staleness %g, sampling_logp_difference/mean %g, tools/call_frequency %g",
-          json_number_value(json_object_get(m3, "staleness")), lag,
-          json_number_value(json_object_get(m3, "tools/call_frequency")));
+          json_number_value(json_object_get(m2, "staleness")), lag,
+          json_number_value(json_object_get(m2, "tools/call_frequency")));
     printf("tools with async_generation: step 1 as one process's; step 2 generated one step behind "
            "(sampling_logp_difference/mean %.3g), tools/call_frequency %.3f\n",
-           lag, json_number_value(json_object_get(m3, "tools/call_frequency")));
-    json_decref(m3);
+           lag, json_number_value(json_object_get(m2, "tools/call_frequency")));
+    json_decref(m2);
 }
 
 int main(void) {

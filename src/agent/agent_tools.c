@@ -239,7 +239,7 @@ static int apply_outbox(AgentToolRunner *r, int *n_ready, char *err) {
     json_array_foreach(r->outbox, index, e) {
         int i = (int)json_integer_value(json_array_get(e, 0)), k = (int)json_integer_value(json_array_get(e, 1));
         if (i < 0 || i >= r->n || k < 0 || k >= r->convs[i].n_round || !r->convs[i].round[k].name ||
-            r->convs[i].round[k].content) {
+            r->convs[i].round[k].content || !json_is_string(json_array_get(e, 2))) {
             rc = errorf(err, "tools: an answer for call %d of conversation %d, which has no such call waiting", k, i);
             break;
         }

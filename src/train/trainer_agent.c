@@ -203,7 +203,7 @@ static int server_turns_step(void *ctx, const uint64_t **finished, int *n_finish
 }
 
 /* The conversations of the share (its rows stay: they were set before generation). */
-void trainer_agent_conversations_free(AgentShare *a) {
+static void free_conversations(AgentShare *a) {
     for (int i = 0; i < a->n; i++) {
         free(a->masks[i]);
         json_decref(a->messages[i]);
@@ -214,7 +214,7 @@ void trainer_agent_conversations_free(AgentShare *a) {
 }
 
 void trainer_agent_share_clear(AgentShare *a) {
-    trainer_agent_conversations_free(a);
+    free_conversations(a);
     dataset_free(a->rows);
     json_decref(a->row_list);
     memset(a, 0, sizeof *a);
@@ -224,7 +224,7 @@ void trainer_agent_share_free(Trainer *t) { trainer_agent_share_clear(&t->agent)
 
 int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
                                 GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {
-    trainer_agent_conversations_free(a);
+    free_conversations(a);
     AgentConversation *convs = xcalloc((size_t)(n > 0 ? n : 1), sizeof(AgentConversation));
     for (int i = 0; i < n; i++)
         convs[i] = (AgentConversation){.prompt = seqs[i].prompt, .prompt_len = seqs[i].prompt_len,

@@ -286,7 +286,6 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
  * on its thread (t is only read: tokenizer, settings). */
 int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
                                 GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err);
-void trainer_agent_conversations_free(AgentShare *a);
 void trainer_agent_share_clear(AgentShare *a); /* conversations and rows */
 void trainer_agent_share_free(Trainer *t);
 /* environment_factory: the round's prompts in r become one per sample, each

@@ -29,9 +29,10 @@ static void *pending_main(void *arg) {
     return NULL;
 }
 
-/* environment_factory: the pending round's environments are reset now, on
- * this thread, in its own worker (the round being scored keeps its
- * instances in the other), its rows kept in p->agent. */
+/* environment_factory: the pending round's environments are reset at its
+ * launch, on the main thread (trainer_per_sample_prompts gathers over the
+ * ranks), in its own worker: the round being scored keeps its instances in
+ * the other. Its rows go to p->agent; the trainer's own are put back. */
 static int pending_environment_prompts(Trainer *t, PendingRound *p, int lo, int hi, char *err) {
     AgentShare kept = t->agent;
     ToolWorker *kept_worker = t->tool_worker;

@@ -19,8 +19,8 @@
  *      resume from checkpoint-1 (its round in flight is not saved: taken again) gives steps 2-3 again. With
  *      learning it generates step 1 as the synchronous run does and later rounds one step stale.
  * Under the sanitizers (build-asan) only the first tensor-parallel run, the raising one and the first async
- * run (multi-rank runs are 5-10x slower there). Exits 77 (skipped) without python3 and transformers (the tool worker needs
- * them) or without mpirun (then only part 2). */
+ * run (multi-rank runs are 5-10x slower there). Exits 77 (skipped) without python3 and transformers (the
+ * tool worker needs them); without mpirun only part 2 runs. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -134,7 +134,8 @@ static double compare_steps(const char *ref, const char *dir, int from, int step
             }
         }
         for (size_t k = 0; rel_tol >= 0 && k < sizeof CLOSE / sizeof *CLOSE; k++) {
-            double x = json_number_value(json_object_get(a, CLOSE[k])), y = json_number_value(json_object_get(b, CLOSE[k]));
+            double x = json_number_value(json_object_get(a, CLOSE[k]));
+            double y = json_number_value(json_object_get(b, CLOSE[k]));
             double rel = fabs(x - y) / fmax(fabs(x), 1e-12);
             compared++;
             if (rel > worst) worst = rel;
@@ -176,14 +177,14 @@ static void test_tensor_parallel(void) {
                   strstr(text, "{'error': 'integer division or modulo by zero'}"),
               "tp2: the hanging and raising tools' errors are not in the conversations");
         free(text);
-        printf("tools, tensor_parallel_size 2 vs one process, 2 steps: rewards and tool metrics equal, loss / entropy / "
-               "grad_norm within %.2g relative\n", worst);
+        printf("tools, tensor_parallel_size 2 vs one process, 2 steps: rewards and tool metrics equal, loss / "
+               "entropy / grad_norm within %.2g relative\n", worst);
     }
 
     /* the leader's failure is the group's: a Python reward given environments= raises in its worker */
     char extra[600];
-    snprintf(extra, sizeof extra, "--max_steps 1 --tensor_parallel_size 2 --reward_funcs '[\"%s/raising_reward.py:boom\"]'",
-             g_tmp);
+    snprintf(extra, sizeof extra,
+             "--max_steps 1 --tensor_parallel_size 2 --reward_funcs '[\"%s/raising_reward.py:boom\"]'", g_tmp);
     sh("printf 'def boom(completions, environments, **kwargs):\\n    raise ValueError(\"boom on the leader\")\\n' > "
        "%s/raising_reward.py", g_tmp);
     double t0 = now_s();

@@ -577,7 +577,8 @@ int tool_worker_from_description(ToolWorker **out, const json_t *description, ch
     w->python = xstrdup("");
     w->schemas = json_deep_copy(tools);
     w->async_tools = json_deep_copy(json_object_get(description, "async_tools"));
-    const json_t *methods = json_object_get(description, "methods"), *async = json_object_get(description, "async_methods");
+    const json_t *methods = json_object_get(description, "methods");
+    const json_t *async = json_object_get(description, "async_methods");
     w->methods = json_is_array(methods) ? json_deep_copy(methods) : NULL;
     w->async_methods = json_is_array(async) ? json_deep_copy(async) : NULL;
     w->environment_name = json_is_string(env) ? xstrdup(json_string_value(env)) : NULL;

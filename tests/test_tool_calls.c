@@ -242,6 +242,12 @@ static void test_worker_killed(ToolWorker *w) {
     CHECK(took > 0.55 && took < 3, "killed after %.2f s (limit 0.3 s + grace 0.3 s)", took);
     CHECK(tool_worker_pid(w) == 0 && kill(pid, 0) != 0, "the stuck worker (pid %d) is gone", pid);
     json_t *args = json_pack("{s:i, s:i, s:s}", "a", 6, "b", 7, "op", "*");
+    /* async_generation's thread may not restart it (a process forked there would die with the thread) */
+    tool_worker_allow_restart(w, false);
+    CHECK(tool_worker_call(w, &content, &failed, "calculator", args, -1, 5, err) != 0 && !content &&
+              strstr(err, "lost earlier in this round") && tool_worker_pid(w) == 0,
+          "a call with restarts off after the kill: %s", content ? content : err);
+    tool_worker_allow_restart(w, true);
     CHECK(tool_worker_call(w, &content, &failed, "calculator", args, -1, 5, err) == 0 && content &&
               !strcmp(content, "42") && !failed, "a call after the kill runs on a new worker: %s", content ? content : err);
     CHECK(tool_worker_pid(w) > 0 && tool_worker_pid(w) != pid, "a new worker runs");
@@ -297,6 +303,35 @@ static void test_worker(const json_t *goldens, Tokenizer *qwen, Tokenizer *llama
     }
     CHECK(tool_worker_environment_name(w) && !strcmp(tool_worker_environment_name(w), "MathEnv") &&
               tool_worker_environment_has_reward(w), "environment MathEnv with get_reward");
+    /* tensor parallelism: the group's other ranks hold a worker made from the leader's description */
+    json_t *description = tool_worker_description(w);
+    ToolWorker *described = NULL;
+    CHECK(tool_worker_from_description(&described, description, err) == 0, "from_description: %s", err);
+    if (described) {
+        long request = -1;
+        CHECK(json_equal((json_t *)tool_worker_schemas(described), (json_t *)schemas) &&
+                  !strcmp(tool_worker_environment_name(described), "MathEnv") &&
+                  tool_worker_environment_has_reward(described) && tool_worker_pid(described) == 0,
+              "a described worker has the leader's schemas and environment, and no process");
+        int same_async = 0;
+        for (size_t i = 0; i < json_array_size(schemas); i++) {
+            const char *name = json_string_value(
+                json_object_get(json_object_get(json_array_get(schemas, i), "function"), "name"));
+            for (int with_env = 0; with_env < 2; with_env++)
+                same_async += tool_worker_is_async(described, name, with_env) == tool_worker_is_async(w, name, with_env);
+        }
+        CHECK(same_async == 2 * (int)json_array_size(schemas) && tool_worker_is_async(described, "weather", false),
+              "a described worker knows which tools are async as the leader does (%d of %zu)", same_async,
+              2 * json_array_size(schemas));
+        CHECK(tool_worker_submit_call(described, &request, "calculator", NULL, -1, 5, err) != 0 &&
+                  strstr(err, "its tensor-parallel group's first rank does"), "a described worker runs nothing: %s", err);
+        tool_worker_free(described);
+    }
+    json_decref(description);
+    json_t *no_tools = json_pack("{s:n}", "tools");
+    CHECK(tool_worker_from_description(&described, no_tools, err) != 0 && !described && strstr(err, "no tools"),
+          "a description without tools: %s", err);
+    json_decref(no_tools);
 
     CHECK(tool_worker_is_async(w, "weather", false) && !tool_worker_is_async(w, "calculator", true) &&
               !tool_worker_is_async(w, "add", true) && !tool_worker_is_async(w, "teleport", false),

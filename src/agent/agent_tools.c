@@ -26,11 +26,14 @@ typedef struct Conversation {
     size_t n_suffix;
 } Conversation;
 
+/* An answer to apply: [conversation, call, content, failed, raised_on_call]. The worker's answers and the
+ * failed submits become these first, so that a tensor-parallel group's leader can share them as they are. */
 struct AgentToolRunner {
     AgentToolsOptions o;
     Conversation *convs;
     int n;
     AgentToolResult *ready;
+    json_t *outbox; /* answers taken and not applied yet */
 };
 
 AgentToolRunner *agent_tool_runner_create(const AgentToolsOptions *o, int n) {
@@ -40,6 +43,7 @@ AgentToolRunner *agent_tool_runner_create(const AgentToolsOptions *o, int n) {
     r->convs = xcalloc((size_t)(n > 0 ? n : 1), sizeof(Conversation));
     r->ready = xcalloc((size_t)(n > 0 ? n : 1), sizeof(AgentToolResult));
     for (int i = 0; i < n; i++) r->convs[i].messages = json_array();
+    r->outbox = json_array();
     return r;
 }
 
@@ -59,6 +63,7 @@ void agent_tool_runner_free(AgentToolRunner *r) {
     }
     free(r->convs);
     free(r->ready);
+    json_decref(r->outbox);
     free(r);
 }
 
@@ -80,6 +85,12 @@ static char *error_text(const char *message) {
     snprintf(text, n, "{'error': '%.*s'}", (int)(strlen(quoted) - 2), quoted + 1);
     free(quoted);
     return text;
+}
+
+static bool runs_tools(const AgentToolRunner *r) { return !r->o.group || r->o.group->leader; }
+
+static void take_answer(AgentToolRunner *r, int i, int k, const char *content, bool failed, bool raised_on_call) {
+    json_array_append_new(r->outbox, json_pack("[i, i, s, b, b]", i, k, content, failed, raised_on_call));
 }
 
 static void answer(Conversation *c, RoundCall *call, char *content, bool failed) {
@@ -115,10 +126,15 @@ static int turn_ended(void *ctx, int i, const int *context, int n_context, const
         call->name = xstrdup(name ? name : "unknown");
         call->async = tool_worker_is_async(r->o.worker, call->name, r->o.environments);
         c->calls++;
+        call->request = -2; /* not submitted on this rank: its group's leader runs it */
         char why[ERR_LEN];
-        if (tool_worker_submit_call(r->o.worker, &call->request, call->name, json_object_get(function, "arguments"),
-                                    r->o.environments ? i : -1, r->o.timeout_s, why) != 0)
-            answer(c, call, error_text(why), true); /* the model is told, as for any failing call */
+        if (runs_tools(r) &&
+            tool_worker_submit_call(r->o.worker, &call->request, call->name, json_object_get(function, "arguments"),
+                                    r->o.environments ? i : -1, r->o.timeout_s, why) != 0) {
+            char *text = error_text(why); /* the model is told, as for any failing call */
+            take_answer(r, i, (int)k, text, true, false);
+            free(text);
+        }
     }
     *called = true;
     return COLT_OK;
@@ -157,18 +173,9 @@ static bool find_request(AgentToolRunner *r, long request, int *conv, int *index
     return false;
 }
 
-static int poll_results(void *ctx, double wait_s, const AgentToolResult **ready, int *n_ready, char *err) {
-    AgentToolRunner *r = ctx;
-    *n_ready = 0;
-    /* rounds whose calls all failed to submit are complete already */
-    for (int i = 0; i < r->n; i++) {
-        Conversation *c = &r->convs[i];
-        if (c->n_round > 0 && c->n_answered == c->n_round) {
-            if (finish_round(r, i, err) != 0) return error_prefix(err, "conversation %d", i);
-            r->ready[(*n_ready)++] = (AgentToolResult){.conversation = i, .ids = c->suffix, .n = (int)c->n_suffix};
-        }
-    }
-    double wait = *n_ready ? 0.0 : wait_s;
+/* The worker's answers (waiting up to wait_s for the first) into the outbox. */
+static int collect_answers(AgentToolRunner *r, double wait_s, char *err) {
+    double wait = json_array_size(r->outbox) ? 0.0 : wait_s;
     int worker_failures = 0;
     for (;;) {
         long request = -1;
@@ -181,29 +188,87 @@ static int poll_results(void *ctx, double wait_s, const AgentToolResult **ready,
             wait = 0;
             continue;
         }
-        if (got == 0) break;
+        if (got == 0) return COLT_OK;
         wait = 0;
         int i, k;
         if (!find_request(r, request, &i, &k)) {
             json_decref(ans);
             continue; /* not a call of ours (the worker's other requests) */
         }
-        Conversation *c = &r->convs[i];
+        r->convs[i].round[k].request = -1; /* taken: answered once applied */
         const char *content = json_string_value(json_object_get(ans, "content"));
-        const char *error = json_string_value(json_object_get(ans, "error"));
+        char *text = content ? NULL : error_text(json_string_value(json_object_get(ans, "error")));
         /* an async tool that raised when called (wrong arguments): TRL appends that error in call order with
          * the sync results, not with the awaited ones */
-        if (json_is_true(json_object_get(ans, "raised_on_call"))) c->round[k].async = false;
-        if (content) answer(c, &c->round[k], xstrdup(content), json_is_true(json_object_get(ans, "failed")));
-        else answer(c, &c->round[k], error_text(error), true);
+        take_answer(r, i, k, content ? content : text, content ? json_is_true(json_object_get(ans, "failed")) : true,
+                    json_is_true(json_object_get(ans, "raised_on_call")));
+        free(text);
         json_decref(ans);
+    }
+}
+
+/* Under tensor parallelism the leader's outbox becomes every rank's (or its failure every rank's error). */
+static int share_outbox(AgentToolRunner *r, int rc, char *err) {
+    const AgentToolsGroup *g = r->o.group;
+    char *bytes = NULL;
+    size_t n = 0;
+    if (g->leader && rc == 0) {
+        bytes = json_dumps(r->outbox, JSON_COMPACT);
+        n = strlen(bytes);
+    }
+    rc = g->share(g->ctx, &bytes, &n, rc, err);
+    if (rc == 0 && !g->leader) {
+        json_error_t je;
+        json_decref(r->outbox);
+        r->outbox = json_loadb(bytes, n, 0, &je);
+        if (!json_is_array(r->outbox)) {
+            json_decref(r->outbox);
+            r->outbox = json_array();
+            rc = errorf(err, "tools: the group leader's tool results do not parse: %s", je.text);
+        }
+    }
+    free(bytes);
+    return rc;
+}
+
+/* Applies the outbox in order; each round it completes is rendered and ready. */
+static int apply_outbox(AgentToolRunner *r, int *n_ready, char *err) {
+    size_t index;
+    json_t *e;
+    int rc = COLT_OK;
+    json_array_foreach(r->outbox, index, e) {
+        int i = (int)json_integer_value(json_array_get(e, 0)), k = (int)json_integer_value(json_array_get(e, 1));
+        if (i < 0 || i >= r->n || k < 0 || k >= r->convs[i].n_round || !r->convs[i].round[k].name ||
+            r->convs[i].round[k].content || !json_is_string(json_array_get(e, 2))) {
+            rc = errorf(err, "tools: an answer for call %d of conversation %d, which has no such call waiting", k, i);
+            break;
+        }
+        Conversation *c = &r->convs[i];
+        if (json_is_true(json_array_get(e, 4))) c->round[k].async = false;
+        answer(c, &c->round[k], xstrdup(json_string_value(json_array_get(e, 2))), json_is_true(json_array_get(e, 3)));
         if (c->n_answered == c->n_round) {
-            if (finish_round(r, i, err) != 0) return error_prefix(err, "conversation %d", i);
+            if ((rc = finish_round(r, i, err)) != 0) {
+                error_prefix(err, "conversation %d", i);
+                break;
+            }
             r->ready[(*n_ready)++] = (AgentToolResult){.conversation = i, .ids = c->suffix, .n = (int)c->n_suffix};
         }
     }
+    json_array_clear(r->outbox);
+    return rc;
+}
+
+static int poll_results(void *ctx, double wait_s, const AgentToolResult **ready, int *n_ready, char *err) {
+    AgentToolRunner *r = ctx;
+    *n_ready = 0;
     *ready = r->ready;
-    return COLT_OK;
+    int rc = runs_tools(r) ? collect_answers(r, wait_s, err) : COLT_OK;
+    if (r->o.group) rc = share_outbox(r, rc, err);
+    if (rc != 0) {
+        json_array_clear(r->outbox);
+        return COLT_ERR;
+    }
+    return apply_outbox(r, n_ready, err);
 }
 
 static void results_dropped(void *ctx, int i) {

@@ -23,6 +23,20 @@
 #include "agent/tool_worker.h"
 #include "tokenizer/tokenizer.h"
 
+/* Tensor parallelism: the ranks of a group run one engine together, so they
+ * must take the same results at the same moments. The leader alone runs the
+ * worker; at each poll it shares the answers it took (their conversation,
+ * call, text and failure), and every rank, the leader too, applies exactly
+ * those: the same suffix ids at the same loop step everywhere. */
+typedef struct AgentToolsGroup {
+    void *ctx;
+    bool leader;
+    /* Collective over the group: the leader's bytes[n] to every rank (the
+     * others' *bytes malloc'd, the caller's to free); a leader that failed
+     * (rc != 0, err its reason) makes it every rank's error. Bounded. */
+    int (*share)(void *ctx, char **bytes, size_t *n, int rc, char *err);
+} AgentToolsGroup;
+
 typedef struct AgentToolsOptions {
     const Tokenizer *tok;
     const char *template_source;        /* the chat template TRL renders with (tool_calls.h) */
@@ -33,6 +47,7 @@ typedef struct AgentToolsOptions {
     /* environment_factory: conversation i's calls go to environment i (reset
      * by the caller), whose methods are tools of that conversation alone */
     bool environments;
+    const AgentToolsGroup *group;       /* NULL: this rank alone (no tensor parallelism) */
 } AgentToolsOptions;
 
 typedef struct AgentToolRunner AgentToolRunner;

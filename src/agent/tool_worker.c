@@ -47,6 +47,8 @@ struct ToolWorker {
     size_t n_pending, cap_pending;
     Ready *ready;
     size_t n_ready, cap_ready;
+    bool remote;        /* made from a description: the tools run in another rank's worker */
+    bool no_restart;    /* a worker lost now stays lost (tool_worker_allow_restart) */
 };
 
 static double now_s(void) {
@@ -377,6 +379,11 @@ int tool_worker_poll(ToolWorker *w, long *request, json_t **answer, double wait_
 
 static int submit(ToolWorker *w, long *request, json_t *req, const char *tool, double timeout_s, long env, char *err) {
     *request = -1;
+    if (w->remote || (!w->process && w->no_restart)) {
+        json_decref(req);
+        return errorf(err, w->remote ? "this rank runs no tools: its tensor-parallel group's first rank does"
+                                     : "the tool worker was lost earlier in this round; it restarts for the next");
+    }
     if (!w->process && launch(w, err) != 0) {
         json_decref(req);
         return error_prefix(err, "restarting the tool worker");
@@ -551,3 +558,37 @@ int tool_worker_reward_function(ToolWorker *w, double *rewards, bool *has, size_
 int tool_worker_python_spec(json_t **out, const char *text, const char *key, const char *what, char *err) {
     return spec_from_text(out, text, key, what, err);
 }
+
+/* ---------------------------------------------------------------------------
+ * Another rank's worker
+ * ------------------------------------------------------------------------- */
+
+json_t *tool_worker_description(const ToolWorker *w) {
+    return json_pack("{s:O, s:O, s:O, s:O, s:o, s:b}", "tools", w->schemas, "async_tools", w->async_tools,
+                     "methods", w->methods ? w->methods : json_null(), "async_methods",
+                     w->async_methods ? w->async_methods : json_null(), "environment",
+                     w->environment_name ? json_string(w->environment_name) : json_null(), "has_reward",
+                     w->environment_reward);
+}
+
+int tool_worker_from_description(ToolWorker **out, const json_t *description, char *err) {
+    *out = NULL;
+    const json_t *tools = json_object_get(description, "tools"), *env = json_object_get(description, "environment");
+    if (!json_is_array(tools) || !json_is_array(json_object_get(description, "async_tools")))
+        return errorf(err, "tools: the description of the group leader's tool worker has no tools");
+    ToolWorker *w = xcalloc(1, sizeof *w);
+    w->remote = true;
+    w->python = xstrdup("");
+    w->schemas = json_deep_copy(tools);
+    w->async_tools = json_deep_copy(json_object_get(description, "async_tools"));
+    const json_t *methods = json_object_get(description, "methods");
+    const json_t *async = json_object_get(description, "async_methods");
+    w->methods = json_is_array(methods) ? json_deep_copy(methods) : NULL;
+    w->async_methods = json_is_array(async) ? json_deep_copy(async) : NULL;
+    w->environment_name = json_is_string(env) ? xstrdup(json_string_value(env)) : NULL;
+    w->environment_reward = json_is_true(json_object_get(description, "has_reward"));
+    *out = w;
+    return 0;
+}
+
+void tool_worker_allow_restart(ToolWorker *w, bool allowed) { w->no_restart = !allowed; }

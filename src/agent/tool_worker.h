@@ -23,10 +23,12 @@
  * error, and starts a new worker at the next request: environments are then
  * lost (a call naming one answers an error until it is reset again).
  *
- * Threads: a ToolWorker is used from one thread, and that thread must live as
- * long as the worker (the trainer's main thread): the worker process is tied
- * to the thread that forks it (PR_SET_PDEATHSIG, see data/reward_process.c),
- * and a restart after a kill forks from the thread that submits.
+ * Threads: a ToolWorker is used from one thread at a time, and the thread
+ * that starts it must live as long as the worker (the trainer's main thread):
+ * the worker process is tied to the thread that forks it (PR_SET_PDEATHSIG,
+ * see data/reward_process.c), and a restart after a kill forks from the
+ * thread that submits (tool_worker_allow_restart keeps a shorter-lived
+ * thread from restarting it).
  *
  * Not here: the multi-turn loop (the engine's), parsing calls (tool_calls.h),
  * TRL's dict of environments (environment_factory={"name": cls, ...}). */
@@ -120,5 +122,20 @@ int tool_worker_reward_function(ToolWorker *w, double *rewards, bool *has, size_
  * absolute path or null, "module": name or null, key: NAME, "display": text}.
  * Errors start with `what` (rollout_func's worker names its function so too). */
 int tool_worker_python_spec(json_t **out, const char *text, const char *key, const char *what, char *err);
+
+/* ---- tensor parallelism: one worker per group -------------------------------
+ * The group's first rank runs the worker; the others need what it knows of
+ * the tools (schemas, which are async, the environment class) to render
+ * prompts and parse calls as it does. tool_worker_description: that as JSON
+ * (new reference); tool_worker_from_description: a worker without a process
+ * made from it, whose submits fail (its group's first rank runs the tools). */
+json_t *tool_worker_description(const ToolWorker *w);
+int tool_worker_from_description(ToolWorker **out, const json_t *description, char *err);
+
+/* allowed false: a worker killed or crashed from now on is not started again
+ * at the next request, which fails instead (the calls then get an error
+ * text). For a worker used from a thread that ends before the worker should
+ * (async_generation's): a process started there would die with the thread. */
+void tool_worker_allow_restart(ToolWorker *w, bool allowed);
 
 #endif

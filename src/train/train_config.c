@@ -1885,14 +1885,6 @@ int train_config_finalize(TrainConfig *c, char *err) {
                                "function's completions are its own)");
     }
     const bool agent = (c->tools && json_array_size(c->tools) > 0) || c->environment_factory;
-    if (agent && c->tensor_parallel_size > 1)
-        return errorf(err, "settings: tools with tensor_parallel_size %d: each rank of a tensor-parallel group would "
-                           "run the tools and take their results at its own moments, and the group's engine steps "
-                           "must match; not supported yet (train with data parallelism, or vllm_mode server with "
-                           "a tensor-parallel colt serve)", c->tensor_parallel_size);
-    if (agent && c->async_generation)
-        return errorf(err, "settings: tools with async_generation: the next round's conversations would call tools "
-                           "while this round trains, which colt does not do yet (set async_generation false)");
     if (c->vllm_structured_outputs_regex && agent)
         return errorf(err, "settings: vllm_structured_outputs_regex with tools is not supported (a regex over a "
                            "multi-turn completion and its tool results)");

@@ -17,6 +17,77 @@
 #include "core/log.h"
 #include "train/trainer_internal.h"
 
+/* ---------------------------------------------------------------- tensor parallelism
+ * The ranks of a tensor-parallel group run one engine together, so they must see the same tool results at
+ * the same loop steps: the group's first rank (its leader) alone runs the tool worker (tools, environments,
+ * their rewards) and shares what it got; the others hold a worker made from its description (schemas, the
+ * environment's name), which runs nothing. Data parallel x tensor parallel: a leader and a worker per group. */
+
+static bool tensor_parallel(const Trainer *t) { return t->mesh.groups.tensor_parallel_size > 1; }
+static bool runs_tools(const Trainer *t) { return !tensor_parallel(t) || t->mesh.groups.tensor_parallel_rank == 0; }
+
+/* AgentToolsGroup.share over the tensor-parallel group: a header (failed, length), then the bytes (the
+ * leader's, or its error). A collective that fails or times out ends the job, as train_dist_agree does. */
+static int group_share(void *ctx, char **bytes, size_t *n, int rc, char *err) {
+    Trainer *t = ctx;
+    Comm *tp = t->mesh.groups.tp;
+    const bool leader = runs_tools(t);
+    int64_t head[2] = {rc != 0, 0};
+    if (leader) head[1] = (int64_t)(rc != 0 ? strlen(err) : *n);
+    char comm_err[ERR_LEN];
+    if (comm_broadcast(tp, head, 2, COMM_INT64, 0, NULL, comm_err) != 0) comm_abort(tp, comm_err);
+    char *buf = leader ? (rc != 0 ? err : *bytes) : xmalloc((size_t)head[1] + 1);
+    if (head[1] > 0 && comm_broadcast(tp, buf, (size_t)head[1], COMM_BYTE, 0, NULL, comm_err) != 0)
+        comm_abort(tp, comm_err);
+    if (leader) return rc != 0 ? COLT_ERR : COLT_OK;
+    buf[head[1]] = '\0';
+    if (head[0]) {
+        errorf(err, "the tensor-parallel group's first rank, which runs its tools: %s", buf);
+        free(buf);
+        return COLT_ERR;
+    }
+    *bytes = buf, *n = (size_t)head[1];
+    return COLT_OK;
+}
+
+/* The leader's JSON value (or its failure) to every rank of the group: *value a new reference everywhere. */
+static int group_share_json(Trainer *t, json_t **value, int rc, char *err) {
+    if (!tensor_parallel(t)) return rc;
+    char *bytes = NULL;
+    size_t n = 0;
+    if (runs_tools(t) && rc == 0) {
+        bytes = json_dumps(*value, JSON_COMPACT | JSON_ENCODE_ANY);
+        n = strlen(bytes);
+    }
+    rc = group_share(t, &bytes, &n, rc, err);
+    if (rc == 0 && !runs_tools(t)) {
+        json_error_t je;
+        *value = json_loadb(bytes, n, JSON_DECODE_ANY, &je);
+        if (!*value) rc = errorf(err, "tools: the group leader's answer does not parse: %s", je.text);
+    }
+    free(bytes);
+    return rc;
+}
+
+/* The worker: started by the leader, described to the others. */
+static int start_worker(ToolWorker **out, Trainer *t, char *err) {
+    const TrainConfig *c = t->cfg;
+    size_t n = json_array_size(c->tools);
+    int rc = COLT_OK;
+    json_t *description = NULL;
+    if (runs_tools(t)) {
+        const char **names = xcalloc(n + 1, sizeof(char *));
+        for (size_t i = 0; i < n; i++) names[i] = json_string_value(json_array_get(c->tools, i));
+        rc = tool_worker_start(out, names, n, c->environment_factory, NULL, err);
+        free(names);
+        if (rc == 0) description = tool_worker_description(*out);
+    }
+    rc = group_share_json(t, &description, rc, err);
+    if (rc == 0 && !runs_tools(t)) rc = tool_worker_from_description(out, description, err);
+    json_decref(description);
+    return rc;
+}
+
 int trainer_tools_start(Trainer *t, char *err) {
     const TrainConfig *c = t->cfg;
     size_t n = json_array_size(c->tools);
@@ -25,10 +96,9 @@ int trainer_tools_start(Trainer *t, char *err) {
     if (!template_source) return errorf(err, "tools: %s's tokenizer has no chat template to render tools with", c->model);
     if (tool_calls_format_of_template(&t->tool_format, template_source, err) != 0)
         return error_prefix(err, "tools: %s's chat template", c->model);
-    const char **names = xcalloc(n, sizeof(char *));
-    for (size_t i = 0; i < n; i++) names[i] = json_string_value(json_array_get(c->tools, i));
-    int rc = tool_worker_start(&t->tool_worker, names, n, c->environment_factory, NULL, err);
-    free(names);
+    int rc = start_worker(&t->tool_worker, t, err);
+    /* async_generation: the round in flight calls its own worker (trainer_server.c) */
+    if (rc == 0 && c->async_generation) rc = start_worker(&t->async_tool_worker, t, err);
     if (rc != 0) return error_prefix(err, "tools");
     if (json_array_size(tool_worker_schemas(t->tool_worker)) == 0)
         return errorf(err, "environment_factory: %s has no public method for the model to call (its tools), and no "
@@ -62,13 +132,20 @@ int trainer_tools_start(Trainer *t, char *err) {
     log_info0("tools: %zu (%s), rounds of calls per completion: %s, %g s per call", json_array_size(schemas),
               t->tool_format == TOOL_FORMAT_HERMES ? "<tool_call> JSON" : "Llama 3 JSON",
               c->max_tool_calling_iterations < 0 ? "no bound" : rounds, c->tool_timeout);
+    if (t->async_tool_worker)
+        log_info0("tools with async_generation: a second tool worker for the round generated while another trains "
+                  "(rounds alternate between the two, each with its own environment instances)");
+    if (tensor_parallel(t))
+        log_info0("tools with tensor parallelism: the first rank of each tensor-parallel group runs them and shares "
+                  "their results with its group");
     return COLT_OK;
 }
 
 void trainer_tools_stop(Trainer *t) {
     trainer_agent_share_free(t);
     tool_worker_free(t->tool_worker);
-    t->tool_worker = NULL;
+    tool_worker_free(t->async_tool_worker);
+    t->tool_worker = NULL, t->async_tool_worker = NULL;
 }
 
 const json_t *trainer_tool_schemas(const Trainer *t) {
@@ -136,32 +213,35 @@ static void free_conversations(AgentShare *a) {
     a->n = 0;
 }
 
-void trainer_agent_share_free(Trainer *t) {
-    AgentShare *a = &t->agent;
+void trainer_agent_share_clear(AgentShare *a) {
     free_conversations(a);
     dataset_free(a->rows);
     json_decref(a->row_list);
     memset(a, 0, sizeof *a);
 }
 
-int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
-                           char *err) {
-    free_conversations(&t->agent);
+void trainer_agent_share_free(Trainer *t) { trainer_agent_share_clear(&t->agent); }
+
+int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
+                                GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {
+    free_conversations(a);
     AgentConversation *convs = xcalloc((size_t)(n > 0 ? n : 1), sizeof(AgentConversation));
     for (int i = 0; i < n; i++)
         convs[i] = (AgentConversation){.prompt = seqs[i].prompt, .prompt_len = seqs[i].prompt_len,
                                        .stream = seqs[i].stream};
     AgentToolsOptions to = {.tok = t->tok, .template_source = tokenizer_chat_template(t->tok),
                             .chat_template_kwargs = t->cfg->chat_template_kwargs, .format = t->tool_format,
-                            .worker = t->tool_worker, .timeout_s = t->cfg->tool_timeout,
+                            .worker = worker, .timeout_s = t->cfg->tool_timeout,
                             .environments = t->cfg->environment_factory != NULL};
+    AgentToolsGroup group = {.ctx = (void *)t, .leader = runs_tools(t), .share = group_share};
+    if (tensor_parallel(t)) to.group = &group;
     AgentToolRunner *runner = agent_tool_runner_create(&to, n);
     AgentTools handler = agent_tool_runner_handler(runner);
     AgentLoopOptions lo = {.max_tool_calling_iterations = t->cfg->max_tool_calling_iterations};
     int rc;
-    if (t->server) {
+    if (server) {
         size_t each = (size_t)(n > 0 ? n : 1);
-        ServerTurns s = {.client = t->server, .vocab_size = model_config(t->model)->vocab_size, .opt = *go,
+        ServerTurns s = {.client = server, .vocab_size = model_config(t->model)->vocab_size, .opt = *go,
                          .queued = xcalloc(each, sizeof(GenSequence *)), .budgets = xcalloc(each, sizeof(int)),
                          .ids = xcalloc(each, sizeof(uint64_t)), .finished = xcalloc(each, sizeof(uint64_t)),
                          .wave = xcalloc(each, sizeof(GenSequence))};
@@ -172,7 +252,6 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
     } else {
         rc = agent_generate(t->model, convs, n, go, &t->engine_opts, &handler, &lo, es, err);
     }
-    AgentShare *a = &t->agent;
     if (rc == 0) {
         a->n = n;
         a->masks = xcalloc((size_t)(n > 0 ? n : 1), sizeof(uint8_t *));
@@ -193,6 +272,11 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
     free(convs);
     agent_tool_runner_free(runner);
     return rc;
+}
+
+int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
+                           char *err) {
+    return trainer_agent_generate_with(t, t->tool_worker, t->server, &t->agent, seqs, n, go, es, err);
 }
 
 /* ---------------------------------------------------------------- environments */
@@ -253,18 +337,43 @@ static int wait_all(ToolWorker *w, const long *requests, json_t **answers, int n
     return COLT_OK;
 }
 
+/* The answers to one environment request per sample j in [0, n) (d given: reset environment j with row
+ * rows_of[j] of d; else its get_reward), all at once, made by the leader and shared with its group:
+ * answers[j] a new reference on every rank. */
+static int environment_answers(Trainer *t, json_t **answers, int n, Dataset *d, const size_t *rows_of, char *err) {
+    int rc = COLT_OK;
+    if (runs_tools(t)) {
+        long *requests = xcalloc((size_t)n + 1, sizeof(long));
+        /* every request at once (they run in parallel in the worker; environments are made in this order) */
+        for (int j = 0; j < n && rc == 0; j++)
+            rc = d ? tool_worker_submit_reset(t->tool_worker, &requests[j], j, dataset_row(d, rows_of[j]), err)
+                   : tool_worker_submit_reward(t->tool_worker, &requests[j], j, err);
+        if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
+        free(requests);
+    }
+    if (!tensor_parallel(t)) return rc;
+    json_t *list = NULL;
+    if (runs_tools(t) && rc == 0) {
+        list = json_array();
+        for (int j = 0; j < n; j++) json_array_append(list, answers[j]);
+    }
+    rc = group_share_json(t, &list, rc, err);
+    if (rc == 0 && !runs_tools(t)) {
+        if (json_array_size(list) != (size_t)n)
+            rc = errorf(err, "tools: the group leader answered %zu environments, not %d", json_array_size(list), n);
+        for (int j = 0; j < n && rc == 0; j++) answers[j] = json_incref(json_array_get(list, j));
+    }
+    json_decref(list);
+    return rc;
+}
+
 int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const size_t *rows_of, int n, int **ids,
                                 int *lens, char **texts, char *err) {
     trainer_agent_share_free(t);
     const TrainConfig *c = t->cfg;
     const char *column = c->dataset_prompt_column ? c->dataset_prompt_column : "prompt";
-    long *requests = xcalloc((size_t)n + 1, sizeof(long));
     json_t **answers = xcalloc((size_t)n + 1, sizeof(json_t *));
-    int rc = COLT_OK;
-    /* every reset at once (they run in parallel in the worker, made in this order) */
-    for (int j = 0; j < n && rc == 0; j++)
-        rc = tool_worker_submit_reset(t->tool_worker, &requests[j], j, dataset_row(d, rows_of[j]), err);
-    if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
+    int rc = environment_answers(t, answers, n, d, rows_of, err);
     json_t *list = json_array();
     for (int j = 0; j < n && rc == 0; j++) {
         const json_t *error = json_object_get(answers[j], "error");
@@ -280,7 +389,6 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     }
     for (int j = 0; j < n; j++) json_decref(answers[j]);
     free(answers);
-    free(requests);
     if (rc == 0) rc = dataset_from_rows(&t->agent.rows, list, column, where, err);
     t->agent.row_list = list;
     const int max_position = model_config(t->model)->max_position_embeddings;
@@ -295,11 +403,8 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
 }
 
 int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
-    long *requests = xcalloc((size_t)n + 1, sizeof(long));
     json_t **answers = xcalloc((size_t)n + 1, sizeof(json_t *));
-    int rc = COLT_OK;
-    for (int j = 0; j < n && rc == 0; j++) rc = tool_worker_submit_reward(t->tool_worker, &requests[j], j, err);
-    if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
+    int rc = environment_answers(t, answers, n, NULL, NULL, err);
     int lost = 0;
     for (int j = 0; j < n && rc == 0; j++) {
         const json_t *error = json_object_get(answers[j], "error"), *v = json_object_get(answers[j], "reward");
@@ -318,6 +423,30 @@ int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
                   lost, n, tool_worker_environment_name(t->tool_worker));
     for (int j = 0; j < n; j++) json_decref(answers[j]);
     free(answers);
-    free(requests);
+    return rc;
+}
+
+int trainer_tool_reward_function(Trainer *t, double *rewards, bool *has, int n, const char *function,
+                                 const json_t *kwargs, const long *envs, double timeout_s, char *err) {
+    int rc = COLT_OK;
+    if (runs_tools(t))
+        rc = tool_worker_reward_function(t->tool_worker, rewards, has, (size_t)n, function, kwargs, envs, timeout_s,
+                                         err);
+    if (!tensor_parallel(t)) return rc;
+    json_t *list = NULL;
+    if (runs_tools(t) && rc == 0) {
+        list = json_array();
+        for (int j = 0; j < n; j++) json_array_append_new(list, has[j] ? json_real(rewards[j]) : json_null());
+    }
+    rc = group_share_json(t, &list, rc, err);
+    if (rc == 0 && !runs_tools(t)) {
+        if (json_array_size(list) != (size_t)n)
+            rc = errorf(err, "the group leader's tool worker gave %zu rewards, not %d", json_array_size(list), n);
+        for (int j = 0; j < n && rc == 0; j++) {
+            has[j] = json_is_number(json_array_get(list, j));
+            rewards[j] = has[j] ? json_number_value(json_array_get(list, j)) : 0;
+        }
+    }
+    json_decref(list);
     return rc;
 }

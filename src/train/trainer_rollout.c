@@ -58,7 +58,7 @@ static int python_reward_with_environments(Trainer *t, RewardFunc *r, float *val
     bool *has = xmalloc(sizeof(bool) * (size_t)n);
     long *envs = xmalloc(sizeof(long) * (size_t)n);
     for (int j = 0; j < n; j++) envs[j] = j;
-    int rc = tool_worker_reward_function(t->tool_worker, got, has, (size_t)n, function, kwargs, envs, timeout_s, err);
+    int rc = trainer_tool_reward_function(t, got, has, n, function, kwargs, envs, timeout_s, err);
     for (int j = 0; j < n && rc == 0; j++)
         rc = has[j] ? reward_store_value(r, values, j, got[j], err) : (values[j] = NAN, COLT_OK);
     json_decref(kwargs);
@@ -309,7 +309,7 @@ int trainer_share_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, int **i
 /* environment_factory: each sample's own prompt, TRL's prompt with its
  * environment's observation (trainer_environment_prompts, for this rank's
  * share), shared with every rank. */
-static int per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
+int trainer_per_sample_prompts(Trainer *t, Rollout *r, int lo, int hi, char *err) {
     const int G = t->cfg->num_generations, n_local = hi - lo;
     size_t *rows_of = xcalloc((size_t)n_local + 1, sizeof(size_t));
     int **ids = xcalloc((size_t)n_local + 1, sizeof(int *)), *lens = xcalloc((size_t)n_local + 1, sizeof(int));
@@ -397,13 +397,21 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         p->seqs = NULL;
         p->active = false;
         weights_step = p->weights_step;
+        if (p->worker) { /* tools: its conversations and worker become the round's, scored with them */
+            trainer_agent_share_free(t);
+            t->agent = p->agent;
+            memset(&p->agent, 0, sizeof p->agent);
+            t->async_tool_worker = t->tool_worker;
+            t->tool_worker = p->worker;
+            p->worker = NULL;
+        }
         /* the server's time on the round, most of it hidden behind the last round's training */
         metrics_add(&t->metrics, "time/server_generation", p->seconds);
         rc = p->rc;
         if (rc != 0) errorf(err, "%s", p->err);
     } else {
         if (trainer_choose_prompts(t, r, err) != 0) return COLT_ERR;
-        if (t->cfg->environment_factory && per_sample_prompts(t, r, lo, hi, err) != 0) return COLT_ERR;
+        if (t->cfg->environment_factory && trainer_per_sample_prompts(t, r, lo, hi, err) != 0) return COLT_ERR;
         seqs = trainer_local_sequences(t, r, t->round, lo, hi);
     }
     *seqs_out = seqs;

@@ -20,22 +20,48 @@
 static void *pending_main(void *arg) {
     PendingRound *p = arg;
     double t0 = time_now();
-    p->rc = serve_client_generate(p->client, p->seqs, p->n, &p->go, p->vocab_size, NULL, p->err);
+    if (p->worker) /* tools: the conversations turn by turn, their calls in the round's own worker */
+        p->rc = trainer_agent_generate_with(p->trainer, p->worker, p->client, &p->agent, p->seqs, p->n, &p->go, NULL,
+                                            p->err);
+    else
+        p->rc = serve_client_generate(p->client, p->seqs, p->n, &p->go, p->vocab_size, NULL, p->err);
     p->seconds = time_now() - t0;
     return NULL;
 }
 
+/* environment_factory: the pending round's environments are reset at its
+ * launch, on the main thread (trainer_per_sample_prompts gathers over the
+ * ranks), in its own worker: the round being scored keeps its instances in
+ * the other. Its rows go to p->agent; the trainer's own are put back. */
+static int pending_environment_prompts(Trainer *t, PendingRound *p, int lo, int hi, char *err) {
+    AgentShare kept = t->agent;
+    ToolWorker *kept_worker = t->tool_worker;
+    memset(&t->agent, 0, sizeof t->agent);
+    t->tool_worker = p->worker;
+    int rc = trainer_per_sample_prompts(t, &p->ro, lo, hi, err);
+    p->agent = t->agent;
+    t->agent = kept;
+    t->tool_worker = kept_worker;
+    return rc;
+}
+
 /* async_generation: asks the server for round t->round + 1 now (its prompts
- * are chosen now, in the order a synchronous run takes them). */
+ * are chosen now, in the order a synchronous run takes them). With tools the
+ * round runs its conversations on the thread, with the worker the round now
+ * being scored does not use; environments are reset before the thread starts. */
 int trainer_pending_launch(Trainer *t, char *err) {
     PendingRound *p = &t->next;
     COLT_ASSERT(!p->active);
     rollout_free(&p->ro);
+    trainer_agent_share_clear(&p->agent);
     p->epoch_before = t->epoch;
     p->epoch_pos_before = t->epoch_pos;
+    p->trainer = t;
+    p->worker = t->async_tool_worker;
     if (trainer_choose_prompts(t, &p->ro, err) != 0) return COLT_ERR;
     int lo, hi;
     trainer_local_range(t, t->cfg->generation_batch_size, &lo, &hi);
+    if (t->cfg->environment_factory && pending_environment_prompts(t, p, lo, hi, err) != 0) return COLT_ERR;
     p->seqs = trainer_local_sequences(t, &p->ro, t->round + 1, lo, hi);
     p->n = hi - lo;
     p->go = trainer_generate_options(t);
@@ -44,7 +70,10 @@ int trainer_pending_launch(Trainer *t, char *err) {
     p->weights_step = t->server_weights_step;
     p->rc = COLT_OK;
     p->joined = false;
+    /* a worker killed on the thread is not restarted there: a process it forked would die with it */
+    if (p->worker) tool_worker_allow_restart(p->worker, false);
     if (pthread_create(&p->thread, NULL, pending_main, p) != 0) {
+        if (p->worker) tool_worker_allow_restart(p->worker, true);
         free(p->seqs);
         p->seqs = NULL;
         return errorf(err, "async_generation: cannot start the generation thread");
@@ -59,6 +88,7 @@ void trainer_pending_join(Trainer *t) {
     if (!p->active || p->joined) return;
     pthread_join(p->thread, NULL);
     p->joined = true;
+    if (p->worker) tool_worker_allow_restart(p->worker, true);
 }
 
 /* Drops the pending round (an error, the end of the run). */
@@ -69,6 +99,8 @@ void trainer_pending_discard(Trainer *t) {
     free(p->seqs);
     p->seqs = NULL;
     rollout_free(&p->ro);
+    trainer_agent_share_clear(&p->agent);
+    p->worker = NULL;
     p->active = false;
 }
 

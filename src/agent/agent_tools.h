@@ -33,6 +33,11 @@ typedef struct AgentToolsOptions {
     /* environment_factory: conversation i's calls go to environment i (reset
      * by the caller), whose methods are tools of that conversation alone */
     bool environments;
+    /* with environments, TRL's dict: conversation i is of environment
+     * environment_of[i] (an index of tool_worker_environments; its tools parse
+     * the turn) and its calls go to instance instance_of[i]; NULL: 0 and i */
+    const int *environment_of;
+    const long *instance_of;
 } AgentToolsOptions;
 
 typedef struct AgentToolRunner AgentToolRunner;

@@ -37,6 +37,9 @@ typedef struct TrainConfig {
      * "module.Class"), one instance per rollout, reset with its dataset row;
      * its public methods are that rollout's tools (agent/tool_worker.h) */
     char *environment_factory;
+    /* TRL's dict of environments {name: class}, in order, or NULL; then
+     * environment_factory is its compact JSON text */
+    json_t *environment_factories;
     int max_tool_calling_iterations;
     double tool_timeout;
     json_t *reward_weights;  /* list of numbers or null */

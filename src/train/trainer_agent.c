@@ -12,10 +12,64 @@
 #include <string.h>
 
 #include "agent/agent_loop.h"
+#include "data/prompt.h"
 #include "serve/serve_client.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "train/trainer_internal.h"
+
+/* The worker, with TRL's single environment_factory or its dict (in the dict's order). */
+static int start_worker(Trainer *t, const char *const *tools, size_t n_tools, char *err) {
+    const TrainConfig *c = t->cfg;
+    if (!c->environment_factories) {
+        const char *cls = c->environment_factory;
+        return tool_worker_start_environments(&t->tool_worker, tools, n_tools, NULL, cls ? &cls : NULL, cls ? 1 : 0,
+                                              NULL, err);
+    }
+    size_t n = json_object_size(c->environment_factories), e = 0;
+    const char **names = xcalloc(n, sizeof(char *)), **classes = xcalloc(n, sizeof(char *));
+    const char *name;
+    json_t *cls;
+    json_object_foreach(c->environment_factories, name, cls) names[e] = name, classes[e++] = json_string_value(cls);
+    int rc = tool_worker_start_environments(&t->tool_worker, tools, n_tools, names, classes, n, NULL, err);
+    free(names), free(classes);
+    return rc;
+}
+
+/* "math, game": the dict's names, for errors. */
+static void environment_names(const ToolWorker *w, char *out, size_t cap) {
+    const ToolEnvironment *envs;
+    size_t n = tool_worker_environments(w, &envs), len = 0;
+    out[0] = '\0';
+    for (size_t e = 0; e < n && len < cap; e++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", e ? ", " : "", envs[e].name);
+}
+
+/* TRL's routing: with a dict, row i's 'environment' names one of its environments. *e its index. */
+static int row_environment(const Trainer *t, int *e, const json_t *row, const char *where, size_t i, char *err) {
+    *e = 0;
+    if (!t->cfg->environment_factories) return COLT_OK;
+    const json_t *name = json_object_get(row, "environment");
+    *e = json_is_string(name) ? tool_worker_environment_index(t->tool_worker, json_string_value(name)) : -1;
+    if (*e >= 0) return COLT_OK;
+    char names[512], text[120];
+    environment_names(t->tool_worker, names, sizeof names);
+    if (!name) return errorf(err, "%s row %zu: no 'environment' field to pick one of environment_factory's environments "
+                                  "(%s)", where, i, names);
+    char *dumped = json_dumps(name, JSON_ENCODE_ANY | JSON_COMPACT);
+    snprintf(text, sizeof text, "%s", dumped ? dumped : "?");
+    free(dumped);
+    return errorf(err, "%s row %zu: environment %s is not among the environments of environment_factory; expected "
+                       "one of: %s", where, i, text, names);
+}
+
+/* Every row routes to a known environment: checked at start rather than at the round that draws it. */
+static int check_environment_column(const Trainer *t, const Dataset *d, const char *where, char *err) {
+    int e;
+    for (size_t i = 0; d && t->cfg->environment_factories && i < dataset_size(d); i++)
+        if (row_environment(t, &e, dataset_row((Dataset *)d, i), where, i, err) != 0) return COLT_ERR;
+    return COLT_OK;
+}
 
 int trainer_tools_start(Trainer *t, char *err) {
     const TrainConfig *c = t->cfg;
@@ -25,11 +79,14 @@ int trainer_tools_start(Trainer *t, char *err) {
     if (!template_source) return errorf(err, "tools: %s's tokenizer has no chat template to render tools with", c->model);
     if (tool_calls_format_of_template(&t->tool_format, template_source, err) != 0)
         return error_prefix(err, "tools: %s's chat template", c->model);
-    const char **names = xcalloc(n, sizeof(char *));
+    const char **names = xcalloc(n + 1, sizeof(char *));
     for (size_t i = 0; i < n; i++) names[i] = json_string_value(json_array_get(c->tools, i));
-    int rc = tool_worker_start(&t->tool_worker, names, n, c->environment_factory, NULL, err);
+    int rc = start_worker(t, names, n, err);
     free(names);
     if (rc != 0) return error_prefix(err, "tools");
+    if (check_environment_column(t, t->data, c->dataset, err) != 0 ||
+        check_environment_column(t, t->eval_data, c->eval_dataset, err) != 0)
+        return COLT_ERR;
     if (json_array_size(tool_worker_schemas(t->tool_worker)) == 0)
         return errorf(err, "environment_factory: %s has no public method for the model to call (its tools), and no "
                            "tools are given",
@@ -54,9 +111,16 @@ int trainer_tools_start(Trainer *t, char *err) {
         return errorf(err, "tools: %s holds plain-text prompts; tools are given to the model through the chat "
                            "template, so the prompts must be lists of messages (as TRL requires)",
                       c->dataset);
-    if (c->environment_factory)
+    if (c->environment_factories) {
+        const ToolEnvironment *envs;
+        size_t n_envs = tool_worker_environments(t->tool_worker, &envs);
+        for (size_t e = 0; e < n_envs; e++)
+            log_info0("environment_factory[%s]: %s, %zu tools%s", envs[e].name, envs[e].class_name,
+                      json_array_size(envs[e].schemas), envs[e].has_reward ? ", get_reward() a reward" : "");
+    } else if (c->environment_factory) {
         log_info0("environment_factory: %s, one instance per completion%s", tool_worker_environment_name(t->tool_worker),
                   tool_worker_environment_has_reward(t->tool_worker) ? ", get_reward() an extra reward" : "");
+    }
     char rounds[32];
     snprintf(rounds, sizeof rounds, "%d", c->max_tool_calling_iterations);
     log_info0("tools: %zu (%s), rounds of calls per completion: %s, %g s per call", json_array_size(schemas),
@@ -141,7 +205,12 @@ void trainer_agent_share_free(Trainer *t) {
     free_conversations(a);
     dataset_free(a->rows);
     json_decref(a->row_list);
+    free(a->environment_of), free(a->instance_of);
     memset(a, 0, sizeof *a);
+}
+
+long trainer_environment_instance(const Trainer *t, int j) {
+    return t->agent.instance_of ? t->agent.instance_of[j] : j;
 }
 
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
@@ -154,7 +223,8 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
     AgentToolsOptions to = {.tok = t->tok, .template_source = tokenizer_chat_template(t->tok),
                             .chat_template_kwargs = t->cfg->chat_template_kwargs, .format = t->tool_format,
                             .worker = t->tool_worker, .timeout_s = t->cfg->tool_timeout,
-                            .environments = t->cfg->environment_factory != NULL};
+                            .environments = t->cfg->environment_factory != NULL,
+                            .environment_of = t->agent.environment_of, .instance_of = t->agent.instance_of};
     AgentToolRunner *runner = agent_tool_runner_create(&to, n);
     AgentTools handler = agent_tool_runner_handler(runner);
     AgentLoopOptions lo = {.max_tool_calling_iterations = t->cfg->max_tool_calling_iterations};
@@ -198,7 +268,10 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
 /* ---------------------------------------------------------------- environments */
 
 const char *trainer_reward_name(const Trainer *t, int k) {
-    return t->rewards[k] ? reward_name(t->rewards[k]) : tool_worker_environment_name(t->tool_worker);
+    if (t->rewards[k]) return reward_name(t->rewards[k]);
+    const ToolEnvironment *envs;
+    tool_worker_environments(t->tool_worker, &envs);
+    return envs[t->reward_environment[k]].class_name;
 }
 
 /* The row as environment j's rollout sees it: TRL's prompt[:-1] + [{**prompt[-1], "content": content +
@@ -260,10 +333,22 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     const char *column = c->dataset_prompt_column ? c->dataset_prompt_column : "prompt";
     long *requests = xcalloc((size_t)n + 1, sizeof(long));
     json_t **answers = xcalloc((size_t)n + 1, sizeof(json_t *));
+    AgentShare *a = &t->agent;
+    a->environment_of = xcalloc((size_t)n + 1, sizeof(int));
+    a->instance_of = xcalloc((size_t)n + 1, sizeof(long));
+    const ToolEnvironment *envs;
+    const size_t n_envs = tool_worker_environments(t->tool_worker, &envs);
+    int *taken = xcalloc(n_envs + 1, sizeof(int)); /* instances of each environment handed out so far */
     int rc = COLT_OK;
+    for (int j = 0; j < n && rc == 0; j++) {
+        rc = row_environment(t, &a->environment_of[j], dataset_row(d, rows_of[j]), where, rows_of[j], err);
+        if (rc == 0) a->instance_of[j] = (long)taken[a->environment_of[j]]++ * (long)n_envs + a->environment_of[j];
+    }
+    free(taken);
     /* every reset at once (they run in parallel in the worker, made in this order) */
     for (int j = 0; j < n && rc == 0; j++)
-        rc = tool_worker_submit_reset(t->tool_worker, &requests[j], j, dataset_row(d, rows_of[j]), err);
+        rc = tool_worker_submit_reset_in(t->tool_worker, &requests[j], a->instance_of[j], a->environment_of[j],
+                                         dataset_row(d, rows_of[j]), err);
     if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
     json_t *list = json_array();
     for (int j = 0; j < n && rc == 0; j++) {
@@ -285,7 +370,11 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     t->agent.row_list = list;
     const int max_position = model_config(t->model)->max_position_embeddings;
     for (int j = 0; j < n && rc == 0; j++) {
-        rc = trainer_prompt_ids(t, t->agent.rows, (size_t)j, &ids[j], &lens[j], &texts[j], err);
+        /* rendered with its environment's tools alone (TRL: tools=self._env_tools[name] or None) */
+        const json_t *schemas = envs[a->environment_of[j]].schemas;
+        rc = prompt_encode_row_tools(&ids[j], &lens[j], &texts[j], t->agent.rows, (size_t)j, t->tok,
+                                     c->chat_template_kwargs, json_array_size(schemas) ? schemas : NULL,
+                                     c->max_prompt_length, c->dataset, err);
         if (rc == 0 && lens[j] > t->max_prompt_tokens)
             rc = errorf(err, "%s row %zu: its prompt with the environment's observation is %d tokens, more than "
                              "max_prompt_length %d or max_position_embeddings %d - max_completion_length %d allow",
@@ -294,14 +383,30 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     return rc;
 }
 
-int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
+int trainer_environment_rewards(Trainer *t, float *values, int n, int environment, char *err) {
     long *requests = xcalloc((size_t)n + 1, sizeof(long));
     json_t **answers = xcalloc((size_t)n + 1, sizeof(json_t *));
+    const ToolEnvironment *envs;
+    tool_worker_environments(t->tool_worker, &envs);
+    const char *class_name = envs[environment].class_name;
     int rc = COLT_OK;
-    for (int j = 0; j < n && rc == 0; j++) rc = tool_worker_submit_reward(t->tool_worker, &requests[j], j, err);
+    /* TRL scores a rollout only when its environment is exactly this class; the others get None */
+    bool *scored = xcalloc((size_t)n + 1, sizeof(bool));
+    for (int j = 0; j < n; j++) {
+        scored[j] = envs[t->agent.environment_of ? t->agent.environment_of[j] : 0].class_index == environment;
+        requests[j] = -1;
+        if (!scored[j]) answers[j] = json_null(); /* nothing to wait for */
+    }
+    for (int j = 0; j < n && rc == 0; j++)
+        if (scored[j])
+            rc = tool_worker_submit_reward(t->tool_worker, &requests[j], trainer_environment_instance(t, j), err);
     if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
     int lost = 0;
     for (int j = 0; j < n && rc == 0; j++) {
+        if (!scored[j]) {
+            values[j] = NAN;
+            continue;
+        }
         const json_t *error = json_object_get(answers[j], "error"), *v = json_object_get(answers[j], "reward");
         /* a tool that held the worker past its limit got it killed, and the environments with it (beyond TRL,
          * which has no limit): those completions get no reward, as for a None */
@@ -309,15 +414,16 @@ int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
         else if (error) rc = errorf(err, "completion %d: %s", j, json_string_value(error));
         else if (json_is_number(v) && !isfinite((float)json_number_value(v)))
             rc = errorf(err, "completion %d: %s.get_reward() returned %g, which a 32-bit float cannot hold", j,
-                        tool_worker_environment_name(t->tool_worker), json_number_value(v));
+                        class_name, json_number_value(v));
         else values[j] = json_is_number(v) ? (float)json_number_value(v) : NAN;
     }
     if (lost > 0)
         log_error("warning: %d of %d completions' environments were lost with a killed tool worker: %s.get_reward() "
                   "gives them no reward",
-                  lost, n, tool_worker_environment_name(t->tool_worker));
+                  lost, n, class_name);
     for (int j = 0; j < n; j++) json_decref(answers[j]);
     free(answers);
     free(requests);
+    free(scored);
     return rc;
 }

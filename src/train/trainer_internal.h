@@ -92,6 +92,12 @@ typedef struct AgentShare {
      * is the worker's environment j. NULL without environments. */
     Dataset *rows;
     json_t *row_list;   /* the rows' array (rows shares its objects) */
+    /* [n of rows] sample j's environment (an index of the worker's, TRL's
+     * dict's order; 0 with a single factory) and its instance id: the k-th
+     * sample of environment e is instance k * n_environments + e, so each
+     * environment has its own pool, as TRL's _environment_pool[name]. */
+    int *environment_of;
+    long *instance_of;
 } AgentShare;
 
 /* Seconds spent so far, by phase (a step's share is the difference over it). */
@@ -113,9 +119,10 @@ typedef struct Trainer {
     bool ref_is_base;
     Tokenizer *tok;
     Dataset *data, *eval_data;
-    RewardFunc **rewards;
+    RewardFunc **rewards;     /* [n_rewards]; NULL: an environment class's get_reward */
     int n_rewards;
     float *reward_weights;
+    int *reward_environment;  /* [n_rewards] for rewards[k] NULL, the environment (index) whose class it scores */
     DistOptimizer optimizer;  /* AdamW over the ranks: ZeRO stage, tensor parallel, offload (dist_optimizer.h) */
     TrainState *ts;
     int stop_ids[MODEL_MAX_EOS + 1], n_stop;
@@ -279,9 +286,12 @@ void trainer_agent_share_free(Trainer *t);
  * t->agent.rows the rows the rewards get. where names d in errors. */
 int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const size_t *rows_of, int n, int **ids,
                                 int *lens, char **texts, char *err);
-/* The environment's get_reward() of this rank's samples [0, n): values[j]
- * (NaN: None). */
-int trainer_environment_rewards(Trainer *t, float *values, int n, char *err);
+/* get_reward() of this rank's samples [0, n) whose environment is of the
+ * class of environment `environment` (TRL's column per class): values[j]
+ * (NaN: None, or another class). */
+int trainer_environment_rewards(Trainer *t, float *values, int n, int environment, char *err);
+/* Sample j's instance in the tool worker (t->agent.instance_of, or j). */
+long trainer_environment_instance(const Trainer *t, int j);
 /* reward function k's name: the reward's, or the environment's class for its get_reward. */
 const char *trainer_reward_name(const Trainer *t, int k);
 

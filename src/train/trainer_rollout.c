@@ -57,7 +57,7 @@ static int python_reward_with_environments(Trainer *t, RewardFunc *r, float *val
     double *got = xmalloc(sizeof(double) * (size_t)n);
     bool *has = xmalloc(sizeof(bool) * (size_t)n);
     long *envs = xmalloc(sizeof(long) * (size_t)n);
-    for (int j = 0; j < n; j++) envs[j] = j;
+    for (int j = 0; j < n; j++) envs[j] = trainer_environment_instance(t, j);
     int rc = tool_worker_reward_function(t->tool_worker, got, has, (size_t)n, function, kwargs, envs, timeout_s, err);
     for (int j = 0; j < n && rc == 0; j++)
         rc = has[j] ? reward_store_value(r, values, j, got[j], err) : (values[j] = NAN, COLT_OK);
@@ -87,7 +87,7 @@ int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const siz
         double timeout_s;
         char *python = r && environments ? reward_python_function(r, &timeout_s) : NULL;
         int m = rc == 0 ? n : 0, krc = COLT_OK;
-        if (!r) krc = m > 0 ? trainer_environment_rewards(t, values, m, reward_err) : COLT_OK;
+        if (!r) krc = m > 0 ? trainer_environment_rewards(t, values, m, t->reward_environment[k], reward_err) : COLT_OK;
         else if (python)
             krc = m > 0 ? python_reward_with_environments(t, r, values, prompts, completions, messages, ids, id_lens,
                                                           rows, m, reward_err)

@@ -279,11 +279,14 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
                            char *err);
 void trainer_agent_share_free(Trainer *t);
 /* environment_factory: TRL's per-rollout prompts for this rank's n samples,
- * sample j of dataset row rows_of[j] of d: environment j (TRL's pool: one
- * instance per position of the batch, made once, reset every round) is reset
- * with the row, and what reset returns is appended to the prompt's last
- * message. ids[j], lens[j], texts[j] get sample j's prompt (malloc'd);
- * t->agent.rows the rows the rewards get. where names d in errors. */
+ * sample j of dataset row rows_of[j] of d: its environment (the row's
+ * 'environment' with TRL's dict) gives it an instance (TRL's pool per name:
+ * one instance per position among the batch's samples of that name, made
+ * once, reset every round), reset with the row; what reset returns is
+ * appended to the prompt's last message, which is rendered with that
+ * environment's tools. ids[j], lens[j], texts[j] get sample j's prompt
+ * (malloc'd); t->agent.rows the rows the rewards get, environment_of and
+ * instance_of each sample's. where names d in errors. */
 int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const size_t *rows_of, int n, int **ids,
                                 int *lens, char **texts, char *err);
 /* get_reward() of this rank's samples [0, n) whose environment is of the

@@ -139,6 +139,16 @@ const json_t *trainer_tool_schemas(const Trainer *t) {
     return t->tool_worker ? tool_worker_schemas(t->tool_worker) : NULL;
 }
 
+const json_t *trainer_row_tool_schemas(const Trainer *t, const json_t *row) {
+    if (!t->tool_worker || !t->cfg->environment_factories) return trainer_tool_schemas(t);
+    const json_t *name = json_object_get(row, "environment");
+    int e = json_is_string(name) ? tool_worker_environment_index(t->tool_worker, json_string_value(name)) : -1;
+    const ToolEnvironment *envs;
+    tool_worker_environments(t->tool_worker, &envs);
+    /* an unknown name is an error where the row is used (trainer_environment_prompts) */
+    return e >= 0 && json_array_size(envs[e].schemas) > 0 ? envs[e].schemas : e >= 0 ? NULL : trainer_tool_schemas(t);
+}
+
 /* ---------------------------------------------------------------- server mode's turns
  * The turns go to colt serve in waves: every turn queued since the last wave in one /colt/generate
  * call (the server batches them; its prefix cache keeps each conversation's K/V between its turns, so a

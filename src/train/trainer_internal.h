@@ -272,6 +272,9 @@ int trainer_tools_start(Trainer *t, char *err);
 void trainer_tools_stop(Trainer *t);
 /* The tools' JSON schemas for the chat template, or NULL without tools. */
 const json_t *trainer_tool_schemas(const Trainer *t);
+/* The schemas a dataset row's prompt is rendered with: with TRL's dict of
+ * environments, its environment's (NULL when it has none); else all. */
+const json_t *trainer_row_tool_schemas(const Trainer *t, const json_t *row);
 /* Multi-turn generation of seqs[n] (agent_loop.h): their tokens, log-probs and
  * finish as engine_generate fills them, and t->agent the masks, counts and
  * messages. */

@@ -22,8 +22,9 @@
 
 /* Prompt ids of dataset row i, as colt eval encodes them too (prompt.h). */
 int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
-    return prompt_encode_row_tools(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs, trainer_tool_schemas(t),
-                                   t->cfg->max_prompt_length, t->cfg->dataset, err);
+    return prompt_encode_row_tools(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs,
+                                   trainer_row_tool_schemas(t, dataset_row(d, row)), t->cfg->max_prompt_length,
+                                   t->cfg->dataset, err);
 }
 
 /* A reward model runs on the trainer's backend, beside the policy, cut across

@@ -12,7 +12,7 @@
  *      every sample's prompt ids (rendered with its environment's tools alone), completion ids, tool mask and
  *      its three rewards (says_the_sum; WriterEnv and CountEnv, each null for the other classes' rollouts),
  *      and tools/call_frequency, tools/failure_frequency; a resume from checkpoint-1 gives the uninterrupted
- *      run's step 2.
+ *      run's step 2, and one with the dict's names in another order (its reward columns') is refused.
  *   3. One-line errors: a row naming an unknown environment (the name and the expected ones, as TRL's
  *      message), a dict without a dataset, bad forms of the mapping.
  * Exits 77 (skipped) without python3 and transformers (the tool worker needs them). */
@@ -207,6 +207,21 @@ static void test_train(void) {
              g_tmp, dir);
     rc = run_train(extra, &err);
     CHECK(rc == 0, "resume with a dict of environments exited %d: %s", rc, err);
+    free(err);
+    /* the dict's order is its reward columns': a resume with the names in another order (the same classes,
+     * named as mixed.yaml names them) is refused */
+    err = NULL;
+    snprintf(extra, sizeof extra, "--output_dir %s/reordered --max_steps 2 --resume_from_checkpoint %s/checkpoint-1 "
+                                  "--environment_factory '{\"count\": \"examples/environments/counter.py:CountEnv\", "
+                                  "\"writer\": \"examples/environments/writer.py:WriterEnv\", \"writer2\": "
+                                  "\"examples/environments/writer.py:WriterEnv\", \"mul\": "
+                                  "\"examples/environments/counter.py:MulEnv\"}'",
+             g_tmp, dir);
+    int rc2 = run_train(extra, &err);
+    CHECK(rc2 != 0 && err && strstr(err, "environment_factory was {\"writer\""),
+          "resume with the dict reordered: exit %d, %s", rc2, err ? err : "");
+    const char *line = err ? strstr(err, "colt train: ") : NULL;
+    printf("resume with the dict reordered: %s", line ? line : "\n");
     free(err);
     snprintf(resumed, sizeof resumed, "%s/resumed", g_tmp);
     json_t *a = step_metrics(dir, 2), *b = step_metrics(resumed, 2);

@@ -199,10 +199,17 @@ def errors(tmp):
     settings, (specs, local) = trainer._settings(tmp), trainer._reward_specs()
     check(settings.get("environment_factory") == "json.decoder.JSONDecoder" and specs == ["json.dumps"] and not local,
           "environment_factory in the settings: %r, rewards %r" % (settings.get("environment_factory"), specs))
+    # TRL's dict of environments goes to colt's settings as a mapping, in its order
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=[json_module.dumps], args=GRPOConfig(output_dir=tmp),
+                          train_dataset=PROMPTS, environment_factory={"b": json_module.JSONDecoder,
+                                                                      "a": "envs.py:MathEnv"})
+    envs = trainer._settings(tmp).get("environment_factory")
+    check(envs == {"b": "json.decoder.JSONDecoder", "a": "envs.py:MathEnv"} and list(envs) == ["b", "a"],
+          "a dict environment_factory in the settings: %r" % (envs,))
     refused = [
-        ("a dict of environments", lambda: GRPOTrainer(model=MODEL, reward_funcs=divide, train_dataset=PROMPTS,
-                                                       environment_factory={"a": json_module.JSONDecoder}),
-         NotImplementedError, "dict"),
+        ("a dict of environments without a dataset",
+         lambda: GRPOTrainer(model=MODEL, reward_funcs=divide, environment_factory={"a": json_module.JSONDecoder}),
+         ValueError, "requires a `train_dataset` with an `environment` column"),
         ("a local reward with an environment",
          lambda: GRPOTrainer(model=MODEL, reward_funcs=divide, train_dataset=PROMPTS,
                              environment_factory=json_module.JSONDecoder)._reward_specs(),

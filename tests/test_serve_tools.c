@@ -8,7 +8,11 @@
  *      JSON text, then a tool message with the result) continues as the same conversation rendered by
  *      the trainer's tool loop: the model repeats the result ("7", finish_reason "stop").
  *   3. tool_choice "none" and a request without tools leave the call in the text (finish_reason "stop");
- *      tool_choice "required" is refused with a 400 naming it; a streamed request still streams text.
+ *      tool_choice "required" is refused with a 400 naming it; a streamed request streams the call as vLLM
+ *      does (delta.tool_calls, finish_reason "tool_calls"; tests/test_serve_tools_stream.py assembles streamed
+ *      answers with the openai client and compares them with the non-streamed ones).
+ *   4. What a streamed answer with tools may send before its end (choice_text_stream_end): the text before
+ *      anything that may begin a call.
  * Each answer is greedy (temperature 0). */
 #include <jansson.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "serve/openai.h"
 #include "serve_harness.h"
 
 #define MODEL COLT_SOURCE_DIR "/tests/data/models/tiny-tool-f32"
@@ -40,6 +45,42 @@ static json_t *chat(int port, const char *messages, const char *extra, long *sta
 }
 
 static json_t *first_choice(json_t *o) { return json_array_get(json_object_get(o, "choices"), 0); }
+
+/* What a streamed chat answer with tools may send before its end (choice_text_stream_end): the text before
+ * anything that may begin a call, without its trailing whitespace, nothing while it starts with whitespace
+ * (the parsed content is stripped); everything once finished, or without tools. */
+static void test_stream_hold_back(void) {
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    struct {
+        const char *text;
+        ToolCallFormat format;
+        bool tools, finished;
+        size_t want;
+    } cases[] = {
+        {"Sure, adding.<tool_call>\n{\"na", TOOL_FORMAT_HERMES, true, false, 13},
+        {"Sure, adding. \n<tool", TOOL_FORMAT_HERMES, true, false, 13},
+        {"Sure, adding. \n", TOOL_FORMAT_HERMES, true, false, 13},
+        {"Fine <b>x</b>", TOOL_FORMAT_HERMES, true, false, 4},
+        {"  Sure", TOOL_FORMAT_HERMES, true, false, 0},
+        {"<think>hm", TOOL_FORMAT_HERMES, true, false, 0},
+        {"12}\n0}}", TOOL_FORMAT_HERMES, true, false, 7},
+        {"Let me call {\"name\"", TOOL_FORMAT_LLAMA3, true, false, 11},
+        {"Sure <tool_call>", TOOL_FORMAT_HERMES, false, false, 16},
+        {"Sure <tool_call>{}</tool_call>", TOOL_FORMAT_HERMES, true, true, 30},
+    };
+    int ok = 0, n = (int)(sizeof cases / sizeof cases[0]);
+    for (int k = 0; k < n; k++) {
+        OpenAIRequest req = {.endpoint = OPENAI_CHAT, .tools = cases[k].tools ? tools : NULL,
+                             .tool_format = cases[k].format};
+        ChoiceText ct = {.text = (char *)cases[k].text, .finished = cases[k].finished};
+        size_t end = choice_text_stream_end(&ct, &req);
+        CHECK(end == cases[k].want, "stream hold-back of \"%s\": %zu bytes may go, want %zu", cases[k].text, end,
+              cases[k].want);
+        ok += end == cases[k].want;
+    }
+    printf("4. streamed with tools: what may go out before the end is right in %d of %d texts\n", ok, n);
+    json_decref(tools);
+}
 
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_serve_tools_XXXXXX");
@@ -126,7 +167,12 @@ int main(void) {
              MODEL, user, streamed);
     st = serve_http(s.port, "/v1/chat/completions", body, 60000L, &out);
     CHECK(st == 200 && out && strstr(out, "data: [DONE]"), "3: the streamed request: %ld", st);
+    /* the call streamed as vLLM streams it (tests/test_serve_tools_stream.py assembles it with the openai client) */
+    CHECK(out && strstr(out, "\"tool_calls\":[{\"id\":\"call_") && strstr(out, "\"finish_reason\":\"tool_calls\"") &&
+              !strstr(out, "\"content\":\"<tool_call>"),
+          "3: the streamed answer's call: %s", out ? out : "");
     free(out);
+    test_stream_hold_back();
 
     CHECK(serve_stop(&s, SIGTERM, 30) == 0, "colt serve did not stop cleanly");
     curl_global_cleanup();

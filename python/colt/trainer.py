@@ -225,13 +225,21 @@ class GRPOTrainer:
                  tools=None, rollout_func=None, environment_factory=None):
         # TRL calls rollout_func(prompts, trainer): colt's rollout worker imports it by name and does the same
         self.rollout_func = _tool_spec(rollout_func, "rollout_func") if rollout_func else None
-        if isinstance(environment_factory, dict):
-            raise NotImplementedError("environment_factory: a dict of environments is not supported yet; give one "
-                                      "class")
         self.tools = [_tool_spec(t, "tools[%d]" % i) for i, t in enumerate(tools or [])]
-        # TRL calls the factory with no arguments: colt's tool worker imports the class and does the same
-        self.environment_factory = (_tool_spec(environment_factory, "environment_factory", "class")
-                                    if environment_factory else None)
+        # TRL calls the factory with no arguments: colt's tool worker imports the class and does the same.
+        # A dict {name: factory} is TRL's several environments, each row's 'environment' picking one.
+        if isinstance(environment_factory, dict):
+            if not environment_factory:
+                raise ValueError("environment_factory: the dict of environments is empty")
+            self.environment_factory = {str(name): _tool_spec(f, "environment_factory[%r]" % (name,), "class")
+                                        for name, f in environment_factory.items()}
+            if train_dataset is None:  # TRL's words
+                raise ValueError("A `dict` `environment_factory` (multiple environments) requires a `train_dataset` "
+                                 "with an `environment` column to route each example to its environment. Provide a "
+                                 "dataset, or pass a single environment factory.")
+        else:
+            self.environment_factory = (_tool_spec(environment_factory, "environment_factory", "class")
+                                        if environment_factory else None)
         if optimizers is not None and any(o is not None for o in optimizers):
             raise NotImplementedError("optimizers: colt uses its own AdamW and schedule (set them in GRPOConfig)")
         if reward_processing_classes is not None:

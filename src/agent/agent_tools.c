@@ -108,8 +108,15 @@ static int turn_ended(void *ctx, int i, const int *context, int n_context, const
     Conversation *c = &r->convs[i];
     *called = false;
     json_t *message = NULL;
-    if (tool_calls_parse_ids(&message, r->o.format, r->o.tok, context, (size_t)n_context, turn, (size_t)n,
-                             tool_worker_schemas(r->o.worker), err) != 0)
+    /* TRL parses each completion with the tools its prompt was rendered with */
+    const int environment = r->o.environments ? (r->o.environment_of ? r->o.environment_of[i] : 0) : -1;
+    const long instance = r->o.environments ? (r->o.instance_of ? r->o.instance_of[i] : i) : -1;
+    const json_t *schemas = tool_worker_schemas(r->o.worker);
+    const ToolEnvironment *envs;
+    if (environment >= 0 && (size_t)environment < tool_worker_environments(r->o.worker, &envs))
+        schemas = envs[environment].schemas;
+    if (tool_calls_parse_ids(&message, r->o.format, r->o.tok, context, (size_t)n_context, turn, (size_t)n, schemas,
+                             err) != 0)
         return COLT_ERR;
     json_array_append_new(c->messages, message);
     json_t *calls = json_object_get(message, "tool_calls");
@@ -124,13 +131,13 @@ static int turn_ended(void *ctx, int i, const int *context, int n_context, const
         const char *name = json_string_value(json_object_get(function, "name"));
         RoundCall *call = &c->round[k];
         call->name = xstrdup(name ? name : "unknown");
-        call->async = tool_worker_is_async(r->o.worker, call->name, r->o.environments);
+        call->async = tool_worker_is_async_in(r->o.worker, call->name, environment);
         c->calls++;
         call->request = -2; /* not submitted on this rank: its group's leader runs it */
         char why[ERR_LEN];
         if (runs_tools(r) &&
             tool_worker_submit_call(r->o.worker, &call->request, call->name, json_object_get(function, "arguments"),
-                                    r->o.environments ? i : -1, r->o.timeout_s, why) != 0) {
+                                    instance, r->o.timeout_s, why) != 0) {
             char *text = error_text(why); /* the model is told, as for any failing call */
             take_answer(r, i, (int)k, text, true, false);
             free(text);

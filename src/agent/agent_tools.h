@@ -48,6 +48,11 @@ typedef struct AgentToolsOptions {
      * by the caller), whose methods are tools of that conversation alone */
     bool environments;
     const AgentToolsGroup *group;       /* NULL: this rank alone (no tensor parallelism) */
+    /* with environments, TRL's dict: conversation i is of environment
+     * environment_of[i] (an index of tool_worker_environments; its tools parse
+     * the turn) and its calls go to instance instance_of[i]; NULL: 0 and i */
+    const int *environment_of;
+    const long *instance_of;
 } AgentToolsOptions;
 
 typedef struct AgentToolRunner AgentToolRunner;

@@ -28,6 +28,12 @@ typedef struct Pending {
     long env;
 } Pending;
 
+/* One environment: what tool_worker_environments shows, and its methods' names. */
+typedef struct Environment {
+    ToolEnvironment pub;          /* name, class_name owned; schemas owned */
+    json_t *methods, *async_methods;
+} Environment;
+
 typedef struct Ready {
     long id;
     json_t *answer;
@@ -38,15 +44,17 @@ struct ToolWorker {
     double start_timeout_s, kill_grace_s;
     json_t *setup; /* sent as the first line at every start */
     RewardProcess *process; /* NULL after a kill or crash, until the next request */
-    json_t *schemas;
-    json_t *async_tools, *async_methods, *methods; /* names */
-    char *environment_name;
-    bool environment_reward;
+    json_t *schemas;     /* the standalone tools', then every environment's methods' (TRL's self.tools) */
+    json_t *async_tools; /* names */
+    Environment *envs;
+    size_t n_envs;
+    ToolEnvironment *env_view; /* [n_envs] the public parts, for tool_worker_environments */
     long next_id;
     Pending *pending;
     size_t n_pending, cap_pending;
     Ready *ready;
     size_t n_ready, cap_ready;
+    json_t *probe;      /* the first start's answer (tools, environments): what another rank's copy is made from */
     bool remote;        /* made from a description: the tools run in another rank's worker */
     bool no_restart;    /* a worker lost now stays lost (tool_worker_allow_restart) */
 };
@@ -128,6 +136,34 @@ bad:
  * The process
  * ------------------------------------------------------------------------- */
 
+/* The first start's answer: the tools' schemas and each environment's (TRL's _env_tools[name]: the
+ * standalone tools, then its methods). */
+static void read_environments(ToolWorker *w, const json_t *reply) {
+    const json_t *tools = json_object_get(reply, "tools"), *envs = json_object_get(reply, "environments");
+    w->schemas = json_deep_copy(tools);
+    w->async_tools = json_deep_copy(json_object_get(reply, "async_tools"));
+    w->n_envs = json_array_size(envs);
+    w->envs = xcalloc(w->n_envs + 1, sizeof(Environment));
+    w->env_view = xcalloc(w->n_envs + 1, sizeof(ToolEnvironment));
+    for (size_t e = 0; e < w->n_envs; e++) {
+        const json_t *env = json_array_get(envs, e);
+        Environment *x = &w->envs[e];
+        const char *name = json_string_value(json_object_get(env, "name"));
+        const char *class_name = json_string_value(json_object_get(env, "class"));
+        x->pub.name = name ? xstrdup(name) : NULL;
+        x->pub.class_name = xstrdup(class_name ? class_name : "?");
+        x->pub.class_index = (int)json_integer_value(json_object_get(env, "class_index"));
+        x->pub.has_reward = json_is_true(json_object_get(env, "has_reward"));
+        json_t *schemas = json_deep_copy(tools);
+        json_array_extend(schemas, json_object_get(env, "schemas"));
+        x->pub.schemas = schemas;
+        json_array_extend(w->schemas, json_object_get(env, "schemas"));
+        x->methods = json_deep_copy(json_object_get(env, "methods"));
+        x->async_methods = json_deep_copy(json_object_get(env, "async_methods"));
+        w->env_view[e] = x->pub;
+    }
+}
+
 /* Starts the worker and sends the setup; fills the schemas on the first start. */
 static int launch(ToolWorker *w, char *err) {
     static const char bootstrap[] =
@@ -158,16 +194,8 @@ static int launch(ToolWorker *w, char *err) {
         return COLT_ERR;
     }
     if (!w->schemas) {
-        w->schemas = json_deep_copy(json_object_get(reply, "tools"));
-        w->async_tools = json_deep_copy(json_object_get(reply, "async_tools"));
-        const json_t *env = json_object_get(reply, "environment");
-        if (json_is_object(env)) {
-            w->methods = json_deep_copy(json_object_get(env, "methods"));
-            w->async_methods = json_deep_copy(json_object_get(env, "async_methods"));
-            json_array_extend(w->schemas, json_object_get(env, "schemas"));
-            w->environment_name = xstrdup(json_string_value(json_object_get(env, "class")));
-            w->environment_reward = json_is_true(json_object_get(env, "has_reward"));
-        }
+        read_environments(w, reply);
+        w->probe = json_incref(reply);
     }
     json_decref(reply);
     w->process = p;
@@ -176,30 +204,46 @@ static int launch(ToolWorker *w, char *err) {
 
 int tool_worker_start(ToolWorker **out, const char *const *tools, size_t n_tools, const char *environment,
                       const ToolWorkerOptions *options, char *err) {
+    return tool_worker_start_environments(out, tools, n_tools, NULL, environment ? &environment : NULL,
+                                          environment ? 1 : 0, options, err);
+}
+
+int tool_worker_start_environments(ToolWorker **out, const char *const *tools, size_t n_tools,
+                                   const char *const *names, const char *const *classes, size_t n_envs,
+                                   const ToolWorkerOptions *options, char *err) {
     *out = NULL;
-    if (n_tools == 0 && !environment)
+    if (n_tools == 0 && n_envs == 0)
         return errorf(err, "tools: give at least one tool (\"tools.py:NAME\") or an environment class");
-    json_t *tool_specs = json_array(), *env_spec = NULL;
+    json_t *tool_specs = json_array(), *env_specs = json_array();
     for (size_t i = 0; i < n_tools; i++) {
         json_t *spec = NULL;
         if (!tools[i] || spec_from_text(&spec, tools[i], "function", "tool", err) != 0) {
             if (!tools[i]) errorf(err, "tools[%zu] is missing", i);
-            json_decref(tool_specs);
+            json_decref(tool_specs), json_decref(env_specs);
             return COLT_ERR;
         }
         json_array_append_new(tool_specs, spec);
     }
-    if (environment && spec_from_text(&env_spec, environment, "class", "environment_factory", err) != 0) {
-        json_decref(tool_specs);
-        return COLT_ERR;
+    for (size_t e = 0; e < n_envs; e++) {
+        json_t *spec = NULL;
+        char what[160];
+        if (names) snprintf(what, sizeof what, "environment_factory[\"%.100s\"]", names[e] ? names[e] : "?");
+        else snprintf(what, sizeof what, "environment_factory");
+        if (!classes[e] || (names && !names[e]) || spec_from_text(&spec, classes[e], "class", what, err) != 0) {
+            if (!classes[e] || (names && !names[e])) errorf(err, "%s: the class or its name is missing", what);
+            json_decref(tool_specs), json_decref(env_specs);
+            return COLT_ERR;
+        }
+        json_object_set_new(spec, "name", names ? json_string(names[e]) : json_null());
+        json_array_append_new(env_specs, spec);
     }
     ToolWorker *w = xcalloc(1, sizeof *w);
     const char *env_python = getenv("COLT_PYTHON");
     w->python = xstrdup(options && options->python ? options->python : env_python && *env_python ? env_python : "python3");
     w->start_timeout_s = options && options->start_timeout_s > 0 ? options->start_timeout_s : 120;
     w->kill_grace_s = options && options->kill_grace_s > 0 ? options->kill_grace_s : 5;
-    w->setup = json_pack("{s:s, s:o, s:o}", "source", TOOL_WORKER_SOURCE, "tools", tool_specs, "environment",
-                         env_spec ? env_spec : json_null());
+    w->setup = json_pack("{s:s, s:o, s:o}", "source", TOOL_WORKER_SOURCE, "tools", tool_specs, "environments",
+                         env_specs);
     if (launch(w, err) != 0) {
         tool_worker_free(w);
         return COLT_ERR;
@@ -216,18 +260,39 @@ void tool_worker_free(ToolWorker *w) {
     free(w->pending);
     free(w->ready);
     json_decref(w->setup);
+    json_decref(w->probe);
     json_decref(w->schemas);
     json_decref(w->async_tools);
-    json_decref(w->async_methods);
-    json_decref(w->methods);
-    free(w->environment_name);
+    for (size_t e = 0; e < w->n_envs; e++) {
+        free((char *)w->envs[e].pub.name), free((char *)w->envs[e].pub.class_name);
+        json_decref((json_t *)w->envs[e].pub.schemas);
+        json_decref(w->envs[e].methods), json_decref(w->envs[e].async_methods);
+    }
+    free(w->envs);
+    free(w->env_view);
     free(w->python);
     free(w);
 }
 
 const json_t *tool_worker_schemas(const ToolWorker *w) { return w->schemas; }
-const char *tool_worker_environment_name(const ToolWorker *w) { return w->environment_name; }
-bool tool_worker_environment_has_reward(const ToolWorker *w) { return w->environment_reward; }
+const char *tool_worker_environment_name(const ToolWorker *w) { return w->n_envs ? w->envs[0].pub.class_name : NULL; }
+bool tool_worker_environment_has_reward(const ToolWorker *w) {
+    for (size_t e = 0; e < w->n_envs; e++)
+        if (w->envs[e].pub.has_reward) return true;
+    return false;
+}
+
+size_t tool_worker_environments(const ToolWorker *w, const ToolEnvironment **out) {
+    *out = w->env_view;
+    return w->n_envs;
+}
+
+int tool_worker_environment_index(const ToolWorker *w, const char *name) {
+    for (size_t e = 0; e < w->n_envs; e++)
+        if (w->envs[e].pub.name && name && !strcmp(w->envs[e].pub.name, name)) return (int)e;
+    return -1;
+}
+
 static bool has_name(const json_t *names, const char *name) {
     size_t i;
     json_t *v;
@@ -236,7 +301,12 @@ static bool has_name(const json_t *names, const char *name) {
 }
 
 bool tool_worker_is_async(const ToolWorker *w, const char *name, bool with_environment) {
-    if (with_environment && has_name(w->methods, name)) return has_name(w->async_methods, name);
+    return tool_worker_is_async_in(w, name, with_environment ? 0 : -1);
+}
+
+bool tool_worker_is_async_in(const ToolWorker *w, const char *name, int environment) {
+    if (environment >= 0 && (size_t)environment < w->n_envs && has_name(w->envs[environment].methods, name))
+        return has_name(w->envs[environment].async_methods, name);
     return has_name(w->async_tools, name);
 }
 
@@ -424,25 +494,34 @@ int tool_worker_submit_call(ToolWorker *w, long *request, const char *name, cons
     return submit(w, request, req, name, timeout_s, env, err);
 }
 
-static int submit_env(ToolWorker *w, long *request, const char *op, long env, const json_t *row, char *err) {
-    if (!w->environment_name) return errorf(err, "%s: no environment_factory was given", op);
+static int submit_env(ToolWorker *w, long *request, const char *op, long env, int environment, const json_t *row,
+                      char *err) {
+    if (w->n_envs == 0) return errorf(err, "%s: no environment_factory was given", op);
     if (env < 0) return errorf(err, "%s: the environment id must be >= 0 (got %ld)", op, env);
     json_t *req = json_pack("{s:s, s:I}", "op", op, "env", (json_int_t)env);
     if (row) json_object_set(req, "row", (json_t *)row);
+    if (environment >= 0) json_object_set_new(req, "environment", json_integer(environment));
     return submit(w, request, req, NULL, 0, env, err);
 }
 
 int tool_worker_submit_reset(ToolWorker *w, long *request, long env, const json_t *row, char *err) {
+    return tool_worker_submit_reset_in(w, request, env, 0, row, err);
+}
+
+int tool_worker_submit_reset_in(ToolWorker *w, long *request, long env, int environment, const json_t *row,
+                                char *err) {
     if (!json_is_object(row)) return errorf(err, "env_reset: the dataset row must be a JSON object");
-    return submit_env(w, request, "env_reset", env, row, err);
+    if (environment < 0 || (size_t)environment >= w->n_envs)
+        return errorf(err, "env_reset: environment %d of %zu", environment, w->n_envs);
+    return submit_env(w, request, "env_reset", env, environment, row, err);
 }
 
 int tool_worker_submit_reward(ToolWorker *w, long *request, long env, char *err) {
-    return submit_env(w, request, "env_reward", env, NULL, err);
+    return submit_env(w, request, "env_reward", env, -1, NULL, err);
 }
 
 int tool_worker_submit_free(ToolWorker *w, long *request, long env, char *err) {
-    return submit_env(w, request, "env_free", env, NULL, err);
+    return submit_env(w, request, "env_free", env, -1, NULL, err);
 }
 
 /* Waits for the answer to `id`; other answers stay ready for poll. */
@@ -563,30 +642,18 @@ int tool_worker_python_spec(json_t **out, const char *text, const char *key, con
  * Another rank's worker
  * ------------------------------------------------------------------------- */
 
-json_t *tool_worker_description(const ToolWorker *w) {
-    return json_pack("{s:O, s:O, s:O, s:O, s:o, s:b}", "tools", w->schemas, "async_tools", w->async_tools,
-                     "methods", w->methods ? w->methods : json_null(), "async_methods",
-                     w->async_methods ? w->async_methods : json_null(), "environment",
-                     w->environment_name ? json_string(w->environment_name) : json_null(), "has_reward",
-                     w->environment_reward);
-}
+json_t *tool_worker_description(const ToolWorker *w) { return json_incref(w->probe); }
 
 int tool_worker_from_description(ToolWorker **out, const json_t *description, char *err) {
     *out = NULL;
-    const json_t *tools = json_object_get(description, "tools"), *env = json_object_get(description, "environment");
-    if (!json_is_array(tools) || !json_is_array(json_object_get(description, "async_tools")))
+    if (!json_is_array(json_object_get(description, "tools")) ||
+        !json_is_array(json_object_get(description, "async_tools")))
         return errorf(err, "tools: the description of the group leader's tool worker has no tools");
     ToolWorker *w = xcalloc(1, sizeof *w);
     w->remote = true;
     w->python = xstrdup("");
-    w->schemas = json_deep_copy(tools);
-    w->async_tools = json_deep_copy(json_object_get(description, "async_tools"));
-    const json_t *methods = json_object_get(description, "methods");
-    const json_t *async = json_object_get(description, "async_methods");
-    w->methods = json_is_array(methods) ? json_deep_copy(methods) : NULL;
-    w->async_methods = json_is_array(async) ? json_deep_copy(async) : NULL;
-    w->environment_name = json_is_string(env) ? xstrdup(json_string_value(env)) : NULL;
-    w->environment_reward = json_is_true(json_object_get(description, "has_reward"));
+    read_environments(w, description);
+    w->probe = json_deep_copy(description);
     *out = w;
     return 0;
 }

@@ -30,8 +30,11 @@
  * thread that submits (tool_worker_allow_restart keeps a shorter-lived
  * thread from restarting it).
  *
- * Not here: the multi-turn loop (the engine's), parsing calls (tool_calls.h),
- * TRL's dict of environments (environment_factory={"name": cls, ...}). */
+ * TRL's dict of environments (environment_factory={"name": cls, ...}) is
+ * tool_worker_start_environments: each name's class probed, its own pool of
+ * instances, its own tools (tool_worker_environments).
+ *
+ * Not here: the multi-turn loop (the engine's), parsing calls (tool_calls.h). */
 #ifndef COLT_AGENT_TOOL_WORKER_H
 #define COLT_AGENT_TOOL_WORKER_H
 
@@ -53,13 +56,33 @@ typedef struct ToolWorkerOptions {
  * docstring, no reset method, the import's exception). options may be NULL. */
 int tool_worker_start(ToolWorker **out, const char *const *tools, size_t n_tools, const char *environment,
                       const ToolWorkerOptions *options, char *err);
+/* The same with TRL's dict of environments: names[e] (NULL: TRL's single
+ * factory, then n_envs is 1) and classes[e] ("envs.py:MathEnv"). Errors name
+ * the environment ("environment_factory[\"math\"]"). */
+int tool_worker_start_environments(ToolWorker **out, const char *const *tools, size_t n_tools,
+                                   const char *const *names, const char *const *classes, size_t n_envs,
+                                   const ToolWorkerOptions *options, char *err);
 void tool_worker_free(ToolWorker *w); /* NULL is fine */
 
+/* One environment of the worker, as TRL 1.16 keeps it per name. */
+typedef struct ToolEnvironment {
+    const char *name;       /* the dict's key; NULL for a single environment_factory */
+    const char *class_name; /* type(instance).__name__: its reward column's name */
+    int class_index;        /* the first environment of the same class (TRL: one reward column per class) */
+    bool has_reward;        /* the class defines get_reward */
+    const json_t *schemas;  /* TRL's _env_tools[name]: the standalone tools' schemas, then its methods' */
+} ToolEnvironment;
+/* The environments, in the order given (*out borrowed, valid until free). */
+size_t tool_worker_environments(const ToolWorker *w, const ToolEnvironment **out);
+/* The index of the environment named `name`, or -1. */
+int tool_worker_environment_index(const ToolWorker *w, const char *name);
+
 /* The tools' JSON schemas as apply_chat_template renders them (tools=...):
- * the standalone tools, then the environment's methods (TRL's
- * tools + methods). Borrowed; valid until tool_worker_free. */
+ * the standalone tools, then the environments' methods (TRL's self.tools:
+ * with one environment, its tools + methods). Borrowed; valid until
+ * tool_worker_free. */
 const json_t *tool_worker_schemas(const ToolWorker *w);
-/* The environment's class name, or NULL without one; whether it has get_reward. */
+/* The (first) environment's class name, or NULL without one; whether any has get_reward. */
 const char *tool_worker_environment_name(const ToolWorker *w);
 bool tool_worker_environment_has_reward(const ToolWorker *w);
 /* Whether the tool `name` is async (an environment's method of that name, with
@@ -68,6 +91,8 @@ bool tool_worker_environment_has_reward(const ToolWorker *w);
  * order: the sync calls' (and errors') in call order, then the async ones',
  * gathered; the loop keeps that order for parity. */
 bool tool_worker_is_async(const ToolWorker *w, const char *name, bool with_environment);
+/* The same for a rollout of environment `environment` (an index; -1: none). */
+bool tool_worker_is_async_in(const ToolWorker *w, const char *name, int environment);
 /* The worker's pid (0 while none runs). For tests. */
 int tool_worker_pid(const ToolWorker *w);
 
@@ -78,6 +103,13 @@ int tool_worker_pid(const ToolWorker *w);
 int tool_worker_submit_call(ToolWorker *w, long *request, const char *name, const json_t *arguments, long env,
                             double timeout_s, char *err);
 int tool_worker_submit_reset(ToolWorker *w, long *request, long env, const json_t *row, char *err);
+/* Resets instance env as one of environment `environment` (an index of
+ * tool_worker_environments): an id keeps its instance while it names the
+ * same environment; TRL's pools are per environment, so the caller numbers
+ * the instances of each environment apart. The answer's "environment" is the
+ * name. submit_reset is environment 0. */
+int tool_worker_submit_reset_in(ToolWorker *w, long *request, long env, int environment, const json_t *row,
+                                char *err);
 int tool_worker_submit_reward(ToolWorker *w, long *request, long env, char *err);
 int tool_worker_submit_free(ToolWorker *w, long *request, long env, char *err);
 

@@ -9,18 +9,24 @@ it into a header) and starts
 which reads this source from the first line of stdin, with the setup:
 
     {"source": ..., "tools": [{"file": PATH or null, "module": NAME or null, "function": NAME, "display": TEXT}],
-     "environment": {"file": ..., "module": ..., "class": NAME, "display": TEXT} or null}
+     "environments": [{"name": NAME or null, "file": ..., "module": ..., "class": NAME, "display": TEXT}, ...]}
 
-It imports the files or modules, makes each tool's JSON schema as
-apply_chat_template does for a callable (transformers.utils.get_json_schema:
-type hints and a Google-style docstring), probes one environment instance as
-TRL does (it must define reset; its public functions other than reset and
-get_reward, found on the class in name order, are tools), and answers
+"environments" is empty without environment_factory, one entry named null for
+TRL's single factory, one per name for TRL's dict {name: factory} (in the
+dict's order). It imports the files or modules, makes each tool's JSON schema
+as apply_chat_template does for a callable (transformers.utils.get_json_schema:
+type hints and a Google-style docstring), probes one instance of each
+environment as TRL does (it must define reset; its public functions other than
+reset and get_reward, found on the class in name order, are tools), and answers
 
     {"ok": true, "python": "3.11.7", "tools": [schema, ...], "async_tools": [NAME, ...],
-     "environment": {"class": NAME, "methods": [NAME, ...], "async_methods": [NAME, ...], "schemas": [schema, ...],
-                     "has_reward": bool} or null}
+     "environments": [{"name": NAME or null, "class": NAME, "class_index": K, "methods": [NAME, ...],
+                       "async_methods": [NAME, ...], "schemas": [schema, ...], "has_reward": bool}, ...]}
     or {"error": "..."}
+
+class_index is the index of the first environment whose probe has the same
+type: TRL gives each class with get_reward one reward column (two names of one
+class share it).
 
 Then it serves one JSON line per request until stdin closes. Every request
 carries an "id" that its answer repeats, and answers come in the order they
@@ -29,9 +35,11 @@ and async get_reward on one event loop thread, as TRL runs them).
 
     {"id": 1, "op": "call", "name": "calculator", "arguments": {...}, "env": 3 or null, "timeout": 1.0 or null}
         -> {"id": 1, "content": "12", "failed": false}
-    {"id": 2, "op": "env_reset", "env": 3, "row": {...}}   (creates environment 3 if new, reusing a freed instance;
-                                                            instances are made in the order of these requests)
-        -> {"id": 2, "observation": null or "text" or [...]}
+    {"id": 2, "op": "env_reset", "env": 3, "environment": 0, "row": {...}}
+        (creates instance 3 of environments[0] if new, reusing a freed or probed instance of that environment;
+         instances are made in the order of these requests; with named environments the row's "environment"
+         column is not passed to reset, as in TRL)
+        -> {"id": 2, "observation": null or "text" or [...], "environment": NAME or null}
     {"id": 3, "op": "env_reward", "env": 3}  -> {"id": 3, "reward": 1.0 or null}
     {"id": 4, "op": "env_free", "env": 3}    -> {"id": 4, "ok": true}   (the instance goes back to the pool)
     {"id": 5, "op": "reward", "function": {"file": ..., "module": ..., "function": NAME, "display": TEXT},
@@ -149,23 +157,24 @@ class Worker:
         # Everything that can fail without transformers first: importing it takes a second or two.
         specs = setup["tools"]
         self.tools = [find(load_module(spec), spec, spec["function"], "function") for spec in specs]
-        self.factory = None
-        self.environment = None
-        self.envs, self.free_envs = {}, []
-        env_spec = setup.get("environment")
-        methods = []
-        if env_spec:
-            self.factory = find(load_module(env_spec), env_spec, env_spec["class"], "class")
-            probe = self.factory()  # TRL probes one instance, then keeps it in its pool
+        self.environments = []  # per environment: name, factory, cls, info (the answer's entry), free instances
+        self.envs = {}  # instance id -> (environment index, instance)
+        for env_spec in setup.get("environments") or []:
+            factory = find(load_module(env_spec), env_spec, env_spec["class"], "class")
+            probe = factory()  # TRL probes one instance of each environment, then keeps it in that one's pool
             members = [n for n, _ in inspect.getmembers(type(probe), predicate=inspect.isfunction)]
             if "reset" not in members:
                 raise SetupError("environment '%s' (%s) must define a method reset(self, **row), as TRL requires"
                                  % (env_spec["class"], env_spec["display"]))
             methods = environment_methods(probe)
-            self.free_envs.append(probe)
-            self.environment = {"class": type(probe).__name__, "methods": [m.__name__ for m in methods],
-                                "async_methods": [m.__name__ for m in methods if inspect.iscoroutinefunction(m)],
-                                "has_reward": "get_reward" in members}
+            class_index = next((i for i, e in enumerate(self.environments) if e["cls"] is type(probe)),
+                               len(self.environments))
+            info = {"name": env_spec.get("name"), "class": type(probe).__name__, "class_index": class_index,
+                    "methods": [m.__name__ for m in methods],
+                    "async_methods": [m.__name__ for m in methods if inspect.iscoroutinefunction(m)],
+                    "has_reward": "get_reward" in members}
+            self.environments.append({"name": env_spec.get("name"), "factory": factory, "cls": type(probe),
+                                      "spec": env_spec, "methods": methods, "info": info, "free": [probe]})
 
         from transformers.utils import get_json_schema  # apply_chat_template's own conversion
 
@@ -177,17 +186,18 @@ class Worker:
                 raise SetupError("tool '%s' (%s): its JSON schema cannot be made (%s); a tool needs type hints and "
                                  "a docstring with an Args: section" % (spec["function"], spec["display"],
                                                                         exception_line(exc))) from None
-        if env_spec:
+        for env in self.environments:
             schemas = []
-            for m in methods:
+            for m in env["methods"]:
                 try:
                     schemas.append(get_json_schema(m))
                 except Exception as exc:
                     raise SetupError("environment '%s' (%s): method %s is a tool, but its JSON schema cannot be made "
                                      "(%s); give it type hints and a docstring, or a name starting with _"
-                                     % (env_spec["class"], env_spec["display"], m.__name__,
+                                     % (env["spec"]["class"], env["spec"]["display"], m.__name__,
                                         exception_line(exc))) from None
-            self.environment["schemas"] = schemas
+            env["info"]["schemas"] = schemas
+            del env["methods"]  # the probe's bound methods: the probe is in the pool, reset like any instance
         self.loop = None
 
     def event_loop(self):
@@ -213,7 +223,7 @@ class Worker:
 
     def tool_dicts(self, env):
         """TRL's per-rollout tool dicts: standalone tools plus the environment's methods, by __name__."""
-        methods = environment_methods(self.envs[env]) if env is not None else []
+        methods = environment_methods(self.envs[env][1]) if env is not None else []
         sync_tools, async_tools = {}, {}
         for tool in self.tools + methods:
             (async_tools if inspect.iscoroutinefunction(tool) else sync_tools)[tool.__name__] = tool
@@ -300,36 +310,49 @@ class Worker:
         if not isinstance(env, int):
             self.answer(rid, {"error": "\"env\" must be an integer"})
             return
-        if self.factory is None:
+        if not self.environments:
             self.answer(rid, {"error": "no environment_factory was given"})
             return
         if op == "env_free":
-            instance = self.envs.pop(env, None)
-            if instance is not None:
-                self.free_envs.append(instance)
+            held = self.envs.pop(env, None)
+            if held is not None:
+                self.environments[held[0]]["free"].append(held[1])
             self.answer(rid, {"ok": True})
             return
         if op == "env_reward" and env not in self.envs:  # never reset, or lost with a killed worker
             self.answer(rid, {"error": "environment %s does not exist (reset it first)" % env, "worker_lost": True})
             return
 
-        if op == "env_reset" and env not in self.envs:
-            # Made here, not on the request's thread, so instances are made in the order their resets are
-            # asked for, as TRL's pool makes them in batch order (an environment may number its instances).
-            try:
-                self.envs[env] = self.free_envs.pop() if self.free_envs else self.factory()
-            except BaseException as exc:
-                what = "%s()" % self.environment["class"]
-                self.answer(rid, {"error": "%s raised %s" % (what, report(exc, what + " raised"))})
+        if op == "env_reset":
+            index = request.get("environment", 0)
+            if not isinstance(index, int) or not 0 <= index < len(self.environments):
+                self.answer(rid, {"error": "\"environment\" must be an index below %d" % len(self.environments)})
                 return
+            held = self.envs.get(env)
+            if held is not None and held[0] != index:  # the id now names another environment: give this one back
+                self.environments[held[0]]["free"].append(self.envs.pop(env)[1])
+            if env not in self.envs:
+                # Made here, not on the request's thread, so instances are made in the order their resets are
+                # asked for, as TRL's pool makes them in batch order (an environment may number its instances).
+                spec = self.environments[index]
+                try:
+                    self.envs[env] = (index, spec["free"].pop(0) if spec["free"] else spec["factory"]())
+                except BaseException as exc:
+                    what = "%s()" % spec["info"]["class"]
+                    self.answer(rid, {"error": "%s raised %s" % (what, report(exc, what + " raised"))})
+                    return
+        index, instance = self.envs[env]
+        spec = self.environments[index]
 
         def run():
             try:
                 if op == "env_reset":
-                    observation = self.envs[env].reset(**request.get("row", {}))
-                    self.answer(rid, {"observation": observation})
+                    row = request.get("row", {})
+                    if spec["name"] is not None:  # TRL: a control field in multi-environment mode, not for reset
+                        row = {k: v for k, v in row.items() if k != "environment"}
+                    observation = instance.reset(**row)
+                    self.answer(rid, {"observation": observation, "environment": spec["name"]})
                     return
-                instance = self.envs[env]
                 if not hasattr(instance, "get_reward"):
                     self.answer(rid, {"error": "the environment defines no get_reward"})
                     return
@@ -339,7 +362,7 @@ class Worker:
                     reward = instance.get_reward()
                 self.answer(rid, {"reward": None if reward is None else float(reward)})
             except BaseException as exc:
-                what = "%s.%s" % (self.environment["class"], "reset" if op == "env_reset" else "get_reward")
+                what = "%s.%s" % (spec["info"]["class"], "reset" if op == "env_reset" else "get_reward")
                 self.answer(rid, {"error": "%s raised %s" % (what, report(exc, what + " raised"))})
 
         threading.Thread(target=run, daemon=True).start()
@@ -351,7 +374,7 @@ class Worker:
         try:
             spec = request["function"]
             func = find(load_module(spec), spec, spec["function"], "function")
-            envs = [self.envs[e] if e is not None and e in self.envs else None for e in request.get("envs", [])]
+            envs = [self.envs[e][1] if e is not None and e in self.envs else None for e in request.get("envs", [])]
         except BaseException as exc:
             self.answer(rid, {"error": str(exc) if isinstance(exc, SetupError) else report(exc, "loading a reward")})
             return
@@ -419,7 +442,7 @@ def main(setup):
         return
     answer_line(json.dumps({"ok": True, "python": sys.version.split()[0], "tools": worker.schemas,
                             "async_tools": [t.__name__ for t in worker.tools if inspect.iscoroutinefunction(t)],
-                            "environment": worker.environment}))
+                            "environments": [e["info"] for e in worker.environments]}))
     for line in proto_in:
         worker.serve(line)
 

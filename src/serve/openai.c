@@ -11,7 +11,9 @@
  * With tools (and tool_choice "auto"), a chat answer's tool calls are read
  * out of its text in the chat template's format, as vLLM's tool parsers do:
  * message.tool_calls (arguments as a JSON string), finish_reason "tool_calls"
- * (not while streaming: the deltas carry the text as it comes).
+ * (streaming: content deltas for the text before anything that may begin a
+ * call, then, at the end, the rest of the content and one delta.tool_calls
+ * event per call, as vLLM's streaming tool parsers send them).
  * Top alternatives and the prompt's log-probs come from a scoring forward
  * after the completion (serve_request_want_scores): the model's raw
  * log-softmax, vLLM's default logprobs_mode. What colt cannot honour
@@ -19,6 +21,7 @@
  * so is any parameter not listed: a request is never half-understood. */
 #include "serve/openai.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -225,8 +228,10 @@ static int read_chat_prompt(OpenAIRequest *r, json_t *body, const OpenAIContext 
         rc = COLT_ERR;
     json_t *choice = field(body, "tool_choice");
     bool calls_allowed = !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
-    if (rc == 0 && tools && json_array_size(tools) > 0 && calls_allowed && ctx->reads_tool_calls)
+    if (rc == 0 && tools && json_array_size(tools) > 0 && calls_allowed && ctx->reads_tool_calls) {
         r->tools = json_incref(tools);
+        r->tool_format = ctx->tool_format;
+    }
     json_decref(copy);
     if (rc != 0) return COLT_ERR;
     if (n == 0) {
@@ -590,6 +595,13 @@ size_t choice_text_stream_end(const ChoiceText *ct, const OpenAIRequest *req) {
             }
     }
     end -= hold;
+    if (req->endpoint == OPENAI_CHAT && req->tools) { /* only what is content whatever comes next */
+        const char *marker = memchr(ct->text, req->tool_format == TOOL_FORMAT_LLAMA3 ? '{' : '<', end);
+        size_t safe = marker ? (size_t)(marker - ct->text) : end;
+        while (safe > 0 && isspace((unsigned char)ct->text[safe - 1])) safe--;
+        if (safe > 0 && isspace((unsigned char)ct->text[0])) safe = 0;
+        if (safe < end) end = safe;
+    }
     return end > ct->streamed ? end : ct->streamed;
 }
 
@@ -876,11 +888,64 @@ static void append_event(char **buf, size_t *len, json_t *o) {
     free(s);
 }
 
+static json_t *chunk_json(const OpenAIRequest *req, const char *id, int64_t created, const OpenAIContext *ctx,
+                          json_t *choice) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id, "object", object_name(req, true), "created",
+                     (json_int_t)created, "model", ctx->model_name, "choices", choice);
+}
+
+/* The end of a streamed chat answer with tools: its message as the
+ * non-streamed answer has it (chat_message), sent as what it adds to the text
+ * streamed so far ([0, from) of the text: content before any call): the rest
+ * of the content, then each call in one delta, the finish reason on the last
+ * event. Content that does not continue what was sent (text after a call
+ * replaces text before it in the parse) cannot be taken back: only the calls
+ * follow then. */
+static void stream_tool_answer(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, ChoiceText *ct,
+                               int i, size_t from, bool first_chunk, const char *id, int64_t created,
+                               const OpenAIContext *ctx) {
+    const GenSequence *g = serve_request_sequence(sr, i);
+    const char *text = ct->text ? ct->text : "", *finish = ct->finish_reason;
+    json_t *message = chat_message(req, text, ctx, id, i, &finish);
+    const char *content = json_string_value(json_object_get(message, "content"));
+    const json_t *calls = json_object_get(message, "tool_calls");
+    size_t n_calls = json_array_size(calls);
+    const char *rest = content && strncmp(content, text, from) == 0 ? content + from : "";
+    for (size_t k = 0; k <= n_calls; k++) {
+        if (k == 0 && !*rest && !first_chunk && n_calls > 0) continue; /* nothing to add before the calls */
+        json_t *c = json_object(), *d = json_object();
+        json_object_set_new(c, "index", json_integer(i));
+        if (k == 0 && first_chunk) json_object_set_new(d, "role", json_string("assistant"));
+        if (k == 0) json_object_set_new(d, "content", json_string(rest));
+        else {
+            json_t *call = json_deep_copy(json_array_get(calls, k - 1));
+            json_object_set_new(call, "index", json_integer((json_int_t)(k - 1)));
+            json_object_set_new(d, "tool_calls", json_pack("[o]", call));
+        }
+        json_object_set_new(c, "delta", d);
+        if (req->logprobs && ct->n_tokens > ct->n_logprobs_sent) {
+            json_object_set_new(c, "logprobs", logprobs_json(req, g, ct->n_logprobs_sent, ct->n_tokens, ctx->tok));
+            ct->n_logprobs_sent = ct->n_tokens;
+        } else {
+            json_object_set_new(c, "logprobs", json_null());
+        }
+        bool last = k == n_calls;
+        json_object_set_new(c, "finish_reason", last ? json_string(finish) : json_null());
+        if (last && req->return_token_ids) json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));
+        append_event(buf, len, chunk_json(req, id, created, ctx, c));
+    }
+    json_decref(message);
+}
+
 void openai_stream_chunk(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, ChoiceText *ct, int i,
                          size_t from, size_t to, bool first_chunk, const char *id, int64_t created,
                          const OpenAIContext *ctx) {
     const GenSequence *g = serve_request_sequence(sr, i);
     bool last = ct->finished && to == strlen(ct->text ? ct->text : "");
+    if (last && req->endpoint == OPENAI_CHAT && req->tools) {
+        stream_tool_answer(buf, len, req, sr, ct, i, from, first_chunk, id, created, ctx);
+        return;
+    }
     json_t *c = json_object(), *delta = text_value(ct->text ? ct->text + from : "", to - from);
     json_object_set_new(c, "index", json_integer(i));
     if (req->endpoint == OPENAI_COMPLETIONS) {
@@ -899,9 +964,7 @@ void openai_stream_chunk(char **buf, size_t *len, const OpenAIRequest *req, Serv
     }
     json_object_set_new(c, "finish_reason", last ? json_string(ct->finish_reason) : json_null());
     if (last && req->return_token_ids) json_object_set_new(c, "token_ids", ids_json(g->tokens, ct->n_tokens));
-    append_event(buf, len,
-                 json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id, "object", object_name(req, true), "created",
-                           (json_int_t)created, "model", ctx->model_name, "choices", c));
+    append_event(buf, len, chunk_json(req, id, created, ctx, c));
 }
 
 void openai_stream_usage(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, const ChoiceText *texts,

@@ -57,6 +57,7 @@ typedef struct OpenAIRequest {
                                   * top_logprobs > 0 */
     bool seeded;                 /* the request gave a seed (else random_seed, and the caller picks its streams) */
     json_t *tools;               /* chat: the request's tools when calls are read out of its answers (else NULL) */
+    ToolCallFormat tool_format;  /* with tools: the format they are read in (the context's) */
 } OpenAIRequest;
 
 /* Reads a request body. Returns 0, or -1 with err set to a message for an
@@ -89,7 +90,11 @@ typedef struct ChoiceText {
 int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgress *p, const OpenAIRequest *req,
                        const Tokenizer *tok, bool *hit_stop_string, char *err);
 /* The bytes [ct->streamed, end) that may be sent now: not a trailing
- * incomplete character, not a tail that may begin a stop string (all of it once finished). */
+ * incomplete character, not a tail that may begin a stop string (all of it
+ * once finished); with tools (chat), only text that is content whatever
+ * follows: none from the first character that may begin a call or a region
+ * ('<' hermes, '{' Llama 3), not its trailing whitespace, and nothing while
+ * it starts with whitespace (the parsed content is stripped). */
 size_t choice_text_stream_end(const ChoiceText *ct, const OpenAIRequest *req);
 void choice_text_free(ChoiceText *ct);
 
@@ -98,7 +103,11 @@ char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const Cho
                            int64_t created, const OpenAIContext *ctx);
 /* One server-sent event "data: {...}\n\n" for choice i: the text
  * [from, to) of texts[i], the log-probs of its tokens not sent yet, its
- * finish reason when finished (first_chunk: chat's role delta). Appended to *buf. */
+ * finish reason when finished (first_chunk: chat's role delta). Appended to *buf.
+ * With tools (chat), the finished choice's last events are vLLM's: the rest of
+ * the answer's content (what the non-streamed message.content holds past the
+ * text sent), then one delta.tool_calls event per call ({index, id, type,
+ * function {name, arguments: all of them}}), finish_reason "tool_calls". */
 void openai_stream_chunk(char **buf, size_t *len, const OpenAIRequest *req, ServeRequest *sr, ChoiceText *ct, int i,
                          size_t from, size_t to, bool first_chunk, const char *id, int64_t created,
                          const OpenAIContext *ctx);

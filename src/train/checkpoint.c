@@ -163,6 +163,16 @@ static const char *RECORD_SETTINGS[] = {
     "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps", "environment_factory",
     "rollout_func",
 };
+/* json_equal ignores the order of an object's keys; a dict of environments'
+ * order is its reward columns' (the saved round's per_func). */
+static bool same_key_order(const json_t *a, const json_t *b) {
+    if (!json_is_object(a)) return true;
+    void *ia = json_object_iter((json_t *)a), *ib = json_object_iter((json_t *)b);
+    for (; ia && ib; ia = json_object_iter_next((json_t *)a, ia), ib = json_object_iter_next((json_t *)b, ib))
+        if (strcmp(json_object_iter_key(ia), json_object_iter_key(ib)) != 0) return false;
+    return !ia && !ib;
+}
+
 /* Derived entries, and how a message names them. The world size itself may
  * change: what the saved state depends on is how many samples a step takes. */
 static const char *setting_title(const char *key) {
@@ -230,7 +240,7 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
     const json_t *sa = json_object_get(saved, "settings"), *sb = json_object_get(current, "settings");
     for (size_t i = 0; i < N_RECORD_SETTINGS; i++) {
         const json_t *a = json_object_get(sa, RECORD_SETTINGS[i]), *b = json_object_get(sb, RECORD_SETTINGS[i]);
-        if (a && b && json_equal((json_t *)a, (json_t *)b)) continue;
+        if (a && b && json_equal((json_t *)a, (json_t *)b) && same_key_order(a, b)) continue;
         /* recorded since shuffle_dataset became a setting: older runs always shuffled */
         if (!a && !strcmp(RECORD_SETTINGS[i], "shuffle_dataset") && json_is_true(b)) continue;
         /* recorded since sync_ref_model became a setting (older runs never synced); the mix's settings

@@ -94,7 +94,9 @@ static const ConfigKey KEYS[] = {
       "a Python class (TRL's environment_factory): \"envs.py:MathEnv\" or \"module.Class\"; one instance per "
       "completion, reset(**row) with its dataset row, whose returned text is appended to the prompt's last message; "
       "its public methods are that completion's tools, and get_reward(), when defined, an extra reward named after "
-      "the class (weight 1); Python reward functions get environments=[...] (docs/agents.md)"),
+      "the class (weight 1); Python reward functions get environments=[...]. Or TRL's dict of environments, "
+      "{math: \"envs.py:MathEnv\", game: \"games.py:Guess\"} (JSON on the command line): each row's "
+      "'environment' column picks one, whose tools alone its prompt shows (docs/agents.md)"),
     K(rollout_func, KEY_STRING,
       "a Python function that makes each round's completions (TRL's rollout_func): \"rollouts.py:my_rollout\" or "
       "\"module.function\"; called with this process's prompts (each repeated num_generations times) and a trainer "
@@ -774,6 +776,8 @@ void train_config_free(TrainConfig *c) {
     }
     json_decref(c->notices);
     c->notices = NULL;
+    json_decref(c->environment_factories);
+    c->environment_factories = NULL;
     free(c->dataset_name);
     c->dataset_name = NULL;
 }
@@ -1205,9 +1209,58 @@ static int check_generation_kwargs(TrainConfig *c, const char *where, char *err)
     return COLT_OK;
 }
 
+/* environment_factory: a class name, or TRL's dict {name: class} (a YAML
+ * mapping, or its JSON text on the command line). A dict keeps its order
+ * (TRL's reward columns and error messages follow it) in
+ * environment_factories; environment_factory then holds its compact JSON,
+ * so "environments are on" stays one test and a resume compares it. */
+static int set_environment_factory(TrainConfig *c, json_t *v, const char *where, char *err) {
+    json_t *map = NULL;
+    if (json_is_string(v) && json_string_value(v)[0] == '{') {
+        json_error_t jerr;
+        map = json_loads(json_string_value(v), JSON_REJECT_DUPLICATES, &jerr);
+        if (!map)
+            return errorf(err, "%s: 'environment_factory' starts with '{' but is not a JSON mapping: %s", where,
+                          jerr.text);
+        v = map;
+    }
+    int rc = COLT_OK;
+    if (json_is_object(v)) {
+        const char *name;
+        json_t *cls;
+        if (json_object_size(v) == 0)
+            rc = errorf(err, "%s: 'environment_factory' is an empty mapping; give {name: \"envs.py:Class\", ...}",
+                        where);
+        json_object_foreach(v, name, cls) {
+            if (rc != COLT_OK) break;
+            if (!*name) rc = errorf(err, "%s: 'environment_factory' has an empty environment name", where);
+            else if (!json_is_string(cls) || !*json_string_value(cls))
+                rc = errorf(err, "%s: environment_factory.%s must name a Python class (\"envs.py:MathEnv\" or "
+                                 "\"module.Class\")", where, name);
+        }
+    } else if (!json_is_string(v) && !json_is_null(v)) {
+        rc = errorf(err, "%s: 'environment_factory' must be a class (\"envs.py:MathEnv\") or a mapping of "
+                         "environment names to classes ({math: \"envs.py:MathEnv\", ...})", where);
+    }
+    if (rc == COLT_OK) {
+        free(c->environment_factory);
+        json_decref(c->environment_factories);
+        c->environment_factory = NULL, c->environment_factories = NULL;
+        if (json_is_object(v)) {
+            c->environment_factories = json_deep_copy(v);
+            c->environment_factory = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        } else if (json_is_string(v)) {
+            c->environment_factory = xstrdup(json_string_value(v));
+        }
+    }
+    json_decref(map);
+    return rc;
+}
+
 static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err) {
     void *p = (char *)c + k->offset;
     int rc = COLT_OK;
+    if (k->offset == offsetof(TrainConfig, environment_factory)) return set_environment_factory(c, v, where, err);
     switch (k->type) {
     case KEY_DOUBLE:
     case KEY_DOUBLE_OR_NULL:
@@ -1841,6 +1894,9 @@ static int resolve_trl_switches(TrainConfig *c, char *err) {
 
 int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->model) return errorf(err, "settings: 'model' is required (a Hugging Face model folder)");
+    if (!c->dataset && c->environment_factories) /* TRL's words: the dict routes rows by their environment */
+        return errorf(err, "settings: a mapping environment_factory (several environments) needs a 'dataset' with "
+                           "an 'environment' column to route each row to its environment");
     if (!c->dataset) return errorf(err, "settings: 'dataset' is required (a .jsonl or .json file of prompts)");
     if (!c->output_dir || !*c->output_dir) return errorf(err, "settings: 'output_dir' must be set");
     if (!c->dataset_prompt_column || !*c->dataset_prompt_column)
@@ -2119,6 +2175,8 @@ int train_config_total_steps(int64_t *total_steps, const TrainConfig *c, size_t 
 static json_t *key_to_json(const TrainConfig *c, const ConfigKey *k) {
     const void *p = (const char *)c + k->offset;
     if (k->secret) return json_null();
+    if (k->offset == offsetof(TrainConfig, environment_factory) && c->environment_factories)
+        return json_deep_copy(c->environment_factories);
     switch (k->type) {
     case KEY_DOUBLE: return json_real(*(const double *)p);
     case KEY_DOUBLE_OR_NULL: return isnan(*(const double *)p) ? json_null() : json_real(*(const double *)p);

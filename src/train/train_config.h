@@ -42,6 +42,9 @@ typedef struct TrainConfig {
      * run (0: no limit) */
     char *rollout_func;
     double rollout_func_timeout;
+    /* TRL's dict of environments {name: class}, in order, or NULL; then
+     * environment_factory is its compact JSON text */
+    json_t *environment_factories;
     int max_tool_calling_iterations;
     double tool_timeout;
     json_t *reward_weights;  /* list of numbers or null */

@@ -467,10 +467,17 @@ static int create_rewards(Trainer *t, const TrainConfig *c, char *err) {
     }
     /* TRL: an environment's get_reward is one more reward function, weight 1, named after its class
      * (t->rewards[k] NULL: trainer_score_completions asks the environments) */
-    if (t->tool_worker && tool_worker_environment_has_reward(t->tool_worker)) {
+    const ToolEnvironment *envs = NULL;
+    size_t n_envs = t->tool_worker ? tool_worker_environments(t->tool_worker, &envs) : 0;
+    t->reward_environment = xcalloc((size_t)t->n_rewards + n_envs + 1, sizeof(int));
+    for (int k = 0; k < t->n_rewards; k++) t->reward_environment[k] = -1;
+    /* one column per class with get_reward (a dict may name one class twice), in the dict's order */
+    for (size_t e = 0; e < n_envs; e++) {
+        if (!envs[e].has_reward || envs[e].class_index != (int)e) continue;
         t->rewards = xrealloc(t->rewards, sizeof(RewardFunc *) * (size_t)(t->n_rewards + 1));
         t->reward_weights = xrealloc(t->reward_weights, sizeof(float) * (size_t)(t->n_rewards + 1));
         t->rewards[t->n_rewards] = NULL;
+        t->reward_environment[t->n_rewards] = (int)e;
         t->reward_weights[t->n_rewards++] = 1.0f;
     }
 
@@ -693,6 +700,7 @@ static void trainer_teardown(Trainer *t) {
     for (int k = 0; k < t->n_rewards; k++) reward_free(t->rewards[k]);
     free(t->rewards);
     free(t->reward_weights);
+    free(t->reward_environment);
     free(t->epoch_order);
     train_state_free(t->ts);
     dist_optimizer_free(&t->optimizer);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "agent/agent_loop.h"
+#include "data/prompt.h"
 #include "serve/serve_client.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -69,23 +70,76 @@ static int group_share_json(Trainer *t, json_t **value, int rc, char *err) {
     return rc;
 }
 
+/* The worker, with TRL's single environment_factory or its dict (in the dict's order). */
+static int start_leader_worker(ToolWorker **out, const Trainer *t, char *err) {
+    const TrainConfig *c = t->cfg;
+    size_t n_tools = json_array_size(c->tools);
+    const char **tools = xcalloc(n_tools + 1, sizeof(char *));
+    for (size_t i = 0; i < n_tools; i++) tools[i] = json_string_value(json_array_get(c->tools, i));
+    int rc;
+    if (!c->environment_factories) {
+        const char *cls = c->environment_factory;
+        rc = tool_worker_start_environments(out, tools, n_tools, NULL, cls ? &cls : NULL, cls ? 1 : 0, NULL, err);
+    } else {
+        size_t n = json_object_size(c->environment_factories), e = 0;
+        const char **names = xcalloc(n, sizeof(char *)), **classes = xcalloc(n, sizeof(char *));
+        const char *name;
+        json_t *cls;
+        json_object_foreach(c->environment_factories, name, cls) names[e] = name, classes[e++] = json_string_value(cls);
+        rc = tool_worker_start_environments(out, tools, n_tools, names, classes, n, NULL, err);
+        free(names), free(classes);
+    }
+    free(tools);
+    return rc;
+}
+
 /* The worker: started by the leader, described to the others. */
 static int start_worker(ToolWorker **out, Trainer *t, char *err) {
-    const TrainConfig *c = t->cfg;
-    size_t n = json_array_size(c->tools);
     int rc = COLT_OK;
     json_t *description = NULL;
     if (runs_tools(t)) {
-        const char **names = xcalloc(n + 1, sizeof(char *));
-        for (size_t i = 0; i < n; i++) names[i] = json_string_value(json_array_get(c->tools, i));
-        rc = tool_worker_start(out, names, n, c->environment_factory, NULL, err);
-        free(names);
+        rc = start_leader_worker(out, t, err);
         if (rc == 0) description = tool_worker_description(*out);
     }
     rc = group_share_json(t, &description, rc, err);
     if (rc == 0 && !runs_tools(t)) rc = tool_worker_from_description(out, description, err);
     json_decref(description);
     return rc;
+}
+
+/* "math, game": the dict's names, for errors. */
+static void environment_names(const ToolWorker *w, char *out, size_t cap) {
+    const ToolEnvironment *envs;
+    size_t n = tool_worker_environments(w, &envs), len = 0;
+    out[0] = '\0';
+    for (size_t e = 0; e < n && len < cap; e++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", e ? ", " : "", envs[e].name);
+}
+
+/* TRL's routing: with a dict, row i's 'environment' names one of its environments. *e its index. */
+static int row_environment(const Trainer *t, int *e, const json_t *row, const char *where, size_t i, char *err) {
+    *e = 0;
+    if (!t->cfg->environment_factories) return COLT_OK;
+    const json_t *name = json_object_get(row, "environment");
+    *e = json_is_string(name) ? tool_worker_environment_index(t->tool_worker, json_string_value(name)) : -1;
+    if (*e >= 0) return COLT_OK;
+    char names[512], text[120];
+    environment_names(t->tool_worker, names, sizeof names);
+    if (!name) return errorf(err, "%s row %zu: no 'environment' field to pick one of environment_factory's environments "
+                                  "(%s)", where, i, names);
+    char *dumped = json_dumps(name, JSON_ENCODE_ANY | JSON_COMPACT);
+    snprintf(text, sizeof text, "%s", dumped ? dumped : "?");
+    free(dumped);
+    return errorf(err, "%s row %zu: environment %s is not among the environments of environment_factory; expected "
+                       "one of: %s", where, i, text, names);
+}
+
+/* Every row routes to a known environment: checked at start rather than at the round that draws it. */
+static int check_environment_column(const Trainer *t, const Dataset *d, const char *where, char *err) {
+    int e;
+    for (size_t i = 0; d && t->cfg->environment_factories && i < dataset_size(d); i++)
+        if (row_environment(t, &e, dataset_row((Dataset *)d, i), where, i, err) != 0) return COLT_ERR;
+    return COLT_OK;
 }
 
 int trainer_tools_start(Trainer *t, char *err) {
@@ -100,6 +154,9 @@ int trainer_tools_start(Trainer *t, char *err) {
     /* async_generation: the round in flight calls its own worker (trainer_server.c) */
     if (rc == 0 && c->async_generation) rc = start_worker(&t->async_tool_worker, t, err);
     if (rc != 0) return error_prefix(err, "tools");
+    if (check_environment_column(t, t->data, c->dataset, err) != 0 ||
+        check_environment_column(t, t->eval_data, c->eval_dataset, err) != 0)
+        return COLT_ERR;
     if (json_array_size(tool_worker_schemas(t->tool_worker)) == 0)
         return errorf(err, "environment_factory: %s has no public method for the model to call (its tools), and no "
                            "tools are given",
@@ -124,9 +181,16 @@ int trainer_tools_start(Trainer *t, char *err) {
         return errorf(err, "tools: %s holds plain-text prompts; tools are given to the model through the chat "
                            "template, so the prompts must be lists of messages (as TRL requires)",
                       c->dataset);
-    if (c->environment_factory)
+    if (c->environment_factories) {
+        const ToolEnvironment *envs;
+        size_t n_envs = tool_worker_environments(t->tool_worker, &envs);
+        for (size_t e = 0; e < n_envs; e++)
+            log_info0("environment_factory[%s]: %s, %zu tools%s", envs[e].name, envs[e].class_name,
+                      json_array_size(envs[e].schemas), envs[e].has_reward ? ", get_reward() a reward" : "");
+    } else if (c->environment_factory) {
         log_info0("environment_factory: %s, one instance per completion%s", tool_worker_environment_name(t->tool_worker),
                   tool_worker_environment_has_reward(t->tool_worker) ? ", get_reward() an extra reward" : "");
+    }
     char rounds[32];
     snprintf(rounds, sizeof rounds, "%d", c->max_tool_calling_iterations);
     log_info0("tools: %zu (%s), rounds of calls per completion: %s, %g s per call", json_array_size(schemas),
@@ -150,6 +214,16 @@ void trainer_tools_stop(Trainer *t) {
 
 const json_t *trainer_tool_schemas(const Trainer *t) {
     return t->tool_worker ? tool_worker_schemas(t->tool_worker) : NULL;
+}
+
+const json_t *trainer_row_tool_schemas(const Trainer *t, const json_t *row) {
+    if (!t->tool_worker || !t->cfg->environment_factories) return trainer_tool_schemas(t);
+    const json_t *name = json_object_get(row, "environment");
+    int e = json_is_string(name) ? tool_worker_environment_index(t->tool_worker, json_string_value(name)) : -1;
+    const ToolEnvironment *envs;
+    tool_worker_environments(t->tool_worker, &envs);
+    /* an unknown name is an error where the row is used (trainer_environment_prompts) */
+    return e >= 0 && json_array_size(envs[e].schemas) > 0 ? envs[e].schemas : e >= 0 ? NULL : trainer_tool_schemas(t);
 }
 
 /* ---------------------------------------------------------------- server mode's turns
@@ -217,10 +291,15 @@ void trainer_agent_share_clear(AgentShare *a) {
     free_conversations(a);
     dataset_free(a->rows);
     json_decref(a->row_list);
+    free(a->environment_of), free(a->instance_of);
     memset(a, 0, sizeof *a);
 }
 
 void trainer_agent_share_free(Trainer *t) { trainer_agent_share_clear(&t->agent); }
+
+long trainer_environment_instance(const Trainer *t, int j) {
+    return t->agent.instance_of ? t->agent.instance_of[j] : j;
+}
 
 int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
                                 GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {
@@ -232,7 +311,8 @@ int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClien
     AgentToolsOptions to = {.tok = t->tok, .template_source = tokenizer_chat_template(t->tok),
                             .chat_template_kwargs = t->cfg->chat_template_kwargs, .format = t->tool_format,
                             .worker = worker, .timeout_s = t->cfg->tool_timeout,
-                            .environments = t->cfg->environment_factory != NULL};
+                            .environments = t->cfg->environment_factory != NULL,
+                            .environment_of = a->environment_of, .instance_of = a->instance_of};
     AgentToolsGroup group = {.ctx = (void *)t, .leader = runs_tools(t), .share = group_share};
     if (tensor_parallel(t)) to.group = &group;
     AgentToolRunner *runner = agent_tool_runner_create(&to, n);
@@ -282,7 +362,10 @@ int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateO
 /* ---------------------------------------------------------------- environments */
 
 const char *trainer_reward_name(const Trainer *t, int k) {
-    return t->rewards[k] ? reward_name(t->rewards[k]) : tool_worker_environment_name(t->tool_worker);
+    if (t->rewards[k]) return reward_name(t->rewards[k]);
+    const ToolEnvironment *envs;
+    tool_worker_environments(t->tool_worker, &envs);
+    return envs[t->reward_environment[k]].class_name;
 }
 
 /* The row as environment j's rollout sees it: TRL's prompt[:-1] + [{**prompt[-1], "content": content +
@@ -337,17 +420,25 @@ static int wait_all(ToolWorker *w, const long *requests, json_t **answers, int n
     return COLT_OK;
 }
 
-/* The answers to one environment request per sample j in [0, n) (d given: reset environment j with row
- * rows_of[j] of d; else its get_reward), all at once, made by the leader and shared with its group:
- * answers[j] a new reference on every rank. */
-static int environment_answers(Trainer *t, json_t **answers, int n, Dataset *d, const size_t *rows_of, char *err) {
+/* The answers to one environment request per sample j in [0, n) (d given: reset sample j's instance of its
+ * environment (t->agent's instance_of, environment_of) with row rows_of[j] of d; else its get_reward, only
+ * where wanted[j] when wanted is given: JSON null elsewhere), all at once, made by the leader and shared with
+ * its group: answers[j] a new reference on every rank. */
+static int environment_answers(Trainer *t, json_t **answers, int n, Dataset *d, const size_t *rows_of,
+                               const bool *wanted, char *err) {
     int rc = COLT_OK;
     if (runs_tools(t)) {
         long *requests = xcalloc((size_t)n + 1, sizeof(long));
         /* every request at once (they run in parallel in the worker; environments are made in this order) */
-        for (int j = 0; j < n && rc == 0; j++)
-            rc = d ? tool_worker_submit_reset(t->tool_worker, &requests[j], j, dataset_row(d, rows_of[j]), err)
-                   : tool_worker_submit_reward(t->tool_worker, &requests[j], j, err);
+        for (int j = 0; j < n && rc == 0; j++) {
+            requests[j] = -1;
+            if (wanted && !wanted[j]) answers[j] = json_null(); /* nothing to wait for */
+            else if (d)
+                rc = tool_worker_submit_reset_in(t->tool_worker, &requests[j], trainer_environment_instance(t, j),
+                                                 t->agent.environment_of ? t->agent.environment_of[j] : 0,
+                                                 dataset_row(d, rows_of[j]), err);
+            else rc = tool_worker_submit_reward(t->tool_worker, &requests[j], trainer_environment_instance(t, j), err);
+        }
         if (rc == 0) rc = wait_all(t->tool_worker, requests, answers, n, err);
         free(requests);
     }
@@ -373,7 +464,19 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     const TrainConfig *c = t->cfg;
     const char *column = c->dataset_prompt_column ? c->dataset_prompt_column : "prompt";
     json_t **answers = xcalloc((size_t)n + 1, sizeof(json_t *));
-    int rc = environment_answers(t, answers, n, d, rows_of, err);
+    AgentShare *a = &t->agent;
+    a->environment_of = xcalloc((size_t)n + 1, sizeof(int));
+    a->instance_of = xcalloc((size_t)n + 1, sizeof(long));
+    const ToolEnvironment *envs;
+    const size_t n_envs = tool_worker_environments(t->tool_worker, &envs);
+    int *taken = xcalloc(n_envs + 1, sizeof(int)); /* instances of each environment handed out so far */
+    int rc = COLT_OK;
+    for (int j = 0; j < n && rc == 0; j++) {
+        rc = row_environment(t, &a->environment_of[j], dataset_row(d, rows_of[j]), where, rows_of[j], err);
+        if (rc == 0) a->instance_of[j] = (long)taken[a->environment_of[j]]++ * (long)n_envs + a->environment_of[j];
+    }
+    free(taken);
+    if (rc == 0) rc = environment_answers(t, answers, n, d, rows_of, NULL, err);
     json_t *list = json_array();
     for (int j = 0; j < n && rc == 0; j++) {
         const json_t *error = json_object_get(answers[j], "error");
@@ -393,7 +496,11 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     t->agent.row_list = list;
     const int max_position = model_config(t->model)->max_position_embeddings;
     for (int j = 0; j < n && rc == 0; j++) {
-        rc = trainer_prompt_ids(t, t->agent.rows, (size_t)j, &ids[j], &lens[j], &texts[j], err);
+        /* rendered with its environment's tools alone (TRL: tools=self._env_tools[name] or None) */
+        const json_t *schemas = envs[a->environment_of[j]].schemas;
+        rc = prompt_encode_row_tools(&ids[j], &lens[j], &texts[j], t->agent.rows, (size_t)j, t->tok,
+                                     c->chat_template_kwargs, json_array_size(schemas) ? schemas : NULL,
+                                     c->max_prompt_length, c->dataset, err);
         if (rc == 0 && lens[j] > t->max_prompt_tokens)
             rc = errorf(err, "%s row %zu: its prompt with the environment's observation is %d tokens, more than "
                              "max_prompt_length %d or max_position_embeddings %d - max_completion_length %d allow",
@@ -402,11 +509,22 @@ int trainer_environment_prompts(Trainer *t, Dataset *d, const char *where, const
     return rc;
 }
 
-int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
+int trainer_environment_rewards(Trainer *t, float *values, int n, int environment, char *err) {
     json_t **answers = xcalloc((size_t)n + 1, sizeof(json_t *));
-    int rc = environment_answers(t, answers, n, NULL, NULL, err);
+    const ToolEnvironment *envs;
+    tool_worker_environments(t->tool_worker, &envs);
+    const char *class_name = envs[environment].class_name;
+    /* TRL scores a rollout only when its environment is exactly this class; the others get None */
+    bool *scored = xcalloc((size_t)n + 1, sizeof(bool));
+    for (int j = 0; j < n; j++)
+        scored[j] = envs[t->agent.environment_of ? t->agent.environment_of[j] : 0].class_index == environment;
+    int rc = environment_answers(t, answers, n, NULL, NULL, scored, err);
     int lost = 0;
     for (int j = 0; j < n && rc == 0; j++) {
+        if (!scored[j]) {
+            values[j] = NAN;
+            continue;
+        }
         const json_t *error = json_object_get(answers[j], "error"), *v = json_object_get(answers[j], "reward");
         /* a tool that held the worker past its limit got it killed, and the environments with it (beyond TRL,
          * which has no limit): those completions get no reward, as for a None */
@@ -414,15 +532,16 @@ int trainer_environment_rewards(Trainer *t, float *values, int n, char *err) {
         else if (error) rc = errorf(err, "completion %d: %s", j, json_string_value(error));
         else if (json_is_number(v) && !isfinite((float)json_number_value(v)))
             rc = errorf(err, "completion %d: %s.get_reward() returned %g, which a 32-bit float cannot hold", j,
-                        tool_worker_environment_name(t->tool_worker), json_number_value(v));
+                        class_name, json_number_value(v));
         else values[j] = json_is_number(v) ? (float)json_number_value(v) : NAN;
     }
     if (lost > 0)
         log_error("warning: %d of %d completions' environments were lost with a killed tool worker: %s.get_reward() "
                   "gives them no reward",
-                  lost, n, tool_worker_environment_name(t->tool_worker));
+                  lost, n, class_name);
     for (int j = 0; j < n; j++) json_decref(answers[j]);
     free(answers);
+    free(scored);
     return rc;
 }
 

@@ -22,8 +22,9 @@
 
 /* Prompt ids of dataset row i, as colt eval encodes them too (prompt.h). */
 int trainer_prompt_ids(Trainer *t, Dataset *d, size_t row, int **ids, int *n, char **text, char *err) {
-    return prompt_encode_row_tools(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs, trainer_tool_schemas(t),
-                                   t->cfg->max_prompt_length, t->cfg->dataset, err);
+    return prompt_encode_row_tools(ids, n, text, d, row, t->tok, t->cfg->chat_template_kwargs,
+                                   trainer_row_tool_schemas(t, dataset_row(d, row)), t->cfg->max_prompt_length,
+                                   t->cfg->dataset, err);
 }
 
 /* A reward model runs on the trainer's backend, beside the policy, cut across
@@ -57,7 +58,7 @@ static int python_reward_with_environments(Trainer *t, RewardFunc *r, float *val
     double *got = xmalloc(sizeof(double) * (size_t)n);
     bool *has = xmalloc(sizeof(bool) * (size_t)n);
     long *envs = xmalloc(sizeof(long) * (size_t)n);
-    for (int j = 0; j < n; j++) envs[j] = j;
+    for (int j = 0; j < n; j++) envs[j] = trainer_environment_instance(t, j);
     int rc = trainer_tool_reward_function(t, got, has, n, function, kwargs, envs, timeout_s, err);
     for (int j = 0; j < n && rc == 0; j++)
         rc = has[j] ? reward_store_value(r, values, j, got[j], err) : (values[j] = NAN, COLT_OK);
@@ -87,7 +88,7 @@ int trainer_score_completions(Trainer *t, float *per_func, Dataset *d, const siz
         double timeout_s;
         char *python = r && environments ? reward_python_function(r, &timeout_s) : NULL;
         int m = rc == 0 ? n : 0, krc = COLT_OK;
-        if (!r) krc = m > 0 ? trainer_environment_rewards(t, values, m, reward_err) : COLT_OK;
+        if (!r) krc = m > 0 ? trainer_environment_rewards(t, values, m, t->reward_environment[k], reward_err) : COLT_OK;
         else if (python)
             krc = m > 0 ? python_reward_with_environments(t, r, values, prompts, completions, messages, ids, id_lens,
                                                           rows, m, reward_err)

@@ -12,7 +12,16 @@ The standalone tools are add, div and slow of tests/data/agent/calc_tools.py (th
 Writes tests/data/agent/env_goldens.json: per sample, its prompt ids (TRL's, padding removed), completion ids,
 tool_mask, the completion's messages and each reward.
 
-Usage: HF_HUB_OFFLINE=1 python3 tests/ref/make_env_goldens.py     (torch CPU, transformers 5.24, trl 1.16)
+Then the same with TRL's dict of environments, environment_factory={"writer": WriterEnv, "count": CountEnv,
+"writer2": WriterEnv, "mul": MulEnv} (examples/environments/counter.py) on examples/environments/mixed.jsonl, whose rows pick
+their environment: each prompt rendered with its environment's tools alone, a call to another environment's
+method answered "Tool big not found.", one reward column per class with get_reward (WriterEnv once for its two
+names, CountEnv; None for the other classes' rollouts), the pool per name. Writes tests/data/agent/env_dict_goldens.json: the samples as above plus
+each one's environment, TRL's tools/* metrics, and TRL's errors for a row naming an unknown environment and for
+a dict without a dataset.
+
+Usage: HF_HUB_OFFLINE=1 python3 tests/ref/make_env_goldens.py [--dict]   (torch CPU, transformers 5.24, trl 1.16;
+--dict: only the dict's goldens)
 """
 import importlib.util
 import json
@@ -32,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL = os.path.join(ROOT, "tests", "data", "models", "tiny-tool-f32")
 EXAMPLE = os.path.join(ROOT, "examples", "environments")
 OUT = os.path.join(ROOT, "tests", "data", "agent", "env_goldens.json")
+OUT_DICT = os.path.join(ROOT, "tests", "data", "agent", "env_dict_goldens.json")
 G = 2            # num_generations
 BUDGET = 48      # max_completion_length
 
@@ -44,13 +54,11 @@ def load(path, name):
     return module
 
 
-def main():
+def run(factory, rows, reward_funcs, out_path, extra=None):
+    """TRL's _generate_and_score_completions on rows (each num_generations times); writes out_path."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    writer = load(os.path.join(EXAMPLE, "writer.py"), "writer")
     calc = load(os.path.join(ROOT, "tests", "data", "agent", "calc_tools.py"), "calc_tools")
-    with open(os.path.join(EXAMPLE, "writer.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
     # as make_tool_model.py made it (AutoTokenizer would rebuild another pre-tokenizer)
     tok = PreTrainedTokenizerFast.from_pretrained(MODEL)
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
@@ -58,9 +66,9 @@ def main():
         args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=len(rows) * G, num_generations=G,
                           max_completion_length=BUDGET, generation_kwargs={"do_sample": False}, use_cpu=True,
                           bf16=False, report_to=[], logging_steps=1, seed=0)
-        trainer = GRPOTrainer(model=model, reward_funcs=[writer.says_the_sum], args=args,
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args,
                               train_dataset=Dataset.from_list(rows), processing_class=tok,
-                              tools=[calc.add, calc.div, calc.slow], environment_factory=writer.WriterEnv)
+                              tools=[calc.add, calc.div, calc.slow], environment_factory=factory)
         inputs = [row for row in rows for _ in range(G)]  # TRL's RepeatSampler: each prompt num_generations times
         out = trainer._generate_and_score_completions(inputs)
     names = list(trainer._logs["rewards"].keys())
@@ -70,16 +78,63 @@ def main():
         n = int(out["completion_mask"][i].sum())
         completion = out["completion_ids"][i][:n].tolist()
         mask = out["tool_mask"][i][:n].tolist() if "tool_mask" in out else [1] * n
+        rewards = {}
+        for name in names:
+            value = trainer._logs["rewards"][name][i]
+            rewards[name] = None if value != value else value  # NaN (no reward) as null
         samples.append({"row": i // G, "prompt_ids": prompt, "completion_ids": completion, "tool_mask": mask,
                         "prompt": tok.decode(prompt), "messages": trainer._logs["completion"][i],
-                        "rewards": {name: trainer._logs["rewards"][name][i] for name in names}})
+                        "rewards": rewards})
+        if isinstance(factory, dict):
+            samples[-1]["environment"] = inputs[i]["environment"]
         print(f"sample {i}: {tok.decode(prompt)[-30:]!r} -> {json.dumps(samples[-1]['messages'])} "
               f"rewards {samples[-1]['rewards']}")
-    with open(OUT, "w", encoding="utf-8") as f:
-        json.dump({"num_generations": G, "max_completion_length": BUDGET, "reward_names": names,
-                   "samples": samples}, f, indent=1)
+    golden = {"num_generations": G, "max_completion_length": BUDGET, "reward_names": names, "samples": samples}
+    mode = "train" if trainer.model.training else "eval"  # the mode TRL logged the round's metrics under
+    golden["metrics"] = {k: v[-1] for k, v in trainer._metrics[mode].items() if k.startswith("tools/")}
+    golden.update(extra or {})
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(golden, f, indent=1)
         f.write("\n")
-    print(f"wrote {OUT}")
+    print(f"wrote {out_path}")
+
+
+def trl_error(**kwargs):
+    """The message of TRL's ValueError for these GRPOTrainer arguments (a tiny run that fails early)."""
+    tok = PreTrainedTokenizerFast.from_pretrained(MODEL)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=G, num_generations=G, max_steps=1,
+                          max_completion_length=BUDGET, use_cpu=True, bf16=False, report_to=[])
+        rows = kwargs.pop("rows", None)
+        try:
+            trainer = GRPOTrainer(model=model, args=args, processing_class=tok,
+                                  train_dataset=Dataset.from_list(rows) if rows else None, **kwargs)
+            trainer._generate_and_score_completions([row for row in rows for _ in range(G)])
+        except ValueError as exc:
+            return str(exc)
+    raise SystemExit("TRL accepted %r" % kwargs)
+
+
+def main():
+    writer = load(os.path.join(EXAMPLE, "writer.py"), "writer")
+    if "--dict" not in sys.argv:
+        with open(os.path.join(EXAMPLE, "writer.jsonl"), encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+        run(writer.WriterEnv, rows, [writer.says_the_sum], OUT)
+    writer.WriterEnv.made = 0  # the instances are numbered anew, as in a fresh process
+    counter = load(os.path.join(EXAMPLE, "counter.py"), "counter")
+    with open(os.path.join(EXAMPLE, "mixed.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    factory = {"writer": writer.WriterEnv, "count": counter.CountEnv, "writer2": writer.WriterEnv,
+               "mul": counter.MulEnv}
+    errors = {
+        "unknown_environment": trl_error(rows=[dict(rows[0], environment="chess")], environment_factory=factory,
+                                         reward_funcs=[writer.says_the_sum]),
+        "dict_without_dataset": trl_error(rows=None, environment_factory=factory, reward_funcs=[writer.says_the_sum]),
+    }
+    writer.WriterEnv.made = 0
+    run(factory, rows, [writer.says_the_sum], OUT_DICT, {"errors": errors})
 
 
 if __name__ == "__main__":

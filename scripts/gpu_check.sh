@@ -5,7 +5,8 @@
 # Debian shared libraries they link (.devlibs/) and the GRPO benchmark's data.
 # Results go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu_check.sh [part ...]
-#   parts: tests cli decode floor grpo grpo-fast train gemm agent fewshot (default: all but floor and fewshot)
+#   parts: tests cli decode floor grpo grpo-fast train gemm agent agent-multi fewshot (default: all but floor,
+#   agent-multi (2 GPUs for its TP and async halves) and fewshot)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=${*:-tests cli decode grpo grpo-fast train gemm agent}
@@ -85,6 +86,60 @@ print(f"   {sys.argv[2]}: {len(rows)} steps, tools/call_frequency {calls}, large
 sys.exit(0 if diff == 0 and min(calls) > 0 else 1)
 PY
       done ;;
+    agent-multi)
+      # tools under tensor parallelism (NCCL, 2 GPUs) and with async_generation (colt serve on GPU 1), and
+      # rollout_func on the GPU: each against the same run in one process on one GPU
+      echo "== tools with tensor_parallel_size 2, async_generation, rollout_func (deterministic, cuda_f32)"
+      a=tests/data/agent
+      tool_args=(--model tests/data/models/tiny-tool-f32 --dataset $a/tool_prompts.jsonl
+        --tools "[\"$a/calc_tools.py:add\",\"$a/calc_tools.py:div\",\"$a/calc_tools.py:big\"]" --tool_timeout 5
+        --max_tool_calling_iterations 2 --reward_funcs "[\"$a/tool_rewards.py:repeats_tool_result\"]"
+        --num_generations 4 --per_device_train_batch_size 36 --max_completion_length 64 --max_prompt_length 128
+        --beta 0.04 --learning_rate 1e-3 --logging_steps 1 --log_completions_count 1000 --save_steps 0 --seed 7
+        --report_to none --max_steps 3 --deterministic true --device cuda_f32)
+      gpus=$(nvidia-smi -L | wc -l)
+      build-cuda/colt train "${tool_args[@]}" --output_dir "$out/am_one" > "$out/am_one.log" 2>&1 ||
+        { echo "   one GPU: failed: $(tail -1 "$out/am_one.log")"; status=1; }
+      runs=()
+      if [ "$gpus" -ge 2 ]; then
+        NCCL_NVLS_ENABLE=0 build-cuda/colt train "${tool_args[@]}" --tensor_parallel_size 2 --nproc_per_node 2 \
+          --output_dir "$out/am_tp2" > "$out/am_tp2.log" 2>&1 || { echo "   TP 2: failed: $(tail -1 "$out/am_tp2.log")"; status=1; }
+        runs+=(am_tp2)
+        build-cuda/colt train "${tool_args[@]}" --vllm_mode server --server_devices '[1]' --devices '[0]' \
+          --async_generation true --learning_rate 0 --output_dir "$out/am_async" > "$out/am_async.log" 2>&1 ||
+          { echo "   async: failed: $(tail -1 "$out/am_async.log")"; status=1; }
+        build-cuda/colt train "${tool_args[@]}" --learning_rate 0 --output_dir "$out/am_one_lr0" > "$out/am_one_lr0.log" 2>&1
+        runs+=(am_async:am_one_lr0)
+      fi
+      python3 - "$out" "${runs[@]}" <<'PY' || status=1
+import json, sys, os
+out, ok = sys.argv[1], True
+def load(run):
+    rows = [json.loads(l) for l in open(f"{out}/{run}/completions.jsonl")] if os.path.exists(f"{out}/{run}/completions.jsonl") else []
+    metrics = [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl")] if os.path.exists(f"{out}/{run}/metrics.jsonl") else []
+    return rows, metrics
+for pair in sys.argv[2:]:
+    run, base = (pair.split(":") + ["am_one"])[:2]
+    a, am = load(run)
+    b, bm = load(base)
+    keys = ("reward", "tools/call_frequency", "tools/failure_frequency")
+    same_text = len(a) == len(b) and len(a) > 0 and all(x.get("completion") == y.get("completion") for x, y in zip(a, b))
+    diffs = {k: max((abs(x.get(k, 0) - y.get(k, 0)) for x, y in zip(am, bm)), default=None) for k in keys}
+    lp = max((r.get("sampling/sampling_logp_difference/max", 0) for r in am), default=None)
+    print(f"   {run} vs {base}: {len(a)} completions logged, identical text: {same_text}; metric differences {diffs}; "
+          f"engine/trainer logp difference max {lp}")
+    ok &= same_text and all(v == 0 for v in diffs.values())
+sys.exit(0 if ok else 1)
+PY
+      # rollout_func: a two-turn game generating through trainer.generate on the GPU's engine
+      r=tests/data/rollout
+      build-cuda/colt train --model tests/data/models/tiny-tool-f32 --dataset examples/data/demo_train.jsonl \
+        --rollout_func $r/game_rollouts.py:two_turn --reward_funcs "[\"$r/rollout_rewards.py:turn_count\"]" \
+        --num_generations 4 --per_device_train_batch_size 8 --max_completion_length 16 --seed 7 --max_steps 2 \
+        --logging_steps 1 --save_steps 0 --report_to none --deterministic true --device cuda_f32 \
+        --output_dir "$out/am_rollout" > "$out/am_rollout.log" 2>&1 &&
+        echo "   rollout_func on the GPU: $(tail -1 "$out/am_rollout.log")" ||
+        { echo "   rollout_func: failed: $(tail -1 "$out/am_rollout.log")"; status=1; } ;;
   esac
 done
 exit $status

@@ -72,9 +72,26 @@ void trainer_pending_discard(Trainer *t) {
     p->active = false;
 }
 
-/* Rank 0's push over every replica's channel: each server is told first
- * (it then waits for the weights), then each channel sends in turn. *bytes
- * and *seconds: one replica's push, and all of them. */
+/* One replica's push, on a thread of its own. */
+typedef struct ReplicaPush {
+    WeightSync *sync;
+    const Model *model;
+    int rc;
+    char err[ERR_LEN];
+} ReplicaPush;
+
+static void *push_main(void *arg) {
+    ReplicaPush *p = arg;
+    p->rc = weight_sync_send(p->sync, p->model, p->err);
+    return NULL;
+}
+
+/* Rank 0's push over every replica's channel: each server is told first (it
+ * then waits for the weights), then the channels send. Through the host
+ * they send at once, a thread each (each its own buffers and connections);
+ * NCCL channels share the trainer's compute stream, so their broadcasts
+ * would run one after another anyway and go in turn on this thread.
+ * *bytes: one replica's push; *seconds: the whole send. */
 static int push_to_replicas(Trainer *t, size_t *bytes, double *seconds, char *err) {
     const int K = serve_client_replicas(t->server);
     *bytes = 0, *seconds = 0;
@@ -83,16 +100,28 @@ static int push_to_replicas(Trainer *t, size_t *bytes, double *seconds, char *er
         if (serve_client_post(replica, "/colt/update_weights", "{}", err) != 0)
             return error_prefix(err, "server mode: pushing the weights to %s", serve_client_url(replica));
     }
+    double t0 = time_now();
+    ReplicaPush *push = xcalloc((size_t)K, sizeof(ReplicaPush));
+    pthread_t *threads = xcalloc((size_t)K, sizeof(pthread_t));
+    bool *started = xcalloc((size_t)K, sizeof(bool));
     for (int r = 0; r < K; r++) {
-        ServeClient *replica = serve_client_replica(t->server, r);
-        size_t b = 0;
-        double s = 0;
-        if (weight_sync_send(t->sync[r], t->model, err) != 0)
-            return error_prefix(err, "server mode: pushing the weights to %s", serve_client_url(replica));
-        weight_sync_last(t->sync[r], &b, &s);
-        *bytes = b, *seconds += s;
+        push[r] = (ReplicaPush){.sync = t->sync[r], .model = t->model};
+        if (r > 0 && weight_sync_kind(t->sync[r]) != COMM_NCCL)
+            started[r] = pthread_create(&threads[r], NULL, push_main, &push[r]) == 0;
     }
-    return COLT_OK;
+    for (int r = 0; r < K; r++) {
+        if (started[r]) pthread_join(threads[r], NULL);
+        else push_main(&push[r]); /* replica 0, an NCCL channel, or no thread to be had */
+    }
+    *seconds = time_now() - t0;
+    int rc = COLT_OK;
+    for (int r = 0; r < K && rc == 0; r++)
+        if (push[r].rc != 0)
+            rc = errorf(err, "server mode: pushing the weights to %s: %s",
+                        serve_client_url(serve_client_replica(t->server, r)), push[r].err);
+    if (rc == 0) weight_sync_last(t->sync[0], bytes, &(double){0});
+    free(push), free(threads), free(started);
+    return rc;
 }
 
 /* vllm_mode server: after every optimizer step (and once at the start, so

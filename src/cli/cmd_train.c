@@ -75,7 +75,8 @@ static int visible_devices(char *out, size_t size, const json_t *devices, size_t
     out[0] = '\0';
     for (size_t i = lo; i < hi; i++) {
         int d = (int)json_integer_value(json_array_get(devices, i));
-        if (d >= count) return errorf(err, "server_devices[%zu] is GPU %d but this process sees %d GPU(s)", i, d, count);
+        if (d < 0 || d >= count)
+            return errorf(err, "server_devices[%zu] is GPU %d but this process sees %d GPU(s)", i, d, count);
         size_t len = strlen(out);
         if (n_ids > d) snprintf(out + len, size - len, "%s%s", len ? "," : "", ids[d]);
         else snprintf(out + len, size - len, "%s%d", len ? "," : "", d);

@@ -1227,9 +1227,10 @@ static int check_server_urls(TrainConfig *c, int *n_replicas, char *err) {
     if (!c->vllm_server_base_url) return COLT_OK;
     if (c->vllm_server_base_url[0] == '[') {
         json_t *list = json_loads(c->vllm_server_base_url, 0, NULL);
-        int rc = json_is_array(list) ? set_url_list(&c->vllm_server_base_url, list, "settings", err)
-                                     : errorf(err, "settings: vllm_server_base_url '%.200s' is neither a URL nor a JSON "
-                                                   "list of URLs", c->vllm_server_base_url);
+        int rc = json_is_array(list)
+                     ? set_url_list(&c->vllm_server_base_url, list, "settings", err)
+                     : errorf(err, "settings: vllm_server_base_url '%.200s' is neither a URL nor a JSON list of URLs",
+                              c->vllm_server_base_url);
         json_decref(list);
         if (rc != 0) return COLT_ERR;
         if (!c->vllm_server_base_url) return COLT_OK;
@@ -1242,7 +1243,8 @@ static int check_server_urls(TrainConfig *c, int *n_replicas, char *err) {
         while (*u == ' ') u++;
         for (size_t e = strlen(u); e > 0 && (u[e - 1] == ' ' || u[e - 1] == '/'); e--) u[e - 1] = '\0';
         if (!u[0]) {
-            rc = errorf(err, "settings: vllm_server_base_url's entry %d is empty ('%.200s')", n, c->vllm_server_base_url);
+            rc = errorf(err, "settings: vllm_server_base_url's entry %d is empty ('%.200s')", n,
+                        c->vllm_server_base_url);
             break;
         }
         for (const char *seen = joined; rc == 0 && (seen = strstr(seen, u)); seen++)

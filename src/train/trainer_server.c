@@ -186,11 +186,12 @@ static int open_channel(Trainer *t, int r, char *err) {
  * and pushes the trainer's weights once. */
 int trainer_server_connect(Trainer *t, char *err) {
     TrainConfig *c = t->cfg;
-    char url[600];
-    if (c->vllm_server_base_url) snprintf(url, sizeof url, "%s", c->vllm_server_base_url);
-    else snprintf(url, sizeof url, strchr(c->vllm_server_host, ':') ? "http://[%s]:%d" : "http://%s:%d",
-                  c->vllm_server_host, c->vllm_server_port);
-    int rc = serve_client_open(&t->server, url, c->vllm_server_api_key, c->vllm_server_timeout, err);
+    char url[600] = ""; /* host and port; a list of replicas is used as it is (no bound on its length) */
+    if (!c->vllm_server_base_url)
+        snprintf(url, sizeof url, strchr(c->vllm_server_host, ':') ? "http://[%s]:%d" : "http://%s:%d",
+                 c->vllm_server_host, c->vllm_server_port);
+    int rc = serve_client_open(&t->server, c->vllm_server_base_url ? c->vllm_server_base_url : url,
+                               c->vllm_server_api_key, c->vllm_server_timeout, err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc != 0) return COLT_ERR;
     const int K = serve_client_replicas(t->server);

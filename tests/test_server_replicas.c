@@ -47,6 +47,21 @@ static bool server_start(Server *s, const char *name, const char *model) {
     return serve_start(s, name, cmd, 60, false);
 }
 
+/* vllm_group_port for 2 replicas: a port with the next one free too (replica 1's channel is at + 1; a
+ * client connection's local port or a TIME_WAIT one may hold it). */
+static int free_port_pair(void) {
+    for (int attempt = 0; attempt < 100; attempt++) {
+        int base = free_port();
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + 1)),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        bool free_next = base > 0 && base < 65535 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (free_next) return base;
+    }
+    return free_port();
+}
+
 static int run_train(const char *env, const char *args, char **err_out) {
     int code = run_colt_with(&(ColtRun){.env = env, .subcommand = "train", .timeout_s = 300}, args, err_out);
     CHECK(!strstr(*err_out, "Sanitizer") && !strstr(*err_out, "runtime error:"), "colt train %s: %s", args, *err_out);
@@ -141,7 +156,7 @@ static void check_tools(void) {
     CHECK(code == 0, "tools, 1 replica: exit %d: %s", code, err);
     free(err);
     snprintf(args, sizeof args, "%s --output_dir %s --vllm_server_base_url http://127.0.0.1:%d,http://127.0.0.1:%d "
-                                "--vllm_group_port %d", TOOLS, two, t0->port, t1->port, free_port());
+                                "--vllm_group_port %d", TOOLS, two, t0->port, t1->port, free_port_pair());
     code = run_train(NULL, args, &err);
     CHECK(code == 0, "tools, 2 replicas: exit %d: %s", code, err);
     free(err);
@@ -156,7 +171,7 @@ static void check_tools(void) {
     /* a replica of another model than the trainer's: named by the first push */
     snprintf(args, sizeof args, "%s --max_steps 2 --output_dir %s/mismatch --vllm_mode server --vllm_server_base_url "
                                 "http://127.0.0.1:%d,http://127.0.0.1:%d --vllm_group_port %d",
-             BASE, g_tmp, g_servers[0].port, t1->port, free_port());
+             BASE, g_tmp, g_servers[0].port, t1->port, free_port_pair());
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", t1->port);
     expect_error("a replica of another model", args, url, "other weight bytes", 30);
@@ -184,7 +199,7 @@ int main(void) {
     double b_requests = serve_metric(b->port, NULL, "colt_requests_finished_total");
     snprintf(args, sizeof args, "%s --max_steps 2 --output_dir %s --vllm_mode server --vllm_server_base_url "
                                 "'[\"http://127.0.0.1:%d\", \"http://127.0.0.1:%d/\"]' --vllm_group_port %d",
-             BASE, two, a->port, b->port, free_port());
+             BASE, two, a->port, b->port, free_port_pair());
     code = run_train(NULL, args, &err);
     CHECK(code == 0, "2 replicas: exit %d: %s", code, err);
     CHECK(strstr(err, "(2 data-parallel replicas)") != NULL, "2 replicas: no line naming them: %s", err);
@@ -206,7 +221,7 @@ int main(void) {
     free(err);
     snprintf(args, sizeof args, "%s --max_steps 3 --async_generation true --output_dir %s --vllm_mode server "
                                 "--vllm_server_base_url http://127.0.0.1:%d,http://127.0.0.1:%d --vllm_group_port %d",
-             BASE, two, a->port, b->port, free_port());
+             BASE, two, a->port, b->port, free_port_pair());
     code = run_train(NULL, args, &err);
     CHECK(code == 0, "async, 2 replicas: exit %d: %s", code, err);
     free(err);
@@ -221,7 +236,7 @@ int main(void) {
     snprintf(two, sizeof two, "%s/ranks-2", g_tmp);
     snprintf(args, sizeof args, "%s --max_steps 2 --nproc_per_node 2 --per_device_train_batch_size 8 --output_dir %s "
                                 "--vllm_mode server --vllm_server_base_url http://127.0.0.1:%d,http://127.0.0.1:%d "
-                                "--vllm_group_port %d", BASE, two, a->port, b->port, free_port());
+                                "--vllm_group_port %d", BASE, two, a->port, b->port, free_port_pair());
     code = run_train(NO_LEAK_CHECK, args, &err);
     CHECK(code == 0, "2 ranks, 2 replicas: exit %d: %s", code, err);
     free(err);
@@ -261,7 +276,7 @@ int main(void) {
     sh("%s train %s --max_steps 300 --output_dir %s --vllm_mode server --vllm_server_base_url "
        "http://127.0.0.1:%d,http://127.0.0.1:%d --vllm_group_port %d --vllm_server_timeout 10 > /dev/null 2> %s & "
        "echo $! > %s",
-       COLT_BINARY, BASE, dir, a->port, c->port, free_port(), err_file, pid_file);
+       COLT_BINARY, BASE, dir, a->port, c->port, free_port_pair(), err_file, pid_file);
     char *pid_text = read_text(g_tmp, "train.pid");
     pid_t trainer = pid_text ? (pid_t)atoi(pid_text) : 0;
     free(pid_text);

@@ -74,6 +74,7 @@ static const IntRange INT_KEYS[] = {
     {"vllm_server_port", 1, 65535, false},
     {"vllm_group_port", 1, 65535, false},
     {"max_staleness", 1, 1, false},
+    {"server_data_parallel_size", 1, 1024, false},
 };
 
 typedef struct DoubleRange {
@@ -1412,7 +1413,23 @@ static void test_server_mode_settings(void) {
         {"vllm_mode: server\nmax_staleness: 2\n", "max_staleness"},
         {"tools: [\"t.py:f\"]\ntensor_parallel_size: 2\n", NULL}, /* the group's first rank runs the tools */
         {"tools: [\"t.py:f\"]\nvllm_mode: server\nasync_generation: true\n", NULL}, /* a second tool worker */
+        /* several replicas: a YAML list or comma-separated, kept comma-separated (checked below) */
+        {"vllm_mode: server\nvllm_server_base_url: [\"http://a:8000/\", \"http://b:8000\"]\nvllm_group_port: 51300\n",
+         NULL},
+        {"vllm_mode: server\nvllm_server_base_url: \"http://a:8000, http://b:8000\"\n", NULL},
+        {"server_devices: [4, 5, 6, 7]\nserver_data_parallel_size: 2\n", NULL},
+        {"server_devices: [4, 5, 6]\nserver_data_parallel_size: 2\n",
+         "server_devices lists 3 GPU(s), which server_data_parallel_size 2 does not divide"},
+        {"vllm_mode: server\nserver_data_parallel_size: 2\n", "server_data_parallel_size 2 goes with server_devices"},
+        {"vllm_mode: server\nvllm_server_base_url: \"http://a:8000,http://a:8000/\"\n",
+         "vllm_server_base_url lists http://a:8000 twice"},
+        {"vllm_mode: server\nvllm_server_base_url: \"http://a:8000,,http://b:8000\"\n",
+         "vllm_server_base_url's entry 1 is empty"},
+        {"vllm_mode: server\nvllm_server_base_url: [\"http://a:8000\", 7]\n", "vllm_server_base_url[1] is not a URL"},
+        {"vllm_mode: server\nvllm_server_base_url: [\"http://a:8000\", \"http://b:8000\"]\nvllm_group_port: 65535\n",
+         "vllm_group_port 65535 + 2 replicas runs past port 65535"},
     };
+    static const char *const joined[] = {"http://a:8000,http://b:8000", "http://a:8000,http://b:8000"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TrainConfig c;
         char err[ERR_LEN] = "", text[512];
@@ -1426,6 +1443,11 @@ static void test_server_mode_settings(void) {
                 CHECK(rc == 0 && strcmp(c.vllm_server_host, "10.0.0.7") == 0 && c.vllm_server_port == 8001 &&
                           c.vllm_group_port == 51217 && c.vllm_server_timeout == 30 && !c.async_generation,
                       "server settings not stored");
+            if (i == 10 || i == 11)
+                CHECK(rc == 0 && c.vllm_server_base_url && strcmp(c.vllm_server_base_url, joined[i - 10]) == 0,
+                      "server settings %zu: the replicas' URLs kept as '%s', want '%s'", i,
+                      c.vllm_server_base_url ? c.vllm_server_base_url : "(null)", joined[i - 10]);
+            if (i == 12) CHECK(rc == 0 && c.server_data_parallel_size == 2, "server_data_parallel_size not stored");
         } else {
             CHECK(rc != 0 && strstr(err, cases[i].needle) && !strchr(err, '\n'), "server settings %zu: '%s' lacks '%s'",
                   i, err, cases[i].needle);
@@ -1437,7 +1459,7 @@ static void test_server_mode_settings(void) {
     train_config_defaults(&d);
     CHECK(strcmp(d.vllm_mode, "colocate") == 0 && strcmp(d.vllm_server_host, "127.0.0.1") == 0 &&
               d.vllm_server_port == 8000 && d.vllm_group_port == 51216 && d.vllm_server_timeout == 240 &&
-              !d.async_generation && d.max_staleness == 1,
+              !d.async_generation && d.max_staleness == 1 && d.server_data_parallel_size == 1,
           "server-mode defaults");
     train_config_free(&d);
 }

@@ -11,7 +11,8 @@
 #   SECTIONS="2 3 4 5" (environment) runs only those sections (default: all; the machine record always).
 #   TP_PRESET (qwen2.5-7b) is section 6's shape. Section 1: PRESETS1 (qwen2.5-1.5b), BATCH_SCALES (1),
 #   STEPS1 (5), EXTRA1 (more colt train arguments for its runs, e.g. "--zero_stage 3" for qwen2.5-7b),
-#   SERVER_GPUS (1; e.g. "1 2": a tensor-parallel server on the last 2).
+#   SERVER_GPUS (1; e.g. "1 2": a tensor-parallel server on the last 2), SERVER_DP (1; e.g. 2: the server GPUs
+#   split into that many data-parallel replicas, server_data_parallel_size; counts it does not divide are left out).
 #   (scripts/pack_device.sh makes the tokenizer and prompts from ../shared/data)
 # The GRPO step is bench/gpu/grpo_bench.yaml's: 16 prompts x 8 completions x 256 tokens per GPU (weak
 # scaling: the global batch grows with the GPUs, per-GPU work stays), random-weight Qwen2.5 shapes.
@@ -82,7 +83,8 @@ if [ "$gpus" -ge 2 ]; then
       layouts="colocate"
       for k in ${SERVER_GPUS:-1}; do
         # k server GPUs (a tensor-parallel colt serve when k > 1) and the batch split evenly over the rest
-        [ "$k" -lt "$gpus" ] && [ $(( B % (16 * (gpus - k)) )) -eq 0 ] && layouts="$layouts server:$k async:$k"
+        [ "$k" -lt "$gpus" ] && [ $(( B % (16 * (gpus - k)) )) -eq 0 ] && [ $(( k % ${SERVER_DP:-1} )) -eq 0 ] &&
+          layouts="$layouts server:$k async:$k"
       done
       for layout in $layouts; do
         k=${layout#*:}
@@ -92,11 +94,11 @@ if [ "$gpus" -ge 2 ]; then
         else
           devs=$(seq -s, $(( gpus - k )) $(( gpus - 1 )))
           args=(--nproc_per_node $(( gpus - k )) --gradient_accumulation_steps $(( B / (16 * (gpus - k)) ))
-                --vllm_mode server --server_devices "[$devs]")
+                --vllm_mode server --server_devices "[$devs]" --server_data_parallel_size "${SERVER_DP:-1}")
           [ "${layout%%:*}" = async ] && args+=(--async_generation true)
         fi
         if $COLT train "${common[@]}" "${args[@]}" --output_dir "$out" > "$out.log" 2>&1; then
-          line=$(python3 - "$out/metrics.jsonl" "$p" "$layout" "$B" "$gpus" "$colocated" <<'PY'
+          line=$(python3 - "$out/metrics.jsonl" "$p" "$layout" "$B" "$gpus" "$colocated" "${SERVER_DP:-1}" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if "step_time" in r][1:]  # the first step captures graphs and picks cuBLAS plans
@@ -105,7 +107,9 @@ B, n = int(sys.argv[4]), int(sys.argv[5])
 layout, k = (sys.argv[3].split(":") + ["0"])[:2]
 k = int(k)
 tok = mean("completions/mean_length") * B / mean("step_time")
-tp = f" (TP {k})" if k > 1 else ""
+dp = int(sys.argv[7]) if k else 1
+parts = ([f"{dp} replicas"] if dp > 1 else []) + ([f"TP {k // dp}" + (" each" if dp > 1 else "")] if k // dp > 1 else [])
+tp = f" ({', '.join(parts)})" if parts else ""
 names = {"colocate": f"colocated on {n}", "server": f"server mode {n-k}+{k}{tp}",
          "async": f"server mode {n-k}+{k}{tp}, async"}
 norm = f"{tok * n / (n - k) / n:,.0f}" if layout != "colocate" else "-"
@@ -125,7 +129,7 @@ PY
   done
   echo
   echo "colocated / this: the colocated step time over this layout's (above 1: this layout is faster). The write-up's"
-  echo "TRL figures (colocate over server, 8 H100s): 1.43x (1.5B), 1.35x (7B), 1.73x (7B with TP). Server logs: $work/s1-*/serve.log."
+  echo "TRL figures (colocate over server, 8 H100s): 1.43x (1.5B), 1.35x (7B), 1.73x (7B with TP). Server logs: $work/s1-*/serve*.log."
 else
   echo "Not run: one GPU (server mode on its own GPU needs two)."
 fi

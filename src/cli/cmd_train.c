@@ -4,7 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <stdint.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "model/hub_cache.h"
@@ -36,60 +40,73 @@ static const char *TRAIN_USAGE =
 static int cmd_train_run(TrainConfig *cfg, const LaunchEnv *env, int argc, char **argv, char *const *extra_args,
                          char *err);
 
-/* server_devices (the one-command form of server mode): starts colt serve on
- * those GPUs with a random API key (unless one is set) and points the run at
- * it; the training processes take the other
- * GPUs unless devices lists them (a GPU listed in both is shared on purpose:
- * the weights then go through the host). extra_args: what the processes colt
- * starts itself must add to their arguments (the server's port, the devices),
- * "--name value" pairs, NULL-terminated. */
-static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess *sp, char **extra_args, char *err) {
-    if (env->launcher != LAUNCHER_NONE)
-        return errorf(err, "server_devices: colt starts colt serve itself only when it also starts the training "
-                           "processes (no torchrun, srun or mpirun); under a launcher start colt serve yourself and "
-                           "set vllm_server_host / vllm_server_port");
-    bool gpu = strcmp(cfg->device, "cpu") != 0 && backend_gpu_count() > 0;
-    char visible[256] = "";
-    if (gpu) {
-        int count = backend_gpu_count();
-        const char *parent = getenv("CUDA_VISIBLE_DEVICES");
-        char ids[64][16];
-        int n_ids = 0;
-        if (parent && parent[0]) { /* our index i is the parent's i-th id */
-            char copy[512];
-            snprintf(copy, sizeof copy, "%s", parent);
-            for (char *t = strtok(copy, ","); t && n_ids < 64; t = strtok(NULL, ","))
-                snprintf(ids[n_ids++], sizeof ids[0], "%s", t);
+/* A run of n free ports on 127.0.0.1 (the replicas' weight channels are at
+ * vllm_group_port + i); its first, or -1 with err set. */
+static int free_port_run(int n, char *err) {
+    for (int attempt = 0; attempt < 64; attempt++) {
+        int base = local_launch_free_port(err);
+        if (base < 0) return -1;
+        bool free_run = base + n - 1 <= 65535;
+        for (int i = 1; i < n && free_run; i++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i)),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            free_run = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+            if (fd >= 0) close(fd);
         }
-        bool taken[1024] = {false};
-        for (size_t i = 0; i < json_array_size(cfg->server_devices); i++) {
-            int d = (int)json_integer_value(json_array_get(cfg->server_devices, i));
-            if (d >= count)
-                return errorf(err, "server_devices[%zu] is GPU %d but this process sees %d GPU(s)", i, d, count);
-            taken[d] = true;
-            size_t len = strlen(visible);
-            if (n_ids > d) snprintf(visible + len, sizeof visible - len, "%s%s", len ? "," : "", ids[d]);
-            else snprintf(visible + len, sizeof visible - len, "%s%d", len ? "," : "", d);
-        }
-        if (!cfg->devices) {
-            json_t *rest = json_array();
-            for (int d = 0; d < count; d++)
-                if (!taken[d]) json_array_append_new(rest, json_integer(d));
-            if (json_array_size(rest) == 0) {
-                json_decref(rest);
-                return errorf(err, "server_devices takes every GPU of this machine (%d): none is left to train on; "
-                                   "list devices to share one with the server",
-                              count);
-            }
-            cfg->devices = rest;
-        }
+        if (free_run) return base;
     }
-    /* a free port for the weight channel too: a fixed one could collide with another run's */
-    int group_port = local_launch_free_port(err);
-    if (group_port < 0) return COLT_ERR;
-    cfg->vllm_group_port = group_port;
-    if (make_dirs(cfg->output_dir, err) != 0) return COLT_ERR;
-    if (!cfg->vllm_server_api_key) { /* a key of its own: no other program on this machine may push weights */
+    errorf(err, "server_devices: no run of %d free ports on 127.0.0.1 for the replicas' weight channels", n);
+    return -1;
+}
+
+/* CUDA_VISIBLE_DEVICES for server_devices[lo, hi): our index i is the
+ * parent's i-th id. Errors: an index this process does not see. */
+static int visible_devices(char *out, size_t size, const json_t *devices, size_t lo, size_t hi, int count, char *err) {
+    const char *parent = getenv("CUDA_VISIBLE_DEVICES");
+    char ids[64][16];
+    int n_ids = 0;
+    if (parent && parent[0]) {
+        char copy[512];
+        snprintf(copy, sizeof copy, "%s", parent);
+        for (char *t = strtok(copy, ","); t && n_ids < 64; t = strtok(NULL, ","))
+            snprintf(ids[n_ids++], sizeof ids[0], "%s", t);
+    }
+    out[0] = '\0';
+    for (size_t i = lo; i < hi; i++) {
+        int d = (int)json_integer_value(json_array_get(devices, i));
+        if (d < 0 || d >= count)
+            return errorf(err, "server_devices[%zu] is GPU %d but this process sees %d GPU(s)", i, d, count);
+        size_t len = strlen(out);
+        if (n_ids > d) snprintf(out + len, size - len, "%s%s", len ? "," : "", ids[d]);
+        else snprintf(out + len, size - len, "%s%d", len ? "," : "", d);
+    }
+    return COLT_OK;
+}
+
+/* The training processes take the GPUs server_devices leaves, unless devices lists them. */
+static int training_devices(TrainConfig *cfg, int count, char *err) {
+    if (cfg->devices) return COLT_OK;
+    bool taken[1024] = {false};
+    for (size_t i = 0; i < json_array_size(cfg->server_devices); i++)
+        taken[json_integer_value(json_array_get(cfg->server_devices, i))] = true;
+    json_t *rest = json_array();
+    for (int d = 0; d < count; d++)
+        if (!taken[d]) json_array_append_new(rest, json_integer(d));
+    if (json_array_size(rest) == 0) {
+        json_decref(rest);
+        return errorf(err, "server_devices takes every GPU of this machine (%d): none is left to train on; "
+                           "list devices to share one with the server",
+                      count);
+    }
+    cfg->devices = rest;
+    return COLT_OK;
+}
+
+/* A key of its own (unless one is set): no other program on this machine may push weights. The
+ * training processes colt starts read it from their environment (ps shows argv, not this). */
+static int own_api_key(TrainConfig *cfg, char *err) {
+    if (!cfg->vllm_server_api_key) {
         unsigned char bytes[32];
         if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
             return errorf(err, "server_devices: cannot draw a random API key for colt serve: %s", strerror(errno));
@@ -97,31 +114,96 @@ static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess
         for (size_t i = 0; i < sizeof bytes; i++) snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
         cfg->vllm_server_api_key = xstrdup(hex);
     }
-    /* the training processes colt starts read it from their environment (ps shows argv, not this) */
     if (setenv("COLT_API_KEY", cfg->vllm_server_api_key, 1) != 0)
         return errorf(err, "server_devices: cannot hand the API key to the training processes: %s", strerror(errno));
-    char *log_path = path_join(cfg->output_dir, "serve.log");
-    /* the trainer's own default: deterministic for bf16 weights (GPUs), not for fp32 */
-    ServeProcessOptions o = {.model = cfg->model, .device = gpu ? "cuda" : "cpu", .cuda_visible = gpu ? visible : NULL,
-                             .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
-                             .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
-                             .log_path = log_path, .timeout_s = cfg->vllm_server_timeout,
-                             .api_key = cfg->vllm_server_api_key,
-                             /* one process per server GPU: the model cut across them */
-                             .tensor_parallel_size = (int)json_array_size(cfg->server_devices)};
-    int rc = serve_process_start(sp, &o, err);
-    free(log_path);
-    if (rc != 0) return COLT_ERR;
-    free(cfg->vllm_server_host);
-    cfg->vllm_server_host = xstrdup("127.0.0.1");
-    cfg->vllm_server_port = sp->port;
+    return COLT_OK;
+}
+
+/* Starts the server_data_parallel_size replicas (sp[K]) on their GPUs, all
+ * loading at once, and waits until each listens; on an error none is left. */
+static int start_replicas(TrainConfig *cfg, ServeProcess *sp, bool gpu, int count, char *err) {
+    const int K = cfg->server_data_parallel_size;
+    const size_t per = json_array_size(cfg->server_devices) / (size_t)K;
+    ServeProcessOptions *o = xcalloc((size_t)K, sizeof(ServeProcessOptions));
+    char (*visible)[256] = xcalloc((size_t)K, sizeof *visible);
+    char **logs = xcalloc((size_t)K, sizeof(char *));
+    int rc = COLT_OK;
+    for (int r = 0; r < K && rc == 0; r++) {
+        char name[32];
+        if (K == 1) snprintf(name, sizeof name, "serve.log");
+        else snprintf(name, sizeof name, "serve-%d.log", r); /* one log per replica */
+        logs[r] = path_join(cfg->output_dir, name);
+        if (gpu) rc = visible_devices(visible[r], sizeof visible[r], cfg->server_devices, r * per, (r + 1) * per, count,
+                                      err);
+        /* the trainer's own default: deterministic for bf16 weights (GPUs), not for fp32 */
+        o[r] = (ServeProcessOptions){
+            .model = cfg->model, .device = gpu ? "cuda" : "cpu", .cuda_visible = gpu ? visible[r] : NULL,
+            .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
+            .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
+            .log_path = logs[r], .timeout_s = cfg->vllm_server_timeout, .api_key = cfg->vllm_server_api_key,
+            /* one process per server GPU: the model cut across them */
+            .tensor_parallel_size = (int)per};
+        if (rc == 0) rc = serve_process_spawn(&sp[r], &o[r], err);
+    }
+    for (int r = 0; r < K && rc == 0; r++) {
+        rc = serve_process_wait(&sp[r], &o[r], err);
+        if (rc != 0 && K > 1) error_prefix(err, "replica %d of %d", r, K);
+    }
+    if (rc != 0) serve_process_stop_all(sp, K, 5);
+    for (int r = 0; r < K; r++) free(logs[r]);
+    free(logs), free(visible), free(o);
+    return rc;
+}
+
+/* server_devices (the one-command form of server mode): starts colt serve on
+ * those GPUs (server_data_parallel_size replicas, sp[K]) with a random API
+ * key (unless one is set) and points the run at it; the training processes
+ * take the other GPUs unless devices lists them (a GPU listed in both is
+ * shared on purpose: the weights then go through the host). extra_args: what
+ * the processes colt starts itself must add to their arguments (the
+ * server's port or the replicas' URLs, the devices), "--name value" pairs,
+ * NULL-terminated. */
+static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess *sp, char **extra_args, char *err) {
+    if (env->launcher != LAUNCHER_NONE)
+        return errorf(err, "server_devices: colt starts colt serve itself only when it also starts the training "
+                           "processes (no torchrun, srun or mpirun); under a launcher start colt serve yourself and "
+                           "set vllm_server_host / vllm_server_port");
+    if (cfg->vllm_server_base_url)
+        return errorf(err, "settings: server_devices starts its own server on 127.0.0.1: leave vllm_server_base_url "
+                           "out");
+    const int K = cfg->server_data_parallel_size;
+    bool gpu = strcmp(cfg->device, "cpu") != 0 && backend_gpu_count() > 0;
+    int count = gpu ? backend_gpu_count() : 0;
+    char all[256];
+    if (gpu && (visible_devices(all, sizeof all, cfg->server_devices, 0, json_array_size(cfg->server_devices), count,
+                                err) != 0 ||
+                training_devices(cfg, count, err) != 0))
+        return COLT_ERR;
+    /* free ports for the weight channels too: a fixed one could collide with another run's */
+    int group_port = free_port_run(K, err);
+    if (group_port < 0) return COLT_ERR;
+    cfg->vllm_group_port = group_port;
+    if (make_dirs(cfg->output_dir, err) != 0 || own_api_key(cfg, err) != 0) return COLT_ERR;
+    if (start_replicas(cfg, sp, gpu, count, err) != 0) return COLT_ERR;
     int n = 0;
-    extra_args[n++] = xstrdup("--vllm_server_host");
-    extra_args[n++] = xstrdup("127.0.0.1");
-    extra_args[n++] = xstrdup("--vllm_server_port");
     char port[16];
-    snprintf(port, sizeof port, "%d", sp->port);
-    extra_args[n++] = xstrdup(port);
+    if (K == 1) {
+        free(cfg->vllm_server_host);
+        cfg->vllm_server_host = xstrdup("127.0.0.1");
+        cfg->vllm_server_port = sp[0].port;
+        extra_args[n++] = xstrdup("--vllm_server_host");
+        extra_args[n++] = xstrdup("127.0.0.1");
+        extra_args[n++] = xstrdup("--vllm_server_port");
+        snprintf(port, sizeof port, "%d", sp[0].port);
+        extra_args[n++] = xstrdup(port);
+    } else {
+        char *urls = xcalloc((size_t)K, 40);
+        for (int r = 0; r < K; r++)
+            snprintf(urls + strlen(urls), 40, "%shttp://127.0.0.1:%d", r ? "," : "", sp[r].port);
+        cfg->vllm_server_base_url = xstrdup(urls);
+        extra_args[n++] = xstrdup("--vllm_server_base_url");
+        extra_args[n++] = urls;
+    }
     extra_args[n++] = xstrdup("--vllm_group_port");
     snprintf(port, sizeof port, "%d", group_port);
     extra_args[n++] = xstrdup(port);
@@ -357,15 +439,19 @@ int cmd_train(int argc, char **argv) {
         train_config_free(&cfg);
         return cli_fail("train", err);
     }
-    ServeProcess own_server = {0};
+    /* the replicas the one-command form starts (server_data_parallel_size was checked above) */
+    const int n_own = cfg.server_devices ? cfg.server_data_parallel_size : 0;
+    ServeProcess *own_servers = xcalloc((size_t)n_own + 1, sizeof(ServeProcess));
     char *extra_args[12] = {NULL};
     if (cfg.server_devices && !local_launch_is_child() &&
-        start_own_server(&cfg, &env, &own_server, extra_args, err) != 0) {
+        start_own_server(&cfg, &env, own_servers, extra_args, err) != 0) {
+        free(own_servers);
         train_config_free(&cfg);
         return cli_fail("train", err);
     }
     int rc = cmd_train_run(&cfg, &env, argc, argv, extra_args, err);
-    serve_process_stop(&own_server, 10);
+    serve_process_stop_all(own_servers, n_own, 10);
+    free(own_servers);
     for (int i = 0; extra_args[i]; i++) free(extra_args[i]);
     train_config_free(&cfg);
     return rc;

@@ -1,11 +1,12 @@
 /* serve_client.c — see serve_client.h. One curl easy handle per call, so the
- * background generation thread of async_generation and the trainer's own
- * calls never share one. */
+ * background generation thread of async_generation, the threads of a call
+ * split over replicas and the trainer's own calls never share one. */
 #include "serve/serve_client.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,9 +17,11 @@
 #include "core/log.h"
 
 struct ServeClient {
-    char *url;
+    char *url;  /* several replicas: their URLs, comma-separated */
     char *auth; /* "Authorization: Bearer KEY", or NULL */
     double timeout_s;
+    int n_replicas;
+    ServeClient **replicas; /* [n_replicas] when more than one, else NULL: this client is the one server */
 };
 
 typedef struct Body {
@@ -74,10 +77,13 @@ static int answer_error(long status, const Body *b, const char *url, const char 
     return COLT_ERR;
 }
 
-int serve_client_open(ServeClient **out, const char *base_url, const char *api_key, double timeout_s, char *err) {
+/* One server's client; waits for its /health until deadline. */
+static int open_one(ServeClient **out, const char *base_url, const char *api_key, double timeout_s, double deadline,
+                    char *err) {
     *out = NULL;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     ServeClient *c = xcalloc(1, sizeof *c);
+    c->n_replicas = 1;
     c->url = xstrdup(base_url);
     if (api_key) {
         c->auth = xmalloc(strlen(api_key) + 32);
@@ -86,7 +92,6 @@ int serve_client_open(ServeClient **out, const char *base_url, const char *api_k
     size_t n = strlen(c->url);
     while (n > 0 && c->url[n - 1] == '/') c->url[--n] = '\0';
     c->timeout_s = timeout_s;
-    double deadline = time_now() + timeout_s;
     char last[ERR_LEN] = "no answer";
     bool told = false;
     for (;;) {
@@ -112,8 +117,57 @@ int serve_client_open(ServeClient **out, const char *base_url, const char *api_k
     return COLT_ERR;
 }
 
+int serve_client_open(ServeClient **out, const char *base_url, const char *api_key, double timeout_s, char *err) {
+    *out = NULL;
+    double deadline = time_now() + timeout_s;
+    if (!strchr(base_url, ',')) return open_one(out, base_url, api_key, timeout_s, deadline, err);
+    ServeClient *c = xcalloc(1, sizeof *c);
+    c->timeout_s = timeout_s;
+    char *list = xstrdup(base_url);
+    for (char *at = list; at; at = strchr(at, ',')) c->n_replicas += 1, at++;
+    c->replicas = xcalloc((size_t)c->n_replicas, sizeof(ServeClient *));
+    int k = 0, rc = COLT_OK;
+    for (char *save = NULL, *u = strtok_r(list, ",", &save); u && rc == 0; u = strtok_r(NULL, ",", &save)) {
+        while (*u == ' ') u++;
+        rc = open_one(&c->replicas[k], u, api_key, timeout_s, deadline, err);
+        if (rc != 0) error_prefix(err, "server mode: replica %d of %d", k, c->n_replicas);
+        else k++;
+    }
+    c->n_replicas = k; /* those opened (all of them unless an error) */
+    /* the URLs as the replicas' clients hold them (no trailing slash) */
+    size_t len = 0;
+    for (int i = 0; i < k; i++) len += strlen(c->replicas[i]->url) + 1;
+    c->url = xcalloc(len + 1, 1);
+    for (int i = 0; i < k; i++) strcat(strcat(c->url, i ? "," : ""), c->replicas[i]->url);
+    free(list);
+    if (rc != 0) {
+        serve_client_close(c);
+        return COLT_ERR;
+    }
+    *out = c;
+    return COLT_OK;
+}
+
+int serve_client_replicas(const ServeClient *c) { return c->n_replicas; }
+
+ServeClient *serve_client_replica(ServeClient *c, int i) {
+    COLT_ASSERT(i >= 0 && i < c->n_replicas);
+    return c->replicas ? c->replicas[i] : c;
+}
+
+int serve_client_replica_of(int j, int n, int n_replicas) {
+    return n > 0 ? (int)((int64_t)j * n_replicas / n) : 0;
+}
+
 void serve_client_close(ServeClient *c) {
     if (!c) return;
+    if (c->replicas) {
+        for (int i = 0; i < c->n_replicas; i++) serve_client_close(c->replicas[i]);
+        free(c->replicas);
+        free(c->url);
+        free(c);
+        return;
+    }
     free(c->url);
     free(c->auth);
     free(c);
@@ -123,6 +177,7 @@ void serve_client_close(ServeClient *c) {
 const char *serve_client_url(const ServeClient *c) { return c->url; }
 
 int serve_client_host(const ServeClient *c, char *host, size_t size, char *err) {
+    if (c->replicas) c = c->replicas[0];
     CURLU *u = curl_url();
     char *h = NULL;
     int rc = COLT_OK;
@@ -138,6 +193,9 @@ int serve_client_host(const ServeClient *c, char *host, size_t size, char *err) 
 }
 
 int serve_client_post(ServeClient *c, const char *path, const char *json_body, char *err) {
+    for (int i = 0; c->replicas && i < c->n_replicas; i++)
+        if (serve_client_post(c->replicas[i], path, json_body, err) != 0) return COLT_ERR;
+    if (c->replicas) return COLT_OK;
     Body b;
     long status = request(c, path, json_body, c->timeout_s, &b, err);
     int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
@@ -146,6 +204,7 @@ int serve_client_post(ServeClient *c, const char *path, const char *json_body, c
 }
 
 int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *err) {
+    if (c->replicas) c = c->replicas[0];
     Body b;
     *out = NULL;
     long status = request(c, path, NULL, c->timeout_s, &b, err);
@@ -190,11 +249,12 @@ static int read_completion(GenSequence *g, json_t *o, int i, int max_tokens, int
 
 int serve_client_generate(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt, int vocab_size,
                           long long *weight_updates, char *err) {
-    return serve_client_generate_turns(c, seqs, n, opt, NULL, vocab_size, weight_updates, err);
+    return serve_client_generate_turns(c, seqs, n, opt, NULL, NULL, vocab_size, weight_updates, err);
 }
 
-int serve_client_generate_turns(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt,
-                                const int *max_new_tokens, int vocab_size, long long *weight_updates, char *err) {
+/* One server's /colt/generate for seqs[n]. */
+static int generate_one(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt,
+                        const int *max_new_tokens, int vocab_size, long long *weight_updates, char *err) {
     if (n == 0) return COLT_OK;
     const SamplingParams *sp = &opt->sampling;
     if (sp->seed > (uint64_t)INT64_MAX) return errorf(err, "server mode: seed %llu is above 2^63-1",
@@ -235,5 +295,82 @@ int serve_client_generate_turns(ServeClient *c, GenSequence *seqs, int n, const 
     if (rc == 0 && weight_updates) *weight_updates = json_integer_value(json_object_get(o, "weight_updates"));
     json_decref(o);
     free(b.data);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- several replicas */
+
+/* One replica's part of a call: its sequences gathered (copies whose
+ * answers go back to the caller's), its budgets, its outcome. */
+typedef struct ReplicaPart {
+    ServeClient *client;
+    const GenerateOptions *opt;
+    int vocab_size;
+    GenSequence *seqs; /* [n] */
+    int *budgets;      /* [n], or NULL: opt's */
+    int *index;        /* [n] positions in the caller's seqs */
+    int n;
+    long long weight_updates;
+    int rc;
+    char err[ERR_LEN];
+} ReplicaPart;
+
+static void *part_main(void *arg) {
+    ReplicaPart *p = arg;
+    p->rc = generate_one(p->client, p->seqs, p->n, p->opt, p->budgets, p->vocab_size, &p->weight_updates, p->err);
+    return NULL;
+}
+
+int serve_client_generate_turns(ServeClient *c, GenSequence *seqs, int n, const GenerateOptions *opt,
+                                const int *max_new_tokens, const int *replica, int vocab_size,
+                                long long *weight_updates, char *err) {
+    if (!c->replicas) return generate_one(c, seqs, n, opt, max_new_tokens, vocab_size, weight_updates, err);
+    const int K = c->n_replicas;
+    ReplicaPart *parts = xcalloc((size_t)K, sizeof(ReplicaPart));
+    int *route = xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; i < n; i++) {
+        route[i] = replica ? replica[i] : serve_client_replica_of(i, n, K);
+        COLT_ASSERT(route[i] >= 0 && route[i] < K);
+        parts[route[i]].n++;
+    }
+    for (int r = 0; r < K; r++) {
+        ReplicaPart *p = &parts[r];
+        *p = (ReplicaPart){.client = c->replicas[r], .opt = opt, .vocab_size = vocab_size,
+                           .seqs = xcalloc((size_t)p->n + 1, sizeof(GenSequence)),
+                           .budgets = max_new_tokens ? xcalloc((size_t)p->n + 1, sizeof(int)) : NULL,
+                           .index = xcalloc((size_t)p->n + 1, sizeof(int))};
+    }
+    for (int i = 0; i < n; i++) {
+        ReplicaPart *p = &parts[route[i]];
+        p->seqs[p->n] = (GenSequence){.prompt = seqs[i].prompt, .prompt_len = seqs[i].prompt_len,
+                                      .stream = seqs[i].stream, .first_position = seqs[i].first_position};
+        if (max_new_tokens) p->budgets[p->n] = max_new_tokens[i];
+        p->index[p->n++] = i;
+    }
+    /* replica 0 on this thread, the others on threads of their own: all in flight at once */
+    pthread_t *threads = xcalloc((size_t)K, sizeof(pthread_t));
+    bool *started = xcalloc((size_t)K, sizeof(bool));
+    for (int r = 1; r < K; r++)
+        if (parts[r].n > 0) started[r] = pthread_create(&threads[r], NULL, part_main, &parts[r]) == 0;
+    part_main(&parts[0]);
+    for (int r = 1; r < K; r++) {
+        if (started[r]) pthread_join(threads[r], NULL);
+        else if (parts[r].n > 0) part_main(&parts[r]); /* no thread to be had: in turn */
+    }
+    int rc = COLT_OK;
+    long long fewest = -1;
+    for (int r = 0; r < K; r++) {
+        ReplicaPart *p = &parts[r];
+        for (int j = 0; j < p->n; j++) { /* the answers become the caller's sequences' */
+            GenSequence *g = &seqs[p->index[j]];
+            g->tokens = p->seqs[j].tokens, g->logprobs = p->seqs[j].logprobs;
+            g->n_tokens = p->seqs[j].n_tokens, g->finish = p->seqs[j].finish;
+        }
+        if (rc == 0 && p->rc != 0) rc = errorf(err, "%s", p->err);
+        if (p->n > 0 && (fewest < 0 || p->weight_updates < fewest)) fewest = p->weight_updates;
+        free(p->seqs), free(p->budgets), free(p->index);
+    }
+    if (rc == 0 && weight_updates) *weight_updates = fewest < 0 ? 0 : fewest;
+    free(threads), free(started), free(parts), free(route);
     return rc;
 }

@@ -50,6 +50,11 @@ static int listening_port(const char *path) {
 }
 
 int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err) {
+    if (serve_process_spawn(p, o, err) != 0) return COLT_ERR;
+    return serve_process_wait(p, o, err);
+}
+
+int serve_process_spawn(ServeProcess *p, const ServeProcessOptions *o, char *err) {
     *p = (ServeProcess){0};
     char mem[32], len[32], tp[16];
     snprintf(mem, sizeof mem, "%g", o->gpu_memory_utilization);
@@ -116,6 +121,11 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
     p->pid = pid;
     log_info0("server_devices: started colt serve (pid %d) on %s%s%s; its log: %s", (int)pid, o->device,
               o->cuda_visible ? " CUDA_VISIBLE_DEVICES=" : "", o->cuda_visible ? o->cuda_visible : "", o->log_path);
+    return COLT_OK;
+}
+
+int serve_process_wait(ServeProcess *p, const ServeProcessOptions *o, char *err) {
+    pid_t pid = p->pid;
     double deadline = time_now() + o->timeout_s;
     for (;;) {
         p->port = listening_port(o->log_path);
@@ -137,19 +147,25 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
                   o->timeout_s, o->log_path);
 }
 
-void serve_process_stop(ServeProcess *p, double grace_s) {
-    if (p->pid <= 0) return;
-    kill(p->pid, SIGTERM);
+void serve_process_stop(ServeProcess *p, double grace_s) { serve_process_stop_all(p, 1, grace_s); }
+
+void serve_process_stop_all(ServeProcess *p, int n, double grace_s) {
+    for (int i = 0; i < n; i++)
+        if (p[i].pid > 0) kill(p[i].pid, SIGTERM);
     double deadline = time_now() + grace_s;
-    int status;
-    while (time_now() < deadline) {
-        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-            p->pid = 0;
-            return;
+    int status, left = n;
+    while (left > 0 && time_now() < deadline) {
+        left = 0;
+        for (int i = 0; i < n; i++) {
+            if (p[i].pid > 0 && waitpid(p[i].pid, &status, WNOHANG) == p[i].pid) p[i].pid = 0;
+            left += p[i].pid > 0;
         }
-        sleep_s(0.02);
+        if (left > 0) sleep_s(0.02);
     }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, &status, 0);
-    p->pid = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i].pid <= 0) continue;
+        kill(p[i].pid, SIGKILL);
+        waitpid(p[i].pid, &status, 0);
+        p[i].pid = 0;
+    }
 }

@@ -35,7 +35,13 @@ typedef struct ServeProcess {
  * (err carries the last line of its log), or it did not listen within timeout_s
  * (it is then stopped). */
 int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err);
+/* Its two halves, so several servers (data-parallel replicas) load at once:
+ * starting it, and waiting until it listens (stopped when it does not). */
+int serve_process_spawn(ServeProcess *p, const ServeProcessOptions *o, char *err);
+int serve_process_wait(ServeProcess *p, const ServeProcessOptions *o, char *err);
 /* SIGTERM, then SIGKILL after grace_s; waits for it. Nothing when none runs. */
 void serve_process_stop(ServeProcess *p, double grace_s);
+/* The same for p[n] at once (one grace period for all). */
+void serve_process_stop_all(ServeProcess *p, int n, double grace_s);
 
 #endif

@@ -216,7 +216,9 @@ static const ConfigKey KEYS[] = {
     K(vllm_server_host, KEY_STRING, "vllm_mode server: the colt serve host (ignored when vllm_server_base_url is set)"),
     KI(vllm_server_port, 1, 65535, "vllm_mode server: the colt serve port"),
     K(vllm_server_base_url, KEY_STRING,
-      "vllm_mode server: the colt serve URL, e.g. http://10.0.0.7:8000 (overrides host and port)"),
+      "vllm_mode server: the colt serve URL, e.g. http://10.0.0.7:8000 (overrides host and port); several "
+      "data-parallel replicas (colt serves of the same model): a list of URLs, or them comma-separated; replica i's "
+      "weight channel is at vllm_group_port + i"),
     {.name = "vllm_server_api_key", .type = KEY_STRING, .offset = offsetof(TrainConfig, vllm_server_api_key),
      .secret = true,
      .help = "vllm_mode server: colt serve's --api_key, sent on every request and to join the weight channel "
@@ -233,6 +235,10 @@ static const ConfigKey KEYS[] = {
       "127.0.0.1, a free port), trains on the others (or on devices), and stops it at the end; sets vllm_mode "
       "server. Several GPUs: the model is cut across them (colt serve --tensor_parallel_size, one process per GPU). "
       "On the CPU the server runs on the CPU, one process per entry"),
+    KI(server_data_parallel_size, 1, 1024,
+       "server_devices: how many data-parallel replicas of colt serve to start (each its own server on its own "
+       "ports, on len(server_devices) / this many of the GPUs, tensor parallel over them); each round's completions "
+       "are split over them"),
     K(weight_sync_backend, KEY_STRING,
       "vllm_mode server: auto (NCCL when trainer and server are on different GPUs: another host, or server_devices "
       "apart from the trainer's; else through the host), nccl, or gloo (through the host)"),
@@ -732,6 +738,7 @@ void train_config_defaults(TrainConfig *c) {
     c->vllm_server_port = 8000; /* TRL's defaults */
     c->vllm_server_timeout = 240.0;
     c->vllm_group_port = 51216;
+    c->server_data_parallel_size = 1;
     c->max_staleness = 1;
     c->weight_sync_backend = xstrdup("auto");
     c->vllm_importance_sampling_correction = true;
@@ -1257,6 +1264,64 @@ static int set_environment_factory(TrainConfig *c, json_t *v, const char *where,
     return rc;
 }
 
+/* vllm_server_base_url given as a list (several replicas): kept comma-separated. */
+static int set_url_list(char **out, const json_t *list, const char *where, char *err) {
+    size_t len = 1, i;
+    json_t *u;
+    json_array_foreach(list, i, u) {
+        if (!json_is_string(u) || json_string_length(u) == 0 || strchr(json_string_value(u), ','))
+            return errorf(err, "%s: vllm_server_base_url[%zu] is not a URL (e.g. http://10.0.0.7:8000)", where, i);
+        len += json_string_length(u) + 1;
+    }
+    char *joined = xcalloc(len, 1);
+    json_array_foreach(list, i, u) strcat(strcat(joined, i ? "," : ""), json_string_value(u));
+    free(*out);
+    *out = json_array_size(list) ? joined : (free(joined), NULL);
+    return COLT_OK;
+}
+
+/* vllm_server_base_url's replicas: a JSON list given on the command line
+ * becomes the comma-separated form; each URL non-empty and listed once.
+ * *n_replicas: how many (1 when unset). */
+static int check_server_urls(TrainConfig *c, int *n_replicas, char *err) {
+    *n_replicas = 1;
+    if (!c->vllm_server_base_url) return COLT_OK;
+    if (c->vllm_server_base_url[0] == '[') {
+        json_t *list = json_loads(c->vllm_server_base_url, 0, NULL);
+        int rc = json_is_array(list)
+                     ? set_url_list(&c->vllm_server_base_url, list, "settings", err)
+                     : errorf(err, "settings: vllm_server_base_url '%.200s' is neither a URL nor a JSON list of URLs",
+                              c->vllm_server_base_url);
+        json_decref(list);
+        if (rc != 0) return COLT_ERR;
+        if (!c->vllm_server_base_url) return COLT_OK;
+    }
+    char *copy = xstrdup(c->vllm_server_base_url), *joined = xcalloc(strlen(copy) + 1, 1);
+    int n = 0, rc = COLT_OK;
+    for (char *u = copy, *next; u && rc == 0; u = next, n++) {
+        next = strchr(u, ',');
+        if (next) *next++ = '\0';
+        while (*u == ' ') u++;
+        for (size_t e = strlen(u); e > 0 && (u[e - 1] == ' ' || u[e - 1] == '/'); e--) u[e - 1] = '\0';
+        if (!u[0]) {
+            rc = errorf(err, "settings: vllm_server_base_url's entry %d is empty ('%.200s')", n,
+                        c->vllm_server_base_url);
+            break;
+        }
+        for (const char *seen = joined; rc == 0 && (seen = strstr(seen, u)); seen++)
+            if ((seen == joined || seen[-1] == ',') && (seen[strlen(u)] == ',' || !seen[strlen(u)]))
+                rc = errorf(err, "settings: vllm_server_base_url lists %s twice (each replica once)", u);
+        strcat(strcat(joined, n ? "," : ""), u);
+    }
+    if (rc == 0) {
+        free(c->vllm_server_base_url);
+        c->vllm_server_base_url = joined;
+        *n_replicas = n;
+    } else free(joined);
+    free(copy);
+    return rc;
+}
+
 static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const char *where, char *err) {
     void *p = (char *)c + k->offset;
     int rc = COLT_OK;
@@ -1278,7 +1343,9 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
         break;
     }
     case KEY_STRING:
-        if (json_is_string(v)) {
+        if (json_is_array(v) && k->offset == offsetof(TrainConfig, vllm_server_base_url)) {
+            rc = set_url_list((char **)p, v, where, err); /* several replicas */
+        } else if (json_is_string(v)) {
             free(*(char **)p);
             *(char **)p = xstrdup(json_string_value(v));
         } else if (json_is_null(v)) {
@@ -1997,12 +2064,14 @@ int train_config_finalize(TrainConfig *c, char *err) {
             if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) > 1023)
                 return errorf(err, "settings: server_devices[%zu] is not a GPU index (0 .. 1023)", i);
         }
-        if (c->vllm_server_base_url)
-            return errorf(err, "settings: server_devices starts its own server on 127.0.0.1: leave vllm_server_base_url "
-                               "out");
         free(c->vllm_mode);
         c->vllm_mode = xstrdup("server");
     }
+    int n_replicas;
+    if (check_server_urls(c, &n_replicas, err) != 0) return COLT_ERR;
+    if (c->vllm_group_port + n_replicas - 1 > 65535)
+        return errorf(err, "settings: vllm_group_port %d + %d replicas runs past port 65535 (replica i's weight channel "
+                           "is at vllm_group_port + i)", c->vllm_group_port, n_replicas);
     bool server = strcmp(c->vllm_mode, "server") == 0;
     if (c->vllm_structured_outputs_regex && server)
         return errorf(err, "settings: vllm_structured_outputs_regex runs in colt's colocated engine; vllm_mode server "
@@ -2124,6 +2193,15 @@ int train_config_finalize(TrainConfig *c, char *err) {
 }
 
 int train_config_check_server_tp(const TrainConfig *c, char *err) {
+    size_t n_devices = json_array_size(c->server_devices);
+    if (c->server_devices && n_devices > 0 && n_devices % (size_t)c->server_data_parallel_size != 0)
+        return errorf(err, "settings: server_devices lists %zu GPU(s), which server_data_parallel_size %d does not "
+                           "divide (each replica takes the same number of them)",
+                      n_devices, c->server_data_parallel_size);
+    if (!c->server_devices && c->server_data_parallel_size > 1)
+        return errorf(err, "settings: server_data_parallel_size %d goes with server_devices (colt train starts the "
+                           "replicas); for servers started by hand, list their URLs in vllm_server_base_url",
+                      c->server_data_parallel_size);
     if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0 && c->tensor_parallel_size > 1)
         return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1, not %d (the trainer pushes its "
                            "whole model over the weight channel; the server may be tensor parallel: several "

@@ -112,8 +112,13 @@ typedef struct TrainConfig {
     bool async_generation;
     int max_staleness;
     /* The one-command form: GPU indices colt train starts colt serve on
-     * itself (cli/cmd_train.c); NULL: none. Sets vllm_mode server. */
+     * itself (cli/cmd_train.c); NULL: none. Sets vllm_mode server.
+     * server_data_parallel_size: that many replicas (each its own colt serve
+     * on len / dp of them, tensor parallel over those). Servers started by
+     * hand are several replicas when vllm_server_base_url lists several URLs
+     * (kept comma-separated here). */
     json_t *server_devices;
+    int server_data_parallel_size;
     /* The weight channel: "nccl" (GPU to GPU), "gloo" (through the host) or
      * "auto": NCCL when both sides are GPUs known to be different ones (the
      * server on another host, or server_devices apart from the trainer's). */
@@ -240,8 +245,10 @@ int train_config_finalize(TrainConfig *c, char *err);
  * dataset's longest, once tokenized): a one-line error naming the settings. */
 int train_config_check_lengths(const TrainConfig *c, int prompt_tokens, char *err);
 
-/* vllm_mode server with tensor_parallel_size > 1 is refused (checked by
- * finalize, and by colt train before it starts any process). */
+/* vllm_mode server with tensor_parallel_size > 1 is refused, and
+ * server_data_parallel_size that does not divide server_devices or comes
+ * without them (checked by finalize, and by colt train before it starts any
+ * process). */
 int train_config_check_server_tp(const TrainConfig *c, char *err);
 /* Optimizer steps of the run over n_prompts prompts (c finalized): max_steps
  * when > 0, else ceil(ceil(num_train_epochs x rounds per epoch) x

@@ -128,10 +128,11 @@ int trainer_weights_gather_for_saving(Trainer *t, char *err) {
 /* Rank 0: NCCL or the host for the weight channel (weight_sync_backend),
  * from what the server says it runs on (/colt/info). NCCL refuses two ranks
  * on one GPU, so auto takes it only when the GPUs are known to differ. */
-static int choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *group_size, char *err) {
+static int choose_weight_channel(Trainer *t, ServeClient *replica, const char *host, bool *nccl, int *group_size,
+                                 char *err) {
     const TrainConfig *c = t->cfg;
     json_t *info = NULL;
-    if (serve_client_get_json(t->server, "/colt/info", &info, err) != 0) return COLT_ERR;
+    if (serve_client_get_json(replica, "/colt/info", &info, err) != 0) return COLT_ERR;
     /* the server's processes (tensor parallel: each holds a part) and this rank; absent: an older colt serve */
     json_t *ws = json_object_get(info, "weight_sync_world_size");
     *group_size = json_is_integer(ws) && json_integer_value(ws) >= 2 && json_integer_value(ws) <= 4096
@@ -682,8 +683,9 @@ static int trainer_setup_local(Trainer *t, TrainConfig *c, const LaunchEnv *env,
 
 /* server mode's weight channel, for trainer_server.c (choose_weight_channel stays
  * beside the device setup it reads). */
-int trainer_choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *group_size, char *err) {
-    return choose_weight_channel(t, host, nccl, group_size, err);
+int trainer_choose_weight_channel(Trainer *t, ServeClient *replica, const char *host, bool *nccl, int *group_size,
+                                  char *err) {
+    return choose_weight_channel(t, replica, host, nccl, group_size, err);
 }
 
 static void trainer_teardown(Trainer *t) {

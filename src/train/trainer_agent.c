@@ -239,7 +239,8 @@ typedef struct ServerTurns {
     int *budgets;         /* [n_queued] each turn's max_new_tokens */
     uint64_t *ids, *finished;
     GenSequence *wave;
-    int n_queued;
+    int *replica;         /* [n_queued] each turn's replica: its conversation's, every turn (the prefix cache) */
+    int n_queued, n_conversations;
 } ServerTurns;
 
 static int server_turns_add(void *ctx, GenSequence *turn, const GenerateOptions *opt, uint64_t id, char *err) {
@@ -261,8 +262,10 @@ static int server_turns_step(void *ctx, const uint64_t **finished, int *n_finish
         const GenSequence *q = s->queued[k];
         s->wave[k] = (GenSequence){.prompt = q->prompt, .prompt_len = q->prompt_len, .stream = q->stream,
                                    .first_position = q->first_position};
+        s->replica[k] = serve_client_replica_of((int)s->ids[k], s->n_conversations, serve_client_replicas(s->client));
     }
-    int rc = serve_client_generate_turns(s->client, s->wave, n, &s->opt, s->budgets, s->vocab_size, NULL, err);
+    int rc = serve_client_generate_turns(s->client, s->wave, n, &s->opt, s->budgets, s->replica, s->vocab_size, NULL,
+                                         err);
     for (int k = 0; k < n; k++) {
         if (rc != 0) {
             gen_sequence_free(&s->wave[k]);
@@ -324,11 +327,12 @@ int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClien
         ServerTurns s = {.client = server, .vocab_size = model_config(t->model)->vocab_size, .opt = *go,
                          .queued = xcalloc(each, sizeof(GenSequence *)), .budgets = xcalloc(each, sizeof(int)),
                          .ids = xcalloc(each, sizeof(uint64_t)), .finished = xcalloc(each, sizeof(uint64_t)),
-                         .wave = xcalloc(each, sizeof(GenSequence))};
+                         .wave = xcalloc(each, sizeof(GenSequence)), .replica = xcalloc(each, sizeof(int)),
+                         .n_conversations = n};
         AgentGenerator g = {.ctx = &s, .max_positions = model_config(t->model)->max_position_embeddings,
                             .add = server_turns_add, .has_work = server_turns_has_work, .step = server_turns_step};
         rc = agent_generate_with(&g, convs, n, go, &handler, &lo, err);
-        free(s.queued), free(s.budgets), free(s.ids), free(s.finished), free(s.wave);
+        free(s.queued), free(s.budgets), free(s.ids), free(s.finished), free(s.wave), free(s.replica);
     } else {
         rc = agent_generate(t->model, convs, n, go, &t->engine_opts, &handler, &lo, es, err);
     }

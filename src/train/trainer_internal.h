@@ -177,7 +177,7 @@ typedef struct Trainer {
     /* vllm_mode server: every rank asks the server for its share; rank 0
      * pushes the weights over the channel after every optimizer step */
     ServeClient *server;
-    WeightSync *sync;             /* rank 0 */
+    WeightSync **sync;            /* rank 0: [replicas] one channel per replica of the server */
     int64_t server_weights_step;  /* the optimizer step of the weights the server holds */
     PendingRound next;            /* async_generation */
     /* tools: the Python worker that runs them (NULL: no tools), the calls'
@@ -209,8 +209,10 @@ int trainer_weights_gather(Trainer *t, char *err);
 void trainer_weights_release(Trainer *t);
 /* Before saving: the whole weights (activations given back first when they must be gathered). */
 int trainer_weights_gather_for_saving(Trainer *t, char *err);
-/* server mode: NCCL or the host for the weight channel (trainer.c keeps it beside the device setup). */
-int trainer_choose_weight_channel(Trainer *t, const char *host, bool *nccl, int *group_size, char *err);
+/* server mode: NCCL or the host for the weight channel to one replica (trainer.c keeps it beside the device
+ * setup). */
+int trainer_choose_weight_channel(Trainer *t, ServeClient *replica, const char *host, bool *nccl, int *group_size,
+                                  char *err);
 
 /* The learning rate of the step about to be taken (the scheduler's at global_step). */
 float trainer_learning_rate(const Trainer *t);

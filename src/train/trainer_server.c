@@ -104,11 +104,64 @@ void trainer_pending_discard(Trainer *t) {
     p->active = false;
 }
 
+/* One replica's push, on a thread of its own. */
+typedef struct ReplicaPush {
+    WeightSync *sync;
+    const Model *model;
+    int rc;
+    char err[ERR_LEN];
+} ReplicaPush;
+
+static void *push_main(void *arg) {
+    ReplicaPush *p = arg;
+    p->rc = weight_sync_send(p->sync, p->model, p->err);
+    return NULL;
+}
+
+/* Rank 0's push over every replica's channel: each server is told first (it
+ * then waits for the weights), then the channels send. Through the host
+ * they send at once, a thread each (each its own buffers and connections);
+ * NCCL channels share the trainer's compute stream, so their broadcasts
+ * would run one after another anyway and go in turn on this thread.
+ * *bytes: one replica's push; *seconds: the whole send. */
+static int push_to_replicas(Trainer *t, size_t *bytes, double *seconds, char *err) {
+    const int K = serve_client_replicas(t->server);
+    *bytes = 0, *seconds = 0;
+    for (int r = 0; r < K; r++) {
+        ServeClient *replica = serve_client_replica(t->server, r);
+        if (serve_client_post(replica, "/colt/update_weights", "{}", err) != 0)
+            return error_prefix(err, "server mode: pushing the weights to %s", serve_client_url(replica));
+    }
+    double t0 = time_now();
+    ReplicaPush *push = xcalloc((size_t)K, sizeof(ReplicaPush));
+    pthread_t *threads = xcalloc((size_t)K, sizeof(pthread_t));
+    bool *started = xcalloc((size_t)K, sizeof(bool));
+    for (int r = 0; r < K; r++) {
+        push[r] = (ReplicaPush){.sync = t->sync[r], .model = t->model};
+        if (r > 0 && weight_sync_kind(t->sync[r]) != COMM_NCCL)
+            started[r] = pthread_create(&threads[r], NULL, push_main, &push[r]) == 0;
+    }
+    for (int r = 0; r < K; r++) {
+        if (started[r]) pthread_join(threads[r], NULL);
+        else push_main(&push[r]); /* replica 0, an NCCL channel, or no thread to be had */
+    }
+    *seconds = time_now() - t0;
+    int rc = COLT_OK;
+    for (int r = 0; r < K && rc == 0; r++)
+        if (push[r].rc != 0)
+            rc = errorf(err, "server mode: pushing the weights to %s: %s",
+                        serve_client_url(serve_client_replica(t->server, r)), push[r].err);
+    if (rc == 0) weight_sync_last(t->sync[0], bytes, &(double){0});
+    free(push), free(threads), free(started);
+    return rc;
+}
+
 /* vllm_mode server: after every optimizer step (and once at the start, so
  * the server computes with exactly the trainer's weights: a resumed run's,
  * say) rank 0 announces a push and sends the whole weights over the
  * channel — with use_peft the adapters alone, after a first push that also
- * carries the frozen base (weight_sync.h); every rank waits for it, so the
+ * carries the frozen base (weight_sync.h); to every replica over its own
+ * channel; every rank waits for it, so the
  * next round is generated with them. async_generation: the round in flight
  * is generated first (with the weights it was asked with), so a round never
  * mixes two versions. */
@@ -121,64 +174,75 @@ int trainer_push_weights(Trainer *t, char *err) {
     int rc = trainer_weights_gather(t, err); /* zero_stage 3: the whole weights (collective) */
     size_t bytes = 0;
     double seconds = 0;
-    if (rc == 0 && t->sync) {
-        rc = serve_client_post(t->server, "/colt/update_weights", "{}", err);
-        if (rc == 0) rc = weight_sync_send(t->sync, t->model, err);
-        if (rc == 0) weight_sync_last(t->sync, &bytes, &seconds);
-        if (rc != 0) error_prefix(err, "server mode: pushing the weights to %s", serve_client_url(t->server));
-    }
+    if (rc == 0 && t->sync) rc = push_to_replicas(t, &bytes, &seconds, err);
     trainer_weights_release(t);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc != 0) return COLT_ERR;
     t->server_weights_step = t->global_step;
     metrics_add(&t->metrics, "time/weight_sync", time_now() - t0);
     if (t->sync) {
-        metrics_add(&t->metrics, "weight_sync/gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+        int K = serve_client_replicas(t->server);
+        metrics_add(&t->metrics, "weight_sync/gb_per_s", seconds > 0 ? (double)bytes * K / seconds / 1e9 : 0.0);
         metrics_add(&t->metrics, "weight_sync/mb", bytes / 1e6);
     }
     return COLT_OK;
 }
 
-/* vllm_mode server: every rank reaches the server (waiting for it up to
- * vllm_server_timeout), rank 0 opens the weight channel and pushes the
- * trainer's weights once. */
+/* Rank 0: replica r's weight channel, at vllm_group_port + r on its host. */
+static int open_channel(Trainer *t, int r, char *err) {
+    TrainConfig *c = t->cfg;
+    ServeClient *replica = serve_client_replica(t->server, r);
+    char host[256];
+    bool nccl = false;
+    int group_size = 2, port = c->vllm_group_port + r;
+    int rc = serve_client_host(replica, host, sizeof host, err);
+    if (rc == 0) rc = trainer_choose_weight_channel(t, replica, host, &nccl, &group_size, err);
+    /* with use_peft the server attaches adapters of this config; the pushes then carry them alone */
+    char *body = colt_sync_init_json(port, c->vllm_server_timeout, nccl, model_lora_config(t->model));
+    if (rc == 0) rc = serve_client_post(replica, "/colt/init_weight_sync", body, err);
+    free(body);
+    WeightSyncOptions o = {.host = host, .port = port, .rank = group_size - 1,
+                           .world_size = group_size, .be = t->be,
+                           .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout,
+                           .token = c->vllm_server_api_key};
+    if (rc == 0) rc = weight_sync_open(&t->sync[r], &o, err);
+    if (rc != 0 && r == 0) error_prefix(err, "server mode: the weight channel to %s (vllm_group_port %d)",
+                                        serve_client_url(replica), port);
+    else if (rc != 0) error_prefix(err, "server mode: the weight channel to %s (port %d: vllm_group_port + %d)",
+                                   serve_client_url(replica), port, r);
+    return rc;
+}
+
+/* vllm_mode server: every rank reaches the server (every replica; waiting
+ * for them up to vllm_server_timeout), rank 0 opens a weight channel to each
+ * and pushes the trainer's weights once. */
 int trainer_server_connect(Trainer *t, char *err) {
     TrainConfig *c = t->cfg;
-    char url[600];
-    if (c->vllm_server_base_url) snprintf(url, sizeof url, "%s", c->vllm_server_base_url);
-    else snprintf(url, sizeof url, strchr(c->vllm_server_host, ':') ? "http://[%s]:%d" : "http://%s:%d",
-                  c->vllm_server_host, c->vllm_server_port);
-    int rc = serve_client_open(&t->server, url, c->vllm_server_api_key, c->vllm_server_timeout, err);
+    char url[600] = ""; /* host and port; a list of replicas is used as it is (no bound on its length) */
+    if (!c->vllm_server_base_url)
+        snprintf(url, sizeof url, strchr(c->vllm_server_host, ':') ? "http://[%s]:%d" : "http://%s:%d",
+                 c->vllm_server_host, c->vllm_server_port);
+    int rc = serve_client_open(&t->server, c->vllm_server_base_url ? c->vllm_server_base_url : url,
+                               c->vllm_server_api_key, c->vllm_server_timeout, err);
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc != 0) return COLT_ERR;
+    const int K = serve_client_replicas(t->server);
     if (t->dist.rank == 0) {
-        char host[256];
-        bool nccl = false;
-        int group_size = 2;
-        rc = serve_client_host(t->server, host, sizeof host, err);
-        if (rc == 0) rc = trainer_choose_weight_channel(t, host, &nccl, &group_size, err);
-        /* with use_peft the server attaches adapters of this config; the pushes then carry them alone */
-        char *body = colt_sync_init_json(c->vllm_group_port, c->vllm_server_timeout, nccl,
-                                         model_lora_config(t->model));
-        if (rc == 0) rc = serve_client_post(t->server, "/colt/init_weight_sync", body, err);
-        free(body);
-        WeightSyncOptions o = {.host = host, .port = c->vllm_group_port, .rank = group_size - 1,
-                               .world_size = group_size, .be = t->be,
-                               .use_nccl = nccl, .cuda_device = t->be->device, .timeout_s = c->vllm_server_timeout,
-                               .token = c->vllm_server_api_key};
-        if (rc == 0) rc = weight_sync_open(&t->sync, &o, err);
-        if (rc != 0) error_prefix(err, "server mode: the weight channel to %s (vllm_group_port %d)", url,
-                                  c->vllm_group_port);
-        else log_info0("server mode: generation by colt serve at %s; weights pushed over %s after every step%s", url,
-                       comm_kind_name(weight_sync_kind(t->sync)),
-                       c->async_generation ? "; async_generation: the next round generates while this one trains" : "");
+        t->sync = xcalloc((size_t)K, sizeof(WeightSync *));
+        for (int r = 0; r < K && rc == 0; r++) rc = open_channel(t, r, err);
+        char replicas[64] = "";
+        if (K > 1) snprintf(replicas, sizeof replicas, " (%d data-parallel replicas)", K);
+        if (rc == 0)
+            log_info0("server mode: generation by colt serve at %s%s; weights pushed over %s after every step%s",
+                      serve_client_url(t->server), replicas, comm_kind_name(weight_sync_kind(t->sync[0])),
+                      c->async_generation ? "; async_generation: the next round generates while this one trains" : "");
     }
     rc = train_dist_agree(&t->dist, rc, err);
     if (rc == 0) rc = trainer_push_weights(t, err);
     if (rc == 0 && t->sync) {
         size_t bytes;
         double seconds;
-        weight_sync_last(t->sync, &bytes, &seconds);
+        weight_sync_last(t->sync[0], &bytes, &seconds);
         if (model_has_lora(t->model))
             log_info0("server mode: the first push sent the base weights and the LoRA adapters (%.2f MB in %.2f s); "
                       "each step's push sends the adapters alone (%.2f MB)",
@@ -188,16 +252,18 @@ int trainer_server_connect(Trainer *t, char *err) {
     return rc;
 }
 
-/* Leaves the server as it was: the channel closed (best effort: the server
- * closes its side anyway when a push times out). */
+/* Leaves the servers as they were: the channels closed (best effort: a
+ * server closes its side anyway when a push times out). */
 void trainer_server_disconnect(Trainer *t) {
     trainer_pending_discard(t);
-    if (t->sync) {
+    for (int r = 0; t->sync && r < serve_client_replicas(t->server); r++) {
+        if (!t->sync[r]) continue;
         char err[ERR_LEN]; /* the server has closed its side already after a failed push: nothing to say */
-        (void)serve_client_post(t->server, "/colt/close_weight_sync", "{}", err);
-        weight_sync_close(t->sync);
-        t->sync = NULL;
+        (void)serve_client_post(serve_client_replica(t->server, r), "/colt/close_weight_sync", "{}", err);
+        weight_sync_close(t->sync[r]);
     }
+    free(t->sync);
+    t->sync = NULL;
     serve_client_close(t->server);
     t->server = NULL;
 }

@@ -144,7 +144,7 @@ static int run_generation(Trainer *t, GenSequence *seqs, int m, const GenerateOp
     if (t->server) {
         int *budgets = xmalloc(sizeof(int) * (size_t)m);
         for (int q = 0; q < m; q++) budgets[q] = go->max_new_tokens;
-        int rc = serve_client_generate_turns(t->server, seqs, m, go, budgets, vocab, NULL, err);
+        int rc = serve_client_generate_turns(t->server, seqs, m, go, budgets, NULL, vocab, NULL, err);
         free(budgets);
         return rc;
     }

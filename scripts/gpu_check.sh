@@ -98,7 +98,7 @@ PY
         --beta 0.04 --learning_rate 1e-3 --logging_steps 1 --log_completions_count 1000 --save_steps 0 --seed 7
         --report_to none --max_steps 3 --deterministic true --device cuda_f32)
       gpus=$(nvidia-smi -L | wc -l)
-      build-cuda/colt train "${tool_args[@]}" --output_dir "$out/am_one" > "$out/am_one.log" 2>&1 ||
+      build-cuda/colt train "${tool_args[@]}" --nproc_per_node 1 --output_dir "$out/am_one" > "$out/am_one.log" 2>&1 ||
         { echo "   one GPU: failed: $(tail -1 "$out/am_one.log")"; status=1; }
       runs=()
       if [ "$gpus" -ge 2 ]; then
@@ -108,7 +108,8 @@ PY
         build-cuda/colt train "${tool_args[@]}" --vllm_mode server --server_devices '[1]' --devices '[0]' \
           --async_generation true --learning_rate 0 --output_dir "$out/am_async" > "$out/am_async.log" 2>&1 ||
           { echo "   async: failed: $(tail -1 "$out/am_async.log")"; status=1; }
-        build-cuda/colt train "${tool_args[@]}" --learning_rate 0 --output_dir "$out/am_one_lr0" > "$out/am_one_lr0.log" 2>&1
+        build-cuda/colt train "${tool_args[@]}" --nproc_per_node 1 --learning_rate 0 --output_dir "$out/am_one_lr0" \
+          > "$out/am_one_lr0.log" 2>&1
         runs+=(am_async:am_one_lr0)
       fi
       python3 - "$out" "${runs[@]}" <<'PY' || status=1
@@ -140,6 +141,34 @@ PY
         --output_dir "$out/am_rollout" > "$out/am_rollout.log" 2>&1 &&
         echo "   rollout_func on the GPU: $(tail -1 "$out/am_rollout.log")" ||
         { echo "   rollout_func: failed: $(tail -1 "$out/am_rollout.log")"; status=1; } ;;
+    replicas)
+      # two data-parallel colt serve replicas (both on GPU 1 on a 2-GPU machine: a correctness check, not a
+      # speed one) against one replica: the same completions and weights, the pushes over NCCL
+      echo "== server mode with 2 replicas against 1 (qwen2.5-0.5b shape, deterministic, 3 steps)"
+      w=/tmp/colt-replicas
+      mkdir -p $w
+      [ -f $w/m/config.json ] || build-cuda/colt init --arch qwen2 --preset qwen2.5-0.5b \
+        --tokenizer .devcarry/data/qwen2.5-tokenizer --out $w/m 2>/dev/null
+      rargs=(--config bench/gpu/grpo_bench.yaml --model $w/m --dataset .devcarry/data/gsm8k_prompts.jsonl --device cuda
+             --max_steps 3 --vllm_mode server --devices '[0]' --vllm_gpu_memory_utilization 0.3 --log_completions_count 1000)
+      NCCL_NVLS_ENABLE=0 build-cuda/colt train "${rargs[@]}" --server_devices '[1]' --output_dir $w/one > "$out/replicas_one.log" 2>&1 ||
+        { echo "   1 replica: failed: $(tail -1 "$out/replicas_one.log")"; status=1; }
+      NCCL_NVLS_ENABLE=0 build-cuda/colt train "${rargs[@]}" --server_devices '[1, 1]' --server_data_parallel_size 2 \
+        --output_dir $w/two > "$out/replicas_two.log" 2>&1 || { echo "   2 replicas: failed: $(tail -1 "$out/replicas_two.log")"; status=1; }
+      python3 - $w/one $w/two <<'PY' || status=1
+import json, sys, hashlib
+one, two = sys.argv[1:3]
+rows = lambda d: [json.loads(l) for l in open(d + "/completions.jsonl")]
+a, b = rows(one), rows(two)
+same = len(a) == len(b) > 0 and all(x["completion"] == y["completion"] for x, y in zip(a, b))
+digest = lambda d: hashlib.sha256(open(d + "/model.safetensors", "rb").read()).hexdigest()
+m = lambda d: [json.loads(l) for l in open(d + "/metrics.jsonl")]
+sync = [r.get("time/weight_sync") for r in m(two)]
+print(f"   2 replicas vs 1: {len(a)} completions, identical: {same}; weights identical: {digest(one) == digest(two)}; "
+      f"weight push s (2 replicas) {sync}")
+sys.exit(0 if same and digest(one) == digest(two) else 1)
+PY
+      ;;
   esac
 done
 exit $status

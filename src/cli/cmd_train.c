@@ -135,9 +135,11 @@ static int start_replicas(TrainConfig *cfg, ServeProcess *sp, bool gpu, int coun
         logs[r] = path_join(cfg->output_dir, name);
         if (gpu) rc = visible_devices(visible[r], sizeof visible[r], cfg->server_devices, r * per, (r + 1) * per, count,
                                       err);
-        /* the trainer's own default: deterministic for bf16 weights (GPUs), not for fp32 */
+        /* the trainer's own default: deterministic for bf16 weights (GPUs), not for fp32; the server holds
+         * the weights in the trainer's precision (cuda_f32: fp32), or the first push finds other bytes */
+        const char *device = !gpu ? "cpu" : strcmp(cfg->device, "cuda_f32") == 0 ? "cuda_f32" : "cuda";
         o[r] = (ServeProcessOptions){
-            .model = cfg->model, .device = gpu ? "cuda" : "cpu", .cuda_visible = gpu ? visible[r] : NULL,
+            .model = cfg->model, .device = device, .cuda_visible = gpu ? visible[r] : NULL,
             .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
             .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
             .log_path = logs[r], .timeout_s = cfg->vllm_server_timeout, .api_key = cfg->vllm_server_api_key,

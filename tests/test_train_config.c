@@ -1428,6 +1428,8 @@ static void test_server_mode_settings(void) {
         {"vllm_mode: server\nvllm_server_base_url: [\"http://a:8000\", 7]\n", "vllm_server_base_url[1] is not a URL"},
         {"vllm_mode: server\nvllm_server_base_url: [\"http://a:8000\", \"http://b:8000\"]\nvllm_group_port: 65535\n",
          "vllm_group_port 65535 + 2 replicas runs past port 65535"},
+        {"ddp_backend: gloo\n", NULL}, /* the host path even on GPUs */
+        {"ddp_backend: hccl\n", "ddp_backend 'hccl' is not one colt has (nccl, gloo or mpi)"},
     };
     static const char *const joined[] = {"http://a:8000,http://b:8000", "http://a:8000,http://b:8000"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -4,6 +4,9 @@
 # rank's share of the host threads, and as --nproc_per_node 2; prints step, generation, engine
 # (time/generation_engine) and training means over steps 2-6 for each. Needs 2 GPUs.
 # Usage: bash bench/gpu/bench_dp_probe.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset default qwen2.5-1.5b)
+#   SAME_PROMPT=1: every run takes PROMPTS_JSONL's first prompt, repeated (each rank's round then the single
+#   run's work exactly); NCCL_ROWS=1: also --nproc_per_node 2 with the gradients through the host
+#   (--ddp_backend gloo: no NCCL communicator), with NCCL_P2P_DISABLE=1 and with NCCL_CUMEM_ENABLE=0.
 set -u
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -12,6 +15,11 @@ prompts=$2
 preset=${3:-qwen2.5-1.5b}
 W=${WORK:-/tmp/colt-dp-probe}
 mkdir -p "$W"
+if [ "${SAME_PROMPT:-0}" = 1 ]; then
+  python3 -c "import sys; line = open(sys.argv[1]).readline(); open(sys.argv[2], 'w').write(line * 2000)" \
+    "$prompts" "$W/same_prompt.jsonl"
+  prompts=$W/same_prompt.jsonl
+fi
 [ -f "$W/$preset/config.json" ] || $COLT init --arch qwen2 --preset "$preset" --tokenizer "$tok" --out "$W/$preset" 2>/dev/null
 run() { # GPU label [colt train arguments...]
   local gpu=$1 label=$2
@@ -40,5 +48,10 @@ run 0 pair0 & run 1 pair1 & wait
 row "two independent runs at once (GPU 0 / GPU 1)" pair0 pair1
 OMP_NUM_THREADS=$(( $(nproc) / 2 )) run 0 half && row "alone on GPU 0, OMP_NUM_THREADS=nproc/2" half
 run 0,1 dp2 --nproc_per_node 2 && row "--nproc_per_node 2 (rank 0)" dp2
+if [ "${NCCL_ROWS:-0}" = 1 ]; then
+  run 0,1 dp2_host --nproc_per_node 2 --ddp_backend gloo && row "--nproc_per_node 2 --ddp_backend gloo (no NCCL)" dp2_host
+  NCCL_P2P_DISABLE=1 run 0,1 dp2_p2p --nproc_per_node 2 && row "--nproc_per_node 2, NCCL_P2P_DISABLE=1" dp2_p2p
+  NCCL_CUMEM_ENABLE=0 run 0,1 dp2_cumem --nproc_per_node 2 && row "--nproc_per_node 2, NCCL_CUMEM_ENABLE=0" dp2_cumem
+fi
 echo
 echo "Command: bash bench/gpu/bench_dp_probe.sh $tok $prompts $preset ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) host cores)"

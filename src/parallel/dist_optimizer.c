@@ -98,7 +98,9 @@ int dist_optimizer_open_gradients(DistOptimizer *o, const LaunchEnv *env, char *
     void *grads = model_grads_flat(o->grads, &n_grads);
     char how[256];
     int rc = COLT_OK;
-    if (tensor_parallel(o)) { /* over the data-parallel group: NCCL when the groups are, else the host */
+    if (o->opts.host_gradients) {
+        snprintf(how, sizeof how, "summed on the host in rank order (ddp_backend)");
+    } else if (tensor_parallel(o)) { /* over the data-parallel group: NCCL when the groups are, else the host */
         Comm *dp = NULL;
         if (d->world > 1) rc = tp_group_data_parallel_nccl(o->tp, &dp, err);
         if (dp) train_dist_adopt_gradients(d, dp, o->be, grads, n_grads, o->opts.bucket_bytes);

@@ -51,6 +51,7 @@ typedef struct DistOptimizerOptions {
     size_t bucket_bytes;  /* gradient all-reduce buckets (ddp_bucket_cap_mb) */
     double timeout_s;     /* bounded waits of the gradient exchange (ddp_timeout) */
     int host_threads;     /* the offloaded AdamW's threads (Mesh.host_threads; 0: OpenMP's default) */
+    bool host_gradients;  /* sum the gradients through the host even where NCCL could (ddp_backend gloo / mpi) */
 } DistOptimizerOptions;
 
 typedef struct DistOptimizer {

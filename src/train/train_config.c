@@ -315,6 +315,10 @@ static const ConfigKey KEYS[] = {
     KI(nproc_per_node, 0, 1024,
        "processes colt starts on this node when no launcher started it (0 = one per visible GPU, or per entry of "
        "devices; 1 = this process alone)"),
+    K(ddp_backend, KEY_STRING,
+      "how data-parallel ranks sum their gradients (transformers' ddp_backend): nccl (the default between processes "
+      "that each have a GPU; the host otherwise), or gloo / mpi: through host memory even on GPUs (slow: for "
+      "comparison and debugging)"),
     KI(ddp_timeout, 1, 604800,
        "seconds any rank waits for the others in a collective before the job stops with an error (several processes)"),
     KI_NULL(ddp_bucket_cap_mb, 1, 65536,
@@ -601,7 +605,6 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("ddp_find_unused_parameters", T_DIST),
     BOOL_NOOP("ddp_broadcast_buffers", T_DIST),
     BOOL_NOOP("ddp_static_graph", T_DIST),
-    NOOP("ddp_backend", "colt picks NCCL between GPU processes and Open MPI or Gloo between CPU processes"),
     ONLY("fsdp", "null \"\" false []", T_SHARDING),
     ONLY("fsdp_config", "null {}", T_SHARDING),
     ONLY("debug", "\"\" [] null", "colt has no debug modes; its errors name what failed and where"),
@@ -2202,6 +2205,9 @@ int train_config_check_server_tp(const TrainConfig *c, char *err) {
         return errorf(err, "settings: server_data_parallel_size %d goes with server_devices (colt train starts the "
                            "replicas); for servers started by hand, list their URLs in vllm_server_base_url",
                       c->server_data_parallel_size);
+    if (c->ddp_backend && strcmp(c->ddp_backend, "nccl") != 0 && strcmp(c->ddp_backend, "gloo") != 0 &&
+        strcmp(c->ddp_backend, "mpi") != 0)
+        return errorf(err, "settings: ddp_backend '%s' is not one colt has (nccl, gloo or mpi)", c->ddp_backend);
     if (c->vllm_mode && strcmp(c->vllm_mode, "server") == 0 && c->tensor_parallel_size > 1)
         return errorf(err, "settings: vllm_mode server needs tensor_parallel_size 1, not %d (the trainer pushes its "
                            "whole model over the weight channel; the server may be tensor parallel: several "

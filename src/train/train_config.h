@@ -101,6 +101,7 @@ typedef struct TrainConfig {
      * the saved config says what ran). */
     bool use_vllm;
     char *vllm_mode;                          /* "colocate": in-process; "server": a colt serve generates */
+    char *ddp_backend;                        /* transformers' ddp_backend: NULL/"nccl" (NCCL between GPUs), "gloo"/"mpi": the host */
     /* vllm_mode server (TRL's names and defaults, host 127.0.0.1): where colt
      * serve listens (base_url, when set, wins), how long to wait for it, and
      * the weight channel's port. async_generation: the next round is

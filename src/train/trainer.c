@@ -434,7 +434,8 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;
     DistOptimizerOptions oo = {.zero_stage = c->zero_stage, .offload = strcmp(c->offload_optimizer, "cpu") == 0,
                                .bucket_bytes = (size_t)c->ddp_bucket_cap_mb << 20, .timeout_s = c->ddp_timeout,
-                               .host_threads = t->mesh.host_threads};
+                               .host_threads = t->mesh.host_threads,
+                               .host_gradients = c->ddp_backend && strcmp(c->ddp_backend, "nccl") != 0};
     dist_optimizer_init(&t->optimizer, t->model, t->be, &t->dist, &t->mesh.groups, &oo);
     if (dist_optimizer_partition(&t->optimizer, t->model, err) != 0) return COLT_ERR;
     trainer_alloc_label(t, "the reference model's weights", t->plan.reference);

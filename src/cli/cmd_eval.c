@@ -79,7 +79,7 @@ int cmd_eval(int argc, char **argv) {
         {"output", OPT_STRING, &output, "the JSON summary (default eval_<dataset name>.json)", false},
         {"completions", OPT_STRING, &o.completions_path, "also write every completion to this JSON Lines file",
          false},
-        {"device", OPT_STRING, &o.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
+        {"device", OPT_STRING, &o.device, "cpu, cuda, cuda_f32 (fp32 weights) or auto (default: cuda when a GPU is usable)", false},
         {"gpu_memory_utilization", OPT_FLOAT, &gpu_memory_utilization,
          "cap of the KV cache as a fraction of device memory (default: what is free)", false},
         {"max_num_seqs", OPT_INT, &max_num_seqs, "sequences decoded together at most (default 256)", false},

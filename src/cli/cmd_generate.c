@@ -179,7 +179,7 @@ int cmd_generate(int argc, char **argv) {
         {"ignore_eos", OPT_FLAG, &a.ignore_eos, "do not stop at end-of-sequence tokens", false},
         {"regex", OPT_STRING, &a.regex, "constrain every completion to a full match of this regex (PCRE2)", false},
         {"json", OPT_FLAG, &a.json, "print one JSON line per completion", false},
-        {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
+        {"device", OPT_STRING, &a.device, "cpu, cuda, cuda_f32 (fp32 weights) or auto (default: cuda when a GPU is usable)", false},
         {"gpu_memory_utilization", OPT_FLOAT, &a.gpu_memory_utilization,
          "cap of the KV cache as a fraction of device memory (default: what is free)", false},
         {"max_num_seqs", OPT_INT, &a.max_num_seqs, "sequences decoded together at most (default 256)", false},

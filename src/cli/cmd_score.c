@@ -46,7 +46,7 @@ int cmd_score(int argc, char **argv) {
                         {"adapter", OPT_STRING, &adapter,
                          "a LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors, e.g. a "
                          "use_peft run's output_dir)", false},
-                        {"device", OPT_STRING, &device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false}};
+                        {"device", OPT_STRING, &device, "cpu, cuda, cuda_f32 (fp32 weights) or auto (default: cuda when a GPU is usable)", false}};
     int prc = cli_parse(opts, 3, argc, argv, SCORE_USAGE, err);
     if (prc == 1) return 0;
     if (prc != 0) return cli_fail("score", err);

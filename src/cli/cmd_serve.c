@@ -89,7 +89,7 @@ int cmd_serve(int argc, char **argv) {
         {"served_model_name", OPT_STRING, &a.served_model_name,
          "the name requests give as \"model\" (default: --model as given)", false},
         {"adapter", OPT_STRING, &a.adapter, "a LoRA adapter folder (PEFT's files) applied to the model", false},
-        {"device", OPT_STRING, &a.device, "cpu, cuda or auto (default: cuda when a GPU is usable)", false},
+        {"device", OPT_STRING, &a.device, "cpu, cuda, cuda_f32 (fp32 weights) or auto (default: cuda when a GPU is usable)", false},
         {"tensor_parallel_size", OPT_INT, &a.tensor_parallel_size,
          "processes the model is cut across (default 1; colt starts them, or a launcher does)", false},
         {"max_model_len", OPT_INT, &a.max_model_len,

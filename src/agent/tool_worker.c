@@ -166,22 +166,12 @@ static void read_environments(ToolWorker *w, const json_t *reply) {
 
 /* Starts the worker and sends the setup; fills the schemas on the first start. */
 static int launch(ToolWorker *w, char *err) {
-    static const char bootstrap[] =
-        "import json, sys; setup = json.loads(sys.stdin.readline()); "
-        "exec(compile(setup[\"source\"], \"colt_tool_worker.py\", \"exec\"), "
-        "{\"__name__\": \"__colt_tool_worker__\", \"setup\": setup})";
-    size_t len = strlen(w->python) + sizeof bootstrap + 16;
-    char *command = xmalloc(len);
-    snprintf(command, len, "exec %s -c '%s'", w->python, bootstrap);
     char subject[160];
     snprintf(subject, sizeof subject, "tool worker (%.100s)", w->python);
     RewardProcess *p = NULL;
-    int rc = reward_process_start(&p, command, subject, "tools", 0, err);
-    free(command);
-    if (rc != 0) return COLT_ERR;
     json_t *reply = NULL;
-    if (reward_process_call(p, &reply, w->setup, w->start_timeout_s, err) != 0) {
-        reward_process_stop(p);
+    if (reward_process_start_python(&p, &reply, w->python, "colt_tool_worker.py", "__colt_tool_worker__", w->setup,
+                                    subject, "tools", w->start_timeout_s, err) != 0) {
         char message[ERR_LEN];
         snprintf(message, sizeof message, "%s", err);
         return errorf(err, "%s (colt runs Python as \"%.60s\"; set COLT_PYTHON to use another)", message, w->python);
@@ -238,8 +228,7 @@ int tool_worker_start_environments(ToolWorker **out, const char *const *tools, s
         json_array_append_new(env_specs, spec);
     }
     ToolWorker *w = xcalloc(1, sizeof *w);
-    const char *env_python = getenv("COLT_PYTHON");
-    w->python = xstrdup(options && options->python ? options->python : env_python && *env_python ? env_python : "python3");
+    w->python = xstrdup(reward_process_python(options ? options->python : NULL));
     w->start_timeout_s = options && options->start_timeout_s > 0 ? options->start_timeout_s : 120;
     w->kill_grace_s = options && options->kill_grace_s > 0 ? options->kill_grace_s : 5;
     w->setup = json_pack("{s:s, s:o, s:o}", "source", TOOL_WORKER_SOURCE, "tools", tool_specs, "environments",

@@ -598,3 +598,33 @@ void reward_process_stop(RewardProcess *p) {
     free(p->buf);
     free(p);
 }
+
+const char *reward_process_python(const char *given) {
+    const char *env = getenv("COLT_PYTHON");
+    return given ? given : env && *env ? env : "python3";
+}
+
+int reward_process_start_python(RewardProcess **out, json_t **reply, const char *python, const char *file_name,
+                                const char *module_name, const json_t *setup, const char *subject, const char *name,
+                                double start_timeout_s, char *err) {
+    *out = NULL;
+    *reply = NULL;
+    char bootstrap[512];
+    snprintf(bootstrap, sizeof bootstrap,
+             "import json, sys; setup = json.loads(sys.stdin.readline()); "
+             "exec(compile(setup[\"source\"], \"%s\", \"exec\"), {\"__name__\": \"%s\", \"setup\": setup})",
+             file_name, module_name);
+    size_t len = strlen(python) + strlen(bootstrap) + 16;
+    char *command = xmalloc(len);
+    snprintf(command, len, "exec %s -c '%s'", python, bootstrap);
+    RewardProcess *p = NULL;
+    int rc = reward_process_start(&p, command, subject, name, 0, err);
+    free(command);
+    if (rc != 0) return COLT_ERR;
+    if (reward_process_call(p, reply, setup, start_timeout_s, err) != 0) {
+        reward_process_stop(p);
+        return COLT_ERR;
+    }
+    *out = p;
+    return COLT_OK;
+}

@@ -18,6 +18,18 @@ typedef struct RewardProcess RewardProcess;
 int reward_process_start(RewardProcess **out, const char *command, const char *subject, const char *name, int hints,
                          char *err);
 
+/* The command that runs Python: `given` when set, else $COLT_PYTHON, else python3. */
+const char *reward_process_python(const char *given);
+
+/* colt's Python workers (tools, rollout_func): starts `python -c BOOTSTRAP`,
+ * which reads the setup from its first stdin line and runs setup["source"]
+ * (compiled as file_name, `setup` in its globals, __name__ module_name), then
+ * sends setup and waits start_timeout_s for the worker's first answer, *reply
+ * (the caller checks its "ok"). subject and name as reward_process_start. */
+int reward_process_start_python(RewardProcess **out, json_t **reply, const char *python, const char *file_name,
+                                const char *module_name, const json_t *setup, const char *subject, const char *name,
+                                double start_timeout_s, char *err);
+
 /* Writes `request` as one line and reads one line back into *reply (a JSON
  * value, caller decrefs). Within timeout_s in total, else the program is
  * killed. Errors start with the subject and say what happened (exited with status,

@@ -533,8 +533,7 @@ static int create_python(RewardFunc *r, const json_t *spec, const json_t *name_v
     r->function = xstrdup(json_string_value(function_v));
     r->source = xstrdup(json_string_value(file_v ? file_v : module_v));
     r->timeout = timeout_v ? json_number_value(timeout_v) : PYTHON_TIMEOUT_S;
-    const char *env = getenv("COLT_PYTHON");
-    const char *python = python_v ? json_string_value(python_v) : env && *env ? env : "python3";
+    const char *python = reward_process_python(python_v ? json_string_value(python_v) : NULL);
     char prefix[300];
     snprintf(prefix, sizeof prefix, "reward '%.100s' (%.150s)", r->function, r->source);
 

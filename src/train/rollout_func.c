@@ -39,24 +39,13 @@ static void one_line(char *s) {
 }
 
 static int launch(RolloutFuncWorker *w, char *err) {
-    static const char bootstrap[] =
-        "import json, sys; setup = json.loads(sys.stdin.readline()); "
-        "exec(compile(setup[\"source\"], \"colt_rollout_worker.py\", \"exec\"), "
-        "{\"__name__\": \"__colt_rollout_worker__\", \"setup\": setup})";
-    size_t len = strlen(w->python) + sizeof bootstrap + 16;
-    char *command = xmalloc(len);
-    snprintf(command, len, "exec %s -c '%s'", w->python, bootstrap);
     char subject[300];
     snprintf(subject, sizeof subject, "rollout_func \"%.150s\" (%.100s)", w->function, w->python);
     RewardProcess *p = NULL;
-    int rc = reward_process_start(&p, command, subject, "rollout_func", 0, err);
-    free(command);
-    if (rc != 0) return COLT_ERR;
     json_t *reply = NULL;
-    if (reward_process_call(p, &reply, w->setup, w->start_timeout_s, err) != 0) {
-        reward_process_stop(p);
+    if (reward_process_start_python(&p, &reply, w->python, "colt_rollout_worker.py", "__colt_rollout_worker__",
+                                    w->setup, subject, "rollout_func", w->start_timeout_s, err) != 0)
         return COLT_ERR;
-    }
     const json_t *error = json_object_get(reply, "error");
     if (error || !json_is_true(json_object_get(reply, "ok"))) {
         errorf(err, "rollout_func \"%s\": %s", w->function,
@@ -80,8 +69,7 @@ int rollout_func_start(RolloutFuncWorker **out, const char *function, const json
         return COLT_ERR;
     }
     RolloutFuncWorker *w = xcalloc(1, sizeof *w);
-    const char *env_python = getenv("COLT_PYTHON");
-    w->python = xstrdup(python ? python : env_python && *env_python ? env_python : "python3");
+    w->python = xstrdup(reward_process_python(python));
     w->function = xstrdup(function);
     w->start_timeout_s = start_timeout_s > 0 ? start_timeout_s : 120;
     w->setup = json_pack("{s:s, s:o, s:O, s:O}", "source", ROLLOUT_WORKER_SOURCE, "function", spec, "args", args,

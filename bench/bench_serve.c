@@ -5,17 +5,21 @@
  * to /v1/chat/completions), with libcurl. Prints one JSON line: requests/s,
  * output tokens/s (the server's usage counts), time to first token and
  * request latency p50 / p99, errors. --no_stream asks for whole answers
- * instead (no time to first token then): the client's own per-event work,
- * one thread for every stream, is then out of the measurement. bench/gpu/bench_serve.sh runs it against
+ * instead (no time to first token then): the per-event work of client and server
+ * is then out of the measurement. bench/gpu/bench_serve.sh runs it against
  * `colt generate` offline on the same prompts.
  * A server with a key: COLT_API_KEY in the environment (sent as a Bearer token).
  * Usage: bench_serve --url http://127.0.0.1:8000 --prompts FILE [--requests R]
- *        [--concurrency C] [--max_tokens N] [--temperature T] [--ignore_eos] [--no_stream] [--model NAME] */
+ *        [--concurrency C] [--max_tokens N] [--temperature T] [--ignore_eos] [--no_stream] [--model NAME]
+ *        [--threads T]  (client threads, each with its share of the C clients; default 4) */
 #include <curl/curl.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 typedef struct Client {
@@ -68,9 +72,103 @@ static long long answer_tokens(const char *data, int stream) {
     return k ? atoll(k + strlen("\"completion_tokens\":")) : -1;
 }
 
+/* What the threads share: the request bodies, the next request to send, the results. */
+typedef struct Run {
+    const char *url;
+    char **bodies, **paths;
+    int n_prompts, requests, stream;
+    struct curl_slist *headers;
+    pthread_mutex_t mu; /* guards what follows */
+    int sent, done, errors, n_ttft;
+    long long tokens;
+    double *ttft, *latency;
+} Run;
+
+typedef struct Worker {
+    Run *run;
+    int clients;
+    pthread_t thread;
+} Worker;
+
+/* The run's next request for client cl, or false when every request was sent. */
+static bool next_request(Run *run, Client *cl) {
+    pthread_mutex_lock(&run->mu);
+    int k = run->sent < run->requests ? run->sent++ : -1;
+    pthread_mutex_unlock(&run->mu);
+    if (k < 0) return false;
+    cl->request = k;
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", run->url, run->paths[k % run->n_prompts]);
+    curl_easy_setopt(cl->curl, CURLOPT_URL, full);
+    curl_easy_setopt(cl->curl, CURLOPT_POSTFIELDS, run->bodies[k % run->n_prompts]);
+    cl->t_start = now_s();
+    return true;
+}
+
+/* One thread's clients in a closed loop on its own multi handle: one thread for hundreds of streams spends
+ * most of a core on their events, and would measure itself instead of the server. */
+static void *worker_main(void *arg) {
+    Worker *w = arg;
+    Run *run = w->run;
+    CURLM *multi = curl_multi_init();
+    Client *clients = calloc((size_t)w->clients, sizeof(Client));
+    int running = 0;
+    for (int c = 0; c < w->clients; c++) {
+        Client *cl = &clients[c];
+        cl->curl = curl_easy_init();
+        curl_easy_setopt(cl->curl, CURLOPT_HTTPHEADER, run->headers);
+        curl_easy_setopt(cl->curl, CURLOPT_WRITEFUNCTION, on_data);
+        curl_easy_setopt(cl->curl, CURLOPT_WRITEDATA, cl);
+        curl_easy_setopt(cl->curl, CURLOPT_TIMEOUT, 600L);
+        curl_easy_setopt(cl->curl, CURLOPT_PRIVATE, cl);
+        if (next_request(run, cl)) curl_multi_add_handle(multi, cl->curl), running++;
+    }
+    while (running > 0) {
+        int still;
+        curl_multi_perform(multi, &still);
+        CURLMsg *msg;
+        int left;
+        bool added = false; /* a next request was queued: perform again before any wait, so it is sent now */
+        while ((msg = curl_multi_info_read(multi, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            Client *cl;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&cl);
+            long status = 0;
+            curl_easy_getinfo(cl->curl, CURLINFO_RESPONSE_CODE, &status);
+            long long n = msg->data.result == CURLE_OK && status == 200 ? answer_tokens(cl->data, run->stream) : -1;
+            double t = now_s();
+            pthread_mutex_lock(&run->mu);
+            if (n < 0) {
+                run->errors++;
+            } else {
+                run->tokens += n;
+                if (run->stream && cl->t_first > 0) run->ttft[run->n_ttft++] = cl->t_first - cl->t_start;
+            }
+            run->latency[run->done++] = t - cl->t_start;
+            pthread_mutex_unlock(&run->mu);
+            curl_multi_remove_handle(multi, cl->curl);
+            running--;
+            free(cl->data);
+            cl->data = NULL;
+            cl->len = cl->cap = 0;
+            cl->t_first = 0;
+            if (next_request(run, cl)) { /* the client's next request */
+                curl_multi_add_handle(multi, cl->curl);
+                running++;
+                added = true;
+            }
+        }
+        if (running > 0 && !added) curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    for (int c = 0; c < w->clients; c++) curl_easy_cleanup(clients[c].curl);
+    free(clients);
+    curl_multi_cleanup(multi);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const char *url = NULL, *prompts_path = NULL, *model = NULL;
-    int requests = 256, concurrency = 32, max_tokens = 256;
+    int requests = 256, concurrency = 32, max_tokens = 256, threads = 4;
     double temperature = 0.0;
     int ignore_eos = 0, stream = 1;
     for (int i = 1; i < argc; i++) {
@@ -85,6 +183,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--model")) model = v, i++;
         else if (!strcmp(a, "--requests")) requests = atoi(v), i++;
         else if (!strcmp(a, "--concurrency")) concurrency = atoi(v), i++;
+        else if (!strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (!strcmp(a, "--max_tokens")) max_tokens = atoi(v), i++;
         else if (!strcmp(a, "--temperature")) temperature = atof(v), i++;
         else {
@@ -92,9 +191,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!url || !prompts_path || requests < 1 || concurrency < 1 || max_tokens < 1) {
+    if (!url || !prompts_path || requests < 1 || concurrency < 1 || max_tokens < 1 || threads < 1) {
         fprintf(stderr, "usage: bench_serve --url URL --prompts FILE [--requests R] [--concurrency C] [--max_tokens N] "
-                        "[--temperature T] [--ignore_eos] [--no_stream] [--model NAME]\n");
+                        "[--temperature T] [--ignore_eos] [--no_stream] [--model NAME] [--threads T]\n");
         return 2;
     }
     /* The request bodies, one per prompt line. */
@@ -138,7 +237,6 @@ int main(int argc, char **argv) {
     }
 
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    CURLM *multi = curl_multi_init();
     struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
     char auth[300];
     const char *key = getenv("COLT_API_KEY"); /* a server started with a key */
@@ -147,76 +245,36 @@ int main(int argc, char **argv) {
         headers = curl_slist_append(headers, auth);
     }
     if (concurrency > requests) concurrency = requests;
-    Client *clients = calloc((size_t)concurrency, sizeof(Client));
-    double *ttft = calloc((size_t)requests, sizeof(double)), *latency = calloc((size_t)requests, sizeof(double));
-    int sent = 0, done = 0, errors = 0, n_ttft = 0;
-    long long tokens = 0;
+    if (threads > concurrency) threads = concurrency;
+    Run run = {.url = url, .bodies = bodies, .paths = paths, .n_prompts = n_prompts, .requests = requests,
+               .stream = stream, .headers = headers,
+               .ttft = calloc((size_t)requests, sizeof(double)), .latency = calloc((size_t)requests, sizeof(double))};
+    pthread_mutex_init(&run.mu, NULL);
+    Worker *workers = calloc((size_t)threads, sizeof(Worker));
     double t0 = now_s();
-    for (int c = 0; c < concurrency; c++) { /* each client starts its first request */
-        Client *cl = &clients[c];
-        cl->curl = curl_easy_init();
-        cl->request = sent++;
-        char full[512];
-        snprintf(full, sizeof full, "%s%s", url, paths[cl->request % n_prompts]);
-        curl_easy_setopt(cl->curl, CURLOPT_URL, full);
-        curl_easy_setopt(cl->curl, CURLOPT_POSTFIELDS, bodies[cl->request % n_prompts]);
-        curl_easy_setopt(cl->curl, CURLOPT_HTTPHEADER, headers);
-        curl_easy_setopt(cl->curl, CURLOPT_WRITEFUNCTION, on_data);
-        curl_easy_setopt(cl->curl, CURLOPT_WRITEDATA, cl);
-        curl_easy_setopt(cl->curl, CURLOPT_TIMEOUT, 600L);
-        curl_easy_setopt(cl->curl, CURLOPT_PRIVATE, cl);
-        cl->t_start = now_s();
-        curl_multi_add_handle(multi, cl->curl);
+    for (int t = 0; t < threads; t++) { /* the clients dealt out over the threads */
+        workers[t] = (Worker){.run = &run, .clients = concurrency / threads + (t < concurrency % threads)};
+        pthread_create(&workers[t].thread, NULL, worker_main, &workers[t]);
     }
-    int running = concurrency;
-    while (done < requests) {
-        curl_multi_perform(multi, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(multi, &left))) {
-            if (msg->msg != CURLMSG_DONE) continue;
-            Client *cl;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&cl);
-            long status = 0;
-            curl_easy_getinfo(cl->curl, CURLINFO_RESPONSE_CODE, &status);
-            long long n = msg->data.result == CURLE_OK && status == 200 ? answer_tokens(cl->data, stream) : -1;
-            double t = now_s();
-            if (n < 0) {
-                errors++;
-            } else {
-                tokens += n;
-                if (stream && cl->t_first > 0) ttft[n_ttft++] = cl->t_first - cl->t_start;
-            }
-            latency[done++] = t - cl->t_start;
-            curl_multi_remove_handle(multi, cl->curl);
-            free(cl->data);
-            cl->data = NULL;
-            cl->len = cl->cap = 0;
-            cl->t_first = 0;
-            if (sent < requests) { /* the client's next request */
-                cl->request = sent++;
-                char full[512];
-                snprintf(full, sizeof full, "%s%s", url, paths[cl->request % n_prompts]);
-                curl_easy_setopt(cl->curl, CURLOPT_URL, full);
-                curl_easy_setopt(cl->curl, CURLOPT_POSTFIELDS, bodies[cl->request % n_prompts]);
-                cl->t_start = now_s();
-                curl_multi_add_handle(multi, cl->curl);
-            }
-        }
-        if (done < requests) curl_multi_poll(multi, NULL, 0, 100, NULL);
-    }
+    for (int t = 0; t < threads; t++) pthread_join(workers[t].thread, NULL);
+    int done = run.done, errors = run.errors, n_ttft = run.n_ttft;
+    long long tokens = run.tokens;
+    double *ttft = run.ttft, *latency = run.latency;
     double seconds = now_s() - t0;
+    struct rusage ru; /* this one-threaded client near a core's worth of CPU would be the bottleneck */
+    getrusage(RUSAGE_SELF, &ru);
+    double client_cpu = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+                        1e-6 * (double)ru.ru_stime.tv_usec;
     printf("{\"stream\": %s, \"requests\": %d, \"concurrency\": %d, \"errors\": %d, \"seconds\": %.3f, \"requests_per_s\": %.2f, "
            "\"output_tokens\": %lld, \"output_tokens_per_s\": %.1f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, "
-           "\"latency_p50_s\": %.3f, \"latency_p99_s\": %.3f}\n",
+           "\"latency_p50_s\": %.3f, \"latency_p99_s\": %.3f, \"client_cpu_s\": %.3f}\n",
            stream ? "true" : "false", requests, concurrency, errors, seconds, requests / seconds, tokens, tokens / seconds,
            1e3 * percentile(ttft, n_ttft, 0.5), 1e3 * percentile(ttft, n_ttft, 0.99), percentile(latency, done, 0.5),
-           percentile(latency, done, 0.99));
-    for (int c = 0; c < concurrency; c++) curl_easy_cleanup(clients[c].curl);
+           percentile(latency, done, 0.99), client_cpu);
     for (int i = 0; i < n_prompts; i++) free(bodies[i]), free(paths[i]);
-    free(bodies), free(paths), free(clients), free(ttft), free(latency);
+    free(bodies), free(paths), free(workers), free(ttft), free(latency);
+    pthread_mutex_destroy(&run.mu);
     curl_slist_free_all(headers);
-    curl_multi_cleanup(multi);
     curl_global_cleanup();
     return errors ? 1 : 0;
 }

@@ -17,9 +17,12 @@ static const Shape SHAPES[] = {
     {"0.5b", 896, 4864, 24, 14, 2, 151936, true},
     {"1.5b", 1536, 8960, 28, 12, 2, 151936, true},
     {"7b", 3584, 18944, 28, 28, 4, 152064, false},
+    /* Llama-3.1-8B's dimensions with the Qwen vocabulary (bench_8b.sh's model), built as Qwen2 here: its
+     * q/k/v biases are 0.01% of the bytes */
+    {"8b", 4096, 14336, 32, 32, 8, 151936, false},
 };
 
-/* The shape named `name` (0.5b, 1.5b, 7b), or NULL. */
+/* The shape named `name` (0.5b, 1.5b, 7b, 8b), or NULL. */
 static inline const Shape *shape_by_name(const char *name) {
     for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++)
         if (strcmp(SHAPES[k].name, name) == 0) return &SHAPES[k];

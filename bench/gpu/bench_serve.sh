@@ -11,7 +11,7 @@
 # (after a warm-up round).
 # Usage: bash bench/gpu/bench_serve.sh MODEL_DIR PROMPTS_JSONL [concurrency ...]
 #   concurrency defaults to "1 16 64 256"; MAX_TOKENS (256), TEMPERATURE (0: greedy; the offline row stays greedy), COLT (build-cuda/colt),
-#   BENCH (build-cuda/bench_serve), COLT_DEVICE (cuda). On the CPU, e.g.:
+#   BENCH (build-cuda/bench_serve), COLT_DEVICE (cuda), SERVE_ARGS (more colt serve arguments). On the CPU, e.g.:
 #   COLT=build/colt BENCH=build/bench_serve COLT_DEVICE=cpu MAX_TOKENS=64 \
 #     bash bench/gpu/bench_serve.sh models/stories260K examples/data/demo_train.jsonl 1 8 32
 set -euo pipefail
@@ -38,7 +38,7 @@ offline=$($COLT generate --model "$model" --prompts "$prompts" --max_new_tokens 
 
 # every client is this machine: one address may hold every connection (colt serve gives it half by default)
 $COLT serve --model "$model" --port 0 --device "$device" --max_queued_sequences 100000 --max_connections_per_ip 512 \
-  > "$work/serve.log" 2>&1 &
+  ${SERVE_ARGS:-} > "$work/serve.log" 2>&1 &
 pid=$!
 port=""
 for _ in $(seq 1200); do # 120 s at most
@@ -54,15 +54,15 @@ $BENCH --url "$url" --prompts "$prompts" --requests 64 --concurrency 64 --max_to
 # (python, not curl: a curl binary may not load beside the libcurl bench_serve was packed with)
 metrics() {
   python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1] + '/metrics', timeout=10).read().decode())" "$url" |
-    awk '/^colt_engine_(seconds|steps|graph_steps|decode_seconds|decode_step_tokens)_total /{printf "%s=%s ", $1, $2}'
+    awk '/^colt_engine_(seconds|idle_seconds|loop_seconds|steps|graph_steps|decode_seconds|decode_step_tokens)_total /{printf "%s=%s ", $1, $2}'
 }
-echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s | engine busy s | engine steps (graph) | engine decode tok/s |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s | engine busy s | engine between steps s | engine idle s | engine steps (graph) | engine decode tok/s | client CPU s |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 python3 - "$offline" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
 print(f"| colt generate (offline) | - | {r['sequences']} | {r['generated_tokens']} | {r['seconds']:.2f} | "
-      f"{r['sequences'] / r['seconds']:.2f} | {r['generated_tokens'] / r['seconds']:,.0f} | - | - | - | - | - | - | - |")
+      f"{r['sequences'] / r['seconds']:.2f} | {r['generated_tokens'] / r['seconds']:,.0f} | - | - | - | - | - | - | - | - | - | - |")
 PY
 for c in $levels; do
   for mode in ${STREAM_MODES:-stream no_stream}; do
@@ -86,10 +86,10 @@ dec = d("decode_step_tokens") / d("decode_seconds") if d("decode_seconds") > 0 e
 ttft = (f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f}") if r["stream"] else "- | -"
 print(f"| colt serve, {mode}{err} | {r['concurrency']} | {r['requests']} | {r['output_tokens']} | {r['seconds']:.2f} | "
       f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:,.0f} | {ttft} | "
-      f"{r['latency_p50_s']:.3f} | {r['latency_p99_s']:.3f} | {d('seconds'):.2f} | {d('steps'):.0f} ({d('graph_steps'):.0f}) | "
-      f"{dec:,.0f} |")
+      f"{r['latency_p50_s']:.3f} | {r['latency_p99_s']:.3f} | {d('seconds'):.2f} | {d('loop_seconds'):.2f} | "
+      f"{d('idle_seconds'):.2f} | {d('steps'):.0f} ({d('graph_steps'):.0f}) | {dec:,.0f} | {r['client_cpu_s']:.2f} |")
 PY
   done
 done
 echo
-echo "Command: MAX_TOKENS=$max_tokens COLT_DEVICE=$device bash bench/gpu/bench_serve.sh $model $prompts $levels ($n prompts)"
+echo "Command: MAX_TOKENS=$max_tokens COLT_DEVICE=$device SERVE_ARGS='${SERVE_ARGS:-}' bash bench/gpu/bench_serve.sh $model $prompts $levels ($n prompts)"

@@ -54,6 +54,7 @@ typedef struct Seq {
     int n_registered;   /* leading blocks of its row offered to the prefix cache */
     int scheduled;      /* tokens it runs in the current step */
     int group;          /* its sampling group in the current step */
+    int queued_at_step; /* engine steps when it was queued (EngineOptions.admission_wait_steps) */
 } Seq;
 
 /* The prefix cache: every full block a sequence computes is registered under
@@ -115,7 +116,8 @@ struct Engine {
     bool bucket_seen[N_BUCKETS];
 
     /* For the engine's life. */
-    int *h_tables;      /* [n_slots, max_blocks] */
+    int *h_tables;      /* [n_slots, table_width] (room for max_blocks) */
+    int table_width;    /* blocks per table row now: the most a sequence has had, rounded up to a power of two */
     bool tables_dirty;
     int *free_slots, n_free_slots;
     int *h_step;        /* [N_SEGMENTS * max_tokens] */
@@ -330,7 +332,7 @@ static void cache_drop_all(Engine *e) {
  * admitted later in the same step may already take them). */
 static void register_full_blocks(Engine *e, Seq *s) {
     if (!e->cache.on) return;
-    const int bs = e->block_size, *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    const int bs = e->block_size, *row = e->h_tables + (size_t)s->slot * e->table_width;
     int *tokens = e->cache.scratch;
     for (; (s->n_registered + 1) * bs <= s->n_cached + s->scheduled; s->n_registered++) {
         int k = s->n_registered, parent = k > 0 ? row[k - 1] : -1;
@@ -340,13 +342,39 @@ static void register_full_blocks(Engine *e, Seq *s) {
     }
 }
 
+static void free_graphs(Engine *e);
+
+/* Rows of at least `blocks` entries. The table goes to the device whenever a
+ * block is added, so its width is what sequences use, not max_len's: a server's
+ * max_len of 32K tokens would send 2 MB a step for 256 rows (~8% of a small
+ * model's decode step). Widening re-lays the rows out and makes the graphs and
+ * the decode plan again (they bind the width); it happens a few times at most. */
+static void widen_tables(Engine *e, int blocks) {
+    if (blocks <= e->table_width) return;
+    int w = e->table_width;
+    while (w < blocks) w *= 2;
+    if (w > e->max_blocks) w = e->max_blocks;
+    for (int r = e->n_slots - 1; r >= 0; r--) { /* the last row first: rows only move up */
+        memmove(e->h_tables + (size_t)r * w, e->h_tables + (size_t)r * e->table_width, sizeof(int) * (size_t)e->table_width);
+        memset(e->h_tables + (size_t)r * w + e->table_width, 0, sizeof(int) * (size_t)(w - e->table_width));
+    }
+    e->table_width = w;
+    e->tables_dirty = true;
+    free_graphs(e);
+    if (e->decode_plan) {
+        model_decode_plan_free(e->m, e->decode_plan);
+        e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->table_width);
+    }
+}
+
 /* Gives s enough blocks to hold its first `upto` tokens; false (nothing
  * taken) when the pool has too few free. */
 static bool grow_blocks(Engine *e, Seq *s, int upto) {
     int need = div_up(upto, e->block_size) - s->n_blocks;
     if (need <= 0) return true;
     if (need > blocks_available(e)) return false;
-    int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    widen_tables(e, s->n_blocks + need);
+    int *row = e->h_tables + (size_t)s->slot * e->table_width;
     for (int k = 0; k < need; k++) row[s->n_blocks++] = block_alloc(e);
     e->tables_dirty = true;
     return true;
@@ -354,7 +382,7 @@ static bool grow_blocks(Engine *e, Seq *s, int upto) {
 
 /* Frees s's blocks and slot (it leaves the pool); its cached blocks stay cached. */
 static void release_seq(Engine *e, Seq *s) {
-    int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+    int *row = e->h_tables + (size_t)s->slot * e->table_width;
     for (int k = s->n_blocks - 1; k >= 0; k--) block_release(e, row[k]); /* the tail first: evicted first */
     s->n_blocks = 0;
     s->n_cached = 0;
@@ -423,7 +451,8 @@ static bool admit_front(Engine *e, int budget) {
     if (e->waiting.count == 0 || e->n_free_slots == 0 || budget <= 0) return false;
     int idx = queue_front(&e->waiting);
     Seq *s = &e->seqs[idx];
-    int *row = e->h_tables + (size_t)e->free_slots[e->n_free_slots - 1] * e->max_blocks;
+    widen_tables(e, div_up(known_tokens(s), e->block_size)); /* the cached blocks and those it will take */
+    int *row = e->h_tables + (size_t)e->free_slots[e->n_free_slots - 1] * e->table_width;
     int from_lru, n_hits = cache_hits(e, s, (known_tokens(s) - 1) / e->block_size, row, &from_lru);
     int start = n_hits * e->block_size;
     int take = min_int(known_tokens(s) - start, budget);
@@ -661,6 +690,10 @@ static int step_once(Engine *e, char *err) {
      * (not in a step that had to preempt, the pool being full, unless nothing
      * else would run). */
     bool may_admit = e->stats.preemptions == preemptions_before || n_tok == 0;
+    if (may_admit && e->eo.admission_wait_steps > 0 && n_tok > 0 && decode_only && e->waiting.count > 0 &&
+        e->waiting.count < e->n_running &&
+        e->stats.steps - e->seqs[queue_front(&e->waiting)].queued_at_step < e->eo.admission_wait_steps)
+        may_admit = false; /* a pure decode step (a graph's) while more arrive */
     while (may_admit && n_tok < budget && admit_front(e, budget - n_tok)) {
         n_tok += e->seqs[e->running[e->n_running - 1]].scheduled;
         decode_only = false;
@@ -683,7 +716,7 @@ static int step_once(Engine *e, char *err) {
     for (int r = 0; r < e->n_running; r++) {
         Seq *s = &e->seqs[e->order[r]];
         if (s->scheduled == 0) continue;
-        const int *row = e->h_tables + (size_t)s->slot * e->max_blocks;
+        const int *row = e->h_tables + (size_t)s->slot * e->table_width;
         for (int k = 0; k < s->scheduled; k++, t++) {
             int p = s->n_cached + k;
             seg[SEG_TOKENS][t] = token_at(s, p);
@@ -717,7 +750,7 @@ static int step_once(Engine *e, char *err) {
     const Backend *be = e->be;
     be->upload_i32(be, e->d_step, e->h_step, (size_t)N_SEGMENTS * n_pad);
     if (e->tables_dirty) {
-        be->upload_i32(be, e->d_tables, e->h_tables, (size_t)e->n_slots * e->max_blocks);
+        be->upload_i32(be, e->d_tables, e->h_tables, (size_t)e->n_slots * e->table_width);
         e->tables_dirty = false;
     }
     const int *d = e->d_step;
@@ -729,7 +762,7 @@ static int step_once(Engine *e, char *err) {
                     .slot_mapping = d + (size_t)SEG_SLOT_MAPPING * n_pad,
                     .logit_rows = decode_only ? NULL : d + (size_t)SEG_LOGIT_ROWS * n_pad,
                     .block_tables = e->d_tables,
-                    .max_blocks = e->max_blocks,
+                    .max_blocks = e->table_width,
                     .decode_plan = decode_only ? e->decode_plan : NULL,
                     .decode = decode_only};
     if (bucket >= 0 && e->graphs[bucket]) {
@@ -903,7 +936,7 @@ static int take_memory(Engine *e, char *err) {
                       (long long)want, e->block_size, e->max_len, e->max_blocks);
     }
     kv_pool_create(&e->pool, e->m, (int)want, e->block_size);
-    e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->max_blocks);
+    e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->table_width);
 
     e->free_blocks = xmalloc(sizeof(int) * (size_t)want);
     e->refcount = xcalloc((size_t)want, sizeof(int));
@@ -947,7 +980,7 @@ static void forget_weights(Engine *e) {
         COLT_ASSERT(paged_state_create(&e->st, e->m, e->max_tokens, e->max_rows, err) == 0); /* sizes made it once */
     }
     model_decode_plan_free(e->m, e->decode_plan);
-    e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->max_blocks);
+    e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->table_width);
     e->weights_version = model_weights_version(e->m);
 }
 
@@ -991,6 +1024,7 @@ int engine_create(Engine **out, Model *m, const EngineOptions *eo, int max_len, 
         return errorf(err, "engine: max_len (%d) and max_seqs (%d) must be >= 1", max_len, max_seqs);
     }
     e->max_blocks = div_up(e->max_len, e->block_size);
+    e->table_width = e->max_blocks < 32 ? e->max_blocks : 32; /* 512 tokens at blocks of 16; widen_tables */
     engine_step_sizes(e->n_slots, e->use_graphs, eo, &e->max_rows, &e->max_tokens);
 
     e->h_tables = xcalloc((size_t)e->n_slots * e->max_blocks, sizeof(int));
@@ -1074,7 +1108,8 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
     }
     int idx = seq_alloc(e);
     Seq *s = &e->seqs[idx];
-    *s = (Seq){.g = g, .id = id, .opt = *opt, .state = SEQ_WAITING, .limit = (int)limit, .slot = -1};
+    *s = (Seq){.g = g, .id = id, .opt = *opt, .state = SEQ_WAITING, .limit = (int)limit, .slot = -1,
+               .queued_at_step = e->stats.steps}; /* (the engine's stats are never reset) */
     s->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
     if (opt->n_stop_ids > 0) memcpy(s->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
     s->opt.stop_ids = s->stop;

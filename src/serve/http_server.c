@@ -283,6 +283,7 @@ static enum MHD_Result handle_generation(HttpServer *s, struct MHD_Connection *c
     }
     g->sr = serve_request_create(g->req.prompts, g->req.prompt_lens, g->req.n_prompts, g->req.n, &g->req.opt);
     if (g->req.scores) serve_request_want_scores(g->sr, g->req.top_logprobs);
+    if (!g->req.stream && g->req.n_stop_strings == 0) serve_request_wake_at_end(g->sr); /* choice_text_update */
     if (!g->req.seeded) { /* streams of their own under the shared seed (the engine's streams are 31-bit) */
         int n = serve_request_choices(g->sr);
         uint64_t *streams = xmalloc(sizeof(uint64_t) * (size_t)n);
@@ -347,6 +348,7 @@ static enum MHD_Result handle_colt_generate(HttpServer *s, struct MHD_Connection
     q.prompts = NULL; /* the request took them */
     serve_request_set_streams(sr, q.streams);
     serve_request_set_turns(sr, q.first_positions, q.max_tokens_each);
+    serve_request_wake_at_end(sr); /* the answer is whole */
     colt_generate_free(&q);
     pthread_mutex_lock(&s->mu);
     s->c.requests_running++;
@@ -451,6 +453,11 @@ static char *metrics_text(HttpServer *s) {
            "colt_engine_graph_steps_total %d\n", st.engine.graph_steps);
     METRIC("engine_seconds_total", "counter", "Wall time inside engine steps (forward, sampling, bookkeeping).",
            "colt_engine_seconds_total %.6f\n", st.engine.seconds);
+    METRIC("engine_idle_seconds_total", "counter", "Wall time the engine thread waited for work (nothing running or queued).",
+           "colt_engine_idle_seconds_total %.6f\n", st.idle_seconds);
+    METRIC("engine_loop_seconds_total", "counter",
+           "Wall time the engine thread spent between steps (admitting, publishing, aborting, scoring, weight pushes).",
+           "colt_engine_loop_seconds_total %.6f\n", st.loop_seconds);
     METRIC("engine_decode_seconds_total", "counter", "Of it, the pure decode steps (one token per running sequence).",
            "colt_engine_decode_seconds_total %.6f\n", st.engine.decode_seconds);
     METRIC("engine_decode_step_tokens_total", "counter", "Tokens sampled in pure decode steps.",

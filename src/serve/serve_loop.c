@@ -66,7 +66,9 @@ struct ServeRequest {
     bool cancel_pending;
     double t_submit, t_first;
     int score_k;   /* alternatives per scored position; -1: no scores (serve_request_want_scores) */
+    bool wake_at_end; /* the waiter reads nothing before a choice ends (serve_request_wake_at_end) */
     int in_engine; /* loop-private: choices still in the engine */
+    uint64_t woken_turn; /* loop-private: the last turn that listed it for the waker */
 };
 
 typedef struct Slot {
@@ -98,6 +100,7 @@ struct ServeLoop {
     bool sync_open; /* open, or its OPEN queued: what the next operation is checked against */
     int64_t weight_updates, weight_sync_failures;
     double last_update_seconds, last_update_bytes;
+    double idle_seconds, loop_seconds; /* the engine thread's time waiting for work, and between steps */
     atomic_bool cancel_sync; /* stopping: a wait for the trainer ends now */
     /* the opener (loop-private, but for opener_done and what the opener fills before setting it) */
     pthread_t opener;
@@ -107,7 +110,18 @@ struct ServeLoop {
     Store *met; /* the group met at its store: the engine thread opens the channel on it */
     int open_rc;
     char open_err[ERR_LEN];
+    /* The waker: wakes the waiters of a step's requests off the engine thread (a wake-up costs a system
+     * call, and a step of 256 streams would spend ~1 ms on them between steps). Under waker_mu. */
+    pthread_t waker;
+    pthread_mutex_t waker_mu;
+    pthread_cond_t waker_cv;
+    ServeRequest **to_wake; /* each holds a reference the waker releases */
+    int n_to_wake, to_wake_cap;
+    bool waker_stop;
     /* loop-private */
+    uint64_t n_turns;          /* the loop's publishing turns so far */
+    ServeRequest **step_wake;  /* this turn's requests to wake, a reference each */
+    int n_step_wake, step_wake_cap;
     WeightSync *sync;
     ServeTurn turn; /* tensor parallel: this turn's engine calls, for the other ranks (serve_turn.h) */
     ServeRequest **active;
@@ -200,6 +214,8 @@ void serve_request_set_turns(ServeRequest *r, const int *first_positions, const 
         if (max_new_tokens) r->choices[i].max_new_tokens = max_new_tokens[i];
     }
 }
+
+void serve_request_wake_at_end(ServeRequest *r) { r->wake_at_end = true; }
 
 void serve_request_want_scores(ServeRequest *r, int k) {
     COLT_ASSERT(k >= 0 && k <= MAX_SCORE_K);
@@ -342,6 +358,8 @@ void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
     out->weight_sync_failures = l->weight_sync_failures;
     out->last_update_seconds = l->last_update_seconds;
     out->last_update_bytes = l->last_update_bytes;
+    out->idle_seconds = l->idle_seconds;
+    out->loop_seconds = l->loop_seconds;
     out->device = model_backend(l->m)->name;
     out->deterministic = l->o.engine.deterministic;
     out->tensor_parallel_size = l->o.tp ? comm_world_size(l->o.tp) : 1;
@@ -442,7 +460,46 @@ static void apply_cancels(ServeLoop *l, int *left) {
     }
 }
 
-/* Hands each event to its request and wakes its waiter. */
+static void *waker_main(void *arg) {
+    ServeLoop *l = arg;
+    ServeRequest **batch = NULL;
+    int batch_cap = 0;
+    pthread_mutex_lock(&l->waker_mu);
+    for (;;) {
+        while (l->n_to_wake == 0 && !l->waker_stop) pthread_cond_wait(&l->waker_cv, &l->waker_mu);
+        if (l->n_to_wake == 0) break; /* stopped, nothing left */
+        ServeRequest **taken = l->to_wake; /* swap: the engine thread fills the other array meanwhile */
+        int n = l->n_to_wake, cap = l->to_wake_cap;
+        l->to_wake = batch, l->to_wake_cap = batch_cap, l->n_to_wake = 0;
+        batch = taken, batch_cap = cap;
+        pthread_mutex_unlock(&l->waker_mu);
+        for (int i = 0; i < n; i++) { /* what changed was written under the request's mutex before */
+            pthread_cond_broadcast(&batch[i]->cv);
+            serve_request_release(batch[i]);
+        }
+        pthread_mutex_lock(&l->waker_mu);
+    }
+    pthread_mutex_unlock(&l->waker_mu);
+    free(batch);
+    return NULL;
+}
+
+/* The turn's requests to the waker. */
+static void hand_to_waker(ServeLoop *l) {
+    if (l->n_step_wake == 0) return;
+    pthread_mutex_lock(&l->waker_mu);
+    if (l->n_to_wake + l->n_step_wake > l->to_wake_cap) {
+        l->to_wake_cap = 2 * (l->n_to_wake + l->n_step_wake);
+        l->to_wake = xrealloc(l->to_wake, sizeof(ServeRequest *) * (size_t)l->to_wake_cap);
+    }
+    memcpy(l->to_wake + l->n_to_wake, l->step_wake, sizeof(ServeRequest *) * (size_t)l->n_step_wake);
+    l->n_to_wake += l->n_step_wake;
+    pthread_cond_signal(&l->waker_cv);
+    pthread_mutex_unlock(&l->waker_mu);
+    l->n_step_wake = 0;
+}
+
+/* Hands each event to its request; the waker wakes its waiter. */
 static void publish(ServeLoop *l, const EngineEvent *ev, int n_events, int *left) {
     double now = time_now();
     for (int k = 0; k < n_events; k++) {
@@ -460,9 +517,19 @@ static void publish(ServeLoop *l, const EngineEvent *ev, int n_events, int *left
         }
         if (ev[k].finished) leave_engine(l, r, c, left);
         r->version++;
-        pthread_cond_broadcast(&r->cv);
+        if ((!r->wake_at_end || ev[k].finished) && r->woken_turn != l->n_turns) { /* once a turn */
+            r->woken_turn = l->n_turns;
+            r->refs++; /* the waker's */
+            if (l->n_step_wake == l->step_wake_cap) {
+                l->step_wake_cap = l->step_wake_cap ? 2 * l->step_wake_cap : 256;
+                l->step_wake = xrealloc(l->step_wake, sizeof(ServeRequest *) * (size_t)l->step_wake_cap);
+            }
+            l->step_wake[l->n_step_wake++] = r;
+        }
         pthread_mutex_unlock(&r->mu);
     }
+    hand_to_waker(l);
+    l->n_turns++;
 }
 
 /* ts for ids[n] (TokenScores in serve_loop.h): the model's forward over the
@@ -695,12 +762,15 @@ static void *loop_main(void *arg) {
     ServeRequest **taken = NULL;
     int taken_cap = 0;
     for (;;) {
+        double t_wait = time_now();
         pthread_mutex_lock(&l->mu);
         while (!l->stop && !l->wake && !engine_has_work(l->engine)) {
             struct timespec deadline;
             deadline_after(&deadline, IDLE_WAIT_S);
             if (pthread_cond_timedwait(&l->cv, &l->mu, &deadline) == ETIMEDOUT && l->o.tp) break; /* heartbeat */
         }
+        double t_turn = time_now(), step_seconds = 0;
+        l->idle_seconds += t_turn - t_wait;
         bool stop = l->stop, abort_all = l->abort_all;
         l->abort_all = false;
         int n_taken = l->n_incoming;
@@ -757,7 +827,10 @@ static void *loop_main(void *arg) {
         if (step) {
             const EngineEvent *ev;
             int n_events;
-            if (engine_step(l->engine, &ev, &n_events, err) != 0) {
+            double t_step = time_now();
+            int step_rc = engine_step(l->engine, &ev, &n_events, err);
+            step_seconds = time_now() - t_step;
+            if (step_rc != 0) {
                 /* tensor parallel: a collective failed (a rank died?) or a rank's forward did; the
                  * group cannot go on together */
                 if (l->o.tp) comm_abort(l->o.tp, err);
@@ -786,6 +859,7 @@ static void *loop_main(void *arg) {
         int bucket = (int)(now % (RATE_WINDOW_S + 1));
         if (l->rate_second[bucket] != now) l->rate_second[bucket] = now, l->rate_tokens[bucket] = 0;
         l->rate_tokens[bucket] += sampled;
+        l->loop_seconds += time_now() - t_turn - step_seconds;
         pthread_mutex_unlock(&l->mu);
         if (step_failed) break; /* an engine whose step failed is not used again */
     }
@@ -813,6 +887,18 @@ static void *loop_main(void *arg) {
     return NULL;
 }
 
+/* Ends the waker once it has woken everything handed to it. */
+static void waker_end(ServeLoop *l) {
+    pthread_mutex_lock(&l->waker_mu);
+    l->waker_stop = true;
+    pthread_cond_signal(&l->waker_cv);
+    pthread_mutex_unlock(&l->waker_mu);
+    pthread_join(l->waker, NULL);
+    free(l->to_wake);
+    pthread_mutex_destroy(&l->waker_mu);
+    pthread_cond_destroy(&l->waker_cv);
+}
+
 int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char *err) {
     *out = NULL;
     if (o->max_queued_sequences < 1) return errorf(err, "max_queued_sequences must be >= 1");
@@ -825,7 +911,15 @@ int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char 
     l->free_slots = xmalloc(sizeof(int) * (size_t)o->max_queued_sequences);
     for (int k = 0; k < o->max_queued_sequences; k++) l->free_slots[k] = o->max_queued_sequences - 1 - k;
     l->n_free_slots = o->max_queued_sequences;
+    pthread_mutex_init(&l->waker_mu, NULL);
+    pthread_cond_init(&l->waker_cv, NULL);
+    l->n_turns = 1; /* a request's woken_turn starts at 0 */
+    if (pthread_create(&l->waker, NULL, waker_main, l) != 0) {
+        free(l->slots), free(l->free_slots), free(l);
+        return errorf(err, "could not start the waker thread");
+    }
     if (pthread_create(&l->thread, NULL, loop_main, l) != 0) {
+        waker_end(l);
         free(l->slots), free(l->free_slots), free(l);
         return errorf(err, "could not start the engine thread");
     }
@@ -836,6 +930,7 @@ int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char 
     pthread_mutex_unlock(&l->mu);
     if (rc != 0) {
         pthread_join(l->thread, NULL);
+        waker_end(l);
         pthread_mutex_destroy(&l->mu);
         pthread_cond_destroy(&l->cv);
         free(l->slots), free(l->free_slots), free(l);
@@ -864,12 +959,13 @@ int serve_loop_stop(ServeLoop *l, double grace_s) {
         request_fail(l->incoming[i], "the server is shutting down");
         serve_request_release(l->incoming[i]);
     }
+    waker_end(l); /* the engine thread has ended: nothing more is handed to the waker */
     weight_sync_close(l->sync);
     engine_destroy(l->engine);
     model_state_free(l->score_state);
     free(l->score_logits);
     serve_turn_free(&l->turn);
-    free(l->incoming), free(l->active), free(l->slots), free(l->free_slots);
+    free(l->incoming), free(l->active), free(l->slots), free(l->free_slots), free(l->step_wake);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);

@@ -52,6 +52,11 @@ void serve_request_set_streams(ServeRequest *r, const uint64_t *streams);
  * max_new_tokens[i] (at most the request's); either may be NULL (unchanged). Before serve_loop_submit. */
 void serve_request_set_turns(ServeRequest *r, const int *first_positions, const int *max_new_tokens);
 
+/* Its waiter reads nothing before a choice ends (a whole answer without stop
+ * strings): serve_request_wait wakes at each choice's end (or its time slice)
+ * rather than at every token. Before serve_loop_submit. */
+void serve_request_wake_at_end(ServeRequest *r);
+
 /* Hands the request to the loop (which takes its own reference). Refused
  * with an HTTP status and a message: 503 when the queue is full or the server
  * drains, 500 when the engine failed. */
@@ -154,6 +159,8 @@ typedef struct ServeLoopStats {
     int64_t weight_updates;   /* pushes received */
     int64_t weight_sync_failures;
     double last_update_seconds, last_update_bytes;
+    double idle_seconds; /* the engine thread waiting for work (nothing running, nothing queued) */
+    double loop_seconds; /* the engine thread between steps: admitting, publishing, scoring, weight pushes */
     const char *device;       /* the backend the model computes on ("cpu", "cuda") */
     bool deterministic;       /* the engine's deterministic mode */
     int tensor_parallel_size; /* the server's processes (the weight channel's group: these + the trainer) */

@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
         for (int bi = 0; bi < n_batches; bi++) {
             int batch = batches[bi];
             EngineStats st, st_eager;
-            if (run(m, batch, false, &st, err) != 0) {
+            if (run(m, batch, profile, &st, err) != 0) { /* profiled: eager, each op timed */
                 printf("| %s | %d | error: %s |\n", s->name, batch, err);
                 continue;
             }

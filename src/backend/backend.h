@@ -65,6 +65,9 @@ struct Backend {
      * scratch, and big enough on a GPU for the GEMM and the softmax to fill it. */
     int logits_chunk_rows;
 
+    /* Every field from here to the end is an op (a function pointer): the
+     * profiling wrapper (profile.c) must wrap each, and checks that it does. */
+
     /* Memory (sizes in elements). */
     void *(*alloc)(const Backend *be, size_t n_elements);
     void *(*alloc_f32)(const Backend *be, size_t n_elements);

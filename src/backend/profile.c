@@ -4,6 +4,7 @@
  * own context, so two can run side by side. */
 #include "backend/profile.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,22 +12,27 @@
 #include "core/log.h"
 
 enum {
-    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_add_scaled, OP_apply_token_bitmask, OP_apply_penalties, OP_COUNT
+    OP_alloc, OP_alloc_f32, OP_free, OP_upload, OP_download, OP_upload_f32, OP_download_f32, OP_copy, OP_gather_rows, OP_scatter_rows, OP_linear, OP_rmsnorm, OP_rope, OP_kv_store, OP_attention, OP_swiglu, OP_add, OP_embedding, OP_zero, OP_zero_f32, OP_linear_backward, OP_rmsnorm_backward, OP_rope_backward, OP_kv_gather, OP_attention_backward, OP_swiglu_backward, OP_embedding_backward, OP_log_softmax_target, OP_log_softmax_target_backward, OP_adamw, OP_sum_squares, OP_scale, OP_embedding_i32, OP_rope_i32, OP_gather_rows_i32, OP_paged_kv_store, OP_paged_attention, OP_sample, OP_add_rmsnorm, OP_qkv_rope_store, OP_swiglu_gate_up, OP_log_softmax_entropy_backward, OP_log_softmax_shard_entropy_backward, OP_add_scaled, OP_apply_token_bitmask, OP_apply_penalties, OP_alloc_i32, OP_upload_i32, OP_download_i32, OP_copy_to_host, OP_copy_from_host, OP_copy_2d, OP_mul_scalar, OP_add_f32, OP_dropout, OP_logits_shard_stats, OP_log_softmax_shard_backward, OP_vocab_shard_ids_i32, OP_paged_attention_rope, OP_decode_layers, OP_graph_launch, OP_COUNT
 };
-static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward", "add_scaled", "apply_token_bitmask", "apply_penalties"};
+static const char *OP_NAMES[OP_COUNT] = {"alloc", "alloc_f32", "free", "upload", "download", "upload_f32", "download_f32", "copy", "gather_rows", "scatter_rows", "linear", "rmsnorm", "rope", "kv_store", "attention", "swiglu", "add", "embedding", "zero", "zero_f32", "linear_backward", "rmsnorm_backward", "rope_backward", "kv_gather", "attention_backward", "swiglu_backward", "embedding_backward", "log_softmax_target", "log_softmax_target_backward", "adamw", "sum_squares", "scale", "embedding_i32", "rope_i32", "gather_rows_i32", "paged_kv_store", "paged_attention", "sample", "add_rmsnorm", "qkv_rope_store", "swiglu_gate_up", "log_softmax_entropy_backward", "log_softmax_shard_entropy_backward", "add_scaled", "apply_token_bitmask", "apply_penalties", "alloc_i32", "upload_i32", "download_i32", "copy_to_host", "copy_from_host", "copy_2d", "mul_scalar", "add_f32", "dropout", "logits_shard_stats", "log_softmax_shard_backward", "vocab_shard_ids_i32", "paged_attention_rope", "decode_layers", "graph_launch"};
 
 typedef struct ProfileContext {
     const Backend *inner;
+    bool capturing; /* between capture_begin and capture_end: ops are recorded, not run */
     double seconds[OP_COUNT];
     long calls[OP_COUNT];
 } ProfileContext;
 
+/* No synchronize while capturing: it is illegal inside a CUDA graph capture,
+ * and a recorded op takes no time anyway (graph_launch is timed instead). */
 static double op_begin(const ProfileContext *p) {
+    if (p->capturing) return 0;
     if (p->inner->synchronize) p->inner->synchronize(p->inner);
     return time_now();
 }
 
 static void op_end(ProfileContext *p, int op, double t0) {
+    if (p->capturing) return;
     if (p->inner->synchronize) p->inner->synchronize(p->inner);
     p->seconds[op] += time_now() - t0;
     p->calls[op]++;
@@ -368,6 +374,183 @@ static void prof_swiglu_gate_up(const Backend *be, void *out, const void *gate_u
     op_end(prof, OP_swiglu_gate_up, t0);
 }
 
+static void *prof_alloc_i32(const Backend *be, size_t n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    void *r = prof->inner->alloc_i32(prof->inner, n);
+    op_end(prof, OP_alloc_i32, t0);
+    return r;
+}
+
+static void prof_upload_i32(const Backend *be, void *dst, const int *src, size_t n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->upload_i32(prof->inner, dst, src, n);
+    op_end(prof, OP_upload_i32, t0);
+}
+
+static void prof_download_i32(const Backend *be, int *dst, const void *src, size_t n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->download_i32(prof->inner, dst, src, n);
+    op_end(prof, OP_download_i32, t0);
+}
+
+static void prof_copy_to_host(const Backend *be, void *dst, const void *src, size_t bytes) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->copy_to_host(prof->inner, dst, src, bytes);
+    op_end(prof, OP_copy_to_host, t0);
+}
+
+static void prof_copy_from_host(const Backend *be, void *dst, const void *src, size_t bytes) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->copy_from_host(prof->inner, dst, src, bytes);
+    op_end(prof, OP_copy_from_host, t0);
+}
+
+static void prof_copy_2d(const Backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, int rows,
+                         int cols) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->copy_2d(prof->inner, dst, dst_stride, src, src_stride, rows, cols);
+    op_end(prof, OP_copy_2d, t0);
+}
+
+static void prof_mul_scalar(const Backend *be, void *out, const void *x, float s, size_t n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->mul_scalar(prof->inner, out, x, s, n);
+    op_end(prof, OP_mul_scalar, t0);
+}
+
+static void prof_add_f32(const Backend *be, void *y, const void *x, size_t n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->add_f32(prof->inner, y, x, n);
+    op_end(prof, OP_add_f32, t0);
+}
+
+static void prof_dropout(const Backend *be, void *out, const void *x, size_t n, float p, uint64_t seed,
+                         uint64_t stream) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->dropout(prof->inner, out, x, n, p, seed, stream);
+    op_end(prof, OP_dropout, t0);
+}
+
+static void prof_logits_shard_stats(const Backend *be, void *stats, const void *logits, const int *targets, int n,
+                                    int vocab, float temperature) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->logits_shard_stats(prof->inner, stats, logits, targets, n, vocab, temperature);
+    op_end(prof, OP_logits_shard_stats, t0);
+}
+
+static void prof_log_softmax_shard_backward(const Backend *be, void *dlogits, const void *logits, const int *targets,
+                                            const void *dlogprobs, const void *lse, int n, int vocab,
+                                            float temperature) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->log_softmax_shard_backward(prof->inner, dlogits, logits, targets, dlogprobs, lse, n, vocab,
+                                            temperature);
+    op_end(prof, OP_log_softmax_shard_backward, t0);
+}
+
+static void prof_vocab_shard_ids_i32(const Backend *be, void *out, const void *ids, int n, int lo, int hi) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->vocab_shard_ids_i32(prof->inner, out, ids, n, lo, hi);
+    op_end(prof, OP_vocab_shard_ids_i32, t0);
+}
+
+static void prof_paged_attention_rope(const Backend *be, void *out, void *q, void *k_pool, void *v_pool,
+                                      const void *qkv, const void *block_tables, const void *seq, const void *pos,
+                                      const void *slot_mapping, int n, int n_heads, int n_kv_heads, int head_dim,
+                                      const float *inv_freq, int block_size, int max_blocks) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->paged_attention_rope(prof->inner, out, q, k_pool, v_pool, qkv, block_tables, seq, pos, slot_mapping, n,
+                                      n_heads, n_kv_heads, head_dim, inv_freq, block_size, max_blocks);
+    op_end(prof, OP_paged_attention_rope, t0);
+}
+
+/* All layers of a decode step, timed as one op; a declined call (false) did nothing and is not counted. */
+static bool prof_decode_layers(const Backend *be, void *plan, void *x, const void *pos, const void *seq,
+                               const void *slot_mapping, const void *block_tables, int n) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    bool r = prof->inner->decode_layers(prof->inner, plan, x, pos, seq, slot_mapping, block_tables, n);
+    if (r) op_end(prof, OP_decode_layers, t0);
+    return r;
+}
+
+/* A replayed graph is one op: its ops run on the device without the host. */
+static void prof_graph_launch(const Backend *be, void *graph) {
+    ProfileContext *prof = be->ctx;
+    double t0 = op_begin(prof);
+    prof->inner->graph_launch(prof->inner, graph);
+    op_end(prof, OP_graph_launch, t0);
+}
+
+static void prof_capture_begin(const Backend *be) {
+    ProfileContext *prof = be->ctx;
+    prof->inner->capture_begin(prof->inner);
+    prof->capturing = true;
+}
+
+static void *prof_capture_end(const Backend *be) {
+    ProfileContext *prof = be->ctx;
+    prof->capturing = false;
+    return prof->inner->capture_end(prof->inner);
+}
+
+/* Bookkeeping, untimed: forwarded with the inner instance, whose ctx they read. */
+static void prof_graph_free(const Backend *be, void *graph) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->graph_free(in, graph);
+}
+static void *prof_alloc_host(const Backend *be, size_t bytes) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    return in->alloc_host(in, bytes);
+}
+static void prof_free_host(const Backend *be, void *p) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->free_host(in, p);
+}
+static void prof_memory_stats(const Backend *be, size_t *in_use, size_t *peak, bool reset_peak) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->memory_stats(in, in_use, peak, reset_peak);
+}
+static void prof_set_alloc_label(const Backend *be, const char *label) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->set_alloc_label(in, label);
+}
+static void prof_memory_info(const Backend *be, size_t *free_bytes, size_t *total_bytes) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->memory_info(in, free_bytes, total_bytes);
+}
+static void prof_synchronize(const Backend *be) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->synchronize(in);
+}
+static void *prof_decode_layers_create(const Backend *be, const DecodeLayerWeights *layers, const DecodeDims *dims) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    return in->decode_layers_create(in, layers, dims);
+}
+static void prof_decode_layers_free(const Backend *be, void *plan) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->decode_layers_free(in, plan);
+}
+static void prof_set_batch_invariant(const Backend *be, int on) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    in->set_batch_invariant(in, on);
+}
+/* backend_close on the wrapper frees the wrapper alone: it does not own inner
+ * (wrap takes it const; the caller closes it). */
+static void prof_close_instance(Backend *be) { backend_profile_free(be); }
+
 /* Identity and streams are the inner instance's: its ctx, not the wrapper's. */
 static void prof_device_id(const Backend *be, char *out, size_t size) {
     const Backend *in = ((ProfileContext *)be->ctx)->inner;
@@ -394,6 +577,29 @@ static size_t prof_reserved_bytes(const Backend *be) {
 static void prof_set_threads(const Backend *be, int threads) {
     const Backend *in = ((ProfileContext *)be->ctx)->inner;
     in->set_threads(in, threads);
+}
+
+/* An op left as inner's own function would run with the wrapper as its
+ * instance and read the ProfileContext as its own state. So every op must be
+ * replaced: the ops are every field from alloc to the end of Backend (all
+ * function pointers; backend.h keeps new ones there) and close_instance. */
+typedef void (*AnyOp)(void);
+_Static_assert((sizeof(Backend) - offsetof(Backend, alloc)) % sizeof(AnyOp) == 0,
+               "Backend from alloc on must be function pointers only");
+
+static void check_all_wrapped(const Backend *w, const Backend *inner) {
+    COLT_ASSERT(w->close_instance != inner->close_instance);
+    for (size_t off = offsetof(Backend, alloc); off < sizeof(Backend); off += sizeof(AnyOp)) {
+        AnyOp mine, theirs;
+        memcpy(&mine, (const char *)w + off, sizeof mine);
+        memcpy(&theirs, (const char *)inner + off, sizeof theirs);
+        if (theirs && mine == theirs) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "backend_profile_wrap: the op at byte %zu of Backend is not wrapped (add it to "
+                     "profile.c)", off);
+            colt_abort(__FILE__, __LINE__, msg);
+        }
+    }
 }
 
 Backend *backend_profile_wrap(const Backend *inner) {
@@ -456,8 +662,35 @@ Backend *backend_profile_wrap(const Backend *inner) {
     if (inner->add_rmsnorm) w->add_rmsnorm = prof_add_rmsnorm;
     if (inner->qkv_rope_store) w->qkv_rope_store = prof_qkv_rope_store;
     if (inner->swiglu_gate_up) w->swiglu_gate_up = prof_swiglu_gate_up;
-    /* Every op synchronises here: nothing can be captured into a graph. */
-    w->capture_begin = NULL;
+    if (inner->alloc_i32) w->alloc_i32 = prof_alloc_i32;
+    if (inner->upload_i32) w->upload_i32 = prof_upload_i32;
+    if (inner->download_i32) w->download_i32 = prof_download_i32;
+    if (inner->copy_to_host) w->copy_to_host = prof_copy_to_host;
+    if (inner->copy_from_host) w->copy_from_host = prof_copy_from_host;
+    if (inner->copy_2d) w->copy_2d = prof_copy_2d;
+    if (inner->mul_scalar) w->mul_scalar = prof_mul_scalar;
+    if (inner->add_f32) w->add_f32 = prof_add_f32;
+    if (inner->dropout) w->dropout = prof_dropout;
+    if (inner->logits_shard_stats) w->logits_shard_stats = prof_logits_shard_stats;
+    if (inner->log_softmax_shard_backward) w->log_softmax_shard_backward = prof_log_softmax_shard_backward;
+    if (inner->vocab_shard_ids_i32) w->vocab_shard_ids_i32 = prof_vocab_shard_ids_i32;
+    if (inner->paged_attention_rope) w->paged_attention_rope = prof_paged_attention_rope;
+    if (inner->decode_layers) w->decode_layers = prof_decode_layers;
+    if (inner->decode_layers_create) w->decode_layers_create = prof_decode_layers_create;
+    if (inner->decode_layers_free) w->decode_layers_free = prof_decode_layers_free;
+    if (inner->capture_begin) w->capture_begin = prof_capture_begin;
+    if (inner->capture_end) w->capture_end = prof_capture_end;
+    if (inner->graph_launch) w->graph_launch = prof_graph_launch;
+    if (inner->graph_free) w->graph_free = prof_graph_free;
+    if (inner->alloc_host) w->alloc_host = prof_alloc_host;
+    if (inner->free_host) w->free_host = prof_free_host;
+    if (inner->memory_stats) w->memory_stats = prof_memory_stats;
+    if (inner->set_alloc_label) w->set_alloc_label = prof_set_alloc_label;
+    if (inner->memory_info) w->memory_info = prof_memory_info;
+    if (inner->synchronize) w->synchronize = prof_synchronize;
+    if (inner->set_batch_invariant) w->set_batch_invariant = prof_set_batch_invariant;
+    w->close_instance = prof_close_instance;
+    check_all_wrapped(w, inner);
     return w;
 }
 

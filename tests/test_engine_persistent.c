@@ -425,58 +425,6 @@ static void run_weight_update(const char *dir) {
     model_free(m);
 }
 
-/* Steps until request q's first event (at most 50); returns the steps taken. */
-static int steps_to_first_event(Engine *e, Request *r, int n_req, const Request *q) {
-    int n = 0;
-    while (q->n_events == 0 && n < 50 && step(e, r, n_req) == 0) n++;
-    return n;
-}
-
-/* EngineOptions.admission_wait_steps (colt serve's): a request arriving while
- * fewer wait than run joins after that many pure decode steps, one arriving
- * beside as many waiting as running (or into an idle engine) at the next
- * step; every completion still bit-identical to engine_generate alone. */
-static void run_admission_wait(Model *m) {
-    char err[ERR_LEN];
-    const ModelConfig *c = model_config(m);
-    Request r[N_REQ];
-    make_requests(r, c->vocab_size, false);
-    for (int i = 0; i < N_REQ; i++) r[i].opt.ignore_eos = true, r[i].opt.max_new_tokens = MAX_NEW; /* all still run */
-    EngineOptions eo = {.deterministic = true, .admission_wait_steps = 3};
-    GenSequence ref[N_REQ];
-    for (int i = 0; i < N_REQ; i++) ref[i] = reference(m, &r[i], &eo);
-    Engine *e = NULL;
-    if (engine_create(&e, m, &eo, MAX_PROMPT + MAX_NEW, N_REQ, err) != 0) {
-        CHECK(0, "engine_create: %s", err);
-        return;
-    }
-    /* an idle engine: at once */
-    CHECK(engine_add_request(e, &r[0].seq, &r[0].opt, 0, err) == 0, "%s", err);
-    CHECK(engine_add_request(e, &r[1].seq, &r[1].opt, 1, err) == 0, "%s", err);
-    CHECK(engine_add_request(e, &r[2].seq, &r[2].opt, 2, err) == 0, "%s", err);
-    int idle = steps_to_first_event(e, r, N_REQ, &r[0]);
-    step(e, r, N_REQ); /* 0-2 decode */
-    /* one arrives beside three running: three decode steps, then it joins */
-    CHECK(engine_add_request(e, &r[3].seq, &r[3].opt, 3, err) == 0, "%s", err);
-    int held = steps_to_first_event(e, r, N_REQ, &r[3]);
-    /* four arrive beside four running: at once */
-    for (int i = 4; i < 8; i++) CHECK(engine_add_request(e, &r[i].seq, &r[i].opt, (uint64_t)i, err) == 0, "%s", err);
-    int many = steps_to_first_event(e, r, N_REQ, &r[4]);
-    CHECK(idle == 1 && held == 4 && many == 1,
-          "admission_wait_steps 3: first tokens after %d steps (idle engine, want 1), %d (one beside three running, "
-          "want 4), %d (four beside four, want 1)", idle, held, many);
-    while (engine_has_work(e) && step(e, r, N_REQ) == 0) {}
-    int same = 0;
-    for (int i = 0; i < N_REQ; i++) {
-        same += same_bits(&r[i].seq, &ref[i]);
-        check_events("admission_wait_steps", i, &r[i]);
-    }
-    CHECK(same == N_REQ, "admission_wait_steps: %d/%d requests bit-identical to engine_generate alone", same, N_REQ);
-    printf("  admission_wait_steps 3: first tokens after %d, %d and %d steps; %d/%d requests bit-identical\n", idle,
-           held, many, same, N_REQ);
-    engine_destroy(e);
-    for (int i = 0; i < N_REQ; i++) gen_sequence_free(&r[i].seq), gen_sequence_free(&ref[i]);
-}
 
 int main(void) {
     const char *dirs[2] = {COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32", COLT_SOURCE_DIR "/models/stories260K"};
@@ -490,7 +438,6 @@ int main(void) {
          * whichever comes first of a sequence growing past 32 tokens and one admitted with a 33-token prompt */
         run_requests(m, true, 1, "blocks of 1 token (the table widened from 32 to 60)");
         run_lifetime(m);
-        run_admission_wait(m);
         model_free(m);
         run_weight_update(dirs[d]);
     }

@@ -68,7 +68,6 @@ typedef struct ServeArgs {
     int max_queued_sequences, max_connections, max_connections_per_ip, max_body_kb, drain_timeout, request_timeout;
     float gpu_memory_utilization;
     bool enforce_eager, no_prefix_caching, deterministic;
-    int admission_wait_steps;
 } ServeArgs;
 
 /* Waits for SIGTERM / SIGINT (blocked in every thread, taken here); returns the signal, or 0 after timeout_s. */
@@ -82,7 +81,7 @@ int cmd_serve(int argc, char **argv) {
     char err[ERR_LEN];
     ServeArgs a = {.host = "127.0.0.1", .port = 8000, .device = "auto", .tensor_parallel_size = 1,
                    .max_queued_sequences = 4096, .max_connections = 512, .max_body_kb = 1024, .drain_timeout = 60,
-                   .request_timeout = 60, .admission_wait_steps = 8};
+                   .request_timeout = 60};
     CliOption opts[] = {
         {"model", OPT_STRING, &a.model, "Hugging Face model folder (required)", false},
         {"host", OPT_STRING, &a.host, "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)", false},
@@ -115,9 +114,6 @@ int cmd_serve(int argc, char **argv) {
          "cap of the KV cache as a fraction of device memory (default: what is free)", false},
         {"block_size", OPT_INT, &a.block_size, "tokens per KV cache block (default 16)", false},
         {"enforce_eager", OPT_FLAG, &a.enforce_eager, "no CUDA graphs for decode steps", false},
-        {"admission_wait_steps", OPT_INT, &a.admission_wait_steps,
-         "decode steps a request arriving while others decode may wait to join with later arrivals (default 8; "
-         "0: at the next step)", false},
         {"no_prefix_caching", OPT_FLAG, &a.no_prefix_caching, "recompute every prompt's KV", false},
         {"deterministic", OPT_FLAG, &a.deterministic,
          "batch-invariant kernels: a completion does not depend on the other requests in its batch", false},
@@ -133,9 +129,8 @@ int cmd_serve(int argc, char **argv) {
                                  "adapter into the model (colt train's merge_lora) or serve on one process");
     if (a.port < 0 || a.port > 65535) return cli_fail("serve", "--port must be in [0, 65535]");
     if (http_server_check_host(a.host, err) != 0) return cli_fail("serve", err);
-    if (a.max_model_len < 0 || a.max_tokens_limit < 0 || a.max_num_seqs < 0 || a.admission_wait_steps < 0)
-        return cli_fail("serve", "--max_model_len, --max_tokens_limit, --max_num_seqs and --admission_wait_steps must be "
-                                 ">= 0");
+    if (a.max_model_len < 0 || a.max_tokens_limit < 0 || a.max_num_seqs < 0)
+        return cli_fail("serve", "--max_model_len, --max_tokens_limit and --max_num_seqs must be >= 0");
     if (a.max_queued_sequences < 1 || a.max_connections < 1 || a.max_body_kb < 1 || a.drain_timeout < 0 ||
         a.request_timeout < 1 || a.max_connections_per_ip < 0)
         return cli_fail("serve", "--max_queued_sequences, --max_connections, --max_body_kb and --request_timeout "
@@ -240,8 +235,7 @@ int cmd_serve(int argc, char **argv) {
 
     ServeLoopOptions lo = {.engine = {.block_size = a.block_size, .gpu_memory_utilization = a.gpu_memory_utilization,
                                       .max_num_seqs = a.max_num_seqs, .enforce_eager = a.enforce_eager,
-                                      .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic,
-                                      .admission_wait_steps = a.admission_wait_steps},
+                                      .no_prefix_caching = a.no_prefix_caching, .deterministic = a.deterministic},
                            .max_model_len = a.max_model_len, .max_queued_sequences = a.max_queued_sequences,
                            .tp = mesh.groups.tp};
     ServeLoop *loop = NULL;

@@ -54,7 +54,6 @@ typedef struct Seq {
     int n_registered;   /* leading blocks of its row offered to the prefix cache */
     int scheduled;      /* tokens it runs in the current step */
     int group;          /* its sampling group in the current step */
-    int queued_at_step; /* engine steps when it was queued (EngineOptions.admission_wait_steps) */
 } Seq;
 
 /* The prefix cache: every full block a sequence computes is registered under
@@ -690,10 +689,6 @@ static int step_once(Engine *e, char *err) {
      * (not in a step that had to preempt, the pool being full, unless nothing
      * else would run). */
     bool may_admit = e->stats.preemptions == preemptions_before || n_tok == 0;
-    if (may_admit && e->eo.admission_wait_steps > 0 && n_tok > 0 && decode_only && e->waiting.count > 0 &&
-        e->waiting.count < e->n_running &&
-        e->stats.steps - e->seqs[queue_front(&e->waiting)].queued_at_step < e->eo.admission_wait_steps)
-        may_admit = false; /* a pure decode step (a graph's) while more arrive */
     while (may_admit && n_tok < budget && admit_front(e, budget - n_tok)) {
         n_tok += e->seqs[e->running[e->n_running - 1]].scheduled;
         decode_only = false;
@@ -1108,8 +1103,7 @@ int engine_add_request(Engine *e, GenSequence *g, const GenerateOptions *opt, ui
     }
     int idx = seq_alloc(e);
     Seq *s = &e->seqs[idx];
-    *s = (Seq){.g = g, .id = id, .opt = *opt, .state = SEQ_WAITING, .limit = (int)limit, .slot = -1,
-               .queued_at_step = e->stats.steps}; /* (the engine's stats are never reset) */
+    *s = (Seq){.g = g, .id = id, .opt = *opt, .state = SEQ_WAITING, .limit = (int)limit, .slot = -1};
     s->stop = xmalloc(sizeof(int) * (size_t)(opt->n_stop_ids > 0 ? opt->n_stop_ids : 1));
     if (opt->n_stop_ids > 0) memcpy(s->stop, opt->stop_ids, sizeof(int) * (size_t)opt->n_stop_ids);
     s->opt.stop_ids = s->stop;

@@ -72,11 +72,6 @@ typedef struct EngineOptions {
     /* Requests will carry a regex (GenerateOptions.regex): engine_memory_plan counts the masks and the
      * logits kept for the policy's log-probs (the engine allocates them with the first such request). */
     bool structured_outputs;
-    /* Requests that arrive while others decode (a server's): they wait up to this many pure decode
-     * steps while fewer of them wait than sequences run, and then join together. Each step that admits
-     * runs without a CUDA graph, so admitting every arrival at once spends many such steps when arrivals
-     * trickle in (TGI's max_waiting_tokens, its waiting_served_ratio at 1). 0: admitted at the next step. */
-    int admission_wait_steps;
 } EngineOptions;
 
 typedef struct EngineStats {

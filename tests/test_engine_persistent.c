@@ -425,7 +425,6 @@ static void run_weight_update(const char *dir) {
     model_free(m);
 }
 
-
 int main(void) {
     const char *dirs[2] = {COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32", COLT_SOURCE_DIR "/models/stories260K"};
     for (int d = 0; d < 2; d++) {

@@ -10,7 +10,7 @@
  * weight per sequence, so step time >= max(bytes / 4.8e12 B/s, 2 * weights *
  * batch / 989e12 FLOP/s) with bytes = weight bytes + batch * mean context *
  * K/V bytes per token (attention FLOPs left out: under 3% here).
- * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b; default all three)
+ * Usage: bench_decode [preset ...]  (0.5b 1.5b 7b 8b; default the first three)
  * "with prefill tok/s" is every sampled token over the whole engine_generate call (prefill, decode,
  * scheduling): the figure offline benchmarks such as vLLM's "output tokens/s" report.
  * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).

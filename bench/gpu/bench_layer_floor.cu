@@ -26,7 +26,7 @@
  * (weight bytes streamed / 4.8 TB/s over the step time; the KV cache and the norm weights, under
  * 0.3% of the bytes at 128-256 tokens of context, left out). Nothing a real step computes beyond
  * this (norms, rope, attention, swiglu, residuals, the sampler) is here, so a real kernel of this
- * shape is slower than its cell. Usage: bench_layer_floor [0.5b 1.5b 7b] (exit 77 without a device). */
+ * shape is slower than its cell. Usage: bench_layer_floor [0.5b 1.5b 7b 8b] (default all; exit 77 without a device). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>

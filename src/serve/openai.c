@@ -548,25 +548,128 @@ char *openai_error_json(const char *message, const char *type, const char *param
 
 /* ---------------------------------------------------------------- a choice's text */
 
-int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgress *p, const OpenAIRequest *req,
-                       const Tokenizer *tok, bool *hit_stop_string, char *err) {
-    *hit_stop_string = false;
-    if (ct->finished || (p->n_ready == ct->n_tokens && !p->done && ct->text)) return COLT_OK;
-    if (!p->done && !req->stream && req->n_stop_strings == 0) { /* nobody reads the text before the end */
-        ct->n_tokens = p->n_ready;
+/* Streamed text is decoded incrementally, as vLLM's detokenizer does: each update decodes the context (the
+ * last committed chunk) followed by the ids after it, and what that text adds past the context's own text is
+ * the new text. A chunk is committed once its text does not end in U+FFFD (a character whose bytes have not
+ * all come). The context makes the decoder treat the new ids as it does inside the whole text (sentencepiece's
+ * stripped leading space, byte-fallback runs, characters split over tokens). */
+#define MAX_PENDING_IDS 32 /* ids held back for an incomplete character before they are committed anyway */
+
+static bool ends_incomplete(const char *s, size_t n) { return n >= 3 && memcmp(s + n - 3, "\xEF\xBF\xBD", 3) == 0; }
+
+/* Appends to out the ids of tokens[from, to) that decoding keeps: tokenizer_decode_generated leaves out ids
+ * past the vocabulary, skip_special_tokens the special ones. Returns how many. */
+static int keep_decoded_ids(const Tokenizer *tok, const int *tokens, int from, int to, int *out) {
+    int n = 0, vocab = tokenizer_vocab_size(tok);
+    for (int i = from; i < to; i++)
+        if (tokens[i] < vocab && !tokenizer_is_special(tok, tokens[i])) out[n++] = tokens[i];
+    return n;
+}
+
+static int decode_counted(ChoiceText *ct, const Tokenizer *tok, const int *ids, int n, char **text, size_t *len,
+                          char *err) {
+    ct->n_decoded += n;
+    return tokenizer_decode_len(tok, ids, (size_t)n, true, text, len, err);
+}
+
+/* text = text[0, keep) + add[0, add_len), up to add's first NUL (text is a C string). Returns whether add had one. */
+static bool text_replace_tail(ChoiceText *ct, size_t keep, const char *add, size_t add_len) {
+    const char *nul = memchr(add, '\0', add_len);
+    if (nul) add_len = (size_t)(nul - add);
+    if (keep + add_len + 1 > ct->text_cap) {
+        ct->text_cap = 2 * (keep + add_len + 1) + 64;
+        ct->text = xrealloc(ct->text, ct->text_cap);
+    }
+    memcpy(ct->text + keep, add, add_len);
+    ct->text_len = keep + add_len;
+    ct->text[ct->text_len] = '\0';
+    return nul != NULL;
+}
+
+/* Commits the text so far as that of tokens [0, n); kept (n_kept ids) are those of [read_offset, n). */
+static int commit_text(ChoiceText *ct, const Tokenizer *tok, const int *kept, int n_kept, int n, char *err) {
+    ct->committed_len = ct->text_len;
+    ct->read_offset = n;
+    if (n_kept == 0) return COLT_OK; /* nothing kept: the context stays */
+    ct->context_ids = xrealloc(ct->context_ids, sizeof(int) * (size_t)n_kept);
+    memcpy(ct->context_ids, kept, sizeof(int) * (size_t)n_kept);
+    ct->n_context = n_kept;
+    free(ct->context_text);
+    ct->context_text = NULL;
+    return decode_counted(ct, tok, ct->context_ids, n_kept, &ct->context_text, &ct->context_len, err);
+}
+
+/* Brings text to tokens [0, n). *rewritten: the decoder changed committed text (a byte-fallback run that turned
+ * out invalid), so the whole text was decoded again. */
+static int text_advance(ChoiceText *ct, const int *tokens, int n, const Tokenizer *tok, bool *rewritten, char *err) {
+    *rewritten = false;
+    if (ct->text_closed) {
+        ct->read_offset = n;
         return COLT_OK;
     }
-    int n_text = p->n_ready - (p->done && p->finish == FINISH_STOP && p->n_ready > 0 ? 1 : 0);
-    char *text = NULL;
-    if (tokenizer_decode_generated(tok, g->tokens, (size_t)n_text, true, &text, err) != 0) return COLT_ERR;
-    ct->n_tokens = p->n_ready;
+    int *window = xmalloc(sizeof(int) * (size_t)(ct->n_context + n - ct->read_offset + 1));
+    if (ct->n_context) memcpy(window, ct->context_ids, sizeof(int) * (size_t)ct->n_context);
+    int *kept = window + ct->n_context, n_kept = keep_decoded_ids(tok, tokens, ct->read_offset, n, kept);
+    char *w = NULL;
+    size_t w_len = 0;
+    int rc = COLT_OK;
+    if (n_kept == 0) { /* nothing pending: the text stays */
+        ct->read_offset = n;
+        goto done;
+    }
+    if ((rc = decode_counted(ct, tok, window, ct->n_context + n_kept, &w, &w_len, err)) != 0) goto done;
+    bool extends =
+        w_len >= ct->context_len && (!ct->context_len || memcmp(w, ct->context_text, ct->context_len) == 0);
+    size_t skip = extends ? ct->context_len : 0; /* the new text, or all of the window's when it disagrees */
+    bool wait = ends_incomplete(w + skip, w_len - skip) && n_kept < MAX_PENDING_IDS;
+    if (extends) {
+        bool nul = text_replace_tail(ct, ct->committed_len, w + skip, w_len - skip);
+        if (!wait) {
+            ct->text_closed = nul;
+            rc = commit_text(ct, tok, kept, n_kept, n, err);
+        }
+    } else if (!wait) { /* the window's text disagrees with what was committed: decode the whole text */
+        char *all = NULL;
+        size_t all_len = 0;
+        int *ids = xmalloc(sizeof(int) * (size_t)(n + 1));
+        rc = decode_counted(ct, tok, ids, keep_decoded_ids(tok, tokens, 0, n, ids), &all, &all_len, err);
+        free(ids);
+        if (rc == 0) {
+            ct->text_closed = text_replace_tail(ct, 0, all, all_len);
+            *rewritten = true;
+            rc = commit_text(ct, tok, kept, n_kept, n, err);
+        }
+        free(all);
+    } /* else: the window disagrees only until its last character completes (a byte-fallback run is decoded whole) */
+done:
+    free(w);
+    free(window);
+    return rc;
+}
+
+/* The first place in text[from, len) where a stop string begins (NULL: none). */
+static char *first_stop_string(char *text, size_t from, size_t len, const OpenAIRequest *req) {
     char *cut = NULL;
-    for (int i = 0; i < req->n_stop_strings; i++) {
-        char *at = strstr(text, req->stop_strings[i]);
+    for (int i = 0; from <= len && i < req->n_stop_strings; i++) {
+        char *at = strstr(text + from, req->stop_strings[i]);
         if (at && (!cut || at < cut)) cut = at;
     }
+    return cut;
+}
+
+/* The whole completion decoded once (the final text, or the cut when a stop string was found), as a whole answer's. */
+static int text_final(ChoiceText *ct, const GenSequence *g, int n_text, const ChoiceProgress *p,
+                      const OpenAIRequest *req, const Tokenizer *tok, bool *hit_stop_string, char *err) {
+    int *kept = xmalloc(sizeof(int) * (size_t)(n_text + 1));
+    char *text = NULL;
+    size_t bytes = 0;
+    int rc = decode_counted(ct, tok, kept, keep_decoded_ids(tok, g->tokens, 0, n_text, kept), &text, &bytes, err);
+    if (rc != 0) goto done;
+    size_t len = strlen(text);
+    char *cut = first_stop_string(text, 0, len, req);
     if (cut) {
         *cut = '\0';
+        len = (size_t)(cut - text);
         ct->finished = true;
         ct->finish_reason = "stop";
         *hit_stop_string = true;
@@ -576,7 +679,46 @@ int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgres
     }
     free(ct->text);
     ct->text = text;
-    if (ct->streamed > strlen(text)) ct->streamed = strlen(text); /* a stop string cut into what was held back */
+    ct->text_len = len;
+    ct->text_cap = bytes + 1;
+    if (!ct->finished) { /* the window saw a stop string the whole text has not (a decoder rewriting its text) */
+        ct->text_closed = len < bytes;
+        int n_kept = keep_decoded_ids(tok, g->tokens, ct->read_offset, n_text, kept);
+        rc = commit_text(ct, tok, kept, n_kept, n_text, err);
+    }
+done:
+    free(kept);
+    return rc;
+}
+
+int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgress *p, const OpenAIRequest *req,
+                       const Tokenizer *tok, bool *hit_stop_string, char *err) {
+    *hit_stop_string = false;
+    if (ct->finished || (p->n_ready == ct->n_tokens && !p->done && ct->text)) return COLT_OK;
+    if (!p->done && !req->stream && req->n_stop_strings == 0) { /* nobody reads the text before the end */
+        ct->n_tokens = p->n_ready;
+        return COLT_OK;
+    }
+    int n_text = p->n_ready - (p->done && p->finish == FINISH_STOP && p->n_ready > 0 ? 1 : 0);
+    int rc = COLT_OK;
+    if (p->done) {
+        rc = text_final(ct, g, n_text, p, req, tok, hit_stop_string, err);
+    } else {
+        if (!ct->text) text_replace_tail(ct, 0, "", 0);
+        size_t old_committed = ct->committed_len, longest = 0;
+        for (int i = 0; i < req->n_stop_strings; i++)
+            if (strlen(req->stop_strings[i]) > longest) longest = strlen(req->stop_strings[i]);
+        bool rewritten = false;
+        if (text_advance(ct, g->tokens, n_text, tok, &rewritten, err) != 0) return COLT_ERR;
+        /* a new match ends in the new text: it begins at most longest - 1 bytes before it */
+        size_t back = longest > 0 ? longest - 1 : 0;
+        size_t from = rewritten || old_committed < back ? 0 : old_committed - back;
+        if (first_stop_string(ct->text, from, ct->text_len, req))
+            rc = text_final(ct, g, n_text, p, req, tok, hit_stop_string, err);
+    }
+    if (rc != 0) return rc;
+    ct->n_tokens = p->n_ready;
+    if (ct->streamed > ct->text_len) ct->streamed = ct->text_len; /* a stop string cut into what was held back */
     return COLT_OK;
 }
 
@@ -606,7 +748,7 @@ size_t choice_text_stream_end(const ChoiceText *ct, const OpenAIRequest *req) {
 }
 
 void choice_text_free(ChoiceText *ct) {
-    free(ct->text);
+    free(ct->text), free(ct->context_ids), free(ct->context_text);
     memset(ct, 0, sizeof *ct);
 }
 

@@ -82,11 +82,27 @@ typedef struct ChoiceText {
     int n_logprobs_sent; /* tokens whose log-probs were streamed */
     bool finished;
     const char *finish_reason; /* "stop" or "length" once finished */
+    /* Incremental decoding (choice_text_update): text[0, committed_len) is the text of tokens
+     * [0, read_offset); the rest, the text of the tokens after, may still change (an incomplete character) */
+    size_t text_len, text_cap; /* strlen(text), its allocation */
+    size_t committed_len;
+    int read_offset;
+    int *context_ids;    /* the kept ids (not special, in the vocabulary) of the last committed chunk that had
+                          * any: decoded before the new ids so the decoder treats them as inside the whole text */
+    int n_context;
+    char *context_text;  /* the context's own text */
+    size_t context_len;
+    bool text_closed;    /* a NUL byte ended the text: text is a C string, nothing after it is seen */
+    long long n_decoded; /* ids decoded so far (tests check the work stays linear in the length) */
 } ChoiceText;
 
 /* Brings ct to progress p of sequence g (text decoded as colt generate does:
  * a stop token left out, special tokens skipped). *hit_stop_string: a stop
- * string appeared now (ct is finished; the caller cancels the choice). */
+ * string appeared now (ct is finished; the caller cancels the choice).
+ * Before the end only the new tokens are decoded (with a few before them)
+ * and only the new text searched for stop strings; once the choice is done,
+ * or a stop string is found, the whole completion is decoded once, so the
+ * final text is always what a whole answer has. */
 int choice_text_update(ChoiceText *ct, const GenSequence *g, const ChoiceProgress *p, const OpenAIRequest *req,
                        const Tokenizer *tok, bool *hit_stop_string, char *err);
 /* The bytes [ct->streamed, end) that may be sent now: not a trailing

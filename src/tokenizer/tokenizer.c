@@ -1607,7 +1607,14 @@ const char *tokenizer_token_bytes(const Tokenizer *t, int id, size_t *len) {
 }
 
 int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text, char *err) {
+    size_t len;
+    return tokenizer_decode_len(t, ids, n, skip_special_tokens, text, &len, err);
+}
+
+int tokenizer_decode_len(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text,
+                         size_t *len, char *err) {
     *text = NULL;
+    *len = 0;
     if (t->token_bytes) { /* lone ByteLevel: the tokens' bytes, then one lossy UTF-8 pass */
         Buf bytes = {0}, out = {0};
         buf_reserve(&bytes, n * 8);
@@ -1626,6 +1633,7 @@ int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_spe
         utf8_append_lossy(&out, bytes.data, bytes.len);
         free(bytes.data);
         *text = out.data;
+        *len = out.len;
         return COLT_OK;
     }
     StrList toks = {0};
@@ -1656,6 +1664,7 @@ int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_spe
     }
     strlist_free(&toks);
     *text = out.data;
+    *len = out.len;
     return COLT_OK;
 }
 
@@ -2003,6 +2012,8 @@ void tokenizer_free(Tokenizer *t) {
 /* ------------------------------------------------------------------------ */
 
 int tokenizer_vocab_size(const Tokenizer *t) { return t->n_ids; }
+
+bool tokenizer_is_special(const Tokenizer *t, int id) { return id >= 0 && id < t->n_ids && t->is_special[id]; }
 
 int tokenizer_token_id(const Tokenizer *t, const char *token) {
     if (!token) return -1;

@@ -25,6 +25,9 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids
 /* Decodes ids to malloc'd UTF-8 text (invalid byte sequences become U+FFFD, as HF).
  * Errors: id out of range. */
 int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text, char *err);
+/* As tokenizer_decode, with the text's length in bytes (*len): the text may hold NUL bytes (a token of byte 0). */
+int tokenizer_decode_len(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text,
+                         size_t *len, char *err);
 
 /* As tokenizer_decode, for a model's output: ids at or above the tokenizer's
  * vocabulary (a model's padded embedding rows, e.g. Qwen2.5's 151665..151935)
@@ -32,6 +35,7 @@ int tokenizer_decode(const Tokenizer *t, const int *ids, size_t n, bool skip_spe
 int tokenizer_decode_generated(const Tokenizer *t, const int *ids, size_t n, bool skip_special_tokens, char **text,
                                char *err);
 int tokenizer_vocab_size(const Tokenizer *t);     /* including added tokens */
+bool tokenizer_is_special(const Tokenizer *t, int id); /* decoding with skip_special_tokens leaves it out */
 int tokenizer_token_id(const Tokenizer *t, const char *token); /* -1 if absent */
 const char *tokenizer_id_to_token(const Tokenizer *t, int id); /* NULL if out of range */
 int tokenizer_bos_id(const Tokenizer *t);         /* -1 if none */

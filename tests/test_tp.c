@@ -641,6 +641,7 @@ static double metrics_diff(const char *a, const char *b, char *worst, size_t wor
     return d;
 }
 
+#if !defined(__SANITIZE_ADDRESS__) /* the KV2 runs: Release only (check_train_cli) */
 /* g_tmp/kv2: stories260K with its 4 KV heads averaged in pairs into 2, so
  * that TP 4 replicates each KV head on 2 ranks (a real model, so GRPO's
  * rewards still vary and the steps train). */
@@ -675,6 +676,7 @@ static bool make_kv2_model(void) {
     model_free(dst);
     return ok;
 }
+#endif
 
 /* GRPO on the demo (stories260K), 2 steps (the second with the moments and
  * weights the first made; checked to move the weights): TP 2 and TP 4 against one process,
@@ -686,7 +688,9 @@ static bool make_kv2_model(void) {
  * now differ from the trainer's by ~5e-7, which sampling_logp_difference reports), a TP 2 run
  * resumed from its checkpoint-1 equal to the straight run bit for bit, TRL's entropy bonus and entropy
  * mask on in the TP 2 and TP 4 runs against one process (the bonus moves the weights by ~1.4e-4 at step 2), and
- * the settings tensor parallelism refuses. */
+ * the settings tensor parallelism refuses. Under the sanitizers the TP 4 runs (tp4, kv2_tp4 and its kv2_tp1) are
+ * left to Release: a TP 4 trainer takes the TP 2 runs' code, and the in-process TP 4 group (run_rank: forward,
+ * backward, engine, save, LoRA; KV heads replicated) runs sanitized; so is tp2dp2z1 (see runs[]). */
 #define ENTROPY_BONUS \
     "--top_entropy_quantile 0.5 --use_adaptive_entropy true --entropy_coef 0.05 --entropy_target 10"
 static void check_train_cli(void) {
@@ -702,17 +706,27 @@ static void check_train_cli(void) {
                  * and entropy mask: the entropy's gradient through each rank's vocabulary part */
                 {1, ENTROPY_BONUS, "tp1"},
                 {2, "--tensor_parallel_size 2 " ENTROPY_BONUS, "tp2"},
+#if !defined(__SANITIZE_ADDRESS__)
                 {4, "--tensor_parallel_size 4 " ENTROPY_BONUS, "tp4"},
+#endif
                 {2, "", "dp2"},
                 {4, "--tensor_parallel_size 2", "tp2dp2"},
+#if !defined(__SANITIZE_ADDRESS__) /* ZeRO-1's sharding runs sanitized in test_dist_train, ZeRO over TP in tp2dp2z3off */
                 {4, "--tensor_parallel_size 2 --zero_stage 1", "tp2dp2z1"},
+#endif
                 {4, "--tensor_parallel_size 2 --zero_stage 3 --offload_optimizer cpu", "tp2dp2z3off"},
+#if !defined(__SANITIZE_ADDRESS__)
                 /* 2 KV heads at TP 4: each replicated on 2 ranks (make_kv2_model) */
                 {1, "--model KV2", "kv2_tp1"},
                 {4, "--model KV2 --tensor_parallel_size 4", "kv2_tp4"},
+#endif
                 /* colt's own launcher: the ranks talk over Gloo, the groups split from its mesh */
                 {1, "--nproc_per_node 4 --tensor_parallel_size 2", "gloo_tp2dp2"}};
+#if !defined(__SANITIZE_ADDRESS__)
     bool kv2 = make_kv2_model();
+#else
+    bool kv2 = false; /* no KV2 run */
+#endif
     size_t n_runs = sizeof runs / sizeof runs[0] - (comm_built(COMM_GLOO) ? 0 : 1);
     for (size_t r = 0; r < n_runs; r++) {
         char *log = NULL, extra[1024];
@@ -736,7 +750,11 @@ static void check_train_cli(void) {
     char worst_z[256];
     struct {
         const char *a, *b;
-    } pairs[] = {{"tp1", "tp2"}, {"tp1", "tp4"}, {"dp2", "tp2dp2"}, {"kv2_tp1", "kv2_tp4"}, {"dp2", "gloo_tp2dp2"}};
+    } pairs[] = {{"tp1", "tp2"},
+#if !defined(__SANITIZE_ADDRESS__)
+                 {"tp1", "tp4"}, {"kv2_tp1", "kv2_tp4"},
+#endif
+                 {"dp2", "tp2dp2"}, {"dp2", "gloo_tp2dp2"}};
     size_t n_pairs = sizeof pairs / sizeof pairs[0] - (comm_built(COMM_GLOO) ? 0 : 1);
     for (size_t k = 0; k < n_pairs; k++) {
         char worst[256];
@@ -748,8 +766,12 @@ static void check_train_cli(void) {
     }
     /* ZeRO shards each part's optimizer state (stage 1), gradients (2) and weights (3) over the data-parallel
      * group: the same weights bit for bit; the gradient norm is summed from the shards in another order */
-    const char *zero_runs[2] = {"tp2dp2z1", "tp2dp2z3off"};
-    for (int k = 0; k < 2; k++) {
+    const char *zero_runs[] = {
+#if !defined(__SANITIZE_ADDRESS__)
+        "tp2dp2z1",
+#endif
+        "tp2dp2z3off"};
+    for (size_t k = 0; k < sizeof zero_runs / sizeof zero_runs[0]; k++) {
         double wz = weights_diff("tp2dp2", zero_runs[k]), mz = metrics_diff("tp2dp2", zero_runs[k], worst_z, sizeof worst_z);
         CHECK(wz == 0.0 && mz <= 1e-6, "TP 2 x DP 2, %s: weights %.3g, metrics %.3g (%s) from zero_stage 0",
               zero_runs[k], wz, mz, worst_z);

@@ -915,6 +915,8 @@ int serve_loop_start(ServeLoop **out, Model *m, const ServeLoopOptions *o, char 
     pthread_cond_init(&l->waker_cv, NULL);
     l->n_turns = 1; /* a request's woken_turn starts at 0 */
     if (pthread_create(&l->waker, NULL, waker_main, l) != 0) {
+        pthread_mutex_destroy(&l->waker_mu);
+        pthread_cond_destroy(&l->waker_cv);
         free(l->slots), free(l->free_slots), free(l);
         return errorf(err, "could not start the waker thread");
     }

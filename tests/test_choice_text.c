@@ -292,6 +292,5 @@ int main(void) {
         shared_data_skipped("Qwen2.5 tokenizer (byte-level BPE) cases");
     }
     printf("%d checks, %d failures\n", g_checks, g_failures);
-    if (g_failures) return 1;
-    return qwen ? 0 : SHARED_DATA_SKIP;
+    return g_failures ? 1 : 0; /* without ../shared/data the stories260K part still ran (shared_data.h) */
 }

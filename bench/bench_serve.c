@@ -166,6 +166,49 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* The server's colt_engine_*_total counters (its /metrics), as "name value" lines in one malloc'd string;
+ * NULL when it has none (another server). Read right before and after the run, so that their difference
+ * covers the run alone. */
+static size_t on_metrics(char *p, size_t size, size_t n, void *ud) {
+    Client *c = ud; /* only its buffer */
+    if (c->len + size * n + 1 > c->cap) {
+        c->cap = 2 * (c->len + size * n + 1);
+        c->data = realloc(c->data, c->cap);
+    }
+    memcpy(c->data + c->len, p, size * n);
+    c->len += size * n;
+    c->data[c->len] = '\0';
+    return size * n;
+}
+
+static char *engine_counters(const char *url, struct curl_slist *headers) {
+    Client buf = {0};
+    char full[512];
+    snprintf(full, sizeof full, "%s/metrics", url);
+    CURL *curl = curl_easy_init();
+    curl_easy_setopt(curl, CURLOPT_URL, full);
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_metrics);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &buf);
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
+    long status = 0;
+    if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(curl);
+    if (status != 200 || !buf.data) {
+        free(buf.data);
+        return NULL;
+    }
+    return buf.data;
+}
+
+/* value of counter `name` in a /metrics text, or 0 */
+static double counter(const char *text, const char *name) {
+    size_t n = strlen(name);
+    for (const char *at = text; at && (at = strstr(at, name)); at += n)
+        if ((at == text || at[-1] == '\n') && at[n] == ' ') return atof(at + n + 1);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *url = NULL, *prompts_path = NULL, *model = NULL;
     int requests = 256, concurrency = 32, max_tokens = 256, threads = 4;
@@ -251,26 +294,40 @@ int main(int argc, char **argv) {
                .ttft = calloc((size_t)requests, sizeof(double)), .latency = calloc((size_t)requests, sizeof(double))};
     pthread_mutex_init(&run.mu, NULL);
     Worker *workers = calloc((size_t)threads, sizeof(Worker));
+    char *metrics_before = engine_counters(url, headers);
     double t0 = now_s();
     for (int t = 0; t < threads; t++) { /* the clients dealt out over the threads */
         workers[t] = (Worker){.run = &run, .clients = concurrency / threads + (t < concurrency % threads)};
         pthread_create(&workers[t].thread, NULL, worker_main, &workers[t]);
     }
     for (int t = 0; t < threads; t++) pthread_join(workers[t].thread, NULL);
+    double t_end = now_s();
+    char *metrics_after = engine_counters(url, headers);
     int done = run.done, errors = run.errors, n_ttft = run.n_ttft;
     long long tokens = run.tokens;
     double *ttft = run.ttft, *latency = run.latency;
-    double seconds = now_s() - t0;
+    double seconds = t_end - t0;
     struct rusage ru; /* this one-threaded client near a core's worth of CPU would be the bottleneck */
     getrusage(RUSAGE_SELF, &ru);
     double client_cpu = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
                         1e-6 * (double)ru.ru_stime.tv_usec;
     printf("{\"stream\": %s, \"requests\": %d, \"concurrency\": %d, \"errors\": %d, \"seconds\": %.3f, \"requests_per_s\": %.2f, "
            "\"output_tokens\": %lld, \"output_tokens_per_s\": %.1f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, "
-           "\"latency_p50_s\": %.3f, \"latency_p99_s\": %.3f, \"client_cpu_s\": %.3f}\n",
+           "\"latency_p50_s\": %.3f, \"latency_p99_s\": %.3f, \"client_cpu_s\": %.3f",
            stream ? "true" : "false", requests, concurrency, errors, seconds, requests / seconds, tokens, tokens / seconds,
            1e3 * percentile(ttft, n_ttft, 0.5), 1e3 * percentile(ttft, n_ttft, 0.99), percentile(latency, done, 0.5),
            percentile(latency, done, 0.99), client_cpu);
+    /* the server's side of the same interval (colt serve's counters; {} from a server without them) */
+    static const char *names[] = {"seconds", "idle_seconds", "loop_seconds", "steps", "graph_steps", "decode_seconds",
+                                  "decode_step_tokens"};
+    printf(", \"server\": {");
+    for (size_t k = 0; metrics_before && metrics_after && k < sizeof names / sizeof names[0]; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "colt_engine_%s_total", names[k]);
+        printf("%s\"%s\": %.6f", k ? ", " : "", names[k], counter(metrics_after, name) - counter(metrics_before, name));
+    }
+    printf("}}\n");
+    free(metrics_before), free(metrics_after);
     for (int i = 0; i < n_prompts; i++) free(bodies[i]), free(paths[i]);
     free(bodies), free(paths), free(workers), free(ttft), free(latency);
     pthread_mutex_destroy(&run.mu);

@@ -51,11 +51,6 @@ done
 url=http://127.0.0.1:$port
 $BENCH --url "$url" --prompts "$prompts" --requests 64 --concurrency 64 --max_tokens 16 --ignore_eos > /dev/null
 
-# (python, not curl: a curl binary may not load beside the libcurl bench_serve was packed with)
-metrics() {
-  python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1] + '/metrics', timeout=10).read().decode())" "$url" |
-    awk '/^colt_engine_(seconds|idle_seconds|loop_seconds|steps|graph_steps|decode_seconds|decode_step_tokens)_total /{printf "%s=%s ", $1, $2}'
-}
 echo "| mode | clients | requests | output tokens | seconds | requests/s | output tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | latency p99 s | engine busy s | engine between steps s | engine idle s | engine steps (graph) | engine decode tok/s | client CPU s |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 python3 - "$offline" <<'PY'
@@ -68,18 +63,15 @@ for c in $levels; do
   for mode in ${STREAM_MODES:-stream no_stream}; do
     flag=""
     [ "$mode" = no_stream ] && flag=--no_stream
-    before=$(metrics)
     line=$($BENCH --url "$url" --prompts "$prompts" --requests "$n" --concurrency "$c" --max_tokens "$max_tokens" \
       --ignore_eos --temperature "${TEMPERATURE:-0}" $flag)
-    after=$(metrics)
-    # The server's side of the same interval: time inside engine steps, steps (of them CUDA-graph replays), and the
-    # pure decode steps' token rate. Engine busy well under the client's seconds: the time went outside the engine.
-    python3 - "$line" "$before" "$after" <<'PY'
+    # The server's side of the same interval (bench_serve reads /metrics right before and after its requests):
+    # time inside engine steps, between them and idle, steps (of them CUDA-graph replays), and the pure decode
+    # steps' token rate. Engine busy well under the client's seconds: the time went outside the engine.
+    python3 - "$line" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
-kv = lambda s: {k: float(v) for k, v in (p.split("=") for p in s.split())}
-b, a = kv(sys.argv[2]), kv(sys.argv[3])
-d = lambda k: a.get("colt_engine_" + k + "_total", 0) - b.get("colt_engine_" + k + "_total", 0)
+d = lambda k: r["server"].get(k, 0.0)
 err = f" ({r['errors']} errors)" if r["errors"] else ""
 mode = "streamed" if r["stream"] else "whole answers"
 dec = d("decode_step_tokens") / d("decode_seconds") if d("decode_seconds") > 0 else 0

@@ -101,6 +101,7 @@ struct ServeLoop {
     int64_t weight_updates, weight_sync_failures;
     double last_update_seconds, last_update_bytes;
     double idle_seconds, loop_seconds; /* the engine thread's time waiting for work, and between steps */
+    double idle_since; /* when its current wait for work began (0: not waiting), for serve_loop_stats */
     atomic_bool cancel_sync; /* stopping: a wait for the trainer ends now */
     /* the opener (loop-private, but for opener_done and what the opener fills before setting it) */
     pthread_t opener;
@@ -358,7 +359,7 @@ void serve_loop_stats(ServeLoop *l, ServeLoopStats *out) {
     out->weight_sync_failures = l->weight_sync_failures;
     out->last_update_seconds = l->last_update_seconds;
     out->last_update_bytes = l->last_update_bytes;
-    out->idle_seconds = l->idle_seconds;
+    out->idle_seconds = l->idle_seconds + (l->idle_since > 0 ? time_now() - l->idle_since : 0); /* a wait going on */
     out->loop_seconds = l->loop_seconds;
     out->device = model_backend(l->m)->name;
     out->deterministic = l->o.engine.deterministic;
@@ -762,15 +763,16 @@ static void *loop_main(void *arg) {
     ServeRequest **taken = NULL;
     int taken_cap = 0;
     for (;;) {
-        double t_wait = time_now();
         pthread_mutex_lock(&l->mu);
+        l->idle_since = time_now();
         while (!l->stop && !l->wake && !engine_has_work(l->engine)) {
             struct timespec deadline;
             deadline_after(&deadline, IDLE_WAIT_S);
             if (pthread_cond_timedwait(&l->cv, &l->mu, &deadline) == ETIMEDOUT && l->o.tp) break; /* heartbeat */
         }
         double t_turn = time_now(), step_seconds = 0;
-        l->idle_seconds += t_turn - t_wait;
+        l->idle_seconds += t_turn - l->idle_since;
+        l->idle_since = 0;
         bool stop = l->stop, abort_all = l->abort_all;
         l->abort_all = false;
         int n_taken = l->n_incoming;

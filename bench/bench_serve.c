@@ -37,9 +37,9 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static size_t on_data(char *p, size_t size, size_t n, void *ud) {
+/* libcurl's write callback: the bytes appended to the client's buffer (NUL-terminated). */
+static size_t append_data(char *p, size_t size, size_t n, void *ud) {
     Client *c = ud;
-    if (c->t_first == 0 && memmem(p, size * n, "data: ", 6)) c->t_first = now_s(); /* the first event: the first token */
     if (c->len + size * n + 1 > c->cap) { /* doubling: a stream's thousands of small events stay linear */
         c->cap = 2 * (c->len + size * n + 1);
         c->data = realloc(c->data, c->cap);
@@ -48,6 +48,12 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
     c->len += size * n;
     c->data[c->len] = '\0';
     return size * n;
+}
+
+static size_t on_data(char *p, size_t size, size_t n, void *ud) {
+    Client *c = ud;
+    if (c->t_first == 0 && memmem(p, size * n, "data: ", 6)) c->t_first = now_s(); /* the first event: the first token */
+    return append_data(p, size, n, ud);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -166,21 +172,9 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-/* The server's colt_engine_*_total counters (its /metrics), as "name value" lines in one malloc'd string;
- * NULL when it has none (another server). Read right before and after the run, so that their difference
+/* The server's /metrics text (colt serve's colt_engine_*_total counters among it), malloc'd; NULL when it has
+ * none (another server). Read right before and after the run, so that their difference
  * covers the run alone. */
-static size_t on_metrics(char *p, size_t size, size_t n, void *ud) {
-    Client *c = ud; /* only its buffer */
-    if (c->len + size * n + 1 > c->cap) {
-        c->cap = 2 * (c->len + size * n + 1);
-        c->data = realloc(c->data, c->cap);
-    }
-    memcpy(c->data + c->len, p, size * n);
-    c->len += size * n;
-    c->data[c->len] = '\0';
-    return size * n;
-}
-
 static char *engine_counters(const char *url, struct curl_slist *headers) {
     Client buf = {0};
     char full[512];
@@ -188,7 +182,7 @@ static char *engine_counters(const char *url, struct curl_slist *headers) {
     CURL *curl = curl_easy_init();
     curl_easy_setopt(curl, CURLOPT_URL, full);
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_metrics);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_data);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &buf);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
     long status = 0;

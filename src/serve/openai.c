@@ -726,7 +726,7 @@ size_t choice_text_stream_end(const ChoiceText *ct, const OpenAIRequest *req) {
     size_t len = ct->text ? strlen(ct->text) : 0;
     if (ct->finished) return len;
     size_t end = len;
-    while (end >= 3 && memcmp(ct->text + end - 3, "\xEF\xBF\xBD", 3) == 0) end -= 3; /* an incomplete character */
+    while (ends_incomplete(ct->text, end)) end -= 3; /* an incomplete character */
     size_t hold = 0;
     for (int i = 0; i < req->n_stop_strings; i++) { /* a tail that may be the start of a stop string */
         size_t s_len = strlen(req->stop_strings[i]);

@@ -173,6 +173,26 @@ int main(void) {
     json_decref(plan);
     free(out), free(err);
 
+    /* The KV pool a round wants: every sequence of the rank's round at once (TRL's vLLM max_num_seqs), up to
+     * the largest CUDA-graph batch (512): 512 and 1024 want 4x what 128 wants */
+    double kv_wanted[3];
+    const int rounds[3] = {128, 512, 1024};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 80 "
+                 "--host_memory_gb 128 --offload_optimizer cpu --generation_batch_size %d", bench, model, g_tmp,
+                 rounds[i]);
+        code = colt("", args, &out, &err);
+        plan = json_loads(out, 0, NULL);
+        kv_wanted[i] = plan ? part(plan, "kv_cache_wanted") : 0;
+        CHECK(code == 0 && plan, "7B, generation_batch_size %d: exit %d: %s %s", rounds[i], code, out, err);
+        json_decref(plan);
+        free(out), free(err);
+    }
+    printf("7B, KV cache a round wants: %.2f / %.2f / %.2f GB for rounds of 128 / 512 / 1024\n", kv_wanted[0],
+           kv_wanted[1], kv_wanted[2]);
+    CHECK(kv_wanted[0] > 1 && fabs(kv_wanted[1] / kv_wanted[0] - 4) < 0.01 && fabs(kv_wanted[2] / kv_wanted[0] - 4) < 0.01,
+          "KV cache wanted: %.3f / %.3f / %.3f GB", kv_wanted[0], kv_wanted[1], kv_wanted[2]);
+
     /* zero_stage 3 over 8 ranks: the weights' share drops to a part, two layers and the embedding / lm_head;
      * generation still gathers the whole 15.2 GB */
     snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 80 "

@@ -266,11 +266,27 @@ int main(void) {
         char name[32];
         snprintf(name, sizeof name, "serve-%d.log", r);
         char *log = read_text(two, name);
-        CHECK(log && strstr(log, "weight channel open") && strstr(log, "colt serve: stopped"),
-              "server_devices: %s lacks the channel or the stop: %s", name, log ? log : "(missing)");
+        /* a round of 16 is 8 per replica: colt serve's default max_num_seqs 256, 32 blocks of 16 tokens each */
+        CHECK(log && strstr(log, "weight channel open") && strstr(log, "colt serve: stopped") &&
+                  strstr(log, "KV pool of 8192 blocks"),
+              "server_devices: %s lacks the channel, the stop or the default pool: %s", name, log ? log : "(missing)");
         free(log);
     }
     same_run("server_devices [0,1], server_data_parallel_size 2, vs 1 replica", two, one, true);
+    /* a round of 1024 (64 micro-batches of 16): the server takes it in one batch of 512, its largest
+     * CUDA-graph batch (max_num_seqs raised as TRL sizes vLLM's to the round), so its pool has room for 512 */
+    char big[300];
+    snprintf(big, sizeof big, "%s/own-big", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 1 --gradient_accumulation_steps 64 --eval_dataset null --output_dir %s "
+             "--server_devices [0]", BASE, big);
+    unsetenv("COLT_API_KEY");
+    code = run_train(NULL, args, &err);
+    setenv("COLT_API_KEY", "colt-test-key", 1);
+    free(err);
+    char *big_log = read_text(big, "serve.log");
+    CHECK(code == 0 && big_log && strstr(big_log, "KV pool of 16384 blocks"),
+          "server_devices, a round of 1024: exit %d, serve.log: %s", code, big_log ? big_log : "(missing)");
+    free(big_log);
 
     check_tools();
 #endif

@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "dist/launch_env.h"
 #include "dist/local_launch.h"
+#include "engine/engine.h"
 #include "data/dataset.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -121,7 +122,7 @@ static int own_api_key(TrainConfig *cfg, char *err) {
 
 /* Starts the server_data_parallel_size replicas (sp[K]) on their GPUs, all
  * loading at once, and waits until each listens; on an error none is left. */
-static int start_replicas(TrainConfig *cfg, ServeProcess *sp, bool gpu, int count, char *err) {
+static int start_replicas(TrainConfig *cfg, ServeProcess *sp, bool gpu, int count, int round, char *err) {
     const int K = cfg->server_data_parallel_size;
     const size_t per = json_array_size(cfg->server_devices) / (size_t)K;
     ServeProcessOptions *o = xcalloc((size_t)K, sizeof(ServeProcessOptions));
@@ -143,6 +144,7 @@ static int start_replicas(TrainConfig *cfg, ServeProcess *sp, bool gpu, int coun
             .deterministic = cfg->deterministic_set ? cfg->deterministic : gpu,
             .gpu_memory_utilization = cfg->gpu_memory_utilization_set ? cfg->gpu_memory_utilization : 0,
             .log_path = logs[r], .timeout_s = cfg->vllm_server_timeout, .api_key = cfg->vllm_server_api_key,
+            .max_num_seqs = engine_round_max_num_seqs(round / K), /* its share of a round in one batch */
             /* one process per server GPU: the model cut across them */
             .tensor_parallel_size = (int)per};
         if (rc == 0) rc = serve_process_spawn(&sp[r], &o[r], err);
@@ -155,6 +157,22 @@ static int start_replicas(TrainConfig *cfg, ServeProcess *sp, bool gpu, int coun
     for (int r = 0; r < K; r++) free(logs[r]);
     free(logs), free(visible), free(o);
     return rc;
+}
+
+/* The data-parallel size the run will have: the launcher's processes, or those colt starts itself
+ * (nproc_per_node, else one per GPU in devices or on the machine; one on the CPU), over
+ * tensor_parallel_size. */
+static int planned_world(const TrainConfig *cfg, const LaunchEnv *env) {
+    int world = env->world_size;
+    if (env->launcher == LAUNCHER_NONE) {
+        world = cfg->nproc_per_node;
+        if (world == 0)
+            world = strcmp(cfg->device, "cpu") == 0 ? 1
+                    : cfg->devices                   ? (int)json_array_size(cfg->devices)
+                                                     : backend_gpu_count();
+    }
+    world /= cfg->tensor_parallel_size;
+    return world < 1 ? 1 : world;
 }
 
 /* server_devices (the one-command form of server mode): starts colt serve on
@@ -186,7 +204,8 @@ static int start_own_server(TrainConfig *cfg, const LaunchEnv *env, ServeProcess
     if (group_port < 0) return COLT_ERR;
     cfg->vllm_group_port = group_port;
     if (make_dirs(cfg->output_dir, err) != 0 || own_api_key(cfg, err) != 0) return COLT_ERR;
-    if (start_replicas(cfg, sp, gpu, count, err) != 0) return COLT_ERR;
+    if (start_replicas(cfg, sp, gpu, count, train_config_round_size(cfg, planned_world(cfg, env)), err) != 0)
+        return COLT_ERR;
     int n = 0;
     char port[16];
     if (K == 1) {
@@ -421,17 +440,7 @@ int cmd_train(int argc, char **argv) {
     }
     log_set_rank(env.rank);
     if (dry.on) {
-        /* The world the run would have: --world_size, the launcher's, or the processes colt would start. */
-        int world = env.world_size;
-        if (env.launcher == LAUNCHER_NONE) {
-            world = cfg.nproc_per_node;
-            if (world == 0)
-                world = strcmp(cfg.device, "cpu") == 0 ? 1
-                        : cfg.devices                   ? (int)json_array_size(cfg.devices)
-                                                        : backend_gpu_count();
-            if (world < 1) world = 1;
-        }
-        cfg.world_size = (dry.world_size ? dry.world_size : world) / cfg.tensor_parallel_size;
+        cfg.world_size = dry.world_size ? dry.world_size / cfg.tensor_parallel_size : planned_world(&cfg, &env);
         if (cfg.world_size < 1) cfg.world_size = 1;
         int rc = train_config_finalize(&cfg, err) != 0 ? cli_fail("train", err) : dry_run(&cfg, &dry, cfg.world_size);
         train_config_free(&cfg);

@@ -1218,6 +1218,11 @@ int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptio
 
 /* ---------------------------------------------------------------- the memory plan */
 
+int engine_round_max_num_seqs(int n_seqs) {
+    int largest = GRAPH_BUCKETS[N_BUCKETS - 1];
+    return n_seqs < DEFAULT_MAX_NUM_SEQS ? DEFAULT_MAX_NUM_SEQS : n_seqs > largest ? largest : n_seqs;
+}
+
 void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOptions *eo, size_t *scratch,
                         size_t *pool_min, size_t *pool_want, size_t *headroom) {
     static const EngineOptions defaults = {0};

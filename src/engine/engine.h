@@ -103,6 +103,12 @@ size_t engine_memory_wanted(const Model *m, int n_seqs, int max_len, const Engin
 void engine_memory_plan(const Model *m, int n_seqs, int max_len, const EngineOptions *eo, size_t *scratch,
                         size_t *pool_min, size_t *pool_want, size_t *headroom);
 
+/* max_num_seqs for rounds of n_seqs sequences generated together (a GRPO round, a replica's share
+ * of it): the default (256), raised to the whole round up to the largest batch with a CUDA graph
+ * (512), as TRL sizes vLLM's max_num_seqs to the per-device generation batch. Never below the
+ * default: the same engine also runs other batches (evaluation). */
+int engine_round_max_num_seqs(int n_seqs);
+
 /* Completes every sequence (see generate()); stats may be NULL. Errors: those
  * of generate(), a pool too small for one sequence, a stream id above 2^31-1. */
 int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,

@@ -56,7 +56,7 @@ int serve_process_start(ServeProcess *p, const ServeProcessOptions *o, char *err
 
 int serve_process_spawn(ServeProcess *p, const ServeProcessOptions *o, char *err) {
     *p = (ServeProcess){0};
-    char mem[32], len[32], tp[16];
+    char mem[32], len[32], tp[16], seqs[16];
     snprintf(mem, sizeof mem, "%g", o->gpu_memory_utilization);
     snprintf(len, sizeof len, "%d", o->max_model_len);
     const char *argv[32];
@@ -74,6 +74,8 @@ int serve_process_spawn(ServeProcess *p, const ServeProcessOptions *o, char *err
     if (o->deterministic) argv[n++] = "--deterministic";
     if (o->gpu_memory_utilization > 0) argv[n++] = "--gpu_memory_utilization", argv[n++] = mem;
     if (o->max_model_len > 0) argv[n++] = "--max_model_len", argv[n++] = len;
+    snprintf(seqs, sizeof seqs, "%d", o->max_num_seqs);
+    if (o->max_num_seqs > 0) argv[n++] = "--max_num_seqs", argv[n++] = seqs;
     snprintf(tp, sizeof tp, "%d", o->tensor_parallel_size);
     if (o->tensor_parallel_size > 1) argv[n++] = "--tensor_parallel_size", argv[n++] = tp;
     argv[n] = NULL;

@@ -19,6 +19,7 @@ typedef struct ServeProcessOptions {
     bool deterministic;
     double gpu_memory_utilization; /* 0: colt serve's default (what is free) */
     int max_model_len;           /* 0: the model's */
+    int max_num_seqs;            /* 0: colt serve's default */
     int tensor_parallel_size;    /* > 1: colt serve --tensor_parallel_size (it starts one process per part,
                                   * on the visible GPUs in order) */
     const char *log_path;

@@ -79,7 +79,7 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     int N = in->batch * in->max_seq;
     p->activations_full = train_state_plan_bytes(m, in->batch, in->max_seq, N, false);
     p->activations_recompute = train_state_plan_bytes(m, in->batch, in->max_seq, N, true);
-    EngineOptions eo = {.deterministic = in->deterministic};
+    EngineOptions eo = {.deterministic = in->deterministic, .max_num_seqs = engine_round_max_num_seqs(in->gen_seqs)};
     engine_memory_plan(m, in->gen_seqs > 0 ? in->gen_seqs : 1, in->max_seq, &eo, &p->engine_scratch, &p->kv_min,
                        &p->kv_want, &p->headroom);
     model_free(m);

@@ -1962,6 +1962,13 @@ static int resolve_trl_switches(TrainConfig *c, char *err) {
     return COLT_OK;
 }
 
+int train_config_round_size(const TrainConfig *c, int world_size) {
+    if (c->generation_batch_size > 0) return c->generation_batch_size;
+    int64_t n = (int64_t)c->per_device_train_batch_size * world_size *
+                (c->steps_per_generation > 0 ? c->steps_per_generation : c->gradient_accumulation_steps);
+    return n > TRAIN_CONFIG_MAX_COMPLETIONS ? TRAIN_CONFIG_MAX_COMPLETIONS : (int)n;
+}
+
 int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->model) return errorf(err, "settings: 'model' is required (a Hugging Face model folder)");
     if (!c->dataset && c->environment_factories) /* TRL's words: the dict routes rows by their environment */

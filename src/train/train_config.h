@@ -242,6 +242,10 @@ int train_config_set(TrainConfig *c, const char *key, const char *value, const c
 /* Resolves defaults that depend on other settings and checks every value
  * (num_generations >= 2, divisibility of batch sizes, ranges, names). */
 int train_config_finalize(TrainConfig *c, char *err);
+/* The completions of one round with world_size data-parallel processes, as train_config_finalize
+ * resolves it (generation_batch_size, else per_device_train_batch_size x world_size x
+ * steps_per_generation or gradient_accumulation_steps), for a caller that needs it before. */
+int train_config_round_size(const TrainConfig *c, int world_size);
 /* The token products above for prompts of prompt_tokens at most (the
  * dataset's longest, once tokenized): a one-line error naming the settings. */
 int train_config_check_lengths(const TrainConfig *c, int prompt_tokens, char *err);

@@ -520,6 +520,7 @@ static int configure_loss_and_sampling(Trainer *t, const TrainConfig *c, char *e
     t->need_old_logp = c->gradient_accumulation_steps % (c->steps_per_generation * c->num_iterations) != 0;
     if (grpo_sampling_is_mode_parse(&t->is_mode, c->vllm_importance_sampling_mode, err) != 0) return COLT_ERR;
     t->engine_opts.gpu_memory_utilization = c->gpu_memory_utilization;
+    t->engine_opts.max_num_seqs = engine_round_max_num_seqs(c->generation_batch_size / t->dist.world); /* the rank's round */
     t->engine_opts.structured_outputs = t->regex != NULL; /* the memory plan counts the masks' buffers */
     /* unset: on for bf16 storage, where the default kernels' engine/trainer log-probs differ by ~1e-2 */
     bool deterministic = c->deterministic_set ? c->deterministic

@@ -51,7 +51,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/error.h"
 #include "core/fileio.h"
+#include "serve/colt_api.h"
 #include "harness.h"
 #include "serve_harness.h"
 
@@ -255,6 +257,70 @@ static void check_tools(Server *srv) {
     CHECK(code == 0, "colt serve %s exited %d after SIGTERM", srv->log, code);
 }
 #endif
+
+/* The same /colt/generate asked for as bytes (Accept: application/octet-stream, as colt train asks): the
+ * same completion as the JSON answer json_text, ids equal and log-probs the same bits; the reader refuses
+ * a cut, a longer, a miscounted or a foreign answer. */
+static void check_binary_answer(int port, const char *json_text) {
+    char auth[512] = "";
+    const char *key = getenv("COLT_API_KEY");
+    if (key && *key) snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+    const char *lines[] = {"Content-Type: application/json", "Accept: " COLT_GENERATE_BINARY_TYPE, auth[0] ? auth : NULL,
+                           NULL};
+    CURL *h = NULL;
+    HttpBuf b = {0};
+    h = serve_request(port, NULL, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}",
+                      &b, 60000L, NULL);
+    struct curl_slist *headers = NULL;
+    for (int i = 0; lines[i]; i++) headers = curl_slist_append(headers, lines[i]);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+    size_t len = 0;
+    long status = 0;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(h);
+    curl_slist_free_all(headers);
+    unsigned char *bytes = (unsigned char *)b.data;
+    len = b.len;
+    char err[ERR_LEN] = "";
+    GenSequence g = {0};
+    long long updates = -1;
+    int rc = status == 200 ? colt_generate_answer_read(&g, 1, bytes, len, 4, NULL, 512, &updates, err) : -1;
+    json_t *o = json_loads(json_text, 0, NULL);
+    json_t *c = json_array_get(json_object_get(o, "completions"), 0);
+    json_t *ids = json_object_get(c, "token_ids"), *lps = json_object_get(c, "logprobs");
+    bool same = rc == 0 && g.n_tokens == (int)json_array_size(ids) &&
+                updates == json_integer_value(json_object_get(o, "weight_updates"));
+    for (int k = 0; same && k < g.n_tokens; k++) {
+        float lp = (float)json_number_value(json_array_get(lps, (size_t)k));
+        same = g.tokens[k] == json_integer_value(json_array_get(ids, (size_t)k)) && memcmp(&lp, &g.logprobs[k], 4) == 0;
+    }
+    printf("/colt/generate as bytes: status %ld, %zu bytes (JSON: %zu), %d tokens, the same as JSON: %s\n", status, len,
+           strlen(json_text), g.n_tokens, same ? "yes" : "no");
+    CHECK(same, "the binary answer (%ld, %zu bytes, %s) differs from the JSON one %s", status, len, err, json_text);
+    free(g.tokens), free(g.logprobs);
+    json_decref(o);
+    /* the reader's refusals: one line each, naming what is wrong */
+    struct { size_t len; int n, vocab; const char *want; } bad[] = {
+        {len - 1, 1, 512, "ends inside completion 0"},
+        {len, 2, 512, "has 1 completions, not the 2 asked for"},
+        {len, 1, 2, "out of the vocabulary (2)"},
+        {8, 1, 512, "no COLTGEN1 header"}};
+    unsigned char *longer = malloc(len + 1);
+    if (len) memcpy(longer, bytes, len);
+    longer[len] = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof bad / sizeof bad[0]; i++) {
+        GenSequence x = {0};
+        int r = colt_generate_answer_read(&x, bad[i].n, longer, bad[i].len, 4, NULL, bad[i].vocab, NULL, err);
+        CHECK(r != 0 && strstr(err, bad[i].want), "a bad binary answer (%s): rc %d, '%s'", bad[i].want, r, err);
+        free(x.tokens), free(x.logprobs);
+    }
+    GenSequence x = {0};
+    int r = rc == 0 ? colt_generate_answer_read(&x, 1, longer, len + 1, 4, NULL, 512, NULL, err) : -1;
+    CHECK(rc != 0 || (r != 0 && strstr(err, "1 bytes after its last completion")), "a longer binary answer: '%s'", err);
+    free(x.tokens), free(x.logprobs);
+    free(longer);
+    free(b.data);
+}
 
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_server_mode_XXXXXX");
@@ -505,6 +571,7 @@ int main(void) {
     CHECK(failures == 1, "colt_weight_sync_failures_total %.0f, want 1", failures);
     st = http(srv->port, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}", &body);
     CHECK(st == 200 && strstr(body, "\"token_ids\""), "generate after the failed channel: %ld %s", st, body);
+    check_binary_answer(srv->port, body);
     free(body);
     st = http(srv->port, "/colt/update_weights", "{}", &body);
     CHECK(st == 409 && strstr(body, "not open"), "update_weights without a channel: %ld %s", st, body);

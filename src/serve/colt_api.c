@@ -191,6 +191,80 @@ char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates) {
     return text;
 }
 
+static unsigned char *put_u32(unsigned char *p, uint32_t v) {
+    for (int b = 0; b < 4; b++) p[b] = (unsigned char)(v >> (8 * b));
+    return p + 4;
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+char *colt_generate_response_binary(ServeRequest *sr, int64_t weight_updates, size_t *len) {
+    const int n = serve_request_choices(sr);
+    size_t size = 8 + 8 + 4;
+    for (int i = 0; i < n; i++) size += 8 + 8 * (size_t)serve_request_sequence(sr, i)->n_tokens;
+    unsigned char *out = xmalloc(size), *p = out;
+    memcpy(p, COLT_GENERATE_MAGIC, 8);
+    p = put_u32(p + 8, (uint32_t)weight_updates);
+    p = put_u32(p, (uint32_t)((uint64_t)weight_updates >> 32));
+    p = put_u32(p, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        const GenSequence *g = serve_request_sequence(sr, i);
+        p = put_u32(p, (uint32_t)g->n_tokens);
+        p = put_u32(p, g->finish == FINISH_STOP ? 1u : 0u);
+        for (int k = 0; k < g->n_tokens; k++) p = put_u32(p, (uint32_t)g->tokens[k]);
+        for (int k = 0; k < g->n_tokens; k++) {
+            uint32_t bits;
+            memcpy(&bits, &g->logprobs[k], 4);
+            p = put_u32(p, bits);
+        }
+    }
+    COLT_ASSERT((size_t)(p - out) == size);
+    *len = size;
+    return (char *)out;
+}
+
+int colt_generate_answer_read(GenSequence *seqs, int n, const unsigned char *data, size_t len, int max_tokens,
+                              const int *max_tokens_each, int vocab_size, long long *weight_updates, char *err) {
+    const unsigned char *p = data, *end = data + len;
+    if (len < 20 || memcmp(p, COLT_GENERATE_MAGIC, 8) != 0)
+        return errorf(err, "the binary answer has no %s header (%zu bytes)", COLT_GENERATE_MAGIC, len);
+    uint64_t updates = get_u32(p + 8) | (uint64_t)get_u32(p + 12) << 32;
+    if (get_u32(p + 16) != (uint32_t)n)
+        return errorf(err, "the answer has %u completions, not the %d asked for", get_u32(p + 16), n);
+    p += 20;
+    for (int i = 0; i < n; i++) {
+        if (end - p < 8) return errorf(err, "the answer ends inside completion %d", i);
+        uint32_t count = get_u32(p), finish = get_u32(p + 4);
+        int budget = max_tokens_each ? max_tokens_each[i] : max_tokens;
+        p += 8;
+        if (count < 1 || count > (uint32_t)budget || finish > 1)
+            return errorf(err, "completion %d of the answer is malformed (%u tokens for a budget of %d, finish %u)", i,
+                          count, budget, finish);
+        if ((size_t)(end - p) < 8 * (size_t)count) return errorf(err, "the answer ends inside completion %d", i);
+        GenSequence *g = &seqs[i];
+        g->tokens = xmalloc(sizeof(int) * count);
+        g->logprobs = xmalloc(sizeof(float) * count);
+        g->n_tokens = (int)count;
+        g->finish = finish ? FINISH_STOP : FINISH_LENGTH;
+        for (uint32_t k = 0; k < count; k++, p += 4) {
+            uint32_t id = get_u32(p);
+            if (id >= (uint32_t)vocab_size)
+                return errorf(err, "completion %d has token %u out of the vocabulary (%d): a server with another model?",
+                              i, k, vocab_size);
+            g->tokens[k] = (int)id;
+        }
+        for (uint32_t k = 0; k < count; k++, p += 4) {
+            uint32_t bits = get_u32(p);
+            memcpy(&g->logprobs[k], &bits, 4);
+        }
+    }
+    if (p != end) return errorf(err, "the answer has %zu bytes after its last completion", (size_t)(end - p));
+    if (weight_updates) *weight_updates = (long long)updates;
+    return COLT_OK;
+}
+
 char *colt_info_json(const ServeLoopStats *st, const ColtApiContext *ctx) {
     json_t *o = json_pack("{s:s,s:b,s:i,s:I,s:i,s:i}", "device", st->device, "deterministic", st->deterministic,
                           "max_model_len", ctx->max_model_len, "weight_updates", (json_int_t)st->weight_updates,

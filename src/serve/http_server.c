@@ -105,14 +105,20 @@ static void count_response(HttpServer *s, int status) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static enum MHD_Result send_body(HttpServer *s, struct MHD_Connection *conn, int status, char *body,
-                                 const char *content_type) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+/* Answers with body[len] (malloc'd; the response frees it). */
+static enum MHD_Result send_bytes(HttpServer *s, struct MHD_Connection *conn, int status, char *body, size_t len,
+                                  const char *content_type) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
     count_response(s, status);
     return rc;
+}
+
+static enum MHD_Result send_body(HttpServer *s, struct MHD_Connection *conn, int status, char *body,
+                                 const char *content_type) {
+    return send_bytes(s, conn, status, body, strlen(body), content_type);
 }
 
 static const char *error_type(int status) {
@@ -380,7 +386,15 @@ static enum MHD_Result handle_colt_generate(HttpServer *s, struct MHD_Connection
         } else {
             ServeLoopStats st;
             serve_loop_stats(s->loop, &st);
-            result = send_body(s, conn, 200, colt_generate_response_json(sr, st.weight_updates), "application/json");
+            const char *accept = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+            if (accept && strstr(accept, COLT_GENERATE_BINARY_TYPE)) { /* colt train's: the bytes as they are */
+                size_t len = 0;
+                char *bytes = colt_generate_response_binary(sr, st.weight_updates, &len);
+                result = send_bytes(s, conn, 200, bytes, len, COLT_GENERATE_BINARY_TYPE);
+            } else {
+                result = send_body(s, conn, 200, colt_generate_response_json(sr, st.weight_updates),
+                                   "application/json");
+            }
         }
     }
     free(progress);

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/colt_api.h"
 
 struct ServeClient {
     char *url;  /* several replicas: their URLs, comma-separated */
@@ -40,8 +41,8 @@ static size_t on_data(char *ptr, size_t size, size_t n, void *user) {
 
 /* One request (POST when json_body, else GET) bounded by timeout_s. Returns
  * the HTTP status (0 with err set when no answer came) and the body in *out. */
-static long request(const ServeClient *c, const char *path, const char *json_body, double timeout_s, Body *out,
-                    char *err) {
+static long request(const ServeClient *c, const char *path, const char *json_body, const char *accept,
+                    double timeout_s, Body *out, char *err) {
     *out = (Body){0};
     CURL *h = curl_easy_init();
     if (!h) return errorf(err, "libcurl: cannot create a handle"), 0;
@@ -50,6 +51,9 @@ static long request(const ServeClient *c, const char *path, const char *json_bod
     strcat(url, path);
     struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
     if (c->auth) headers = curl_slist_append(headers, c->auth);
+    char accept_line[128];
+    snprintf(accept_line, sizeof accept_line, "Accept: %s", accept ? accept : "");
+    if (accept) headers = curl_slist_append(headers, accept_line);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
@@ -97,7 +101,7 @@ static int open_one(ServeClient **out, const char *base_url, const char *api_key
     for (;;) {
         Body b;
         double left = deadline - time_now();
-        long status = request(c, "/health", NULL, left < 5 ? (left > 0.1 ? left : 0.1) : 5, &b, last);
+        long status = request(c, "/health", NULL, NULL, left < 5 ? (left > 0.1 ? left : 0.1) : 5, &b, last);
         if (status == 200) {
             free(b.data);
             *out = c;
@@ -197,7 +201,7 @@ int serve_client_post(ServeClient *c, const char *path, const char *json_body, c
         if (serve_client_post(c->replicas[i], path, json_body, err) != 0) return COLT_ERR;
     if (c->replicas) return COLT_OK;
     Body b;
-    long status = request(c, path, json_body, c->timeout_s, &b, err);
+    long status = request(c, path, json_body, NULL, c->timeout_s, &b, err);
     int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
     free(b.data);
     return rc;
@@ -207,7 +211,7 @@ int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *
     if (c->replicas) c = c->replicas[0];
     Body b;
     *out = NULL;
-    long status = request(c, path, NULL, c->timeout_s, &b, err);
+    long status = request(c, path, NULL, NULL, c->timeout_s, &b, err);
     int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
     if (rc == 0 && !(*out = json_loadb(b.data ? b.data : "", b.len, 0, NULL)))
         rc = errorf(err, "colt serve at %s%s: the answer is not JSON (an older colt serve, or not colt serve?)", c->url,
@@ -280,11 +284,20 @@ static int generate_one(ServeClient *c, GenSequence *seqs, int n, const Generate
     char *text = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
     json_decref(q);
     Body b;
-    long status = request(c, "/colt/generate", text, c->timeout_s, &b, err);
+    /* the answer as bytes (colt_api.h); a colt serve that predates them answers JSON, read below */
+    long status = request(c, "/colt/generate", text, COLT_GENERATE_BINARY_TYPE ", application/json", c->timeout_s, &b,
+                          err);
     free(text);
     int rc = COLT_OK;
     if (status == 0) rc = error_prefix(err, "server mode: generation (vllm_server_timeout %.0f s)", c->timeout_s);
     else if (status != 200) rc = answer_error(status, &b, c->url, "/colt/generate", err);
+    if (rc == 0 && b.len >= 8 && memcmp(b.data, COLT_GENERATE_MAGIC, 8) == 0) {
+        rc = colt_generate_answer_read(seqs, n, (const unsigned char *)b.data, b.len, opt->max_new_tokens,
+                                       max_new_tokens, vocab_size, weight_updates, err);
+        if (rc != 0) error_prefix(err, "colt serve at %s: /colt/generate", c->url);
+        free(b.data);
+        return rc;
+    }
     json_t *o = rc == 0 ? json_loadb(b.data ? b.data : "", b.len, 0, NULL) : NULL;
     json_t *list = json_object_get(o, "completions");
     if (rc == 0 && (!json_is_array(list) || json_array_size(list) != (size_t)n))

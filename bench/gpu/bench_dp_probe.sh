@@ -6,7 +6,10 @@
 # Usage: bash bench/gpu/bench_dp_probe.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset default qwen2.5-1.5b)
 #   SAME_PROMPT=1: every run takes PROMPTS_JSONL's first prompt, repeated (each rank's round then the single
 #   run's work exactly); NCCL_ROWS=1: also --nproc_per_node 2 with the gradients through the host
-#   (--ddp_backend gloo: no NCCL communicator), with NCCL_P2P_DISABLE=1 and with NCCL_CUMEM_ENABLE=0.
+#   (--ddp_backend gloo: no NCCL communicator), with NCCL_P2P_DISABLE=1, NCCL_CUMEM_ENABLE=0, NCCL_RAS_ENABLE=0
+#   and NCCL_IGNORE_CPU_AFFINITY=1 (session 26: none of them moved the engine).
+#   THREADS=1: during the --nproc_per_node 2 run, samples every thread of the ranks once a second
+#   (/proc/PID/task/*/stat) and prints the threads that used the most CPU, with their names.
 set -u
 cd "$(dirname "$0")/../.."
 COLT=${COLT:-build-cuda/colt}
@@ -47,11 +50,48 @@ run 1 alone1 && row "alone on GPU 1" alone1
 run 0 pair0 & run 1 pair1 & wait
 row "two independent runs at once (GPU 0 / GPU 1)" pair0 pair1
 OMP_NUM_THREADS=$(( $(nproc) / 2 )) run 0 half && row "alone on GPU 0, OMP_NUM_THREADS=nproc/2" half
+sample_threads() { # OUT_FILE: "second pid tid name cpu-ticks" every second while ranks run
+  local out=$1
+  : > "$out"
+  for i in $(seq 1 600); do
+    # the ranks are exec'd from /proc/self/exe (their name is "exe"): find them by their arguments
+    for p in $(pgrep -f 'colt train'); do
+      for t in /proc/$p/task/*; do
+        # the name sits between the first "(" and the last ")" and may hold spaces; utime and stime
+        # are the 12th and 13th fields after it
+        awk -v i="$i" -v p="$p" '{ a = index($0, "("); b = match($0, /\) [A-Za-z] /); name = substr($0, a + 1, b - a - 1)
+          gsub(/ /, "_", name); split(substr($0, b + 2), f, " "); print i, p, $1, name, f[12] + f[13] }' \
+          "$t/stat" 2>/dev/null
+      done
+    done >> "$out"
+    sleep 1
+  done
+}
+if [ "${THREADS:-0}" = 1 ]; then sample_threads "$W/threads.txt" & sampler=$!; fi
 run 0,1 dp2 --nproc_per_node 2 && row "--nproc_per_node 2 (rank 0)" dp2
+if [ "${THREADS:-0}" = 1 ]; then
+  kill "$sampler" 2>/dev/null
+  python3 - "$W/threads.txt" <<'PY'
+import collections, sys
+first, last, name = {}, {}, {}
+for line in open(sys.argv[1]):
+    i, pid, tid, nm, ticks = line.split()
+    key = (pid, tid)
+    first.setdefault(key, int(ticks))
+    last[key], name[key] = int(ticks), nm
+used = sorted(((last[k] - first[k]) / 100.0, k) for k in first)[::-1]
+print("\nCPU seconds per thread over the --nproc_per_node 2 run (sampled once a second; the launcher included):")
+print("| pid | tid | thread | CPU s |\n|---:|---:|---|---:|")
+for s, (pid, tid) in used[:20]:
+    print(f"| {pid} | {tid} | {name[(pid, tid)]} | {s:.2f} |")
+PY
+fi
 if [ "${NCCL_ROWS:-0}" = 1 ]; then
   run 0,1 dp2_host --nproc_per_node 2 --ddp_backend gloo && row "--nproc_per_node 2 --ddp_backend gloo (no NCCL)" dp2_host
   NCCL_P2P_DISABLE=1 run 0,1 dp2_p2p --nproc_per_node 2 && row "--nproc_per_node 2, NCCL_P2P_DISABLE=1" dp2_p2p
   NCCL_CUMEM_ENABLE=0 run 0,1 dp2_cumem --nproc_per_node 2 && row "--nproc_per_node 2, NCCL_CUMEM_ENABLE=0" dp2_cumem
+  NCCL_RAS_ENABLE=0 run 0,1 dp2_ras --nproc_per_node 2 && row "--nproc_per_node 2, NCCL_RAS_ENABLE=0" dp2_ras
+  NCCL_IGNORE_CPU_AFFINITY=1 run 0,1 dp2_aff --nproc_per_node 2 && row "--nproc_per_node 2, NCCL_IGNORE_CPU_AFFINITY=1" dp2_aff
 fi
 echo
 echo "Command: bash bench/gpu/bench_dp_probe.sh $tok $prompts $preset ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) host cores)"

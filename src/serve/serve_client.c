@@ -39,8 +39,9 @@ static size_t on_data(char *ptr, size_t size, size_t n, void *user) {
     return size * n;
 }
 
-/* One request (POST when json_body, else GET) bounded by timeout_s. Returns
- * the HTTP status (0 with err set when no answer came) and the body in *out. */
+/* One request (POST when json_body, else GET) bounded by timeout_s, with an
+ * Accept line when accept is given. Returns the HTTP status (0 with err set
+ * when no answer came) and the body in *out. */
 static long request(const ServeClient *c, const char *path, const char *json_body, const char *accept,
                     double timeout_s, Body *out, char *err) {
     *out = (Body){0};
@@ -51,9 +52,11 @@ static long request(const ServeClient *c, const char *path, const char *json_bod
     strcat(url, path);
     struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
     if (c->auth) headers = curl_slist_append(headers, c->auth);
-    char accept_line[128];
-    snprintf(accept_line, sizeof accept_line, "Accept: %s", accept ? accept : "");
-    if (accept) headers = curl_slist_append(headers, accept_line);
+    if (accept) { /* else curl's default */
+        char line[128];
+        snprintf(line, sizeof line, "Accept: %s", accept);
+        headers = curl_slist_append(headers, line);
+    }
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));

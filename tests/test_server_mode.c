@@ -258,33 +258,51 @@ static void check_tools(Server *srv) {
 }
 #endif
 
-/* The same /colt/generate asked for as bytes (Accept: application/octet-stream, as colt train asks): the
- * same completion as the JSON answer json_text, ids equal and log-probs the same bits; the reader refuses
- * a cut, a longer, a miscounted or a foreign answer. */
-static void check_binary_answer(int port, const char *json_text) {
-    char auth[512] = "";
+/* POSTs body[len] to /colt/generate as content_type, asking for the answer as accept; the status, the
+ * answer in *out (malloc'd) and its length. */
+static long post_generate(int port, const void *body, size_t len, const char *content_type, const char *accept,
+                          char **out, size_t *out_len) {
+    char type_line[128], accept_line[128], auth[512] = "";
     const char *key = getenv("COLT_API_KEY");
     if (key && *key) snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
-    const char *lines[] = {"Content-Type: application/json", "Accept: " COLT_GENERATE_BINARY_TYPE, auth[0] ? auth : NULL,
-                           NULL};
-    CURL *h = NULL;
+    snprintf(type_line, sizeof type_line, "Content-Type: %s", content_type);
+    snprintf(accept_line, sizeof accept_line, "Accept: %s", accept);
+    struct curl_slist *headers = curl_slist_append(curl_slist_append(NULL, type_line), accept_line);
+    if (auth[0]) headers = curl_slist_append(headers, auth);
     HttpBuf b = {0};
-    h = serve_request(port, NULL, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}",
-                      &b, 60000L, NULL);
-    struct curl_slist *headers = NULL;
-    for (int i = 0; lines[i]; i++) headers = curl_slist_append(headers, lines[i]);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-    size_t len = 0;
+    CURL *h = serve_request(port, NULL, "/colt/generate", NULL, &b, 60000L, headers);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     long status = 0;
     if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(h);
     curl_slist_free_all(headers);
-    unsigned char *bytes = (unsigned char *)b.data;
-    len = b.len;
+    *out_len = b.len;
+    *out = b.data ? b.data : strdup("");
+    return status;
+}
+
+/* /colt/generate in colt train's forms (colt_api.h): the request as bytes and the answer as bytes give
+ * the JSON exchange's completion (json_text: the JSON answer to GENERATE_JSON), ids equal and log-probs
+ * the same bits; bad binary bodies get a 400 naming what is wrong; the reader of binary answers refuses
+ * a cut, a longer, a miscounted or a foreign answer. */
+#define GENERATE_JSON "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}"
+static void check_binary_forms(int port, const char *json_text) {
+    const int prompt[] = {1, 403, 407}, *prompts[] = {prompt}, lens[] = {3};
+    const uint64_t streams[] = {7};
+    size_t req_len = 0, len = 0, len2 = 0;
+    const char *settings = "{\"max_tokens\": 4}";
+    const size_t at_n = 12 + strlen(settings), at_prompt = at_n + 4; /* the prompt count, the first prompt's record */
+    char *req = colt_generate_request_binary(prompts, lens, streams, NULL, NULL, 1, settings, &req_len);
+    char *bytes = NULL, *bytes2 = NULL;
+    long status = post_generate(port, GENERATE_JSON, strlen(GENERATE_JSON), "application/json",
+                                COLT_GENERATE_BINARY_TYPE, &bytes, &len);
+    long status2 = post_generate(port, req, req_len, COLT_GENERATE_BINARY_TYPE, COLT_GENERATE_BINARY_TYPE, &bytes2, &len2);
     char err[ERR_LEN] = "";
     GenSequence g = {0};
     long long updates = -1;
-    int rc = status == 200 ? colt_generate_answer_read(&g, 1, bytes, len, 4, NULL, 512, &updates, err) : -1;
+    int rc = status == 200 ? colt_generate_answer_read(&g, 1, (unsigned char *)bytes, len, 4, NULL, 512, &updates, err)
+                           : -1;
     json_t *o = json_loads(json_text, 0, NULL);
     json_t *c = json_array_get(json_object_get(o, "completions"), 0);
     json_t *ids = json_object_get(c, "token_ids"), *lps = json_object_get(c, "logprobs");
@@ -294,32 +312,83 @@ static void check_binary_answer(int port, const char *json_text) {
         float lp = (float)json_number_value(json_array_get(lps, (size_t)k));
         same = g.tokens[k] == json_integer_value(json_array_get(ids, (size_t)k)) && memcmp(&lp, &g.logprobs[k], 4) == 0;
     }
-    printf("/colt/generate as bytes: status %ld, %zu bytes (JSON: %zu), %d tokens, the same as JSON: %s\n", status, len,
-           strlen(json_text), g.n_tokens, same ? "yes" : "no");
+    bool same_request = status2 == 200 && len2 == len && memcmp(bytes, bytes2, len) == 0;
+    printf("/colt/generate as bytes: answer %ld, %zu bytes (JSON: %zu), %d tokens, the JSON answer's: %s; the request "
+           "as bytes (%zu, JSON %zu): %ld, the same answer: %s\n", status, len, strlen(json_text), g.n_tokens,
+           same ? "yes" : "no", req_len, strlen(GENERATE_JSON), status2, same_request ? "yes" : "no");
     CHECK(same, "the binary answer (%ld, %zu bytes, %s) differs from the JSON one %s", status, len, err, json_text);
+    CHECK(same_request, "the binary request's answer (%ld, %zu bytes) differs from the JSON request's", status2, len2);
     free(g.tokens), free(g.logprobs);
     json_decref(o);
+    free(bytes2);
+
+    /* bad binary bodies: a 400 each, naming what is wrong */
+    struct { const char *what; size_t cut; size_t at; uint32_t value; const char *want; } bad[] = {
+        {"cut in the header", 10, 0, 0, "ends inside its header"},
+        {"cut in a prompt", req_len - 2, 0, 0, "ends inside prompt 0"},
+        {"a stream above 2^31-1", req_len, at_prompt, 0x80000000u, "stream 2147483648 is above"},
+        {"no prompts", req_len, at_n, 0, "holds 0 prompts"},
+        {"a token past the vocabulary", req_len, req_len - 4, 99999, "token 2 is 99999, not a token id below"},
+        {"a budget above the limit", req_len, at_prompt + 8, 1u << 30, "max_tokens 1073741824 is above"},
+        {"settings length past the end", req_len, 8, 1u << 20, "ends inside its settings"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        unsigned char *body = malloc(req_len);
+        memcpy(body, req, req_len);
+        if (bad[i].at) for (int k = 0; k < 4; k++) body[bad[i].at + k] = (unsigned char)(bad[i].value >> (8 * k));
+        char *answer = NULL;
+        size_t answer_len = 0;
+        long st = post_generate(port, body, bad[i].cut, COLT_GENERATE_BINARY_TYPE, "application/json", &answer,
+                                &answer_len);
+        CHECK(st == 400 && strstr(answer, bad[i].want), "a binary body with %s: %ld %s", bad[i].what, st, answer);
+        free(answer), free(body);
+    }
+    char *longer = malloc(req_len + 3), *answer = NULL;
+    memcpy(longer, req, req_len);
+    memset(longer + req_len, 0, 3);
+    size_t answer_len = 0;
+    long st = post_generate(port, longer, req_len + 3, COLT_GENERATE_BINARY_TYPE, "application/json", &answer, &answer_len);
+    CHECK(st == 400 && strstr(answer, "3 bytes after its last prompt"), "a longer binary body: %ld %s", st, answer);
+    free(answer), free(longer);
+    const char *bad_settings[][2] = {{"{\"max_tokens\": 4, \"prompts\": [[1]]}", "unknown key 'prompts'"},
+                                     {"[4]", "not a JSON object"}};
+    for (int i = 0; i < 2; i++) {
+        size_t n = 0;
+        char *body = colt_generate_request_binary(prompts, lens, streams, NULL, NULL, 1, bad_settings[i][0], &n);
+        st = post_generate(port, body, n, COLT_GENERATE_BINARY_TYPE, "application/json", &answer, &answer_len);
+        CHECK(st == 400 && strstr(answer, bad_settings[i][1]), "binary settings %s: %ld %s", bad_settings[i][0], st,
+              answer);
+        free(answer), free(body);
+    }
+    /* the binary type elsewhere: 415, as before */
+    char auth[512] = "";
+    const char *key = getenv("COLT_API_KEY");
+    if (key && *key) snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+    const char *octet[] = {"Content-Type: " COLT_GENERATE_BINARY_TYPE, auth[0] ? auth : NULL, NULL};
+    st = serve_http_with(port, NULL, "/v1/completions", "{\"prompt\": \"x\"}", octet, 60000L, &answer);
+    CHECK(st == 415, "/v1/completions with a binary Content-Type: %ld %s", st, answer);
+    free(answer);
+    free(req);
+
     /* the reader's refusals: one line each, naming what is wrong */
-    struct { size_t len; int n, vocab; const char *want; } bad[] = {
+    struct { size_t len; int n, vocab; const char *want; } cut[] = {
         {len - 1, 1, 512, "ends inside completion 0"},
         {len, 2, 512, "has 1 completions, not the 2 asked for"},
         {len, 1, 2, "out of the vocabulary (2)"},
         {8, 1, 512, "no COLTGEN1 header"}};
-    unsigned char *longer = malloc(len + 1);
-    if (len) memcpy(longer, bytes, len);
-    longer[len] = 0;
-    for (size_t i = 0; rc == 0 && i < sizeof bad / sizeof bad[0]; i++) {
+    unsigned char *more = malloc(len + 1);
+    memcpy(more, bytes, len);
+    more[len] = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof cut / sizeof cut[0]; i++) {
         GenSequence x = {0};
-        int r = colt_generate_answer_read(&x, bad[i].n, longer, bad[i].len, 4, NULL, bad[i].vocab, NULL, err);
-        CHECK(r != 0 && strstr(err, bad[i].want), "a bad binary answer (%s): rc %d, '%s'", bad[i].want, r, err);
+        int r = colt_generate_answer_read(&x, cut[i].n, more, cut[i].len, 4, NULL, cut[i].vocab, NULL, err);
+        CHECK(r != 0 && strstr(err, cut[i].want), "a bad binary answer (%s): rc %d, '%s'", cut[i].want, r, err);
         free(x.tokens), free(x.logprobs);
     }
     GenSequence x = {0};
-    int r = rc == 0 ? colt_generate_answer_read(&x, 1, longer, len + 1, 4, NULL, 512, NULL, err) : -1;
+    int r = rc == 0 ? colt_generate_answer_read(&x, 1, more, len + 1, 4, NULL, 512, NULL, err) : -1;
     CHECK(rc != 0 || (r != 0 && strstr(err, "1 bytes after its last completion")), "a longer binary answer: '%s'", err);
     free(x.tokens), free(x.logprobs);
-    free(longer);
-    free(b.data);
+    free(more), free(bytes);
 }
 
 int main(void) {
@@ -571,7 +640,7 @@ int main(void) {
     CHECK(failures == 1, "colt_weight_sync_failures_total %.0f, want 1", failures);
     st = http(srv->port, "/colt/generate", "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}", &body);
     CHECK(st == 200 && strstr(body, "\"token_ids\""), "generate after the failed channel: %ld %s", st, body);
-    check_binary_answer(srv->port, body);
+    check_binary_forms(srv->port, body);
     free(body);
     st = http(srv->port, "/colt/update_weights", "{}", &body);
     CHECK(st == 409 && strstr(body, "not open"), "update_weights without a channel: %ld %s", st, body);

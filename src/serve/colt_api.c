@@ -16,6 +16,9 @@
 
 static const char *GENERATE_KEYS[] = {"prompts", "streams", "max_tokens", "temperature", "top_k", "top_p", "min_p",
                                       "repetition_penalty", "seed", "stop_token_ids", "first_positions", NULL};
+/* The binary body's settings: the JSON form's keys but the prompts' own (their records carry them) */
+static const char *BINARY_SETTING_KEYS[] = {"max_tokens", "temperature", "top_k", "top_p", "min_p",
+                                            "repetition_penalty", "seed", "stop_token_ids", NULL};
 static const char *SYNC_KEYS[] = {"port", "timeout", "nccl", "host", "lora", NULL};
 static const char *LORA_KEYS[] = {"r", "lora_alpha", "use_rslora", "target_modules", NULL};
 
@@ -76,6 +79,17 @@ static int read_int_each(json_t *a, const char *key, int n, long long lo, long l
     return COLT_OK;
 }
 
+static unsigned char *put_u32(unsigned char *p, uint32_t v) {
+    for (int b = 0; b < 4; b++) p[b] = (unsigned char)(v >> (8 * b));
+    return p + 4;
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int parse_sampling(ColtGenerateRequest *r, json_t *o, const ColtApiContext *ctx, char *err);
+
 static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContext *ctx, char *err) {
     if (!json_is_object(o)) return errorf(err, "/colt/generate: the body must be a JSON object");
     if (check_keys(o, GENERATE_KEYS, "/colt/generate", err) != 0) return COLT_ERR;
@@ -127,6 +141,11 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
             return errorf(err, "/colt/generate: streams[%d] must be an integer in [0, 2^31-1]", i);
         r->streams[i] = (uint64_t)json_integer_value(s);
     }
+    return parse_sampling(r, o, ctx, err);
+}
+
+/* The sampling settings and stop ids of o (either form of the body). */
+static int parse_sampling(ColtGenerateRequest *r, json_t *o, const ColtApiContext *ctx, char *err) {
     SamplingParams *sp = &r->opt.sampling;
     *sp = (SamplingParams){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
     long long top_k = 0, seed = 0;
@@ -153,8 +172,108 @@ static int parse_generate(ColtGenerateRequest *r, json_t *o, const ColtApiContex
     return COLT_OK;
 }
 
+/* The binary body (colt_api.h): its settings object, then the prompts' records, each checked as the JSON
+ * form's; nothing may follow the last. */
+static int parse_generate_binary(ColtGenerateRequest *r, const unsigned char *p, size_t len, const ColtApiContext *ctx,
+                                 char *err) {
+    const unsigned char *end = p + len;
+    if (len < 12) return errorf(err, "/colt/generate: the binary body ends inside its header (%zu bytes)", len);
+    uint32_t settings_len = get_u32(p + 8);
+    p += 12;
+    if ((size_t)(end - p) < (size_t)settings_len + 4)
+        return errorf(err, "/colt/generate: the binary body ends inside its settings (%u bytes announced)", settings_len);
+    json_error_t je;
+    json_t *o = json_loadb((const char *)p, settings_len, 0, &je);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return errorf(err, "/colt/generate: the binary body's settings are not a JSON object");
+    }
+    p += settings_len;
+    long long max_tokens = 16;
+    int rc = check_keys(o, BINARY_SETTING_KEYS, "/colt/generate (binary body's settings)", err) != 0 ||
+                     read_int(o, "max_tokens", 1, ctx->max_tokens_limit, &max_tokens, err) != 0 ||
+                     parse_sampling(r, o, ctx, err) != 0
+                 ? COLT_ERR
+                 : COLT_OK;
+    json_decref(o);
+    if (rc != 0) return COLT_ERR;
+    uint32_t n = get_u32(p);
+    p += 4;
+    if (n < 1 || n > MAX_COMPLETIONS)
+        return errorf(err, "/colt/generate: the binary body holds %u prompts, not 1 .. %d", n, MAX_COMPLETIONS);
+    r->prompts = xcalloc(n, sizeof(int *));
+    r->prompt_lens = xcalloc(n, sizeof(int));
+    r->streams = xcalloc(n, sizeof(uint64_t));
+    r->first_positions = xcalloc(n, sizeof(int));
+    r->max_tokens_each = xcalloc(n, sizeof(int));
+    r->n_prompts = (int)n;
+    r->opt.max_new_tokens = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (end - p < 16) return errorf(err, "/colt/generate: the binary body ends inside prompt %u", i);
+        uint32_t stream = get_u32(p), position = get_u32(p + 4), budget = get_u32(p + 8), count = get_u32(p + 12);
+        p += 16;
+        if (stream > MAX_STREAM) return errorf(err, "/colt/generate: prompt %u: stream %u is above 2^31-1", i, stream);
+        if (position > (uint32_t)ctx->max_model_len)
+            return errorf(err, "/colt/generate: prompt %u: first position %u is past max_model_len %d", i, position,
+                          ctx->max_model_len);
+        if (budget > (uint32_t)ctx->max_tokens_limit)
+            return errorf(err, "/colt/generate: prompt %u: max_tokens %u is above the server's limit %d", i, budget,
+                          ctx->max_tokens_limit);
+        if (count < 1 || count > (uint32_t)ctx->max_model_len)
+            return errorf(err, "/colt/generate: prompt %u has %u token ids, not 1 .. %d", i, count, ctx->max_model_len);
+        if ((size_t)(end - p) < 4 * (size_t)count)
+            return errorf(err, "/colt/generate: the binary body ends inside prompt %u", i);
+        r->streams[i] = stream;
+        r->first_positions[i] = (int)position;
+        r->max_tokens_each[i] = budget ? (int)budget : (int)max_tokens;
+        if (r->max_tokens_each[i] > r->opt.max_new_tokens) r->opt.max_new_tokens = r->max_tokens_each[i];
+        r->prompt_lens[i] = (int)count;
+        r->prompts[i] = xmalloc(sizeof(int) * count);
+        for (uint32_t k = 0; k < count; k++, p += 4) {
+            uint32_t id = get_u32(p);
+            if (id >= (uint32_t)ctx->vocab_size)
+                return errorf(err, "/colt/generate: prompt %u: token %u is %u, not a token id below %d", i, k, id,
+                              ctx->vocab_size);
+            r->prompts[i][k] = (int)id;
+        }
+        if ((int)count + r->max_tokens_each[i] > ctx->max_model_len)
+            return errorf(err, "/colt/generate: prompt %u has %u tokens; with max_tokens %d that is more than the "
+                               "server's max_model_len %d",
+                          i, count, r->max_tokens_each[i], ctx->max_model_len);
+    }
+    if (p != end) return errorf(err, "/colt/generate: the binary body has %zu bytes after its last prompt", (size_t)(end - p));
+    return COLT_OK;
+}
+
+char *colt_generate_request_binary(const int *const *prompts, const int *prompt_lens, const uint64_t *streams,
+                                   const int *first_positions, const int *max_tokens_each, int n,
+                                   const char *settings_json, size_t *len) {
+    size_t settings_len = strlen(settings_json), size = 8 + 4 + settings_len + 4;
+    for (int i = 0; i < n; i++) size += 16 + 4 * (size_t)prompt_lens[i];
+    unsigned char *out = xmalloc(size), *p = out;
+    memcpy(p, COLT_REQUEST_MAGIC, 8);
+    p = put_u32(p + 8, (uint32_t)settings_len);
+    memcpy(p, settings_json, settings_len);
+    p = put_u32(p + settings_len, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        p = put_u32(p, (uint32_t)streams[i]);
+        p = put_u32(p, first_positions ? (uint32_t)first_positions[i] : 0u);
+        p = put_u32(p, max_tokens_each ? (uint32_t)max_tokens_each[i] : 0u);
+        p = put_u32(p, (uint32_t)prompt_lens[i]);
+        for (int k = 0; k < prompt_lens[i]; k++) p = put_u32(p, (uint32_t)prompts[i][k]);
+    }
+    COLT_ASSERT((size_t)(p - out) == size);
+    *len = size;
+    return (char *)out;
+}
+
 int colt_generate_parse(ColtGenerateRequest *out, const char *body, size_t len, const ColtApiContext *ctx, char *err) {
     memset(out, 0, sizeof *out);
+    if (len >= 8 && memcmp(body, COLT_REQUEST_MAGIC, 8) == 0) {
+        int rc = parse_generate_binary(out, (const unsigned char *)body, len, ctx, err);
+        if (rc != 0) colt_generate_free(out);
+        return rc;
+    }
     json_error_t je;
     json_t *o = json_loadb(body, len, 0, &je);
     if (!o) return errorf(err, "/colt/generate: the body is not JSON: %s (line %d)", je.text, je.line);
@@ -189,15 +308,6 @@ char *colt_generate_response_json(ServeRequest *sr, int64_t weight_updates) {
     char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(o);
     return text;
-}
-
-static unsigned char *put_u32(unsigned char *p, uint32_t v) {
-    for (int b = 0; b < 4; b++) p[b] = (unsigned char)(v >> (8 * b));
-    return p + 4;
-}
-
-static uint32_t get_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 char *colt_generate_response_binary(ServeRequest *sr, int64_t weight_updates, size_t *len) {

@@ -528,6 +528,12 @@ static bool loopback_host_header(const char *host) {
     return store_host_is_loopback(name);
 }
 
+/* Whether the Content-Type header type names want (parameters after ';' allowed). */
+static bool content_type_is(const char *type, const char *want) {
+    size_t n = strlen(want);
+    return type && strncasecmp(type, want, n) == 0 && (!type[n] || type[n] == ';' || type[n] == ' ');
+}
+
 /* Decides from the headers alone whether a request may go on; 0, or the
  * status it gets with msg. Browsers are the reason for the last three: a page
  * may send a "simple" cross-origin POST (text/plain, no preflight) to any
@@ -562,8 +568,10 @@ static int gate(HttpServer *s, struct MHD_Connection *conn, const char *url, boo
         return 403;
     }
     const char *type = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-    size_t n = strlen("application/json");
-    if (!type || strncasecmp(type, "application/json", n) != 0 || (type[n] && type[n] != ';' && type[n] != ' ')) {
+    /* /colt/generate also takes colt train's binary body (colt_api.h); no browser sends that type without a
+     * preflight, which this server never answers */
+    bool binary = strcmp(url, "/colt/generate") == 0 && content_type_is(type, COLT_GENERATE_BINARY_TYPE);
+    if (!content_type_is(type, "application/json") && !binary) {
         snprintf(msg, size, "the body must be JSON sent as 'Content-Type: application/json' (got %.60s)",
                  type ? type : "none");
         return 415;

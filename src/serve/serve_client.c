@@ -39,18 +39,20 @@ static size_t on_data(char *ptr, size_t size, size_t n, void *user) {
     return size * n;
 }
 
-/* One request (POST when json_body, else GET) bounded by timeout_s, with an
- * Accept line when accept is given. Returns the HTTP status (0 with err set
- * when no answer came) and the body in *out. */
-static long request(const ServeClient *c, const char *path, const char *json_body, const char *accept,
-                    double timeout_s, Body *out, char *err) {
+/* One request (POST of body[body_len] of content_type when body, else GET)
+ * bounded by timeout_s, with an Accept line when accept is given. Returns the
+ * HTTP status (0 with err set when no answer came) and the answer in *out. */
+static long request_with(const ServeClient *c, const char *path, const char *body, size_t body_len,
+                         const char *content_type, const char *accept, double timeout_s, Body *out, char *err) {
     *out = (Body){0};
     CURL *h = curl_easy_init();
     if (!h) return errorf(err, "libcurl: cannot create a handle"), 0;
     char *url = xmalloc(strlen(c->url) + strlen(path) + 1);
     strcpy(url, c->url);
     strcat(url, path);
-    struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    char type_line[128];
+    snprintf(type_line, sizeof type_line, "Content-Type: %s", content_type);
+    struct curl_slist *headers = curl_slist_append(NULL, type_line);
     if (c->auth) headers = curl_slist_append(headers, c->auth);
     if (accept) { /* else curl's default */
         char line[128];
@@ -64,7 +66,10 @@ static long request(const ServeClient *c, const char *path, const char *json_bod
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-    if (json_body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, json_body);
+    if (body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    }
     CURLcode rc = curl_easy_perform(h);
     long status = 0;
     if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
@@ -73,6 +78,13 @@ static long request(const ServeClient *c, const char *path, const char *json_bod
     curl_easy_cleanup(h);
     free(url);
     return status;
+}
+
+/* request_with for a JSON body (or a GET when json_body is NULL) and curl's default Accept. */
+static long request(const ServeClient *c, const char *path, const char *json_body, double timeout_s, Body *out,
+                    char *err) {
+    return request_with(c, path, json_body, json_body ? strlen(json_body) : 0, "application/json", NULL, timeout_s, out,
+                        err);
 }
 
 /* The server's error message from an OpenAI error object, else the body's start. */
@@ -104,7 +116,7 @@ static int open_one(ServeClient **out, const char *base_url, const char *api_key
     for (;;) {
         Body b;
         double left = deadline - time_now();
-        long status = request(c, "/health", NULL, NULL, left < 5 ? (left > 0.1 ? left : 0.1) : 5, &b, last);
+        long status = request(c, "/health", NULL, left < 5 ? (left > 0.1 ? left : 0.1) : 5, &b, last);
         if (status == 200) {
             free(b.data);
             *out = c;
@@ -204,7 +216,7 @@ int serve_client_post(ServeClient *c, const char *path, const char *json_body, c
         if (serve_client_post(c->replicas[i], path, json_body, err) != 0) return COLT_ERR;
     if (c->replicas) return COLT_OK;
     Body b;
-    long status = request(c, path, json_body, NULL, c->timeout_s, &b, err);
+    long status = request(c, path, json_body, c->timeout_s, &b, err);
     int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
     free(b.data);
     return rc;
@@ -214,7 +226,7 @@ int serve_client_get_json(ServeClient *c, const char *path, json_t **out, char *
     if (c->replicas) c = c->replicas[0];
     Body b;
     *out = NULL;
-    long status = request(c, path, NULL, NULL, c->timeout_s, &b, err);
+    long status = request(c, path, NULL, c->timeout_s, &b, err);
     int rc = status == 200 ? COLT_OK : status == 0 ? COLT_ERR : answer_error(status, &b, c->url, path, err);
     if (rc == 0 && !(*out = json_loadb(b.data ? b.data : "", b.len, 0, NULL)))
         rc = errorf(err, "colt serve at %s%s: the answer is not JSON (an older colt serve, or not colt serve?)", c->url,
@@ -266,31 +278,44 @@ static int generate_one(ServeClient *c, GenSequence *seqs, int n, const Generate
     const SamplingParams *sp = &opt->sampling;
     if (sp->seed > (uint64_t)INT64_MAX) return errorf(err, "server mode: seed %llu is above 2^63-1",
                                                       (unsigned long long)sp->seed);
-    json_t *prompts = json_array(), *streams = json_array();
+    /* the settings; the prompts, their streams, positions and budgets go as bytes (colt_api.h) */
+    json_t *q = json_pack("{s:i,s:f,s:i,s:f,s:f,s:f,s:I,s:o}", "max_tokens", opt->max_new_tokens, "temperature",
+                          (double)sp->temperature, "top_k", sp->top_k, "top_p", (double)sp->top_p, "min_p",
+                          (double)sp->min_p, "repetition_penalty", (double)sp->repetition_penalty, "seed",
+                          (json_int_t)sp->seed, "stop_token_ids", ints_json(opt->stop_ids, opt->n_stop_ids));
+    char *settings = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    const int **prompts = xmalloc(sizeof(int *) * (size_t)n);
+    int *lens = xmalloc(sizeof(int) * (size_t)n), *positions = xmalloc(sizeof(int) * (size_t)n);
+    uint64_t *streams = xmalloc(sizeof(uint64_t) * (size_t)n);
     for (int i = 0; i < n; i++) {
-        json_array_append_new(prompts, ints_json(seqs[i].prompt, seqs[i].prompt_len));
-        json_array_append_new(streams, json_integer((json_int_t)seqs[i].stream));
+        prompts[i] = seqs[i].prompt, lens[i] = seqs[i].prompt_len;
+        streams[i] = seqs[i].stream, positions[i] = seqs[i].first_position;
     }
-    json_t *q = json_pack("{s:o,s:o,s:i,s:f,s:i,s:f,s:f,s:f,s:I,s:o}", "prompts", prompts, "streams", streams,
-                          "max_tokens", opt->max_new_tokens, "temperature", (double)sp->temperature, "top_k", sp->top_k,
-                          "top_p", (double)sp->top_p, "min_p", (double)sp->min_p, "repetition_penalty",
-                          (double)sp->repetition_penalty, "seed", (json_int_t)sp->seed, "stop_token_ids",
-                          ints_json(opt->stop_ids, opt->n_stop_ids));
-    bool later_turns = false;
-    for (int i = 0; i < n; i++) later_turns = later_turns || seqs[i].first_position != 0;
-    if (later_turns) {
-        json_t *positions = json_array();
-        for (int i = 0; i < n; i++) json_array_append_new(positions, json_integer(seqs[i].first_position));
-        json_object_set_new(q, "first_positions", positions);
-    }
-    if (max_new_tokens) json_object_set_new(q, "max_tokens", ints_json(max_new_tokens, n));
-    char *text = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
-    json_decref(q);
+    size_t len = 0;
+    char *bytes = colt_generate_request_binary(prompts, lens, streams, positions, max_new_tokens, n, settings, &len);
+    free(settings), free(prompts), free(lens), free(positions), free(streams);
+    /* the answer as bytes too; a colt serve that predates them answers JSON, read below */
+    const char *accept = COLT_GENERATE_BINARY_TYPE ", application/json";
     Body b;
-    /* the answer as bytes (colt_api.h); a colt serve that predates them answers JSON, read below */
-    long status = request(c, "/colt/generate", text, COLT_GENERATE_BINARY_TYPE ", application/json", c->timeout_s, &b,
-                          err);
-    free(text);
+    long status = request_with(c, "/colt/generate", bytes, len, COLT_GENERATE_BINARY_TYPE, accept, c->timeout_s, &b, err);
+    free(bytes);
+    if (status == 415) { /* a colt serve that predates the binary body: the whole request as JSON */
+        free(b.data);
+        json_t *all_prompts = json_array(), *all_streams = json_array(), *all_positions = json_array();
+        for (int i = 0; i < n; i++) {
+            json_array_append_new(all_prompts, ints_json(seqs[i].prompt, seqs[i].prompt_len));
+            json_array_append_new(all_streams, json_integer((json_int_t)seqs[i].stream));
+            json_array_append_new(all_positions, json_integer(seqs[i].first_position));
+        }
+        json_object_set_new(q, "prompts", all_prompts);
+        json_object_set_new(q, "streams", all_streams);
+        json_object_set_new(q, "first_positions", all_positions);
+        if (max_new_tokens) json_object_set_new(q, "max_tokens", ints_json(max_new_tokens, n));
+        char *text = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        status = request_with(c, "/colt/generate", text, strlen(text), "application/json", accept, c->timeout_s, &b, err);
+        free(text);
+    }
+    json_decref(q);
     int rc = COLT_OK;
     if (status == 0) rc = error_prefix(err, "server mode: generation (vllm_server_timeout %.0f s)", c->timeout_s);
     else if (status != 200) rc = answer_error(status, &b, c->url, "/colt/generate", err);

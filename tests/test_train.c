@@ -274,6 +274,80 @@ int main(void) {
     CHECK(same_metrics && same_weights, "mid-round resume differs:\n--- uninterrupted\n%s--- resumed\n%s", mu, mi);
     free(mu), free(mi);
 
+    /* 3b. a second SIGINT stops at once, without saving: the step waits on a reward program that never
+     * answers (its timeout 60 s), so only the second signal can end it now */
+    char twice_dir[300], twice_err[320];
+    snprintf(twice_dir, sizeof twice_dir, "%s/sigint_twice", g_tmp);
+    snprintf(twice_err, sizeof twice_err, "%s/sigint_twice.err", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "exec %s train %s --max_steps 4 --eval_dataset null --output_dir %s --reward_funcs "
+             "'[{\"type\": \"command\", \"command\": \"sleep 47\", \"timeout\": 60}]'",
+             COLT_BINARY, BASE, twice_dir);
+    pid = start_command(cmd, NULL, twice_err);
+    /* the run's handler is in place once it logs its CPU threads (the line before it); the step then
+     * waits on the reward program, which starts with the run */
+    bool waiting = false;
+    for (int waited = 0; waited < 600 && !waiting; waited++) {
+        char *text = NULL;
+        size_t len = 0;
+        waiting = file_read_all(twice_err, &text, &len, NULL) == 0 && strstr(text, "CPU threads") &&
+                  system("pgrep -f 'sleep 47' > /dev/null") == 0;
+        free(text);
+        if (!waiting) usleep(100000);
+    }
+    usleep(500000);
+    kill(pid, SIGINT);
+    usleep(1500000); /* a second signal sooner than 1 s is taken for the same Ctrl-C arriving twice */
+    bool alive_after_one = waitpid(pid, &status, WNOHANG) == 0;
+    double t_second = now_s();
+    kill(pid, SIGINT);
+    waitpid(pid, &status, 0);
+    double took = now_s() - t_second;
+    char *twice_text = NULL;
+    size_t twice_len = 0;
+    file_read_all(twice_err, &twice_text, &twice_len, NULL);
+    char *ck = path_join(twice_dir, "checkpoint-1");
+    printf("SIGINT twice: the run was in its step: %s, alive after the first: %s, ended %.2f s after the second by "
+           "signal %d, checkpoint: %s\n", waiting ? "yes" : "no", alive_after_one ? "yes" : "no", took,
+           WIFSIGNALED(status) ? WTERMSIG(status) : 0, file_exists(ck) ? "yes" : "no");
+    CHECK(waiting && alive_after_one && WIFSIGNALED(status) && WTERMSIG(status) == SIGINT && took < 5 &&
+              !file_exists(ck) && twice_text && strstr(twice_text, "again to stop at once, without saving"),
+          "SIGINT twice: status %d after %.2f s, stderr: %s", status, took, twice_text ? twice_text : "");
+    free(ck), free(twice_text);
+    system("pkill -f 'sleep 47' > /dev/null 2>&1");
+
+    /* 3c. Ctrl-C in a terminal with colt's own launcher (2 CPU ranks): the process group gets SIGINT and
+     * the launcher forwards it, so each rank sees it twice within milliseconds: still one graceful stop */
+    char group_dir[300];
+    snprintf(group_dir, sizeof group_dir, "%s/sigint_group", g_tmp);
+    snprintf(cmd, sizeof cmd, "exec setsid %s train %s --max_steps 200 --save_steps 0 --eval_dataset null "
+             "--nproc_per_node 2 --device cpu --output_dir %s", COLT_BINARY, BASE, group_dir);
+    pid = start_command(cmd, NULL, NULL);
+    char *gpath = path_join(group_dir, "metrics.jsonl");
+    for (int waited = 0; waited < 6000; waited++) {
+        char *m = NULL;
+        size_t len;
+        bool two = file_read_all(gpath, &m, &len, NULL) == 0 && count_lines(m) >= 2;
+        free(m);
+        if (two) break;
+        usleep(20000);
+    }
+    free(gpath);
+    kill(-pid, SIGINT); /* setsid: pid leads its own group, the ranks in it */
+    waitpid(pid, &status, 0);
+    int group_ckpt = -1;
+    for (int s_ = 1; s_ <= 200; s_++) {
+        char name[64];
+        snprintf(name, sizeof name, "checkpoint-%d", s_);
+        char *p_ = path_join(group_dir, name);
+        if (file_exists(p_)) group_ckpt = s_;
+        free(p_);
+    }
+    printf("Ctrl-C to the process group of 2 ranks: exit %d, checkpoint-%d saved\n",
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, group_ckpt);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && group_ckpt >= 2 && group_ckpt < 200,
+          "Ctrl-C to the group: status %d, checkpoint-%d", status, group_ckpt);
+
     /* 4. a reward program that crashes on its second call */
     char crash_dir[300];
     snprintf(crash_dir, sizeof crash_dir, "%s/crash", g_tmp);

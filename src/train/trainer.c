@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -50,10 +51,35 @@
 #include "train/tensorboard.h"
 #include "parallel/train_dist.h"
 
+/* SIGINT / SIGTERM: the first asks every rank to stop after the step and save (a step may take
+ * minutes: a whole round's generation); another one a second or more later stops this process at
+ * once, as the signal's default does, without saving. Sooner it is the same Ctrl-C arriving twice
+ * (from the terminal to the whole process group, and forwarded by a launcher). Only async-signal-safe
+ * calls here; the handler runs with both signals blocked. */
+#define SECOND_SIGNAL_AFTER_S 1.0
 static volatile sig_atomic_t g_stop_requested = 0;
+static volatile sig_atomic_t g_tell_stop = 0; /* this process says so on stderr (rank 0) */
+static double g_first_signal_at;              /* written by the handler only */
+static double signal_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 static void on_stop_signal(int sig) {
-    (void)sig;
+    if (g_stop_requested) {
+        if (signal_clock() - g_first_signal_at < SECOND_SIGNAL_AFTER_S) return;
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    g_first_signal_at = signal_clock();
     g_stop_requested = 1;
+    static const char msg[] = "colt train: stopping after this step and saving a checkpoint (again to stop at once, "
+                              "without saving)\n";
+    if (g_tell_stop) {
+        ssize_t written = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)written; /* nothing to do if stderr is gone */
+    }
 }
 
 /* Names what the backend allocates next and the plan's figure for it, so that
@@ -938,9 +964,13 @@ int trainer_run(TrainConfig *c, const LaunchEnv *env, char *err) {
         log_info0("CPU threads: %d per rank (%s)", t.mesh.host_threads, t.mesh.host_threads_why);
     struct sigaction sa = {0};
     sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     g_stop_requested = 0;
+    g_tell_stop = env->rank == 0;
 
     double eval_before = NAN;
     int rc = trainer_begin(&t, &eval_before, err);

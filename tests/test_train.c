@@ -311,7 +311,7 @@ int main(void) {
            "signal %d, checkpoint: %s\n", waiting ? "yes" : "no", alive_after_one ? "yes" : "no", took,
            WIFSIGNALED(status) ? WTERMSIG(status) : 0, file_exists(ck) ? "yes" : "no");
     CHECK(waiting && alive_after_one && WIFSIGNALED(status) && WTERMSIG(status) == SIGINT && took < 5 &&
-              !file_exists(ck) && twice_text && strstr(twice_text, "again to stop at once, without saving"),
+              !file_exists(ck) && twice_text && strstr(twice_text, "Ctrl-C again, a second later, stops at once without saving"),
           "SIGINT twice: status %d after %.2f s, stderr: %s", status, took, twice_text ? twice_text : "");
     free(ck), free(twice_text);
     system("pkill -f 'sleep 47' > /dev/null 2>&1");

@@ -74,9 +74,11 @@ static void on_stop_signal(int sig) {
     }
     g_first_signal_at = signal_clock();
     g_stop_requested = 1;
-    static const char msg[] = "colt train: stopping after this step and saving a checkpoint (again to stop at once, "
-                              "without saving)\n";
-    if (g_tell_stop) {
+    /* Ctrl-C only: a SIGTERM comes from a supervisor or a launcher ending the job, and lines that
+     * start "colt train: " are errors */
+    static const char msg[] = "Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again, a second "
+                              "later, stops at once without saving)\n";
+    if (g_tell_stop && sig == SIGINT) {
         ssize_t written = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)written; /* nothing to do if stderr is gone */
     }

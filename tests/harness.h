@@ -5,6 +5,7 @@
 #ifndef COLT_TESTS_HARNESS_H
 #define COLT_TESTS_HARNESS_H
 
+#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -169,6 +170,34 @@ static inline int count_lines(const char *s) {
     int n = 0;
     for (; s && *s; s++) n += *s == '\n';
     return n;
+}
+
+/* The steps a run has logged so far (lines of dir/metrics.jsonl). */
+static inline int count_metric_lines(const char *dir) {
+    char *text = read_text(dir, "metrics.jsonl");
+    int n = count_lines(text);
+    free(text);
+    return n;
+}
+
+/* Waits (at most seconds) until a run has logged n steps. */
+static inline void wait_for_metric_lines(const char *dir, int n, double seconds) {
+    double start = now_s();
+    while (count_metric_lines(dir) < n && now_s() - start < seconds) usleep(20000);
+}
+
+/* The step of the newest checkpoint-N folder in dir, or -1. */
+static inline int newest_checkpoint(const char *dir) {
+    int best = -1;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int s;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &s, &tail) == 1 && s > best) best = s;
+    }
+    if (d) closedir(d);
+    return best;
 }
 
 /* metrics.jsonl with sorted keys and without the timings (step_time, time/...),

@@ -185,19 +185,6 @@ static int unexpected_files(const char *dir) {
     return n;
 }
 
-static int count_metric_lines(const char *dir) {
-    char *text = read_text(dir, "metrics.jsonl");
-    int n = 0;
-    for (const char *c = text; c && *c; c++) n += *c == '\n';
-    free(text);
-    return n;
-}
-
-static void wait_for_metric_lines(const char *dir, int n, double seconds) {
-    double start = now_s();
-    while (count_metric_lines(dir) < n && now_s() - start < seconds) usleep(20000);
-}
-
 /* A colt process whose parent is pid (a rank under mpirun), or 0. */
 static pid_t child_colt(pid_t parent) {
     char cmd[128], line[64];
@@ -207,19 +194,6 @@ static pid_t child_colt(pid_t parent) {
     if (p && fgets(line, sizeof line, p)) pid = (pid_t)atoi(line);
     if (p) pclose(p);
     return pid;
-}
-
-static int newest_checkpoint(const char *dir) {
-    int best = -1;
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int s;
-        char tail;
-        if (sscanf(e->d_name, "checkpoint-%d%c", &s, &tail) == 1 && s > best) best = s;
-    }
-    if (d) closedir(d);
-    return best;
 }
 
 /* TRL's entropy mask takes its quantile over the micro-batch of every process: two ranks of 8 samples

@@ -283,20 +283,6 @@ static char *listing(const char *dir) {
 
 /* ---------------------------------------------------------------- 7. kill -9 */
 
-/* The newest complete checkpoint-N in dir (-1 if none). */
-static int newest_checkpoint(const char *dir) {
-    int best = -1;
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int s;
-        char tail;
-        if (sscanf(e->d_name, "checkpoint-%d%c", &s, &tail) == 1 && s > best) best = s;
-    }
-    closedir(d);
-    return best;
-}
 
 /* True when every checkpoint-N folder in dir holds all its files. */
 static bool checkpoints_complete(const char *dir) {
@@ -350,13 +336,6 @@ static char *entry_with_prefix(const char *dir, const char *prefix) {
         if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) found = strdup(e->d_name);
     if (d) closedir(d);
     return found;
-}
-
-static int count_metric_lines(const char *dir) {
-    char *text = read_text(dir, "metrics.jsonl");
-    int n = count_lines(text);
-    free(text);
-    return n;
 }
 
 /* step_s: the time of one step (with its checkpoint) of the uninterrupted run. */

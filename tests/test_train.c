@@ -213,31 +213,12 @@ int main(void) {
     /* exec: the signal must reach colt itself, not a shell around it. */
     snprintf(cmd, sizeof cmd, "exec %s train %s %s --output_dir %s", COLT_BINARY, BASE, resume_cfg, i_dir);
     pid_t pid = start_command(cmd, NULL, NULL);
-    /* Interrupt once three steps are logged (an odd step: mid-round). */
-    char *mpath = path_join(i_dir, "metrics.jsonl");
-    for (int waited = 0; waited < 6000; waited++) {
-        char *m = NULL;
-        size_t len;
-        if (file_read_all(mpath, &m, &len, NULL) == 0 && count_lines(m) >= 3) {
-            free(m);
-            break;
-        }
-        free(m);
-        usleep(20000);
-    }
-    free(mpath);
+    wait_for_metric_lines(i_dir, 3, 120); /* interrupt once three steps are logged (an odd step: mid-round) */
     kill(pid, SIGINT);
     int status = 0;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "interrupted run did not exit 0 (status %d)", status);
-    int ckpt = -1;
-    for (int s = 1; s <= 8; s++) {
-        char name[64];
-        snprintf(name, sizeof name, "checkpoint-%d", s);
-        char *p = path_join(i_dir, name);
-        if (file_exists(p)) ckpt = s;
-        free(p);
-    }
+    int ckpt = newest_checkpoint(i_dir);
     printf("SIGINT: exit %d, checkpoint saved at step %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1, ckpt);
     CHECK(ckpt >= 1 && ckpt < 8, "no checkpoint after SIGINT");
     snprintf(args, sizeof args, "%s %s --output_dir %s --resume_from_checkpoint %s/checkpoint-%d", BASE, resume_cfg,
@@ -278,7 +259,7 @@ int main(void) {
      * answers (its timeout 60 s), so only the second signal can end it now */
     char twice_dir[300], twice_err[320];
     snprintf(twice_dir, sizeof twice_dir, "%s/sigint_twice", g_tmp);
-    snprintf(twice_err, sizeof twice_err, "%s/sigint_twice.err", g_tmp);
+    snprintf(twice_err, sizeof twice_err, "%s/sigint_twice.err", g_tmp); /* read back as g_tmp's sigint_twice.err */
     snprintf(cmd, sizeof cmd,
              "exec %s train %s --max_steps 4 --eval_dataset null --output_dir %s --reward_funcs "
              "'[{\"type\": \"command\", \"command\": \"sleep 47\", \"timeout\": 60}]'",
@@ -288,10 +269,8 @@ int main(void) {
      * waits on the reward program, which starts with the run */
     bool waiting = false;
     for (int waited = 0; waited < 600 && !waiting; waited++) {
-        char *text = NULL;
-        size_t len = 0;
-        waiting = file_read_all(twice_err, &text, &len, NULL) == 0 && strstr(text, "CPU threads") &&
-                  system("pgrep -f 'sleep 47' > /dev/null") == 0;
+        char *text = read_text(g_tmp, "sigint_twice.err");
+        waiting = text && strstr(text, "CPU threads") && system("pgrep -f 'sleep 47' > /dev/null") == 0;
         free(text);
         if (!waiting) usleep(100000);
     }
@@ -303,17 +282,15 @@ int main(void) {
     kill(pid, SIGINT);
     waitpid(pid, &status, 0);
     double took = now_s() - t_second;
-    char *twice_text = NULL;
-    size_t twice_len = 0;
-    file_read_all(twice_err, &twice_text, &twice_len, NULL);
-    char *ck = path_join(twice_dir, "checkpoint-1");
+    char *twice_text = read_text(g_tmp, "sigint_twice.err");
+    bool saved = exists_in(twice_dir, "checkpoint-1");
     printf("SIGINT twice: the run was in its step: %s, alive after the first: %s, ended %.2f s after the second by "
            "signal %d, checkpoint: %s\n", waiting ? "yes" : "no", alive_after_one ? "yes" : "no", took,
-           WIFSIGNALED(status) ? WTERMSIG(status) : 0, file_exists(ck) ? "yes" : "no");
+           WIFSIGNALED(status) ? WTERMSIG(status) : 0, saved ? "yes" : "no");
     CHECK(waiting && alive_after_one && WIFSIGNALED(status) && WTERMSIG(status) == SIGINT && took < 5 &&
-              !file_exists(ck) && twice_text && strstr(twice_text, "Ctrl-C again, a second later, stops at once without saving"),
+              !saved && twice_text && strstr(twice_text, "Ctrl-C again, a second later, stops at once without saving"),
           "SIGINT twice: status %d after %.2f s, stderr: %s", status, took, twice_text ? twice_text : "");
-    free(ck), free(twice_text);
+    free(twice_text);
     system("pkill -f 'sleep 47' > /dev/null 2>&1");
 
     /* 3c. Ctrl-C in a terminal with colt's own launcher (2 CPU ranks): the process group gets SIGINT and
@@ -323,26 +300,10 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "exec setsid %s train %s --max_steps 200 --save_steps 0 --eval_dataset null "
              "--nproc_per_node 2 --device cpu --output_dir %s", COLT_BINARY, BASE, group_dir);
     pid = start_command(cmd, NULL, NULL);
-    char *gpath = path_join(group_dir, "metrics.jsonl");
-    for (int waited = 0; waited < 6000; waited++) {
-        char *m = NULL;
-        size_t len;
-        bool two = file_read_all(gpath, &m, &len, NULL) == 0 && count_lines(m) >= 2;
-        free(m);
-        if (two) break;
-        usleep(20000);
-    }
-    free(gpath);
+    wait_for_metric_lines(group_dir, 2, 120);
     kill(-pid, SIGINT); /* setsid: pid leads its own group, the ranks in it */
     waitpid(pid, &status, 0);
-    int group_ckpt = -1;
-    for (int s_ = 1; s_ <= 200; s_++) {
-        char name[64];
-        snprintf(name, sizeof name, "checkpoint-%d", s_);
-        char *p_ = path_join(group_dir, name);
-        if (file_exists(p_)) group_ckpt = s_;
-        free(p_);
-    }
+    int group_ckpt = newest_checkpoint(group_dir);
     printf("Ctrl-C to the process group of 2 ranks: exit %d, checkpoint-%d saved\n",
            WIFEXITED(status) ? WEXITSTATUS(status) : -1, group_ckpt);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && group_ckpt >= 2 && group_ckpt < 200,

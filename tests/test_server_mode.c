@@ -288,12 +288,12 @@ static long post_generate(int port, const void *body, size_t len, const char *co
  * a cut, a longer, a miscounted or a foreign answer. */
 #define GENERATE_JSON "{\"prompts\": [[1, 403, 407]], \"streams\": [7], \"max_tokens\": 4}"
 static void check_binary_forms(int port, const char *json_text) {
-    const int prompt[] = {1, 403, 407}, *prompts[] = {prompt}, lens[] = {3};
-    const uint64_t streams[] = {7};
+    const int prompt[] = {1, 403, 407};
+    const GenSequence seq = {.prompt = prompt, .prompt_len = 3, .stream = 7};
     size_t req_len = 0, len = 0, len2 = 0;
     const char *settings = "{\"max_tokens\": 4}";
     const size_t at_n = 12 + strlen(settings), at_prompt = at_n + 4; /* the prompt count, the first prompt's record */
-    char *req = colt_generate_request_binary(prompts, lens, streams, NULL, NULL, 1, settings, &req_len);
+    char *req = colt_generate_request_binary(&seq, 1, NULL, settings, &req_len);
     char *bytes = NULL, *bytes2 = NULL;
     long status = post_generate(port, GENERATE_JSON, strlen(GENERATE_JSON), "application/json",
                                 COLT_GENERATE_BINARY_TYPE, &bytes, &len);
@@ -353,7 +353,7 @@ static void check_binary_forms(int port, const char *json_text) {
                                      {"[4]", "not a JSON object"}};
     for (int i = 0; i < 2; i++) {
         size_t n = 0;
-        char *body = colt_generate_request_binary(prompts, lens, streams, NULL, NULL, 1, bad_settings[i][0], &n);
+        char *body = colt_generate_request_binary(&seq, 1, NULL, bad_settings[i][0], &n);
         st = post_generate(port, body, n, COLT_GENERATE_BINARY_TYPE, "application/json", &answer, &answer_len);
         CHECK(st == 400 && strstr(answer, bad_settings[i][1]), "binary settings %s: %ld %s", bad_settings[i][0], st,
               answer);

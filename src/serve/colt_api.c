@@ -245,22 +245,22 @@ static int parse_generate_binary(ColtGenerateRequest *r, const unsigned char *p,
     return COLT_OK;
 }
 
-char *colt_generate_request_binary(const int *const *prompts, const int *prompt_lens, const uint64_t *streams,
-                                   const int *first_positions, const int *max_tokens_each, int n,
+char *colt_generate_request_binary(const GenSequence *seqs, int n, const int *max_tokens_each,
                                    const char *settings_json, size_t *len) {
     size_t settings_len = strlen(settings_json), size = 8 + 4 + settings_len + 4;
-    for (int i = 0; i < n; i++) size += 16 + 4 * (size_t)prompt_lens[i];
+    for (int i = 0; i < n; i++) size += 16 + 4 * (size_t)seqs[i].prompt_len;
     unsigned char *out = xmalloc(size), *p = out;
     memcpy(p, COLT_REQUEST_MAGIC, 8);
     p = put_u32(p + 8, (uint32_t)settings_len);
     memcpy(p, settings_json, settings_len);
     p = put_u32(p + settings_len, (uint32_t)n);
     for (int i = 0; i < n; i++) {
-        p = put_u32(p, (uint32_t)streams[i]);
-        p = put_u32(p, first_positions ? (uint32_t)first_positions[i] : 0u);
+        const GenSequence *g = &seqs[i];
+        p = put_u32(p, (uint32_t)g->stream);
+        p = put_u32(p, (uint32_t)g->first_position);
         p = put_u32(p, max_tokens_each ? (uint32_t)max_tokens_each[i] : 0u);
-        p = put_u32(p, (uint32_t)prompt_lens[i]);
-        for (int k = 0; k < prompt_lens[i]; k++) p = put_u32(p, (uint32_t)prompts[i][k]);
+        p = put_u32(p, (uint32_t)g->prompt_len);
+        for (int k = 0; k < g->prompt_len; k++) p = put_u32(p, (uint32_t)g->prompt[k]);
     }
     COLT_ASSERT((size_t)(p - out) == size);
     *len = size;

@@ -60,11 +60,10 @@ typedef struct ColtGenerateRequest {
  * then per prompt u32 stream, u32 first position, u32 max_tokens (0: the
  * settings'), u32 length n and n i32 token ids. colt_generate_parse reads
  * either form (this one by its first 8 bytes); colt_generate_request_binary
- * writes it (malloc'd, *len bytes; first_positions and max_tokens_each may be
- * NULL). */
+ * writes it for seqs[n] (their prompts, streams and first positions;
+ * max_tokens_each may be NULL), malloc'd, *len bytes. */
 #define COLT_REQUEST_MAGIC "COLTREQ1"
-char *colt_generate_request_binary(const int *const *prompts, const int *prompt_lens, const uint64_t *streams,
-                                   const int *first_positions, const int *max_tokens_each, int n,
+char *colt_generate_request_binary(const GenSequence *seqs, int n, const int *max_tokens_each,
                                    const char *settings_json, size_t *len);
 
 /* Returns 0, or -1 with err set to a message for an HTTP 400. */

@@ -284,16 +284,9 @@ static int generate_one(ServeClient *c, GenSequence *seqs, int n, const Generate
                           (double)sp->min_p, "repetition_penalty", (double)sp->repetition_penalty, "seed",
                           (json_int_t)sp->seed, "stop_token_ids", ints_json(opt->stop_ids, opt->n_stop_ids));
     char *settings = json_dumps(q, JSON_COMPACT | JSON_REAL_PRECISION(17));
-    const int **prompts = xmalloc(sizeof(int *) * (size_t)n);
-    int *lens = xmalloc(sizeof(int) * (size_t)n), *positions = xmalloc(sizeof(int) * (size_t)n);
-    uint64_t *streams = xmalloc(sizeof(uint64_t) * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        prompts[i] = seqs[i].prompt, lens[i] = seqs[i].prompt_len;
-        streams[i] = seqs[i].stream, positions[i] = seqs[i].first_position;
-    }
     size_t len = 0;
-    char *bytes = colt_generate_request_binary(prompts, lens, streams, positions, max_new_tokens, n, settings, &len);
-    free(settings), free(prompts), free(lens), free(positions), free(streams);
+    char *bytes = colt_generate_request_binary(seqs, n, max_new_tokens, settings, &len);
+    free(settings);
     /* the answer as bytes too; a colt serve that predates them answers JSON, read below */
     const char *accept = COLT_GENERATE_BINARY_TYPE ", application/json";
     Body b;

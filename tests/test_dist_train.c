@@ -433,20 +433,34 @@ int main(void) {
     char ck_shard[400];
     snprintf(ck_shard, sizeof ck_shard, "%s/checkpoint-1/optimizer-rank00001-of-00002.safetensors", z1);
     CHECK(file_exists(ck_shard), "zero_stage 1 checkpoint has no shard file %s", ck_shard);
-    /* one process with the optimizer offloaded: the same bits as without. Under the sanitizers left to Release:
-     * z1_offload runs the offload step sanitized (on a shard rather than the whole) */
+    /* one process with 60% of the optimizer offloaded (offload_optimizer_ratio; the device updates the rest):
+     * the same bits as without, and its checkpoint resumes without offload to the same bits too (the state file
+     * does not depend on where the state lived). Under the sanitizers left to Release: z1_offload runs the
+     * offload step sanitized (on a shard rather than the whole, all of it on the host) */
 #if !defined(__SANITIZE_ADDRESS__)
-    char one_off[300];
+    char one_off[300], one_off_resumed[300];
     snprintf(one_off, sizeof one_off, "%s/one_offload", g_tmp);
     snprintf(args, sizeof args, "%s --max_steps 2 --save_steps 1 --per_device_train_batch_size 8 "
-             "--gradient_accumulation_steps 2 --offload_optimizer cpu --output_dir %s", BASE, one_off);
+             "--gradient_accumulation_steps 2 --offload_optimizer cpu --offload_optimizer_ratio 0.6 --output_dir %s",
+             BASE, one_off);
     code = run("", args, &err);
-    CHECK(code == 0, "one process, offload_optimizer cpu: exit %d: %s", code, err);
+    CHECK(code == 0, "one process, offload_optimizer cpu, ratio 0.6: exit %d: %s", code, err);
+    CHECK(strstr(err, "state on the host for 60% (offload_optimizer cpu, ratio 0.6), the device for the rest"),
+          "the log does not say where the optimizer state lives: %s", err);
     free(err);
     bool same_off = same_file(one, one_off, "model.safetensors");
-    printf("one process, offload_optimizer cpu: final weights identical to the optimizer on the device: %s\n",
-           same_off ? "yes" : "NO");
-    CHECK(same_off, "offload_optimizer cpu changed the result");
+    printf("one process, offload_optimizer cpu, ratio 0.6: final weights identical to the optimizer on the device: "
+           "%s\n", same_off ? "yes" : "NO");
+    CHECK(same_off, "offload_optimizer cpu (ratio 0.6) changed the result");
+    snprintf(one_off_resumed, sizeof one_off_resumed, "%s/one_offload_resumed", g_tmp);
+    snprintf(args, sizeof args, "%s --max_steps 2 --per_device_train_batch_size 8 --gradient_accumulation_steps 2 "
+             "--output_dir %s --resume_from_checkpoint %s/checkpoint-1", BASE, one_off_resumed, one_off);
+    code = run("", args, &err);
+    bool same_resumed = code == 0 && same_file(one, one_off_resumed, "model.safetensors");
+    printf("its checkpoint-1 resumed with the optimizer on the device: exit %d, final weights identical: %s\n", code,
+           same_resumed ? "yes" : "NO");
+    CHECK(same_resumed, "offloaded (ratio 0.6) checkpoint resumed on the device: exit %d: %s", code, err);
+    free(err);
 #endif
     /* the sharded checkpoint resumed at world size 2 (exact), 4 and 1 (resharded; the gradient sums group
      * differently, so within float rounding) */

@@ -104,6 +104,8 @@ int main(void) {
     /* 1. plan against the allocator on the CPU */
     plan_matches_run("demo, 1 process", "", "", 1);
     plan_matches_run("demo, 1 process, offload_optimizer cpu", "", "--offload_optimizer cpu", 1);
+    plan_matches_run("demo, 1 process, offload_optimizer cpu, ratio 0.5", "",
+                     "--offload_optimizer cpu --offload_optimizer_ratio 0.5", 1);
     plan_matches_run("demo, 1 process, zero_stage 2", "", "--zero_stage 2", 1);
     if (system("command -v mpirun > /dev/null 2>&1") == 0) {
         const char *mpirun = MPIRUN_2;
@@ -170,6 +172,35 @@ int main(void) {
     /* 7.6e9 parameters x 12 bytes = 85 GiB on the host; on the GPU 2 + 4 bytes each = 42.6 GiB and activations */
     CHECK(host_opt > 84 && host_opt < 86 && part(plan, "peak") > 42 && part(plan, "peak") < 80,
           "7B with offload: host %.1f GB, peak %.1f GB", host_opt, part(plan, "peak"));
+    json_decref(plan);
+    free(out), free(err);
+    /* On a 141 GB device the same run has room to spare: the plan names the ratio that keeps part of the state
+     * on the device, and planned with that ratio the run still fits, the state split as the ratio says */
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 141 "
+             "--host_memory_gb 128 --offload_optimizer cpu --per_device_train_batch_size 32 "
+             "--gradient_accumulation_steps 4", bench, model, g_tmp);
+    code = colt("", args, &out, &err);
+    plan = json_loads(out, 0, NULL);
+    double room_ratio = json_number_value(json_object_get(plan, "offload_optimizer_ratio_room"));
+    CHECK(code == 0 && plan && room_ratio > 0 && room_ratio < 1, "7B with offload on 141 GB: exit %d, ratio room %g: %s",
+          code, room_ratio, out);
+    json_decref(plan);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --model %s --output_dir %s/o --dry_run --json --device_memory_gb 141 "
+             "--host_memory_gb 128 --offload_optimizer cpu --offload_optimizer_ratio %g --per_device_train_batch_size 32 "
+             "--gradient_accumulation_steps 4", bench, model, g_tmp, room_ratio);
+    code = colt("", args, &out, &err);
+    plan = json_loads(out, 0, NULL);
+    double host_part = json_number_value(json_object_get(json_object_get(plan, "host_gb"), "optimizer_state"));
+    double device_part = plan ? part(plan, "optimizer_state") : 0, state = 7.6157e9 * 12 / (1 << 30);
+    printf("7B with offload on 141 GB: the plan names offload_optimizer_ratio %.2f; with it, %.1f GB of the state on "
+           "the device and %.1f GB on the host, peak %.1f GB\n", room_ratio, device_part, host_part,
+           plan ? part(plan, "expected_peak") : 0);
+    CHECK(code == 0 && plan && json_is_true(json_object_get(plan, "fits")) &&
+              fabs(device_part - (1 - room_ratio) * state) < 0.01 * state && fabs(host_part - room_ratio * state) < 0.01 * state &&
+              part(plan, "expected_peak") + 2 <= 141,
+          "7B with offload_optimizer_ratio %g on 141 GB: exit %d, device %.2f GB, host %.2f GB: %s %s", room_ratio, code,
+          device_part, host_part, out, err);
     json_decref(plan);
     free(out), free(err);
 

@@ -88,6 +88,7 @@ static const DoubleRange DOUBLE_KEYS[] = {
     {"learning_rate", 0, 100, false, false, false},
     {"warmup_ratio", 0, 1, false, false, false},
     {"weight_decay", 0, 100, false, false, false},
+    {"offload_optimizer_ratio", 0, 1, false, false, false},
     {"adam_beta1", 0, 1, false, true, false},
     {"adam_beta2", 0, 1, false, true, false},
     {"adam_epsilon", 1e-30, 1, false, false, false},
@@ -1198,9 +1199,10 @@ static void test_deepspeed_json(void) {
         "\"train_micro_batch_size_per_gpu\": \"auto\", \"train_batch_size\": \"auto\", \"steps_per_print\": 10}",
         NULL, err);
     CHECK(rc == 0, "DeepSpeed file: %s", err);
-    CHECK(c.zero_stage == 1 && strcmp(c.offload_optimizer, "cpu") == 0 && c.ddp_bucket_cap_mb == 100,
-          "DeepSpeed file gave zero_stage %d, offload %s, bucket %d MB", c.zero_stage, c.offload_optimizer,
-          c.ddp_bucket_cap_mb);
+    CHECK(c.zero_stage == 1 && strcmp(c.offload_optimizer, "cpu") == 0 && c.ddp_bucket_cap_mb == 100 &&
+              c.offload_optimizer_ratio == 1.0,
+          "DeepSpeed file gave zero_stage %d, offload %s (ratio %g), bucket %d MB", c.zero_stage, c.offload_optimizer,
+          c.offload_optimizer_ratio, c.ddp_bucket_cap_mb);
     const char *noticed[] = {"deepspeed.zero_optimization.overlap_comm", "deepspeed.zero_optimization.contiguous_gradients",
                              "deepspeed.bf16", "deepspeed.steps_per_print",
                              "deepspeed.zero_optimization.offload_optimizer.pin_memory"};
@@ -1221,6 +1223,16 @@ static void test_deepspeed_json(void) {
     for (size_t i = 0; rc == 0 && i < sizeof noticed3 / sizeof noticed3[0]; i++)
         CHECK(json_object_get(c.notices, noticed3[i]) != NULL, "no notice line for %s", noticed3[i]);
     train_config_free(&c);
+    /* ZeRO-Offload++'s ratio: the share of the state on the host */
+    rc = finalize_with_deepspeed(&c, "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", "
+                                     "\"ratio\": 0.3}}}", NULL, err);
+    CHECK(rc == 0 && c.offload_optimizer_ratio == 0.3, "DeepSpeed ratio 0.3: rc %d, ratio %g: %s", rc,
+          c.offload_optimizer_ratio, err);
+    train_config_free(&c);
+    rc = finalize_with_deepspeed(&c, "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\", "
+                                     "\"ratio\": 0.3}}}", "offload_optimizer_ratio: 0.3\n", err);
+    CHECK(rc == 0 && c.offload_optimizer_ratio == 0.3, "the same ratio in both: rc %d: %s", rc, err);
+    train_config_free(&c);
     /* refusals: one line each, naming the key */
     const struct {
         const char *json, *extra, *needle;
@@ -1230,6 +1242,12 @@ static void test_deepspeed_json(void) {
         {"{\"zero_optimization\": {\"stage\": 1}}", "zero_stage: 0\n", "zero_optimization.stage is 1 but zero_stage is 0"},
         {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}", NULL, "'nvme' is not supported"},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"cpu\"}}}", NULL, "offload_param.device 'cpu'"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 1.5}}}", NULL,
+         "offload_optimizer.ratio must be a number in [0, 1]"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": \"half\"}}}", NULL,
+         "offload_optimizer.ratio must be a number in [0, 1]"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}}",
+         "offload_optimizer_ratio: 0.25\n", "offload_optimizer.ratio is 0.5 but offload_optimizer_ratio is 0.25"},
         {"{\"zero_optimization\": {\"stage\": 1, \"bogus\": 1}}", NULL, "zero_optimization.bogus is not a DeepSpeed key"},
         {"{\"fp16\": {\"enabled\": true}}", NULL, "fp16 is not supported"},
         {"{\"train_micro_batch_size_per_gpu\": 3}", NULL, "train_micro_batch_size_per_gpu is 3 but colt's per_device_train_batch_size"},
@@ -1254,6 +1272,20 @@ static void test_deepspeed_json(void) {
         if (rc == 0) rc = train_config_finalize(&c, err);
     }
     CHECK(rc != 0 && strstr(err, "offload_optimizer 'disk': use none or cpu"), "offload disk: %s", err);
+    train_config_free(&c);
+    /* a ratio without offload: refused, naming both keys */
+    train_config_defaults(&c);
+    rc = train_config_set(&c, "offload_optimizer_ratio", "0.5", "--offload_optimizer_ratio", err);
+    if (rc == 0) {
+        char base[] = "model: m\ndataset: d.jsonl\noutput_dir: out\nreward_funcs: [{type: length}]\n";
+        rc = train_config_load_text(&c, base, strlen(base), TRAIN_CONFIG_YAML, "x.yaml", err);
+        if (rc == 0) rc = train_config_finalize(&c, err);
+    }
+    CHECK(rc != 0 && strstr(err, "offload_optimizer_ratio 0.5 without offload_optimizer cpu"), "ratio alone: %s", err);
+    train_config_free(&c);
+    train_config_defaults(&c);
+    rc = train_config_set(&c, "offload_optimizer_ratio", "1.5", "--offload_optimizer_ratio", err);
+    CHECK(rc != 0 && strstr(err, "offload_optimizer_ratio"), "ratio 1.5: %s", err);
     train_config_free(&c);
     printf("DeepSpeed JSON: %zu refusals checked\n", sizeof bad / sizeof bad[0]);
 }

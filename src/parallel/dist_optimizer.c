@@ -75,14 +75,20 @@ int dist_optimizer_create_state(DistOptimizer *o, const AdamWConfig *adamw, char
      * updates that shard of the weights); offload: that state in host memory. */
     const int stage = o->opts.zero_stage;
     OptimShardOptions so = {.rank = stage >= 1 ? o->dist->rank : 0, .world = stage >= 1 ? o->dist->world : 1,
-                            .offload = o->opts.offload, .host_threads = o->opts.host_threads};
+                            .offload = o->opts.offload, .host_threads = o->opts.host_threads,
+                            .device_share = o->opts.device_share};
     if (optim_create_sharded(&o->opt, o->model, adamw, o->be, &so, err) != 0) return COLT_ERR;
     if (so.world > 1 || so.offload) {
         size_t lo = 0, hi = 0;
         optim_shard_range(o->opt, &lo, &hi);
+        char where[96] = "device";
+        if (so.offload && so.device_share > 0.0)
+            snprintf(where, sizeof where, "host for %.0f%% (offload_optimizer cpu, ratio %g), the device for the rest",
+                     100.0 * (1.0 - so.device_share), 1.0 - so.device_share);
+        else if (so.offload) snprintf(where, sizeof where, "host (offload_optimizer cpu)");
         log_info0("optimizer: zero_stage %d over %d rank(s) (this rank: parameters %zu .. %zu of the flat layout), "
                   "state on the %s",
-                  stage, so.world, lo, hi, so.offload ? "host (offload_optimizer cpu)" : "device");
+                  stage, so.world, lo, hi, where);
     }
     return COLT_OK;
 }

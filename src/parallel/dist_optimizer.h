@@ -48,6 +48,7 @@
 typedef struct DistOptimizerOptions {
     int zero_stage;       /* 0 .. 3 */
     bool offload;         /* offload_optimizer cpu */
+    double device_share;  /* with offload: the share of the state kept on the device (1 - offload_optimizer_ratio) */
     size_t bucket_bytes;  /* gradient all-reduce buckets (ddp_bucket_cap_mb) */
     double timeout_s;     /* bounded waits of the gradient exchange (ddp_timeout) */
     int host_threads;     /* the offloaded AdamW's threads (Mesh.host_threads; 0: OpenMP's default) */

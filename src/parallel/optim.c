@@ -96,12 +96,14 @@ struct Optimizer {
     size_t *offsets;    /* [n] element offset of each parameter in the flat layout */
     size_t flat_numel;  /* the flat layout's elements (alignment padding included; it stays 0) */
     size_t lo, hi;      /* this rank's shard [lo, hi) of the flat layout */
-    /* The shard's state, hi - lo fp32 each, in the flat layout's order: device
-     * buffers, or host arrays when offloaded (then master always: the host
-     * keeps the weights AdamW updates). master is NULL on the device when the
-     * storage is fp32 (the update runs on the weights themselves). */
+    size_t mid;         /* [lo, mid): state and update on the device; [mid, hi): on the host (offload) */
+    /* The device part's state, mid - lo fp32 each, in the flat layout's order.
+     * master is NULL when the storage is fp32 (the update runs on the weights
+     * themselves). */
     void *exp_avg, *exp_avg_sq, *master;
-    bool on_host;
+    /* The host part's, hi - mid each (master always: the host keeps the
+     * weights AdamW updates). */
+    float *host_exp_avg, *host_exp_avg_sq, *host_master;
     /* offload: pinned staging, two chunks of gradients and of updated weights */
     void *stage_grad[2], *stage_weight[2];
     double last_host_s; /* the last offloaded step's host AdamW time */
@@ -126,23 +128,43 @@ void optim_shard_range(const Optimizer *o, size_t *lo, size_t *hi) {
 
 bool optim_is_sharded(const Optimizer *o) { return o->so.world > 1; }
 
-/* Reads / writes n fp32 values of state k (0 exp_avg, 1 exp_avg_sq, 2 master)
- * at flat offset off (inside the shard) from / to host memory. */
-static void *state_buf(const Optimizer *o, int k) { return k == 0 ? o->exp_avg : k == 1 ? o->exp_avg_sq : o->master; }
+size_t optim_offload_split(size_t lo, size_t hi, double device_share) {
+    if (!(device_share > 0.0)) return lo;
+    if (device_share >= 1.0) return hi;
+    size_t mid = lo + (size_t)((double)(hi - lo) * device_share) / 64 * 64; /* vector-aligned, as shard starts */
+    return mid < hi ? mid : hi;
+}
 
+static bool offloaded(const Optimizer *o) { return o->mid < o->hi; }
+
+/* State k (0 exp_avg, 1 exp_avg_sq, 2 master) of the device part and of the host part. */
+static void *device_state(const Optimizer *o, int k) { return k == 0 ? o->exp_avg : k == 1 ? o->exp_avg_sq : o->master; }
+static float *host_state(const Optimizer *o, int k) {
+    return k == 0 ? o->host_exp_avg : k == 1 ? o->host_exp_avg_sq : o->host_master;
+}
+
+/* Reads / writes n fp32 values of state k at flat offset off (inside the
+ * shard) from / to host memory, across both parts. The device part's master
+ * is the weights themselves when the storage is fp32. */
 static void state_get(const Optimizer *o, int k, size_t off, size_t n, float *dst) {
-    const char *src = (const char *)state_buf(o, k) + (off - o->lo) * sizeof(float);
-    if (o->on_host) memcpy(dst, src, n * sizeof(float));
-    else o->be->download_f32(o->be, dst, src, n);
+    size_t on_device = off < o->mid ? (o->mid - off < n ? o->mid - off : n) : 0;
+    if (on_device) {
+        if (k == 2 && !o->master) o->be->download(o->be, dst, model_params_at(o->model, off), on_device);
+        else o->be->download_f32(o->be, dst, (const char *)device_state(o, k) + (off - o->lo) * sizeof(float), on_device);
+    }
+    if (on_device < n) memcpy(dst + on_device, host_state(o, k) + (off + on_device - o->mid), (n - on_device) * sizeof(float));
 }
 
+/* (state 2 of an fp32 device part is the weights, loaded with the model: nothing to write.) */
 static void state_put(Optimizer *o, int k, size_t off, size_t n, const float *src) {
-    char *dst = (char *)state_buf(o, k) + (off - o->lo) * sizeof(float);
-    if (o->on_host) memcpy(dst, src, n * sizeof(float));
-    else o->be->upload_f32(o->be, dst, src, n);
+    size_t on_device = off < o->mid ? (o->mid - off < n ? o->mid - off : n) : 0;
+    if (on_device && !(k == 2 && !o->master))
+        o->be->upload_f32(o->be, (char *)device_state(o, k) + (off - o->lo) * sizeof(float), src, on_device);
+    if (on_device < n) memcpy(host_state(o, k) + (off + on_device - o->mid), src + on_device, (n - on_device) * sizeof(float));
 }
 
-static bool has_master(const Optimizer *o) { return o->master != NULL; }
+/* Master weights apart from the weights: a low-precision storage, or a host part. */
+static bool has_master(const Optimizer *o) { return o->master != NULL || o->host_master != NULL; }
 
 /* The weights in [off, off + n) as fp32 on the host. */
 static void weights_get(const Optimizer *o, size_t off, size_t n, float *dst) {
@@ -183,26 +205,26 @@ int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, cons
         o->offsets[i] = model_param_offset(m, i);
     }
     optim_shard_bounds(o->flat_numel, so->world, so->rank, &o->lo, &o->hi);
-    size_t n = o->hi - o->lo;
-    o->on_host = so->offload;
-    if (o->on_host) {
+    o->mid = so->offload ? optim_offload_split(o->lo, o->hi, so->device_share) : o->hi;
+    if (offloaded(o)) {
+        size_t n = o->hi - o->mid;
         /* Plain host memory (the bulk: 12 bytes a parameter); only the staging is
          * pinned. Touched here by every core (on a 7B model the first step's
          * page faults took 27 s instead of 2 on one thread). */
         for (int k = 0; k < 3; k++) {
-            float *buf = malloc((n ? n : 1) * sizeof(float));
+            float *buf = malloc(n * sizeof(float));
             if (buf) host_zero(buf, n, so->host_threads);
             if (!buf) {
                 optim_free(o);
                 return errorf(err, "offload_optimizer: cannot allocate %.2f GB of host memory for the optimizer "
-                                   "state (the memory plan counts 12 bytes per parameter of this rank's shard)",
+                                   "state (the memory plan counts 12 bytes per offloaded parameter of this rank's shard)",
                               3.0 * (double)n * 4 / 1e9);
             }
-            if (k == 0) o->exp_avg = buf;
-            else if (k == 1) o->exp_avg_sq = buf;
-            else o->master = buf;
+            if (k == 0) o->host_exp_avg = buf;
+            else if (k == 1) o->host_exp_avg_sq = buf;
+            else o->host_master = buf;
         }
-        size_t chunk = n < OFFLOAD_CHUNK ? (n ? n : 1) : OFFLOAD_CHUNK;
+        size_t chunk = n < OFFLOAD_CHUNK ? n : OFFLOAD_CHUNK;
         for (int b = 0; b < 2; b++) {
             o->stage_grad[b] = be->alloc_host(be, chunk * sizeof(float));
             o->stage_weight[b] = be->alloc_host(be, chunk * es);
@@ -213,11 +235,13 @@ int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, cons
             }
         }
         /* The master weights start as the model's. */
-        for (size_t off = o->lo; off < o->hi; off += OFFLOAD_CHUNK) {
+        for (size_t off = o->mid; off < o->hi; off += OFFLOAD_CHUNK) {
             size_t len = o->hi - off < OFFLOAD_CHUNK ? o->hi - off : OFFLOAD_CHUNK;
-            weights_get(o, off, len, (float *)o->master + (off - o->lo));
+            weights_get(o, off, len, o->host_master + (off - o->mid));
         }
-    } else {
+    }
+    size_t n = o->mid - o->lo;
+    if (n > 0 || !offloaded(o)) {
         o->exp_avg = be->alloc_f32(be, n);
         o->exp_avg_sq = be->alloc_f32(be, n);
         be->zero_f32(be, o->exp_avg, n);
@@ -226,8 +250,8 @@ int optim_create_sharded(Optimizer **out, Model *m, const AdamWConfig *cfg, cons
             /* fp32 master copy of the low-precision weights: AdamW updates it. */
             o->master = be->alloc_f32(be, n);
             float *tmp = xmalloc(OFFLOAD_CHUNK * sizeof(float));
-            for (size_t off = o->lo; off < o->hi; off += OFFLOAD_CHUNK) {
-                size_t len = o->hi - off < OFFLOAD_CHUNK ? o->hi - off : OFFLOAD_CHUNK;
+            for (size_t off = o->lo; off < o->mid; off += OFFLOAD_CHUNK) {
+                size_t len = o->mid - off < OFFLOAD_CHUNK ? o->mid - off : OFFLOAD_CHUNK;
                 weights_get(o, off, len, tmp);
                 be->upload_f32(be, (char *)o->master + (off - o->lo) * sizeof(float), tmp, len);
             }
@@ -242,9 +266,8 @@ void optim_free(Optimizer *o) {
     if (!o) return;
     void *bufs[3] = {o->exp_avg, o->exp_avg_sq, o->master};
     for (int k = 0; k < 3; k++) {
-        if (!bufs[k]) continue;
-        if (o->on_host) free(bufs[k]);
-        else o->be->free(o->be, bufs[k]);
+        if (bufs[k]) o->be->free(o->be, bufs[k]);
+        free(host_state(o, k));
     }
     for (int b = 0; b < 2; b++) {
         if (o->stage_grad[b]) o->be->free_host(o->be, o->stage_grad[b]);
@@ -258,15 +281,18 @@ void optim_free(Optimizer *o) {
 int64_t optim_step_count(const Optimizer *o) { return o->step; }
 
 /* Sum of squares in double of the state k (or of the weights AdamW updates,
- * k = 2 without master) over the shard, in a fixed order. */
+ * k = 2 without master) over the shard, in a fixed order: the device part,
+ * then the host part. */
 static double state_sum_squares(const Optimizer *o, int k) {
-    size_t n = o->hi - o->lo;
-    if (o->on_host) return host_sum_squares(state_buf(o, k), n);
-    if (k == 2 && !o->master) {
-        /* fp32 storage: the weights are [f32] */
-        return o->be->sum_squares(o->be, model_params_at(o->model, o->lo), n);
+    size_t n = o->mid - o->lo;
+    double sum = 0.0;
+    if (n > 0) {
+        /* fp32 storage without master: the weights are [f32] */
+        const void *x = k == 2 && !o->master ? model_params_at(o->model, o->lo) : device_state(o, k);
+        sum = o->be->sum_squares(o->be, x, n);
     }
-    return o->be->sum_squares(o->be, state_buf(o, k), n);
+    if (offloaded(o)) sum += host_sum_squares(host_state(o, k), o->hi - o->mid);
+    return sum;
 }
 
 /* A sum of squares in double is finite exactly when every float is (the
@@ -281,19 +307,15 @@ void optim_fingerprint(const Optimizer *o, double out[2]) {
     out[1] = state_sum_squares(o, 0);
 }
 
-size_t optim_state_bytes(const Optimizer *o) {
-    if (o->on_host) return 0;
-    return (o->hi - o->lo) * sizeof(float) * (o->master ? 3 : 2);
+size_t optim_state_bytes(const Optimizer *o) { return (o->mid - o->lo) * sizeof(float) * (o->master ? 3 : 2); }
+
+size_t optim_offload_host_bytes(size_t host_numel, DType storage) {
+    if (host_numel == 0) return 0;
+    size_t chunk = host_numel < OFFLOAD_CHUNK ? host_numel : OFFLOAD_CHUNK;
+    return host_numel * sizeof(float) * 3 + 2 * chunk * (sizeof(float) + dtype_size(storage));
 }
 
-size_t optim_offload_host_bytes(size_t shard_numel, DType storage) {
-    size_t chunk = shard_numel < OFFLOAD_CHUNK ? (shard_numel ? shard_numel : 1) : OFFLOAD_CHUNK;
-    return (shard_numel ? shard_numel : 1) * sizeof(float) * 3 + 2 * chunk * (sizeof(float) + dtype_size(storage));
-}
-
-size_t optim_state_host_bytes(const Optimizer *o) {
-    return o->on_host ? optim_offload_host_bytes(o->hi - o->lo, o->be->storage) : 0;
-}
+size_t optim_state_host_bytes(const Optimizer *o) { return optim_offload_host_bytes(o->hi - o->mid, o->be->storage); }
 
 /* ---- the offloaded step: chunks of the shard through pinned staging ----
  *
@@ -321,10 +343,9 @@ typedef struct OffloadWorker {
  * new weights go to stage_weight[j.buf]. Returns the seconds it took. */
 static double run_offload_job(Optimizer *o, const OffloadJob *j, const HostAdamWStep *decayed,
                               const HostAdamWStep *plain) {
-    size_t at = j->off - o->lo;
+    size_t at = j->off - o->mid;
     double t0 = time_now();
-    host_adamw(j->wd != 0.0f ? decayed : plain, (float *)o->master + at, (float *)o->exp_avg + at,
-               (float *)o->exp_avg_sq + at, o->stage_grad[j->buf], o->stage_weight[j->buf], o->be->storage, j->len,
+    host_adamw(j->wd != 0.0f ? decayed : plain, o->host_master + at, o->host_exp_avg + at, o->host_exp_avg_sq + at, o->stage_grad[j->buf], o->stage_weight[j->buf], o->be->storage, j->len,
                o->so.host_threads);
     return time_now() - t0;
 }
@@ -367,11 +388,11 @@ static void offload_step(Optimizer *o, const char *grads, size_t grads_base, siz
                          const HostAdamWStep *decayed, const HostAdamWStep *plain) {
     const Backend *be = o->be;
     size_t es = dtype_size(be->storage);
-    /* The chunks: the shard cut at the decay / no-decay boundary and every OFFLOAD_CHUNK. */
-    size_t n_jobs = 0, cap = (o->hi - o->lo) / OFFLOAD_CHUNK + 3;
+    /* The chunks: the host part cut at the decay / no-decay boundary and every OFFLOAD_CHUNK. */
+    size_t n_jobs = 0, cap = (o->hi - o->mid) / OFFLOAD_CHUNK + 3;
     OffloadJob *jobs = xcalloc(cap, sizeof(OffloadJob));
     for (int group = 0; group < 2; group++) {
-        size_t start = group == 0 ? o->lo : (split > o->lo ? split : o->lo);
+        size_t start = group == 0 ? o->mid : (split > o->mid ? split : o->mid);
         size_t end = group == 0 ? (split < o->hi ? split : o->hi) : o->hi;
         for (size_t off = start; off < end; off += OFFLOAD_CHUNK) {
             COLT_ASSERT(n_jobs < cap);
@@ -426,23 +447,23 @@ static void step_impl(Optimizer *o, const char *grads, size_t grads_base, float 
      * rank's part of it under zero_stage 3. Two groups as transformers' Trainer makes them: weight decay on matrices and
      * embeddings, none on biases and norms (they sit at the end of the layout). */
     size_t split = model_params_no_decay_start(o->model);
-    if (o->on_host) {
-        HostAdamWStep decayed, plain;
-        host_adamw_step_init(&decayed, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
-        host_adamw_step_init(&plain, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, 0.0f, bc1, bc2);
-        offload_step(o, grads, grads_base, split, &decayed, &plain);
-        return;
-    }
+    /* The device part first: its kernels run while the host works on its own part. */
     for (int group = 0; group < 2; group++) {
         size_t start = group == 0 ? 0 : split, end = group == 0 ? split : o->flat_numel;
         if (start < o->lo) start = o->lo;
-        if (end > o->hi) end = o->hi;
+        if (end > o->mid) end = o->mid;
         if (end <= start) continue;
         size_t f = (start - o->lo) * sizeof(float);
         o->be->adamw(o->be, model_params_at(o->model, start), o->master ? (char *)o->master + f : NULL,
                      grads + (start - grads_base) * sizeof(float), (char *)o->exp_avg + f, (char *)o->exp_avg_sq + f,
                      end - start, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps,
                      group == 0 ? o->cfg.weight_decay : 0.0f, bc1, bc2);
+    }
+    if (offloaded(o)) {
+        HostAdamWStep decayed, plain;
+        host_adamw_step_init(&decayed, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay, bc1, bc2);
+        host_adamw_step_init(&plain, lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, 0.0f, bc1, bc2);
+        offload_step(o, grads, grads_base, split, &decayed, &plain);
     }
 }
 

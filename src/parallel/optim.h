@@ -43,6 +43,9 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
 typedef struct OptimShardOptions {
     int rank, world;  /* this rank's shard of the flat parameters (zero_stage >= 1); world 1: all of them */
     bool offload;     /* offload_optimizer cpu: fp32 master weights and moments in host memory, AdamW on the host */
+    /* With offload: the share of the shard whose state stays on the device and updates there, while the host
+     * updates the rest (1 - DeepSpeed's offload_optimizer.ratio; 0, the default: all of it on the host). */
+    double device_share;
     int host_threads; /* the host AdamW's threads (0: OpenMP's default, all cores) */
 } OptimShardOptions;
 /* The state of one shard of model_params_flat: elements [lo, hi), lo =
@@ -59,8 +62,9 @@ void optim_shard_range(const Optimizer *o, size_t *lo, size_t *hi);
 bool optim_is_sharded(const Optimizer *o);
 void optim_free(Optimizer *o);
 /* One AdamW update of the shard's parameters with learning rate lr; increments
- * the step count. Offloaded: gradients copied to the host in chunks, AdamW
- * there, the new weights copied back, the copies overlapping the host's work. */
+ * the step count. Offloaded: the device part's update is launched first, then
+ * the host part's gradients are copied to the host in chunks, AdamW runs
+ * there, the new weights are copied back, the copies overlapping the host's work. */
 void optim_step(Optimizer *o, const ModelGrads *g, float lr);
 /* The same with only this shard's gradients ([f32] buffer of hi - lo
  * elements: ZeRO-2's reduced shard). */
@@ -69,12 +73,16 @@ void optim_step_shard(Optimizer *o, const void *shard_grads, float lr);
 double optim_last_host_seconds(const Optimizer *o);
 int64_t optim_step_count(const Optimizer *o);
 /* Device bytes of the moments (and fp32 master weights when the storage is
- * not fp32): 0 when offloaded. optim_state_host_bytes: the host bytes of an
- * offloaded state (master, moments and the pinned staging). */
+ * not fp32) of the part on the device: 0 when all is offloaded.
+ * optim_state_host_bytes: the host bytes of the offloaded part (master,
+ * moments and the pinned staging). */
 size_t optim_state_bytes(const Optimizer *o);
 size_t optim_state_host_bytes(const Optimizer *o);
-/* The host bytes an offloaded shard of shard_numel elements takes (for the memory plan). */
-size_t optim_offload_host_bytes(size_t shard_numel, DType storage);
+/* The host bytes an offloaded part of host_numel elements takes (for the memory plan; 0 for none). */
+size_t optim_offload_host_bytes(size_t host_numel, DType storage);
+/* Where a shard [lo, hi) with offload splits: [lo, mid) on the device, [mid, hi) on the host, mid - lo
+ * the device_share of it rounded down to a multiple of 64 (device_share 1: all on the device). */
+size_t optim_offload_split(size_t lo, size_t hi, double device_share);
 
 /* Global L2 norm of all gradients (before clipping), and, when max_norm > 0,
  * scales every gradient by min(1, max_norm / (norm + 1e-6)) as

@@ -75,6 +75,17 @@ static int apply_zero(TrainConfig *c, const json_t *z, const char *path, char *e
                               device, c->offload_optimizer);
             free(c->offload_optimizer);
             c->offload_optimizer = xstrdup(device);
+            const json_t *ratio = json_object_get(v, "ratio");
+            if (ratio && !json_is_null(ratio)) {
+                double r = json_number_value(ratio);
+                if (!json_is_number(ratio) || !(r >= 0.0 && r <= 1.0))
+                    return errorf(err, "%s: %s.ratio must be a number in [0, 1] (the share of the state on the host)",
+                                  path, key);
+                if (c->offload_ratio_set && c->offload_optimizer_ratio != r)
+                    return errorf(err, "%s: %s.ratio is %g but offload_optimizer_ratio is %g: give one of them", path,
+                                  key, r, c->offload_optimizer_ratio);
+                if (strcmp(device, "cpu") == 0) c->offload_optimizer_ratio = r;
+            }
             if (json_object_get(v, "pin_memory"))
                 notice(c, path, "zero_optimization.offload_optimizer.pin_memory",
                        "colt keeps the offloaded state in pageable memory and stages copies through pinned buffers");

@@ -74,8 +74,9 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->gradients = in->zero_stage >= 2 ? model_grads_plan_bytes(m, true) : trainable * 4;
     int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
     if (in->zero_stage >= 2) p->gradients += (shards > 1 ? shard : trainable) * 4;
-    if (in->offload) p->host_optimizer = optim_offload_host_bytes(shard, in->storage);
-    else p->optimizer = shard * 4 * (size_t)states;
+    size_t on_device = in->offload ? optim_offload_split(0, shard, in->offload_device_share) : shard;
+    p->host_optimizer = optim_offload_host_bytes(shard - on_device, in->storage);
+    p->optimizer = on_device * 4 * (size_t)(in->storage != DTYPE_F32 ? 3 : 2);
     int N = in->batch * in->max_seq;
     p->activations_full = train_state_plan_bytes(m, in->batch, in->max_seq, N, false);
     p->activations_recompute = train_state_plan_bytes(m, in->batch, in->max_seq, N, true);
@@ -124,6 +125,15 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     }
     p->fits = (double)(p->train_peak + TRAIN_HEADROOM) <= room && (double)(p->generate_peak + p->headroom) <= room;
     p->fits_host = in->host_bytes <= 0 || (double)p->host_optimizer <= 0.9 * in->host_bytes;
+    /* Offloaded with room to spare beside the expected peak: the ratio that would keep more of the state on
+     * the device (its share updates there while the host works), rounded up to 0.05. */
+    p->offload_ratio_room = -1.0;
+    if (in->offload && in->gpu && p->fits && shard > 0) {
+        double spare = room - (double)(p->expected_peak + TRAIN_HEADROOM);
+        double more = spare > 0 ? spare / (4.0 * (in->storage != DTYPE_F32 ? 3 : 2)) : 0.0;
+        double share = fmin(1.0, ((double)on_device + more) / (double)shard);
+        p->offload_ratio_room = fmin(1.0, ceil((1.0 - share) * 20.0 - 1e-9) / 20.0);
+    }
 
     if (!p->fits) {
         if (!p->recompute && p->activations_full > p->activations_recompute)
@@ -132,7 +142,10 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
         if (p->optimizer > 0 && in->world_size > 1 && in->zero_stage == 0)
             suggest(p, "zero_stage: 1 (optimizer state %.1f GB -> %.1f GB per device)", p->optimizer / GB,
                     p->optimizer / GB / in->world_size);
-        if (p->optimizer > 0)
+        if (p->optimizer > 0 && in->offload)
+            suggest(p, "offload_optimizer_ratio: 1 (moves the %.1f GB of optimizer state kept on the device to the host)",
+                    p->optimizer / GB, 0.0);
+        else if (p->optimizer > 0)
             suggest(p, "offload_optimizer: cpu (moves %.1f GB of optimizer state to host memory; needs %.1f GB there)",
                     p->optimizer / GB, optim_offload_host_bytes(shard, in->storage) / GB);
         /* ZeRO-1 over r ranks keeps full / r of the state on each: the fewest r that fit. */
@@ -195,7 +208,8 @@ static void row(FILE *fp, const char *part, size_t bytes, const char *note) {
 
 void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp) {
     fprintf(fp, "memory plan: %s, %d rank(s), zero_stage %d, optimizer on the %s, %s storage\n",
-            in->gpu ? "GPU" : "CPU", in->world_size, in->zero_stage, in->offload ? "host" : "device",
+            in->gpu ? "GPU" : "CPU", in->world_size, in->zero_stage,
+            !in->offload ? "device" : p->optimizer ? "host and the device" : "host",
             in->storage == DTYPE_BF16 ? "bf16" : "fp32");
     fprintf(fp, "  per device (%.1f GB, %.1f GB free):\n", in->device_bytes / GB, in->device_free / GB);
     row(fp, "weights", p->weights, p->weights_gathered ? "this rank's part, two layer windows, embedding / lm_head" : NULL);
@@ -207,7 +221,8 @@ void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp)
     if (p->reward_model_gathered)
         row(fp, "reward model gathered whole", p->reward_model_gathered, "zero_stage 3: while it scores");
     row(fp, "gradients (fp32)", p->gradients, NULL);
-    row(fp, "optimizer state", p->optimizer, in->offload ? "offloaded to the host" : NULL);
+    row(fp, "optimizer state", p->optimizer,
+        !in->offload ? NULL : p->optimizer ? "the device's share (offload_optimizer_ratio < 1)" : "offloaded to the host");
     row(fp, "training activations", p->activations,
         p->recompute_forced ? "gradient checkpointing turned on to fit" : p->recompute ? "gradient checkpointing" : NULL);
     row(fp, "generation: engine scratch", p->engine_scratch, NULL);
@@ -222,6 +237,10 @@ void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp)
         fprintf(fp, "  host (%.1f GB):\n", in->host_bytes / GB);
         row(fp, "optimizer state and staging", p->host_optimizer, NULL);
     }
+    if (p->offload_ratio_room >= 0 && p->offload_ratio_room < 1.0 - in->offload_device_share - 0.025)
+        fprintf(fp, "  the device has room for more of the optimizer state: offload_optimizer_ratio %.2f keeps %.0f%% of "
+                    "it there, updated while the host works on the rest\n",
+                p->offload_ratio_room, 100.0 * (1.0 - p->offload_ratio_room));
     fprintf(fp, "  %s\n", p->fits && p->fits_host ? "fits" : "does NOT fit");
     for (int i = 0; i < p->n_suggestions; i++) fprintf(fp, "  - %s\n", p->suggestions[i]);
 }
@@ -253,6 +272,8 @@ json_t *memory_plan_json(const MemoryPlan *p, const MemoryPlanInput *in) {
     json_object_set_new(o, "world_size", json_integer(in->world_size));
     json_object_set_new(o, "zero_stage", json_integer(in->zero_stage));
     json_object_set_new(o, "offload_optimizer", json_string(in->offload ? "cpu" : "none"));
+    if (in->offload) json_object_set_new(o, "offload_optimizer_ratio", json_real(1.0 - in->offload_device_share));
+    if (p->offload_ratio_room >= 0) json_object_set_new(o, "offload_optimizer_ratio_room", json_real(p->offload_ratio_room));
     json_object_set_new(o, "recompute", json_boolean(p->recompute));
     for (int i = 0; i < p->n_suggestions; i++) json_array_append_new(tips, json_string(p->suggestions[i]));
     json_object_set_new(o, "suggestions", tips);

@@ -31,6 +31,7 @@ typedef struct MemoryPlanInput {
     int world_size, zero_stage; /* world_size: data-parallel ranks (models side by side) */
     int tensor_parallel_size;   /* ranks each model is cut across (0 or 1: whole) */
     bool offload;
+    double offload_device_share; /* with offload: the share of the optimizer state kept on the device */
     const LoraConfig *lora;  /* use_peft, or NULL */
     bool reference_model;    /* beta > 0 without LoRA: a second copy of the weights */
     /* Reward models ({type: model}): each cut across the tensor-parallel group when its shape allows, else
@@ -56,6 +57,9 @@ typedef struct MemoryPlan {
     size_t activations_full, activations_recompute, activations; /* the chosen one */
     size_t engine_scratch, kv_min, kv_want, headroom, backend;
     size_t host_optimizer; /* offloaded state and staging */
+    /* offload_optimizer cpu on a GPU that fits with room to spare: the smallest ratio (in steps of 0.05) whose
+     * device share still fits beside the expected peak; -1 otherwise */
+    double offload_ratio_room;
     size_t train_peak, generate_peak, peak; /* peak: the larger of the two (what must fit) */
     /* What a run is expected to reach: the engine runs beside the activations
      * when the room allows its whole round (it then takes the round's pool),

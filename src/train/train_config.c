@@ -329,6 +329,9 @@ static const ConfigKey KEYS[] = {
        "the ranks, 2 = gradients sharded too, 3 = weights sharded too (each layer gathered while a pass uses it)"),
     K(offload_optimizer, KEY_STRING,
       "none, or cpu: fp32 master weights and AdamW moments in host memory, AdamW run on the host's cores"),
+    KD(offload_optimizer_ratio, KEY_DOUBLE, 0, RANGE_CLOSED, 1,
+       "with offload_optimizer cpu: the share of the optimizer state kept and updated on the host (DeepSpeed's "
+       "offload_optimizer.ratio); the device keeps the rest and updates it while the host works on its share"),
     K(deepspeed, KEY_STRING,
       "a DeepSpeed JSON config (TRL's key): its zero_optimization stage and offload_optimizer device set zero_stage "
       "and offload_optimizer; every other key is named as honoured, ignored or refused"),
@@ -771,6 +774,7 @@ void train_config_defaults(TrainConfig *c) {
     c->ddp_bucket_cap_mb = 25;
     c->tensor_parallel_size = 1;
     c->offload_optimizer = xstrdup("none");
+    c->offload_optimizer_ratio = 1.0;
 }
 
 void train_config_free(TrainConfig *c) {
@@ -1409,6 +1413,7 @@ static int set_from_json(TrainConfig *c, const ConfigKey *k, json_t *v, const ch
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, device) && !c->use_cpu) c->device_from_use_cpu = false;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, zero_stage)) c->zero_stage_set = true;
     if (rc == COLT_OK && k->offset == offsetof(TrainConfig, offload_optimizer)) c->offload_set = true;
+    if (rc == COLT_OK && k->offset == offsetof(TrainConfig, offload_optimizer_ratio)) c->offload_ratio_set = true;
     if (rc == COLT_OK && k->notice) add_notice(c, k->name, v, k->notice, where);
     return rc;
 }
@@ -2184,6 +2189,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (strcmp(c->offload_optimizer, "none") != 0 && strcmp(c->offload_optimizer, "cpu") != 0)
         return errorf(err, "settings: offload_optimizer '%s': use none or cpu%s", c->offload_optimizer,
                       strcmp(c->offload_optimizer, "nvme") == 0 ? " (NVMe offload is not supported)" : "");
+    if (c->offload_optimizer_ratio != 1.0 && strcmp(c->offload_optimizer, "cpu") != 0)
+        return errorf(err, "settings: offload_optimizer_ratio %g without offload_optimizer cpu: the ratio is the share "
+                           "of the offloaded state; give offload_optimizer: cpu, or leave the ratio out",
+                      c->offload_optimizer_ratio);
     if (c->zero_stage >= 2 && c->use_peft)
         return errorf(err, "settings: zero_stage %d with use_peft: LoRA's gradients are a few MB and its frozen "
                            "weights are not sharded; use zero_stage 0 or 1", c->zero_stage);

@@ -167,8 +167,9 @@ typedef struct TrainConfig {
      * then agree). */
     int zero_stage;
     char *offload_optimizer;
+    double offload_optimizer_ratio; /* with offload cpu: the share of the state on the host (DeepSpeed's ratio) */
     char *deepspeed;
-    bool zero_stage_set, offload_set;
+    bool zero_stage_set, offload_set, offload_ratio_set;
     /* batching (TRL semantics) */
     int per_device_train_batch_size, gradient_accumulation_steps, generation_batch_size, steps_per_generation;
     /* length of training */

@@ -255,6 +255,7 @@ void trainer_plan_input(MemoryPlanInput *in, const TrainConfig *c, const ModelCo
     in->tensor_parallel_size = c->tensor_parallel_size;
     in->zero_stage = c->zero_stage;
     in->offload = strcmp(c->offload_optimizer, "cpu") == 0;
+    in->offload_device_share = 1.0 - c->offload_optimizer_ratio;
     char err[ERR_LEN];
     in->lora = c->use_peft && train_config_lora(c, lora_out, err) == 0 ? lora_out : NULL;
     in->reference_model = c->beta > 0 && !c->use_peft;
@@ -461,6 +462,7 @@ static int load_data_and_models(Trainer *t, TrainConfig *c, char *err) {
     trainer_alloc_label(t, "the model's weights", t->plan.weights + t->plan.adapters);
     if (load_trained_model(t, c, err) != 0) return COLT_ERR;
     DistOptimizerOptions oo = {.zero_stage = c->zero_stage, .offload = strcmp(c->offload_optimizer, "cpu") == 0,
+                               .device_share = 1.0 - c->offload_optimizer_ratio,
                                .bucket_bytes = (size_t)c->ddp_bucket_cap_mb << 20, .timeout_s = c->ddp_timeout,
                                .host_threads = t->mesh.host_threads,
                                .host_gradients = c->ddp_backend && strcmp(c->ddp_backend, "nccl") != 0};

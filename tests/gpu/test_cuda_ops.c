@@ -657,8 +657,9 @@ static void run_ops(const Dev *d) {
 /* offload_optimizer cpu against the optimizer on the device: three AdamW
  * steps of a whole model from the same weights and gradients (both groups,
  * weight decay on) give the same weight bits — the host AdamW repeats the
- * device op's arithmetic. And a ZeRO-1 shard of it updates exactly its range. */
-static void test_offload_optimizer(const Dev *d, const char *dir) {
+ * device op's arithmetic — with all of the state on the host (device_share 0)
+ * or a share of it kept and updated on the device (offload_optimizer_ratio). */
+static void test_offload_optimizer(const Dev *d, const char *dir, double device_share) {
     Model *ma = NULL, *mb = NULL;
     char err[ERR_LEN];
     if (model_load(&ma, dir, d->be, err) != 0 || model_load(&mb, dir, d->be, err) != 0) {
@@ -669,7 +670,7 @@ static void test_offload_optimizer(const Dev *d, const char *dir) {
     CHECKED(model_grads_create(&g, ma, err) == 0, "grads: %s", err);
     AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
     Optimizer *oa = NULL, *ob = NULL;
-    OptimShardOptions off = {.rank = 0, .world = 1, .offload = true};
+    OptimShardOptions off = {.rank = 0, .world = 1, .offload = true, .device_share = device_share};
     CHECKED(optim_create(&oa, ma, &ac, d->be, err) == 0, "optimizer: %s", err);
     CHECKED(optim_create_sharded(&ob, mb, &ac, d->be, &off, err) == 0, "offloaded optimizer: %s", err);
     size_t n = 0;
@@ -687,10 +688,15 @@ static void test_offload_optimizer(const Dev *d, const char *dir) {
     d->be->copy_to_host(d->be, wb, model_params_flat(mb, &n), n * es);
     size_t differ = 0;
     for (size_t i = 0; i < n * es; i += es) differ += memcmp(wa + i, wb + i, es) != 0;
-    printf("[%s] offload_optimizer cpu vs device AdamW, 3 steps of %s (%zu parameters): %zu weights differ "
-           "(host AdamW %.3f ms)\n",
-           d->tag, dir, n, differ, 1e3 * optim_last_host_seconds(ob));
+    size_t on_device = optim_offload_split(0, n, device_share), states = d->be->storage == DTYPE_F32 ? 2 : 3;
+    printf("[%s] offload_optimizer cpu (%zu of %zu parameters' state on the device) vs device AdamW, 3 steps of %s: "
+           "%zu weights differ (host AdamW %.3f ms)\n",
+           d->tag, on_device, n, dir, differ, 1e3 * optim_last_host_seconds(ob));
     CHECKED(differ == 0, "[%s] offloaded AdamW: %zu of %zu weights differ from the device's", d->tag, differ, n);
+    CHECKED(optim_state_bytes(ob) == on_device * 4 * states &&
+                optim_state_host_bytes(ob) >= (n - on_device) * 12 && (device_share > 0) == (on_device > 0),
+            "[%s] device share %g: %zu device bytes, %zu host bytes for %zu of %zu on the device", d->tag, device_share,
+            optim_state_bytes(ob), optim_state_host_bytes(ob), on_device, n);
     free(wa), free(wb);
     optim_free(oa), optim_free(ob);
     model_grads_free(g);
@@ -734,7 +740,8 @@ int main(void) {
     test_train_step(&devs[0], "tests/data/models/tiny-llama-f32", "tests/data/lora/llama-qv-rslora", "llama+rslora",
                     1e-4, 1e-4, 0.0f);
     test_train_step(&devs[0], stories, NULL, "stories260K", 1e-4, 1e-4, 0.0f);
-    for (int k = 0; k < 2; k++) test_offload_optimizer(&devs[k], "tests/data/models/tiny-qwen2-f32");
+    for (int k = 0; k < 2; k++)
+        for (int share = 0; share < 2; share++) test_offload_optimizer(&devs[k], "tests/data/models/tiny-qwen2-f32", 0.5 * share);
 
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;

@@ -266,11 +266,15 @@ void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_hea
  * read once per group. The keys 0..pos[i] of a token are cut into `splits`
  * block-aligned ranges, computed on the device from pos[i]; the host picks
  * `splits` from n, KVH, the table width and the SM count only
- * (paged_choose_splits): enough CTAs for PA_TARGET_CTAS_PER_SM per SM, 1
- * split when n * KVH already fills the GPU, and never more than one split per
- * PA_MIN_KEYS_PER_SPLIT keys of the longest context the table can hold (on an
- * H200 one split was as fast or faster at batch 1 to 512 with contexts of
- * ~260 tokens, +16% at batch 128: splitting pays only on long contexts). With one split the CTA writes out; with more, each CTA writes its
+ * (paged_choose_splits): as many as keep the CTAs within PA_TARGET_CTAS_PER_SM
+ * per SM (floor(target / (n * KVH))), so 1 split once n * KVH reaches the SM
+ * count, and never more than one split per PA_MIN_KEYS_PER_SPLIT keys of the
+ * longest context the table can hold. Measured on an H200 (bench_paged with
+ * COLT_PAGED_SPLITS=1,2,4,8; docs/gpu_engine.md): with n * KVH >= 128 one split
+ * is fastest up to 1,024-key contexts (2-3 splits took up to 2x as long at
+ * batch 128-256 of the 0.5B / 1.5B shapes) and within 10% beyond, except at
+ * exactly 128 CTAs with 2-4K keys (2 splits 1.2-1.5x faster); below that,
+ * splits pay from ~600 keys on (up to 4x at batch 1, 4,096 keys). With one split the CTA writes out; with more, each CTA writes its
  * normalised partial output and log2-sum-exp, and paged_combine_kernel merges
  * the splits of a (token, head).
  *
@@ -300,7 +304,7 @@ void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_hea
  *
  * Scratch: with splits > 1 the partials live in a buffer of the instance,
  * reserved when it opens at a size that bounds every automatic choice (2 *
- * target CTAs * 16 heads * (256 + 1) floats, ~17 MB on an H200), so a graph
+ * target CTAs * 16 heads * (256 + 1) floats, ~4.3 MB on an H200), so a graph
  * captured at any time keeps a valid pointer for good. The option paged_splits
  * (COLT_PAGED_SPLITS=k at open) forces k splits (tests); a forced k beyond the
  * bound regrows the buffer with a stream synchronisation, which is not allowed
@@ -316,7 +320,7 @@ void cuda_rope_i32(const Backend *be, void *x, const void *pos, int n, int n_hea
 #define PA_TC_GROUP_MIN_TOKENS 512 /* above this many tokens in a call, the tensor-core path groups a sequence's tokens */
 #define PA_MAX_HEAD_DIM 256
 #define PA_MAX_SPLITS 64
-#define PA_TARGET_CTAS_PER_SM 4
+#define PA_TARGET_CTAS_PER_SM 1
 #define PA_MIN_KEYS_PER_SPLIT 256
 #define PA_COMBINE_THREADS 64
 
@@ -865,15 +869,16 @@ __global__ void paged_combine_kernel(T *out, const float *part_out, const float 
     }
 }
 
-/* Splits per token: enough CTAs for PA_TARGET_CTAS_PER_SM per SM, at most one
- * per PA_MIN_KEYS_PER_SPLIT keys of the table (max_blocks * block_size) and
- * PA_MAX_SPLITS; the option paged_splits (COLT_PAGED_SPLITS) overrides. */
+/* Splits per token: as many as keep the CTAs within PA_TARGET_CTAS_PER_SM per
+ * SM, at most one per PA_MIN_KEYS_PER_SPLIT keys of the table (max_blocks *
+ * block_size) and PA_MAX_SPLITS; the option paged_splits (COLT_PAGED_SPLITS)
+ * overrides. */
 static int paged_choose_splits(const CudaState *cs, size_t base_ctas, int max_blocks, int block_size) {
     if (cuda_attention_invariant(cs)) return 1; /* a token's keys in one order, whatever n is */
     if (cs->opt.paged_splits > 0) return cs->opt.paged_splits;
     size_t target = (size_t)PA_TARGET_CTAS_PER_SM * cs->sm_count;
-    if (base_ctas >= target) return 1;
-    size_t splits = (target + base_ctas - 1) / base_ctas;
+    if (base_ctas == 0 || base_ctas >= target) return 1;
+    size_t splits = target / base_ctas;
     if (splits > PA_MAX_SPLITS) splits = PA_MAX_SPLITS;
     size_t by_length = (size_t)max_blocks * block_size / PA_MIN_KEYS_PER_SPLIT;
     if (splits > by_length) splits = by_length;
@@ -882,8 +887,8 @@ static int paged_choose_splits(const CudaState *cs, size_t base_ctas, int max_bl
 }
 
 /* The split partials [floats]. Automatic choices keep base_ctas * splits
- * below 2 * target (splits <= ceil(target / base_ctas) and base_ctas < target),
- * hence the bound reserved at open; only forced splits can exceed it. */
+ * within target (splits <= target / base_ctas), hence the bound reserved at
+ * open (with a factor 2 to spare); only forced splits can exceed it. */
 static size_t paged_partials_bound(const CudaState *cs) {
     return (size_t)2 * PA_TARGET_CTAS_PER_SM * cs->sm_count * PA_TC_MAX_GROUP * (PA_MAX_HEAD_DIM + 1);
 }

@@ -8,6 +8,7 @@
 #   run's work exactly); NCCL_ROWS=1: also --nproc_per_node 2 with the gradients through the host
 #   (--ddp_backend gloo: no NCCL communicator), with NCCL_P2P_DISABLE=1, NCCL_CUMEM_ENABLE=0, NCCL_RAS_ENABLE=0
 #   and NCCL_IGNORE_CPU_AFFINITY=1 (session 26: none of them moved the engine).
+#   QUICK=1: only the run alone on GPU 0 and the --nproc_per_node 2 run.
 #   THREADS=1: during the --nproc_per_node 2 run, samples every thread of the ranks once a second
 #   (/proc/PID/task/*/stat) and prints the threads that used the most CPU, with their names.
 set -u
@@ -46,10 +47,12 @@ PY
 echo "| run | step s | generation s | engine s | training s |"
 echo "|---|---:|---:|---:|---:|"
 run 0 alone0 && row "alone on GPU 0" alone0
-run 1 alone1 && row "alone on GPU 1" alone1
-run 0 pair0 & run 1 pair1 & wait
-row "two independent runs at once (GPU 0 / GPU 1)" pair0 pair1
-OMP_NUM_THREADS=$(( $(nproc) / 2 )) run 0 half && row "alone on GPU 0, OMP_NUM_THREADS=nproc/2" half
+if [ "${QUICK:-0}" != 1 ]; then
+  run 1 alone1 && row "alone on GPU 1" alone1
+  run 0 pair0 & run 1 pair1 & wait
+  row "two independent runs at once (GPU 0 / GPU 1)" pair0 pair1
+  OMP_NUM_THREADS=$(( $(nproc) / 2 )) run 0 half && row "alone on GPU 0, OMP_NUM_THREADS=nproc/2" half
+fi
 sample_threads() { # OUT_FILE: "second pid tid name cpu-ticks" every second while ranks run
   local out=$1
   : > "$out"

@@ -779,7 +779,8 @@ static int step_once(Engine *e, char *err) {
     sample_groups(e, d, n_pad);
     e->stats.steps++;
 
-    /* Apply the sampled tokens. */
+    /* Apply the sampled tokens (the copy back waits for the device: everything launched above runs now). */
+    double t_wait = time_now();
     if (n_rows > 0) {
         if (e->deterministic) {
             trainer_logprobs(e, n_rows);
@@ -796,7 +797,9 @@ static int step_once(Engine *e, char *err) {
     }
     e->stats.decode_tokens += n_rows;
     if (decode_only) {
-        e->stats.decode_seconds += time_now() - t_start;
+        double t_end = time_now();
+        e->stats.decode_seconds += t_end - t_start;
+        e->stats.decode_wait_seconds += t_end - t_wait;
         e->stats.decode_step_tokens += n_rows;
     }
     for (int i = 0; i < n_rows; i++) {

@@ -88,6 +88,8 @@ typedef struct EngineStats {
     size_t device_free_min;   /* least free device memory seen while generating (0 on the CPU) */
     double seconds;
     double decode_seconds;    /* wall time of the pure decode steps (one token per running sequence) */
+    double decode_wait_seconds; /* of which waiting for the device's results; the rest is the host's (step
+                                 * arrays, copies, launches) */
     int64_t decode_step_tokens; /* tokens sampled in those steps */
 } EngineStats;
 

@@ -474,6 +474,9 @@ static char *metrics_text(HttpServer *s) {
            "colt_engine_loop_seconds_total %.6f\n", st.loop_seconds);
     METRIC("engine_decode_seconds_total", "counter", "Of it, the pure decode steps (one token per running sequence).",
            "colt_engine_decode_seconds_total %.6f\n", st.engine.decode_seconds);
+    METRIC("engine_decode_wait_seconds_total", "counter",
+           "Of the decode steps, the time spent waiting for the device's results (the rest is the host's).",
+           "colt_engine_decode_wait_seconds_total %.6f\n", st.engine.decode_wait_seconds);
     METRIC("engine_decode_step_tokens_total", "counter", "Tokens sampled in pure decode steps.",
            "colt_engine_decode_step_tokens_total %lld\n", (long long)st.engine.decode_step_tokens);
     METRIC("engine_prefill_tokens_total", "counter", "Prompt (and recomputed) tokens run by the engine.",

@@ -237,6 +237,9 @@ static void log_engine_stats(Trainer *t, const EngineStats *es) {
     int64_t looked_up = es->shared_tokens + es->prefill_tokens;
     metrics_add(&t->metrics, "engine/prefix_cache_hit_rate", looked_up ? (double)es->shared_tokens / looked_up : 0.0);
     metrics_add(&t->metrics, "engine/activations_released", t->ts == NULL);
+    /* where the decode steps' time goes: waiting for the device, and the rest, the host's own work */
+    metrics_add(&t->metrics, "time/generation_decode", es->decode_seconds);
+    metrics_add(&t->metrics, "time/generation_decode_wait", es->decode_wait_seconds);
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
         t->be->memory_info(t->be, &free_bytes, &total_bytes);

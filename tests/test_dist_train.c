@@ -337,7 +337,8 @@ int main(void) {
                                    {"z2", "--zero_stage 2"},
 #if !defined(__SANITIZE_ADDRESS__) /* Release only: the offload step runs sanitized in z1_offload and test_tp's
                                     * zero_stage 3 + offload, the clipping scales the shard z2's step updates */
-                                   {"z2_offload", "--zero_stage 2 --offload_optimizer cpu"},
+                                   /* ZeRO-2's reduced shard of the gradients, half of it updated on the "device" */
+                                   {"z2_offload", "--zero_stage 2 --offload_optimizer cpu --offload_optimizer_ratio 0.5"},
                                    {"z2_clipped", "--zero_stage 2 --max_grad_norm 0.01"},
 #endif
                                    {"z3", "--zero_stage 3"},

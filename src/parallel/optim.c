@@ -345,8 +345,8 @@ static double run_offload_job(Optimizer *o, const OffloadJob *j, const HostAdamW
                               const HostAdamWStep *plain) {
     size_t at = j->off - o->mid;
     double t0 = time_now();
-    host_adamw(j->wd != 0.0f ? decayed : plain, o->host_master + at, o->host_exp_avg + at, o->host_exp_avg_sq + at, o->stage_grad[j->buf], o->stage_weight[j->buf], o->be->storage, j->len,
-               o->so.host_threads);
+    host_adamw(j->wd != 0.0f ? decayed : plain, o->host_master + at, o->host_exp_avg + at, o->host_exp_avg_sq + at,
+               o->stage_grad[j->buf], o->stage_weight[j->buf], o->be->storage, j->len, o->so.host_threads);
     return time_now() - t0;
 }
 
@@ -447,7 +447,8 @@ static void step_impl(Optimizer *o, const char *grads, size_t grads_base, float 
      * rank's part of it under zero_stage 3. Two groups as transformers' Trainer makes them: weight decay on matrices and
      * embeddings, none on biases and norms (they sit at the end of the layout). */
     size_t split = model_params_no_decay_start(o->model);
-    /* The device part first: its kernels run while the host works on its own part. */
+    /* The device part first: its update is queued ahead of the host part's copies and takes milliseconds
+     * (memory-bound) where the host's takes the better part of a second. */
     for (int group = 0; group < 2; group++) {
         size_t start = group == 0 ? 0 : split, end = group == 0 ? split : o->flat_numel;
         if (start < o->lo) start = o->lo;

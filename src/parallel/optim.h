@@ -43,7 +43,7 @@ int optim_create(Optimizer **out, Model *m, const AdamWConfig *cfg, const Backen
 typedef struct OptimShardOptions {
     int rank, world;  /* this rank's shard of the flat parameters (zero_stage >= 1); world 1: all of them */
     bool offload;     /* offload_optimizer cpu: fp32 master weights and moments in host memory, AdamW on the host */
-    /* With offload: the share of the shard whose state stays on the device and updates there, while the host
+    /* With offload: the share of the shard whose state stays on the device and updates there; the host
      * updates the rest (1 - DeepSpeed's offload_optimizer.ratio; 0, the default: all of it on the host). */
     double device_share;
     int host_threads; /* the host AdamW's threads (0: OpenMP's default, all cores) */

@@ -126,7 +126,7 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->fits = (double)(p->train_peak + TRAIN_HEADROOM) <= room && (double)(p->generate_peak + p->headroom) <= room;
     p->fits_host = in->host_bytes <= 0 || (double)p->host_optimizer <= 0.9 * in->host_bytes;
     /* Offloaded with room to spare beside the expected peak: the ratio that would keep more of the state on
-     * the device (its share updates there while the host works), rounded up to 0.05. */
+     * the device (its share updates there, in milliseconds), rounded up to 0.05. */
     p->offload_ratio_room = -1.0;
     if (in->offload && in->gpu && p->fits && shard > 0) {
         double spare = room - (double)(p->expected_peak + TRAIN_HEADROOM);
@@ -239,7 +239,7 @@ void memory_plan_print(const MemoryPlan *p, const MemoryPlanInput *in, FILE *fp)
     }
     if (p->offload_ratio_room >= 0 && p->offload_ratio_room < 1.0 - in->offload_device_share - 0.025)
         fprintf(fp, "  the device has room for more of the optimizer state: offload_optimizer_ratio %.2f keeps %.0f%% of "
-                    "it there, updated while the host works on the rest\n",
+                    "it there and leaves the host the rest\n",
                 p->offload_ratio_room, 100.0 * (1.0 - p->offload_ratio_room));
     fprintf(fp, "  %s\n", p->fits && p->fits_host ? "fits" : "does NOT fit");
     for (int i = 0; i < p->n_suggestions; i++) fprintf(fp, "  - %s\n", p->suggestions[i]);

@@ -331,7 +331,7 @@ static const ConfigKey KEYS[] = {
       "none, or cpu: fp32 master weights and AdamW moments in host memory, AdamW run on the host's cores"),
     KD(offload_optimizer_ratio, KEY_DOUBLE, 0, RANGE_CLOSED, 1,
        "with offload_optimizer cpu: the share of the optimizer state kept and updated on the host (DeepSpeed's "
-       "offload_optimizer.ratio); the device keeps the rest and updates it while the host works on its share"),
+       "offload_optimizer.ratio); the device keeps the rest and updates it itself, in milliseconds"),
     K(deepspeed, KEY_STRING,
       "a DeepSpeed JSON config (TRL's key): its zero_optimization stage and offload_optimizer device set zero_stage "
       "and offload_optimizer; every other key is named as honoured, ignored or refused"),

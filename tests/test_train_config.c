@@ -1233,6 +1233,13 @@ static void test_deepspeed_json(void) {
                                      "\"ratio\": 0.3}}}", "offload_optimizer_ratio: 0.3\n", err);
     CHECK(rc == 0 && c.offload_optimizer_ratio == 0.3, "the same ratio in both: rc %d: %s", rc, err);
     train_config_free(&c);
+    rc = finalize_with_deepspeed(&c, "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"none\", "
+                                     "\"ratio\": 0.3}}}", NULL, err);
+    CHECK(rc == 0 && c.offload_optimizer_ratio == 1.0 &&
+              json_object_get(c.notices, "deepspeed.zero_optimization.offload_optimizer.ratio") != NULL,
+          "a ratio without offload in a DeepSpeed file: rc %d, ratio %g, no notice: %s", rc, c.offload_optimizer_ratio,
+          err);
+    train_config_free(&c);
     /* refusals: one line each, naming the key */
     const struct {
         const char *json, *extra, *needle;

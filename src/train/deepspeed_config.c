@@ -85,6 +85,8 @@ static int apply_zero(TrainConfig *c, const json_t *z, const char *path, char *e
                     return errorf(err, "%s: %s.ratio is %g but offload_optimizer_ratio is %g: give one of them", path,
                                   key, r, c->offload_optimizer_ratio);
                 if (strcmp(device, "cpu") == 0) c->offload_optimizer_ratio = r;
+                else notice(c, path, "zero_optimization.offload_optimizer.ratio",
+                            "the optimizer is not offloaded (device none)");
             }
             if (json_object_get(v, "pin_memory"))
                 notice(c, path, "zero_optimization.offload_optimizer.pin_memory",

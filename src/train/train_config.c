@@ -333,8 +333,9 @@ static const ConfigKey KEYS[] = {
        "with offload_optimizer cpu: the share of the optimizer state kept and updated on the host (DeepSpeed's "
        "offload_optimizer.ratio); the device keeps the rest and updates it itself, in milliseconds"),
     K(deepspeed, KEY_STRING,
-      "a DeepSpeed JSON config (TRL's key): its zero_optimization stage and offload_optimizer device set zero_stage "
-      "and offload_optimizer; every other key is named as honoured, ignored or refused"),
+      "a DeepSpeed JSON config (TRL's key): its zero_optimization stage and offload_optimizer device and ratio set "
+      "zero_stage, offload_optimizer and offload_optimizer_ratio; every other key is named as honoured, ignored or "
+      "refused"),
 };
 #undef K
 #undef KI

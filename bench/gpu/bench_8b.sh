@@ -64,6 +64,9 @@ print(f"| {sys.argv[2].replace(',', ' ')} | {gpus} | {step:.2f} | {mean('time/ge
       f"{mean('time/training') - mean('time/optimizer'):.2f} | {mean('time/optimizer'):.2f} | {tok:,.0f} | "
       f"{tok / step / gpus:,.0f} | {completion / step / gpus:,.0f} | {max(r.get('memory/allocated_peak_gb', 0) for r in rows):.1f} |")
 PY
+  # the trained model (16 GB of bf16 each) is not needed: three runs and the random-weight model would fill a
+  # 64 GB disk
+  rm -f "$out"/model*.safetensors
 done
 echo
 echo "Command: STEPS=$steps bash bench/gpu/bench_8b.sh $tok $prompts $* (means over steps 2-$steps)"

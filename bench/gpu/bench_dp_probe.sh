@@ -41,11 +41,14 @@ for label in labels:
     rows = [json.loads(l) for l in open(f"{work}/{label}/metrics.jsonl") if l.strip()][1:]
     means.append(lambda k, rows=rows: sum(r.get(k, 0) for r in rows) / len(rows))
 cell = lambda k: " / ".join(f"{m(k):.3f}" for m in means)
-print(f"| {what} | {cell('step_time')} | {cell('time/generation')} | {cell('time/generation_engine')} | {cell('time/training')} |")
+print(f"| {what} | {cell('step_time')} | {cell('time/generation')} | {cell('time/generation_engine')} | "
+      f"{cell('time/generation_decode')} | {cell('time/generation_decode_wait')} | {cell('time/training')} |")
 PY
 }
-echo "| run | step s | generation s | engine s | training s |"
-echo "|---|---:|---:|---:|---:|"
+# engine: this rank's engine call; decode: its pure decode steps, of which "wait" waited for the GPU (the
+# rest of decode is the host's work; engine - decode is the call's setup, prefill and teardown)
+echo "| run | step s | generation s | engine s | decode s | decode wait s | training s |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 run 0 alone0 && row "alone on GPU 0" alone0
 if [ "${QUICK:-0}" != 1 ]; then
   run 1 alone1 && row "alone on GPU 1" alone1

@@ -2,7 +2,8 @@
 # bench_dp_probe.sh — where data parallelism's cost per GPU comes from: the GRPO benchmark's 1.5B step
 # (bench/gpu/grpo_bench.yaml) alone on GPU 0, alone on GPU 1, as two independent runs at once, alone with a
 # rank's share of the host threads, and as --nproc_per_node 2; prints step, generation, engine
-# (time/generation_engine) and training means over steps 2-6 for each. Needs 2 GPUs.
+# (time/generation_engine), its decode steps and their wait for the GPU (time/generation_decode[_wait]) and
+# training means over steps 2-6 for each. Needs 2 GPUs.
 # Usage: bash bench/gpu/bench_dp_probe.sh TOKENIZER_DIR PROMPTS_JSONL [preset]   (preset default qwen2.5-1.5b)
 #   SAME_PROMPT=1: every run takes PROMPTS_JSONL's first prompt, repeated (each rank's round then the single
 #   run's work exactly); NCCL_ROWS=1: also --nproc_per_node 2 with the gradients through the host

@@ -1187,6 +1187,20 @@ static int finalize_with_deepspeed(TrainConfig *c, const char *json, const char 
     return rc;
 }
 
+/* A minimal config with --key value given on the command line, finalized. */
+static int finalize_with_flag(TrainConfig *c, const char *key, const char *value, char *err) {
+    char flag[96];
+    snprintf(flag, sizeof flag, "--%s", key);
+    train_config_defaults(c);
+    int rc = train_config_set(c, key, value, flag, err);
+    if (rc == 0) {
+        char base[] = "model: m\ndataset: d.jsonl\noutput_dir: out\nreward_funcs: [{type: length}]\n";
+        rc = train_config_load_text(c, base, strlen(base), TRAIN_CONFIG_YAML, "x.yaml", err);
+        if (rc == 0) rc = train_config_finalize(c, err);
+    }
+    return rc;
+}
+
 static void test_deepspeed_json(void) {
     TrainConfig c;
     char err[ERR_LEN];
@@ -1271,23 +1285,11 @@ static void test_deepspeed_json(void) {
         train_config_free(&c);
     }
     /* offload_optimizer and zero_stage as colt keys */
-    train_config_defaults(&c);
-    rc = train_config_set(&c, "offload_optimizer", "disk", "--offload_optimizer", err);
-    if (rc == 0) {
-        char base[] = "model: m\ndataset: d.jsonl\noutput_dir: out\nreward_funcs: [{type: length}]\n";
-        rc = train_config_load_text(&c, base, strlen(base), TRAIN_CONFIG_YAML, "x.yaml", err);
-        if (rc == 0) rc = train_config_finalize(&c, err);
-    }
+    rc = finalize_with_flag(&c, "offload_optimizer", "disk", err);
     CHECK(rc != 0 && strstr(err, "offload_optimizer 'disk': use none or cpu"), "offload disk: %s", err);
     train_config_free(&c);
     /* a ratio without offload: refused, naming both keys */
-    train_config_defaults(&c);
-    rc = train_config_set(&c, "offload_optimizer_ratio", "0.5", "--offload_optimizer_ratio", err);
-    if (rc == 0) {
-        char base[] = "model: m\ndataset: d.jsonl\noutput_dir: out\nreward_funcs: [{type: length}]\n";
-        rc = train_config_load_text(&c, base, strlen(base), TRAIN_CONFIG_YAML, "x.yaml", err);
-        if (rc == 0) rc = train_config_finalize(&c, err);
-    }
+    rc = finalize_with_flag(&c, "offload_optimizer_ratio", "0.5", err);
     CHECK(rc != 0 && strstr(err, "offload_optimizer_ratio 0.5 without offload_optimizer cpu"), "ratio alone: %s", err);
     train_config_free(&c);
     train_config_defaults(&c);

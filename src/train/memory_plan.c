@@ -74,9 +74,11 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->gradients = in->zero_stage >= 2 ? model_grads_plan_bytes(m, true) : trainable * 4;
     int states = in->offload || in->storage != DTYPE_F32 ? 3 : 2;
     if (in->zero_stage >= 2) p->gradients += (shards > 1 ? shard : trainable) * 4;
+    /* the device's part of the state: moments, and fp32 master weights beside low-precision ones */
+    const size_t device_state_bytes = 4 * (size_t)(in->storage != DTYPE_F32 ? 3 : 2);
     size_t on_device = in->offload ? optim_offload_split(0, shard, in->offload_device_share) : shard;
     p->host_optimizer = optim_offload_host_bytes(shard - on_device, in->storage);
-    p->optimizer = on_device * 4 * (size_t)(in->storage != DTYPE_F32 ? 3 : 2);
+    p->optimizer = on_device * device_state_bytes;
     int N = in->batch * in->max_seq;
     p->activations_full = train_state_plan_bytes(m, in->batch, in->max_seq, N, false);
     p->activations_recompute = train_state_plan_bytes(m, in->batch, in->max_seq, N, true);
@@ -130,7 +132,7 @@ void memory_plan_compute(MemoryPlan *p, const MemoryPlanInput *in) {
     p->offload_ratio_room = -1.0;
     if (in->offload && in->gpu && p->fits && shard > 0) {
         double spare = room - (double)(p->expected_peak + TRAIN_HEADROOM);
-        double more = spare > 0 ? spare / (4.0 * (in->storage != DTYPE_F32 ? 3 : 2)) : 0.0;
+        double more = spare > 0 ? spare / (double)device_state_bytes : 0.0;
         double share = fmin(1.0, ((double)on_device + more) / (double)shard);
         p->offload_ratio_room = fmin(1.0, ceil((1.0 - share) * 20.0 - 1e-9) / 20.0);
     }

@@ -425,6 +425,127 @@ static void run_weight_update(const char *dir) {
     model_free(m);
 }
 
+/* engine_run: rounds on one engine with an optimizer step (in place) between them, as colt train runs
+ * them. Each round's completions are engine_generate's on the weights of that moment, bit for bit; the step
+ * moves the weights' version but not their layout (the engine keeps its graphs); the prefix cache of the
+ * round before is forgotten after a step and used when no step came between; each call's stats are its
+ * own and add up to the engine's totals; and the refusals. */
+static void run_rounds(const char *dir) {
+    char err[ERR_LEN];
+    Model *m = load(dir);
+    if (!m) return;
+    const ModelConfig *c = model_config(m);
+    EngineOptions eo = {.deterministic = true};
+    Request r[N_REQ];
+    make_requests(r, c->vocab_size, false);
+    GenerateOptions go = r[0].opt;
+    go.max_new_tokens = MAX_NEW;
+    go.ignore_eos = false;
+    /* stop ids the model does sample (taken from a first generation), so the completions end at different
+     * lengths and the batch shrinks through several sizes, as a trained model's do */
+    int stop_ids[2] = {0, 0};
+    GenSequence probe[2] = {{.prompt = r[1].prompt, .prompt_len = r[1].seq.prompt_len, .stream = 1},
+                            {.prompt = r[6].prompt, .prompt_len = r[6].seq.prompt_len, .stream = 6}};
+    go.n_stop_ids = 0;
+    CHECK(engine_generate(m, probe, 2, &go, &eo, NULL, err) == 0, "probe: %s", err);
+    stop_ids[0] = probe[0].tokens[4], stop_ids[1] = probe[1].tokens[9];
+    gen_sequence_free(&probe[0]), gen_sequence_free(&probe[1]);
+    go.stop_ids = stop_ids, go.n_stop_ids = 2;
+    Engine *e = NULL;
+    Optimizer *opt = NULL;
+    ModelGrads *grads = NULL;
+    AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    CHECK(engine_create(&e, m, &eo, MAX_PROMPT + MAX_NEW, N_REQ, err) == 0, "engine_create: %s", err);
+    CHECK(optim_create(&opt, m, &ac, backend_cpu(), err) == 0 && model_grads_create(&grads, m, err) == 0, "%s", err);
+    if (!e || !opt || !grads) goto done;
+    size_t n = 0;
+    void *g = model_grads_flat(grads, &n);
+    float *host = malloc(sizeof(float) * n);
+    for (size_t k = 0; k < n; k++) host[k] = (float)(rng_uniform(6, 0, k) - 0.5);
+    backend_cpu()->copy_from_host(backend_cpu(), g, host, sizeof(float) * n);
+    free(host);
+
+    /* rounds 0-2 with a step after each of the first two; round 3 right after round 2 */
+    int64_t shared[4] = {0}, steps_sum = 0;
+    EngineStats before;
+    engine_stats(e, &before);
+    GenSequence round2[N_REQ];
+    for (int round = 0; round < 4; round++) {
+        GenSequence seqs[N_REQ], refs[N_REQ];
+        for (int i = 0; i < N_REQ; i++)
+            seqs[i] = refs[i] = (GenSequence){.prompt = r[i].prompt, .prompt_len = r[i].seq.prompt_len,
+                                              .stream = (uint64_t)(round < 3 ? round : 2) * 100 + (uint64_t)i};
+        EngineStats st;
+        CHECK(engine_run(e, seqs, N_REQ, &go, &st, err) == 0, "round %d: engine_run: %s", round, err);
+        CHECK(engine_generate(m, refs, N_REQ, &go, &eo, NULL, err) == 0, "round %d: engine_generate: %s", round, err);
+        int same = 0, lengths_differ = 0;
+        int64_t sampled = 0;
+        for (int i = 0; i < N_REQ; i++) {
+            same += same_bits(&seqs[i], &refs[i]);
+            lengths_differ += seqs[i].n_tokens != seqs[0].n_tokens;
+            sampled += seqs[i].n_tokens;
+        }
+        shared[round] = st.shared_tokens;
+        steps_sum += st.steps;
+        printf("  engine_run round %d: %d/%d completions bit-identical to engine_generate's (%lld tokens, %d of "
+               "other lengths than the first); %lld prompt tokens from the prefix cache\n",
+               round, same, N_REQ, (long long)sampled, lengths_differ, (long long)st.shared_tokens);
+        CHECK(same == N_REQ, "round %d: %d of %d completions differ from engine_generate's", round, N_REQ - same, N_REQ);
+        CHECK(st.decode_tokens == sampled, "round %d: the call's stats count %lld sampled tokens, not %lld", round,
+              (long long)st.decode_tokens, (long long)sampled);
+        if (round == 0) CHECK(lengths_differ > 0, "every completion has one length: the rounds show nothing");
+        for (int i = 0; i < N_REQ; i++) gen_sequence_free(&refs[i]);
+        if (round == 2)
+            memcpy(round2, seqs, sizeof seqs);
+        else if (round == 3) {
+            int again = 0;
+            for (int i = 0; i < N_REQ; i++) again += same_bits(&seqs[i], &round2[i]);
+            CHECK(again == N_REQ, "the same round on the same weights gave other completions (%d of %d the same)",
+                  again, N_REQ);
+            for (int i = 0; i < N_REQ; i++) gen_sequence_free(&round2[i]);
+        }
+        if (round == 3 || round == 2) {
+            if (round == 3)
+                for (int i = 0; i < N_REQ; i++) gen_sequence_free(&seqs[i]);
+            continue;
+        }
+        for (int i = 0; i < N_REQ; i++) gen_sequence_free(&seqs[i]);
+        uint64_t v0 = model_weights_version(m), l0 = model_weights_layout_version(m);
+        optim_step(opt, grads, 0.05f);
+        CHECK(model_weights_version(m) > v0 && model_weights_layout_version(m) == l0,
+              "an optimizer step moved the version %s and the layout %s (want: moved, kept)",
+              model_weights_version(m) > v0 ? "moved" : "kept", model_weights_layout_version(m) == l0 ? "kept" : "moved");
+    }
+    CHECK(shared[1] == shared[0] && shared[2] == shared[0],
+          "after an optimizer step the round took %lld / %lld tokens from the cache, the first round %lld (stale blocks)",
+          (long long)shared[1], (long long)shared[2], (long long)shared[0]);
+    CHECK(shared[3] > shared[2], "with no step between, the round took %lld tokens from the cache, not more than %lld",
+          (long long)shared[3], (long long)shared[2]);
+    EngineStats after;
+    engine_stats(e, &after);
+    CHECK(after.steps - before.steps == steps_sum, "engine_stats counts %d steps over the rounds, the calls %lld",
+          after.steps - before.steps, (long long)steps_sum);
+
+    /* Refusals: a sequence longer than the engine was made for, an asleep engine. */
+    GenSequence longer = {.prompt = r[5].prompt, .prompt_len = r[5].seq.prompt_len}; /* 37 + 24 > 60 */
+    GenerateOptions more = go;
+    more.max_new_tokens = MAX_NEW + 4;
+    err[0] = 0;
+    CHECK(engine_run(e, &longer, 1, &more, NULL, err) != 0 && strstr(err, "needs 61 tokens"),
+          "a sequence past the engine's length: '%s'", err);
+    engine_sleep(e);
+    GenSequence one = {.prompt = r[0].prompt, .prompt_len = r[0].seq.prompt_len};
+    err[0] = 0;
+    CHECK(engine_run(e, &one, 1, &go, NULL, err) != 0 && strstr(err, "asleep"), "an asleep engine: '%s'", err);
+    CHECK(engine_wake(e, err) == 0 && engine_run(e, &one, 1, &go, NULL, err) == 0, "after waking: %s", err);
+    gen_sequence_free(&one);
+done:
+    optim_free(opt);
+    model_grads_free(grads);
+    engine_destroy(e);
+    model_free(m);
+}
+
 int main(void) {
     const char *dirs[2] = {COLT_SOURCE_DIR "/tests/data/models/tiny-qwen2-f32", COLT_SOURCE_DIR "/models/stories260K"};
     for (int d = 0; d < 2; d++) {
@@ -439,6 +560,7 @@ int main(void) {
         run_lifetime(m);
         model_free(m);
         run_weight_update(dirs[d]);
+        run_rounds(dirs[d]);
     }
     backend_cpu()->set_batch_invariant(backend_cpu(), 0);
     printf("test_engine_persistent: %d checks, %d failures\n", g_checks, g_failures);

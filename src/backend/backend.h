@@ -380,6 +380,12 @@ struct Backend {
     void *(*capture_end)(const Backend *be);
     void (*graph_launch)(const Backend *be, void *graph);
     void (*graph_free)(const Backend *be, void *graph);
+    /* A counter that moves whenever the instance frees one of its own buffers
+     * that ops read (scratch, partials) to allocate it larger: graphs recorded
+     * before hold the old address and must be recorded again. A graph kept
+     * while other ops run (the engine's, between training steps) is launched
+     * only while the counter has not moved since its recording. */
+    uint64_t (*buffers_epoch)(const Backend *be);
 
     /* ---- identity and streams for code that runs collectives beside the ops
      * (NULL on the CPU: no streams; use the backend_* wrappers below) ---- */

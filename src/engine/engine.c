@@ -94,7 +94,9 @@ struct Engine {
 
     /* Held while awake: device memory and what is sized by the pool. */
     bool awake;
-    uint64_t weights_version; /* the model's, when the pool's K/V, the cache and the graphs were made */
+    uint64_t weights_version; /* the model's, when the pool's K/V and the cache were made */
+    uint64_t layout_version;  /* the model's weights layout, when the graphs and the decode plan were made */
+    uint64_t buffers_epoch;   /* the backend's buffers_epoch when the graphs were recorded */
     KvPool pool;
     void *decode_plan;  /* model_decode_plan_create: all layers of a decode step in one launch */
     PagedState *st;
@@ -655,6 +657,7 @@ static void seq_free(Engine *e, int idx) {
 }
 
 static void forget_weights(Engine *e);
+static void forget_values(Engine *e);
 
 /* Schedules, runs and applies one step (nothing when no request is queued or running). */
 static int step_once(Engine *e, char *err) {
@@ -768,6 +771,7 @@ static int step_once(Engine *e, char *err) {
         int rc = run_forward(e, &b, err);
         e->graphs[bucket] = be->capture_end(be);
         if (rc != 0) return COLT_ERR; /* engine_destroy frees the graph */
+        e->stats.graphs_captured++;
         be->graph_launch(be, e->graphs[bucket]);
         e->stats.graph_steps++;
     } else {
@@ -832,7 +836,12 @@ int engine_step(Engine *e, const EngineEvent **events, int *n_events, char *err)
     *events = e->events;
     *n_events = 0;
     if (!e->awake) return errorf(err, "engine: asleep (engine_wake takes its memory again)");
-    if (model_weights_version(e->m) != e->weights_version) forget_weights(e);
+    if (model_weights_layout_version(e->m) != e->layout_version) forget_weights(e);
+    else if (model_weights_version(e->m) != e->weights_version) forget_values(e);
+    if (e->be->buffers_epoch && e->be->buffers_epoch(e->be) != e->buffers_epoch) { /* a buffer they read moved */
+        free_graphs(e);
+        e->buffers_epoch = e->be->buffers_epoch(e->be);
+    }
     double t0 = time_now();
     int rc = step_once(e, err);
     e->stats.seconds += time_now() - t0;
@@ -959,18 +968,29 @@ static int take_memory(Engine *e, char *err) {
     e->stats.block_size = e->block_size;
     note_device_free(e);
     e->weights_version = model_weights_version(e->m);
+    e->layout_version = model_weights_layout_version(e->m);
     e->awake = true;
     return COLT_OK;
 }
 
-/* The weights changed: nothing computed from the old ones may be used again.
- * Running sequences are recomputed (their tokens stay), the prefix cache is
- * emptied, the graphs and the decode plan (which bind the weights' addresses)
- * are made again, and so is the scratch when LoRA adapters it has no room for
- * were attached meanwhile (colt serve's weight channel attaches a trainer's). */
-static void forget_weights(Engine *e) {
+/* New values at the same addresses (model_weights_changed_in_place: an
+ * optimizer step): the K/V and the cached blocks are stale, the graphs and
+ * the decode plan are not (they hold addresses, and the forward launches the
+ * same kernels). Running sequences are recomputed (their tokens stay). */
+static void forget_values(Engine *e) {
     requeue_all(e);
     if (e->cache.on) cache_drop_all(e);
+    e->weights_version = model_weights_version(e->m);
+}
+
+/* The weights changed, maybe their addresses (model_weights_changed): nothing
+ * computed from or recorded with the old ones may be used again. On top of
+ * forget_values, the graphs and the decode plan (which bind the weights'
+ * addresses) are made again, and so is the scratch when LoRA adapters it has
+ * no room for were attached meanwhile (colt serve's weight channel attaches a
+ * trainer's). */
+static void forget_weights(Engine *e) {
+    forget_values(e);
     free_graphs(e);
     if (!paged_state_fits(e->st, e->m)) {
         char err[ERR_LEN];
@@ -979,7 +999,7 @@ static void forget_weights(Engine *e) {
     }
     model_decode_plan_free(e->m, e->decode_plan);
     e->decode_plan = model_decode_plan_create(e->m, &e->pool, e->table_width);
-    e->weights_version = model_weights_version(e->m);
+    e->layout_version = model_weights_layout_version(e->m);
 }
 
 /* ---------------------------------------------------------------- the persistent engine */
@@ -1180,19 +1200,76 @@ void engine_stats(const Engine *e, EngineStats *out) { *out = e->stats; }
 
 int engine_max_len(const Engine *e) { return e->max_len; }
 
+bool engine_fits(const Engine *e, int max_len, int max_seqs) {
+    int max_num_seqs = e->eo.max_num_seqs > 0 ? e->eo.max_num_seqs : DEFAULT_MAX_NUM_SEQS;
+    return min_int(max_len, e->cfg->max_position_embeddings) <= e->max_len && min_int(max_seqs, max_num_seqs) <= e->n_slots;
+}
+
 /* ---------------------------------------------------------------- engine_generate: the loop on top */
 
-int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,
-                    EngineStats *stats, char *err) {
+/* A stretch of the engine's life added to the totals before it: sums, peaks and the least free memory. */
+static void stats_add(EngineStats *total, const EngineStats *part) {
+    total->pool_bytes = part->pool_bytes, total->pool_blocks = part->pool_blocks, total->block_size = part->block_size;
+    if (part->peak_blocks_used > total->peak_blocks_used) total->peak_blocks_used = part->peak_blocks_used;
+    if (part->peak_running > total->peak_running) total->peak_running = part->peak_running;
+    if (part->device_free_min && (!total->device_free_min || part->device_free_min < total->device_free_min))
+        total->device_free_min = part->device_free_min;
+    total->preemptions += part->preemptions;
+    total->steps += part->steps, total->graph_steps += part->graph_steps;
+    total->graphs_captured += part->graphs_captured;
+    total->prefill_tokens += part->prefill_tokens, total->decode_tokens += part->decode_tokens;
+    total->shared_tokens += part->shared_tokens, total->cache_evictions += part->cache_evictions;
+    total->seconds += part->seconds, total->decode_seconds += part->decode_seconds;
+    total->decode_wait_seconds += part->decode_wait_seconds, total->decode_step_tokens += part->decode_step_tokens;
+}
+
+int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err) {
     if (stats) memset(stats, 0, sizeof *stats);
-    if (generate_check(m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
-    if (n_seqs == 0) return COLT_OK;
+    if (generate_check(e->m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
+    if (!e->awake) return errorf(err, "engine_run: the engine is asleep (engine_wake takes its memory again)");
+    if (engine_has_work(e)) return errorf(err, "engine_run: the engine still has %d requests of its own", e->n_live);
+    for (int i = 0; i < n_seqs; i++) {
+        long long need = (long long)seqs[i].prompt_len + opt->max_new_tokens;
+        if (need > e->cfg->max_position_embeddings) need = e->cfg->max_position_embeddings;
+        if (need > e->max_len)
+            return errorf(err, "engine_run: sequence %d needs %lld tokens (prompt %d + max_new_tokens %d) but the "
+                               "engine was made for %d",
+                          i, need, seqs[i].prompt_len, opt->max_new_tokens, e->max_len);
+    }
     for (int i = 0; i < n_seqs; i++) {
         seqs[i].tokens = NULL;
         seqs[i].logprobs = NULL;
         seqs[i].n_tokens = 0;
         seqs[i].finish = FINISH_LENGTH;
     }
+    /* this call's counters from zero; the totals before it are added back at the end */
+    EngineStats before = e->stats;
+    memset(&e->stats, 0, sizeof e->stats);
+    e->stats.pool_bytes = before.pool_bytes, e->stats.pool_blocks = before.pool_blocks;
+    e->stats.block_size = before.block_size;
+    int rc = COLT_OK, added = 0;
+    for (; rc == 0 && added < n_seqs; added++) rc = engine_add_request(e, &seqs[added], opt, (uint64_t)added, err);
+    while (rc == 0 && engine_has_work(e)) {
+        const EngineEvent *events;
+        int n_events;
+        rc = engine_step(e, &events, &n_events, err);
+    }
+    if (rc == 0) note_device_free(e); /* the pool is still taken: the peak of this call */
+    if (stats) *stats = e->stats;
+    stats_add(&before, &e->stats);
+    e->stats = before;
+    if (rc != 0) {
+        for (int i = 0; i < added; i++) engine_abort(e, (uint64_t)i);
+        for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);
+    }
+    return rc;
+}
+
+int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, const EngineOptions *eo,
+                    EngineStats *stats, char *err) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (generate_check(m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
+    if (n_seqs == 0) return COLT_OK;
     double t0 = time_now();
     /* Sized for these sequences: the longest at full length, every one in the pool at once. */
     int max_prompt = 0;
@@ -1202,17 +1279,8 @@ int engine_generate(Model *m, GenSequence *seqs, int n_seqs, const GenerateOptio
     if (max_len > model_config(m)->max_position_embeddings) max_len = model_config(m)->max_position_embeddings;
     Engine *e = NULL;
     int rc = engine_create(&e, m, eo, (int)max_len, n_seqs, err);
-    for (int i = 0; rc == 0 && i < n_seqs; i++) rc = engine_add_request(e, &seqs[i], opt, (uint64_t)i, err);
-    while (rc == 0 && engine_has_work(e)) {
-        const EngineEvent *events;
-        int n_events;
-        rc = engine_step(e, &events, &n_events, err);
-    }
-    if (e) {
-        if (rc == 0) note_device_free(e); /* the pool is still taken: the peak of this call */
-        e->stats.seconds = time_now() - t0;
-        if (stats) *stats = e->stats;
-    }
+    if (rc == 0) rc = engine_run(e, seqs, n_seqs, opt, stats, err);
+    if (rc == 0 && stats) stats->seconds = time_now() - t0; /* the engine's making included */
     engine_destroy(e);
     if (rc != 0)
         for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);

@@ -81,6 +81,7 @@ typedef struct EngineStats {
     int peak_running;         /* most sequences held in the pool at once */
     int preemptions;          /* sequences evicted and recomputed */
     int steps, graph_steps;   /* forward calls; of which replayed CUDA graphs */
+    int graphs_captured;      /* CUDA graphs recorded (a bucket's second step, and again after the weights move) */
     int64_t prefill_tokens;   /* prompt (and recomputed) tokens run */
     int64_t decode_tokens;    /* sampled tokens */
     int64_t shared_tokens;    /* tokens not recomputed: their blocks came from the prefix cache */
@@ -154,6 +155,18 @@ typedef struct EngineEvent {
  * forward (the engine should then be destroyed). */
 int engine_step(Engine *e, const EngineEvent **events, int *n_events, char *err);
 
+/* engine_generate on an engine that lives on: completes every sequence as
+ * engine_generate does (the same results), reusing what the engine holds —
+ * its pool and its CUDA graphs, which survive weight changes made in place
+ * (model_weights_changed_in_place), so a training loop that generates every
+ * step records them once. The engine must be awake, with no requests of its
+ * own, and long enough: every prompt + opt->max_new_tokens within
+ * engine_max_len (capped at the model's max_position_embeddings, as
+ * engine_generate caps it). stats (may be NULL): this call's, as
+ * engine_generate's; engine_stats keeps the totals. On error the sequences
+ * are freed and the engine should be destroyed. */
+int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err);
+
 /* Requests queued or running (engine_step has work). */
 bool engine_has_work(const Engine *e);
 
@@ -181,5 +194,7 @@ void engine_load(const Engine *e, EngineLoad *out);
 /* Totals since engine_create (seconds: time spent in engine_step; peaks over the engine's life). */
 void engine_stats(const Engine *e, EngineStats *out);
 int engine_max_len(const Engine *e); /* the longest sequence it takes, prompt included */
+/* Whether e is as large as engine_create(max_len, max_seqs) with its options would make it. */
+bool engine_fits(const Engine *e, int max_len, int max_seqs);
 
 #endif

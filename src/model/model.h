@@ -185,9 +185,16 @@ const float *model_rope_table(const Model *m); /* model_rope_inv_freq of its con
  * writes them (an optimizer step, LoRA adapters attached, loaded or switched,
  * ZeRO-3's gathers, a weight update from outside) calls model_weights_changed;
  * the engine compares the version at every step, so nothing it computed from
- * older weights (K/V, cached prefix blocks, recorded graphs) is used again. */
+ * older weights (K/V, cached prefix blocks, recorded graphs) is used again.
+ * model_weights_changed_in_place is the narrower promise of a writer that only
+ * changes values (an optimizer step): every tensor keeps its address and the
+ * forward launches the same kernels, so recorded graphs (which hold addresses,
+ * not values) stay valid; the layout version moves only with
+ * model_weights_changed. */
 uint64_t model_weights_version(const Model *m);
+uint64_t model_weights_layout_version(const Model *m);
 void model_weights_changed(Model *m);
+void model_weights_changed_in_place(Model *m);
 
 /* Per-run state: the KV cache (n_slots sequences of up to max_len tokens) and
  * scratch activations for up to max_tokens tokens per forward call. Everything

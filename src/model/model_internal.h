@@ -134,7 +134,8 @@ struct Model {
     /* ZeRO-3: NULL, or this rank's part of the weights (arena is then NULL
      * except between model_params_gather_all and model_params_release_all). */
     ModelPartition *part;
-    uint64_t weights_version; /* model_weights_changed */
+    uint64_t weights_version;        /* model_weights_changed[_in_place] */
+    uint64_t weights_layout_version; /* model_weights_changed: addresses or kernels may differ */
 };
 
 #define ARENA_ALIGN 64 /* elements: 128-byte aligned tensors in bf16, 256 in fp32 */

@@ -439,7 +439,8 @@ static void offload_step(Optimizer *o, const char *grads, size_t grads_base, siz
  * The gradient of flat element i is at grads + (i - grads_base) * 4. */
 static void step_impl(Optimizer *o, const char *grads, size_t grads_base, float lr) {
     o->step++;
-    model_weights_changed(o->model); /* an engine that outlives this step must not reuse K/V of the old weights */
+    /* an engine that outlives this step must not reuse K/V of the old weights; its graphs stay valid (in place) */
+    model_weights_changed_in_place(o->model);
     double beta1 = float_as_decimal(o->cfg.beta1), beta2 = float_as_decimal(o->cfg.beta2);
     float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
     float bc2 = (float)(1.0 - pow(beta2, (double)o->step));

@@ -329,7 +329,8 @@ static int transfer(WeightSync *w, const Model *m, bool sending, char *err) {
 int weight_sync_send(WeightSync *w, const Model *m, char *err) { return transfer(w, m, true, err); }
 int weight_sync_recv(WeightSync *w, Model *m, char *err) {
     int rc = transfer(w, m, false, err);
-    model_weights_changed(m); /* even after a failed transfer: part of the arena may be new */
+    /* even after a failed transfer: part of the arena may hold new values (in place: the same addresses) */
+    model_weights_changed_in_place(m);
     return rc;
 }
 

@@ -113,6 +113,7 @@ void trainer_release_activations(Trainer *t) {
 
 int trainer_ensure_activations(Trainer *t, char *err) {
     if (t->ts) return COLT_OK;
+    if (t->engine) engine_sleep(t->engine); /* the activations were given back: memory is short */
     double t0 = time_now();
     int bs = t->cfg->per_device_train_batch_size;
     trainer_alloc_label(t, "training activations", t->plan.activations);
@@ -123,7 +124,12 @@ int trainer_ensure_activations(Trainer *t, char *err) {
 }
 
 void trainer_make_room_for_generation(Trainer *t, int n_seqs) {
-    if (!t->ts) return;
+    if (t->engine) engine_sleep(t->engine);
+    trainer_make_room_for_round(t, n_seqs);
+}
+
+void trainer_make_room_for_round(Trainer *t, int n_seqs) {
+    if (!t->ts || (t->engine && engine_awake(t->engine))) return;
     bool release = true;
     if (t->be->memory_info) {
         size_t free_bytes, total_bytes;
@@ -132,6 +138,41 @@ void trainer_make_room_for_generation(Trainer *t, int n_seqs) {
                                    dist_optimizer_gathered_bytes(&t->optimizer);
     }
     if (release) trainer_release_activations(t);
+}
+
+/* The rounds' engine lives from round to round: its pool and its CUDA graphs
+ * (one per decode batch size met, recorded on the bucket's second step) are
+ * made once instead of every round, which counts where completions end at
+ * different lengths and the batch shrinks through many sizes. It stays awake
+ * through training only where the activations stayed beside it (memory is
+ * plentiful) and the weights keep their addresses (an optimizer step writes
+ * them in place; zero_stage 3 gathers them anew each round); otherwise it
+ * sleeps, giving its memory back, and wakes for the next round. */
+int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
+                           char *err) {
+    if (es) memset(es, 0, sizeof *es);
+    if (n_seqs == 0) return COLT_OK;
+    double t0 = time_now();
+    int need = 0; /* the longest sequence of this round */
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i].prompt_len + go->max_new_tokens > need) need = seqs[i].prompt_len + go->max_new_tokens;
+    int max_len = t->max_seq > need ? t->max_seq : need;
+    if (t->engine && !engine_fits(t->engine, max_len, n_seqs)) {
+        engine_destroy(t->engine); /* made for shorter or fewer sequences than this round's */
+        t->engine = NULL;
+    }
+    int rc = COLT_OK;
+    if (!t->engine) rc = engine_create(&t->engine, t->model, &t->engine_opts, max_len, n_seqs, err);
+    else rc = engine_wake(t->engine, err);
+    if (rc == 0) rc = engine_run(t->engine, seqs, n_seqs, go, es, err);
+    if (rc != 0) {
+        engine_destroy(t->engine);
+        t->engine = NULL;
+        return COLT_ERR;
+    }
+    if (es) es->seconds = time_now() - t0;
+    if (!t->ts || dist_optimizer_weights_partitioned(&t->optimizer)) engine_sleep(t->engine);
+    return COLT_OK;
 }
 
 /* The whole weights for the engine or for saving (gathered under zero_stage 3,
@@ -736,6 +777,7 @@ static void trainer_teardown(Trainer *t) {
     free(t->reward_weights);
     free(t->reward_environment);
     free(t->epoch_order);
+    engine_destroy(t->engine);
     train_state_free(t->ts);
     dist_optimizer_free(&t->optimizer);
     free(t->buf.tok_ids), free(t->buf.tok_slot), free(t->buf.tok_pos), free(t->buf.tok_target);

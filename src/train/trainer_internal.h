@@ -161,6 +161,9 @@ typedef struct Trainer {
     Metrics metrics;
     TrainerTimes times;
     EngineOptions engine_opts;
+    /* The rounds' colocated engine (trainer_round_generate), kept between rounds; awake only while the
+     * training activations exist beside it, so its CUDA graphs survive the optimizer's in-place steps. */
+    Engine *engine;
     bool recompute;    /* activation recompute (gradient checkpointing) */
     MemoryPlan plan;   /* the memory plan (zeroed when there was nothing to plan against) */
     /* sizes of the buffers, fixed at setup */
@@ -202,8 +205,14 @@ void trainer_alloc_label(const Trainer *t, const char *what, size_t planned);
 /* Training activations and the engine's KV pool take turns with the device memory. */
 void trainer_release_activations(Trainer *t);
 int trainer_ensure_activations(Trainer *t, char *err);
-/* Before generating n_seqs sequences: gives the activations back unless the pool fits beside them. */
+/* Before generating n_seqs sequences with an engine of their own (evaluation, tools, a rollout function): the
+ * rounds' engine goes to sleep, and the activations are given back unless the pool fits beside them. */
 void trainer_make_room_for_generation(Trainer *t, int n_seqs);
+/* Before a round on the rounds' engine: nothing when it is awake (it kept its memory), else as above. */
+void trainer_make_room_for_round(Trainer *t, int n_seqs);
+/* A round's completions on the rounds' engine (engine_run: engine_generate's results), made or woken here. */
+int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
+                           char *err);
 /* zero_stage 3: the whole weights gathered for the engine or for saving (collective); nothing otherwise. */
 int trainer_weights_gather(Trainer *t, char *err);
 void trainer_weights_release(Trainer *t);

@@ -233,6 +233,7 @@ static void log_engine_stats(Trainer *t, const EngineStats *es) {
     metrics_add(&t->metrics, "engine/sequences_held", es->peak_running);
     metrics_add(&t->metrics, "engine/kv_blocks_used", es->peak_blocks_used);
     metrics_add(&t->metrics, "engine/preemptions", es->preemptions);
+    metrics_add(&t->metrics, "engine/graphs_captured", es->graphs_captured);
     /* vLLM's prefix cache hit rate: prompt tokens found in the cache over those looked up */
     int64_t looked_up = es->shared_tokens + es->prefill_tokens;
     metrics_add(&t->metrics, "engine/prefix_cache_hit_rate", looked_up ? (double)es->shared_tokens / looked_up : 0.0);
@@ -434,14 +435,15 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         (t->round + 1) * micro_per_round < t->total_steps * c->gradient_accumulation_steps)
         rc = trainer_pending_launch(t, err);
     if (!t->server) {
-        trainer_make_room_for_generation(t, n_local);
+        if (t->tool_worker) trainer_make_room_for_generation(t, n_local);
+        else trainer_make_room_for_round(t, n_local);
         EngineStats es;
         rc = trainer_weights_gather(t, err);
         trainer_alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
         double e0 = time_now();
         if (rc == 0)
             rc = t->tool_worker ? trainer_agent_generate(t, seqs, n_local, &go, &es, err)
-                                : engine_generate(t->model, seqs, n_local, &go, &t->engine_opts, &es, err);
+                                : trainer_round_generate(t, seqs, n_local, &go, &es, err);
         t->times.engine += time_now() - e0;
         trainer_alloc_label(t, NULL, 0);
         trainer_weights_release(t);

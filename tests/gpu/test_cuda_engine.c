@@ -31,6 +31,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/model_train.h"
+#include "parallel/optim.h"
 
 #include "../engine_requests.h"
 #include "../harness.h"
@@ -210,6 +211,91 @@ static void run_deterministic(const char *dir, const char *adapter) {
     }
 }
 
+/* The engine as colt train keeps it, from round to round with optimizer steps between: a step writes the
+ * weights in place, so the graphs recorded in one round are replayed in the next (none recorded again) and
+ * the completions are a fresh engine's on the new weights, bit for bit. When the backend grows a buffer the
+ * graphs read (a training op's larger scratch) they are recorded again, and the completions are still a fresh
+ * engine's. */
+static void run_graphs_across_steps(const char *dir) {
+    char err[ERR_LEN];
+    const Backend *be = backend_cuda();
+    Model *m = NULL;
+    Engine *e = NULL;
+    Optimizer *opt = NULL;
+    ModelGrads *grads = NULL;
+    if (load_model(&m, dir, NULL, be, err) != 0) {
+        CHECK(0, "%s: %s", dir, err);
+        return;
+    }
+    printf("%s on %s: one engine across optimizer steps\n", dir, be->name);
+    EngineOptions det = {.deterministic = true};
+    GenerateOptions go = {.sampling = {.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.0f,
+                                       .seed = 21},
+                          .max_new_tokens = NEW_TOKENS,
+                          .ignore_eos = true};
+    AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    CHECK(engine_create(&e, m, &det, MAX_PROMPT + NEW_TOKENS, N_SEQS, err) == 0, "engine_create: %s", err);
+    CHECK(optim_create(&opt, m, &ac, be, err) == 0 && model_grads_create(&grads, m, err) == 0, "%s", err);
+    if (!e || !opt || !grads) goto done;
+    size_t n_grads = 0;
+    void *g = model_grads_flat(grads, &n_grads);
+    float *host = malloc(sizeof(float) * n_grads);
+    for (size_t k = 0; k < n_grads; k++) host[k] = (float)(rng_uniform(5, 0, k) - 0.5);
+    be->copy_from_host(be, g, host, sizeof(float) * n_grads);
+    free(host);
+
+    Requests before;
+    EngineStats st;
+    make_requests(&before, model_config(m)->vocab_size);
+    CHECK(engine_run(e, before.seqs, N_SEQS, &go, &st, err) == 0, "engine_run: %s", err);
+    printf("  round 1: %d graphs recorded, %d of %d steps replayed\n", st.graphs_captured, st.graph_steps, st.steps);
+    CHECK(st.graphs_captured > 0, "the first round recorded no graph");
+    for (int round = 2; round <= 3; round++) {
+        optim_step(opt, grads, 1e-2f);
+        if (round == 3) { /* a training op's scratch larger than any so far: the buffer moves */
+            uint64_t epoch = be->buffers_epoch(be);
+            const int dim = model_config(m)->hidden_size;
+            void *w = be->alloc(be, (size_t)dim);
+            be->zero(be, w, (size_t)dim);
+            for (int n = 1 << 14; be->buffers_epoch(be) == epoch && n <= 1 << 22; n *= 4) {
+                void *x = be->alloc(be, (size_t)n * dim), *dx = be->alloc(be, (size_t)n * dim);
+                be->zero(be, x, (size_t)n * dim);
+                be->zero(be, dx, (size_t)n * dim);
+                be->rmsnorm_backward(be, dx, NULL, x, x, w, n, dim, 1e-6f);
+                be->synchronize(be);
+                be->free(be, x), be->free(be, dx);
+            }
+            be->free(be, w);
+            CHECK(be->buffers_epoch(be) != epoch, "no op grew the backend's scratch: the case shows nothing");
+        }
+        Requests got, fresh;
+        make_requests(&got, model_config(m)->vocab_size);
+        make_requests(&fresh, model_config(m)->vocab_size);
+        CHECK(engine_run(e, got.seqs, N_SEQS, &go, &st, err) == 0, "engine_run: %s", err);
+        CHECK(engine_generate(m, fresh.seqs, N_SEQS, &go, &det, NULL, err) == 0, "engine_generate: %s", err);
+        int same = bit_identical(&got, &fresh), moved = N_SEQS - bit_identical(&got, &before);
+        printf("  round %d, after an optimizer step%s: %d graphs recorded, %d of %d steps replayed; %2d/%d "
+               "bit-identical to a fresh engine (%d of %d differ from round 1)\n",
+               round, round == 3 ? " and a scratch that grew" : "", st.graphs_captured, st.graph_steps, st.steps, same,
+               N_SEQS, moved, N_SEQS);
+        CHECK(same == N_SEQS, "round %d: %d of %d completions differ from a fresh engine's", round, N_SEQS - same,
+              N_SEQS);
+        CHECK(moved > 0, "round %d: the optimizer step changed no completion: the case shows nothing", round);
+        CHECK(st.graph_steps > 0, "round %d replayed no graph", round);
+        if (round == 2) CHECK(st.graphs_captured == 0, "round 2 recorded %d graphs again", st.graphs_captured);
+        if (round == 3) CHECK(st.graphs_captured > 0, "after the scratch moved no graph was recorded again");
+        free_requests(&got);
+        free_requests(&fresh);
+    }
+    free_requests(&before);
+done:
+    optim_free(opt);
+    model_grads_free(grads);
+    engine_destroy(e);
+    be->set_batch_invariant(be, 0);
+    model_free(m);
+}
+
 int main(void) {
     if (!backend_cuda()) {
         printf("test_cuda_engine: no GPU\n");
@@ -225,6 +311,7 @@ int main(void) {
     run_deterministic("tests/data/models/tiny-qwen2-f32", NULL);
     run_deterministic("models/stories260K", NULL);
     run_deterministic("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
+    run_graphs_across_steps("tests/data/models/tiny-qwen2-f32");
     printf("test_cuda_engine: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -117,7 +117,9 @@ int *cuda_upload_indices(CudaState *cs, const int *const *host_arrays, int count
     if (need > x->cap) {
         size_t cap = x->cap ? x->cap : 4096;
         while (cap < need) cap *= 2;
-        CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* kernels may still read the old buffer */
+        /* kernels may still read the old buffer; graphs never hold one (nothing copies from the host while
+         * capturing: backend.h), so buffers_epoch stays where it is */
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
         if (x->dev) CUDA_CHECK(cudaFree(x->dev));
         if (x->pinned) CUDA_CHECK(cudaFreeHost(x->pinned));
         CUDA_CHECK(cudaMalloc((void **)&x->dev, cap * sizeof(int)));
@@ -143,6 +145,7 @@ void *cuda_scratch(CudaState *cs, size_t bytes) {
         size_t cap = cs->scratch_cap ? cs->scratch_cap : ((size_t)1 << 16);
         while (cap < bytes) cap *= 2;
         CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        cuda_buffer_regrown(cs);
         if (cs->scratch) CUDA_CHECK(cudaFree(cs->scratch));
         CUDA_CHECK(cudaMalloc(&cs->scratch, cap));
         cs->scratch_cap = cap;
@@ -432,6 +435,8 @@ static void *cuda_capture_end(const Backend *be) {
     return (void *)exec;
 }
 
+static uint64_t cuda_buffers_epoch(const Backend *be) { return cuda_state(be)->buffers_epoch; }
+
 static void cuda_graph_launch(const Backend *be, void *graph) {
     CudaState *cs = cuda_enter(be);
     CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cs->stream));
@@ -522,6 +527,7 @@ template <typename T> static void cuda_fill_table(Backend *b, const char *name, 
     b->memory_info = cuda_memory_info;
     b->synchronize = cuda_synchronize;
     b->capture_begin = cuda_capture_begin;
+    b->buffers_epoch = cuda_buffers_epoch;
     b->capture_end = cuda_capture_end;
     b->graph_launch = cuda_graph_launch;
     b->graph_free = cuda_graph_free;

@@ -202,6 +202,9 @@ struct CudaState {
     uint64_t index_clock;
     void *scratch;      /* growable general scratch (cuda_scratch) */
     size_t scratch_cap; /* in bytes */
+    /* backend.h buffers_epoch: moves whenever a buffer the ops may have recorded into a CUDA graph is
+     * freed to grow it (cuda_buffer_regrown) */
+    uint64_t buffers_epoch;
     CudaSmemOptin smem_optin[CUDA_SMEM_OPTINS];
     int n_smem_optin;
 
@@ -236,6 +239,9 @@ struct CudaState {
 #define CUDA_STAGING_FLOATS ((size_t)8 << 20) /* 32 MiB of fp32 staging for upload/download conversion */
 
 static inline CudaState *cuda_state(const Backend *be) { return (CudaState *)be->ctx; }
+/* An instance buffer that ops read (scratch, partials, tables) is about to be freed and allocated larger:
+ * graphs recorded with its old address must not be launched again (backend.h buffers_epoch). */
+static inline void cuda_buffer_regrown(CudaState *cs) { cs->buffers_epoch++; }
 /* The start of every op: the instance's device made current on this thread
  * (a thread-local compare when it already is) and its state. */
 CudaState *cuda_enter(const Backend *be);

@@ -424,6 +424,7 @@ bool cuda_linear_split_free(CudaState *cs, void *out, const void *x, const void 
     if (need > cs->split_free_scratch_bytes) {
         if (cs->split_free_scratch) {
             CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+            cuda_buffer_regrown(cs);
             CUDA_CHECK(cudaFree(cs->split_free_scratch));
         }
         CUDA_CHECK(cudaMalloc(&cs->split_free_scratch, need));
@@ -464,6 +465,7 @@ template <typename T> static const T *ones_vector(CudaState *cs, int n) {
         while (cap < n) cap *= 2;
         if (cs->ones) {
             CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+            cuda_buffer_regrown(cs);
             CUDA_CHECK(cudaFree(cs->ones));
         }
         CUDA_CHECK(cudaMalloc(&cs->ones, (size_t)cap * sizeof(T)));

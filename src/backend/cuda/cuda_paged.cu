@@ -925,6 +925,7 @@ static float *paged_partials(CudaState *cs, size_t floats) {
         size_t want = floats > bound ? floats : bound;
         if (cs->paged_partials) {
             CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* kernels may still read the old buffer */
+            cuda_buffer_regrown(cs);
             CUDA_CHECK(cudaFree(cs->paged_partials));
         }
         CUDA_CHECK(cudaMalloc((void **)&cs->paged_partials, want * sizeof(float)));
@@ -1066,6 +1067,7 @@ static const int *identity_table(CudaState *cs, size_t rows) {
         CUDA_ASSERT_HOST(host != NULL && want < (1u << 31));
         for (size_t i = 0; i < want; i++) host[i] = (int)i;
         CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* kernels may still read the old table */
+        cuda_buffer_regrown(cs);
         if (cs->identity_table) CUDA_CHECK(cudaFree(cs->identity_table));
         CUDA_CHECK(cudaMalloc((void **)&cs->identity_table, want * sizeof(int)));
         CUDA_CHECK(cudaMemcpy(cs->identity_table, host, want * sizeof(int), cudaMemcpyHostToDevice));

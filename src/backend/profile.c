@@ -511,6 +511,10 @@ static void prof_graph_free(const Backend *be, void *graph) {
     const Backend *in = ((ProfileContext *)be->ctx)->inner;
     in->graph_free(in, graph);
 }
+static uint64_t prof_buffers_epoch(const Backend *be) {
+    const Backend *in = ((ProfileContext *)be->ctx)->inner;
+    return in->buffers_epoch(in);
+}
 static void *prof_alloc_host(const Backend *be, size_t bytes) {
     const Backend *in = ((ProfileContext *)be->ctx)->inner;
     return in->alloc_host(in, bytes);
@@ -682,6 +686,7 @@ Backend *backend_profile_wrap(const Backend *inner) {
     if (inner->capture_end) w->capture_end = prof_capture_end;
     if (inner->graph_launch) w->graph_launch = prof_graph_launch;
     if (inner->graph_free) w->graph_free = prof_graph_free;
+    if (inner->buffers_epoch) w->buffers_epoch = prof_buffers_epoch;
     if (inner->alloc_host) w->alloc_host = prof_alloc_host;
     if (inner->free_host) w->free_host = prof_free_host;
     if (inner->memory_stats) w->memory_stats = prof_memory_stats;

@@ -140,13 +140,23 @@ void trainer_make_room_for_round(Trainer *t, int n_seqs) {
     if (release) trainer_release_activations(t);
 }
 
+/* Whether the rounds' engine may keep its memory through training: the
+ * activations stayed beside it, the weights keep their addresses (an
+ * optimizer step writes them in place; zero_stage 3 gathers them anew each
+ * round), and what is free beside both leaves training twice the headroom the
+ * memory plan gives it (its transient scratch). */
+static bool engine_stays_awake(const Trainer *t) {
+    if (!t->ts || dist_optimizer_weights_partitioned(&t->optimizer) || !t->be->memory_info) return false;
+    size_t free_bytes, total_bytes;
+    t->be->memory_info(t->be, &free_bytes, &total_bytes);
+    return free_bytes >= 2 * MEMORY_PLAN_TRAIN_HEADROOM;
+}
+
 /* The rounds' engine lives from round to round: its pool and its CUDA graphs
  * (one per decode batch size met, recorded on the bucket's second step) are
  * made once instead of every round, which counts where completions end at
  * different lengths and the batch shrinks through many sizes. It stays awake
- * through training only where the activations stayed beside it (memory is
- * plentiful) and the weights keep their addresses (an optimizer step writes
- * them in place; zero_stage 3 gathers them anew each round); otherwise it
+ * through training where memory allows (engine_stays_awake); otherwise it
  * sleeps, giving its memory back, and wakes for the next round. */
 int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
                            char *err) {
@@ -171,7 +181,7 @@ int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const Gene
         return COLT_ERR;
     }
     if (es) es->seconds = time_now() - t0;
-    if (!t->ts || dist_optimizer_weights_partitioned(&t->optimizer)) engine_sleep(t->engine);
+    if (!engine_stays_awake(t)) engine_sleep(t->engine);
     return COLT_OK;
 }
 

@@ -148,11 +148,11 @@ static int run_generation(Trainer *t, GenSequence *seqs, int m, const GenerateOp
         free(budgets);
         return rc;
     }
-    trainer_make_room_for_generation(t, m);
-    EngineStats es;
+    trainer_make_room_for_round(t, m);
     int rc = trainer_weights_gather(t, err);
     trainer_alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
-    if (rc == 0) rc = engine_generate(t->model, seqs, m, go, &t->engine_opts, &es, err);
+    /* every ask of the round (and of the next rounds) on the rounds' engine: made once, its graphs kept */
+    if (rc == 0) rc = trainer_round_generate(t, seqs, m, go, NULL, err);
     trainer_alloc_label(t, NULL, 0);
     trainer_weights_release(t);
     return rc;

@@ -158,48 +158,27 @@ static int engine_gen_step(void *ctx, const uint64_t **finished, int *n_finished
     return COLT_OK;
 }
 
-/* Every turn's context fits: prompt + completion, the completion bounded. */
-static int agent_max_len(const Model *m, const AgentConversation *convs, int n, const GenerateOptions *opt) {
-    int max_prompt = 0;
-    for (int i = 0; i < n; i++)
-        if (convs[i].prompt_len > max_prompt) max_prompt = convs[i].prompt_len;
-    long long max_len = (long long)max_prompt + opt->max_new_tokens;
-    int max_positions = model_config(m)->max_position_embeddings;
-    return max_len > max_positions ? max_positions : (int)max_len;
-}
-
-int agent_generate_on(Engine *e, AgentConversation *convs, int n, const GenerateOptions *opt, const AgentTools *tools,
-                      const AgentLoopOptions *lo, EngineStats *stats, char *err) {
-    if (stats) memset(stats, 0, sizeof *stats);
-    if (n == 0) return COLT_OK;
-    const Model *m = engine_model(e);
-    int max_len = agent_max_len(m, convs, n, opt);
-    if (engine_max_len(e) < max_len)
-        return errorf(err, "agent_generate_on: turns need up to %d tokens but the engine was made for %d", max_len,
-                      engine_max_len(e));
-    if (engine_has_work(e)) return errorf(err, "agent_generate_on: the engine still has requests of its own");
-    double t0 = time_now();
-    EngineGenerator eg = {.engine = e, .finished = xmalloc(sizeof(uint64_t) * (size_t)n)};
-    AgentGenerator g = {.ctx = &eg, .max_positions = model_config(m)->max_position_embeddings,
-                        .add = engine_gen_add, .has_work = engine_gen_has_work, .step = engine_gen_step};
-    EngineStats saved;
-    engine_stats_begin(e, &saved);
-    int rc = agent_generate_with(&g, convs, n, opt, tools, lo, err);
-    engine_stats_end(e, &saved, stats);
-    if (stats) stats->seconds = time_now() - t0;
-    free(eg.finished);
-    return rc;
-}
-
 int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
                    const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err) {
     if (stats) memset(stats, 0, sizeof *stats);
     if (n == 0) return COLT_OK;
+    int max_positions = model_config(m)->max_position_embeddings, max_prompt = 0;
+    for (int i = 0; i < n; i++)
+        if (convs[i].prompt_len > max_prompt) max_prompt = convs[i].prompt_len;
+    /* Every turn's context fits: prompt + completion, the completion bounded. */
+    long long max_len = (long long)max_prompt + opt->max_new_tokens;
+    if (max_len > max_positions) max_len = max_positions;
     double t0 = time_now();
-    Engine *e = NULL;
-    int rc = engine_create(&e, m, eo, agent_max_len(m, convs, n, opt), n, err);
-    if (rc == 0) rc = agent_generate_on(e, convs, n, opt, tools, lo, stats, err);
-    if (e && stats) stats->seconds = time_now() - t0; /* the engine's making included */
-    engine_destroy(e);
+    EngineGenerator eg = {.finished = xmalloc(sizeof(uint64_t) * (size_t)n)};
+    int rc = engine_create(&eg.engine, m, eo, (int)max_len, n, err);
+    AgentGenerator g = {.ctx = &eg, .max_positions = max_positions, .add = engine_gen_add,
+                        .has_work = engine_gen_has_work, .step = engine_gen_step};
+    if (rc == 0) rc = agent_generate_with(&g, convs, n, opt, tools, lo, err);
+    if (eg.engine && stats) {
+        engine_stats(eg.engine, stats);
+        stats->seconds = time_now() - t0;
+    }
+    engine_destroy(eg.engine);
+    free(eg.finished);
     return rc;
 }

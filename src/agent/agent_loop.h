@@ -92,13 +92,6 @@ typedef struct AgentLoopOptions {
  * persistent engine over m. */
 int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
                    const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err);
-/* The same on an engine that lives on (colt train's rounds engine: its pool
- * and CUDA graphs kept from round to round). e must be awake, with no requests
- * of its own, and made for every turn's context (engine_max_len at least the
- * longest prompt + opt->max_new_tokens, capped at max_position_embeddings).
- * stats: this call's (engine_stats_begin / end). */
-int agent_generate_on(Engine *e, AgentConversation *convs, int n, const GenerateOptions *opt, const AgentTools *tools,
-                      const AgentLoopOptions *lo, EngineStats *stats, char *err);
 
 /* Where turns are generated when not on this process's engine (colt train in
  * server mode: a colt serve). A turn is a GenSequence whose prompt is the

@@ -1199,7 +1199,6 @@ void engine_load(const Engine *e, EngineLoad *out) {
 void engine_stats(const Engine *e, EngineStats *out) { *out = e->stats; }
 
 int engine_max_len(const Engine *e) { return e->max_len; }
-const Model *engine_model(const Engine *e) { return e->m; }
 
 bool engine_fits(const Engine *e, int max_len, int max_seqs) {
     int max_num_seqs = e->eo.max_num_seqs > 0 ? e->eo.max_num_seqs : DEFAULT_MAX_NUM_SEQS;
@@ -1224,20 +1223,6 @@ static void stats_add(EngineStats *total, const EngineStats *part) {
     total->decode_wait_seconds += part->decode_wait_seconds, total->decode_step_tokens += part->decode_step_tokens;
 }
 
-void engine_stats_begin(Engine *e, EngineStats *saved) {
-    *saved = e->stats;
-    memset(&e->stats, 0, sizeof e->stats);
-    e->stats.pool_bytes = saved->pool_bytes, e->stats.pool_blocks = saved->pool_blocks;
-    e->stats.block_size = saved->block_size;
-}
-
-void engine_stats_end(Engine *e, const EngineStats *saved, EngineStats *stretch) {
-    if (stretch) *stretch = e->stats;
-    EngineStats total = *saved;
-    stats_add(&total, &e->stats);
-    e->stats = total;
-}
-
 int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err) {
     if (stats) memset(stats, 0, sizeof *stats);
     if (generate_check(e->m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
@@ -1257,8 +1242,11 @@ int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *
         seqs[i].n_tokens = 0;
         seqs[i].finish = FINISH_LENGTH;
     }
-    EngineStats before;
-    engine_stats_begin(e, &before);
+    /* this call's counters from zero; the totals before it are added back at the end */
+    EngineStats before = e->stats;
+    memset(&e->stats, 0, sizeof e->stats);
+    e->stats.pool_bytes = before.pool_bytes, e->stats.pool_blocks = before.pool_blocks;
+    e->stats.block_size = before.block_size;
     int rc = COLT_OK, added = 0;
     for (; rc == 0 && added < n_seqs; added++) rc = engine_add_request(e, &seqs[added], opt, (uint64_t)added, err);
     while (rc == 0 && engine_has_work(e)) {
@@ -1267,7 +1255,9 @@ int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *
         rc = engine_step(e, &events, &n_events, err);
     }
     if (rc == 0) note_device_free(e); /* the pool is still taken: the peak of this call */
-    engine_stats_end(e, &before, stats);
+    if (stats) *stats = e->stats;
+    stats_add(&before, &e->stats);
+    e->stats = before;
     if (rc != 0) {
         for (int i = 0; i < added; i++) engine_abort(e, (uint64_t)i);
         for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);

@@ -167,14 +167,6 @@ int engine_step(Engine *e, const EngineEvent **events, int *n_events, char *err)
  * are freed and the engine should be destroyed. */
 int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err);
 
-/* The stats of one stretch of a living engine's work (engine_run's, or a
- * caller's own loop of requests and steps): engine_stats_begin saves the
- * totals in *saved and starts the counters and peaks from zero;
- * engine_stats_end gives the stretch's stats (stretch may be NULL) and adds
- * them back to the totals. */
-void engine_stats_begin(Engine *e, EngineStats *saved);
-void engine_stats_end(Engine *e, const EngineStats *saved, EngineStats *stretch);
-
 /* Requests queued or running (engine_step has work). */
 bool engine_has_work(const Engine *e);
 
@@ -202,7 +194,6 @@ void engine_load(const Engine *e, EngineLoad *out);
 /* Totals since engine_create (seconds: time spent in engine_step; peaks over the engine's life). */
 void engine_stats(const Engine *e, EngineStats *out);
 int engine_max_len(const Engine *e); /* the longest sequence it takes, prompt included */
-const Model *engine_model(const Engine *e); /* the model it generates with */
 /* Whether e is as large as engine_create(max_len, max_seqs) with its options would make it. */
 bool engine_fits(const Engine *e, int max_len, int max_seqs);
 

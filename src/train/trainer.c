@@ -158,29 +158,6 @@ static bool engine_stays_awake(const Trainer *t) {
  * different lengths and the batch shrinks through many sizes. It stays awake
  * through training where memory allows (engine_stays_awake); otherwise it
  * sleeps, giving its memory back, and wakes for the next round. */
-int trainer_rounds_engine(Trainer *t, int max_len, int n_seqs, Engine **out, char *err) {
-    *out = NULL;
-    if (max_len < t->max_seq) max_len = t->max_seq;
-    if (t->engine && !engine_fits(t->engine, max_len, n_seqs)) {
-        engine_destroy(t->engine); /* made for shorter or fewer sequences than this round's */
-        t->engine = NULL;
-    }
-    int rc = t->engine ? engine_wake(t->engine, err) : engine_create(&t->engine, t->model, &t->engine_opts, max_len,
-                                                                      n_seqs, err);
-    if (rc == 0) *out = t->engine;
-    return rc;
-}
-
-void trainer_rounds_engine_done(Trainer *t, int rc) {
-    if (!t->engine) return;
-    if (rc != 0) { /* a failed step may leave it in any state */
-        engine_destroy(t->engine);
-        t->engine = NULL;
-    } else if (!engine_stays_awake(t)) {
-        engine_sleep(t->engine);
-    }
-}
-
 int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
                            char *err) {
     if (es) memset(es, 0, sizeof *es);
@@ -189,12 +166,23 @@ int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const Gene
     int need = 0; /* the longest sequence of this round */
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].prompt_len + go->max_new_tokens > need) need = seqs[i].prompt_len + go->max_new_tokens;
-    Engine *e = NULL;
-    int rc = trainer_rounds_engine(t, need, n_seqs, &e, err);
-    if (rc == 0) rc = engine_run(e, seqs, n_seqs, go, es, err);
-    if (rc == 0 && es) es->seconds = time_now() - t0;
-    trainer_rounds_engine_done(t, rc);
-    return rc;
+    int max_len = t->max_seq > need ? t->max_seq : need;
+    if (t->engine && !engine_fits(t->engine, max_len, n_seqs)) {
+        engine_destroy(t->engine); /* made for shorter or fewer sequences than this round's */
+        t->engine = NULL;
+    }
+    int rc = COLT_OK;
+    if (!t->engine) rc = engine_create(&t->engine, t->model, &t->engine_opts, max_len, n_seqs, err);
+    else rc = engine_wake(t->engine, err);
+    if (rc == 0) rc = engine_run(t->engine, seqs, n_seqs, go, es, err);
+    if (rc != 0) {
+        engine_destroy(t->engine);
+        t->engine = NULL;
+        return COLT_ERR;
+    }
+    if (es) es->seconds = time_now() - t0;
+    if (!engine_stays_awake(t)) engine_sleep(t->engine);
+    return COLT_OK;
 }
 
 /* The whole weights for the engine or for saving (gathered under zero_stage 3,

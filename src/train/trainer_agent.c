@@ -304,9 +304,8 @@ long trainer_environment_instance(const Trainer *t, int j) {
     return t->agent.instance_of ? t->agent.instance_of[j] : j;
 }
 
-int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, Engine *engine,
-                                AgentShare *a, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
-                                char *err) {
+int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
+                                GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {
     free_conversations(a);
     AgentConversation *convs = xcalloc((size_t)(n > 0 ? n : 1), sizeof(AgentConversation));
     for (int i = 0; i < n; i++)
@@ -334,8 +333,6 @@ int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClien
                             .add = server_turns_add, .has_work = server_turns_has_work, .step = server_turns_step};
         rc = agent_generate_with(&g, convs, n, go, &handler, &lo, err);
         free(s.queued), free(s.budgets), free(s.ids), free(s.finished), free(s.wave), free(s.replica);
-    } else if (engine) {
-        rc = agent_generate_on(engine, convs, n, go, &handler, &lo, es, err);
     } else {
         rc = agent_generate(t->model, convs, n, go, &t->engine_opts, &handler, &lo, es, err);
     }
@@ -363,20 +360,7 @@ int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClien
 
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
                            char *err) {
-    return trainer_agent_generate_with(t, t->tool_worker, t->server, NULL, &t->agent, seqs, n, go, es, err);
-}
-
-int trainer_agent_round_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
-                                 char *err) {
-    if (t->server || n == 0) return trainer_agent_generate(t, seqs, n, go, es, err);
-    int need = 0; /* every turn's context: the prompt and the whole completion's budget */
-    for (int i = 0; i < n; i++)
-        if (seqs[i].prompt_len + go->max_new_tokens > need) need = seqs[i].prompt_len + go->max_new_tokens;
-    Engine *e = NULL;
-    int rc = trainer_rounds_engine(t, need, n, &e, err);
-    if (rc == 0) rc = trainer_agent_generate_with(t, t->tool_worker, NULL, e, &t->agent, seqs, n, go, es, err);
-    trainer_rounds_engine_done(t, rc);
-    return rc;
+    return trainer_agent_generate_with(t, t->tool_worker, t->server, &t->agent, seqs, n, go, es, err);
 }
 
 /* ---------------------------------------------------------------- environments */

@@ -210,12 +210,7 @@ int trainer_ensure_activations(Trainer *t, char *err);
 void trainer_make_room_for_generation(Trainer *t, int n_seqs);
 /* Before a round on the rounds' engine: nothing when it is awake (it kept its memory), else as above. */
 void trainer_make_room_for_round(Trainer *t, int n_seqs);
-/* The rounds' engine, made (again, larger, when this round needs more) and awake for n_seqs sequences of up to
- * max_len tokens (at least the trainer's max_seq); then, after the round, trainer_rounds_engine_done: destroyed
- * after an error, else asleep unless it may keep its memory through training. */
-int trainer_rounds_engine(Trainer *t, int max_len, int n_seqs, Engine **out, char *err);
-void trainer_rounds_engine_done(Trainer *t, int rc);
-/* A round's completions on the rounds' engine (engine_run: engine_generate's results). */
+/* A round's completions on the rounds' engine (engine_run: engine_generate's results), made or woken here. */
 int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
                            char *err);
 /* zero_stage 3: the whole weights gathered for the engine or for saving (collective); nothing otherwise. */
@@ -314,15 +309,11 @@ const json_t *trainer_row_tool_schemas(const Trainer *t, const json_t *row);
  * messages. */
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
                            char *err);
-/* The same for a training round, colocated: on the rounds' engine (trainer_rounds_engine). */
-int trainer_agent_round_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
-                                 char *err);
-/* The same with the tools of worker, turns on server (NULL: on engine, or NULL too, an engine of this call's
- * own) and the conversations into a: async_generation's round in flight, on its thread (t is only read:
- * tokenizer, settings). */
-int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, Engine *engine,
-                                AgentShare *a, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
-                                char *err);
+/* The same with the tools of worker, turns on server (NULL: this process's
+ * engine) and the conversations into a: async_generation's round in flight,
+ * on its thread (t is only read: tokenizer, settings). */
+int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
+                                GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err);
 void trainer_agent_share_clear(AgentShare *a); /* conversations and rows */
 void trainer_agent_share_free(Trainer *t);
 /* environment_factory: the round's prompts in r become one per sample, each

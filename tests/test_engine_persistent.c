@@ -290,6 +290,16 @@ static void copy_weights(Model *dst, Model *src) {
     be->copy(be, d, 0, s, 0, n_dst);
 }
 
+/* Gradients for an optimizer step: uniform in [-0.5, 0.5), from RNG stream `key`. */
+static void fill_random_grads(ModelGrads *grads, uint64_t key) {
+    size_t n = 0;
+    void *g = model_grads_flat(grads, &n);
+    float *host = malloc(sizeof(float) * n);
+    for (size_t k = 0; k < n; k++) host[k] = (float)(rng_uniform(key, 0, k) - 0.5);
+    backend_cpu()->copy_from_host(backend_cpu(), g, host, sizeof(float) * n);
+    free(host);
+}
+
 /* One step, its events not looked at. */
 static int step_quiet(Engine *e) {
     char err[ERR_LEN];
@@ -367,12 +377,7 @@ static void run_weight_update(const char *dir) {
     AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     CHECK(optim_create(&opt, m, &ac, backend_cpu(), err) == 0 && model_grads_create(&grads, m, err) == 0, "%s", err);
     if (opt && grads) {
-        size_t n = 0;
-        void *g = model_grads_flat(grads, &n);
-        float *host = malloc(sizeof(float) * n);
-        for (size_t k = 0; k < n; k++) host[k] = (float)(rng_uniform(5, 0, k) - 0.5);
-        backend_cpu()->copy_from_host(backend_cpu(), g, host, sizeof(float) * n);
-        free(host);
+        fill_random_grads(grads, 5);
         complete(e, q, 4); /* fills the cache with the copied weights' blocks */
         gen_sequence_free(&q->seq);
         v0 = model_weights_version(m);
@@ -458,12 +463,7 @@ static void run_rounds(const char *dir) {
     CHECK(engine_create(&e, m, &eo, MAX_PROMPT + MAX_NEW, N_REQ, err) == 0, "engine_create: %s", err);
     CHECK(optim_create(&opt, m, &ac, backend_cpu(), err) == 0 && model_grads_create(&grads, m, err) == 0, "%s", err);
     if (!e || !opt || !grads) goto done;
-    size_t n = 0;
-    void *g = model_grads_flat(grads, &n);
-    float *host = malloc(sizeof(float) * n);
-    for (size_t k = 0; k < n; k++) host[k] = (float)(rng_uniform(6, 0, k) - 0.5);
-    backend_cpu()->copy_from_host(backend_cpu(), g, host, sizeof(float) * n);
-    free(host);
+    fill_random_grads(grads, 6);
 
     /* rounds 0-2 with a step after each of the first two; round 3 right after round 2 */
     int64_t shared[4] = {0}, steps_sum = 0;

@@ -105,14 +105,9 @@ int main(int argc, char **argv) {
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
-        const Shape *s = shape_by_name(want[w]);
-        if (!s) continue;
-        ModelConfig cfg = shape_config(s);
-        Model *m = NULL;
-        if (model_create_random(&m, &cfg, 1, be, err) != 0) {
-            printf("| %s | %s |\n", s->name, err);
-            continue;
-        }
+        const Shape *s;
+        Model *m = shape_random_model(want[w], be, &s);
+        if (!m) continue;
         /* Bytes a decode step must move: weights (the embedding table only
          * through the lm_head when tied) and the K/V read so far. */
         double weight_bytes = (double)model_weight_bytes(m);

@@ -30,6 +30,9 @@ static inline const Shape *shape_by_name(const char *name) {
 }
 
 #ifndef __cplusplus
+#include <stdio.h>
+
+#include "core/error.h"
 #include "model/model.h"
 
 /* Qwen2 config of a shape (q/k/v biases, rope theta 1e6, bf16). */
@@ -41,6 +44,21 @@ static inline ModelConfig shape_config(const Shape *s) {
                        .rope_theta = 1e6f, .tie_word_embeddings = s->tied, .attention_bias = true,
                        .bos_token_id = -1, .torch_dtype = DTYPE_BF16};
     return cfg;
+}
+
+/* A random-weight bf16 model of the shape named `name` on be (*shape set), or NULL: an unknown name is
+ * skipped quietly, a model that cannot be made prints its table row with the reason. */
+static inline Model *shape_random_model(const char *name, const Backend *be, const Shape **shape) {
+    *shape = shape_by_name(name);
+    if (!*shape) return NULL;
+    ModelConfig cfg = shape_config(*shape);
+    Model *m = NULL;
+    char err[ERR_LEN];
+    if (model_create_random(&m, &cfg, 1, be, err) != 0) {
+        printf("| %s | %s |\n", (*shape)->name, err);
+        return NULL;
+    }
+    return m;
 }
 #endif
 

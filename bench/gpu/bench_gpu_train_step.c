@@ -54,14 +54,9 @@ int main(int argc, char **argv) {
     printf("| model | params | B x T | tokens/s | step ms | MFU |\n|---|---:|---|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
-        const Shape *s = shape_by_name(want[w]);
-        if (!s) continue;
-        ModelConfig cfg = shape_config(s);
-        Model *m = NULL;
-        if (model_create_random(&m, &cfg, 1, be, err) != 0) {
-            printf("| %s | %s |\n", s->name, err);
-            continue;
-        }
+        const Shape *s;
+        Model *m = shape_random_model(want[w], be, &s);
+        if (!m) continue;
         ModelGrads *g = NULL;
         Optimizer *opt = NULL;
         AdamWConfig ac = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.0f};

@@ -115,14 +115,9 @@ int main(int argc, char **argv) {
            "round | tokens/s |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
-        const Shape *s = shape_by_name(want[w]);
-        if (!s) continue;
-        ModelConfig cfg = shape_config(s);
-        Model *m = NULL;
-        if (model_create_random(&m, &cfg, 1, be, err) != 0) {
-            printf("| %s | %s |\n", s->name, err);
-            continue;
-        }
+        const Shape *s;
+        Model *m = shape_random_model(want[w], be, &s);
+        if (!m) continue;
         const int n = prompts * g, max_len = prompt_len + new_tokens;
         EngineOptions eo = {.deterministic = deterministic, .max_num_seqs = engine_round_max_num_seqs(n)};
         Engine *kept = NULL;

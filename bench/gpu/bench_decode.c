@@ -15,6 +15,8 @@
  * scheduling): the figure offline benchmarks such as vLLM's "output tokens/s" report.
  * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).
  * COLT_PROMPT_LEN=512, COLT_DECODE_TOKENS=128: other prompt and completion lengths.
+ * COLT_PROMPT_COPIES=8: each prompt that many times in a row (a GRPO round's layout; default 1, all distinct).
+ * COLT_WARMUP=0: no untimed run of each batch first (the figures then include one-time costs).
  * COLT_PROFILE=1: eager steps with every op timed between synchronisations
  * (attribution only: the synchronisations dominate small ops).
  * COLT_DETERMINISTIC=1: the engine's deterministic mode (batch-invariant kernels). */
@@ -54,8 +56,10 @@ static int run(Model *m, int batch, bool eager, EngineStats *st, char *err) {
     const ModelConfig *c = model_config(m);
     const int prompt_len = PROMPT_TOKENS;
     int *prompts = malloc(sizeof(int) * (size_t)batch * prompt_len);
+    const int copies = env_int("COLT_PROMPT_COPIES", 1); /* GRPO's layout: each prompt this many times in a row */
     for (int i = 0; i < batch * prompt_len; i++)
-        prompts[i] = (int)(rng_uniform(7, (uint64_t)i / prompt_len, (uint64_t)i % prompt_len) * (c->vocab_size - 1));
+        prompts[i] = (int)(rng_uniform(7, (uint64_t)(i / prompt_len / copies), (uint64_t)i % prompt_len) *
+                           (c->vocab_size - 1));
     GenSequence *seqs = calloc((size_t)batch, sizeof(GenSequence));
     for (int i = 0; i < batch; i++) {
         seqs[i].prompt = prompts + (size_t)i * prompt_len;
@@ -81,6 +85,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     const bool profile = getenv("COLT_PROFILE") && atoi(getenv("COLT_PROFILE")) > 0;
+    const bool warmup = !(getenv("COLT_WARMUP") && strcmp(getenv("COLT_WARMUP"), "0") == 0);
     if (profile) be = backend_profile_wrap(be);
     const char *want[8] = {"0.5b", "1.5b", "7b"};
     int n_want = 3;
@@ -96,13 +101,14 @@ int main(int argc, char **argv) {
             batches[n_batches++] = atoi(tok);
         free(list);
     }
-    printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs%s), prompts %d tokens, %d new tokens each, "
-           "temperature 1\n\n", be->name,
+    printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs%s), prompts %d tokens (each %d times), "
+           "%d new tokens each, temperature 1%s\n\n", be->name,
            deterministic_mode() ? ", deterministic mode" : "",
-           PROMPT_TOKENS, DECODE_TOKENS);
-    printf("| model | batch | decode tok/s | ms/step | of which waiting for the GPU | roofline tok/s | %% of roofline | "
-           "with prefill tok/s | graph steps | eager tok/s |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           PROMPT_TOKENS, env_int("COLT_PROMPT_COPIES", 1), DECODE_TOKENS,
+           warmup && !profile ? ", each batch timed on its second run" : "");
+    printf("| model | batch | decode tok/s | ms/step | of which waiting for the GPU | of which launching the forward | "
+           "roofline tok/s | %% of roofline | with prefill tok/s | graph steps | graphs recorded | eager tok/s |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     char err[ERR_LEN];
     for (int w = 0; w < n_want; w++) {
         const Shape *s;
@@ -117,6 +123,12 @@ int main(int argc, char **argv) {
         for (int bi = 0; bi < n_batches; bi++) {
             int batch = batches[bi];
             EngineStats st, st_eager;
+            /* the untimed first run pays what a process pays once per shape: kernels loaded lazily, GEMM plans,
+             * the deterministic mode's timing of its split-K-free algorithms (tens of ms a new row count) */
+            if (!profile && warmup && run(m, batch, false, &st, err) != 0) {
+                printf("| %s | %d | error: %s |\n", s->name, batch, err);
+                continue;
+            }
             if (run(m, batch, profile, &st, err) != 0) { /* profiled: eager, each op timed */
                 printf("| %s | %d | error: %s |\n", s->name, batch, err);
                 continue;
@@ -131,11 +143,13 @@ int main(int argc, char **argv) {
                                 ? step_bytes / HBM_BYTES_PER_S : step_flops / BF16_FLOP_PER_S;
             double roof = batch / roof_s;
             double e2e = st.seconds > 0 ? st.decode_tokens / st.seconds : 0;
-            /* the decode steps' wait for the device's results, per step; the rest of a step is the host's */
+            /* the decode steps' wait for the device's results and their launch of the forward, per step; the rest of a
+             * step is the host's */
             double steps = st.decode_step_tokens > 0 ? (double)st.decode_step_tokens / batch : 0;
-            printf("| %s | %d | %.0f | %.3f | %.3f | %.0f | %.1f%% | %.0f | %d/%d |", s->name, batch, tps,
-                   tps > 0 ? 1e3 * batch / tps : 0, steps > 0 ? 1e3 * st.decode_wait_seconds / steps : 0, roof,
-                   100 * tps / roof, e2e, st.graph_steps, st.steps);
+            printf("| %s | %d | %.0f | %.3f | %.3f | %.3f | %.0f | %.1f%% | %.0f | %d/%d | %d |", s->name, batch, tps,
+                   tps > 0 ? 1e3 * batch / tps : 0, steps > 0 ? 1e3 * st.decode_wait_seconds / steps : 0,
+                   steps > 0 ? 1e3 * st.decode_launch_seconds / steps : 0, roof, 100 * tps / roof, e2e,
+                   st.graph_steps, st.steps, st.graphs_captured);
             if (eager_tps > 0) printf(" %.0f |\n", eager_tps);
             else printf(" |\n");
             if (profile) backend_profile_report(be, stdout);

@@ -763,6 +763,7 @@ static int step_once(Engine *e, char *err) {
                     .max_blocks = e->table_width,
                     .decode_plan = decode_only ? e->decode_plan : NULL,
                     .decode = decode_only};
+    double t_launch = time_now();
     if (bucket >= 0 && e->graphs[bucket]) {
         be->graph_launch(be, e->graphs[bucket]);
         e->stats.graph_steps++;
@@ -778,6 +779,7 @@ static int step_once(Engine *e, char *err) {
         if (run_forward(e, &b, err) != 0) return COLT_ERR;
         if (bucket >= 0) e->bucket_seen[bucket] = true;
     }
+    double launch_s = time_now() - t_launch;
     bool policy = false;
     if (apply_token_masks(e, n_rows, &policy, err) != 0) return COLT_ERR;
     sample_groups(e, d, n_pad);
@@ -804,6 +806,7 @@ static int step_once(Engine *e, char *err) {
         double t_end = time_now();
         e->stats.decode_seconds += t_end - t_start;
         e->stats.decode_wait_seconds += t_end - t_wait;
+        e->stats.decode_launch_seconds += launch_s;
         e->stats.decode_step_tokens += n_rows;
     }
     for (int i = 0; i < n_rows; i++) {
@@ -1221,6 +1224,7 @@ static void stats_add(EngineStats *total, const EngineStats *part) {
     total->shared_tokens += part->shared_tokens, total->cache_evictions += part->cache_evictions;
     total->seconds += part->seconds, total->decode_seconds += part->decode_seconds;
     total->decode_wait_seconds += part->decode_wait_seconds, total->decode_step_tokens += part->decode_step_tokens;
+    total->decode_launch_seconds += part->decode_launch_seconds;
 }
 
 int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err) {

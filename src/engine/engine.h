@@ -91,6 +91,9 @@ typedef struct EngineStats {
     double decode_seconds;    /* wall time of the pure decode steps (one token per running sequence) */
     double decode_wait_seconds; /* of which waiting for the device's results; the rest is the host's (step
                                  * arrays, copies, launches) */
+    double decode_launch_seconds; /* of the host's part, launching the forward: microseconds for a CUDA
+                                   * graph's replay; an eager step also pays what is done once per new
+                                   * shape (GEMM plans, kernels loaded lazily) */
     int64_t decode_step_tokens; /* tokens sampled in those steps */
 } EngineStats;
 

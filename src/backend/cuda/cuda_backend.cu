@@ -25,6 +25,7 @@ extern "C" {
 #define _Noreturn [[noreturn]] /* core/error.h is C11 */
 #include "core/error.h"
 #undef _Noreturn
+#include "core/log.h"
 }
 
 /* ---------------------------------------------------------------- current device */
@@ -86,6 +87,7 @@ static void cuda_options_from_env(CudaOptions *o) {
     o->sample_split_rows = -1;
     if (env_set("COLT_SAMPLE_SPLIT_ROWS", &e)) o->sample_split_rows = atoi(e) < 0 ? 0 : atoi(e);
     o->sample_sequential_find = env_set("COLT_SAMPLE_SEQUENTIAL_FIND", &e) ? atoi(e) : 0;
+    o->graph_report = env_set("COLT_GRAPH_REPORT", &e) && atoi(e) > 0;
     o->gemm_forced_candidate = -1;
     o->invariant_forced_shape = -1;
 }
@@ -425,12 +427,46 @@ static void cuda_capture_begin(const Backend *be) {
     CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeRelaxed));
 }
 
+/* COLT_GRAPH_REPORT: the graph's nodes by kind, and what launching it costs
+ * the host (three launches, each run to the end before the next). Replaying
+ * the step it recorded is harmless: it writes what the step writes. */
+static void graph_report(CudaState *cs, cudaGraph_t graph, cudaGraphExec_t exec) {
+    size_t n = 0;
+    CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc(sizeof(cudaGraphNode_t) * (n ? n : 1));
+    CUDA_CHECK(cudaGraphGetNodes(graph, nodes, &n));
+    int kernels = 0, copies = 0, memsets = 0, other = 0;
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType t;
+        CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &t));
+        if (t == cudaGraphNodeTypeKernel) kernels++;
+        else if (t == cudaGraphNodeTypeMemcpy) copies++;
+        else if (t == cudaGraphNodeTypeMemset) memsets++;
+        else other++;
+    }
+    free(nodes);
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    double launch_ms[3], run_ms[3];
+    for (int r = 0; r < 3; r++) {
+        double t0 = time_now();
+        CUDA_CHECK(cudaGraphLaunch(exec, cs->stream));
+        double t1 = time_now();
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        launch_ms[r] = 1e3 * (t1 - t0), run_ms[r] = 1e3 * (time_now() - t0);
+    }
+    fprintf(stderr, "cuda graph: %zu nodes (%d kernels, %d copies, %d memsets, %d other); launch %.3f %.3f %.3f ms "
+                    "on the host, done after %.3f %.3f %.3f ms\n",
+            n, kernels, copies, memsets, other, launch_ms[0], launch_ms[1], launch_ms[2], run_ms[0], run_ms[1],
+            run_ms[2]);
+}
+
 static void *cuda_capture_end(const Backend *be) {
     CudaState *cs = cuda_enter(be);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamEndCapture(cs->stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    if (cs->opt.graph_report) graph_report(cs, graph, exec);
     CUDA_CHECK(cudaGraphDestroy(graph));
     return (void *)exec;
 }

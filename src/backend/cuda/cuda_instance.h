@@ -42,6 +42,8 @@ typedef struct CudaOptions {
     int sample_split_rows;      /* COLT_SAMPLE_SPLIT_ROWS=k: unfiltered batches of up to k rows sample split
                                    over CTAs (0 never); -1 the default */
     int sample_sequential_find; /* COLT_SAMPLE_SEQUENTIAL_FIND=1: the draw's walk in one thread (reference) */
+    int graph_report;           /* COLT_GRAPH_REPORT=1: each recorded CUDA graph's nodes by kind, and its
+                                   launch's host time, on stderr */
     /* Test hooks, never from the environment. */
     int gemm_forced_candidate;  /* -1 the fastest split-K-free cuBLASLt candidate, else candidate k */
     int invariant_forced_shape; /* -1 automatic, else the batch-invariant bf16 kernel shape (0..3) */

@@ -315,11 +315,18 @@ static void check_fresh_and_disabled(Model *m, const json_t *entry, const char *
     bool same = same_logprobs(base, fresh, entry, &gap);
     printf("  %-18s fresh adapters (B = 0): log-probs %s the base model's\n", name, same ? "equal" : "DIFFER from");
     CHECK(same, "%s: fresh adapters change log-probs by %.3g", name, gap);
+    uint64_t values = model_weights_version(m), layout = model_weights_layout_version(m);
     model_lora_set_enabled(m, false);
+    /* the engine's graphs, recorded with the adapters on, are invalid while they are off, valid again after */
+    CHECK(model_weights_layout_version(m) != layout, "%s: switching the adapters off left the layout version", name);
     same = same_logprobs(base, m, entry, &gap);
     model_lora_set_enabled(m, true);
     printf("  %-18s adapters disabled: log-probs %s the base model's\n", name, same ? "equal" : "DIFFER from");
     CHECK(same, "%s: disabled adapters still change log-probs by %.3g", name, gap);
+    CHECK(model_weights_layout_version(m) == layout && model_weights_version(m) != values,
+          "%s: adapters off and on again: layout version %llu -> %llu (want it back), values version %llu -> %llu "
+          "(want it moved)", name, (unsigned long long)layout, (unsigned long long)model_weights_layout_version(m),
+          (unsigned long long)values, (unsigned long long)model_weights_version(m));
     CHECK(model_lora_attach(fresh, &cfg, 3, err) != 0 && strstr(err, "already has"), "attach twice: %s", err);
 done:
     model_free(base);

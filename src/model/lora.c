@@ -584,6 +584,6 @@ size_t model_lora_bytes(const Model *m) { return m->lora ? m->lora->arena_numel 
 void model_lora_set_enabled(Model *m, bool enabled) {
     if (m->lora && m->lora->enabled != enabled) {
         m->lora->enabled = enabled;
-        model_weights_changed(m);
+        model_weights_changed_in_place(m); /* the forward's results; the switch is in the layout version */
     }
 }

@@ -352,7 +352,12 @@ static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
 const Backend *model_backend(const Model *m) { return m->be; }
 const float *model_rope_table(const Model *m) { return m->rope_inv_freq; }
 uint64_t model_weights_version(const Model *m) { return m->weights_version; }
-uint64_t model_weights_layout_version(const Model *m) { return m->weights_layout_version; }
+/* The adapters' on/off switch is the lowest bit: switched off and on again (the reference log-probs of
+ * LoRA with beta > 0, each step) the version is what it was, every address unmoved, so graphs recorded
+ * with the adapters on stay valid. */
+uint64_t model_weights_layout_version(const Model *m) {
+    return m->weights_layout_version * 2 + (uint64_t)(m->lora && m->lora->enabled);
+}
 void model_weights_changed(Model *m) {
     m->weights_version++;
     m->weights_layout_version++;

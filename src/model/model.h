@@ -190,7 +190,8 @@ const float *model_rope_table(const Model *m); /* model_rope_inv_freq of its con
  * changes values (an optimizer step): every tensor keeps its address and the
  * forward launches the same kernels, so recorded graphs (which hold addresses,
  * not values) stay valid; the layout version moves only with
- * model_weights_changed. */
+ * model_weights_changed, and with the LoRA adapters switched off or on
+ * (back to its value when they are switched back). */
 uint64_t model_weights_version(const Model *m);
 uint64_t model_weights_layout_version(const Model *m);
 void model_weights_changed(Model *m);

@@ -18,7 +18,11 @@
  *     trainer's; completions and log-probs bit-identical alone, in the batch,
  *     two at a time, under preemption, with or without CUDA graphs, with or
  *     without prefix caching (the copies of a prompt share its blocks or
- *     recompute them).
+ *     recompute them);
+ *   - one engine across optimizer steps (and LoRA adapters switched off and
+ *     on, as for beta > 0's reference log-probs): no graph recorded again,
+ *     completions bit-identical to a fresh engine's; after a scratch that grew,
+ *     the graphs are recorded again.
  * Exit 77 when no GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -216,18 +220,21 @@ static void run_deterministic(const char *dir, const char *adapter) {
  * the completions are a fresh engine's on the new weights, bit for bit. When the backend grows a buffer the
  * graphs read (a training op's larger scratch) they are recorded again, and the completions are still a fresh
  * engine's. */
-static void run_graphs_across_steps(const char *dir) {
+/* With adapter: LoRA's, switched off and on again before each step as the trainer does for the reference
+ * log-probs of beta > 0; the graphs must survive that too. */
+static void run_graphs_across_steps(const char *dir, const char *adapter) {
     char err[ERR_LEN];
     const Backend *be = backend_cuda();
     Model *m = NULL;
     Engine *e = NULL;
     Optimizer *opt = NULL;
     ModelGrads *grads = NULL;
-    if (load_model(&m, dir, NULL, be, err) != 0) {
+    if (load_model(&m, dir, adapter, be, err) != 0) {
         CHECK(0, "%s: %s", dir, err);
         return;
     }
-    printf("%s on %s: one engine across optimizer steps\n", dir, be->name);
+    printf("%s%s%s on %s: one engine across optimizer steps%s\n", dir, adapter ? " + LoRA " : "", adapter ? adapter : "",
+           be->name, adapter ? ", the adapters switched off and on before each" : "");
     EngineOptions det = {.deterministic = true};
     GenerateOptions go = {.sampling = {.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.0f,
                                        .seed = 21},
@@ -251,6 +258,10 @@ static void run_graphs_across_steps(const char *dir) {
     printf("  round 1: %d graphs recorded, %d of %d steps replayed\n", st.graphs_captured, st.graph_steps, st.steps);
     CHECK(st.graphs_captured > 0, "the first round recorded no graph");
     for (int round = 2; round <= 3; round++) {
+        if (adapter) {
+            model_lora_set_enabled(m, false);
+            model_lora_set_enabled(m, true);
+        }
         optim_step(opt, grads, 1e-2f);
         if (round == 3) { /* a training op's scratch larger than any so far: the buffer moves */
             uint64_t epoch = be->buffers_epoch(be);
@@ -311,7 +322,8 @@ int main(void) {
     run_deterministic("tests/data/models/tiny-qwen2-f32", NULL);
     run_deterministic("models/stories260K", NULL);
     run_deterministic("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
-    run_graphs_across_steps("tests/data/models/tiny-qwen2-f32");
+    run_graphs_across_steps("tests/data/models/tiny-qwen2-f32", NULL);
+    run_graphs_across_steps("tests/data/models/tiny-qwen3-f32", "tests/data/lora/qwen3-all-linear");
     printf("test_cuda_engine: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -16,6 +16,7 @@
  * COLT_BATCHES="1 8 64": the batch sizes (default 1 2 4 8 16 32 64 128 256 512).
  * COLT_PROMPT_LEN=512, COLT_DECODE_TOKENS=128: other prompt and completion lengths.
  * COLT_PROMPT_COPIES=8: each prompt that many times in a row (a GRPO round's layout; default 1, all distinct).
+ * COLT_LORA_R=16: LoRA adapters of that rank on every linear layer (PEFT's fresh ones: B = 0).
  * COLT_WARMUP=0: no untimed run of each batch first (the figures then include one-time costs).
  * COLT_PROFILE=1: eager steps with every op timed between synchronisations
  * (attribution only: the synchronisations dominate small ops).
@@ -30,6 +31,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 #include "bench_gpu_shapes.h"
@@ -102,10 +104,11 @@ int main(int argc, char **argv) {
         free(list);
     }
     printf("Decode throughput, engine_generate on %s (bf16, CUDA graphs%s), prompts %d tokens (each %d times), "
-           "%d new tokens each, temperature 1%s\n\n", be->name,
+           "%d new tokens each, temperature 1%s%s\n\n", be->name,
            deterministic_mode() ? ", deterministic mode" : "",
            PROMPT_TOKENS, env_int("COLT_PROMPT_COPIES", 1), DECODE_TOKENS,
-           warmup && !profile ? ", each batch timed on its second run" : "");
+           warmup && !profile ? ", each batch timed on its second run" : "",
+           env_int("COLT_LORA_R", 0) > 0 ? ", LoRA adapters on every linear layer" : "");
     printf("| model | batch | decode tok/s | ms/step | of which waiting for the GPU | of which launching the forward | "
            "roofline tok/s | %% of roofline | with prefill tok/s | graph steps | graphs recorded | eager tok/s |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -114,6 +117,13 @@ int main(int argc, char **argv) {
         const Shape *s;
         Model *m = shape_random_model(want[w], be, &s);
         if (!m) continue;
+        const int lora_r = env_int("COLT_LORA_R", 0);
+        LoraConfig lora = {.r = lora_r, .alpha = 2.0f * lora_r, .targets = LORA_ALL_TARGETS};
+        if (lora_r > 0 && model_lora_attach(m, &lora, 1, err) != 0) {
+            printf("| %s | LoRA: %s |\n", s->name, err);
+            model_free(m);
+            continue;
+        }
         /* Bytes a decode step must move: weights (the embedding table only
          * through the lm_head when tied) and the K/V read so far. */
         double weight_bytes = (double)model_weight_bytes(m);

@@ -139,24 +139,31 @@ static void cpu_linear_invariant(const Backend *be, float *o, const float *x, co
 /* C[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta C (row-major): OpenBLAS on
  * one thread per call (the instance sets OpenBLAS to one thread), split over
  * the instance's team by C's columns, or by its rows when it has fewer
- * columns than rows, in blocks of 16. Every element's sum over K is then the
- * one a single call computes (test_backend_ops compares the two bit for bit). */
+ * columns than rows (or its BLAS cannot split columns), in whole multiples of
+ * the probed unit (the remainder to the last part). Every element's sum over K
+ * is then the one a single call computes (test_backend_ops compares the two bit
+ * for bit). */
 static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-    int team = ((const CpuContext *)be->ctx)->threads;
+    const CpuContext *cx = be->ctx;
+    int team = cx->threads;
     double parts = (double)m * n * k / CPU_GEMM_SPLIT_MNK;
     if (parts < team) team = (int)parts;
+    bool by_columns = cx->split_cols_unit > 0 && (n >= m || cx->split_rows_unit == 0);
+    int unit = by_columns ? cx->split_cols_unit : cx->split_rows_unit, len = by_columns ? n : m;
+    int units = unit > 0 ? len / unit : 0;
+    if (units < team) team = units;
     if (team <= 1) {
         cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    bool by_columns = n >= m;
-    int len = by_columns ? n : m, chunk = ((len + team - 1) / team + 15) / 16 * 16;
 #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
-        int lo = t * chunk, part = len - lo < chunk ? len - lo : chunk;
-        if (part <= 0) continue;
+        /* part t: units [t * units / team, (t + 1) * units / team), the last one also the remainder */
+        int lo = (int)((int64_t)t * units / team) * unit;
+        int hi = t == team - 1 ? len : (int)((int64_t)(t + 1) * units / team) * unit;
+        int part = hi - lo;
         if (by_columns)
             cblas_sgemm(CblasRowMajor, ta, tb, m, part, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo, ldb,
                         beta, c + lo, ldc);
@@ -164,6 +171,42 @@ static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n
             cblas_sgemm(CblasRowMajor, ta, tb, part, n, k, alpha, trans_a ? a + lo : a + (size_t)lo * lda, lda, b, ldb,
                         beta, c + (size_t)lo * ldc, ldc);
     }
+}
+
+/* How this machine's OpenBLAS may be split without changing a bit. Its kernels
+ * tile C in blocks whose size depends on the CPU it picked kernels for (16 on
+ * AVX-512's, 24 on Haswell's, which AMD Zen 4 gets from 0.3.21), and some sum
+ * a tile's columns differently from a whole call's (Haswell's, at any split
+ * seen). So each way (rows, columns) and each unit (16, then 48) is tried on
+ * a GEMM whose parts are as large as a real split's, once per instance, and
+ * the first unit whose split equals the whole call is kept (0: none). */
+static int cpu_gemm_probe_unit(bool by_columns) {
+    const int m = 96, n = 96, k = 1024; /* 2 x 48 rows or columns; each half above CPU_GEMM_SPLIT_MNK */
+    float *a = xmalloc(sizeof(float) * m * k), *b = xmalloc(sizeof(float) * n * k);
+    float *whole = xmalloc(sizeof(float) * m * n), *split = xmalloc(sizeof(float) * m * n);
+    for (int i = 0; i < m * k; i++) a[i] = (float)rng_uniform(91, 0, (uint64_t)i) - 0.5f;
+    for (int i = 0; i < n * k; i++) b[i] = (float)rng_uniform(91, 1, (uint64_t)i) - 0.5f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, whole, n);
+    const int units[2] = {16, 48};
+    int found = 0;
+    for (int u = 0; u < 2 && !found; u++) {
+        for (int lo = 0; lo < 96; lo += units[u]) {
+            if (by_columns)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, units[u], k, 1.0f, a, k, b + (size_t)lo * k, k,
+                            0.0f, split + lo, n);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, units[u], n, k, 1.0f, a + (size_t)lo * k, k, b, k,
+                            0.0f, split + (size_t)lo * n, n);
+        }
+        if (memcmp(whole, split, sizeof(float) * m * n) == 0) found = units[u];
+    }
+    free(a), free(b), free(whole), free(split);
+    return found;
+}
+
+static void cpu_gemm_probe_splits(CpuContext *cx) {
+    cx->split_rows_unit = cpu_gemm_probe_unit(false);
+    cx->split_cols_unit = cpu_gemm_probe_unit(true);
 }
 
 /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias): one sgemm,
@@ -859,6 +902,7 @@ Backend *backend_cpu_open(void) {
     cx->threads = cpu_threads_for_rank(0, 1, NULL); /* a world of one until the mesh says otherwise */
     be->ctx = cx;
     cpu_blas_one_thread();
+    cpu_gemm_probe_splits(cx);
     return be;
 }
 
@@ -877,6 +921,7 @@ const Backend *backend_cpu(void) {
         shared.close_instance = NULL; /* not closable */
         shared_ctx.threads = cpu_threads_for_rank(0, 1, NULL);
         cpu_blas_one_thread();
+        cpu_gemm_probe_splits(&shared_ctx);
     }
     return &shared;
 }

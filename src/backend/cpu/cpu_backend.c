@@ -136,52 +136,18 @@ static void cpu_linear_invariant(const Backend *be, float *o, const float *x, co
  * bits are the unsplit call's. Smaller GEMMs are not worth a second thread. */
 #define CPU_GEMM_SPLIT_MNK 8388608.0
 
-/* C[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta C (row-major): OpenBLAS on
- * one thread per call (the instance sets OpenBLAS to one thread), split over
- * the instance's team by C's columns, or by its rows when it has fewer
- * columns than rows (or its BLAS cannot split columns), in whole multiples of
- * the probed unit (the remainder to the last part). Every element's sum over K
- * is then the one a single call computes (test_backend_ops compares the two bit
- * for bit). */
-static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-                     int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-    const CpuContext *cx = be->ctx;
-    int team = cx->threads;
-    double parts = (double)m * n * k / CPU_GEMM_SPLIT_MNK;
-    if (parts < team) team = (int)parts;
-    bool by_columns = cx->split_cols_unit > 0 && (n >= m || cx->split_rows_unit == 0);
-    int unit = by_columns ? cx->split_cols_unit : cx->split_rows_unit, len = by_columns ? n : m;
-    int units = unit > 0 ? len / unit : 0;
-    if (units < team) team = units;
-    if (team <= 1) {
-        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(team)
-    for (int t = 0; t < team; t++) {
-        /* part t: units [t * units / team, (t + 1) * units / team), the last one also the remainder */
-        int lo = (int)((int64_t)t * units / team) * unit;
-        int hi = t == team - 1 ? len : (int)((int64_t)(t + 1) * units / team) * unit;
-        int part = hi - lo;
-        if (by_columns)
-            cblas_sgemm(CblasRowMajor, ta, tb, m, part, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo, ldb,
-                        beta, c + lo, ldc);
-        else
-            cblas_sgemm(CblasRowMajor, ta, tb, part, n, k, alpha, trans_a ? a + lo : a + (size_t)lo * lda, lda, b, ldb,
-                        beta, c + (size_t)lo * ldc, ldc);
-    }
-}
-
 /* How this machine's OpenBLAS may be split without changing a bit. Its kernels
  * tile C in blocks whose size depends on the CPU it picked kernels for (16 on
  * AVX-512's, 24 on Haswell's, which AMD Zen 4 gets from 0.3.21), and some sum
  * a tile's columns differently from a whole call's (Haswell's, at any split
  * seen). So each way (rows, columns) and each unit (16, then 48) is tried on
- * a GEMM whose parts are as large as a real split's, once per instance, and
- * the first unit whose split equals the whole call is kept (0: none). */
+ * a GEMM whose parts are as large as a real split's, once per instance (at its
+ * first GEMM worth splitting: ~20 ms), and the first unit whose split equals
+ * the whole call is kept (0: none). */
 static int cpu_gemm_probe_unit(bool by_columns) {
-    const int m = 96, n = 96, k = 1024; /* 2 x 48 rows or columns; each half above CPU_GEMM_SPLIT_MNK */
+    /* 96 rows or columns in parts of 16 or 48, each part above CPU_GEMM_SPLIT_MNK as a real split's are
+     * (smaller ones take OpenBLAS's small-size paths, which sum in another order) */
+    const int m = 96, n = 96, k = 6144;
     float *a = xmalloc(sizeof(float) * m * k), *b = xmalloc(sizeof(float) * n * k);
     float *whole = xmalloc(sizeof(float) * m * n), *split = xmalloc(sizeof(float) * m * n);
     for (int i = 0; i < m * k; i++) a[i] = (float)rng_uniform(91, 0, (uint64_t)i) - 0.5f;
@@ -207,7 +173,47 @@ static int cpu_gemm_probe_unit(bool by_columns) {
 static void cpu_gemm_probe_splits(CpuContext *cx) {
     cx->split_rows_unit = cpu_gemm_probe_unit(false);
     cx->split_cols_unit = cpu_gemm_probe_unit(true);
+    cx->split_probed = 1;
 }
+
+/* C[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta C (row-major): OpenBLAS on
+ * one thread per call (the instance sets OpenBLAS to one thread), split over
+ * the instance's team by C's columns, or by its rows when it has fewer
+ * columns than rows (or its BLAS cannot split columns), in whole multiples of
+ * the probed unit (the remainder to the last part). Every element's sum over K
+ * is then the one a single call computes (test_backend_ops compares the two bit
+ * for bit). */
+static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                     int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+    CpuContext *cx = be->ctx;
+    int team = cx->threads;
+    double parts = (double)m * n * k / CPU_GEMM_SPLIT_MNK;
+    if (parts < team) team = (int)parts;
+    if (team > 1 && !cx->split_probed) cpu_gemm_probe_splits(cx); /* the first GEMM worth splitting */
+    bool by_columns = cx->split_cols_unit > 0 && (n >= m || cx->split_rows_unit == 0);
+    int unit = by_columns ? cx->split_cols_unit : cx->split_rows_unit, len = by_columns ? n : m;
+    int units = unit > 0 ? len / unit : 0;
+    if (units < team) team = units;
+    if (team <= 1) {
+        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        /* part t: units [t * units / team, (t + 1) * units / team), the last one also the remainder */
+        int lo = (int)((int64_t)t * units / team) * unit;
+        int hi = t == team - 1 ? len : (int)((int64_t)(t + 1) * units / team) * unit;
+        int part = hi - lo;
+        if (by_columns)
+            cblas_sgemm(CblasRowMajor, ta, tb, m, part, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo, ldb,
+                        beta, c + lo, ldc);
+        else
+            cblas_sgemm(CblasRowMajor, ta, tb, part, n, k, alpha, trans_a ? a + lo : a + (size_t)lo * lda, lda, b, ldb,
+                        beta, c + (size_t)lo * ldc, ldc);
+    }
+}
+
 
 /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias): one sgemm,
  * with the bias broadcast into out first and beta = 1. */
@@ -902,7 +908,6 @@ Backend *backend_cpu_open(void) {
     cx->threads = cpu_threads_for_rank(0, 1, NULL); /* a world of one until the mesh says otherwise */
     be->ctx = cx;
     cpu_blas_one_thread();
-    cpu_gemm_probe_splits(cx);
     return be;
 }
 
@@ -921,7 +926,6 @@ const Backend *backend_cpu(void) {
         shared.close_instance = NULL; /* not closable */
         shared_ctx.threads = cpu_threads_for_rank(0, 1, NULL);
         cpu_blas_one_thread();
-        cpu_gemm_probe_splits(&shared_ctx);
     }
     return &shared;
 }

@@ -16,8 +16,8 @@ typedef struct CpuContext {
     int batch_invariant;
     int threads;
     /* cpu_gemm's split of C among threads, in multiples of these rows / columns (0: never that way): what
-     * this machine's BLAS keeps bit for bit, probed when the instance is made (cpu_gemm_probe_splits) */
-    int split_rows_unit, split_cols_unit;
+     * this machine's BLAS keeps bit for bit, probed at the instance's first GEMM worth splitting */
+    int split_probed, split_rows_unit, split_cols_unit;
     size_t in_use, peak; /* bytes of alloc / alloc_f32 buffers */
     char alloc_label[160];
 } CpuContext;

@@ -78,6 +78,10 @@ import sys
 import threading
 import traceback
 
+# transformers without PyTorch prints an advice when imported (get_json_schema is all the worker uses of it),
+# which would land in colt's one-line errors
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
 WORKER_FILE = "colt_tool_worker.py"  # the name colt's bootstrap compiles this text under
 
 

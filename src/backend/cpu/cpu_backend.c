@@ -214,7 +214,6 @@ static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n
     }
 }
 
-
 /* out[N, out_dim] = x[N, in_dim] @ w[out_dim, in_dim]^T (+ bias): one sgemm,
  * with the bias broadcast into out first and beta = 1. */
 static void cpu_linear(const Backend *be, void *out, const void *x, const void *w, const void *bias, int n, int in_dim,

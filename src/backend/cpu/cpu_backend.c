@@ -156,7 +156,7 @@ static int cpu_gemm_probe_unit(bool by_columns) {
     const int units[2] = {16, 48};
     int found = 0;
     for (int u = 0; u < 2 && !found; u++) {
-        for (int lo = 0; lo < 96; lo += units[u]) {
+        for (int lo = 0; lo < (by_columns ? n : m); lo += units[u]) {
             if (by_columns)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, units[u], k, 1.0f, a, k, b + (size_t)lo * k, k,
                             0.0f, split + lo, n);

@@ -248,8 +248,11 @@ static void test_order(Tokenizer *tok, ToolCallFormat format) {
 
 /* ---------------------------------------------------------------- 2. colt train */
 
+/* --deterministic true: tools run while the engine decodes, so which turns share a decode step depends on when
+ * each tool returns; only the batch-invariant engine makes the rounds (their sampling log-probs, which the
+ * importance-sampling correction reads) the same in every run, as the resume checks below need. */
 static const char *ARGS =
-    "--model " MODEL " --dataset " AGENT "/tool_prompts.jsonl --tools '[\"" AGENT "/calc_tools.py:add\", \"" AGENT
+    "--deterministic true --model " MODEL " --dataset " AGENT "/tool_prompts.jsonl --tools '[\"" AGENT "/calc_tools.py:add\", \"" AGENT
     "/calc_tools.py:div\", \"" AGENT "/calc_tools.py:slow\", \"" AGENT "/calc_tools.py:big\"]' "
     "--tool_timeout 1 --max_tool_calling_iterations 2 "
     "--reward_funcs '[\"" AGENT "/tool_rewards.py:repeats_tool_result\", \"" AGENT
@@ -556,7 +559,8 @@ static void test_data_parallel_lora(void) {
 /* ---------------------------------------------------------------- 4. environment_factory */
 
 #define ENV_DIR COLT_SOURCE_DIR "/examples/environments"
-#define ENV_ARGS "--config " ENV_DIR "/writer.yaml --model " MODEL " --dataset " ENV_DIR "/writer.jsonl " \
+/* --deterministic true as ARGS */
+#define ENV_ARGS "--deterministic true --config " ENV_DIR "/writer.yaml --model " MODEL " --dataset " ENV_DIR "/writer.jsonl " \
     "--environment_factory " ENV_DIR "/writer.py:WriterEnv --reward_funcs " ENV_DIR "/writer.py:says_the_sum " \
     "--tools '[\"" AGENT "/calc_tools.py:add\", \"" AGENT "/calc_tools.py:div\", \"" AGENT "/calc_tools.py:slow\"]' " \
     "--output_dir env --report_to none "

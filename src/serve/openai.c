@@ -767,49 +767,6 @@ static size_t utf8_chars(const char *s) {
     return n;
 }
 
-/* The log-probs of tokens [from, to) of choice g, in the endpoint's shape.
- * A token's text is what it adds to the completion's text (so " there", not
- * "there", after "Once upon a time,"); a special token, which adds nothing,
- * shows as itself. Offsets count characters of the completion's text. */
-static json_t *logprobs_json(const OpenAIRequest *req, const GenSequence *g, int from, int to, const Tokenizer *tok) {
-    json_t *tokens = json_array(), *lps = json_array(), *offsets = json_array(), *content = json_array();
-    char *prev = NULL;
-    if (tokenizer_decode_generated(tok, g->tokens, (size_t)from, true, &prev, NULL) != 0) prev = xstrdup("");
-    for (int k = from; k < to; k++) {
-        char *cur = NULL, *piece = NULL;
-        if (tokenizer_decode_generated(tok, g->tokens, (size_t)k + 1, true, &cur, NULL) != 0) cur = xstrdup("");
-        size_t n_prev = strlen(prev);
-        if (strncmp(cur, prev, n_prev) == 0 && cur[n_prev]) piece = xstrdup(cur + n_prev);
-        else if (tokenizer_decode(tok, &g->tokens[k], 1, false, &piece, NULL) != 0) piece = xstrdup("");
-        if (req->endpoint == OPENAI_COMPLETIONS) {
-            json_array_append_new(tokens, text_value(piece, strlen(piece)));
-            json_array_append_new(lps, logprob_value(g->logprobs[k]));
-            json_array_append_new(offsets, json_integer((json_int_t)utf8_chars(prev)));
-        } else {
-            json_t *bytes = json_array();
-            for (const unsigned char *b = (const unsigned char *)piece; *b; b++)
-                json_array_append_new(bytes, json_integer(*b));
-            json_array_append_new(content, json_pack("{s:o,s:o,s:o,s:[]}", "token", text_value(piece, strlen(piece)),
-                                                     "logprob", logprob_value(g->logprobs[k]), "bytes", bytes,
-                                                     "top_logprobs"));
-        }
-        free(piece);
-        free(prev);
-        prev = cur;
-    }
-    free(prev);
-    json_t *out;
-    if (req->endpoint == OPENAI_COMPLETIONS) {
-        out = json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", "text_offset",
-                        offsets);
-        json_decref(content);
-    } else {
-        out = json_pack("{s:o}", "content", content);
-        json_decref(tokens), json_decref(lps), json_decref(offsets);
-    }
-    return out;
-}
-
 /* Each token's text, as what it adds to the text of the ids before it,
  * decoded over a window of the WINDOW ids before it (a token's text may
  * depend on its neighbours: byte-level pieces of one character, sentencepiece
@@ -831,6 +788,49 @@ static char **token_pieces(const Tokenizer *tok, const int *ids, int n, bool ski
         pieces[t] = piece;
     }
     return pieces;
+}
+
+/* The log-probs of tokens [from, to) of choice g, in the endpoint's shape.
+ * A token's text is what it adds to the text of the tokens before it
+ * (token_pieces: " there", not "there", after "Once upon a time,"); a
+ * special token, which adds nothing, shows as itself. text_offset counts
+ * characters, each token's starting where the texts before it end (vLLM's
+ * count): *chars holds that count at from and is moved to to, so a stream's
+ * chunks go on from each other. Linear in the tokens shown: each text is
+ * decoded over a short window, never from the completion's start. */
+static json_t *logprobs_json(const OpenAIRequest *req, const GenSequence *g, int from, int to, const Tokenizer *tok,
+                             size_t *chars) {
+    json_t *tokens = json_array(), *lps = json_array(), *offsets = json_array(), *content = json_array();
+    int window = from > WINDOW ? WINDOW : from; /* the ids before from that the first texts are decoded after */
+    char **pieces = token_pieces(tok, g->tokens + from - window, to - from + window, true);
+    for (int k = from; k < to; k++) {
+        const char *piece = pieces[k - from + window];
+        if (req->endpoint == OPENAI_COMPLETIONS) {
+            json_array_append_new(tokens, text_value(piece, strlen(piece)));
+            json_array_append_new(lps, logprob_value(g->logprobs[k]));
+            json_array_append_new(offsets, json_integer((json_int_t)*chars));
+        } else {
+            json_t *bytes = json_array();
+            for (const unsigned char *b = (const unsigned char *)piece; *b; b++)
+                json_array_append_new(bytes, json_integer(*b));
+            json_array_append_new(content, json_pack("{s:o,s:o,s:o,s:[]}", "token", text_value(piece, strlen(piece)),
+                                                     "logprob", logprob_value(g->logprobs[k]), "bytes", bytes,
+                                                     "top_logprobs"));
+        }
+        *chars += utf8_chars(piece);
+    }
+    for (int k = 0; k < to - from + window; k++) free(pieces[k]);
+    free(pieces);
+    json_t *out;
+    if (req->endpoint == OPENAI_COMPLETIONS) {
+        out = json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", "text_offset",
+                        offsets);
+        json_decref(content);
+    } else {
+        out = json_pack("{s:o}", "content", content);
+        json_decref(tokens), json_decref(lps), json_decref(offsets);
+    }
+    return out;
 }
 
 static char *one_token_text(const Tokenizer *tok, int id) {
@@ -1001,7 +1001,10 @@ char *openai_response_json(const OpenAIRequest *req, ServeRequest *sr, const Cho
         if (req->logprobs && req->scores && ts)
             lp = scored_logprobs_json(req, g, ts, req->echo ? 0 : g->prompt_len, g->prompt_len + ct->n_tokens,
                                       ctx->tok);
-        else if (req->logprobs) lp = logprobs_json(req, g, 0, ct->n_tokens, ctx->tok);
+        else if (req->logprobs) {
+            size_t chars = 0;
+            lp = logprobs_json(req, g, 0, ct->n_tokens, ctx->tok, &chars);
+        }
         json_object_set_new(c, "logprobs", lp);
         json_object_set_new(c, "finish_reason", json_string(finish));
         if (req->return_token_ids) {
@@ -1066,7 +1069,7 @@ static void stream_tool_answer(char **buf, size_t *len, const OpenAIRequest *req
         }
         json_object_set_new(c, "delta", d);
         if (req->logprobs && ct->n_tokens > ct->n_logprobs_sent) {
-            json_object_set_new(c, "logprobs", logprobs_json(req, g, ct->n_logprobs_sent, ct->n_tokens, ctx->tok));
+            json_object_set_new(c, "logprobs", logprobs_json(req, g, ct->n_logprobs_sent, ct->n_tokens, ctx->tok, &ct->logprob_chars));
             ct->n_logprobs_sent = ct->n_tokens;
         } else {
             json_object_set_new(c, "logprobs", json_null());
@@ -1099,7 +1102,7 @@ void openai_stream_chunk(char **buf, size_t *len, const OpenAIRequest *req, Serv
         json_object_set_new(c, "delta", d);
     }
     if (req->logprobs && ct->n_tokens > ct->n_logprobs_sent) {
-        json_object_set_new(c, "logprobs", logprobs_json(req, g, ct->n_logprobs_sent, ct->n_tokens, ctx->tok));
+        json_object_set_new(c, "logprobs", logprobs_json(req, g, ct->n_logprobs_sent, ct->n_tokens, ctx->tok, &ct->logprob_chars));
         ct->n_logprobs_sent = ct->n_tokens;
     } else {
         json_object_set_new(c, "logprobs", json_null());

@@ -80,6 +80,7 @@ typedef struct ChoiceText {
     size_t streamed;     /* bytes of it already sent */
     int n_tokens;        /* tokens seen (ids of the sequence [0, n_tokens)) */
     int n_logprobs_sent; /* tokens whose log-probs were streamed */
+    size_t logprob_chars; /* characters of those tokens' texts: the next one's text_offset */
     bool finished;
     const char *finish_reason; /* "stop" or "length" once finished */
     /* Incremental decoding (choice_text_update): text[0, committed_len) is the text of tokens

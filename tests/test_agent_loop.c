@@ -8,8 +8,9 @@
  * the same context and RNG positions; the masks and log-probs of tool-result
  * tokens; the per-conversation bound on tool rounds; the completion budget
  * (results that do not fit are dropped, a later turn is cut); the prefix
- * cache giving a resumed conversation its K/V back; and that the tokens do
- * not depend on the order in which results arrive. */
+ * cache giving a resumed conversation its K/V back; that the tokens do
+ * not depend on the order in which results arrive; and rounds on an engine
+ * that lives on (agent_generate_on, the trainer's rounds). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,8 +82,10 @@ static int poll_results(void *ctx, double wait_s, const AgentToolResult **ready,
 
 static void results_dropped(void *ctx, int c) { ((Script *)ctx)->dropped[c]++; }
 
-/* Runs the loop; convs get the prompts. */
-static int run(Model *m, AgentConversation *convs, int prompts[N_CONV][12], Script *s, EngineStats *st, char *err) {
+/* Runs the loop, on engine e when not NULL (agent_generate_on), else on an engine of its own; convs get the
+ * prompts. */
+static int run_on(Model *m, Engine *e, AgentConversation *convs, int prompts[N_CONV][12], Script *s, EngineStats *st,
+                  char *err) {
     for (int c = 0; c < N_CONV; c++) {
         convs[c] = (AgentConversation){.prompt = prompts[c], .prompt_len = 6 + c, .stream = (uint64_t)c};
         s->due[c] = -1;
@@ -92,7 +95,73 @@ static int run(Model *m, AgentConversation *convs, int prompts[N_CONV][12], Scri
                           .max_new_tokens = BUDGET};
     go.stop_ids = s->stop, go.n_stop_ids = N_STOP;
     AgentLoopOptions lo = {.max_tool_calling_iterations = MAX_ROUNDS, .idle_wait_s = 0.001};
-    return agent_generate(m, convs, N_CONV, &go, NULL, &tools, &lo, st, err);
+    return e ? agent_generate_on(e, convs, N_CONV, &go, &tools, &lo, st, err)
+             : agent_generate(m, convs, N_CONV, &go, NULL, &tools, &lo, st, err);
+}
+
+static int run(Model *m, AgentConversation *convs, int prompts[N_CONV][12], Script *s, EngineStats *st, char *err) {
+    return run_on(m, NULL, convs, prompts, s, st, err);
+}
+
+static int same_conversations(const AgentConversation *x, const AgentConversation *y) {
+    int identical = 0;
+    for (int c = 0; c < N_CONV; c++)
+        identical += x[c].n_tokens == y[c].n_tokens &&
+                     memcmp(x[c].tokens, y[c].tokens, sizeof(int) * (size_t)x[c].n_tokens) == 0 &&
+                     memcmp(x[c].model_mask, y[c].model_mask, (size_t)x[c].n_tokens) == 0;
+    return identical;
+}
+
+/* Two rounds on one engine that lives on (the trainer's rounds' engine): each round's conversations are the
+ * fresh engine's, the engine holds nothing of them afterwards, and the second round finds the first's blocks
+ * in the prefix cache (same weights, same prompts): the engine was kept, cache and all. */
+static void check_kept_engine(Model *m, const AgentConversation *fresh, int prompts[N_CONV][12], int vocab) {
+    char err[ERR_LEN];
+    Engine *e = NULL;
+    int rc = engine_create(&e, m, NULL, 12 + BUDGET, N_CONV, err);
+    CHECK(rc == 0, "engine_create: %s", err);
+    if (rc != 0) return;
+    EngineStats st[2] = {0};
+    int identical[2] = {0, 0};
+    for (int round = 0; round < 2; round++) {
+        Script s = {.delay = 1, .vocab = vocab};
+        for (int k = 0; k < N_STOP; k++) s.stop[k] = (16 * k + 2) % vocab;
+        AgentConversation convs[N_CONV];
+        rc = run_on(m, e, convs, prompts, &s, &st[round], err);
+        CHECK(rc == 0, "agent_generate_on, round %d: %s", round + 1, err);
+        if (rc != 0) break;
+        identical[round] = same_conversations(fresh, convs);
+        EngineLoad load;
+        engine_load(e, &load);
+        CHECK(!engine_has_work(e) && load.running == 0 && load.waiting == 0,
+              "round %d left %d running and %d waiting on the engine", round + 1, load.running, load.waiting);
+        for (int c = 0; c < N_CONV; c++) agent_conversation_free(&convs[c]);
+    }
+    EngineStats total;
+    engine_stats(e, &total);
+    printf("a kept engine, two rounds: %d and %d of %d conversations identical to a fresh engine's; steps %lld + %lld "
+           "(totals %lld); prompt tokens from the cache %lld, then %lld\n",
+           identical[0], identical[1], N_CONV, (long long)st[0].steps, (long long)st[1].steps, (long long)total.steps,
+           (long long)st[0].shared_tokens, (long long)st[1].shared_tokens);
+    CHECK(identical[0] >= N_CONV - 1 && identical[1] >= N_CONV - 1,
+          "a kept engine: %d and %d of %d conversations identical to a fresh engine's", identical[0], identical[1],
+          N_CONV);
+    CHECK(st[0].steps > 0 && st[1].steps > 0 && total.steps == st[0].steps + st[1].steps,
+          "a kept engine's per-call steps %lld + %lld against its totals %lld", (long long)st[0].steps,
+          (long long)st[1].steps, (long long)total.steps);
+    CHECK(st[1].shared_tokens > st[0].shared_tokens, "the second round shared %lld prompt tokens from the cache, the "
+          "first %lld: the kept engine's cache was not used", (long long)st[1].shared_tokens,
+          (long long)st[0].shared_tokens);
+    /* refused in one line: a conversation longer than the engine was made for */
+    AgentConversation one[N_CONV];
+    Script s = {.delay = 1, .vocab = vocab};
+    GenerateOptions go = {.sampling = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f}, .max_new_tokens = BUDGET + 1};
+    for (int c = 0; c < N_CONV; c++) one[c] = (AgentConversation){.prompt = prompts[c], .prompt_len = 12};
+    AgentTools tools = {.ctx = &s, .turn_ended = turn_ended, .poll = poll_results};
+    rc = agent_generate_on(e, one, N_CONV, &go, &tools, NULL, NULL, err);
+    CHECK(rc != 0 && strstr(err, "conversation 0 needs 77 tokens (prompt 12 + max_new_tokens 65) but the engine was "
+                                 "made for 76"), "a conversation too long for the engine: %s", rc ? err : "accepted");
+    engine_destroy(e);
 }
 
 /* generate() on the context a turn saw: its tokens and log-probs. */
@@ -253,16 +322,13 @@ int main(void) {
     /* Other delays, results in reverse order: the same conversations. */
     rc = run(m, cb, prompts, &b, NULL, err);
     CHECK(rc == 0, "agent_generate (reversed): %s", err);
-    int identical = 0;
-    for (int c = 0; rc == 0 && c < N_CONV; c++)
-        identical += ca[c].n_tokens == cb[c].n_tokens &&
-                     memcmp(ca[c].tokens, cb[c].tokens, sizeof(int) * (size_t)ca[c].n_tokens) == 0 &&
-                     memcmp(ca[c].model_mask, cb[c].model_mask, (size_t)ca[c].n_tokens) == 0;
+    int identical = rc == 0 ? same_conversations(ca, cb) : 0;
     printf("results in another order and delay: %d of %d conversations identical\n", identical, N_CONV);
     CHECK(identical >= N_CONV - 1, "only %d of %d conversations identical when results come in another order",
           identical, N_CONV);
 
     check_saved_round(ca, prompts, vocab);
+    check_kept_engine(m, ca, prompts, vocab);
     for (int c = 0; c < N_CONV; c++) agent_conversation_free(&ca[c]), agent_conversation_free(&cb[c]);
     model_free(m);
     printf("test_agent_loop: %d checks, %d failures\n", g_checks, g_failures);

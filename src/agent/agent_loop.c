@@ -158,6 +158,35 @@ static int engine_gen_step(void *ctx, const uint64_t **finished, int *n_finished
     return COLT_OK;
 }
 
+int agent_generate_on(Engine *e, AgentConversation *convs, int n, const GenerateOptions *opt, const AgentTools *tools,
+                      const AgentLoopOptions *lo, EngineStats *stats, char *err) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (n == 0) return COLT_OK;
+    if (!engine_awake(e)) return errorf(err, "agent_generate_on: the engine is asleep (engine_wake takes its memory again)");
+    if (engine_has_work(e)) return errorf(err, "agent_generate_on: the engine still has requests of its own");
+    for (int i = 0; i < n; i++) {
+        /* every turn's context is prompt + completion so far, the completion bounded by max_new_tokens */
+        long long need = (long long)convs[i].prompt_len + opt->max_new_tokens;
+        if (need > model_config(engine_model(e))->max_position_embeddings)
+            need = model_config(engine_model(e))->max_position_embeddings;
+        if (need > engine_max_len(e))
+            return errorf(err, "agent_generate_on: conversation %d needs %lld tokens (prompt %d + max_new_tokens %d) "
+                               "but the engine was made for %d",
+                          i, need, convs[i].prompt_len, opt->max_new_tokens, engine_max_len(e));
+    }
+    double t0 = time_now();
+    EngineGenerator eg = {.engine = e, .finished = xmalloc(sizeof(uint64_t) * (size_t)n)};
+    AgentGenerator g = {.ctx = &eg, .max_positions = model_config(engine_model(e))->max_position_embeddings,
+                        .add = engine_gen_add, .has_work = engine_gen_has_work, .step = engine_gen_step};
+    EngineCall call;
+    engine_call_begin(e, &call);
+    int rc = agent_generate_with(&g, convs, n, opt, tools, lo, err);
+    engine_call_end(e, &call, rc == 0 ? stats : NULL);
+    if (stats) stats->seconds = time_now() - t0;
+    free(eg.finished);
+    return rc;
+}
+
 int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
                    const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err) {
     if (stats) memset(stats, 0, sizeof *stats);
@@ -169,16 +198,10 @@ int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOpti
     long long max_len = (long long)max_prompt + opt->max_new_tokens;
     if (max_len > max_positions) max_len = max_positions;
     double t0 = time_now();
-    EngineGenerator eg = {.finished = xmalloc(sizeof(uint64_t) * (size_t)n)};
-    int rc = engine_create(&eg.engine, m, eo, (int)max_len, n, err);
-    AgentGenerator g = {.ctx = &eg, .max_positions = max_positions, .add = engine_gen_add,
-                        .has_work = engine_gen_has_work, .step = engine_gen_step};
-    if (rc == 0) rc = agent_generate_with(&g, convs, n, opt, tools, lo, err);
-    if (eg.engine && stats) {
-        engine_stats(eg.engine, stats);
-        stats->seconds = time_now() - t0;
-    }
-    engine_destroy(eg.engine);
-    free(eg.finished);
+    Engine *e = NULL;
+    int rc = engine_create(&e, m, eo, (int)max_len, n, err);
+    if (rc == 0) rc = agent_generate_on(e, convs, n, opt, tools, lo, stats, err);
+    if (stats) stats->seconds = time_now() - t0; /* the engine's making too */
+    engine_destroy(e);
     return rc;
 }

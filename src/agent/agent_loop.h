@@ -93,6 +93,14 @@ typedef struct AgentLoopOptions {
 int agent_generate(Model *m, AgentConversation *convs, int n, const GenerateOptions *opt, const EngineOptions *eo,
                    const AgentTools *tools, const AgentLoopOptions *lo, EngineStats *stats, char *err);
 
+/* agent_generate on an engine that lives on (engine_run's conditions: awake,
+ * no requests of its own, every prompt + max_new_tokens within engine_max_len);
+ * stats: this call's. The engine keeps its pool, prefix cache and CUDA graphs
+ * for the next call. On error every conversation's output is freed and the
+ * engine, which may still hold some of their turns, should be destroyed. */
+int agent_generate_on(Engine *e, AgentConversation *convs, int n, const GenerateOptions *opt, const AgentTools *tools,
+                      const AgentLoopOptions *lo, EngineStats *stats, char *err);
+
 /* Where turns are generated when not on this process's engine (colt train in
  * server mode: a colt serve). A turn is a GenSequence whose prompt is the
  * conversation's whole context and whose first_position goes on from the

@@ -1208,6 +1208,8 @@ bool engine_fits(const Engine *e, int max_len, int max_seqs) {
     return min_int(max_len, e->cfg->max_position_embeddings) <= e->max_len && min_int(max_seqs, max_num_seqs) <= e->n_slots;
 }
 
+Model *engine_model(const Engine *e) { return e->m; }
+
 /* ---------------------------------------------------------------- engine_generate: the loop on top */
 
 /* A stretch of the engine's life added to the totals before it: sums, peaks and the least free memory. */
@@ -1225,6 +1227,21 @@ static void stats_add(EngineStats *total, const EngineStats *part) {
     total->seconds += part->seconds, total->decode_seconds += part->decode_seconds;
     total->decode_wait_seconds += part->decode_wait_seconds, total->decode_step_tokens += part->decode_step_tokens;
     total->decode_launch_seconds += part->decode_launch_seconds;
+}
+
+/* this call's counters from zero; the totals before it are added back at the end */
+void engine_call_begin(Engine *e, EngineCall *call) {
+    call->before = e->stats;
+    memset(&e->stats, 0, sizeof e->stats);
+    e->stats.pool_bytes = call->before.pool_bytes, e->stats.pool_blocks = call->before.pool_blocks;
+    e->stats.block_size = call->before.block_size;
+}
+
+void engine_call_end(Engine *e, EngineCall *call, EngineStats *stats) {
+    if (e->awake) note_device_free(e); /* the pool is still taken: the peak of this call */
+    if (stats) *stats = e->stats;
+    stats_add(&call->before, &e->stats);
+    e->stats = call->before;
 }
 
 int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err) {
@@ -1246,11 +1263,8 @@ int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *
         seqs[i].n_tokens = 0;
         seqs[i].finish = FINISH_LENGTH;
     }
-    /* this call's counters from zero; the totals before it are added back at the end */
-    EngineStats before = e->stats;
-    memset(&e->stats, 0, sizeof e->stats);
-    e->stats.pool_bytes = before.pool_bytes, e->stats.pool_blocks = before.pool_blocks;
-    e->stats.block_size = before.block_size;
+    EngineCall call;
+    engine_call_begin(e, &call);
     int rc = COLT_OK, added = 0;
     for (; rc == 0 && added < n_seqs; added++) rc = engine_add_request(e, &seqs[added], opt, (uint64_t)added, err);
     while (rc == 0 && engine_has_work(e)) {
@@ -1258,10 +1272,7 @@ int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *
         int n_events;
         rc = engine_step(e, &events, &n_events, err);
     }
-    if (rc == 0) note_device_free(e); /* the pool is still taken: the peak of this call */
-    if (stats) *stats = e->stats;
-    stats_add(&before, &e->stats);
-    e->stats = before;
+    engine_call_end(e, &call, rc == 0 ? stats : NULL);
     if (rc != 0) {
         for (int i = 0; i < added; i++) engine_abort(e, (uint64_t)i);
         for (int i = 0; i < n_seqs; i++) gen_sequence_free(&seqs[i]);

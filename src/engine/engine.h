@@ -170,6 +170,16 @@ int engine_step(Engine *e, const EngineEvent **events, int *n_events, char *err)
  * are freed and the engine should be destroyed. */
 int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *opt, EngineStats *stats, char *err);
 
+/* One call's counters, for a loop that drives engine_add_request and
+ * engine_step itself (agent_loop.c) as engine_run does: engine_call_begin
+ * starts the counters from zero, keeping the totals aside; engine_call_end
+ * copies this call's into *stats (may be NULL) and adds them to the totals. */
+typedef struct EngineCall {
+    EngineStats before; /* the totals when the call began */
+} EngineCall;
+void engine_call_begin(Engine *e, EngineCall *call);
+void engine_call_end(Engine *e, EngineCall *call, EngineStats *stats);
+
 /* Requests queued or running (engine_step has work). */
 bool engine_has_work(const Engine *e);
 
@@ -197,6 +207,7 @@ void engine_load(const Engine *e, EngineLoad *out);
 /* Totals since engine_create (seconds: time spent in engine_step; peaks over the engine's life). */
 void engine_stats(const Engine *e, EngineStats *out);
 int engine_max_len(const Engine *e); /* the longest sequence it takes, prompt included */
+Model *engine_model(const Engine *e); /* the model it computes with */
 /* Whether e is as large as engine_create(max_len, max_seqs) with its options would make it. */
 bool engine_fits(const Engine *e, int max_len, int max_seqs);
 

@@ -158,11 +158,7 @@ static bool engine_stays_awake(const Trainer *t) {
  * different lengths and the batch shrinks through many sizes. It stays awake
  * through training where memory allows (engine_stays_awake); otherwise it
  * sleeps, giving its memory back, and wakes for the next round. */
-int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
-                           char *err) {
-    if (es) memset(es, 0, sizeof *es);
-    if (n_seqs == 0) return COLT_OK;
-    double t0 = time_now();
+Engine *trainer_round_engine(Trainer *t, const GenSequence *seqs, int n_seqs, const GenerateOptions *go, char *err) {
     int need = 0; /* the longest sequence of this round */
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].prompt_len + go->max_new_tokens > need) need = seqs[i].prompt_len + go->max_new_tokens;
@@ -174,15 +170,33 @@ int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const Gene
     int rc = COLT_OK;
     if (!t->engine) rc = engine_create(&t->engine, t->model, &t->engine_opts, max_len, n_seqs, err);
     else rc = engine_wake(t->engine, err);
-    if (rc == 0) rc = engine_run(t->engine, seqs, n_seqs, go, es, err);
     if (rc != 0) {
         engine_destroy(t->engine);
         t->engine = NULL;
-        return COLT_ERR;
     }
-    if (es) es->seconds = time_now() - t0;
-    if (!engine_stays_awake(t)) engine_sleep(t->engine);
-    return COLT_OK;
+    return t->engine;
+}
+
+void trainer_round_engine_done(Trainer *t, int rc) {
+    if (!t->engine) return;
+    if (rc != 0) { /* it may still hold the failed round's requests */
+        engine_destroy(t->engine);
+        t->engine = NULL;
+    } else if (!engine_stays_awake(t)) {
+        engine_sleep(t->engine);
+    }
+}
+
+int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
+                           char *err) {
+    if (es) memset(es, 0, sizeof *es);
+    if (n_seqs == 0) return COLT_OK;
+    double t0 = time_now();
+    Engine *e = trainer_round_engine(t, seqs, n_seqs, go, err);
+    int rc = e ? engine_run(e, seqs, n_seqs, go, es, err) : COLT_ERR;
+    if (rc == 0 && es) es->seconds = time_now() - t0;
+    trainer_round_engine_done(t, rc);
+    return rc;
 }
 
 /* The whole weights for the engine or for saving (gathered under zero_stage 3,

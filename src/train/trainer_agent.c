@@ -304,8 +304,9 @@ long trainer_environment_instance(const Trainer *t, int j) {
     return t->agent.instance_of ? t->agent.instance_of[j] : j;
 }
 
-int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
-                                GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {
+int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, Engine *engine,
+                                AgentShare *a, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
+                                char *err) {
     free_conversations(a);
     AgentConversation *convs = xcalloc((size_t)(n > 0 ? n : 1), sizeof(AgentConversation));
     for (int i = 0; i < n; i++)
@@ -333,6 +334,8 @@ int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClien
                             .add = server_turns_add, .has_work = server_turns_has_work, .step = server_turns_step};
         rc = agent_generate_with(&g, convs, n, go, &handler, &lo, err);
         free(s.queued), free(s.budgets), free(s.ids), free(s.finished), free(s.wave), free(s.replica);
+    } else if (engine) {
+        rc = agent_generate_on(engine, convs, n, go, &handler, &lo, es, err);
     } else {
         rc = agent_generate(t->model, convs, n, go, &t->engine_opts, &handler, &lo, es, err);
     }
@@ -360,7 +363,17 @@ int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClien
 
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
                            char *err) {
-    return trainer_agent_generate_with(t, t->tool_worker, t->server, &t->agent, seqs, n, go, es, err);
+    return trainer_agent_generate_with(t, t->tool_worker, t->server, NULL, &t->agent, seqs, n, go, es, err);
+}
+
+int trainer_agent_round(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err) {
+    if (t->server || n == 0) return trainer_agent_generate(t, seqs, n, go, es, err);
+    double t0 = time_now();
+    Engine *e = trainer_round_engine(t, seqs, n, go, err);
+    int rc = e ? trainer_agent_generate_with(t, t->tool_worker, NULL, e, &t->agent, seqs, n, go, es, err) : COLT_ERR;
+    if (rc == 0 && es) es->seconds = time_now() - t0;
+    trainer_round_engine_done(t, rc);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- environments */

@@ -205,11 +205,16 @@ void trainer_alloc_label(const Trainer *t, const char *what, size_t planned);
 /* Training activations and the engine's KV pool take turns with the device memory. */
 void trainer_release_activations(Trainer *t);
 int trainer_ensure_activations(Trainer *t, char *err);
-/* Before generating n_seqs sequences with an engine of their own (evaluation, tools, a rollout function): the
+/* Before generating n_seqs sequences with an engine of their own (evaluation, a rollout function): the
  * rounds' engine goes to sleep, and the activations are given back unless the pool fits beside them. */
 void trainer_make_room_for_generation(Trainer *t, int n_seqs);
 /* Before a round on the rounds' engine: nothing when it is awake (it kept its memory), else as above. */
 void trainer_make_room_for_round(Trainer *t, int n_seqs);
+/* The rounds' engine, awake and large enough for seqs[n_seqs] with go's max_new_tokens: kept, woken, or made
+ * anew (NULL on error, in err). trainer_round_engine_done after the round: on error it is destroyed (it may
+ * hold the round's requests), else it sleeps unless it may stay awake through training. */
+Engine *trainer_round_engine(Trainer *t, const GenSequence *seqs, int n_seqs, const GenerateOptions *go, char *err);
+void trainer_round_engine_done(Trainer *t, int rc);
 /* A round's completions on the rounds' engine (engine_run: engine_generate's results), made or woken here. */
 int trainer_round_generate(Trainer *t, GenSequence *seqs, int n_seqs, const GenerateOptions *go, EngineStats *es,
                            char *err);
@@ -306,14 +311,18 @@ const json_t *trainer_tool_schemas(const Trainer *t);
 const json_t *trainer_row_tool_schemas(const Trainer *t, const json_t *row);
 /* Multi-turn generation of seqs[n] (agent_loop.h): their tokens, log-probs and
  * finish as engine_generate fills them, and t->agent the masks, counts and
- * messages. */
+ * messages. Turns on the server in server mode; else trainer_agent_round's on
+ * the rounds' engine, trainer_agent_generate's on an engine of their own
+ * (evaluation: its batch is not the rounds'). */
+int trainer_agent_round(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err);
 int trainer_agent_generate(Trainer *t, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
                            char *err);
-/* The same with the tools of worker, turns on server (NULL: this process's
- * engine) and the conversations into a: async_generation's round in flight,
- * on its thread (t is only read: tokenizer, settings). */
-int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, AgentShare *a,
-                                GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es, char *err);
+/* The same with the tools of worker, turns on server, else on engine (NULL: one
+ * of their own), and the conversations into a: async_generation's round in
+ * flight, on its thread (t is only read: tokenizer, settings). */
+int trainer_agent_generate_with(const Trainer *t, ToolWorker *worker, ServeClient *server, Engine *engine,
+                                AgentShare *a, GenSequence *seqs, int n, const GenerateOptions *go, EngineStats *es,
+                                char *err);
 void trainer_agent_share_clear(AgentShare *a); /* conversations and rows */
 void trainer_agent_share_free(Trainer *t);
 /* environment_factory: the round's prompts in r become one per sample, each

@@ -424,7 +424,7 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
     if (t->server && !from_pending) {
         weights_step = t->server_weights_step;
         if (t->tool_worker) /* multi-turn: the trainer runs the tools, the server each turn */
-            rc = trainer_agent_generate(t, seqs, n_local, &go, NULL, err);
+            rc = trainer_agent_round(t, seqs, n_local, &go, NULL, err);
         else if (n_local > 0)
             rc = serve_client_generate(t->server, seqs, n_local, &go, model_config(t->model)->vocab_size, NULL, err);
     }
@@ -435,14 +435,13 @@ static int generate_share(Trainer *t, Rollout *r, GenSequence **seqs_out, int lo
         (t->round + 1) * micro_per_round < t->total_steps * c->gradient_accumulation_steps)
         rc = trainer_pending_launch(t, err);
     if (!t->server) {
-        if (t->tool_worker) trainer_make_room_for_generation(t, n_local);
-        else trainer_make_room_for_round(t, n_local);
+        trainer_make_room_for_round(t, n_local);
         EngineStats es;
         rc = trainer_weights_gather(t, err);
         trainer_alloc_label(t, "the generation engine's scratch and KV pool", t->plan.engine_scratch + t->plan.kv_min);
         double e0 = time_now();
         if (rc == 0)
-            rc = t->tool_worker ? trainer_agent_generate(t, seqs, n_local, &go, &es, err)
+            rc = t->tool_worker ? trainer_agent_round(t, seqs, n_local, &go, &es, err)
                                 : trainer_round_generate(t, seqs, n_local, &go, &es, err);
         t->times.engine += time_now() - e0;
         trainer_alloc_label(t, NULL, 0);

@@ -21,7 +21,7 @@ static void *pending_main(void *arg) {
     PendingRound *p = arg;
     double t0 = time_now();
     if (p->worker) /* tools: the conversations turn by turn, their calls in the round's own worker */
-        p->rc = trainer_agent_generate_with(p->trainer, p->worker, p->client, &p->agent, p->seqs, p->n, &p->go, NULL,
+        p->rc = trainer_agent_generate_with(p->trainer, p->worker, p->client, NULL, &p->agent, p->seqs, p->n, &p->go, NULL,
                                             p->err);
     else
         p->rc = serve_client_generate(p->client, p->seqs, p->n, &p->go, p->vocab_size, NULL, p->err);

@@ -507,8 +507,11 @@ static void test_optimizer_ops(const Backend *be) {
 }
 
 /* The CPU instance's threads change no bit: linear and linear_backward with
- * GEMMs large enough to be split (300 x 896 x 200) and a decode-sized one, and
- * attention (its rows shared out among threads), on one thread and on three. */
+ * GEMMs large enough to be split (300 x 896 x 200), decode-sized ones (few
+ * rows: split by columns, or in fixed column blocks where this BLAS cannot
+ * split columns bit-safely), and attention (its rows shared out among
+ * threads), on one thread and on three. The wide decode-sized one is also
+ * checked against a double-precision reference. */
 static void test_threads_same_bits(Backend *be) {
     int n = 300, in = 896, out = 200, H = 4, KVH = 2, Dh = 16, L = 40, kvd = KVH * Dh;
     size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out, qn = (size_t)L * H * Dh;
@@ -519,12 +522,16 @@ static void test_threads_same_bits(Backend *be) {
     void *gy = be->alloc(be, ny), *gdx = be->alloc(be, nx), *gdw = be->alloc_f32(be, nw), *ga = be->alloc(be, qn);
     int slot[40], pos[40];
     for (int i = 0; i < L; i++) slot[i] = 0, pos[i] = i;
-    float *got[2][5];
+    int wide_n = 16, wide_in = 576, wide_out = 3072; /* SmolLM2's gate/up projections at a decode step of 16 */
+    size_t nwx = (size_t)wide_n * wide_in, nww = (size_t)wide_out * wide_in, nwy = (size_t)wide_n * wide_out;
+    float *wx = rand_floats(nwx, 1.0f), *ww = rand_floats(nww, 0.05f);
+    void *gwx = to_device(be, wx, nwx), *gww = to_device(be, ww, nww), *gwy = be->alloc(be, nwy);
+    float *got[2][6];
     for (int run = 0; run < 2; run++) {
         be->set_threads(be, run == 0 ? 1 : 3);
         be->linear(be, gy, gx, gw, NULL, n, in, out);
         got[run][0] = from_device(be, gy, ny);
-        be->linear(be, gy, gx, gw, NULL, 32, in, out); /* a decode step's: never split */
+        be->linear(be, gy, gx, gw, NULL, 32, in, out); /* a decode step's */
         got[run][1] = from_device(be, gy, (size_t)32 * out);
         be->zero_f32(be, gdw, nw);
         be->linear_backward(be, gdx, gdw, NULL, gdy, gx, gw, n, in, out, 0);
@@ -533,20 +540,67 @@ static void test_threads_same_bits(Backend *be) {
         be->download_f32(be, got[run][3], gdw, nw);
         be->attention(be, ga, NULL, gq, gk, gv, slot, pos, L, H, KVH, Dh, L);
         got[run][4] = from_device(be, ga, qn);
+        be->linear(be, gwy, gwx, gww, NULL, wide_n, wide_in, wide_out);
+        got[run][5] = from_device(be, gwy, nwy);
     }
-    const char *what[5] = {"linear [300,896]x[200,896]^T", "linear [32,896]x[200,896]^T", "linear_backward dx",
-                           "linear_backward dw", "attention 40 tokens"};
-    size_t sizes[5] = {ny, (size_t)32 * out, nx, nw, qn};
-    for (int k = 0; k < 5; k++) {
+    /* each output within 1e-5 of the sum of its terms' magnitudes: any summation order passes, a wrong block fails */
+    int far = 0;
+    for (int i = 0; i < wide_n; i++)
+        for (int j = 0; j < wide_out; j++) {
+            double ref = 0, mag = 0;
+            for (int q = 0; q < wide_in; q++) {
+                double term = (double)wx[(size_t)i * wide_in + q] * ww[(size_t)j * wide_in + q];
+                ref += term, mag += fabs(term);
+            }
+            far += fabs(got[1][5][(size_t)i * wide_out + j] - ref) > 1e-5 * mag;
+        }
+    CHECK(far == 0, "linear [16,576]x[3072,576]^T on 3 threads: %d of %zu outputs off the double reference", far, nwy);
+    printf("%s %-40s 3 threads vs double reference: %d of %zu off\n", far ? "FAIL" : "ok  ",
+           "linear [16,576]x[3072,576]^T", far, nwy);
+    const char *what[6] = {"linear [300,896]x[200,896]^T", "linear [32,896]x[200,896]^T", "linear_backward dx",
+                           "linear_backward dw", "attention 40 tokens", "linear [16,576]x[3072,576]^T"};
+    size_t sizes[6] = {ny, (size_t)32 * out, nx, nw, qn, nwy};
+    for (int k = 0; k < 6; k++) {
         bool same = memcmp(got[0][k], got[1][k], sizes[k] * sizeof(float)) == 0;
         CHECK(same, "%s: 1 thread and 3 threads give different bits", what[k]);
         printf("%s %-40s 1 thread vs 3 threads: %s\n", same ? "ok  " : "FAIL", what[k], same ? "same bits" : "differ");
         free(got[0][k]), free(got[1][k]);
     }
     be->set_threads(be, 2);
-    free(x), free(w), free(dy), free(q), free(kc), free(vc);
-    void *bufs[10] = {gx, gw, gdy, gq, gk, gv, gy, gdx, gdw, ga};
-    for (int k = 0; k < 10; k++) be->free(be, bufs[k]);
+    free(x), free(w), free(dy), free(q), free(kc), free(vc), free(wx), free(ww);
+    void *bufs[13] = {gx, gw, gdy, gq, gk, gv, gy, gdx, gdw, ga, gwx, gww, gwy};
+    for (int k = 0; k < 13; k++) be->free(be, bufs[k]);
+}
+
+/* A CPU instance keeps freed blocks of 1 MB or more for its next allocation of
+ * up to a quarter less (cpu_backend.c CPU_CACHE_*); memory_stats counts what is
+ * in use, never what is kept. */
+static void test_cpu_block_cache(void) {
+    char err[ERR_LEN];
+    Backend *be = backend_open("cpu", 0, err);
+    CHECK(be != NULL, "backend_open cpu: %s", err);
+    if (!be) return;
+    size_t mb = 1 << 20, in_use = 0, peak = 0;
+    float *p = be->alloc(be, 2 * mb / sizeof(float));
+    for (size_t i = 0; i < 2 * mb / sizeof(float); i += 1024) p[i] = (float)i;
+    be->free(be, p);
+    be->memory_stats(be, &in_use, &peak, true);
+    CHECK(in_use == 0, "a freed block is kept, but %zu bytes count as in use", in_use);
+    float *q = be->alloc(be, (2 * mb - mb / 8) / sizeof(float)); /* 1.875 MB: the 2 MB block */
+    be->memory_stats(be, &in_use, &peak, false);
+    CHECK(q == p && in_use == 2 * mb - mb / 8, "1.875 MB after freeing 2 MB: %s block, %zu bytes in use",
+          q == p ? "the same" : "another", in_use);
+    float *r = be->alloc(be, 2 * mb / sizeof(float)); /* none kept now */
+    CHECK(r != q, "two live buffers share a block");
+    be->free(be, q);
+    float *small = be->alloc(be, mb / sizeof(float)); /* half the kept 2 MB block: too much slack, a new one */
+    CHECK(small != q, "a 1 MB buffer took a kept 2 MB block");
+    float *half = be->alloc(be, (mb / 2) / sizeof(float)); /* below the cache's minimum */
+    be->free(be, half), be->free(be, small), be->free(be, r);
+    be->memory_stats(be, &in_use, &peak, false);
+    CHECK(in_use == 0, "all freed: %zu bytes in use", in_use);
+    printf("cpu block cache: a freed 2 MB block serves 1.875 MB, not 1 MB; in use counts live buffers only\n");
+    backend_close(be);
 }
 
 /* The threads a rank computes with: cgroup quota lines, OMP_NUM_THREADS, the
@@ -610,6 +664,7 @@ int main(void) {
     test_threads_same_bits(b);
     test_threads_same_bits(a);
     test_cpu_threads();
+    test_cpu_block_cache();
     backend_close(a);
     backend_close(b);
     op_refs_free(refs);

@@ -29,23 +29,94 @@
 /* ---------------------------------------------------------------- memory */
 
 /* Every buffer starts CPU_HEADER bytes into its block; the header keeps the
- * size (and whether memory_stats counts it), so free can subtract it. */
+ * size (and whether memory_stats counts it), so free can subtract it, and the
+ * block's capacity (a reused block may be larger than asked for). */
 #define CPU_HEADER 64
 typedef struct CpuBlockHeader {
-    size_t bytes;
+    size_t bytes, capacity;
     int counted;
 } CpuBlockHeader;
 
+/* Freed blocks of CPU_CACHE_MIN bytes or more are kept for the instance's next
+ * allocation of up to a quarter less (activations, logits and the engine's pool
+ * come back every step and round at about the same sizes). glibc gives such
+ * blocks back to the kernel on free, and the next one's pages arrive zeroed by
+ * the kernel: 9% of a SmolLM2 GRPO step's CPU time went to that. At most
+ * CPU_CACHE_ENTRIES blocks and CPU_CACHE_MAX_BYTES are kept (the oldest go
+ * first); memory_stats counts only buffers in use. */
+#define CPU_CACHE_MIN ((size_t)1 << 20)
+/* Under ASan a kept block's buffer is poisoned until it is handed out again, so
+ * a use after free is still reported. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define CPU_CACHE_POISON(block, capacity) ASAN_POISON_MEMORY_REGION((char *)(block) + CPU_HEADER, capacity)
+#define CPU_CACHE_UNPOISON(block, capacity) ASAN_UNPOISON_MEMORY_REGION((char *)(block) + CPU_HEADER, capacity)
+#else
+#define CPU_CACHE_POISON(block, capacity) ((void)(block), (void)(capacity))
+#define CPU_CACHE_UNPOISON(block, capacity) ((void)(block), (void)(capacity))
+#endif
+#define CPU_CACHE_ENTRIES ((int)(sizeof ((CpuContext *)0)->cache / sizeof(void *)))
+#define CPU_CACHE_MAX_BYTES ((size_t)4 << 30)
+
+static void *cpu_cache_take(CpuContext *cx, size_t bytes) {
+    int best = -1;
+    size_t best_capacity = 0;
+    for (int i = 0; i < cx->n_cached; i++) {
+        size_t capacity = ((const CpuBlockHeader *)cx->cache[i])->capacity;
+        if (capacity >= bytes && capacity - bytes <= bytes / 4 && (best < 0 || capacity < best_capacity))
+            best = i, best_capacity = capacity;
+    }
+    if (best < 0) return NULL;
+    void *block = cx->cache[best];
+    memmove(&cx->cache[best], &cx->cache[best + 1], sizeof(void *) * (size_t)(cx->n_cached - best - 1));
+    cx->n_cached--;
+    cx->cached_bytes -= best_capacity;
+    CPU_CACHE_UNPOISON(block, best_capacity);
+    return block;
+}
+
+static void cpu_cache_drop_oldest(CpuContext *cx) {
+    void *block = cx->cache[0];
+    cx->cached_bytes -= ((const CpuBlockHeader *)block)->capacity;
+    memmove(&cx->cache[0], &cx->cache[1], sizeof(void *) * (size_t)(cx->n_cached - 1));
+    cx->n_cached--;
+    CPU_CACHE_UNPOISON(block, ((const CpuBlockHeader *)block)->capacity);
+    free(block);
+}
+
+static void cpu_cache_put(CpuContext *cx, void *block) {
+    size_t capacity = ((const CpuBlockHeader *)block)->capacity;
+    if (capacity < CPU_CACHE_MIN || capacity > CPU_CACHE_MAX_BYTES) {
+        free(block);
+        return;
+    }
+    while (cx->n_cached > 0 && (cx->n_cached == CPU_CACHE_ENTRIES || cx->cached_bytes + capacity > CPU_CACHE_MAX_BYTES))
+        cpu_cache_drop_oldest(cx);
+    CPU_CACHE_POISON(block, capacity);
+    cx->cache[cx->n_cached++] = block;
+    cx->cached_bytes += capacity;
+}
+
+static void cpu_cache_clear(CpuContext *cx) {
+    while (cx->n_cached > 0) cpu_cache_drop_oldest(cx);
+}
+
 static void *cpu_alloc_block(const Backend *be, size_t bytes, int counted) {
     CpuContext *cx = be->ctx;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, CPU_HEADER + (bytes ? bytes : 1)) != 0) {
-        if (!cx->alloc_label[0]) colt_out_of_memory(bytes);
-        fprintf(stderr, "colt: out of memory while allocating %s: could not allocate %zu bytes (%.2f GB)\n",
-                cx->alloc_label, bytes, bytes / 1e9);
-        exit(1);
+    size_t capacity = bytes ? bytes : 1;
+    void *p = bytes >= CPU_CACHE_MIN ? cpu_cache_take(cx, bytes) : NULL;
+    if (p) {
+        capacity = ((const CpuBlockHeader *)p)->capacity;
+    } else if (posix_memalign(&p, 64, CPU_HEADER + capacity) != 0) {
+        cpu_cache_clear(cx); /* what it keeps may be what is missing */
+        if (posix_memalign(&p, 64, CPU_HEADER + capacity) != 0) {
+            if (!cx->alloc_label[0]) colt_out_of_memory(bytes);
+            fprintf(stderr, "colt: out of memory while allocating %s: could not allocate %zu bytes (%.2f GB)\n",
+                    cx->alloc_label, bytes, bytes / 1e9);
+            exit(1);
+        }
     }
-    *(CpuBlockHeader *)p = (CpuBlockHeader){.bytes = bytes, .counted = counted};
+    *(CpuBlockHeader *)p = (CpuBlockHeader){.bytes = bytes, .capacity = capacity, .counted = counted};
     if (counted) {
         cx->in_use += bytes;
         if (cx->in_use > cx->peak) cx->peak = cx->in_use;
@@ -57,10 +128,11 @@ static void *cpu_alloc(const Backend *be, size_t n_elements) { return cpu_alloc_
 
 static void cpu_free(const Backend *be, void *buf) {
     if (!buf) return;
+    CpuContext *cx = be->ctx;
     void *block = (char *)buf - CPU_HEADER;
     const CpuBlockHeader *h = block;
-    if (h->counted) ((CpuContext *)be->ctx)->in_use -= h->bytes;
-    free(block);
+    if (h->counted) cx->in_use -= h->bytes;
+    cpu_cache_put(cx, block);
 }
 
 static void cpu_memory_stats(const Backend *be, size_t *in_use, size_t *peak, bool reset_peak) {
@@ -176,21 +248,55 @@ static void cpu_gemm_probe_splits(CpuContext *cx) {
     cx->split_probed = 1;
 }
 
+/* Wide GEMMs where this BLAS cannot split columns bit-safely and rows cannot be
+ * split (a decode step's: few rows, many columns): C's columns in fixed blocks,
+ * each its own sgemm call whatever the thread count, so the bits depend on the
+ * shape alone (they differ from one whole call's in the last place, as any
+ * other blocking would). Blocks are at least CPU_GEMM_BLOCK_MIN columns wide,
+ * at most CPU_GEMM_BLOCKS of them; a GEMM below CPU_GEMM_BLOCKED_MNK
+ * multiply-adds is one call. */
+#define CPU_GEMM_BLOCK_MIN 64
+#define CPU_GEMM_BLOCKS 64
+#define CPU_GEMM_BLOCKED_MNK 2097152.0
+
+static int cpu_gemm_blocks(const CpuContext *cx, int m, int n, int k) {
+    if (cx->split_cols_unit > 0 || (cx->split_rows_unit > 0 && m >= 2 * cx->split_rows_unit)) return 0;
+    if (n < 2 * CPU_GEMM_BLOCK_MIN || (double)m * n * k < CPU_GEMM_BLOCKED_MNK) return 0;
+    int blocks = n / CPU_GEMM_BLOCK_MIN;
+    return blocks < CPU_GEMM_BLOCKS ? blocks : CPU_GEMM_BLOCKS;
+}
+
 /* C[M, N] = alpha op(A)[M, K] op(B)[K, N] + beta C (row-major): OpenBLAS on
  * one thread per call (the instance sets OpenBLAS to one thread), split over
  * the instance's team by C's columns, or by its rows when it has fewer
  * columns than rows (or its BLAS cannot split columns), in whole multiples of
  * the probed unit (the remainder to the last part). Every element's sum over K
  * is then the one a single call computes (test_backend_ops compares the two bit
- * for bit). */
+ * for bit). Wide GEMMs that neither way can split go in fixed column blocks
+ * (cpu_gemm_blocks). Either way the bits do not depend on the thread count. */
 static void cpu_gemm(const Backend *be, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
     CpuContext *cx = be->ctx;
     int team = cx->threads;
-    double parts = (double)m * n * k / CPU_GEMM_SPLIT_MNK;
+    double mnk = (double)m * n * k, parts = mnk / CPU_GEMM_SPLIT_MNK;
+    /* what the split may be is known before the first GEMM that could be split or blocked, on one thread too:
+     * a blocked GEMM's bits must be the same whatever the team */
+    if (!cx->split_probed && (parts >= 2 || (mnk >= CPU_GEMM_BLOCKED_MNK && n >= 2 * CPU_GEMM_BLOCK_MIN)))
+        cpu_gemm_probe_splits(cx);
+    int blocks = cpu_gemm_blocks(cx, m, n, k);
+    if (blocks > 0) {
+        int block_team = team < blocks ? team : blocks;
+        /* block j: columns [lo, hi), lo rounded down to 16 so blocks start on the kernels' tiles */
+#pragma omp parallel for schedule(static) num_threads(block_team)
+        for (int j = 0; j < blocks; j++) {
+            int lo = (int)((int64_t)j * n / blocks) & ~15, hi = j == blocks - 1 ? n : (int)((int64_t)(j + 1) * n / blocks) & ~15;
+            cblas_sgemm(CblasRowMajor, ta, tb, m, hi - lo, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo,
+                        ldb, beta, c + lo, ldc);
+        }
+        return;
+    }
     if (parts < team) team = (int)parts;
-    if (team > 1 && !cx->split_probed) cpu_gemm_probe_splits(cx); /* the first GEMM worth splitting */
     bool by_columns = cx->split_cols_unit > 0 && (n >= m || cx->split_rows_unit == 0);
     int unit = by_columns ? cx->split_cols_unit : cx->split_rows_unit, len = by_columns ? n : m;
     int units = unit > 0 ? len / unit : 0;
@@ -911,6 +1017,7 @@ Backend *backend_cpu_open(void) {
 }
 
 static void cpu_close_instance(Backend *be) {
+    cpu_cache_clear(be->ctx);
     free(be->ctx);
     free(be);
 }

@@ -20,6 +20,11 @@ typedef struct CpuContext {
     int split_probed, split_rows_unit, split_cols_unit;
     size_t in_use, peak; /* bytes of alloc / alloc_f32 buffers */
     char alloc_label[160];
+    /* freed large blocks kept for the next allocation of about their size (cpu_backend.c, CPU_CACHE_*),
+     * oldest first */
+    void *cache[64];
+    int n_cached;
+    size_t cached_bytes;
 } CpuContext;
 
 /* Scalar operations one more thread must get before it is worth waking:

@@ -373,6 +373,39 @@ static void test_train(const Backend *be, Layout layout) {
     free(metrics);
 }
 
+/* TRL's script argument: `--reward_model_name_or_path RM` (reward_funcs empty) gives the one-process run's
+ * completions and rewards byte for byte: the model is the first reward, named after its folder. */
+static void test_script_argument(void) {
+    const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
+    char args[4096], dir[300], one_dir[300], *err = NULL;
+    snprintf(dir, sizeof dir, "%s/run_script_argument", g_tmp);
+    snprintf(one_dir, sizeof one_dir, "%s/run_%d", g_tmp, (int)ONE_PROCESS);
+    snprintf(args, sizeof args,
+             "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
+             "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --eval_dataset null --max_steps 2 "
+             "--per_device_train_batch_size 16 --max_completion_length 16 --logging_steps 1 --device cpu "
+             "--log_completions_count 16 --save_total_limit 0 --reward_funcs '[]' --reward_model_name_or_path %s "
+             "--output_dir %s" EVAL,
+             rm, dir);
+    int rc = run_train("", args, &err);
+    CHECK(rc == 0, "colt train --reward_model_name_or_path: exit %d: %s", rc, err);
+    free(err);
+    if (rc != 0) return;
+    static const char *const files[] = {"completions.jsonl", "eval_before.jsonl", "eval_after.jsonl"};
+    int same = 0;
+    for (int f = 0; f < 3; f++) {
+        char *a = read_text(one_dir, files[f]), *b = read_text(dir, files[f]);
+        same += a && b && strcmp(a, b) == 0;
+        free(a), free(b);
+    }
+    char *metrics = read_text(dir, "metrics.jsonl");
+    bool named = metrics && strstr(metrics, "\"rewards/tiny-llama-rm/mean\"");
+    free(metrics);
+    CHECK(same == 3 && named, "--reward_model_name_or_path: %d of 3 files equal reward_funcs [RM]'s, rewards/tiny-llama-rm "
+          "%s", same, named ? "logged" : "missing");
+    printf("--reward_model_name_or_path (TRL's script argument): %d of 3 files equal to reward_funcs [\"RM\"]'s\n", same);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/colt_test_reward_model_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
@@ -399,6 +432,7 @@ int main(void) {
            now_s() - t0);
     test_errors(be);
     test_train(be, ONE_PROCESS);
+    test_script_argument();
     if (system("command -v mpirun > /dev/null 2>&1") == 0) {
         test_train(be, TP_2);
         test_train(be, ZERO3_DP_2);

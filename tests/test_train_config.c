@@ -1380,7 +1380,12 @@ static void test_trl_translations(void) {
          NULL, "model", "\"m\""},
         {"accelerator_config: {even_batches: false}\n", "accelerator_config.even_batches: false is not supported",
          NULL, NULL},
-        {"reward_model_name_or_path: some/rm\n", "reward models are not supported yet", NULL, NULL},
+        /* TRL's script puts the reward model first (trl/scripts/grpo.py); "" is none */
+        {"reward_model_name_or_path: some/rm\n", NULL, "reward_funcs",
+         "[{\"type\": \"model\", \"path\": \"some/rm\"}, {\"type\": \"length\"}]"},
+        {"reward_model_name_or_path: \"\"\n", NULL, "reward_funcs", "[{\"type\": \"length\"}]"},
+        {"reward_model_name_or_path: some/rm\nreward_weights: [1, 2]\n", NULL, "reward_weights", "[1, 2]"},
+        {"reward_model_name_or_path: some/rm\nreward_weights: [1]\n", "reward_weights", NULL, NULL},
         {"fsdp: full_shard auto_wrap\n", "colt shards with ZeRO instead", NULL, NULL},
     };
     int before = g_checks;

@@ -86,6 +86,9 @@ static const ConfigKey KEYS[] = {
     K(reward_funcs, KEY_JSON_LIST, "list of reward specs ({type: length|regex|math|command|python|model|judge, ...}, "
                                    "\"rewards.py:FUNCTION\", a reward model's folder, or TRL's think_format_reward / "
                                    "accuracy_reward; docs/rewards.md)"),
+    K(reward_model_name_or_path, KEY_STRING,
+      "a reward model (folder, or Hub name in the local cache) scoring before reward_funcs, as TRL's `trl grpo "
+      "--reward_model_name_or_path` puts it first in reward_funcs (a reward_weights list counts it)"),
     K(tools, KEY_JSON_LIST,
       "Python functions the model may call (TRL's tools=[...]): \"tools.py:calculator\" or \"module.function\"; "
       "their JSON schemas come from type hints and docstrings, the prompt is rendered with them, a completion's "
@@ -686,8 +689,6 @@ static const TrlKey TRL_KEYS[] = {
     ONLY("streaming", "false null", T_DATASET),
     ONLY("test_split_size", "null 0", "colt reads held-out prompts from eval_dataset"),
     BOOL_NOOP("ignore_bias_buffers", "colt's models have no buffers to ignore"),
-    ONLY("reward_model_name_or_path", "null \"\"",
-         "reward models are not supported yet: score with reward_funcs (regex, math, a Python function, a program)"),
 };
 #undef ALIAS
 #undef NOOP
@@ -1984,6 +1985,20 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!c->output_dir || !*c->output_dir) return errorf(err, "settings: 'output_dir' must be set");
     if (!c->dataset_prompt_column || !*c->dataset_prompt_column)
         return errorf(err, "settings: 'dataset_prompt_column' must name a column (default prompt)");
+    /* TRL's script: the reward model first, then reward_funcs (trl/scripts/grpo.py); an empty name is none */
+    if (c->reward_model_name_or_path) {
+        json_t *spec = *c->reward_model_name_or_path
+                           ? json_pack("{s:s, s:s}", "type", "model", "path", c->reward_model_name_or_path)
+                           : NULL;
+        bool named = *c->reward_model_name_or_path != '\0';
+        free(c->reward_model_name_or_path);
+        c->reward_model_name_or_path = NULL;
+        if (named && !spec) return errorf(err, "settings: reward_model_name_or_path must be UTF-8 text");
+        if (spec) {
+            if (!c->reward_funcs) c->reward_funcs = json_array();
+            json_array_insert_new(c->reward_funcs, 0, spec);
+        }
+    }
     /* TRL: an environment with get_reward may be the only reward (checked when its class is loaded) */
     if ((!c->reward_funcs || json_array_size(c->reward_funcs) == 0) && !c->environment_factory)
         return errorf(err, "settings: 'reward_funcs' needs at least one reward function");

@@ -29,6 +29,8 @@ typedef struct TrainConfig {
     char *dataset_prompt_column; /* the column holding the prompt (default "prompt") */
     json_t *chat_template_kwargs; /* extra chat template variables (an object), or NULL */
     json_t *reward_funcs;    /* list of reward specs (see data/rewards.h) */
+    char *reward_model_name_or_path; /* TRL's script argument: a reward model put first in reward_funcs by
+                                      * train_config_finalize (which then clears it) */
     /* tool calling (agent/agent_tools.h): Python tools ("tools.py:f" or
      * "module.f"), rounds of calls per completion (-1: no bound, TRL's None),
      * seconds a call may run */

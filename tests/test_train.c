@@ -24,6 +24,7 @@
 
 #include "core/fileio.h"
 #include "harness.h"
+#include "train/grpo.h"
 
 #define LEARN_MARGIN 0.30
 
@@ -121,6 +122,48 @@ static void test_masks_and_entropy_bonus(void) {
     printf("masks: resumed from checkpoint-2, step 3 equal to the uninterrupted run's: %s\n", same ? "yes" : "NO");
     CHECK(same, "resumed step 3 differs:\n--- uninterrupted\n%s--- resumed\n%s", tail ? tail : "", mr ? mr : "");
     free(mu), free(mr);
+}
+
+/* multi_objective_aggregation: the logged advantages of one round (16 completions, groups of 8, the park reward
+ * alone) are grpo.c's for the logged rewards (test_grpo_loss checks those against TRL's own code), in both
+ * modes, and the two modes differ (normalize_then_sum divides by the batch's std after the groups'). */
+static void test_multi_objective_aggregation(void) {
+    static const char *const modes[] = {"sum_then_normalize", "normalize_then_sum"};
+    float logged[2][16], rewards[16];
+    int ok[2] = {0, 0}, n = 0;
+    for (int m = 0; m < 2; m++) {
+        char args[1024], dir[300], *err = NULL;
+        snprintf(dir, sizeof dir, "%s/aggregation_%d", g_tmp, m);
+        snprintf(args, sizeof args,
+                 "%s --max_completion_length 48 --max_steps 1 --eval_dataset null --log_completions_count 16 "
+                 "--multi_objective_aggregation %s --output_dir %s",
+                 BASE, modes[m], dir);
+        int code = run(args, &err);
+        CHECK(code == 0, "%s: exit %d: %s", modes[m], code, err);
+        free(err);
+        char *text = read_text(dir, "completions.jsonl");
+        n = 0;
+        for (char *line = text ? strtok(text, "\n") : NULL; line && n < 16; line = strtok(NULL, "\n"), n++) {
+            json_t *o = json_loads(line, 0, NULL);
+            rewards[n] = (float)json_number_value(json_object_get(o, "reward"));
+            logged[m][n] = (float)json_number_value(json_object_get(o, "advantage"));
+            json_decref(o);
+        }
+        free(text);
+        CHECK(n == 16, "%s: %d completions logged, want 16", modes[m], n);
+        if (n != 16) return;
+        float want[16], std[2], scale = 1.0f, weight = 1.0f;
+        if (m == 0) grpo_advantages(want, std, rewards, 16, 8, SCALE_GROUP);
+        else grpo_advantages_normalize_then_sum(want, std, rewards, &weight, 16, 1, 8);
+        for (int i = 0; i < 16; i++) scale = fmaxf(scale, fabsf(want[i]));
+        for (int i = 0; i < 16; i++) ok[m] += fabsf(logged[m][i] - want[i]) <= 1e-5f * scale;
+    }
+    int moved = 0;
+    for (int i = 0; i < 16; i++) moved += fabsf(logged[0][i] - logged[1][i]) > 1e-3f;
+    printf("multi_objective_aggregation: logged advantages as grpo.c computes them: %d/16 (sum_then_normalize), "
+           "%d/16 (normalize_then_sum); %d differ between the modes\n", ok[0], ok[1], moved);
+    CHECK(ok[0] == 16 && ok[1] == 16, "advantages: %d and %d of 16 as computed from the logged rewards", ok[0], ok[1]);
+    CHECK(moved > 0, "the two modes gave the same advantages: every group's rewards were equal (nothing tested)");
 }
 
 int main(void) {
@@ -327,6 +370,7 @@ int main(void) {
     /* 4b. TRL 1.16's entropy mask, off-policy mask, plain-k3 KL and adaptive entropy bonus together; then
      * resumed from a checkpoint the controller's state was saved in. */
     test_masks_and_entropy_bonus();
+    test_multi_objective_aggregation();
 
     /* 5. bad input */
     char bad_dir[300];
@@ -346,6 +390,8 @@ int main(void) {
     expect_error("negative learning rate", args, "learning_rate");
     snprintf(args, sizeof args, "%s --output_dir %s --loss_type ppo", BASE, bad_dir);
     expect_error("unknown loss_type", args, "loss_type");
+    snprintf(args, sizeof args, "%s --output_dir %s --multi_objective_aggregation mean", BASE, bad_dir);
+    expect_error("unknown aggregation", args, "multi_objective_aggregation 'mean'");
     snprintf(args, sizeof args, "%s --output_dir %s --learnig_rate 1e-3", BASE, bad_dir);
     expect_error("misspelt setting", args, "did you mean 'learning_rate'");
     snprintf(args, sizeof args, "%s --output_dir %s --max_completion_length 600", BASE, bad_dir);

@@ -159,7 +159,7 @@ int fingerprint_file(Fingerprint out, const char *path, char *err) {
 static const char *RECORD_SETTINGS[] = {
     "num_generations", "generation_batch_size", "samples_per_step", "num_iterations", "max_completion_length",
     "max_prompt_length", "seed", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta",
-    "scale_rewards", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
+    "scale_rewards", "multi_objective_aggregation", "mask_truncated_completions", "reward_funcs", "reward_weights", "shuffle_dataset",
     "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps", "environment_factory",
     "rollout_func",
 };
@@ -251,6 +251,10 @@ int checkpoint_check_resume_record(const json_t *saved, const json_t *current, c
         /* recorded since environments (a round's prompts and rewards come from them); older runs had none */
         if (!a && !strcmp(RECORD_SETTINGS[i], "environment_factory") && json_is_null(b)) continue;
         if (!a && !strcmp(RECORD_SETTINGS[i], "rollout_func") && json_is_null(b)) continue; /* recorded since it came */
+        /* recorded since normalize_then_sum came; older runs summed, then normalised */
+        if (!a && !strcmp(RECORD_SETTINGS[i], "multi_objective_aggregation") && json_is_string(b) &&
+            !strcmp(json_string_value(b), "sum_then_normalize"))
+            continue;
         char va[160], vb[160];
         value_text(va, sizeof va, a);
         value_text(vb, sizeof vb, b);

@@ -77,6 +77,14 @@ int grpo_scale_rewards_parse(GrpoScaleRewards *out, const char *s, char *err) {
     return 0;
 }
 
+int grpo_aggregation_parse(GrpoAggregation *out, const char *s, char *err) {
+    if (s && strcmp(s, "sum_then_normalize") == 0) *out = AGGREGATE_SUM_THEN_NORMALIZE;
+    else if (s && strcmp(s, "normalize_then_sum") == 0) *out = AGGREGATE_NORMALIZE_THEN_SUM;
+    else return errorf(err, "multi_objective_aggregation '%s' is not valid; use sum_then_normalize or normalize_then_sum",
+                       s ? s : "(null)");
+    return 0;
+}
+
 int grpo_sampling_is_mode_parse(GrpoSamplingIsMode *out, const char *s, char *err) {
     static const char *names[] = {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"};
     for (int i = 0; i < 4; i++)
@@ -160,6 +168,39 @@ void grpo_advantages(float *advantages, float *group_std, const float *rewards, 
             advantages[(size_t)g * num_generations + j] = isnan(a) ? 0.0f : (float)a;
         }
     }
+}
+
+void grpo_advantages_normalize_then_sum(float *advantages, float *batch_std, const float *per_func,
+                                        const float *weights, int n, int n_funcs, int num_generations) {
+    COLT_ASSERT(num_generations > 0 && n % num_generations == 0);
+    float *column = xmalloc(sizeof(float) * (size_t)num_generations), *rewards = xmalloc(sizeof(float) * (size_t)n);
+    double *sum = xcalloc((size_t)n, sizeof(double));
+    for (int g = 0; g < n / num_generations; g++)
+        for (int k = 0; k < n_funcs; k++) {
+            const float *x = per_func + (size_t)g * num_generations * n_funcs + k;
+            for (int j = 0; j < num_generations; j++) column[j] = x[(size_t)j * n_funcs];
+            double mean, std;
+            nan_mean_std(&mean, &std, column, num_generations);
+            if (num_generations == 1) std = 0.0;
+            for (int j = 0; j < num_generations; j++) {
+                double term = ((double)column[j] - mean) / (std + 1e-4) * weights[k];
+                if (!isnan(term)) sum[(size_t)g * num_generations + j] += term; /* nansum */
+            }
+        }
+    for (int i = 0; i < n; i++) { /* unscorable: every function gave none */
+        bool any = false;
+        for (int k = 0; k < n_funcs; k++) any |= !isnan(per_func[(size_t)i * n_funcs + k]);
+        rewards[i] = any ? (float)sum[i] : NAN;
+    }
+    double mean, std;
+    nan_mean_std(&mean, &std, rewards, n);
+    if (n <= 1) std = 0.0;
+    *batch_std = (float)std;
+    for (int i = 0; i < n; i++) {
+        double a = ((double)rewards[i] - mean) / (std + 1e-4);
+        advantages[i] = isnan(a) ? 0.0f : (float)a;
+    }
+    free(column), free(rewards), free(sum);
 }
 
 /* ---------------------------------------------------------------- sampling correction */

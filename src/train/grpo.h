@@ -15,6 +15,9 @@
 /* TRL 1.16's loss_type values, in its order of introduction (grpo_loss_type_parse's names). */
 typedef enum { LOSS_GRPO = 0, LOSS_BNPO, LOSS_DR_GRPO, LOSS_DAPO, LOSS_CISPO, LOSS_SAPO, LOSS_LUSPO, LOSS_VESPO } GrpoLossType;
 typedef enum { SCALE_GROUP = 0, SCALE_BATCH, SCALE_NONE } GrpoScaleRewards;
+/* TRL 1.16's multi_objective_aggregation: weighted sum then normalise (the default), or each reward function
+ * normalised within its group, then the weighted sum normalised over the batch (GDPO). */
+typedef enum { AGGREGATE_SUM_THEN_NORMALIZE = 0, AGGREGATE_NORMALIZE_THEN_SUM } GrpoAggregation;
 typedef enum { IS_LEVEL_TOKEN = 0, IS_LEVEL_SEQUENCE } GrpoImportanceLevel;
 
 /* Parses TRL's names ("grpo", "bnpo", "dr_grpo", "dapo"; "group", "batch",
@@ -22,6 +25,7 @@ typedef enum { IS_LEVEL_TOKEN = 0, IS_LEVEL_SEQUENCE } GrpoImportanceLevel;
  * "sequence"). Return 0 or -1 with err naming the valid values. */
 int grpo_loss_type_parse(GrpoLossType *out, const char *s, char *err);
 int grpo_scale_rewards_parse(GrpoScaleRewards *out, const char *s, char *err);
+int grpo_aggregation_parse(GrpoAggregation *out, const char *s, char *err); /* TRL's two names */
 int grpo_importance_level_parse(GrpoImportanceLevel *out, const char *s, char *err);
 
 /* rewards[i] = sum_k weights[k] * per_func[i * n_funcs + k], skipping NaN
@@ -36,6 +40,15 @@ void grpo_combine_rewards(float *rewards, const float *per_func, const float *we
  * frac_reward_zero_std). */
 void grpo_advantages(float *advantages, float *group_std, const float *rewards, int n, int num_generations,
                      GrpoScaleRewards scale);
+
+/* TRL's normalize_then_sum branch (scale_rewards does not apply): each
+ * function's rewards centred on their group's mean and divided by (the group's
+ * std + 1e-4), NaN where a function gave none; their weighted sum (NaN-skipping;
+ * NaN where every function gave none); then centred on the batch mean and
+ * divided by (the batch std + 1e-4). NaN advantages become 0. *batch_std gets
+ * that std (0 when n == 1), which TRL's frac_reward_zero_std reads. */
+void grpo_advantages_normalize_then_sum(float *advantages, float *batch_std, const float *per_func,
+                                        const float *weights, int n, int n_funcs, int num_generations);
 
 typedef struct GrpoLossConfig {
     GrpoLossType loss_type;

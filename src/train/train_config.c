@@ -185,6 +185,10 @@ static const ConfigKey KEYS[] = {
        "use_adaptive_entropy: target mean per-token entropy (nats), over the tokens in the loss"),
     K(importance_sampling_level, KEY_STRING, "token or sequence (GSPO)"),
     K(scale_rewards, KEY_STRING, "group, batch or none"),
+    K(multi_objective_aggregation, KEY_STRING,
+      "with several reward functions: sum_then_normalize (the weighted sum, then scale_rewards) or "
+      "normalize_then_sum (GDPO: each function normalised within its group, then the weighted sum over the "
+      "batch; scale_rewards does not apply), as TRL"),
     KI(num_iterations, 1, TRAIN_CONFIG_MAX_ITERATIONS, "optimisation passes over each generation batch (mu)"),
     K(mask_truncated_completions, KEY_BOOL, "drop completions that hit max_completion_length from the loss"),
     K(dynamic_sampling, KEY_BOOL,
@@ -635,9 +639,6 @@ static const TrlKey TRL_KEYS[] = {
     BOOL_NOOP("vllm_enable_sleep_mode",
               "colt's engine borrows the trainer's weights and gives its KV cache back before every training phase"),
     NOOP("vllm_max_model_length", "colt's engine sizes sequences from the longest prompt + max_completion_length"),
-    ONLY("multi_objective_aggregation", "sum_then_normalize",
-         "colt sums the weighted rewards, then normalises (sum_then_normalize); normalize_then_sum is not "
-         "supported yet"),
     BOOL_NOOP("log_completions", T_COMPLETIONS),
     BOOL_NOOP("log_multimodal", "colt trains text-only models"),
     NOOP("num_completions_to_print", T_COMPLETIONS),
@@ -736,6 +737,7 @@ void train_config_defaults(TrainConfig *c) {
     c->loss_type = xstrdup("dapo");
     c->importance_sampling_level = xstrdup("token");
     c->scale_rewards = xstrdup("group");
+    c->multi_objective_aggregation = xstrdup("sum_then_normalize");
     c->lora_r = 16; /* TRL's ModelConfig defaults */
     c->lora_alpha = 32.0;
     c->lora_dropout = 0.05;
@@ -2076,6 +2078,7 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (c->scale_rewards && strcmp(c->scale_rewards, "true") == 0) {
         free(c->scale_rewards);
         c->scale_rewards = xstrdup("group");
+    c->multi_objective_aggregation = xstrdup("sum_then_normalize");
     } else if (c->scale_rewards && strcmp(c->scale_rewards, "false") == 0) {
         free(c->scale_rewards);
         c->scale_rewards = xstrdup("none");
@@ -2084,6 +2087,10 @@ int train_config_finalize(TrainConfig *c, char *err) {
     if (!one_of(c->scale_rewards, scales))
         return errorf(err, "settings: unknown scale_rewards '%s' (group, batch, none)",
                       c->scale_rewards ? c->scale_rewards : "null");
+    static const char *const aggregations[] = {"sum_then_normalize", "normalize_then_sum", NULL};
+    if (!one_of(c->multi_objective_aggregation, aggregations))
+        return errorf(err, "settings: unknown multi_objective_aggregation '%s' (sum_then_normalize, normalize_then_sum)",
+                      c->multi_objective_aggregation ? c->multi_objective_aggregation : "null");
     static const char *const vllm_modes[] = {"colocate", "server", NULL};
     if (!one_of(c->vllm_mode, vllm_modes))
         return errorf(err, "settings: unknown vllm_mode '%s' (colocate, server)", c->vllm_mode ? c->vllm_mode : "null");

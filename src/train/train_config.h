@@ -84,6 +84,7 @@ typedef struct TrainConfig {
     bool use_bias_correction_kl, use_adaptive_entropy;
     double entropy_coef, entropy_coef_min, entropy_coef_max, entropy_coef_delta, entropy_target;
     char *loss_type, *importance_sampling_level, *scale_rewards;
+    char *multi_objective_aggregation; /* sum_then_normalize (default) or normalize_then_sum (grpo.h) */
     int num_iterations;
     bool mask_truncated_completions;
     /* DAPO's dynamic sampling (veRL's algorithm.filter_groups, beyond TRL): groups whose rewards all agree are

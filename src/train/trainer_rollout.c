@@ -566,8 +566,16 @@ static int compute_advantages(Trainer *t, Rollout *r, char *err) {
         return COLT_ERR;
     }
     GrpoScaleRewards scale;
+    GrpoAggregation aggregation;
     COLT_ASSERT(grpo_scale_rewards_parse(&scale, c->scale_rewards, err) == 0);
-    grpo_advantages(adv, group_std, rewards, N, G, scale);
+    COLT_ASSERT(grpo_aggregation_parse(&aggregation, c->multi_objective_aggregation, err) == 0);
+    if (aggregation == AGGREGATE_NORMALIZE_THEN_SUM) {
+        float batch_std;
+        grpo_advantages_normalize_then_sum(adv, &batch_std, r->per_func, t->reward_weights, N, t->n_rewards, G);
+        for (int p = 0; p < P; p++) group_std[p] = batch_std; /* TRL's frac_reward_zero_std reads the batch's */
+    } else {
+        grpo_advantages(adv, group_std, rewards, N, G, scale);
+    }
     for (int i = 0; i < N; i++) {
         r->samples[i].reward = rewards[i];
         r->samples[i].advantage = isnan(adv[i]) ? 0.0f : adv[i];

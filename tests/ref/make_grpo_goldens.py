@@ -449,6 +449,40 @@ def trl_advantages(rewards_per_func, reward_weights, num_generations, scale_rewa
     return rewards, advantages, std_rewards[::num_generations], is_std_zero.float().mean()
 
 
+for line in [
+    "grouped = rewards_per_func.view(-1, num_generations, len(self.reward_funcs))",
+    "mean_k = torch.nanmean(grouped, dim=1, keepdim=True)",
+    "std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)",
+    "reward_k = (grouped - mean_k) / (std_k + 1e-4)",
+    "rewards = (reward_k * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+    "std_rewards = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)",
+    "advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)",
+]:
+    assert line in src, f"TRL's normalize_then_sum code changed: {line!r} not found"
+
+
+def trl_advantages_normalize_then_sum(rewards_per_func, reward_weights, num_generations):
+    """Line by line GRPOTrainer._generate_and_score_completions, normalize_then_sum (GDPO). Returns the
+    logged reward (the weighted sum of the raw rewards, as TRL logs it in both modes), the advantages, the
+    batch std once per group (what frac_reward_zero_std reads) and frac_reward_zero_std."""
+    n_funcs = rewards_per_func.shape[1]
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, num_generations, n_funcs)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
+    reward_k = (grouped - mean_k) / (std_k + 1e-4)
+    reward_k = reward_k.view(-1, n_funcs)
+    rewards = (reward_k * reward_weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    std_rewards = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
+    is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))
+    advantages = torch.nan_to_num(advantages, nan=0.0)
+    logged = (rewards_per_func * reward_weights.unsqueeze(0)).nansum(dim=1)
+    logged[unscorable_mask] = torch.nan
+    return logged, advantages, std_rewards[::num_generations], is_std_zero.float().mean()
+
+
 adv_cases = []
 N_GEN, N_GROUPS, N_FUNCS = 4, 3, 2
 per_func = f32(torch.randn(N_GEN * N_GROUPS, N_FUNCS, dtype=DT))
@@ -474,6 +508,23 @@ for wname, w in weights_sets.items():
                 "std": [None if math.isnan(x) else x for x in as_list(std)],
                 "frac_reward_zero_std": float(frac_zero),
             })
+    for n_gen in [N_GEN, 2, 1]:
+        rewards, adv, std, frac_zero = trl_advantages_normalize_then_sum(per_func.clone(), torch.tensor(w, dtype=DT),
+                                                                         n_gen)
+        adv_cases.append({
+            "name": f"normalize_then_sum/{wname}/G={n_gen}",
+            "aggregation": "normalize_then_sum",
+            "scale_rewards": "group",  # does not apply to normalize_then_sum
+            "num_generations": n_gen,
+            "weights": w,
+            "n": N_GEN * N_GROUPS,
+            "n_funcs": N_FUNCS,
+            "per_func": [None if math.isnan(x) else x for x in as_list(per_func)],
+            "rewards": [None if math.isnan(x) else x for x in as_list(rewards)],
+            "advantages": as_list(adv),
+            "std": [None if math.isnan(x) else x for x in as_list(std)],
+            "frac_reward_zero_std": float(frac_zero),
+        })
 
 out = {
     "trl_version": trl.__version__,

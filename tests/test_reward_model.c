@@ -270,6 +270,12 @@ static bool jsonl_same_but_scores(const char *dir_a, const char *dir_b, const ch
     return same;
 }
 
+/* The runs' settings but for the reward and the output folder: the demo, 2 steps of 16 short completions. */
+#define RUN_ARGS                                                                                                    \
+    "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K --dataset "     \
+    COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --eval_dataset null --max_steps 2 --per_device_train_batch_size " \
+    "16 --max_completion_length 16 --logging_steps 1 --device cpu --log_completions_count 16 --save_total_limit 0 "
+
 static void test_train(const Backend *be, Layout layout) {
     const char *rm = COLT_SOURCE_DIR "/tests/data/models/tiny-llama-rm";
     static const char *const names[] = {"", " (mpirun, TP 2)", " (mpirun, DP 2, zero_stage 3)"};
@@ -285,12 +291,7 @@ static void test_train(const Backend *be, Layout layout) {
         snprintf(launcher, sizeof launcher,
                  "mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 -x " NO_LEAK_CHECK
                  " -np 2");
-    snprintf(args, sizeof args,
-             "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
-             "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --eval_dataset null --max_steps 2 "
-             "--per_device_train_batch_size 16 --max_completion_length 16 --logging_steps 1 --device cpu "
-             "--log_completions_count 16 --save_total_limit 0 --reward_funcs '[\"%s\"]' --output_dir %s%s",
-             rm, dir, extra[layout]);
+    snprintf(args, sizeof args, RUN_ARGS "--reward_funcs '[\"%s\"]' --output_dir %s%s", rm, dir, extra[layout]);
     double t0 = now_s();
     int rc = run_train(launcher, args, &err);
     printf("colt train%s, 2 steps with the reward model: exit %d in %.1f s\n", names[layout], rc, now_s() - t0);
@@ -380,12 +381,7 @@ static void test_script_argument(void) {
     char args[4096], dir[300], one_dir[300], *err = NULL;
     snprintf(dir, sizeof dir, "%s/run_script_argument", g_tmp);
     snprintf(one_dir, sizeof one_dir, "%s/run_%d", g_tmp, (int)ONE_PROCESS);
-    snprintf(args, sizeof args,
-             "--config " COLT_SOURCE_DIR "/examples/demo.yaml --model " COLT_SOURCE_DIR "/models/stories260K "
-             "--dataset " COLT_SOURCE_DIR "/examples/data/demo_train.jsonl --eval_dataset null --max_steps 2 "
-             "--per_device_train_batch_size 16 --max_completion_length 16 --logging_steps 1 --device cpu "
-             "--log_completions_count 16 --save_total_limit 0 --reward_funcs '[]' --reward_model_name_or_path %s "
-             "--output_dir %s" EVAL,
+    snprintf(args, sizeof args, RUN_ARGS "--reward_funcs '[]' --reward_model_name_or_path %s --output_dir %s" EVAL,
              rm, dir);
     int rc = run_train("", args, &err);
     CHECK(rc == 0, "colt train --reward_model_name_or_path: exit %d: %s", rc, err);

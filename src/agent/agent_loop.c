@@ -164,16 +164,10 @@ int agent_generate_on(Engine *e, AgentConversation *convs, int n, const Generate
     if (n == 0) return COLT_OK;
     if (!engine_awake(e)) return errorf(err, "agent_generate_on: the engine is asleep (engine_wake takes its memory again)");
     if (engine_has_work(e)) return errorf(err, "agent_generate_on: the engine still has requests of its own");
-    for (int i = 0; i < n; i++) {
-        /* every turn's context is prompt + completion so far, the completion bounded by max_new_tokens */
-        long long need = (long long)convs[i].prompt_len + opt->max_new_tokens;
-        if (need > model_config(engine_model(e))->max_position_embeddings)
-            need = model_config(engine_model(e))->max_position_embeddings;
-        if (need > engine_max_len(e))
-            return errorf(err, "agent_generate_on: conversation %d needs %lld tokens (prompt %d + max_new_tokens %d) "
-                               "but the engine was made for %d",
-                          i, need, convs[i].prompt_len, opt->max_new_tokens, engine_max_len(e));
-    }
+    for (int i = 0; i < n; i++) /* every turn's context is prompt + completion so far, bounded by max_new_tokens */
+        if (engine_check_length(e, "agent_generate_on: conversation", i, convs[i].prompt_len, opt->max_new_tokens,
+                                err) != 0)
+            return COLT_ERR;
     double t0 = time_now();
     EngineGenerator eg = {.engine = e, .finished = xmalloc(sizeof(uint64_t) * (size_t)n)};
     AgentGenerator g = {.ctx = &eg, .max_positions = model_config(engine_model(e))->max_position_embeddings,

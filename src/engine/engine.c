@@ -1229,6 +1229,15 @@ static void stats_add(EngineStats *total, const EngineStats *part) {
     total->decode_launch_seconds += part->decode_launch_seconds;
 }
 
+int engine_check_length(const Engine *e, const char *what, int i, int prompt_len, int max_new_tokens, char *err) {
+    long long need = (long long)prompt_len + max_new_tokens;
+    if (need > e->cfg->max_position_embeddings) need = e->cfg->max_position_embeddings;
+    if (need > e->max_len)
+        return errorf(err, "%s %d needs %lld tokens (prompt %d + max_new_tokens %d) but the engine was made for %d",
+                      what, i, need, prompt_len, max_new_tokens, e->max_len);
+    return COLT_OK;
+}
+
 /* this call's counters from zero; the totals before it are added back at the end */
 void engine_call_begin(Engine *e, EngineCall *call) {
     call->before = e->stats;
@@ -1249,14 +1258,9 @@ int engine_run(Engine *e, GenSequence *seqs, int n_seqs, const GenerateOptions *
     if (generate_check(e->m, seqs, n_seqs, opt, err) != 0) return COLT_ERR;
     if (!e->awake) return errorf(err, "engine_run: the engine is asleep (engine_wake takes its memory again)");
     if (engine_has_work(e)) return errorf(err, "engine_run: the engine still has %d requests of its own", e->n_live);
-    for (int i = 0; i < n_seqs; i++) {
-        long long need = (long long)seqs[i].prompt_len + opt->max_new_tokens;
-        if (need > e->cfg->max_position_embeddings) need = e->cfg->max_position_embeddings;
-        if (need > e->max_len)
-            return errorf(err, "engine_run: sequence %d needs %lld tokens (prompt %d + max_new_tokens %d) but the "
-                               "engine was made for %d",
-                          i, need, seqs[i].prompt_len, opt->max_new_tokens, e->max_len);
-    }
+    for (int i = 0; i < n_seqs; i++)
+        if (engine_check_length(e, "engine_run: sequence", i, seqs[i].prompt_len, opt->max_new_tokens, err) != 0)
+            return COLT_ERR;
     for (int i = 0; i < n_seqs; i++) {
         seqs[i].tokens = NULL;
         seqs[i].logprobs = NULL;

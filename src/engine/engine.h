@@ -208,6 +208,10 @@ void engine_load(const Engine *e, EngineLoad *out);
 void engine_stats(const Engine *e, EngineStats *out);
 int engine_max_len(const Engine *e); /* the longest sequence it takes, prompt included */
 Model *engine_model(const Engine *e); /* the model it computes with */
+/* Whether a sequence of prompt_len + max_new_tokens (capped at the model's
+ * max_position_embeddings) fits the engine; else an error naming `what i`
+ * ("engine_run: sequence 3 needs ... but the engine was made for ..."). */
+int engine_check_length(const Engine *e, const char *what, int i, int prompt_len, int max_new_tokens, char *err);
 /* Whether e is as large as engine_create(max_len, max_seqs) with its options would make it. */
 bool engine_fits(const Engine *e, int max_len, int max_seqs);
 

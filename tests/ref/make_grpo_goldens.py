@@ -491,40 +491,29 @@ per_func[5, :] = float("nan")  # unscorable: every function returned None
 per_func[8:12, 0] = 0.5  # a group whose rewards tie on function 0 ...
 per_func[8:12, 1] = float("nan")  # ... and are NaN on function 1: zero std
 weights_sets = {"w=1,1": [1.0, 1.0], "w=0.5,2": [0.5, 2.0]}
+
+
+def no_nan(t):
+    return [None if math.isnan(x) else x for x in as_list(t)]
+
+
+def adv_case(name, scale, n_gen, w, result, **extra):
+    rewards, adv, std, frac_zero = result
+    return {"name": name, **extra, "scale_rewards": scale, "num_generations": n_gen, "weights": w,
+            "n": N_GEN * N_GROUPS, "n_funcs": N_FUNCS, "per_func": no_nan(per_func), "rewards": no_nan(rewards),
+            "advantages": as_list(adv), "std": no_nan(std), "frac_reward_zero_std": float(frac_zero)}
+
+
 for wname, w in weights_sets.items():
+    weights = torch.tensor(w, dtype=DT)
     for scale in ["group", "batch", "none"]:
         for n_gen in [N_GEN, 2]:
-            rewards, adv, std, frac_zero = trl_advantages(per_func.clone(), torch.tensor(w, dtype=DT), n_gen, scale)
-            adv_cases.append({
-                "name": f"{scale}/{wname}/G={n_gen}",
-                "scale_rewards": scale,
-                "num_generations": n_gen,
-                "weights": w,
-                "n": N_GEN * N_GROUPS,
-                "n_funcs": N_FUNCS,
-                "per_func": [None if math.isnan(x) else x for x in as_list(per_func)],
-                "rewards": [None if math.isnan(x) else x for x in as_list(rewards)],
-                "advantages": as_list(adv),
-                "std": [None if math.isnan(x) else x for x in as_list(std)],
-                "frac_reward_zero_std": float(frac_zero),
-            })
-    for n_gen in [N_GEN, 2, 1]:
-        rewards, adv, std, frac_zero = trl_advantages_normalize_then_sum(per_func.clone(), torch.tensor(w, dtype=DT),
-                                                                         n_gen)
-        adv_cases.append({
-            "name": f"normalize_then_sum/{wname}/G={n_gen}",
-            "aggregation": "normalize_then_sum",
-            "scale_rewards": "group",  # does not apply to normalize_then_sum
-            "num_generations": n_gen,
-            "weights": w,
-            "n": N_GEN * N_GROUPS,
-            "n_funcs": N_FUNCS,
-            "per_func": [None if math.isnan(x) else x for x in as_list(per_func)],
-            "rewards": [None if math.isnan(x) else x for x in as_list(rewards)],
-            "advantages": as_list(adv),
-            "std": [None if math.isnan(x) else x for x in as_list(std)],
-            "frac_reward_zero_std": float(frac_zero),
-        })
+            adv_cases.append(adv_case(f"{scale}/{wname}/G={n_gen}", scale, n_gen, w,
+                                      trl_advantages(per_func.clone(), weights, n_gen, scale)))
+    for n_gen in [N_GEN, 2, 1]:  # scale_rewards does not apply to normalize_then_sum
+        adv_cases.append(adv_case(f"normalize_then_sum/{wname}/G={n_gen}", "group", n_gen, w,
+                                  trl_advantages_normalize_then_sum(per_func.clone(), weights, n_gen),
+                                  aggregation="normalize_then_sum"))
 
 out = {
     "trl_version": trl.__version__,
